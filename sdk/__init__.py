@@ -1,0 +1,60 @@
+"""octavo: an LLM inference and serving engine whose chips, models and kernels are plugins.
+
+This package is the public, stable surface. ``import octavo`` stays light: it imports neither torch nor
+FastAPI nor transformers; the heavy names below load on first attribute access.
+
+    from octavo import LLM, SamplingParams          # users
+    from octavo import hookimpl, Platform           # plugin authors
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+from octavo.hooks import hookimpl
+from octavo.version import __version__
+
+# public name -> module that defines it; resolved lazily by __getattr__ below.
+_LAZY = {
+    "LLM": "octavo.llm",
+    "LLMEngine": "octavo.llm_engine",
+    "AsyncLLM": "octavo.async_llm",
+    "SamplingParams": "octavo.sampling_params",
+    "RequestOutput": "octavo.outputs",
+    "CompletionOutput": "octavo.outputs",
+    "EmbeddingRequestOutput": "octavo.outputs",
+    "Logprob": "octavo.outputs",
+    "Platform": "octavo.platform",
+    "AttentionBackend": "octavo.attention",
+    "AttentionLayout": "octavo.attention",
+    "ForwardContext": "octavo.model",
+    "ModelProtocol": "octavo.model",
+    "Quantizer": "octavo.quant",
+    "Speculator": "octavo.speculator",
+    "OctavoSettings": "octavo.config",
+}
+
+__all__ = ["hookimpl", "__version__", *_LAZY]
+
+if TYPE_CHECKING:  # pragma: no cover
+    from octavo.attention import AttentionBackend, AttentionLayout
+    from octavo.config import OctavoSettings
+    from octavo.llm import LLM
+    from octavo.model import ForwardContext, ModelProtocol
+    from octavo.outputs import CompletionOutput, Logprob, RequestOutput
+    from octavo.platform import Platform
+    from octavo.sampling_params import SamplingParams
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'octavo' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(__all__)

