@@ -1,0 +1,147 @@
+"""The built-in CPU platform: cores, memory and native dtypes read from this machine, ``gloo`` collectives.
+
+Always available, so it is the last resort of platform selection. Memory honours a cgroup (container)
+limit when one is set, because psutil reports the host's memory. Dtypes come from the CPU's feature flags:
+bfloat16 only where the CPU computes it natively (x86 ``avx512_bf16`` / ``amx_bf16``, Arm ``bf16``),
+float16 where it has half-precision arithmetic (x86 ``avx512_fp16``, Arm ``asimdhp``). Importing this
+module imports nothing heavy: the plugin manager imports it in every process.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import platform as _platform
+import sys
+
+from octavo import hookimpl
+from octavo.platform import Availability, Platform, PlatformCapabilities
+
+_CGROUP_FILES = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
+_CGROUP_USAGE = ("/sys/fs/cgroup/memory.current", "/sys/fs/cgroup/memory/memory.usage_in_bytes")
+
+
+@functools.lru_cache(maxsize=1)
+def _cpuinfo() -> dict[str, str]:
+    """The first processor's block of /proc/cpuinfo (empty off Linux)."""
+    info: dict[str, str] = {}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if not line.strip():
+                    if info:
+                        break
+                    continue
+                key, _, value = line.partition(":")
+                info.setdefault(key.strip().lower(), value.strip())
+    except OSError:
+        pass
+    return info
+
+
+def cpu_flags() -> set[str]:
+    """Feature flags of this CPU (x86 ``flags`` or Arm ``features`` of /proc/cpuinfo)."""
+    info = _cpuinfo()
+    return set((info.get("flags") or info.get("features") or "").split())
+
+
+def _read_int(paths: tuple[str, ...]) -> int | None:
+    for path in paths:
+        try:
+            with open(path) as f:
+                raw = f.read().strip()
+        except OSError:
+            continue
+        if raw.isdigit():
+            return int(raw)
+    return None
+
+
+def _cgroup_limit() -> int | None:
+    limit = _read_int(_CGROUP_FILES)
+    # cgroup v1 reports "no limit" as a huge page-aligned number
+    return limit if limit is not None and limit < (1 << 60) else None
+
+
+class CpuPlatform(Platform):
+    """The host CPU as one device."""
+
+    name = "cpu"
+    device_type = "cpu"
+    distributed_backend = "gloo"
+
+    @classmethod
+    def is_available(cls) -> Availability:
+        return Availability(True)
+
+    def device_count(self) -> int:
+        return 1
+
+    def num_cores(self) -> int:
+        """Logical cores this process may run on (its affinity mask, e.g. a container's cpuset)."""
+        try:
+            return len(os.sched_getaffinity(0))
+        except AttributeError:  # macOS, Windows
+            return os.cpu_count() or 1
+
+    def num_physical_cores(self) -> int:
+        """Physical cores available to this process: the default torch thread count."""
+        import psutil
+
+        physical = psutil.cpu_count(logical=False) or self.num_cores()
+        logical = psutil.cpu_count(logical=True) or physical
+        # scale by the affinity mask: a container given 2 of 64 logical cores gets 1-2 physical ones
+        return max(1, min(physical, round(physical * self.num_cores() / logical)))
+
+    def device_name(self, index: int = 0) -> str:
+        model = _cpuinfo().get("model name") or _platform.processor() or _platform.machine() or "CPU"
+        return f"{model} ({self.num_cores()} cores)"
+
+    def memory_total(self, index: int = 0) -> int:
+        import psutil
+
+        total = psutil.virtual_memory().total
+        limit = _cgroup_limit()
+        return min(total, limit) if limit else total
+
+    def memory_free(self, index: int = 0) -> int:
+        import psutil
+
+        free = psutil.virtual_memory().available
+        limit, used = _cgroup_limit(), _read_int(_CGROUP_USAGE)
+        if limit and used is not None:
+            free = min(free, max(0, limit - used))
+        return min(free, self.memory_total(index))
+
+    def supported_dtypes(self) -> list[str]:
+        flags = cpu_flags()
+        dtypes = ["float32"]
+        if flags & {"avx512_bf16", "amx_bf16", "bf16"}:  # x86 AVX512-BF16 / AMX, Arm BF16
+            dtypes.append("bfloat16")
+        if flags & {"avx512_fp16", "amx_fp16", "asimdhp"}:  # x86 AVX512-FP16, Arm half-precision SIMD
+            dtypes.append("float16")
+        if sys.platform == "darwin" and _platform.machine() == "arm64":  # Apple silicon: fp16 and bf16
+            dtypes += [d for d in ("bfloat16", "float16") if d not in dtypes]
+        return dtypes
+
+    def default_dtype(self) -> str:
+        return "float32"
+
+    def capabilities(self) -> PlatformCapabilities:
+        return PlatformCapabilities(
+            graphs=False,
+            fp8=False,
+            pinned_memory=False,
+            memory_profiling=False,
+            extra={"num_cores": self.num_cores(), "num_physical_cores": self.num_physical_cores(),
+                   "isa": sorted(cpu_flags() & {"avx2", "avx512f", "avx512_bf16", "amx_bf16", "avx512_fp16",
+                                                "neon", "asimd", "asimdhp", "bf16", "sve"})},
+        )
+
+    def preferred_attention_backends(self) -> list[str]:
+        return ["torch_sdpa"]
+
+
+@hookimpl(trylast=True)
+def octavo_register_platforms(register):
+    register("cpu", "octavo.plugins.platforms.cpu:CpuPlatform")
