@@ -1,0 +1,70 @@
+"""The ``octavo`` console script: builds the argparse parser from the built-in command modules and the
+``octavo_add_cli_commands`` hook, then runs the chosen subcommand.
+
+Each module in :data:`BUILTIN_COMMANDS` defines ``add_parser(subparsers)``, which adds its subparser and sets
+``func=callable(args) -> int``. A module that does not exist (yet) is skipped silently, so commands land one
+at a time. Plugin and configuration errors print one clear line, not a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from octavo.version import __version__
+
+BUILTIN_COMMANDS = [
+    "octavo.cli.plugins_cmd",
+    "octavo.cli.generate",
+    "octavo.cli.chat",
+    "octavo.cli.serve",
+    "octavo.cli.bench",
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full parser: built-in subcommands, then the ones plugins add."""
+    parser = argparse.ArgumentParser(
+        prog="octavo",
+        description="octavo: an LLM inference and serving engine whose chips, models and kernels are plugins.",
+    )
+    parser.add_argument("--version", action="version", version=f"octavo {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for module_name in BUILTIN_COMMANDS:
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as e:
+            if e.name == module_name:  # not written yet: skip silently
+                continue
+            raise
+        module.add_parser(subparsers)
+
+    from octavo.core.plugin_manager import get_plugin_manager
+
+    get_plugin_manager().hook.octavo_add_cli_commands(subparsers=subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``octavo``; returns the exit status (the console script exits with it)."""
+    from octavo.config import ConfigError
+    from octavo.core.plugin_manager import PluginError
+
+    try:
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        func = getattr(args, "func", None)
+        if func is None:
+            parser.print_help()
+            return 0 if args.command is None else 2
+        return int(func(args) or 0)
+    except (ConfigError, PluginError) as e:
+        print(f"octavo: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":  # python -m octavo.cli.main
+    sys.exit(main())
