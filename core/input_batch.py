@@ -1,0 +1,146 @@
+"""Build one step's flat model inputs, attention layout and sampling batch from the scheduler's output."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from octavo.attention import AttentionLayout
+from octavo.core.sampler import SamplingBatch
+from octavo.core.scheduler import SchedulerOutput
+
+
+@dataclass
+class StepInputs:
+    input_ids: torch.Tensor  # [num_tokens] on the device
+    positions: torch.Tensor  # [num_tokens] on the device
+    layout: AttentionLayout  # host tensors
+    query_start_loc: torch.Tensor  # [num_reqs + 1] on the device
+    logits_indices: torch.Tensor  # [num_sample_rows] flat-token rows whose logits are sampled
+    sample_req_ids: list[str]  # request of each sampled row
+    # prompt logprobs: request id -> (flat rows, target token ids, first target position)
+    prompt_lp_rows: dict[str, tuple[torch.Tensor, torch.Tensor, int]] = field(default_factory=dict)
+    pooling_req_ids: list[str] = field(default_factory=list)
+
+
+def build_step_inputs(out: SchedulerOutput, block_size: int, device: torch.device) -> StepInputs:
+    input_ids: list[int] = []
+    positions: list[int] = []
+    slot_mapping: list[int] = []
+    query_start_loc = [0]
+    seq_lens, num_computed = [], []
+    logits_rows, sample_ids, pooling_ids = [], [], []
+    prompt_lp_rows = {}
+    max_blocks = max(len(s.block_ids) for s in out.scheduled)
+    block_tables = torch.zeros(len(out.scheduled), max_blocks, dtype=torch.int32)
+    for i, s in enumerate(out.scheduled):
+        req, start, n = s.req, s.num_computed_tokens, s.num_tokens
+        end = start + n
+        input_ids.extend(req.all_token_ids[start:end])
+        positions.extend(range(start, end))
+        blocks = s.block_ids
+        slot_mapping.extend(blocks[p // block_size] * block_size + p % block_size for p in range(start, end))
+        block_tables[i, :len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
+        row0 = query_start_loc[-1]
+        query_start_loc.append(row0 + n)
+        seq_lens.append(end)
+        num_computed.append(start)
+        if req.pooling:
+            if s.samples:
+                pooling_ids.append(req.request_id)
+            continue
+        k = req.sampling_params.prompt_logprobs
+        if k is not None and start < req.num_prompt_tokens - 1:
+            # logits at position j predict prompt token j + 1
+            last = min(end, req.num_prompt_tokens - 1)
+            rows = torch.arange(row0, row0 + (last - start))
+            targets = torch.tensor(req.prompt_token_ids[start + 1:last + 1])
+            prompt_lp_rows[req.request_id] = (rows, targets, start + 1)
+        if s.samples:
+            logits_rows.append(row0 + n - 1)
+            sample_ids.append(req.request_id)
+    layout = AttentionLayout(
+        query_start_loc=torch.tensor(query_start_loc, dtype=torch.int32),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
+        num_computed_tokens=torch.tensor(num_computed, dtype=torch.int32),
+        block_tables=block_tables,
+        slot_mapping=torch.tensor(slot_mapping, dtype=torch.int64),
+        block_size=block_size,
+        max_query_len=max(s.num_tokens for s in out.scheduled),
+        max_seq_len=max(seq_lens),
+        num_decode_reqs=out.num_decode_reqs,
+    )
+    return StepInputs(
+        input_ids=torch.tensor(input_ids, dtype=torch.int64).to(device, non_blocking=True),
+        positions=torch.tensor(positions, dtype=torch.int64).to(device, non_blocking=True),
+        layout=layout,
+        query_start_loc=layout.query_start_loc.to(device, non_blocking=True),
+        logits_indices=torch.tensor(logits_rows, dtype=torch.int64).to(device, non_blocking=True),
+        sample_req_ids=sample_ids,
+        prompt_lp_rows=prompt_lp_rows,
+        pooling_req_ids=pooling_ids,
+    )
+
+
+def build_sampling_batch(reqs: list, vocab_size: int, device: torch.device,
+                         generators: dict[str, torch.Generator]) -> SamplingBatch:
+    """Per-row tensors for the requests that sample this step (``reqs`` in row order)."""
+    ps = [r.sampling_params for r in reqs]
+    R = len(reqs)
+
+    def col(values, dtype=torch.float32):
+        return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
+
+    b = SamplingBatch(
+        temperature=col([p.temperature for p in ps]),
+        top_p=col([p.top_p for p in ps]),
+        top_k=col([p.top_k if p.top_k > 0 else vocab_size for p in ps], torch.int64),
+        min_p=col([p.min_p for p in ps]),
+        all_greedy=all(p.temperature == 0 for p in ps),
+        no_top_p=all(p.top_p >= 1.0 for p in ps),
+        no_top_k=all(p.top_k <= 0 for p in ps),
+        no_min_p=all(p.min_p <= 0 for p in ps),
+    )
+    if any(p.frequency_penalty or p.presence_penalty for p in ps):
+        counts = torch.zeros(R, vocab_size, dtype=torch.int32)
+        for i, r in enumerate(reqs):
+            if r.output_token_ids:
+                counts[i].index_add_(0, torch.tensor(r.output_token_ids), torch.ones(r.num_output_tokens, dtype=torch.int32))
+        b.output_counts = counts.to(device, non_blocking=True)
+        b.frequency_penalty = col([p.frequency_penalty for p in ps])
+        b.presence_penalty = col([p.presence_penalty for p in ps])
+    if any(p.repetition_penalty != 1.0 for p in ps):
+        seen = torch.zeros(R, vocab_size, dtype=torch.bool)
+        for i, r in enumerate(reqs):
+            seen[i, torch.tensor(r.all_token_ids)] = True
+        b.seen_mask = seen.to(device, non_blocking=True)
+        b.repetition_penalty = col([p.repetition_penalty for p in ps])
+    if any(p.logit_bias for p in ps):
+        bias = torch.zeros(R, vocab_size)
+        for i, p in enumerate(ps):
+            for tok, val in (p.logit_bias or {}).items():
+                bias[i, tok] = val
+        b.logit_bias = bias.to(device, non_blocking=True)
+    if any(p.allowed_token_ids for p in ps):
+        allowed = torch.ones(R, vocab_size, dtype=torch.bool)
+        for i, p in enumerate(ps):
+            if p.allowed_token_ids:
+                allowed[i] = False
+                allowed[i, torch.tensor(p.allowed_token_ids)] = True
+        b.allowed_mask = allowed.to(device, non_blocking=True)
+    for i, r in enumerate(reqs):
+        p = r.sampling_params
+        if r.num_output_tokens < p.min_tokens:
+            banned = list(p.stop_token_ids)
+            if r.eos_token_id is not None and not p.ignore_eos:
+                banned.append(r.eos_token_id)
+            if banned:
+                b.banned.append((i, banned))
+        if p.seed is not None and p.temperature > 0:
+            gen = generators.get(r.request_id)
+            if gen is None:
+                gen = generators[r.request_id] = torch.Generator(device=device).manual_seed(p.seed)
+            b.generators[i] = gen
+    b.max_num_logprobs = max((p.logprobs for p in ps if p.logprobs is not None), default=-1)
+    return b

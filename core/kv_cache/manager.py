@@ -1,0 +1,104 @@
+"""The KV-cache manager: each request's block table, prefix-cache lookups and slot allocation.
+
+    request tokens : [t0 .. t15][t16 .. t31][t32 .. t40]      block_size 16
+    block table    : [   b4    ][   b9     ][   b2  ...]      b4, b9 full -> hashed, shareable
+    hash chain     : h4 = H(None, t0..t15), h9 = H(h4, t16..t31)
+
+A waiting request first looks up its longest cached prefix of full blocks (always leaving at least one
+token to compute, so the step produces logits), then allocates blocks for the tokens it schedules. Full
+blocks are registered in the prefix cache as soon as they are scheduled; the attention backends write a
+step's K/V before attending, so another request in the same step may already read them.
+"""
+
+from __future__ import annotations
+
+from octavo.core.kv_cache.block_pool import BlockPool, KVBlock, hash_block_tokens
+from octavo.core.request import Request
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class KVCacheManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool) -> None:
+        self.block_size = block_size
+        self.enable_caching = enable_caching
+        self.pool = BlockPool(num_blocks, enable_caching)
+        self.req_blocks: dict[str, list[KVBlock]] = {}
+        self.req_hashes: dict[str, list[bytes]] = {}  # chain hashes of the request's full blocks so far
+
+    @property
+    def num_usable_blocks(self) -> int:
+        return self.pool.num_blocks - 1
+
+    def usage(self) -> float:
+        return self.pool.usage()
+
+    def max_tokens_in_cache(self) -> int:
+        return self.num_usable_blocks * self.block_size
+
+    def _block_hashes(self, req: Request, num_full_blocks: int) -> list[bytes]:
+        """Chain hashes of the first ``num_full_blocks`` blocks of ``req``'s tokens (extended incrementally)."""
+        hashes = self.req_hashes.setdefault(req.request_id, [])
+        bs = self.block_size
+        while len(hashes) < num_full_blocks:
+            i = len(hashes)
+            parent = hashes[-1] if hashes else None
+            tokens = req.all_token_ids[i * bs:(i + 1) * bs]
+            hashes.append(hash_block_tokens(parent, tokens, req.cache_salt))
+        return hashes[:num_full_blocks]
+
+    def get_computed_blocks(self, req: Request) -> tuple[list[KVBlock], int]:
+        """Longest run of cached full blocks at the start of ``req``'s tokens, and the tokens they cover."""
+        if not self.enable_caching or req.sampling_params.prompt_logprobs is not None or req.pooling:
+            # prompt logprobs and pooling need the hidden state of every prompt token: compute them all.
+            return [], 0
+        bs = self.block_size
+        max_blocks = (req.num_tokens - 1) // bs
+        hits: list[KVBlock] = []
+        for i, h in enumerate(self._block_hashes(req, max_blocks)):
+            block = self.pool.get_cached_block(h, tuple(req.all_token_ids[i * bs:(i + 1) * bs]))
+            if block is None:
+                break
+            hits.append(block)
+        return hits, len(hits) * bs
+
+    def allocate_slots(self, req: Request, num_new_tokens: int, new_computed_blocks: list[KVBlock] = ()) -> bool:
+        """Make room for ``num_new_tokens`` more tokens of ``req`` (after ``new_computed_blocks``, its prefix
+        hits when it is first scheduled). Returns False, changing nothing, if there are not enough free blocks."""
+        blocks = self.req_blocks.setdefault(req.request_id, [])
+        num_computed = req.num_computed_tokens + len(new_computed_blocks) * self.block_size
+        num_required = cdiv(num_computed + num_new_tokens, self.block_size)
+        num_new_blocks = num_required - len(blocks) - len(new_computed_blocks)
+        # hits that sit in the free queue stop being free once touched
+        num_hits_free = sum(1 for b in new_computed_blocks if b.ref_cnt == 0)
+        if num_new_blocks > self.pool.num_free_blocks - num_hits_free:
+            if not blocks:
+                del self.req_blocks[req.request_id]
+            return False
+        self.pool.touch(list(new_computed_blocks))
+        blocks.extend(new_computed_blocks)
+        if num_new_blocks > 0:
+            blocks.extend(self.pool.allocate(num_new_blocks))
+        self._cache_full_blocks(req, num_computed + num_new_tokens)
+        return True
+
+    def _cache_full_blocks(self, req: Request, num_tokens: int) -> None:
+        if not self.enable_caching or req.pooling:
+            return
+        num_full = min(num_tokens, req.num_tokens) // self.block_size
+        blocks = self.req_blocks[req.request_id]
+        bs = self.block_size
+        for i, h in enumerate(self._block_hashes(req, num_full)):
+            if blocks[i].block_hash is None:
+                self.pool.cache_full_block(blocks[i], h, tuple(req.all_token_ids[i * bs:(i + 1) * bs]))
+
+    def free(self, req: Request) -> None:
+        """Release ``req``'s blocks, last block first (see ``BlockPool.free``)."""
+        blocks = self.req_blocks.pop(req.request_id, [])
+        self.pool.free(list(reversed(blocks)))
+        self.req_hashes.pop(req.request_id, None)
+
+    def block_ids(self, request_id: str) -> list[int]:
+        return [b.block_id for b in self.req_blocks.get(request_id, ())]

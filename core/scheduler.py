@@ -1,0 +1,213 @@
+"""The scheduler: each step, give each request a number of tokens under one token budget.
+
+There are no prefill and decode phases. A running request asks for ``num_tokens - num_computed_tokens``
+tokens (1 while decoding, the rest of its prompt while prefilling); a waiting request asks for its prompt
+minus its prefix-cache hit. Chunked prefill is just a smaller count. When blocks run out, the lowest-ranked
+running request is preempted (its blocks freed, recomputed later from prompt + output so far), so nothing
+it produced is lost.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+from dataclasses import dataclass, field
+
+from octavo.config import OctavoSettings
+from octavo.core.kv_cache.manager import KVCacheManager
+from octavo.core.messages import EngineCoreOutput, FinishReason, SchedulerStats
+from octavo.core.request import Request, RequestStatus
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class ScheduledRequest:
+    req: Request
+    num_tokens: int  # new tokens this step
+    num_computed_tokens: int  # tokens already in the cache before this step
+    block_ids: list[int]
+
+    @property
+    def samples(self) -> bool:
+        """True when this step reaches the end of the request's known tokens, so it yields a next token."""
+        return self.num_computed_tokens + self.num_tokens == self.req.num_tokens
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled: list[ScheduledRequest] = field(default_factory=list)  # decode-only requests first
+    num_decode_reqs: int = 0
+    total_num_tokens: int = 0
+    preempted_ids: list[str] = field(default_factory=list)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+
+class Scheduler:
+    def __init__(self, settings: OctavoSettings, kv: KVCacheManager, max_model_len: int) -> None:
+        sched = settings.scheduler
+        self.kv = kv
+        self.max_model_len = max_model_len
+        self.max_num_seqs = sched.max_num_seqs
+        self.chunked_prefill = sched.enable_chunked_prefill
+        self.max_num_batched_tokens = sched.max_num_batched_tokens or (
+            max(2048, min(max_model_len, 8192)) if self.chunked_prefill else max_model_len)
+        if not self.chunked_prefill and self.max_num_batched_tokens < max_model_len:
+            raise ValueError(
+                f"max_num_batched_tokens={self.max_num_batched_tokens} < max_model_len={max_model_len} without "
+                "chunked prefill: long prompts could never run. Enable chunked prefill or raise the budget.")
+        self.policy = sched.scheduling_policy
+        self.waiting: list[Request] = []  # kept sorted by policy
+        self.running: list[Request] = []  # in schedule order: earlier = higher rank
+        self.requests: dict[str, Request] = {}
+        self.stats = SchedulerStats()
+
+    # ---- admission -------------------------------------------------------------------------------
+    def add_request(self, req: Request) -> None:
+        if req.num_tokens + (0 if req.pooling else 1) > self.kv.max_tokens_in_cache():
+            raise ValueError(
+                f"request {req.request_id}: {req.num_tokens} prompt tokens need more KV cache than exists "
+                f"({self.kv.max_tokens_in_cache()} tokens in {self.kv.num_usable_blocks} blocks). Raise "
+                "kv_cache_memory_bytes (or gpu_memory_utilization / num_gpu_blocks_override) or shorten the prompt.")
+        if req.pooling and req.num_tokens > self.max_num_batched_tokens:
+            raise ValueError(
+                f"request {req.request_id}: an embedding input of {req.num_tokens} tokens exceeds "
+                f"max_num_batched_tokens={self.max_num_batched_tokens}; raise it or shorten the input.")
+        self.requests[req.request_id] = req
+        self._enqueue_waiting(req)
+
+    def _enqueue_waiting(self, req: Request) -> None:
+        keys = [r.sort_key(self.policy) for r in self.waiting]
+        self.waiting.insert(bisect.bisect_right(keys, req.sort_key(self.policy)), req)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # ---- scheduling ------------------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        budget = self.max_num_batched_tokens
+        scheduled: list[ScheduledRequest] = []
+        preempted: list[str] = []
+        if self.policy == "priority":
+            self.running.sort(key=lambda r: r.sort_key(self.policy))
+
+        i = 0
+        while i < len(self.running) and budget > 0:
+            req = self.running[i]
+            num_new = min(req.num_tokens - req.num_computed_tokens, budget)
+            num_computed = req.num_computed_tokens
+            while not self.kv.allocate_slots(req, num_new):
+                victim = self.running.pop()  # the lowest-ranked request not yet scheduled this step
+                self._preempt(victim)
+                preempted.append(victim.request_id)
+                if victim is req:
+                    break
+            else:
+                scheduled.append(ScheduledRequest(req, num_new, num_computed, self.kv.block_ids(req.request_id)))
+                budget -= num_new
+                i += 1
+
+        # Admit waiting requests only when nothing had to be preempted: a fresh admission would just be
+        # the next victim.
+        while not preempted and self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            req = self.waiting[0]
+            hits, num_hit_tokens = self.kv.get_computed_blocks(req)
+            num_new = req.num_tokens - num_hit_tokens
+            if num_new > budget and (req.pooling or not self.chunked_prefill):
+                break
+            num_new = min(num_new, budget)
+            if not self.kv.allocate_slots(req, num_new, hits):
+                break
+            self.waiting.pop(0)
+            if req.num_cached_tokens < 0:
+                req.num_cached_tokens = num_hit_tokens
+                self.stats.prefix_cache_queries += req.num_tokens
+                self.stats.prefix_cache_hits += num_hit_tokens
+            req.num_computed_tokens = num_hit_tokens
+            req.status = RequestStatus.RUNNING
+            self.running.append(req)
+            scheduled.append(ScheduledRequest(req, num_new, num_hit_tokens, self.kv.block_ids(req.request_id)))
+            budget -= num_new
+
+        decodes = [s for s in scheduled if s.num_tokens == 1 and s.num_computed_tokens > 0]
+        others = [s for s in scheduled if not (s.num_tokens == 1 and s.num_computed_tokens > 0)]
+        return SchedulerOutput(decodes + others, len(decodes), self.max_num_batched_tokens - budget, preempted)
+
+    def _preempt(self, req: Request) -> None:
+        self.kv.free(req)
+        req.status = RequestStatus.PREEMPTED
+        req.num_computed_tokens = 0
+        req.num_preemptions += 1
+        self.stats.num_preemptions += 1
+        self._enqueue_waiting(req)
+        logger.debug("preempted %s", req.request_id)
+
+    # ---- after the model ran ---------------------------------------------------------------------
+    def update(self, out: SchedulerOutput, sampled: dict[str, int]) -> list[tuple[Request, int | None]]:
+        """Advance computed counts, append each sampled token and finish requests that stop.
+
+        Returns ``(request, new token or None)`` for every scheduled request; requests that finished
+        have ``finish_reason`` set and their blocks freed.
+        """
+        results = []
+        for s in out.scheduled:
+            req = s.req
+            if req.is_finished:  # aborted between schedule and update
+                continue
+            req.num_computed_tokens = s.num_computed_tokens + s.num_tokens
+            if req.num_computed_tokens <= req.num_prompt_tokens:
+                self.stats.num_prompt_tokens += s.num_tokens
+            token = sampled.get(req.request_id)
+            if req.pooling:
+                if s.samples:
+                    self._finish(req, FinishReason.STOP)
+                results.append((req, None))
+                continue
+            if token is not None:
+                req.append_output_token(token)
+                self.stats.num_generation_tokens += 1
+                self._check_stop(req, token)
+            results.append((req, token))
+        self.stats.num_steps += 1
+        return results
+
+    def _check_stop(self, req: Request, token: int) -> None:
+        params = req.sampling_params
+        if req.num_output_tokens >= params.min_tokens:
+            if token == req.eos_token_id and not params.ignore_eos:
+                return self._finish(req, FinishReason.STOP, None)
+            if token in params.stop_token_ids:
+                return self._finish(req, FinishReason.STOP, token)
+        if req.num_output_tokens >= req.max_tokens or req.num_tokens >= self.max_model_len:
+            return self._finish(req, FinishReason.LENGTH)
+
+    def _finish(self, req: Request, reason: FinishReason, stop_reason: int | str | None = None) -> None:
+        req.status = RequestStatus.FINISHED
+        req.finish_reason = reason
+        req.stop_reason = stop_reason
+        if req in self.running:
+            self.running.remove(req)
+        elif req in self.waiting:
+            self.waiting.remove(req)
+        self.kv.free(req)
+        self.requests.pop(req.request_id, None)
+
+    def abort(self, request_ids: list[str]) -> list[EngineCoreOutput]:
+        outs = []
+        for rid in request_ids:
+            req = self.requests.get(rid)
+            if req is None:
+                continue
+            self._finish(req, FinishReason.ABORT)
+            outs.append(EngineCoreOutput(rid, [], finish_reason=FinishReason.ABORT))
+        return outs
+
+    def make_stats(self) -> SchedulerStats:
+        s = self.stats
+        s.num_running_reqs = len(self.running)
+        s.num_waiting_reqs = len(self.waiting)
+        s.kv_cache_usage = self.kv.usage()
+        return SchedulerStats(**{f: getattr(s, f) for f in s.__struct_fields__})

@@ -1,0 +1,136 @@
+"""The worker: owns one device — sets it up, loads the model, sizes and allocates the KV cache, binds the
+attention layers, and runs steps through its ModelRunner."""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+
+import torch
+
+from octavo.config import OctavoSettings
+from octavo.core.model_runner import ModelRunner
+from octavo.core.scheduler import SchedulerOutput
+
+logger = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "float": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+          "bf16": torch.bfloat16, "float16": torch.float16, "half": torch.float16, "fp16": torch.float16}
+DEFAULT_CPU_KV_CACHE_BYTES = 1 << 30
+
+
+def resolve_dtype(name: str, platform, hf_config) -> torch.dtype:
+    """``auto`` -> the platform's default; an explicit dtype must be one the platform supports."""
+    if name == "auto":
+        return DTYPES[platform.default_dtype()]
+    dtype = DTYPES[name]
+    supported = {DTYPES[d] for d in platform.supported_dtypes()}
+    if dtype not in supported:
+        raise ValueError(f"dtype={name} is not supported on platform {platform.name} (supported: "
+                         f"{', '.join(platform.supported_dtypes())}). Pick one of those with --dtype.")
+    return dtype
+
+
+class Worker:
+    def __init__(self, settings: OctavoSettings, platform, device_index: int = 0) -> None:
+        from octavo.core.loader import load_model, resolve_model
+        from octavo.core.plugin_manager import get_plugin_manager
+
+        self.settings = settings
+        self.platform = platform
+        pm = get_plugin_manager()
+        platform.set_device(device_index)
+        self.device = torch.device(platform.device_type, device_index) if platform.device_type != "cpu" \
+            else torch.device("cpu")
+        if platform.device_type == "cpu":
+            threads = settings.device.num_threads or len(os.sched_getaffinity(0))
+            torch.set_num_threads(threads)
+        torch.manual_seed(settings.model.seed)
+
+        self.resolved = resolve_model(settings.model)
+        hf_config = self.resolved.hf_config
+        self.dtype = resolve_dtype(settings.model.dtype, platform, hf_config)
+        model_cls = pm.resolve("models", self.resolved.architecture)
+        self.model = load_model(self.resolved, model_cls=model_cls, dtype=self.dtype, device=self.device)
+        self.model.eval()
+        self.max_model_len = settings.model.max_model_len or getattr(hf_config, "max_position_embeddings", 2048)
+        self.vocab_size = hf_config.vocab_size
+
+        self.attn_layers = [m for m in self.model.modules() if hasattr(m, "bind") and hasattr(m, "num_kv_heads")]
+        block_size = settings.cache.block_size
+        self.block_size = block_size
+        if self.attn_layers:
+            first = self.attn_layers[0]
+            self.attn_backend_cls = pm.select_attention_backend(
+                settings, platform, dtype=self.dtype, head_size=first.head_size,
+                sliding_window=max((layer.sliding_window or 0) for layer in self.attn_layers) or None,
+                logits_soft_cap=first.logits_soft_cap, block_size=block_size)
+        else:
+            self.attn_backend_cls = None
+        self.num_blocks = self._determine_num_blocks()
+        self._allocate_kv_cache()
+        self.runner = ModelRunner(self.model, self.attn_backend_cls, self.device, block_size, self.vocab_size,
+                                  synchronize=platform.synchronize)
+        logger.info("Loaded %s (%s) on %s as %s; attention backend %s; KV cache %d blocks x %d tokens",
+                    self.resolved.source, self.resolved.architecture, self.device, str(self.dtype).split(".")[-1],
+                    getattr(self.attn_backend_cls, "name", None), self.num_blocks, block_size)
+
+    def _bytes_per_block(self) -> int:
+        elem = torch.empty((), dtype=self._kv_dtype()).element_size()
+        return sum(math.prod(self.attn_backend_cls.kv_cache_shape(1, self.block_size, layer.num_kv_heads,
+                                                                   layer.head_size)) * elem
+                   for layer in self.attn_layers)
+
+    def _kv_dtype(self) -> torch.dtype:
+        name = self.settings.cache.kv_cache_dtype
+        return self.dtype if name == "auto" else DTYPES[name]
+
+    def _determine_num_blocks(self) -> int:
+        cache = self.settings.cache
+        if not self.attn_layers:
+            return 2
+        if cache.num_gpu_blocks_override:
+            return cache.num_gpu_blocks_override
+        per_block = self._bytes_per_block()
+        if cache.kv_cache_memory_bytes:
+            budget, source = cache.kv_cache_memory_bytes, "kv_cache_memory_bytes"
+        elif self.platform.capabilities().memory_profiling:
+            budget, source = self._profile_free_bytes(), f"gpu_memory_utilization={cache.gpu_memory_utilization}"
+        else:
+            budget, source = DEFAULT_CPU_KV_CACHE_BYTES, "the CPU default (set kv_cache_memory_bytes to change)"
+        num_blocks = budget // per_block
+        need = math.ceil(self.max_model_len / self.block_size) + 1
+        if num_blocks < need:
+            raise ValueError(
+                f"The KV cache ({budget / 2**20:.0f} MiB from {source}, {num_blocks} blocks of {self.block_size} "
+                f"tokens at {per_block / 2**10:.0f} KiB each) cannot hold one request of max_model_len="
+                f"{self.max_model_len} ({need} blocks). Lower --max-model-len or give the cache more memory "
+                "(--kv-cache-memory-bytes, --gpu-memory-utilization).")
+        logger.info("KV cache: %d blocks (%.0f MiB, from %s)", num_blocks, num_blocks * per_block / 2**20, source)
+        return num_blocks
+
+    def _profile_free_bytes(self) -> int:
+        """Run the largest batch once so activation memory is reserved, then give the KV cache what is left
+        of ``gpu_memory_utilization`` of the device (vendor-neutral: uses the platform's memory readings)."""
+        from octavo.core.profiling import profile_run
+
+        profile_run(self)
+        total = self.platform.memory_total()
+        used = total - self.platform.memory_free()
+        return max(0, int(total * self.settings.cache.gpu_memory_utilization) - used)
+
+    def _allocate_kv_cache(self) -> None:
+        self.kv_caches = []
+        for layer in self.attn_layers:
+            shape = self.attn_backend_cls.kv_cache_shape(self.num_blocks, self.block_size, layer.num_kv_heads,
+                                                         layer.head_size)
+            kv = torch.zeros(shape, dtype=self._kv_dtype(), device=self.device)
+            impl = self.attn_backend_cls(num_heads=layer.num_heads, head_size=layer.head_size,
+                                         num_kv_heads=layer.num_kv_heads, scale=layer.scale,
+                                         sliding_window=layer.sliding_window, logits_soft_cap=layer.logits_soft_cap)
+            layer.bind(impl, kv)
+            self.kv_caches.append(kv)
+
+    def execute(self, out: SchedulerOutput):
+        return self.runner.execute(out)

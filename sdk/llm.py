@@ -1,0 +1,145 @@
+"""``LLM``: the offline SDK — generate, chat and embed over batches of prompts, vLLM-compatible.
+
+    from octavo import LLM, SamplingParams
+    llm = LLM()                                  # the embedded default model, SmolLM2-135M-Instruct
+    for out in llm.generate(["Hello, my name is"], SamplingParams(temperature=0, max_tokens=32)):
+        print(out.outputs[0].text)
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from octavo.outputs import RequestOutput
+from octavo.sampling_params import RequestOutputKind, SamplingParams
+
+
+class LLM:
+    """An engine for offline batches.
+
+    Args:
+        model: a local directory, a ``.gguf`` file or a Hugging Face repo id; None is the embedded default.
+        **kwargs: any engine setting by its vLLM name (``dtype``, ``max_model_len``, ``max_num_seqs``,
+            ``block_size``, ``enable_prefix_caching``, ``kv_cache_memory_bytes``, ``seed``, ...).
+    """
+
+    def __init__(self, model: str | None = None, **kwargs: Any) -> None:
+        from octavo.config import OctavoSettings
+        from octavo.llm_engine import LLMEngine
+
+        self.llm_engine = LLMEngine(OctavoSettings.from_kwargs(model=model, **kwargs))
+        self._counter = itertools.count()
+
+    def get_tokenizer(self):
+        return self.llm_engine.get_tokenizer()
+
+    def generate(self, prompts: Any, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 use_tqdm: bool = True, priority: list[int] | None = None) -> list[RequestOutput]:
+        """Complete every prompt; outputs come back in the order of ``prompts``.
+
+        Args:
+            prompts: a prompt or a list of them — strings, token-id lists, ``{"prompt": ...}`` or
+                ``{"prompt_token_ids": [...]}`` dicts.
+            sampling_params: one for all prompts or one per prompt (default ``SamplingParams()``).
+            use_tqdm: show a progress bar with tokens/s.
+            priority: per-prompt priority (with ``scheduling_policy="priority"``).
+
+        Raises:
+            ValueError: a prompt or parameter is invalid; nothing of this call is left running.
+        """
+        prompts = _as_list(prompts)
+        params = _per_prompt(sampling_params, len(prompts))
+        return self._run([(p, sp) for p, sp in zip(prompts, params)], use_tqdm, priority)
+
+    def chat(self, messages: list[dict] | list[list[dict]], sampling_params=None, use_tqdm: bool = True,
+             chat_template: str | None = None, add_generation_prompt: bool = True,
+             continue_final_message: bool = False, tools: list | None = None,
+             chat_template_kwargs: dict | None = None) -> list[RequestOutput]:
+        """Generate replies to one conversation or a list of them, using the model's chat template.
+
+        Args:
+            messages: ``[{"role": "user", "content": "..."}]`` or a list of such conversations.
+            sampling_params: one for all or one per conversation.
+            chat_template: a Jinja template string overriding the model's.
+        """
+        conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
+        ip = self.llm_engine.input_processor
+        prompts = []
+        for conv in conversations:
+            text, ids = ip.apply_chat_template(conv, add_generation_prompt=add_generation_prompt,
+                                               continue_final_message=continue_final_message,
+                                               chat_template=chat_template, tools=tools,
+                                               **(chat_template_kwargs or {}))
+            prompts.append({"prompt": text, "prompt_token_ids": ids})
+        return self.generate(prompts, sampling_params, use_tqdm)
+
+    def embed(self, prompts: Any, use_tqdm: bool = True) -> list:
+        """Embed each input (embedding models only). See ``octavo.pooling`` once it lands."""
+        engine = self.llm_engine
+        if not engine.model_info.is_pooling:
+            raise ValueError(f"{engine.model_info.architecture} is a generative model; embed() needs an embedding "
+                             "model (e.g. a BERT/sentence-transformers checkpoint).")
+        raise NotImplementedError("embedding requests are not wired into the engine yet")
+
+    def _run(self, items: list[tuple[Any, SamplingParams]], use_tqdm: bool, priority) -> list[RequestOutput]:
+        engine = self.llm_engine
+        ids = []
+        try:
+            for i, (prompt, sp) in enumerate(items):
+                if sp.output_kind != RequestOutputKind.FINAL_ONLY:
+                    sp = sp.clone()
+                    sp.output_kind = RequestOutputKind.FINAL_ONLY
+                rid = str(next(self._counter))
+                engine.add_request(rid, prompt, sp, priority[i] if priority else 0)
+                ids.append(rid)
+        except ValueError:
+            engine.abort_request(ids)
+            raise
+        results: dict[str, RequestOutput] = {}
+        bar = _progress(len(ids)) if use_tqdm else None
+        start, num_out = time.perf_counter(), 0
+        try:
+            while engine.has_unfinished_requests():
+                for out in engine.step():
+                    if out.finished:
+                        results[out.request_id] = out
+                        if bar is not None:
+                            num_out += sum(len(c.token_ids) for c in out.outputs)
+                            bar.set_postfix_str(f"{num_out / (time.perf_counter() - start):.1f} tok/s", refresh=False)
+                            bar.update(1)
+        except BaseException:
+            engine.abort_request([r for r in ids if r not in results])
+            raise
+        finally:
+            if bar is not None:
+                bar.close()
+        return [results[r] for r in ids]
+
+
+def _as_list(prompts: Any) -> list:
+    if isinstance(prompts, (str, dict)):
+        return [prompts]
+    prompts = list(prompts)
+    if prompts and all(isinstance(t, int) for t in prompts):
+        return [prompts]  # one prompt given as token ids
+    return prompts
+
+
+def _per_prompt(params, n: int) -> list[SamplingParams]:
+    if params is None:
+        return [SamplingParams()] * n
+    if isinstance(params, SamplingParams):
+        return [params] * n
+    params = list(params)
+    if len(params) != n:
+        raise ValueError(f"got {len(params)} SamplingParams for {n} prompts; give one, or one per prompt.")
+    return params
+
+
+def _progress(total: int):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc="Processed prompts", dynamic_ncols=True)
