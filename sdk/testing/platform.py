@@ -1,0 +1,120 @@
+"""``PlatformContract``: the pytest suite every platform plugin must pass, built-in or third-party.
+
+Subclass it in your package's tests and set ``platform_cls``; pytest collects the subclass (name it
+``Test...``) and runs every check below against your class. Checks that need the device skip, with the
+platform's own reason, where ``is_available()`` says it cannot run.
+
+    from octavo.testing import PlatformContract
+
+    class TestMyPlatform(PlatformContract):
+        platform_cls = MyPlatform
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import pytest
+
+from octavo.platform import Availability, Platform, PlatformCapabilities
+
+KNOWN_DTYPES = {"float32", "bfloat16", "float16"}
+# relative error each dtype's 64x64 matmul must stay within, against float64 (about 8 ulps of its mantissa)
+_MATMUL_RTOL = {"float32": 1e-4, "bfloat16": 5e-2, "float16": 1e-2}
+
+
+class PlatformContract:
+    """Contract tests for an :class:`octavo.Platform` subclass.
+
+    Attributes:
+        platform_cls: the class under test (required).
+        check_registered: also require that the installed plugins resolve ``platform_cls.name`` to exactly
+            this class (turn off for a class you test without installing your package).
+    """
+
+    platform_cls: ClassVar[type[Platform]]
+    check_registered: ClassVar[bool] = True
+
+    @pytest.fixture
+    def platform(self) -> Platform:
+        availability = self.platform_cls.is_available()
+        if not availability:
+            pytest.skip(f"{self.platform_cls.name} is not available here: {availability.reason}")
+        return self.platform_cls()
+
+    # ------------------------------------------------------------------ without the device
+    def test_declares_name_device_type_and_backend(self):
+        cls = self.platform_cls
+        assert issubclass(cls, Platform), "platform_cls must subclass octavo.Platform"
+        for attr in ("name", "device_type", "distributed_backend"):
+            value = getattr(cls, attr, None)
+            assert isinstance(value, str) and value, f"{cls.__name__}.{attr} must be a non-empty str"
+
+    def test_is_available_returns_availability_with_reason(self):
+        result = self.platform_cls.is_available()
+        assert isinstance(result, Availability), "is_available() must return octavo.platform.Availability"
+        if not result.available:
+            assert result.reason, "an unavailable platform must say why (Availability.reason)"
+
+    def test_constructor_takes_no_arguments(self):
+        # `octavo plugins` builds every platform, available or not; this must never fail or touch a device.
+        self.platform_cls()
+
+    def test_registered_under_its_name(self):
+        if not self.check_registered:
+            pytest.skip("check_registered is off")
+        from octavo.core.plugin_manager import get_plugin_manager
+
+        resolved = get_plugin_manager().resolve("platforms", self.platform_cls.name)
+        assert resolved is self.platform_cls, (
+            f"platform {self.platform_cls.name!r} resolves to {resolved!r}; is your package installed and its "
+            "register hook correct? (`octavo plugins` shows who registered it)")
+
+    # ------------------------------------------------------------------ with the device
+    def test_device_count_and_name(self, platform):
+        count = platform.device_count()
+        assert isinstance(count, int) and count >= 1
+        name = platform.device_name(0)
+        assert isinstance(name, str) and name
+
+    def test_memory_is_consistent(self, platform):
+        total, free = platform.memory_total(0), platform.memory_free(0)
+        assert isinstance(total, int) and total > 0
+        assert isinstance(free, int) and 0 <= free <= total
+
+    def test_supported_dtypes(self, platform):
+        dtypes = platform.supported_dtypes()
+        assert dtypes and set(dtypes) <= KNOWN_DTYPES, f"dtypes {dtypes} must be a non-empty subset of {KNOWN_DTYPES}"
+        assert platform.default_dtype() in dtypes, "default_dtype() must be one of supported_dtypes()"
+
+    def test_capabilities_and_preferences(self, platform):
+        assert isinstance(platform.capabilities(), PlatformCapabilities)
+        backends = platform.preferred_attention_backends()
+        assert isinstance(backends, list) and all(isinstance(b, str) and b for b in backends)
+
+    def test_set_device_and_synchronize(self, platform):
+        platform.set_device(0)
+        platform.synchronize()
+
+    def test_computes_in_every_supported_dtype(self, platform):
+        torch = pytest.importorskip("torch")
+        gen = torch.Generator().manual_seed(0)
+        a = torch.randn(64, 64, dtype=torch.float64, generator=gen)
+        b = torch.randn(64, 64, dtype=torch.float64, generator=gen)
+        for name in platform.supported_dtypes():
+            dtype = getattr(torch, name)
+            a_d, b_d = a.to(dtype), b.to(dtype)  # the reference uses the same rounded inputs
+            out = (a_d.to(platform.device_type) @ b_d.to(platform.device_type))
+            platform.synchronize()
+            ref = a_d.double() @ b_d.double()
+            err = ((out.cpu().double() - ref).abs().max() / ref.abs().max()).item()
+            assert err < _MATMUL_RTOL[name], f"{name} matmul on {platform.device_type}: relative error {err:.2e}"
+
+    def test_selected_when_named_in_settings(self, platform):
+        if not self.check_registered:
+            pytest.skip("check_registered is off")
+        from octavo.config import OctavoSettings
+        from octavo.core.plugin_manager import get_plugin_manager
+
+        chosen = get_plugin_manager().select_platform(OctavoSettings.from_kwargs(device=self.platform_cls.name))
+        assert type(chosen) is self.platform_cls
