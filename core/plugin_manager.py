@@ -130,7 +130,14 @@ class PluginManager:
         disabled: plugin names skipped because of OCTAVO_DISABLE_PLUGINS or OCTAVO_PLUGINS.
     """
 
-    def __init__(self, *, load: bool = True):
+    def __init__(self, *, load: bool = True, plugins: tuple[tuple[str, Any, str], ...] = ()):
+        """Build the manager.
+
+        Args:
+            load: discover installed plugins (entry points of group ``octavo``) and fill the registries.
+            plugins: extra ``(name, plugin object, distribution)`` triples registered after the installed
+                ones, unfiltered by the OCTAVO_* variables (embedding, tests).
+        """
         self._pm = pluggy.PluginManager(PROJECT_NAME)
         self._pm.add_hookspecs(hookspecs)
         self.hook = self._pm.hook
@@ -142,11 +149,12 @@ class PluginManager:
             self._pm.trace.root.setwriter(lambda s: sys.stderr.write("[octavo-plugins] " + s))
             self._pm.enable_tracing()
         if load:
-            self.load()
+            self.load(extra=plugins)
 
     # ---------------------------------------------------------------- loading
-    def load(self, entry_points: list[metadata.EntryPoint] | None = None) -> None:
-        """Discover, import and register plugins, then fill the registries."""
+    def load(self, entry_points: list[metadata.EntryPoint] | None = None,
+             extra: tuple[tuple[str, Any, str], ...] = ()) -> None:
+        """Discover, import and register plugins (plus ``extra`` ones), then fill the registries."""
         allow, disable = _env_list("OCTAVO_PLUGINS"), _env_list("OCTAVO_DISABLE_PLUGINS") or set()
         eps = entry_points if entry_points is not None else _discover()
         asked = set()
@@ -176,17 +184,22 @@ class PluginManager:
                                       f"but failed to import: {type(e).__name__}: {e}") from e
                 info.error = f"{type(e).__name__}: {e}"
                 continue
-            try:
-                self._pm.register(obj, name=ep.name)
-            except pluggy.PluginValidationError as e:
-                raise PluginError(f"plugin {ep.name!r} (distribution {dist!r}): {e}") from None
-            info.hooks = sorted(c.name for c in self._pm.get_hookcallers(obj) or [])
+            self._register(obj, info)
+        for name, obj, dist in extra:
+            self._register(obj, self.plugins.setdefault(name, PluginInfo(name, dist, "0", repr(obj))))
         if allow is not None and allow - asked:
             installed = sorted({p.name for p in self.plugins.values()} | set(self.disabled))
             raise PluginError(f"OCTAVO_PLUGINS names {sorted(allow - asked)}, which are not installed plugins or "
                               f"distributions; installed: {installed}. Fix the names or pip install the plugin.")
         self._check_hook_names()
         self._collect_registrations()
+
+    def _register(self, obj: Any, info: PluginInfo) -> None:
+        try:
+            self._pm.register(obj, name=info.name)
+        except (pluggy.PluginValidationError, ValueError) as e:
+            raise PluginError(f"plugin {info.name!r} (distribution {info.distribution!r}): {e}") from None
+        info.hooks = sorted(c.name for c in self._pm.get_hookcallers(obj) or [])
 
     def _check_hook_names(self) -> None:
         """A hookimpl whose name matches no hookspec is a typo: fail with the plugin and the closest hook."""
