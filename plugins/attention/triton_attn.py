@@ -1,0 +1,216 @@
+"""The ``triton`` attention backend: paged attention in Triton for NVIDIA (and, untested, AMD) GPUs.
+
+Owns the backend class, its per-step metadata and the launch heuristics (tile shapes, split-KV for decode
+of few requests over long contexts); the kernels live in ``_triton_kernels``. Handles prefill, chunked
+prefill over cached prefix blocks and decode in one kernel, GQA/MQA, fp16/bf16/fp32, any power-of-two
+block size, head sizes up to 256, sliding windows and logit soft-capping. The cache keeps the default
+layout ``[2, num_blocks, block_size, num_kv_heads, head_size]``. ``forward`` never syncs with the host, so
+decode steps can be captured in CUDA graphs (``octavo.core.cuda_graphs``); metadata tensors are built with
+``Tensor.to`` so a graph runner that hands in static device tensors gets them back unchanged.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from octavo import AttentionBackend, hookimpl
+from octavo.attention import AttentionLayout
+from octavo.platform import Availability
+
+
+@hookimpl(trylast=True)
+def octavo_register_attention_backends(register):
+    register("triton", "octavo.plugins.attention.triton_attn:TritonAttentionBackend")
+
+
+@dataclass
+class TritonAttentionMetadata:
+    """Device-side view of one step's :class:`AttentionLayout` (shared by every layer of the step)."""
+
+    query_start_loc: Any  # int32 [num_reqs + 1]
+    seq_lens: Any  # int32 [num_reqs]
+    block_tables: Any  # int32 [num_reqs, max_blocks]
+    slot_mapping: Any  # int64 [num_tokens]; < 0 means "do not write" (padding)
+    block_size: int
+    max_query_len: int
+    max_seq_len: int  # an upper bound is enough (graph capture passes max_model_len)
+    num_reqs: int
+    num_tokens: int
+    #: split-KV scratch buffers, allocated by the first layer of the step and reused by the others
+    scratch: dict = field(default_factory=dict, repr=False)
+
+
+def _next_pow2(x: int) -> int:
+    return 1 << max(0, int(x) - 1).bit_length()
+
+
+_NUM_SMS: dict[int, int] = {}
+
+
+def _num_sms(device) -> int:
+    import torch
+
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _NUM_SMS:
+        _NUM_SMS[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return _NUM_SMS[index]
+
+
+class TritonAttentionBackend(AttentionBackend):
+    """Paged attention with Triton kernels (see the module docstring for what it covers)."""
+
+    name = "triton"
+
+    @classmethod
+    def is_available(cls) -> Availability:
+        try:
+            import triton  # noqa: F401
+        except ImportError:
+            return Availability(False, "triton is not installed; pip install 'octavo[cuda]' (or triton)")
+        import torch
+
+        if os.environ.get("TRITON_INTERPRET") == "1":
+            return Availability(True)  # CPU interpreter: slow, for kernel tests only
+        if torch.version.cuda is None and torch.version.hip is None:
+            return Availability(False, f"PyTorch {torch.__version__} has no GPU support (CUDA or ROCm)")
+        return Availability(True)
+
+    @classmethod
+    def supports(cls, *, device_type, dtype, head_size, sliding_window=None, logits_soft_cap=None,
+                 block_size=16) -> Availability:
+        import torch
+
+        if device_type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+            return Availability(False, f"triton kernels run on GPUs (device_type 'cuda'), not {device_type!r}")
+        if dtype not in (torch.float16, torch.bfloat16, torch.float32):
+            return Availability(False, f"dtype {dtype} not supported; use float16, bfloat16 or float32")
+        if not 1 <= head_size <= 256:
+            return Availability(False, f"head_size {head_size} not supported (1..256)")
+        if block_size & (block_size - 1):
+            return Availability(False, f"block_size {block_size} is not a power of two")
+        return Availability(True)
+
+    @classmethod
+    def build_metadata(cls, layout: AttentionLayout, device) -> TritonAttentionMetadata:
+        import torch
+
+        def dev(t, dtype):
+            return t.to(device=device, dtype=dtype, non_blocking=True)
+
+        return TritonAttentionMetadata(
+            query_start_loc=dev(layout.query_start_loc, torch.int32),
+            seq_lens=dev(layout.seq_lens, torch.int32),
+            block_tables=dev(layout.block_tables, torch.int32),
+            slot_mapping=dev(layout.slot_mapping, torch.int64),
+            block_size=layout.block_size,
+            max_query_len=int(layout.max_query_len),
+            max_seq_len=int(layout.max_seq_len),
+            num_reqs=layout.num_reqs,
+            num_tokens=layout.num_tokens,
+        )
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}")
+        self.group = self.num_heads // self.num_kv_heads
+        self.group_p = _next_pow2(self.group)
+        self.head_dp = max(16, _next_pow2(self.head_size))
+        self.window = self.sliding_window or 0
+        self.soft_cap = float(self.logits_soft_cap or 0.0)
+
+    # --- heuristics ------------------------------------------------------------------------------------
+    def _num_splits(self, md: TritonAttentionMetadata, block_n: int, device) -> int:
+        """Split the context across programs only when requests x KV heads leave the GPU mostly idle."""
+        if md.max_query_len != 1 or device.type != "cuda":
+            return 1
+        programs = md.num_reqs * self.num_kv_heads
+        want = max(1, (2 * _num_sms(device)) // max(1, programs))
+        useful = max(1, math.ceil(md.max_seq_len / (2 * block_n)))  # at least two key tiles per split
+        splits = min(want, useful, 16)
+        return 1 << (splits.bit_length() - 1)  # power of two: the merge kernel's arange needs one
+
+    def _tiles(self, md: TritonAttentionMetadata) -> tuple[int, int, int]:
+        """(BLOCK_Q, BLOCK_M, BLOCK_N): rows = tokens x GQA group, padded to the 16 rows tl.dot needs."""
+        rows = 64 if self.head_dp <= 128 else 32
+        block_q = max(1, min(rows // self.group_p, _next_pow2(md.max_query_len)))
+        block_m = max(16, block_q * self.group_p)
+        block_n = 64 if self.head_dp <= 128 else 32
+        return block_q, block_m, block_n
+
+    # --- forward ---------------------------------------------------------------------------------------
+    def write_kv(self, key, value, kv_cache, slot_mapping) -> None:
+        """Store this step's K/V at their slots (one program per token, all KV heads at once)."""
+        from octavo.plugins.attention._triton_kernels import _kv_write_kernel
+
+        if key.shape[0] == 0:
+            return
+        if key.stride(-1) != 1 or value.stride(-1) != 1:
+            key, value = key.contiguous(), value.contiguous()
+        _kv_write_kernel[(key.shape[0],)](
+            key, value, kv_cache, slot_mapping,
+            key.stride(0), key.stride(1), value.stride(0), value.stride(1),
+            kv_cache.stride(0), self.num_kv_heads,
+            HEAD_D=self.head_size, BLOCK_H=_next_pow2(self.num_kv_heads), BLOCK_D=_next_pow2(self.head_size),
+        )
+
+    def forward(self, query, key, value, kv_cache, metadata: TritonAttentionMetadata):
+        import torch
+        from octavo.plugins.attention._triton_kernels import (
+            LOG2E,
+            _merge_splits_kernel,
+            _paged_attention_kernel,
+        )
+
+        md = metadata
+        if not (kv_cache.is_contiguous() and kv_cache.shape[0] == 2):
+            raise ValueError(f"triton backend expects a contiguous [2, blocks, block_size, kv_heads, head] cache, "
+                             f"got shape {tuple(kv_cache.shape)} strides {kv_cache.stride()}")
+        self.write_kv(key, value, kv_cache, md.slot_mapping)
+        num_tokens = query.shape[0]
+        out = torch.empty(num_tokens, self.num_heads, self.head_size, dtype=query.dtype, device=query.device)
+        if num_tokens == 0 or md.num_reqs == 0:
+            return out
+        if query.stride(-1) != 1:
+            query = query.contiguous()
+
+        block_q, block_m, block_n = self._tiles(md)
+        splits = self._num_splits(md, block_n, query.device)
+        num_q_tiles = triton_cdiv(md.max_query_len, block_q)
+        if splits > 1:
+            scratch_key = (num_tokens, self.num_heads, splits, self.head_dp)
+            if scratch_key not in md.scratch:
+                md.scratch[scratch_key] = (
+                    torch.empty(num_tokens, self.num_heads, splits, self.head_dp, dtype=torch.float32,
+                                device=query.device),
+                    torch.empty(num_tokens, self.num_heads, splits, dtype=torch.float32, device=query.device))
+            dst, lse = md.scratch[scratch_key]
+            strides = (dst.stride(0), dst.stride(1), dst.stride(2), lse.stride(0), lse.stride(1))
+        else:
+            dst, lse = out, out  # lse unused
+            strides = (out.stride(0), out.stride(1), 0, 0, 0)
+        grid = (md.num_reqs, num_q_tiles * splits, self.num_kv_heads)
+        _paged_attention_kernel[grid](
+            query, kv_cache[0], kv_cache[1], dst, lse,
+            md.block_tables, md.seq_lens, md.query_start_loc,
+            self.scale * LOG2E, self.scale, self.soft_cap or 1.0, self.window,
+            query.stride(0), query.stride(1), *strides,
+            kv_cache.stride(1), kv_cache.stride(2), md.block_tables.stride(0),
+            GROUP=self.group, GROUP_P=self.group_p, BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=block_n,
+            HEAD_D=self.head_size, HEAD_DP=self.head_dp, PAGE=md.block_size, NUM_SPLITS=splits,
+            USE_SOFTCAP=self.soft_cap > 0, USE_WINDOW=self.window > 0,
+            DOT_PREC="ieee" if query.dtype == torch.float32 else "tf32",
+            num_warps=4, num_stages=2,
+        )
+        if splits > 1:
+            _merge_splits_kernel[(num_tokens, self.num_heads)](
+                dst, lse, out, self.num_heads, out.stride(0), out.stride(1),
+                NUM_SPLITS=splits, HEAD_D=self.head_size, HEAD_DP=self.head_dp)
+        return out
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    return -(-a // b)
