@@ -1,0 +1,322 @@
+"""``AsyncLLM``: the asyncio engine behind the server, with the engine core in its own process.
+
+The front end (this object, in the caller's process) tokenizes, applies chat templates, validates,
+detokenizes and applies stop strings; the core (another process, over ZeroMQ + msgpack) only schedules
+and runs the model on token ids. One output task reads the core's step outputs, turns them into
+``RequestOutput`` objects and puts each into its request's queue, so every ``generate`` call is an async
+iterator over its own outputs:
+
+    engine = AsyncLLM(model="path/to/model.gguf", max_model_len=2048)
+    params = SamplingParams(max_tokens=32, output_kind=RequestOutputKind.DELTA)
+    async for out in engine.generate("Hello", params, request_id="r1"):
+        print(out.outputs[0].text, end="")
+    engine.shutdown()
+
+Leaving the loop early (``break``, task cancellation, a client disconnect) aborts the request in the
+core, which frees its KV blocks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from octavo.config import OctavoSettings
+from octavo.outputs import RequestOutput
+from octavo.sampling_params import SamplingParams
+
+logger = logging.getLogger("octavo.async_llm")
+
+
+class AsyncLLM:
+    """Asynchronous engine client: submit requests from a running event loop and stream their outputs.
+
+    Args:
+        model: a local directory, a ``.gguf`` file or a hub id; None means the embedded default model.
+        **kwargs: any flat settings field (``max_model_len=2048``, ``max_num_seqs=32``,
+            ``disable_frontend_multiprocessing=True``, ...), see :class:`octavo.config.OctavoSettings`.
+
+    Raises:
+        octavo.core.engine_client.EngineStartError: the engine core could not load the model (the
+            message carries the real reason, e.g. a missing file).
+    """
+
+    def __init__(self, model: str | None = None, **kwargs: Any) -> None:
+        self._setup(OctavoSettings.from_kwargs(model=model, **kwargs))
+
+    @classmethod
+    def from_settings(cls, settings: OctavoSettings) -> AsyncLLM:
+        """Build from a complete settings object (as the server does)."""
+        self = cls.__new__(cls)
+        self._setup(settings)
+        return self
+
+    def _setup(self, settings: OctavoSettings) -> None:
+        from octavo.core.engine_client import make_engine_core_client
+        from octavo.core.input_processor import InputProcessor
+        from octavo.core.loader import load_tokenizer
+        from octavo.core.output_processor import OutputProcessor
+
+        self.settings = settings
+        self._client = None
+        t0 = time.perf_counter()
+        # Start the core first: it loads the model in its own process while we load the tokenizer here.
+        self._client = make_engine_core_client(settings)
+        try:
+            self.tokenizer = None if settings.model.skip_tokenizer_init else load_tokenizer(settings.model)
+            self.model_info = self._client.wait_ready()
+        except BaseException:
+            self._client.shutdown()
+            raise
+        self.load_time_s = time.perf_counter() - t0
+        self.input_processor = InputProcessor(settings, self.tokenizer, self.model_info)
+        self.output_processor = OutputProcessor(self.tokenizer)
+        self._queues: dict[str, asyncio.Queue] = {}
+        self._errors: dict[str, str] = {}  # request id -> why the core failed it
+        self._not_started: set[str] = set()  # requests whose first token has not come back yet
+        self._output_task: asyncio.Task | None = None
+        self.stats = None  # the latest SchedulerStats from the core
+        self.stats_observers: list[Callable[[Any], None]] = []  # called with every SchedulerStats
+        self.finished_observers: list[Callable[[RequestOutput], None]] = []  # called with each final output
+        self.dead_observers: list[Callable[[str], None]] = []  # called once, with the reason, if the core dies
+        self._client.on_dead(self._on_dead)
+        self._shut = False
+
+    # ------------------------------------------------------------------------------------------ state
+    @property
+    def is_running(self) -> bool:
+        return not self._shut and not self._client.is_dead
+
+    @property
+    def errored(self) -> bool:
+        """True once the engine core is dead; every request then fails with ``EngineDeadError``."""
+        return self._client.is_dead
+
+    @property
+    def dead_reason(self) -> str | None:
+        return self._client.dead_reason
+
+    @property
+    def num_waiting(self) -> int:
+        """Requests accepted but still without their first token (what ``max_queue_len`` bounds)."""
+        return len(self._not_started)
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self._queues)
+
+    def get_tokenizer(self):
+        return self.tokenizer
+
+    def get_model_info(self):
+        """The loaded model's ``ModelInfo`` (name, vocabulary, max_model_len, KV blocks, dtype, device)."""
+        return self.model_info
+
+    async def get_stats(self):
+        """Fresh ``SchedulerStats`` straight from the core (running, waiting, KV usage, ...)."""
+        self._ensure_output_task()
+        return await self._client.call_utility("get_stats")
+
+    async def check_health(self) -> None:
+        """Raise ``EngineDeadError`` if the engine core is gone."""
+        from octavo.core.engine_client import EngineDeadError
+
+        if self._client.is_dead:
+            raise EngineDeadError(self._client.dead_reason)
+        if self._shut:
+            raise EngineDeadError("the engine was shut down.")
+
+    # ------------------------------------------------------------------------------------------ requests
+    async def generate(self, prompt: Any, sampling_params: SamplingParams | None = None,
+                       request_id: str | None = None, priority: int = 0) -> AsyncIterator[RequestOutput]:
+        """Submit one request and iterate over its outputs until it finishes.
+
+        Args:
+            prompt: text, a list of token ids, ``{"prompt": ...}`` or ``{"prompt_token_ids": [...]}``.
+            sampling_params: how to sample; its ``output_kind`` picks cumulative (default), delta
+                (streaming: each output carries only the new text and tokens) or final-only outputs.
+            request_id: unique id (default: a random one).
+            priority: lower runs first under ``scheduling_policy="priority"``.
+
+        Yields:
+            ``RequestOutput`` objects; the last has ``finished=True``.
+
+        Raises:
+            ValueError: invalid prompt or parameters (raised before anything is queued), or the core
+                rejected the request.
+            EngineDeadError: the engine core died before or while serving this request.
+        """
+        stream = self.add_request(prompt, sampling_params, request_id, priority)
+        try:
+            async for out in stream:
+                yield out
+        finally:  # cancelled, closed early, or the caller went away: abort and free its KV blocks now
+            stream.close()
+
+    def add_request(self, prompt: Any, sampling_params: SamplingParams | None = None,
+                    request_id: str | None = None, priority: int = 0) -> RequestStream:
+        """Validate and submit a request now; iterate the returned stream for its outputs.
+
+        Unlike :meth:`generate`, bad input raises here, before the caller commits to a response (the
+        server uses this to answer 400 before streaming). The caller must ``close()`` the stream if it
+        stops iterating before the end (``close`` aborts the request).
+
+        Raises:
+            ValueError: invalid prompt or parameters; nothing was queued.
+            EngineDeadError: the engine core is gone.
+        """
+        from octavo.core.engine_client import EngineDeadError
+
+        if self._client.is_dead:
+            raise EngineDeadError(self._client.dead_reason)
+        if self._shut:
+            raise EngineDeadError("the engine was shut down.")
+        self._ensure_output_task()
+        params = sampling_params or SamplingParams()
+        request_id = request_id or uuid.uuid4().hex
+        if request_id in self._queues:
+            raise ValueError(f"request id {request_id!r} is already in use; pass a unique id.")
+        text, ids, core_reqs = self.input_processor.process(request_id, prompt, params, priority)
+        q: asyncio.Queue = asyncio.Queue()
+        self._queues[request_id] = q
+        self._not_started.add(request_id)
+        self.output_processor.add_request(request_id, text, ids, params, [r.request_id for r in core_reqs], q)
+        stream = RequestStream(self, request_id, q)
+        try:
+            self._client.add_requests(core_reqs)
+        except BaseException:
+            stream.close()
+            raise
+        return stream
+
+    def _forget(self, request_id: str) -> None:
+        self._queues.pop(request_id, None)
+        self._not_started.discard(request_id)
+        self._errors.pop(request_id, None)
+
+    def abort(self, request_id: str | list[str]) -> None:
+        """Stop requests (their KV blocks are freed); their iterators end without a final output."""
+        ids = [request_id] if isinstance(request_id, str) else list(request_id)
+        seq_ids = [sid for rid in ids for sid in self.output_processor.seq_ids(rid)]
+        for rid in ids:
+            self.output_processor.abort_request(rid)
+            self._not_started.discard(rid)
+        if seq_ids:
+            self._client.abort_requests(seq_ids)
+
+    # ------------------------------------------------------------------------------------------ output loop
+    def _ensure_output_task(self) -> None:
+        if self._output_task is None:
+            self._output_task = asyncio.get_running_loop().create_task(self._output_loop(),
+                                                                       name="octavo-output-loop")
+
+    async def _output_loop(self) -> None:
+        from octavo.core.engine_client import EngineDeadError
+
+        op = self.output_processor
+        try:
+            while True:
+                core_outs = await self._client.get_output()
+                if core_outs.stats is not None:
+                    self.stats = core_outs.stats
+                    for obs in self.stats_observers:
+                        obs(core_outs.stats)
+                for o in core_outs.outputs:
+                    pid = op.seq_to_parent.get(o.request_id)
+                    if pid is None:
+                        continue
+                    if o.new_token_ids:
+                        self._not_started.discard(pid)
+                    if o.error:
+                        self._errors[pid] = o.error
+                if not core_outs.outputs:
+                    continue
+                request_outputs, to_abort = op.process_outputs(core_outs.outputs)
+                if to_abort:
+                    self._client.abort_requests(to_abort)
+                for ro in request_outputs:
+                    q = self._queues.get(ro.request_id)
+                    if ro.finished:
+                        self._not_started.discard(ro.request_id)
+                        for obs in self.finished_observers:
+                            obs(ro)
+                    if q is None:
+                        continue
+                    err = self._errors.get(ro.request_id) if ro.finished else None
+                    q.put_nowait(ValueError(err) if err else ro)
+        except EngineDeadError as e:
+            self._fail_all(e)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001 - a front-end bug must not leave callers hanging forever
+            logger.exception("output loop failed")
+            self._fail_all(EngineDeadError(f"the output loop failed: {type(e).__name__}: {e}"))
+            self._client._mark_dead(f"the output loop failed: {type(e).__name__}: {e}")
+
+    def _fail_all(self, error: BaseException) -> None:
+        for q in self._queues.values():
+            q.put_nowait(error)
+
+    def _on_dead(self, reason: str) -> None:
+        from octavo.core.engine_client import EngineDeadError
+
+        self._fail_all(EngineDeadError(reason))
+        for obs in self.dead_observers:
+            try:
+                obs(reason)
+            except Exception:  # noqa: BLE001 - one observer must not stop the others
+                logger.exception("dead observer failed")
+
+    # ------------------------------------------------------------------------------------------ shutdown
+    def shutdown(self) -> None:
+        """Stop the output task and the engine core (the core process is joined, or killed if stuck)."""
+        if self._shut:
+            return
+        self._shut = True
+        if self._output_task is not None and not self._output_task.done():
+            self._output_task.cancel()
+        if self._client is not None:
+            self._client.shutdown()
+
+    def __del__(self) -> None:  # pragma: no cover - best effort: never leave a core process behind
+        try:
+            if not getattr(self, "_shut", True):
+                self._client.shutdown(timeout_s=1.0)
+        except Exception:  # noqa: BLE001
+            pass
+
+
+class RequestStream:
+    """The outputs of one submitted request, as an async iterator (from :meth:`AsyncLLM.add_request`)."""
+
+    def __init__(self, engine: AsyncLLM, request_id: str, queue: asyncio.Queue):
+        self.engine, self.request_id, self._queue = engine, request_id, queue
+        self.finished = False
+
+    def __aiter__(self) -> RequestStream:
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        if self.finished:
+            raise StopAsyncIteration
+        q = self._queue
+        out = q.get_nowait() if not q.empty() else await q.get()
+        if isinstance(out, BaseException):
+            self.finished = True
+            self.engine._forget(self.request_id)
+            raise out
+        if out.finished:
+            self.finished = True
+            self.engine._forget(self.request_id)
+        return out
+
+    def close(self) -> None:
+        """Abort the request if it is still running (frees its KV blocks); safe to call twice."""
+        if not self.finished:
+            self.finished = True
+            self.engine.abort(self.request_id)
+            self.engine._forget(self.request_id)

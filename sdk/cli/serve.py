@@ -1,0 +1,119 @@
+"""``octavo serve [MODEL]``: the OpenAI-compatible server on one model (default: the embedded SmolLM2).
+
+    octavo serve                                   embedded default model on http://127.0.0.1:8000
+    octavo serve ./model.gguf --port 8080 --api-key secret --max-queue-len 64
+
+Every engine setting is a flag (``--max-model-len``, ``--max-num-seqs``, ``--chat-template FILE``,
+``--disable-frontend-multiprocessing``, ...). The engine core runs in its own process; SIGTERM or
+Ctrl-C stops accepting requests, gives running ones a few seconds to finish, aborts the rest and stops
+the core. If the core dies the server answers 503 for a moment, then exits with status 1 so a
+supervisor restarts it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+import time
+
+GRACEFUL_SHUTDOWN_S = 5  # running requests get this long to finish after SIGTERM
+DEAD_EXIT_DELAY_S = 2.0  # after the core dies, /health answers 503 this long before the server exits
+
+logger = logging.getLogger("octavo.serve")
+
+
+def add_parser(subparsers) -> None:
+    from octavo.cli.flags import add_settings_arguments
+
+    parser = subparsers.add_parser("serve", help="Start the OpenAI-compatible HTTP server.", description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("model_tag", nargs="?", metavar="MODEL", default=None,
+                        help="Model path, .gguf file or hub id (same as --model). Default: the embedded model.")
+    add_settings_arguments(parser)
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    t_start = time.perf_counter()
+    from octavo.cli.flags import settings_from_args
+
+    if args.model_tag is not None:
+        if getattr(args, "model", None) not in (None, args.model_tag):
+            print("octavo serve: error: give the model once, as MODEL or --model, not both.", file=sys.stderr)
+            return 2
+        args.model = args.model_tag
+    settings = settings_from_args(args)
+    level = settings.server.uvicorn_log_level.upper()
+    logging.basicConfig(level=getattr(logging, level, logging.INFO),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return serve(settings, t_start=t_start)
+
+
+def serve(settings, *, t_start: float | None = None) -> int:
+    """Load the model, serve until SIGTERM/Ctrl-C (exit 0) or until the engine core dies (exit 1)."""
+    import uvicorn
+    from octavo.async_llm import AsyncLLM
+    from octavo.core.engine_client import EngineStartError
+    from octavo.server import build_app
+
+    t_start = t_start or time.perf_counter()
+    srv = settings.server
+    try:
+        engine = AsyncLLM.from_settings(settings)
+    except EngineStartError as e:
+        print(f"octavo serve: error: {e}", file=sys.stderr)
+        return 1
+    try:
+        info = engine.get_model_info()
+        app = build_app(engine, settings)
+        mode = "in-process core" if srv.disable_frontend_multiprocessing else \
+            f"core process pid {engine._client.proc.pid}"
+        logger.info("loaded %s (%s, %s on %s, %d KV blocks of %d tokens, max_model_len %d) in %.1f s; %s",
+                    info.model, info.architecture, info.dtype, info.device, info.num_kv_blocks, info.block_size,
+                    info.max_model_len, engine.load_time_s, mode)
+        config = uvicorn.Config(app, host=srv.host, port=srv.port, log_level=srv.uvicorn_log_level.lower(),
+                                timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, lifespan="off",
+                                access_log=srv.uvicorn_log_level.lower() in ("debug", "trace"))
+        server = uvicorn.Server(config)
+        dead = []
+
+        def on_dead(reason: str) -> None:
+            dead.append(reason)
+            logger.error("engine core died; answering 503 and exiting in %.0f s", DEAD_EXIT_DELAY_S)
+            asyncio.get_running_loop().call_later(DEAD_EXIT_DELAY_S, setattr, server, "should_exit", True)
+
+        engine.dead_observers.append(on_dead)
+
+        async def main() -> None:
+            task = asyncio.ensure_future(server.serve())
+            while not server.started and not task.done():
+                await asyncio.sleep(0.02)
+            if server.started:
+                key = " (API key required)" if srv.api_key else ""
+                logger.info("serving model %r on http://%s:%d%s, %.1f s after start; POST /v1/chat/completions",
+                            app.state.model_name, srv.host, _bound_port(server, srv.port), key,
+                            time.perf_counter() - t_start)
+            await task
+
+        # uvicorn re-raises the signal that stopped it once it is done: make that a no-op here so the
+        # cleanup below runs and the exit status is ours.
+        stopped_by = []
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda s, _f: stopped_by.append(s))
+        asyncio.run(main())
+    finally:
+        engine.shutdown()
+    if dead:
+        print(f"octavo serve: the engine core died: {dead[0].strip().splitlines()[0]}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _bound_port(server, default: int) -> int:
+    try:
+        return server.servers[0].sockets[0].getsockname()[1]
+    except (AttributeError, IndexError):
+        return default

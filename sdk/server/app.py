@@ -1,0 +1,266 @@
+"""The OpenAI-compatible FastAPI app: ``build_app(engine, settings)``.
+
+Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``, ``POST /tokenize``,
+``POST /detokenize``, ``GET /health``, ``GET /version``, ``GET /metrics``, plus whatever plugins add
+through ``octavo_add_routes``. Every error is OpenAI-shaped, ``{"error": {"message", "type", "param",
+"code"}}``: 400 invalid parameters or malformed JSON (FastAPI's 422 is turned into 400), 401 missing or
+wrong API key, 404 unknown model or route, 503 overloaded (with ``Retry-After``) or engine dead. Bad
+input never produces a 500.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from octavo.server.metrics import ServerMetrics
+from octavo.server.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+)
+from octavo.server.serving import OpenAIServing, new_request_id
+from octavo.version import __version__
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+logger = logging.getLogger("octavo.server")
+
+_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+          405: "invalid_request_error", 413: "invalid_request_error", 503: "service_unavailable_error"}
+
+
+class APIError(Exception):
+    """An error answered in OpenAI's shape with ``status``."""
+
+    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | int | None = None,
+                 headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.headers = status, message, param, headers
+        self.code = code if code is not None else status
+
+
+def error_response(status: int, message: str, *, param: str | None = None, code: Any = None,
+                   headers: dict[str, str] | None = None) -> JSONResponse:
+    body = {"error": {"message": message, "type": _TYPES.get(status, "internal_error"), "param": param,
+                      "code": code if code is not None else status}}
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def _model_names(engine: Any, settings: Any) -> list[str]:
+    """Names a request may use for the model; the first is what responses and /v1/models report."""
+    info = engine.get_model_info()
+    names = [info.served_model_name]
+    if settings.model.served_model_name is None:
+        # A local path is an awkward name: report its file or directory stem (as llama.cpp does).
+        path = Path(info.served_model_name)
+        if path.exists():
+            stem = path.name.removesuffix(".gguf").split(".Q")[0].split(".q")[0] or path.name
+            names.insert(0, stem)
+        if info.model not in names:
+            names.append(info.model)
+    return names
+
+
+def build_app(engine: Any, settings: Any) -> FastAPI:
+    """Build the server's FastAPI app around a started ``AsyncLLM``.
+
+    Args:
+        engine: the ``AsyncLLM`` that serves requests.
+        settings: the ``OctavoSettings`` (``server`` section: api_key, max_queue_len).
+
+    Returns:
+        The app; run it with uvicorn (``octavo serve`` does).
+    """
+    app = FastAPI(title="octavo", version=__version__, docs_url=None, redoc_url=None)
+    names = _model_names(engine, settings)
+    model_name = names[0]
+    serving = OpenAIServing(engine, model_name)
+    metrics = ServerMetrics(model_name)
+    metrics.attach(engine)
+    app.state.engine, app.state.settings, app.state.metrics, app.state.model_name = engine, settings, metrics, \
+        model_name
+    api_key = settings.server.api_key
+    max_queue_len = settings.server.max_queue_len
+
+    # ------------------------------------------------------------------------------------ errors
+    @app.exception_handler(APIError)
+    async def _api_error(_: Request, e: APIError) -> JSONResponse:
+        return error_response(e.status, e.message, param=e.param, code=e.code, headers=e.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(_: Request, e: RequestValidationError) -> JSONResponse:
+        errs = e.errors()
+        first = errs[0] if errs else {}
+        loc = [str(x) for x in first.get("loc", ()) if x != "body"]
+        if first.get("type") == "json_invalid":
+            return error_response(400, f"The request body is not valid JSON: {first.get('msg', '')}.")
+        param = ".".join(loc) or None
+        msg = "; ".join(f"{'.'.join(str(x) for x in er.get('loc', ()) if x != 'body') or 'body'}: "
+                        f"{er.get('msg', 'invalid')}" for er in errs[:5])
+        return error_response(400, f"Invalid request: {msg}", param=param)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_: Request, e: StarletteHTTPException) -> JSONResponse:
+        msg = "Not found: no such route." if e.status_code == 404 else str(e.detail)
+        return error_response(e.status_code, msg, headers=getattr(e, "headers", None))
+
+    @app.exception_handler(ValueError)
+    async def _value_error(_: Request, e: ValueError) -> JSONResponse:
+        return error_response(400, str(e))
+
+    @app.exception_handler(Exception)
+    async def _internal(_: Request, e: Exception) -> JSONResponse:
+        from octavo.core.engine_client import EngineDeadError
+
+        if isinstance(e, EngineDeadError):
+            return error_response(503, f"The engine is down: {_first_line(str(e))}")
+        logger.exception("internal error")
+        return error_response(500, f"Internal server error: {type(e).__name__}: {e}")
+
+    # ------------------------------------------------------------------------------------ auth
+    if api_key:
+        expected = f"Bearer {api_key}".encode()
+
+        @app.middleware("http")
+        async def _auth(request: Request, call_next: Any) -> Response:
+            if request.url.path != "/health" and request.method != "OPTIONS":
+                given = request.headers.get("authorization", "").encode()
+                if not hmac.compare_digest(given, expected):  # constant time: no key-guessing by timing
+                    return error_response(401, "Missing or invalid API key: send 'Authorization: Bearer <key>'.",
+                                          code="invalid_api_key")
+            return await call_next(request)
+
+    # ------------------------------------------------------------------------------------ helpers
+    def check_model(model: str | None) -> None:
+        if model is not None and model not in names:
+            raise APIError(404, f"The model {model!r} does not exist; this server serves {model_name!r} "
+                           "(see GET /v1/models).", param="model", code="model_not_found")
+
+    def check_ready() -> None:
+        from octavo.core.engine_client import EngineDeadError
+
+        if engine.errored:
+            raise EngineDeadError(engine.dead_reason or "the engine core died")
+        if max_queue_len is not None and engine.num_waiting >= max_queue_len:
+            raise APIError(503, f"The server is overloaded: {engine.num_waiting} requests are already waiting "
+                           f"(--max-queue-len {max_queue_len}); retry later.", headers={"Retry-After": "1"})
+
+    async def respond(request: Request, result: Any) -> Response:
+        if isinstance(result, dict):
+            return JSONResponse(result)
+        return StreamingResponse(result, media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    # ------------------------------------------------------------------------------------ generation
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request) -> Response:
+        check_model(body.model)
+        check_ready()
+        rid = body.request_id or new_request_id("cmpl")
+        return await respond(request, await _until_disconnect(request, serving.completions(body, rid),
+                                                              body.stream))
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+        check_model(body.model)
+        check_ready()
+        rid = body.request_id or new_request_id("chatcmpl")
+        return await respond(request, await _until_disconnect(request, serving.chat(body, rid), body.stream))
+
+    # ------------------------------------------------------------------------------------ the rest
+    @app.get("/v1/models")
+    async def models() -> dict:
+        info = engine.get_model_info()
+        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": 0,
+                                            "owned_by": "octavo", "root": info.model, "parent": None,
+                                            "max_model_len": info.max_model_len}]}
+
+    @app.post("/tokenize")
+    async def tokenize(body: TokenizeRequest) -> dict:
+        check_model(body.model)
+        tok = engine.get_tokenizer()
+        if tok is None:
+            raise APIError(400, "This server runs without a tokenizer (skip_tokenizer_init).")
+        if (body.prompt is None) == (body.messages is None):
+            raise APIError(400, "Give exactly one of 'prompt' (text) or 'messages' (chat).", param="prompt")
+        if body.messages is not None:
+            _, ids = engine.input_processor.apply_chat_template(
+                body.messages, add_generation_prompt=body.add_generation_prompt)
+        else:
+            ids = tok(body.prompt, add_special_tokens=body.add_special_tokens).input_ids
+        out = {"count": len(ids), "max_model_len": engine.get_model_info().max_model_len, "tokens": list(ids)}
+        if body.return_token_strs:
+            out["token_strs"] = tok.convert_ids_to_tokens(ids)
+        return out
+
+    @app.post("/detokenize")
+    async def detokenize(body: DetokenizeRequest) -> dict:
+        check_model(body.model)
+        tok = engine.get_tokenizer()
+        vocab = engine.get_model_info().vocab_size
+        bad = [t for t in body.tokens if not 0 <= t < vocab]
+        if bad:
+            raise APIError(400, f"tokens {bad[:5]} are outside the vocabulary [0, {vocab}).", param="tokens")
+        return {"prompt": tok.decode(body.tokens)}
+
+    @app.get("/health")
+    async def health() -> Response:
+        if engine.errored:
+            return error_response(503, f"The engine is down: {_first_line(engine.dead_reason or '')}")
+        return Response(status_code=200)
+
+    @app.get("/version")
+    async def version() -> dict:
+        return {"version": __version__}
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        data, content_type = metrics.render()
+        return Response(data, media_type=content_type)
+
+    from octavo.core.plugin_manager import get_plugin_manager
+
+    get_plugin_manager().hook.octavo_add_routes(app=app, engine=engine)
+    return app
+
+
+async def _until_disconnect(request: Request, coro: Any, stream: bool) -> Any:
+    """Run a non-streaming request, cancelling it (which aborts it in the engine) if the client leaves.
+
+    Streaming responses need no watcher: Starlette cancels the body iterator when the client goes away.
+    """
+    if stream:
+        return await coro
+    task = asyncio.ensure_future(coro)
+
+    async def wait_disconnect() -> None:
+        while True:
+            message = await request.receive()
+            if message["type"] == "http.disconnect":
+                return
+
+    watcher = asyncio.ensure_future(wait_disconnect())
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+    if not task.done():
+        task.cancel()  # the client left: the generator's finally aborts the request
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass
+        return Response(status_code=499)
+    return task.result()
+
+
+def _first_line(text: str) -> str:
+    text = text.strip()
+    return text.splitlines()[0] if text else "unknown reason"

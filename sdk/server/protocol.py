@@ -1,0 +1,206 @@
+"""Request bodies of the OpenAI-compatible API (pydantic), and their translation to ``SamplingParams``.
+
+OpenAI's fields plus vLLM's extras (top_k, min_p, repetition_penalty, min_tokens, ignore_eos,
+skip_special_tokens, include_stop_str_in_output, return_token_ids, prompt_logprobs, stop_token_ids,
+allowed_token_ids, priority, ...), so vLLM's clients and benchmark tools work unchanged. Unknown fields
+are accepted and ignored (clients send vendor fields), as vLLM does. Responses are plain dicts built in
+``octavo.server.openai``; their shape is OpenAI's.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from octavo.sampling_params import RequestOutputKind, SamplingParams
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+    continuous_usage_stats: bool = False
+
+
+class _Sampling(BaseModel):
+    """Fields shared by chat and completions."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str | None = None
+    n: int = Field(1, ge=1, le=128)
+    best_of: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: dict[str, float] | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    # vLLM extras
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    min_tokens: int = 0
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    stop_token_ids: list[int] | None = None
+    allowed_token_ids: list[int] | None = None
+    prompt_logprobs: int | None = None
+    return_token_ids: bool = False
+    priority: int = 0
+    request_id: str | None = None
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias_keys(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        for key, val in (v or {}).items():
+            if not key.lstrip("-").isdigit():
+                raise ValueError(f"logit_bias keys must be token ids (as strings), got {key!r}")
+            if not -100 <= val <= 100:
+                raise ValueError(f"logit_bias values must be in [-100, 100], got {val} for token {key}")
+        return v
+
+    def _params(self, *, max_tokens: int | None, logprobs: int | None, stream: bool) -> SamplingParams:
+        """Build ``SamplingParams``; raises ``ValueError`` (-> 400) naming the bad field."""
+        p: dict[str, Any] = dict(
+            n=self.n, best_of=self.best_of, presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty, seed=self.seed, max_tokens=max_tokens,
+            min_tokens=self.min_tokens, stop=self.stop, stop_token_ids=self.stop_token_ids,
+            ignore_eos=self.ignore_eos, logprobs=logprobs, prompt_logprobs=self.prompt_logprobs,
+            include_stop_str_in_output=self.include_stop_str_in_output,
+            skip_special_tokens=self.skip_special_tokens,
+            spaces_between_special_tokens=self.spaces_between_special_tokens,
+            allowed_token_ids=self.allowed_token_ids,
+            logit_bias={int(k): v for k, v in self.logit_bias.items()} if self.logit_bias else None,
+            output_kind=RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY,
+        )
+        for name in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty"):
+            value = getattr(self, name)
+            if value is not None:
+                p[name] = value
+        if self.best_of is None:
+            p.pop("best_of")
+        return SamplingParams(**p)
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class CompletionRequest(_Sampling):
+    """``POST /v1/completions``."""
+
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int | None = 16
+    logprobs: int | None = Field(None, ge=0)
+    echo: bool = False
+    suffix: str | None = None
+    add_special_tokens: bool = True
+
+    def prompts(self) -> list[Any]:
+        """The prompt(s) as a list: each a string or a list of token ids."""
+        p = self.prompt
+        if isinstance(p, str):
+            return [p]
+        if not p:
+            raise ValueError("prompt must not be empty")
+        if all(isinstance(x, int) for x in p):
+            return [list(p)]
+        return list(p)
+
+    def to_sampling_params(self) -> SamplingParams:
+        if self.suffix:
+            raise ValueError("suffix is not supported; drop it")
+        return self._params(max_tokens=self.max_tokens, logprobs=self.logprobs, stream=self.stream)
+
+
+class ChatCompletionRequest(_Sampling):
+    """``POST /v1/chat/completions``."""
+
+    messages: list[dict[str, Any]] = Field(..., min_length=1)
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    response_format: dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Any = None
+    # vLLM extras
+    echo: bool = False
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    @field_validator("messages")
+    @classmethod
+    def _check_messages(cls, msgs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        for i, m in enumerate(msgs):
+            if "role" not in m:
+                raise ValueError(f"messages[{i}] has no 'role'")
+            if m["role"] not in ("system", "developer", "user", "assistant", "tool"):
+                raise ValueError(f"messages[{i}].role {m['role']!r} is not one of system, developer, user, "
+                                 "assistant, tool")
+            content = m.get("content")
+            if isinstance(content, list):  # content parts: only text can be rendered by a text model
+                texts = []
+                for part in content:
+                    if not isinstance(part, dict) or part.get("type") != "text":
+                        kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                        raise ValueError(f"messages[{i}].content part of type {kind!r} is not supported; "
+                                         "this model takes text only")
+                    texts.append(str(part.get("text", "")))
+                m["content"] = "".join(texts)
+            elif content is not None and not isinstance(content, str):
+                raise ValueError(f"messages[{i}].content must be a string or a list of text parts")
+        return msgs
+
+    def to_sampling_params(self) -> SamplingParams:
+        if self.response_format and self.response_format.get("type", "text") != "text":
+            raise ValueError("response_format other than {'type': 'text'} is not supported yet")
+        if self.tool_choice not in (None, "none", "auto"):
+            raise ValueError("tool_choice other than 'none' or 'auto' is not supported yet")
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs=true")
+        max_tokens = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+        logprobs = (self.top_logprobs or 0) if self.logprobs else None
+        return self._params(max_tokens=max_tokens, logprobs=logprobs, stream=self.stream)
+
+
+class TokenizeRequest(BaseModel):
+    """``POST /tokenize`` (vLLM): a prompt, or chat messages rendered with the chat template."""
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[dict[str, Any]] | None = None
+    add_special_tokens: bool = True
+    add_generation_prompt: bool = True
+    return_token_strs: bool = False
+
+
+class DetokenizeRequest(BaseModel):
+    """``POST /detokenize`` (vLLM)."""
+
+    model: str | None = None
+    tokens: list[int]
+
+
+class ErrorInfo(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: int | str | None = None
+
+
+class ErrorResponse(BaseModel):
+    """OpenAI's error body: ``{"error": {"message", "type", "param", "code"}}``."""
+
+    error: ErrorInfo
+
+
+ErrorType = Literal["invalid_request_error", "authentication_error", "not_found_error",
+                    "service_unavailable_error", "internal_error"]
