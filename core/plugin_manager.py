@@ -163,11 +163,11 @@ class PluginManager:
             version = ep.dist.version if ep.dist is not None else "?"
             keys = {_norm(ep.name), _norm(dist)}
             builtin = _norm(dist) == BUILTIN_DISTRIBUTION
+            asked |= keys & (allow or set())
             if keys & disable or (allow is not None and not builtin and not keys & allow):
                 self.disabled.append(ep.name)
                 continue
             explicit = allow is not None and bool(keys & allow)
-            asked |= keys & (allow or set())
             info = PluginInfo(ep.name, dist, version, ep.value)
             if ep.name in self.plugins:
                 other = self.plugins[ep.name].distribution

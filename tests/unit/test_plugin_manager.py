@@ -1,0 +1,317 @@
+"""The plugin manager against real installed distributions: each test writes a plugin package and its
+``.dist-info`` (entry point in group ``octavo``) into a directory on sys.path, exactly what ``pip install``
+leaves behind, and loads a fresh PluginManager over it. OCTAVO_PLUGINS keeps other third-party plugins out."""
+
+import itertools
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from octavo.config import OctavoSettings
+from octavo.core.plugin_manager import (
+    PluginConflictError,
+    PluginError,
+    PluginManager,
+    UnknownPluginError,
+    get_plugin_manager,
+)
+from octavo.plugins.platforms.cpu import CpuPlatform
+
+_ids = itertools.count()
+
+CPU_SUBCLASS = """
+from octavo import hookimpl
+from octavo.plugins.platforms.cpu import CpuPlatform
+
+class Plat(CpuPlatform):
+    name = "PLATFORM"
+"""
+
+
+@pytest.fixture
+def site(tmp_path, monkeypatch):
+    """A fresh site directory on sys.path, plus a clean plugin environment."""
+    for var in ("OCTAVO_PLUGINS", "OCTAVO_DISABLE_PLUGINS", "OCTAVO_TRACE_PLUGINS"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return tmp_path
+
+
+def make_dist(site, body: str, *, version: str = "0.1.0") -> tuple[str, str]:
+    """Write a one-module distribution whose entry point is the module; return (plugin name, dist name).
+    ``MODULE`` in ``body`` becomes the module's import name (unique per call, so sys.modules never caches)."""
+    n = next(_ids)
+    module, dist = f"octavo_fake_{n}", f"octavo-fake-{n}"
+    (site / f"{module}.py").write_text(textwrap.dedent(body).replace("MODULE", module))
+    info = site / f"{module}-{version}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n")
+    (info / "entry_points.txt").write_text(f"[octavo]\nfake{n} = {module}\n")
+    return f"fake{n}", dist
+
+
+def only(monkeypatch, *names):
+    monkeypatch.setenv("OCTAVO_PLUGINS", ",".join(names))
+
+
+def test_builtins_registered_with_distribution_octavo():
+    pm = get_plugin_manager()
+    assert "cpu" in pm.names("platforms")
+    reg = pm.registration("platforms", "cpu")
+    assert reg.distribution == "octavo" and reg.builtin
+    assert pm.plugins["cpu"].hooks == ["octavo_register_platforms"]
+    assert issubclass(pm.resolve("platforms", "cpu"), CpuPlatform)
+
+
+def test_unknown_name_lists_registered_names():
+    with pytest.raises(UnknownPluginError) as e:
+        get_plugin_manager().resolve("platforms", "cpux")
+    assert isinstance(e.value, ValueError)
+    msg = str(e.value)
+    assert "'cpux'" in msg and "Did you mean 'cpu'" in msg and "cpu" in msg and "octavo plugins" in msg
+
+
+def test_unknown_kind_is_an_error():
+    with pytest.raises(ValueError, match="Unknown plugin kind"):
+        get_plugin_manager().names("platform")
+
+
+def test_third_party_shadows_builtin(site, monkeypatch):
+    name, dist = make_dist(site, CPU_SUBCLASS.replace("PLATFORM", "cpu") + """
+@hookimpl
+def octavo_register_platforms(register):
+    register("cpu", "MODULE:Plat")
+""")
+    only(monkeypatch, name)
+    pm = PluginManager()
+    winner = pm.registration("platforms", "cpu")
+    assert (winner.plugin, winner.distribution) == (name, dist)
+    builtin = next(r for r in pm.plugins["cpu"].registrations if r.name == "cpu")
+    assert builtin.shadowed_by == f"{name} ({dist})"
+    assert pm.resolve("platforms", "cpu").__name__ == "Plat"
+    assert type(pm.select_platform(OctavoSettings())).__name__ == "Plat"
+
+
+def test_two_third_party_plugins_on_one_name_is_an_error_naming_both(site, monkeypatch):
+    body = CPU_SUBCLASS.replace("PLATFORM", "dup") + """
+@hookimpl
+def octavo_register_platforms(register):
+    register("dup", "MODULE:Plat")
+"""
+    (a, dist_a), (b, dist_b) = make_dist(site, body), make_dist(site, body)
+    only(monkeypatch, a, b)
+    with pytest.raises(PluginConflictError) as e:
+        PluginManager()
+    assert dist_a in str(e.value) and dist_b in str(e.value) and "'dup'" in str(e.value)
+    monkeypatch.setenv("OCTAVO_DISABLE_PLUGINS", dist_b)  # the fix the message suggests
+    assert PluginManager().registration("platforms", "dup").distribution == dist_a
+
+
+def test_misspelled_hook_fails_clearly(site, monkeypatch):
+    name, _ = make_dist(site, """
+from octavo import hookimpl
+
+@hookimpl
+def octavo_register_platfroms(register):
+    pass
+""")
+    only(monkeypatch, name)
+    with pytest.raises(PluginError) as e:
+        PluginManager()
+    msg = str(e.value)
+    assert name in msg and "octavo_register_platfroms" in msg and "Did you mean 'octavo_register_platforms'" in msg
+
+
+def test_hookimpl_with_unknown_argument_names_the_plugin(site, monkeypatch):
+    name, dist = make_dist(site, """
+from octavo import hookimpl
+
+@hookimpl
+def octavo_register_platforms(register, colour):
+    pass
+""")
+    only(monkeypatch, name)
+    with pytest.raises(PluginError, match=f"(?s){name}.*{dist}.*colour"):
+        PluginManager()
+
+
+def test_bad_register_target_is_reported_with_the_plugin(site, monkeypatch):
+    name, dist = make_dist(site, """
+from octavo import hookimpl
+
+@hookimpl
+def octavo_register_platforms(register):
+    register("broken", "octavo_no_such_module:Thing")
+""")
+    only(monkeypatch, name)
+    pm = PluginManager()  # loading stays lazy: nothing is imported yet
+    with pytest.raises(PluginError) as e:
+        pm.resolve("platforms", "broken")
+    msg = str(e.value)
+    assert name in msg and dist in msg and "octavo_no_such_module:Thing" in msg and "ModuleNotFoundError" in msg
+    entry = next(p for p in pm.report() if p["name"] == name)["registrations"][0]
+    assert entry["available"] is False and name in entry["reason"]
+
+
+def test_malformed_target_rejected_at_registration(site, monkeypatch):
+    name, _ = make_dist(site, """
+from octavo import hookimpl
+
+@hookimpl
+def octavo_register_models(register):
+    register("FooForCausalLM", "no_colon_here")
+""")
+    only(monkeypatch, name)
+    with pytest.raises(PluginError, match=f"{name}.*'package.module:ClassName'"):
+        PluginManager()
+
+
+def test_plugin_that_fails_to_import_is_recorded_unless_asked_for(site, monkeypatch):
+    broken, _ = make_dist(site, "raise ImportError('needs the vendor SDK')\n")
+    good, _ = make_dist(site, CPU_SUBCLASS.replace("PLATFORM", "good") + """
+@hookimpl
+def octavo_register_platforms(register):
+    register("good", "MODULE:Plat")
+""")
+    pm = PluginManager()  # no allow-list: the failure is recorded and everything else loads
+    assert "needs the vendor SDK" in pm.plugins[broken].error
+    assert "good" in pm.names("platforms") and "cpu" in pm.names("platforms")
+    only(monkeypatch, broken, good)
+    with pytest.raises(PluginError, match=f"{broken}.*OCTAVO_PLUGINS.*needs the vendor SDK"):
+        PluginManager()
+
+
+def test_allow_and_disable_lists(site, monkeypatch):
+    a, dist_a = make_dist(site, "")
+    b, _ = make_dist(site, "")
+    only(monkeypatch, dist_a)  # a distribution name works as well as a plugin name
+    pm = PluginManager()
+    assert a in pm.plugins and b not in pm.plugins and "cpu" in pm.plugins  # built-ins always load
+    monkeypatch.setenv("OCTAVO_PLUGINS", "no-such-plugin")
+    with pytest.raises(PluginError, match="no-such-plugin.*not installed"):
+        PluginManager()
+    monkeypatch.delenv("OCTAVO_PLUGINS")
+    monkeypatch.setenv("OCTAVO_DISABLE_PLUGINS", f"{a}, cpu")
+    pm = PluginManager()
+    assert a not in pm.plugins and b in pm.plugins and "cpu" not in pm.names("platforms")
+    assert set(pm.disabled) >= {a, "cpu"}
+
+
+def test_select_platform_hook_and_explicit_setting(site, monkeypatch):
+    name, _ = make_dist(site, CPU_SUBCLASS.replace("PLATFORM", "fakechip") + """
+@hookimpl
+def octavo_register_platforms(register):
+    register("fakechip", "MODULE:Plat")
+
+@hookimpl
+def octavo_select_platform(settings):
+    return "fakechip"
+""")
+    only(monkeypatch, name)
+    pm = PluginManager()
+    assert pm.select_platform(OctavoSettings()).name == "fakechip"
+    assert type(pm.select_platform(OctavoSettings.from_kwargs(device="cpu"))) is CpuPlatform  # explicit wins
+    with pytest.raises(UnknownPluginError, match="nochip"):
+        pm.select_platform(OctavoSettings.from_kwargs(device="nochip"))
+
+
+BACKENDS = """
+from octavo import hookimpl
+from octavo.attention import AttentionBackend
+from octavo.platform import Availability
+
+
+class Never(AttentionBackend):
+    name = "never"
+
+    @classmethod
+    def supports(cls, *, device_type, dtype, head_size, **kw):
+        return Availability(False, "never supports anything")
+
+    def forward(self, query, key, value, kv_cache, metadata):
+        raise AssertionError("selection tests never run forward")
+
+
+class Small(Never):
+    name = "small"
+
+    @classmethod
+    def supports(cls, *, device_type, dtype, head_size, **kw):
+        return Availability(head_size <= 64, f"head_size {head_size} > 64")
+
+
+@hookimpl
+def octavo_register_attention_backends(register):
+    register("never", "MODULE:Never")
+    register("small", "MODULE:Small")
+"""
+
+
+class PrefersFake(CpuPlatform):
+    def preferred_attention_backends(self):
+        return ["never", "small", "missing"]
+
+
+def test_select_attention_backend(site, monkeypatch):
+    name, _ = make_dist(site, BACKENDS)
+    only(monkeypatch, name)
+    pm = PluginManager()
+    platform, settings = PrefersFake(), OctavoSettings()
+    assert pm.select_attention_backend(settings, platform, dtype=torch.float32, head_size=64).name == "small"
+    with pytest.raises(PluginError, match="'never'.*never supports anything.*--attention-backend"):
+        pm.select_attention_backend(OctavoSettings.from_kwargs(attention_backend="never"), platform,
+                                    dtype=torch.float32, head_size=64)
+    has_sdpa = "torch_sdpa" in pm.names("attention_backends")
+    if not has_sdpa:  # the reference backend is the last resort; without it, every reason is listed
+        with pytest.raises(PluginError) as e:
+            pm.select_attention_backend(settings, platform, dtype=torch.float32, head_size=128)
+        for reason in ("never supports anything", "head_size 128 > 64", "missing: not registered"):
+            assert reason in str(e.value)
+    else:
+        assert pm.select_attention_backend(settings, platform, dtype=torch.float32, head_size=128).name == "torch_sdpa"
+
+
+def test_select_attention_backend_hook(site, monkeypatch):
+    name, _ = make_dist(site, BACKENDS + """
+@hookimpl
+def octavo_select_attention_backend(head_size):
+    return "small" if head_size == 32 else "never"
+""")
+    only(monkeypatch, name)
+    pm = PluginManager()
+    assert pm.select_attention_backend(None, PrefersFake(), dtype=torch.float32, head_size=32).name == "small"
+    with pytest.raises(PluginError, match="octavo_select_attention_backend hook"):
+        pm.select_attention_backend(None, PrefersFake(), dtype=torch.float32, head_size=16)
+
+
+def test_stat_loggers_and_notifications_in_process():
+    seen = []
+
+    class Plugin:
+        @staticmethod
+        @__import__("octavo").hookimpl
+        def octavo_register_stat_loggers(register, settings):
+            register(type("Logger", (), {"record": lambda self, stats, outputs: seen.append(stats)})())
+
+        @staticmethod
+        @__import__("octavo").hookimpl
+        def octavo_on_engine_start(settings):
+            seen.append(("start", settings.scheduler.max_num_seqs))
+
+    pm = PluginManager(plugins=(("inline", Plugin, "inline-dist"),))
+    (logger,) = pm.stat_loggers(OctavoSettings())
+    logger.record("stats", [])
+    pm.hook.octavo_on_engine_start(settings=OctavoSettings.from_kwargs(max_num_seqs=3))
+    assert seen == ["stats", ("start", 3)]
+    assert pm.plugins["inline"].hooks == ["octavo_on_engine_start", "octavo_register_stat_loggers"]
+
+
+def test_trace_prints_every_hook_call():
+    env = {"OCTAVO_TRACE_PLUGINS": "1", "PATH": "/usr/bin:/bin"}
+    out = subprocess.run([sys.executable, "-c", "from octavo.core.plugin_manager import get_plugin_manager as g; g()"],
+                         capture_output=True, text=True, env=env, check=True)
+    assert "[octavo-plugins]" in out.stderr and "octavo_register_platforms" in out.stderr
+    assert "register platforms for plugin 'cpu'" in out.stderr
