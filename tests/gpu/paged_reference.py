@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass
 
 import torch
+
 from octavo.attention import AttentionLayout
 
 
@@ -42,13 +43,12 @@ def make_case(seqs, num_heads, num_kv_heads, head_size, block_size, dtype, devic
         block_tables[i, : len(ids)] = torch.tensor(ids, dtype=torch.int32)
         kf = torch.randn(s, num_kv_heads, head_size, generator=g).to(dtype)
         vf = torch.randn(s, num_kv_heads, head_size, generator=g).to(dtype)
-        for pos in range(s):
-            slot = ids[pos // block_size] * block_size + pos % block_size
-            if pos < ctx:  # cached prefix: already in the cache
-                kv_cache[0].view(-1, num_kv_heads, head_size)[slot] = kf[pos]
-                kv_cache[1].view(-1, num_kv_heads, head_size)[slot] = vf[pos]
-            else:
-                slots.append(slot)
+        pos = torch.arange(s)
+        all_slots = torch.tensor(ids)[pos // block_size] * block_size + pos % block_size
+        # cached prefix: already in the cache; the new tokens' slots are for the backend to fill
+        kv_cache[0].view(-1, num_kv_heads, head_size)[all_slots[:ctx]] = kf[:ctx]
+        kv_cache[1].view(-1, num_kv_heads, head_size)[all_slots[:ctx]] = vf[:ctx]
+        slots.extend(all_slots[ctx:].tolist())
         queries.append(torch.randn(q, num_heads, head_size, generator=g).to(dtype))
         keys.append(kf[ctx:])
         values.append(vf[ctx:])

@@ -1,0 +1,173 @@
+"""CUDA graphs for decode steps: capture the model's forward at a set of batch sizes, replay padded batches.
+
+A decode step of an 8B model launches hundreds of small kernels; at batch 1 their launch gaps cost more
+than the kernels. The runner captures ``model(input_ids, positions, ctx)`` once per size in
+``capture_sizes`` (one shared memory pool, largest first) over static device buffers, and for a decode-only
+step of ``n`` requests picks the smallest captured size ``>= n``, copies the step's inputs into the static
+buffers and replays. Padding rows are harmless by construction::
+
+    row i < n   : the real request  (its ids, position, seq_len, block-table row, slot)
+    row i >= n  : seq_len 1, block-table row of 0s, slot 0  -> reads/writes only the null block 0
+
+The attention metadata is built once per size from a layout whose tensors *are* the static buffers; a
+backend whose ``build_metadata`` returns those same tensors (``Tensor.to`` on a matching tensor does) is
+graph-safe; any other backend is detected at capture time and the engine stays eager. Only device work
+is replayed: the metadata's Python fields (``max_query_len=1``, ``max_seq_len=max_model_len`` as an upper
+bound) are fixed per captured size.
+
+The model runner calls :meth:`CUDAGraphRunner.maybe_run` first in ``forward`` (``None`` means "run eagerly");
+:func:`maybe_enable_cuda_graphs` builds and captures the runner for a worker.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+
+import torch
+
+from octavo.attention import AttentionLayout
+from octavo.model import ForwardContext
+
+logger = logging.getLogger(__name__)
+
+
+def default_capture_sizes(max_num_seqs: int) -> list[int]:
+    """1, 2, 4, 8 and then every multiple of 8 (16 past 256) up to ``max_num_seqs`` (at most 512)."""
+    top = min(max_num_seqs, 512)
+    sizes = [s for s in (1, 2, 4) if s <= top] + list(range(8, min(top, 256) + 1, 8)) + \
+        list(range(272, top + 1, 16))
+    if top not in sizes:
+        sizes.append(top)
+    return sorted(set(sizes))
+
+
+def maybe_enable_cuda_graphs(worker) -> CUDAGraphRunner | None:
+    """Attach a captured :class:`CUDAGraphRunner` to ``worker.runner`` unless graphs are off or unsupported.
+
+    Off when ``enforce_eager`` is set, the platform lacks ``capabilities().graphs``, the model has no paged
+    attention, or capture fails (logged, never fatal: the engine then runs eagerly).
+    """
+    settings = worker.settings
+    if settings.device.enforce_eager or not worker.platform.capabilities().graphs or not worker.attn_layers:
+        return None
+    runner = CUDAGraphRunner(worker.model, worker.attn_backend_cls, worker.device, worker.block_size,
+                             worker.max_model_len, default_capture_sizes(settings.scheduler.max_num_seqs))
+    try:
+        runner.capture()
+    except Exception as e:  # an uncapturable model or backend must not stop the engine
+        logger.warning("CUDA graph capture failed (%s: %s); running eagerly. Pass --enforce-eager to skip "
+                       "the attempt.", type(e).__name__, e)
+        return None
+    worker.runner.graph_runner = runner
+    return runner
+
+
+class CUDAGraphRunner:
+    """Captured decode forwards, one per batch size, replayed over padded static inputs."""
+
+    def __init__(self, model, attn_backend_cls, device: torch.device, block_size: int, max_model_len: int,
+                 capture_sizes: list[int]) -> None:
+        self.model = model
+        self.attn_backend_cls = attn_backend_cls
+        self.device = device
+        self.block_size = block_size
+        self.max_model_len = max_model_len
+        self.capture_sizes = sorted(capture_sizes)
+        self.max_size = self.capture_sizes[-1]
+        n, width = self.max_size, -(-max_model_len // block_size)
+        # static inputs, shared by every captured size (a size uses the leading rows)
+        self.input_ids = torch.zeros(n, dtype=torch.int64, device=device)
+        self.positions = torch.zeros(n, dtype=torch.int64, device=device)
+        self.query_start_loc = torch.arange(n + 1, dtype=torch.int32, device=device)  # one token per row
+        self.seq_lens = torch.ones(n, dtype=torch.int32, device=device)
+        self.num_computed = torch.zeros(n, dtype=torch.int32, device=device)
+        self.block_tables = torch.zeros(n, width, dtype=torch.int32, device=device)
+        self.slot_mapping = torch.zeros(n, dtype=torch.int64, device=device)
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[int, torch.Tensor] = {}
+        self.metadata: dict[int, object] = {}
+        self.pool = None
+        self.num_replays = 0
+
+    # --- capture -------------------------------------------------------------------------------------
+    def _layout(self, size: int) -> AttentionLayout:
+        return AttentionLayout(
+            query_start_loc=self.query_start_loc[: size + 1], seq_lens=self.seq_lens[:size],
+            num_computed_tokens=self.num_computed[:size], block_tables=self.block_tables[:size],
+            slot_mapping=self.slot_mapping[:size], block_size=self.block_size, max_query_len=1,
+            max_seq_len=self.max_model_len, num_decode_reqs=size)
+
+    def _check_graph_safe(self, metadata, layout: AttentionLayout) -> None:
+        """Every tensor in the metadata must be one of the static buffers (or a view of one)."""
+        static = [self.query_start_loc, self.seq_lens, self.num_computed, self.block_tables, self.slot_mapping]
+        spans = [(t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()) for t in static]
+        values = ([getattr(metadata, f.name) for f in dataclasses.fields(metadata)]
+                  if dataclasses.is_dataclass(metadata) else list(vars(metadata).values()))
+        for v in values:
+            if isinstance(v, torch.Tensor) and not any(lo <= v.data_ptr() < hi for lo, hi in spans):
+                raise RuntimeError(f"attention backend {getattr(self.attn_backend_cls, 'name', '?')} copies its "
+                                   "metadata in build_metadata, so a replayed graph would read stale inputs")
+
+    @torch.inference_mode()
+    def capture(self) -> None:
+        t0 = time.perf_counter()
+        free_before = torch.cuda.mem_get_info(self.device)[0]
+        self.pool = torch.cuda.graph_pool_handle()
+        for size in sorted(self.capture_sizes, reverse=True):
+            layout = self._layout(size)
+            metadata = self.attn_backend_cls.build_metadata(layout, self.device)
+            self._check_graph_safe(metadata, layout)
+            ctx = ForwardContext(attn_metadata=metadata, query_start_loc=layout.query_start_loc)
+            ids, pos = self.input_ids[:size], self.positions[:size]
+            self.model(ids, pos, ctx)  # warm-up: Triton compiles, cuBLAS picks kernels, outside the graph
+            torch.cuda.synchronize(self.device)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool):
+                out = self.model(ids, pos, ctx)
+            self.graphs[size], self.outputs[size], self.metadata[size] = graph, out, metadata
+        torch.cuda.synchronize(self.device)
+        used = free_before - torch.cuda.mem_get_info(self.device)[0]
+        logger.info("Captured CUDA graphs for %d decode batch sizes (1..%d) in %.1f s, %.0f MiB",
+                    len(self.graphs), self.max_size, time.perf_counter() - t0, used / 2**20)
+
+    # --- replay --------------------------------------------------------------------------------------
+    def can_run(self, layout: AttentionLayout) -> bool:
+        return (layout.max_query_len == 1 and layout.num_reqs <= self.max_size
+                and layout.num_tokens == layout.num_reqs and layout.max_seq_len <= self.max_model_len)
+
+    def padded_size(self, n: int) -> int:
+        for size in self.capture_sizes:
+            if size >= n:
+                return size
+        raise ValueError(n)
+
+    def maybe_run(self, inputs, ctx: ForwardContext | None = None) -> torch.Tensor | None:
+        """Replay the graph for this step if it is a decode-only batch that fits; else ``None``.
+
+        ``inputs`` needs ``input_ids``/``positions`` (device, ``[n]``) and ``layout`` (host tensors).
+        Returns ``[n, hidden]``, a view of the graph's output buffer valid until the next replay.
+        """
+        layout = inputs.layout
+        if not self.graphs or not self.can_run(layout):
+            return None
+        n = layout.num_reqs
+        size = self.padded_size(n)
+        width = layout.block_tables.shape[1]
+        self.input_ids[:n].copy_(inputs.input_ids, non_blocking=True)
+        self.positions[:n].copy_(inputs.positions, non_blocking=True)
+        self.seq_lens[:n].copy_(layout.seq_lens, non_blocking=True)
+        self.num_computed[:n].copy_(layout.num_computed_tokens, non_blocking=True)
+        self.block_tables[:n, :width].copy_(layout.block_tables, non_blocking=True)
+        self.slot_mapping[:n].copy_(layout.slot_mapping, non_blocking=True)
+        if size > n:  # padding rows: one token at position 0 of the null block
+            self.input_ids[n:size].zero_()
+            self.positions[n:size].zero_()
+            self.seq_lens[n:size].fill_(1)
+            self.num_computed[n:size].zero_()
+            self.block_tables[n:size, 0].zero_()
+            self.slot_mapping[n:size].zero_()
+        self.graphs[size].replay()
+        self.num_replays += 1
+        return self.outputs[size][:n]
