@@ -1,0 +1,176 @@
+"""Building a model and streaming its weights in: safetensors (sharded or not), ``.bin`` / ``.pt``, GGUF, dummy.
+
+The model is built under the target dtype and device, so its parameters are allocated once, where they
+will live. Checkpoint tensors then stream one at a time (shard by shard, memory-mapped) through
+``model.load_weights``, whose per-parameter loaders copy (and convert) each into place: at no point is
+there a second full copy of the weights. A tqdm bar counts tensors.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Iterator
+from glob import glob
+
+import torch
+from tqdm.auto import tqdm
+
+from octavo.core.loader.resolve import ResolvedModel
+
+logger = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "float": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+          "bf16": torch.bfloat16, "float16": torch.float16, "half": torch.float16, "fp16": torch.float16}
+
+
+def resolve_dtype(dtype: str, hf_config=None, platform_default: str = "float32",
+                  supported: list[str] | None = None) -> torch.dtype:
+    """The compute dtype for a ``dtype`` setting.
+
+    ``auto`` is the platform's default, except that a bfloat16 checkpoint is not squeezed into float16 (its
+    range would overflow): it stays bfloat16 if the platform supports it. An explicit dtype the platform does
+    not support is an error naming the ones it does.
+    """
+    if dtype != "auto":
+        result = DTYPES[dtype]
+    else:
+        result = DTYPES[platform_default]
+        checkpoint = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None)
+        if result == torch.float16 and checkpoint in (torch.bfloat16, "bfloat16") and \
+                (supported is None or "bfloat16" in supported):
+            result = torch.bfloat16
+    name = str(result).removeprefix("torch.")
+    if supported is not None and name not in supported:
+        raise ValueError(f"dtype={dtype} ({name}) is not supported on this platform; use one of {supported}")
+    return result
+
+
+def _safetensors_files(directory: str) -> list[str]:
+    index = os.path.join(directory, "model.safetensors.index.json")
+    if os.path.isfile(index):
+        with open(index) as f:
+            files = sorted(set(json.load(f)["weight_map"].values()))
+        missing = [f for f in files if not os.path.isfile(os.path.join(directory, f))]
+        if missing:
+            raise ValueError(f"{index} lists shards that are missing: {missing}")
+        return [os.path.join(directory, f) for f in files]
+    return sorted(glob(os.path.join(directory, "*.safetensors")))
+
+
+def _pt_files(directory: str) -> list[str]:
+    index = os.path.join(directory, "pytorch_model.bin.index.json")
+    if os.path.isfile(index):
+        with open(index) as f:
+            return [os.path.join(directory, x) for x in sorted(set(json.load(f)["weight_map"].values()))]
+    return sorted(glob(os.path.join(directory, "*.bin")) + glob(os.path.join(directory, "*.pt")))
+
+
+def iter_weights(resolved: ResolvedModel, desc: str = "Loading weights") -> Iterator[tuple[str, torch.Tensor]]:
+    """``(checkpoint name, CPU tensor)`` pairs of a checkpoint, one at a time, with a progress bar."""
+    disable = os.environ.get("OCTAVO_DISABLE_PROGRESS", "0") == "1"
+    if resolved.format == "safetensors":
+        from safetensors import safe_open
+
+        files = _safetensors_files(resolved.path)
+        handles_total = 0
+        for path in files:
+            with safe_open(path, framework="pt") as f:
+                handles_total += len(f.keys())
+        with tqdm(total=handles_total, desc=desc, unit="tensor", disable=disable) as bar:
+            for path in files:
+                with safe_open(path, framework="pt") as f:  # memory-mapped: one tensor read at a time
+                    for name in f.keys():
+                        yield name, f.get_tensor(name)
+                        bar.update(1)
+    elif resolved.format == "pt":
+        files = _pt_files(resolved.path)
+        for path in tqdm(files, desc=desc, unit="shard", disable=disable):
+            state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+            yield from state.items()
+            del state
+    elif resolved.format == "gguf":
+        from octavo.core.loader.gguf_file import gguf_num_weights, iter_gguf_weights
+
+        path = resolved.gguf_path
+        yield from tqdm(iter_gguf_weights(path, resolved.hf_config), total=gguf_num_weights(path), desc=desc,
+                        unit="tensor", disable=disable)
+    else:
+        raise ValueError(f"format {resolved.format!r} has no weights to iterate")
+
+
+def _init_dummy(model: torch.nn.Module, seed: int) -> None:
+    """Small random weights (uniform in [-1e-3, 1e-3], norms at 1): shapes and speed are real, outputs are not."""
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    for name, param in model.named_parameters():
+        if not param.is_floating_point():
+            continue
+        if "norm" in name:  # a zero-mean norm weight would silence the whole layer
+            param.data.fill_(1.0)
+            continue
+        values = torch.empty(param.shape, dtype=torch.float32).uniform_(-1e-3, 1e-3, generator=gen)
+        param.data.copy_(values)
+
+
+def load_model(resolved: ResolvedModel, *, model_cls, dtype: torch.dtype, device: torch.device | str,
+               quantizer=None, seed: int = 0) -> torch.nn.Module:
+    """Build ``model_cls`` for ``resolved`` under ``dtype`` on ``device`` and load its weights.
+
+    Args:
+        resolved: from :func:`resolve_model`.
+        model_cls: the registered model class (``model_cls(config=..., prefix="")``).
+        dtype: parameter dtype; checkpoint tensors are converted as they are copied in.
+        device: where the parameters are allocated.
+        quantizer: an optional ``octavo.Quantizer`` instance, passed to the model as ``quantizer=``.
+        seed: seed of the random weights for ``format == "dummy"``.
+
+    Raises:
+        ValueError: the checkpoint lacks weights the model needs, or holds tensors it cannot place.
+    """
+    device = torch.device(device)
+    kwargs = {"quantizer": quantizer} if quantizer is not None else {}
+    old_dtype = torch.get_default_dtype()
+    try:
+        torch.set_default_dtype(dtype)
+        with torch.device(device):
+            model = model_cls(config=resolved.hf_config, prefix="", **kwargs)
+    finally:
+        torch.set_default_dtype(old_dtype)
+    if resolved.format == "dummy":
+        _init_dummy(model, seed)
+    else:
+        loaded = model.load_weights(iter_weights(resolved))
+        expected = {name for name, _ in model.named_parameters(remove_duplicate=False)}
+        missing = sorted(expected - set(loaded))
+        if missing:
+            shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
+            raise ValueError(f"checkpoint {resolved.source} lacks weights for {shown}; is it complete and is "
+                             f"its config.json the right one?")
+    for module in model.modules():
+        hook = getattr(module, "process_weights_after_loading", None)
+        if callable(hook):
+            hook()
+    return model.eval()
+
+
+def get_max_model_len(hf_config, requested: int | None = None) -> int:
+    """The context length: ``requested`` if given (and not beyond the model's), else the model's own.
+
+    The model's own is ``max_position_embeddings`` (or ``n_positions`` / ``max_seq_len`` / ``seq_length``).
+    """
+    derived = None
+    for key in ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "max_sequence_length"):
+        value = getattr(hf_config, key, None)
+        if isinstance(value, int) and value > 0:
+            derived = value
+            break
+    if derived is None:
+        derived = 2048
+        logger.warning("config states no context length; assuming %d", derived)
+    if requested is None:
+        return derived
+    if requested > derived:
+        raise ValueError(f"max_model_len={requested} exceeds the model's context length {derived} "
+                         f"(max_position_embeddings); use max_model_len <= {derived}")
+    return requested

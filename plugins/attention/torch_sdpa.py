@@ -1,0 +1,162 @@
+"""The reference attention backend ``torch_sdpa``: plain PyTorch, any device, any dtype; the oracle.
+
+Per step, ``build_metadata`` turns the host-side layout into gather indices (host work, then one copy to the
+device, so ``forward`` never syncs). Per layer, ``forward``:
+
+1. writes the new K/V into the paged cache: ``cache[0].view(num_slots, kv_heads, d)[slot_mapping] = k``;
+2. decode requests (the leading ``num_decode_reqs``, one new token each) attend together: one padded gather
+   of every request's context ``[D, L, kv_heads, d]``, a masked matmul, float32 softmax;
+3. every other request (prefill chunks, on top of a cached prefix or not) gathers its own context and runs
+   ``scaled_dot_product_attention`` with a mask where query ``i`` (position ``num_computed + i``) sees context
+   positions ``<= num_computed + i`` (and, with a sliding window, ``> num_computed + i - window``).
+
+Scores and softmax run in float32 whatever the cache dtype, so low-precision results stay close to the
+float64 truth.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from octavo import hookimpl
+from octavo.attention import AttentionBackend, AttentionLayout
+from octavo.platform import Availability
+
+
+@dataclass
+class PrefillItem:
+    """One non-decode request: its rows in the flat batch and the cache slots of its whole context."""
+
+    q_start: int
+    q_end: int
+    slots: torch.Tensor  # int64 [seq_len] cache slot of each context position
+    q_pos: torch.Tensor  # int64 [q_len, 1] position of each new token
+    k_pos: torch.Tensor  # int64 [1, seq_len] position of each context slot
+
+
+@dataclass
+class TorchSDPAMetadata:
+    slot_mapping: torch.Tensor  # int64 [num_tokens]
+    num_decodes: int
+    decode_slots: torch.Tensor | None  # int64 [D, L] context slots of each decode request (padded)
+    decode_seq_lens: torch.Tensor | None  # int64 [D, 1]
+    decode_k_pos: torch.Tensor | None  # int64 [1, L]
+    prefills: list[PrefillItem]
+    # per-step cache of masks by sliding window (all layers of one window share them)
+    masks: dict[Any, Any] = field(default_factory=dict)
+
+
+def _context_slots(block_table: torch.Tensor, seq_len: int, block_size: int) -> torch.Tensor:
+    pos = torch.arange(seq_len, dtype=torch.int64)
+    return block_table[pos // block_size].to(torch.int64) * block_size + pos % block_size
+
+
+class TorchSDPABackend(AttentionBackend):
+    """Reference paged attention in plain PyTorch (see the module docstring)."""
+
+    name = "torch_sdpa"
+
+    @classmethod
+    def supports(cls, *, device_type, dtype, head_size, sliding_window=None, logits_soft_cap=None, block_size=16):
+        if dtype not in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
+            return Availability(False, f"dtype {dtype} is not a floating point type torch_sdpa computes")
+        return Availability(True)
+
+    @classmethod
+    def build_metadata(cls, layout: AttentionLayout, device: torch.device) -> TorchSDPAMetadata:
+        bs = layout.block_size
+        seq_lens = layout.seq_lens.tolist()
+        num_computed = layout.num_computed_tokens.tolist()
+        qsl = layout.query_start_loc.tolist()
+        tables = layout.block_tables
+        num_decodes = layout.num_decode_reqs
+        decode_slots = decode_seq_lens = decode_k_pos = None
+        if num_decodes:
+            max_len = max(seq_lens[:num_decodes])
+            pos = torch.arange(max_len, dtype=torch.int64)
+            lens = torch.tensor(seq_lens[:num_decodes], dtype=torch.int64)
+            # padded positions point at slot 0 of their own first block; the mask hides them
+            safe = torch.minimum(pos[None, :], (lens - 1)[:, None])  # [D, L]
+            blocks = torch.gather(tables[:num_decodes].to(torch.int64), 1, safe // bs)
+            decode_slots = (blocks * bs + safe % bs).to(device)
+            decode_seq_lens = lens[:, None].to(device)
+            decode_k_pos = pos[None, :].to(device)
+        prefills = []
+        for i in range(num_decodes, layout.num_reqs):
+            seq_len, start = seq_lens[i], num_computed[i]
+            q_pos = torch.arange(start, seq_len, dtype=torch.int64)
+            prefills.append(PrefillItem(qsl[i], qsl[i + 1], _context_slots(tables[i], seq_len, bs).to(device),
+                                        q_pos[:, None].to(device),
+                                        torch.arange(seq_len, dtype=torch.int64)[None, :].to(device)))
+        return TorchSDPAMetadata(layout.slot_mapping.to(device=device, dtype=torch.int64), num_decodes,
+                                 decode_slots, decode_seq_lens, decode_k_pos, prefills)
+
+    def _allowed(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+        """Boolean ``[.., q, k]`` mask: causal, and inside the sliding window when there is one."""
+        allowed = k_pos <= q_pos
+        if self.sliding_window is not None:
+            allowed = allowed & (k_pos > q_pos - self.sliding_window)
+        return allowed
+
+    def forward(self, query, key, value, kv_cache, metadata: TorchSDPAMetadata):
+        num_slots = kv_cache.shape[1] * kv_cache.shape[2]
+        k_cache = kv_cache[0].view(num_slots, self.num_kv_heads, self.head_size)  # [slots, kv_heads, d]
+        v_cache = kv_cache[1].view(num_slots, self.num_kv_heads, self.head_size)
+        k_cache.index_copy_(0, metadata.slot_mapping, key.to(k_cache.dtype))
+        v_cache.index_copy_(0, metadata.slot_mapping, value.to(v_cache.dtype))
+        out = torch.empty_like(query)
+        group = self.num_heads // self.num_kv_heads
+        if metadata.num_decodes:
+            out[: metadata.num_decodes] = self._decode(query[: metadata.num_decodes], k_cache, v_cache, metadata,
+                                                       group)
+        for item in metadata.prefills:
+            out[item.q_start:item.q_end] = self._prefill(query[item.q_start:item.q_end], k_cache, v_cache, item,
+                                                         metadata, group)
+        return out
+
+    def _decode(self, q, k_cache, v_cache, md: TorchSDPAMetadata, group: int) -> torch.Tensor:
+        num_decodes = q.shape[0]
+        mask = md.masks.get(("decode", self.sliding_window))
+        if mask is None:
+            mask = self._allowed(md.decode_seq_lens - 1, md.decode_k_pos)  # [D, L]
+            md.masks[("decode", self.sliding_window)] = mask
+        k = k_cache[md.decode_slots].float()  # [D, L, kv_heads, d]
+        v = v_cache[md.decode_slots].float()
+        qg = q.float().view(num_decodes, self.num_kv_heads, group, self.head_size)  # [D, kv_heads, g, d]
+        scores = torch.einsum("bhgd,blhd->bhgl", qg, k) * self.scale  # [D, kv_heads, g, L]
+        if self.logits_soft_cap:
+            scores = self.logits_soft_cap * torch.tanh(scores / self.logits_soft_cap)
+        scores = scores.masked_fill(~mask[:, None, None, :], float("-inf"))
+        probs = torch.softmax(scores, dim=-1)
+        out = torch.einsum("bhgl,blhd->bhgd", probs, v)  # [D, kv_heads, g, d]
+        return out.reshape(num_decodes, self.num_heads, self.head_size).to(q.dtype)
+
+    def _prefill(self, q, k_cache, v_cache, item: PrefillItem, md: TorchSDPAMetadata, group: int) -> torch.Tensor:
+        key = (id(item), self.sliding_window)
+        mask = md.masks.get(key)
+        if mask is None:
+            mask = self._allowed(item.q_pos, item.k_pos)  # [q_len, seq_len]
+            md.masks[key] = mask
+        k = k_cache[item.slots]  # [seq_len, kv_heads, d]
+        v = v_cache[item.slots]
+        # SDPA wants [heads, tokens, d]; repeat kv heads for GQA
+        qh = q.transpose(0, 1).float()  # [heads, q_len, d]
+        kh = k.transpose(0, 1).float().repeat_interleave(group, dim=0)  # [heads, seq_len, d]
+        vh = v.transpose(0, 1).float().repeat_interleave(group, dim=0)
+        if self.logits_soft_cap:
+            scores = torch.matmul(qh, kh.transpose(1, 2)) * self.scale  # [heads, q_len, seq_len]
+            scores = self.logits_soft_cap * torch.tanh(scores / self.logits_soft_cap)
+            probs = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
+            out = torch.matmul(probs, vh)
+        else:
+            out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, scale=self.scale)
+        return out.transpose(0, 1).to(q.dtype)  # [q_len, heads, d]
+
+
+@hookimpl(trylast=True)
+def octavo_register_attention_backends(register):
+    register("torch_sdpa", "octavo.plugins.attention.torch_sdpa:TorchSDPABackend")

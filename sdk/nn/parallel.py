@@ -1,0 +1,60 @@
+"""Tensor-parallel helpers for ``octavo.nn``: which rank this process is and the collectives layers use.
+
+The rank and size come from ``torch.distributed`` when it is initialised (the multiprocess executor sets it
+up, one process per device), else 1 and 0: a single process needs no collective at all. An executor that runs
+pipeline and tensor parallelism together passes its tensor-parallel group to
+:func:`set_tensor_parallel_group` before building the model.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+_TP_GROUP = None  # NOTE: process-wide by nature (one model per worker process); set once by the executor.
+
+
+def set_tensor_parallel_group(group) -> None:
+    """Use ``group`` (a ``torch.distributed`` process group) for tensor parallelism instead of the world."""
+    global _TP_GROUP
+    _TP_GROUP = group
+
+
+def get_tp_size() -> int:
+    """Number of processes a layer's weights are split across (1 without ``torch.distributed``)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return 1
+    return dist.get_world_size(_TP_GROUP)
+
+
+def get_tp_rank() -> int:
+    """This process's index among the tensor-parallel processes (0 without ``torch.distributed``)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return 0
+    return dist.get_rank(_TP_GROUP)
+
+
+def tp_all_reduce(x: torch.Tensor) -> torch.Tensor:
+    """Sum ``x`` over the tensor-parallel processes (identity when there is one)."""
+    if get_tp_size() == 1:
+        return x
+    dist.all_reduce(x, group=_TP_GROUP)
+    return x
+
+
+def tp_all_gather(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """Concatenate ``x`` from every tensor-parallel process along ``dim`` (identity when there is one)."""
+    world = get_tp_size()
+    if world == 1:
+        return x
+    parts = [torch.empty_like(x) for _ in range(world)]
+    dist.all_gather(parts, x.contiguous(), group=_TP_GROUP)
+    return torch.cat(parts, dim=dim)
+
+
+def divide(numerator: int, denominator: int, what: str = "size") -> int:
+    """``numerator // denominator``, refusing a remainder with a message that says what did not split."""
+    if numerator % denominator:
+        raise ValueError(f"{what}={numerator} is not divisible by tensor_parallel_size={denominator}; "
+                         f"choose a tensor_parallel_size that divides it")
+    return numerator // denominator
