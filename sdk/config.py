@@ -207,7 +207,10 @@ class OctavoSettings(BaseSettings):
     def settings_customise_sources(cls, settings_cls, init_settings, env_settings, dotenv_settings,
                                    file_secret_settings):
         path = os.environ.get(ENV_PREFIX + "CONFIG")
-        return (init_settings, _FlatEnvSource(settings_cls), env_settings, _ConfigFileSource(settings_cls, path))
+        # NOTE: pydantic-settings' own env source is left out on purpose: it reads OCTAVO_MODEL and
+        # OCTAVO_DEVICE as whole *sections* (JSON), which collides with the flat fields ``model`` and
+        # ``device``. Field names are unique across sections, so the flat source covers every setting.
+        return (init_settings, _FlatEnvSource(settings_cls), _ConfigFileSource(settings_cls, path))
 
     @model_validator(mode="after")
     def _check_combinations(self) -> OctavoSettings:
