@@ -144,10 +144,10 @@ def octavo_add_routes(app: Any, engine: Any) -> None:
 def octavo_register_stat_loggers(register: Any, settings: Any) -> None:
     """Register observers of per-step and per-request statistics.
 
-    When: once, while the engine is built. Process: the process that runs the output loop (the front end).
-    Contract: call ``register(obj)`` with an object that has ``record(stats: SchedulerStats, outputs)``;
-    the engine resolves the list once and then calls ``record`` directly after every step (no hook
-    dispatch per step), so ``record`` must be cheap and must not raise.
+    When: once, while the engine is built. Process: the engine core (where ``step()`` runs). Contract: call
+    ``register(obj)`` with an object that has ``record(stats: SchedulerStats, outputs)`` (``outputs``: the
+    step's list of ``EngineCoreOutput``); the engine resolves the list once and then calls ``record``
+    directly after every step (no hook dispatch per step), so ``record`` must be cheap and must not raise.
     """
 
 
@@ -170,7 +170,7 @@ def octavo_on_engine_shutdown(settings: Any) -> None:
     """Called once when the engine shuts down cleanly (``shutdown()``), after the last step.
 
     Process: the engine-core process. Contract: release what ``octavo_on_engine_start`` set up; must not
-    raise (errors are logged and ignored so that shutdown always completes).
+    raise, so that shutdown always completes.
     """
 
 

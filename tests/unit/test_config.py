@@ -145,3 +145,11 @@ def test_sections_subset():
     with pytest.raises(ValueError, match="Unknown settings sections"):
         parse(sections=["devices"])
     assert set(SECTIONS) == {"model", "device", "cache", "scheduler", "parallel", "server"}
+
+
+def test_every_setting_is_documented():
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "configuration.md").read_text()
+    missing = [name for name in FIELD_SECTION if f"| `{name}` |" not in text]
+    assert not missing, f"docs/configuration.md does not document {missing}"

