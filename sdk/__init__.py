@@ -37,14 +37,14 @@ _LAZY = {
 
 __all__ = ["hookimpl", "__version__", *_LAZY]
 
-if TYPE_CHECKING:  # pragma: no cover
-    from octavo.attention import AttentionBackend, AttentionLayout
-    from octavo.config import OctavoSettings
-    from octavo.llm import LLM
-    from octavo.model import ForwardContext, ModelProtocol
-    from octavo.outputs import CompletionOutput, Logprob, RequestOutput
-    from octavo.platform import Platform
-    from octavo.sampling_params import SamplingParams
+if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs; at run time __getattr__ loads these
+    from octavo.attention import AttentionBackend, AttentionLayout  # noqa: F401
+    from octavo.config import OctavoSettings  # noqa: F401
+    from octavo.llm import LLM  # noqa: F401
+    from octavo.model import ForwardContext, ModelProtocol  # noqa: F401
+    from octavo.outputs import CompletionOutput, Logprob, RequestOutput  # noqa: F401
+    from octavo.platform import Platform  # noqa: F401
+    from octavo.sampling_params import SamplingParams  # noqa: F401
 
 
 def __getattr__(name: str):
