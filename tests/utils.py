@@ -1,0 +1,48 @@
+"""Shared test helpers: a Hugging Face safetensors copy of the embedded SmolLM2 GGUF, made once per machine.
+
+transformers loads the GGUF (dequantized; needs ``accelerate``), drops its quantization config and saves
+weights, config and tokenizer (with ``chat_template.jinja``) under ``.cache/`` in the repository
+(gitignored). Later runs reuse it; creation is atomic (temp dir + rename), so parallel test processes
+never see half a copy.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+CACHE = Path(os.environ.get("OCTAVO_TEST_CACHE", REPO / ".cache"))
+
+
+def smollm2_gguf_path() -> str:
+    """The embedded SmolLM2-135M-Instruct GGUF."""
+    from octavo.core.loader import default_model_path
+
+    return default_model_path()
+
+
+def smollm2_safetensors_dir(dtype: str = "float32") -> Path:
+    """Directory with config.json, model.safetensors and the tokenizer of SmolLM2 in ``dtype``."""
+    import torch
+
+    target = CACHE / f"smollm2-135m-instruct-{dtype}"
+    if (target / "config.json").is_file() and any(target.glob("*.safetensors")):
+        return target
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf = Path(smollm2_gguf_path())
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=getattr(torch, dtype))
+    if getattr(model, "hf_quantizer", None) is not None:
+        model.hf_quantizer.remove_quantization_config(model)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    tmp = target.with_name(f"{target.name}.tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    try:
+        os.rename(tmp, target)
+    except OSError:  # another process made it first
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
