@@ -1,0 +1,216 @@
+"""Fused GPU kernels for the small per-layer ops of a decode step, swapped into a loaded model.
+
+At batch 1 an 8B decode step is weight-bandwidth bound (~5 ms of GEMV), and every extra elementwise
+kernel costs 2-3 us; the eager ``octavo.nn`` layers launch ~35 kernels per layer for RMSNorm, rotary and
+SiLU-and-mul. :func:`fuse_model` replaces, on each module instance, ``forward`` of
+
+    RMSNorm (with or without the residual add)  -> one Triton kernel per call
+    RotaryEmbedding (neox or interleaved, partial) -> one kernel for q and k together
+    SiluAndMul                                   -> one kernel
+
+Each replacement is checked once against the module's own forward on random inputs of the model's dtype
+(bit-for-bit rounding steps are kept: fp32 math, rounding to the model dtype where torch rounds) and only
+installed if it matches; otherwise the eager forward stays and a warning says why.
+"""
+
+from __future__ import annotations
+
+import logging
+import types
+
+import torch
+import triton
+import triton.language as tl
+
+logger = logging.getLogger(__name__)
+
+
+@triton.jit
+def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, stride_x, stride_r, n_cols, eps,
+                     HAS_RES: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
+    if HAS_RES:
+        r = tl.load(res_ptr + row * stride_r + cols, mask=mask, other=0.0)
+        x = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)  # torch rounds the sum to the dtype
+        tl.store(res_out_ptr + row * n_cols + cols, x, mask=mask)
+    xf = x.to(tl.float32)
+    rstd = tl.rsqrt(tl.sum(xf * xf, 0) / n_cols + eps)
+    y = (xf * rstd).to(x.dtype).to(tl.float32)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * n_cols + cols, (y * w).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _silu_and_mul_kernel(x_ptr, out_ptr, stride_x, d, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < d
+    g = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
+    u = tl.load(x_ptr + row * stride_x + d + cols, mask=mask, other=0.0)
+    gf = g.to(tl.float32)
+    s = (gf / (1.0 + tl.exp(-gf))).to(g.dtype).to(tl.float32)
+    tl.store(out_ptr + row * d + cols, (s * u.to(tl.float32)).to(g.dtype), mask=mask)
+
+
+@triton.jit
+def _rope_kernel(pos_ptr, cos_ptr, sin_ptr, x_ptr, out_ptr, stride_xt, num_heads, stride_cos,
+                 HEAD: tl.constexpr, ROT: tl.constexpr, HALF_P: tl.constexpr, PASS_P: tl.constexpr,
+                 BLOCK_H: tl.constexpr, NEOX: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    pos = tl.load(pos_ptr + t).to(tl.int64)
+    i = tl.arange(0, HALF_P)
+    h = tl.arange(0, BLOCK_H)
+    im = i < ROT // 2
+    cos = tl.load(cos_ptr + pos * stride_cos + i, mask=im, other=0.0)[None, :]
+    sin = tl.load(sin_ptr + pos * stride_cos + i, mask=im, other=0.0)[None, :]
+    m = (h[:, None] < num_heads) & im[None, :]
+    base_in = x_ptr + t * stride_xt + h[:, None] * HEAD
+    base_out = out_ptr + t * num_heads * HEAD + h[:, None] * HEAD
+    if NEOX:
+        i1, i2 = i[None, :], i[None, :] + ROT // 2
+    else:
+        i1, i2 = 2 * i[None, :], 2 * i[None, :] + 1
+    x1 = tl.load(base_in + i1, mask=m, other=0.0)
+    x2 = tl.load(base_in + i2, mask=m, other=0.0)
+    a, b = x1.to(tl.float32), x2.to(tl.float32)
+    tl.store(base_out + i1, (a * cos - b * sin).to(x1.dtype), mask=m)
+    tl.store(base_out + i2, (b * cos + a * sin).to(x1.dtype), mask=m)
+    if PASS_P > 0:  # partial rotary: the tail of each head passes through
+        j = tl.arange(0, PASS_P)
+        pm = (h[:, None] < num_heads) & (j[None, :] < HEAD - ROT)
+        tl.store(base_out + ROT + j[None, :], tl.load(base_in + ROT + j[None, :], mask=pm), mask=pm)
+
+
+def _p2(x: int) -> int:
+    return 1 << max(0, int(x) - 1).bit_length()
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None):
+    """``weight * norm(x [+ residual])`` like ``octavo.nn.RMSNorm``; returns ``(out, new_residual)`` with one."""
+    d = x.shape[-1]
+    x2 = x.reshape(-1, d)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    out = torch.empty(x2.shape, dtype=torch.promote_types(weight.dtype, x.dtype), device=x.device)
+    res_out = torch.empty_like(x2) if residual is not None else out
+    r2 = residual.reshape(-1, d) if residual is not None else x2
+    if r2.stride(-1) != 1:
+        r2 = r2.contiguous()
+    if x2.shape[0]:
+        _rms_norm_kernel[(x2.shape[0],)](x2, r2, weight, out, res_out, x2.stride(0), r2.stride(0), d, eps,
+                                         HAS_RES=residual is not None, BLOCK=_p2(d), num_warps=8 if d > 4096 else 4)
+    out = out.view(x.shape)
+    return out if residual is None else (out, res_out.view(x.shape))
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    d = x.shape[-1] // 2
+    x2 = x.reshape(-1, 2 * d)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    out = torch.empty(x2.shape[0], d, dtype=x.dtype, device=x.device)
+    if x2.shape[0]:
+        block = min(2048, _p2(d))
+        _silu_and_mul_kernel[(x2.shape[0], triton.cdiv(d, block))](x2, out, x2.stride(0), d, BLOCK=block)
+    return out.view(*x.shape[:-1], d)
+
+
+def rotary(rope, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """Rotate every head of ``x [n, heads * head_size]`` at ``positions`` with ``rope``'s cos/sin tables."""
+    n, head = x.shape[0], rope.head_size
+    heads = x.shape[-1] // head
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    out = torch.empty(n, heads * head, dtype=x.dtype, device=x.device)
+    if n:
+        cos, sin = rope.cos_cache, rope.sin_cache
+        _rope_kernel[(n,)](positions, cos, sin, x, out, x.stride(0), heads, cos.stride(0), HEAD=head,
+                           ROT=rope.rotary_dim, HALF_P=_p2(rope.rotary_dim // 2),
+                           PASS_P=_p2(head - rope.rotary_dim) if head > rope.rotary_dim else 0,
+                           BLOCK_H=_p2(heads), NEOX=bool(rope.is_neox_style))
+    return out.view(x.shape)
+
+
+# ------------------------------------------------------------------------------------ installing
+def _fused_rms_forward(self, x, residual=None):
+    return rms_norm(x, self.weight, self.eps, residual)
+
+
+def _fused_silu_forward(self, x):
+    return silu_and_mul(x)
+
+
+def _fused_rope_forward(self, positions, query, key):
+    return rotary(self, positions, query), rotary(self, positions, key)
+
+
+def _close(a, b) -> bool:
+    if isinstance(a, tuple):
+        return all(_close(x, y) for x, y in zip(a, b))
+    # allow one rounding step of the dtype (reduction order differs from torch's)
+    tol = {torch.bfloat16: 1.6e-2, torch.float16: 2e-3}.get(a.dtype, 1e-5)
+    return a.shape == b.shape and a.dtype == b.dtype and bool(torch.allclose(a.float(), b.float(), rtol=tol,
+                                                                              atol=tol))
+
+
+@torch.inference_mode()
+def _check(module, fused, args) -> bool:
+    try:
+        want = module.forward(*args)
+        got = fused(module, *args)
+    except Exception as e:  # a layer shape the kernel does not handle: keep eager
+        logger.warning("fused %s not used: %s", type(module).__name__, e)
+        return False
+    ok = _close(got, want)
+    if not ok:
+        logger.warning("fused %s not used: it disagrees with the eager forward", type(module).__name__)
+    return ok
+
+
+def fuse_model(model: torch.nn.Module, dtype: torch.dtype, device: torch.device) -> dict[str, int]:
+    """Install the fused forwards on ``model``'s RMSNorm, RotaryEmbedding and SiluAndMul modules.
+
+    Returns how many modules of each kind now run fused. Modules of other types are left alone.
+    """
+    from octavo.nn.activation import SiluAndMul
+    from octavo.nn.layernorm import RMSNorm
+    from octavo.nn.rotary import RotaryEmbedding
+
+    counts = {"RMSNorm": 0, "RotaryEmbedding": 0, "SiluAndMul": 0}
+    verified: dict[tuple, bool] = {}
+    gen = torch.Generator(device=device).manual_seed(0)
+
+    def rnd(*shape, dt=dtype):
+        return torch.randn(*shape, generator=gen, device=device, dtype=torch.float32).to(dt)
+
+    for module in model.modules():
+        kind = type(module)
+        if kind is RMSNorm:
+            d = module.weight.shape[0]
+            key = (kind, d, module.weight.dtype)
+            if key not in verified:
+                verified[key] = (_check(module, _fused_rms_forward, (rnd(5, d),))
+                                 and _check(module, _fused_rms_forward, (rnd(5, d), rnd(5, d))))
+            fused = _fused_rms_forward
+        elif kind is RotaryEmbedding:
+            hd = module.head_size
+            key = (kind, hd, module.rotary_dim, module.is_neox_style, id(module.cos_cache))
+            if key not in verified:
+                pos = torch.randint(0, module.cos_cache.shape[0], (7,), generator=gen, device=device)
+                verified[key] = _check(module, _fused_rope_forward, (pos, rnd(7, 4 * hd), rnd(7, 2 * hd)))
+            fused = _fused_rope_forward
+        elif kind is SiluAndMul:
+            key = (kind,)
+            if key not in verified:
+                verified[key] = _check(module, _fused_silu_forward, (rnd(3, 2 * 1000),))
+            fused = _fused_silu_forward
+        else:
+            continue
+        if verified[key]:
+            module.forward = types.MethodType(fused, module)
+            counts[kind.__name__] += 1
+    logger.info("Fused GPU kernels installed: %s", counts)
+    return counts

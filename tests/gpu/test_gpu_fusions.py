@@ -1,0 +1,53 @@
+"""Fused RMSNorm / rotary / SiLU-and-mul kernels agree with the eager ``octavo.nn`` layers they replace."""
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+
+
+def _dtypes(device):
+    return (torch.bfloat16, torch.float16) if device.type == "cuda" else (torch.float16, torch.float32)
+
+
+def test_rms_norm(device):
+    from octavo.core.gpu_fusions import _close, fuse_model
+    from octavo.nn.layernorm import RMSNorm
+
+    for dtype in _dtypes(device):
+        for d in (64, 1000, 4096):
+            norm = RMSNorm(d, eps=1e-5).to(device)
+            norm.weight.data = (torch.rand(d, device=device) + 0.5).to(dtype)
+            x, r = torch.randn(9, d, device=device).to(dtype), torch.randn(9, d, device=device).to(dtype)
+            want_plain, want_res = norm(x), norm(x, r)
+            assert fuse_model(norm, dtype, device)["RMSNorm"] == 1
+            assert _close(norm(x), want_plain) and _close(norm(x, r), want_res)
+            assert torch.equal(norm(x, r)[1], x + r)  # the residual stream is bit-exact
+
+
+def test_silu_and_mul(device):
+    from octavo.core.gpu_fusions import _close, fuse_model
+    from octavo.nn.activation import SiluAndMul
+
+    for dtype in _dtypes(device):
+        act = SiluAndMul()
+        x = torch.randn(5, 2 * 3000, device=device).to(dtype)
+        want = act(x)
+        assert fuse_model(act, dtype, device)["SiluAndMul"] == 1
+        assert _close(act(x), want)
+
+
+@pytest.mark.parametrize("neox,head,rot", [(True, 128, 128), (False, 64, 64), (True, 80, 40)])
+def test_rotary(device, neox, head, rot):
+    from octavo.core.gpu_fusions import _close, fuse_model
+    from octavo.nn.rotary import RotaryEmbedding, compute_cos_sin
+
+    for dtype in _dtypes(device):
+        cos, sin = compute_cos_sin(rot, 4096, 10000.0)
+        rope = RotaryEmbedding(head, rot, cos, sin, is_neox_style=neox).to(device)
+        pos = torch.randint(0, 4096, (11,), device=device)
+        qkv = torch.randn(11, (6 + 2 * 2) * head, device=device).to(dtype)
+        q, k, _ = qkv.split([6 * head, 2 * head, 2 * head], -1)  # strided views, as in the models
+        want = rope(pos, q, k)
+        assert fuse_model(rope, dtype, device)["RotaryEmbedding"] == 1
+        assert _close(rope(pos, q, k), want)
