@@ -27,6 +27,7 @@ import time
 from typing import Any
 
 import msgspec
+
 from octavo.core.engine_core_proc import (
     ABORT,
     ADD,

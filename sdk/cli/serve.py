@@ -46,15 +46,15 @@ def run(args: argparse.Namespace) -> int:
             return 2
         args.model = args.model_tag
     settings = settings_from_args(args)
-    level = settings.server.uvicorn_log_level.upper()
-    logging.basicConfig(level=getattr(logging, level, logging.INFO),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # octavo's own startup lines always show; --uvicorn-log-level only quiets the HTTP server.
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     return serve(settings, t_start=t_start)
 
 
 def serve(settings, *, t_start: float | None = None) -> int:
     """Load the model, serve until SIGTERM/Ctrl-C (exit 0) or until the engine core dies (exit 1)."""
     import uvicorn
+
     from octavo.async_llm import AsyncLLM
     from octavo.core.engine_client import EngineStartError
     from octavo.server import build_app
@@ -97,6 +97,7 @@ def serve(settings, *, t_start: float | None = None) -> int:
                             app.state.model_name, srv.host, _bound_port(server, srv.port), key,
                             time.perf_counter() - t_start)
             await task
+            logger.info("HTTP server stopped")
 
         # uvicorn re-raises the signal that stopped it once it is done: make that a no-op here so the
         # cleanup below runs and the exit status is ours.
@@ -105,7 +106,9 @@ def serve(settings, *, t_start: float | None = None) -> int:
             signal.signal(sig, lambda s, _f: stopped_by.append(s))
         asyncio.run(main())
     finally:
+        t_stop = time.perf_counter()
         engine.shutdown()
+        logger.info("engine core stopped in %.1f s", time.perf_counter() - t_stop)
     if dead:
         print(f"octavo serve: the engine core died: {dead[0].strip().splitlines()[0]}", file=sys.stderr)
         return 1

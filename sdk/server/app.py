@@ -19,6 +19,8 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
 from octavo.server.metrics import ServerMetrics
 from octavo.server.protocol import (
     ChatCompletionRequest,
@@ -28,7 +30,6 @@ from octavo.server.protocol import (
 )
 from octavo.server.serving import OpenAIServing, new_request_id
 from octavo.version import __version__
-from starlette.exceptions import HTTPException as StarletteHTTPException
 
 logger = logging.getLogger("octavo.server")
 

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from octavo.sampling_params import RequestOutputKind, SamplingParams
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from octavo.sampling_params import RequestOutputKind, SamplingParams
 
 
 class StreamOptions(BaseModel):

@@ -1,0 +1,63 @@
+"""``octavo bench``: benchmarks, one sub-subcommand each.
+
+    octavo bench serve --base-url http://127.0.0.1:8000 --concurrency 1 8 32 --input-len 128 --output-len 128
+
+``serve`` measures a running OpenAI-compatible server (TTFT, TPOT, ITL, end-to-end latency percentiles,
+output throughput) with ``vllm bench serve``'s definitions; see ``octavo.cli.bench_serve``. Other
+benchmarks (``throughput``, offline) add their own sub-subcommand in ``add_parser`` below.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def add_parser(subparsers) -> None:
+    parser = subparsers.add_parser("bench", help="Benchmarks (serve: a running server's latency and throughput).",
+                                   description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="bench_command", metavar="BENCHMARK")
+    parser.set_defaults(func=lambda args: (parser.print_help(), 2)[1])
+    _add_serve(sub)
+
+
+def _add_serve(sub) -> None:
+    p = sub.add_parser("serve", help="Latency and throughput of a running OpenAI-compatible server.",
+                       description=__import__("octavo.cli.bench_serve", fromlist=["x"]).__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--base-url", default="http://127.0.0.1:8000", help="Server address (default: %(default)s).")
+    p.add_argument("--api-key", default=None, help="Bearer key, if the server wants one.")
+    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32],
+                   help="Concurrency levels (most requests in flight), default: %(default)s.")
+    p.add_argument("--input-len", type=int, default=128, help="Prompt length in tokens (default: %(default)s).")
+    p.add_argument("--output-len", type=int, default=128, help="Output tokens per request (default: %(default)s).")
+    p.add_argument("--num-prompts", type=int, default=None,
+                   help="Requests per level (default: 4 x concurrency, at least 8).")
+    p.add_argument("--vocab-size", type=int, default=49152,
+                   help="Random prompt token ids are drawn below this (default: %(default)s, SmolLM2's).")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--label", default="server", help="Name of this run in the output and the plot.")
+    p.add_argument("--save-result", metavar="JSON", default=None, help="Write the metrics here.")
+    p.add_argument("--plot", metavar="PNG", default=None, help="Draw latency and throughput against concurrency.")
+    p.set_defaults(func=_run_serve)
+
+
+def _run_serve(args: argparse.Namespace) -> int:
+    from octavo.cli import bench_serve
+
+    try:
+        result = bench_serve.run_benchmark(args.base_url, concurrencies=args.concurrency, input_len=args.input_len,
+                                           output_len=args.output_len, num_prompts=args.num_prompts,
+                                           vocab_size=args.vocab_size, api_key=args.api_key, seed=args.seed,
+                                           label=args.label)
+    except Exception as e:  # noqa: BLE001 - e.g. nothing listening: one line, not a traceback
+        print(f"octavo bench serve: error: cannot benchmark {args.base_url}: {type(e).__name__}: {e}",
+              file=sys.stderr)
+        return 1
+    if args.save_result:
+        with open(args.save_result, "w") as f:
+            json.dump(result, f, indent=2)
+    if args.plot:
+        bench_serve.plot([result], args.plot)
+    return 0 if all(lv["failed"] == 0 for lv in result["levels"]) else 1
