@@ -43,6 +43,28 @@ def default_capture_sizes(max_num_seqs: int) -> list[int]:
     return sorted(set(sizes))
 
 
+def prepare_gpu_worker(worker) -> dict:
+    """GPU set-up after the KV cache is bound: fused small-op kernels, then CUDA graphs for decode.
+
+    Call once from the worker (idempotent). Does nothing on platforms without ``capabilities().graphs``;
+    fusions need Triton (skipped with a log line without it); graphs honour ``enforce_eager``.
+    """
+    if getattr(worker, "_gpu_prepared", None) is not None:
+        return worker._gpu_prepared
+    info: dict = {"fused": None, "graph_sizes": []}
+    if worker.platform.capabilities().graphs and worker.device.type != "cpu":
+        try:
+            from octavo.core.gpu_fusions import fuse_model
+
+            info["fused"] = fuse_model(worker.model, worker.dtype, worker.device)
+        except ImportError as e:
+            logger.info("fused GPU kernels unavailable (%s); eager small ops", e)
+        runner = maybe_enable_cuda_graphs(worker)
+        info["graph_sizes"] = runner.capture_sizes if runner else []
+    worker._gpu_prepared = info
+    return info
+
+
 def maybe_enable_cuda_graphs(worker) -> CUDAGraphRunner | None:
     """Attach a captured :class:`CUDAGraphRunner` to ``worker.runner`` unless graphs are off or unsupported.
 

@@ -1,0 +1,309 @@
+"""End-to-end GPU benchmarks and parity checks, each task in its own process, the transformers peer on the
+same card in the same call. Results: one JSON per task under ``--out-dir`` and a merged record.
+
+    python benchmarks/gpu_e2e.py parity decode_bs1 qwen3_nanovllm tf_qwen3_nanovllm --out-dir /tmp/r
+
+Tasks:
+  parity            greedy tokens and logprobs of octavo (bf16, triton, CUDA graphs) vs transformers on small
+                    random-weight Llama (and Qwen3 when octavo registers it) checkpoints built here
+  decode_bs1        Llama-3-8B shape, dummy weights, bf16: ms per output token at batch 1 vs the roofline
+                    (bytes a step reads / measured copy bandwidth); then the 1000/1000 x 512 throughput
+                    (``--throughput``) in the same process
+  tf_decode_bs1     the same batch-1 decode through transformers ``generate``
+  qwen3_nanovllm    nano-vllm's workload on a Qwen3-0.6B shape: 256 requests, in/out lengths U[100, 1024]
+  tf_qwen3_nanovllm the first ``--tf-requests`` requests of that workload through batched transformers generate
+  tf_8b_throughput  transformers batched generate on the Llama-3-8B shape (64 prompts x 1000 tokens)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # tests.gpu.parity
+
+LLAMA3_8B = dict(architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=4096, intermediate_size=14336,
+                 num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
+                 max_position_embeddings=8192, rms_norm_eps=1e-5, rope_theta=500000.0, hidden_act="silu",
+                 tie_word_embeddings=False, bos_token_id=128000, eos_token_id=128001, torch_dtype="bfloat16")
+QWEN3_0P6B = dict(architectures=["Qwen3ForCausalLM"], model_type="qwen3", hidden_size=1024, intermediate_size=3072,
+                  num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
+                  vocab_size=151936, max_position_embeddings=40960, rms_norm_eps=1e-6, rope_theta=1000000.0,
+                  hidden_act="silu", tie_word_embeddings=True, bos_token_id=151643, eos_token_id=151645,
+                  torch_dtype="bfloat16")
+
+
+def write_config(cfg: dict, root: str, name: str) -> str:
+    d = os.path.join(root, name)
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(cfg, f)
+    return d
+
+
+def qwen3_config() -> tuple[dict, str]:
+    """The Qwen3-0.6B shape; as a Llama config (same dims, no q/k norm) if octavo has no Qwen3 model yet."""
+    from octavo.core.plugin_manager import get_plugin_manager
+
+    if "Qwen3ForCausalLM" in get_plugin_manager().names("models"):
+        return QWEN3_0P6B, "Qwen3ForCausalLM"
+    cfg = dict(QWEN3_0P6B, architectures=["LlamaForCausalLM"], model_type="llama")
+    return cfg, "LlamaForCausalLM (Qwen3-0.6B dims; octavo has no Qwen3 model registered)"
+
+
+def copy_bandwidth() -> float:
+    """Largest rate of a few large device-to-device copies (torch's and a Triton kernel), bytes read + written
+    per second: the memory ceiling the roofline divides by."""
+    import torch
+    import triton
+    import triton.language as tl
+    import triton.testing
+
+    @triton.jit
+    def _copy(src, dst, n, BLOCK: tl.constexpr):
+        off = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        tl.store(dst + off, tl.load(src + off, mask=off < n), mask=off < n)
+
+    n = 1 << 29  # int64 elements: 4 GiB
+    a = torch.randint(0, 1 << 30, (n,), dtype=torch.int64, device="cuda")
+    b = torch.empty_like(a)
+    best = 0.0
+    for fn in (lambda: b.copy_(a), lambda: _copy[(triton.cdiv(n, 4096),)](a, b, n, BLOCK=4096),
+               lambda: _copy[(triton.cdiv(n, 1024),)](a, b, n, BLOCK=1024)):
+        ms = triton.testing.do_bench(fn, warmup=50, rep=300, return_mode="median")
+        best = max(best, 2 * n * 8 / (ms * 1e-3))
+    assert torch.equal(a, b)
+    return best  # the 8 GiB are freed on return
+
+
+def make_llm(model_dir: str, **kw):
+    from octavo import LLM
+    from octavo.core.cuda_graphs import prepare_gpu_worker
+
+    llm = LLM(model=model_dir, load_format=kw.pop("load_format", "dummy"), dtype="bfloat16",
+              skip_tokenizer_init=True, **kw)
+    worker = llm.llm_engine.core.executor.driver
+    info = prepare_gpu_worker(worker)  # no-op if the worker already did it
+    return llm, worker, info
+
+
+def gen_timed(llm, prompts, params) -> tuple[float, list]:
+    import torch
+
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    torch.cuda.synchronize()
+    return time.perf_counter() - t, outs
+
+
+# ------------------------------------------------------------------------------------------------ tasks
+def task_decode_bs1(args, tmp) -> dict:
+    import torch
+
+    from octavo import SamplingParams
+
+    bw = copy_bandwidth()
+    torch.cuda.empty_cache()
+    d = write_config(LLAMA3_8B, tmp, "llama3-8b")
+    t0 = time.perf_counter()
+    llm, worker, info = make_llm(d, max_model_len=4096, gpu_memory_utilization=0.9, max_num_seqs=args.max_num_seqs,
+                                 max_num_batched_tokens=args.max_num_batched_tokens)
+    load_s = time.perf_counter() - t0
+    weight_bytes = sum(p.numel() * p.element_size() for p in worker.model.parameters())
+    embed_bytes = worker.model.model.embed_tokens.weight.numel() * 2
+    rng = random.Random(0)
+    prompt = {"prompt_token_ids": [rng.randrange(1000, 120000) for _ in range(512)]}
+    n = 256
+    gen_timed(llm, [prompt], SamplingParams(max_tokens=16, ignore_eos=True))  # warm-up
+    t1, _ = gen_timed(llm, [prompt], SamplingParams(max_tokens=1, ignore_eos=True))
+    t2, outs = gen_timed(llm, [prompt], SamplingParams(max_tokens=n + 1, ignore_eos=True, temperature=0))
+    assert len(outs[0].outputs[0].token_ids) == n + 1
+    per_tok = (t2 - t1) / n
+    kv_per_tok = 32 * 8 * 128 * 2 * 2
+    kv_bytes = (512 + n / 2) * kv_per_tok  # mean context over the timed tokens
+    roof = (weight_bytes + kv_bytes) / bw
+    roof_strict = (weight_bytes - embed_bytes + kv_bytes) / bw
+    gr = worker.runner.graph_runner
+    res = {"copy_bandwidth_TBps": bw / 1e12, "weights_GB": weight_bytes / 1e9, "load_s": load_s,
+           "fused": info.get("fused"), "graph_sizes": len(info.get("graph_sizes") or []),
+           "graph_replays": gr.num_replays if gr else 0, "kv_blocks": worker.num_blocks,
+           "prefill_512_ms": t1 * 1e3, "decode_ms_per_token": per_tok * 1e3, "roofline_ms": roof * 1e3,
+           "decode_bs1_fraction_of_roofline": roof / per_tok,
+           "fraction_of_roofline_excluding_embedding_table": roof_strict / per_tok}
+    print(json.dumps(res), flush=True)
+    if args.profile:
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            gen_timed(llm, [prompt], SamplingParams(max_tokens=8, ignore_eos=True))
+        table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=25)
+        res["profile_top"] = table
+        print(table, flush=True)
+    if args.throughput:
+        num, in_len, out_len = args.tp_prompts, 1000, 1000
+        prompts = [{"prompt_token_ids": [rng.randrange(1000, 120000) for _ in range(in_len)]} for _ in range(num)]
+        dt, outs = gen_timed(llm, prompts, SamplingParams(max_tokens=out_len, ignore_eos=True))
+        total = sum(len(o.outputs[0].token_ids) for o in outs)
+        res.update({"throughput_prompts": num, "throughput_s": dt, "throughput_output_tokens": total,
+                    "throughput_8b_1000_1000_tok_s": total / dt})
+        print(json.dumps({k: res[k] for k in res if k.startswith("throughput")}), flush=True)
+    del llm
+    torch.cuda.empty_cache()
+    return res
+
+
+def task_tf_decode_bs1(args, tmp) -> dict:
+    import torch
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    cfg = LlamaConfig(**{k: v for k, v in LLAMA3_8B.items() if k not in ("architectures", "model_type", "torch_dtype")})
+    with torch.device("cuda"):
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).eval()
+    ids = torch.randint(1000, 120000, (1, 512), device="cuda")
+
+    def run(n):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0)
+        torch.cuda.synchronize()
+        return time.perf_counter() - t
+
+    run(4)
+    t1, t2 = run(1), run(129)
+    res = {"tf_decode_ms_per_token": (t2 - t1) / 128 * 1e3}
+    print(json.dumps(res), flush=True)
+    return res
+
+
+def nanovllm_workload(seed=0, num=256, lo=100, hi=1024, vocab=151936):
+    rng = random.Random(seed)
+    reqs = []
+    for _ in range(num):
+        n_in, n_out = rng.randint(lo, hi), rng.randint(lo, hi)
+        reqs.append(([rng.randint(0, 10000) for _ in range(n_in)], n_out))
+    return reqs
+
+
+def task_qwen3_nanovllm(args, tmp) -> dict:
+    from octavo import SamplingParams
+
+    cfg, arch = qwen3_config()
+    d = write_config(cfg, tmp, "qwen3-0.6b")
+    llm, worker, info = make_llm(d, max_model_len=4096, gpu_memory_utilization=0.9, max_num_seqs=args.max_num_seqs,
+                                 max_num_batched_tokens=args.max_num_batched_tokens)
+    reqs = nanovllm_workload()
+    gen_timed(llm, [{"prompt_token_ids": reqs[0][0]}], SamplingParams(max_tokens=8))  # warm-up
+    prompts = [{"prompt_token_ids": ids} for ids, _ in reqs]
+    params = [SamplingParams(max_tokens=n, ignore_eos=True, temperature=0.6) for _, n in reqs]
+    dt, outs = gen_timed(llm, prompts, params)
+    total = sum(len(o.outputs[0].token_ids) for o in outs)
+    res = {"architecture": arch, "requests": len(reqs), "output_tokens": total, "seconds": dt,
+           "throughput_qwen3_0p6b_nanovllm_tok_s": total / dt, "kv_blocks": worker.num_blocks,
+           "fused": info.get("fused"), "graph_replays": worker.runner.graph_runner.num_replays
+           if worker.runner.graph_runner else 0}
+    print(json.dumps(res), flush=True)
+    return res
+
+
+def _tf_batched(model, reqs, batch, pad_id=0) -> tuple[float, int]:
+    """Left-padded batched greedy generate; counts only each request's own output length."""
+    import torch
+
+    total_t, total_tok = 0.0, 0
+    for i in range(0, len(reqs), batch):
+        chunk = reqs[i:i + batch]
+        width = max(len(ids) for ids, _ in chunk)
+        inp = torch.full((len(chunk), width), pad_id, dtype=torch.long)
+        mask = torch.zeros_like(inp)
+        for j, (ids, _) in enumerate(chunk):
+            inp[j, width - len(ids):] = torch.tensor(ids)
+            mask[j, width - len(ids):] = 1
+        new = max(n for _, n in chunk)
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        model.generate(inp.cuda(), attention_mask=mask.cuda(), max_new_tokens=new, min_new_tokens=new,
+                       do_sample=False, pad_token_id=pad_id)
+        torch.cuda.synchronize()
+        total_t += time.perf_counter() - t
+        total_tok += sum(n for _, n in chunk)
+    return total_t, total_tok
+
+
+def task_tf_qwen3_nanovllm(args, tmp) -> dict:
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = AutoConfig.for_model(**{k: v for k, v in QWEN3_0P6B.items() if k not in ("architectures", "torch_dtype")})
+    with torch.device("cuda"):
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).eval()
+    reqs = nanovllm_workload()[: args.tf_requests]
+    _tf_batched(model, [(reqs[0][0][:50], 4)], 1)  # warm-up
+    dt, tok = _tf_batched(model, reqs, args.tf_batch)
+    res = {"tf_requests": len(reqs), "tf_batch": args.tf_batch, "tf_output_tokens": tok, "tf_seconds": dt,
+           "tf_qwen3_nanovllm_tok_s": tok / dt}
+    print(json.dumps(res), flush=True)
+    return res
+
+
+def task_tf_8b_throughput(args, tmp) -> dict:
+    import torch
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    cfg = LlamaConfig(**{k: v for k, v in LLAMA3_8B.items() if k not in ("architectures", "model_type", "torch_dtype")})
+    with torch.device("cuda"):
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).eval()
+    rng = random.Random(1)
+    reqs = [([rng.randrange(1000, 120000) for _ in range(1000)], args.tf_8b_new) for _ in range(64)]
+    dt, tok = _tf_batched(model, reqs, 64)
+    res = {"tf_8b_prompts": 64, "tf_8b_new_tokens": args.tf_8b_new, "tf_8b_tok_s": tok / dt}
+    print(json.dumps(res), flush=True)
+    return res
+
+
+def task_parity(args, tmp) -> dict:
+    from tests.gpu.parity import run_parity
+
+    return run_parity(tmp)
+
+
+TASKS = {name[5:]: fn for name, fn in globals().items() if name.startswith("task_")}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("tasks", nargs="+", choices=sorted(TASKS))
+    ap.add_argument("--out-dir", default="benchmarks/results/tmp")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--throughput", action="store_true", help="decode_bs1: also run the 8B 1000/1000 throughput")
+    ap.add_argument("--tp-prompts", type=int, default=512)
+    ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--max-num-seqs", type=int, default=256)
+    ap.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    ap.add_argument("--tf-requests", type=int, default=64)
+    ap.add_argument("--tf-batch", type=int, default=64)
+    ap.add_argument("--tf-8b-new", type=int, default=200)
+    args = ap.parse_args()
+    os.makedirs(args.out_dir, exist_ok=True)
+    if args.child:
+        with tempfile.TemporaryDirectory() as tmp:
+            res = TASKS[args.tasks[0]](args, tmp)
+        with open(os.path.join(args.out_dir, f"{args.tasks[0]}.json"), "w") as f:
+            json.dump(res, f, indent=1)
+        return
+    # each task in a fresh process, so GPU memory and CUDA graphs of one never crowd the next
+    for task in args.tasks:
+        argv = [sys.executable, __file__, task, "--child", *[a for a in sys.argv[1:] if a not in TASKS]]
+        t = time.perf_counter()
+        rc = subprocess.run(argv).returncode
+        print(f"== {task}: rc {rc} in {time.perf_counter() - t:.0f} s", flush=True)
+
+
+if __name__ == "__main__":
+    main()
