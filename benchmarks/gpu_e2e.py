@@ -137,6 +137,14 @@ def task_decode_bs1(args, tmp) -> dict:
            "prefill_512_ms": t1 * 1e3, "decode_ms_per_token": per_tok * 1e3, "roofline_ms": roof * 1e3,
            "decode_bs1_fraction_of_roofline": roof / per_tok,
            "fraction_of_roofline_excluding_embedding_table": roof_strict / per_tok}
+    if gr is not None and 1 in gr.graphs:  # GPU time of the captured forward alone (no host work between)
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        for _ in range(50):
+            gr.graphs[1].replay()
+        torch.cuda.synchronize()
+        res["graph_forward_ms"] = (time.perf_counter() - t) / 50 * 1e3
+        res["host_gap_ms_per_token"] = res["decode_ms_per_token"] - res["graph_forward_ms"]
     print(json.dumps(res), flush=True)
     if args.profile:
         from torch.profiler import ProfilerActivity, profile
@@ -209,6 +217,20 @@ def task_qwen3_nanovllm(args, tmp) -> dict:
            "fused": info.get("fused"), "graph_replays": worker.runner.graph_runner.num_replays
            if worker.runner.graph_runner else 0}
     print(json.dumps(res), flush=True)
+    if args.cprofile:  # where the host time of a decode-heavy run goes (profiled run, not timed)
+        import cProfile
+        import io
+        import pstats
+
+        prof = cProfile.Profile()
+        prof.enable()
+        llm.generate(prompts[:128], [SamplingParams(max_tokens=200, ignore_eos=True, temperature=0.6)] * 128,
+                     use_tqdm=False)
+        prof.disable()
+        buf = io.StringIO()
+        pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(30)
+        res["cprofile_top_tottime"] = buf.getvalue()
+        print(buf.getvalue(), flush=True)
     return res
 
 
@@ -283,7 +305,8 @@ def main():
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--throughput", action="store_true", help="decode_bs1: also run the 8B 1000/1000 throughput")
     ap.add_argument("--tp-prompts", type=int, default=512)
-    ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--profile", action="store_true", help="decode_bs1: torch profiler table of 8 steps")
+    ap.add_argument("--cprofile", action="store_true", help="qwen3_nanovllm: cProfile of the host side")
     ap.add_argument("--max-num-seqs", type=int, default=256)
     ap.add_argument("--max-num-batched-tokens", type=int, default=8192)
     ap.add_argument("--tf-requests", type=int, default=64)
