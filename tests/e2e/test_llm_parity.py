@@ -59,7 +59,8 @@ def prompts(base_llm):
 
 @pytest.fixture(scope="module")
 def reference(gguf_path, prompts):
-    """transformers generate(do_sample=False) with raw logits, one prompt at a time (no padding effects)."""
+    """transformers greedy decoding (what generate(do_sample=False) does, minus its EOS masking) with raw
+    logits, one prompt at a time (no padding effects)."""
     import os
 
     from transformers import AutoModelForCausalLM
@@ -69,12 +70,17 @@ def reference(gguf_path, prompts):
     model.eval()
     refs = []
     for ids in prompts:
+        # A plain greedy loop over the raw logits: generate()'s min_new_tokens would mask EOS, while
+        # ignore_eos only means "do not stop at EOS".
+        tokens, lps = [], []
         with torch.no_grad():
-            g = model.generate(torch.tensor([ids]), max_new_tokens=NUM_NEW, min_new_tokens=NUM_NEW,
-                               do_sample=False, output_logits=True, return_dict_in_generate=True,
-                               pad_token_id=0)
-        tokens = g.sequences[0, len(ids):].tolist()
-        lps = [torch.log_softmax(l[0].float(), -1)[t].item() for l, t in zip(g.logits, tokens)]
+            out = model(torch.tensor([ids]), use_cache=True)
+            for _ in range(NUM_NEW):
+                lp = torch.log_softmax(out.logits[0, -1].float(), -1)
+                t = int(lp.argmax())
+                tokens.append(t)
+                lps.append(lp[t].item())
+                out = model(torch.tensor([[t]]), past_key_values=out.past_key_values, use_cache=True)
         refs.append((tokens, lps))
     return refs
 
