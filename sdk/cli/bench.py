@@ -20,6 +20,16 @@ def add_parser(subparsers) -> None:
     sub = parser.add_subparsers(dest="bench_command", metavar="BENCHMARK")
     parser.set_defaults(func=lambda args: (parser.print_help(), 2)[1])
     _add_serve(sub)
+    _add_throughput(sub)
+
+
+def _add_throughput(sub) -> None:
+    from octavo.cli import bench_throughput
+
+    p = sub.add_parser("throughput", help="Offline throughput, octavo vs transformers generate, in one run.",
+                       description=bench_throughput.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    bench_throughput.add_arguments(p)
+    p.set_defaults(func=lambda args: bench_throughput.run(args))
 
 
 def _add_serve(sub) -> None:

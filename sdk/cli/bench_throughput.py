@@ -1,0 +1,160 @@
+"""Offline throughput: octavo vs Hugging Face transformers ``generate`` on the same workload, in one run.
+
+Workload (issue 3): SmolLM2-135M-Instruct, 64 prompts of 128 random tokens, 128 new tokens each
+(ignore_eos), in each dtype asked for; plus batch-1 decode tokens/s. Output tokens/s are total generated
+tokens over wall time, as in ``vllm bench throughput``. Prints a table, writes JSON to
+benchmarks/results/ and a PNG bar chart.
+
+    octavo bench throughput --dtypes bfloat16 float32
+    python benchmarks/throughput.py --dtypes bfloat16      # the same, from a checkout
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform as pyplatform
+import subprocess
+import sys
+import time
+
+import torch
+
+
+def make_prompts(num: int, length: int, vocab: int, seed: int = 0) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    # stay clear of the special tokens at the start of SmolLM2's vocabulary
+    return torch.randint(100, vocab, (num, length), generator=g).tolist()
+
+
+def run_octavo(model: str, dtype: str, prompts, new_tokens: int, max_num_seqs: int) -> dict:
+    from octavo import LLM, SamplingParams
+
+    t0 = time.perf_counter()
+    llm = LLM(model, dtype=dtype, max_num_seqs=max_num_seqs, enable_prefix_caching=False,
+              max_num_batched_tokens=max(2048, len(prompts[0]) * 16))
+    load_s = time.perf_counter() - t0
+    params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
+    llm.generate([{"prompt_token_ids": prompts[0]}], SamplingParams(max_tokens=4), use_tqdm=False)  # warm-up
+    t0 = time.perf_counter()
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=True)
+    elapsed = time.perf_counter() - t0
+    n_out = sum(len(o.outputs[0].token_ids) for o in outs)
+    # batch-1 decode: one request, time per output token after the first
+    t0 = time.perf_counter()
+    one = llm.generate([{"prompt_token_ids": prompts[0]}], SamplingParams(temperature=0, max_tokens=1), use_tqdm=False)
+    ttft = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    llm.generate([{"prompt_token_ids": prompts[0]}], params, use_tqdm=False)
+    b1 = time.perf_counter() - t0
+    del one
+    return {"output_tok_s": n_out / elapsed, "elapsed_s": elapsed, "num_output_tokens": n_out,
+            "load_s": load_s, "bs1_decode_tok_s": (new_tokens - 1) / max(b1 - ttft, 1e-9)}
+
+
+def run_transformers(model: str, dtype: str, prompts, new_tokens: int, batch_size: int) -> dict:
+    from transformers import AutoModelForCausalLM
+
+    torch_dtype = getattr(torch, dtype)
+    kw = {}
+    if model.endswith(".gguf"):
+        kw = {"gguf_file": os.path.basename(model)}
+        model = os.path.dirname(model)
+    m = AutoModelForCausalLM.from_pretrained(model, torch_dtype=torch_dtype, **kw).eval()
+    n_out = 0
+    gen_kw = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+    with torch.no_grad():
+        m.generate(torch.tensor([prompts[0]]), max_new_tokens=4, do_sample=False, pad_token_id=0)  # warm-up
+        t0 = time.perf_counter()
+        for i in range(0, len(prompts), batch_size):
+            # equal-length prompts: no padding needed, so the comparison is not skewed by it
+            batch = torch.tensor(prompts[i:i + batch_size])
+            out = m.generate(batch, attention_mask=torch.ones_like(batch), **gen_kw)
+            n_out += (out.shape[1] - batch.shape[1]) * batch.shape[0]
+        elapsed = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        m.generate(torch.tensor([prompts[0]]), max_new_tokens=1, do_sample=False, pad_token_id=0)
+        ttft = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        m.generate(torch.tensor([prompts[0]]), **gen_kw)
+        b1 = time.perf_counter() - t0
+    return {"output_tok_s": n_out / elapsed, "elapsed_s": elapsed, "num_output_tokens": n_out,
+            "batch_size": batch_size, "bs1_decode_tok_s": (new_tokens - 1) / max(b1 - ttft, 1e-9)}
+
+
+def plot(results: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    dtypes = list(results)
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.5))
+    for ax, key, title in ((axes[0], "output_tok_s", "Offline throughput (output tok/s)"),
+                           (axes[1], "bs1_decode_tok_s", "Batch-1 decode (tok/s)")):
+        xs = range(len(dtypes))
+        ax.bar([x - 0.2 for x in xs], [results[d]["octavo"][key] for d in dtypes], 0.4, label="octavo")
+        ax.bar([x + 0.2 for x in xs], [results[d]["transformers"][key] for d in dtypes], 0.4, label="transformers")
+        ax.set_xticks(list(xs), dtypes)
+        ax.set_title(title, fontsize=10)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--model", default=None, help="Model path (default: the embedded SmolLM2 GGUF).")
+    ap.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"])
+    ap.add_argument("--num-prompts", type=int, default=64)
+    ap.add_argument("--input-len", type=int, default=128)
+    ap.add_argument("--output-len", type=int, default=128)
+    ap.add_argument("--max-num-seqs", type=int, default=64)
+    ap.add_argument("--hf-batch-size", type=int, default=64)
+    ap.add_argument("--skip-transformers", action="store_true")
+    ap.add_argument("--out", default="benchmarks/results", help="Folder for the JSON and PNG results.")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(ap)
+    return run(ap.parse_args(argv), argv)
+
+
+def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
+
+    from octavo.core.loader import default_model_path
+
+    model = args.model or default_model_path()
+    prompts = make_prompts(args.num_prompts, args.input_len, 49152)
+    results = {}
+    for dtype in args.dtypes:
+        print(f"== {dtype}: octavo", flush=True)
+        res = {"octavo": run_octavo(model, dtype, prompts, args.output_len, args.max_num_seqs)}
+        if not args.skip_transformers:
+            print(f"== {dtype}: transformers", flush=True)
+            res["transformers"] = run_transformers(model, dtype, prompts, args.output_len, args.hf_batch_size)
+            res["ratio_vs_transformers"] = res["octavo"]["output_tok_s"] / res["transformers"]["output_tok_s"]
+        results[dtype] = res
+    print(f"\n{'dtype':<10}{'engine':<14}{'out tok/s':>12}{'bs1 tok/s':>12}")
+    for dtype, res in results.items():
+        for eng in ("octavo", "transformers"):
+            if eng in res:
+                print(f"{dtype:<10}{eng:<14}{res[eng]['output_tok_s']:>12.1f}{res[eng]['bs1_decode_tok_s']:>12.1f}")
+        if "ratio_vs_transformers" in res:
+            print(f"{dtype:<10}{'ratio':<14}{res['ratio_vs_transformers']:>12.2f}")
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    record = {"card": f"CPU: {pyplatform.processor() or pyplatform.machine()}, {torch.get_num_threads()} threads",
+              "date": datetime.date.today().isoformat(), "command": "octavo bench throughput " + " ".join(
+                  argv if argv is not None else sys.argv[1:]), "commit": commit, "results": results}
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "cpu_throughput.json"), "w") as f:
+        json.dump(record, f, indent=2)
+    if not args.skip_transformers:
+        plot(results, os.path.join(args.out, "cpu_throughput.png"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
