@@ -27,7 +27,7 @@ class ModelRunnerOutput:
 
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, attn_backend_cls, device: torch.device, block_size: int,
-                 vocab_size: int, synchronize=lambda: None) -> None:
+                 vocab_size: int, synchronize=lambda: None, task: str = "auto") -> None:
         self.model = model
         self.attn_backend_cls = attn_backend_cls
         self.device = device
@@ -36,7 +36,11 @@ class ModelRunner:
         self.sampler = Sampler()
         self.synchronize = synchronize  # the platform's: waits for queued device work
         self.generators: dict[str, torch.Generator] = {}
-        self.is_pooling = hasattr(model, "pool") and not hasattr(model, "compute_logits")
+        self.is_pooling = task == "embed" or (task == "auto" and hasattr(model, "pool")
+                                              and not hasattr(model, "compute_logits"))
+        if self.is_pooling and not hasattr(model, "pool"):
+            raise ValueError(f"{type(model).__name__} cannot produce embeddings (it has no pooler); use a model "
+                             "whose architecture supports task='embed'.")
         # A graph runner (e.g. CUDA graphs) may replace ``forward_fn`` for decode batches; see ``forward``.
         self.graph_runner = None
 
@@ -46,7 +50,8 @@ class ModelRunner:
             self.generators.pop(rid, None)
 
     def forward(self, inputs: StepInputs) -> torch.Tensor:
-        metadata = self.attn_backend_cls.build_metadata(inputs.layout, self.device)
+        # models without paged attention (encoders attending within each request) need no metadata
+        metadata = self.attn_backend_cls.build_metadata(inputs.layout, self.device) if self.attn_backend_cls else None
         ctx = ForwardContext(attn_metadata=metadata, query_start_loc=inputs.query_start_loc)
         if self.graph_runner is not None:
             hidden = self.graph_runner.maybe_run(inputs, ctx)

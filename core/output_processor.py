@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from octavo.core.detokenizer import IncrementalDetokenizer
 from octavo.core.messages import EngineCoreOutput, FinishReason, TokenLogprobs
-from octavo.outputs import CompletionOutput, Logprob, RequestOutput
+from octavo.outputs import CompletionOutput, EmbeddingOutput, EmbeddingRequestOutput, Logprob, RequestOutput
 from octavo.sampling_params import RequestOutputKind, SamplingParams
 
 
@@ -116,6 +116,11 @@ class OutputProcessor:
             parent = self.parents[pid]
             seq = parent.seqs[out.request_id]
             if seq.finished:
+                continue
+            if out.pooled is not None or out.error:
+                if out.pooled is not None:
+                    ready[pid] = EmbeddingRequestOutput(pid, parent.prompt_token_ids, EmbeddingOutput(out.pooled))
+                self.abort_request(pid)
                 continue
             if out.prompt_logprobs is not None and parent.prompt_logprobs is None:
                 parent.prompt_logprobs = [None if e is None else self._format_logprobs(e) for e in out.prompt_logprobs]

@@ -71,7 +71,7 @@ class Worker:
         self.num_blocks = self._determine_num_blocks()
         self._allocate_kv_cache()
         self.runner = ModelRunner(self.model, self.attn_backend_cls, self.device, block_size, self.vocab_size,
-                                  synchronize=platform.synchronize)
+                                  synchronize=platform.synchronize, task=settings.model.task)
         logger.info("Loaded %s (%s) on %s as %s; attention backend %s; KV cache %d blocks x %d tokens",
                     self.resolved.source, self.resolved.architecture, self.device, str(self.dtype).split(".")[-1],
                     getattr(self.attn_backend_cls, "name", None), self.num_blocks, block_size)
@@ -89,7 +89,9 @@ class Worker:
     def _determine_num_blocks(self) -> int:
         cache = self.settings.cache
         if not self.attn_layers:
-            return 2
+            # no paged attention (e.g. an encoder): blocks are bookkeeping only, enough for a full step
+            budget = max(self.settings.scheduler.max_num_batched_tokens or 2048, self.max_model_len)
+            return 1 + 2 * math.ceil(budget / self.block_size)
         if cache.num_gpu_blocks_override:
             return cache.num_gpu_blocks_override
         per_block = self._bytes_per_block()

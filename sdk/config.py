@@ -44,6 +44,9 @@ class ModelSettings(_Section):
     revision: str | None = Field(None, description="Hub revision (branch, tag or commit) for a repo id.")
     download_dir: str | None = Field(None, description="Where hub downloads go (default: the HF cache).")
     trust_remote_code: bool = Field(False, description="Accepted for vLLM compatibility; remote code never runs.")
+    task: Literal["auto", "generate", "embed"] = Field(
+        "auto", description="generate: text generation; embed: pooled embeddings (a decoder model then pools "
+        "its last token). auto: embed for embedding-only architectures, else generate.")
     seed: int = Field(0, description="Seed for random weights and for requests that give no seed of their own.")
     quantization: str | None = Field(None, description="Quantization method; default: the checkpoint's own.")
     chat_template: str | None = Field(None, description="Path to a Jinja chat template overriding the model's.")

@@ -77,12 +77,26 @@ class LLM:
         return self.generate(prompts, sampling_params, use_tqdm)
 
     def embed(self, prompts: Any, use_tqdm: bool = True) -> list:
-        """Embed each input (embedding models only). See ``octavo.pooling`` once it lands."""
+        """Embed each input with an embedding model (pooling and normalization as the model declares).
+
+        Args:
+            prompts: a string, token ids, or a list of them.
+
+        Returns:
+            One ``EmbeddingRequestOutput`` per input, in order; ``.outputs.embedding`` is the vector.
+        """
         engine = self.llm_engine
-        if not engine.model_info.is_pooling:
-            raise ValueError(f"{engine.model_info.architecture} is a generative model; embed() needs an embedding "
-                             "model (e.g. a BERT/sentence-transformers checkpoint).")
-        raise NotImplementedError("embedding requests are not wired into the engine yet")
+        prompts = _as_list(prompts)
+        ids = []
+        try:
+            for prompt in prompts:
+                rid = str(next(self._counter))
+                engine.add_embedding_request(rid, prompt)
+                ids.append(rid)
+        except ValueError:
+            engine.abort_request(ids)
+            raise
+        return self._collect(ids, use_tqdm)
 
     def _run(self, items: list[tuple[Any, SamplingParams]], use_tqdm: bool, priority) -> list[RequestOutput]:
         engine = self.llm_engine
@@ -98,7 +112,12 @@ class LLM:
         except ValueError:
             engine.abort_request(ids)
             raise
-        results: dict[str, RequestOutput] = {}
+        return self._collect(ids, use_tqdm)
+
+    def _collect(self, ids: list[str], use_tqdm: bool) -> list:
+        """Step the engine until every request in ``ids`` finished; results in the order of ``ids``."""
+        engine = self.llm_engine
+        results: dict[str, Any] = {}
         bar = _progress(len(ids)) if use_tqdm else None
         start, num_out = time.perf_counter(), 0
         try:
@@ -107,7 +126,8 @@ class LLM:
                     if out.finished:
                         results[out.request_id] = out
                         if bar is not None:
-                            num_out += sum(len(c.token_ids) for c in out.outputs)
+                            if isinstance(out, RequestOutput):
+                                num_out += sum(len(c.token_ids) for c in out.outputs)
                             bar.set_postfix_str(f"{num_out / (time.perf_counter() - start):.1f} tok/s", refresh=False)
                             bar.update(1)
         except BaseException:

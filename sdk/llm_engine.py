@@ -55,9 +55,22 @@ class LLMEngine:
             priority: lower runs first under ``scheduling_policy="priority"``.
         """
         params = params or SamplingParams()
+        if self.model_info.is_pooling:
+            raise ValueError(f"{self.model_info.architecture} is served as an embedding model; it cannot generate "
+                             "text. Use embed() / add_embedding_request().")
+        self._add(request_id, prompt, params, priority, pooling=False)
+
+    def add_embedding_request(self, request_id: str, prompt: Any, priority: int = 0) -> None:
+        """Queue an embedding request (embedding models only); its output is an ``EmbeddingRequestOutput``."""
+        if not self.model_info.is_pooling:
+            raise ValueError(f"{self.model_info.architecture} is a generative model; embeddings need an embedding "
+                             "model (or start this one with task='embed' if its architecture supports it).")
+        self._add(request_id, prompt, SamplingParams(max_tokens=1, detokenize=False), priority, pooling=True)
+
+    def _add(self, request_id: str, prompt: Any, params: SamplingParams, priority: int, pooling: bool) -> None:
         if request_id in self.output_processor.parents:
             raise ValueError(f"request id {request_id!r} is already in use; pass a unique id.")
-        text, ids, core_reqs = self.input_processor.process(request_id, prompt, params, priority)
+        text, ids, core_reqs = self.input_processor.process(request_id, prompt, params, priority, pooling=pooling)
         added = []
         try:
             for r in core_reqs:
