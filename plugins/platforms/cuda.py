@@ -169,4 +169,6 @@ class CudaPlatform(TorchGpuPlatform):
         return Availability(True)
 
     def preferred_attention_backends(self) -> list[str]:
-        return ["flashinfer", "triton", "torch_sdpa"]
+        # triton first: its metadata is graph-safe, so decode runs in CUDA graphs; flashinfer plans on the
+        # host each step (eager only) and JIT-compiles for tens of seconds on first use. See docs/gpu.md.
+        return ["triton", "flashinfer", "torch_sdpa"]
