@@ -19,7 +19,8 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from tests.gpu.paged_reference import make_case, reference, rel_err  # noqa: E402
 
@@ -33,12 +34,9 @@ def bench(fn, rep=200):
 
 
 def copy_bandwidth() -> float:
-    """Bytes read + written per second of a large device-to-device copy (the memory ceiling)."""
-    n = 2 << 30  # 2 GiB
-    a = torch.empty(n, dtype=torch.uint8, device="cuda").random_()
-    b = torch.empty_like(a)
-    ms = bench(lambda: b.copy_(a), rep=300)
-    return 2 * n / (ms * 1e-3)
+    from gpu_e2e import copy_bandwidth as measure  # one definition for every GPU benchmark
+
+    return measure()
 
 
 def matmul_tflops() -> float:
@@ -77,9 +75,23 @@ def attention_case(seqs, hq=32, hkv=8, d=128, block_size=16, dtype=torch.bfloat1
     else:
         sdpa = None
     sdpa_ms = bench(sdpa) if sdpa else None
+    # eager timings (no graph): triton and, when importable, flashinfer on the same paged case
+    import triton.testing
+
+    eager = {"triton_eager_us": triton.testing.do_bench(
+        lambda: be.forward(case.query, case.key, case.value, case.kv_cache, md), return_mode="median") * 1e3}
+    from octavo.plugins.attention.flashinfer_attn import FlashInferAttentionBackend as FI
+
+    if FI.is_available():
+        fi = FI(num_heads=hq, head_size=d, num_kv_heads=hkv, scale=d**-0.5)
+        fmd = FI.build_metadata(case.layout, torch.device("cuda"))
+        fout = fi.forward(case.query, case.key, case.value, case.kv_cache, fmd)
+        eager["flashinfer_rel_err"] = rel_err(fout, reference(case, d**-0.5)) if not math.isnan(err) else None
+        eager["flashinfer_eager_us"] = triton.testing.do_bench(
+            lambda: fi.forward(case.query, case.key, case.value, case.kv_cache, fmd), return_mode="median") * 1e3
     return {"seqs": f"{len(seqs)}x(ctx {seqs[0][0]}, new {seqs[0][1]})", "triton_us": ms * 1e3,
             "rel_err": err, "kv_GBps": kv_bytes / (ms * 1e-3) / 1e9, "TFLOPs": flops / (ms * 1e-3) / 1e12,
-            "sdpa_dense_us": sdpa_ms * 1e3 if sdpa_ms else None}
+            "sdpa_dense_us": sdpa_ms * 1e3 if sdpa_ms else None, **eager}
 
 
 def synthetic_8b_decode(bw: float) -> dict:
@@ -162,7 +174,8 @@ def main():
         res["attention"][name] = r
         print(f"{name:22s} triton {r['triton_us']:9.1f} us  err {r['rel_err']:.1e}  KV {r['kv_GBps']:7.0f} GB/s "
               f"({r['kv_fraction_of_copy_bw']:.2f} of copy)  {r['TFLOPs']:6.1f} TFLOP/s  sdpa(dense) "
-              f"{r['sdpa_dense_us'] or float('nan'):9.1f} us", flush=True)
+              f"{r['sdpa_dense_us'] or float('nan'):9.1f} us | eager: triton {r['triton_eager_us']:8.1f} us, "
+              f"flashinfer {r.get('flashinfer_eager_us') or float('nan'):8.1f} us", flush=True)
     if not args.skip_8b:
         res["synthetic_8b_decode_bs1"] = r8 = synthetic_8b_decode(bw)
         print(f"synthetic 8B decode bs1: {r8['step_ms']:.2f} ms/step, roofline {r8['roofline_ms']:.2f} ms -> "
