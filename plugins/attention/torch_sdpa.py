@@ -10,8 +10,8 @@ device, so ``forward`` never syncs). Per layer, ``forward``:
    ``scaled_dot_product_attention`` with a mask where query ``i`` (position ``num_computed + i``) sees context
    positions ``<= num_computed + i`` (and, with a sliding window, ``> num_computed + i - window``).
 
-Scores and softmax run in float32 whatever the cache dtype, so low-precision results stay close to the
-float64 truth.
+Attention runs through ``scaled_dot_product_attention`` in the query's dtype (its CPU kernels accumulate
+in float32); the soft-capped path computes scores and softmax in float32.
 """
 
 from __future__ import annotations
@@ -120,41 +120,45 @@ class TorchSDPABackend(AttentionBackend):
 
     def _decode(self, q, k_cache, v_cache, md: TorchSDPAMetadata, group: int) -> torch.Tensor:
         num_decodes = q.shape[0]
-        mask = md.masks.get(("decode", self.sliding_window))
-        if mask is None:
-            mask = self._allowed(md.decode_seq_lens - 1, md.decode_k_pos)  # [D, L]
-            md.masks[("decode", self.sliding_window)] = mask
-        k = k_cache[md.decode_slots].float()  # [D, L, kv_heads, d]
-        v = v_cache[md.decode_slots].float()
-        qg = q.float().view(num_decodes, self.num_kv_heads, group, self.head_size)  # [D, kv_heads, g, d]
-        scores = torch.einsum("bhgd,blhd->bhgl", qg, k) * self.scale  # [D, kv_heads, g, L]
+        k = k_cache[md.decode_slots].transpose(1, 2)  # [D, kv_heads, L, d]
+        v = v_cache[md.decode_slots].transpose(1, 2)
+        qg = q.view(num_decodes, self.num_kv_heads, group, self.head_size)  # [D, kv_heads, g, d]
         if self.logits_soft_cap:
+            allowed = self._mask(md, "decode", lambda: self._allowed(md.decode_seq_lens - 1, md.decode_k_pos))
+            scores = torch.matmul(qg.float(), k.float().transpose(-1, -2)) * self.scale  # [D, kv_heads, g, L]
             scores = self.logits_soft_cap * torch.tanh(scores / self.logits_soft_cap)
-        scores = scores.masked_fill(~mask[:, None, None, :], float("-inf"))
-        probs = torch.softmax(scores, dim=-1)
-        out = torch.einsum("bhgl,blhd->bhgd", probs, v)  # [D, kv_heads, g, d]
-        return out.reshape(num_decodes, self.num_heads, self.head_size).to(q.dtype)
+            probs = torch.softmax(scores.masked_fill(~allowed[:, None, None, :], float("-inf")), dim=-1)
+            out = torch.matmul(probs, v.float()).to(q.dtype)
+        else:
+            # additive mask [D, 1, 1, L], built once per step and window, shared by all layers
+            bias = self._mask(md, ("decode-bias", q.dtype), lambda: torch.zeros(
+                md.decode_slots.shape, dtype=q.dtype, device=q.device).masked_fill(
+                ~self._allowed(md.decode_seq_lens - 1, md.decode_k_pos), float("-inf"))[:, None, None, :])
+            out = F.scaled_dot_product_attention(qg, k, v, attn_mask=bias, scale=self.scale)
+        return out.reshape(num_decodes, self.num_heads, self.head_size)
 
-    def _prefill(self, q, k_cache, v_cache, item: PrefillItem, md: TorchSDPAMetadata, group: int) -> torch.Tensor:
-        key = (id(item), self.sliding_window)
+    def _mask(self, md: TorchSDPAMetadata, kind, build):
+        key = (kind, self.sliding_window)
         mask = md.masks.get(key)
         if mask is None:
-            mask = self._allowed(item.q_pos, item.k_pos)  # [q_len, seq_len]
-            md.masks[key] = mask
-        k = k_cache[item.slots]  # [seq_len, kv_heads, d]
-        v = v_cache[item.slots]
-        # SDPA wants [heads, tokens, d]; repeat kv heads for GQA
-        qh = q.transpose(0, 1).float()  # [heads, q_len, d]
-        kh = k.transpose(0, 1).float().repeat_interleave(group, dim=0)  # [heads, seq_len, d]
-        vh = v.transpose(0, 1).float().repeat_interleave(group, dim=0)
+            mask = md.masks[key] = build()
+        return mask
+
+    def _prefill(self, q, k_cache, v_cache, item: PrefillItem, md: TorchSDPAMetadata, group: int) -> torch.Tensor:
+        allowed = self._mask(md, id(item), lambda: self._allowed(item.q_pos, item.k_pos))  # [q_len, seq_len]
+        qh = q.transpose(0, 1)  # [heads, q_len, d]
+        kh = k_cache[item.slots].transpose(0, 1)  # [kv_heads, seq_len, d]
+        vh = v_cache[item.slots].transpose(0, 1)
         if self.logits_soft_cap:
-            scores = torch.matmul(qh, kh.transpose(1, 2)) * self.scale  # [heads, q_len, seq_len]
+            kh = kh.float().repeat_interleave(group, dim=0)  # [heads, seq_len, d]
+            scores = torch.matmul(qh.float(), kh.transpose(1, 2)) * self.scale  # [heads, q_len, seq_len]
             scores = self.logits_soft_cap * torch.tanh(scores / self.logits_soft_cap)
-            probs = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
-            out = torch.matmul(probs, vh)
+            probs = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)
+            out = torch.matmul(probs, vh.float().repeat_interleave(group, dim=0)).to(q.dtype)
         else:
-            out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, scale=self.scale)
-        return out.transpose(0, 1).to(q.dtype)  # [q_len, heads, d]
+            out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=allowed, scale=self.scale,
+                                                 enable_gqa=group > 1)
+        return out.transpose(0, 1)  # [q_len, heads, d]
 
 
 @hookimpl(trylast=True)
