@@ -1,0 +1,86 @@
+"""Mixtral: Mistral attention (sliding window when the config sets one) with a sparse mixture of experts.
+
+Each layer's ``block_sparse_moe`` holds a router (``gate``) and ``FusedMoE`` experts: softmax over the
+router logits, top-k (``num_experts_per_tok``), always renormalised. The checkpoint's per-expert ``w1``
+(gate), ``w3`` (up) and ``w2`` (down) load into the stacked expert weights.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch import nn
+
+from octavo import hookimpl
+from octavo.nn import ParallelLMHead, ReplicatedLinear, RMSNorm, VocabParallelEmbedding
+from octavo.nn.fused_moe import FusedMoE
+from octavo.plugins.models.llama import LlamaAttention, LlamaDecoderLayer, LlamaForCausalLM, LlamaModel
+from octavo.plugins.models.utils import LastTokenPooler, split_expert_weights
+
+
+class MixtralSparseMoeBlock(nn.Module):
+    def __init__(self, config: Any, prefix: str = "") -> None:
+        super().__init__()
+        self.gate = ReplicatedLinear(config.hidden_size, config.num_local_experts, bias=False,
+                                     prefix=f"{prefix}.gate")
+        self.experts = FusedMoE(config.num_local_experts, config.num_experts_per_tok, config.hidden_size,
+                                config.intermediate_size, renormalize=True, activation=config.hidden_act,
+                                prefix=f"{prefix}.experts")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.experts(x, self.gate(x))  # [n, hidden]
+
+
+class MixtralDecoderLayer(LlamaDecoderLayer):
+    def __init__(self, config: Any, layer_idx: int, quantizer=None, prefix: str = "") -> None:
+        nn.Module.__init__(self)
+        self.self_attn = LlamaAttention(config, layer_idx, quantizer, prefix=f"{prefix}.self_attn")
+        if getattr(config, "layer_types", None) is None and getattr(config, "sliding_window", None):
+            self.self_attn.attn.sliding_window = config.sliding_window  # Llama only reads it for model_type mistral
+        self.block_sparse_moe = MixtralSparseMoeBlock(config, prefix=f"{prefix}.block_sparse_moe")
+        self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+
+    @property
+    def mlp(self):  # LlamaDecoderLayer.forward calls self.mlp
+        return self.block_sparse_moe
+
+
+class MixtralModel(LlamaModel):
+    def __init__(self, *, config: Any, quantizer=None, prefix: str = "model") -> None:
+        nn.Module.__init__(self)
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(MixtralDecoderLayer(config, i, quantizer, prefix=f"{prefix}.layers.{i}")
+                                    for i in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+
+
+class MixtralForCausalLM(LastTokenPooler, LlamaForCausalLM):
+    """Mixtral causal LM.
+
+    Args:
+        config: a transformers ``MixtralConfig``.
+        prefix: name prefix of this model's parameters.
+        quantizer: an optional :class:`octavo.Quantizer` (applies to attention; experts stay dense).
+    """
+
+    def __init__(self, *, config: Any, prefix: str = "", quantizer=None) -> None:
+        nn.Module.__init__(self)
+        self.config = config
+        self.model = MixtralModel(config=config, quantizer=quantizer, prefix=f"{prefix}.model" if prefix else "model")
+        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
+        self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
+        if self.tie_word_embeddings:
+            self.lm_head.tie_weights(self.model.embed_tokens)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        experts: set[str] = set()
+        loaded = super().load_weights(split_expert_weights(self, weights, experts))
+        return loaded | experts
+
+
+@hookimpl(trylast=True)
+def octavo_register_models(register):
+    register("MixtralForCausalLM", "octavo.plugins.models.mixtral:MixtralForCausalLM")
