@@ -123,6 +123,6 @@ def test_tensor_parallel_two_ranks_match_one(tmp_path, num_kv_heads):
         p.join(timeout=60)
         assert p.exitcode == 0
     for rank, num_heads, kv_heads, logits in results:
-        assert (num_heads, kv_heads) == (2, 1), "each rank holds half the query heads"
+        assert (num_heads, kv_heads) == (2, 1), f"rank {rank} must hold half the query heads and one KV head"
         for got, want in zip(logits, expected):
             torch.testing.assert_close(torch.tensor(got), want, atol=1e-5, rtol=1e-5)
