@@ -21,14 +21,15 @@ DEFAULT_CPU_KV_CACHE_BYTES = 1 << 30
 
 
 def resolve_dtype(name: str, platform, hf_config) -> torch.dtype:
-    """``auto`` -> the platform's default; an explicit dtype must be one the platform supports."""
+    """``auto`` -> the platform's default. An explicit dtype the device does not compute natively still runs
+    (torch emulates it, e.g. bf16 on an AVX2-only CPU) but is logged as a warning, since it is slow."""
     if name == "auto":
         return DTYPES[platform.default_dtype()]
     dtype = DTYPES[name]
     supported = {DTYPES[d] for d in platform.supported_dtypes()}
     if dtype not in supported:
-        raise ValueError(f"dtype={name} is not supported on platform {platform.name} (supported: "
-                         f"{', '.join(platform.supported_dtypes())}). Pick one of those with --dtype.")
+        logger.warning("dtype=%s is not native on platform %s (native: %s); it runs emulated and slowly.",
+                       name, platform.name, ", ".join(platform.supported_dtypes()))
     return dtype
 
 
