@@ -120,8 +120,9 @@ class TorchSDPABackend(AttentionBackend):
 
     def _decode(self, q, k_cache, v_cache, md: TorchSDPAMetadata, group: int) -> torch.Tensor:
         num_decodes = q.shape[0]
-        k = k_cache[md.decode_slots].transpose(1, 2)  # [D, kv_heads, L, d]
-        v = v_cache[md.decode_slots].transpose(1, 2)
+        # the cache may have its own dtype (kv_cache_dtype); attend in the query's
+        k = k_cache[md.decode_slots].to(q.dtype).transpose(1, 2)  # [D, kv_heads, L, d]
+        v = v_cache[md.decode_slots].to(q.dtype).transpose(1, 2)
         qg = q.view(num_decodes, self.num_kv_heads, group, self.head_size)  # [D, kv_heads, g, d]
         if self.logits_soft_cap:
             allowed = self._mask(md, "decode", lambda: self._allowed(md.decode_seq_lens - 1, md.decode_k_pos))
@@ -147,8 +148,8 @@ class TorchSDPABackend(AttentionBackend):
     def _prefill(self, q, k_cache, v_cache, item: PrefillItem, md: TorchSDPAMetadata, group: int) -> torch.Tensor:
         allowed = self._mask(md, id(item), lambda: self._allowed(item.q_pos, item.k_pos))  # [q_len, seq_len]
         qh = q.transpose(0, 1)  # [heads, q_len, d]
-        kh = k_cache[item.slots].transpose(0, 1)  # [kv_heads, seq_len, d]
-        vh = v_cache[item.slots].transpose(0, 1)
+        kh = k_cache[item.slots].to(q.dtype).transpose(0, 1)  # [kv_heads, seq_len, d]
+        vh = v_cache[item.slots].to(q.dtype).transpose(0, 1)
         if self.logits_soft_cap:
             kh = kh.float().repeat_interleave(group, dim=0)  # [heads, seq_len, d]
             scores = torch.matmul(qh.float(), kh.transpose(1, 2)) * self.scale  # [heads, q_len, seq_len]
