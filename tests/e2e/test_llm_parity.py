@@ -175,3 +175,57 @@ def test_unknown_model_and_architecture(tmp_path):
     (tmp_path / "config.json").write_text('{"architectures": ["NoSuchForCausalLM"], "model_type": "llama"}')
     with pytest.raises(ValueError, match="octavo plugins"):
         LLM(str(tmp_path), load_format="dummy", skip_tokenizer_init=True)
+
+
+def test_prompt_logprobs_and_top_logprobs_match_transformers(gguf_path, base_llm, prompts):
+    import os
+
+    from transformers import AutoModelForCausalLM
+
+    ids = prompts[6]
+    model = AutoModelForCausalLM.from_pretrained(os.path.dirname(gguf_path), gguf_file=os.path.basename(gguf_path),
+                                                 torch_dtype=torch.float32).eval()
+    with torch.no_grad():
+        ref = torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), -1)  # [len, vocab]
+    out = base_llm.generate({"prompt_token_ids": ids}, SamplingParams(temperature=0, max_tokens=1, logprobs=5,
+                                                                      prompt_logprobs=3), use_tqdm=False)[0]
+    assert out.prompt_logprobs[0] is None and len(out.prompt_logprobs) == len(ids)
+    for pos in range(1, len(ids)):
+        entry = out.prompt_logprobs[pos]
+        assert abs(entry[ids[pos]].logprob - ref[pos - 1, ids[pos]].item()) < 1e-4
+        top = ref[pos - 1].topk(3)
+        for rank, (lp, tid) in enumerate(zip(top.values.tolist(), top.indices.tolist()), start=1):
+            assert abs(entry[tid].logprob - lp) < 1e-4
+            assert tid == ids[pos] or entry[tid].rank == rank
+    first = out.outputs[0].logprobs[0]
+    top = ref[-1].topk(5)
+    assert list(first)[0] == out.outputs[0].token_ids[0] == top.indices[0].item()
+    assert first[top.indices[0].item()].rank == 1
+    assert set(top.indices.tolist()) <= set(first)
+    assert all(first[t].decoded_token == base_llm.get_tokenizer().decode([t]) for t in first)
+
+
+def test_llm_engine_streaming_abort_and_priority(gguf_path, base_llm):
+    from octavo.sampling_params import RequestOutputKind
+
+    engine = base_llm.llm_engine
+    p = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, output_kind=RequestOutputKind.DELTA)
+    engine.add_request("s", "Tell me a story about a robot", p)
+    engine.add_request("x", "This one will be aborted", p)
+    pieces, steps = [], 0
+    while engine.has_unfinished_requests():
+        outs = engine.step()
+        steps += 1
+        if steps == 2:
+            engine.abort_request("x")
+            assert engine.get_stats().kv_cache_usage < 1.0
+        pieces += [o.outputs[0].text for o in outs if o.request_id == "s"]
+        assert all(o.request_id != "x" for o in outs) or steps <= 2
+    final = base_llm.generate("Tell me a story about a robot", SamplingParams(temperature=0, max_tokens=16,
+                                                                             ignore_eos=True), use_tqdm=False)
+    assert "".join(pieces) == final[0].outputs[0].text
+    assert engine.get_stats().kv_cache_usage == 0.0
+    with pytest.raises(ValueError, match="already in use"):
+        engine.add_request("dup", "a", p)
+        engine.add_request("dup", "b", p)
+    engine.abort_request("dup")
