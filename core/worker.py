@@ -73,6 +73,7 @@ class Worker:
         self._allocate_kv_cache()
         self.runner = ModelRunner(self.model, self.attn_backend_cls, self.device, block_size, self.vocab_size,
                                   synchronize=platform.synchronize, task=settings.model.task)
+        platform.prepare_worker(self)
         logger.info("Loaded %s (%s) on %s as %s; attention backend %s; KV cache %d blocks x %d tokens",
                     self.resolved.source, self.resolved.architecture, self.device, str(self.dtype).split(".")[-1],
                     getattr(self.attn_backend_cls, "name", None), self.num_blocks, block_size)

@@ -92,6 +92,12 @@ class Platform(ABC):
         """Attention backend names to try, best first; the reference backend is always the last resort."""
         return ["torch_sdpa"]
 
+    def prepare_worker(self, worker: Any) -> None:
+        """Device-specific set-up of a loaded worker, once, after its KV cache is bound and before the first
+        step: e.g. swapping fused kernels into the model or capturing graphs for decode batches (which then
+        replace the eager forward through ``worker.runner.graph_runner``). Runs in the worker's process.
+        Default: nothing."""
+
     def synchronize(self) -> None:
         """Wait for queued device work (used by benchmarks and the memory profiler)."""
 
