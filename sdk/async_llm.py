@@ -157,8 +157,34 @@ class AsyncLLM:
         finally:  # cancelled, closed early, or the caller went away: abort and free its KV blocks now
             stream.close()
 
+    async def embed(self, prompt: Any, request_id: str | None = None, priority: int = 0):
+        """Embed one input with an embedding model; returns its ``EmbeddingRequestOutput``.
+
+        Mirrors ``LLMEngine.add_embedding_request``: pooling and normalisation are the model's own.
+
+        Raises:
+            ValueError: the model is generative (not served for embeddings), or the input is invalid.
+            EngineDeadError: the engine core is gone.
+        """
+        stream = self.add_embedding_request(prompt, request_id, priority)
+        try:
+            async for out in stream:
+                if out.finished:
+                    return out
+            raise ValueError(f"embedding request {stream.request_id!r} ended without a result")
+        finally:
+            stream.close()
+
+    def add_embedding_request(self, prompt: Any, request_id: str | None = None, priority: int = 0) -> RequestStream:
+        """Validate and submit an embedding request now (like :meth:`add_request`); iterate the stream."""
+        if not self.model_info.is_pooling:
+            raise ValueError(f"{self.model_info.architecture} is a generative model; embeddings need an embedding "
+                             "model (or start this one with task='embed' if its architecture supports it).")
+        return self.add_request(prompt, SamplingParams(max_tokens=1, detokenize=False), request_id, priority,
+                                _pooling=True)
+
     def add_request(self, prompt: Any, sampling_params: SamplingParams | None = None,
-                    request_id: str | None = None, priority: int = 0) -> RequestStream:
+                    request_id: str | None = None, priority: int = 0, _pooling: bool = False) -> RequestStream:
         """Validate and submit a request now; iterate the returned stream for its outputs.
 
         Unlike :meth:`generate`, bad input raises here, before the caller commits to a response (the
@@ -180,7 +206,11 @@ class AsyncLLM:
         request_id = request_id or uuid.uuid4().hex
         if request_id in self._queues:
             raise ValueError(f"request id {request_id!r} is already in use; pass a unique id.")
-        text, ids, core_reqs = self.input_processor.process(request_id, prompt, params, priority)
+        if self.model_info.is_pooling and not _pooling:
+            raise ValueError(f"{self.model_info.architecture} is served as an embedding model; it cannot generate "
+                             "text. Use embeddings (AsyncLLM.embed, POST /v1/embeddings).")
+        text, ids, core_reqs = self.input_processor.process(request_id, prompt, params, priority,
+                                                            pooling=_pooling)
         q: asyncio.Queue = asyncio.Queue()
         self._queues[request_id] = q
         self._not_started.add(request_id)
@@ -242,7 +272,8 @@ class AsyncLLM:
                     q = self._queues.get(ro.request_id)
                     if ro.finished:
                         self._not_started.discard(ro.request_id)
-                        for obs in self.finished_observers:
+                        # observers read generation metrics; an EmbeddingRequestOutput has none
+                        for obs in self.finished_observers if isinstance(ro, RequestOutput) else ():
                             obs(ro)
                     if q is None:
                         continue

@@ -226,6 +226,10 @@ def build_app(engine: Any, settings: Any) -> FastAPI:
         data, content_type = metrics.render()
         return Response(data, media_type=content_type)
 
+    from octavo.server.embeddings import register_embedding_routes
+
+    register_embedding_routes(app, engine, model_name, check_model, check_ready)  # and which routes fit the model
+
     from octavo.core.plugin_manager import get_plugin_manager
 
     get_plugin_manager().hook.octavo_add_routes(app=app, engine=engine)

@@ -1,0 +1,180 @@
+"""``POST /v1/embeddings`` (OpenAI-compatible) and the choice of routes that fit the served model.
+
+``register_embedding_routes(app, engine, model_name, check_model, check_ready)`` is called by
+:func:`octavo.server.app.build_app`:
+
+- an embedding model (``ModelInfo.is_pooling``) keeps ``/v1/embeddings``; ``/v1/completions`` and
+  ``/v1/chat/completions`` are replaced by routes that answer 400 with the reason;
+- a generative model answers ``/v1/embeddings`` with 400 and the reason (start it with ``--task embed``
+  if its architecture can pool).
+
+Inputs: a string, a list of strings, a list of token ids, or a list of token-id lists (batched; all are
+validated before any is queued). ``encoding_format`` is ``float`` or ``base64`` (little-endian float32
+bytes, what the ``openai`` client asks for by default). ``dimensions`` truncates the vector and
+re-normalises it (if the model's vectors are unit-length), and only for a model that declares Matryoshka
+training (``is_matryoshka`` / ``matryoshka_dimensions`` in config.json or
+``config_sentence_transformers.json``); any other model answers 400.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import logging
+import math
+import os
+import struct
+import uuid
+from typing import Any, Literal
+
+from fastapi import FastAPI
+from pydantic import BaseModel, ConfigDict
+
+logger = logging.getLogger("octavo.server")
+
+_GENERATION_PATHS = ("/v1/completions", "/v1/chat/completions")
+
+
+class EmbeddingRequest(BaseModel):
+    """The body of ``POST /v1/embeddings``."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    input: str | list[str] | list[int] | list[list[int]]
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = None
+    user: str | None = None
+    priority: int = 0
+
+    def prompts(self) -> list[Any]:
+        inp = self.input
+        if isinstance(inp, str):
+            return [inp]
+        if not inp:
+            raise ValueError("'input' is empty: give a string, a list of strings, or token ids.")
+        if all(isinstance(x, int) for x in inp):
+            return [{"prompt_token_ids": list(inp)}]  # one token array
+        out = []
+        for i, x in enumerate(inp):
+            if isinstance(x, str):
+                out.append(x)
+            elif isinstance(x, list) and x and all(isinstance(t, int) for t in x):
+                out.append({"prompt_token_ids": x})
+            else:
+                raise ValueError(f"input[{i}] must be a non-empty string or a non-empty list of token ids.")
+        return out
+
+
+def matryoshka_dimensions(model_dir: str | None) -> tuple[bool, list[int] | None]:
+    """``(supports dimensions, allowed sizes or None for any)`` from a model directory's config files."""
+    sizes, declared = None, False
+    if model_dir and os.path.isdir(model_dir):
+        for name in ("config.json", "config_sentence_transformers.json"):
+            path = os.path.join(model_dir, name)
+            if os.path.isfile(path):
+                with open(path) as f:
+                    data = json.load(f)
+                declared = declared or bool(data.get("is_matryoshka", False))
+                sizes = sizes or data.get("matryoshka_dimensions")
+    return declared or bool(sizes), (list(sizes) if sizes else None)
+
+
+def _encode(vector: list[float], fmt: str) -> list[float] | str:
+    if fmt == "float":
+        return vector
+    return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode("ascii")
+
+
+def _truncate(vector: list[float], dims: int) -> list[float]:
+    renormalize = abs(math.sqrt(sum(x * x for x in vector)) - 1.0) < 1e-3  # the model emits unit vectors
+    out = vector[:dims]
+    if renormalize:
+        norm = math.sqrt(sum(x * x for x in out)) or 1.0
+        out = [x / norm for x in out]
+    return out
+
+
+def _model_dir(engine: Any) -> str | None:
+    try:
+        from octavo.core.loader import locate
+
+        settings = engine.settings.model
+        if settings.model is None:
+            return None
+        directory, _ = locate(settings.model, revision=settings.revision, download_dir=settings.download_dir,
+                              config_only=True)
+        return directory
+    except Exception:  # noqa: BLE001 - without the files, dimensions are simply not supported
+        return None
+
+
+def register_embedding_routes(app: FastAPI, engine: Any, model_name: str, check_model, check_ready) -> None:
+    """Add ``/v1/embeddings`` and keep only the routes that fit the served model (see the module docstring)."""
+    from octavo.server.app import APIError
+
+    info = engine.get_model_info()
+    is_pooling = bool(getattr(info, "is_pooling", False))
+    supports_dims, allowed_dims = matryoshka_dimensions(_model_dir(engine)) if is_pooling else (False, None)
+
+    if is_pooling:
+        app.router.routes[:] = [r for r in app.router.routes if getattr(r, "path", None) not in _GENERATION_PATHS]
+
+        async def not_generative() -> None:
+            raise APIError(400, f"The model {model_name!r} ({info.architecture}) is an embedding model: it cannot "
+                           "generate text. Use POST /v1/embeddings.", code="model_not_generative")
+
+        for path in _GENERATION_PATHS:
+            app.add_api_route(path, not_generative, methods=["POST"], include_in_schema=False)
+
+    @app.post("/v1/embeddings")
+    async def embeddings(body: EmbeddingRequest) -> dict:
+        check_model(body.model)
+        if not is_pooling:
+            raise APIError(400, f"The model {model_name!r} ({info.architecture}) is a generative model and does not "
+                           "serve embeddings; serve an embedding model, or start this one with --task embed if its "
+                           "architecture supports pooling.", code="model_not_embedding")
+        check_ready()
+        if body.dimensions is not None:
+            dim = getattr(info, "embedding_dim", None)
+            if not supports_dims:
+                raise APIError(400, f"The model {model_name!r} does not support 'dimensions' (it declares no "
+                               "Matryoshka training); omit the parameter.", param="dimensions")
+            if body.dimensions < 1 or (dim is not None and body.dimensions > dim) or \
+                    (allowed_dims is not None and body.dimensions not in allowed_dims):
+                valid = allowed_dims if allowed_dims is not None else f"1..{dim}"
+                raise APIError(400, f"dimensions={body.dimensions} is not supported by {model_name!r}; use one of "
+                               f"{valid}.", param="dimensions")
+        try:
+            prompts = body.prompts()
+        except ValueError as e:
+            raise APIError(400, str(e), param="input") from None
+        base = f"embd-{uuid.uuid4().hex}"
+        streams = []
+        try:  # validate and queue all inputs first: one bad input fails the whole request, nothing runs
+            for i, prompt in enumerate(prompts):
+                streams.append(engine.add_embedding_request(prompt, f"{base}-{i}", body.priority))
+        except BaseException:
+            for st in streams:
+                st.close()
+            raise
+
+        async def result(stream):
+            try:
+                async for out in stream:
+                    if out.finished:
+                        return out
+            finally:
+                stream.close()
+
+        outs = await asyncio.gather(*(result(st) for st in streams))
+        data, n_tokens = [], 0
+        for i, out in enumerate(outs):
+            vector = list(out.outputs.embedding)
+            if body.dimensions is not None:
+                vector = _truncate(vector, body.dimensions)
+            data.append({"object": "embedding", "index": i, "embedding": _encode(vector, body.encoding_format)})
+            n_tokens += len(out.prompt_token_ids)
+        return {"id": base, "object": "list", "data": data, "model": model_name,
+                "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens}}
