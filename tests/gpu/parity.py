@@ -12,7 +12,10 @@ import os
 import random
 
 MARGIN = 0.1  # logits closer than this may swap order under bf16 rounding
-LOGPROB_TOL = 0.1
+# bf16 logits here span ~15 units; a few bf16 ulps (2^-8 relative) of that, accumulated over the layers.
+# Measured on an H100: triton 0.092, torch_sdpa 0.124. A wrong mask or position is off by >1 and flips
+# clear-margin tokens, which the token check catches first.
+LOGPROB_TOL = 0.2
 
 
 def build_checkpoint(root: str, arch: str) -> str:
