@@ -171,3 +171,41 @@ def test_unsupported_architecture_is_a_clear_error(tmp_path, name):
     with pytest.raises(ValueError, match=name) as info:
         LLM(str(tmp_path), load_format="dummy")
     assert "octavo plugins" in str(info.value)
+
+
+@pytest.mark.parametrize("mode", ["cls", "mean", "max"])
+def test_bert_pooling_modes_match_transformers(tmp_path, mode):
+    """Tiny random BERT saved as a sentence-transformers directory (E5/BGE use CLS, MiniLM mean): LLM.embed
+    equals transformers' last hidden state pooled the declared way and L2-normalised."""
+    import json
+
+    from octavo import LLM
+
+    config = T.BertConfig(architectures=["BertModel"], vocab_size=VOCAB, hidden_size=64, intermediate_size=128,
+                          num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=128, pad_token_id=0)
+    torch.manual_seed(3)
+    ref = T.BertModel(config, add_pooling_layer=False).eval()
+    from octavo.testing.model import randomize_
+
+    randomize_(ref, seed=3)
+    ref.save_pretrained(tmp_path)
+    save_word_tokenizer(str(tmp_path))
+    (tmp_path / "1_Pooling").mkdir()
+    (tmp_path / "1_Pooling" / "config.json").write_text(json.dumps({
+        "word_embedding_dimension": 64, "pooling_mode_cls_token": mode == "cls",
+        "pooling_mode_mean_tokens": mode == "mean", "pooling_mode_max_tokens": mode == "max"}))
+    (tmp_path / "modules.json").write_text(json.dumps([
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+        {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}]))
+    rng = random.Random(mode)
+    prompts = [[rng.randrange(3, VOCAB) for _ in range(n)] for n in (1, 9, 30)]
+    llm = LLM(str(tmp_path), dtype="float32", max_model_len=128)
+    outs = llm.embed([{"prompt_token_ids": p} for p in prompts], use_tqdm=False)
+    for prompt, out in zip(prompts, outs):
+        with torch.no_grad():
+            hidden = ref(torch.tensor([prompt])).last_hidden_state[0]
+        pooled = {"cls": hidden[0], "mean": hidden.mean(0), "max": hidden.amax(0)}[mode]
+        want = torch.nn.functional.normalize(pooled, dim=-1)
+        got = torch.tensor(out.outputs.embedding)
+        assert torch.allclose(got, want, atol=1e-5), (mode, (got - want).abs().max())
