@@ -55,11 +55,17 @@ def _silu_and_mul_kernel(x_ptr, out_ptr, stride_x, d, BLOCK: tl.constexpr):
     tl.store(out_ptr + row * d + cols, (s * u.to(tl.float32)).to(g.dtype), mask=mask)
 
 
-@triton.jit
-def _rope_kernel(pos_ptr, cos_ptr, sin_ptr, x_ptr, out_ptr, stride_xt, num_heads, stride_cos,
+@triton.jit(do_not_specialize=["stride_qt", "stride_kt", "num_q_heads", "num_k_heads"])  # same types
+def _rope_kernel(pos_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, q_out_ptr, k_out_ptr, stride_qt, stride_kt,
+                 num_q_heads, num_k_heads, stride_cos,
                  HEAD: tl.constexpr, ROT: tl.constexpr, HALF_P: tl.constexpr, PASS_P: tl.constexpr,
                  BLOCK_H: tl.constexpr, NEOX: tl.constexpr):
+    """One program per (token, q-or-k): both rotations in one launch (grid axis 1 picks the tensor)."""
     t = tl.program_id(0).to(tl.int64)
+    if tl.program_id(1) == 0:
+        x_ptr, out_ptr, stride_xt, num_heads = q_ptr, q_out_ptr, stride_qt, num_q_heads
+    else:
+        x_ptr, out_ptr, stride_xt, num_heads = k_ptr, k_out_ptr, stride_kt, num_k_heads
     pos = tl.load(pos_ptr + t).to(tl.int64)
     i = tl.arange(0, HALF_P)
     h = tl.arange(0, BLOCK_H)
@@ -118,20 +124,24 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     return out.view(*x.shape[:-1], d)
 
 
-def rotary(rope, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """Rotate every head of ``x [n, heads * head_size]`` at ``positions`` with ``rope``'s cos/sin tables."""
-    n, head = x.shape[0], rope.head_size
-    heads = x.shape[-1] // head
-    if x.stride(-1) != 1:
-        x = x.contiguous()
-    out = torch.empty(n, heads * head, dtype=x.dtype, device=x.device)
+def rotary(rope, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor):
+    """Rotate every head of ``query [n, hq * d]`` and ``key [n, hk * d]`` at ``positions`` (one launch)."""
+    n, head = query.shape[0], rope.head_size
+    hq, hk = query.shape[-1] // head, key.shape[-1] // head
+    if query.stride(-1) != 1:
+        query = query.contiguous()
+    if key.stride(-1) != 1:
+        key = key.contiguous()
+    q_out = torch.empty(n, hq * head, dtype=query.dtype, device=query.device)
+    k_out = torch.empty(n, hk * head, dtype=key.dtype, device=key.device)
     if n:
         cos, sin = rope.cos_cache, rope.sin_cache
-        _rope_kernel[(n,)](positions, cos, sin, x, out, x.stride(0), heads, cos.stride(0), HEAD=head,
-                           ROT=rope.rotary_dim, HALF_P=_p2(rope.rotary_dim // 2),
-                           PASS_P=_p2(head - rope.rotary_dim) if head > rope.rotary_dim else 0,
-                           BLOCK_H=_p2(heads), NEOX=bool(rope.is_neox_style))
-    return out.view(x.shape)
+        _rope_kernel[(n, 2)](positions, cos, sin, query, key, q_out, k_out, query.stride(0), key.stride(0),
+                             hq, hk, cos.stride(0), HEAD=head, ROT=rope.rotary_dim,
+                             HALF_P=_p2(rope.rotary_dim // 2),
+                             PASS_P=_p2(head - rope.rotary_dim) if head > rope.rotary_dim else 0,
+                             BLOCK_H=_p2(max(hq, hk)), NEOX=bool(rope.is_neox_style))
+    return q_out.view(query.shape), k_out.view(key.shape)
 
 
 # ------------------------------------------------------------------------------------ installing
@@ -144,7 +154,7 @@ def _fused_silu_forward(self, x):
 
 
 def _fused_rope_forward(self, positions, query, key):
-    return rotary(self, positions, query), rotary(self, positions, key)
+    return rotary(self, positions, query, key)
 
 
 def _close(a, b) -> bool:

@@ -46,8 +46,10 @@ def test_rotary(device, neox, head, rot):
         cos, sin = compute_cos_sin(rot, 4096, 10000.0)
         rope = RotaryEmbedding(head, rot, cos, sin, is_neox_style=neox).to(device)
         pos = torch.randint(0, 4096, (11,), device=device)
-        qkv = torch.randn(11, (6 + 2 * 2) * head, device=device).to(dtype)
-        q, k, _ = qkv.split([6 * head, 2 * head, 2 * head], -1)  # strided views, as in the models
-        want = rope(pos, q, k)
-        assert fuse_model(rope, dtype, device)["RotaryEmbedding"] == 1
-        assert _close(rope(pos, q, k), want)
+        eager = rope.forward
+        for kv_heads in (2, 1):  # GQA and MQA
+            qkv = torch.randn(11, (6 + 2 * kv_heads) * head, device=device).to(dtype)
+            q, k, _ = qkv.split([6 * head, kv_heads * head, kv_heads * head], -1)  # strided views, as in models
+            want = eager(pos, q, k)
+            assert fuse_model(rope, dtype, device)["RotaryEmbedding"] == 1
+            assert _close(rope(pos, q, k), want)
