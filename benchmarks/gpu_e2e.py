@@ -298,10 +298,45 @@ def task_parity(args, tmp) -> dict:
 TASKS = {name[5:]: fn for name, fn in globals().items() if name.startswith("task_")}
 
 
+def merge_record(out_dir: str, command: str, commit: str | None = None, card: str | None = None) -> dict:
+    """One ``{"card", "date", "command", "commit", "results"}`` record from the task JSONs in ``out_dir``,
+    with the headline keys of docs/performance.md computed from them."""
+    import datetime
+
+    results = {}
+    for name in sorted(os.listdir(out_dir)):
+        if name.endswith(".json") and name[:-5] in TASKS:
+            with open(os.path.join(out_dir, name)) as f:
+                results[name[:-5]] = json.load(f)
+    head = {}
+    d, q = results.get("decode_bs1", {}), results.get("qwen3_nanovllm", {})
+    tq, td, t8 = results.get("tf_qwen3_nanovllm", {}), results.get("tf_decode_bs1", {}), results.get("tf_8b_throughput", {})
+    for key in ("decode_bs1_fraction_of_roofline", "throughput_8b_1000_1000_tok_s", "copy_bandwidth_TBps"):
+        if key in d:
+            head[key] = d[key]
+    if "throughput_qwen3_0p6b_nanovllm_tok_s" in q:
+        head["throughput_qwen3_0p6b_nanovllm_tok_s"] = q["throughput_qwen3_0p6b_nanovllm_tok_s"]
+        if "tf_qwen3_nanovllm_tok_s" in tq:
+            head["ratio_vs_transformers"] = q["throughput_qwen3_0p6b_nanovllm_tok_s"] / tq["tf_qwen3_nanovllm_tok_s"]
+    if "throughput_8b_1000_1000_tok_s" in d and "tf_8b_tok_s" in t8:
+        head["ratio_vs_transformers_8b_throughput"] = d["throughput_8b_1000_1000_tok_s"] / t8["tf_8b_tok_s"]
+    if "decode_ms_per_token" in d and "tf_decode_ms_per_token" in td:
+        head["ratio_vs_transformers_decode_bs1"] = td["tf_decode_ms_per_token"] / d["decode_ms_per_token"]
+    if card is None:
+        card = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                              text=True).stdout.strip().splitlines()[0]
+    if commit is None:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip() or None
+    return {"card": card, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "command": command, "commit": commit, "results": {**head, "tasks": results}}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("tasks", nargs="+", choices=sorted(TASKS))
     ap.add_argument("--out-dir", default="benchmarks/results/tmp")
+    ap.add_argument("--record", default=None, help="write the merged result record here")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--throughput", action="store_true", help="decode_bs1: also run the 8B 1000/1000 throughput")
     ap.add_argument("--tp-prompts", type=int, default=512)
@@ -326,6 +361,11 @@ def main():
         t = time.perf_counter()
         rc = subprocess.run(argv).returncode
         print(f"== {task}: rc {rc} in {time.perf_counter() - t:.0f} s", flush=True)
+    if args.record:
+        rec = merge_record(args.out_dir, " ".join(["python", *sys.argv]))
+        with open(args.record, "w") as f:
+            json.dump(rec, f, indent=1)
+        print(json.dumps({k: v for k, v in rec["results"].items() if k != "tasks"}, indent=1), flush=True)
 
 
 if __name__ == "__main__":
