@@ -325,6 +325,7 @@ def merge_record(out_dir: str, command: str, commit: str | None = None, card: st
     if card is None:
         card = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
                               text=True).stdout.strip().splitlines()[0]
+    commit = commit or os.environ.get("OCTAVO_COMMIT")  # the device copy of the tree has no .git
     if commit is None:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                                 cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip() or None

@@ -181,7 +181,8 @@ def main():
         print(f"synthetic 8B decode bs1: {r8['step_ms']:.2f} ms/step, roofline {r8['roofline_ms']:.2f} ms -> "
               f"{r8['fraction_of_roofline']:.3f}; GEMV 28672x4096 at {r8['gemv_28672x4096_GBps']:.0f} GB/s", flush=True)
     if args.out:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+        commit = os.environ.get("OCTAVO_COMMIT") or subprocess.run(  # the device copy has no .git
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
         rec = {"card": props.name, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                "command": " ".join(["python"] + sys.argv), "commit": commit or None, "results": res}
         os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
