@@ -242,7 +242,7 @@ class PluginManager:
                 third = [r for r in regs if not r.builtin]
                 builtin = [r for r in regs if r.builtin]
                 rivals = third if third else builtin
-                if len({(r.plugin, r.target) for r in rivals}) > 1:
+                if len({r.target for r in rivals}) > 1:  # the same target twice is harmless
                     who = " and ".join(f"plugin {r.plugin!r} (distribution {r.distribution!r})" for r in rivals)
                     conflicts.append(f"{kind} name {name!r} is registered by both {who}.")
                     continue
