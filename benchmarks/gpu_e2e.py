@@ -134,6 +134,8 @@ def task_decode_bs1(args, tmp) -> dict:
     res = {"copy_bandwidth_TBps": bw / 1e12, "weights_GB": weight_bytes / 1e9, "load_s": load_s,
            "fused": info.get("fused"), "graph_sizes": len(info.get("graph_sizes") or []),
            "graph_replays": gr.num_replays if gr else 0, "kv_blocks": worker.num_blocks,
+           "graph_capture_s": gr.capture_seconds if gr else None,
+           "graph_capture_MiB": gr.capture_bytes / 2**20 if gr else None,
            "prefill_512_ms": t1 * 1e3, "decode_ms_per_token": per_tok * 1e3, "roofline_ms": roof * 1e3,
            "decode_bs1_fraction_of_roofline": roof / per_tok,
            "fraction_of_roofline_excluding_embedding_table": roof_strict / per_tok}

@@ -112,6 +112,7 @@ class CUDAGraphRunner:
         self.metadata: dict[int, object] = {}
         self.pool = None
         self.num_replays = 0
+        self.capture_seconds, self.capture_bytes = 0.0, 0
 
     # --- capture -------------------------------------------------------------------------------------
     def _layout(self, size: int) -> AttentionLayout:
@@ -150,9 +151,10 @@ class CUDAGraphRunner:
                 out = self.model(ids, pos, ctx)
             self.graphs[size], self.outputs[size], self.metadata[size] = graph, out, metadata
         torch.cuda.synchronize(self.device)
-        used = free_before - torch.cuda.mem_get_info(self.device)[0]
+        self.capture_bytes = free_before - torch.cuda.mem_get_info(self.device)[0]
+        self.capture_seconds = time.perf_counter() - t0
         logger.info("Captured CUDA graphs for %d decode batch sizes (1..%d) in %.1f s, %.0f MiB",
-                    len(self.graphs), self.max_size, time.perf_counter() - t0, used / 2**20)
+                    len(self.graphs), self.max_size, self.capture_seconds, self.capture_bytes / 2**20)
 
     # --- replay --------------------------------------------------------------------------------------
     def can_run(self, layout: AttentionLayout) -> bool:
