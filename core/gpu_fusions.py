@@ -8,6 +8,9 @@ SiLU-and-mul. :func:`fuse_model` replaces, on each module instance, ``forward`` 
     RotaryEmbedding (neox or interleaved, partial) -> one kernel for q and k together
     SiluAndMul                                   -> one kernel
 
+and gives dense linear layers a linear method whose single-row (batch-1) path is a Triton GEMV autotuned
+per weight shape (``OCTAVO_TRITON_GEMV=0`` keeps cuBLAS).
+
 Each replacement is checked once against the module's own forward on random inputs of the model's dtype
 (bit-for-bit rounding steps are kept: fp32 math, rounding to the model dtype where torch rounds) and only
 installed if it matches; otherwise the eager forward stays and a warning says why.
@@ -144,6 +147,67 @@ def rotary(rope, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor
     return q_out.view(query.shape), k_out.view(key.shape)
 
 
+@triton.jit
+def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, N, K, stride_wn, HAS_BIAS: tl.constexpr, EVEN: tl.constexpr,
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """y[n] = sum_k x[k] * W[n, k] (+ b[n]) for one row x: each program owns BLOCK_N outputs, full K."""
+    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    nm = n < N
+    rows = w_ptr + n.to(tl.int64)[:, None] * stride_wn
+    acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    for k in range(0, K, BLOCK_K):
+        kk = k + tl.arange(0, BLOCK_K)
+        if EVEN:
+            w = tl.load(rows + kk[None, :])
+            x = tl.load(x_ptr + kk)
+        else:
+            w = tl.load(rows + kk[None, :], mask=nm[:, None] & (kk[None, :] < K), other=0.0)
+            x = tl.load(x_ptr + kk, mask=kk < K, other=0.0)
+        acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
+    y = tl.sum(acc, 1)
+    if HAS_BIAS:
+        y += tl.load(b_ptr + n, mask=nm, other=0.0).to(tl.float32)
+    tl.store(y_ptr + n, y.to(y_ptr.dtype.element_ty), mask=nm)
+
+
+_GEMV_CONFIGS = [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=st)
+                 for bn, bk, w, st in ((8, 512, 4, 3), (16, 512, 4, 3), (16, 256, 4, 4), (32, 256, 4, 3),
+                                       (16, 1024, 8, 3), (32, 512, 8, 3), (64, 256, 8, 2), (8, 1024, 4, 4))]
+_gemv_autotuned = triton.autotune(configs=_GEMV_CONFIGS, key=["N", "K", "HAS_BIAS", "EVEN"])(_gemv_kernel)
+
+
+def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear`` for a single row ``x [1, K]`` (batch-1 decode), tuned per weight shape on first use."""
+    import os
+
+    N, K = weight.shape
+    y = torch.empty(1, N, dtype=x.dtype, device=x.device)
+    x = x.contiguous()
+    if os.environ.get("TRITON_INTERPRET") == "1":  # no timer to autotune with: one fixed tile
+        _gemv_kernel[(triton.cdiv(N, 16),)](x, weight, bias, y, N, K, weight.stride(0), HAS_BIAS=bias is not None,
+                                            EVEN=False, BLOCK_N=16, BLOCK_K=64)
+        return y
+    even = K % 1024 == 0 and N % 64 == 0
+    _gemv_autotuned[lambda meta: (triton.cdiv(N, meta["BLOCK_N"]),)](
+        x, weight, bias, y, N, K, weight.stride(0), HAS_BIAS=bias is not None, EVEN=even)
+    return y
+
+
+def _gemv_linear_method():
+    from octavo.nn.linear import UnquantizedLinearMethod
+
+    class TritonGemvLinearMethod(UnquantizedLinearMethod):
+        """Dense weights; a single-row input (batch-1 decode) goes through :func:`gemv`, the rest through
+        ``F.linear`` (cuBLAS is at the memory limit for wider inputs)."""
+
+        def apply(self, layer, x, bias=None):
+            if x.dim() == 2 and x.shape[0] == 1 and layer.weight.stride(1) == 1:
+                return gemv(x, layer.weight, bias)
+            return super().apply(layer, x, bias)
+
+    return TritonGemvLinearMethod()
+
+
 # ------------------------------------------------------------------------------------ installing
 def _fused_rms_forward(self, x, residual=None):
     return rms_norm(x, self.weight, self.eps, residual)
@@ -185,11 +249,15 @@ def fuse_model(model: torch.nn.Module, dtype: torch.dtype, device: torch.device)
 
     Returns how many modules of each kind now run fused. Modules of other types are left alone.
     """
+    import os
+
     from octavo.nn.activation import SiluAndMul
     from octavo.nn.layernorm import RMSNorm
+    from octavo.nn.linear import LinearBase, UnquantizedLinearMethod
     from octavo.nn.rotary import RotaryEmbedding
 
-    counts = {"RMSNorm": 0, "RotaryEmbedding": 0, "SiluAndMul": 0}
+    counts = {"RMSNorm": 0, "RotaryEmbedding": 0, "SiluAndMul": 0, "Linear(gemv)": 0}
+    use_gemv = os.environ.get("OCTAVO_TRITON_GEMV", "1") != "0" and dtype in (torch.float16, torch.bfloat16)
     verified: dict[tuple, bool] = {}
     gen = torch.Generator(device=device).manual_seed(0)
 
@@ -198,6 +266,21 @@ def fuse_model(model: torch.nn.Module, dtype: torch.dtype, device: torch.device)
 
     for module in model.modules():
         kind = type(module)
+        if isinstance(module, LinearBase) and use_gemv and type(module.quant_method) is UnquantizedLinearMethod:
+            key = ("gemv", tuple(module.weight.shape), module.bias is not None)
+            if key not in verified:
+                method = _gemv_linear_method()
+                x = rnd(1, module.weight.shape[1])
+                try:
+                    verified[key] = _close(method.apply(module, x, module.bias),
+                                           UnquantizedLinearMethod().apply(module, x, module.bias))
+                except Exception as e:  # noqa: BLE001 - keep cuBLAS for a shape the kernel rejects
+                    logger.warning("gemv not used for %s: %s", tuple(module.weight.shape), e)
+                    verified[key] = False
+            if verified[key]:
+                module.quant_method = _gemv_linear_method()
+                counts["Linear(gemv)"] += 1
+            continue
         if kind is RMSNorm:
             d = module.weight.shape[0]
             key = (kind, d, module.weight.dtype)

@@ -53,3 +53,25 @@ def test_rotary(device, neox, head, rot):
             want = eager(pos, q, k)
             assert fuse_model(rope, dtype, device)["RotaryEmbedding"] == 1
             assert _close(rope(pos, q, k), want)
+
+
+@pytest.mark.parametrize("n,k,bias", [(1000, 300, True), (256, 1024, False), (192, 2048, True)])
+def test_gemv_linear_method(device, n, k, bias):
+    from octavo.core.gpu_fusions import _close, fuse_model
+    from octavo.nn.linear import ReplicatedLinear
+
+    for dtype in _dtypes(device):
+        with torch.device(device):
+            torch.set_default_dtype(dtype)
+            try:
+                layer = ReplicatedLinear(k, n, bias=bias)
+            finally:
+                torch.set_default_dtype(torch.float32)
+        layer.weight.data.normal_(0, 0.05)
+        if bias:
+            layer.bias.data.normal_()
+        x1, x3 = torch.randn(1, k, device=device).to(dtype), torch.randn(3, k, device=device).to(dtype)
+        want1, want3 = layer(x1), layer(x3)
+        assert fuse_model(layer, dtype, device)["Linear(gemv)"] == (1 if dtype != torch.float32 else 0)
+        assert _close(layer(x1), want1)
+        assert torch.equal(layer(x3), want3)  # wider inputs stay on F.linear
