@@ -23,7 +23,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from octavo import hookimpl
 from octavo.model import ForwardContext
 from octavo.nn import (
     ColumnParallelLinear,
@@ -207,7 +206,3 @@ class BertModel(nn.Module):
             loaded.add(name)
         return loaded
 
-
-@hookimpl(trylast=True)
-def octavo_register_models(register):
-    register("BertModel", "octavo.plugins.models.bert:BertModel")

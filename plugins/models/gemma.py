@@ -21,7 +21,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from octavo import hookimpl
 from octavo.model import ForwardContext
 from octavo.nn import (
     Attention,
@@ -201,9 +200,3 @@ class Gemma2ForCausalLM(GemmaForCausalLM):
 class Gemma3ForCausalLM(GemmaForCausalLM):
     """Gemma 3 text (Gemma 2 plus q/k norms and per-layer-type rope)."""
 
-
-@hookimpl(trylast=True)
-def octavo_register_models(register):
-    register("GemmaForCausalLM", "octavo.plugins.models.gemma:GemmaForCausalLM")
-    register("Gemma2ForCausalLM", "octavo.plugins.models.gemma:Gemma2ForCausalLM")
-    register("Gemma3ForCausalLM", "octavo.plugins.models.gemma:Gemma3ForCausalLM")

@@ -15,7 +15,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from octavo import hookimpl
 from octavo.model import ForwardContext
 from octavo.nn import (
     Attention,
@@ -146,7 +145,3 @@ class GPT2LMHeadModel(LastTokenPooler, nn.Module):
         loaded.add("lm_head.weight")  # tied to transformer.wte
         return loaded
 
-
-@hookimpl(trylast=True)
-def octavo_register_models(register):
-    register("GPT2LMHeadModel", "octavo.plugins.models.gpt2:GPT2LMHeadModel")

@@ -13,7 +13,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from octavo import hookimpl
 from octavo.nn import ParallelLMHead, ReplicatedLinear, RMSNorm, VocabParallelEmbedding
 from octavo.nn.fused_moe import FusedMoE
 from octavo.plugins.models.llama import LlamaAttention, LlamaDecoderLayer, LlamaForCausalLM, LlamaModel
@@ -80,7 +79,3 @@ class MixtralForCausalLM(LastTokenPooler, LlamaForCausalLM):
         loaded = super().load_weights(split_expert_weights(self, weights, experts))
         return loaded | experts
 
-
-@hookimpl(trylast=True)
-def octavo_register_models(register):
-    register("MixtralForCausalLM", "octavo.plugins.models.mixtral:MixtralForCausalLM")

@@ -13,7 +13,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from octavo import hookimpl
 from octavo.model import ForwardContext
 from octavo.nn import (
     Attention,
@@ -174,7 +173,3 @@ class OPTForCausalLM(LastTokenPooler, nn.Module):
             loaded.add("lm_head.weight")
         return loaded
 
-
-@hookimpl(trylast=True)
-def octavo_register_models(register):
-    register("OPTForCausalLM", "octavo.plugins.models.opt:OPTForCausalLM")

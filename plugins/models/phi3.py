@@ -14,7 +14,6 @@ from typing import Any
 
 import torch
 
-from octavo import hookimpl
 from octavo.plugins.models.llama import LlamaForCausalLM
 from octavo.plugins.models.utils import LastTokenPooler
 
@@ -53,7 +52,3 @@ class Phi3ForCausalLM(LastTokenPooler, LlamaForCausalLM):
             else:
                 yield name, tensor
 
-
-@hookimpl(trylast=True)
-def octavo_register_models(register):
-    register("Phi3ForCausalLM", "octavo.plugins.models.phi3:Phi3ForCausalLM")

@@ -15,7 +15,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from octavo import hookimpl
 from octavo.model import ForwardContext
 from octavo.nn import ReplicatedLinear, RMSNorm, VocabParallelEmbedding
 from octavo.nn.fused_moe import FusedMoE
@@ -114,8 +113,3 @@ class Qwen3MoeForCausalLM(Qwen3ForCausalLM):
         loaded = super().load_weights(split_expert_weights(self, weights, experts))
         return loaded | experts
 
-
-@hookimpl(trylast=True)
-def octavo_register_models(register):
-    register("Qwen3ForCausalLM", "octavo.plugins.models.qwen3:Qwen3ForCausalLM")
-    register("Qwen3MoeForCausalLM", "octavo.plugins.models.qwen3:Qwen3MoeForCausalLM")

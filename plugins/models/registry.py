@@ -1,0 +1,30 @@
+"""The built-in model architectures beyond the Llama family, registered by lazy ``"module:Class"`` targets.
+
+This is the entry-point module (``models`` in group ``octavo``). It imports nothing heavy, because every
+process loads every plugin module; a model's module (and torch) is imported only when a checkpoint of
+that architecture is loaded. Built-ins are ``trylast``, so an installed plugin shadows them.
+"""
+
+from octavo import hookimpl
+
+_PKG = "octavo.plugins.models"
+
+# Hugging Face ``architectures`` name -> "module:Class"
+MODELS = {
+    "Qwen3ForCausalLM": f"{_PKG}.qwen3:Qwen3ForCausalLM",
+    "Qwen3MoeForCausalLM": f"{_PKG}.qwen3:Qwen3MoeForCausalLM",
+    "MixtralForCausalLM": f"{_PKG}.mixtral:MixtralForCausalLM",
+    "GemmaForCausalLM": f"{_PKG}.gemma:GemmaForCausalLM",
+    "Gemma2ForCausalLM": f"{_PKG}.gemma:Gemma2ForCausalLM",
+    "Gemma3ForCausalLM": f"{_PKG}.gemma:Gemma3ForCausalLM",
+    "Phi3ForCausalLM": f"{_PKG}.phi3:Phi3ForCausalLM",
+    "GPT2LMHeadModel": f"{_PKG}.gpt2:GPT2LMHeadModel",
+    "OPTForCausalLM": f"{_PKG}.opt:OPTForCausalLM",
+    "BertModel": f"{_PKG}.bert:BertModel",
+}
+
+
+@hookimpl(trylast=True)
+def octavo_register_models(register):
+    for architecture, target in MODELS.items():
+        register(architecture, target)
