@@ -28,10 +28,10 @@ class RMSNorm(nn.Module):
         set_weight_attrs(self.weight, weight_loader=default_weight_loader)
 
     def _norm(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+        if x.dtype == torch.float32 and self.weight.dtype == torch.float32:
+            return F.rms_norm(x, x.shape[-1:], self.weight, self.eps)  # one fused kernel
+        # low precision: normalise in float32, round, then scale in the input dtype (transformers' order)
+        return self.weight * F.rms_norm(x.float(), x.shape[-1:], eps=self.eps).to(x.dtype)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         """Normalise ``x``; with ``residual``, normalise ``x + residual`` and return ``(normed, x + residual)``."""

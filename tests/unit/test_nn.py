@@ -13,15 +13,16 @@ import torch.multiprocessing as mp
 from octavo.nn import RMSNorm, SiluAndMul, get_rope
 
 
-def test_rmsnorm_matches_transformers_and_fuses_residual():
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rmsnorm_matches_transformers_and_fuses_residual(dtype):
     from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
     torch.manual_seed(0)
-    ref = LlamaRMSNorm(64, eps=1e-5)
+    ref = LlamaRMSNorm(64, eps=1e-5).to(dtype)
     ref.weight.data.normal_(1, 0.1)
-    ours = RMSNorm(64, eps=1e-5)
+    ours = RMSNorm(64, eps=1e-5).to(dtype)
     ours.weight.data.copy_(ref.weight)
-    x, res = torch.randn(5, 64), torch.randn(5, 64)
+    x, res = torch.randn(5, 64, dtype=dtype), torch.randn(5, 64, dtype=dtype)
     torch.testing.assert_close(ours(x), ref(x))
     out, new_res = ours(x, res)
     torch.testing.assert_close(new_res, x + res)
