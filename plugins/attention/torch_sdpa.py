@@ -26,6 +26,9 @@ from octavo import hookimpl
 from octavo.attention import AttentionBackend, AttentionLayout
 from octavo.platform import Availability
 
+# scaled_dot_product_attention(enable_gqa=...) exists from torch 2.5
+_SDPA_GQA = tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 5)
+
 
 @dataclass
 class PrefillItem:
@@ -156,9 +159,13 @@ class TorchSDPABackend(AttentionBackend):
             scores = self.logits_soft_cap * torch.tanh(scores / self.logits_soft_cap)
             probs = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)
             out = torch.matmul(probs, vh.float().repeat_interleave(group, dim=0)).to(q.dtype)
-        else:
+        elif _SDPA_GQA or group == 1:
             out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=allowed, scale=self.scale,
-                                                 enable_gqa=group > 1)
+                                                 **({"enable_gqa": True} if group > 1 else {}))
+        else:  # torch < 2.5: repeat the KV heads
+            out = F.scaled_dot_product_attention(qh, kh.repeat_interleave(group, dim=0),
+                                                 vh.repeat_interleave(group, dim=0), attn_mask=allowed,
+                                                 scale=self.scale)
         return out.transpose(0, 1)  # [q_len, heads, d]
 
 
