@@ -170,7 +170,11 @@ def gguf_tokenizer(path: str):
     ``AutoTokenizer.from_pretrained(dir, gguf_file=name)`` without its slow header walk.
     """
     from transformers import PreTrainedTokenizerFast
-    from transformers.integrations.gguf import GGUF_TOKENIZER_MAPPING, convert_gguf_tokenizer
+
+    try:  # transformers 5.x
+        from transformers.integrations.gguf import GGUF_TOKENIZER_MAPPING, convert_gguf_tokenizer
+    except ImportError:  # transformers 4.x
+        from transformers.integrations.ggml import GGUF_TOKENIZER_MAPPING, convert_gguf_tokenizer
 
     header = read_header(path)
     meta = header.metadata
