@@ -143,8 +143,7 @@ def gguf_config_dict(header: GGUFHeader) -> dict[str, Any]:
                      ("padding_token_id", "pad_token_id")):
         if f"tokenizer.ggml.{src}" in header.metadata:
             cfg[dst] = header.metadata[f"tokenizer.ggml.{src}"]
-    if cfg.get("head_dim") and cfg.get("num_attention_heads") and cfg.get("hidden_size"):
-        pass  # rope.dimension_count is the rotary dim; equals head_dim for the llama family
+    # NOTE: transformers maps rope.dimension_count to head_dim; for the llama family they are equal
     return cfg
 
 
