@@ -136,6 +136,7 @@ class CUDAGraphRunner:
     @torch.inference_mode()
     def capture(self) -> None:
         t0 = time.perf_counter()
+        torch.cuda.empty_cache()  # torch.cuda.graph() empties the cache too; measure from the same state
         free_before = torch.cuda.mem_get_info(self.device)[0]
         self.pool = torch.cuda.graph_pool_handle()
         for size in sorted(self.capture_sizes, reverse=True):
