@@ -75,19 +75,22 @@ class FusedMoE(nn.Module):
             return
         if not 0 <= expert_id < self.num_experts:
             raise ValueError(f"{self.prefix}: expert {expert_id} does not exist (num_experts={self.num_experts})")
+        if shard_id not in ("w1", "w3", "w2"):
+            raise ValueError(f"{self.prefix}: shard_id must be 'w1', 'w3' or 'w2', got {shard_id!r}")
         inter = self.intermediate_size
+        full = (inter * self.tp_size, self.hidden_size) if shard_id in ("w1", "w3") else \
+            (self.hidden_size, inter * self.tp_size)
+        if tuple(loaded.shape) != full:
+            raise ValueError(f"{self.prefix}: expert {expert_id} {shard_id} of shape {tuple(loaded.shape)} does "
+                             f"not fit {full} (hidden_size={self.hidden_size}, intermediate_size="
+                             f"{inter * self.tp_size}); is the config.json the checkpoint's?")
         if shard_id in ("w1", "w3"):
             part = loaded.narrow(0, self.tp_rank * inter, inter)  # this rank's rows of gate / up
             offset = 0 if shard_id == "w1" else inter
             dest = param.data[expert_id].narrow(0, offset, inter)
-        elif shard_id == "w2":
+        else:
             part = loaded.narrow(1, self.tp_rank * inter, inter)  # this rank's input columns of down
             dest = param.data[expert_id]
-        else:
-            raise ValueError(f"{self.prefix}: shard_id must be 'w1', 'w3' or 'w2', got {shard_id!r}")
-        if part.shape != dest.shape:
-            raise ValueError(f"{self.prefix}: expert {expert_id} {shard_id} of shape {tuple(loaded.shape)} does "
-                             f"not fit hidden_size={self.hidden_size}, intermediate_size={inter * self.tp_size}")
         dest.copy_(part)
 
     def select_experts(self, router_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -102,7 +105,11 @@ class FusedMoE(nn.Module):
         """Grouped torch path: ``x [n, H]`` through each token's k experts, weighted and summed -> ``[n, H]``.
 
         Override (or assign) this for a fused kernel; the contract is exactly these inputs and output.
+        While a CUDA graph is being captured the per-expert token counts cannot be read on the host, so
+        :meth:`apply_experts_static` (shape-static, graph-safe) runs instead.
         """
+        if x.is_cuda and torch.cuda.is_current_stream_capturing():
+            return self.apply_experts_static(x, topk_weights, topk_ids)
         flat_ids = topk_ids.reshape(-1)  # [n * k]
         order = torch.argsort(flat_ids, stable=True)  # token-slots grouped by expert
         token_of = order // self.top_k  # [n * k] source token of each sorted slot
@@ -119,6 +126,19 @@ class FusedMoE(nn.Module):
             h = F.linear(h, self.w2_weight[expert]) * slot_weights[start:start + count, None]  # [count, H]
             out.index_add_(0, tokens, h)
             start += count
+        return out
+
+    def apply_experts_static(self, x: torch.Tensor, topk_weights: torch.Tensor,
+                             topk_ids: torch.Tensor) -> torch.Tensor:
+        """Same result as :meth:`apply_experts` with no host sync: every expert runs on every token and is
+        weighted by that token's routing weight for it (zero when not chosen). E/k times the FLOPs: meant for
+        small decode batches under CUDA-graph capture."""
+        dense = torch.zeros(x.shape[0], self.num_experts, dtype=x.dtype, device=x.device)
+        dense.scatter_(1, topk_ids, topk_weights.to(x.dtype))  # [n, E]
+        out = torch.zeros_like(x)
+        for expert in range(self.num_experts):
+            h = F.linear(self.act_fn(F.linear(x, self.w13_weight[expert])), self.w2_weight[expert])
+            out = out + h * dense[:, expert, None]
         return out
 
     def forward(self, hidden_states: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
