@@ -254,7 +254,7 @@ class AsyncLLM:
                 if core_outs.stats is not None:
                     self.stats = core_outs.stats
                     for obs in self.stats_observers:
-                        obs(core_outs.stats)
+                        _notify(obs, core_outs.stats)
                 for o in core_outs.outputs:
                     pid = op.seq_to_parent.get(o.request_id)
                     if pid is None:
@@ -274,7 +274,7 @@ class AsyncLLM:
                         self._not_started.discard(ro.request_id)
                         # observers read generation metrics; an EmbeddingRequestOutput has none
                         for obs in self.finished_observers if isinstance(ro, RequestOutput) else ():
-                            obs(ro)
+                            _notify(obs, ro)
                     if q is None:
                         continue
                     err = self._errors.get(ro.request_id) if ro.finished else None
@@ -319,6 +319,13 @@ class AsyncLLM:
                 self._client.shutdown(timeout_s=1.0)
         except Exception:  # noqa: BLE001
             pass
+
+
+def _notify(observer: Callable[[Any], None], value: Any) -> None:
+    try:
+        observer(value)
+    except Exception:  # noqa: BLE001 - an observer (metrics, a plugin) must never stop the output loop
+        logger.exception("observer %r failed", observer)
 
 
 class RequestStream:

@@ -23,10 +23,18 @@ pytestmark = pytest.mark.slow
 KEY = "s3cret-key"
 
 
+# --chat-template FILE overrides the model's template for every chat request
+TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+            "{% if add_generation_prompt %}<|im_start|>assistant\nCUSTOM:{% endif %}")
+
+
 @pytest.fixture(scope="module")
-def server():
+def server(tmp_path_factory):
+    template = tmp_path_factory.mktemp("tpl") / "chat.jinja"
+    template.write_text(TEMPLATE)
     srv = ServerProcess(["--max-model-len", "256", "--kv-cache-memory-bytes", str(64 << 20), "--api-key", KEY,
-                         "--max-queue-len", "1", "--max-num-seqs", "2", "--uvicorn-log-level", "warning"]).start()
+                         "--max-queue-len", "1", "--max-num-seqs", "2", "--chat-template", str(template),
+                         "--uvicorn-log-level", "warning"]).start()
     yield srv
     srv.stop()
 
@@ -50,6 +58,16 @@ def test_api_key(server):
         client.models.list()
     client = openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0)
     assert client.completions.create(model=client.models.list().data[0].id, prompt="Hi", max_tokens=2).usage
+
+
+def test_chat_template_file(server):
+    msgs = [{"role": "user", "content": "Hi"}]
+    ids = httpx.post(server.url + "/tokenize", json={"messages": msgs}, headers=_auth()).json()["tokens"]
+    text = httpx.post(server.url + "/detokenize", json={"tokens": ids}, headers=_auth()).json()["prompt"]
+    assert text == "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nCUSTOM:"
+    r = httpx.post(server.url + "/v1/chat/completions", headers=_auth(),
+                   json={"messages": msgs, "max_tokens": 2, "temperature": 0}).json()
+    assert r["usage"]["prompt_tokens"] == len(ids)
 
 
 def test_overload_answers_503_with_retry_after(server):
