@@ -118,7 +118,7 @@ def main() -> int:
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     p.add_argument("--input-len", type=int, default=128)
     p.add_argument("--output-len", type=int, default=128)
-    p.add_argument("--num-prompts", type=int, default=None, help="per level (default: 4 x concurrency, >= 8)")
+    p.add_argument("--num-prompts", type=int, default=None, help="per level (default: 2 x concurrency, >= 4)")
     p.add_argument("--vocab-size", type=int, default=49152)
     p.add_argument("--max-model-len", type=int, default=1024)
     p.add_argument("--seed", type=int, default=0)

@@ -43,7 +43,7 @@ def _add_serve(sub) -> None:
     p.add_argument("--input-len", type=int, default=128, help="Prompt length in tokens (default: %(default)s).")
     p.add_argument("--output-len", type=int, default=128, help="Output tokens per request (default: %(default)s).")
     p.add_argument("--num-prompts", type=int, default=None,
-                   help="Requests per level (default: 4 x concurrency, at least 8).")
+                   help="Requests per level (default: 2 x concurrency, at least 4).")
     p.add_argument("--vocab-size", type=int, default=49152,
                    help="Random prompt token ids are drawn below this (default: %(default)s, SmolLM2's).")
     p.add_argument("--seed", type=int, default=0)

@@ -163,7 +163,7 @@ def run_benchmark(base_url: str, *, concurrencies: list[int], input_len: int, ou
     asyncio.run(run_level(base_url, model, random_prompts(warmup, input_len, vocab_size, seed + 999),
                           min(output_len, 8), warmup, api_key))
     for i, c in enumerate(concurrencies):
-        n = num_prompts or max(4 * c, 8)
+        n = num_prompts or max(2 * c, 4)
         prompts = random_prompts(n, input_len, vocab_size, seed + i)
         level = asyncio.run(run_level(base_url, model, prompts, output_len, c, api_key))
         levels.append(level)
