@@ -239,6 +239,56 @@ def task_qwen3_nanovllm(args, tmp) -> dict:
     return res
 
 
+def task_bs1_host_diag(args, tmp) -> dict:
+    """Batch-1 host gap vs context on the small Qwen3 shape: per-token time per window, with and without the
+    cyclic GC, and a cProfile of decode steps at a long context."""
+    import cProfile
+    import gc
+    import io
+    import pstats
+
+    import torch
+
+    from octavo import SamplingParams
+
+    cfg, arch = qwen3_config()
+    d = write_config(cfg, tmp, "qwen3-0.6b")
+    llm, worker, info = make_llm(d, max_model_len=4096, gpu_memory_utilization=0.5, max_num_seqs=8)
+    rng = random.Random(0)
+    prompt = {"prompt_token_ids": [rng.randrange(1000, 100000) for _ in range(128)]}
+    gr = worker.runner.graph_runner
+
+    def t(n):
+        return min(gen_timed(llm, [prompt], SamplingParams(max_tokens=n, ignore_eos=True, temperature=0))[0]
+                   for _ in range(2))
+
+    t(16)
+    res = {"architecture": arch}
+    for gc_on in (True, False):
+        (gc.enable if gc_on else gc.disable)()
+        ts = {n: t(n) for n in (1, 129, 513, 1025, 2049)}
+        res[f"gc_{gc_on}"] = {f"{a}->{b}": (ts[b] - ts[a]) / (b - a) * 1e3 for a, b in
+                              ((1, 129), (129, 513), (513, 1025), (1025, 2049))}
+    gc.enable()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(50):
+        gr.graphs[1].replay()
+    torch.cuda.synchronize()
+    res["graph_forward_ms"] = (time.perf_counter() - t0) / 50 * 1e3
+    for n in (257, 2049):
+        prof = cProfile.Profile()
+        prof.enable()
+        llm.generate([prompt], SamplingParams(max_tokens=n, ignore_eos=True, temperature=0), use_tqdm=False)
+        prof.disable()
+        buf = io.StringIO()
+        pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(14)
+        res[f"cprofile_{n}"] = buf.getvalue()
+    print(json.dumps({k: v for k, v in res.items() if not k.startswith("cprofile")}, indent=1), flush=True)
+    print(res["cprofile_257"], res["cprofile_2049"], flush=True)
+    return res
+
+
 def _tf_batched(model, reqs, batch, pad_id=0) -> tuple[float, int]:
     """Left-padded batched greedy generate; counts only each request's own output length."""
     import torch
