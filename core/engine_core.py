@@ -14,6 +14,7 @@ import time
 from octavo.config import OctavoSettings
 from octavo.core.executor import make_executor
 from octavo.core.kv_cache.manager import KVCacheManager
+from octavo.core.loader import get_eos_token_ids
 from octavo.core.messages import (
     EngineCoreOutput,
     EngineCoreOutputs,
@@ -44,13 +45,15 @@ class EngineCore:
         self.max_logprobs = settings.scheduler.max_logprobs
         # prompt logprobs are gathered chunk by chunk and sent once, when the prompt is done
         self._prompt_lp: dict[str, dict[int, TokenLogprobs]] = {}
+        eos_ids = get_eos_token_ids(w.resolved)
         self.model_info = ModelInfo(
             model=w.resolved.source,
             served_model_name=settings.model.served_model_name or settings.model.model or w.resolved.source,
             architecture=w.resolved.architecture,
             vocab_size=w.vocab_size,
             max_model_len=self.max_model_len,
-            eos_token_id=_eos_token_id(w.resolved),
+            eos_token_id=(eos_ids[0] if eos_ids else None),
+            eos_token_ids=eos_ids,
             is_pooling=w.runner.is_pooling,
             embedding_dim=getattr(w.model, "embedding_dim", None),
             tokenizer_path=getattr(w.resolved, "path", None),
@@ -142,16 +145,6 @@ class EngineCore:
     def shutdown(self) -> None:
         self.pm.hook.octavo_on_engine_shutdown(settings=self.settings)
         self.executor.shutdown()
-
-
-def _eos_token_id(resolved) -> int | None:
-    eos = getattr(resolved.hf_config, "eos_token_id", None)
-    gen = getattr(resolved, "generation_config", None)
-    if gen is not None and getattr(gen, "eos_token_id", None) is not None:
-        eos = gen.eos_token_id
-    if isinstance(eos, (list, tuple)):
-        return eos[0] if eos else None
-    return eos
 
 
 __all__ = ["EngineCore", "FinishReason"]

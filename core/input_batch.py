@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from octavo.attention import AttentionLayout
@@ -25,55 +26,62 @@ class StepInputs:
 
 
 def build_step_inputs(out: SchedulerOutput, block_size: int, device: torch.device) -> StepInputs:
+    """Flatten one step. Host work is numpy over whole rows (no per-token Python for prefills), since at
+    high batch sizes on a GPU this function sits on the critical path of every step."""
+    num_reqs = len(out.scheduled)
     input_ids: list[int] = []
-    positions: list[int] = []
-    slot_mapping: list[int] = []
-    query_start_loc = [0]
-    seq_lens, num_computed = [], []
+    query_lens = np.empty(num_reqs, dtype=np.int64)
+    starts = np.empty(num_reqs, dtype=np.int64)
     logits_rows, sample_ids, pooling_ids = [], [], []
     prompt_lp_rows = {}
     max_blocks = max(len(s.block_ids) for s in out.scheduled)
-    block_tables = torch.zeros(len(out.scheduled), max_blocks, dtype=torch.int32)
+    block_tables = np.zeros((num_reqs, max_blocks), dtype=np.int32)
+    row0 = 0
     for i, s in enumerate(out.scheduled):
         req, start, n = s.req, s.num_computed_tokens, s.num_tokens
         end = start + n
         input_ids.extend(req.all_token_ids[start:end])
-        positions.extend(range(start, end))
-        blocks = s.block_ids
-        slot_mapping.extend(blocks[p // block_size] * block_size + p % block_size for p in range(start, end))
-        block_tables[i, :len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
-        row0 = query_start_loc[-1]
-        query_start_loc.append(row0 + n)
-        seq_lens.append(end)
-        num_computed.append(start)
+        block_tables[i, :len(s.block_ids)] = s.block_ids
+        query_lens[i], starts[i] = n, start
         if req.pooling:
             if s.samples:
                 pooling_ids.append(req.request_id)
-            continue
-        k = req.sampling_params.prompt_logprobs
-        if k is not None and start < req.num_prompt_tokens - 1:
-            # logits at position j predict prompt token j + 1
-            last = min(end, req.num_prompt_tokens - 1)
-            rows = torch.arange(row0, row0 + (last - start))
-            targets = torch.tensor(req.prompt_token_ids[start + 1:last + 1])
-            prompt_lp_rows[req.request_id] = (rows, targets, start + 1)
-        if s.samples:
-            logits_rows.append(row0 + n - 1)
-            sample_ids.append(req.request_id)
+        else:
+            k = req.sampling_params.prompt_logprobs
+            if k is not None and start < req.num_prompt_tokens - 1:
+                # logits at position j predict prompt token j + 1
+                last = min(end, req.num_prompt_tokens - 1)
+                rows = torch.arange(row0, row0 + (last - start))
+                targets = torch.tensor(req.prompt_token_ids[start + 1:last + 1])
+                prompt_lp_rows[req.request_id] = (rows, targets, start + 1)
+            if s.samples:
+                logits_rows.append(row0 + n - 1)
+                sample_ids.append(req.request_id)
+        row0 += n
+
+    # positions and slots of every token: request index per token, then offsets within each request
+    query_start_loc = np.zeros(num_reqs + 1, dtype=np.int32)
+    np.cumsum(query_lens, out=query_start_loc[1:])
+    req_of_token = np.repeat(np.arange(num_reqs), query_lens)
+    positions = starts[req_of_token] + (np.arange(row0) - query_start_loc[:-1][req_of_token])
+    block_of_token = block_tables[req_of_token, positions // block_size].astype(np.int64)
+    slot_mapping = block_of_token * block_size + positions % block_size
+    seq_lens = (starts + query_lens).astype(np.int32)
+
     layout = AttentionLayout(
-        query_start_loc=torch.tensor(query_start_loc, dtype=torch.int32),
-        seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
-        num_computed_tokens=torch.tensor(num_computed, dtype=torch.int32),
-        block_tables=block_tables,
-        slot_mapping=torch.tensor(slot_mapping, dtype=torch.int64),
+        query_start_loc=torch.from_numpy(query_start_loc),
+        seq_lens=torch.from_numpy(seq_lens),
+        num_computed_tokens=torch.from_numpy(starts.astype(np.int32)),
+        block_tables=torch.from_numpy(block_tables),
+        slot_mapping=torch.from_numpy(slot_mapping),
         block_size=block_size,
-        max_query_len=max(s.num_tokens for s in out.scheduled),
-        max_seq_len=max(seq_lens),
+        max_query_len=int(query_lens.max()),
+        max_seq_len=int(seq_lens.max()),
         num_decode_reqs=out.num_decode_reqs,
     )
     return StepInputs(
         input_ids=torch.tensor(input_ids, dtype=torch.int64).to(device, non_blocking=True),
-        positions=torch.tensor(positions, dtype=torch.int64).to(device, non_blocking=True),
+        positions=torch.from_numpy(positions).to(device, non_blocking=True),
         layout=layout,
         query_start_loc=layout.query_start_loc.to(device, non_blocking=True),
         logits_indices=torch.tensor(logits_rows, dtype=torch.int64).to(device, non_blocking=True),

@@ -92,6 +92,11 @@ class InputProcessor:
         text, ids = self.tokenize(prompt)
         self.validate(ids, params, pooling)
         arrival = time.time()
+        extra_eos = [t for t in self.model_info.eos_token_ids[1:] if t not in params.stop_token_ids]
+        if extra_eos and not params.ignore_eos and not pooling:
+            # a model with several end-of-sequence ids stops at any of them, as vLLM does
+            params = params.clone()
+            params.stop_token_ids = list(params.stop_token_ids) + extra_eos
         reqs = []
         for i, sid in enumerate(seq_ids_for(request_id, params.n)):
             p = params

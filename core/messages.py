@@ -96,6 +96,7 @@ class ModelInfo(msgspec.Struct):
     vocab_size: int
     max_model_len: int
     eos_token_id: int | None
+    eos_token_ids: list[int] = []  # every end-of-sequence id (e.g. Llama 3: <|end_of_text|>, <|eot_id|>)
     is_pooling: bool = False
     embedding_dim: int | None = None
     tokenizer_path: str | None = None  # where the front end loads the same tokenizer from

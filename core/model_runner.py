@@ -86,7 +86,7 @@ class ModelRunner:
             pending["sampled"] = so.sampled
             if so.logprobs is not None:
                 pending["lp_ids"], pending["lp"], pending["ranks"] = so.logprob_token_ids, so.logprobs, so.sampled_ranks
-        for rid, (rows, targets, first_pos) in inputs.prompt_lp_rows.items():
+        for rid, (rows, targets, _) in inputs.prompt_lp_rows.items():
             k = reqs[rid].sampling_params.prompt_logprobs
             lp = compute_logprobs(self.model.compute_logits(hidden[rows.to(self.device)]))
             pending[("plp", rid)] = gather_logprobs(lp, targets.to(self.device), k)

@@ -10,26 +10,24 @@ import os
 import torch
 
 from octavo.config import OctavoSettings
+from octavo.core.loader import DTYPES, get_max_model_len, resolve_dtype
 from octavo.core.model_runner import ModelRunner
 from octavo.core.scheduler import SchedulerOutput
 
 logger = logging.getLogger(__name__)
 
-DTYPES = {"float32": torch.float32, "float": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
-          "bf16": torch.bfloat16, "float16": torch.float16, "half": torch.float16, "fp16": torch.float16}
 DEFAULT_CPU_KV_CACHE_BYTES = 1 << 30
 
 
-def resolve_dtype(name: str, platform, hf_config) -> torch.dtype:
-    """``auto`` -> the platform's default. An explicit dtype the device does not compute natively still runs
-    (torch emulates it, e.g. bf16 on an AVX2-only CPU) but is logged as a warning, since it is slow."""
-    if name == "auto":
-        return DTYPES[platform.default_dtype()]
-    dtype = DTYPES[name]
-    supported = {DTYPES[d] for d in platform.supported_dtypes()}
-    if dtype not in supported:
+def choose_dtype(name: str, platform, hf_config) -> torch.dtype:
+    """The loader's dtype rule (``auto`` -> the platform default, a bf16 checkpoint never squeezed into fp16).
+    An explicit dtype the device does not compute natively still runs (torch emulates it, e.g. bf16 on an
+    AVX2-only CPU) but is logged as a warning, since it is slow."""
+    dtype = resolve_dtype(name, hf_config, platform.default_dtype())
+    native = platform.supported_dtypes()
+    if str(dtype).removeprefix("torch.") not in native:
         logger.warning("dtype=%s is not native on platform %s (native: %s); it runs emulated and slowly.",
-                       name, platform.name, ", ".join(platform.supported_dtypes()))
+                       name, platform.name, ", ".join(native))
     return dtype
 
 
@@ -51,11 +49,11 @@ class Worker:
 
         self.resolved = resolve_model(settings.model)
         hf_config = self.resolved.hf_config
-        self.dtype = resolve_dtype(settings.model.dtype, platform, hf_config)
+        self.dtype = choose_dtype(settings.model.dtype, platform, hf_config)
         model_cls = pm.resolve("models", self.resolved.architecture)
         self.model = load_model(self.resolved, model_cls=model_cls, dtype=self.dtype, device=self.device)
         self.model.eval()
-        self.max_model_len = settings.model.max_model_len or getattr(hf_config, "max_position_embeddings", 2048)
+        self.max_model_len = get_max_model_len(hf_config, settings.model.max_model_len)
         self.vocab_size = hf_config.vocab_size
 
         self.attn_layers = [m for m in self.model.modules() if hasattr(m, "bind") and hasattr(m, "num_kv_heads")]

@@ -26,6 +26,7 @@ class KVCacheManager:
         self.enable_caching = enable_caching
         self.pool = BlockPool(num_blocks, enable_caching)
         self.req_blocks: dict[str, list[KVBlock]] = {}
+        self.req_block_ids: dict[str, list[int]] = {}  # the same, as ids (kept in step for the runner)
         self.req_hashes: dict[str, list[bytes]] = {}  # chain hashes of the request's full blocks so far
 
     @property
@@ -77,10 +78,14 @@ class KVCacheManager:
             if not blocks:
                 del self.req_blocks[req.request_id]
             return False
+        ids = self.req_block_ids.setdefault(req.request_id, [])
         self.pool.touch(list(new_computed_blocks))
         blocks.extend(new_computed_blocks)
+        ids.extend(b.block_id for b in new_computed_blocks)
         if num_new_blocks > 0:
-            blocks.extend(self.pool.allocate(num_new_blocks))
+            new = self.pool.allocate(num_new_blocks)
+            blocks.extend(new)
+            ids.extend(b.block_id for b in new)
         self._cache_full_blocks(req, num_computed + num_new_tokens)
         return True
 
@@ -97,8 +102,10 @@ class KVCacheManager:
     def free(self, req: Request) -> None:
         """Release ``req``'s blocks, last block first (see ``BlockPool.free``)."""
         blocks = self.req_blocks.pop(req.request_id, [])
+        self.req_block_ids.pop(req.request_id, None)
         self.pool.free(list(reversed(blocks)))
         self.req_hashes.pop(req.request_id, None)
 
     def block_ids(self, request_id: str) -> list[int]:
-        return [b.block_id for b in self.req_blocks.get(request_id, ())]
+        """The request's block table (a live list: valid for the current step; do not mutate)."""
+        return self.req_block_ids.get(request_id, [])
