@@ -13,7 +13,7 @@ import time
 
 from octavo.config import OctavoSettings
 from octavo.core.executor import make_executor
-from octavo.core.kv_cache.manager import KVCacheManager
+from octavo.core.kv_cache.manager import KVCacheManager, uniform_sliding_window
 from octavo.core.loader import get_eos_token_ids
 from octavo.core.messages import (
     EngineCoreOutput,
@@ -40,7 +40,8 @@ class EngineCore:
         self.executor = make_executor(settings, self.platform)
         w = self.executor.driver
         self.max_model_len = w.max_model_len
-        self.kv = KVCacheManager(w.num_blocks, w.block_size, settings.cache.enable_prefix_caching)
+        self.kv = KVCacheManager(w.num_blocks, w.block_size, settings.cache.enable_prefix_caching,
+                                 sliding_window=uniform_sliding_window(getattr(w, "model", None)))
         self.scheduler = Scheduler(settings, self.kv, self.max_model_len)
         self.max_logprobs = settings.scheduler.max_logprobs
         # prompt logprobs are gathered chunk by chunk and sent once, when the prompt is done

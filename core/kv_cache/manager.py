@@ -20,10 +20,22 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def uniform_sliding_window(model) -> int | None:
+    """The sliding window shared by every paged attention layer of ``model``, or None (no window, no
+    attention layer, or layers that differ, e.g. Gemma 2/3 mixing global layers in)."""
+    from octavo.nn import Attention
+
+    windows = {m.sliding_window for m in model.modules() if isinstance(m, Attention)} if model is not None else set()
+    return windows.pop() if len(windows) == 1 else None
+
+
 class KVCacheManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool) -> None:
+    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool,
+                 sliding_window: int | None = None) -> None:
         self.block_size = block_size
         self.enable_caching = enable_caching
+        # every layer attends to at most this many recent positions: older blocks can be released
+        self.sliding_window = sliding_window
         self.pool = BlockPool(num_blocks, enable_caching)
         self.req_blocks: dict[str, list[KVBlock]] = {}
         self.req_block_ids: dict[str, list[int]] = {}  # the same, as ids (kept in step for the runner)
@@ -69,6 +81,8 @@ class KVCacheManager:
         """Make room for ``num_new_tokens`` more tokens of ``req`` (after ``new_computed_blocks``, its prefix
         hits when it is first scheduled). Returns False, changing nothing, if there are not enough free blocks."""
         blocks = self.req_blocks.setdefault(req.request_id, [])
+        if self.sliding_window is not None and blocks and not new_computed_blocks:
+            self.free_out_of_window_blocks(req.request_id, req.num_computed_tokens)
         num_computed = req.num_computed_tokens + len(new_computed_blocks) * self.block_size
         num_required = cdiv(num_computed + num_new_tokens, self.block_size)
         num_new_blocks = num_required - len(blocks) - len(new_computed_blocks)
@@ -89,6 +103,28 @@ class KVCacheManager:
         self._cache_full_blocks(req, num_computed + num_new_tokens)
         return True
 
+    def free_out_of_window_blocks(self, request_id: str, num_computed: int) -> int:
+        """Release the blocks no query of this request can see again; returns how many were released.
+
+        Queries from position ``num_computed`` on see positions ``> num_computed - sliding_window`` only, so
+        blocks wholly before that (keeping one block of margin) go back to the pool and the null block takes
+        their place in the block table, which keeps its indexing (backends mask those positions anyway).
+        """
+        blocks = self.req_blocks.get(request_id)
+        if self.sliding_window is None or not blocks:
+            return 0
+        first_visible = num_computed - self.sliding_window + 1
+        num_dead = max(0, first_visible // self.block_size - 1)
+        null = self.pool.null_block
+        dead = [b for b in blocks[:num_dead] if b is not null]
+        if dead:
+            blocks[:num_dead] = [null] * num_dead
+            ids = self.req_block_ids.get(request_id)
+            if ids is not None:
+                ids[:num_dead] = [null.block_id] * num_dead  # in place: the runner holds this live list
+            self.pool.free(list(reversed(dead)))
+        return len(dead)
+
     def _cache_full_blocks(self, req: Request, num_tokens: int) -> None:
         if not self.enable_caching or req.pooling:
             return
@@ -96,7 +132,7 @@ class KVCacheManager:
         blocks = self.req_blocks[req.request_id]
         bs = self.block_size
         for i, h in enumerate(self._block_hashes(req, num_full)):
-            if blocks[i].block_hash is None:
+            if blocks[i].block_hash is None and blocks[i] is not self.pool.null_block:  # released (window)
                 self.pool.cache_full_block(blocks[i], h, tuple(req.all_token_ids[i * bs:(i + 1) * bs]))
 
     def free(self, req: Request) -> None:
