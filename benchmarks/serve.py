@@ -51,7 +51,7 @@ def run_octavo(label: str, extra: list[str], args: argparse.Namespace) -> dict:
     try:
         result = bench_serve.run_benchmark(srv.url, concurrencies=args.concurrency, input_len=args.input_len,
                                            output_len=args.output_len, num_prompts=args.num_prompts,
-                                           vocab_size=args.vocab_size, label=label, seed=args.seed)
+                                           vocab_size=args.vocab_size, label=label, seed=args.seed, waves=args.waves)
     finally:
         srv.stop()
     result.update(startup_to_health_s=srv.startup_s, startup_to_first_answer_s=startup,
@@ -74,7 +74,8 @@ def run_llama_server(args: argparse.Namespace) -> dict:
         startup = first_answer(url, t0)
         result = bench_serve.run_benchmark(url, concurrencies=args.concurrency, input_len=args.input_len,
                                            output_len=args.output_len, num_prompts=args.num_prompts,
-                                           vocab_size=args.vocab_size, label="llama-server", seed=args.seed)
+                                           vocab_size=args.vocab_size, label="llama-server", seed=args.seed,
+                                           waves=args.waves)
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -118,7 +119,8 @@ def main() -> int:
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     p.add_argument("--input-len", type=int, default=128)
     p.add_argument("--output-len", type=int, default=128)
-    p.add_argument("--num-prompts", type=int, default=None, help="per level (default: 2 x concurrency, >= 4)")
+    p.add_argument("--num-prompts", type=int, default=None, help="per level (default: --waves x concurrency)")
+    p.add_argument("--waves", type=int, default=2)
     p.add_argument("--vocab-size", type=int, default=49152)
     p.add_argument("--max-model-len", type=int, default=1024)
     p.add_argument("--seed", type=int, default=0)
@@ -133,7 +135,7 @@ def main() -> int:
     os.makedirs(args.out_dir, exist_ok=True)
     meta = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "command": " ".join([os.path.basename(sys.executable), *sys.argv]), "machine": machine(),
-            "input_len": args.input_len, "output_len": args.output_len}
+            "input_len": args.input_len, "output_len": args.output_len, "waves": args.waves}
     runs = []
     if "octavo-mp" in args.servers:
         runs.append(run_octavo("octavo", [], args))

@@ -43,7 +43,8 @@ def _add_serve(sub) -> None:
     p.add_argument("--input-len", type=int, default=128, help="Prompt length in tokens (default: %(default)s).")
     p.add_argument("--output-len", type=int, default=128, help="Output tokens per request (default: %(default)s).")
     p.add_argument("--num-prompts", type=int, default=None,
-                   help="Requests per level (default: 2 x concurrency, at least 4).")
+                   help="Requests per level (default: --waves x concurrency).")
+    p.add_argument("--waves", type=int, default=2, help="Requests per level as a multiple of its concurrency.")
     p.add_argument("--vocab-size", type=int, default=49152,
                    help="Random prompt token ids are drawn below this (default: %(default)s, SmolLM2's).")
     p.add_argument("--seed", type=int, default=0)
@@ -60,7 +61,7 @@ def _run_serve(args: argparse.Namespace) -> int:
         result = bench_serve.run_benchmark(args.base_url, concurrencies=args.concurrency, input_len=args.input_len,
                                            output_len=args.output_len, num_prompts=args.num_prompts,
                                            vocab_size=args.vocab_size, api_key=args.api_key, seed=args.seed,
-                                           label=args.label)
+                                           label=args.label, waves=args.waves)
     except Exception as e:  # noqa: BLE001 - e.g. nothing listening: one line, not a traceback
         print(f"octavo bench serve: error: cannot benchmark {args.base_url}: {type(e).__name__}: {e}",
               file=sys.stderr)

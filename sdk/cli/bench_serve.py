@@ -156,20 +156,23 @@ def server_model(base_url: str, api_key: str | None = None) -> tuple[str, int | 
 
 def run_benchmark(base_url: str, *, concurrencies: list[int], input_len: int, output_len: int,
                   num_prompts: int | None, vocab_size: int, api_key: str | None = None, seed: int = 0,
-                  warmup: int = 2, label: str = "") -> dict[str, Any]:
-    """All concurrency levels against one server, each with fresh random prompts, after a short warm-up."""
+                  warmup: int = 2, label: str = "", waves: int = 2) -> dict[str, Any]:
+    """All concurrency levels against one server, each with fresh random prompts, after a short warm-up.
+
+    Each level sends ``num_prompts`` requests, or ``waves x concurrency`` when that is not given.
+    """
     model, _ = server_model(base_url, api_key)
     levels = []
     asyncio.run(run_level(base_url, model, random_prompts(warmup, input_len, vocab_size, seed + 999),
                           min(output_len, 8), warmup, api_key))
     for i, c in enumerate(concurrencies):
-        n = num_prompts or max(2 * c, 4)
+        n = num_prompts or waves * c
         prompts = random_prompts(n, input_len, vocab_size, seed + i)
         level = asyncio.run(run_level(base_url, model, prompts, output_len, c, api_key))
         levels.append(level)
         print(format_level(level, label), flush=True)
     return {"label": label, "base_url": base_url, "model": model, "input_len": input_len,
-            "output_len": output_len, "levels": levels}
+            "output_len": output_len, "waves": waves, "levels": levels}
 
 
 def format_level(m: dict[str, Any], label: str = "") -> str:
