@@ -51,7 +51,8 @@ def run_octavo(label: str, extra: list[str], args: argparse.Namespace) -> dict:
     try:
         result = bench_serve.run_benchmark(srv.url, concurrencies=args.concurrency, input_len=args.input_len,
                                            output_len=args.output_len, num_prompts=args.num_prompts,
-                                           vocab_size=args.vocab_size, label=label, seed=args.seed, waves=args.waves)
+                                           vocab_size=args.vocab_size, label=label, seed=args.seed,
+                                           waves=args.waves)
     finally:
         srv.stop()
     result.update(startup_to_health_s=srv.startup_s, startup_to_first_answer_s=startup,
