@@ -26,6 +26,7 @@ VOCAB = 256
 IDS = dict(pad_token_id=0, bos_token_id=1, eos_token_id=2)
 TINY = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, max_position_embeddings=128, **IDS)
+KV_BYTES = 16 << 20  # a small cache: on a GPU the default would take 90% of memory per LLM in this process
 WINDOW = 8  # shorter than the 23- and 40-token prompts of the contract and the prompts below
 
 
@@ -52,7 +53,7 @@ class LLMParity(ModelContract):
         save_word_tokenizer(path, ref.config.vocab_size)
         rng = random.Random(7)
         prompts = [[rng.randrange(3, ref.config.vocab_size) for _ in range(n)] for n in (19, 33)]
-        llm = LLM(path, dtype="float32", seed=0, max_model_len=64, enable_prefix_caching=False)
+        llm = LLM(path, dtype="float32", seed=0, max_model_len=64, enable_prefix_caching=False, kv_cache_memory_bytes=KV_BYTES)
         params = SamplingParams(temperature=0, max_tokens=self.num_new_tokens, ignore_eos=True, prompt_logprobs=0)
         outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
         for prompt, out in zip(prompts, outs):
@@ -96,8 +97,10 @@ class TestGemmaContract(LLMParity):
 
 class TestGemma2Contract(LLMParity):
     model_cls = Gemma2ForCausalLM
-    # small caps so tanh actually bends random-weight scores/logits; a scale unlike head_dim
+    # small caps so tanh actually bends random-weight scores/logits; a scale unlike head_dim. The reference
+    # must run eager attention: transformers' SDPA path for Gemma 2 (the default in 5.17) ignores the cap.
     configs = {"gemma2": T.Gemma2Config(architectures=["Gemma2ForCausalLM"], head_dim=16, sliding_window=WINDOW,
+                                        attn_implementation="eager",
                                         attn_logit_softcapping=0.5, final_logit_softcapping=0.4,
                                         query_pre_attn_scalar=24, **TINY)}
 
@@ -151,7 +154,7 @@ def test_decoder_last_token_pooling_for_task_embed(tmp_path):
     ref.save_pretrained(tmp_path)
     save_word_tokenizer(str(tmp_path))
     prompts = [[5, 9, 30, 7], list(range(3, 40))]
-    llm = LLM(str(tmp_path), dtype="float32", task="embed", max_model_len=64)
+    llm = LLM(str(tmp_path), dtype="float32", task="embed", max_model_len=64, kv_cache_memory_bytes=KV_BYTES)
     outs = llm.embed([{"prompt_token_ids": p} for p in prompts], use_tqdm=False)
     for prompt, out in zip(prompts, outs):
         with torch.no_grad():
@@ -200,7 +203,7 @@ def test_bert_pooling_modes_match_transformers(tmp_path, mode):
         {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}]))
     rng = random.Random(mode)
     prompts = [[rng.randrange(3, VOCAB) for _ in range(n)] for n in (1, 9, 30)]
-    llm = LLM(str(tmp_path), dtype="float32", max_model_len=128)
+    llm = LLM(str(tmp_path), dtype="float32", max_model_len=128, kv_cache_memory_bytes=KV_BYTES)
     outs = llm.embed([{"prompt_token_ids": p} for p in prompts], use_tqdm=False)
     for prompt, out in zip(prompts, outs):
         with torch.no_grad():
