@@ -106,11 +106,16 @@ class EngineCore:
     # ---- the step ------------------------------------------------------------------------------
     def step(self) -> EngineCoreOutputs:
         sched_out = self.scheduler.schedule()
+        early = [EngineCoreOutput(r.request_id, [], finish_reason=r.finish_reason)
+                 for r in self.scheduler.finished_out_of_cache]
+        if early:
+            self.scheduler.finished_out_of_cache.clear()
+            self.executor.release([o.request_id for o in early])
         if sched_out.is_empty:
-            return EngineCoreOutputs([], self.get_stats(), time.monotonic())
+            return EngineCoreOutputs(early, self.get_stats(), time.monotonic())
         result = self.executor.execute(sched_out)
         updates = self.scheduler.update(sched_out, result.sampled)
-        outputs, finished = [], []
+        outputs, finished = early, []
         for req, token in updates:
             rid = req.request_id
             if rid in result.prompt_logprobs and not req.prompt_logprobs_sent:

@@ -63,6 +63,7 @@ class Scheduler:
         self.waiting: list[Request] = []  # kept sorted by policy
         self.running: list[Request] = []  # in schedule order: earlier = higher rank
         self.requests: dict[str, Request] = {}
+        self.finished_out_of_cache: list[Request] = []  # finished inside schedule(); reported by the engine
         self.stats = SchedulerStats()
 
     # ---- admission -------------------------------------------------------------------------------
@@ -101,6 +102,16 @@ class Scheduler:
             num_computed = req.num_computed_tokens
             while not self.kv.allocate_slots(req, num_new):
                 victim = self.running.pop()  # the lowest-ranked request not yet scheduled this step
+                if victim is req and not self.running:
+                    # It holds every block alone and still needs more: it outgrew the whole cache (only
+                    # possible when the cache is smaller than max_model_len). End it instead of looping.
+                    logger.warning("request %s outgrew the KV cache (%d tokens); finishing it with 'length'. "
+                                   "Give the cache more memory or lower max_model_len.", req.request_id,
+                                   req.num_tokens)
+                    self.running.append(req)
+                    self._finish(req, FinishReason.LENGTH)
+                    self.finished_out_of_cache.append(req)
+                    break
                 self._preempt(victim)
                 preempted.append(victim.request_id)
                 if victim is req:

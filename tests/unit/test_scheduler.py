@@ -127,3 +127,15 @@ def test_stop_conditions():
     assert r.status == RequestStatus.RUNNING
     run_step(s, token=9)
     assert r.status == RequestStatus.FINISHED and str(r.finish_reason) == "stop"
+
+
+def test_a_request_that_outgrows_the_whole_cache_finishes_instead_of_looping():
+    s = make(num_blocks=4, block_size=4, max_num_batched_tokens=64, enable_prefix_caching=False)
+    r = req("a", 6, max_tokens=50)  # 3 usable blocks = 12 tokens; it needs more while generating
+    s.add_request(r)
+    for _ in range(30):
+        run_step(s)
+        if not s.has_unfinished_requests():
+            break
+    assert r.status == RequestStatus.FINISHED and str(r.finish_reason) == "length"
+    assert s.finished_out_of_cache == [r] and s.kv.pool.num_free_blocks == 3
