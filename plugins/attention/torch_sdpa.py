@@ -22,7 +22,6 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from octavo import hookimpl
 from octavo.attention import AttentionBackend, AttentionLayout
 from octavo.platform import Availability
 
@@ -167,8 +166,3 @@ class TorchSDPABackend(AttentionBackend):
                                                  vh.repeat_interleave(group, dim=0), attn_mask=allowed,
                                                  scale=self.scale)
         return out.transpose(0, 1)  # [q_len, heads, d]
-
-
-@hookimpl(trylast=True)
-def octavo_register_attention_backends(register):
-    register("torch_sdpa", "octavo.plugins.attention.torch_sdpa:TorchSDPABackend")

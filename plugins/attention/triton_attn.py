@@ -159,6 +159,7 @@ class TritonAttentionBackend(AttentionBackend):
 
     def forward(self, query, key, value, kv_cache, metadata: TritonAttentionMetadata):
         import torch
+
         from octavo.plugins.attention._triton_kernels import (
             LOG2E,
             _merge_splits_kernel,

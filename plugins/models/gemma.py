@@ -35,7 +35,6 @@ from octavo.nn import (
     rope_config,
 )
 from octavo.plugins.models.llama import LlamaForCausalLM
-from octavo.plugins.models.utils import LastTokenPooler
 
 
 class GemmaRMSNorm(RMSNorm):
@@ -164,7 +163,7 @@ class GemmaModel(nn.Module):
         return hidden_states
 
 
-class GemmaForCausalLM(LastTokenPooler, LlamaForCausalLM):
+class GemmaForCausalLM(LlamaForCausalLM):
     """Gemma / Gemma 2 / Gemma 3 text causal LM (the variant follows ``config.model_type``).
 
     Args:

@@ -14,7 +14,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from octavo import hookimpl
 from octavo.model import ForwardContext
 from octavo.nn import (
     Attention,
@@ -29,6 +28,7 @@ from octavo.nn import (
     get_rope,
     rope_config,
 )
+from octavo.plugins.models.utils import LastTokenPooler
 
 
 def _linear_method(quantizer, prefix: str):
@@ -135,7 +135,7 @@ class LlamaModel(nn.Module):
         return hidden_states
 
 
-class LlamaForCausalLM(nn.Module):
+class LlamaForCausalLM(LastTokenPooler, nn.Module):
     """A Llama-family causal LM over flat token batches (see the module docstring for the variants).
 
     Args:
@@ -207,10 +207,3 @@ class MistralForCausalLM(LlamaForCausalLM):
 
 class Qwen2ForCausalLM(LlamaForCausalLM):
     """Qwen2: Llama with a bias on q/k/v (chosen from ``config.model_type == "qwen2"``)."""
-
-
-@hookimpl(trylast=True)
-def octavo_register_models(register):
-    register("LlamaForCausalLM", "octavo.plugins.models.llama:LlamaForCausalLM")
-    register("MistralForCausalLM", "octavo.plugins.models.llama:MistralForCausalLM")
-    register("Qwen2ForCausalLM", "octavo.plugins.models.llama:Qwen2ForCausalLM")

@@ -16,7 +16,7 @@ from torch import nn
 from octavo.nn import ParallelLMHead, ReplicatedLinear, RMSNorm, VocabParallelEmbedding
 from octavo.nn.fused_moe import FusedMoE
 from octavo.plugins.models.llama import LlamaAttention, LlamaDecoderLayer, LlamaForCausalLM, LlamaModel
-from octavo.plugins.models.utils import LastTokenPooler, split_expert_weights
+from octavo.plugins.models.utils import split_expert_weights
 
 
 class MixtralSparseMoeBlock(nn.Module):
@@ -56,7 +56,7 @@ class MixtralModel(LlamaModel):
         self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
 
-class MixtralForCausalLM(LastTokenPooler, LlamaForCausalLM):
+class MixtralForCausalLM(LlamaForCausalLM):
     """Mixtral causal LM.
 
     Args:

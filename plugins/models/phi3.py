@@ -15,10 +15,9 @@ from typing import Any
 import torch
 
 from octavo.plugins.models.llama import LlamaForCausalLM
-from octavo.plugins.models.utils import LastTokenPooler
 
 
-class Phi3ForCausalLM(LastTokenPooler, LlamaForCausalLM):
+class Phi3ForCausalLM(LlamaForCausalLM):
     """Phi-3 causal LM.
 
     Args:

@@ -25,7 +25,7 @@ from octavo.plugins.models.llama import (
     LlamaMLP,
     LlamaModel,
 )
-from octavo.plugins.models.utils import LastTokenPooler, split_expert_weights
+from octavo.plugins.models.utils import split_expert_weights
 
 
 class Qwen3Attention(LlamaAttention):
@@ -81,7 +81,7 @@ class Qwen3Model(LlamaModel):
         self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
 
-class Qwen3ForCausalLM(LastTokenPooler, LlamaForCausalLM):
+class Qwen3ForCausalLM(LlamaForCausalLM):
     """Qwen3 dense causal LM (also Qwen3-Embedding under ``task="embed"``).
 
     Args:

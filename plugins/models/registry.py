@@ -1,4 +1,4 @@
-"""The built-in model architectures beyond the Llama family, registered by lazy ``"module:Class"`` targets.
+"""Every built-in model architecture, registered by lazy ``"module:Class"`` targets.
 
 This is the entry-point module (``models`` in group ``octavo``). It imports nothing heavy, because every
 process loads every plugin module; a model's module (and torch) is imported only when a checkpoint of
@@ -11,6 +11,9 @@ _PKG = "octavo.plugins.models"
 
 # Hugging Face ``architectures`` name -> "module:Class"
 MODELS = {
+    "LlamaForCausalLM": f"{_PKG}.llama:LlamaForCausalLM",
+    "MistralForCausalLM": f"{_PKG}.llama:MistralForCausalLM",
+    "Qwen2ForCausalLM": f"{_PKG}.llama:Qwen2ForCausalLM",
     "Qwen3ForCausalLM": f"{_PKG}.qwen3:Qwen3ForCausalLM",
     "Qwen3MoeForCausalLM": f"{_PKG}.qwen3:Qwen3MoeForCausalLM",
     "MixtralForCausalLM": f"{_PKG}.mixtral:MixtralForCausalLM",
