@@ -84,7 +84,7 @@ def copy_bandwidth() -> float:
 
 def make_llm(model_dir: str, **kw):
     from octavo import LLM
-    from octavo.core.cuda_graphs import prepare_gpu_worker
+    from octavo.plugins.platforms.cuda_graphs import prepare_gpu_worker
 
     llm = LLM(model=model_dir, load_format=kw.pop("load_format", "dummy"), dtype="bfloat16",
               skip_tokenizer_init=True, **kw)

@@ -50,13 +50,13 @@ class ModelRunner:
             self.generators.pop(rid, None)
 
     def forward(self, inputs: StepInputs) -> torch.Tensor:
+        if self.graph_runner is not None:  # a captured decode step brings its own static metadata
+            hidden = self.graph_runner.maybe_run(inputs)
+            if hidden is not None:
+                return hidden
         # models without paged attention (encoders attending within each request) need no metadata
         metadata = self.attn_backend_cls.build_metadata(inputs.layout, self.device) if self.attn_backend_cls else None
         ctx = ForwardContext(attn_metadata=metadata, query_start_loc=inputs.query_start_loc)
-        if self.graph_runner is not None:
-            hidden = self.graph_runner.maybe_run(inputs, ctx)
-            if hidden is not None:
-                return hidden
         return self.model(inputs.input_ids, inputs.positions, ctx)
 
     @torch.inference_mode()

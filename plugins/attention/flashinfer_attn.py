@@ -10,7 +10,7 @@ kernel first.
 Planning is host work (FlashInfer's scheduler reads the page tables on the CPU), so it runs once per step
 and per distinct layer shape, lazily in the first layer's ``forward``; wrappers are cached per device and
 shape across steps. This makes the backend *eager only*: its metadata is not graph-safe, so with it the
-engine runs decode steps without CUDA graphs (``octavo.core.cuda_graphs`` detects this). That is why the
+engine runs decode steps without CUDA graphs (``octavo.plugins.platforms.cuda_graphs`` detects this). That is why the
 ``cuda`` platform prefers ``triton`` first.
 
 FlashInfer JIT-compiles each kernel variant with nvcc on first use (tens of seconds); set

@@ -5,7 +5,7 @@ of few requests over long contexts); the kernels live in ``_triton_kernels``. Ha
 prefill over cached prefix blocks and decode in one kernel, GQA/MQA, fp16/bf16/fp32, any power-of-two
 block size, head sizes up to 256, sliding windows and logit soft-capping. The cache keeps the default
 layout ``[2, num_blocks, block_size, num_kv_heads, head_size]``. ``forward`` never syncs with the host, so
-decode steps can be captured in CUDA graphs (``octavo.core.cuda_graphs``); metadata tensors are built with
+decode steps can be captured in CUDA graphs (``octavo.plugins.platforms.cuda_graphs``); metadata tensors are built with
 ``Tensor.to`` so a graph runner that hands in static device tensors gets them back unchanged.
 """
 

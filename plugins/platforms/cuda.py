@@ -102,6 +102,12 @@ class TorchGpuPlatform(Platform):
             return "float16"
         return "bfloat16"
 
+    def prepare_worker(self, worker) -> None:
+        """Fused small-op kernels, then CUDA graphs for decode batches (see ``cuda_graphs``); idempotent."""
+        from octavo.plugins.platforms.cuda_graphs import prepare_gpu_worker
+
+        prepare_gpu_worker(worker)
+
     def capabilities(self) -> PlatformCapabilities:
         import torch
 

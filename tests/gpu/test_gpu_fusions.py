@@ -11,7 +11,7 @@ def _dtypes(device):
 
 
 def test_rms_norm(device):
-    from octavo.core.gpu_fusions import _close, fuse_model
+    from octavo.plugins.platforms.cuda_fusions import _close, fuse_model
     from octavo.nn.layernorm import RMSNorm
 
     for dtype in _dtypes(device):
@@ -26,7 +26,7 @@ def test_rms_norm(device):
 
 
 def test_silu_and_mul(device):
-    from octavo.core.gpu_fusions import _close, fuse_model
+    from octavo.plugins.platforms.cuda_fusions import _close, fuse_model
     from octavo.nn.activation import SiluAndMul
 
     for dtype in _dtypes(device):
@@ -39,7 +39,7 @@ def test_silu_and_mul(device):
 
 @pytest.mark.parametrize("neox,head,rot", [(True, 128, 128), (False, 64, 64), (True, 80, 40)])
 def test_rotary(device, neox, head, rot):
-    from octavo.core.gpu_fusions import _close, fuse_model
+    from octavo.plugins.platforms.cuda_fusions import _close, fuse_model
     from octavo.nn.rotary import RotaryEmbedding, compute_cos_sin
 
     for dtype in _dtypes(device):
@@ -57,7 +57,7 @@ def test_rotary(device, neox, head, rot):
 
 @pytest.mark.parametrize("n,k,bias", [(1000, 300, True), (256, 1024, False), (192, 2048, True)])
 def test_gemv_linear_method(device, n, k, bias):
-    from octavo.core.gpu_fusions import _close, fuse_model
+    from octavo.plugins.platforms.cuda_fusions import _close, fuse_model
     from octavo.nn.linear import ReplicatedLinear
 
     for dtype in _dtypes(device):

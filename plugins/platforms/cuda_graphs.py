@@ -54,7 +54,7 @@ def prepare_gpu_worker(worker) -> dict:
     info: dict = {"fused": None, "graph_sizes": []}
     if worker.platform.capabilities().graphs and worker.device.type != "cpu":
         try:
-            from octavo.core.gpu_fusions import fuse_model
+            from octavo.plugins.platforms.cuda_fusions import fuse_model
 
             info["fused"] = fuse_model(worker.model, worker.dtype, worker.device)
         except ImportError as e:
