@@ -82,8 +82,8 @@ def run_parity(root: str, max_new: int = 48) -> dict:
     import torch
 
     from octavo import LLM, SamplingParams
-    from octavo.plugins.platforms.cuda_graphs import prepare_gpu_worker
     from octavo.core.plugin_manager import get_plugin_manager
+    from octavo.plugins.platforms.cuda_graphs import prepare_gpu_worker
 
     archs = ["LlamaForCausalLM"] + (["Qwen3ForCausalLM"] if "Qwen3ForCausalLM" in get_plugin_manager().names("models")
                                     else [])

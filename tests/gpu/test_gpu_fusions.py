@@ -11,8 +11,8 @@ def _dtypes(device):
 
 
 def test_rms_norm(device):
-    from octavo.plugins.platforms.cuda_fusions import _close, fuse_model
     from octavo.nn.layernorm import RMSNorm
+    from octavo.plugins.platforms.cuda_fusions import _close, fuse_model
 
     for dtype in _dtypes(device):
         for d in (64, 1000, 4096):
@@ -26,8 +26,8 @@ def test_rms_norm(device):
 
 
 def test_silu_and_mul(device):
-    from octavo.plugins.platforms.cuda_fusions import _close, fuse_model
     from octavo.nn.activation import SiluAndMul
+    from octavo.plugins.platforms.cuda_fusions import _close, fuse_model
 
     for dtype in _dtypes(device):
         act = SiluAndMul()
@@ -39,8 +39,8 @@ def test_silu_and_mul(device):
 
 @pytest.mark.parametrize("neox,head,rot", [(True, 128, 128), (False, 64, 64), (True, 80, 40)])
 def test_rotary(device, neox, head, rot):
-    from octavo.plugins.platforms.cuda_fusions import _close, fuse_model
     from octavo.nn.rotary import RotaryEmbedding, compute_cos_sin
+    from octavo.plugins.platforms.cuda_fusions import _close, fuse_model
 
     for dtype in _dtypes(device):
         cos, sin = compute_cos_sin(rot, 4096, 10000.0)
@@ -57,8 +57,8 @@ def test_rotary(device, neox, head, rot):
 
 @pytest.mark.parametrize("n,k,bias", [(1000, 300, True), (256, 1024, False), (192, 2048, True)])
 def test_gemv_linear_method(device, n, k, bias):
-    from octavo.plugins.platforms.cuda_fusions import _close, fuse_model
     from octavo.nn.linear import ReplicatedLinear
+    from octavo.plugins.platforms.cuda_fusions import _close, fuse_model
 
     for dtype in _dtypes(device):
         with torch.device(device):
