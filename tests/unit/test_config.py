@@ -148,6 +148,7 @@ def test_sections_subset():
 
 
 def test_every_setting_is_documented():
+    """A new setting needs its row in docs/configuration.md (one per field of octavo.config.SECTIONS)."""
     from pathlib import Path
 
     text = (Path(__file__).resolve().parents[2] / "docs" / "configuration.md").read_text()
