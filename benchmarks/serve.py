@@ -43,8 +43,8 @@ def first_answer(url: str, t0: float, model: str | None = None, timeout_s: float
 
 def run_octavo(label: str, extra: list[str], args: argparse.Namespace) -> dict:
     log = os.path.join(args.out_dir, f"serve-{label.replace(' ', '_')}.log")
-    srv = ServerProcess(["--max-model-len", str(args.max_model_len), "--uvicorn-log-level", "warning", *extra],
-                        log_path=log)
+    srv = ServerProcess(["--max-model-len", str(args.max_model_len), "--uvicorn-log-level", "warning",
+                         *args.octavo_args.split(), *extra], log_path=log)
     t0 = time.perf_counter()
     srv.start()
     startup = first_answer(srv.url, t0)
@@ -127,6 +127,7 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--servers", nargs="+", default=["octavo-mp", "octavo-inproc", "llama-server"],
                    choices=["octavo-mp", "octavo-inproc", "llama-server"])
+    p.add_argument("--octavo-args", default="", help="extra `octavo serve` flags, one string")
     p.add_argument("--llama-server", default=None, help="path to llama.cpp's llama-server binary")
     p.add_argument("--threads", type=int, default=2, help="llama-server -t")
     p.add_argument("--num-slots", type=int, default=32, help="llama-server -np")

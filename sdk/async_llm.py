@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -61,6 +62,8 @@ class AsyncLLM:
         from octavo.core.loader import load_tokenizer
         from octavo.core.output_processor import OutputProcessor
 
+        if not settings.server.disable_frontend_multiprocessing:
+            settings = _reserve_frontend_core(settings)
         self.settings = settings
         self._client = None
         t0 = time.perf_counter()
@@ -319,6 +322,26 @@ class AsyncLLM:
                 self._client.shutdown(timeout_s=1.0)
         except Exception:  # noqa: BLE001
             pass
+
+
+def _reserve_frontend_core(settings: OctavoSettings) -> OctavoSettings:
+    """Leave one CPU to the front end: the core's torch threads default to all CPUs but one.
+
+    The front end (HTTP, tokenization, detokenization) shares the machine with the core process. If the
+    core's OpenMP threads claim every CPU, each time the front end (or anything else) runs, one of them
+    is preempted and the others spin at the next barrier: on a 2-CPU machine this made decode 5-7x
+    slower than one thread (measured, docs/performance.md). vLLM's CPU backend reserves a core likewise.
+    An explicit ``num_threads`` is kept.
+    """
+    if settings.device.num_threads is not None:
+        return settings
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cpus = os.cpu_count() or 1
+    settings = settings.model_copy(deep=True)
+    settings.device.num_threads = max(1, cpus - 1)
+    return settings
 
 
 def _notify(observer: Callable[[Any], None], value: Any) -> None:
