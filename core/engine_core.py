@@ -64,7 +64,7 @@ class EngineCore:
             device=str(w.device),
         )
         self.pm.hook.octavo_on_engine_start(settings=settings)
-        self.stat_loggers = self.pm.stat_loggers()
+        self.stat_loggers = self.pm.stat_loggers(settings)
 
     # ---- requests ------------------------------------------------------------------------------
     def add_request(self, req: EngineCoreRequest) -> None:
@@ -149,8 +149,10 @@ class EngineCore:
         return EngineCoreOutputs(outputs, stats, time.monotonic())
 
     def shutdown(self) -> None:
-        self.pm.hook.octavo_on_engine_shutdown(settings=self.settings)
-        self.executor.shutdown()
+        try:
+            self.pm.hook.octavo_on_engine_shutdown(settings=self.settings)
+        finally:  # a plugin that raises must not keep the workers alive
+            self.executor.shutdown()
 
 
 __all__ = ["EngineCore", "FinishReason"]
