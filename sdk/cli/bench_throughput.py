@@ -147,7 +147,7 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     record = {"card": f"CPU: {pyplatform.processor() or pyplatform.machine()}, {torch.get_num_threads()} threads",
               "date": datetime.date.today().isoformat(), "command": "octavo bench throughput " + " ".join(
-                  argv if argv is not None else sys.argv[1:]), "commit": commit, "results": results}
+                  argv if argv is not None else sys.argv[3 if sys.argv[1:3] == ["bench", "throughput"] else 1:]), "commit": commit, "results": results}
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "cpu_throughput.json"), "w") as f:
         json.dump(record, f, indent=2)
