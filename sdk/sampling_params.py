@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import copy
 from enum import IntEnum
-from typing import Any
 
 import msgspec
 
@@ -139,17 +138,9 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True, dict=True
         if self.seed is not None and not isinstance(self.seed, int):
             bad("seed", f"must be an integer, got {self.seed!r}")
 
-    @property
-    def sampling_type_greedy(self) -> bool:
-        return self.temperature == 0.0
-
     def clone(self) -> SamplingParams:
         return copy.deepcopy(self)
 
     def __repr__(self) -> str:
         fields = {f: getattr(self, f) for f in self.__struct_fields__}
         return "SamplingParams(" + ", ".join(f"{k}={v!r}" for k, v in fields.items()) + ")"
-
-
-def sampling_params_from_dict(d: dict[str, Any]) -> SamplingParams:
-    return SamplingParams(**d)
