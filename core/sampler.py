@@ -115,30 +115,40 @@ def random_sample(probs: torch.Tensor, generators: dict[int, torch.Generator]) -
     return probs.div(q).argmax(dim=-1)
 
 
+def process_logits(logits: torch.Tensor, b: SamplingBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Every sampling parameter applied to float logits: the greedy choice of each row, and the
+    distribution random rows sample from (None when all rows are greedy). Shared with the rejection
+    sampler (speculative decoding), so verification sees exactly the distribution sampling would."""
+    if b.logit_bias is not None:
+        logits = logits + b.logit_bias
+    if b.allowed_mask is not None:
+        logits = logits.masked_fill(~b.allowed_mask, float("-inf"))
+    for row, token_ids in b.banned:
+        logits[row, token_ids] = float("-inf")
+    logits = apply_penalties(logits, b)
+
+    greedy = logits.argmax(dim=-1)
+    if b.all_greedy:
+        return greedy, None
+    temp = torch.where(b.temperature > 0, b.temperature, torch.ones_like(b.temperature))
+    scaled = logits / temp.unsqueeze(1)
+    if not b.no_min_p:
+        scaled = apply_min_p(scaled, b.min_p)
+    if not (b.no_top_k and b.no_top_p):
+        scaled = apply_top_k_top_p(scaled, None if b.no_top_k else b.top_k, None if b.no_top_p else b.top_p)
+    return greedy, scaled.softmax(dim=-1)
+
+
 class Sampler:
     def __call__(self, logits: torch.Tensor, b: SamplingBatch) -> SamplerOutput:
         logits = logits.float()
         raw_logprobs = compute_logprobs(logits) if b.max_num_logprobs >= 0 else None
 
-        if b.logit_bias is not None:
-            logits = logits + b.logit_bias
-        if b.allowed_mask is not None:
-            logits = logits.masked_fill(~b.allowed_mask, float("-inf"))
-        for row, token_ids in b.banned:
-            logits[row, token_ids] = float("-inf")
-        logits = apply_penalties(logits, b)
-
-        greedy = logits.argmax(dim=-1)
-        if b.all_greedy:
+        greedy, probs = process_logits(logits, b)
+        if probs is None:
             sampled = greedy
         else:
-            temp = torch.where(b.temperature > 0, b.temperature, torch.ones_like(b.temperature))
-            scaled = logits / temp.unsqueeze(1)
-            if not b.no_min_p:
-                scaled = apply_min_p(scaled, b.min_p)
-            if not (b.no_top_k and b.no_top_p):
-                scaled = apply_top_k_top_p(scaled, None if b.no_top_k else b.top_k, None if b.no_top_p else b.top_p)
-            sampled = random_sample(scaled.softmax(dim=-1), b.generators)
+            sampled = random_sample(probs, b.generators)
             sampled = torch.where(b.temperature > 0, sampled, greedy)
 
         out = SamplerOutput(sampled=sampled)
