@@ -43,16 +43,9 @@ from octavo.core.engine_core_proc import (
     run_engine_core,
 )
 from octavo.core.messages import EngineCoreOutputs, EngineCoreRequest, ModelInfo
+from octavo.errors import EngineDeadError, EngineStartError  # noqa: F401 - public home; old path kept one release
 
 logger = logging.getLogger("octavo.engine_client")
-
-
-class EngineDeadError(RuntimeError):
-    """The engine core is gone (its process died or a step failed); no request can be served any more."""
-
-
-class EngineStartError(RuntimeError):
-    """The engine core could not start; the message carries the real reason from the core."""
 
 
 class EngineCoreClient:

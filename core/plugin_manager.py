@@ -28,6 +28,7 @@ from typing import Any
 import pluggy
 
 from octavo.core import hookspecs
+from octavo.errors import PluginConflictError, PluginError, UnknownPluginError  # noqa: F401 - re-exported
 from octavo.hooks import ENTRY_POINT_GROUP, PROJECT_NAME
 
 BUILTIN_DISTRIBUTION = "octavo"
@@ -42,18 +43,6 @@ KINDS: dict[str, str] = {
 #: platforms tried first when nothing is configured; unknown (third-party) platforms come next, cpu last.
 PLATFORM_PREFERENCE = ["cuda", "rocm", "xpu", "hpu", "npu", "tpu", "mps"]
 REFERENCE_ATTENTION_BACKEND = "torch_sdpa"
-
-
-class PluginError(RuntimeError):
-    """A plugin problem; the message names the plugin, its distribution and the fix."""
-
-
-class UnknownPluginError(PluginError, ValueError):
-    """A name that no loaded plugin registered."""
-
-
-class PluginConflictError(PluginError):
-    """Two third-party plugins registered the same name."""
 
 
 @dataclass

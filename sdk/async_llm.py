@@ -42,7 +42,7 @@ class AsyncLLM:
             ``disable_frontend_multiprocessing=True``, ...), see :class:`octavo.config.OctavoSettings`.
 
     Raises:
-        octavo.core.engine_client.EngineStartError: the engine core could not load the model (the
+        octavo.errors.EngineStartError: the engine core could not load the model (the
             message carries the real reason, e.g. a missing file).
     """
 
@@ -126,7 +126,7 @@ class AsyncLLM:
 
     async def check_health(self) -> None:
         """Raise ``EngineDeadError`` if the engine core is gone."""
-        from octavo.core.engine_client import EngineDeadError
+        from octavo.errors import EngineDeadError
 
         if self._client.is_dead:
             raise EngineDeadError(self._client.dead_reason)
@@ -198,7 +198,7 @@ class AsyncLLM:
             ValueError: invalid prompt or parameters; nothing was queued.
             EngineDeadError: the engine core is gone.
         """
-        from octavo.core.engine_client import EngineDeadError
+        from octavo.errors import EngineDeadError
 
         if self._client.is_dead:
             raise EngineDeadError(self._client.dead_reason)
@@ -248,7 +248,7 @@ class AsyncLLM:
                                                                        name="octavo-output-loop")
 
     async def _output_loop(self) -> None:
-        from octavo.core.engine_client import EngineDeadError
+        from octavo.errors import EngineDeadError
 
         op = self.output_processor
         try:
@@ -296,7 +296,7 @@ class AsyncLLM:
             q.put_nowait(error)
 
     def _on_dead(self, reason: str) -> None:
-        from octavo.core.engine_client import EngineDeadError
+        from octavo.errors import EngineDeadError
 
         self._fail_all(EngineDeadError(reason))
         for obs in self.dead_observers:

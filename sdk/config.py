@@ -17,11 +17,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from octavo.errors import ConfigError  # noqa: F401 - public home: octavo.errors
+
 ENV_PREFIX = "OCTAVO_"
-
-
-class ConfigError(ValueError):
-    """An invalid setting: the message names the field and how to fix it."""
 
 
 class _Section(BaseModel):

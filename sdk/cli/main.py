@@ -49,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Run ``octavo``; returns the exit status (the console script exits with it)."""
     from octavo.config import ConfigError
-    from octavo.core.plugin_manager import PluginError
+    from octavo.errors import PluginError
 
     try:
         parser = build_parser()

@@ -56,7 +56,7 @@ def serve(settings, *, t_start: float | None = None) -> int:
     import uvicorn
 
     from octavo.async_llm import AsyncLLM
-    from octavo.core.engine_client import EngineStartError
+    from octavo.errors import EngineStartError
     from octavo.server import build_app
 
     t_start = t_start or time.perf_counter()

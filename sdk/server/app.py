@@ -21,6 +21,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from octavo.errors import APIError
 from octavo.server.metrics import ServerMetrics
 from octavo.server.protocol import (
     ChatCompletionRequest,
@@ -35,16 +36,6 @@ logger = logging.getLogger("octavo.server")
 
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
           405: "invalid_request_error", 413: "invalid_request_error", 503: "service_unavailable_error"}
-
-
-class APIError(Exception):
-    """An error answered in OpenAI's shape with ``status``."""
-
-    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | int | None = None,
-                 headers: dict[str, str] | None = None):
-        super().__init__(message)
-        self.status, self.message, self.param, self.headers = status, message, param, headers
-        self.code = code if code is not None else status
 
 
 def error_response(status: int, message: str, *, param: str | None = None, code: Any = None,
@@ -118,7 +109,7 @@ def build_app(engine: Any, settings: Any) -> FastAPI:
 
     @app.exception_handler(Exception)
     async def _internal(_: Request, e: Exception) -> JSONResponse:
-        from octavo.core.engine_client import EngineDeadError
+        from octavo.errors import EngineDeadError
 
         if isinstance(e, EngineDeadError):
             return error_response(503, f"The engine is down: {_first_line(str(e))}")
@@ -145,7 +136,7 @@ def build_app(engine: Any, settings: Any) -> FastAPI:
                            "(see GET /v1/models).", param="model", code="model_not_found")
 
     def check_ready() -> None:
-        from octavo.core.engine_client import EngineDeadError
+        from octavo.errors import EngineDeadError
 
         if engine.errored:
             raise EngineDeadError(engine.dead_reason or "the engine core died")

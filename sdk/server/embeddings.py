@@ -112,7 +112,7 @@ def _model_dir(engine: Any) -> str | None:
 
 def register_embedding_routes(app: FastAPI, engine: Any, model_name: str, check_model, check_ready) -> None:
     """Add ``/v1/embeddings`` and keep only the routes that fit the served model (see the module docstring)."""
-    from octavo.server.app import APIError
+    from octavo.errors import APIError
 
     info = engine.get_model_info()
     is_pooling = bool(getattr(info, "is_pooling", False))

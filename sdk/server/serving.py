@@ -281,7 +281,7 @@ class OpenAIServing:
 
 def stream_error(e: BaseException) -> dict[str, Any]:
     """An error inside an SSE stream (after the 200 was sent), in OpenAI's error shape."""
-    from octavo.core.engine_client import EngineDeadError
+    from octavo.errors import EngineDeadError
 
     code, etype = (503, "service_unavailable_error") if isinstance(e, EngineDeadError) else \
         (400, "invalid_request_error") if isinstance(e, ValueError) else (500, "internal_error")
