@@ -85,6 +85,22 @@ class SchedulerSettings(_Section):
     scheduling_policy: Literal["fcfs", "priority"] = Field("fcfs", description="fcfs: arrival order; priority: "
                                                            "lower priority value first, then arrival.")
     max_logprobs: int = Field(20, ge=0, description="Most logprobs a request may ask for per token.")
+    speculative_config: dict[str, Any] | None = Field(
+        None, description='Speculative decoding, as vLLM spells it: {"method": "ngram", "num_speculative_tokens": '
+        '4, "prompt_lookup_max": 3} (see docs/spec_decode.md). None: off.')
+
+    @field_validator("speculative_config")
+    @classmethod
+    def _check_speculative_config(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        if v is None:
+            return v
+        from octavo.speculator import SpeculativeConfig
+
+        try:
+            return SpeculativeConfig.model_validate(v).model_dump(exclude_none=True)
+        except ValidationError as e:
+            raise ValueError("; ".join(f"{'.'.join(map(str, err['loc'])) or 'speculative_config'}: "
+                                       f"{err['msg'].removeprefix('Value error, ')}" for err in e.errors())) from None
 
 
 class ParallelSettings(_Section):
