@@ -75,6 +75,17 @@ class SchedulerStats(msgspec.Struct):
     num_prompt_tokens: int = 0  # computed prompt tokens, cumulative
     num_generation_tokens: int = 0  # cumulative
     num_steps: int = 0
+    # speculative decoding, cumulative (see docs/spec_decode.md); a list is replaced, never mutated
+    spec_decode_num_drafts: int = 0  # verification rounds: request-steps that carried drafts
+    spec_decode_num_draft_tokens: int = 0  # drafts proposed (and verified)
+    spec_decode_num_accepted_tokens: int = 0  # drafts accepted
+    spec_decode_num_emitted_tokens: int = 0  # tokens those rounds emitted (accepted + 1 each, unless stopped)
+    spec_decode_accepted_per_pos: list[int] = []  # [j]: rounds whose draft j was accepted
+
+    @property
+    def spec_decode_acceptance_rate(self) -> float:
+        n = self.spec_decode_num_draft_tokens
+        return self.spec_decode_num_accepted_tokens / n if n else 0.0
 
     @property
     def prefix_cache_hit_rate(self) -> float:

@@ -17,6 +17,7 @@ from octavo.config import OctavoSettings
 from octavo.core.kv_cache.manager import KVCacheManager
 from octavo.core.messages import EngineCoreOutput, FinishReason, SchedulerStats
 from octavo.core.request import Request, RequestStatus
+from octavo.core.spec_decode import record_verification
 
 logger = logging.getLogger(__name__)
 
@@ -27,11 +28,12 @@ class ScheduledRequest:
     num_tokens: int  # new tokens this step
     num_computed_tokens: int  # tokens already in the cache before this step
     block_ids: list[int]
+    spec_token_ids: list[int] = field(default_factory=list)  # drafts to verify (counted in num_tokens)
 
     @property
     def samples(self) -> bool:
         """True when this step reaches the end of the request's known tokens, so it yields a next token."""
-        return self.num_computed_tokens + self.num_tokens == self.req.num_tokens
+        return self.num_computed_tokens + self.num_tokens == self.req.num_tokens + len(self.spec_token_ids)
 
 
 @dataclass
@@ -65,6 +67,8 @@ class Scheduler:
         self.requests: dict[str, Request] = {}
         self.finished_out_of_cache: list[Request] = []  # finished inside schedule(); reported by the engine
         self.stats = SchedulerStats()
+        # speculative decoding: request id -> drafts proposed after the last step, verified in the next one
+        self.spec_drafts: dict[str, list[int]] = {}
 
     # ---- admission -------------------------------------------------------------------------------
     def add_request(self, req: Request) -> None:
@@ -98,7 +102,8 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
-            num_new = min(req.num_tokens - req.num_computed_tokens, budget)
+            drafts = self._usable_drafts(req, budget)
+            num_new = min(req.num_tokens - req.num_computed_tokens, budget) + len(drafts)
             num_computed = req.num_computed_tokens
             while not self.kv.allocate_slots(req, num_new):
                 victim = self.running.pop()  # the lowest-ranked request not yet scheduled this step
@@ -117,7 +122,8 @@ class Scheduler:
                 if victim is req:
                     break
             else:
-                scheduled.append(ScheduledRequest(req, num_new, num_computed, self.kv.block_ids(req.request_id)))
+                scheduled.append(ScheduledRequest(req, num_new, num_computed, self.kv.block_ids(req.request_id),
+                                                  drafts))
                 budget -= num_new
                 i += 1
 
@@ -147,6 +153,15 @@ class Scheduler:
         others = [s for s in scheduled if not (s.num_tokens == 1 and s.num_computed_tokens > 0)]
         return SchedulerOutput(decodes + others, len(decodes), self.max_num_batched_tokens - budget, preempted)
 
+    def _usable_drafts(self, req: Request, budget: int) -> list[int]:
+        """The drafts ``req`` verifies this step: only while decoding (one known token to compute), cut to
+        the budget and so that neither ``max_tokens`` nor ``max_model_len`` can be overshot."""
+        drafts = self.spec_drafts.pop(req.request_id, None)
+        if not drafts or req.num_tokens - req.num_computed_tokens != 1:
+            return []
+        room = min(budget - 1, req.max_tokens - req.num_output_tokens - 1, self.max_model_len - req.num_tokens - 1)
+        return drafts[:max(0, room)]
+
     def _preempt(self, req: Request) -> None:
         self.kv.free(req)
         req.status = RequestStatus.PREEMPTED
@@ -157,7 +172,7 @@ class Scheduler:
         logger.debug("preempted %s", req.request_id)
 
     # ---- after the model ran ---------------------------------------------------------------------
-    def update(self, out: SchedulerOutput, sampled: dict[str, int]) -> list[tuple[Request, int | None]]:
+    def update(self, out: SchedulerOutput, sampled: dict[str, int | list[int]]) -> list[tuple[Request, int | None]]:
         """Advance computed counts, append each sampled token and finish requests that stop.
 
         Returns ``(request, new token or None)`` for every scheduled request; requests that finished
@@ -168,22 +183,37 @@ class Scheduler:
             req = s.req
             if req.is_finished:  # aborted between schedule and update
                 continue
-            req.num_computed_tokens = s.num_computed_tokens + s.num_tokens
+            token = sampled.get(req.request_id)
+            tokens = [token] if isinstance(token, int) else (token or [])
+            # rejected drafts' K/V slots are rolled back: only the accepted ones count as computed
+            num_rejected = len(s.spec_token_ids) - max(0, len(tokens) - 1)
+            req.num_computed_tokens = s.num_computed_tokens + s.num_tokens - num_rejected
             if req.num_computed_tokens <= req.num_prompt_tokens:
                 self.stats.num_prompt_tokens += s.num_tokens
-            token = sampled.get(req.request_id)
             if req.pooling:
                 if s.samples:
                     self._finish(req, FinishReason.STOP)
                 results.append((req, None))
                 continue
-            if token is not None:
-                req.append_output_token(token)
-                self.stats.num_generation_tokens += 1
-                self._check_stop(req, token)
-            results.append((req, token))
+            emitted = self._append_tokens(req, tokens)
+            if s.spec_token_ids:
+                record_verification(self.stats, len(s.spec_token_ids), len(tokens) - 1, len(emitted))
+                if not req.is_finished:
+                    self.kv.free_tail_blocks(req, req.num_tokens)
+            results.append((req, emitted[-1] if len(emitted) == 1 else (emitted or None)))
         self.stats.num_steps += 1
         return results
+
+    def _append_tokens(self, req: Request, tokens: list[int]) -> list[int]:
+        """Append tokens one by one, stopping at the first that finishes the request (later verified
+        tokens are dropped, exactly as decoding them one per step would never have produced them)."""
+        for n, token in enumerate(tokens, 1):
+            req.append_output_token(token)
+            self.stats.num_generation_tokens += 1
+            self._check_stop(req, token)
+            if req.is_finished:
+                return tokens[:n]
+        return tokens
 
     def _check_stop(self, req: Request, token: int) -> None:
         params = req.sampling_params

@@ -8,8 +8,6 @@ each position exactly as they would without speculation. Proposers see plain dat
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 
 class DraftView:
     """A request seen after its first ``j`` drafts were accepted (what ``build_sampling_batch`` reads)."""
@@ -39,28 +37,16 @@ def expand_for_verification(reqs: list, drafts: list[list[int]]) -> list:
     return rows
 
 
-@dataclass
-class SpecDecodeStats:
-    """Cumulative counters (exported as ``octavo:spec_decode_*``)."""
-
-    num_drafts: int = 0  # verification rounds (request-steps with at least one draft)
-    num_draft_tokens: int = 0  # proposed
-    num_accepted_tokens: int = 0  # drafts accepted
-    num_emitted_tokens: int = 0  # tokens produced by those rounds (accepted + one correction/bonus each)
-    accepted_per_pos: list[int] = field(default_factory=list)  # position j accepted, cumulative
-
-    def observe(self, num_draft: int, num_accepted: int, num_emitted: int) -> None:
-        if num_draft <= 0:
-            return
-        self.num_drafts += 1
-        self.num_draft_tokens += num_draft
-        self.num_accepted_tokens += num_accepted
-        self.num_emitted_tokens += num_emitted
-        if len(self.accepted_per_pos) < num_draft:
-            self.accepted_per_pos.extend([0] * (num_draft - len(self.accepted_per_pos)))
-        for j in range(num_accepted):
-            self.accepted_per_pos[j] += 1
-
-    @property
-    def acceptance_rate(self) -> float:
-        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
+def record_verification(stats, num_draft: int, num_accepted: int, num_emitted: int) -> None:
+    """Count one verification round in ``stats`` (a ``SchedulerStats``; cumulative counters)."""
+    if num_draft <= 0:
+        return
+    stats.spec_decode_num_drafts += 1
+    stats.spec_decode_num_draft_tokens += num_draft
+    stats.spec_decode_num_accepted_tokens += num_accepted
+    stats.spec_decode_num_emitted_tokens += num_emitted
+    per_pos = list(stats.spec_decode_accepted_per_pos)  # replaced, not mutated: snapshots share the list
+    per_pos.extend([0] * (num_draft - len(per_pos)))
+    for j in range(num_accepted):
+        per_pos[j] += 1
+    stats.spec_decode_accepted_per_pos = per_pos

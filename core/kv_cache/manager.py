@@ -135,6 +135,17 @@ class KVCacheManager:
             if blocks[i].block_hash is None and blocks[i] is not self.pool.null_block:  # released (window)
                 self.pool.cache_full_block(blocks[i], h, tuple(req.all_token_ids[i * bs:(i + 1) * bs]))
 
+    def free_tail_blocks(self, req: Request, num_tokens: int) -> None:
+        """Release the blocks wholly past ``req``'s first ``num_tokens`` tokens: the slots of rejected
+        speculative tokens (never hashed: only full blocks of verified tokens are)."""
+        blocks = self.req_blocks.get(req.request_id)
+        keep = cdiv(num_tokens, self.block_size)
+        if blocks and len(blocks) > keep:
+            tail = blocks[keep:]
+            del blocks[keep:]
+            del self.req_block_ids[req.request_id][keep:]  # in place: the live list the runner was given
+            self.pool.free(list(reversed(tail)))
+
     def free(self, req: Request) -> None:
         """Release ``req``'s blocks, last block first (see ``BlockPool.free``)."""
         blocks = self.req_blocks.pop(req.request_id, [])
