@@ -120,6 +120,8 @@ class ServerSettings(_Section):
     uvicorn_log_level: str = Field("info", description="Log level of the HTTP server.")
     disable_frontend_multiprocessing: bool = Field(False, description="Run the engine core in the server's "
                                                    "process instead of its own.")
+    disable_ui: bool = Field(False, description="Do not serve the web playground (/, /ui/) and the dashboard "
+                             "(/dashboard).")
 
 
 SECTIONS: dict[str, type[_Section]] = {

@@ -30,6 +30,7 @@ from octavo.server.protocol import (
     TokenizeRequest,
 )
 from octavo.server.serving import OpenAIServing, new_request_id
+from octavo.server.ui import is_public_ui_path, register_ui_routes
 from octavo.version import __version__
 
 logger = logging.getLogger("octavo.server")
@@ -122,7 +123,8 @@ def build_app(engine: Any, settings: Any) -> FastAPI:
 
         @app.middleware("http")
         async def _auth(request: Request, call_next: Any) -> Response:
-            if request.url.path != "/health" and request.method != "OPTIONS":
+            if request.url.path != "/health" and request.method != "OPTIONS" and \
+                    not is_public_ui_path(request.url.path, settings):  # page shells: no data, they ask for the key
                 given = request.headers.get("authorization", "").encode()
                 if not hmac.compare_digest(given, expected):  # constant time: no key-guessing by timing
                     return error_response(401, "Missing or invalid API key: send 'Authorization: Bearer <key>'.",
@@ -220,6 +222,7 @@ def build_app(engine: Any, settings: Any) -> FastAPI:
     from octavo.server.embeddings import register_embedding_routes
 
     register_embedding_routes(app, engine, model_name, check_model, check_ready)  # and which routes fit the model
+    register_ui_routes(app, engine, settings, model_name)  # /v1/octavo/info; /, /ui/, /dashboard unless --disable-ui
 
     from octavo.core.plugin_manager import get_plugin_manager
 
