@@ -1,0 +1,1 @@
+"""Built-in speculative-decoding proposers (``octavo_register_speculators``); see ``registry.py``."""

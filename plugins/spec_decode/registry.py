@@ -1,0 +1,23 @@
+"""Every built-in speculative-decoding proposer, registered by lazy ``"module:Class"`` targets.
+
+This is the entry-point module (``spec_decode`` in group ``octavo``): it imports nothing heavy. Built-ins
+are ``trylast``, so an installed plugin registering the same method shadows them. vLLM's head methods
+(``eagle``, ``eagle3``, ``medusa``, ``mlp_speculator``) are not registered: the engine refuses them at
+start with a message saying so (see docs/spec_decode.md).
+"""
+
+from octavo import hookimpl
+
+_PKG = "octavo.plugins.spec_decode"
+
+# method name (as in speculative_config) -> "module:Class"
+SPECULATORS = {
+    "ngram": f"{_PKG}.ngram:NgramProposer",
+    "draft_model": f"{_PKG}.draft_model:DraftModelProposer",
+}
+
+
+@hookimpl(trylast=True)
+def octavo_register_speculators(register):
+    for method, target in SPECULATORS.items():
+        register(method, target)
