@@ -50,3 +50,77 @@ def record_verification(stats, num_draft: int, num_accepted: int, num_emitted: i
     for j in range(num_accepted):
         per_pos[j] += 1
     stats.spec_decode_accepted_per_pos = per_pos
+
+
+class SpeculativeDecoding:
+    """Owns the proposer in the engine core: built and checked once at start, asked for drafts after
+    every step for the requests that are decoding.
+
+    Policy: a step whose running batch has ``disable_by_batch_size`` requests or more gets no drafts (at
+    large batches the step is compute bound and verifying k extra tokens per request costs more than it
+    saves); 0 never switches speculation off.
+    """
+
+    def __init__(self, settings, pm, *, platform, vocab_size: int, max_model_len: int) -> None:
+        from octavo.speculator import HEAD_METHODS, SpecContext, SpeculativeConfig
+
+        cfg = SpeculativeConfig.model_validate(settings.scheduler.speculative_config)
+        if cfg.method not in pm.names("speculators") and cfg.method in HEAD_METHODS:
+            raise ValueError(
+                f"speculative_config method {cfg.method!r} (a head on the target's hidden states) is not "
+                f"implemented in octavo; implemented methods: {pm.names('speculators')}. Use 'ngram' or "
+                "'draft_model', or install a plugin that registers it (docs/spec_decode.md).")
+        cls = pm.resolve("speculators", cfg.method)  # unknown: UnknownPluginError naming the registered ones
+        if settings.model.task == "embed":
+            raise ValueError("speculative_config needs a generating model; task='embed' produces no tokens")
+        cls.check(cfg, settings, platform, vocab_size)
+        self.config = cfg
+        self.vocab_size = vocab_size
+        self.disable_by_batch_size = cfg.disable_by_batch_size
+        context = SpecContext(platform=platform, vocab_size=vocab_size, max_model_len=max_model_len,
+                              load_draft_model=lambda c: _load_draft_model(settings, platform, c, vocab_size,
+                                                                           max_model_len))
+        self.proposer = cls(num_speculative_tokens=cfg.num_speculative_tokens, config=cfg, settings=settings,
+                            context=context)
+        self.name = cfg.method
+
+    def propose(self, scheduler) -> None:
+        """Fill ``scheduler.spec_drafts`` for the next schedule()."""
+        from octavo.speculator import SpecRequest
+
+        scheduler.spec_drafts = {}
+        running = scheduler.running
+        if not running or (self.disable_by_batch_size and len(running) >= self.disable_by_batch_size):
+            return
+        k = self.config.num_speculative_tokens
+        asks = []
+        for r in running:
+            if r.pooling or r.num_tokens - r.num_computed_tokens != 1:
+                continue  # prefilling (or recomputing after preemption): nothing to verify yet
+            room = min(k, r.max_tokens - r.num_output_tokens - 1, scheduler.max_model_len - r.num_tokens - 1)
+            if room > 0:
+                asks.append(SpecRequest(r.request_id, list(r.all_token_ids), r.num_prompt_tokens, room))
+        if not asks:
+            return
+        proposals = self.proposer.propose(asks)
+        if not isinstance(proposals, list) or len(proposals) != len(asks):
+            raise RuntimeError(f"speculator {self.name!r} returned {type(proposals).__name__} of "
+                               f"{len(proposals) if isinstance(proposals, list) else '?'} proposals for "
+                               f"{len(asks)} requests; it must return one list per request")
+        for ask, drafts in zip(asks, proposals):
+            if len(drafts) > ask.max_num_drafts or any(not (isinstance(t, int) and 0 <= t < self.vocab_size)
+                                                       for t in drafts):
+                raise RuntimeError(f"speculator {self.name!r} proposed {drafts[:8]!r} for request "
+                                   f"{ask.request_id}: at most {ask.max_num_drafts} token ids in "
+                                   f"[0, {self.vocab_size}) are allowed")
+            if drafts:
+                scheduler.spec_drafts[ask.request_id] = list(drafts)
+
+    def release(self, request_ids: list[str]) -> None:
+        self.proposer.release(request_ids)
+
+
+def _load_draft_model(settings, platform, config, vocab_size: int, max_model_len: int):
+    from octavo.core.spec_decode_draft import load_draft_model
+
+    return load_draft_model(settings, platform, config, vocab_size, max_model_len)

@@ -9,6 +9,7 @@ many drafts are useful — never engine objects. A proposer registers under a me
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -91,6 +92,43 @@ class SpecRequest:
     max_num_drafts: int
 
 
+class DraftModel(ABC):
+    """A draft model the core loaded for a proposer (its own weights and KV cache), driven with plain data.
+
+    ``run`` feeds each request's ``token_ids`` at positions ``start ..`` (the K/V of positions before
+    ``start`` must be the ones this handle computed earlier) and returns the greedy next token of each.
+    """
+
+    vocab_size: int
+
+    @abstractmethod
+    def run(self, feeds: list[tuple[str, list[int], int]]) -> dict[str, int]:
+        """``(request_id, token_ids, start)`` per request -> its argmax next token. A request that does not
+        fit the draft's KV cache is left out of the answer."""
+
+    @abstractmethod
+    def forget(self, request_ids: list[str]) -> None:
+        """Free these requests' draft KV blocks."""
+
+
+@dataclass
+class SpecContext:
+    """What the core gives a proposer at start (plain values and one factory, no engine objects).
+
+    Attributes:
+        platform: the :class:`octavo.Platform` the target runs on.
+        vocab_size: the target model's vocabulary size.
+        max_model_len: the target's context length.
+        load_draft_model: ``load_draft_model(config) -> DraftModel`` loads ``config.model`` on the same
+            platform (raises ``ValueError`` if its vocabulary differs from the target's).
+    """
+
+    platform: Any
+    vocab_size: int
+    max_model_len: int
+    load_draft_model: Callable[[SpeculativeConfig], DraftModel] | None = None
+
+
 class Speculator(ABC):
     """Proposes up to ``num_speculative_tokens`` draft tokens per request each step.
 
@@ -101,10 +139,11 @@ class Speculator(ABC):
     name: ClassVar[str]
 
     def __init__(self, *, num_speculative_tokens: int, config: SpeculativeConfig | None = None,
-                 settings: Any = None) -> None:
+                 settings: Any = None, context: SpecContext | None = None) -> None:
         self.num_speculative_tokens = num_speculative_tokens
         self.config = config
         self.settings = settings
+        self.context = context
 
     @classmethod
     def check(cls, config: SpeculativeConfig, settings: Any, platform: Any, vocab_size: int) -> None:

@@ -35,8 +35,9 @@ def find_ngram_drafts(tokens: np.ndarray, min_n: int, max_n: int, k: int) -> lis
 class NgramProposer(Speculator):
     name = "ngram"
 
-    def __init__(self, *, num_speculative_tokens: int, config=None, settings=None) -> None:
-        super().__init__(num_speculative_tokens=num_speculative_tokens, config=config, settings=settings)
+    def __init__(self, *, num_speculative_tokens: int, config=None, settings=None, context=None) -> None:
+        super().__init__(num_speculative_tokens=num_speculative_tokens, config=config, settings=settings,
+                         context=context)
         self.min_n = (config.prompt_lookup_min if config else None) or 1
         self.max_n = (config.prompt_lookup_max if config else None) or 3
 
