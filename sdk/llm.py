@@ -36,6 +36,13 @@ class LLM:
     def get_tokenizer(self):
         return self.llm_engine.get_tokenizer()
 
+    def get_metrics(self) -> list:
+        """The engine's metrics with the ``/metrics`` names (``octavo:...``; counters cumulative) as plain
+        values: ``Counter``, ``Gauge`` and ``Vector`` from :mod:`octavo.metrics`, like vLLM's."""
+        from octavo.metrics import metrics_from_stats
+
+        return metrics_from_stats(self.llm_engine.get_stats())
+
     def generate(self, prompts: Any, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
                  use_tqdm: bool = True, priority: list[int] | None = None) -> list[RequestOutput]:
         """Complete every prompt; outputs come back in the order of ``prompts``.

@@ -28,6 +28,10 @@ _COUNTERS = {
     "num_preemptions": ("num_preemptions", "Requests preempted (their KV blocks reclaimed)."),
     "prefix_cache_queries": ("prefix_cache_queries", "Prompt tokens looked up in the prefix cache."),
     "prefix_cache_hits": ("prefix_cache_hits", "Prompt tokens found in the prefix cache."),
+    "spec_decode_num_drafts": ("spec_decode_num_drafts", "Speculative verification rounds (request-steps with drafts)."),
+    "spec_decode_num_draft_tokens": ("spec_decode_num_draft_tokens", "Draft tokens proposed and verified."),
+    "spec_decode_num_accepted_tokens": ("spec_decode_num_accepted_tokens", "Draft tokens accepted."),
+    "spec_decode_num_emitted_tokens": ("spec_decode_num_emitted_tokens", "Tokens emitted by verification rounds."),
 }
 
 
@@ -52,6 +56,9 @@ class ServerMetrics:
         self.counters = {f: Counter(f"octavo:{name}", doc, labels, registry=r).labels(model_name)
                          for f, (name, doc) in _COUNTERS.items()}
         self._last = dict.fromkeys(_COUNTERS, 0)
+        self.spec_per_pos = Counter("octavo:spec_decode_num_accepted_tokens_per_pos", "Draft tokens accepted, by "
+                                    "position in the draft (0 = first).", ["model_name", "position"], registry=r)
+        self._last_per_pos: list[int] = []
         self.success = Counter("octavo:request_success", "Finished requests, by finish reason.",
                                ["model_name", "finished_reason"], registry=r)
         self.ttft = hist("time_to_first_token_seconds", "Time to first token.", _TTFT)
@@ -76,6 +83,12 @@ class ServerMetrics:
             if delta > 0:
                 counter.inc(delta)
             self._last[field] = value
+        per_pos = getattr(stats, "spec_decode_accepted_per_pos", None) or []
+        for pos, value in enumerate(per_pos):
+            delta = value - (self._last_per_pos[pos] if pos < len(self._last_per_pos) else 0)
+            if delta > 0:
+                self.spec_per_pos.labels(self.model_name, str(pos)).inc(delta)
+        self._last_per_pos = list(per_pos)
 
     def record_finished(self, out: Any) -> None:
         m = out.metrics or {}

@@ -92,8 +92,9 @@ class SpeculatorContract:
         spec.release([r.request_id for r in reqs])
 
     def _prompts(self, llm) -> list:
-        ip = llm.llm_engine.input_processor
-        chats = [{"prompt_token_ids": ip.apply_chat_template(c, add_generation_prompt=True)[1]} for c in CHAT_PROMPTS]
+        engine = llm.llm_engine
+        render = getattr(engine, "render_chat", None) or engine.input_processor.apply_chat_template
+        chats = [{"prompt_token_ids": render(c, add_generation_prompt=True)[1]} for c in CHAT_PROMPTS]
         return RAW_PROMPTS + chats
 
     def test_greedy_equals_non_speculative(self, engines):
