@@ -47,7 +47,7 @@ def matmul_tflops() -> float:
 
 
 def attention_case(seqs, hq=32, hkv=8, d=128, block_size=16, dtype=torch.bfloat16):
-    from octavo.plugins.attention.triton_attn import TritonAttentionBackend
+    from octavo.plugins.attention.triton import TritonAttentionBackend
 
     case = make_case(seqs, hq, hkv, d, block_size, dtype, "cuda", seed=len(seqs))
     be = TritonAttentionBackend(num_heads=hq, head_size=d, num_kv_heads=hkv, scale=d**-0.5)
@@ -80,7 +80,7 @@ def attention_case(seqs, hq=32, hkv=8, d=128, block_size=16, dtype=torch.bfloat1
 
     eager = {"triton_eager_us": triton.testing.do_bench(
         lambda: be.forward(case.query, case.key, case.value, case.kv_cache, md), return_mode="median") * 1e3}
-    from octavo.plugins.attention.flashinfer_attn import FlashInferAttentionBackend as FI
+    from octavo.plugins.attention.flashinfer import FlashInferAttentionBackend as FI
 
     if FI.is_available():
         fi = FI(num_heads=hq, head_size=d, num_kv_heads=hkv, scale=d**-0.5)
@@ -96,7 +96,7 @@ def attention_case(seqs, hq=32, hkv=8, d=128, block_size=16, dtype=torch.bfloat1
 
 def synthetic_8b_decode(bw: float) -> dict:
     """Llama-3-8B shapes, random bf16 weights, batch 1, context 512: one decode step in a CUDA graph."""
-    from octavo.plugins.attention.triton_attn import TritonAttentionBackend
+    from octavo.plugins.attention.triton import TritonAttentionBackend
 
     L, hid, inter, vocab, hq, hkv, d = 32, 4096, 14336, 128256, 32, 8, 128
     dt, dev = torch.bfloat16, "cuda"

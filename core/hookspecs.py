@@ -16,13 +16,30 @@ Lifecycle, in the order hooks fire::
     4. notification   octavo_on_engine_start, octavo_on_engine_shutdown
 
 Every hook is documented, with an example, in ``docs/plugins.md``; a test fails when one is not.
+
+The hook list is kept in one place: this module. A registry kind is any ``octavo_register_<kind>`` spec whose
+only argument is ``register`` (:func:`registry_kinds`); the lifecycle group of each hook follows from its
+name (:data:`HOOK_GROUPS`). Adding a kind is adding one spec here -- nothing else in core changes.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import inspect
+import sys
+from typing import TYPE_CHECKING, Any
 
-from octavo.hooks import hookspec
+from octavo.hooks import Register, hookspec
+
+if TYPE_CHECKING:  # annotations only: importing this module stays light
+    import argparse
+    from collections.abc import Callable
+
+    import torch
+    from fastapi import FastAPI
+
+    from octavo.async_llm import AsyncLLM
+    from octavo.config import OctavoSettings
+    from octavo.platform import Platform
 
 # ---------------------------------------------------------------------------------------------------------
 # 1. Registration: fill a registry with lazy "module:Class" targets. Runs once per process when the plugin
@@ -31,7 +48,7 @@ from octavo.hooks import hookspec
 
 
 @hookspec
-def octavo_register_platforms(register: Any) -> None:
+def octavo_register_platforms(register: Register) -> None:
     """Register hardware platforms.
 
     When: once per process, when the plugin manager loads. Process: every one (front end, engine core,
@@ -42,7 +59,7 @@ def octavo_register_platforms(register: Any) -> None:
 
 
 @hookspec
-def octavo_register_attention_backends(register: Any) -> None:
+def octavo_register_attention_backends(register: Register) -> None:
     """Register paged-attention backends.
 
     When: once per process, when the plugin manager loads. Process: every one. Contract: call
@@ -52,7 +69,7 @@ def octavo_register_attention_backends(register: Any) -> None:
 
 
 @hookspec
-def octavo_register_models(register: Any) -> None:
+def octavo_register_models(register: Register) -> None:
     """Register model architectures.
 
     When: once per process, when the plugin manager loads. Process: every one. Contract: call
@@ -62,7 +79,7 @@ def octavo_register_models(register: Any) -> None:
 
 
 @hookspec
-def octavo_register_quantizers(register: Any) -> None:
+def octavo_register_quantizers(register: Register) -> None:
     """Register quantization schemes.
 
     When: once per process, when the plugin manager loads. Process: every one. Contract: call
@@ -72,12 +89,44 @@ def octavo_register_quantizers(register: Any) -> None:
 
 
 @hookspec
-def octavo_register_speculators(register: Any) -> None:
+def octavo_register_speculators(register: Register) -> None:
     """Register speculative-decoding proposers.
 
     When: once per process, when the plugin manager loads. Process: every one. Contract: call
     ``register(method, "module:Class")`` for each :class:`octavo.Speculator` (``method`` is what a user
     names in the speculative config, e.g. ``"ngram"``).
+    """
+
+
+@hookspec
+def octavo_register_structured_output_backends(register: Register) -> None:
+    """Register grammar libraries for structured outputs (JSON schema, regex, choice, grammar).
+
+    When: once per process, when the plugin manager loads. Process: every one (the front end validates
+    grammars with the class, the engine core compiles them). Contract: call ``register(name,
+    "module:Class")`` for each :class:`octavo.structured_outputs.StructuredOutputBackend` (``name`` is what
+    ``--structured-outputs-backend`` takes, e.g. ``"xgrammar"``).
+    """
+
+
+@hookspec
+def octavo_register_tool_parsers(register: Register) -> None:
+    """Register parsers that turn a model's text into OpenAI ``tool_calls``.
+
+    When: once per process, when the plugin manager loads. Process: every one (used by the API server).
+    Contract: call ``register(name, "module:Class")`` for each :class:`octavo.parsers.ToolParser` (``name``
+    is what ``--tool-call-parser`` takes, e.g. ``"hermes"``).
+    """
+
+
+@hookspec
+def octavo_register_reasoning_parsers(register: Register) -> None:
+    """Register parsers that split a model's reasoning (``<think>...</think>``) from its answer.
+
+    When: once per process, when the plugin manager loads. Process: every one (the server splits the text,
+    the engine core starts structured output after the reasoning ends). Contract: call ``register(name,
+    "module:Class")`` for each :class:`octavo.parsers.ReasoningParser` (``name`` is what
+    ``--reasoning-parser`` takes, e.g. ``"deepseek_r1"``).
     """
 
 
@@ -87,20 +136,21 @@ def octavo_register_speculators(register: Any) -> None:
 
 
 @hookspec(firstresult=True)
-def octavo_select_platform(settings: Any) -> str | None:
+def octavo_select_platform(settings: OctavoSettings | None) -> str | None:
     """Choose the platform when ``settings.device.device`` is not set.
 
-    When: while the engine is built (``PluginManager.select_platform``). Process: the engine core (and each
-    worker). Contract: return a registered platform name, or ``None`` to pass. The first non-None answer
-    wins; without one, the first available platform in built-in preference order is used, ``cpu`` last.
+    When: while the engine is built. Process: the engine core (and each worker). Contract: return a
+    registered platform name, or ``None`` to pass. The first non-None answer wins. The built-in answer is a
+    ``trylast`` implementation (so any plugin outranks it): the available platform with the highest
+    ``Platform.priority`` (``cpu`` is lowest).
     """
 
 
 @hookspec(firstresult=True)
 def octavo_select_attention_backend(
-    settings: Any,
-    platform: Any,
-    dtype: Any,
+    settings: OctavoSettings | None,
+    platform: Platform,
+    dtype: torch.dtype,
     head_size: int,
     sliding_window: int | None,
     logits_soft_cap: float | None,
@@ -108,10 +158,13 @@ def octavo_select_attention_backend(
 ) -> str | None:
     """Choose the attention backend when ``settings.device.attention_backend`` is not set.
 
-    When: while the model runner is built, once per distinct layer shape. Process: the engine core / worker
-    that owns the device. Contract: return a registered backend name, or ``None`` to pass. The chosen
-    backend must still pass ``is_available()`` and ``supports(...)``, else the engine fails at start with
-    the reason. Without an answer, ``platform.preferred_attention_backends()`` decides, ``torch_sdpa`` last.
+    When: once per model, while the worker is built (one backend serves every paged layer; the arguments
+    describe the first layer, ``sliding_window`` the largest window of any layer). Process: each worker (the
+    process that owns the device). Contract: return a registered backend name, or ``None`` to pass. The
+    chosen backend must still pass ``is_available()`` and ``supports(...)``, else the engine fails at start
+    with the reason. The built-in answer is a ``trylast`` implementation: the platform's
+    ``preferred_attention_backends()``, then every backend by its ``platform_priority`` for this platform,
+    ``torch_sdpa`` last, the first that is available and supports the shape.
     """
 
 
@@ -121,7 +174,7 @@ def octavo_select_attention_backend(
 
 
 @hookspec
-def octavo_add_cli_commands(subparsers: Any) -> None:
+def octavo_add_cli_commands(subparsers: argparse._SubParsersAction) -> None:
     """Add subcommands to the ``octavo`` CLI.
 
     When: each time the CLI parser is built (``octavo ...``). Process: the CLI process. Contract: call
@@ -131,7 +184,7 @@ def octavo_add_cli_commands(subparsers: Any) -> None:
 
 
 @hookspec
-def octavo_add_routes(app: Any, engine: Any) -> None:
+def octavo_add_routes(app: FastAPI, engine: AsyncLLM) -> None:
     """Add HTTP routes to the OpenAI-compatible server.
 
     When: once, while the server's FastAPI app is built, before it starts serving. Process: the API server
@@ -141,7 +194,7 @@ def octavo_add_routes(app: Any, engine: Any) -> None:
 
 
 @hookspec
-def octavo_register_stat_loggers(register: Any, settings: Any) -> None:
+def octavo_register_stat_loggers(register: Callable[[Any], None], settings: OctavoSettings) -> None:
     """Register observers of per-step and per-request statistics.
 
     When: once, while the engine is built. Process: the engine core (where ``step()`` runs). Contract: call
@@ -157,16 +210,27 @@ def octavo_register_stat_loggers(register: Any, settings: Any) -> None:
 
 
 @hookspec
-def octavo_on_engine_start(settings: Any) -> None:
+def octavo_on_engine_start(
+    settings: OctavoSettings,
+    platform: str,
+    attention_backend: str | None,
+    dtype: str,
+    quantization: str | None,
+    num_kv_blocks: int,
+    block_size: int,
+) -> None:
     """Called once after the engine is built (model loaded, KV cache allocated), before the first step.
 
     Process: the process that built the engine (the engine core). Contract: observe or set up side
-    resources (metrics exporters, warm caches); do not change ``settings``.
+    resources (metrics exporters, warm caches); do not change ``settings``. The other arguments say what was
+    chosen: the platform name, the attention backend name (``None`` for a model without paged attention),
+    the compute dtype (``"bfloat16"``), the quantization method (``None`` when unquantized) and the KV cache
+    size (``num_kv_blocks`` blocks of ``block_size`` tokens). The same facts are logged at start.
     """
 
 
 @hookspec
-def octavo_on_engine_shutdown(settings: Any) -> None:
+def octavo_on_engine_shutdown(settings: OctavoSettings) -> None:
     """Called once when the engine shuts down cleanly (``shutdown()``), after the last step.
 
     Process: the engine-core process. Contract: release what ``octavo_on_engine_start`` set up; must not
@@ -174,18 +238,40 @@ def octavo_on_engine_shutdown(settings: Any) -> None:
     """
 
 
-#: hook name -> lifecycle group, for ``octavo plugins`` and the docs test.
-HOOK_GROUPS: dict[str, str] = {
-    "octavo_register_platforms": "registration",
-    "octavo_register_attention_backends": "registration",
-    "octavo_register_models": "registration",
-    "octavo_register_quantizers": "registration",
-    "octavo_register_speculators": "registration",
-    "octavo_select_platform": "selection",
-    "octavo_select_attention_backend": "selection",
-    "octavo_add_cli_commands": "extension",
-    "octavo_add_routes": "extension",
-    "octavo_register_stat_loggers": "extension",
-    "octavo_on_engine_start": "notification",
-    "octavo_on_engine_shutdown": "notification",
-}
+def _specs() -> dict[str, Any]:
+    """Every hookspec of this module, by name, in definition order."""
+    module = sys.modules[__name__]
+    return {name: fn for name, fn in vars(module).items() if name.startswith("octavo_") and
+            hasattr(fn, "octavo_spec")}
+
+
+def _group(name: str, fn: Any) -> str:
+    params = list(inspect.signature(fn).parameters)
+    if name.startswith("octavo_register_"):
+        return "registration" if params == ["register"] else "extension"
+    for prefix, group in (("octavo_select_", "selection"), ("octavo_add_", "extension"), ("octavo_on_", "notification")):
+        if name.startswith(prefix):
+            return group
+    raise TypeError(f"hookspec {name!r} fits no lifecycle group; name it octavo_register_/select_/add_/on_...")
+
+
+def registry_kinds() -> dict[str, str]:
+    """Registry kind -> the hook that fills it: every ``octavo_register_<kind>(register)`` spec.
+
+    A register hook that takes more than ``register`` (``octavo_register_stat_loggers(register, settings)``)
+    registers live objects, not names, and is an extension hook instead.
+    """
+    return {name.removeprefix("octavo_register_"): name for name, fn in _specs().items()
+            if _group(name, fn) == "registration"}
+
+
+def hook_groups() -> dict[str, str]:
+    """Hook name -> lifecycle group, for ``octavo plugins --hooks`` and the docs test (derived from the names)."""
+    return {name: _group(name, fn) for name, fn in _specs().items()}
+
+
+def __getattr__(name: str) -> Any:
+    # HOOK_GROUPS is computed on access, so a spec defined anywhere in this file is included.
+    if name == "HOOK_GROUPS":
+        return hook_groups()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -73,6 +73,11 @@ class AttentionBackend(ABC):
 
     #: registry name, e.g. ``"torch_sdpa"``.
     name: ClassVar[str]
+    #: platform name -> rank among the backends auto-selected there (higher is tried first). A backend lists the
+    #: platforms it is built for, so a new backend is auto-selected without editing any platform. Backends
+    #: without an entry for a platform are tried there only when named (``--attention-backend``) or preferred by
+    #: the platform; the reference ``torch_sdpa`` is the last resort everywhere.
+    platform_priority: ClassVar[dict[str, int]] = {}
 
     @classmethod
     def is_available(cls) -> Availability:

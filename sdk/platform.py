@@ -1,14 +1,28 @@
-"""The ``Platform`` interface: what the engine may ask of a kind of hardware.
+"""The ``Platform`` interface: what the engine may ask of a kind of hardware, and the small typed handle a
+platform gets to prepare a loaded model.
 
 A platform plugin registers a subclass under a name (``cpu``, ``cuda``, ...). The core asks for
-capabilities, never for identity: there is no ``is_cuda()`` anywhere in ``octavo.core``.
+capabilities, never for identity: there is no ``is_cuda()`` anywhere in ``octavo.core``. Device-specific
+set-up of a loaded model goes through :meth:`Platform.prepare_model`::
+
+    worker (core): load model, pick backend, allocate KV cache
+        -> platform.prepare_model(ModelHandle(model, device, dtype, attn_backend, block_size, limits...))
+        <- PreparedModel(step_runner=...)   core installs it: the runner asks it first every step
+                                            (``step_runner.maybe_run(inputs)``; ``None`` = run eagerly)
+
+The plugin sees only the handle's fields and returns data; it never reads or writes a core object.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+
+if TYPE_CHECKING:
+    import torch
+
+    from octavo.attention import AttentionBackend, AttentionLayout
 
 
 @dataclass(frozen=True)
@@ -41,6 +55,64 @@ class PlatformCapabilities:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+class StepInputs(Protocol):
+    """The read-only view of one step's flat inputs that a :class:`StepRunner` receives."""
+
+    input_ids: torch.Tensor  # [num_tokens] on the device
+    positions: torch.Tensor  # [num_tokens] on the device
+    query_start_loc: torch.Tensor  # [num_reqs + 1] on the device
+    layout: AttentionLayout  # host tensors: seq lens, block tables, slot mapping
+
+
+class StepRunner(Protocol):
+    """Something that can run the model's forward for some steps faster than eager (captured graphs, a
+    compiled forward). The model runner asks it first on every step."""
+
+    def maybe_run(self, inputs: StepInputs) -> torch.Tensor | None:
+        """The hidden states ``[num_tokens, hidden]`` for this step, or ``None`` to let the eager forward run."""
+
+
+@dataclass(frozen=True)
+class ModelHandle:
+    """What a platform may see of a loaded model, once, when it prepares it (:meth:`Platform.prepare_model`).
+
+    Attributes:
+        model: the loaded ``torch.nn.Module`` (built from ``octavo.nn`` layers), weights on ``device``.
+        device: the worker's ``torch.device``.
+        dtype: the compute dtype.
+        attn_backend: the chosen :class:`~octavo.AttentionBackend` class, ``None`` for a model without
+            paged attention (an encoder).
+        block_size: tokens per KV block.
+        max_model_len: the longest sequence a request may reach.
+        max_num_seqs: the most requests in one step (the largest decode batch).
+        max_num_batched_tokens: the step's token budget.
+        enforce_eager: the user asked for no graphs/compilation (``--enforce-eager``); honour it.
+    """
+
+    model: torch.nn.Module
+    device: torch.device
+    dtype: torch.dtype
+    attn_backend: type[AttentionBackend] | None
+    block_size: int
+    max_model_len: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    enforce_eager: bool
+
+
+@dataclass
+class PreparedModel:
+    """What :meth:`Platform.prepare_model` hands back for the core to install.
+
+    Attributes:
+        step_runner: asked first on every step (see :class:`StepRunner`); ``None`` keeps the eager forward.
+        notes: short facts for the start-up log (``{"graph_sizes": [1, 2, 4], "fused": {...}}``).
+    """
+
+    step_runner: StepRunner | None = None
+    notes: dict[str, Any] = field(default_factory=dict)
+
+
 class Platform(ABC):
     """A kind of hardware octavo can run on.
 
@@ -50,6 +122,10 @@ class Platform(ABC):
 
     #: registry name, e.g. ``"cpu"``.
     name: ClassVar[str]
+    #: rank in default platform selection: the available platform with the highest priority wins (``cpu``,
+    #: always available, is -100; accelerators are 100). An ``octavo_select_platform`` hook or ``--device``
+    #: overrides it. Ties are broken by name.
+    priority: ClassVar[int] = 0
     #: the ``torch.device`` type string, e.g. ``"cpu"`` or ``"cuda"``.
     device_type: ClassVar[str]
     #: the ``torch.distributed`` backend for collectives on this platform (``"gloo"``, ``"nccl"``, ...).
@@ -89,14 +165,16 @@ class Platform(ABC):
         return PlatformCapabilities()
 
     def preferred_attention_backends(self) -> list[str]:
-        """Attention backend names to try, best first; the reference backend is always the last resort."""
-        return ["torch_sdpa"]
+        """Attention backend names this platform wants tried first, best first. Default: none -- backends
+        declare the platforms they suit themselves (``AttentionBackend.platform_priority``), and the
+        reference backend ``torch_sdpa`` is always the last resort."""
+        return []
 
-    def prepare_worker(self, worker: Any) -> None:
-        """Device-specific set-up of a loaded worker, once, after its KV cache is bound and before the first
-        step: e.g. swapping fused kernels into the model or capturing graphs for decode batches (which then
-        replace the eager forward through ``worker.runner.graph_runner``). Runs in the worker's process.
-        Default: nothing."""
+    def prepare_model(self, handle: ModelHandle) -> PreparedModel | None:
+        """Device-specific set-up of a loaded model, once, after its KV cache is bound and before the first
+        step (fused kernels, captured graphs, a compiled forward). Runs in the worker's process. Return
+        what the core should install, or ``None`` for nothing. Default: nothing."""
+        return None
 
     def synchronize(self) -> None:
         """Wait for queued device work (used by benchmarks and the memory profiler)."""

@@ -14,7 +14,6 @@ import os
 import platform as _platform
 import sys
 
-from octavo import hookimpl
 from octavo.platform import Availability, Platform, PlatformCapabilities
 
 _CGROUP_FILES = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
@@ -69,6 +68,7 @@ class CpuPlatform(Platform):
     name = "cpu"
     device_type = "cpu"
     distributed_backend = "gloo"
+    priority = -100  # always available, so the last resort of default selection
 
     @classmethod
     def is_available(cls) -> Availability:
@@ -137,11 +137,3 @@ class CpuPlatform(Platform):
                    "isa": sorted(cpu_flags() & {"avx2", "avx512f", "avx512_bf16", "amx_bf16", "avx512_fp16",
                                                 "neon", "asimd", "asimdhp", "bf16", "sve"})},
         )
-
-    def preferred_attention_backends(self) -> list[str]:
-        return ["torch_sdpa"]
-
-
-@hookimpl(trylast=True)
-def octavo_register_platforms(register):
-    register("cpu", "octavo.plugins.platforms.cpu:CpuPlatform")

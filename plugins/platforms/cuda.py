@@ -10,13 +10,7 @@ from __future__ import annotations
 
 import os
 
-from octavo import hookimpl
-from octavo.platform import Availability, Platform, PlatformCapabilities
-
-
-@hookimpl(trylast=True)
-def octavo_register_platforms(register):
-    register("cuda", "octavo.plugins.platforms.cuda:CudaPlatform")
+from octavo.platform import Availability, ModelHandle, Platform, PlatformCapabilities, PreparedModel
 
 
 def _visible_env() -> str:
@@ -32,6 +26,7 @@ class TorchGpuPlatform(Platform):
 
     device_type = "cuda"
     distributed_backend = "nccl"
+    priority = 100
 
     # --- discovery -------------------------------------------------------------------------------------
     @classmethod
@@ -102,11 +97,11 @@ class TorchGpuPlatform(Platform):
             return "float16"
         return "bfloat16"
 
-    def prepare_worker(self, worker) -> None:
-        """Fused small-op kernels, then CUDA graphs for decode batches (see ``cuda_graphs``); idempotent."""
-        from octavo.plugins.platforms.cuda_graphs import prepare_gpu_worker
+    def prepare_model(self, handle: ModelHandle) -> PreparedModel:
+        """Fused small-op kernels, then CUDA graphs for decode batches (see ``cuda_graphs``)."""
+        from octavo.plugins.platforms.cuda_graphs import prepare_gpu_model
 
-        prepare_gpu_worker(worker)
+        return prepare_gpu_model(handle, graphs=self.capabilities().graphs)
 
     def capabilities(self) -> PlatformCapabilities:
         import torch
@@ -173,8 +168,3 @@ class CudaPlatform(TorchGpuPlatform):
         if n <= 0:
             return Availability(False, f"no NVIDIA GPU visible (driver missing, or {_visible_env()})")
         return Availability(True)
-
-    def preferred_attention_backends(self) -> list[str]:
-        # triton first: its metadata is graph-safe, so decode runs in CUDA graphs; flashinfer plans on the
-        # host each step (eager only) and JIT-compiles for tens of seconds on first use. See docs/gpu.md.
-        return ["triton", "flashinfer", "torch_sdpa"]

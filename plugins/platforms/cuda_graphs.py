@@ -15,8 +15,10 @@ graph-safe; any other backend is detected at capture time and the engine stays e
 is replayed: the metadata's Python fields (``max_query_len=1``, ``max_seq_len=max_model_len`` as an upper
 bound) are fixed per captured size.
 
-The model runner calls :meth:`CUDAGraphRunner.maybe_run` first in ``forward`` (``None`` means "run eagerly");
-:func:`maybe_enable_cuda_graphs` builds and captures the runner for a worker.
+The runner is an :class:`octavo.platform.StepRunner`: the cuda platform's ``prepare_model`` returns it in a
+:class:`~octavo.platform.PreparedModel`, the core installs it, and the model runner calls
+:meth:`CUDAGraphRunner.maybe_run` first on every step (``None`` means "run eagerly"). Everything here works
+from the :class:`~octavo.platform.ModelHandle`; no core object is read or written.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import torch
 
 from octavo.attention import AttentionLayout
 from octavo.model import ForwardContext
+from octavo.platform import ModelHandle, PreparedModel, StepInputs
 
 logger = logging.getLogger(__name__)
 
@@ -43,46 +46,42 @@ def default_capture_sizes(max_num_seqs: int) -> list[int]:
     return sorted(set(sizes))
 
 
-def prepare_gpu_worker(worker) -> dict:
+def prepare_gpu_model(handle: ModelHandle, *, graphs: bool = True) -> PreparedModel:
     """GPU set-up after the KV cache is bound: fused small-op kernels, then CUDA graphs for decode.
 
-    Call once from the worker (idempotent). Does nothing on platforms without ``capabilities().graphs``;
-    fusions need Triton (skipped with a log line without it); graphs honour ``enforce_eager``.
+    Fusions need Triton (skipped with a log line without it) and swap kernels into the model's ``octavo.nn``
+    layers; graphs honour ``enforce_eager`` and need ``graphs`` (the platform's capability flag).
     """
-    if getattr(worker, "_gpu_prepared", None) is not None:
-        return worker._gpu_prepared
-    info: dict = {"fused": None, "graph_sizes": []}
-    if worker.platform.capabilities().graphs and worker.device.type != "cpu":
-        try:
-            from octavo.plugins.platforms.cuda_fusions import fuse_model
+    notes: dict = {"fused": None, "graph_sizes": []}
+    if not graphs or handle.device.type == "cpu":
+        return PreparedModel(notes=notes)
+    try:
+        from octavo.plugins.platforms.cuda_fusions import fuse_model
 
-            info["fused"] = fuse_model(worker.model, worker.dtype, worker.device)
-        except ImportError as e:
-            logger.info("fused GPU kernels unavailable (%s); eager small ops", e)
-        runner = maybe_enable_cuda_graphs(worker)
-        info["graph_sizes"] = runner.capture_sizes if runner else []
-    worker._gpu_prepared = info
-    return info
+        notes["fused"] = fuse_model(handle.model, handle.dtype, handle.device)
+    except ImportError as e:
+        logger.info("fused GPU kernels unavailable (%s); eager small ops", e)
+    runner = maybe_capture_cuda_graphs(handle)
+    notes["graph_sizes"] = runner.capture_sizes if runner else []
+    return PreparedModel(step_runner=runner, notes=notes)
 
 
-def maybe_enable_cuda_graphs(worker) -> CUDAGraphRunner | None:
-    """Attach a captured :class:`CUDAGraphRunner` to ``worker.runner`` unless graphs are off or unsupported.
+def maybe_capture_cuda_graphs(handle: ModelHandle) -> CUDAGraphRunner | None:
+    """A captured :class:`CUDAGraphRunner`, or ``None`` when graphs are off or unsupported.
 
-    Off when ``enforce_eager`` is set, the platform lacks ``capabilities().graphs``, the model has no paged
-    attention, or capture fails (logged, never fatal: the engine then runs eagerly).
+    Off when ``enforce_eager`` is set or the model has no paged attention; a failed capture is logged and
+    never fatal (the engine then runs eagerly).
     """
-    settings = worker.settings
-    if settings.device.enforce_eager or not worker.platform.capabilities().graphs or not worker.attn_layers:
+    if handle.enforce_eager or handle.attn_backend is None:
         return None
-    runner = CUDAGraphRunner(worker.model, worker.attn_backend_cls, worker.device, worker.block_size,
-                             worker.max_model_len, default_capture_sizes(settings.scheduler.max_num_seqs))
+    runner = CUDAGraphRunner(handle.model, handle.attn_backend, handle.device, handle.block_size,
+                             handle.max_model_len, default_capture_sizes(handle.max_num_seqs))
     try:
         runner.capture()
     except Exception as e:  # an uncapturable model or backend must not stop the engine
         logger.warning("CUDA graph capture failed (%s: %s); running eagerly. Pass --enforce-eager to skip "
                        "the attempt.", type(e).__name__, e)
         return None
-    worker.runner.graph_runner = runner
     return runner
 
 
@@ -168,7 +167,7 @@ class CUDAGraphRunner:
                 return size
         raise ValueError(n)
 
-    def maybe_run(self, inputs, ctx: ForwardContext | None = None) -> torch.Tensor | None:
+    def maybe_run(self, inputs: StepInputs, ctx: ForwardContext | None = None) -> torch.Tensor | None:
         """Replay the graph for this step if it is a decode-only batch that fits; else ``None``.
 
         ``inputs`` needs ``input_ids``/``positions`` (device, ``[n]``) and ``layout`` (host tensors).

@@ -9,14 +9,8 @@ from __future__ import annotations
 
 import os
 
-from octavo import hookimpl
 from octavo.platform import Availability
 from octavo.plugins.platforms.cuda import TorchGpuPlatform
-
-
-@hookimpl(trylast=True)
-def octavo_register_platforms(register):
-    register("rocm", "octavo.plugins.platforms.rocm:RocmPlatform")
 
 
 class RocmPlatform(TorchGpuPlatform):
@@ -57,7 +51,3 @@ class RocmPlatform(TorchGpuPlatform):
 
     def supports_fp8(self, index: int = 0) -> bool:
         return self.gcn_arch(index).startswith(("gfx94", "gfx95", "gfx12"))
-
-    def preferred_attention_backends(self) -> list[str]:
-        # flashinfer is CUDA-only; Triton compiles for AMD through its HIP backend.
-        return ["triton", "torch_sdpa"]

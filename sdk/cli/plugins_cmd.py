@@ -22,13 +22,14 @@ def add_parser(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from octavo.core.plugin_manager import get_plugin_manager
+    from octavo.cli.plugins_report import build_report
+    from octavo.registry import get_plugin_manager
 
     pm = get_plugin_manager()
     if args.hooks:
         print(_hooks_table())
         return 0
-    report = pm.report()
+    report = build_report(pm)
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
@@ -67,7 +68,7 @@ def _hooks_table() -> str:
     from octavo.core import hookspecs
 
     lines = []
-    for name, group in hookspecs.HOOK_GROUPS.items():
+    for name, group in hookspecs.hook_groups().items():
         doc = (getattr(hookspecs, name).__doc__ or "").strip().splitlines()[0]
         lines.append(f"{group:<13} {name:<36} {doc}")
     return "\n".join(lines)

@@ -2,7 +2,8 @@
 
 The suite builds tiny random-weight models from transformers configs, saves them with ``save_pretrained``
 (sharded, so the index path is exercised), loads them through octavo's loader into the plugin's class, runs
-them on the reference attention backend over a paged KV cache, and compares logits and log-probabilities
+them on an attention backend (the reference ``torch_sdpa`` unless ``backend_cls`` names another) over a
+paged KV cache, on ``device`` (default ``cpu``), and compares logits and log-probabilities
 with transformers in float32 — for whole prompts run together, and for prompts fed in chunks and then one
 token at a time (chunked prefill and decode over the cache). No engine is needed.
 
@@ -30,12 +31,21 @@ from octavo.testing.attention import make_layout
 class PagedRunner:
     """Runs a model over a paged KV cache with an attention backend, one step at a time, like a tiny engine.
 
+    No scheduler, no sampler: you name the tokens each request gets this step and read back float32 logits,
+    so a model or an attention backend can be checked against a reference without building an engine::
+
+        runner = PagedRunner(model, block_size=16)                   # reference backend, on the CPU
+        first = runner.step([("a", [1, 2, 3]), ("b", [7, 8])])       # two prefills in one flat batch
+        nxt = runner.step([("a", [4]), ("b", [9, 10])])              # a decode and a chunk of b
+        logits = runner.prompts([[1, 2, 3, 4]])[0]                   # [4, vocab], request then forgotten
+
     Args:
         model: an octavo model (built from ``octavo.nn``).
-        backend_cls: the attention backend class; default the reference ``torch_sdpa``.
+        backend_cls: the attention backend class; default the registered reference ``torch_sdpa``.
         num_blocks: KV blocks per layer (block 0 stays the null block).
         block_size: tokens per block.
         device: where the model lives.
+        kv_dtype: KV cache dtype; default the model's parameter dtype.
     """
 
     def __init__(self, model: torch.nn.Module, backend_cls=None, *, num_blocks: int = 256, block_size: int = 16,
@@ -43,7 +53,9 @@ class PagedRunner:
         from octavo.nn import Attention
 
         if backend_cls is None:
-            from octavo.plugins.attention.torch_sdpa import TorchSDPABackend as backend_cls
+            from octavo.registry import resolve
+
+            backend_cls = resolve("attention_backends", "torch_sdpa")
         self.model, self.backend_cls = model, backend_cls
         self.block_size, self.device = block_size, torch.device(device)
         dtype = kv_dtype or next(model.parameters()).dtype
@@ -128,6 +140,9 @@ class ModelContract:
         block_size: KV block size of the paged runs.
         check_registered: also require the installed plugins to resolve each config's architecture to
             ``model_cls``.
+        backend_cls: the attention backend the model runs on (default: the registered ``torch_sdpa``), so a
+            vendor can check a model on their own backend and device.
+        device: where the model runs (``"cpu"``, ``"cuda"``, ...); the transformers reference stays on the CPU.
     """
 
     model_cls: ClassVar[type]
@@ -136,6 +151,8 @@ class ModelContract:
     prompt_lens: ClassVar[tuple[int, ...]] = (1, 7, 23, 40)
     block_size: ClassVar[int] = 16
     check_registered: ClassVar[bool] = True
+    backend_cls: ClassVar[type | None] = None
+    device: ClassVar[str] = "cpu"
 
     @pytest.fixture(scope="class")
     def checkpoints(self, tmp_path_factory):
@@ -161,8 +178,11 @@ class ModelContract:
         from octavo.core.loader import load_model, resolve_model
 
         resolved = resolve_model(ModelSettings(model=path, load_format=load_format))
-        model = load_model(resolved, model_cls=self.model_cls, dtype=torch.float32, device="cpu")
+        model = load_model(resolved, model_cls=self.model_cls, dtype=torch.float32, device=self.device)
         return resolved, model
+
+    def _runner(self, model) -> PagedRunner:
+        return PagedRunner(model, self.backend_cls, block_size=self.block_size, device=self.device)
 
     def _prompts(self, vocab_size: int, seed: int = 0) -> list[list[int]]:
         rng = random.Random(seed)
@@ -192,13 +212,12 @@ class ModelContract:
     def test_registered_under_architecture(self):
         if not self.check_registered:
             pytest.skip("check_registered is off")
-        from octavo.core.plugin_manager import get_plugin_manager
+        from octavo.registry import resolve
 
-        pm = get_plugin_manager()
         for name, config in self.configs.items():
             arch = config.architectures[0] if getattr(config, "architectures", None) else None
             assert arch, f"config {name!r} must name its architectures"
-            assert pm.resolve("models", arch) is self.model_cls, f"{arch} does not resolve to {self.model_cls}"
+            assert resolve("models", arch) is self.model_cls, f"{arch} does not resolve to {self.model_cls}"
 
     def test_loads_every_parameter(self, checkpoints):
         from octavo.config import ModelSettings
@@ -216,7 +235,7 @@ class ModelContract:
         for name, (path, ref) in checkpoints.items():
             _, model = self._load(path)
             prompts = self._prompts(ref.config.vocab_size)
-            got = PagedRunner(model, block_size=self.block_size).prompts(prompts)
+            got = self._runner(model).prompts(prompts)
             for i, tokens in enumerate(prompts):
                 self._compare(got[i], self._reference(ref, tokens), f"{name}, prompt {i} ({len(tokens)} tokens)")
 
@@ -224,7 +243,7 @@ class ModelContract:
         """Prompts fed in uneven chunks, then token by token, interleaved: same logits as one full pass."""
         for name, (path, ref) in checkpoints.items():
             _, model = self._load(path)
-            runner = PagedRunner(model, block_size=self.block_size)
+            runner = self._runner(model)
             rng = random.Random(1)
             seqs = [p + [rng.randrange(ref.config.vocab_size) for _ in range(5)]
                     for p in self._prompts(ref.config.vocab_size, seed=1) if p]
@@ -248,5 +267,5 @@ class ModelContract:
         name, (path, ref) = next(iter(checkpoints.items()))
         resolved, model = self._load(path, load_format="dummy")
         assert resolved.format == "dummy"
-        logits = PagedRunner(model, block_size=self.block_size).prompts([[1, 2, 3]])[0]
+        logits = self._runner(model).prompts([[1, 2, 3]])[0]
         assert logits.shape == (3, ref.config.vocab_size) and torch.isfinite(logits).all()

@@ -51,7 +51,7 @@ def _inputs(n, block_size, num_blocks, max_blocks, g):
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_graph_replay_matches_eager(dtype):
-    from octavo.plugins.attention.triton_attn import TritonAttentionBackend as B
+    from octavo.plugins.attention.triton import TritonAttentionBackend as B
     from octavo.plugins.platforms.cuda_graphs import CUDAGraphRunner
 
     torch.manual_seed(0)

@@ -4,7 +4,7 @@ or nvcc is missing). Each dtype / head size / window / soft-cap variant JIT-comp
 import pytest
 import torch
 
-from octavo.plugins.attention.flashinfer_attn import FlashInferAttentionBackend
+from octavo.plugins.attention.flashinfer import FlashInferAttentionBackend
 from octavo.testing import AttentionBackendContract
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]

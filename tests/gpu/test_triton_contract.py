@@ -7,7 +7,7 @@ interpreter (slow). Long contexts (8k) are covered in ``test_triton_kernels.py::
 import pytest
 import torch
 
-from octavo.plugins.attention.triton_attn import TritonAttentionBackend
+from octavo.plugins.attention.triton import TritonAttentionBackend
 from octavo.testing import AttentionBackendContract
 from tests.gpu.conftest import INTERPRET
 

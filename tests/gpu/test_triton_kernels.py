@@ -14,7 +14,7 @@ TOL = {torch.float16: 6e-3, torch.bfloat16: 2e-2, torch.float32: 2e-5}
 
 
 def run_backend(case, num_heads, num_kv_heads, head_size, dtype, device, splits=None, **kw):
-    from octavo.plugins.attention.triton_attn import TritonAttentionBackend
+    from octavo.plugins.attention.triton import TritonAttentionBackend
 
     be = TritonAttentionBackend(num_heads=num_heads, head_size=head_size, num_kv_heads=num_kv_heads,
                                 scale=head_size**-0.5, **kw)
@@ -88,7 +88,7 @@ def test_sliding_window_and_soft_cap(device):
 
 
 def test_padding_slots_are_not_written(device):
-    from octavo.plugins.attention.triton_attn import TritonAttentionBackend
+    from octavo.plugins.attention.triton import TritonAttentionBackend
 
     be = TritonAttentionBackend(num_heads=2, head_size=32, num_kv_heads=2, scale=0.1)
     cache = torch.randn(2, 4, 16, 2, 32, dtype=torch.float16, device=device)

@@ -80,26 +80,29 @@ def test_discovered_with_its_distribution_and_hooks(report):
     assert report["other"]["distribution"] == "octavo-other"
 
 
+def _builtin_cpu(report) -> dict:
+    return next(r for r in report["platforms"]["registrations"] if r["name"] == "cpu")
+
+
 def test_shadows_the_builtin_cpu_platform(report, table):
-    builtin = report["cpu"]
-    assert builtin["distribution"] == "octavo"
-    assert builtin["registrations"][0]["shadowed_by"] == f"{PLUGIN} ({DIST})"
+    assert report["platforms"]["distribution"] == "octavo"
+    assert _builtin_cpu(report)["shadowed_by"] == f"{PLUGIN} ({DIST})"
     assert f"shadowed by {PLUGIN} ({DIST})" in table
 
 
 def test_disappears_when_disabled():
     report = plugins_json(OCTAVO_DISABLE_PLUGINS=PLUGIN)
-    assert PLUGIN not in report and "cpu" in report
-    assert report["cpu"]["registrations"][0]["shadowed_by"] is None
+    assert PLUGIN not in report and "platforms" in report
+    assert _builtin_cpu(report)["shadowed_by"] is None
     # the distribution name works too
     out = octavo("plugins", OCTAVO_DISABLE_PLUGINS=DIST).stdout
     assert f"not loaded (OCTAVO_DISABLE_PLUGINS / OCTAVO_PLUGINS): {PLUGIN}" in out and "shadowed" not in out
 
 
 def test_allow_list(report, other):
-    assert {PLUGIN, "other", "cpu"} <= set(report)
+    assert {PLUGIN, "other", "platforms"} <= set(report)
     allowed = plugins_json(OCTAVO_PLUGINS=PLUGIN, **other)
-    assert PLUGIN in allowed and "other" not in allowed and "cpu" in allowed  # built-ins always load
+    assert PLUGIN in allowed and "other" not in allowed and "platforms" in allowed  # built-ins always load
     proc = octavo("plugins", check=False, OCTAVO_PLUGINS="octavo-fixture-plugn")
     assert proc.returncode == 2 and "octavo-fixture-plugn" in proc.stderr and "not installed" in proc.stderr
 
@@ -114,7 +117,7 @@ def test_adds_a_cli_command_that_reads_settings_flags():
 def test_selected_platform_stat_logger_and_engine_start():
     code = """
 from octavo.config import OctavoSettings
-from octavo.core.plugin_manager import get_plugin_manager
+from octavo.registry import get_plugin_manager
 import octavo_fixture_plugin
 pm = get_plugin_manager()
 platform = pm.select_platform(OctavoSettings())

@@ -27,12 +27,12 @@ def test_plugins_json_lists_builtins():
     proc = run("plugins", "--json")
     assert proc.returncode == 0, proc.stderr
     report = {p["name"]: p for p in json.loads(proc.stdout)}
-    cpu = report["cpu"]
-    assert cpu["distribution"] == "octavo" and cpu["builtin"] and cpu["version"] == octavo.__version__
-    assert cpu["hooks"] == ["octavo_register_platforms"]
-    assert cpu["registrations"] == [{"kind": "platforms", "name": "cpu", "shadowed_by": None,
-                                     "target": "octavo.plugins.platforms.cpu:CpuPlatform",
-                                     "available": True, "reason": None}]
+    platforms = report["platforms"]  # one built-in entry point per kind
+    assert platforms["distribution"] == "octavo" and platforms["builtin"] and platforms["version"] == octavo.__version__
+    assert platforms["hooks"] == ["octavo_register_platforms"]
+    cpu = next(r for r in platforms["registrations"] if r["name"] == "cpu")
+    assert cpu == {"kind": "platforms", "name": "cpu", "shadowed_by": None,
+                   "target": "octavo.plugins.platforms.cpu:CpuPlatform", "available": True, "reason": None}
     for plugin in report.values():
         assert set(plugin) >= {"name", "distribution", "version", "hooks", "registrations", "error"}
 

@@ -62,7 +62,7 @@ def test_builtins_registered_with_distribution_octavo():
     assert "cpu" in pm.names("platforms")
     reg = pm.registration("platforms", "cpu")
     assert reg.distribution == "octavo" and reg.builtin
-    assert pm.plugins["cpu"].hooks == ["octavo_register_platforms"]
+    assert pm.plugins["platforms"].hooks == ["octavo_register_platforms"]  # one entry point per kind
     assert issubclass(pm.resolve("platforms", "cpu"), CpuPlatform)
 
 
@@ -89,7 +89,7 @@ def octavo_register_platforms(register):
     pm = PluginManager()
     winner = pm.registration("platforms", "cpu")
     assert (winner.plugin, winner.distribution) == (name, dist)
-    builtin = next(r for r in pm.plugins["cpu"].registrations if r.name == "cpu")
+    builtin = next(r for r in pm.plugins["platforms"].registrations if r.name == "cpu")
     assert builtin.shadowed_by == f"{name} ({dist})"
     assert pm.resolve("platforms", "cpu").__name__ == "Plat"
     assert type(pm.select_platform(OctavoSettings())).__name__ == "Plat"
@@ -189,15 +189,15 @@ def test_allow_and_disable_lists(site, monkeypatch):
     b, _ = make_dist(site, "")
     only(monkeypatch, dist_a)  # a distribution name works as well as a plugin name
     pm = PluginManager()
-    assert a in pm.plugins and b not in pm.plugins and "cpu" in pm.plugins  # built-ins always load
+    assert a in pm.plugins and b not in pm.plugins and "platforms" in pm.plugins  # built-ins always load
     monkeypatch.setenv("OCTAVO_PLUGINS", "no-such-plugin")
     with pytest.raises(PluginError, match="no-such-plugin.*not installed"):
         PluginManager()
     monkeypatch.delenv("OCTAVO_PLUGINS")
-    monkeypatch.setenv("OCTAVO_DISABLE_PLUGINS", f"{a}, cpu")
+    monkeypatch.setenv("OCTAVO_DISABLE_PLUGINS", f"{a}, platforms")
     pm = PluginManager()
     assert a not in pm.plugins and b in pm.plugins and "cpu" not in pm.names("platforms")
-    assert set(pm.disabled) >= {a, "cpu"}
+    assert set(pm.disabled) >= {a, "platforms"}
 
 
 def test_select_platform_hook_and_explicit_setting(site, monkeypatch):
@@ -304,7 +304,9 @@ def test_stat_loggers_and_notifications_in_process():
     pm = PluginManager(plugins=(("inline", Plugin, "inline-dist"),))
     (logger,) = pm.stat_loggers(OctavoSettings())
     logger.record("stats", [])
-    pm.hook.octavo_on_engine_start(settings=OctavoSettings.from_kwargs(max_num_seqs=3))
+    pm.hook.octavo_on_engine_start(settings=OctavoSettings.from_kwargs(max_num_seqs=3), platform="cpu",
+                                   attention_backend="torch_sdpa", dtype="float32", quantization=None,
+                                   num_kv_blocks=8, block_size=16)
     assert seen == ["stats", ("start", 3)]
     assert pm.plugins["inline"].hooks == ["octavo_on_engine_start", "octavo_register_stat_loggers"]
 
@@ -314,4 +316,75 @@ def test_trace_prints_every_hook_call():
     out = subprocess.run([sys.executable, "-c", "from octavo.core.plugin_manager import get_plugin_manager as g; g()"],
                          capture_output=True, text=True, env=env, check=True)
     assert "[octavo-plugins]" in out.stderr and "octavo_register_platforms" in out.stderr
-    assert "register platforms for plugin 'cpu'" in out.stderr
+    assert "register platforms for plugin 'platforms'" in out.stderr
+
+
+def test_kinds_come_from_the_hookspecs(monkeypatch):
+    """A new ``octavo_register_<kind>(register)`` spec is a new registry, with no other edit in core."""
+    from octavo import hookimpl
+    from octavo.core import hookspecs
+    from octavo.hooks import hookspec
+
+    def octavo_register_widgets(register):
+        """Register widgets."""
+
+    monkeypatch.setattr(hookspecs, "octavo_register_widgets", hookspec(octavo_register_widgets), raising=False)
+    assert hookspecs.registry_kinds()["widgets"] == "octavo_register_widgets"
+    assert hookspecs.HOOK_GROUPS["octavo_register_widgets"] == "registration"
+    assert hookspecs.HOOK_GROUPS["octavo_register_stat_loggers"] == "extension"  # takes settings too
+
+    class Plugin:
+        @staticmethod
+        @hookimpl
+        def octavo_register_widgets(register):
+            register("gear", "collections:OrderedDict")
+
+    pm = PluginManager(plugins=(("widgets", Plugin, "octavo-widgets"),))
+    assert "widgets" in pm.kinds and pm.names("widgets") == ["gear"]
+    assert pm.resolve("widgets", "gear").__name__ == "OrderedDict"
+
+
+PRIORITY_PLATFORM = CPU_SUBCLASS.replace("PLATFORM", "chip") + """
+Plat.priority = PRIORITY
+
+@hookimpl
+def octavo_register_platforms(register):
+    register("chip", "MODULE:Plat")
+"""
+
+
+@pytest.mark.parametrize(("priority", "winner"), [(50, "chip"), (-500, "cpu")])
+def test_platform_declares_its_own_priority(site, monkeypatch, caplog, priority, winner):
+    name, _ = make_dist(site, PRIORITY_PLATFORM.replace("PRIORITY", str(priority)))
+    only(monkeypatch, name)
+    pm = PluginManager()
+    with caplog.at_level("INFO", logger="octavo.plugins"):
+        assert pm.select_platform(OctavoSettings()).name == winner
+    assert f"platform {winner} (chosen by the built-in default)" in caplog.text
+
+
+def test_defaults_are_trylast_hookimpls_a_plugin_outranks(site, monkeypatch):
+    name, _ = make_dist(site, PRIORITY_PLATFORM.replace("PRIORITY", "50") + """
+@hookimpl
+def octavo_select_platform(settings):
+    return "cpu"
+""")
+    only(monkeypatch, name)
+    pm = PluginManager()
+    assert pm.select_platform(OctavoSettings()).name == "cpu"  # the plugin's hook beats the default's "chip"
+    impls = pm.hook.octavo_select_platform.get_hookimpls()
+    assert [i.plugin_name for i in impls if i.trylast] == ["octavo-defaults"]
+
+
+def test_backend_declares_the_platforms_it_prefers(site, monkeypatch):
+    name, _ = make_dist(site, BACKENDS + """
+Small.platform_priority = {"cpu": 10}
+Never.platform_priority = {"cpu": 20}
+""")
+    only(monkeypatch, name)
+    pm = PluginManager()
+    # no platform edit: "small" is auto-selected on cpu ("never" ranks higher but refuses the shape)
+    chosen = pm.select_attention_backend(OctavoSettings(), CpuPlatform(), dtype=torch.float32, head_size=64)
+    assert chosen.name == "small"
+    chosen = pm.select_attention_backend(OctavoSettings(), CpuPlatform(), dtype=torch.float32, head_size=128)
+    assert chosen.name == "torch_sdpa"  # the reference backend is the last resort

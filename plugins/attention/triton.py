@@ -16,14 +16,9 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from octavo import AttentionBackend, hookimpl
+from octavo import AttentionBackend
 from octavo.attention import AttentionLayout
 from octavo.platform import Availability
-
-
-@hookimpl(trylast=True)
-def octavo_register_attention_backends(register):
-    register("triton", "octavo.plugins.attention.triton_attn:TritonAttentionBackend")
 
 
 @dataclass
@@ -63,6 +58,9 @@ class TritonAttentionBackend(AttentionBackend):
     """Paged attention with Triton kernels (see the module docstring for what it covers)."""
 
     name = "triton"
+    # above flashinfer on cuda: this backend's metadata is graph-safe, so decode runs in CUDA graphs; flashinfer
+    # plans on the host each step (eager only) and JIT-compiles for tens of seconds on first use (docs/gpu.md).
+    platform_priority = {"cuda": 200, "rocm": 200}
 
     @classmethod
     def is_available(cls) -> Availability:

@@ -25,17 +25,12 @@ import shutil
 from dataclasses import dataclass, field
 from typing import Any
 
-from octavo import AttentionBackend, hookimpl
+from octavo import AttentionBackend
 from octavo.attention import AttentionLayout
 from octavo.platform import Availability
 
 WORKSPACE_BYTES = 128 << 20
 SUPPORTED_HEAD_SIZES = (64, 128, 256)
-
-
-@hookimpl(trylast=True)
-def octavo_register_attention_backends(register):
-    register("flashinfer", "octavo.plugins.attention.flashinfer_attn:FlashInferAttentionBackend")
 
 
 @dataclass
@@ -60,6 +55,7 @@ class FlashInferAttentionBackend(AttentionBackend):
     """Paged attention through FlashInfer (see the module docstring)."""
 
     name = "flashinfer"
+    platform_priority = {"cuda": 100}
 
     @classmethod
     def is_available(cls) -> Availability:
@@ -109,7 +105,7 @@ class FlashInferAttentionBackend(AttentionBackend):
 
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
-        from octavo.plugins.attention.triton_attn import TritonAttentionBackend
+        from octavo.plugins.attention.triton import TritonAttentionBackend
 
         self._kv_writer = TritonAttentionBackend(**kwargs)  # reuse its KV-write kernel
         self.window_left = (self.sliding_window - 1) if self.sliding_window else -1
