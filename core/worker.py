@@ -51,7 +51,11 @@ class Worker:
         hf_config = self.resolved.hf_config
         self.dtype = choose_dtype(settings.model.dtype, platform, hf_config)
         model_cls = pm.resolve("models", self.resolved.architecture)
-        self.model = load_model(self.resolved, model_cls=model_cls, dtype=self.dtype, device=self.device)
+        from octavo.core.loader.quant import resolve_quantizer
+
+        quantizer = resolve_quantizer(settings.model.quantization, self.resolved, platform, pm)
+        self.model = load_model(self.resolved, model_cls=model_cls, dtype=self.dtype, device=self.device,
+                                quantizer=quantizer)
         self.model.eval()
         self.max_model_len = get_max_model_len(hf_config, settings.model.max_model_len)
         self.vocab_size = hf_config.vocab_size

@@ -268,8 +268,35 @@ def _dequant_q8_0(blocks):  # fp16 d, 32 int8: d * q
 _TORCH_DEQUANT = {2: _dequant_q4_0, 3: _dequant_q4_1, 8: _dequant_q8_0}
 
 
-def iter_gguf_weights(path: str, hf_config) -> Iterator[tuple[str, torch.Tensor]]:
-    """``(hf name, dequantized tensor)`` for every tensor of the file that has a Hugging Face name."""
+def raw_blocks(mm, info: GGUFTensorInfo) -> torch.Tensor:
+    """One tensor's ggml blocks as ``uint8 [rows, bytes per row]`` (a copy; the file stays mapped)."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(info.ggml_type)]
+    nbytes = prod(info.shape) // block * type_size
+    raw = np.frombuffer(mm, dtype=np.uint8, count=nbytes, offset=info.offset)
+    return torch.from_numpy(raw.reshape(info.shape[0], -1).copy())
+
+
+def tensor_types(path: str) -> dict[str, int]:
+    """Hugging Face module name -> ggml type of every 2-D weight of the file (quantizers read it)."""
+    types = {}
+    for info in read_header(path).tensors:
+        name = hf_name(info.name)
+        if name is not None and name.endswith(".weight") and len(info.shape) == 2:
+            types[name.removesuffix(".weight")] = info.ggml_type
+    return types
+
+
+def iter_gguf_weights(path: str, hf_config, keep_blocks=None) -> Iterator[tuple[str, torch.Tensor]]:
+    """``(hf name, dequantized tensor)`` for every tensor of the file that has a Hugging Face name.
+
+    Args:
+        keep_blocks: optional ``hf name -> bool``; those tensors come as :class:`octavo.quant.GGUFBlocks`
+            (raw blocks, q/k row permutation undone) for a quantizer to repack, instead of dequantized.
+    """
+    from octavo.quant import GGUFBlocks
+
     header = read_header(path)
     permute = header.architecture == "llama"
     num_heads = hf_config.num_attention_heads
@@ -279,12 +306,13 @@ def iter_gguf_weights(path: str, hf_config) -> Iterator[tuple[str, torch.Tensor]
             name = hf_name(info.name)
             if name is None:
                 continue  # e.g. rope_freqs: recomputed from the config
-            tensor = dequantize(mm, info)
-            if permute and ".self_attn.q_proj." in name:
+            raw = keep_blocks is not None and len(info.shape) == 2 and keep_blocks(name)
+            tensor = raw_blocks(mm, info) if raw else dequantize(mm, info)
+            if permute and ".self_attn.q_proj." in name:  # whole rows move: valid for raw blocks too
                 tensor = unpermute_qk(tensor, num_heads)
             elif permute and ".self_attn.k_proj." in name:
                 tensor = unpermute_qk(tensor, num_kv_heads)
-            yield name, tensor
+            yield name, (GGUFBlocks(tensor, info.ggml_type, info.shape) if raw else tensor)
             del tensor
 
 

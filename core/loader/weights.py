@@ -67,8 +67,12 @@ def _pt_files(directory: str) -> list[str]:
     return sorted(glob(os.path.join(directory, "*.bin")) + glob(os.path.join(directory, "*.pt")))
 
 
-def iter_weights(resolved: ResolvedModel, desc: str = "Loading weights") -> Iterator[tuple[str, torch.Tensor]]:
-    """``(checkpoint name, CPU tensor)`` pairs of a checkpoint, one at a time, with a progress bar."""
+def iter_weights(resolved: ResolvedModel, desc: str = "Loading weights",
+                 keep_gguf_blocks=None) -> Iterator[tuple[str, torch.Tensor]]:
+    """``(checkpoint name, CPU tensor)`` pairs of a checkpoint, one at a time, with a progress bar.
+
+    ``keep_gguf_blocks(name) -> bool`` keeps those GGUF tensors as raw blocks (see ``iter_gguf_weights``).
+    """
     disable = os.environ.get("OCTAVO_DISABLE_PROGRESS", "0") == "1"
     if resolved.format == "safetensors":
         from safetensors import safe_open
@@ -94,7 +98,7 @@ def iter_weights(resolved: ResolvedModel, desc: str = "Loading weights") -> Iter
         from octavo.core.loader.gguf_file import gguf_num_weights, iter_gguf_weights
 
         path = resolved.gguf_path
-        yield from tqdm(iter_gguf_weights(path, resolved.hf_config), total=gguf_num_weights(path), desc=desc,
+        yield from tqdm(iter_gguf_weights(path, resolved.hf_config, keep_gguf_blocks), total=gguf_num_weights(path), desc=desc,
                         unit="tensor", disable=disable)
     else:
         raise ValueError(f"format {resolved.format!r} has no weights to iterate")
@@ -122,25 +126,41 @@ def load_model(resolved: ResolvedModel, *, model_cls, dtype: torch.dtype, device
         model_cls: the registered model class (``model_cls(config=..., prefix="")``).
         dtype: parameter dtype; checkpoint tensors are converted as they are copied in.
         device: where the parameters are allocated.
-        quantizer: an optional ``octavo.Quantizer`` instance, passed to the model as ``quantizer=``.
+        quantizer: an optional ``octavo.Quantizer`` (from ``resolve_quantizer``): the model is built inside
+            its ``quantization_scope``, so each linear layer takes its method by prefix, and the checkpoint
+            streams through ``quantizer.adapt_weights``.
         seed: seed of the random weights for ``format == "dummy"``.
 
     Raises:
         ValueError: the checkpoint lacks weights the model needs, or holds tensors it cannot place.
     """
     device = torch.device(device)
-    kwargs = {"quantizer": quantizer} if quantizer is not None else {}
+    from octavo.quant import quantization_scope
+
+    if quantizer is not None and getattr(model_cls, "supports_quantization", True) is False:
+        raise ValueError(f"{resolved.architecture} has no quantized variant in octavo; drop the quantization "
+                         f"setting ({quantizer.name!r})")
     old_dtype = torch.get_default_dtype()
     try:
         torch.set_default_dtype(dtype)
-        with torch.device(device):
-            model = model_cls(config=resolved.hf_config, prefix="", **kwargs)
+        with torch.device(device), quantization_scope(
+                quantizer, getattr(model_cls, "packed_modules_mapping", None)) as methods:
+            model = model_cls(config=resolved.hf_config, prefix="")
     finally:
         torch.set_default_dtype(old_dtype)
+    if quantizer is not None and not methods:
+        raise ValueError(f"quantization {quantizer.name!r}: {resolved.architecture} has no linear layer it applies "
+                         "to (the model does not build its projections from octavo.nn linear layers)")
     if resolved.format == "dummy":
+        if quantizer is not None:
+            raise ValueError("load_format='dummy' cannot be combined with quantization: random weights have no "
+                             "quantized form; drop one of the two settings")
         _init_dummy(model, seed)
     else:
-        loaded = model.load_weights(iter_weights(resolved))
+        weights = iter_weights(resolved, keep_gguf_blocks=_gguf_block_filter(quantizer, methods))
+        if quantizer is not None:
+            weights = quantizer.adapt_weights(weights, methods)
+        loaded = model.load_weights(weights)
         expected = {name for name, _ in model.named_parameters(remove_duplicate=False)}
         missing = sorted(expected - set(loaded))
         if missing:
@@ -152,6 +172,14 @@ def load_model(resolved: ResolvedModel, *, model_cls, dtype: torch.dtype, device
         if callable(hook):
             hook()
     return model.eval()
+
+
+def _gguf_block_filter(quantizer, methods):
+    """``name -> bool`` for the GGUF tensors a block-reading quantizer repacks itself (None: dequantize all)."""
+    if quantizer is None or not getattr(quantizer, "reads_gguf_blocks", False):
+        return None
+    modules = {part for prefix in methods for part in quantizer.part_prefixes(prefix)}
+    return lambda name: name.endswith(".weight") and name.removesuffix(".weight") in modules
 
 
 def get_max_model_len(hf_config, requested: int | None = None) -> int:

@@ -115,10 +115,10 @@ class BertModel(nn.Module):
 
     packed_modules_mapping = {"qkv_proj": ["query", "key", "value"]}
 
-    def __init__(self, *, config: Any, prefix: str = "", quantizer=None) -> None:
+    supports_quantization = False  # the loader refuses a quantization setting for this model
+
+    def __init__(self, *, config: Any, prefix: str = "") -> None:
         super().__init__()
-        if quantizer is not None:
-            raise ValueError("BERT encoders have no quantized variant in octavo; drop the quantization setting")
         if getattr(config, "position_embedding_type", "absolute") != "absolute":
             raise ValueError(f"BERT position_embedding_type={config.position_embedding_type!r} is not supported; "
                              "only 'absolute'")

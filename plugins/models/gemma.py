@@ -61,18 +61,17 @@ def _rope_for_layer(config: Any, layer_type: str | None):
 
 
 class GemmaAttention(nn.Module):
-    def __init__(self, config: Any, layer_idx: int, quantizer=None, prefix: str = "") -> None:
+    def __init__(self, config: Any, layer_idx: int, prefix: str = "") -> None:
         super().__init__()
-        qm = (lambda name: quantizer.get_linear_method(f"{prefix}.{name}")) if quantizer else (lambda name: None)
         self.head_dim = config.head_dim
         total_heads, total_kv = config.num_attention_heads, config.num_key_value_heads
         bias = bool(getattr(config, "attention_bias", False))
         self.qkv_proj = QKVParallelLinear(config.hidden_size, self.head_dim, total_heads, total_kv, bias=bias,
-                                          quant_method=qm("qkv_proj"), prefix=f"{prefix}.qkv_proj")
+                                          prefix=f"{prefix}.qkv_proj")
         self.num_heads, self.num_kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
         self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         self.o_proj = RowParallelLinear(total_heads * self.head_dim, config.hidden_size, bias=bias,
-                                        quant_method=qm("o_proj"), prefix=f"{prefix}.o_proj")
+                                        prefix=f"{prefix}.o_proj")
         layer_types = getattr(config, "layer_types", None)
         layer_type = layer_types[layer_idx] if layer_types else None
         base, scaling, partial = _rope_for_layer(config, layer_type)
@@ -99,14 +98,12 @@ class GemmaAttention(nn.Module):
 
 
 class GemmaMLP(nn.Module):
-    def __init__(self, config: Any, quantizer=None, prefix: str = "") -> None:
+    def __init__(self, config: Any, prefix: str = "") -> None:
         super().__init__()
         inter = config.intermediate_size
-        qm = (lambda name: quantizer.get_linear_method(f"{prefix}.{name}")) if quantizer else (lambda name: None)
         self.gate_up_proj = MergedColumnParallelLinear(config.hidden_size, [inter, inter], bias=False,
-                                                       quant_method=qm("gate_up_proj"), prefix=f"{prefix}.gate_up_proj")
-        self.down_proj = RowParallelLinear(inter, config.hidden_size, bias=False, quant_method=qm("down_proj"),
-                                           prefix=f"{prefix}.down_proj")
+                                                       prefix=f"{prefix}.gate_up_proj")
+        self.down_proj = RowParallelLinear(inter, config.hidden_size, bias=False, prefix=f"{prefix}.down_proj")
         self.act_fn = get_act_and_mul(_act_name(config))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -114,11 +111,11 @@ class GemmaMLP(nn.Module):
 
 
 class GemmaDecoderLayer(nn.Module):
-    def __init__(self, config: Any, layer_idx: int, quantizer=None, prefix: str = "") -> None:
+    def __init__(self, config: Any, layer_idx: int, prefix: str = "") -> None:
         super().__init__()
         eps = config.rms_norm_eps
-        self.self_attn = GemmaAttention(config, layer_idx, quantizer, prefix=f"{prefix}.self_attn")
-        self.mlp = GemmaMLP(config, quantizer, prefix=f"{prefix}.mlp")
+        self.self_attn = GemmaAttention(config, layer_idx, prefix=f"{prefix}.self_attn")
+        self.mlp = GemmaMLP(config, prefix=f"{prefix}.mlp")
         self.input_layernorm = GemmaRMSNorm(config.hidden_size, eps=eps)
         self.post_attention_layernorm = GemmaRMSNorm(config.hidden_size, eps=eps)
         # Gemma 2/3 ("sandwich"): the attention output is normed before the residual add, and the MLP is
@@ -144,11 +141,11 @@ class GemmaDecoderLayer(nn.Module):
 
 
 class GemmaModel(nn.Module):
-    def __init__(self, *, config: Any, quantizer=None, prefix: str = "model") -> None:
+    def __init__(self, *, config: Any, prefix: str = "model") -> None:
         super().__init__()
         self.hidden_size = config.hidden_size
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(GemmaDecoderLayer(config, i, quantizer, prefix=f"{prefix}.layers.{i}")
+        self.layers = nn.ModuleList(GemmaDecoderLayer(config, i, prefix=f"{prefix}.layers.{i}")
                                     for i in range(config.num_hidden_layers))
         self.norm = GemmaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
@@ -169,13 +166,12 @@ class GemmaForCausalLM(LlamaForCausalLM):
     Args:
         config: ``GemmaConfig``, ``Gemma2Config`` or ``Gemma3TextConfig``.
         prefix: name prefix of this model's parameters.
-        quantizer: an optional :class:`octavo.Quantizer`.
     """
 
-    def __init__(self, *, config: Any, prefix: str = "", quantizer=None) -> None:
+    def __init__(self, *, config: Any, prefix: str = "") -> None:
         nn.Module.__init__(self)
         self.config = config
-        self.model = GemmaModel(config=config, quantizer=quantizer, prefix=f"{prefix}.model" if prefix else "model")
+        self.model = GemmaModel(config=config, prefix=f"{prefix}.model" if prefix else "model")
         self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
         # Gemma checkpoints always tie the head to the embedding (transformers' default for these configs)
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", True))

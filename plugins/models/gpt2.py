@@ -104,10 +104,10 @@ class GPT2LMHeadModel(LastTokenPooler, nn.Module):
 
     packed_modules_mapping = {"c_attn": ["c_attn"]}  # fused in the checkpoint already
 
-    def __init__(self, *, config: Any, prefix: str = "", quantizer=None) -> None:
+    supports_quantization = False  # the loader refuses a quantization setting for this model
+
+    def __init__(self, *, config: Any, prefix: str = "") -> None:
         super().__init__()
-        if quantizer is not None:
-            raise ValueError("GPT-2 has no quantized variant in octavo; drop the quantization setting")
         self.config = config
         self.transformer = GPT2Model(config)
         self.lm_head = ParallelLMHead(config.vocab_size, config.n_embd).tie_weights(self.transformer.wte)

@@ -31,10 +31,6 @@ from octavo.nn import (
 from octavo.plugins.models.utils import LastTokenPooler
 
 
-def _linear_method(quantizer, prefix: str):
-    return quantizer.get_linear_method(prefix) if quantizer is not None else None
-
-
 def _sliding_window(config: Any, layer_idx: int) -> int | None:
     layer_types = getattr(config, "layer_types", None)
     if layer_types is not None:  # transformers 5.x: per-layer "sliding_attention" / "full_attention"
@@ -45,15 +41,13 @@ def _sliding_window(config: Any, layer_idx: int) -> int | None:
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, config: Any, quantizer=None, prefix: str = "") -> None:
+    def __init__(self, config: Any, prefix: str = "") -> None:
         super().__init__()
         bias = getattr(config, "mlp_bias", False)
         inter = config.intermediate_size
         self.gate_up_proj = MergedColumnParallelLinear(config.hidden_size, [inter, inter], bias=bias,
-                                                       quant_method=_linear_method(quantizer, f"{prefix}.gate_up_proj"),
                                                        prefix=f"{prefix}.gate_up_proj")
         self.down_proj = RowParallelLinear(inter, config.hidden_size, bias=bias,
-                                           quant_method=_linear_method(quantizer, f"{prefix}.down_proj"),
                                            prefix=f"{prefix}.down_proj")
         self.act_fn = get_act_and_mul(config.hidden_act)
 
@@ -62,7 +56,7 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, config: Any, layer_idx: int, quantizer=None, prefix: str = "") -> None:
+    def __init__(self, config: Any, layer_idx: int, prefix: str = "") -> None:
         super().__init__()
         self.total_num_heads = config.num_attention_heads
         self.total_num_kv_heads = getattr(config, "num_key_value_heads", None) or self.total_num_heads
@@ -71,14 +65,12 @@ class LlamaAttention(nn.Module):
         o_bias = config.model_type != "qwen2" and getattr(config, "attention_bias", False)
         self.qkv_proj = QKVParallelLinear(config.hidden_size, self.head_dim, self.total_num_heads,
                                           self.total_num_kv_heads, bias=qkv_bias,
-                                          quant_method=_linear_method(quantizer, f"{prefix}.qkv_proj"),
                                           prefix=f"{prefix}.qkv_proj")
         self.num_heads = self.qkv_proj.num_heads
         self.num_kv_heads = self.qkv_proj.num_kv_heads
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
         self.o_proj = RowParallelLinear(self.total_num_heads * self.head_dim, config.hidden_size, bias=o_bias,
-                                        quant_method=_linear_method(quantizer, f"{prefix}.o_proj"),
                                         prefix=f"{prefix}.o_proj")
         base, scaling, partial = rope_config(config)
         max_position = config.max_position_embeddings
@@ -100,10 +92,10 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, config: Any, layer_idx: int, quantizer=None, prefix: str = "") -> None:
+    def __init__(self, config: Any, layer_idx: int, prefix: str = "") -> None:
         super().__init__()
-        self.self_attn = LlamaAttention(config, layer_idx, quantizer, prefix=f"{prefix}.self_attn")
-        self.mlp = LlamaMLP(config, quantizer, prefix=f"{prefix}.mlp")
+        self.self_attn = LlamaAttention(config, layer_idx, prefix=f"{prefix}.self_attn")
+        self.mlp = LlamaMLP(config, prefix=f"{prefix}.mlp")
         self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
@@ -119,10 +111,10 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, *, config: Any, quantizer=None, prefix: str = "model") -> None:
+    def __init__(self, *, config: Any, prefix: str = "model") -> None:
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(config, i, quantizer, prefix=f"{prefix}.layers.{i}")
+        self.layers = nn.ModuleList(LlamaDecoderLayer(config, i, prefix=f"{prefix}.layers.{i}")
                                     for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
@@ -141,21 +133,17 @@ class LlamaForCausalLM(LastTokenPooler, nn.Module):
     Args:
         config: the transformers config (``LlamaConfig``, ``MistralConfig`` or ``Qwen2Config``).
         prefix: name prefix of this model's parameters (empty at the top level).
-        quantizer: an optional :class:`octavo.Quantizer`; its linear methods replace dense weights.
     """
 
     packed_modules_mapping = {
         "qkv_proj": ["q_proj", "k_proj", "v_proj"],
         "gate_up_proj": ["gate_proj", "up_proj"],
     }
-    # checkpoint shard name -> (fused parameter name, shard id)
-    _stacked = [(".qkv_proj", ".q_proj", "q"), (".qkv_proj", ".k_proj", "k"), (".qkv_proj", ".v_proj", "v"),
-                (".gate_up_proj", ".gate_proj", 0), (".gate_up_proj", ".up_proj", 1)]
 
-    def __init__(self, *, config: Any, prefix: str = "", quantizer=None) -> None:
+    def __init__(self, *, config: Any, prefix: str = "") -> None:
         super().__init__()
         self.config = config
-        self.model = LlamaModel(config=config, quantizer=quantizer, prefix=f"{prefix}.model" if prefix else "model")
+        self.model = LlamaModel(config=config, prefix=f"{prefix}.model" if prefix else "model")
         self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
         if self.tie_word_embeddings:
@@ -178,7 +166,9 @@ class LlamaForCausalLM(LastTokenPooler, nn.Module):
                 continue  # computed, not loaded
             if name == "lm_head.weight" and self.tie_word_embeddings:
                 continue  # tied: the embedding is the head
-            for fused, shard, shard_id in self._stacked:
+            # checkpoint part -> (fused parameter, shard index), from packed_modules_mapping; quantized
+            # parts (qweight / scales / zeros) load through the same table
+            for fused, shard, shard_id in self._stacked():
                 if shard in name and fused not in name:
                     target = name.replace(shard, fused)
                     param = self._param(params, target, name)
@@ -192,6 +182,11 @@ class LlamaForCausalLM(LastTokenPooler, nn.Module):
         if self.tie_word_embeddings and "model.embed_tokens.weight" in loaded:
             loaded.add("lm_head.weight")
         return loaded
+
+    @classmethod
+    def _stacked(cls) -> list[tuple[str, str, int]]:
+        return [(f".{fused}", f".{part}", i) for fused, parts in cls.packed_modules_mapping.items()
+                for i, part in enumerate(parts)]
 
     @staticmethod
     def _param(params: dict[str, nn.Parameter], target: str, source: str) -> nn.Parameter:

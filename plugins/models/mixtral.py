@@ -33,9 +33,9 @@ class MixtralSparseMoeBlock(nn.Module):
 
 
 class MixtralDecoderLayer(LlamaDecoderLayer):
-    def __init__(self, config: Any, layer_idx: int, quantizer=None, prefix: str = "") -> None:
+    def __init__(self, config: Any, layer_idx: int, prefix: str = "") -> None:
         nn.Module.__init__(self)
-        self.self_attn = LlamaAttention(config, layer_idx, quantizer, prefix=f"{prefix}.self_attn")
+        self.self_attn = LlamaAttention(config, layer_idx, prefix=f"{prefix}.self_attn")
         if getattr(config, "layer_types", None) is None and getattr(config, "sliding_window", None):
             self.self_attn.attn.sliding_window = config.sliding_window  # Llama only reads it for model_type mistral
         self.block_sparse_moe = MixtralSparseMoeBlock(config, prefix=f"{prefix}.block_sparse_moe")
@@ -48,10 +48,10 @@ class MixtralDecoderLayer(LlamaDecoderLayer):
 
 
 class MixtralModel(LlamaModel):
-    def __init__(self, *, config: Any, quantizer=None, prefix: str = "model") -> None:
+    def __init__(self, *, config: Any, prefix: str = "model") -> None:
         nn.Module.__init__(self)
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(MixtralDecoderLayer(config, i, quantizer, prefix=f"{prefix}.layers.{i}")
+        self.layers = nn.ModuleList(MixtralDecoderLayer(config, i, prefix=f"{prefix}.layers.{i}")
                                     for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
@@ -62,13 +62,12 @@ class MixtralForCausalLM(LlamaForCausalLM):
     Args:
         config: a transformers ``MixtralConfig``.
         prefix: name prefix of this model's parameters.
-        quantizer: an optional :class:`octavo.Quantizer` (applies to attention; experts stay dense).
     """
 
-    def __init__(self, *, config: Any, prefix: str = "", quantizer=None) -> None:
+    def __init__(self, *, config: Any, prefix: str = "") -> None:
         nn.Module.__init__(self)
         self.config = config
-        self.model = MixtralModel(config=config, quantizer=quantizer, prefix=f"{prefix}.model" if prefix else "model")
+        self.model = MixtralModel(config=config, prefix=f"{prefix}.model" if prefix else "model")
         self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
         if self.tie_word_embeddings:

@@ -127,10 +127,10 @@ class OPTForCausalLM(LastTokenPooler, nn.Module):
 
     packed_modules_mapping = {"qkv_proj": ["q_proj", "k_proj", "v_proj"]}
 
-    def __init__(self, *, config: Any, prefix: str = "", quantizer=None) -> None:
+    supports_quantization = False  # the loader refuses a quantization setting for this model
+
+    def __init__(self, *, config: Any, prefix: str = "") -> None:
         super().__init__()
-        if quantizer is not None:
-            raise ValueError("OPT has no quantized variant in octavo; drop the quantization setting")
         self.config = config
         self.model = OPTModel(config)
         self.lm_head = ParallelLMHead(config.vocab_size, config.word_embed_proj_dim)

@@ -23,11 +23,10 @@ class Phi3ForCausalLM(LlamaForCausalLM):
     Args:
         config: a transformers ``Phi3Config``.
         prefix: name prefix of this model's parameters.
-        quantizer: an optional :class:`octavo.Quantizer`.
     """
 
-    def __init__(self, *, config: Any, prefix: str = "", quantizer=None) -> None:
-        super().__init__(config=config, prefix=prefix, quantizer=quantizer)
+    def __init__(self, *, config: Any, prefix: str = "") -> None:
+        super().__init__(config=config, prefix=prefix)
         window = getattr(config, "sliding_window", None)
         if window and getattr(config, "layer_types", None) is None:
             for layer in self.model.layers:  # transformers applies the window on every Phi-3 layer

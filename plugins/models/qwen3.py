@@ -29,8 +29,8 @@ from octavo.plugins.models.utils import split_expert_weights
 
 
 class Qwen3Attention(LlamaAttention):
-    def __init__(self, config: Any, layer_idx: int, quantizer=None, prefix: str = "") -> None:
-        super().__init__(config, layer_idx, quantizer, prefix)
+    def __init__(self, config: Any, layer_idx: int, prefix: str = "") -> None:
+        super().__init__(config, layer_idx, prefix)
         self.q_norm = RMSNorm(self.head_dim, eps=config.rms_norm_eps)
         self.k_norm = RMSNorm(self.head_dim, eps=config.rms_norm_eps)
 
@@ -60,23 +60,23 @@ class Qwen3MoeSparseBlock(nn.Module):
 class Qwen3DecoderLayer(LlamaDecoderLayer):
     """Llama's layer (same forward) with Qwen3 attention and, for MoE configs, a sparse MLP where due."""
 
-    def __init__(self, config: Any, layer_idx: int, quantizer=None, prefix: str = "") -> None:
+    def __init__(self, config: Any, layer_idx: int, prefix: str = "") -> None:
         nn.Module.__init__(self)  # not LlamaDecoderLayer.__init__: it would build (and allocate) Llama attention
-        self.self_attn = Qwen3Attention(config, layer_idx, quantizer, prefix=f"{prefix}.self_attn")
+        self.self_attn = Qwen3Attention(config, layer_idx, prefix=f"{prefix}.self_attn")
         num_experts = getattr(config, "num_experts", 0) or 0
         sparse = (num_experts > 0 and layer_idx not in (getattr(config, "mlp_only_layers", None) or [])
                   and (layer_idx + 1) % getattr(config, "decoder_sparse_step", 1) == 0)
         self.mlp = Qwen3MoeSparseBlock(config, prefix=f"{prefix}.mlp") if sparse else \
-            LlamaMLP(config, quantizer, prefix=f"{prefix}.mlp")
+            LlamaMLP(config, prefix=f"{prefix}.mlp")
         self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
 
 class Qwen3Model(LlamaModel):
-    def __init__(self, *, config: Any, quantizer=None, prefix: str = "model") -> None:
+    def __init__(self, *, config: Any, prefix: str = "model") -> None:
         nn.Module.__init__(self)
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(Qwen3DecoderLayer(config, i, quantizer, prefix=f"{prefix}.layers.{i}")
+        self.layers = nn.ModuleList(Qwen3DecoderLayer(config, i, prefix=f"{prefix}.layers.{i}")
                                     for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
@@ -87,17 +87,16 @@ class Qwen3ForCausalLM(LlamaForCausalLM):
     Args:
         config: a transformers ``Qwen3Config``.
         prefix: name prefix of this model's parameters.
-        quantizer: an optional :class:`octavo.Quantizer`.
     """
 
     model_class = Qwen3Model
 
-    def __init__(self, *, config: Any, prefix: str = "", quantizer=None) -> None:
+    def __init__(self, *, config: Any, prefix: str = "") -> None:
         from octavo.nn import ParallelLMHead
 
         nn.Module.__init__(self)
         self.config = config
-        self.model = self.model_class(config=config, quantizer=quantizer,
+        self.model = self.model_class(config=config,
                                       prefix=f"{prefix}.model" if prefix else "model")
         self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from octavo.nn.parallel import divide, get_tp_rank, get_tp_size, tp_all_gather, tp_all_reduce
-from octavo.quant import LinearMethod
+from octavo.quant import LinearMethod, linear_method_for
 
 
 def set_weight_attrs(param: nn.Parameter, **attrs) -> nn.Parameter:
@@ -69,7 +69,8 @@ class LinearBase(nn.Module):
         self.output_size = sum(output_sizes)
         self.prefix = prefix
         self.tp_rank, self.tp_size = get_tp_rank(), get_tp_size()
-        self.quant_method = quant_method or UnquantizedLinearMethod()
+        # an explicit method wins; else the loader's quantization scope decides by prefix (None: dense)
+        self.quant_method = quant_method or linear_method_for(prefix) or UnquantizedLinearMethod()
         params_dtype = torch.get_default_dtype()
         self.quant_method.create_weights(self, input_size, output_sizes, params_dtype)
         if bias:
@@ -184,7 +185,7 @@ class QKVParallelLinear(MergedColumnParallelLinear):
         if shard_id is None:
             raise ValueError(f"{self.prefix}: a fused qkv checkpoint tensor is not supported; the checkpoint "
                              "must hold q_proj, k_proj and v_proj separately")
-        index = {"q": 0, "k": 1, "v": 2}[shard_id]
+        index = shard_id if isinstance(shard_id, int) else {"q": 0, "k": 1, "v": 2}[shard_id]
         output_dim = getattr(param, "output_dim", None)
         if output_dim is None:
             return default_weight_loader(param, loaded)

@@ -1,0 +1,146 @@
+"""The two weight-only linear methods every integer quantizer ends in: int4 with group scales, int8 per row.
+
+Each format (GGUF blocks, GPTQ, AWQ, a dense checkpoint quantized at load) converts its on-disk tensors into
+one canonical layout that is shaped like a dense weight, so fused and tensor-parallel loading is the dense
+code path (``output_dim=0``, ``input_dim=1``):
+
+    int4:  qweight uint8 [N, K] (0..15)   scales, zeros float32 [N, K / group]     w = (q - 8) * s + z
+    int8:  qweight int8  [N, K]           scales float32 [N]                       w = q * s
+
+After loading, the int4 weight is repacked once for torch's tinygemm kernels
+(``_weight_int4pack_mm_for_cpu`` on CPU, ``_weight_int4pack_mm`` on CUDA) and the int8 weight feeds
+``_weight_int8pack_mm``: the 4-bit and 8-bit weights stay packed in memory and the kernels unpack them
+block by block; no call materialises a dense matrix. The kernels take bf16 activations (on CPU the
+fp32-activation int4 kernel is a scalar fallback ~30x slower), so ``apply`` runs in bf16 and returns the
+caller's dtype: that rounding of the activations is part of the documented error (docs/quantization.md).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from octavo.nn import set_weight_attrs
+from octavo.quant import LinearMethod
+
+#: group sizes the tinygemm int4 kernels accept.
+INT4_GROUP_SIZES = (32, 64, 128, 256)
+_COMPUTE_DTYPE = torch.bfloat16
+
+
+def pick_group_size(input_size: int, wanted: int | None = None) -> int:
+    """The largest of 128, 64, 32 that divides ``input_size`` (or ``wanted`` if it does); ValueError if none."""
+    for g in ((wanted,) if wanted else ()) + (128, 64, 32):
+        if g in INT4_GROUP_SIZES and input_size % g == 0:
+            return g
+    raise ValueError(f"input size {input_size} is not a multiple of 32; the int4 kernels need groups of "
+                     f"{INT4_GROUP_SIZES}")
+
+
+def quantize_int4(w: torch.Tensor, group_size: int, sym: bool = False):
+    """Round a dense ``[N, K]`` weight to 4 bits per group: ``(qweight uint8, scales, zeros)`` canonical."""
+    n, k = w.shape
+    groups = w.float().reshape(n, k // group_size, group_size)
+    if sym:
+        scale = (groups.abs().amax(-1) / 7.5).clamp(min=1e-10)  # q - 8 in [-8, 7], centred: [-7.5, 7.5]
+        q = torch.clamp(torch.round(groups / scale[..., None] + 8), 0, 15)
+        zero = torch.zeros_like(scale)
+    else:
+        lo, hi = groups.amin(-1), groups.amax(-1)
+        scale = ((hi - lo) / 15).clamp(min=1e-10)
+        q = torch.clamp(torch.round((groups - lo[..., None]) / scale[..., None]), 0, 15)
+        zero = lo + 8 * scale  # (q - 8) * s + z == q * s + lo
+    return q.reshape(n, k).to(torch.uint8), scale, zero
+
+
+def dequantize_int4(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor) -> torch.Tensor:
+    """Canonical int4 -> dense float32 ``[N, K]`` (references and tests)."""
+    g = qweight.shape[1] // scales.shape[1]
+    return (qweight.float() - 8) * scales.repeat_interleave(g, 1) + zeros.repeat_interleave(g, 1)
+
+
+def quantize_int8(w: torch.Tensor):
+    """Round a dense ``[N, K]`` weight to int8 with one symmetric scale per output row."""
+    scale = (w.float().abs().amax(1) / 127).clamp(min=1e-10)
+    return torch.clamp(torch.round(w.float() / scale[:, None]), -127, 127).to(torch.int8), scale
+
+
+def _param(shape, dtype, **attrs) -> nn.Parameter:
+    return set_weight_attrs(nn.Parameter(torch.empty(shape, dtype=dtype), requires_grad=False), **attrs)
+
+
+class Int4GroupMethod(LinearMethod):
+    """4-bit weights with a scale and a zero per group of ``group_size`` input columns.
+
+    Args:
+        group_size: one of :data:`INT4_GROUP_SIZES`.
+        input_perm: the weight's input columns are stored in a permuted order (GPTQ act-order); the layer
+            then has an ``input_perm [K]`` parameter and ``apply`` gathers ``x[:, input_perm]``.
+    """
+
+    def __init__(self, group_size: int, input_perm: bool = False) -> None:
+        if group_size not in INT4_GROUP_SIZES:
+            raise ValueError(f"int4 group size {group_size} is not one of {INT4_GROUP_SIZES}")
+        self.group_size = group_size
+        self.input_perm = input_perm
+
+    def create_weights(self, layer, input_size, output_sizes, params_dtype):
+        n, groups = sum(output_sizes), input_size // self.group_size
+        if input_size % self.group_size:
+            raise ValueError(f"{layer.prefix}: input size {input_size} (this rank's) is not a multiple of the "
+                             f"group size {self.group_size}")
+        layer.register_parameter("qweight", _param((n, input_size), torch.uint8, output_dim=0, input_dim=1))
+        layer.register_parameter("scales", _param((n, groups), torch.float32, output_dim=0, input_dim=1))
+        layer.register_parameter("zeros", _param((n, groups), torch.float32, output_dim=0, input_dim=1))
+        if self.input_perm:
+            if layer.tp_size > 1:
+                raise ValueError(f"{layer.prefix}: act-order (desc_act) weights cannot be split for tensor "
+                                 "parallelism here; use tensor_parallel_size=1")
+            layer.register_parameter("input_perm", _param((input_size,), torch.int64))
+
+    def process_weights_after_loading(self, layer):
+        q, device = layer.qweight.data, layer.qweight.device
+        scales_zeros = torch.stack([layer.scales.data.t(), layer.zeros.data.t()], -1)  # [K / group, N, 2]
+        if device.type == "cpu":
+            packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), 2)
+        else:  # CUDA tinygemm: two nibbles per byte, even column in the high nibble
+            packed = torch.ops.aten._convert_weight_to_int4pack((q[:, ::2] << 4 | q[:, 1::2]).contiguous(), 8)
+        del layer.qweight, layer.scales, layer.zeros
+        layer.register_buffer("packed_weight", packed, persistent=False)
+        layer.register_buffer("scales_zeros", scales_zeros.to(_COMPUTE_DTYPE).contiguous(), persistent=False)
+        if self.input_perm:
+            perm = layer.input_perm.data
+            del layer.input_perm
+            layer.register_buffer("input_perm_index", perm, persistent=False)
+
+    def apply(self, layer, x, bias=None):
+        shape = x.shape
+        x2 = x.reshape(-1, shape[-1]).to(_COMPUTE_DTYPE)  # [m, K]
+        if self.input_perm:
+            x2 = x2[:, layer.input_perm_index]
+        if x2.device.type == "cpu":
+            y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2, layer.packed_weight, self.group_size,
+                                                           layer.scales_zeros)
+        else:
+            y = torch.ops.aten._weight_int4pack_mm(x2, layer.packed_weight, self.group_size, layer.scales_zeros)
+        y = y.to(x.dtype).reshape(*shape[:-1], -1)  # [..., N]
+        return y + bias if bias is not None else y
+
+
+class Int8RowMethod(LinearMethod):
+    """8-bit weights with one scale per output row (``_weight_int8pack_mm``)."""
+
+    def create_weights(self, layer, input_size, output_sizes, params_dtype):
+        n = sum(output_sizes)
+        layer.register_parameter("qweight", _param((n, input_size), torch.int8, output_dim=0, input_dim=1))
+        layer.register_parameter("scales", _param((n,), torch.float32, output_dim=0))
+
+    def process_weights_after_loading(self, layer):
+        layer.scales.data = layer.scales.data.to(_COMPUTE_DTYPE)
+
+    def apply(self, layer, x, bias=None):
+        shape = x.shape
+        x2 = x.reshape(-1, shape[-1]).to(_COMPUTE_DTYPE)  # [m, K]
+        y = torch.ops.aten._weight_int8pack_mm(x2, layer.qweight, layer.scales)
+        y = y.to(x.dtype).reshape(*shape[:-1], -1)  # [..., N]
+        return y + bias if bias is not None else y
