@@ -15,7 +15,7 @@ TORCH_INDEX ?=
 TEST_ARGS  ?=
 SERVE_ARGS ?=
 
-.PHONY: venv serve generate test lint clean
+.PHONY: venv serve generate test browser lint clean
 
 venv: $(STAMP)
 
@@ -36,6 +36,10 @@ generate: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q tests --timeout=900 $(TEST_ARGS)
+
+# the web UI in headless Chromium (Debian's `chromium`; the tests skip, saying why, when it is missing)
+browser: $(STAMP)
+	$(PY) -m pytest -q tests/browser --timeout=300 $(TEST_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
