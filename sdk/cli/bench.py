@@ -50,13 +50,22 @@ def _add_serve(sub) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--label", default="server", help="Name of this run in the output and the plot.")
     p.add_argument("--save-result", metavar="JSON", default=None, help="Write the metrics here.")
-    p.add_argument("--plot", metavar="PNG", default=None, help="Draw latency and throughput against concurrency.")
+    p.add_argument("--plot", metavar="PNG", default=None, help="Draw latency and throughput against concurrency "
+                   "(default: beside --save-result, same name with .png).")
+    p.add_argument("--compare", metavar="JSON", nargs="+", default=[],
+                   help="Earlier --save-result files (e.g. the peer's) to draw in the same plot.")
     p.set_defaults(func=_run_serve)
 
 
 def _run_serve(args: argparse.Namespace) -> int:
     from octavo.cli import bench_serve
+    from octavo.cli.bench_plot import load_runs, png_beside
 
+    try:
+        peers = load_runs(args.compare)
+    except (OSError, ValueError) as e:
+        print(f"octavo bench serve: error: --compare: {e}", file=sys.stderr)
+        return 2
     try:
         result = bench_serve.run_benchmark(args.base_url, concurrencies=args.concurrency, input_len=args.input_len,
                                            output_len=args.output_len, num_prompts=args.num_prompts,
@@ -69,6 +78,7 @@ def _run_serve(args: argparse.Namespace) -> int:
     if args.save_result:
         with open(args.save_result, "w") as f:
             json.dump(result, f, indent=2)
-    if args.plot:
-        bench_serve.plot([result], args.plot)
+    plot_path = args.plot or (png_beside(args.save_result) if args.save_result else None)
+    if plot_path:
+        bench_serve.plot([result, *peers], plot_path)
     return 0 if all(lv["failed"] == 0 for lv in result["levels"]) else 1

@@ -184,24 +184,27 @@ def format_level(m: dict[str, Any], label: str = "") -> str:
             f"E2E p50={m['e2el_ms']['p50']:7.0f} ms" + (f"  errors={m['errors']}" if m["failed"] else ""))
 
 
-def plot(runs: list[dict[str, Any]], path: str) -> None:
-    """Latency percentiles and output throughput against concurrency, one line per server."""
-    import matplotlib
+def plot(runs: list[dict[str, Any]], path: str) -> bool:
+    """Latency percentiles and output throughput against concurrency, one line per server (octavo, the peer).
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    Returns False, after saying why on stderr, when matplotlib is missing.
+    """
+    from octavo.cli.bench_plot import pyplot
 
+    plt = pyplot(path)
+    if plt is None:
+        return False
     panels = [("output_throughput", "output tokens/s"), ("ttft_ms", "TTFT (ms)"), ("tpot_ms", "TPOT (ms)"),
               ("itl_ms", "ITL (ms)"), ("e2el_ms", "E2E latency (ms)")]
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.8))
     for ax, (key, title) in zip(axes, panels):
-        for run in runs:
+        for i, run in enumerate(runs):  # one colour per server: p50 solid, p99 dotted
             xs = [lv["concurrency"] for lv in run["levels"]]
             if key == "output_throughput":
-                ax.plot(xs, [lv[key] for lv in run["levels"]], marker="o", label=run["label"])
+                ax.plot(xs, [lv[key] for lv in run["levels"]], marker="o", color=f"C{i}", label=run["label"])
             else:
                 for p, style in (("p50", "-"), ("p99", ":")):
-                    ax.plot(xs, [lv[key][p] for lv in run["levels"]], style, marker="o",
+                    ax.plot(xs, [lv[key][p] for lv in run["levels"]], style, marker="o", color=f"C{i}",
                             label=f"{run['label']} {p}")
         ax.set_xscale("log", base=2)
         ax.set_xlabel("concurrency")
@@ -212,6 +215,7 @@ def plot(runs: list[dict[str, Any]], path: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+    return True
 
 
 def to_json(obj: Any) -> str:

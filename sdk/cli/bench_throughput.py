@@ -84,24 +84,30 @@ def run_transformers(model: str, dtype: str, prompts, new_tokens: int, batch_siz
             "batch_size": batch_size, "bs1_decode_tok_s": (new_tokens - 1) / max(b1 - ttft, 1e-9)}
 
 
-def plot(results: dict, path: str) -> None:
-    import matplotlib
+def plot(results: dict, path: str) -> bool:
+    """octavo's bars (and the peer's, transformers, when it ran) per dtype; False when matplotlib is missing."""
+    from octavo.cli.bench_plot import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot(path)
+    if plt is None:
+        return False
     dtypes = list(results)
+    engines = [e for e in ("octavo", "transformers") if all(e in results[d] for d in dtypes)]
+    width = 0.8 / len(engines)
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.5))
     for ax, key, title in ((axes[0], "output_tok_s", "Offline throughput (output tok/s)"),
                            (axes[1], "bs1_decode_tok_s", "Batch-1 decode (tok/s)")):
         xs = range(len(dtypes))
-        ax.bar([x - 0.2 for x in xs], [results[d]["octavo"][key] for d in dtypes], 0.4, label="octavo")
-        ax.bar([x + 0.2 for x in xs], [results[d]["transformers"][key] for d in dtypes], 0.4, label="transformers")
+        for i, eng in enumerate(engines):
+            offset = (i - (len(engines) - 1) / 2) * width
+            ax.bar([x + offset for x in xs], [results[d][eng][key] for d in dtypes], width, label=eng)
         ax.set_xticks(list(xs), dtypes)
         ax.set_title(title, fontsize=10)
         ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
@@ -151,8 +157,7 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "cpu_throughput.json"), "w") as f:
         json.dump(record, f, indent=2)
-    if not args.skip_transformers:
-        plot(results, os.path.join(args.out, "cpu_throughput.png"))
+    plot(results, os.path.join(args.out, "cpu_throughput.png"))  # beside the JSON
     return 0
 
 
