@@ -1,0 +1,105 @@
+"""``fp8``: W8A8 FP8 (e4m3) linear layers for GPUs with FP8 tensor cores (Hopper / Ada, compute >= 8.9).
+
+Weights are e4m3 with one scale per output row; activations are quantized per token at run time
+(dynamic scales) and multiplied with ``torch._scaled_mm`` (row-wise scales, bf16 output). Two sources:
+
+- a dense bf16/fp16 checkpoint with ``quantization="fp8"``: each weight is quantized as it streams in;
+- a pre-quantized checkpoint (``quantization_config.quant_method == "fp8"``, vLLM / llm-compressor style):
+  ``weight`` (float8_e4m3fn ``[N, K]``) and ``weight_scale`` (per tensor or per row), dynamic activations.
+  A per-tensor scale is expanded to rows at load, so fused ``qkv_proj`` parts keep their own scales.
+
+CPU has no FP8 matmul: the quantizer reports itself unavailable there and the loader refuses it at start.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from octavo.nn import set_weight_attrs
+from octavo.platform import Availability
+from octavo.quant import LinearMethod, Quantizer
+
+FP8_MAX = 448.0  # float8_e4m3fn
+
+
+def quantize_fp8_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``w [N, K]`` -> (float8_e4m3fn weight, float32 scale per row)."""
+    scale = (w.float().abs().amax(1) / FP8_MAX).clamp(min=1e-12)
+    return (w.float() / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn), scale
+
+
+class _FP8Method(LinearMethod):
+    def __init__(self, prequantized: bool) -> None:
+        self.prequantized = prequantized
+        self.checkpoint_suffixes = ("weight", "weight_scale") if prequantized else ("weight",)
+
+    def create_weights(self, layer, input_size, output_sizes, params_dtype):
+        n = sum(output_sizes)
+        weight = nn.Parameter(torch.empty(n, input_size, dtype=torch.float8_e4m3fn), requires_grad=False)
+        scale = nn.Parameter(torch.empty(n, dtype=torch.float32), requires_grad=False)
+        layer.register_parameter("weight", set_weight_attrs(weight, output_dim=0, input_dim=1))
+        layer.register_parameter("weight_scale", set_weight_attrs(scale, output_dim=0))
+
+    def convert(self, tensors, module):
+        w = tensors["weight"]
+        if not self.prequantized:
+            weight, scale = quantize_fp8_rows(w)
+            return {"weight": weight, "weight_scale": scale}
+        if w.dtype != torch.float8_e4m3fn:
+            raise ValueError(f"fp8 checkpoint: {module}.weight is {w.dtype}, not float8_e4m3fn")
+        scale = tensors["weight_scale"].float().reshape(-1)
+        if scale.numel() == 1:
+            scale = scale.expand(w.shape[0])
+        elif scale.numel() != w.shape[0]:
+            raise ValueError(f"fp8 checkpoint: {module}.weight_scale has {scale.numel()} values; expected 1 "
+                             f"(per tensor) or {w.shape[0]} (per row)")
+        return {"weight": w, "weight_scale": scale.contiguous()}
+
+    def process_weights_after_loading(self, layer):
+        layer.weight_scale.data = layer.weight_scale.data.reshape(1, -1).contiguous()  # [1, N]
+
+    def apply(self, layer, x, bias=None):
+        shape = x.shape
+        x2 = x.reshape(-1, shape[-1])  # [m, K]
+        x_scale = (x2.abs().amax(-1, keepdim=True).float() / FP8_MAX).clamp(min=1e-12)  # [m, 1] per token
+        xq = (x2.float() / x_scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+        y = torch._scaled_mm(xq, layer.weight.t(), scale_a=x_scale, scale_b=layer.weight_scale,
+                             out_dtype=torch.bfloat16)
+        y = y.to(x.dtype).reshape(*shape[:-1], -1)  # [..., N]
+        return y + bias if bias is not None else y
+
+
+class FP8Quantizer(Quantizer):
+    """W8A8 FP8 e4m3, per-row weight scales, dynamic per-token activation scales, ``torch._scaled_mm``."""
+
+    name: ClassVar[str] = "fp8"
+    device_types: ClassVar[tuple[str, ...]] = ("cuda",)
+    quantizes_dense: ClassVar[bool] = True
+
+    def __init__(self, prequantized: bool) -> None:
+        self.prequantized = prequantized
+
+    @classmethod
+    def from_config(cls, hf_quant_config: dict[str, Any]) -> FP8Quantizer:
+        scheme = hf_quant_config.get("activation_scheme", "dynamic")
+        if scheme != "dynamic":
+            raise ValueError(f"fp8 activation_scheme={scheme!r}: octavo computes activation scales per token at "
+                             "run time (dynamic) and does not read static input scales")
+        if hf_quant_config.get("weight_block_size"):
+            raise ValueError("fp8 weight_block_size (block-wise scales) is not supported; per-tensor or per-row")
+        return cls(prequantized=set(hf_quant_config) != {"quant_method"})
+
+    def supports(self, platform: Any) -> Availability:
+        base = super().supports(platform)
+        if not base:
+            return Availability(False, f"{base.reason}: FP8 matmuls need a GPU with FP8 tensor cores")
+        if torch.cuda.is_available() and torch.cuda.get_device_capability() < (8, 9):
+            return Availability(False, f"fp8 needs compute capability >= 8.9; this GPU has "
+                                       f"{torch.cuda.get_device_capability()}")
+        return base
+
+    def get_linear_method(self, layer_prefix: str) -> LinearMethod | None:
+        return _FP8Method(self.prequantized)
