@@ -66,6 +66,12 @@ class UtilityResult(msgspec.Struct, array_like=True):
 UTILITY_METHODS: dict[str, Any] = {"get_stats": SchedulerStats, "ping": str, "reset_prefix_cache": bool}
 
 
+def reset_prefix_cache(core: Any) -> bool:
+    """Forget every cached prefix block; False (nothing changed) while any request still holds blocks."""
+    method = getattr(core, "reset_prefix_cache", None)
+    return bool(method()) if method is not None else core.kv.pool.reset_prefix_cache()
+
+
 class EngineCoreLoop:
     """The transport-independent loop. Subclasses provide ``_recv`` (blocking up to a timeout) and ``_send``."""
 
@@ -132,6 +138,8 @@ class EngineCoreLoop:
         try:
             if call.method == "ping":
                 result: Any = "pong"
+            elif call.method == "reset_prefix_cache":
+                result = reset_prefix_cache(self.core)
             else:
                 result = getattr(self.core, call.method)(*call.args)
             return UtilityResult(call.call_id, result=msgspec.Raw(msgspec.msgpack.encode(result)))

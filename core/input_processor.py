@@ -14,7 +14,14 @@ from pathlib import Path
 from typing import Any
 
 from octavo.core.messages import EngineCoreRequest, ModelInfo
+from octavo.errors import InputError
 from octavo.sampling_params import SamplingParams
+
+# Chat-template keyword arguments a request may not set: they are the renderer's own arguments.
+RESERVED_TEMPLATE_KWARGS = frozenset({"conversation", "messages", "tokenize", "add_generation_prompt",
+                                      "continue_final_message", "chat_template", "tools", "documents",
+                                      "return_tensors", "return_dict", "return_assistant_tokens_mask",
+                                      "padding", "truncation", "max_length", "tokenizer_kwargs"})
 
 
 def child_seed(seed: int, index: int) -> int:
@@ -40,6 +47,9 @@ class InputProcessor:
             if not path.is_file():
                 raise ValueError(f"chat_template file {path} does not exist; pass a path to a Jinja template.")
             self.chat_template = path.read_text()
+        # Size bound checked before tokenizing: no text longer than this can fit max_model_len tokens, so a
+        # 10 MB prompt is refused at once instead of tokenized for seconds (see max_prompt_chars).
+        self.max_prompt_chars = max_prompt_chars(tokenizer, model_info.max_model_len)
 
     def tokenize(self, prompt: Any) -> tuple[str | None, list[int]]:
         """Normalize one prompt to ``(text or None, token ids)``."""
@@ -50,42 +60,78 @@ class InputProcessor:
             if "prompt" in prompt:
                 prompt = prompt["prompt"]
             else:
-                raise ValueError("a prompt dict needs a 'prompt' (text) or 'prompt_token_ids' (list of ints) key.")
+                raise InputError("a prompt dict needs a 'prompt' (text) or 'prompt_token_ids' (list of ints) key.",
+                                 "prompt")
         if isinstance(prompt, str):
             if self.tokenizer is None:
-                raise ValueError("this engine was started with skip_tokenizer_init=True; pass "
-                                 "{'prompt_token_ids': [...]} instead of text.")
-            return prompt, list(self.tokenizer(prompt).input_ids)
+                raise InputError("this engine was started with skip_tokenizer_init=True; pass "
+                                 "{'prompt_token_ids': [...]} instead of text.", "prompt")
+            return prompt, self.encode(prompt)
         if isinstance(prompt, (list, tuple)) and all(isinstance(t, int) for t in prompt):
             return None, self._check_ids(prompt)
-        raise ValueError(f"unsupported prompt type {type(prompt).__name__}: give a string, a list of token ids, "
-                         "or a dict with 'prompt' or 'prompt_token_ids'.")
+        raise InputError(f"unsupported prompt type {type(prompt).__name__}: give a string, a list of token ids, "
+                         "or a dict with 'prompt' or 'prompt_token_ids'.", "prompt")
+
+    def encode(self, text: str, *, add_special_tokens: bool = True, param: str = "prompt") -> list[int]:
+        """Tokenize ``text`` after the size bound (a text too long for max_model_len is refused untokenized)."""
+        if len(text) > self.max_prompt_chars:
+            raise InputError(f"the {param} has {len(text)} characters, more than {self.max_model_len_tokens} tokens "
+                             f"(max_model_len) can hold; shorten it.", param)
+        return list(self.tokenizer(text, add_special_tokens=add_special_tokens).input_ids)
+
+    @property
+    def max_model_len_tokens(self) -> int:
+        return self.model_info.max_model_len
 
     def _check_ids(self, ids: Any) -> list[int]:
         if not isinstance(ids, (list, tuple)) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
-            raise ValueError("prompt_token_ids must be a list of integers.")
+            raise InputError("prompt_token_ids must be a list of integers.", "prompt")
         vocab = self.model_info.vocab_size
         bad = [t for t in ids if not 0 <= t < vocab]
         if bad:
-            raise ValueError(f"token ids {bad[:5]} are outside the model's vocabulary [0, {vocab}).")
+            raise InputError(f"token ids {bad[:5]} are outside the model's vocabulary [0, {vocab}).", "prompt")
         return list(ids)
 
     def apply_chat_template(self, messages: list[dict], *, add_generation_prompt: bool = True,
                             continue_final_message: bool = False, chat_template: str | None = None,
                             tools: list | None = None, **template_kwargs) -> tuple[str, list[int]]:
-        """Render a conversation with the model's template (or an override) and tokenize it."""
+        """Render a conversation with the model's template (or an override) and tokenize it.
+
+        Raises:
+            InputError: bad messages, a reserved keyword in ``template_kwargs`` or a template that fails to
+                render (syntax error, ``{% include %}``, ``raise_exception``, a missing key): never a crash.
+        """
         if self.tokenizer is None:
-            raise ValueError("chat needs a tokenizer; this engine was started with skip_tokenizer_init=True.")
+            raise InputError("chat needs a tokenizer; this engine was started with skip_tokenizer_init=True.",
+                             "messages")
         if not isinstance(messages, list) or not all(isinstance(m, dict) and "role" in m for m in messages):
-            raise ValueError("messages must be a list of {'role': ..., 'content': ...} dicts.")
+            raise InputError("messages must be a list of {'role': ..., 'content': ...} dicts.", "messages")
+        reserved = sorted(RESERVED_TEMPLATE_KWARGS & set(template_kwargs))
+        if reserved:
+            raise InputError(f"chat_template_kwargs may not set {reserved}: they are arguments of the renderer "
+                             "itself (use the request's own fields).", "chat_template_kwargs")
         template = chat_template or self.chat_template
         if template is None and not getattr(self.tokenizer, "chat_template", None):
-            raise ValueError("this model has no chat template; pass chat_template= (or --chat-template FILE).")
-        text = self.tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=add_generation_prompt and not continue_final_message,
-            continue_final_message=continue_final_message, chat_template=template, tools=tools, **template_kwargs)
-        ids = list(self.tokenizer(text, add_special_tokens=False).input_ids)
-        return text, ids
+            raise InputError("this model has no chat template; pass chat_template= (or --chat-template FILE).",
+                             "messages")
+        # A missing or null content renders as "" (a template that reads it must not crash); a turn with
+        # tool_calls keeps its null, which tool-calling templates test for.
+        messages = [m if isinstance(m.get("content"), str) or "tool_calls" in m
+                    else {**m, "content": m.get("content") or ""} for m in messages]
+        try:
+            text = self.tokenizer.apply_chat_template(
+                messages, tokenize=False, add_generation_prompt=add_generation_prompt and not continue_final_message,
+                continue_final_message=continue_final_message, chat_template=template, tools=tools,
+                **template_kwargs)
+        except (MemoryError, RecursionError) as e:
+            raise InputError(f"the chat template could not be rendered: {type(e).__name__}.",
+                             "chat_template" if chat_template else "messages") from None
+        except Exception as e:  # noqa: BLE001 - Jinja errors, template raise_exception, bad message shapes
+            where = "chat_template" if chat_template else "messages"
+            raise InputError(f"the chat template could not render these messages: {_first_line(e)}", where) from None
+        if not isinstance(text, str):
+            raise InputError("the chat template did not render to text.", "chat_template")
+        return text, self.encode(text, add_special_tokens=False, param="messages")
 
     def process(self, request_id: str, prompt: Any, params: SamplingParams, priority: int = 0,
                 pooling: bool = False) -> tuple[str | None, list[int], list[EngineCoreRequest]]:
@@ -110,21 +156,43 @@ class InputProcessor:
 
     def validate(self, ids: list[int], params: SamplingParams, pooling: bool = False) -> None:
         if not ids:
-            raise ValueError("the prompt is empty; give at least one token.")
+            raise InputError("the prompt is empty; give at least one token.", "prompt")
         limit = self.model_info.max_model_len
         if len(ids) > limit or (len(ids) == limit and not pooling):
-            raise ValueError(f"the prompt has {len(ids)} tokens but max_model_len is {limit} (including at least "
-                             "one generated token); shorten the prompt or raise --max-model-len.")
+            raise InputError(f"the prompt has {len(ids)} tokens but max_model_len is {limit} (including at least "
+                             "one generated token); shorten the prompt or raise --max-model-len.", "prompt")
         for name in ("logprobs", "prompt_logprobs"):
             k = getattr(params, name)
             if k is not None and k > self.max_logprobs:
-                raise ValueError(f"{name}={k} exceeds max_logprobs={self.max_logprobs}; ask for fewer or start "
-                                 "the engine with a larger --max-logprobs.")
+                raise InputError(f"{name}={k} exceeds max_logprobs={self.max_logprobs}; ask for fewer or start "
+                                 "the engine with a larger --max-logprobs.", name)
         vocab = self.model_info.vocab_size
         for name in ("stop_token_ids", "allowed_token_ids"):
             bad = [t for t in (getattr(params, name) or []) if not 0 <= t < vocab]
             if bad:
-                raise ValueError(f"{name} {bad[:5]} are outside the vocabulary [0, {vocab}).")
+                raise InputError(f"{name} {bad[:5]} are outside the vocabulary [0, {vocab}).", name)
         bad = [t for t in (params.logit_bias or {}) if not 0 <= t < vocab]
         if bad:
-            raise ValueError(f"logit_bias keys {bad[:5]} are outside the vocabulary [0, {vocab}).")
+            raise InputError(f"logit_bias keys {bad[:5]} are outside the vocabulary [0, {vocab}).", "logit_bias")
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0][:300] if text else type(e).__name__
+
+
+def max_prompt_chars(tokenizer: Any, max_model_len: int) -> int:
+    """Characters beyond which a text cannot fit ``max_model_len`` tokens (an upper bound, with slack).
+
+    Every token covers at most ``L`` characters, ``L`` the longest token string in the vocabulary (a
+    byte-level token's string has one character per byte, so it bounds the decoded text too); a text of
+    more than ``L * max_model_len`` characters therefore has more than ``max_model_len`` tokens. Twice
+    that is refused before tokenizing (normalizers may shorten text a little).
+    """
+    if tokenizer is None:
+        return 1 << 62
+    try:
+        longest = max(len(t) for t in tokenizer.convert_ids_to_tokens(list(range(len(tokenizer)))) if t)
+    except Exception:  # noqa: BLE001 - an exotic tokenizer: fall back to a generous constant
+        longest = 64
+    return 2 * max(longest, 16) * max_model_len + 1024

@@ -60,6 +60,7 @@ class OutputProcessor:
         self.parents: dict[str, ParentState] = {}
         self.seq_to_parent: dict[str, str] = {}
         self._token_text: dict[int, str] = {}
+        self.errors: dict[str, str] = {}  # request id -> why the core failed it (the caller pops it)
 
     def add_request(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
                     params: SamplingParams, seq_ids: list[str], queue=None) -> None:
@@ -117,9 +118,20 @@ class OutputProcessor:
             seq = parent.seqs[out.request_id]
             if seq.finished:
                 continue
-            if out.pooled is not None or out.error:
-                if out.pooled is not None:
-                    ready[pid] = EmbeddingRequestOutput(pid, parent.prompt_token_ids, EmbeddingOutput(out.pooled))
+            if out.pooled is not None:
+                ready[pid] = EmbeddingRequestOutput(pid, parent.prompt_token_ids, EmbeddingOutput(out.pooled))
+                self.abort_request(pid)
+                continue
+            if out.error:
+                # The core refused or failed this sequence: the whole request finishes with that error (its
+                # other sequences are aborted), so no caller waits forever. The reason is in ``errors``.
+                self.errors[pid] = out.error
+                for sid, s in parent.seqs.items():
+                    if not s.finished:
+                        s.finish_reason = "error"
+                        if sid != out.request_id:
+                            to_abort.append(sid)
+                ready[pid] = self._make_output(parent, seq)
                 self.abort_request(pid)
                 continue
             if out.prompt_logprobs is not None and parent.prompt_logprobs is None:

@@ -27,6 +27,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from octavo.config import OctavoSettings
+from octavo.errors import InputError
 from octavo.outputs import RequestOutput
 from octavo.sampling_params import SamplingParams
 
@@ -58,9 +59,8 @@ class AsyncLLM:
 
     def _setup(self, settings: OctavoSettings) -> None:
         from octavo.core.engine_client import make_engine_core_client
-        from octavo.core.input_processor import InputProcessor
         from octavo.core.loader import load_tokenizer
-        from octavo.core.output_processor import OutputProcessor
+        from octavo.frontend import FrontEnd
 
         if not settings.server.disable_frontend_multiprocessing:
             settings = _reserve_frontend_core(settings)
@@ -76,11 +76,9 @@ class AsyncLLM:
             self._client.shutdown()
             raise
         self.load_time_s = time.perf_counter() - t0
-        self.input_processor = InputProcessor(settings, self.tokenizer, self.model_info)
-        self.output_processor = OutputProcessor(self.tokenizer)
-        self._queues: dict[str, asyncio.Queue] = {}
-        self._errors: dict[str, str] = {}  # request id -> why the core failed it
-        self._not_started: set[str] = set()  # requests whose first token has not come back yet
+        self.frontend = FrontEnd(settings, self.tokenizer, self.model_info)
+        self._queues: dict[str, asyncio.Queue] = {}  # internal request id -> its outputs
+        self._not_started: set[str] = set()  # internal ids of requests whose first token has not come back yet
         self._output_task: asyncio.Task | None = None
         self.stats = None  # the latest SchedulerStats from the core
         self.stats_observers: list[Callable[[Any], None]] = []  # called with every SchedulerStats
@@ -124,6 +122,23 @@ class AsyncLLM:
         self._ensure_output_task()
         return await self._client.call_utility("get_stats")
 
+    async def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix block in the core; False (nothing changed) while requests hold blocks."""
+        self._ensure_output_task()
+        return await self._client.call_utility("reset_prefix_cache")
+
+    def tokenize(self, prompt: Any) -> tuple[str | None, list[int]]:
+        """A prompt -> ``(text or None, token ids)``, validated and size-bounded (``InputError`` if not)."""
+        return self.frontend.tokenize(prompt)
+
+    def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of ``text``, size-bounded like every prompt (``InputError`` if it cannot fit)."""
+        return self.frontend.encode(text, add_special_tokens=add_special_tokens)
+
+    def render_chat(self, messages: list[dict], **kwargs: Any) -> tuple[str, list[int]]:
+        """Render a conversation with the chat template -> ``(text, token ids)`` (see ``FrontEnd.render_chat``)."""
+        return self.frontend.render_chat(messages, **kwargs)
+
     async def check_health(self) -> None:
         """Raise ``EngineDeadError`` if the engine core is gone."""
         from octavo.errors import EngineDeadError
@@ -142,7 +157,8 @@ class AsyncLLM:
             prompt: text, a list of token ids, ``{"prompt": ...}`` or ``{"prompt_token_ids": [...]}``.
             sampling_params: how to sample; its ``output_kind`` picks cumulative (default), delta
                 (streaming: each output carries only the new text and tokens) or final-only outputs.
-            request_id: unique id (default: a random one).
+            request_id: the caller's id, echoed in every output (default: a random one). It need not be
+                unique: the engine runs each request under its own internal id.
             priority: lower runs first under ``scheduling_policy="priority"``.
 
         Yields:
@@ -180,9 +196,7 @@ class AsyncLLM:
 
     def add_embedding_request(self, prompt: Any, request_id: str | None = None, priority: int = 0) -> RequestStream:
         """Validate and submit an embedding request now (like :meth:`add_request`); iterate the stream."""
-        if not self.model_info.is_pooling:
-            raise ValueError(f"{self.model_info.architecture} is a generative model; embeddings need an embedding "
-                             "model (or start this one with task='embed' if its architecture supports it).")
+        self.frontend.check_task(pooling=True)
         return self.add_request(prompt, SamplingParams(max_tokens=1, detokenize=False), request_id, priority,
                                 _pooling=True)
 
@@ -205,20 +219,13 @@ class AsyncLLM:
         if self._shut:
             raise EngineDeadError("the engine was shut down.")
         self._ensure_output_task()
-        params = sampling_params or SamplingParams()
         request_id = request_id or uuid.uuid4().hex
-        if request_id in self._queues:
-            raise ValueError(f"request id {request_id!r} is already in use; pass a unique id.")
-        if self.model_info.is_pooling and not _pooling:
-            raise ValueError(f"{self.model_info.architecture} is served as an embedding model; it cannot generate "
-                             "text. Use embeddings (AsyncLLM.embed, POST /v1/embeddings).")
-        text, ids, core_reqs = self.input_processor.process(request_id, prompt, params, priority,
-                                                            pooling=_pooling)
+        internal_id, core_reqs = self.frontend.submit(request_id, prompt, sampling_params, priority,
+                                                      pooling=_pooling)
         q: asyncio.Queue = asyncio.Queue()
-        self._queues[request_id] = q
-        self._not_started.add(request_id)
-        self.output_processor.add_request(request_id, text, ids, params, [r.request_id for r in core_reqs], q)
-        stream = RequestStream(self, request_id, q)
+        self._queues[internal_id] = q
+        self._not_started.add(internal_id)
+        stream = RequestStream(self, request_id, q, internal_id)
         try:
             self._client.add_requests(core_reqs)
         except BaseException:
@@ -226,20 +233,34 @@ class AsyncLLM:
             raise
         return stream
 
-    def _forget(self, request_id: str) -> None:
-        self._queues.pop(request_id, None)
-        self._not_started.discard(request_id)
-        self._errors.pop(request_id, None)
+    def _forget(self, internal_id: str) -> None:
+        self._queues.pop(internal_id, None)
+        self._not_started.discard(internal_id)
+        self.frontend.reclaim(internal_id)
 
     def abort(self, request_id: str | list[str]) -> None:
-        """Stop requests (their KV blocks are freed); their iterators end without a final output."""
+        """Stop requests by the caller's id (every unfinished request submitted with it); frees their KV blocks."""
         ids = [request_id] if isinstance(request_id, str) else list(request_id)
-        seq_ids = [sid for rid in ids for sid in self.output_processor.seq_ids(rid)]
-        for rid in ids:
-            self.output_processor.abort_request(rid)
+        self._abort_internal([i for rid in ids for i in self.frontend.internal_ids(rid)])
+
+    def _abort_internal(self, internal_ids: list[str]) -> None:
+        for rid in internal_ids:
             self._not_started.discard(rid)
+        seq_ids = self.frontend.abort(internal_ids)
         if seq_ids:
             self._client.abort_requests(seq_ids)
+
+    def fail_all(self, error: BaseException) -> int:
+        """End every unfinished request with ``error`` (raised from its iterator) and abort it in the core.
+
+        The server's graceful shutdown uses it for requests still running when its timeout is up.
+        Returns how many requests it ended.
+        """
+        ids = list(self._queues)
+        for rid in ids:
+            self._queues[rid].put_nowait(error)
+        self._abort_internal(ids)
+        return len(ids)
 
     # ------------------------------------------------------------------------------------------ output loop
     def _ensure_output_task(self) -> None:
@@ -250,7 +271,7 @@ class AsyncLLM:
     async def _output_loop(self) -> None:
         from octavo.errors import EngineDeadError
 
-        op = self.output_processor
+        fe = self.frontend
         try:
             while True:
                 core_outs = await self._client.get_output()
@@ -258,30 +279,23 @@ class AsyncLLM:
                     self.stats = core_outs.stats
                     for obs in self.stats_observers:
                         _notify(obs, core_outs.stats)
-                for o in core_outs.outputs:
-                    pid = op.seq_to_parent.get(o.request_id)
-                    if pid is None:
-                        continue
-                    if o.new_token_ids:
-                        self._not_started.discard(pid)
-                    if o.error:
-                        self._errors[pid] = o.error
                 if not core_outs.outputs:
                     continue
-                request_outputs, to_abort = op.process_outputs(core_outs.outputs)
+                for o in core_outs.outputs:
+                    if o.new_token_ids or o.error:
+                        self._not_started.discard(fe.parent_of(o.request_id))
+                results, to_abort = fe.process_outputs(core_outs.outputs)
                 if to_abort:
                     self._client.abort_requests(to_abort)
-                for ro in request_outputs:
-                    q = self._queues.get(ro.request_id)
+                for internal_id, ro, err in results:
                     if ro.finished:
-                        self._not_started.discard(ro.request_id)
+                        self._not_started.discard(internal_id)
                         # observers read generation metrics; an EmbeddingRequestOutput has none
-                        for obs in self.finished_observers if isinstance(ro, RequestOutput) else ():
+                        for obs in self.finished_observers if isinstance(ro, RequestOutput) and not err else ():
                             _notify(obs, ro)
-                    if q is None:
-                        continue
-                    err = self._errors.get(ro.request_id) if ro.finished else None
-                    q.put_nowait(ValueError(err) if err else ro)
+                    q = self._queues.get(internal_id)
+                    if q is not None:
+                        q.put_nowait(InputError(err) if err else ro)
         except EngineDeadError as e:
             self._fail_all(e)
         except asyncio.CancelledError:
@@ -352,10 +366,14 @@ def _notify(observer: Callable[[Any], None], value: Any) -> None:
 
 
 class RequestStream:
-    """The outputs of one submitted request, as an async iterator (from :meth:`AsyncLLM.add_request`)."""
+    """The outputs of one submitted request, as an async iterator (from :meth:`AsyncLLM.add_request`).
 
-    def __init__(self, engine: AsyncLLM, request_id: str, queue: asyncio.Queue):
+    ``request_id`` is the caller's id (echoed in every output); ``internal_id`` is the engine's own.
+    """
+
+    def __init__(self, engine: AsyncLLM, request_id: str, queue: asyncio.Queue, internal_id: str | None = None):
         self.engine, self.request_id, self._queue = engine, request_id, queue
+        self.internal_id = internal_id or request_id
         self.finished = False
 
     def __aiter__(self) -> RequestStream:
@@ -368,16 +386,16 @@ class RequestStream:
         out = q.get_nowait() if not q.empty() else await q.get()
         if isinstance(out, BaseException):
             self.finished = True
-            self.engine._forget(self.request_id)
+            self.engine._forget(self.internal_id)
             raise out
         if out.finished:
             self.finished = True
-            self.engine._forget(self.request_id)
+            self.engine._forget(self.internal_id)
         return out
 
     def close(self) -> None:
         """Abort the request if it is still running (frees its KV blocks); safe to call twice."""
         if not self.finished:
             self.finished = True
-            self.engine.abort(self.request_id)
-            self.engine._forget(self.request_id)
+            self.engine._abort_internal([self.internal_id])
+            self.engine._forget(self.internal_id)

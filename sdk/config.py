@@ -120,6 +120,12 @@ class ServerSettings(_Section):
     uvicorn_log_level: str = Field("info", description="Log level of the HTTP server.")
     disable_frontend_multiprocessing: bool = Field(False, description="Run the engine core in the server's "
                                                    "process instead of its own.")
+    trust_request_chat_template: bool = Field(False, description="Let a request bring its own 'chat_template' "
+                                              "(a program the server runs). Off: such requests get 400.")
+    max_request_body_bytes: int = Field(4 << 20, ge=1024, description="Largest request body accepted; a bigger "
+                                        "one gets 413 before it is parsed.")
+    shutdown_timeout: float = Field(30.0, ge=0, description="Seconds running requests get to finish after "
+                                    "SIGTERM/SIGINT; then they end with an error. New requests get 503.")
     disable_ui: bool = Field(False, description="Do not serve the web playground (/, /ui/) and the dashboard "
                              "(/dashboard).")
 

@@ -20,6 +20,7 @@ __all__ = [
     "UnknownPluginError",
     "PluginConflictError",
     "APIError",
+    "InputError",
 ]
 
 
@@ -29,6 +30,19 @@ class OctavoError(Exception):
 
 class ConfigError(OctavoError, ValueError):
     """An invalid setting: the message names the field and how to fix it."""
+
+
+class InputError(OctavoError, ValueError):
+    """Invalid request input (prompt, messages, sampling parameters), refused before anything is queued.
+
+    Args:
+        message: what is wrong and how to fix it.
+        param: the request field at fault (``"prompt"``, ``"messages"``, ``"logprobs"``, ...), or None.
+    """
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 class EngineDeadError(OctavoError, RuntimeError):

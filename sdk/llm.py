@@ -73,15 +73,18 @@ class LLM:
             chat_template: a Jinja template string overriding the model's.
         """
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
-        ip = self.llm_engine.input_processor
         prompts = []
         for conv in conversations:
-            text, ids = ip.apply_chat_template(conv, add_generation_prompt=add_generation_prompt,
-                                               continue_final_message=continue_final_message,
-                                               chat_template=chat_template, tools=tools,
-                                               **(chat_template_kwargs or {}))
+            text, ids = self.llm_engine.render_chat(conv, add_generation_prompt=add_generation_prompt,
+                                                    continue_final_message=continue_final_message,
+                                                    chat_template=chat_template, tools=tools,
+                                                    chat_template_kwargs=chat_template_kwargs)
             prompts.append({"prompt": text, "prompt_token_ids": ids})
         return self.generate(prompts, sampling_params, use_tqdm)
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix block; False (nothing changed) while requests still hold blocks."""
+        return self.llm_engine.reset_prefix_cache()
 
     def embed(self, prompts: Any, use_tqdm: bool = True) -> list:
         """Embed each input with an embedding model (pooling and normalization as the model declares).

@@ -25,16 +25,15 @@ class LLMEngine:
 
     def __init__(self, settings: OctavoSettings) -> None:
         from octavo.core.engine_core import EngineCore
-        from octavo.core.input_processor import InputProcessor
         from octavo.core.loader import load_tokenizer
-        from octavo.core.output_processor import OutputProcessor
+        from octavo.frontend import FrontEnd
 
         self.settings = settings
         self.tokenizer = None if settings.model.skip_tokenizer_init else load_tokenizer(settings.model)
         self.core = EngineCore(settings)
         self.model_info = self.core.model_info
-        self.input_processor = InputProcessor(settings, self.tokenizer, self.model_info)
-        self.output_processor = OutputProcessor(self.tokenizer)
+        self.frontend = FrontEnd(settings, self.tokenizer, self.model_info)
+        self._ids: dict[str, str] = {}  # the caller's id -> internal id, while unfinished
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> LLMEngine:
@@ -44,33 +43,30 @@ class LLMEngine:
     def get_tokenizer(self):
         return self.tokenizer
 
+    def render_chat(self, messages: list[dict], **kwargs: Any) -> tuple[str, list[int]]:
+        """Render a conversation with the chat template -> ``(text, token ids)`` (see ``FrontEnd.render_chat``)."""
+        return self.frontend.render_chat(messages, **kwargs)
+
     def add_request(self, request_id: str, prompt: Any, params: SamplingParams | None = None,
                     priority: int = 0) -> None:
         """Queue a request. Raises ``ValueError`` (and queues nothing) if the prompt or parameters are invalid.
 
         Args:
-            request_id: unique id of this request.
+            request_id: unique id of this request (among this engine's unfinished requests).
             prompt: a string, a list of token ids, ``{"prompt": ...}`` or ``{"prompt_token_ids": [...]}``.
             params: sampling parameters (default: ``SamplingParams()``).
             priority: lower runs first under ``scheduling_policy="priority"``.
         """
-        params = params or SamplingParams()
-        if self.model_info.is_pooling:
-            raise ValueError(f"{self.model_info.architecture} is served as an embedding model; it cannot generate "
-                             "text. Use embed() / add_embedding_request().")
-        self._add(request_id, prompt, params, priority, pooling=False)
+        self._add(request_id, prompt, params or SamplingParams(), priority, pooling=False)
 
     def add_embedding_request(self, request_id: str, prompt: Any, priority: int = 0) -> None:
         """Queue an embedding request (embedding models only); its output is an ``EmbeddingRequestOutput``."""
-        if not self.model_info.is_pooling:
-            raise ValueError(f"{self.model_info.architecture} is a generative model; embeddings need an embedding "
-                             "model (or start this one with task='embed' if its architecture supports it).")
         self._add(request_id, prompt, SamplingParams(max_tokens=1, detokenize=False), priority, pooling=True)
 
     def _add(self, request_id: str, prompt: Any, params: SamplingParams, priority: int, pooling: bool) -> None:
-        if request_id in self.output_processor.parents:
+        if request_id in self._ids:
             raise ValueError(f"request id {request_id!r} is already in use; pass a unique id.")
-        text, ids, core_reqs = self.input_processor.process(request_id, prompt, params, priority, pooling=pooling)
+        internal_id, core_reqs = self.frontend.submit(request_id, prompt, params, priority, pooling=pooling)
         added = []
         try:
             for r in core_reqs:
@@ -78,27 +74,36 @@ class LLMEngine:
                 added.append(r.request_id)
         except ValueError:
             self.core.abort_requests(added)
+            self.frontend.abort([internal_id])
             raise
-        self.output_processor.add_request(request_id, text, ids, params, [r.request_id for r in core_reqs])
+        self._ids[request_id] = internal_id
 
     def abort_request(self, request_ids: str | list[str]) -> None:
         """Stop requests; their KV blocks are freed at once."""
         ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
-        seq_ids = [sid for rid in ids for sid in self.output_processor.seq_ids(rid)]
-        self.core.abort_requests(seq_ids)
-        for rid in ids:
-            self.output_processor.abort_request(rid)
+        internal = [self._ids.pop(rid) for rid in ids if rid in self._ids]
+        self.core.abort_requests(self.frontend.abort(internal))
 
     def has_unfinished_requests(self) -> bool:
-        return self.output_processor.has_unfinished() or self.core.has_unfinished_requests()
+        return self.frontend.has_unfinished() or self.core.has_unfinished_requests()
 
     def step(self) -> list[RequestOutput]:
-        """Run one engine step and return the outputs it produced."""
+        """Run one engine step and return the outputs it produced (a request the core failed finishes with
+        ``finish_reason="error"``)."""
         core_out = self.core.step()
-        outputs, to_abort = self.output_processor.process_outputs(core_out.outputs)
+        results, to_abort = self.frontend.process_outputs(core_out.outputs)
         if to_abort:
             self.core.abort_requests(to_abort)
-        return outputs
+        for _, out, _err in results:
+            if out.finished:
+                self._ids.pop(out.request_id, None)
+        return [out for _, out, _ in results]
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix block. Returns False (and changes nothing) while requests hold blocks."""
+        from octavo.core.engine_core_proc import reset_prefix_cache
+
+        return reset_prefix_cache(self.core)
 
     def get_stats(self):
         """Scheduler statistics (running, waiting, KV usage, prefix-cache hits, preemptions)."""

@@ -42,7 +42,7 @@ def run(args) -> int:
         if not line.strip():
             continue
         messages.append({"role": "user", "content": line})
-        _, ids = engine.input_processor.apply_chat_template(messages)
+        _, ids = engine.render_chat(messages)
         try:
             engine.add_request(f"turn-{turn}", {"prompt_token_ids": ids}, params)
         except ValueError as e:  # e.g. the conversation outgrew max_model_len

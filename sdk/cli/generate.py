@@ -47,7 +47,7 @@ def run(args) -> int:
     prompts = [sys.stdin.read() if p == "-" else p for p in args.prompts]
     for i, prompt in enumerate(prompts):
         if args.chat:
-            prompt = {"prompt_token_ids": engine.input_processor.apply_chat_template(
+            prompt = {"prompt_token_ids": engine.render_chat(
                 [{"role": "user", "content": prompt}])[1]}
         engine.add_request(str(i), prompt, params)
     texts = {str(i): "" for i in range(len(prompts))}

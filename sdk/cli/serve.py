@@ -5,9 +5,9 @@
 
 Every engine setting is a flag (``--max-model-len``, ``--max-num-seqs``, ``--chat-template FILE``,
 ``--disable-frontend-multiprocessing``, ...). The engine core runs in its own process; SIGTERM or
-Ctrl-C stops accepting requests, gives running ones a few seconds to finish, aborts the rest and stops
-the core. If the core dies the server answers 503 for a moment, then exits with status 1 so a
-supervisor restarts it.
+Ctrl-C answers new requests 503, gives running ones ``--shutdown-timeout`` seconds (default 30) to
+finish, ends the rest with an error event or JSON error, stops the core and exits 0. If the core
+dies the server answers 503 for a moment, then exits with status 1 so a supervisor restarts it.
 """
 
 from __future__ import annotations
@@ -77,7 +77,10 @@ def serve(settings, *, t_start: float | None = None) -> int:
         config = uvicorn.Config(app, host=srv.host, port=srv.port, log_level=srv.uvicorn_log_level.lower(),
                                 timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, lifespan="off",
                                 access_log=srv.uvicorn_log_level.lower() in ("debug", "trace"))
-        server = uvicorn.Server(config)
+        from octavo.server.shutdown import GracefulServer
+
+        # SIGTERM/SIGINT: 503 for new requests, running ones get --shutdown-timeout, the rest end with an error.
+        server = GracefulServer(config, engine=engine, state=app.state.server_state, timeout_s=srv.shutdown_timeout)
         dead = []
 
         def on_dead(reason: str) -> None:

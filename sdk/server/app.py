@@ -22,29 +22,21 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from octavo.errors import APIError
+from octavo.server.errors import classify, error_response
+from octavo.server.guard import Guard, ServerState
 from octavo.server.metrics import ServerMetrics
+from octavo.server.offload import run_bounded
 from octavo.server.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
     TokenizeRequest,
 )
-from octavo.server.serving import OpenAIServing, new_request_id
+from octavo.server.serving import RENDER_TIMEOUT_S, OpenAIServing, new_request_id
 from octavo.server.ui import is_public_ui_path, register_ui_routes
 from octavo.version import __version__
 
 logger = logging.getLogger("octavo.server")
-
-_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-          405: "invalid_request_error", 413: "invalid_request_error", 503: "service_unavailable_error"}
-
-
-def error_response(status: int, message: str, *, param: str | None = None, code: Any = None,
-                   headers: dict[str, str] | None = None) -> JSONResponse:
-    body = {"error": {"message": message, "type": _TYPES.get(status, "internal_error"), "param": param,
-                      "code": code if code is not None else status}}
-    return JSONResponse(body, status_code=status, headers=headers)
-
 
 def _model_names(engine: Any, settings: Any) -> list[str]:
     """Names a request may use for the model; the first is what responses and /v1/models report."""
@@ -91,12 +83,11 @@ def build_app(engine: Any, settings: Any) -> FastAPI:
     async def _validation_error(_: Request, e: RequestValidationError) -> JSONResponse:
         errs = e.errors()
         first = errs[0] if errs else {}
-        loc = [str(x) for x in first.get("loc", ()) if x != "body"]
         if first.get("type") == "json_invalid":
-            return error_response(400, f"The request body is not valid JSON: {first.get('msg', '')}.")
-        param = ".".join(loc) or None
-        msg = "; ".join(f"{'.'.join(str(x) for x in er.get('loc', ()) if x != 'body') or 'body'}: "
-                        f"{er.get('msg', 'invalid')}" for er in errs[:5])
+            return error_response(400, "The request body is not valid JSON.")
+        param = _param_path(first.get("loc", ()))
+        msg = "; ".join(f"{_param_path(er.get('loc', ())) or 'body'}: "
+                        f"{str(er.get('msg', 'invalid')).removeprefix('Value error, ')}" for er in errs[:3])
         return error_response(400, f"Invalid request: {msg}", param=param)
 
     @app.exception_handler(StarletteHTTPException)
@@ -106,16 +97,16 @@ def build_app(engine: Any, settings: Any) -> FastAPI:
 
     @app.exception_handler(ValueError)
     async def _value_error(_: Request, e: ValueError) -> JSONResponse:
-        return error_response(400, str(e))
+        status, message, param = classify(e)
+        return error_response(status, message, param=param)
 
-    @app.exception_handler(Exception)
-    async def _internal(_: Request, e: Exception) -> JSONResponse:
-        from octavo.errors import EngineDeadError
+    from octavo.errors import EngineDeadError
 
-        if isinstance(e, EngineDeadError):
-            return error_response(503, f"The engine is down: {_first_line(str(e))}")
-        logger.exception("internal error")
-        return error_response(500, f"Internal server error: {type(e).__name__}: {e}")
+    @app.exception_handler(EngineDeadError)
+    async def _engine_dead(_: Request, e: EngineDeadError) -> JSONResponse:
+        status, message, param = classify(e)
+        return error_response(status, message, param=param)
+    # Anything else is caught by the Guard (outermost): one traceback, a JSON 500, the connection kept.
 
     # ------------------------------------------------------------------------------------ auth
     if api_key:
@@ -146,27 +137,37 @@ def build_app(engine: Any, settings: Any) -> FastAPI:
             raise APIError(503, f"The server is overloaded: {engine.num_waiting} requests are already waiting "
                            f"(--max-queue-len {max_queue_len}); retry later.", headers={"Retry-After": "1"})
 
-    async def respond(request: Request, result: Any) -> Response:
+    def client_request_id(body: Any, request: Request, prefix: str) -> str:
+        """The client's id for this request (body ``request_id``, else the ``X-Request-Id`` header, else a new
+        one): echoed in the response and its ``X-Request-Id``; the engine runs it under a unique internal id."""
+        rid = body.request_id or request.headers.get("x-request-id") or new_request_id(prefix)
+        if len(rid) > 256 or not rid.isprintable():
+            raise APIError(400, "request_id must be at most 256 printable characters.", param="request_id")
+        return rid
+
+    async def respond(request: Request, result: Any, rid: str) -> Response:
+        if isinstance(result, Response):  # the client went away (499)
+            return result
         if isinstance(result, dict):
-            return JSONResponse(result)
+            return JSONResponse(result, headers={"X-Request-Id": rid})
         return StreamingResponse(result, media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", "X-Request-Id": rid})
 
     # ------------------------------------------------------------------------------------ generation
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:
         check_model(body.model)
         check_ready()
-        rid = body.request_id or new_request_id("cmpl")
+        rid = client_request_id(body, request, "cmpl")
         return await respond(request, await _until_disconnect(request, serving.completions(body, rid),
-                                                              body.stream))
+                                                              body.stream), rid)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         check_model(body.model)
         check_ready()
-        rid = body.request_id or new_request_id("chatcmpl")
-        return await respond(request, await _until_disconnect(request, serving.chat(body, rid), body.stream))
+        rid = client_request_id(body, request, "chatcmpl")
+        return await respond(request, await _until_disconnect(request, serving.chat(body, rid), body.stream), rid)
 
     # ------------------------------------------------------------------------------------ the rest
     @app.get("/v1/models")
@@ -185,10 +186,9 @@ def build_app(engine: Any, settings: Any) -> FastAPI:
         if (body.prompt is None) == (body.messages is None):
             raise APIError(400, "Give exactly one of 'prompt' (text) or 'messages' (chat).", param="prompt")
         if body.messages is not None:
-            _, ids = engine.input_processor.apply_chat_template(
-                body.messages, add_generation_prompt=body.add_generation_prompt)
+            _, ids = await serving.render_chat(body, add_generation_prompt=body.add_generation_prompt)
         else:
-            ids = tok(body.prompt, add_special_tokens=body.add_special_tokens).input_ids
+            ids = await serving.encode(body.prompt, body.add_special_tokens)
         out = {"count": len(ids), "max_model_len": engine.get_model_info().max_model_len, "tokens": list(ids)}
         if body.return_token_strs:
             out["token_strs"] = tok.convert_ids_to_tokens(ids)
@@ -202,13 +202,21 @@ def build_app(engine: Any, settings: Any) -> FastAPI:
         bad = [t for t in body.tokens if not 0 <= t < vocab]
         if bad:
             raise APIError(400, f"tokens {bad[:5]} are outside the vocabulary [0, {vocab}).", param="tokens")
-        return {"prompt": tok.decode(body.tokens)}
+        text = await run_bounded(lambda: tok.decode(body.tokens), timeout_s=RENDER_TIMEOUT_S, what="detokenizing",
+                                 param="tokens")
+        return {"prompt": text}
 
     @app.get("/health")
     async def health() -> Response:
         if engine.errored:
             return error_response(503, f"The engine is down: {_first_line(engine.dead_reason or '')}")
         return Response(status_code=200)
+
+    # The guard is added last, so it is the outermost middleware (inside Starlette's own error net): body size
+    # limit, draining after SIGTERM, and the JSON 500 that keeps the connection.
+    app.state.server_state = ServerState()
+    app.add_middleware(Guard, max_body_bytes=settings.server.max_request_body_bytes,
+                       state=app.state.server_state)
 
     @app.get("/version")
     async def version() -> dict:
@@ -258,6 +266,23 @@ async def _until_disconnect(request: Request, coro: Any, stream: bool) -> Any:
             pass
         return Response(status_code=499)
     return task.result()
+
+
+def _param_path(loc: Any) -> str | None:
+    """A pydantic error location as the client's field path: ``("body", "messages", 0, "content")`` ->
+    ``messages[0].content`` (union member names such as ``list[int]`` are dropped)."""
+    path = ""
+    for part in loc:
+        if part == "body" and not path:
+            continue
+        if isinstance(part, int):
+            path += f"[{part}]"
+        elif isinstance(part, str) and part.isidentifier() and part not in _TYPE_NAMES:
+            path += f".{part}" if path else part
+    return path or None
+
+
+_TYPE_NAMES = {"str", "int", "float", "bool", "list", "dict", "none", "tuple"}
 
 
 def _first_line(text: str) -> str:

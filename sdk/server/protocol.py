@@ -9,11 +9,29 @@ are accepted and ignored (clients send vendor fields), as vLLM does. Responses a
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from octavo.sampling_params import RequestOutputKind, SamplingParams
+from octavo.server.limits import check_json_tree
+
+# Every integer a client sends is bounded here, so nothing overflows further down (msgpack, torch seeds).
+I32 = Annotated[int, Field(ge=-(2**31), le=2**31 - 1)]
+U32 = Annotated[int, Field(ge=0, le=2**31 - 1)]
+I64 = Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]
+
+
+class _Checked(BaseModel):
+    """Base of every request body: no NaN/inf floats; text without NUL or lone surrogates; bounded nesting."""
+
+    model_config = ConfigDict(allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _check_tree(cls, data: Any) -> Any:
+        check_json_tree(data)  # raises APIError(400, param=<the field's path>)
+        return data
 
 
 class StreamOptions(BaseModel):
@@ -21,46 +39,46 @@ class StreamOptions(BaseModel):
     continuous_usage_stats: bool = False
 
 
-class _Sampling(BaseModel):
+class _Sampling(_Checked):
     """Fields shared by chat and completions."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
 
     model: str | None = None
     n: int = Field(1, ge=1, le=128)
-    best_of: int | None = None
+    best_of: int | None = Field(None, ge=1, le=128)
     temperature: float | None = None
     top_p: float | None = None
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logit_bias: dict[str, float] | None = None
-    seed: int | None = None
+    seed: I64 | None = None
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
     # vLLM extras
-    top_k: int | None = None
+    top_k: I32 | None = None
     min_p: float | None = None
     repetition_penalty: float | None = None
-    min_tokens: int = 0
+    min_tokens: U32 = 0
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     include_stop_str_in_output: bool = False
-    stop_token_ids: list[int] | None = None
-    allowed_token_ids: list[int] | None = None
-    prompt_logprobs: int | None = None
+    stop_token_ids: list[I32] | None = None
+    allowed_token_ids: list[I32] | None = None
+    prompt_logprobs: U32 | None = None
     return_token_ids: bool = False
-    priority: int = 0
+    priority: I32 = 0
     request_id: str | None = None
 
     @field_validator("logit_bias")
     @classmethod
     def _bias_keys(cls, v: dict[str, float] | None) -> dict[str, float] | None:
         for key, val in (v or {}).items():
-            if not key.lstrip("-").isdigit():
-                raise ValueError(f"logit_bias keys must be token ids (as strings), got {key!r}")
+            if not key.lstrip("-").isdigit() or len(key) > 11:
+                raise ValueError(f"logit_bias keys must be token ids (as strings), got {key[:20]!r}")
             if not -100 <= val <= 100:
                 raise ValueError(f"logit_bias values must be in [-100, 100], got {val} for token {key}")
         return v
@@ -95,9 +113,9 @@ class _Sampling(BaseModel):
 class CompletionRequest(_Sampling):
     """``POST /v1/completions``."""
 
-    prompt: str | list[str] | list[int] | list[list[int]]
-    max_tokens: int | None = 16
-    logprobs: int | None = Field(None, ge=0)
+    prompt: str | list[str] | list[I32] | list[list[I32]]
+    max_tokens: I32 | None = 16
+    logprobs: int | None = Field(None, ge=0, le=2**31 - 1)
     echo: bool = False
     suffix: str | None = None
     add_special_tokens: bool = True
@@ -123,8 +141,8 @@ class ChatCompletionRequest(_Sampling):
     """``POST /v1/chat/completions``."""
 
     messages: list[dict[str, Any]] = Field(..., min_length=1)
-    max_tokens: int | None = None
-    max_completion_tokens: int | None = None
+    max_tokens: I32 | None = None
+    max_completion_tokens: I32 | None = None
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
     response_format: dict[str, Any] | None = None
@@ -172,7 +190,7 @@ class ChatCompletionRequest(_Sampling):
         return self._params(max_tokens=max_tokens, logprobs=logprobs, stream=self.stream)
 
 
-class TokenizeRequest(BaseModel):
+class TokenizeRequest(_Checked):
     """``POST /tokenize`` (vLLM): a prompt, or chat messages rendered with the chat template."""
 
     model: str | None = None
@@ -183,11 +201,11 @@ class TokenizeRequest(BaseModel):
     return_token_strs: bool = False
 
 
-class DetokenizeRequest(BaseModel):
+class DetokenizeRequest(_Checked):
     """``POST /detokenize`` (vLLM)."""
 
     model: str | None = None
-    tokens: list[int]
+    tokens: list[I32]
 
 
 class ErrorInfo(BaseModel):

@@ -14,8 +14,14 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
+from octavo.errors import APIError
 from octavo.outputs import RequestOutput
+from octavo.server.errors import classify
+from octavo.server.errors import stream_error as _stream_error
+from octavo.server.offload import run_bounded
 from octavo.server.protocol import ChatCompletionRequest, CompletionRequest
+
+RENDER_TIMEOUT_S = 10.0  # a chat template render (or a prompt's tokenization) longer than this is a 400
 
 
 def _sse(obj: Any) -> str:
@@ -112,6 +118,35 @@ class OpenAIServing:
         self.engine = engine
         self.model_name = model_name
         self.tokenizer = engine.get_tokenizer()
+        self.trust_request_chat_template = bool(getattr(engine.settings.server, "trust_request_chat_template",
+                                                        False))
+
+    async def render_chat(self, req: Any, **kwargs: Any) -> tuple[str, list[int]]:
+        """Render and tokenize a conversation off the event loop, time-bounded; a request's own template
+        only with ``--trust-request-chat-template``."""
+        template = getattr(req, "chat_template", None)
+        if template is not None and not self.trust_request_chat_template:
+            raise APIError(400, "chat_template in a request is refused: the server runs only its own template "
+                           "(the operator may allow request templates with --trust-request-chat-template).",
+                           param="chat_template")
+        kwargs.setdefault("chat_template", template)
+        return await run_bounded(lambda: self.engine.render_chat(req.messages, **kwargs), timeout_s=RENDER_TIMEOUT_S,
+                                 what="rendering the chat template",
+                                 param="chat_template" if template is not None else "messages")
+
+    async def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Tokenize off the event loop, time-bounded (and size-bounded by the front end)."""
+        return await run_bounded(lambda: self.engine.encode(text, add_special_tokens=add_special_tokens),
+                                 timeout_s=RENDER_TIMEOUT_S, what="tokenizing the prompt", param="prompt")
+
+    @staticmethod
+    def sampling_params(req: Any) -> Any:
+        """``req.to_sampling_params()``, its errors naming the client's field (``max_completion_tokens``)."""
+        try:
+            return req.to_sampling_params()
+        except ValueError as e:
+            status, message, param = classify(e, req)
+            raise APIError(status, message, param=param) from None
 
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids) if self.tokenizer is not None else ""
@@ -134,7 +169,7 @@ class OpenAIServing:
 
     # ------------------------------------------------------------------------------------ completions
     async def completions(self, req: CompletionRequest, request_id: str) -> dict | AsyncIterator[str]:
-        params = req.to_sampling_params()
+        params = self.sampling_params(req)
         if req.echo and req.logprobs is not None and params.prompt_logprobs is None:
             params.prompt_logprobs = req.logprobs
         prompts = req.prompts()
@@ -142,9 +177,8 @@ class OpenAIServing:
         for i, prompt in enumerate(prompts):
             if isinstance(prompt, list):
                 prompt = {"prompt_token_ids": prompt}
-            elif not req.add_special_tokens:
-                prompt = {"prompt_token_ids": self.tokenizer(prompt, add_special_tokens=False).input_ids,
-                          "prompt": prompt}
+            elif self.tokenizer is not None:
+                prompt = {"prompt_token_ids": await self.encode(prompt, req.add_special_tokens), "prompt": prompt}
             gens.append((prompt, f"{request_id}-{i}"))
         gens = self._submit(gens, params, req.priority)
         created = int(time.time())
@@ -212,17 +246,15 @@ class OpenAIServing:
                             "model": self.model_name, "choices": [],
                             "usage": _usage(sum(n_prompt.values()), n_gen)})
         except Exception as e:  # noqa: BLE001 - the status line is gone; report in-band, as vLLM does
-            yield _sse(stream_error(e))
+            yield _sse(stream_error(e, req))
         yield "data: [DONE]\n\n"
 
     # ------------------------------------------------------------------------------------ chat
     async def chat(self, req: ChatCompletionRequest, request_id: str) -> dict | AsyncIterator[str]:
-        params = req.to_sampling_params()
-        ip = self.engine.input_processor
-        text, ids = ip.apply_chat_template(
-            req.messages, add_generation_prompt=req.add_generation_prompt,
-            continue_final_message=req.continue_final_message, chat_template=req.chat_template,
-            tools=req.tools, **(req.chat_template_kwargs or {}))
+        params = self.sampling_params(req)
+        text, ids = await self.render_chat(
+            req, add_generation_prompt=req.add_generation_prompt, continue_final_message=req.continue_final_message,
+            tools=req.tools, chat_template_kwargs=req.chat_template_kwargs)
         gens = self._submit([({"prompt_token_ids": ids, "prompt": text}, request_id)], params, req.priority)
         created = int(time.time())
         k = req.top_logprobs or 0
@@ -275,18 +307,13 @@ class OpenAIServing:
             if req.include_usage:
                 yield _sse({**base, "choices": [], "usage": _usage(n_prompt, n_gen)})
         except Exception as e:  # noqa: BLE001 - the status line is gone; report in-band
-            yield _sse(stream_error(e))
+            yield _sse(stream_error(e, req))
         yield "data: [DONE]\n\n"
 
 
-def stream_error(e: BaseException) -> dict[str, Any]:
-    """An error inside an SSE stream (after the 200 was sent), in OpenAI's error shape."""
-    from octavo.errors import EngineDeadError
-
-    code, etype = (503, "service_unavailable_error") if isinstance(e, EngineDeadError) else \
-        (400, "invalid_request_error") if isinstance(e, ValueError) else (500, "internal_error")
-    msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-    return {"error": {"message": msg, "type": etype, "param": None, "code": code}}
+def stream_error(e: BaseException, req: Any = None) -> dict[str, Any]:
+    """An error inside an SSE stream (after the 200 was sent), in OpenAI's error shape (see ``errors``)."""
+    return _stream_error(e, req)
 
 
 def new_request_id(prefix: str) -> str:

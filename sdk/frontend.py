@@ -1,0 +1,150 @@
+"""The request front end shared by ``LLMEngine`` and ``AsyncLLM``: one place that turns caller input into
+core requests and core outputs back into ``RequestOutput`` objects.
+
+It owns what both engines used to repeat: tokenizing and chat templates (``tokenize``, ``render_chat``),
+validating once (``InputError`` names the request field at fault), fanning ``n > 1`` out into sequences,
+the id scheme, aborting, and finishing a request that the core failed with its error.
+
+Ids: the caller's id is never used as an internal id. Each submitted request gets
+``<client id>-<random suffix>``, unique even when two callers pick the same id (or pick another
+request's fan-out id, ``0_<id>``), and outputs carry the client's id again on the way out::
+
+    client "r1" --submit--> internal "r1-9f2c..." --fan-out n=2--> core "0_r1-9f2c...", "1_r1-9f2c..."
+    core outputs --process_outputs--> RequestOutput(request_id="r1-9f2c...") --client_id()--> "r1"
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any
+
+from octavo.core.input_processor import InputProcessor
+from octavo.core.messages import EngineCoreRequest
+from octavo.core.output_processor import OutputProcessor
+from octavo.errors import InputError
+from octavo.sampling_params import SamplingParams
+
+__all__ = ["FrontEnd", "InputError"]
+
+
+class FrontEnd:
+    """Tokenize, validate, fan out, track and finish requests for one engine (no I/O, no event loop).
+
+    Args:
+        settings: the engine's ``OctavoSettings``.
+        tokenizer: the Hugging Face tokenizer, or None (``skip_tokenizer_init``).
+        model_info: the core's ``ModelInfo`` (vocabulary, max_model_len, pooling, eos ids).
+    """
+
+    def __init__(self, settings: Any, tokenizer: Any, model_info: Any) -> None:
+        self.settings = settings
+        self.tokenizer = tokenizer
+        self.model_info = model_info
+        self._inputs = InputProcessor(settings, tokenizer, model_info)
+        self._outputs = OutputProcessor(tokenizer)
+        self._client_ids: dict[str, str] = {}  # internal id -> the caller's id
+
+    # ------------------------------------------------------------------------------------ inputs
+    def tokenize(self, prompt: Any) -> tuple[str | None, list[int]]:
+        """A prompt (text, ids or a prompt dict) -> ``(text or None, token ids)``; refuses oversized text."""
+        return self._inputs.tokenize(prompt)
+
+    def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of ``text`` (size-bounded like every prompt)."""
+        if self.tokenizer is None:
+            raise InputError("this engine runs without a tokenizer (skip_tokenizer_init).", "prompt")
+        return self._inputs.encode(text, add_special_tokens=add_special_tokens)
+
+    def render_chat(self, messages: list[dict], *, add_generation_prompt: bool = True,
+                    continue_final_message: bool = False, chat_template: str | None = None,
+                    tools: list | None = None, chat_template_kwargs: dict | None = None) -> tuple[str, list[int]]:
+        """Render a conversation with the chat template and tokenize it -> ``(text, token ids)``.
+
+        Raises:
+            InputError: bad messages, reserved ``chat_template_kwargs`` names, or a render failure.
+        """
+        return self._inputs.apply_chat_template(
+            messages, add_generation_prompt=add_generation_prompt, continue_final_message=continue_final_message,
+            chat_template=chat_template, tools=tools, **(chat_template_kwargs or {}))
+
+    def check_task(self, pooling: bool) -> None:
+        """Refuse generation on an embedding model and embeddings on a generative one."""
+        info = self.model_info
+        if info.is_pooling and not pooling:
+            raise InputError(f"{info.architecture} is served as an embedding model; it cannot generate text. "
+                             "Use embeddings (embed(), POST /v1/embeddings).", "model")
+        if pooling and not info.is_pooling:
+            raise InputError(f"{info.architecture} is a generative model; embeddings need an embedding model (or "
+                             "start this one with task='embed' if its architecture supports it).", "model")
+
+    def submit(self, client_id: str, prompt: Any, params: SamplingParams | None, priority: int = 0, *,
+               pooling: bool = False, queue: Any = None) -> tuple[str, list[EngineCoreRequest]]:
+        """Validate one request and register it; returns its internal id and the core requests to send.
+
+        Nothing is registered when this raises (``InputError``), so the caller has nothing to undo.
+        """
+        params = params or SamplingParams()
+        self.check_task(pooling)
+        internal_id = self._new_id(client_id)
+        text, ids, core_reqs = self._inputs.process(internal_id, prompt, params, priority, pooling=pooling)
+        self._outputs.add_request(internal_id, text, ids, params, [r.request_id for r in core_reqs], queue)
+        self._client_ids[internal_id] = client_id
+        return internal_id, core_reqs
+
+    def _new_id(self, client_id: str) -> str:
+        while True:
+            internal_id = f"{client_id}-{secrets.token_hex(8)}"
+            if internal_id not in self._client_ids:
+                return internal_id
+
+    # ------------------------------------------------------------------------------------ tracking
+    def client_id(self, internal_id: str) -> str:
+        """The caller's id of a request (the internal id itself if it is no longer tracked)."""
+        return self._client_ids.get(internal_id, internal_id)
+
+    def internal_ids(self, client_id: str) -> list[str]:
+        """Internal ids of the unfinished requests the caller submitted as ``client_id``."""
+        return [i for i, c in self._client_ids.items() if c == client_id]
+
+    def is_tracked(self, internal_id: str) -> bool:
+        return internal_id in self._client_ids
+
+    def has_unfinished(self) -> bool:
+        return self._outputs.has_unfinished()
+
+    def num_unfinished(self) -> int:
+        return len(self._client_ids)
+
+    def parent_of(self, seq_id: str) -> str | None:
+        """The internal request id of a core sequence id (None once the request is gone)."""
+        return self._outputs.seq_to_parent.get(seq_id)
+
+    def abort(self, internal_ids: list[str]) -> list[str]:
+        """Forget requests; returns the core sequence ids the caller must abort in the core."""
+        seq_ids = [sid for rid in internal_ids for sid in self._outputs.seq_ids(rid)]
+        for rid in internal_ids:
+            self._outputs.abort_request(rid)
+            self._client_ids.pop(rid, None)
+        return seq_ids
+
+    # ------------------------------------------------------------------------------------ outputs
+    def process_outputs(self, core_outputs: list) -> tuple[list[tuple[str, Any, str | None]], list[str]]:
+        """One step's core outputs -> ``[(internal id, output, error or None)]`` and the sequence ids to abort.
+
+        Each output's ``request_id`` is the caller's id again; a request the core failed comes back
+        finished, with the core's error message.
+        """
+        outs, to_abort = self._outputs.process_outputs(core_outputs)
+        result = []
+        for ro in outs:
+            internal_id = ro.request_id
+            err = self._outputs.errors.pop(internal_id, None)
+            ro.request_id = self._client_ids.get(internal_id, internal_id)
+            if ro.finished:
+                self._client_ids.pop(internal_id, None)
+            result.append((internal_id, ro, err))
+        return result, to_abort
+
+    def reclaim(self, internal_id: str) -> None:
+        """Forget a request's id mapping once its caller is done with it (finished, failed or aborted)."""
+        self._client_ids.pop(internal_id, None)
