@@ -1,15 +1,73 @@
 """Tokenizer loading and the token ids the engine needs from it (end of sequence, context length).
 
 Works in any process from the model settings alone: the front end (tokenize, detokenize) and the engine
-core resolve the same files. A GGUF model's tokenizer and chat template come from the GGUF metadata.
+core resolve the same files. A GGUF model's tokenizer and chat template come from the GGUF metadata; the
+conversion (seconds: transformers' GGUF converter rebuilds the BPE from the vocabulary and merges) runs once
+per file and is cached as a saved Hugging Face tokenizer under ``$OCTAVO_CACHE_DIR`` (default
+``$XDG_CACHE_HOME/octavo`` or ``~/.cache/octavo``), keyed by the SHA-256 of the GGUF file and the
+transformers version, so a changed file or converter never reads a stale entry.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import os
+import tempfile
 
 from octavo.core.loader.resolve import default_model_path, locate
+
+logger = logging.getLogger(__name__)
+_CACHE_FORMAT = 1  # bump when what is saved changes
+
+
+def cache_root() -> str:
+    """Where octavo keeps derived files: ``$OCTAVO_CACHE_DIR``, else ``$XDG_CACHE_HOME/octavo``, else
+    ``~/.cache/octavo``."""
+    if os.environ.get("OCTAVO_CACHE_DIR"):
+        return os.environ["OCTAVO_CACHE_DIR"]
+    return os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "octavo")
+
+
+def gguf_tokenizer_cache_key(path: str) -> str:
+    """SHA-256 of the GGUF file's bytes, the transformers version and the cache format (hex)."""
+    import transformers
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    h.update(f"|transformers={transformers.__version__}|format={_CACHE_FORMAT}".encode())
+    return h.hexdigest()
+
+
+def cached_gguf_tokenizer(path: str):
+    """The GGUF file's tokenizer, converted once and then loaded from the cache (see the module docstring).
+
+    A cache that cannot be written (read-only home) only costs the conversion each time; it is logged."""
+    from transformers import PreTrainedTokenizerFast
+
+    from octavo.core.loader.gguf_file import gguf_tokenizer
+
+    entry = os.path.join(cache_root(), "tokenizers", gguf_tokenizer_cache_key(path))
+    if os.path.isfile(os.path.join(entry, "tokenizer.json")):
+        return PreTrainedTokenizerFast.from_pretrained(entry)
+    tokenizer = gguf_tokenizer(path)
+    try:
+        os.makedirs(os.path.dirname(entry), exist_ok=True)
+        tmp = tempfile.mkdtemp(prefix=".tmp-", dir=os.path.dirname(entry))
+        tokenizer.save_pretrained(tmp)
+        try:
+            os.replace(tmp, entry)  # atomic: a concurrent reader sees all of the entry or none of it
+        except OSError:  # another process won the race; its entry is the same
+            import shutil
+
+            shutil.rmtree(tmp, ignore_errors=True)
+    except OSError as e:
+        logger.warning("could not cache the converted tokenizer of %s under %s (%s); it is converted again "
+                       "next time. Set OCTAVO_CACHE_DIR to a writable folder.", path, entry, e)
+    return tokenizer
 
 
 def load_tokenizer(model_settings):
@@ -27,9 +85,7 @@ def load_tokenizer(model_settings):
     source = model_settings.tokenizer or model_settings.model or default_model_path()
     directory, gguf_file = locate(source, revision=model_settings.revision, download_dir=model_settings.download_dir)
     if gguf_file:
-        from octavo.core.loader.gguf_file import gguf_tokenizer
-
-        tokenizer = gguf_tokenizer(os.path.join(directory, gguf_file))
+        tokenizer = cached_gguf_tokenizer(os.path.join(directory, gguf_file))
     else:
         from transformers import AutoTokenizer
 
