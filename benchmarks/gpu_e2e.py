@@ -49,9 +49,9 @@ def write_config(cfg: dict, root: str, name: str) -> str:
 
 def qwen3_config() -> tuple[dict, str]:
     """The Qwen3-0.6B shape; as a Llama config (same dims, no q/k norm) if octavo has no Qwen3 model yet."""
-    from octavo.core.plugin_manager import get_plugin_manager
+    from octavo.registry import names
 
-    if "Qwen3ForCausalLM" in get_plugin_manager().names("models"):
+    if "Qwen3ForCausalLM" in names("models"):
         return QWEN3_0P6B, "Qwen3ForCausalLM"
     cfg = dict(QWEN3_0P6B, architectures=["LlamaForCausalLM"], model_type="llama")
     return cfg, "LlamaForCausalLM (Qwen3-0.6B dims; octavo has no Qwen3 model registered)"
@@ -84,12 +84,11 @@ def copy_bandwidth() -> float:
 
 def make_llm(model_dir: str, **kw):
     from octavo import LLM
-    from octavo.plugins.platforms.cuda_graphs import prepare_gpu_worker
 
     llm = LLM(model=model_dir, load_format=kw.pop("load_format", "dummy"), dtype="bfloat16",
               skip_tokenizer_init=True, **kw)
     worker = llm.llm_engine.core.executor.driver
-    info = prepare_gpu_worker(worker)  # no-op if the worker already did it
+    info = worker.prepared.notes  # what the cuda platform's prepare_model did (fusions, graph sizes)
     return llm, worker, info
 
 

@@ -82,10 +82,9 @@ def run_parity(root: str, max_new: int = 48) -> dict:
     import torch
 
     from octavo import LLM, SamplingParams
-    from octavo.core.plugin_manager import get_plugin_manager
-    from octavo.plugins.platforms.cuda_graphs import prepare_gpu_worker
+    from octavo.registry import names
 
-    archs = ["LlamaForCausalLM"] + (["Qwen3ForCausalLM"] if "Qwen3ForCausalLM" in get_plugin_manager().names("models")
+    archs = ["LlamaForCausalLM"] + (["Qwen3ForCausalLM"] if "Qwen3ForCausalLM" in names("models")
                                     else [])
     rng = random.Random(0)
     prompts = [[rng.randrange(1, 1024) for _ in range(rng.randint(3, 60))] for _ in range(6)]
@@ -97,8 +96,7 @@ def run_parity(root: str, max_new: int = 48) -> dict:
                          "torch_sdpa eager": {"enforce_eager": True, "attention_backend": "torch_sdpa"}}.items():
             llm = LLM(model=path, dtype="bfloat16", skip_tokenizer_init=True, max_model_len=1024,
                       kv_cache_memory_bytes=1 << 30, max_num_seqs=8, **kw)
-            worker = llm.llm_engine.core.executor.driver
-            prepare_gpu_worker(worker)
+            worker = llm.llm_engine.core.executor.driver  # the cuda platform prepared it (prepare_model)
             outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
                                 SamplingParams(max_tokens=max_new, temperature=0, logprobs=1, ignore_eos=True),
                                 use_tqdm=False)
