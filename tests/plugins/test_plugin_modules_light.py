@@ -58,4 +58,4 @@ def test_builtin_plugin_module_is_light(heavy_imports, name, module):
 
 
 def test_builtins_are_declared():
-    assert {"cpu", "torch_sdpa", "models"} <= {name for name, _ in BUILTINS}
+    assert {"platforms", "attention", "models"} <= {name for name, _ in BUILTINS}  # one entry point per kind
