@@ -97,6 +97,8 @@ class SpeculativeDecoding:
         for r in running:
             if r.pooling or r.num_tokens - r.num_computed_tokens != 1:
                 continue  # prefilling (or recomputing after preemption): nothing to verify yet
+            if getattr(r.sampling_params, "structured_outputs", None) is not None:
+                continue  # a grammar would have to advance per draft: such requests decode one by one
             room = min(k, r.max_tokens - r.num_output_tokens - 1, scheduler.max_model_len - r.num_tokens - 1)
             if room > 0:
                 asks.append(SpecRequest(r.request_id, list(r.all_token_ids), r.num_prompt_tokens, room))
@@ -124,3 +126,29 @@ def _load_draft_model(settings, platform, config, vocab_size: int, max_model_len
     from octavo.core.spec_decode_draft import load_draft_model
 
     return load_draft_model(settings, platform, config, vocab_size, max_model_len)
+
+
+def verify_on_device(logits, sample_reqs: list, drafts: list[list[int]], vocab_size: int, device,
+                     generators: dict) -> dict:
+    """The runner's sampling step when some request carries drafts: ``logits`` has ``k + 1`` rows per
+    request (``k = len(drafts[i])``). Returns device tensors to copy to the host: each row's token and
+    accept flag, and (when asked) logprobs of the raw distribution for each row's token."""
+    from octavo.core.input_batch import build_sampling_batch
+    from octavo.core.rejection_sampler import verify
+    from octavo.core.sampler import compute_logprobs, gather_logprobs
+
+    rows = expand_for_verification(sample_reqs, drafts)
+    b = build_sampling_batch(rows, vocab_size, device, generators)
+    raw = compute_logprobs(logits) if b.max_num_logprobs >= 0 else None
+    out = verify(logits, b, [len(d) for d in drafts], drafts)
+    pending = {"row_tokens": out.row_tokens, "accepted": out.accepted}
+    if raw is not None:
+        pending["lp_ids"], pending["lp"], pending["ranks"] = gather_logprobs(raw, out.row_tokens, b.max_num_logprobs)
+    return pending
+
+
+def emitted_tokens(host: dict, drafts: list[list[int]]) -> list[tuple[int, list[int]]]:
+    """Per request (in sample order): (its first row, the tokens it emits this step)."""
+    from octavo.core.rejection_sampler import split_emitted
+
+    return split_emitted(host["row_tokens"].tolist(), host["accepted"].tolist(), [len(d) for d in drafts])
