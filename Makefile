@@ -15,7 +15,7 @@ TORCH_INDEX ?=
 TEST_ARGS  ?=
 SERVE_ARGS ?=
 
-.PHONY: venv serve generate test browser lint clean
+.PHONY: venv serve generate test browser lint clean reliability
 
 venv: $(STAMP)
 
@@ -40,6 +40,11 @@ test: $(STAMP)
 # the web UI in headless Chromium (Debian's `chromium`; the tests skip, saying why, when it is missing)
 browser: $(STAMP)
 	$(PY) -m pytest -q tests/browser --timeout=300 $(TEST_ARGS)
+
+# The server reliability suite in full (>= 5,000 fuzzed requests, storms, SIGTERM, core kill, a 3-minute
+# soak); `make test` runs its bounded form.
+reliability: $(STAMP)
+	OCTAVO_RELIABILITY=full $(PY) -m pytest -q tests/reliability --timeout=1800 -s $(TEST_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -94,7 +94,7 @@ class InputProcessor:
 
     def apply_chat_template(self, messages: list[dict], *, add_generation_prompt: bool = True,
                             continue_final_message: bool = False, chat_template: str | None = None,
-                            tools: list | None = None, **template_kwargs) -> tuple[str, list[int]]:
+                            tools: list | None = None, template_kwargs: dict | None = None) -> tuple[str, list[int]]:
         """Render a conversation with the model's template (or an override) and tokenize it.
 
         Raises:
@@ -106,6 +106,7 @@ class InputProcessor:
                              "messages")
         if not isinstance(messages, list) or not all(isinstance(m, dict) and "role" in m for m in messages):
             raise InputError("messages must be a list of {'role': ..., 'content': ...} dicts.", "messages")
+        template_kwargs = dict(template_kwargs or {})
         reserved = sorted(RESERVED_TEMPLATE_KWARGS & set(template_kwargs))
         if reserved:
             raise InputError(f"chat_template_kwargs may not set {reserved}: they are arguments of the renderer "
@@ -137,6 +138,8 @@ class InputProcessor:
                 pooling: bool = False) -> tuple[str | None, list[int], list[EngineCoreRequest]]:
         text, ids = self.tokenize(prompt)
         self.validate(ids, params, pooling)
+        if not -(2**63) <= priority < 2**63:
+            raise InputError(f"priority={priority} does not fit in 64 bits.", "priority")
         arrival = time.time()
         extra_eos = [t for t in self.model_info.eos_token_ids[1:] if t not in params.stop_token_ids]
         if extra_eos and not params.ignore_eos and not pooling:
@@ -166,6 +169,13 @@ class InputProcessor:
             if k is not None and k > self.max_logprobs:
                 raise InputError(f"{name}={k} exceeds max_logprobs={self.max_logprobs}; ask for fewer or start "
                                  "the engine with a larger --max-logprobs.", name)
+        # what crosses to the core as msgpack must fit 64 bits (a bigger int cannot even be encoded)
+        if params.seed is not None and not -(2**63) <= params.seed < 2**64:
+            raise InputError(f"seed={params.seed} does not fit in 64 bits.", "seed")
+        for name in ("max_tokens", "min_tokens", "top_k"):
+            value = getattr(params, name, None)
+            if isinstance(value, int) and not -(2**31) <= value < 2**31:
+                raise InputError(f"{name}={value} is out of range (32-bit).", name)
         vocab = self.model_info.vocab_size
         for name in ("stop_token_ids", "allowed_token_ids"):
             bad = [t for t in (getattr(params, name) or []) if not 0 <= t < vocab]

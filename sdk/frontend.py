@@ -65,7 +65,7 @@ class FrontEnd:
         """
         return self._inputs.apply_chat_template(
             messages, add_generation_prompt=add_generation_prompt, continue_final_message=continue_final_message,
-            chat_template=chat_template, tools=tools, **(chat_template_kwargs or {}))
+            chat_template=chat_template, tools=tools, template_kwargs=chat_template_kwargs)
 
     def check_task(self, pooling: bool) -> None:
         """Refuse generation on an embedding model and embeddings on a generative one."""
