@@ -29,24 +29,28 @@ import uuid
 from typing import Any, Literal
 
 from fastapi import FastAPI
-from pydantic import BaseModel, ConfigDict
+from pydantic import ConfigDict
+
+from octavo.server.offload import run_bounded
+from octavo.server.protocol import I32, U32, _Checked
+from octavo.server.serving import RENDER_TIMEOUT_S
 
 logger = logging.getLogger("octavo.server")
 
 _GENERATION_PATHS = ("/v1/completions", "/v1/chat/completions")
 
 
-class EmbeddingRequest(BaseModel):
+class EmbeddingRequest(_Checked):
     """The body of ``POST /v1/embeddings``."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
     model: str | None = None
-    input: str | list[str] | list[int] | list[list[int]]
+    input: str | list[str] | list[I32] | list[list[I32]]
     encoding_format: Literal["float", "base64"] = "float"
-    dimensions: int | None = None
+    dimensions: U32 | None = None
     user: str | None = None
-    priority: int = 0
+    priority: I32 = 0
 
     def prompts(self) -> list[Any]:
         inp = self.input
@@ -150,6 +154,11 @@ def register_embedding_routes(app: FastAPI, engine: Any, model_name: str, check_
             prompts = body.prompts()
         except ValueError as e:
             raise APIError(400, str(e), param="input") from None
+        for i, prompt in enumerate(prompts):  # tokenize off the event loop, size- and time-bounded
+            if isinstance(prompt, str):
+                ids = await run_bounded(lambda p=prompt: engine.encode(p), timeout_s=RENDER_TIMEOUT_S,
+                                        what="tokenizing the input", param="input")
+                prompts[i] = {"prompt_token_ids": ids, "prompt": prompt}
         base = f"embd-{uuid.uuid4().hex}"
         streams = []
         try:  # validate and queue all inputs first: one bad input fails the whole request, nothing runs
