@@ -34,7 +34,20 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(report, indent=2))
         return 0
     print(format_table(report, pm.disabled))
+    print(_default_platform(pm))
     return 0
+
+
+def _default_platform(pm) -> str:
+    """Which platform an engine with default settings would pick here, and who picked it (never silent)."""
+    from octavo.config import OctavoSettings
+    from octavo.errors import PluginError
+
+    try:
+        answer, why = pm.first_answer("octavo_select_platform", settings=OctavoSettings())
+    except PluginError as e:
+        return f"\ndefault platform here: none ({e})"
+    return f"\ndefault platform here: {answer} (chosen by the {why}; --device overrides)"
 
 
 def _status(reg: dict) -> str:

@@ -88,7 +88,9 @@ class TestCopiedCpu(PlatformContract):
 
 class TestCopiedTorchSDPA(AttentionBackendContract):
     backend_cls = TorchSDPABackend
-    dtypes = (torch.float32,)
+    dtypes = (torch.float32,)  # the built-in's own run covers every dtype, block size and head layout
+    block_sizes = (16,)
+    head_configs = ((8, 2, 64), (6, 1, 32))
 '''
 
 GENERATE = '''

@@ -88,6 +88,7 @@ def test_shadows_the_builtin_cpu_platform(report, table):
     assert report["platforms"]["distribution"] == "octavo"
     assert _builtin_cpu(report)["shadowed_by"] == f"{PLUGIN} ({DIST})"
     assert f"shadowed by {PLUGIN} ({DIST})" in table
+    assert "default platform here: cpu (chosen by the built-in default" in table  # never a silent default
 
 
 def test_disappears_when_disabled():
