@@ -61,8 +61,11 @@ class SpeculativeDecoding:
     saves); 0 never switches speculation off.
     """
 
-    def __init__(self, settings, pm, *, platform, vocab_size: int, max_model_len: int) -> None:
-        from octavo.speculator import HEAD_METHODS, SpecContext, SpeculativeConfig
+    @staticmethod
+    def resolve(settings, pm):
+        """The config and proposer class, checked before any model loads (unknown or unimplemented
+        methods fail fast)."""
+        from octavo.speculator import HEAD_METHODS, SpeculativeConfig
 
         cfg = SpeculativeConfig.model_validate(settings.scheduler.speculative_config)
         if cfg.method not in pm.names("speculators") and cfg.method in HEAD_METHODS:
@@ -73,6 +76,12 @@ class SpeculativeDecoding:
         cls = pm.resolve("speculators", cfg.method)  # unknown: UnknownPluginError naming the registered ones
         if settings.model.task == "embed":
             raise ValueError("speculative_config needs a generating model; task='embed' produces no tokens")
+        return cfg, cls
+
+    def __init__(self, settings, pm, *, platform, vocab_size: int, max_model_len: int) -> None:
+        from octavo.speculator import SpecContext
+
+        cfg, cls = self.resolve(settings, pm)
         cls.check(cfg, settings, platform, vocab_size)
         self.config = cfg
         self.vocab_size = vocab_size
