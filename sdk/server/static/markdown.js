@@ -77,14 +77,15 @@
     return pre;
   }
 
-  // Inline spans, left to right; anything unmatched is plain text.
-  const INLINE = /(`+)([\s\S]*?[^`])\1(?!`)|\*\*([^*]+)\*\*|__([^_]+)__|\*([^*\s][^*]*)\*|\[([^\]]+)\]\(([^)\s]+)\)/g;
+  // Inline spans, left to right; anything unmatched is plain text. Each call has its own RegExp: the
+  // recursion (bold inside a link, ...) must not move the caller's lastIndex.
+  const INLINE = /(`+)([\s\S]*?[^`])\1(?!`)|\*\*([^*]+)\*\*|__([^_]+)__|\*([^*\s][^*]*)\*|\[([^\]]+)\]\(([^)\s]+)\)/.source;
 
   function inline(parent, text) {
+    const re = new RegExp(INLINE, "g");
     let last = 0;
     let m;
-    INLINE.lastIndex = 0;
-    while ((m = INLINE.exec(text)) !== null) {
+    while ((m = re.exec(text)) !== null) {
       if (m.index > last) parent.append(document.createTextNode(text.slice(last, m.index)));
       if (m[1]) {
         const c = document.createElement("code");
@@ -101,7 +102,7 @@
       } else if (m[6]) {
         parent.append(link(m[6], m[7]));
       }
-      last = INLINE.lastIndex;
+      last = re.lastIndex;
     }
     if (last < text.length) parent.append(document.createTextNode(text.slice(last)));
   }
