@@ -85,6 +85,9 @@ class SchedulerSettings(_Section):
     scheduling_policy: Literal["fcfs", "priority"] = Field("fcfs", description="fcfs: arrival order; priority: "
                                                            "lower priority value first, then arrival.")
     max_logprobs: int = Field(20, ge=0, description="Most logprobs a request may ask for per token.")
+    structured_outputs_backend: str = Field("xgrammar", description="Grammar library for structured outputs "
+                                            "(JSON schema, regex, choice, grammar): xgrammar or guidance "
+                                            "(llguidance), or a plugin's name.")
     speculative_config: dict[str, Any] | None = Field(
         None, description='Speculative decoding, as vLLM spells it: {"method": "ngram", "num_speculative_tokens": '
         '4, "prompt_lookup_max": 3} (see docs/spec_decode.md). None: off.')
@@ -120,6 +123,14 @@ class ServerSettings(_Section):
     uvicorn_log_level: str = Field("info", description="Log level of the HTTP server.")
     disable_frontend_multiprocessing: bool = Field(False, description="Run the engine core in the server's "
                                                    "process instead of its own.")
+    enable_auto_tool_choice: bool = Field(False, description="Let the model decide when to call tools "
+                                          "(tool_choice='auto'); needs --tool-call-parser.")
+    tool_call_parser: str | None = Field(None, description="How tool calls are read from the model's text: "
+                                         "hermes, llama3_json, mistral, qwen3_xml, qwen3_coder, pythonic, or a "
+                                         "plugin's name.")
+    reasoning_parser: str | None = Field(None, description="Split <think> reasoning into reasoning_content: "
+                                         "deepseek_r1, qwen3, or a plugin's name. Structured output starts after "
+                                         "the reasoning ends.")
     trust_request_chat_template: bool = Field(False, description="Let a request bring its own 'chat_template' "
                                               "(a program the server runs). Off: such requests get 400.")
     max_request_body_bytes: int = Field(4 << 20, ge=1024, description="Largest request body accepted; a bigger "

@@ -11,6 +11,8 @@ from enum import IntEnum
 
 import msgspec
 
+from octavo.structured_outputs import StructuredOutputsParams
+
 _SAMPLING_EPS = 1e-5
 
 
@@ -51,6 +53,8 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True, dict=True
         spaces_between_special_tokens: as in Hugging Face detokenization.
         detokenize: produce text at all (False returns token ids only).
         output_kind: cumulative, delta or final-only outputs.
+        structured_outputs: constrain the output to a JSON schema, regex, choice or grammar
+            (``StructuredOutputsParams``); ``guided_decoding`` is vLLM's older name for the same field.
     """
 
     n: int = 1
@@ -78,6 +82,8 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True, dict=True
     spaces_between_special_tokens: bool = True
     detokenize: bool = True
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
+    structured_outputs: StructuredOutputsParams | None = None
+    guided_decoding: StructuredOutputsParams | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -87,6 +93,10 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True, dict=True
         else:
             self.stop = list(self.stop)
         self.stop_token_ids = list(self.stop_token_ids or [])
+        if self.guided_decoding is not None:
+            if self.structured_outputs is not None:
+                raise ValueError("SamplingParams.guided_decoding: give structured_outputs or guided_decoding, not both")
+            self.structured_outputs, self.guided_decoding = self.guided_decoding, None
         if self.logit_bias:
             self.logit_bias = {int(k): float(v) for k, v in self.logit_bias.items()}
         if self.top_k == 0:

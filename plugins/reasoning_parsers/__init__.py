@@ -1,0 +1,1 @@
+"""Built-in reasoning parsers (``--reasoning-parser NAME``)."""

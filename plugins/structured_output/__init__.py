@@ -1,0 +1,1 @@
+"""Built-in structured-output backends: xgrammar (the default) and llguidance."""

@@ -1,0 +1,105 @@
+"""The ``xgrammar`` structured-output backend (the default): JSON schema, regex, choice, EBNF/GBNF grammars,
+any JSON object and structural tags, through xgrammar's compiler and per-request ``GrammarMatcher``.
+
+``validate`` builds the tokenizer-free ``xgrammar.Grammar`` (milliseconds, in the front end) so a bad
+schema, regex or grammar is a ``ValueError`` naming the field; ``compile`` builds the tokenizer-specific
+``CompiledGrammar`` in the engine core. xgrammar's own compile cache is on as well.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from octavo.structured_outputs import (
+    GrammarMatcher,
+    StructuredOutputBackend,
+    StructuredOutputsParams,
+    choice_regex,
+)
+
+
+def _schema(params: StructuredOutputsParams) -> str:
+    return params.json if isinstance(params.json, str) else json.dumps(params.json)
+
+
+def _build(xgr, params: StructuredOutputsParams, compiler=None):
+    """One function for both: the tokenizer-free Grammar (compiler=None) or the CompiledGrammar."""
+    kind = params.kind
+    ws = not params.disable_any_whitespace
+    if kind == "json":
+        if compiler is not None:
+            return compiler.compile_json_schema(_schema(params), any_whitespace=ws)
+        return xgr.Grammar.from_json_schema(_schema(params), any_whitespace=ws)
+    if kind == "json_object":
+        if compiler is not None:
+            return compiler.compile_json_schema('{"type": "object"}', any_whitespace=ws)
+        return xgr.Grammar.from_json_schema('{"type": "object"}', any_whitespace=ws)
+    if kind in ("regex", "choice"):
+        regex = params.regex if kind == "regex" else choice_regex(params.choice)
+        return compiler.compile_regex(regex) if compiler is not None else xgr.Grammar.from_regex(regex)
+    if kind == "grammar":
+        return compiler.compile_grammar(params.grammar) if compiler is not None else xgr.Grammar.from_ebnf(params.grammar)
+    if kind == "structural_tag":
+        tag = json.loads(params.structural_tag)
+        if "structures" in tag:  # vLLM's legacy form: {"structures": [{begin, schema, end}], "triggers": [...]}
+            items = [xgr.StructuralTagItem(begin=s["begin"], schema=json.dumps(s["schema"]), end=s["end"])
+                     for s in tag["structures"]]
+            if compiler is not None:
+                return compiler.compile_structural_tag(items, tag["triggers"])
+            return xgr.Grammar.from_structural_tag(items, tag["triggers"])
+        return compiler.compile_structural_tag(tag) if compiler is not None else xgr.Grammar.from_structural_tag(tag)
+    raise ValueError(f"structured_outputs.{kind}: not supported by the xgrammar backend")
+
+
+class _Matcher(GrammarMatcher):
+    def __init__(self, matcher: Any) -> None:
+        self.m = matcher
+
+    def accept_token(self, token_id: int) -> bool:
+        return self.m.accept_token(token_id)
+
+    def fill_bitmask(self, bitmask: Any, row: int) -> None:
+        self.m.fill_next_token_bitmask(bitmask, row)
+
+    def is_terminated(self) -> bool:
+        return self.m.is_terminated()
+
+    def reset(self) -> None:
+        self.m.reset()
+
+
+class XGrammarBackend(StructuredOutputBackend):
+    name = "xgrammar"
+
+    def __init__(self, tokenizer: Any, vocab_size: int) -> None:
+        super().__init__(tokenizer, vocab_size)
+        import xgrammar as xgr
+
+        self.xgr = xgr
+        info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size)
+        self.compiler = xgr.GrammarCompiler(info, max_threads=2, cache_enabled=True)
+
+    @classmethod
+    def is_available(cls) -> bool:
+        import importlib.util
+
+        return importlib.util.find_spec("xgrammar") is not None
+
+    @classmethod
+    def validate(cls, params: StructuredOutputsParams) -> None:
+        import xgrammar as xgr
+
+        try:
+            _build(xgr, params)
+        except Exception as e:  # noqa: BLE001 - xgrammar raises RuntimeError/ValueError/its own types
+            msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            msg = re.sub(r"^\[[\d:]+\] \S+:\d+: ", "", msg)  # drop xgrammar's "[time] file.cc:line: "
+            raise ValueError(f"structured_outputs.{params.kind}: cannot compile for xgrammar: {msg}") from None
+
+    def compile(self, params: StructuredOutputsParams) -> Any:
+        return _build(self.xgr, params, self.compiler)
+
+    def matcher(self, compiled: Any) -> GrammarMatcher:
+        return _Matcher(self.xgr.GrammarMatcher(compiled))
