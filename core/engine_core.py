@@ -12,9 +12,9 @@ import logging
 import time
 
 from octavo.config import OctavoSettings
+from octavo.core.engine_start import announce_engine_start
 from octavo.core.executor import make_executor
-from octavo.core.kv_cache.manager import KVCacheManager, uniform_sliding_window
-from octavo.core.loader import get_eos_token_ids
+from octavo.core.kv_cache.manager import KVCacheManager
 from octavo.core.messages import (
     EngineCoreOutput,
     EngineCoreOutputs,
@@ -26,6 +26,7 @@ from octavo.core.messages import (
 )
 from octavo.core.request import Request
 from octavo.core.scheduler import Scheduler
+from octavo.core.step_builder import StepBuilder
 
 logger = logging.getLogger(__name__)
 
@@ -38,32 +39,33 @@ class EngineCore:
         self.pm = get_plugin_manager()
         self.platform = self.pm.select_platform(settings)
         self.executor = make_executor(settings, self.platform)
-        w = self.executor.driver
-        self.max_model_len = w.max_model_len
-        self.kv = KVCacheManager(w.num_blocks, w.block_size, settings.cache.enable_prefix_caching,
-                                 sliding_window=uniform_sliding_window(getattr(w, "model", None)))
+        info = self.executor.worker_info  # everything the core knows about the model and cache comes from here
+        self.max_model_len = info.max_model_len
+        self.kv = KVCacheManager(info.num_blocks, info.block_size, settings.cache.enable_prefix_caching,
+                                 sliding_window=info.sliding_window)
         self.scheduler = Scheduler(settings, self.kv, self.max_model_len)
+        self.steps = StepBuilder()
         self.max_logprobs = settings.scheduler.max_logprobs
         # prompt logprobs are gathered chunk by chunk and sent once, when the prompt is done
         self._prompt_lp: dict[str, dict[int, TokenLogprobs]] = {}
-        eos_ids = get_eos_token_ids(w.resolved)
+        eos_ids = info.eos_token_ids
         self.model_info = ModelInfo(
-            model=w.resolved.source,
-            served_model_name=settings.model.served_model_name or settings.model.model or w.resolved.source,
-            architecture=w.resolved.architecture,
-            vocab_size=w.vocab_size,
+            model=info.model_source,
+            served_model_name=settings.model.served_model_name or settings.model.model or info.model_source,
+            architecture=info.architecture,
+            vocab_size=info.vocab_size,
             max_model_len=self.max_model_len,
             eos_token_id=(eos_ids[0] if eos_ids else None),
             eos_token_ids=eos_ids,
-            is_pooling=w.runner.is_pooling,
-            embedding_dim=getattr(w.model, "embedding_dim", None),
-            tokenizer_path=getattr(w.resolved, "path", None),
-            num_kv_blocks=w.num_blocks,
-            block_size=w.block_size,
-            dtype=str(w.dtype).split(".")[-1],
-            device=str(w.device),
+            is_pooling=info.is_pooling,
+            embedding_dim=info.embedding_dim,
+            tokenizer_path=info.tokenizer_path,
+            num_kv_blocks=info.num_blocks,
+            block_size=info.block_size,
+            dtype=info.dtype,
+            device=info.device,
         )
-        self.pm.hook.octavo_on_engine_start(settings=settings)
+        announce_engine_start(self.pm, settings, self.platform, info)  # log + octavo_on_engine_start
         self.stat_loggers = self.pm.stat_loggers(settings)
 
     # ---- requests ------------------------------------------------------------------------------
@@ -94,7 +96,7 @@ class EngineCore:
         outs = self.scheduler.abort(request_ids)
         for rid in request_ids:
             self._prompt_lp.pop(rid, None)
-        self.executor.release(request_ids)
+        self.steps.forget(request_ids)
         return outs
 
     def has_unfinished_requests(self) -> bool:
@@ -110,16 +112,17 @@ class EngineCore:
                  for r in self.scheduler.finished_out_of_cache]
         if early:
             self.scheduler.finished_out_of_cache.clear()
-            self.executor.release([o.request_id for o in early])
+            self.steps.forget([o.request_id for o in early])
         if sched_out.is_empty:
             return EngineCoreOutputs(early, self.get_stats(), time.monotonic())
-        result = self.executor.execute(sched_out)
-        updates = self.scheduler.update(sched_out, result.sampled)
+        result = self.executor.execute(self.steps.build(sched_out))
+        updates = self.scheduler.update(sched_out, _one_token_each(result.sampled))
         outputs, finished = early, []
         for req, token in updates:
             rid = req.request_id
             if rid in result.prompt_logprobs and not req.prompt_logprobs_sent:
-                first_pos, entries = result.prompt_logprobs[rid]
+                plp = result.prompt_logprobs[rid]
+                first_pos, entries = plp.first_pos, plp.entries
                 acc = self._prompt_lp.setdefault(rid, {})
                 for j, e in enumerate(entries):
                     acc.setdefault(first_pos + j, e)
@@ -127,7 +130,7 @@ class EngineCore:
                 continue  # a prefill chunk that produced nothing yet
             out = EngineCoreOutput(rid, [] if token is None else [token])
             if token is not None and rid in result.logprobs:
-                out.new_logprobs = [result.logprobs[rid]]
+                out.new_logprobs = result.logprobs[rid]
             if req.sampling_params.prompt_logprobs is not None and not req.prompt_logprobs_sent:
                 acc = self._prompt_lp.pop(rid, {})
                 out.prompt_logprobs = [None] + [acc.get(i) for i in range(1, req.num_prompt_tokens)]
@@ -142,17 +145,34 @@ class EngineCore:
                 finished.append(rid)
             outputs.append(out)
         if finished:
-            self.executor.release(finished)
+            self.steps.forget(finished)
         stats = self.get_stats()
         for stat_logger in self.stat_loggers:
             stat_logger.record(stats, outputs)
         return EngineCoreOutputs(outputs, stats, time.monotonic())
+
+    def check_health(self) -> None:
+        """Raise ``ExecutorError`` if a worker is gone (the core's loop calls this between steps, so an idle
+        server notices a dead worker within seconds, not at the next request)."""
+        self.executor.check_health()
 
     def shutdown(self) -> None:
         try:
             self.pm.hook.octavo_on_engine_shutdown(settings=self.settings)
         finally:  # a plugin that raises must not keep the workers alive
             self.executor.shutdown()
+
+
+def _one_token_each(sampled: dict[str, list[int]]) -> dict[str, int]:
+    """The scheduler accepts one token per request per step; a runner that returns several (verified
+    drafts) needs the scheduler's multi-token update first, so refuse rather than drop tokens."""
+    out = {}
+    for rid, tokens in sampled.items():
+        if len(tokens) != 1:
+            raise RuntimeError(f"request {rid}: the runner returned {len(tokens)} tokens in one step; this "
+                               "scheduler accepts exactly one (multi-token updates come with speculative decoding)")
+        out[rid] = tokens[0]
+    return out
 
 
 __all__ = ["EngineCore", "FinishReason"]

@@ -110,6 +110,9 @@ class EngineCoreLoop:
                 if not self._parent_alive():
                     logger.warning("engine core: parent process is gone; exiting")
                     break
+                check_health = getattr(core, "check_health", None)
+                if check_health is not None:
+                    check_health()  # a dead worker raises: the step-failure path reports it and exits 1
         self._close_core()
 
     def _handle(self, kind: bytes, msg: Any) -> None:

@@ -1,35 +1,42 @@
-"""Executors run a step on the worker(s). Only the in-process executor (one device) exists so far.
+"""Choose and build the executor (a plugin: ``octavo_register_executors``; built-ins in plugins/executors/).
 
-``mp`` (one process per device with torch.distributed for tensor/pipeline parallelism) and ``ray`` are
-configuration values that fail at start with a clear message until they land.
+The engine core talks to it through the step contract only (``octavo.executor.Executor``): ``worker_info``
+once, then ``execute(StepBatch) -> RunnerOutput``. The worker factory every executor calls, in whichever
+process it places a rank, is :data:`WORKER_TARGET`.
 """
 
 from __future__ import annotations
 
+import logging
+
 from octavo.config import OctavoSettings
-from octavo.core.worker import Worker
+
+logger = logging.getLogger(__name__)
+
+WORKER_TARGET = "octavo.core.worker:create_worker"
 
 
-class UniExecutor:
-    """Runs the single worker in the calling process."""
-
-    def __init__(self, settings: OctavoSettings, platform) -> None:
-        self.driver = Worker(settings, platform)
-
-    def execute(self, sched_out):
-        return self.driver.execute(sched_out)
-
-    def release(self, request_ids: list[str]) -> None:
-        self.driver.runner.release(request_ids)
-
-    def shutdown(self) -> None:
-        pass
-
-
-def make_executor(settings: OctavoSettings, platform) -> UniExecutor:
+def executor_name(settings: OctavoSettings) -> str:
+    """vLLM's rule: the configured backend, else ``uni`` for one rank and ``mp`` for several."""
     par = settings.parallel
-    if par.tensor_parallel_size * par.pipeline_parallel_size > 1 or par.distributed_executor_backend in ("mp", "ray"):
-        raise ValueError(
-            "tensor_parallel_size / pipeline_parallel_size > 1 and the 'mp'/'ray' executors are not implemented "
-            "yet; run with --tensor-parallel-size 1 --pipeline-parallel-size 1.")
-    return UniExecutor(settings, platform)
+    world = par.tensor_parallel_size * par.pipeline_parallel_size
+    name = par.distributed_executor_backend or ("uni" if world == 1 else "mp")
+    if name == "uni" and world > 1:
+        raise ValueError(f"distributed_executor_backend='uni' runs one worker, but tensor_parallel_size x "
+                         f"pipeline_parallel_size = {world}; use 'mp' (one host) or 'ray'.")
+    if par.pipeline_parallel_size > 1:
+        raise ValueError("pipeline_parallel_size > 1 is not implemented yet; use --tensor-parallel-size to split "
+                         "the model over devices.")
+    return name
+
+
+def make_executor(settings: OctavoSettings, platform):
+    from octavo.core.plugin_manager import get_plugin_manager
+
+    name = executor_name(settings)
+    pm = get_plugin_manager()
+    if name not in pm.names("executors"):
+        raise ValueError(f"distributed_executor_backend={name!r} is not a registered executor (registered: "
+                         f"{', '.join(pm.names('executors'))}); see `octavo plugins`.")
+    cls = pm.resolve("executors", name)
+    return cls(settings, platform, WORKER_TARGET)

@@ -130,6 +130,17 @@ def octavo_register_reasoning_parsers(register: Register) -> None:
     """
 
 
+@hookspec
+def octavo_register_executors(register: Register) -> None:
+    """Register executors: how the engine core runs steps on its workers (in-process, processes, hosts).
+
+    When: once per process, when the plugin manager loads. Process: every one (the engine core builds the
+    one named by ``distributed_executor_backend``). Contract: call ``register(name, "module:Class")`` for
+    each :class:`octavo.executor.Executor` (``name`` is what ``--distributed-executor-backend`` takes,
+    e.g. ``"mp"``); it moves :mod:`octavo.step` data only.
+    """
+
+
 # ---------------------------------------------------------------------------------------------------------
 # 2. Selection: firstresult hooks; the first non-None answer wins, an explicit setting beats every hook.
 # ---------------------------------------------------------------------------------------------------------

@@ -1,4 +1,9 @@
-"""Build one step's flat model inputs, attention layout and sampling batch from the scheduler's output."""
+"""The runner's per-request state, and one step's flat model inputs, attention layout and sampling batch.
+
+The runner never sees the scheduler's ``Request``: it keeps a :class:`CachedRequestState` per request (built
+from ``NewRequestData``, updated from each step's ``ScheduledRequestData``, dropped on ``finished_ids``), as
+vLLM's V1 runner keeps ``CachedRequestState``. Its token list is the runner's own copy of the sequence.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +14,52 @@ import torch
 
 from octavo.attention import AttentionLayout
 from octavo.core.sampler import SamplingBatch
-from octavo.core.scheduler import SchedulerOutput
+from octavo.step import NewRequestData, ScheduledRequestData, StepBatch
+
+
+class CachedRequestState:
+    """What the runner knows about one request between steps."""
+
+    __slots__ = ("request_id", "prompt_token_ids", "sampling_params", "eos_token_id", "pooling", "all_token_ids")
+
+    def __init__(self, new: NewRequestData) -> None:
+        self.request_id = new.request_id
+        self.prompt_token_ids = new.prompt_token_ids
+        self.sampling_params = new.sampling_params
+        self.eos_token_id = new.eos_token_id
+        self.pooling = new.pooling
+        self.all_token_ids: list[int] = list(new.prompt_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.all_token_ids[len(self.prompt_token_ids):]
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.all_token_ids) - len(self.prompt_token_ids)
+
+    def write(self, s: ScheduledRequestData) -> None:
+        """Put this step's tokens at their positions. A step that samples ends the known sequence, so
+        anything past it (tokens the scheduler did not keep) is dropped."""
+        start, end = s.num_computed_tokens, s.num_computed_tokens + len(s.token_ids)
+        tokens = self.all_token_ids
+        if start > len(tokens):
+            raise RuntimeError(f"request {self.request_id}: step starts at position {start} but the runner "
+                               f"knows only {len(tokens)} tokens (a lost step?)")
+        if start == len(tokens):
+            tokens.extend(s.token_ids)  # the decode fast path
+        else:
+            tokens[start:end] = s.token_ids
+        if s.samples and len(tokens) > end:
+            del tokens[end:]
 
 
 @dataclass
@@ -25,22 +75,23 @@ class StepInputs:
     pooling_req_ids: list[str] = field(default_factory=list)
 
 
-def build_step_inputs(out: SchedulerOutput, block_size: int, device: torch.device) -> StepInputs:
+def build_step_inputs(batch: StepBatch, states: dict[str, CachedRequestState], block_size: int,
+                      device: torch.device) -> StepInputs:
     """Flatten one step. Host work is numpy over whole rows (no per-token Python for prefills), since at
     high batch sizes on a GPU this function sits on the critical path of every step."""
-    num_reqs = len(out.scheduled)
+    num_reqs = len(batch.scheduled)
     input_ids: list[int] = []
     query_lens = np.empty(num_reqs, dtype=np.int64)
     starts = np.empty(num_reqs, dtype=np.int64)
     logits_rows, sample_ids, pooling_ids = [], [], []
     prompt_lp_rows = {}
-    max_blocks = max(len(s.block_ids) for s in out.scheduled)
+    max_blocks = max(len(s.block_ids) for s in batch.scheduled)
     block_tables = np.zeros((num_reqs, max_blocks), dtype=np.int32)
     row0 = 0
-    for i, s in enumerate(out.scheduled):
-        req, start, n = s.req, s.num_computed_tokens, s.num_tokens
+    for i, s in enumerate(batch.scheduled):
+        req, start, n = states[s.request_id], s.num_computed_tokens, len(s.token_ids)
         end = start + n
-        input_ids.extend(req.all_token_ids[start:end])
+        input_ids.extend(s.token_ids)
         block_tables[i, :len(s.block_ids)] = s.block_ids
         query_lens[i], starts[i] = n, start
         if req.pooling:
@@ -77,7 +128,7 @@ def build_step_inputs(out: SchedulerOutput, block_size: int, device: torch.devic
         block_size=block_size,
         max_query_len=int(query_lens.max()),
         max_seq_len=int(seq_lens.max()),
-        num_decode_reqs=out.num_decode_reqs,
+        num_decode_reqs=batch.num_decode_reqs,
     )
     return StepInputs(
         input_ids=torch.tensor(input_ids, dtype=torch.int64).to(device, non_blocking=True),

@@ -11,6 +11,7 @@ import enum
 import msgspec
 
 from octavo.sampling_params import SamplingParams
+from octavo.step import TokenLogprobs  # the runner produces them; defined with the step contract
 
 
 class FinishReason(enum.IntEnum):
@@ -35,14 +36,6 @@ class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True):
     eos_token_id: int | None = None
     pooling: bool = False  # an embedding request: one forward pass, the pooled vector comes back
     cache_salt: str | None = None  # extra key for prefix-cache hashing (e.g. adapter or tenant)
-
-
-class TokenLogprobs(msgspec.Struct, array_like=True):
-    """Top log-probabilities at one position: parallel lists, the chosen token first."""
-
-    token_ids: list[int]
-    logprobs: list[float]
-    ranks: list[int]
 
 
 class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):

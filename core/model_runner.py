@@ -1,28 +1,19 @@
 """The model runner: one step's inputs -> model -> logits -> sampled tokens (and logprobs, pooled vectors).
 
-Everything crosses to the host once per step, at the end (``_to_host``), after all device work is queued.
+It speaks the step contract (``octavo.core.step``) only: a :class:`StepBatch` in, a :class:`RunnerOutput` out,
+and its own per-request state (``self.requests``) in between, dropped on ``finished_ids``. Everything
+crosses to the host once per step, at the end (``_to_host``), after all device work is queued.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import torch
 
-from octavo.core.input_batch import StepInputs, build_sampling_batch, build_step_inputs
+from octavo.core.input_batch import CachedRequestState, StepInputs, build_sampling_batch, build_step_inputs
 from octavo.core.messages import TokenLogprobs
 from octavo.core.sampler import Sampler, compute_logprobs, gather_logprobs
-from octavo.core.scheduler import SchedulerOutput
 from octavo.model import ForwardContext
-
-
-@dataclass
-class ModelRunnerOutput:
-    sampled: dict[str, int] = field(default_factory=dict)
-    logprobs: dict[str, TokenLogprobs] = field(default_factory=dict)
-    # request id -> (first prompt position these cover, one entry per position)
-    prompt_logprobs: dict[str, tuple[int, list[TokenLogprobs]]] = field(default_factory=dict)
-    pooled: dict[str, list[float]] = field(default_factory=dict)
+from octavo.step import PromptLogprobs, RunnerOutput, StepBatch
 
 
 class ModelRunner:
@@ -36,6 +27,7 @@ class ModelRunner:
         self.sampler = Sampler()
         self.synchronize = synchronize  # the platform's: waits for queued device work
         self.generators: dict[str, torch.Generator] = {}
+        self.requests: dict[str, CachedRequestState] = {}  # persistent across steps
         self.is_pooling = task == "embed" or (task == "auto" and hasattr(model, "pool")
                                               and not hasattr(model, "compute_logits"))
         if self.is_pooling and not hasattr(model, "pool"):
@@ -44,10 +36,20 @@ class ModelRunner:
         # A graph runner (e.g. CUDA graphs) may replace ``forward_fn`` for decode batches; see ``forward``.
         self.graph_runner = None
 
-    def release(self, request_ids: list[str]) -> None:
-        """Forget per-request state (seeded generators) of finished requests."""
-        for rid in request_ids:
+    def update_states(self, batch: StepBatch) -> None:
+        """Forget finished requests first (an id may come back as a new request in the same batch), then
+        add new ones and write this step's tokens into each scheduled request's sequence."""
+        for rid in batch.finished_ids:
+            self.requests.pop(rid, None)
             self.generators.pop(rid, None)
+        for new in batch.new_requests:
+            self.requests[new.request_id] = CachedRequestState(new)
+        for s in batch.scheduled:
+            state = self.requests.get(s.request_id)
+            if state is None:
+                raise RuntimeError(f"request {s.request_id} is scheduled but was never described to the runner "
+                                   "(missing from new_requests)")
+            state.write(s)
 
     def forward(self, inputs: StepInputs) -> torch.Tensor:
         if self.graph_runner is not None:  # a captured decode step brings its own static metadata
@@ -60,16 +62,19 @@ class ModelRunner:
         return self.model(inputs.input_ids, inputs.positions, ctx)
 
     @torch.inference_mode()
-    def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
-        inputs = build_step_inputs(out, self.block_size, self.device)
+    def execute(self, batch: StepBatch) -> RunnerOutput:
+        self.update_states(batch)
+        result = RunnerOutput(sampled={}, logprobs={}, prompt_logprobs={}, pooled={})
+        if batch.is_empty:
+            return result
+        reqs = self.requests
+        inputs = build_step_inputs(batch, reqs, self.block_size, self.device)
         hidden = self.forward(inputs)
-        result = ModelRunnerOutput()
-        reqs = {s.req.request_id: s.req for s in out.scheduled}
 
         if inputs.pooling_req_ids:
             ctx = ForwardContext(attn_metadata=None, query_start_loc=inputs.query_start_loc)
             pooled = self.model.pool(hidden, ctx)  # [num_reqs, dim], one row per scheduled request
-            order = [s.req.request_id for s in out.scheduled]
+            order = [s.request_id for s in batch.scheduled]
             pooled_host = pooled.float().cpu()
             for rid in inputs.pooling_req_ids:
                 result.pooled[rid] = pooled_host[order.index(rid)].tolist()
@@ -95,15 +100,16 @@ class ModelRunner:
         if "sampled" in host:
             tokens = host["sampled"].tolist()
             for i, rid in enumerate(inputs.sample_req_ids):
-                result.sampled[rid] = tokens[i]
+                result.sampled[rid] = [tokens[i]]
                 want = reqs[rid].sampling_params.logprobs
                 if want is not None:
-                    result.logprobs[rid] = _row_logprobs(host["lp_ids"][i], host["lp"][i], int(host["ranks"][i]), want)
+                    result.logprobs[rid] = [_row_logprobs(host["lp_ids"][i], host["lp"][i], int(host["ranks"][i]),
+                                                          want)]
         for rid, (_, _, first_pos) in inputs.prompt_lp_rows.items():
             ids, lps, ranks = host[("plp", rid)]
             k = reqs[rid].sampling_params.prompt_logprobs
             entries = [_row_logprobs(ids[j], lps[j], int(ranks[j]), k) for j in range(ids.shape[0])]
-            result.prompt_logprobs[rid] = (first_pos, entries)
+            result.prompt_logprobs[rid] = PromptLogprobs(first_pos, entries)
         return result
 
 

@@ -8,11 +8,9 @@ from __future__ import annotations
 
 import torch
 
-from octavo.core.input_batch import build_step_inputs
-from octavo.core.messages import EngineCoreRequest
-from octavo.core.request import Request
-from octavo.core.scheduler import ScheduledRequest, SchedulerOutput
+from octavo.core.input_batch import CachedRequestState, build_step_inputs
 from octavo.sampling_params import SamplingParams
+from octavo.step import NewRequestData, ScheduledRequestData, StepBatch
 
 
 @torch.inference_mode()
@@ -31,12 +29,13 @@ def profile_run(worker) -> None:
                                        sliding_window=layer.sliding_window, logits_soft_cap=layer.logits_soft_cap)
         layer.bind(impl, kv)
         temp.append(kv)
-    req = Request(EngineCoreRequest("profile", [0] * num_tokens, SamplingParams(max_tokens=1), 0.0), 1)
-    out = SchedulerOutput([ScheduledRequest(req, num_tokens, 0, list(range(1, num_blocks)))], 0, num_tokens)
+    new = NewRequestData("profile", [0] * num_tokens, SamplingParams(max_tokens=1))
+    batch = StepBatch([ScheduledRequestData("profile", new.prompt_token_ids, 0, list(range(1, num_blocks)), True)],
+                      [new], total_num_tokens=num_tokens)
     from octavo.core.model_runner import ModelRunner
 
     runner = ModelRunner(worker.model, worker.attn_backend_cls, worker.device, bs, worker.vocab_size)
-    inputs = build_step_inputs(out, bs, worker.device)
+    inputs = build_step_inputs(batch, {"profile": CachedRequestState(new)}, bs, worker.device)
     hidden = runner.forward(inputs)
     if hasattr(worker.model, "compute_logits"):
         rows = min(settings.scheduler.max_num_seqs, num_tokens)

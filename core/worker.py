@@ -1,8 +1,10 @@
 """The worker: owns one device — sets it up, loads the model, sizes and allocates the KV cache, binds the
-attention layers, and runs steps through its ModelRunner."""
+attention layers, and runs steps through its ModelRunner. It describes itself once as a :class:`WorkerInfo`
+and otherwise speaks only the step contract (``octavo.core.step``), so it can live in any process."""
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -10,9 +12,11 @@ import os
 import torch
 
 from octavo.config import OctavoSettings
-from octavo.core.loader import DTYPES, get_max_model_len, resolve_dtype
+from octavo.core.loader import DTYPES, get_eos_token_ids, get_max_model_len, resolve_dtype
 from octavo.core.model_runner import ModelRunner
-from octavo.core.scheduler import SchedulerOutput
+from octavo.core.platform_setup import prepare_on_platform
+from octavo.nn.parallel import get_tp_rank, get_tp_size
+from octavo.step import RunnerOutput, StepBatch, WorkerInfo
 
 logger = logging.getLogger(__name__)
 
@@ -31,6 +35,33 @@ def choose_dtype(name: str, platform, hf_config) -> torch.dtype:
     return dtype
 
 
+def create_worker(settings: OctavoSettings | str, *, rank: int = 0, world_size: int = 1,
+                  init_method: str | None = None, platform=None) -> Worker:
+    """Build a worker in the calling process: the target executors name (``octavo.executor``).
+
+    With ``world_size > 1`` it first joins ``torch.distributed`` with the platform's backend (gloo on CPU,
+    nccl on CUDA) at ``init_method``, so the model's parallel layers shard for this rank while they are built.
+    On a CPU the ranks share the cores: each gets ``cpus // world_size`` threads unless ``num_threads`` is set.
+    """
+    from octavo.core.plugin_manager import get_plugin_manager
+
+    if isinstance(settings, str):
+        settings = OctavoSettings(**json.loads(settings))
+    platform = platform or get_plugin_manager().select_platform(settings)
+    device_index = 0 if platform.device_type == "cpu" else rank % max(1, platform.device_count())
+    if world_size > 1:
+        import torch.distributed as dist
+
+        platform.set_device(device_index)
+        dist.init_process_group(backend=platform.distributed_backend, init_method=init_method, rank=rank,
+                                world_size=world_size)
+        if platform.device_type == "cpu" and not settings.device.num_threads:
+            threads = max(1, len(os.sched_getaffinity(0)) // world_size)
+            settings = settings.model_copy(update={"device": settings.device.model_copy(
+                update={"num_threads": threads})})
+    return Worker(settings, platform, device_index)
+
+
 class Worker:
     def __init__(self, settings: OctavoSettings, platform, device_index: int = 0) -> None:
         from octavo.core.loader import load_model, resolve_model
@@ -38,6 +69,8 @@ class Worker:
 
         self.settings = settings
         self.platform = platform
+        self.rank = get_tp_rank()
+        self.world_size = get_tp_size()
         pm = get_plugin_manager()
         platform.set_device(device_index)
         self.device = torch.device(platform.device_type, device_index) if platform.device_type != "cpu" \
@@ -54,6 +87,7 @@ class Worker:
         from octavo.core.loader.quant import resolve_quantizer
 
         quantizer = resolve_quantizer(settings.model.quantization, self.resolved, platform, pm)
+        self.quantization = getattr(quantizer, "name", None)
         self.model = load_model(self.resolved, model_cls=model_cls, dtype=self.dtype, device=self.device,
                                 quantizer=quantizer)
         self.model.eval()
@@ -75,7 +109,7 @@ class Worker:
         self._allocate_kv_cache()
         self.runner = ModelRunner(self.model, self.attn_backend_cls, self.device, block_size, self.vocab_size,
                                   synchronize=platform.synchronize, task=settings.model.task)
-        platform.prepare_worker(self)
+        self.prepared = prepare_on_platform(self)  # typed handle in, step runner out (core/platform_setup.py)
         logger.info("Loaded %s (%s) on %s as %s; attention backend %s; KV cache %d blocks x %d tokens",
                     self.resolved.source, self.resolved.architecture, self.device, str(self.dtype).split(".")[-1],
                     getattr(self.attn_backend_cls, "name", None), self.num_blocks, block_size)
@@ -138,5 +172,19 @@ class Worker:
             layer.bind(impl, kv)
             self.kv_caches.append(kv)
 
-    def execute(self, out: SchedulerOutput):
-        return self.runner.execute(out)
+    def info(self) -> WorkerInfo:
+        from octavo.core.kv_cache.manager import uniform_sliding_window
+
+        return WorkerInfo(
+            num_blocks=self.num_blocks, block_size=self.block_size, max_model_len=self.max_model_len,
+            vocab_size=self.vocab_size, architecture=self.resolved.architecture, model_source=self.resolved.source,
+            dtype=str(self.dtype).split(".")[-1], device=str(self.device),
+            sliding_window=uniform_sliding_window(self.model), is_pooling=self.runner.is_pooling,
+            embedding_dim=getattr(self.model, "embedding_dim", None),
+            eos_token_ids=list(get_eos_token_ids(self.resolved)),
+            tokenizer_path=getattr(self.resolved, "path", None),
+            attention_backend=getattr(self.attn_backend_cls, "name", None), quantization=self.quantization,
+            world_size=self.world_size)
+
+    def execute(self, batch: StepBatch) -> RunnerOutput:
+        return self.runner.execute(batch)

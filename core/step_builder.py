@@ -1,0 +1,52 @@
+"""Turns the scheduler's output (live ``Request`` objects) into the data-only :class:`StepBatch`.
+
+It remembers which requests the runner currently holds, so a request is described in full once
+(``NewRequestData``) and later steps send only its tokens and block table; requests that finish or are
+aborted are queued in ``finished_ids`` of the next batch, so the runner frees its state for them.
+
+    schedule() ─▶ StepBuilder.build() ─▶ StepBatch ─▶ executor
+    finish/abort ─▶ StepBuilder.forget(ids) ─▶ next StepBatch.finished_ids
+"""
+
+from __future__ import annotations
+
+from octavo.core.scheduler import SchedulerOutput
+from octavo.step import NewRequestData, ScheduledRequestData, StepBatch
+
+
+class StepBuilder:
+    def __init__(self) -> None:
+        self.known: set[str] = set()  # request ids whose state the runner holds
+        self.pending_finished: list[str] = []
+
+    def forget(self, request_ids: list[str]) -> None:
+        """The runner may drop these requests' state (sent with the next batch)."""
+        for rid in request_ids:
+            if rid in self.known:
+                self.known.discard(rid)
+                self.pending_finished.append(rid)
+
+    def build(self, out: SchedulerOutput) -> StepBatch:
+        new: list[NewRequestData] = []
+        scheduled: list[ScheduledRequestData] = []
+        for s in out.scheduled:
+            req = s.req
+            rid = req.request_id
+            if rid not in self.known:
+                self.known.add(rid)
+                new.append(NewRequestData(rid, req.prompt_token_ids, req.sampling_params, req.eos_token_id,
+                                          req.pooling))
+            start = s.num_computed_tokens
+            # NOTE: block_ids is the KV manager's live list; valid until the next schedule(). Executors
+            # that send the batch elsewhere serialize it inside execute(), before that.
+            scheduled.append(ScheduledRequestData(rid, req.all_token_ids[start:start + s.num_tokens], start,
+                                                  s.block_ids, s.samples))
+        finished, self.pending_finished = self.pending_finished, []
+        return StepBatch(scheduled, new, finished, out.num_decode_reqs, out.total_num_tokens)
+
+    def flush(self) -> StepBatch | None:
+        """A batch that only frees state (for an idle engine), or None when there is nothing to free."""
+        if not self.pending_finished:
+            return None
+        finished, self.pending_finished = self.pending_finished, []
+        return StepBatch(finished_ids=finished)

@@ -1,0 +1,19 @@
+"""The in-process executor: one worker, in the engine core's process, called directly (no copy)."""
+
+from __future__ import annotations
+
+from octavo.executor import Executor, resolve_target
+from octavo.step import RunnerOutput, StepBatch
+
+
+class UniExecutor(Executor):
+    name = "uni"
+
+    def __init__(self, settings, platform, worker_target: str) -> None:
+        super().__init__(settings, platform, worker_target)
+        # NOTE: ``driver`` is for in-process tools (benchmarks, GPU tests); the engine core never reads it.
+        self.driver = resolve_target(worker_target)(settings, platform=platform)
+        self.worker_info = self.driver.info()
+
+    def execute(self, batch: StepBatch) -> RunnerOutput:
+        return self.driver.execute(batch)

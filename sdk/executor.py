@@ -1,0 +1,77 @@
+"""The executor interface: how the engine core runs a step on its worker(s), whatever process or host they
+live in. Executors are plugins (``octavo_register_executors``; built-ins ``uni``, ``mp``, ``ray``).
+
+The engine core builds one executor per engine with ``cls(settings, platform, worker_target)``.
+``worker_target`` is a ``"module:function"`` that, called in the worker's process as
+``fn(settings_json, rank=, world_size=, init_method=)``, returns a worker object with ``info()`` (a
+:class:`octavo.step.WorkerInfo`) and ``execute(StepBatch) -> RunnerOutput``; it also sets up
+``torch.distributed`` for ranks > 1. So an executor moves data and watches processes, and never imports
+the engine core.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from octavo.step import RunnerOutput, StepBatch, WorkerInfo
+
+
+def resolve_target(target: str) -> Any:
+    """``"pkg.module:attr"`` -> the object (how executors find the worker factory in any process)."""
+    module, _, attr = target.partition(":")
+    obj = importlib.import_module(module)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+class ExecutorError(RuntimeError):
+    """A worker died or failed: the engine cannot go on (the server answers 503 and exits non-zero)."""
+
+
+class Executor:
+    """Runs steps on ``world_size`` workers and returns rank 0's output.
+
+    Contract:
+      - ``worker_info``: set by ``__init__`` (every rank loaded and sized its cache; ``num_blocks`` is the
+        minimum over ranks).
+      - ``execute(batch)``: run one step on every rank; return rank 0's :class:`RunnerOutput`. Raises
+        :class:`ExecutorError` (never hangs) when a worker died or failed.
+      - ``check_health()``: raise :class:`ExecutorError` if a worker is gone (called between steps).
+      - ``shutdown()``: stop every worker; safe to call twice.
+
+    Args:
+        settings: the engine's ``OctavoSettings``.
+        platform: the platform selected in the engine-core process.
+        worker_target: ``"module:function"`` building a worker in the calling process (see module docstring).
+    """
+
+    name: str = ""
+    worker_info: WorkerInfo
+
+    def __init__(self, settings: Any, platform: Any, worker_target: str) -> None:
+        self.settings = settings
+        self.platform = platform
+        self.worker_target = worker_target
+
+    def execute(self, batch: StepBatch) -> RunnerOutput:
+        raise NotImplementedError
+
+    def check_health(self) -> None:
+        pass
+
+    def shutdown(self) -> None:
+        pass
+
+
+def merge_worker_infos(infos: list[WorkerInfo]) -> WorkerInfo:
+    """Rank 0's info with the smallest ``num_blocks`` over ranks (every rank holds its shard of each block)."""
+    info = infos[0]
+    for other in infos[1:]:
+        if (other.block_size, other.max_model_len, other.vocab_size) != (info.block_size, info.max_model_len,
+                                                                           info.vocab_size):
+            raise ExecutorError(f"workers disagree on the cache geometry: {info} vs {other}")
+    info.num_blocks = min(i.num_blocks for i in infos)
+    info.world_size = len(infos)
+    return info
