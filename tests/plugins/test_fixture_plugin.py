@@ -5,6 +5,7 @@ user would after ``pip install``."""
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -15,9 +16,16 @@ FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "octavo-fixture-plu
 PLUGIN, DIST = "fixture", "octavo-fixture-plugin"
 
 
+# pip installs the fixture into a private --target directory, not the shared venv, so other test runs on this
+# machine never see it shadowing `cpu`; every process here gets that directory on PYTHONPATH.
+SITE: list[str] = []
+
+
 def _env(**extra) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in ("OCTAVO_PLUGINS", "OCTAVO_DISABLE_PLUGINS")}
     env.update(extra)
+    paths = [*SITE, extra.get("PYTHONPATH"), os.environ.get("PYTHONPATH")]
+    env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
     return env
 
 
@@ -34,13 +42,16 @@ def plugins_json(**env) -> dict:
 
 
 @pytest.fixture(scope="module", autouse=True)
-def installed():
-    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check"]
-    subprocess.run(pip + ["install", "-q", "--no-deps", "--no-build-isolation", "-e", str(FIXTURE)], check=True)
+def installed(tmp_path_factory):
+    site = tmp_path_factory.mktemp("fixture-site")
+    subprocess.run([sys.executable, "-m", "pip", "--disable-pip-version-check", "install", "-q", "--no-deps",
+                    "--no-build-isolation", "--target", str(site), str(FIXTURE)], check=True, timeout=300)
+    SITE[:] = [str(site)]
     try:
         yield
     finally:
-        subprocess.run(pip + ["uninstall", "-y", "-q", DIST], check=True)
+        SITE.clear()
+        shutil.rmtree(FIXTURE / "build", ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
