@@ -26,6 +26,8 @@ _LAZY = {
     "EmbeddingRequestOutput": "octavo.outputs",
     "Logprob": "octavo.outputs",
     "Platform": "octavo.platform",
+    "ModelHandle": "octavo.platform",
+    "PreparedModel": "octavo.platform",
     "AttentionBackend": "octavo.attention",
     "AttentionLayout": "octavo.attention",
     "ForwardContext": "octavo.model",
