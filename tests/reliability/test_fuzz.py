@@ -50,8 +50,14 @@ def request_bodies(draw, strategies):
     for key, small in SMALL.items():  # keep generation short; huge values are in the corpus
         if isinstance(body.get(key), int) and not isinstance(body.get(key), bool):
             body[key] = draw(small)
-    if path in ("/v1/completions", "/v1/chat/completions") and "max_tokens" not in body:
-        body["max_tokens"] = draw(st.integers(1, 3))
+    if path in ("/v1/completions", "/v1/chat/completions"):
+        # an absent or null length would generate up to max_model_len: always a few tokens
+        for key in ("max_tokens", "max_completion_tokens") if "chat" in path else ("max_tokens",):
+            if body.get(key) is None:
+                body[key] = draw(st.integers(1, 3))
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
+            body["prompt"] = prompt[:2]  # at most two prompts per request
     body.pop("model", None)
     return path, body
 
