@@ -5,7 +5,10 @@ device, so ``forward`` never syncs). Per layer, ``forward``:
 
 1. writes the new K/V into the paged cache: ``cache[0].view(num_slots, kv_heads, d)[slot_mapping] = k``;
 2. decode requests (the leading ``num_decode_reqs``, one new token each) attend together: one padded gather
-   of every request's context ``[D, L, kv_heads, d]``, a masked matmul, float32 softmax;
+   of every request's context ``[D, L, kv_heads, d]``, a masked matmul, float32 softmax. The gather copies
+   whole blocks (``index_select`` over the block ids, ``L`` rounded up to whole blocks; past a request's
+   last block its own last block repeats, masked) rather than one slot per position: on a CPU that is ~3x
+   faster than advanced indexing of slots, and the attended values are identical;
 3. every other request (prefill chunks, on top of a cached prefix or not) gathers its own context and runs
    ``scaled_dot_product_attention`` with a mask where query ``i`` (position ``num_computed + i``) sees context
    positions ``<= num_computed + i`` (and, with a sliding window, ``> num_computed + i - window``).
@@ -44,9 +47,9 @@ class PrefillItem:
 class TorchSDPAMetadata:
     slot_mapping: torch.Tensor  # int64 [num_tokens]
     num_decodes: int
-    decode_slots: torch.Tensor | None  # int64 [D, L] context slots of each decode request (padded)
+    decode_blocks: torch.Tensor | None  # int64 [D * B] the first B blocks of each decode request (padded)
     decode_seq_lens: torch.Tensor | None  # int64 [D, 1]
-    decode_k_pos: torch.Tensor | None  # int64 [1, L]
+    decode_k_pos: torch.Tensor | None  # int64 [1, L = B * block_size] position of each gathered row
     prefills: list[PrefillItem]
     # per-step cache of masks by sliding window (all layers of one window share them)
     masks: dict[Any, Any] = field(default_factory=dict)
@@ -76,17 +79,15 @@ class TorchSDPABackend(AttentionBackend):
         qsl = layout.query_start_loc.tolist()
         tables = layout.block_tables
         num_decodes = layout.num_decode_reqs
-        decode_slots = decode_seq_lens = decode_k_pos = None
+        decode_blocks = decode_seq_lens = decode_k_pos = None
         if num_decodes:
-            max_len = max(seq_lens[:num_decodes])
-            pos = torch.arange(max_len, dtype=torch.int64)
+            num_blocks = -(-max(seq_lens[:num_decodes]) // bs)
             lens = torch.tensor(seq_lens[:num_decodes], dtype=torch.int64)
-            # padded positions point at slot 0 of their own first block; the mask hides them
-            safe = torch.minimum(pos[None, :], (lens - 1)[:, None])  # [D, L]
-            blocks = torch.gather(tables[:num_decodes].to(torch.int64), 1, safe // bs)
-            decode_slots = (blocks * bs + safe % bs).to(device)
+            # blocks past a request's last one repeat its last block; the mask hides them
+            idx = torch.minimum(torch.arange(num_blocks, dtype=torch.int64)[None, :], ((lens - 1) // bs)[:, None])
+            decode_blocks = torch.gather(tables[:num_decodes].to(torch.int64), 1, idx).reshape(-1).to(device)
             decode_seq_lens = lens[:, None].to(device)
-            decode_k_pos = pos[None, :].to(device)
+            decode_k_pos = torch.arange(num_blocks * bs, dtype=torch.int64)[None, :].to(device)
         prefills = []
         for i in range(num_decodes, layout.num_reqs):
             seq_len, start = seq_lens[i], num_computed[i]
@@ -95,7 +96,7 @@ class TorchSDPABackend(AttentionBackend):
                                         q_pos[:, None].to(device),
                                         torch.arange(seq_len, dtype=torch.int64)[None, :].to(device)))
         return TorchSDPAMetadata(layout.slot_mapping.to(device=device, dtype=torch.int64), num_decodes,
-                                 decode_slots, decode_seq_lens, decode_k_pos, prefills)
+                                 decode_blocks, decode_seq_lens, decode_k_pos, prefills)
 
     def _allowed(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
         """Boolean ``[.., q, k]`` mask: causal, and inside the sliding window when there is one."""
@@ -113,18 +114,21 @@ class TorchSDPABackend(AttentionBackend):
         out = torch.empty_like(query)
         group = self.num_heads // self.num_kv_heads
         if metadata.num_decodes:
-            out[: metadata.num_decodes] = self._decode(query[: metadata.num_decodes], k_cache, v_cache, metadata,
-                                                       group)
+            out[: metadata.num_decodes] = self._decode(query[: metadata.num_decodes], kv_cache, metadata, group)
         for item in metadata.prefills:
             out[item.q_start:item.q_end] = self._prefill(query[item.q_start:item.q_end], k_cache, v_cache, item,
                                                          metadata, group)
         return out
 
-    def _decode(self, q, k_cache, v_cache, md: TorchSDPAMetadata, group: int) -> torch.Tensor:
+    def _decode(self, q, kv_cache, md: TorchSDPAMetadata, group: int) -> torch.Tensor:
         num_decodes = q.shape[0]
-        # the cache may have its own dtype (kv_cache_dtype); attend in the query's
-        k = k_cache[md.decode_slots].to(q.dtype).transpose(1, 2)  # [D, kv_heads, L, d]
-        v = v_cache[md.decode_slots].to(q.dtype).transpose(1, 2)
+        ctx_len = md.decode_k_pos.shape[1]
+        # whole blocks [D * B, block_size, kv_heads, d] -> [D, kv_heads, L, d]; the cache may have its own
+        # dtype (kv_cache_dtype): attend in the query's
+        k = kv_cache[0].index_select(0, md.decode_blocks).view(num_decodes, ctx_len, self.num_kv_heads,
+                                                               self.head_size).to(q.dtype).transpose(1, 2)
+        v = kv_cache[1].index_select(0, md.decode_blocks).view(num_decodes, ctx_len, self.num_kv_heads,
+                                                               self.head_size).to(q.dtype).transpose(1, 2)
         qg = q.view(num_decodes, self.num_kv_heads, group, self.head_size)  # [D, kv_heads, g, d]
         if self.logits_soft_cap:
             allowed = self._mask(md, "decode", lambda: self._allowed(md.decode_seq_lens - 1, md.decode_k_pos))
@@ -135,7 +139,7 @@ class TorchSDPABackend(AttentionBackend):
         else:
             # additive mask [D, 1, 1, L], built once per step and window, shared by all layers
             bias = self._mask(md, ("decode-bias", q.dtype), lambda: torch.zeros(
-                md.decode_slots.shape, dtype=q.dtype, device=q.device).masked_fill(
+                (num_decodes, ctx_len), dtype=q.dtype, device=q.device).masked_fill(
                 ~self._allowed(md.decode_seq_lens - 1, md.decode_k_pos), float("-inf"))[:, None, None, :])
             out = F.scaled_dot_product_attention(qg, k, v, attn_mask=bias, scale=self.scale)
         return out.reshape(num_decodes, self.num_heads, self.head_size)
@@ -150,8 +154,8 @@ class TorchSDPABackend(AttentionBackend):
     def _prefill(self, q, k_cache, v_cache, item: PrefillItem, md: TorchSDPAMetadata, group: int) -> torch.Tensor:
         allowed = self._mask(md, id(item), lambda: self._allowed(item.q_pos, item.k_pos))  # [q_len, seq_len]
         qh = q.transpose(0, 1)  # [heads, q_len, d]
-        kh = k_cache[item.slots].to(q.dtype).transpose(0, 1)  # [kv_heads, seq_len, d]
-        vh = v_cache[item.slots].to(q.dtype).transpose(0, 1)
+        kh = k_cache.index_select(0, item.slots).to(q.dtype).transpose(0, 1)  # [kv_heads, seq_len, d]
+        vh = v_cache.index_select(0, item.slots).to(q.dtype).transpose(0, 1)
         if self.logits_soft_cap:
             kh = kh.float().repeat_interleave(group, dim=0)  # [heads, seq_len, d]
             scores = torch.matmul(qh.float(), kh.transpose(1, 2)) * self.scale  # [heads, q_len, seq_len]

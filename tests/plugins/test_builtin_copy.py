@@ -173,7 +173,9 @@ def test_end_to_end_generation_through_the_copy(copycat):
     assert text.strip(), "the generation is empty"
     start = json.loads((copycat["src"] / "start.json").read_text())
     assert start["platform"] == "cpu" and start["attention_backend"] == "torch_sdpa"
-    assert start["dtype"] == "float32" and start["num_kv_blocks"] > 0 and start["block_size"] > 0
+    from octavo.plugins.platforms.cpu import CpuPlatform  # the copy's default: bf16 where native, else fp32
+
+    assert start["dtype"] == CpuPlatform().default_dtype() and start["num_kv_blocks"] > 0 and start["block_size"] > 0
     assert start["quantization"] == "gguf"  # the embedded SmolLM2 is a GGUF checkpoint
     assert "platform cpu (chosen by the built-in default)" in proc.stderr
     assert "engine start: platform cpu" in proc.stderr

@@ -28,3 +28,9 @@ def test_dtypes_follow_cpu_flags():
     assert dtypes[0] == "float32"
     assert ("bfloat16" in dtypes) == bool(flags & {"avx512_bf16", "amx_bf16", "bf16"})
     assert ("float16" in dtypes) == bool(flags & {"avx512_fp16", "amx_fp16", "asimdhp"})
+
+
+def test_default_dtype_is_bf16_only_where_native():
+    native = bool(cpu_flags() & {"avx512_bf16", "amx_bf16", "bf16"})
+    assert CpuPlatform().default_dtype() == ("bfloat16" if native else "float32")
+    assert CpuPlatform().default_dtype() in CpuPlatform().supported_dtypes()
