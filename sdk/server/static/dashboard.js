@@ -67,11 +67,12 @@
     base.setAttribute("class", "base");
     base.setAttribute("x1", "0"); base.setAttribute("x2", "120"); base.setAttribute("y1", "39.5"); base.setAttribute("y2", "39.5");
     const paths = series.map((values, n) => {
-      const offset = KEEP - values.length;
+      const span = Math.min(KEEP, Math.max(30, values.length));  // the first 30 s fill the width faster
+      const offset = span - values.length;
       let d = "";
       values.forEach((v, i) => {
         if (v === null || !Number.isFinite(v)) return;
-        const x = ((offset + i) / (KEEP - 1)) * 120;
+        const x = ((offset + i) / (span - 1)) * 120;
         const y = 38 - (v / max) * 35;
         d += (d ? " L" : "M") + x.toFixed(1) + " " + y.toFixed(1);
       });
