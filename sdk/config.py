@@ -109,8 +109,9 @@ class SchedulerSettings(_Section):
 class ParallelSettings(_Section):
     tensor_parallel_size: int = Field(1, ge=1, description="Devices a layer's weights are split across.")
     pipeline_parallel_size: int = Field(1, ge=1, description="Pipeline stages (layers split across devices).")
-    distributed_executor_backend: Literal["uni", "mp", "ray"] | None = Field(
-        None, description="uni: in-process; mp: one process per device; ray: several machines.")
+    distributed_executor_backend: str | None = Field(
+        None, description="A registered executor (`octavo plugins`): uni: in-process; mp: one process per device "
+        "on this host. None: uni for one rank, mp for several.")
 
 
 class ServerSettings(_Section):
