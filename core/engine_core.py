@@ -27,6 +27,7 @@ from octavo.core.messages import (
 from octavo.core.request import Request
 from octavo.core.scheduler import Scheduler
 from octavo.core.step_builder import StepBuilder
+from octavo.core.structured_output import StructuredOutputManager
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +46,7 @@ class EngineCore:
                                  sliding_window=info.sliding_window)
         self.scheduler = Scheduler(settings, self.kv, self.max_model_len)
         self.steps = StepBuilder()
+        self.structured = StructuredOutputManager(settings, info.vocab_size, info.eos_token_ids)
         self.max_logprobs = settings.scheduler.max_logprobs
         # prompt logprobs are gathered chunk by chunk and sent once, when the prompt is done
         self._prompt_lp: dict[str, dict[int, TokenLogprobs]] = {}
@@ -90,7 +92,9 @@ class EngineCore:
             raise ValueError(f"request id {req.request_id!r} is already running; use a unique id.")
         room = self.max_model_len - n
         max_tokens = room if p.max_tokens is None else min(p.max_tokens, room)
-        self.scheduler.add_request(Request(req, max_tokens))
+        request = Request(req, max_tokens)
+        self.structured.add_request(request)  # validates now, compiles on its own thread
+        self.scheduler.add_request(request)
 
     def abort_requests(self, request_ids: list[str]) -> list[EngineCoreOutput]:
         outs = self.scheduler.abort(request_ids)
@@ -110,13 +114,19 @@ class EngineCore:
         sched_out = self.scheduler.schedule()
         early = [EngineCoreOutput(r.request_id, [], finish_reason=r.finish_reason)
                  for r in self.scheduler.finished_out_of_cache]
+        for req, why in self.structured.pop_failed(self.scheduler.waiting):  # grammar failed to compile
+            self.scheduler._finish(req, FinishReason.ERROR)
+            early.append(EngineCoreOutput(req.request_id, [], finish_reason=FinishReason.ERROR, error=why))
         if early:
             self.scheduler.finished_out_of_cache.clear()
             self.steps.forget([o.request_id for o in early])
         if sched_out.is_empty:
             return EngineCoreOutputs(early, self.get_stats(), time.monotonic())
-        result = self.executor.execute(self.steps.build(sched_out))
+        batch = self.steps.build(sched_out)
+        self.structured.attach_bitmasks(sched_out, batch)
+        result = self.executor.execute(batch)
         updates = self.scheduler.update(sched_out, _one_token_each(result.sampled))
+        self.structured.accept_tokens(updates)
         outputs, finished = early, []
         for req, token in updates:
             rid = req.request_id
@@ -157,6 +167,7 @@ class EngineCore:
         self.executor.check_health()
 
     def shutdown(self) -> None:
+        self.structured.shutdown()
         try:
             self.pm.hook.octavo_on_engine_shutdown(settings=self.settings)
         finally:  # a plugin that raises must not keep the workers alive

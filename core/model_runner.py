@@ -12,6 +12,7 @@ import torch
 from octavo.core.input_batch import CachedRequestState, StepInputs, build_sampling_batch, build_step_inputs
 from octavo.core.messages import TokenLogprobs
 from octavo.core.sampler import Sampler, compute_logprobs, gather_logprobs
+from octavo.core.structured_output import apply_bitmask
 from octavo.model import ForwardContext
 from octavo.step import PromptLogprobs, RunnerOutput, StepBatch
 
@@ -85,6 +86,10 @@ class ModelRunner:
         pending = {}
         if inputs.sample_req_ids:
             logits = self.model.compute_logits(hidden[inputs.logits_indices])
+            masks = {s.request_id: s.grammar_bitmask for s in batch.scheduled if s.grammar_bitmask is not None}
+            if masks:  # structured outputs: the engine core computed which tokens each row may take
+                rows = [i for i, rid in enumerate(inputs.sample_req_ids) if rid in masks]
+                logits = apply_bitmask(logits, rows, [masks[inputs.sample_req_ids[i]] for i in rows])
             sample_reqs = [reqs[rid] for rid in inputs.sample_req_ids]
             batch = build_sampling_batch(sample_reqs, self.vocab_size, self.device, self.generators)
             so = self.sampler(logits, batch)

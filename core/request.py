@@ -41,6 +41,12 @@ class Request:
         self.stop_reason: int | str | None = None
         self.num_preemptions = 0
         self.prompt_logprobs_sent = False
+        self.grammar = None  # structured outputs: a core.structured_output.RequestGrammar, set by the engine core
+
+    @property
+    def grammar_ready(self) -> bool:
+        """False while this request's grammar is still compiling (the scheduler leaves it waiting)."""
+        return self.grammar is None or self.grammar.future.done()
 
     @property
     def num_prompt_tokens(self) -> int:

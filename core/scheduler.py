@@ -130,7 +130,9 @@ class Scheduler:
         # Admit waiting requests only when nothing had to be preempted: a fresh admission would just be
         # the next victim.
         while not preempted and self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
-            req = self.waiting[0]
+            req = next((r for r in self.waiting if r.grammar_ready), None)  # grammars compile off this loop
+            if req is None:
+                break
             hits, num_hit_tokens = self.kv.get_computed_blocks(req)
             num_new = req.num_tokens - num_hit_tokens
             if num_new > budget and (req.pooling or not self.chunked_prefill):
@@ -138,7 +140,7 @@ class Scheduler:
             num_new = min(num_new, budget)
             if not self.kv.allocate_slots(req, num_new, hits):
                 break
-            self.waiting.pop(0)
+            self.waiting.remove(req)
             if req.num_cached_tokens < 0:
                 req.num_cached_tokens = num_hit_tokens
                 self.stats.prefix_cache_queries += req.num_tokens

@@ -60,6 +60,8 @@ class ScheduledRequestData(msgspec.Struct, array_like=True, omit_defaults=True):
     num_computed_tokens: int  # tokens whose K/V are already in the cache
     block_ids: list[int]
     samples: bool = False  # this step reaches the end of the known tokens: sample (or pool) one more
+    # structured outputs: packed int32 bitmask of the tokens allowed next (filled by the engine core)
+    grammar_bitmask: bytes | None = None
 
 
 class StepBatch(msgspec.Struct, array_like=True, omit_defaults=True):

@@ -179,10 +179,7 @@ class ChatCompletionRequest(_Sampling):
         return msgs
 
     def to_sampling_params(self) -> SamplingParams:
-        if self.response_format and self.response_format.get("type", "text") != "text":
-            raise ValueError("response_format other than {'type': 'text'} is not supported yet")
-        if self.tool_choice not in (None, "none", "auto"):
-            raise ValueError("tool_choice other than 'none' or 'auto' is not supported yet")
+        # response_format, tools and tool_choice are read by octavo.server.structured / tool_calls
         if self.top_logprobs and not self.logprobs:
             raise ValueError("top_logprobs needs logprobs=true")
         max_tokens = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens

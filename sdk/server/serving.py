@@ -20,6 +20,8 @@ from octavo.server.errors import classify
 from octavo.server.errors import stream_error as _stream_error
 from octavo.server.offload import run_bounded
 from octavo.server.protocol import ChatCompletionRequest, CompletionRequest
+from octavo.server.structured import structured_outputs_for
+from octavo.server.tool_calls import ToolPlan
 
 RENDER_TIMEOUT_S = 10.0  # a chat template render (or a prompt's tokenization) longer than this is a 400
 
@@ -170,6 +172,7 @@ class OpenAIServing:
     # ------------------------------------------------------------------------------------ completions
     async def completions(self, req: CompletionRequest, request_id: str) -> dict | AsyncIterator[str]:
         params = self.sampling_params(req)
+        params.structured_outputs = structured_outputs_for(req, self.engine.settings.scheduler.structured_outputs_backend)
         if req.echo and req.logprobs is not None and params.prompt_logprobs is None:
             params.prompt_logprobs = req.logprobs
         prompts = req.prompts()
@@ -252,23 +255,29 @@ class OpenAIServing:
     # ------------------------------------------------------------------------------------ chat
     async def chat(self, req: ChatCompletionRequest, request_id: str) -> dict | AsyncIterator[str]:
         params = self.sampling_params(req)
+        plan = ToolPlan.from_request(req, self.engine.settings, self.tokenizer)  # tools, tool_choice, reasoning
+        params.structured_outputs = structured_outputs_for(
+            req, self.engine.settings.scheduler.structured_outputs_backend, plan.constraint)
+        params.skip_special_tokens = params.skip_special_tokens and not plan.needs_special_tokens
         text, ids = await self.render_chat(
             req, add_generation_prompt=req.add_generation_prompt, continue_final_message=req.continue_final_message,
-            tools=req.tools, chat_template_kwargs=req.chat_template_kwargs)
+            tools=plan.template_tools, chat_template_kwargs=req.chat_template_kwargs)
         gens = self._submit([({"prompt_token_ids": ids, "prompt": text}, request_id)], params, req.priority)
         created = int(time.time())
         k = req.top_logprobs or 0
         if req.stream:
-            return self._chat_stream(req, request_id, created, gens, k)
+            return self._chat_stream(req, request_id, created, gens, k, plan)
         final = None
         async for _, out in merge(gens):
             final = out
         choices, n_gen = [], 0
         for c in sorted(final.outputs, key=lambda c: c.index):
             n_gen += len(c.token_ids)
-            choice = {"index": c.index, "message": {"role": "assistant", "content": c.text},
+            message, called = plan.reader().message(c.text)
+            choice = {"index": c.index, "message": message,
                       "logprobs": {"content": _chat_logprobs(c.logprobs, c.token_ids, k)} if req.logprobs else None,
-                      "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}
+                      "finish_reason": "tool_calls" if called and c.finish_reason == "stop" else c.finish_reason,
+                      "stop_reason": c.stop_reason}
             if req.return_token_ids:
                 choice["token_ids"] = c.token_ids
             choices.append(choice)
@@ -279,9 +288,10 @@ class OpenAIServing:
         return resp
 
     async def _chat_stream(self, req: ChatCompletionRequest, request_id: str, created: int, gens: list,
-                           k: int) -> AsyncIterator[str]:
+                           k: int, plan: ToolPlan) -> AsyncIterator[str]:
         base = {"id": request_id, "object": "chat.completion.chunk", "created": created, "model": self.model_name}
         started: set[int] = set()
+        readers: dict[int, Any] = {}  # choice index -> ChoiceReader (content / reasoning / tool-call deltas)
         n_prompt = n_gen = 0
         try:
             async for _, out in merge(gens):
@@ -295,15 +305,22 @@ class OpenAIServing:
                     n_gen += len(c.token_ids)
                     if not c.text and not c.token_ids and c.finish_reason is None:
                         continue
-                    choice = {"index": c.index, "delta": {"content": c.text} if c.text else {},
-                              "logprobs": {"content": _chat_logprobs(c.logprobs or [], c.token_ids, k)}
-                              if req.logprobs else None,
-                              "finish_reason": c.finish_reason}
-                    if c.finish_reason is not None:
-                        choice["stop_reason"] = c.stop_reason
-                    if req.return_token_ids:
-                        choice["token_ids"] = c.token_ids
-                    yield _sse({**base, "choices": [choice]})
+                    reader = readers.setdefault(c.index, plan.reader())
+                    deltas = reader.deltas(c.text, final=c.finish_reason is not None) or [{}]
+                    for j, delta in enumerate(deltas):
+                        first, last = j == 0, j == len(deltas) - 1
+                        finish = c.finish_reason if last else None
+                        if finish == "stop" and reader.called_tools:
+                            finish = "tool_calls"
+                        choice = {"index": c.index, "delta": delta,
+                                  "logprobs": {"content": _chat_logprobs(c.logprobs or [], c.token_ids, k)}
+                                  if req.logprobs and first else None,
+                                  "finish_reason": finish}
+                        if finish is not None:
+                            choice["stop_reason"] = c.stop_reason
+                        if req.return_token_ids and first:
+                            choice["token_ids"] = c.token_ids
+                        yield _sse({**base, "choices": [choice]})
             if req.include_usage:
                 yield _sse({**base, "choices": [], "usage": _usage(n_prompt, n_gen)})
         except Exception as e:  # noqa: BLE001 - the status line is gone; report in-band

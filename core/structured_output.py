@@ -1,0 +1,194 @@
+"""Structured outputs on the engine-core side: compile grammars off the step loop, keep one matcher per
+request, and fill each step's token bitmask on the host (vLLM V1's split: the scheduler's process owns all
+grammar state and ships a packed bitmask with the step, so workers hold none).
+
+    add_request ──submit──▶ compile thread (cached by (kind, spec)) ──▶ Future[compiled]
+    schedule(): a waiting request is admitted only once its grammar is ready (nothing else waits)
+    after schedule: for each sampling row with a grammar -> matcher.fill_bitmask(row)  ──▶ StepBatch
+    update(): matcher.accept_token(token) for every sampled token
+
+A preempted request keeps its matcher (its output tokens are kept too, so the state stays right). With a
+reasoning parser, a request's grammar starts after the reasoning end marker (``</think>``) appears in its
+prompt or output; the matcher then replays the output after the marker.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+
+class RequestGrammar:
+    """One request's grammar: the compile future, its matcher once built, where the grammar starts."""
+
+    __slots__ = ("future", "matcher", "start", "failed")
+
+    def __init__(self, future: Future) -> None:
+        self.future = future
+        self.matcher = None
+        self.start: int | None = None  # index in output_token_ids where the grammar begins (None: not yet)
+        self.failed: str | None = None
+
+
+def _find(seq: list[int], sub: list[int], start: int = 0) -> int:
+    """Index just after the first occurrence of ``sub`` in ``seq[start:]``, or -1."""
+    n = len(sub)
+    for i in range(max(start, 0), len(seq) - n + 1):
+        if seq[i:i + n] == sub:
+            return i + n
+    return -1
+
+
+class StructuredOutputManager:
+    """Owns the backend, the compile thread and the compiled-grammar cache of one engine core.
+
+    Args:
+        settings: engine settings (``structured_outputs_backend``, ``reasoning_parser``, the model's tokenizer).
+        vocab_size: the logits width (bitmask columns).
+        eos_token_ids: the model's end-of-sequence ids (allowed once a grammar is complete).
+    """
+
+    def __init__(self, settings: Any, vocab_size: int, eos_token_ids: list[int]) -> None:
+        self.settings = settings
+        self.vocab_size = vocab_size
+        self.eos_token_ids = eos_token_ids
+        self.backend_name = settings.scheduler.structured_outputs_backend
+        self._backend = None
+        self._backend_lock = threading.Lock()
+        self._pool: ThreadPoolExecutor | None = None
+        self._cache: dict[tuple[str, str], Future] = {}
+        self._reasoning_end: list[int] | None = None
+        self._reasoning_name = settings.server.reasoning_parser
+        self._num_words = (vocab_size + 31) // 32
+
+    # ---- compile -------------------------------------------------------------------------------
+    def _get_backend(self):
+        with self._backend_lock:
+            if self._backend is None:
+                from octavo.core.loader import load_tokenizer
+                from octavo.core.plugin_manager import get_plugin_manager
+
+                tokenizer = load_tokenizer(self.settings.model)
+                if tokenizer is None:
+                    raise ValueError("structured outputs need a tokenizer; this engine has skip_tokenizer_init=True")
+                pm = get_plugin_manager()
+                cls = pm.resolve("structured_output_backends", self.backend_name)
+                if not cls.is_available():
+                    raise ValueError(f"structured-output backend {self.backend_name!r} is not installed here; "
+                                     "pip install octavo[structured]")
+                if self._reasoning_name:
+                    parser = pm.resolve("reasoning_parsers", self._reasoning_name)
+                    self._reasoning_end = list(tokenizer(parser.end_token, add_special_tokens=False).input_ids)
+                self._backend = cls(tokenizer, self.vocab_size)
+            return self._backend
+
+    def _compile(self, params: Any) -> Any:
+        return self._get_backend().compile(params)
+
+    def add_request(self, req: Any) -> None:
+        """Check the request's grammar now (a ``ValueError`` naming the field fails only this request) and
+        start compiling it on the grammar thread (cached by spec); no-op without structured outputs."""
+        params = req.sampling_params.structured_outputs
+        if params is None:
+            return
+        key = params.key()
+        fut = self._cache.get(key)
+        if fut is None or (fut.done() and fut.exception() is not None):
+            from octavo.core.plugin_manager import get_plugin_manager
+
+            get_plugin_manager().resolve("structured_output_backends", self.backend_name).validate(params)
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="octavo-grammar")
+            fut = self._cache[key] = self._pool.submit(self._compile, params)
+        req.grammar = RequestGrammar(fut)
+
+    def pop_failed(self, reqs: list[Any]) -> list[tuple[Any, str]]:
+        """Waiting requests whose grammar failed to compile, with the reason (the engine fails them)."""
+        out = []
+        for req in reqs:
+            g = req.grammar
+            if g is not None and g.failed is None and g.future.done() and g.future.exception() is not None:
+                e = g.future.exception()
+                g.failed = f"structured_outputs.{req.sampling_params.structured_outputs.kind}: {e}"
+                out.append((req, g.failed))
+        return out
+
+    # ---- per step --------------------------------------------------------------------------------
+    def _active(self, req: Any):
+        """The request's matcher if its grammar applies at this point of the output, else None."""
+        g = req.grammar
+        if g is None or g.failed is not None or not g.future.done():
+            return None
+        if g.start is None:
+            if self._reasoning_name:
+                self._get_backend()  # resolves the reasoning end marker
+                end = self._reasoning_end
+                if _find(req.prompt_token_ids, end) < 0:
+                    pos = _find(req.output_token_ids, end)
+                    if pos < 0:
+                        return None
+                    g.start = pos
+                else:
+                    g.start = 0
+            else:
+                g.start = 0
+        if g.matcher is None:
+            g.matcher = self._get_backend().matcher(g.future.result())
+            for tok in req.output_token_ids[g.start:]:
+                g.matcher.accept_token(tok)
+        return g.matcher
+
+    def attach_bitmasks(self, sched_out: Any, batch: Any) -> None:
+        """Fill the packed bitmask of every request that samples this step under a grammar, into its
+        ``ScheduledRequestData`` (``batch.scheduled`` is in ``sched_out.scheduled``'s order)."""
+        rows = [(i, m) for i, s in enumerate(sched_out.scheduled)
+                if s.req.grammar is not None and s.samples and (m := self._active(s.req)) is not None]
+        if not rows:
+            return
+        import torch
+
+        bitmask = torch.full((len(rows), self._num_words), -1, dtype=torch.int32)
+        for j, (_, m) in enumerate(rows):
+            m.fill_bitmask(bitmask, j)
+        data = bitmask.numpy()
+        for j, (i, _) in enumerate(rows):
+            batch.scheduled[i].grammar_bitmask = data[j].tobytes()
+
+    def accept_tokens(self, updates: list[tuple[Any, int | None]]) -> None:
+        """Advance each request's matcher by the token it just got (``Scheduler.update``'s result)."""
+        for req, token in updates:
+            g = req.grammar
+            if g is None or token is None:
+                continue
+            if g.matcher is None:
+                if g.start is None and self._reasoning_name:
+                    self._active(req)  # the grammar starts right after the token that ended the reasoning
+                continue
+            if not g.matcher.is_terminated() and not g.matcher.accept_token(token):
+                logger.warning("request %s: token %d breaks its grammar", req.request_id, token)
+
+    def shutdown(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def apply_bitmask(logits: Any, rows: list[int], masks: list[bytes]) -> Any:
+    """Set the logits of disallowed tokens to -inf on the given rows (worker side; no grammar state).
+
+    ``masks[i]`` is row ``rows[i]``'s packed int32 bitmask: bit ``t % 32`` of word ``t // 32`` allows token ``t``.
+    """
+    import numpy as np
+    import torch
+
+    vocab = logits.shape[-1]
+    packed = torch.from_numpy(np.frombuffer(b"".join(masks), dtype=np.int32).reshape(len(masks), -1).copy())
+    packed = packed.to(logits.device, non_blocking=True)
+    shifts = torch.arange(32, device=logits.device, dtype=torch.int32)
+    allowed = ((packed.unsqueeze(-1) >> shifts) & 1).bool().reshape(len(masks), -1)[:, :vocab]  # [n, V]
+    idx = torch.tensor(rows, device=logits.device)
+    logits[idx] = logits[idx].masked_fill(~allowed, float("-inf"))
+    return logits
