@@ -107,6 +107,15 @@ class Quantizer(ABC):
     def get_linear_method(self, layer_prefix: str) -> LinearMethod | None:
         """The method for the linear layer at ``layer_prefix``, or None to leave it unquantized."""
 
+    def get_lm_head_method(self) -> LinearMethod | None:
+        """A method for the LM head (``ParallelLMHead``), or None to keep it dense (the default).
+
+        The head keeps its dense weight (a tied head shares it with the embedding lookup); the method's
+        ``process_weights_after_loading`` builds its own copy from ``layer.weight`` and ``apply`` computes
+        the logits from it.
+        """
+        return None
+
     # ------------------------------------------------------------------ used by the loader
     def part_prefixes(self, layer_prefix: str) -> list[str]:
         """The checkpoint modules a (possibly fused) layer is made of: ``qkv_proj`` -> ``[q_proj, k_proj, v_proj]``."""
@@ -177,6 +186,12 @@ def quantization_scope(quantizer: Quantizer | None, packed_modules_mapping: dict
         yield scope.methods
     finally:
         _SCOPE.reset(token)
+
+
+def lm_head_method() -> LinearMethod | None:
+    """The LM-head method of the active quantizer (None: dense logits, or no scope)."""
+    scope = _SCOPE.get()
+    return scope.quantizer.get_lm_head_method() if scope is not None else None
 
 
 def linear_method_for(prefix: str) -> LinearMethod | None:

@@ -12,7 +12,9 @@ blocks) and this quantizer repacks it once for the CPU/CUDA kernels:
 
 A fused layer (``qkv_proj``) takes int4 only if all its parts are 4-bit types (Q4_K_M files store
 ``attn_v`` as Q6_K, so their ``qkv_proj`` is int8). Layers whose parts are all plain floats stay dense.
-Embeddings and norms are dequantized by the loader as before (they are not linear layers).
+Embeddings and norms are dequantized by the loader as before (they are not linear layers); when the
+head (``output``, or the tied ``token_embd``) is quantized in the file, logits come from an int8 copy of
+it (rounded per row from the dequantized values).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from octavo.plugins.quant.kernels import Int4GroupMethod, Int8RowMethod, quantize_int8
+from octavo.plugins.quant.kernels import Int4GroupMethod, Int8LMHeadMethod, Int8RowMethod, quantize_int8
 from octavo.quant import GGUFBlocks, LinearMethod, Quantizer
 
 Q4_0, Q4_1, Q8_0, Q4_K = 2, 3, 8, 12
@@ -131,6 +133,11 @@ class GGUFQuantizer(Quantizer):
         if "tensor_types" not in hf_quant_config:
             raise ValueError("quantization='gguf' needs a .gguf checkpoint (its tensor types); this is not one")
         return cls(dict(hf_quant_config["tensor_types"]))
+
+    def get_lm_head_method(self) -> LinearMethod | None:
+        """An int8 head when the file stores it quantized (``output``, or the tied ``token_embd``)."""
+        head = self.tensor_types.get("lm_head", self.tensor_types.get("model.embed_tokens"))
+        return Int8LMHeadMethod() if head is not None and head not in FLOAT_TYPES else None
 
     def get_linear_method(self, layer_prefix: str) -> LinearMethod | None:
         parts = self.part_prefixes(layer_prefix)

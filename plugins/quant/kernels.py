@@ -144,3 +144,22 @@ class Int8RowMethod(LinearMethod):
         y = torch.ops.aten._weight_int8pack_mm(x2, layer.qweight, layer.scales)
         y = y.to(x.dtype).reshape(*shape[:-1], -1)  # [..., N]
         return y + bias if bias is not None else y
+
+
+class Int8LMHeadMethod(Int8RowMethod):
+    """Logits from an int8 copy of the LM head (the dense weight stays for a tied embedding's lookup)."""
+
+    def create_weights(self, layer, input_size, output_sizes, params_dtype):
+        raise TypeError("Int8LMHeadMethod quantizes an existing head in process_weights_after_loading")
+
+    def process_weights_after_loading(self, layer):
+        qweight, scales = quantize_int8(layer.weight.data)
+        layer.register_buffer("logits_qweight", qweight, persistent=False)
+        layer.register_buffer("logits_scales", scales.to(_COMPUTE_DTYPE), persistent=False)
+
+    def apply(self, layer, x, bias=None):
+        shape = x.shape
+        x2 = x.reshape(-1, shape[-1]).to(_COMPUTE_DTYPE)  # [m, hidden]
+        y = torch.ops.aten._weight_int8pack_mm(x2, layer.logits_qweight, layer.logits_scales)
+        y = y.float().reshape(*shape[:-1], -1)  # [..., vocab]
+        return y + bias if bias is not None else y

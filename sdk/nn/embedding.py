@@ -62,6 +62,13 @@ class ParallelLMHead(VocabParallelEmbedding):
             set_weight_attrs(self.bias, weight_loader=self._bias_loader, output_dim=0)
         else:
             self.register_parameter("bias", None)
+        from octavo.quant import lm_head_method  # a quantizer may compute logits from its own copy
+
+        self.logits_method = lm_head_method()
+
+    def process_weights_after_loading(self) -> None:
+        if self.logits_method is not None:
+            self.logits_method.process_weights_after_loading(self)
 
     def _bias_loader(self, param, loaded, shard_id=None):
         rows = loaded[self.vocab_start:self.vocab_start + self.shard_size]
@@ -75,7 +82,10 @@ class ParallelLMHead(VocabParallelEmbedding):
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """``[n, hidden] -> [n, num_embeddings]`` float32 logits, gathered over ranks."""
-        logits = F.linear(hidden_states, self.weight, self.bias)
+        if self.logits_method is not None:
+            logits = self.logits_method.apply(self, hidden_states, self.bias)
+        else:
+            logits = F.linear(hidden_states, self.weight, self.bias)
         logits = tp_all_gather(logits)
         return logits[..., : self.num_embeddings].float()
 

@@ -1,0 +1,113 @@
+"""Batch-1 CPU decode of the embedded SmolLM2 GGUF: 4-bit weights (``gguf`` quantizer) vs fp32 / bf16 dense.
+
+Side by side in one process: each variant is loaded once, then rounds of decode steps alternate between the
+variants, so machine noise hits all of them alike; the median step time per variant is reported.
+
+    python benchmarks/quant_cpu_decode.py [--steps 32] [--rounds 5] [--threads N] [--e2e]
+
+``--e2e`` also times ``LLM.generate`` (batch 1, 64 tokens) per variant. Writes
+``benchmarks/results/quant_cpu_decode.json`` with the CPU model, its ISA flags, the date and the command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+VARIANTS = {"gguf-4bit": (None, torch.float32), "fp32": ("none", torch.float32), "bf16": ("none", torch.bfloat16)}
+
+
+def cpu_info() -> dict:
+    out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+    fields = dict(line.split(":", 1) for line in out.splitlines() if ":" in line)
+    flags = fields.get("Flags", "").split()
+    isa = [f for f in ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8") if f in flags]
+    return {"model": fields.get("Model name", "").strip(), "cpus": os.cpu_count(), "isa": isa,
+            "torch": torch.__version__}
+
+
+def decode_steps(runner, steps: int, key) -> float:
+    """Seconds per batch-1 decode step over ``steps`` steps (after a 16-token prompt)."""
+    runner.free(key)
+    runner.step([(key, list(range(100, 116)))])
+    start = time.perf_counter()
+    token = 200
+    for _ in range(steps):
+        token = int(runner.step([(key, [token])])[0][-1].argmax())
+    return (time.perf_counter() - start) / steps
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=32)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--e2e", action="store_true", help="also time LLM.generate per variant")
+    parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "quant_cpu_decode.json"))
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    os.environ.setdefault("OCTAVO_DISABLE_PROGRESS", "1")
+
+    from octavo.core.loader.resolve import default_model_path
+    from octavo.testing.model import PagedRunner
+    from tests.quant.helpers import load
+
+    path = default_model_path()
+    runners = {}
+    for name, (quantization, dtype) in VARIANTS.items():
+        model, _ = load(path, quantization, dtype=dtype)
+        runners[name] = PagedRunner(model, num_blocks=16)
+    times: dict[str, list[float]] = {name: [] for name in VARIANTS}
+    for _ in range(args.rounds):
+        for name, runner in runners.items():
+            times[name].append(decode_steps(runner, args.steps, ("bench", name)))
+    results = {name: {"ms_per_token": 1e3 * statistics.median(t), "tokens_per_s": 1 / statistics.median(t),
+                      "all_ms": [round(1e3 * x, 2) for x in t]} for name, t in times.items()}
+    base = results["fp32"]["ms_per_token"]
+    for r in results.values():
+        r["speedup_vs_fp32"] = base / r["ms_per_token"]
+    record = {"benchmark": "quant_cpu_decode (model forward, batch 1, reference attention)", "results": results,
+              "cpu": cpu_info(), "threads": torch.get_num_threads(), "python": platform.python_version(),
+              "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+              "command": "python " + " ".join(sys.argv)}
+    if args.e2e:
+        record["e2e"] = e2e(path)
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(record, f, indent=2)
+    for name, r in results.items():
+        print(f"{name:10s} {r['ms_per_token']:7.2f} ms/token  {r['tokens_per_s']:7.1f} tok/s  "
+              f"x{r['speedup_vs_fp32']:.2f} vs fp32")
+    print(json.dumps(record["cpu"]), "threads", record["threads"])
+
+
+def e2e(path: str) -> dict:
+    from octavo import LLM, SamplingParams
+
+    params = SamplingParams(temperature=0, max_tokens=64, ignore_eos=True)
+    out = {}
+    for name, (quantization, dtype) in VARIANTS.items():
+        llm = LLM(path, quantization=quantization, dtype=str(dtype).split(".")[-1], max_model_len=512,
+                  kv_cache_memory_bytes=1 << 26)
+        llm.generate(["Hello"], params, use_tqdm=False)
+        start = time.perf_counter()
+        llm.generate(["The history of the city begins"], params, use_tqdm=False)
+        out[name] = {"tokens_per_s": 64 / (time.perf_counter() - start)}
+        del llm
+    return out
+
+
+if __name__ == "__main__":
+    main()
