@@ -1,7 +1,7 @@
 """The chat page in headless Chromium against a real ``octavo serve``: the API key asked once, a reply
 streamed token by token (the text seen growing, and equal to the server's own greedy answer), stop
-aborting the request on the server (its running count back to 0), retry, the conversation surviving a
-reload, and the Markdown renderer building no element from HTML in model output.
+aborting the request on the server (its running count back to 0), retry, copy, the conversation surviving
+a reload, and the Markdown renderer building no element from HTML in model output.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ LAST_REPLY = """() => {
 @pytest.fixture(scope="module")
 def page(browser, server):
     context = browser.new_context(viewport={"width": 1280, "height": 860}, base_url=server.url)  # no key stored yet
+    context.grant_permissions(["clipboard-read", "clipboard-write"], origin=server.url)
     page = context.new_page()
     errors = []
     page.on("pageerror", lambda e: errors.append(str(e)))
@@ -84,7 +85,7 @@ def test_keyboard_send_streams_token_by_token(page, server, artifacts):
     page.screenshot(path=str(artifacts / "chat.png"), full_page=True)
 
 
-def test_retry_and_reload_keep_the_conversation(page):
+def test_retry_copy_and_reload_keep_the_conversation(page):
     page.fill("#max-tokens", "6")
     page.dispatch_event("#max-tokens", "change")
     page.click("button.retry")
@@ -92,6 +93,8 @@ def test_retry_and_reload_keep_the_conversation(page):
     conv = _stored_conversation(page)
     assert [m["role"] for m in conv] == ["user", "assistant"], "retry must replace the last reply, not add one"
     assert "finish: length" in conv[1]["meta"]
+    page.click("button.copy")
+    assert page.evaluate("navigator.clipboard.readText()") == conv[1]["content"]
     page.reload()
     page.wait_for_selector("article.msg.assistant")
     assert page.locator("#key-dialog[open]").count() == 0, "the key was asked again after a reload"
