@@ -1,5 +1,6 @@
 """Fixtures of the browser tests: one real ``octavo serve`` (embedded SmolLM2, with an API key) and one
-headless Chromium driven by Playwright, shared by every test in this folder.
+headless Chromium driven by Playwright, shared by every test in this folder (package scope: both are
+gone before the rest of the suite runs).
 
 The tests skip, with the reason, when the Python package ``playwright`` or a Chromium binary is missing
 (``apt-get install chromium``; ``playwright install`` cannot download browsers on our machines, so we drive
@@ -26,7 +27,7 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(pytest.mark.skip(reason=reason))
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def server():
     from octavo.server.launch import ServerProcess
 
@@ -35,7 +36,7 @@ def server():
     srv.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def browser():
     reason = skip_reason()
     if reason:
@@ -50,7 +51,7 @@ def browser():
     pw.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def context(browser, server):
     """One desktop-sized browsing context: the API key typed once stays in its localStorage."""
     ctx = browser.new_context(viewport={"width": 1280, "height": 860}, base_url=server.url)
@@ -58,7 +59,7 @@ def context(browser, server):
     ctx.close()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def artifacts() -> Path:
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     return ARTIFACTS
