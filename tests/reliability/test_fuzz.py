@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.reliability.helpers import assert_openai_error, scale
+from tests.reliability.helpers import FULL, assert_openai_error, scale
 from tests.reliability.schema_strategy import from_schema
 
 ROUTES = {"/v1/completions": "CompletionRequest", "/v1/chat/completions": "ChatCompletionRequest",
@@ -81,4 +81,5 @@ def test_schema_fuzz_never_5xx(server, body_strategies):
                 assert_openai_error(resp)
 
         check()
-    assert seen["n"] >= TOTAL * 0.9
+    print(f"schema fuzz: {seen['n']} requests, no 5xx")
+    assert seen["n"] >= min(TOTAL, 5000) if FULL else seen["n"] >= TOTAL * 0.9
