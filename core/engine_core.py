@@ -66,6 +66,9 @@ class EngineCore:
             block_size=info.block_size,
             dtype=info.dtype,
             device=info.device,
+            platform=self.platform.name,
+            attention_backend=info.attention_backend or "",
+            quantization=getattr(info, "quantization", None) or "",
         )
         announce_engine_start(self.pm, settings, self.platform, info)  # log + octavo_on_engine_start
         self.stat_loggers = self.pm.stat_loggers(settings)

@@ -108,3 +108,6 @@ class ModelInfo(msgspec.Struct):
     block_size: int = 16
     dtype: str = ""
     device: str = ""
+    platform: str = ""  # the selected platform plugin (the dashboard's startup summary shows these three)
+    attention_backend: str = ""
+    quantization: str = ""  # the quantizer's name, "" for none

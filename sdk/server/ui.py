@@ -64,6 +64,7 @@ def _page(path: Path, headers: dict[str, str]) -> Any:
 def server_summary(engine: Any, settings: Any, model_name: str) -> dict[str, Any]:
     """The startup summary the dashboard shows: model, platform, backend, dtype, quantization, KV blocks."""
     info = engine.get_model_info()
+    # ModelInfo.attention_backend and .platform: what the core chose (absent from older cores: fall back)
     backend = getattr(info, "attention_backend", None) or settings.device.attention_backend
     return {
         "model": model_name,
@@ -99,15 +100,17 @@ def _platform_name(settings: Any, info: Any) -> str:
 
 
 def _quantization(settings: Any, info: Any) -> str:
-    if getattr(info, "quantization", None):
-        return info.quantization
+    """The quantizer the core reports (with the GGUF file's type), else the setting or checkpoint's method."""
+    source = str(info.model)
+    m = _GGUF_TYPE.search(source) if source.lower().endswith(".gguf") else None
+    file_type = f" ({m.group(1).upper()} file)" if m else ""
+    reported = getattr(info, "quantization", None)  # ModelInfo.quantization; absent from older cores
+    if reported:
+        return reported + (file_type if reported == "gguf" else "")
     if settings.model.quantization:
         return settings.model.quantization
-    source = str(info.model)
     if source.lower().endswith(".gguf"):
-        m = _GGUF_TYPE.search(source)
-        kind = f"GGUF {m.group(1).upper()}" if m else "GGUF"
-        return f"{kind}, dequantized to {info.dtype} at load"
+        return "gguf" + file_type
     config = Path(info.tokenizer_path or source) / "config.json"
     try:
         qc = json.loads(config.read_text()).get("quantization_config") if config.is_file() else None
