@@ -26,6 +26,7 @@ from octavo.core.messages import (
 )
 from octavo.core.request import Request
 from octavo.core.scheduler import Scheduler
+from octavo.core.spec_decode import SpeculativeDecoding
 from octavo.core.step_builder import StepBuilder
 from octavo.core.structured_output import StructuredOutputManager
 
@@ -39,6 +40,8 @@ class EngineCore:
         self.settings = settings
         self.pm = get_plugin_manager()
         self.platform = self.pm.select_platform(settings)
+        if settings.scheduler.speculative_config:  # an unknown or unrunnable method fails before any load
+            SpeculativeDecoding.resolve(settings, self.pm)
         self.executor = make_executor(settings, self.platform)
         info = self.executor.worker_info  # everything the core knows about the model and cache comes from here
         self.max_model_len = info.max_model_len
@@ -46,6 +49,9 @@ class EngineCore:
                                  sliding_window=info.sliding_window)
         self.scheduler = Scheduler(settings, self.kv, self.max_model_len)
         self.steps = StepBuilder()
+        self.spec = SpeculativeDecoding(settings, self.pm, platform=self.platform, vocab_size=info.vocab_size,
+                                        max_model_len=self.max_model_len) \
+            if settings.scheduler.speculative_config else None
         self.structured = StructuredOutputManager(settings, info.vocab_size, info.eos_token_ids)
         self.max_logprobs = settings.scheduler.max_logprobs
         # prompt logprobs are gathered chunk by chunk and sent once, when the prompt is done
@@ -104,6 +110,8 @@ class EngineCore:
         for rid in request_ids:
             self._prompt_lp.pop(rid, None)
         self.steps.forget(request_ids)
+        if self.spec is not None:
+            self.spec.release(request_ids)
         return outs
 
     def has_unfinished_requests(self) -> bool:
@@ -128,10 +136,10 @@ class EngineCore:
         batch = self.steps.build(sched_out)
         self.structured.attach_bitmasks(sched_out, batch)
         result = self.executor.execute(batch)
-        updates = self.scheduler.update(sched_out, _one_token_each(result.sampled))
+        updates = self.scheduler.update(sched_out, result.sampled)
         self.structured.accept_tokens(updates)
         outputs, finished = early, []
-        for req, token in updates:
+        for req, tokens in updates:
             rid = req.request_id
             if rid in result.prompt_logprobs and not req.prompt_logprobs_sent:
                 plp = result.prompt_logprobs[rid]
@@ -139,11 +147,11 @@ class EngineCore:
                 acc = self._prompt_lp.setdefault(rid, {})
                 for j, e in enumerate(entries):
                     acc.setdefault(first_pos + j, e)
-            if token is None and not req.is_finished:
+            if not tokens and not req.is_finished:
                 continue  # a prefill chunk that produced nothing yet
-            out = EngineCoreOutput(rid, [] if token is None else [token])
-            if token is not None and rid in result.logprobs:
-                out.new_logprobs = result.logprobs[rid]
+            out = EngineCoreOutput(rid, tokens)
+            if tokens and rid in result.logprobs:
+                out.new_logprobs = result.logprobs[rid][:len(tokens)]  # a stop inside verified drafts cuts
             if req.sampling_params.prompt_logprobs is not None and not req.prompt_logprobs_sent:
                 acc = self._prompt_lp.pop(rid, {})
                 out.prompt_logprobs = [None] + [acc.get(i) for i in range(1, req.num_prompt_tokens)]
@@ -159,6 +167,9 @@ class EngineCore:
             outputs.append(out)
         if finished:
             self.steps.forget(finished)
+        if self.spec is not None:
+            self.spec.release(finished + [o.request_id for o in early])
+            self.spec.propose(self.scheduler)  # drafts for the next step
         stats = self.get_stats()
         for stat_logger in self.stat_loggers:
             stat_logger.record(stats, outputs)
@@ -175,18 +186,6 @@ class EngineCore:
             self.pm.hook.octavo_on_engine_shutdown(settings=self.settings)
         finally:  # a plugin that raises must not keep the workers alive
             self.executor.shutdown()
-
-
-def _one_token_each(sampled: dict[str, list[int]]) -> dict[str, int]:
-    """The scheduler accepts one token per request per step; a runner that returns several (verified
-    drafts) needs the scheduler's multi-token update first, so refuse rather than drop tokens."""
-    out = {}
-    for rid, tokens in sampled.items():
-        if len(tokens) != 1:
-            raise RuntimeError(f"request {rid}: the runner returned {len(tokens)} tokens in one step; this "
-                               "scheduler accepts exactly one (multi-token updates come with speculative decoding)")
-        out[rid] = tokens[0]
-    return out
 
 
 __all__ = ["EngineCore", "FinishReason"]

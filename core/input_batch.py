@@ -73,6 +73,7 @@ class StepInputs:
     # prompt logprobs: request id -> (flat rows, target token ids, first target position)
     prompt_lp_rows: dict[str, tuple[torch.Tensor, torch.Tensor, int]] = field(default_factory=dict)
     pooling_req_ids: list[str] = field(default_factory=list)
+    spec_token_ids: list[list[int]] = field(default_factory=list)  # drafts per sampled request (k+1 rows each)
 
 
 def build_step_inputs(batch: StepBatch, states: dict[str, CachedRequestState], block_size: int,
@@ -83,15 +84,16 @@ def build_step_inputs(batch: StepBatch, states: dict[str, CachedRequestState], b
     input_ids: list[int] = []
     query_lens = np.empty(num_reqs, dtype=np.int64)
     starts = np.empty(num_reqs, dtype=np.int64)
-    logits_rows, sample_ids, pooling_ids = [], [], []
+    logits_rows, sample_ids, pooling_ids, spec_ids = [], [], [], []
     prompt_lp_rows = {}
     max_blocks = max(len(s.block_ids) for s in batch.scheduled)
     block_tables = np.zeros((num_reqs, max_blocks), dtype=np.int32)
     row0 = 0
     for i, s in enumerate(batch.scheduled):
-        req, start, n = states[s.request_id], s.num_computed_tokens, len(s.token_ids)
+        req, start, n = states[s.request_id], s.num_computed_tokens, len(s.token_ids) + len(s.spec_token_ids)
         end = start + n
         input_ids.extend(s.token_ids)
+        input_ids.extend(s.spec_token_ids)
         block_tables[i, :len(s.block_ids)] = s.block_ids
         query_lens[i], starts[i] = n, start
         if req.pooling:
@@ -106,8 +108,10 @@ def build_step_inputs(batch: StepBatch, states: dict[str, CachedRequestState], b
                 targets = torch.tensor(req.prompt_token_ids[start + 1:last + 1])
                 prompt_lp_rows[req.request_id] = (rows, targets, start + 1)
             if s.samples:
-                logits_rows.append(row0 + n - 1)
+                nd = len(s.spec_token_ids)  # drafts: one logits row per draft position plus the bonus row
+                logits_rows.extend(range(row0 + n - 1 - nd, row0 + n))
                 sample_ids.append(req.request_id)
+                spec_ids.append(s.spec_token_ids)
         row0 += n
 
     # positions and slots of every token: request index per token, then offsets within each request
@@ -139,6 +143,7 @@ def build_step_inputs(batch: StepBatch, states: dict[str, CachedRequestState], b
         sample_req_ids=sample_ids,
         prompt_lp_rows=prompt_lp_rows,
         pooling_req_ids=pooling_ids,
+        spec_token_ids=spec_ids if any(spec_ids) else [],
     )
 
 

@@ -12,6 +12,7 @@ import torch
 from octavo.core.input_batch import CachedRequestState, StepInputs, build_sampling_batch, build_step_inputs
 from octavo.core.messages import TokenLogprobs
 from octavo.core.sampler import Sampler, compute_logprobs, gather_logprobs
+from octavo.core.spec_decode import fill_runner_output, verify_on_device
 from octavo.core.structured_output import apply_bitmask
 from octavo.model import ForwardContext
 from octavo.step import PromptLogprobs, RunnerOutput, StepBatch
@@ -91,17 +92,24 @@ class ModelRunner:
                 rows = [i for i, rid in enumerate(inputs.sample_req_ids) if rid in masks]
                 logits = apply_bitmask(logits, rows, [masks[inputs.sample_req_ids[i]] for i in rows])
             sample_reqs = [reqs[rid] for rid in inputs.sample_req_ids]
-            batch = build_sampling_batch(sample_reqs, self.vocab_size, self.device, self.generators)
-            so = self.sampler(logits, batch)
-            pending["sampled"] = so.sampled
-            if so.logprobs is not None:
-                pending["lp_ids"], pending["lp"], pending["ranks"] = so.logprob_token_ids, so.logprobs, so.sampled_ranks
+            if inputs.spec_token_ids:  # drafts to verify: k + 1 logits rows per request (core/spec_decode.py)
+                pending.update(verify_on_device(logits, sample_reqs, inputs.spec_token_ids, self.vocab_size,
+                                                self.device, self.generators))
+            else:
+                batch = build_sampling_batch(sample_reqs, self.vocab_size, self.device, self.generators)
+                so = self.sampler(logits, batch)
+                pending["sampled"] = so.sampled
+                if so.logprobs is not None:
+                    pending["lp_ids"], pending["lp"], pending["ranks"] = (so.logprob_token_ids, so.logprobs,
+                                                                          so.sampled_ranks)
         for rid, (rows, targets, _) in inputs.prompt_lp_rows.items():
             k = reqs[rid].sampling_params.prompt_logprobs
             lp = compute_logprobs(self.model.compute_logits(hidden[rows.to(self.device)]))
             pending[("plp", rid)] = gather_logprobs(lp, targets.to(self.device), k)
         host = _to_host(pending, self.synchronize)
 
+        if "row_tokens" in host:
+            fill_runner_output(result, host, inputs.sample_req_ids, inputs.spec_token_ids, reqs, _row_logprobs)
         if "sampled" in host:
             tokens = host["sampled"].tolist()
             for i, rid in enumerate(inputs.sample_req_ids):

@@ -174,11 +174,11 @@ class Scheduler:
         logger.debug("preempted %s", req.request_id)
 
     # ---- after the model ran ---------------------------------------------------------------------
-    def update(self, out: SchedulerOutput, sampled: dict[str, int | list[int]]) -> list[tuple[Request, int | None]]:
+    def update(self, out: SchedulerOutput, sampled: dict[str, int | list[int]]) -> list[tuple[Request, list[int]]]:
         """Advance computed counts, append each sampled token and finish requests that stop.
 
-        Returns ``(request, new token or None)`` for every scheduled request; requests that finished
-        have ``finish_reason`` set and their blocks freed.
+        Returns ``(request, new tokens)`` for every scheduled request (several when drafts were accepted,
+        none for a prefill chunk); requests that finished have ``finish_reason`` set and their blocks freed.
         """
         results = []
         for s in out.scheduled:
@@ -195,14 +195,14 @@ class Scheduler:
             if req.pooling:
                 if s.samples:
                     self._finish(req, FinishReason.STOP)
-                results.append((req, None))
+                results.append((req, []))
                 continue
             emitted = self._append_tokens(req, tokens)
             if s.spec_token_ids:
                 record_verification(self.stats, len(s.spec_token_ids), len(tokens) - 1, len(emitted))
                 if not req.is_finished:
                     self.kv.free_tail_blocks(req, req.num_tokens)
-            results.append((req, emitted[-1] if len(emitted) == 1 else (emitted or None)))
+            results.append((req, emitted))
         self.stats.num_steps += 1
         return results
 

@@ -161,3 +161,28 @@ def emitted_tokens(host: dict, drafts: list[list[int]]) -> list[tuple[int, list[
     from octavo.core.rejection_sampler import split_emitted
 
     return split_emitted(host["row_tokens"].tolist(), host["accepted"].tolist(), [len(d) for d in drafts])
+
+
+def fill_runner_output(result, host: dict, sample_req_ids: list[str], drafts: list[list[int]], reqs: dict,
+                       row_logprobs) -> None:
+    """Put each request's emitted tokens (and their logprobs, one entry per token) into ``result``, and
+    write the accepted drafts into the runner's copy of each sequence: their K/V are in the cache and the
+    scheduler's next step starts after them (it sends only the one new token)."""
+    for rid, (r0, tokens) in zip(sample_req_ids, emitted_tokens(host, drafts)):
+        result.sampled[rid] = tokens
+        reqs[rid].all_token_ids.extend(tokens[:-1])
+        want = reqs[rid].sampling_params.logprobs
+        if want is not None:
+            result.logprobs[rid] = [row_logprobs(host["lp_ids"][r0 + j], host["lp"][r0 + j],
+                                                 int(host["ranks"][r0 + j]), want) for j in range(len(tokens))]
+
+
+def first_logits_rows(drafts: list[list[int]], request_indices: list[int]) -> list[int]:
+    """The logits row of each sampled request's first position (requests with drafts own k + 1 rows)."""
+    if not drafts:
+        return request_indices
+    starts, r = [], 0
+    for ds in drafts:
+        starts.append(r)
+        r += len(ds) + 1
+    return [starts[i] for i in request_indices]

@@ -39,8 +39,9 @@ class StepBuilder:
             start = s.num_computed_tokens
             # NOTE: block_ids is the KV manager's live list; valid until the next schedule(). Executors
             # that send the batch elsewhere serialize it inside execute(), before that.
-            scheduled.append(ScheduledRequestData(rid, req.all_token_ids[start:start + s.num_tokens], start,
-                                                  s.block_ids, s.samples))
+            num_known = s.num_tokens - len(s.spec_token_ids)  # the drafts travel apart from the known tokens
+            scheduled.append(ScheduledRequestData(rid, req.all_token_ids[start:start + num_known], start,
+                                                  s.block_ids, s.samples, s.spec_token_ids))
         finished, self.pending_finished = self.pending_finished, []
         return StepBatch(scheduled, new, finished, out.num_decode_reqs, out.total_num_tokens)
 

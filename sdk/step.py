@@ -60,6 +60,7 @@ class ScheduledRequestData(msgspec.Struct, array_like=True, omit_defaults=True):
     num_computed_tokens: int  # tokens whose K/V are already in the cache
     block_ids: list[int]
     samples: bool = False  # this step reaches the end of the known tokens: sample (or pool) one more
+    spec_token_ids: list[int] = []  # draft tokens run after token_ids and verified (speculative decoding)
     # structured outputs: packed int32 bitmask of the tokens allowed next (filled by the engine core)
     grammar_bitmask: bytes | None = None
 
