@@ -206,11 +206,17 @@ _GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm"
 _BLOCK = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)$")
 
 
-def hf_name(gguf_name: str) -> str | None:
+# Gemma 2/3 ("sandwich" norms): ffn_norm is the norm before the MLP, post_ffw_norm the one after it
+_ARCH_LAYER_NAMES = {arch: {**_LAYER_NAMES, "ffn_norm": "pre_feedforward_layernorm"} for arch in ("gemma2", "gemma3")}
+#: architectures whose llama.cpp converter stored RMSNorm weights as ``1 + w`` (HF keeps ``w``)
+_NORM_SHIFT_ARCHS = {"gemma", "gemma2", "gemma3"}
+
+
+def hf_name(gguf_name: str, arch: str | None = None) -> str | None:
     """The Hugging Face parameter name of a llama-family GGUF tensor, or None if it has none."""
     m = _BLOCK.match(gguf_name)
     if m:
-        part = _LAYER_NAMES.get(m.group(2))
+        part = _ARCH_LAYER_NAMES.get(arch, _LAYER_NAMES).get(m.group(2))
         return f"model.layers.{m.group(1)}.{part}.{m.group(3)}" if part else None
     base, _, suffix = gguf_name.rpartition(".")
     part = _GLOBAL_NAMES.get(base)
@@ -281,8 +287,9 @@ def raw_blocks(mm, info: GGUFTensorInfo) -> torch.Tensor:
 def tensor_types(path: str) -> dict[str, int]:
     """Hugging Face module name -> ggml type of every 2-D weight of the file (quantizers read it)."""
     types = {}
-    for info in read_header(path).tensors:
-        name = hf_name(info.name)
+    header = read_header(path)
+    for info in header.tensors:
+        name = hf_name(info.name, header.architecture)
         if name is not None and name.endswith(".weight") and len(info.shape) == 2:
             types[name.removesuffix(".weight")] = info.ggml_type
     return types
@@ -303,7 +310,7 @@ def iter_gguf_weights(path: str, hf_config, keep_blocks=None) -> Iterator[tuple[
     num_kv_heads = getattr(hf_config, "num_key_value_heads", None) or num_heads
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
         for info in header.tensors:
-            name = hf_name(info.name)
+            name = hf_name(info.name, header.architecture)
             if name is None:
                 continue  # e.g. rope_freqs: recomputed from the config
             raw = keep_blocks is not None and len(info.shape) == 2 and keep_blocks(name)
@@ -312,9 +319,12 @@ def iter_gguf_weights(path: str, hf_config, keep_blocks=None) -> Iterator[tuple[
                 tensor = unpermute_qk(tensor, num_heads)
             elif permute and ".self_attn.k_proj." in name:
                 tensor = unpermute_qk(tensor, num_kv_heads)
+            if header.architecture in _NORM_SHIFT_ARCHS and name.endswith("norm.weight"):
+                tensor = tensor - 1  # llama.cpp stored 1 + w for Gemma's (1 + w) * x RMSNorm
             yield name, (GGUFBlocks(tensor, info.ggml_type, info.shape) if raw else tensor)
             del tensor
 
 
 def gguf_num_weights(path: str) -> int:
-    return sum(1 for t in read_header(path).tensors if hf_name(t.name) is not None)
+    header = read_header(path)
+    return sum(1 for t in header.tensors if hf_name(t.name, header.architecture) is not None)
