@@ -152,10 +152,9 @@ def load_model(resolved: ResolvedModel, *, model_cls, dtype: torch.dtype, device
         raise ValueError(f"quantization {quantizer.name!r}: {resolved.architecture} has no linear layer it applies "
                          "to (the model does not build its projections from octavo.nn linear layers)")
     if resolved.format == "dummy":
-        if quantizer is not None:
-            raise ValueError("load_format='dummy' cannot be combined with quantization: random weights have no "
-                             "quantized form; drop one of the two settings")
         _init_dummy(model, seed)
+        if quantizer is not None:
+            _init_dummy_quantized(model, methods, seed)
     else:
         weights = iter_weights(resolved, keep_gguf_blocks=_gguf_block_filter(quantizer, methods))
         if quantizer is not None:
@@ -172,6 +171,24 @@ def load_model(resolved: ResolvedModel, *, model_cls, dtype: torch.dtype, device
         if callable(hook):
             hook()
     return model.eval()
+
+
+def _init_dummy_quantized(model: torch.nn.Module, methods: dict, seed: int) -> None:
+    """Random dense weights for each quantized layer, quantized by its method (benchmarks of online methods).
+
+    Only methods that quantize a dense ``weight`` can do this; a checkpoint format (GPTQ, GGUF) cannot.
+    """
+    layers = dict(model.named_modules())
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    for prefix, method in methods.items():
+        if tuple(method.checkpoint_suffixes) != ("weight",):
+            raise ValueError(f"load_format='dummy' cannot make random {type(method).__name__} weights (it reads "
+                             f"{method.checkpoint_suffixes}); use a quantization that quantizes dense weights")
+        layer = layers[prefix]
+        device = next(layer.parameters()).device
+        dense = torch.empty(layer.output_size, layer.input_size).uniform_(-1e-3, 1e-3, generator=gen).to(device)
+        for suffix, value in method.convert({"weight": dense}, prefix).items():
+            getattr(layer, suffix).data.copy_(value)
 
 
 def _gguf_block_filter(quantizer, methods):

@@ -96,11 +96,19 @@ def test_embedded_gguf_is_quantized_unless_told_none():
     assert "quantized with 'gguf'" in _error("int8", resolved)
 
 
-def test_dummy_weights_cannot_be_quantized(dense_dir):
+def test_dummy_weights_quantize_online_but_not_as_a_checkpoint_format(dense_dir, gptq_dir):
+    import torch
+
     from octavo.core.loader import load_model
 
+    pm = get_plugin_manager()
     resolved = _resolved(dense_dir, "dummy")
-    quantizer = resolve_quantizer("int8", resolved, CPU(), get_plugin_manager())
-    cls = get_plugin_manager().resolve("models", resolved.architecture)
+    quantizer = resolve_quantizer("int8", resolved, CPU(), pm)
+    model = load_model(resolved, model_cls=pm.resolve("models", resolved.architecture), dtype=torch.float32,
+                       device="cpu", quantizer=quantizer)
+    assert model.model.layers[0].mlp.down_proj.qweight.dtype == torch.int8
+    resolved = _resolved(gptq_dir, "dummy")
+    quantizer = resolve_quantizer(None, resolved, CPU(), pm)
     with pytest.raises(ValueError, match="dummy"):
-        load_model(resolved, model_cls=cls, dtype=__import__("torch").float32, device="cpu", quantizer=quantizer)
+        load_model(resolved, model_cls=pm.resolve("models", resolved.architecture), dtype=torch.float32,
+                   device="cpu", quantizer=quantizer)
