@@ -104,11 +104,11 @@ def iter_weights(resolved: ResolvedModel, desc: str = "Loading weights",
         raise ValueError(f"format {resolved.format!r} has no weights to iterate")
 
 
-def _init_dummy(model: torch.nn.Module, seed: int) -> None:
+def _init_dummy(model: torch.nn.Module, seed: int, skip: tuple[str, ...] = ()) -> None:
     """Small random weights (uniform in [-1e-3, 1e-3], norms at 1): shapes and speed are real, outputs are not."""
     gen = torch.Generator(device="cpu").manual_seed(seed)
     for name, param in model.named_parameters():
-        if not param.is_floating_point():
+        if not param.is_floating_point() or name.startswith(skip):  # skip: quantized layers, filled apart
             continue
         if "norm" in name:  # a zero-mean norm weight would silence the whole layer
             param.data.fill_(1.0)
@@ -152,7 +152,7 @@ def load_model(resolved: ResolvedModel, *, model_cls, dtype: torch.dtype, device
         raise ValueError(f"quantization {quantizer.name!r}: {resolved.architecture} has no linear layer it applies "
                          "to (the model does not build its projections from octavo.nn linear layers)")
     if resolved.format == "dummy":
-        _init_dummy(model, seed)
+        _init_dummy(model, seed, skip=tuple(f"{prefix}." for prefix in methods))
         if quantizer is not None:
             _init_dummy_quantized(model, methods, seed)
     else:
@@ -179,14 +179,15 @@ def _init_dummy_quantized(model: torch.nn.Module, methods: dict, seed: int) -> N
     Only methods that quantize a dense ``weight`` can do this; a checkpoint format (GPTQ, GGUF) cannot.
     """
     layers = dict(model.named_modules())
-    gen = torch.Generator(device="cpu").manual_seed(seed)
+    gens: dict[torch.device, torch.Generator] = {}
     for prefix, method in methods.items():
         if tuple(method.checkpoint_suffixes) != ("weight",):
             raise ValueError(f"load_format='dummy' cannot make random {type(method).__name__} weights (it reads "
                              f"{method.checkpoint_suffixes}); use a quantization that quantizes dense weights")
         layer = layers[prefix]
         device = next(layer.parameters()).device
-        dense = torch.empty(layer.output_size, layer.input_size).uniform_(-1e-3, 1e-3, generator=gen).to(device)
+        gen = gens.setdefault(device, torch.Generator(device=device).manual_seed(seed))
+        dense = torch.empty(layer.output_size, layer.input_size, device=device).uniform_(-1e-3, 1e-3, generator=gen)
         for suffix, value in method.convert({"weight": dense}, prefix).items():
             getattr(layer, suffix).data.copy_(value)
 
