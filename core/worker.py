@@ -156,8 +156,9 @@ class Worker:
         from octavo.core.profiling import profile_run
 
         profile_run(self)
-        total = self.platform.memory_total()
-        used = total - self.platform.memory_free()
+        index = self.device.index or 0  # this rank's device, not device 0
+        total = self.platform.memory_total(index)
+        used = total - self.platform.memory_free(index)
         return max(0, int(total * self.settings.cache.gpu_memory_utilization) - used)
 
     def _allocate_kv_cache(self) -> None:
