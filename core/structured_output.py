@@ -64,6 +64,12 @@ class StructuredOutputManager:
         self._reasoning_end: list[int] | None = None
         self._reasoning_name = settings.server.reasoning_parser
         self._num_words = (vocab_size + 31) // 32
+        from octavo.core.plugin_manager import get_plugin_manager
+
+        pm = get_plugin_manager()  # unknown names fail at start (the registry lookup imports nothing)
+        pm.registration("structured_output_backends", self.backend_name)
+        if self._reasoning_name:
+            pm.registration("reasoning_parsers", self._reasoning_name)
 
     # ---- compile -------------------------------------------------------------------------------
     def _get_backend(self):

@@ -19,6 +19,8 @@ from octavo.structured_outputs import (
     choice_regex,
 )
 
+MAX_WHITESPACE = 16
+
 
 def _schema(params: StructuredOutputsParams) -> str:
     return params.json if isinstance(params.json, str) else json.dumps(params.json)
@@ -28,14 +30,17 @@ def _build(xgr, params: StructuredOutputsParams, compiler=None):
     """One function for both: the tokenizer-free Grammar (compiler=None) or the CompiledGrammar."""
     kind = params.kind
     ws = not params.disable_any_whitespace
+    # NOTE: free whitespace is capped per gap: small models otherwise loop on newlines inside a JSON value
+    # until max_tokens (seen with SmolLM2 in chat); 16 characters still allow indented pretty-printing.
+    cap = {"any_whitespace": ws, "max_whitespace_cnt": MAX_WHITESPACE if ws else None}
     if kind == "json":
         if compiler is not None:
-            return compiler.compile_json_schema(_schema(params), any_whitespace=ws)
-        return xgr.Grammar.from_json_schema(_schema(params), any_whitespace=ws)
+            return compiler.compile_json_schema(_schema(params), **cap)
+        return xgr.Grammar.from_json_schema(_schema(params), **cap)
     if kind == "json_object":
         if compiler is not None:
-            return compiler.compile_json_schema('{"type": "object"}', any_whitespace=ws)
-        return xgr.Grammar.from_json_schema('{"type": "object"}', any_whitespace=ws)
+            return compiler.compile_json_schema('{"type": "object"}', **cap)
+        return xgr.Grammar.from_json_schema('{"type": "object"}', **cap)
     if kind in ("regex", "choice"):
         regex = params.regex if kind == "regex" else choice_regex(params.choice)
         return compiler.compile_regex(regex) if compiler is not None else xgr.Grammar.from_regex(regex)

@@ -20,7 +20,7 @@ from octavo.server.errors import classify
 from octavo.server.errors import stream_error as _stream_error
 from octavo.server.offload import run_bounded
 from octavo.server.protocol import ChatCompletionRequest, CompletionRequest
-from octavo.server.structured import structured_outputs_for
+from octavo.server.structured import check_server_settings, structured_outputs_for
 from octavo.server.tool_calls import ToolPlan
 
 RENDER_TIMEOUT_S = 10.0  # a chat template render (or a prompt's tokenization) longer than this is a 400
@@ -120,6 +120,7 @@ class OpenAIServing:
         self.engine = engine
         self.model_name = model_name
         self.tokenizer = engine.get_tokenizer()
+        check_server_settings(engine.settings)  # backend and parser names; warms the grammar library
         self.trust_request_chat_template = bool(getattr(engine.settings.server, "trust_request_chat_template",
                                                         False))
 

@@ -102,6 +102,42 @@ def structured_outputs_for(req: Any, backend: str, tool_constraint: StructuredOu
     return params
 
 
+def check_server_settings(settings: Any) -> None:
+    """At server start: the named backend and parsers exist (``octavo.errors.UnknownPluginError`` otherwise),
+    auto tool choice has its parser; then warm the backend's import."""
+    from octavo.registry import get_plugin_manager
+
+    pm = get_plugin_manager()
+    server = settings.server
+    pm.registration("structured_output_backends", settings.scheduler.structured_outputs_backend)
+    if server.tool_call_parser:
+        pm.registration("tool_parsers", server.tool_call_parser)
+    if server.reasoning_parser:
+        pm.registration("reasoning_parsers", server.reasoning_parser)
+    if server.enable_auto_tool_choice and not server.tool_call_parser:
+        raise ValueError("--enable-auto-tool-choice needs --tool-call-parser NAME (one of "
+                         f"{', '.join(pm.names('tool_parsers'))})")
+    warm(settings.scheduler.structured_outputs_backend)
+
+
+def warm(backend: str) -> None:
+    """Import the backend's library on a daemon thread (xgrammar takes seconds to import), so the first
+    structured request does not pay for it on the event loop. Called once when the server starts."""
+    import threading
+
+    def load() -> None:
+        from octavo.registry import resolve
+
+        try:
+            cls = resolve("structured_output_backends", backend)
+            if cls.is_available():
+                cls.validate(StructuredOutputsParams(json_object=True))
+        except Exception:  # noqa: BLE001 - a broken backend is reported by the first request that uses it
+            pass
+
+    threading.Thread(target=load, name="octavo-grammar-warmup", daemon=True).start()
+
+
 def _param_of(message: str) -> str | None:
     head = message.split(":", 1)[0]
     return head if head.replace(".", "").replace("_", "").isalnum() else None
