@@ -47,7 +47,10 @@ def register_ui_routes(app: FastAPI, engine: Any, settings: Any, model_name: str
 
     if settings.server.disable_ui:
         return
-    headers = {"Cache-Control": "no-cache"}
+    # defence in depth behind the DOM-only Markdown renderer: no inline or foreign script can run
+    headers = {"Cache-Control": "no-cache", "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer",
+               "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; object-src 'none'; "
+                                          "base-uri 'none'; form-action 'self'; frame-ancestors 'none'"}
     for path, name in PAGES.items():
         app.add_api_route(path, _page(STATIC_DIR / name, headers), methods=["GET"], include_in_schema=False)
     app.add_api_route("/ui", lambda: RedirectResponse("/ui/"), methods=["GET"], include_in_schema=False)

@@ -38,7 +38,9 @@ def page(browser, server):
     page.wait_for_selector("#key-dialog[open]", timeout=10_000)
     page.fill("#key-input", KEY)
     page.press("#key-input", "Enter")
-    page.wait_for_function("document.querySelector('#model').value === 'SmolLM2-135M-Instruct'", timeout=10_000)
+    # (polled from here: wait_for_function evaluates a string, which the page's CSP forbids)
+    wait_for(lambda: page.evaluate("document.querySelector('#model').value") == "SmolLM2-135M-Instruct", 15,
+             "the model list")
     yield page
     assert not errors, f"JavaScript errors on the page: {errors}"
     context.close()

@@ -16,6 +16,8 @@ def test_shells_are_public_and_data_is_not(server):
         r = httpx.get(server.url + path)
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/html"), path
         assert "<script" in r.text and "cdn" not in r.text.lower() and "https://" not in r.text, path
+        assert "script-src" not in r.headers["content-security-policy"]  # default-src 'self': no inline script
+        assert "default-src 'self'" in r.headers["content-security-policy"], path
     assert httpx.get(server.url + "/ui").headers["location"] == "/ui/"
     for name, kind in (("chat.js", "javascript"), ("ui.css", "text/css"), ("markdown.js", "javascript")):
         r = httpx.get(server.url + "/ui/static/" + name)
