@@ -15,7 +15,7 @@ TORCH_INDEX ?=
 TEST_ARGS  ?=
 SERVE_ARGS ?=
 
-.PHONY: venv serve generate test browser lint clean reliability
+.PHONY: venv serve generate test browser lint clean reliability spec-decode
 
 venv: $(STAMP)
 
@@ -45,6 +45,11 @@ browser: $(STAMP)
 # soak); `make test` runs its bounded form.
 reliability: $(STAMP)
 	OCTAVO_RELIABILITY=full $(PY) -m pytest -q tests/reliability --timeout=1800 -s $(TEST_ARGS)
+
+# Speculative decoding in full (draft-model and garbage-proposer contracts on SmolLM2); `make test` runs the
+# ngram contract and the model-free suites.
+spec-decode: $(STAMP)
+	OCTAVO_SPEC_DECODE=full $(PY) -m pytest -q tests/spec_decode --timeout=1800 $(TEST_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

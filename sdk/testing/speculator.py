@@ -12,6 +12,9 @@ and preemption forced, over raw and chat prompts in one batch; and that proposal
         speculator_cls = MyProposer
         speculative_config = {"method": "my_method", "num_speculative_tokens": 3}
 
+Use a float checkpoint (``llm_kwargs["model"]``): a quantized model's CPU kernels can give results that
+depend on the batch shape enough to flip near-ties, with or without speculation.
+
 The method must be registered (the plugin installed, as it is in its own test run). Two engines load per
 test class (with and without speculation); ``llm_kwargs`` sets both.
 """
@@ -38,6 +41,9 @@ CHAT_PROMPTS = [
 ]
 
 
+_BASELINES: dict[str, Any] = {}  # engines without speculation, by settings
+
+
 class SpeculatorContract:
     """Subclass and set ``speculator_cls`` and ``speculative_config``."""
 
@@ -45,13 +51,13 @@ class SpeculatorContract:
     speculative_config: ClassVar[dict[str, Any]]
     #: engine settings for both engines: chunked prefill with a small budget, prefix caching, and a KV cache
     #: small enough that the batch below preempts.
-    llm_kwargs: ClassVar[dict[str, Any]] = dict(dtype="float32", max_model_len=512, block_size=16,
+    llm_kwargs: ClassVar[dict[str, Any]] = dict(dtype="float32", max_model_len=256, block_size=16,
                                                 max_num_batched_tokens=64, enable_prefix_caching=True,
-                                                num_gpu_blocks_override=24, seed=0)
-    max_tokens: ClassVar[int] = 40
+                                                num_gpu_blocks_override=10, seed=0)
+    max_tokens: ClassVar[int] = 24
     vocab_size_for_proposals: ClassVar[int] = 49152
     #: sampled check: draws per engine (two-sample chi-square over the second generated token)
-    num_samples: ClassVar[int] = 300
+    num_samples: ClassVar[int] = 200
 
     # ---- engines ---------------------------------------------------------------------------------
     @pytest.fixture(scope="class")
@@ -63,16 +69,18 @@ class SpeculatorContract:
         config.setdefault("disable_by_batch_size", 0)  # keep speculating whatever the batch size
         assert resolve("speculators", config["method"]) is self.speculator_cls, (
             f"method {config['method']!r} does not resolve to {self.speculator_cls.__name__}: install the plugin")
-        base = LLM(**self.llm_kwargs)
+        key = repr(sorted(self.llm_kwargs.items()))
+        base = _BASELINES.get(key)
+        if base is None:  # one baseline per settings, shared by every contract class of the run
+            base = _BASELINES[key] = LLM(**self.llm_kwargs)
         spec = LLM(speculative_config=config, **self.llm_kwargs)
         yield base, spec
-        for llm in (base, spec):
-            llm.llm_engine.shutdown()
+        spec.llm_engine.shutdown()
 
     def make_speculator(self):
         """The proposer built directly (for the well-formedness check); override when it needs more."""
         cfg = SpeculativeConfig.model_validate(self.speculative_config)
-        ctx = SpecContext(platform=None, vocab_size=self.vocab_size_for_proposals, max_model_len=512)
+        ctx = SpecContext(platform=None, vocab_size=self.vocab_size_for_proposals, max_model_len=256)
         return self.speculator_cls(num_speculative_tokens=cfg.num_speculative_tokens, config=cfg, context=ctx)
 
     # ---- the suite -------------------------------------------------------------------------------
@@ -130,6 +138,8 @@ class SpeculatorContract:
         and a penalty, seeded so the test is reproducible: the same distribution with and without drafts."""
         from octavo import SamplingParams
 
+        if self.num_samples <= 0:
+            pytest.skip("num_samples=0: the sampled check is off for this class")
         base, spec = engines
         prompt = RAW_PROMPTS[2]
         n = self.num_samples

@@ -1,0 +1,134 @@
+"""Speculative decoding benchmark: output tokens/s with and without a proposer, same process, same prompts.
+
+Workload (input-grounded, where prompt lookup pays): chat prompts that ask the model to repeat or correct a
+given text, greedy, so the answer copies long spans of its prompt. Two engines are loaded side by side
+(with and without ``speculative_config``) and the runs alternate, so both see the same machine load.
+
+    python benchmarks/spec_decode.py                       # CPU, SmolLM2, ngram k=4, batch 1 and 64
+    python benchmarks/spec_decode.py --batch-sizes 1 --max-tokens 64 --repeats 2 --out results.json
+
+At batch 64 the default policy (``disable_by_batch_size`` 8) switches speculation off; that run shows
+what the policy costs (it should be nothing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import subprocess
+import time
+from datetime import datetime, timezone
+
+TEXTS = [
+    "The city council met on Tuesday to discuss the new budget. After a long debate, the members agreed to "
+    "increase funding for public libraries and parks, while reducing the budget for road repairs. The mayor "
+    "said the decision reflects what residents asked for during the consultation held last spring.",
+    "Photosynthesis is the process by which green plants use sunlight to make food from carbon dioxide and "
+    "water. It takes place mainly in the leaves, inside small structures called chloroplasts, and it releases "
+    "oxygen into the air as a by-product, which most living things need to breathe.",
+    "To reset your password, open the settings page, click on the account tab, and choose the option called "
+    "reset password. You will receive an email with a link. Open the link within one hour, type a new "
+    "password twice, and press save. If the link has expired, start again from the settings page.",
+    "The museum will be closed on Monday for maintenance. Visitors who booked tickets for that day can use "
+    "them on any other day this month, or ask for a full refund at the front desk. The cafe and the gift "
+    "shop will stay open as usual from nine in the morning until five in the afternoon.",
+]
+TASKS = ["Repeat the following text exactly, word for word:\n\n{t}",
+         "Correct any mistakes in the following text and write it out in full:\n\n{t}"]
+
+
+def conversations(n: int) -> list:
+    out = []
+    for i in range(n):
+        t = TEXTS[i % len(TEXTS)]
+        out.append([{"role": "user", "content": TASKS[(i // len(TEXTS)) % len(TASKS)].format(t=t)}])
+    return out
+
+
+def run(llm, convs, max_tokens: int) -> tuple[float, int]:
+    from octavo import SamplingParams
+
+    params = SamplingParams(temperature=0, max_tokens=max_tokens)
+    t0 = time.perf_counter()
+    outs = llm.chat(convs, params, use_tqdm=False)
+    dt = time.perf_counter() - t0
+    return dt, sum(len(o.outputs[0].token_ids) for o in outs)
+
+
+def acceptance(llm) -> dict:
+    s = llm.llm_engine.get_stats()
+    return {"drafts": s.spec_decode_num_drafts, "draft_tokens": s.spec_decode_num_draft_tokens,
+            "accepted": s.spec_decode_num_accepted_tokens, "emitted": s.spec_decode_num_emitted_tokens,
+            "acceptance_rate": round(s.spec_decode_acceptance_rate, 3),
+            "accepted_per_pos": list(s.spec_decode_accepted_per_pos)}
+
+
+def main(argv=None) -> int:
+    import sys
+
+    argv = sys.argv[1:] if argv is None else argv
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default=None, help="target model (default: embedded SmolLM2-135M-Instruct)")
+    ap.add_argument("--speculative-config", default='{"method": "ngram", "num_speculative_tokens": 4, '
+                    '"prompt_lookup_max": 3}')
+    ap.add_argument("--batch-sizes", default="1,64")
+    ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--repeats", type=int, default=2, help="alternating runs per engine and batch size")
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--num-threads", type=int, default=None, help="torch threads per engine")
+    ap.add_argument("--batch1-prompts", type=int, default=8, help="conversations run one at a time at batch 1")
+    ap.add_argument("--out", default=None, help="write the results as JSON here")
+    args = ap.parse_args(argv)
+
+    from octavo import LLM
+
+    spec_cfg = json.loads(args.speculative_config)
+    common = dict(model=args.model, dtype=args.dtype, max_model_len=1024, seed=0, num_threads=args.num_threads)
+    base = LLM(**common)
+    spec = LLM(speculative_config=spec_cfg, **common)
+    run(base, conversations(1), 8)  # warm-up both
+    run(spec, conversations(1), 8)
+
+    results = []
+    for bs in [int(x) for x in args.batch_sizes.split(",")]:
+        row = {"batch_size": bs, "base_tok_s": [], "spec_tok_s": [], "tokens": {}}
+        for _ in range(args.repeats):
+            for name, llm in (("base", base), ("spec", spec)):
+                if bs == 1:  # batch 1: one conversation at a time
+                    dt, n = 0.0, 0
+                    for conv in conversations(args.batch1_prompts):
+                        d, k = run(llm, [conv], args.max_tokens)
+                        dt, n = dt + d, n + k
+                else:
+                    dt, n = run(llm, conversations(bs), args.max_tokens)
+                row[f"{name}_tok_s"].append(round(n / dt, 2))
+                row["tokens"][name] = n
+        row["speedup"] = round(sum(row["spec_tok_s"]) / sum(row["base_tok_s"]), 3)
+        row["spec_stats_cumulative"] = acceptance(spec)
+        results.append(row)
+        print(json.dumps(row))
+
+    meta = {"date": datetime.now(timezone.utc).isoformat(timespec="minutes"), "machine": platform.machine(),
+            "cpu": _cpu_model(), "speculative_config": spec_cfg, "max_tokens": args.max_tokens,
+            "dtype": args.dtype, "model": args.model or "SmolLM2-135M-Instruct (embedded GGUF)",
+            "num_threads": args.num_threads, "command": "python benchmarks/spec_decode.py " + " ".join(argv or []),
+            "note": "shared, loaded machine: compare base and spec of the same run only"}
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"meta": meta, "results": results}, f, indent=1)
+    for llm in (base, spec):
+        llm.llm_engine.shutdown()
+    return 0
+
+
+def _cpu_model() -> str:
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+        return next((line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name")), "")
+    except OSError:
+        return ""
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
