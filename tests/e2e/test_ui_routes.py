@@ -16,7 +16,8 @@ KEY = "k-disable-ui"
 
 @pytest.fixture(scope="module")
 def server():
-    srv = ServerProcess(["--disable-ui", "--api-key", KEY, "--max-model-len", "256", "--kv-cache-memory-bytes",
+    srv = ServerProcess(["--disable-ui", "--api-key", KEY, "--disable-frontend-multiprocessing",  # starts faster
+                         "--max-model-len", "256", "--kv-cache-memory-bytes",
                          str(16 << 20), "--uvicorn-log-level", "warning"]).start()
     yield srv
     srv.stop()
