@@ -53,6 +53,8 @@ def _default_platform(pm) -> str:
 def _status(reg: dict) -> str:
     if reg["shadowed_by"]:
         return f"shadowed by {reg['shadowed_by']}"
+    if "platforms" in reg:
+        return "runs on: " + (", ".join(reg["platforms"]) or "no device type")
     if "available" not in reg:
         return "registered"
     return "available" if reg["available"] else f"unavailable: {reg['reason']}"

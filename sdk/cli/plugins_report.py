@@ -24,8 +24,18 @@ def build_report(pm: Any) -> list[dict[str, Any]]:
                     entry["available"], entry["reason"] = pm.availability(r.kind, r.name)
                 else:
                     entry["available"], entry["reason"] = False, f"shadowed by {r.shadowed_by}"
+            elif r.kind == "quantizers" and r.shadowed_by is None:
+                entry["platforms"] = _quantizer_platforms(pm, r.name)
             regs.append(entry)
         out.append({"name": info.name, "distribution": info.distribution, "version": info.version,
                     "module": info.module, "builtin": info.builtin, "hooks": info.hooks,
                     "registrations": regs, "error": info.error})
     return out
+
+
+def _quantizer_platforms(pm: Any, name: str) -> list[str]:
+    """The device types a quantizer has kernels for (``Quantizer.device_types``); imports its module."""
+    try:
+        return list(getattr(pm.resolve("quantizers", name), "device_types", ()))
+    except Exception as e:  # noqa: BLE001 - reported, not raised: this feeds `octavo plugins`
+        return [f"failed to import: {type(e).__name__}: {e}"]
