@@ -140,6 +140,8 @@ class FrontEnd:
             internal_id = ro.request_id
             err = self._outputs.errors.pop(internal_id, None)
             ro.request_id = self._client_ids.get(internal_id, internal_id)
+            if err:  # the core names the internal id; the caller knows its own
+                err = err.replace(internal_id, ro.request_id)
             if ro.finished:
                 self._client_ids.pop(internal_id, None)
             result.append((internal_id, ro, err))

@@ -33,12 +33,12 @@ def test_core_error_finishes_the_whole_request(llm):
     rid, reqs = fe.submit("client-1", "Hello", SamplingParams(max_tokens=4, n=3))
     first, *siblings = [r.request_id for r in reqs]
     err = EngineCoreOutput(request_id=first, new_token_ids=[], finish_reason=FinishReason.ERROR,
-                           error="the core refused it")
+                           error=f"request {first}: the core refused it")
     results, to_abort = fe.process_outputs([err])
     assert sorted(to_abort) == sorted(siblings)
     [(internal, out, message)] = results
     assert internal == rid and out.request_id == "client-1" and out.finished
-    assert message == "the core refused it"
+    assert message == f"request {first.replace(rid, 'client-1')}: the core refused it"  # no internal id
     assert [c.finish_reason for c in out.outputs] == ["error"] * 3
     assert not fe.has_unfinished() and fe.parent_of(first) is None
 
