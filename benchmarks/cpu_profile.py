@@ -203,7 +203,7 @@ def main(argv=None) -> int:
               f"); forward+logits+sampler minus ops (python/dispatch) ~{rec['dispatch_ms_estimate']:.1f}", flush=True)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     record = {"card": f"CPU {torch.get_num_threads()} threads, isa "
-                      f"{sorted(f for f in open('/proc/cpuinfo').read().split() if f in ('avx2', 'avx512f', 'avx512_bf16', 'amx_bf16'))}",
+                      f"{sorted(set(open('/proc/cpuinfo').read().split()) & {'avx2', 'avx512f', 'avx512_bf16', 'amx_bf16'})}",
               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="minutes"),
               "command": "python benchmarks/cpu_profile.py " + " ".join(sys.argv[1:] if argv is None else argv),
               "commit": commit, "dtype": args.dtype, "quantization": args.quantization, "results": results}

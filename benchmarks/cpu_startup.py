@@ -1,0 +1,115 @@
+"""``octavo serve`` start-up time: process start to the first ``200`` from ``/v1/models``, on the embedded model.
+
+Why: issue 18 wants the server ready in under 2 s. Each round starts ``octavo serve`` twice with a fresh
+``OCTAVO_CACHE_DIR`` (cold: the GGUF tokenizer is converted and cached) and once more on the same folder
+(warm: the cached tokenizer is loaded), and also times the imports and tokenizer paths of the front end in
+a child process. Reports medians over ``--repeats`` rounds (the machine may be shared: compare the
+columns of one run).
+
+    python benchmarks/cpu_startup.py --repeats 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def time_serve(cache_dir: str, extra: list[str], timeout: float = 300.0) -> float:
+    port = free_port()
+    env = dict(os.environ, OCTAVO_CACHE_DIR=cache_dir)
+    cmd = [sys.executable, "-m", "octavo.cli.main", "serve", "--port", str(port), "--max-model-len", "2048",
+           "--uvicorn-log-level", "warning", *extra]
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        while time.perf_counter() - t0 < timeout:
+            if proc.poll() is not None:
+                raise RuntimeError(f"octavo serve exited with {proc.returncode}: {' '.join(cmd)}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=1) as r:
+                    if r.status == 200:
+                        return time.perf_counter() - t0
+            except OSError:
+                time.sleep(0.02)
+        raise TimeoutError("octavo serve was not ready in time")
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+_PARTS = r"""
+import json, os, sys, time
+t = {}
+t0 = time.perf_counter(); import torch; t["import torch"] = time.perf_counter() - t0
+t0 = time.perf_counter(); import transformers, tokenizers; t["import transformers"] = time.perf_counter() - t0
+t0 = time.perf_counter(); import octavo.cli.main, octavo.server; t["import octavo cli+server"] = time.perf_counter() - t0
+from octavo.core.loader import default_model_path
+from octavo.core.loader import tokenizer as tk
+from octavo.core.loader.gguf_file import gguf_tokenizer
+p = default_model_path()
+t0 = time.perf_counter(); tk.gguf_tokenizer_cache_key(p); t["tokenizer cache key (sha256)"] = time.perf_counter() - t0
+t0 = time.perf_counter(); gguf_tokenizer(p); t["tokenizer: convert from GGUF"] = time.perf_counter() - t0
+tk.cached_gguf_tokenizer(p)
+t0 = time.perf_counter(); tk.cached_gguf_tokenizer(p); t["tokenizer: cached (key + load)"] = time.perf_counter() - t0
+print(json.dumps(t))
+"""
+
+
+def time_parts(cache_dir: str) -> dict:
+    out = subprocess.run([sys.executable, "-c", _PARTS], env=dict(os.environ, OCTAVO_CACHE_DIR=cache_dir),
+                         capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--serve-args", default="", help="extra arguments for octavo serve (one string)")
+    ap.add_argument("--out", default="benchmarks/results/cpu_startup.json")
+    args = ap.parse_args(argv)
+    extra = args.serve_args.split()
+    rows = {"cold cache": [], "warm cache": []}
+    parts = []
+    for _ in range(args.repeats):
+        with tempfile.TemporaryDirectory() as d:
+            rows["cold cache"].append(time_serve(d, extra))
+            rows["warm cache"].append(time_serve(d, extra))
+            parts.append(time_parts(d))
+        print({k: round(v[-1], 2) for k, v in rows.items()}, {k: round(v, 2) for k, v in parts[-1].items()},
+              flush=True)
+    med = {k: statistics.median(v) for k, v in rows.items()}
+    med_parts = {k: statistics.median(p[k] for p in parts) for k in parts[0]}
+    for k, v in {**med, **med_parts}.items():
+        print(f"{k:<36}{v:8.2f} s")
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    record = {"card": f"CPU, {os.cpu_count()} cores; load average {os.getloadavg()[0]:.1f} at the end",
+              "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="minutes"),
+              "command": "python benchmarks/cpu_startup.py " + " ".join(sys.argv[1:] if argv is None else argv),
+              "commit": commit, "results": {"serve_ready_s": rows, "median_s": med, "parts_median_s": med_parts}}
+    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(record, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
