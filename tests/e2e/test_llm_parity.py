@@ -1,5 +1,6 @@
 """Greedy parity of the offline SDK with Hugging Face transformers on the real SmolLM2-135M-Instruct weights
-(the embedded GGUF, dequantized to float32 by both), under batching, chunked prefill, preemption and
+(the embedded GGUF, dequantized to float32 by both: ``quantization="none"``; its default 4-bit path is
+checked in tests/quant), under batching, chunked prefill, preemption and
 prefix caching; seeded sampling independent of the batch; bad input raising ValueError while the engine
 keeps serving."""
 
@@ -42,7 +43,7 @@ def gguf_path():
 
 @pytest.fixture(scope="module")
 def base_llm(gguf_path):
-    return LLM(gguf_path, dtype="float32", seed=0)
+    return LLM(gguf_path, dtype="float32", quantization="none", seed=0)
 
 
 @pytest.fixture(scope="module")
@@ -105,13 +106,13 @@ def test_batched_greedy_parity(base_llm, prompts, reference):
 
 
 def test_chunked_prefill_parity(gguf_path, prompts, reference):
-    llm = LLM(gguf_path, dtype="float32", max_num_batched_tokens=64, enable_prefix_caching=False)
+    llm = LLM(gguf_path, dtype="float32", quantization="none", max_num_batched_tokens=64, enable_prefix_caching=False)
     check_parity(llm.generate(to_inputs(prompts), GREEDY, use_tqdm=False), reference)
 
 
 def test_preemption_parity(gguf_path, prompts, reference):
     # 40 blocks of 8 tokens: 12 requests of ~40-70 prompt tokens + 48 new tokens cannot all fit at once.
-    llm = LLM(gguf_path, dtype="float32", num_gpu_blocks_override=40, block_size=8, enable_prefix_caching=False,
+    llm = LLM(gguf_path, dtype="float32", quantization="none", num_gpu_blocks_override=40, block_size=8, enable_prefix_caching=False,
               max_num_seqs=4)  # 4 x ~115 tokens > 312 cached tokens: preempts, without endless churn
     outs = llm.generate(to_inputs(prompts), GREEDY, use_tqdm=False)
     assert llm.llm_engine.get_stats().num_preemptions > 0
@@ -119,7 +120,7 @@ def test_preemption_parity(gguf_path, prompts, reference):
 
 
 def test_prefix_caching_parity(gguf_path, prompts, reference):
-    llm = LLM(gguf_path, dtype="float32", enable_prefix_caching=True, block_size=16)
+    llm = LLM(gguf_path, dtype="float32", quantization="none", enable_prefix_caching=True, block_size=16)
     # the first chat prompt fills the cache with the system prompt's blocks; the rest hit them
     first = llm.generate(to_inputs(prompts[6:7]), GREEDY, use_tqdm=False)
     rest = llm.generate(to_inputs(prompts[7:]), GREEDY, use_tqdm=False)
