@@ -15,7 +15,7 @@ TORCH_INDEX ?=
 TEST_ARGS  ?=
 SERVE_ARGS ?=
 
-.PHONY: venv serve generate test browser lint clean reliability spec-decode
+.PHONY: venv serve generate test browser lint clean reliability spec-decode distributed
 
 venv: $(STAMP)
 
@@ -50,6 +50,11 @@ reliability: $(STAMP)
 # ngram contract and the model-free suites.
 spec-decode: $(STAMP)
 	OCTAVO_SPEC_DECODE=full $(PY) -m pytest -q tests/spec_decode --timeout=1800 $(TEST_ARGS)
+
+# Distributed execution in full (Qwen3 with a replicated KV head, SmolLM2 at TP=3, the ray executor); `make
+# test` runs TP=2 on a tiny Llama, the executor choice and the dead-worker server test.
+distributed: $(STAMP)
+	OCTAVO_DISTRIBUTED=full $(PY) -m pytest -q tests/distributed --timeout=1800 $(TEST_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -1,12 +1,16 @@
-"""Tensor parallelism on CPU (gloo, ``mp`` executor): TP ranks give the single-process tokens and logprobs.
+"""Tensor parallelism on CPU (gloo): TP ranks give the single-process tokens and logprobs.
 
 One engine per configuration (each costs a few worker-process starts): random-weight Llama (2 KV heads,
-split over 2 ranks) and Qwen3 (1 KV head, replicated on both ranks) at TP=2, and the embedded SmolLM2 at
-TP=3 (its 9 heads and 3 KV heads do not split in 2). Prompts mix a chunked prefill, prompt logprobs and
-decode; greedy tokens must be equal and logprobs within 1e-4 of the ``uni`` run.
+split over 2 ranks) at TP=2 with the ``mp`` executor always; with ``OCTAVO_DISTRIBUTED=full`` (``make
+distributed``) also Qwen3 (1 KV head, replicated on both ranks) at TP=2, the embedded SmolLM2 at TP=3 (its 9
+heads and 3 KV heads do not split in 2) and the Llama through the ``ray`` executor (a local Ray instance).
+Prompts mix a chunked prefill, prompt logprobs and decode; greedy tokens must be equal and logprobs within
+1e-4 of the ``uni`` run.
 """
 
 from __future__ import annotations
+
+import os
 
 import pytest
 import torch
@@ -21,6 +25,8 @@ PROMPTS = [[5, 9, 30, 7], list(range(3, 40)), [11] * 20]
 PARAMS = [SamplingParams(temperature=0, max_tokens=8, logprobs=2, ignore_eos=True),
           SamplingParams(temperature=0, max_tokens=6, logprobs=1, prompt_logprobs=1, ignore_eos=True),
           SamplingParams(temperature=0, max_tokens=8, logprobs=0, ignore_eos=True)]
+FULL = os.environ.get("OCTAVO_DISTRIBUTED") == "full"
+full_only = pytest.mark.skipif(not FULL, reason="OCTAVO_DISTRIBUTED=full (make distributed) runs it")
 CONFIGS = {
     "llama": T.LlamaConfig(architectures=["LlamaForCausalLM"], **TINY),
     "qwen3-1kv": T.Qwen3Config(architectures=["Qwen3ForCausalLM"], head_dim=32, **{**TINY, "num_key_value_heads": 1}),
@@ -51,24 +57,45 @@ def assert_same(want, got):
         torch.testing.assert_close(torch.tensor(g_plp), torch.tensor(w_plp), atol=1e-4, rtol=0)
 
 
-@pytest.fixture(scope="module", params=sorted(CONFIGS))
-def checkpoint(request, tmp_path_factory):
-    config = CONFIGS[request.param]
+def make_checkpoint(name: str, tmp_path_factory) -> str:
+    config = CONFIGS[name]
     torch.manual_seed(0)
     ref = T.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     randomize_(ref)
-    path = tmp_path_factory.mktemp(request.param)
+    path = tmp_path_factory.mktemp(name)
     ref.save_pretrained(path)
     save_word_tokenizer(str(path))
     return str(path)
 
 
-def test_tp2_equals_single_process(checkpoint):
-    want = run(checkpoint)
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    """(checkpoint, its single-process result)"""
+    path = make_checkpoint("llama", tmp_path_factory)
+    want = run(path)
     assert any(plp for _, _, plp in want)  # the prompt-logprob request really produced some
-    assert_same(want, run(checkpoint, tensor_parallel_size=2))
+    return path, want
 
 
+def test_llama_tp2_mp_equals_single_process(llama):
+    path, want = llama
+    assert_same(want, run(path, tensor_parallel_size=2))
+
+
+@full_only
+def test_llama_tp2_ray_equals_single_process(llama):
+    pytest.importorskip("ray", reason="the ray executor needs `pip install octavo[ray]`")
+    path, want = llama
+    assert_same(want, run(path, tensor_parallel_size=2, distributed_executor_backend="ray"))
+
+
+@full_only
+def test_qwen3_replicated_kv_head_tp2_equals_single_process(tmp_path_factory):
+    path = make_checkpoint("qwen3-1kv", tmp_path_factory)
+    assert_same(run(path), run(path, tensor_parallel_size=2))
+
+
+@full_only
 def test_smollm2_tp3_equals_single_process():
     path = str(smollm2_safetensors_dir("float32"))
     prompts = [[1, 504, 3458, 314, 260, 6530, 28, 1303], list(range(100, 140))]
