@@ -9,6 +9,8 @@ import pytest
 from octavo import LLM, SamplingParams
 from octavo.plugins.platforms.cpu import CpuPlatform
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def default_llm():
