@@ -20,7 +20,8 @@ from octavo.step import NewRequestData, ScheduledRequestData, StepBatch
 class CachedRequestState:
     """What the runner knows about one request between steps."""
 
-    __slots__ = ("request_id", "prompt_token_ids", "sampling_params", "eos_token_id", "pooling", "all_token_ids")
+    __slots__ = ("request_id", "prompt_token_ids", "sampling_params", "eos_token_id", "pooling", "all_token_ids",
+                 "lora_request")
 
     def __init__(self, new: NewRequestData) -> None:
         self.request_id = new.request_id
@@ -28,6 +29,7 @@ class CachedRequestState:
         self.sampling_params = new.sampling_params
         self.eos_token_id = new.eos_token_id
         self.pooling = new.pooling
+        self.lora_request = new.lora_request
         self.all_token_ids: list[int] = list(new.prompt_token_ids)
 
     @property

@@ -10,6 +10,7 @@ import enum
 
 import msgspec
 
+from octavo.lora.request import LoRARequest
 from octavo.sampling_params import SamplingParams
 from octavo.step import TokenLogprobs  # the runner produces them; defined with the step contract
 
@@ -36,6 +37,7 @@ class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True):
     eos_token_id: int | None = None
     pooling: bool = False  # an embedding request: one forward pass, the pooled vector comes back
     cache_salt: str | None = None  # extra key for prefix-cache hashing (e.g. adapter or tenant)
+    lora_request: LoRARequest | None = None  # the adapter this sequence runs with (None: the base model)
 
 
 class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):

@@ -37,6 +37,7 @@ class ModelRunner:
                              "whose architecture supports task='embed'.")
         # A graph runner (e.g. CUDA graphs) may replace ``forward_fn`` for decode batches; see ``forward``.
         self.graph_runner = None
+        self.lora = None  # octavo.lora.manager.LoRAManager when enable_lora (set by the worker)
 
     def update_states(self, batch: StepBatch) -> None:
         """Forget finished requests first (an id may come back as a new request in the same batch), then
@@ -54,7 +55,8 @@ class ModelRunner:
             state.write(s)
 
     def forward(self, inputs: StepInputs) -> torch.Tensor:
-        if self.graph_runner is not None:  # a captured decode step brings its own static metadata
+        # a captured decode step brings its own static metadata (not the per-step LoRA slots: those run eager)
+        if self.graph_runner is not None and not (self.lora is not None and self.lora.active):
             hidden = self.graph_runner.maybe_run(inputs)
             if hidden is not None:
                 return hidden
@@ -71,6 +73,9 @@ class ModelRunner:
             return result
         reqs = self.requests
         inputs = build_step_inputs(batch, reqs, self.block_size, self.device)
+        if self.lora is not None:  # each token's adapter slot for this step (octavo.lora.manager)
+            self.lora.prepare([reqs[s.request_id].lora_request for s in batch.scheduled],
+                              [len(s.token_ids) + len(s.spec_token_ids) for s in batch.scheduled])
         hidden = self.forward(inputs)
 
         if inputs.pooling_req_ids:

@@ -54,6 +54,7 @@ class Scheduler:
         self.kv = kv
         self.max_model_len = max_model_len
         self.max_num_seqs = sched.max_num_seqs
+        self.max_loras = settings.lora.max_loras  # distinct LoRA adapters running at once (device slots)
         self.chunked_prefill = sched.enable_chunked_prefill
         self.max_num_batched_tokens = sched.max_num_batched_tokens or (
             max(2048, min(max_model_len, 8192)) if self.chunked_prefill else max_model_len)
@@ -130,7 +131,8 @@ class Scheduler:
         # Admit waiting requests only when nothing had to be preempted: a fresh admission would just be
         # the next victim.
         while not preempted and self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
-            req = next((r for r in self.waiting if r.grammar_ready), None)  # grammars compile off this loop
+            # grammars compile off this loop; an adapter waits while max_loras others run
+            req = next((r for r in self.waiting if r.grammar_ready and self._lora_fits(r)), None)
             if req is None:
                 break
             hits, num_hit_tokens = self.kv.get_computed_blocks(req)
@@ -154,6 +156,14 @@ class Scheduler:
         decodes = [s for s in scheduled if s.num_tokens == 1 and s.num_computed_tokens > 0]
         others = [s for s in scheduled if not (s.num_tokens == 1 and s.num_computed_tokens > 0)]
         return SchedulerOutput(decodes + others, len(decodes), self.max_num_batched_tokens - budget, preempted)
+
+    def _lora_fits(self, req: Request) -> bool:
+        """Whether ``req`` may join the running set: at most ``max_loras`` distinct adapters run at once."""
+        lora = req.lora_request
+        if lora is None:
+            return True
+        running = {r.lora_request.lora_int_id for r in self.running if r.lora_request is not None}
+        return lora.lora_int_id in running or len(running) < self.max_loras
 
     def _usable_drafts(self, req: Request, budget: int) -> list[int]:
         """The drafts ``req`` verifies this step: only while decoding (one known token to compute), cut to

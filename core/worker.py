@@ -110,6 +110,10 @@ class Worker:
         self.runner = ModelRunner(self.model, self.attn_backend_cls, self.device, block_size, self.vocab_size,
                                   synchronize=platform.synchronize, task=settings.model.task)
         self.prepared = prepare_on_platform(self)  # typed handle in, step runner out (core/platform_setup.py)
+        if settings.lora.enable_lora:  # adapter slots + a hook on every projection (docs/lora.md)
+            from octavo.lora.manager import LoRAManager
+
+            self.runner.lora = LoRAManager(self.model, settings.lora, self.dtype, self.device)
         logger.info("Loaded %s (%s) on %s as %s; attention backend %s; KV cache %d blocks x %d tokens",
                     self.resolved.source, self.resolved.architecture, self.device, str(self.dtype).split(".")[-1],
                     getattr(self.attn_backend_cls, "name", None), self.num_blocks, block_size)

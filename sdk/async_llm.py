@@ -150,7 +150,8 @@ class AsyncLLM:
 
     # ------------------------------------------------------------------------------------------ requests
     async def generate(self, prompt: Any, sampling_params: SamplingParams | None = None,
-                       request_id: str | None = None, priority: int = 0) -> AsyncIterator[RequestOutput]:
+                       request_id: str | None = None, priority: int = 0,
+                       lora_request: Any = None) -> AsyncIterator[RequestOutput]:
         """Submit one request and iterate over its outputs until it finishes.
 
         Args:
@@ -160,6 +161,7 @@ class AsyncLLM:
             request_id: the caller's id, echoed in every output (default: a random one). It need not be
                 unique: the engine runs each request under its own internal id.
             priority: lower runs first under ``scheduling_policy="priority"``.
+            lora_request: an ``octavo.lora.request.LoRARequest`` (needs ``enable_lora``), or None.
 
         Yields:
             ``RequestOutput`` objects; the last has ``finished=True``.
@@ -169,7 +171,7 @@ class AsyncLLM:
                 rejected the request.
             EngineDeadError: the engine core died before or while serving this request.
         """
-        stream = self.add_request(prompt, sampling_params, request_id, priority)
+        stream = self.add_request(prompt, sampling_params, request_id, priority, lora_request=lora_request)
         try:
             async for out in stream:
                 yield out
@@ -201,7 +203,8 @@ class AsyncLLM:
                                 _pooling=True)
 
     def add_request(self, prompt: Any, sampling_params: SamplingParams | None = None,
-                    request_id: str | None = None, priority: int = 0, _pooling: bool = False) -> RequestStream:
+                    request_id: str | None = None, priority: int = 0, _pooling: bool = False,
+                    lora_request: Any = None) -> RequestStream:
         """Validate and submit a request now; iterate the returned stream for its outputs.
 
         Unlike :meth:`generate`, bad input raises here, before the caller commits to a response (the
@@ -221,7 +224,7 @@ class AsyncLLM:
         self._ensure_output_task()
         request_id = request_id or uuid.uuid4().hex
         internal_id, core_reqs = self.frontend.submit(request_id, prompt, sampling_params, priority,
-                                                      pooling=_pooling)
+                                                      pooling=_pooling, lora_request=lora_request)
         q: asyncio.Queue = asyncio.Queue()
         self._queues[internal_id] = q
         self._not_started.add(internal_id)

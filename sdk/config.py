@@ -142,6 +142,17 @@ class ServerSettings(_Section):
                              "(/dashboard).")
 
 
+class LoRASettings(_Section):
+    enable_lora: bool = Field(False, description="Serve LoRA adapters (PEFT) on the base model, several per "
+                              "batch. Off: requests naming an adapter are refused.")
+    max_loras: int = Field(1, ge=1, description="Most distinct adapters in one step (device slots).")
+    max_lora_rank: int = Field(16, ge=1, description="Largest adapter rank accepted; sizes the device slots.")
+    max_cpu_loras: int | None = Field(None, ge=1, description="Adapters kept loaded on the host (LRU). "
+                                      "Default: max_loras; must be >= max_loras.")
+    lora_dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="Dtype of the adapter weights on the device. auto: the model dtype.")
+
+
 SECTIONS: dict[str, type[_Section]] = {
     "model": ModelSettings,
     "device": DeviceSettings,
@@ -149,6 +160,7 @@ SECTIONS: dict[str, type[_Section]] = {
     "scheduler": SchedulerSettings,
     "parallel": ParallelSettings,
     "server": ServerSettings,
+    "lora": LoRASettings,
 }
 # flat field name -> section name; names are unique across sections (checked at import).
 FIELD_SECTION: dict[str, str] = {}
@@ -237,6 +249,7 @@ class OctavoSettings(BaseSettings):
     scheduler: SchedulerSettings = Field(default_factory=SchedulerSettings)
     parallel: ParallelSettings = Field(default_factory=ParallelSettings)
     server: ServerSettings = Field(default_factory=ServerSettings)
+    lora: LoRASettings = Field(default_factory=LoRASettings)
 
     _config_file: str | None = None
 
@@ -260,6 +273,10 @@ class OctavoSettings(BaseSettings):
                 "Raise max_num_batched_tokens, lower max_model_len, or enable chunked prefill.")
         if self.parallel.tensor_parallel_size > 1 and self.parallel.distributed_executor_backend == "uni":
             raise ValueError("tensor_parallel_size > 1 needs distributed_executor_backend 'mp' or 'ray', not 'uni'.")
+        if self.lora.enable_lora:
+            from octavo.lora.settings import check_lora_settings
+
+            check_lora_settings(self)
         return self
 
     @classmethod

@@ -78,7 +78,8 @@ class FrontEnd:
                              "start this one with task='embed' if its architecture supports it).", "model")
 
     def submit(self, client_id: str, prompt: Any, params: SamplingParams | None, priority: int = 0, *,
-               pooling: bool = False, queue: Any = None) -> tuple[str, list[EngineCoreRequest]]:
+               pooling: bool = False, queue: Any = None,
+               lora_request: Any = None) -> tuple[str, list[EngineCoreRequest]]:
         """Validate one request and register it; returns its internal id and the core requests to send.
 
         Nothing is registered when this raises (``InputError``), so the caller has nothing to undo.
@@ -87,6 +88,12 @@ class FrontEnd:
         self.check_task(pooling)
         internal_id = self._new_id(client_id)
         text, ids, core_reqs = self._inputs.process(internal_id, prompt, params, priority, pooling=pooling)
+        if lora_request is not None:  # checked here, so a bad adapter fails this request only
+            from octavo.lora.adapter import check_lora_request
+
+            lora_request = check_lora_request(lora_request, self.settings, pooling)
+            for r in core_reqs:
+                r.lora_request = lora_request
         self._outputs.add_request(internal_id, text, ids, params, [r.request_id for r in core_reqs], queue)
         self._client_ids[internal_id] = client_id
         return internal_id, core_reqs

@@ -44,7 +44,8 @@ class LLM:
         return metrics_from_stats(self.llm_engine.get_stats())
 
     def generate(self, prompts: Any, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 use_tqdm: bool = True, priority: list[int] | None = None) -> list[RequestOutput]:
+                 use_tqdm: bool = True, priority: list[int] | None = None,
+                 lora_request: Any = None) -> list[RequestOutput]:
         """Complete every prompt; outputs come back in the order of ``prompts``.
 
         Args:
@@ -53,18 +54,21 @@ class LLM:
             sampling_params: one for all prompts or one per prompt (default ``SamplingParams()``).
             use_tqdm: show a progress bar with tokens/s.
             priority: per-prompt priority (with ``scheduling_policy="priority"``).
+            lora_request: a ``LoRARequest`` for all prompts or a list with one (or None) per prompt
+                (needs ``enable_lora``).
 
         Raises:
             ValueError: a prompt or parameter is invalid; nothing of this call is left running.
         """
         prompts = _as_list(prompts)
         params = _per_prompt(sampling_params, len(prompts))
-        return self._run([(p, sp) for p, sp in zip(prompts, params)], use_tqdm, priority)
+        loras = _per_prompt_lora(lora_request, len(prompts))
+        return self._run([(p, sp) for p, sp in zip(prompts, params)], use_tqdm, priority, loras)
 
     def chat(self, messages: list[dict] | list[list[dict]], sampling_params=None, use_tqdm: bool = True,
              chat_template: str | None = None, add_generation_prompt: bool = True,
              continue_final_message: bool = False, tools: list | None = None,
-             chat_template_kwargs: dict | None = None) -> list[RequestOutput]:
+             chat_template_kwargs: dict | None = None, lora_request: Any = None) -> list[RequestOutput]:
         """Generate replies to one conversation or a list of them, using the model's chat template.
 
         Args:
@@ -80,7 +84,7 @@ class LLM:
                                                     chat_template=chat_template, tools=tools,
                                                     chat_template_kwargs=chat_template_kwargs)
             prompts.append({"prompt": text, "prompt_token_ids": ids})
-        return self.generate(prompts, sampling_params, use_tqdm)
+        return self.generate(prompts, sampling_params, use_tqdm, lora_request=lora_request)
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached prefix block; False (nothing changed) while requests still hold blocks."""
@@ -108,7 +112,8 @@ class LLM:
             raise
         return self._collect(ids, use_tqdm)
 
-    def _run(self, items: list[tuple[Any, SamplingParams]], use_tqdm: bool, priority) -> list[RequestOutput]:
+    def _run(self, items: list[tuple[Any, SamplingParams]], use_tqdm: bool, priority,
+             loras: list | None = None) -> list[RequestOutput]:
         engine = self.llm_engine
         ids = []
         try:
@@ -117,7 +122,8 @@ class LLM:
                     sp = sp.clone()
                     sp.output_kind = RequestOutputKind.FINAL_ONLY
                 rid = str(next(self._counter))
-                engine.add_request(rid, prompt, sp, priority[i] if priority else 0)
+                engine.add_request(rid, prompt, sp, priority[i] if priority else 0,
+                                   lora_request=loras[i] if loras else None)
                 ids.append(rid)
         except ValueError:
             engine.abort_request(ids)
@@ -167,6 +173,14 @@ def _per_prompt(params, n: int) -> list[SamplingParams]:
     if len(params) != n:
         raise ValueError(f"got {len(params)} SamplingParams for {n} prompts; give one, or one per prompt.")
     return params
+
+
+def _per_prompt_lora(lora: Any, n: int) -> list | None:
+    if lora is None or not isinstance(lora, (list, tuple)):
+        return [lora] * n if lora is not None else None
+    if len(lora) != n:
+        raise ValueError(f"got {len(lora)} LoRA requests for {n} prompts; give one, or one per prompt.")
+    return list(lora)
 
 
 def _progress(total: int):

@@ -48,7 +48,7 @@ class LLMEngine:
         return self.frontend.render_chat(messages, **kwargs)
 
     def add_request(self, request_id: str, prompt: Any, params: SamplingParams | None = None,
-                    priority: int = 0) -> None:
+                    priority: int = 0, lora_request: Any = None) -> None:
         """Queue a request. Raises ``ValueError`` (and queues nothing) if the prompt or parameters are invalid.
 
         Args:
@@ -57,16 +57,18 @@ class LLMEngine:
             params: sampling parameters (default: ``SamplingParams()``).
             priority: lower runs first under ``scheduling_policy="priority"``.
         """
-        self._add(request_id, prompt, params or SamplingParams(), priority, pooling=False)
+        self._add(request_id, prompt, params or SamplingParams(), priority, pooling=False, lora_request=lora_request)
 
     def add_embedding_request(self, request_id: str, prompt: Any, priority: int = 0) -> None:
         """Queue an embedding request (embedding models only); its output is an ``EmbeddingRequestOutput``."""
         self._add(request_id, prompt, SamplingParams(max_tokens=1, detokenize=False), priority, pooling=True)
 
-    def _add(self, request_id: str, prompt: Any, params: SamplingParams, priority: int, pooling: bool) -> None:
+    def _add(self, request_id: str, prompt: Any, params: SamplingParams, priority: int, pooling: bool,
+             lora_request: Any = None) -> None:
         if request_id in self._ids:
             raise ValueError(f"request id {request_id!r} is already in use; pass a unique id.")
-        internal_id, core_reqs = self.frontend.submit(request_id, prompt, params, priority, pooling=pooling)
+        internal_id, core_reqs = self.frontend.submit(request_id, prompt, params, priority, pooling=pooling,
+                                                      lora_request=lora_request)
         added = []
         try:
             for r in core_reqs:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import msgspec
 
+from octavo.lora.request import LoRARequest
 from octavo.sampling_params import SamplingParams
 
 
@@ -44,6 +45,7 @@ class NewRequestData(msgspec.Struct, array_like=True, omit_defaults=True):
     sampling_params: SamplingParams
     eos_token_id: int | None = None
     pooling: bool = False  # an embedding request: the pooled vector comes back instead of a token
+    lora_request: LoRARequest | None = None  # the LoRA adapter it runs with (None: the base model)
 
 
 class ScheduledRequestData(msgspec.Struct, array_like=True, omit_defaults=True):

@@ -59,7 +59,9 @@ class KVCacheManager:
             i = len(hashes)
             parent = hashes[-1] if hashes else None
             tokens = req.all_token_ids[i * bs:(i + 1) * bs]
-            hashes.append(hash_block_tokens(parent, tokens, req.cache_salt))
+            lora = req.lora_request  # two adapters never share KV blocks (K/V depend on the adapter)
+            extra = req.cache_salt if lora is None else (req.cache_salt, lora.lora_int_id, lora.lora_path)
+            hashes.append(hash_block_tokens(parent, tokens, extra))
         return hashes[:num_full_blocks]
 
     def get_computed_blocks(self, req: Request) -> tuple[list[KVBlock], int]:

@@ -1,0 +1,146 @@
+"""Device slots for LoRA adapters: stacked A/B per projection, an LRU of slots and a host LRU behind it.
+
+The manager wraps every linear projection of the model (``LinearBase``: q/k/v, o, gate/up, down) with a
+forward hook that adds the batched LoRA delta (:mod:`octavo.lora.ops`) to the layer's output, so the layers
+themselves stay untouched (quantized weights included: the hook only sees the input and the output).
+
+Per projection, slot ``s`` holds ``A [R, in]`` and ``B [out, R]`` where a fused projection stacks its parts
+along the rank (``R = parts * max_lora_rank``) and B is block-diagonal: the q/k/v (gate/up) adapters of one
+slot run as one shrink and one expand. Each step the runner calls :meth:`LoRAManager.prepare` with the
+adapter of each scheduled request; adapters not on the device take the least recently used free slot
+(loaded from the host LRU of ``max_cpu_loras`` adapters, or from disk).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any
+
+import torch
+
+from octavo.lora.adapter import load_adapter
+from octavo.lora.ops import group_tokens, lora_shrink_expand
+from octavo.lora.request import LoRARequest
+
+
+class _Projection:
+    __slots__ = ("name", "offsets", "sizes", "lora_a", "lora_b", "rank")
+
+    def __init__(self, name: str, module: Any, slots: int, rank: int, dtype: torch.dtype, device) -> None:
+        self.name, self.rank, self.sizes = name, rank, list(module.output_sizes)
+        self.offsets = [sum(self.sizes[:i]) for i in range(len(self.sizes))]
+        r_total = rank * len(self.sizes)
+        self.lora_a = torch.zeros(slots, r_total, module.input_size, dtype=dtype, device=device)
+        self.lora_b = torch.zeros(slots, module.output_size, r_total, dtype=dtype, device=device)
+
+
+class LoRAManager:
+    """Holds the model's adapter slots and the token -> slot map of the current step.
+
+    Args:
+        model: the loaded model (its ``packed_modules_mapping`` names the checkpoint parts of fused layers).
+        lora: the ``lora`` settings section (``max_loras``, ``max_lora_rank``, ``max_cpu_loras``, ``lora_dtype``).
+        dtype: the model dtype (``lora_dtype="auto"``); device: where slots live.
+    """
+
+    def __init__(self, model: torch.nn.Module, lora: Any, dtype: torch.dtype, device: torch.device) -> None:
+        from octavo.nn import LinearBase
+
+        self.max_loras, self.max_rank = lora.max_loras, lora.max_lora_rank
+        self.max_cpu = lora.max_cpu_loras or lora.max_loras
+        self.dtype = dtype if lora.lora_dtype == "auto" else getattr(torch, lora.lora_dtype)
+        self.device = device
+        packed = getattr(model, "packed_modules_mapping", {})
+        self.projections: dict[str, _Projection] = {}
+        # checkpoint module path -> (octavo module path, shard, shard out size, in size)
+        self.targets: dict[str, tuple[str, int, int, int]] = {}
+        for name, module in model.named_modules():
+            if not isinstance(module, LinearBase):
+                continue
+            proj = _Projection(name, module, self.max_loras, self.max_rank, self.dtype, device)
+            self.projections[name] = proj
+            prefix, _, leaf = name.rpartition(".")
+            parts = packed.get(leaf, [leaf]) if len(module.output_sizes) > 1 else [leaf]
+            if len(parts) != len(module.output_sizes):
+                raise ValueError(f"{name}: packed_modules_mapping lists {parts} for {len(module.output_sizes)} parts")
+            for i, part in enumerate(parts):
+                ckpt = f"{prefix}.{part}" if prefix else part
+                self.targets[ckpt] = (name, i, module.output_sizes[i], module.input_size)
+            module.register_forward_hook(self._hook(proj))
+        self.host: OrderedDict[int, tuple[str, dict]] = OrderedDict()  # adapter id -> (path, weights), LRU
+        self.slot_of: OrderedDict[int, int] = OrderedDict()  # adapter id -> device slot, LRU
+        self.groups: list[tuple[int, torch.Tensor | None]] = []  # this step's (slot, token rows)
+
+    @property
+    def active(self) -> bool:
+        return bool(self.groups)
+
+    def _hook(self, proj: _Projection):
+        def hook(module, args, output):
+            if not self.groups:
+                return output
+            return lora_shrink_expand(args[0], output, proj.lora_a, proj.lora_b, self.groups)
+        return hook
+
+    # ------------------------------------------------------------------------------------ per step
+    def prepare(self, loras: list[LoRARequest | None], query_lens: list[int]) -> None:
+        """Put this step's adapters in slots and map every token to its request's slot (-1: base model).
+
+        Raises:
+            ValueError: more distinct adapters than ``max_loras`` (the scheduler never sends that), or an
+                adapter that fails to load (``AdapterError``).
+        """
+        wanted = list(dict.fromkeys(lr.lora_int_id for lr in loras if lr is not None))
+        if not wanted:
+            self.groups = []
+            return
+        if len(wanted) > self.max_loras:
+            raise ValueError(f"a step holds {len(wanted)} distinct LoRA adapters but max_loras={self.max_loras}")
+        by_id = {lr.lora_int_id: lr for lr in loras if lr is not None}
+        for aid in wanted:
+            self._ensure_slot(by_id[aid], keep=set(wanted))
+        slots = [self.slot_of[lr.lora_int_id] if lr is not None else -1 for lr in loras]
+        token_slots = torch.repeat_interleave(torch.tensor(slots), torch.tensor(query_lens))
+        self.groups = [(s, None if rows is None else rows.to(self.device))
+                       for s, rows in group_tokens(token_slots)]
+
+    def clear(self) -> None:
+        self.groups = []
+
+    def _ensure_slot(self, lora: LoRARequest, keep: set[int]) -> int:
+        aid = lora.lora_int_id
+        if aid in self.slot_of:
+            self.slot_of.move_to_end(aid)
+            return self.slot_of[aid]
+        weights = self._host_weights(lora)
+        used = set(self.slot_of.values())
+        free = [s for s in range(self.max_loras) if s not in used]
+        if free:
+            slot = free[0]
+        else:  # evict the least recently used adapter that this step does not need
+            victim = next(a for a in self.slot_of if a not in keep)
+            slot = self.slot_of.pop(victim)
+        self._write_slot(slot, weights)
+        self.slot_of[aid] = slot
+        return slot
+
+    def _host_weights(self, lora: LoRARequest) -> dict:
+        aid = lora.lora_int_id
+        if aid in self.host and self.host[aid][0] == lora.lora_path:
+            self.host.move_to_end(aid)
+            return self.host[aid][1]
+        _, weights = load_adapter(lora.lora_path, self.max_rank, self.targets)
+        self.host[aid] = (lora.lora_path, weights)
+        while len(self.host) > self.max_cpu:
+            self.host.popitem(last=False)
+        return weights
+
+    def _write_slot(self, slot: int, weights: dict) -> None:
+        for proj in self.projections.values():
+            proj.lora_a[slot].zero_()
+            proj.lora_b[slot].zero_()
+            for shard, a, b in weights.get(proj.name, []):
+                r0, o0 = shard * self.max_rank, proj.offsets[shard]
+                r = a.shape[0]
+                proj.lora_a[slot, r0:r0 + r].copy_(a)
+                proj.lora_b[slot, o0:o0 + b.shape[0], r0:r0 + r].copy_(b)
