@@ -17,6 +17,7 @@ QUANTIZERS = {
     "gptq": f"{_PKG}.gptq_awq:GPTQQuantizer",
     "awq": f"{_PKG}.gptq_awq:AWQQuantizer",
     "fp8": f"{_PKG}.fp8:FP8Quantizer",
+    "compressed-tensors": f"{_PKG}.compressed_tensors:CompressedTensorsQuantizer",
 }
 
 

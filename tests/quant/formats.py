@@ -77,6 +77,17 @@ def awq_tensors(w: torch.Tensor, group_size: int):
     return tensors, _dequant(q, zeros, scales, g_idx)
 
 
+def compressed_w4a16_tensors(w: torch.Tensor, group_size: int):
+    """compressed-tensors ``pack-quantized`` W4A16 (symmetric, offset-coded q + 8, packed along input columns)."""
+    n, k = w.shape
+    groups = w.float().reshape(n, k // group_size, group_size)
+    scale = (groups.abs().amax(-1) / 7.5).clamp(min=1e-6).half().float()  # [N, G]
+    q = torch.clamp(torch.round(groups / scale[..., None]), -8, 7).reshape(n, k)  # signed int4
+    tensors = {"weight_packed": _pack((q + 8).to(torch.int32), 1), "weight_scale": scale.half(),
+               "weight_shape": torch.tensor([n, k], dtype=torch.int64)}
+    return tensors, (q.reshape(n, k // group_size, group_size) * scale[..., None]).reshape(n, k)
+
+
 def write_checkpoints(hf_model, root: str, name: str, quant_config: dict | None, make) -> tuple[str, str]:
     """Save ``hf_model`` quantized by ``make(weight, layer_index) -> (tensors, dequantized)`` under
     ``root/name`` and its dequantized dense twin under ``root/name-dense``; returns both paths."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from octavo.plugins.quant.compressed_tensors import CompressedTensorsQuantizer
 from octavo.plugins.quant.fp8 import FP8Quantizer, quantize_fp8_rows
 from octavo.plugins.quant.gguf import GGUFQuantizer, blocks_to_float
 from octavo.plugins.quant.gptq_awq import AWQQuantizer, GPTQQuantizer
@@ -13,7 +14,7 @@ from octavo.plugins.quant.kernels import dequantize_int4, quantize_int4, quantiz
 from octavo.plugins.quant.weight_only import Int4Quantizer, Int8Quantizer
 from octavo.quant import GGUFBlocks
 from octavo.testing import QuantizerContract
-from tests.quant.formats import awq_tensors, gptq_tensors
+from tests.quant.formats import awq_tensors, compressed_w4a16_tensors, gptq_tensors
 
 # bf16 activations, bf16 scales and a bf16 output: ~0.5% of the output range, bounded here at 1.5%
 INT_REL_ERROR = 0.015
@@ -48,6 +49,17 @@ class TestAWQ(QuantizerContract):
 
     def make_checkpoint(self, weight):
         return awq_tensors(weight, 128)
+
+
+class TestCompressedTensorsW4A16(QuantizerContract):
+    quantizer_cls, rel_error = CompressedTensorsQuantizer, INT_REL_ERROR
+    config = {"quant_method": "compressed-tensors", "format": "pack-quantized",
+              "config_groups": {"g": {"weights": {"num_bits": 4, "type": "int", "symmetric": True,
+                                                  "strategy": "group", "group_size": 128},
+                                      "input_activations": None}}}
+
+    def make_checkpoint(self, weight):
+        return compressed_w4a16_tensors(weight, 128)
 
 
 class TestGGUFQ4_1(QuantizerContract):

@@ -13,7 +13,7 @@ import torch
 
 from octavo.nn import UnquantizedLinearMethod
 from octavo.plugins.quant.kernels import dequantize_int4, quantize_int4, quantize_int8
-from tests.quant.formats import awq_tensors, gptq_tensors, write_checkpoints
+from tests.quant.formats import awq_tensors, compressed_w4a16_tensors, gptq_tensors, write_checkpoints
 from tests.quant.helpers import greedy, load
 
 # bf16 activations (and bf16 scales) in the int kernels: logits differ from the fp32 dense run by 1.8-2.8% of
@@ -34,6 +34,13 @@ CASES = {
                 lambda w, i: awq_tensors(w, 32)),
     "awq-g128": ({"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True, "version": "gemm"},
                  lambda w, i: awq_tensors(w, 128)),
+    "compressed-tensors-w4a16-g64": (
+        {"quant_method": "compressed-tensors", "format": "pack-quantized",
+         "config_groups": {"group_0": {"targets": ["Linear"], "input_activations": None,
+                                       "weights": {"num_bits": 4, "type": "int", "symmetric": True,
+                                                   "strategy": "group", "group_size": 64}}},
+         "ignore": ["lm_head"]},
+        lambda w, i: compressed_w4a16_tensors(w, 64)),
     # dense checkpoints quantized while loading: the twin holds octavo's own rounding of each weight
     "int4": (None, lambda w, i: ({"weight": w}, dequantize_int4(*quantize_int4(w, 128)))),
     "int8": (None, lambda w, i: ({"weight": w}, (lambda q, s: q.float() * s[:, None])(*quantize_int8(w)))),
@@ -61,7 +68,7 @@ def test_quantized_matches_dequantized_dense(case, hf_model, tmp_path):
     qdir, ddir = write_checkpoints(hf_model, str(tmp_path), case, quant_config, make)
     quantized, quantizer = load(qdir, case if quant_config is None else None)
     dense, _ = load(ddir, None)
-    assert quantizer is not None and quantizer.name == case.split("-")[0]
+    assert quantizer is not None and case.startswith(quantizer.name)
     methods = {type(m.quant_method).__name__ for m in quantized.modules() if hasattr(m, "quant_method")}
     assert UnquantizedLinearMethod.__name__ not in methods, f"{case} left linear layers dense: {methods}"
     want_tokens, want_logits = greedy(dense, PROMPTS, 12)
