@@ -136,6 +136,8 @@ class EngineCore:
         batch = self.steps.build(sched_out)
         self.structured.attach_bitmasks(sched_out, batch)
         result = self.executor.execute(batch)
+        for rid in result.failed:  # the runner could not serve it (e.g. its LoRA adapter): no tokens, an error
+            result.sampled.pop(rid, None)
         updates = self.scheduler.update(sched_out, result.sampled)
         self.structured.accept_tokens(updates)
         outputs, finished = early, []
@@ -165,6 +167,12 @@ class EngineCore:
                 out.stop_reason = req.stop_reason
                 finished.append(rid)
             outputs.append(out)
+        for rid, why in result.failed.items():
+            req = self.scheduler.requests.get(rid)
+            if req is not None and not req.is_finished:
+                self.scheduler._finish(req, FinishReason.ERROR)
+                outputs.append(EngineCoreOutput(rid, [], finish_reason=FinishReason.ERROR, error=why))
+                finished.append(rid)
         if finished:
             self.steps.forget(finished)
         if self.spec is not None:

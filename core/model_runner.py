@@ -74,8 +74,9 @@ class ModelRunner:
         reqs = self.requests
         inputs = build_step_inputs(batch, reqs, self.block_size, self.device)
         if self.lora is not None:  # each token's adapter slot for this step (octavo.lora.manager)
-            self.lora.prepare([reqs[s.request_id].lora_request for s in batch.scheduled],
-                              [len(s.token_ids) + len(s.spec_token_ids) for s in batch.scheduled])
+            ids = [s.request_id for s in batch.scheduled]  # a request whose adapter fails to load fails alone
+            result.failed = self.lora.prepare(ids, [reqs[rid].lora_request for rid in ids],
+                                              [len(s.token_ids) + len(s.spec_token_ids) for s in batch.scheduled])
         hidden = self.forward(inputs)
 
         if inputs.pooling_req_ids:

@@ -97,6 +97,7 @@ class RunnerOutput(msgspec.Struct, array_like=True, omit_defaults=True):
     logprobs: dict[str, list[TokenLogprobs]] = {}  # one entry per sampled token, when asked for
     prompt_logprobs: dict[str, PromptLogprobs] = {}
     pooled: dict[str, list[float]] = {}
+    failed: dict[str, str] = {}  # requests the runner could not serve (e.g. a bad LoRA adapter) -> the error
 
 
 class WorkerInfo(msgspec.Struct, omit_defaults=True):

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from octavo.lora.adapter import load_adapter
+from octavo.lora.adapter import AdapterError, load_adapter
 from octavo.lora.ops import group_tokens, lora_shrink_expand
 from octavo.lora.request import LoRARequest
 
@@ -83,26 +83,37 @@ class LoRAManager:
         return hook
 
     # ------------------------------------------------------------------------------------ per step
-    def prepare(self, loras: list[LoRARequest | None], query_lens: list[int]) -> None:
+    def prepare(self, request_ids: list[str], loras: list[LoRARequest | None], query_lens: list[int]
+                ) -> dict[str, str]:
         """Put this step's adapters in slots and map every token to its request's slot (-1: base model).
 
+        Returns:
+            ``{request id: error}`` for requests whose adapter failed to load (wrong shapes, unreadable
+            file): they run without an adapter this step and the engine core fails them with that error.
+
         Raises:
-            ValueError: more distinct adapters than ``max_loras`` (the scheduler never sends that), or an
-                adapter that fails to load (``AdapterError``).
+            ValueError: more distinct adapters than ``max_loras`` (the scheduler never sends that).
         """
         wanted = list(dict.fromkeys(lr.lora_int_id for lr in loras if lr is not None))
+        self.groups = []
         if not wanted:
-            self.groups = []
-            return
+            return {}
         if len(wanted) > self.max_loras:
             raise ValueError(f"a step holds {len(wanted)} distinct LoRA adapters but max_loras={self.max_loras}")
         by_id = {lr.lora_int_id: lr for lr in loras if lr is not None}
+        errors: dict[int, str] = {}
         for aid in wanted:
-            self._ensure_slot(by_id[aid], keep=set(wanted))
-        slots = [self.slot_of[lr.lora_int_id] if lr is not None else -1 for lr in loras]
+            try:
+                self._ensure_slot(by_id[aid], keep=set(wanted))
+            except AdapterError as e:
+                errors[aid] = str(e)
+        slots = [self.slot_of[lr.lora_int_id] if lr is not None and lr.lora_int_id not in errors else -1
+                 for lr in loras]
         token_slots = torch.repeat_interleave(torch.tensor(slots), torch.tensor(query_lens))
         self.groups = [(s, None if rows is None else rows.to(self.device))
                        for s, rows in group_tokens(token_slots)]
+        return {rid: errors[lr.lora_int_id] for rid, lr in zip(request_ids, loras)
+                if lr is not None and lr.lora_int_id in errors}
 
     def clear(self) -> None:
         self.groups = []

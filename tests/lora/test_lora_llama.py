@@ -93,6 +93,19 @@ def test_bad_adapters_fail_their_request_only(setup):
         _gen(llm, [PROMPTS[0]], [LoRARequest("big", 50, str(big))])
     with pytest.raises(ValueError, match="adapter_config.json"):
         _gen(llm, [PROMPTS[0]], [LoRARequest("missing", 51, str(root / "nowhere"))])
+    # shapes are checked where the model is (the runner): that request fails, the others in its batch run
+    from safetensors.torch import load_file, save_file
+
+    shaped = root / "shaped"
+    shaped.mkdir(exist_ok=True)
+    (shaped / "adapter_config.json").write_text(json.dumps(cfg))
+    tensors = load_file(os.path.join(loras[0].lora_path, "adapter_model.safetensors"))
+    key = next(k for k in tensors if "up_proj.lora_B" in k)
+    tensors[key] = tensors[key][:96].contiguous()  # trained on a model with intermediate_size 96
+    save_file(tensors, str(shaped / "adapter_model.safetensors"))
+    got, outs = _gen(llm, PROMPTS, [loras[0], LoRARequest("shaped", 52, str(shaped)), None])
+    assert outs[1].outputs[0].finish_reason == "error" and not got[1]
+    assert got[0] == want[loras[0].lora_int_id][0] and got[2] == want[None][2]
     got, _ = _gen(llm, [PROMPTS[0]], [loras[0]])  # the engine still serves
     assert got[0] == want[loras[0].lora_int_id][0]
 
