@@ -141,6 +141,17 @@ def octavo_register_executors(register: Register) -> None:
     """
 
 
+@hookspec
+def octavo_register_modality_processors(register: Register) -> None:
+    """Register multimodal input processors, one per model architecture that takes images (or audio, ...).
+
+    When: once per process, when the plugin manager loads. Process: the front end (it turns a prompt's
+    ``multi_modal_data`` into model tensors and placeholder tokens). Contract: call
+    ``register(architecture, "module:Class")``; the class declares ``modalities`` (e.g. ``("image",)``) and
+    is built as ``Class(hf_config, model_path)`` (see plugins/multimodal/ and docs/multimodal.md).
+    """
+
+
 # ---------------------------------------------------------------------------------------------------------
 # 2. Selection: firstresult hooks; the first non-None answer wins, an explicit setting beats every hook.
 # ---------------------------------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ class CachedRequestState:
     """What the runner knows about one request between steps."""
 
     __slots__ = ("request_id", "prompt_token_ids", "sampling_params", "eos_token_id", "pooling", "all_token_ids",
-                 "lora_request")
+                 "lora_request", "mm_inputs")
 
     def __init__(self, new: NewRequestData) -> None:
         self.request_id = new.request_id
@@ -30,6 +30,7 @@ class CachedRequestState:
         self.eos_token_id = new.eos_token_id
         self.pooling = new.pooling
         self.lora_request = new.lora_request
+        self.mm_inputs = new.mm_inputs  # images whose embeddings replace their placeholder tokens
         self.all_token_ids: list[int] = list(new.prompt_token_ids)
 
     @property

@@ -12,7 +12,7 @@ import msgspec
 
 from octavo.lora.request import LoRARequest
 from octavo.sampling_params import SamplingParams
-from octavo.step import TokenLogprobs  # the runner produces them; defined with the step contract
+from octavo.step import MultiModalInput, TokenLogprobs  # defined with the step contract
 
 
 class FinishReason(enum.IntEnum):
@@ -38,6 +38,7 @@ class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True):
     pooling: bool = False  # an embedding request: one forward pass, the pooled vector comes back
     cache_salt: str | None = None  # extra key for prefix-cache hashing (e.g. adapter or tenant)
     lora_request: LoRARequest | None = None  # the adapter this sequence runs with (None: the base model)
+    mm_inputs: list[MultiModalInput] = []  # processed images (octavo.core.multimodal), in prompt order
 
 
 class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):

@@ -11,6 +11,7 @@ import torch
 
 from octavo.core.input_batch import CachedRequestState, StepInputs, build_sampling_batch, build_step_inputs
 from octavo.core.messages import TokenLogprobs
+from octavo.core.multimodal_runner import EncoderCache, build_mm_embeds
 from octavo.core.sampler import Sampler, compute_logprobs, gather_logprobs
 from octavo.core.spec_decode import fill_runner_output, verify_on_device
 from octavo.core.structured_output import apply_bitmask
@@ -38,6 +39,7 @@ class ModelRunner:
         # A graph runner (e.g. CUDA graphs) may replace ``forward_fn`` for decode batches; see ``forward``.
         self.graph_runner = None
         self.lora = None  # octavo.lora.manager.LoRAManager when enable_lora (set by the worker)
+        self.encoder_cache = EncoderCache()  # image hash -> embeddings (core/multimodal_runner.py)
 
     def update_states(self, batch: StepBatch) -> None:
         """Forget finished requests first (an id may come back as a new request in the same batch), then
@@ -54,15 +56,17 @@ class ModelRunner:
                                    "(missing from new_requests)")
             state.write(s)
 
-    def forward(self, inputs: StepInputs) -> torch.Tensor:
+    def forward(self, inputs: StepInputs, mm_embeds=None) -> torch.Tensor:
         # a captured decode step brings its own static metadata (not the per-step LoRA slots: those run eager)
-        if self.graph_runner is not None and not (self.lora is not None and self.lora.active):
+        if self.graph_runner is not None and not (self.lora is not None and self.lora.active) and mm_embeds is None:
             hidden = self.graph_runner.maybe_run(inputs)
             if hidden is not None:
                 return hidden
         # models without paged attention (encoders attending within each request) need no metadata
         metadata = self.attn_backend_cls.build_metadata(inputs.layout, self.device) if self.attn_backend_cls else None
         ctx = ForwardContext(attn_metadata=metadata, query_start_loc=inputs.query_start_loc)
+        if mm_embeds is not None:  # image embeddings replacing their placeholder tokens
+            ctx.extra["mm_embeds"] = mm_embeds
         return self.model(inputs.input_ids, inputs.positions, ctx)
 
     @torch.inference_mode()
@@ -77,7 +81,9 @@ class ModelRunner:
             ids = [s.request_id for s in batch.scheduled]  # a request whose adapter fails to load fails alone
             result.failed = self.lora.prepare(ids, [reqs[rid].lora_request for rid in ids],
                                               [len(s.token_ids) + len(s.spec_token_ids) for s in batch.scheduled])
-        hidden = self.forward(inputs)
+        mm_embeds = build_mm_embeds(self.model, self.encoder_cache, batch, reqs, self.device) \
+            if any(reqs[s.request_id].mm_inputs for s in batch.scheduled) else None
+        hidden = self.forward(inputs, mm_embeds)
 
         if inputs.pooling_req_ids:
             ctx = ForwardContext(attn_metadata=None, query_start_loc=inputs.query_start_loc)

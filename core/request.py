@@ -31,6 +31,7 @@ class Request:
         self.eos_token_id = req.eos_token_id
         self.pooling = req.pooling
         self.cache_salt = req.cache_salt
+        self.mm_inputs = req.mm_inputs  # images: sent to the runner once, part of the prefix-cache key
         self.lora_request = req.lora_request  # LoRA adapter (None: base model); part of the prefix-cache key
         self.max_tokens = max_tokens  # already clipped to max_model_len - prompt length
         self.output_token_ids: list[int] = []

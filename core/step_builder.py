@@ -35,7 +35,7 @@ class StepBuilder:
             if rid not in self.known:
                 self.known.add(rid)
                 new.append(NewRequestData(rid, req.prompt_token_ids, req.sampling_params, req.eos_token_id,
-                                          req.pooling, req.lora_request))
+                                          req.pooling, req.lora_request, mm_inputs=req.mm_inputs))
             start = s.num_computed_tokens
             # NOTE: block_ids is the KV manager's live list; valid until the next schedule(). Executors
             # that send the batch elsewhere serialize it inside execute(), before that.

@@ -91,8 +91,9 @@ class Worker:
         self.model = load_model(self.resolved, model_cls=model_cls, dtype=self.dtype, device=self.device,
                                 quantizer=quantizer)
         self.model.eval()
-        self.max_model_len = get_max_model_len(hf_config, settings.model.max_model_len)
-        self.vocab_size = hf_config.vocab_size
+        text_config = hf_config.get_text_config()  # a vision-language config nests the language model's
+        self.max_model_len = get_max_model_len(text_config, settings.model.max_model_len)
+        self.vocab_size = text_config.vocab_size
 
         self.attn_layers = [m for m in self.model.modules() if hasattr(m, "bind") and hasattr(m, "num_kv_heads")]
         block_size = settings.cache.block_size

@@ -49,6 +49,8 @@ class ModelSettings(_Section):
     quantization: str | None = Field(None, description="Quantization method; default: the checkpoint's own.")
     chat_template: str | None = Field(None, description="Path to a Jinja chat template overriding the model's.")
     hf_overrides: dict[str, Any] = Field(default_factory=dict, description="Keys that override the HF config.")
+    limit_mm_per_prompt: dict[str, int] = Field(default_factory=dict, description="Most multimodal items per "
+                                                "prompt, by modality (e.g. {'image': 2}); default 1 each.")
 
 
 class DeviceSettings(_Section):

@@ -43,6 +43,7 @@ class FrontEnd:
         self._inputs = InputProcessor(settings, tokenizer, model_info)
         self._outputs = OutputProcessor(tokenizer)
         self._client_ids: dict[str, str] = {}  # internal id -> the caller's id
+        self._mm = None  # octavo.core.multimodal.MultiModalPreprocessor, built on the first multimodal prompt
 
     # ------------------------------------------------------------------------------------ inputs
     def tokenize(self, prompt: Any) -> tuple[str | None, list[int]]:
@@ -87,7 +88,12 @@ class FrontEnd:
         params = params or SamplingParams()
         self.check_task(pooling)
         internal_id = self._new_id(client_id)
+        mm_inputs = None
+        if isinstance(prompt, dict) and "multi_modal_data" in prompt:  # images: expand placeholders first
+            prompt, mm_inputs = self._multimodal(prompt, params)
         text, ids, core_reqs = self._inputs.process(internal_id, prompt, params, priority, pooling=pooling)
+        for r in core_reqs if mm_inputs else ():
+            r.mm_inputs = mm_inputs
         if lora_request is not None:  # checked here, so a bad adapter fails this request only
             from octavo.lora.adapter import check_lora_request
 
@@ -97,6 +103,21 @@ class FrontEnd:
         self._outputs.add_request(internal_id, text, ids, params, [r.request_id for r in core_reqs], queue)
         self._client_ids[internal_id] = client_id
         return internal_id, core_reqs
+
+    def _multimodal(self, prompt: dict, params: SamplingParams) -> tuple[dict, list]:
+        """A prompt dict with ``multi_modal_data`` -> (the same prompt as expanded token ids, its items)."""
+        from octavo.core.multimodal import MultiModalPreprocessor
+
+        if params.truncate_prompt_tokens is not None:
+            raise InputError("truncate_prompt_tokens cannot be combined with multi_modal_data (it would cut "
+                             "image placeholders).", "truncate_prompt_tokens")
+        if self._mm is None:
+            self._mm = MultiModalPreprocessor(self.settings, self.model_info)
+        rest = {k: v for k, v in prompt.items() if k != "multi_modal_data"}
+        text, ids = self.tokenize(rest)
+        ids, items = self._mm.prepare(prompt, ids)
+        rest.pop("prompt", None)
+        return {**rest, "prompt_token_ids": ids, **({"prompt": text} if text is not None else {})}, items
 
     def _new_id(self, client_id: str) -> str:
         while True:

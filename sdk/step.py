@@ -37,6 +37,20 @@ class TokenLogprobs(msgspec.Struct, array_like=True):
     ranks: list[int]
 
 
+class MultiModalInput(msgspec.Struct, array_like=True, omit_defaults=True):
+    """One image (or other item) of a request, already processed by the front end: the model's input
+    tensor as raw bytes (``dtype``/``shape``), the content hash (encoder-cache and prefix-cache key) and the
+    placeholder span ``[offset, offset + length)`` in the prompt its embeddings replace."""
+
+    modality: str
+    hash: str
+    offset: int
+    length: int
+    data: bytes
+    dtype: str
+    shape: list[int]
+
+
 class NewRequestData(msgspec.Struct, array_like=True, omit_defaults=True):
     """What the runner keeps about a request for its whole life (sent once; again only after it forgot it)."""
 
@@ -46,6 +60,7 @@ class NewRequestData(msgspec.Struct, array_like=True, omit_defaults=True):
     eos_token_id: int | None = None
     pooling: bool = False  # an embedding request: the pooled vector comes back instead of a token
     lora_request: LoRARequest | None = None  # the LoRA adapter it runs with (None: the base model)
+    mm_inputs: list[MultiModalInput] = []  # images etc. (octavo.core.multimodal), in prompt order
 
 
 class ScheduledRequestData(msgspec.Struct, array_like=True, omit_defaults=True):

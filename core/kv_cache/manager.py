@@ -13,6 +13,7 @@ step's K/V before attending, so another request in the same step may already rea
 from __future__ import annotations
 
 from octavo.core.kv_cache.block_pool import BlockPool, KVBlock, hash_block_tokens
+from octavo.core.multimodal import block_mm_key
 from octavo.core.request import Request
 
 
@@ -61,6 +62,9 @@ class KVCacheManager:
             tokens = req.all_token_ids[i * bs:(i + 1) * bs]
             lora = req.lora_request  # two adapters never share KV blocks (K/V depend on the adapter)
             extra = req.cache_salt if lora is None else (req.cache_salt, lora.lora_int_id, lora.lora_path)
+            mm_key = block_mm_key(req.mm_inputs, (i + 1) * bs) if req.mm_inputs else None
+            if mm_key:  # an image's hash keys every block from its placeholders on
+                extra = (extra, mm_key)
             hashes.append(hash_block_tokens(parent, tokens, extra))
         return hashes[:num_full_blocks]
 

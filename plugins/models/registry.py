@@ -24,6 +24,7 @@ MODELS = {
     "GPT2LMHeadModel": f"{_PKG}.gpt2:GPT2LMHeadModel",
     "OPTForCausalLM": f"{_PKG}.opt:OPTForCausalLM",
     "BertModel": f"{_PKG}.bert:BertModel",
+    "LlavaForConditionalGeneration": f"{_PKG}.llava:LlavaForConditionalGeneration",
 }
 
 
