@@ -96,6 +96,15 @@ def test_qwen3_replicated_kv_head_tp2_equals_single_process(tmp_path_factory):
 
 
 @full_only
+def test_a_rank_that_cannot_start_fails_the_engine_with_its_reason(llama):
+    from octavo.executor import ExecutorError
+
+    path, _ = llama
+    with pytest.raises(ExecutorError, match="num_attention_heads=4 is not divisible by tensor_parallel_size=3"):
+        run(path, tensor_parallel_size=3)
+
+
+@full_only
 def test_smollm2_tp3_equals_single_process():
     path = str(smollm2_safetensors_dir("float32"))
     prompts = [[1, 504, 3458, 314, 260, 6530, 28, 1303], list(range(100, 140))]
