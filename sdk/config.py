@@ -153,6 +153,8 @@ class LoRASettings(_Section):
                                       "Default: max_loras; must be >= max_loras.")
     lora_dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto", description="Dtype of the adapter weights on the device. auto: the model dtype.")
+    lora_modules: list[str] | None = Field(None, description="Adapters the server offers as model ids: "
+                                           "name=path ... (needs enable_lora).")
 
 
 SECTIONS: dict[str, type[_Section]] = {
@@ -275,7 +277,7 @@ class OctavoSettings(BaseSettings):
                 "Raise max_num_batched_tokens, lower max_model_len, or enable chunked prefill.")
         if self.parallel.tensor_parallel_size > 1 and self.parallel.distributed_executor_backend == "uni":
             raise ValueError("tensor_parallel_size > 1 needs distributed_executor_backend 'mp' or 'ray', not 'uni'.")
-        if self.lora.enable_lora:
+        if self.lora.enable_lora or self.lora.lora_modules:
             from octavo.lora.settings import check_lora_settings
 
             check_lora_settings(self)

@@ -61,6 +61,8 @@ def _add_field(group: argparse._ArgumentGroup, name: str, info: Any) -> None:
         kwargs.update(type=kind, metavar=kind.__name__.upper())
     elif kind is dict or typing.get_origin(kind) is dict:
         kwargs.update(type=_json_dict, metavar="JSON")
+    elif typing.get_origin(kind) is list:  # --lora-modules a=/p b=/q
+        kwargs.update(nargs="+", metavar=name.upper())
     else:
         kwargs.update(metavar=name.upper())
     group.add_argument(flag, **kwargs)

@@ -67,6 +67,10 @@ def build_app(engine: Any, settings: Any) -> FastAPI:
     names = _model_names(engine, settings)
     model_name = names[0]
     serving = OpenAIServing(engine, model_name)
+    from octavo.lora.serving import served_loras
+
+    serving.loras = served_loras(settings)  # --lora-modules: each adapter's name is a model id too
+    names = names + list(serving.loras)
     metrics = ServerMetrics(model_name)
     metrics.attach(engine)
     app.state.engine, app.state.settings, app.state.metrics, app.state.model_name = engine, settings, metrics, \
@@ -175,7 +179,9 @@ def build_app(engine: Any, settings: Any) -> FastAPI:
         info = engine.get_model_info()
         return {"object": "list", "data": [{"id": model_name, "object": "model", "created": 0,
                                             "owned_by": "octavo", "root": info.model, "parent": None,
-                                            "max_model_len": info.max_model_len}]}
+                                            "max_model_len": info.max_model_len}]
+                + [{"id": name, "object": "model", "created": 0, "owned_by": "octavo", "root": lr.lora_path,
+                    "parent": model_name, "max_model_len": info.max_model_len} for name, lr in serving.loras.items()]}
 
     @app.post("/tokenize")
     async def tokenize(body: TokenizeRequest) -> dict:

@@ -119,6 +119,7 @@ class OpenAIServing:
     def __init__(self, engine: Any, model_name: str):
         self.engine = engine
         self.model_name = model_name
+        self.loras: dict = {}  # model id -> LoRARequest (--lora-modules; set by the app)
         self.tokenizer = engine.get_tokenizer()
         check_server_settings(engine.settings)  # backend and parser names; warms the grammar library
         self.trust_request_chat_template = bool(getattr(engine.settings.server, "trust_request_chat_template",
@@ -154,12 +155,14 @@ class OpenAIServing:
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids) if self.tokenizer is not None else ""
 
-    def _submit(self, prompts: list[tuple[Any, str]], params: Any, priority: int) -> list:
+    def _submit(self, prompts: list[tuple[Any, str]], params: Any, priority: int,
+                model: str | None = None) -> list:
         """Validate and queue every prompt now (so bad input is a 400 before any byte is sent); all or none."""
         streams = []
         try:
             for prompt, rid in prompts:
-                streams.append(self.engine.add_request(prompt, params, rid, priority))
+                streams.append(self.engine.add_request(prompt, params, rid, priority,
+                                                       lora_request=self.loras.get(model)))
         except BaseException:
             for st in streams:
                 st.close()
@@ -184,7 +187,7 @@ class OpenAIServing:
             elif self.tokenizer is not None:
                 prompt = {"prompt_token_ids": await self.encode(prompt, req.add_special_tokens), "prompt": prompt}
             gens.append((prompt, f"{request_id}-{i}"))
-        gens = self._submit(gens, params, req.priority)
+        gens = self._submit(gens, params, req.priority, model=req.model)
         created = int(time.time())
         if req.stream:
             return self._completion_stream(req, request_id, created, gens, params.n)
@@ -263,7 +266,8 @@ class OpenAIServing:
         text, ids = await self.render_chat(
             req, add_generation_prompt=req.add_generation_prompt, continue_final_message=req.continue_final_message,
             tools=plan.template_tools, chat_template_kwargs=req.chat_template_kwargs)
-        gens = self._submit([({"prompt_token_ids": ids, "prompt": text}, request_id)], params, req.priority)
+        gens = self._submit([({"prompt_token_ids": ids, "prompt": text}, request_id)], params, req.priority,
+                            model=req.model)
         created = int(time.time())
         k = req.top_logprobs or 0
         if req.stream:
