@@ -119,6 +119,21 @@ class FrontEnd:
         rest.pop("prompt", None)
         return {**rest, "prompt_token_ids": ids, **({"prompt": text} if text is not None else {})}, items
 
+    def split_chat_images(self, messages: list[dict]) -> tuple[list[dict], list]:
+        """Chat messages with image_url parts -> (messages with placeholder text, images); a model that takes
+        no images, a remote URL or a bad image is an ``InputError``. No image parts: returned unchanged."""
+        from octavo.core.multimodal import MultiModalPreprocessor
+        from octavo.core.multimodal_chat import has_image_parts, split_image_parts
+
+        if not has_image_parts(messages):
+            return messages, []
+        if self._mm is None:
+            self._mm = MultiModalPreprocessor(self.settings, self.model_info)
+        if self._mm.processor is None:
+            raise InputError(f"{self.model_info.architecture} takes no images; image content parts need a "
+                             "vision-language model such as LLaVA-1.5.", "messages")
+        return split_image_parts(messages, self._mm.processor.placeholder_text)
+
     def _new_id(self, client_id: str) -> str:
         while True:
             internal_id = f"{client_id}-{secrets.token_hex(8)}"

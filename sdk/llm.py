@@ -79,11 +79,13 @@ class LLM:
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         prompts = []
         for conv in conversations:
+            conv, images = self.llm_engine.frontend.split_chat_images(conv)  # image_url parts (data: URLs)
             text, ids = self.llm_engine.render_chat(conv, add_generation_prompt=add_generation_prompt,
                                                     continue_final_message=continue_final_message,
                                                     chat_template=chat_template, tools=tools,
                                                     chat_template_kwargs=chat_template_kwargs)
-            prompts.append({"prompt": text, "prompt_token_ids": ids})
+            prompts.append({"prompt": text, "prompt_token_ids": ids,
+                            **({"multi_modal_data": {"image": images}} if images else {})})
         return self.generate(prompts, sampling_params, use_tqdm, lora_request=lora_request)
 
     def reset_prefix_cache(self) -> bool:

@@ -19,6 +19,7 @@ import numpy as np
 
 class LlavaImageProcessor:
     modalities = ("image",)
+    placeholder_text = "<image>"  # what a chat image part becomes before the chat template renders
 
     def __init__(self, hf_config: Any, model_path: str | None) -> None:
         from transformers import CLIPImageProcessor

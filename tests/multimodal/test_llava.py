@@ -147,3 +147,40 @@ def _png_bytes() -> bytes:
     buf = io.BytesIO()
     _image(9, (32, 32)).save(buf, format="PNG")
     return buf.getvalue()
+
+
+TEMPLATE = "{% for m in messages %}{{ m['role'].upper() }}: {{ m['content'] }} {% endfor %}ASSISTANT:"
+
+
+def test_chat_image_url_data_parts_equal_generate(llm):
+    import base64
+
+    from octavo import SamplingParams
+    from octavo.errors import InputError
+
+    params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+    img = _image(11, (50, 40))
+    buf = io.BytesIO()
+    img.save(buf, format="PNG")  # lossless: the same pixels come back
+    url = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+    msgs = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
+                                         {"type": "text", "text": " w1 w2 w3"}]}]
+    chat = llm.chat(msgs, params, use_tqdm=False, chat_template=TEMPLATE)[0]
+    gen = llm.generate({"prompt": PROMPT1, "multi_modal_data": {"image": img}}, params, use_tqdm=False)[0]
+    assert chat.prompt_token_ids == gen.prompt_token_ids
+    assert chat.outputs[0].token_ids == gen.outputs[0].token_ids
+    remote = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "https://x.test/a.png"}}]}]
+    with pytest.raises(InputError, match="'https' is refused"):
+        llm.chat(remote, params, use_tqdm=False, chat_template=TEMPLATE)
+
+
+def test_text_model_refuses_images(llm):
+    from octavo.core.multimodal import MultiModalPreprocessor
+    from octavo.errors import InputError
+
+    info = llm.llm_engine.model_info
+    text_info = type(info)(**{f: getattr(info, f) for f in info.__struct_fields__})
+    text_info.architecture = "LlamaForCausalLM"
+    pre = MultiModalPreprocessor(llm.llm_engine.settings, text_info)
+    with pytest.raises(InputError, match="LlamaForCausalLM takes no multimodal input"):
+        pre.prepare({"prompt": "x", "multi_modal_data": {"image": _image(0, (8, 8))}}, [5])

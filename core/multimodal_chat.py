@@ -1,0 +1,74 @@
+"""OpenAI-style image content parts in chat messages -> text with image placeholders + decoded images.
+
+Why in the front end: the chat template renders text, so each ``{"type": "image_url"}`` part becomes the
+model's placeholder text (``<image>`` for LLaVA-1.5) in its message, the images travel as
+``multi_modal_data`` and the processor expands the placeholders (core/multimodal.py). Only ``data:`` URLs
+are read; octavo does not fetch remote URLs (``--allowed-media-domains`` is not implemented), so an http(s)
+URL is refused with an error naming it. Conversations without image parts are left untouched.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+from typing import Any
+
+from octavo.errors import InputError
+
+MAX_IMAGE_BYTES = 20 * 1024 * 1024  # decoded size bound of one data: URL image
+
+
+def has_image_parts(messages: list[dict]) -> bool:
+    return any(isinstance(m, dict) and isinstance(m.get("content"), list) and
+               any(isinstance(p, dict) and p.get("type") in ("image_url", "image") for p in m["content"])
+               for m in messages)
+
+
+def split_image_parts(messages: list[dict], placeholder: str) -> tuple[list[dict], list[Any]]:
+    """Messages with image parts -> (messages with string contents, the PIL images in order)."""
+    out, images = [], []
+    for i, m in enumerate(messages):
+        content = m.get("content")
+        if not isinstance(content, list):
+            out.append(m)
+            continue
+        texts = []
+        for part in content:
+            kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+            if kind == "text":
+                texts.append(str(part.get("text", "")))
+            elif kind == "image_url":
+                url = part.get("image_url")
+                url = url.get("url") if isinstance(url, dict) else url
+                images.append(load_image_url(url, f"messages[{i}]"))
+                texts.append(placeholder)
+            else:
+                raise InputError(f"messages[{i}].content part of type {kind!r} is not supported (text and "
+                                 "image_url are).", "messages")
+        out.append({**m, "content": "".join(texts)})
+    return out, images
+
+
+def load_image_url(url: Any, where: str) -> Any:
+    """A ``data:image/...;base64,`` URL -> a PIL image; anything else is an ``InputError``."""
+    from PIL import Image
+
+    if not isinstance(url, str):
+        raise InputError(f"{where}: image_url.url must be a string.", "messages")
+    if not url.startswith("data:"):
+        scheme = url.split(":", 1)[0] if ":" in url else url[:20]
+        raise InputError(f"{where}: image URL scheme {scheme!r} is refused: octavo reads only data: URLs "
+                         "(fetching remote images, --allowed-media-domains, is not implemented).", "messages")
+    header, _, payload = url.partition(",")
+    if not header.endswith(";base64") or not header[5:].startswith("image/"):
+        raise InputError(f"{where}: a data URL must be 'data:image/<type>;base64,<data>'.", "messages")
+    if len(payload) > MAX_IMAGE_BYTES * 4 // 3 + 4:
+        raise InputError(f"{where}: the image is larger than {MAX_IMAGE_BYTES} bytes.", "messages")
+    try:
+        raw = base64.b64decode(payload, validate=True)
+        image = Image.open(io.BytesIO(raw))
+        image.load()
+    except (binascii.Error, ValueError, OSError, SyntaxError) as e:
+        raise InputError(f"{where}: the image could not be decoded: {type(e).__name__}: {e}", "messages") from None
+    return image
