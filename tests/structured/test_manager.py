@@ -57,8 +57,10 @@ def emit(mgr, req, token: int) -> None:
     mgr.accept_tokens([(req, token)])
 
 
-def test_choice_bitmask_steps_to_eos(tok):
-    mgr, req = make(OctavoSettings.from_kwargs(), tok, "Answer:", StructuredOutputsParams(choice=["yes", "no"]))
+@pytest.mark.parametrize("backend", ["xgrammar", "guidance"])
+def test_choice_bitmask_steps_to_eos(tok, backend):
+    settings = OctavoSettings.from_kwargs(structured_outputs_backend=backend)
+    mgr, req = make(settings, tok, "Answer:", StructuredOutputsParams(choice=["yes", "no"]))
     for token in tok("yes", add_special_tokens=False).input_ids:
         allowed = step(mgr, req)
         assert allowed[token] and allowed.sum() < 10
