@@ -86,17 +86,19 @@ class TestDraftModel4bit(SpeculatorContract):
 
 
 class RandomProposer(Speculator):
-    """Proposes garbage: random tokens, random lengths (the engine must still be exact)."""
+    """Proposes garbage: random tokens, random lengths (the engine must still be exact). Seeded by the
+    request's tokens, so it is deterministic given what it saw, as the interface asks (seeded requests
+    reproduce only with such proposers)."""
 
     name = "random_test"
 
-    def __init__(self, **kw):
-        super().__init__(**kw)
-        self.rng = random.Random(0)
-
     def propose(self, requests):
-        return [[self.rng.randrange(self.context.vocab_size if self.context else 100)
-                 for _ in range(self.rng.randint(0, r.max_num_drafts))] for r in requests]
+        vocab = self.context.vocab_size if self.context else 100
+        out = []
+        for r in requests:
+            rng = random.Random(hash(tuple(r.token_ids)))
+            out.append([rng.randrange(vocab) for _ in range(rng.randint(0, r.max_num_drafts))])
+        return out
 
 
 class _RandomPlugin:
