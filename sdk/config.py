@@ -111,6 +111,8 @@ class SchedulerSettings(_Section):
 class ParallelSettings(_Section):
     tensor_parallel_size: int = Field(1, ge=1, description="Devices a layer's weights are split across.")
     pipeline_parallel_size: int = Field(1, ge=1, description="Pipeline stages (layers split across devices).")
+    data_parallel_size: int = Field(1, ge=1, description="Engine-core replicas behind one front end (each a "
+                                    "whole model); requests go to the least loaded.")
     distributed_executor_backend: str | None = Field(
         None, description="A registered executor (`octavo plugins`): uni: in-process; mp: one process per device "
         "on this host. None: uni for one rank, mp for several.")
