@@ -34,6 +34,14 @@ logger = logging.getLogger(__name__)
 
 
 class EngineCore:
+    def __new__(cls, settings: OctavoSettings, *args, **kwargs):
+        # data_parallel_size > 1: the same interface over N engine-core replicas (core/dp_engine_core.py)
+        if cls is EngineCore and getattr(settings.parallel, "data_parallel_size", 1) > 1:
+            from octavo.core.dp_engine_core import DPEngineCore
+
+            return DPEngineCore(settings)
+        return super().__new__(cls)
+
     def __init__(self, settings: OctavoSettings) -> None:
         from octavo.core.plugin_manager import get_plugin_manager
 
