@@ -55,7 +55,7 @@ spec-decode: $(STAMP)
 quant-full: $(STAMP)
 	OCTAVO_QUANT_FULL=1 $(PY) -m pytest -q tests/quant --timeout=1800 $(TEST_ARGS)
 
-# Distributed execution in full (Qwen3 with a replicated KV head, SmolLM2 at TP=3, the ray executor); `make
+# Distributed execution in full (Qwen3 with a replicated KV head, SmolLM2 at TP=3, ray, DP=2); `make
 # test` runs TP=2 on a tiny Llama, the executor choice and the dead-worker server test.
 distributed: $(STAMP)
 	OCTAVO_DISTRIBUTED=full $(PY) -m pytest -q tests/distributed --timeout=1800 $(TEST_ARGS)
