@@ -54,6 +54,10 @@ class InputProcessor:
     def tokenize(self, prompt: Any) -> tuple[str | None, list[int]]:
         """Normalize one prompt to ``(text or None, token ids)``."""
         if isinstance(prompt, dict):
+            unknown = sorted(set(prompt) - _PROMPT_KEYS)
+            if unknown:  # multi_modal_data, mm_processor_kwargs, ...: refused, never dropped
+                raise InputError(f"prompt keys {unknown} are not supported (accepted: {sorted(_PROMPT_KEYS)}); "
+                                 "give text or token ids.", unknown[0])
             if "prompt_token_ids" in prompt:
                 ids = prompt["prompt_token_ids"]
                 return prompt.get("prompt"), self._check_ids(ids)
@@ -137,9 +141,13 @@ class InputProcessor:
     def process(self, request_id: str, prompt: Any, params: SamplingParams, priority: int = 0,
                 pooling: bool = False) -> tuple[str | None, list[int], list[EngineCoreRequest]]:
         text, ids = self.tokenize(prompt)
+        ids, salt = _truncate(ids, params, self.model_info.max_model_len), _cache_salt(prompt)
         self.validate(ids, params, pooling)
         if not -(2**63) <= priority < 2**63:
             raise InputError(f"priority={priority} does not fit in 64 bits.", "priority")
+        if priority != 0 and self.settings.scheduler.scheduling_policy != "priority":
+            raise InputError(f"priority={priority} needs scheduling_policy='priority' (--scheduling-policy "
+                             "priority); this engine runs fcfs.", "priority")
         arrival = time.time()
         extra_eos = [t for t in self.model_info.eos_token_ids[1:] if t not in params.stop_token_ids]
         if extra_eos and not params.ignore_eos and not pooling:
@@ -154,7 +162,7 @@ class InputProcessor:
                 p.n = 1
                 if params.seed is not None:
                     p.seed = child_seed(params.seed, i)
-            reqs.append(EngineCoreRequest(sid, ids, p, arrival, priority, self.model_info.eos_token_id, pooling))
+            reqs.append(EngineCoreRequest(sid, ids, p, arrival, priority, self.model_info.eos_token_id, pooling, salt))
         return text, ids, reqs
 
     def validate(self, ids: list[int], params: SamplingParams, pooling: bool = False) -> None:
@@ -184,6 +192,26 @@ class InputProcessor:
         bad = [t for t in (params.logit_bias or {}) if not 0 <= t < vocab]
         if bad:
             raise InputError(f"logit_bias keys {bad[:5]} are outside the vocabulary [0, {vocab}).", "logit_bias")
+
+
+_PROMPT_KEYS = frozenset({"prompt", "prompt_token_ids", "cache_salt"})
+
+
+def _truncate(ids: list[int], params: SamplingParams, max_model_len: int) -> list[int]:
+    """``truncate_prompt_tokens``: keep the last k prompt tokens (-1: as many as max_model_len leaves room for)."""
+    k = params.truncate_prompt_tokens
+    if k is None:
+        return ids
+    k = max_model_len - 1 if k == -1 else k
+    return ids[-k:] if len(ids) > k else ids
+
+
+def _cache_salt(prompt: Any) -> str | None:
+    """A prompt's ``cache_salt``: an extra key of its prefix-cache hashes, so only equal salts share blocks."""
+    salt = prompt.get("cache_salt") if isinstance(prompt, dict) else None
+    if salt is not None and (not isinstance(salt, str) or not salt or len(salt) > 1024):
+        raise InputError("cache_salt must be a non-empty string of at most 1024 characters.", "cache_salt")
+    return salt
 
 
 def _first_line(e: BaseException) -> str:

@@ -51,6 +51,9 @@ class ModelSettings(_Section):
     hf_overrides: dict[str, Any] = Field(default_factory=dict, description="Keys that override the HF config.")
     limit_mm_per_prompt: dict[str, int] = Field(default_factory=dict, description="Most multimodal items per "
                                                 "prompt, by modality (e.g. {'image': 2}); default 1 each.")
+    generation_config: str = Field("auto", description="Sampling defaults for what a request leaves out: auto "
+                                   "(the model's generation_config.json), vllm (octavo's own defaults), or a "
+                                   "directory holding a generation_config.json.")
 
 
 class DeviceSettings(_Section):

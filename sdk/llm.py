@@ -61,7 +61,8 @@ class LLM:
             ValueError: a prompt or parameter is invalid; nothing of this call is left running.
         """
         prompts = _as_list(prompts)
-        params = _per_prompt(sampling_params, len(prompts))
+        params = _per_prompt(sampling_params if sampling_params is not None else self.get_default_sampling_params(),
+                             len(prompts))
         loras = _per_prompt_lora(lora_request, len(prompts))
         return self._run([(p, sp) for p, sp in zip(prompts, params)], use_tqdm, priority, loras)
 
@@ -87,6 +88,13 @@ class LLM:
             prompts.append({"prompt": text, "prompt_token_ids": ids,
                             **({"multi_modal_data": {"image": images}} if images else {})})
         return self.generate(prompts, sampling_params, use_tqdm, lora_request=lora_request)
+
+    def get_default_sampling_params(self) -> SamplingParams:
+        """``SamplingParams`` with the model's ``generation_config.json`` defaults (``generation_config="auto"``),
+        used by ``generate`` when none are given; plain ``SamplingParams()`` when the model has none."""
+        from octavo.generation_config import generation_defaults
+
+        return SamplingParams(**generation_defaults(self.llm_engine.settings))
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached prefix block; False (nothing changed) while requests still hold blocks."""

@@ -50,11 +50,13 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True, dict=True
         bad_words: accepted for compatibility; not supported yet (an error if non-empty).
         include_stop_str_in_output: keep the matched stop string in the text.
         skip_special_tokens: drop special tokens from the text.
-        spaces_between_special_tokens: as in Hugging Face detokenization.
+        spaces_between_special_tokens: only True (fast tokenizers join special tokens without spaces; False
+            with skip_special_tokens=False is refused).
         detokenize: produce text at all (False returns token ids only).
         output_kind: cumulative, delta or final-only outputs.
         structured_outputs: constrain the output to a JSON schema, regex, choice or grammar
             (``StructuredOutputsParams``); ``guided_decoding`` is vLLM's older name for the same field.
+        truncate_prompt_tokens: keep only the last k prompt tokens (-1: the last max_model_len - 1).
     """
 
     n: int = 1
@@ -84,6 +86,7 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True, dict=True
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
     structured_outputs: StructuredOutputsParams | None = None
     guided_decoding: StructuredOutputsParams | None = None
+    truncate_prompt_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -143,6 +146,13 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True, dict=True
             bad("stop", "must not contain empty strings")
         if self.allowed_token_ids is not None and len(self.allowed_token_ids) == 0:
             bad("allowed_token_ids", "must not be empty when given")
+        if self.truncate_prompt_tokens is not None and (not isinstance(self.truncate_prompt_tokens, int)
+                                                         or self.truncate_prompt_tokens < -1
+                                                         or self.truncate_prompt_tokens == 0):
+            bad("truncate_prompt_tokens", f"must be -1 (max_model_len) or >= 1, got {self.truncate_prompt_tokens!r}")
+        if not self.spaces_between_special_tokens and not self.skip_special_tokens:
+            bad("spaces_between_special_tokens", "False is not supported: fast tokenizers (all octavo loads) join "
+                "special tokens without spaces either way, as vLLM's fast detokenizer does")
         if self.bad_words:
             bad("bad_words", "is not supported yet; use logit_bias with -100 on those tokens")
         if self.seed is not None and not isinstance(self.seed, int):

@@ -2,9 +2,9 @@
 
 OpenAI's fields plus vLLM's extras (top_k, min_p, repetition_penalty, min_tokens, ignore_eos,
 skip_special_tokens, include_stop_str_in_output, return_token_ids, prompt_logprobs, stop_token_ids,
-allowed_token_ids, priority, ...), so vLLM's clients and benchmark tools work unchanged. Unknown fields
-are accepted and ignored (clients send vendor fields), as vLLM does. Responses are plain dicts built in
-``octavo.server.openai``; their shape is OpenAI's.
+allowed_token_ids, priority, ...), so vLLM's clients and benchmark tools work unchanged. Undeclared fields
+that would change the output are refused, others accepted with a one-time warning (``vllm_fields``).
+Responses are plain dicts built in ``octavo.server.openai``; their shape is OpenAI's.
 """
 
 from __future__ import annotations
@@ -72,6 +72,20 @@ class _Sampling(_Checked):
     return_token_ids: bool = False
     priority: I32 = 0
     request_id: str | None = None
+    truncate_prompt_tokens: I32 | None = None
+    cache_salt: str | None = Field(None, min_length=1, max_length=1024)
+
+    @model_validator(mode="after")
+    def _vllm_fields(self) -> _Sampling:
+        from octavo.server.vllm_fields import check_extra_fields
+
+        check_extra_fields(self)  # extras that would change the output: 400 naming them; others: warned once
+        if self.stream and self.prompt_logprobs is not None:
+            from octavo.errors import APIError
+
+            raise APIError(400, "prompt_logprobs is not available with stream=true (as in vLLM).",
+                           param="prompt_logprobs")
+        return self
 
     @field_validator("logit_bias")
     @classmethod
@@ -93,7 +107,7 @@ class _Sampling(_Checked):
             include_stop_str_in_output=self.include_stop_str_in_output,
             skip_special_tokens=self.skip_special_tokens,
             spaces_between_special_tokens=self.spaces_between_special_tokens,
-            allowed_token_ids=self.allowed_token_ids,
+            allowed_token_ids=self.allowed_token_ids, truncate_prompt_tokens=self.truncate_prompt_tokens,
             logit_bias={int(k): v for k, v in self.logit_bias.items()} if self.logit_bias else None,
             output_kind=RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY,
         )

@@ -22,6 +22,7 @@ from octavo.server.offload import run_bounded
 from octavo.server.protocol import ChatCompletionRequest, CompletionRequest
 from octavo.server.structured import check_server_settings, structured_outputs_for
 from octavo.server.tool_calls import ToolPlan
+from octavo.server.vllm_fields import apply_generation_defaults, continuous_usage, prompt_logprobs_json
 
 RENDER_TIMEOUT_S = 10.0  # a chat template render (or a prompt's tokenization) longer than this is a 400
 
@@ -122,6 +123,9 @@ class OpenAIServing:
         self.loras: dict = {}  # model id -> LoRARequest (--lora-modules; set by the app)
         self.tokenizer = engine.get_tokenizer()
         check_server_settings(engine.settings)  # backend and parser names; warms the grammar library
+        from octavo.generation_config import generation_defaults
+
+        self.generation_defaults = generation_defaults(engine.settings)  # the model's, for fields a request omits
         self.trust_request_chat_template = bool(getattr(engine.settings.server, "trust_request_chat_template",
                                                         False))
 
@@ -155,12 +159,14 @@ class OpenAIServing:
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids) if self.tokenizer is not None else ""
 
-    def _submit(self, prompts: list[tuple[Any, str]], params: Any, priority: int,
+    def _submit(self, prompts: list[tuple[Any, str]], params: Any, priority: int, cache_salt: str | None = None,
                 model: str | None = None) -> list:
         """Validate and queue every prompt now (so bad input is a 400 before any byte is sent); all or none."""
         streams = []
         try:
             for prompt, rid in prompts:
+                if cache_salt is not None:
+                    prompt = {**prompt, "cache_salt": cache_salt}
                 streams.append(self.engine.add_request(prompt, params, rid, priority,
                                                        lora_request=self.loras.get(model)))
         except BaseException:
@@ -175,7 +181,7 @@ class OpenAIServing:
 
     # ------------------------------------------------------------------------------------ completions
     async def completions(self, req: CompletionRequest, request_id: str) -> dict | AsyncIterator[str]:
-        params = self.sampling_params(req)
+        params = self.sampling_params(apply_generation_defaults(req, self.generation_defaults))
         params.structured_outputs = structured_outputs_for(req, self.engine.settings.scheduler.structured_outputs_backend)
         if req.echo and req.logprobs is not None and params.prompt_logprobs is None:
             params.prompt_logprobs = req.logprobs
@@ -187,7 +193,7 @@ class OpenAIServing:
             elif self.tokenizer is not None:
                 prompt = {"prompt_token_ids": await self.encode(prompt, req.add_special_tokens), "prompt": prompt}
             gens.append((prompt, f"{request_id}-{i}"))
-        gens = self._submit(gens, params, req.priority, model=req.model)
+        gens = self._submit(gens, params, req.priority, req.cache_salt, model=req.model)
         created = int(time.time())
         if req.stream:
             return self._completion_stream(req, request_id, created, gens, params.n)
@@ -212,6 +218,8 @@ class OpenAIServing:
                           "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}
                 if req.return_token_ids:
                     choice.update(token_ids=c.token_ids, prompt_token_ids=out.prompt_token_ids)
+                if req.prompt_logprobs is not None:
+                    choice["prompt_logprobs"] = prompt_logprobs_json(out.prompt_logprobs)
                 choices.append(choice)
         return {"id": request_id, "object": "text_completion", "created": created, "model": self.model_name,
                 "choices": choices, "usage": _usage(n_prompt, n_gen)}
@@ -246,7 +254,8 @@ class OpenAIServing:
                     if req.return_token_ids:
                         choice["token_ids"] = c.token_ids
                     chunk = {"id": request_id, "object": "text_completion", "created": created,
-                             "model": self.model_name, "choices": [choice]}
+                             "model": self.model_name, "choices": [choice],
+                             **continuous_usage(req, sum(n_prompt.values()), n_gen)}
                     yield _sse(chunk)
             if req.include_usage:
                 yield _sse({"id": request_id, "object": "text_completion", "created": created,
@@ -258,7 +267,7 @@ class OpenAIServing:
 
     # ------------------------------------------------------------------------------------ chat
     async def chat(self, req: ChatCompletionRequest, request_id: str) -> dict | AsyncIterator[str]:
-        params = self.sampling_params(req)
+        params = self.sampling_params(apply_generation_defaults(req, self.generation_defaults))
         plan = ToolPlan.from_request(req, self.engine.settings, self.tokenizer)  # tools, tool_choice, reasoning
         params.structured_outputs = structured_outputs_for(
             req, self.engine.settings.scheduler.structured_outputs_backend, plan.constraint)
@@ -267,7 +276,7 @@ class OpenAIServing:
             req, add_generation_prompt=req.add_generation_prompt, continue_final_message=req.continue_final_message,
             tools=plan.template_tools, chat_template_kwargs=req.chat_template_kwargs)
         gens = self._submit([({"prompt_token_ids": ids, "prompt": text}, request_id)], params, req.priority,
-                            model=req.model)
+                            req.cache_salt, model=req.model)
         created = int(time.time())
         k = req.top_logprobs or 0
         if req.stream:
@@ -290,6 +299,8 @@ class OpenAIServing:
                 "choices": choices, "usage": _usage(len(final.prompt_token_ids), n_gen)}
         if req.return_token_ids:
             resp["prompt_token_ids"] = final.prompt_token_ids
+        if req.prompt_logprobs is not None:
+            resp["prompt_logprobs"] = prompt_logprobs_json(final.prompt_logprobs)
         return resp
 
     async def _chat_stream(self, req: ChatCompletionRequest, request_id: str, created: int, gens: list,
@@ -325,7 +336,7 @@ class OpenAIServing:
                             choice["stop_reason"] = c.stop_reason
                         if req.return_token_ids and first:
                             choice["token_ids"] = c.token_ids
-                        yield _sse({**base, "choices": [choice]})
+                        yield _sse({**base, "choices": [choice], **continuous_usage(req, n_prompt, n_gen)})
             if req.include_usage:
                 yield _sse({**base, "choices": [], "usage": _usage(n_prompt, n_gen)})
         except Exception as e:  # noqa: BLE001 - the status line is gone; report in-band
