@@ -179,6 +179,9 @@ class ChatCompletionRequest(_Sampling):
                 raise ValueError(f"messages[{i}].role {m['role']!r} is not one of system, developer, user, "
                                  "assistant, tool")
             content = m.get("content")
+            if isinstance(content, list) and any(isinstance(p, dict) and p.get("type") == "image_url"
+                                                 for p in content):
+                continue  # images: kept for the serving layer (a model that takes no images: 400 there)
             if isinstance(content, list):  # content parts: only text can be rendered by a text model
                 texts = []
                 for part in content:

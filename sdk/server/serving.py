@@ -272,10 +272,12 @@ class OpenAIServing:
         params.structured_outputs = structured_outputs_for(
             req, self.engine.settings.scheduler.structured_outputs_backend, plan.constraint)
         params.skip_special_tokens = params.skip_special_tokens and not plan.needs_special_tokens
+        req.messages, images = self.engine.frontend.split_chat_images(req.messages)  # image_url parts
         text, ids = await self.render_chat(
             req, add_generation_prompt=req.add_generation_prompt, continue_final_message=req.continue_final_message,
             tools=plan.template_tools, chat_template_kwargs=req.chat_template_kwargs)
-        gens = self._submit([({"prompt_token_ids": ids, "prompt": text}, request_id)], params, req.priority,
+        mm = {"multi_modal_data": {"image": images}} if images else {}
+        gens = self._submit([({"prompt_token_ids": ids, "prompt": text, **mm}, request_id)], params, req.priority,
                             req.cache_salt, model=req.model)
         created = int(time.time())
         k = req.top_logprobs or 0

@@ -8,57 +8,20 @@ from __future__ import annotations
 
 import io
 
-import numpy as np
 import pytest
 import torch
 
 transformers = pytest.importorskip("transformers")
 Image = pytest.importorskip("PIL.Image")
 
-IMAGE_TOKEN = 299
-WORDS = [f"w{i}" for i in range(250)]
 MAX_NEW = 8
-
-
-def _tokenizer():
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
-    vocab = {"[UNK]": 0, "<s>": 1, "</s>": 2, "USER:": 3, "ASSISTANT:": 4}
-    vocab.update({w: 5 + i for i, w in enumerate(WORDS)})
-    vocab["<image>"] = IMAGE_TOKEN
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok.add_special_tokens(["<image>"])
-    return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", bos_token="<s>",
-                                                eos_token="</s>")
 
 
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):
-    from transformers import (
-        CLIPImageProcessor,
-        CLIPVisionConfig,
-        LlamaConfig,
-        LlavaConfig,
-        LlavaForConditionalGeneration,
-        LlavaProcessor,
-    )
+    from tests.multimodal.tiny_llava import build_tiny_llava
 
-    path = tmp_path_factory.mktemp("tiny-llava")
-    torch.manual_seed(0)
-    vision = CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
-                              image_size=56, patch_size=14, projection_dim=32, initializer_range=0.2)
-    text = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                       num_key_value_heads=2, vocab_size=300, max_position_embeddings=256, initializer_range=0.2,
-                       bos_token_id=1, eos_token_id=None)  # no eos: both sides run MAX_NEW tokens
-    config = LlavaConfig(vision_config=vision, text_config=text, image_token_index=IMAGE_TOKEN)
-    model = LlavaForConditionalGeneration(config).eval()
-    model.save_pretrained(path)
-    processor = LlavaProcessor(CLIPImageProcessor(size={"shortest_edge": 56}, crop_size={"height": 56, "width": 56}),
-                               _tokenizer(), patch_size=14, vision_feature_select_strategy="default",
-                               image_token="<image>", num_additional_image_tokens=1)
-    processor.save_pretrained(path)
-    return path, model, processor
+    return build_tiny_llava(tmp_path_factory.mktemp("tiny-llava"))
 
 
 @pytest.fixture(scope="module")
@@ -71,8 +34,9 @@ def llm(ckpt):
 
 
 def _image(seed: int, size: tuple[int, int]):
-    rng = np.random.default_rng(seed)
-    return Image.fromarray(rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8))
+    from tests.multimodal.tiny_llava import make_image
+
+    return make_image(seed, size)
 
 
 PROMPT1 = "USER: <image> w1 w2 w3 ASSISTANT:"
@@ -115,7 +79,7 @@ def test_prefix_cache_keys_include_the_image(llm):
     from octavo import SamplingParams
 
     params = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
-    long = "USER: <image> " + " ".join(WORDS[:20]) + " ASSISTANT:"  # 1 + 16 + 21 tokens: two full blocks
+    long = "USER: <image> " + " ".join(f"w{i}" for i in range(20)) + " ASSISTANT:"  # 1 + 16 + 21 tokens: two full blocks
     img, other = _image(5, (60, 60)), _image(6, (60, 60))
     llm.generate({"prompt": long, "multi_modal_data": {"image": img}}, params, use_tqdm=False)
     same = llm.generate({"prompt": long, "multi_modal_data": {"image": img}}, params, use_tqdm=False)[0]
