@@ -35,6 +35,10 @@ _LAZY = {
     "Quantizer": "octavo.quant",
     "Speculator": "octavo.speculator",
     "OctavoSettings": "octavo.config",
+    "EngineArgs": "octavo.engine_args",
+    "AsyncEngineArgs": "octavo.engine_args",
+    "TextPrompt": "octavo.inputs",
+    "TokensPrompt": "octavo.inputs",
 }
 
 __all__ = ["hookimpl", "__version__", *_LAZY]

@@ -57,6 +57,13 @@ class AsyncLLM:
         self._setup(settings)
         return self
 
+    @classmethod
+    def from_engine_args(cls, engine_args: Any) -> AsyncLLM:
+        """Build from an ``octavo.AsyncEngineArgs`` (vLLM's idiom)."""
+        from octavo.engine_args import settings_from_engine_args
+
+        return cls.from_settings(settings_from_engine_args(engine_args))
+
     def _setup(self, settings: OctavoSettings) -> None:
         from octavo.core.engine_client import make_engine_core_client
         from octavo.core.loader import load_tokenizer

@@ -33,6 +33,11 @@ class LLM:
         self.llm_engine = LLMEngine(OctavoSettings.from_kwargs(model=model, **kwargs))
         self._counter = itertools.count()
 
+    @classmethod
+    def from_engine_args(cls, engine_args: Any) -> LLM:
+        """Build from an ``octavo.EngineArgs`` (vLLM's idiom); arguments left ``None`` keep their defaults."""
+        return cls(**engine_args.given())
+
     def get_tokenizer(self):
         return self.llm_engine.get_tokenizer()
 

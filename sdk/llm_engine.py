@@ -40,6 +40,13 @@ class LLMEngine:
         """Build from flat vLLM-style engine arguments (``model=..., max_num_seqs=...``)."""
         return cls(OctavoSettings.from_kwargs(**kwargs))
 
+    @classmethod
+    def from_engine_args(cls, engine_args: Any) -> LLMEngine:
+        """Build from an ``octavo.EngineArgs`` (vLLM's idiom)."""
+        from octavo.engine_args import settings_from_engine_args
+
+        return cls(settings_from_engine_args(engine_args))
+
     def get_tokenizer(self):
         return self.tokenizer
 

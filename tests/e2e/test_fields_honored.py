@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from octavo import SamplingParams
+from octavo.inputs import TokensPrompt
 from octavo.sampling_params import RequestOutputKind
 from octavo.structured_outputs import StructuredOutputsParams
 
@@ -28,9 +29,9 @@ G = dict(temperature=0.0, max_tokens=8, ignore_eos=True)
 
 @pytest.fixture(scope="module")
 def llm():
-    from octavo import LLM
+    from octavo import LLM, EngineArgs
 
-    return LLM(max_model_len=256, kv_cache_memory_bytes=32 << 20)
+    return LLM.from_engine_args(EngineArgs(max_model_len=256, kv_cache_memory_bytes=32 << 20))
 
 
 def run(llm, prompt=PROMPT, **kw):
@@ -218,7 +219,7 @@ def test_unknown_sampling_field_is_refused():
 def test_prompt_dict_keys(llm):
     refused("mm_processor_kwargs", llm.generate, [{"prompt": "hi", "mm_processor_kwargs": {"x": 1}}],
             use_tqdm=False)
-    toks = {"prompt_token_ids": list(range(200, 240))}  # 40 tokens: two full blocks of 16
+    toks = TokensPrompt(prompt_token_ids=list(range(200, 240)))  # 40 tokens: two full blocks of 16
     a = run(llm, {**toks, "cache_salt": "tenant-a"}, max_tokens=1)
     same = run(llm, {**toks, "cache_salt": "tenant-a"}, max_tokens=1)
     other = run(llm, {**toks, "cache_salt": "tenant-b"}, max_tokens=1)
