@@ -122,7 +122,12 @@ class DPEngineCore:
         total = SchedulerStats()
         for s in self.stats:
             for f in s.__struct_fields__:
-                setattr(total, f, getattr(total, f) + getattr(s, f))
+                a, b = getattr(total, f), getattr(s, f)
+                if isinstance(a, list):  # per-position counters (spec_decode_accepted_per_pos): add elementwise
+                    a, b = a + [0] * (len(b) - len(a)), b + [0] * (len(a) - len(b))
+                    setattr(total, f, [x + y for x, y in zip(a, b)])
+                else:
+                    setattr(total, f, a + b)
         total.kv_cache_usage /= self.size
         return total
 
