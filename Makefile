@@ -15,7 +15,7 @@ TORCH_INDEX ?=
 TEST_ARGS  ?=
 SERVE_ARGS ?=
 
-.PHONY: venv serve generate test browser lint clean reliability spec-decode distributed quant-full
+.PHONY: venv serve generate test browser lint clean reliability spec-decode distributed quant-full lora
 
 venv: $(STAMP)
 
@@ -59,6 +59,10 @@ quant-full: $(STAMP)
 # test` runs TP=2 on a tiny Llama, the executor choice and the dead-worker server test.
 distributed: $(STAMP)
 	OCTAVO_DISTRIBUTED=full $(PY) -m pytest -q tests/distributed --timeout=1800 $(TEST_ARGS)
+
+# LoRA in full (PEFT adapters on SmolLM2 vs transformers + peft); `make test` runs the tiny-Llama LoRA suites.
+lora: $(STAMP)
+	OCTAVO_LORA=full $(PY) -m pytest -q tests/lora --timeout=1800 $(TEST_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

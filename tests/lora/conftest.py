@@ -38,9 +38,11 @@ def make_adapter(base_path: str, path: str, rank: int, alpha: int, rslora: bool,
     model.save_pretrained(path)
 
 
-def peft_greedy(base_path: str, adapter_path: str | None, prompts: list[list[int]], n: int) -> list[list[int]]:
+def peft_greedy(base_path: str, adapter_path: str | None, prompts: list[list[int]], n: int,
+                auto: bool = False) -> list[list[int]]:
     """Greedy tokens from transformers (+ peft when an adapter is given), full forward per token, float32."""
-    model = T.LlamaForCausalLM.from_pretrained(base_path, dtype=torch.float32)
+    cls = T.AutoModelForCausalLM if auto else T.LlamaForCausalLM
+    model = cls.from_pretrained(base_path, dtype=torch.float32)
     if adapter_path is not None:
         from peft import PeftModel
 
