@@ -147,6 +147,20 @@ class ServerSettings(_Section):
                                     "SIGTERM/SIGINT; then they end with an error. New requests get 503.")
     disable_ui: bool = Field(False, description="Do not serve the web playground (/, /ui/) and the dashboard "
                              "(/dashboard).")
+    root_path: str | None = Field(None, description="Path prefix the app is served under behind a proxy "
+                                  "(FastAPI root_path), as vLLM's --root-path.")
+    allowed_origins: list[str] | None = Field(None, description="Origins allowed by CORS (browsers calling the "
+                                              "API from other sites); '*' for any. None: no CORS headers.")
+
+    @field_validator("allowed_origins", mode="before")
+    @classmethod
+    def _origins_json(cls, v: Any) -> Any:
+        """vLLM takes a JSON list (``--allowed-origins '["*"]'``); a plain list works too."""
+        if isinstance(v, str):
+            v = [v]
+        if isinstance(v, list) and len(v) == 1 and isinstance(v[0], str) and v[0].lstrip().startswith("["):
+            v = json.loads(v[0])
+        return v
 
 
 class LoRASettings(_Section):

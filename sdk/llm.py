@@ -13,11 +13,12 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from octavo.llm_vllm import VllmLLMMethods
 from octavo.outputs import RequestOutput
 from octavo.sampling_params import RequestOutputKind, SamplingParams
 
 
-class LLM:
+class LLM(VllmLLMMethods):  # + encode, enqueue/wait_for_completion, start/stop_profile, beam_search (refused)
     """An engine for offline batches.
 
     Args:

@@ -237,6 +237,9 @@ def build_app(engine: Any, settings: Any) -> FastAPI:
 
     register_embedding_routes(app, engine, model_name, check_model, check_ready)  # and which routes fit the model
     register_ui_routes(app, engine, settings, model_name)  # /v1/octavo/info; /, /ui/, /dashboard unless --disable-ui
+    from octavo.server.vllm_routes import register_vllm_routes
+
+    register_vllm_routes(app, engine, settings, check_model)  # /v1/models/{id}, /tokenizer_info, /ping, /invocations
 
     from octavo.core.plugin_manager import get_plugin_manager
 

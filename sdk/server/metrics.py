@@ -107,4 +107,6 @@ class ServerMetrics:
                 self.tpot.observe(max(0.0, (last - first) / (n - 1)))
 
     def render(self) -> tuple[bytes, str]:
-        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+        from octavo.server.vllm_routes import with_vllm_names
+
+        return with_vllm_names(generate_latest(self.registry)), CONTENT_TYPE_LATEST  # octavo: and vllm: names

@@ -585,3 +585,25 @@ def test_tokenize_detokenize_fields(server):
     assert post(server, "/tokenize", {"messages": [{"role": "user", "content": "hi"}],
                                       "add_generation_prompt": False}).json()["count"] < m
     assert post(server, "/detokenize", {"tokens": a["tokens"]}).json()["prompt"] == PROMPT
+
+
+# ------------------------------------------------------------------------------------ vLLM's other LLM methods
+def test_enqueue_then_wait_for_completion(llm):
+    rids = llm.enqueue([PROMPT, "Hello"], SamplingParams(**G))
+    assert len(rids) == 2 and llm.llm_engine.has_unfinished_requests()  # queued, not run yet
+    outs = llm.wait_for_completion(use_tqdm=False)
+    assert [o.request_id for o in outs] == rids and outs[0].outputs[0].token_ids == ids(llm)
+    assert llm.wait_for_completion(use_tqdm=False) == []
+
+
+def test_profile_writes_a_trace(llm, tmp_path):
+    llm.start_profile(str(tmp_path))
+    run(llm, max_tokens=2)
+    llm.stop_profile()
+    assert any(tmp_path.iterdir()), "the profiler wrote no trace"
+
+
+def test_beam_search_and_pooling_params_refused(llm):
+    with pytest.raises(NotImplementedError, match="beam_search"):
+        llm.beam_search([PROMPT])
+    refused("pooling_params", llm.encode, [PROMPT], pooling_params=object())

@@ -1,0 +1,117 @@
+"""vLLM-style OpenAI API tests (written here from vLLM's public API reference), against a real ``octavo serve``.
+
+One server on loopback (embedded SmolLM2) started with vLLM's server flags ``--allowed-origins`` and
+``--root-path``; driven with the official ``openai`` client and httpx. Routes: completions and chat (with
+the vLLM extras), /tokenize (return_token_strs), /detokenize, /tokenizer_info, GET /v1/models/{id},
+/ping and /invocations (SageMaker), CORS.
+"""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+
+from octavo.server.launch import ServerProcess
+
+pytestmark = pytest.mark.slow
+
+ORIGIN = "http://dashboard.example"
+
+
+@pytest.fixture(scope="module")
+def server():
+    srv = ServerProcess(["--max-model-len", "256", "--kv-cache-memory-bytes", str(32 << 20),
+                         "--uvicorn-log-level", "warning", "--allowed-origins", f'["{ORIGIN}"]',
+                         "--root-path", "/llm"]).start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def model(client):
+    return client.models.list().data[0].id
+
+
+def test_models_retrieve(client, model, server):
+    m = client.models.retrieve(model)
+    assert m.id == model and m.object == "model"
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("no-such-model")
+
+
+def test_completion_with_vllm_extras(client, model):
+    c = client.completions.create(model=model, prompt="The capital of France is", max_tokens=5, temperature=0,
+                                  extra_body={"top_k": 1, "ignore_eos": True, "return_token_ids": True,
+                                              "prompt_logprobs": 0, "truncate_prompt_tokens": 3})
+    choice = c.choices[0].model_dump()
+    assert len(choice["token_ids"]) == 5 and len(choice["prompt_token_ids"]) == 3
+    assert choice["prompt_logprobs"][0] is None and len(choice["prompt_logprobs"]) == 3
+    assert c.usage.prompt_tokens == 3
+
+
+def test_chat_stream_continuous_usage(client, model):
+    stream = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "Hi"}], max_tokens=4, stream=True,
+        stream_options={"include_usage": True, "continuous_usage_stats": True}, extra_body={"ignore_eos": True})
+    chunks = list(stream)
+    assert chunks[-1].usage.completion_tokens == 4
+    assert all(ch.usage is not None for ch in chunks[1:])
+
+
+def test_vllm_only_fields_refused(client, model):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model=model, prompt="x", max_tokens=2, extra_body={"use_beam_search": True})
+    assert e.value.body["param"] == "use_beam_search"
+
+
+def test_tokenize_detokenize(server):
+    t = httpx.post(server.url + "/tokenize", json={"prompt": "Hello world", "return_token_strs": True}).json()
+    assert t["count"] == len(t["tokens"]) == len(t["token_strs"]) and "".join(t["token_strs"]).endswith("world")
+    assert httpx.post(server.url + "/detokenize", json={"tokens": t["tokens"]}).json()["prompt"] == "Hello world"
+
+
+def test_tokenizer_info(server):
+    info = httpx.get(server.url + "/tokenizer_info").json()
+    assert info["eos_token"] and info["vocab_size"] > 1000 and "<|im_start|>" in str(info["added_tokens_decoder"])
+
+
+def test_ping_and_invocations(server, model):
+    assert httpx.get(server.url + "/ping").status_code == 200
+    assert httpx.post(server.url + "/ping").status_code == 200
+    chat = httpx.post(server.url + "/invocations", json={"messages": [{"role": "user", "content": "Hi"}],
+                                                         "max_tokens": 2}, timeout=60).json()
+    assert chat["object"] == "chat.completion"
+    cmpl = httpx.post(server.url + "/invocations", json={"prompt": "Hi", "max_tokens": 2}, timeout=60).json()
+    assert cmpl["object"] == "text_completion"
+    bad = httpx.post(server.url + "/invocations", json={"prompt": "Hi", "max_tokens": -5}, timeout=60)
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "max_tokens"
+    assert httpx.post(server.url + "/invocations", json={"foo": 1}).status_code == 400
+
+
+def test_cors(server):
+    pre = httpx.options(server.url + "/v1/completions", headers={
+        "Origin": ORIGIN, "Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "content-type"})
+    assert pre.status_code == 200 and pre.headers["access-control-allow-origin"] == ORIGIN
+    other = httpx.get(server.url + "/v1/models", headers={"Origin": "http://evil.example"})
+    assert "access-control-allow-origin" not in other.headers
+
+
+def test_root_path(server):
+    # behind a proxy that strips /llm, the app still answers at / and reports its prefix to OpenAPI users
+    assert httpx.get(server.url + "/v1/models").status_code == 200
+
+
+def test_metrics_under_vllm_names(server, client, model):
+    client.completions.create(model=model, prompt="Hi", max_tokens=2)
+    text = httpx.get(server.url + "/metrics").text
+    for name in ("num_requests_running", "kv_cache_usage_perc", "prompt_tokens_total", "generation_tokens_total",
+                 "time_to_first_token_seconds_count", "request_success_total"):
+        octavo_line = [ln for ln in text.splitlines() if ln.startswith(f"octavo:{name}")]
+        vllm_line = [ln for ln in text.splitlines() if ln.startswith(f"vllm:{name}")]
+        assert octavo_line and [ln.replace("octavo:", "vllm:", 1) for ln in octavo_line] == vllm_line, name
