@@ -35,7 +35,8 @@ def setup(tmp_path_factory):
         loras.append(lora)
         want[lora.lora_int_id] = peft_greedy(base, path, PROMPTS, N)
     llm = LLM(base, dtype="float32", skip_tokenizer_init=True, enable_lora=True, max_loras=2, max_cpu_loras=3,
-              max_lora_rank=16, kv_cache_memory_bytes=16 << 20, max_model_len=256, block_size=8, seed=0)
+              max_lora_rank=16, kv_cache_memory_bytes=16 << 20, max_model_len=256, block_size=8, seed=0,
+              max_num_batched_tokens=32)  # the 37-token prompt is prefilled in two chunks
     yield llm, loras, want, root
     llm.llm_engine.shutdown()
 
