@@ -85,6 +85,16 @@ class _Sampling(_Checked):
 
             raise APIError(400, "prompt_logprobs is not available with stream=true (as in vLLM).",
                            param="prompt_logprobs")
+        opts = self.stream_options
+        if opts is not None and not self.stream:
+            from octavo.errors import APIError
+
+            raise APIError(400, "stream_options needs stream=true (as in vLLM).", param="stream_options")
+        if opts is not None and opts.continuous_usage_stats and not opts.include_usage:
+            from octavo.errors import APIError
+
+            raise APIError(400, "stream_options.continuous_usage_stats needs include_usage=true.",
+                           param="stream_options.continuous_usage_stats")
         return self
 
     @field_validator("logit_bias")

@@ -129,6 +129,9 @@ def _s_stream_options(server):
                                                      "max_tokens": 3, "stream_options": {
                                                          "include_usage": True, "continuous_usage_stats": True}})
     assert all("usage" in c for c in chat_every[1:])
+    bad(server, "stream_options", stream_options={"include_usage": True})  # not streaming: refused, as vLLM
+    bad(server, "stream_options.continuous_usage_stats", stream=True,
+        stream_options={"continuous_usage_stats": True})
 
 
 def _s_user(server):
