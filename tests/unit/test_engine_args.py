@@ -46,3 +46,30 @@ def test_unknown_vllm_args_are_refused_by_name(capsys):
 def test_prompt_types_are_dicts():
     assert TokensPrompt(prompt_token_ids=[1, 2], cache_salt="a") == {"prompt_token_ids": [1, 2], "cache_salt": "a"}
     assert TextPrompt(prompt="hi") == {"prompt": "hi"}
+
+
+def test_generation_config_defaults(tmp_path):
+    """The model's generation_config.json fills what a request leaves out (vLLM's --generation-config auto)."""
+    import json
+
+    from octavo.config import OctavoSettings
+    from octavo.generation_config import generation_defaults
+    from octavo.server.protocol import ChatCompletionRequest, CompletionRequest
+    from octavo.server.vllm_fields import apply_generation_defaults
+
+    (tmp_path / "generation_config.json").write_text(json.dumps(
+        {"temperature": 0.3, "top_p": 0.9, "top_k": 50, "max_new_tokens": 7, "eos_token_id": 2}))
+    auto = generation_defaults(OctavoSettings.from_kwargs(model=str(tmp_path)))
+    assert auto == {"temperature": 0.3, "top_p": 0.9, "max_tokens": 7}  # top_k 50 is HF's default: skipped
+    assert generation_defaults(OctavoSettings.from_kwargs(model=str(tmp_path), generation_config="vllm")) == {}
+    assert generation_defaults(OctavoSettings.from_kwargs(generation_config=str(tmp_path))) == auto
+    with pytest.raises(ConfigError, match="generation_config"):
+        generation_defaults(OctavoSettings.from_kwargs(generation_config=str(tmp_path / "nope")))
+    assert generation_defaults(OctavoSettings.from_kwargs()) == {}  # the embedded GGUF carries none
+
+    req = apply_generation_defaults(CompletionRequest(prompt="x", temperature=1.0), auto)
+    sp = req.to_sampling_params()
+    assert (sp.temperature, sp.top_p, sp.max_tokens) == (1.0, 0.9, 7)  # the request's own value wins
+    chat = apply_generation_defaults(ChatCompletionRequest(messages=[{"role": "user", "content": "x"}],
+                                                           max_completion_tokens=3), auto)
+    assert chat.to_sampling_params().max_tokens == 3 and chat.to_sampling_params().temperature == 0.3
