@@ -105,15 +105,23 @@ def iter_weights(resolved: ResolvedModel, desc: str = "Loading weights",
 
 
 def _init_dummy(model: torch.nn.Module, seed: int, skip: tuple[str, ...] = ()) -> None:
-    """Small random weights (uniform in [-1e-3, 1e-3], norms at 1): shapes and speed are real, outputs are not."""
-    gen = torch.Generator(device="cpu").manual_seed(seed)
+    """Small random weights (uniform in [-1e-3, 1e-3], norms at 1): shapes and speed are real, outputs are not.
+
+    Drawn on the parameter's own device with a generator of that device: drawing 8B numbers on the host took
+    most of the start time of an 8B-shape model on a GPU (docs/performance.md, "GPU after the refactors").
+    """
+    gens: dict[torch.device, torch.Generator] = {}
     for name, param in model.named_parameters():
         if not param.is_floating_point() or name.startswith(skip):  # skip: quantized layers, filled apart
             continue
         if "norm" in name:  # a zero-mean norm weight would silence the whole layer
             param.data.fill_(1.0)
             continue
-        values = torch.empty(param.shape, dtype=torch.float32).uniform_(-1e-3, 1e-3, generator=gen)
+        gen = gens.get(param.device)
+        if gen is None:
+            gen = gens[param.device] = torch.Generator(device=param.device).manual_seed(seed)
+        values = torch.empty(param.shape, dtype=torch.float32, device=param.device).uniform_(-1e-3, 1e-3,
+                                                                                            generator=gen)
         param.data.copy_(values)
 
 
