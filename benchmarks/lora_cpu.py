@@ -75,6 +75,7 @@ def main() -> None:
         outs = llm.generate(prompts, params, use_tqdm=False, lora_request=choice)
         dt = time.perf_counter() - t0
         times[name] = sum(len(o.outputs[0].token_ids) for o in outs) / dt
+        print(f"{name}: {times[name]:.1f} tok/s", flush=True)
     llm.llm_engine.shutdown()
     base_tps = max(times["base"], times["base_again"])
     mixed_tps = max(times["mixed"], times["mixed_again"])
