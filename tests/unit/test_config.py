@@ -144,7 +144,7 @@ def test_sections_subset():
         parse("--max-num-seqs", "8", sections=["device"])
     with pytest.raises(ValueError, match="Unknown settings sections"):
         parse(sections=["devices"])
-    assert set(SECTIONS) == {"model", "device", "cache", "scheduler", "parallel", "server"}
+    assert set(SECTIONS) == {"model", "device", "cache", "scheduler", "parallel", "server", "lora"}
 
 
 def test_every_setting_is_documented():
