@@ -147,7 +147,8 @@ class EngineCore:
         for rid in result.failed:  # the runner could not serve it (e.g. its LoRA adapter): no tokens, an error
             result.sampled.pop(rid, None)
         updates = self.scheduler.update(sched_out, result.sampled)
-        self.structured.accept_tokens(updates)
+        # structured requests get no drafts (core/spec_decode.py), so each has at most one new token
+        self.structured.accept_tokens([(r, t[-1] if t else None) for r, t in updates])
         outputs, finished = early, []
         for req, tokens in updates:
             rid = req.request_id

@@ -13,7 +13,7 @@ from octavo.core.input_batch import CachedRequestState, StepInputs, build_sampli
 from octavo.core.messages import TokenLogprobs
 from octavo.core.multimodal_runner import EncoderCache, build_mm_embeds
 from octavo.core.sampler import Sampler, compute_logprobs, gather_logprobs
-from octavo.core.spec_decode import fill_runner_output, verify_on_device
+from octavo.core.spec_decode import fill_runner_output, first_logits_rows, verify_on_device
 from octavo.core.structured_output import apply_bitmask
 from octavo.model import ForwardContext
 from octavo.step import PromptLogprobs, RunnerOutput, StepBatch
@@ -102,7 +102,8 @@ class ModelRunner:
             masks = {s.request_id: s.grammar_bitmask for s in batch.scheduled if s.grammar_bitmask is not None}
             if masks:  # structured outputs: the engine core computed which tokens each row may take
                 rows = [i for i, rid in enumerate(inputs.sample_req_ids) if rid in masks]
-                logits = apply_bitmask(logits, rows, [masks[inputs.sample_req_ids[i]] for i in rows])
+                logits = apply_bitmask(logits, first_logits_rows(inputs.spec_token_ids, rows),
+                                       [masks[inputs.sample_req_ids[i]] for i in rows])
             sample_reqs = [reqs[rid] for rid in inputs.sample_req_ids]
             if inputs.spec_token_ids:  # drafts to verify: k + 1 logits rows per request (core/spec_decode.py)
                 pending.update(verify_on_device(logits, sample_reqs, inputs.spec_token_ids, self.vocab_size,
