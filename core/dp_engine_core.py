@@ -25,7 +25,7 @@ import time
 
 import msgspec
 
-from octavo.core.engine_core_proc import ABORT, ADD, FATAL, OUTPUTS, READY, SHUTDOWN, UTILITY
+from octavo.core.engine_core_wire import ABORT, ADD, FATAL, OUTPUTS, READY, SHUTDOWN, UTILITY
 from octavo.core.messages import EngineCoreOutputs, EngineCoreRequest, ModelInfo, SchedulerStats
 from octavo.executor import ExecutorError
 

@@ -43,9 +43,8 @@ from octavo.core.messages import (
 
 logger = logging.getLogger("octavo.engine_core")
 
-# Message kinds (one byte each, first frame of every message).
-ADD, ABORT, UTILITY, SHUTDOWN = b"A", b"X", b"U", b"S"
-READY, OUTPUTS, FATAL = b"R", b"O", b"E"
+# Message kinds (one byte each, first frame of every message); re-exported for older imports.
+from octavo.core.engine_core_wire import ABORT, ADD, FATAL, OUTPUTS, READY, SHUTDOWN, UTILITY  # noqa: E402,F401
 
 PARENT_CHECK_S = 1.0  # how often an orphaned core notices that its parent died
 

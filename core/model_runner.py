@@ -13,7 +13,7 @@ from octavo.core.input_batch import CachedRequestState, StepInputs, build_sampli
 from octavo.core.messages import TokenLogprobs
 from octavo.core.multimodal_runner import EncoderCache, build_mm_embeds
 from octavo.core.sampler import Sampler, compute_logprobs, gather_logprobs
-from octavo.core.spec_decode import fill_runner_output, first_logits_rows, verify_on_device
+from octavo.core.spec_verify import fill_runner_output, first_logits_rows, verify_on_device
 from octavo.core.structured_output import apply_bitmask
 from octavo.model import ForwardContext
 from octavo.step import PromptLogprobs, RunnerOutput, StepBatch

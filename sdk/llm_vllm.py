@@ -30,7 +30,7 @@ class VllmLLMMethods:
         Returns:
             The request ids, in the order of ``prompts``.
         """
-        from octavo.llm import _as_list, _per_prompt
+        from octavo.prompt_batch import _as_list, _per_prompt
         from octavo.sampling_params import RequestOutputKind
 
         prompts = _as_list(prompts)
