@@ -1,6 +1,11 @@
 """The real SmolLM2-135M-Instruct GGUF through octavo's loader, the Llama plugin and the torch_sdpa backend
-gives the same prompt logits as transformers (same dequantized weights, float32) within 1e-4 — prompts run
-together in one flat batch, and a prompt fed as chunks then decodes over the paged cache."""
+gives the same prompt logits as transformers on the same dequantized weights — prompts run together in one
+flat batch, and a prompt fed as chunks then decodes over the paged cache.
+
+Two references: in float64 both implementations must agree to 2e-5 (what is left is float32 rounding of the
+returned logits); in float32 octavo's error against transformers' float64 logits may be at most 1e-4, or
+twice transformers' own float32 error where the CPU's GEMM kernels round more than that (e.g. AVX-512 vs
+AVX2 accumulation order), so the bound follows the machine instead of a constant tuned on one ISA."""
 
 from __future__ import annotations
 
@@ -21,6 +26,7 @@ PROMPTS = [
     "日本の首都は",
 ]
 ATOL = 1e-4
+ATOL_F64 = 2e-5
 
 
 @pytest.fixture(scope="module")
@@ -35,37 +41,63 @@ def prompts(tokenizer):
     return [tokenizer(p)["input_ids"] for p in PROMPTS] + [tokenizer(chat, add_special_tokens=False)["input_ids"]]
 
 
-@pytest.fixture(scope="module")
-def octavo_model():
+def _octavo(dtype):
     from octavo.plugins.models.llama import LlamaForCausalLM
 
     resolved = resolve_model(ModelSettings(model=smollm2_gguf_path()))
-    return load_model(resolved, model_cls=LlamaForCausalLM, dtype=torch.float32, device="cpu")
+    return load_model(resolved, model_cls=LlamaForCausalLM, dtype=dtype, device="cpu")
+
+
+def _hf(dtype):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(smollm2_safetensors_dir("float32"), dtype=dtype).eval()
+
+
+@pytest.fixture(scope="module")
+def octavo_model():
+    return _octavo(torch.float32)
 
 
 @pytest.fixture(scope="module")
 def reference():
-    from transformers import AutoModelForCausalLM
+    return _hf(torch.float32)
 
-    return AutoModelForCausalLM.from_pretrained(smollm2_safetensors_dir("float32"), dtype=torch.float32).eval()
+
+@pytest.fixture(scope="module")
+def reference64():
+    return _hf(torch.float64)
 
 
 def _ref_logits(reference, ids):
     with torch.no_grad():
-        return reference(torch.tensor([ids])).logits[0].float()
+        return reference(torch.tensor([ids])).logits[0].double()
 
 
-def _assert_close(got, want, what):
+def _assert_close(got, want, what, atol=ATOL):
+    got, want = got.double(), want.double()
     err = (got - want).abs().max().item()
     lp = (torch.log_softmax(got, -1) - torch.log_softmax(want, -1)).abs().max().item()
-    assert err <= ATOL and lp <= ATOL, f"{what}: max logit diff {err:.3g}, logprob diff {lp:.3g}"
+    assert err <= atol and lp <= atol, f"{what}: max logit diff {err:.3g}, logprob diff {lp:.3g} (bound {atol:.3g})"
     assert torch.equal(got.argmax(-1), want.argmax(-1)), f"{what}: greedy tokens differ"
 
 
-def test_prompt_logits_match_transformers(octavo_model, reference, prompts):
+def test_float64_prompt_logits_match_transformers_float64(reference64, prompts):
+    got = PagedRunner(_octavo(torch.float64), block_size=16).prompts(prompts)
+    for ids, logits in zip(prompts, got):
+        _assert_close(logits, _ref_logits(reference64, ids), f"float64 prompt of {len(ids)} tokens", ATOL_F64)
+
+
+def test_prompt_logits_match_transformers(octavo_model, reference, reference64, prompts):
+    """float32: octavo's error against the float64 logits is within 1e-4, or within twice transformers' own
+    float32 error on this CPU, whichever is larger."""
     got = PagedRunner(octavo_model, block_size=16).prompts(prompts)
     for ids, logits in zip(prompts, got):
-        _assert_close(logits, _ref_logits(reference, ids), f"prompt of {len(ids)} tokens")
+        exact = _ref_logits(reference64, ids)
+        hf32 = _ref_logits(reference, ids)
+        hf_err = max((hf32 - exact).abs().max().item(),
+                     (torch.log_softmax(hf32, -1) - torch.log_softmax(exact, -1)).abs().max().item())
+        _assert_close(logits, exact, f"prompt of {len(ids)} tokens", max(ATOL, 2 * hf_err))
 
 
 def test_chunked_prefill_then_greedy_decode_match(octavo_model, reference, prompts):
