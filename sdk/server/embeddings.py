@@ -29,7 +29,7 @@ import uuid
 from typing import Any, Literal
 
 from fastapi import FastAPI
-from pydantic import ConfigDict
+from pydantic import ConfigDict, model_validator
 
 from octavo.server.offload import run_bounded
 from octavo.server.protocol import I32, U32, _Checked
@@ -40,10 +40,17 @@ logger = logging.getLogger("octavo.server")
 _GENERATION_PATHS = ("/v1/completions", "/v1/chat/completions")
 
 
+# vLLM's embedding-request fields that would change the result, with the values that change nothing.
+_EMBED_REFUSED: dict[str, tuple] = {"truncate_prompt_tokens": (None,), "normalize": (None, True),
+                                    "add_special_tokens": (None, True), "embed_dtype": (None, "float32")}
+
+
 class EmbeddingRequest(_Checked):
     """The body of ``POST /v1/embeddings``."""
 
-    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+    # Unknown fields are kept so they can be judged: vLLM's fields that would change the vectors are refused
+    # (400 naming them), the rest warned about once per name, as on the generation routes.
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
 
     model: str | None = None
     input: str | list[str] | list[I32] | list[list[I32]]
@@ -51,6 +58,19 @@ class EmbeddingRequest(_Checked):
     dimensions: U32 | None = None
     user: str | None = None
     priority: I32 = 0
+
+    @model_validator(mode="after")
+    def _extra_fields(self) -> EmbeddingRequest:
+        from octavo.errors import APIError
+        from octavo.server.vllm_fields import check_extra_fields
+
+        extras = self.model_extra or {}
+        for name, noop in _EMBED_REFUSED.items():
+            value = extras.get(name)
+            if name in extras and not any(value is v or (value == v and type(value) is type(v)) for v in noop):
+                raise APIError(400, f"{name} is not supported on /v1/embeddings; leave it out.", param=name)
+        check_extra_fields(self)
+        return self
 
     def prompts(self) -> list[Any]:
         inp = self.input

@@ -34,3 +34,16 @@ def test_truncate_renormalises_unit_vectors_only():
     cut = _truncate([0.5, 0.5, 0.5, 0.5], 2)
     assert math.isclose(sum(x * x for x in cut), 1.0)
     assert _truncate([3.0, 4.0, 12.0], 2) == [3.0, 4.0]  # not unit-length: the model does not normalise
+
+
+def test_unknown_fields_are_refused_or_warned_never_dropped_silently(caplog):
+    from octavo.errors import APIError
+
+    for name, value in (("normalize", False), ("truncate_prompt_tokens", 8), ("add_special_tokens", False)):
+        with pytest.raises(APIError) as err:
+            EmbeddingRequest(input="a", **{name: value})
+        assert err.value.param == name
+    EmbeddingRequest(input="a", normalize=True)  # the value that changes nothing is accepted
+    with caplog.at_level("WARNING"):
+        EmbeddingRequest(input="a", some_vendor_field_xyz=1)
+    assert "some_vendor_field_xyz" in caplog.text
