@@ -11,6 +11,7 @@ import torch
 
 from octavo.core.input_batch import CachedRequestState, StepInputs, build_sampling_batch, build_step_inputs
 from octavo.core.messages import TokenLogprobs
+from octavo.core.multimodal_rope import step_rope_positions
 from octavo.core.multimodal_runner import EncoderCache, build_mm_embeds
 from octavo.core.sampler import Sampler, compute_logprobs, gather_logprobs
 from octavo.core.spec_verify import fill_runner_output, first_logits_rows, verify_on_device
@@ -40,6 +41,7 @@ class ModelRunner:
         self.graph_runner = None
         self.lora = None  # octavo.lora.manager.LoRAManager when enable_lora (set by the worker)
         self.encoder_cache = EncoderCache()  # image hash -> embeddings (core/multimodal_runner.py)
+        self.mrope_merge = getattr(model, "mrope_spatial_merge_size", None)  # M-RoPE models (Qwen2-VL)
 
     def update_states(self, batch: StepBatch) -> None:
         """Forget finished requests first (an id may come back as a new request in the same batch), then
@@ -77,6 +79,8 @@ class ModelRunner:
             return result
         reqs = self.requests
         inputs = build_step_inputs(batch, reqs, self.block_size, self.device)
+        if self.mrope_merge:  # rope positions from each request's image grids (core/multimodal_rope.py)
+            inputs.positions = step_rope_positions(batch, reqs, inputs, self.mrope_merge, self.device)
         if self.lora is not None:  # each token's adapter slot for this step (octavo.lora.manager)
             ids = [s.request_id for s in batch.scheduled]  # a request whose adapter fails to load fails alone
             result.failed = self.lora.prepare(ids, [reqs[rid].lora_request for rid in ids],

@@ -58,7 +58,8 @@ class MultiModalPreprocessor:
         except ValueError as e:
             raise InputError(str(e), "multi_modal_data") from None
         return new_ids, [MultiModalInput(d["modality"], d["hash"], d["offset"], d["length"], d["array"].tobytes(),
-                                         str(d["array"].dtype), list(d["array"].shape)) for d in out]
+                                         str(d["array"].dtype), list(d["array"].shape), list(d.get("grid_thw", [])))
+                         for d in out]
 
 
 def block_mm_key(mm_inputs: list[MultiModalInput], block_end: int) -> tuple | None:

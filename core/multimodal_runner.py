@@ -5,6 +5,9 @@ steps, and two requests may carry the same image; the vision tower runs once per
 cached (LRU, bounded by ``max_items``). Each step takes only the embedding rows whose placeholder positions
 fall inside the step's tokens and hands ``(flat token indices, rows)`` to the model as
 ``ctx.extra["mm_embeds"]`` (models that take images implement ``embed_images`` and read it in ``forward``).
+Fixed-size models (LLaVA) get ``[b, 3, H, W]`` stacked per pixel shape; models that set
+``embeds_packed_images`` (Qwen2-VL, dynamic resolution) get every missing image in one call, patches packed
+``[N, D]`` with each image's ``grid_thw``, and return its rows concatenated in order.
 """
 
 from __future__ import annotations
@@ -68,6 +71,17 @@ def build_mm_embeds(model, cache: EncoderCache, batch: StepBatch, states: dict,
             cache.hits += 1
         else:
             missing[item.hash] = item
+    if getattr(model, "embeds_packed_images", False):  # dynamic resolution: one call, images packed + grids
+        items = list(missing.values())
+        if items:
+            out = model.embed_images(torch.cat([_pixels(i, device) for i in items]), [i.grid_thw for i in items])
+            if out.shape[0] != sum(i.length for i in items):
+                raise RuntimeError(f"{len(items)} images have {sum(i.length for i in items)} placeholders but the "
+                                   f"encoder made {out.shape[0]} embeddings")
+            for item, rows in zip(items, out.split([i.length for i in items])):
+                cache.put(item.hash, rows)
+                cache.encoded += 1
+        missing = {}
     by_shape: dict[tuple, list[MultiModalInput]] = {}
     for item in missing.values():  # one vision-tower batch per pixel shape
         by_shape.setdefault(tuple(item.shape), []).append(item)

@@ -49,6 +49,8 @@ class MultiModalInput(msgspec.Struct, array_like=True, omit_defaults=True):
     data: bytes
     dtype: str
     shape: list[int]
+    # (t, h, w) patch grid of a dynamic-resolution item (Qwen2-VL): its vision tower and M-RoPE positions need it
+    grid_thw: list[int] = []
 
 
 class NewRequestData(msgspec.Struct, array_like=True, omit_defaults=True):

@@ -25,6 +25,7 @@ MODELS = {
     "OPTForCausalLM": f"{_PKG}.opt:OPTForCausalLM",
     "BertModel": f"{_PKG}.bert:BertModel",
     "LlavaForConditionalGeneration": f"{_PKG}.llava:LlavaForConditionalGeneration",
+    "Qwen2VLForConditionalGeneration": f"{_PKG}.qwen2_vl:Qwen2VLForConditionalGeneration",
 }
 
 
