@@ -1,5 +1,5 @@
 """``LLM`` methods vLLM scripts call beyond generate/chat/embed: ``encode``, ``enqueue`` and
-``wait_for_completion``, ``start_profile``/``stop_profile``, and ``beam_search`` (refused: not built).
+``wait_for_completion``, ``start_profile``/``stop_profile``, and ``beam_search`` (octavo.llm_beam).
 
 A mixin so ``sdk/llm.py`` stays the core of the offline API; every method here works through ``LLM``'s
 own engine and helpers.
@@ -90,7 +90,14 @@ class VllmLLMMethods:
             raise RuntimeError("stop_profile: start_profile was not called.")
         profiler.stop()
 
-    def beam_search(self, *args: Any, **kwargs: Any) -> Any:
-        """Not built: refused rather than answered with sampled outputs."""
-        raise NotImplementedError("LLM.beam_search is not implemented in octavo; use n > 1 with sampling, or "
-                                  "temperature=0 for the greedy path.")
+    def beam_search(self, prompts: Any, params: Any, lora_request: Any = None, use_tqdm: bool = False,
+                    concurrency_limit: int | None = None) -> list:
+        """Beam search over each prompt (vLLM's signature); see :func:`octavo.llm_beam.beam_search`.
+
+        Returns:
+            One ``octavo.beam_search.BeamSearchOutput`` per prompt; ``.sequences`` best first.
+        """
+        from octavo.llm_beam import beam_search
+
+        return beam_search(self, prompts, params, lora_request=lora_request, use_tqdm=use_tqdm,
+                           concurrency_limit=concurrency_limit)

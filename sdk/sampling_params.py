@@ -164,3 +164,6 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True, dict=True
     def __repr__(self) -> str:
         fields = {f: getattr(self, f) for f in self.__struct_fields__}
         return "SamplingParams(" + ", ".join(f"{k}={v!r}" for k, v in fields.items()) + ")"
+
+
+from octavo.beam_search import BeamSearchParams  # noqa: E402,F401  (vLLM: vllm.sampling_params.BeamSearchParams)
