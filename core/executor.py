@@ -24,9 +24,6 @@ def executor_name(settings: OctavoSettings) -> str:
     if name == "uni" and world > 1:
         raise ValueError(f"distributed_executor_backend='uni' runs one worker, but tensor_parallel_size x "
                          f"pipeline_parallel_size = {world}; use 'mp' (one host) or 'ray'.")
-    if par.pipeline_parallel_size > 1:
-        raise ValueError("pipeline_parallel_size > 1 is not implemented yet; use --tensor-parallel-size to split "
-                         "the model over devices.")
     return name
 
 

@@ -16,6 +16,7 @@ from octavo.core.loader import DTYPES, get_eos_token_ids, get_max_model_len, res
 from octavo.core.model_runner import ModelRunner
 from octavo.core.platform_setup import prepare_on_platform
 from octavo.nn.parallel import get_tp_rank, get_tp_size
+from octavo.nn.pipeline import get_pp_rank, get_pp_size
 from octavo.step import RunnerOutput, StepBatch, WorkerInfo
 
 logger = logging.getLogger(__name__)
@@ -55,6 +56,13 @@ def create_worker(settings: OctavoSettings | str, *, rank: int = 0, world_size: 
         platform.set_device(device_index)
         dist.init_process_group(backend=platform.distributed_backend, init_method=init_method, rank=rank,
                                 world_size=world_size)
+        if settings.parallel.pipeline_parallel_size > 1:  # stage groups + this rank's stage (core/pp_runner.py)
+            from octavo.core.pp_runner import join_pipeline
+
+            join_pipeline(rank, settings.parallel.tensor_parallel_size, settings.parallel.pipeline_parallel_size)
+            # stages run eager: a captured graph would hold one stage's send/recv shapes
+            settings = settings.model_copy(update={"device": settings.device.model_copy(
+                update={"enforce_eager": True})})
         if platform.device_type == "cpu" and not settings.device.num_threads:
             threads = max(1, len(os.sched_getaffinity(0)) // world_size)
             settings = settings.model_copy(update={"device": settings.device.model_copy(
@@ -84,6 +92,11 @@ class Worker:
         hf_config = self.resolved.hf_config
         self.dtype = choose_dtype(settings.model.dtype, platform, hf_config)
         model_cls = pm.resolve("models", self.resolved.architecture)
+        self.pp_rank, self.pp_size = get_pp_rank(), get_pp_size()
+        if self.pp_size > 1:
+            from octavo.core.pp_runner import check_pipeline_settings
+
+            check_pipeline_settings(settings, model_cls, platform)
         from octavo.core.loader.quant import resolve_quantizer
 
         quantizer = resolve_quantizer(settings.model.quantization, self.resolved, platform, pm)
@@ -108,8 +121,15 @@ class Worker:
             self.attn_backend_cls = None
         self.num_blocks = self._determine_num_blocks()
         self._allocate_kv_cache()
-        self.runner = ModelRunner(self.model, self.attn_backend_cls, self.device, block_size, self.vocab_size,
-                                  synchronize=platform.synchronize, task=settings.model.task)
+        runner_cls, extra = ModelRunner, {}
+        if self.pp_size > 1:  # this stage's layers only; intermediate tensors to/from the neighbours
+            from octavo.core.pp_runner import PipelineStageRunner, StageLink
+
+            runner_cls = PipelineStageRunner
+            extra["link"] = StageLink(self.pp_rank * self.world_size + self.rank, self.world_size, self.pp_rank,
+                                      self.pp_size, text_config.hidden_size, self.dtype, self.device)
+        self.runner = runner_cls(self.model, self.attn_backend_cls, self.device, block_size, self.vocab_size,
+                                 synchronize=platform.synchronize, task=settings.model.task, **extra)
         self.prepared = prepare_on_platform(self)  # typed handle in, step runner out (core/platform_setup.py)
         if settings.lora.enable_lora:  # adapter slots + a hook on every projection (docs/lora.md)
             from octavo.lora.manager import LoRAManager
@@ -118,6 +138,15 @@ class Worker:
         logger.info("Loaded %s (%s) on %s as %s; attention backend %s; KV cache %d blocks x %d tokens",
                     self.resolved.source, self.resolved.architecture, self.device, str(self.dtype).split(".")[-1],
                     getattr(self.attn_backend_cls, "name", None), self.num_blocks, block_size)
+        if self.pp_size > 1:
+            logger.info("pipeline stage %d of %d: layers [%d, %d) of %d, %d attention layers in this KV cache",
+                        self.pp_rank, self.pp_size, self.model.model.start_layer, self.model.model.end_layer,
+                        len(self.model.model.layers), len(self.attn_layers))
+
+    @property
+    def returns_output(self) -> bool:
+        """Whether this rank's ``RunnerOutput`` is the step's: tp rank 0 of the last pipeline stage."""
+        return self.rank == 0 and self.pp_rank == self.pp_size - 1
 
     def _bytes_per_block(self) -> int:
         elem = torch.empty((), dtype=self._kv_dtype()).element_size()
@@ -190,7 +219,7 @@ class Worker:
             eos_token_ids=list(get_eos_token_ids(self.resolved)),
             tokenizer_path=getattr(self.resolved, "path", None),
             attention_backend=getattr(self.attn_backend_cls, "name", None), quantization=self.quantization,
-            world_size=self.world_size)
+            world_size=self.world_size * self.pp_size)
 
     def execute(self, batch: StepBatch) -> RunnerOutput:
         return self.runner.execute(batch)

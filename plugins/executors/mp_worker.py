@@ -43,6 +43,7 @@ def main(args: dict) -> int:
         worker = resolve_target(args["target"])(args["settings"], rank=rank, world_size=args["world_size"],
                                                 init_method=args["init_method"])
         out_sock.send_multipart([INFO, tag, enc.encode(worker.info())])
+        returns_output = getattr(worker, "returns_output", rank == 0)
         while True:
             if not in_sock.poll(PARENT_CHECK_MS):
                 if os.getppid() != args["parent_pid"]:
@@ -52,7 +53,7 @@ def main(args: dict) -> int:
             if kind == SHUTDOWN:
                 return 0
             out = worker.execute(dec.decode(payload))
-            if rank == 0:
+            if returns_output:  # tp rank 0 of the last pipeline stage
                 out_sock.send_multipart([OUTPUT, tag, enc.encode(out)])
     except BaseException as e:  # noqa: BLE001 - reported to the engine core, which fails cleanly
         if isinstance(e, SystemExit) and not e.code:

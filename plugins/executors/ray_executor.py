@@ -48,6 +48,7 @@ class RayWorkerActor:
         self.rank = rank
         self.worker = resolve_target(target)(settings_json, rank=rank, world_size=world_size,
                                              init_method=init_method)
+        self.returns_output = getattr(self.worker, "returns_output", rank == 0)  # last stage's tp rank 0
         return self._enc.encode(self.worker.info())
 
     def ping(self) -> bool:
@@ -55,7 +56,7 @@ class RayWorkerActor:
 
     def execute(self, batch: bytes) -> bytes | None:
         out = self.worker.execute(self._dec.decode(batch))
-        return self._enc.encode(out) if self.rank == 0 else None
+        return self._enc.encode(out) if self.returns_output else None
 
 
 class RayExecutor(Executor):
@@ -126,7 +127,7 @@ class RayExecutor(Executor):
         except ExecutorError:
             self.shutdown()
             raise
-        return self._out_dec.decode(outs[0])
+        return self._out_dec.decode(next(o for o in outs if o is not None))
 
     def check_health(self) -> None:
         """Ping every actor (they are idle between steps); a dead one raises."""

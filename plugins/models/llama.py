@@ -9,6 +9,7 @@ batch; checkpoint q/k/v and gate/up tensors load into the fused ``qkv_proj`` and
 from __future__ import annotations
 
 from collections.abc import Iterable
+from itertools import islice
 from typing import Any
 
 import torch
@@ -27,6 +28,17 @@ from octavo.nn import (
     get_act_and_mul,
     get_rope,
     rope_config,
+)
+from octavo.nn.pipeline import (
+    IntermediateTensors,
+    PPMissingLayer,
+    build_lm_head,
+    is_first_stage,
+    is_last_stage,
+    make_layers,
+    missing_prefixes,
+    stage_input,
+    tied_head_name,
 )
 from octavo.plugins.models.utils import LastTokenPooler
 
@@ -113,16 +125,23 @@ class LlamaDecoderLayer(nn.Module):
 class LlamaModel(nn.Module):
     def __init__(self, *, config: Any, prefix: str = "model") -> None:
         super().__init__()
-        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(config, i, prefix=f"{prefix}.layers.{i}")
-                                    for i in range(config.num_hidden_layers))
-        self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size) if is_first_stage() \
+            else PPMissingLayer()  # pipeline stages build only their part (octavo.nn.pipeline)
+        self.start_layer, self.end_layer, self.layers = make_layers(
+            config.num_hidden_layers, lambda i: LlamaDecoderLayer(config, i, prefix=f"{prefix}.layers.{i}"))
+        self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps) if is_last_stage() else PPMissingLayer()
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
-        hidden_states = self.embed_tokens(input_ids)  # [n, hidden]
-        residual = None
-        for layer in self.layers:
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext):
+        """``[n, hidden]`` final hidden states, or on a pipeline stage before the last its IntermediateTensors."""
+        received = stage_input(ctx)  # None unless this is a later pipeline stage
+        if received is None:
+            hidden_states, residual = self.embed_tokens(input_ids), None  # [n, hidden]
+        else:
+            hidden_states, residual = received
+        for layer in islice(self.layers, self.start_layer, self.end_layer):
             hidden_states, residual = layer(positions, hidden_states, residual, ctx)
+        if not is_last_stage():
+            return IntermediateTensors(hidden_states, residual)
         hidden_states, _ = self.norm(hidden_states, residual)
         return hidden_states
 
@@ -139,15 +158,17 @@ class LlamaForCausalLM(LastTokenPooler, nn.Module):
         "qkv_proj": ["q_proj", "k_proj", "v_proj"],
         "gate_up_proj": ["gate_proj", "up_proj"],
     }
+    #: splits into pipeline stages (octavo.nn.pipeline); read from the class itself, never inherited, since a
+    #: subclass that reshapes the model must say so again
+    supports_pipeline_parallel = True
 
     def __init__(self, *, config: Any, prefix: str = "") -> None:
         super().__init__()
         self.config = config
         self.model = LlamaModel(config=config, prefix=f"{prefix}.model" if prefix else "model")
-        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
-        if self.tie_word_embeddings:
-            self.lm_head.tie_weights(self.model.embed_tokens)
+        self.lm_head = build_lm_head(lambda: ParallelLMHead(config.vocab_size, config.hidden_size),
+                                     self.model.embed_tokens, self.tie_word_embeddings)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         """``[n]`` token ids and positions -> ``[n, hidden_size]`` final hidden states."""
@@ -161,11 +182,16 @@ class LlamaForCausalLM(LastTokenPooler, nn.Module):
         """Load ``(checkpoint name, tensor)`` pairs; returns the names of the parameters that were filled."""
         params = dict(self.named_parameters(remove_duplicate=False))
         loaded: set[str] = set()
+        other_stage = missing_prefixes(self)  # pipeline parallelism: tensors of layers another stage holds
         for name, tensor in weights:
             if "rotary_emb.inv_freq" in name or "rotary_emb.cos_cached" in name:
                 continue  # computed, not loaded
             if name == "lm_head.weight" and self.tie_word_embeddings:
                 continue  # tied: the embedding is the head
+            name = tied_head_name(name, "model.embed_tokens.weight", self.model.embed_tokens, self.lm_head,
+                                  self.tie_word_embeddings)
+            if other_stage and name.startswith(other_stage):
+                continue
             # checkpoint part -> (fused parameter, shard index), from packed_modules_mapping; quantized
             # parts (qweight / scales / zeros) load through the same table
             for fused, shard, shard_id in self._stacked():
@@ -199,6 +225,10 @@ class LlamaForCausalLM(LastTokenPooler, nn.Module):
 class MistralForCausalLM(LlamaForCausalLM):
     """Mistral: Llama with a sliding window from the config."""
 
+    supports_pipeline_parallel = True
+
 
 class Qwen2ForCausalLM(LlamaForCausalLM):
     """Qwen2: Llama with a bias on q/k/v (chosen from ``config.model_type == "qwen2"``)."""
+
+    supports_pipeline_parallel = True

@@ -15,6 +15,7 @@ from torch import nn
 
 from octavo.nn import ParallelLMHead, ReplicatedLinear, RMSNorm, VocabParallelEmbedding
 from octavo.nn.fused_moe import FusedMoE
+from octavo.nn.pipeline import PPMissingLayer, build_lm_head, is_first_stage, is_last_stage, make_layers
 from octavo.plugins.models.llama import LlamaAttention, LlamaDecoderLayer, LlamaForCausalLM, LlamaModel
 from octavo.plugins.models.utils import split_expert_weights
 
@@ -50,10 +51,11 @@ class MixtralDecoderLayer(LlamaDecoderLayer):
 class MixtralModel(LlamaModel):
     def __init__(self, *, config: Any, prefix: str = "model") -> None:
         nn.Module.__init__(self)
-        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(MixtralDecoderLayer(config, i, prefix=f"{prefix}.layers.{i}")
-                                    for i in range(config.num_hidden_layers))
-        self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size) if is_first_stage() \
+            else PPMissingLayer()  # pipeline stages build only their part (octavo.nn.pipeline)
+        self.start_layer, self.end_layer, self.layers = make_layers(
+            config.num_hidden_layers, lambda i: MixtralDecoderLayer(config, i, prefix=f"{prefix}.layers.{i}"))
+        self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps) if is_last_stage() else PPMissingLayer()
 
 
 class MixtralForCausalLM(LlamaForCausalLM):
@@ -64,14 +66,15 @@ class MixtralForCausalLM(LlamaForCausalLM):
         prefix: name prefix of this model's parameters.
     """
 
+    supports_pipeline_parallel = True  # octavo.nn.pipeline
+
     def __init__(self, *, config: Any, prefix: str = "") -> None:
         nn.Module.__init__(self)
         self.config = config
         self.model = MixtralModel(config=config, prefix=f"{prefix}.model" if prefix else "model")
-        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
-        if self.tie_word_embeddings:
-            self.lm_head.tie_weights(self.model.embed_tokens)
+        self.lm_head = build_lm_head(lambda: ParallelLMHead(config.vocab_size, config.hidden_size),
+                                     self.model.embed_tokens, self.tie_word_embeddings)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         experts: set[str] = set()

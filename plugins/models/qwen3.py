@@ -18,6 +18,7 @@ from torch import nn
 from octavo.model import ForwardContext
 from octavo.nn import ReplicatedLinear, RMSNorm, VocabParallelEmbedding
 from octavo.nn.fused_moe import FusedMoE
+from octavo.nn.pipeline import PPMissingLayer, build_lm_head, is_first_stage, is_last_stage, make_layers
 from octavo.plugins.models.llama import (
     LlamaAttention,
     LlamaDecoderLayer,
@@ -75,10 +76,11 @@ class Qwen3DecoderLayer(LlamaDecoderLayer):
 class Qwen3Model(LlamaModel):
     def __init__(self, *, config: Any, prefix: str = "model") -> None:
         nn.Module.__init__(self)
-        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(Qwen3DecoderLayer(config, i, prefix=f"{prefix}.layers.{i}")
-                                    for i in range(config.num_hidden_layers))
-        self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size) if is_first_stage() \
+            else PPMissingLayer()  # pipeline stages build only their part (octavo.nn.pipeline)
+        self.start_layer, self.end_layer, self.layers = make_layers(
+            config.num_hidden_layers, lambda i: Qwen3DecoderLayer(config, i, prefix=f"{prefix}.layers.{i}"))
+        self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps) if is_last_stage() else PPMissingLayer()
 
 
 class Qwen3ForCausalLM(LlamaForCausalLM):
@@ -90,6 +92,7 @@ class Qwen3ForCausalLM(LlamaForCausalLM):
     """
 
     model_class = Qwen3Model
+    supports_pipeline_parallel = True  # octavo.nn.pipeline
 
     def __init__(self, *, config: Any, prefix: str = "") -> None:
         from octavo.nn import ParallelLMHead
@@ -98,14 +101,15 @@ class Qwen3ForCausalLM(LlamaForCausalLM):
         self.config = config
         self.model = self.model_class(config=config,
                                       prefix=f"{prefix}.model" if prefix else "model")
-        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
-        if self.tie_word_embeddings:
-            self.lm_head.tie_weights(self.model.embed_tokens)
+        self.lm_head = build_lm_head(lambda: ParallelLMHead(config.vocab_size, config.hidden_size),
+                                     self.model.embed_tokens, self.tie_word_embeddings)
 
 
 class Qwen3MoeForCausalLM(Qwen3ForCausalLM):
     """Qwen3-MoE: Qwen3 attention, sparse expert MLPs (checkpoint experts load into stacked weights)."""
+
+    supports_pipeline_parallel = True
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         experts: set[str] = set()

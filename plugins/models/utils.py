@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from octavo.model import ForwardContext
+from octavo.nn.pipeline import missing_prefixes
 
 # "model.layers.3.mlp.experts.7.gate_proj.weight" -> (".../mlp.experts", "7", "gate_proj")
 _EXPERT_RE = re.compile(r"^(.*\.experts)\.(\d+)\.(w1|w2|w3|gate_proj|up_proj|down_proj)\.weight$")
@@ -45,10 +46,13 @@ def split_expert_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Te
         loaded: receives the names of the fused parameters that were filled.
     """
     params = dict(model.named_parameters())
+    other_stage = missing_prefixes(model)  # pipeline parallelism: experts of layers another stage holds
     for name, tensor in weights:
         match = _EXPERT_RE.match(name)
         if match is None:
             yield name, tensor
+            continue
+        if other_stage and name.startswith(other_stage):
             continue
         block, expert, proj = match.groups()
         param_name, shard_id = _EXPERT_PARAMS[proj]

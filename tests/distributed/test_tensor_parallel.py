@@ -119,5 +119,3 @@ def test_executor_choice_and_refusals():
     assert executor_name(OctavoSettings.from_kwargs()) == "uni"
     with pytest.raises(ValueError, match="'uni'"):
         OctavoSettings.from_kwargs(tensor_parallel_size=2, distributed_executor_backend="uni")
-    with pytest.raises(ValueError, match="pipeline_parallel_size"):
-        executor_name(OctavoSettings.from_kwargs(pipeline_parallel_size=2))
