@@ -75,6 +75,7 @@ class EngineCore:
             eos_token_ids=eos_ids,
             is_pooling=info.is_pooling,
             embedding_dim=info.embedding_dim,
+            pooler=dict(getattr(info, "pooler", None) or {}),
             tokenizer_path=info.tokenizer_path,
             num_kv_blocks=info.num_blocks,
             block_size=info.block_size,
@@ -142,8 +143,10 @@ class EngineCore:
         if sched_out.is_empty:
             return EngineCoreOutputs(early, self.get_stats(), time.monotonic())
         batch = self.steps.build(sched_out)
-        self.structured.attach_bitmasks(sched_out, batch)
-        result = self.executor.execute(batch)
+        if self.spec is not None:
+            self.spec.annotate(batch, self.scheduler)  # head speculators draft on the worker after this step
+        grammar = self.structured.prepare(sched_out)  # bitmasks to fill, overlapped with the forward if it can
+        result = self.executor.execute(batch) if grammar is None else self.executor.execute_structured(batch, grammar)
         for rid in result.failed:  # the runner could not serve it (e.g. its LoRA adapter): no tokens, an error
             result.sampled.pop(rid, None)
         updates = self.scheduler.update(sched_out, result.sampled)
@@ -186,7 +189,7 @@ class EngineCore:
             self.steps.forget(finished)
         if self.spec is not None:
             self.spec.release(finished + [o.request_id for o in early])
-            self.spec.propose(self.scheduler)  # drafts for the next step
+            self.spec.propose(self.scheduler, result.spec_token_ids)  # drafts for the next step
         stats = self.get_stats()
         for stat_logger in self.stat_loggers:
             stat_logger.record(stats, outputs)

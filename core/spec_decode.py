@@ -44,9 +44,11 @@ class SpeculativeDecoding:
         cfg = SpeculativeConfig.model_validate(settings.scheduler.speculative_config)
         if cfg.method not in pm.names("speculators") and cfg.method in HEAD_METHODS:
             raise ValueError(
-                f"speculative_config method {cfg.method!r} (a head on the target's hidden states) is not "
-                f"implemented in octavo; implemented methods: {pm.names('speculators')}. Use 'ngram' or "
-                "'draft_model', or install a plugin that registers it (docs/spec_decode.md).")
+                f"speculative_config method {cfg.method!r} is not implemented in octavo: an EAGLE head is a "
+                "decoder layer that needs its own paged KV cache beside the target's (built on the target's block "
+                f"table), which is not built yet. Implemented methods: {pm.names('speculators')} ('medusa' and "
+                "'mlp_speculator' are the heads on the target's hidden states); or install a plugin that registers "
+                "it (docs/spec_decode.md).")
         cls = pm.resolve("speculators", cfg.method)  # unknown: UnknownPluginError naming the registered ones
         if settings.model.task == "embed":
             raise ValueError("speculative_config needs a generating model; task='embed' produces no tokens")
@@ -66,15 +68,26 @@ class SpeculativeDecoding:
         self.proposer = cls(num_speculative_tokens=cfg.num_speculative_tokens, config=cfg, settings=settings,
                             context=context)
         self.name = cfg.method
+        self.on_worker = bool(getattr(cls, "runs_on_worker", False))  # a head: drafts come in RunnerOutput
 
-    def propose(self, scheduler) -> None:
-        """Fill ``scheduler.spec_drafts`` for the next schedule()."""
+    def _switched_off(self, running) -> bool:
+        return not running or bool(self.disable_by_batch_size and len(running) >= self.disable_by_batch_size)
+
+    def annotate(self, batch, scheduler) -> None:
+        """Ask the worker's head (if any) for drafts after this step, unless the batch-size policy is off."""
+        if self.on_worker and not self._switched_off(scheduler.running):
+            batch.num_spec_proposals = self.config.num_speculative_tokens
+
+    def propose(self, scheduler, worker_drafts: dict[str, list[int]] | None = None) -> None:
+        """Fill ``scheduler.spec_drafts`` for the next schedule(). ``worker_drafts``: what a head speculator
+        proposed on the worker this step (``RunnerOutput.spec_token_ids``)."""
         from octavo.speculator import SpecRequest
 
         scheduler.spec_drafts = {}
         running = scheduler.running
-        if not running or (self.disable_by_batch_size and len(running) >= self.disable_by_batch_size):
+        if self._switched_off(running):
             return
+        worker_drafts = worker_drafts or {}
         k = self.config.num_speculative_tokens
         asks = []
         for r in running:
@@ -83,8 +96,9 @@ class SpeculativeDecoding:
             if getattr(r.sampling_params, "structured_outputs", None) is not None:
                 continue  # a grammar would have to advance per draft: such requests decode one by one
             room = min(k, r.max_tokens - r.num_output_tokens - 1, scheduler.max_model_len - r.num_tokens - 1)
-            if room > 0:
-                asks.append(SpecRequest(r.request_id, list(r.all_token_ids), r.num_prompt_tokens, room))
+            if room > 0 and (not self.on_worker or r.request_id in worker_drafts):
+                asks.append(SpecRequest(r.request_id, list(r.all_token_ids), r.num_prompt_tokens, room,
+                                        worker_drafts.get(r.request_id)))
         if not asks:
             return
         proposals = self.proposer.propose(asks)

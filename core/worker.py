@@ -15,6 +15,7 @@ from octavo.config import OctavoSettings
 from octavo.core.loader import DTYPES, get_eos_token_ids, get_max_model_len, resolve_dtype
 from octavo.core.model_runner import ModelRunner
 from octavo.core.platform_setup import prepare_on_platform
+from octavo.core.spec_decode_heads import attach_spec_head
 from octavo.nn.parallel import get_tp_rank, get_tp_size
 from octavo.nn.pipeline import get_pp_rank, get_pp_size
 from octavo.step import RunnerOutput, StepBatch, WorkerInfo
@@ -91,6 +92,10 @@ class Worker:
         self.resolved = resolve_model(settings.model)
         hf_config = self.resolved.hf_config
         self.dtype = choose_dtype(settings.model.dtype, platform, hf_config)
+        if self.world_size > 1:  # OCTAVO_TP_ALLREDUCE: nccl (default) or a one-shot symm_mem (core/tp_comm.py)
+            from octavo.core.tp_comm import install_all_reduce
+
+            install_all_reduce(platform, self.device, self.dtype)
         model_cls = pm.resolve("models", self.resolved.architecture)
         self.pp_rank, self.pp_size = get_pp_rank(), get_pp_size()
         if self.pp_size > 1:
@@ -131,6 +136,7 @@ class Worker:
         self.runner = runner_cls(self.model, self.attn_backend_cls, self.device, block_size, self.vocab_size,
                                  synchronize=platform.synchronize, task=settings.model.task, **extra)
         self.prepared = prepare_on_platform(self)  # typed handle in, step runner out (core/platform_setup.py)
+        attach_spec_head(self)  # Medusa / MLP-speculator heads draft next to the target (core/spec_decode_heads.py)
         if settings.lora.enable_lora:  # adapter slots + a hook on every projection (docs/lora.md)
             from octavo.lora.manager import LoRAManager
 
@@ -216,10 +222,11 @@ class Worker:
             dtype=str(self.dtype).split(".")[-1], device=str(self.device),
             sliding_window=uniform_sliding_window(self.model), is_pooling=self.runner.is_pooling,
             embedding_dim=getattr(self.model, "embedding_dim", None),
+            pooler=dict(getattr(self.model, "pooler_info", None) or {}) if self.runner.is_pooling else {},
             eos_token_ids=list(get_eos_token_ids(self.resolved)),
             tokenizer_path=getattr(self.resolved, "path", None),
             attention_backend=getattr(self.attn_backend_cls, "name", None), quantization=self.quantization,
             world_size=self.world_size * self.pp_size)
 
-    def execute(self, batch: StepBatch) -> RunnerOutput:
-        return self.runner.execute(batch)
+    def execute(self, batch: StepBatch, grammar=None) -> RunnerOutput:
+        return self.runner.execute(batch, grammar)  # grammar: in-process GrammarStep (core/grammar_step.py)

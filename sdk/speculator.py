@@ -84,12 +84,15 @@ class SpecRequest:
         num_prompt_tokens: how many of ``token_ids`` are the prompt.
         max_num_drafts: most drafts the engine can use this step (<= num_speculative_tokens; budget,
             ``max_tokens`` and ``max_model_len`` already taken off).
+        proposed: for head speculators (:mod:`octavo.spec_heads`), the drafts the worker computed from the
+            target's hidden states after the last step; None for proposers that run in the core.
     """
 
     request_id: str
     token_ids: list[int]
     num_prompt_tokens: int
     max_num_drafts: int
+    proposed: list[int] | None = None  # drafts a head speculator already computed on the worker (octavo.spec_heads)
 
 
 class DraftModel(ABC):

@@ -93,6 +93,9 @@ class StepBatch(msgspec.Struct, array_like=True, omit_defaults=True):
     finished_ids: list[str] = []  # forget these (finished, aborted) before running this step
     num_decode_reqs: int = 0
     total_num_tokens: int = 0
+    # head speculators (Medusa, MLP speculator) run on the worker: drafts to propose after this step for each
+    # request that samples (0: none; the engine core's policy switches them off at large batches)
+    num_spec_proposals: int = 0
 
     @property
     def is_empty(self) -> bool:
@@ -115,6 +118,7 @@ class RunnerOutput(msgspec.Struct, array_like=True, omit_defaults=True):
     prompt_logprobs: dict[str, PromptLogprobs] = {}
     pooled: dict[str, list[float]] = {}
     failed: dict[str, str] = {}  # requests the runner could not serve (e.g. a bad LoRA adapter) -> the error
+    spec_token_ids: dict[str, list[int]] = {}  # drafts a head speculator proposed on the worker, for next step
 
 
 class WorkerInfo(msgspec.Struct, omit_defaults=True):
@@ -136,6 +140,7 @@ class WorkerInfo(msgspec.Struct, omit_defaults=True):
     sliding_window: int | None = None  # shared by every paged layer, else None
     is_pooling: bool = False
     embedding_dim: int | None = None
+    pooler: dict = {}  # a pooling model's ``pooler_info`` (task, defaults; octavo.pooling)
     eos_token_ids: list[int] = []
     tokenizer_path: str | None = None
     attention_backend: str | None = None

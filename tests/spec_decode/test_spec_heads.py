@@ -1,0 +1,155 @@
+"""Head speculators (``medusa``, ``mlp_speculator``) through the engine, on tiny random-weight Llama targets with
+head checkpoints written in the published layouts (tests/spec_decode/head_checkpoints.py):
+
+- loading: vLLM's and FasterDecoding's Medusa layouts, MLP speculator tied/untied/scale_input; a checkpoint
+  that does not fit (missing tensor, wrong hidden size, k > heads, vocabulary) fails at start naming it;
+- the shift target (next token = perm[token]) with oracle heads: every draft is accepted (the hidden-state
+  row, the last token and the drafts' order are wired right, not a stub);
+- a random target with bigram-oracle heads (some drafts accepted, some not) and with random heads: greedy
+  output equal to decoding without speculation token for token, batched, with chunked prefill, prefix
+  caching and preemption forced; the sampled distribution unchanged (two-sample chi-square).
+The real SmolLM2 runs the SpeculatorContract with random heads in test_spec_heads_smollm2.py.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from octavo import LLM, SamplingParams
+from octavo.testing.speculator import chi_square_homogeneity
+from tests.spec_decode.head_checkpoints import TINY, make_target, write_medusa, write_mlp_speculator
+
+ENGINE = dict(dtype="float32", skip_tokenizer_init=True, max_model_len=256, block_size=16, seed=0, num_threads=1)
+STRESS = dict(max_num_batched_tokens=48, enable_prefix_caching=True, num_gpu_blocks_override=14)
+
+
+@pytest.fixture(scope="module")
+def ckpts(tmp_path_factory):
+    root = tmp_path_factory.mktemp("heads")
+    out = {}
+    for kind in ("shift", "random"):
+        target = make_target(str(root / kind), kind)
+        out[kind] = str(root / kind)
+        write_medusa(str(root / f"medusa_{kind}"), num_heads=3, target=target)
+        write_mlp_speculator(str(root / f"mlp_{kind}"), n_predict=3, target=target)
+    write_medusa(str(root / "medusa_rand"), num_heads=3, num_layers=2)
+    write_medusa(str(root / "medusa_orig"), num_heads=2, layout="faster_decoding", seed=3)
+    write_mlp_speculator(str(root / "mlp_rand"), n_predict=3, seed=4, scale_input=True)
+    write_mlp_speculator(str(root / "mlp_tied"), n_predict=3, tie_weights=True, seed=5)
+    out["root"] = root
+    return out
+
+
+def _prompts(n: int, seed: int = 0) -> list[dict]:
+    rng = random.Random(seed)
+    shared = [rng.randrange(3, TINY["vocab_size"]) for _ in range(20)]  # a common prefix: prefix-cache hits
+    return [{"prompt_token_ids": (shared if i % 2 else []) + [rng.randrange(3, TINY["vocab_size"])
+                                                         for _ in range(rng.randrange(4, 40))]} for i in range(n)]
+
+
+def _spec(method: str, path: str, k: int = 3) -> dict:
+    return {"method": method, "model": path, "num_speculative_tokens": k, "disable_by_batch_size": 0}
+
+
+def _counts(llm) -> tuple[int, int]:
+    s = llm.llm_engine.get_stats()
+    return s.spec_decode_num_draft_tokens, s.spec_decode_num_accepted_tokens
+
+
+@pytest.mark.parametrize("method", ["medusa", "mlp_speculator"])
+def test_oracle_head_on_shift_target_is_always_accepted(ckpts, method):
+    head = ckpts["root"] / f"{'medusa' if method == 'medusa' else 'mlp'}_shift"
+    llm = LLM(ckpts["shift"], speculative_config=_spec(method, str(head)), **ENGINE)
+    prompts = _prompts(4)
+    outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=20, ignore_eos=True), use_tqdm=False)
+    perm = torch.randperm(TINY["vocab_size"], generator=torch.Generator().manual_seed(1)).tolist()
+    for p, o in zip(prompts, outs):
+        chain, t = [], p["prompt_token_ids"][-1]
+        for _ in range(20):
+            t = perm[t]
+            chain.append(t)
+        assert o.outputs[0].token_ids == chain
+    proposed, accepted = _counts(llm)
+    assert proposed > 0 and accepted == proposed, (proposed, accepted)
+    llm.llm_engine.shutdown()
+
+
+@pytest.fixture(scope="module")
+def random_engines(ckpts):
+    base = LLM(ckpts["random"], **ENGINE, **STRESS)
+    yield base
+    base.llm_engine.shutdown()
+
+
+@pytest.mark.parametrize("head,method,partial", [("medusa_random", "medusa", True), ("mlp_random", "mlp_speculator", True),
+                                                 ("medusa_rand", "medusa", False), ("mlp_rand", "mlp_speculator", False),
+                                                 ("medusa_orig", "medusa", False), ("mlp_tied", "mlp_speculator", False)])
+def test_greedy_equals_non_speculative_under_stress(ckpts, random_engines, head, method, partial):
+    k = 2 if head == "medusa_orig" else 3
+    spec = LLM(ckpts["random"], speculative_config=_spec(method, str(ckpts["root"] / head), k), **ENGINE, **STRESS)
+    prompts = _prompts(10, seed=1)
+    params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
+    want = random_engines.generate(prompts, params, use_tqdm=False)
+    got = spec.generate(prompts, params, use_tqdm=False)
+    for w, g in zip(want, got):
+        assert g.outputs[0].token_ids == w.outputs[0].token_ids
+    stats = spec.llm_engine.get_stats()
+    assert stats.num_preemptions > 0 and stats.prefix_cache_hits > 0
+    proposed, accepted = _counts(spec)
+    assert proposed > 0
+    if partial:  # bigram-oracle heads: some drafts right, some wrong (both verification paths run)
+        assert 0 < accepted < proposed, (proposed, accepted)
+    spec.llm_engine.shutdown()
+
+
+def test_sampled_distribution_unchanged(ckpts, random_engines):
+    """Two-sample chi-square over the 2nd and 3rd tokens: temperature, top-k and a penalty, seeded."""
+    spec = LLM(ckpts["random"], speculative_config=_spec("mlp_speculator", str(ckpts["root"] / "mlp_random")),
+               **ENGINE, **STRESS)
+    prompt = _prompts(1, seed=7)[0]
+    n = 1500
+    counts = []
+    for llm in (random_engines, spec):
+        params = [SamplingParams(temperature=0.9, top_k=40, presence_penalty=0.2, max_tokens=3, seed=i,
+                                 ignore_eos=True) for i in range(n)]
+        outs = llm.generate([prompt] * n, params, use_tqdm=False)
+        counts.append([{}, {}])
+        for o in outs:
+            for j in (1, 2):
+                t = o.outputs[0].token_ids[j]
+                counts[-1][j - 1][t] = counts[-1][j - 1].get(t, 0) + 1
+    proposed, accepted = _counts(spec)
+    assert accepted > 0
+    for j in (0, 1):
+        p = chi_square_homogeneity(counts[0][j], counts[1][j])
+        assert p > 1e-3, (j, p)
+    spec.llm_engine.shutdown()
+
+
+def test_head_checkpoints_that_do_not_fit_fail_at_start(ckpts, tmp_path):
+    root = ckpts["root"]
+    with pytest.raises(Exception, match="num_speculative_tokens=4.*(3 heads|at most 3)"):
+        LLM(ckpts["random"], speculative_config=_spec("medusa", str(root / "medusa_rand"), 4), **ENGINE)
+    with pytest.raises(Exception, match="n_predict=3"):
+        LLM(ckpts["random"], speculative_config=_spec("mlp_speculator", str(root / "mlp_rand"), 5), **ENGINE)
+    write_mlp_speculator(str(tmp_path / "wide"), n_predict=2, emb_dim=64)
+    with pytest.raises(Exception, match="emb_dim=64"):
+        LLM(ckpts["random"], speculative_config=_spec("mlp_speculator", str(tmp_path / "wide"), 2), **ENGINE)
+    write_mlp_speculator(str(tmp_path / "vocab"), n_predict=2, vocab_size=50)
+    with pytest.raises(Exception, match="vocab_size=50"):
+        LLM(ckpts["random"], speculative_config=_spec("mlp_speculator", str(tmp_path / "vocab"), 2), **ENGINE)
+    from safetensors.torch import load_file, save_file
+
+    write_medusa(str(tmp_path / "broken"), num_heads=2)
+    f = str(tmp_path / "broken" / "model.safetensors")
+    state = load_file(f)
+    state.pop("medusa_heads.lm_heads.1.weight")
+    save_file(state, f)
+    with pytest.raises(Exception, match="missing.*lm_heads.1.weight"):
+        LLM(ckpts["random"], speculative_config=_spec("medusa", str(tmp_path / "broken"), 2), **ENGINE)
+    for method in ("eagle", "eagle3"):
+        with pytest.raises(Exception, match="own paged KV cache"):
+            LLM(ckpts["random"], speculative_config=_spec(method, str(root / "medusa_rand")), **ENGINE)
