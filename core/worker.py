@@ -92,10 +92,6 @@ class Worker:
         self.resolved = resolve_model(settings.model)
         hf_config = self.resolved.hf_config
         self.dtype = choose_dtype(settings.model.dtype, platform, hf_config)
-        if self.world_size > 1:  # OCTAVO_TP_ALLREDUCE: nccl (default) or a one-shot symm_mem (core/tp_comm.py)
-            from octavo.core.tp_comm import install_all_reduce
-
-            install_all_reduce(platform, self.device, self.dtype)
         model_cls = pm.resolve("models", self.resolved.architecture)
         self.pp_rank, self.pp_size = get_pp_rank(), get_pp_size()
         if self.pp_size > 1:
@@ -222,11 +218,10 @@ class Worker:
             dtype=str(self.dtype).split(".")[-1], device=str(self.device),
             sliding_window=uniform_sliding_window(self.model), is_pooling=self.runner.is_pooling,
             embedding_dim=getattr(self.model, "embedding_dim", None),
-            pooler=dict(getattr(self.model, "pooler_info", None) or {}) if self.runner.is_pooling else {},
             eos_token_ids=list(get_eos_token_ids(self.resolved)),
             tokenizer_path=getattr(self.resolved, "path", None),
             attention_backend=getattr(self.attn_backend_cls, "name", None), quantization=self.quantization,
             world_size=self.world_size * self.pp_size)
 
-    def execute(self, batch: StepBatch, grammar=None) -> RunnerOutput:
-        return self.runner.execute(batch, grammar)  # grammar: in-process GrammarStep (core/grammar_step.py)
+    def execute(self, batch: StepBatch) -> RunnerOutput:
+        return self.runner.execute(batch)
