@@ -185,6 +185,13 @@ class AsyncLLM:
         finally:  # cancelled, closed early, or the caller went away: abort and free its KV blocks now
             stream.close()
 
+    def beam_search(self, prompt: Any, request_id: str, params: Any, lora_request: Any = None):
+        """Beam search over one prompt (vLLM's ``EngineClient.beam_search``): an async iterator yielding one
+        finished ``RequestOutput`` whose ``outputs`` are the beams, best first (``octavo.llm_beam``)."""
+        from octavo.llm_beam import beam_search_async
+
+        return beam_search_async(self, prompt, params, request_id, lora_request)
+
     async def embed(self, prompt: Any, request_id: str | None = None, priority: int = 0):
         """Embed one input with an embedding model; returns its ``EmbeddingRequestOutput``.
 

@@ -9,6 +9,7 @@ beams' common history in the KV cache, so a round recomputes at most the last pa
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from typing import Any
 
 from octavo.beam_search import BeamSearch, BeamSearchOutput, BeamSearchParams, step_sampling_params
@@ -100,15 +101,16 @@ def beam_search(llm: Any, prompts: Any, params: BeamSearchParams, lora_request: 
     return [s.output(tokenizer, lora) for s, lora in zip(searches, loras)]
 
 
-async def beam_search_async(engine: Any, prompt: Any, params: BeamSearchParams, request_id: str,
-                            lora_request: Any = None, priority: int = 0,
-                            num_logprobs: int = 0) -> BeamSearchOutput:
-    """One prompt's search over an ``AsyncLLM``: each round's beams run concurrently in the engine.
+async def run_search_async(engine: Any, search: BeamSearch, extra: dict, request_id: str, lora_request: Any = None,
+                           priority: int = 0, num_logprobs: int | None = None) -> BeamSearchOutput:
+    """Run a search started by :func:`new_search` over an ``AsyncLLM``: each round's beams run concurrently.
 
-    A cancelled caller (client gone) cancels the round's requests, which aborts them in the core.
+    ``num_logprobs`` (not None) makes every candidate carry its ``decoded_token`` and at least that many
+    top entries (the server's ``logprobs``). A cancelled caller (client gone) cancels the round's requests,
+    which aborts them in the core.
     """
-    search, extra = new_search(engine.frontend, prompt, params)
-    sp = step_sampling_params(params, max(num_logprobs, search.beams_to_keep), detokenize=num_logprobs > 0)
+    sp = step_sampling_params(search.params, max(num_logprobs or 0, search.beams_to_keep),
+                              detokenize=num_logprobs is not None)
     rounds = 0
 
     async def one(j: int, seq: list[int]) -> dict:
@@ -122,3 +124,34 @@ async def beam_search_async(engine: Any, prompt: Any, params: BeamSearchParams, 
         search.advance(list(await asyncio.gather(*(one(j, s) for j, s in enumerate(search.live())))))
         rounds += 1
     return search.output(engine.get_tokenizer(), lora_request)
+
+
+def to_request_output(result: BeamSearchOutput, request_id: str, prompt_text: str | None, tokenizer: Any,
+                      include_stop_str_in_output: bool = False, skip_special_tokens: bool = True,
+                      with_logprobs: bool = False) -> Any:
+    """A finished ``RequestOutput`` whose ``outputs`` are the beams, best first (what vLLM's async engine and
+    server return): ``text`` and ``token_ids`` are the generated part; the EOS text only with
+    ``include_stop_str_in_output``."""
+    from octavo.outputs import CompletionOutput, RequestOutput
+
+    outs = []
+    for i, seq in enumerate(result.sequences):
+        gen = seq.tokens[seq.num_prompt_tokens:]
+        shown = gen[:-1] if seq.finish_reason == "stop" and not include_stop_str_in_output else gen
+        text = tokenizer.decode(shown, skip_special_tokens=skip_special_tokens) if tokenizer is not None else ""
+        outs.append(CompletionOutput(index=i, text=text, token_ids=gen, cumulative_logprob=seq.cum_logprob,
+                                     logprobs=seq.logprobs if with_logprobs else None,
+                                     finish_reason=seq.finish_reason, stop_reason=seq.stop_reason))
+    prompt_ids = result.sequences[0].tokens[:result.sequences[0].num_prompt_tokens] if result.sequences else []
+    return RequestOutput(request_id=request_id, prompt=prompt_text, prompt_token_ids=prompt_ids, prompt_logprobs=None,
+                         outputs=outs, finished=True)
+
+
+async def beam_search_async(engine: Any, prompt: Any, params: BeamSearchParams, request_id: str,
+                            lora_request: Any = None) -> AsyncIterator[Any]:
+    """``AsyncLLM.beam_search`` (vLLM's ``EngineClient.beam_search``): yields one finished ``RequestOutput``
+    whose ``outputs`` are the ``beam_width`` beams, best first."""
+    search, extra = new_search(engine.frontend, prompt, params)
+    result = await run_search_async(engine, search, extra, request_id, lora_request)
+    text = prompt if isinstance(prompt, str) else (prompt.get("prompt") if isinstance(prompt, dict) else None)
+    yield to_request_output(result, request_id, text, engine.get_tokenizer(), params.include_stop_str_in_output)

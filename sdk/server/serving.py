@@ -16,6 +16,7 @@ from typing import Any
 
 from octavo.errors import APIError
 from octavo.outputs import RequestOutput
+from octavo.server.beam import beam_generators, wants_beam_search
 from octavo.server.errors import classify
 from octavo.server.errors import stream_error as _stream_error
 from octavo.server.offload import run_bounded
@@ -193,7 +194,8 @@ class OpenAIServing:
             elif self.tokenizer is not None:
                 prompt = {"prompt_token_ids": await self.encode(prompt, req.add_special_tokens), "prompt": prompt}
             gens.append((prompt, f"{request_id}-{i}"))
-        gens = self._submit(gens, params, req.priority, req.cache_salt, model=req.model)
+        gens = (beam_generators(self, req, params, gens) if wants_beam_search(req) else  # use_beam_search
+                self._submit(gens, params, req.priority, req.cache_salt, model=req.model))
         created = int(time.time())
         if req.stream:
             return self._completion_stream(req, request_id, created, gens, params.n)
@@ -277,8 +279,9 @@ class OpenAIServing:
             req, add_generation_prompt=req.add_generation_prompt, continue_final_message=req.continue_final_message,
             tools=plan.template_tools, chat_template_kwargs=req.chat_template_kwargs)
         mm = {"multi_modal_data": {"image": images}} if images else {}
-        gens = self._submit([({"prompt_token_ids": ids, "prompt": text, **mm}, request_id)], params, req.priority,
-                            req.cache_salt, model=req.model)
+        prompts = [({"prompt_token_ids": ids, "prompt": text, **mm}, request_id)]
+        gens = (beam_generators(self, req, params, prompts) if wants_beam_search(req) else  # use_beam_search
+                self._submit(prompts, params, req.priority, req.cache_salt, model=req.model))
         created = int(time.time())
         k = req.top_logprobs or 0
         if req.stream:

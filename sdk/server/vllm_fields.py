@@ -24,8 +24,7 @@ logger = logging.getLogger("octavo.server")
 
 # field -> (its no-op value(s), why it is refused). A request may send the no-op value (clients do).
 REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
-    "use_beam_search": ((False, None), "beam search is not served over HTTP; use LLM.beam_search offline"),
-    "length_penalty": ((1.0, 1, None), "applies to beam search only, which is not served"),
+    "length_penalty": ((1.0, 1, None), "it applies to beam search only: send use_beam_search: true"),
     "logits_processors": ((None, []), "custom logits processors are not supported"),
     "bad_words": ((None, []), "bad_words is not supported yet; use logit_bias with -100 on those tokens"),
     "prompt_embeds": ((None,), "prompt embeddings are not supported; send text or token ids"),
@@ -51,7 +50,8 @@ REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
 }
 # Read by other modules although not declared on the model (structured outputs, tool calls): not "unknown".
 _READ_ELSEWHERE = frozenset({"guided_json", "guided_regex", "guided_choice", "guided_grammar",
-                             "guided_whitespace_pattern", "structured_outputs", "parallel_tool_calls"})
+                             "guided_whitespace_pattern", "structured_outputs", "parallel_tool_calls",
+                             "use_beam_search"})  # use_beam_search (+ length_penalty): sdk/server/beam.py
 
 _warned: set[str] = set()
 
@@ -70,6 +70,8 @@ def check_extra_fields(req: Any) -> None:
         extras.setdefault("user", req.user)  # OpenAI's end-user id: octavo keeps no per-user state; warned
     for name, value in extras.items():
         rule = REFUSED.get(name)
+        if name == "length_penalty" and extras.get("use_beam_search"):
+            continue  # read by sdk/server/beam.py
         if rule is not None:
             noop, why = rule
             if not any(value == v and type(value) is type(v) or value is v for v in noop):

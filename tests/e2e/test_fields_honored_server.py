@@ -327,12 +327,12 @@ def test_server_field(server, field):
     SERVER_CHECKS[field](server)
 
 
-@pytest.mark.parametrize("field", ["use_beam_search", "bad_words", "logits_processors", "prompt_embeds",
+@pytest.mark.parametrize("field", ["bad_words", "logits_processors", "prompt_embeds",
                                    "length_penalty", "functions"])
 def test_server_refuses_vllm_fields_it_does_not_implement(server, field):
     from octavo.server.vllm_fields import REFUSED
 
-    value = {"use_beam_search": True, "bad_words": ["Paris"], "length_penalty": 2.0}.get(field, ["x"])
+    value = {"bad_words": ["Paris"], "length_penalty": 2.0}.get(field, ["x"])
     bad(server, field, **{field: value})
     noop = REFUSED[field][0][0]
     assert httpx.post(server.url + "/v1/completions", json={"prompt": "x", "max_tokens": 1, field: noop},

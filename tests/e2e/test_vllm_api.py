@@ -23,7 +23,7 @@ ORIGIN = "http://dashboard.example"
 def server():
     srv = ServerProcess(["--max-model-len", "256", "--kv-cache-memory-bytes", str(32 << 20),
                          "--uvicorn-log-level", "warning", "--allowed-origins", f'["{ORIGIN}"]',
-                         "--root-path", "/llm"]).start()
+                         "--root-path", "/llm", "--quantization", "none"]).start()
     yield srv
     srv.stop()
 
@@ -64,10 +64,38 @@ def test_chat_stream_continuous_usage(client, model):
     assert all(ch.usage is not None for ch in chunks[1:])
 
 
-def test_vllm_only_fields_refused(client, model):
-    with pytest.raises(openai.BadRequestError) as e:
-        client.completions.create(model=model, prompt="x", max_tokens=2, extra_body={"use_beam_search": True})
-    assert e.value.body["param"] == "use_beam_search"
+def test_use_beam_search_equals_transformers(client, model):
+    """use_beam_search answers with the n beams, best first, equal to transformers' num_beams generate on the
+    same (fp32, unquantized) SmolLM2 weights; fields beam search does not use are refused, not dropped."""
+    import sys
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).parents[1]))
+    from utils import smollm2_safetensors_dir
+
+    prompt = [504, 3575, 282, 4649, 314]  # "The capital of France is"
+    c = client.completions.create(model=model, prompt=prompt, max_tokens=6, n=3, temperature=0, logprobs=1,
+                                  extra_body={"use_beam_search": True, "length_penalty": 0.5,
+                                              "return_token_ids": True})
+    hf = AutoModelForCausalLM.from_pretrained(smollm2_safetensors_dir("float32"), dtype=torch.float32).eval()
+    with torch.no_grad():
+        ref = hf.generate(torch.tensor([prompt]), num_beams=3, num_return_sequences=3, max_new_tokens=6,
+                          do_sample=False, length_penalty=0.5, early_stopping=False, pad_token_id=2)
+    assert [ch.model_dump()["token_ids"] for ch in c.choices] == [r[len(prompt):].tolist() for r in ref]
+    assert len({ch.text for ch in c.choices}) == 3 and len(c.choices[0].logprobs.tokens) == 6
+    for extra, param in (({"top_p": 0.5}, "top_p"), ({"stop": ["x"]}, "stop"), ({"seed": 3}, "seed")):
+        with pytest.raises(openai.BadRequestError) as e:
+            client.completions.create(model=model, prompt="x", max_tokens=2, extra_body={"use_beam_search": True,
+                                                                                         **extra})
+        assert e.value.body["param"] == param
+    with pytest.raises(openai.BadRequestError) as e:  # length_penalty without beam search would be dropped
+        client.completions.create(model=model, prompt="x", max_tokens=2, extra_body={"length_penalty": 2.0})
+    assert e.value.body["param"] == "length_penalty"
+    chat = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Hi"}], max_tokens=4,
+                                          n=2, extra_body={"use_beam_search": True})
+    assert len(chat.choices) == 2 and chat.choices[0].message.content != chat.choices[1].message.content
 
 
 def test_tokenize_detokenize(server):
