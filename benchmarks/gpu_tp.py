@@ -1,11 +1,14 @@
-"""Tensor parallelism on GPUs: Llama-3-8B shape (dummy weights, bf16), TP=1 vs TP=2, one process per config.
+"""Tensor parallelism on GPUs: Llama-3-8B / Llama-3-70B shapes (dummy weights, bf16), one process per config.
 
-    python benchmarks/gpu_tp.py --tp 2 1 --out-dir /tmp/r
+    python benchmarks/gpu_tp.py --shape 8b --tp 2 1 --out-dir /tmp/r
+    python benchmarks/gpu_tp.py --shape 70b --tp 4 --prompts 0 --out-dir /tmp/r
+    OCTAVO_TP_ALLREDUCE=symm_mem python benchmarks/gpu_tp.py --tp 2 --tag symm --out-dir /tmp/r
 
 Per config: batch-1 decode ms per output token (difference of 1- and 257-token generations after a 512-token
-prompt, best of two: the prefill cancels), then the 1000/1000 x ``--prompts`` throughput. TP=1 runs in
-process (``uni``); TP=2 through the ``mp`` executor (one worker process per GPU, NCCL). The engine process
-itself never touches a GPU. Results: one JSON per config, written as soon as each number exists.
+prompt, best of two: the prefill cancels) and its fraction of the roofline (weights per GPU / the copy rate),
+then the ``--prompts`` x ``--in-len``/``--out-len`` throughput. TP=1 runs in process (``uni``); TP>1 through
+the ``mp`` executor (one worker process per GPU, NCCL, or the all-reduce ``OCTAVO_TP_ALLREDUCE`` names). The
+engine process itself never touches a GPU. Results: one JSON per config, written as soon as each number exists.
 """
 
 from __future__ import annotations
@@ -22,6 +25,12 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpu_e2e import LLAMA3_8B, write_config  # noqa: E402
 
+LLAMA3_70B = {**LLAMA3_8B, "hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 80,
+              "num_attention_heads": 64, "num_key_value_heads": 8}
+TINY = {**LLAMA3_8B, "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "vocab_size": 4096, "torch_dtype": "float32"}  # CPU dry runs of this script
+SHAPES = {"8b": LLAMA3_8B, "70b": LLAMA3_70B, "tiny": TINY}
+
 
 def param_bytes(cfg: dict) -> int:
     h, i, L, v = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"], cfg["vocab_size"]
@@ -33,22 +42,27 @@ def param_bytes(cfg: dict) -> int:
 def run_config(tp: int, args) -> None:
     from octavo import LLM, SamplingParams
 
-    out = os.path.join(args.out_dir, f"tp{tp}.json")
-    res: dict = {"tensor_parallel_size": tp}
+    cfg = SHAPES[args.shape]
+    out = os.path.join(args.out_dir, f"{args.shape}_tp{tp}{'_' + args.tag if args.tag else ''}.json")
+    res: dict = {"shape": args.shape, "tensor_parallel_size": tp, "executor": args.backend or ("uni" if tp == 1
+                                                                                              else "mp"),
+                 "allreduce": os.environ.get("OCTAVO_TP_ALLREDUCE", "nccl") if tp > 1 else None}
 
     def save():
         with open(out, "w") as f:
             json.dump(res, f, indent=1)
         print(json.dumps(res), flush=True)
 
-    d = write_config(LLAMA3_8B, tempfile.mkdtemp(), "llama3-8b")
+    d = write_config(cfg, tempfile.mkdtemp(), f"llama3-{args.shape}")
     t0 = time.perf_counter()
-    llm = LLM(model=d, load_format="dummy", dtype="bfloat16", skip_tokenizer_init=True, tensor_parallel_size=tp,
-              max_model_len=4096, gpu_memory_utilization=0.9, max_num_seqs=512, max_num_batched_tokens=8192)
+    llm = LLM(model=d, load_format="dummy", dtype=args.dtype, skip_tokenizer_init=True, tensor_parallel_size=tp,
+              max_model_len=4096, gpu_memory_utilization=0.9, max_num_seqs=args.max_num_seqs,
+              max_num_batched_tokens=8192, distributed_executor_backend=args.backend)
     res["start_s"] = time.perf_counter() - t0
     res["kv_blocks_per_rank"] = llm.llm_engine.model_info.num_kv_blocks
     rng = random.Random(0)
-    prompt = {"prompt_token_ids": [rng.randrange(1000, 120000) for _ in range(512)]}
+    lo, hi = min(1000, cfg["vocab_size"] // 4), min(120000, cfg["vocab_size"])
+    prompt = {"prompt_token_ids": [rng.randrange(lo, hi) for _ in range(512)]}
 
     def gen(prompts, n):
         t = time.perf_counter()
@@ -59,17 +73,18 @@ def run_config(tp: int, args) -> None:
     t1 = min(gen([prompt], 1)[0] for _ in range(2))
     t2 = min(gen([prompt], 257)[0] for _ in range(2))
     per_tok = (t2 - t1) / 256
-    weights_per_gpu = param_bytes(LLAMA3_8B) / tp
+    weights_per_gpu = param_bytes(cfg) / tp
     res.update({"decode_bs1_ms_per_token": per_tok * 1e3, "weights_GB_per_gpu": weights_per_gpu / 1e9,
-                "roofline_ms_at_3TBps": weights_per_gpu / args.copy_rate * 1e3,
+                "copy_rate_Bps": args.copy_rate, "roofline_ms": weights_per_gpu / args.copy_rate * 1e3,
                 "decode_bs1_fraction_of_roofline": weights_per_gpu / args.copy_rate / per_tok})
     save()
     if args.prompts:
-        prompts = [{"prompt_token_ids": [rng.randrange(1000, 120000) for _ in range(1000)]}
+        prompts = [{"prompt_token_ids": [rng.randrange(lo, hi) for _ in range(args.in_len)]}
                    for _ in range(args.prompts)]
-        dt, outs = gen(prompts, 1000)
+        dt, outs = gen(prompts, args.out_len)
         total = sum(len(o.outputs[0].token_ids) for o in outs)
-        res.update({"throughput_prompts": args.prompts, "throughput_s": dt, "throughput_tok_s": total / dt})
+        res.update({"throughput_workload": f"{args.prompts} x {args.in_len}/{args.out_len}", "throughput_s": dt,
+                    "throughput_tok_s": total / dt})
         save()
     llm.llm_engine.shutdown()
 
@@ -77,7 +92,15 @@ def run_config(tp: int, args) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tp", type=int, nargs="+", default=[2, 1])
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="8b")
     ap.add_argument("--prompts", type=int, default=512)
+    ap.add_argument("--in-len", type=int, default=1000)
+    ap.add_argument("--out-len", type=int, default=1000)
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--max-num-seqs", type=int, default=512, help="also the largest captured decode graph")
+    ap.add_argument("--backend", default=None, help="distributed_executor_backend (e.g. mp for TP=1 through "
+                    "worker processes: the executor's host overhead alone)")
+    ap.add_argument("--tag", default="", help="suffix of the JSON name (e.g. the all-reduce tried)")
     ap.add_argument("--copy-rate", type=float, default=3.0e12, help="bytes/s read+written, device copy (H100)")
     ap.add_argument("--out-dir", default=".")
     ap.add_argument("--one", type=int, default=None, help=argparse.SUPPRESS)
@@ -86,7 +109,9 @@ def main() -> None:
     if args.one is not None:
         return run_config(args.one, args)
     for tp in args.tp:  # each config in a fresh process: GPU memory and NCCL state start clean
-        cmd = [sys.executable, __file__, "--one", str(tp), "--prompts", str(args.prompts), "--copy-rate",
+        cmd = [sys.executable, __file__, "--one", str(tp), "--shape", args.shape, "--prompts", str(args.prompts),
+               "--max-num-seqs", str(args.max_num_seqs), *(["--backend", args.backend] if args.backend else []),
+               "--in-len", str(args.in_len), "--dtype", args.dtype, "--out-len", str(args.out_len), "--tag", args.tag, "--copy-rate",
                str(args.copy_rate), "--out-dir", args.out_dir]
         print("config tp", tp, "exit", subprocess.call(cmd), flush=True)
 

@@ -92,6 +92,10 @@ class Worker:
         self.resolved = resolve_model(settings.model)
         hf_config = self.resolved.hf_config
         self.dtype = choose_dtype(settings.model.dtype, platform, hf_config)
+        if self.world_size > 1:  # OCTAVO_TP_ALLREDUCE: nccl (default) or a one-shot symm_mem (core/tp_comm.py)
+            from octavo.core.tp_comm import install_all_reduce
+
+            install_all_reduce(platform, self.device, self.dtype)
         model_cls = pm.resolve("models", self.resolved.architecture)
         self.pp_rank, self.pp_size = get_pp_rank(), get_pp_size()
         if self.pp_size > 1:

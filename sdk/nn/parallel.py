@@ -12,12 +12,25 @@ import torch
 import torch.distributed as dist
 
 _TP_GROUP = None  # NOTE: process-wide by nature (one model per worker process); set once by the executor.
+_ALL_REDUCE = None  # an optional faster all-reduce for small messages (core/tp_comm.py); None: torch.distributed
 
 
 def set_tensor_parallel_group(group) -> None:
     """Use ``group`` (a ``torch.distributed`` process group) for tensor parallelism instead of the world."""
     global _TP_GROUP
     _TP_GROUP = group
+
+
+def get_tp_group():
+    """The tensor-parallel process group (``None`` means the world group)."""
+    return _TP_GROUP
+
+
+def set_all_reduce(fn) -> None:
+    """Route :func:`tp_all_reduce` through ``fn(x) -> x summed in place, or None`` first (``None`` from ``fn``
+    falls back to ``torch.distributed.all_reduce``, e.g. for messages too large for ``fn``'s buffer)."""
+    global _ALL_REDUCE
+    _ALL_REDUCE = fn
 
 
 def get_tp_size() -> int:
@@ -37,6 +50,8 @@ def get_tp_rank() -> int:
 def tp_all_reduce(x: torch.Tensor) -> torch.Tensor:
     """Sum ``x`` over the tensor-parallel processes (identity when there is one)."""
     if get_tp_size() == 1:
+        return x
+    if _ALL_REDUCE is not None and _ALL_REDUCE(x) is not None:
         return x
     dist.all_reduce(x, group=_TP_GROUP)
     return x

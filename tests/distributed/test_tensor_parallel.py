@@ -119,3 +119,18 @@ def test_executor_choice_and_refusals():
     assert executor_name(OctavoSettings.from_kwargs()) == "uni"
     with pytest.raises(ValueError, match="'uni'"):
         OctavoSettings.from_kwargs(tensor_parallel_size=2, distributed_executor_backend="uni")
+
+
+def test_tp_allreduce_choice_is_checked(monkeypatch):
+    from octavo.core.plugin_manager import get_plugin_manager
+    from octavo.core.tp_comm import install_all_reduce
+
+    cpu = get_plugin_manager().resolve("platforms", "cpu")()
+    monkeypatch.setenv("OCTAVO_TP_ALLREDUCE", "nccl")
+    assert install_all_reduce(cpu, torch.device("cpu"), torch.float32) == "nccl"
+    monkeypatch.setenv("OCTAVO_TP_ALLREDUCE", "custom")
+    with pytest.raises(ValueError, match="OCTAVO_TP_ALLREDUCE='custom' is not one of nccl, symm_mem"):
+        install_all_reduce(cpu, torch.device("cpu"), torch.float32)
+    monkeypatch.setenv("OCTAVO_TP_ALLREDUCE", "symm_mem")
+    with pytest.raises(ValueError, match="symm_mem needs CUDA GPUs"):
+        install_all_reduce(cpu, torch.device("cpu"), torch.float32)

@@ -1,0 +1,68 @@
+"""Which all-reduce tensor parallelism uses: ``OCTAVO_TP_ALLREDUCE`` = ``nccl`` (default: whatever the
+platform's ``torch.distributed`` backend does) or ``symm_mem``.
+
+Why: at batch 1 a Llama-3-8B TP=2 step does 64 all-reduces of 8 KiB, and through NCCL each costs ~10-15 us
+(docs/performance.md, "Tensor parallelism"), about a third of the step. ``symm_mem`` is a one-shot
+all-reduce through PyTorch's symmetric memory: every rank copies its message into a buffer all ranks mapped
+at start (peer-to-peer over NVLink; no NVLink multicast, which stays disabled), and each rank sums all
+ranks' buffers itself, one kernel, graph-capturable. Messages larger than the buffer (prefill chunks) and
+other dtypes fall back to NCCL. It is opt-in until measured on the cards (benchmarks/device/dist.sh runs both
+side by side); the choice is logged at start.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+CHOICES = ("nccl", "symm_mem")
+MAX_BYTES = int(os.environ.get("OCTAVO_TP_ALLREDUCE_MAX_BYTES", str(1 << 20)))  # one-shot wins below ~1 MiB
+
+
+def install_all_reduce(platform, device: torch.device, dtype: torch.dtype) -> str:
+    """Install the all-reduce ``OCTAVO_TP_ALLREDUCE`` names for this process's tensor-parallel group."""
+    choice = os.environ.get("OCTAVO_TP_ALLREDUCE", "nccl")
+    if choice not in CHOICES:
+        raise ValueError(f"OCTAVO_TP_ALLREDUCE={choice!r} is not one of {', '.join(CHOICES)}")
+    if choice == "nccl":
+        return choice
+    if platform.device_type != "cuda":
+        raise ValueError(f"OCTAVO_TP_ALLREDUCE=symm_mem needs CUDA GPUs (platform {platform.name!r}); unset it")
+    from octavo.nn.parallel import get_tp_group, set_all_reduce
+
+    set_all_reduce(SymmMemAllReduce(get_tp_group(), device, dtype))
+    logger.info("tensor-parallel all-reduce: one-shot symmetric memory for messages <= %d KiB (%s), NCCL above",
+                MAX_BYTES >> 10, dtype)
+    return choice
+
+
+class SymmMemAllReduce:
+    """``fn(x)``: sum ``x`` over the group in place with a one-shot symmetric-memory all-reduce, or ``None``
+    (caller falls back to NCCL) when ``x`` is too large or not the buffer's dtype."""
+
+    def __init__(self, group, device: torch.device, dtype: torch.dtype) -> None:
+        import torch.distributed as dist
+        import torch.distributed._symmetric_memory as symm_mem
+
+        group = group or dist.group.WORLD
+        self.group_name = group.group_name
+        enable = getattr(symm_mem, "enable_symm_mem_for_group", None)  # needed before torch 2.8, a no-op after
+        if enable is not None:
+            enable(self.group_name)
+        self.dtype = dtype
+        self.max_numel = MAX_BYTES // torch.empty((), dtype=dtype).element_size()
+        self.buf = symm_mem.empty(self.max_numel, dtype=dtype, device=device)
+        symm_mem.rendezvous(self.buf, self.group_name)
+
+    def __call__(self, x: torch.Tensor):
+        n = x.numel()
+        if x.dtype != self.dtype or n > self.max_numel or not x.is_contiguous():
+            return None
+        staged = self.buf[:n]
+        staged.copy_(x.view(-1))
+        torch.ops.symm_mem.one_shot_all_reduce_out(staged, "sum", self.group_name, x.view(-1))
+        return x
