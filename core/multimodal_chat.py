@@ -2,9 +2,10 @@
 
 Why in the front end: the chat template renders text, so each ``{"type": "image_url"}`` part becomes the
 model's placeholder text (``<image>`` for LLaVA-1.5) in its message, the images travel as
-``multi_modal_data`` and the processor expands the placeholders (core/multimodal.py). Only ``data:`` URLs
-are read; octavo does not fetch remote URLs (``--allowed-media-domains`` is not implemented), so an http(s)
-URL is refused with an error naming it. Conversations without image parts are left untouched.
+``multi_modal_data`` and the processor expands the placeholders (core/multimodal.py). ``data:`` URLs are
+decoded here; http(s) URLs are fetched by ``octavo.media_fetch.MediaFetcher`` only from the domains the
+operator allows (``--allowed-media-domains``), bounded in time and size; every other URL is refused with an
+error naming it. Conversations without image parts are left untouched.
 """
 
 from __future__ import annotations
@@ -25,8 +26,9 @@ def has_image_parts(messages: list[dict]) -> bool:
                for m in messages)
 
 
-def split_image_parts(messages: list[dict], placeholder: str) -> tuple[list[dict], list[Any]]:
-    """Messages with image parts -> (messages with string contents, the PIL images in order)."""
+def split_image_parts(messages: list[dict], placeholder: str, fetcher: Any = None) -> tuple[list[dict], list[Any]]:
+    """Messages with image parts -> (messages with string contents, the PIL images in order). ``fetcher``
+    (``octavo.media_fetch.MediaFetcher``) reads http(s) URLs; without one they are refused."""
     out, images = [], []
     for i, m in enumerate(messages):
         content = m.get("content")
@@ -34,14 +36,14 @@ def split_image_parts(messages: list[dict], placeholder: str) -> tuple[list[dict
             out.append(m)
             continue
         texts = []
-        for part in content:
+        for j, part in enumerate(content):
             kind = part.get("type") if isinstance(part, dict) else type(part).__name__
             if kind == "text":
                 texts.append(str(part.get("text", "")))
             elif kind == "image_url":
                 url = part.get("image_url")
                 url = url.get("url") if isinstance(url, dict) else url
-                images.append(load_image_url(url, f"messages[{i}]"))
+                images.append(load_image_url(url, f"messages[{i}].content[{j}].image_url.url", fetcher))
                 texts.append(placeholder)
             else:
                 raise InputError(f"messages[{i}].content part of type {kind!r} is not supported (text and "
@@ -50,16 +52,17 @@ def split_image_parts(messages: list[dict], placeholder: str) -> tuple[list[dict
     return out, images
 
 
-def load_image_url(url: Any, where: str) -> Any:
-    """A ``data:image/...;base64,`` URL -> a PIL image; anything else is an ``InputError``."""
-    from PIL import Image
-
+def load_image_url(url: Any, where: str, fetcher: Any = None) -> Any:
+    """A ``data:image/...;base64,`` URL, or an http(s) URL ``fetcher`` allows -> a PIL image; anything else
+    is an ``InputError``."""
     if not isinstance(url, str):
         raise InputError(f"{where}: image_url.url must be a string.", "messages")
     if not url.startswith("data:"):
-        scheme = url.split(":", 1)[0] if ":" in url else url[:20]
-        raise InputError(f"{where}: image URL scheme {scheme!r} is refused: octavo reads only data: URLs "
-                         "(fetching remote images, --allowed-media-domains, is not implemented).", "messages")
+        if fetcher is None:
+            from octavo.media_fetch import MediaFetcher
+
+            fetcher = MediaFetcher(None, 0, 0)  # fetches nothing: refuses with the reason
+        return _decode(fetcher.fetch(url, where, "messages"), where)
     header, _, payload = url.partition(",")
     if not header.endswith(";base64") or not header[5:].startswith("image/"):
         raise InputError(f"{where}: a data URL must be 'data:image/<type>;base64,<data>'.", "messages")
@@ -67,8 +70,17 @@ def load_image_url(url: Any, where: str) -> Any:
         raise InputError(f"{where}: the image is larger than {MAX_IMAGE_BYTES} bytes.", "messages")
     try:
         raw = base64.b64decode(payload, validate=True)
+    except (binascii.Error, ValueError) as e:
+        raise InputError(f"{where}: the image could not be decoded: {type(e).__name__}: {e}", "messages") from None
+    return _decode(raw, where)
+
+
+def _decode(raw: bytes, where: str) -> Any:
+    from PIL import Image
+
+    try:
         image = Image.open(io.BytesIO(raw))
         image.load()
-    except (binascii.Error, ValueError, OSError, SyntaxError) as e:
+    except (ValueError, OSError, SyntaxError, Image.DecompressionBombError) as e:
         raise InputError(f"{where}: the image could not be decoded: {type(e).__name__}: {e}", "messages") from None
     return image

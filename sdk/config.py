@@ -51,6 +51,10 @@ class ModelSettings(_Section):
     hf_overrides: dict[str, Any] = Field(default_factory=dict, description="Keys that override the HF config.")
     limit_mm_per_prompt: dict[str, int] = Field(default_factory=dict, description="Most multimodal items per "
                                                 "prompt, by modality (e.g. {'image': 2}); default 1 each.")
+    allowed_media_domains: list[str] | None = Field(None, description="Host names whose http(s) image URLs "
+                                                    "may be fetched (exact match); None: no remote media.")
+    media_fetch_timeout: float = Field(5.0, gt=0, description="Seconds one remote media fetch may take.")
+    media_max_bytes: int = Field(20 * 1024 * 1024, ge=1, description="Largest remote media body, in bytes.")
     generation_config: str = Field("auto", description="Sampling defaults for what a request leaves out: auto "
                                    "(the model's generation_config.json), vllm (octavo's own defaults), or a "
                                    "directory holding a generation_config.json.")

@@ -132,7 +132,10 @@ class FrontEnd:
         if self._mm.processor is None:
             raise InputError(f"{self.model_info.architecture} takes no images; image content parts need a "
                              "vision-language model such as LLaVA-1.5.", "messages")
-        return split_image_parts(messages, self._mm.processor.placeholder_text)
+        from octavo.media_fetch import MediaFetcher
+
+        fetcher = MediaFetcher.from_settings(self.settings)  # http(s) URLs of --allowed-media-domains only
+        return split_image_parts(messages, self._mm.processor.placeholder_text, fetcher)
 
     def _new_id(self, client_id: str) -> str:
         while True:

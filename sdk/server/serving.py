@@ -274,7 +274,9 @@ class OpenAIServing:
         params.structured_outputs = structured_outputs_for(
             req, self.engine.settings.scheduler.structured_outputs_backend, plan.constraint)
         params.skip_special_tokens = params.skip_special_tokens and not plan.needs_special_tokens
-        req.messages, images = self.engine.frontend.split_chat_images(req.messages)  # image_url parts
+        req.messages, images = await run_bounded(  # image_url parts: decoded (or fetched) off the event loop
+            lambda: self.engine.frontend.split_chat_images(req.messages), what="loading the request's images",
+            timeout_s=self.engine.settings.model.media_fetch_timeout * 4 + RENDER_TIMEOUT_S, param="messages")
         text, ids = await self.render_chat(
             req, add_generation_prompt=req.add_generation_prompt, continue_final_message=req.continue_final_message,
             tools=plan.template_tools, chat_template_kwargs=req.chat_template_kwargs)

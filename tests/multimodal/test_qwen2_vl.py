@@ -33,7 +33,8 @@ def llm(ckpt):
 
     # a 24-token budget: the 2-image prompt (12 + 6 placeholders + text) runs over several steps, mid-image
     return LLM(model=str(ckpt[0]), dtype="float32", limit_mm_per_prompt={"image": 2}, max_num_batched_tokens=24,
-               enable_chunked_prefill=True, max_num_seqs=4, block_size=16)
+               enable_chunked_prefill=True, max_num_seqs=4, block_size=16,
+               allowed_media_domains=["127.0.0.1"])  # the SDK side of --allowed-media-domains
 
 
 def _image(seed: int, size: tuple[int, int]):
@@ -111,7 +112,16 @@ def test_chat_image_parts_and_errors(ckpt, llm):
     msgs = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
                                          {"type": "text", "text": " w1 w2 w3"}]}]
     chat = llm.chat(msgs, params, use_tqdm=False)[0]  # the checkpoint's own chat template
-    assert list(chat.outputs[0].token_ids) == _reference(ckpt, f"USER: {V} w1 w2 w3 ASSISTANT:", [img], 4)
+    ref = _reference(ckpt, f"USER: {V} w1 w2 w3 ASSISTANT:", [img], 4)
+    assert list(chat.outputs[0].token_ids) == ref
+    from tests.multimodal.media_server import MediaServer
+
+    with MediaServer({"/img.png": buf.getvalue()}) as srv:  # the same image over http from an allowed host
+        msgs[0]["content"][0]["image_url"]["url"] = srv.url("/img.png")
+        assert list(llm.chat(msgs, params, use_tqdm=False)[0].outputs[0].token_ids) == ref
+        msgs[0]["content"][0]["image_url"]["url"] = srv.url("/img.png", host="localhost")
+        with pytest.raises(InputError, match="'localhost' is not in --allowed-media-domains"):
+            llm.chat(msgs, params, use_tqdm=False)
     with pytest.raises(InputError, match="placeholder"):
         llm.generate({"prompt": TEXT, "multi_modal_data": {"image": img}}, params)
     with pytest.raises(InputError, match="limit_mm_per_prompt"):
