@@ -74,10 +74,11 @@ def class_rows(vectors: torch.Tensor, labels: torch.Tensor, V: int) -> torch.Ten
 
 
 def write_medusa(path: str, num_heads: int, num_layers: int = 1, target: dict | None = None,
-                 layout: str = "vllm", seed: int = 0) -> None:
+                 layout: str = "vllm", seed: int = 0, vocab_size: int | None = None,
+                 hidden_size: int | None = None) -> None:
     """A Medusa checkpoint: random, or the oracle (identity residual blocks; lm_head_i maps the token the target
     would emit to its f^(i+1) image)."""
-    V, H = TINY["vocab_size"], TINY["hidden_size"]
+    V, H = vocab_size or TINY["vocab_size"], hidden_size or TINY["hidden_size"]
     if target is not None:
         V, H = target["lm_head"].shape
     gen = torch.Generator().manual_seed(seed)
