@@ -6,6 +6,9 @@ given text, greedy, so the answer copies long spans of its prompt. Two engines a
 
     python benchmarks/spec_decode.py                       # CPU, SmolLM2, ngram k=4, batch 1 and 64
     python benchmarks/spec_decode.py --batch-sizes 1 --max-tokens 64 --repeats 2 --out results.json
+    # several proposers side by side (one engine each), extra engine settings, a model without a tokenizer:
+    python benchmarks/spec_decode.py --speculative-config '[{"method": "ngram", "num_speculative_tokens": 4}]' \
+        --llm-kwargs '{"gpu_memory_utilization": 0.2}' --token-prompts --model /path/to/config-only-dir
 
 At batch 64 the default policy (``disable_by_batch_size`` 8) switches speculation off; that run shows
 what the policy costs (it should be nothing).
@@ -46,12 +49,28 @@ def conversations(n: int) -> list:
     return out
 
 
+def token_prompts(n: int, vocab: int = 49152) -> list:
+    """Random-weight models have no tokenizer: token prompts that repeat a span (the input-grounded shape;
+    acceptance on such a model means nothing)."""
+    import random
+
+    rng = random.Random(0)
+    out = []
+    for _ in range(n):
+        span = [rng.randrange(3, vocab) for _ in range(60)]
+        out.append({"prompt_token_ids": span + [rng.randrange(3, vocab) for _ in range(20)] + span[:10]})
+    return out
+
+
+PROMPTS = {"chat": conversations, "tokens": token_prompts}
+
+
 def run(llm, convs, max_tokens: int) -> tuple[float, int]:
     from octavo import SamplingParams
 
-    params = SamplingParams(temperature=0, max_tokens=max_tokens)
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=isinstance(convs[0], dict))
     t0 = time.perf_counter()
-    outs = llm.chat(convs, params, use_tqdm=False)
+    outs = (llm.generate if isinstance(convs[0], dict) else llm.chat)(convs, params, use_tqdm=False)
     dt = time.perf_counter() - t0
     return dt, sum(len(o.outputs[0].token_ids) for o in outs)
 
@@ -79,47 +98,67 @@ def main(argv=None) -> int:
     ap.add_argument("--num-threads", type=int, default=None, help="torch threads per engine")
     ap.add_argument("--batch1-prompts", type=int, default=8, help="conversations run one at a time at batch 1")
     ap.add_argument("--out", default=None, help="write the results as JSON here")
+    ap.add_argument("--llm-kwargs", default="{}", help="JSON: more LLM(...) settings for every engine")
+    ap.add_argument("--token-prompts", action="store_true", help="random token prompts (model without tokenizer)")
     args = ap.parse_args(argv)
 
     from octavo import LLM
 
-    spec_cfg = json.loads(args.speculative_config)
-    common = dict(model=args.model, dtype=args.dtype, max_model_len=1024, seed=0, num_threads=args.num_threads)
-    base = LLM(**common)
-    spec = LLM(speculative_config=spec_cfg, **common)
-    run(base, conversations(1), 8)  # warm-up both
-    run(spec, conversations(1), 8)
+    spec_cfgs = json.loads(args.speculative_config)
+    spec_cfgs = spec_cfgs if isinstance(spec_cfgs, list) else [spec_cfgs]
+    spec_cfg = spec_cfgs[0] if len(spec_cfgs) == 1 else spec_cfgs
+    common = dict(model=args.model, dtype=args.dtype, max_model_len=1024, seed=0, num_threads=args.num_threads,
+                  **json.loads(args.llm_kwargs))
+    prompts = PROMPTS["tokens" if args.token_prompts else "chat"]
+    t0 = time.perf_counter()
+    engines = {"base": LLM(**common)}
+    for i, cfg in enumerate(spec_cfgs):
+        engines["spec" if len(spec_cfgs) == 1 else f"spec{i}_{cfg.get('method', 'draft_model')}"] = \
+            LLM(speculative_config=cfg, **common)
+    print(f"{len(engines)} engines loaded in {time.perf_counter() - t0:.1f} s", flush=True)
+    for llm in engines.values():
+        run(llm, prompts(1), 8)  # warm-up
 
     results = []
     for bs in [int(x) for x in args.batch_sizes.split(",")]:
-        row = {"batch_size": bs, "base_tok_s": [], "spec_tok_s": [], "tokens": {}}
+        row = {"batch_size": bs, "tokens": {}, **{f"{name}_tok_s": [] for name in engines}}
         for _ in range(args.repeats):
-            for name, llm in (("base", base), ("spec", spec)):
+            for name, llm in engines.items():
                 if bs == 1:  # batch 1: one conversation at a time
                     dt, n = 0.0, 0
-                    for conv in conversations(args.batch1_prompts):
+                    for conv in prompts(args.batch1_prompts):
                         d, k = run(llm, [conv], args.max_tokens)
                         dt, n = dt + d, n + k
                 else:
-                    dt, n = run(llm, conversations(bs), args.max_tokens)
+                    dt, n = run(llm, prompts(bs), args.max_tokens)
                 row[f"{name}_tok_s"].append(round(n / dt, 2))
                 row["tokens"][name] = n
-        row["speedup"] = round(sum(row["spec_tok_s"]) / sum(row["base_tok_s"]), 3)
-        row["spec_stats_cumulative"] = acceptance(spec)
+        for name, llm in engines.items():
+            if name != "base":
+                key = "speedup" if name == "spec" else f"speedup_{name}"
+                row[key] = round(sum(row[f"{name}_tok_s"]) / sum(row["base_tok_s"]), 3)
+                row["spec_stats_cumulative" if name == "spec" else f"stats_{name}"] = acceptance(llm)
         results.append(row)
-        print(json.dumps(row))
+        print(json.dumps(row), flush=True)
 
     meta = {"date": datetime.now(timezone.utc).isoformat(timespec="minutes"), "machine": platform.machine(),
             "cpu": _cpu_model(), "speculative_config": spec_cfg, "max_tokens": args.max_tokens,
             "dtype": args.dtype, "model": args.model or "SmolLM2-135M-Instruct (embedded GGUF)",
             "num_threads": args.num_threads, "command": "python benchmarks/spec_decode.py " + " ".join(argv or []),
-            "note": "shared, loaded machine: compare base and spec of the same run only"}
+            "llm_kwargs": json.loads(args.llm_kwargs), "device": _device(),
+            "note": "compare base and spec of the same run only (engines alternate; shared machines are noisy)"}
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"meta": meta, "results": results}, f, indent=1)
-    for llm in (base, spec):
+    for llm in engines.values():
         llm.llm_engine.shutdown()
     return 0
+
+
+def _device() -> str:
+    import torch
+
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
 
 
 def _cpu_model() -> str:
