@@ -114,7 +114,11 @@ def run_transformers(args) -> dict:
     print(f"transformers: model built in {start_s:.1f} s; {len(work)} requests in batches of {args.tf_batch}",
           flush=True)
     done, out_tokens, wall = 0, 0, 0.0
+    stop_at = time.monotonic() + args.time_left - 5 if args.time_left else None
     for b in range(0, len(work), args.tf_batch):
+        if done and stop_at is not None and time.monotonic() + wall / (done / args.tf_batch) > stop_at:
+            print("transformers: stopping early (time bound); the rate covers the batches that ran", flush=True)
+            break
         chunk = work[b:b + args.tf_batch]
         ids = []
         for toks, _ in chunk:  # the processor's expansion: one image token -> 576 placeholders
@@ -152,6 +156,8 @@ def main() -> None:
     p.add_argument("--tf-batch", type=int, default=32)
     p.add_argument("--engine", choices=["octavo", "transformers"], help="(internal) run one side and print JSON")
     p.add_argument("--path")
+    p.add_argument("--budget-s", type=float, default=0, help="whole run bound: children are cut to fit it")
+    p.add_argument("--time-left", type=float, default=0, help="(internal) seconds this child may take")
     args = p.parse_args()
     if args.engine:
         res = run_octavo(args) if args.engine == "octavo" else run_transformers(args)
@@ -160,19 +166,29 @@ def main() -> None:
     record = {"workload": {"model": "LLaVA-1.5-7B shape" + (" (TINY dry run)" if args.tiny else ""),
                            "load_format": "dummy", "requests": args.requests, "image": "336x336, one per request",
                            "output_len": args.output_len, "dtype": "float32" if args.tiny else "bfloat16"}}
+    t_start = time.monotonic()
     with tempfile.TemporaryDirectory() as root:
         args.path = write_checkpoint(root, args.tiny)
         for engine in ("octavo", "transformers"):
+            left = args.budget_s - (time.monotonic() - t_start) if args.budget_s else None
+            if engine == "octavo" and left:
+                left *= 0.6  # transformers keeps the rest
             cmd = [sys.executable, __file__, "--out", args.out, "--engine", engine, "--path", args.path,
                    "--requests", str(args.requests), "--output-len", str(args.output_len),
-                   "--tf-requests", str(args.tf_requests), "--tf-batch", str(args.tf_batch)] + \
-                  (["--tiny"] if args.tiny else [])
-            proc = subprocess.run(cmd, capture_output=True, text=True)
-            sys.stdout.write(proc.stdout[-4000:])
-            sys.stderr.write(proc.stderr[-4000:])
-            lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-            record[engine] = json.loads(lines[-1][7:]) if lines else {"error": f"rc={proc.returncode}",
-                                                                       "stderr_tail": proc.stderr[-2000:]}
+                   "--tf-requests", str(args.tf_requests), "--tf-batch", str(args.tf_batch),
+                   "--time-left", str(left or 0)] + (["--tiny"] if args.tiny else [])
+            try:
+                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=left)
+                out, err, rc = proc.stdout, proc.stderr, proc.returncode
+            except subprocess.TimeoutExpired as e:
+                out, err, rc = _text(e.stdout), _text(e.stderr), f"timed out after {left:.0f} s"
+            sys.stdout.write(out[-4000:])
+            sys.stderr.write(err[-4000:])
+            lines = [ln for ln in out.splitlines() if ln.startswith("RESULT ")]
+            record[engine] = json.loads(lines[-1][7:]) if lines else {"error": f"rc={rc}", "stdout_tail": out[-1500:],
+                                                                       "stderr_tail": err[-2000:]}
+            with open(args.out, "w") as f:  # partial results survive an outer timeout
+                json.dump(record, f, indent=2)
     o, t = record["octavo"], record["transformers"]
     if "output_tok_per_s" in o and "output_tok_per_s" in t:
         record["octavo_over_transformers_output_tok_per_s"] = round(o["output_tok_per_s"] / t["output_tok_per_s"], 2)
@@ -182,6 +198,10 @@ def main() -> None:
     with open(args.out, "w") as f:
         json.dump(record, f, indent=2)
     print(json.dumps(record, indent=2))
+
+
+def _text(b) -> str:
+    return b.decode(errors="replace") if isinstance(b, bytes) else (b or "")
 
 
 if __name__ == "__main__":
