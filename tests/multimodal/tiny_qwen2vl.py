@@ -49,6 +49,7 @@ def build_tiny_qwen2vl(path):
     # small pixel bounds keep the tiny test fast; sizes still vary per image (dynamic resolution)
     images = Qwen2VLImageProcessorPil(min_pixels=28 * 28 * 2, max_pixels=28 * 28 * 16)
     images.save_pretrained(path)
+    images = transformers.AutoImageProcessor.from_pretrained(path)  # what octavo's processor loads (as here)
     tokenizer = _tokenizer()
     tokenizer.chat_template = CHAT_TEMPLATE
     tokenizer.save_pretrained(path)
