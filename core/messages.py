@@ -106,6 +106,7 @@ class ModelInfo(msgspec.Struct):
     eos_token_ids: list[int] = []  # every end-of-sequence id (e.g. Llama 3: <|end_of_text|>, <|eot_id|>)
     is_pooling: bool = False
     embedding_dim: int | None = None
+    pooler: dict = {}  # a pooling model's ``pooler_info``: its task and defaults (octavo.pooling)
     tokenizer_path: str | None = None  # where the front end loads the same tokenizer from
     num_kv_blocks: int = 0
     block_size: int = 16

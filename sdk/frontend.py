@@ -44,6 +44,7 @@ class FrontEnd:
         self._outputs = OutputProcessor(tokenizer)
         self._client_ids: dict[str, str] = {}  # internal id -> the caller's id
         self._mm = None  # octavo.core.multimodal.MultiModalPreprocessor, built on the first multimodal prompt
+        self._pooling: dict[str, Any] = {}  # internal id -> PoolingParams of an unfinished pooling request
 
     # ------------------------------------------------------------------------------------ inputs
     def tokenize(self, prompt: Any) -> tuple[str | None, list[int]]:
@@ -80,13 +81,23 @@ class FrontEnd:
 
     def submit(self, client_id: str, prompt: Any, params: SamplingParams | None, priority: int = 0, *,
                pooling: bool = False, queue: Any = None,
-               lora_request: Any = None) -> tuple[str, list[EngineCoreRequest]]:
+               lora_request: Any = None, pooling_params: Any = None) -> tuple[str, list[EngineCoreRequest]]:
         """Validate one request and register it; returns its internal id and the core requests to send.
+
+        A pooling request's ``pooling_params`` (``PoolingParams``; None: the ``embed`` defaults) are checked
+        here and applied to its raw pooled vector in ``process_outputs`` (``octavo.pooling``).
 
         Nothing is registered when this raises (``InputError``), so the caller has nothing to undo.
         """
         params = params or SamplingParams()
         self.check_task(pooling)
+        if pooling:
+            from octavo.pooling import resolve
+
+            pooling_params = resolve(pooling_params, getattr(pooling_params, "task", None) or "embed", self.model_info)
+            if pooling_params.truncate_prompt_tokens is not None:
+                params = SamplingParams(max_tokens=1, detokenize=False,
+                                        truncate_prompt_tokens=pooling_params.truncate_prompt_tokens)
         internal_id = self._new_id(client_id)
         mm_inputs = None
         if isinstance(prompt, dict) and "multi_modal_data" in prompt:  # images: expand placeholders first
@@ -102,6 +113,8 @@ class FrontEnd:
                 r.lora_request = lora_request
         self._outputs.add_request(internal_id, text, ids, params, [r.request_id for r in core_reqs], queue)
         self._client_ids[internal_id] = client_id
+        if pooling:
+            self._pooling[internal_id] = pooling_params
         return internal_id, core_reqs
 
     def _multimodal(self, prompt: dict, params: SamplingParams) -> tuple[dict, list]:
@@ -171,6 +184,7 @@ class FrontEnd:
         for rid in internal_ids:
             self._outputs.abort_request(rid)
             self._client_ids.pop(rid, None)
+            self._pooling.pop(rid, None)
         return seq_ids
 
     # ------------------------------------------------------------------------------------ outputs
@@ -185,6 +199,10 @@ class FrontEnd:
         for ro in outs:
             internal_id = ro.request_id
             err = self._outputs.errors.pop(internal_id, None)
+            if ro.finished and internal_id in self._pooling:  # raw pooled vector -> the request's result
+                from octavo.pooling import finish
+
+                ro = finish(ro, self._pooling.pop(internal_id), self.model_info.pooler)
             ro.request_id = self._client_ids.get(internal_id, internal_id)
             if err:  # the core names the internal id; the caller knows its own
                 err = err.replace(internal_id, ro.request_id)
@@ -196,3 +214,4 @@ class FrontEnd:
     def reclaim(self, internal_id: str) -> None:
         """Forget a request's id mapping once its caller is done with it (finished, failed or aborted)."""
         self._client_ids.pop(internal_id, None)
+        self._pooling.pop(internal_id, None)

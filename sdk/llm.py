@@ -13,13 +13,14 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from octavo.llm_pooling import PoolingLLMMethods
 from octavo.llm_vllm import VllmLLMMethods
 from octavo.outputs import RequestOutput
 from octavo.prompt_batch import _as_list, _per_prompt, _per_prompt_lora
 from octavo.sampling_params import RequestOutputKind, SamplingParams
 
 
-class LLM(VllmLLMMethods):  # + encode, enqueue/wait_for_completion, start/stop_profile, beam_search
+class LLM(PoolingLLMMethods, VllmLLMMethods):  # + embed/classify/score/reward (llm_pooling); + encode, enqueue/wait_for_completion, start/stop_profile, beam_search
     """An engine for offline batches.
 
     Args:
@@ -106,28 +107,6 @@ class LLM(VllmLLMMethods):  # + encode, enqueue/wait_for_completion, start/stop_
     def reset_prefix_cache(self) -> bool:
         """Forget every cached prefix block; False (nothing changed) while requests still hold blocks."""
         return self.llm_engine.reset_prefix_cache()
-
-    def embed(self, prompts: Any, use_tqdm: bool = True) -> list:
-        """Embed each input with an embedding model (pooling and normalization as the model declares).
-
-        Args:
-            prompts: a string, token ids, or a list of them.
-
-        Returns:
-            One ``EmbeddingRequestOutput`` per input, in order; ``.outputs.embedding`` is the vector.
-        """
-        engine = self.llm_engine
-        prompts = _as_list(prompts)
-        ids = []
-        try:
-            for prompt in prompts:
-                rid = str(next(self._counter))
-                engine.add_embedding_request(rid, prompt)
-                ids.append(rid)
-        except ValueError:
-            engine.abort_request(ids)
-            raise
-        return self._collect(ids, use_tqdm)
 
     def _run(self, items: list[tuple[Any, SamplingParams]], use_tqdm: bool, priority,
              loras: list | None = None) -> list[RequestOutput]:

@@ -66,16 +66,19 @@ class LLMEngine:
         """
         self._add(request_id, prompt, params or SamplingParams(), priority, pooling=False, lora_request=lora_request)
 
-    def add_embedding_request(self, request_id: str, prompt: Any, priority: int = 0) -> None:
-        """Queue an embedding request (embedding models only); its output is an ``EmbeddingRequestOutput``."""
-        self._add(request_id, prompt, SamplingParams(max_tokens=1, detokenize=False), priority, pooling=True)
+    def add_embedding_request(self, request_id: str, prompt: Any, priority: int = 0,
+                              pooling_params: Any = None) -> None:
+        """Queue a pooling request (pooling models only): ``pooling_params`` (a ``PoolingParams`` whose ``task``
+        is set; None: ``embed``). Its output is an ``EmbeddingRequestOutput`` (embed) or ``PoolingRequestOutput``."""
+        self._add(request_id, prompt, SamplingParams(max_tokens=1, detokenize=False), priority, pooling=True,
+                  pooling_params=pooling_params)
 
     def _add(self, request_id: str, prompt: Any, params: SamplingParams, priority: int, pooling: bool,
-             lora_request: Any = None) -> None:
+             lora_request: Any = None, pooling_params: Any = None) -> None:
         if request_id in self._ids:
             raise ValueError(f"request id {request_id!r} is already in use; pass a unique id.")
         internal_id, core_reqs = self.frontend.submit(request_id, prompt, params, priority, pooling=pooling,
-                                                      lora_request=lora_request)
+                                                      lora_request=lora_request, pooling_params=pooling_params)
         added = []
         try:
             for r in core_reqs:

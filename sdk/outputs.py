@@ -54,6 +54,10 @@ class RequestOutput:
 class EmbeddingOutput:
     embedding: list[float]
 
+    @property
+    def hidden_size(self) -> int:  # vLLM's name for the vector's length
+        return len(self.embedding)
+
 
 @dataclass
 class EmbeddingRequestOutput:

@@ -140,6 +140,7 @@ class WorkerInfo(msgspec.Struct, omit_defaults=True):
     sliding_window: int | None = None  # shared by every paged layer, else None
     is_pooling: bool = False
     embedding_dim: int | None = None
+    pooler: dict = {}  # a pooling model's ``pooler_info`` (task, defaults; octavo.pooling)
     eos_token_ids: list[int] = []
     tokenizer_path: str | None = None
     attention_backend: str | None = None

@@ -5,6 +5,9 @@ cache: each layer runs torch SDPA over the step's requests padded to the longest
 pooling requests whole, so a request's tokens all arrive in one step; ``ctx.query_start_loc`` gives the
 boundaries). Token types are all 0 (one segment per input).
 
+``pool`` returns the RAW pooled state; L2 normalisation (the default declared in ``pooler_info``) and
+Matryoshka truncation are applied per request by the front end (``octavo.pooling``, ``PoolingParams``).
+
 Pooling and normalisation follow the checkpoint's sentence-transformers files, read from the model
 directory (``config._name_or_path``): ``modules.json`` (a ``Normalize`` module means L2 normalisation) and
 the pooling module's ``config.json`` (``pooling_mode_mean_tokens`` / ``pooling_mode_cls_token`` /
@@ -135,6 +138,10 @@ class BertModel(nn.Module):
         self.pooling_mode, self.normalize = pooling["mode"], pooling["normalize"]
         self.matryoshka_dimensions = pooling["matryoshka_dimensions"] or getattr(config, "matryoshka_dimensions", None)
         self.embedding_dim = hidden
+        # the defaults the front end applies to ``pool``'s raw output (octavo.pooling)
+        self.pooler_info = {"task": "embed", "tasks": ["embed"], "normalize": self.normalize, "hidden_size": hidden,
+                            "matryoshka_dimensions": self.matryoshka_dimensions,
+                            "is_matryoshka": bool(getattr(config, "is_matryoshka", False))}
 
     @staticmethod
     def _padding(query_start_loc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -151,14 +158,18 @@ class BertModel(nn.Module):
         if ctx.query_start_loc is None:
             raise ValueError("BertModel needs ctx.query_start_loc (request boundaries) to attend within requests")
         gather, valid = self._padding(ctx.query_start_loc)
-        x = F.embedding(input_ids, self.word_embeddings) + F.embedding(positions, self.position_embeddings)
-        x = self.embeddings_norm(x + self.token_type_embeddings[0])  # [n, hidden]
+        x = self.embeddings_norm(self.embed(input_ids, positions, ctx))  # [n, hidden]
         for layer in self.layers:
             x = layer(x, gather, valid)
         return x
 
+    def embed(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        """Word + position + token-type embeddings before the norm (one segment: type 0)."""
+        x = F.embedding(input_ids, self.word_embeddings) + F.embedding(positions, self.position_embeddings)
+        return x + self.token_type_embeddings[0]
+
     def pool(self, hidden_states: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
-        """``[n, hidden]`` -> ``[num_reqs, hidden]``: mean/CLS/max per request, L2-normalised if configured."""
+        """``[n, hidden]`` -> ``[num_reqs, hidden]``: mean/CLS/max per request (raw; the front end normalises)."""
         qsl = ctx.query_start_loc.long()
         if self.pooling_mode == "cls":
             pooled = hidden_states[qsl[:-1]].float()
@@ -169,7 +180,7 @@ class BertModel(nn.Module):
                 pooled = (padded * valid[..., None]).sum(1) / valid.sum(1, keepdim=True)
             else:
                 pooled = padded.masked_fill(~valid[..., None], float("-inf")).amax(1)
-        return F.normalize(pooled, p=2, dim=-1) if self.normalize else pooled
+        return pooled
 
     # checkpoint name fragments -> this model's names
     _RENAMES = [("embeddings.word_embeddings.weight", "word_embeddings"),

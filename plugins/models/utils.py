@@ -10,7 +10,6 @@ import re
 from collections.abc import Iterable, Iterator
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from octavo.model import ForwardContext
@@ -25,15 +24,18 @@ _EXPERT_PARAMS = {"w1": ("w13_weight", "w1"), "gate_proj": ("w13_weight", "w1"),
 
 
 class LastTokenPooler:
-    """Mixin: ``pool`` = the final hidden state of each request's last token, L2-normalised.
+    """Mixin: ``pool`` = the final hidden state of each request's last token (raw; the front end
+    L2-normalises it by default, ``pooler_info``, unless a request's ``PoolingParams(normalize=False)``).
 
     Used when a decoder runs with ``task="embed"`` (Qwen3-Embedding, E5-Mistral style models): the engine
     schedules pooling requests whole, so the last token of each request's slice is its last prompt token.
     """
 
+    pooler_info = {"task": "embed", "tasks": ["embed"], "normalize": True}
+
     def pool(self, hidden_states: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         last = ctx.query_start_loc[1:].long() - 1  # [num_reqs]
-        return F.normalize(hidden_states[last].float(), p=2, dim=-1)  # [num_reqs, hidden]
+        return hidden_states[last].float()  # [num_reqs, hidden]
 
 
 def split_expert_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]],

@@ -4,7 +4,10 @@ All experts' weights live in two stacked parameters, ``w13_weight [E, 2 * I, H]`
 fused like ``gate_up_proj``) and ``w2_weight [E, H, I]`` (down projection), so a checkpoint's per-expert
 tensors load with ``weight_loader(param, tensor, shard_id="w1"|"w3"|"w2", expert_id=e)``. Under tensor
 parallelism each rank keeps a slice of every expert's intermediate dimension and the partial outputs are
-summed across ranks, like a column-parallel / row-parallel MLP pair.
+summed across ranks, like a column-parallel / row-parallel MLP pair. With expert parallelism
+(``enable_expert_parallel``, :func:`octavo.nn.parallel.set_expert_parallel`) each rank instead keeps
+``E / tp`` whole experts (a contiguous range), runs every token's routed experts that it holds (the others
+weigh zero) and the same all-reduce sums the ranks' outputs: each token's k experts are counted exactly once.
 
 Routing (:meth:`FusedMoE.select_experts`): softmax over the router logits in float32, top-k, then
 optionally renormalise the k weights to sum to one (Mixtral always does; Qwen3-MoE when
@@ -22,7 +25,7 @@ from torch import nn
 
 from octavo.nn.activation import get_act_and_mul
 from octavo.nn.linear import set_weight_attrs
-from octavo.nn.parallel import divide, get_tp_rank, get_tp_size, tp_all_reduce
+from octavo.nn.parallel import divide, expert_parallel_enabled, get_tp_rank, get_tp_size, tp_all_reduce
 
 
 class FusedMoE(nn.Module):
@@ -48,11 +51,19 @@ class FusedMoE(nn.Module):
         self.num_experts, self.top_k, self.hidden_size = num_experts, top_k, hidden_size
         self.renormalize, self.reduce_results, self.prefix = renormalize, reduce_results, prefix
         self.tp_rank, self.tp_size = get_tp_rank(), get_tp_size()
-        self.intermediate_size = divide(intermediate_size, self.tp_size, f"{prefix} moe_intermediate_size")
+        self.expert_parallel = expert_parallel_enabled() and self.tp_size > 1
+        if self.expert_parallel:  # whole experts [expert_start, expert_start + num_local_experts) on this rank
+            self.num_local_experts = divide(num_experts, self.tp_size, f"{prefix} num_experts")
+            self.expert_start = self.tp_rank * self.num_local_experts
+            self._shards, self._shard = 1, 0  # each local expert is whole
+        else:
+            self.num_local_experts, self.expert_start = num_experts, 0
+            self._shards, self._shard = self.tp_size, self.tp_rank
+        self.intermediate_size = divide(intermediate_size, self._shards, f"{prefix} moe_intermediate_size")
         self.act_fn = get_act_and_mul(activation)
-        inter = self.intermediate_size
-        self.w13_weight = nn.Parameter(torch.empty(num_experts, 2 * inter, hidden_size), requires_grad=False)
-        self.w2_weight = nn.Parameter(torch.empty(num_experts, hidden_size, inter), requires_grad=False)
+        inter, local = self.intermediate_size, self.num_local_experts
+        self.w13_weight = nn.Parameter(torch.empty(local, 2 * inter, hidden_size), requires_grad=False)
+        self.w2_weight = nn.Parameter(torch.empty(local, hidden_size, inter), requires_grad=False)
         for param in (self.w13_weight, self.w2_weight):
             set_weight_attrs(param, weight_loader=self.weight_loader)
 
@@ -68,6 +79,8 @@ class FusedMoE(nn.Module):
             expert_id: which expert.
         """
         if expert_id is None:
+            if self.expert_parallel and loaded.shape[0] == self.num_experts:  # this rank's experts of the stack
+                loaded = loaded.narrow(0, self.expert_start, self.num_local_experts)
             if loaded.shape != param.shape:
                 raise ValueError(f"{self.prefix}: stacked expert tensor of shape {tuple(loaded.shape)} does not "
                                  f"fit {tuple(param.shape)}")
@@ -78,19 +91,22 @@ class FusedMoE(nn.Module):
         if shard_id not in ("w1", "w3", "w2"):
             raise ValueError(f"{self.prefix}: shard_id must be 'w1', 'w3' or 'w2', got {shard_id!r}")
         inter = self.intermediate_size
-        full = (inter * self.tp_size, self.hidden_size) if shard_id in ("w1", "w3") else \
-            (self.hidden_size, inter * self.tp_size)
+        full = (inter * self._shards, self.hidden_size) if shard_id in ("w1", "w3") else \
+            (self.hidden_size, inter * self._shards)
         if tuple(loaded.shape) != full:
             raise ValueError(f"{self.prefix}: expert {expert_id} {shard_id} of shape {tuple(loaded.shape)} does "
                              f"not fit {full} (hidden_size={self.hidden_size}, intermediate_size="
-                             f"{inter * self.tp_size}); is the config.json the checkpoint's?")
+                             f"{inter * self._shards}); is the config.json the checkpoint's?")
+        local = expert_id - self.expert_start
+        if not 0 <= local < self.num_local_experts:
+            return  # expert parallelism: another rank holds this expert
         if shard_id in ("w1", "w3"):
-            part = loaded.narrow(0, self.tp_rank * inter, inter)  # this rank's rows of gate / up
+            part = loaded.narrow(0, self._shard * inter, inter)  # this rank's rows of gate / up
             offset = 0 if shard_id == "w1" else inter
-            dest = param.data[expert_id].narrow(0, offset, inter)
+            dest = param.data[local].narrow(0, offset, inter)
         else:
-            part = loaded.narrow(1, self.tp_rank * inter, inter)  # this rank's input columns of down
-            dest = param.data[expert_id]
+            part = loaded.narrow(1, self._shard * inter, inter)  # this rank's input columns of down
+            dest = param.data[local]
         dest.copy_(part)
 
     def select_experts(self, router_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -105,6 +121,8 @@ class FusedMoE(nn.Module):
         """Grouped torch path: ``x [n, H]`` through each token's k experts, weighted and summed -> ``[n, H]``.
 
         Override (or assign) this for a fused kernel; the contract is exactly these inputs and output.
+        ``topk_ids`` index this rank's experts (``0 .. num_local_experts - 1``; ``num_local_experts`` itself
+        means "held by another rank", with weight 0, under expert parallelism).
         While a CUDA graph is being captured the per-expert token counts cannot be read on the host, so
         :meth:`apply_experts_static` (shape-static, graph-safe) runs instead.
         """
@@ -115,10 +133,10 @@ class FusedMoE(nn.Module):
         token_of = order // self.top_k  # [n * k] source token of each sorted slot
         slot_weights = topk_weights.reshape(-1)[order].to(x.dtype)
         # one host read of the per-expert counts: the grouping needs Python-side slice bounds
-        counts = torch.bincount(flat_ids, minlength=self.num_experts).tolist()
+        counts = torch.bincount(flat_ids, minlength=self.num_local_experts).tolist()
         out = torch.zeros_like(x)
         start = 0
-        for expert, count in enumerate(counts):
+        for expert, count in enumerate(counts[:self.num_local_experts]):  # id num_local_experts: held elsewhere
             if count == 0:
                 continue
             tokens = token_of[start:start + count]
@@ -133,10 +151,10 @@ class FusedMoE(nn.Module):
         """Same result as :meth:`apply_experts` with no host sync: every expert runs on every token and is
         weighted by that token's routing weight for it (zero when not chosen). E/k times the FLOPs: meant for
         small decode batches under CUDA-graph capture."""
-        dense = torch.zeros(x.shape[0], self.num_experts, dtype=x.dtype, device=x.device)
-        dense.scatter_(1, topk_ids, topk_weights.to(x.dtype))  # [n, E]
+        dense = torch.zeros(x.shape[0], self.num_local_experts + 1, dtype=x.dtype, device=x.device)
+        dense.scatter_(1, topk_ids, topk_weights.to(x.dtype))  # [n, E_local + 1]; the last: held elsewhere
         out = torch.zeros_like(x)
-        for expert in range(self.num_experts):
+        for expert in range(self.num_local_experts):
             h = F.linear(self.act_fn(F.linear(x, self.w13_weight[expert])), self.w2_weight[expert])
             out = out + h * dense[:, expert, None]
         return out
@@ -144,6 +162,10 @@ class FusedMoE(nn.Module):
     def forward(self, hidden_states: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
         """``hidden_states [n, H]``, ``router_logits [n, E]`` -> ``[n, H]``."""
         topk_weights, topk_ids = self.select_experts(router_logits)
+        if self.expert_parallel:  # local ids; experts of other ranks -> id num_local_experts with weight 0
+            local = (topk_ids >= self.expert_start) & (topk_ids < self.expert_start + self.num_local_experts)
+            topk_weights = topk_weights.masked_fill(~local, 0.0)
+            topk_ids = torch.where(local, topk_ids - self.expert_start, self.num_local_experts)
         out = self.apply_experts(hidden_states, topk_weights, topk_ids)
         if self.tp_size > 1 and self.reduce_results:
             out = tp_all_reduce(out)
@@ -151,4 +173,5 @@ class FusedMoE(nn.Module):
 
     def extra_repr(self) -> str:
         return (f"experts={self.num_experts}, top_k={self.top_k}, hidden={self.hidden_size}, "
-                f"intermediate={self.intermediate_size}, renormalize={self.renormalize}, tp={self.tp_size}")
+                f"intermediate={self.intermediate_size}, renormalize={self.renormalize}, tp={self.tp_size}, "
+                f"local_experts={self.num_local_experts}")

@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 
 _TP_GROUP = None  # NOTE: process-wide by nature (one model per worker process); set once by the executor.
+_EXPERT_PARALLEL = False  # enable_expert_parallel: MoE layers split their experts over the TP ranks
 _ALL_REDUCE = None  # an optional faster all-reduce for small messages (core/tp_comm.py); None: torch.distributed
 
 
@@ -19,6 +20,17 @@ def set_tensor_parallel_group(group) -> None:
     """Use ``group`` (a ``torch.distributed`` process group) for tensor parallelism instead of the world."""
     global _TP_GROUP
     _TP_GROUP = group
+
+
+def set_expert_parallel(enabled: bool) -> None:
+    """``enable_expert_parallel``: MoE layers built from now on place whole experts on the tensor-parallel
+    ranks (``num_experts / tp`` each) instead of a slice of every expert (the worker sets it once)."""
+    global _EXPERT_PARALLEL
+    _EXPERT_PARALLEL = bool(enabled)
+
+
+def expert_parallel_enabled() -> bool:
+    return _EXPERT_PARALLEL
 
 
 def get_tp_group():

@@ -236,6 +236,9 @@ def build_app(engine: Any, settings: Any) -> FastAPI:
     from octavo.server.embeddings import register_embedding_routes
 
     register_embedding_routes(app, engine, model_name, check_model, check_ready)  # and which routes fit the model
+    from octavo.server.pooling_routes import register_pooling_routes
+
+    register_pooling_routes(app, engine, model_name, check_model, check_ready)  # /pooling /classify /score /rerank
     register_ui_routes(app, engine, settings, model_name)  # /v1/octavo/info; /, /ui/, /dashboard unless --disable-ui
     from octavo.server.vllm_routes import register_vllm_routes
 

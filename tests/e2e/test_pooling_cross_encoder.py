@@ -1,0 +1,114 @@
+"""A BERT cross-encoder (``BertForSequenceClassification``, one label) through ``LLM``: ``score``, ``classify``,
+``encode`` and ``PoolingParams`` equal transformers on the same tiny random weights (float64 reference), and
+every field that cannot run is refused naming it. One model load for the module.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from octavo import PoolingParams
+from tests.e2e.pooling_checkpoints import bert_cross_encoder
+
+QUERY = "apple juice sweet"
+DOCS = ["green apple tree", "ripe red cherry market", "lemon sour", "apple juice sweet fresh farm"]
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    from octavo import LLM
+
+    path = str(tmp_path_factory.mktemp("bert_ce"))
+    ref, tok = bert_cross_encoder(path)
+    llm = LLM(path, dtype="float32", max_model_len=64)
+    return llm, ref.double(), tok
+
+
+def _logits(ref, tok, a, b=None) -> torch.Tensor:
+    batch = tok(a, b, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        return ref(**batch).logits.double()
+
+
+def test_score_pairs_match_transformers(setup):
+    llm, ref, tok = setup
+    logits = _logits(ref, tok, [QUERY] * len(DOCS), DOCS)[:, 0]
+    outs = llm.score(QUERY, DOCS, use_tqdm=False)
+    got = torch.tensor([o.outputs.score for o in outs], dtype=torch.float64)
+    assert torch.allclose(got, torch.sigmoid(logits), rtol=1e-4, atol=1e-7), (got, torch.sigmoid(logits))
+    raw = llm.score(QUERY, DOCS, pooling_params=PoolingParams(use_activation=False), use_tqdm=False)
+    got = torch.tensor([o.outputs.score for o in raw], dtype=torch.float64)
+    assert torch.allclose(got, logits, atol=1e-4), (got, logits)
+    assert (logits.max() - logits.min()).item() > 0.1  # the pairs differ: the comparison can fail
+    # the document's token type 1 is applied: with every token type 0 transformers gives other logits
+    batch = tok([QUERY] * len(DOCS), DOCS, padding=True, return_tensors="pt")
+    batch["token_type_ids"].zero_()
+    with torch.no_grad():
+        type0 = ref(**batch).logits[:, 0].double()
+    assert (type0 - got).abs().max().item() > 0.1
+    # N:N pairs, and the prompt is the tokenizer's pair template
+    pairs = llm.score(DOCS[:2], DOCS[2:], pooling_params=PoolingParams(use_activation=False), use_tqdm=False)
+    assert pairs[0].prompt_token_ids == tok(DOCS[0], DOCS[2])["input_ids"]
+    want = _logits(ref, tok, DOCS[:2], DOCS[2:])[:, 0]
+    assert torch.allclose(torch.tensor([p.outputs.score for p in pairs], dtype=torch.float64), want, atol=1e-4)
+
+
+def test_classify_and_use_activation(setup):
+    llm, ref, tok = setup
+    texts = ["apple", "banana cherry grape lemon", "sweet sour fresh"]
+    logits = torch.cat([_logits(ref, tok, t) for t in texts])[:, 0]
+    probs = llm.classify(texts, use_tqdm=False)
+    assert [p.outputs.num_classes for p in probs] == [1, 1, 1]
+    assert torch.allclose(torch.tensor([p.outputs.probs[0] for p in probs], dtype=torch.float64),
+                          torch.sigmoid(logits), rtol=1e-4, atol=1e-7)
+    raw = llm.classify(texts, pooling_params=PoolingParams(use_activation=False), use_tqdm=False)
+    assert torch.allclose(torch.tensor([r.outputs.probs[0] for r in raw], dtype=torch.float64), logits, atol=1e-4)
+    old = llm.classify(texts[:1], pooling_params=PoolingParams(softmax=False), use_tqdm=False)  # deprecated alias
+    assert abs(old[0].outputs.probs[0] - logits[0].item()) < 1e-4
+    # truncate_prompt_tokens keeps the last k tokens
+    ids = tok(texts[1])["input_ids"]
+    cut = llm.classify([texts[1]], truncate_prompt_tokens=3, use_tqdm=False,
+                       pooling_params=PoolingParams(use_activation=False))[0]
+    assert cut.prompt_token_ids == ids[-3:]
+    with torch.no_grad():
+        want = ref(torch.tensor([ids[-3:]])).logits[0, 0].double()
+    assert abs(cut.outputs.probs[0] - want.item()) < 1e-4
+
+
+def test_encode_returns_tensors_and_ids_prompts(setup):
+    llm, ref, tok = setup
+    ids = tok("plum pear")["input_ids"]
+    out = llm.encode([{"prompt_token_ids": ids}], use_tqdm=False)[0]
+    assert isinstance(out.outputs.data, torch.Tensor) and out.outputs.data.shape == (1,)
+    want = torch.sigmoid(_logits(ref, tok, "plum pear")[0, 0])
+    assert abs(out.outputs.data[0].item() - want.item()) < 1e-4 * want.item()
+    scored = llm.encode(["plum pear"], pooling_task="classify", use_tqdm=False)[0]
+    assert scored.prompt_token_ids == ids
+
+
+@pytest.mark.parametrize("params, call, field", [
+    (PoolingParams(step_tag_id=3), "classify", "step_tag_id"),
+    (PoolingParams(returned_token_ids=[1]), "classify", "returned_token_ids"),
+    (PoolingParams(normalize=True), "classify", "normalize"),
+    (PoolingParams(dimensions=8), "classify", "dimensions"),
+    (PoolingParams(extra_kwargs={"a": 1}), "classify", "extra_kwargs"),
+    (PoolingParams(task="embed"), "classify", "task"),
+    (PoolingParams(use_activation=True, softmax=False), "classify", "softmax"),
+    (PoolingParams(truncate_prompt_tokens=-2), "classify", "truncate_prompt_tokens"),
+    (None, "embed", "embed"),
+    (None, "reward", "reward"),
+])
+def test_refused_fields_and_tasks(setup, params, call, field):
+    llm = setup[0]
+    with pytest.raises(ValueError, match=field):
+        getattr(llm, call)(["apple"], pooling_params=params, use_tqdm=False)
+    with pytest.raises(ValueError, match="token_embed"):
+        llm.encode(["apple"], pooling_task="token_embed", use_tqdm=False)
+    with pytest.raises(ValueError, match="lora_request"):
+        llm.classify(["apple"], lora_request=object(), use_tqdm=False)
+    with pytest.raises(ValueError, match="data_1 has 2"):
+        llm.score(["a", "b"], ["c", "d", "e"], use_tqdm=False)
+    with pytest.raises(ValueError, match="embedding model"):
+        llm.generate("apple")
+    assert llm.classify(["apple"], use_tqdm=False)[0].finished  # the engine still serves
