@@ -75,7 +75,7 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, batch: StepBatch) -> RunnerOutput:
         self.update_states(batch)
-        num_proposals = batch.num_spec_proposals if self.spec_head is not None else 0
+        spec_step = self.spec_head.begin(batch) if self.spec_head is not None else None  # core/spec_decode_heads.py
         result = RunnerOutput(sampled={}, logprobs={}, prompt_logprobs={}, pooled={})
         if batch.is_empty:
             return result
@@ -99,6 +99,8 @@ class ModelRunner:
             for rid in inputs.pooling_req_ids:
                 result.pooled[rid] = pooled_host[order.index(rid)].tolist()
         if not inputs.sample_req_ids and not inputs.prompt_lp_rows:
+            if spec_step is not None:  # a stateful head (EAGLE) reads every step's hidden states
+                self.spec_head.after_step(spec_step, hidden, inputs, {}, reqs, self.device)
             return result
 
         # Device work first: sampling and (prompt) logprobs; then one transfer to the host.
@@ -142,8 +144,9 @@ class ModelRunner:
             k = reqs[rid].sampling_params.prompt_logprobs
             entries = [_row_logprobs(ids[j], lps[j], int(ranks[j]), k) for j in range(ids.shape[0])]
             result.prompt_logprobs[rid] = PromptLogprobs(first_pos, entries)
-        if num_proposals and result.sampled:  # a head speculator drafts from this step's hidden states
-            result.spec_token_ids = self.spec_head.propose(hidden, inputs, result.sampled, num_proposals, self.device)
+        if spec_step is not None:  # a head speculator drafts from this step's hidden states
+            result.spec_token_ids = self.spec_head.after_step(spec_step, hidden, inputs, result.sampled, reqs,
+                                                              self.device)
         return result
 
 

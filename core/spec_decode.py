@@ -44,11 +44,9 @@ class SpeculativeDecoding:
         cfg = SpeculativeConfig.model_validate(settings.scheduler.speculative_config)
         if cfg.method not in pm.names("speculators") and cfg.method in HEAD_METHODS:
             raise ValueError(
-                f"speculative_config method {cfg.method!r} is not implemented in octavo: an EAGLE head is a "
-                "decoder layer that needs its own paged KV cache beside the target's (built on the target's block "
-                f"table), which is not built yet. Implemented methods: {pm.names('speculators')} ('medusa' and "
-                "'mlp_speculator' are the heads on the target's hidden states); or install a plugin that registers "
-                "it (docs/spec_decode.md).")
+                f"speculative_config method {cfg.method!r} (a head on the target's hidden states) is not "
+                f"registered (plugins disabled?); registered methods: {pm.names('speculators')} "
+                "(docs/spec_decode.md).")
         cls = pm.resolve("speculators", cfg.method)  # unknown: UnknownPluginError naming the registered ones
         if settings.model.task == "embed":
             raise ValueError("speculative_config needs a generating model; task='embed' produces no tokens")

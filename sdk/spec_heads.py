@@ -42,13 +42,21 @@ class HeadSpeculator(Speculator):
 
     name: ClassVar[str]
     runs_on_worker: ClassVar[bool] = True
+    stateful: ClassVar[bool] = False
 
     @classmethod
     @abstractmethod
-    def load_head(cls, config, *, hidden_size: int, vocab_size: int, device, dtype, target: Any) -> DraftHead:
+    def load_head(cls, config, *, hidden_size: int, vocab_size: int, device, dtype, target: Any,
+                  max_num_tokens: int = 8192) -> DraftHead:
         """Load ``config.model`` (a head checkpoint) for a target with this hidden size and vocabulary, on
         ``device`` in ``dtype``. ``target`` is the loaded target model (for heads that share its embedding
-        or lm_head). Raise ``ValueError`` naming the mismatch when the head does not fit the target."""
+        or lm_head); ``max_num_tokens`` bounds one step's flat tokens. Raise ``ValueError`` naming the
+        mismatch when the head does not fit the target.
+
+        A head whose class sets ``stateful = True`` (EAGLE: its own attention over the sequence) is fed every
+        step instead of asked for drafts: ``head.reset(request_ids)`` and ``head.feed(hidden, feeds,
+        num_drafts)`` with ``feeds`` = (request id, start position, next-token ids, flat hidden rows, draft?)
+        per scheduled request (see ``octavo.plugins.spec_decode.eagle_head``)."""
 
     def propose(self, requests: list[SpecRequest]) -> list[list[int]]:
         return [list(r.proposed or [])[:r.max_num_drafts] for r in requests]

@@ -117,7 +117,8 @@ class MedusaSpeculator(HeadSpeculator):
             raise ValueError("speculative_config quantization applies to draft models; Medusa heads load dense")
 
     @classmethod
-    def load_head(cls, config, *, hidden_size: int, vocab_size: int, device, dtype, target=None) -> DraftHead:
+    def load_head(cls, config, *, hidden_size: int, vocab_size: int, device, dtype, target=None,
+                  **_) -> DraftHead:
         import torch
 
         path = checkpoint_dir(config.model)

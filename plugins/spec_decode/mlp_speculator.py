@@ -128,7 +128,8 @@ class MLPSpeculatorProposer(HeadSpeculator):
             raise ValueError("speculative_config quantization applies to draft models; MLP speculators load dense")
 
     @classmethod
-    def load_head(cls, config, *, hidden_size: int, vocab_size: int, device, dtype, target=None) -> DraftHead:
+    def load_head(cls, config, *, hidden_size: int, vocab_size: int, device, dtype, target=None,
+                  **_) -> DraftHead:
         path = checkpoint_dir(config.model)
         cfg = read_config(path)
         if cfg["emb_dim"] != hidden_size:

@@ -1,10 +1,9 @@
 """Every built-in speculative-decoding proposer, registered by lazy ``"module:Class"`` targets.
 
 This is the entry-point module (``spec_decode`` in group ``octavo``): it imports nothing heavy. Built-ins
-are ``trylast``, so an installed plugin registering the same method shadows them. ``medusa`` and
-``mlp_speculator`` are heads on the target's hidden states (``octavo.spec_heads``: they draft on the worker).
-vLLM's ``eagle`` and ``eagle3`` are not registered: the engine refuses them at start with a message saying
-why (see docs/spec_decode.md).
+are ``trylast``, so an installed plugin registering the same method shadows them. ``medusa``,
+``mlp_speculator``, ``eagle`` and ``eagle3`` are heads on the target's hidden states (``octavo.spec_heads``:
+they draft on the worker, next to the target).
 """
 
 from octavo import hookimpl
@@ -17,6 +16,8 @@ SPECULATORS = {
     "draft_model": f"{_PKG}.draft_model:DraftModelProposer",
     "medusa": f"{_PKG}.medusa:MedusaSpeculator",
     "mlp_speculator": f"{_PKG}.mlp_speculator:MLPSpeculatorProposer",
+    "eagle": f"{_PKG}.eagle:EagleSpeculator",
+    "eagle3": f"{_PKG}.eagle:Eagle3Speculator",
 }
 
 

@@ -141,3 +141,59 @@ def write_mlp_speculator(path: str, n_predict: int, target: dict | None = None, 
            "n_candidates": 1, "tie_weights": tie_weights, "scale_input": scale_input}
     with open(os.path.join(path, "config.json"), "w") as fh:
         json.dump(cfg, fh)
+
+
+def write_eagle(path: str, version: int, target: dict | None = None, seed: int = 0, draft_vocab: int | None = None,
+                aux_layers: tuple = (0, 1, 1)) -> None:
+    """An EAGLE-1 / EAGLE-3 head for the tiny targets: random, or the oracle for the shift target (attention
+    and MLP outputs zero, so the layer passes its input through): EAGLE-1's fc keeps the embedding of the
+    next token (the target's lm_head then gives its successor: every draft right); EAGLE-3's fc keeps the
+    aux feature entering layer 0 (the current token) and its lm_head, over a permuted draft vocabulary
+    (d2t), names the token two ahead (its first draft right)."""
+    V, H = TINY["vocab_size"], TINY["hidden_size"]
+    nh, nkv, hd, inter = 4, 2, H // 4, 160
+    dv = draft_vocab or V
+    gen = torch.Generator().manual_seed(seed)
+
+    def rnd(*shape, std=0.05):
+        return torch.randn(*shape, generator=gen) * std
+
+    layer = {"self_attn.q_proj.weight": rnd(nh * hd, (2 if version == 3 else 1) * H),
+             "self_attn.k_proj.weight": rnd(nkv * hd, (2 if version == 3 else 1) * H),
+             "self_attn.v_proj.weight": rnd(nkv * hd, (2 if version == 3 else 1) * H),
+             "self_attn.o_proj.weight": rnd(H, nh * hd), "mlp.gate_proj.weight": rnd(inter, H),
+             "mlp.up_proj.weight": rnd(inter, H), "mlp.down_proj.weight": rnd(H, inter),
+             "post_attention_layernorm.weight": 1 + rnd(H)}
+    if version == 3:
+        layer["input_layernorm.weight"], layer["hidden_norm.weight"] = 1 + rnd(H), 1 + rnd(H)
+    if target is not None:
+        layer["self_attn.o_proj.weight"].zero_()
+        layer["mlp.down_proj.weight"].zero_()
+    state = {}
+    cfg = {"hidden_size": H, "num_attention_heads": nh, "num_key_value_heads": nkv, "intermediate_size": inter,
+           "num_hidden_layers": 1, "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "vocab_size": V,
+           "max_position_embeddings": 512, "hidden_act": "silu"}
+    if version == 1:
+        cfg["architectures"] = ["LlamaForCausalLM"]
+        state.update({f"layers.0.{k}": v for k, v in layer.items()})
+        state["fc.weight"] = torch.cat([torch.eye(H), torch.zeros(H, H)], 1) if target is not None else rnd(H, 2 * H)
+    else:
+        cfg.update(architectures=["LlamaForCausalLMEagle3"], draft_vocab_size=dv,
+                   eagle_config={"eagle_aux_hidden_state_layer_ids": list(aux_layers)})
+        state.update({f"midlayer.{k}": v for k, v in layer.items()})
+        sigma = torch.randperm(V, generator=gen)[:dv].sort().values if dv < V else torch.randperm(V, generator=gen)
+        state["d2t"] = sigma - torch.arange(dv)
+        state["t2d"] = torch.zeros(V, dtype=torch.bool).index_fill_(0, sigma, True)
+        state["norm.weight"] = torch.ones(H) if target is not None else 1 + rnd(H)
+        if target is not None:
+            state["fc.weight"] = torch.cat([torch.eye(H), torch.zeros(H, 2 * H)], 1)
+            perm = target["perm"]
+            inv2 = torch.argsort(perm[perm])  # x such that perm(perm(x)) = y
+            state["lm_head.weight"] = target["embed"][inv2[sigma]]
+        else:
+            state["fc.weight"] = rnd(H, 3 * H)
+            state["lm_head.weight"] = rnd(dv, H)
+    os.makedirs(path, exist_ok=True)
+    save_file({k: v.clone().contiguous() for k, v in state.items()}, os.path.join(path, "model.safetensors"))
+    with open(os.path.join(path, "config.json"), "w") as fh:
+        json.dump(cfg, fh)

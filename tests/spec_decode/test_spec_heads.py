@@ -21,7 +21,7 @@ import torch
 
 from octavo import LLM, SamplingParams
 from octavo.testing.speculator import chi_square_homogeneity
-from tests.spec_decode.head_checkpoints import TINY, make_target, write_medusa, write_mlp_speculator
+from tests.spec_decode.head_checkpoints import TINY, make_target, write_eagle, write_medusa, write_mlp_speculator
 
 ENGINE = dict(dtype="float32", skip_tokenizer_init=True, max_model_len=256, block_size=16, seed=0, num_threads=1)
 STRESS = dict(max_num_batched_tokens=48, enable_prefix_caching=True, num_gpu_blocks_override=14)
@@ -31,11 +31,15 @@ STRESS = dict(max_num_batched_tokens=48, enable_prefix_caching=True, num_gpu_blo
 def ckpts(tmp_path_factory):
     root = tmp_path_factory.mktemp("heads")
     out = {}
-    for kind in ("shift", "random"):
+    for kind in ("random", "shift"):
         target = make_target(str(root / kind), kind)
         out[kind] = str(root / kind)
         write_medusa(str(root / f"medusa_{kind}"), num_heads=3, target=target)
         write_mlp_speculator(str(root / f"mlp_{kind}"), n_predict=3, target=target)
+    write_eagle(str(root / "eagle_shift"), 1, target=target)  # the last target built: shift
+    write_eagle(str(root / "eagle3_shift"), 3, target=target)
+    write_eagle(str(root / "eagle_rand"), 1, seed=6)
+    write_eagle(str(root / "eagle3_rand"), 3, seed=7, draft_vocab=TINY["vocab_size"] // 2)
     write_medusa(str(root / "medusa_rand"), num_heads=3, num_layers=2)
     write_medusa(str(root / "medusa_orig"), num_heads=2, layout="faster_decoding", seed=3)
     write_mlp_speculator(str(root / "mlp_rand"), n_predict=3, seed=4, scale_input=True)
@@ -60,10 +64,10 @@ def _counts(llm) -> tuple[int, int]:
     return s.spec_decode_num_draft_tokens, s.spec_decode_num_accepted_tokens
 
 
-@pytest.mark.parametrize("method", ["medusa", "mlp_speculator"])
-def test_oracle_head_on_shift_target_is_always_accepted(ckpts, method):
-    head = ckpts["root"] / f"{'medusa' if method == 'medusa' else 'mlp'}_shift"
-    llm = LLM(ckpts["shift"], speculative_config=_spec(method, str(head)), **ENGINE)
+@pytest.mark.parametrize("method,head,k", [("medusa", "medusa_shift", 3), ("mlp_speculator", "mlp_shift", 3),
+                                          ("eagle", "eagle_shift", 3), ("eagle3", "eagle3_shift", 1)])
+def test_oracle_head_on_shift_target_is_always_accepted(ckpts, method, head, k):
+    llm = LLM(ckpts["shift"], speculative_config=_spec(method, str(ckpts["root"] / head), k), **ENGINE, **STRESS)
     prompts = _prompts(4)
     outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=20, ignore_eos=True), use_tqdm=False)
     perm = torch.randperm(TINY["vocab_size"], generator=torch.Generator().manual_seed(1)).tolist()
@@ -87,7 +91,7 @@ def random_engines(ckpts):
 
 FULL = os.environ.get("OCTAVO_SPEC_DECODE") == "full"  # `make spec-decode`: every layout through the engine
 CASES = [("medusa_random", "medusa", True), ("mlp_random", "mlp_speculator", True), ("medusa_orig", "medusa", False),
-         ("mlp_tied", "mlp_speculator", False)] + ([("medusa_rand", "medusa", False), ("mlp_rand", "mlp_speculator", False)]
+         ("mlp_tied", "mlp_speculator", False), ("eagle_rand", "eagle", False), ("eagle3_rand", "eagle3", False)] + ([("medusa_rand", "medusa", False), ("mlp_rand", "mlp_speculator", False)]
                                                    if FULL else [])
 
 
@@ -155,6 +159,10 @@ def test_head_checkpoints_that_do_not_fit_fail_at_start(ckpts, tmp_path):
     save_file(state, f)
     with pytest.raises(Exception, match="missing.*lm_heads.1.weight"):
         LLM(ckpts["random"], speculative_config=_spec("medusa", str(tmp_path / "broken"), 2), **ENGINE)
-    for method in ("eagle", "eagle3"):
-        with pytest.raises(Exception, match="own paged KV cache"):
-            LLM(ckpts["random"], speculative_config=_spec(method, str(root / "medusa_rand")), **ENGINE)
+    import json
+
+    write_eagle(str(tmp_path / "deep"), 1)
+    cfg = json.loads((tmp_path / "deep" / "config.json").read_text())
+    (tmp_path / "deep" / "config.json").write_text(json.dumps({**cfg, "num_hidden_layers": 2}))
+    with pytest.raises(Exception, match="num_hidden_layers=2.*single-layer"):
+        LLM(ckpts["random"], speculative_config=_spec("eagle", str(tmp_path / "deep")), **ENGINE)
