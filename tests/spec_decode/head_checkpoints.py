@@ -144,14 +144,15 @@ def write_mlp_speculator(path: str, n_predict: int, target: dict | None = None, 
 
 
 def write_eagle(path: str, version: int, target: dict | None = None, seed: int = 0, draft_vocab: int | None = None,
-                aux_layers: tuple = (0, 1, 1)) -> None:
+                aux_layers: tuple | None = (0, 1, 1), shape: tuple | None = None) -> None:
     """An EAGLE-1 / EAGLE-3 head for the tiny targets: random, or the oracle for the shift target (attention
     and MLP outputs zero, so the layer passes its input through): EAGLE-1's fc keeps the embedding of the
     next token (the target's lm_head then gives its successor: every draft right); EAGLE-3's fc keeps the
     aux feature entering layer 0 (the current token) and its lm_head, over a permuted draft vocabulary
     (d2t), names the token two ahead (its first draft right)."""
-    V, H = TINY["vocab_size"], TINY["hidden_size"]
-    nh, nkv, hd, inter = 4, 2, H // 4, 160
+    # shape: (vocab, hidden, heads, kv heads, intermediate); default the tiny targets'
+    V, H, nh, nkv, inter = shape or (TINY["vocab_size"], TINY["hidden_size"], 4, 2, 160)
+    hd = H // nh
     dv = draft_vocab or V
     gen = torch.Generator().manual_seed(seed)
 
@@ -178,8 +179,9 @@ def write_eagle(path: str, version: int, target: dict | None = None, seed: int =
         state.update({f"layers.0.{k}": v for k, v in layer.items()})
         state["fc.weight"] = torch.cat([torch.eye(H), torch.zeros(H, H)], 1) if target is not None else rnd(H, 2 * H)
     else:
-        cfg.update(architectures=["LlamaForCausalLMEagle3"], draft_vocab_size=dv,
-                   eagle_config={"eagle_aux_hidden_state_layer_ids": list(aux_layers)})
+        cfg.update(architectures=["LlamaForCausalLMEagle3"], draft_vocab_size=dv)
+        if aux_layers is not None:  # else the target's layers 2, N/2, N-3
+            cfg["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": list(aux_layers)}
         state.update({f"midlayer.{k}": v for k, v in layer.items()})
         sigma = torch.randperm(V, generator=gen)[:dv].sort().values if dv < V else torch.randperm(V, generator=gen)
         state["d2t"] = sigma - torch.arange(dv)

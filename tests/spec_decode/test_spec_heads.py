@@ -21,7 +21,13 @@ import torch
 
 from octavo import LLM, SamplingParams
 from octavo.testing.speculator import chi_square_homogeneity
-from tests.spec_decode.head_checkpoints import TINY, make_target, write_eagle, write_medusa, write_mlp_speculator
+from tests.spec_decode.head_checkpoints import (
+    TINY,
+    make_target,
+    write_eagle,
+    write_medusa,
+    write_mlp_speculator,
+)
 
 ENGINE = dict(dtype="float32", skip_tokenizer_init=True, max_model_len=256, block_size=16, seed=0, num_threads=1)
 STRESS = dict(max_num_batched_tokens=48, enable_prefix_caching=True, num_gpu_blocks_override=14)

@@ -3,7 +3,7 @@ without speculation over raw and chat prompts, batched, chunked prefill, prefix 
 logprobs, stop strings, n=2; seeds) with random-weight Medusa and MLP-speculator heads at SmolLM2's shapes
 (hidden 576, vocabulary 49152), written in the published layouts. Random heads are almost never right on a
 real model, so this checks exactness under rejection; acceptance is shown with oracle heads on tiny targets
-(test_spec_heads.py). `make test` runs Medusa; `make spec-decode` adds the MLP speculator and the sampled check.
+(test_spec_heads.py). `make test` runs Medusa; `make spec-decode` adds the MLP speculator, EAGLE, EAGLE-3 and the sampled check.
 """
 
 from __future__ import annotations
@@ -12,11 +12,12 @@ import os
 
 import pytest
 
+from octavo.plugins.spec_decode.eagle import Eagle3Speculator, EagleSpeculator
 from octavo.plugins.spec_decode.medusa import MedusaSpeculator
 from octavo.plugins.spec_decode.mlp_speculator import MLPSpeculatorProposer
 from octavo.speculator import SpecRequest
 from octavo.testing import SpeculatorContract
-from tests.spec_decode.head_checkpoints import write_medusa, write_mlp_speculator
+from tests.spec_decode.head_checkpoints import write_eagle, write_medusa, write_mlp_speculator
 
 pytestmark = pytest.mark.slow
 FULL = os.environ.get("OCTAVO_SPEC_DECODE") == "full"
@@ -40,6 +41,9 @@ def _head_dir(kind: str) -> str:
         path = tempfile.mkdtemp(prefix=f"octavo-{kind}-")
         if kind == "medusa":
             write_medusa(path, num_heads=2, seed=12, vocab_size=V, hidden_size=H)
+        elif kind in ("eagle", "eagle3"):  # SmolLM2's layer shape; EAGLE-3 reads layers 2, 15, 27 of 30
+            write_eagle(path, 1 if kind == "eagle" else 3, seed=13, draft_vocab=8192 if kind == "eagle3" else None,
+                        aux_layers=None, shape=(V, H, 9, 3, 1536))
         else:
             write_mlp_speculator(path, n_predict=2, tie_weights=True, scale_input=True, seed=11, vocab_size=V,
                                  emb_dim=H)
@@ -74,3 +78,21 @@ class TestMLPSpeculatorSmolLM2(_HeadContract):
     @property
     def speculative_config(self):
         return {"method": "mlp_speculator", "model": _head_dir("mlp"), "num_speculative_tokens": 2}
+
+
+@pytest.mark.skipif(not FULL, reason="run `make spec-decode`")
+class TestEagleSmolLM2(_HeadContract):
+    speculator_cls = EagleSpeculator
+
+    @property
+    def speculative_config(self):
+        return {"method": "eagle", "model": _head_dir("eagle"), "num_speculative_tokens": 3}
+
+
+@pytest.mark.skipif(not FULL, reason="run `make spec-decode`")
+class TestEagle3SmolLM2(_HeadContract):
+    speculator_cls = Eagle3Speculator
+
+    @property
+    def speculative_config(self):
+        return {"method": "eagle3", "model": _head_dir("eagle3"), "num_speculative_tokens": 3}
