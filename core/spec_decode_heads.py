@@ -1,10 +1,11 @@
-"""The worker's half of head speculators (Medusa, MLP speculator): load the head next to the target, and after
-each step that samples, draft from the target's hidden states on the device.
+"""The worker's half of head speculators (Medusa, MLP speculator, EAGLE, EAGLE-3): load the head next to the
+target, and after each step, draft from the target's hidden states on the device.
 
 For each sampled request the head reads the final hidden state of the position that produced the request's
 last emitted token (with verified drafts: the row of the last accepted position) and that token. The drafts
 go back in ``RunnerOutput.spec_token_ids``; the engine core verifies them in the next step like any other
 proposer's. Asked for only when the core's policy wants drafts this step (``StepBatch.num_spec_proposals``).
+A stateful head (EAGLE) is also fed the verified positions of every such step, prefill chunks included.
 """
 
 from __future__ import annotations
@@ -58,8 +59,10 @@ class HeadRunner:
 
     def after_step(self, step, hidden, inputs, sampled: dict[str, list[int]], reqs, device) -> dict[str, list[int]]:
         batch, num_drafts = step
+        if not num_drafts:  # policy off (large batch): no head work at all; an EAGLE head's K/V gets a gap,
+            return {}       # masked out later (lower acceptance, never a different output)
         if not self.stateful:
-            return self.propose(hidden, inputs, sampled, num_drafts, device) if num_drafts and sampled else {}
+            return self.propose(hidden, inputs, sampled, num_drafts, device) if sampled else {}
         feeds, qsl = [], inputs.layout.query_start_loc.tolist()
         for i, s in enumerate(batch.scheduled):
             state = reqs[s.request_id]
