@@ -80,9 +80,12 @@ class VisionBlock(nn.Module):
                 for qi, ki, vi in zip(q.split(lengths), k.split(lengths), v.split(lengths))]  # per image
         return self.attn.proj(torch.cat(outs, dim=1).transpose(0, 1).reshape(n, d))
 
+    def feed_forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.mlp.fc2(self.act(self.mlp.fc1(x)))
+
     def forward(self, x, cos, sin, lengths):
         x = x + self.attention(self.norm1(x), cos, sin, lengths)
-        return x + self.mlp.fc2(self.act(self.mlp.fc1(self.norm2(x))))
+        return x + self.feed_forward(self.norm2(x))
 
 
 class Qwen2VisionTransformer(nn.Module):
@@ -139,6 +142,7 @@ class Qwen2VLForConditionalGeneration(nn.Module):
     packed_modules_mapping = LlamaForCausalLM.packed_modules_mapping
     supported_modalities = ("image",)
     embeds_packed_images = True  # embed_images takes packed patches + grids (core/multimodal_runner.py)
+    vision_class = Qwen2VisionTransformer  # Qwen2.5-VL swaps in its windowed one (plugins/models/qwen2_5_vl.py)
 
     def __init__(self, *, config: Any, prefix: str = "") -> None:
         super().__init__()
@@ -153,7 +157,7 @@ class Qwen2VLForConditionalGeneration(nn.Module):
         sections = rope.get("mrope_section")
         if not sections:
             raise ValueError("Qwen2-VL text config has no rope mrope_section; is this a Qwen2-VL checkpoint?")
-        self.visual = Qwen2VisionTransformer(vcfg)
+        self.visual = self.vision_class(vcfg)
         self.language_model = LlamaForCausalLM(config=tcfg, prefix="language_model")
         for layer in self.language_model.model.layers:
             layer.self_attn.rotary_emb = MRotaryEmbedding(layer.self_attn.rotary_emb, sections)

@@ -35,6 +35,7 @@ MODELS = {
     "Qwen3ForSequenceClassification": f"{_PKG}.seq_cls:Qwen3ForSequenceClassification",
     "LlavaForConditionalGeneration": f"{_PKG}.llava:LlavaForConditionalGeneration",
     "Qwen2VLForConditionalGeneration": f"{_PKG}.qwen2_vl:Qwen2VLForConditionalGeneration",
+    "Qwen2_5_VLForConditionalGeneration": f"{_PKG}.qwen2_5_vl:Qwen2_5_VLForConditionalGeneration",
 }
 
 

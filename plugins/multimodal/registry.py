@@ -12,6 +12,7 @@ _PKG = "octavo.plugins.multimodal"
 PROCESSORS = {
     "LlavaForConditionalGeneration": f"{_PKG}.llava:LlavaImageProcessor",
     "Qwen2VLForConditionalGeneration": f"{_PKG}.qwen2_vl:Qwen2VLImageProcessor",
+    "Qwen2_5_VLForConditionalGeneration": f"{_PKG}.qwen2_vl:Qwen2VLImageProcessor",  # the same processor
 }
 
 

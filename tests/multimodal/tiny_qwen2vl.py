@@ -1,4 +1,4 @@
-"""A tiny random-weight Qwen2-VL checkpoint built with transformers (2-layer ViT with 2D rotary and a 2x2 patch
+"""A tiny random-weight Qwen2-VL (or Qwen2.5-VL) checkpoint built with transformers (2-layer ViT with 2D rotary and a 2x2 patch
 merger + a 2-layer Qwen2 language model with M-RoPE), its ``Qwen2VLProcessor`` (the reference for dynamic
 resolution, placeholder expansion and pixels) and a chat template with Qwen2-VL's vision markers."""
 
@@ -30,21 +30,35 @@ def _tokenizer():
                                                 eos_token="</s>")
 
 
-def build_tiny_qwen2vl(path):
-    from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
+def build_tiny_qwen2vl(path, version: str = "2"):
+    """``version`` "2": Qwen2-VL; "2.5": Qwen2.5-VL (windowed ViT: 56-pixel windows = 2x2 merged patches, so
+    the test images span several windows; block 1 of 3 attends over the whole image)."""
+    from transformers import (
+        Qwen2_5_VLConfig,
+        Qwen2_5_VLForConditionalGeneration,
+        Qwen2VLConfig,
+        Qwen2VLForConditionalGeneration,
+    )
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
     torch.manual_seed(0)
-    vision = dict(depth=2, embed_dim=32, hidden_size=64, num_heads=4, mlp_ratio=2, patch_size=14,
-                  spatial_merge_size=2, temporal_patch_size=2, initializer_range=0.2)
+    if version == "2":
+        config_cls, model_cls = Qwen2VLConfig, Qwen2VLForConditionalGeneration
+        vision = dict(depth=2, embed_dim=32, hidden_size=64, num_heads=4, mlp_ratio=2, patch_size=14,
+                      spatial_merge_size=2, temporal_patch_size=2, initializer_range=0.2)
+    else:
+        config_cls, model_cls = Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+        vision = dict(depth=3, hidden_size=32, out_hidden_size=64, intermediate_size=48, num_heads=4,
+                      patch_size=14, spatial_merge_size=2, temporal_patch_size=2, window_size=56,
+                      fullatt_block_indexes=[1], initializer_range=0.2)
     text = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                 num_key_value_heads=2, vocab_size=300, max_position_embeddings=512, initializer_range=0.2,
                 rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]},
                 bos_token_id=1, eos_token_id=None)  # no eos: both sides run every requested token
-    config = Qwen2VLConfig(vision_config=vision, text_config=text, image_token_id=IMAGE_PAD,
-                           video_token_id=VIDEO_PAD, vision_start_token_id=VISION_START,
-                           vision_end_token_id=VISION_END)
-    model = Qwen2VLForConditionalGeneration(config).eval()
+    config = config_cls(vision_config=vision, text_config=text, image_token_id=IMAGE_PAD,
+                        video_token_id=VIDEO_PAD, vision_start_token_id=VISION_START,
+                        vision_end_token_id=VISION_END)
+    model = model_cls(config).eval()
     model.save_pretrained(path)
     # small pixel bounds keep the tiny test fast; sizes still vary per image (dynamic resolution)
     images = Qwen2VLImageProcessorPil(min_pixels=28 * 28 * 2, max_pixels=28 * 28 * 16)
