@@ -172,3 +172,20 @@ def test_head_checkpoints_that_do_not_fit_fail_at_start(ckpts, tmp_path):
     (tmp_path / "deep" / "config.json").write_text(json.dumps({**cfg, "num_hidden_layers": 2}))
     with pytest.raises(Exception, match="num_hidden_layers=2.*single-layer"):
         LLM(ckpts["random"], speculative_config=_spec("eagle", str(tmp_path / "deep")), **ENGINE)
+
+
+def test_heads_are_off_at_large_batches(ckpts):
+    """The batch-size policy: with 8 requests running together and disable_by_batch_size=4 the head is never
+    asked (no drafts), with 0 it always is; the output is the same either way."""
+    head = str(ckpts["root"] / "mlp_shift")
+    prompts = _prompts(8, seed=3)
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    outs = []
+    for off_at in (4, 0):
+        cfg = {**_spec("mlp_speculator", head), "disable_by_batch_size": off_at}
+        llm = LLM(ckpts["shift"], speculative_config=cfg, **ENGINE)
+        outs.append([o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)])
+        proposed, _ = _counts(llm)
+        assert (proposed == 0) == (off_at == 4), (off_at, proposed)
+        llm.llm_engine.shutdown()
+    assert outs[0] == outs[1]
