@@ -26,6 +26,7 @@ from octavo.core.messages import (
 )
 from octavo.core.request import Request
 from octavo.core.scheduler import Scheduler
+from octavo.core.sleep_mode import SleepControl
 from octavo.core.spec_decode import SpeculativeDecoding
 from octavo.core.step_builder import StepBuilder
 from octavo.core.structured_output import StructuredOutputManager
@@ -75,7 +76,6 @@ class EngineCore:
             eos_token_ids=eos_ids,
             is_pooling=info.is_pooling,
             embedding_dim=info.embedding_dim,
-            pooler=dict(getattr(info, "pooler", None) or {}),
             tokenizer_path=info.tokenizer_path,
             num_kv_blocks=info.num_blocks,
             block_size=info.block_size,
@@ -87,9 +87,11 @@ class EngineCore:
         )
         announce_engine_start(self.pm, settings, self.platform, info)  # log + octavo_on_engine_start
         self.stat_loggers = self.pm.stat_loggers(settings)
+        self.sleeper = SleepControl(self)  # sleep / wake_up (core/sleep_mode.py)
 
     # ---- requests ------------------------------------------------------------------------------
     def add_request(self, req: EngineCoreRequest) -> None:
+        self.sleeper.check_awake()
         n = len(req.prompt_token_ids)
         if n == 0:
             raise ValueError(f"request {req.request_id}: the prompt is empty; give at least one token.")
@@ -194,6 +196,19 @@ class EngineCore:
         for stat_logger in self.stat_loggers:
             stat_logger.record(stats, outputs)
         return EngineCoreOutputs(outputs, stats, time.monotonic())
+
+    # ---- vLLM's engine utilities: collective_rpc, sleep mode ---------------------------------------
+    def collective_rpc(self, method, args=(), kwargs=None, timeout=None) -> list:
+        return self.executor.collective_rpc(method, args=list(args), kwargs=kwargs, timeout=timeout)
+
+    def sleep(self, level: int = 1) -> dict:
+        return self.sleeper.sleep(level)
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        self.sleeper.wake_up(tags)
+
+    def is_sleeping(self) -> bool:
+        return self.sleeper.is_sleeping()
 
     def check_health(self) -> None:
         """Raise ``ExecutorError`` if a worker is gone (the core's loop calls this between steps, so an idle

@@ -62,7 +62,8 @@ class UtilityResult(msgspec.Struct, array_like=True):
 
 
 # Utility methods the front end may call, and what each returns (decoded with this type on the front end).
-UTILITY_METHODS: dict[str, Any] = {"get_stats": SchedulerStats, "ping": str, "reset_prefix_cache": bool}
+UTILITY_METHODS: dict[str, Any] = {"get_stats": SchedulerStats, "ping": str, "reset_prefix_cache": bool,
+                                   "sleep": dict, "wake_up": Any, "is_sleeping": bool, "collective_rpc": list}
 
 
 def reset_prefix_cache(core: Any) -> bool:

@@ -161,12 +161,3 @@ class BeamSearch:
                 finish_reason=reason, stop_reason=beam.gen[-1] if ended_eos else None, score=score,
                 num_prompt_tokens=len(self.prompt_ids)))
         return BeamSearchOutput(sequences=seqs)
-
-
-def step_sampling_params(params: BeamSearchParams, num_candidates: int, detokenize: bool = False) -> Any:
-    """The ``SamplingParams`` of one beam's one-token request (vLLM's: ``logprobs`` = candidates wanted;
-    ``detokenize`` fills each candidate's ``decoded_token``, which the server's logprobs need)."""
-    from octavo.sampling_params import RequestOutputKind, SamplingParams
-
-    return SamplingParams(max_tokens=1, logprobs=num_candidates, temperature=params.temperature,
-                          detokenize=detokenize, output_kind=RequestOutputKind.FINAL_ONLY)

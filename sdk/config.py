@@ -58,6 +58,8 @@ class ModelSettings(_Section):
     generation_config: str = Field("auto", description="Sampling defaults for what a request leaves out: auto "
                                    "(the model's generation_config.json), vllm (octavo's own defaults), or a "
                                    "directory holding a generation_config.json.")
+    enable_sleep_mode: bool = Field(False, description="Allow sleep()/wake_up(): free the KV cache and offload "
+                                    "(level 1) or drop (level 2) the weights of an idle engine.")
 
 
 class DeviceSettings(_Section):
@@ -120,9 +122,6 @@ class ParallelSettings(_Section):
     pipeline_parallel_size: int = Field(1, ge=1, description="Pipeline stages (layers split across devices).")
     data_parallel_size: int = Field(1, ge=1, description="Engine-core replicas behind one front end (each a "
                                     "whole model); requests go to the least loaded.")
-    enable_expert_parallel: bool = Field(False, description="MoE layers place whole experts on the tensor-"
-                                         "parallel ranks (num_experts / tensor_parallel_size each) instead of a "
-                                         "slice of every expert. Refused for models without experts.")
     distributed_executor_backend: str | None = Field(
         None, description="A registered executor (`octavo plugins`): uni: in-process; mp: one process per device "
         "on this host. None: uni for one rank, mp for several.")

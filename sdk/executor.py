@@ -58,6 +58,13 @@ class Executor:
     def execute(self, batch: StepBatch) -> RunnerOutput:
         raise NotImplementedError
 
+    def collective_rpc(self, method: Any, args: list | tuple = (), kwargs: dict | None = None,
+                       timeout: float | None = None) -> list:
+        """Call ``method`` on every rank's worker (``worker.rpc``) and return the results, by rank (vLLM's
+        ``collective_rpc``). ``method``: a worker method name or ``"module:function"`` (called with the worker
+        first); in-process executors also take a callable. Default: refused, naming the executor."""
+        raise NotImplementedError(f"collective_rpc is not supported by the {self.name!r} executor.")
+
     def check_health(self) -> None:
         pass
 

@@ -12,7 +12,8 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
-from octavo.beam_search import BeamSearch, BeamSearchOutput, BeamSearchParams, step_sampling_params
+from octavo.beam_search import BeamSearch, BeamSearchOutput, BeamSearchParams
+from octavo.sampling_params import RequestOutputKind, SamplingParams
 
 _PASSED_KEYS = ("cache_salt",)  # prompt-dict keys each round's requests carry on
 
@@ -22,6 +23,13 @@ def _eos_ids(model_info: Any) -> list[int]:
     if not ids and getattr(model_info, "eos_token_id", None) is not None:
         ids = [model_info.eos_token_id]
     return ids
+
+
+def step_sampling_params(params: BeamSearchParams, num_candidates: int, detokenize: bool = False) -> Any:
+    """The ``SamplingParams`` of one beam's one-token request (vLLM's: ``logprobs`` = candidates wanted;
+    ``detokenize`` fills each candidate's ``decoded_token``, which the server's logprobs need)."""
+    return SamplingParams(max_tokens=1, logprobs=num_candidates, temperature=params.temperature,
+                          detokenize=detokenize, output_kind=RequestOutputKind.FINAL_ONLY)
 
 
 def new_search(frontend: Any, prompt: Any, params: BeamSearchParams) -> tuple[BeamSearch, dict]:

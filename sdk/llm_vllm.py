@@ -101,3 +101,27 @@ class VllmLLMMethods:
 
         return beam_search(self, prompts, params, lora_request=lora_request, use_tqdm=use_tqdm,
                            concurrency_limit=concurrency_limit)
+
+    def sleep(self, level: int = 1) -> dict:
+        """Free the memory of an idle engine (needs ``enable_sleep_mode=True``): level 1 frees the KV cache and
+        offloads the weights to host memory (on a CPU they stay where they are), level 2 frees both
+        (``wake_up`` reloads the checkpoint). Returns the bytes freed per kind (core/sleep_mode.py).
+
+        Raises:
+            ValueError: sleep mode is off, requests are unfinished, or the platform captured device graphs.
+        """
+        return self.llm_engine.core.sleep(level)
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """Restore what ``sleep`` freed: ``tags`` among ``["weights", "kv_cache"]`` (default both)."""
+        self.llm_engine.core.wake_up(tags)
+
+    def is_sleeping(self) -> bool:
+        return self.llm_engine.core.is_sleeping()
+
+    def collective_rpc(self, method: Any, timeout: float | None = None, args: tuple = (),
+                       kwargs: dict | None = None) -> list:
+        """Run ``method`` on every worker and return each rank's result (vLLM's signature): a worker method
+        name, ``"module:function"`` (called as ``function(worker, *args, **kwargs)``), or, when the model runs
+        in this process, a callable taking the worker first (core/worker_rpc.py)."""
+        return self.llm_engine.core.collective_rpc(method, args=args, kwargs=kwargs, timeout=timeout)

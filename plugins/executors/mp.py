@@ -33,6 +33,7 @@ from octavo.step import RunnerOutput, StepBatch, WorkerInfo
 logger = logging.getLogger(__name__)
 
 INFO, OUTPUT, ERROR, SHUTDOWN, STEP = b"I", b"O", b"E", b"S", b"B"
+RPC, RPC_RESULT = b"C", b"R"  # collective_rpc: {"method", "args", "kwargs"} to every rank; {"result"|"error"} back
 POLL_MS = 100
 START_TIMEOUT_S = float(os.environ.get("OCTAVO_WORKER_START_TIMEOUT", "900"))
 
@@ -137,6 +138,25 @@ class MultiprocExecutor(Executor):
         except ExecutorError:
             self.shutdown()  # survivors may be stuck in a collective with the dead rank
             raise
+
+    def collective_rpc(self, method, args=(), kwargs=None, timeout=None) -> list:
+        """Every rank runs ``worker.rpc(method, args, kwargs)``; results by rank. Only names cross the process
+        boundary (a worker method or ``"module:function"``): nothing is pickled, so a callable is refused."""
+        if not isinstance(method, str):
+            raise TypeError("collective_rpc with worker processes takes a method name or 'module:function' (octavo "
+                            f"sends no pickled code), got {type(method).__name__}.")
+        self.check_health()
+        self._broadcast([RPC, self._enc.encode({"method": method, "args": list(args), "kwargs": dict(kwargs or {})})])
+        deadline = time.monotonic() + timeout if timeout else None
+        replies: dict[int, dict] = {}
+        while len(replies) < self.world_size:
+            kind, rank, payload = self._recv(deadline, f"running collective_rpc({method!r})")
+            if kind == RPC_RESULT:
+                replies[rank] = msgspec.msgpack.decode(payload)
+        failed = [(r, rep["error"]) for r, rep in sorted(replies.items()) if "error" in rep]
+        if failed:
+            raise RuntimeError(f"collective_rpc({method!r}) failed on rank {failed[0][0]}: {failed[0][1]}")
+        return [replies[r]["result"] for r in range(self.world_size)]
 
     def shutdown(self) -> None:
         if self._closed:

@@ -17,7 +17,7 @@ import traceback
 import msgspec
 
 from octavo.executor import resolve_target
-from octavo.plugins.executors.mp import ERROR, INFO, OUTPUT, SHUTDOWN
+from octavo.plugins.executors.mp import ERROR, INFO, OUTPUT, RPC, RPC_RESULT, SHUTDOWN
 from octavo.step import StepBatch
 
 PARENT_CHECK_MS = 1000
@@ -52,6 +52,14 @@ def main(args: dict) -> int:
             kind, payload = in_sock.recv_multipart()
             if kind == SHUTDOWN:
                 return 0
+            if kind == RPC:  # collective_rpc: a failure is this call's answer, not the worker's end
+                call = msgspec.msgpack.decode(payload)
+                try:
+                    reply = enc.encode({"result": worker.rpc(call["method"], call["args"], call["kwargs"])})
+                except Exception as e:  # noqa: BLE001 - reported to the caller of collective_rpc
+                    reply = enc.encode({"error": f"{type(e).__name__}: {e}"})
+                out_sock.send_multipart([RPC_RESULT, tag, reply])
+                continue
             out = worker.execute(dec.decode(payload))
             if returns_output:  # tp rank 0 of the last pipeline stage
                 out_sock.send_multipart([OUTPUT, tag, enc.encode(out)])

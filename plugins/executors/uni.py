@@ -17,3 +17,6 @@ class UniExecutor(Executor):
 
     def execute(self, batch: StepBatch) -> RunnerOutput:
         return self.driver.execute(batch)
+
+    def collective_rpc(self, method, args=(), kwargs=None, timeout=None) -> list:
+        return [self.driver.rpc(method, list(args), dict(kwargs or {}))]  # a callable works too: same process
