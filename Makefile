@@ -15,7 +15,7 @@ TORCH_INDEX ?=
 TEST_ARGS  ?=
 SERVE_ARGS ?=
 
-.PHONY: venv serve generate test browser lint clean reliability spec-decode distributed quant-full lora
+.PHONY: venv serve generate test browser lint clean reliability spec-decode distributed quant-full lora multimodal
 
 venv: $(STAMP)
 
@@ -66,6 +66,10 @@ distributed: $(STAMP)
 # LoRA in full (PEFT adapters on SmolLM2 vs transformers + peft); `make test` runs the tiny-Llama LoRA suites.
 lora: $(STAMP)
 	OCTAVO_LORA=full $(PY) -m pytest -q tests/lora --timeout=1800 $(TEST_ARGS)
+
+# Multimodal in full (adds Qwen2-VL through `octavo serve` + the openai client); `make test` runs the rest.
+multimodal: $(STAMP)
+	OCTAVO_MULTIMODAL=full $(PY) -m pytest -q tests/multimodal --timeout=1800 $(TEST_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
