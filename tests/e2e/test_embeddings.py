@@ -128,3 +128,25 @@ def test_generative_model_refuses_embeddings():
                         "--uvicorn-log-level", "warning"]) as srv:
         r = httpx.post(srv.url + "/v1/embeddings", json={"input": "hello"}, timeout=60)
         assert r.status_code == 400 and "generative model" in r.json()["error"]["message"], r.text
+        for path, body in (("/classify", {"input": "hello"}), ("/score", {"text_1": "a", "text_2": "b"}),
+                           ("/rerank", {"query": "a", "documents": ["b"]}), ("/pooling", {"input": "hello"})):
+            r = httpx.post(srv.url + path, json=body, timeout=60)  # the pooling routes say why, too
+            assert r.status_code == 400 and "generative model" in r.json()["error"]["message"], (path, r.text)
+
+
+def test_pooling_routes_on_an_embedding_model(server, reference):
+    """/score and /rerank on an embedding model: cosine similarity of the embeddings (as vLLM); /pooling gives the
+    embedding; /classify answers 400 saying why."""
+    want, _ = reference
+    r = httpx.post(server.url + "/score", json={"text_1": SENTENCES[2], "text_2": SENTENCES[:4]}, timeout=60)
+    assert r.status_code == 200, r.text
+    cos = torch.nn.functional.cosine_similarity(want[2:3], want[:4], dim=-1)
+    got = torch.tensor([d["score"] for d in r.json()["data"]])
+    assert torch.allclose(got, cos, atol=1e-4), (got, cos)
+    r = httpx.post(server.url + "/v1/rerank", json={"query": SENTENCES[2], "documents": SENTENCES[:4], "top_n": 2},
+                   timeout=60).json()
+    assert [x["index"] for x in r["results"]] == cos.argsort(descending=True)[:2].tolist()
+    r = httpx.post(server.url + "/pooling", json={"input": SENTENCES[:2]}, timeout=60).json()
+    assert _cosines([d["data"] for d in r["data"]], want[:2]).min().item() > 0.9999
+    r = httpx.post(server.url + "/classify", json={"input": "hi"}, timeout=60)
+    assert r.status_code == 400 and "classification model" in r.json()["error"]["message"], r.text

@@ -1,0 +1,120 @@
+"""The pooling routes of a real ``octavo serve`` on loopback, serving a tiny random-weight BERT cross-encoder:
+``/classify``, ``/score`` + ``/v1/score``, ``/rerank`` + ``/v1/rerank`` + ``/v2/rerank`` and ``/pooling`` in vLLM's
+(Jina's, Cohere's) shapes, numbers equal to transformers (float64 reference), and the refusals (400 naming the
+field or saying why the model cannot answer). One server for the module; the official ``openai`` client posts
+to the custom routes (``client.post``) as scripts do.
+"""
+
+from __future__ import annotations
+
+import base64
+import struct
+
+import httpx
+import openai
+import pytest
+import torch
+
+from octavo.server.launch import ServerProcess
+from tests.e2e.pooling_checkpoints import bert_cross_encoder
+
+pytestmark = pytest.mark.slow
+
+QUERY = "apple juice sweet"
+DOCS = ["green apple tree", "ripe red cherry market", "lemon sour", "apple juice sweet fresh farm"]
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("bert_ce_server"))
+    ref, tok = bert_cross_encoder(path)
+    srv = ServerProcess([path, "--dtype", "float32", "--max-model-len", "64", "--uvicorn-log-level", "warning"]).start()
+    yield srv, ref.double(), tok
+    assert srv.stop() == 0
+
+
+def _logits(ref, tok, a, b=None) -> torch.Tensor:
+    with torch.no_grad():
+        return ref(**tok(a, b, padding=True, return_tensors="pt")).logits.double()[:, 0]
+
+
+def post(srv, path: str, body: dict) -> httpx.Response:
+    return httpx.post(srv.url + path, json=body, timeout=60)
+
+
+def test_score_routes(served):
+    srv, ref, tok = served
+    want = torch.sigmoid(_logits(ref, tok, [QUERY] * len(DOCS), DOCS))
+    for path in ("/score", "/v1/score"):
+        r = post(srv, path, {"text_1": QUERY, "text_2": DOCS})
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert body["object"] == "list" and body["id"].startswith("score-") and body["model"]
+        assert [d["index"] for d in body["data"]] == [0, 1, 2, 3] and body["data"][0]["object"] == "score"
+        got = torch.tensor([d["score"] for d in body["data"]], dtype=torch.float64)
+        assert torch.allclose(got, want, rtol=1e-4, atol=1e-7), (got, want)
+        assert body["usage"]["prompt_tokens"] == sum(len(tok(QUERY, d)["input_ids"]) for d in DOCS)
+    raw = post(srv, "/score", {"text_1": DOCS[:2], "text_2": DOCS[2:], "use_activation": False}).json()
+    assert torch.allclose(torch.tensor([d["score"] for d in raw["data"]], dtype=torch.float64),
+                          _logits(ref, tok, DOCS[:2], DOCS[2:]), atol=1e-4)
+
+
+def test_rerank_routes_jina_and_cohere(served):
+    srv, ref, tok = served
+    scores = torch.sigmoid(_logits(ref, tok, [QUERY] * len(DOCS), DOCS)).tolist()
+    order = sorted(range(len(DOCS)), key=lambda i: scores[i], reverse=True)
+    for path in ("/rerank", "/v1/rerank"):
+        body = post(srv, path, {"query": QUERY, "documents": DOCS, "top_n": 3}).json()
+        assert [r["index"] for r in body["results"]] == order[:3]
+        assert [r["document"]["text"] for r in body["results"]] == [DOCS[i] for i in order[:3]]
+        assert all(abs(r["relevance_score"] - scores[r["index"]]) < 1e-4 * scores[r["index"]] for r in body["results"])
+        assert body["usage"]["total_tokens"] > 0 and body["id"].startswith("rerank-")
+    cohere = post(srv, "/v2/rerank", {"query": QUERY, "documents": [{"text": d} for d in DOCS],
+                                      "return_documents": False}).json()
+    assert [r["index"] for r in cohere["results"]] == order and "document" not in cohere["results"][0]
+
+
+def test_classify_and_pooling_routes(served):
+    srv, ref, tok = served
+    texts = ["apple", "banana cherry grape"]
+    logits = torch.cat([_logits(ref, tok, t) for t in texts])
+    client = openai.OpenAI(base_url=srv.url, api_key="unused", max_retries=0)
+    body = client.post("/classify", body={"input": texts}, cast_to=object)
+    assert body["object"] == "list" and [d["index"] for d in body["data"]] == [0, 1]
+    assert body["data"][0]["label"] == "LABEL_0" and body["data"][0]["num_classes"] == 1
+    got = torch.tensor([d["probs"][0] for d in body["data"]], dtype=torch.float64)
+    assert torch.allclose(got, torch.sigmoid(logits), rtol=1e-4, atol=1e-7)
+    ids = tok(texts[1])["input_ids"]
+    pooled = post(srv, "/pooling", {"input": [ids], "use_activation": False}).json()
+    assert pooled["data"][0]["object"] == "pooling" and pooled["usage"]["prompt_tokens"] == len(ids)
+    assert abs(pooled["data"][0]["data"][0] - logits[1].item()) < 1e-4
+    b64 = post(srv, "/pooling", {"input": texts[1], "encoding_format": "base64"}).json()["data"][0]["data"]
+    value = struct.unpack("<f", base64.b64decode(b64))[0]
+    assert abs(value - torch.sigmoid(logits[1]).item()) < 1e-4 * value
+    cut = post(srv, "/classify", {"input": texts[1], "truncate_prompt_tokens": 2, "use_activation": False}).json()
+    assert cut["usage"]["prompt_tokens"] == 2
+
+
+@pytest.mark.parametrize("path, body, param", [
+    ("/v1/embeddings", {"input": "apple"}, "model"),
+    ("/pooling", {"input": "apple", "task": "embed"}, "model"),
+    ("/pooling", {"input": "apple", "dimensions": 8}, "dimensions"),
+    ("/pooling", {"input": "apple", "normalize": False}, "normalize"),
+    ("/classify", {"input": "apple", "use_activation": True, "softmax": False}, "softmax"),
+    ("/classify", {"input": "apple", "truncate_prompt_tokens": -5}, "truncate_prompt_tokens"),
+    ("/classify", {"input": "apple", "embed_dtype": "float16"}, "embed_dtype"),
+    ("/classify", {"input": []}, "input"),
+    ("/score", {"text_1": ["a", "b"], "text_2": ["c", "d", "e"]}, "text_2"),
+    ("/rerank", {"query": "a", "documents": ["b"], "max_tokens_per_doc": 3}, "max_tokens_per_doc"),
+    ("/rerank", {"query": "a", "documents": [{"title": "b"}]}, "documents"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}, None),
+])
+def test_refusals_are_400_naming_the_field(served, path, body, param):
+    srv = served[0]
+    r = post(srv, path, body)
+    assert r.status_code == 400, (path, body, r.text)
+    err = r.json()["error"]
+    assert err["message"]
+    if param is not None:
+        assert err.get("param") == param, err
+    assert post(srv, "/classify", {"input": "apple"}).status_code == 200  # still serving
