@@ -112,3 +112,39 @@ def test_refused_fields_and_tasks(setup, params, call, field):
     with pytest.raises(ValueError, match="embedding model"):
         llm.generate("apple")
     assert llm.classify(["apple"], use_tqdm=False)[0].finished  # the engine still serves
+
+
+def _raw(llm, text: str, **fields) -> float:
+    return llm.classify([text], pooling_params=PoolingParams(**fields), use_tqdm=False)[0].outputs.probs[0]
+
+
+def _refused(llm, field: str, **fields) -> None:
+    with pytest.raises(ValueError, match=field):
+        llm.classify(["apple"], pooling_params=PoolingParams(**fields), use_tqdm=False)
+
+
+# every PoolingParams field -> a check that it changes the result or is refused naming it (normalize and
+# dimensions are honored on embedding models: tests/e2e/test_pooling_embed.py; here, on a classifier, refused)
+FIELD_CHECKS = {
+    "truncate_prompt_tokens": lambda llm: _raw(llm, "banana cherry grape", truncate_prompt_tokens=2) != _raw(
+        llm, "banana cherry grape"),
+    "use_activation": lambda llm: _raw(llm, "apple", use_activation=False) != _raw(llm, "apple"),
+    "softmax": lambda llm: _raw(llm, "apple", softmax=False) != _raw(llm, "apple"),
+    "activation": lambda llm: _raw(llm, "apple", activation=False) != _raw(llm, "apple"),
+    "dimensions": lambda llm: _refused(llm, "dimensions", dimensions=4),
+    "normalize": lambda llm: _refused(llm, "normalize", normalize=False),
+    "step_tag_id": lambda llm: _refused(llm, "step_tag_id", step_tag_id=1),
+    "returned_token_ids": lambda llm: _refused(llm, "returned_token_ids", returned_token_ids=[1]),
+    "task": lambda llm: _refused(llm, "task", task="reward"),
+    "requires_token_ids": lambda llm: _refused(llm, "requires_token_ids", requires_token_ids=True),
+    "skip_reading_prefix_cache": lambda llm: _refused(llm, "skip_reading_prefix_cache", skip_reading_prefix_cache=True),
+    "extra_kwargs": lambda llm: _refused(llm, "extra_kwargs", extra_kwargs={"x": 1}),
+    "output_kind": lambda llm: _refused(llm, "output_kind", output_kind=0),
+}
+
+
+def test_every_pooling_params_field_is_honored_or_refused(setup):
+    llm = setup[0]
+    assert set(PoolingParams.__struct_fields__) == set(FIELD_CHECKS)  # a new field needs a check here
+    for name, check in FIELD_CHECKS.items():
+        assert check(llm) is not False, name

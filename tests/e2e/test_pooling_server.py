@@ -118,3 +118,62 @@ def test_refusals_are_400_naming_the_field(served, path, body, param):
     if param is not None:
         assert err.get("param") == param, err
     assert post(srv, "/classify", {"input": "apple"}).status_code == 200  # still serving
+
+
+def _differs(srv, path: str, a: dict, b: dict) -> bool:
+    ra, rb = post(srv, path, a), post(srv, path, b)
+    assert ra.status_code == rb.status_code == 200, (ra.text, rb.text)
+    strip = ("id", "created")
+    return {k: v for k, v in ra.json().items() if k not in strip} != {k: v for k, v in rb.json().items()
+                                                                      if k not in strip}
+
+
+def _refused(srv, path: str, body: dict, field: str) -> bool:
+    r = post(srv, path, body)
+    return r.status_code in (400, 404) and r.json()["error"].get("param") in (field, None) and \
+        field in r.json()["error"]["message"] + str(r.json()["error"].get("param"))
+
+
+C, S, R, P = "/classify", "/score", "/rerank", "/pooling"
+X = {"input": "banana cherry grape"}
+# every declared field of the pooling request bodies -> proof that it changes the answer or is refused
+BODY_CHECKS = {
+    "model": lambda s: _refused(s, C, {**X, "model": "other"}, "model"),
+    "truncate_prompt_tokens": lambda s: _differs(s, C, X, {**X, "truncate_prompt_tokens": 2}),
+    "use_activation": lambda s: _differs(s, C, X, {**X, "use_activation": False}),
+    "softmax": lambda s: _differs(s, C, X, {**X, "softmax": False}),
+    "activation": lambda s: _differs(s, C, X, {**X, "activation": False}),
+    "add_special_tokens": lambda s: _differs(s, C, X, {**X, "add_special_tokens": False}),
+    "priority": lambda s: _refused(s, C, {**X, "priority": 3}, "priority"),  # fcfs server: refused, as vLLM
+    "user": lambda s: post(s, C, {**X, "user": "u1"}).status_code == 200,  # OpenAI's end-user id: logged once
+    "request_id": lambda s: post(s, C, {**X, "request_id": "mine-1"}).json()["id"] == "mine-1",
+    "input": lambda s: _differs(s, C, X, {"input": "apple"}),
+    "task": lambda s: _refused(s, P, {**X, "task": "reward"}, "model"),
+    "encoding_format": lambda s: _differs(s, P, X, {**X, "encoding_format": "base64"}),
+    "dimensions": lambda s: _refused(s, P, {**X, "dimensions": 4}, "dimensions"),
+    "normalize": lambda s: _refused(s, P, {**X, "normalize": True}, "normalize"),
+    "text_1": lambda s: _differs(s, S, {"text_1": "apple", "text_2": "kiwi"}, {"text_1": "pear", "text_2": "kiwi"}),
+    "text_2": lambda s: _differs(s, S, {"text_1": "apple", "text_2": "kiwi"}, {"text_1": "apple", "text_2": "plum"}),
+    "query": lambda s: _differs(s, R, {"query": "apple", "documents": DOCS}, {"query": "kiwi", "documents": DOCS}),
+    "documents": lambda s: _differs(s, R, {"query": "apple", "documents": DOCS}, {"query": "apple",
+                                                                                  "documents": DOCS[:2]}),
+    "top_n": lambda s: _differs(s, R, {"query": "apple", "documents": DOCS}, {"query": "apple", "documents": DOCS,
+                                                                              "top_n": 1}),
+    "return_documents": lambda s: _differs(s, R, {"query": "apple", "documents": DOCS},
+                                           {"query": "apple", "documents": DOCS, "return_documents": False}),
+}
+
+
+def test_every_pooling_body_field_is_honored_or_refused(served):
+    from octavo.server.pooling_protocol import (
+        ClassificationRequest,
+        PoolingRequest,
+        RerankRequest,
+        ScoreRequest,
+    )
+
+    fields = {f for cls in (PoolingRequest, ClassificationRequest, ScoreRequest, RerankRequest)
+              for f in cls.model_fields}
+    assert fields == set(BODY_CHECKS)  # a new field needs a check here
+    for name, check in BODY_CHECKS.items():
+        assert check(served[0]), name
