@@ -129,14 +129,16 @@ class PoolingLLMMethods:
             params = list(pooling_params)
         else:
             params = [pooling_params] * len(prompts)
+        bad = [type(p).__name__ for p in params if p is not None and not isinstance(p, PoolingParams)]
+        if bad:
+            raise TypeError(f"pooling_params must be octavo.PoolingParams (or a list of them), not {bad[0]}")
         engine, ids = self.llm_engine, []
         try:
             for prompt, pp in zip(prompts, params):
-                pp = pp.clone() if isinstance(pp, PoolingParams) else (PoolingParams() if pp is None else pp)
-                if isinstance(pp, PoolingParams):
-                    pp.task = pp.task or task
-                    if truncate_prompt_tokens is not None:
-                        pp.truncate_prompt_tokens = truncate_prompt_tokens
+                pp = pp.clone() if pp is not None else PoolingParams()
+                pp.task = pp.task or task
+                if truncate_prompt_tokens is not None:
+                    pp.truncate_prompt_tokens = truncate_prompt_tokens
                 rid = str(next(self._counter))
                 engine.add_embedding_request(rid, prompt, pooling_params=pp)
                 ids.append(rid)
