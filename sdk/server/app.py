@@ -41,7 +41,7 @@ logger = logging.getLogger("octavo.server")
 def _model_names(engine: Any, settings: Any) -> list[str]:
     """Names a request may use for the model; the first is what responses and /v1/models report."""
     info = engine.get_model_info()
-    names = [info.served_model_name]
+    names = list(settings.model.served_model_name or [info.served_model_name])  # --served-model-name a b
     if settings.model.served_model_name is None:
         # A local path is an awkward name: report its file or directory stem (as llama.cpp does).
         path = Path(info.served_model_name)
@@ -177,9 +177,10 @@ def build_app(engine: Any, settings: Any) -> FastAPI:
     @app.get("/v1/models")
     async def models() -> dict:
         info = engine.get_model_info()
-        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": 0,
+        served = settings.model.served_model_name or [model_name]  # every --served-model-name is listed
+        return {"object": "list", "data": [{"id": name, "object": "model", "created": 0,
                                             "owned_by": "octavo", "root": info.model, "parent": None,
-                                            "max_model_len": info.max_model_len}]
+                                            "max_model_len": info.max_model_len} for name in served]
                 + [{"id": name, "object": "model", "created": 0, "owned_by": "octavo", "root": lr.lora_path,
                     "parent": model_name, "max_model_len": info.max_model_len} for name, lr in serving.loras.items()]}
 
@@ -243,6 +244,10 @@ def build_app(engine: Any, settings: Any) -> FastAPI:
     from octavo.server.vllm_routes import register_vllm_routes
 
     register_vllm_routes(app, engine, settings, check_model)  # /v1/models/{id}, /tokenizer_info, /ping, /invocations
+    from octavo.server.vllm_server import register_vllm_server
+
+    # /v1/responses; dev-mode /sleep /wake_up /collective_rpc; request-id headers; request, access, throughput logs
+    register_vllm_server(app, engine, settings, serving, check_model, check_ready)
 
     from octavo.core.plugin_manager import get_plugin_manager
 

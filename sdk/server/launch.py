@@ -39,7 +39,8 @@ class ServerProcess:
                  startup_timeout_s: float = 300.0, log_path: str | None = None):
         self.args = list(args or [])
         self.port = port or free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"{'https' if '--ssl-certfile' in self.args else 'http'}://127.0.0.1:{self.port}"
+        self.verify: Any = True  # TLS (--ssl-certfile): an ssl.SSLContext trusting the server's certificate
         self.env = {**os.environ, **(env or {})}
         self.startup_timeout_s = startup_timeout_s
         self.log_path = log_path
@@ -62,7 +63,7 @@ class ServerProcess:
                 raise RuntimeError(f"octavo serve exited with {self.proc.returncode} before it was ready "
                                    f"(command: {' '.join(cmd)})")
             try:
-                if httpx.get(self.url + "/health", timeout=2.0).status_code == 200:
+                if httpx.get(self.url + "/health", timeout=2.0, verify=self.verify).status_code == 200:
                     self.startup_s = time.perf_counter() - t0
                     return self
             except httpx.HTTPError:

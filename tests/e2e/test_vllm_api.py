@@ -98,6 +98,13 @@ def test_use_beam_search_equals_transformers(client, model):
     assert len(chat.choices) == 2 and chat.choices[0].message.content != chat.choices[1].message.content
 
 
+def test_dev_routes_need_dev_mode(server):
+    """/sleep, /wake_up, /collective_rpc ... exist only with OCTAVO_SERVER_DEV_MODE=1 (vLLM's rule)."""
+    for path in ("/sleep", "/wake_up", "/collective_rpc", "/reset_prefix_cache"):
+        assert httpx.post(server.url + path, json={}).status_code == 404
+    assert httpx.get(server.url + "/is_sleeping").status_code == 404
+
+
 def test_tokenize_detokenize(server):
     t = httpx.post(server.url + "/tokenize", json={"prompt": "Hello world", "return_token_strs": True}).json()
     assert t["count"] == len(t["tokens"]) == len(t["token_strs"]) and "".join(t["token_strs"]).endswith("world")
