@@ -80,7 +80,20 @@ def acceptance(llm) -> dict:
     return {"drafts": s.spec_decode_num_drafts, "draft_tokens": s.spec_decode_num_draft_tokens,
             "accepted": s.spec_decode_num_accepted_tokens, "emitted": s.spec_decode_num_emitted_tokens,
             "acceptance_rate": round(s.spec_decode_acceptance_rate, 3),
-            "accepted_per_pos": list(s.spec_decode_accepted_per_pos)}
+            "accepted_per_pos": list(s.spec_decode_accepted_per_pos), **_graph_counts(llm)}
+
+
+def _graph_counts(llm) -> dict:
+    """CUDA-graph replays of decode and verify steps (in-process engines on a GPU; empty elsewhere)."""
+    try:
+        runner = llm.llm_engine.core.executor.driver.runner.graph_runner
+    except AttributeError:
+        return {}
+    if runner is None:
+        return {}
+    return {"graph_replays_decode": getattr(runner, "num_replays", None),
+            "graph_replays_verify": getattr(runner, "num_verify_replays", None),
+            "verify_graphs": len(getattr(runner, "verify_graphs", {}))}
 
 
 def main(argv=None) -> int:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from octavo.core.spec_verify import verify_graph_shapes
 from octavo.errors import PluginError
 from octavo.platform import ModelHandle, PreparedModel
 
@@ -25,7 +26,7 @@ def prepare_on_platform(worker: Any) -> PreparedModel:
         block_size=worker.block_size, max_model_len=worker.max_model_len,
         max_num_seqs=settings.scheduler.max_num_seqs,
         max_num_batched_tokens=settings.scheduler.max_num_batched_tokens or max(2048, worker.max_model_len),
-        enforce_eager=settings.device.enforce_eager)
+        enforce_eager=settings.device.enforce_eager, spec_verify_shapes=verify_graph_shapes(settings))
     prepared = worker.platform.prepare_model(handle)
     if prepared is None:
         return PreparedModel()

@@ -85,3 +85,15 @@ def first_logits_rows(drafts: list[list[int]], request_indices: list[int]) -> li
         starts.append(r)
         r += len(ds) + 1
     return [starts[i] for i in request_indices]
+
+
+def verify_graph_shapes(settings) -> tuple:
+    """``(requests, tokens per request)`` of the verify steps a platform may capture as graphs: sizes 1, 2, 4,
+    8 below the batch-size policy's limit (8 when it is off) x 2 .. k + 1 tokens. Empty without speculation."""
+    cfg = settings.scheduler.speculative_config
+    if not cfg:
+        return ()
+    k = int(cfg.get("num_speculative_tokens", 0) if isinstance(cfg, dict) else cfg.num_speculative_tokens)
+    limit = (cfg.get("disable_by_batch_size", 8) if isinstance(cfg, dict) else cfg.disable_by_batch_size) or 9
+    sizes = [n for n in (1, 2, 4, 8) if n < limit]
+    return tuple((n, q) for n in sizes for q in range(2, min(k, 16) + 2))

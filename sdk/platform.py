@@ -87,6 +87,8 @@ class ModelHandle:
         max_num_seqs: the most requests in one step (the largest decode batch).
         max_num_batched_tokens: the step's token budget.
         enforce_eager: the user asked for no graphs/compilation (``--enforce-eager``); honour it.
+        spec_verify_shapes: ``(requests, tokens per request)`` of the speculative-decoding verify steps worth
+            capturing (empty without speculation); a platform may ignore it (those steps then run eagerly).
     """
 
     model: torch.nn.Module
@@ -98,6 +100,7 @@ class ModelHandle:
     max_num_seqs: int
     max_num_batched_tokens: int
     enforce_eager: bool
+    spec_verify_shapes: tuple = ()
 
 
 @dataclass

@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Issue 10 (engineer "spec"): speculative decoding on one GPU. Kind: nvidia-h100-x1. Needs ~200 s (hard caps sum 235 s).
+# Issue 10 (engineer "spec"): speculative decoding on one GPU. Kind: nvidia-h100-x1. Needs ~200 s (hard caps sum 230 s).
+#   0. tests/spec_decode/test_spec_gpu.py: verify steps captured as CUDA graphs and replayed; greedy output with
+#      speculation + graphs equal to eager decoding without speculation (fp32 tiny Llama; ngram, mlp_speculator).
 # Writes JSON + logs to $OUT/spec/. Runs from the repo root.
 #   With $SMOLLM2_GGUF (real SmolLM2-135M-Instruct, dequantized to bf16; CUDA graphs on, the default):
 #     1. batch-1 and batch-64 output tok/s, same process, engines alternating: no speculation vs ngram (k=4,
@@ -10,7 +12,8 @@
 #        it shows the head path's overhead on the GPU, not a speedup.
 #   Without it: the same on a random-weight model of SmolLM2's shape (load_format=dummy, token prompts that repeat
 #   a span) — acceptance there is NOT meaningful (random logits), only the cost of the speculative path is.
-# Verify steps (k+1 tokens per request) run eagerly; CUDA graphs capture the plain decode steps only.
+# Verify steps (k+1 tokens per request, same k for every request) replay CUDA graphs at batch sizes 1/2/4
+# (plugins/platforms/cuda_verify_graphs.py); the JSON's graph_replays_verify counts them.
 set -u
 pip install --no-deps --no-build-isolation -e . >/dev/null 2>&1 || echo "spec: pip install -e . failed (continuing)"
 R="${OUT:-/tmp/out}/spec"
@@ -28,6 +31,9 @@ step() {  # step NAME CAP_S CMD...: one bounded run, log to $R/NAME.log
   grep -E '^\{|engines loaded|Error|error' "$R/$name.log" | tail -6
 }
 
+step gpu_tests 50 python3 -m pytest -q -s tests/spec_decode/test_spec_gpu.py -p no:cacheprovider
+grep -E "verify replays|passed|failed|Error" "$R/gpu_tests.log" | tail -5
+
 KV='"kv_cache_memory_bytes": 2147483648'  # explicit KV size: several engines share the card
 NGRAM='{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3}'
 HEAD_DIR=/tmp/spec_mlp_head
@@ -42,9 +48,9 @@ if [ -n "${SMOLLM2_GGUF:-}" ] && [ -f "$SMOLLM2_GGUF" ]; then
   DRAFT="{\"method\": \"draft_model\", \"model\": \"$SMOLLM2_GGUF\", \"quantization\": \"none\", \"num_speculative_tokens\": 4}"
   COMMON=(--model "$SMOLLM2_GGUF" --dtype bfloat16 --max-tokens 64 --batch1-prompts 4 --repeats 2
           --llm-kwargs "{\"quantization\": \"none\", $KV}")
-  step smollm2_ngram_draft 150 python3 benchmarks/spec_decode.py "${COMMON[@]}" --batch-sizes 1,64 \
+  step smollm2_ngram_draft 140 python3 benchmarks/spec_decode.py "${COMMON[@]}" --batch-sizes 1,64 \
        --speculative-config "[$NGRAM, $DRAFT]" --out "$R/smollm2_ngram_draft.json"
-  step smollm2_mlp_random_head 75 python3 benchmarks/spec_decode.py "${COMMON[@]}" --batch-sizes 1 --repeats 1 \
+  step smollm2_mlp_random_head 40 python3 benchmarks/spec_decode.py "${COMMON[@]}" --batch-sizes 1 --repeats 1 \
        --speculative-config "$MLP" --out "$R/smollm2_mlp_random_head.json"
 else
   echo "spec: SMOLLM2_GGUF unset: random-weight SmolLM2-shape model; acceptance is NOT meaningful"
@@ -59,9 +65,9 @@ EOF
   DRAFT="{\"method\": \"draft_model\", \"model\": \"$D\", \"num_speculative_tokens\": 4}"
   COMMON=(--model "$D" --dtype bfloat16 --max-tokens 64 --batch1-prompts 4 --repeats 2 --token-prompts
           --llm-kwargs "{\"load_format\": \"dummy\", \"skip_tokenizer_init\": true, $KV}")
-  step dummy_ngram_draft 150 python3 benchmarks/spec_decode.py "${COMMON[@]}" --batch-sizes 1,64 \
+  step dummy_ngram_draft 140 python3 benchmarks/spec_decode.py "${COMMON[@]}" --batch-sizes 1,64 \
        --speculative-config "[$NGRAM, $DRAFT]" --out "$R/dummy_ngram_draft.json"
-  step dummy_mlp_random_head 75 python3 benchmarks/spec_decode.py "${COMMON[@]}" --batch-sizes 1 --repeats 1 \
+  step dummy_mlp_random_head 40 python3 benchmarks/spec_decode.py "${COMMON[@]}" --batch-sizes 1 --repeats 1 \
        --speculative-config "$MLP" --out "$R/dummy_mlp_random_head.json"
 fi
 ls -la "$R"

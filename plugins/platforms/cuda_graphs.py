@@ -74,8 +74,15 @@ def maybe_capture_cuda_graphs(handle: ModelHandle) -> CUDAGraphRunner | None:
     """
     if handle.enforce_eager or handle.attn_backend is None:
         return None
-    runner = CUDAGraphRunner(handle.model, handle.attn_backend, handle.device, handle.block_size,
-                             handle.max_model_len, default_capture_sizes(handle.max_num_seqs))
+    args = (handle.model, handle.attn_backend, handle.device, handle.block_size, handle.max_model_len,
+            default_capture_sizes(handle.max_num_seqs))
+    if getattr(handle, "spec_verify_shapes", ()):  # speculative decoding: verify steps too (cuda_verify_graphs.py)
+        from octavo.plugins.platforms.cuda_verify_graphs import VerifyGraphsMixin
+
+        runner = type("SpecCUDAGraphRunner", (VerifyGraphsMixin, CUDAGraphRunner), {})(
+            *args, verify_shapes=handle.spec_verify_shapes)
+    else:
+        runner = CUDAGraphRunner(*args)
     try:
         runner.capture()
     except Exception as e:  # an uncapturable model or backend must not stop the engine
