@@ -189,3 +189,50 @@ def test_heads_are_off_at_large_batches(ckpts):
         assert (proposed == 0) == (off_at == 4), (off_at, proposed)
         llm.llm_engine.shutdown()
     assert outs[0] == outs[1]
+
+
+def test_eagle_layer_matches_transformers_and_its_own_cache(tmp_path):
+    """The EAGLE-1 layer over a whole sequence equals transformers' LlamaDecoderLayer (input norm removed, as
+    EAGLE does) on the same weights, and feeding it one position at a time through its K/V cache gives the
+    same outputs: attention, rotary, GQA and the cache are right, not only the oracle's pass-through."""
+    import json
+    from types import SimpleNamespace
+
+    import transformers as T
+    from safetensors.torch import load_file
+
+    from octavo.plugins.spec_decode.eagle import EagleSpeculator
+    from octavo.speculator import SpeculativeConfig
+
+    write_eagle(str(tmp_path / "e"), 1, seed=21)
+    cfg = json.loads((tmp_path / "e" / "config.json").read_text())
+    V, H = TINY["vocab_size"], TINY["hidden_size"]
+    gen = torch.Generator().manual_seed(0)
+    embed = torch.nn.Embedding(V, H)
+    embed.weight.data = torch.randn(V, H, generator=gen)
+    target = SimpleNamespace(model=SimpleNamespace(embed_tokens=embed, layers=[]), compute_logits=lambda h: h)
+    spec = SpeculativeConfig(method="eagle", model=str(tmp_path / "e"), num_speculative_tokens=2)
+    head = EagleSpeculator.load_head(spec, hidden_size=H, vocab_size=V, device="cpu", dtype=torch.float32,
+                                     target=target)
+    n = 11
+    tokens = torch.randint(0, V, (n,), generator=gen)
+    feat = torch.randn(n, H, generator=gen)
+    with torch.no_grad():
+        full = head.run("a", tokens, feat, torch.arange(n))
+        step = torch.cat([head.run("b", tokens[i:i + 1], feat[i:i + 1], torch.tensor([i])) for i in range(n)])
+        assert torch.allclose(step, full, atol=1e-5)
+
+        hf_cfg = T.LlamaConfig(**{k: v for k, v in cfg.items() if k != "architectures"})
+        hf_cfg._attn_implementation = "eager"
+        layer = T.models.llama.modeling_llama.LlamaDecoderLayer(hf_cfg, layer_idx=0).float()
+        state = {k.removeprefix("layers.0."): v for k, v in load_file(str(tmp_path / "e" / "model.safetensors")).items()
+                 if k.startswith("layers.0.")}
+        layer.load_state_dict(state, strict=False)
+        layer.input_layernorm = torch.nn.Identity()
+        x = head.fc(torch.cat([embed(tokens), feat], -1)).unsqueeze(0)
+        pos = torch.arange(n).unsqueeze(0)
+        pe = T.models.llama.modeling_llama.LlamaRotaryEmbedding(config=hf_cfg)(x, pos)
+        mask = torch.full((n, n), float("-inf")).triu(1).view(1, 1, n, n)
+        out = layer(x, attention_mask=mask, position_ids=pos, position_embeddings=pe)
+        out = out[0] if isinstance(out, tuple) else out
+        assert torch.allclose(out[0], full, atol=1e-5), (out[0] - full).abs().max()
