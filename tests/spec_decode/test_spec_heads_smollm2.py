@@ -62,6 +62,13 @@ class _HeadContract(SpeculatorContract):
                 SpecRequest("c", [1], 1, 2, proposed=None)]
         assert spec.propose(reqs) == [[7], [9, 10], []]
 
+    if not FULL:  # `make test` keeps the greedy equality under stress; the rest runs in `make spec-decode`
+        def test_greedy_with_logprobs_stops_and_n(self, engines):
+            pytest.skip("make spec-decode")
+
+        def test_seeded_requests_reproduce(self, engines):
+            pytest.skip("make spec-decode")
+
 
 class TestMedusaSmolLM2(_HeadContract):
     speculator_cls = MedusaSpeculator
