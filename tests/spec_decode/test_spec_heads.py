@@ -236,3 +236,30 @@ def test_eagle_layer_matches_transformers_and_its_own_cache(tmp_path):
         out = layer(x, attention_mask=mask, position_ids=pos, position_embeddings=pe)
         out = out[0] if isinstance(out, tuple) else out
         assert torch.allclose(out[0], full, atol=1e-5), (out[0] - full).abs().max()
+
+
+def test_medusa_truncated_vocabulary_maps_through_token_map(tmp_path):
+    """vLLM's truncated Medusa vocabulary: lm heads over ``truncated_vocab_size`` rows, ``token_map`` gives each
+    row's token id in the target's vocabulary."""
+    import json
+
+    from safetensors.torch import save_file
+
+    from octavo.plugins.spec_decode.medusa import MedusaSpeculator
+    from octavo.speculator import SpeculativeConfig
+
+    V, H, T_ = TINY["vocab_size"], TINY["hidden_size"], 10
+    token_map = torch.randperm(V)[:T_]
+    rows = torch.randn(T_, H)
+    state = {"blocks.0.layers.0.weight": torch.zeros(H, H), "lm_heads.0.weight": rows, "token_map": token_map}
+    (tmp_path / "m").mkdir()
+    save_file(state, str(tmp_path / "m" / "model.safetensors"))
+    (tmp_path / "m" / "config.json").write_text(json.dumps({"num_heads": 1, "num_hidden_layers": 1, "hidden_size": H,
+                                                             "vocab_size": V, "truncated_vocab_size": T_}))
+    cfg = SpeculativeConfig(method="medusa", model=str(tmp_path / "m"), num_speculative_tokens=1)
+    head = MedusaSpeculator.load_head(cfg, hidden_size=H, vocab_size=V, device="cpu", dtype=torch.float32)
+    hidden = rows[[3, 7]] * 10  # each hidden state points at one row of the truncated lm head
+    assert head.propose(hidden, torch.tensor([0, 0]), 1)[:, 0].tolist() == token_map[[3, 7]].tolist()
+    (tmp_path / "m" / "config.json").write_text(json.dumps({"num_heads": 1, "hidden_size": H, "vocab_size": V}))
+    with pytest.raises(ValueError, match="token_map"):
+        MedusaSpeculator.load_head(cfg, hidden_size=H, vocab_size=V, device="cpu", dtype=torch.float32)
