@@ -32,8 +32,8 @@ class ModelRunner:
         self.synchronize = synchronize  # the platform's: waits for queued device work
         self.generators: dict[str, torch.Generator] = {}
         self.requests: dict[str, CachedRequestState] = {}  # persistent across steps
-        self.is_pooling = task == "embed" or (task == "auto" and hasattr(model, "pool")
-                                              and not hasattr(model, "compute_logits"))
+        self.is_pooling = task in ("embed", "classify", "score", "reward") or (  # docs/pooling.md
+            task == "auto" and hasattr(model, "pool") and not hasattr(model, "compute_logits"))
         if self.is_pooling and not hasattr(model, "pool"):
             raise ValueError(f"{type(model).__name__} cannot produce embeddings (it has no pooler); use a model "
                              "whose architecture supports task='embed'.")

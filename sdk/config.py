@@ -43,9 +43,13 @@ class ModelSettings(_Section):
     revision: str | None = Field(None, description="Hub revision (branch, tag or commit) for a repo id.")
     download_dir: str | None = Field(None, description="Where hub downloads go (default: the HF cache).")
     trust_remote_code: bool = Field(False, description="Accepted for vLLM compatibility; remote code never runs.")
-    task: Literal["auto", "generate", "embed"] = Field(
+    task: Literal["auto", "generate", "embed", "classify", "score", "reward"] = Field(
         "auto", description="generate: text generation; embed: pooled embeddings (a decoder model then pools "
-        "its last token). auto: embed for embedding-only architectures, else generate.")
+        "its last token); classify / score / reward: a pooling model that must serve that task (docs/pooling.md). "
+        "auto: pooling for pooling-only architectures, else generate.")
+    runner: Literal["auto", "generate", "pooling"] = Field(
+        "auto", description="vLLM's runner: pooling runs the model as a pooling model (with task auto, a "
+        "generative architecture pools its last token as an embedding); generate refuses a pooling-only model.")
     seed: int = Field(0, description="Seed for random weights and for requests that give no seed of their own.")
     quantization: str | None = Field(None, description="Quantization method; default: the checkpoint's own.")
     chat_template: str | None = Field(None, description="Path to a Jinja chat template overriding the model's.")
@@ -67,6 +71,17 @@ class ModelSettings(_Section):
     def _one_or_more_names(cls, v: Any) -> Any:
         """vLLM takes one name or several (``--served-model-name a b``)."""
         return [v] if isinstance(v, str) else v
+
+
+    @model_validator(mode="after")
+    def _runner_and_task(self) -> ModelSettings:
+        pooling_tasks = ("embed", "classify", "score", "reward")
+        if (self.runner == "pooling" and self.task == "generate") or \
+                (self.runner == "generate" and self.task in pooling_tasks):
+            raise ValueError(f"runner={self.runner!r} contradicts task={self.task!r}; drop one of them")
+        if self.runner == "pooling" and self.task == "auto":
+            self.task = "embed"  # the model runs as a pooling model; its own pooler_info says which tasks it serves
+        return self
 
 
 class DeviceSettings(_Section):

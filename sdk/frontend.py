@@ -45,6 +45,9 @@ class FrontEnd:
         self._client_ids: dict[str, str] = {}  # internal id -> the caller's id
         self._mm = None  # octavo.core.multimodal.MultiModalPreprocessor, built on the first multimodal prompt
         self._pooling: dict[str, Any] = {}  # internal id -> PoolingParams of an unfinished pooling request
+        from octavo.pooling import check_served_task
+
+        check_served_task(settings, model_info)  # task=classify|score|reward, runner=generate vs the model
 
     # ------------------------------------------------------------------------------------ inputs
     def tokenize(self, prompt: Any) -> tuple[str | None, list[int]]:

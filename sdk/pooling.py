@@ -24,7 +24,7 @@ from octavo.outputs import EmbeddingOutput, EmbeddingRequestOutput
 from octavo.pooling_outputs import PoolingOutput, PoolingRequestOutput
 from octavo.pooling_params import PoolingParams
 
-__all__ = ["model_tasks", "resolve", "finish", "cosine", "pair_prompts", "ACTIVATIONS"]
+__all__ = ["model_tasks", "resolve", "finish", "cosine", "pair_prompts", "check_served_task", "ACTIVATIONS"]
 
 
 def _softmax(v: list[float]) -> list[float]:
@@ -123,3 +123,23 @@ def pair_prompts(tokenizer: Any, left: list, right: list, param: str) -> list[di
             raise InputError("a cross-encoder scores text pairs: both sides must be strings", param)
         prompts.append({"prompt_token_ids": list(tokenizer(a, b)["input_ids"])})
     return prompts
+
+
+def check_served_task(settings: Any, model_info: Any) -> None:
+    """At start (``FrontEnd``): ``task=classify|score|reward`` needs a model that serves it, and ``runner=generate``
+    refuses a pooling model, each naming the setting (vLLM fails these at start too).
+
+    Raises:
+        ConfigError: the loaded model does not fit the setting.
+    """
+    from octavo.errors import ConfigError
+
+    task, runner = settings.model.task, settings.model.runner
+    tasks = model_tasks(getattr(model_info, "pooler", None), model_info.is_pooling)
+    if task in ("classify", "score", "reward") and task not in tasks:
+        kind = f"serves {tasks}" if tasks else "is a generative model"
+        raise ConfigError(f"task={task!r}: {model_info.architecture} {kind}; see docs/pooling.md for the models "
+                          "that serve each pooling task")
+    if runner == "generate" and model_info.is_pooling:
+        raise ConfigError(f"runner='generate': {model_info.architecture} is a pooling model ({tasks}); it cannot "
+                          "generate text")

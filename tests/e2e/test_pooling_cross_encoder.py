@@ -16,13 +16,18 @@ DOCS = ["green apple tree", "ripe red cherry market", "lemon sour", "apple juice
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory):
-    from octavo import LLM
-
+def checkpoint(tmp_path_factory):
     path = str(tmp_path_factory.mktemp("bert_ce"))
     ref, tok = bert_cross_encoder(path)
-    llm = LLM(path, dtype="float32", max_model_len=64)
-    return llm, ref.double(), tok
+    return path, ref.double(), tok
+
+
+@pytest.fixture(scope="module")
+def setup(checkpoint):
+    from octavo import LLM
+
+    path, ref, tok = checkpoint
+    return LLM(path, dtype="float32", max_model_len=64, task="score"), ref, tok  # vLLM's task names work
 
 
 def _logits(ref, tok, a, b=None) -> torch.Tensor:
@@ -148,3 +153,20 @@ def test_every_pooling_params_field_is_honored_or_refused(setup):
     assert set(PoolingParams.__struct_fields__) == set(FIELD_CHECKS)  # a new field needs a check here
     for name, check in FIELD_CHECKS.items():
         assert check(llm) is not False, name
+
+
+def test_runner_and_task_settings(checkpoint):
+    """vLLM's ``runner`` / ``task`` engine arguments: contradictions and a model that cannot serve the task fail
+    at start naming the setting; ``runner="pooling"`` on a generative architecture means last-token embeddings."""
+    from octavo import LLM
+    from octavo.config import OctavoSettings
+
+    assert OctavoSettings.from_kwargs(runner="pooling").model.task == "embed"
+    for kw in ({"runner": "pooling", "task": "generate"}, {"runner": "generate", "task": "classify"}):
+        with pytest.raises(ValueError, match="runner"):
+            OctavoSettings.from_kwargs(**kw)
+    path = checkpoint[0]
+    with pytest.raises(ValueError, match="task='reward'"):
+        LLM(path, dtype="float32", max_model_len=64, task="reward")
+    with pytest.raises(ValueError, match="runner='generate'"):
+        LLM(path, dtype="float32", max_model_len=64, runner="generate")
