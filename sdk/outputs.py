@@ -67,3 +67,17 @@ class EmbeddingRequestOutput:
     prompt_token_ids: list[int]
     outputs: EmbeddingOutput
     finished: bool = True
+
+
+_POOLING = ("PoolingOutput", "PoolingRequestOutput", "ClassificationOutput", "ClassificationRequestOutput",
+            "ScoringOutput", "ScoringRequestOutput")
+
+
+def __getattr__(name: str):
+    """vLLM scripts import the pooling output classes from ``vllm.outputs``: the same names here, defined in
+    ``octavo.pooling_outputs`` (which imports this module, hence the lazy lookup)."""
+    if name in _POOLING:
+        from octavo import pooling_outputs
+
+        return getattr(pooling_outputs, name)
+    raise AttributeError(f"module 'octavo.outputs' has no attribute {name!r}")

@@ -90,6 +90,16 @@ def test_encode_returns_tensors_and_ids_prompts(setup):
     assert abs(out.outputs.data[0].item() - want.item()) < 1e-4 * want.item()
     scored = llm.encode(["plum pear"], pooling_task="classify", use_tqdm=False)[0]
     assert scored.prompt_token_ids == ids
+    import octavo.pooling_params
+    from octavo.outputs import (  # vLLM's paths
+        ClassificationRequestOutput,
+        PoolingRequestOutput,
+        ScoringRequestOutput,
+    )
+
+    assert octavo.pooling_params.PoolingParams is PoolingParams and isinstance(out, PoolingRequestOutput)
+    assert isinstance(llm.classify(["plum"], use_tqdm=False)[0], ClassificationRequestOutput)
+    assert isinstance(llm.score("plum", "pear", use_tqdm=False)[0], ScoringRequestOutput)
 
 
 @pytest.mark.parametrize("params, call, field", [
