@@ -190,7 +190,11 @@ def gguf_tokenizer(path: str):
         token_id = meta.get(f"tokenizer.ggml.{key}")
         tokenizer_config[name] = tokens[token_id] if token_id is not None else None
     backend, extra = convert_gguf_tokenizer(header.architecture, tokenizer_dict)
-    return PreTrainedTokenizerFast(tokenizer_object=backend, **tokenizer_config, **extra)
+    # Some transformers versions (5.17) also return special tokens in ``extra``: one keyword each, the GGUF's
+    # own ids winning unless they are absent.
+    kwargs = dict(extra)
+    kwargs.update({k: v for k, v in tokenizer_config.items() if v is not None or k not in kwargs})
+    return PreTrainedTokenizerFast(tokenizer_object=backend, **kwargs)
 
 
 # ---------------------------------------------------------------------------------------- weights
