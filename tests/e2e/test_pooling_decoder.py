@@ -1,8 +1,8 @@
-"""A decoder reward model / classifier (``LlamaForSequenceClassification``, one label) through
+"""Decoder reward models / classifiers: ``LlamaForSequenceClassification`` (one label) through
 ``LLM.reward``, ``classify`` and ``score``: equal to transformers on the same tiny random weights (float64
 reference), alone and in one batch of different lengths (last-token pooling).
-(Llama, not Qwen2: transformers 5 loads a Qwen2 directory's tokenizer as its own BPE class, which drops this
-test's WordPiece words; the model code is the same.)
+Qwen2 / Qwen3 / Mistral classifiers run on token-id prompts (transformers 5 loads those directories' tokenizers
+as their own BPE classes, which drop this test's WordPiece words).
 """
 
 from __future__ import annotations
@@ -54,3 +54,27 @@ def test_classify_and_score(setup):
     assert [round(s.outputs.score, 4) for s in scores] == [round(w, 4) for w in want]
     with pytest.raises(ValueError, match="use_activation"):
         llm.reward(["apple"], pooling_params=PoolingParams(use_activation=True), use_tqdm=False)
+
+
+@pytest.mark.parametrize("family", ["Qwen2", "Qwen3", "Mistral"])
+def test_other_decoder_families_classify(tmp_path, family):
+    """The other registered decoder classifiers (2 labels, token-id prompts): raw logits equal transformers'."""
+    import transformers as T
+
+    from octavo import LLM
+    from tests.e2e.pooling_checkpoints import bert_tokenizer, randomize
+
+    bert_tokenizer(str(tmp_path))
+    config = getattr(T, f"{family}Config")(
+        architectures=[f"{family}ForSequenceClassification"], vocab_size=29, hidden_size=32, intermediate_size=64,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, num_labels=2,
+        pad_token_id=0, tie_word_embeddings=False)
+    ref = randomize(getattr(T, f"{family}ForSequenceClassification")(config), seed=5, std=0.2)
+    ref.save_pretrained(tmp_path)
+    llm = LLM(str(tmp_path), dtype="float32", max_model_len=64)
+    prompts = [[2, 5, 6, 7, 3], [2, 9, 10, 3]]
+    outs = llm.classify([{"prompt_token_ids": p} for p in prompts], use_tqdm=False,
+                        pooling_params=PoolingParams(use_activation=False))
+    with torch.no_grad():
+        want = torch.cat([ref.double()(torch.tensor([p])).logits for p in prompts])
+    assert torch.allclose(torch.tensor([o.outputs.probs for o in outs], dtype=torch.float64), want, atol=1e-4)
