@@ -1,13 +1,18 @@
-"""Structured-output overhead on the embedded SmolLM2 (CPU by default).
+"""Structured-output overhead on the embedded SmolLM2 (CPU by default; any device with ``--device``).
 
-1. Per-token cost of JSON-schema decoding vs unconstrained, at batch 1 and batch 32: the same prompts, greedy,
-   ``max_tokens`` each; time per generated token over the whole ``generate`` call, the two modes interleaved
-   (A B A B ...) so load drift hits both alike. Reported as the ratio constrained / unconstrained.
+1. Per-step decode cost of JSON-schema decoding vs unconstrained, at batch 1 and batch 32: the same prompts,
+   greedy; the engine core's ``step()`` is timed directly and only steps in which every request of the batch
+   decodes are counted (prefill and the ragged tail are left out). Three modes, interleaved (A B C A B C ...)
+   so load drift hits all alike: ``free`` (no grammar), ``overlap`` (the default: bitmasks filled on a host
+   thread while the forward runs) and ``serial`` (the executor's fallback: fill first, then the step; what
+   an out-of-process executor does and what octavo did before). Reported as ratios to ``free``.
 2. Grammar compile time for a 50-property schema: front-end validation, the tokenizer-specific compile
    uncached (a fresh backend, so no library cache either), and cached (a second request with the same schema:
-   the engine core's cache by spec).
+   the engine core's cache by spec); plus the host bitmask fill per step and the logits mask apply alone.
 
-    python benchmarks/structured_outputs.py [--backend xgrammar|guidance] [--max-tokens 48] [--repeats 3]
+    python benchmarks/structured_outputs.py [--backend xgrammar|guidance] [--steps 24] [--repeats 3]
+        [--batches 1 32] [--model PATH] [--tokenizer PATH] [--load-format dummy] [--device cpu|cuda]
+        [--dtype float32] [--quantization none] [--skip-compile] [--json OUT]
 """
 
 from __future__ import annotations
@@ -30,33 +35,94 @@ def schema_50() -> dict:
     return {"type": "object", "properties": props, "required": list(props)[:25], "additionalProperties": False}
 
 
-def per_token(llm, prompts, params) -> float:
-    start = time.perf_counter()
-    outs = llm.generate(prompts, params, use_tqdm=False)
-    elapsed = time.perf_counter() - start
-    return elapsed / sum(len(c.token_ids) for o in outs for c in o.outputs)
+def timed_steps(core, reqs, full: int) -> list[float]:
+    """Add ``reqs`` to the engine core, run it dry, return the times of steps where all ``full`` decode."""
+    for r in reqs:
+        core.add_request(r)
+    times = []
+    while core.has_unfinished_requests():
+        running = sum(1 for r in core.scheduler.running if r.num_output_tokens >= 1)
+        t0 = time.perf_counter()
+        core.step()
+        dt = time.perf_counter() - t0
+        if running == full:
+            times.append(dt)
+    return times
 
 
 def bench_decode(args) -> dict:
     from octavo import LLM, SamplingParams
+    from octavo.core.messages import EngineCoreRequest
+    from octavo.executor import Executor
     from octavo.structured_outputs import StructuredOutputsParams
 
-    llm = LLM(max_model_len=512, max_num_seqs=32, structured_outputs_backend=args.backend)
-    free = SamplingParams(temperature=0, max_tokens=args.max_tokens)
-    constrained = SamplingParams(temperature=0, max_tokens=args.max_tokens,
-                                 structured_outputs=StructuredOutputsParams(json=SCHEMA))
-    result = {}
-    for batch in (1, 32):
-        prompts = [f"Describe item number {i} as JSON with a name, tags and a score:" for i in range(batch)]
-        per_token(llm, prompts, constrained)  # warm: compile once, caches filled
-        a, b = [], []
+    kw = {"max_model_len": 512, "max_num_seqs": max(args.batches), "structured_outputs_backend": args.backend,
+          "enable_prefix_caching": False}
+    for name in ("model", "tokenizer", "device", "quantization", "dtype", "load_format"):
+        if getattr(args, name):
+            kw[name] = getattr(args, name)
+    llm = LLM(**kw)
+    engine = llm.llm_engine
+    core = engine.core
+    executor_cls = type(core.executor)
+    overlapped = executor_cls.execute_structured
+    tok = engine.tokenizer
+    so = StructuredOutputsParams(json=SCHEMA)
+    modes = {"free": None, "overlap": so, "serial": so}
+    result = {"device": str(core.model_info.device), "dtype": str(core.model_info.dtype),
+              "quantization": core.model_info.quantization or "none"}
+    ids = iter(range(10**9))
+    for batch in args.batches:
+        prompts = [tok.apply_chat_template([{"role": "user", "content": f"Describe item number {i} as JSON with a "
+                                              "name, tags and a score."}], add_generation_prompt=True,
+                                           tokenize=True) for i in range(batch)]
+        if hasattr(prompts[0], "input_ids"):
+            prompts = [p.input_ids for p in prompts]
+        prompts = [list(p) for p in prompts]
+
+        host = {m: {k: [] for k in ("prepare_s", "fill_s", "wait_s", "apply_s", "accept_s")} for m in modes}
+
+        def run(mode: str, prompts=prompts, batch=batch, host=host) -> list[float]:
+            executor_cls.execute_structured = Executor.execute_structured if mode == "serial" else overlapped
+            params = SamplingParams(temperature=0, max_tokens=args.steps + 1, ignore_eos=modes[mode] is None,
+                                    structured_outputs=modes[mode])
+            reqs = [EngineCoreRequest(f"b{next(ids)}", p, params, time.time(), eos_token_id=tok.eos_token_id)
+                    for p in prompts]
+            stats = core.structured.stats
+            for k in stats:
+                stats[k] = 0
+            try:
+                times = timed_steps(core, reqs, batch)
+            finally:
+                executor_cls.execute_structured = overlapped
+            if stats["steps"]:
+                for k in ("prepare_s", "fill_s", "wait_s", "apply_s", "accept_s"):
+                    host[mode][k].append(stats[k] / stats["steps"])
+            return times
+
+
+        for mode in modes:  # warm: compile once, caches and buffers filled
+            run(mode)
+        times = {m: [] for m in modes}
         for _ in range(args.repeats):
-            a.append(per_token(llm, prompts, free))
-            b.append(per_token(llm, prompts, constrained))
-        fa, fb = statistics.median(a), statistics.median(b)
-        result[f"batch_{batch}"] = {"unconstrained_ms_per_token": round(fa * 1e3, 3),
-                                    "json_schema_ms_per_token": round(fb * 1e3, 3),
-                                    "overhead_pct": round((fb / fa - 1) * 100, 1)}
+            for mode in modes:
+                times[mode] += run(mode)
+                print(f"batch {batch} {mode}: {len(times[mode])} steps, median "
+                      f"{statistics.median(times[mode]) * 1e3:.2f} ms", flush=True)
+        med = {m: statistics.median(t) for m, t in times.items() if t}
+        row = {f"{m}_ms_per_step": round(v * 1e3, 3) for m, v in med.items()}
+        row.update({f"{m}_steps": len(t) for m, t in times.items()})
+        for m in ("overlap", "serial"):
+            if m in med and "free" in med:
+                row[f"{m}_overhead_pct"] = round((med[m] / med["free"] - 1) * 100, 1)
+        for m in ("overlap", "serial"):  # host time per step the forward did not hide, from the engine's own timers
+            h = {k: statistics.median(v) for k, v in host[m].items() if v}
+            if h:
+                row[f"{m}_host_ms_per_step"] = {k[:-2]: round(v * 1e3, 3) for k, v in h.items()}
+                exposed = h["prepare_s"] + h["wait_s"] + h["apply_s"] + h["accept_s"]
+                row[f"{m}_exposed_host_ms_per_step"] = round(exposed * 1e3, 3)
+                row[f"{m}_exposed_pct_of_free_step"] = round(exposed / med["free"] * 100, 1)
+        result[f"batch_{batch}"] = row
     return result
 
 
@@ -117,6 +183,18 @@ def bench_compile(args) -> dict:
             times.append(time.perf_counter() - t0)
         fill[f"bitmask_fill_ms_batch_{batch}"] = round(statistics.median(times) * 1e3, 3)
     mgr.shutdown()
+    import torch
+
+    from octavo.core.grammar_step import apply_packed
+
+    logits = torch.randn(32, 49152)
+    packed = torch.randint(-2**31, 2**31 - 1, (32, 1536), dtype=torch.int32)
+    times = []
+    for _ in range(20):
+        t0 = time.perf_counter()
+        apply_packed(logits, list(range(32)), packed)
+        times.append(time.perf_counter() - t0)
+    fill["mask_apply_ms_batch_32"] = round(statistics.median(times) * 1e3, 3)
     return {"validate_ms": round(t_validate * 1e3, 2), "compile_uncached_ms": round(statistics.median(uncached) * 1e3, 2),
             "compile_cached_ms": round(t_cached * 1e3, 3), **fill}
 
@@ -124,14 +202,29 @@ def bench_compile(args) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--backend", default="xgrammar")
-    ap.add_argument("--max-tokens", type=int, default=48)
+    ap.add_argument("--steps", type=int, default=24, help="decode steps per run (max_tokens - 1)")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 32])
+    ap.add_argument("--model", default=None, help="default: the embedded SmolLM2 GGUF")
+    ap.add_argument("--tokenizer", default=None, help="a tokenizer for a --load-format dummy model dir")
+    ap.add_argument("--device", default=None)
+    ap.add_argument("--dtype", default=None)
+    ap.add_argument("--quantization", default=None)
+    ap.add_argument("--load-format", dest="load_format", default=None, help="e.g. dummy (random weights)")
     ap.add_argument("--skip-decode", action="store_true")
+    ap.add_argument("--skip-compile", action="store_true")
+    ap.add_argument("--json", default=None, help="also write the result here")
     args = ap.parse_args()
-    out = {"backend": args.backend, "compile_50_properties": bench_compile(args)}
+    out = {"backend": args.backend}
+    if not args.skip_compile:
+        out["compile_50_properties"] = bench_compile(args)
+        print(json.dumps(out, indent=2), flush=True)
     if not args.skip_decode:
         out["decode"] = bench_decode(args)
     print(json.dumps(out, indent=2))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=2)
 
 
 if __name__ == "__main__":

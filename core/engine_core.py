@@ -148,8 +148,8 @@ class EngineCore:
         batch = self.steps.build(sched_out)
         if self.spec is not None:
             self.spec.annotate(batch, self.scheduler)  # head speculators draft on the worker after this step
-        self.structured.attach_bitmasks(sched_out, batch)
-        result = self.executor.execute(batch)
+        grammar = self.structured.prepare(sched_out)  # bitmasks to fill, overlapped with the forward if it can
+        result = self.executor.execute(batch) if grammar is None else self.executor.execute_structured(batch, grammar)
         for rid in result.failed:  # the runner could not serve it (e.g. its LoRA adapter): no tokens, an error
             result.sampled.pop(rid, None)
         updates = self.scheduler.update(sched_out, result.sampled)

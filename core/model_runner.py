@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import torch
 
+from octavo.core.grammar_step import mask_logits
 from octavo.core.input_batch import CachedRequestState, StepInputs, build_sampling_batch, build_step_inputs
 from octavo.core.messages import TokenLogprobs
 from octavo.core.multimodal_rope import step_rope_positions
 from octavo.core.multimodal_runner import EncoderCache, build_mm_embeds
 from octavo.core.sampler import Sampler, compute_logprobs, gather_logprobs
 from octavo.core.spec_verify import fill_runner_output, first_logits_rows, verify_on_device
-from octavo.core.structured_output import apply_bitmask
 from octavo.model import ForwardContext
 from octavo.step import PromptLogprobs, RunnerOutput, StepBatch
 
@@ -73,7 +73,7 @@ class ModelRunner:
         return self.model(inputs.input_ids, inputs.positions, ctx)
 
     @torch.inference_mode()
-    def execute(self, batch: StepBatch) -> RunnerOutput:
+    def execute(self, batch: StepBatch, grammar=None) -> RunnerOutput:
         self.update_states(batch)
         spec_step = self.spec_head.begin(batch) if self.spec_head is not None else None  # core/spec_decode_heads.py
         result = RunnerOutput(sampled={}, logprobs={}, prompt_logprobs={}, pooled={})
@@ -107,11 +107,10 @@ class ModelRunner:
         pending = {}
         if inputs.sample_req_ids:
             logits = self.model.compute_logits(hidden[inputs.logits_indices])
-            masks = {s.request_id: s.grammar_bitmask for s in batch.scheduled if s.grammar_bitmask is not None}
-            if masks:  # structured outputs: the engine core computed which tokens each row may take
-                rows = [i for i, rid in enumerate(inputs.sample_req_ids) if rid in masks]
-                logits = apply_bitmask(logits, first_logits_rows(inputs.spec_token_ids, rows),
-                                       [masks[inputs.sample_req_ids[i]] for i in rows])
+            if grammar is not None or any(s.grammar_bitmask is not None for s in batch.scheduled):
+                # structured outputs: the engine core's token bitmasks (filled while the forward ran)
+                logits = mask_logits(logits, batch, inputs.sample_req_ids,
+                                     lambda rows: first_logits_rows(inputs.spec_token_ids, rows), grammar)
             sample_reqs = [reqs[rid] for rid in inputs.sample_req_ids]
             if inputs.spec_token_ids:  # drafts to verify: k + 1 logits rows per request (core/spec_decode.py)
                 pending.update(verify_on_device(logits, sample_reqs, inputs.spec_token_ids, self.vocab_size,

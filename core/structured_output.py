@@ -4,7 +4,8 @@ grammar state and ships a packed bitmask with the step, so workers hold none).
 
     add_request ──submit──▶ compile thread (cached by (kind, spec)) ──▶ Future[compiled]
     schedule(): a waiting request is admitted only once its grammar is ready (nothing else waits)
-    after schedule: for each sampling row with a grammar -> matcher.fill_bitmask(row)  ──▶ StepBatch
+    after schedule: prepare() -> GrammarStep (rows sampling under a grammar) ──▶ executor: filled on a host
+                    thread while the forward runs (in-process) or shipped as bytes in the StepBatch (others)
     update(): matcher.accept_token(token) for every sampled token
 
 A preempted request keeps its matcher (its output tokens are kept too, so the state stays right). With a
@@ -16,8 +17,11 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
+
+from octavo.core.grammar_step import GrammarStep, apply_packed
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +68,12 @@ class StructuredOutputManager:
         self._reasoning_end: list[int] | None = None
         self._reasoning_name = settings.server.reasoning_parser
         self._num_words = (vocab_size + 31) // 32
+        self._bitmask = None  # host int32 [max_num_seqs, words], allocated on first use, reused every step
+        self._fill_pool: ThreadPoolExecutor | None = None
+        self._inflight: GrammarStep | None = None
+        # host seconds summed over steps with grammar rows (benchmarks/structured_outputs.py reads them):
+        # wait_s is the fill time the forward did not hide; fill_s the whole fill, wherever it ran
+        self.stats = dict.fromkeys(("steps", "rows", "prepare_s", "fill_s", "wait_s", "apply_s", "accept_s"), 0)
         from octavo.core.plugin_manager import get_plugin_manager
 
         pm = get_plugin_manager()  # unknown names fail at start (the registry lookup imports nothing)
@@ -148,24 +158,48 @@ class StructuredOutputManager:
                 g.matcher.accept_token(tok)
         return g.matcher
 
-    def attach_bitmasks(self, sched_out: Any, batch: Any) -> None:
-        """Fill the packed bitmask of every request that samples this step under a grammar, into its
-        ``ScheduledRequestData`` (``batch.scheduled`` is in ``sched_out.scheduled``'s order)."""
-        rows = [(i, m) for i, s in enumerate(sched_out.scheduled)
-                if s.req.grammar is not None and s.samples and (m := self._active(s.req)) is not None]
-        if not rows:
-            return
-        import torch
+    def prepare(self, sched_out: Any) -> GrammarStep | None:
+        """This step's grammar work: every request that samples under an active grammar, as a
+        :class:`GrammarStep` the executor fills (overlapped with the forward where it can); None if none.
+        ``batch.scheduled`` is in ``sched_out.scheduled``'s order."""
+        t0 = time.perf_counter()
+        positions, rids, matchers = [], [], []
+        for i, s in enumerate(sched_out.scheduled):
+            if s.req.grammar is not None and s.samples and (m := self._active(s.req)) is not None:
+                positions.append(i)
+                rids.append(s.req.request_id)
+                matchers.append(m)
+        if not matchers:
+            return None
+        if self._bitmask is None or self._bitmask.shape[0] < len(matchers):
+            import torch
 
-        bitmask = torch.full((len(rows), self._num_words), -1, dtype=torch.int32)
-        for j, (_, m) in enumerate(rows):
-            m.fill_bitmask(bitmask, j)
-        data = bitmask.numpy()
-        for j, (i, _) in enumerate(rows):
-            batch.scheduled[i].grammar_bitmask = data[j].tobytes()
+            rows = max(len(matchers), self.settings.scheduler.max_num_seqs)
+            self._bitmask = torch.full((rows, self._num_words), -1, dtype=torch.int32)  # reused every step
+        if self._fill_pool is None:
+            self._fill_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="octavo-bitmask")
+        self._inflight = GrammarStep(self._get_backend(), positions, rids, matchers, self._bitmask, self._fill_pool)
+        self.stats["prepare_s"] += time.perf_counter() - t0
+        return self._inflight
+
+    def attach_bitmasks(self, sched_out: Any, batch: Any) -> None:
+        """Fill now and put the bitmasks into ``batch`` (the serial path; executors use :meth:`prepare`)."""
+        step = self.prepare(sched_out)
+        if step is not None:
+            step.attach(batch)
 
     def accept_tokens(self, updates: list[tuple[Any, int | None]]) -> None:
         """Advance each request's matcher by the token it just got (``Scheduler.update``'s result)."""
+        t0 = time.perf_counter()
+        step, self._inflight = self._inflight, None
+        if step is not None:  # the step's fill must be over before any matcher moves
+            step.wait()
+            st = self.stats
+            st["steps"] += 1
+            st["rows"] += len(step.matchers)
+            st["fill_s"] += step.fill_s
+            st["wait_s"] += step.wait_s
+            st["apply_s"] += step.apply_s
         for req, token in updates:
             g = req.grammar
             if g is None or token is None:
@@ -176,10 +210,12 @@ class StructuredOutputManager:
                 continue
             if not g.matcher.is_terminated() and not g.matcher.accept_token(token):
                 logger.warning("request %s: token %d breaks its grammar", req.request_id, token)
+        self.stats["accept_s"] += time.perf_counter() - t0
 
     def shutdown(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
+        for pool in (self._pool, self._fill_pool):
+            if pool is not None:
+                pool.shutdown(wait=False, cancel_futures=True)
 
 
 def apply_bitmask(logits: Any, rows: list[int], masks: list[bytes]) -> Any:
@@ -190,11 +226,5 @@ def apply_bitmask(logits: Any, rows: list[int], masks: list[bytes]) -> Any:
     import numpy as np
     import torch
 
-    vocab = logits.shape[-1]
     packed = torch.from_numpy(np.frombuffer(b"".join(masks), dtype=np.int32).reshape(len(masks), -1).copy())
-    packed = packed.to(logits.device, non_blocking=True)
-    shifts = torch.arange(32, device=logits.device, dtype=torch.int32)
-    allowed = ((packed.unsqueeze(-1) >> shifts) & 1).bool().reshape(len(masks), -1)[:, :vocab]  # [n, V]
-    idx = torch.tensor(rows, device=logits.device)
-    logits[idx] = logits[idx].masked_fill(~allowed, float("-inf"))
-    return logits
+    return apply_packed(logits, list(rows), packed)

@@ -58,6 +58,16 @@ class Executor:
     def execute(self, batch: StepBatch) -> RunnerOutput:
         raise NotImplementedError
 
+    def execute_structured(self, batch: StepBatch, grammar: Any) -> RunnerOutput:
+        """A step in which some requests sample under a grammar. ``grammar`` (the engine core's
+        ``GrammarStep``) fills their token bitmasks on the host. Default: ``grammar.attach(batch)`` fills
+        them now into ``ScheduledRequestData.grammar_bitmask`` (bytes, so they cross any boundary), then
+        ``execute``. An in-process executor overrides it to overlap the fill with the forward pass:
+        ``grammar.start()`` and hand ``grammar`` to the runner, which calls ``grammar.wait()`` after the
+        forward (see plugins/executors/uni.py)."""
+        grammar.attach(batch)
+        return self.execute(batch)
+
     def collective_rpc(self, method: Any, args: list | tuple = (), kwargs: dict | None = None,
                        timeout: float | None = None) -> list:
         """Call ``method`` on every rank's worker (``worker.rpc``) and return the results, by rank (vLLM's

@@ -142,6 +142,13 @@ class StructuredOutputBackend:
         """A fresh matcher over a compiled grammar (cheap)."""
         raise NotImplementedError
 
+    def fill_bitmasks(self, matchers: list[GrammarMatcher], bitmask: Any) -> None:
+        """Fill ``bitmask[i]`` from ``matchers[i]`` for every i (one call per step; runs on a host thread while
+        the model runs, so a library that releases the GIL overlaps the forward). Override for a batched or
+        multi-threaded fill."""
+        for i, m in enumerate(matchers):
+            m.fill_bitmask(bitmask, i)
+
     def allocate_bitmask(self, rows: int) -> Any:
         """A host ``int32`` tensor ``[rows, ceil(vocab_size / 32)]``."""
         import torch

@@ -20,3 +20,7 @@ class UniExecutor(Executor):
 
     def collective_rpc(self, method, args=(), kwargs=None, timeout=None) -> list:
         return [self.driver.rpc(method, list(args), dict(kwargs or {}))]  # a callable works too: same process
+
+    def execute_structured(self, batch: StepBatch, grammar) -> RunnerOutput:
+        grammar.start()  # bitmasks fill on a host thread while the forward runs; the runner waits after it
+        return self.driver.execute(batch, grammar=grammar)

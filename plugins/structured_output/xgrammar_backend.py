@@ -9,6 +9,7 @@ schema, regex or grammar is a ``ValueError`` naming the field; ``compile`` build
 from __future__ import annotations
 
 import json
+import os
 import re
 from typing import Any
 
@@ -85,6 +86,8 @@ class XGrammarBackend(StructuredOutputBackend):
         self.xgr = xgr
         info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size)
         self.compiler = xgr.GrammarCompiler(info, max_threads=2, cache_enabled=True)
+        # the step's rows are filled by xgrammar's own thread pool (half the cores, as its "auto"), GIL released
+        self.batch = xgr.BatchGrammarMatcher(max_threads=max(1, min(8, (os.cpu_count() or 2) // 2)))
 
     @classmethod
     def is_available(cls) -> bool:
@@ -108,3 +111,9 @@ class XGrammarBackend(StructuredOutputBackend):
 
     def matcher(self, compiled: Any) -> GrammarMatcher:
         return _Matcher(self.xgr.GrammarMatcher(compiled))
+
+    def fill_bitmasks(self, matchers: list[GrammarMatcher], bitmask: Any) -> None:
+        if len(matchers) > 1 and all(isinstance(m, _Matcher) for m in matchers):
+            self.batch.batch_fill_next_token_bitmask([m.m for m in matchers], bitmask)
+        else:
+            super().fill_bitmasks(matchers, bitmask)
