@@ -150,6 +150,8 @@ class EngineCore:
             self.spec.annotate(batch, self.scheduler)  # head speculators draft on the worker after this step
         grammar = self.structured.prepare(sched_out)  # bitmasks to fill, overlapped with the forward if it can
         result = self.executor.execute(batch) if grammar is None else self.executor.execute_structured(batch, grammar)
+        self.scheduler.stats.mm_items_encoded += result.mm_items_encoded  # multimodal encoder cache counters
+        self.scheduler.stats.mm_encoder_cache_hits += result.mm_encoder_cache_hits
         for rid in result.failed:  # the runner could not serve it (e.g. its LoRA adapter): no tokens, an error
             result.sampled.pop(rid, None)
         updates = self.scheduler.update(sched_out, result.sampled)

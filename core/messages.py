@@ -77,6 +77,8 @@ class SchedulerStats(msgspec.Struct):
     spec_decode_num_accepted_tokens: int = 0  # drafts accepted
     spec_decode_num_emitted_tokens: int = 0  # tokens those rounds emitted (accepted + 1 each, unless stopped)
     spec_decode_accepted_per_pos: list[int] = []  # [j]: rounds whose draft j was accepted
+    mm_items_encoded: int = 0  # images run through a vision encoder, cumulative (docs/multimodal.md)
+    mm_encoder_cache_hits: int = 0  # image encodings served from the encoder cache, cumulative
 
     @property
     def spec_decode_acceptance_rate(self) -> float:

@@ -87,8 +87,12 @@ class ModelRunner:
             ids = [s.request_id for s in batch.scheduled]  # a request whose adapter fails to load fails alone
             result.failed = self.lora.prepare(ids, [reqs[rid].lora_request for rid in ids],
                                               [len(s.token_ids) + len(s.spec_token_ids) for s in batch.scheduled])
-        mm_embeds = build_mm_embeds(self.model, self.encoder_cache, batch, reqs, self.device) \
-            if any(reqs[s.request_id].mm_inputs for s in batch.scheduled) else None
+        mm_embeds = None
+        if any(reqs[s.request_id].mm_inputs for s in batch.scheduled):
+            enc = self.encoder_cache
+            encoded, hits = enc.encoded, enc.hits
+            mm_embeds = build_mm_embeds(self.model, enc, batch, reqs, self.device)
+            result.mm_items_encoded, result.mm_encoder_cache_hits = enc.encoded - encoded, enc.hits - hits
         hidden = self.forward(inputs, mm_embeds)
 
         if inputs.pooling_req_ids:

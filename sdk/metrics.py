@@ -54,6 +54,8 @@ _COUNTERS = {
     "spec_decode_num_draft_tokens": "octavo:spec_decode_num_draft_tokens",
     "spec_decode_num_accepted_tokens": "octavo:spec_decode_num_accepted_tokens",
     "spec_decode_num_emitted_tokens": "octavo:spec_decode_num_emitted_tokens",
+    "mm_items_encoded": "octavo:mm_items_encoded",
+    "mm_encoder_cache_hits": "octavo:mm_encoder_cache_hits",
 }
 
 

@@ -118,6 +118,8 @@ class RunnerOutput(msgspec.Struct, array_like=True, omit_defaults=True):
     prompt_logprobs: dict[str, PromptLogprobs] = {}
     pooled: dict[str, list[float]] = {}
     failed: dict[str, str] = {}  # requests the runner could not serve (e.g. a bad LoRA adapter) -> the error
+    mm_items_encoded: int = 0  # images run through the vision encoder this step
+    mm_encoder_cache_hits: int = 0  # images this step needed that the encoder cache already held
     spec_token_ids: dict[str, list[int]] = {}  # drafts a head speculator proposed on the worker, for next step
 
 

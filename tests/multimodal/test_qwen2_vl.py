@@ -51,8 +51,9 @@ def _reference(ckpt, prompt: str, images: list, max_new: int = MAX_NEW) -> list[
     return out[0, inputs["input_ids"].shape[1]:].tolist()
 
 
-def _runner(llm):
-    return llm.llm_engine.core.executor.driver.runner
+def _stats(llm) -> dict:
+    """The engine's counters as the public metrics report them (``LLM.get_metrics``, /metrics names)."""
+    return {m.name: m.value for m in llm.get_metrics() if hasattr(m, "value")}
 
 
 def test_greedy_matches_transformers_batched_with_text_only(ckpt, llm):
@@ -62,8 +63,7 @@ def test_greedy_matches_transformers_batched_with_text_only(ckpt, llm):
     img_a, img_b, img_c = _image(0, (56, 84)), _image(1, (120, 90)), _image(2, (150, 100))
     cases = [(PROMPT1, [img_a]), (TEXT, []), (PROMPT2, [img_b, img_c])]
     prompts = [{"prompt": p, "multi_modal_data": {"image": imgs}} if imgs else p for p, imgs in cases]
-    cache = _runner(llm).encoder_cache
-    hits0, enc0 = cache.hits, cache.encoded
+    before = _stats(llm)
     params = SamplingParams(max_tokens=MAX_NEW, temperature=0.0, ignore_eos=True)
     outs = llm.generate(prompts, params, use_tqdm=False)
     counts = set()
@@ -74,8 +74,11 @@ def test_greedy_matches_transformers_batched_with_text_only(ckpt, llm):
         assert list(out.prompt_token_ids) == expanded  # the same dynamic-resolution expansion
         counts.add(expanded.count(299))
     assert len(counts) == 3  # text-only, and two prompts whose images expand to different counts
-    assert cache.encoded - enc0 == 3  # each image ran through the vision tower exactly once
-    assert cache.hits - hits0 >= 1  # the chunked 2-image prompt reused an encoded image in a later step
+    after = _stats(llm)
+    # each image ran through the vision tower exactly once; the chunked 2-image prompt reused an encoded
+    # image in a later step (the encoder cache)
+    assert after["octavo:mm_items_encoded"] - before["octavo:mm_items_encoded"] == 3
+    assert after["octavo:mm_encoder_cache_hits"] - before["octavo:mm_encoder_cache_hits"] >= 1
 
 
 def test_prefix_cache_hit_keeps_mrope_positions(ckpt, llm):
@@ -89,10 +92,13 @@ def test_prefix_cache_hit_keeps_mrope_positions(ckpt, llm):
     second = f"USER: {V} {words} w40 w41 ASSISTANT:"
     params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
     llm.generate({"prompt": first, "multi_modal_data": {"image": img}}, params, use_tqdm=False)
+    before = _stats(llm)
     same = llm.generate({"prompt": second, "multi_modal_data": {"image": img}}, params, use_tqdm=False)[0]
+    hits = _stats(llm)["octavo:prefix_cache_hits"] - before["octavo:prefix_cache_hits"]
     diff = llm.generate({"prompt": second, "multi_modal_data": {"image": other}}, params, use_tqdm=False)[0]
-    assert same.num_cached_tokens >= 32  # two full 16-token blocks past the image
+    assert same.num_cached_tokens >= 32 and hits == same.num_cached_tokens  # 2+ full 16-token blocks past the image
     assert diff.num_cached_tokens == 0
+    assert _stats(llm)["octavo:prefix_cache_hits"] - before["octavo:prefix_cache_hits"] == hits
     assert list(same.outputs[0].token_ids) == _reference(ckpt, second, [img], 6)
     assert list(diff.outputs[0].token_ids) == _reference(ckpt, second, [other], 6)
 
