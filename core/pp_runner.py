@@ -51,7 +51,8 @@ def check_pipeline_settings(settings, model_cls, platform) -> None:
                          "tensor_parallel_size instead.")
     refused = {"speculative_config": settings.scheduler.speculative_config,
                "enable_lora": settings.lora.enable_lora,
-               "task='embed'": settings.model.task == "embed"}
+               f"task={settings.model.task!r}": settings.model.task not in ("auto", "generate"),
+               "runner='pooling'": getattr(settings.model, "runner", "auto") == "pooling"}
     for name, value in refused.items():
         if value:
             raise ValueError(f"{name} is not supported with pipeline_parallel_size > 1 (only plain generation "
@@ -91,6 +92,8 @@ class PipelineStageRunner(ModelRunner):
 
     def __init__(self, *args, link: StageLink, **kwargs) -> None:
         super().__init__(*args, **kwargs)
+        if self.is_pooling:  # a pooling-only architecture under task auto
+            raise ValueError("pooling models are not supported with pipeline_parallel_size > 1")
         self.link = link
 
     @property

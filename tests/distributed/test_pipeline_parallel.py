@@ -66,6 +66,7 @@ def test_pipeline_refusals_name_the_setting():
         with pytest.raises(ValueError, match=f"pipeline_parallel_size=2: {cls.__name__} cannot be split"):
             check_pipeline_settings(pp2, cls, cpu)
     for kw, name in (({"enable_lora": True}, "enable_lora"), ({"task": "embed"}, "task='embed'"),
+                     ({"task": "reward"}, "task='reward'"), ({"runner": "pooling"}, "(task='embed'|runner='pooling')"),
                      ({"speculative_config": {"method": "ngram", "num_speculative_tokens": 2,
                                               "prompt_lookup_max": 2}}, "speculative_config")):
         with pytest.raises(ValueError, match=f"{name}.*pipeline_parallel_size"):
