@@ -29,13 +29,14 @@ logger = logging.getLogger(__name__)
 class RequestGrammar:
     """One request's grammar: the compile future, its matcher once built, where the grammar starts."""
 
-    __slots__ = ("future", "matcher", "start", "failed")
+    __slots__ = ("future", "matcher", "start", "failed", "prompt_open")
 
     def __init__(self, future: Future) -> None:
         self.future = future
         self.matcher = None
         self.start: int | None = None  # index in output_token_ids where the grammar begins (None: not yet)
         self.failed: str | None = None
+        self.prompt_open: bool | None = None  # with a reasoning parser: the prompt leaves the reasoning open
 
 
 def _find(seq: list[int], sub: list[int], start: int = 0) -> int:
@@ -66,6 +67,7 @@ class StructuredOutputManager:
         self._pool: ThreadPoolExecutor | None = None
         self._cache: dict[tuple[str, str], Future] = {}
         self._reasoning_end: list[int] | None = None
+        self._reasoning_markers: tuple[str, str] = ("", "")
         self._reasoning_name = settings.server.reasoning_parser
         self._num_words = (vocab_size + 31) // 32
         self._bitmask = None  # host int32 [max_num_seqs, words], allocated on first use, reused every step
@@ -99,6 +101,7 @@ class StructuredOutputManager:
                 if self._reasoning_name:
                     parser = pm.resolve("reasoning_parsers", self._reasoning_name)
                     self._reasoning_end = list(tokenizer(parser.end_token, add_special_tokens=False).input_ids)
+                    self._reasoning_markers = (parser.start_token, parser.end_token)
                 self._backend = cls(tokenizer, self.vocab_size)
             return self._backend
 
@@ -143,7 +146,12 @@ class StructuredOutputManager:
             if self._reasoning_name:
                 self._get_backend()  # resolves the reasoning end marker
                 end = self._reasoning_end
-                if _find(req.prompt_token_ids, end) < 0:
+                # the prompt closed the reasoning only if its last end marker follows its last start marker
+                # (earlier turns' reasoning in a multi-turn prompt, or a template that opens <think>, do not)
+                if g.prompt_open is None:  # on the text: "<think>" tokenizes differently after a space
+                    text = self._get_backend().tokenizer.decode(req.prompt_token_ids)
+                    g.prompt_open = text.rfind(self._reasoning_markers[1]) <= text.rfind(self._reasoning_markers[0])
+                if g.prompt_open:
                     pos = _find(req.output_token_ids, end)
                     if pos < 0:
                         return None

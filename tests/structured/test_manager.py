@@ -102,6 +102,9 @@ def test_grammar_starts_after_reasoning_ends(tok):
     # a prompt that already closed the reasoning constrains from the first token
     mgr2, req2 = make(settings, tok, "<think>ok</think>", StructuredOutputsParams(choice=["A"]))
     assert step(mgr2, req2) is not None
+    # an earlier turn's reasoning in the prompt does not count when the prompt opens a new one
+    mgr3, req3 = make(settings, tok, "<think>ok</think> A. Again? <think>\n", StructuredOutputsParams(choice=["A"]))
+    assert step(mgr3, req3) is None
 
 
 def test_apply_bitmask_masks_only_disallowed_rows_and_tokens():
