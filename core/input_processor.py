@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import time
-from pathlib import Path
 from typing import Any
 
 from octavo.core.messages import EngineCoreRequest, ModelInfo
@@ -42,11 +41,10 @@ class InputProcessor:
         self.model_info = model_info
         self.max_logprobs = settings.scheduler.max_logprobs
         self.chat_template = None
-        if settings.model.chat_template:
-            path = Path(settings.model.chat_template)
-            if not path.is_file():
-                raise ValueError(f"chat_template file {path} does not exist; pass a path to a Jinja template.")
-            self.chat_template = path.read_text()
+        if settings.model.chat_template:  # a file or an inline template (core/loader/tokenizer.py)
+            from octavo.core.loader.tokenizer import read_chat_template
+
+            self.chat_template = read_chat_template(settings.model.chat_template)
         # Size bound checked before tokenizing: no text longer than this can fit max_model_len tokens, so a
         # 10 MB prompt is refused at once instead of tokenized for seconds (see max_prompt_chars).
         self.max_prompt_chars = max_prompt_chars(tokenizer, model_info.max_model_len)

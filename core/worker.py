@@ -178,6 +178,9 @@ class Worker:
         elif self.platform.capabilities().memory_profiling:
             budget, source = self._profile_free_bytes(), f"gpu_memory_utilization={cache.gpu_memory_utilization}"
         else:
+            if "gpu_memory_utilization" in cache.model_fields_set:  # nothing to profile here: not ignored silently
+                raise ValueError(f"gpu_memory_utilization applies to devices whose memory is profiled (GPUs); on "
+                                 f"{self.platform.name} size the KV cache with kv_cache_memory_bytes instead.")
             budget, source = DEFAULT_CPU_KV_CACHE_BYTES, "the CPU default (set kv_cache_memory_bytes to change)"
         num_blocks = budget // per_block
         need = math.ceil(self.max_model_len / self.block_size) + 1
@@ -234,5 +237,5 @@ class Worker:
 
         return call_worker(self, method, list(args), dict(kwargs or {}))
 
-    def execute(self, batch: StepBatch, grammar=None) -> RunnerOutput:
-        return self.runner.execute(batch, grammar)  # grammar: in-process GrammarStep (core/grammar_step.py)
+    def execute(self, batch: StepBatch) -> RunnerOutput:
+        return self.runner.execute(batch)

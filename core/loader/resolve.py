@@ -182,6 +182,10 @@ def resolve_model(model_settings) -> ResolvedModel:
     """
     source = model_settings.model or default_model_path()
     load_format = model_settings.load_format
+    for name in ("revision", "download_dir"):  # hub-only settings: not silently ignored for a local model
+        if getattr(model_settings, name) is not None and Path(source).expanduser().exists():
+            raise ValueError(f"{name} applies to Hugging Face repo ids, but model {source!r} is a local path; "
+                             f"drop {name}.")
     directory, gguf_file = locate(source, revision=model_settings.revision,
                                   download_dir=model_settings.download_dir, config_only=load_format == "dummy")
     fmt = _detect_format(directory, gguf_file, load_format)

@@ -83,7 +83,11 @@ def load_tokenizer(model_settings):
     if model_settings.skip_tokenizer_init:
         return None
     source = model_settings.tokenizer or model_settings.model or default_model_path()
-    directory, gguf_file = locate(source, revision=model_settings.revision, download_dir=model_settings.download_dir)
+    if model_settings.tokenizer and os.path.isdir(source):  # a tokenizer directory needs no config.json
+        directory, gguf_file = source, None
+    else:
+        directory, gguf_file = locate(source, revision=model_settings.revision,
+                                      download_dir=model_settings.download_dir)
     if gguf_file:
         tokenizer = cached_gguf_tokenizer(os.path.join(directory, gguf_file))
     else:
@@ -95,9 +99,23 @@ def load_tokenizer(model_settings):
                              "tokenizer=<dir or repo id>, or skip_tokenizer_init=True to run on token ids")
         tokenizer = AutoTokenizer.from_pretrained(directory)
     if model_settings.chat_template:
-        with open(model_settings.chat_template) as f:
-            tokenizer.chat_template = f.read()
+        tokenizer.chat_template = read_chat_template(model_settings.chat_template)
     return tokenizer
+
+
+def read_chat_template(value: str) -> str:
+    """``chat_template`` setting -> the template: a file's text, or the value itself when it is an inline Jinja
+    template (vLLM accepts both).
+
+    Raises:
+        ValueError: neither an existing file nor Jinja text.
+    """
+    if os.path.isfile(value):
+        with open(value) as f:
+            return f.read()
+    if "{{" in value or "{%" in value:
+        return value
+    raise ValueError(f"chat_template {value!r} is neither a file nor an inline Jinja template.")
 
 
 def get_eos_token_ids(resolved, tokenizer=None) -> list[int]:

@@ -61,9 +61,9 @@ def random_prompts(num: int, input_len: int, vocab_size: int, seed: int = 0) -> 
     return [[rng.randint(lo, hi) for _ in range(input_len)] for _ in range(num)]
 
 
-async def _one(client: Any, url: str, model: str, prompt: list[int], output_len: int,
-               headers: dict[str, str]) -> RequestResult:
-    body = {"model": model, "prompt": prompt, "max_tokens": output_len, "ignore_eos": True, "temperature": 0.0,
+async def _one(client: Any, url: str, model: str, prompt: list[int] | str, output_len: int,
+               headers: dict[str, str], ignore_eos: bool = True) -> RequestResult:
+    body = {"model": model, "prompt": prompt, "max_tokens": output_len, "ignore_eos": ignore_eos, "temperature": 0.0,
             "stream": True, "stream_options": {"include_usage": True}}
     res = RequestResult(ok=False, prompt_len=len(prompt))
     start = time.perf_counter()

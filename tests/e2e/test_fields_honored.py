@@ -232,8 +232,8 @@ def test_priority_needs_the_priority_policy(llm):
 
 
 # ------------------------------------------------------------------------------------ engine settings
-# Settings are proven honored statically: each is read by engine code outside config.py (a setting nothing
-# reads would be silently ignored); refusals have their own tests in tests/unit/test_config.py and here.
+# Statically here (each is read by engine code outside config.py); by behaviour, one engine per value, in
+# tests/e2e/test_settings_honored.py.
 READ_AS = {"model": "settings.model.model", "device": "device.device"}
 REPO = Path(__file__).resolve().parents[2]
 # A permission, not a behaviour: octavo never runs a model's remote code, so allowing it changes nothing; a
@@ -271,7 +271,9 @@ def test_profile_writes_a_trace(llm, tmp_path):
     assert any(tmp_path.iterdir()), "the profiler wrote no trace"
 
 
-def test_beam_search_and_pooling_params_refused(llm):
-    with pytest.raises(NotImplementedError, match="beam_search"):
-        llm.beam_search([PROMPT])
+def test_beam_search_and_pooling_params(llm):
+    from octavo.beam_search import BeamSearchParams
+
+    beams = llm.beam_search([PROMPT], BeamSearchParams(beam_width=2, max_tokens=3))[0].sequences
+    assert len(beams) == 2 and beams[0].tokens != beams[1].tokens and beams[0].score >= beams[1].score
     refused("pooling_params", llm.encode, [PROMPT], pooling_params=object())

@@ -150,3 +150,47 @@ def test_metrics_under_vllm_names(server, client, model):
         octavo_line = [ln for ln in text.splitlines() if ln.startswith(f"octavo:{name}")]
         vllm_line = [ln for ln in text.splitlines() if ln.startswith(f"vllm:{name}")]
         assert octavo_line and [ln.replace("octavo:", "vllm:", 1) for ln in octavo_line] == vllm_line, name
+
+
+def test_bench_serve_with_vllm_flags(server, tmp_path, monkeypatch):
+    """`octavo bench serve` with vllm bench serve's flags: random and sharegpt datasets, --max-concurrency
+    (in-flight requests observed never above it), --request-rate (Poisson gaps: the run lasts at least their
+    sum), --ignore-eos, bare --save-result into --result-dir, vLLM's result keys."""
+    import json
+    import random
+
+    from octavo.cli import bench_serve
+    from octavo.cli.main import main
+
+    real, live, peak = bench_serve._one, [0], [0]
+
+    async def counting(*a, **kw):
+        live[0] += 1
+        peak[0] = max(peak[0], live[0])
+        try:
+            return await real(*a, **kw)
+        finally:
+            live[0] -= 1
+
+    monkeypatch.setattr(bench_serve, "_one", counting)
+    rc = main(["bench", "serve", "--base-url", server.url, "--dataset-name", "random", "--random-input-len", "16",
+               "--random-output-len", "4", "--num-prompts", "6", "--max-concurrency", "2", "--request-rate", "20",
+               "--ignore-eos", "--seed", "3", "--save-result", "--result-dir", str(tmp_path)])
+    assert rc == 0 and peak[0] == 2
+    [saved] = list(tmp_path.glob("openai-20.0qps-concurrency2-*.json"))
+    r = json.loads(saved.read_text())
+    assert r["completed"] == 6 and r["total_output_tokens"] == 24 and r["total_input_tokens"] == 96
+    rng = random.Random(3)
+    assert r["duration"] >= sum(rng.expovariate(20.0) for _ in range(5))
+    for key in ("mean_ttft_ms", "median_tpot_ms", "p99_itl_ms", "std_e2el_ms", "request_throughput"):
+        assert r[key] == r[key]  # present and not NaN
+
+    share = tmp_path / "sharegpt.json"
+    share.write_text(json.dumps([{"conversations": [{"from": "human", "value": f"Tell me about the number {i}."},
+                                                    {"from": "gpt", "value": f"The number {i} is a number that "
+                                                     "people use for counting things."}]} for i in range(3)]))
+    out = tmp_path / "share.json"
+    assert main(["bench", "serve", "--base-url", server.url, "--dataset-name", "sharegpt", "--dataset-path",
+                 str(share), "--num-prompts", "2", "--save-result", str(out)]) == 0
+    assert json.loads(out.read_text())["completed"] == 2
+    assert main(["bench", "serve", "--base-url", server.url, "--dataset-name", "sharegpt"]) == 2  # needs a path
