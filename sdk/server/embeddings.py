@@ -145,9 +145,13 @@ def register_embedding_routes(app: FastAPI, engine: Any, model_name: str, check_
     if is_pooling:
         app.router.routes[:] = [r for r in app.router.routes if getattr(r, "path", None) not in _GENERATION_PATHS]
 
+        pooler = getattr(info, "pooler", None) or {}
+        kind, use = ("an embedding model", "POST /v1/embeddings") if pooler.get("task", "embed") == "embed" else \
+            (f"a pooling model ({pooler.get('tasks')})", "/classify, /score, /rerank or /pooling")
+
         async def not_generative() -> None:
-            raise APIError(400, f"The model {model_name!r} ({info.architecture}) is an embedding model: it cannot "
-                           "generate text. Use POST /v1/embeddings.", code="model_not_generative")
+            raise APIError(400, f"The model {model_name!r} ({info.architecture}) is {kind}: it cannot "
+                           f"generate text. Use {use}.", code="model_not_generative")
 
         for path in _GENERATION_PATHS:
             app.add_api_route(path, not_generative, methods=["POST"], include_in_schema=False)
