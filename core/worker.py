@@ -178,7 +178,8 @@ class Worker:
         elif self.platform.capabilities().memory_profiling:
             budget, source = self._profile_free_bytes(), f"gpu_memory_utilization={cache.gpu_memory_utilization}"
         else:
-            if "gpu_memory_utilization" in cache.model_fields_set:  # nothing to profile here: not ignored silently
+            default = type(cache).model_fields["gpu_memory_utilization"].default
+            if cache.gpu_memory_utilization != default:  # nothing to profile here: not ignored silently
                 raise ValueError(f"gpu_memory_utilization applies to devices whose memory is profiled (GPUs); on "
                                  f"{self.platform.name} size the KV cache with kv_cache_memory_bytes instead.")
             budget, source = DEFAULT_CPU_KV_CACHE_BYTES, "the CPU default (set kv_cache_memory_bytes to change)"
