@@ -205,7 +205,9 @@ class FrontEnd:
             if ro.finished and internal_id in self._pooling:  # raw pooled vector -> the request's result
                 from octavo.pooling import finish
 
-                ro = finish(ro, self._pooling.pop(internal_id), self.model_info.pooler)
+                params = self._pooling.pop(internal_id)
+                if not err and hasattr(ro.outputs, "embedding"):  # a failed request keeps its error output
+                    ro = finish(ro, params, self.model_info.pooler)
             ro.request_id = self._client_ids.get(internal_id, internal_id)
             if err:  # the core names the internal id; the caller knows its own
                 err = err.replace(internal_id, ro.request_id)
