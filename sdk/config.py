@@ -35,8 +35,9 @@ class ModelSettings(_Section):
                                                 "model argument.")
     dtype: Literal["auto", "float32", "bfloat16", "float16", "half", "float", "bf16", "fp16", "fp32"] = Field(
         "auto", description="Compute dtype. auto: the platform's default (bfloat16 on GPUs, float32 on CPU).")
-    max_model_len: int | None = Field(None, ge=1, description="Longest context (prompt + output) per request. "
-                                      "Defaults to the model's max_position_embeddings.")
+    max_model_len: int | None = Field(None, ge=1, description="Longest context (prompt + output) per request; "
+                                      "vLLM's sizes work: 32k = 32000, 32K = 32768. Defaults to the model's "
+                                      "max_position_embeddings.", json_schema_extra={"human_int": True})
     load_format: Literal["auto", "safetensors", "pt", "gguf", "dummy"] = Field(
         "auto", description="Weight format. dummy builds random weights from the config alone.")
     skip_tokenizer_init: bool = Field(False, description="Run on token ids only; no tokenizer is loaded.")
@@ -65,6 +66,18 @@ class ModelSettings(_Section):
                                    "directory holding a generation_config.json.")
     enable_sleep_mode: bool = Field(False, description="Allow sleep()/wake_up(): free the KV cache and offload "
                                     "(level 1) or drop (level 2) the weights of an idle engine.")
+
+    @field_validator("max_model_len", mode="before")
+    @classmethod
+    def _human_int(cls, v: Any) -> Any:
+        """vLLM's human-readable sizes: k/m/g are powers of 1000, K/M/G powers of 1024 (``32k``, ``1.5K``)."""
+        if isinstance(v, str) and v and v[-1] in "kmgKMG":
+            scale = {"k": 10**3, "m": 10**6, "g": 10**9, "K": 2**10, "M": 2**20, "G": 2**30}[v[-1]]
+            try:
+                return int(float(v[:-1]) * scale)
+            except ValueError:
+                raise ValueError(f"max_model_len {v!r} is not a number with an optional k/m/g/K/M/G suffix") from None
+        return v
 
     @field_validator("served_model_name", mode="before")
     @classmethod

@@ -57,6 +57,8 @@ def _add_field(group: argparse._ArgumentGroup, name: str, info: Any) -> None:
     if typing.get_origin(kind) is Literal:
         choices = list(typing.get_args(kind))
         kwargs.update(choices=choices, metavar="{" + ",".join(map(str, choices)) + "}")
+    elif (info.json_schema_extra or {}).get("human_int"):  # --max-model-len 32k (vLLM): parsed by the setting
+        kwargs.update(type=str, metavar="INT")
     elif kind in (int, float):
         kwargs.update(type=kind, metavar=kind.__name__.upper())
     elif kind is dict or typing.get_origin(kind) is dict:

@@ -185,9 +185,8 @@ class ChatCompletionRequest(_Sampling):
         for i, m in enumerate(msgs):
             if "role" not in m:
                 raise ValueError(f"messages[{i}] has no 'role'")
-            if m["role"] not in ("system", "developer", "user", "assistant", "tool"):
-                raise ValueError(f"messages[{i}].role {m['role']!r} is not one of system, developer, user, "
-                                 "assistant, tool")
+            if not isinstance(m["role"], str) or not m["role"].strip():  # custom roles go to the template (vLLM)
+                raise ValueError(f"messages[{i}].role must be a non-empty string")
             content = m.get("content")
             if isinstance(content, list) and any(isinstance(p, dict) and p.get("type") == "image_url"
                                                  for p in content):

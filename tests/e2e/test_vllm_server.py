@@ -65,6 +65,13 @@ def test_tls_and_several_served_names(server, http, client):
         client.chat.completions.create(model="other", messages=[{"role": "user", "content": "Hi"}], max_tokens=1)
 
 
+def test_custom_message_role(client):
+    """A role beyond system/user/assistant/tool goes to the chat template (vLLM); SmolLM2's renders any role."""
+    c = client.chat.completions.create(model="smol", messages=[{"role": "narrator", "content": "Once upon a time"},
+                                                               {"role": "user", "content": "Go on."}], max_tokens=3)
+    assert c.choices[0].message.content
+
+
 def test_request_id_headers_on_every_route(http):
     assert http.get("/v1/models").headers.get("x-request-id")
     assert http.get("/version", headers={"X-Request-Id": "abc-1"}).headers["x-request-id"] == "abc-1"

@@ -71,3 +71,17 @@ def test_throughput_line(caplog, monkeypatch):
     vllm_server.register_vllm_server(FastAPI(), _Engine(), OctavoSettings.from_kwargs(disable_log_stats=True),
                                      None, None, None)
     assert added == []  # --disable-log-stats: no throughput logger
+
+
+def test_max_model_len_human_sizes():
+    """vLLM's --max-model-len 32k / 32K (powers of 1000 / 1024), from flags and from kwargs."""
+    import pytest
+
+    from octavo.cli.flags import settings_from_args
+    from octavo.cli.main import build_parser
+
+    assert settings_from_args(build_parser().parse_args(["serve", "--max-model-len", "32k"])).model.max_model_len \
+        == 32000
+    assert OctavoSettings.from_kwargs(max_model_len="32K").model.max_model_len == 32768
+    with pytest.raises(ValueError, match="max_model_len"):
+        OctavoSettings.from_kwargs(max_model_len="lots")
