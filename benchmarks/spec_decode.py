@@ -65,10 +65,13 @@ def token_prompts(n: int, vocab: int = 49152) -> list:
 PROMPTS = {"chat": conversations, "tokens": token_prompts}
 
 
+IGNORE_EOS = [False]  # random-token prompts (a weightless model) run to max_tokens; real ones stop at EOS
+
+
 def run(llm, convs, max_tokens: int) -> tuple[float, int]:
     from octavo import SamplingParams
 
-    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=isinstance(convs[0], dict))
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=IGNORE_EOS[0])
     t0 = time.perf_counter()
     outs = (llm.generate if isinstance(convs[0], dict) else llm.chat)(convs, params, use_tqdm=False)
     dt = time.perf_counter() - t0
@@ -113,6 +116,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None, help="write the results as JSON here")
     ap.add_argument("--llm-kwargs", default="{}", help="JSON: more LLM(...) settings for every engine")
     ap.add_argument("--token-prompts", action="store_true", help="random token prompts (model without tokenizer)")
+    ap.add_argument("--prompt-file", default=None, help="JSON {'prompt_token_ids': [[...], ...]}: the chat workload "
+                    "pre-tokenized (benchmarks/data/spec_decode_smollm2_prompts.json), for engines without a tokenizer")
     args = ap.parse_args(argv)
 
     from octavo import LLM
@@ -123,6 +128,11 @@ def main(argv=None) -> int:
     common = dict(model=args.model, dtype=args.dtype, max_model_len=1024, seed=0, num_threads=args.num_threads,
                   **json.loads(args.llm_kwargs))
     prompts = PROMPTS["tokens" if args.token_prompts else "chat"]
+    IGNORE_EOS[0] = args.token_prompts
+    if args.prompt_file:
+        with open(args.prompt_file) as f:
+            ids = json.load(f)["prompt_token_ids"]
+        prompts = lambda n: [{"prompt_token_ids": ids[i % len(ids)]} for i in range(n)]  # noqa: E731
     t0 = time.perf_counter()
     engines = {"base": LLM(**common)}
     for i, cfg in enumerate(spec_cfgs):

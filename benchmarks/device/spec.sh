@@ -46,8 +46,11 @@ MLP="{\"method\": \"mlp_speculator\", \"model\": \"$HEAD_DIR\", \"num_speculativ
 if [ -n "${SMOLLM2_GGUF:-}" ] && [ -f "$SMOLLM2_GGUF" ]; then
   echo "spec: real SmolLM2 at $SMOLLM2_GGUF"
   DRAFT="{\"method\": \"draft_model\", \"model\": \"$SMOLLM2_GGUF\", \"quantization\": \"none\", \"num_speculative_tokens\": 4}"
+  # token-id prompts (the chat workload pre-tokenized here): the device's transformers failed to build the GGUF
+  # tokenizer in the 14:05 run, and no tokenizer is needed to measure decoding
   COMMON=(--model "$SMOLLM2_GGUF" --dtype bfloat16 --max-tokens 64 --batch1-prompts 4 --repeats 2
-          --llm-kwargs "{\"quantization\": \"none\", $KV}")
+          --prompt-file benchmarks/data/spec_decode_smollm2_prompts.json
+          --llm-kwargs "{\"quantization\": \"none\", \"skip_tokenizer_init\": true, $KV}")
   step smollm2_ngram_draft 140 python3 benchmarks/spec_decode.py "${COMMON[@]}" --batch-sizes 1,64 \
        --speculative-config "[$NGRAM, $DRAFT]" --out "$R/smollm2_ngram_draft.json"
   step smollm2_mlp_random_head 40 python3 benchmarks/spec_decode.py "${COMMON[@]}" --batch-sizes 1 --repeats 1 \
