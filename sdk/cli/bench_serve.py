@@ -97,9 +97,12 @@ async def _one(client: Any, url: str, model: str, prompt: list[int] | str, outpu
                     res.itl.append(now - last)
                 last = now
                 chunks += 1
+        if chunks == 0:  # ended at once (EOS first): fine unless EOS was to be ignored
+            last = time.perf_counter()
+            res.ttft = last - start
         res.e2el = last - start
         res.output_tokens = usage_tokens if usage_tokens is not None else chunks
-        res.ok = chunks > 0
+        res.ok = chunks > 0 or not ignore_eos
         if not res.ok:
             res.error = "no output"
     except Exception as e:  # noqa: BLE001 - a failed request is counted, not fatal
