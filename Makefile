@@ -15,7 +15,7 @@ TORCH_INDEX ?=
 TEST_ARGS  ?=
 SERVE_ARGS ?=
 
-.PHONY: venv serve generate test browser lint clean reliability spec-decode distributed quant-full lora multimodal
+.PHONY: venv serve generate test browser lint clean reliability spec-decode distributed quant-full lora multimodal cpu-compile
 
 venv: $(STAMP)
 
@@ -70,6 +70,10 @@ lora: $(STAMP)
 # Multimodal in full (adds Qwen2-VL through `octavo serve` + the openai client); `make test` runs the rest.
 multimodal: $(STAMP)
 	OCTAVO_MULTIMODAL=full $(PY) -m pytest -q tests/multimodal --timeout=1800 $(TEST_ARGS)
+
+# The compiled CPU decode step vs eager (compiles a tiny Llama: minutes); `make test` runs its refusals only.
+cpu-compile: $(STAMP)
+	OCTAVO_CPU_COMPILE_TESTS=full $(PY) -m pytest -q tests/e2e/test_cpu_compiled_decode.py --timeout=1800 $(TEST_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

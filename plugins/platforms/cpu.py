@@ -14,10 +14,13 @@ import os
 import platform as _platform
 import sys
 
-from octavo.platform import Availability, Platform, PlatformCapabilities
+from octavo.errors import ConfigError
+from octavo.platform import Availability, ModelHandle, Platform, PlatformCapabilities, PreparedModel
 
 _CGROUP_FILES = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
 _CGROUP_USAGE = ("/sys/fs/cgroup/memory.current", "/sys/fs/cgroup/memory/memory.usage_in_bytes")
+#: ``1`` compiles the decode step (plugins/platforms/cpu_compiled.py); unset or ``0``: eager.
+COMPILE_ENV = "OCTAVO_CPU_COMPILE"
 _NATIVE_BF16 = {"avx512_bf16", "amx_bf16", "bf16"}  # x86 AVX512-BF16 / AMX, Arm BF16
 
 
@@ -131,6 +134,27 @@ class CpuPlatform(Platform):
         Why: on such CPUs bf16 linears ran 2.2-3.9x faster than fp32 at batch 8-64 and the same at batch 1
         (docs/performance.md, CPU decode); the fp32 parity tests pin ``dtype="float32"``."""
         return "bfloat16" if cpu_flags() & _NATIVE_BF16 else "float32"
+
+    def prepare_model(self, handle: ModelHandle) -> PreparedModel | None:
+        """With ``OCTAVO_CPU_COMPILE=1``: a compiled decode-step runner (``cpu_compiled.py``), compiled here.
+
+        Opt-in because compiling costs minutes the first time (inductor's disk cache shortens later starts)
+        and the start-up and CI budgets are seconds. Refused, never skipped, when it cannot apply."""
+        if os.environ.get(COMPILE_ENV, "0") in ("", "0"):
+            return None
+        if os.environ[COMPILE_ENV] != "1":
+            raise ConfigError(f"{COMPILE_ENV}={os.environ[COMPILE_ENV]!r}: use 1 (compile the CPU decode step) or 0")
+        if handle.enforce_eager:
+            raise ConfigError(f"{COMPILE_ENV}=1 and enforce_eager are both set; unset one of them")
+        from octavo.plugins.platforms.cpu_compiled import CpuCompiledDecodeRunner, supports_compiled_decode
+
+        reason = supports_compiled_decode(handle.model)
+        if reason:
+            raise ConfigError(f"{COMPILE_ENV}=1: this model cannot run the compiled CPU decode step: {reason}")
+        runner = CpuCompiledDecodeRunner(handle.model, handle.block_size, handle.max_num_seqs, handle.dtype)
+        seconds = runner.warm_up()
+        return PreparedModel(step_runner=runner, notes={"compiled_decode": {
+            "compile_seconds": {k: round(v, 1) for k, v in seconds.items()}, "max_batch": handle.max_num_seqs}})
 
     def capabilities(self) -> PlatformCapabilities:
         return PlatformCapabilities(
