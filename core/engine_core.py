@@ -77,6 +77,7 @@ class EngineCore:
             eos_token_ids=eos_ids,
             is_pooling=info.is_pooling,
             embedding_dim=info.embedding_dim,
+            pooler=dict(getattr(info, "pooler", None) or {}),
             tokenizer_path=info.tokenizer_path,
             num_kv_blocks=info.num_blocks,
             block_size=info.block_size,

@@ -226,6 +226,7 @@ class Worker:
             dtype=str(self.dtype).split(".")[-1], device=str(self.device),
             sliding_window=uniform_sliding_window(self.model), is_pooling=self.runner.is_pooling,
             embedding_dim=getattr(self.model, "embedding_dim", None),
+            pooler=dict(getattr(self.model, "pooler_info", None) or {}) if self.runner.is_pooling else {},
             eos_token_ids=list(get_eos_token_ids(self.resolved)),
             tokenizer_path=getattr(self.resolved, "path", None),
             attention_backend=getattr(self.attn_backend_cls, "name", None), quantization=self.quantization,

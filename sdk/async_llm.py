@@ -211,15 +211,17 @@ class AsyncLLM(AsyncVllmMethods):  # + sleep / wake_up / is_sleeping / collectiv
         finally:
             stream.close()
 
-    def add_embedding_request(self, prompt: Any, request_id: str | None = None, priority: int = 0) -> RequestStream:
-        """Validate and submit an embedding request now (like :meth:`add_request`); iterate the stream."""
+    def add_embedding_request(self, prompt: Any, request_id: str | None = None, priority: int = 0,
+                              pooling_params: Any = None) -> RequestStream:
+        """Validate and submit a pooling request now (like :meth:`add_request`); iterate the stream.
+        ``pooling_params``: a ``PoolingParams`` with its ``task`` set (None: ``embed``; see octavo.pooling)."""
         self.frontend.check_task(pooling=True)
         return self.add_request(prompt, SamplingParams(max_tokens=1, detokenize=False), request_id, priority,
-                                _pooling=True)
+                                _pooling=True, _pooling_params=pooling_params)
 
     def add_request(self, prompt: Any, sampling_params: SamplingParams | None = None,
                     request_id: str | None = None, priority: int = 0, _pooling: bool = False,
-                    lora_request: Any = None) -> RequestStream:
+                    lora_request: Any = None, _pooling_params: Any = None) -> RequestStream:
         """Validate and submit a request now; iterate the returned stream for its outputs.
 
         Unlike :meth:`generate`, bad input raises here, before the caller commits to a response (the
@@ -239,7 +241,8 @@ class AsyncLLM(AsyncVllmMethods):  # + sleep / wake_up / is_sleeping / collectiv
         self._ensure_output_task()
         request_id = request_id or uuid.uuid4().hex
         internal_id, core_reqs = self.frontend.submit(request_id, prompt, sampling_params, priority,
-                                                      pooling=_pooling, lora_request=lora_request)
+                                                      pooling=_pooling, lora_request=lora_request,
+                                                      pooling_params=_pooling_params)
         q: asyncio.Queue = asyncio.Queue()
         self._queues[internal_id] = q
         self._not_started.add(internal_id)
