@@ -120,8 +120,8 @@ class ChoiceReader:
     def _parse(self, final: bool) -> tuple[str | None, str, list[ToolCallDraft]]:
         plan = self.plan
         reasoning, body = (None, self.text) if plan.reasoning is None else plan.reasoning.split(self.text, final)
-        if plan.mode == "named":
-            return reasoning, "", [ToolCallDraft(plan.named, body.strip(), final)]
+        if plan.mode == "named":  # the call opens with its arguments: never before (or inside) the reasoning
+            return reasoning, "", [ToolCallDraft(plan.named, body.strip(), final)] if body.strip() or final else []
         if plan.mode == "required":
             start = body.find("[")
             if start < 0:
