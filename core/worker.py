@@ -135,8 +135,8 @@ class Worker:
                                       self.pp_size, text_config.hidden_size, self.dtype, self.device)
         self.runner = runner_cls(self.model, self.attn_backend_cls, self.device, block_size, self.vocab_size,
                                  synchronize=platform.synchronize, task=settings.model.task, **extra)
+        attach_spec_head(self)  # speculator heads draft next to the target, hooks before graphs (spec_decode_heads.py)
         self.prepared = prepare_on_platform(self)  # typed handle in, step runner out (core/platform_setup.py)
-        attach_spec_head(self)  # Medusa / MLP-speculator heads draft next to the target (core/spec_decode_heads.py)
         if settings.lora.enable_lora:  # adapter slots + a hook on every projection (docs/lora.md)
             from octavo.lora.manager import LoRAManager
 
