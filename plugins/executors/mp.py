@@ -89,9 +89,10 @@ class MultiprocExecutor(Executor):
             self.shutdown()
             raise
         self.worker_info = merge_worker_infos([infos[r] for r in range(self.world_size)])
-        logger.info("mp executor: %d worker processes (pids %s), tensor_parallel_size=%d, %s on %s; KV cache "
-                    "%d blocks per rank", self.world_size, [p.pid for p in self.procs], par.tensor_parallel_size,
-                    platform.distributed_backend, self.worker_info.device, self.worker_info.num_blocks)
+        logger.info("mp executor: %d worker processes (pids %s), tensor_parallel_size=%d x pipeline_parallel_size="
+                    "%d, %s on %s; KV cache %d blocks per rank", self.world_size, [p.pid for p in self.procs],
+                    par.tensor_parallel_size, par.pipeline_parallel_size, platform.distributed_backend,
+                    self.worker_info.device, self.worker_info.num_blocks)
 
     # ---- health -----------------------------------------------------------------------------------
     def check_health(self) -> None:

@@ -106,9 +106,9 @@ class RayExecutor(Executor):
         self.worker_info = merge_worker_infos(infos)
         self._enc = msgspec.msgpack.Encoder()
         self._out_dec = msgspec.msgpack.Decoder(RunnerOutput)
-        logger.info("ray executor: %d actors (tensor_parallel_size=%d) on %s, rendezvous %s:%d; KV cache %d "
-                    "blocks per rank", self.world_size, par.tensor_parallel_size, resource, ip, port,
-                    self.worker_info.num_blocks)
+        logger.info("ray executor: %d actors (tensor_parallel_size=%d x pipeline_parallel_size=%d) on %s, "
+                    "rendezvous %s:%d; KV cache %d blocks per rank", self.world_size, par.tensor_parallel_size,
+                    par.pipeline_parallel_size, resource, ip, port, self.worker_info.num_blocks)
 
     def _get(self, refs, timeout, what: str):
         ray = self._ray
