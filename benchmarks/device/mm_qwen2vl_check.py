@@ -1,4 +1,4 @@
-"""Qwen2-VL on the device (issue 14): the tiny random-weight checkpoint of tests/multimodal, octavo's default
+"""Qwen2-VL and Qwen2.5-VL on the device (issue 14): the tiny random-weight checkpoints of tests/multimodal, octavo's default
 GPU path (Triton attention, CUDA graphs for decode, so M-RoPE decode positions go through the graph runner)
 in float32, greedy tokens vs transformers ``generate`` on the same card, prompts with 1 and 2 images of
 different sizes and a text-only prompt in one batch. Writes one JSON.
@@ -24,7 +24,15 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
     p.add_argument("--device", default="cuda")
+    p.add_argument("--versions", default="2,2.5")
     args = p.parse_args()
+    records = [check(args, v) for v in args.versions.split(",")]
+    with open(args.out, "w") as f:
+        json.dump(records, f, indent=2)
+    print(json.dumps([{k: v for k, v in r.items() if k not in ("octavo", "transformers")} for r in records], indent=2))
+
+
+def check(args, version: str) -> dict:
     import torch
 
     from octavo import LLM, SamplingParams
@@ -33,7 +41,7 @@ def main() -> None:
 
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as root:
-        path, model, reference = build_tiny_qwen2vl(root)
+        path, model, reference = build_tiny_qwen2vl(root, version)
         model = model.to(args.device)
         cases = [(f"USER: {V} w1 w2 w3 ASSISTANT:", [make_image(0, (56, 84))]),
                  ("USER: w9 w10 w11 ASSISTANT:", []),
@@ -52,15 +60,15 @@ def main() -> None:
         got = [list(o.outputs[0].token_ids) for o in outs]
         runner = llm.llm_engine.core.executor.driver.runner
         graph = getattr(runner.graph_runner, "num_replays", None)
-        record = {"check": "Qwen2-VL tiny fp32 greedy vs transformers", "device": args.device,
+        record = {"check": f"Qwen{version}-VL tiny fp32 greedy vs transformers", "device": args.device,
                   "torch": torch.__version__, "equal": got == refs, "octavo": got, "transformers": refs,
                   "cuda_graph_replays": graph, "attention_backend": llm.llm_engine.model_info.attention_backend
                   if hasattr(llm.llm_engine.model_info, "attention_backend") else None,
                   "encoder_cache": {"encoded": runner.encoder_cache.encoded, "hits": runner.encoder_cache.hits},
                   "wall_s": round(time.perf_counter() - t0, 1)}
-    with open(args.out, "w") as f:
-        json.dump(record, f, indent=2)
-    print(json.dumps(record, indent=2))
+        llm.llm_engine.shutdown()
+    print(json.dumps({k: v for k, v in record.items() if k not in ("octavo", "transformers")}), flush=True)
+    return record
 
 
 if __name__ == "__main__":
