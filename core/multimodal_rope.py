@@ -70,13 +70,18 @@ def step_rope_positions(batch: StepBatch, states: dict, inputs, merge: int, devi
     n = int(qsl[-1])
     req_of_token = np.repeat(np.arange(len(qsl) - 1), np.diff(qsl))
     text = (starts[req_of_token] + np.arange(n) - qsl[:-1][req_of_token]).astype(np.int64)
+    shifts = np.zeros(len(qsl) - 1, dtype=np.int64)  # requests past all their images: one delta each
     pieces = []
     for i, items in with_items:
+        if starts[i] >= max(m.offset + m.length for m in items):  # decode (the common case): no arrays
+            shifts[i] = sum(max(m.grid_thw[1] // merge, m.grid_thw[2] // merge) - m.length for m in items)
+            continue
         lo, hi = int(qsl[i]), int(qsl[i + 1])
         t_row, rows = request_rope_positions(int(starts[i]), hi - lo, items, merge)
         text[lo:hi] = t_row
         if rows is not None:
             pieces.append((lo, hi, rows))
+    text += shifts[req_of_token]
     if not pieces:
         return torch.from_numpy(text).to(device, non_blocking=True)
     out = np.broadcast_to(text, (3, n)).copy()
