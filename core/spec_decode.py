@@ -48,6 +48,10 @@ class SpeculativeDecoding:
                 f"registered (plugins disabled?); registered methods: {pm.names('speculators')} "
                 "(docs/spec_decode.md).")
         cls = pm.resolve("speculators", cfg.method)  # unknown: UnknownPluginError naming the registered ones
+        if getattr(cls, "runs_on_worker", False):  # a head: its checkpoint must exist before the target loads
+            from octavo.spec_heads import checkpoint_dir, read_config
+
+            read_config(checkpoint_dir(cfg.model))
         if settings.model.task == "embed":
             raise ValueError("speculative_config needs a generating model; task='embed' produces no tokens")
         return cfg, cls

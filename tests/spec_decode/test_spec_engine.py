@@ -129,7 +129,7 @@ class TestRandomProposer(SpeculatorContract):
 def test_unknown_and_unimplemented_methods_fail_at_start():
     from octavo import LLM
 
-    with pytest.raises(Exception, match="eagle.*not implemented"):
+    with pytest.raises(Exception, match="model 'x' is not a local directory"):  # a head checkpoint, checked first
         LLM(speculative_config={"method": "eagle", "model": "x", "num_speculative_tokens": 2},
             num_gpu_blocks_override=16, max_model_len=128)
     with pytest.raises(Exception, match="ngramm.*Did you mean 'ngram'"):
