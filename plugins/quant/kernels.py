@@ -7,21 +7,28 @@ code path (``output_dim=0``, ``input_dim=1``):
     int4:  qweight uint8 [N, K] (0..15)   scales, zeros float32 [N, K / group]     w = (q - 8) * s + z
     int8:  qweight int8  [N, K]           scales float32 [N]                       w = q * s
 
-After loading, the int4 weight is repacked once for torch's tinygemm kernels
-(``_weight_int4pack_mm_for_cpu`` on CPU, ``_weight_int4pack_mm`` on CUDA) and the int8 weight feeds
-``_weight_int8pack_mm``: the 4-bit and 8-bit weights stay packed in memory and the kernels unpack them
-block by block; no call materialises a dense matrix. The kernels take bf16 activations (on CPU the
-fp32-activation int4 kernel is a scalar fallback ~30x slower), so ``apply`` runs in bf16 and returns the
-caller's dtype: that rounding of the activations is part of the documented error (docs/quantization.md).
+After loading, the weights are repacked once for a kernel that keeps them packed in memory:
+
+- CPU: octavo's fp32 kernels (:mod:`octavo.plugins.quant.cpu_kernel`, compiled on first use): fp32
+  activations, scales and accumulation, so the result equals fp32 arithmetic on the dequantized weights
+  to fp32 rounding. torch's CPU int4 kernel needs bf16 activations, scales and output, and those roundings
+  flipped greedy answers of the embedded model (docs/quantization.md); it is used only when no C compiler
+  is available, with a warning that names the reason.
+- CUDA: torch's tinygemm (``_weight_int4pack_mm``) and ``_weight_int8pack_mm`` with bf16 activations.
 """
 
 from __future__ import annotations
+
+import logging
 
 import torch
 from torch import nn
 
 from octavo.nn import set_weight_attrs
+from octavo.plugins.quant import cpu_kernel
 from octavo.quant import LinearMethod
+
+logger = logging.getLogger(__name__)
 
 #: group sizes the tinygemm int4 kernels accept.
 INT4_GROUP_SIZES = (32, 64, 128, 256)
@@ -65,6 +72,28 @@ def quantize_int8(w: torch.Tensor):
     return torch.clamp(torch.round(w.float() / scale[:, None]), -127, 127).to(torch.int8), scale
 
 
+_warned: list[bool] = []
+
+
+def _fp32_kernel(layer, k: int) -> bool:
+    """Whether ``layer`` (on CPU, input size ``k``) runs octavo's fp32 kernels; warns once when it cannot."""
+    if layer_device(layer).type != "cpu" or k % cpu_kernel.GROUP:
+        return False
+    if cpu_kernel.library() is not None:
+        return True
+    if not _warned:
+        _warned.append(True)
+        logger.warning("octavo's fp32 CPU quantization kernels are unavailable (%s): using torch's int4/int8 "
+                       "kernels with bf16 activations and scales, which are less accurate (greedy answers can "
+                       "differ from the fp32 model); install a C compiler or pass quantization='none' for GGUF",
+                       cpu_kernel.unavailable_reason())
+    return False
+
+
+def layer_device(layer) -> torch.device:
+    return next(t.device for t in layer.parameters())
+
+
 def _param(shape, dtype, **attrs) -> nn.Parameter:
     return set_weight_attrs(nn.Parameter(torch.empty(shape, dtype=dtype), requires_grad=False), **attrs)
 
@@ -100,6 +129,15 @@ class Int4GroupMethod(LinearMethod):
 
     def process_weights_after_loading(self, layer):
         q, device = layer.qweight.data, layer.qweight.device
+        if _fp32_kernel(layer, q.shape[1]):  # w = q * s + (z - 8 s), scales per group of 32
+            k = q.shape[1]
+            layer.register_buffer("w4", cpu_kernel.pack_int4(q), persistent=False)
+            layer.register_buffer("s32", cpu_kernel.per_32(layer.scales.data, k), persistent=False)
+            layer.register_buffer("z32", cpu_kernel.per_32(layer.zeros.data - 8 * layer.scales.data, k),
+                                  persistent=False)
+            del layer.qweight, layer.scales, layer.zeros
+            self._move_perm(layer)
+            return
         scales_zeros = torch.stack([layer.scales.data.t(), layer.zeros.data.t()], -1)  # [K / group, N, 2]
         if device.type == "cpu":
             packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), 2)
@@ -108,6 +146,9 @@ class Int4GroupMethod(LinearMethod):
         del layer.qweight, layer.scales, layer.zeros
         layer.register_buffer("packed_weight", packed, persistent=False)
         layer.register_buffer("scales_zeros", scales_zeros.to(_COMPUTE_DTYPE).contiguous(), persistent=False)
+        self._move_perm(layer)
+
+    def _move_perm(self, layer):
         if self.input_perm:
             perm = layer.input_perm.data
             del layer.input_perm
@@ -115,6 +156,12 @@ class Int4GroupMethod(LinearMethod):
 
     def apply(self, layer, x, bias=None):
         shape = x.shape
+        if hasattr(layer, "w4"):  # fp32 CPU kernel
+            x2 = x.reshape(-1, shape[-1])
+            if self.input_perm:
+                x2 = x2[:, layer.input_perm_index]
+            y = cpu_kernel.int4_linear(x2, layer.w4, layer.s32, layer.z32).to(x.dtype).reshape(*shape[:-1], -1)
+            return y + bias if bias is not None else y
         x2 = x.reshape(-1, shape[-1]).to(_COMPUTE_DTYPE)  # [m, K]
         if self.input_perm:
             x2 = x2[:, layer.input_perm_index]
@@ -136,10 +183,19 @@ class Int8RowMethod(LinearMethod):
         layer.register_parameter("scales", _param((n,), torch.float32, output_dim=0))
 
     def process_weights_after_loading(self, layer):
+        if _fp32_kernel(layer, layer.qweight.shape[1]):  # the row scale repeated per group of 32
+            k = layer.qweight.shape[1]
+            layer.register_buffer("s32", layer.scales.data.float()[:, None].expand(-1, k // 32).contiguous(),
+                                  persistent=False)
+            return
         layer.scales.data = layer.scales.data.to(_COMPUTE_DTYPE)
 
     def apply(self, layer, x, bias=None):
         shape = x.shape
+        if hasattr(layer, "s32"):  # fp32 CPU kernel
+            y = cpu_kernel.int8_linear(x.reshape(-1, shape[-1]), layer.qweight, layer.s32)
+            y = y.to(x.dtype).reshape(*shape[:-1], -1)
+            return y + bias if bias is not None else y
         x2 = x.reshape(-1, shape[-1]).to(_COMPUTE_DTYPE)  # [m, K]
         y = torch.ops.aten._weight_int8pack_mm(x2, layer.qweight, layer.scales)
         y = y.to(x.dtype).reshape(*shape[:-1], -1)  # [..., N]
@@ -147,18 +203,35 @@ class Int8RowMethod(LinearMethod):
 
 
 class Int8LMHeadMethod(Int8RowMethod):
-    """Logits from an int8 copy of the LM head (the dense weight stays for a tied embedding's lookup)."""
+    """Logits from an int8 copy of the LM head (the dense weight stays for a tied embedding's lookup).
+
+    On CPU with the fp32 kernels the copy has a scale per group of 32 inputs: exact for a Q8_0 head (whose
+    blocks are 32 int8 values and a scale, so the largest |q| of each block is 127 and ``amax / 127`` is
+    its scale), and half an int8 step of the group's largest weight otherwise. Elsewhere, one scale per row.
+    """
 
     def create_weights(self, layer, input_size, output_sizes, params_dtype):
         raise TypeError("Int8LMHeadMethod quantizes an existing head in process_weights_after_loading")
 
     def process_weights_after_loading(self, layer):
-        qweight, scales = quantize_int8(layer.weight.data)
+        w = layer.weight.data
+        if _fp32_kernel(layer, w.shape[1]):
+            groups = w.float().reshape(w.shape[0], -1, cpu_kernel.GROUP)  # [N, K / 32, 32]
+            scale = (groups.abs().amax(-1) / 127).clamp(min=1e-30)
+            q = torch.clamp(torch.round(groups / scale[..., None]), -127, 127).to(torch.int8)
+            layer.register_buffer("logits_q8", q.reshape(w.shape).contiguous(), persistent=False)
+            layer.register_buffer("logits_s32", scale.contiguous(), persistent=False)
+            return
+        qweight, scales = quantize_int8(w)
         layer.register_buffer("logits_qweight", qweight, persistent=False)
         layer.register_buffer("logits_scales", scales.to(_COMPUTE_DTYPE), persistent=False)
 
     def apply(self, layer, x, bias=None):
         shape = x.shape
+        if hasattr(layer, "logits_q8"):  # fp32 CPU kernel
+            y = cpu_kernel.int8_linear(x.reshape(-1, shape[-1]), layer.logits_q8, layer.logits_s32)
+            y = y.reshape(*shape[:-1], -1)  # [..., vocab]
+            return y + bias if bias is not None else y
         x2 = x.reshape(-1, shape[-1]).to(_COMPUTE_DTYPE)  # [m, hidden]
         y = torch.ops.aten._weight_int8pack_mm(x2, layer.logits_qweight, layer.logits_scales)
         y = y.float().reshape(*shape[:-1], -1)  # [..., vocab]

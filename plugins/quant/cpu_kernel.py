@@ -1,0 +1,363 @@
+"""fp32 CPU kernels for group-quantized weights (int4 and int8, groups of 32), built once with the C compiler.
+
+Why: torch's CPU int4 kernel (``_weight_int4pack_mm_for_cpu``) is fast only with bf16 activations, bf16
+scales and a bf16 output; those three roundings flip greedy answers of the embedded SmolLM2 model
+(benchmarks/quant_cpu_accuracy.py measures each). These kernels read the packed 4-bit (or 8-bit) weight
+and compute in fp32 (activations, scales, accumulation, output), so the quantized path matches the fp32
+run on the dequantized weights to fp32 rounding, while still reading 0.5 (or 1) byte per weight:
+
+    y[m, n] = sum_g s[n, g] * sum_{k in g} q[n, k] * x[m, k] + z[n, g] * sum_{k in g} x[m, k]
+
+    int4: w4 uint8 [N, K / 2], group g's 16 bytes hold element j (low nibble) and j + 16 (high nibble)
+    int8: w8 int8  [N, K]                                     (scales s [N, K / 32], zeros z [N, K / 32])
+
+Few rows (decode) run the fused kernel; many rows (prefill) dequantize the weight to fp32 once per call
+and use torch's GEMM, whose cost is then amortised over the rows (as vLLM's AWQ path does above 256
+tokens). The C source is compiled with ``$CC`` (default ``cc``) ``-O3 -march=native -fopenmp`` into
+``$OCTAVO_CACHE_DIR/kernels`` on first use and loaded with ctypes (no torch headers, ~1 s).
+:func:`library` returns None with the reason when no compiler is there; callers then say what they use.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+#: at most this many rows use the fused kernel; more rows dequantize once and use torch's GEMM.
+FUSED_MAX_ROWS = 16
+GROUP = 32
+
+C_SOURCE = r"""
+#include <stdint.h>
+#include <string.h>
+#define G 32
+#define MT 4
+
+static void group_sums(const float* x, int m, int k, float* xs) {
+    int ng = k / G;
+    for (int i = 0; i < m; i++)
+        for (int g = 0; g < ng; g++) {
+            float t = 0.f;
+            for (int j = 0; j < G; j++) t += x[(long)i * k + g * G + j];
+            xs[i * ng + g] = t;
+        }
+}
+
+#ifdef __AVX512F__
+#include <immintrin.h>
+/* one output row r of the int4 product for rows i0 .. i0 + mt of x */
+static inline void q4_row(const float* x, int k, int ng, const uint8_t* wr, const float* sr, const float* zr,
+                          const float* xs, int i0, int mt, float* out) {
+    __m512 acc[MT];
+    float zacc[MT];
+    for (int i = 0; i < MT; i++) { acc[i] = _mm512_setzero_ps(); zacc[i] = 0.f; }
+    const __m512i mask = _mm512_set1_epi32(15);
+    for (int g = 0; g < ng; g++) {
+        __m512i bi = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(wr + g * 16)));
+        __m512 lo = _mm512_cvtepi32_ps(_mm512_and_si512(bi, mask));
+        __m512 hi = _mm512_cvtepi32_ps(_mm512_srli_epi32(bi, 4));
+        __m512 sg = _mm512_set1_ps(sr[g]);
+        for (int i = 0; i < mt; i++) {
+            const float* xg = x + (long)(i0 + i) * k + g * G;
+            __m512 t = _mm512_mul_ps(lo, _mm512_loadu_ps(xg));
+            t = _mm512_fmadd_ps(hi, _mm512_loadu_ps(xg + 16), t);
+            acc[i] = _mm512_fmadd_ps(t, sg, acc[i]);
+            zacc[i] += zr[g] * xs[(i0 + i) * ng + g];
+        }
+    }
+    for (int i = 0; i < mt; i++) out[i] = _mm512_reduce_add_ps(acc[i]) + zacc[i];
+}
+
+static inline void q8_row(const float* x, int k, int ng, const int8_t* wr, const float* sr, int i0, int mt,
+                          float* out) {
+    __m512 acc[MT];
+    for (int i = 0; i < MT; i++) acc[i] = _mm512_setzero_ps();
+    for (int g = 0; g < ng; g++) {
+        __m512 q0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(wr + g * G))));
+        __m512 q1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(wr + g * G + 16))));
+        __m512 sg = _mm512_set1_ps(sr[g]);
+        for (int i = 0; i < mt; i++) {
+            const float* xg = x + (long)(i0 + i) * k + g * G;
+            __m512 t = _mm512_mul_ps(q0, _mm512_loadu_ps(xg));
+            t = _mm512_fmadd_ps(q1, _mm512_loadu_ps(xg + 16), t);
+            acc[i] = _mm512_fmadd_ps(t, sg, acc[i]);
+        }
+    }
+    for (int i = 0; i < mt; i++) out[i] = _mm512_reduce_add_ps(acc[i]);
+}
+#else
+static inline void q4_row(const float* x, int k, int ng, const uint8_t* wr, const float* sr, const float* zr,
+                          const float* xs, int i0, int mt, float* out) {
+    float acc[MT][16];
+    float zacc[MT];
+    memset(acc, 0, sizeof(acc));
+    memset(zacc, 0, sizeof(zacc));
+    for (int g = 0; g < ng; g++) {
+        const uint8_t* b = wr + g * 16;
+        float lo[16], hi[16];
+        for (int j = 0; j < 16; j++) { lo[j] = (float)(b[j] & 15); hi[j] = (float)(b[j] >> 4); }
+        for (int i = 0; i < mt; i++) {
+            const float* xg = x + (long)(i0 + i) * k + g * G;
+            for (int j = 0; j < 16; j++) acc[i][j] += sr[g] * (lo[j] * xg[j] + hi[j] * xg[16 + j]);
+            zacc[i] += zr[g] * xs[(i0 + i) * ng + g];
+        }
+    }
+    for (int i = 0; i < mt; i++) {
+        float t = 0.f;
+        for (int j = 0; j < 16; j++) t += acc[i][j];
+        out[i] = t + zacc[i];
+    }
+}
+
+static inline void q8_row(const float* x, int k, int ng, const int8_t* wr, const float* sr, int i0, int mt,
+                          float* out) {
+    float acc[MT][G];
+    memset(acc, 0, sizeof(acc));
+    for (int g = 0; g < ng; g++)
+        for (int i = 0; i < mt; i++) {
+            const float* xg = x + (long)(i0 + i) * k + g * G;
+            for (int j = 0; j < G; j++) acc[i][j] += sr[g] * ((float)wr[g * G + j] * xg[j]);
+        }
+    for (int i = 0; i < mt; i++) {
+        float t = 0.f;
+        for (int j = 0; j < G; j++) t += acc[i][j];
+        out[i] = t;
+    }
+}
+#endif
+
+static float zdot(const float* z, const float* xs, int ng) {
+    float t = 0.f;
+    #pragma omp simd reduction(+:t)
+    for (int g = 0; g < ng; g++) t += z[g] * xs[g];
+    return t;
+}
+
+#ifdef __AVX512F__
+/* one activation row, four weight rows at a time: independent accumulators hide the FMA latency and each
+   activation block is loaded once for the four rows */
+static void q4_vec4(const float* x, int k, int ng, const uint8_t* w, const float* s, const float* z,
+                    const float* xs, int r, float* y) {
+    __m512 acc[4];
+    for (int j = 0; j < 4; j++) acc[j] = _mm512_setzero_ps();
+    const __m512i mask = _mm512_set1_epi32(15);
+    long kb = k / 2;
+    for (int g = 0; g < ng; g++) {
+        __m512 x0 = _mm512_loadu_ps(x + g * G), x1 = _mm512_loadu_ps(x + g * G + 16);
+        for (int j = 0; j < 4; j++) {
+            __m512i bi = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(w + (r + j) * kb + g * 16)));
+            __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_and_si512(bi, mask)), x0);
+            t = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(bi, 4)), x1, t);
+            acc[j] = _mm512_fmadd_ps(t, _mm512_set1_ps(s[(long)(r + j) * ng + g]), acc[j]);
+        }
+    }
+    for (int j = 0; j < 4; j++) y[r + j] = _mm512_reduce_add_ps(acc[j]) + zdot(z + (long)(r + j) * ng, xs, ng);
+}
+
+static void q8_vec4(const float* x, int k, int ng, const int8_t* w, const float* s, int r, float* y) {
+    __m512 acc[4];
+    for (int j = 0; j < 4; j++) acc[j] = _mm512_setzero_ps();
+    for (int g = 0; g < ng; g++) {
+        __m512 x0 = _mm512_loadu_ps(x + g * G), x1 = _mm512_loadu_ps(x + g * G + 16);
+        for (int j = 0; j < 4; j++) {
+            const int8_t* b = w + (long)(r + j) * k + g * G;
+            __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)b))), x0);
+            t = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(b + 16)))),
+                                x1, t);
+            acc[j] = _mm512_fmadd_ps(t, _mm512_set1_ps(s[(long)(r + j) * ng + g]), acc[j]);
+        }
+    }
+    for (int j = 0; j < 4; j++) y[r + j] = _mm512_reduce_add_ps(acc[j]);
+}
+#define HAVE_VEC4 1
+#endif
+
+/* y[m, n] = x[m, k] . dequant(w)[n, k]^T, int4 weights, m * k / 32 <= 16384 */
+void q4_gemm(const float* x, int m, int k, const uint8_t* w, const float* s, const float* z,
+             int n, float* y, int nthreads) {
+    int ng = k / G;
+    float xs[16 * 1024];
+    group_sums(x, m, k, xs);
+#ifdef HAVE_VEC4
+    if (m == 1) {
+        int n4 = n / 4 * 4;
+        #pragma omp parallel for schedule(static) num_threads(nthreads) if (nthreads > 1)
+        for (int r = 0; r < n4; r += 4) q4_vec4(x, k, ng, w, s, z, xs, r, y);
+        for (int r = n4; r < n; r++) {
+            float out[MT];
+            q4_row(x, k, ng, w + (long)r * (k / 2), s + (long)r * ng, z + (long)r * ng, xs, 0, 1, out);
+            y[r] = out[0];
+        }
+        return;
+    }
+#endif
+    #pragma omp parallel for schedule(static) num_threads(nthreads) if (nthreads > 1)
+    for (int r = 0; r < n; r++)
+        for (int i0 = 0; i0 < m; i0 += MT) {
+            int mt = m - i0 < MT ? m - i0 : MT;
+            float out[MT];
+            q4_row(x, k, ng, w + (long)r * (k / 2), s + (long)r * ng, z + (long)r * ng, xs, i0, mt, out);
+            for (int i = 0; i < mt; i++) y[(long)(i0 + i) * n + r] = out[i];
+        }
+}
+
+/* int8 weights with a scale per group of 32 (no zero) */
+void q8_gemm(const float* x, int m, int k, const int8_t* w, const float* s, int n, float* y, int nthreads) {
+    int ng = k / G;
+#ifdef HAVE_VEC4
+    if (m == 1) {
+        int n4 = n / 4 * 4;
+        #pragma omp parallel for schedule(static) num_threads(nthreads) if (nthreads > 1)
+        for (int r = 0; r < n4; r += 4) q8_vec4(x, k, ng, w, s, r, y);
+        for (int r = n4; r < n; r++) {
+            float out[MT];
+            q8_row(x, k, ng, w + (long)r * k, s + (long)r * ng, 0, 1, out);
+            y[r] = out[0];
+        }
+        return;
+    }
+#endif
+    #pragma omp parallel for schedule(static) num_threads(nthreads) if (nthreads > 1)
+    for (int r = 0; r < n; r++)
+        for (int i0 = 0; i0 < m; i0 += MT) {
+            int mt = m - i0 < MT ? m - i0 : MT;
+            float out[MT];
+            q8_row(x, k, ng, w + (long)r * k, s + (long)r * ng, i0, mt, out);
+            for (int i = 0; i < mt; i++) y[(long)(i0 + i) * n + r] = out[i];
+        }
+}
+
+void q4_dequant(const uint8_t* w, const float* s, const float* z, int n, int k, float* out, int nthreads) {
+    int ng = k / G;
+    #pragma omp parallel for schedule(static) num_threads(nthreads) if (nthreads > 1)
+    for (int r = 0; r < n; r++)
+        for (int g = 0; g < ng; g++) {
+            const uint8_t* b = w + (long)r * (k / 2) + g * 16;
+            float sg = s[(long)r * ng + g], zg = z[(long)r * ng + g];
+            float* o = out + (long)r * k + g * G;
+            #pragma omp simd
+            for (int j = 0; j < 16; j++) { o[j] = (float)(b[j] & 15) * sg + zg; o[16 + j] = (float)(b[j] >> 4) * sg + zg; }
+        }
+}
+
+void q8_dequant(const int8_t* w, const float* s, int n, int k, float* out, int nthreads) {
+    int ng = k / G;
+    #pragma omp parallel for schedule(static) num_threads(nthreads) if (nthreads > 1)
+    for (int r = 0; r < n; r++)
+        for (int g = 0; g < ng; g++) {
+            float sg = s[(long)r * ng + g];
+            #pragma omp simd
+            for (int j = 0; j < G; j++) out[(long)r * k + g * G + j] = (float)w[(long)r * k + g * G + j] * sg;
+        }
+}
+"""
+
+_FLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp", "-shared", "-fPIC"]
+_state: dict[str, object] = {}
+
+
+def _cache_dir() -> str:
+    base = os.environ.get("OCTAVO_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "octavo")
+    return os.path.join(base, "kernels")
+
+
+def _build() -> ctypes.CDLL:
+    cc = os.environ.get("CC", "cc")
+    if shutil.which(cc) is None:
+        raise RuntimeError(f"no C compiler ({cc!r} not on PATH; set CC)")
+    key = hashlib.sha256("\0".join([C_SOURCE, cc, *_FLAGS, platform.machine(), platform.node()]).encode())
+    path = os.path.join(_cache_dir(), f"octavo_q_{key.hexdigest()[:16]}.so")
+    if not os.path.exists(path):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with tempfile.TemporaryDirectory() as tmp:
+            src, out = os.path.join(tmp, "q.c"), os.path.join(tmp, "q.so")
+            with open(src, "w") as f:
+                f.write(C_SOURCE)
+            proc = subprocess.run([cc, *_FLAGS, src, "-o", out], capture_output=True, text=True)
+            if proc.returncode:
+                raise RuntimeError(f"{cc} failed: {proc.stderr.strip()[-500:]}")
+            tmp_final = f"{path}.{os.getpid()}.tmp"
+            shutil.copyfile(out, tmp_final)
+            os.replace(tmp_final, path)  # atomic: concurrent workers never load a half-written file
+    lib = ctypes.CDLL(path)
+    p, i = ctypes.c_void_p, ctypes.c_int
+    lib.q4_gemm.argtypes = [p, i, i, p, p, p, i, p, i]
+    lib.q8_gemm.argtypes = [p, i, i, p, p, i, p, i]
+    lib.q4_dequant.argtypes = [p, p, p, i, i, p, i]
+    lib.q8_dequant.argtypes = [p, p, i, i, p, i]
+    return lib
+
+
+def library() -> ctypes.CDLL | None:
+    """The compiled kernels, or None (the reason is in :func:`unavailable_reason`). Built once per process."""
+    if "lib" not in _state:
+        if os.environ.get("OCTAVO_CPU_QUANT_KERNEL", "1") == "0":
+            _state["lib"], _state["why"] = None, "disabled by OCTAVO_CPU_QUANT_KERNEL=0"
+        else:
+            try:
+                _state["lib"] = _build()
+            except (OSError, RuntimeError) as e:
+                _state["lib"], _state["why"] = None, str(e)
+    return _state["lib"]  # type: ignore[return-value]
+
+
+def unavailable_reason() -> str | None:
+    library()
+    return _state.get("why")  # type: ignore[return-value]
+
+
+def pack_int4(qweight: torch.Tensor) -> torch.Tensor:
+    """Canonical ``uint8 [N, K]`` (0..15) -> ``uint8 [N, K / 2]``: per group of 32, byte j = j | (j + 16) << 4."""
+    n, k = qweight.shape
+    g = qweight.reshape(n, k // GROUP, 2, 16)
+    return (g[:, :, 0] | (g[:, :, 1] << 4)).reshape(n, k // 2).contiguous()
+
+
+def per_32(t: torch.Tensor, k: int) -> torch.Tensor:
+    """Per-group ``[N, K / g]`` values repeated to groups of 32 (``g`` a multiple of 32), float32 contiguous."""
+    return t.float().repeat_interleave(k // GROUP // t.shape[1], 1).contiguous()
+
+
+def _ptr(t: torch.Tensor) -> int:
+    return t.data_ptr()
+
+
+def int4_linear(x: torch.Tensor, w4: torch.Tensor, s: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+    """``x [m, K]`` (any float dtype) times the int4 weight ``w = q * s + z`` -> float32 ``[m, N]``."""
+    lib = library()
+    x = x.float().contiguous()
+    (m, k), n = x.shape, w4.shape[0]
+    threads = torch.get_num_threads()
+    if m <= FUSED_MAX_ROWS and m * (k // GROUP) <= 16 * 1024:  # the kernel's group-sum buffer
+        y = torch.empty(m, n, dtype=torch.float32)
+        lib.q4_gemm(_ptr(x), m, k, _ptr(w4), _ptr(s), _ptr(z), n, _ptr(y), threads)
+        return y
+    w = torch.empty(n, k, dtype=torch.float32)
+    lib.q4_dequant(_ptr(w4), _ptr(s), _ptr(z), n, k, _ptr(w), threads)
+    return torch.nn.functional.linear(x, w)
+
+
+def int8_linear(x: torch.Tensor, w8: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    """``x [m, K]`` times the int8 weight ``w = q * s`` (a scale per group of 32) -> float32 ``[m, N]``."""
+    lib = library()
+    x = x.float().contiguous()
+    (m, k), n = x.shape, w8.shape[0]
+    threads = torch.get_num_threads()
+    if m <= FUSED_MAX_ROWS:
+        y = torch.empty(m, n, dtype=torch.float32)
+        lib.q8_gemm(_ptr(x), m, k, _ptr(w8), _ptr(s), n, _ptr(y), threads)
+        return y
+    w = torch.empty(n, k, dtype=torch.float32)
+    lib.q8_dequant(_ptr(w8), _ptr(s), n, k, _ptr(w), threads)
+    return torch.nn.functional.linear(x, w)

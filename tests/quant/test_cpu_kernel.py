@@ -1,0 +1,57 @@
+"""octavo's fp32 CPU kernels for int4 / int8 group-quantized weights against a float64 product.
+
+The kernels exist for accuracy (fp32 activations, scales, accumulation and output, unlike torch's bf16 int4
+kernel), so the bound is fp32 rounding: 1e-5 of the output's range. Shapes cover the decode path (one row,
+the four-rows-at-a-time loop and its remainder), the few-rows path, the dequantize-then-GEMM path (> 16
+rows), and group sizes above 32 (scales repeated per 32).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from octavo.plugins.quant import cpu_kernel
+
+pytestmark = pytest.mark.skipif(cpu_kernel.library() is None,
+                                reason=f"no fp32 CPU kernel here: {cpu_kernel.unavailable_reason()}")
+
+
+def _close(got: torch.Tensor, want: torch.Tensor) -> None:
+    err = (got.double() - want).abs().max() / want.abs().max()
+    assert err < 1e-5, err
+
+
+@pytest.mark.parametrize("n", [7, 64, 130])
+@pytest.mark.parametrize("m", [1, 3, 5, 17])
+@pytest.mark.parametrize("group", [32, 128])
+def test_int4_matches_float64(n, m, group):
+    gen = torch.Generator().manual_seed(n * 100 + m)
+    k = 256
+    q = torch.randint(0, 16, (n, k), generator=gen, dtype=torch.uint8)
+    s, z = torch.rand(n, k // group, generator=gen), torch.randn(n, k // group, generator=gen)
+    x = torch.randn(m, k, generator=gen)
+    w = q.double() * s.double().repeat_interleave(group, 1) + z.double().repeat_interleave(group, 1)
+    got = cpu_kernel.int4_linear(x, cpu_kernel.pack_int4(q), cpu_kernel.per_32(s, k), cpu_kernel.per_32(z, k))
+    assert got.dtype == torch.float32 and got.shape == (m, n)
+    _close(got, x.double() @ w.T)
+
+
+@pytest.mark.parametrize("n", [5, 96])
+@pytest.mark.parametrize("m", [1, 2, 20])
+def test_int8_matches_float64(n, m):
+    gen = torch.Generator().manual_seed(n + m)
+    k = 192
+    q = torch.randint(-127, 128, (n, k), generator=gen, dtype=torch.int8)
+    s = torch.rand(n, k // 32, generator=gen)
+    x = torch.randn(m, k, generator=gen).bfloat16()  # any float dtype in; fp32 out
+    w = q.double() * s.double().repeat_interleave(32, 1)
+    _close(cpu_kernel.int8_linear(x, q, s), x.double() @ w.T)
+
+
+def test_pack_layout():
+    """Per group of 32, byte j holds element j (low nibble) and element j + 16 (high nibble)."""
+    q = torch.arange(64, dtype=torch.uint8).remainder(16).reshape(1, 64)
+    packed = cpu_kernel.pack_int4(q)
+    assert packed.shape == (1, 32)
+    assert int(packed[0, 3]) == (3 | (3 << 4)) and int(packed[0, 16 + 1]) == (1 | (1 << 4))
