@@ -110,18 +110,25 @@ class VllmLLMMethods:
         Raises:
             ValueError: sleep mode is off, requests are unfinished, or the platform captured device graphs.
         """
-        return self.llm_engine.core.sleep(level)
+        return self._core_utility("sleep")(level)
 
     def wake_up(self, tags: list[str] | None = None) -> None:
         """Restore what ``sleep`` freed: ``tags`` among ``["weights", "kv_cache"]`` (default both)."""
-        self.llm_engine.core.wake_up(tags)
+        self._core_utility("wake_up")(tags)
 
     def is_sleeping(self) -> bool:
-        return self.llm_engine.core.is_sleeping()
+        return self._core_utility("is_sleeping")()
 
     def collective_rpc(self, method: Any, timeout: float | None = None, args: tuple = (),
                        kwargs: dict | None = None) -> list:
         """Run ``method`` on every worker and return each rank's result (vLLM's signature): a worker method
         name, ``"module:function"`` (called as ``function(worker, *args, **kwargs)``), or, when the model runs
         in this process, a callable taking the worker first (core/worker_rpc.py)."""
-        return self.llm_engine.core.collective_rpc(method, args=args, kwargs=kwargs, timeout=timeout)
+        return self._core_utility("collective_rpc")(method, args=args, kwargs=kwargs, timeout=timeout)
+
+    def _core_utility(self, name: str) -> Any:
+        method = getattr(self.llm_engine.core, name, None)
+        if method is None:  # e.g. the data-parallel core, which fans requests out to replicas
+            raise ValueError(f"{name} is not supported by this engine ({type(self.llm_engine.core).__name__}; "
+                             "data_parallel_size > 1 runs several engine cores).")
+        return method
