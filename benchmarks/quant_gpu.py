@@ -5,14 +5,18 @@
 1. correctness on tiny random Llama checkpoints (model level, reference attention): ``fp8`` quantized while
    loading, a pre-quantized FP8 checkpoint, and GPTQ int4 on the CUDA tinygemm kernel, each against the
    dense run of its dequantized weights (greedy tokens, logits relative to the max |logit|);
-2. Llama-3-8B shape, dummy weights: batch-1 decode ms/token and a batched offline run, ``fp8`` vs bf16,
-   same call, same card.
+2. the fused fp8 activation-quantization Triton kernel vs its torch reference on the device (bit mismatches);
+3. Llama-3-8B shape, dummy weights, same call, same card: batch-1 decode ms/token and its fraction of the
+   roofline (weight bytes read per step / copy bandwidth measured here) for bf16, fp8 with the fused Triton
+   activation quantization, and fp8 with torch-op quantization (``OCTAVO_FP8_FUSED_QUANT=0``); a batched
+   offline run for the ``--offline`` variants (default bf16 and fp8).
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import gc
 import json
 import os
 import random
@@ -108,6 +112,44 @@ def correctness(tmp: str) -> dict:
     return out
 
 
+def fused_quant_check() -> dict:
+    from octavo.plugins.quant.fp8_triton import quantize_per_token, quantize_per_token_torch
+
+    out = {}
+    for m, k in [(1, 4096), (7, 14336), (512, 4096)]:
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16) * 3
+        q, s = quantize_per_token(x)
+        rq, rs = quantize_per_token_torch(x)
+        diff = (q.float() - rq.float()).abs()
+        out[f"{m}x{k}"] = {"scale_max_rel_diff": float(((s - rs).abs() / rs).max()),
+                           "elements_differing": int((diff > 0).sum()), "elements": m * k}
+    print("fused fp8 quant vs torch", json.dumps(out), flush=True)
+    return out
+
+
+def copy_bandwidth() -> float:
+    """Device memory bandwidth in bytes/s from a 2 GiB copy (read + write), best of 5."""
+    a = torch.empty(1 << 30, dtype=torch.bfloat16, device="cuda")
+    b = torch.empty_like(a)
+    best = float("inf")
+    for _ in range(5):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        b.copy_(a)
+        torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - t)
+    del a, b
+    return 2 * (2 << 30) / best
+
+
+def step_bytes(cfg: dict, fp8: bool) -> int:
+    """Bytes a batch-1 decode step reads: the linear weights (1 byte fp8, 2 bf16) and the bf16 LM head."""
+    h, i, n = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"]
+    kv = h // cfg["num_attention_heads"] * cfg["num_key_value_heads"]
+    linear = n * (h * (h + 2 * kv) + h * h + 3 * h * i)
+    return linear * (1 if fp8 else 2) + cfg["vocab_size"] * h * 2
+
+
 def bench(tmp: str, args) -> dict:
     from octavo import LLM, SamplingParams
 
@@ -119,8 +161,10 @@ def bench(tmp: str, args) -> dict:
     prompts = [{"prompt_token_ids": [rng.randrange(1000, 120000) for _ in range(args.in_len)]}
                for _ in range(args.prompts)]
     one = [{"prompt_token_ids": prompts[0]["prompt_token_ids"]}]
-    out = {}
-    for name in ("bf16", "fp8"):
+    bandwidth = copy_bandwidth()
+    out = {"copy_bandwidth_GBps": bandwidth / 1e9}
+    for name in args.variants.split(","):
+        os.environ["OCTAVO_FP8_FUSED_QUANT"] = "0" if name == "fp8-unfused" else "1"
         try:
             t0 = time.perf_counter()
             llm = LLM(model=d, load_format="dummy", dtype="bfloat16", skip_tokenizer_init=True,
@@ -136,15 +180,22 @@ def bench(tmp: str, args) -> dict:
                 torch.cuda.synchronize()
                 times.append(time.perf_counter() - t)
             res["bs1_ms_per_token"] = (times[1] - times[0]) / 128 * 1e3
-            torch.cuda.synchronize()
-            t = time.perf_counter()
-            outs = llm.generate(prompts, SamplingParams(max_tokens=args.out_len, ignore_eos=True), use_tqdm=False)
-            torch.cuda.synchronize()
-            dt = time.perf_counter() - t
-            total = sum(len(o.outputs[0].token_ids) for o in outs)
-            res.update({"offline_s": dt, "output_tok_s": total / dt, "workload": f"{args.prompts} x "
-                        f"{args.in_len}/{args.out_len}"})
+            roofline_ms = step_bytes(LLAMA3_8B, name != "bf16") / bandwidth * 1e3
+            res["bs1_roofline_ms"] = roofline_ms
+            res["bs1_fraction_of_roofline"] = roofline_ms / res["bs1_ms_per_token"]
+            print(name, json.dumps(res), flush=True)
+            if name in args.offline.split(","):
+                torch.cuda.synchronize()
+                t = time.perf_counter()
+                outs = llm.generate(prompts, SamplingParams(max_tokens=args.out_len, ignore_eos=True),
+                                    use_tqdm=False)
+                torch.cuda.synchronize()
+                dt = time.perf_counter() - t
+                total = sum(len(o.outputs[0].token_ids) for o in outs)
+                res.update({"offline_s": dt, "output_tok_s": total / dt, "workload": f"{args.prompts} x "
+                            f"{args.in_len}/{args.out_len}"})
             del llm
+            gc.collect()
         except Exception as e:  # noqa: BLE001 - reported in the JSON
             res = {"error": f"{type(e).__name__}: {e}"}
         torch.cuda.empty_cache()
@@ -152,7 +203,9 @@ def bench(tmp: str, args) -> dict:
         print(name, json.dumps(res), flush=True)
     if "output_tok_s" in out.get("fp8", {}) and "output_tok_s" in out.get("bf16", {}):
         out["fp8_over_bf16_throughput"] = out["fp8"]["output_tok_s"] / out["bf16"]["output_tok_s"]
-        out["fp8_over_bf16_bs1_speed"] = out["bf16"]["bs1_ms_per_token"] / out["fp8"]["bs1_ms_per_token"]
+    for name in ("fp8", "fp8-unfused"):
+        if "bs1_ms_per_token" in out.get(name, {}) and "bs1_ms_per_token" in out.get("bf16", {}):
+            out[f"{name}_over_bf16_bs1_speed"] = out["bf16"]["bs1_ms_per_token"] / out[name]["bs1_ms_per_token"]
     return out
 
 
@@ -163,6 +216,8 @@ def main() -> None:
     ap.add_argument("--in-len", type=int, default=512)
     ap.add_argument("--out-len", type=int, default=256)
     ap.add_argument("--skip-bench", action="store_true")
+    ap.add_argument("--variants", default="bf16,fp8,fp8-unfused", help="batch-1 decode variants")
+    ap.add_argument("--offline", default="bf16,fp8", help="variants that also run the offline workload")
     args = ap.parse_args()
     os.environ.setdefault("OCTAVO_DISABLE_PROGRESS", "1")
     record = {"card": torch.cuda.get_device_name(), "torch": torch.__version__,
@@ -170,6 +225,10 @@ def main() -> None:
               "command": "python " + " ".join(sys.argv)}
     with tempfile.TemporaryDirectory() as tmp:
         record["correctness"] = correctness(tmp)
+        try:
+            record["fused_fp8_quant"] = fused_quant_check()
+        except Exception as e:  # noqa: BLE001 - reported in the JSON
+            record["fused_fp8_quant"] = {"error": f"{type(e).__name__}: {e}"}
         if not args.skip_bench:
             record["llama3_8b_shape"] = bench(tmp, args)
     with open(args.out, "w") as f:

@@ -1,7 +1,8 @@
 """``fp8``: W8A8 FP8 (e4m3) linear layers for GPUs with FP8 tensor cores (Hopper / Ada, compute >= 8.9).
 
 Weights are e4m3 with one scale per output row; activations are quantized per token at run time
-(dynamic scales) and multiplied with ``torch._scaled_mm`` (row-wise scales, bf16 output). Two sources:
+(dynamic scales: one fused Triton kernel, plugins/quant/fp8_triton.py, or torch ops when Triton is missing or
+``OCTAVO_FP8_FUSED_QUANT=0``) and multiplied with ``torch._scaled_mm`` (row-wise scales, bf16 output). Two sources:
 
 - a dense bf16/fp16 checkpoint with ``quantization="fp8"``: each weight is quantized as it streams in;
 - a pre-quantized checkpoint (``quantization_config.quant_method == "fp8"``, vLLM / llm-compressor style):
@@ -13,6 +14,8 @@ CPU has no FP8 matmul: the quantizer reports itself unavailable there and the lo
 
 from __future__ import annotations
 
+import importlib.util
+import os
 from typing import Any, ClassVar
 
 import torch
@@ -23,6 +26,10 @@ from octavo.platform import Availability
 from octavo.quant import LinearMethod, Quantizer
 
 FP8_MAX = 448.0  # float8_e4m3fn
+
+
+def _fused_quant() -> bool:
+    return os.environ.get("OCTAVO_FP8_FUSED_QUANT", "1") != "0" and importlib.util.find_spec("triton") is not None
 
 
 def quantize_fp8_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -60,12 +67,17 @@ class _FP8Method(LinearMethod):
 
     def process_weights_after_loading(self, layer):
         layer.weight_scale.data = layer.weight_scale.data.reshape(1, -1).contiguous()  # [1, N]
+        self.fused = layer.weight.device.type == "cuda" and _fused_quant()
 
     def apply(self, layer, x, bias=None):
+        from octavo.plugins.quant import fp8_triton
+
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])  # [m, K]
-        x_scale = (x2.abs().amax(-1, keepdim=True).float() / FP8_MAX).clamp(min=1e-12)  # [m, 1] per token
-        xq = (x2.float() / x_scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+        if getattr(self, "fused", False):  # one kernel: per-token absmax, scale, cast
+            xq, x_scale = fp8_triton.quantize_per_token(x2)
+        else:
+            xq, x_scale = fp8_triton.quantize_per_token_torch(x2)
         y = torch._scaled_mm(xq, layer.weight.t(), scale_a=x_scale, scale_b=layer.weight_scale,
                              out_dtype=torch.bfloat16)
         y = y.to(x.dtype).reshape(*shape[:-1], -1)  # [..., N]

@@ -1,0 +1,37 @@
+"""The fused fp8 activation-quantization kernel against its torch reference, on CPU via TRITON_INTERPRET=1.
+
+The GPU run (and its speed) is benchmarks/device/quant.sh; here the interpreter checks the kernel's logic:
+scales and pre-cast values bit-identical (the e4m3 cast is checked on the device), rows longer than one block, zero rows, odd widths.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("triton")
+
+SCRIPT = r"""
+import torch
+from octavo.plugins.quant.fp8_triton import quantize_per_token, quantize_per_token_torch
+gen = torch.Generator().manual_seed(0)
+for m, k in [(1, 64), (3, 100), (2, 5000)]:
+    x = (torch.randn(m, k, generator=gen) * torch.logspace(-3, 2, m)[:, None]).bfloat16()
+    if m > 2:
+        x[1] = 0
+    q32, s = quantize_per_token(x, torch.float32)  # the interpreter's own fp8 cast is not the hardware's
+    rq, rs = quantize_per_token_torch(x)
+    assert torch.equal(s, rs), (m, k)
+    assert torch.equal(q32, (x.float() / rs).clamp(-448, 448)), (m, k)
+    assert torch.equal(q32.to(torch.float8_e4m3fn).view(torch.uint8), rq.view(torch.uint8)), (m, k)
+print("ok")
+"""
+
+
+def test_fused_fp8_quant_matches_torch_reference_interpreted():
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    out = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]
