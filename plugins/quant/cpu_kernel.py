@@ -334,7 +334,24 @@ def _ptr(t: torch.Tensor) -> int:
 
 
 def int4_linear(x: torch.Tensor, w4: torch.Tensor, s: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-    """``x [m, K]`` (any float dtype) times the int4 weight ``w = q * s + z`` -> float32 ``[m, N]``."""
+    """``x [m, K]`` (any float dtype) times the int4 weight ``w = q * s + z`` -> float32 ``[m, N]``.
+
+    Under ``torch.compile`` (the compiled CPU decode step) it goes through the custom op ``octavo::int4_linear``
+    so the graph keeps it as one extern call; eager calls skip the op dispatch (a few microseconds each).
+    """
+    if torch.compiler.is_compiling():
+        return _int4_op(x, w4, s, z)
+    return _int4_linear(x, w4, s, z)
+
+
+def int8_linear(x: torch.Tensor, w8: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    """``x [m, K]`` times the int8 weight ``w = q * s`` (a scale per group of 32) -> float32 ``[m, N]``."""
+    if torch.compiler.is_compiling():
+        return _int8_op(x, w8, s)
+    return _int8_linear(x, w8, s)
+
+
+def _int4_linear(x: torch.Tensor, w4: torch.Tensor, s: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
     lib = library()
     x = x.float().contiguous()
     (m, k), n = x.shape, w4.shape[0]
@@ -348,8 +365,7 @@ def int4_linear(x: torch.Tensor, w4: torch.Tensor, s: torch.Tensor, z: torch.Ten
     return torch.nn.functional.linear(x, w)
 
 
-def int8_linear(x: torch.Tensor, w8: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
-    """``x [m, K]`` times the int8 weight ``w = q * s`` (a scale per group of 32) -> float32 ``[m, N]``."""
+def _int8_linear(x: torch.Tensor, w8: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
     lib = library()
     x = x.float().contiguous()
     (m, k), n = x.shape, w8.shape[0]
@@ -361,3 +377,23 @@ def int8_linear(x: torch.Tensor, w8: torch.Tensor, s: torch.Tensor) -> torch.Ten
     w = torch.empty(n, k, dtype=torch.float32)
     lib.q8_dequant(_ptr(w8), _ptr(s), n, k, _ptr(w), threads)
     return torch.nn.functional.linear(x, w)
+
+
+@torch.library.custom_op("octavo::int4_linear", mutates_args=())
+def _int4_op(x: torch.Tensor, w4: torch.Tensor, s: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+    return _int4_linear(x, w4, s, z)
+
+
+@_int4_op.register_fake
+def _(x, w4, s, z):
+    return x.new_empty((x.shape[0], w4.shape[0]), dtype=torch.float32)
+
+
+@torch.library.custom_op("octavo::int8_linear", mutates_args=())
+def _int8_op(x: torch.Tensor, w8: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    return _int8_linear(x, w8, s)
+
+
+@_int8_op.register_fake
+def _(x, w8, s):
+    return x.new_empty((x.shape[0], w8.shape[0]), dtype=torch.float32)

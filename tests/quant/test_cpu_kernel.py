@@ -55,3 +55,18 @@ def test_pack_layout():
     packed = cpu_kernel.pack_int4(q)
     assert packed.shape == (1, 32)
     assert int(packed[0, 3]) == (3 | (3 << 4)) and int(packed[0, 16 + 1]) == (1 | (1 << 4))
+
+
+def test_traces_as_one_op_under_torch_compile():
+    """The compiled CPU decode step (OCTAVO_CPU_COMPILE) must see the kernels as ops, not a graph break."""
+    q = torch.randint(0, 16, (64, 128), dtype=torch.uint8)
+    s, z = torch.rand(64, 4), torch.randn(64, 4)
+    w4 = cpu_kernel.pack_int4(q)
+    q8, s8 = torch.randint(-127, 128, (64, 128), dtype=torch.int8), torch.rand(64, 4)
+
+    def f(x):
+        return cpu_kernel.int4_linear(x, w4, s, z) + cpu_kernel.int8_linear(x, q8, s8)
+
+    x = torch.randn(2, 128)
+    compiled = torch.compile(f, backend="eager", fullgraph=True)
+    assert torch.equal(compiled(x), f(x))
