@@ -232,7 +232,7 @@ ELSEWHERE = {
     "pipeline_parallel_size": "tests/distributed/test_pipeline_parallel.py",
     "data_parallel_size": "tests/distributed/test_data_parallel.py",
     "enable_expert_parallel": "tests/distributed/test_expert_parallel.py",
-    "distributed_executor_backend": "tests/e2e/test_sleep_mode.py",
+    "distributed_executor_backend": "tests/distributed/test_tensor_parallel.py",
     "max_loras": "tests/lora/test_lora_llama.py",
     "max_lora_rank": "tests/lora/test_lora_llama.py",
     "max_cpu_loras": "tests/lora/test_lora_llama.py",

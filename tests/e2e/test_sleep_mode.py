@@ -3,7 +3,7 @@
 Measured, not assumed: the process's RSS falls by about the KV cache's size at level 1 (weights stay: on a
 CPU they are host memory already) and by KV cache + weights at level 2; greedy output after ``wake_up``
 equals the output before ``sleep``. ``collective_rpc`` runs worker methods by name, ``module:function`` and
-callables in-process, and by name through the ``mp`` executor's worker process.
+callables in-process (through the ``mp`` executor's worker processes: tests/distributed/test_sleep_rpc_mp.py).
 """
 
 from __future__ import annotations
@@ -103,23 +103,6 @@ def test_collective_rpc_in_process(llm):
     assert llm.collective_rpc(lambda worker, x: x + worker.block_size, args=(1,)) == [1 + info[0].block_size]
     with pytest.raises(AttributeError, match="no public method"):
         llm.collective_rpc("_allocate_kv_cache")
-
-
-def test_mp_executor_collective_rpc_and_sleep(model_dir):
-    llm = LLM(model_dir, skip_tokenizer_init=True, dtype="float32", enable_sleep_mode=True,
-              kv_cache_memory_bytes=32 << 20, max_model_len=256, distributed_executor_backend="mp")
-    try:
-        before = _tokens(llm)
-        [num_loaded] = llm.collective_rpc("reload_weights")  # every parameter tensor (qkv, gate_up packed)
-        assert num_loaded == 2 + 2 * 5 + 1 + 2  # embed, lm_head; per layer qkv, o, gate_up, down + 2 norms; norm
-        assert _tokens(llm) == before
-        with pytest.raises(TypeError, match="no pickled code"):
-            llm.collective_rpc(lambda worker: 1)
-        assert llm.sleep(2)["weights_discarded_bytes"] > 0
-        llm.wake_up()
-        assert _tokens(llm) == before
-    finally:
-        llm.llm_engine.shutdown()
 
 
 def test_sleep_mode_off_is_refused(model_dir, llm):
