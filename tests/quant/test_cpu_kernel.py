@@ -70,3 +70,26 @@ def test_traces_as_one_op_under_torch_compile():
     x = torch.randn(2, 128)
     compiled = torch.compile(f, backend="eager", fullgraph=True)
     assert torch.equal(compiled(x), f(x))
+
+
+def test_without_the_kernel_falls_back_to_torch_with_a_warning(monkeypatch, caplog):
+    """No compiler (here: OCTAVO_CPU_QUANT_KERNEL=0): torch's bf16 int4 kernel, and a warning that says so."""
+    from octavo.nn import ReplicatedLinear
+    from octavo.plugins.quant import kernels
+
+    monkeypatch.setattr(cpu_kernel, "_state", {})
+    monkeypatch.setattr(kernels, "_warned", [])
+    monkeypatch.setenv("OCTAVO_CPU_QUANT_KERNEL", "0")
+    assert cpu_kernel.library() is None and "OCTAVO_CPU_QUANT_KERNEL=0" in cpu_kernel.unavailable_reason()
+    layer = ReplicatedLinear(64, 16, quant_method=kernels.Int4GroupMethod(32))
+    q, s, z = kernels.quantize_int4(torch.randn(16, 64), 32)
+    layer.qweight.data.copy_(q)
+    layer.scales.data.copy_(s)
+    layer.zeros.data.copy_(z)
+    with caplog.at_level("WARNING"):
+        layer.process_weights_after_loading()
+    assert hasattr(layer, "packed_weight") and not hasattr(layer, "w4")
+    assert "unavailable" in caplog.text and "less accurate" in caplog.text
+    x = torch.randn(3, 64)
+    want = x @ kernels.dequantize_int4(q, s, z).T
+    assert (layer(x) - want).abs().max() < 0.05 * want.abs().max()
