@@ -42,6 +42,8 @@ C_SOURCE = r"""
 #include <string.h>
 #define G 32
 #define MT 4
+/* threads only for big matrices: a parallel region costs more than a small layer's product */
+#define PAR_MIN (1L << 16)
 
 static void group_sums(const float* x, int m, int k, float* xs) {
     int ng = k / G;
@@ -191,7 +193,7 @@ void q4_gemm(const float* x, int m, int k, const uint8_t* w, const float* s, con
 #ifdef HAVE_VEC4
     if (m == 1) {
         int n4 = n / 4 * 4;
-        #pragma omp parallel for schedule(static) num_threads(nthreads) if (nthreads > 1)
+        #pragma omp parallel for schedule(static) num_threads(nthreads) if (nthreads > 1 && (long)n * k >= PAR_MIN)
         for (int r = 0; r < n4; r += 4) q4_vec4(x, k, ng, w, s, z, xs, r, y);
         for (int r = n4; r < n; r++) {
             float out[MT];
@@ -201,7 +203,7 @@ void q4_gemm(const float* x, int m, int k, const uint8_t* w, const float* s, con
         return;
     }
 #endif
-    #pragma omp parallel for schedule(static) num_threads(nthreads) if (nthreads > 1)
+    #pragma omp parallel for schedule(static) num_threads(nthreads) if (nthreads > 1 && (long)n * k >= PAR_MIN)
     for (int r = 0; r < n; r++)
         for (int i0 = 0; i0 < m; i0 += MT) {
             int mt = m - i0 < MT ? m - i0 : MT;
@@ -217,7 +219,7 @@ void q8_gemm(const float* x, int m, int k, const int8_t* w, const float* s, int 
 #ifdef HAVE_VEC4
     if (m == 1) {
         int n4 = n / 4 * 4;
-        #pragma omp parallel for schedule(static) num_threads(nthreads) if (nthreads > 1)
+        #pragma omp parallel for schedule(static) num_threads(nthreads) if (nthreads > 1 && (long)n * k >= PAR_MIN)
         for (int r = 0; r < n4; r += 4) q8_vec4(x, k, ng, w, s, r, y);
         for (int r = n4; r < n; r++) {
             float out[MT];
@@ -227,7 +229,7 @@ void q8_gemm(const float* x, int m, int k, const int8_t* w, const float* s, int 
         return;
     }
 #endif
-    #pragma omp parallel for schedule(static) num_threads(nthreads) if (nthreads > 1)
+    #pragma omp parallel for schedule(static) num_threads(nthreads) if (nthreads > 1 && (long)n * k >= PAR_MIN)
     for (int r = 0; r < n; r++)
         for (int i0 = 0; i0 < m; i0 += MT) {
             int mt = m - i0 < MT ? m - i0 : MT;
@@ -239,7 +241,7 @@ void q8_gemm(const float* x, int m, int k, const int8_t* w, const float* s, int 
 
 void q4_dequant(const uint8_t* w, const float* s, const float* z, int n, int k, float* out, int nthreads) {
     int ng = k / G;
-    #pragma omp parallel for schedule(static) num_threads(nthreads) if (nthreads > 1)
+    #pragma omp parallel for schedule(static) num_threads(nthreads) if (nthreads > 1 && (long)n * k >= PAR_MIN)
     for (int r = 0; r < n; r++)
         for (int g = 0; g < ng; g++) {
             const uint8_t* b = w + (long)r * (k / 2) + g * 16;
@@ -252,7 +254,7 @@ void q4_dequant(const uint8_t* w, const float* s, const float* z, int n, int k, 
 
 void q8_dequant(const int8_t* w, const float* s, int n, int k, float* out, int nthreads) {
     int ng = k / G;
-    #pragma omp parallel for schedule(static) num_threads(nthreads) if (nthreads > 1)
+    #pragma omp parallel for schedule(static) num_threads(nthreads) if (nthreads > 1 && (long)n * k >= PAR_MIN)
     for (int r = 0; r < n; r++)
         for (int g = 0; g < ng; g++) {
             float sg = s[(long)r * ng + g];
@@ -290,7 +292,17 @@ def _build() -> ctypes.CDLL:
             tmp_final = f"{path}.{os.getpid()}.tmp"
             shutil.copyfile(out, tmp_final)
             os.replace(tmp_final, path)  # atomic: concurrent workers never load a half-written file
-    lib = ctypes.CDLL(path)
+    # our OpenMP runtime is not torch's: let its idle threads sleep instead of spinning against torch's
+    # (read once, when the runtime loads; the caller's environment is restored right after)
+    old = os.environ.get("OMP_WAIT_POLICY")
+    os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+    try:
+        lib = ctypes.CDLL(path)
+    finally:
+        if old is None:
+            os.environ.pop("OMP_WAIT_POLICY", None)
+        else:
+            os.environ["OMP_WAIT_POLICY"] = old
     p, i = ctypes.c_void_p, ctypes.c_int
     lib.q4_gemm.argtypes = [p, i, i, p, p, p, i, p, i]
     lib.q8_gemm.argtypes = [p, i, i, p, p, i, p, i]
