@@ -26,9 +26,11 @@ def has_image_parts(messages: list[dict]) -> bool:
                for m in messages)
 
 
-def split_image_parts(messages: list[dict], placeholder: str, fetcher: Any = None) -> tuple[list[dict], list[Any]]:
-    """Messages with image parts -> (messages with string contents, the PIL images in order). ``fetcher``
-    (``octavo.media_fetch.MediaFetcher``) reads http(s) URLs; without one they are refused."""
+def split_image_parts(messages: list[dict], placeholder: str, fetcher: Any = None,
+                      preprocess: Any = None) -> tuple[list[dict], list[Any]]:
+    """Messages with image parts -> (messages with string contents, the images in order). ``fetcher``
+    (``octavo.media_fetch.MediaFetcher``) reads http(s) URLs; without one they are refused. ``preprocess``
+    (the processor's, when it has one) does each image's pixel work here, in the caller's thread."""
     out, images = [], []
     for i, m in enumerate(messages):
         content = m.get("content")
@@ -43,7 +45,14 @@ def split_image_parts(messages: list[dict], placeholder: str, fetcher: Any = Non
             elif kind == "image_url":
                 url = part.get("image_url")
                 url = url.get("url") if isinstance(url, dict) else url
-                images.append(load_image_url(url, f"messages[{i}].content[{j}].image_url.url", fetcher))
+                where = f"messages[{i}].content[{j}].image_url.url"
+                image = load_image_url(url, where, fetcher)
+                if preprocess is not None:
+                    try:
+                        image = preprocess(image, len(images))
+                    except ValueError as e:
+                        raise InputError(f"{where}: {e}", "messages") from None
+                images.append(image)
                 texts.append(placeholder)
             else:
                 raise InputError(f"messages[{i}].content part of type {kind!r} is not supported (text and "

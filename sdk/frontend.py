@@ -151,7 +151,8 @@ class FrontEnd:
         from octavo.media_fetch import MediaFetcher
 
         fetcher = MediaFetcher.from_settings(self.settings)  # http(s) URLs of --allowed-media-domains only
-        return split_image_parts(messages, self._mm.processor.placeholder_text, fetcher)
+        return split_image_parts(messages, self._mm.processor.placeholder_text, fetcher,
+                                 getattr(self._mm.processor, "preprocess", None))
 
     def _new_id(self, client_id: str) -> str:
         while True:

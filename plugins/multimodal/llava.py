@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from octavo.plugins.multimodal.preprocessed import Preprocessed
+
 
 class LlavaImageProcessor:
     modalities = ("image",)
@@ -47,7 +49,7 @@ class LlavaImageProcessor:
         if count != len(images):
             raise ValueError(f"the prompt has {count} image placeholder token(s) (id {self.image_token_id}, "
                              f"'<image>') but {len(images)} image(s) were given; put one '<image>' per image.")
-        pixels = [self._pixels(img, i) for i, img in enumerate(images)]
+        pixels = [img.value if isinstance(img, Preprocessed) else self._pixels(img, i) for i, img in enumerate(images)]
         out_ids: list[int] = []
         mm: list[dict] = []
         k = 0
@@ -61,6 +63,10 @@ class LlavaImageProcessor:
             out_ids.extend([self.image_token_id] * self.tokens_per_image)
             k += 1
         return out_ids, mm
+
+    def preprocess(self, image: Any, index: int = 0) -> Preprocessed:
+        """The pixel work for one image, ahead of :meth:`process` (see plugins/multimodal/preprocessed.py)."""
+        return Preprocessed(self._pixels(image, index))
 
     def _pixels(self, image: Any, index: int) -> np.ndarray:
         from PIL import Image

@@ -20,6 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from octavo.plugins.multimodal.preprocessed import Preprocessed
+
 
 class Qwen2VLImageProcessor:
     modalities = ("image",)
@@ -52,7 +54,8 @@ class Qwen2VLImageProcessor:
             raise ValueError(f"the prompt has {count} image placeholder token(s) (id {self.image_token_id}, "
                              f"'<|image_pad|>') but {len(images)} image(s) were given; put one "
                              "'<|vision_start|><|image_pad|><|vision_end|>' per image.")
-        encoded = [self._patches(img, i) for i, img in enumerate(images)]
+        encoded = [img.value if isinstance(img, Preprocessed) else self._patches(img, i)
+                   for i, img in enumerate(images)]
         out_ids: list[int] = []
         mm: list[dict] = []
         k = 0
@@ -68,6 +71,10 @@ class Qwen2VLImageProcessor:
             out_ids.extend([self.image_token_id] * length)
             k += 1
         return out_ids, mm
+
+    def preprocess(self, image: Any, index: int = 0) -> Preprocessed:
+        """The pixel work for one image, ahead of :meth:`process` (see plugins/multimodal/preprocessed.py)."""
+        return Preprocessed(self._patches(image, index))
 
     def _patches(self, image: Any, index: int) -> tuple[np.ndarray, list[int]]:
         from PIL import Image
