@@ -88,19 +88,24 @@ class LlamaCppEngine:
         self.llm = Llama(model_path=model, n_threads=threads, n_threads_batch=threads, n_ctx=1024, n_batch=512,
                          verbose=False)
 
-    def decode(self, prompt: list[int], tokens: int) -> tuple[float, list[int]]:
+    def _argmax(self) -> int:
+        import llama_cpp
         import numpy as np
 
+        # the last row's logits straight from the context (0.3.x leaves ``Llama.scores`` zero here)
+        logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(self.llm.ctx, -1), shape=(self.n_vocab,))
+        return int(np.argmax(logits))
+
+    def decode(self, prompt: list[int], tokens: int) -> tuple[float, list[int]]:
         llm = self.llm
+        self.n_vocab = llm.n_vocab()
         llm.reset()
-        t0 = time.perf_counter()
-        llm.eval(prompt)  # prefill
-        out = [int(np.argmax(llm.scores[llm.n_tokens - 1]))]
+        llm.eval(prompt)  # prefill, not timed
+        out = [self._argmax()]
         t_first = time.perf_counter()
         for _ in range(tokens - 1):
             llm.eval([out[-1]])
-            out.append(int(np.argmax(llm.scores[llm.n_tokens - 1])))
-        del t0
+            out.append(self._argmax())
         return (time.perf_counter() - t_first) / (tokens - 1), out
 
 
