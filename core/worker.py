@@ -239,5 +239,5 @@ class Worker:
 
         return call_worker(self, method, list(args), dict(kwargs or {}))
 
-    def execute(self, batch: StepBatch) -> RunnerOutput:
-        return self.runner.execute(batch)
+    def execute(self, batch: StepBatch, grammar=None) -> RunnerOutput:
+        return self.runner.execute(batch, grammar)  # grammar: in-process GrammarStep (core/grammar_step.py)
