@@ -12,6 +12,6 @@ R="${OUT:-/tmp/out}/quant"
 mkdir -p "$R"
 echo "== quant: fp8 vs bf16, Llama-3-8B shape $(date -u +%T)"
 timeout -k 5 290 python3 benchmarks/quant_gpu.py --out "$R/quant_gpu.json" --prompts 512 --in-len 1000 \
-  --out-len "${QUANT_OUT_LEN:-400}" > "$R/quant_gpu.log" 2>&1
+  --out-len "${QUANT_OUT_LEN:-400}" --offline "${QUANT_OFFLINE-bf16,fp8}" > "$R/quant_gpu.log" 2>&1
 echo "exit $? $(date -u +%T)"
 grep -v " INFO " "$R/quant_gpu.log" | tail -40
