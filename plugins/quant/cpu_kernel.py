@@ -264,7 +264,8 @@ void q8_dequant(const int8_t* w, const float* s, int n, int k, float* out, int n
 }
 """
 
-_FLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp", "-shared", "-fPIC"]
+_FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC"] + (
+    ["-mprefer-vector-width=512"] if platform.machine() in ("x86_64", "AMD64") else [])  # an x86-only flag
 _state: dict[str, object] = {}
 
 
