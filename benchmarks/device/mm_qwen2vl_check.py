@@ -66,8 +66,9 @@ def check(args, version: str) -> dict:
                   if hasattr(llm.llm_engine.model_info, "attention_backend") else None,
                   "encoder_cache": {"encoded": runner.encoder_cache.encoded, "hits": runner.encoder_cache.hits},
                   "wall_s": round(time.perf_counter() - t0, 1)}
-        llm.llm_engine.shutdown()
     print(json.dumps({k: v for k, v in record.items() if k not in ("octavo", "transformers")}), flush=True)
+    with open(args.out, "w") as f:  # written at once: the process may be cut off while exiting
+        json.dump([record], f, indent=2)
     return record
 
 
