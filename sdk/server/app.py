@@ -70,7 +70,6 @@ def build_app(engine: Any, settings: Any) -> FastAPI:
     from octavo.lora.serving import served_loras
 
     serving.loras = served_loras(settings)  # --lora-modules: each adapter's name is a model id too
-    names = names + list(serving.loras)
     metrics = ServerMetrics(model_name)
     metrics.attach(engine)
     app.state.engine, app.state.settings, app.state.metrics, app.state.model_name = engine, settings, metrics, \
@@ -128,7 +127,7 @@ def build_app(engine: Any, settings: Any) -> FastAPI:
 
     # ------------------------------------------------------------------------------------ helpers
     def check_model(model: str | None) -> None:
-        if model is not None and model not in names:
+        if model is not None and model not in names and model not in serving.loras:  # loras: run-time too
             raise APIError(404, f"The model {model!r} does not exist; this server serves {model_name!r} "
                            "(see GET /v1/models).", param="model", code="model_not_found")
 
@@ -244,6 +243,9 @@ def build_app(engine: Any, settings: Any) -> FastAPI:
     from octavo.server.vllm_routes import register_vllm_routes
 
     register_vllm_routes(app, engine, settings, check_model)  # /v1/models/{id}, /tokenizer_info, /ping, /invocations
+    from octavo.server.lora_routes import register_lora_routes
+
+    register_lora_routes(app, settings, serving, names)  # /v1/load_lora_adapter, /v1/unload_lora_adapter (switch)
     from octavo.server.vllm_server import register_vllm_server
 
     # /v1/responses; dev-mode /sleep /wake_up /collective_rpc; request-id headers; request, access, throughput logs

@@ -70,3 +70,14 @@ def test_bad_lora_modules_are_refused(tmp_path):
 
     with pytest.raises(ValueError, match="adapter_config.json"):
         served_loras(OctavoSettings.from_kwargs(enable_lora=True, lora_modules=[f"a={tmp_path}"]))
+
+
+def test_runtime_routes_need_the_switch(served):
+    """Without VLLM_ALLOW_RUNTIME_LORA_UPDATING the load/unload routes do not exist (as in vLLM)."""
+    import httpx
+
+    srv, _ = served
+    client = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
+    for route in ("/load_lora_adapter", "/unload_lora_adapter"):
+        with pytest.raises(openai.NotFoundError):
+            client.post(route, body={"lora_name": "x", "lora_path": "/tmp"}, cast_to=httpx.Response)
