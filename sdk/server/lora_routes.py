@@ -123,4 +123,5 @@ def register_lora_routes(app: FastAPI, settings: Any, serving: Any, reserved: li
             raise APIError(404, f"The lora adapter {what} cannot be found.",
                            param="lora_name" if body.lora_name is not None else "lora_int_id", code="not_found")
         del loras[found[0]]
+        serving.unloaded_loras.add(found[0])  # a request already past its model check gets a 404 too
         return PlainTextResponse(f"Success: LoRA adapter '{found[0]}' removed successfully.")

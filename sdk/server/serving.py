@@ -122,6 +122,7 @@ class OpenAIServing:
         self.engine = engine
         self.model_name = model_name
         self.loras: dict = {}  # model id -> LoRARequest (--lora-modules; set by the app)
+        self.unloaded_loras: set = set()  # names unloaded at run time (lora_routes): 404, never the base model
         self.tokenizer = engine.get_tokenizer()
         check_server_settings(engine.settings)  # backend and parser names; warms the grammar library
         from octavo.generation_config import generation_defaults
@@ -163,6 +164,9 @@ class OpenAIServing:
     def _submit(self, prompts: list[tuple[Any, str]], params: Any, priority: int, cache_salt: str | None = None,
                 model: str | None = None) -> list:
         """Validate and queue every prompt now (so bad input is a 400 before any byte is sent); all or none."""
+        if model in self.unloaded_loras and model not in self.loras:  # unloaded after the route's model check
+            raise APIError(404, f"The model {model!r} does not exist (its LoRA adapter was unloaded).",
+                           param="model", code="model_not_found")
         streams = []
         try:
             for prompt, rid in prompts:
