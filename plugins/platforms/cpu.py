@@ -146,15 +146,20 @@ class CpuPlatform(Platform):
             raise ConfigError(f"{COMPILE_ENV}={os.environ[COMPILE_ENV]!r}: use 1 (compile the CPU decode step) or 0")
         if handle.enforce_eager:
             raise ConfigError(f"{COMPILE_ENV}=1 and enforce_eager are both set; unset one of them")
-        from octavo.plugins.platforms.cpu_compiled import CpuCompiledDecodeRunner, supports_compiled_decode
+        from octavo.plugins.platforms.cpu_compiled import (
+            MAX_COMPILED_BATCH,
+            CpuCompiledDecodeRunner,
+            supports_compiled_decode,
+        )
 
         reason = supports_compiled_decode(handle.model)
         if reason:
             raise ConfigError(f"{COMPILE_ENV}=1: this model cannot run the compiled CPU decode step: {reason}")
-        runner = CpuCompiledDecodeRunner(handle.model, handle.block_size, handle.max_num_seqs, handle.dtype)
+        runner = CpuCompiledDecodeRunner(handle.model, handle.block_size, min(handle.max_num_seqs, MAX_COMPILED_BATCH),
+                                         handle.dtype)
         seconds = runner.warm_up()
         return PreparedModel(step_runner=runner, notes={"compiled_decode": {
-            "compile_seconds": {k: round(v, 1) for k, v in seconds.items()}, "max_batch": handle.max_num_seqs}})
+            "compile_seconds": {k: round(v, 1) for k, v in seconds.items()}, "max_batch": runner.max_batch}})
 
     def capabilities(self) -> PlatformCapabilities:
         return PlatformCapabilities(

@@ -42,6 +42,10 @@ from octavo.platform import StepInputs
 
 logger = logging.getLogger(__name__)
 
+#: decode batches up to this size run compiled (the platform's default). Batch 1 is measured 1.3-1.6x faster
+#: than eager; the dynamic-batch graph (n >= 2) ran a 64 x 128/128 offline workload at 36 tok/s, several
+#: times slower than eager (docs/performance.md), so it stays off until that is understood.
+MAX_COMPILED_BATCH = 1
 #: context blocks are gathered in multiples of this (fewer distinct shapes, never the 0/1 sizes).
 BLOCK_ROUND = 8
 

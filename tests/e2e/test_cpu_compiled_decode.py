@@ -2,8 +2,9 @@
 
 A tiny random-weight Llama in float32 (compiling SmolLM2 takes minutes; the graph is the same code per layer):
 greedy tokens identical and chosen-token logprobs within 1e-4 of the eager engine, for one request alone (the
-batch-1 graph) and for three requests of different lengths in one batch (the dynamic-batch graph), with a
-context that grows past a block-rounding boundary (the dynamic context dimension). The runner must really
+batch-1 graph, with a context that grows past a block-rounding boundary: the dynamic context dimension) and
+for three requests of different lengths in one batch (eager under the attention wrapper: batches > 1 are not
+compiled by default). The runner must really
 have run the decode steps (its counter), and the settings it cannot honour are refused at start.
 
 Compiling takes ~1 minute on a quiet 2-core machine (5 on a loaded one), so ``make test`` runs the refusals
@@ -81,11 +82,13 @@ def test_compiled_decode_matches_eager(engines):
     eager, compiled = engines
     assert _runner(eager) is None
     runner = _runner(compiled)
-    assert runner is not None and set(runner.compile_seconds) == {"batch1", "batchN"}  # compiled at start
+    assert runner is not None and set(runner.compile_seconds) == {"batch1"}  # compiled at start
     for prompts in ([PROMPTS[2]], PROMPTS):  # batch 1 alone, then a batch of three different lengths
         before = runner.num_runs
         want, got = _greedy(eager, prompts), _greedy(compiled, prompts)
-        assert runner.num_runs - before == NEW - 1  # every decode step ran compiled (the first token: prefill)
+        # batch 1: every decode step ran compiled (the first token comes from the prefill); batch 3: none
+        # (MAX_COMPILED_BATCH = 1), the eager backend under the wrapper
+        assert runner.num_runs - before == (NEW - 1 if len(prompts) == 1 else 0)
         for (wt, wl), (gt, gl) in zip(want, got):
             assert gt == wt
             assert max(abs(a - b) for a, b in zip(wl, gl)) < 1e-4
