@@ -209,7 +209,7 @@ BAD = [
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "temperature": -1}, 400),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "top_p": 0}, 400),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "n": 0}, 400),
-    ("/v1/chat/completions", {"messages": [{"role": "wizard", "content": "hi"}]}, 400),
+    ("/v1/chat/completions", {"messages": [{"role": 7, "content": "hi"}]}, 400),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 3}, 400),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "logprobs": True,
