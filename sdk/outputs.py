@@ -50,34 +50,15 @@ class RequestOutput:
     num_cached_tokens: int = 0
 
 
-@dataclass
-class EmbeddingOutput:
-    embedding: list[float]
-
-    @property
-    def hidden_size(self) -> int:  # vLLM's name for the vector's length
-        return len(self.embedding)
-
-
-@dataclass
-class EmbeddingRequestOutput:
-    """The embedding of one input (``LLM.embed``)."""
-
-    request_id: str
-    prompt_token_ids: list[int]
-    outputs: EmbeddingOutput
-    finished: bool = True
-
-
-_POOLING = ("PoolingOutput", "PoolingRequestOutput", "ClassificationOutput", "ClassificationRequestOutput",
-            "ScoringOutput", "ScoringRequestOutput")
-
-
-def __getattr__(name: str):
-    """vLLM scripts import the pooling output classes from ``vllm.outputs``: the same names here, defined in
-    ``octavo.pooling_outputs`` (which imports this module, hence the lazy lookup)."""
-    if name in _POOLING:
-        from octavo import pooling_outputs
-
-        return getattr(pooling_outputs, name)
-    raise AttributeError(f"module 'octavo.outputs' has no attribute {name!r}")
+# vLLM scripts import the embedding and pooling output classes from ``vllm.outputs``: the same names here,
+# defined in ``octavo.pooling_outputs`` (which imports nothing from this module).
+from octavo.pooling_outputs import (  # noqa: E402,F401
+    ClassificationOutput,
+    ClassificationRequestOutput,
+    EmbeddingOutput,
+    EmbeddingRequestOutput,
+    PoolingOutput,
+    PoolingRequestOutput,
+    ScoringOutput,
+    ScoringRequestOutput,
+)

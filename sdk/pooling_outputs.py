@@ -11,7 +11,25 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from octavo.outputs import EmbeddingOutput, EmbeddingRequestOutput
+
+@dataclass
+class EmbeddingOutput:
+    embedding: list[float]
+
+    @property
+    def hidden_size(self) -> int:  # vLLM's name for the vector's length
+        return len(self.embedding)
+
+
+@dataclass
+class EmbeddingRequestOutput:
+    """The embedding of one input (``LLM.embed``)."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    outputs: EmbeddingOutput
+    finished: bool = True
+
 
 __all__ = ["PoolingOutput", "PoolingRequestOutput", "ClassificationOutput", "ClassificationRequestOutput",
            "ScoringOutput", "ScoringRequestOutput", "EmbeddingOutput", "EmbeddingRequestOutput"]
