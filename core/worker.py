@@ -16,7 +16,7 @@ from octavo.core.loader import DTYPES, get_eos_token_ids, get_max_model_len, res
 from octavo.core.model_runner import ModelRunner
 from octavo.core.platform_setup import prepare_on_platform
 from octavo.core.spec_decode_heads import attach_spec_head
-from octavo.nn.parallel import get_tp_rank, get_tp_size
+from octavo.nn.parallel import get_tp_rank, get_tp_size, set_expert_parallel
 from octavo.nn.pipeline import get_pp_rank, get_pp_size
 from octavo.step import RunnerOutput, StepBatch, WorkerInfo
 
@@ -97,6 +97,7 @@ class Worker:
 
             install_all_reduce(platform, self.device, self.dtype)
         model_cls = pm.resolve("models", self.resolved.architecture)
+        set_expert_parallel(settings.parallel.enable_expert_parallel)  # read by FusedMoE as it is built
         self.pp_rank, self.pp_size = get_pp_rank(), get_pp_size()
         if self.pp_size > 1:
             from octavo.core.pp_runner import check_pipeline_settings
@@ -109,6 +110,10 @@ class Worker:
         self.model = load_model(self.resolved, model_cls=model_cls, dtype=self.dtype, device=self.device,
                                 quantizer=quantizer)
         self.model.eval()
+        if settings.parallel.enable_expert_parallel and not any(
+                hasattr(m, "num_local_experts") for m in self.model.modules()):
+            raise ValueError(f"enable_expert_parallel: {self.resolved.architecture} has no experts (not a "
+                             "mixture-of-experts model); drop the setting.")
         text_config = hf_config.get_text_config()  # a vision-language config nests the language model's
         self.max_model_len = get_max_model_len(text_config, settings.model.max_model_len)
         self.vocab_size = text_config.vocab_size

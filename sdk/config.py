@@ -157,6 +157,9 @@ class ParallelSettings(_Section):
     pipeline_parallel_size: int = Field(1, ge=1, description="Pipeline stages (layers split across devices).")
     data_parallel_size: int = Field(1, ge=1, description="Engine-core replicas behind one front end (each a "
                                     "whole model); requests go to the least loaded.")
+    enable_expert_parallel: bool = Field(False, description="MoE layers place whole experts on the tensor-"
+                                         "parallel ranks (num_experts / tensor_parallel_size each) instead of a "
+                                         "slice of every expert. Refused for models without experts.")
     distributed_executor_backend: str | None = Field(
         None, description="A registered executor (`octavo plugins`): uni: in-process; mp: one process per device "
         "on this host. None: uni for one rank, mp for several.")
