@@ -98,6 +98,19 @@ def _param(shape, dtype, **attrs) -> nn.Parameter:
     return set_weight_attrs(nn.Parameter(torch.empty(shape, dtype=dtype), requires_grad=False), **attrs)
 
 
+_TINYGEMM_K_MULTIPLE = 128  # CUDA's _convert_weight_to_int4pack: K in whole tiles of 8 x 16 packed bytes
+_dense_fallback_warned: set[str] = set()
+
+
+def _warn_dense_fallback(prefix: str, k: int) -> None:
+    model = prefix.split(".")[0] if prefix else "model"
+    if model not in _dense_fallback_warned:
+        _dense_fallback_warned.add(model)
+        logger.warning("int4 weights with input size %d (layer %s) do not fit the GPU int4 kernel (K must be a "
+                       "multiple of %d): such layers run on dequantized bf16 weights", k, prefix,
+                       _TINYGEMM_K_MULTIPLE)
+
+
 class Int4GroupMethod(LinearMethod):
     """4-bit weights with a scale and a zero per group of ``group_size`` input columns.
 
@@ -138,6 +151,17 @@ class Int4GroupMethod(LinearMethod):
             del layer.qweight, layer.scales, layer.zeros
             self._move_perm(layer)
             return
+        if device.type != "cpu" and q.shape[1] % _TINYGEMM_K_MULTIPLE:
+            # CUDA tinygemm packs K in tiles of 128 (e.g. SmolLM2's K = 576 is not): this layer runs on its
+            # dequantized weight instead, said once per model so the memory cost is not a surprise.
+            _warn_dense_fallback(layer.prefix, q.shape[1])
+            dense = dequantize_int4(q, layer.scales.data, layer.zeros.data)
+            if self.input_perm:  # stored column j is input column input_perm[j]: back to input order
+                dense = torch.empty_like(dense).index_copy_(1, layer.input_perm.data, dense)
+                del layer.input_perm
+            del layer.qweight, layer.scales, layer.zeros
+            layer.register_buffer("dense_weight", dense.to(_COMPUTE_DTYPE), persistent=False)
+            return
         scales_zeros = torch.stack([layer.scales.data.t(), layer.zeros.data.t()], -1)  # [K / group, N, 2]
         if device.type == "cpu":
             packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), 2)
@@ -161,6 +185,9 @@ class Int4GroupMethod(LinearMethod):
             if self.input_perm:
                 x2 = x2[:, layer.input_perm_index]
             y = cpu_kernel.int4_linear(x2, layer.w4, layer.s32, layer.z32).to(x.dtype).reshape(*shape[:-1], -1)
+            return y + bias if bias is not None else y
+        if hasattr(layer, "dense_weight"):  # a shape the GPU int4 kernel cannot pack (see above)
+            y = torch.nn.functional.linear(x.to(layer.dense_weight.dtype), layer.dense_weight).to(x.dtype)
             return y + bias if bias is not None else y
         x2 = x.reshape(-1, shape[-1]).to(_COMPUTE_DTYPE)  # [m, K]
         if self.input_perm:
