@@ -146,7 +146,7 @@ class CpuPlatform(Platform):
             raise ConfigError(f"{COMPILE_ENV}={os.environ[COMPILE_ENV]!r}: use 1 (compile the CPU decode step) or 0")
         if handle.enforce_eager:
             raise ConfigError(f"{COMPILE_ENV}=1 and enforce_eager are both set; unset one of them")
-        from octavo.plugins.platforms.cpu_compiled import (
+        from .cpu_compiled import (  # relative: a verbatim copy of this plugin carries its sibling
             MAX_COMPILED_BATCH,
             CpuCompiledDecodeRunner,
             supports_compiled_decode,

@@ -31,6 +31,17 @@ def _unwrap_optional(annotation: Any) -> Any:
     return annotation
 
 
+def _human_int(text: str) -> int:
+    """``--max-model-len 32k`` (vLLM's sizes: k/m/g powers of 1000, K/M/G powers of 1024) -> an int, so
+    ``EngineArgs.from_cli_args`` holds the same value a script passing ``max_model_len=`` would."""
+    scale = {"k": 10**3, "m": 10**6, "g": 10**9, "K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:], 1)
+    try:
+        return int(float(text[:-1]) * scale) if scale != 1 else int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer with an optional k/m/g/K/M/G suffix "
+                                         "(e.g. 32k = 32000, 32K = 32768)") from None
+
+
 def _json_dict(raw: str) -> dict:
     try:
         value = json.loads(raw)
@@ -58,7 +69,7 @@ def _add_field(group: argparse._ArgumentGroup, name: str, info: Any) -> None:
         choices = list(typing.get_args(kind))
         kwargs.update(choices=choices, metavar="{" + ",".join(map(str, choices)) + "}")
     elif (info.json_schema_extra or {}).get("human_int"):  # --max-model-len 32k (vLLM): parsed by the setting
-        kwargs.update(type=str, metavar="INT")
+        kwargs.update(type=_human_int, metavar="INT")
     elif kind in (int, float):
         kwargs.update(type=kind, metavar=kind.__name__.upper())
     elif kind is dict or typing.get_origin(kind) is dict:

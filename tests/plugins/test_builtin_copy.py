@@ -24,7 +24,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-COPIES = {"cpu.py": ROOT / "plugins" / "platforms" / "cpu.py", "torch_sdpa.py": ROOT / "plugins" / "attention" / "torch_sdpa.py"}
+COPIES = {"cpu.py": ROOT / "plugins" / "platforms" / "cpu.py", "torch_sdpa.py": ROOT / "plugins" / "attention" / "torch_sdpa.py",
+          "cpu_compiled.py": ROOT / "plugins" / "platforms" / "cpu_compiled.py"}  # cpu.py's compiled decode step
 
 PYPROJECT = """
 [build-system]
