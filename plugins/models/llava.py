@@ -23,6 +23,7 @@ from transformers.activations import ACT2FN
 
 from octavo.model import ForwardContext
 from octavo.plugins.models.llama import LlamaForCausalLM
+from octavo.plugins.models.utils import forward_with_image_embeds
 
 
 class CLIPAttention(nn.Module):
@@ -127,17 +128,7 @@ class LlavaForConditionalGeneration(nn.Module):
         return p.linear_2(self.projector_act(p.linear_1(feats)))
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
-        lm = self.language_model.model
-        hidden = lm.embed_tokens(input_ids)  # [n, hidden]
-        mm = ctx.extra.get("mm_embeds")
-        if mm is not None:
-            index, embeds = mm
-            hidden = hidden.index_copy(0, index, embeds.to(hidden.dtype))
-        residual = None
-        for layer in lm.layers:
-            hidden, residual = layer(positions, hidden, residual, ctx)
-        hidden, _ = lm.norm(hidden, residual)
-        return hidden
+        return forward_with_image_embeds(self.language_model, input_ids, positions, ctx)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         return self.language_model.compute_logits(hidden_states)

@@ -65,3 +65,20 @@ def split_expert_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Te
         param = params[target]
         param.weight_loader(param, tensor, shard_id=shard_id, expert_id=int(expert))
         loaded.add(target)
+
+
+def forward_with_image_embeds(language_model: nn.Module, input_ids: torch.Tensor, positions: torch.Tensor,
+                              ctx: ForwardContext) -> torch.Tensor:
+    """A vision-language model's text stack: token embeddings, the step's image embeddings copied in at their
+    placeholder rows (``ctx.extra["mm_embeds"] = (index, embeds)``), the decoder layers, the final norm."""
+    lm = language_model.model
+    hidden = lm.embed_tokens(input_ids)  # [n, hidden]
+    mm = ctx.extra.get("mm_embeds")
+    if mm is not None:
+        index, embeds = mm
+        hidden = hidden.index_copy(0, index, embeds.to(hidden.dtype))
+    residual = None
+    for layer in lm.layers:
+        hidden, residual = layer(positions, hidden, residual, ctx)
+    hidden, _ = lm.norm(hidden, residual)
+    return hidden
