@@ -104,7 +104,17 @@ def test_retry_copy_and_reload_keep_the_conversation(page):
     assert page.input_value("#system") == SYSTEM and page.input_value("#max-tokens") == "6"
 
 
+def _ask_for_a_reply_that_never_ends_early(route):
+    """Adds ``ignore_eos`` to the page's request: Stop is under test, and whether this 135M model emits EOS
+    early depends on the CPU's float rounding (CI once saw a 7-token reply end before Stop was clicked)."""
+    body = json.loads(route.request.post_data or "{}")
+    body["ignore_eos"] = True
+    route.continue_(post_data=json.dumps(body))
+
+
 def test_stop_aborts_the_request_on_the_server(page, server):
+    page.route("**/v1/chat/completions", _ask_for_a_reply_that_never_ends_early)
+    page.click("#new-chat")
     page.fill("#max-tokens", "900")
     page.fill("#temperature", "0")
     page.fill("#prompt", "Count from 1 to 500, one number per line.")
@@ -118,6 +128,7 @@ def test_stop_aborts_the_request_on_the_server(page, server):
     reply = wait_for(lambda: (r := page.evaluate(LAST_REPLY)) and not r["streaming"] and r, 5, "the page to stop")
     assert reply["meta"].startswith("Stopped"), reply
     assert page.is_enabled("#send") and not page.is_enabled("#stop")
+    page.unroute("**/v1/chat/completions")
 
 
 def test_markdown_from_the_model_builds_no_html(page):
