@@ -2,7 +2,12 @@
 
 Weights are e4m3 with one scale per output row; activations are quantized per token at run time
 (dynamic scales: one fused Triton kernel, plugins/quant/fp8_triton.py, or torch ops when Triton is missing or
-``OCTAVO_FP8_FUSED_QUANT=0``) and multiplied with ``torch._scaled_mm`` (row-wise scales, bf16 output). Two sources:
+``OCTAVO_FP8_FUSED_QUANT=0``) and multiplied with ``torch._scaled_mm`` (row-wise scales, bf16 output). Inputs
+of at most ``OCTAVO_FP8_GEMV_MAX_M`` rows (decode; default 1, 0 turns it off) take one Triton GEMV instead
+that quantizes the activations itself and applies both scales (plugins/quant/fp8_gemv.py): same W8A8
+arithmetic, one launch, and all SMs streaming weights, where ``_scaled_mm``'s tiles leave most idle at one
+row. The GEMV is checked once per weight shape against ``_scaled_mm`` on the device at load (and tuned
+there, outside any CUDA-graph capture); a mismatch keeps ``_scaled_mm`` with a warning. Two sources:
 
 - a dense bf16/fp16 checkpoint with ``quantization="fp8"``: each weight is quantized as it streams in;
 - a pre-quantized checkpoint (``quantization_config.quant_method == "fp8"``, vLLM / llm-compressor style):
@@ -15,6 +20,7 @@ CPU has no FP8 matmul: the quantizer reports itself unavailable there and the lo
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 from typing import Any, ClassVar
 
@@ -26,6 +32,20 @@ from octavo.platform import Availability
 from octavo.quant import LinearMethod, Quantizer
 
 FP8_MAX = 448.0  # float8_e4m3fn
+logger = logging.getLogger(__name__)
+_GEMV_VERIFIED: dict[tuple, bool] = {}  # (N, K, has bias, dtype) -> the GEMV matched _scaled_mm on this device
+
+
+def _gemv_max_m() -> int:
+    """Rows up to which the fp8 GEMV replaces ``_scaled_mm`` (``OCTAVO_FP8_GEMV_MAX_M``; 0 = never)."""
+    raw = os.environ.get("OCTAVO_FP8_GEMV_MAX_M", "1")
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"OCTAVO_FP8_GEMV_MAX_M={raw!r} is not an integer (rows; 0 turns the fp8 GEMV off)") from None
+    if not 0 <= value <= 64:
+        raise ValueError(f"OCTAVO_FP8_GEMV_MAX_M={value} is outside 0..64 (the GEMV re-reads weights per row)")
+    return value
 
 
 def _fused_quant() -> bool:
@@ -68,19 +88,50 @@ class _FP8Method(LinearMethod):
     def process_weights_after_loading(self, layer):
         layer.weight_scale.data = layer.weight_scale.data.reshape(1, -1).contiguous()  # [1, N]
         self.fused = layer.weight.device.type == "cuda" and _fused_quant()
+        self.gemv_max_m = _gemv_max_m() if self.fused else 0
+        if self.gemv_max_m and not self._gemv_ok(layer):
+            self.gemv_max_m = 0
+
+    def _gemv_ok(self, layer) -> bool:
+        """Compile and tune the GEMV for this weight shape and check it against ``_scaled_mm`` (once per shape)."""
+        key = (*layer.weight.shape, layer.bias is not None)
+        if key not in _GEMV_VERIFIED:
+            x = torch.randn(1, layer.weight.shape[1], device=layer.weight.device, dtype=torch.bfloat16)
+            try:
+                from octavo.plugins.quant.fp8_gemv import fp8_gemv
+
+                with torch.inference_mode():
+                    got = fp8_gemv(x, layer.weight, layer.weight_scale, layer.bias).float()
+                    want = self._scaled_mm(layer, x, layer.bias).float()
+                err = float((got - want).abs().max() / want.abs().max().clamp(min=1e-30))
+                _GEMV_VERIFIED[key] = err < 2e-2  # a rounding step of the output dtype, not a wrong product
+                if not _GEMV_VERIFIED[key]:
+                    logger.warning("fp8 GEMV not used for %s: %.3g from _scaled_mm (relative)", key[:2], err)
+            except Exception as e:  # noqa: BLE001 - keep _scaled_mm for a shape the kernel cannot take
+                logger.warning("fp8 GEMV not used for %s: %s: %s", key[:2], type(e).__name__, e)
+                _GEMV_VERIFIED[key] = False
+        return _GEMV_VERIFIED[key]
 
     def apply(self, layer, x, bias=None):
-        from octavo.plugins.quant import fp8_triton
-
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])  # [m, K]
+        if x2.shape[0] <= getattr(self, "gemv_max_m", 0) and x2.shape[0]:
+            from octavo.plugins.quant.fp8_gemv import fp8_gemv
+
+            return fp8_gemv(x2, layer.weight, layer.weight_scale, bias).reshape(*shape[:-1], -1)
+        return self._scaled_mm(layer, x2, bias).reshape(*shape[:-1], -1)
+
+    def _scaled_mm(self, layer, x2, bias):
+        """Per-token quantization (one Triton kernel or torch ops) + ``torch._scaled_mm``; ``x2 [m, K]``."""
+        from octavo.plugins.quant import fp8_triton
+
         if getattr(self, "fused", False):  # one kernel: per-token absmax, scale, cast
             xq, x_scale = fp8_triton.quantize_per_token(x2)
         else:
             xq, x_scale = fp8_triton.quantize_per_token_torch(x2)
         y = torch._scaled_mm(xq, layer.weight.t(), scale_a=x_scale, scale_b=layer.weight_scale,
                              out_dtype=torch.bfloat16)
-        y = y.to(x.dtype).reshape(*shape[:-1], -1)  # [..., N]
+        y = y.to(x2.dtype)  # [m, N]
         return y + bias if bias is not None else y
 
 

@@ -1,0 +1,133 @@
+"""A Triton fp8 GEMV for decode-sized inputs (a few rows): fp8 weights, per-token activation quantization
+and both scales fused into one kernel.
+
+Why: at batch 1 an fp8 linear layer was two kernels, the per-token quantization (fp8_triton.py) and
+``torch._scaled_mm``, whose CUTLASS tiles are sized for many rows: with one row an ``N = 4096`` output gives
+it a few dozen thread blocks on 132 SMs, far from the memory bandwidth a GEMV needs (fp8 batch-1 decode was
+0.43-0.48 of its roofline on H100, docs/performance.md). Here each program owns ``BLOCK_N`` output columns
+and streams their weight rows once: hundreds of programs, one launch per linear, like the bf16 Triton GEMV
+of plugins/platforms/cuda_fusions.py.
+
+What it computes is W8A8, the same as the ``_scaled_mm`` path, so a model gives the same answer whichever
+path a batch size takes (up to fp32 summation order): for each row ``m`` the absmax of ``x[m]`` gives
+``s_x = max(absmax / 448, 1e-12)``; each element is divided by it (IEEE division, ``div_rn``, as torch
+divides), clamped to +-448 and rounded to e4m3; then ``y[m, n] = (sum_k q[m, k] * W[n, k]) * s_x * s_w[n]``
+in fp32 (e4m3 products are exact in fp32), rounded to the output dtype, then ``+ bias``.
+
+Rows are looped inside a program, so the weight tile is re-read from L2 per extra row: meant for ``M <= 4``
+or so (``benchmarks/fp8perf.py`` measures where ``_scaled_mm`` takes over). ``TRITON_INTERPRET=1`` runs it
+on CPU tensors (tests/quant/test_fp8_gemv.py, against a float64 reference). This module imports Triton:
+fp8.py imports it on first use, never at plugin import.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+# (BLOCK_N, BLOCK_K, num_warps, num_stages): BLOCK_K fp8 bytes per weight row per step
+_CONFIGS = ((16, 512, 4, 3), (32, 512, 4, 3), (16, 1024, 8, 3), (8, 1024, 4, 4))
+
+
+@triton.jit
+def _round_e4m3(v):
+    """Round-to-nearest-even onto the e4m3 grid (|v| <= 448) in fp32 arithmetic: 3 mantissa bits, the exponent
+    floored at -6 (subnormal steps of 2**-9). Used under the interpreter, whose own fp8 cast is wrong when
+    rounding carries into the exponent (31.36 -> 16 instead of 32)."""
+    a = tl.abs(v)
+    e = ((a.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
+    step = ((tl.maximum(e, -6) - 3 + 127) << 23).to(tl.float32, bitcast=True)
+    r = (a / step + 8388608.0) - 8388608.0  # a / step < 16: the fp32 add rounds to nearest even
+    return tl.where(v < 0, -r, r) * step
+
+
+@triton.jit
+def _fp8_gemv_kernel(x_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
+                     QUANT_X: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN: tl.constexpr, SOFT_FP8: tl.constexpr,
+                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """y[m, n] = (sum_k q(x[m, k]) * W[n, k]) * s_x[m] * s_w[n] (+ b[n]): each program owns BLOCK_N outputs."""
+    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    nm = n < N
+    rows = w_ptr + n.to(tl.int64)[:, None] * stride_wn
+    ws = tl.load(ws_ptr + n, mask=nm, other=0.0)
+    for m in range(0, M):
+        x_row = x_ptr + m * stride_xm
+        s_x = 1.0
+        if QUANT_X:  # this row's per-token scale (the row is small and hot in L2)
+            amax = tl.zeros([BLOCK_K], dtype=tl.float32)
+            for k in range(0, K, BLOCK_K):
+                kk = k + tl.arange(0, BLOCK_K)
+                v = tl.load(x_row + kk, mask=kk < K, other=0.0).to(tl.float32)
+                amax = tl.maximum(amax, tl.abs(v))
+            s_x = tl.maximum(tl.max(amax, axis=0) / 448.0, 1e-12)
+        acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+        for k in range(0, K, BLOCK_K):
+            kk = k + tl.arange(0, BLOCK_K)
+            if EVEN:
+                w = tl.load(rows + kk[None, :])
+                x = tl.load(x_row + kk).to(tl.float32)
+            else:
+                w = tl.load(rows + kk[None, :], mask=nm[:, None] & (kk[None, :] < K), other=0.0)
+                x = tl.load(x_row + kk, mask=kk < K, other=0.0).to(tl.float32)
+            if QUANT_X:
+                x = tl.minimum(tl.maximum(tl.math.div_rn(x, s_x), -448.0), 448.0)
+                if SOFT_FP8:
+                    x = _round_e4m3(x)
+                else:
+                    x = x.to(tl.float8e4nv).to(tl.float32)
+            acc += w.to(tl.float32) * x[None, :]
+        y = (tl.sum(acc, 1) * s_x * ws).to(y_ptr.dtype.element_ty)
+        if HAS_BIAS:  # torch adds the bias to the rounded product
+            y = (y.to(tl.float32) + tl.load(b_ptr + n, mask=nm, other=0.0).to(tl.float32)).to(y.dtype)
+        tl.store(y_ptr + m * stride_ym + n, y, mask=nm)
+
+
+_fp8_gemv_tuned = triton.autotune(
+    configs=[triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=s) for bn, bk, w, s in _CONFIGS],
+    key=["N", "K", "QUANT_X", "HAS_BIAS", "EVEN"])(_fp8_gemv_kernel)
+
+
+def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None = None,
+             *, quantize_input: bool = True, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """``x [m, K]`` (bf16/fp16/fp32) times the e4m3 ``weight [N, K]`` with ``weight_scale`` (``N`` values).
+
+    ``quantize_input=True`` is W8A8 (dynamic per-token e4m3 activations, as the ``_scaled_mm`` path);
+    ``False`` multiplies the activations as they are (W8A16). Returns ``[m, N]`` in ``out_dtype`` (default
+    ``x.dtype``). Autotuned per (N, K) on first use on a GPU; call it once outside CUDA-graph capture.
+    """
+    m, k = x.shape
+    n = weight.shape[0]
+    if weight.shape[1] != k or weight.stride(1) != 1:
+        raise ValueError(f"fp8_gemv: weight {tuple(weight.shape)} (strides {weight.stride()}) does not fit x "
+                         f"{tuple(x.shape)}; the weight must be [N, K] row-major")
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    y = torch.empty(m, n, dtype=out_dtype or x.dtype, device=x.device)
+    if m == 0:
+        return y
+    ws = weight_scale.reshape(-1)
+    args = (x, weight, ws, bias, y, m, n, k, x.stride(0), weight.stride(0), y.stride(0))
+    flags = dict(QUANT_X=quantize_input, HAS_BIAS=bias is not None)
+    if os.environ.get("TRITON_INTERPRET") == "1":  # no timer to autotune with: one small tile
+        _fp8_gemv_kernel[(triton.cdiv(n, 16),)](*args, **flags, EVEN=False, SOFT_FP8=True, BLOCK_N=16, BLOCK_K=64)
+        return y
+    even = k % 1024 == 0 and n % 64 == 0
+    _fp8_gemv_tuned[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)](*args, **flags, EVEN=even, SOFT_FP8=False)
+    return y
+
+
+def fp8_gemv_reference(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
+                       bias: torch.Tensor | None = None, *, quantize_input: bool = True) -> torch.Tensor:
+    """float64 result of what :func:`fp8_gemv` computes (before its final rounding), for tests."""
+    from octavo.plugins.quant.fp8_triton import quantize_per_token_torch
+
+    if quantize_input:
+        q, s = quantize_per_token_torch(x)
+        xd = q.double() * s.double()
+    else:
+        xd = x.double()
+    y = xd @ (weight.double() * weight_scale.reshape(-1, 1).double()).t()
+    return y + bias.double() if bias is not None else y

@@ -1,0 +1,169 @@
+"""The fp8 GEMV (plugins/quant/fp8_gemv.py): W8A8 with in-kernel per-token activation quantization.
+
+On CPU machines the Triton interpreter (``TRITON_INTERPRET=1``, in a child process) runs the kernel at tiny
+shapes against a float64 reference of the same W8A8 arithmetic, checks its e4m3 rounding against torch's
+cast, and checks that the fp8 linear method gives the same rows through the GEMV (1 row) as through
+``torch._scaled_mm`` (3 rows; torch's CPU kernel). GPU-marked tests run the compiled kernel (Llama-3-8B
+projection shapes) against the reference and ``_scaled_mm``, and replay both paths from a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("triton")
+
+INTERPRETED = r"""
+import torch
+import triton
+import triton.language as tl
+from octavo.plugins.quant.fp8 import _FP8Method, quantize_fp8_rows
+from octavo.plugins.quant.fp8_gemv import _round_e4m3, fp8_gemv, fp8_gemv_reference
+
+# 1. the software e4m3 rounding used under the interpreter == torch's cast (every grid value, midpoints, random)
+@triton.jit
+def round_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(y_ptr + i, _round_e4m3(tl.load(x_ptr + i, mask=i < n)), mask=i < n)
+
+grid = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
+grid = grid[grid.isfinite()].unique()
+mids = (grid[1:] + grid[:-1]) / 2
+vals = torch.cat([grid, mids, mids.nextafter(torch.tensor(1e9)), mids.nextafter(torch.tensor(-1e9)),
+                  torch.empty(4000).uniform_(-448, 448), torch.randn(4000) * 1e-2])
+out = torch.empty_like(vals)
+round_kernel[(triton.cdiv(vals.numel(), 1024),)](vals, out, vals.numel(), BLOCK=1024)
+want = vals.to(torch.float8_e4m3fn).float()
+assert torch.equal(out, want), (vals[out != want][:5], out[out != want][:5], want[out != want][:5])
+
+# 2. the GEMV vs float64: rows, odd sizes, K over several blocks, bias, a zero row, W8A8 and W8A16
+gen = torch.Generator().manual_seed(0)
+for m, n, k, bias in [(1, 40, 200, False), (3, 33, 130, True), (2, 17, 64, False)]:
+    w, ws = quantize_fp8_rows(torch.randn(n, k, generator=gen))
+    x = (torch.randn(m, k, generator=gen) * torch.logspace(-2, 1, m)[:, None]).bfloat16()
+    if m == 3:
+        x[1] = 0
+    b = torch.randn(n, generator=gen).bfloat16() if bias else None
+    for quant in (True, False):
+        ref = fp8_gemv_reference(x, w, ws, b, quantize_input=quant)
+        y32 = fp8_gemv(x, w, ws, b, quantize_input=quant, out_dtype=torch.float32)
+        tol = 1e-6 * float(ref.abs().max()) + (2e-2 * float(b.abs().max()) if bias else 0)  # bias: bf16 sum
+        assert float((y32.double() - ref).abs().max()) <= tol, (m, n, k, quant)
+        y = fp8_gemv(x, w, ws, b, quantize_input=quant)
+        assert y.dtype == torch.bfloat16 and y.shape == (m, n)
+        assert torch.allclose(y.double(), ref, rtol=1.6e-2, atol=1.6e-2 * float(ref.abs().max())), (m, n, k)
+        if m == 3:
+            assert torch.equal(y32[1], (b.float() if bias else torch.zeros(n))), "zero row"
+    # W8A8 differs from W8A16 by the activation rounding (the reference is not trivially the same)
+    assert not torch.allclose(fp8_gemv_reference(x, w, ws), fp8_gemv_reference(x, w, ws, quantize_input=False))
+
+# 3. the linear method: 1 row -> GEMV, 3 rows -> _scaled_mm; the same row gets the same answer
+method = _FP8Method(prequantized=False)
+layer = torch.nn.Module()
+method.create_weights(layer, 96, [48], torch.bfloat16)
+layer.bias = None
+for name, value in method.convert({"weight": torch.randn(48, 96, generator=gen)}, "t").items():
+    getattr(layer, name).data.copy_(value)
+method.process_weights_after_loading(layer)
+assert method.gemv_max_m == 0  # CPU tensors: no GEMV, no fused quant by default
+method.gemv_max_m = 1
+x = torch.randn(3, 96, generator=gen).bfloat16()
+one = method.apply(layer, x[:1])
+three = method.apply(layer, x)
+assert torch.allclose(one.float(), three[:1].float(), rtol=1.6e-2, atol=1e-2 * float(three.abs().max())), \
+    (one, three[:1])
+ref = fp8_gemv_reference(x[:1], layer.weight, layer.weight_scale)
+assert torch.allclose(one.double(), ref, rtol=1.6e-2, atol=1e-3 * float(ref.abs().max()))
+print("ok")
+"""
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+@pytest.mark.skipif(_cuda(), reason="interpreter check for CPU machines; on a GPU the compiled kernel is tested")
+def test_fp8_gemv_interpreted_matches_float64():
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    out = subprocess.run([sys.executable, "-c", INTERPRETED], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]
+
+
+def test_gemv_max_m_setting_is_validated(monkeypatch):
+    from octavo.plugins.quant.fp8 import _gemv_max_m
+
+    monkeypatch.setenv("OCTAVO_FP8_GEMV_MAX_M", "4")
+    assert _gemv_max_m() == 4
+    for bad in ("x", "-1", "65"):
+        monkeypatch.setenv("OCTAVO_FP8_GEMV_MAX_M", bad)
+        with pytest.raises(ValueError, match="OCTAVO_FP8_GEMV_MAX_M"):
+            _gemv_max_m()
+
+
+# ---------------------------------------------------------------------------------------------- GPU
+LLAMA3_8B_SHAPES = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)]  # qkv, o, gate_up, down
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _cuda(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("n,k", LLAMA3_8B_SHAPES + [(1000, 333)])
+def test_fp8_gemv_on_cuda(n, k):
+    """Compiled kernel (hardware e4m3 cast) vs float64 and vs the ``_scaled_mm`` path, 1-4 rows."""
+    import torch
+
+    from octavo.plugins.quant.fp8 import quantize_fp8_rows
+    from octavo.plugins.quant.fp8_gemv import fp8_gemv, fp8_gemv_reference
+    from octavo.plugins.quant.fp8_triton import quantize_per_token
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    w, ws = quantize_fp8_rows(torch.randn(n, k, device="cuda", generator=gen) * 0.02)
+    for m in (1, 4):
+        x = torch.randn(m, k, device="cuda", generator=gen, dtype=torch.bfloat16)
+        ref = fp8_gemv_reference(x, w, ws)
+        y32 = fp8_gemv(x, w, ws, out_dtype=torch.float32).double()
+        scale = float(ref.abs().max())
+        assert float((y32 - ref).abs().max()) <= 1e-5 * scale, (m, n, k)
+        xq, xs = quantize_per_token(x)
+        mm = torch._scaled_mm(xq, w.t(), scale_a=xs, scale_b=ws.reshape(1, -1), out_dtype=torch.bfloat16)
+        y = fp8_gemv(x, w, ws)
+        assert float((y.double() - mm.double()).abs().max()) <= 2e-2 * scale, (m, n, k)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _cuda(), reason="needs a CUDA GPU")
+def test_fp8_linear_replays_from_cuda_graph(monkeypatch):
+    """Both fp8 paths (GEMV at 1 row, quantize + _scaled_mm at 8) capture into a CUDA graph and replay the
+    eager result bit for bit: no host sync, no allocation the graph does not own."""
+    import torch
+
+    from octavo.plugins.quant.fp8 import _FP8Method
+
+    monkeypatch.setenv("OCTAVO_FP8_GEMV_MAX_M", "1")
+    method = _FP8Method(prequantized=False)
+    layer = torch.nn.Module()
+    with torch.device("cuda"):
+        method.create_weights(layer, 4096, [2048, 2048], torch.bfloat16)
+    layer.bias = None
+    for name, value in method.convert({"weight": torch.randn(4096, 4096, device="cuda") * 0.02}, "t").items():
+        getattr(layer, name).data.copy_(value)
+    method.process_weights_after_loading(layer)
+    assert method.gemv_max_m == 1, "the GEMV failed its load-time check against _scaled_mm"
+    for m in (1, 8):
+        x = torch.randn(m, 4096, device="cuda", dtype=torch.bfloat16)
+        with torch.inference_mode():
+            eager = method.apply(layer, x)
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                out = method.apply(layer, x)
+            x.copy_(torch.randn_like(x))
+            graph.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(out, method.apply(layer, x)), m
+            assert not torch.equal(out, eager), m
