@@ -12,10 +12,11 @@ import os
 import torch
 
 from octavo.config import OctavoSettings
-from octavo.core.loader import DTYPES, get_eos_token_ids, get_max_model_len, resolve_dtype
+from octavo.core.loader import get_eos_token_ids, get_max_model_len, resolve_dtype
 from octavo.core.model_runner import ModelRunner
 from octavo.core.platform_setup import prepare_on_platform
 from octavo.core.spec_decode_heads import attach_spec_head
+from octavo.nn.kv_quant import check_kv_cache_dtype, kv_cache_torch_dtype, set_kv_scales
 from octavo.nn.parallel import get_tp_rank, get_tp_size, set_expert_parallel
 from octavo.nn.pipeline import get_pp_rank, get_pp_size
 from octavo.step import RunnerOutput, StepBatch, WorkerInfo
@@ -129,6 +130,8 @@ class Worker:
                 logits_soft_cap=first.logits_soft_cap, block_size=block_size)
         else:
             self.attn_backend_cls = None
+        if self.attn_layers:  # an fp8 KV cache this device or backend cannot run fails here (nn/kv_quant.py)
+            check_kv_cache_dtype(settings.cache.kv_cache_dtype, self.attn_backend_cls, self.device)
         self.num_blocks = self._determine_num_blocks()
         self._allocate_kv_cache()
         runner_cls, extra = ModelRunner, {}
@@ -142,6 +145,10 @@ class Worker:
                                  synchronize=platform.synchronize, task=settings.model.task, **extra)
         attach_spec_head(self)  # speculator heads draft next to the target, hooks before graphs (spec_decode_heads.py)
         self.prepared = prepare_on_platform(self)  # typed handle in, step runner out (core/platform_setup.py)
+        if settings.scheduler.async_scheduling:  # placeholders + deferred outputs (core/async_runner.py)
+            from octavo.core.async_runner import AsyncRunnerSteps
+
+            self.runner.async_steps = AsyncRunnerSteps(self.device, platform.synchronize)
         if settings.lora.enable_lora:  # adapter slots + a hook on every projection (docs/lora.md)
             from octavo.lora.manager import LoRAManager
 
@@ -166,8 +173,7 @@ class Worker:
                    for layer in self.attn_layers)
 
     def _kv_dtype(self) -> torch.dtype:
-        name = self.settings.cache.kv_cache_dtype
-        return self.dtype if name == "auto" else DTYPES[name]
+        return kv_cache_torch_dtype(self.settings.cache.kv_cache_dtype, self.dtype)  # fp8: 1 byte per element
 
     def _determine_num_blocks(self) -> int:
         cache = self.settings.cache
@@ -219,6 +225,7 @@ class Worker:
             impl = self.attn_backend_cls(num_heads=layer.num_heads, head_size=layer.head_size,
                                          num_kv_heads=layer.num_kv_heads, scale=layer.scale,
                                          sliding_window=layer.sliding_window, logits_soft_cap=layer.logits_soft_cap)
+            set_kv_scales(impl, layer)  # checkpoint k_scale/v_scale, else 1.0; read only by an fp8 cache
             layer.bind(impl, kv)
             self.kv_caches.append(kv)
 

@@ -112,8 +112,9 @@ class CacheSettings(_Section):
     kv_cache_memory_bytes: int | None = Field(None, ge=1, description="KV-cache size in bytes; overrides "
                                               "gpu_memory_utilization. CPU default: 1 GiB.")
     num_gpu_blocks_override: int | None = Field(None, ge=1, description="Exact number of KV blocks (testing).")
-    kv_cache_dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
-        "auto", description="KV-cache dtype. auto: the model dtype.")
+    kv_cache_dtype: Literal["auto", "float32", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2"] = Field(
+        "auto", description="KV-cache dtype. auto: the model dtype. fp8 (= fp8_e4m3) / fp8_e5m2: one byte per value "
+        "with per-layer scales (docs/quantization.md).")
 
     @field_validator("block_size")
     @classmethod
@@ -134,6 +135,9 @@ class SchedulerSettings(_Section):
     structured_outputs_backend: str = Field("xgrammar", description="Grammar library for structured outputs "
                                             "(JSON schema, regex, choice, grammar): xgrammar or guidance "
                                             "(llguidance), or a plugin's name.")
+    async_scheduling: bool = Field(False, description="Schedule step N+1 and prepare its inputs while step N "
+                                   "runs (sampled ids stay on the device); in-process executor only, no "
+                                   "speculative decoding (docs/async_scheduling.md).")
     speculative_config: dict[str, Any] | None = Field(
         None, description='Speculative decoding, as vLLM spells it: {"method": "ngram", "num_speculative_tokens": '
         '4, "prompt_lookup_max": 3} (see docs/spec_decode.md). None: off.')

@@ -143,6 +143,7 @@ def load_model(resolved: ResolvedModel, *, model_cls, dtype: torch.dtype, device
         ValueError: the checkpoint lacks weights the model needs, or holds tensors it cannot place.
     """
     device = torch.device(device)
+    from octavo.nn.kv_quant import take_kv_scales
     from octavo.quant import quantization_scope
 
     if quantizer is not None and getattr(model_cls, "supports_quantization", True) is False:
@@ -165,6 +166,7 @@ def load_model(resolved: ResolvedModel, *, model_cls, dtype: torch.dtype, device
             _init_dummy_quantized(model, methods, seed)
     else:
         weights = iter_weights(resolved, keep_gguf_blocks=_gguf_block_filter(quantizer, methods))
+        weights = take_kv_scales(weights, model)  # k_scale/v_scale onto the Attention layers (nn/kv_quant.py)
         if quantizer is not None:
             weights = quantizer.adapt_weights(weights, methods)
         loaded = model.load_weights(weights)

@@ -11,6 +11,10 @@ group) pairs, so a K/V tile loaded once serves the whole GQA group::
 With ``num_splits > 1`` (decode of few requests over long contexts) each split writes an fp32 partial
 output and its log-sum-exp; ``_merge_splits_kernel`` combines them. Scores and softmax are fp32, exp2 with
 the scale folded in; P is cast to the cache dtype for the P@V product, as FlashAttention does.
+
+FP8 cache (``KV_FP8``): the write stores ``clamp(x / scale, -FP8_MAX, FP8_MAX)`` as fp8; attention loads fp8
+tiles, converts them to the query's dtype for the dots, folds ``k_scale`` into the softmax scale (the host
+passes ``scale * k_scale``) and multiplies the normalized output by ``v_scale`` (octavo.nn.kv_quant's rule).
 """
 
 from __future__ import annotations
@@ -27,7 +31,9 @@ def _kv_write_kernel(
     stride_kt, stride_kh, stride_vt, stride_vh,
     value_offset,  # elements between the key half and the value half of the cache
     num_kv_heads,
+    k_scale, v_scale,  # fp8 cache: stored = clamp(x / scale); unused otherwise
     HEAD_D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+    KV_FP8: tl.constexpr = False, FP8_MAX: tl.constexpr = 448.0,
 ):
     """cache[{0,1}, slot] = key/value[token] for one token; slots < 0 (padding) are skipped."""
     t = tl.program_id(0)
@@ -39,6 +45,9 @@ def _kv_write_kernel(
     mask = (h[:, None] < num_kv_heads) & (d[None, :] < HEAD_D)
     k = tl.load(key_ptr + t * stride_kt + h[:, None] * stride_kh + d[None, :], mask=mask)
     v = tl.load(value_ptr + t * stride_vt + h[:, None] * stride_vh + d[None, :], mask=mask)
+    if KV_FP8:  # saturate: a value past the fp8 range stores +-max, never inf/NaN
+        k = tl.clamp(k.to(tl.float32) / k_scale, -FP8_MAX, FP8_MAX)
+        v = tl.clamp(v.to(tl.float32) / v_scale, -FP8_MAX, FP8_MAX)
     dst = slot * num_kv_heads * HEAD_D + h[:, None] * HEAD_D + d[None, :]
     tl.store(cache_ptr + dst, k.to(cache_ptr.dtype.element_ty), mask=mask)
     tl.store(cache_ptr + value_offset + dst, v.to(cache_ptr.dtype.element_ty), mask=mask)
@@ -48,14 +57,15 @@ def _kv_write_kernel(
 def _paged_attention_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, lse_ptr,
     block_tables_ptr, seq_lens_ptr, query_start_loc_ptr,
-    scale_log2,  # softmax scale * log2(e)
-    scale, soft_cap, window,
+    scale_log2,  # softmax scale * log2(e) (times k_scale for an fp8 cache)
+    scale, soft_cap, window, v_scale,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_os, stride_lt, stride_lh,
     stride_cb, stride_cs,  # cache strides: per block, per slot in a block (the head stride is HEAD_D)
     stride_bt,
     GROUP: tl.constexpr, GROUP_P: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, HEAD_D: tl.constexpr, HEAD_DP: tl.constexpr, PAGE: tl.constexpr,
     NUM_SPLITS: tl.constexpr, USE_SOFTCAP: tl.constexpr, USE_WINDOW: tl.constexpr, DOT_PREC: tl.constexpr,
+    KV_FP8: tl.constexpr = False,
 ):
     req = tl.program_id(0)
     q_tile = tl.program_id(1) // NUM_SPLITS
@@ -104,6 +114,8 @@ def _paged_attention_kernel(
         kv_off = blk * stride_cb + (pos % PAGE) * stride_cs + kv_head * HEAD_D  # [BLOCK_N]
         kv_mask = pos_ok[None, :] & d_ok[:, None]
         k = tl.load(k_cache_ptr + kv_off[None, :] + offs_d[:, None], mask=kv_mask, other=0.0)  # [HEAD_DP, N]
+        if KV_FP8:
+            k = k.to(q.dtype)
         s = tl.dot(q, k, input_precision=DOT_PREC)  # fp32 [BLOCK_M, BLOCK_N]
         if USE_SOFTCAP:
             x = s * (scale / soft_cap)
@@ -121,11 +133,15 @@ def _paged_attention_kernel(
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(v_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=pos_ok[:, None] & d_ok[None, :],
                     other=0.0)  # [BLOCK_N, HEAD_DP]
+        if KV_FP8:
+            v = v.to(q.dtype)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
         m_i = m_new
 
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     out = acc / l_safe[:, None]
+    if KV_FP8:
+        out = out * v_scale
     o_off = (q_start + tok).to(tl.int64)[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :]
     o_mask = row_ok[:, None] & d_ok[None, :]
     if NUM_SPLITS == 1:

@@ -85,6 +85,13 @@ class FlashInferAttentionBackend(AttentionBackend):
         return Availability(True)
 
     @classmethod
+    def supports_kv_cache_dtype(cls, name: str, device) -> Availability:
+        """Refused: FlashInfer's API takes an fp8 paged cache (``kv_data_type`` at plan, ``k_scale``/``v_scale``
+        at run), but this backend's fa2 prefill path with an fp8 cache has not been built or checked on a GPU."""
+        return Availability(False, "the flashinfer backend does not read an fp8 KV cache in octavo yet; use "
+                                   "attention_backend=triton with kv_cache_dtype=" + repr(name))
+
+    @classmethod
     def build_metadata(cls, layout: AttentionLayout, device) -> FlashInferMetadata:
         import torch
 

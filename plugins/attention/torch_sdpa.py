@@ -15,6 +15,10 @@ device, so ``forward`` never syncs). Per layer, ``forward``:
 
 Attention runs through ``scaled_dot_product_attention`` in the query's dtype (its CPU kernels accumulate
 in float32); the soft-capped path computes scores and softmax in float32.
+
+An fp8 cache (``kv_cache_dtype="fp8"``/``"fp8_e5m2"``) stores ``x / scale`` saturated to fp8 (written through
+a uint8 view: torch has no fp8 ``index_copy_`` on CPU) and the gathered blocks are dequantized to the
+query's dtype (``octavo.nn.kv_quant``), so everything after the gather is the unquantized path.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from octavo.attention import AttentionBackend, AttentionLayout
+from octavo.nn.kv_quant import FP8_KV_DTYPES, dequantize, is_fp8, quantize
 from octavo.platform import Availability
 
 # scaled_dot_product_attention(enable_gqa=...) exists from torch 2.5
@@ -72,6 +77,18 @@ class TorchSDPABackend(AttentionBackend):
         return Availability(True)
 
     @classmethod
+    def supports_kv_cache_dtype(cls, name: str, device) -> Availability:
+        """fp8 caches on any device that stores fp8 tensors (plain torch; the worker probes the device)."""
+        return Availability(name in FP8_KV_DTYPES, None if name in FP8_KV_DTYPES else f"unknown fp8 name {name!r}")
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.k_scale = self.v_scale = 1.0  # per-layer fp8 scales; the worker sets checkpoint values
+
+    def _read(self, cached: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Tensor:
+        return dequantize(cached, scale, dtype) if is_fp8(cached.dtype) else cached.to(dtype)
+
+    @classmethod
     def build_metadata(cls, layout: AttentionLayout, device: torch.device) -> TorchSDPAMetadata:
         bs = layout.block_size
         seq_lens = layout.seq_lens.tolist()
@@ -109,8 +126,14 @@ class TorchSDPABackend(AttentionBackend):
         num_slots = kv_cache.shape[1] * kv_cache.shape[2]
         k_cache = kv_cache[0].view(num_slots, self.num_kv_heads, self.head_size)  # [slots, kv_heads, d]
         v_cache = kv_cache[1].view(num_slots, self.num_kv_heads, self.head_size)
-        k_cache.index_copy_(0, metadata.slot_mapping, key.to(k_cache.dtype))
-        v_cache.index_copy_(0, metadata.slot_mapping, value.to(v_cache.dtype))
+        if is_fp8(kv_cache.dtype):
+            k_cache.view(torch.uint8).index_copy_(0, metadata.slot_mapping,
+                                                  quantize(key, self.k_scale, kv_cache.dtype).view(torch.uint8))
+            v_cache.view(torch.uint8).index_copy_(0, metadata.slot_mapping,
+                                                  quantize(value, self.v_scale, kv_cache.dtype).view(torch.uint8))
+        else:
+            k_cache.index_copy_(0, metadata.slot_mapping, key.to(k_cache.dtype))
+            v_cache.index_copy_(0, metadata.slot_mapping, value.to(v_cache.dtype))
         out = torch.empty_like(query)
         group = self.num_heads // self.num_kv_heads
         if metadata.num_decodes:
@@ -125,10 +148,10 @@ class TorchSDPABackend(AttentionBackend):
         ctx_len = md.decode_k_pos.shape[1]
         # whole blocks [D * B, block_size, kv_heads, d] -> [D, kv_heads, L, d]; the cache may have its own
         # dtype (kv_cache_dtype): attend in the query's
-        k = kv_cache[0].index_select(0, md.decode_blocks).view(num_decodes, ctx_len, self.num_kv_heads,
-                                                               self.head_size).to(q.dtype).transpose(1, 2)
-        v = kv_cache[1].index_select(0, md.decode_blocks).view(num_decodes, ctx_len, self.num_kv_heads,
-                                                               self.head_size).to(q.dtype).transpose(1, 2)
+        k = self._read(kv_cache[0].index_select(0, md.decode_blocks), self.k_scale, q.dtype).view(
+            num_decodes, ctx_len, self.num_kv_heads, self.head_size).transpose(1, 2)
+        v = self._read(kv_cache[1].index_select(0, md.decode_blocks), self.v_scale, q.dtype).view(
+            num_decodes, ctx_len, self.num_kv_heads, self.head_size).transpose(1, 2)
         qg = q.view(num_decodes, self.num_kv_heads, group, self.head_size)  # [D, kv_heads, g, d]
         if self.logits_soft_cap:
             allowed = self._mask(md, "decode", lambda: self._allowed(md.decode_seq_lens - 1, md.decode_k_pos))
@@ -154,8 +177,8 @@ class TorchSDPABackend(AttentionBackend):
     def _prefill(self, q, k_cache, v_cache, item: PrefillItem, md: TorchSDPAMetadata, group: int) -> torch.Tensor:
         allowed = self._mask(md, id(item), lambda: self._allowed(item.q_pos, item.k_pos))  # [q_len, seq_len]
         qh = q.transpose(0, 1)  # [heads, q_len, d]
-        kh = k_cache.index_select(0, item.slots).to(q.dtype).transpose(0, 1)  # [kv_heads, seq_len, d]
-        vh = v_cache.index_select(0, item.slots).to(q.dtype).transpose(0, 1)
+        kh = self._read(k_cache.index_select(0, item.slots), self.k_scale, q.dtype).transpose(0, 1)  # [kvh, L, d]
+        vh = self._read(v_cache.index_select(0, item.slots), self.v_scale, q.dtype).transpose(0, 1)
         if self.logits_soft_cap:
             kh = kh.float().repeat_interleave(group, dim=0)  # [heads, seq_len, d]
             scores = torch.matmul(qh.float(), kh.transpose(1, 2)) * self.scale  # [heads, q_len, seq_len]

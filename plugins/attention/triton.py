@@ -7,6 +7,10 @@ block size, head sizes up to 256, sliding windows and logit soft-capping. The ca
 layout ``[2, num_blocks, block_size, num_kv_heads, head_size]``. ``forward`` never syncs with the host, so
 decode steps can be captured in CUDA graphs (``octavo.plugins.platforms.cuda_graphs``); metadata tensors are built with
 ``Tensor.to`` so a graph runner that hands in static device tensors gets them back unchanged.
+
+An fp8 cache (``kv_cache_dtype="fp8"``/``"fp8_e5m2"``, ``octavo.nn.kv_quant``) is written quantized by the
+KV-write kernel and read as fp8 by the attention kernel, with the layer's ``k_scale``/``v_scale`` (Python
+floats set once by the worker, so they are constants in a captured graph) applied inside the kernels.
 """
 
 from __future__ import annotations
@@ -92,6 +96,27 @@ class TritonAttentionBackend(AttentionBackend):
         return Availability(True)
 
     @classmethod
+    def supports_kv_cache_dtype(cls, name: str, device) -> Availability:
+        """fp8 caches on NVIDIA GPUs of compute capability >= 8.9 (Triton's fp8 conversions; checked on H100)
+        and in the CPU interpreter (tests)."""
+        import torch
+
+        from octavo.nn.kv_quant import FP8_KV_DTYPES
+
+        if name not in FP8_KV_DTYPES:
+            return Availability(False, f"unknown fp8 KV-cache dtype {name!r}")
+        if getattr(device, "type", device) != "cuda":
+            return Availability(os.environ.get("TRITON_INTERPRET") == "1", "triton runs on GPUs")
+        if torch.version.hip is not None:
+            return Availability(False, "fp8 KV cache with triton is untested on ROCm (its fp8 types differ); use "
+                                       "kv_cache_dtype=auto")
+        cc = torch.cuda.get_device_capability(device)
+        if cc < (8, 9):
+            return Availability(False, f"compute capability {cc[0]}.{cc[1]} < 8.9: Triton's fp8 conversions need "
+                                       "Ada/Hopper or newer; use kv_cache_dtype=auto")
+        return Availability(True)
+
+    @classmethod
     def build_metadata(cls, layout: AttentionLayout, device) -> TritonAttentionMetadata:
         import torch
 
@@ -119,6 +144,7 @@ class TritonAttentionBackend(AttentionBackend):
         self.head_dp = max(16, _next_pow2(self.head_size))
         self.window = self.sliding_window or 0
         self.soft_cap = float(self.logits_soft_cap or 0.0)
+        self.k_scale = self.v_scale = 1.0  # per-layer fp8 scales; the worker sets checkpoint values
 
     # --- heuristics ------------------------------------------------------------------------------------
     def _num_splits(self, md: TritonAttentionMetadata, block_n: int, device) -> int:
@@ -141,7 +167,9 @@ class TritonAttentionBackend(AttentionBackend):
 
     # --- forward ---------------------------------------------------------------------------------------
     def write_kv(self, key, value, kv_cache, slot_mapping) -> None:
-        """Store this step's K/V at their slots (one program per token, all KV heads at once)."""
+        """Store this step's K/V at their slots (one program per token, all KV heads at once); an fp8 cache
+        stores ``clamp(x / scale)``."""
+        from octavo.nn.kv_quant import FP8_MAX
         from octavo.plugins.attention._triton_kernels import _kv_write_kernel
 
         if key.shape[0] == 0:
@@ -151,8 +179,9 @@ class TritonAttentionBackend(AttentionBackend):
         _kv_write_kernel[(key.shape[0],)](
             key, value, kv_cache, slot_mapping,
             key.stride(0), key.stride(1), value.stride(0), value.stride(1),
-            kv_cache.stride(0), self.num_kv_heads,
+            kv_cache.stride(0), self.num_kv_heads, self.k_scale, self.v_scale,
             HEAD_D=self.head_size, BLOCK_H=_next_pow2(self.num_kv_heads), BLOCK_D=_next_pow2(self.head_size),
+            KV_FP8=kv_cache.dtype in FP8_MAX, FP8_MAX=FP8_MAX.get(kv_cache.dtype, 448.0),
         )
 
     def forward(self, query, key, value, kv_cache, metadata: TritonAttentionMetadata):
@@ -192,16 +221,18 @@ class TritonAttentionBackend(AttentionBackend):
             dst, lse = out, out  # lse unused
             strides = (out.stride(0), out.stride(1), 0, 0, 0)
         grid = (md.num_reqs, num_q_tiles * splits, self.num_kv_heads)
+        fp8 = kv_cache.dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
+        scale = self.scale * (self.k_scale if fp8 else 1.0)  # K's scale folds into the softmax scale
         _paged_attention_kernel[grid](
             query, kv_cache[0], kv_cache[1], dst, lse,
             md.block_tables, md.seq_lens, md.query_start_loc,
-            self.scale * LOG2E, self.scale, self.soft_cap or 1.0, self.window,
+            scale * LOG2E, scale, self.soft_cap or 1.0, self.window, self.v_scale if fp8 else 1.0,
             query.stride(0), query.stride(1), *strides,
             kv_cache.stride(1), kv_cache.stride(2), md.block_tables.stride(0),
             GROUP=self.group, GROUP_P=self.group_p, BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=block_n,
             HEAD_D=self.head_size, HEAD_DP=self.head_dp, PAGE=md.block_size, NUM_SPLITS=splits,
             USE_SOFTCAP=self.soft_cap > 0, USE_WINDOW=self.window > 0,
-            DOT_PREC="ieee" if query.dtype == torch.float32 else "tf32",
+            DOT_PREC="ieee" if query.dtype == torch.float32 else "tf32", KV_FP8=fp8,
             num_warps=4, num_stages=2,
         )
         if splits > 1:
