@@ -59,6 +59,9 @@ def prepare_gpu_model(handle: ModelHandle, *, graphs: bool = True) -> PreparedMo
         from octavo.plugins.platforms.cuda_fusions import fuse_model
 
         notes["fused"] = fuse_model(handle.model, handle.dtype, handle.device)
+        from octavo.plugins.platforms.cuda_moe import install_moe_kernels  # FusedMoE -> Triton (docs/moe.md)
+
+        notes["moe"] = install_moe_kernels(handle.model, handle.dtype, handle.device)
     except ImportError as e:
         logger.info("fused GPU kernels unavailable (%s); eager small ops", e)
     runner = maybe_capture_cuda_graphs(handle)

@@ -1,0 +1,191 @@
+"""The Triton fused MoE kernel on ``FusedMoE`` layers: tile configs per shape, support checks, installing.
+
+``install_moe_kernels`` (called by the CUDA platform's ``prepare_model``, before CUDA-graph capture) gives
+every supported :class:`octavo.nn.fused_moe.FusedMoE` layer an ``apply_experts`` that runs
+:func:`~octavo.plugins.platforms.cuda_moe_kernels.fused_experts`; unsupported layers keep the grouped torch
+path and the log says why. ``OCTAVO_MOE_TRITON=0`` keeps the torch path everywhere.
+
+Tile configs come from JSON files named ``E=<E>,N=<I>,device_name=<name>,dtype=<dtype>.json`` (``I`` is the
+layer's local intermediate size, the device name as ``torch.cuda.get_device_name`` with spaces as ``_``),
+looked up first in ``$OCTAVO_MOE_CONFIG_DIR`` then in ``moe_configs/`` next to this file. Each maps a token
+count ``M`` to a config; the nearest ``M`` is used. Without a file, :func:`default_config` picks by the mean
+tokens per expert. ``benchmarks/moe_tune.py`` writes the files.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+import types
+from pathlib import Path
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+CONFIG_DIR = Path(__file__).with_name("moe_configs")
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def config_file_name(num_experts: int, inter: int, device_name: str, dtype: torch.dtype) -> str:
+    return f"E={num_experts},N={inter},device_name={device_name.replace(' ', '_')},dtype={str(dtype)[6:]}.json"
+
+
+@functools.cache
+def load_configs(num_experts: int, inter: int, device_name: str, dtype: torch.dtype) -> dict[int, dict] | None:
+    """``{M: config}`` from the first config file found for this shape and device, else ``None``."""
+    name = config_file_name(num_experts, inter, device_name, dtype)
+    dirs = [Path(d) for d in os.environ.get("OCTAVO_MOE_CONFIG_DIR", "").split(os.pathsep) if d] + [CONFIG_DIR]
+    for folder in dirs:
+        path = folder / name
+        if path.is_file():
+            table = json.loads(path.read_text())
+            logger.info("fused MoE configs from %s", path)
+            return {int(m): cfg for m, cfg in table.items() if m.isdigit()}
+    return None
+
+
+def default_config(m: int, num_experts: int, top_k: int) -> dict:
+    """Tiles by the mean number of token-slots per expert: small M is a weight-streaming GEMV (tall K tiles,
+    BLOCK_M 16, the smallest ``tl.dot`` takes); large M reuses each weight tile over more rows."""
+    per_expert = m * top_k / num_experts
+    if per_expert <= 16:
+        return {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 1, "num_warps": 4, "num_stages": 3}
+    if per_expert <= 48:
+        return {"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 4, "num_stages": 3}
+    return {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 3}
+
+
+def pick_config(table: dict[int, dict] | None, m: int, num_experts: int, top_k: int) -> tuple[dict, dict | None]:
+    """(w13 config, w2 overrides or None) for ``m`` tokens."""
+    if not table:
+        return default_config(m, num_experts, top_k), None
+    cfg = dict(table[min(table, key=lambda k: abs(k - m))])
+    return cfg, cfg.pop("w2", None)
+
+
+def _runs_on(t: torch.Tensor) -> bool:
+    """CUDA tensors; CPU tensors too under ``TRITON_INTERPRET=1`` (the CPU tests run the kernel that way)."""
+    return t.is_cuda or (t.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1")
+
+
+def _device_name(dev: torch.device) -> str:
+    return torch.cuda.get_device_name(dev) if dev.type == "cuda" else dev.type
+
+
+def unsupported_reason(layer, device: torch.device) -> str | None:
+    """Why the kernel cannot run ``layer`` (a ``FusedMoE``), or ``None`` when it can."""
+    from octavo.nn.activation import SiluAndMul
+
+    w13, w2 = layer.w13_weight, layer.w2_weight
+    if not _runs_on(w13):
+        return f"weights on {w13.device}, the kernel needs a CUDA device"
+    if torch.version.hip is not None:
+        return "ROCm build: the kernel and its configs are only measured on NVIDIA GPUs so far"
+    if w13.dtype not in SUPPORTED_DTYPES:
+        return f"dtype {w13.dtype} (the kernel takes float16 / bfloat16; float32 stays on the torch path)"
+    if w2.dtype != w13.dtype:
+        return f"w13 {w13.dtype} and w2 {w2.dtype} differ"
+    if not isinstance(layer.act_fn, SiluAndMul):
+        return f"activation {type(layer.act_fn).__name__} (the kernel fuses SiLU-and-mul only)"
+    if not (w13.is_contiguous() and w2.is_contiguous()):
+        return "non-contiguous expert weights"
+    e, two_i, h = w13.shape
+    if two_i != 2 * layer.intermediate_size or tuple(w2.shape) != (e, h, two_i // 2):
+        return f"unexpected weight shapes {tuple(w13.shape)} / {tuple(w2.shape)}"
+    return None
+
+
+def _triton_apply_experts(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor):
+    """``FusedMoE.apply_experts`` through the Triton kernel (same contract); torch path for other dtypes."""
+    from triton.runtime.errors import OutOfResources
+
+    from octavo.plugins.platforms.cuda_moe_kernels import fused_experts
+
+    if x.dtype != self.w13_weight.dtype or not _runs_on(x):
+        return type(self).apply_experts(self, x, topk_weights, topk_ids)
+    m = x.shape[0]
+    cfg = self._moe_cfg_cache.get(m)
+    if cfg is None:
+        cfg = self._moe_cfg_cache[m] = pick_config(self._moe_table, m, self.num_local_experts, self.top_k)
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    try:
+        return fused_experts(x, self.w13_weight, self.w2_weight, topk_weights, topk_ids, cfg[0], cfg[1],
+                             zero_missing=self.expert_parallel)
+    except OutOfResources as e:  # a config too big for this card's shared memory: torch path from now on
+        logger.warning("fused MoE kernel off for %s (%d tokens, config %s): %s", self.prefix, m, cfg, e)
+        use_torch_path(self)
+        return type(self).apply_experts(self, x, topk_weights, topk_ids)
+
+
+def use_triton_kernel(layer) -> None:
+    """Route ``layer.apply_experts`` through the kernel (configs for its shape and device looked up now)."""
+    dev = layer.w13_weight.device
+    layer._moe_table = load_configs(layer.num_local_experts, layer.intermediate_size,
+                                    _device_name(dev), layer.w13_weight.dtype)
+    layer._moe_cfg_cache = {}
+    layer.apply_experts = types.MethodType(_triton_apply_experts, layer)
+
+
+def use_torch_path(layer) -> None:
+    """Undo :func:`use_triton_kernel` (the class's grouped torch path again)."""
+    layer.__dict__.pop("apply_experts", None)
+
+
+@torch.inference_mode()
+def _agrees(layer, n: int = 7) -> str | None:
+    """Run the kernel once against the layer's torch path on random tokens; ``None`` when they agree."""
+    gen = torch.Generator(device=layer.w13_weight.device).manual_seed(0)
+    dev, dtype = layer.w13_weight.device, layer.w13_weight.dtype
+    x = torch.randn(n, layer.hidden_size, generator=gen, device=dev).to(dtype)
+    logits = torch.randn(n, layer.num_local_experts, generator=gen, device=dev)
+    weights, ids = torch.topk(torch.softmax(logits, -1), layer.top_k, -1)
+    want = type(layer).apply_experts(layer, x, weights, ids)
+    try:
+        got = layer.apply_experts(x, weights, ids)
+    except Exception as e:  # noqa: BLE001 - a shape or config the kernel cannot compile: keep the torch path
+        return f"{type(e).__name__}: {e}"
+    scale = want.float().abs().max().item() + 1e-6
+    err = (got.float() - want.float()).abs().max().item()
+    tol = 3e-2 if dtype == torch.bfloat16 else 5e-3  # a few ulps of the output's scale
+    return None if err <= tol * scale else f"max error {err:.3g} vs output scale {scale:.3g}"
+
+
+def install_moe_kernels(model: torch.nn.Module, dtype: torch.dtype, device: torch.device) -> dict:
+    """Give every supported ``FusedMoE`` of ``model`` the Triton kernel; returns counts for the logs/notes.
+
+    The first layer of each (experts, hidden, intermediate, dtype) shape is checked against the torch path;
+    a disagreement or compile failure keeps the torch path for that shape, with a warning.
+    """
+    from octavo.nn.fused_moe import FusedMoE
+
+    layers = [m for m in model.modules() if isinstance(m, FusedMoE)]
+    notes: dict = {"triton": 0, "torch": 0, "reasons": {}}
+    if not layers:
+        return notes
+    if os.environ.get("OCTAVO_MOE_TRITON", "1") == "0":
+        notes["torch"] = len(layers)
+        notes["reasons"]["all"] = "OCTAVO_MOE_TRITON=0"
+        logger.info("fused MoE kernel off (OCTAVO_MOE_TRITON=0): %d layers on the torch path", len(layers))
+        return notes
+    verified: dict[tuple, str | None] = {}
+    for layer in layers:
+        reason = unsupported_reason(layer, device)
+        if reason is None:
+            key = (tuple(layer.w13_weight.shape), layer.w13_weight.dtype, layer.top_k, layer.expert_parallel)
+            use_triton_kernel(layer)
+            if key not in verified:
+                verified[key] = _agrees(layer)
+            reason = verified[key]
+        if reason is None:
+            notes["triton"] += 1
+        else:
+            use_torch_path(layer)
+            notes["torch"] += 1
+            notes["reasons"][layer.prefix or "layer"] = reason
+            logger.warning("fused MoE kernel not used for %s: %s", layer.prefix, reason)
+    logger.info("fused MoE kernel: %d layers Triton, %d torch", notes["triton"], notes["torch"])
+    return notes

@@ -1,0 +1,180 @@
+"""Cases for the Triton fused MoE kernel under Triton's CPU interpreter.
+
+Not collected directly (no ``test_`` prefix): ``test_moe_triton_cpu.py`` runs this file with pytest in a
+child process with ``TRITON_INTERPRET=1``, which must be set before any ``@triton.jit`` is defined. Shapes
+are tiny (the interpreter runs each program in numpy): E=8, top_k=2, H=64, I=128 unless a case needs other.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+assert os.environ.get("TRITON_INTERPRET") == "1", "run through test_moe_triton_cpu.py"
+
+from octavo.nn.fused_moe import FusedMoE  # noqa: E402
+from octavo.plugins.platforms import cuda_moe  # noqa: E402
+from octavo.plugins.platforms.cuda_moe_kernels import fused_experts, moe_align, padded_bound  # noqa: E402
+
+E, K, H, INTER = 8, 2, 64, 128
+SMALL = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 2}
+
+
+def _routing(n, num_experts=E, top_k=K, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    probs = torch.softmax(torch.randn(n, num_experts, generator=gen), -1)
+    w, ids = torch.topk(probs, top_k, -1)
+    return w / w.sum(-1, keepdim=True), ids
+
+
+def _weights(dtype, num_experts=E, hidden=H, inter=INTER, seed=1):
+    gen = torch.Generator().manual_seed(seed)
+    w13 = (torch.randn(num_experts, 2 * inter, hidden, generator=gen) * hidden ** -0.5).to(dtype)
+    w2 = (torch.randn(num_experts, hidden, inter, generator=gen) * inter ** -0.5).to(dtype)
+    return w13, w2
+
+
+def _reference(x, w13, w2, weights, ids):
+    """float64 per-token loop; ids outside the experts (expert parallelism) contribute nothing."""
+    inter = w13.shape[1] // 2
+    out = torch.zeros(x.shape, dtype=torch.float64)
+    for t in range(x.shape[0]):
+        for j in range(ids.shape[1]):
+            e = int(ids[t, j])
+            if e >= w13.shape[0]:
+                continue
+            h = x[t].double() @ w13[e].double().T
+            out[t] += float(weights[t, j]) * ((F.silu(h[:inter]) * h[inter:]) @ w2[e].double().T)
+    return out
+
+
+@pytest.mark.parametrize("n", [1, 5, 37])
+def test_align_groups_and_pads_by_expert(n):
+    _, ids = _routing(n)
+    ids[0, 0] = E  # expert parallelism's "held elsewhere": left out of the layout
+    block_m = 16
+    sorted_slots, block_expert, total = moe_align(ids, E, block_m)
+    total = int(total)
+    assert sorted_slots.numel() == padded_bound(n * K, E, block_m) >= total
+    flat = ids.reshape(-1)
+    counts = torch.bincount(flat, minlength=E + 1)[:E]
+    assert total == int(((counts + block_m - 1) // block_m * block_m).sum())
+    seen = []
+    for b in range(total // block_m):
+        e = int(block_expert[b])
+        rows = sorted_slots[b * block_m:(b + 1) * block_m].tolist()
+        real = [s for s in rows if s < n * K]
+        assert all(s == n * K for s in rows[len(real):]), "padding only after an expert's slots"
+        assert all(int(flat[s]) == e for s in real)
+        seen += real
+    want = [s for e in range(E) for s in range(n * K) if int(flat[s]) == e]  # by expert, then token order
+    assert seen == want
+
+
+@pytest.mark.parametrize("dtype,n", [(torch.float32, 5), (torch.float16, 1), (torch.float16, 5),
+                                     (torch.float16, 37), (torch.bfloat16, 1), (torch.bfloat16, 37)])
+def test_fused_experts_matches_float64(dtype, n):
+    w13, w2 = _weights(dtype)
+    weights, ids = _routing(n)
+    x = torch.randn(n, H, generator=torch.Generator().manual_seed(2)).to(dtype)
+    got = fused_experts(x, w13, w2, weights, ids, SMALL).double()
+    want = _reference(x, w13, w2, weights, ids)
+    tol = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 3e-2}[dtype]
+    assert got.shape == (n, H) and (got - want).abs().max() <= tol * want.abs().max()
+
+
+def test_ragged_shapes_and_separate_w2_tiles():
+    """H and I not multiples of the tiles, top_k=3 over 5 experts, and a w2 config of its own."""
+    e, k, h, inter, n = 5, 3, 40, 72, 11
+    w13, w2 = _weights(torch.float16, e, h, inter)
+    weights, ids = _routing(n, e, k)
+    x = torch.randn(n, h, generator=torch.Generator().manual_seed(3)).to(torch.float16)
+    got = fused_experts(x, w13, w2, weights, ids, {**SMALL, "BLOCK_N": 64},
+                        w2_config={"BLOCK_N": 16, "BLOCK_K": 64, "GROUP_M": 1}).double()
+    want = _reference(x, w13, w2, weights, ids)
+    assert (got - want).abs().max() <= 2e-3 * want.abs().max()
+
+
+def test_expert_parallel_ids_held_elsewhere_count_zero():
+    n = 6
+    w13, w2 = _weights(torch.float16)
+    weights, ids = _routing(n)
+    ids[::2, 1] = E  # another rank's expert, weight 0 as FusedMoE.forward sets it
+    weights[::2, 1] = 0.0
+    x = torch.randn(n, H, generator=torch.Generator().manual_seed(4)).to(torch.float16)
+    got = fused_experts(x, w13, w2, weights, ids, SMALL, zero_missing=True).double()
+    want = _reference(x, w13, w2, weights, ids)
+    assert (got - want).abs().max() <= 2e-3 * want.abs().max()
+
+
+def _layer(dtype, renormalize=True):
+    layer = FusedMoE(E, K, H, INTER, renormalize=renormalize, prefix="mlp.experts")
+    w13, w2 = _weights(dtype)
+    layer.w13_weight.data, layer.w2_weight.data = w13, w2
+    return layer
+
+
+@pytest.mark.parametrize("n", [1, 13])
+def test_installed_layer_matches_torch_path(n):
+    """Through ``FusedMoE.forward`` (routing included): the kernel against the layer's own grouped torch path."""
+    layer = _layer(torch.bfloat16, renormalize=False)
+    x = torch.randn(n, H, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
+    logits = torch.randn(n, E, generator=torch.Generator().manual_seed(6))
+    want = layer(x, logits).float()
+    notes = cuda_moe.install_moe_kernels(layer, torch.bfloat16, torch.device("cpu"))
+    assert notes["triton"] == 1 and "apply_experts" in layer.__dict__
+    got = layer(x, logits).float()
+    assert (got - want).abs().max() <= 3e-2 * want.abs().max()
+
+
+def test_install_refuses_what_it_cannot_run(monkeypatch):
+    layer = _layer(torch.float32)
+    notes = cuda_moe.install_moe_kernels(layer, torch.float32, torch.device("cpu"))
+    assert notes["triton"] == 0 and "float32" in notes["reasons"]["mlp.experts"]
+    assert "apply_experts" not in layer.__dict__
+    gelu = FusedMoE(E, K, H, INTER, activation="gelu", prefix="gelu.experts")
+    gelu.w13_weight.data, gelu.w2_weight.data = _weights(torch.float16)
+    assert "SiLU" in cuda_moe.install_moe_kernels(gelu, torch.float16, torch.device("cpu"))["reasons"]["gelu.experts"]
+    monkeypatch.setenv("OCTAVO_MOE_TRITON", "0")
+    layer = _layer(torch.float16)
+    notes = cuda_moe.install_moe_kernels(layer, torch.float16, torch.device("cpu"))
+    assert notes["triton"] == 0 and notes["reasons"]["all"] == "OCTAVO_MOE_TRITON=0"
+    assert "apply_experts" not in layer.__dict__
+
+
+def test_tuner_writes_a_config_file_the_layer_reads(tmp_path, monkeypatch):
+    """benchmarks/moe_tune.py's search and file writing, with a fake timer (the interpreter has no GPU clock)."""
+    import importlib.util
+    import random
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("moe_tune", Path(__file__).parents[2] / "benchmarks/moe_tune.py")
+    tune = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tune)
+    rng = random.Random(0)
+
+    def fake_bench(fn):
+        fn()  # the kernel really runs once per candidate (interpreted)
+        return rng.uniform(1, 2)
+
+    monkeypatch.setattr(tune, "_bench", fake_bench)
+    monkeypatch.setattr(tune, "candidates", lambda bm, gated, full: [
+        {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": 32, "GROUP_M": 1, "num_warps": 4, "num_stages": 2} for bn in (16, 32)])
+    report = tune.tune_shape(E, K, H, INTER, [1, 6], torch.float16, out_dir=tmp_path, device="cpu")
+    assert set(report) == {1, 6} and all(r["gemm_us"] <= r["default_gemm_us"] for r in report.values())
+    monkeypatch.setenv("OCTAVO_MOE_CONFIG_DIR", str(tmp_path))
+    cuda_moe.load_configs.cache_clear()
+    table = cuda_moe.load_configs(E, INTER, "cpu", torch.float16)
+    assert sorted(table) == [1, 6]
+    layer = _layer(torch.float16)
+    cuda_moe.use_triton_kernel(layer)
+    x = torch.randn(3, H).to(torch.float16)
+    w, ids = _routing(3)
+    got = layer.apply_experts(x, w, ids).double()
+    assert layer._moe_cfg_cache[3][0]["BLOCK_N"] == table[1]["BLOCK_N"]
+    want = _reference(x, layer.w13_weight, layer.w2_weight, w, ids)
+    assert (got - want).abs().max() <= 2e-3 * want.abs().max()
+    cuda_moe.load_configs.cache_clear()

@@ -1,0 +1,63 @@
+"""The Triton fused MoE kernel on the CPU: its cases under Triton's interpreter (a child pytest, since
+``TRITON_INTERPRET=1`` must be set before any kernel is defined), and the config lookup (plain Python)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from octavo.plugins.platforms import cuda_moe
+
+HERE = Path(__file__).parent
+
+
+def test_kernel_cases_under_triton_interpreter():
+    pytest.importorskip("triton")
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    env.pop("OCTAVO_MOE_TRITON", None)
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x",
+                           str(HERE / "moe_interp_cases.py")], env=env, capture_output=True, text=True,
+                          timeout=600, cwd=HERE.parent.parent)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert " passed" in proc.stdout and "skipped" not in proc.stdout
+
+
+def test_default_config_grows_tiles_with_tokens_per_expert():
+    small = cuda_moe.default_config(1, 8, 2)
+    large = cuda_moe.default_config(4096, 8, 2)
+    assert small["BLOCK_M"] == 16 and large["BLOCK_M"] == 64
+    assert cuda_moe.default_config(256, 128, 8)["BLOCK_M"] == 16  # 16 slots per expert: still the GEMV shape
+
+
+def test_config_files_by_shape_device_and_dtype(tmp_path, monkeypatch):
+    name = cuda_moe.config_file_name(8, 14336, "NVIDIA H100 80GB HBM3", torch.bfloat16)
+    assert name == "E=8,N=14336,device_name=NVIDIA_H100_80GB_HBM3,dtype=bfloat16.json"
+    table = {"1": {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 256, "w2": {"BLOCK_N": 64}},
+             "64": {"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 64}, "_meta": {"tuned_by": "test"}}
+    (tmp_path / cuda_moe.config_file_name(8, 96, "Fake GPU", torch.float16)).write_text(json.dumps(table))
+    monkeypatch.setenv("OCTAVO_MOE_CONFIG_DIR", str(tmp_path))
+    cuda_moe.load_configs.cache_clear()
+    try:
+        loaded = cuda_moe.load_configs(8, 96, "Fake GPU", torch.float16)
+        assert sorted(loaded) == [1, 64]  # the _meta entry is not a token count
+        assert cuda_moe.pick_config(loaded, 3, 8, 2) == ({"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 256},
+                                                         {"BLOCK_N": 64})
+        assert cuda_moe.pick_config(loaded, 50, 8, 2)[0]["BLOCK_M"] == 32
+        assert cuda_moe.load_configs(8, 96, "Fake GPU", torch.bfloat16) is None  # dtype is part of the key
+        assert cuda_moe.pick_config(None, 3, 8, 2) == (cuda_moe.default_config(3, 8, 2), None)
+    finally:
+        cuda_moe.load_configs.cache_clear()
+
+
+def test_shipped_config_files_parse():
+    for path in sorted(cuda_moe.CONFIG_DIR.glob("E=*.json")):
+        table = json.loads(path.read_text())
+        for m, cfg in table.items():
+            if m.isdigit():
+                assert {"BLOCK_M", "BLOCK_N", "BLOCK_K"} <= set(cfg), path.name
