@@ -9,7 +9,8 @@ SiLU-and-mul. :func:`fuse_model` replaces, on each module instance, ``forward`` 
     SiluAndMul                                   -> one kernel
 
 and gives dense linear layers a linear method whose single-row (batch-1) path is a Triton GEMV autotuned
-per weight shape (``OCTAVO_TRITON_GEMV=0`` keeps cuBLAS).
+per weight shape (``OCTAVO_TRITON_GEMV=0`` keeps cuBLAS). Norms and SiLU-and-muls that feed fp8 linear
+layers then learn to write the quantized input too (plugins/quant/fp8_fused.py, armed here).
 
 Each replacement is checked once against the module's own forward on random inputs of the model's dtype
 (bit-for-bit rounding steps are kept: fp32 math, rounding to the model dtype where torch rounds) and only
@@ -305,5 +306,9 @@ def fuse_model(model: torch.nn.Module, dtype: torch.dtype, device: torch.device)
         if verified[key]:
             module.forward = types.MethodType(fused, module)
             counts[kind.__name__] += 1
+    # norms / SiLU-and-muls feeding fp8 linears learn to write the quantized input too
+    from octavo.plugins.quant.fp8_fused import link_fp8_inputs
+
+    counts.update(link_fp8_inputs(model))
     logger.info("Fused GPU kernels installed: %s", counts)
     return counts

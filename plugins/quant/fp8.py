@@ -7,7 +7,9 @@ of at most ``OCTAVO_FP8_GEMV_MAX_M`` rows (decode; default 1, 0 turns it off) ta
 that quantizes the activations itself and applies both scales (plugins/quant/fp8_gemv.py): same W8A8
 arithmetic, one launch, and all SMs streaming weights, where ``_scaled_mm``'s tiles leave most idle at one
 row. The GEMV is checked once per weight shape against ``_scaled_mm`` on the device at load (and tuned
-there, outside any CUDA-graph capture); a mismatch keeps ``_scaled_mm`` with a warning. Two sources:
+there, outside any CUDA-graph capture); a mismatch keeps ``_scaled_mm`` with a warning. Above the GEMV's
+rows, an input made by RMSNorm or SiLU-and-mul arrives already quantized by that kernel (fp8_fused.py).
+Two sources:
 
 - a dense bf16/fp16 checkpoint with ``quantization="fp8"``: each weight is quantized as it streams in;
 - a pre-quantized checkpoint (``quantization_config.quant_method == "fp8"``, vLLM / llm-compressor style):
@@ -119,13 +121,18 @@ class _FP8Method(LinearMethod):
             from octavo.plugins.quant.fp8_gemv import fp8_gemv
 
             return fp8_gemv(x2, layer.weight, layer.weight_scale, bias).reshape(*shape[:-1], -1)
-        return self._scaled_mm(layer, x2, bias).reshape(*shape[:-1], -1)
+        pre = getattr(x, "_octavo_fp8", None)  # quantized by the norm / SiLU kernel that made x (fp8_fused.py)
+        return self._scaled_mm(layer, x2, bias, pre).reshape(*shape[:-1], -1)
 
-    def _scaled_mm(self, layer, x2, bias):
-        """Per-token quantization (one Triton kernel or torch ops) + ``torch._scaled_mm``; ``x2 [m, K]``."""
+    def _scaled_mm(self, layer, x2, bias, pre=None):
+        """Per-token quantization (one Triton kernel or torch ops) + ``torch._scaled_mm``; ``x2 [m, K]``.
+
+        ``pre``: ``(e4m3 [m, K], scale [m, 1])`` of ``x2`` already computed by the producing kernel."""
         from octavo.plugins.quant import fp8_triton
 
-        if getattr(self, "fused", False):  # one kernel: per-token absmax, scale, cast
+        if pre is not None and pre[0].shape == x2.shape:
+            xq, x_scale = pre
+        elif getattr(self, "fused", False):  # one kernel: per-token absmax, scale, cast
             xq, x_scale = fp8_triton.quantize_per_token(x2)
         else:
             xq, x_scale = fp8_triton.quantize_per_token_torch(x2)

@@ -62,7 +62,7 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, M, N, K, stride_xm, str
                 kk = k + tl.arange(0, BLOCK_K)
                 v = tl.load(x_row + kk, mask=kk < K, other=0.0).to(tl.float32)
                 amax = tl.maximum(amax, tl.abs(v))
-            s_x = tl.maximum(tl.max(amax, axis=0) / 448.0, 1e-12)
+            s_x = tl.maximum(tl.math.div_rn(tl.max(amax, axis=0), 448.0), 1e-12)  # IEEE, as torch
         acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
         for k in range(0, K, BLOCK_K):
             kk = k + tl.arange(0, BLOCK_K)
@@ -91,12 +91,14 @@ _fp8_gemv_tuned = triton.autotune(
 
 
 def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None = None,
-             *, quantize_input: bool = True, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+             *, quantize_input: bool = True, out_dtype: torch.dtype | None = None,
+             config: tuple[int, int, int] | None = None) -> torch.Tensor:
     """``x [m, K]`` (bf16/fp16/fp32) times the e4m3 ``weight [N, K]`` with ``weight_scale`` (``N`` values).
 
     ``quantize_input=True`` is W8A8 (dynamic per-token e4m3 activations, as the ``_scaled_mm`` path);
     ``False`` multiplies the activations as they are (W8A16). Returns ``[m, N]`` in ``out_dtype`` (default
     ``x.dtype``). Autotuned per (N, K) on first use on a GPU; call it once outside CUDA-graph capture.
+    ``config=(BLOCK_N, BLOCK_K, num_warps)`` skips the tuning (tests).
     """
     m, k = x.shape
     n = weight.shape[0]
@@ -115,6 +117,11 @@ def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, 
         _fp8_gemv_kernel[(triton.cdiv(n, 16),)](*args, **flags, EVEN=False, SOFT_FP8=True, BLOCK_N=16, BLOCK_K=64)
         return y
     even = k % 1024 == 0 and n % 64 == 0
+    if config is not None:
+        bn, bk, warps = config
+        _fp8_gemv_kernel[(triton.cdiv(n, bn),)](*args, **flags, EVEN=even and n % bn == 0 and k % bk == 0,
+                                                SOFT_FP8=False, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps)
+        return y
     _fp8_gemv_tuned[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)](*args, **flags, EVEN=even, SOFT_FP8=False)
     return y
 

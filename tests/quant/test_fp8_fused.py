@@ -1,0 +1,202 @@
+"""fp8 activation quantization fused into RMSNorm and SiLU-and-mul (plugins/quant/fp8_fused.py).
+
+On CPU machines the Triton interpreter (child process) checks: the kernels' bf16 outputs against the eager
+``octavo.nn`` layers, their e4m3 bytes and scales equal to ``quantize_per_token`` of those outputs, and the
+one-forward linking on a small norm -> fp8 linear -> SiLU -> fp8 linear block (fp8 matmuls by torch's CPU
+``_scaled_mm``): the linked forward gives the same bits as before linking and calls the separate quantization
+kernel for neither linear. ``GPU_CHECKS`` (also run by benchmarks/fp8perf.py) repeat this on a GPU against
+the cuda platform's plain fused kernels, and replay the linked block from a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("triton")
+
+BLOCK_MODEL = r"""
+import torch
+from torch import nn
+from octavo.nn.activation import SiluAndMul
+from octavo.nn.layernorm import RMSNorm
+from octavo.nn.linear import ReplicatedLinear
+from octavo.plugins.quant.fp8 import _FP8Method
+
+
+class Block(nn.Module):
+    def __init__(self, d, inter, device):
+        super().__init__()
+        with torch.device(device):
+            self.norm = RMSNorm(d, eps=1e-5).to(torch.bfloat16)
+            self.up = ReplicatedLinear(d, 2 * inter, quant_method=_FP8Method(False))
+            self.act = SiluAndMul()
+            self.down = ReplicatedLinear(inter, d, quant_method=_FP8Method(False))
+        gen = torch.Generator(device=device).manual_seed(0)
+        for layer in (self.up, self.down):
+            w = torch.randn(layer.output_size, layer.input_size, generator=gen, device=device) * 0.05
+            for name, value in layer.quant_method.convert({"weight": w}, "t").items():
+                getattr(layer, name).data.copy_(value)
+            layer.process_weights_after_loading()
+            layer.quant_method.fused = True  # the Triton per-token kernel (interpreted on CPU)
+            layer.quant_method.gemv_max_m = 0
+        self.norm.weight.data.copy_(1 + 0.1 * torch.randn(d, generator=gen, device=device))
+
+    def forward(self, x, residual):
+        h, residual = self.norm(x, residual)
+        return self.down(self.act(self.up(h))), residual
+"""
+
+INTERPRETED = BLOCK_MODEL + r"""
+from octavo.plugins.quant import fp8_fused, fp8_triton
+from octavo.plugins.quant.fp8_fused import link_fp8_inputs, rms_norm_quant, silu_and_mul_quant
+
+gen = torch.Generator().manual_seed(1)
+# 1. kernels vs the eager layers and vs quantize_per_token of their own output
+for rows, d in [(3, 64), (2, 200)]:
+    norm = RMSNorm(d, eps=1e-5).to(torch.bfloat16)
+    norm.weight.data.copy_(1 + 0.1 * torch.randn(d, generator=gen))
+    x = (torch.randn(rows, d, generator=gen) * 4).bfloat16()
+    r = torch.randn(rows, d, generator=gen).bfloat16()
+    for res in (None, r):
+        out, new_res, q, s = rms_norm_quant(x, norm.weight, norm.eps, res, q_dtype=torch.float32)
+        want = norm(x) if res is None else norm(x, res)
+        w0 = want if res is None else want[0]
+        assert torch.allclose(out.float(), w0.float(), rtol=1.6e-2, atol=1.6e-2), (rows, d)
+        if res is not None:  # one bf16 step: the interpreter's own fp32 -> bf16 rounding is not torch's
+            assert torch.allclose(new_res.float(), want[1].float(), rtol=2 ** -7, atol=0)
+        rq, rs = fp8_triton.quantize_per_token_torch(out)
+        assert torch.equal(s, rs) and torch.equal(q, rq.float()), (rows, d, res is None)
+for rows, d in [(2, 48), (3, 5000)]:  # 5000: two blocks, the second pass reads back the first
+    x = (torch.randn(rows, 2 * d, generator=gen) * 3).bfloat16()
+    x[1] = 0
+    out, q, s = silu_and_mul_quant(x, q_dtype=torch.float32)
+    assert torch.allclose(out.float(), SiluAndMul()(x).float(), rtol=1.6e-2, atol=1e-2), (rows, d)
+    rq, rs = fp8_triton.quantize_per_token_torch(out)
+    assert torch.equal(s, rs) and torch.equal(q, rq.float()), (rows, d)
+
+# 2. linking: same bits, and the linears stop quantizing their inputs themselves. As on a GPU, the plain
+#    forwards are the platform's fused kernels (interpreted too), so the bits can be compared exactly.
+from octavo.plugins.platforms.cuda_fusions import fuse_model
+block = Block(64, 96, "cpu")
+counts = fuse_model(block, torch.bfloat16, torch.device("cpu"))  # arms the linking (fp8_producers_armed)
+assert counts["RMSNorm"] == 1 and counts["SiluAndMul"] == 1 and counts["fp8_producers_armed"] == 2, counts
+x = torch.randn(3, 64, generator=gen).bfloat16()
+r = torch.randn(3, 64, generator=gen).bfloat16()
+calls = []
+real = fp8_triton.quantize_per_token
+fp8_triton.quantize_per_token = lambda *a, **k: (calls.append(1), real(*a, **k))[1]
+with torch.inference_mode():
+    assert "_octavo_plain_forward" not in vars(block.norm)
+    y0, r0 = block(x, r)  # the discovery forward: the plain fused kernels, the linears quantize
+    assert calls
+    assert "_octavo_plain_forward" in vars(block.norm) and "_octavo_plain_forward" in vars(block.act)
+    assert link_fp8_inputs(block) == {"fp8_producers_armed": 0}  # never twice
+    calls.clear()
+    y2, r2 = block(x, r)
+assert calls == [], "a linear quantized an input its producer had quantized"
+assert torch.equal(y0, y2) and torch.equal(r0, r2)
+assert not block._forward_hooks and not block.norm._forward_hooks and not block.up._forward_pre_hooks
+# a view carries no quantized copy: the linear quantizes itself, same result
+calls.clear()
+with torch.inference_mode():
+    h, _ = block.norm(x, r)
+    assert hasattr(h, "_octavo_fp8") and not hasattr(h[:, :], "_octavo_fp8")
+    assert torch.equal(block.up(h[:, :]), block.up(h)) and len(calls) == 1
+print("ok")
+"""
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+@pytest.mark.skipif(_cuda(), reason="interpreter check for CPU machines; on a GPU the compiled kernels are tested")
+def test_fused_fp8_producers_interpreted():
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    out = subprocess.run([sys.executable, "-c", INTERPRETED], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]
+
+
+def test_linking_can_be_turned_off(monkeypatch):
+    from torch import nn
+
+    from octavo.plugins.quant.fp8_fused import link_fp8_inputs
+
+    monkeypatch.setenv("OCTAVO_FP8_FUSE_INPUTS", "0")
+    assert link_fp8_inputs(nn.Sequential(nn.Linear(2, 2))) == {}
+
+
+# ---------------------------------------------------------------------------------------------- GPU
+def gpu_kernels_check():
+    """8B shapes: the quantizing kernels' bf16 outputs equal the platform's plain fused kernels bit for bit,
+    and their e4m3 bytes / scales equal quantize_per_token of those outputs."""
+    import torch
+
+    from octavo.plugins.platforms.cuda_fusions import rms_norm, silu_and_mul
+    from octavo.plugins.quant.fp8_fused import rms_norm_quant, silu_and_mul_quant
+    from octavo.plugins.quant.fp8_triton import quantize_per_token
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    w = (1 + 0.1 * torch.randn(4096, device="cuda", generator=gen)).bfloat16()
+    for rows in (1, 7, 256):
+        x = torch.randn(rows, 4096, device="cuda", generator=gen, dtype=torch.bfloat16) * 3
+        r = torch.randn(rows, 4096, device="cuda", generator=gen, dtype=torch.bfloat16)
+        for res in (None, r):
+            out, new_res, q, s = rms_norm_quant(x, w, 1e-5, res)
+            want = rms_norm(x, w, 1e-5, res)
+            assert torch.equal(out, want if res is None else want[0]), rows
+            if res is not None:
+                assert torch.equal(new_res, want[1])
+            rq, rs = quantize_per_token(out)
+            assert torch.equal(s, rs) and torch.equal(q.view(torch.uint8), rq.view(torch.uint8)), rows
+        g = torch.randn(rows, 2 * 14336, device="cuda", generator=gen, dtype=torch.bfloat16) * 3
+        out, q, s = silu_and_mul_quant(g)
+        assert torch.equal(out, silu_and_mul(g)), rows
+        rq, rs = quantize_per_token(out)
+        assert torch.equal(s, rs) and torch.equal(q.view(torch.uint8), rq.view(torch.uint8)), rows
+
+
+def gpu_linked_graph_check():
+    """The linked block on the GPU: same bits as unlinked, and a CUDA graph of it replays the eager result."""
+    import torch
+
+    from octavo.plugins.platforms.cuda_fusions import fuse_model
+    from octavo.plugins.quant.fp8_fused import link_fp8_inputs
+
+    scope: dict = {}
+    exec(BLOCK_MODEL, scope)  # noqa: S102 - the block shared with the interpreter test
+    block = scope["Block"](4096, 14336, "cuda")
+    assert fuse_model(block, torch.bfloat16, torch.device("cuda"))["fp8_producers_armed"] == 2
+    gen = torch.Generator(device="cuda").manual_seed(2)
+    x = torch.randn(16, 4096, device="cuda", generator=gen, dtype=torch.bfloat16)
+    r = torch.randn(16, 4096, device="cuda", generator=gen, dtype=torch.bfloat16)
+    with torch.inference_mode():
+        y0, _ = block(x, r)  # discovery
+        assert "_octavo_plain_forward" in vars(block.norm) and "_octavo_plain_forward" in vars(block.act)
+        assert link_fp8_inputs(block) == {"fp8_producers_armed": 0}
+        y1, _ = block(x, r)
+        assert torch.equal(y0, y1)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out, _ = block(x, r)
+        x.copy_(torch.randn_like(x))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, block(x, r)[0])
+
+
+GPU_CHECKS = {"fused_kernels": gpu_kernels_check, "fused_linked_graph": gpu_linked_graph_check}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _cuda(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("name", sorted(GPU_CHECKS))
+def test_fused_fp8_producers_on_cuda(name):
+    GPU_CHECKS[name]()
