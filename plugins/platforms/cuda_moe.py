@@ -8,7 +8,7 @@ path and the log says why. ``OCTAVO_MOE_TRITON=0`` keeps the torch path everywhe
 Tile configs come from JSON files named ``E=<E>,N=<I>,device_name=<name>,dtype=<dtype>.json`` (``I`` is the
 layer's local intermediate size, the device name as ``torch.cuda.get_device_name`` with spaces as ``_``),
 looked up first in ``$OCTAVO_MOE_CONFIG_DIR`` then in ``moe_configs/`` next to this file. Each maps a token
-count ``M`` to a config; the nearest ``M`` is used. Without a file, :func:`default_config` picks by the mean
+count ``M`` to a config; the nearest ``M`` is used (up to twice the largest). Without a file (or past it), :func:`default_config` picks by the mean
 tokens per expert. ``benchmarks/moe_tune.py`` writes the files.
 """
 
@@ -59,8 +59,9 @@ def default_config(m: int, num_experts: int, top_k: int) -> dict:
 
 
 def pick_config(table: dict[int, dict] | None, m: int, num_experts: int, top_k: int) -> tuple[dict, dict | None]:
-    """(w13 config, w2 overrides or None) for ``m`` tokens."""
-    if not table:
+    """(w13 config, w2 overrides or None) for ``m`` tokens: the entry of the nearest tuned M, unless ``m`` is
+    more than twice the largest tuned M (a file tuned for decode sizes says nothing about prefill tiles)."""
+    if not table or m > 2 * max(table):
         return default_config(m, num_experts, top_k), None
     cfg = dict(table[min(table, key=lambda k: abs(k - m))])
     return cfg, cfg.pop("w2", None)

@@ -129,12 +129,12 @@ def padded_bound(num_slots: int, num_experts: int, block_m: int) -> int:
     return triton.cdiv(em, block_m) * block_m
 
 
-def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int):
+def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int, chunk: int | None = None):
     """Group the token-slots of ``topk_ids [n, k]`` by expert, padded to ``block_m``.
 
     Returns ``(sorted_slots [EM] int32, block_expert [EM / block_m] int32, total [1] int32)``; ids outside
     ``0 .. num_experts - 1`` (expert parallelism's "held elsewhere") are left out. Rows past ``total`` are
-    undefined and never read.
+    undefined and never read. ``chunk`` (slots per step of each program's loops) is for tests.
     """
     ids = topk_ids.reshape(-1)
     numel = ids.numel()
@@ -144,7 +144,8 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int):
     block_expert = torch.empty(em // block_m, dtype=torch.int32, device=dev)
     total = torch.empty(1, dtype=torch.int32, device=dev)
     e_p = _p2(num_experts)
-    chunk = max(16, min(_p2(numel), max(16, 8192 // e_p)))  # the count pass holds an [E_P, CHUNK] mask
+    # the count pass holds an [E_P, CHUNK] mask; two chunk sizes per E keep the compiled variants few
+    chunk = chunk or (64 if numel <= 64 else max(64, 8192 // e_p))
     _moe_align_kernel[(num_experts,)](ids, sorted_slots, block_expert, total, numel, num_experts,
                                       BLOCK_M=block_m, CHUNK=chunk, E_P=e_p)
     return sorted_slots, block_expert, total

@@ -51,26 +51,28 @@ def _reference(x, w13, w2, weights, ids):
     return out
 
 
-@pytest.mark.parametrize("n", [1, 5, 37])
-def test_align_groups_and_pads_by_expert(n):
-    _, ids = _routing(n)
-    ids[0, 0] = E  # expert parallelism's "held elsewhere": left out of the layout
-    block_m = 16
-    sorted_slots, block_expert, total = moe_align(ids, E, block_m)
+@pytest.mark.parametrize("n,num_experts,top_k,chunk", [(1, E, K, None), (5, E, K, None), (37, E, K, None),
+                                                       (37, 16, 3, 16)])
+def test_align_groups_and_pads_by_expert(n, num_experts, top_k, chunk):
+    """The last case walks 111 slots in 16-slot chunks, so an expert's rank carries across chunks."""
+    _, ids = _routing(n, num_experts, top_k)
+    ids[0, 0] = num_experts  # expert parallelism's "held elsewhere": left out of the layout
+    block_m, slots = 16, n * top_k
+    sorted_slots, block_expert, total = moe_align(ids, num_experts, block_m, chunk)
     total = int(total)
-    assert sorted_slots.numel() == padded_bound(n * K, E, block_m) >= total
+    assert sorted_slots.numel() == padded_bound(slots, num_experts, block_m) >= total
     flat = ids.reshape(-1)
-    counts = torch.bincount(flat, minlength=E + 1)[:E]
+    counts = torch.bincount(flat, minlength=num_experts + 1)[:num_experts]
     assert total == int(((counts + block_m - 1) // block_m * block_m).sum())
     seen = []
     for b in range(total // block_m):
         e = int(block_expert[b])
         rows = sorted_slots[b * block_m:(b + 1) * block_m].tolist()
-        real = [s for s in rows if s < n * K]
-        assert all(s == n * K for s in rows[len(real):]), "padding only after an expert's slots"
+        real = [s for s in rows if s < slots]
+        assert all(s == slots for s in rows[len(real):]), "padding only after an expert's slots"
         assert all(int(flat[s]) == e for s in real)
         seen += real
-    want = [s for e in range(E) for s in range(n * K) if int(flat[s]) == e]  # by expert, then token order
+    want = [s for e in range(num_experts) for s in range(slots) if int(flat[s]) == e]  # by expert, token order
     assert seen == want
 
 

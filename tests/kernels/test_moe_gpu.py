@@ -4,7 +4,7 @@
    replayed from a CUDA graph (the kernel has no host sync, so whole decode steps can be captured with it).
 2. End to end through ``LLM``: tiny random-weight Mixtral-like (8 experts, top-2) and Qwen3-MoE-like
    (16 experts, top-4, renormalised) checkpoints, bf16, CUDA graphs on, kernel installed by the cuda
-   platform, against the same checkpoint with ``OCTAVO_MOE_TRITON=0`` (torch path, eager): greedy tokens
+   platform, against the same engine with its layers put back on the torch path (eager): greedy tokens
    identical until the first step where the torch path's own top-2 logprob margin is below ``MARGIN``.
 """
 
@@ -32,7 +32,7 @@ def _layer(e, k, h, inter, dtype, seed=0):
     return layer
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 def test_layer_matches_torch_path_eager_and_in_cuda_graph(dtype):
     from octavo.plugins.platforms import cuda_moe
 
@@ -80,22 +80,29 @@ def _checkpoint(root, arch):
     return path
 
 
-def _generate(path, prompts, monkeypatch, triton: bool):
+def _kernel_then_torch_path(path, prompts):
+    """Greedy outputs with the kernel (CUDA graphs on), then, in the same engine, with every ``FusedMoE`` back
+    on the torch path and the graph runner off (one engine per model keeps the GPU run short)."""
     from octavo import LLM, SamplingParams
     from octavo.nn.fused_moe import FusedMoE
+    from octavo.plugins.platforms.cuda_moe import use_torch_path
 
-    monkeypatch.setenv("OCTAVO_MOE_TRITON", "1" if triton else "0")
     llm = LLM(model=path, dtype="bfloat16", skip_tokenizer_init=True, max_model_len=256, max_num_seqs=4,
-              kv_cache_memory_bytes=64 << 20, enforce_eager=not triton, seed=0)
-    model = llm.llm_engine.core.executor.driver.runner.model
-    moe = [m for m in model.modules() if isinstance(m, FusedMoE)]
+              kv_cache_memory_bytes=64 << 20, enable_prefix_caching=False, seed=0)
+    runner = llm.llm_engine.core.executor.driver.runner
+    moe = [m for m in runner.model.modules() if isinstance(m, FusedMoE)]
+    params = SamplingParams(max_tokens=16, temperature=0, logprobs=2, ignore_eos=True)
     installed = sum("apply_experts" in m.__dict__ for m in moe)
-    outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
-                        SamplingParams(max_tokens=16, temperature=0, logprobs=2, ignore_eos=True), use_tqdm=False)
-    del llm, model, moe
+    graphs = runner.graph_runner is not None
+    kernel = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    for m in moe:
+        use_torch_path(m)
+    runner.graph_runner = None
+    ref = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    del llm, runner, moe
     gc.collect()
     torch.cuda.empty_cache()
-    return outs, installed
+    return kernel, ref, installed, graphs
 
 
 @pytest.mark.parametrize("arch", ["MixtralForCausalLM", "Qwen3MoeForCausalLM"])
@@ -103,9 +110,9 @@ def test_tiny_moe_model_greedy_parity_with_torch_path(arch, tmp_path, monkeypatc
     path = _checkpoint(tmp_path, arch)
     rng = random.Random(0)
     prompts = [[rng.randrange(3, 512) for _ in range(n)] for n in (1, 9, 40)]
-    kernel, n_kernel = _generate(path, prompts, monkeypatch, triton=True)
-    ref, n_ref = _generate(path, prompts, monkeypatch, triton=False)
-    assert n_kernel == 2 and n_ref == 0, (n_kernel, n_ref)
+    monkeypatch.delenv("OCTAVO_MOE_TRITON", raising=False)
+    kernel, ref, installed, graphs = _kernel_then_torch_path(path, prompts)
+    assert installed == 2 and graphs, (installed, graphs)
     agreed = 0
     for got, want in zip(kernel, ref):
         g, w = got.outputs[0], want.outputs[0]

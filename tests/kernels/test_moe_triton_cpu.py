@@ -49,6 +49,7 @@ def test_config_files_by_shape_device_and_dtype(tmp_path, monkeypatch):
         assert cuda_moe.pick_config(loaded, 3, 8, 2) == ({"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 256},
                                                          {"BLOCK_N": 64})
         assert cuda_moe.pick_config(loaded, 50, 8, 2)[0]["BLOCK_M"] == 32
+        assert cuda_moe.pick_config(loaded, 4096, 8, 2) == (cuda_moe.default_config(4096, 8, 2), None)
         assert cuda_moe.load_configs(8, 96, "Fake GPU", torch.bfloat16) is None  # dtype is part of the key
         assert cuda_moe.pick_config(None, 3, 8, 2) == (cuda_moe.default_config(3, 8, 2), None)
     finally:

@@ -1,0 +1,186 @@
+"""One MoE layer on the GPU: the Triton fused kernel against the grouped torch path, and the batch-1
+fraction of the memory roofline over the bytes of the experts actually read.
+
+    python benchmarks/moe_bench.py [--shapes mixtral-8x7b qwen3-30b-a3b] [--batch-sizes 1 16 256] [--json out.json]
+
+Per shape (random bf16 weights, uniform random routing) and token count M it reports, in microseconds per
+layer call (``FusedMoE.apply_experts``: routing weights/ids given; the router GEMM and top-k are not timed):
+
+- ``torch_us``: the grouped torch path (``FusedMoE.apply_experts`` of the class: one host read of the counts,
+  a matmul pair per expert with tokens), eager;
+- ``triton_eager_us``: the kernel, eager (5 launches: align, w13, w2, sum, plus allocations);
+- ``triton_graph_us``: the kernel replayed from one CUDA graph that holds ``R`` calls over ``R`` different
+  routings (what a captured decode step sees: no launch gaps), divided by ``R``;
+- ``max_rel_err``: kernel vs torch path, max |diff| / max |torch|;
+- ``active_bytes``: expert weight bytes the call must read (distinct experts routed x 3 x H x I x 2 bytes);
+  ``roofline_fraction_graph`` = (active_bytes / measured bandwidth) / triton_graph_us.
+
+Weights stay cold: the routings cycle through disjoint expert sets where the shape allows (batch 1), so the
+experts of consecutive calls differ and come from HBM, not L2. Bandwidth is measured in the same run as a
+device-to-device copy of 2 GiB (read + write bytes / time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import time
+
+import torch
+
+DEVICE = "cuda"  # a CPU dry run (TRITON_INTERPRET=1, fake timers) sets "cpu"
+SHAPES = {"mixtral-8x7b": (8, 2, 4096, 14336), "qwen3-30b-a3b": (128, 8, 2048, 768)}
+
+
+def _time_us(fn, iters: int) -> float:
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1e3 / iters
+
+
+def copy_bandwidth_gbps(nbytes: int = 2 << 30) -> float:
+    """Device memory bandwidth as a large device-to-device copy achieves it (read + write)."""
+    bufs = [torch.empty(nbytes, dtype=torch.uint8, device=DEVICE) for _ in range(2)]
+    us = _time_us(lambda: bufs[1].copy_(bufs[0]), 10)
+    bufs.clear()
+    torch.cuda.empty_cache()
+    return 2 * nbytes / (us * 1e-6) / 1e9
+
+
+def _cycling(fn, cases):
+    """A no-argument callable running ``fn(*case)`` over ``cases`` round-robin."""
+    state = [0]
+
+    def call():
+        case = cases[state[0] % len(cases)]
+        state[0] += 1
+        return fn(*case)
+
+    return call
+
+
+def _routings(e, k, m, count, gen):
+    """``count`` (ids) routings of ``m`` tokens; at m=1 they take disjoint expert sets while experts last."""
+    out = []
+    perm = torch.randperm(e, generator=gen)
+    for r in range(count):
+        if m == 1 and (r + 1) * k <= e:
+            ids = perm[r * k:(r + 1) * k].view(1, k)
+        else:
+            ids = torch.stack([torch.randperm(e, generator=gen)[:k] for _ in range(m)])
+        out.append(ids)
+    return out
+
+
+def bench_shape(name, e, k, h, inter, batch_sizes, bandwidth_gbps, dtype=torch.bfloat16) -> dict:
+    from octavo.nn.fused_moe import FusedMoE
+    from octavo.plugins.platforms import cuda_moe
+
+    torch.manual_seed(0)
+    layer = FusedMoE(e, k, h, inter, prefix=name)
+    layer.w13_weight.data = (torch.randn(e, 2 * inter, h, device=DEVICE, dtype=dtype) * h ** -0.5)
+    layer.w2_weight.data = (torch.randn(e, h, inter, device=DEVICE, dtype=dtype) * inter ** -0.5)
+    reason = cuda_moe.unsupported_reason(layer, torch.device(DEVICE))
+    assert reason is None, reason
+    cuda_moe.use_triton_kernel(layer)
+    torch_apply = type(layer).apply_experts
+    expert_bytes = 3 * h * inter * layer.w13_weight.element_size()
+    gen = torch.Generator().manual_seed(0)
+    results = {}
+    for m in batch_sizes:
+        reps = max(2, min(16, e // k)) if m == 1 else 4
+        cases = []
+        for ids in _routings(e, k, m, reps, gen):
+            w = torch.rand(m, k, generator=gen)
+            cases.append((torch.randn(m, h, generator=gen).to(dtype).to(DEVICE), (w / w.sum(-1, keepdim=True)).to(DEVICE),
+                          ids.to(DEVICE)))
+        want = torch_apply(layer, *cases[0]).float()
+        got = layer.apply_experts(*cases[0]).float()
+        err = float((got - want).abs().max() / want.abs().max())
+        torch_us = _time_us(_cycling(functools.partial(torch_apply, layer), cases), 3 * reps)
+        eager_us = _time_us(_cycling(layer.apply_experts, cases), 3 * reps)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for case in cases:
+                layer.apply_experts(*case)
+        graph_us = _time_us(graph.replay, 5) / reps
+        del graph
+        distinct = sum(int(torch.unique(case[2]).numel()) for case in cases) / reps  # experts read per call
+        active = int(distinct * expert_bytes)
+        roof_us = active / (bandwidth_gbps * 1e9) * 1e6
+        cfg = layer._moe_cfg_cache[m]
+        results[m] = {"torch_us": round(torch_us, 1), "triton_eager_us": round(eager_us, 1),
+                      "triton_graph_us": round(graph_us, 1), "speedup_eager": round(torch_us / eager_us, 2),
+                      "speedup_graph": round(torch_us / graph_us, 2), "max_rel_err": round(err, 5),
+                      "active_bytes": active, "roofline_us": round(roof_us, 1),
+                      "roofline_fraction_graph": round(roof_us / graph_us, 3),
+                      "roofline_fraction_eager": round(roof_us / eager_us, 3), "config": cfg[0], "w2_config": cfg[1],
+                      "config_source": "file" if layer._moe_table else "default"}
+        print(f"{name} M={m}: {results[m]}", flush=True)
+    del layer
+    torch.cuda.empty_cache()
+    return {"E": e, "top_k": k, "hidden": h, "inter": inter, "dtype": str(dtype)[6:], "by_tokens": results}
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shapes", nargs="+", choices=sorted(SHAPES), default=list(SHAPES))
+    ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16, 256])
+    ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--tune-budget-s", type=float, default=0.0,
+                    help="first tune each shape (benchmarks/moe_tune.py, quick search) for this many seconds in all")
+    ap.add_argument("--tune-batch-sizes", type=int, nargs="+", default=[1, 16])
+    ap.add_argument("--tune-out", help="where tuned config files go (then used by this run)")
+    args = ap.parse_args(argv)
+    t0 = time.time()
+    tuned = {}
+    if args.tune_budget_s > 0:
+        import os
+        import sys
+        from pathlib import Path
+
+        sys.path.insert(0, str(Path(__file__).parent))
+        import moe_tune
+
+        from octavo.plugins.platforms import cuda_moe
+
+        out_dir = args.tune_out or str(cuda_moe.CONFIG_DIR)
+        for name in args.shapes:
+            tuned[name] = moe_tune.tune_shape(*SHAPES[name], args.tune_batch_sizes,
+                                              budget_s=args.tune_budget_s / len(args.shapes), out_dir=out_dir,
+                                              device=DEVICE)
+        os.environ["OCTAVO_MOE_CONFIG_DIR"] = out_dir
+        cuda_moe.load_configs.cache_clear()
+        print(f"tuned in {time.time() - t0:.1f} s", flush=True)
+    bw = copy_bandwidth_gbps()
+    print(f"copy bandwidth {bw:.0f} GB/s", flush=True)
+    from octavo.plugins.platforms.cuda_moe import _device_name
+
+    report = {"device": _device_name(torch.device(DEVICE)), "torch": torch.__version__,
+              "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()), "copy_bandwidth_GBps": round(bw, 1),
+              "shapes": {}}
+    import triton
+
+    report["triton"] = triton.__version__
+    report["tuned"] = {name: {str(m): r for m, r in res.items()} for name, res in tuned.items()}
+    for name in args.shapes:
+        report["shapes"][name] = bench_shape(name, *SHAPES[name], args.batch_sizes, bw)
+        if args.json:  # partial results survive a timeout
+            with open(args.json, "w") as f:
+                json.dump(report, f, indent=1)
+    report["seconds"] = round(time.time() - t0, 1)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1)
+    return report
+
+
+if __name__ == "__main__":
+    main()
