@@ -36,7 +36,7 @@ def _int8_group_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, M, N, K, GROUP,
         z = tl.load(z_ptr + g * ssg + rn * ssn, mask=n_ok, other=0.0)
         wf = w * s[None, :] + z[None, :]
         if LOW_PRECISION:
-            acc += tl.dot(x.to(tl.bfloat16), wf.to(tl.bfloat16))
+            acc = tl.dot(x.to(tl.bfloat16), wf.to(tl.bfloat16), acc)
         else:
             acc += tl.dot(x.to(tl.float32), wf, input_precision="ieee")
     tl.store(y_ptr + rm[:, None] * sym + rn[None, :] * syn, acc, mask=m_ok & n_ok[None, :])
