@@ -23,6 +23,8 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+import numpy as np
+
 _TABLES: dict[Any, Any] = {}  # (device, dtype) -> the byte -> 8 biases table
 
 
@@ -58,12 +60,16 @@ class GrammarStep:
     def _fill(self) -> tuple[list[str], list[int], Any]:
         t0 = time.perf_counter()
         self.backend.fill_bitmasks(self.matchers, self.bitmask)
-        need = (self.bitmask != -1).any(dim=1).tolist()  # False: every token allowed, no mask for this row
-        keep = [j for j, n in enumerate(need) if n]
-        if len(keep) == len(need):
+        # NOTE: numpy, not torch: `(t != -1).any(dim=1)` on this [32, 1536] int32 took 28-48 ms on the CPU
+        # torch 2.13 build (2 loaded cores), numpy 0.01 ms.
+        words = self.bitmask.numpy()
+        keep = np.flatnonzero((words != -1).any(axis=1))  # a row of all ones: every token allowed, no mask
+        if len(keep) == len(words):
             rows = self.request_ids, self.positions, self.bitmask
-        else:
-            rows = [self.request_ids[j] for j in keep], [self.positions[j] for j in keep], self.bitmask[keep]
+        else:  # the kept rows move to the front of the same (reused, possibly pinned) buffer
+            words[:len(keep)] = words[keep]
+            rows = ([self.request_ids[j] for j in keep], [self.positions[j] for j in keep],
+                    self.bitmask[:len(keep)])
         self.fill_s = time.perf_counter() - t0
         return rows
 
@@ -113,15 +119,33 @@ def apply_packed(logits: Any, rows: list[int], packed: Any) -> Any:
     import torch
 
     device = logits.device
-    if packed.device != device:
-        packed = packed.to(device, non_blocking=True)
     n, vocab = len(rows), logits.shape[-1]
+    whole = n == logits.shape[0] and rows == list(range(n))
+    index = None if whole else torch.tensor(rows, dtype=torch.int32)
+    if device.type != "cpu":
+        packed = _to_device(packed.contiguous(), device)
+        index = None if whole else _to_device(index, device)
     idx = packed.contiguous().view(torch.uint8).view(-1).to(torch.int32)
     bias = _bias_table(device, logits.dtype).index_select(0, idx).view(n, -1)[:, :vocab]
-    if n == logits.shape[0] and rows == list(range(n)):
+    if whole:
         return logits.add_(bias)
-    index = torch.tensor(rows, device=device)
     return logits.index_add_(0, index, bias)
+
+
+def _to_device(t: Any, device: Any) -> Any:
+    """Host -> device without a stream sync: through pinned memory (torch's caching host allocator keeps the
+    staging block alive until the copy is done), so the host goes on queuing the sampler while the forward
+    still runs. A copy from pageable memory would first wait for the whole stream (CUDA's rule).
+    NOTE: the engine's reused fill buffer is pageable on purpose, so it is always copied into a fresh pinned
+    block here: a later step (async scheduling) may refill that buffer before this copy has run."""
+    if t.device.type != "cpu":
+        return t.to(device)
+    if not t.is_pinned():
+        try:
+            t = t.pin_memory()
+        except RuntimeError:  # no pinned memory on this accelerator: a plain (synchronizing) copy is still right
+            pass
+    return t.to(device, non_blocking=True)
 
 
 def mask_logits(logits: Any, batch: Any, sample_req_ids: list[str], logits_rows: Any, grammar: Any = None) -> Any:

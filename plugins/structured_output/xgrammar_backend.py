@@ -13,6 +13,7 @@ import os
 import re
 from typing import Any
 
+from octavo.plugins.structured_output.xgrammar_schema import bounded_strings_as_patterns
 from octavo.structured_outputs import (
     GrammarMatcher,
     StructuredOutputBackend,
@@ -24,7 +25,15 @@ MAX_WHITESPACE = 16
 
 
 def _schema(params: StructuredOutputsParams) -> str:
-    return params.json if isinstance(params.json, str) else json.dumps(params.json)
+    """The schema text xgrammar compiles: short bounded strings as their regex form (xgrammar_schema.py:
+    the same JSON text, 100x cheaper masks). A string that is not JSON goes as it is (xgrammar names the error)."""
+    schema = params.json
+    if isinstance(schema, str):
+        try:
+            schema = json.loads(schema)
+        except ValueError:
+            return params.json
+    return json.dumps(bounded_strings_as_patterns(schema))
 
 
 def _build(xgr, params: StructuredOutputsParams, compiler=None):
