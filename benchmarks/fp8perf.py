@@ -41,6 +41,12 @@ LLAMA3_8B = dict(architectures=["LlamaForCausalLM"], model_type="llama", hidden_
                  tie_word_embeddings=False, torch_dtype="bfloat16")
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
 T0 = time.monotonic()
+DEV = "cuda"  # --dry-run: "cpu" (tiny shapes, Triton interpreter, no graphs): checks this script's plumbing
+
+
+def sync() -> None:
+    if DEV == "cuda":
+        torch.cuda.synchronize()
 
 
 def left(budget: float) -> float:
@@ -49,17 +55,18 @@ def left(budget: float) -> float:
 
 def copy_bandwidth() -> float:
     """Device memory bandwidth in bytes/s from a 1 GiB copy (read + write), best of 5."""
-    a = torch.empty(1 << 29, dtype=torch.bfloat16, device="cuda")
+    n = 1 << (29 if DEV == "cuda" else 22)
+    a = torch.empty(n, dtype=torch.bfloat16, device=DEV)
     b = torch.empty_like(a)
     best = float("inf")
     for _ in range(5):
-        torch.cuda.synchronize()
+        sync()
         t = time.perf_counter()
         b.copy_(a)
-        torch.cuda.synchronize()
+        sync()
         best = min(best, time.perf_counter() - t)
     del a, b
-    return 2 * (1 << 30) / best
+    return 2 * 2 * n / best
 
 
 # ------------------------------------------------------------------------------------------------ 1. parity
@@ -94,11 +101,11 @@ def linears(layers: int, bandwidth: float, rows: list[int], budget: float) -> di
     from octavo.plugins.quant.fp8_gemv import fp8_gemv
     from octavo.plugins.quant.fp8_triton import quantize_per_token
 
-    gen = torch.Generator(device="cuda").manual_seed(0)
+    gen = torch.Generator(device=DEV).manual_seed(0)
     dense, fp8 = [], []
     for _ in range(layers):
         for name, (n, k) in SHAPES.items():
-            w = (torch.randn(n, k, device="cuda", generator=gen, dtype=torch.bfloat16) * 0.02)
+            w = (torch.randn(n, k, device=DEV, generator=gen, dtype=torch.bfloat16) * 0.02)
             q, s = quantize_fp8_rows(w)
             dense.append((name, w))
             fp8.append((name, q, s.reshape(1, -1)))
@@ -106,7 +113,7 @@ def linears(layers: int, bandwidth: float, rows: list[int], budget: float) -> di
     bytes_fp8 = sum(q.numel() for _, q, _ in fp8)
 
     def inputs(m):
-        xs = {k: torch.randn(m, k, device="cuda", dtype=torch.bfloat16) for k in (4096, 14336)}
+        xs = {k: torch.randn(m, k, device=DEV, dtype=torch.bfloat16) for k in {k for _, k in SHAPES.values()}}
         pre = {k: quantize_per_token(x) for k, x in xs.items()}
         return xs, pre
 
@@ -133,6 +140,9 @@ def linears(layers: int, bandwidth: float, rows: list[int], budget: float) -> di
             try:
                 with torch.inference_mode():
                     fn()  # eager warm-up: compiles and autotunes outside the graph
+                    if DEV != "cuda":  # dry run: plumbing only
+                        res[name] = {"ran": True}
+                        continue
                     torch.cuda.synchronize()
                     graph = torch.cuda.CUDAGraph()
                     with torch.cuda.graph(graph):
@@ -156,7 +166,8 @@ def linears(layers: int, bandwidth: float, rows: list[int], budget: float) -> di
     dense.clear()
     fp8.clear()
     gc.collect()
-    torch.cuda.empty_cache()
+    if DEV == "cuda":
+        torch.cuda.empty_cache()
     return out
 
 
@@ -182,9 +193,9 @@ def e2e(name: str, cfg: dict, tmp: str, bandwidth: float, args, budget: float) -
     with open(os.path.join(d, "config.json"), "w") as f:
         json.dump(cfg, f)
     t0 = time.perf_counter()
+    memory = {"gpu_memory_utilization": 0.85} if DEV == "cuda" else {}
     llm = LLM(model=d, load_format="dummy", dtype="bfloat16", skip_tokenizer_init=True, max_model_len=2048,
-              max_num_seqs=args.max_num_seqs, gpu_memory_utilization=0.85,
-              quantization="fp8" if name.startswith("fp8") else None)
+              max_num_seqs=args.max_num_seqs, quantization="fp8" if name.startswith("fp8") else None, **memory)
     res: dict = {"load_s": round(time.perf_counter() - t0, 2)}
     worker = llm.llm_engine.core.executor.driver
     res["prepared"] = {k: v for k, v in (worker.prepared.notes or {}).items() if k != "graph_sizes"}
@@ -193,13 +204,14 @@ def e2e(name: str, cfg: dict, tmp: str, bandwidth: float, args, budget: float) -
     res["fp8_layers_with_gemv"] = sum(1 for m in methods if getattr(m, "gemv_max_m", 0))
     res["fp8_layers"] = sum(1 for m in methods if type(m).__name__ == "_FP8Method")
     rng = random.Random(0)
-    one = [{"prompt_token_ids": [rng.randrange(1000, 120000) for _ in range(1000)]}]
+    lo, hi = cfg["vocab_size"] // 100, cfg["vocab_size"] - 1
+    one = [{"prompt_token_ids": [rng.randrange(lo, hi) for _ in range(1000)]}]
 
     def timed(n, llm=llm):
-        torch.cuda.synchronize()
+        sync()
         t = time.perf_counter()
         llm.generate(one, SamplingParams(max_tokens=n, ignore_eos=True), use_tqdm=False)
-        torch.cuda.synchronize()
+        sync()
         return time.perf_counter() - t
 
     timed(8)  # warm-up (prefill compiled, prefix cached)
@@ -223,12 +235,12 @@ def e2e(name: str, cfg: dict, tmp: str, bandwidth: float, args, budget: float) -
     print("e2e", name, json.dumps(res), flush=True)
     if left(budget) > 10 and args.offline_prompts:
         rng = random.Random(1)
-        prompts = [{"prompt_token_ids": [rng.randrange(1000, 120000) for _ in range(args.offline_in)]}
+        prompts = [{"prompt_token_ids": [rng.randrange(lo, hi) for _ in range(args.offline_in)]}
                    for _ in range(args.offline_prompts)]
-        torch.cuda.synchronize()
+        sync()
         t = time.perf_counter()
         outs = llm.generate(prompts, SamplingParams(max_tokens=args.offline_out, ignore_eos=True), use_tqdm=False)
-        torch.cuda.synchronize()
+        sync()
         dt = time.perf_counter() - t
         res.update({"offline_output_tok_s": round(sum(len(o.outputs[0].token_ids) for o in outs) / dt, 1),
                     "offline_workload": f"{args.offline_prompts} x {args.offline_in}/{args.offline_out}, "
@@ -237,7 +249,8 @@ def e2e(name: str, cfg: dict, tmp: str, bandwidth: float, args, budget: float) -
         res["offline"] = "skipped: time budget"
     del llm, worker, gr
     gc.collect()
-    torch.cuda.empty_cache()
+    if DEV == "cuda":
+        torch.cuda.empty_cache()
     return res
 
 
@@ -251,10 +264,18 @@ def main() -> None:
     ap.add_argument("--offline-prompts", type=int, default=64)
     ap.add_argument("--offline-in", type=int, default=512)
     ap.add_argument("--offline-out", type=int, default=128)
-    ap.add_argument("--sections", default="parity,linears,fp8,bf16")
+    ap.add_argument("--sections", default="parity,fp8,bf16,linears")
+    ap.add_argument("--dry-run", action="store_true", help="CPU, tiny shapes, interpreter: the plumbing only")
     args = ap.parse_args()
     os.environ.setdefault("OCTAVO_DISABLE_PROGRESS", "1")
-    record = {"card": torch.cuda.get_device_name(), "torch": torch.__version__,
+    global DEV
+    if args.dry_run:
+        DEV = "cpu"
+        os.environ["TRITON_INTERPRET"] = "1"
+        SHAPES.update({"qkv": (96, 64), "o": (64, 64), "gate_up": (256, 64), "down": (64, 128)})
+        LLAMA3_8B.update(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+                         vocab_size=512)
+    record = {"card": torch.cuda.get_device_name() if DEV == "cuda" else "cpu (dry run)", "torch": torch.__version__,
               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "command": "python " + " ".join(sys.argv), "gemv_max_m": os.environ.get("OCTAVO_FP8_GEMV_MAX_M", "1")}
     try:

@@ -38,14 +38,14 @@ logger = logging.getLogger(__name__)
 
 
 @triton.jit
-def _quant_row_store(o, mask, q_ptr, s_ptr, row, n_cols, SOFT_FP8: tl.constexpr):
+def _quant_row_store(o, cols, mask, q_ptr, s_ptr, row, n_cols, SOFT_FP8: tl.constexpr):
     """Per-token e4m3 quantization of one row held in registers (``o`` fp32 of the rounded output)."""
     s = tl.maximum(tl.math.div_rn(tl.max(tl.where(mask, tl.abs(o), 0.0), 0), 448.0), 1e-12)
     tl.store(s_ptr + row, s)
     q = tl.minimum(tl.maximum(tl.math.div_rn(o, s), -448.0), 448.0)
     if SOFT_FP8:
         q = _round_e4m3(q)
-    tl.store(q_ptr + row * n_cols + tl.arange(0, o.shape[0]), q.to(q_ptr.dtype.element_ty), mask=mask)
+    tl.store(q_ptr + row * n_cols + cols, q.to(q_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -66,7 +66,7 @@ def _rms_norm_quant_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, q_ptr, s
     w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     o = (y * w).to(out_ptr.dtype.element_ty)
     tl.store(out_ptr + row * n_cols + cols, o, mask=mask)
-    _quant_row_store(o.to(tl.float32), mask, q_ptr, s_ptr, row, n_cols, SOFT_FP8)
+    _quant_row_store(o.to(tl.float32), cols, mask, q_ptr, s_ptr, row, n_cols, SOFT_FP8)
 
 
 @triton.jit
