@@ -13,8 +13,9 @@ Routing (:meth:`FusedMoE.select_experts`): softmax over the router logits in flo
 optionally renormalise the k weights to sum to one (Mixtral always does; Qwen3-MoE when
 ``norm_topk_prob``). The expert computation (:meth:`FusedMoE.apply_experts`) is the seam for kernels: the
 torch path here groups tokens by expert (sort by expert id, one matmul pair per expert that has tokens,
-``index_add_`` back), so each expert's weights are read once per step. A GPU grouped-GEMM kernel
-(Triton) replaces it by overriding ``apply_experts`` in a subclass, or by assigning ``layer.apply_experts``.
+``index_add_`` back), so each expert's weights are read once per step. On CUDA the platform assigns
+``layer.apply_experts`` to a fused Triton kernel (``octavo.plugins.platforms.cuda_moe``; graph-safe; off with
+``OCTAVO_MOE_TRITON=0``; docs/moe.md); another kernel can do the same or override it in a subclass.
 """
 
 from __future__ import annotations

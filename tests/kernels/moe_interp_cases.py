@@ -180,3 +180,36 @@ def test_tuner_writes_a_config_file_the_layer_reads(tmp_path, monkeypatch):
     want = _reference(x, layer.w13_weight, layer.w2_weight, w, ids)
     assert (got - want).abs().max() <= 2e-3 * want.abs().max()
     cuda_moe.load_configs.cache_clear()
+
+
+def test_tiny_mixtral_through_llm_same_tokens(tmp_path, monkeypatch):
+    """The kernel inside a real engine step (CPU, fp32 so both paths agree to ~1e-6): a tiny random Mixtral
+    through ``LLM``, torch path first, then every ``FusedMoE`` switched to the kernel; greedy tokens equal."""
+    import transformers as T
+
+    from octavo import LLM, SamplingParams
+
+    cfg = T.MixtralConfig(architectures=["MixtralForCausalLM"], vocab_size=128, hidden_size=64, intermediate_size=96,
+                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
+                          num_experts_per_tok=2, max_position_embeddings=64)
+    torch.manual_seed(0)
+    T.MixtralForCausalLM(cfg).save_pretrained(tmp_path)
+    llm = LLM(model=str(tmp_path), dtype="float32", skip_tokenizer_init=True, max_model_len=32, seed=0,
+              kv_cache_memory_bytes=1 << 20, enable_prefix_caching=False, attention_backend="torch_sdpa")
+    model = llm.llm_engine.core.executor.driver.runner.model
+    layers = [m for m in model.modules() if isinstance(m, FusedMoE)]
+    params = SamplingParams(max_tokens=3, temperature=0, logprobs=1, ignore_eos=True)
+    prompts = [{"prompt_token_ids": [5, 17, 33, 2, 90, 64]}, {"prompt_token_ids": [7]}]
+    want = llm.generate(prompts, params, use_tqdm=False)
+    from octavo.plugins.platforms import cuda_moe_kernels
+
+    calls = []
+    monkeypatch.setattr(cuda_moe_kernels, "fused_experts", lambda *a, **k: calls.append(1) or fused_experts(*a, **k))
+    for layer in layers:
+        cuda_moe.use_triton_kernel(layer)
+    got = llm.generate(prompts, params, use_tqdm=False)
+    assert len(layers) == 2 and len(calls) == 2 * 3  # 2 layers x (1 prefill + 2 decode steps)
+    for g, w in zip(got, want):
+        assert g.outputs[0].token_ids == w.outputs[0].token_ids
+        for step, tok in enumerate(g.outputs[0].token_ids):
+            assert abs(g.outputs[0].logprobs[step][tok].logprob - w.outputs[0].logprobs[step][tok].logprob) < 1e-4
