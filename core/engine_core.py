@@ -12,6 +12,8 @@ import logging
 import time
 
 from octavo.config import OctavoSettings
+from octavo.core.async_engine import AsyncStepLoop, StepTimers, check_async_scheduling
+from octavo.core.async_scheduler import AsyncScheduler
 from octavo.core.engine_start import announce_engine_start
 from octavo.core.executor import make_executor
 from octavo.core.kv_cache.manager import KVCacheManager
@@ -51,12 +53,16 @@ class EngineCore:
         self.platform = self.pm.select_platform(settings)
         if settings.scheduler.speculative_config:  # an unknown or unrunnable method fails before any load
             SpeculativeDecoding.resolve(settings, self.pm)
+        if settings.scheduler.async_scheduling:  # unsupported combinations fail before any load
+            check_async_scheduling(settings, self.pm)
+        self.step_timers = StepTimers()
         self.executor = make_executor(settings, self.platform)
         info = self.executor.worker_info  # everything the core knows about the model and cache comes from here
         self.max_model_len = info.max_model_len
         self.kv = KVCacheManager(info.num_blocks, info.block_size, settings.cache.enable_prefix_caching,
                                  sliding_window=info.sliding_window)
-        self.scheduler = Scheduler(settings, self.kv, self.max_model_len)
+        self.scheduler = (AsyncScheduler if settings.scheduler.async_scheduling else Scheduler)(
+            settings, self.kv, self.max_model_len)
         self.steps = StepBuilder()
         self.spec = SpeculativeDecoding(settings, self.pm, platform=self.platform, vocab_size=info.vocab_size,
                                         max_model_len=self.max_model_len) \
@@ -90,6 +96,7 @@ class EngineCore:
         announce_engine_start(self.pm, settings, self.platform, info)  # log + octavo_on_engine_start
         self.stat_loggers = self.pm.stat_loggers(settings)
         self.sleeper = SleepControl(self)  # sleep / wake_up (core/sleep_mode.py)
+        self.async_loop = AsyncStepLoop(self) if settings.scheduler.async_scheduling else None
 
     # ---- requests ------------------------------------------------------------------------------
     def add_request(self, req: EngineCoreRequest) -> None:
@@ -128,13 +135,33 @@ class EngineCore:
         return outs
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished_requests()
+        # async scheduling: a step still in flight counts (its outputs are not out yet)
+        return self.scheduler.has_unfinished_requests() or (self.async_loop is not None and self.async_loop.busy)
 
     def get_stats(self) -> SchedulerStats:
         return self.scheduler.make_stats()
 
     # ---- the step ------------------------------------------------------------------------------
     def step(self) -> EngineCoreOutputs:
+        if self.async_loop is not None:  # async_scheduling: step N+1 scheduled while N runs (core/async_engine.py)
+            return self.async_loop.step()
+        t0 = time.perf_counter()
+        sched_out, early = self._schedule()
+        if sched_out.is_empty:
+            return EngineCoreOutputs(early, self.get_stats(), time.monotonic())
+        batch = self.steps.build(sched_out)
+        if self.spec is not None:
+            self.spec.annotate(batch, self.scheduler)  # head speculators draft on the worker after this step
+        grammar = self.structured.prepare(sched_out)  # bitmasks to fill, overlapped with the forward if it can
+        t1 = time.perf_counter()
+        result = self.executor.execute(batch) if grammar is None else self.executor.execute_structured(batch, grammar)
+        t2 = time.perf_counter()
+        out = self._complete(sched_out, result, early)
+        self.step_timers.record(host_s=(t1 - t0) + (time.perf_counter() - t2), exec_s=t2 - t1)
+        return out
+
+    def _schedule(self):
+        """``schedule()``, plus the requests that finished without a step (out of cache, grammar failed)."""
         sched_out = self.scheduler.schedule()
         early = [EngineCoreOutput(r.request_id, [], finish_reason=r.finish_reason)
                  for r in self.scheduler.finished_out_of_cache]
@@ -144,13 +171,10 @@ class EngineCore:
         if early:
             self.scheduler.finished_out_of_cache.clear()
             self.steps.forget([o.request_id for o in early])
-        if sched_out.is_empty:
-            return EngineCoreOutputs(early, self.get_stats(), time.monotonic())
-        batch = self.steps.build(sched_out)
-        if self.spec is not None:
-            self.spec.annotate(batch, self.scheduler)  # head speculators draft on the worker after this step
-        grammar = self.structured.prepare(sched_out)  # bitmasks to fill, overlapped with the forward if it can
-        result = self.executor.execute(batch) if grammar is None else self.executor.execute_structured(batch, grammar)
+        return sched_out, early
+
+    def _complete(self, sched_out, result, early: list[EngineCoreOutput]) -> EngineCoreOutputs:
+        """After the step ran: update the scheduler and grammars, build each request's output."""
         self.scheduler.stats.mm_items_encoded += result.mm_items_encoded  # multimodal encoder cache counters
         self.scheduler.stats.mm_encoder_cache_hits += result.mm_encoder_cache_hits
         for rid in result.failed:  # the runner could not serve it (e.g. its LoRA adapter): no tokens, an error
@@ -203,9 +227,13 @@ class EngineCore:
 
     # ---- vLLM's engine utilities: collective_rpc, sleep mode ---------------------------------------
     def collective_rpc(self, method, args=(), kwargs=None, timeout=None) -> list:
+        if self.async_loop is not None:
+            self.async_loop.wait_idle()  # never call into the worker while its step thread runs a step
         return self.executor.collective_rpc(method, args=list(args), kwargs=kwargs, timeout=timeout)
 
     def sleep(self, level: int = 1) -> dict:
+        if self.async_loop is not None:
+            self.async_loop.wait_idle()
         return self.sleeper.sleep(level)
 
     def wake_up(self, tags: list[str] | None = None) -> None:
@@ -220,6 +248,8 @@ class EngineCore:
         self.executor.check_health()
 
     def shutdown(self) -> None:
+        if self.async_loop is not None:
+            self.async_loop.close()
         self.structured.shutdown()
         try:
             self.pm.hook.octavo_on_engine_shutdown(settings=self.settings)

@@ -172,15 +172,16 @@ def build_sampling_batch(reqs: list, vocab_size: int, device: torch.device,
     if any(p.frequency_penalty or p.presence_penalty for p in ps):
         counts = torch.zeros(R, vocab_size, dtype=torch.int32)
         for i, r in enumerate(reqs):
-            if r.output_token_ids:
-                counts[i].index_add_(0, torch.tensor(r.output_token_ids), torch.ones(r.num_output_tokens, dtype=torch.int32))
+            out = [t for t in r.output_token_ids if t >= 0]  # async placeholders: counted on the device
+            if out:
+                counts[i].index_add_(0, torch.tensor(out), torch.ones(len(out), dtype=torch.int32))
         b.output_counts = counts.to(device, non_blocking=True)
         b.frequency_penalty = col([p.frequency_penalty for p in ps])
         b.presence_penalty = col([p.presence_penalty for p in ps])
     if any(p.repetition_penalty != 1.0 for p in ps):
         seen = torch.zeros(R, vocab_size, dtype=torch.bool)
         for i, r in enumerate(reqs):
-            seen[i, torch.tensor(r.all_token_ids)] = True
+            seen[i, torch.tensor([t for t in r.all_token_ids if t >= 0])] = True  # async placeholders: on the device
         b.seen_mask = seen.to(device, non_blocking=True)
         b.repetition_penalty = col([p.repetition_penalty for p in ps])
     if any(p.logit_bias for p in ps):

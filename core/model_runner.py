@@ -41,6 +41,7 @@ class ModelRunner:
         self.graph_runner = None
         self.lora = None  # octavo.lora.manager.LoRAManager when enable_lora (set by the worker)
         self.spec_head = None  # core/spec_decode_heads.HeadRunner for head speculators (set by the worker)
+        self.async_steps = None  # core/async_runner.AsyncRunnerSteps under async scheduling (set by the worker)
         self.encoder_cache = EncoderCache()  # image hash -> embeddings (core/multimodal_runner.py)
         self.mrope_merge = getattr(model, "mrope_spatial_merge_size", None)  # M-RoPE models (Qwen2-VL)
 
@@ -81,6 +82,8 @@ class ModelRunner:
             return result
         reqs = self.requests
         inputs = build_step_inputs(batch, reqs, self.block_size, self.device)
+        if self.async_steps is not None:  # placeholders <- the previous step's sampled ids, on the device
+            self.async_steps.prepare(batch, inputs, reqs)
         if self.mrope_merge:  # rope positions from each request's image grids (core/multimodal_rope.py)
             inputs.positions = step_rope_positions(batch, reqs, inputs, self.mrope_merge, self.device)
         if self.lora is not None:  # each token's adapter slot for this step (octavo.lora.manager)
@@ -121,6 +124,8 @@ class ModelRunner:
                                                 self.device, self.generators))
             else:
                 batch = build_sampling_batch(sample_reqs, self.vocab_size, self.device, self.generators)
+                if self.async_steps is not None:
+                    self.async_steps.complete_penalties(batch, sample_reqs)
                 so = self.sampler(logits, batch)
                 pending["sampled"] = so.sampled
                 if so.logprobs is not None:
@@ -130,27 +135,34 @@ class ModelRunner:
             k = reqs[rid].sampling_params.prompt_logprobs
             lp = compute_logprobs(self.model.compute_logits(hidden[rows.to(self.device)]))
             pending[("plp", rid)] = gather_logprobs(lp, targets.to(self.device), k)
+        if self.async_steps is not None:  # async scheduling: the host reads these tokens later (core/async_runner.py)
+            return self.async_steps.defer(result, pending, inputs, reqs)
         host = _to_host(pending, self.synchronize)
-
-        if "row_tokens" in host:
-            fill_runner_output(result, host, inputs.sample_req_ids, inputs.spec_token_ids, reqs, _row_logprobs)
-        if "sampled" in host:
-            tokens = host["sampled"].tolist()
-            for i, rid in enumerate(inputs.sample_req_ids):
-                result.sampled[rid] = [tokens[i]]
-                want = reqs[rid].sampling_params.logprobs
-                if want is not None:
-                    result.logprobs[rid] = [_row_logprobs(host["lp_ids"][i], host["lp"][i], int(host["ranks"][i]),
-                                                          want)]
-        for rid, (_, _, first_pos) in inputs.prompt_lp_rows.items():
-            ids, lps, ranks = host[("plp", rid)]
-            k = reqs[rid].sampling_params.prompt_logprobs
-            entries = [_row_logprobs(ids[j], lps[j], int(ranks[j]), k) for j in range(ids.shape[0])]
-            result.prompt_logprobs[rid] = PromptLogprobs(first_pos, entries)
+        fill_result(result, host, inputs, reqs)
         if spec_step is not None:  # a head speculator drafts from this step's hidden states
             result.spec_token_ids = self.spec_head.after_step(spec_step, hidden, inputs, result.sampled, reqs,
                                                               self.device)
         return result
+
+
+def fill_result(result: RunnerOutput, host: dict, inputs: StepInputs, reqs: dict) -> None:
+    """Sampled tokens, logprobs and prompt logprobs from the host copies into ``result`` (``reqs`` is read
+    for each request's sampling parameters only, so a deferred step may pass a snapshot)."""
+    if "row_tokens" in host:
+        fill_runner_output(result, host, inputs.sample_req_ids, inputs.spec_token_ids, reqs, _row_logprobs)
+    if "sampled" in host:
+        tokens = host["sampled"].tolist()
+        for i, rid in enumerate(inputs.sample_req_ids):
+            result.sampled[rid] = [tokens[i]]
+            want = reqs[rid].sampling_params.logprobs
+            if want is not None:
+                result.logprobs[rid] = [_row_logprobs(host["lp_ids"][i], host["lp"][i], int(host["ranks"][i]),
+                                                      want)]
+    for rid, (_, _, first_pos) in inputs.prompt_lp_rows.items():
+        ids, lps, ranks = host[("plp", rid)]
+        k = reqs[rid].sampling_params.prompt_logprobs
+        entries = [_row_logprobs(ids[j], lps[j], int(ranks[j]), k) for j in range(ids.shape[0])]
+        result.prompt_logprobs[rid] = PromptLogprobs(first_pos, entries)
 
 
 def _row_logprobs(ids: torch.Tensor, lps: torch.Tensor, rank: int, k: int) -> TokenLogprobs:

@@ -37,6 +37,7 @@ class Request:
         self.output_token_ids: list[int] = []
         self.all_token_ids: list[int] = list(req.prompt_token_ids)
         self.num_computed_tokens = 0
+        self.num_output_placeholders = 0  # async scheduling: tokens sampled by steps in flight, not yet known
         self.num_cached_tokens = -1  # prefix-cache hit length of the first schedule; -1 until then
         self.status = RequestStatus.WAITING
         self.finish_reason: FinishReason | None = None

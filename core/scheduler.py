@@ -29,11 +29,13 @@ class ScheduledRequest:
     num_computed_tokens: int  # tokens already in the cache before this step
     block_ids: list[int]
     spec_token_ids: list[int] = field(default_factory=list)  # drafts to verify (counted in num_tokens)
+    # True when this step reaches the end of the request's tokens (known ones plus the async placeholders),
+    # so it yields a next token. Fixed when scheduled: async scheduling moves the counts before update().
+    samples: bool = field(init=False)
 
-    @property
-    def samples(self) -> bool:
-        """True when this step reaches the end of the request's known tokens, so it yields a next token."""
-        return self.num_computed_tokens + self.num_tokens == self.req.num_tokens + len(self.spec_token_ids)
+    def __post_init__(self) -> None:
+        self.samples = (self.num_computed_tokens + self.num_tokens
+                        == self.req.num_tokens + self.req.num_output_placeholders + len(self.spec_token_ids))
 
 
 @dataclass
@@ -104,7 +106,10 @@ class Scheduler:
         while i < len(self.running) and budget > 0:
             req = self.running[i]
             drafts = self._usable_drafts(req, budget)
-            num_new = min(req.num_tokens - req.num_computed_tokens, budget) + len(drafts)
+            num_new = min(self._num_to_compute(req), budget) + len(drafts)
+            if num_new <= 0:  # async scheduling: its step in flight already ends it (core/async_scheduler.py)
+                i += 1
+                continue
             num_computed = req.num_computed_tokens
             while not self.kv.allocate_slots(req, num_new):
                 victim = self.running.pop()  # the lowest-ranked request not yet scheduled this step
@@ -132,7 +137,9 @@ class Scheduler:
         # the next victim.
         while not preempted and self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             # grammars compile off this loop; an adapter waits while max_loras others run
-            req = next((r for r in self.waiting if r.grammar_ready and self._lora_fits(r)), None)
+            # a request preempted while a step was in flight waits for that step's token (async scheduling)
+            req = next((r for r in self.waiting if r.grammar_ready and self._lora_fits(r)
+                        and not r.num_output_placeholders), None)
             if req is None:
                 break
             hits, num_hit_tokens = self.kv.get_computed_blocks(req)
@@ -156,6 +163,15 @@ class Scheduler:
         decodes = [s for s in scheduled if s.num_tokens == 1 and s.num_computed_tokens > 0]
         others = [s for s in scheduled if not (s.num_tokens == 1 and s.num_computed_tokens > 0)]
         return SchedulerOutput(decodes + others, len(decodes), self.max_num_batched_tokens - budget, preempted)
+
+    def _num_to_compute(self, req: Request) -> int:
+        """Tokens of a running request not yet scheduled: its known tokens plus the ones steps in flight will
+        sample (async scheduling), minus those already computed or scheduled. A request those steps are sure
+        to finish (max_tokens, max_model_len) gets 0: its next step could only produce a discarded token."""
+        ph = req.num_output_placeholders
+        if ph and (req.num_output_tokens + ph >= req.max_tokens or req.num_tokens + ph >= self.max_model_len):
+            return 0
+        return req.num_tokens + ph - req.num_computed_tokens
 
     def _lora_fits(self, req: Request) -> bool:
         """Whether ``req`` may join the running set: at most ``max_loras`` distinct adapters run at once."""

@@ -13,6 +13,10 @@ from __future__ import annotations
 from octavo.core.scheduler import SchedulerOutput
 from octavo.step import NewRequestData, ScheduledRequestData, StepBatch
 
+# A token id the scheduler does not know yet (async scheduling): the runner fills it on the device from the
+# previous step's sampled ids, and patches its own copy of the sequence once that step's tokens are known.
+PLACEHOLDER = -1
+
 
 class StepBuilder:
     def __init__(self) -> None:
@@ -40,8 +44,10 @@ class StepBuilder:
             # NOTE: block_ids is the KV manager's live list; valid until the next schedule(). Executors
             # that send the batch elsewhere serialize it inside execute(), before that.
             num_known = s.num_tokens - len(s.spec_token_ids)  # the drafts travel apart from the known tokens
-            scheduled.append(ScheduledRequestData(rid, req.all_token_ids[start:start + num_known], start,
-                                                  s.block_ids, s.samples, s.spec_token_ids))
+            token_ids = req.all_token_ids[start:start + num_known]
+            if len(token_ids) < num_known:  # async scheduling: a token a step in flight samples (core/async_*.py)
+                token_ids += [PLACEHOLDER] * (num_known - len(token_ids))
+            scheduled.append(ScheduledRequestData(rid, token_ids, start, s.block_ids, s.samples, s.spec_token_ids))
         finished, self.pending_finished = self.pending_finished, []
         return StepBatch(scheduled, new, finished, out.num_decode_reqs, out.total_num_tokens)
 

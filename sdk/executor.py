@@ -49,6 +49,9 @@ class Executor:
 
     name: str = ""
     worker_info: WorkerInfo
+    # async scheduling (docs/async_scheduling.md): an executor that implements ``execute_async`` sets this; the
+    # engine core refuses ``async_scheduling=True`` with any other executor
+    supports_async_scheduling: bool = False
 
     def __init__(self, settings: Any, platform: Any, worker_target: str) -> None:
         self.settings = settings
@@ -67,6 +70,14 @@ class Executor:
         forward (see plugins/executors/uni.py)."""
         grammar.attach(batch)
         return self.execute(batch)
+
+    def execute_async(self, batch: StepBatch, grammar: Any = None) -> Any:
+        """Async scheduling: start the step and return at once a ``concurrent.futures.Future`` of the runner's
+        answer, so the engine core schedules the next step meanwhile. Steps run in submission order. The
+        answer is the runner's ``DeferredOutput`` (its ``result()`` waits for that step's tokens only) or a
+        plain :class:`RunnerOutput`. ``grammar``: a gated ``GrammarStep`` the runner waits on after the
+        forward (the engine core releases it once the previous step's tokens advanced the grammars)."""
+        raise NotImplementedError(f"the {self.name!r} executor cannot run steps asynchronously")
 
     def collective_rpc(self, method: Any, args: list | tuple = (), kwargs: dict | None = None,
                        timeout: float | None = None) -> list:

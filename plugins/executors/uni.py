@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+from concurrent.futures import Future, ThreadPoolExecutor
+
 from octavo.executor import Executor, resolve_target
 from octavo.step import RunnerOutput, StepBatch
 
 
 class UniExecutor(Executor):
     name = "uni"
+    supports_async_scheduling = True
 
     def __init__(self, settings, platform, worker_target: str) -> None:
         super().__init__(settings, platform, worker_target)
         # NOTE: ``driver`` is for in-process tools (benchmarks, GPU tests); the engine core never reads it.
         self.driver = resolve_target(worker_target)(settings, platform=platform)
         self.worker_info = self.driver.info()
+        self._step_thread: ThreadPoolExecutor | None = None
 
     def execute(self, batch: StepBatch) -> RunnerOutput:
         return self.driver.execute(batch)
@@ -24,3 +28,26 @@ class UniExecutor(Executor):
     def execute_structured(self, batch: StepBatch, grammar) -> RunnerOutput:
         grammar.start()  # bitmasks fill on a host thread while the forward runs; the runner waits after it
         return self.driver.execute(batch, grammar=grammar)
+
+    def execute_async(self, batch: StepBatch, grammar=None) -> Future:
+        """Run the step on one worker thread (steps in order), so the engine core's thread schedules the next
+        step meanwhile. A thread, not just the device's own asynchrony: on a CPU the forward itself is the
+        step (torch releases the GIL inside its kernels), and a structured step's sampling waits on the
+        grammar fill that the core thread releases (docs/async_scheduling.md)."""
+        if self._step_thread is None:
+            self._step_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="octavo-step",
+                                                   initializer=self._bind_device)
+        return self._step_thread.submit(self.driver.execute, batch, grammar)
+
+    def _bind_device(self) -> None:
+        device = getattr(self.driver, "device", None)
+        if device is not None and device.type == "cuda":  # the current device is per thread
+            import torch
+
+            torch.cuda.set_device(device)
+
+    def shutdown(self) -> None:
+        if self._step_thread is not None:
+            self._step_thread.shutdown(wait=True, cancel_futures=True)
+            self._step_thread = None
+        super().shutdown()

@@ -1,0 +1,186 @@
+"""The engine core's step loop under ``async_scheduling``: up to two steps in flight.
+
+    step():  schedule N+1 (N's tokens still unknown: placeholders) ─▶ executor.execute_async(N+1)
+             ─▶ wait for N's tokens only ─▶ update(N) ─▶ grammars accept N's tokens ─▶ release N+1's bitmask fill
+             ─▶ N's outputs
+
+So the host's scheduling, input preparation and output building for one step run while the worker runs the
+other (vLLM's ``step_with_batch_queue``). The first step of a burst returns without waiting, which is what
+lets the next call schedule N+1 while N runs. Counts and placeholders: core/async_scheduler.py; the device
+side: core/async_runner.py; the design and what is refused: docs/async_scheduling.md.
+
+Structured outputs: step N+1's bitmask needs every grammar advanced by N's token, which the host learns only
+after N. The forward of N+1 does not need the mask, only its sampler does. So N+1 carries a
+:class:`GatedGrammarStep`: the runner (on the executor's step thread) runs N+1's forward, then blocks in
+``wait()``; the core thread, once N's tokens are accepted, drops rows of requests that finished at N,
+``release()``s the gate and the fill runs on the grammar thread while N+1's forward is still running.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+from octavo.core.async_runner import resolve
+from octavo.core.grammar_step import GrammarStep
+from octavo.core.messages import EngineCoreOutputs
+
+
+def check_async_scheduling(settings: Any, pm: Any) -> None:
+    """Refuse, before anything loads, what async scheduling cannot run (each error names both settings)."""
+    from octavo.core.executor import executor_name
+
+    sched, par = settings.scheduler, settings.parallel
+    if sched.speculative_config:
+        raise ValueError("async_scheduling=True cannot run with speculative_config (speculative decoding): a "
+                         "draft needs the previous step's tokens on the host. Turn one of them off.")
+    if par.pipeline_parallel_size > 1:
+        raise ValueError("async_scheduling=True cannot run with pipeline_parallel_size > 1; turn one of them off.")
+    name = executor_name(settings)
+    if name in pm.names("executors") and not getattr(pm.resolve("executors", name), "supports_async_scheduling",
+                                                     False):
+        raise ValueError(f"async_scheduling=True needs an executor that runs steps asynchronously, but "
+                         f"distributed_executor_backend={name!r} (tensor_parallel_size="
+                         f"{par.tensor_parallel_size}) does not; use the in-process executor 'uni' (one device) "
+                         "or turn async_scheduling off.")
+
+
+class StepTimers:
+    """Host seconds per engine step, summed (both modes). ``host_s``: the core thread's own work (schedule,
+    build, update, outputs); ``exec_s`` (sync): the executor call; ``wait_s`` (async): blocked on a step's
+    tokens; ``overlapped_s`` (async): the part of ``host_s`` done while a step was running on the worker."""
+
+    def __init__(self) -> None:
+        self.steps = 0
+        self.host_s = self.exec_s = self.wait_s = self.overlapped_s = 0.0
+
+    def record(self, host_s: float = 0.0, exec_s: float = 0.0, wait_s: float = 0.0, overlapped_s: float = 0.0):
+        self.steps += 1
+        self.host_s += host_s
+        self.exec_s += exec_s
+        self.wait_s += wait_s
+        self.overlapped_s += overlapped_s
+
+    def as_dict(self) -> dict:
+        return {k: getattr(self, k) for k in ("steps", "host_s", "exec_s", "wait_s", "overlapped_s")}
+
+
+class GatedGrammarStep:
+    """A :class:`GrammarStep` whose fill may start only after :meth:`release` (see the module docstring).
+    The runner calls ``wait()`` and sets ``apply_s`` exactly as on a plain ``GrammarStep``."""
+
+    def __init__(self, inner: GrammarStep, sched_out: Any) -> None:
+        self.inner = inner
+        self.sched_out = sched_out
+        self._gate = threading.Event()
+
+    def release(self) -> None:
+        if self._gate.is_set():
+            return
+        g = self.inner
+        # a request that finished at the previous step samples a token here that is never emitted: its
+        # (terminated) grammar is not asked for a mask
+        keep = [j for j, pos in enumerate(g.positions) if not self.sched_out.scheduled[pos].req.is_finished]
+        if len(keep) < len(g.positions):
+            self.inner = g = GrammarStep(g.backend, [g.positions[j] for j in keep], [g.request_ids[j] for j in keep],
+                                         [g.matchers[j] for j in keep], g.bitmask, g.pool)
+        if g.matchers:
+            g.start()
+        self._gate.set()
+
+    def wait(self):
+        self._gate.wait()
+        if not self.inner.matchers:
+            return [], [], None
+        return self.inner.wait()
+
+    @property
+    def apply_s(self) -> float:
+        return self.inner.apply_s
+
+    @apply_s.setter
+    def apply_s(self, v: float) -> None:
+        self.inner.apply_s = v
+
+
+@dataclass
+class _InFlight:
+    sched_out: Any
+    future: Any
+    grammar: GatedGrammarStep | None
+
+
+class AsyncStepLoop:
+    """``EngineCore.step`` under async scheduling (the core's scheduler is an ``AsyncScheduler``)."""
+
+    def __init__(self, core: Any) -> None:
+        self.core = core
+        self.inflight: deque[_InFlight] = deque()
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.inflight)
+
+    def step(self) -> EngineCoreOutputs:
+        core = self.core
+        t0 = time.perf_counter()
+        was_running = bool(self.inflight)
+        sched_out, early = core._schedule()
+        launched = not sched_out.is_empty
+        if launched:
+            batch = core.steps.build(sched_out)
+            for s in batch.scheduled:  # the KV manager edits its live lists while this step runs
+                s.block_ids = list(s.block_ids)
+            g = core.structured.prepare(sched_out)
+            gate = GatedGrammarStep(g, sched_out) if g is not None else None
+            core.scheduler.mark_scheduled(sched_out)
+            try:
+                future = core.executor.execute_async(batch, gate)
+            except BaseException:
+                self._release_all()
+                raise
+            self.inflight.append(_InFlight(sched_out, future, gate))
+            if len(self.inflight) == 1 and gate is not None:
+                gate.release()  # nothing earlier in flight: the grammars are current
+        t1 = time.perf_counter()
+        sched_s = t1 - t0
+        if not self.inflight or (launched and len(self.inflight) == 1):
+            # nothing to wait for, or the first step of a burst: return now, schedule the next one meanwhile
+            core.step_timers.record(host_s=sched_s, overlapped_s=sched_s if launched else 0.0)
+            return EngineCoreOutputs(early, core.get_stats(), time.monotonic())
+        rec = self.inflight.popleft()
+        try:
+            result = resolve(rec.future.result())
+        except BaseException:
+            self._release_all()
+            raise
+        t2 = time.perf_counter()
+        g = rec.grammar
+        core.structured._inflight = g.inner if g is not None and g.inner.matchers else None  # fill stats
+        out = core._complete(rec.sched_out, result, early)
+        if self.inflight and self.inflight[0].grammar is not None:
+            self.inflight[0].grammar.release()  # N's tokens are in the grammars: fill N+1's masks now
+        t3 = time.perf_counter()
+        core.step_timers.record(host_s=sched_s + (t3 - t2), wait_s=t2 - t1,
+                                overlapped_s=(sched_s if was_running else 0.0) + ((t3 - t2) if self.inflight else 0.0))
+        return out
+
+    def _release_all(self) -> None:
+        for rec in self.inflight:
+            if rec.grammar is not None:
+                rec.grammar.release()
+
+    def wait_idle(self) -> None:
+        """Wait until the worker runs no step (its answers stay queued for the next ``step()``)."""
+        for rec in list(self.inflight):
+            try:
+                rec.future.result()
+            except BaseException:
+                pass  # step() raises it
+
+    def close(self) -> None:
+        self._release_all()
+        self.wait_idle()

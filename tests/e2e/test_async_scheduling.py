@@ -1,0 +1,170 @@
+"""Async scheduling (``async_scheduling=True``) gives exactly the tokens of the synchronous engine.
+
+Two engines on the real embedded SmolLM2 (float32, the same settings but the one flag), a small KV cache
+(so preemption happens) and a small token budget (so long prompts are chunked). Each workload runs on both
+and the outputs are compared token for token: mixed lengths, EOS / max_tokens / stop-string / stop-token
+finishes, min_tokens, penalties (whose counts include the placeholder token on the device), logprobs,
+n > 1 with seeded sampling, prefix-cache hits, forced preemption, an abort mid-stream, JSON-schema structured
+outputs; plus the refusals and the step timers. Timings are never asserted.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from octavo import LLM, SamplingParams
+
+pytestmark = pytest.mark.slow
+
+COMMON = dict(dtype="float32", quantization="none", seed=0, max_model_len=256, num_gpu_blocks_override=40,
+              max_num_batched_tokens=96, max_num_seqs=16)
+SYSTEM = "You are a meticulous assistant for a team of engineers. Answer briefly and say so when you do not know."
+QUESTIONS = ["What is a KV cache?", "Name three prime numbers.", "Say hello.", "Why is the sky blue?"]
+RAW = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village by the sea,",
+       "Water boils at", "1, 2, 3, 4,", "The three laws of thermodynamics are"]
+
+
+@pytest.fixture(scope="module")
+def engines():
+    from octavo.core.loader import default_model_path
+
+    path = default_model_path()
+    return {mode: LLM(path, async_scheduling=mode, **COMMON) for mode in (False, True)}
+
+
+@pytest.fixture(scope="module")
+def prompts(engines):
+    tok = engines[False].get_tokenizer()
+    chats = [tok.apply_chat_template([{"role": "system", "content": SYSTEM}, {"role": "user", "content": q}],
+                                     tokenize=False, add_generation_prompt=True) for q in QUESTIONS]
+    long_prompt = " ".join(RAW * 4)  # ~130 tokens: chunked under max_num_batched_tokens=96
+    return [{"prompt_token_ids": tok(p).input_ids} for p in RAW] + \
+           [{"prompt_token_ids": tok(c, add_special_tokens=False).input_ids} for c in chats] + \
+           [{"prompt_token_ids": tok(long_prompt).input_ids}]
+
+
+def run(engines, prompts, params):
+    out = {}
+    for mode, llm in engines.items():
+        res = llm.generate(prompts, params, use_tqdm=False)
+        out[mode] = [[(c.token_ids, c.finish_reason, c.stop_reason, c.text) for c in r.outputs] for r in res]
+    return out[False], out[True], out
+
+
+def test_mixed_finishes_penalties_logprobs_identical(engines, prompts):
+    params = []
+    for i in range(len(prompts)):
+        p = dict(temperature=0.0, max_tokens=[1, 2, 7, 24, 40][i % 5])
+        if i % 4 == 1:
+            p.update(stop=["\n"], stop_token_ids=[13])
+        if i % 4 == 2:
+            p.update(repetition_penalty=1.3, frequency_penalty=0.4, presence_penalty=0.2,
+                     min_tokens=min(3, p["max_tokens"]))
+        if i % 3 == 0:
+            p.update(logprobs=2)
+        params.append(SamplingParams(**p))
+    off, on, _ = run(engines, prompts, params)
+    assert on == off
+    reasons = {c[1] for r in off for c in r}
+    assert {"length", "stop"} <= reasons, reasons  # max_tokens and EOS / stop-string finishes both happen
+    lp = {m: [r.outputs[0].logprobs for r in engines[m].generate(prompts[:3], SamplingParams(
+        temperature=0.0, max_tokens=6, logprobs=2), use_tqdm=False)] for m in (False, True)}
+    for a, b in zip(lp[False], lp[True]):
+        for pa, pb in zip(a, b):
+            assert pa.keys() == pb.keys()
+            for t in pa:
+                assert abs(pa[t].logprob - pb[t].logprob) < 1e-4
+
+
+def test_n_seeded_sampling_and_prefix_cache_identical(engines, prompts):
+    chats = prompts[6:10]
+    params = [SamplingParams(n=3, temperature=0.9, top_p=0.95, seed=11 + i, max_tokens=20) for i in range(4)]
+    off, on, _ = run(engines, chats, params)
+    assert on == off
+    # second round over the same chat prompts: prefix-cache hits (the shared system prompt), still identical
+    res = {m: engines[m].generate(chats, SamplingParams(temperature=0.0, max_tokens=12), use_tqdm=False)
+           for m in (False, True)}
+    assert [r.outputs[0].token_ids for r in res[True]] == [r.outputs[0].token_ids for r in res[False]]
+    assert all((r.num_cached_tokens or 0) > 0 for r in res[True])
+
+
+def test_preemption_identical(engines, prompts):
+    before = {m: engines[m].llm_engine.get_stats().num_preemptions for m in engines}
+    params = SamplingParams(temperature=0.0, max_tokens=60, ignore_eos=True)
+    off, on, _ = run(engines, prompts[:10], params)  # 10 x ~75 tokens > 40 blocks x 16 slots
+    assert on == off
+    for m in engines:
+        assert engines[m].llm_engine.get_stats().num_preemptions > before[m], m
+
+
+def test_abort_mid_stream(engines, prompts):
+    results = {}
+    for mode, llm in engines.items():
+        eng = llm.llm_engine
+        params = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True)
+        eng.add_request("a", prompts[0], params)
+        eng.add_request("b", prompts[1], params)
+        seen = {"a": [], "b": []}
+        final = {}
+        aborted_at = None
+        while eng.has_unfinished_requests():
+            for out in eng.step():
+                seen[out.request_id] = list(out.outputs[0].token_ids)
+                if out.finished:
+                    final[out.request_id] = out.outputs[0].finish_reason
+            if aborted_at is None and len(seen["a"]) >= 5:
+                aborted_at = list(seen["a"])
+                eng.abort_request("a")
+        assert seen["a"] == aborted_at  # nothing of "a" after the abort (its in-flight token is dropped)
+        results[mode] = (aborted_at, seen["b"], final.get("b"))
+    assert results[True] == results[False]
+    assert len(results[True][1]) == 30
+
+
+def test_structured_outputs_identical(engines, prompts):
+    pytest.importorskip("xgrammar")
+    from octavo.structured_outputs import StructuredOutputsParams
+
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
+                                               "age": {"type": "integer", "minimum": 0, "maximum": 120}},
+              "required": ["name", "age"], "additionalProperties": False}
+    params = [SamplingParams(temperature=0.0, max_tokens=40, structured_outputs=StructuredOutputsParams(json=schema)),
+              SamplingParams(temperature=0.0, max_tokens=12),  # unconstrained rows in the same steps
+              SamplingParams(temperature=0.0, max_tokens=20,
+                             structured_outputs=StructuredOutputsParams(choice=["yes", "no", "maybe"])),
+              SamplingParams(temperature=0.7, seed=3, max_tokens=40,
+                             structured_outputs=StructuredOutputsParams(json=schema))]
+    chats = prompts[6:10]
+    off, on, _ = run(engines, chats, params)
+    assert on == off
+    for i in (0, 3):
+        if on[i][0][1] == "stop":
+            doc = json.loads(on[i][0][3])
+            assert set(doc) == {"name", "age"}
+    assert on[2][0][3] in ("yes", "no", "maybe")
+
+
+def test_step_timers_show_overlap(engines):
+    t = engines[True].llm_engine.core.step_timers.as_dict()
+    assert t["steps"] > 0 and t["wait_s"] > 0
+    assert 0 < t["overlapped_s"] <= t["host_s"]  # the core thread's work ran while a step was in flight
+    s = engines[False].llm_engine.core.step_timers.as_dict()
+    assert s["overlapped_s"] == 0 and s["exec_s"] > 0
+
+
+def test_refused_combinations():
+    from octavo.config import OctavoSettings
+    from octavo.core.async_engine import check_async_scheduling
+    from octavo.core.plugin_manager import get_plugin_manager
+
+    pm = get_plugin_manager()
+    cases = [(dict(speculative_config={"method": "ngram", "num_speculative_tokens": 2}), "speculative_config"),
+             (dict(tensor_parallel_size=2), "distributed_executor_backend"),
+             (dict(pipeline_parallel_size=2), "pipeline_parallel_size")]
+    for kw, name in cases:
+        settings = OctavoSettings.from_kwargs(model="x", async_scheduling=True, **kw)
+        with pytest.raises(ValueError, match=f"async_scheduling.*{name}"):
+            check_async_scheduling(settings, pm)
+    check_async_scheduling(OctavoSettings.from_kwargs(model="x", async_scheduling=True), pm)  # uni: fine
