@@ -95,7 +95,7 @@ def parity() -> dict:
 
 
 # ----------------------------------------------------------------------------------------------- 2. linears
-def linears(layers: int, bandwidth: float, rows: list[int], budget: float) -> dict:
+def linears(layers: int, bandwidth: float, rows: list[int], budget: float, save=lambda part: None) -> dict:
     from octavo.plugins.platforms.cuda_fusions import gemv as bf16_gemv
     from octavo.plugins.quant.fp8 import quantize_fp8_rows
     from octavo.plugins.quant.fp8_gemv import fp8_gemv
@@ -129,14 +129,28 @@ def linears(layers: int, bandwidth: float, rows: list[int], budget: float) -> di
             v["bf16_triton_gemv"] = lambda: [bf16_gemv(xs[w.shape[1]], w) for _, w in dense]
         return v
 
+    def details(xs):  # one row, after the sweep
+        v = {}
+        for shape in SHAPES:  # per projection: which one is short of the bandwidth
+            v[f"fp8_gemv_{shape}_only"] = lambda shape=shape: [fp8_gemv(xs[q.shape[1]], q, s)
+                                                                for name, q, s in fp8 if name == shape]
+            v[f"bf16_triton_gemv_{shape}_only"] = lambda shape=shape: [bf16_gemv(xs[w.shape[1]], w)
+                                                                        for name, w in dense if name == shape]
+        # bound: the GEMV without in-kernel activation quantization (W8A16): its ALU share (compiles 4 more)
+        v["fp8_gemv_no_act_quant"] = lambda: [fp8_gemv(xs[q.shape[1]], q, s, quantize_input=False) for _, q, s in fp8]
+        return v
+
     out = {"layers": layers, "weight_GB": {"bf16": bytes_bf16 / 1e9, "fp8": bytes_fp8 / 1e9}}
-    for m in rows:
-        if left(budget) < 8:
+    for m in [*rows, "1_detail"]:
+        if left(budget) < 4:
             out[f"m{m}"] = "skipped: time budget"
             break
-        xs, pre = inputs(m)
+        xs, pre = inputs(1 if m == "1_detail" else m)
         res = {}
-        for name, fn in variants(m, xs, pre).items():
+        for name, fn in (details(xs) if m == "1_detail" else variants(m, xs, pre)).items():
+            if left(budget) < 3:
+                res[name] = "skipped: time budget"
+                continue
             try:
                 with torch.inference_mode():
                     fn()  # eager warm-up: compiles and autotunes outside the graph
@@ -158,10 +172,14 @@ def linears(layers: int, bandwidth: float, rows: list[int], budget: float) -> di
                     del graph
                 ms = min(times[1:])
                 nbytes = bytes_bf16 if name.startswith("bf16") else bytes_fp8
+                if name.endswith("_only"):
+                    n, k = SHAPES[name.split("_gemv_")[1].removesuffix("_only")]
+                    nbytes = layers * n * k * (2 if name.startswith("bf16") else 1)
                 res[name] = {"ms": round(ms, 4), "fraction_of_copy_bw": round(nbytes / bandwidth / (ms / 1e3), 3)}
             except Exception as e:  # noqa: BLE001 - reported in the JSON
                 res[name] = {"error": f"{type(e).__name__}: {e}"[:400]}
         out[f"m{m}"] = res
+        save(out)
         print("linears", m, json.dumps(res), flush=True)
     dense.clear()
     fp8.clear()
@@ -305,7 +323,7 @@ def main() -> None:
                     record[section] = parity()
                 elif section == "linears":
                     record[section] = linears(args.layers, bandwidth, [int(r) for r in args.rows.split(",")],
-                                              args.budget)
+                                              args.budget, lambda part: (record.update(linears=part), save()))
                 else:
                     record[section] = e2e(section, cfg, tmp, bandwidth, args, args.budget)
             except Exception as e:  # noqa: BLE001 - reported in the JSON, the next section still runs
