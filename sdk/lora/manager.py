@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from octavo.lora.adapter import AdapterError, load_adapter
-from octavo.lora.ops import group_tokens, lora_shrink_expand
+from octavo.lora.ops import LoRAPlan, lora_shrink_expand, plan_tokens
 from octavo.lora.request import LoRARequest
 
 
@@ -69,17 +69,18 @@ class LoRAManager:
             module.register_forward_hook(self._hook(proj))
         self.host: OrderedDict[int, tuple[str, dict]] = OrderedDict()  # adapter id -> (path, weights), LRU
         self.slot_of: OrderedDict[int, int] = OrderedDict()  # adapter id -> device slot, LRU
-        self.groups: list[tuple[int, torch.Tensor | None]] = []  # this step's (slot, token rows)
+        self.plan: LoRAPlan | None = None  # this step's token layout (None: no token runs an adapter)
+        self.use_triton = torch.device(device).type == "cuda" and _triton_available()
 
     @property
     def active(self) -> bool:
-        return bool(self.groups)
+        return self.plan is not None
 
     def _hook(self, proj: _Projection):
         def hook(module, args, output):
-            if not self.groups:
+            if self.plan is None:
                 return output
-            return lora_shrink_expand(args[0], output, proj.lora_a, proj.lora_b, self.groups)
+            return lora_shrink_expand(args[0], output, proj.lora_a, proj.lora_b, self.plan)
         return hook
 
     # ------------------------------------------------------------------------------------ per step
@@ -95,7 +96,7 @@ class LoRAManager:
             ValueError: more distinct adapters than ``max_loras`` (the scheduler never sends that).
         """
         wanted = list(dict.fromkeys(lr.lora_int_id for lr in loras if lr is not None))
-        self.groups = []
+        self.plan = None
         if not wanted:
             return {}
         if len(wanted) > self.max_loras:
@@ -110,13 +111,12 @@ class LoRAManager:
         slots = [self.slot_of[lr.lora_int_id] if lr is not None and lr.lora_int_id not in errors else -1
                  for lr in loras]
         token_slots = torch.repeat_interleave(torch.tensor(slots), torch.tensor(query_lens))
-        self.groups = [(s, None if rows is None else rows.to(self.device))
-                       for s, rows in group_tokens(token_slots)]
+        self.plan = plan_tokens(token_slots, self.device, self.use_triton)
         return {rid: errors[lr.lora_int_id] for rid, lr in zip(request_ids, loras)
                 if lr is not None and lr.lora_int_id in errors}
 
     def clear(self) -> None:
-        self.groups = []
+        self.plan = None
 
     def _ensure_slot(self, lora: LoRARequest, keep: set[int]) -> int:
         aid = lora.lora_int_id
@@ -155,3 +155,11 @@ class LoRAManager:
                 r = a.shape[0]
                 proj.lora_a[slot, r0:r0 + r].copy_(a)
                 proj.lora_b[slot, o0:o0 + b.shape[0], r0:r0 + r].copy_(b)
+
+
+def _triton_available() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True

@@ -1,0 +1,139 @@
+"""LoRA shrink/expand on CUDA in Triton: segmented (SGMV-style) kernels over tokens sorted by adapter slot.
+
+The idea is punica's SGMV (as in S-LoRA and vLLM): tokens are grouped by adapter, and each program takes a
+block of up to ``BLOCK_M`` tokens that all use ONE slot, so it multiplies them by one adapter matrix with
+``tl.dot`` (tensor cores) instead of a per-token gemv. Written here from that description:
+
+- :func:`plan_blocks` (once per step, host): the sorted token rows and, per block, ``(slot, start, end)``
+  into those rows; copied to the device once per step and shared by every layer.
+- shrink: ``h[i] = A[slot] @ x[rows[i]]`` for the block's tokens, gathering x's rows by pointer (no gather op),
+  split over K (``SPLIT_K`` programs per block add their partial sums into an fp32 ``h`` with atomics), so a
+  decode batch with few blocks still fills the GPU.
+- expand: ``y[rows[i]] += B[slot] @ h[i]``: the scatter back is fused into the store (each token sits in
+  exactly one block, so no atomics), and ``y`` is updated in place.
+
+The torch ops in :mod:`octavo.lora.ops` are the reference; tests run these kernels under
+``TRITON_INTERPRET=1`` on CPU at tiny shapes and compiled on a GPU.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+BLOCK_M = 16
+
+
+class BlockPlan:
+    """Device tensors describing this step's token blocks (see :func:`plan_blocks`)."""
+
+    __slots__ = ("rows", "blk_slot", "blk_start", "blk_end", "num_blocks", "num_rows")
+
+    def __init__(self, rows, blk_slot, blk_start, blk_end, num_blocks: int, num_rows: int) -> None:
+        self.rows, self.blk_slot, self.blk_start, self.blk_end = rows, blk_slot, blk_start, blk_end
+        self.num_blocks, self.num_rows = num_blocks, num_rows
+
+
+def plan_blocks(rows: torch.Tensor, segments: list[tuple[int, int, int]], device) -> BlockPlan:
+    """Blocks of <= ``BLOCK_M`` tokens of one slot each, from ``rows`` (token indices sorted by slot) and
+    ``segments`` (``(slot, start, end)`` into ``rows``). One host->device copy per step."""
+    slots, starts, ends = [], [], []
+    for slot, b, e in segments:
+        for s in range(b, e, BLOCK_M):
+            slots.append(slot)
+            starts.append(s)
+            ends.append(min(s + BLOCK_M, e))
+    meta = torch.tensor([slots, starts, ends], dtype=torch.int32)
+    packed = torch.cat([rows.to(torch.int32), meta.view(-1)]).to(device, non_blocking=True)
+    m, nb = rows.numel(), len(slots)
+    return BlockPlan(packed[:m], packed[m:m + nb], packed[m + nb:m + 2 * nb], packed[m + 2 * nb:], nb, m)
+
+
+@triton.jit
+def _shrink_kernel(x_ptr, a_ptr, h_ptr, rows_ptr, slot_ptr, start_ptr, end_ptr, K, R,
+                   stride_xm, stride_as, stride_ar, stride_hm, k_per_split,
+                   BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
+                   PRECISION: tl.constexpr):
+    blk = tl.program_id(0)
+    split = tl.program_id(1)
+    slot = tl.load(slot_ptr + blk)
+    start = tl.load(start_ptr + blk)
+    end = tl.load(end_ptr + blk)
+    offs_m = start + tl.arange(0, BLOCK_M)
+    m_mask = offs_m < end
+    rows = tl.load(rows_ptr + offs_m, mask=m_mask, other=0).to(tl.int64)
+    offs_r = tl.arange(0, BLOCK_R)
+    r_mask = offs_r < R
+    a_base = a_ptr + slot.to(tl.int64) * stride_as
+    acc = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
+    k_lo = split * k_per_split
+    for k0 in range(k_lo, k_lo + k_per_split, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        k_mask = (offs_k < K) & (offs_k < k_lo + k_per_split)
+        xt = tl.load(x_ptr + rows[:, None] * stride_xm + offs_k[None, :],
+                     mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+        at = tl.load(a_base + offs_r[None, :] * stride_ar + offs_k[:, None],
+                     mask=r_mask[None, :] & k_mask[:, None], other=0.0)  # [BLOCK_K, BLOCK_R] = A^T tile
+        acc += tl.dot(xt.to(at.dtype), at, input_precision=PRECISION)
+    h_ptrs = h_ptr + offs_m[:, None] * stride_hm + offs_r[None, :]
+    h_mask = m_mask[:, None] & r_mask[None, :]
+    if SPLIT_K == 1:
+        tl.store(h_ptrs, acc, mask=h_mask)
+    else:
+        tl.atomic_add(h_ptrs, acc, mask=h_mask)
+
+
+@triton.jit
+def _expand_kernel(h_ptr, b_ptr, y_ptr, rows_ptr, slot_ptr, start_ptr, end_ptr, N, R,
+                   stride_hm, stride_bs, stride_bn, stride_ym,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, PRECISION: tl.constexpr):
+    blk = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    slot = tl.load(slot_ptr + blk)
+    start = tl.load(start_ptr + blk)
+    end = tl.load(end_ptr + blk)
+    offs_m = start + tl.arange(0, BLOCK_M)
+    m_mask = offs_m < end
+    rows = tl.load(rows_ptr + offs_m, mask=m_mask, other=0).to(tl.int64)
+    offs_r = tl.arange(0, BLOCK_R)
+    r_mask = offs_r < R
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < N
+    bt = tl.load(b_ptr + slot.to(tl.int64) * stride_bs + offs_n[None, :] * stride_bn + offs_r[:, None],
+                 mask=r_mask[:, None] & n_mask[None, :], other=0.0)  # [BLOCK_R, BLOCK_N] = B^T tile
+    ht = tl.load(h_ptr + offs_m[:, None] * stride_hm + offs_r[None, :], mask=m_mask[:, None] & r_mask[None, :],
+                 other=0.0)
+    delta = tl.dot(ht.to(bt.dtype), bt, input_precision=PRECISION)
+    y_ptrs = y_ptr + rows[:, None] * stride_ym + offs_n[None, :]
+    y_mask = m_mask[:, None] & n_mask[None, :]
+    yt = tl.load(y_ptrs, mask=y_mask, other=0.0)
+    tl.store(y_ptrs, (yt.to(tl.float32) + delta).to(yt.dtype), mask=y_mask)
+
+
+def lora_shrink_expand_triton(x: torch.Tensor, y: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor,
+                              plan: BlockPlan) -> torch.Tensor:
+    """``y[t] += B[slot(t)] @ A[slot(t)] @ x[t]`` for the tokens in ``plan``, in place; returns ``y``.
+
+    Shapes as :func:`octavo.lora.ops.lora_shrink_expand`; ``x`` and ``y`` must have unit stride in their last dim.
+    """
+    if x.stride(-1) != 1 or y.stride(-1) != 1:
+        raise ValueError("lora_shrink_expand_triton needs x and y with unit stride in the last dimension")
+    lora_a, lora_b = lora_a.contiguous(), lora_b.contiguous()
+    k, r, n_out = lora_a.shape[2], lora_a.shape[1], lora_b.shape[1]
+    block_r = max(16, triton.next_power_of_2(r))
+    block_k = 64 if block_r <= 64 else 32
+    split_k = max(1, min(8, k // 512))
+    k_per_split = triton.cdiv(triton.cdiv(k, split_k), block_k) * block_k
+    prec = "ieee" if lora_a.dtype == torch.float32 else None  # fp32 adapters: exact fp32 dots, not tf32
+    h = (torch.zeros if split_k > 1 else torch.empty)(plan.num_rows, r, dtype=torch.float32, device=x.device)
+    _shrink_kernel[(plan.num_blocks, split_k)](
+        x, lora_a, h, plan.rows, plan.blk_slot, plan.blk_start, plan.blk_end, k, r,
+        x.stride(0), lora_a.stride(0), lora_a.stride(1), h.stride(0), k_per_split,
+        BLOCK_M=BLOCK_M, BLOCK_R=block_r, BLOCK_K=block_k, SPLIT_K=split_k, PRECISION=prec)
+    block_n = 64 if block_r <= 64 else 32
+    _expand_kernel[(plan.num_blocks, triton.cdiv(n_out, block_n))](
+        h, lora_b, y, plan.rows, plan.blk_slot, plan.blk_start, plan.blk_end, n_out, r,
+        h.stride(0), lora_b.stride(0), lora_b.stride(1), y.stride(0),
+        BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_R=block_r, PRECISION=prec)
+    return y
