@@ -14,8 +14,9 @@ path a batch size takes (up to fp32 summation order): for each row ``m`` the abs
 divides), clamped to +-448 and rounded to e4m3; then ``y[m, n] = (sum_k q[m, k] * W[n, k]) * s_x * s_w[n]``
 in fp32 (e4m3 products are exact in fp32), rounded to the output dtype, then ``+ bias``.
 
-Rows are looped inside a program, so the weight tile is re-read from L2 per extra row: meant for ``M <= 4``
-or so (``benchmarks/fp8perf.py`` measures where ``_scaled_mm`` takes over). ``TRITON_INTERPRET=1`` runs it
+One row: autotuned tiles, the row's absmax read first. 2-16 rows: a second kernel loads each weight tile
+once for all rows (fixed tiles per padded row count; ``benchmarks/fp8perf.py`` measures where
+``_scaled_mm`` takes over, which sets ``OCTAVO_FP8_GEMV_MAX_M``). ``TRITON_INTERPRET=1`` runs it
 on CPU tensors (tests/quant/test_fp8_gemv.py, against a float64 reference). This module imports Triton:
 fp8.py imports it on first use, never at plugin import.
 """
@@ -85,6 +86,53 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, M, N, K, stride_xm, str
         tl.store(y_ptr + m * stride_ym + n, y, mask=nm)
 
 
+@triton.jit
+def _fp8_gemv_rows_kernel(x_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
+                          QUANT_X: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN: tl.constexpr, SOFT_FP8: tl.constexpr,
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The same product for 2..BLOCK_M rows: each weight tile is loaded once and applied to every row
+    (a [BLOCK_M, BLOCK_N, BLOCK_K] fp32 accumulator) instead of once per row."""
+    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    nm = n < N
+    r = tl.arange(0, BLOCK_M)
+    rm = r < M
+    rows = w_ptr + n.to(tl.int64)[:, None] * stride_wn
+    x_rows = x_ptr + r[:, None] * stride_xm
+    ws = tl.load(ws_ptr + n, mask=nm, other=0.0)
+    s_x = tl.full([BLOCK_M], 1.0, tl.float32)
+    if QUANT_X:
+        amax = tl.zeros([BLOCK_M, BLOCK_K], dtype=tl.float32)
+        for k in range(0, K, BLOCK_K):
+            kk = k + tl.arange(0, BLOCK_K)
+            v = tl.load(x_rows + kk[None, :], mask=rm[:, None] & (kk[None, :] < K), other=0.0).to(tl.float32)
+            amax = tl.maximum(amax, tl.abs(v))
+        s_x = tl.maximum(tl.math.div_rn(tl.max(amax, axis=1), 448.0), 1e-12)
+    acc = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], dtype=tl.float32)
+    for k in range(0, K, BLOCK_K):
+        kk = k + tl.arange(0, BLOCK_K)
+        if EVEN:
+            w = tl.load(rows + kk[None, :])
+        else:
+            w = tl.load(rows + kk[None, :], mask=nm[:, None] & (kk[None, :] < K), other=0.0)
+        x = tl.load(x_rows + kk[None, :], mask=rm[:, None] & (kk[None, :] < K), other=0.0).to(tl.float32)
+        if QUANT_X:
+            x = tl.minimum(tl.maximum(tl.math.div_rn(x, s_x[:, None]), -448.0), 448.0)
+            if SOFT_FP8:
+                x = _round_e4m3(x)
+            else:
+                x = x.to(tl.float8e4nv).to(tl.float32)
+        acc += x[:, None, :] * w.to(tl.float32)[None, :, :]
+    y = (tl.sum(acc, 2) * s_x[:, None] * ws[None, :]).to(y_ptr.dtype.element_ty)
+    if HAS_BIAS:
+        y = (y.to(tl.float32) + tl.load(b_ptr + n, mask=nm, other=0.0).to(tl.float32)[None, :]).to(y.dtype)
+    tl.store(y_ptr + r[:, None] * stride_ym + n[None, :], y, mask=rm[:, None] & nm[None, :])
+
+
+# rows (padded to a power of two) -> (BLOCK_N, BLOCK_K, num_warps): BLOCK_M * BLOCK_N * BLOCK_K = 8192 fp32
+# accumulators, 64 registers a thread at 4 warps
+_ROWS_CONFIGS = {2: (16, 256, 4), 4: (16, 128, 4), 8: (8, 128, 4), 16: (8, 64, 4)}
+ROWS_MAX = 16
+
 _fp8_gemv_tuned = triton.autotune(
     configs=[triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=s) for bn, bk, w, s in _CONFIGS],
     key=["N", "K", "QUANT_X", "HAS_BIAS", "EVEN"])(_fp8_gemv_kernel)
@@ -98,7 +146,7 @@ def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, 
     ``quantize_input=True`` is W8A8 (dynamic per-token e4m3 activations, as the ``_scaled_mm`` path);
     ``False`` multiplies the activations as they are (W8A16). Returns ``[m, N]`` in ``out_dtype`` (default
     ``x.dtype``). Autotuned per (N, K) on first use on a GPU; call it once outside CUDA-graph capture.
-    ``config=(BLOCK_N, BLOCK_K, num_warps)`` skips the tuning (tests).
+    ``config=(BLOCK_N, BLOCK_K, num_warps)`` skips the one-row kernel's tuning (tests).
     """
     m, k = x.shape
     n = weight.shape[0]
@@ -113,6 +161,15 @@ def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, 
     ws = weight_scale.reshape(-1)
     args = (x, weight, ws, bias, y, m, n, k, x.stride(0), weight.stride(0), y.stride(0))
     flags = dict(QUANT_X=quantize_input, HAS_BIAS=bias is not None)
+    if m > 1:  # several rows: one weight read for all of them
+        if m > ROWS_MAX:
+            raise ValueError(f"fp8_gemv: {m} rows; at most {ROWS_MAX} (use torch._scaled_mm above)")
+        bm = 1 << (m - 1).bit_length()
+        bn, bk, warps = _ROWS_CONFIGS[bm]
+        _fp8_gemv_rows_kernel[(triton.cdiv(n, bn),)](
+            *args, **flags, EVEN=k % bk == 0 and n % bn == 0, SOFT_FP8=os.environ.get("TRITON_INTERPRET") == "1",
+            BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps)
+        return y
     if os.environ.get("TRITON_INTERPRET") == "1":  # no timer to autotune with: one small tile
         _fp8_gemv_kernel[(triton.cdiv(n, 16),)](*args, **flags, EVEN=False, SOFT_FP8=True, BLOCK_N=16, BLOCK_K=64)
         return y

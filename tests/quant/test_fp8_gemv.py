@@ -42,7 +42,7 @@ assert torch.equal(out, want), (vals[out != want][:5], out[out != want][:5], wan
 
 # 2. the GEMV vs float64: rows, odd sizes, K over several blocks, bias, a zero row, W8A8 and W8A16
 gen = torch.Generator().manual_seed(0)
-for m, n, k, bias in [(1, 40, 200, False), (3, 33, 130, True), (2, 17, 64, False)]:
+for m, n, k, bias in [(1, 40, 200, False), (3, 33, 130, True), (2, 17, 64, False), (9, 20, 100, False)]:
     w, ws = quantize_fp8_rows(torch.randn(n, k, generator=gen))
     x = (torch.randn(m, k, generator=gen) * torch.logspace(-2, 1, m)[:, None]).bfloat16()
     if m == 3:
@@ -100,7 +100,7 @@ def test_gemv_max_m_setting_is_validated(monkeypatch):
 
     monkeypatch.setenv("OCTAVO_FP8_GEMV_MAX_M", "4")
     assert _gemv_max_m() == 4
-    for bad in ("x", "-1", "65"):
+    for bad in ("x", "-1", "17"):
         monkeypatch.setenv("OCTAVO_FP8_GEMV_MAX_M", bad)
         with pytest.raises(ValueError, match="OCTAVO_FP8_GEMV_MAX_M"):
             _gemv_max_m()
@@ -123,10 +123,11 @@ def test_fp8_gemv_on_cuda(n, k):
 
     gen = torch.Generator(device="cuda").manual_seed(0)
     w, ws = quantize_fp8_rows(torch.randn(n, k, device="cuda", generator=gen) * 0.02)
-    for m in (1, 4):
+    for m in (1, 4, 16):
         x = torch.randn(m, k, device="cuda", generator=gen, dtype=torch.bfloat16)
         ref = fp8_gemv_reference(x, w, ws)
-        y32 = fp8_gemv(x, w, ws, out_dtype=torch.float32, config=(16, 512, 4)).double()  # one compile, no tuning
+        # fp32 output: one row with a fixed tile (one compile, no tuning); several rows: the rows kernel
+        y32 = fp8_gemv(x, w, ws, out_dtype=torch.float32, config=(16, 512, 4) if m == 1 else None).double()
         scale = float(ref.abs().max())
         assert float((y32 - ref).abs().max()) <= 1e-5 * scale, (m, n, k)
         xq, xs = quantize_per_token(x)
@@ -136,14 +137,14 @@ def test_fp8_gemv_on_cuda(n, k):
 
 
 def gpu_graph_replay_check():
-    """Both fp8 paths (GEMV at 1 row, quantize + _scaled_mm at 8) capture into a CUDA graph and replay the
-    eager result bit for bit: no host sync, no allocation the graph does not own."""
+    """All fp8 paths (GEMV at 1 row, the rows GEMV at 3, quantize + _scaled_mm at 8) capture into a CUDA graph
+    and replay the eager result bit for bit: no host sync, no allocation the graph does not own."""
     import torch
 
     from octavo.plugins.quant.fp8 import _FP8Method
 
     old = os.environ.get("OCTAVO_FP8_GEMV_MAX_M")
-    os.environ["OCTAVO_FP8_GEMV_MAX_M"] = "1"
+    os.environ["OCTAVO_FP8_GEMV_MAX_M"] = "4"
     try:
         method = _FP8Method(prequantized=False)
         layer = torch.nn.Module()
@@ -155,8 +156,8 @@ def gpu_graph_replay_check():
         method.process_weights_after_loading(layer)
     finally:
         os.environ.pop("OCTAVO_FP8_GEMV_MAX_M") if old is None else os.environ.update(OCTAVO_FP8_GEMV_MAX_M=old)
-    assert method.gemv_max_m == 1, "the GEMV failed its load-time check against _scaled_mm"
-    for m in (1, 8):
+    assert method.gemv_max_m == 4, "the GEMV failed its load-time check against _scaled_mm"
+    for m in (1, 3, 8):
         x = torch.randn(m, 4096, device="cuda", dtype=torch.bfloat16)
         with torch.inference_mode():
             eager = method.apply(layer, x)
