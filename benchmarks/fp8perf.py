@@ -2,20 +2,23 @@
 
     python benchmarks/fp8perf.py --out fp8perf.json [--budget 55] [--layers 32]
 
-Sections, each skipped (and said so in the JSON) when the budget's remainder is too small; the JSON is
-rewritten after each one:
+Sections, in the order ``--sections`` gives (default parity, fp8, bf16, linears), each skipped (and said so
+in the JSON) when the budget's remainder is too small; the JSON is rewritten after each one:
 
-1. parity: the GPU tests of tests/quant/test_fp8_gemv.py (compiled fp8 GEMV vs float64 and ``_scaled_mm``,
-   CUDA-graph replay of both fp8 paths) and of the fused quantizing norm / SiLU kernels, in this process;
-2. linears: the 4 x ``--layers`` projections of a Llama-3-8B-shaped step (random weights, every layer its own,
-   so nothing stays in L2) captured in one CUDA graph per (variant, rows) and replayed: bf16 cuBLAS, bf16
-   Triton GEMV (1 row), fp8 quantize + ``_scaled_mm`` (today's path above the GEMV limit), ``_scaled_mm`` on
-   already quantized inputs (what fusing the quantization into the norm can save at most), and the fp8 GEMV.
-   Reported as ms per step and fraction of the copy bandwidth measured here;
-3. end to end (``LLM``, dummy weights, Llama-3-8B shape with ``--layers`` layers): batch-1 decode ms/token
-   (difference of 129- and 1-token generations, best of 2), the captured forward alone (graph replay), the
-   fraction of the roofline on the bytes read (linear weights at 1 or 2 bytes + the bf16 LM head, over the
-   copy bandwidth), and a short offline run, for fp8 and bf16.
+- parity: the GPU checks of tests/quant/test_fp8_gemv.py and test_fp8_fused.py, in this process (fp8 GEMV
+  vs float64 and ``_scaled_mm``; quantizing RMSNorm / SiLU-and-mul vs the plain fused kernels; CUDA-graph
+  replays);
+- fp8, bf16: end to end (``LLM``, dummy weights, Llama-3-8B shape with ``--layers`` layers): batch-1 decode
+  ms/token (difference of 129- and 1-token generations of a 1000-token prompt, best of 2), the captured
+  forward alone (graph replay), the fraction of the roofline on the bytes read (linear weights at 1 or 2
+  bytes + the bf16 LM head, over the copy bandwidth measured here), and a short offline run;
+- linears: the 4 x ``--linear-layers`` projections of the 8B shape (every layer its own weights, so nothing
+  stays in L2) in one CUDA graph per (variant, rows), replayed: bf16 cuBLAS, bf16 Triton GEMV (1 row), fp8
+  quantize + ``_scaled_mm`` (the path above the GEMV's rows), ``_scaled_mm`` on already quantized input (what
+  fusing the quantization into the norm saves at most), the fp8 GEMV (1-16 rows); then per projection at one
+  row and the GEMV without activation quantization. ms per step and fraction of the copy bandwidth.
+
+``--dry-run`` runs the plumbing on CPU (tiny shapes, Triton interpreter, no graphs).
 """
 
 from __future__ import annotations
@@ -278,8 +281,10 @@ def main() -> None:
     ap.add_argument("--budget", type=float, default=55.0, help="seconds from start; later sections are skipped")
     ap.add_argument("--layers", type=int, default=32)
     ap.add_argument("--rows", default="1,2,4,8,16,64,256")
-    ap.add_argument("--max-num-seqs", type=int, default=64)
-    ap.add_argument("--offline-prompts", type=int, default=64)
+    ap.add_argument("--linear-layers", type=int, default=8, help="layers of the linear microbench (no L2 reuse "
+                    "from 1 up: every layer has its own weights)")
+    ap.add_argument("--max-num-seqs", type=int, default=32)
+    ap.add_argument("--offline-prompts", type=int, default=32)
     ap.add_argument("--offline-in", type=int, default=512)
     ap.add_argument("--offline-out", type=int, default=128)
     ap.add_argument("--sections", default="parity,fp8,bf16,linears")
@@ -322,7 +327,7 @@ def main() -> None:
                 if section == "parity":
                     record[section] = parity()
                 elif section == "linears":
-                    record[section] = linears(args.layers, bandwidth, [int(r) for r in args.rows.split(",")],
+                    record[section] = linears(args.linear_layers, bandwidth, [int(r) for r in args.rows.split(",")],
                                               args.budget, lambda part: (record.update(linears=part), save()))
                 else:
                     record[section] = e2e(section, cfg, tmp, bandwidth, args, args.budget)

@@ -6,8 +6,8 @@
 #     equal; CUDA-graph replay of both fp8 paths and of a linked norm -> fp8 linear -> SiLU -> fp8 linear block);
 #  2. Llama-3-8B shape (32 layers, dummy weights) through LLM: fp8 then bf16 batch-1 decode ms/token, graph
 #     replay alone, fraction of the roofline (weight bytes / copy bandwidth measured in the run); a short
-#     offline run (64 x 512/128, max_num_seqs 64);
-#  3. the 128 projections of one 8B step (every layer its own weights) in one CUDA graph per variant and row
+#     offline run (32 x 512/128, max_num_seqs 32);
+#  3. the projections of 8 layers of the 8B shape (every layer its own weights) in one CUDA graph per variant and row
 #     count 1..256: bf16 cuBLAS / Triton GEMV, fp8 quantize + _scaled_mm, _scaled_mm on prequantized input,
 #     fp8 GEMV.
 # JSON: $OUT/fp8perf/fp8perf.json, log: $OUT/fp8perf/fp8perf.log
