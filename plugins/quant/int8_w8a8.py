@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from octavo.nn import set_weight_attrs
+from octavo.plugins.quant import int8_cpu_kernel
 from octavo.quant import LinearMethod
 
 INT8_MIN, INT8_MAX = -128, 127
@@ -76,6 +77,7 @@ class Int8W8A8Method(LinearMethod):
 
     def __init__(self, dynamic: bool = True, per_token: bool = True, symmetric: bool = True) -> None:
         self.dynamic, self.per_token, self.symmetric = dynamic, per_token, symmetric
+        self.fused_static: float | None = None  # set at load when the fused CPU kernel runs this layer
         suffixes = ["weight", "weight_scale"]
         if not dynamic:
             suffixes += ["input_scale"] + ([] if symmetric else ["input_zero_point"])
@@ -121,8 +123,15 @@ class Int8W8A8Method(LinearMethod):
                 del layer.input_zero_point
             layer.register_buffer("x_scale", scale.max().reshape(1, 1).float(), persistent=False)
             del layer.input_scale
-        layer.register_buffer("w_scale", layer.weight_scale.data.float().reshape(1, -1), persistent=False)
+        layer.register_buffer("w_scale", layer.weight_scale.data.float().reshape(1, -1).contiguous(),
+                              persistent=False)
         del layer.weight_scale
+        # decode rows on CPU: the fused kernel (quantize + VNNI dot + rescale in one call), symmetric schemes
+        self.fused_static = None
+        if (w.device.type == "cpu" and self.symmetric and (self.per_token or not self.dynamic)
+                and int8_cpu_kernel.library() is not None):
+            layer.register_buffer("weight_sums_128", int8_cpu_kernel.weight_sums_128(w), persistent=False)
+            self.fused_static = 0.0 if self.dynamic else float(layer.x_scale)
 
     def _quantize(self, layer, x2: torch.Tensor):
         if self.dynamic:
@@ -138,6 +147,11 @@ class Int8W8A8Method(LinearMethod):
     def apply(self, layer, x, bias=None):
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
+        if self.fused_static is not None and x2.shape[0] <= int8_cpu_kernel.FUSED_MAX_ROWS:
+            y = int8_cpu_kernel.w8a8_linear(x2, layer.qweight, layer.w_scale, layer.weight_sums_128,
+                                            self.fused_static)
+            y = y.to(x.dtype).reshape(*shape[:-1], -1)
+            return y + bias if bias is not None else y
         xq, x_scale, x_zero = self._quantize(layer, x2)
         acc = int8_gemm(xq, layer.qweight)  # int32 [m, N], exact
         if x_zero is not None:
