@@ -24,7 +24,7 @@ from octavo.lora.request import LoRARequest
 
 
 class _Projection:
-    __slots__ = ("name", "offsets", "sizes", "lora_a", "lora_b", "rank")
+    __slots__ = ("name", "offsets", "sizes", "lora_a", "lora_b", "rank", "used")
 
     def __init__(self, name: str, module: Any, slots: int, rank: int, dtype: torch.dtype, device) -> None:
         self.name, self.rank, self.sizes = name, rank, list(module.output_sizes)
@@ -32,6 +32,7 @@ class _Projection:
         r_total = rank * len(self.sizes)
         self.lora_a = torch.zeros(slots, r_total, module.input_size, dtype=dtype, device=device)
         self.lora_b = torch.zeros(slots, module.output_size, r_total, dtype=dtype, device=device)
+        self.used: set[int] = set()  # slots whose adapter targets this projection (others hold zeros)
 
 
 class LoRAManager:
@@ -70,6 +71,7 @@ class LoRAManager:
         self.host: OrderedDict[int, tuple[str, dict]] = OrderedDict()  # adapter id -> (path, weights), LRU
         self.slot_of: OrderedDict[int, int] = OrderedDict()  # adapter id -> device slot, LRU
         self.plan: LoRAPlan | None = None  # this step's token layout (None: no token runs an adapter)
+        self.active_slots: frozenset[int] = frozenset()
         self.use_triton = torch.device(device).type == "cuda" and _triton_available()
 
     @property
@@ -78,7 +80,7 @@ class LoRAManager:
 
     def _hook(self, proj: _Projection):
         def hook(module, args, output):
-            if self.plan is None:
+            if self.plan is None or proj.used.isdisjoint(self.active_slots):  # no adapter of this step targets it
                 return output
             return lora_shrink_expand(args[0], output, proj.lora_a, proj.lora_b, self.plan)
         return hook
@@ -112,6 +114,7 @@ class LoRAManager:
                  for lr in loras]
         token_slots = torch.repeat_interleave(torch.tensor(slots), torch.tensor(query_lens))
         self.plan = plan_tokens(token_slots, self.device, self.use_triton)
+        self.active_slots = frozenset(self.plan.slots_used) if self.plan is not None else frozenset()
         return {rid: errors[lr.lora_int_id] for rid, lr in zip(request_ids, loras)
                 if lr is not None and lr.lora_int_id in errors}
 
@@ -150,7 +153,9 @@ class LoRAManager:
         for proj in self.projections.values():
             proj.lora_a[slot].zero_()
             proj.lora_b[slot].zero_()
+            proj.used.discard(slot)
             for shard, a, b in weights.get(proj.name, []):
+                proj.used.add(slot)
                 r0, o0 = shard * self.max_rank, proj.offsets[shard]
                 r = a.shape[0]
                 proj.lora_a[slot, r0:r0 + r].copy_(a)

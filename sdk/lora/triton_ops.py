@@ -115,10 +115,13 @@ def lora_shrink_expand_triton(x: torch.Tensor, y: torch.Tensor, lora_a: torch.Te
                               plan: BlockPlan) -> torch.Tensor:
     """``y[t] += B[slot(t)] @ A[slot(t)] @ x[t]`` for the tokens in ``plan``, in place; returns ``y``.
 
-    Shapes as :func:`octavo.lora.ops.lora_shrink_expand`; ``x`` and ``y`` must have unit stride in their last dim.
+    Shapes as :func:`octavo.lora.ops.lora_shrink_expand`. A ``y`` whose last dim is strided is copied first
+    (the copy is returned).
     """
-    if x.stride(-1) != 1 or y.stride(-1) != 1:
-        raise ValueError("lora_shrink_expand_triton needs x and y with unit stride in the last dimension")
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    if y.stride(-1) != 1:
+        y = y.contiguous()
     lora_a, lora_b = lora_a.contiguous(), lora_b.contiguous()
     k, r, n_out = lora_a.shape[2], lora_a.shape[1], lora_b.shape[1]
     block_r = max(16, triton.next_power_of_2(r))
