@@ -7,7 +7,7 @@ For each token count M it times the w13 GEMM (fused SiLU-and-mul) and the w2 GEM
 BLOCK_M values (the layout they share), keeps the fastest tiles of each, and writes
 ``E=..,N=..,device_name=..,dtype=...json`` (merged with an existing file: other M entries stay) into
 ``--out-dir`` (default: the configs shipped in ``plugins/platforms/moe_configs``). The default config of
-``cuda_moe.default_config`` is always the first candidate, so a tuned entry is never slower than it as
+``cuda_moe.pick_config`` (no file) is always the first candidate, so a tuned entry is never slower than it as
 measured here. Timing: ``triton.testing.do_bench`` (L2 flushed between calls: weights stream from HBM, as
 in a decode step). ``--budget-s`` stops the search when spent and keeps the best found so far.
 """
@@ -84,7 +84,7 @@ def _bench(fn) -> float:
 
 def tune_m(p: Problem, m: int, full: bool, deadline: float) -> dict:
     """Best config for ``m`` tokens, with its timing and the default config's timing (us)."""
-    from octavo.plugins.platforms.cuda_moe import default_config
+    from octavo.plugins.platforms.cuda_moe import pick_config
     from octavo.plugins.platforms.cuda_moe_kernels import _gemm, moe_align
 
     x, w, ids = p.routing(m)
@@ -92,7 +92,8 @@ def tune_m(p: Problem, m: int, full: bool, deadline: float) -> dict:
     act = torch.randn(slots, p.inter, device=p.device).to(p.dtype)
     out = torch.empty(slots, p.h, device=p.device, dtype=p.dtype)
     weights = w.reshape(-1).contiguous()
-    default = default_config(m, p.e, p.k)
+    default, w2_over = pick_config(None, m, p.e, p.k, p.inter, p.h)
+    default2 = {**default, **(w2_over or {})}
 
     def t13(cfg, aligned):
         return _bench(lambda: _gemm(x, p.w13, act, weights, aligned, slots, p.inter, p.h, p.k, True, False, cfg))
@@ -101,13 +102,13 @@ def tune_m(p: Problem, m: int, full: bool, deadline: float) -> dict:
         return _bench(lambda: _gemm(act, p.w2, out, weights, aligned, slots, p.h, p.inter, 1, False, True, cfg))
 
     aligned = moe_align(ids, p.e, default["BLOCK_M"])
-    d13, d2 = t13(default, aligned), t2(default, aligned)
-    best = {"us": d13 + d2, "w13": default, "w2": default}
+    d13, d2 = t13(default, aligned), t2(default2, aligned)
+    best = {"us": d13 + d2, "w13": default, "w2": default2}
     for bm in block_ms(m, p.e, p.k, full):
         aligned = moe_align(ids, p.e, bm)
         found = []
-        for gated, timer, default_us in ((True, t13, d13), (False, t2, d2)):
-            pick, pick_us = (default, default_us) if bm == default["BLOCK_M"] else (None, float("inf"))
+        for gated, timer, base, base_us in ((True, t13, default, d13), (False, t2, default2, d2)):
+            pick, pick_us = (base, base_us) if bm == default["BLOCK_M"] else (None, float("inf"))
             for cfg in candidates(bm, gated, full):
                 if time.monotonic() > deadline:
                     break

@@ -8,8 +8,8 @@ path and the log says why. ``OCTAVO_MOE_TRITON=0`` keeps the torch path everywhe
 Tile configs come from JSON files named ``E=<E>,N=<I>,device_name=<name>,dtype=<dtype>.json`` (``I`` is the
 layer's local intermediate size, the device name as ``torch.cuda.get_device_name`` with spaces as ``_``),
 looked up first in ``$OCTAVO_MOE_CONFIG_DIR`` then in ``moe_configs/`` next to this file. Each maps a token
-count ``M`` to a config; the nearest ``M`` is used (up to twice the largest). Without a file (or past it), :func:`default_config` picks by the mean
-tokens per expert. ``benchmarks/moe_tune.py`` writes the files.
+count ``M`` to a config; the nearest ``M`` is used (up to twice the largest). Without a file (or past it),
+:func:`default_config` picks by the mean tokens per expert. ``benchmarks/moe_tune.py`` writes the files.
 """
 
 from __future__ import annotations
@@ -47,22 +47,29 @@ def load_configs(num_experts: int, inter: int, device_name: str, dtype: torch.dt
     return None
 
 
-def default_config(m: int, num_experts: int, top_k: int) -> dict:
-    """Tiles by the mean number of token-slots per expert: small M is a weight-streaming GEMV (tall K tiles,
-    BLOCK_M 16, the smallest ``tl.dot`` takes); large M reuses each weight tile over more rows."""
+def default_config(m: int, num_experts: int, top_k: int, n: int | None = None) -> dict:
+    """Tiles for one GEMM of output width ``n`` by the mean number of token-slots per expert. Small M is a
+    weight-streaming GEMV (tall K tiles, BLOCK_M 16, the smallest ``tl.dot`` takes; BLOCK_N 32 when 64 would
+    leave fewer than ~2 programs per SM of an H100); large M reuses each weight tile over more rows."""
     per_expert = m * top_k / num_experts
     if per_expert <= 16:
-        return {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 1, "num_warps": 4, "num_stages": 3}
+        programs = min(num_experts, m * top_k) * -(-(n or 1 << 30) // 64)  # m-blocks with tokens x n-blocks
+        return {"BLOCK_M": 16, "BLOCK_N": 32 if programs < 256 else 64, "BLOCK_K": 128, "GROUP_M": 1,
+                "num_warps": 4, "num_stages": 3}
     if per_expert <= 48:
         return {"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 4, "num_stages": 3}
     return {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 3}
 
 
-def pick_config(table: dict[int, dict] | None, m: int, num_experts: int, top_k: int) -> tuple[dict, dict | None]:
+def pick_config(table: dict[int, dict] | None, m: int, num_experts: int, top_k: int, inter: int | None = None,
+                hidden: int | None = None) -> tuple[dict, dict | None]:
     """(w13 config, w2 overrides or None) for ``m`` tokens: the entry of the nearest tuned M, unless ``m`` is
-    more than twice the largest tuned M (a file tuned for decode sizes says nothing about prefill tiles)."""
+    more than twice the largest tuned M (a file tuned for decode sizes says nothing about prefill tiles);
+    else the defaults for the w13 GEMM (width ``inter``) and the w2 GEMM (width ``hidden``)."""
     if not table or m > 2 * max(table):
-        return default_config(m, num_experts, top_k), None
+        c13 = default_config(m, num_experts, top_k, inter)
+        c2 = default_config(m, num_experts, top_k, hidden)
+        return c13, {key: v for key, v in c2.items() if c13[key] != v} or None
     cfg = dict(table[min(table, key=lambda k: abs(k - m))])
     return cfg, cfg.pop("w2", None)
 
@@ -110,7 +117,8 @@ def _triton_apply_experts(self, x: torch.Tensor, topk_weights: torch.Tensor, top
     m = x.shape[0]
     cfg = self._moe_cfg_cache.get(m)
     if cfg is None:
-        cfg = self._moe_cfg_cache[m] = pick_config(self._moe_table, m, self.num_local_experts, self.top_k)
+        cfg = self._moe_cfg_cache[m] = pick_config(self._moe_table, m, self.num_local_experts, self.top_k,
+                                                   self.intermediate_size, self.hidden_size)
     if x.stride(-1) != 1:
         x = x.contiguous()
     try:

@@ -33,6 +33,11 @@ def test_default_config_grows_tiles_with_tokens_per_expert():
     large = cuda_moe.default_config(4096, 8, 2)
     assert small["BLOCK_M"] == 16 and large["BLOCK_M"] == 64
     assert cuda_moe.default_config(256, 128, 8)["BLOCK_M"] == 16  # 16 slots per expert: still the GEMV shape
+    # batch 1 of Qwen3-30B-A3B: 8 experts x 768 / 64 = 96 programs for w13 -> narrower tiles; w2 (H=2048) keeps 64
+    c13, w2 = cuda_moe.pick_config(None, 1, 128, 8, 768, 2048)
+    assert c13["BLOCK_N"] == 32 and w2 == {"BLOCK_N": 64}
+    assert cuda_moe.pick_config(None, 1, 8, 2, 14336, 4096) == (cuda_moe.default_config(1, 8, 2, 14336),
+                                                                 {"BLOCK_N": 32})
 
 
 def test_config_files_by_shape_device_and_dtype(tmp_path, monkeypatch):
@@ -49,9 +54,9 @@ def test_config_files_by_shape_device_and_dtype(tmp_path, monkeypatch):
         assert cuda_moe.pick_config(loaded, 3, 8, 2) == ({"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 256},
                                                          {"BLOCK_N": 64})
         assert cuda_moe.pick_config(loaded, 50, 8, 2)[0]["BLOCK_M"] == 32
-        assert cuda_moe.pick_config(loaded, 4096, 8, 2) == (cuda_moe.default_config(4096, 8, 2), None)
+        assert cuda_moe.pick_config(loaded, 4096, 8, 2)[0] == cuda_moe.default_config(4096, 8, 2)
         assert cuda_moe.load_configs(8, 96, "Fake GPU", torch.bfloat16) is None  # dtype is part of the key
-        assert cuda_moe.pick_config(None, 3, 8, 2) == (cuda_moe.default_config(3, 8, 2), None)
+        assert cuda_moe.pick_config(None, 3, 8, 2)[0] == cuda_moe.default_config(3, 8, 2)
     finally:
         cuda_moe.load_configs.cache_clear()
 
