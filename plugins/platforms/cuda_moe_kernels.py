@@ -38,7 +38,8 @@ def _moe_align_kernel(ids_ptr, sorted_ptr, block_expert_ptr, total_ptr, numel, n
     for start in range(0, numel, CHUNK):
         ids = tl.load(ids_ptr + start + offs, mask=start + offs < numel, other=-1).to(tl.int32)
         counts += tl.sum((ids[None, :] == experts[:, None]).to(tl.int32), axis=1)
-    padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    # ids >= num_experts (expert parallelism's "held elsewhere", lanes past E in E_P) get no rows
+    padded = tl.where(experts < num_experts, (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M, 0)
     my_start = tl.sum(tl.where(experts < e, padded, 0), axis=0)
     my_count = tl.sum(tl.where(experts == e, counts, 0), axis=0)
     my_padded = tl.sum(tl.where(experts == e, padded, 0), axis=0)

@@ -52,9 +52,10 @@ def _reference(x, w13, w2, weights, ids):
 
 
 @pytest.mark.parametrize("n,num_experts,top_k,chunk", [(1, E, K, None), (5, E, K, None), (37, E, K, None),
-                                                       (37, 16, 3, 16)])
+                                                       (37, 16, 3, 16), (9, 6, 2, None)])
 def test_align_groups_and_pads_by_expert(n, num_experts, top_k, chunk):
-    """The last case walks 111 slots in 16-slot chunks, so an expert's rank carries across chunks."""
+    """(37, 16, 3, 16) walks 111 slots in 16-slot chunks, so an expert's rank carries across chunks;
+    (9, 6, 2): the sentinel id 6 lies inside the kernel's power-of-two expert lanes and must get no rows."""
     _, ids = _routing(n, num_experts, top_k)
     ids[0, 0] = num_experts  # expert parallelism's "held elsewhere": left out of the layout
     block_m, slots = 16, n * top_k
