@@ -5,7 +5,9 @@
    decodes are counted (prefill and the ragged tail are left out). Three modes, interleaved (A B C A B C ...)
    so load drift hits all alike: ``free`` (no grammar), ``overlap`` (the default: bitmasks filled on a host
    thread while the forward runs) and ``serial`` (fill first on the engine thread, then the step: what an
-   out-of-process executor does and what octavo did before). Reported as ratios to ``free``, and as the
+   out-of-process executor does and what octavo did before); with ``--compare-maxlength`` also
+   ``overlap_maxlength`` (xgrammar compiling the schema's short ``maxLength`` strings itself, before
+   plugins/structured_output/xgrammar_schema.py: 10-40 ms per row to fill). Reported as ratios to ``free``, and as the
    host time per step the forward did not hide (the engine's own timers: prepare + wait for the fill +
    apply + accept), which a loaded machine distorts far less than wall-clock ratios.
 2. Grammar compile time for a 50-property schema: front-end validation, the tokenizer-specific compile
@@ -14,7 +16,7 @@
 
     python benchmarks/structured_outputs.py [--backend xgrammar|guidance] [--steps 24] [--repeats 3]
         [--batches 1 32] [--model PATH] [--tokenizer PATH] [--load-format dummy] [--device cpu|cuda]
-        [--dtype float32] [--quantization none] [--skip-compile] [--json OUT]
+        [--dtype float32] [--quantization none] [--skip-compile] [--compare-maxlength] [--json OUT]
 """
 
 from __future__ import annotations
@@ -74,6 +76,11 @@ def bench_decode(args) -> dict:
     tok = engine.tokenizer
     so = StructuredOutputsParams(json=SCHEMA)
     modes = {"free": None, "overlap": so, "serial": so}
+    if args.backend == "xgrammar" and args.compare_maxlength:
+        # xgrammar's own maxLength form (before the regex rewrite): a different schema text, so its own cache key
+        modes["overlap_maxlength"] = StructuredOutputsParams(json={**SCHEMA, "description": "maxLength form"})
+    import octavo.plugins.structured_output.xgrammar_backend as xgb
+    rewrite = xgb.bounded_strings_as_patterns
     result = {"device": str(core.model_info.device), "dtype": str(core.model_info.dtype),
               "quantization": core.model_info.quantization or "none"}
     ids = iter(range(10**9))
@@ -89,6 +96,7 @@ def bench_decode(args) -> dict:
 
         def run(mode: str, prompts=prompts, batch=batch, host=host) -> list[float]:
             executor_cls.execute_structured = serial if mode == "serial" else overlapped
+            xgb.bounded_strings_as_patterns = (lambda schema: schema) if mode == "overlap_maxlength" else rewrite
             params = SamplingParams(temperature=0, max_tokens=args.steps + 1, ignore_eos=modes[mode] is None,
                                     structured_outputs=modes[mode])
             reqs = [EngineCoreRequest(f"b{next(ids)}", p, params, time.time(), eos_token_id=tok.eos_token_id)
@@ -100,6 +108,7 @@ def bench_decode(args) -> dict:
                 times = timed_steps(core, reqs, batch)
             finally:
                 executor_cls.execute_structured = overlapped
+                xgb.bounded_strings_as_patterns = rewrite
             if stats["steps"]:
                 for k in ("prepare_s", "fill_s", "wait_s", "apply_s", "accept_s"):
                     host[mode][k].append(stats[k] / stats["steps"])
@@ -117,10 +126,10 @@ def bench_decode(args) -> dict:
         med = {m: statistics.median(t) for m, t in times.items() if t}
         row = {f"{m}_ms_per_step": round(v * 1e3, 3) for m, v in med.items()}
         row.update({f"{m}_steps": len(t) for m, t in times.items()})
-        for m in ("overlap", "serial"):
+        for m in ("overlap", "serial", "overlap_maxlength"):
             if m in med and "free" in med:
                 row[f"{m}_overhead_pct"] = round((med[m] / med["free"] - 1) * 100, 1)
-        for m in ("overlap", "serial"):  # host time per step the forward did not hide, from the engine's own timers
+        for m in ("overlap", "serial", "overlap_maxlength"):  # host time per step the forward did not hide, from the engine's own timers
             h = {k: statistics.median(v) for k, v in host[m].items() if v}
             if h:
                 row[f"{m}_host_ms_per_step"] = {k[:-2]: round(v * 1e3, 3) for k, v in h.items()}
@@ -128,6 +137,9 @@ def bench_decode(args) -> dict:
                 row[f"{m}_exposed_host_ms_per_step"] = round(exposed * 1e3, 3)
                 row[f"{m}_exposed_pct_of_free_step"] = round(exposed / med["free"] * 100, 1)
         result[f"batch_{batch}"] = row
+        if args.json:  # partial results survive a time limit that cuts the next batch short
+            with open(args.json, "w") as f:
+                json.dump({"backend": args.backend, "partial": True, "decode": result}, f, indent=2)
     return result
 
 
@@ -218,6 +230,8 @@ def main() -> None:
     ap.add_argument("--dtype", default=None)
     ap.add_argument("--quantization", default=None)
     ap.add_argument("--load-format", dest="load_format", default=None, help="e.g. dummy (random weights)")
+    ap.add_argument("--compare-maxlength", dest="compare_maxlength", action="store_true",
+                    help="also time xgrammar's own maxLength form (before the regex rewrite) as overlap_maxlength")
     ap.add_argument("--skip-decode", action="store_true")
     ap.add_argument("--skip-compile", action="store_true")
     ap.add_argument("--json", default=None, help="also write the result here")
