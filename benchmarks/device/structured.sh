@@ -71,7 +71,7 @@ COMMON=(--batches 32 1 --steps 24 --repeats 2 --device cuda --dtype bfloat16 --s
 step llama1b $(( 32 * X )) python3 benchmarks/structured_outputs.py "${COMMON[@]}" --model /tmp/structured_llama1b \
      --json "$R/llama1b_dummy.json"
 if [ "$DRY" != 1 ]; then
-  step apply_check 10 python3 -m pytest -q -p no:cacheprovider tests/structured/test_apply_device.py
+  step apply_check 12 python3 -m pytest -q -p no:cacheprovider tests/structured/test_apply_device.py
 fi
 if [ "$(left)" -ge $(( 20 * X )) ]; then
   step smol135m "$(( $(left) - 1 ))" python3 benchmarks/structured_outputs.py "${COMMON[@]}" \
