@@ -143,7 +143,9 @@ def tune_shape(e, k, h, inter, batch_sizes, dtype=torch.bfloat16, full=False, bu
     table = json.loads(path.read_text()) if path.is_file() else {}
     table.update({str(m): r["config"] for m, r in report.items()})
     table["_meta"] = {"device": name, "hidden": h, "top_k": k, "dtype": str(dtype)[6:],
-                      "tuned_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()), "search": "full" if full else "quick"}
+                      "tuned_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()), "search": "full" if full else "quick",
+                      "budget_s": budget_s, "gemm_us_tuned_vs_default": {
+                          str(m): [r["gemm_us"], r["default_gemm_us"]] for m, r in report.items()}}
     path.write_text(json.dumps(dict(sorted(table.items(), key=lambda kv: (not kv[0].isdigit(),
                                                                           int(kv[0]) if kv[0].isdigit() else 0))),
                                indent=1) + "\n")
