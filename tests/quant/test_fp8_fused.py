@@ -2,9 +2,8 @@
 
 On CPU machines the Triton interpreter (child process) checks: the kernels' bf16 outputs against the eager
 ``octavo.nn`` layers, their e4m3 bytes and scales equal to ``quantize_per_token`` of those outputs, and the
-one-forward linking on a small norm -> fp8 linear -> SiLU -> fp8 linear block (fp8 matmuls by torch's CPU
-``_scaled_mm``): the linked forward gives the same bits as before linking and calls the separate quantization
-kernel for neither linear. ``GPU_CHECKS`` (also run by benchmarks/fp8perf.py) repeat this on a GPU against
+one-forward linking on a loader-built fp8 Llama (fp8 matmuls by torch's CPU ``_scaled_mm``): both norms and
+SiLU-and-mul get linked, only o_proj still quantizes its input, and the logits keep the same bits. ``GPU_CHECKS`` (also run by benchmarks/fp8perf.py) repeat this on a GPU against
 the cuda platform's plain fused kernels, and replay the linked block from a CUDA graph.
 """
 
@@ -50,8 +49,12 @@ class Block(nn.Module):
         return self.down(self.act(self.up(h))), residual
 """
 
-INTERPRETED = BLOCK_MODEL + r"""
-from octavo.plugins.quant import fp8_fused, fp8_triton
+INTERPRETED = r"""
+import torch
+from octavo.nn.activation import SiluAndMul
+from octavo.nn.layernorm import RMSNorm
+from octavo.plugins.quant import fp8_triton
+from octavo.plugins.quant.fp8 import _FP8Method
 from octavo.plugins.quant.fp8_fused import link_fp8_inputs, rms_norm_quant, silu_and_mul_quant
 
 gen = torch.Generator().manual_seed(1)
@@ -78,34 +81,60 @@ for rows, d in [(2, 48), (3, 5000)]:  # 5000: two blocks, the second pass reads 
     rq, rs = fp8_triton.quantize_per_token_torch(out)
     assert torch.equal(s, rs) and torch.equal(q, rq.float()), (rows, d)
 
-# 2. linking: same bits, and the linears stop quantizing their inputs themselves. As on a GPU, the plain
-#    forwards are the platform's fused kernels (interpreted too), so the bits can be compared exactly.
+# 2. linking on a (1-layer, random) Llama built by the loader with the fp8 quantizer, fp8 matmuls by torch's
+#    CPU _scaled_mm, the plain forwards the platform's fused kernels (interpreted too, as on a GPU): after
+#    the discovery forward both norms and SiLU-and-mul quantize, only o_proj quantizes its own input, and the
+#    logits are the same bits as before linking.
+import json, os, tempfile
+from octavo.config import OctavoSettings
+from octavo.core.loader import load_model, resolve_model
+from octavo.core.loader.quant import resolve_quantizer
+from octavo.core.plugin_manager import get_plugin_manager
 from octavo.plugins.platforms.cuda_fusions import fuse_model
-block = Block(64, 96, "cpu")
-counts = fuse_model(block, torch.bfloat16, torch.device("cpu"))  # arms the linking (fp8_producers_armed)
-assert counts["RMSNorm"] == 1 and counts["SiluAndMul"] == 1 and counts["fp8_producers_armed"] == 2, counts
-x = torch.randn(3, 64, generator=gen).bfloat16()
-r = torch.randn(3, 64, generator=gen).bfloat16()
+from octavo.testing.model import PagedRunner
+
+
+class CudaLike:  # the resolver's view of a CUDA platform (fp8 is refused on CPU)
+    name, device_type = "cuda", "cuda"
+
+
+cfg = dict(architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=64, intermediate_size=96,
+           num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, vocab_size=256,
+           max_position_embeddings=128, rms_norm_eps=1e-5, hidden_act="silu", tie_word_embeddings=False)
+d = tempfile.mkdtemp()
+json.dump(cfg, open(os.path.join(d, "config.json"), "w"))
+resolved = resolve_model(OctavoSettings.from_kwargs(model=d, load_format="dummy").model)
+pm = get_plugin_manager()
+model = load_model(resolved, model_cls=pm.resolve("models", resolved.architecture), dtype=torch.bfloat16,
+                   device="cpu", quantizer=resolve_quantizer("fp8", resolved, CudaLike(), pm))
+methods = [m.quant_method for m in model.modules() if isinstance(getattr(m, "quant_method", None), _FP8Method)]
+assert len(methods) == 4 and all(m.gemv_max_m == 0 for m in methods)  # CPU tensors: no GEMV
+for m in methods:
+    m.fused = True  # the Triton per-token kernel, interpreted
+counts = fuse_model(model, torch.bfloat16, torch.device("cpu"))
+assert counts["RMSNorm"] == 3 and counts["SiluAndMul"] == 1 and counts["fp8_producers_armed"] == 4, counts
+runner = PagedRunner(model, num_blocks=16, device="cpu")
 calls = []
 real = fp8_triton.quantize_per_token
 fp8_triton.quantize_per_token = lambda *a, **k: (calls.append(1), real(*a, **k))[1]
+prompts = [[1, 5, 9, 33, 70], [2, 200, 17]]
 with torch.inference_mode():
-    assert "_octavo_plain_forward" not in vars(block.norm)
-    y0, r0 = block(x, r)  # the discovery forward: the plain fused kernels, the linears quantize
-    assert calls
-    assert "_octavo_plain_forward" in vars(block.norm) and "_octavo_plain_forward" in vars(block.act)
-    assert link_fp8_inputs(block) == {"fp8_producers_armed": 0}  # never twice
+    first = runner.prompts(prompts)  # the discovery forward: plain fused kernels, every linear quantizes
+    linked = sorted(n for n, m in model.named_modules() if "_octavo_plain_forward" in vars(m))
+    assert linked == ["model.layers.0.input_layernorm", "model.layers.0.mlp.act_fn",
+                      "model.layers.0.post_attention_layernorm"], linked
+    assert link_fp8_inputs(model) == {"fp8_producers_armed": 1}  # never twice: only the final norm is left
     calls.clear()
-    y2, r2 = block(x, r)
-assert calls == [], "a linear quantized an input its producer had quantized"
-assert torch.equal(y0, y2) and torch.equal(r0, r2)
-assert not block._forward_hooks and not block.norm._forward_hooks and not block.up._forward_pre_hooks
+    second = runner.prompts(prompts)
+assert len(calls) == 1, f"{len(calls)} separate quantizations; only o_proj's input comes from attention"
+assert all(torch.equal(a, b) for a, b in zip(first, second))
+layer = model.model.layers[0]
 # a view carries no quantized copy: the linear quantizes itself, same result
 calls.clear()
 with torch.inference_mode():
-    h, _ = block.norm(x, r)
+    h = layer.post_attention_layernorm(torch.randn(3, 64).bfloat16())
     assert hasattr(h, "_octavo_fp8") and not hasattr(h[:, :], "_octavo_fp8")
-    assert torch.equal(block.up(h[:, :]), block.up(h)) and len(calls) == 1
+    assert torch.equal(layer.mlp.gate_up_proj(h[:, :]), layer.mlp.gate_up_proj(h)) and len(calls) == 1
 print("ok")
 """
 
