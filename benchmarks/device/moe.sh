@@ -14,8 +14,8 @@ mkdir -p "$D/configs"
 START=$(date +%s)
 nvidia-smi --query-gpu=name,memory.total,clocks.max.memory --format=csv,noheader > "$D/gpu.txt" 2>&1 || true
 git rev-parse HEAD > "$D/commit.txt" 2>/dev/null || true
-echo "== moe bench (cap 29 s) $(date -u +%T)"
-timeout -k 2 29 python benchmarks/moe_bench.py --batch-sizes 1 16 256 --tune-budget-s 7 --tune-batch-sizes 1 16 \
+echo "== moe bench (cap 31 s) $(date -u +%T)"
+timeout -k 2 31 python benchmarks/moe_bench.py --batch-sizes 1 16 256 --tune-budget-s 5 --tune-batch-sizes 1 16 \
   --tune-out "$D/configs" --json "$D/bench.json" > "$D/bench.log" 2>&1
 echo "bench exit $? after $(( $(date +%s) - START )) s"
 tail -n 12 "$D/bench.log"
