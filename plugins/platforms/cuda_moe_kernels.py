@@ -28,16 +28,23 @@ import triton.language as tl
 
 
 @triton.jit(do_not_specialize=["numel", "num_experts"])
-def _moe_align_kernel(ids_ptr, sorted_ptr, block_expert_ptr, total_ptr, numel, num_experts,
-                      BLOCK_M: tl.constexpr, CHUNK: tl.constexpr, E_P: tl.constexpr):
-    """Program ``e``: count every expert (to find its padded start), then write its slots in token order."""
+def _moe_align_kernel(ids_ptr, counts_ptr, sorted_ptr, block_expert_ptr, total_ptr, numel, num_experts,
+                      BLOCK_M: tl.constexpr, CHUNK: tl.constexpr, E_P: tl.constexpr, COUNTS_GIVEN: tl.constexpr):
+    """Program ``e``: every expert's count (to find its padded start), then its own slots in token order.
+
+    Counting in every program costs E x numel compares per program: fine for decode-sized batches; for large
+    ones (``COUNTS_GIVEN``) the counts come from one scatter-add before the launch.
+    """
     e = tl.program_id(0)
     experts = tl.arange(0, E_P)
     offs = tl.arange(0, CHUNK)
-    counts = tl.zeros([E_P], dtype=tl.int32)
-    for start in range(0, numel, CHUNK):
-        ids = tl.load(ids_ptr + start + offs, mask=start + offs < numel, other=-1).to(tl.int32)
-        counts += tl.sum((ids[None, :] == experts[:, None]).to(tl.int32), axis=1)
+    if COUNTS_GIVEN:
+        counts = tl.load(counts_ptr + experts, mask=experts < num_experts, other=0)
+    else:
+        counts = tl.zeros([E_P], dtype=tl.int32)
+        for start in range(0, numel, CHUNK):
+            ids = tl.load(ids_ptr + start + offs, mask=start + offs < numel, other=-1).to(tl.int32)
+            counts += tl.sum((ids[None, :] == experts[:, None]).to(tl.int32), axis=1)
     # ids >= num_experts (expert parallelism's "held elsewhere", lanes past E in E_P) get no rows
     padded = tl.where(experts < num_experts, (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M, 0)
     my_start = tl.sum(tl.where(experts < e, padded, 0), axis=0)
@@ -130,12 +137,17 @@ def padded_bound(num_slots: int, num_experts: int, block_m: int) -> int:
     return triton.cdiv(em, block_m) * block_m
 
 
-def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int, chunk: int | None = None):
+COUNT_IN_KERNEL_MAX = 1024  # slots up to which each align program counts every expert itself (one launch)
+
+
+def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int, chunk: int | None = None,
+              count_in_kernel: bool | None = None):
     """Group the token-slots of ``topk_ids [n, k]`` by expert, padded to ``block_m``.
 
     Returns ``(sorted_slots [EM] int32, block_expert [EM / block_m] int32, total [1] int32)``; ids outside
     ``0 .. num_experts - 1`` (expert parallelism's "held elsewhere") are left out. Rows past ``total`` are
-    undefined and never read. ``chunk`` (slots per step of each program's loops) is for tests.
+    undefined and never read. ``chunk`` (slots per step of each program's loops) and ``count_in_kernel``
+    (default: up to ``COUNT_IN_KERNEL_MAX`` slots) are for tests.
     """
     ids = topk_ids.reshape(-1)
     numel = ids.numel()
@@ -145,10 +157,17 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int, chunk: int
     block_expert = torch.empty(em // block_m, dtype=torch.int32, device=dev)
     total = torch.empty(1, dtype=torch.int32, device=dev)
     e_p = _p2(num_experts)
-    # the count pass holds an [E_P, CHUNK] mask; two chunk sizes per E keep the compiled variants few
-    chunk = chunk or (64 if numel <= 64 else max(64, 8192 // e_p))
-    _moe_align_kernel[(num_experts,)](ids, sorted_slots, block_expert, total, numel, num_experts,
-                                      BLOCK_M=block_m, CHUNK=chunk, E_P=e_p)
+    if count_in_kernel is None:
+        count_in_kernel = numel <= COUNT_IN_KERNEL_MAX
+    if count_in_kernel:  # the count pass holds an [E_P, CHUNK] mask; few chunk sizes keep few compiled variants
+        counts = total
+        chunk = chunk or (64 if numel <= 64 else max(64, 8192 // e_p))
+    else:  # ids past the experts land in bucket num_experts, which the kernel ignores
+        counts = torch.zeros(num_experts + 1, dtype=torch.int32, device=dev)
+        counts.scatter_add_(0, ids.clamp(max=num_experts), torch.ones_like(ids, dtype=torch.int32))
+        chunk = chunk or 1024
+    _moe_align_kernel[(num_experts,)](ids, counts, sorted_slots, block_expert, total, numel, num_experts,
+                                      BLOCK_M=block_m, CHUNK=chunk, E_P=e_p, COUNTS_GIVEN=not count_in_kernel)
     return sorted_slots, block_expert, total
 
 

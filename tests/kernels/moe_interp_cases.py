@@ -51,15 +51,17 @@ def _reference(x, w13, w2, weights, ids):
     return out
 
 
-@pytest.mark.parametrize("n,num_experts,top_k,chunk", [(1, E, K, None), (5, E, K, None), (37, E, K, None),
-                                                       (37, 16, 3, 16), (9, 6, 2, None)])
-def test_align_groups_and_pads_by_expert(n, num_experts, top_k, chunk):
+@pytest.mark.parametrize("n,num_experts,top_k,chunk,in_kernel", [
+    (1, E, K, None, None), (5, E, K, None, None), (37, E, K, None, None), (37, 16, 3, 16, True),
+    (37, 16, 3, 16, False), (9, 6, 2, None, True), (9, 6, 2, None, False)])
+def test_align_groups_and_pads_by_expert(n, num_experts, top_k, chunk, in_kernel):
     """(37, 16, 3, 16) walks 111 slots in 16-slot chunks, so an expert's rank carries across chunks;
-    (9, 6, 2): the sentinel id 6 lies inside the kernel's power-of-two expert lanes and must get no rows."""
+    (9, 6, 2): the sentinel id 6 lies inside the kernel's power-of-two expert lanes and must get no rows.
+    ``in_kernel=False``: the counts of a large batch come from a scatter-add instead."""
     _, ids = _routing(n, num_experts, top_k)
     ids[0, 0] = num_experts  # expert parallelism's "held elsewhere": left out of the layout
     block_m, slots = 16, n * top_k
-    sorted_slots, block_expert, total = moe_align(ids, num_experts, block_m, chunk)
+    sorted_slots, block_expert, total = moe_align(ids, num_experts, block_m, chunk, in_kernel)
     total = int(total)
     assert sorted_slots.numel() == padded_bound(slots, num_experts, block_m) >= total
     flat = ids.reshape(-1)
