@@ -91,39 +91,68 @@ class _FP8Method(LinearMethod):
         layer.weight_scale.data = layer.weight_scale.data.reshape(1, -1).contiguous()  # [1, N]
         self.fused = layer.weight.device.type == "cuda" and _fused_quant()
         self.gemv_max_m = _gemv_max_m() if self.fused else 0
-        if self.gemv_max_m and not self._gemv_ok(layer):
-            self.gemv_max_m = 0
+        self.gemv_pre_ok = False  # the GEMV may take an input its producer already quantized
+        if self.gemv_max_m:
+            ok, self.gemv_pre_ok = self._gemv_ok(layer)
+            if not ok:
+                self.gemv_max_m = 0
 
-    def _gemv_ok(self, layer) -> bool:
-        """Compile and tune the GEMV for this weight shape and check it against ``_scaled_mm`` (once per shape)."""
+    def _gemv_ok(self, layer) -> tuple[bool, bool]:
+        """Compile and tune the GEMV for this weight shape and check it against ``_scaled_mm`` (once per shape);
+        then its variant for already quantized input against the GEMV. Returns (GEMV ok, variant ok)."""
         key = (*layer.weight.shape, layer.bias is not None, self.gemv_max_m)
         if key not in _GEMV_VERIFIED:
-            try:
+            from octavo.plugins.quant import fp8_triton
+
+            def err(got, want):
+                return float((got.float() - want.float()).abs().max() / want.float().abs().max().clamp(min=1e-30))
+
+            ok = pre_ok = False
+            xs_by_rows = {rows: torch.randn(rows, layer.weight.shape[1], device=layer.weight.device,
+                                            dtype=torch.bfloat16) for rows in sorted({1, self.gemv_max_m})}
+            try:  # the one-row kernel and the several-rows one vs _scaled_mm
                 from octavo.plugins.quant.fp8_gemv import fp8_gemv
 
-                err = 0.0
-                for rows in sorted({1, self.gemv_max_m}):  # the one-row kernel and the several-rows one
-                    x = torch.randn(rows, layer.weight.shape[1], device=layer.weight.device, dtype=torch.bfloat16)
-                    with torch.inference_mode():
-                        got = fp8_gemv(x, layer.weight, layer.weight_scale, layer.bias).float()
-                        want = self._scaled_mm(layer, x, layer.bias).float()
-                    err = max(err, float((got - want).abs().max() / want.abs().max().clamp(min=1e-30)))
-                _GEMV_VERIFIED[key] = err < 2e-2  # a rounding step of the output dtype, not a wrong product
-                if not _GEMV_VERIFIED[key]:
-                    logger.warning("fp8 GEMV not used for %s: %.3g from _scaled_mm (relative)", key[:2], err)
+                with torch.inference_mode():
+                    worst = max(err(fp8_gemv(x, layer.weight, layer.weight_scale, layer.bias),
+                                    self._scaled_mm(layer, x, layer.bias)) for x in xs_by_rows.values())
+                ok = worst < 2e-2  # a rounding step of the output dtype, not a wrong product
+                if not ok:
+                    logger.warning("fp8 GEMV not used for %s: %.3g from _scaled_mm (relative)", key[:2], worst)
             except Exception as e:  # noqa: BLE001 - keep _scaled_mm for a shape the kernel cannot take
                 logger.warning("fp8 GEMV not used for %s: %s: %s", key[:2], type(e).__name__, e)
-                _GEMV_VERIFIED[key] = False
+            if ok:
+                try:  # the variant for already quantized input vs the GEMV itself
+                    with torch.inference_mode():
+                        worst = 0.0
+                        for x in xs_by_rows.values():
+                            xq, xs = fp8_triton.quantize_per_token(x)
+                            worst = max(worst, err(fp8_gemv(xq, layer.weight, layer.weight_scale, layer.bias,
+                                                            x_scale=xs),
+                                                   fp8_gemv(x, layer.weight, layer.weight_scale, layer.bias)))
+                    pre_ok = worst < 2e-2
+                    if not pre_ok:
+                        logger.warning("fp8 GEMV on prequantized input not used for %s: %.3g", key[:2], worst)
+                except Exception as e:  # noqa: BLE001 - the GEMV quantizes its input itself
+                    logger.warning("fp8 GEMV on prequantized input not used for %s: %s: %s", key[:2],
+                                   type(e).__name__, e)
+            _GEMV_VERIFIED[key] = (ok, pre_ok)
         return _GEMV_VERIFIED[key]
 
     def apply(self, layer, x, bias=None):
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])  # [m, K]
+        pre = getattr(x, "_octavo_fp8", None)  # quantized by the norm / SiLU kernel that made x (fp8_fused.py)
+        if pre is not None and pre[0].shape != x2.shape:
+            pre = None
         if x2.shape[0] <= getattr(self, "gemv_max_m", 0) and x2.shape[0]:
             from octavo.plugins.quant.fp8_gemv import fp8_gemv
 
-            return fp8_gemv(x2, layer.weight, layer.weight_scale, bias).reshape(*shape[:-1], -1)
-        pre = getattr(x, "_octavo_fp8", None)  # quantized by the norm / SiLU kernel that made x (fp8_fused.py)
+            if pre is not None and self.gemv_pre_ok:
+                y = fp8_gemv(pre[0], layer.weight, layer.weight_scale, bias, x_scale=pre[1], out_dtype=x.dtype)
+            else:
+                y = fp8_gemv(x2, layer.weight, layer.weight_scale, bias)
+            return y.reshape(*shape[:-1], -1)
         return self._scaled_mm(layer, x2, bias, pre).reshape(*shape[:-1], -1)
 
     def _scaled_mm(self, layer, x2, bias, pre=None):
@@ -132,7 +161,7 @@ class _FP8Method(LinearMethod):
         ``pre``: ``(e4m3 [m, K], scale [m, 1])`` of ``x2`` already computed by the producing kernel."""
         from octavo.plugins.quant import fp8_triton
 
-        if pre is not None and pre[0].shape == x2.shape:
+        if pre is not None:
             xq, x_scale = pre
         elif getattr(self, "fused", False):  # one kernel: per-token absmax, scale, cast
             xq, x_scale = fp8_triton.quantize_per_token(x2)

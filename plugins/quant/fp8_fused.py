@@ -14,7 +14,9 @@ names its producer. At the end of that forward the hooks are removed and each na
 quantizing forward (checked once against its plain forward and ``quantize_per_token`` first). From then on
 its output tensor carries ``_octavo_fp8 = (q, scale)``; the fp8 linear uses it when present (a view or a
 copy of the tensor carries nothing, so the linear quantizes itself: correct either way). The quantized copy
-is made only for inputs of more than the consumers' GEMV row limit (the GEMV quantizes in-kernel).
+is made by norms at every size (the GEMV then reads e4m3 and skips its own absmax pass) and by SiLU-and-mul
+only above the consumers' GEMV rows (its quantizing kernel, one program per row, is slower at a few rows
+than the GEMV's in-kernel quantization).
 ``OCTAVO_FP8_FUSE_INPUTS=0`` turns the linking off (A/B).
 
 Numbers are unchanged by construction: the scale and the e4m3 values are computed from the rounded bf16
@@ -239,8 +241,11 @@ def link_fp8_inputs(model: torch.nn.Module) -> dict[str, int]:
             return
         done = {"RMSNorm": 0, "SiluAndMul": 0}
         for src, gemv_rows in links.values():
+            # a norm quantizes at every size (the GEMV then skips its absmax pass); SiLU-and-mul only above the
+            # GEMV's rows (its quantizing kernel is one program per row, slower than the plain one at 1-16 rows)
+            min_rows = 1 if isinstance(src, RMSNorm) else gemv_rows + 1
             try:
-                if _install(src, gemv_rows + 1, device):
+                if _install(src, min_rows, device):
                     done[type(src).__name__] += 1
             except Exception as e:  # noqa: BLE001 - never fail the forward that discovered the links
                 logger.warning("fp8 input fusion not used for %s: %s: %s", type(src).__name__, type(e).__name__, e)

@@ -46,10 +46,11 @@ def _round_e4m3(v):
 
 
 @triton.jit
-def _fp8_gemv_kernel(x_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
-                     QUANT_X: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN: tl.constexpr, SOFT_FP8: tl.constexpr,
-                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """y[m, n] = (sum_k q(x[m, k]) * W[n, k]) * s_x[m] * s_w[n] (+ b[n]): each program owns BLOCK_N outputs."""
+def _fp8_gemv_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
+                     QUANT_X: tl.constexpr, PRE_Q: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN: tl.constexpr,
+                     SOFT_FP8: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """y[m, n] = (sum_k q(x[m, k]) * W[n, k]) * s_x[m] * s_w[n] (+ b[n]): each program owns BLOCK_N outputs.
+    ``PRE_Q``: ``x`` is already e4m3 with its scales at ``xs_ptr`` (made by the norm kernel)."""
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     nm = n < N
     rows = w_ptr + n.to(tl.int64)[:, None] * stride_wn
@@ -57,6 +58,8 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, M, N, K, stride_xm, str
     for m in range(0, M):
         x_row = x_ptr + m * stride_xm
         s_x = 1.0
+        if PRE_Q:
+            s_x = tl.load(xs_ptr + m)
         if QUANT_X:  # this row's per-token scale (the row is small and hot in L2)
             amax = tl.zeros([BLOCK_K], dtype=tl.float32)
             for k in range(0, K, BLOCK_K):
@@ -87,9 +90,10 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, M, N, K, stride_xm, str
 
 
 @triton.jit
-def _fp8_gemv_rows_kernel(x_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
-                          QUANT_X: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN: tl.constexpr, SOFT_FP8: tl.constexpr,
-                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def _fp8_gemv_rows_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
+                          QUANT_X: tl.constexpr, PRE_Q: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN: tl.constexpr,
+                          SOFT_FP8: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                          BLOCK_K: tl.constexpr):
     """The same product for 2..BLOCK_M rows: each weight tile is loaded once and applied to every row
     (a [BLOCK_M, BLOCK_N, BLOCK_K] fp32 accumulator) instead of once per row."""
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -100,6 +104,8 @@ def _fp8_gemv_rows_kernel(x_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, M, N, K, stride_xm
     x_rows = x_ptr + r[:, None] * stride_xm
     ws = tl.load(ws_ptr + n, mask=nm, other=0.0)
     s_x = tl.full([BLOCK_M], 1.0, tl.float32)
+    if PRE_Q:
+        s_x = tl.load(xs_ptr + r, mask=rm, other=1.0)
     if QUANT_X:
         amax = tl.zeros([BLOCK_M, BLOCK_K], dtype=tl.float32)
         for k in range(0, K, BLOCK_K):
@@ -135,18 +141,19 @@ ROWS_MAX = 16
 
 _fp8_gemv_tuned = triton.autotune(
     configs=[triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=s) for bn, bk, w, s in _CONFIGS],
-    key=["N", "K", "QUANT_X", "HAS_BIAS", "EVEN"])(_fp8_gemv_kernel)
+    key=["N", "K", "QUANT_X", "PRE_Q", "HAS_BIAS", "EVEN"])(_fp8_gemv_kernel)
 
 
 def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None = None,
              *, quantize_input: bool = True, out_dtype: torch.dtype | None = None,
-             config: tuple[int, int, int] | None = None) -> torch.Tensor:
+             config: tuple[int, int, int] | None = None, x_scale: torch.Tensor | None = None) -> torch.Tensor:
     """``x [m, K]`` (bf16/fp16/fp32) times the e4m3 ``weight [N, K]`` with ``weight_scale`` (``N`` values).
 
     ``quantize_input=True`` is W8A8 (dynamic per-token e4m3 activations, as the ``_scaled_mm`` path);
     ``False`` multiplies the activations as they are (W8A16). Returns ``[m, N]`` in ``out_dtype`` (default
     ``x.dtype``). Autotuned per (N, K) on first use on a GPU; call it once outside CUDA-graph capture.
-    ``config=(BLOCK_N, BLOCK_K, num_warps)`` skips the one-row kernel's tuning (tests).
+    ``config=(BLOCK_N, BLOCK_K, num_warps)`` skips the one-row kernel's tuning (tests). ``x_scale``
+    (``[m, 1]`` fp32): ``x`` is already e4m3 (the producing norm quantized it); nothing is quantized here.
     """
     m, k = x.shape
     n = weight.shape[0]
@@ -155,12 +162,17 @@ def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, 
                          f"{tuple(x.shape)}; the weight must be [N, K] row-major")
     if x.stride(-1) != 1:
         x = x.contiguous()
-    y = torch.empty(m, n, dtype=out_dtype or x.dtype, device=x.device)
+    pre = x_scale is not None
+    if pre and (x.dtype != torch.float8_e4m3fn or x_scale.numel() != m):
+        raise ValueError(f"fp8_gemv: with x_scale, x must be float8_e4m3fn with one scale per row; got {x.dtype}, "
+                         f"{x_scale.numel()} scales for {m} rows")
+    y = torch.empty(m, n, dtype=out_dtype or (torch.bfloat16 if pre else x.dtype), device=x.device)
     if m == 0:
         return y
     ws = weight_scale.reshape(-1)
-    args = (x, weight, ws, bias, y, m, n, k, x.stride(0), weight.stride(0), y.stride(0))
-    flags = dict(QUANT_X=quantize_input, HAS_BIAS=bias is not None)
+    args = (x, x_scale.reshape(-1) if pre else ws, weight, ws, bias, y, m, n, k, x.stride(0), weight.stride(0),
+            y.stride(0))
+    flags = dict(QUANT_X=quantize_input and not pre, PRE_Q=pre, HAS_BIAS=bias is not None)
     if m > 1:  # several rows: one weight read for all of them
         if m > ROWS_MAX:
             raise ValueError(f"fp8_gemv: {m} rows; at most {ROWS_MAX} (use torch._scaled_mm above)")

@@ -58,6 +58,10 @@ for m, n, k, bias in [(1, 40, 200, False), (3, 33, 130, True), (2, 17, 64, False
         assert torch.allclose(y.double(), ref, rtol=1.6e-2, atol=1.6e-2 * float(ref.abs().max())), (m, n, k)
         if m == 3:
             assert torch.equal(y32[1], (b.float() if bias else torch.zeros(n))), "zero row"
+        if quant:  # input quantized beforehand (by the norm kernel): the same bits
+            from octavo.plugins.quant.fp8_triton import quantize_per_token_torch
+            xq, xs = quantize_per_token_torch(x)
+            assert torch.equal(fp8_gemv(xq, w, ws, b, x_scale=xs, out_dtype=torch.float32), y32), (m, n, k)
     # W8A8 differs from W8A16 by the activation rounding (the reference is not trivially the same)
     assert not torch.allclose(fp8_gemv_reference(x, w, ws), fp8_gemv_reference(x, w, ws, quantize_input=False))
 
@@ -78,6 +82,14 @@ assert torch.allclose(one.float(), three[:1].float(), rtol=1.6e-2, atol=1e-2 * f
     (one, three[:1])
 ref = fp8_gemv_reference(x[:1], layer.weight, layer.weight_scale)
 assert torch.allclose(one.double(), ref, rtol=1.6e-2, atol=1e-3 * float(ref.abs().max()))
+# an input its producer quantized (fp8_fused tags it): the GEMV reads the e4m3 copy, same bits
+from octavo.plugins.quant.fp8_triton import quantize_per_token_torch
+x1 = x[:1].clone()
+x1._octavo_fp8 = quantize_per_token_torch(x1)
+method.gemv_pre_ok = True
+assert torch.equal(method.apply(layer, x1), one)
+x1._octavo_fp8 = (torch.zeros_like(x1._octavo_fp8[0]), x1._octavo_fp8[1])  # proof the copy is what is read
+assert not torch.equal(method.apply(layer, x1), one)
 print("ok")
 """
 
@@ -127,10 +139,13 @@ def test_fp8_gemv_on_cuda(n, k):
         x = torch.randn(m, k, device="cuda", generator=gen, dtype=torch.bfloat16)
         ref = fp8_gemv_reference(x, w, ws)
         # fp32 output: one row with a fixed tile (one compile, no tuning); several rows: the rows kernel
-        y32 = fp8_gemv(x, w, ws, out_dtype=torch.float32, config=(16, 512, 4) if m == 1 else None).double()
+        config = (16, 512, 4) if m == 1 else None
+        y32 = fp8_gemv(x, w, ws, out_dtype=torch.float32, config=config).double()
         scale = float(ref.abs().max())
         assert float((y32 - ref).abs().max()) <= 1e-5 * scale, (m, n, k)
         xq, xs = quantize_per_token(x)
+        pre = fp8_gemv(xq, w, ws, out_dtype=torch.float32, config=config, x_scale=xs).double()
+        assert torch.equal(pre, y32), (m, n, k)  # same e4m3 values, same tiles: same bits
         mm = torch._scaled_mm(xq, w.t(), scale_a=xs, scale_b=ws.reshape(1, -1), out_dtype=torch.bfloat16)
         y = fp8_gemv(x, w, ws)
         assert float((y.double() - mm.double()).abs().max()) <= 2e-2 * scale, (m, n, k)
@@ -157,18 +172,27 @@ def gpu_graph_replay_check():
     finally:
         os.environ.pop("OCTAVO_FP8_GEMV_MAX_M") if old is None else os.environ.update(OCTAVO_FP8_GEMV_MAX_M=old)
     assert method.gemv_max_m == 4, "the GEMV failed its load-time check against _scaled_mm"
-    for m in (1, 3, 8):
+    assert method.gemv_pre_ok, "the GEMV on prequantized input failed its load-time check"
+    from octavo.plugins.quant.fp8_triton import quantize_per_token
+
+    def tagged(x):  # as a linked norm hands it over: the tensor carries its e4m3 copy
+        t = x.clone()
+        t._octavo_fp8 = quantize_per_token(t)
+        return method.apply(layer, t)
+
+    for m, fn in ((1, None), (3, None), (8, None), (1, tagged), (8, tagged)):
         x = torch.randn(m, 4096, device="cuda", dtype=torch.bfloat16)
+        fn = fn or (lambda x: method.apply(layer, x))
         with torch.inference_mode():
-            eager = method.apply(layer, x)
+            eager = fn(x)
             torch.cuda.synchronize()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
-                out = method.apply(layer, x)
+                out = fn(x)
             x.copy_(torch.randn_like(x))
             graph.replay()
             torch.cuda.synchronize()
-            assert torch.equal(out, method.apply(layer, x)), m
+            assert torch.equal(out, fn(x)), m
             assert not torch.equal(out, eager), m
 
 
