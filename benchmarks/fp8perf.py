@@ -132,8 +132,9 @@ def linears(layers: int, bandwidth: float, rows: list[int], budget: float, save=
             v["bf16_triton_gemv"] = lambda: [bf16_gemv(xs[w.shape[1]], w) for _, w in dense]
         return v
 
-    def details(xs):  # one row, after the sweep
-        v = {}
+    def details(xs, pre):  # one row, after the sweep
+        v = {"fp8_gemv_prequantized": lambda: [fp8_gemv(pre[q.shape[1]][0], q, s, x_scale=pre[q.shape[1]][1])
+                                               for _, q, s in fp8]}
         for shape in SHAPES:  # per projection: which one is short of the bandwidth
             v[f"fp8_gemv_{shape}_only"] = lambda shape=shape: [fp8_gemv(xs[q.shape[1]], q, s)
                                                                 for name, q, s in fp8 if name == shape]
@@ -150,7 +151,7 @@ def linears(layers: int, bandwidth: float, rows: list[int], budget: float, save=
             break
         xs, pre = inputs(1 if m == "1_detail" else m)
         res = {}
-        for name, fn in (details(xs) if m == "1_detail" else variants(m, xs, pre)).items():
+        for name, fn in (details(xs, pre) if m == "1_detail" else variants(m, xs, pre)).items():
             if left(budget) < 3:
                 res[name] = "skipped: time budget"
                 continue
@@ -243,6 +244,9 @@ def e2e(name: str, cfg: dict, tmp: str, bandwidth: float, args, budget: float) -
     res.update({"bs1_ms_per_token": round(per_tok * 1e3, 4), "bs1_roofline_ms": round(roof * 1e3, 4),
                 "bs1_fraction_of_roofline": round(roof / per_tok, 4)})
     gr = worker.runner.graph_runner
+    res["graph_replays_during_decode"] = gr.num_replays if gr is not None else 0  # decode steps ran as graphs
+    res["fp8_linked_producers"] = sum(1 for m in worker.runner.model.modules() if "_octavo_plain_forward" in vars(m))
+    res["fp8_layers_gemv_on_prequantized"] = sum(1 for m in methods if getattr(m, "gemv_pre_ok", False))
     if gr is not None and 1 in gr.graphs:  # the captured forward alone (no LM head, no host work)
         torch.cuda.synchronize()
         t = time.perf_counter()
