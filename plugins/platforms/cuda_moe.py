@@ -144,30 +144,42 @@ def use_torch_path(layer) -> None:
     layer.__dict__.pop("apply_experts", None)
 
 
+def check_sizes(layer) -> tuple[int, ...]:
+    """Token counts the install check runs: a decode-sized batch, and (on a GPU) one large enough for the
+    largest default tiles (64 slots per expert), so every default tile shape has compiled before it is used."""
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return (7,)
+    return (7, min(4096, -(-64 * layer.num_local_experts // layer.top_k)))
+
+
 @torch.inference_mode()
-def _agrees(layer, n: int = 7) -> str | None:
-    """Run the kernel once against the layer's torch path on random tokens; ``None`` when they agree."""
+def _agrees(layer) -> str | None:
+    """Run the kernel against the layer's torch path on random tokens; ``None`` when they agree."""
     gen = torch.Generator(device=layer.w13_weight.device).manual_seed(0)
     dev, dtype = layer.w13_weight.device, layer.w13_weight.dtype
-    x = torch.randn(n, layer.hidden_size, generator=gen, device=dev).to(dtype)
-    logits = torch.randn(n, layer.num_local_experts, generator=gen, device=dev)
-    weights, ids = torch.topk(torch.softmax(logits, -1), layer.top_k, -1)
-    want = type(layer).apply_experts(layer, x, weights, ids)
-    try:
-        got = layer.apply_experts(x, weights, ids)
-    except Exception as e:  # noqa: BLE001 - a shape or config the kernel cannot compile: keep the torch path
-        return f"{type(e).__name__}: {e}"
-    scale = want.float().abs().max().item() + 1e-6
-    err = (got.float() - want.float()).abs().max().item()
-    tol = 3e-2 if dtype == torch.bfloat16 else 5e-3  # a few ulps of the output's scale
-    return None if err <= tol * scale else f"max error {err:.3g} vs output scale {scale:.3g}"
+    for n in check_sizes(layer):
+        x = torch.randn(n, layer.hidden_size, generator=gen, device=dev).to(dtype)
+        logits = torch.randn(n, layer.num_local_experts, generator=gen, device=dev)
+        weights, ids = torch.topk(torch.softmax(logits, -1), layer.top_k, -1)
+        want = type(layer).apply_experts(layer, x, weights, ids)
+        try:
+            got = layer.apply_experts(x, weights, ids)
+        except Exception as e:  # noqa: BLE001 - a shape or config the kernel cannot compile: keep the torch path
+            return f"{n} tokens: {type(e).__name__}: {e}"
+        scale = want.float().abs().max().item() + 1e-6
+        err = (got.float() - want.float()).abs().max().item()
+        tol = 3e-2 if dtype == torch.bfloat16 else 5e-3  # a few ulps of the output's scale
+        if err > tol * scale:
+            return f"{n} tokens: max error {err:.3g} vs output scale {scale:.3g}"
+    return None
 
 
 def install_moe_kernels(model: torch.nn.Module, dtype: torch.dtype, device: torch.device) -> dict:
     """Give every supported ``FusedMoE`` of ``model`` the Triton kernel; returns counts for the logs/notes.
 
-    The first layer of each (experts, hidden, intermediate, dtype) shape is checked against the torch path;
-    a disagreement or compile failure keeps the torch path for that shape, with a warning.
+    The first layer of each (experts, hidden, intermediate, dtype) shape is checked against the torch path
+    at :func:`check_sizes`; a disagreement or compile failure keeps the torch path for that shape, with a
+    warning.
     """
     from octavo.nn.fused_moe import FusedMoE
 
