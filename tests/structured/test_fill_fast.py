@@ -118,3 +118,21 @@ def test_fill_drops_open_rows_in_order():
         rids, positions, packed = step.wait()
     assert rids == ["b", "d", "e"] and positions == [1, 3, 4]
     assert packed.tolist() == [[5] * 4, [7] * 4, [9] * 4]
+
+
+@pytest.mark.parametrize(("lo", "hi"), [(0, 0), (1, 1), (2, 3)])
+def test_regex_form_accepts_the_same_lengths(tok_compiler, lo, hi):
+    _, compiler = tok_compiler
+    schema = {"type": "string", "minLength": lo, "maxLength": hi}
+
+    def accepted(s):
+        cg = compiler.compile_json_schema(json.dumps(s), any_whitespace=False)
+        out = []
+        for text in ['""', '"a"', '"ab"', '"abc"', '"abcd"', '"éà😀"']:
+            m = xgr.GrammarMatcher(cg)
+            out.append(m.accept_string(text) and m.is_completed())
+        return out
+
+    want = accepted(schema)
+    assert want.count(True) >= 1
+    assert accepted(bounded_strings_as_patterns(schema)) == want
