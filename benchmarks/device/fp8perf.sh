@@ -9,7 +9,8 @@
 #  2. parity: GPU checks of tests/quant/test_fp8_gemv.py and test_fp8_fused.py (fp8 GEMV vs float64 and
 #     _scaled_mm; quantizing RMSNorm / SiLU-and-mul vs the plain fused kernels + quantize_per_token, bytes
 #     equal; CUDA-graph replay of the fp8 paths and of a linked norm -> fp8 linear -> SiLU -> fp8 linear block);
-#  3. the projections of 8 layers of the 8B shape (every layer its own weights) in one CUDA graph per variant
+#  3. if time is left: fp8 batch-1 again with async_scheduling=True (host work overlapped), then
+#     the projections of 8 layers of the 8B shape (every layer its own weights) in one CUDA graph per variant
 #     and row count 1..256: bf16 cuBLAS / Triton GEMV, fp8 quantize + _scaled_mm, _scaled_mm on prequantized
 #     input, fp8 GEMV; then per projection at one row.
 # JSON: $OUT/fp8perf/fp8perf.json, log: $OUT/fp8perf/fp8perf.log
