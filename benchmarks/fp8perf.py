@@ -348,10 +348,11 @@ def main() -> None:
                 record[section] = {"error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()[-1500:]}
             print(f"== {section} done in {time.monotonic() - t:.1f} s ({left(args.budget):.0f} s left)", flush=True)
             save()
-    for key in ("bs1_ms_per_token", "offline_output_tok_s", "graph_forward_ms"):
-        a, b = record.get("fp8", {}), record.get("bf16", {})
-        if isinstance(a, dict) and isinstance(b, dict) and key in a and key in b:
-            record[f"fp8_vs_bf16_{key}"] = round(a[key] / b[key], 4)
+    for name in ("fp8", "fp8_async"):
+        for key in ("bs1_ms_per_token", "offline_output_tok_s", "graph_forward_ms"):
+            a, b = record.get(name, {}), record.get("bf16", {})
+            if isinstance(a, dict) and isinstance(b, dict) and key in a and key in b:
+                record[f"{name}_vs_bf16_{key}"] = round(a[key] / b[key], 4)
     save()
     print(json.dumps(record, indent=1))
 
