@@ -266,7 +266,7 @@ def e2e(name: str, cfg: dict, tmp: str, bandwidth: float, args, budget: float) -
         res.update({"graph_forward_ms": round(g_ms, 4),
                     "graph_forward_fraction_of_linear_roofline": round(linear_b / bandwidth * 1e3 / g_ms, 4),
                     "outside_graph_ms_per_token": round(per_tok * 1e3 - g_ms, 4)})
-    print("e2e", name, json.dumps(res), flush=True)
+    print("e2e", name, json.dumps(res, default=str), flush=True)
     if left(budget) > 10 and args.offline_prompts and not name.endswith("_async"):
         rng = random.Random(1)
         prompts = [{"prompt_token_ids": [rng.randrange(lo, hi) for _ in range(args.offline_in)]}
@@ -323,7 +323,7 @@ def main() -> None:
 
     def save():
         with open(args.out, "w") as f:
-            json.dump(record, f, indent=2)
+            json.dump(record, f, indent=2, default=str)
 
     record["copy_bandwidth_GBps"] = round(copy_bandwidth() / 1e9, 1)
     bandwidth = record["copy_bandwidth_GBps"] * 1e9
@@ -354,7 +354,7 @@ def main() -> None:
             if isinstance(a, dict) and isinstance(b, dict) and key in a and key in b:
                 record[f"{name}_vs_bf16_{key}"] = round(a[key] / b[key], 4)
     save()
-    print(json.dumps(record, indent=1))
+    print(json.dumps(record, indent=1, default=str))
 
 
 if __name__ == "__main__":
