@@ -346,6 +346,10 @@ def main() -> None:
                     record[section] = e2e(section, cfg, tmp, bandwidth, args, args.budget)
             except Exception as e:  # noqa: BLE001 - reported in the JSON, the next section still runs
                 record[section] = {"error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()[-1500:]}
+                del e
+                gc.collect()  # a failed engine's memory back before the next section
+                if DEV == "cuda":
+                    torch.cuda.empty_cache()
             print(f"== {section} done in {time.monotonic() - t:.1f} s ({left(args.budget):.0f} s left)", flush=True)
             save()
     for name in ("fp8", "fp8_async"):
