@@ -167,8 +167,9 @@ def _silu_quant_forward(self, x):
     return out
 
 
-def _install(module, min_rows: int, device: torch.device) -> bool:
-    """Give ``module`` its quantizing forward after checking it against the plain one on random rows."""
+def _install(module, min_rows: int, device: torch.device, verified: dict) -> bool:
+    """Give ``module`` its quantizing forward after checking it against the plain one on random rows (once per
+    kind, width and dtype, as fuse_model checks its kernels)."""
     from octavo.nn.layernorm import RMSNorm
     from octavo.plugins.quant.fp8_triton import quantize_per_token
 
@@ -178,6 +179,14 @@ def _install(module, min_rows: int, device: torch.device) -> bool:
     module._octavo_plain_forward, module._octavo_fp8_min_rows = plain, 1
     dtype = module.weight.dtype if rms else torch.bfloat16
     d = module.weight.shape[0] if rms else 1000
+    key = (rms, d, dtype, getattr(plain, "__func__", None))
+    if verified.get(key) is True:
+        module._octavo_fp8_min_rows = min_rows
+        module.forward = fused
+        return True
+    if verified.get(key) is False:
+        del module._octavo_plain_forward, module._octavo_fp8_min_rows
+        return False
     gen = torch.Generator(device=device).manual_seed(0)
     cases = ([(torch.randn(5, d, generator=gen, device=device).to(dtype),),
               (torch.randn(5, d, generator=gen, device=device).to(dtype),
@@ -200,7 +209,9 @@ def _install(module, min_rows: int, device: torch.device) -> bool:
     except Exception as e:  # noqa: BLE001 - keep the plain forward
         logger.warning("fp8 input fusion not used for %s: %s", type(module).__name__, e)
         del module._octavo_plain_forward, module._octavo_fp8_min_rows
+        verified[key] = False
         return False
+    verified[key] = True
     module._octavo_fp8_min_rows = min_rows
     module.forward = fused
     return True
@@ -239,13 +250,13 @@ def link_fp8_inputs(model: torch.nn.Module) -> dict[str, int]:
         if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():  # the checks would sync
             logger.warning("fp8 input fusion not installed: the first forward was inside a CUDA-graph capture")
             return
-        done = {"RMSNorm": 0, "SiluAndMul": 0}
+        done, verified = {"RMSNorm": 0, "SiluAndMul": 0}, {}
         for src, gemv_rows in links.values():
             # a norm quantizes at every size (the GEMV then skips its absmax pass); SiLU-and-mul only above the
             # GEMV's rows (its quantizing kernel is one program per row, slower than the plain one at 1-16 rows)
             min_rows = 1 if isinstance(src, RMSNorm) else gemv_rows + 1
             try:
-                if _install(src, min_rows, device):
+                if _install(src, min_rows, device, verified):
                     done[type(src).__name__] += 1
             except Exception as e:  # noqa: BLE001 - never fail the forward that discovered the links
                 logger.warning("fp8 input fusion not used for %s: %s: %s", type(src).__name__, type(e).__name__, e)
