@@ -12,6 +12,7 @@ layer call (``FusedMoE.apply_experts``: routing weights/ids given; the router GE
 - ``triton_graph_us``: the kernel replayed from one CUDA graph that holds ``R`` calls over ``R`` different
   routings (what a captured decode step sees: no launch gaps), divided by ``R``;
 - ``max_rel_err``: kernel vs torch path, max |diff| / max |torch|;
+- ``breakdown`` (M=1): align, w13, w2 and the sum over k, each graph-replayed alone, with the GEMMs' GB/s;
 - ``active_bytes``: expert weight bytes the call must read (distinct experts routed x 3 x H x I x 2 bytes);
   ``roofline_fraction_graph`` = (active_bytes / measured bandwidth) / triton_graph_us.
 
@@ -79,6 +80,47 @@ def _routings(e, k, m, count, gen):
     return out
 
 
+def _graph_us(calls) -> float:
+    """Per-call time of the no-argument ``calls`` captured one after another into one CUDA graph."""
+    for call in calls:
+        call()  # warm-up outside the graph
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for call in calls:
+            call()
+    us = _time_us(graph.replay, 5) / len(calls)
+    del graph
+    return us
+
+
+def breakdown(layer, cases, cfg) -> dict:
+    """Each of the kernel's four launches alone (graph-replayed over the same cases), with the weight
+    bandwidth of the two GEMMs: where a batch-1 call's time goes."""
+    from octavo.plugins.platforms.cuda_moe_kernels import _gemm, moe_align
+
+    c13, c2 = cfg[0], {**cfg[0], **(cfg[1] or {})}
+    e, h, inter, k = layer.num_local_experts, layer.hidden_size, layer.intermediate_size, layer.top_k
+    bm = c13["BLOCK_M"]
+    prep = []
+    for x, w, ids in cases:
+        slots = x.shape[0] * k
+        prep.append((x, w.reshape(-1).contiguous(), ids, moe_align(ids, e, bm), slots,
+                     torch.empty(slots, inter, dtype=x.dtype, device=x.device),
+                     torch.empty(slots, h, dtype=x.dtype, device=x.device),
+                     torch.empty(x.shape[0], h, dtype=x.dtype, device=x.device)))
+    w13, w2 = layer.w13_weight, layer.w2_weight
+    align = _graph_us([functools.partial(moe_align, p[2], e, bm) for p in prep])
+    g13 = _graph_us([functools.partial(_gemm, p[0], w13, p[5], p[1], p[3], p[4], inter, h, k, True, False, c13)
+                     for p in prep])
+    g2 = _graph_us([functools.partial(_gemm, p[5], w2, p[6], p[1], p[3], p[4], h, inter, 1, False, True, c2)
+                    for p in prep])
+    total = _graph_us([functools.partial(torch.sum, p[6].view(-1, k, h), 1, out=p[7]) for p in prep])
+    distinct = sum(int(torch.unique(p[2]).numel()) for p in prep) / len(prep)
+    b13, b2 = distinct * 2 * inter * h * w13.element_size(), distinct * h * inter * w2.element_size()
+    return {"align_us": round(align, 2), "w13_us": round(g13, 2), "w2_us": round(g2, 2), "sum_us": round(total, 2),
+            "w13_GBps": round(b13 / g13 / 1e3, 1), "w2_GBps": round(b2 / g2 / 1e3, 1)}
+
+
 def bench_shape(name, e, k, h, inter, batch_sizes, bandwidth_gbps, dtype=torch.bfloat16) -> dict:
     from octavo.nn.fused_moe import FusedMoE
     from octavo.plugins.platforms import cuda_moe
@@ -123,6 +165,8 @@ def bench_shape(name, e, k, h, inter, batch_sizes, bandwidth_gbps, dtype=torch.b
                       "roofline_fraction_graph": round(roof_us / graph_us, 3),
                       "roofline_fraction_eager": round(roof_us / eager_us, 3), "config": cfg[0], "w2_config": cfg[1],
                       "config_source": "file" if layer._moe_table else "default"}
+        if m == 1:
+            results[m]["breakdown"] = breakdown(layer, cases, cfg)
         print(f"{name} M={m}: {results[m]}", flush=True)
     del layer
     torch.cuda.empty_cache()
