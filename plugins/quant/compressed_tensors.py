@@ -23,7 +23,11 @@ Each scheme repacks exactly onto an existing kernel family: 4-bit onto the int4 
 (``w = (q' - 8) * s + z`` with ``q' = q + 8``, ``z = -s * zp``), 8-bit weight-only onto the int8 group kernels
 (:mod:`.int8_group`), W8A8 onto the int8 x int8 GEMM (:mod:`.int8_w8a8`).
 
-Refused at start, each naming the field: float (FP8 / FP4) types, more than one config group or other targets,
+``float-quantized`` FP8 W8A8 (e4m3 ``weight``, ``weight_scale`` per channel or tensor, dynamic per-token
+activations) runs on the fp8 quantizer's linear method (CUDA, compute capability >= 8.9; refused on CPU).
+
+Refused at start, each naming the field: FP4 and other float types, static FP8 activation scales, more than one
+config group or other targets,
 activation quantization with 4-bit weights or with a weight-only format, asymmetric W8A8 weights, group-wise
 W8A8 weights, block / token / tensor_group weight strategies, ``actorder: group`` (``weight_g_idx``), a
 ``kv_cache_scheme``, sparsity or transform configs, and checkpoints not saved ``compressed``.
@@ -36,13 +40,14 @@ from typing import Any, ClassVar
 
 import torch
 
+from octavo.platform import Availability
 from octavo.plugins.quant.gptq_awq import unpack_cols, unpack_rows
 from octavo.plugins.quant.int8_group import Int8GroupMethod, canonical_int8
 from octavo.plugins.quant.int8_w8a8 import Int8W8A8Method
 from octavo.plugins.quant.kernels import INT4_GROUP_SIZES, Int4GroupMethod, pick_group_size
 from octavo.quant import LinearMethod, Quantizer
 
-_WEIGHT_ONLY_FORMATS = ("pack-quantized", "int-quantized", "naive-quantized")
+_FORMATS = ("pack-quantized", "int-quantized", "naive-quantized", "float-quantized")
 _W8A8_FORMATS = ("int-quantized", "naive-quantized")
 _KNOWN_ARG_KEYS = {"num_bits", "type", "symmetric", "group_size", "strategy", "block_structure", "dynamic",
                    "actorder", "observer", "observer_kwargs", "scale_dtype", "zp_dtype"}
@@ -116,15 +121,38 @@ def _check_args(args: dict[str, Any], what: str) -> None:
     if unknown:
         raise ValueError(f"compressed-tensors {what} has fields octavo does not read: {sorted(unknown)}")
     if args.get("type", "int") != "int":
-        raise ValueError(f"compressed-tensors {what} type={args.get('type')!r}: octavo reads integer schemes here "
-                         "(FP8 / FP4 compressed-tensors checkpoints are not supported)")
+        raise ValueError(f"compressed-tensors {what} type={args.get('type')!r}, num_bits={args.get('num_bits')}: "
+                         "octavo reads integer schemes and FP8 W8A8 (float-quantized) here (FP4 and other float "
+                         "schemes are not supported)")
     if args.get("block_structure"):
         raise ValueError(f"compressed-tensors {what} block_structure={args['block_structure']}: block-wise scales "
                          "are not supported")
 
 
+def _fp8_method(fmt: str, weights: dict[str, Any], acts: dict[str, Any] | None):
+    """FP8 W8A8 (``float-quantized``): e4m3 weights with channel / tensor scales, dynamic per-token activations."""
+    from octavo.plugins.quant.fp8 import _FP8Method
+
+    for args, what in ((weights, "weights"), (acts or {}, "input_activations")):
+        if set(args) - _KNOWN_ARG_KEYS:
+            raise ValueError(f"compressed-tensors {what} has fields octavo does not read: "
+                             f"{sorted(set(args) - _KNOWN_ARG_KEYS)}")
+    w_ok = (weights.get("num_bits") == 8 and weights.get("symmetric", True) and not weights.get("dynamic")
+            and weights.get("strategy") in ("channel", "tensor") and not weights.get("block_structure"))
+    a_ok = (acts is not None and acts.get("type") == "float" and acts.get("num_bits") == 8
+            and acts.get("dynamic") is True and acts.get("strategy") == "token" and acts.get("symmetric", True))
+    if fmt not in ("float-quantized", "naive-quantized") or not w_ok or not a_ok:
+        raise ValueError(f"compressed-tensors FP8 scheme format={fmt!r}, weights={weights}, input_activations="
+                         f"{acts}: octavo reads float-quantized FP8 W8A8 with channel or tensor weight scales and "
+                         "dynamic per-token activations (static FP8 activation scales and FP8 weight-only are not "
+                         "supported)")
+    return (lambda: _FP8Method(prequantized=True)), "FP8"
+
+
 def _scheme_method(fmt: str, weights: dict[str, Any], acts: dict[str, Any] | None):
     """``(factory of the LinearMethod, short scheme name)``; ValueError naming the unsupported field."""
+    if weights.get("type") == "float" and weights.get("num_bits") == 8:
+        return _fp8_method(fmt, weights, acts)
     _check_args(weights, "weights")
     bits, sym, strategy = weights.get("num_bits"), bool(weights.get("symmetric", True)), weights.get("strategy")
     group = weights.get("group_size")
@@ -213,13 +241,21 @@ class CompressedTensorsQuantizer(Quantizer):
         if list(targets) != ["Linear"]:
             raise ValueError(f"compressed-tensors targets={targets}: octavo reads one group targeting 'Linear'")
         fmt = group.get("format") or fmt
-        if fmt not in _WEIGHT_ONLY_FORMATS:
-            raise ValueError(f"compressed-tensors format={fmt!r}: octavo reads {_WEIGHT_ONLY_FORMATS} "
-                             "(float-quantized FP8 and mixed-precision are not supported)")
+        if fmt not in _FORMATS:
+            raise ValueError(f"compressed-tensors format={fmt!r}: octavo reads {_FORMATS} (mixed-precision, "
+                             "NVFP4 / MXFP4 and others are not supported)")
         if group.get("output_activations"):
             raise ValueError("compressed-tensors output_activations quantization is not supported")
         make, scheme = _scheme_method(fmt, group.get("weights") or {}, group.get("input_activations"))
         return cls(make, scheme, list(hf_quant_config.get("ignore") or []))
+
+    def supports(self, platform: Any) -> Availability:
+        if self.scheme == "FP8":  # e4m3 matmuls: the fp8 quantizer's own platform rule (CUDA, cc >= 8.9)
+            from octavo.plugins.quant.fp8 import FP8Quantizer
+
+            answer = FP8Quantizer(prequantized=True).supports(platform)
+            return answer if answer else Availability(False, f"the FP8 W8A8 scheme: {answer.reason}")
+        return super().supports(platform)
 
     def get_linear_method(self, layer_prefix: str) -> LinearMethod | None:
         parts = self.part_prefixes(layer_prefix)  # a fused layer is ignored only as a whole

@@ -51,6 +51,22 @@ class TestCompressedTensorsW8A16Asym(QuantizerContract):
         return ct_w8a16_asym_tensors(weight, 128)
 
 
+class TestCompressedTensorsFP8(QuantizerContract):
+    """float-quantized FP8 W8A8 on the fp8 method (CUDA with FP8 tensor cores; the CPU variant skips, saying so)."""
+
+    quantizer_cls, rel_error = CompressedTensorsQuantizer, 0.05  # e4m3 activations: 3 mantissa bits (as fp8's)
+    config = w8a8_config()
+    config["format"] = "float-quantized"
+    config["config_groups"]["group_0"]["weights"]["type"] = "float"
+    config["config_groups"]["group_0"]["input_activations"]["type"] = "float"
+
+    def make_checkpoint(self, weight):
+        from octavo.plugins.quant.fp8 import quantize_fp8_rows
+
+        q, s = quantize_fp8_rows(weight)
+        return {"weight": q, "weight_scale": s[:, None]}, q.float() * s[:, None]
+
+
 class TestGPTQ8DescAct(QuantizerContract):
     quantizer_cls, rel_error = GPTQQuantizer, WEIGHT_ONLY_REL_ERROR
     config = {"quant_method": "gptq", "bits": 8, "group_size": 32, "sym": False, "desc_act": True}

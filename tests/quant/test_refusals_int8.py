@@ -33,8 +33,13 @@ REFUSED = {  # config -> text the error must contain
     "asymmetric W8A8 weights": (_w8a8(weights__symmetric=False), "symmetric=False"),
     "group-wise W8A8 weights": (_w8a8(weights__strategy="group", weights__group_size=128), "strategy='group'"),
     "4-bit weights with int8 activations (W4A8)": (_w8a8(weights__num_bits=4), "num_bits=4"),
-    "FP8 (float-quantized)": (_w8a8(format="float-quantized"), "float-quantized"),
-    "float weight type": (_w8a8(weights__type="float"), "type='float'"),
+    "int weights in the FP8 format": (_w8a8(format="float-quantized"), "float-quantized"),
+    "mixed-precision format": (_w8a8(format="mixed-precision"), "mixed-precision"),
+    "FP8 weights in an int format": (_w8a8(weights__type="float"), "FP8 scheme format='int-quantized'"),
+    "FP4 weights": (_w8a8(weights__type="float", weights__num_bits=4), "type='float', num_bits=4"),
+    "static FP8 activations": (_w8a8(format="float-quantized", weights__type="float", input_activations__type="float",
+                                     input_activations__strategy="tensor", input_activations__dynamic=False),
+                               "static FP8 activation scales"),
     "group activations": (_w8a8(input_activations__strategy="group"), "strategy='group'"),
     "dynamic static-tensor mismatch": (_w8a8(input_activations__dynamic="local"), "dynamic='local'"),
     "kv cache scheme": (_w8a8(kv_cache_scheme={"num_bits": 8, "type": "float"}), "kv_cache_scheme"),
@@ -73,6 +78,18 @@ def test_half_ignored_fused_layer_is_refused():
     assert quantizer.get_linear_method("model.layers.1.self_attn.qkv_proj") is not None
     quantizer.ignore = ["re:.*self_attn\\.[qkv]_proj$"]
     assert quantizer.get_linear_method("model.layers.0.self_attn.qkv_proj") is None
+
+
+def test_fp8_scheme_runs_only_where_fp8_matmuls_do():
+    """compressed-tensors FP8 W8A8 is read (the fp8 method), but a CPU cannot run it: refused, saying why."""
+    from octavo.plugins.quant.fp8 import _FP8Method
+
+    config = _w8a8(format="float-quantized", weights__type="float", input_activations__type="float")
+    quantizer = CompressedTensorsQuantizer.from_config(config)
+    quantizer.packed_modules_mapping = {}
+    assert isinstance(quantizer.get_linear_method("model.layers.0.mlp.down_proj"), _FP8Method)
+    answer = quantizer.supports(CPU())
+    assert not answer and "FP8" in answer.reason and "cuda" in answer.reason
 
 
 def test_refused_at_start_through_the_resolver(tmp_path):
