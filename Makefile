@@ -15,7 +15,7 @@ TORCH_INDEX ?=
 TEST_ARGS  ?=
 SERVE_ARGS ?=
 
-.PHONY: venv serve generate test browser lint clean reliability spec-decode distributed quant-full lora multimodal cpu-compile
+.PHONY: venv serve generate test browser lint clean reliability spec-decode distributed quant-full lora multimodal cpu-compile async-scheduling
 
 venv: $(STAMP)
 
@@ -73,7 +73,11 @@ multimodal: $(STAMP)
 
 # The compiled CPU decode step vs eager (compiles a tiny Llama: minutes); `make test` runs its refusals only.
 cpu-compile: $(STAMP)
-	OCTAVO_CPU_COMPILE_TESTS=full $(PY) -m pytest -q tests/e2e/test_cpu_compiled_decode.py --timeout=1800 $(TEST_ARGS)
+	OCTAVO_CPU_COMPILE_TESTS=full $(PY) -m pytest -q tests/e2e/test_cpu_compiled_decode.py tests/e2e/test_cpu_compiled_gguf.py --timeout=1800 $(TEST_ARGS)
+
+# Async scheduling parity in full (preemption, prefix cache, long prompts); `make test` runs a bounded form.
+async-scheduling: $(STAMP)
+	OCTAVO_ASYNC_TESTS=full $(PY) -m pytest -q tests/e2e/test_async_scheduling.py --timeout=1800 $(TEST_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -184,3 +184,27 @@ class AsyncStepLoop:
     def close(self) -> None:
         self._release_all()
         self.wait_idle()
+
+
+def set_async_scheduling(core: Any, on: bool) -> None:
+    """Switch an idle engine core between async and synchronous scheduling, so a benchmark or a test compares
+    both modes on one loaded model (the start-up cost of a second engine is what it saves). The engine must
+    have no request left; ``async_scheduling`` in the settings keeps the value the engine started with."""
+    from octavo.core.async_scheduler import AsyncScheduler
+    from octavo.core.scheduler import Scheduler
+
+    if core.has_unfinished_requests():
+        raise RuntimeError("set_async_scheduling: the engine still has requests; switch modes when it is idle.")
+    if on:
+        check_async_scheduling(core.settings, core.pm)
+    if core.async_loop is not None:
+        core.async_loop.close()
+    core.scheduler.__class__ = AsyncScheduler if on else Scheduler  # same state; only update() differs
+    core.executor.collective_rpc(_set_runner_async, args=[on])
+    core.async_loop = AsyncStepLoop(core) if on else None
+
+
+def _set_runner_async(worker: Any, on: bool) -> None:
+    from octavo.core.async_runner import AsyncRunnerSteps
+
+    worker.runner.async_steps = AsyncRunnerSteps(worker.device, worker.runner.synchronize) if on else None
