@@ -108,10 +108,6 @@ def unsupported_reason(layer, device: torch.device) -> str | None:
 
 def _triton_apply_experts(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor):
     """``FusedMoE.apply_experts`` through the Triton kernel (same contract); torch path for other dtypes."""
-    from triton.runtime.errors import OutOfResources
-
-    from octavo.plugins.platforms.cuda_moe_kernels import fused_experts
-
     if x.dtype != self.w13_weight.dtype or not _runs_on(x):
         return type(self).apply_experts(self, x, topk_weights, topk_ids)
     m = x.shape[0]
@@ -122,9 +118,9 @@ def _triton_apply_experts(self, x: torch.Tensor, topk_weights: torch.Tensor, top
     if x.stride(-1) != 1:
         x = x.contiguous()
     try:
-        return fused_experts(x, self.w13_weight, self.w2_weight, topk_weights, topk_ids, cfg[0], cfg[1],
+        return self._moe_fused(x, self.w13_weight, self.w2_weight, topk_weights, topk_ids, cfg[0], cfg[1],
                              zero_missing=self.expert_parallel)
-    except OutOfResources as e:  # a config too big for this card's shared memory: torch path from now on
+    except self._moe_oor as e:  # a config too big for this card's shared memory: torch path from now on
         logger.warning("fused MoE kernel off for %s (%d tokens, config %s): %s", self.prefix, m, cfg, e)
         use_torch_path(self)
         return type(self).apply_experts(self, x, topk_weights, topk_ids)
@@ -132,7 +128,12 @@ def _triton_apply_experts(self, x: torch.Tensor, topk_weights: torch.Tensor, top
 
 def use_triton_kernel(layer) -> None:
     """Route ``layer.apply_experts`` through the kernel (configs for its shape and device looked up now)."""
+    from triton.runtime.errors import OutOfResources
+
+    from octavo.plugins.platforms import cuda_moe_kernels
+
     dev = layer.w13_weight.device
+    layer._moe_fused, layer._moe_oor = cuda_moe_kernels.fused_experts, OutOfResources  # no imports per call
     layer._moe_table = load_configs(layer.num_local_experts, layer.intermediate_size,
                                     _device_name(dev), layer.w13_weight.dtype)
     layer._moe_cfg_cache = {}
