@@ -113,6 +113,8 @@ def supports_compiled_decode(model: torch.nn.Module) -> str | None:
         if cache is None or cache.dim() != 5 or cache.shape[0] != 2 or tuple(cache.shape[3:]) != (
                 layer.num_kv_heads, layer.head_size):
             return f"{layer.prefix}: the KV cache is not laid out [2, blocks, block_size, kv_heads, head_size]"
+        if cache.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+            return f"{layer.prefix}: an fp8 KV cache (kv_cache_dtype); the compiled path reads unscaled caches only"
     from octavo.nn.parallel import get_tp_size
 
     if get_tp_size() > 1:
@@ -124,7 +126,7 @@ class CpuCompiledDecodeRunner:
     """:class:`octavo.platform.StepRunner` running decode-only steps through one ``torch.compile``d forward."""
 
     def __init__(self, model: torch.nn.Module, block_size: int, max_batch: int, dtype: torch.dtype,
-                 mode: str | None = None) -> None:
+                 mode: str | None = None, backend: str = "inductor", fullgraph: bool = False) -> None:
         self.model = model
         self.block_size = block_size
         self.max_batch = max_batch
@@ -133,7 +135,8 @@ class CpuCompiledDecodeRunner:
         for layer in self.layers:
             if not isinstance(layer.impl, _DecodeOrEager):
                 layer.impl = _DecodeOrEager(layer.impl)
-        self._compiled = torch.compile(self._forward, dynamic=None, mode=mode)  # graph breaks allowed (see above)
+        # graph breaks allowed (see above); tests trace with backend="eager", fullgraph=True (one graph, no codegen)
+        self._compiled = torch.compile(self._forward, dynamic=None, mode=mode, backend=backend, fullgraph=fullgraph)
         self.num_runs = 0
         self.compile_seconds: dict[str, float] = {}
 
