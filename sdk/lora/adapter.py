@@ -85,22 +85,32 @@ def check_lora_request(lora: Any, settings: Any, pooling: bool = False) -> LoRAR
 
 
 def _split_key(key: str) -> tuple[str, str] | None:
-    """``base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight`` -> (module path, "A")."""
-    for part in ("lora_A", "lora_B"):
-        marker = f".{part}."
+    """``base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight`` -> (module path, "A").
+
+    PEFT's embedding LoRA is ``<module>.lora_embedding_A`` ``[r, vocab]`` / ``lora_embedding_B`` ``[hidden, r]``
+    (the same shapes as a linear's A ``[r, in]`` / B ``[out, r]``, so "A"/"B" too); ``<module>.base_layer.weight``
+    (PEFT saves the base embedding next to an embedding LoRA) gives "base".
+    """
+    for marker, part in ((".lora_A.", "A"), (".lora_B.", "B")):
         if marker in key:
-            module = key.split(marker)[0].removeprefix("base_model.model.")
-            return module, part[-1]
+            return key.split(marker)[0].removeprefix("base_model.model."), part
+    for suffix, part in ((".lora_embedding_A", "A"), (".lora_embedding_B", "B"), (".base_layer.weight", "base")):
+        if key.endswith(suffix):
+            return key[: -len(suffix)].removeprefix("base_model.model."), part
     return None
 
 
-def load_adapter(path: str, max_rank: int, targets: dict[str, tuple[str, int, int, int]]
+def load_adapter(path: str, max_rank: int, targets: dict[str, tuple[str, int, int, int]],
+                 base_weights: dict[str, torch.Tensor] | None = None
                  ) -> tuple[AdapterConfig, dict[str, list[tuple[int, torch.Tensor, torch.Tensor]]]]:
     """Load an adapter onto the host and check it against the model.
 
     Args:
         targets: checkpoint module path (``model.layers.0.self_attn.q_proj``) -> (octavo module path,
             shard index, shard output size, input size), built by the manager from the model.
+        base_weights: checkpoint module path -> the model's weight, for modules whose base weight PEFT saves
+            in the adapter (``embed_tokens``): the saved copy must match it (a resized or retrained embedding
+            table is refused, not silently replaced by the base one).
 
     Returns:
         the config and ``{octavo module: [(shard, A [r, in], B [out_shard, r] * scaling)]}`` in float32.
@@ -116,14 +126,18 @@ def load_adapter(path: str, max_rank: int, targets: dict[str, tuple[str, int, in
     for key, t in tensors.items():
         split = _split_key(key)
         if split is None:
-            raise AdapterError(f"LoRA adapter {path!r} holds {key!r}, which is not a LoRA A/B weight (embedding "
-                               "and lm_head adapters and modules_to_save are not implemented).")
+            raise AdapterError(f"LoRA adapter {path!r} holds {key!r}, which is not a LoRA A/B weight "
+                               "(modules_to_save is not implemented).")
+        if split[1] == "base":
+            _check_base_copy(path, split[0], t, (base_weights or {}).get(split[0]))
+            continue
         pairs.setdefault(split[0], {})[split[1]] = t
     out: dict[str, list[tuple[int, torch.Tensor, torch.Tensor]]] = {}
     for module, ab in pairs.items():
         if module not in targets:
             raise AdapterError(f"LoRA adapter {path!r} targets {module!r}, which has no LoRA-capable projection "
-                               "in this model (supported: q/k/v/o_proj and gate/up/down_proj).")
+                               "in this model (supported: q/k/v/o_proj, gate/up/down_proj and embed_tokens; "
+                               "lm_head adapters are not implemented).")
         if set(ab) != {"A", "B"}:
             raise AdapterError(f"LoRA adapter {path!r}: {module!r} lacks lora_{'B' if 'A' in ab else 'A'}.")
         fused, shard, out_size, in_size = targets[module]
@@ -136,3 +150,18 @@ def load_adapter(path: str, max_rank: int, targets: dict[str, tuple[str, int, in
     if not out:
         raise AdapterError(f"LoRA adapter {path!r} holds no LoRA weights.")
     return cfg, out
+
+
+def _check_base_copy(path: str, module: str, saved: torch.Tensor, weight: torch.Tensor | None) -> None:
+    """PEFT's saved copy of a base weight must be the model's own (up to the model's dtype / quantization)."""
+    if weight is None:
+        raise AdapterError(f"LoRA adapter {path!r} holds a base weight for {module!r} (modules_to_save-like), "
+                           "which octavo does not implement.")
+    if tuple(saved.shape) != tuple(weight.shape):
+        raise AdapterError(f"LoRA adapter {path!r}: {module!r} was trained with a table of shape "
+                           f"{tuple(saved.shape)}, this model's is {tuple(weight.shape)} (resized vocabularies are "
+                           "not implemented).")
+    w = weight.detach().float().cpu()
+    if (saved.float() - w).abs().max() > 0.02 * max(float(w.abs().max()), 1e-6):
+        raise AdapterError(f"LoRA adapter {path!r}: its saved {module!r} weight differs from this model's "
+                           "(trained on another base, or a retrained table: not implemented).")

@@ -26,12 +26,13 @@ from octavo.lora.request import LoRARequest
 class _Projection:
     __slots__ = ("name", "offsets", "sizes", "lora_a", "lora_b", "rank", "used")
 
-    def __init__(self, name: str, module: Any, slots: int, rank: int, dtype: torch.dtype, device) -> None:
-        self.name, self.rank, self.sizes = name, rank, list(module.output_sizes)
+    def __init__(self, name: str, sizes: list[int], in_size: int, slots: int, rank: int, dtype: torch.dtype,
+                 device) -> None:
+        self.name, self.rank, self.sizes = name, rank, list(sizes)
         self.offsets = [sum(self.sizes[:i]) for i in range(len(self.sizes))]
         r_total = rank * len(self.sizes)
-        self.lora_a = torch.zeros(slots, r_total, module.input_size, dtype=dtype, device=device)
-        self.lora_b = torch.zeros(slots, module.output_size, r_total, dtype=dtype, device=device)
+        self.lora_a = torch.zeros(slots, r_total, in_size, dtype=dtype, device=device)
+        self.lora_b = torch.zeros(slots, sum(sizes), r_total, dtype=dtype, device=device)
         self.used: set[int] = set()  # slots whose adapter targets this projection (others hold zeros)
 
 
@@ -45,7 +46,7 @@ class LoRAManager:
     """
 
     def __init__(self, model: torch.nn.Module, lora: Any, dtype: torch.dtype, device: torch.device) -> None:
-        from octavo.nn import LinearBase
+        from octavo.nn import LinearBase, ParallelLMHead, VocabParallelEmbedding
 
         self.max_loras, self.max_rank = lora.max_loras, lora.max_lora_rank
         self.max_cpu = lora.max_cpu_loras or lora.max_loras
@@ -53,12 +54,24 @@ class LoRAManager:
         self.device = device
         packed = getattr(model, "packed_modules_mapping", {})
         self.projections: dict[str, _Projection] = {}
+        self.embeddings: dict[str, _Projection] = {}
         # checkpoint module path -> (octavo module path, shard, shard out size, in size)
         self.targets: dict[str, tuple[str, int, int, int]] = {}
+        self.base_weights: dict[str, torch.Tensor] = {}  # embeddings: PEFT saves a copy, checked against these
         for name, module in model.named_modules():
+            if isinstance(module, VocabParallelEmbedding) and not isinstance(module, ParallelLMHead):
+                # PEFT embedding LoRA: A [r, vocab] is looked up by token id, B [hidden, r] expands it
+                proj = _Projection(name, [module.embedding_dim], module.num_embeddings, self.max_loras,
+                                   self.max_rank, self.dtype, device)
+                self.embeddings[name] = proj
+                self.targets[name] = (name, 0, module.embedding_dim, module.num_embeddings)
+                self.base_weights[name] = module.weight
+                module.register_forward_hook(self._embedding_hook(proj))
+                continue
             if not isinstance(module, LinearBase):
                 continue
-            proj = _Projection(name, module, self.max_loras, self.max_rank, self.dtype, device)
+            proj = _Projection(name, module.output_sizes, module.input_size, self.max_loras, self.max_rank,
+                               self.dtype, device)
             self.projections[name] = proj
             prefix, _, leaf = name.rpartition(".")
             parts = packed.get(leaf, [leaf]) if len(module.output_sizes) > 1 else [leaf]
@@ -73,6 +86,9 @@ class LoRAManager:
         self.plan: LoRAPlan | None = None  # this step's token layout (None: no token runs an adapter)
         self.active_slots: frozenset[int] = frozenset()
         self.use_triton = torch.device(device).type == "cuda" and _triton_available()
+        self.token_slots: torch.Tensor | None = None  # [n] on the device, for embedding lookups
+        # an embedding's delta is B @ (A looked up by id): expanded through the op with an identity "shrink"
+        self.eye = torch.eye(self.max_rank, dtype=self.dtype, device=device).expand(self.max_loras, -1, -1)
 
     @property
     def active(self) -> bool:
@@ -83,6 +99,17 @@ class LoRAManager:
             if self.plan is None or proj.used.isdisjoint(self.active_slots):  # no adapter of this step targets it
                 return output
             return lora_shrink_expand(args[0], output, proj.lora_a, proj.lora_b, self.plan)
+        return hook
+
+    def _embedding_hook(self, proj: _Projection):
+        def hook(module, args, output):
+            if self.plan is None or proj.used.isdisjoint(self.active_slots):
+                return output
+            slots = self.token_slots
+            h = proj.lora_a[slots.clamp(min=0), :, args[0]]  # [n, R]: column id of each token's slot's A
+            if self.plan.num_base:
+                h = h * (slots >= 0).unsqueeze(1).to(h.dtype)
+            return lora_shrink_expand(h, output, self.eye, proj.lora_b, self.plan)
         return hook
 
     # ------------------------------------------------------------------------------------ per step
@@ -115,6 +142,8 @@ class LoRAManager:
         token_slots = torch.repeat_interleave(torch.tensor(slots), torch.tensor(query_lens))
         self.plan = plan_tokens(token_slots, self.device, self.use_triton)
         self.active_slots = frozenset(self.plan.slots_used) if self.plan is not None else frozenset()
+        if self.embeddings and self.plan is not None:
+            self.token_slots = token_slots.to(self.device, non_blocking=True)
         return {rid: errors[lr.lora_int_id] for rid, lr in zip(request_ids, loras)
                 if lr is not None and lr.lora_int_id in errors}
 
@@ -143,14 +172,14 @@ class LoRAManager:
         if aid in self.host and self.host[aid][0] == lora.lora_path:
             self.host.move_to_end(aid)
             return self.host[aid][1]
-        _, weights = load_adapter(lora.lora_path, self.max_rank, self.targets)
+        _, weights = load_adapter(lora.lora_path, self.max_rank, self.targets, self.base_weights)
         self.host[aid] = (lora.lora_path, weights)
         while len(self.host) > self.max_cpu:
             self.host.popitem(last=False)
         return weights
 
     def _write_slot(self, slot: int, weights: dict) -> None:
-        for proj in self.projections.values():
+        for proj in [*self.projections.values(), *self.embeddings.values()]:
             proj.lora_a[slot].zero_()
             proj.lora_b[slot].zero_()
             proj.used.discard(slot)

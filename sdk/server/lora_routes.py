@@ -29,7 +29,7 @@ from octavo.lora.request import LoRARequest
 
 SWITCHES = ("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "OCTAVO_ALLOW_RUNTIME_LORA_UPDATING")
 # projections the runner can apply LoRA to (leaf module names; q/k/v and gate/up map onto fused layers)
-SUPPORTED = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
+SUPPORTED = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "embed_tokens"}
 
 
 class LoadLoRAAdapterRequest(BaseModel):
@@ -72,6 +72,8 @@ def check_adapter(path: str, max_rank: int) -> None:
         if split is None:
             raise AdapterError(f"LoRA adapter {path!r} holds {key!r}, which is not a LoRA A/B weight.")
         module, part = split
+        if part == "base":  # PEFT's copy of the base embedding: compared with the model's when first used
+            continue
         if module.rsplit(".", 1)[-1] not in SUPPORTED:
             raise AdapterError(f"LoRA adapter {path!r} targets {module!r}; supported: {sorted(SUPPORTED)}.")
         rank = shape[0] if part == "A" else shape[-1]

@@ -10,9 +10,10 @@ from octavo.testing.model import randomize_
 TINY = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, max_position_embeddings=256, pad_token_id=0, bos_token_id=1, eos_token_id=2)
 ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-# (rank, alpha, rslora, targets): different ranks, scalings and target sets
+# (rank, alpha, rslora, targets): different ranks, scalings and target sets; the last one also adapts the
+# token embedding (PEFT's lora_embedding_A/B, saved with a copy of the base table)
 ADAPTERS = [(8, 16, False, ALL), (4, 8, True, ALL), (16, 8, False, ["q_proj", "v_proj"]),
-            (2, 4, False, ["o_proj", "down_proj", "up_proj"])]
+            (2, 4, False, ["o_proj", "down_proj", "up_proj"]), (8, 8, False, ["embed_tokens", "q_proj", "down_proj"])]
 
 
 def make_base(path: str) -> None:

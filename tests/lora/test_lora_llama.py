@@ -12,6 +12,7 @@ import json
 import os
 
 import pytest
+import torch
 
 from octavo import LLM, SamplingParams
 from octavo.lora.request import LoRARequest
@@ -109,6 +110,31 @@ def test_bad_adapters_fail_their_request_only(setup):
     assert got[0] == want[loras[0].lora_int_id][0] and got[2] == want[None][2]
     got, _ = _gen(llm, [PROMPTS[0]], [loras[0]])  # the engine still serves
     assert got[0] == want[loras[0].lora_int_id][0]
+
+
+def test_embedding_adapter_checks_its_base_table(setup):
+    """An embedding adapter whose saved base table is not this model's fails its request (never served with the
+    base table instead); an lm_head adapter is refused by name."""
+    llm, loras, want, root = setup
+    from safetensors.torch import load_file, save_file
+
+    emb = loras[4]
+    src = load_file(os.path.join(emb.lora_path, "adapter_model.safetensors"))
+    for name, edit in [("retrained", "base_layer"), ("head", "lm_head")]:
+        d = root / name
+        d.mkdir(exist_ok=True)
+        (d / "adapter_config.json").write_bytes(open(os.path.join(emb.lora_path, "adapter_config.json"), "rb").read())
+        tensors = dict(src)
+        if edit == "base_layer":
+            key = next(k for k in tensors if k.endswith("embed_tokens.base_layer.weight"))
+            tensors[key] = tensors[key] + 1.0
+        else:
+            tensors["base_model.model.lm_head.lora_A.weight"] = torch.zeros(8, 64)
+            tensors["base_model.model.lm_head.lora_B.weight"] = torch.zeros(256, 8)
+        save_file(tensors, str(d / "adapter_model.safetensors"))
+        got, outs = _gen(llm, PROMPTS[:2], [LoRARequest(name, 60 + len(name), str(d)), emb])
+        assert outs[0].outputs[0].finish_reason == "error" and not got[0], name
+        assert got[1] == want[emb.lora_int_id][1]
 
 
 def test_lora_request_without_enable_lora_is_refused(setup):
