@@ -57,8 +57,10 @@ def test_pack_layout():
     assert int(packed[0, 3]) == (3 | (3 << 4)) and int(packed[0, 16 + 1]) == (1 | (1 << 4))
 
 
-def test_traces_as_one_op_under_torch_compile():
-    """The compiled CPU decode step (OCTAVO_CPU_COMPILE) must see the kernels as ops, not a graph break."""
+@pytest.mark.parametrize("m", [2, 9])
+def test_traces_as_one_graph_under_torch_compile(m):
+    """The compiled CPU decode step (OCTAVO_CPU_COMPILE) must trace the kernels without a graph break: a few
+    rows as tensor ops (``int*_linear_traced``, fp32 sums in another order), more rows as the custom ops."""
     q = torch.randint(0, 16, (64, 128), dtype=torch.uint8)
     s, z = torch.rand(64, 4), torch.randn(64, 4)
     w4 = cpu_kernel.pack_int4(q)
@@ -67,9 +69,27 @@ def test_traces_as_one_op_under_torch_compile():
     def f(x):
         return cpu_kernel.int4_linear(x, w4, s, z) + cpu_kernel.int8_linear(x, q8, s8)
 
-    x = torch.randn(2, 128)
+    x = torch.randn(m, 128)
     compiled = torch.compile(f, backend="eager", fullgraph=True)
-    assert torch.equal(compiled(x), f(x))
+    got, want = compiled(x), f(x)
+    if m > cpu_kernel.TRACED_MAX_ROWS:
+        assert torch.equal(got, want)
+    else:
+        _close(got, want.double())
+
+
+@pytest.mark.parametrize("m", [1, 3])
+def test_traced_forms_match_float64(m):
+    """The tensor-op forms used inside compiled graphs compute the kernels' product (fp32 rounding)."""
+    gen = torch.Generator().manual_seed(m)
+    n, k = 40, 576
+    q = torch.randint(0, 16, (n, k), generator=gen, dtype=torch.uint8)
+    s, z = torch.rand(n, k // 32, generator=gen), torch.randn(n, k // 32, generator=gen)
+    x = torch.randn(m, k, generator=gen)
+    w = q.double() * s.double().repeat_interleave(32, 1) + z.double().repeat_interleave(32, 1)
+    _close(cpu_kernel.int4_linear_traced(x, cpu_kernel.pack_int4(q), s, z), x.double() @ w.T)
+    q8 = torch.randint(-127, 128, (n, k), generator=gen, dtype=torch.int8)
+    _close(cpu_kernel.int8_linear_traced(x, q8, s), x.double() @ (q8.double() * s.double().repeat_interleave(32, 1)).T)
 
 
 def test_without_the_kernel_falls_back_to_torch_with_a_warning(monkeypatch, caplog):
