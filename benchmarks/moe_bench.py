@@ -11,6 +11,8 @@ layer call (``FusedMoE.apply_experts``: routing weights/ids given; the router GE
 - ``triton_eager_us``: the kernel, eager (5 launches: align, w13, w2, sum, plus allocations);
 - ``triton_graph_us``: the kernel replayed from one CUDA graph that holds ``R`` calls over ``R`` different
   routings (what a captured decode step sees: no launch gaps), divided by ``R``;
+- ``torch_static_graph_us`` (M = 1): ``FusedMoE.apply_experts_static`` graph-replayed, the graph-safe torch
+  path that captured decode steps ran before this kernel (every expert on every token);
 - ``max_rel_err``: kernel vs torch path, max |diff| / max |torch|;
 - ``breakdown`` (M=1): align, w13, w2 and the sum over k, each graph-replayed alone, with the GEMMs' GB/s;
 - ``active_bytes``: expert weight bytes the call must read (distinct experts routed x 3 x H x I x 2 bytes);
@@ -165,6 +167,11 @@ def bench_shape(name, e, k, h, inter, batch_sizes, bandwidth_gbps, dtype=torch.b
                       "roofline_fraction_graph": round(roof_us / graph_us, 3),
                       "roofline_fraction_eager": round(roof_us / eager_us, 3), "config": cfg[0], "w2_config": cfg[1],
                       "config_source": "file" if layer._moe_table else "default"}
+        if m == 1:  # what CUDA-graph decode ran before the kernel: every expert on every token
+            static = functools.partial(type(layer).apply_experts_static, layer)
+            static_us = _graph_us([functools.partial(static, *case) for case in cases[:4]])
+            results[m]["torch_static_graph_us"] = round(static_us, 1)
+            results[m]["speedup_vs_static_graph"] = round(static_us / graph_us, 2)
         if m == 1:
             results[m]["breakdown"] = breakdown(layer, cases, cfg)
         print(f"{name} M={m}: {results[m]}", flush=True)
