@@ -108,7 +108,8 @@ def load_adapter(path: str, max_rank: int, targets: dict[str, tuple[str, int, in
     Args:
         targets: checkpoint module path (``model.layers.0.self_attn.q_proj``) -> (octavo module path,
             shard index, shard output size, input size), built by the manager from the model.
-        base_weights: checkpoint module path -> the model's weight, for modules whose base weight PEFT saves
+        base_weights: checkpoint module path -> (the model's weight rows on this rank, full shape, first row),
+            for modules whose base weight PEFT saves
             in the adapter (``embed_tokens``): the saved copy must match it (a resized or retrained embedding
             table is refused, not silently replaced by the base one).
 
@@ -152,16 +153,20 @@ def load_adapter(path: str, max_rank: int, targets: dict[str, tuple[str, int, in
     return cfg, out
 
 
-def _check_base_copy(path: str, module: str, saved: torch.Tensor, weight: torch.Tensor | None) -> None:
-    """PEFT's saved copy of a base weight must be the model's own (up to the model's dtype / quantization)."""
-    if weight is None:
+def _check_base_copy(path: str, module: str, saved: torch.Tensor, base: tuple | None) -> None:
+    """PEFT's saved copy of a base weight must be the model's own (up to the model's dtype / quantization).
+
+    ``base``: (this rank's rows of the model's table, the full table's shape, the first row's index).
+    """
+    if base is None:
         raise AdapterError(f"LoRA adapter {path!r} holds a base weight for {module!r} (modules_to_save-like), "
                            "which octavo does not implement.")
-    if tuple(saved.shape) != tuple(weight.shape):
+    weight, full_shape, row0 = base
+    if tuple(saved.shape) != tuple(full_shape):
         raise AdapterError(f"LoRA adapter {path!r}: {module!r} was trained with a table of shape "
-                           f"{tuple(saved.shape)}, this model's is {tuple(weight.shape)} (resized vocabularies are "
+                           f"{tuple(saved.shape)}, this model's is {tuple(full_shape)} (resized vocabularies are "
                            "not implemented).")
     w = weight.detach().float().cpu()
-    if (saved.float() - w).abs().max() > 0.02 * max(float(w.abs().max()), 1e-6):
+    if w.numel() and (saved[row0:row0 + w.shape[0]].float() - w).abs().max() > 0.02 * float(w.abs().max()):
         raise AdapterError(f"LoRA adapter {path!r}: its saved {module!r} weight differs from this model's "
                            "(trained on another base, or a retrained table: not implemented).")

@@ -21,10 +21,11 @@ import torch
 from octavo.lora.adapter import AdapterError, load_adapter
 from octavo.lora.ops import LoRAPlan, lora_shrink_expand, plan_tokens
 from octavo.lora.request import LoRARequest
+from octavo.nn.parallel import tp_all_reduce
 
 
 class _Projection:
-    __slots__ = ("name", "offsets", "sizes", "lora_a", "lora_b", "rank", "used")
+    __slots__ = ("name", "offsets", "sizes", "lora_a", "lora_b", "rank", "used", "b_rows", "a_cols", "reduce")
 
     def __init__(self, name: str, sizes: list[int], in_size: int, slots: int, rank: int, dtype: torch.dtype,
                  device) -> None:
@@ -34,6 +35,11 @@ class _Projection:
         self.lora_a = torch.zeros(slots, r_total, in_size, dtype=dtype, device=device)
         self.lora_b = torch.zeros(slots, sum(sizes), r_total, dtype=dtype, device=device)
         self.used: set[int] = set()  # slots whose adapter targets this projection (others hold zeros)
+        # tensor parallelism: this rank's rows of each part's B, its columns of A, and whether the delta of a
+        # row-parallel layer (partial: this rank's input columns) must be summed over the ranks
+        self.b_rows: list[int] | None = None
+        self.a_cols: int | None = None
+        self.reduce = False
 
 
 class LoRAManager:
@@ -57,15 +63,17 @@ class LoRAManager:
         self.embeddings: dict[str, _Projection] = {}
         # checkpoint module path -> (octavo module path, shard, shard out size, in size)
         self.targets: dict[str, tuple[str, int, int, int]] = {}
-        self.base_weights: dict[str, torch.Tensor] = {}  # embeddings: PEFT saves a copy, checked against these
+        self.base_weights: dict[str, tuple] = {}  # embeddings: PEFT saves a copy, checked against (rows, shape, row0)
         for name, module in model.named_modules():
             if isinstance(module, VocabParallelEmbedding) and not isinstance(module, ParallelLMHead):
                 # PEFT embedding LoRA: A [r, vocab] is looked up by token id, B [hidden, r] expands it
                 proj = _Projection(name, [module.embedding_dim], module.num_embeddings, self.max_loras,
                                    self.max_rank, self.dtype, device)
-                self.embeddings[name] = proj
+                self.embeddings[name] = proj  # A is kept whole on every rank (ids of any vocab shard)
                 self.targets[name] = (name, 0, module.embedding_dim, module.num_embeddings)
-                self.base_weights[name] = module.weight
+                rows = min(module.shard_size, max(0, module.num_embeddings - module.vocab_start))
+                self.base_weights[name] = (module.weight[:rows], (module.num_embeddings, module.embedding_dim),
+                                           module.vocab_start)
                 module.register_forward_hook(self._embedding_hook(proj))
                 continue
             if not isinstance(module, LinearBase):
@@ -77,9 +85,10 @@ class LoRAManager:
             parts = packed.get(leaf, [leaf]) if len(module.output_sizes) > 1 else [leaf]
             if len(parts) != len(module.output_sizes):
                 raise ValueError(f"{name}: packed_modules_mapping lists {parts} for {len(module.output_sizes)} parts")
+            full_out, full_in = _shard(proj, module)
             for i, part in enumerate(parts):
                 ckpt = f"{prefix}.{part}" if prefix else part
-                self.targets[ckpt] = (name, i, module.output_sizes[i], module.input_size)
+                self.targets[ckpt] = (name, i, full_out[i], full_in)
             module.register_forward_hook(self._hook(proj))
         self.host: OrderedDict[int, tuple[str, dict]] = OrderedDict()  # adapter id -> (path, weights), LRU
         self.slot_of: OrderedDict[int, int] = OrderedDict()  # adapter id -> device slot, LRU
@@ -98,6 +107,9 @@ class LoRAManager:
         def hook(module, args, output):
             if self.plan is None or proj.used.isdisjoint(self.active_slots):  # no adapter of this step targets it
                 return output
+            if proj.reduce:  # row-parallel: this rank's input columns give a partial delta, summed over ranks
+                delta = lora_shrink_expand(args[0], torch.zeros_like(output), proj.lora_a, proj.lora_b, self.plan)
+                return output.add_(tp_all_reduce(delta))
             return lora_shrink_expand(args[0], output, proj.lora_a, proj.lora_b, self.plan)
         return hook
 
@@ -186,9 +198,40 @@ class LoRAManager:
             for shard, a, b in weights.get(proj.name, []):
                 proj.used.add(slot)
                 r0, o0 = shard * self.max_rank, proj.offsets[shard]
+                if proj.b_rows is not None:  # column-parallel: this rank's output rows of the part
+                    b = b[proj.b_rows[shard]:proj.b_rows[shard] + proj.sizes[shard]]
+                if proj.a_cols is not None:  # row-parallel: this rank's input columns
+                    a = a[:, proj.a_cols:proj.a_cols + proj.lora_a.shape[2]]
                 r = a.shape[0]
                 proj.lora_a[slot, r0:r0 + r].copy_(a)
                 proj.lora_b[slot, o0:o0 + b.shape[0], r0:r0 + r].copy_(b)
+
+
+def _shard(proj: _Projection, module: Any) -> tuple[list[int], int]:
+    """Set ``proj``'s tensor-parallel slices for ``module``; returns the full (checkpoint) part sizes and input size.
+
+    Column-parallel layers (q/k/v, gate/up) own rows of each part's output: B is sliced by rows, A is whole;
+    KV heads replicated over ranks (``tp > num_kv_heads``) take the rows of their head group. Row-parallel layers
+    (o, down) own columns of the input: A is sliced by columns, B is whole, and the partial deltas are summed.
+    """
+    from octavo.nn import ColumnParallelLinear, QKVParallelLinear, ReplicatedLinear, RowParallelLinear
+
+    tp, rank = getattr(module, "tp_size", 1), getattr(module, "tp_rank", 0)
+    sizes = list(module.output_sizes)
+    if tp == 1 or isinstance(module, ReplicatedLinear):  # whole weights on every rank
+        return sizes, module.input_size
+    if isinstance(module, ColumnParallelLinear) and not module.gather_output:
+        if isinstance(module, QKVParallelLinear):
+            kv_rank = rank // module.num_kv_head_replicas
+            proj.b_rows = [rank * sizes[0], kv_rank * sizes[1], kv_rank * sizes[2]]
+        else:
+            proj.b_rows = [rank * s for s in sizes]
+        return list(module.full_output_sizes), module.input_size
+    if isinstance(module, RowParallelLinear) and module.input_is_parallel:
+        proj.a_cols = rank * module.input_size
+        proj.reduce = module.reduce_results  # else the caller sums the layer's output, delta included
+        return sizes, module.input_size * tp
+    raise ValueError(f"{proj.name}: LoRA on a {type(module).__name__} under tensor parallelism is not implemented")
 
 
 def _triton_available() -> bool:

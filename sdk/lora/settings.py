@@ -15,9 +15,9 @@ def check_lora_settings(settings: Any) -> None:
     if lora.max_cpu_loras is not None and lora.max_cpu_loras < lora.max_loras:
         raise ValueError(f"max_cpu_loras={lora.max_cpu_loras} must be >= max_loras={lora.max_loras} (every adapter "
                          "on the device is also kept on the host).")
-    if par.tensor_parallel_size > 1 or par.pipeline_parallel_size > 1:
-        raise ValueError("enable_lora works with one rank only: tensor_parallel_size and pipeline_parallel_size "
-                         "must be 1 (sharded adapter weights are not implemented).")
+    if par.pipeline_parallel_size > 1:
+        raise ValueError("enable_lora with pipeline_parallel_size > 1 is not implemented (tensor parallelism is: "
+                         "adapter weights are sharded like their layers).")
     if lora.lora_modules:
         from octavo.lora.serving import parse_lora_modules
 
