@@ -156,3 +156,23 @@ def w8a16_asym_config(group_size: int) -> dict:
     config = w4a16_asym_config(group_size)
     config["config_groups"]["group_0"]["weights"]["num_bits"] = 8
     return config
+
+
+def ct_w8a16_int_tensors(w: torch.Tensor, group_size: int):
+    """compressed-tensors ``int-quantized`` 8-bit weight-only, asymmetric, grouped: the plain int8 ``weight`` and
+    an int8 ``weight_zero_point [N, G]`` (no packing), as the naive compressor writes them."""
+    tensors, dense = ct_w8a16_asym_tensors(w, group_size)
+    n, k = w.shape
+    blocks = w.float().reshape(n, k // group_size, group_size)
+    scale = tensors["weight_scale"].float()
+    lo = blocks.amin(-1).clamp(max=0)
+    zp = torch.clamp(torch.round(-128 - lo / scale), -128, 127)
+    q = torch.clamp(torch.round(blocks / scale[..., None]) + zp[..., None], -128, 127).reshape(n, k)
+    return {"weight": q.to(torch.int8), "weight_scale": tensors["weight_scale"],
+            "weight_zero_point": zp.to(torch.int8)}, dense
+
+
+def w8a16_int_config(group_size: int) -> dict:
+    config = w8a16_asym_config(group_size)
+    config["format"] = "int-quantized"
+    return config

@@ -19,10 +19,12 @@ from tests.quant.formats_int8 import (
     ct_w4a16_asym_tensors,
     ct_w8a8_tensors,
     ct_w8a16_asym_tensors,
+    ct_w8a16_int_tensors,
     gptq8_tensors,
     w4a16_asym_config,
     w8a8_config,
     w8a16_asym_config,
+    w8a16_int_config,
 )
 from tests.quant.helpers import greedy, load
 
@@ -59,6 +61,8 @@ CASES = {  # name: (model, quantization_config, make(weight, state key) -> (tens
                               "_PackedW4"),
     "ct-w8a16-asym-g64": ("qwen3", w8a16_asym_config(64), lambda w, key: ct_w8a16_asym_tensors(w, 64),
                           "_Int8WeightOnly"),
+    "ct-w8a16-int-asym-g32": ("llama", w8a16_int_config(32), lambda w, key: ct_w8a16_int_tensors(w, 32),
+                              "_Int8WeightOnly"),
     "gptq8-g128-sym": ("llama", *_gptq8(128, True, False), "_GPTQ8Method"),
     "gptq8-g32-asym": ("llama", *_gptq8(32, False, False), "_GPTQ8Method"),
     "gptq8-g64-desc_act": ("qwen3", *_gptq8(64, False, True), "_GPTQ8Method"),
