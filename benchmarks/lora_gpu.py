@@ -118,16 +118,23 @@ def run_shape(shape: str, args, tmp: str, device: str) -> dict:
             lora.use_triton = use_triton
             sync()
             t = time.perf_counter()
-            outs = llm.generate(prompts, params, use_tqdm=False, lora_request=choice)
+            try:
+                outs = llm.generate(prompts, params, use_tqdm=False, lora_request=choice)
+            except Exception as e:  # noqa: BLE001 - one shot on the device: record it, go on with the others
+                res.setdefault("errors", []).append(f"{name}: {type(e).__name__}: {e}")
+                log(f"{shape}: {name} FAILED: {type(e).__name__}: {e}")
+                continue
             sync()
             dt = time.perf_counter() - t
             tps[name].append(sum(len(o.outputs[0].token_ids) for o in outs) / dt)
             log(f"{shape}: {name} round {r}: {tps[name][-1]:.1f} tok/s ({dt:.2f} s)")
     llm.llm_engine.shutdown()
     del llm
-    res.update({"tokens_per_s": tps, "ratio_best": max(tps["mixed"]) / max(tps["base"]),
-                "ratio_per_round": [m / b for m, b in zip(tps["mixed"], tps["base"])]})
-    if "mixed_torch_op" in tps:
+    res["tokens_per_s"] = tps
+    if tps["mixed"] and tps["base"]:
+        res.update({"ratio_best": max(tps["mixed"]) / max(tps["base"]),
+                    "ratio_per_round": [m / b for m, b in zip(tps["mixed"], tps["base"])]})
+    if tps.get("mixed_torch_op") and tps["base"]:
         res["ratio_best_torch_op"] = max(tps["mixed_torch_op"]) / max(tps["base"])
     return res
 
@@ -177,7 +184,13 @@ def main() -> None:
         if left < estimate[shape]:
             log(f"{shape}: skipped ({left:.0f} s left, needs ~{estimate[shape]} s)")
             continue
-        res = dict(meta, **run_shape(shape, args, tmp, device))
+        try:
+            res = dict(meta, **run_shape(shape, args, tmp, device))
+        except Exception as e:  # noqa: BLE001 - recorded, and the next shape still runs
+            import traceback
+
+            res = dict(meta, shape=shape, error=f"{type(e).__name__}: {e}", traceback=traceback.format_exc()[-3000:])
+            log(f"{shape}: FAILED: {res['error']}")
         print(json.dumps(res), flush=True)
         if args.out:
             with open(os.path.join(args.out, f"lora_{shape}.json"), "w") as f:

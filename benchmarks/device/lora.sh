@@ -5,7 +5,7 @@
 #      torch op, bf16 at 8B widths (tests/lora/test_lora_ops.py::test_triton_kernels_on_cuda, called in-process).
 #   2. throughput: a random-weight (load_format=dummy) Llama-3-8B shape, bf16, batch 64 greedy requests
 #      (prompt 128, 64 new tokens), base alone vs mixed over 8 rank-16 adapters on all 7 projections, one
-#      engine, alternating, 2 rounds (+ the mixed batch through the torch op). Then the same on a ~1B shape
+#      engine, one round: base, mixed (Triton op), mixed (torch op). Then the same on a ~1B shape
 #      (hidden 2048, 16 layers) if the time left allows. Each shape's JSON is written when it finishes.
 # Dry run on CPU: LORA_SHAPES=tiny OUT=/tmp/x PATH=.venv/bin:$PATH benchmarks/device/lora.sh
 set -u
@@ -14,6 +14,6 @@ mkdir -p "$R"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$R/gpu.csv" 2>&1
 git rev-parse HEAD > "$R/commit.txt" 2>/dev/null
 echo "== lora: start $(date -u +%T)"
-timeout -k 2 57 python3 benchmarks/lora_gpu.py --shapes ${LORA_SHAPES:-8b 1b} --budget-s 55 --torch-too --out "$R" 2>&1 \
+timeout -k 2 57 python3 benchmarks/lora_gpu.py --shapes ${LORA_SHAPES:-8b 1b} --budget-s 55 --repeats 1 --torch-too --out "$R" 2>&1 \
   | grep -v -E "Loading weights|it/s\]" | tee "$R/lora.log" | grep -E "lora_gpu|Error|error" | tail -30
 echo "lora exit ${PIPESTATUS[0]} $(date -u +%T)" | tee -a "$R/exits.txt"
