@@ -224,6 +224,7 @@ def _logprobs_5_accepted(llm: LLM) -> bool:
 ELSEWHERE = {
     "trust_remote_code": "PERMISSION: remote code never runs; a model needing it fails naming its architecture",
     "limit_mm_per_prompt": "tests/multimodal/test_llava.py",
+    "async_scheduling": "tests/e2e/test_async_scheduling.py",  # tokens identical on vs off; refusals
     "allowed_media_domains": "tests/multimodal/test_media_fetch.py",
     "media_fetch_timeout": "tests/multimodal/test_llava_server.py",
     "media_max_bytes": "tests/multimodal/test_llava_server.py",
