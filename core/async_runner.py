@@ -1,7 +1,7 @@
 """The runner's half of async scheduling: placeholders filled on the device, outputs read by the host later.
 
 Under ``async_scheduling`` the engine core sends step N+1 before it knows step N's tokens, so a decoding
-request's input token in N+1 is :data:`~octavo.core.step_builder.PLACEHOLDER`. This object, owned by the
+request's input token in N+1 is :data:`octavo.step.PLACEHOLDER`. This object, owned by the
 :class:`~octavo.core.model_runner.ModelRunner` (``runner.async_steps``), closes the loop on the device:
 
     execute(N):   ... sample ─▶ sampled ids [R] stay on the device (``prev_sampled``)
@@ -24,8 +24,7 @@ from typing import Any
 
 import torch
 
-from octavo.core.step_builder import PLACEHOLDER
-from octavo.step import RunnerOutput
+from octavo.step import PLACEHOLDER, RunnerOutput
 
 
 class DeferredOutput:

@@ -11,11 +11,10 @@ aborted are queued in ``finished_ids`` of the next batch, so the runner frees it
 from __future__ import annotations
 
 from octavo.core.scheduler import SchedulerOutput
-from octavo.step import NewRequestData, ScheduledRequestData, StepBatch
 
-# A token id the scheduler does not know yet (async scheduling): the runner fills it on the device from the
-# previous step's sampled ids, and patches its own copy of the sequence once that step's tokens are known.
-PLACEHOLDER = -1
+# PLACEHOLDER: a token id the scheduler does not know yet (async scheduling); the runner fills it on the device
+# from the previous step's sampled ids and patches its own copy of the sequence once that step's tokens are known
+from octavo.step import PLACEHOLDER, NewRequestData, ScheduledRequestData, StepBatch
 
 
 class StepBuilder:

@@ -28,6 +28,10 @@ import msgspec
 from octavo.lora.request import LoRARequest
 from octavo.sampling_params import SamplingParams
 
+# A token id the engine core does not know yet (async scheduling): in ``ScheduledRequestData.token_ids`` it
+# stands for the token the previous step sampled for that request, which the runner takes from the device.
+PLACEHOLDER = -1
+
 
 class TokenLogprobs(msgspec.Struct, array_like=True):
     """Top log-probabilities at one position: parallel lists, the chosen token first."""
