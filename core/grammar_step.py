@@ -66,7 +66,7 @@ class GrammarStep:
         keep = np.flatnonzero((words != -1).any(axis=1))  # a row of all ones: every token allowed, no mask
         if len(keep) == len(words):
             rows = self.request_ids, self.positions, self.bitmask
-        else:  # the kept rows move to the front of the same (reused, possibly pinned) buffer
+        else:  # the kept rows move to the front of the same (reused) buffer
             words[:len(keep)] = words[keep]
             rows = ([self.request_ids[j] for j in keep], [self.positions[j] for j in keep],
                     self.bitmask[:len(keep)])

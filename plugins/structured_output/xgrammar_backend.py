@@ -122,7 +122,15 @@ class XGrammarBackend(StructuredOutputBackend):
         return _Matcher(self.xgr.GrammarMatcher(compiled))
 
     def fill_bitmasks(self, matchers: list[GrammarMatcher], bitmask: Any) -> None:
-        if len(matchers) > 1 and all(isinstance(m, _Matcher) for m in matchers):
-            self.batch.batch_fill_next_token_bitmask([m.m for m in matchers], bitmask)
+        # a matcher that accepted its stop token (EOS under ignore_eos) constrains nothing more, as in vLLM:
+        # its row is all ones (the engine then applies no mask); xgrammar raises if asked for its mask
+        done = [m.is_terminated() for m in matchers]
+        live = [j for j, d in enumerate(done) if not d]
+        if len(live) < len(matchers):
+            bitmask[[j for j, d in enumerate(done) if d]] = -1
+        if len(live) > 1 and all(isinstance(matchers[j], _Matcher) for j in live):
+            self.batch.batch_fill_next_token_bitmask([matchers[j].m for j in live], bitmask,
+                                                     indices=None if len(live) == len(matchers) else live)
         else:
-            super().fill_bitmasks(matchers, bitmask)
+            for j in live:
+                matchers[j].fill_bitmask(bitmask, j)

@@ -105,6 +105,7 @@ def test_fill_drops_open_rows_in_order():
         def __init__(self, value):
             self.value = value
 
+
     class Backend:
         def fill_bitmasks(self, matchers, bitmask):
             for j, m in enumerate(matchers):
@@ -118,6 +119,44 @@ def test_fill_drops_open_rows_in_order():
         rids, positions, packed = step.wait()
     assert rids == ["b", "d", "e"] and positions == [1, 3, 4]
     assert packed.tolist() == [[5] * 4, [7] * 4, [9] * 4]
+
+
+@pytest.mark.parametrize("n", [2, 3])  # 1 live row left (per-row fill), 2 (batched fill with indices)
+def test_grammar_that_accepted_eos_is_not_masked_further(n):
+    """Under ignore_eos a request goes on after its grammar accepted EOS: the next fill leaves its row open
+    (as vLLM) instead of failing the step (xgrammar raises when asked for a terminated matcher's mask)."""
+    from octavo.core.messages import EngineCoreRequest
+    from octavo.core.request import Request
+    from octavo.core.scheduler import ScheduledRequest
+    from octavo.core.structured_output import StructuredOutputManager
+    from octavo.sampling_params import SamplingParams
+    from octavo.structured_outputs import StructuredOutputsParams
+
+    settings = OctavoSettings.from_kwargs()
+    tok = load_tokenizer(settings.model)
+    mgr = StructuredOutputManager(settings, VOCAB, [tok.eos_token_id])
+    reqs = []
+    for i in range(n):
+        params = SamplingParams(ignore_eos=True, structured_outputs=StructuredOutputsParams(choice=["yes", "no"]))
+        reqs.append(Request(EngineCoreRequest(f"t{i}", [1], params, 0.0), 64))
+        mgr.add_request(reqs[-1])
+        reqs[-1].grammar.future.result(timeout=60)
+
+    class Out:
+        scheduled = [ScheduledRequest(r, 1, 0, [0]) for r in reqs]
+
+    try:
+        for t in tok.encode("yes", add_special_tokens=False) + [tok.eos_token_id]:
+            mgr.prepare(Out).wait()
+            reqs[0].append_output_token(t)
+            mgr.accept_tokens([(reqs[0], t)])
+        assert reqs[0].grammar.matcher.is_terminated()
+        rids, positions, packed = mgr.prepare(Out).wait()
+        assert rids == [f"t{i}" for i in range(1, n)] and positions == list(range(1, n))
+        assert packed.shape[0] == n - 1 and (packed != -1).any(1).all()
+        mgr.accept_tokens([])
+    finally:
+        mgr.shutdown()
 
 
 @pytest.mark.parametrize(("lo", "hi"), [(0, 0), (1, 1), (2, 3)])

@@ -117,6 +117,9 @@ class _Open(GrammarMatcher):
     def fill_bitmask(self, bitmask, row):
         bitmask[row] = -1
 
+    def is_terminated(self):
+        return False
+
 
 def test_fully_open_rows_are_not_masked_and_default_executor_ships_bytes(mgr):
     backend = mgr._get_backend()
