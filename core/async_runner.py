@@ -112,7 +112,8 @@ class AsyncRunnerSteps:
         if not pick:
             return
         rows = torch.tensor([i for i, _ in pick], dtype=torch.int64).to(self.device, non_blocking=True)
-        toks = src.index_select(0, torch.tensor([j for _, j in pick], dtype=torch.int64).to(self.device)).long()
+        pos = torch.tensor([j for _, j in pick], dtype=torch.int64).to(self.device, non_blocking=True)
+        toks = src.index_select(0, pos).long()  # no host sync: the previous step may still be running
         if sampling.output_counts is not None:
             sampling.output_counts.index_put_((rows, toks), torch.ones_like(toks, dtype=sampling.output_counts.dtype),
                                               accumulate=True)
