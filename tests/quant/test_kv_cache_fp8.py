@@ -114,7 +114,7 @@ def test_torch_sdpa_fp8_cache_vs_fp32_cache(dtype, scales):
 # ------------------------------------------------------------ 3. the engine: real SmolLM2, fp32 weights
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village,",
-           "The three primary colors are", "Water boils at", "To make a cup of tea, first"]
+           "The three primary colors are"]
 TEXT = ("The sun rose slowly over the quiet hills, and the village began to wake. Bakers opened their shops, "
         "children ran to school, and the old clock in the square struck seven.")
 NEW_TOKENS = 32
@@ -165,28 +165,25 @@ def test_smollm2_fp8_cache_blocks_and_engine(smollm2):
 
 
 def test_smollm2_fp8_cache_agrees_with_fp32_cache(smollm2):
-    """fp32 cache decodes greedily; the fp8-cache model, fed the same tokens, picks the same next token (issue
-    bound: >= 90%). The engine's own free-running fp8 run (decode steps) is reported beside it."""
+    """Per decision under one context: the fp8-cache engine decodes greedily (decode steps through the fp8 cache);
+    under that context the fp32-cache model must pick the same next token (issue bound: >= 90%). The fp8-cache
+    model under the same context (one prefill, every position read back from the fp8 cache) must reproduce the
+    engine's own picks: the engine's decode path and the prefill path quantize alike."""
     worker, tokenizer, prompts, engine_tokens = smollm2
     model = worker.model  # the engine is done with it: the runners below rebind its attention layers
-    want = _free_running(model, prompts)
-    picks = _teacher_forced_picks(model, prompts, want, E4M3)
-    rate = sum(a == b for p, w in zip(picks, want) for a, b in zip(p, w)) / (len(prompts) * NEW_TOKENS)
-    same = sum(e == w for e, w in zip(engine_tokens, want))
+    fp32 = _teacher_forced_picks(model, prompts, engine_tokens, torch.float32)
+    fp8 = _teacher_forced_picks(model, prompts, engine_tokens, E4M3)
+    total = len(prompts) * NEW_TOKENS
+    rate = sum(a == b for x, y in zip(fp32, engine_tokens) for a, b in zip(x, y)) / total
+    self_rate = sum(a == b for x, y in zip(fp8, engine_tokens) for a, b in zip(x, y)) / total
     tokens = tokenizer.encode(TEXT)
     ll8, ll32 = _log_likelihood(model, tokens, E4M3), _log_likelihood(model, tokens, torch.float32)
     print(f"fp8 vs fp32 KV cache, SmolLM2 fp32 weights, {len(prompts)} prompts x {NEW_TOKENS}: agreement "
-          f"{rate:.1%}; engine free-running outputs identical {same}/{len(prompts)}; per-token log-likelihood "
+          f"{rate:.1%} (fp8 prefill path vs fp8 engine decode: {self_rate:.1%}); per-token log-likelihood "
           f"fp8 {ll8:.4f} vs fp32 {ll32:.4f} ({abs(ll8 - ll32) / abs(ll32):.2%})")
     assert rate >= 0.9
+    assert self_rate >= 0.95
     assert abs(ll8 - ll32) <= 0.02 * abs(ll32)
-
-
-def _free_running(model, prompts):
-    """Greedy continuations with an fp32 cache (the reference)."""
-    from tests.quant.helpers import greedy
-
-    return greedy(model, prompts, NEW_TOKENS)[0]
 
 
 # ---------------------------------------------------------------------------- 4. Triton kernels, interpreted
@@ -227,6 +224,69 @@ def test_triton_fp8_kernels_interpreted_match_torch_reference():
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]
 
 
+# ------------------------------------------------- checkpoint scales and block counts (tiny Llama, workers)
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    """A tiny random Llama checkpoint whose attention layers carry llm-compressor style ``k_scale``/``v_scale``."""
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    d = tmp_path_factory.mktemp("tiny-kv-scales")
+    config = LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                         architectures=["LlamaForCausalLM"], tie_word_embeddings=False)
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(d)
+    sd = load_file(d / "model.safetensors")
+    sd["model.layers.0.self_attn.k_scale"], sd["model.layers.0.self_attn.v_scale"] = torch.tensor(0.25), torch.tensor(0.5)
+    sd["model.layers.1.self_attn.kv_scale"] = torch.tensor([0.125])  # the older single-scale spelling
+    save_file(sd, d / "model.safetensors", metadata={"format": "pt"})
+    return d
+
+
+def _worker(model_dir, **kwargs):
+    from octavo.config import OctavoSettings
+    from octavo.core.worker import create_worker
+
+    return create_worker(OctavoSettings.from_kwargs(model=str(model_dir), dtype="float32", max_model_len=64,
+                                                    **kwargs))
+
+
+def test_blocks_follow_the_element_size_and_checkpoint_scales_reach_the_backend(tiny_dir):
+    # per block: 2 layers x (K, V) x 16 tokens x 2 KV heads x 8 features = 1024 elements
+    budget = 1024 * 4 * 40
+    blocks = {kv: _worker(tiny_dir, kv_cache_dtype=kv, kv_cache_memory_bytes=budget)
+              for kv in ("float32", "bfloat16", "fp8", "fp8_e5m2")}
+    n = {kv: w.num_blocks for kv, w in blocks.items()}
+    assert n["float32"] == 40 and n["bfloat16"] == 80 and n["fp8"] == n["fp8_e5m2"] == 160, n
+    fp8 = blocks["fp8"]
+    assert fp8.kv_caches[0].dtype is E4M3 and blocks["fp8_e5m2"].kv_caches[0].dtype is E5M2
+    assert [(layer.impl.k_scale, layer.impl.v_scale) for layer in fp8.attn_layers] == [(0.25, 0.5), (0.125, 0.125)]
+    # the fp8 engine runs a step (prefill + decode) through the scaled cache
+    from octavo.testing.model import PagedRunner
+
+    logits = PagedRunner(fp8.model, kv_dtype=E4M3).step([("a", [1, 2, 3, 4, 5])])
+    assert torch.isfinite(logits[0]).all()
+
+
+def test_bad_checkpoint_scales_are_refused(tiny_dir, tmp_path):
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    for name, value, match in (("model.layers.7.self_attn.k_scale", torch.tensor(1.0), "matches 0 attention layers"),
+                               ("model.layers.0.self_attn.k_scale", torch.ones(2), "per-head scales"),
+                               ("model.layers.0.self_attn.v_scale", torch.tensor(0.0), "must be positive")):
+        d = tmp_path / name.replace(".", "_")
+        shutil.copytree(tiny_dir, d)
+        sd = load_file(d / "model.safetensors")
+        sd[name] = value
+        save_file(sd, d / "model.safetensors", metadata={"format": "pt"})
+        with pytest.raises(ValueError, match=match):
+            _worker(d, kv_cache_dtype="fp8", kv_cache_memory_bytes=1 << 20)
+
+
 # ------------------------------------------------------------------------------------------ 5. refusals
 
 class _PlainBackend(TorchSDPABackend.__mro__[1]):  # an AttentionBackend (e.g. a third party's) that says nothing
@@ -262,3 +322,11 @@ def test_unknown_kv_cache_dtype_names_are_refused():
     for bad in ("fp8_e4m3fnuz", "int8", "fp4"):
         with pytest.raises(ConfigError, match=r"kv_cache_dtype \(got .*'fp8_e5m2'.*--kv-cache-dtype"):
             OctavoSettings.from_kwargs(kv_cache_dtype=bad)
+
+
+def test_compiled_cpu_decode_refuses_an_fp8_cache(tiny_dir, monkeypatch):
+    from octavo.errors import ConfigError
+
+    monkeypatch.setenv("OCTAVO_CPU_COMPILE", "1")
+    with pytest.raises(ConfigError, match="fp8 KV cache"):
+        _worker(tiny_dir, kv_cache_dtype="fp8", kv_cache_memory_bytes=1 << 20)
