@@ -50,4 +50,7 @@ class UniExecutor(Executor):
         if self._step_thread is not None:
             self._step_thread.shutdown(wait=True, cancel_futures=True)
             self._step_thread = None
+        release = getattr(self.driver, "release", None)  # weights + KV cache back to the device now
+        if release is not None:
+            release()
         super().shutdown()
