@@ -83,6 +83,12 @@ def parity(budget: float) -> dict:
     tests = [(f"gemv_{n}x{k}", lambda n=n, k=k: g.test_fp8_gemv_on_cuda(n, k)) for n, k in g.LLAMA3_8B_SHAPES]
     tests.append(("cuda_graph_replay", g.gpu_graph_replay_check))
     try:
+        import tests.quant.test_fp8_triton as t
+
+        tests.append(("per_token_quant_vs_torch", t.test_fused_fp8_quant_on_cuda))
+    except ImportError as e:
+        tests.append(("per_token_quant_vs_torch", lambda e=e: (_ for _ in ()).throw(e)))
+    try:
         import tests.quant.test_fp8_fused as f
 
         tests += [(name, fn) for name, fn in f.GPU_CHECKS.items()]
@@ -281,6 +287,10 @@ def e2e(name: str, cfg: dict, tmp: str, bandwidth: float, args, budget: float) -
                                         f"max_num_seqs {args.max_num_seqs}"})
     else:
         res["offline"] = "skipped: time budget"
+    try:  # releases the worker's model and KV cache (lead, 17:32); before that, del + gc had to do it
+        llm.llm_engine.shutdown()
+    except Exception as e:  # noqa: BLE001 - an older engine without the release: del + gc below
+        res["shutdown"] = f"{type(e).__name__}: {e}"
     del llm, worker, gr
     gc.collect()
     if DEV == "cuda":

@@ -16,9 +16,12 @@
 # JSON: $OUT/fp8perf/fp8perf.json, log: $OUT/fp8perf/fp8perf.log
 set -u
 cd "$(dirname "$0")/../.."
-R="${OUT:-/tmp/out}/fp8perf"
+R="${OUT:-/tmp/out}/${FP8PERF_DIR:-fp8perf}"
 mkdir -p "$R"
 echo "== fp8perf $(date -u +%T)"
-timeout -k 3 57 python3 benchmarks/fp8perf.py --out "$R/fp8perf.json" --budget 52 > "$R/fp8perf.log" 2>&1
+# FP8PERF_SECTIONS / FP8PERF_BUDGET / FP8PERF_TIMEOUT: a shorter rerun (benchmarks/device/fp8perf_b2.sh)
+timeout -k 3 "${FP8PERF_TIMEOUT:-57}" python3 benchmarks/fp8perf.py --out "$R/fp8perf.json" \
+  --budget "${FP8PERF_BUDGET:-52}" --sections "${FP8PERF_SECTIONS:-fp8,bf16,parity,fp8_async,linears}" \
+  > "$R/fp8perf.log" 2>&1
 echo "exit $? $(date -u +%T)"
 grep -v " INFO " "$R/fp8perf.log" | grep -E "^(parity|e2e|linears|==)|Error|error" | tail -40
