@@ -65,7 +65,7 @@ def _write(hf_model, preset: str, group: int | None, root: str) -> tuple[str, st
     hf_model.save_pretrained(qdir)
     compressor.update_config(qdir)
     compressor.decompress_model(hf_model)
-    dense = {k: v.detach().float().contiguous() for k, v in hf_model.state_dict().items()
+    dense = {k: v.detach().float().clone().contiguous() for k, v in hf_model.state_dict().items()
              if k.rpartition(".")[2] not in ("weight_scale", "weight_zero_point", "weight_shape", "weight_g_idx")}
     os.makedirs(ddir)
     with open(os.path.join(qdir, "config.json")) as f:
