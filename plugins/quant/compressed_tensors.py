@@ -30,11 +30,13 @@ Refused at start, each naming the field: FP4 and other float types, static FP8 a
 config group or other targets,
 activation quantization with 4-bit weights or with a weight-only format, asymmetric W8A8 weights, group-wise
 W8A8 weights, block / token / tensor_group weight strategies, ``actorder: group`` (``weight_g_idx``), a
-``kv_cache_scheme``, sparsity or transform configs, and checkpoints not saved ``compressed``.
+``kv_cache_scheme`` other than FP8 per-tensor (whose ``k_scale`` / ``v_scale`` the fp8 KV cache reads), sparsity or
+transform configs, and checkpoints not saved ``compressed``.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 from typing import Any, ClassVar
 
@@ -47,6 +49,7 @@ from octavo.plugins.quant.int8_w8a8 import Int8W8A8Method
 from octavo.plugins.quant.kernels import INT4_GROUP_SIZES, Int4GroupMethod, pick_group_size
 from octavo.quant import LinearMethod, Quantizer
 
+logger = logging.getLogger(__name__)
 _FORMATS = ("pack-quantized", "int-quantized", "naive-quantized", "float-quantized")
 _W8A8_FORMATS = ("int-quantized", "naive-quantized")
 _KNOWN_ARG_KEYS = {"num_bits", "type", "symmetric", "group_size", "strategy", "block_structure", "dynamic",
@@ -202,6 +205,21 @@ def _scheme_method(fmt: str, weights: dict[str, Any], acts: dict[str, Any] | Non
     raise ValueError(f"compressed-tensors weights num_bits={bits}: octavo reads 4- and 8-bit integer weights")
 
 
+def _check_kv_cache_scheme(kv: dict[str, Any] | None) -> None:
+    """llm-compressor's FP8 KV-cache scheme stores one ``k_scale`` / ``v_scale`` per attention layer, which the
+    weight loader puts on the attention layers (``octavo.nn.kv_quant``) and the fp8 KV cache uses with
+    ``kv_cache_dtype="fp8"``. Any other KV scheme is refused."""
+    if not kv:
+        return
+    ok = (kv.get("type") == "float" and kv.get("num_bits") == 8 and kv.get("strategy") == "tensor"
+          and kv.get("dynamic") in (False, None) and kv.get("symmetric", True))
+    if not ok:
+        raise ValueError(f"compressed-tensors kv_cache_scheme={kv!r} is not supported; octavo reads the FP8 "
+                         "per-tensor static scheme (one k_scale / v_scale per attention layer)")
+    logger.info("compressed-tensors kv_cache_scheme: FP8 per-tensor k_scale / v_scale are read from the checkpoint "
+                "and used when kv_cache_dtype='fp8' (another kv_cache_dtype keeps a 16/32-bit cache without them)")
+
+
 def _ignored(prefix: str, patterns: list[str]) -> bool:
     for p in patterns:
         if p.startswith("re:"):
@@ -227,9 +245,10 @@ class CompressedTensorsQuantizer(Quantizer):
         groups = hf_quant_config.get("config_groups") or {}
         if len(groups) != 1:
             raise ValueError(f"compressed-tensors with {len(groups)} config groups: octavo reads exactly one")
-        for key in ("kv_cache_scheme", "sparsity_config", "transform_config"):
+        for key in ("sparsity_config", "transform_config"):
             if hf_quant_config.get(key):
                 raise ValueError(f"compressed-tensors {key}={hf_quant_config[key]!r} is not supported")
+        _check_kv_cache_scheme(hf_quant_config.get("kv_cache_scheme"))
         status = hf_quant_config.get("quantization_status", "compressed")
         if status != "compressed":
             raise ValueError(f"compressed-tensors quantization_status={status!r}: octavo reads checkpoints saved "

@@ -42,7 +42,10 @@ REFUSED = {  # config -> text the error must contain
                                "static FP8 activation scales"),
     "group activations": (_w8a8(input_activations__strategy="group"), "strategy='group'"),
     "dynamic static-tensor mismatch": (_w8a8(input_activations__dynamic="local"), "dynamic='local'"),
-    "kv cache scheme": (_w8a8(kv_cache_scheme={"num_bits": 8, "type": "float"}), "kv_cache_scheme"),
+    "int8 kv cache scheme": (_w8a8(kv_cache_scheme={"num_bits": 8, "type": "int", "strategy": "tensor"}),
+                             "kv_cache_scheme"),
+    "per-head kv cache scales": (_w8a8(kv_cache_scheme={"num_bits": 8, "type": "float", "strategy": "attn_head"}),
+                                 "kv_cache_scheme"),
     "two config groups": (dict(w8a8_config(), config_groups={"a": {}, "b": {}}), "2 config groups"),
     "not saved compressed": (_w8a8(quantization_status="frozen"), "quantization_status='frozen'"),
     "actorder group (weight_g_idx)": (
@@ -108,3 +111,32 @@ def test_refused_at_start_through_the_resolver(tmp_path):
     resolved = resolve_model(OctavoSettings.from_kwargs(model=str(tmp_path), load_format="dummy").model)
     with pytest.raises(ValueError, match="float-quantized"):
         resolve_quantizer(None, resolved, CPU(), get_plugin_manager())
+
+
+def test_fp8_kv_cache_scheme_scales_reach_the_attention_layers(tmp_path):
+    """An FP8 ``kv_cache_scheme`` is read: its per-layer ``k_scale`` / ``v_scale`` land on the attention layers
+    (used by ``kv_cache_dtype="fp8"``, docs/quantization.md "FP8 KV cache")."""
+    import torch
+    from safetensors.torch import load_file, save_file
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from tests.quant.formats import write_checkpoints
+    from tests.quant.formats_int8 import ct_w8a8_tensors
+    from tests.quant.helpers import load
+
+    config = LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1)
+    quant_config = dict(w8a8_config(), kv_cache_scheme={"num_bits": 8, "type": "float", "strategy": "tensor",
+                                                        "dynamic": False, "symmetric": True})
+    qdir, _ = write_checkpoints(LlamaForCausalLM(config), str(tmp_path), "kv", quant_config,
+                                lambda w, i: ct_w8a8_tensors(w))
+    path = os.path.join(qdir, "model.safetensors")
+    state = load_file(path)
+    for layer in range(2):
+        state[f"model.layers.{layer}.self_attn.k_scale"] = torch.tensor(0.5 + layer)
+        state[f"model.layers.{layer}.self_attn.v_scale"] = torch.tensor(0.25 + layer)
+    save_file(state, path)
+    model, quantizer = load(qdir, None)
+    assert quantizer.name == "compressed-tensors"
+    scales = sorted(m.kv_scales for m in model.modules() if hasattr(m, "kv_scales"))
+    assert scales == [(0.5, 0.25), (1.5, 1.25)]
