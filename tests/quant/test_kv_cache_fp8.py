@@ -331,3 +331,16 @@ def test_compiled_cpu_decode_refuses_an_fp8_cache(tiny_dir, monkeypatch):
     monkeypatch.setenv("OCTAVO_CPU_COMPILE", "1")
     with pytest.raises(ConfigError, match="fp8 KV cache"):
         _worker(tiny_dir, kv_cache_dtype="fp8", kv_cache_memory_bytes=1 << 20)
+
+
+def test_serve_flag_takes_the_fp8_names():
+    import argparse
+
+    from octavo.cli.flags import add_settings_arguments, settings_from_args
+
+    parser = argparse.ArgumentParser()
+    add_settings_arguments(parser)
+    for name in ("fp8", "fp8_e4m3", "fp8_e5m2"):
+        assert settings_from_args(parser.parse_args(["--kv-cache-dtype", name])).cache.kv_cache_dtype == name
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--kv-cache-dtype", "fp8_e4m3fnuz"])
