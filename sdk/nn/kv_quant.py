@@ -150,8 +150,9 @@ def take_kv_scales(weights: Iterable[tuple[str, torch.Tensor]], model: torch.nn.
 
     Each scale lands on the paged ``Attention`` module under the checkpoint's attention prefix (e.g.
     ``model.layers.3.self_attn`` -> ``model.layers.3.self_attn.attn``) as ``layer.kv_scales = (k, v)``.
-    Scales are used only with an fp8 ``kv_cache_dtype``. A scale with no matching layer, or with more than one
-    value (per-head scales), is an error naming the tensor, never dropped silently.
+    Scales are used only with an fp8 ``kv_cache_dtype``. A scale matching several layers, with more than one value
+    (per-head scales) or not positive is an error naming the tensor; one matching no layer here goes on to the
+    model's ``load_weights``, which skips another pipeline stage's tensors and refuses anything else by name.
     """
     layers = {name: m for name, m in model.named_modules() if hasattr(m, "bind") and hasattr(m, "num_kv_heads")}
     for name, tensor in weights:
@@ -161,7 +162,10 @@ def take_kv_scales(weights: Iterable[tuple[str, torch.Tensor]], model: torch.nn.
             continue
         prefix, kind = parsed
         matches = [m for n, m in layers.items() if n == prefix or n.startswith(prefix + ".")]
-        if len(matches) != 1:
+        if not matches:  # another pipeline stage's layer (the model skips it) or a stray tensor (the model names it)
+            yield name, tensor
+            continue
+        if len(matches) > 1:
             raise ValueError(f"checkpoint KV-cache scale {name!r} matches {len(matches)} attention layers of the "
                              f"model (expected one under {prefix!r})")
         if tensor.numel() != 1:
