@@ -158,6 +158,33 @@ def test_preemption_identical(engines, prompts):
     assert preempted[False] > 0 and preempted[True] > 0, preempted
 
 
+@full
+def test_prompt_logprobs_bias_and_beam_search_identical(engines, prompts):
+    """Prompt logprobs over a chunked prompt, logit bias, allowed tokens, and beam search (a front-end loop of
+    single steps with logprobs)."""
+    from octavo.beam_search import BeamSearchParams
+
+    picks = [prompts[0], prompts[-1], prompts[2]]
+    params = [SamplingParams(temperature=0.0, max_tokens=4, prompt_logprobs=1),
+              SamplingParams(temperature=0.0, max_tokens=6, prompt_logprobs=1, logit_bias={13: 5.0, 28: -100.0}),
+              SamplingParams(temperature=0.0, max_tokens=6, allowed_token_ids=list(range(200, 400)))]
+    out, beams = {}, {}
+    for m, llm in engines.items():
+        res = llm.generate(picks, params, use_tqdm=False)
+        out[m] = [(r.outputs[0].token_ids, [None if e is None else {t: v.logprob for t, v in e.items()}
+                                            for e in r.prompt_logprobs or []]) for r in res]
+        beams[m] = [[b.tokens for b in o.sequences]
+                    for o in llm.beam_search(picks[:2], BeamSearchParams(beam_width=2, max_tokens=5))]
+    for (ta, pa), (tb, pb) in zip(out[False], out[True]):
+        assert ta == tb and len(pa) == len(pb)
+        for ea, eb in zip(pa, pb):
+            assert (ea is None) == (eb is None)
+            if ea is not None:
+                assert ea.keys() == eb.keys() and all(abs(ea[t] - eb[t]) < 1e-4 for t in ea)
+    assert any(p for _, p in out[True])  # prompt logprobs came back
+    assert beams[True] == beams[False]
+
+
 def test_abort_mid_stream(engines, prompts):
     results = {}
     for mode, llm in engines.items():
