@@ -211,6 +211,13 @@ for dtype, (ks, vs) in ((torch.float8_e4m3fn, (2.0 ** -5, 2.0 ** -6)), (torch.fl
     for g, w in zip(got, want):
         err = (g - w).abs().max().item()
         assert err <= 1e-4, (dtype, err)
+# the unquantized path through the same kernels (KV_FP8 off; q and cache fp32, as the scenario makes them)
+for dtype in (torch.float32,):
+    got, _, got_cache = _scenario(TritonAttentionBackend, dtype, 1.0, 1.0, d=16)
+    want, _, want_cache = _scenario(TorchSDPABackend, dtype, 1.0, 1.0, d=16)
+    assert torch.equal(got_cache, want_cache), dtype
+    for g, w in zip(got, want):
+        assert (g - w).abs().max().item() <= 1e-4, dtype
 print("ok")
 """
 
