@@ -185,6 +185,33 @@ def test_prompt_logprobs_bias_and_beam_search_identical(engines, prompts):
     assert beams[True] == beams[False]
 
 
+@full
+def test_server_with_async_scheduling_matches_offline(engines):
+    """A real `octavo serve --async-scheduling` (float32, like the offline engine) and the official client:
+    completions greedy text (plain and streamed) equal the offline engine's synchronous output."""
+    import openai
+
+    from octavo.server.launch import ServerProcess
+
+    texts = ["The capital of France is", "def fibonacci(n):"]
+    llm = engines.use(False)
+    want = [r.outputs[0].text for r in llm.generate(texts, SamplingParams(temperature=0.0, max_tokens=16,
+                                                                          ignore_eos=True), use_tqdm=False)]
+    srv = ServerProcess(["--async-scheduling", "--served-model-name", "m", "--dtype", "float32", "--quantization",
+                         "none", "--max-model-len", "256", "--kv-cache-memory-bytes", str(64 << 20),
+                         "--uvicorn-log-level", "warning"]).start()
+    try:
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
+        extra = {"ignore_eos": True}
+        got = [client.completions.create(model="m", prompt=t, max_tokens=16, temperature=0, extra_body=extra)
+               .choices[0].text for t in texts]
+        streamed = "".join(c.choices[0].text for c in client.completions.create(
+            model="m", prompt=texts[0], max_tokens=16, temperature=0, stream=True, extra_body=extra) if c.choices)
+    finally:
+        assert srv.stop() == 0
+    assert got == want and streamed == want[0]
+
+
 def test_abort_mid_stream(engines, prompts):
     results = {}
     for mode, llm in engines.items():
