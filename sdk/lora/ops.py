@@ -9,8 +9,12 @@ number of ops whatever the number of adapters, never a Python loop over tokens:
   longest slot's token count), then one batched matmul shrinks and one expands, and one gather adds each
   token's row back (base-model tokens read a zeroed padding row). Chosen when padding wastes little
   (mixed decode batches: a few tokens per adapter).
-- ``loop``: the same sorted gather, but one matmul pair per slot segment (written into one buffer), chosen
-  when one slot has far more tokens than the others (a long prefill chunk next to decodes).
+- ``runs``: a request's tokens are contiguous in the batch, so when the step has few runs of one slot (prefill
+  chunks, long or few requests), each run is two matmuls, the expand added in place into ``y``'s rows
+  (``addmm_`` on a row slice): no gather, no extra pass over ``[n, out]``. Chosen when there are at most
+  ``max(4, S)`` runs or they average >= ``RUN_TOKENS`` tokens (decode batches, one token per request, are not).
+- ``loop``: the same sorted gather as ``padded``, but one matmul pair per slot segment (written into one
+  buffer), for the remaining lopsided steps (many short runs and one slot with far more tokens).
 
 Why not ``index_add_``: the first version scattered each slot's delta back with ``index_add_``, which on CPU
 is a serial ``scatter_add`` (19 ms per call for a 1024-token prefill step, half of the whole LoRA step time).
@@ -25,6 +29,8 @@ from __future__ import annotations
 import torch
 
 PAD_WASTE = 2.0  # ``padded`` when S * L <= PAD_WASTE * (tokens with an adapter) + 8 * S, else ``loop``
+RUN_TOKENS = 16  # ``runs`` when the runs of one slot average at least this many tokens
+USE_RUNS = True  # (tests turn it off to check the other layouts on the same tokens)
 
 
 class LoRAPlan:
@@ -44,12 +50,13 @@ class LoRAPlan:
     """
 
     __slots__ = ("mode", "slot", "slots_used", "span", "slot_idx", "length", "gather_idx", "back_idx", "pad_mask",
-                 "rows", "segments", "inv", "num_base", "triton")
+                 "rows", "segments", "inv", "num_base", "triton", "runs")
 
     def __init__(self) -> None:
         self.mode, self.slot, self.slots_used, self.span, self.slot_idx, self.length = "single", -1, [], 0, None, 0
         self.gather_idx = self.back_idx = self.pad_mask = self.rows = self.inv = self.triton = None
         self.segments: list[tuple[int, int, int]] = []
+        self.runs: list[tuple[int, int, int]] = []  # ``runs``: (slot, first token, end) in batch order
         self.num_base = 0
 
 
@@ -83,6 +90,12 @@ def plan_tokens(token_slots: torch.Tensor, device: torch.device, use_triton: boo
 
         plan.mode, plan.segments = "triton", segments
         plan.triton = plan_blocks(rows, segments, device)
+        return plan
+    change = torch.nonzero(token_slots[1:] != token_slots[:-1]).squeeze(1).add(1).tolist()
+    bounds = [0, *change, n]
+    runs = [(int(token_slots[b]), b, e) for b, e in zip(bounds[:-1], bounds[1:]) if int(token_slots[b]) >= 0]
+    if USE_RUNS and (len(runs) <= max(4, len(used)) or m >= RUN_TOKENS * len(runs)):
+        plan.mode, plan.runs = "runs", runs
         return plan
     longest = max(e - b for _, b, e in segments)
     prefix = used == list(range(len(used)))  # slots 0..S-1: the batched matmul views the weights, no copy
@@ -136,6 +149,15 @@ def lora_shrink_expand(x: torch.Tensor, y: torch.Tensor, lora_a: torch.Tensor, l
     if plan.mode == "single":
         delta = (x.to(dt) @ lora_a[plan.slot].t()) @ lora_b[plan.slot].t()
         return y.add_(delta.to(y.dtype))
+    if plan.mode == "runs":
+        same = x.dtype == dt == y.dtype
+        for slot, b0, e0 in plan.runs:
+            h = x[b0:e0].to(dt) @ lora_a[slot].t()
+            if same:
+                y[b0:e0].addmm_(h, lora_b[slot].t())
+            else:
+                y[b0:e0].add_((h @ lora_b[slot].t()).to(y.dtype))
+        return y
     if plan.mode == "padded":
         s, length = plan.span, plan.length
         a = lora_a[:s] if plan.slot_idx is None else lora_a.index_select(0, plan.slot_idx)

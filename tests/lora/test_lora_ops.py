@@ -20,11 +20,13 @@ CPU = torch.device("cpu")
 # (token slots, the mode plan_tokens picks)
 CASES = [
     ([2] * 5, "single"),
-    ([0, 1, 2, 3, 0, 1, 2, 3], "padded"),
-    ([1, -1, 0, -1, 1, 0, 0, -1], "padded"),  # base tokens read a zeroed padding row
-    ([3, -1, 5, 3, -1], "padded"),  # slots 3 and 5: not a prefix, weights gathered
-    ([0] * 1 + [-1] * 2 + [1] * 40 + [2], "loop"),  # one long segment: padding would waste 3x
-    ([0] * 6 + [1] * 6, "padded"),  # no padding row needed, no base tokens
+    ([0, 1, 2, 3, 0, 1, 2, 3], "padded"),  # decode-like: one token per request
+    ([1, -1, 0, -1, 1, 0, 0, -1, 1, 0], "padded"),  # base tokens read a zeroed padding row
+    ([3, -1, 5, 3, -1, 5, 3, 5], "padded"),  # slots 3 and 5: not a prefix, weights gathered
+    ([0, 1, 2] * 4 + [2] * 60, "loop"),  # many short runs, one slot far longer: padding would waste > 2x
+    ([0] * 1 + [-1] * 2 + [1] * 40 + [2], "runs"),  # a prefill chunk next to decodes
+    ([0] * 6 + [1] * 6, "runs"),
+    ([0] * 20 + [1] * 20 + [0] * 20 + [-1] * 20 + [2] * 20 + [1] * 20, "runs"),  # runs of >= 16 tokens
 ]
 
 
@@ -56,10 +58,11 @@ def test_torch_layouts_match_reference(slots, mode):
 
 @pytest.mark.parametrize("slots,_", CASES[1:])
 def test_loop_and_padded_agree_when_forced(slots, _, monkeypatch):
-    """Both multi-slot layouts on the same tokens (PAD_WASTE forces the choice)."""
+    """Both gathering layouts on the same tokens (USE_RUNS and PAD_WASTE force the choice)."""
     ts = torch.tensor(slots)
     x, y, a, b = _data(len(slots), 16, 12, 4, seed=1)
     want = lora_reference(x, y, a, b, ts)
+    monkeypatch.setattr(ops, "USE_RUNS", False)
     for waste, mode in [(1e9, "padded"), (-1e9, "loop")]:
         monkeypatch.setattr(ops, "PAD_WASTE", waste)
         plan = plan_tokens(ts, CPU)
