@@ -4,8 +4,8 @@
    replayed from a CUDA graph (the kernel has no host sync, so whole decode steps can be captured with it).
 2. End to end through ``LLM``: tiny random-weight Mixtral-like (8 experts, top-2) and Qwen3-MoE-like
    (16 experts, top-4, renormalised) checkpoints, bf16, CUDA graphs on, kernel installed by the cuda
-   platform, against the same engine with its layers put back on the torch path (eager): greedy tokens
-   identical until the first step where the torch path's own top-2 logprob margin is below ``MARGIN``.
+   platform; the same engine with its layers put back on the torch path (eager); and a float32 engine as
+   the oracle (see the test's docstring for the criterion).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import torch
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
-MARGIN = 0.1  # bf16 logits this close may swap order between two correct summation orders
+ORACLE_MARGIN = 0.3  # bf16 vs float32: logprobs of a 2-layer random MoE differ by up to ~0.25 (measured, CPU)
 
 
 def _layer(e, k, h, inter, dtype, seed=0):
@@ -80,48 +80,67 @@ def _checkpoint(root, arch):
     return path
 
 
-def _kernel_then_torch_path(path, prompts):
-    """Greedy outputs with the kernel (CUDA graphs on), then, in the same engine, with every ``FusedMoE`` back
-    on the torch path and the graph runner off (one engine per model keeps the GPU run short)."""
+def _engine_runs(path, prompts, dtype):
+    """Greedy outputs of one engine. bfloat16: with the kernel (CUDA graphs on), then in the same engine with
+    every ``FusedMoE`` back on the torch path and the graph runner off. float32: the torch path only (the kernel
+    refuses float32), eager: the oracle."""
     from octavo import LLM, SamplingParams
     from octavo.nn.fused_moe import FusedMoE
     from octavo.plugins.platforms.cuda_moe import use_torch_path
 
-    llm = LLM(model=path, dtype="bfloat16", skip_tokenizer_init=True, max_model_len=256, max_num_seqs=4,
-              kv_cache_memory_bytes=64 << 20, enable_prefix_caching=False, seed=0)
+    llm = LLM(model=path, dtype=dtype, skip_tokenizer_init=True, max_model_len=256, max_num_seqs=4,
+              kv_cache_memory_bytes=64 << 20, enable_prefix_caching=False, seed=0,
+              enforce_eager=dtype == "float32")
     runner = llm.llm_engine.core.executor.driver.runner
     moe = [m for m in runner.model.modules() if isinstance(m, FusedMoE)]
     params = SamplingParams(max_tokens=16, temperature=0, logprobs=2, ignore_eos=True)
     installed = sum("apply_experts" in m.__dict__ for m in moe)
     graphs = runner.graph_runner is not None
-    kernel = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-    for m in moe:
-        use_torch_path(m)
-    runner.graph_runner = None
-    ref = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    runs = [llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)]
+    if dtype != "float32":
+        for m in moe:
+            use_torch_path(m)
+        runner.graph_runner = None
+        runs.append(llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False))
     del llm, runner, moe
     gc.collect()
     torch.cuda.empty_cache()
-    return kernel, ref, installed, graphs
+    return runs, installed, graphs
 
 
 @pytest.mark.parametrize("arch", ["MixtralForCausalLM", "Qwen3MoeForCausalLM"])
 def test_tiny_moe_model_greedy_parity_with_torch_path(arch, tmp_path, monkeypatch):
+    """bf16 kernel and bf16 torch path against a float32 oracle (the torch path in float32): the kernel's
+    greedy tokens follow the oracle's until a step whose oracle margin is within bf16 noise, and its
+    log-probabilities are no further from the oracle's than the bf16 torch path's are.
+
+    Two bf16 runs alone are not a fair oracle for MoE: a one-ulp difference can flip a near-tied top-k
+    routing choice of one token. On the H100, the first version of this test saw a logprob 0.21 apart
+    between kernel and torch path on the Qwen3-MoE-like model, with both choosing the same token."""
     path = _checkpoint(tmp_path, arch)
     rng = random.Random(0)
     prompts = [[rng.randrange(3, 512) for _ in range(n)] for n in (1, 9, 40)]
     monkeypatch.delenv("OCTAVO_MOE_TRITON", raising=False)
-    kernel, ref, installed, graphs = _kernel_then_torch_path(path, prompts)
-    assert installed == 2 and graphs, (installed, graphs)
-    agreed = 0
-    for got, want in zip(kernel, ref):
-        g, w = got.outputs[0], want.outputs[0]
-        for i, (a, b) in enumerate(zip(g.token_ids, w.token_ids)):
-            if a != b:
-                top = sorted((lp.logprob for lp in w.logprobs[i].values()), reverse=True)
-                margin = top[0] - top[1]
-                assert margin < MARGIN, f"{arch} step {i}: kernel {a}, torch path {b}, clear margin {margin:.3f}"
+    (oracle,), installed32, _ = _engine_runs(path, prompts, "float32")
+    (kernel, torch_bf16), installed, graphs = _engine_runs(path, prompts, "bfloat16")
+    assert installed == 2 and graphs and installed32 == 0, (installed, graphs, installed32)
+    _compare(arch, kernel, torch_bf16, oracle)
+
+
+def _compare(arch, kernel, torch_bf16, oracle):
+    err_k, err_t = [], []
+    for k_out, t_out, o_out in zip(kernel, torch_bf16, oracle):
+        k, t, o = k_out.outputs[0], t_out.outputs[0], o_out.outputs[0]
+        for i, (a, b, c) in enumerate(zip(k.token_ids, t.token_ids, o.token_ids)):
+            if not a == b == c:
+                top = sorted((lp.logprob for lp in o.logprobs[i].values()), reverse=True)
+                assert a == c or b != c or top[0] - top[1] < ORACLE_MARGIN, \
+                    f"{arch} step {i}: kernel {a}, oracle and torch path {c}, oracle margin {top[0] - top[1]:.3f}"
                 break
-            assert abs(g.logprobs[i][a].logprob - w.logprobs[i][a].logprob) < 0.2
-            agreed += 1
-    assert agreed >= 16, f"{arch}: only {agreed} of 48 tokens compared before an ambiguous step"
+            err_k.append(abs(k.logprobs[i][a].logprob - o.logprobs[i][a].logprob))
+            err_t.append(abs(t.logprobs[i][a].logprob - o.logprobs[i][a].logprob))
+    assert len(err_k) >= 16, f"{arch}: only {len(err_k)} of 48 tokens compared before an ambiguous step"
+    mean_k, mean_t = sum(err_k) / len(err_k), sum(err_t) / len(err_t)
+    print(f"{arch}: {len(err_k)} tokens, |logprob - fp32| kernel mean {mean_k:.4f} max {max(err_k):.4f}, "
+          f"torch path mean {mean_t:.4f} max {max(err_t):.4f}")
+    assert mean_k <= 1.5 * mean_t + 0.02 and max(err_k) <= 0.5, (mean_k, mean_t, max(err_k))
