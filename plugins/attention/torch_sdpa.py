@@ -85,8 +85,13 @@ class TorchSDPABackend(AttentionBackend):
         super().__init__(**kwargs)
         self.k_scale = self.v_scale = 1.0  # per-layer fp8 scales; the worker sets checkpoint values
 
-    def _read(self, cached: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Tensor:
-        return dequantize(cached, scale, dtype) if is_fp8(cached.dtype) else cached.to(dtype)
+    @staticmethod
+    def _read(cache: torch.Tensor, index: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Tensor:
+        """``cache.index_select(0, index)`` in ``dtype``; an fp8 cache is gathered as bytes (fp8 indexing kernels
+        are not on every device) and dequantized."""
+        if is_fp8(cache.dtype):
+            return dequantize(cache.view(torch.uint8).index_select(0, index).view(cache.dtype), scale, dtype)
+        return cache.index_select(0, index).to(dtype)
 
     @classmethod
     def build_metadata(cls, layout: AttentionLayout, device: torch.device) -> TorchSDPAMetadata:
@@ -148,9 +153,9 @@ class TorchSDPABackend(AttentionBackend):
         ctx_len = md.decode_k_pos.shape[1]
         # whole blocks [D * B, block_size, kv_heads, d] -> [D, kv_heads, L, d]; the cache may have its own
         # dtype (kv_cache_dtype): attend in the query's
-        k = self._read(kv_cache[0].index_select(0, md.decode_blocks), self.k_scale, q.dtype).view(
+        k = self._read(kv_cache[0], md.decode_blocks, self.k_scale, q.dtype).view(
             num_decodes, ctx_len, self.num_kv_heads, self.head_size).transpose(1, 2)
-        v = self._read(kv_cache[1].index_select(0, md.decode_blocks), self.v_scale, q.dtype).view(
+        v = self._read(kv_cache[1], md.decode_blocks, self.v_scale, q.dtype).view(
             num_decodes, ctx_len, self.num_kv_heads, self.head_size).transpose(1, 2)
         qg = q.view(num_decodes, self.num_kv_heads, group, self.head_size)  # [D, kv_heads, g, d]
         if self.logits_soft_cap:
@@ -177,8 +182,8 @@ class TorchSDPABackend(AttentionBackend):
     def _prefill(self, q, k_cache, v_cache, item: PrefillItem, md: TorchSDPAMetadata, group: int) -> torch.Tensor:
         allowed = self._mask(md, id(item), lambda: self._allowed(item.q_pos, item.k_pos))  # [q_len, seq_len]
         qh = q.transpose(0, 1)  # [heads, q_len, d]
-        kh = self._read(k_cache.index_select(0, item.slots), self.k_scale, q.dtype).transpose(0, 1)  # [kvh, L, d]
-        vh = self._read(v_cache.index_select(0, item.slots), self.v_scale, q.dtype).transpose(0, 1)
+        kh = self._read(k_cache, item.slots, self.k_scale, q.dtype).transpose(0, 1)  # [kv_heads, seq_len, d]
+        vh = self._read(v_cache, item.slots, self.v_scale, q.dtype).transpose(0, 1)
         if self.logits_soft_cap:
             kh = kh.float().repeat_interleave(group, dim=0)  # [heads, seq_len, d]
             scores = torch.matmul(qh.float(), kh.transpose(1, 2)) * self.scale  # [heads, q_len, seq_len]
