@@ -78,7 +78,9 @@ def main() -> None:
                for i in range(args.batch)]
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
     mixed = [loras[i % len(loras)] for i in range(args.batch)]
-    llm.generate(prompts[:4], params, use_tqdm=False, lora_request=mixed[:4])  # warm up (loads 4 adapters)
+    warm = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)  # full batch both ways: adapters loaded,
+    for choice in (mixed, None):  # KV pages and allocator warm, so round 0 does not favour the second side
+        llm.generate(prompts, warm, use_tqdm=False, lora_request=choice)
     times: dict[str, list[float]] = {"base": [], "mixed": []}
     cpu: dict[str, list[float]] = {"base": [], "mixed": []}  # tokens per CPU-second of this process
     for r in range(args.rounds):
