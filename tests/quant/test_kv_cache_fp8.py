@@ -351,3 +351,10 @@ def test_serve_flag_takes_the_fp8_names():
         assert settings_from_args(parser.parse_args(["--kv-cache-dtype", name])).cache.kv_cache_dtype == name
     with pytest.raises(SystemExit):
         parser.parse_args(["--kv-cache-dtype", "fp8_e4m3fnuz"])
+
+
+def test_a_device_that_cannot_hold_fp8_is_refused():
+    """The start-up probe stores and reads back an fp8 tensor on the device; torch's ``meta`` device (no data)
+    stands in for a platform whose torch build has no fp8 storage."""
+    with pytest.raises(ValueError, match=r"kv_cache_dtype='fp8': the meta device cannot store .*kv_cache_dtype=auto"):
+        check_kv_cache_dtype("fp8", TorchSDPABackend, torch.device("meta"))
