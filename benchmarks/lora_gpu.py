@@ -108,10 +108,10 @@ def run_shape(shape: str, args, tmp: str, device: str) -> dict:
     sync()
     res["warmup_s"] = round(time.perf_counter() - t, 2)
     lora = llm.llm_engine.core.executor.driver.runner.lora
-    res["lora_kernel"] = "triton" if lora.use_triton else "torch"
+    res["lora_kernel"] = "triton" if lora.use_triton else "torch"  # the engine's default (OCTAVO_LORA_KERNEL)
     variants = [("base", None, lora.use_triton), ("mixed", mixed, lora.use_triton)]
-    if lora.use_triton and args.torch_too:  # the same mixed batch through the torch op (padded bmm) on the GPU
-        variants.append(("mixed_torch_op", mixed, False))
+    if device == "cuda" and args.torch_too:  # the same mixed batch through the other op
+        variants.append(("mixed_triton_op" if not lora.use_triton else "mixed_torch_op", mixed, not lora.use_triton))
     tps: dict[str, list[float]] = {name: [] for name, _, _ in variants}
     for r in range(args.repeats):
         for name, choice, use_triton in variants:
@@ -134,8 +134,9 @@ def run_shape(shape: str, args, tmp: str, device: str) -> dict:
     if tps["mixed"] and tps["base"]:
         res.update({"ratio_best": max(tps["mixed"]) / max(tps["base"]),
                     "ratio_per_round": [m / b for m, b in zip(tps["mixed"], tps["base"])]})
-    if tps.get("mixed_torch_op") and tps["base"]:
-        res["ratio_best_torch_op"] = max(tps["mixed_torch_op"]) / max(tps["base"])
+    for other in ("mixed_torch_op", "mixed_triton_op"):
+        if tps.get(other) and tps["base"]:
+            res[f"ratio_best_{other.removeprefix('mixed_')}"] = max(tps[other]) / max(tps["base"])
     return res
 
 
@@ -163,7 +164,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--budget-s", type=float, default=1e9, help="skip a shape when less than its estimate is left")
     ap.add_argument("--skip-kernel-check", action="store_true")
-    ap.add_argument("--torch-too", action="store_true", help="also time the mixed batch with the torch op")
+    ap.add_argument("--torch-too", action="store_true", help="also time the mixed batch with the other op "
+                    "(Triton when the engine runs torch, and the reverse)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -195,7 +197,10 @@ def main() -> None:
         if args.out:
             with open(os.path.join(args.out, f"lora_{shape}.json"), "w") as f:
                 json.dump(res, f, indent=1)
-        if device == "cuda":
+        if device == "cuda":  # the finished engine's weights must be gone before the next shape sizes its cache
+            import gc
+
+            gc.collect()
             torch.cuda.empty_cache()
 
 

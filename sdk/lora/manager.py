@@ -13,6 +13,7 @@ adapter of each scheduled request; adapters not on the device take the least rec
 
 from __future__ import annotations
 
+import os
 from collections import OrderedDict
 from typing import Any
 
@@ -94,7 +95,7 @@ class LoRAManager:
         self.slot_of: OrderedDict[int, int] = OrderedDict()  # adapter id -> device slot, LRU
         self.plan: LoRAPlan | None = None  # this step's token layout (None: no token runs an adapter)
         self.active_slots: frozenset[int] = frozenset()
-        self.use_triton = torch.device(device).type == "cuda" and _triton_available()
+        self.use_triton = _use_triton(device)
         self.token_slots: torch.Tensor | None = None  # [n] on the device, for embedding lookups
         # an embedding's delta is B @ (A looked up by id): expanded through the op with an identity "shrink"
         self.eye = torch.eye(self.max_rank, dtype=self.dtype, device=device).expand(self.max_loras, -1, -1)
@@ -234,9 +235,21 @@ def _shard(proj: _Projection, module: Any) -> tuple[list[int], int]:
     raise ValueError(f"{proj.name}: LoRA on a {type(module).__name__} under tensor parallelism is not implemented")
 
 
-def _triton_available() -> bool:
-    try:
-        import triton  # noqa: F401
-    except ImportError:
+def _use_triton(device) -> bool:
+    """Whether the Triton kernels run the op: on CUDA, only with ``OCTAVO_LORA_KERNEL=triton``.
+
+    Measured on an H100 (docs/performance.md, Llama-3-8B shape, batch 64, eager LoRA steps): the torch op ran
+    the mixed batch 1.84x faster than the Triton kernels, whose Python launch cost (two launches + a memset
+    per projection, 128 projections a step) dominates an eager step. The kernels pay off once LoRA steps
+    are captured in CUDA graphs (not done), so they are opt-in until then.
+    """
+    choice = os.environ.get("OCTAVO_LORA_KERNEL", "torch")
+    if choice not in ("torch", "triton"):
+        raise ValueError(f"OCTAVO_LORA_KERNEL={choice!r}: use 'torch' (default) or 'triton' (CUDA only)")
+    if choice == "torch":
         return False
+    if torch.device(device).type != "cuda":
+        raise ValueError("OCTAVO_LORA_KERNEL=triton needs a CUDA device")
+    import triton  # noqa: F401 - an ImportError names the missing package
+
     return True
