@@ -216,6 +216,8 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--budget", type=float, default=52.0, help="seconds; phases start only if time is left")
     ap.add_argument("--layers", type=int, default=int(os.environ.get("KVFP8_LAYERS", "8")))
+    ap.add_argument("--phases", default="kernels,model_parity,engines,throughput_8b_shape",
+                    help="comma-separated subset (a rerun can take the phases the first run had no time for)")
     args = ap.parse_args()
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     RESULT.update({"card": torch.cuda.get_device_name(0) if not DRY else "cpu (dry run)", "torch": torch.__version__,
@@ -225,6 +227,8 @@ def main() -> None:
                                ("engines", lambda: engines(tmp), 15),
                                ("throughput_8b_shape", lambda: throughput(tmp, args.budget, args.layers),
                                 1e9 if DRY else 25)):
+            if name not in args.phases.split(","):
+                continue
             if left(args.budget) < need:
                 RESULT[name] = {"skipped": f"{left(args.budget):.0f} s left of the {args.budget:.0f} s budget"}
             else:
