@@ -3,7 +3,7 @@
 Weights are e4m3 with one scale per output row; activations are quantized per token at run time
 (dynamic scales: one fused Triton kernel, plugins/quant/fp8_triton.py, or torch ops when Triton is missing or
 ``OCTAVO_FP8_FUSED_QUANT=0``) and multiplied with ``torch._scaled_mm`` (row-wise scales, bf16 output). Inputs
-of at most ``OCTAVO_FP8_GEMV_MAX_M`` rows (decode; default 1, 0 turns it off) take one Triton GEMV instead
+of one row (batch-1 decode; ``OCTAVO_FP8_GEMV_MAX_M=0`` turns it off) take one Triton GEMV instead
 that quantizes the activations itself and applies both scales (plugins/quant/fp8_gemv.py): same W8A8
 arithmetic, one launch, and all SMs streaming weights, where ``_scaled_mm``'s tiles leave most idle at one
 row. The GEMV is checked once per weight shape against ``_scaled_mm`` on the device at load (and tuned
@@ -45,8 +45,10 @@ def _gemv_max_m() -> int:
         value = int(raw)
     except ValueError:
         raise ValueError(f"OCTAVO_FP8_GEMV_MAX_M={raw!r} is not an integer (rows; 0 turns the fp8 GEMV off)") from None
-    if not 0 <= value <= 16:
-        raise ValueError(f"OCTAVO_FP8_GEMV_MAX_M={value} is outside 0..16 (the GEMV's row limit; 0 turns it off)")
+    if value not in (0, 1):
+        raise ValueError(f"OCTAVO_FP8_GEMV_MAX_M={value}: only 1 (the GEMV for one-row inputs) or 0 (off). The "
+                         "2-16-row GEMV kernel measured slower than torch._scaled_mm on H100 and two of its GPU "
+                         "checks failed undiagnosed (docs/performance.md, 'FP8 linears'); the engine does not use it")
     return value
 
 

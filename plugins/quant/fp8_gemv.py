@@ -14,9 +14,10 @@ path a batch size takes (up to fp32 summation order): for each row ``m`` the abs
 divides), clamped to +-448 and rounded to e4m3; then ``y[m, n] = (sum_k q[m, k] * W[n, k]) * s_x * s_w[n]``
 in fp32 (e4m3 products are exact in fp32), rounded to the output dtype, then ``+ bias``.
 
-One row: autotuned tiles, the row's absmax read first. 2-16 rows: a second kernel loads each weight tile
-once for all rows (fixed tiles per padded row count; ``benchmarks/fp8perf.py`` measures where
-``_scaled_mm`` takes over, which sets ``OCTAVO_FP8_GEMV_MAX_M``). ``TRITON_INTERPRET=1`` runs it
+One row: autotuned tiles, the row's absmax read first (or the norm's e4m3 copy read instead). 2-16 rows: a
+second kernel loads each weight tile once for all rows; on H100 it measured slower than ``_scaled_mm`` from 2
+rows on and two of its GPU checks failed undiagnosed (batch 1), so the engine only uses one row
+(``OCTAVO_FP8_GEMV_MAX_M`` is 0 or 1); it stays for experiments and its interpreter test. ``TRITON_INTERPRET=1`` runs it
 on CPU tensors (tests/quant/test_fp8_gemv.py, against a float64 reference). This module imports Triton:
 fp8.py imports it on first use, never at plugin import.
 """
