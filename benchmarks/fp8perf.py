@@ -83,6 +83,7 @@ def parity(budget: float, save=lambda part: None) -> dict:
     # the two shapes whose multi-row checks failed in batch 1 first
     shapes = sorted(g.LLAMA3_8B_SHAPES, key=lambda s: s not in ((4096, 4096), (28672, 4096)))
     tests = [(f"gemv_{n}x{k}", lambda n=n, k=k: g.test_fp8_gemv_on_cuda(n, k)) for n, k in shapes]
+    tests += [(f"gemv_rows_{n}x{k}", lambda n=n, k=k: g.test_fp8_gemv_on_cuda(n, k, rows=(4, 16))) for n, k in shapes]
     tests.append(("cuda_graph_replay", g.gpu_graph_replay_check))
     try:
         import tests.quant.test_fp8_triton as t
