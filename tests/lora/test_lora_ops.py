@@ -26,7 +26,7 @@ CASES = [
     ([0, 1, 2] * 4 + [2] * 60, "loop"),  # many short runs, one slot far longer: padding would waste > 2x
     ([0] * 1 + [-1] * 2 + [1] * 40 + [2], "runs"),  # a prefill chunk next to decodes
     ([0] * 6 + [1] * 6, "runs"),
-    ([0] * 20 + [1] * 20 + [0] * 20 + [-1] * 20 + [2] * 20 + [1] * 20, "runs"),  # runs of >= 16 tokens
+    ([0] * 20 + [1] * 20 + [0] * 20 + [-1] * 20 + [2] * 20 + [1] * 20, "padded"),  # 5 runs > S: gathered
 ]
 
 
