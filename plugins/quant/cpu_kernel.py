@@ -275,24 +275,31 @@ def _cache_dir() -> str:
     return os.path.join(base, "kernels")
 
 
-def _build() -> ctypes.CDLL:
+def compile_shared_library(source: str, stem: str, flags: list[str]) -> str:
+    """Compile C ``source`` with ``$CC flags`` into ``$OCTAVO_CACHE_DIR/kernels/<stem>_<hash>.so`` once per
+    source, compiler, flags and machine; returns the path. Also used by :mod:`.int8_cpu_kernel`."""
     cc = os.environ.get("CC", "cc")
     if shutil.which(cc) is None:
         raise RuntimeError(f"no C compiler ({cc!r} not on PATH; set CC)")
-    key = hashlib.sha256("\0".join([C_SOURCE, cc, *_FLAGS, platform.machine(), platform.node()]).encode())
-    path = os.path.join(_cache_dir(), f"octavo_q_{key.hexdigest()[:16]}.so")
+    key = hashlib.sha256("\0".join([source, cc, *flags, platform.machine(), platform.node()]).encode())
+    path = os.path.join(_cache_dir(), f"{stem}_{key.hexdigest()[:16]}.so")
     if not os.path.exists(path):
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with tempfile.TemporaryDirectory() as tmp:
-            src, out = os.path.join(tmp, "q.c"), os.path.join(tmp, "q.so")
+            src, out = os.path.join(tmp, f"{stem}.c"), os.path.join(tmp, f"{stem}.so")
             with open(src, "w") as f:
-                f.write(C_SOURCE)
-            proc = subprocess.run([cc, *_FLAGS, src, "-o", out], capture_output=True, text=True)
+                f.write(source)
+            proc = subprocess.run([cc, *flags, src, "-o", out, "-lm"], capture_output=True, text=True)
             if proc.returncode:
                 raise RuntimeError(f"{cc} failed: {proc.stderr.strip()[-500:]}")
             tmp_final = f"{path}.{os.getpid()}.tmp"
             shutil.copyfile(out, tmp_final)
             os.replace(tmp_final, path)  # atomic: concurrent workers never load a half-written file
+    return path
+
+
+def _build() -> ctypes.CDLL:
+    path = compile_shared_library(C_SOURCE, "octavo_q", _FLAGS)
     # NOTE: the library needs libgomp.so.1; torch (imported above) has loaded its own copy under that soname,
     # so the kernels' parallel regions run on torch's OpenMP thread pool (one runtime, checked in
     # /proc/self/maps), and torch.set_num_threads / OMP_* settings apply to both

@@ -18,14 +18,11 @@ use the torch path. Under ``torch.compile`` it is the custom op ``octavo::w8a8_l
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import os
-import platform
-import shutil
-import subprocess
-import tempfile
 
 import torch
+
+from octavo.plugins.quant.cpu_kernel import compile_shared_library
 
 #: at most this many rows use the fused kernel; more rows go through torch._int_mm.
 FUSED_MAX_ROWS = 16
@@ -100,39 +97,9 @@ _FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC"]
 _state: dict[str, object] = {}
 
 
-def _cache_dir() -> str:
-    base = os.environ.get("OCTAVO_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "octavo")
-    return os.path.join(base, "kernels")
-
-
 def _build() -> ctypes.CDLL:
-    cc = os.environ.get("CC", "cc")
-    if shutil.which(cc) is None:
-        raise RuntimeError(f"no C compiler ({cc!r} not on PATH; set CC)")
-    key = hashlib.sha256("\0".join([C_SOURCE, cc, *_FLAGS, platform.machine(), platform.node()]).encode())
-    path = os.path.join(_cache_dir(), f"octavo_w8a8_{key.hexdigest()[:16]}.so")
-    if not os.path.exists(path):
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with tempfile.TemporaryDirectory() as tmp:
-            src, out = os.path.join(tmp, "w8a8.c"), os.path.join(tmp, "w8a8.so")
-            with open(src, "w") as f:
-                f.write(C_SOURCE)
-            proc = subprocess.run([cc, *_FLAGS, src, "-o", out, "-lm"], capture_output=True, text=True)
-            if proc.returncode:
-                raise RuntimeError(f"{cc} failed: {proc.stderr.strip()[-500:]}")
-            tmp_final = f"{path}.{os.getpid()}.tmp"
-            shutil.copyfile(out, tmp_final)
-            os.replace(tmp_final, path)  # atomic: concurrent workers never load a half-written file
-    old = os.environ.get("OMP_WAIT_POLICY")  # idle OpenMP threads sleep instead of spinning against torch's
-    os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
-    try:
-        lib = ctypes.CDLL(path)
-    finally:
-        if old is None:
-            os.environ.pop("OMP_WAIT_POLICY", None)
-        else:
-            os.environ["OMP_WAIT_POLICY"] = old
+    # runs on torch's OpenMP pool: torch has loaded libgomp already (see cpu_kernel's note)
+    lib = ctypes.CDLL(compile_shared_library(C_SOURCE, "octavo_w8a8", _FLAGS))
     p, i, f = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
     lib.w8a8_gemm.argtypes = [p, i, i, p, p, p, i, f, i, p, i]
     lib.w8a8_gemm.restype = i
