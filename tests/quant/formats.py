@@ -17,9 +17,21 @@ LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_
 AWQ_ORDER = [0, 2, 4, 6, 1, 3, 5, 7]
 
 
-def _quantize_groups(w: torch.Tensor, g_idx: torch.Tensor, num_groups: int, sym: bool):
-    """``w [N, K]`` -> integer ``q [K, N]`` in 0..15, integer zeros and scales ``[G, N]``: w ~ s * (q - z)."""
+def group_index(k: int, group: int, desc_act: bool, seed: int = 0) -> torch.Tensor:
+    """GPTQ's ``g_idx [K]``: each input column's group; with ``desc_act`` the columns are permuted (act-order)."""
+    if not desc_act:
+        return (torch.arange(k) // group).to(torch.int32)
+    perm = torch.randperm(k, generator=torch.Generator().manual_seed(seed))
+    g_idx = torch.empty(k, dtype=torch.int32)
+    g_idx[perm] = (torch.arange(k) // group).to(torch.int32)
+    return g_idx
+
+
+def _quantize_groups(w: torch.Tensor, g_idx: torch.Tensor, num_groups: int, sym: bool, bits: int = 4):
+    """``w [N, K]`` -> integer ``q [K, N]`` in 0..2^bits - 1, integer zeros and scales ``[G, N]``: w ~ s * (q - z)
+    (symmetric: z = 2^(bits - 1), s = amax / (levels / 2))."""
     n, k = w.shape
+    levels = 2**bits - 1
     q = torch.empty(k, n, dtype=torch.int32)
     zeros = torch.empty(num_groups, n, dtype=torch.int32)
     scales = torch.empty(num_groups, n, dtype=torch.float16)
@@ -27,13 +39,13 @@ def _quantize_groups(w: torch.Tensor, g_idx: torch.Tensor, num_groups: int, sym:
         cols = (g_idx == g).nonzero().squeeze(1)
         block = w[:, cols].float()  # [N, group]
         if sym:
-            s = (block.abs().amax(1) / 7.5).clamp(min=1e-6).half().float()
-            z = torch.full((n,), 8, dtype=torch.int32)
+            s = (block.abs().amax(1) / (levels / 2)).clamp(min=1e-6).half().float()
+            z = torch.full((n,), 2 ** (bits - 1), dtype=torch.int32)
         else:
             lo, hi = block.amin(1), block.amax(1)
-            s = ((hi - lo) / 15).clamp(min=1e-6).half().float()
-            z = torch.clamp(torch.round(-lo / s), 0, 15).to(torch.int32)
-        q[cols] = torch.clamp(torch.round(block / s[:, None]) + z[:, None], 0, 15).to(torch.int32).t()
+            s = ((hi - lo) / levels).clamp(min=1e-6).half().float()
+            z = torch.clamp(torch.round(-lo / s), 0, levels).to(torch.int32)
+        q[cols] = torch.clamp(torch.round(block / s[:, None]) + z[:, None], 0, levels).to(torch.int32).t()
         zeros[g], scales[g] = z, s.half()
     return q, zeros, scales
 
@@ -57,12 +69,7 @@ def gptq_tensors(w: torch.Tensor, group_size: int, sym: bool, desc_act: bool, se
     """GPTQ (v1 format: stored zero = z - 1) tensors of one projection, and its dequantized weight."""
     n, k = w.shape
     group = k if group_size == -1 else group_size
-    if desc_act:
-        perm = torch.randperm(k, generator=torch.Generator().manual_seed(seed))
-        g_idx = torch.empty(k, dtype=torch.int32)
-        g_idx[perm] = (torch.arange(k) // group).to(torch.int32)
-    else:
-        g_idx = (torch.arange(k) // group).to(torch.int32)
+    g_idx = group_index(k, group, desc_act, seed)
     q, zeros, scales = _quantize_groups(w, g_idx.long(), k // group, sym)
     tensors = {"qweight": _pack(q, 0), "qzeros": _pack(zeros - 1, 1), "scales": scales, "g_idx": g_idx}
     return tensors, _dequant(q, zeros, scales, g_idx.long())

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import torch
 
+from tests.quant.formats import _dequant, _quantize_groups, group_index
+
 
 def _pack_codes(values: torch.Tensor, bits: int, dim: int) -> torch.Tensor:
     """Pack unsigned ``bits``-wide codes ``32 / bits`` per int32 along ``dim`` (code j at bit ``bits * j``)."""
@@ -38,29 +40,9 @@ def gptq8_tensors(w: torch.Tensor, group_size: int, sym: bool, desc_act: bool, s
     """GPTQ 8-bit (v1: stored zero = z - 1) tensors of one projection, and its dequantized weight."""
     n, k = w.shape
     group = k if group_size == -1 else group_size
-    if desc_act:
-        perm = torch.randperm(k, generator=torch.Generator().manual_seed(seed))
-        g_idx = torch.empty(k, dtype=torch.int32)
-        g_idx[perm] = (torch.arange(k) // group).to(torch.int32)
-    else:
-        g_idx = (torch.arange(k) // group).to(torch.int32)
-    q = torch.empty(k, n, dtype=torch.int32)
-    zeros = torch.empty(k // group, n, dtype=torch.int32)
-    scales = torch.empty(k // group, n, dtype=torch.float16)
-    for g in range(k // group):
-        cols = (g_idx == g).nonzero().squeeze(1)
-        block = w[:, cols].float()
-        if sym:
-            s = (block.abs().amax(1) / 127.5).clamp(min=1e-6).half().float()
-            z = torch.full((n,), 128, dtype=torch.int32)
-        else:
-            lo, hi = block.amin(1), block.amax(1)
-            s = ((hi - lo) / 255).clamp(min=1e-6).half().float()
-            z = torch.clamp(torch.round(-lo / s), 0, 255).to(torch.int32)
-        q[cols] = torch.clamp(torch.round(block / s[:, None]) + z[:, None], 0, 255).to(torch.int32).t()
-        zeros[g], scales[g] = z, s.half()
-    gl = g_idx.long()
-    dense = ((q - zeros[gl]).float() * scales[gl].float()).t().contiguous()
+    g_idx = group_index(k, group, desc_act, seed)
+    q, zeros, scales = _quantize_groups(w, g_idx.long(), k // group, sym, bits=8)
+    dense = _dequant(q, zeros, scales, g_idx.long())
     tensors = {"qweight": _pack_codes(q, 8, 0), "qzeros": _pack_codes(zeros - 1, 8, 1), "scales": scales,
                "g_idx": g_idx}
     return tensors, dense
