@@ -38,7 +38,7 @@ def _pack_codes(values: torch.Tensor, bits: int, dim: int) -> torch.Tensor:
 
 def gptq8_tensors(w: torch.Tensor, group_size: int, sym: bool, desc_act: bool, seed: int = 0):
     """GPTQ 8-bit (v1: stored zero = z - 1) tensors of one projection, and its dequantized weight."""
-    n, k = w.shape
+    k = w.shape[1]
     group = k if group_size == -1 else group_size
     g_idx = group_index(k, group, desc_act, seed)
     q, zeros, scales = _quantize_groups(w, g_idx.long(), k // group, sym, bits=8)
