@@ -27,6 +27,8 @@ import statistics
 import tempfile
 import time
 
+from structured_outputs import timed_steps  # benchmarks/ is sys.path[0] when run as a script
+
 QWEN3_0P6B = dict(architectures=["Qwen3ForCausalLM"], model_type="qwen3", hidden_size=1024, intermediate_size=3072,
                   num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
                   vocab_size=151936, max_position_embeddings=40960, rms_norm_eps=1e-6, rope_theta=1000000.0,
@@ -97,21 +99,6 @@ def bench_throughput(llm, args, vocab: int) -> dict:
             "tokens_identical": tokens[False] == tokens[True], "timers_off": timers[False], "timers_on": timers[True]}
 
 
-def decode_step_times(core, reqs, full: int) -> list[float]:
-    """Run ``reqs`` to the end; the times of ``step()`` calls while all ``full`` requests decode."""
-    for r in reqs:
-        core.add_request(r)
-    times = []
-    while core.has_unfinished_requests():
-        running = sum(1 for r in core.scheduler.running if r.num_output_tokens >= 1)
-        t0 = time.perf_counter()
-        core.step()
-        dt = time.perf_counter() - t0
-        if running == full:
-            times.append(dt)
-    return times
-
-
 def bench_structured(llm, args) -> dict:
     from octavo import SamplingParams
     from octavo.core.messages import EngineCoreRequest
@@ -130,7 +117,7 @@ def bench_structured(llm, args) -> dict:
         p = SamplingParams(temperature=0.0, max_tokens=args.structured_steps, ignore_eos=kind == "free",
                            structured_outputs=so if kind == "json" else None)
         reqs = [EngineCoreRequest(f"s{next(ids)}", pr, p, time.time(), eos_token_id=eos) for pr in prompts]
-        return decode_step_times(core, reqs, b)
+        return timed_steps(core, reqs, b)
 
     for mode in (False, True):  # warm: grammar compiled, buffers allocated
         run(mode, "json")
