@@ -23,6 +23,8 @@ from pathlib import Path
 
 import torch
 
+from octavo.env_flags import env_switch
+
 logger = logging.getLogger(__name__)
 
 CONFIG_DIR = Path(__file__).with_name("moe_configs")
@@ -188,7 +190,7 @@ def install_moe_kernels(model: torch.nn.Module, dtype: torch.dtype, device: torc
     notes: dict = {"triton": 0, "torch": 0, "reasons": {}}
     if not layers:
         return notes
-    if os.environ.get("OCTAVO_MOE_TRITON", "1") == "0":
+    if not env_switch("OCTAVO_MOE_TRITON"):
         notes["torch"] = len(layers)
         notes["reasons"]["all"] = "OCTAVO_MOE_TRITON=0"
         logger.info("fused MoE kernel off (OCTAVO_MOE_TRITON=0): %d layers on the torch path", len(layers))

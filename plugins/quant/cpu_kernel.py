@@ -31,6 +31,8 @@ import tempfile
 
 import torch
 
+from octavo.env_flags import env_switch
+
 logger = logging.getLogger(__name__)
 
 #: at most this many rows use the fused kernel; more rows dequantize once and use torch's GEMM.
@@ -315,7 +317,7 @@ def _build() -> ctypes.CDLL:
 def library() -> ctypes.CDLL | None:
     """The compiled kernels, or None (the reason is in :func:`unavailable_reason`). Built once per process."""
     if "lib" not in _state:
-        if os.environ.get("OCTAVO_CPU_QUANT_KERNEL", "1") == "0":
+        if not env_switch("OCTAVO_CPU_QUANT_KERNEL"):
             _state["lib"], _state["why"] = None, "disabled by OCTAVO_CPU_QUANT_KERNEL=0"
         else:
             try:

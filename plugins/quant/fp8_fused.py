@@ -34,6 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
+from octavo.env_flags import env_switch
 from octavo.plugins.quant.fp8_gemv import _round_e4m3
 
 logger = logging.getLogger(__name__)
@@ -226,7 +227,7 @@ def link_fp8_inputs(model: torch.nn.Module) -> dict[str, int]:
 
     fp8 = [m for m in model.modules() if isinstance(m, LinearBase) and isinstance(m.quant_method, _FP8Method)
            and getattr(m.quant_method, "fused", False)]
-    if not fp8 or os.environ.get("OCTAVO_FP8_FUSE_INPUTS", "1") == "0":
+    if not fp8 or not env_switch("OCTAVO_FP8_FUSE_INPUTS"):
         return {}
     device = fp8[0].weight.device
     producers = [m for m in model.modules() if type(m) in (RMSNorm, SiluAndMul)

@@ -18,10 +18,10 @@ use the torch path. Under ``torch.compile`` it is the custom op ``octavo::w8a8_l
 from __future__ import annotations
 
 import ctypes
-import os
 
 import torch
 
+from octavo.env_flags import env_switch
 from octavo.plugins.quant.cpu_kernel import compile_shared_library
 
 #: at most this many rows use the fused kernel; more rows go through torch._int_mm.
@@ -109,7 +109,7 @@ def _build() -> ctypes.CDLL:
 def library() -> ctypes.CDLL | None:
     """The compiled kernel, or None (reason: :func:`unavailable_reason`); ``OCTAVO_CPU_QUANT_KERNEL=0`` disables it."""
     if "lib" not in _state:
-        if os.environ.get("OCTAVO_CPU_QUANT_KERNEL", "1") == "0":
+        if not env_switch("OCTAVO_CPU_QUANT_KERNEL"):
             _state["lib"], _state["why"] = None, "disabled by OCTAVO_CPU_QUANT_KERNEL=0"
         else:
             try:
