@@ -17,6 +17,8 @@ import os
 
 import torch
 
+from octavo.core.async_runner import AsyncRunnerSteps
+
 logger = logging.getLogger(__name__)
 
 CHOICES = ("nccl", "symm_mem")
@@ -66,3 +68,36 @@ class SymmMemAllReduce:
         staged.copy_(x.view(-1))
         torch.ops.symm_mem.one_shot_all_reduce_out(staged, "sum", self.group_name, x.view(-1))
         return x
+
+
+def make_async_steps(worker):
+    """The runner's async-scheduling state for ``worker``: with tensor parallelism, one that broadcasts tp rank
+    0's sampled ids to the other ranks on the device before they feed the next step (see
+    :class:`TPAsyncRunnerSteps`); else the plain one (core/async_runner.py)."""
+    if getattr(worker, "world_size", 1) > 1:
+        return TPAsyncRunnerSteps(worker.device, worker.runner.synchronize)
+    return AsyncRunnerSteps(worker.device, worker.runner.synchronize)
+
+
+class TPAsyncRunnerSteps(AsyncRunnerSteps):
+    """Async scheduling with tensor parallelism (the ``mp`` executor): every rank samples, and under async
+    scheduling each rank writes ITS sampled ids into the next step's placeholder rows on its own device (the
+    host's copy, rank 0's, arrives a step later). Synchronous steps carry rank 0's tokens in the next batch,
+    so a rank whose sample differed (a near tie under a non-bitwise-identical reduction, another generator
+    state) is corrected; here it would feed its own token into its KV cache. So rank 0's ids are broadcast
+    over the tensor-parallel group right after sampling: one small collective per step, stream-ordered on the
+    device (no host sync), and every rank's next step provably runs rank 0's tokens."""
+
+    def defer(self, result, pending, inputs, reqs):
+        import torch.distributed as dist
+
+        from octavo.nn.parallel import get_tp_group
+
+        sampled = pending.get("sampled")
+        if sampled is not None:
+            if not sampled.is_contiguous():
+                sampled = pending["sampled"] = sampled.contiguous()
+            group = get_tp_group()
+            src = 0 if group is None else dist.get_global_rank(group, 0)
+            dist.broadcast(sampled, src=src, group=group)
+        return super().defer(result, pending, inputs, reqs)

@@ -146,9 +146,9 @@ class Worker:
         attach_spec_head(self)  # speculator heads draft next to the target, hooks before graphs (spec_decode_heads.py)
         self.prepared = prepare_on_platform(self)  # typed handle in, step runner out (core/platform_setup.py)
         if settings.scheduler.async_scheduling:  # placeholders + deferred outputs (core/async_runner.py)
-            from octavo.core.async_runner import AsyncRunnerSteps
+            from octavo.core.tp_comm import make_async_steps  # TP: sampled ids broadcast from rank 0
 
-            self.runner.async_steps = AsyncRunnerSteps(self.device, platform.synchronize)
+            self.runner.async_steps = make_async_steps(self)
         if settings.lora.enable_lora:  # adapter slots + a hook on every projection (docs/lora.md)
             from octavo.lora.manager import LoRAManager
 

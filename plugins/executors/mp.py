@@ -3,6 +3,13 @@
     engine core ──PUSH in{r}──▶ worker r   (the same StepBatch bytes to every rank: encoded once)
     engine core ◀──PULL out─── worker 0   (RunnerOutput)   any rank: WorkerInfo once, or its fatal error
 
+Async scheduling (``execute_async``): the step's bytes go out at once and a :class:`StepFuture` comes back;
+rank 0's outputs arrive in step order, so the future of step k reads replies until the k-th is in. Each
+worker resolves its deferred outputs on a reply thread while its main thread prepares the next step
+(mp_worker.py), so the core's scheduling, the broadcast and the workers' input preparation of step N+1 all
+overlap the device running step N. The sampled ids stay on the devices (broadcast from tp rank 0 there:
+core/tp_comm.py), so the ranks never need the host's copy to feed step N+1.
+
 Workers are fresh interpreters (``python -m octavo.plugins.executors.mp_worker``: spawn semantics; the
 engine core is itself a daemonic process, which ``multiprocessing`` forbids to have children). The ranks
 join ``torch.distributed`` (the platform's backend) among themselves; the engine core is not a rank.
@@ -24,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import deque
 
 import msgspec
 
@@ -44,8 +52,22 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+class StepFuture:
+    """Rank 0's answer to one step sent by :meth:`MultiprocExecutor.execute_async` (``result()`` waits)."""
+
+    def __init__(self, executor: MultiprocExecutor, seq: int) -> None:
+        self._executor, self._seq = executor, seq
+        self._out: RunnerOutput | None = None
+
+    def result(self) -> RunnerOutput:
+        if self._out is None:
+            self._out = self._executor._await(self._seq)
+        return self._out
+
+
 class MultiprocExecutor(Executor):
     name = "mp"
+    supports_async_scheduling = True
 
     def __init__(self, settings, platform, worker_target: str) -> None:
         super().__init__(settings, platform, worker_target)
@@ -60,6 +82,11 @@ class MultiprocExecutor(Executor):
         self.procs: list[subprocess.Popen] = []
         self.in_socks = []
         self._closed = False
+        # async scheduling: steps submitted / sent / answered so far; replies that came before they were asked
+        # for; steps held back until their grammar bitmasks can be filled (see ``_flush``)
+        self._submitted = self._sent = self._answered = 0
+        self._replies: dict[int, bytes] = {}
+        self._held: deque = deque()
         self._dir = tempfile.mkdtemp(prefix="octavo-mp-")
         self.ctx = zmq.Context()
         self.out_sock = self.ctx.socket(zmq.PULL)
@@ -129,18 +156,57 @@ class MultiprocExecutor(Executor):
                     time.sleep(POLL_MS / 1000)
 
     def execute(self, batch: StepBatch) -> RunnerOutput:
+        return self.execute_async(batch).result()
+
+    def execute_async(self, batch: StepBatch, grammar=None) -> StepFuture:
+        """Send the step now (or, with a grammar, as soon as its bitmasks can be filled) and return its future.
+        Steps run on the workers in submission order; the core waits on a future only for that step."""
         self.check_health()
-        self._broadcast([STEP, self._enc.encode(batch)])
+        fut = StepFuture(self, self._submitted)
+        self._submitted += 1
+        self._held.append((batch, grammar))
+        self._flush(upto=None)
+        return fut
+
+    def _flush(self, upto: int | None) -> None:
+        """Send held steps in order. A structured step's bitmasks need the previous step's tokens in the
+        grammars: under async scheduling the engine core releases its gate once they are (``is_released``), so
+        a step whose gate is still closed holds back itself and every later step, unless the core now waits
+        for it (``upto``): by then the core has released it. The fill then runs here, before the send, so
+        such a step does not overlap the previous one on the workers (the in-process executor overlaps it)."""
+        while self._held:
+            batch, grammar = self._held[0]
+            if grammar is not None:
+                ready = getattr(grammar, "is_released", None)
+                if ready is not None and not ready():
+                    if upto is None or self._sent > upto:
+                        return
+                    raise RuntimeError(f"step {self._sent} is awaited but its grammar gate is still closed (the "
+                                       "engine core releases it before waiting): filling it would never end")
+                _attach_bitmasks(grammar, batch)
+            self._held.popleft()
+            self._broadcast([STEP, self._enc.encode(batch)])
+            self._sent += 1
+
+    def _await(self, seq: int) -> RunnerOutput:
+        """Rank 0's output of step ``seq`` (outputs come in step order)."""
         try:
-            while True:
+            if self._sent <= seq:
+                self._flush(upto=seq)
+            while self._answered <= seq:
                 kind, rank, payload = self._recv(None, "running a step")
                 if kind == OUTPUT:
-                    return self._out_dec.decode(payload)
+                    self._replies[self._answered] = payload
+                    self._answered += 1
+            return self._out_dec.decode(self._replies.pop(seq))
         except ExecutorError:
             self.shutdown()  # survivors may be stuck in a collective with the dead rank
             raise
 
     def collective_rpc(self, method, args=(), kwargs=None, timeout=None) -> list:
+        if self._answered < self._submitted:  # the engine core waits idle first; a reply must not be skipped
+            raise ExecutorError(f"collective_rpc({method!r}) while {self._submitted - self._answered} step(s) "
+                                "are unanswered")
         """Every rank runs ``worker.rpc(method, args, kwargs)``; results by rank. Only names cross the process
         boundary (a worker method or ``"module:function"``): nothing is pickled, so a callable is refused."""
         if not isinstance(method, str):
@@ -180,3 +246,14 @@ class MultiprocExecutor(Executor):
             sock.close(linger=0)
         self.ctx.term()
         shutil.rmtree(self._dir, ignore_errors=True)
+
+
+def _attach_bitmasks(grammar, batch: StepBatch) -> None:
+    """Fill the step's grammar bitmasks now and put each masked row into its ``ScheduledRequestData`` as
+    bytes (``GrammarStep.attach``; a gated step's ``wait()`` gives the same rows once released)."""
+    _, positions, rows = grammar.wait()
+    if rows is None or not positions:
+        return
+    data = rows.numpy()
+    for j, i in enumerate(positions):
+        batch.scheduled[i].grammar_bitmask = data[j].tobytes()

@@ -12,12 +12,12 @@ import logging
 import os
 import signal
 import sys
-import traceback
 
 import msgspec
 
 from octavo.executor import resolve_target
-from octavo.plugins.executors.mp import ERROR, INFO, OUTPUT, RPC, RPC_RESULT, SHUTDOWN
+from octavo.plugins.executors.mp import INFO, RPC, RPC_RESULT, SHUTDOWN
+from octavo.plugins.executors.mp_replies import Replies, error_frames
 from octavo.step import StepBatch
 
 PARENT_CHECK_MS = 1000
@@ -39,13 +39,16 @@ def main(args: dict) -> int:
     tag = str(rank).encode()
     enc = msgspec.msgpack.Encoder()
     dec = msgspec.msgpack.Decoder(StepBatch)
+    replies = None
     try:
         worker = resolve_target(args["target"])(args["settings"], rank=rank, world_size=args["world_size"],
                                                 init_method=args["init_method"])
         out_sock.send_multipart([INFO, tag, enc.encode(worker.info())])
-        returns_output = getattr(worker, "returns_output", rank == 0)
+        # tp rank 0 of the last pipeline stage answers; deferred (async) outputs on a reply thread (mp_replies.py)
+        replies = Replies(out_sock, tag, getattr(worker, "returns_output", rank == 0), _device_binder(worker))
         while True:
             if not in_sock.poll(PARENT_CHECK_MS):
+                replies.check()
                 if os.getppid() != args["parent_pid"]:
                     return 0  # orphaned: the engine core is gone
                 continue
@@ -53,26 +56,44 @@ def main(args: dict) -> int:
             if kind == SHUTDOWN:
                 return 0
             if kind == RPC:  # collective_rpc: a failure is this call's answer, not the worker's end
+                replies.drain()
                 call = msgspec.msgpack.decode(payload)
                 try:
                     reply = enc.encode({"result": worker.rpc(call["method"], call["args"], call["kwargs"])})
                 except Exception as e:  # noqa: BLE001 - reported to the caller of collective_rpc
                     reply = enc.encode({"error": f"{type(e).__name__}: {e}"})
-                out_sock.send_multipart([RPC_RESULT, tag, reply])
+                replies.send([RPC_RESULT, tag, reply])
                 continue
-            out = worker.execute(dec.decode(payload))
-            if returns_output:  # tp rank 0 of the last pipeline stage
-                out_sock.send_multipart([OUTPUT, tag, enc.encode(out)])
+            replies.output(worker.execute(dec.decode(payload)))
     except BaseException as e:  # noqa: BLE001 - reported to the engine core, which fails cleanly
         if isinstance(e, SystemExit) and not e.code:
             return 0
-        text = "".join(traceback.format_exception(type(e), e, e.__traceback__))
-        out_sock.send_multipart([ERROR, tag, f"{type(e).__name__}: {e}\n{text}".encode()])
+        frames = error_frames(tag, e)
+        if replies is not None:
+            replies.send(frames)
+        else:
+            out_sock.send_multipart(frames)
         return 1
     finally:
+        if replies is not None:
+            replies.close()
         in_sock.close(linger=0)
         out_sock.close()
         ctx.term()
+
+
+def _device_binder(worker):
+    """The reply thread's device: CUDA's current device is per thread."""
+    device = getattr(worker, "device", None)
+    if device is None or device.type != "cuda":
+        return None
+
+    def bind():
+        import torch
+
+        torch.cuda.set_device(device)
+
+    return bind
 
 
 if __name__ == "__main__":
