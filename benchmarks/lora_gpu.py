@@ -1,16 +1,18 @@
 """LoRA throughput on one GPU (issue 13's device goal): a batch of 64 greedy requests on a random-weight Llama
-shape, base model alone vs the same batch mixed over 8 rank-16 adapters (all seven projections), one engine,
-runs alternating in one process. Also checks the Triton kernels against the torch op first.
+shape, the base model alone vs the same batch mixed over 8 rank-16 adapters (all seven projections).
 
-    python benchmarks/lora_gpu.py --shapes 1b 8b --out DIR [--budget-s 55]
+    python benchmarks/lora_gpu.py --shapes 8b --engines base torch triton --out DIR [--layers 16] [--budget-s 55]
 
-Shapes run in the order given, each in its own engine; a shape starts only if the time left looks enough
-(``--budget-s``), and each shape's JSON is written as soon as it is done, so a hard timeout around the
-script still leaves the shapes that finished. ``--shapes tiny`` is a CPU dry run.
+Engines run one after the other in one process (each shut down before the next):
 
-One engine serves both sides: ``enable_lora`` is on, and the base runs are requests without an adapter, for
-which the LoRA hooks return at once and decode steps replay CUDA graphs; steps that carry adapters run
-eager (the LoRA slot layout is per step and not captured).
+- ``base``: ``enable_lora=False``: the base model alone (decode steps replay CUDA graphs).
+- ``torch`` / ``triton``: ``enable_lora=True`` with ``OCTAVO_LORA_KERNEL`` = torch (the dense graph op) or triton
+  (the fixed-grid SGMV kernels): decode graphs are captured WITH the LoRA ops (octavo.lora.static), so decode
+  steps with any adapter mix replay graphs; prefill steps with adapters run eager. Each times the base requests
+  (``base_on_lora``: the same graphs with all-zero masks) and the mixed batch, and counts the graph replays.
+
+``--layers`` keeps the shape's widths with fewer layers (device time); ratios are per engine vs ``base``.
+``--shapes tiny`` is a CPU dry run (no graphs there).
 """
 
 from __future__ import annotations
@@ -72,11 +74,65 @@ def sync() -> None:
         torch.cuda.synchronize()
 
 
-def run_shape(shape: str, args, tmp: str, device: str) -> dict:
+def run_engine(kind: str, model_dir: str, cfg: dict, loras: list, args, device: str) -> dict:
+    """One engine: ``base`` (no LoRA) or a LoRA engine with kernel ``kind``; returns its timings."""
     from octavo import LLM, SamplingParams
+
+    os.environ["OCTAVO_LORA_KERNEL"] = "torch" if kind == "base" else kind
+    t = time.perf_counter()
+    dtype = "bfloat16" if device == "cuda" else "float32"
+    lora = {} if kind == "base" else dict(enable_lora=True, max_loras=args.adapters, max_lora_rank=args.rank)
+    llm = LLM(model=model_dir, load_format="dummy", dtype=dtype, skip_tokenizer_init=True,
+              max_model_len=args.prompt_len + args.max_tokens + 16, max_num_seqs=args.batch,
+              enable_prefix_caching=False, kv_cache_memory_bytes=(2 << 30) if device == "cuda" else 64 << 20, **lora)
+    res: dict = {"load_s": round(time.perf_counter() - t, 2)}
+    log(f"{kind}: LLM() {res['load_s']} s")
+    vocab = cfg["vocab_size"]
+    prompts = [{"prompt_token_ids": [(7919 * i + 104729 * j) % (vocab - 200) + 100 for j in range(args.prompt_len)]}
+               for i in range(args.batch)]
+    params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
+    mixed = [loras[i % len(loras)] for i in range(args.batch)]
+    runner = llm.llm_engine.core.executor.driver.runner
+    warm = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    t = time.perf_counter()
+    if kind != "base":  # loads every adapter into its slot
+        llm.generate(prompts[:len(loras)], warm, use_tqdm=False, lora_request=mixed[:len(loras)])
+    llm.generate(prompts[:4], warm, use_tqdm=False)
+    sync()
+    res["warmup_s"] = round(time.perf_counter() - t, 2)
+    if runner.lora is not None:
+        res["lora_graphs_captured"] = bool(runner.lora.static is not None and runner.lora.static.captured)
+    variants = [("base", None)] if kind == "base" else [("base_on_lora", None), ("mixed", mixed)]
+    tps: dict[str, list[float]] = {name: [] for name, _ in variants}
+    replays: dict[str, int] = {}
+    for r in range(args.repeats):
+        for name, choice in variants:
+            before = getattr(runner.graph_runner, "num_replays", 0)
+            sync()
+            t = time.perf_counter()
+            try:
+                outs = llm.generate(prompts, params, use_tqdm=False, lora_request=choice)
+            except Exception as e:  # noqa: BLE001 - one shot on the device: record it, go on with the others
+                res.setdefault("errors", []).append(f"{name}: {type(e).__name__}: {e}")
+                log(f"{kind}: {name} FAILED: {type(e).__name__}: {e}")
+                continue
+            sync()
+            dt = time.perf_counter() - t
+            replays[name] = getattr(runner.graph_runner, "num_replays", 0) - before
+            tps[name].append(sum(len(o.outputs[0].token_ids) for o in outs) / dt)
+            log(f"{kind}: {name} round {r}: {tps[name][-1]:.1f} tok/s ({dt:.2f} s, {replays[name]} graph replays)")
+    llm.llm_engine.shutdown()
+    del llm, runner
+    res["tokens_per_s"], res["graph_replays_last_round"] = tps, replays
+    return res
+
+
+def run_shape(shape: str, args, tmp: str, device: str) -> dict:
     from octavo.lora.request import LoRARequest
 
     cfg = dict(LLAMA, **SHAPES[shape])
+    if args.layers:
+        cfg["num_hidden_layers"] = args.layers
     model_dir = os.path.join(tmp, f"llama-{shape}")
     os.makedirs(model_dir, exist_ok=True)
     with open(os.path.join(model_dir, "config.json"), "w") as f:
@@ -86,86 +142,51 @@ def run_shape(shape: str, args, tmp: str, device: str) -> dict:
     for i in range(args.adapters):
         write_adapter(os.path.join(tmp, f"{shape}-a{i}"), cfg, args.rank, seed=i, device=device)
         loras.append(LoRARequest(f"a{i}", i + 1, os.path.join(tmp, f"{shape}-a{i}")))
-    res: dict = {"shape": shape, "config": SHAPES[shape], "adapters_written_s": round(time.perf_counter() - t, 2)}
-    log(f"{shape}: {args.adapters} adapters written in {res['adapters_written_s']} s")
-    t = time.perf_counter()
-    dtype = "bfloat16" if device == "cuda" else "float32"
-    memory = {"gpu_memory_utilization": 0.85} if device == "cuda" else {"kv_cache_memory_bytes": 64 << 20}
-    llm = LLM(model=model_dir, load_format="dummy", dtype=dtype, skip_tokenizer_init=True,
-              max_model_len=args.prompt_len + args.max_tokens + 16, max_num_seqs=args.batch, enable_lora=True,
-              max_loras=args.adapters, max_lora_rank=args.rank, enable_prefix_caching=False, **memory)
-    res["load_s"] = round(time.perf_counter() - t, 2)
-    log(f"{shape}: LLM() {res['load_s']} s")
-    vocab = cfg["vocab_size"]
-    prompts = [{"prompt_token_ids": [(7919 * i + 104729 * j) % (vocab - 200) + 100 for j in range(args.prompt_len)]}
-               for i in range(args.batch)]
-    params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
-    mixed = [loras[i % len(loras)] for i in range(args.batch)]
-    t = time.perf_counter()
-    llm.generate(prompts[:len(loras)], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True), use_tqdm=False,
-                 lora_request=mixed[:len(loras)])  # loads every adapter into its slot, compiles the kernels
-    llm.generate(prompts[:4], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True), use_tqdm=False)
-    sync()
-    res["warmup_s"] = round(time.perf_counter() - t, 2)
-    lora = llm.llm_engine.core.executor.driver.runner.lora
-    res["lora_kernel"] = "triton" if lora.use_triton else "torch"  # the engine's default (OCTAVO_LORA_KERNEL)
-    variants = [("base", None, lora.use_triton), ("mixed", mixed, lora.use_triton)]
-    if device == "cuda" and args.torch_too:  # the same mixed batch through the other op
-        variants.append(("mixed_triton_op" if not lora.use_triton else "mixed_torch_op", mixed, not lora.use_triton))
-    tps: dict[str, list[float]] = {name: [] for name, _, _ in variants}
-    for r in range(args.repeats):
-        for name, choice, use_triton in variants:
-            lora.use_triton = use_triton
-            sync()
-            t = time.perf_counter()
-            try:
-                outs = llm.generate(prompts, params, use_tqdm=False, lora_request=choice)
-            except Exception as e:  # noqa: BLE001 - one shot on the device: record it, go on with the others
-                res.setdefault("errors", []).append(f"{name}: {type(e).__name__}: {e}")
-                log(f"{shape}: {name} FAILED: {type(e).__name__}: {e}")
-                continue
-            sync()
-            dt = time.perf_counter() - t
-            tps[name].append(sum(len(o.outputs[0].token_ids) for o in outs) / dt)
-            log(f"{shape}: {name} round {r}: {tps[name][-1]:.1f} tok/s ({dt:.2f} s)")
-    llm.llm_engine.shutdown()
-    del llm
-    res["tokens_per_s"] = tps
-    if tps["mixed"] and tps["base"]:
-        res.update({"ratio_best": max(tps["mixed"]) / max(tps["base"]),
-                    "ratio_per_round": [m / b for m, b in zip(tps["mixed"], tps["base"])]})
-    for other in ("mixed_torch_op", "mixed_triton_op"):
-        if tps.get(other) and tps["base"]:
-            res[f"ratio_best_{other.removeprefix('mixed_')}"] = max(tps[other]) / max(tps["base"])
+    res: dict = {"shape": shape, "layers": cfg["num_hidden_layers"], "config": SHAPES[shape],
+                 "adapters_written_s": round(time.perf_counter() - t, 2), "engines": {}}
+    log(f"{shape}: {args.adapters} adapters written in {res['adapters_written_s']} s, {cfg['num_hidden_layers']} layers")
+    for kind in args.engines:
+        left = args.budget_s - (time.perf_counter() - T0)
+        if left < args.engine_s:
+            log(f"{shape}: engine {kind} skipped ({left:.0f} s left, needs ~{args.engine_s} s)")
+            res["engines"][kind] = {"skipped": f"{left:.0f} s left"}
+            continue
+        try:
+            res["engines"][kind] = run_engine(kind, model_dir, cfg, loras, args, device)
+        except Exception as e:  # noqa: BLE001 - recorded, and the next engine still runs
+            import traceback
+
+            res["engines"][kind] = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-3000:]}
+            log(f"{shape}: engine {kind} FAILED: {type(e).__name__}: {e}")
+        if device == "cuda":  # the finished engine's memory must be gone before the next one sizes its cache
+            import gc
+
+            gc.collect()
+            torch.cuda.empty_cache()
+        if args.out:  # after every engine: a hard timeout still leaves what finished
+            with open(os.path.join(args.out, f"lora_{shape}.json"), "w") as f:
+                json.dump(res, f, indent=1)
+    base = max(res["engines"].get("base", {}).get("tokens_per_s", {}).get("base", []), default=None)
+    for kind, e in res["engines"].items():
+        for name, vals in e.get("tokens_per_s", {}).items():
+            if base and vals and kind != "base":
+                res[f"ratio_{kind}_{name}"] = round(max(vals) / base, 3)
     return res
-
-
-def kernel_check(device: str) -> str:
-    """The Triton kernels vs the float64 oracle and the torch op (tests/lora/test_lora_ops.py)."""
-    if device != "cuda":
-        return "skipped (no CUDA)"
-    from tests.lora.test_lora_ops import test_triton_kernels_on_cuda
-
-    try:
-        test_triton_kernels_on_cuda()
-    except AssertionError as e:
-        return f"FAILED: {e}"
-    return "passed"
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--shapes", nargs="+", default=["1b", "8b"], choices=list(SHAPES))
+    ap.add_argument("--shapes", nargs="+", default=["8b"], choices=list(SHAPES))
+    ap.add_argument("--engines", nargs="+", default=["base", "torch", "triton"], choices=["base", "torch", "triton"])
+    ap.add_argument("--layers", type=int, default=0, help="override the shape's layer count (0: keep it)")
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--adapters", type=int, default=8)
     ap.add_argument("--rank", type=int, default=16)
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--budget-s", type=float, default=1e9, help="skip a shape when less than its estimate is left")
-    ap.add_argument("--skip-kernel-check", action="store_true")
-    ap.add_argument("--torch-too", action="store_true", help="also time the mixed batch with the other op "
-                    "(Triton when the engine runs torch, and the reverse)")
+    ap.add_argument("--budget-s", type=float, default=1e9, help="skip an engine when less than --engine-s is left")
+    ap.add_argument("--engine-s", type=float, default=12, help="seconds one engine needs (start-up dominates)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -173,19 +194,8 @@ def main() -> None:
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "args": vars(args)}
     if args.out:
         os.makedirs(args.out, exist_ok=True)
-    if not args.skip_kernel_check:
-        meta["kernel_check"] = kernel_check(device)
-        log(f"kernel check: {meta['kernel_check']}")
-        if args.out:
-            with open(os.path.join(args.out, "kernel_check.json"), "w") as f:
-                json.dump(meta, f, indent=1)
-    estimate = {"tiny": 5, "1b": 22, "8b": 40}  # seconds a shape needs on an H100 (start-up dominates)
     tmp = tempfile.mkdtemp(prefix="lora_gpu")
     for shape in args.shapes:
-        left = args.budget_s - (time.perf_counter() - T0)
-        if left < estimate[shape]:
-            log(f"{shape}: skipped ({left:.0f} s left, needs ~{estimate[shape]} s)")
-            continue
         try:
             res = dict(meta, **run_shape(shape, args, tmp, device))
         except Exception as e:  # noqa: BLE001 - recorded, and the next shape still runs
@@ -193,15 +203,10 @@ def main() -> None:
 
             res = dict(meta, shape=shape, error=f"{type(e).__name__}: {e}", traceback=traceback.format_exc()[-3000:])
             log(f"{shape}: FAILED: {res['error']}")
-        print(json.dumps(res), flush=True)
+        print(json.dumps({k: v for k, v in res.items() if k != "engines"}), flush=True)
         if args.out:
             with open(os.path.join(args.out, f"lora_{shape}.json"), "w") as f:
                 json.dump(res, f, indent=1)
-        if device == "cuda":  # the finished engine's weights must be gone before the next shape sizes its cache
-            import gc
-
-            gc.collect()
-            torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":

@@ -61,8 +61,8 @@ class ModelRunner:
             state.write(s)
 
     def forward(self, inputs: StepInputs, mm_embeds=None) -> torch.Tensor:
-        # a captured decode step brings its own static metadata (not the per-step LoRA slots: those run eager)
-        if self.graph_runner is not None and not (self.lora is not None and self.lora.active) and mm_embeds is None:
+        # a captured decode step brings its own static metadata; LoRA steps too once the graphs hold the LoRA ops
+        if self.graph_runner is not None and (self.lora is None or self.lora.graph_ok) and mm_embeds is None:
             hidden = self.graph_runner.maybe_run(inputs)
             if hidden is not None:
                 return hidden

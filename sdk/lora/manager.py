@@ -22,19 +22,26 @@ import torch
 from octavo.lora.adapter import AdapterError, load_adapter
 from octavo.lora.ops import LoRAPlan, lora_shrink_expand, plan_tokens
 from octavo.lora.request import LoRARequest
+from octavo.lora.static import BLOCK_M, StaticLoRA
 from octavo.nn.parallel import tp_all_reduce
 
 
 class _Projection:
-    __slots__ = ("name", "offsets", "sizes", "lora_a", "lora_b", "rank", "used", "b_rows", "a_cols", "reduce")
+    __slots__ = ("name", "offsets", "sizes", "lora_a", "lora_b", "b_flat", "rank", "used", "b_rows", "a_cols",
+                 "reduce")
 
     def __init__(self, name: str, sizes: list[int], in_size: int, slots: int, rank: int, dtype: torch.dtype,
-                 device) -> None:
+                 device, flat: bool = False) -> None:
         self.name, self.rank, self.sizes = name, rank, list(sizes)
         self.offsets = [sum(self.sizes[:i]) for i in range(len(self.sizes))]
         r_total = rank * len(self.sizes)
         self.lora_a = torch.zeros(slots, r_total, in_size, dtype=dtype, device=device)
-        self.lora_b = torch.zeros(slots, sum(sizes), r_total, dtype=dtype, device=device)
+        if flat:  # B stored [out, S*R] (the graph op expands every slot in one matmul); lora_b views it per slot
+            self.b_flat = torch.zeros(sum(sizes), slots * r_total, dtype=dtype, device=device)
+            self.lora_b = self.b_flat.view(sum(sizes), slots, r_total).permute(1, 0, 2)
+        else:  # contiguous per slot: the CPU layouts' bmm / addmm read it without copies
+            self.b_flat = None
+            self.lora_b = torch.zeros(slots, sum(sizes), r_total, dtype=dtype, device=device)
         self.used: set[int] = set()  # slots whose adapter targets this projection (others hold zeros)
         # tensor parallelism: this rank's rows of each part's B, its columns of A, and whether the delta of a
         # row-parallel layer (partial: this rank's input columns) must be summed over the ranks
@@ -50,15 +57,23 @@ class LoRAManager:
         model: the loaded model (its ``packed_modules_mapping`` names the checkpoint parts of fused layers).
         lora: the ``lora`` settings section (``max_loras``, ``max_lora_rank``, ``max_cpu_loras``, ``lora_dtype``).
         dtype: the model dtype (``lora_dtype="auto"``); device: where slots live.
+        graph_tokens: on CUDA, the most tokens a captured graph runs (0: no graphs, e.g. ``enforce_eager``);
+            the hooks are then graph-capturable (:mod:`octavo.lora.static`), so build the manager before capture.
     """
 
-    def __init__(self, model: torch.nn.Module, lora: Any, dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(self, model: torch.nn.Module, lora: Any, dtype: torch.dtype, device: torch.device,
+                 graph_tokens: int = 0) -> None:
         from octavo.nn import LinearBase, ParallelLMHead, VocabParallelEmbedding
 
         self.max_loras, self.max_rank = lora.max_loras, lora.max_lora_rank
         self.max_cpu = lora.max_cpu_loras or lora.max_loras
         self.dtype = dtype if lora.lora_dtype == "auto" else getattr(torch, lora.lora_dtype)
         self.device = device
+        self.use_triton = _use_triton(device)
+        self.static: StaticLoRA | None = None
+        if graph_tokens > 0 and torch.device(device).type == "cuda":
+            self.static = StaticLoRA(self.max_loras, graph_tokens, self.dtype, device, self.use_triton)
+        flat = self.static is not None
         packed = getattr(model, "packed_modules_mapping", {})
         self.projections: dict[str, _Projection] = {}
         self.embeddings: dict[str, _Projection] = {}
@@ -69,7 +84,7 @@ class LoRAManager:
             if isinstance(module, VocabParallelEmbedding) and not isinstance(module, ParallelLMHead):
                 # PEFT embedding LoRA: A [r, vocab] is looked up by token id, B [hidden, r] expands it
                 proj = _Projection(name, [module.embedding_dim], module.num_embeddings, self.max_loras,
-                                   self.max_rank, self.dtype, device)
+                                   self.max_rank, self.dtype, device, flat)
                 self.embeddings[name] = proj  # A is kept whole on every rank (ids of any vocab shard)
                 self.targets[name] = (name, 0, module.embedding_dim, module.num_embeddings)
                 rows = min(module.shard_size, max(0, module.num_embeddings - module.vocab_start))
@@ -80,7 +95,7 @@ class LoRAManager:
             if not isinstance(module, LinearBase):
                 continue
             proj = _Projection(name, module.output_sizes, module.input_size, self.max_loras, self.max_rank,
-                               self.dtype, device)
+                               self.dtype, device, flat)
             self.projections[name] = proj
             prefix, _, leaf = name.rpartition(".")
             parts = packed.get(leaf, [leaf]) if len(module.output_sizes) > 1 else [leaf]
@@ -93,37 +108,79 @@ class LoRAManager:
             module.register_forward_hook(self._hook(proj))
         self.host: OrderedDict[int, tuple[str, dict]] = OrderedDict()  # adapter id -> (path, weights), LRU
         self.slot_of: OrderedDict[int, int] = OrderedDict()  # adapter id -> device slot, LRU
-        self.plan: LoRAPlan | None = None  # this step's token layout (None: no token runs an adapter)
+        self.host_slots: torch.Tensor | None = None  # this step's token -> slot on the host (None: no adapter)
+        self.plan: LoRAPlan | None = None  # its eager layout, built on the first hook that runs eagerly
         self.active_slots: frozenset[int] = frozenset()
-        self.use_triton = _use_triton(device)
+        self.static_ready = False  # the static buffers hold this step (a captured graph may replay it)
         self.token_slots: torch.Tensor | None = None  # [n] on the device, for embedding lookups
         # an embedding's delta is B @ (A looked up by id): expanded through the op with an identity "shrink"
         self.eye = torch.eye(self.max_rank, dtype=self.dtype, device=device).expand(self.max_loras, -1, -1)
+        if self.static is not None:  # compile / pick kernels now: never for the first time inside a capture
+            self._warm_static()
 
     @property
     def active(self) -> bool:
-        return self.plan is not None
+        """Whether some token of this step runs an adapter."""
+        return self.host_slots is not None
+
+    @property
+    def graph_ok(self) -> bool:
+        """Whether a captured graph may replay this step: no adapter token, or graphs captured with the LoRA
+        ops and the static buffers written for this step."""
+        return self.host_slots is None or self.static_ready
+
+    def _capturing(self) -> bool:
+        return self.static is not None and torch.cuda.is_current_stream_capturing()
+
+    def _step_plan(self) -> LoRAPlan:
+        if self.plan is None:  # an eager step: the per-step layout of octavo.lora.ops
+            self.plan = plan_tokens(self.host_slots, self.device, self.use_triton)
+            if self.embeddings:
+                self.token_slots = self.host_slots.to(self.device, non_blocking=True)
+        return self.plan
 
     def _hook(self, proj: _Projection):
         def hook(module, args, output):
-            if self.plan is None or proj.used.isdisjoint(self.active_slots):  # no adapter of this step targets it
+            if self._capturing():  # one graph for every adapter mix: the static op (octavo.lora.static)
+                self.static.captured = True
+                op = lambda y: self.static.apply(args[0], y, proj.lora_a, proj.lora_b, proj.b_flat)  # noqa: E731
+            elif self.host_slots is None or proj.used.isdisjoint(self.active_slots):  # no adapter here this step
                 return output
+            else:
+                plan = self._step_plan()
+                op = lambda y: lora_shrink_expand(args[0], y, proj.lora_a, proj.lora_b, plan)  # noqa: E731
             if proj.reduce:  # row-parallel: this rank's input columns give a partial delta, summed over ranks
-                delta = lora_shrink_expand(args[0], torch.zeros_like(output), proj.lora_a, proj.lora_b, self.plan)
-                return output.add_(tp_all_reduce(delta))
-            return lora_shrink_expand(args[0], output, proj.lora_a, proj.lora_b, self.plan)
+                return output.add_(tp_all_reduce(op(torch.zeros_like(output))))
+            return op(output)
         return hook
 
     def _embedding_hook(self, proj: _Projection):
         def hook(module, args, output):
-            if self.plan is None or proj.used.isdisjoint(self.active_slots):
+            if self._capturing():
+                self.static.captured = True
+                return self.static.apply_embedding(args[0], output, proj.lora_a, proj.b_flat)
+            if self.host_slots is None or proj.used.isdisjoint(self.active_slots):
                 return output
+            plan = self._step_plan()
             slots = self.token_slots
             h = proj.lora_a[slots.clamp(min=0), :, args[0]]  # [n, R]: column id of each token's slot's A
-            if self.plan.num_base:
+            if plan.num_base:
                 h = h * (slots >= 0).unsqueeze(1).to(h.dtype)
-            return lora_shrink_expand(h, output, self.eye, proj.lora_b, self.plan)
+            return lora_shrink_expand(h, output, self.eye, proj.lora_b, plan)
         return hook
+
+    def _warm_static(self) -> None:
+        """Run the static op once per projection shape (Triton compiles, cuBLAS picks kernels) before capture."""
+        seen = set()
+        n = min(self.static.cap, BLOCK_M)
+        for proj in self.projections.values():
+            key = (proj.lora_a.shape, proj.b_flat.shape, proj.reduce)
+            if key in seen:
+                continue
+            seen.add(key)
+            x = torch.zeros(n, proj.lora_a.shape[2], dtype=self.dtype, device=self.device)
+            y = torch.zeros(n, proj.b_flat.shape[0], dtype=self.dtype, device=self.device)
+            self.static.apply(x, y, proj.lora_a, proj.lora_b, proj.b_flat)
 
     # ------------------------------------------------------------------------------------ per step
     def prepare(self, request_ids: list[str], loras: list[LoRARequest | None], query_lens: list[int]
@@ -138,8 +195,10 @@ class LoRAManager:
             ValueError: more distinct adapters than ``max_loras`` (the scheduler never sends that).
         """
         wanted = list(dict.fromkeys(lr.lora_int_id for lr in loras if lr is not None))
-        self.plan = None
+        self.plan, self.host_slots, self.active_slots, self.static_ready = None, None, frozenset(), False
         if not wanted:
+            if self.static is not None and self.static.captured:  # rows of an earlier mix back to base
+                self.static_ready = self.static.write(None, sum(query_lens))
             return {}
         if len(wanted) > self.max_loras:
             raise ValueError(f"a step holds {len(wanted)} distinct LoRA adapters but max_loras={self.max_loras}")
@@ -152,16 +211,17 @@ class LoRAManager:
                 errors[aid] = str(e)
         slots = [self.slot_of[lr.lora_int_id] if lr is not None and lr.lora_int_id not in errors else -1
                  for lr in loras]
-        token_slots = torch.repeat_interleave(torch.tensor(slots), torch.tensor(query_lens))
-        self.plan = plan_tokens(token_slots, self.device, self.use_triton)
-        self.active_slots = frozenset(self.plan.slots_used) if self.plan is not None else frozenset()
-        if self.embeddings and self.plan is not None:
-            self.token_slots = token_slots.to(self.device, non_blocking=True)
+        active = frozenset(s for s in slots if s >= 0)
+        if active:
+            self.host_slots = torch.repeat_interleave(torch.tensor(slots), torch.tensor(query_lens))
+            self.active_slots = active
+        if self.static is not None and self.static.captured:
+            self.static_ready = self.static.write(self.host_slots, sum(query_lens))
         return {rid: errors[lr.lora_int_id] for rid, lr in zip(request_ids, loras)
                 if lr is not None and lr.lora_int_id in errors}
 
     def clear(self) -> None:
-        self.plan = None
+        self.plan, self.host_slots, self.active_slots = None, None, frozenset()
 
     def _ensure_slot(self, lora: LoRARequest, keep: set[int]) -> int:
         aid = lora.lora_int_id

@@ -60,6 +60,8 @@ def _shrink_kernel(x_ptr, a_ptr, h_ptr, rows_ptr, slot_ptr, start_ptr, end_ptr, 
     slot = tl.load(slot_ptr + blk)
     start = tl.load(start_ptr + blk)
     end = tl.load(end_ptr + blk)
+    if start >= end:  # an unused block of a fixed (CUDA-graph) grid
+        return
     offs_m = start + tl.arange(0, BLOCK_M)
     m_mask = offs_m < end
     rows = tl.load(rows_ptr + offs_m, mask=m_mask, other=0).to(tl.int64)
@@ -93,6 +95,8 @@ def _expand_kernel(h_ptr, b_ptr, y_ptr, rows_ptr, slot_ptr, start_ptr, end_ptr, 
     slot = tl.load(slot_ptr + blk)
     start = tl.load(start_ptr + blk)
     end = tl.load(end_ptr + blk)
+    if start >= end:  # an unused block of a fixed (CUDA-graph) grid
+        return
     offs_m = start + tl.arange(0, BLOCK_M)
     m_mask = offs_m < end
     rows = tl.load(rows_ptr + offs_m, mask=m_mask, other=0).to(tl.int64)
@@ -116,13 +120,15 @@ def lora_shrink_expand_triton(x: torch.Tensor, y: torch.Tensor, lora_a: torch.Te
     """``y[t] += B[slot(t)] @ A[slot(t)] @ x[t]`` for the tokens in ``plan``, in place; returns ``y``.
 
     Shapes as :func:`octavo.lora.ops.lora_shrink_expand`. A ``y`` whose last dim is strided is copied first
-    (the copy is returned).
+    (the copy is returned). Graph-safe: no host sync, the grid is ``plan.num_blocks`` (empty blocks return).
     """
     if x.stride(-1) != 1:
         x = x.contiguous()
     if y.stride(-1) != 1:
         y = y.contiguous()
-    lora_a, lora_b = lora_a.contiguous(), lora_b.contiguous()
+    lora_a = lora_a.contiguous()
+    if lora_b.stride(2) != 1:  # B may be a strided view ([S, out, R] of a [out, S*R] store: octavo.lora.static)
+        lora_b = lora_b.contiguous()
     k, r, n_out = lora_a.shape[2], lora_a.shape[1], lora_b.shape[1]
     block_r = max(16, triton.next_power_of_2(r))
     block_k = 64 if block_r <= 64 else 32

@@ -1,0 +1,98 @@
+"""The graph-capturable LoRA op (octavo.lora.static) against the float64 oracle, on CPU: the dense op (pure
+torch) over whole padded batches whose buffers are rewritten between calls (a new mix, fewer tokens, base only:
+rows past the step must read as base), the embedding form, and the fixed-grid Triton SGMV under
+``TRITON_INTERPRET=1`` (a subprocess). On a GPU, tests/lora/test_lora_gpu.py replays them in CUDA graphs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from octavo.lora.ops import lora_reference
+from octavo.lora.static import StaticLoRA
+
+# (token slots of a step, rows of the padded batch the graph runs)
+STEPS = [([0, 1, 2, 3, 0, 1, 2, 3], 8), ([1, -1, 0, -1, 1, 0, 0, -1, 1, 0], 16), ([3, -1, 5, 3], 8),
+         ([-1, -1], 4), ([i % 6 for i in range(40)], 48), ([2] * 20, 24), ([5], 1)]
+
+
+def weights(slots, k, o, r, dtype=torch.float32, seed=0):
+    """x for the largest batch, A [S, R, in] and B as the manager stores it on CUDA: ``b_flat [out, S*R]``
+    with ``lora_b`` its ``[S, out, R]`` view."""
+    gen = torch.Generator().manual_seed(seed)
+    a = (torch.randn(slots, r, k, generator=gen) * 0.1).to(dtype)
+    b_flat = (torch.randn(o, slots * r, generator=gen) * 0.1).to(dtype)
+    return a, b_flat.view(o, slots, r).permute(1, 0, 2), b_flat
+
+
+def run_steps(static, a, b, b_flat, k, o, dtype, tol, device="cpu"):
+    gen = torch.Generator().manual_seed(1)
+    for slots, size in STEPS:
+        n = len(slots)
+        ts = torch.tensor(slots)
+        assert static.write(None if (ts < 0).all() else ts, n)
+        x = torch.randn(size, k, generator=gen).to(dtype)
+        y = torch.randn(size, o, generator=gen).to(dtype)
+        padded = torch.cat([ts, torch.full((size - n,), -1)])  # rows past the step: base
+        want = lora_reference(x, y, a, b, padded)
+        got = static.apply(x.to(device), y.clone().to(device), a.to(device), b.to(device), b_flat.to(device)).cpu()
+        err = (got.double() - want).abs().max().item()
+        assert err <= tol * max(1.0, want.abs().max().item()), (slots, err)
+
+
+def test_dense_op_matches_reference_as_buffers_are_rewritten():
+    static = StaticLoRA(6, 48, torch.float32, "cpu")
+    a, b, b_flat = weights(6, 24, 20, 8)
+    run_steps(static, a, b, b_flat, 24, 20, torch.float32, 1e-5)
+    assert static.write(torch.tensor([0] * 49), 49) is False  # more tokens than any captured graph
+
+
+def test_dense_op_bfloat16_layers_float32_adapters():
+    static = StaticLoRA(6, 48, torch.float32, "cpu")
+    a, b, b_flat = weights(6, 32, 16, 8)
+    ts = torch.tensor([0, -1, 5, 5])
+    static.write(ts, 4)
+    x, y = torch.randn(4, 32).bfloat16(), torch.randn(4, 16).bfloat16()
+    got = static.apply(x, y.clone(), a, b, b_flat)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.double(), lora_reference(x, y, a, b, ts), rtol=2e-2, atol=2e-2)
+
+
+def test_embedding_form():
+    static = StaticLoRA(4, 16, torch.float32, "cpu")
+    vocab, hidden, r = 30, 12, 4
+    a, b, b_flat = weights(4, vocab, hidden, r)
+    ids, ts = torch.tensor([3, 7, 7, 29, 0]), torch.tensor([1, -1, 3, 0, 1])
+    static.write(ts, 5)
+    y = torch.randn(5, hidden)
+    got = static.apply_embedding(ids, y.clone(), a, b_flat)
+    onehot = torch.nn.functional.one_hot(ids, vocab).double()  # the embedding lookup as a product
+    torch.testing.assert_close(got.double(), lora_reference(onehot, y, a, b, ts), rtol=1e-6, atol=1e-6)
+
+
+SCRIPT = r"""
+import torch
+from octavo.lora.static import StaticLoRA
+from tests.lora.test_lora_static import run_steps, weights
+for k, o, r, dtype, tol in [(24, 20, 8, torch.float32, 1e-5), (1100, 40, 48, torch.float32, 1e-4),
+                            (64, 24, 16, torch.float16, 3e-3)]:
+    static = StaticLoRA(6, 48, dtype, "cpu", use_triton=True)
+    a, b, b_flat = weights(6, k, o, r, dtype)
+    run_steps(static, a, b, b_flat, k, o, dtype, tol)
+print("ok")
+"""
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter check is for CPU machines; "
+                    "tests/lora/test_lora_gpu.py checks the compiled kernels in graphs")
+def test_fixed_grid_triton_interpreted():
+    pytest.importorskip("triton")
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    out = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300,
+                         cwd=root)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]
