@@ -16,6 +16,7 @@ from octavo.core.loader import get_eos_token_ids, get_max_model_len, resolve_dty
 from octavo.core.model_runner import ModelRunner
 from octavo.core.platform_setup import prepare_on_platform
 from octavo.core.spec_decode_heads import attach_spec_head
+from octavo.core.spec_verify import verify_graph_shapes
 from octavo.nn.kv_quant import check_kv_cache_dtype, kv_cache_torch_dtype, set_kv_scales
 from octavo.nn.parallel import get_tp_rank, get_tp_size, set_expert_parallel
 from octavo.nn.pipeline import get_pp_rank, get_pp_size
@@ -144,15 +145,17 @@ class Worker:
         self.runner = runner_cls(self.model, self.attn_backend_cls, self.device, block_size, self.vocab_size,
                                  synchronize=platform.synchronize, task=settings.model.task, **extra)
         attach_spec_head(self)  # speculator heads draft next to the target, hooks before graphs (spec_decode_heads.py)
+        if settings.lora.enable_lora:  # adapter slots + a hook on every projection, before graphs (docs/lora.md)
+            from octavo.lora.manager import LoRAManager
+
+            graph_tokens = 0 if settings.device.enforce_eager else max(  # static LoRA rows (octavo.lora.static)
+                [settings.scheduler.max_num_seqs] + [r * q for r, q in verify_graph_shapes(settings)])
+            self.runner.lora = LoRAManager(self.model, settings.lora, self.dtype, self.device, graph_tokens)
         self.prepared = prepare_on_platform(self)  # typed handle in, step runner out (core/platform_setup.py)
         if settings.scheduler.async_scheduling:  # placeholders + deferred outputs (core/async_runner.py)
             from octavo.core.tp_comm import make_async_steps  # TP: sampled ids broadcast from rank 0
 
             self.runner.async_steps = make_async_steps(self)
-        if settings.lora.enable_lora:  # adapter slots + a hook on every projection (docs/lora.md)
-            from octavo.lora.manager import LoRAManager
-
-            self.runner.lora = LoRAManager(self.model, settings.lora, self.dtype, self.device)
         logger.info("Loaded %s (%s) on %s as %s; attention backend %s; KV cache %d blocks x %d tokens",
                     self.resolved.source, self.resolved.architecture, self.device, str(self.dtype).split(".")[-1],
                     getattr(self.attn_backend_cls, "name", None), self.num_blocks, block_size)
