@@ -1,0 +1,123 @@
+"""A decode-only paged-attention kernel for large batches (one query token per request), fp8 or 16-bit cache.
+
+Why a second kernel: at decode of hundreds of requests over long contexts the step is bound by reading the KV
+cache, and the general kernel (``_triton_kernels._paged_attention_kernel``, prefill + chunked prefill + decode)
+launches its grid request-fastest, so the programs resident at one time read the same KV head of many
+requests: 128-256 scattered bytes out of every block row. Here one program still owns one (request, KV head),
+but the flat grid runs the KV heads of a request next to each other (``HEADS_FASTEST``), so together they
+stream each cache block's contiguous rows. An fp8 cache (e4m3 or e5m2) converts exactly to fp16, so with
+``DOT_F16`` the dots run in fp16 (Q clamped to fp16's range, P in fp16: more mantissa than bf16) instead of
+converting the tiles to bf16. Scales as in the general kernel: ``k_scale`` folded into the softmax scale,
+the normalized output times ``v_scale``.
+
+Used by the ``triton`` backend only for decode-only steps without split-KV, sliding window or soft cap
+(``plugins/attention/triton.py``); everything else keeps the general kernel.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+F16_MAX = 65504.0
+
+
+@triton.jit
+def _paged_decode_kernel(
+    q_ptr, k_cache_ptr, v_cache_ptr, out_ptr,
+    block_tables_ptr, seq_lens_ptr, query_start_loc_ptr,
+    scale_log2,  # softmax scale * log2(e) (times k_scale for an fp8 cache)
+    v_scale, num_reqs, num_kv_heads,
+    stride_qt, stride_qh, stride_ot, stride_oh,
+    stride_cb, stride_cs,  # cache strides: per block, per slot in a block (the head stride is HEAD_D)
+    stride_bt,
+    GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    HEAD_D: tl.constexpr, HEAD_DP: tl.constexpr, PAGE: tl.constexpr,
+    KV_FP8: tl.constexpr, DOT_F16: tl.constexpr, HEADS_FASTEST: tl.constexpr, DOT_PREC: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    if HEADS_FASTEST:
+        req = pid // num_kv_heads
+        kv_head = pid % num_kv_heads
+    else:
+        req = pid % num_reqs
+        kv_head = pid // num_reqs
+    q_start = tl.load(query_start_loc_ptr + req)
+    if tl.load(query_start_loc_ptr + req + 1) == q_start:
+        return
+    seq_len = tl.load(seq_lens_ptr + req)  # the query is the last position: it sees all seq_len keys
+
+    offs_m = tl.arange(0, BLOCK_M)  # rows: the query heads of this KV head's group (padded to tl.dot's 16)
+    offs_d = tl.arange(0, HEAD_DP)
+    offs_n = tl.arange(0, BLOCK_N)
+    head = kv_head * GROUP + offs_m
+    row_ok = offs_m < GROUP
+    d_ok = offs_d < HEAD_D
+    q_off = q_start.to(tl.int64) * stride_qt + head[:, None] * stride_qh + offs_d[None, :]
+    q = tl.load(q_ptr + q_off, mask=row_ok[:, None] & d_ok[None, :], other=0.0)  # [BLOCK_M, HEAD_DP]
+    if DOT_F16:
+        q = tl.clamp(q.to(tl.float32), -F16_MAX, F16_MAX).to(tl.float16)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DP], dtype=tl.float32)
+    bt_row = block_tables_ptr + req.to(tl.int64) * stride_bt
+    for start in range(0, seq_len, BLOCK_N):  # every tile holds at least one visible key (its first)
+        pos = start + offs_n
+        pos_ok = pos < seq_len
+        blk = tl.load(bt_row + pos // PAGE, mask=pos_ok, other=0).to(tl.int64)
+        kv_off = blk * stride_cb + (pos % PAGE) * stride_cs + kv_head * HEAD_D  # [BLOCK_N]
+        kv_mask = pos_ok[:, None] & d_ok[None, :]
+        k = tl.load(k_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)  # [N, D]
+        if KV_FP8:
+            k = k.to(q.dtype)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * scale_log2  # fp32 [BLOCK_M, BLOCK_N], base 2
+        s = tl.where(pos_ok[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        p = tl.exp2(s - m_new[:, None])
+        alpha = tl.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)  # [N, D]
+        if KV_FP8:
+            v = v.to(q.dtype)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
+        m_i = m_new
+
+    out = acc / l_i[:, None]
+    if KV_FP8:
+        out = out * v_scale
+    o_off = q_start.to(tl.int64) * stride_ot + head[:, None] * stride_oh + offs_d[None, :]
+    tl.store(out_ptr + o_off, out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+
+
+def paged_decode(query, k_cache, v_cache, out, block_tables, seq_lens, query_start_loc, *, num_reqs: int,
+                 num_kv_heads: int, scale: float, v_scale: float, block_size: int, block_n: int = 64,
+                 num_warps: int = 4, num_stages: int = 2, dot_f16: bool | None = None,
+                 heads_fastest: bool = True) -> None:
+    """``out[t] = softmax(q[t] K^T * scale) V`` over each request's whole context, one token per request.
+
+    ``k_cache``/``v_cache``: ``[num_blocks, block_size, num_kv_heads, head_size]`` views (fp8 or the query's
+    dtype); ``scale`` already includes ``k_scale`` for an fp8 cache. ``dot_f16`` defaults to on for an fp8
+    cache and off otherwise (a 16-bit cache keeps the query's dtype)."""
+    import torch
+
+    from octavo.plugins.attention._triton_kernels import LOG2E
+
+    num_heads, head_size = query.shape[1], query.shape[2]
+    group = num_heads // num_kv_heads
+    fp8 = k_cache.dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
+    if dot_f16 is None:
+        dot_f16 = fp8 and query.dtype != torch.float32
+    if dot_f16 and not fp8:
+        raise ValueError("dot_f16 is for fp8 caches (they convert exactly to fp16); a bf16 cache may not fit fp16")
+    head_dp = max(16, triton.next_power_of_2(head_size))
+    _paged_decode_kernel[(num_reqs * num_kv_heads,)](
+        query, k_cache, v_cache, out, block_tables, seq_lens, query_start_loc,
+        scale * LOG2E, v_scale if fp8 else 1.0, num_reqs, num_kv_heads,
+        query.stride(0), query.stride(1), out.stride(0), out.stride(1),
+        k_cache.stride(0), k_cache.stride(1), block_tables.stride(0),
+        GROUP=group, BLOCK_M=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n,
+        HEAD_D=head_size, HEAD_DP=head_dp, PAGE=block_size, KV_FP8=fp8, DOT_F16=dot_f16,
+        HEADS_FASTEST=heads_fastest,
+        DOT_PREC="ieee" if query.dtype == torch.float32 else "tf32", num_warps=num_warps, num_stages=num_stages,
+    )
