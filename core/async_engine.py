@@ -18,6 +18,7 @@ after N. The forward of N+1 does not need the mask, only its sampler does. So N+
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import deque
@@ -28,24 +29,74 @@ from octavo.core.async_runner import resolve
 from octavo.core.grammar_step import GrammarStep
 from octavo.core.messages import EngineCoreOutputs
 
+logger = logging.getLogger(__name__)
 
-def check_async_scheduling(settings: Any, pm: Any) -> None:
-    """Refuse, before anything loads, what async scheduling cannot run (each error names both settings)."""
+
+def unsupported_reason(settings: Any, pm: Any) -> str | None:
+    """Why async scheduling cannot run with these settings (the message names both settings), or ``None``."""
     from octavo.core.executor import executor_name
 
     sched, par = settings.scheduler, settings.parallel
     if sched.speculative_config:
-        raise ValueError("async_scheduling=True cannot run with speculative_config (speculative decoding): a "
-                         "draft needs the previous step's tokens on the host. Turn one of them off.")
+        return ("async_scheduling=True cannot run with speculative_config (speculative decoding): a draft needs "
+                "the previous step's tokens on the host. Turn one of them off.")
     if par.pipeline_parallel_size > 1:
-        raise ValueError("async_scheduling=True cannot run with pipeline_parallel_size > 1; turn one of them off.")
+        return "async_scheduling=True cannot run with pipeline_parallel_size > 1; turn one of them off."
     name = executor_name(settings)
     if name in pm.names("executors") and not getattr(pm.resolve("executors", name), "supports_async_scheduling",
                                                      False):
-        raise ValueError(f"async_scheduling=True needs an executor that runs steps asynchronously, but "
-                         f"distributed_executor_backend={name!r} (tensor_parallel_size="
-                         f"{par.tensor_parallel_size}) does not; use the in-process executor 'uni' (one device) "
-                         "or turn async_scheduling off.")
+        return (f"async_scheduling=True needs an executor that runs steps asynchronously, but "
+                f"distributed_executor_backend={name!r} (tensor_parallel_size={par.tensor_parallel_size}) does "
+                "not; use the in-process executor 'uni' (one device) or turn async_scheduling off.")
+    return None
+
+
+def check_async_scheduling(settings: Any, pm: Any) -> None:
+    """Refuse, before anything loads, what async scheduling cannot run (each error names both settings)."""
+    reason = unsupported_reason(settings, pm)
+    if reason is not None:
+        raise ValueError(reason)
+
+
+def resolve_async_scheduling(settings: Any, pm: Any, platform: Any) -> bool:
+    """Settle ``scheduler.async_scheduling`` before anything loads and write the bool back (the worker reads it).
+
+    ``True`` is refused (ValueError) where unsupported, ``False`` is off. ``None`` (the default, as vLLM's)
+    turns it on where it is supported and worth it, and off with one log line naming the reason elsewhere:
+    a CPU platform (measured: no gain there, docs/async_scheduling.md "Default"), or any combination
+    ``True`` would be refused with. Pooling models are switched back off after load (:func:`pooling_off`).
+    """
+    sched = settings.scheduler
+    if sched.async_scheduling is not None:
+        if sched.async_scheduling:
+            check_async_scheduling(settings, pm)
+        return sched.async_scheduling
+    from octavo.core.executor import executor_name
+
+    reason = unsupported_reason(settings, pm)
+    if reason is None and getattr(platform, "device_type", "cpu") == "cpu":
+        reason = ("the platform is a CPU, where the forward is the step and async scheduling measured no gain "
+                  "(docs/async_scheduling.md)")
+    if reason is None and executor_name(settings) != "uni":
+        reason = (f"the default turns it on with the in-process executor only, not distributed_executor_backend="
+                  f"{executor_name(settings)!r}; async_scheduling=True opts in where that executor supports it")
+    sched.async_scheduling = reason is None
+    if reason is None:
+        logger.info("async scheduling on (the default on %s; async_scheduling=False turns it off)", platform.name)
+    else:
+        logger.info("async scheduling off by default: %s", reason.replace("async_scheduling=True cannot run",
+                                                                           "it cannot run"))
+    return sched.async_scheduling
+
+
+def pooling_off(core: Any, auto: bool) -> None:
+    """After load: a pooling model (one forward per request, nothing sampled) gets no gain from async
+    scheduling, so the default turns it back off there (vLLM does the same); an explicit True stays."""
+    settings = core.settings
+    if auto and settings.scheduler.async_scheduling and core.executor.worker_info.is_pooling:
+        core.executor.collective_rpc("octavo.core.async_engine:_set_runner_async", args=[False])
+        settings.scheduler.async_scheduling = False
+        logger.info("async scheduling off by default: the model is a pooling model (nothing is sampled)")
 
 
 class StepTimers:
@@ -90,10 +141,6 @@ class GatedGrammarStep:
         if g.matchers:
             g.start()
         self._gate.set()
-
-    def is_released(self) -> bool:
-        """Whether the fill may start (the mp executor sends a structured step only then: plugins/executors/mp.py)."""
-        return self._gate.is_set()
 
     def wait(self):
         self._gate.wait()
@@ -204,11 +251,11 @@ def set_async_scheduling(core: Any, on: bool) -> None:
     if core.async_loop is not None:
         core.async_loop.close()
     core.scheduler.__class__ = AsyncScheduler if on else Scheduler  # same state; only update() differs
-    core.executor.collective_rpc("octavo.core.async_engine:_set_runner_async", args=[on])  # a name: mp workers too
+    core.executor.collective_rpc(_set_runner_async, args=[on])
     core.async_loop = AsyncStepLoop(core) if on else None
 
 
 def _set_runner_async(worker: Any, on: bool) -> None:
-    from octavo.core.tp_comm import make_async_steps
+    from octavo.core.async_runner import AsyncRunnerSteps
 
-    worker.runner.async_steps = make_async_steps(worker) if on else None
+    worker.runner.async_steps = AsyncRunnerSteps(worker.device, worker.runner.synchronize) if on else None

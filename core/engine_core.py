@@ -12,7 +12,7 @@ import logging
 import time
 
 from octavo.config import OctavoSettings
-from octavo.core.async_engine import AsyncStepLoop, StepTimers, check_async_scheduling
+from octavo.core.async_engine import AsyncStepLoop, StepTimers, pooling_off, resolve_async_scheduling
 from octavo.core.async_scheduler import AsyncScheduler
 from octavo.core.engine_start import announce_engine_start
 from octavo.core.executor import make_executor
@@ -53,10 +53,11 @@ class EngineCore:
         self.platform = self.pm.select_platform(settings)
         if settings.scheduler.speculative_config:  # an unknown or unrunnable method fails before any load
             SpeculativeDecoding.resolve(settings, self.pm)
-        if settings.scheduler.async_scheduling:  # unsupported combinations fail before any load
-            check_async_scheduling(settings, self.pm)
+        auto_async = settings.scheduler.async_scheduling is None  # default: on where supported (async_engine.py)
+        resolve_async_scheduling(settings, self.pm, self.platform)  # True + unsupported fails before any load
         self.step_timers = StepTimers()
         self.executor = make_executor(settings, self.platform)
+        pooling_off(self, auto_async)
         info = self.executor.worker_info  # everything the core knows about the model and cache comes from here
         self.max_model_len = info.max_model_len
         self.kv = KVCacheManager(info.num_blocks, info.block_size, settings.cache.enable_prefix_caching,

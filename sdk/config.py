@@ -135,9 +135,11 @@ class SchedulerSettings(_Section):
     structured_outputs_backend: str = Field("xgrammar", description="Grammar library for structured outputs "
                                             "(JSON schema, regex, choice, grammar): xgrammar or guidance "
                                             "(llguidance), or a plugin's name.")
-    async_scheduling: bool = Field(False, description="Schedule step N+1 and prepare its inputs while step N "
-                                   "runs (sampled ids stay on the device); in-process executor only, no "
-                                   "speculative decoding (docs/async_scheduling.md).")
+    async_scheduling: bool | None = Field(None, description="Schedule step N+1 and prepare its inputs while step "
+                                          "N runs (sampled ids stay on the device). None: on where supported (a GPU, "
+                                          "the in-process executor, no speculative decoding or pipeline "
+                                          "parallelism), else off with a logged reason; True: on or refused; False: "
+                                          "off (docs/async_scheduling.md).")
     speculative_config: dict[str, Any] | None = Field(
         None, description='Speculative decoding, as vLLM spells it: {"method": "ngram", "num_speculative_tokens": '
         '4, "prompt_lookup_max": 3} (see docs/spec_decode.md). None: off.')

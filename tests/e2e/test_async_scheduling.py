@@ -266,7 +266,7 @@ def test_refused_combinations():
 
     pm = get_plugin_manager()
     cases = [(dict(speculative_config={"method": "ngram", "num_speculative_tokens": 2}), "speculative_config"),
-             (dict(tensor_parallel_size=2), "distributed_executor_backend"),
+             (dict(tensor_parallel_size=2, distributed_executor_backend="ray"), "distributed_executor_backend"),
              (dict(pipeline_parallel_size=2), "pipeline_parallel_size")]
     for kw, name in cases:
         settings = OctavoSettings.from_kwargs(model="x", async_scheduling=True, **kw)
