@@ -9,6 +9,12 @@ prompt, best of two: the prefill cancels) and its fraction of the roofline (weig
 then the ``--prompts`` x ``--in-len``/``--out-len`` throughput. TP=1 runs in process (``uni``); TP>1 through
 the ``mp`` executor (one worker process per GPU, NCCL, or the all-reduce ``OCTAVO_TP_ALLREDUCE`` names). The
 engine process itself never touches a GPU. Results: one JSON per config, written as soon as each number exists.
+
+``--async-modes off on`` (session 4): the engine starts with async scheduling and is switched while idle
+(``set_async_scheduling``), so each mode's batch-1 latency and throughput come from the same loaded model (TP=2:
+the ``mp`` executor with two steps in flight). ``--graph-replay`` also times the captured batch-1 decode graph
+alone on every rank at once (``collective_rpc``: the ranks' all-reduces pair up): the device time of a token,
+which the latency minus it splits into host gap vs device work.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks.gpu_tp for rpc
 from gpu_e2e import LLAMA3_8B, write_config  # noqa: E402
 
 LLAMA3_70B = {**LLAMA3_8B, "hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 80,
@@ -55,38 +62,80 @@ def run_config(tp: int, args) -> None:
 
     d = write_config(cfg, tempfile.mkdtemp(), f"llama3-{args.shape}")
     t0 = time.perf_counter()
+    modes = args.async_modes or [None]
     llm = LLM(model=d, load_format="dummy", dtype=args.dtype, skip_tokenizer_init=True, tensor_parallel_size=tp,
               max_model_len=4096, gpu_memory_utilization=0.9, max_num_seqs=args.max_num_seqs,
-              max_num_batched_tokens=8192, distributed_executor_backend=args.backend)
+              max_num_batched_tokens=8192, distributed_executor_backend=args.backend,
+              **({"async_scheduling": True} if args.async_modes else {}))
     res["start_s"] = time.perf_counter() - t0
     res["kv_blocks_per_rank"] = llm.llm_engine.model_info.num_kv_blocks
+    save()
     rng = random.Random(0)
     lo, hi = min(1000, cfg["vocab_size"] // 4), min(120000, cfg["vocab_size"])
     prompt = {"prompt_token_ids": [rng.randrange(lo, hi) for _ in range(512)]}
+    prompts = [{"prompt_token_ids": [rng.randrange(lo, hi) for _ in range(args.in_len)]} for _ in range(args.prompts)]
+    weights_per_gpu = param_bytes(cfg) / tp
+    res.update({"weights_GB_per_gpu": weights_per_gpu / 1e9, "copy_rate_Bps": args.copy_rate,
+                "roofline_ms": weights_per_gpu / args.copy_rate * 1e3})
 
     def gen(prompts, n):
         t = time.perf_counter()
         outs = llm.generate(prompts, SamplingParams(max_tokens=n, ignore_eos=True, temperature=0), use_tqdm=False)
         return time.perf_counter() - t, outs
 
-    gen([prompt], 16)  # warm-up
-    t1 = min(gen([prompt], 1)[0] for _ in range(2))
-    t2 = min(gen([prompt], 257)[0] for _ in range(2))
-    per_tok = (t2 - t1) / 256
-    weights_per_gpu = param_bytes(cfg) / tp
-    res.update({"decode_bs1_ms_per_token": per_tok * 1e3, "weights_GB_per_gpu": weights_per_gpu / 1e9,
-                "copy_rate_Bps": args.copy_rate, "roofline_ms": weights_per_gpu / args.copy_rate * 1e3,
-                "decode_bs1_fraction_of_roofline": weights_per_gpu / args.copy_rate / per_tok})
-    save()
-    if args.prompts:
-        prompts = [{"prompt_token_ids": [rng.randrange(lo, hi) for _ in range(args.in_len)]}
-                   for _ in range(args.prompts)]
+    def use(mode):
+        if mode is not None:
+            from octavo.core.async_engine import set_async_scheduling
+
+            set_async_scheduling(llm.llm_engine.core, mode == "on")
+            core = llm.llm_engine.core
+            core.step_timers = type(core.step_timers)()  # per mode, not cumulative
+        return "" if mode is None else f"_async_{mode}"
+
+    if args.graph_replay:
+        ms = llm.collective_rpc("benchmarks.gpu_tp:graph_replay_ms", args=[1, 200])
+        res["graph_replay_bs1_ms_by_rank"] = ms
+        save()
+    for mode in modes:  # batch-1 latency in every mode first: the goal's number
+        sfx = use(mode)
+        gen([prompt], 16)  # warm-up
+        t1 = min(gen([prompt], 1)[0] for _ in range(2))
+        t2 = min(gen([prompt], 257)[0] for _ in range(2))
+        per_tok = (t2 - t1) / 256
+        res.update({f"decode_bs1_ms_per_token{sfx}": per_tok * 1e3,
+                    f"decode_bs1_fraction_of_roofline{sfx}": weights_per_gpu / args.copy_rate / per_tok})
+        save()
+    for mode in modes if args.prompts else []:
+        sfx = use(mode)
         dt, outs = gen(prompts, args.out_len)
         total = sum(len(o.outputs[0].token_ids) for o in outs)
-        res.update({"throughput_workload": f"{args.prompts} x {args.in_len}/{args.out_len}", "throughput_s": dt,
-                    "throughput_tok_s": total / dt})
+        res.update({"throughput_workload": f"{args.prompts} x {args.in_len}/{args.out_len}",
+                    f"throughput_s{sfx}": dt, f"throughput_tok_s{sfx}": total / dt,
+                    f"step_timers{sfx}": llm.llm_engine.core.step_timers.as_dict()})
         save()
     llm.llm_engine.shutdown()
+
+
+def graph_replay_ms(worker, size: int, iters: int) -> float:
+    """ms per replay of the captured decode graph of ``size`` rows on this rank (a ``collective_rpc`` target:
+    every rank replays at once, so the all-reduces inside pair up). Static inputs as last left: position 0 of
+    the null block, i.e. the weights-and-collectives cost of a token, with next to no attention."""
+    import torch
+
+    runner = getattr(worker.runner, "graph_runner", None)
+    graph = getattr(runner, "graphs", {}).get(size)
+    if graph is None:
+        return float("nan")
+    for _ in range(5):
+        graph.replay()
+    torch.cuda.synchronize(worker.device)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / iters
 
 
 def main() -> None:
@@ -100,6 +149,9 @@ def main() -> None:
     ap.add_argument("--max-num-seqs", type=int, default=512, help="also the largest captured decode graph")
     ap.add_argument("--backend", default=None, help="distributed_executor_backend (e.g. mp for TP=1 through "
                     "worker processes: the executor's host overhead alone)")
+    ap.add_argument("--async-modes", nargs="+", choices=["off", "on"], default=None, help="start with async "
+                    "scheduling and measure each mode in turn on the same engine (set_async_scheduling)")
+    ap.add_argument("--graph-replay", action="store_true", help="time the batch-1 decode graph alone per rank")
     ap.add_argument("--tag", default="", help="suffix of the JSON name (e.g. the all-reduce tried)")
     ap.add_argument("--copy-rate", type=float, default=3.0e12, help="bytes/s read+written, device copy (H100)")
     ap.add_argument("--out-dir", default=".")
@@ -111,6 +163,8 @@ def main() -> None:
     for tp in args.tp:  # each config in a fresh process: GPU memory and NCCL state start clean
         cmd = [sys.executable, __file__, "--one", str(tp), "--shape", args.shape, "--prompts", str(args.prompts),
                "--max-num-seqs", str(args.max_num_seqs), *(["--backend", args.backend] if args.backend else []),
+               *(["--async-modes", *args.async_modes] if args.async_modes else []),
+               *(["--graph-replay"] if args.graph_replay else []),
                "--in-len", str(args.in_len), "--dtype", args.dtype, "--out-len", str(args.out_len), "--tag", args.tag, "--copy-rate",
                str(args.copy_rate), "--out-dir", args.out_dir]
         print("config tp", tp, "exit", subprocess.call(cmd), flush=True)
