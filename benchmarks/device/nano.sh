@@ -4,7 +4,7 @@ set -u
 cd "$(dirname "$0")/../.."
 for mode in sync async; do
   R="$OUT/nano_$mode"; mkdir -p "$R"
-  [ $mode = async ] && export OCTAVO_ASYNC_SCHEDULING=true
+  export OCTAVO_ASYNC_SCHEDULING=$([ $mode = async ] && echo true || echo false)  # default is on on CUDA now
   timeout -k 5 "${NANO_LIMIT:-120}" python benchmarks/gpu_e2e.py qwen3_nanovllm ${NANO_ARGS:-} --out-dir "$R"
   echo "$mode exit $?"; cat "$R"/*.json 2>/dev/null | head -c 1500; echo
 done
