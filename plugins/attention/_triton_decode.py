@@ -121,3 +121,10 @@ def paged_decode(query, k_cache, v_cache, out, block_tables, seq_lens, query_sta
         HEADS_FASTEST=heads_fastest,
         DOT_PREC="ieee" if query.dtype == torch.float32 else "tf32", num_warps=num_warps, num_stages=num_stages,
     )
+
+
+def decode_kernel_enabled() -> bool:
+    """``OCTAVO_TRITON_DECODE_KERNEL`` (1 / 0): whether the ``triton`` backend runs decode-only steps here."""
+    from octavo.env_flags import env_switch
+
+    return env_switch("OCTAVO_TRITON_DECODE_KERNEL", default=False)

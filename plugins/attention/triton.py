@@ -145,6 +145,9 @@ class TritonAttentionBackend(AttentionBackend):
         self.window = self.sliding_window or 0
         self.soft_cap = float(self.logits_soft_cap or 0.0)
         self.k_scale = self.v_scale = 1.0  # per-layer fp8 scales; the worker sets checkpoint values
+        from octavo.plugins.attention._triton_decode import decode_kernel_enabled
+
+        self.decode_kernel = decode_kernel_enabled()  # decode-only steps without split-KV (_triton_decode.py)
 
     # --- heuristics ------------------------------------------------------------------------------------
     def _num_splits(self, md: TritonAttentionMetadata, block_n: int, device) -> int:
@@ -223,6 +226,13 @@ class TritonAttentionBackend(AttentionBackend):
         grid = (md.num_reqs, num_q_tiles * splits, self.num_kv_heads)
         fp8 = kv_cache.dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
         scale = self.scale * (self.k_scale if fp8 else 1.0)  # K's scale folds into the softmax scale
+        if splits == 1 and md.max_query_len == 1 and not self.window and not self.soft_cap and self.decode_kernel:
+            from octavo.plugins.attention._triton_decode import paged_decode  # big-batch decode (fp8 owner)
+
+            paged_decode(query, kv_cache[0], kv_cache[1], out, md.block_tables, md.seq_lens, md.query_start_loc,
+                         num_reqs=md.num_reqs, num_kv_heads=self.num_kv_heads, scale=scale,
+                         v_scale=self.v_scale if fp8 else 1.0, block_size=md.block_size)
+            return out
         _paged_attention_kernel[grid](
             query, kv_cache[0], kv_cache[1], dst, lse,
             md.block_tables, md.seq_lens, md.query_start_loc,

@@ -1,0 +1,129 @@
+"""The decode-only paged-attention kernel (plugins/attention/_triton_decode.py) under TRITON_INTERPRET=1.
+
+1. against a float64 reference on the dequantized cache: fp8 caches (e4m3, e5m2) with k/v scales and bf16
+   queries (fp16 dots), and a float32 cache with float32 queries; GQA, head sizes that need padding, shuffled
+   blocks, contexts across several key tiles;
+2. through the ``triton`` backend with ``OCTAVO_TRITON_DECODE_KERNEL=1``: a decode step gives what the general
+   kernel gives (float32 and fp8 caches), after a prefill that runs the general kernel either way.
+
+One subprocess (the interpreter must be on before Triton is imported); ~20-40 s on the shared CPU.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+SCRIPT = r"""
+import os
+import torch
+from octavo.nn.kv_quant import dequantize, quantize
+from octavo.plugins.attention._triton_decode import paged_decode
+from octavo.plugins.attention.triton import TritonAttentionBackend
+from octavo.testing.attention import make_layout
+
+PAGE = 16
+gen = torch.Generator().manual_seed(0)
+
+
+def case(heads, kv_heads, d, ctx, cache_dtype, q_dtype, ks=1.0, vs=1.0):
+    nblk = [(c + PAGE - 1) // PAGE for c in ctx]
+    perm = (torch.randperm(sum(nblk), generator=gen) + 1).tolist()
+    tables, at = [], 0
+    for n in nblk:
+        tables.append(perm[at: at + n]); at += n
+    k = torch.randn(sum(nblk) + 1, PAGE, kv_heads, d, generator=gen) * 2
+    v = torch.randn(sum(nblk) + 1, PAGE, kv_heads, d, generator=gen)
+    if cache_dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+        kc, vc = quantize(k, ks, cache_dtype), quantize(v, vs, cache_dtype)
+        kf, vf = dequantize(kc, ks, torch.float64), dequantize(vc, vs, torch.float64)
+    else:
+        kc, vc, kf, vf = k.to(cache_dtype), v.to(cache_dtype), k.double(), v.double()
+    q = torch.randn(len(ctx), heads, d, generator=gen).to(q_dtype)
+    bt = torch.zeros(len(ctx), max(nblk), dtype=torch.int32)
+    for i, t in enumerate(tables):
+        bt[i, : len(t)] = torch.tensor(t, dtype=torch.int32)
+    return q, kc, vc, kf, vf, bt, tables
+
+
+def reference(q, kf, vf, tables, ctx, scale):
+    out = []
+    g = q.shape[1] // kf.shape[2]
+    for i, L in enumerate(ctx):
+        kk = kf[tables[i]].reshape(-1, kf.shape[2], kf.shape[3])[:L].repeat_interleave(g, 1)
+        vv = vf[tables[i]].reshape(-1, vf.shape[2], vf.shape[3])[:L].repeat_interleave(g, 1)
+        p = (torch.einsum("hd,lhd->hl", q[i].double(), kk) * scale).softmax(-1)
+        out.append(torch.einsum("hl,lhd->hd", p, vv))
+    return torch.stack(out)
+
+
+E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
+for heads, kv_heads, d, ctx, cdt, qdt, ks, vs, tol in (
+        (8, 2, 64, [1, 17, 70, 130], E4M3, torch.bfloat16, 0.5, 0.25, 2e-2),
+        (8, 2, 40, [5, 64, 65, 100], E5M2, torch.bfloat16, 1.0, 2.0, 2e-2),
+        (4, 4, 32, [3, 80], torch.float32, torch.float32, 1.0, 1.0, 1e-5),
+        (6, 2, 16, [33, 128, 2], E4M3, torch.float32, 0.125, 0.5, 1e-5)):
+    q, kc, vc, kf, vf, bt, tables = case(heads, kv_heads, d, ctx, cdt, qdt, ks, vs)
+    out = torch.empty_like(q)
+    qsl = torch.arange(len(ctx) + 1, dtype=torch.int32)
+    scale = d ** -0.5
+    paged_decode(q, kc, vc, out, bt, torch.tensor(ctx, dtype=torch.int32), qsl, num_reqs=len(ctx),
+                 num_kv_heads=kv_heads, scale=scale * (ks if cdt in (E4M3, E5M2) else 1.0), v_scale=vs,
+                 block_size=PAGE)
+    want = reference(q, kf, vf, tables, ctx, scale)
+    err = float((out.double() - want).abs().max() / want.abs().max())
+    assert err <= tol, (cdt, qdt, d, err)
+    print("kernel", cdt, qdt, d, f"{err:.2e}")
+
+# 2. through the backend: decode steps take the decode kernel, and equal the general kernel's output
+for cdt, ks, vs in ((torch.float32, 1.0, 1.0), (E4M3, 0.5, 0.25)):
+    ctx = [9, 40, 77]
+    outs = {}
+    for flag in ("0", "1"):
+        os.environ["OCTAVO_TRITON_DECODE_KERNEL"] = flag
+        impl = TritonAttentionBackend(num_heads=8, head_size=32, num_kv_heads=2, scale=32 ** -0.5)
+        impl.k_scale, impl.v_scale = ks, vs
+        assert impl.decode_kernel == (flag == "1")
+        g = torch.Generator().manual_seed(1)
+        cache = torch.zeros(2, 40, PAGE, 2, 32, dtype=cdt)
+        tables = [[1, 2], [3, 4, 5], [6, 7, 8, 9, 10]]
+        # prefill every request (general kernel either way), then one decode step
+        pre = make_layout(tables, [0, 0, 0], [c - 1 for c in ctx], PAGE)
+        n = sum(ctx) - 3
+        md = TritonAttentionBackend.build_metadata(pre, torch.device("cpu"))
+        k = torch.randn(n, 2, 32, generator=g) * ks * 8
+        v = torch.randn(n, 2, 32, generator=g) * vs * 8
+        impl.forward(torch.randn(n, 8, 32, generator=g), k, v, cache, md)
+        dec = make_layout(tables, [c - 1 for c in ctx], [1, 1, 1], PAGE)
+        md = TritonAttentionBackend.build_metadata(dec, torch.device("cpu"))
+        k, v = torch.randn(3, 2, 32, generator=g) * ks * 8, torch.randn(3, 2, 32, generator=g) * vs * 8
+        outs[flag] = impl.forward(torch.randn(3, 8, 32, generator=g), k, v, cache, md)
+    err = float((outs["1"] - outs["0"]).abs().max() / outs["0"].abs().max())
+    assert err <= 1e-5, (cdt, err)
+    print("backend", cdt, f"{err:.2e}")
+print("ok")
+"""
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="interpreter check for CPU machines; on a GPU the kernel is "
+                    "measured and checked by benchmarks/fp8_attn_bench.py")
+def test_decode_kernel_interpreted_matches_reference_and_general_kernel():
+    pytest.importorskip("triton")
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    out = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=600,
+                         cwd=root)
+    print(out.stdout)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]
+
+
+def test_switch_refuses_other_values(monkeypatch):
+    from octavo.plugins.attention._triton_decode import decode_kernel_enabled
+
+    monkeypatch.setenv("OCTAVO_TRITON_DECODE_KERNEL", "yes")
+    with pytest.raises(ValueError, match="OCTAVO_TRITON_DECODE_KERNEL"):
+        decode_kernel_enabled()
