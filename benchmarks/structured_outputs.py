@@ -17,6 +17,11 @@
     python benchmarks/structured_outputs.py [--backend xgrammar|guidance] [--steps 24] [--repeats 3]
         [--batches 1 32] [--model PATH] [--tokenizer PATH] [--load-format dummy] [--device cpu|cuda]
         [--dtype float32] [--quantization none] [--skip-compile] [--compare-maxlength] [--json OUT]
+        [--async-modes off on] [--modes overlap json_async] [--show-outputs 2]
+
+``--async-modes on`` adds ``free_async`` and ``json_async``: the same engine switched to async scheduling while idle
+(step N+1 scheduled while N runs; the bitmask fill of N+1 starts once N's tokens advanced the grammars); their
+overhead is against ``free_async``.
 """
 
 from __future__ import annotations
@@ -39,18 +44,22 @@ def schema_50() -> dict:
     return {"type": "object", "properties": props, "required": list(props)[:25], "additionalProperties": False}
 
 
-def timed_steps(core, reqs, full: int) -> list[float]:
-    """Add ``reqs`` to the engine core, run it dry, return the times of steps where all ``full`` decode."""
+def timed_steps(core, reqs, full: int, tokens: dict | None = None) -> list[float]:
+    """Add ``reqs`` to the engine core, run it dry, return the times of steps where all ``full`` decode
+    (and, if ``tokens`` is a dict, collect each request's output token ids into it)."""
     for r in reqs:
         core.add_request(r)
     times = []
     while core.has_unfinished_requests():
         running = sum(1 for r in core.scheduler.running if r.num_output_tokens >= 1)
         t0 = time.perf_counter()
-        core.step()
+        out = core.step()
         dt = time.perf_counter() - t0
         if running == full:
             times.append(dt)
+        if tokens is not None:
+            for o in out.outputs:
+                tokens.setdefault(o.request_id, []).extend(o.new_token_ids)
     return times
 
 
@@ -61,6 +70,8 @@ def bench_decode(args) -> dict:
 
     kw = {"max_model_len": 512, "max_num_seqs": max(args.batches), "structured_outputs_backend": args.backend,
           "enable_prefix_caching": False}
+    if args.async_modes:  # start synchronous; the "_async" modes switch the idle engine on and back
+        kw["async_scheduling"] = False
     for name in ("model", "tokenizer", "device", "quantization", "dtype", "load_format"):
         if getattr(args, name):
             kw[name] = getattr(args, name)
@@ -75,10 +86,18 @@ def bench_decode(args) -> dict:
         return self.driver.execute(batch, grammar=grammar)
     tok = engine.tokenizer
     so = StructuredOutputsParams(json=SCHEMA)
-    modes = {"free": None, "overlap": so, "serial": so}
+    # mode -> (structured outputs, async scheduling on, fill before the step, xgrammar's own maxLength form)
+    modes = {"free": (None, False, False, False), "overlap": (so, False, False, False),
+             "serial": (so, False, True, False)}
     if args.backend == "xgrammar" and args.compare_maxlength:
         # xgrammar's own maxLength form (before the regex rewrite): a different schema text, so its own cache key
-        modes["overlap_maxlength"] = StructuredOutputsParams(json={**SCHEMA, "description": "maxLength form"})
+        modes["overlap_maxlength"] = (StructuredOutputsParams(json={**SCHEMA, "description": "maxLength form"}),
+                                      False, False, True)
+    if "on" in (args.async_modes or []):
+        modes["free_async"] = (None, True, False, False)
+        modes["json_async"] = (so, True, False, False)
+    if args.modes:
+        modes = {m: v for m, v in modes.items() if m in args.modes or m in ("free", "free_async")}
     import octavo.plugins.structured_output.xgrammar_backend as xgb
     rewrite = xgb.bounded_strings_as_patterns
     result = {"device": str(core.model_info.device), "dtype": str(core.model_info.dtype),
@@ -93,19 +112,26 @@ def bench_decode(args) -> dict:
         prompts = [list(p) for p in prompts]
 
         host = {m: {k: [] for k in ("prepare_s", "fill_s", "wait_s", "apply_s", "accept_s")} for m in modes}
+        texts: dict[str, list[int]] = {}
 
-        def run(mode: str, prompts=prompts, batch=batch, host=host) -> list[float]:
-            executor_cls.execute_structured = serial if mode == "serial" else overlapped
-            xgb.bounded_strings_as_patterns = (lambda schema: schema) if mode == "overlap_maxlength" else rewrite
-            params = SamplingParams(temperature=0, max_tokens=args.steps + 1, ignore_eos=modes[mode] is None,
-                                    structured_outputs=modes[mode])
+        def run(mode: str, prompts=prompts, batch=batch, host=host, texts=texts) -> list[float]:
+            params_so, on, fill_first, own_maxlength = modes[mode]
+            if args.async_modes:
+                from octavo.core.async_engine import set_async_scheduling
+
+                set_async_scheduling(core, on)
+            executor_cls.execute_structured = serial if fill_first else overlapped
+            xgb.bounded_strings_as_patterns = (lambda schema: schema) if own_maxlength else rewrite
+            params = SamplingParams(temperature=0, max_tokens=args.steps + 1, ignore_eos=params_so is None,
+                                    structured_outputs=params_so)
             reqs = [EngineCoreRequest(f"b{next(ids)}", p, params, time.time(), eos_token_id=tok.eos_token_id)
                     for p in prompts]
             stats = core.structured.stats
             for k in stats:
                 stats[k] = 0
+            texts.clear()
             try:
-                times = timed_steps(core, reqs, batch)
+                times = timed_steps(core, reqs, batch, texts)
             finally:
                 executor_cls.execute_structured = overlapped
                 xgb.bounded_strings_as_patterns = rewrite
@@ -114,32 +140,43 @@ def bench_decode(args) -> dict:
                     host[mode][k].append(stats[k] / stats["steps"])
             return times
 
-
         for mode in modes:  # warm: compile once, caches and buffers filled
             run(mode)
         times = {m: [] for m in modes}
+        samples = {}
         for _ in range(args.repeats):
             for mode in modes:
                 times[mode] += run(mode)
+                if modes[mode][0] is not None and mode not in samples and args.show_outputs:
+                    samples[mode] = [tok.decode(t) for t in list(texts.values())[:args.show_outputs]]
                 print(f"batch {batch} {mode}: {len(times[mode])} steps, median "
                       f"{statistics.median(times[mode]) * 1e3:.2f} ms", flush=True)
         med = {m: statistics.median(t) for m, t in times.items() if t}
         row = {f"{m}_ms_per_step": round(v * 1e3, 3) for m, v in med.items()}
         row.update({f"{m}_steps": len(t) for m, t in times.items()})
-        for m in ("overlap", "serial", "overlap_maxlength"):
-            if m in med and "free" in med:
-                row[f"{m}_overhead_pct"] = round((med[m] / med["free"] - 1) * 100, 1)
-        for m in ("overlap", "serial", "overlap_maxlength"):  # host time per step the forward did not hide, from the engine's own timers
+        for m, (params_so, on, _, _) in modes.items():
+            base = "free_async" if on else "free"
+            if params_so is not None and m in med and base in med:
+                row[f"{m}_overhead_pct"] = round((med[m] / med[base] - 1) * 100, 1)
+        for m, (params_so, on, _, _) in modes.items():  # host time per step the forward did not hide (engine timers)
             h = {k: statistics.median(v) for k, v in host[m].items() if v}
-            if h:
+            if h and params_so is not None:
                 row[f"{m}_host_ms_per_step"] = {k[:-2]: round(v * 1e3, 3) for k, v in h.items()}
-                exposed = h["prepare_s"] + h["wait_s"] + h["apply_s"] + h["accept_s"]
-                row[f"{m}_exposed_host_ms_per_step"] = round(exposed * 1e3, 3)
-                row[f"{m}_exposed_pct_of_free_step"] = round(exposed / med["free"] * 100, 1)
+                if not on:  # under async, prepare/accept/fill run while a forward runs: no such sum applies
+                    exposed = h["prepare_s"] + h["wait_s"] + h["apply_s"] + h["accept_s"]
+                    row[f"{m}_exposed_host_ms_per_step"] = round(exposed * 1e3, 3)
+                    row[f"{m}_exposed_pct_of_free_step"] = round(exposed / med["free"] * 100, 1)
+        if samples:
+            row["sample_outputs"] = samples
         result[f"batch_{batch}"] = row
         if args.json:  # partial results survive a time limit that cuts the next batch short
             with open(args.json, "w") as f:
                 json.dump({"backend": args.backend, "partial": True, "decode": result}, f, indent=2)
+    if args.async_modes:
+        from octavo.core.async_engine import set_async_scheduling
+
+        set_async_scheduling(core, False)
+    llm.llm_engine.shutdown()
     return result
 
 
@@ -232,6 +269,11 @@ def main() -> None:
     ap.add_argument("--load-format", dest="load_format", default=None, help="e.g. dummy (random weights)")
     ap.add_argument("--compare-maxlength", dest="compare_maxlength", action="store_true",
                     help="also time xgrammar's own maxLength form (before the regex rewrite) as overlap_maxlength")
+    ap.add_argument("--async-modes", dest="async_modes", nargs="+", choices=["off", "on"], default=None,
+                    help="with 'on': also free_async / json_async (async scheduling switched on in the same engine)")
+    ap.add_argument("--modes", nargs="+", default=None, help="run only these modes (free and free_async always run)")
+    ap.add_argument("--show-outputs", dest="show_outputs", type=int, default=0,
+                    help="record this many decoded outputs of each constrained mode (what the walk looked like)")
     ap.add_argument("--skip-decode", action="store_true")
     ap.add_argument("--skip-compile", action="store_true")
     ap.add_argument("--json", default=None, help="also write the result here")

@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
-# Issue 11 (engineer "structured"): JSON-schema decode overhead on one GPU. Kind: nvidia-h100-x1.
-# HARD bound 60 s (every step under `timeout`, the last one gets what is left). Needs xgrammar (0.2.8).
-# Random weights only; SmolLM2's tokenizer comes from benchmarks/device/smollm2_tokenizer.json.xz (so the
-# grammar's masks are the embedded model's). Writes JSON + logs to $OUT/structured/. Runs from the repo root.
-#   1. benchmarks/structured_outputs.py on a random-weight ~1.1B Llama shape (hidden 2048, 16 layers, GQA 32/8,
-#      vocab 49152), bf16, CUDA graphs: engine-core decode steps at batch 32 then 1, modes interleaved in one
-#      process: free (no grammar), overlap (default: fill on a host thread during the forward), serial (fill
-#      first), overlap_maxlength (xgrammar's own maxLength form: this session's "before").
-#   2. tests/structured/test_apply_device.py: the mask applied on the GPU (pinned, non_blocking copy) equals
-#      the host path on random masks.
-#   3. if >= 20 s are left: the same benchmark on a random-weight SmolLM2-135M shape (batch 32 first).
+# Issue 11 (engineer "structured"): JSON-schema decode overhead on one GPU. Kind: nvidia-h100-x1 (one lane).
+# HARD bound 72 s (every step under `timeout`, the last one gets what is left). Needs xgrammar (0.2.8).
+# SmolLM2's tokenizer comes from benchmarks/device/smollm2_tokenizer.json.xz (so the grammar's masks are the
+# embedded model's). Writes JSON + logs to $OUT/structured/. Runs from the repo root.
+#   1. benchmarks/structured_fill.py: the host cost of a 32-row bitmask fill alone (no model, no GPU) on the
+#      device's CPU, by grammar form (xgrammar's 16-character whitespace cap, the same cap as a regex rule,
+#      compact JSON) and by threading (xgrammar BatchGrammarMatcher 1..16 threads, per-row loop), on random-token
+#      walks; plus a GIL probe (does the fill let the Python main thread run?).
+#   2. benchmarks/structured_outputs.py on the REAL SmolLM2-135M ($SMOLLM2_GGUF, dequantized bf16; real JSON
+#      outputs) at batch 32 then 1: free / overlap (sync) and free_async / json_async (async scheduling switched
+#      on in the same engine), modes interleaved; sample outputs recorded.
+#   3. the same on a random-weight ~1.1B Llama shape (hidden 2048, 16 layers, vocab 49152): random-token JSON.
 # STRUCTURED_DRY=1: a CPU dry run (tiny shapes, few steps).
 set -u
 cd "$(dirname "$0")/../.."
@@ -17,7 +18,7 @@ R="${OUT:-/tmp/out}/structured"
 mkdir -p "$R"
 DRY=${STRUCTURED_DRY:-0}
 X=1; [ "$DRY" = 1 ] && X=20  # the dry run's CPU (2 loaded cores) imports torch + xgrammar in ~40 s
-LIMIT=$(( 58 * X ))
+LIMIT=$(( 72 * X ))
 left() { echo $(( LIMIT - SECONDS )); }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$R/gpu.csv" 2>&1
 cat "$R/gpu.csv"
@@ -35,7 +36,7 @@ step() {  # step NAME CAP_S CMD...: one bounded run, log to $R/NAME.log
   timeout -k 2 "$cap" "$@" > "$R/$name.log" 2>&1
   local rc=$?
   echo "$name exit $rc" | tee -a "$R/exits.txt"
-  grep -E 'steps, median|overhead_pct|exposed_pct|passed|failed|Error|error' "$R/$name.log" | tail -16
+  grep -E 'steps, median|overhead_pct|exposed_pct|batch_t|serial |GIL|passed|failed|Error|error' "$R/$name.log" | tail -24
 }
 
 # model dirs: config.json written directly (no transformers import), SmolLM2's tokenizer unpacked next to it
@@ -64,20 +65,25 @@ for name, (h, i, layers, heads, kv) in shapes.items():
 print("model dirs ready")
 PY
 
-COMMON=(--batches 32 1 --steps 24 --repeats 2 --device cuda --dtype bfloat16 --skip-compile --compare-maxlength
-        --load-format dummy)
+COMMON=(--batches 32 1 --steps 24 --repeats 2 --device cuda --dtype bfloat16 --skip-compile
+        --async-modes off on --modes overlap json_async --show-outputs 2)
 [ "$DRY" = 1 ] && COMMON=(--batches 4 1 --steps 4 --repeats 1 --device cpu --dtype float32 --skip-compile
-                          --compare-maxlength --load-format dummy)
-step llama1b $(( 32 * X )) python3 benchmarks/structured_outputs.py "${COMMON[@]}" --model /tmp/structured_llama1b \
-     --json "$R/llama1b_dummy.json"
-if [ "$DRY" != 1 ]; then
-  step apply_check 12 python3 -m pytest -q -p no:cacheprovider tests/structured/test_apply_device.py
-fi
-if [ "$(left)" -ge $(( 20 * X )) ]; then
-  step smol135m "$(( $(left) - 1 ))" python3 benchmarks/structured_outputs.py "${COMMON[@]}" \
-       --model /tmp/structured_smol135m --json "$R/smol135m_dummy.json"
+                          --async-modes off on --modes overlap json_async --show-outputs 2)
+FILL=(--rows 32 --steps 48 --threads 1 2 4 8 16 --forms cap16 cap16_regex compact)
+[ "$DRY" = 1 ] && FILL=(--rows 4 --steps 6 --threads 1 2 --forms cap16 compact --repeats 1)
+step fill $(( 14 * X )) python3 benchmarks/structured_fill.py --tokenizer /tmp/structured_smol135m "${FILL[@]}" \
+     --json "$R/fill.json"
+if [ -n "${SMOLLM2_GGUF:-}" ] && [ -f "${SMOLLM2_GGUF:-}" ]; then
+  step smollm2_real $(( 28 * X )) python3 benchmarks/structured_outputs.py "${COMMON[@]}" --model "$SMOLLM2_GGUF" \
+       --quantization none --json "$R/smollm2_real.json"
 else
-  echo "SKIPPED smol135m: $(left) s left" | tee "$R/SKIPPED_smol135m.txt"
+  echo "SKIPPED smollm2_real: SMOLLM2_GGUF is not set" | tee "$R/SKIPPED_smollm2_real.txt"
+fi
+if [ "$(left)" -ge $(( 18 * X )) ]; then
+  step llama1b "$(( $(left) - 1 ))" python3 benchmarks/structured_outputs.py "${COMMON[@]}" --load-format dummy \
+       --model /tmp/structured_llama1b --json "$R/llama1b_dummy.json"
+else
+  echo "SKIPPED llama1b: $(left) s left" | tee "$R/SKIPPED_llama1b.txt"
 fi
 echo "structured done in ${SECONDS}s"
 ls -la "$R"

@@ -1,0 +1,205 @@
+"""Host cost of one step's xgrammar bitmask fill, by grammar form and by threading (issue 11's batch-32 goal).
+
+Why: on the H100 host a batch-32 JSON step's fill (~2-3 ms on random-weight outputs) outlasted the whole
+forward. This replays the SAME token walks through differently built grammars and fill strategies, so each
+number is the host cost alone, with no model and no GPU:
+
+1. Walks: ``--rows`` requests walk the benchmark schema (benchmarks/structured_outputs.py ``SCHEMA``), each
+   taking at every step the allowed token with the highest score of a per-row random preference plus noise
+   (what a random-weight model's argmax does); a row whose grammar ends starts over. Recorded once per
+   grammar form (the forms differ in what whitespace they allow, so their walks differ).
+2. Forms: ``cap16`` = xgrammar's ``max_whitespace_cnt=16`` (octavo's setting: a rule repetition
+   ``ws{0, 16}``), ``nocap`` = unbounded whitespace (vLLM's default; random walks then stay in whitespace),
+   ``compact`` = ``disable_any_whitespace``, ``cap16_regex`` / ``cap16_nested`` / ``cap16_chain`` = the same
+   16-character cap as one regex rule / 16 nested rules / 16 optional characters
+   (plugins/structured_output/xgrammar_whitespace.py).
+3. Fill strategies per step over all rows: xgrammar's ``BatchGrammarMatcher`` with 1..N threads, and one
+   ``fill_next_token_bitmask`` per row serially. Median and mean ms per step, plus ms per row.
+4. A GIL probe: how fast a pure-Python loop runs on the main thread while another thread fills batches
+   (1.0: the fill released the GIL; ~0: it held it), relative to the loop alone.
+
+    python benchmarks/structured_fill.py [--tokenizer DIR] [--rows 32] [--steps 48] [--threads 1 2 4 8]
+        [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from structured_outputs import SCHEMA  # noqa: E402
+
+
+def load_tokenizer(path: str | None):
+    if path:
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(path)
+    from octavo.config import OctavoSettings
+    from octavo.core.loader import load_tokenizer as load
+
+    return load(OctavoSettings.from_kwargs().model)
+
+
+def compiled_forms(xgr, compiler, forms: list[str]) -> dict:
+    from octavo.plugins.structured_output.xgrammar_backend import _schema
+    from octavo.plugins.structured_output.xgrammar_whitespace import capped_whitespace_grammar
+    from octavo.structured_outputs import StructuredOutputsParams
+
+    text = _schema(StructuredOutputsParams(json=SCHEMA))  # with the maxLength -> pattern rewrite
+    out = {}
+    for form in forms:
+        t0 = time.perf_counter()
+        if form == "cap16":
+            out[form] = compiler.compile_json_schema(text, any_whitespace=True, max_whitespace_cnt=16)
+        elif form == "nocap":
+            out[form] = compiler.compile_json_schema(text, any_whitespace=True)
+        elif form == "compact":  # disable_any_whitespace=True
+            out[form] = compiler.compile_json_schema(text, any_whitespace=False)
+        elif form.startswith("cap16_"):
+            out[form] = compiler.compile_grammar(capped_whitespace_grammar(xgr, text, 16, form[6:]))
+        else:
+            raise SystemExit(f"unknown form {form!r}")
+        print(f"compiled {form} in {(time.perf_counter() - t0) * 1e3:.0f} ms", flush=True)
+    return out
+
+
+def walks(xgr, compiled, rows: int, steps: int, vocab: int) -> list[list[int]]:
+    """Per row, the tokens of ``steps`` steps (a restart after the grammar ended is recorded as -1)."""
+    import numpy as np
+
+    bitmask = xgr.allocate_token_bitmask(1, vocab)
+    out = []
+    for r in range(rows):
+        rng = np.random.default_rng(1000 + r)
+        pref = rng.standard_normal(vocab).astype(np.float32)
+        m = xgr.GrammarMatcher(compiled)
+        seq = []
+        for _ in range(steps):
+            if m.is_terminated():
+                m.reset()
+                seq.append(-1)
+                continue
+            m.fill_next_token_bitmask(bitmask, 0)
+            allowed = np.unpackbits(bitmask[0].numpy().view(np.uint8), bitorder="little")[:vocab].astype(bool)
+            score = pref + rng.standard_normal(vocab).astype(np.float32)
+            score[~allowed] = -np.inf
+            tok = int(score.argmax())
+            if not m.accept_token(tok):
+                raise RuntimeError(f"row {r}: token {tok} refused right after its mask allowed it")
+            seq.append(tok)
+        out.append(seq)
+    return out
+
+
+def replay(xgr, compiled, seqs: list[list[int]], vocab: int, strategy: str, threads: int) -> list[float]:
+    """Seconds per step to fill every row's mask (rows restarted at -1 are filled from the start state)."""
+    rows, steps = len(seqs), len(seqs[0])
+    matchers = [xgr.GrammarMatcher(compiled) for _ in range(rows)]
+    bitmask = xgr.allocate_token_bitmask(rows, vocab)
+    batch = xgr.BatchGrammarMatcher(max_threads=threads) if strategy == "batch" else None
+    times = []
+    for s in range(steps):
+        t0 = time.perf_counter()
+        if batch is not None:
+            batch.batch_fill_next_token_bitmask(matchers, bitmask)
+        else:
+            for i, m in enumerate(matchers):
+                m.fill_next_token_bitmask(bitmask, i)
+        times.append(time.perf_counter() - t0)
+        for m, seq in zip(matchers, seqs):
+            tok = seq[s]
+            if tok < 0:
+                m.reset()
+            elif not m.accept_token(tok):
+                raise RuntimeError("replay diverged")
+    return times
+
+
+def gil_probe(xgr, compiled, rows: int, vocab: int, seconds: float = 0.5) -> dict:
+    """Main-thread Python loop speed while a thread fills (one row at a time, then 1-thread batches)."""
+    import threading
+
+    matchers = [xgr.GrammarMatcher(compiled) for _ in range(rows)]
+    bitmask = xgr.allocate_token_bitmask(rows, vocab)
+    batch = xgr.BatchGrammarMatcher(max_threads=1)
+
+    def spin() -> int:
+        n, t0 = 0, time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            n += 1
+        return n
+
+    out = {}
+    for kind in ("per_row", "batch_t1"):
+        stop = threading.Event()
+
+        def work(kind=kind, stop=stop) -> None:
+            while not stop.is_set():
+                if kind == "batch_t1":
+                    batch.batch_fill_next_token_bitmask(matchers, bitmask)
+                else:
+                    for i, m in enumerate(matchers):
+                        m.fill_next_token_bitmask(bitmask, i)
+
+        alone = spin()
+        th = threading.Thread(target=work)
+        th.start()
+        busy = spin()
+        stop.set()
+        th.join()
+        out[kind] = round(busy / alone, 2)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tokenizer", default=None, help="a tokenizer dir (default: the embedded SmolLM2's)")
+    ap.add_argument("--rows", type=int, default=32)
+    ap.add_argument("--steps", type=int, default=48)
+    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2, 4, 8])
+    ap.add_argument("--forms", nargs="+", default=["cap16", "cap16_regex", "cap16_nested", "compact"])
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    import xgrammar as xgr
+
+    tok = load_tokenizer(args.tokenizer)
+    vocab = 49152 if len(tok) <= 49152 else len(tok)
+    info = xgr.TokenizerInfo.from_huggingface(tok, vocab_size=vocab)
+    compiler = xgr.GrammarCompiler(info, max_threads=2, cache_enabled=False)
+    res = {"rows": args.rows, "steps": args.steps, "cpu_count": os.cpu_count(), "xgrammar": __import__("importlib.metadata").metadata.version("xgrammar"),
+           "forms": {}}
+    for form, compiled in compiled_forms(xgr, compiler, args.forms).items():
+        t0 = time.perf_counter()
+        seqs = walks(xgr, compiled, args.rows, args.steps, vocab)
+        row = {"walk_s": round(time.perf_counter() - t0, 2)}
+        text = tok.decode([t for t in seqs[0] if t >= 0])
+        row["row0_text"] = text[:160]
+        strategies = [("serial", 1)] + [("batch", t) for t in args.threads]
+        for strategy, threads in strategies:
+            times = []
+            for _ in range(args.repeats):
+                times += replay(xgr, compiled, seqs, vocab, strategy, threads)
+            name = "serial" if strategy == "serial" else f"batch_t{threads}"
+            row[name] = {"median_ms": round(statistics.median(times) * 1e3, 3),
+                         "mean_ms": round(statistics.fmean(times) * 1e3, 3),
+                         "p90_ms": round(sorted(times)[int(0.9 * len(times))] * 1e3, 3),
+                         "mean_us_per_row": round(statistics.fmean(times) / args.rows * 1e6, 1)}
+            print(f"{form:12s} {name:10s} {row[name]}", flush=True)
+        res["forms"][form] = row
+    res["gil_probe_main_thread_speed"] = gil_probe(xgr, compiled, args.rows, vocab)
+    print("GIL probe (main-thread loop speed while filling; 1.0 = GIL released):", res["gil_probe_main_thread_speed"])
+    print(json.dumps(res, indent=2))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(res, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
