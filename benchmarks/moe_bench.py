@@ -14,7 +14,10 @@ layer call (``FusedMoE.apply_experts``: routing weights/ids given; the router GE
 - ``torch_static_graph_us`` (M = 1): ``FusedMoE.apply_experts_static`` graph-replayed, the graph-safe torch
   path that captured decode steps ran before this kernel (every expert on every token);
 - ``max_rel_err``: kernel vs torch path, max |diff| / max |torch|;
-- ``breakdown`` (M=1): align, w13, w2 and the sum over k, each graph-replayed alone, with the GEMMs' GB/s;
+- ``breakdown`` (M=1): align (none at batch 1: direct layout), w13, w2 and the sum over k, each
+  graph-replayed alone, with the GEMMs' GB/s;
+- ``routing_torch_graph_us`` / ``routing_triton_graph_us`` (M=1): ``select_experts`` (softmax, top-k,
+  renormalise) as torch's launches and as the one Triton kernel, graph-replayed;
 - ``active_bytes``: expert weight bytes the call must read (distinct experts routed x 3 x H x I x 2 bytes);
   ``roofline_fraction_graph`` = (active_bytes / measured bandwidth) / triton_graph_us.
 
@@ -98,7 +101,7 @@ def _graph_us(calls) -> float:
 def breakdown(layer, cases, cfg) -> dict:
     """Each of the kernel's four launches alone (graph-replayed over the same cases), with the weight
     bandwidth of the two GEMMs: where a batch-1 call's time goes."""
-    from octavo.plugins.platforms.cuda_moe_kernels import _gemm, moe_align
+    from octavo.plugins.platforms.cuda_moe_kernels import _gemm, moe_layout
 
     c13, c2 = cfg[0], {**cfg[0], **(cfg[1] or {})}
     e, h, inter, k = layer.num_local_experts, layer.hidden_size, layer.intermediate_size, layer.top_k
@@ -106,12 +109,14 @@ def breakdown(layer, cases, cfg) -> dict:
     prep = []
     for x, w, ids in cases:
         slots = x.shape[0] * k
-        prep.append((x, w.reshape(-1).contiguous(), ids, moe_align(ids, e, bm), slots,
+        prep.append((x, w.reshape(-1).contiguous(), ids, moe_layout(ids, e, bm, x.shape[0] == 1), slots,
                      torch.empty(slots, inter, dtype=x.dtype, device=x.device),
                      torch.empty(slots, h, dtype=x.dtype, device=x.device),
                      torch.empty(x.shape[0], h, dtype=x.dtype, device=x.device)))
     w13, w2 = layer.w13_weight, layer.w2_weight
-    align = _graph_us([functools.partial(moe_align, p[2], e, bm) for p in prep])
+    # batch 1 has no align launch (direct layout): its time is 0 then
+    align = 0.0 if prep[0][3][1] is None else _graph_us([functools.partial(moe_layout, p[2], e, bm, False)
+                                                          for p in prep])
     g13 = _graph_us([functools.partial(_gemm, p[0], w13, p[5], p[1], p[3], p[4], inter, h, k, True, False, c13)
                      for p in prep])
     g2 = _graph_us([functools.partial(_gemm, p[5], w2, p[6], p[1], p[3], p[4], h, inter, 1, False, True, c2)
@@ -174,6 +179,12 @@ def bench_shape(name, e, k, h, inter, batch_sizes, bandwidth_gbps, dtype=torch.b
             results[m]["speedup_vs_static_graph"] = round(static_us / graph_us, 2)
         if m == 1:
             results[m]["breakdown"] = breakdown(layer, cases, cfg)
+            # routing (softmax, top-k, renormalise) of one token: torch's launches vs the Triton kernel
+            logits = [torch.randn(1, e, generator=gen).to(dtype).to(DEVICE) for _ in range(4)]
+            results[m]["routing_torch_graph_us"] = round(_graph_us(
+                [functools.partial(type(layer).select_experts, layer, lg) for lg in logits]), 2)
+            results[m]["routing_triton_graph_us"] = round(_graph_us(
+                [functools.partial(layer.select_experts, lg) for lg in logits]), 2)
         print(f"{name} M={m}: {results[m]}", flush=True)
     del layer
     torch.cuda.empty_cache()
@@ -188,6 +199,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--tune-budget-s", type=float, default=0.0,
                     help="first tune each shape (benchmarks/moe_tune.py, quick search) for this many seconds in all")
     ap.add_argument("--tune-batch-sizes", type=int, nargs="+", default=[1, 16])
+    ap.add_argument("--tune-shapes", nargs="+", choices=sorted(SHAPES), help="tune only these (default: --shapes)")
     ap.add_argument("--tune-out", help="where tuned config files go (then used by this run)")
     args = ap.parse_args(argv)
     t0 = time.time()
@@ -203,9 +215,10 @@ def main(argv=None) -> dict:
         from octavo.plugins.platforms import cuda_moe
 
         out_dir = args.tune_out or str(cuda_moe.CONFIG_DIR)
-        for name in args.shapes:
+        tune_shapes = args.tune_shapes or args.shapes
+        for name in tune_shapes:
             tuned[name] = moe_tune.tune_shape(*SHAPES[name], args.tune_batch_sizes,
-                                              budget_s=args.tune_budget_s / len(args.shapes), out_dir=out_dir,
+                                              budget_s=args.tune_budget_s / len(tune_shapes), out_dir=out_dir,
                                               device=DEVICE)
         os.environ["OCTAVO_MOE_CONFIG_DIR"] = out_dir
         cuda_moe.load_configs.cache_clear()

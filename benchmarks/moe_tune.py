@@ -35,7 +35,8 @@ def candidates(bm: int, gated: bool, full: bool) -> list[dict]:
     if full:
         grid = itertools.product((32, 64, 128, 256), (64, 128, 256), (1, 8), (4, 8), (2, 3, 4, 5))
     elif bm <= 16:
-        grid = [(32, 256, 1, 4, 3), (16, 256, 1, 4, 4), (64, 128, 1, 4, 4), (128, 128, 1, 4, 3)]
+        grid = [(32, 256, 1, 4, 3), (16, 256, 1, 4, 4), (16, 128, 1, 4, 4), (32, 128, 1, 4, 4), (64, 128, 1, 4, 4),
+                (128, 128, 1, 4, 3)]
     else:
         grid = [(64, 64, 8, 4, 3), (128, 64, 8, 8, 3), (128, 128, 8, 8, 3), (64, 128, 8, 4, 4)]
     out = []
@@ -85,7 +86,7 @@ def _bench(fn) -> float:
 def tune_m(p: Problem, m: int, full: bool, deadline: float) -> dict:
     """Best config for ``m`` tokens, with its timing and the default config's timing (us)."""
     from octavo.plugins.platforms.cuda_moe import pick_config
-    from octavo.plugins.platforms.cuda_moe_kernels import _gemm, moe_align
+    from octavo.plugins.platforms.cuda_moe_kernels import _gemm, moe_layout
 
     x, w, ids = p.routing(m)
     slots = m * p.k
@@ -101,11 +102,12 @@ def tune_m(p: Problem, m: int, full: bool, deadline: float) -> dict:
     def t2(cfg, aligned):
         return _bench(lambda: _gemm(act, p.w2, out, weights, aligned, slots, p.h, p.inter, 1, False, True, cfg))
 
-    aligned = moe_align(ids, p.e, default["BLOCK_M"])
+    direct = m == 1  # fused_experts' batch-1 layout (no align launch)
+    aligned = moe_layout(ids, p.e, default["BLOCK_M"], direct)
     d13, d2 = t13(default, aligned), t2(default2, aligned)
     best = {"us": d13 + d2, "w13": default, "w2": default2}
     for bm in block_ms(m, p.e, p.k, full):
-        aligned = moe_align(ids, p.e, bm)
+        aligned = moe_layout(ids, p.e, bm, direct)
         found = []
         for gated, timer, base, base_us in ((True, t13, default, d13), (False, t2, default2, d2)):
             pick, pick_us = (base, base_us) if bm == default["BLOCK_M"] else (None, float("inf"))

@@ -128,23 +128,34 @@ def _triton_apply_experts(self, x: torch.Tensor, topk_weights: torch.Tensor, top
         return type(self).apply_experts(self, x, topk_weights, topk_ids)
 
 
+def _triton_select_experts(self, router_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``FusedMoE.select_experts`` as one Triton launch (softmax, top-k, renormalise; same contract)."""
+    if not _runs_on(router_logits):
+        return type(self).select_experts(self, router_logits)
+    return self._moe_topk(router_logits, self.top_k, self.renormalize)
+
+
 def use_triton_kernel(layer) -> None:
-    """Route ``layer.apply_experts`` through the kernel (configs for its shape and device looked up now)."""
+    """Route ``layer.apply_experts`` and ``layer.select_experts`` through the kernels (configs for its shape
+    and device looked up now)."""
     from triton.runtime.errors import OutOfResources
 
     from octavo.plugins.platforms import cuda_moe_kernels
 
     dev = layer.w13_weight.device
     layer._moe_fused, layer._moe_oor = cuda_moe_kernels.fused_experts, OutOfResources  # no imports per call
+    layer._moe_topk = cuda_moe_kernels.topk_softmax
     layer._moe_table = load_configs(layer.num_local_experts, layer.intermediate_size,
                                     _device_name(dev), layer.w13_weight.dtype)
     layer._moe_cfg_cache = {}
     layer.apply_experts = types.MethodType(_triton_apply_experts, layer)
+    layer.select_experts = types.MethodType(_triton_select_experts, layer)
 
 
 def use_torch_path(layer) -> None:
-    """Undo :func:`use_triton_kernel` (the class's grouped torch path again)."""
+    """Undo :func:`use_triton_kernel` (the class's routing and grouped torch path again)."""
     layer.__dict__.pop("apply_experts", None)
+    layer.__dict__.pop("select_experts", None)
 
 
 def check_sizes(layer) -> tuple[int, ...]:
@@ -162,8 +173,16 @@ def _agrees(layer) -> str | None:
     dev, dtype = layer.w13_weight.device, layer.w13_weight.dtype
     for n in check_sizes(layer):
         x = torch.randn(n, layer.hidden_size, generator=gen, device=dev).to(dtype)
-        logits = torch.randn(n, layer.num_local_experts, generator=gen, device=dev)
-        weights, ids = torch.topk(torch.softmax(logits, -1), layer.top_k, -1)
+        logits = torch.randn(n, layer.num_experts, generator=gen, device=dev)  # float32: no ties to break
+        weights, ids = type(layer).select_experts(layer, logits)
+        try:
+            got_w, got_ids = layer.select_experts(logits)
+        except Exception as e:  # noqa: BLE001 - the routing kernel cannot compile here: keep the torch path
+            return f"routing, {n} tokens: {type(e).__name__}: {e}"
+        if not torch.equal(got_ids, ids) or (got_w - weights).abs().max().item() > 1e-5:
+            return f"routing, {n} tokens: top-k ids or weights differ from torch's"
+        if layer.expert_parallel:  # this rank's experts only, as FusedMoE.forward passes them
+            ids = ids % layer.num_local_experts
         want = type(layer).apply_experts(layer, x, weights, ids)
         try:
             got = layer.apply_experts(x, weights, ids)

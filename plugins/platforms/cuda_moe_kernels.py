@@ -70,24 +70,31 @@ def _moe_align_kernel(ids_ptr, counts_ptr, sorted_ptr, block_expert_ptr, total_p
 def _moe_gemm_kernel(a_ptr, b_ptr, c_ptr, weight_ptr, sorted_ptr, block_expert_ptr, total_ptr,
                      N, K, num_slots, em, stride_am, stride_be, stride_bn, stride_cm,
                      A_ROW_DIV: tl.constexpr, GATED: tl.constexpr, MUL_WEIGHT: tl.constexpr, UPCAST: tl.constexpr,
-                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+                     DIRECT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                     GROUP_M: tl.constexpr):
     """``C[slot, n] = A[slot // A_ROW_DIV] . B[expert, n]`` over the aligned blocks (see module docstring).
 
     ``B`` is ``[E, N(*2 if GATED), K]`` row-major in K (a linear layer's weight per expert); with ``GATED``
-    rows ``n`` and ``N + n`` are gate and up, and C gets ``silu(gate) * up``.
+    rows ``n`` and ``N + n`` are gate and up, and C gets ``silu(gate) * up``. ``DIRECT`` (one token: its k
+    experts are distinct): block ``m`` is slot ``m`` alone, its expert read from ``block_expert_ptr`` (the
+    routing ids themselves), so no align launch is needed; ``em`` is then the number of slots.
     """
     pid = tl.program_id(0)
-    num_pid_m = tl.cdiv(em, BLOCK_M)
+    num_pid_m = em if DIRECT else tl.cdiv(em, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     group = GROUP_M * num_pid_n  # grouped order: neighbouring programs share B tiles in L2
     first_m = (pid // group) * GROUP_M
     size_m = tl.minimum(num_pid_m - first_m, GROUP_M)
     pid_m = first_m + (pid % group) % size_m
     pid_n = (pid % group) // size_m
-    if pid_m * BLOCK_M >= tl.load(total_ptr):
-        return  # past the padded total: the buffers were sized for the worst case
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    slots = tl.load(sorted_ptr + offs_m)
+    if DIRECT:
+        rows = tl.arange(0, BLOCK_M)
+        slots = tl.where(rows == 0, pid_m, num_slots)  # one real row, the rest padding
+    else:
+        if pid_m * BLOCK_M >= tl.load(total_ptr):
+            return  # past the padded total: the buffers were sized for the worst case
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        slots = tl.load(sorted_ptr + offs_m)
     row_ok = slots < num_slots
     expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
     a_rows = (slots // A_ROW_DIV).to(tl.int64)
@@ -125,6 +132,47 @@ def _moe_gemm_kernel(a_ptr, b_ptr, c_ptr, weight_ptr, sorted_ptr, block_expert_p
         res = res.to(dtype).to(tl.float32) * w[:, None]
     c_ptrs = c_ptr + slots.to(tl.int64)[:, None] * stride_cm + offs_n[None, :]
     tl.store(c_ptrs, res.to(dtype), mask=row_ok[:, None] & n_ok[None, :])
+
+
+@triton.jit
+def _topk_softmax_kernel(logits_ptr, weights_ptr, ids_ptr, num_experts, stride_row,
+                         TOP_K: tl.constexpr, K_P: tl.constexpr, E_P: tl.constexpr, RENORMALIZE: tl.constexpr):
+    """One token per program: float32 softmax over its router logits, top-k by k rounds of argmax (the
+    lowest index wins a tie), optionally renormalised: the five torch launches of routing in one."""
+    row = tl.program_id(0).to(tl.int64)
+    experts = tl.arange(0, E_P)
+    ok = experts < num_experts
+    x = tl.load(logits_ptr + row * stride_row + experts, mask=ok, other=-float("inf")).to(tl.float32)
+    p = tl.exp(x - tl.max(x, axis=0))
+    p = tl.where(ok, p / tl.sum(p, axis=0), -1.0)
+    lanes = tl.arange(0, K_P)
+    top_w = tl.zeros([K_P], dtype=tl.float32)
+    top_i = tl.zeros([K_P], dtype=tl.int64)
+    for j in tl.static_range(TOP_K):
+        best = tl.max(p, axis=0)
+        idx = tl.min(tl.where(p == best, experts, E_P), axis=0)
+        top_w = tl.where(lanes == j, best, top_w)
+        top_i = tl.where(lanes == j, idx.to(tl.int64), top_i)
+        p = tl.where(experts == idx, -1.0, p)
+    if RENORMALIZE:
+        top_w = top_w / tl.sum(top_w, axis=0)  # lanes past TOP_K hold 0
+    tl.store(weights_ptr + row * TOP_K + lanes, top_w, mask=lanes < TOP_K)
+    tl.store(ids_ptr + row * TOP_K + lanes, top_i, mask=lanes < TOP_K)
+
+
+def topk_softmax(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """``FusedMoE.select_experts`` in one launch: ``[n, E]`` logits (any float dtype) -> (``[n, k]`` float32
+    weights in descending order, ``[n, k]`` int64 expert ids)."""
+    n, num_experts = router_logits.shape
+    weights = torch.empty(n, top_k, dtype=torch.float32, device=router_logits.device)
+    ids = torch.empty(n, top_k, dtype=torch.int64, device=router_logits.device)
+    if n == 0:
+        return weights, ids
+    if router_logits.stride(-1) != 1:
+        router_logits = router_logits.contiguous()
+    _topk_softmax_kernel[(n,)](router_logits, weights, ids, num_experts, router_logits.stride(0), TOP_K=top_k,
+                               K_P=_p2(top_k), E_P=_p2(num_experts), RENORMALIZE=renormalize, num_warps=1)
+    return weights, ids
 
 
 def _p2(x: int) -> int:
@@ -171,15 +219,34 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int, chunk: int
     return sorted_slots, block_expert, total
 
 
+def direct_layout(topk_ids: torch.Tensor):
+    """The layout of one token (``topk_ids [1, k]``, distinct experts): each slot is its own block, so the
+    GEMMs read the expert of block ``m`` straight from the ids and no align launch runs. Same tuple shape
+    as :func:`moe_align`'s result, with ``None`` for the parts that do not exist."""
+    return topk_ids.reshape(-1), None, None
+
+
+def moe_layout(topk_ids: torch.Tensor, num_experts: int, block_m: int, direct: bool):
+    """:func:`direct_layout` when ``direct`` (batch 1), else :func:`moe_align`."""
+    return direct_layout(topk_ids) if direct else moe_align(topk_ids, num_experts, block_m)
+
+
 def _gemm(a, b, c, weights, aligned, num_slots, n, k, a_row_div, gated, mul_weight, cfg):
     sorted_slots, block_expert, total = aligned
-    em = sorted_slots.numel()
+    direct = block_expert is None
     bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
-    grid = (triton.cdiv(em, bm) * triton.cdiv(n, bn),)
+    if direct:  # the ids serve as block experts; the unused pointers get any tensor
+        em = num_slots
+        block_expert = total = sorted_slots
+        grid = (em * triton.cdiv(n, bn),)
+    else:
+        em = sorted_slots.numel()
+        grid = (triton.cdiv(em, bm) * triton.cdiv(n, bn),)
     upcast = a.dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1"
     _moe_gemm_kernel[grid](a, b, c, weights, sorted_slots, block_expert, total, n, k, num_slots, em,
                            a.stride(0), b.stride(0), b.stride(1), c.stride(0),
-                           A_ROW_DIV=a_row_div, GATED=gated, MUL_WEIGHT=mul_weight, UPCAST=upcast, BLOCK_M=bm, BLOCK_N=bn,
+                           A_ROW_DIV=a_row_div, GATED=gated, MUL_WEIGHT=mul_weight, UPCAST=upcast, DIRECT=direct,
+                           BLOCK_M=bm, BLOCK_N=bn,
                            BLOCK_K=cfg["BLOCK_K"], GROUP_M=cfg.get("GROUP_M", 1),
                            num_warps=cfg.get("num_warps", 4), num_stages=cfg.get("num_stages", 3))
 
@@ -205,7 +272,9 @@ def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_wei
     if n == 0:
         return out
     cfg2 = {**config, **(w2_config or {}), "BLOCK_M": config["BLOCK_M"]}
-    aligned = moe_align(topk_ids, num_experts, config["BLOCK_M"])
+    # one token routes to k distinct experts: no align needed (not under expert parallelism, whose
+    # "held elsewhere" id may repeat and must give zero rows)
+    aligned = moe_layout(topk_ids, num_experts, config["BLOCK_M"], direct=n == 1 and not zero_missing)
     act = torch.empty(num_slots, inter, dtype=x.dtype, device=x.device)
     slots_out = (torch.zeros if zero_missing else torch.empty)(num_slots, hidden, dtype=x.dtype, device=x.device)
     weights = topk_weights.reshape(-1).contiguous()

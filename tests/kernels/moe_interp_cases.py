@@ -17,7 +17,7 @@ assert os.environ.get("TRITON_INTERPRET") == "1", "run through test_moe_triton_c
 
 from octavo.nn.fused_moe import FusedMoE  # noqa: E402
 from octavo.plugins.platforms import cuda_moe  # noqa: E402
-from octavo.plugins.platforms.cuda_moe_kernels import fused_experts, moe_align, padded_bound  # noqa: E402
+from octavo.plugins.platforms.cuda_moe_kernels import fused_experts, moe_align, padded_bound, topk_softmax  # noqa: E402
 
 E, K, H, INTER = 8, 2, 64, 128
 SMALL = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 2}
@@ -91,6 +91,36 @@ def test_fused_experts_matches_float64(dtype, n):
     assert got.shape == (n, H) and (got - want).abs().max() <= tol * want.abs().max()
 
 
+@pytest.mark.parametrize("num_experts,top_k,renormalize,dtype", [
+    (8, 2, True, torch.float32), (128, 8, True, torch.bfloat16), (6, 3, False, torch.float32),
+    (16, 1, False, torch.float16)])
+def test_routing_kernel_matches_select_experts(num_experts, top_k, renormalize, dtype):
+    """Softmax + top-k + renormalise in one launch against ``FusedMoE.select_experts`` (E not a power of
+    two, k not a power of two, k=1; bf16/fp16 logits are read as float32 like the torch path's ``.float()``)."""
+    layer = FusedMoE(num_experts, top_k, H, INTER, renormalize=renormalize)
+    gen = torch.Generator().manual_seed(7)
+    # distinct values in each row, exact in every dtype (steps of 1/16): a tie's winner is not specified
+    logits = torch.stack([torch.randperm(num_experts, generator=gen) for _ in range(16)])
+    logits = (logits.float() / 16 - 2).to(dtype)
+    want_w, want_ids = layer.select_experts(logits)
+    got_w, got_ids = topk_softmax(logits, top_k, renormalize)
+    assert got_ids.dtype == torch.int64 and got_w.dtype == torch.float32
+    assert torch.equal(got_ids, want_ids)
+    assert (got_w - want_w).abs().max() <= 1e-6
+
+
+def test_batch_one_direct_layout_equals_aligned():
+    """One token skips the align launch (each slot its own block); the aligned path on the same token (run
+    as a batch whose other rows are copies) gives the same row bit for bit."""
+    w13, w2 = _weights(torch.float16)
+    weights, ids = _routing(1)
+    x = torch.randn(1, H, generator=torch.Generator().manual_seed(8)).to(torch.float16)
+    one = fused_experts(x, w13, w2, weights, ids, SMALL)
+    many = fused_experts(x.expand(3, H).contiguous(), w13, w2, weights.expand(3, K).contiguous(),
+                         ids.expand(3, K).contiguous(), SMALL)
+    assert torch.equal(one[0], many[0]) and torch.equal(many[0], many[2])
+
+
 def test_ragged_shapes_and_separate_w2_tiles():
     """H and I not multiples of the tiles, top_k=3 over 5 experts, and a w2 config of its own."""
     e, k, h, inter, n = 5, 3, 40, 72, 11
@@ -130,7 +160,7 @@ def test_installed_layer_matches_torch_path(n):
     logits = torch.randn(n, E, generator=torch.Generator().manual_seed(6))
     want = layer(x, logits).float()
     notes = cuda_moe.install_moe_kernels(layer, torch.bfloat16, torch.device("cpu"))
-    assert notes["triton"] == 1 and "apply_experts" in layer.__dict__
+    assert notes["triton"] == 1 and "apply_experts" in layer.__dict__ and "select_experts" in layer.__dict__
     got = layer(x, logits).float()
     assert (got - want).abs().max() <= 3e-2 * want.abs().max()
 
@@ -139,7 +169,7 @@ def test_install_refuses_what_it_cannot_run(monkeypatch):
     layer = _layer(torch.float32)
     notes = cuda_moe.install_moe_kernels(layer, torch.float32, torch.device("cpu"))
     assert notes["triton"] == 0 and "float32" in notes["reasons"]["mlp.experts"]
-    assert "apply_experts" not in layer.__dict__
+    assert "apply_experts" not in layer.__dict__ and "select_experts" not in layer.__dict__
     gelu = FusedMoE(E, K, H, INTER, activation="gelu", prefix="gelu.experts")
     gelu.w13_weight.data, gelu.w2_weight.data = _weights(torch.float16)
     assert "SiLU" in cuda_moe.install_moe_kernels(gelu, torch.float16, torch.device("cpu"))["reasons"]["gelu.experts"]

@@ -1,0 +1,298 @@
+"""MoE models end to end on one GPU: batch-1 decode against the roofline over the bytes a token actually
+reads (the routed experts only), and offline throughput against transformers on the same shape in the same
+process. Random weights (``load_format="dummy"``; transformers: random init on the GPU), bf16, CUDA graphs.
+
+    python benchmarks/moe_e2e.py --tasks bs1:qwen3-30b-a3b:48 bs1:mixtral-8x7b:16 --out-dir /tmp/r
+    python benchmarks/moe_e2e.py --tasks tput:qwen3-30b-a3b:8 tf:qwen3-30b-a3b:8 --out-dir /tmp/r
+
+Each task is ``kind:shape:layers`` and writes ``<kind>_<shape>_<layers>L.json`` into ``--out-dir`` as soon as
+it ends (a timeout keeps what finished). ``--deadline-s`` skips tasks that would start too late.
+
+- ``bs1``: ms per output token at batch 1 as the difference of greedy generations of 1, n+1 and 2n+1 tokens
+  after a 512-token prompt (the prefill cancels), best of two each. ``bytes_read_per_token`` = every weight
+  except the experts and the embedding table (one row of it is read), plus ``top_k`` experts per MoE layer,
+  plus the mean KV bytes attended; ``fraction_of_roofline`` = (bytes / copy bandwidth measured in the same
+  process) / ms per token. ``graph_forward_ms`` replays the captured batch-1 forward alone (no host work).
+- ``tput``: ``--prompts`` x ``--in-len``/``--out-len`` random prompts through ``LLM.generate`` (ignore_eos);
+  also the ``--tf-out-len`` variant when transformers could only run a shorter output in its time.
+- ``tf``: transformers ``generate`` (greedy, batch of all prompts, ``min_new_tokens = max_new_tokens``) on the
+  same config and layer count. It first times 8 new tokens, then picks the longest output (<= ``--out-len``)
+  that fits ``--tf-budget-s``, and says so (``tf_out_len``); run ``tf`` BEFORE ``tput`` of the same shape so
+  octavo also runs that output length.
+- ``--tiny``: small shapes on whatever device is there (a CPU dry run of every code path; numbers mean nothing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import random
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+SHAPES = {
+    "qwen3-30b-a3b": dict(architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", hidden_size=2048,
+                          intermediate_size=6144, moe_intermediate_size=768, num_hidden_layers=48,
+                          num_attention_heads=32, num_key_value_heads=4, head_dim=128, num_experts=128,
+                          num_experts_per_tok=8, norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[],
+                          vocab_size=151936, max_position_embeddings=40960, rms_norm_eps=1e-6, rope_theta=1e6,
+                          hidden_act="silu", tie_word_embeddings=False, bos_token_id=151643, eos_token_id=151645,
+                          torch_dtype="bfloat16"),
+    "mixtral-8x7b": dict(architectures=["MixtralForCausalLM"], model_type="mixtral", hidden_size=4096,
+                         intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+                         num_local_experts=8, num_experts_per_tok=2, vocab_size=32000, max_position_embeddings=32768,
+                         rms_norm_eps=1e-5, rope_theta=1e6, hidden_act="silu", tie_word_embeddings=False,
+                         sliding_window=None, bos_token_id=1, eos_token_id=2, torch_dtype="bfloat16"),
+}
+TINY = {"qwen3-30b-a3b": dict(hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_attention_heads=4,
+                              num_key_value_heads=2, head_dim=16, num_experts=16, num_experts_per_tok=4, vocab_size=512),
+        "mixtral-8x7b": dict(hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2,
+                             vocab_size=512)}
+
+
+def config(shape: str, layers: int, tiny: bool) -> dict:
+    return dict(SHAPES[shape], **(TINY[shape] if tiny else {}), num_hidden_layers=layers)
+
+
+def _sync():
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def _free():
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def bandwidth(tiny: bool) -> float:
+    """Copy bandwidth, read + write bytes per second (gpu_e2e's measurement; a host copy for --tiny)."""
+    import torch
+
+    if torch.cuda.is_available() and not tiny:
+        from gpu_e2e import copy_bandwidth
+
+        bw = copy_bandwidth()
+        _free()
+        return bw
+    a = torch.ones(1 << 24)
+    b = torch.empty_like(a)
+    t = time.perf_counter()
+    b.copy_(a)
+    return 2 * a.numel() * 4 / (time.perf_counter() - t)
+
+
+def make_llm(cfg: dict, tmp: str, tag: str, **kw):
+    from gpu_e2e import write_config
+
+    from octavo import LLM
+
+    d = write_config(cfg, tmp, tag)
+    t = time.perf_counter()
+    llm = LLM(model=d, load_format="dummy", dtype="bfloat16", skip_tokenizer_init=True, seed=0, **kw)
+    return llm, time.perf_counter() - t
+
+
+def gen_timed(llm, prompts, params) -> tuple[float, list]:
+    _sync()
+    t = time.perf_counter()
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    _sync()
+    return time.perf_counter() - t, outs
+
+
+def bytes_read_per_token(model, cfg: dict, context: float) -> dict:
+    """Weight bytes a batch-1 decode step must read: all but the experts and the embedding table, plus
+    ``top_k`` experts per MoE layer; and the KV bytes of ``context`` cached tokens."""
+    from octavo.nn.fused_moe import FusedMoE
+
+    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    moe = [m for m in model.modules() if isinstance(m, FusedMoE)]
+    experts_all = sum(m.w13_weight.numel() * m.w13_weight.element_size() + m.w2_weight.numel() *
+                      m.w2_weight.element_size() for m in moe)
+    active = sum(m.top_k * 3 * m.hidden_size * m.intermediate_size * m.w13_weight.element_size() for m in moe)
+    embed = model.model.embed_tokens.weight
+    embed_bytes = embed.numel() * embed.element_size()
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    kv = cfg["num_hidden_layers"] * cfg["num_key_value_heads"] * head_dim * 2 * 2 * context
+    return {"weights_GB": total / 1e9, "experts_GB": experts_all / 1e9, "active_experts_GB": active / 1e9,
+            "moe_layers": len(moe), "kv_GB": kv / 1e9,
+            "bytes_read": total - experts_all + active - embed_bytes + kv,
+            "bytes_read_with_embedding_table": total - experts_all + active + kv}
+
+
+def task_bs1(args, shape, layers, tmp) -> dict:
+    from octavo import SamplingParams
+
+    cfg = config(shape, layers, args.tiny)
+    bw = bandwidth(args.tiny)
+    llm, load_s = make_llm(cfg, tmp, f"{shape}-{layers}", max_model_len=1024, max_num_seqs=args.bs1_max_num_seqs,
+                           **({"async_scheduling": True} if args.async_scheduling else {}))
+    worker = llm.llm_engine.core.executor.driver
+    notes = worker.prepared.notes if worker.prepared else {}
+    rng = random.Random(0)
+    prompt = {"prompt_token_ids": [rng.randrange(10, cfg["vocab_size"] - 10) for _ in range(args.prompt_len)]}
+    n = args.bs1_tokens
+    gen_timed(llm, [prompt], SamplingParams(max_tokens=8, ignore_eos=True))  # warm-up
+
+    def best(tokens, llm=llm):
+        return min(gen_timed(llm, [prompt], SamplingParams(max_tokens=tokens, ignore_eos=True, temperature=0))[0]
+                   for _ in range(2))
+
+    t1, t2, t3 = best(1), best(n + 1), best(2 * n + 1)
+    per_tok = (t3 - t1) / (2 * n)
+    b = bytes_read_per_token(worker.model, cfg, args.prompt_len + n)
+    roof = b["bytes_read"] / bw
+    res = {"shape": shape, "layers": layers, "layers_full_model": SHAPES[shape]["num_hidden_layers"],
+           "async_scheduling": bool(args.async_scheduling), "copy_bandwidth_TBps": bw / 1e12, "load_s": load_s,
+           "moe": notes.get("moe"), "fused": notes.get("fused"), "graph_sizes": len(notes.get("graph_sizes") or []),
+           **b, "decode_ms_per_token": per_tok * 1e3, "ms_per_token_first_half": (t2 - t1) / n * 1e3,
+           "ms_per_token_second_half": (t3 - t2) / n * 1e3, "roofline_ms": roof * 1e3,
+           "fraction_of_roofline": roof / per_tok,
+           "fraction_of_roofline_with_embedding_table": b["bytes_read_with_embedding_table"] / bw / per_tok}
+    gr = getattr(worker.runner, "graph_runner", None)
+    if gr is not None and 1 in getattr(gr, "graphs", {}):
+        _sync()
+        t = time.perf_counter()
+        for _ in range(30):
+            gr.graphs[1].replay()
+        _sync()
+        res["graph_forward_ms"] = (time.perf_counter() - t) / 30 * 1e3
+        res["graph_forward_fraction_of_roofline"] = roof * 1e3 / res["graph_forward_ms"]
+        res["host_gap_ms_per_token"] = res["decode_ms_per_token"] - res["graph_forward_ms"]
+    llm.llm_engine.shutdown()
+    del llm, worker
+    _free()
+    return res
+
+
+def _prompts(num, length, vocab, seed=1):
+    rng = random.Random(seed)
+    return [[rng.randrange(10, vocab - 10) for _ in range(length)] for _ in range(num)]
+
+
+def task_tput(args, shape, layers, tmp) -> dict:
+    from octavo import SamplingParams
+
+    cfg = config(shape, layers, args.tiny)
+    llm, load_s = make_llm(cfg, tmp, f"{shape}-{layers}-tput", max_model_len=args.in_len + args.out_len + 16,
+                           max_num_seqs=args.prompts, gpu_memory_utilization=0.9)
+    prompts = [{"prompt_token_ids": p} for p in _prompts(args.prompts, args.in_len, cfg["vocab_size"])]
+    gen_timed(llm, prompts[:2], SamplingParams(max_tokens=4, ignore_eos=True))  # warm-up
+    res = {"shape": shape, "layers": layers, "load_s": load_s, "prompts": args.prompts, "in_len": args.in_len}
+    lengths = [args.out_len] + ([TF_OUT[shape]] if TF_OUT.get(shape, args.out_len) != args.out_len else [])
+    for out_len in lengths:
+        dt, outs = gen_timed(llm, prompts, SamplingParams(max_tokens=out_len, ignore_eos=True))
+        tok = sum(len(o.outputs[0].token_ids) for o in outs)
+        res[f"out_{out_len}"] = {"seconds": dt, "output_tokens": tok, "output_tok_s": tok / dt,
+                                 "total_tok_s": (tok + args.prompts * args.in_len) / dt}
+        print(f"  octavo {shape} {layers}L {args.prompts}x{args.in_len}/{out_len}: {tok / dt:.0f} output tok/s",
+              flush=True)
+    llm.llm_engine.shutdown()
+    del llm
+    _free()
+    return res
+
+
+TF_OUT: dict[str, int] = {}  # output length transformers could run, per shape (tput runs it too)
+
+
+def task_tf(args, shape, layers, tmp) -> dict:
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = config(shape, layers, args.tiny)
+    hf = AutoConfig.for_model(**{k: v for k, v in cfg.items() if k not in ("architectures", "torch_dtype")})
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    t = time.perf_counter()
+    with torch.device(dev):
+        model = AutoModelForCausalLM.from_config(hf, dtype=torch.bfloat16).eval()
+    load_s = time.perf_counter() - t
+    ids = torch.tensor(_prompts(args.prompts, args.in_len, cfg["vocab_size"]), device=dev)
+    mask = torch.ones_like(ids)
+
+    def run(new, model=model, ids=ids):
+        _sync()
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            out = model.generate(ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new, do_sample=False,
+                                 pad_token_id=0)
+        _sync()
+        assert out.shape == (args.prompts, args.in_len + new), out.shape
+        return time.perf_counter() - t0
+
+    probe = run(8)  # prefill + 7 decode steps (also the warm-up)
+    step = max((run(16) - probe) / 8, 1e-4) if probe < args.tf_budget_s / 4 else probe / 8
+    fits = int((args.tf_budget_s - probe) / step) if step else args.out_len
+    out_len = max(8, min(args.out_len, fits // 8 * 8))
+    dt = run(out_len) if out_len > 16 else probe * out_len / 8
+    TF_OUT[shape] = out_len
+    impl = getattr(model, "get_experts_implementation", lambda: None)()
+    res = {"shape": shape, "layers": layers, "load_s": load_s, "prompts": args.prompts, "in_len": args.in_len,
+           "tf_out_len": out_len, "tf_seconds": dt, "tf_output_tok_s": args.prompts * out_len / dt,
+           "tf_probe_8_tokens_s": probe, "tf_decode_step_s": step, "experts_implementation": impl}
+    print(f"  transformers {shape} {layers}L {args.prompts}x{args.in_len}/{out_len}: "
+          f"{res['tf_output_tok_s']:.0f} output tok/s", flush=True)
+    del model, ids
+    _free()
+    return res
+
+
+TASKS = {"bs1": task_bs1, "tput": task_tput, "tf": task_tf}
+EST_S = {"bs1": 20, "tput": 15, "tf": 10}  # least time left to start a task (seconds)
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--tasks", nargs="+", required=True, help="kind:shape:layers (kinds: bs1, tput, tf)")
+    ap.add_argument("--out-dir", required=True)
+    ap.add_argument("--tiny", action="store_true")
+    ap.add_argument("--async-scheduling", action="store_true", help="bs1 engines with async_scheduling=True")
+    ap.add_argument("--prompt-len", type=int, default=512)
+    ap.add_argument("--bs1-tokens", type=int, default=128)
+    ap.add_argument("--bs1-max-num-seqs", type=int, default=8, help="few graph sizes: a fast start")
+    ap.add_argument("--prompts", type=int, default=256)
+    ap.add_argument("--in-len", type=int, default=512)
+    ap.add_argument("--out-len", type=int, default=512)
+    ap.add_argument("--tf-budget-s", type=float, default=12.0)
+    ap.add_argument("--deadline-s", type=float, default=1e9, help="skip tasks that would start after this")
+    args = ap.parse_args(argv)
+    t0 = time.monotonic()
+    os.makedirs(args.out_dir, exist_ok=True)
+    report = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for spec in args.tasks:
+            kind, shape, layers = spec.split(":")
+            left = args.deadline_s - (time.monotonic() - t0)
+            if left < EST_S[kind]:
+                print(f"skip {spec}: {left:.0f} s left", flush=True)
+                report[spec] = {"skipped": f"{left:.0f} s left"}
+                continue
+            print(f"== {spec} at {time.monotonic() - t0:.1f} s", flush=True)
+            try:
+                res = TASKS[kind](args, shape, int(layers), tmp)
+            except Exception as e:  # noqa: BLE001 - record it and go on with the next task
+                import traceback
+
+                traceback.print_exc()
+                res = {"error": f"{type(e).__name__}: {e}"}
+                _free()
+            res["task_s"] = time.monotonic() - t0
+            report[spec] = res
+            print(json.dumps(res, default=str), flush=True)
+            with open(os.path.join(args.out_dir, f"{kind}_{shape}_{layers}L.json"), "w") as f:
+                json.dump(res, f, indent=1, default=str)
+    return report
+
+
+if __name__ == "__main__":
+    main()
