@@ -68,10 +68,10 @@ class LoRAManager:
         self.max_loras, self.max_rank = lora.max_loras, lora.max_lora_rank
         self.max_cpu = lora.max_cpu_loras or lora.max_loras
         self.dtype = dtype if lora.lora_dtype == "auto" else getattr(torch, lora.lora_dtype)
-        self.device = device
+        self.model_dtype, self.device = dtype, device
         self.use_triton = _use_triton(device)
         self.static: StaticLoRA | None = None
-        if graph_tokens > 0 and torch.device(device).type == "cuda":
+        if graph_tokens > 0 and _graphs_on(device):
             self.static = StaticLoRA(self.max_loras, graph_tokens, self.dtype, device, self.use_triton)
         flat = self.static is not None
         packed = getattr(model, "packed_modules_mapping", {})
@@ -178,8 +178,8 @@ class LoRAManager:
             if key in seen:
                 continue
             seen.add(key)
-            x = torch.zeros(n, proj.lora_a.shape[2], dtype=self.dtype, device=self.device)
-            y = torch.zeros(n, proj.b_flat.shape[0], dtype=self.dtype, device=self.device)
+            x = torch.zeros(n, proj.lora_a.shape[2], dtype=self.model_dtype, device=self.device)  # the layer's dtype
+            y = torch.zeros(n, proj.b_flat.shape[0], dtype=self.model_dtype, device=self.device)
             self.static.apply(x, y, proj.lora_a, proj.lora_b, proj.b_flat)
 
     # ------------------------------------------------------------------------------------ per step
@@ -293,6 +293,12 @@ def _shard(proj: _Projection, module: Any) -> tuple[list[int], int]:
         proj.reduce = module.reduce_results  # else the caller sums the layer's output, delta included
         return sizes, module.input_size * tp
     raise ValueError(f"{proj.name}: LoRA on a {type(module).__name__} under tensor parallelism is not implemented")
+
+
+def _graphs_on(device) -> bool:
+    """Whether a platform captures graphs on ``device`` (CUDA): only then the hooks get static buffers and B the
+    flat layout (on CPU the per-step layouts read B per slot; tests force this on to run the graph ops on CPU)."""
+    return torch.device(device).type == "cuda"
 
 
 def _use_triton(device) -> bool:

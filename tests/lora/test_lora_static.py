@@ -96,3 +96,45 @@ def test_fixed_grid_triton_interpreted():
     out = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300,
                          cwd=root)
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]
+
+
+def test_engine_through_the_graph_ops_equals_eager(tmp_path, monkeypatch):
+    """The manager's graph path end to end on CPU: a manager built as on CUDA (static buffers, flat B) whose hooks
+    run the static ops on EVERY step (as if each were being captured; graph_tokens covers the prefill too), fed by
+    ``prepare``'s buffer writes: a batch mixing 3 adapters (one with an embedding LoRA) and the base model gives
+    the tokens of the eager per-step layouts (which tests/lora/test_lora_llama.py checks against peft)."""
+    import octavo.lora.manager as manager
+    from octavo import LLM, SamplingParams
+    from octavo.lora.request import LoRARequest
+    from tests.lora.conftest import ADAPTERS, make_adapter, make_base
+
+    base = str(tmp_path / "base")
+    make_base(base)
+    loras = []
+    for i in (0, 2, 4):  # all seven projections; q/v only; embedding + q + down
+        make_adapter(base, str(tmp_path / f"a{i}"), *ADAPTERS[i], seed=100 + i)
+        loras.append(LoRARequest(f"a{i}", i + 1, str(tmp_path / f"a{i}")))
+    llm = LLM(base, dtype="float32", skip_tokenizer_init=True, enable_lora=True, max_loras=3, max_lora_rank=16,
+              kv_cache_memory_bytes=16 << 20, max_model_len=128, block_size=8, seed=0)
+    choices = [None, *loras, loras[1], None, loras[0]]
+    prompts = [{"prompt_token_ids": [5 + i, 9, 30 + 2 * i, 7] * (1 + i % 3)} for i in range(len(choices))]
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+
+    def run():
+        outs = llm.generate(prompts, params, use_tqdm=False, lora_request=choices)
+        return [list(o.outputs[0].token_ids) for o in outs]
+
+    eager = run()
+    runner = llm.llm_engine.core.executor.driver.runner
+    monkeypatch.setattr(manager, "_graphs_on", lambda device: True)
+    monkeypatch.setattr(manager.LoRAManager, "_capturing", lambda self: self.static is not None)
+    graphs = manager.LoRAManager(runner.model, llm.llm_engine.settings.lora, torch.float32, torch.device("cpu"),
+                                 graph_tokens=256)  # (the first manager's hooks stay, idle: it is never prepared)
+    assert graphs.static is not None and graphs.projections["model.layers.0.self_attn.qkv_proj"].b_flat is not None
+    graphs.static.captured = True
+    runner.lora.clear()  # the first manager's hooks now return at once
+    runner.lora = graphs
+    got = run()
+    llm.llm_engine.shutdown()
+    assert got == eager
+    assert len({tuple(t) for t in got}) > 2  # the adapters changed the outputs
