@@ -6,7 +6,8 @@
 2. through the ``triton`` backend with ``OCTAVO_TRITON_DECODE_KERNEL=1``: a decode step gives what the general
    kernel gives (float32 and fp8 caches), after a prefill that runs the general kernel either way.
 
-One subprocess (the interpreter must be on before Triton is imported); ~20-40 s on the shared CPU.
+One subprocess (the interpreter must be on before Triton is imported); ~20-40 s on the shared CPU. The same
+script runs compiled on a GPU (``gpu`` marker).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from octavo.plugins.attention.triton import TritonAttentionBackend
 from octavo.testing.attention import make_layout
 
 PAGE = 16
+DEV = torch.device(os.environ.get("DECODE_TEST_DEVICE", "cpu"))
 gen = torch.Generator().manual_seed(0)
 
 
@@ -47,7 +49,7 @@ def case(heads, kv_heads, d, ctx, cache_dtype, q_dtype, ks=1.0, vs=1.0):
     bt = torch.zeros(len(ctx), max(nblk), dtype=torch.int32)
     for i, t in enumerate(tables):
         bt[i, : len(t)] = torch.tensor(t, dtype=torch.int32)
-    return q, kc, vc, kf, vf, bt, tables
+    return q.to(DEV), kc.to(DEV), vc.to(DEV), kf, vf, bt.to(DEV), tables
 
 
 def reference(q, kf, vf, tables, ctx, scale):
@@ -69,13 +71,13 @@ for heads, kv_heads, d, ctx, cdt, qdt, ks, vs, tol in (
         (6, 2, 16, [33, 128, 2], E4M3, torch.float32, 0.125, 0.5, 1e-5)):
     q, kc, vc, kf, vf, bt, tables = case(heads, kv_heads, d, ctx, cdt, qdt, ks, vs)
     out = torch.empty_like(q)
-    qsl = torch.arange(len(ctx) + 1, dtype=torch.int32)
+    qsl = torch.arange(len(ctx) + 1, dtype=torch.int32, device=DEV)
     scale = d ** -0.5
-    paged_decode(q, kc, vc, out, bt, torch.tensor(ctx, dtype=torch.int32), qsl, num_reqs=len(ctx),
+    paged_decode(q, kc, vc, out, bt, torch.tensor(ctx, dtype=torch.int32, device=DEV), qsl, num_reqs=len(ctx),
                  num_kv_heads=kv_heads, scale=scale * (ks if cdt in (E4M3, E5M2) else 1.0), v_scale=vs,
                  block_size=PAGE)
-    want = reference(q, kf, vf, tables, ctx, scale)
-    err = float((out.double() - want).abs().max() / want.abs().max())
+    want = reference(q.cpu(), kf, vf, tables, ctx, scale)
+    err = float((out.cpu().double() - want).abs().max() / want.abs().max())
     assert err <= tol, (cdt, qdt, d, err)
     print("kernel", cdt, qdt, d, f"{err:.2e}")
 
@@ -89,19 +91,20 @@ for cdt, ks, vs in ((torch.float32, 1.0, 1.0), (E4M3, 0.5, 0.25)):
         impl.k_scale, impl.v_scale = ks, vs
         assert impl.decode_kernel == (flag == "1")
         g = torch.Generator().manual_seed(1)
-        cache = torch.zeros(2, 40, PAGE, 2, 32, dtype=cdt)
+        cache = torch.zeros(2, 40, PAGE, 2, 32, dtype=cdt, device=DEV)
         tables = [[1, 2], [3, 4, 5], [6, 7, 8, 9, 10]]
         # prefill every request (general kernel either way), then one decode step
         pre = make_layout(tables, [0, 0, 0], [c - 1 for c in ctx], PAGE)
         n = sum(ctx) - 3
-        md = TritonAttentionBackend.build_metadata(pre, torch.device("cpu"))
+        md = TritonAttentionBackend.build_metadata(pre, DEV)
         k = torch.randn(n, 2, 32, generator=g) * ks * 8
         v = torch.randn(n, 2, 32, generator=g) * vs * 8
-        impl.forward(torch.randn(n, 8, 32, generator=g), k, v, cache, md)
+        impl.forward(torch.randn(n, 8, 32, generator=g).to(DEV), k.to(DEV), v.to(DEV), cache, md)
         dec = make_layout(tables, [c - 1 for c in ctx], [1, 1, 1], PAGE)
-        md = TritonAttentionBackend.build_metadata(dec, torch.device("cpu"))
+        md = TritonAttentionBackend.build_metadata(dec, DEV)
         k, v = torch.randn(3, 2, 32, generator=g) * ks * 8, torch.randn(3, 2, 32, generator=g) * vs * 8
-        outs[flag] = impl.forward(torch.randn(3, 8, 32, generator=g), k, v, cache, md)
+        outs[flag] = impl.forward(torch.randn(3, 8, 32, generator=g).to(DEV), k.to(DEV), v.to(DEV), cache,
+                                  md).cpu()
     err = float((outs["1"] - outs["0"]).abs().max() / outs["0"].abs().max())
     assert err <= 1e-5, (cdt, err)
     print("backend", cdt, f"{err:.2e}")
@@ -114,6 +117,22 @@ print("ok")
 def test_decode_kernel_interpreted_matches_reference_and_general_kernel():
     pytest.importorskip("triton")
     env = dict(os.environ, TRITON_INTERPRET="1")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    out = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=600,
+                         cwd=root)
+    print(out.stdout)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_decode_kernel_on_cuda_matches_reference_and_general_kernel():
+    # compute capability >= 8.9 for the fp8 cases (the backend's own rule); same script, compiled kernels.
+    # On the GPU the float32 cases run tf32-free ("ieee") dots, so the bounds hold as on the interpreter.
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("fp8 caches need compute capability >= 8.9")
+    env = dict(os.environ, DECODE_TEST_DEVICE="cuda")
+    env.pop("TRITON_INTERPRET", None)
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     out = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=600,
                          cwd=root)
