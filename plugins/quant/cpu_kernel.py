@@ -21,17 +21,14 @@ tokens). The C source is compiled with ``$CC`` (default ``cc``) ``-O3 -march=nat
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import logging
-import os
 import platform
-import shutil
-import subprocess
-import tempfile
 
 import torch
 
 from octavo.env_flags import env_switch
+from octavo.plugins.quant import cpu_int8act_ops
+from octavo.plugins.quant.cpu_build import compile_shared_library  # noqa: F401  (int8_cpu_kernel imports it here)
 
 logger = logging.getLogger(__name__)
 
@@ -271,35 +268,6 @@ _FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC"] + (
 _state: dict[str, object] = {}
 
 
-def _cache_dir() -> str:
-    base = os.environ.get("OCTAVO_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "octavo")
-    return os.path.join(base, "kernels")
-
-
-def compile_shared_library(source: str, stem: str, flags: list[str]) -> str:
-    """Compile C ``source`` with ``$CC flags`` into ``$OCTAVO_CACHE_DIR/kernels/<stem>_<hash>.so`` once per
-    source, compiler, flags and machine; returns the path. Also used by :mod:`.int8_cpu_kernel`."""
-    cc = os.environ.get("CC", "cc")
-    if shutil.which(cc) is None:
-        raise RuntimeError(f"no C compiler ({cc!r} not on PATH; set CC)")
-    key = hashlib.sha256("\0".join([source, cc, *flags, platform.machine(), platform.node()]).encode())
-    path = os.path.join(_cache_dir(), f"{stem}_{key.hexdigest()[:16]}.so")
-    if not os.path.exists(path):
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with tempfile.TemporaryDirectory() as tmp:
-            src, out = os.path.join(tmp, f"{stem}.c"), os.path.join(tmp, f"{stem}.so")
-            with open(src, "w") as f:
-                f.write(source)
-            proc = subprocess.run([cc, *flags, src, "-o", out, "-lm"], capture_output=True, text=True)
-            if proc.returncode:
-                raise RuntimeError(f"{cc} failed: {proc.stderr.strip()[-500:]}")
-            tmp_final = f"{path}.{os.getpid()}.tmp"
-            shutil.copyfile(out, tmp_final)
-            os.replace(tmp_final, path)  # atomic: concurrent workers never load a half-written file
-    return path
-
-
 def _build() -> ctypes.CDLL:
     path = compile_shared_library(C_SOURCE, "octavo_q", _FLAGS)
     # NOTE: the library needs libgomp.so.1; torch (imported above) has loaded its own copy under that soname,
@@ -348,13 +316,18 @@ def _ptr(t: torch.Tensor) -> int:
     return t.data_ptr()
 
 
-def int4_linear(x: torch.Tensor, w4: torch.Tensor, s: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+def int4_linear(x: torch.Tensor, w4: torch.Tensor, s: torch.Tensor, z: torch.Tensor,
+                act8: bool = False) -> torch.Tensor:
     """``x [m, K]`` (any float dtype) times the int4 weight ``w = q * s + z`` -> float32 ``[m, N]``.
 
-    Under ``torch.compile`` (the compiled CPU decode step) a few static rows are written in tensor ops
-    (:func:`int4_linear_traced`) that inductor fuses into its own C++ loop; other shapes go through the
+    ``act8``: the caller accepts int8 activations (per block of 32, llama.cpp's Q8 math; the GGUF methods
+    do): at most 16 rows then run :mod:`.cpu_int8act`'s integer-dot kernel unless ``OCTAVO_CPU_INT8_ACT=0``.
+    Otherwise, under ``torch.compile`` (the compiled CPU decode step) a few static rows are written in tensor
+    ops (:func:`int4_linear_traced`) that inductor fuses into its own C++ loop; other shapes go through the
     custom op ``octavo::int4_linear`` (one extern call). Eager calls skip the op dispatch.
     """
+    if act8 and _few_rows(x) and cpu_int8act_ops.enabled():
+        return cpu_int8act_ops.int4_linear(x, w4, s, z)
     if torch.compiler.is_compiling():
         if _traceable_rows(x):
             return int4_linear_traced(x, w4, s, z)
@@ -362,8 +335,11 @@ def int4_linear(x: torch.Tensor, w4: torch.Tensor, s: torch.Tensor, z: torch.Ten
     return _int4_linear(x, w4, s, z)
 
 
-def int8_linear(x: torch.Tensor, w8: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
-    """``x [m, K]`` times the int8 weight ``w = q * s`` (a scale per group of 32) -> float32 ``[m, N]``."""
+def int8_linear(x: torch.Tensor, w8: torch.Tensor, s: torch.Tensor, act8: bool = False) -> torch.Tensor:
+    """``x [m, K]`` times the int8 weight ``w = q * s`` (a scale per group of 32) -> float32 ``[m, N]``
+    (``act8``: see :func:`int4_linear`)."""
+    if act8 and _few_rows(x) and cpu_int8act_ops.enabled():
+        return cpu_int8act_ops.int8_linear(x, w8, s)
     if torch.compiler.is_compiling():
         if _traceable_rows(x):
             return int8_linear_traced(x, w8, s)
@@ -374,6 +350,12 @@ def int8_linear(x: torch.Tensor, w8: torch.Tensor, s: torch.Tensor) -> torch.Ten
 #: under torch.compile, at most this many (static) rows use the tensor-op form below; it reads the weight once
 #: per row, so more rows go through the custom op (which dequantizes once and runs a GEMM past 16 rows).
 TRACED_MAX_ROWS = 4
+
+
+def _few_rows(x: torch.Tensor) -> bool:
+    """At most 16 rows, known at trace time (a dynamic row count keeps the fp32 kernels: no guard on it)."""
+    m = x.shape[0]
+    return isinstance(m, int) and m <= cpu_int8act_ops.MAX_ROWS
 
 
 def _traceable_rows(x: torch.Tensor) -> bool:
@@ -464,3 +446,4 @@ def _int8_op(x: torch.Tensor, w8: torch.Tensor, s: torch.Tensor) -> torch.Tensor
 @_int8_op.register_fake
 def _(x, w8, s):
     return x.new_empty((x.shape[0], w8.shape[0]), dtype=torch.float32)
+

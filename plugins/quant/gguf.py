@@ -99,6 +99,8 @@ def blocks_to_float(t: GGUFBlocks | torch.Tensor) -> torch.Tensor:
 
 
 class _GGUFInt4(Int4GroupMethod):
+    int8_activations = True  # llama.cpp's math for these files (docs/quantization.md "int8 activations")
+
     def __init__(self) -> None:
         super().__init__(32)
 
@@ -108,9 +110,15 @@ class _GGUFInt4(Int4GroupMethod):
 
 
 class _GGUFInt8(Int8RowMethod):
+    int8_activations = True
+
     def convert(self, tensors, module):
         qweight, scales = quantize_int8(blocks_to_float(tensors["weight"]))
         return {"qweight": qweight, "scales": scales}
+
+
+class _GGUFHead(Int8LMHeadMethod):
+    int8_activations = True
 
 
 class GGUFQuantizer(Quantizer):
@@ -137,7 +145,7 @@ class GGUFQuantizer(Quantizer):
     def get_lm_head_method(self) -> LinearMethod | None:
         """An int8 head when the file stores it quantized (``output``, or the tied ``token_embd``)."""
         head = self.tensor_types.get("lm_head", self.tensor_types.get("model.embed_tokens"))
-        return Int8LMHeadMethod() if head is not None and head not in FLOAT_TYPES else None
+        return _GGUFHead() if head is not None and head not in FLOAT_TYPES else None
 
     def get_linear_method(self, layer_prefix: str) -> LinearMethod | None:
         parts = self.part_prefixes(layer_prefix)

@@ -120,6 +120,10 @@ class Int4GroupMethod(LinearMethod):
             then has an ``input_perm [K]`` parameter and ``apply`` gathers ``x[:, input_perm]``.
     """
 
+    #: True: CPU rows <= 16 may run with int8 activations (cpu_kernel's ``act8``; GGUF sets it, see
+    #: docs/quantization.md "int8 activations"); False keeps fp32 activations.
+    int8_activations = False
+
     def __init__(self, group_size: int, input_perm: bool = False) -> None:
         if group_size not in INT4_GROUP_SIZES:
             raise ValueError(f"int4 group size {group_size} is not one of {INT4_GROUP_SIZES}")
@@ -184,7 +188,8 @@ class Int4GroupMethod(LinearMethod):
             x2 = x.reshape(-1, shape[-1])
             if self.input_perm:
                 x2 = x2[:, layer.input_perm_index]
-            y = cpu_kernel.int4_linear(x2, layer.w4, layer.s32, layer.z32).to(x.dtype).reshape(*shape[:-1], -1)
+            y = cpu_kernel.int4_linear(x2, layer.w4, layer.s32, layer.z32, act8=self.int8_activations)
+            y = y.to(x.dtype).reshape(*shape[:-1], -1)
             return y + bias if bias is not None else y
         if hasattr(layer, "dense_weight"):  # a shape the GPU int4 kernel cannot pack (see above)
             y = torch.nn.functional.linear(x.to(layer.dense_weight.dtype), layer.dense_weight).to(x.dtype)
@@ -204,6 +209,8 @@ class Int4GroupMethod(LinearMethod):
 class Int8RowMethod(LinearMethod):
     """8-bit weights with one scale per output row (``_weight_int8pack_mm``)."""
 
+    int8_activations = False  # see Int4GroupMethod
+
     def create_weights(self, layer, input_size, output_sizes, params_dtype):
         n = sum(output_sizes)
         layer.register_parameter("qweight", _param((n, input_size), torch.int8, output_dim=0, input_dim=1))
@@ -220,7 +227,7 @@ class Int8RowMethod(LinearMethod):
     def apply(self, layer, x, bias=None):
         shape = x.shape
         if hasattr(layer, "s32"):  # fp32 CPU kernel
-            y = cpu_kernel.int8_linear(x.reshape(-1, shape[-1]), layer.qweight, layer.s32)
+            y = cpu_kernel.int8_linear(x.reshape(-1, shape[-1]), layer.qweight, layer.s32, act8=self.int8_activations)
             y = y.to(x.dtype).reshape(*shape[:-1], -1)
             return y + bias if bias is not None else y
         x2 = x.reshape(-1, shape[-1]).to(_COMPUTE_DTYPE)  # [m, K]
@@ -256,7 +263,8 @@ class Int8LMHeadMethod(Int8RowMethod):
     def apply(self, layer, x, bias=None):
         shape = x.shape
         if hasattr(layer, "logits_q8"):  # fp32 CPU kernel
-            y = cpu_kernel.int8_linear(x.reshape(-1, shape[-1]), layer.logits_q8, layer.logits_s32)
+            y = cpu_kernel.int8_linear(x.reshape(-1, shape[-1]), layer.logits_q8, layer.logits_s32,
+                                       act8=self.int8_activations)
             y = y.reshape(*shape[:-1], -1)  # [..., vocab]
             return y + bias if bias is not None else y
         x2 = x.reshape(-1, shape[-1]).to(_COMPUTE_DTYPE)  # [m, hidden]

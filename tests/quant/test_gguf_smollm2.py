@@ -7,6 +7,10 @@ than the issue's (measured: 100% and 0.00%); torch's bf16 int4 kernel gave 97.0%
 chat answer checked below (docs/quantization.md). Agreement is per decision under the same context:
 the fp32 model decodes greedily and the 4-bit model, fed the fp32 tokens, must pick the same next token
 (two free-running decodes part at the first near tie and then compare unrelated text).
+
+Decode steps (at most 16 rows) of GGUF layers run with int8 activations by default (plugins/quant/cpu_int8act.py,
+llama.cpp's Q8 math; docs/quantization.md "int8 activations"); prefill steps of more rows keep fp32 activations.
+The ``*_decode_*`` tests hold that path to the issue's bars, and the exact-kernel tests switch it off.
 """
 
 from __future__ import annotations
@@ -30,6 +34,34 @@ TEXT = ("The sun rose slowly over the quiet hills, and the village began to wake
         "children ran to school, and the old clock in the square struck seven.")
 
 
+@pytest.fixture
+def exact_kernels(monkeypatch):
+    """``OCTAVO_CPU_INT8_ACT=0``: decode steps keep the fp32-activation kernels (read once per process)."""
+    from octavo.plugins.quant import cpu_int8act_ops
+
+    monkeypatch.setenv("OCTAVO_CPU_INT8_ACT", "0")
+    monkeypatch.setattr(cpu_int8act_ops, "_state", {})
+    assert not cpu_int8act_ops.enabled()
+
+
+@pytest.fixture
+def int8_act_kernels(monkeypatch):
+    from octavo.plugins.quant import cpu_int8act_ops
+
+    monkeypatch.delenv("OCTAVO_CPU_INT8_ACT", raising=False)
+    monkeypatch.setattr(cpu_int8act_ops, "_state", {})
+    if not cpu_int8act_ops.enabled():
+        pytest.skip("int8-activation kernels not built here")
+
+
+@pytest.fixture(scope="module")
+def fp32_greedy(models):
+    """The fp32 model's greedy tokens for every prompt (the reference of the agreement tests)."""
+    tokenizer, _, _, dense = models
+    prompts = [tokenizer.encode(p) for p in PROMPTS]
+    return prompts, greedy(dense, prompts, 48)[0]
+
+
 @pytest.fixture(scope="module")
 def models():
     path = default_model_path()
@@ -47,11 +79,10 @@ def test_linear_layers_are_4bit(models):
     assert all(m.w4.dtype == torch.uint8 and m.w4.shape[1] * 2 == m.input_size for m in layers)
 
 
-def test_greedy_tokens_agree_with_fp32(models):
+def test_greedy_tokens_agree_with_fp32(models, fp32_greedy):
     """The fp32 run decodes greedily; the 4-bit model, fed the same context, picks the same next token."""
-    tokenizer, quantized, _, dense = models
-    prompts = [tokenizer.encode(p) for p in PROMPTS]
-    want, _ = greedy(dense, prompts, 48)
+    _, quantized, _, _ = models
+    prompts, want = fp32_greedy
     runner = PagedRunner(quantized, num_blocks=64)
     logits = runner.prompts([p + w for p, w in zip(prompts, want)])  # one prefill step, teacher-forced
     picks = [lg[len(p) - 1:-1].argmax(-1).tolist() for lg, p in zip(logits, prompts)]
@@ -60,7 +91,64 @@ def test_greedy_tokens_agree_with_fp32(models):
     assert rate >= 0.99  # the issue asks >= 0.95; the fp32 kernels give 100% here
 
 
-def test_chat_answer_equals_fp32(models):
+def _decode_picks(model, prompts, want):
+    """Teacher-forced DECODE steps: all prompts prefilled, then one step per position with the fp32 tokens fed
+    back (12 rows a step, so the decode kernels run); the 4-bit model's argmax at every position."""
+    runner = PagedRunner(model, num_blocks=2 + len(prompts) * (1 + (max(map(len, prompts)) + len(want[0])) // 16))
+    keys = list(range(len(prompts)))
+    picks = [[int(lg[-1].argmax())] for lg in runner.step(list(zip(keys, prompts)))]
+    for t in range(len(want[0]) - 1):
+        for k, lg in enumerate(runner.step([(k, [want[k][t]]) for k in keys])):
+            picks[k].append(int(lg[-1].argmax()))
+    return picks
+
+
+def test_decode_steps_agree_with_fp32_int8_activations(models, fp32_greedy, int8_act_kernels):
+    """Issue 9's bar (>= 95%) on the path decode really takes: int8 activations per block of 32."""
+    _, quantized, _, _ = models
+    prompts, want = fp32_greedy
+    picks = _decode_picks(quantized, prompts, want)
+    rate = sum(a == b for g, w in zip(picks, want) for a, b in zip(g, w)) / sum(len(w) for w in want)
+    print(f"4-bit int8-activation decode vs fp32 greedy agreement (same context): {rate:.1%}")
+    assert rate >= 0.95
+
+
+def test_decode_steps_equal_fp32_with_exact_kernels(models, fp32_greedy, exact_kernels):
+    _, quantized, _, _ = models
+    prompts, want = fp32_greedy
+    picks = _decode_picks(quantized, prompts, want)
+    rate = sum(a == b for g, w in zip(picks, want) for a, b in zip(g, w)) / sum(len(w) for w in want)
+    assert rate >= 0.99
+
+
+def _decode_logprobs(model, tokens: list[int]) -> torch.Tensor:
+    """Per-token log-likelihood of ``tokens[1:]``, one decode step (one row) per token."""
+    runner = PagedRunner(model, num_blocks=4 + len(tokens) // 16)
+    out = []
+    for t in range(len(tokens) - 1):
+        logits = runner.step([("text", [tokens[t]])])[0][-1]
+        out.append(torch.log_softmax(logits.double(), -1)[tokens[t + 1]])
+    return torch.stack(out)
+
+
+def test_decode_log_likelihood_within_one_percent_int8_activations(models, int8_act_kernels):
+    tokenizer, quantized, _, dense = models
+    tokens = tokenizer.encode(TEXT)
+    got, want = _decode_logprobs(quantized, tokens).mean(), token_logprobs(dense, tokens).mean()
+    print(f"per-token log-likelihood, decode steps: 4-bit int8 activations {got:.4f}, fp32 {want:.4f}")
+    assert abs(got - want) <= 0.01 * abs(want)
+
+
+def test_chat_answer_int8_activations(models, int8_act_kernels):
+    tokenizer, quantized, _, _ = models
+    chat = tokenizer.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
+                                         add_generation_prompt=True, tokenize=True)
+    chat = list(chat["input_ids"] if hasattr(chat, "keys") else chat)
+    got, _ = greedy(quantized, [chat], 12)
+    assert "Paris" in tokenizer.decode(got[0])
+
+
+def test_chat_answer_equals_fp32(models, exact_kernels):
     """The headline prompt whose answer torch's bf16 int4 kernel flipped ("Paris" -> "L'Etoile, ...")."""
     tokenizer, quantized, _, dense = models
     chat = tokenizer.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
