@@ -218,12 +218,12 @@ def main() -> None:
 
     cfg = dict(LLAMA3_8B, num_hidden_layers=args.layers)
     llm_kw = dict(max_model_len=4096, gpu_memory_utilization=0.9, max_num_seqs=args.max_num_seqs,
-                  max_num_batched_tokens=8192)
+                  max_num_batched_tokens=8192, async_scheduling=False)  # sync: each step's host and GPU parts apart
     if args.dry:
         cfg.update(hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2,
                    vocab_size=1024, bos_token_id=1, eos_token_id=2)
         args.prompts, args.in_len, args.out_len, args.max_num_seqs = 24, 40, 24, 16
-        llm_kw = dict(max_model_len=256, max_num_seqs=16, max_num_batched_tokens=256)
+        llm_kw = dict(max_model_len=256, max_num_seqs=16, max_num_batched_tokens=256, async_scheduling=False)
     res = {"card": torch.cuda.get_device_name() if CUDA else "cpu (dry run)", "torch": torch.__version__,
            "args": vars(args)}
 
