@@ -35,8 +35,8 @@ def candidates(bm: int, gated: bool, full: bool) -> list[dict]:
     if full:
         grid = itertools.product((32, 64, 128, 256), (64, 128, 256), (1, 8), (4, 8), (2, 3, 4, 5))
     elif bm <= 16:
-        grid = [(32, 256, 1, 4, 3), (16, 256, 1, 4, 4), (16, 128, 1, 4, 4), (32, 128, 1, 4, 4), (64, 128, 1, 4, 4),
-                (128, 128, 1, 4, 3)]
+        grid = [(32, 256, 1, 4, 3), (16, 256, 1, 4, 4), (64, 128, 1, 4, 4), (32, 128, 1, 4, 4), (16, 128, 1, 4, 4),
+                (128, 128, 1, 4, 3)]  # most likely first: a short budget stops the search
     else:
         grid = [(64, 64, 8, 4, 3), (128, 64, 8, 8, 3), (128, 128, 8, 8, 3), (64, 128, 8, 4, 4)]
     out = []
@@ -109,15 +109,18 @@ def tune_m(p: Problem, m: int, full: bool, deadline: float) -> dict:
     for bm in block_ms(m, p.e, p.k, full):
         aligned = moe_layout(ids, p.e, bm, direct)
         found = []
-        for gated, timer, base, base_us in ((True, t13, default, d13), (False, t2, default2, d2)):
-            pick, pick_us = (base, base_us) if bm == default["BLOCK_M"] else (None, float("inf"))
-            for cfg in candidates(bm, gated, full):
-                if time.monotonic() > deadline:
-                    break
-                us = timer(cfg, aligned)
-                if us < pick_us:
-                    pick, pick_us = cfg, us
-            found.append((pick, pick_us))
+        for base, base_us in ((default, d13), (default2, d2)):
+            found.append([base, base_us] if bm == default["BLOCK_M"] else [None, float("inf")])
+        # w13 and w2 candidates alternate, so a budget that runs out has tried some of each
+        queue = [(0, cfg) for cfg in candidates(bm, True, full)]
+        queue2 = [(1, cfg) for cfg in candidates(bm, False, full)]
+        mixed = [c for pair in itertools.zip_longest(queue, queue2) for c in pair if c is not None]
+        for which, cfg in mixed:
+            if time.monotonic() > deadline:
+                break
+            us = (t13 if which == 0 else t2)(cfg, aligned)
+            if us < found[which][1]:
+                found[which] = [cfg, us]
         (b13, u13), (b2, u2) = found
         if b13 is not None and b2 is not None and u13 + u2 < best["us"]:
             best = {"us": u13 + u2, "w13": b13, "w2": b2}

@@ -22,9 +22,9 @@ git rev-parse HEAD > "$D/commit.txt" 2>/dev/null || true
 cp plugins/platforms/moe_configs/*.json "$D/configs/"  # the tuner merges into the shipped tables
 export OCTAVO_MOE_CONFIG_DIR="$D/configs"
 if [ "$PART" = 1 ]; then
-  echo "== layer bench (cap 16 s) $(date -u +%T)"
-  timeout -k 2 16 python benchmarks/moe_bench.py --shapes qwen3-30b-a3b mixtral-8x7b --batch-sizes 1 \
-    --tune-shapes qwen3-30b-a3b --tune-batch-sizes 1 --tune-budget-s 4 --tune-out "$D/configs" \
+  echo "== layer bench (cap 17 s) $(date -u +%T)"
+  timeout -k 2 17 python benchmarks/moe_bench.py --shapes qwen3-30b-a3b mixtral-8x7b --batch-sizes 1 \
+    --tune-shapes qwen3-30b-a3b --tune-batch-sizes 1 --tune-budget-s 5 --tune-out "$D/configs" \
     --json "$D/layer.json" > "$D/layer.log" 2>&1
   echo "layer exit $? after $(( $(date +%s) - START )) s"; grep -E "M=1|tuned|bandwidth" "$D/layer.log" | cut -c1-900
   L=$(left); echo "== model bs1 (cap ${L} s) $(date -u +%T)"
