@@ -286,6 +286,7 @@ def task_nano(args, tmp) -> dict:
     log = _instrument(llm)
     st = core.scheduler.stats
     pre0, prompt0 = st.num_preemptions, st.num_prompt_tokens
+    timers0 = core.step_timers.as_dict()  # core thread: own work (host_s) vs blocked on a step (wait_s)
     prompts = [{"prompt_token_ids": ids} for ids, _ in reqs]
     params = [SamplingParams(max_tokens=n, ignore_eos=True, temperature=0.6) for _, n in reqs]
     _sync(cuda)
@@ -298,6 +299,11 @@ def task_nano(args, tmp) -> dict:
            "output_tokens": total, "seconds": dt, "tok_s": total / dt, "by_kind": _summary(log, t0),
            "preemptions": st.num_preemptions - pre0, "prompt_tokens_computed": st.num_prompt_tokens - prompt0,
            "prompt_tokens": sum(len(ids) for ids, _ in reqs)}
+    t1 = core.step_timers.as_dict()
+    steps = max(t1["steps"] - timers0["steps"], 1)
+    res["core_thread_ms_per_step"] = {k: (t1[k] - timers0[k]) / steps * 1e3 for k in ("host_s", "wait_s",
+                                                                                       "overlapped_s")}
+    res["core_thread_ms_per_step"]["steps"] = steps
     print(json.dumps(res, indent=1), flush=True)
     if args.cprofile:  # both threads: the core thread (this one) and the executor's step thread
         worker = core.executor.driver
