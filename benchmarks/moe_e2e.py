@@ -25,6 +25,7 @@ it ends (a timeout keeps what finished). ``--deadline-s`` skips tasks that would
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import os
@@ -211,12 +212,18 @@ def task_tf(args, shape, layers, tmp) -> dict:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     cfg = config(shape, layers, args.tiny)
-    hf = AutoConfig.for_model(**{k: v for k, v in cfg.items() if k not in ("architectures", "torch_dtype")})
+    hf = AutoConfig.for_model(**{k: v for k, v in cfg.items() if k not in ("architectures", "torch_dtype")},
+                              experts_implementation="grouped_mm")
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     t = time.perf_counter()
     with torch.device(dev):
         model = AutoModelForCausalLM.from_config(hf, dtype=torch.bfloat16).eval()
     load_s = time.perf_counter() - t
+    # transformers 5.x switches grouped_mm to batched_mm while decoding on a GPU; batched_mm copies every
+    # slot's expert weights (Mixtral at batch 256: 512 x 235 MB per layer call), so keep grouped_mm
+    switch_off = hasattr(model, "_optimize_model_for_decode")
+    if switch_off:
+        model._optimize_model_for_decode = contextlib.nullcontext
     ids = torch.tensor(_prompts(args.prompts, args.in_len, cfg["vocab_size"]), device=dev)
     mask = torch.ones_like(ids)
 
@@ -239,7 +246,8 @@ def task_tf(args, shape, layers, tmp) -> dict:
     impl = getattr(model, "get_experts_implementation", lambda: None)()
     res = {"shape": shape, "layers": layers, "load_s": load_s, "prompts": args.prompts, "in_len": args.in_len,
            "tf_out_len": out_len, "tf_seconds": dt, "tf_output_tok_s": args.prompts * out_len / dt,
-           "tf_probe_8_tokens_s": probe, "tf_decode_step_s": step, "experts_implementation": impl}
+           "tf_probe_8_tokens_s": probe, "tf_decode_step_s": step, "experts_implementation": impl,
+           "decode_switch_to_batched_mm_disabled": switch_off}
     print(f"  transformers {shape} {layers}L {args.prompts}x{args.in_len}/{out_len}: "
           f"{res['tf_output_tok_s']:.0f} output tok/s", flush=True)
     del model, ids

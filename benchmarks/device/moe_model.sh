@@ -35,7 +35,7 @@ fi
 if [ "$PART" != 1 ]; then
   L=$(left); echo "== throughput vs transformers (cap ${L} s) $(date -u +%T)"
   timeout -k 2 "$L" python benchmarks/moe_e2e.py --tasks tf:qwen3-30b-a3b:8 tput:qwen3-30b-a3b:8 \
-    tf:mixtral-8x7b:4 tput:mixtral-8x7b:4 --tf-budget-s 7 --deadline-s $(( L - 3 )) --out-dir "$D" > "$D/tput.log" 2>&1
+    tf:mixtral-8x7b:4 tput:mixtral-8x7b:4 --tf-budget-s 5 --deadline-s $(( L - 3 )) --out-dir "$D" > "$D/tput.log" 2>&1
   echo "tput exit $? after $(( $(date +%s) - START )) s"
 fi
 L=$(left)
