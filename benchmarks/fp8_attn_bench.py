@@ -5,7 +5,7 @@ whose contexts are uniform in [``--ctx-lo``, ``--ctx-hi``] (the 512 x 1000/1000 
 shuffled like a warm cache. Times one layer's attention call (no KV write) for
 
 - the general kernel (``_triton_kernels._paged_attention_kernel``, what the ``triton`` backend runs today) at
-  its launch config and a few others (BLOCK_N, warps, stages), and
+  its launch config and a few others (BLOCK_N, warps, stages, split-KV at big batch), and
 - the decode kernel (``_triton_decode``): KV heads of a request adjacent in the grid or not, fp16 or bf16 dots,
 
 on an fp8 (e4m3) and a bf16 cache; each result names its KV bytes per second (the bound of a decode step at
@@ -72,19 +72,29 @@ def reference(q, kv, tables, seq_lens, n):
     return torch.stack(outs)
 
 
-def general(q, kv, tables, seq_lens, qsl, out, block_n=64, warps=4, stages=2):
-    """The triton backend's decode launch (splits 1, group 4 -> BLOCK_Q 1, BLOCK_M 16)."""
-    from octavo.plugins.attention._triton_kernels import LOG2E, _paged_attention_kernel
+def general(q, kv, tables, seq_lens, qsl, out, block_n=64, warps=4, stages=2, splits=1):
+    """The triton backend's decode launch (group 4 -> BLOCK_Q 1, BLOCK_M 16); ``splits`` > 1 adds split-KV
+    partials + the merge kernel, as the backend does for few requests."""
+    from octavo.plugins.attention._triton_kernels import LOG2E, _merge_splits_kernel, _paged_attention_kernel
 
     scale = HEAD ** -0.5
-    _paged_attention_kernel[(q.shape[0], 1, KV_HEADS)](
-        q, kv[0], kv[1], out, out, tables, seq_lens, qsl,
+    dst, lse = out, out
+    strides = (out.stride(0), out.stride(1), 0, 0, 0)
+    if splits > 1:
+        dst = torch.empty(q.shape[0], HEADS, splits, HEAD, dtype=torch.float32, device=q.device)
+        lse = torch.empty(q.shape[0], HEADS, splits, dtype=torch.float32, device=q.device)
+        strides = (dst.stride(0), dst.stride(1), dst.stride(2), lse.stride(0), lse.stride(1))
+    _paged_attention_kernel[(q.shape[0], splits, KV_HEADS)](
+        q, kv[0], kv[1], dst, lse, tables, seq_lens, qsl,
         scale * LOG2E, scale, 1.0, 0, 1.0,
-        q.stride(0), q.stride(1), out.stride(0), out.stride(1), 0, 0, 0,
+        q.stride(0), q.stride(1), *strides,
         kv.stride(1), kv.stride(2), tables.stride(0),
         GROUP=4, GROUP_P=4, BLOCK_Q=1, BLOCK_M=16, BLOCK_N=block_n, HEAD_D=HEAD, HEAD_DP=HEAD, PAGE=PAGE,
-        NUM_SPLITS=1, USE_SOFTCAP=False, USE_WINDOW=False, DOT_PREC="tf32",
+        NUM_SPLITS=splits, USE_SOFTCAP=False, USE_WINDOW=False, DOT_PREC="tf32",
         KV_FP8=kv.dtype == torch.float8_e4m3fn, num_warps=warps, num_stages=stages)
+    if splits > 1:
+        _merge_splits_kernel[(q.shape[0], HEADS)](dst, lse, out, HEADS, out.stride(0), out.stride(1),
+                                                  NUM_SPLITS=splits, HEAD_D=HEAD, HEAD_DP=HEAD)
 
 
 def decode(q, kv, tables, seq_lens, qsl, out, **kw):
@@ -101,6 +111,7 @@ VARIANTS = [
     ("bf16", "general_n64_w4_s2 (today)", "general", {}),
     ("bf16", "decode_heads_n64_w4_s2", "decode", {}),
     ("fp8", "decode_reqs_f16_n64_w4_s2", "decode", dict(heads_fastest=False)),
+    ("fp8", "general_n64_w4_s2_split2", "general", dict(splits=2)),
     ("fp8", "decode_heads_bf16_n64_w4_s2", "decode", dict(dot_f16=False)),
     ("fp8", "decode_heads_f16_n128_w4_s2", "decode", dict(block_n=128)),
     ("fp8", "general_n128_w4_s2", "general", dict(block_n=128)),
@@ -111,6 +122,7 @@ VARIANTS = [
     ("fp8", "decode_heads_f16_n128_w4_s3", "decode", dict(block_n=128, num_stages=3)),
     ("fp8", "general_n64_w8_s2", "general", dict(warps=8)),
     ("fp8", "general_n64_w4_s3", "general", dict(stages=3)),
+    ("fp8", "general_n64_w4_s2_split4", "general", dict(splits=4)),
     ("bf16", "decode_reqs_n64_w4_s2", "decode", dict(heads_fastest=False)),
     ("bf16", "decode_heads_n128_w4_s2", "decode", dict(block_n=128)),
     ("bf16", "decode_heads_n32_w4_s2", "decode", dict(block_n=32)),
