@@ -167,6 +167,8 @@ class _InFlight:
 class AsyncStepLoop:
     """``EngineCore.step`` under async scheduling (the core's scheduler is an ``AsyncScheduler``)."""
 
+    depth = 2  # steps in flight; pipeline parallelism sets P (core/pp_schedule.py)
+
     def __init__(self, core: Any) -> None:
         self.core = core
         self.inflight: deque[_InFlight] = deque()
@@ -198,7 +200,7 @@ class AsyncStepLoop:
                 gate.release()  # nothing earlier in flight: the grammars are current
         t1 = time.perf_counter()
         sched_s = t1 - t0
-        if not self.inflight or (launched and len(self.inflight) == 1):
+        if not self.inflight or (launched and len(self.inflight) < self.depth):
             # nothing to wait for, or the first step of a burst: return now, schedule the next one meanwhile
             core.step_timers.record(host_s=sched_s, overlapped_s=sched_s if launched else 0.0)
             return EngineCoreOutputs(early, core.get_stats(), time.monotonic())

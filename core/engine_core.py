@@ -98,6 +98,10 @@ class EngineCore:
         self.stat_loggers = self.pm.stat_loggers(settings)
         self.sleeper = SleepControl(self)  # sleep / wake_up (core/sleep_mode.py)
         self.async_loop = AsyncStepLoop(self) if settings.scheduler.async_scheduling else None
+        if self.async_loop is None and settings.parallel.pipeline_parallel_size > 1:  # micro-batches in flight
+            from octavo.core.pp_schedule import pipeline_depth, set_pipeline_depth
+
+            set_pipeline_depth(self, pipeline_depth(self))
 
     # ---- requests ------------------------------------------------------------------------------
     def add_request(self, req: EngineCoreRequest) -> None:

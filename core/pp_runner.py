@@ -7,10 +7,9 @@ on CPU, NCCL on GPU). The receiver knows the shape from the step itself (every r
 ``StepBatch`` and builds the same flat inputs), so no metadata travels.
 
 Every stage updates its own per-request state from each step's ``StepBatch`` (the next batch carries the
-sampled tokens), so only the last stage samples; its tp rank 0 returns the ``RunnerOutput``. One batch is in
-flight at a time: the engine core runs a step to completion before it schedules the next, so stages take
-turns rather than overlap (micro-batching would need the scheduler to keep several disjoint batches in
-flight).
+sampled tokens), so only the last stage samples; its tp rank 0 returns the ``RunnerOutput``. With the ``mp``
+executor the engine core keeps up to P micro-batches in flight (core/pp_schedule.py); each stage runs them in the
+order sent, so stages overlap on different micro-batches.
 """
 
 from __future__ import annotations

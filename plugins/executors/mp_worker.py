@@ -1,5 +1,6 @@
 """The process of one ``mp`` rank: build the worker, report its ``WorkerInfo``, then run every step it is
-sent; rank 0 returns each step's output. Any failure is reported (with its traceback) and ends the process
+sent; rank 0 returns each step's output (under async scheduling through a reply thread, mp_replies.py, so
+this thread prepares the next step meanwhile). Any failure is reported (with its traceback) and ends the process
 with code 1; the process also ends when the engine core's process is gone.
 
 Run as ``python -m octavo.plugins.executors.mp_worker '<json args>'`` by :mod:`.mp`.
