@@ -3,8 +3,8 @@
 Why: a batch-1 decode step reads every weight once, so its floor is (weight bytes) / (memory bandwidth).
 This measures, per thread count, (a) the machine's read bandwidth (``torch.sum`` over a buffer larger than
 the last-level cache, and over one the size of the model's weights) and (b) octavo's int4 / int8 kernels
-(plugins/quant/cpu_kernel.py) over all of SmolLM2-135M's layer shapes with distinct random weights (30
-layers, so nothing stays in L1/L2), at M = 1, reporting bytes read / time. The per-call cost is measured
+(plugins/quant/cpu_kernel.py, fp32 activations; plugins/quant/cpu_int8act.py, int8 activations: ``q4a8_*``)
+over all of SmolLM2-135M's layer shapes with distinct random weights (30 layers, so nothing stays in L1/L2), at M = 1, reporting bytes read / time. The per-call cost is measured
 on a tiny layer (8 x 64), where bytes are nothing.
 
     python benchmarks/cpu_kernel_bw.py --threads 1 2
@@ -22,6 +22,8 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
+from octavo.plugins.quant import cpu_int8act as a8  # noqa: E402
+from octavo.plugins.quant import cpu_int8act_ops  # noqa: E402,F401  (registers octavo_cpu::int4_a8)
 from octavo.plugins.quant import cpu_kernel as ck  # noqa: E402
 
 # SmolLM2-135M: hidden 576, intermediate 1536, 9 heads / 3 kv heads of 64, 30 layers, vocab 49152
@@ -63,7 +65,7 @@ def main(argv=None) -> int:
     tiny = _q4(8, 64)
     x_tiny = torch.randn(1, 64)
     ck.library()
-    res = {"isa": sorted(set(open("/proc/cpuinfo").read().split()) & {"avx2", "avx512f", "avx512_vnni", "amx_int8"}),
+    res = {"int8act_path": a8.kernel_path(), "isa": sorted(set(open("/proc/cpuinfo").read().split()) & {"avx2", "avx512f", "avx512_vnni", "amx_int8"}),
            "q4_layer_bytes": q4_bytes, "head_bytes": head_bytes, "by_threads": {}}
     for t in args.threads:
         torch.set_num_threads(t)
@@ -84,6 +86,18 @@ def main(argv=None) -> int:
         best, med = _best(lambda: ck._int8_linear(xs[576], head_q, head_s), args.reps)
         r["q8_head_ms"] = best * 1e3
         r["q8_head_GBps"] = head_bytes / best / 1e9
+
+        def all_layers_a8():  # the int8-activation kernels (GGUF decode rows since session 4)
+            for lay in layers:
+                for (w, s, z), (_, k) in zip(lay, LAYER_SHAPES):
+                    a8.int4_linear(xs[k], w, s, z)
+        best, med = _best(all_layers_a8, args.reps)
+        r["q4a8_all_layers_ms"] = best * 1e3
+        r["q4a8_all_layers_median_ms"] = med * 1e3
+        r["q4a8_GBps"] = q4_bytes / best / 1e9
+        best, med = _best(lambda: a8.int8_linear(xs[576], head_q, head_s), args.reps)
+        r["q8a8_head_ms"] = best * 1e3
+        r["q8a8_head_GBps"] = head_bytes / best / 1e9
         n_calls = 2000
         ck._int4_linear(x_tiny, *tiny), ck._int4_op(x_tiny, *tiny)  # first calls pay one-time set-up
         t0 = time.perf_counter()
@@ -94,6 +108,16 @@ def main(argv=None) -> int:
         for _ in range(n_calls):
             ck._int4_op(x_tiny, *tiny)
         r["per_call_us_custom_op"] = (time.perf_counter() - t0) / n_calls * 1e6
+        op = torch.ops.octavo_cpu.int4_a8  # registered by cpu_int8act_ops
+        a8.int4_linear(x_tiny, *tiny), op(x_tiny, *tiny)
+        t0 = time.perf_counter()
+        for _ in range(n_calls):
+            a8.int4_linear(x_tiny, *tiny)
+        r["per_call_us_a8_direct"] = (time.perf_counter() - t0) / n_calls * 1e6
+        t0 = time.perf_counter()
+        for _ in range(n_calls):
+            op(x_tiny, *tiny)
+        r["per_call_us_a8_library_op"] = (time.perf_counter() - t0) / n_calls * 1e6
         res["by_threads"][t] = r
         print(f"threads={t}: " + ", ".join(f"{k}={v:.2f}" for k, v in r.items()), flush=True)
     res["loadavg"] = os.getloadavg()

@@ -25,7 +25,10 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-VARIANTS = {"gguf-4bit": (None, torch.float32), "fp32": ("none", torch.float32), "bf16": ("none", torch.bfloat16)}
+#: name -> (quantization, dtype, int8 activations on decode rows). "gguf-4bit" is the default path (int8
+#: activations since session 4, plugins/quant/cpu_int8act.py); "gguf-4bit-fp32act" is OCTAVO_CPU_INT8_ACT=0.
+VARIANTS = {"gguf-4bit": (None, torch.float32, True), "gguf-4bit-fp32act": (None, torch.float32, False),
+            "fp32": ("none", torch.float32, False), "bf16": ("none", torch.bfloat16, False)}
 
 
 def cpu_info() -> dict:
@@ -66,19 +69,25 @@ def main() -> None:
 
     path = default_model_path()
     runners = {}
-    for name, (quantization, dtype) in VARIANTS.items():
+    from octavo.plugins.quant import cpu_int8act_ops
+
+    int8_act = cpu_int8act_ops.enabled()  # the process's setting (OCTAVO_CPU_INT8_ACT)
+    for name, (quantization, dtype, _) in VARIANTS.items():
         model, _ = load(path, quantization, dtype=dtype)
         runners[name] = PagedRunner(model, num_blocks=16)
     times: dict[str, list[float]] = {name: [] for name in VARIANTS}
     for _ in range(args.rounds):
         for name, runner in runners.items():
+            cpu_int8act_ops._state["on"] = int8_act and VARIANTS[name][2]
             times[name].append(decode_steps(runner, args.steps, ("bench", name)))
+    cpu_int8act_ops._state["on"] = int8_act
     results = {name: {"ms_per_token": 1e3 * statistics.median(t), "tokens_per_s": 1 / statistics.median(t),
                       "all_ms": [round(1e3 * x, 2) for x in t]} for name, t in times.items()}
     base = results["fp32"]["ms_per_token"]
     for r in results.values():
         r["speedup_vs_fp32"] = base / r["ms_per_token"]
     record = {"benchmark": "quant_cpu_decode (model forward, batch 1, reference attention)", "results": results,
+              "int8_activations": int8_act,
               "cpu": cpu_info(), "threads": torch.get_num_threads(), "python": platform.python_version(),
               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "command": "python " + " ".join(sys.argv)}
@@ -98,7 +107,9 @@ def e2e(path: str) -> dict:
 
     params = SamplingParams(temperature=0, max_tokens=64, ignore_eos=True)
     out = {}
-    for name, (quantization, dtype) in VARIANTS.items():
+    for name, (quantization, dtype, act8) in VARIANTS.items():
+        if not act8 and name.startswith("gguf"):
+            continue  # the engine reads OCTAVO_CPU_INT8_ACT itself
         llm = LLM(path, quantization=quantization, dtype=str(dtype).split(".")[-1], max_model_len=512,
                   kv_cache_memory_bytes=1 << 26)
         llm.generate(["Hello"], params, use_tqdm=False)
