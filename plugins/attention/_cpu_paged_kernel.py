@@ -1,0 +1,230 @@
+"""C kernel for decode attention straight over the paged KV cache on a CPU (built once with the C compiler).
+
+Why: at decode batch 64 the reference backend spent ~40 % of a bf16 SmolLM2 step in attention (profile of
+``benchmarks/cpu_profile.py``, docs/performance.md): half of it gathering every request's context blocks into
+a padded copy (``index_select``), half in ``scaled_dot_product_attention`` over that copy with a mask. This
+kernel reads each request's K/V rows where they lie in the cache (its block table), one (request, KV head)
+pair per OpenMP task, and runs an online softmax in float32 block by block:
+
+    for each block of the request:  s_t = scale * q . k_t           (the g query heads sharing this KV head)
+                                    m' = max(m, max_t s_t);  acc = acc * e^(m - m') + sum_t e^(s_t - m') v_t
+
+so nothing is copied, nothing is masked, and no Python loop runs per request. Caches of float32 or bfloat16
+(widened to float32 as they are read); queries and output in float32. Plain C (the compiler vectorizes it for
+the machine it runs on: AVX2, AVX-512, Arm), compiled with ``cpu_kernel.compile_shared_library`` into the
+same cache directory as the quantized kernels, and run on torch's OpenMP pool (the same libgomp).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+
+import torch
+
+C_SOURCE = r"""
+#include <stdint.h>
+#include <string.h>
+#include <float.h>
+
+#define TILE 16
+
+static inline float bf16_to_f(uint16_t v) { union { uint32_t u; float f; } c; c.u = (uint32_t)v << 16; return c.f; }
+
+/* e^x for x <= 0 (0 below -87): 2^n * p(r), |error| ~ 2 ulp; plain arithmetic so that loops of it vectorize
+   on every ISA (libm's expf does not, without -ffast-math) */
+static inline float exp_neg(float x) {
+    x = x < -87.f ? -87.f : x;
+    float n = __builtin_floorf(x * 1.44269504f + 0.5f);
+    float r = x - n * 0.693359375f + n * 2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.f;
+    union { uint32_t u; float f; } c;
+    c.u = (uint32_t)((int32_t)n + 127) << 23;
+    return p * c.f;
+}
+
+/* n rows of D elements, rows `stride` elements apart, to fp32 dst [n][D] */
+static inline __attribute__((always_inline)) void load_rows(const void* cache, int is_bf16, long first, long stride,
+                                                            int n, const int D, float* dst) {
+    for (int t = 0; t < n; t++) {
+        float* o = dst + t * D;
+        if (is_bf16) {
+            const uint16_t* src = (const uint16_t*)cache + first + t * stride;
+            #pragma omp simd
+            for (int j = 0; j < D; j++) o[j] = bf16_to_f(src[j]);
+        } else {
+            memcpy(o, (const float*)cache + first + t * stride, sizeof(float) * D);
+        }
+    }
+}
+
+/* one (request, KV head) task; D and G are constants in the specialized callers below, so the inner loops
+   have fixed trip counts and the accumulators stay in registers */
+static inline __attribute__((always_inline)) void task(
+        const float* q, const void* kc, const void* vc, int is_bf16, const int64_t* table, long len, int b, int h,
+        int nh, int kvh, const int D, const int G, int bs, float scale, float* out) {
+    float qs[G * D], acc[G * D], m[G], s[G], kb[TILE * D], vb[TILE * D], p[G * TILE];
+    long tok = (long)kvh * D;
+    for (int i = 0; i < G; i++) {
+        const float* qi = q + ((long)b * nh + h * G + i) * D;
+        for (int j = 0; j < D; j++) { qs[i * D + j] = qi[j] * scale; acc[i * D + j] = 0.f; }
+        m[i] = -FLT_MAX; s[i] = 0.f;
+    }
+    for (long t0 = 0; t0 < len; t0 += TILE) {
+        int n = (int)(len - t0 < TILE ? len - t0 : TILE);
+        /* a tile never crosses a block when bs is a multiple of TILE; otherwise walk it slot by slot */
+        for (int t = 0; t < n;) {
+            long pos = t0 + t, blk = table[pos / bs];
+            int run = (int)(bs - pos % bs);
+            if (run > n - t) run = n - t;
+            long first = (blk * bs + pos % bs) * tok + (long)h * D;
+            load_rows(kc, is_bf16, first, tok, run, D, kb + t * D);
+            load_rows(vc, is_bf16, first, tok, run, D, vb + t * D);
+            t += run;
+        }
+        for (int i = 0; i < G; i++) {
+            const float* qi = qs + i * D;
+            for (int t = 0; t < n; t++) {
+                const float* kt = kb + t * D;
+                float dot = 0.f;
+                #pragma omp simd reduction(+:dot)
+                for (int j = 0; j < D; j++) dot += qi[j] * kt[j];
+                p[i * TILE + t] = dot;
+            }
+            float mx = m[i];
+            for (int t = 0; t < n; t++) mx = p[i * TILE + t] > mx ? p[i * TILE + t] : mx;
+            float corr = m[i] == -FLT_MAX ? 0.f : exp_neg(m[i] - mx), sum = 0.f;
+            #pragma omp simd reduction(+:sum)
+            for (int t = 0; t < n; t++) { float e = exp_neg(p[i * TILE + t] - mx); p[i * TILE + t] = e; sum += e; }
+            s[i] = s[i] * corr + sum;
+            m[i] = mx;
+            float* ai = acc + i * D;
+            #pragma omp simd
+            for (int j = 0; j < D; j++) ai[j] *= corr;
+            for (int t = 0; t < n; t++) {
+                float pt = p[i * TILE + t];
+                const float* vt = vb + t * D;
+                #pragma omp simd
+                for (int j = 0; j < D; j++) ai[j] += pt * vt[j];
+            }
+        }
+    }
+    for (int i = 0; i < G; i++) {
+        float* o = out + ((long)b * nh + h * G + i) * D;
+        float inv = s[i] > 0.f ? 1.f / s[i] : 0.f;
+        for (int j = 0; j < D; j++) o[j] = acc[i * D + j] * inv;
+    }
+}
+
+#define SPECIAL(DD, GG) if (d == DD && g == GG) { task(q, kc, vc, is_bf16, tables + (long)b * tstride, lens[b], b, h, \
+                                                       nh, kvh, DD, GG, bs, scale, out); continue; }
+
+/* out[b, h, :] = softmax(scale * q[b, h] . K_b^T) V_b over the first lens[b] positions of request b, whose
+   position p lives in cache slot tables[b * tstride + p / bs] * bs + p % bs; caches [slots, kvh, d] */
+void paged_decode(const float* q, const void* kc, const void* vc, int is_bf16, const int64_t* tables,
+                  int tstride, const int64_t* lens, int nreq, int nh, int kvh, int d, int bs, float scale,
+                  float* out, int nthreads) {
+    int g = nh / kvh;
+    #pragma omp parallel for collapse(2) schedule(dynamic, 1) num_threads(nthreads) if (nthreads > 1)
+    for (int b = 0; b < nreq; b++)
+        for (int h = 0; h < kvh; h++) {
+            SPECIAL(64, 1) SPECIAL(64, 2) SPECIAL(64, 3) SPECIAL(64, 4) SPECIAL(64, 8)
+            SPECIAL(128, 1) SPECIAL(128, 2) SPECIAL(128, 4) SPECIAL(128, 8)
+            task(q, kc, vc, is_bf16, tables + (long)b * tstride, lens[b], b, h, nh, kvh, d, g, bs, scale, out);
+        }
+}
+"""
+
+_FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC"] + (
+    ["-mprefer-vector-width=512"] if platform.machine() in ("x86_64", "AMD64") else [])
+_state: dict[str, object] = {}
+#: the kernel's limits (its per-task buffers live on the stack): larger shapes use the reference path.
+MAX_HEAD_SIZE, MAX_GROUP, MAX_BLOCK_SIZE = 256, 16, 128
+
+
+def _compile() -> str:
+    """``$CC`` the source once per source, compiler, flags and machine into ``$OCTAVO_CACHE_DIR/kernels``."""
+    cc = os.environ.get("CC", "cc")
+    if shutil.which(cc) is None:
+        raise RuntimeError(f"no C compiler ({cc!r} not on PATH; set CC)")
+    key = hashlib.sha256("\0".join([C_SOURCE, cc, *_FLAGS, platform.machine(), platform.node()]).encode())
+    base = os.environ.get("OCTAVO_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "octavo")
+    path = os.path.join(base, "kernels", f"octavo_paged_attn_{key.hexdigest()[:16]}.so")
+    if not os.path.exists(path):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with tempfile.TemporaryDirectory() as tmp:
+            src, out = os.path.join(tmp, "k.c"), os.path.join(tmp, "k.so")
+            with open(src, "w") as f:
+                f.write(C_SOURCE)
+            proc = subprocess.run([cc, *_FLAGS, src, "-o", out], capture_output=True, text=True)
+            if proc.returncode:
+                raise RuntimeError(f"{cc} failed: {proc.stderr.strip()[-500:]}")
+            shutil.copyfile(out, f"{path}.{os.getpid()}.tmp")
+            os.replace(f"{path}.{os.getpid()}.tmp", path)  # atomic: concurrent workers never load half a file
+    return path
+
+
+def library() -> ctypes.CDLL | None:
+    """The compiled kernel, or None when it cannot be built here (the reason: :func:`unavailable_reason`)."""
+    if "lib" not in _state:
+        try:
+            lib = ctypes.CDLL(_compile())
+            p, i = ctypes.c_void_p, ctypes.c_int
+            lib.paged_decode.argtypes = [p, p, p, i, p, i, p, i, i, i, i, i, ctypes.c_float, p, i]
+            _state["lib"] = lib
+        except (OSError, RuntimeError) as e:
+            _state["lib"], _state["why"] = None, str(e)
+    return _state["lib"]  # type: ignore[return-value]
+
+
+def unavailable_reason() -> str | None:
+    library()
+    return _state.get("why")  # type: ignore[return-value]
+
+
+def shape_supported(kv_cache: torch.Tensor, num_heads: int) -> bool:
+    """True when the kernel reads this cache: [2, blocks, block_size, kv_heads, d], fp32 or bf16, in its limits."""
+    if kv_cache.dim() != 5 or kv_cache.dtype not in (torch.float32, torch.bfloat16) or not kv_cache.is_contiguous():
+        return False
+    _, _, bs, kvh, d = kv_cache.shape
+    return d <= MAX_HEAD_SIZE and bs <= MAX_BLOCK_SIZE and num_heads % kvh == 0 and num_heads // kvh <= MAX_GROUP
+
+
+def paged_decode(q: torch.Tensor, kv_cache: torch.Tensor, tables: torch.Tensor, lens: torch.Tensor,
+                 scale: float) -> torch.Tensor:
+    """``q [B, heads, d]`` (one token per request) against each request's first ``lens[b]`` cached positions
+    (block ids ``tables [B, >= ceil(len / block_size)]``) -> float32 ``[B, heads, d]``."""
+    lib = library()
+    q = q.float().contiguous()
+    tables = tables.to(torch.int64).contiguous()
+    lens = lens.to(torch.int64).contiguous()
+    b, nh, d = q.shape
+    _, _, bs, kvh, _ = kv_cache.shape
+    out = torch.empty(b, nh, d, dtype=torch.float32)
+    lib.paged_decode(q.data_ptr(), kv_cache[0].data_ptr(), kv_cache[1].data_ptr(),
+                     int(kv_cache.dtype == torch.bfloat16), tables.data_ptr(), tables.shape[1], lens.data_ptr(),
+                     b, nh, kvh, d, bs, float(scale), out.data_ptr(), torch.get_num_threads())
+    return out
+
+
+@torch.library.custom_op("octavo::cpu_paged_decode", mutates_args=())
+def paged_decode_op(q: torch.Tensor, kv_cache: torch.Tensor, tables: torch.Tensor, lens: torch.Tensor,
+                    scale: float) -> torch.Tensor:
+    """:func:`paged_decode` as one op, so a compiled graph (plugins/platforms/cpu_compiled.py) keeps it inside."""
+    return paged_decode(q, kv_cache, tables, lens, scale)
+
+
+@paged_decode_op.register_fake
+def _(q, kv_cache, tables, lens, scale):
+    return q.new_empty(q.shape, dtype=torch.float32)

@@ -1,0 +1,70 @@
+"""The ``cpu_paged`` decode kernel against float64 attention at batch sizes the contract suite does not reach,
+its selection on CPU, and its fallback to ``torch_sdpa`` where it does not apply."""
+
+import pytest
+import torch
+
+from octavo.plugins.attention import _cpu_paged_kernel as kernel
+from octavo.plugins.attention.cpu_paged import CpuPagedAttentionBackend
+
+pytestmark = pytest.mark.skipif(kernel.library() is None, reason=f"no C kernel: {kernel.unavailable_reason()}")
+
+
+def _reference(q, cache, tables, lens, scale):
+    b, nh, d = q.shape
+    _, _, bs, kvh, _ = cache.shape
+    out = torch.empty(b, nh, d, dtype=torch.float64)
+    for i in range(b):
+        pos = torch.arange(int(lens[i]))
+        slots = tables[i][pos // bs] * bs + pos % bs
+        k, v = (cache[j].reshape(-1, kvh, d)[slots].double().repeat_interleave(nh // kvh, 1).transpose(0, 1)
+                for j in (0, 1))  # [nh, L, d]
+        probs = ((q[i].double()[:, None, :] @ k.transpose(1, 2)) * scale).softmax(-1)
+        out[i] = (probs @ v)[:, 0]
+    return out
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 2e-6), (torch.bfloat16, 2e-6)])
+@pytest.mark.parametrize("heads,kv_heads,d,bs", [(9, 3, 64, 32), (8, 8, 128, 16), (6, 2, 48, 8)])
+def test_decode_kernel_matches_float64(dtype, tol, heads, kv_heads, d, bs):
+    """Many requests of different lengths on shuffled blocks: specialised (d 64/128) and generic shapes, blocks
+    larger, equal and smaller than the kernel's 16-token tile. bf16 inputs are exact in float64, so the bound
+    is float32 rounding for both."""
+    g = torch.Generator().manual_seed(heads + d + bs)
+    num_blocks, b = 400, 40
+    cache = torch.randn(2, num_blocks, bs, kv_heads, d, generator=g).to(dtype)
+    lens = torch.randint(1, 5 * bs + 7, (b,), generator=g)
+    lens[0], lens[1] = 1, bs  # a one-token context, a context of exactly one block
+    nb = int(-(-lens.max() // bs))
+    tables = torch.stack([torch.randperm(num_blocks - 1, generator=g)[:nb] + 1 for _ in range(b)])
+    q = torch.randn(b, heads, d, generator=g).to(dtype)
+    out = kernel.paged_decode(q, cache, tables, lens, d ** -0.5)
+    assert out.dtype == torch.float32 and out.shape == (b, heads, d)
+    assert (out.double() - _reference(q, cache, tables, lens, d ** -0.5)).abs().max().item() < tol
+
+
+def test_selection_and_refusals():
+    ok = CpuPagedAttentionBackend.supports(device_type="cpu", dtype=torch.bfloat16, head_size=64)
+    assert ok
+    for kw, word in ((dict(dtype=torch.float16), "dtype"), (dict(sliding_window=128), "sliding window"),
+                     (dict(head_size=512), "head_size"), (dict(device_type="cuda"), "CPU")):
+        args = dict(device_type="cpu", dtype=torch.float32, head_size=64) | kw
+        res = CpuPagedAttentionBackend.supports(**args)
+        assert not res and word in res.reason
+    from octavo.plugins.platforms.cpu import CpuPlatform
+    from octavo.registry import get_plugin_manager
+
+    chosen = get_plugin_manager().select_attention_backend(None, CpuPlatform(), dtype=torch.float32, head_size=64)
+    assert chosen.name == "cpu_paged"
+
+
+def test_no_compiler_means_torch_sdpa(monkeypatch):
+    """Without a C compiler the backend says why it is unavailable, so selection falls back to torch_sdpa."""
+    monkeypatch.setattr(kernel, "_state", {"lib": None, "why": "no C compiler ('cc' not on PATH; set CC)"})
+    res = CpuPagedAttentionBackend.supports(device_type="cpu", dtype=torch.float32, head_size=64)
+    assert not res and "no C compiler" in res.reason
+    from octavo.plugins.platforms.cpu import CpuPlatform
+    from octavo.registry import get_plugin_manager
+
+    chosen = get_plugin_manager().select_attention_backend(None, CpuPlatform(), dtype=torch.float32, head_size=64)
+    assert chosen.name == "torch_sdpa"
