@@ -19,7 +19,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-F16_MAX = 65504.0
+F16_MAX = tl.constexpr(65504.0)  # a constexpr: jit code may read only constexpr globals
 
 
 @triton.jit
@@ -93,7 +93,7 @@ def _paged_decode_kernel(
 def paged_decode(query, k_cache, v_cache, out, block_tables, seq_lens, query_start_loc, *, num_reqs: int,
                  num_kv_heads: int, scale: float, v_scale: float, block_size: int, block_n: int = 64,
                  num_warps: int = 4, num_stages: int = 2, dot_f16: bool | None = None,
-                 heads_fastest: bool = True) -> None:
+                 heads_fastest: bool = True, maxnreg: int | None = None) -> None:
     """``out[t] = softmax(q[t] K^T * scale) V`` over each request's whole context, one token per request.
 
     ``k_cache``/``v_cache``: ``[num_blocks, block_size, num_kv_heads, head_size]`` views (fp8 or the query's
@@ -111,6 +111,7 @@ def paged_decode(query, k_cache, v_cache, out, block_tables, seq_lens, query_sta
     if dot_f16 and not fp8:
         raise ValueError("dot_f16 is for fp8 caches (they convert exactly to fp16); a bf16 cache may not fit fp16")
     head_dp = max(16, triton.next_power_of_2(head_size))
+    extra = {} if maxnreg is None else {"maxnreg": maxnreg}  # a register cap buys resident programs (spills)
     _paged_decode_kernel[(num_reqs * num_kv_heads,)](
         query, k_cache, v_cache, out, block_tables, seq_lens, query_start_loc,
         scale * LOG2E, v_scale if fp8 else 1.0, num_reqs, num_kv_heads,
@@ -119,7 +120,7 @@ def paged_decode(query, k_cache, v_cache, out, block_tables, seq_lens, query_sta
         GROUP=group, BLOCK_M=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n,
         HEAD_D=head_size, HEAD_DP=head_dp, PAGE=block_size, KV_FP8=fp8, DOT_F16=dot_f16,
         HEADS_FASTEST=heads_fastest,
-        DOT_PREC="ieee" if query.dtype == torch.float32 else "tf32", num_warps=num_warps, num_stages=num_stages,
+        DOT_PREC="ieee" if query.dtype == torch.float32 else "tf32", num_warps=num_warps, num_stages=num_stages, **extra,
     )
 
 
