@@ -22,7 +22,7 @@ echo "== fp8 step profile (fp8 + fp8 KV) $(date -u +%T)"
 timeout -k 2 30 python benchmarks/fp8_step_profile.py --variant fp8 --out "$R/step_fp8.json" > "$R/step_fp8.log" 2>&1
 echo "exit $?"; grep -v " INFO \| WARNING " "$R/step_fp8.log" | tail -50
 echo "== attention / linears microbench $(date -u +%T) ($(left) s left)"
-timeout -k 2 20 python benchmarks/fp8_attn_bench.py --out "$R/attn.json" --budget 16 > "$R/attn.log" 2>&1
+timeout -k 2 24 python benchmarks/fp8_attn_bench.py --out "$R/attn.json" --budget 20 > "$R/attn.log" 2>&1
 echo "exit $?"; tail -30 "$R/attn.log"
 L=$(left)
 if [ "$L" -gt 10 ]; then
