@@ -2,6 +2,7 @@
 
 1. One layer at a mid-size shape, bf16 and fp16: the kernel against the layer's grouped torch path, eager and
    replayed from a CUDA graph (the kernel has no host sync, so whole decode steps can be captured with it).
+   Batch 1 (no align launch) and the routing kernel, replayed from a CUDA graph with new logits.
 2. End to end through ``LLM``: tiny random-weight Mixtral-like (8 experts, top-2) and Qwen3-MoE-like
    (16 experts, top-4, renormalised) checkpoints, bf16, CUDA graphs on, kernel installed by the cuda
    platform; the same engine with its layers put back on the torch path (eager); and a float32 engine as
@@ -60,6 +61,33 @@ def test_layer_matches_torch_path_eager_and_in_cuda_graph(dtype):
     w, ids = layer.select_experts(logits)
     want = type(layer).apply_experts(layer, x, w, ids).float()
     assert (out.float() - want).abs().max() <= tol * want.abs().max()
+
+
+def test_batch_one_and_routing_kernel_in_cuda_graph():
+    """Batch 1 runs without the align launch and routing is one Triton launch: both replayed from a CUDA graph
+    with new logits must match torch's routing and the grouped torch path (Qwen3-30B-A3B-like E=128, k=8)."""
+    from octavo.plugins.platforms import cuda_moe
+
+    layer = _layer(128, 8, 512, 256, torch.bfloat16)
+    assert cuda_moe.install_moe_kernels(layer, torch.bfloat16, torch.device("cuda"))["triton"] == 1
+    logits = torch.randn(64, 128, device="cuda")
+    w, ids = layer.select_experts(logits)
+    want_w, want_ids = type(layer).select_experts(layer, logits)
+    assert torch.equal(ids, want_ids) and (w - want_w).abs().max() <= 1e-5
+    x = torch.randn(1, 512, device="cuda").to(torch.bfloat16)
+    logits = torch.randn(1, 128, device="cuda")  # float32: no ties, whose winner is unspecified
+    layer(x, logits)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = layer(x, logits)
+    for seed in range(3):
+        gen = torch.Generator(device="cuda").manual_seed(seed)
+        x.copy_(torch.randn(1, 512, device="cuda", generator=gen).to(torch.bfloat16))
+        logits.copy_(torch.randn(1, 128, device="cuda", generator=gen))
+        graph.replay()
+        w, ids = type(layer).select_experts(layer, logits)
+        want = type(layer).apply_experts(layer, x, w, ids).float()
+        assert (out.float() - want).abs().max() <= 3e-2 * want.abs().max(), seed
 
 
 def _checkpoint(root, arch):
