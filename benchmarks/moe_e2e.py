@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import gc
 import json
 import os
@@ -75,6 +76,7 @@ def _free():
         torch.cuda.empty_cache()
 
 
+@functools.cache
 def bandwidth(tiny: bool) -> float:
     """Copy bandwidth, read + write bytes per second (gpu_e2e's measurement; a host copy for --tiny)."""
     import torch
