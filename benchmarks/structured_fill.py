@@ -15,6 +15,8 @@ number is the host cost alone, with no model and no GPU:
    (plugins/structured_output/xgrammar_whitespace.py).
 3. Fill strategies per step over all rows: xgrammar's ``BatchGrammarMatcher`` with 1..N threads, and one
    ``fill_next_token_bitmask`` per row serially. Median and mean ms per step, plus ms per row.
+5. ``--apply-device cuda``: host ms of the mask apply (core/grammar_step.py ``apply_packed``), GPU idle and GPU
+   busy (a hidden sync would add the queued work's ~2 ms).
 4. A GIL probe: how fast a pure-Python loop runs on the main thread while another thread fills batches
    (1.0: the fill released the GIL; ~0: it held it), relative to the loop alone.
 
@@ -157,6 +159,43 @@ def gil_probe(xgr, compiled, rows: int, vocab: int, seconds: float = 0.5) -> dic
     return out
 
 
+def apply_timing(device: str, rows: int, vocab: int, reps: int = 30) -> dict:
+    """Host ms of ``apply_packed`` (core/grammar_step.py) for ``rows`` rows on ``device``, with the GPU idle and
+    with a ~2 ms matmul still queued (a host-side sync inside the apply would then show up as ~2 ms)."""
+    import torch
+
+    from octavo.core.grammar_step import apply_packed
+
+    dev = torch.device(device)
+    logits = torch.randn(rows, vocab, device=dev, dtype=torch.bfloat16)
+    a = torch.randn(4096, 4096, device=dev, dtype=torch.bfloat16) if dev.type == "cuda" else None
+    packed = torch.randint(-2**31, 2**31 - 1, (rows, (vocab + 31) // 32), dtype=torch.int32)
+    pinned = packed.pin_memory() if dev.type == "cuda" else packed
+    sub = list(range(0, rows, 4)) + list(range(1, rows, 4))
+    out = {}
+    for name, idx, src in (("all_rows", list(range(rows)), packed), ("half_rows", sub, packed[:len(sub)]),
+                           ("all_rows_prepinned", list(range(rows)), pinned)):
+        for busy in ((False, True) if dev.type == "cuda" else (False,)):
+            times = []
+            for _ in range(reps):
+                torch.cuda.synchronize() if dev.type == "cuda" else None
+                if busy:
+                    for _ in range(8):
+                        a @ a  # ~0.2-0.3 ms each on an H100 in bf16
+                t0 = time.perf_counter()
+                apply_packed(logits, idx, src)
+                times.append(time.perf_counter() - t0)
+            out[f"{name}{'_gpu_busy' if busy else ''}_host_ms"] = round(statistics.median(times) * 1e3, 3)
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(8):
+            a @ a
+        torch.cuda.synchronize()
+        out["busy_queue_ms"] = round((time.perf_counter() - t0) * 1e3, 3)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokenizer", default=None, help="a tokenizer dir (default: the embedded SmolLM2's)")
@@ -165,6 +204,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2, 4, 8])
     ap.add_argument("--forms", nargs="+", default=["cap16", "cap16_regex", "cap16_nested", "compact"])
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--apply-device", dest="apply_device", default=None,
+                    help="also time the mask apply's host part on this device (e.g. cuda)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     import xgrammar as xgr
@@ -195,6 +236,9 @@ def main() -> None:
         res["forms"][form] = row
     res["gil_probe_main_thread_speed"] = gil_probe(xgr, compiled, args.rows, vocab)
     print("GIL probe (main-thread loop speed while filling; 1.0 = GIL released):", res["gil_probe_main_thread_speed"])
+    if args.apply_device:
+        res["apply"] = apply_timing(args.apply_device, args.rows, vocab)
+        print("apply host ms:", res["apply"], flush=True)
     print(json.dumps(res, indent=2))
     if args.json:
         with open(args.json, "w") as f:

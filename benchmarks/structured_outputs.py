@@ -111,7 +111,8 @@ def bench_decode(args) -> dict:
             prompts = [p.input_ids for p in prompts]
         prompts = [list(p) for p in prompts]
 
-        host = {m: {k: [] for k in ("prepare_s", "fill_s", "wait_s", "apply_s", "accept_s")} for m in modes}
+        host = {m: {k: [] for k in ("prepare_s", "fill_s", "wait_s", "apply_s", "accept_s", "accept_thread_s")}
+                for m in modes}
         texts: dict[str, list[int]] = {}
 
         def run(mode: str, prompts=prompts, batch=batch, host=host, texts=texts) -> list[float]:
@@ -136,7 +137,7 @@ def bench_decode(args) -> dict:
                 executor_cls.execute_structured = overlapped
                 xgb.bounded_strings_as_patterns = rewrite
             if stats["steps"]:
-                for k in ("prepare_s", "fill_s", "wait_s", "apply_s", "accept_s"):
+                for k in ("prepare_s", "fill_s", "wait_s", "apply_s", "accept_s", "accept_thread_s"):
                     host[mode][k].append(stats[k] / stats["steps"])
             return times
 

@@ -149,6 +149,11 @@ class StructuredOutputBackend:
         for i, m in enumerate(matchers):
             m.fill_bitmask(bitmask, i)
 
+    def accept_tokens(self, matchers: list[GrammarMatcher], tokens: list[int]) -> list[bool]:
+        """Advance ``matchers[i]`` by ``tokens[i]`` for every i (one call per step, on the bitmask thread);
+        whether each was allowed. Override for a batched call."""
+        return [m.accept_token(t) for m, t in zip(matchers, tokens)]
+
     def allocate_bitmask(self, rows: int) -> Any:
         """A host ``int32`` tensor ``[rows, ceil(vocab_size / 32)]``."""
         import torch

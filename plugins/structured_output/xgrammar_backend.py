@@ -121,6 +121,11 @@ class XGrammarBackend(StructuredOutputBackend):
     def matcher(self, compiled: Any) -> GrammarMatcher:
         return _Matcher(self.xgr.GrammarMatcher(compiled))
 
+    def accept_tokens(self, matchers: list[GrammarMatcher], tokens: list[int]) -> list[bool]:
+        if len(matchers) > 1 and all(isinstance(m, _Matcher) for m in matchers):  # one C call for the step
+            return self.xgr.BatchGrammarMatcher.batch_accept_token([m.m for m in matchers], tokens)
+        return super().accept_tokens(matchers, tokens)
+
     def fill_bitmasks(self, matchers: list[GrammarMatcher], bitmask: Any) -> None:
         # a matcher that accepted its stop token (EOS under ignore_eos) constrains nothing more, as in vLLM:
         # its row is all ones (the engine then applies no mask); xgrammar raises if asked for its mask

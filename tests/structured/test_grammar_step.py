@@ -144,3 +144,40 @@ def test_fully_open_rows_are_not_masked_and_default_executor_ships_bytes(mgr):
     out, batch = schedule(mgr, ['{"name": "ab', None])
     assert ex.execute_structured(batch, mgr.prepare(out)) == "ran" and ex.seen == [True, False]
     mgr.accept_tokens([])
+
+
+def test_deferred_accept_masks_equal_xgrammar_row_by_row(mgr):
+    """The engine's loop with matchers advanced on the bitmask thread (accept_tokens queues the step's tokens,
+    the next fill runs after them on the same thread): every row of every step equals a fresh xgrammar
+    matcher's own mask after the same tokens (real tokenizer, the backend's compiled grammar), on both fill
+    paths (started on the pool, and filled inline by ``wait`` after the pending accept job)."""
+    import xgrammar as xgr
+
+    texts = ['{"name": "abc", "n": 12}', '{\n  "name": "Zoë",\n  "n": -3\n}', '{"name":"","n":0}']
+    token_lists = [mgr.tok.encode(t, add_special_tokens=False) for t in texts]
+    out, _ = schedule(mgr, [""] * len(texts))
+    reqs = [s.req for s in out.scheduled]
+    compiled = reqs[0].grammar.future.result()
+    backend = mgr._get_backend()
+    ref = xgr.allocate_token_bitmask(1, VOCAB)
+    for k in range(max(map(len, token_lists))):
+        live = [j for j, toks in enumerate(token_lists) if k < len(toks)]
+        out.scheduled = [ScheduledRequest(reqs[j], 1, reqs[j].num_tokens - 1, [0]) for j in live]
+        step = mgr.prepare(out)
+        if k % 2 == 0:
+            step.start()
+        rids, positions, packed = step.wait()
+        assert rids == [reqs[j].request_id for j in live]  # JSON inside an object is never fully open
+        for row, j in enumerate(live):
+            m = xgr.GrammarMatcher(compiled)
+            assert all(m.accept_token(t) for t in token_lists[j][:k])
+            m.fill_next_token_bitmask(ref, 0)
+            assert torch.equal(packed[row], ref[0]), (texts[j], k)
+        updates = []
+        for j in live:
+            reqs[j].append_output_token(token_lists[j][k])
+            updates.append((reqs[j], token_lists[j][k]))
+        mgr.accept_tokens(updates)
+    mgr.flush()
+    assert all(r.grammar.matcher.m.is_completed() for r in reqs), "every text is a complete JSON value"
+    assert backend.accept_tokens([], []) == []
