@@ -10,7 +10,8 @@ runner (no change to the engine):
 - GPU time of the forward and of logits + sampling (CUDA events, read after the run), and the wall time of
   ``ModelRunner.execute`` and of ``EngineCore.step`` (the rest is the core's host work);
 - a torch.profiler kernel table of a few decode steps at the full batch replayed from the graph, then of two
-  steps run eagerly (same kernels, launched one by one), so kernels are named either way.
+  steps run eagerly (same kernels, launched one by one), so kernels are named either way; and of one step that
+  carries prefill tokens next to hundreds of decodes.
 
     python benchmarks/fp8_step_profile.py --variant fp8 --out /tmp/fp8_step.json
 """
@@ -79,7 +80,7 @@ class StepRecorder:
         self.steps: list[dict] = []
         self.pending: dict | None = None
         self.full_seen = 0
-        self.windows = {"graph": graph_window, "eager": eager_window}
+        self.windows = {"graph": graph_window, "eager": eager_window, "mixed": 1}
         self.profiles: dict = {}
         self.prof = None
         self.prof_kind = None
@@ -123,6 +124,9 @@ class StepRecorder:
                 if k not in self.profiles:
                     kind = k
                     break
+        elif self.prof is None and not decode_only and len(sched) >= self.full_batch // 2 \
+                and "mixed" not in self.profiles:  # a prefill chunk riding with hundreds of decodes
+            kind = "mixed"
         if kind is not None:
             from torch.profiler import ProfilerActivity, profile
 
@@ -155,7 +159,7 @@ class StepRecorder:
                 _sync()
                 self.prof.stop()
                 n = self.windows[self.prof_kind]
-                self.profiles[self.prof_kind] = {"steps": n, "rows": len(sched),
+                self.profiles[self.prof_kind] = {"steps": n, "rows": len(sched), "tokens": tokens,
                                                  "kernels": kernel_table(self.prof, n)}
                 self.prof = None
                 self.on_window()
