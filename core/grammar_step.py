@@ -116,14 +116,17 @@ def _bias_table(device: Any, dtype: Any) -> Any:
 def apply_packed(logits: Any, rows: list[int], packed: Any) -> Any:
     """Set disallowed logits to ``-inf`` on ``rows`` (logits row indices) from packed int32 ``[len(rows), W]``.
 
-    The packed words are read as bytes (little-endian, so byte j holds tokens 8j..8j+7), each byte looks up
-    its 8 additive biases (0 or -inf) in a 256-row table, and the ``[n, V]`` bias is added to the rows: an
-    ``index_select`` and an ``add_``. NOTE: this replaced unpacking with shifts + ``masked_fill_``, which took
-    ~90 ms at batch 32 x 49152 on this CPU build of torch (the table add: ~2 ms; min of 60 runs, 1 thread).
+    On an accelerator: the packed words are read as bytes (little-endian, so byte j holds tokens 8j..8j+7),
+    each byte looks up its 8 additive biases (0 or -inf) in a 256-row table, and the ``[n, V]`` bias is added
+    to the rows: an ``index_select`` and an ``add_``. On a CPU: numpy, in place (:func:`_apply_packed_numpy`).
+    NOTE: both replaced unpacking with shifts + ``masked_fill_``, which took ~90 ms at batch 32 x 49152 on
+    this CPU build of torch (the table add: ~2 ms; min of 60 runs, 1 thread).
     """
     import torch
 
     device = logits.device
+    if device.type == "cpu" and _numpy_view(logits.dtype) is not None:
+        return _apply_packed_numpy(logits, rows, packed)
     n, vocab = len(rows), logits.shape[-1]
     whole = n == logits.shape[0] and rows == list(range(n))
     index = None if whole else torch.tensor(rows, dtype=torch.int32)
@@ -135,6 +138,38 @@ def apply_packed(logits: Any, rows: list[int], packed: Any) -> Any:
     if whole:
         return logits.add_(bias)
     return logits.index_add_(0, index, bias)
+
+
+def _numpy_view(dtype: Any) -> Any:
+    """The dtype whose numpy view carries a logits dtype on the CPU path (bf16/fp16 as their int16 bits)."""
+    import torch
+
+    return {torch.float32: torch.float32, torch.float64: torch.float64, torch.bfloat16: torch.int16,
+            torch.float16: torch.int16}.get(dtype)
+
+
+def _apply_packed_numpy(logits: Any, rows: list[int], packed: Any) -> Any:
+    """The CPU apply: unpack the complemented words to one "disallowed" flag per token and write -inf there
+    (``np.copyto(..., where=)``, in place through a numpy view of the logits; bf16/fp16 as int16 bits).
+    Why numpy: one thread, no OpenMP barrier; on the shared 2-vCPU VM under load it took 0.6x the time of
+    the table add (fp32 and bf16, batch 32 x 49152, min of 40), which also stalls on torch's thread pool."""
+    import numpy as np
+    import torch
+
+    view = _numpy_view(logits.dtype)
+    x = logits.detach()
+    x = (x if view == logits.dtype else x.view(view)).numpy()
+    neg = torch.tensor(float("-inf"), dtype=logits.dtype).view(view).item() if view != logits.dtype else -np.inf
+    neg = x.dtype.type(neg)
+    vocab = x.shape[-1]
+    words = np.invert(np.ascontiguousarray(packed.numpy()))
+    disallowed = np.unpackbits(words.view(np.uint8), axis=-1, count=vocab, bitorder="little").view(bool)
+    if len(rows) == x.shape[0] and rows == list(range(len(rows))):
+        np.copyto(x, neg, where=disallowed)
+    else:
+        for j, r in enumerate(rows):
+            np.copyto(x[r], neg, where=disallowed[j])
+    return logits
 
 
 def _to_device(t: Any, device: Any) -> Any:
