@@ -27,7 +27,7 @@ import platform
 import torch
 
 from octavo.env_flags import env_switch
-from octavo.plugins.quant import cpu_int8act_ops
+from octavo.plugins.quant import cpu_dense_rows, cpu_int8act_ops
 from octavo.plugins.quant.cpu_build import compile_shared_library  # noqa: F401  (int8_cpu_kernel imports it here)
 
 logger = logging.getLogger(__name__)
@@ -402,6 +402,10 @@ def int8_linear_traced(x: torch.Tensor, w8: torch.Tensor, s: torch.Tensor) -> to
 
 def _int4_linear(x: torch.Tensor, w4: torch.Tensor, s: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
     lib = library()
+    if x.shape[0] > FUSED_MAX_ROWS:  # many rows: a kept dense copy + one GEMM (cpu_dense_rows.py, issue 18)
+        y = cpu_dense_rows.int4_rows(x, w4, s, z, lambda: _dequant4(lib, w4, s, z))
+        if y is not None:
+            return y
     x = x.float().contiguous()
     (m, k), n = x.shape, w4.shape[0]
     threads = torch.get_num_threads()
@@ -409,13 +413,22 @@ def _int4_linear(x: torch.Tensor, w4: torch.Tensor, s: torch.Tensor, z: torch.Te
         y = torch.empty(m, n, dtype=torch.float32)
         lib.q4_gemm(_ptr(x), m, k, _ptr(w4), _ptr(s), _ptr(z), n, _ptr(y), threads)
         return y
+    return torch.nn.functional.linear(x, _dequant4(lib, w4, s, z))
+
+
+def _dequant4(lib, w4: torch.Tensor, s: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+    n, k = w4.shape[0], 2 * w4.shape[1]
     w = torch.empty(n, k, dtype=torch.float32)
-    lib.q4_dequant(_ptr(w4), _ptr(s), _ptr(z), n, k, _ptr(w), threads)
-    return torch.nn.functional.linear(x, w)
+    lib.q4_dequant(_ptr(w4), _ptr(s), _ptr(z), n, k, _ptr(w), torch.get_num_threads())
+    return w
 
 
 def _int8_linear(x: torch.Tensor, w8: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
     lib = library()
+    if x.shape[0] > FUSED_MAX_ROWS:  # many rows: a kept dense copy + one GEMM (cpu_dense_rows.py, issue 18)
+        y = cpu_dense_rows.int8_rows(x, w8, lambda: _dequant8(lib, w8, s))
+        if y is not None:
+            return y
     x = x.float().contiguous()
     (m, k), n = x.shape, w8.shape[0]
     threads = torch.get_num_threads()
@@ -423,9 +436,14 @@ def _int8_linear(x: torch.Tensor, w8: torch.Tensor, s: torch.Tensor) -> torch.Te
         y = torch.empty(m, n, dtype=torch.float32)
         lib.q8_gemm(_ptr(x), m, k, _ptr(w8), _ptr(s), n, _ptr(y), threads)
         return y
+    return torch.nn.functional.linear(x, _dequant8(lib, w8, s))
+
+
+def _dequant8(lib, w8: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    n, k = w8.shape
     w = torch.empty(n, k, dtype=torch.float32)
-    lib.q8_dequant(_ptr(w8), _ptr(s), n, k, _ptr(w), threads)
-    return torch.nn.functional.linear(x, w)
+    lib.q8_dequant(_ptr(w8), _ptr(s), n, k, _ptr(w), torch.get_num_threads())
+    return w
 
 
 @torch.library.custom_op("octavo::int4_linear", mutates_args=())
