@@ -38,6 +38,7 @@ class TritonAttentionMetadata:
     max_seq_len: int  # an upper bound is enough (graph capture passes max_model_len)
     num_reqs: int
     num_tokens: int
+    num_decodes: int = 0  # leading requests with one new token (AttentionLayout.num_decode_reqs)
     #: split-KV scratch buffers, allocated by the first layer of the step and reused by the others
     scratch: dict = field(default_factory=dict, repr=False)
 
@@ -133,6 +134,7 @@ class TritonAttentionBackend(AttentionBackend):
             max_seq_len=int(layout.max_seq_len),
             num_reqs=layout.num_reqs,
             num_tokens=layout.num_tokens,
+            num_decodes=int(getattr(layout, "num_decode_reqs", 0) or 0),
         )
 
     def __init__(self, **kwargs) -> None:
@@ -226,19 +228,26 @@ class TritonAttentionBackend(AttentionBackend):
         grid = (md.num_reqs, num_q_tiles * splits, self.num_kv_heads)
         fp8 = kv_cache.dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
         scale = self.scale * (self.k_scale if fp8 else 1.0)  # K's scale folds into the softmax scale
-        if splits == 1 and md.max_query_len == 1 and not self.window and not self.soft_cap and self.decode_kernel:
-            from octavo.plugins.attention._triton_decode import paged_decode  # big-batch decode (fp8 owner)
+        tables, seq_lens, qsl = md.block_tables, md.seq_lens, md.query_start_loc
+        if splits == 1 and self.decode_kernel and not self.window and not self.soft_cap:
+            # decode rows (all of them, or the leading ones of a step with prefills) -> the decode kernel
+            from octavo.plugins.attention._triton_decode import paged_decode  # (fp8 owner)
 
-            paged_decode(query, kv_cache[0], kv_cache[1], out, md.block_tables, md.seq_lens, md.query_start_loc,
-                         num_reqs=md.num_reqs, num_kv_heads=self.num_kv_heads, scale=scale,
-                         v_scale=self.v_scale if fp8 else 1.0, block_size=md.block_size)
-            return out
+            first = md.num_reqs if md.max_query_len == 1 else min(md.num_decodes, md.num_reqs)
+            if first:
+                paged_decode(query, kv_cache[0], kv_cache[1], out, tables, seq_lens, qsl, num_reqs=first,
+                             num_kv_heads=self.num_kv_heads, scale=scale, v_scale=self.v_scale if fp8 else 1.0,
+                             block_size=md.block_size)
+                if first == md.num_reqs:
+                    return out
+                tables, seq_lens, qsl = tables[first:], seq_lens[first:], qsl[first:]
+                grid = (md.num_reqs - first, *grid[1:])
         _paged_attention_kernel[grid](
             query, kv_cache[0], kv_cache[1], dst, lse,
-            md.block_tables, md.seq_lens, md.query_start_loc,
+            tables, seq_lens, qsl,
             scale * LOG2E, scale, self.soft_cap or 1.0, self.window, self.v_scale if fp8 else 1.0,
             query.stride(0), query.stride(1), *strides,
-            kv_cache.stride(1), kv_cache.stride(2), md.block_tables.stride(0),
+            kv_cache.stride(1), kv_cache.stride(2), tables.stride(0),
             GROUP=self.group, GROUP_P=self.group_p, BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=block_n,
             HEAD_D=self.head_size, HEAD_DP=self.head_dp, PAGE=md.block_size, NUM_SPLITS=splits,
             USE_SOFTCAP=self.soft_cap > 0, USE_WINDOW=self.window > 0,

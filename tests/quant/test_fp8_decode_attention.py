@@ -81,7 +81,13 @@ for heads, kv_heads, d, ctx, cdt, qdt, ks, vs, tol in (
     assert err <= tol, (cdt, qdt, d, err)
     print("kernel", cdt, qdt, d, f"{err:.2e}")
 
-# 2. through the backend: decode steps take the decode kernel, and equal the general kernel's output
+# 2. through the backend: decode rows take the decode kernel, and equal the general kernel's output, in a
+# decode-only step and in a step whose leading decodes ride with a prefill chunk
+import octavo.plugins.attention._triton_decode as td
+
+CALLS = []
+_orig = td.paged_decode
+td.paged_decode = lambda *a, **kw: (CALLS.append(kw["num_reqs"]), _orig(*a, **kw))[1]
 for cdt, ks, vs in ((torch.float32, 1.0, 1.0), (E4M3, 0.5, 0.25)):
     ctx = [9, 40, 77]
     outs = {}
@@ -92,22 +98,28 @@ for cdt, ks, vs in ((torch.float32, 1.0, 1.0), (E4M3, 0.5, 0.25)):
         assert impl.decode_kernel == (flag == "1")
         g = torch.Generator().manual_seed(1)
         cache = torch.zeros(2, 40, PAGE, 2, 32, dtype=cdt, device=DEV)
-        tables = [[1, 2], [3, 4, 5], [6, 7, 8, 9, 10]]
-        # prefill every request (general kernel either way), then one decode step
-        pre = make_layout(tables, [0, 0, 0], [c - 1 for c in ctx], PAGE)
-        n = sum(ctx) - 3
-        md = TritonAttentionBackend.build_metadata(pre, DEV)
-        k = torch.randn(n, 2, 32, generator=g) * ks * 8
-        v = torch.randn(n, 2, 32, generator=g) * vs * 8
-        impl.forward(torch.randn(n, 8, 32, generator=g).to(DEV), k.to(DEV), v.to(DEV), cache, md)
-        dec = make_layout(tables, [c - 1 for c in ctx], [1, 1, 1], PAGE)
-        md = TritonAttentionBackend.build_metadata(dec, DEV)
-        k, v = torch.randn(3, 2, 32, generator=g) * ks * 8, torch.randn(3, 2, 32, generator=g) * vs * 8
-        outs[flag] = impl.forward(torch.randn(3, 8, 32, generator=g).to(DEV), k.to(DEV), v.to(DEV), cache,
-                                  md).cpu()
-    err = float((outs["1"] - outs["0"]).abs().max() / outs["0"].abs().max())
-    assert err <= 1e-5, (cdt, err)
-    print("backend", cdt, f"{err:.2e}")
+        tables = [[1, 2], [3, 4, 5], [6, 7, 8, 9, 10], [11, 12]]
+
+        def step(layout, g=g, impl=impl, cache=cache):
+            md = TritonAttentionBackend.build_metadata(layout, DEV)
+            n = layout.num_tokens
+            k = torch.randn(n, 2, 32, generator=g) * ks * 8
+            v = torch.randn(n, 2, 32, generator=g) * vs * 8
+            return impl.forward(torch.randn(n, 8, 32, generator=g).to(DEV), k.to(DEV), v.to(DEV), cache, md).cpu()
+
+        CALLS.clear()
+        step(make_layout(tables[:3], [0, 0, 0], [c - 2 for c in ctx], PAGE))  # prefills (general kernel)
+        assert CALLS == [], CALLS
+        decode = make_layout(tables[:3], [c - 2 for c in ctx], [1, 1, 1], PAGE)
+        assert decode.max_query_len == 1
+        mixed = make_layout(tables, [c - 1 for c in ctx] + [0], [1, 1, 1, 20], PAGE)
+        assert mixed.num_decode_reqs == 3 and mixed.max_query_len == 20
+        outs[flag] = (step(decode), step(mixed))
+        assert CALLS == ([3, 3] if flag == "1" else []), CALLS  # one layer: all 3 decodes, then the leading 3
+    for name, a, b in zip(("decode", "mixed"), outs["1"], outs["0"]):
+        err = float((a - b).abs().max() / b.abs().max())
+        assert err <= 1e-5, (cdt, name, err)
+        print("backend", name, cdt, f"{err:.2e}")
 print("ok")
 """
 
