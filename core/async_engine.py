@@ -213,6 +213,8 @@ class AsyncStepLoop:
         t2 = time.perf_counter()
         g = rec.grammar
         core.structured._inflight = g.inner if g is not None and g.inner.matchers else None  # fill stats
+        nxt = self.inflight[0].grammar if self.inflight else None  # N+1's fill starts right after N's accept:
+        core.structured.after_accept = nxt.release if nxt is not None else None  # not after all N's outputs
         out = core._complete(rec.sched_out, result, early)
         if self.inflight and self.inflight[0].grammar is not None:
             self.inflight[0].grammar.release()  # N's tokens are in the grammars: fill N+1's masks now

@@ -74,6 +74,9 @@ class StructuredOutputManager:
         self._fill_pool: ThreadPoolExecutor | None = None  # fills and token accepts, in order (one thread)
         self._inflight: GrammarStep | None = None
         self._accepted: Future | None = None  # the last accept job on the fill pool
+        # set by the async step loop (core/async_engine.py): releases step N+1's gated fill once N's tokens are
+        # queued for the matchers (it needs nothing else from the step), instead of after N's outputs are built
+        self.after_accept: Any = None
         # host seconds summed over steps with grammar rows (benchmarks/structured_outputs.py reads them):
         # wait_s is the fill time the forward did not hide; fill_s the whole fill, wherever it ran
         # accept_s: the core thread's part of accept_tokens; accept_thread_s: the matchers moving (bitmask thread)
@@ -231,6 +234,9 @@ class StructuredOutputManager:
             rids.append(req.request_id)
         if matchers:
             self._accepted = self._pool_for_fills().submit(self._accept, matchers, tokens, rids)
+        hook, self.after_accept = self.after_accept, None
+        if hook is not None:
+            hook()  # queued behind the accept job on the same thread: the fill sees the new tokens
         self.stats["accept_s"] += time.perf_counter() - t0
 
     def _accept(self, matchers: list[Any], tokens: list[int], rids: list[str]) -> None:
