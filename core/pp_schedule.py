@@ -20,9 +20,15 @@ every stage runs micro-batches in order, so chunk k's K/V is written on each sta
 Counts move at schedule time, exactly as under async scheduling (``AsyncScheduler``: a request that samples
 owes one placeholder until its update), and the step loop is async scheduling's ``AsyncStepLoop`` with a depth
 of P; but no placeholder token ever reaches a runner (``StepBatch`` tokens are always known), so the workers
-run ordinary synchronous steps. Running decodes are split into P equal micro-batches (``depth``): otherwise
-the first micro-batch would take every running request and the others would be empty. Needs an executor with
-``execute_async`` (``mp``); others keep one batch in flight.
+run ordinary synchronous steps. Needs an executor with ``execute_async`` (``mp``); others keep one batch in flight.
+
+What forms the micro-batches: each takes every request not in flight (vLLM's rule), so requests admitted in
+different micro-batches stay in different ones, and new prompts' prefill runs on one stage while running
+requests decode on another. Running decodes are NOT split further by default (``split``): a memory-bound decode
+step costs about the same for half the batch, so P half-batches take P weight passes per stage for the tokens
+one full batch gives in one pass; measured on this CPU (2 loaded cores, SmolLM2 PP=2, 16 x 32/32) the forced
+split ran at 0.57x of one batch in flight. ``split=True`` (benchmarks) caps each micro-batch at
+ceil(running / P) requests, which pays only where a step's cost grows with its batch (compute-bound steps).
 """
 
 from __future__ import annotations
@@ -39,12 +45,14 @@ logger = logging.getLogger(__name__)
 
 class PipelineScheduler(AsyncScheduler):
     """:class:`AsyncScheduler` whose micro-batches are disjoint in sampling requests (see the module docstring).
-    ``depth``: micro-batches in flight; running requests are spread over that many micro-batches."""
+    ``depth``: micro-batches in flight; ``split``: spread running requests evenly over them."""
 
     depth = 2
+    split = False
 
     def schedule(self) -> SchedulerOutput:
-        self._cap = -(-len(self.running) // self.depth)  # ceil: one micro-batch's share of the running requests
+        # ceil: one micro-batch's share of the running requests (split), else no cap
+        self._cap = -(-len(self.running) // self.depth) if self.split else len(self.running)
         self._taken = 0
         return super().schedule()
 
@@ -60,20 +68,29 @@ class PipelineScheduler(AsyncScheduler):
 
 
 def pipeline_depth(core: Any) -> int:
-    """Micro-batches to keep in flight: P with several stages and an executor that runs steps asynchronously."""
+    """Micro-batches to keep in flight by default: P with several stages, an executor that runs steps
+    asynchronously and a device platform (each stage its own device); 1 otherwise, with one log line. On a CPU
+    the stages share the cores and the memory bandwidth: measured there (SmolLM2 PP=2, 2 loaded cores,
+    benchmarks/pp_microbatch.py) P micro-batches ran at 0.64x of one batch in flight, so a CPU keeps one."""
     p = core.settings.parallel.pipeline_parallel_size
-    if p <= 1 or not getattr(core.executor, "supports_async_scheduling", False):
-        if p > 1:
-            logger.info("pipeline_parallel_size=%d with the %r executor: one batch in flight (micro-batching needs "
-                        "an executor with execute_async, e.g. 'mp')", p, getattr(core.executor, "name", "?"))
+    if p <= 1:
+        return 1
+    why = None
+    if not getattr(core.executor, "supports_async_scheduling", False):
+        why = f"the {getattr(core.executor, 'name', '?')!r} executor has no execute_async (use 'mp')"
+    elif getattr(core.platform, "device_type", "cpu") == "cpu":
+        why = "on a CPU the stages share cores and memory bandwidth (measured slower, docs/distributed.md)"
+    if why is not None:
+        logger.info("pipeline_parallel_size=%d: one batch in flight: %s", p, why)
         return 1
     return p
 
 
-def set_pipeline_depth(core: Any, depth: int) -> Any:
-    """Switch an idle engine core between one batch in flight (``depth=1``) and ``depth`` micro-batches; returns
-    the step loop to install as ``core.async_loop`` (``None`` for one batch). Called at start with
-    :func:`pipeline_depth`, and by benchmarks/tests to compare both on one loaded engine."""
+def set_pipeline_depth(core: Any, depth: int, split: bool = False) -> Any:
+    """Switch an idle engine core between one batch in flight (``depth=1``) and ``depth`` micro-batches (``split``:
+    running requests spread evenly over them, see the module docstring); returns the step loop installed as
+    ``core.async_loop`` (``None`` for one batch). Called at start with :func:`pipeline_depth`, and by
+    benchmarks/tests to compare the modes on one loaded engine."""
     from octavo.core.async_engine import AsyncStepLoop
     from octavo.core.scheduler import Scheduler
 
@@ -85,7 +102,7 @@ def set_pipeline_depth(core: Any, depth: int) -> Any:
     if core.async_loop is not None:
         core.async_loop.close()
     core.scheduler.__class__ = PipelineScheduler if depth > 1 else Scheduler  # same state; schedule/update differ
-    core.scheduler.depth = depth
+    core.scheduler.depth, core.scheduler.split = depth, split
     loop = None
     if depth > 1:
         loop = AsyncStepLoop(core)

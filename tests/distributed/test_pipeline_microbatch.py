@@ -1,7 +1,8 @@
 """Pipeline parallelism with several micro-batches in flight (core/pp_schedule.py) gives the single-process
 tokens, and really keeps two micro-batches in flight.
 
-One PP=2 engine (random-weight Llama, 2 layers: one per stage, ``mp`` executor, gloo) on six requests of mixed
+One PP=2 engine (random-weight Llama, 2 layers: one per stage, ``mp`` executor, gloo; a CPU's default is one
+batch in flight, so the test switches to two) on six requests of mixed
 lengths (chunked prefill: a long prompt's chunks ride in consecutive micro-batches) with greedy tokens and
 logprobs compared to the single process; then the same engine switched to one batch in flight gives the same
 tokens. The executor's own ``execute_async`` is wrapped only to record how many steps were in flight when each
@@ -14,6 +15,7 @@ import pytest
 import torch
 
 from octavo import SamplingParams
+from octavo.core.pp_schedule import set_pipeline_depth
 from tests.distributed.test_tensor_parallel import make_checkpoint
 
 COMMON_KW = dict(dtype="float32", kv_cache_memory_bytes=8 << 20, max_model_len=128, max_num_batched_tokens=32, seed=0)
@@ -39,6 +41,9 @@ def engines(tmp_path_factory):
     finally:
         single.llm_engine.shutdown()
     llm = LLM(path, pipeline_parallel_size=2, **COMMON_KW)
+    core = llm.llm_engine.core
+    assert core.async_loop is None  # the CPU default: one batch in flight (core/pp_schedule.py pipeline_depth)
+    set_pipeline_depth(core, 2)
     yield want, llm
     llm.llm_engine.shutdown()
 
@@ -66,8 +71,6 @@ def test_two_micro_batches_in_flight_equal_single_process(engines):
 
 
 def test_one_batch_in_flight_gives_the_same_tokens(engines):
-    from octavo.core.pp_schedule import set_pipeline_depth
-
     want, llm = engines
     core = llm.llm_engine.core
     set_pipeline_depth(core, 1)
