@@ -34,9 +34,9 @@ step() {  # step NAME CAP_S ENV... -- CMD...: run one bounded config, log to $R/
 
 TP="python3 benchmarks/gpu_tp.py --shape 8b --copy-rate 3.01e12 --out-dir $R"
 if [[ $PART == *1* ]]; then
-  step 8b_tp2_async 62 $TP --one 2 --async-modes off on --graph-replay --prompts 256 --in-len 512 --out-len 128 \
+  step 8b_tp2_async 58 $TP --one 2 --async-modes off on --graph-replay --prompts 256 --in-len 512 --out-len 128 \
     --max-num-seqs 256
-  step 8b_tp1_async 54 $TP --one 1 --async-modes off on --graph-replay --prompts 256 --in-len 512 --out-len 128 \
+  step 8b_tp1_async 58 $TP --one 1 --async-modes off on --graph-replay --prompts 256 --in-len 512 --out-len 128 \
     --max-num-seqs 256
 fi
 if [[ $PART == *2* ]]; then
