@@ -142,6 +142,10 @@ class GatedGrammarStep:
             g.start()
         self._gate.set()
 
+    def is_released(self) -> bool:
+        """Whether the fill may start (the mp executor sends a structured step only then: plugins/executors/mp.py)."""
+        return self._gate.is_set()
+
     def wait(self):
         self._gate.wait()
         if not self.inner.matchers:
@@ -255,11 +259,11 @@ def set_async_scheduling(core: Any, on: bool) -> None:
     if core.async_loop is not None:
         core.async_loop.close()
     core.scheduler.__class__ = AsyncScheduler if on else Scheduler  # same state; only update() differs
-    core.executor.collective_rpc(_set_runner_async, args=[on])
+    core.executor.collective_rpc("octavo.core.async_engine:_set_runner_async", args=[on])  # a name: mp workers too
     core.async_loop = AsyncStepLoop(core) if on else None
 
 
 def _set_runner_async(worker: Any, on: bool) -> None:
-    from octavo.core.async_runner import AsyncRunnerSteps
+    from octavo.core.tp_comm import make_async_steps
 
-    worker.runner.async_steps = AsyncRunnerSteps(worker.device, worker.runner.synchronize) if on else None
+    worker.runner.async_steps = make_async_steps(worker) if on else None
