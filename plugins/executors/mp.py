@@ -177,7 +177,7 @@ class MultiprocExecutor(Executor):
         while self._held:
             batch, grammar = self._held[0]
             if grammar is not None:
-                ready = getattr(grammar, "is_released", None)
+                ready = getattr(grammar, "is_released", None)  # a plain GrammarStep (no gate) is always ready
                 if ready is not None and not ready():
                     if upto is None or self._sent > upto:
                         return

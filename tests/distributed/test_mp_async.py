@@ -82,3 +82,11 @@ def test_tp2_async_structured_choice_equals_sync(tp2):
     _use(llm, True)
     assert _generate(llm, prompts, params) == sync
     assert llm.get_tokenizer().decode(sync[0], skip_special_tokens=True) in ("w7 w8", "w9")
+
+
+def test_gated_grammar_steps_tell_the_executor_when_they_open():
+    """The mp executor holds a structured step until its gate opens (``is_released``); without the method it
+    would fill a closed gate and wait forever, so a lost method must fail here, fast, not hang the suite."""
+    from octavo.core.async_engine import GatedGrammarStep
+
+    assert callable(getattr(GatedGrammarStep, "is_released", None))
