@@ -36,22 +36,32 @@ C_SOURCE = r"""
 
 static inline float bf16_to_f(uint16_t v) { union { uint32_t u; float f; } c; c.u = (uint32_t)v << 16; return c.f; }
 
-/* e^x for x <= 0 (0 below -87): 2^n * p(r), |error| ~ 2 ulp; plain arithmetic so that loops of it vectorize
-   on every ISA (libm's expf does not, without -ffast-math) */
-static inline float exp_neg(float x) {
-    x = x < -87.f ? -87.f : x;
-    float n = __builtin_floorf(x * 1.44269504f + 0.5f);
-    float r = x - n * 0.693359375f + n * 2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.f;
-    union { uint32_t u; float f; } c;
-    c.u = (uint32_t)((int32_t)n + 127) << 23;
-    return p * c.f;
+/* e^x for x <= 0 (0 below -87): 2^n * p(r), relative error ~2e-7. Plain arithmetic on arrays, so that the loop
+   over a tile vectorizes on every ISA (libm's expf does not without -ffast-math); the exponent 2^n is built
+   in an int32 array read back as float (the library is compiled with -fno-strict-aliasing) */
+static inline void exp_tile(const float* x, float mx, float* out, int n) {
+    int32_t e[TILE];
+    float r[TILE];
+    #pragma omp simd
+    for (int t = 0; t < n; t++) {
+        float v = x[t] - mx;
+        v = v < -87.f ? -87.f : v;
+        float f = v * 1.44269504f;
+        int ni = (int)(f - 0.5f);  /* f <= 0: truncation of f - 0.5 rounds to nearest */
+        float fn = (float)ni;
+        float rr = v - fn * 0.693359375f + fn * 2.12194440e-4f;
+        float p = 1.9875691500e-4f;
+        p = p * rr + 1.3981999507e-3f;
+        p = p * rr + 8.3334519073e-3f;
+        p = p * rr + 4.1665795894e-2f;
+        p = p * rr + 1.6666665459e-1f;
+        p = p * rr + 5.0000001201e-1f;
+        r[t] = p * rr * rr + rr + 1.f;
+        e[t] = (ni + 127) << 23;
+    }
+    const float* scale = (const float*)e;
+    #pragma omp simd
+    for (int t = 0; t < n; t++) out[t] = r[t] * scale[t];
 }
 
 /* n rows of D elements, rows `stride` elements apart, to fp32 dst [n][D] */
@@ -81,8 +91,20 @@ static inline __attribute__((always_inline)) void task(
         for (int j = 0; j < D; j++) { qs[i * D + j] = qi[j] * scale; acc[i * D + j] = 0.f; }
         m[i] = -FLT_MAX; s[i] = 0.f;
     }
+    int esize = is_bf16 ? 2 : 4;
     for (long t0 = 0; t0 < len; t0 += TILE) {
         int n = (int)(len - t0 < TILE ? len - t0 : TILE);
+        if (t0 + TILE < len) { /* the next tile's rows: fetched while this one computes (they lie apart) */
+            long nn = len - t0 - TILE < TILE ? len - t0 - TILE : TILE;
+            for (long t = 0; t < nn; t++) {
+                long pos = t0 + TILE + t;
+                long off = ((table[pos / bs] * bs + pos % bs) * tok + (long)h * D) * esize;
+                for (long c = 0; c < (long)D * esize; c += 64) {
+                    __builtin_prefetch((const char*)kc + off + c);
+                    __builtin_prefetch((const char*)vc + off + c);
+                }
+            }
+        }
         /* a tile never crosses a block when bs is a multiple of TILE; otherwise walk it slot by slot */
         for (int t = 0; t < n;) {
             long pos = t0 + t, blk = table[pos / bs];
@@ -104,9 +126,11 @@ static inline __attribute__((always_inline)) void task(
             }
             float mx = m[i];
             for (int t = 0; t < n; t++) mx = p[i * TILE + t] > mx ? p[i * TILE + t] : mx;
-            float corr = m[i] == -FLT_MAX ? 0.f : exp_neg(m[i] - mx), sum = 0.f;
+            float corr = 0.f, sum = 0.f;
+            if (m[i] != -FLT_MAX) exp_tile(&m[i], mx, &corr, 1);
+            exp_tile(p + i * TILE, mx, p + i * TILE, n);
             #pragma omp simd reduction(+:sum)
-            for (int t = 0; t < n; t++) { float e = exp_neg(p[i * TILE + t] - mx); p[i * TILE + t] = e; sum += e; }
+            for (int t = 0; t < n; t++) sum += p[i * TILE + t];
             s[i] = s[i] * corr + sum;
             m[i] = mx;
             float* ai = acc + i * D;
@@ -146,7 +170,7 @@ void paged_decode(const float* q, const void* kc, const void* vc, int is_bf16, c
 }
 """
 
-_FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC"] + (
+_FLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-strict-aliasing", "-shared", "-fPIC"] + (
     ["-mprefer-vector-width=512"] if platform.machine() in ("x86_64", "AMD64") else [])
 _state: dict[str, object] = {}
 #: the kernel's limits (its per-task buffers live on the stack): larger shapes use the reference path.
