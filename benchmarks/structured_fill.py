@@ -14,7 +14,8 @@ number is the host cost alone, with no model and no GPU:
    16-character cap as one regex rule / 16 nested rules / 16 optional characters
    (plugins/structured_output/xgrammar_whitespace.py).
 3. Fill strategies per step over all rows: xgrammar's ``BatchGrammarMatcher`` with 1..N threads, and one
-   ``fill_next_token_bitmask`` per row serially. Median and mean ms per step, plus ms per row.
+   ``fill_next_token_bitmask`` per row serially, and ``pool_tN``: N Python threads, each a 1-thread batch fill
+   over every N-th row (only parallel if xgrammar releases the GIL). Median and mean ms per step, per row.
 5. ``--apply-device cuda``: host ms of the mask apply (core/grammar_step.py ``apply_packed``), GPU idle and GPU
    busy (a hidden sync would add the queued work's ~2 ms).
 4. A GIL probe: how fast a pure-Python loop runs on the main thread while another thread fills batches
@@ -99,20 +100,39 @@ def walks(xgr, compiled, rows: int, steps: int, vocab: int) -> list[list[int]]:
     return out
 
 
-def replay(xgr, compiled, seqs: list[list[int]], vocab: int, strategy: str, threads: int) -> list[float]:
-    """Seconds per step to fill every row's mask (rows restarted at -1 are filled from the start state)."""
+def replay(xgr, compiled, seqs: list[list[int]], vocab: int, strategy: str, threads: int,
+           slowest: list | None = None) -> list[float]:
+    """Seconds per step to fill every row's mask (rows restarted at -1 are filled from the start state); the
+    serial strategy also appends each step's slowest single row to ``slowest`` (the floor of any parallel fill)."""
     rows, steps = len(seqs), len(seqs[0])
     matchers = [xgr.GrammarMatcher(compiled) for _ in range(rows)]
     bitmask = xgr.allocate_token_bitmask(rows, vocab)
     batch = xgr.BatchGrammarMatcher(max_threads=threads) if strategy == "batch" else None
+    pool = chunks = None
+    if strategy == "pool":  # our own Python threads, each a 1-thread batch fill over an interleaved chunk of rows
+        from concurrent.futures import ThreadPoolExecutor
+
+        pool = ThreadPoolExecutor(threads)
+        chunks = [(xgr.BatchGrammarMatcher(max_threads=1), list(range(k, rows, threads))) for k in range(threads)]
+
+        def fill_chunk(chunk):
+            b, idx = chunk
+            b.batch_fill_next_token_bitmask([matchers[i] for i in idx], bitmask, indices=idx)
     times = []
     for s in range(steps):
         t0 = time.perf_counter()
         if batch is not None:
             batch.batch_fill_next_token_bitmask(matchers, bitmask)
+        elif pool is not None:
+            list(pool.map(fill_chunk, chunks))
         else:
+            worst = 0.0
             for i, m in enumerate(matchers):
+                t1 = time.perf_counter()
                 m.fill_next_token_bitmask(bitmask, i)
+                worst = max(worst, time.perf_counter() - t1)
+            if slowest is not None:
+                slowest.append(worst)
         times.append(time.perf_counter() - t0)
         for m, seq in zip(matchers, seqs):
             tok = seq[s]
@@ -120,6 +140,8 @@ def replay(xgr, compiled, seqs: list[list[int]], vocab: int, strategy: str, thre
                 m.reset()
             elif not m.accept_token(tok):
                 raise RuntimeError("replay diverged")
+    if pool is not None:
+        pool.shutdown()
     return times
 
 
@@ -222,17 +244,22 @@ def main() -> None:
         row = {"walk_s": round(time.perf_counter() - t0, 2)}
         text = tok.decode([t for t in seqs[0] if t >= 0])
         row["row0_text"] = text[:160]
-        strategies = [("serial", 1)] + [("batch", t) for t in args.threads]
+        strategies = ([("serial", 1)] + [("batch", t) for t in args.threads]
+                      + [("pool", t) for t in args.threads if t > 1])
+        slowest: list[float] = []
         for strategy, threads in strategies:
             times = []
             for _ in range(args.repeats):
-                times += replay(xgr, compiled, seqs, vocab, strategy, threads)
-            name = "serial" if strategy == "serial" else f"batch_t{threads}"
+                times += replay(xgr, compiled, seqs, vocab, strategy, threads, slowest)
+            name = "serial" if strategy == "serial" else f"{strategy}_t{threads}"
             row[name] = {"median_ms": round(statistics.median(times) * 1e3, 3),
                          "mean_ms": round(statistics.fmean(times) * 1e3, 3),
                          "p90_ms": round(sorted(times)[int(0.9 * len(times))] * 1e3, 3),
                          "mean_us_per_row": round(statistics.fmean(times) / args.rows * 1e6, 1)}
             print(f"{form:12s} {name:10s} {row[name]}", flush=True)
+        row["slowest_row_per_step"] = {"median_ms": round(statistics.median(slowest) * 1e3, 3),
+                                       "mean_ms": round(statistics.fmean(slowest) * 1e3, 3)}
+        print(f"{form:12s} slowest row per step {row['slowest_row_per_step']}", flush=True)
         res["forms"][form] = row
     res["gil_probe_main_thread_speed"] = gil_probe(xgr, compiled, args.rows, vocab)
     print("GIL probe (main-thread loop speed while filling; 1.0 = GIL released):", res["gil_probe_main_thread_speed"])

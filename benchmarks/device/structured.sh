@@ -4,10 +4,11 @@
 # SmolLM2's tokenizer comes from benchmarks/device/smollm2_tokenizer.json.xz (so the grammar's masks are the
 # embedded model's). Writes JSON + logs to $OUT/structured/. Runs from the repo root.
 #   1. benchmarks/structured_fill.py: the host cost of a 32-row bitmask fill alone (no model, no GPU) on the
-#      device's CPU, by grammar form (xgrammar's 16-character whitespace cap, the same cap as a regex rule,
-#      compact JSON) and by threading (xgrammar BatchGrammarMatcher 1..16 threads, per-row loop), on random-token
-#      walks; plus a GIL probe (does the fill let the Python main thread run?) and the mask apply's host ms
-#      with the GPU idle / busy (a hidden sync would show as the queued ~2 ms).
+#      device's CPU, by grammar form (xgrammar's 16-character whitespace cap, the same cap as a regex rule)
+#      and by threading (xgrammar BatchGrammarMatcher 1..16 threads, our own threads, per row), on random-token
+#      walks, with the slowest single row per step (the floor of any parallel fill); plus a GIL probe (does
+#      the fill let the Python main thread run?) and the mask apply's host ms with the GPU idle / busy (a
+#      hidden sync would show as the queued ~2 ms).
 #   2. benchmarks/structured_outputs.py on the REAL SmolLM2-135M ($SMOLLM2_GGUF, dequantized bf16; real JSON
 #      outputs) at batch 32 then 1: free / overlap (sync) and free_async / json_async (async scheduling switched
 #      on in the same engine), modes interleaved; sample outputs recorded.
@@ -37,7 +38,7 @@ step() {  # step NAME CAP_S CMD...: one bounded run, log to $R/NAME.log
   timeout -k 2 "$cap" "$@" > "$R/$name.log" 2>&1
   local rc=$?
   echo "$name exit $rc" | tee -a "$R/exits.txt"
-  grep -E 'steps, median|overhead_pct|exposed_pct|batch_t|serial |GIL|passed|failed|Error|error' "$R/$name.log" | tail -24
+  grep -E 'steps, median|overhead_pct|exposed_pct|batch_t|pool_t|slowest|apply host|serial |GIL|passed|failed|Error|error' "$R/$name.log" | tail -24
 }
 
 # model dirs: config.json written directly (no transformers import), SmolLM2's tokenizer unpacked next to it
@@ -70,12 +71,12 @@ COMMON=(--batches 32 1 --steps 24 --repeats 2 --device cuda --dtype bfloat16 --s
         --async-modes off on --modes overlap json_async --show-outputs 2)
 [ "$DRY" = 1 ] && COMMON=(--batches 4 1 --steps 4 --repeats 1 --device cpu --dtype float32 --skip-compile
                           --async-modes off on --modes overlap json_async --show-outputs 2)
-FILL=(--rows 32 --steps 48 --threads 1 2 4 8 16 --forms cap16 cap16_regex compact --apply-device cuda)
+FILL=(--rows 32 --steps 40 --threads 1 2 4 8 16 --forms cap16 cap16_regex --apply-device cuda)
 [ "$DRY" = 1 ] && FILL=(--rows 4 --steps 6 --threads 1 2 --forms cap16 compact --repeats 1 --apply-device cpu)
-step fill $(( 17 * X )) python3 benchmarks/structured_fill.py --tokenizer /tmp/structured_smol135m "${FILL[@]}" \
+step fill $(( 20 * X )) python3 benchmarks/structured_fill.py --tokenizer /tmp/structured_smol135m "${FILL[@]}" \
      --json "$R/fill.json"
 if [ -n "${SMOLLM2_GGUF:-}" ] && [ -f "${SMOLLM2_GGUF:-}" ]; then
-  step smollm2_real $(( 26 * X )) python3 benchmarks/structured_outputs.py "${COMMON[@]}" --model "$SMOLLM2_GGUF" \
+  step smollm2_real $(( 25 * X )) python3 benchmarks/structured_outputs.py "${COMMON[@]}" --model "$SMOLLM2_GGUF" \
        --quantization none --json "$R/smollm2_real.json"
 else
   echo "SKIPPED smollm2_real: SMOLLM2_GGUF is not set" | tee "$R/SKIPPED_smollm2_real.txt"
