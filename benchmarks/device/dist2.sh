@@ -7,8 +7,10 @@
 #  part 1 (batch 1): TP=2 (mp, NCCL) and TP=1 (uni), one engine each started with async scheduling and switched
 #     off/on while idle: batch-1 decode ms/token per mode, the captured batch-1 decode graph replayed alone on every
 #     rank (the device time of a token), 256 x 512/128 throughput per mode, step timers.
-#  part 2 (batch 2): the issue's 512 x 1000/1000 throughput at TP=2 in the faster mode (TP=1 of the same workload:
-#     the lead's e2e_8b.sh in the same batch, one GPU of this machine), and TP=2 symm_mem batch-1 under async.
+#  part 2 (DIST2_PART=2, ~60 s): the in-step all-reduce A/B under async scheduling: TP=2 NCCL vs TP=2 symm_mem
+#     (one-shot, no multicast), batch-1 ms/token and the decode graph replayed alone on every rank.
+#  part 3 (DIST2_PART=3, ~115 s): the issue's 512 x 1000/1000 throughput at TP=2 with async scheduling (TP=1 of the
+#     same workload: the lead's e2e_8b.sh in the same batch, one GPU of this machine).
 set -u
 cd "$(dirname "$0")/../.."
 R="${OUT:-/tmp/out}/dist2"
@@ -40,10 +42,13 @@ if [[ $PART == *1* ]]; then
     --max-num-seqs 256
 fi
 if [[ $PART == *2* ]]; then
-  step 8b_tp2_512x1000 85 $TP --one 2 --tag goal --async-modes on --prompts 512 --in-len 1000 --out-len 1000 \
-    --max-num-seqs 512
-  step 8b_tp2_symm_async 32 OCTAVO_TP_ALLREDUCE=symm_mem $TP --one 2 --tag symm --async-modes on --graph-replay \
+  step 8b_tp2_nccl_b 30 $TP --one 2 --tag nccl_b --async-modes on --graph-replay --prompts 0 --max-num-seqs 8
+  step 8b_tp2_symm_b 30 OCTAVO_TP_ALLREDUCE=symm_mem $TP --one 2 --tag symm_b --async-modes on --graph-replay \
     --prompts 0 --max-num-seqs 8
+fi
+if [[ $PART == *3* ]]; then
+  step 8b_tp2_512x1000 118 $TP --one 2 --tag goal --async-modes on --prompts 512 --in-len 1000 --out-len 1000 \
+    --max-num-seqs 512
 fi
 
 python3 - "$R" <<'PY'
@@ -62,6 +67,12 @@ for mode in ("off", "on"):
 if "decode_bs1_ms_per_token_async_on" in t2 and "decode_bs1_ms_per_token_async_off" in t1:
     summary["bs1_tp2_async_on_over_tp1_async_off"] = (t2["decode_bs1_ms_per_token_async_on"]
                                                      / t1["decode_bs1_ms_per_token_async_off"])
+nb, sb = runs.get("8b_tp2_nccl_b", {}), runs.get("8b_tp2_symm_b", {})
+k = "decode_bs1_ms_per_token_async_on"
+if k in nb and k in sb:
+    summary["bs1_async_symm_over_nccl"] = sb[k] / nb[k]
+if nb.get("graph_replay_bs1_ms_by_rank") and sb.get("graph_replay_bs1_ms_by_rank"):
+    summary["graph_replay_symm_over_nccl"] = max(sb["graph_replay_bs1_ms_by_rank"]) / max(nb["graph_replay_bs1_ms_by_rank"])
 json.dump(summary, open(f"{r}/summary.json", "w"), indent=1)
 print(json.dumps({k: v for k, v in summary.items() if k != "runs"}, indent=1))
 PY
