@@ -204,11 +204,11 @@ class MultiprocExecutor(Executor):
             raise
 
     def collective_rpc(self, method, args=(), kwargs=None, timeout=None) -> list:
+        """Every rank runs ``worker.rpc(method, args, kwargs)``; results by rank. Only names cross the process
+        boundary (a worker method or ``"module:function"``): nothing is pickled, so a callable is refused."""
         if self._answered < self._submitted:  # the engine core waits idle first; a reply must not be skipped
             raise ExecutorError(f"collective_rpc({method!r}) while {self._submitted - self._answered} step(s) "
                                 "are unanswered")
-        """Every rank runs ``worker.rpc(method, args, kwargs)``; results by rank. Only names cross the process
-        boundary (a worker method or ``"module:function"``): nothing is pickled, so a callable is refused."""
         if not isinstance(method, str):
             raise TypeError("collective_rpc with worker processes takes a method name or 'module:function' (octavo "
                             f"sends no pickled code), got {type(method).__name__}.")
