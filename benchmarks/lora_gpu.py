@@ -6,8 +6,8 @@ shape, the base model alone vs the same batch mixed over 8 rank-16 adapters (all
 Engines run one after the other in one process (each shut down before the next):
 
 - ``base``: ``enable_lora=False``: the base model alone (decode steps replay CUDA graphs).
-- ``torch`` / ``triton``: ``enable_lora=True`` with ``OCTAVO_LORA_KERNEL`` = torch (the dense graph op) or triton
-  (the fixed-grid SGMV kernels): decode graphs are captured WITH the LoRA ops (octavo.lora.static), so decode
+- ``torch`` / ``triton`` / ``fused``: ``enable_lora=True`` with ``OCTAVO_LORA_KERNEL`` = torch (the dense graph
+  op), triton (the fixed-grid SGMV kernels) or fused (dense with the Triton masked expand): decode graphs are captured WITH the LoRA ops (octavo.lora.static), so decode
   steps with any adapter mix replay graphs; prefill steps with adapters run eager. Each times the base requests
   (``base_on_lora``: the same graphs with all-zero masks) and the mixed batch, and counts the graph replays.
 
@@ -177,7 +177,7 @@ def run_shape(shape: str, args, tmp: str, device: str) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", nargs="+", default=["8b"], choices=list(SHAPES))
-    ap.add_argument("--engines", nargs="+", default=["base", "torch", "triton"], choices=["base", "torch", "triton"])
+    ap.add_argument("--engines", nargs="+", default=["base", "torch", "triton"], choices=["base", "torch", "triton", "fused"])
     ap.add_argument("--layers", type=int, default=0, help="override the shape's layer count (0: keep it)")
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--adapters", type=int, default=8)

@@ -3,7 +3,7 @@
 For a Llama-3-8B shape (32 layers of q/k/v fused, o, gate/up fused, down; every layer its own slot weights, so
 the HBM traffic is a real step's), one CUDA graph per (op, slots, batch) runs every projection's LoRA delta
 once; its replay time is the LoRA cost added to a graph-replayed decode step. Ops: ``dense`` (all slots' A and
-B in two matmuls + a mask) and ``triton`` (fixed-grid SGMV); mixes: tokens spread over every slot, or one slot.
+B in two matmuls + a mask), ``fused`` (dense, mask + expand in one Triton kernel) and ``triton`` (fixed-grid SGMV); mixes: tokens spread over every slot, or one slot.
 
     python benchmarks/lora_graph_ops.py --slots 8 32 --batches 1 16 64 256 --out DIR [--budget-s 20]
 
@@ -63,7 +63,7 @@ def main() -> None:
     dev = torch.device("cuda" if cuda else "cpu")
     dtype = torch.bfloat16 if cuda else torch.float32
     shapes, layers = (LAYER_8B, args.layers) if cuda else (LAYER_TINY, 2)
-    ops = ["dense", "triton"] if cuda else ["dense"]
+    ops = ["dense", "fused", "triton"] if cuda else ["dense"]
     res = {"device": torch.cuda.get_device_name() if cuda else "cpu", "layers": layers, "rank": args.rank,
            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "ms": {}}
     for slots in args.slots:
@@ -71,7 +71,7 @@ def main() -> None:
         log(f"slots {slots}: weights {sum(a.numel() + f.numel() for _, a, _, f in weights) * 2 / 2**30:.2f} GiB")
         for op in ops:
             cap = max(args.batches)
-            static = StaticLoRA(slots, cap, dtype, dev, use_triton=op == "triton")
+            static = StaticLoRA(slots, cap, dtype, dev, use_triton=op == "triton", fused_expand=op == "fused")
             for n in args.batches:
                 if time.perf_counter() - T0 > args.budget_s:
                     log("budget spent: stopping")

@@ -69,10 +69,12 @@ class LoRAManager:
         self.max_cpu = lora.max_cpu_loras or lora.max_loras
         self.dtype = dtype if lora.lora_dtype == "auto" else getattr(torch, lora.lora_dtype)
         self.model_dtype, self.device = dtype, device
-        self.use_triton = _use_triton(device)
+        kernel = _kernel_choice(device)
+        self.use_triton = kernel == "triton"
         self.static: StaticLoRA | None = None
         if graph_tokens > 0 and _graphs_on(device):
-            self.static = StaticLoRA(self.max_loras, graph_tokens, self.dtype, device, self.use_triton)
+            self.static = StaticLoRA(self.max_loras, graph_tokens, self.dtype, device, self.use_triton,
+                                     fused_expand=kernel == "fused")
         flat = self.static is not None
         packed = getattr(model, "packed_modules_mapping", {})
         self.projections: dict[str, _Projection] = {}
@@ -301,21 +303,24 @@ def _graphs_on(device) -> bool:
     return torch.device(device).type == "cuda"
 
 
-def _use_triton(device) -> bool:
-    """Whether the Triton kernels run the op: on CUDA, only with ``OCTAVO_LORA_KERNEL=triton``.
+def _kernel_choice(device) -> str:
+    """``OCTAVO_LORA_KERNEL``: ``torch`` (default), ``triton`` or ``fused`` (the last two CUDA only).
 
-    Measured on an H100 (docs/performance.md, Llama-3-8B shape, batch 64, eager LoRA steps): the torch op ran
-    the mixed batch 1.84x faster than the Triton kernels, whose Python launch cost (two launches + a memset
-    per projection, 128 projections a step) dominates an eager step. The kernels pay off once LoRA steps
-    are captured in CUDA graphs (not done), so they are opt-in until then.
+    - ``torch``: eager steps run the torch layouts of octavo.lora.ops; graphs the dense op (octavo.lora.static).
+    - ``triton``: eager steps and graphs run the SGMV Triton kernels (octavo.lora.triton_ops).
+    - ``fused``: as ``torch``, but the dense graph op's mask and expand are one Triton kernel (2 kernels per
+      projection instead of 3).
+
+    Measured on an H100 (docs/performance.md, Llama-3-8B shape, batch 64) when LoRA steps ran eager: the torch op
+    ran the mixed batch 1.84x faster than the Triton kernels, whose Python launch cost dominates an eager step.
     """
     choice = os.environ.get("OCTAVO_LORA_KERNEL", "torch")
-    if choice not in ("torch", "triton"):
-        raise ValueError(f"OCTAVO_LORA_KERNEL={choice!r}: use 'torch' (default) or 'triton' (CUDA only)")
+    if choice not in ("torch", "triton", "fused"):
+        raise ValueError(f"OCTAVO_LORA_KERNEL={choice!r}: use 'torch' (default), 'triton' or 'fused' (CUDA only)")
     if choice == "torch":
-        return False
+        return choice
     if torch.device(device).type != "cuda":
-        raise ValueError("OCTAVO_LORA_KERNEL=triton needs a CUDA device")
+        raise ValueError(f"OCTAVO_LORA_KERNEL={choice} needs a CUDA device")
     import triton  # noqa: F401 - an ImportError names the missing package
 
-    return True
+    return choice

@@ -41,8 +41,10 @@ class StaticLoRA:
         dtype: the LoRA dtype (mask); device: where the buffers live; use_triton: SGMV kernels instead of dense.
     """
 
-    def __init__(self, max_loras: int, cap: int, dtype: torch.dtype, device, use_triton: bool = False) -> None:
+    def __init__(self, max_loras: int, cap: int, dtype: torch.dtype, device, use_triton: bool = False,
+                 fused_expand: bool = False) -> None:
         self.max_loras, self.cap, self.use_triton = max_loras, _round16(cap), use_triton
+        self.fused_expand = fused_expand  # dense op: mask folded into a Triton expand (2 kernels, not 3)
         self.slots = torch.full((self.cap,), -1, dtype=torch.long, device=device)
         self.mask = torch.zeros(self.cap, max_loras, dtype=dtype, device=device)
         self.arange = torch.arange(max_loras, device=device)
@@ -120,6 +122,10 @@ class StaticLoRA:
         s, r = lora_a.shape[0], lora_a.shape[1]
         dt = lora_a.dtype
         h = x.to(dt) @ lora_a.view(s * r, -1).t()  # [n, S*R]: every slot's shrink
+        if self.fused_expand:
+            from octavo.lora.triton_ops import masked_expand
+
+            return masked_expand(h, self.mask, b_flat, y)
         h.view(n, s, r).mul_(self.mask[:n, :, None])  # keep the token's own slot only
         return _expand(h, y, b_flat)
 

@@ -146,3 +146,45 @@ def lora_shrink_expand_triton(x: torch.Tensor, y: torch.Tensor, lora_a: torch.Te
         h.stride(0), lora_b.stride(0), lora_b.stride(1), y.stride(0),
         BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_R=block_r, PRECISION=prec)
     return y
+
+
+@triton.jit(do_not_specialize=["M"])  # M = the batch: one compiled kernel for every captured size
+def _masked_expand_kernel(h_ptr, m_ptr, b_ptr, y_ptr, M, N, SR, R, stride_hm, stride_mm, stride_bn, stride_ym,
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_J: tl.constexpr,
+                          PRECISION: tl.constexpr):
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_ok = offs_m < M
+    n_ok = offs_n < N
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for j0 in range(0, SR, BLOCK_J):
+        offs_j = j0 + tl.arange(0, BLOCK_J)
+        j_ok = offs_j < SR
+        hm = m_ok[:, None] & j_ok[None, :]
+        ht = tl.load(h_ptr + offs_m[:, None] * stride_hm + offs_j[None, :], mask=hm, other=0.0)
+        mk = tl.load(m_ptr + offs_m[:, None] * stride_mm + (offs_j // R)[None, :], mask=hm, other=0.0)
+        bt = tl.load(b_ptr + offs_n[None, :] * stride_bn + offs_j[:, None], mask=j_ok[:, None] & n_ok[None, :],
+                     other=0.0)  # [BLOCK_J, BLOCK_N] = B^T tile
+        acc += tl.dot((ht * mk).to(bt.dtype), bt, input_precision=PRECISION)
+    y_ptrs = y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :]
+    ym = m_ok[:, None] & n_ok[None, :]
+    yt = tl.load(y_ptrs, mask=ym, other=0.0)
+    tl.store(y_ptrs, (yt.to(tl.float32) + acc).to(yt.dtype), mask=ym)
+
+
+def masked_expand(h: torch.Tensor, mask: torch.Tensor, b_flat: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """``y[t] += b_flat @ (h[t] * mask[t, j // R])`` in place, one kernel (the dense graph op's expand with its
+    slot mask folded in: octavo.lora.static). ``h [n, S*R]``, ``mask [>= n, S]``, ``b_flat [out, S*R]``.
+    Fixed tiles (64 rows), so one compiled kernel serves every captured batch size."""
+    n, sr = h.shape
+    r = sr // mask.shape[1]
+    n_out = b_flat.shape[0]
+    if y.stride(-1) != 1 or h.stride(-1) != 1 or b_flat.stride(-1) != 1:
+        raise ValueError("masked_expand needs row-major h, b_flat and y")
+    prec = "ieee" if b_flat.dtype == torch.float32 else None
+    _masked_expand_kernel[(triton.cdiv(n, 64), triton.cdiv(n_out, 64))](
+        h, mask, b_flat, y, n, n_out, sr, r, h.stride(0), mask.stride(0), b_flat.stride(0), y.stride(0),
+        BLOCK_M=64, BLOCK_N=64, BLOCK_J=32, PRECISION=prec)
+    return y

@@ -1,6 +1,7 @@
 """LoRA in CUDA graphs (GPU only, ``gpu`` marker; skipped without CUDA).
 
-1. Op level: the static ops (dense torch and fixed-grid Triton SGMV, octavo.lora.static) captured once in a
+1. Op level: the static ops (dense torch, dense with the Triton masked expand, fixed-grid Triton SGMV,
+   octavo.lora.static) captured once in a
    CUDA graph and replayed for several adapter mixes written into the buffers in between: each replay equals an
    eager call of the same op bit for bit, and the float64 oracle within bf16/fp32 tolerance.
 2. Engine level: a tiny random Llama in fp32 with 4 PEFT adapters mixed with the base model in one batch: decode
@@ -25,15 +26,16 @@ from tests.lora.test_lora_static import weights  # noqa: E402
 MIXES = [[i % 8 for i in range(64)], [-1] * 64, [3] * 10 + [-1] * 30 + [7] * 24, [5, -1] * 20, [0] * 64, [2, 6] * 5]
 
 
-@pytest.mark.parametrize("use_triton", [False, True])
+@pytest.mark.parametrize("op", ["dense", "triton", "fused"])
 @pytest.mark.parametrize("dtype,tol", [(torch.bfloat16, 3e-2), (torch.float32, 1e-4)])
-def test_replayed_op_equals_eager(use_triton, dtype, tol):
-    if use_triton:
+def test_replayed_op_equals_eager(op, dtype, tol):
+    if op != "dense":
         pytest.importorskip("triton")
+    use_triton = op == "triton"
     dev = torch.device("cuda")
     k, o, r, size = 4096, 6144, 48, 64  # the fused q/k/v of a Llama-3-8B shape, 3 x rank 16
     a, b, b_flat = (t.to(dev) for t in weights(8, k, o, r, dtype))
-    static = StaticLoRA(8, size, dtype, dev, use_triton)
+    static = StaticLoRA(8, size, dtype, dev, use_triton, fused_expand=op == "fused")
     x = torch.randn(size, k, device=dev).to(dtype)
     y0 = torch.randn(size, o, device=dev).to(dtype)
     y = y0.clone()
@@ -136,11 +138,11 @@ def _mixed(llm, loras):
     return choices, [list(o.outputs[0].token_ids) for o in outs]
 
 
-@pytest.mark.parametrize("kernel", ["torch", "triton"])
+@pytest.mark.parametrize("kernel", ["torch", "triton", "fused"])
 def test_engine_graphs_with_adapters_equal_peft_and_eager(tiny, kernel, monkeypatch):
     from tests.lora.test_lora_llama import PROMPTS
 
-    if kernel == "triton":
+    if kernel != "torch":
         pytest.importorskip("triton")
     monkeypatch.setenv("OCTAVO_LORA_KERNEL", kernel)
     base, loras, want = tiny

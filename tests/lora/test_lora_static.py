@@ -1,7 +1,7 @@
 """The graph-capturable LoRA op (octavo.lora.static) against the float64 oracle, on CPU: the dense op (pure
 torch) over whole padded batches whose buffers are rewritten between calls (a new mix, fewer tokens, base only:
-rows past the step must read as base), the embedding form, and the fixed-grid Triton SGMV under
-``TRITON_INTERPRET=1`` (a subprocess). On a GPU, tests/lora/test_lora_gpu.py replays them in CUDA graphs."""
+rows past the step must read as base), the embedding form, and the Triton forms (fixed-grid SGMV, dense with
+the masked expand) under ``TRITON_INTERPRET=1`` (a subprocess). On a GPU, tests/lora/test_lora_gpu.py replays them in CUDA graphs."""
 
 from __future__ import annotations
 
@@ -80,9 +80,9 @@ from octavo.lora.static import StaticLoRA
 from tests.lora.test_lora_static import run_steps, weights
 for k, o, r, dtype, tol in [(24, 20, 8, torch.float32, 1e-5), (1100, 40, 48, torch.float32, 1e-4),
                             (64, 24, 16, torch.float16, 3e-3)]:
-    static = StaticLoRA(6, 48, dtype, "cpu", use_triton=True)
     a, b, b_flat = weights(6, k, o, r, dtype)
-    run_steps(static, a, b, b_flat, k, o, dtype, tol)
+    for kw in ({"use_triton": True}, {"fused_expand": True}):  # fixed-grid SGMV; dense with the masked expand
+        run_steps(StaticLoRA(6, 48, dtype, "cpu", **kw), a, b, b_flat, k, o, dtype, tol)
 print("ok")
 """
 
