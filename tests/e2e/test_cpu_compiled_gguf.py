@@ -1,10 +1,16 @@
 """The compiled CPU decode step on the real embedded SmolLM2 Q4_1 GGUF, its 4-bit weights inside the graph.
 
-Under ``torch.compile`` the int4 / int8 linears of a batch-1 step are written in tensor ops
-(plugins/quant/cpu_kernel.py ``int4_linear_traced``) instead of the ctypes kernel, so the step is one graph
-with no extern call per linear. Against the eager engine (the same process, the same loaded model, fp32
-activations, the C kernels): greedy tokens identical and chosen-token logprobs within 1e-3 (the fused sums
-run in another order than the C kernel's, so agreement is to fp32 rounding, not bit for bit).
+Two forms of the GGUF linears inside the graph, each against the eager engine (the same process, the same
+loaded model, fp32):
+
+- int8 activations (the default since session 4, plugins/quant/cpu_int8act.py): each linear is one call of the
+  op ``octavo_cpu::int4_a8`` / ``int8_a8``, the same C kernel eager runs. The graph's attention and norms round
+  differently from the eager backend's (fp32 rounding), and an activation element near a rounding boundary of
+  its int8 block then lands on the other integer, so the two runs agree to ~1e-2 in logprob, not 1e-5: the
+  bound is 0.05 on the chosen tokens' logprobs, tokens compared while both runs still share a prefix.
+- ``OCTAVO_CPU_INT8_ACT=0``: the exact fp32 form, written in tensor ops (``int4_linear_traced``) that inductor
+  fuses, no extern call per linear: greedy tokens identical and chosen-token logprobs within 1e-3 (the fused
+  sums run in another order than the C kernel's, so agreement is to fp32 rounding, not bit for bit).
 
 ``make test`` runs the bounded form: dynamo traces the step with ``backend="eager", fullgraph=True`` (a graph
 break fails it; no C++ code generation, so seconds, not minutes) and runs it. ``make cpu-compile``
@@ -45,7 +51,22 @@ def _greedy(llm: LLM) -> tuple[list[int], list[float]]:
     return list(out.token_ids), [lp[t].logprob for t, lp in zip(out.token_ids, out.logprobs)]
 
 
-def _compare(engine, backend: str) -> None:
+@pytest.fixture(params=["int8act", "exact"])
+def mode(request, monkeypatch):
+    from octavo.plugins.quant import cpu_int8act_ops
+
+    if request.param == "int8act":
+        monkeypatch.delenv("OCTAVO_CPU_INT8_ACT", raising=False)  # the default
+    else:
+        monkeypatch.setenv("OCTAVO_CPU_INT8_ACT", "0")
+    monkeypatch.setattr(cpu_int8act_ops, "_state", {})
+    if request.param == "int8act" and not cpu_int8act_ops.enabled():
+        pytest.skip("int8-activation kernels not built here")
+    torch._dynamo.reset()
+    return request.param
+
+
+def _compare(engine, backend: str, mode: str) -> None:
     llm, runner = engine
     want_tokens, want_lp = _greedy(llm)
     compiled = CpuCompiledDecodeRunner(runner.model, runner.block_size, 1, torch.float32, backend=backend,
@@ -56,14 +77,21 @@ def _compare(engine, backend: str) -> None:
     finally:
         runner.graph_runner = None
     assert compiled.num_runs == NEW - 1  # every decode step ran in the graph (the first token is the prefill's)
-    assert got_tokens == want_tokens
-    assert max(abs(a - b) for a, b in zip(want_lp, got_lp)) < 1e-3
+    diffs = [abs(a - b) for a, b in zip(want_lp, got_lp)]
+    print(f"{mode}/{backend}: tokens {got_tokens} vs {want_tokens}, logprob diffs {[round(d, 5) for d in diffs]}")
+    if mode == "exact":
+        assert got_tokens == want_tokens
+        assert max(diffs) < 1e-3
+        return
+    same = next((i for i, (a, b) in enumerate(zip(got_tokens, want_tokens)) if a != b), NEW)
+    assert same >= NEW // 2  # a near tie may part them late, never early
+    assert max(diffs[:same]) < 0.05
 
 
-def test_4bit_step_traces_as_one_graph(engine):
-    _compare(engine, "eager")
+def test_4bit_step_traces_as_one_graph(engine, mode):
+    _compare(engine, "eager", mode)
 
 
 @pytest.mark.skipif(not FULL, reason="inductor compiles the step (minutes); run with `make cpu-compile`")
-def test_4bit_step_compiled_by_inductor_matches_eager(engine):
-    _compare(engine, "inductor")
+def test_4bit_step_compiled_by_inductor_matches_eager(engine, mode):
+    _compare(engine, "inductor", mode)
