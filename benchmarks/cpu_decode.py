@@ -27,7 +27,6 @@ import time
 
 import torch
 
-
 _CLOCK = [time.perf_counter]
 
 
