@@ -41,6 +41,7 @@ class KVCacheManager:
         self.req_blocks: dict[str, list[KVBlock]] = {}
         self.req_block_ids: dict[str, list[int]] = {}  # the same, as ids (kept in step for the runner)
         self.req_hashes: dict[str, list[bytes]] = {}  # chain hashes of the request's full blocks so far
+        self.req_num_cached: dict[str, int] = {}  # leading blocks _cache_full_blocks has already handled
 
     @property
     def num_usable_blocks(self) -> int:
@@ -135,11 +136,16 @@ class KVCacheManager:
         if not self.enable_caching or req.pooling:
             return
         num_full = min(num_tokens, req.num_tokens) // self.block_size
+        start = self.req_num_cached.get(req.request_id, 0)  # blocks before it were seen by an earlier call
+        if num_full <= start:  # a decode step that fills no block: O(1), not O(blocks) per request per step
+            return
         blocks = self.req_blocks[req.request_id]
         bs = self.block_size
-        for i, h in enumerate(self._block_hashes(req, num_full)):
+        hashes = self._block_hashes(req, num_full)
+        for i in range(start, num_full):
             if blocks[i].block_hash is None and blocks[i] is not self.pool.null_block:  # released (window)
-                self.pool.cache_full_block(blocks[i], h, tuple(req.all_token_ids[i * bs:(i + 1) * bs]))
+                self.pool.cache_full_block(blocks[i], hashes[i], tuple(req.all_token_ids[i * bs:(i + 1) * bs]))
+        self.req_num_cached[req.request_id] = num_full
 
     def free_tail_blocks(self, req: Request, num_tokens: int) -> None:
         """Release the blocks wholly past ``req``'s first ``num_tokens`` tokens: the slots of rejected
@@ -151,6 +157,8 @@ class KVCacheManager:
             del blocks[keep:]
             del self.req_block_ids[req.request_id][keep:]  # in place: the live list the runner was given
             self.pool.free(list(reversed(tail)))
+            if self.req_num_cached.get(req.request_id, 0) > keep:
+                self.req_num_cached[req.request_id] = keep
 
     def free(self, req: Request) -> None:
         """Release ``req``'s blocks, last block first (see ``BlockPool.free``)."""
@@ -158,6 +166,7 @@ class KVCacheManager:
         self.req_block_ids.pop(req.request_id, None)
         self.pool.free(list(reversed(blocks)))
         self.req_hashes.pop(req.request_id, None)
+        self.req_num_cached.pop(req.request_id, None)
 
     def block_ids(self, request_id: str) -> list[int]:
         """The request's block table (a live list: valid for the current step; do not mutate)."""

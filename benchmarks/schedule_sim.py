@@ -1,0 +1,143 @@
+"""The real scheduler + KV-cache manager driven without a model: what a workload's steps look like (issue 17 item 3).
+
+    python benchmarks/schedule_sim.py --prompts 512 --in-len 1000 --out-len 1000 --kv-blocks 26420 \
+        --max-num-seqs 512 --max-num-batched-tokens 8192
+
+Every scheduled request that samples gets a token (ignore_eos), so the step sequence is exactly the engine's for
+an ``ignore_eos`` benchmark. Per step it records the decode rows, the prefill tokens, the context each decode row
+reads, and preemptions; then a simple H100 cost model (weights + KV bytes over the copy bandwidth, matmul FLOPs
+over the measured bf16 rate) gives the time the GPU needs for that sequence
+of steps (a step = its linear layers + its attention, each the larger of bytes/bandwidth and
+FLOPs/rate). The point is the split (decode-only vs mixed steps, prompt tokens recomputed after preemption), not a
+prediction to the millisecond. Defaults: the Llama-3-8B shape of benchmarks/gpu_e2e.py and its 0.9-of-80 GB
+KV cache as measured on the H100 (26,420 blocks of 16 at max_num_seqs 512).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+
+def _reserving_kv():
+    from octavo.core.kv_cache.manager import KVCacheManager, cdiv
+    from octavo.core.request import RequestStatus
+
+    class ReservingKV(KVCacheManager):
+        """What-if admission policy (``--admission reserve``): admit a request only if the free blocks cover its
+        whole eventual length (prompt + max_tokens) on top of what the running requests may still grow to, so
+        nothing is ever preempted. Not the engine's policy; for comparing schedules."""
+
+        sched = None
+
+        def allocate_slots(self, req, num_new_tokens, new_computed_blocks=()):
+            if req.status != RequestStatus.RUNNING:
+                bs = self.block_size
+                grow = sum(cdiv(r.num_prompt_tokens + r.max_tokens, bs) - len(self.req_blocks.get(r.request_id, ()))
+                           for r in self.sched.running)
+                if self.pool.num_free_blocks - grow < cdiv(req.num_prompt_tokens + req.max_tokens, bs):
+                    return False
+            return super().allocate_slots(req, num_new_tokens, new_computed_blocks)
+
+    return ReservingKV
+
+
+def simulate(args) -> dict:
+    from octavo.config import OctavoSettings
+    from octavo.core.kv_cache.manager import KVCacheManager
+    from octavo.core.messages import EngineCoreRequest
+    from octavo.core.request import Request
+    from octavo.core.scheduler import Scheduler
+    from octavo.sampling_params import SamplingParams
+
+    settings = OctavoSettings.from_kwargs(model="x", block_size=args.block_size, enable_prefix_caching=False,
+                                          max_num_seqs=args.max_num_seqs,
+                                          max_num_batched_tokens=args.max_num_batched_tokens)
+    kv = (_reserving_kv() if args.admission == "reserve" else KVCacheManager)(args.kv_blocks, args.block_size, False)
+    sched = Scheduler(settings, kv, args.max_model_len)
+    kv.sched = sched
+    for i in range(args.prompts):
+        ids = [1000 + (i * 7 + j) % 50000 for j in range(args.in_len)]  # distinct per request: no cache hits
+        p = SamplingParams(max_tokens=args.out_len, ignore_eos=True)
+        sched.add_request(Request(EngineCoreRequest(f"r{i}", ids, p, 0.0, 0), args.out_len))
+    steps = []
+    while sched.has_unfinished_requests():
+        out = sched.schedule()
+        if out.is_empty:
+            raise RuntimeError("scheduler returned an empty step with requests left")
+        dec = [s for s in out.scheduled if s.num_tokens == 1 and s.num_computed_tokens > 0]
+        pre_tokens = sum(s.num_tokens for s in out.scheduled) - len(dec)
+        # context each row attends over (decode: its whole sequence; prefill chunk: its prefix + chunk)
+        kv_dec = sum(s.num_computed_tokens + 1 for s in dec)
+        attn_pre = sum(s.num_tokens * (s.num_computed_tokens + s.num_tokens / 2) for s in out.scheduled
+                       if s not in dec)
+        steps.append((len(dec), pre_tokens, kv_dec, attn_pre, len(out.preempted_ids)))
+        sched.update(out, {s.req.request_id: 7 for s in out.scheduled if s.samples})
+    return {"steps": steps}
+
+
+def cost(steps, args) -> dict:
+    """GPU seconds per step kind under the cost model (see the module docstring)."""
+    bw, flops = args.bandwidth * 1e12, args.matmul_tflops * 1e12
+    w_bytes, params = args.weights_gb * 1e9, args.params_b * 1e9
+    kv_tok = args.layers * args.kv_heads * args.head_dim * 2 * 2  # K and V, bf16
+    attn_flops_tok = 4 * args.layers * args.q_heads * args.head_dim  # QK^T + PV per (query, key) pair
+    out = {k: {"steps": 0, "s": 0.0, "decode_rows": 0, "prefill_tokens": 0} for k in ("decode", "mixed", "prefill")}
+    for n_dec, n_pre, kv_dec, attn_pre, _ in steps:
+        kind = "decode" if n_pre == 0 else ("prefill" if n_dec == 0 else "mixed")
+        # the linear layers and the attention run one after the other: each is bound by bytes or FLOPs
+        linear = max(w_bytes / bw, 2 * params * (n_dec + n_pre) / flops)
+        attention = max(kv_dec * kv_tok / bw, attn_flops_tok * attn_pre / (args.attn_tflops * 1e12))
+        r = out[kind]
+        r["steps"] += 1
+        r["s"] += linear + attention + args.step_overhead_ms * 1e-3
+        r["decode_rows"] += n_dec
+        r["prefill_tokens"] += n_pre
+    total = sum(r["s"] for r in out.values())
+    tokens = args.prompts * args.out_len
+    return {"by_kind": out, "gpu_s": total, "tok_s": tokens / total}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--prompts", type=int, default=512)
+    ap.add_argument("--in-len", type=int, default=1000)
+    ap.add_argument("--out-len", type=int, default=1000)
+    ap.add_argument("--kv-blocks", type=int, default=26420)
+    ap.add_argument("--block-size", type=int, default=16)
+    ap.add_argument("--max-num-seqs", type=int, default=512)
+    ap.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    ap.add_argument("--max-model-len", type=int, default=4096)
+    ap.add_argument("--bandwidth", type=float, default=3.03, help="TB/s (H100 copy, measured)")
+    ap.add_argument("--matmul-tflops", type=float, default=600.0, help="achieved bf16 dense rate")
+    ap.add_argument("--attn-tflops", type=float, default=230.0, help="prefill attention rate (triton, measured)")
+    ap.add_argument("--weights-gb", type=float, default=15.01, help="bytes a step reads (no embedding table)")
+    ap.add_argument("--params-b", type=float, default=7.5, help="matmul parameters (no embedding table)")
+    ap.add_argument("--layers", type=int, default=32)
+    ap.add_argument("--q-heads", type=int, default=32)
+    ap.add_argument("--kv-heads", type=int, default=8)
+    ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("--step-overhead-ms", type=float, default=0.0, help="host gap per step added to each step")
+    ap.add_argument("--admission", choices=["engine", "reserve"], default="engine",
+                    help="reserve: a what-if policy that never preempts (see _reserving_kv)")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    t = time.perf_counter()
+    sim = simulate(args)
+    steps = sim["steps"]
+    res = {"args": vars(args), "num_steps": len(steps), "sim_s": time.perf_counter() - t,
+           "preemptions": sum(s[4] for s in steps),
+           "prefill_tokens_computed": sum(s[1] for s in steps), "prompt_tokens": args.prompts * args.in_len,
+           "max_decode_batch": max(s[0] for s in steps),
+           "mean_decode_batch": sum(s[0] for s in steps) / max(1, sum(1 for s in steps if s[0])),
+           **cost(steps, args)}
+    res["recomputed_tokens"] = res["prefill_tokens_computed"] - res["prompt_tokens"]
+    print(json.dumps(res, indent=1))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(res, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
