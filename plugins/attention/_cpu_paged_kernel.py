@@ -241,14 +241,3 @@ def paged_decode(q: torch.Tensor, kv_cache: torch.Tensor, tables: torch.Tensor, 
                      b, nh, kvh, d, bs, float(scale), out.data_ptr(), torch.get_num_threads())
     return out
 
-
-@torch.library.custom_op("octavo::cpu_paged_decode", mutates_args=())
-def paged_decode_op(q: torch.Tensor, kv_cache: torch.Tensor, tables: torch.Tensor, lens: torch.Tensor,
-                    scale: float) -> torch.Tensor:
-    """:func:`paged_decode` as one op, so a compiled graph (plugins/platforms/cpu_compiled.py) keeps it inside."""
-    return paged_decode(q, kv_cache, tables, lens, scale)
-
-
-@paged_decode_op.register_fake
-def _(q, kv_cache, tables, lens, scale):
-    return q.new_empty(q.shape, dtype=torch.float32)
