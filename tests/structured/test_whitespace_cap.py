@@ -69,3 +69,32 @@ def test_regex_cap_equals_xgrammar_cap_token_by_token(grammars, text):
     assert refused == (text == TEXTS[3])
     if not refused:
         assert a.is_completed() and b.is_completed()
+
+
+@pytest.mark.parametrize("kind", ["json", "json_object"])
+def test_backend_compiles_the_regex_cap_with_xgrammar_cap_masks(grammars, kind):
+    """What the engine compiles (XGrammarBackend.compile) gives xgrammar's own capped masks along a text."""
+    from octavo.plugins.structured_output.xgrammar_backend import (
+        MAX_WHITESPACE,
+        WHITESPACE_AS_REGEX,
+        XGrammarBackend,
+    )
+    from octavo.structured_outputs import StructuredOutputsParams
+
+    assert WHITESPACE_AS_REGEX and MAX_WHITESPACE == 16
+    tok, ref, _ = grammars
+    params = StructuredOutputsParams(json=SCHEMA) if kind == "json" else StructuredOutputsParams(json_object=True)
+    backend = XGrammarBackend(tok, VOCAB)
+    ours = backend.compile(params)
+    XGrammarBackend.validate(params)
+    if kind == "json_object":
+        ref = backend.compiler.compile_json_schema('{"type": "object"}', any_whitespace=True, max_whitespace_cnt=16)
+    assert "ws_cap" in str(ours.grammar)
+    a, b = xgr.GrammarMatcher(ref), xgr.GrammarMatcher(ours)
+    ma, mb = (torch.empty(1, VOCAB // 32, dtype=torch.int32) for _ in range(2))
+    for t in tok.encode(TEXTS[2], add_special_tokens=False):
+        a.fill_next_token_bitmask(ma)
+        b.fill_next_token_bitmask(mb)
+        assert torch.equal(ma, mb)
+        assert a.accept_token(t) and b.accept_token(t)
+    assert a.is_completed() and b.is_completed()
