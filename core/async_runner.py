@@ -96,9 +96,14 @@ class AsyncRunnerSteps:
         self._filled = None
         if flat:
             dev = self.device
-            src = self.prev_sampled.index_select(0, torch.tensor(rows, dtype=torch.int64).to(dev, non_blocking=True))
-            src = src.to(inputs.input_ids.dtype)
-            inputs.input_ids.index_copy_(0, torch.tensor(flat, dtype=torch.int64).to(dev, non_blocking=True), src)
+            k = len(flat)
+            if flat == rows == list(range(k)):  # the usual decode step: same rows, same order, one device copy
+                src = self.prev_sampled[:k].to(inputs.input_ids.dtype)
+                inputs.input_ids[:k].copy_(src)
+            else:
+                src = self.prev_sampled.index_select(0, torch.tensor(rows, dtype=torch.int64).to(dev, non_blocking=True))
+                src = src.to(inputs.input_ids.dtype)
+                inputs.input_ids.index_copy_(0, torch.tensor(flat, dtype=torch.int64).to(dev, non_blocking=True), src)
             self._filled = (rids, src)
         self.prev_sampled, self.prev_rows = None, {}
 
