@@ -252,6 +252,11 @@ def _instrument(llm):
     return log
 
 
+def _uninstrument(llm) -> None:
+    core = llm.llm_engine.core
+    del core._complete, core.executor.driver.execute  # the instance attributes: back to the class methods
+
+
 def _summary(log: dict, t_start: float) -> dict:
     out: dict = {}
     prev = t_start
@@ -271,6 +276,31 @@ def _summary(log: dict, t_start: float) -> dict:
     return out
 
 
+def _timed_run(llm, prompts, params, cuda: bool, switch_interval: float) -> dict:
+    core = llm.llm_engine.core
+    log = _instrument(llm)
+    st = core.scheduler.stats
+    pre0, prompt0 = st.num_preemptions, st.num_prompt_tokens
+    timers0 = core.step_timers.as_dict()  # core thread: own work (host_s) vs blocked on a step (wait_s)
+    _sync(cuda)
+    t0 = time.perf_counter()
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    _sync(cuda)
+    dt = time.perf_counter() - t0
+    _uninstrument(llm)
+    total = sum(len(o.outputs[0].token_ids) for o in outs)
+    res = {"switch_interval_s": switch_interval, "output_tokens": total, "seconds": dt, "tok_s": total / dt,
+           "by_kind": _summary(log, t0), "preemptions": st.num_preemptions - pre0,
+           "prompt_tokens_computed": st.num_prompt_tokens - prompt0}
+    t1 = core.step_timers.as_dict()
+    steps = max(t1["steps"] - timers0["steps"], 1)
+    res["core_thread_ms_per_step"] = {k: (t1[k] - timers0[k]) / steps * 1e3 for k in ("host_s", "wait_s",
+                                                                                       "overlapped_s")}
+    res["core_thread_ms_per_step"]["steps"] = steps
+    print(json.dumps(res, indent=1), flush=True)
+    return res
+
+
 def task_nano(args, tmp) -> dict:
     from octavo import SamplingParams
 
@@ -283,28 +313,16 @@ def task_nano(args, tmp) -> dict:
     core = llm.llm_engine.core
     reqs = nanovllm_workload(num=args.requests, lo=min(100, args.hi), hi=args.hi)
     llm.generate([{"prompt_token_ids": reqs[0][0]}], SamplingParams(max_tokens=8), use_tqdm=False)  # warm
-    log = _instrument(llm)
-    st = core.scheduler.stats
-    pre0, prompt0 = st.num_preemptions, st.num_prompt_tokens
-    timers0 = core.step_timers.as_dict()  # core thread: own work (host_s) vs blocked on a step (wait_s)
     prompts = [{"prompt_token_ids": ids} for ids, _ in reqs]
     params = [SamplingParams(max_tokens=n, ignore_eos=True, temperature=0.6) for _, n in reqs]
-    _sync(cuda)
-    t0 = time.perf_counter()
-    outs = llm.generate(prompts, params, use_tqdm=False)
-    _sync(cuda)
-    dt = time.perf_counter() - t0
-    total = sum(len(o.outputs[0].token_ids) for o in outs)
     res = {"load_s": load_s, "async": bool(core.settings.scheduler.async_scheduling), "requests": len(reqs),
-           "output_tokens": total, "seconds": dt, "tok_s": total / dt, "by_kind": _summary(log, t0),
-           "preemptions": st.num_preemptions - pre0, "prompt_tokens_computed": st.num_prompt_tokens - prompt0,
-           "prompt_tokens": sum(len(ids) for ids, _ in reqs)}
-    t1 = core.step_timers.as_dict()
-    steps = max(t1["steps"] - timers0["steps"], 1)
-    res["core_thread_ms_per_step"] = {k: (t1[k] - timers0[k]) / steps * 1e3 for k in ("host_s", "wait_s",
-                                                                                       "overlapped_s")}
-    res["core_thread_ms_per_step"]["steps"] = steps
-    print(json.dumps(res, indent=1), flush=True)
+           "prompt_tokens": sum(len(ids) for ids, _ in reqs), "runs": []}
+    default_si = sys.getswitchinterval()
+    for si in args.switch_intervals or [default_si]:  # the GIL hand-over interval between the two threads
+        sys.setswitchinterval(si)
+        res["runs"].append(_timed_run(llm, prompts, params, cuda, si))
+    sys.setswitchinterval(default_si)
+    res.update(res["runs"][0])
     if args.cprofile:  # both threads: the core thread (this one) and the executor's step thread
         worker = core.executor.driver
         step_prof, main_prof = cProfile.Profile(), cProfile.Profile()
@@ -342,6 +360,8 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=256, help="nano: number of requests")
     ap.add_argument("--hi", type=int, default=1024, help="nano: longest prompt / output")
     ap.add_argument("--cprofile", action="store_true", help="nano: cProfile both threads afterwards")
+    ap.add_argument("--switch-intervals", type=float, nargs="*", help="nano: one timed run per sys.setswitchinterval "
+                    "value (seconds; default: one run at the interpreter's value)")
     args = ap.parse_args()
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
