@@ -93,7 +93,7 @@ def _paged_decode_kernel(
 def paged_decode(query, k_cache, v_cache, out, block_tables, seq_lens, query_start_loc, *, num_reqs: int,
                  num_kv_heads: int, scale: float, v_scale: float, block_size: int, block_n: int = 64,
                  num_warps: int = 4, num_stages: int = 2, dot_f16: bool | None = None,
-                 heads_fastest: bool = True, maxnreg: int | None = None) -> None:
+                 heads_fastest: bool = True, maxnreg: int | str | None = "auto") -> None:
     """``out[t] = softmax(q[t] K^T * scale) V`` over each request's whole context, one token per request.
 
     ``k_cache``/``v_cache``: ``[num_blocks, block_size, num_kv_heads, head_size]`` views (fp8 or the query's
@@ -111,6 +111,8 @@ def paged_decode(query, k_cache, v_cache, out, block_tables, seq_lens, query_sta
     if dot_f16 and not fp8:
         raise ValueError("dot_f16 is for fp8 caches (they convert exactly to fp16); a bf16 cache may not fit fp16")
     head_dp = max(16, triton.next_power_of_2(head_size))
+    if maxnreg == "auto":
+        maxnreg = 128 if fp8 and head_dp <= 128 and num_warps == 4 else None
     extra = {} if maxnreg is None else {"maxnreg": maxnreg}  # a register cap buys resident programs (spills)
     _paged_decode_kernel[(num_reqs * num_kv_heads,)](
         query, k_cache, v_cache, out, block_tables, seq_lens, query_start_loc,
@@ -124,8 +126,13 @@ def paged_decode(query, k_cache, v_cache, out, block_tables, seq_lens, query_sta
     )
 
 
-def decode_kernel_enabled() -> bool:
-    """``OCTAVO_TRITON_DECODE_KERNEL`` (1 / 0): whether the ``triton`` backend runs decode-only steps here."""
+def decode_kernel_enabled() -> bool | None:
+    """``OCTAVO_TRITON_DECODE_KERNEL``: 1 = the ``triton`` backend runs decode rows here for every cache dtype, 0 =
+    never, unset = for fp8 caches only (None; measured 1.34x the general kernel there on H100, equal on bf16)."""
+    import os
+
     from octavo.env_flags import env_switch
 
-    return env_switch("OCTAVO_TRITON_DECODE_KERNEL", default=False)
+    if not os.environ.get("OCTAVO_TRITON_DECODE_KERNEL", "").strip():
+        return None
+    return env_switch("OCTAVO_TRITON_DECODE_KERNEL")

@@ -149,7 +149,7 @@ class TritonAttentionBackend(AttentionBackend):
         self.k_scale = self.v_scale = 1.0  # per-layer fp8 scales; the worker sets checkpoint values
         from octavo.plugins.attention._triton_decode import decode_kernel_enabled
 
-        self.decode_kernel = decode_kernel_enabled()  # decode-only steps without split-KV (_triton_decode.py)
+        self.decode_kernel = decode_kernel_enabled()  # decode rows without split-KV (_triton_decode.py); None: fp8
 
     # --- heuristics ------------------------------------------------------------------------------------
     def _num_splits(self, md: TritonAttentionMetadata, block_n: int, device) -> int:
@@ -229,7 +229,8 @@ class TritonAttentionBackend(AttentionBackend):
         fp8 = kv_cache.dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
         scale = self.scale * (self.k_scale if fp8 else 1.0)  # K's scale folds into the softmax scale
         tables, seq_lens, qsl = md.block_tables, md.seq_lens, md.query_start_loc
-        if splits == 1 and self.decode_kernel and not self.window and not self.soft_cap:
+        decode_kernel = fp8 if self.decode_kernel is None else self.decode_kernel  # default: fp8 caches only
+        if splits == 1 and decode_kernel and not self.window and not self.soft_cap:
             # decode rows (all of them, or the leading ones of a step with prefills) -> the decode kernel
             from octavo.plugins.attention._triton_decode import paged_decode  # (fp8 owner)
 
