@@ -238,6 +238,7 @@ def main() -> None:
     tmp = tempfile.mkdtemp()
     d = write_config(cfg, tmp, "llama3-8b")
     kw = dict(quantization="fp8", kv_cache_dtype="fp8") if args.variant == "fp8" else {}
+    print(f"[{time.perf_counter() - T0:.1f} s] imports done, building the engine", flush=True)
     t = time.perf_counter()
     llm = LLM(model=d, load_format="dummy", dtype="bfloat16", skip_tokenizer_init=True, **llm_kw, **kw)
     core = llm.llm_engine.core
