@@ -145,7 +145,7 @@ def replay(xgr, compiled, seqs: list[list[int]], vocab: int, strategy: str, thre
     return times
 
 
-def gil_probe(xgr, compiled, rows: int, vocab: int, seconds: float = 0.5) -> dict:
+def gil_probe(xgr, compiled, rows: int, vocab: int, seconds: float = 0.3) -> dict:
     """Main-thread Python loop speed while a thread fills (one row at a time, then 1-thread batches)."""
     import threading
 
@@ -218,12 +218,38 @@ def apply_timing(device: str, rows: int, vocab: int, reps: int = 30) -> dict:
     return out
 
 
+def accept_timing(xgr, compiled, seqs: list[list[int]]) -> dict:
+    """ms to advance all rows by one step's tokens: one ``accept_token`` per row vs one ``batch_accept_token``."""
+    out = {}
+    for mode in ("loop", "batch"):
+        matchers = [xgr.GrammarMatcher(compiled) for _ in seqs]
+        times = []
+        for s in range(len(seqs[0])):
+            toks = [q[s] for q in seqs]
+            for m, t in zip(matchers, toks):
+                if t < 0:
+                    m.reset()
+            live = [i for i, t in enumerate(toks) if t >= 0]
+            t0 = time.perf_counter()
+            if mode == "loop":
+                for i in live:
+                    matchers[i].accept_token(toks[i])
+            else:
+                xgr.BatchGrammarMatcher.batch_accept_token([matchers[i] for i in live], [toks[i] for i in live])
+            times.append(time.perf_counter() - t0)
+        out[f"accept_{mode}_median_ms"] = round(statistics.median(times) * 1e3, 3)
+        out[f"accept_{mode}_mean_ms"] = round(statistics.fmean(times) * 1e3, 3)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokenizer", default=None, help="a tokenizer dir (default: the embedded SmolLM2's)")
     ap.add_argument("--rows", type=int, default=32)
     ap.add_argument("--steps", type=int, default=48)
-    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2, 4, 8])
+    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2, 4, 8], help="BatchGrammarMatcher threads")
+    ap.add_argument("--pool-threads", dest="pool_threads", type=int, nargs="*", default=None,
+                    help="our own fill threads (default: the --threads above 1)")
     ap.add_argument("--forms", nargs="+", default=["cap16", "cap16_regex", "cap16_nested", "compact"])
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--apply-device", dest="apply_device", default=None,
@@ -236,16 +262,36 @@ def main() -> None:
     vocab = 49152 if len(tok) <= 49152 else len(tok)
     info = xgr.TokenizerInfo.from_huggingface(tok, vocab_size=vocab)
     compiler = xgr.GrammarCompiler(info, max_threads=2, cache_enabled=False)
-    res = {"rows": args.rows, "steps": args.steps, "cpu_count": os.cpu_count(), "xgrammar": __import__("importlib.metadata").metadata.version("xgrammar"),
+    from importlib.metadata import version
+
+    res = {"rows": args.rows, "steps": args.steps, "cpu_count": os.cpu_count(), "xgrammar": version("xgrammar"),
            "forms": {}}
-    for form, compiled in compiled_forms(xgr, compiler, args.forms).items():
+
+    def save() -> None:  # after every section: a time limit keeps what was measured
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(res, f, indent=2)
+
+    forms = compiled_forms(xgr, compiler, args.forms)
+    first = next(iter(forms.values()))
+    res["gil_probe_main_thread_speed"] = gil_probe(xgr, first, args.rows, vocab, seconds=0.3)
+    print("GIL probe (main-thread loop speed while filling; 1.0 = GIL released):", res["gil_probe_main_thread_speed"],
+          flush=True)
+    save()
+    if args.apply_device:
+        res["apply"] = apply_timing(args.apply_device, args.rows, vocab)
+        print("apply host ms:", res["apply"], flush=True)
+        save()
+    pool_threads = args.pool_threads if args.pool_threads is not None else [t for t in args.threads if t > 1]
+    for form, compiled in forms.items():
         t0 = time.perf_counter()
         seqs = walks(xgr, compiled, args.rows, args.steps, vocab)
         row = {"walk_s": round(time.perf_counter() - t0, 2)}
-        text = tok.decode([t for t in seqs[0] if t >= 0])
-        row["row0_text"] = text[:160]
-        strategies = ([("serial", 1)] + [("batch", t) for t in args.threads]
-                      + [("pool", t) for t in args.threads if t > 1])
+        row["row0_text"] = tok.decode([t for t in seqs[0] if t >= 0])[:160]
+        res["forms"][form] = row
+        row.update(accept_timing(xgr, compiled, seqs))
+        print(f"{form:12s} accept {dict((k, v) for k, v in row.items() if k.startswith('accept'))}", flush=True)
+        strategies = [("serial", 1)] + [("batch", t) for t in args.threads] + [("pool", t) for t in pool_threads]
         slowest: list[float] = []
         for strategy, threads in strategies:
             times = []
@@ -257,19 +303,12 @@ def main() -> None:
                          "p90_ms": round(sorted(times)[int(0.9 * len(times))] * 1e3, 3),
                          "mean_us_per_row": round(statistics.fmean(times) / args.rows * 1e6, 1)}
             print(f"{form:12s} {name:10s} {row[name]}", flush=True)
+            save()
         row["slowest_row_per_step"] = {"median_ms": round(statistics.median(slowest) * 1e3, 3),
                                        "mean_ms": round(statistics.fmean(slowest) * 1e3, 3)}
         print(f"{form:12s} slowest row per step {row['slowest_row_per_step']}", flush=True)
-        res["forms"][form] = row
-    res["gil_probe_main_thread_speed"] = gil_probe(xgr, compiled, args.rows, vocab)
-    print("GIL probe (main-thread loop speed while filling; 1.0 = GIL released):", res["gil_probe_main_thread_speed"])
-    if args.apply_device:
-        res["apply"] = apply_timing(args.apply_device, args.rows, vocab)
-        print("apply host ms:", res["apply"], flush=True)
+        save()
     print(json.dumps(res, indent=2))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(res, f, indent=2)
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 
 SCHEMA = {"type": "object", "properties": {
@@ -87,17 +88,20 @@ def bench_decode(args) -> dict:
     tok = engine.tokenizer
     so = StructuredOutputsParams(json=SCHEMA)
     # mode -> (structured outputs, async scheduling on, fill before the step, xgrammar's own maxLength form)
-    modes = {"free": (None, False, False, False), "overlap": (so, False, False, False),
-             "serial": (so, False, True, False)}
+    modes = {"free": (None, False, False, False, None), "overlap": (so, False, False, False, None),
+             "serial": (so, False, True, False, None)}
     if args.backend == "xgrammar" and args.compare_maxlength:
         # xgrammar's own maxLength form (before the regex rewrite): a different schema text, so its own cache key
         modes["overlap_maxlength"] = (StructuredOutputsParams(json={**SCHEMA, "description": "maxLength form"}),
-                                      False, False, True)
+                                      False, False, True, None)
     if "on" in (args.async_modes or []):
-        modes["free_async"] = (None, True, False, False)
-        modes["json_async"] = (so, True, False, False)
+        modes["free_async"] = (None, True, False, False, None)
+        modes["json_async"] = (so, True, False, False, None)
+        if args.switch_interval:  # the same two with a shorter GIL switch interval (sys.setswitchinterval)
+            modes["free_async_si"] = (None, True, False, False, args.switch_interval)
+            modes["json_async_si"] = (so, True, False, False, args.switch_interval)
     if args.modes:
-        modes = {m: v for m, v in modes.items() if m in args.modes or m in ("free", "free_async")}
+        modes = {m: v for m, v in modes.items() if m in args.modes or m in ("free", "free_async", "free_async_si")}
     import octavo.plugins.structured_output.xgrammar_backend as xgb
     rewrite = xgb.bounded_strings_as_patterns
     result = {"device": str(core.model_info.device), "dtype": str(core.model_info.dtype),
@@ -116,7 +120,7 @@ def bench_decode(args) -> dict:
         texts: dict[str, list[int]] = {}
 
         def run(mode: str, prompts=prompts, batch=batch, host=host, texts=texts) -> list[float]:
-            params_so, on, fill_first, own_maxlength = modes[mode]
+            params_so, on, fill_first, own_maxlength, interval = modes[mode]
             if args.async_modes:
                 from octavo.core.async_engine import set_async_scheduling
 
@@ -131,9 +135,13 @@ def bench_decode(args) -> dict:
             for k in stats:
                 stats[k] = 0
             texts.clear()
+            default_interval = sys.getswitchinterval()
+            if interval:
+                sys.setswitchinterval(interval)
             try:
                 times = timed_steps(core, reqs, batch, texts)
             finally:
+                sys.setswitchinterval(default_interval)
                 executor_cls.execute_structured = overlapped
                 xgb.bounded_strings_as_patterns = rewrite
             if stats["steps"]:
@@ -155,11 +163,11 @@ def bench_decode(args) -> dict:
         med = {m: statistics.median(t) for m, t in times.items() if t}
         row = {f"{m}_ms_per_step": round(v * 1e3, 3) for m, v in med.items()}
         row.update({f"{m}_steps": len(t) for m, t in times.items()})
-        for m, (params_so, on, _, _) in modes.items():
-            base = "free_async" if on else "free"
+        for m, (params_so, on, _, _, interval) in modes.items():
+            base = ("free_async_si" if interval else "free_async") if on else "free"
             if params_so is not None and m in med and base in med:
                 row[f"{m}_overhead_pct"] = round((med[m] / med[base] - 1) * 100, 1)
-        for m, (params_so, on, _, _) in modes.items():  # host time per step the forward did not hide (engine timers)
+        for m, (params_so, on, _, _, _) in modes.items():  # host time per step the forward did not hide (engine timers)
             h = {k: statistics.median(v) for k, v in host[m].items() if v}
             if h and params_so is not None:
                 row[f"{m}_host_ms_per_step"] = {k[:-2]: round(v * 1e3, 3) for k, v in h.items()}
@@ -273,6 +281,8 @@ def main() -> None:
     ap.add_argument("--async-modes", dest="async_modes", nargs="+", choices=["off", "on"], default=None,
                     help="with 'on': also free_async / json_async (async scheduling switched on in the same engine)")
     ap.add_argument("--modes", nargs="+", default=None, help="run only these modes (free and free_async always run)")
+    ap.add_argument("--switch-interval", dest="switch_interval", type=float, default=None,
+                    help="with --async-modes on: also free_async_si / json_async_si under sys.setswitchinterval(S)")
     ap.add_argument("--show-outputs", dest="show_outputs", type=int, default=0,
                     help="record this many decoded outputs of each constrained mode (what the walk looked like)")
     ap.add_argument("--skip-decode", action="store_true")

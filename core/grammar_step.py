@@ -176,8 +176,10 @@ def _to_device(t: Any, device: Any) -> Any:
     """Host -> device without a stream sync: through pinned memory (torch's caching host allocator keeps the
     staging block alive until the copy is done), so the host goes on queuing the sampler while the forward
     still runs. A copy from pageable memory would first wait for the whole stream (CUDA's rule).
-    NOTE: the engine's reused fill buffer is pageable on purpose, so it is always copied into a fresh pinned
-    block here: a later step (async scheduling) may refill that buffer before this copy has run."""
+    NOTE: on CUDA the engine's reused fill buffer is itself pinned (core/structured_output.py) and copied
+    from directly. Reusing it is safe: the next fill into it starts only after this step's sampled tokens
+    reached the host (the grammars need them), and those are copied back after this copy on the same stream;
+    under async scheduling the fill of N+1 is gated on N's tokens the same way (core/async_engine.py)."""
     if t.device.type != "cpu":
         return t.to(device)
     if not t.is_pinned():

@@ -189,7 +189,10 @@ class StructuredOutputManager:
             import torch
 
             rows = max(len(matchers), self.settings.scheduler.max_num_seqs)
-            self._bitmask = torch.full((rows, self._num_words), -1, dtype=torch.int32)  # reused every step
+            # reused every step; pinned when this process drives a CUDA device (the in-process executor), so the
+            # runner's host -> device copy of the rows needs no staging copy (core/grammar_step.py _to_device)
+            pin = torch.cuda.is_available() and torch.cuda.is_initialized()
+            self._bitmask = torch.full((rows, self._num_words), -1, dtype=torch.int32, pin_memory=pin)
         self._inflight = GrammarStep(self._get_backend(), positions, rids, matchers, self._bitmask,
                                      self._pool_for_fills(), after=self._accepted)
         self.stats["prepare_s"] += time.perf_counter() - t0

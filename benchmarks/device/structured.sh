@@ -9,10 +9,12 @@
 #      walks, with the slowest single row per step (the floor of any parallel fill); plus a GIL probe (does
 #      the fill let the Python main thread run?) and the mask apply's host ms with the GPU idle / busy (a
 #      hidden sync would show as the queued ~2 ms).
-#   2. benchmarks/structured_outputs.py on the REAL SmolLM2-135M ($SMOLLM2_GGUF, dequantized bf16; real JSON
-#      outputs) at batch 32 then 1: free / overlap (sync) and free_async / json_async (async scheduling switched
-#      on in the same engine), modes interleaved; sample outputs recorded.
-#   3. the same on a random-weight ~1.1B Llama shape (hidden 2048, 16 layers, vocab 49152): random-token JSON.
+#   2. benchmarks/structured_outputs.py on a random-weight ~1.1B Llama shape (hidden 2048, 16 layers, vocab
+#      49152) at batch 32: free (sync), free_async / json_async (async scheduling switched on in the same
+#      engine), and the async pair again under sys.setswitchinterval(0.2 ms) (_si: does GIL hand-off delay the
+#      fill -> apply chain?), modes interleaved; sample outputs recorded (random-token JSON).
+#   3. the same on the REAL SmolLM2-135M ($SMOLLM2_GGUF, else the embedded package's GGUF; dequantized bf16;
+#      real JSON outputs), if the time is left.
 # STRUCTURED_DRY=1: a CPU dry run (tiny shapes, few steps).
 set -u
 cd "$(dirname "$0")/../.."
@@ -67,25 +69,25 @@ for name, (h, i, layers, heads, kv) in shapes.items():
 print("model dirs ready")
 PY
 
-COMMON=(--batches 32 1 --steps 24 --repeats 2 --device cuda --dtype bfloat16 --skip-compile
-        --async-modes off on --modes overlap json_async --show-outputs 2)
-[ "$DRY" = 1 ] && COMMON=(--batches 4 1 --steps 4 --repeats 1 --device cpu --dtype float32 --skip-compile
-                          --async-modes off on --modes overlap json_async --show-outputs 2)
-FILL=(--rows 32 --steps 40 --threads 1 2 4 8 16 --forms cap16 cap16_regex --apply-device cuda)
-[ "$DRY" = 1 ] && FILL=(--rows 4 --steps 6 --threads 1 2 --forms cap16 compact --repeats 1 --apply-device cpu)
-step fill $(( 20 * X )) python3 benchmarks/structured_fill.py --tokenizer /tmp/structured_smol135m "${FILL[@]}" \
+COMMON=(--batches 32 --steps 24 --repeats 2 --device cuda --dtype bfloat16 --skip-compile --async-modes off on
+        --modes json_async json_async_si --switch-interval 0.0002 --show-outputs 2)
+[ "$DRY" = 1 ] && COMMON=(--batches 4 --steps 4 --repeats 1 --device cpu --dtype float32 --skip-compile --async-modes off on
+                          --modes json_async json_async_si --switch-interval 0.0002 --show-outputs 2)
+FILL=(--rows 32 --steps 32 --threads 1 4 8 --pool-threads 4 8 --forms cap16_regex cap16 --apply-device cuda)
+[ "$DRY" = 1 ] && FILL=(--rows 4 --steps 6 --threads 1 2 --pool-threads 2 --forms cap16_regex --repeats 1 --apply-device cpu)
+step fill $(( 17 * X )) python3 benchmarks/structured_fill.py --tokenizer /tmp/structured_smol135m "${FILL[@]}" \
      --json "$R/fill.json"
-if [ -n "${SMOLLM2_GGUF:-}" ] && [ -f "${SMOLLM2_GGUF:-}" ]; then
-  step smollm2_real $(( 25 * X )) python3 benchmarks/structured_outputs.py "${COMMON[@]}" --model "$SMOLLM2_GGUF" \
+step llama1b $(( 24 * X )) python3 benchmarks/structured_outputs.py "${COMMON[@]}" --load-format dummy \
+     --model /tmp/structured_llama1b --json "$R/llama1b_dummy.json"
+GGUF="${SMOLLM2_GGUF:-}"
+if [ -z "$GGUF" ]; then  # the embedded model, if the package is installed here
+  GGUF=$(timeout 20 python3 -c "from octavo.core.loader import default_model_path as d; print(d())" 2>/dev/null | tail -1)
+fi
+if [ -n "$GGUF" ] && [ -f "$GGUF" ] && [ "$(left)" -ge $(( 16 * X )) ]; then
+  step smollm2_real "$(( $(left) - 1 ))" python3 benchmarks/structured_outputs.py "${COMMON[@]}" --model "$GGUF" \
        --quantization none --json "$R/smollm2_real.json"
 else
-  echo "SKIPPED smollm2_real: SMOLLM2_GGUF is not set" | tee "$R/SKIPPED_smollm2_real.txt"
-fi
-if [ "$(left)" -ge $(( 18 * X )) ]; then
-  step llama1b "$(( $(left) - 1 ))" python3 benchmarks/structured_outputs.py "${COMMON[@]}" --load-format dummy \
-       --model /tmp/structured_llama1b --json "$R/llama1b_dummy.json"
-else
-  echo "SKIPPED llama1b: $(left) s left" | tee "$R/SKIPPED_llama1b.txt"
+  echo "SKIPPED smollm2_real: GGUF '${GGUF}' not found or $(left) s left" | tee "$R/SKIPPED_smollm2_real.txt"
 fi
 echo "structured done in ${SECONDS}s"
 ls -la "$R"
