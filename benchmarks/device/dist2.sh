@@ -7,15 +7,17 @@
 #  part 1 (batch 1): TP=2 (mp, NCCL) and TP=1 (uni), one engine each started with async scheduling and switched
 #     off/on while idle: batch-1 decode ms/token per mode, the captured batch-1 decode graph replayed alone on every
 #     rank (the device time of a token), 256 x 512/128 throughput per mode, step timers.
-#  part 2 (DIST2_PART=2, ~60 s): the in-step all-reduce A/B under async scheduling: TP=2 NCCL vs TP=2 symm_mem
-#     (one-shot, no multicast), batch-1 ms/token and the decode graph replayed alone on every rank.
+#  part 2 (DIST2_PART=2, ~70 s): the in-step all-reduce A/B under async scheduling: TP=2 NCCL vs TP=2 symm_mem
+#     (one-shot, no multicast), batch-1 ms/token and the decode graph replayed alone on every rank; the NCCL engine
+#     also runs sync then async (greedy tokens must agree across the modes on the GPU).
+#     Batch 1 (2x H100, 20:47 UTC): graph replay TP=2 3.74 ms vs TP=1 5.38 ms -> ~1.05 ms/token of all-reduce.
 #  part 3 (DIST2_PART=3, ~115 s): the issue's 512 x 1000/1000 throughput at TP=2 with async scheduling (TP=1 of the
 #     same workload: the lead's e2e_8b.sh in the same batch, one GPU of this machine).
 set -u
 cd "$(dirname "$0")/../.."
 R="${OUT:-/tmp/out}/dist2"
 mkdir -p "$R"
-PART="${DIST2_PART:-1}"
+PART="${DIST2_PART:-2}"  # batch 1 ran part 1; batch 2 runs part 2 (and 3 if the lead has room)
 git rev-parse HEAD > "$R/commit.txt" 2>/dev/null
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$R/gpus.csv" 2>&1
 python3 -c "import torch, triton; print(torch.__version__, torch.version.cuda, triton.__version__, torch.cuda.device_count())" \
@@ -42,8 +44,8 @@ if [[ $PART == *1* ]]; then
     --max-num-seqs 256
 fi
 if [[ $PART == *2* ]]; then
-  step 8b_tp2_nccl_b 30 $TP --one 2 --tag nccl_b --async-modes on --graph-replay --prompts 0 --max-num-seqs 8
-  step 8b_tp2_symm_b 30 OCTAVO_TP_ALLREDUCE=symm_mem $TP --one 2 --tag symm_b --async-modes on --graph-replay \
+  step 8b_tp2_nccl_b 38 $TP --one 2 --tag nccl_b --async-modes off on --graph-replay --prompts 0 --max-num-seqs 8
+  step 8b_tp2_symm_b 34 OCTAVO_TP_ALLREDUCE=symm_mem $TP --one 2 --tag symm_b --async-modes on --graph-replay \
     --prompts 0 --max-num-seqs 8
 fi
 if [[ $PART == *3* ]]; then
