@@ -19,6 +19,7 @@ it ends (a timeout keeps what finished). ``--deadline-s`` skips tasks that would
   same config and layer count. It first times 8 new tokens, then picks the longest output (<= ``--out-len``)
   that fits ``--tf-budget-s``, and says so (``tf_out_len``); run ``tf`` BEFORE ``tput`` of the same shape so
   octavo also runs that output length.
+- ``both``: ``bs1`` then ``tput`` on one engine (the throughput engine's settings; one start instead of two).
 - ``--tiny``: small shapes on whatever device is there (a CPU dry run of every code path; numbers mean nothing).
 """
 
@@ -134,12 +135,35 @@ def bytes_read_per_token(model, cfg: dict, context: float) -> dict:
 
 
 def task_bs1(args, shape, layers, tmp) -> dict:
-    from octavo import SamplingParams
-
     cfg = config(shape, layers, args.tiny)
-    bw = bandwidth(args.tiny)
     llm, load_s = make_llm(cfg, tmp, f"{shape}-{layers}", max_model_len=1024, max_num_seqs=args.bs1_max_num_seqs,
                            **({"async_scheduling": True} if args.async_scheduling else {}))
+    res = measure_bs1(args, shape, layers, cfg, llm, load_s)
+    llm.llm_engine.shutdown()
+    del llm
+    _free()
+    return res
+
+
+def task_both(args, shape, layers, tmp) -> dict:
+    """bs1 then tput on ONE engine (the throughput engine's settings; its graph sizes include 1): one start."""
+    cfg = config(shape, layers, args.tiny)
+    llm, load_s = make_llm(cfg, tmp, f"{shape}-{layers}-both", max_model_len=args.in_len + args.out_len + 16,
+                           max_num_seqs=args.prompts, gpu_memory_utilization=0.9,
+                           **({"async_scheduling": True} if args.async_scheduling else {}))
+    res = {"bs1": measure_bs1(args, shape, layers, cfg, llm, load_s)}
+    print(json.dumps(res["bs1"], default=str), flush=True)
+    res["tput"] = measure_tput(args, shape, layers, cfg, llm, load_s)
+    llm.llm_engine.shutdown()
+    del llm
+    _free()
+    return res
+
+
+def measure_bs1(args, shape, layers, cfg, llm, load_s) -> dict:
+    from octavo import SamplingParams
+
+    bw = bandwidth(args.tiny)
     worker = llm.llm_engine.core.executor.driver
     notes = worker.prepared.notes if worker.prepared else {}
     rng = random.Random(0)
@@ -172,9 +196,6 @@ def task_bs1(args, shape, layers, tmp) -> dict:
         res["graph_forward_ms"] = (time.perf_counter() - t) / 30 * 1e3
         res["graph_forward_fraction_of_roofline"] = roof * 1e3 / res["graph_forward_ms"]
         res["host_gap_ms_per_token"] = res["decode_ms_per_token"] - res["graph_forward_ms"]
-    llm.llm_engine.shutdown()
-    del llm, worker
-    _free()
     return res
 
 
@@ -184,11 +205,19 @@ def _prompts(num, length, vocab, seed=1):
 
 
 def task_tput(args, shape, layers, tmp) -> dict:
-    from octavo import SamplingParams
-
     cfg = config(shape, layers, args.tiny)
     llm, load_s = make_llm(cfg, tmp, f"{shape}-{layers}-tput", max_model_len=args.in_len + args.out_len + 16,
                            max_num_seqs=args.prompts, gpu_memory_utilization=0.9)
+    res = measure_tput(args, shape, layers, cfg, llm, load_s)
+    llm.llm_engine.shutdown()
+    del llm
+    _free()
+    return res
+
+
+def measure_tput(args, shape, layers, cfg, llm, load_s) -> dict:
+    from octavo import SamplingParams
+
     prompts = [{"prompt_token_ids": p} for p in _prompts(args.prompts, args.in_len, cfg["vocab_size"])]
     gen_timed(llm, prompts[:2], SamplingParams(max_tokens=4, ignore_eos=True))  # warm-up
     res = {"shape": shape, "layers": layers, "load_s": load_s, "prompts": args.prompts, "in_len": args.in_len}
@@ -200,9 +229,6 @@ def task_tput(args, shape, layers, tmp) -> dict:
                                  "total_tok_s": (tok + args.prompts * args.in_len) / dt}
         print(f"  octavo {shape} {layers}L {args.prompts}x{args.in_len}/{out_len}: {tok / dt:.0f} output tok/s",
               flush=True)
-    llm.llm_engine.shutdown()
-    del llm
-    _free()
     return res
 
 
@@ -257,13 +283,13 @@ def task_tf(args, shape, layers, tmp) -> dict:
     return res
 
 
-TASKS = {"bs1": task_bs1, "tput": task_tput, "tf": task_tf}
-EST_S = {"bs1": 20, "tput": 15, "tf": 10}  # least time left to start a task (seconds)
+TASKS = {"bs1": task_bs1, "tput": task_tput, "tf": task_tf, "both": task_both}
+EST_S = {"bs1": 20, "tput": 15, "tf": 10, "both": 25}  # least time left to start a task (seconds)
 
 
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--tasks", nargs="+", required=True, help="kind:shape:layers (kinds: bs1, tput, tf)")
+    ap.add_argument("--tasks", nargs="+", required=True, help="kind:shape:layers (kinds: bs1, tput, tf, both)")
     ap.add_argument("--out-dir", required=True)
     ap.add_argument("--tiny", action="store_true")
     ap.add_argument("--async-scheduling", action="store_true",

@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
-# MoE models on one GPU (issue 17 item 3 Done-when), HARD bound 74 s per part. Usage: moe_model.sh 1|2
+# MoE models on one GPU (issue 17 item 3 Done-when), HARD bound 74 s per part. Usage: moe_model.sh 1|2|3
 #  part 1: (a) one layer at batch 1 (benchmarks/moe_bench.py, M=1: direct layout without the align launch, Triton
 #          routing; quick M=1 tile search for Qwen3-30B-A3B first, its configs used by everything after), then
 #          (b) MODEL-level batch-1 decode vs the roofline over the bytes actually read (routed experts only):
-#          Qwen3-30B-A3B shape, all 48 layers; Mixtral-8x7B shape, 16 of its 32 layers (47 GB of bf16 weights);
-#          dummy weights, bf16, CUDA graphs, through LLM (benchmarks/moe_e2e.py bs1).
-#  part 2: throughput 256 x 512/512 (octavo) vs transformers (random init on the GPU, bf16) on the same shapes with
-#          fewer layers (Qwen3-30B-A3B 8, Mixtral-8x7B 4) in the same process; transformers runs the longest output
-#          that fits its time (octavo runs that length too); then the tiny-model parity tests vs a float32 oracle
-#          (tests/kernels/test_moe_gpu.py -k parity) with the time left.
+#          Qwen3-30B-A3B shape, all 48 layers (benchmarks/moe_e2e.py bs1); dummy weights, bf16, CUDA graphs, LLM.
+#  part 2: Mixtral-8x7B shape with 12 of its 32 layers (35 GB bf16): transformers (random init on the GPU, bf16,
+#          grouped_mm experts) on 256 x 512/N (the longest N that fits its time), then ONE octavo engine: batch-1
+#          decode vs roofline, throughput 256 x 512/512 and 256 x 512/N (moe_e2e.py tf + both).
+#  part 3: the same throughput comparison for Qwen3-30B-A3B with 8 of its 48 layers (tf + tput).
+#  Every part ends with the GPU tests (batch 1 + routing in a CUDA graph; tiny Qwen3-MoE parity vs a float32
+#  oracle) when >= 22 s are left.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 cd "$(dirname "$0")/../.."
@@ -32,11 +33,14 @@ if [ "$PART" = 1 ]; then
     --deadline-s $(( L - 3 )) --out-dir "$D" > "$D/bs1.log" 2>&1
   echo "bs1 exit $? after $(( $(date +%s) - START )) s"
 fi
+if [ "$PART" = 2 ]; then TASKS="tf:mixtral-8x7b:12 both:mixtral-8x7b:12"; fi
+if [ "$PART" = 3 ]; then TASKS="tf:qwen3-30b-a3b:8 tput:qwen3-30b-a3b:8"; fi
 if [ "$PART" != 1 ]; then
-  L=$(left); echo "== throughput vs transformers (cap ${L} s) $(date -u +%T)"
-  timeout -k 2 "$L" python benchmarks/moe_e2e.py --tasks tf:qwen3-30b-a3b:8 tput:qwen3-30b-a3b:8 \
-    tf:mixtral-8x7b:4 tput:mixtral-8x7b:4 --tf-budget-s 5 --deadline-s $(( L - 3 )) --out-dir "$D" > "$D/tput.log" 2>&1
-  echo "tput exit $? after $(( $(date +%s) - START )) s"
+  L=$(left); echo "== part $PART: $TASKS (cap ${L} s) $(date -u +%T)"
+  timeout -k 2 "$L" python benchmarks/moe_e2e.py --tasks $TASKS --tf-budget-s 6 --deadline-s $(( L - 3 )) \
+    --out-dir "$D" > "$D/part$PART.log" 2>&1
+  echo "part $PART exit $? after $(( $(date +%s) - START )) s"
+  grep -E "tok/s|^skip" "$D/part$PART.log"
 fi
 L=$(left)
 if [ "$L" -ge 22 ]; then  # part 1 too, when its engines started fast enough
