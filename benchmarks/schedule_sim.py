@@ -10,14 +10,22 @@ over the measured bf16 rate) gives the time the GPU needs for that sequence
 of steps (a step = its linear layers + its attention, each the larger of bytes/bandwidth and
 FLOPs/rate). The point is the split (decode-only vs mixed steps, prompt tokens recomputed after preemption), not a
 prediction to the millisecond. Defaults: the Llama-3-8B shape of benchmarks/gpu_e2e.py and its 0.9-of-80 GB
-KV cache as measured on the H100 (26,420 blocks of 16 at max_num_seqs 512).
+KV cache as measured on the H100 (26,420 blocks of 16 at max_num_seqs 512). The nano-vllm workload on the
+Qwen3-0.6B shape (40,015 blocks, batch 0):
+
+    python benchmarks/schedule_sim.py --workload nanovllm --kv-blocks 40015 --max-num-seqs 256 --weights-gb 1.19 \
+        --params-b 0.6 --layers 28 --q-heads 16 --kv-heads 8 --head-dim 128
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # gpu_e2e's workload
 
 
 def _reserving_kv():
@@ -57,10 +65,17 @@ def simulate(args) -> dict:
     kv = (_reserving_kv() if args.admission == "reserve" else KVCacheManager)(args.kv_blocks, args.block_size, False)
     sched = Scheduler(settings, kv, args.max_model_len)
     kv.sched = sched
-    for i in range(args.prompts):
-        ids = [1000 + (i * 7 + j) % 50000 for j in range(args.in_len)]  # distinct per request: no cache hits
-        p = SamplingParams(max_tokens=args.out_len, ignore_eos=True)
-        sched.add_request(Request(EngineCoreRequest(f"r{i}", ids, p, 0.0, 0), args.out_len))
+    if args.workload == "nanovllm":  # nano-vllm's: 256 requests, in/out U[100, 1024] (benchmarks/gpu_e2e.py)
+        from gpu_e2e import nanovllm_workload
+
+        work = [(len(ids), n) for ids, n in nanovllm_workload()]
+    else:
+        work = [(args.in_len, args.out_len)] * args.prompts
+    args.total_out = sum(n for _, n in work)
+    for i, (n_in, n_out) in enumerate(work):
+        ids = [1000 + (i * 7 + j) % 50000 for j in range(n_in)]  # distinct per request: no cache hits
+        p = SamplingParams(max_tokens=n_out, ignore_eos=True)
+        sched.add_request(Request(EngineCoreRequest(f"r{i}", ids, p, 0.0, 0), n_out))
     steps = []
     while sched.has_unfinished_requests():
         out = sched.schedule()
@@ -74,7 +89,7 @@ def simulate(args) -> dict:
                        if s not in dec)
         steps.append((len(dec), pre_tokens, kv_dec, attn_pre, len(out.preempted_ids)))
         sched.update(out, {s.req.request_id: 7 for s in out.scheduled if s.samples})
-    return {"steps": steps}
+    return {"steps": steps, "prompt_tokens": sum(n for n, _ in work)}
 
 
 def cost(steps, args) -> dict:
@@ -95,12 +110,15 @@ def cost(steps, args) -> dict:
         r["decode_rows"] += n_dec
         r["prefill_tokens"] += n_pre
     total = sum(r["s"] for r in out.values())
-    tokens = args.prompts * args.out_len
+    tokens = args.total_out
     return {"by_kind": out, "gpu_s": total, "tok_s": tokens / total}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--workload", choices=["fixed", "nanovllm"], default="fixed",
+                    help="nanovllm: gpu_e2e.py's 256 requests with in/out U[100, 1024] (then pass the Qwen3-0.6B "
+                    "cost flags, see the module docstring)")
     ap.add_argument("--prompts", type=int, default=512)
     ap.add_argument("--in-len", type=int, default=1000)
     ap.add_argument("--out-len", type=int, default=1000)
@@ -128,7 +146,8 @@ def main() -> None:
     steps = sim["steps"]
     res = {"args": vars(args), "num_steps": len(steps), "sim_s": time.perf_counter() - t,
            "preemptions": sum(s[4] for s in steps),
-           "prefill_tokens_computed": sum(s[1] for s in steps), "prompt_tokens": args.prompts * args.in_len,
+           "prefill_tokens_computed": sum(s[1] for s in steps),
+           "prompt_tokens": sim["prompt_tokens"],
            "max_decode_batch": max(s[0] for s in steps),
            "mean_decode_batch": sum(s[0] for s in steps) / max(1, sum(1 for s in steps if s[0])),
            **cost(steps, args)}
