@@ -14,11 +14,11 @@ it ends (a timeout keeps what finished). ``--deadline-s`` skips tasks that would
   plus the mean KV bytes attended; ``fraction_of_roofline`` = (bytes / copy bandwidth measured in the same
   process) / ms per token. ``graph_forward_ms`` replays the captured batch-1 forward alone (no host work).
 - ``tput``: ``--prompts`` x ``--in-len``/``--out-len`` random prompts through ``LLM.generate`` (ignore_eos);
-  also the ``--tf-out-len`` variant when transformers could only run a shorter output in its time.
+  also ``--short-out-len`` (or the length transformers ran, when ``tf`` came first).
 - ``tf``: transformers ``generate`` (greedy, batch of all prompts, ``min_new_tokens = max_new_tokens``) on the
-  same config and layer count. It first times 8 new tokens, then picks the longest output (<= ``--out-len``)
-  that fits ``--tf-budget-s``, and says so (``tf_out_len``); run ``tf`` BEFORE ``tput`` of the same shape so
-  octavo also runs that output length.
+  same config and layer count. It first times 8 and 16 new tokens, then picks the first output length that
+  fits ``--tf-budget-s`` among ``--out-len``, ``--short-out-len`` (octavo runs both) and anything shorter,
+  and says so (``tf_out_len``); ``tf`` BEFORE ``tput`` of the same shape makes octavo run exactly that length.
 - ``both``: ``bs1`` then ``tput`` on one engine (the throughput engine's settings; one start instead of two).
 - ``--tiny``: small shapes on whatever device is there (a CPU dry run of every code path; numbers mean nothing).
 """
@@ -221,7 +221,8 @@ def measure_tput(args, shape, layers, cfg, llm, load_s) -> dict:
     prompts = [{"prompt_token_ids": p} for p in _prompts(args.prompts, args.in_len, cfg["vocab_size"])]
     gen_timed(llm, prompts[:2], SamplingParams(max_tokens=4, ignore_eos=True))  # warm-up
     res = {"shape": shape, "layers": layers, "load_s": load_s, "prompts": args.prompts, "in_len": args.in_len}
-    lengths = [args.out_len] + ([TF_OUT[shape]] if TF_OUT.get(shape, args.out_len) != args.out_len else [])
+    short = TF_OUT.get(shape, args.short_out_len)  # what transformers ran, or what it will try first
+    lengths = [args.out_len] + ([short] if short and short != args.out_len else [])
     for out_len in lengths:
         dt, outs = gen_timed(llm, prompts, SamplingParams(max_tokens=out_len, ignore_eos=True))
         tok = sum(len(o.outputs[0].token_ids) for o in outs)
@@ -268,7 +269,8 @@ def task_tf(args, shape, layers, tmp) -> dict:
     probe = run(8)  # prefill + 7 decode steps (also the warm-up)
     step = max((run(16) - probe) / 8, 1e-4) if probe < args.tf_budget_s / 4 else probe / 8
     fits = int((args.tf_budget_s - probe) / step) if step else args.out_len
-    out_len = max(8, min(args.out_len, fits // 8 * 8))
+    # the full output, else octavo's short run's length, else the longest that fits
+    out_len = next((n for n in (args.out_len, args.short_out_len) if n and n <= fits), max(8, fits // 8 * 8))
     dt = run(out_len) if out_len > 16 else probe * out_len / 8
     TF_OUT[shape] = out_len
     impl = getattr(model, "get_experts_implementation", lambda: None)()
@@ -302,6 +304,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--in-len", type=int, default=512)
     ap.add_argument("--out-len", type=int, default=512)
     ap.add_argument("--tf-budget-s", type=float, default=12.0)
+    ap.add_argument("--short-out-len", type=int, default=64,
+                    help="tput also runs this output length (for transformers, which may not fit --out-len)")
     ap.add_argument("--deadline-s", type=float, default=1e9, help="skip tasks that would start after this")
     args = ap.parse_args(argv)
     t0 = time.monotonic()
