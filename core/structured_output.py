@@ -240,6 +240,10 @@ class StructuredOutputManager:
         hook, self.after_accept = self.after_accept, None
         if hook is not None:
             hook()  # queued behind the accept job on the same thread: the fill sees the new tokens
+            # Let the bitmask thread take the GIL now: its accept + fill are the critical path of the next
+            # step, while this (core) thread's remaining work (outputs, scheduling N+2) runs ahead of the
+            # device. Without the yield it waits until this thread blocks or Python's 5 ms switch interval.
+            time.sleep(0)
         self.stats["accept_s"] += time.perf_counter() - t0
 
     def _accept(self, matchers: list[Any], tokens: list[int], rids: list[str]) -> None:
