@@ -70,10 +70,10 @@ class LoRAManager:
         self.dtype = dtype if lora.lora_dtype == "auto" else getattr(torch, lora.lora_dtype)
         self.model_dtype, self.device = dtype, device
         kernel = _kernel_choice(device)
-        self.use_triton = kernel == "triton"
+        self.use_triton = kernel == "triton"  # eager steps
         self.static: StaticLoRA | None = None
         if graph_tokens > 0 and _graphs_on(device):
-            self.static = StaticLoRA(self.max_loras, graph_tokens, self.dtype, device, self.use_triton,
+            self.static = StaticLoRA(self.max_loras, graph_tokens, self.dtype, device, kernel in ("triton", "auto"),
                                      fused_expand=kernel == "fused")
         flat = self.static is not None
         packed = getattr(model, "packed_modules_mapping", {})
@@ -304,23 +304,32 @@ def _graphs_on(device) -> bool:
 
 
 def _kernel_choice(device) -> str:
-    """``OCTAVO_LORA_KERNEL``: ``torch`` (default), ``triton`` or ``fused`` (the last two CUDA only).
+    """``OCTAVO_LORA_KERNEL``: ``auto`` (default), ``torch``, ``triton`` or ``fused``.
 
-    - ``torch``: eager steps run the torch layouts of octavo.lora.ops; graphs the dense op (octavo.lora.static).
-    - ``triton``: eager steps and graphs run the SGMV Triton kernels (octavo.lora.triton_ops).
-    - ``fused``: as ``torch``, but the dense graph op's mask and expand are one Triton kernel (2 kernels per
-      projection instead of 3).
+    - ``auto``: eager steps run the torch layouts of octavo.lora.ops; CUDA graphs the fixed-grid Triton SGMV
+      (octavo.lora.static) where Triton imports, else the dense torch op. On CPU: ``torch``.
+    - ``torch``: eager steps the torch layouts, graphs the dense torch op (no Triton).
+    - ``triton`` (CUDA): eager steps and graphs the SGMV Triton kernels (octavo.lora.triton_ops).
+    - ``fused`` (CUDA): as ``torch``, with the dense op's mask and expand in one Triton kernel.
 
-    Measured on an H100 (docs/performance.md, Llama-3-8B shape, batch 64) when LoRA steps ran eager: the torch op
-    ran the mixed batch 1.84x faster than the Triton kernels, whose Python launch cost dominates an eager step.
+    Measured on an H100 (docs/performance.md "LoRA on GPU", Llama-3-8B widths, batch 64, 8 mixed adapters): in
+    graphs the SGMV op ran the mixed batch at 0.80x the base model, dense torch 0.64x, fused 0.66x; eager (before
+    graphs) the torch layouts ran 1.84x faster than the Triton kernels, whose Python launch cost dominates there.
     """
-    choice = os.environ.get("OCTAVO_LORA_KERNEL", "torch")
-    if choice not in ("torch", "triton", "fused"):
-        raise ValueError(f"OCTAVO_LORA_KERNEL={choice!r}: use 'torch' (default), 'triton' or 'fused' (CUDA only)")
+    choice = os.environ.get("OCTAVO_LORA_KERNEL", "auto")
+    if choice not in ("auto", "torch", "triton", "fused"):
+        raise ValueError(f"OCTAVO_LORA_KERNEL={choice!r}: use 'auto' (default), 'torch', 'triton' or 'fused' "
+                         "(the last two CUDA only)")
     if choice == "torch":
         return choice
     if torch.device(device).type != "cuda":
+        if choice == "auto":
+            return "torch"
         raise ValueError(f"OCTAVO_LORA_KERNEL={choice} needs a CUDA device")
-    import triton  # noqa: F401 - an ImportError names the missing package
-
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        if choice == "auto":
+            return "torch"
+        raise  # an ImportError names the missing package
     return choice

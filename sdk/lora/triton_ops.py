@@ -44,10 +44,17 @@ def plan_blocks(rows: torch.Tensor, segments: list[tuple[int, int, int]], device
             slots.append(slot)
             starts.append(s)
             ends.append(min(s + BLOCK_M, e))
-    meta = torch.tensor([slots, starts, ends], dtype=torch.int32)
-    packed = torch.cat([rows.to(torch.int32), meta.view(-1)]).to(device, non_blocking=True)
+    # every part starts 16-element aligned: Triton specializes pointers on 16-byte alignment, so unaligned parts
+    # would compile a second variant of each kernel on some steps (seen once as a 4 s first prefill on an H100)
     m, nb = rows.numel(), len(slots)
-    return BlockPlan(packed[:m], packed[m:m + nb], packed[m + nb:m + 2 * nb], packed[m + 2 * nb:], nb, m)
+    mp, nbp = -(-m // 16) * 16, -(-nb // 16) * 16
+    packed = torch.zeros(mp + 3 * nbp, dtype=torch.int32)
+    packed[:m] = rows.to(torch.int32)
+    for i, col in enumerate((slots, starts, ends)):
+        packed[mp + i * nbp:mp + i * nbp + nb] = torch.tensor(col, dtype=torch.int32)
+    packed = packed.to(device, non_blocking=True)
+    return BlockPlan(packed[:m], packed[mp:mp + nb], packed[mp + nbp:mp + nbp + nb],
+                     packed[mp + 2 * nbp:mp + 2 * nbp + nb], nb, m)
 
 
 @triton.jit

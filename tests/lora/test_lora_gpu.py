@@ -138,11 +138,11 @@ def _mixed(llm, loras):
     return choices, [list(o.outputs[0].token_ids) for o in outs]
 
 
-@pytest.mark.parametrize("kernel", ["torch", "triton", "fused"])
+@pytest.mark.parametrize("kernel", ["auto", "torch", "triton", "fused"])
 def test_engine_graphs_with_adapters_equal_peft_and_eager(tiny, kernel, monkeypatch):
     from tests.lora.test_lora_llama import PROMPTS
 
-    if kernel != "torch":
+    if kernel in ("triton", "fused"):
         pytest.importorskip("triton")
     monkeypatch.setenv("OCTAVO_LORA_KERNEL", kernel)
     base, loras, want = tiny
@@ -158,7 +158,7 @@ def test_engine_graphs_with_adapters_equal_peft_and_eager(tiny, kernel, monkeypa
     if want is not None:  # peft installed: its tokens are the reference
         for i, (lora, tokens) in enumerate(zip(choices, got)):
             assert tokens == want[None if lora is None else lora.lora_int_id][i % len(PROMPTS)], (kernel, i, lora)
-    if kernel == "torch" or want is None:  # the eager per-step layouts (checked against peft on CPU)
+    if kernel == "auto" or want is None:  # the eager per-step layouts (checked against peft on CPU)
         eager = _engine(base, enforce_eager=True)
         _, got_eager = _mixed(eager, loras)
         eager.llm_engine.shutdown()
