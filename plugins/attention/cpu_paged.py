@@ -34,7 +34,7 @@ class CpuPagedAttentionBackend(TorchSDPABackend):
     """Paged attention for CPUs (see the module docstring)."""
 
     name = "cpu_paged"
-    platform_priority = {"cpu": 50}
+    platform_priority = {"cpu": 5}  # low: a third-party CPU backend that ranks itself wins
 
     @classmethod
     def supports(cls, *, device_type, dtype, head_size, sliding_window=None, logits_soft_cap=None, block_size=16):

@@ -271,7 +271,8 @@ def test_select_attention_backend(site, monkeypatch):
         for reason in ("never supports anything", "head_size 128 > 64", "missing: not registered"):
             assert reason in str(e.value)
     else:
-        assert pm.select_attention_backend(settings, platform, dtype=torch.float32, head_size=128).name == "torch_sdpa"
+        chosen = pm.select_attention_backend(settings, platform, dtype=torch.float32, head_size=128).name
+        assert chosen == _cpu_builtin(pm)
 
 
 def test_select_attention_backend_hook(site, monkeypatch):
@@ -387,4 +388,14 @@ Never.platform_priority = {"cpu": 20}
     chosen = pm.select_attention_backend(OctavoSettings(), CpuPlatform(), dtype=torch.float32, head_size=64)
     assert chosen.name == "small"
     chosen = pm.select_attention_backend(OctavoSettings(), CpuPlatform(), dtype=torch.float32, head_size=128)
-    assert chosen.name == "torch_sdpa"  # the reference backend is the last resort
+    assert chosen.name == _cpu_builtin(pm)  # the CPU's built-in backend, else the reference as the last resort
+
+
+def _cpu_builtin(pm) -> str:
+    """``cpu_paged`` (the built-in CPU backend, low priority) where it is registered and available, else
+    ``torch_sdpa``."""
+    if "cpu_paged" in pm.names("attention_backends"):
+        cls = pm.resolve("attention_backends", "cpu_paged")
+        if cls.is_available() and cls.supports(device_type="cpu", dtype=torch.float32, head_size=128):
+            return "cpu_paged"
+    return "torch_sdpa"
