@@ -68,3 +68,24 @@ def test_no_compiler_means_torch_sdpa(monkeypatch):
 
     chosen = get_plugin_manager().select_attention_backend(None, CpuPlatform(), dtype=torch.float32, head_size=64)
     assert chosen.name == "torch_sdpa"
+
+
+@pytest.mark.parametrize("march", ["-march=haswell", "-march=x86-64"])
+def test_kernel_built_for_older_isas(monkeypatch, march):
+    """CI machines may be AVX2-only (or older): the same C source built for AVX2 and for baseline x86-64 gives
+    the native build's answers (which the float64 test above checks); run here on a CPU that executes all."""
+    import platform
+
+    if platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("x86 ISA levels")
+    g = torch.Generator().manual_seed(7)
+    cache = torch.randn(2, 64, 16, 2, 64, generator=g).bfloat16()
+    lens = torch.tensor([1, 16, 17, 90, 200])
+    tables = torch.stack([torch.randperm(63, generator=g)[:13] + 1 for _ in range(5)])
+    q = torch.randn(5, 6, 64, generator=g).bfloat16()
+    native = kernel.paged_decode(q, cache, tables, lens, 0.125)
+    flags = [f for f in kernel._FLAGS if not f.startswith(("-march", "-mprefer"))] + [march]
+    monkeypatch.setattr(kernel, "_FLAGS", flags)
+    monkeypatch.setattr(kernel, "_state", {})
+    assert kernel.library() is not None, kernel.unavailable_reason()
+    assert (kernel.paged_decode(q, cache, tables, lens, 0.125) - native).abs().max().item() < 1e-6
