@@ -34,10 +34,15 @@ def test_default_on_for_cuda_and_written_back(caplog):
     assert "async scheduling on" in caplog.text
 
 
+def test_default_on_for_mp_tensor_parallel_on_cuda():
+    on, settings = resolve("cuda", tensor_parallel_size=2)  # mp: GPU-checked (docs/distributed.md)
+    assert on is True and settings.scheduler.async_scheduling is True
+
+
 @pytest.mark.parametrize("kw, reason", [
     (dict(), "CPU"),
     (dict(speculative_config={"method": "ngram", "num_speculative_tokens": 2}), "speculative_config"),
-    (dict(tensor_parallel_size=2), "distributed_executor_backend='mp'"),  # refused or not default
+    (dict(tensor_parallel_size=2, distributed_executor_backend="ray"), "distributed_executor_backend='ray'"),
     (dict(pipeline_parallel_size=2), "pipeline_parallel_size"),
 ])
 def test_default_off_with_reason(kw, reason, caplog):
