@@ -37,23 +37,20 @@ class GrammarStep:
         request_ids: those requests' ids, same order.
         matchers: their ``GrammarMatcher`` objects, same order.
         bitmask: a host int32 tensor with at least ``len(matchers)`` rows (reused across steps).
-        pool: the one-thread executor the fill runs on when started early (the manager's token accepts run
-            there too, in order).
-        after: the last token-accept job on ``pool`` (None: none pending); a fill on another thread waits for it.
+        pool: the one-thread executor the fill runs on when started early.
     """
 
-    __slots__ = ("backend", "positions", "request_ids", "matchers", "bitmask", "pool", "after", "_future", "_rows",
+    __slots__ = ("backend", "positions", "request_ids", "matchers", "bitmask", "pool", "_future", "_rows",
                  "fill_s", "wait_s", "apply_s")
 
     def __init__(self, backend: Any, positions: list[int], request_ids: list[str], matchers: list[Any],
-                 bitmask: Any, pool: ThreadPoolExecutor, after: Future | None = None) -> None:
+                 bitmask: Any, pool: ThreadPoolExecutor) -> None:
         self.backend = backend
         self.positions = positions
         self.request_ids = request_ids
         self.matchers = matchers
         self.bitmask = bitmask[:len(matchers)]
         self.pool = pool
-        self.after = after
         self._future: Future | None = None
         self._rows: tuple[list[str], list[int], Any] | None = None
         # seconds: filling (on whichever thread), blocked in wait() (the part not hidden by the forward),
@@ -86,8 +83,6 @@ class GrammarStep:
         fills now if ``start`` was not called. Safe to call more than once."""
         if self._rows is None:
             t0 = time.perf_counter()
-            if self._future is None and self.after is not None:
-                self.after.result()  # the matchers must have taken the last step's tokens (same pool, FIFO)
             self._rows = self._future.result() if self._future is not None else self._fill()
             self._future = None
             self.wait_s = time.perf_counter() - t0

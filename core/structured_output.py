@@ -6,7 +6,7 @@ grammar state and ships a packed bitmask with the step, so workers hold none).
     schedule(): a waiting request is admitted only once its grammar is ready (nothing else waits)
     after schedule: prepare() -> GrammarStep (rows sampling under a grammar) ──▶ executor: filled on a host
                     thread while the forward runs (in-process) or shipped as bytes in the StepBatch (others)
-    update(): the sampled tokens go to the bitmask thread, which advances the matchers before the next fill
+    update(): every matcher advances by its request's token (one batched call)
 
 A preempted request keeps its matcher (its output tokens are kept too, so the state stays right). With a
 reasoning parser, a request's grammar starts after the reasoning end marker (``</think>``) appears in its
@@ -71,15 +71,14 @@ class StructuredOutputManager:
         self._reasoning_name = settings.server.reasoning_parser
         self._num_words = (vocab_size + 31) // 32
         self._bitmask = None  # host int32 [max_num_seqs, words], allocated on first use, reused every step
-        self._fill_pool: ThreadPoolExecutor | None = None  # fills and token accepts, in order (one thread)
+        self._fill_pool: ThreadPoolExecutor | None = None  # the bitmask fills (one thread)
         self._inflight: GrammarStep | None = None
-        self._accepted: Future | None = None  # the last accept job on the fill pool
         # set by the async step loop (core/async_engine.py): releases step N+1's gated fill once N's tokens are
-        # queued for the matchers (it needs nothing else from the step), instead of after N's outputs are built
+        # in the matchers (it needs nothing else from the step), instead of after N's outputs are built
         self.after_accept: Any = None
         # host seconds summed over steps with grammar rows (benchmarks/structured_outputs.py reads them):
         # wait_s is the fill time the forward did not hide; fill_s the whole fill, wherever it ran
-        # accept_s: the core thread's part of accept_tokens; accept_thread_s: the matchers moving (bitmask thread)
+        # accept_s: all of accept_tokens; accept_thread_s: of it, the matchers moving
         self.stats = dict.fromkeys(("steps", "rows", "prepare_s", "fill_s", "wait_s", "apply_s", "accept_s",
                                     "accept_thread_s"), 0)
         from octavo.core.plugin_manager import get_plugin_manager
@@ -194,7 +193,7 @@ class StructuredOutputManager:
             pin = torch.cuda.is_available() and torch.cuda.is_initialized()
             self._bitmask = torch.full((rows, self._num_words), -1, dtype=torch.int32, pin_memory=pin)
         self._inflight = GrammarStep(self._get_backend(), positions, rids, matchers, self._bitmask,
-                                     self._pool_for_fills(), after=self._accepted)
+                                     self._pool_for_fills())
         self.stats["prepare_s"] += time.perf_counter() - t0
         return self._inflight
 
@@ -205,14 +204,13 @@ class StructuredOutputManager:
             step.attach(batch)
 
     def accept_tokens(self, updates: list[tuple[Any, int | None]]) -> None:
-        """Advance each request's matcher by the token it just got (``Scheduler.update``'s result).
+        """Advance each request's matcher by the token it just got (``Scheduler.update``'s result): one batched
+        call (xgrammar ``batch_accept_token``) on this thread.
 
-        The matchers move on the bitmask thread, not here: one job per step, queued on the same one-thread
-        pool as the fills, so it runs after this step's fill and before the next one (FIFO), while the core
-        thread goes on building outputs and scheduling. That takes the ~3 us per request of ``accept_token``
-        (0.1 ms at batch 32 on the H100 host, ~4% of a decode step) off the critical path of both the
-        synchronous loop and async scheduling. A fill that runs elsewhere (``GrammarStep.wait`` without
-        ``start``) first waits for the job (``GrammarStep.after``); :meth:`flush` waits for it too."""
+        NOTE (measured, H100 host, batch 32, async scheduling): run as a job on the bitmask thread instead, the
+        accept took 0.69 ms per step (0.04 ms alone): that thread waited for the GIL while this one scheduled
+        the next step, and the accept sits on the critical path of the next fill. So it stays here.
+        Under async scheduling ``after_accept`` then releases the next step's gated fill at once."""
         t0 = time.perf_counter()
         step, self._inflight = self._inflight, None
         if step is not None:  # the step's fill must be over before any matcher moves
@@ -236,18 +234,18 @@ class StructuredOutputManager:
             tokens.append(token)
             rids.append(req.request_id)
         if matchers:
-            self._accepted = self._pool_for_fills().submit(self._accept, matchers, tokens, rids)
+            self._accept(matchers, tokens, rids)
         hook, self.after_accept = self.after_accept, None
         if hook is not None:
             hook()  # queued behind the accept job on the same thread: the fill sees the new tokens
-            # Let the bitmask thread take the GIL now: its accept + fill are the critical path of the next
-            # step, while this (core) thread's remaining work (outputs, scheduling N+2) runs ahead of the
-            # device. Without the yield it waits until this thread blocks or Python's 5 ms switch interval.
+            # Let the bitmask thread take the GIL now: its fill is the critical path of the next step, while
+            # this (core) thread's remaining work (outputs, scheduling N+2) runs ahead of the device. Without
+            # the yield it waits until this thread blocks or Python's 5 ms switch interval.
             time.sleep(0)
         self.stats["accept_s"] += time.perf_counter() - t0
 
     def _accept(self, matchers: list[Any], tokens: list[int], rids: list[str]) -> None:
-        """The bitmask thread's half of :meth:`accept_tokens` (a terminated grammar takes no more tokens)."""
+        """Advance the matchers (a terminated grammar takes no more tokens)."""
         t0 = time.perf_counter()
         live = [j for j, m in enumerate(matchers) if not m.is_terminated()]
         ok = self._get_backend().accept_tokens([matchers[j] for j in live], [tokens[j] for j in live])
@@ -260,12 +258,6 @@ class StructuredOutputManager:
         if self._fill_pool is None:
             self._fill_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="octavo-bitmask")
         return self._fill_pool
-
-    def flush(self) -> None:
-        """Wait until every token given to :meth:`accept_tokens` is in its matcher (tests, inspection)."""
-        fut, self._accepted = self._accepted, None
-        if fut is not None:
-            fut.result()
 
     def shutdown(self) -> None:
         for pool in (self._pool, self._fill_pool):

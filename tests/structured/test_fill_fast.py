@@ -150,7 +150,6 @@ def test_grammar_that_accepted_eos_is_not_masked_further(n):
             mgr.prepare(Out).wait()
             reqs[0].append_output_token(t)
             mgr.accept_tokens([(reqs[0], t)])
-        mgr.flush()  # the matchers move on the bitmask thread
         assert reqs[0].grammar.matcher.is_terminated()
         rids, positions, packed = mgr.prepare(Out).wait()
         assert rids == [f"t{i}" for i in range(1, n)] and positions == list(range(1, n))

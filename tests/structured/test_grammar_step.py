@@ -147,10 +147,9 @@ def test_fully_open_rows_are_not_masked_and_default_executor_ships_bytes(mgr):
 
 
 def test_deferred_accept_masks_equal_xgrammar_row_by_row(mgr):
-    """The engine's loop with matchers advanced on the bitmask thread (accept_tokens queues the step's tokens,
-    the next fill runs after them on the same thread): every row of every step equals a fresh xgrammar
+    """The engine's loop (batched accept, then the next fill): every row of every step equals a fresh xgrammar
     matcher's own mask after the same tokens (real tokenizer, the backend's compiled grammar), on both fill
-    paths (started on the pool, and filled inline by ``wait`` after the pending accept job)."""
+    paths (started on the pool, and filled inline by ``wait``)."""
     import xgrammar as xgr
 
     texts = ['{"name": "abc", "n": 12}', '{\n  "name": "Zoë",\n  "n": -3\n}', '{"name":"","n":0}']
@@ -178,6 +177,5 @@ def test_deferred_accept_masks_equal_xgrammar_row_by_row(mgr):
             reqs[j].append_output_token(token_lists[j][k])
             updates.append((reqs[j], token_lists[j][k]))
         mgr.accept_tokens(updates)
-    mgr.flush()
     assert all(r.grammar.matcher.m.is_completed() for r in reqs), "every text is a complete JSON value"
     assert backend.accept_tokens([], []) == []
