@@ -146,7 +146,7 @@ def test_fully_open_rows_are_not_masked_and_default_executor_ships_bytes(mgr):
     mgr.accept_tokens([])
 
 
-def test_deferred_accept_masks_equal_xgrammar_row_by_row(mgr):
+def test_step_loop_masks_equal_xgrammar_row_by_row(mgr):
     """The engine's loop (batched accept, then the next fill): every row of every step equals a fresh xgrammar
     matcher's own mask after the same tokens (real tokenizer, the backend's compiled grammar), on both fill
     paths (started on the pool, and filled inline by ``wait``)."""
