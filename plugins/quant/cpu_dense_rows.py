@@ -6,9 +6,10 @@ call and run an fp32 GEMM. At decode batch 32-64 (``octavo serve`` at C=32, offl
 step: SmolLM2's 30 layers + head wrote ~540 MB of fp32 weights per step, and an fp32 GEMM at 64 rows ran
 ~4x slower than the bf16 one on an AMX CPU (docs/performance.md). Here the dequantized weight is kept:
 
-- with bfloat16 activations (the CPU default where bf16 is native), a **bf16** copy, so the GEMM is oneDNN's
-  bf16 (AMX / AVX512-BF16) one — the same numbers as the dense bf16 model of the dequantized weights;
-- with float32 activations, a float32 copy: exactly the values and the GEMM of the per-call path before;
+- a **float32** copy, whatever the activation dtype: exactly the values and the GEMM of the per-call path before.
+  A bf16 copy (AMX GEMM, ~2x faster at 64 rows) was tried and taken out: it rounds the 4-bit weights to bf16 only
+  for steps of more than 16 rows, so a request's greedy output changed with how many others shared its step
+  (the server's 64-stream and colliding-id tests caught it); a request's tokens must not depend on the load;
 - int8 weights (the GGUF's Q8_0 head) always keep a float32 copy: exact, as before (a bf16 copy would add
   more error than their 8 bits have).
 
@@ -50,7 +51,8 @@ def _dense(packed: torch.Tensor, dtype: torch.dtype, k: int, build) -> torch.Ten
 
 
 def _activation_dtype(x: torch.Tensor) -> torch.dtype:
-    return torch.bfloat16 if x.dtype == torch.bfloat16 else torch.float32
+    """float32 always: the rows <= 16 kernels compute in float32 from the exact dequantized weight (see above)."""
+    return torch.float32
 
 
 def int4_rows(x: torch.Tensor, w4: torch.Tensor, s: torch.Tensor, z: torch.Tensor, dequant) -> torch.Tensor | None:

@@ -2,7 +2,8 @@
 
 Why a separate module: :mod:`.cpu_kernel` routes a linear here when its caller accepts int8 activations
 (``act8=True``: the GGUF methods, whose file format llama.cpp runs this way) and the row count is at most
-:data:`MAX_ROWS`. ``OCTAVO_CPU_INT8_ACT=0`` (an :func:`octavo.env_flags.env_switch`) keeps the exact fp32-
+:data:`MAX_ROWS`, when ``OCTAVO_CPU_INT8_ACT=1`` (an :func:`octavo.env_flags.env_switch`, default off: the tokens would
+depend on the batch size, docs/quantization.md); otherwise the exact fp32-
 activation kernels everywhere; when the integer kernels cannot be built, a warning names the reason once and
 the fp32 kernels run.
 
@@ -30,7 +31,7 @@ _state: dict[str, object] = {}
 def enabled() -> bool:
     """Whether act8 callers get the integer kernels (read once per process; tests reset ``_state``)."""
     if "on" not in _state:
-        on = env_switch("OCTAVO_CPU_INT8_ACT")
+        on = env_switch("OCTAVO_CPU_INT8_ACT", default=False)
         if on:
             try:
                 cpu_int8act.library()

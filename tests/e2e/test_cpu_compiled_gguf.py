@@ -60,7 +60,7 @@ def mode(request, monkeypatch):
     from octavo.plugins.quant import cpu_int8act_ops
 
     if request.param == "int8act":
-        monkeypatch.delenv("OCTAVO_CPU_INT8_ACT", raising=False)  # the default
+        monkeypatch.setenv("OCTAVO_CPU_INT8_ACT", "1")  # opt-in
     else:
         monkeypatch.setenv("OCTAVO_CPU_INT8_ACT", "0")
     monkeypatch.setattr(cpu_int8act_ops, "_state", {})

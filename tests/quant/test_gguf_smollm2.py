@@ -48,7 +48,7 @@ def exact_kernels(monkeypatch):
 def int8_act_kernels(monkeypatch):
     from octavo.plugins.quant import cpu_int8act_ops
 
-    monkeypatch.delenv("OCTAVO_CPU_INT8_ACT", raising=False)
+    monkeypatch.setenv("OCTAVO_CPU_INT8_ACT", "1")  # opt-in since session 4's end
     monkeypatch.setattr(cpu_int8act_ops, "_state", {})
     if not cpu_int8act_ops.enabled():
         pytest.skip("int8-activation kernels not built here")
