@@ -74,18 +74,41 @@ def sync() -> None:
         torch.cuda.synchronize()
 
 
+KNOBS = ("OCTAVO_LORA_SGMV_CONFIG", "OCTAVO_LORA_TRITON_MIN_TOKENS")  # set per engine (docs/lora.md)
+
+
+def parse_engine(spec: str) -> tuple[str, dict]:
+    """``[label=]kernel[@VAR=VALUE...]``: an ``OCTAVO_LORA_KERNEL`` choice (or ``base``) and the knobs of that
+    engine (the label only names it in the results)."""
+    kernel, *pairs = spec.split("@")
+    kernel = kernel.rpartition("=")[2]
+    if kernel not in ("base", "auto", "torch", "triton", "fused"):
+        raise SystemExit(f"--engines {spec!r}: unknown kernel {kernel!r}")
+    env = {}
+    for pair in pairs:
+        var, eq, val = pair.partition("=")
+        if var not in KNOBS or not eq:
+            raise SystemExit(f"--engines {spec!r}: {pair!r} is not VAR=VALUE with VAR one of {KNOBS}")
+        env[var] = val
+    return kernel, env
+
+
 def run_engine(kind: str, model_dir: str, cfg: dict, loras: list, args, device: str) -> dict:
     """One engine: ``base`` (no LoRA) or a LoRA engine with kernel ``kind``; returns its timings."""
     from octavo import LLM, SamplingParams
 
-    os.environ["OCTAVO_LORA_KERNEL"] = "torch" if kind == "base" else kind
+    kernel, env = parse_engine(kind)
+    for var in KNOBS:
+        os.environ.pop(var, None)
+    os.environ.update(env)
+    os.environ["OCTAVO_LORA_KERNEL"] = "torch" if kernel == "base" else kernel
     t = time.perf_counter()
     dtype = "bfloat16" if device == "cuda" else "float32"
-    lora = {} if kind == "base" else dict(enable_lora=True, max_loras=args.adapters, max_lora_rank=args.rank)
+    lora = {} if kernel == "base" else dict(enable_lora=True, max_loras=args.adapters, max_lora_rank=args.rank)
     llm = LLM(model=model_dir, load_format="dummy", dtype=dtype, skip_tokenizer_init=True,
               max_model_len=args.prompt_len + args.max_tokens + 16, max_num_seqs=args.batch,
               enable_prefix_caching=False, kv_cache_memory_bytes=(2 << 30) if device == "cuda" else 64 << 20, **lora)
-    res: dict = {"load_s": round(time.perf_counter() - t, 2)}
+    res: dict = {"spec": kind, "load_s": round(time.perf_counter() - t, 2)}
     log(f"{kind}: LLM() {res['load_s']} s")
     vocab = cfg["vocab_size"]
     prompts = [{"prompt_token_ids": [(7919 * i + 104729 * j) % (vocab - 200) + 100 for j in range(args.prompt_len)]}
@@ -95,14 +118,14 @@ def run_engine(kind: str, model_dir: str, cfg: dict, loras: list, args, device: 
     runner = llm.llm_engine.core.executor.driver.runner
     warm = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
     t = time.perf_counter()
-    if kind != "base":  # loads every adapter into its slot
+    if kernel != "base":  # loads every adapter into its slot
         llm.generate(prompts[:len(loras)], warm, use_tqdm=False, lora_request=mixed[:len(loras)])
     llm.generate(prompts[:4], warm, use_tqdm=False)
     sync()
     res["warmup_s"] = round(time.perf_counter() - t, 2)
     if runner.lora is not None:
         res["lora_graphs_captured"] = bool(runner.lora.static is not None and runner.lora.static.captured)
-    variants = [("base", None)] if kind == "base" else [("base_on_lora", None), ("mixed", mixed)]
+    variants = [("base", None)] if kernel == "base" else [("base_on_lora", None), ("mixed", mixed)]
     tps: dict[str, list[float]] = {name: [] for name, _ in variants}
     replays: dict[str, int] = {}
     for r in range(args.repeats):
@@ -145,14 +168,15 @@ def run_shape(shape: str, args, tmp: str, device: str) -> dict:
     res: dict = {"shape": shape, "layers": cfg["num_hidden_layers"], "config": SHAPES[shape],
                  "adapters_written_s": round(time.perf_counter() - t, 2), "engines": {}}
     log(f"{shape}: {args.adapters} adapters written in {res['adapters_written_s']} s, {cfg['num_hidden_layers']} layers")
-    for kind in args.engines:
+    for spec in args.engines:
+        kind = spec.split("@")[0].partition("=")[0]
         left = args.budget_s - (time.perf_counter() - T0)
         if left < args.engine_s:
             log(f"{shape}: engine {kind} skipped ({left:.0f} s left, needs ~{args.engine_s} s)")
             res["engines"][kind] = {"skipped": f"{left:.0f} s left"}
             continue
         try:
-            res["engines"][kind] = run_engine(kind, model_dir, cfg, loras, args, device)
+            res["engines"][kind] = run_engine(spec, model_dir, cfg, loras, args, device)
         except Exception as e:  # noqa: BLE001 - recorded, and the next engine still runs
             import traceback
 
@@ -177,7 +201,9 @@ def run_shape(shape: str, args, tmp: str, device: str) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", nargs="+", default=["8b"], choices=list(SHAPES))
-    ap.add_argument("--engines", nargs="+", default=["base", "torch", "triton"], choices=["base", "auto", "torch", "triton", "fused"])
+    ap.add_argument("--engines", nargs="+", default=["base", "auto"],
+                    help="base | auto | torch | triton | fused, each optionally @VAR=VALUE@... with VAR one of "
+                    "OCTAVO_LORA_SGMV_CONFIG, OCTAVO_LORA_TRITON_MIN_TOKENS (set for that engine only)")
     ap.add_argument("--layers", type=int, default=0, help="override the shape's layer count (0: keep it)")
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--adapters", type=int, default=8)
@@ -192,6 +218,8 @@ def main() -> None:
                     "vs enforce_eager engine tokens, per kernel choice (CUDA only)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
+    for spec in args.engines:
+        parse_engine(spec)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     meta = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "torch": torch.__version__,
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "args": vars(args)}

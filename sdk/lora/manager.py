@@ -71,7 +71,15 @@ class LoRAManager:
         self.model_dtype, self.device = dtype, device
         kernel = _kernel_choice(device)
         self.use_triton = kernel == "triton"  # eager steps
+        # auto on CUDA: eager steps of at least this many tokens (prefill chunks) run the SGMV kernels too (their
+        # launch cost is paid back there; the torch layouts write [n, out] temporaries several times)
+        self.triton_min_tokens = _triton_min_tokens() if kernel == "auto" and torch.device(device).type == "cuda" \
+            else 0
         self.static: StaticLoRA | None = None
+        if kernel in ("triton", "auto") and torch.device(device).type == "cuda":
+            from octavo.lora.triton_ops import load_env_config
+
+            load_env_config()  # OCTAVO_LORA_SGMV_CONFIG as it is now (benchmarks build several engines)
         if graph_tokens > 0 and _graphs_on(device):
             self.static = StaticLoRA(self.max_loras, graph_tokens, self.dtype, device, kernel in ("triton", "auto"),
                                      fused_expand=kernel == "fused")
@@ -136,7 +144,8 @@ class LoRAManager:
 
     def _step_plan(self) -> LoRAPlan:
         if self.plan is None:  # an eager step: the per-step layout of octavo.lora.ops
-            self.plan = plan_tokens(self.host_slots, self.device, self.use_triton)
+            big = 0 < self.triton_min_tokens <= self.host_slots.numel()
+            self.plan = plan_tokens(self.host_slots, self.device, self.use_triton or big)
             if self.embeddings:
                 self.token_slots = self.host_slots.to(self.device, non_blocking=True)
         return self.plan
@@ -301,6 +310,20 @@ def _graphs_on(device) -> bool:
     """Whether a platform captures graphs on ``device`` (CUDA): only then the hooks get static buffers and B the
     flat layout (on CPU the per-step layouts read B per slot; tests force this on to run the graph ops on CPU)."""
     return torch.device(device).type == "cuda"
+
+
+def _triton_min_tokens() -> int:
+    """``OCTAVO_LORA_TRITON_MIN_TOKENS`` (with ``auto`` on CUDA): eager steps of at least this many tokens run the
+    Triton SGMV kernels instead of the torch layouts; 0 = never. Default 0 (measured in session 5's batch 1)."""
+    raw = os.environ.get("OCTAVO_LORA_TRITON_MIN_TOKENS", "0")
+    try:
+        val = int(raw)
+    except ValueError:
+        raise ValueError(f"OCTAVO_LORA_TRITON_MIN_TOKENS={raw!r}: expected a whole number of tokens (0 = never)") \
+            from None
+    if val < 0:
+        raise ValueError(f"OCTAVO_LORA_TRITON_MIN_TOKENS={raw!r} must be >= 0")
+    return val
 
 
 def _kernel_choice(device) -> str:

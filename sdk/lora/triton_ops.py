@@ -24,6 +24,49 @@ import triton.language as tl
 
 BLOCK_M = 16
 
+# Launch parameters of the SGMV kernels (session 5: tuned on an H100 by benchmarks/lora_kernel_tune.py;
+# docs/performance.md "LoRA on GPU"). ``k_per_split``: K columns one shrink program sums (0: the session-4 rule
+# ``split = min(8, K // 512)``); the shrink then runs ``ceil(K / k_per_split)`` programs per block, adding into
+# an fp32 ``h`` with atomics. ``OCTAVO_LORA_SGMV_CONFIG`` (a JSON object of these keys) overrides them: a tuning
+# knob for benchmarks; an unknown key or a bad value is an error.
+DEFAULT_CONFIG = {"k_per_split": 0, "block_k": 64, "block_n": 64, "shrink_warps": 4, "expand_warps": 4}
+CONFIG = dict(DEFAULT_CONFIG)
+
+
+def set_config(**kw) -> None:
+    """Change :data:`CONFIG` (checked: known keys, positive powers of two except ``k_per_split`` >= 0)."""
+    for key, val in kw.items():
+        if key not in CONFIG:
+            raise ValueError(f"LoRA SGMV config: unknown key {key!r} (known: {sorted(CONFIG)})")
+        if not isinstance(val, int) or val < 0 or (key != "k_per_split" and (val <= 0 or val & (val - 1))):
+            raise ValueError(f"LoRA SGMV config: {key}={val!r} must be a positive power of two"
+                             + (" or 0" if key == "k_per_split" else ""))
+        if key == "k_per_split" and val and val % kw.get("block_k", CONFIG["block_k"]):
+            raise ValueError(f"LoRA SGMV config: k_per_split={val} must be a multiple of block_k")
+        CONFIG[key] = val
+
+
+def load_env_config() -> None:
+    """:data:`CONFIG` = the defaults updated by ``OCTAVO_LORA_SGMV_CONFIG`` (read at import and by every LoRA
+    manager that uses these kernels, so each engine of one process reads the variable as it is then)."""
+    import json
+    import os
+
+    CONFIG.clear()
+    CONFIG.update(DEFAULT_CONFIG)
+    raw = os.environ.get("OCTAVO_LORA_SGMV_CONFIG")
+    if raw:
+        try:
+            cfg = json.loads(raw)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"OCTAVO_LORA_SGMV_CONFIG={raw!r} is not JSON: {e}") from None
+        if not isinstance(cfg, dict):
+            raise ValueError(f"OCTAVO_LORA_SGMV_CONFIG={raw!r} must be a JSON object")
+        set_config(**cfg)
+
+
+load_env_config()
+
 
 class BlockPlan:
     """Device tensors describing this step's token blocks (see :func:`plan_blocks`)."""
@@ -138,20 +181,26 @@ def lora_shrink_expand_triton(x: torch.Tensor, y: torch.Tensor, lora_a: torch.Te
         lora_b = lora_b.contiguous()
     k, r, n_out = lora_a.shape[2], lora_a.shape[1], lora_b.shape[1]
     block_r = max(16, triton.next_power_of_2(r))
-    block_k = 64 if block_r <= 64 else 32
-    split_k = max(1, min(8, k // 512))
-    k_per_split = triton.cdiv(triton.cdiv(k, split_k), block_k) * block_k
+    cfg = CONFIG
+    block_k = cfg["block_k"] if block_r <= 64 else min(cfg["block_k"], 32)
+    if cfg["k_per_split"]:
+        k_per_split = max(block_k, cfg["k_per_split"])
+        split_k = triton.cdiv(k, k_per_split)
+    else:  # session 4's rule
+        split_k = max(1, min(8, k // 512))
+        k_per_split = triton.cdiv(triton.cdiv(k, split_k), block_k) * block_k
     prec = "ieee" if lora_a.dtype == torch.float32 else None  # fp32 adapters: exact fp32 dots, not tf32
     h = (torch.zeros if split_k > 1 else torch.empty)(plan.num_rows, r, dtype=torch.float32, device=x.device)
     _shrink_kernel[(plan.num_blocks, split_k)](
         x, lora_a, h, plan.rows, plan.blk_slot, plan.blk_start, plan.blk_end, k, r,
         x.stride(0), lora_a.stride(0), lora_a.stride(1), h.stride(0), k_per_split,
-        BLOCK_M=BLOCK_M, BLOCK_R=block_r, BLOCK_K=block_k, SPLIT_K=split_k, PRECISION=prec)
-    block_n = 64 if block_r <= 64 else 32
+        BLOCK_M=BLOCK_M, BLOCK_R=block_r, BLOCK_K=block_k, SPLIT_K=min(split_k, 2), PRECISION=prec,
+        num_warps=cfg["shrink_warps"])
+    block_n = cfg["block_n"] if block_r <= 64 else min(cfg["block_n"], 32)
     _expand_kernel[(plan.num_blocks, triton.cdiv(n_out, block_n))](
         h, lora_b, y, plan.rows, plan.blk_slot, plan.blk_start, plan.blk_end, n_out, r,
         h.stride(0), lora_b.stride(0), lora_b.stride(1), y.stride(0),
-        BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_R=block_r, PRECISION=prec)
+        BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_R=block_r, PRECISION=prec, num_warps=cfg["expand_warps"])
     return y
 
 

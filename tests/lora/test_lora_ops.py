@@ -83,11 +83,16 @@ def test_bfloat16_layers_with_float32_adapters():
 SCRIPT = r"""
 import torch
 from octavo.lora.ops import lora_reference, lora_shrink_expand, plan_tokens
+from octavo.lora import triton_ops
 from tests.lora.test_lora_ops import CASES, _data
 for slots, _ in CASES:
     ts = torch.tensor(slots)
-    for k, o, r, dtype, tol in [(24, 20, 8, torch.float32, 1e-5), (1100, 40, 48, torch.float32, 1e-4),
-                                (64, 24, 16, torch.float16, 3e-3)]:  # (the interpreter's bf16 tl.dot is wrong)
+    for k, o, r, dtype, tol, cfg in [
+            (24, 20, 8, torch.float32, 1e-5, {}), (1100, 40, 48, torch.float32, 1e-4, {}),
+            (1100, 40, 48, torch.float32, 1e-4, {"k_per_split": 128, "block_n": 32}),  # 9 K splits, atomics
+            (64, 24, 16, torch.float16, 3e-3, {})]:  # (the interpreter's bf16 tl.dot is wrong)
+        triton_ops.load_env_config()
+        triton_ops.set_config(**cfg)
         x, y, a, b = _data(len(slots), k, o, r, dtype=dtype)
         plan = plan_tokens(ts, torch.device("cpu"), use_triton=True)
         assert plan.triton is not None

@@ -1,0 +1,224 @@
+"""Per-op LoRA microbenchmark on one GPU (issue 13): where a mixed LoRA batch's time goes on a Llama-3-8B shape.
+
+Two parts, both over 32 layers of the four projections (q/k/v fused, o, gate/up fused, down; every layer its own
+weights, so the HBM traffic is a real step's), 8 slots of rank 16, bf16:
+
+- ``decode``: one CUDA graph per (op, config, projection kind) runs that projection's LoRA delta for all 32
+  layers at batch ``--decode-n`` (64: tokens spread over the 8 slots; ``zero``: every token base, what base
+  requests on a LoRA engine pay); the graph's replay time is what the op adds to a replayed decode step. Ops:
+  the dense torch op and the fixed-grid Triton SGMV op (octavo.lora.static) under each SGMV launch config of
+  ``CONFIGS`` (octavo.lora.triton_ops.CONFIG); next to them the base linears of the same step (``x @ W^T``).
+- ``prefill``: an eager step of ``--prefill-n`` tokens (16 requests of 128, adapter i % 8, as the engine
+  benchmark's chunks): the torch layouts (octavo.lora.ops, what ``auto`` ran in session 4) vs the Triton SGMV
+  kernels, per projection kind, and the base linears.
+
+    python benchmarks/lora_ops_bench.py --out DIR [--budget-s 25]
+
+Prints one line per measurement and writes ``lora_ops.json`` (ms per step for 32 layers) with ``best``: the
+SGMV config with the lowest decode total. Without CUDA it runs each op once at tiny widths (a dry run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+import torch
+
+T0 = time.perf_counter()
+KINDS = {"qkv": (4096, [4096, 1024, 1024]), "o": (4096, [4096]), "gate_up": (4096, [14336, 14336]),
+         "down": (14336, [4096])}
+TINY = {"qkv": (64, [64, 16, 16]), "o": (64, [64]), "gate_up": (64, [128, 128]), "down": (128, [64])}
+# SGMV launch configs tried (keys of octavo.lora.triton_ops.CONFIG; k_per_split is a runtime argument, so its
+# variants compile nothing new)
+CONFIGS = {
+    "s4": {},  # session 4: split = min(8, K // 512), 64-wide tiles
+    "k256": {"k_per_split": 256},
+    "k128": {"k_per_split": 128},
+    "k64": {"k_per_split": 64},
+    "k128_n128": {"k_per_split": 128, "block_n": 128},
+    "k128_n32": {"k_per_split": 128, "block_n": 32},
+    "k128_w8": {"k_per_split": 128, "block_n": 128, "expand_warps": 8},
+    "k256_bk128": {"k_per_split": 256, "block_k": 128},
+}
+
+
+def log(msg: str) -> None:
+    print(f"[lora_ops {time.perf_counter() - T0:6.1f}s] {msg}", flush=True)
+
+
+def build(kinds: dict, layers: int, slots: int, rank: int, dtype, dev, base: bool):
+    """Per kind, per layer: (W or None, A [S, parts*r, in], lora_b view [S, out, R], b_flat [out, S*R])."""
+    out = {}
+    for kind, (k, parts) in kinds.items():
+        r = rank * len(parts)
+        rows = []
+        for _ in range(layers):
+            w = torch.empty(sum(parts), k, device=dev, dtype=dtype).normal_(0, 0.02) if base else None
+            a = torch.empty(slots, r, k, device=dev, dtype=dtype).normal_(0, 0.02)
+            b_flat = torch.empty(sum(parts), slots * r, device=dev, dtype=dtype).normal_(0, 0.02)
+            rows.append((w, a, b_flat.view(sum(parts), slots, r).permute(1, 0, 2), b_flat))
+        out[kind] = rows
+    return out
+
+
+def graph_ms(fn, iters: int, cuda: bool) -> float | None:
+    """Replay time of ``fn`` captured in a CUDA graph (ms); None on CPU (ran once)."""
+    fn()
+    if not cuda:
+        return None
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    g.replay()
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(iters):
+        g.replay()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t) / iters * 1e3
+
+
+def eager_ms(fn, iters: int, cuda: bool) -> float | None:
+    fn()
+    if not cuda:
+        return None
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t) / iters * 1e3
+
+
+def r4(v):
+    return None if v is None else round(v, 4)
+
+
+def decode(weights, args, dtype, dev, cuda, res) -> None:
+    from octavo.lora.static import StaticLoRA
+
+    n, slots = args.decode_n, args.slots
+    xs = {kind: torch.randn(n, k, device=dev, dtype=dtype) for kind, (k, _) in args.kinds.items()}
+    ys = {kind: torch.zeros(n, sum(p), device=dev, dtype=dtype) for kind, (_, p) in args.kinds.items()}
+    mix = torch.arange(n) % slots
+    d = res["decode"]
+    d["base_linears"] = {}
+    for kind, rows in weights.items():
+        if rows[0][0] is not None:
+            d["base_linears"][kind] = r4(graph_ms(lambda kind=kind, rows=rows: [
+                torch.mm(xs[kind], w.t(), out=ys[kind]) for w, *_ in rows], args.iters, cuda))
+    log(f"decode n={n}: base linears {d['base_linears']}")
+    ops = [("dense", None)] + [(f"sgmv_{name}", cfg) for name, cfg in CONFIGS.items()] if cuda else [("dense", None)]
+    for op, cfg in ops:
+        if time.perf_counter() - T0 > args.budget_s:
+            log("budget spent: stopping decode")
+            break
+        if cfg is not None:
+            from octavo.lora import triton_ops
+
+            triton_ops.CONFIG.clear()
+            triton_ops.CONFIG.update(triton_ops.DEFAULT_CONFIG)
+            triton_ops.set_config(**cfg)
+        static = StaticLoRA(slots, n, dtype, dev, use_triton=cfg is not None)
+        entry = {}
+        for label, ts in (("mixed", mix), ("zero", None)):
+            if label == "zero" and op not in ("dense", "sgmv_s4"):
+                continue
+            static.write(ts, n)
+            per = {kind: r4(graph_ms(lambda kind=kind, rows=rows, static=static: [
+                static.apply(xs[kind], ys[kind], a, b, f) for _, a, b, f in rows], args.iters, cuda))
+                for kind, rows in weights.items()}
+            per["total"] = r4(sum(v for v in per.values() if v is not None)) if cuda else None
+            entry[label] = per
+        d[op] = entry
+        log(f"decode n={n} {op}: {entry}")
+    if cuda:
+        sg = {k: v["mixed"]["total"] for k, v in d.items() if k.startswith("sgmv_") and "mixed" in v}
+        if sg:
+            best = min(sg, key=sg.get)
+            res["best"] = {"name": best[5:], "config": CONFIGS[best[5:]], "decode_total_ms": sg[best]}
+            log(f"best SGMV config: {res['best']}")
+
+
+def prefill(weights, args, dtype, dev, cuda, res) -> None:
+    from octavo.lora import ops
+
+    n, per_req = args.prefill_n, 128
+    slots = torch.arange(n) // per_req % args.slots  # request i (128 tokens) on adapter i % S
+    xs = {kind: torch.randn(n, k, device=dev, dtype=dtype) for kind, (k, _) in args.kinds.items()}
+    ys = {kind: torch.zeros(n, sum(p), device=dev, dtype=dtype) for kind, (_, p) in args.kinds.items()}
+    p = res["prefill"]
+    p["base_linears"] = {}
+    for kind, rows in weights.items():
+        if rows[0][0] is not None:
+            p["base_linears"][kind] = r4(eager_ms(lambda kind=kind, rows=rows: [
+                torch.mm(xs[kind], w.t(), out=ys[kind]) for w, *_ in rows], 3, cuda))
+    log(f"prefill n={n}: base linears {p['base_linears']}")
+    variants = [("torch", False, None)]
+    if cuda:
+        variants += [("sgmv_s4", True, {}), ("sgmv_best", True, res.get("best", {}).get("config", {}))]
+    for name, use_triton, cfg in variants:
+        if time.perf_counter() - T0 > args.budget_s + 5:
+            log("budget spent: stopping prefill")
+            break
+        if cfg is not None:
+            from octavo.lora import triton_ops
+
+            triton_ops.CONFIG.clear()
+            triton_ops.CONFIG.update(triton_ops.DEFAULT_CONFIG)
+            triton_ops.set_config(**cfg)
+
+        def step(kind, rows, use_triton=use_triton):
+            plan = ops.plan_tokens(slots, dev, use_triton)  # once per step in the engine: counted per kind here
+            for _, a, b, _f in rows:
+                ops.lora_shrink_expand(xs[kind], ys[kind], a, b, plan)
+
+        per = {kind: r4(eager_ms(lambda kind=kind, rows=rows: step(kind, rows), 3, cuda))
+               for kind, rows in weights.items()}
+        per["total"] = r4(sum(v for v in per.values() if v is not None)) if cuda else None
+        per["mode"] = ops.plan_tokens(slots, dev, use_triton).mode
+        p[name] = per
+        log(f"prefill n={n} {name}: {per}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--slots", type=int, default=8)
+    ap.add_argument("--rank", type=int, default=16)
+    ap.add_argument("--layers", type=int, default=32)
+    ap.add_argument("--decode-n", type=int, default=64)
+    ap.add_argument("--prefill-n", type=int, default=2048)
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--no-base", action="store_true", help="skip the base linears (14 GB of weights at 8B)")
+    ap.add_argument("--budget-s", type=float, default=1e9)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    cuda = torch.cuda.is_available()
+    dev = torch.device("cuda" if cuda else "cpu")
+    dtype = torch.bfloat16 if cuda else torch.float32
+    args.kinds = KINDS if cuda else TINY
+    layers = args.layers if cuda else 2
+    if not cuda:
+        args.prefill_n = 256
+    res = {"device": torch.cuda.get_device_name() if cuda else "cpu", "torch": torch.__version__,
+           "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "layers": layers, "slots": args.slots,
+           "rank": args.rank, "decode_n": args.decode_n, "prefill_n": args.prefill_n, "decode": {}, "prefill": {}}
+    weights = build(args.kinds, layers, args.slots, args.rank, dtype, dev, not args.no_base)
+    log(f"weights built ({layers} layers)")
+    try:
+        decode(weights, args, dtype, dev, cuda, res)
+        prefill(weights, args, dtype, dev, cuda, res)
+    finally:
+        print(json.dumps(res), flush=True)
+        if args.out:
+            os.makedirs(args.out, exist_ok=True)
+            with open(os.path.join(args.out, "lora_ops.json"), "w") as f:
+                json.dump(res, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
