@@ -15,7 +15,9 @@ number is the host cost alone, with no model and no GPU:
    (plugins/structured_output/xgrammar_whitespace.py).
 3. Fill strategies per step over all rows: xgrammar's ``BatchGrammarMatcher`` with 1..N threads, and one
    ``fill_next_token_bitmask`` per row serially, and ``pool_tN``: N Python threads, each a 1-thread batch fill
-   over every N-th row (only parallel if xgrammar releases the GIL). Median and mean ms per step, per row.
+   over every N-th row (only parallel if xgrammar releases the GIL); ``engine_tN``: the engine's own fill
+   (core/grammar_step.py: contiguous chunks of >= 8 rows, the first on the calling thread, the others on a
+   persistent pool of N - 1 threads). Median and mean ms per step, per row.
 5. ``--apply-device cuda``: host ms of the mask apply (core/grammar_step.py ``apply_packed``), GPU idle and GPU
    busy (a hidden sync would add the queued work's ~2 ms).
 4. A GIL probe: how fast a pure-Python loop runs on the main thread while another thread fills batches
@@ -118,11 +120,29 @@ def replay(xgr, compiled, seqs: list[list[int]], vocab: int, strategy: str, thre
         def fill_chunk(chunk):
             b, idx = chunk
             b.batch_fill_next_token_bitmask([matchers[i] for i in idx], bitmask, indices=idx)
+    step = None
+    if strategy == "engine":  # the engine's own fill: contiguous chunks, the first on this thread (grammar_step.py)
+        import threading
+        from concurrent.futures import ThreadPoolExecutor
+
+        from octavo.core.grammar_step import GrammarStep
+
+        class Shim:  # what XGrammarBackend.fill_bitmasks does for live rows (a 1-thread batch per filling thread)
+            local = threading.local()
+
+            def fill_bitmasks(self, ms, bm):
+                b = getattr(self.local, "b", None) or setattr(self.local, "b", xgr.BatchGrammarMatcher(1)) or self.local.b
+                b.batch_fill_next_token_bitmask(ms, bm)
+        pool = ThreadPoolExecutor(max(1, threads - 1))
+        step = GrammarStep(Shim(), list(range(rows)), [str(i) for i in range(rows)], matchers, bitmask, pool,
+                           (threads, pool) if threads > 1 else None)
     times = []
     for s in range(steps):
         t0 = time.perf_counter()
         if batch is not None:
             batch.batch_fill_next_token_bitmask(matchers, bitmask)
+        elif step is not None:
+            step._fill_rows()
         elif pool is not None:
             list(pool.map(fill_chunk, chunks))
         else:
@@ -252,6 +272,8 @@ def main() -> None:
                     help="our own fill threads (default: the --threads above 1)")
     ap.add_argument("--forms", nargs="+", default=["cap16", "cap16_regex", "cap16_nested", "compact"])
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--engine-threads", dest="engine_threads", type=int, nargs="*", default=[],
+                    help="also the engine's own chunked fill (core/grammar_step.py) with these thread counts")
     ap.add_argument("--apply-device", dest="apply_device", default=None,
                     help="also time the mask apply's host part on this device (e.g. cuda)")
     ap.add_argument("--json", default=None)
@@ -291,7 +313,8 @@ def main() -> None:
         res["forms"][form] = row
         row.update(accept_timing(xgr, compiled, seqs))
         print(f"{form:12s} accept {dict((k, v) for k, v in row.items() if k.startswith('accept'))}", flush=True)
-        strategies = [("serial", 1)] + [("batch", t) for t in args.threads] + [("pool", t) for t in pool_threads]
+        strategies = ([("serial", 1)] + [("batch", t) for t in args.threads] + [("pool", t) for t in pool_threads]
+                      + [("engine", t) for t in args.engine_threads])
         slowest: list[float] = []
         for strategy, threads in strategies:
             times = []

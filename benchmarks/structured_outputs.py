@@ -45,6 +45,12 @@ def schema_50() -> dict:
     return {"type": "object", "properties": props, "required": list(props)[:25], "additionalProperties": False}
 
 
+# the structured-output manager's per-step host seconds, then the engine core thread's own (StepTimers: its work
+# per step, and under async scheduling the time it blocked waiting for a step's tokens: the slack)
+HOST_KEYS = ("prepare_s", "fill_s", "wait_s", "apply_s", "accept_s", "accept_thread_s", "release_s", "start_lag_s",
+             "resume_lag_s", "core_host_s", "core_wait_s")
+
+
 def timed_steps(core, reqs, full: int, tokens: dict | None = None) -> list[float]:
     """Add ``reqs`` to the engine core, run it dry, return the times of steps where all ``full`` decode
     (and, if ``tokens`` is a dict, collect each request's output token ids into it)."""
@@ -66,6 +72,7 @@ def timed_steps(core, reqs, full: int, tokens: dict | None = None) -> list[float
 
 def bench_decode(args) -> dict:
     from octavo import LLM, SamplingParams
+    from octavo.core import grammar_step
     from octavo.core.messages import EngineCoreRequest
     from octavo.structured_outputs import StructuredOutputsParams
 
@@ -87,19 +94,27 @@ def bench_decode(args) -> dict:
         return self.driver.execute(batch, grammar=grammar)
     tok = engine.tokenizer
     so = StructuredOutputsParams(json=SCHEMA)
-    # mode -> (structured outputs, async scheduling on, fill before the step, xgrammar's own maxLength form)
-    modes = {"free": (None, False, False, False, None), "overlap": (so, False, False, False, None),
-             "serial": (so, False, True, False, None)}
+    # mode -> (structured outputs, async scheduling on, fill before the step, xgrammar's own maxLength form,
+    #          GIL switch interval, engine knobs: grammar_step.INLINE_AFTER_GATE / HANDOFF_WAIT_S, fill threads)
+    dflt = {"inline": grammar_step.INLINE_AFTER_GATE, "handoff": grammar_step.HANDOFF_WAIT_S,
+            "threads": core.structured.fill_threads}
+    modes = {"free": (None, False, False, False, None, dflt), "overlap": (so, False, False, False, None, dflt),
+             "serial": (so, False, True, False, None, dflt)}
     if args.backend == "xgrammar" and args.compare_maxlength:
         # xgrammar's own maxLength form (before the regex rewrite): a different schema text, so its own cache key
         modes["overlap_maxlength"] = (StructuredOutputsParams(json={**SCHEMA, "description": "maxLength form"}),
-                                      False, False, True, None)
+                                      False, False, True, None, dflt)
     if "on" in (args.async_modes or []):
-        modes["free_async"] = (None, True, False, False, None)
-        modes["json_async"] = (so, True, False, False, None)
+        modes["free_async"] = (None, True, False, False, None, dflt)
+        modes["json_async"] = (so, True, False, False, None, dflt)
+        # the async variants of session 5's changes: the fill queued on the bitmask thread (session 4's path),
+        # inline but no hand-off wait, and inline on one thread (no row split)
+        modes["json_async_pool"] = (so, True, False, False, None, {**dflt, "inline": False})
+        modes["json_async_nohandoff"] = (so, True, False, False, None, {**dflt, "handoff": 0.0})
+        modes["json_async_t1"] = (so, True, False, False, None, {**dflt, "threads": 1})
         if args.switch_interval:  # the same two with a shorter GIL switch interval (sys.setswitchinterval)
-            modes["free_async_si"] = (None, True, False, False, args.switch_interval)
-            modes["json_async_si"] = (so, True, False, False, args.switch_interval)
+            modes["free_async_si"] = (None, True, False, False, args.switch_interval, dflt)
+            modes["json_async_si"] = (so, True, False, False, args.switch_interval, dflt)
     if args.modes:
         modes = {m: v for m, v in modes.items() if m in args.modes or m in ("free", "free_async", "free_async_si")}
     import octavo.plugins.structured_output.xgrammar_backend as xgb
@@ -115,16 +130,17 @@ def bench_decode(args) -> dict:
             prompts = [p.input_ids for p in prompts]
         prompts = [list(p) for p in prompts]
 
-        host = {m: {k: [] for k in ("prepare_s", "fill_s", "wait_s", "apply_s", "accept_s", "accept_thread_s")}
-                for m in modes}
+        host = {m: {k: [] for k in HOST_KEYS} for m in modes}
         texts: dict[str, list[int]] = {}
 
         def run(mode: str, prompts=prompts, batch=batch, host=host, texts=texts) -> list[float]:
-            params_so, on, fill_first, own_maxlength, interval = modes[mode]
+            params_so, on, fill_first, own_maxlength, interval, knobs = modes[mode]
             if args.async_modes:
                 from octavo.core.async_engine import set_async_scheduling
 
                 set_async_scheduling(core, on)
+            grammar_step.INLINE_AFTER_GATE, grammar_step.HANDOFF_WAIT_S = knobs["inline"], knobs["handoff"]
+            core.structured.fill_threads = knobs["threads"]
             executor_cls.execute_structured = serial if fill_first else overlapped
             xgb.bounded_strings_as_patterns = (lambda schema: schema) if own_maxlength else rewrite
             params = SamplingParams(temperature=0, max_tokens=args.steps + 1, ignore_eos=params_so is None,
@@ -134,6 +150,8 @@ def bench_decode(args) -> dict:
             stats = core.structured.stats
             for k in stats:
                 stats[k] = 0
+            timers = core.step_timers
+            timers0 = timers.as_dict()
             texts.clear()
             default_interval = sys.getswitchinterval()
             if interval:
@@ -144,9 +162,16 @@ def bench_decode(args) -> dict:
                 sys.setswitchinterval(default_interval)
                 executor_cls.execute_structured = overlapped
                 xgb.bounded_strings_as_patterns = rewrite
+                grammar_step.INLINE_AFTER_GATE, grammar_step.HANDOFF_WAIT_S = dflt["inline"], dflt["handoff"]
+                core.structured.fill_threads = dflt["threads"]
             if stats["steps"]:
-                for k in ("prepare_s", "fill_s", "wait_s", "apply_s", "accept_s", "accept_thread_s"):
+                for k in HOST_KEYS[:-2]:
                     host[mode][k].append(stats[k] / stats["steps"])
+            t1 = timers.as_dict()  # the engine core thread's own timers (whole run, prefill steps included)
+            n = t1["steps"] - timers0["steps"]
+            if n:
+                host[mode]["core_host_s"].append((t1["host_s"] - timers0["host_s"]) / n)
+                host[mode]["core_wait_s"].append((t1["wait_s"] - timers0["wait_s"]) / n)
             return times
 
         for mode in modes:  # warm: compile once, caches and buffers filled
@@ -163,12 +188,14 @@ def bench_decode(args) -> dict:
         med = {m: statistics.median(t) for m, t in times.items() if t}
         row = {f"{m}_ms_per_step": round(v * 1e3, 3) for m, v in med.items()}
         row.update({f"{m}_steps": len(t) for m, t in times.items()})
-        for m, (params_so, on, _, _, interval) in modes.items():
+        for m, (params_so, on, _, _, interval, _) in modes.items():
             base = ("free_async_si" if interval else "free_async") if on else "free"
             if params_so is not None and m in med and base in med:
                 row[f"{m}_overhead_pct"] = round((med[m] / med[base] - 1) * 100, 1)
-        for m, (params_so, on, _, _, _) in modes.items():  # host time per step the forward did not hide (engine timers)
+        for m, (params_so, on, _, _, _, _) in modes.items():  # host time per step the forward did not hide
             h = {k: statistics.median(v) for k, v in host[m].items() if v}
+            if h and params_so is None:  # the free modes: only the core thread's timers
+                row[f"{m}_host_ms_per_step"] = {k[:-2]: round(v * 1e3, 3) for k, v in h.items()}
             if h and params_so is not None:
                 row[f"{m}_host_ms_per_step"] = {k[:-2]: round(v * 1e3, 3) for k, v in h.items()}
                 if not on:  # under async, prepare/accept/fill run while a forward runs: no such sum applies

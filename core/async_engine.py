@@ -136,11 +136,11 @@ class GatedGrammarStep:
         # (terminated) grammar is not asked for a mask
         keep = [j for j, pos in enumerate(g.positions) if not self.sched_out.scheduled[pos].req.is_finished]
         if len(keep) < len(g.positions):
-            self.inner = g = GrammarStep(g.backend, [g.positions[j] for j in keep], [g.request_ids[j] for j in keep],
-                                         [g.matchers[j] for j in keep], g.bitmask, g.pool)
+            self.inner = g = g.subset(keep)
         if g.matchers:
-            g.start()
+            g.start(gated=True)  # core/grammar_step.py INLINE_AFTER_GATE: filled right here, on the core thread
         self._gate.set()
+        g.handoff()  # on an accelerator: let the runner's thread take the GIL and launch the sampler now
 
     def is_released(self) -> bool:
         """Whether the fill may start (the mp executor sends a structured step only then: plugins/executors/mp.py)."""

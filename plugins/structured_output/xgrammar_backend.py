@@ -9,8 +9,8 @@ schema, regex or grammar is a ``ValueError`` naming the field; ``compile`` build
 from __future__ import annotations
 
 import json
-import os
 import re
+import threading
 from typing import Any
 
 from octavo.plugins.structured_output.xgrammar_schema import bounded_strings_as_patterns
@@ -98,8 +98,10 @@ class XGrammarBackend(StructuredOutputBackend):
         self.xgr = xgr
         info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size)
         self.compiler = xgr.GrammarCompiler(info, max_threads=2, cache_enabled=True)
-        # the step's rows are filled by xgrammar's own thread pool (half the cores, as its "auto"), GIL released
-        self.batch = xgr.BatchGrammarMatcher(max_threads=max(1, min(8, (os.cpu_count() or 2) // 2)))
+        # one single-threaded BatchGrammarMatcher per filling thread (GIL released while it fills): the engine
+        # splits a step's rows over its own threads (core/grammar_step.py); xgrammar's own 8 threads were no
+        # faster than 1 on an H100 host (0.44 vs 0.38 ms for 32 rows, docs/performance.md)
+        self._local = threading.local()
 
     @classmethod
     def is_available(cls) -> bool:
@@ -137,7 +139,10 @@ class XGrammarBackend(StructuredOutputBackend):
         if len(live) < len(matchers):
             bitmask[[j for j, d in enumerate(done) if d]] = -1
         if len(live) > 1 and all(isinstance(matchers[j], _Matcher) for j in live):
-            self.batch.batch_fill_next_token_bitmask([matchers[j].m for j in live], bitmask,
+            batch = getattr(self._local, "batch", None)
+            if batch is None:
+                batch = self._local.batch = self.xgr.BatchGrammarMatcher(max_threads=1)
+            batch.batch_fill_next_token_bitmask([matchers[j].m for j in live], bitmask,
                                                      indices=None if len(live) == len(matchers) else live)
         else:
             for j in live:
