@@ -4,11 +4,15 @@ Small pure functions, applied in vLLM's order: logprobs of the raw distribution 
 logit bias, allowed tokens, min_tokens masking and penalties change the logits; then temperature, min_p,
 top_k and top_p filter them; finally greedy rows take the argmax and the others sample with exponential
 noise (``argmax(p / q)``, q ~ Exp(1) — the same as sampling from p), where a seeded request draws its
-noise from its own generator so its tokens never depend on the rest of the batch.
+noise from its own generator so its tokens never depend on the rest of the batch. On CUDA, batches without
+top-k / top-p / min-p sample in one fused Triton pass instead (``core/sampler_triton.py``, see :class:`Sampler`).
 """
 
 from __future__ import annotations
 
+import functools
+import os
+import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -115,18 +119,27 @@ def random_sample(probs: torch.Tensor, generators: dict[int, torch.Generator]) -
     return probs.div(q).argmax(dim=-1)
 
 
-def process_logits(logits: torch.Tensor, b: SamplingBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Every sampling parameter applied to float logits: the greedy choice of each row, and the
-    distribution random rows sample from (None when all rows are greedy). Shared with the rejection
-    sampler (speculative decoding), so verification sees exactly the distribution sampling would."""
+def apply_logit_processors(logits: torch.Tensor, b: SamplingBatch) -> torch.Tensor:
+    """Logit bias, allowed tokens, min_tokens bans and penalties (float logits; may write in place)."""
     if b.logit_bias is not None:
         logits = logits + b.logit_bias
     if b.allowed_mask is not None:
         logits = logits.masked_fill(~b.allowed_mask, float("-inf"))
     for row, token_ids in b.banned:
         logits[row, token_ids] = float("-inf")
-    logits = apply_penalties(logits, b)
+    return apply_penalties(logits, b)
 
+
+def has_logit_processors(b: SamplingBatch) -> bool:
+    return (b.logit_bias is not None or b.allowed_mask is not None or bool(b.banned)
+            or b.output_counts is not None or b.seen_mask is not None)
+
+
+def process_logits(logits: torch.Tensor, b: SamplingBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Every sampling parameter applied to float logits: the greedy choice of each row, and the
+    distribution random rows sample from (None when all rows are greedy). Shared with the rejection
+    sampler (speculative decoding), so verification sees exactly the distribution sampling would."""
+    logits = apply_logit_processors(logits, b)
     greedy = logits.argmax(dim=-1)
     if b.all_greedy:
         return greedy, None
@@ -140,19 +153,68 @@ def process_logits(logits: torch.Tensor, b: SamplingBatch) -> tuple[torch.Tensor
 
 
 class Sampler:
-    def __call__(self, logits: torch.Tensor, b: SamplingBatch) -> SamplerOutput:
-        logits = logits.float()
-        raw_logprobs = compute_logprobs(logits) if b.max_num_logprobs >= 0 else None
+    """The sampling step of the model runner.
 
-        greedy, probs = process_logits(logits, b)
-        if probs is None:
-            sampled = greedy
+    Batches with a random row and no top-k / top-p / min-p row take one fused Triton pass on CUDA
+    (``core/sampler_triton.py``: Gumbel-max over ``logits / T``, greedy rows exact argmax, per-request seeds
+    reproducible); the logit processors still run first, in torch. ``OCTAVO_FUSED_SAMPLER=0`` keeps the torch
+    path everywhere; ``force_fused=True`` takes the fused path on any device (tests under ``TRITON_INTERPRET``).
+    """
+
+    def __init__(self, force_fused: bool = False) -> None:
+        env = os.environ.get("OCTAVO_FUSED_SAMPLER", "1")
+        if env not in ("0", "1"):
+            raise ValueError(f"OCTAVO_FUSED_SAMPLER must be 0 or 1, got {env!r}")
+        self.fused = env == "1"
+        self.force_fused = force_fused
+        # seeded request's generator -> fused draws so far: its Philox key advances per step
+        self._draws: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    def uses_fused(self, logits: torch.Tensor, b: SamplingBatch) -> bool:
+        if b.all_greedy or not (b.no_top_k and b.no_top_p and b.no_min_p):
+            return False
+        if self.force_fused:
+            return True
+        return self.fused and logits.is_cuda and _triton_available()
+
+    def sample_fused(self, logits: torch.Tensor, b: SamplingBatch) -> torch.Tensor:
+        from octavo.core.sampler_triton import fused_sample, row_keys, seeded_key, unseeded_base
+
+        if has_logit_processors(b):
+            logits = apply_logit_processors(logits.float(), b)
+        base, keys = unseeded_base(), None
+        if b.generators:
+            seeded = {}
+            for row, gen in b.generators.items():
+                n = self._draws.get(gen, 0)
+                self._draws[gen] = n + 1
+                seeded[row] = seeded_key(gen.initial_seed(), n)
+            keys = row_keys(base, logits.shape[0], seeded).to(logits.device, non_blocking=True)
+        return fused_sample(logits, b.temperature, keys, base)
+
+    def __call__(self, logits: torch.Tensor, b: SamplingBatch) -> SamplerOutput:
+        raw_logprobs = compute_logprobs(logits) if b.max_num_logprobs >= 0 else None
+        if self.uses_fused(logits, b):
+            sampled = self.sample_fused(logits, b)
         else:
-            sampled = random_sample(probs, b.generators)
-            sampled = torch.where(b.temperature > 0, sampled, greedy)
+            greedy, probs = process_logits(logits.float(), b)
+            if probs is None:
+                sampled = greedy
+            else:
+                sampled = random_sample(probs, b.generators)
+                sampled = torch.where(b.temperature > 0, sampled, greedy)
 
         out = SamplerOutput(sampled=sampled)
         if raw_logprobs is not None:
             out.logprob_token_ids, out.logprobs, out.sampled_ranks = gather_logprobs(
                 raw_logprobs, sampled, b.max_num_logprobs)
         return out
+
+
+@functools.cache
+def _triton_available() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
