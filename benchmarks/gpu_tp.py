@@ -3,6 +3,7 @@
     python benchmarks/gpu_tp.py --shape 8b --tp 2 1 --out-dir /tmp/r
     python benchmarks/gpu_tp.py --shape 70b --tp 4 --prompts 0 --out-dir /tmp/r
     OCTAVO_TP_ALLREDUCE=symm_mem python benchmarks/gpu_tp.py --tp 2 --tag symm --out-dir /tmp/r
+    OCTAVO_TP_ALLREDUCE=custom python benchmarks/gpu_tp.py --tp 2 --tag custom --out-dir /tmp/r
 
 Per config: batch-1 decode ms per output token (difference of 1- and 257-token generations after a 512-token
 prompt, best of two: the prefill cancels) and its fraction of the roofline (weights per GPU / the copy rate),
@@ -104,6 +105,7 @@ def run_config(tp: int, args) -> None:
         runs = [gen([prompt], 257) for _ in range(2)]
         t2 = min(dt for dt, _ in runs)
         bs1_tokens[mode] = list(runs[-1][1][0].outputs[0].token_ids)
+        res[f"bs1_tokens{sfx}"] = bs1_tokens[mode]  # greedy: compared across configs (TP=1, NCCL, custom)
         per_tok = (t2 - t1) / 256
         res.update({f"decode_bs1_ms_per_token{sfx}": per_tok * 1e3,
                     f"decode_bs1_fraction_of_roofline{sfx}": weights_per_gpu / args.copy_rate / per_tok})
@@ -120,7 +122,27 @@ def run_config(tp: int, args) -> None:
                     f"throughput_s{sfx}": dt, f"throughput_tok_s{sfx}": total / dt,
                     f"step_timers{sfx}": llm.llm_engine.core.step_timers.as_dict()})
         save()
+    if args.graph_replay_no_allreduce:  # last: it leaves the engine's graphs without all-reduces (wrong sums)
+        res["graph_replay_bs1_ms_no_allreduce_by_rank"] = llm.collective_rpc(
+            "benchmarks.gpu_tp:graph_replay_ms_without_allreduce", args=[1, 200])
+        save()
     llm.llm_engine.shutdown()
+
+
+def graph_replay_ms_without_allreduce(worker, size: int, iters: int) -> float:
+    """ms per replay of the batch-1 decode graph re-captured with every tensor-parallel all-reduce skipped (an
+    identity installed through ``set_all_reduce``): the step's device time minus its all-reduces, so the
+    all-reduces' in-step cost is the difference to :func:`graph_replay_ms`. Leaves wrong graphs behind: for a
+    benchmark's last measurement only."""
+    from octavo.nn.parallel import set_all_reduce
+
+    runner = getattr(worker.runner, "graph_runner", None)
+    if runner is None or size not in runner.graphs:
+        return float("nan")
+    set_all_reduce(lambda x: x)
+    runner.capture_sizes = [size]
+    runner.capture()
+    return graph_replay_ms(worker, size, iters)
 
 
 def graph_replay_ms(worker, size: int, iters: int) -> float:
@@ -159,6 +181,8 @@ def main() -> None:
     ap.add_argument("--async-modes", nargs="+", choices=["off", "on"], default=None, help="start with async "
                     "scheduling and measure each mode in turn on the same engine (set_async_scheduling)")
     ap.add_argument("--graph-replay", action="store_true", help="time the batch-1 decode graph alone per rank")
+    ap.add_argument("--graph-replay-no-allreduce", action="store_true", help="last: the batch-1 graph re-captured "
+                    "without its all-reduces, timed alone (their in-step cost; leaves the engine's sums wrong)")
     ap.add_argument("--tag", default="", help="suffix of the JSON name (e.g. the all-reduce tried)")
     ap.add_argument("--copy-rate", type=float, default=3.0e12, help="bytes/s read+written, device copy (H100)")
     ap.add_argument("--out-dir", default=".")
@@ -172,6 +196,7 @@ def main() -> None:
                "--max-num-seqs", str(args.max_num_seqs), *(["--backend", args.backend] if args.backend else []),
                *(["--async-modes", *args.async_modes] if args.async_modes else []),
                *(["--graph-replay"] if args.graph_replay else []),
+               *(["--graph-replay-no-allreduce"] if args.graph_replay_no_allreduce else []),
                "--in-len", str(args.in_len), "--dtype", args.dtype, "--out-len", str(args.out_len), "--tag", args.tag, "--copy-rate",
                str(args.copy_rate), "--out-dir", args.out_dir]
         print("config tp", tp, "exit", subprocess.call(cmd), flush=True)

@@ -1,5 +1,6 @@
 """Which all-reduce tensor parallelism uses: ``OCTAVO_TP_ALLREDUCE`` = ``nccl`` (default: whatever the
-platform's ``torch.distributed`` backend does) or ``symm_mem``.
+platform's ``torch.distributed`` backend does), ``symm_mem`` or ``custom`` (the platform's own one-shot kernel,
+``Platform.make_tp_all_reduce``: on CUDA a Triton kernel over symmetric memory, plugins/platforms/cuda_allreduce.py).
 
 Why: at batch 1 a Llama-3-8B TP=2 step does 64 all-reduces of 8 KiB, and through NCCL each costs ~10-15 us
 (docs/performance.md, "Tensor parallelism"), about a third of the step. ``symm_mem`` is a one-shot
@@ -21,7 +22,7 @@ from octavo.core.async_runner import AsyncRunnerSteps
 
 logger = logging.getLogger(__name__)
 
-CHOICES = ("nccl", "symm_mem")
+CHOICES = ("nccl", "symm_mem", "custom")
 MAX_BYTES = int(os.environ.get("OCTAVO_TP_ALLREDUCE_MAX_BYTES", str(1 << 20)))  # one-shot wins below ~1 MiB
 
 
@@ -31,6 +32,17 @@ def install_all_reduce(platform, device: torch.device, dtype: torch.dtype) -> st
     if choice not in CHOICES:
         raise ValueError(f"OCTAVO_TP_ALLREDUCE={choice!r} is not one of {', '.join(CHOICES)}")
     if choice == "nccl":
+        return choice
+    if choice == "custom":  # the platform's own small-message all-reduce (CUDA: plugins/platforms/cuda_allreduce.py)
+        make = getattr(platform, "make_tp_all_reduce", None)
+        if make is None:
+            raise ValueError(f"OCTAVO_TP_ALLREDUCE=custom: platform {platform.name!r} has no all-reduce of its own; "
+                             "unset it (NCCL/gloo through torch.distributed)")
+        from octavo.nn.parallel import get_tp_group, set_all_reduce
+
+        set_all_reduce(make(get_tp_group(), device, MAX_BYTES))
+        logger.info("tensor-parallel all-reduce: the platform's one-shot kernel for messages <= %d KiB, NCCL above",
+                    MAX_BYTES >> 10)
         return choice
     if platform.device_type != "cuda":
         raise ValueError(f"OCTAVO_TP_ALLREDUCE=symm_mem needs CUDA GPUs (platform {platform.name!r}); unset it")

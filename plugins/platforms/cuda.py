@@ -113,6 +113,13 @@ class TorchGpuPlatform(Platform):
                      self.multiprocessor_count(), "nccl": torch.distributed.is_nccl_available()}
         return PlatformCapabilities(graphs=True, fp8=fp8, pinned_memory=True, memory_profiling=True, extra=extra)
 
+    def make_tp_all_reduce(self, group, device, max_bytes: int):
+        """The one-shot small-message all-reduce for ``group`` (``plugins/platforms/cuda_allreduce.py``;
+        ``OCTAVO_TP_ALLREDUCE=custom``); collective: every rank of ``group`` calls it at once."""
+        from octavo.plugins.platforms.cuda_allreduce import OneShotAllReduce
+
+        return OneShotAllReduce(group, device, max_bytes)
+
     def synchronize(self) -> None:
         import torch
 
