@@ -213,12 +213,12 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--budget-s", type=float, default=1e9, help="skip an engine when less than --engine-s is left")
     ap.add_argument("--engine-s", type=float, default=12, help="seconds one engine needs (start-up dominates)")
-    ap.add_argument("--parity", nargs="*", default=[], choices=["auto", "torch", "triton", "fused"],
+    ap.add_argument("--parity", nargs="*", default=[],
                     help="after the throughput: a tiny fp32 Llama, 5 adapters mixed with the base model, graph engine "
-                    "vs enforce_eager engine tokens, per kernel choice (CUDA only)")
+                    "vs enforce_eager engine tokens, per kernel choice (CUDA only; specs as --engines)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
-    for spec in args.engines:
+    for spec in args.engines + args.parity:
         parse_engine(spec)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     meta = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "torch": torch.__version__,
@@ -265,10 +265,13 @@ def parity(kernels: list[str], tmp: str, device: str, budget_s: float) -> dict:
         loras.append(LoRARequest(f"a{i}", i + 1, path))
     out: dict = {}
     for kernel in kernels:
+        label, (kind, env) = kernel.split("@")[0].partition("=")[0], parse_engine(kernel)
         if time.perf_counter() - T0 > budget_s - 6:
-            out[kernel] = "skipped (time)"
+            out[label] = "skipped (time)"
             continue
-        os.environ["OCTAVO_LORA_KERNEL"] = kernel
+        for var in KNOBS:
+            os.environ.pop(var, None)
+        os.environ.update(env, OCTAVO_LORA_KERNEL=kind)
         try:
             llm = _engine(base)
             runner = llm.llm_engine.core.executor.driver.runner
@@ -281,12 +284,12 @@ def parity(kernels: list[str], tmp: str, device: str, budget_s: float) -> dict:
             _, want = _mixed(eager, loras)
             eager.llm_engine.shutdown()
             same = [g == w for g, w in zip(got, want)]
-            out[kernel] = {"graphs_captured_with_lora": captured, "graph_replays": replays,
+            out[label] = {"spec": kernel, "graphs_captured_with_lora": captured, "graph_replays": replays,
                            "requests_equal_eager": f"{sum(same)}/{len(same)}", "passed": all(same) and replays > 0,
                            "distinct_outputs": len({tuple(t) for t in got})}
         except Exception as e:  # noqa: BLE001 - recorded; the next kernel still runs
-            out[kernel] = f"FAILED: {type(e).__name__}: {e}"
-        log(f"parity {kernel}: {out[kernel]}")
+            out[label] = f"FAILED: {type(e).__name__}: {e}"
+        log(f"parity {label}: {out[label]}")
     return out
 
 

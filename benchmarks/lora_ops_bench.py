@@ -33,15 +33,15 @@ KINDS = {"qkv": (4096, [4096, 1024, 1024]), "o": (4096, [4096]), "gate_up": (409
 TINY = {"qkv": (64, [64, 16, 16]), "o": (64, [64]), "gate_up": (64, [128, 128]), "down": (128, [64])}
 # SGMV launch configs tried (keys of octavo.lora.triton_ops.CONFIG; k_per_split is a runtime argument, so its
 # variants compile nothing new)
-CONFIGS = {
+CONFIGS = {  # in order of promise: the budget may cut the tail (each new tile shape compiles)
     "s4": {},  # session 4: split = min(8, K // 512), 64-wide tiles
-    "k256": {"k_per_split": 256},
     "k128": {"k_per_split": 128},
-    "k64": {"k_per_split": 64},
-    "k128_n128": {"k_per_split": 128, "block_n": 128},
-    "k128_n32": {"k_per_split": 128, "block_n": 32},
-    "k128_w8": {"k_per_split": 128, "block_n": 128, "expand_warps": 8},
-    "k256_bk128": {"k_per_split": 256, "block_k": 128},
+    "k128_parts": {"k_per_split": 128, "part_expand": 1},
+    "k64_parts": {"k_per_split": 64, "part_expand": 1},
+    "k256_parts": {"k_per_split": 256, "part_expand": 1},
+    "k128_n128_parts": {"k_per_split": 128, "block_n": 128, "part_expand": 1},
+    "k128_n32_parts": {"k_per_split": 128, "block_n": 32, "part_expand": 1},
+    "k256_bk128_parts": {"k_per_split": 256, "block_k": 128, "part_expand": 1},
 }
 
 
@@ -112,7 +112,8 @@ def decode(weights, args, dtype, dev, cuda, res) -> None:
             d["base_linears"][kind] = r4(graph_ms(lambda kind=kind, rows=rows: [
                 torch.mm(xs[kind], w.t(), out=ys[kind]) for w, *_ in rows], args.iters, cuda))
     log(f"decode n={n}: base linears {d['base_linears']}")
-    ops = [("dense", None)] + [(f"sgmv_{name}", cfg) for name, cfg in CONFIGS.items()] if cuda else [("dense", None)]
+    sgmv = cuda or os.environ.get("TRITON_INTERPRET") == "1"  # (interpreted on CPU: a dry run of the code path)
+    ops = [("dense", None)] + ([(f"sgmv_{name}", cfg) for name, cfg in CONFIGS.items()] if sgmv else [])
     for op, cfg in ops:
         if time.perf_counter() - T0 > args.budget_s:
             log("budget spent: stopping decode")
@@ -130,10 +131,22 @@ def decode(weights, args, dtype, dev, cuda, res) -> None:
                 continue
             static.write(ts, n)
             per = {kind: r4(graph_ms(lambda kind=kind, rows=rows, static=static: [
-                static.apply(xs[kind], ys[kind], a, b, f) for _, a, b, f in rows], args.iters, cuda))
+                static.apply(xs[kind], ys[kind], a, b, f, args.parts[kind]) for _, a, b, f in rows], args.iters, cuda))
                 for kind, rows in weights.items()}
             per["total"] = r4(sum(v for v in per.values() if v is not None)) if cuda else None
             entry[label] = per
+        if cfg is not None and cuda:  # correctness at these widths: the SGMV result vs the dense op (fp32 math), layer 0
+            dense = StaticLoRA(slots, n, torch.float32, dev)
+            static.write(mix, n)
+            dense.write(mix, n)
+            err = {}
+            for kind, rows in weights.items():
+                _, a, b, f = rows[0]
+                got = static.apply(xs[kind], torch.zeros_like(ys[kind]), a, b, f, args.parts[kind]).float()
+                want = dense.apply(xs[kind].float(), torch.zeros_like(ys[kind]).float(), a.float(), b.float(),
+                                   f.float())
+                err[kind] = round(((got - want).abs().max() / want.abs().max().clamp(min=1e-6)).item(), 5)
+            entry["rel_err_vs_dense"] = err
         d[op] = entry
         log(f"decode n={n} {op}: {entry}")
     if cuda:
@@ -159,7 +172,7 @@ def prefill(weights, args, dtype, dev, cuda, res) -> None:
                 torch.mm(xs[kind], w.t(), out=ys[kind]) for w, *_ in rows], 3, cuda))
     log(f"prefill n={n}: base linears {p['base_linears']}")
     variants = [("torch", False, None)]
-    if cuda:
+    if cuda or os.environ.get("TRITON_INTERPRET") == "1":
         variants += [("sgmv_s4", True, {}), ("sgmv_best", True, res.get("best", {}).get("config", {}))]
     for name, use_triton, cfg in variants:
         if time.perf_counter() - T0 > args.budget_s + 5:
@@ -175,7 +188,7 @@ def prefill(weights, args, dtype, dev, cuda, res) -> None:
         def step(kind, rows, use_triton=use_triton):
             plan = ops.plan_tokens(slots, dev, use_triton)  # once per step in the engine: counted per kind here
             for _, a, b, _f in rows:
-                ops.lora_shrink_expand(xs[kind], ys[kind], a, b, plan)
+                ops.lora_shrink_expand(xs[kind], ys[kind], a, b, plan, args.parts[kind])
 
         per = {kind: r4(eager_ms(lambda kind=kind, rows=rows: step(kind, rows), 3, cuda))
                for kind, rows in weights.items()}
@@ -201,6 +214,7 @@ def main() -> None:
     dev = torch.device("cuda" if cuda else "cpu")
     dtype = torch.bfloat16 if cuda else torch.float32
     args.kinds = KINDS if cuda else TINY
+    args.parts = {kind: [sum(p[:i]) for i in range(len(p))] for kind, (_, p) in args.kinds.items()}
     layers = args.layers if cuda else 2
     if not cuda:
         args.prefill_n = 256

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 13 (engineer "lora"), session 5. ONE GPU. HARD bound 75 s (timeouts inside; ~65 s expected).
 # Writes JSON + logs to $OUT/lora/. Runs from the repo root (the lead has run `pip install -e .`).
-#   1. per-op microbench (benchmarks/lora_ops_bench.py, <= 20 s): the LoRA ops of one decode step (batch 64,
+#   1. per-op microbench (benchmarks/lora_ops_bench.py, <= 24 s): the LoRA ops of one decode step (batch 64,
 #      8 slots, rank 16, 32 layers of 8B widths, each in a CUDA graph) for the dense op and the Triton SGMV op
 #      under several launch configs, with the base linears next to them; and an eager 2048-token prefill step:
 #      torch layouts vs SGMV. Picks the SGMV config with the lowest decode total ("best").
@@ -18,7 +18,7 @@ mkdir -p "$R"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$R/gpu.csv" 2>&1
 git rev-parse HEAD > "$R/commit.txt" 2>/dev/null
 echo "== lora: start $(date -u +%T)"
-timeout -k 2 20 python3 benchmarks/lora_ops_bench.py --budget-s 11 --out "$R" > "$R/ops.log" 2>&1
+timeout -k 2 24 python3 benchmarks/lora_ops_bench.py --budget-s 14 --out "$R" > "$R/ops.log" 2>&1
 echo "ops exit $? at ${SECONDS}s" | tee -a "$R/exits.txt"
 grep "lora_ops" "$R/ops.log" | cut -c1-300 | tail -20
 BEST=$(python3 -c 'import json,sys; print(json.dumps(json.load(open(sys.argv[1]))["best"]["config"], separators=(",",":")))' \
@@ -27,6 +27,7 @@ echo "best SGMV config: $BEST"
 LEFT=$((72 - SECONDS))
 timeout -k 2 $LEFT python3 benchmarks/lora_gpu.py --shapes "${LORA_SHAPE:-8b}" --layers "${LORA_LAYERS:-32}" \
   --engines base auto "new=auto@OCTAVO_LORA_TRITON_MIN_TOKENS=512@OCTAVO_LORA_SGMV_CONFIG=$BEST" \
-  --repeats 2 --budget-s $((LEFT - 3)) --engine-s 8 --parity auto --out "$R" 2>&1 \
+  --repeats 2 --budget-s $((LEFT - 3)) --engine-s 8 --out "$R" \
+  --parity "new=auto@OCTAVO_LORA_TRITON_MIN_TOKENS=512@OCTAVO_LORA_SGMV_CONFIG=$BEST" 2>&1 \
   | grep -v -E "Loading weights|it/s\]" | tee "$R/lora.log" | grep -E "lora_gpu|Error|error" | cut -c1-300 | tail -30
 echo "lora exit ${PIPESTATUS[0]} at ${SECONDS}s $(date -u +%T)" | tee -a "$R/exits.txt"

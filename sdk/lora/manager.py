@@ -154,12 +154,13 @@ class LoRAManager:
         def hook(module, args, output):
             if self._capturing():  # one graph for every adapter mix: the static op (octavo.lora.static)
                 self.static.captured = True
-                op = lambda y: self.static.apply(args[0], y, proj.lora_a, proj.lora_b, proj.b_flat)  # noqa: E731
+                op = lambda y: self.static.apply(args[0], y, proj.lora_a, proj.lora_b, proj.b_flat,  # noqa: E731
+                                                 proj.offsets)
             elif self.host_slots is None or proj.used.isdisjoint(self.active_slots):  # no adapter here this step
                 return output
             else:
                 plan = self._step_plan()
-                op = lambda y: lora_shrink_expand(args[0], y, proj.lora_a, proj.lora_b, plan)  # noqa: E731
+                op = lambda y: lora_shrink_expand(args[0], y, proj.lora_a, proj.lora_b, plan, proj.offsets)  # noqa: E731
             if proj.reduce:  # row-parallel: this rank's input columns give a partial delta, summed over ranks
                 return output.add_(tp_all_reduce(op(torch.zeros_like(output))))
             return op(output)
@@ -191,7 +192,7 @@ class LoRAManager:
             seen.add(key)
             x = torch.zeros(n, proj.lora_a.shape[2], dtype=self.model_dtype, device=self.device)  # the layer's dtype
             y = torch.zeros(n, proj.b_flat.shape[0], dtype=self.model_dtype, device=self.device)
-            self.static.apply(x, y, proj.lora_a, proj.lora_b, proj.b_flat)
+            self.static.apply(x, y, proj.lora_a, proj.lora_b, proj.b_flat, proj.offsets)
 
     # ------------------------------------------------------------------------------------ per step
     def prepare(self, request_ids: list[str], loras: list[LoRARequest | None], query_lens: list[int]

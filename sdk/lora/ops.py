@@ -131,20 +131,22 @@ def plan_tokens(token_slots: torch.Tensor, device: torch.device, use_triton: boo
 
 
 def lora_shrink_expand(x: torch.Tensor, y: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor,
-                       plan: LoRAPlan | None) -> torch.Tensor:
+                       plan: LoRAPlan | None, parts: list[int] | None = None) -> torch.Tensor:
     """Adds ``B[slot(t)] @ A[slot(t)] @ x[t]`` to ``y[t]`` in place (nothing for base tokens); returns ``y``.
 
     Args:
         x: ``[n, in]`` the layer's input; y: ``[n, out]`` the base layer's output (a fresh tensor: updated in place).
         lora_a: ``[slots, R, in]``; lora_b: ``[slots, out, R]`` (scaling folded in), in the LoRA dtype.
         plan: from :func:`plan_tokens`.
+        parts: a fused projection's output offsets (B block-diagonal over them): lets the Triton expand skip
+            the other parts' zeros (octavo.lora.triton_ops ``part_expand``); the torch layouts ignore the hint.
     """
     if plan is None:
         return y
     if plan.triton is not None:
         from octavo.lora.triton_ops import lora_shrink_expand_triton
 
-        return lora_shrink_expand_triton(x, y, lora_a, lora_b, plan.triton)
+        return lora_shrink_expand_triton(x, y, lora_a, lora_b, plan.triton, parts)
     dt = lora_a.dtype
     if plan.mode == "single":
         delta = (x.to(dt) @ lora_a[plan.slot].t()) @ lora_b[plan.slot].t()

@@ -105,10 +105,11 @@ class StaticLoRA:
 
     # ------------------------------------------------------------------------------------ ops (device)
     def apply(self, x: torch.Tensor, y: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor,
-              b_flat: torch.Tensor) -> torch.Tensor:
+              b_flat: torch.Tensor, parts: list[int] | None = None) -> torch.Tensor:
         """``y[t] += B[slot(t)] @ A[slot(t)] @ x[t]`` for the buffers' slots of rows ``[0, n)``; in place.
 
-        ``lora_a [S, R, in]`` (contiguous), ``lora_b [S, out, R]`` a view of ``b_flat [out, S*R]``.
+        ``lora_a [S, R, in]`` (contiguous), ``lora_b [S, out, R]`` a view of ``b_flat [out, S*R]``; ``parts``:
+        a fused projection's output offsets (the SGMV expand's ``part_expand``).
         """
         n = x.shape[0]
         if n > self.cap:
@@ -118,7 +119,7 @@ class StaticLoRA:
 
             plan = BlockPlan(self.rows, self.blk_slot, self.blk_start, self.blk_end,
                              min(-(-n // BLOCK_M) + self.max_loras, self.max_blocks), n)
-            return lora_shrink_expand_triton(x, y, lora_a, lora_b, plan)
+            return lora_shrink_expand_triton(x, y, lora_a, lora_b, plan, parts)
         s, r = lora_a.shape[0], lora_a.shape[1]
         dt = lora_a.dtype
         h = x.to(dt) @ lora_a.view(s * r, -1).t()  # [n, S*R]: every slot's shrink

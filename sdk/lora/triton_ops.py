@@ -29,7 +29,11 @@ BLOCK_M = 16
 # ``split = min(8, K // 512)``); the shrink then runs ``ceil(K / k_per_split)`` programs per block, adding into
 # an fp32 ``h`` with atomics. ``OCTAVO_LORA_SGMV_CONFIG`` (a JSON object of these keys) overrides them: a tuning
 # knob for benchmarks; an unknown key or a bad value is an error.
-DEFAULT_CONFIG = {"k_per_split": 0, "block_k": 64, "block_n": 64, "shrink_warps": 4, "expand_warps": 4}
+# ``part_expand``: a fused projection's expand (q/k/v, gate/up: B block-diagonal) reads only the R columns of the
+# part an output tile lies in, not the other parts' zeros (1/3 of q/k/v's B bytes, 1/2 of gate/up's); used when
+# every part's size is a multiple of ``block_n`` (0: off).
+DEFAULT_CONFIG = {"k_per_split": 0, "block_k": 64, "block_n": 64, "shrink_warps": 4, "expand_warps": 4,
+                  "part_expand": 0}
 CONFIG = dict(DEFAULT_CONFIG)
 
 
@@ -38,7 +42,10 @@ def set_config(**kw) -> None:
     for key, val in kw.items():
         if key not in CONFIG:
             raise ValueError(f"LoRA SGMV config: unknown key {key!r} (known: {sorted(CONFIG)})")
-        if not isinstance(val, int) or val < 0 or (key != "k_per_split" and (val <= 0 or val & (val - 1))):
+        if key == "part_expand":
+            if val not in (0, 1):
+                raise ValueError(f"LoRA SGMV config: part_expand={val!r} must be 0 or 1")
+        elif not isinstance(val, int) or val < 0 or (key != "k_per_split" and (val <= 0 or val & (val - 1))):
             raise ValueError(f"LoRA SGMV config: {key}={val!r} must be a positive power of two"
                              + (" or 0" if key == "k_per_split" else ""))
         if key == "k_per_split" and val and val % kw.get("block_k", CONFIG["block_k"]):
@@ -137,9 +144,10 @@ def _shrink_kernel(x_ptr, a_ptr, h_ptr, rows_ptr, slot_ptr, start_ptr, end_ptr, 
 
 
 @triton.jit
-def _expand_kernel(h_ptr, b_ptr, y_ptr, rows_ptr, slot_ptr, start_ptr, end_ptr, N, R,
+def _expand_kernel(h_ptr, b_ptr, y_ptr, rows_ptr, slot_ptr, start_ptr, end_ptr, N, R, N1, N2, RP,
                    stride_hm, stride_bs, stride_bn, stride_ym,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, PRECISION: tl.constexpr):
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, PRECISION: tl.constexpr,
+                   PARTS: tl.constexpr):
     blk = tl.program_id(0)
     pid_n = tl.program_id(1)
     slot = tl.load(slot_ptr + blk)
@@ -150,8 +158,14 @@ def _expand_kernel(h_ptr, b_ptr, y_ptr, rows_ptr, slot_ptr, start_ptr, end_ptr, 
     offs_m = start + tl.arange(0, BLOCK_M)
     m_mask = offs_m < end
     rows = tl.load(rows_ptr + offs_m, mask=m_mask, other=0).to(tl.int64)
-    offs_r = tl.arange(0, BLOCK_R)
-    r_mask = offs_r < R
+    if PARTS:  # the tile lies in one part (parts start at 0, N1, N2; multiples of BLOCK_N): its RP columns only
+        n0 = pid_n * BLOCK_N
+        r_lo = (n0 >= N1).to(tl.int32) * RP + (n0 >= N2).to(tl.int32) * RP
+        offs_r = r_lo + tl.arange(0, BLOCK_R)
+        r_mask = offs_r < r_lo + RP
+    else:
+        offs_r = tl.arange(0, BLOCK_R)
+        r_mask = offs_r < R
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
     bt = tl.load(b_ptr + slot.to(tl.int64) * stride_bs + offs_n[None, :] * stride_bn + offs_r[:, None],
@@ -166,10 +180,11 @@ def _expand_kernel(h_ptr, b_ptr, y_ptr, rows_ptr, slot_ptr, start_ptr, end_ptr, 
 
 
 def lora_shrink_expand_triton(x: torch.Tensor, y: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor,
-                              plan: BlockPlan) -> torch.Tensor:
+                              plan: BlockPlan, parts: list[int] | None = None) -> torch.Tensor:
     """``y[t] += B[slot(t)] @ A[slot(t)] @ x[t]`` for the tokens in ``plan``, in place; returns ``y``.
 
-    Shapes as :func:`octavo.lora.ops.lora_shrink_expand`. A ``y`` whose last dim is strided is copied first
+    Shapes as :func:`octavo.lora.ops.lora_shrink_expand`. ``parts``: a fused projection's output offsets (its
+    parts' B blocks on the diagonal, each ``R / len(parts)`` wide), for ``CONFIG["part_expand"]``. A ``y`` whose last dim is strided is copied first
     (the copy is returned). Graph-safe: no host sync, the grid is ``plan.num_blocks`` (empty blocks return).
     """
     if x.stride(-1) != 1:
@@ -197,10 +212,18 @@ def lora_shrink_expand_triton(x: torch.Tensor, y: torch.Tensor, lora_a: torch.Te
         BLOCK_M=BLOCK_M, BLOCK_R=block_r, BLOCK_K=block_k, SPLIT_K=min(split_k, 2), PRECISION=prec,
         num_warps=cfg["shrink_warps"])
     block_n = cfg["block_n"] if block_r <= 64 else min(cfg["block_n"], 32)
+    n1 = n2 = n_out
+    rp = r
+    if cfg["part_expand"] and parts is not None and 1 < len(parts) <= 3 and r % len(parts) == 0 \
+            and all(p % block_n == 0 for p in [*parts, n_out]):
+        n1, n2 = (list(parts[1:]) + [n_out])[:2]
+        rp = r // len(parts)
+        block_r = max(16, triton.next_power_of_2(rp))
     _expand_kernel[(plan.num_blocks, triton.cdiv(n_out, block_n))](
-        h, lora_b, y, plan.rows, plan.blk_slot, plan.blk_start, plan.blk_end, n_out, r,
+        h, lora_b, y, plan.rows, plan.blk_slot, plan.blk_start, plan.blk_end, n_out, r, n1, n2, rp,
         h.stride(0), lora_b.stride(0), lora_b.stride(1), y.stride(0),
-        BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_R=block_r, PRECISION=prec, num_warps=cfg["expand_warps"])
+        BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_R=block_r, PRECISION=prec, num_warps=cfg["expand_warps"],
+        PARTS=rp != r)
     return y
 
 

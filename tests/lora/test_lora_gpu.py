@@ -20,7 +20,7 @@ if not torch.cuda.is_available():
 
 from octavo.lora.ops import lora_reference  # noqa: E402
 from octavo.lora.static import StaticLoRA  # noqa: E402
-from tests.lora.test_lora_static import weights  # noqa: E402
+from tests.lora.inputs import flat_weights as weights  # noqa: E402
 
 # adapter mixes replayed in one graph of 64 rows (a shorter mix leaves base-model padding rows)
 MIXES = [[i % 8 for i in range(64)], [-1] * 64, [3] * 10 + [-1] * 30 + [7] * 24, [5, -1] * 20, [0] * 64, [2, 6] * 5]

@@ -15,6 +15,7 @@ import torch
 
 import octavo.lora.ops as ops
 from octavo.lora.ops import lora_reference, lora_shrink_expand, plan_tokens
+from tests.lora.inputs import lora_data
 
 CPU = torch.device("cpu")
 # (token slots, the mode plan_tokens picks)
@@ -30,18 +31,9 @@ CASES = [
 ]
 
 
-def _data(n, k, o, r, slots=6, seed=0, dtype=torch.float32):
-    gen = torch.Generator().manual_seed(seed)
-    x = torch.randn(n, k, generator=gen).to(dtype)
-    y = torch.randn(n, o, generator=gen).to(dtype)
-    a = (torch.randn(slots, r, k, generator=gen) * 0.1).to(dtype)
-    b = (torch.randn(slots, o, r, generator=gen) * 0.1).to(dtype)
-    return x, y, a, b
-
-
 def test_no_adapter_tokens_means_no_plan():
     assert plan_tokens(torch.tensor([-1, -1, -1]), CPU) is None
-    x, y, a, b = _data(3, 8, 4, 2)
+    x, y, a, b = lora_data(3, 8, 4, 2)
     assert lora_shrink_expand(x, y, a, b, None) is y
 
 
@@ -50,7 +42,7 @@ def test_torch_layouts_match_reference(slots, mode):
     ts = torch.tensor(slots)
     plan = plan_tokens(ts, CPU)
     assert plan.mode == mode
-    x, y, a, b = _data(len(slots), 24, 20, 8)
+    x, y, a, b = lora_data(len(slots), 24, 20, 8)
     want = lora_reference(x, y, a, b, ts)
     got = lora_shrink_expand(x, y.clone(), a, b, plan)
     torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
@@ -60,7 +52,7 @@ def test_torch_layouts_match_reference(slots, mode):
 def test_loop_and_padded_agree_when_forced(slots, _, monkeypatch):
     """Both gathering layouts on the same tokens (USE_RUNS and PAD_WASTE force the choice)."""
     ts = torch.tensor(slots)
-    x, y, a, b = _data(len(slots), 16, 12, 4, seed=1)
+    x, y, a, b = lora_data(len(slots), 16, 12, 4, seed=1)
     want = lora_reference(x, y, a, b, ts)
     monkeypatch.setattr(ops, "USE_RUNS", False)
     for waste, mode in [(1e9, "padded"), (-1e9, "loop")]:
@@ -73,7 +65,7 @@ def test_loop_and_padded_agree_when_forced(slots, _, monkeypatch):
 def test_bfloat16_layers_with_float32_adapters():
     """``lora_dtype`` differing from the model dtype: computed in the LoRA dtype, added in the layer's."""
     ts = torch.tensor([0, -1, 1, 1])
-    x, y, a, b = _data(4, 32, 16, 8)
+    x, y, a, b = lora_data(4, 32, 16, 8)
     want = lora_reference(x.bfloat16(), y.bfloat16(), a, b, ts)
     got = lora_shrink_expand(x.bfloat16(), y.bfloat16(), a, b, plan_tokens(ts, CPU))
     assert got.dtype == torch.bfloat16
@@ -84,19 +76,22 @@ SCRIPT = r"""
 import torch
 from octavo.lora.ops import lora_reference, lora_shrink_expand, plan_tokens
 from octavo.lora import triton_ops
-from tests.lora.test_lora_ops import CASES, _data
+from tests.lora.inputs import lora_data
+from tests.lora.test_lora_ops import CASES
 for slots, _ in CASES:
     ts = torch.tensor(slots)
-    for k, o, r, dtype, tol, cfg in [
-            (24, 20, 8, torch.float32, 1e-5, {}), (1100, 40, 48, torch.float32, 1e-4, {}),
-            (1100, 40, 48, torch.float32, 1e-4, {"k_per_split": 128, "block_n": 32}),  # 9 K splits, atomics
-            (64, 24, 16, torch.float16, 3e-3, {})]:  # (the interpreter's bf16 tl.dot is wrong)
+    for k, o, r, dtype, tol, cfg, parts in [
+            (24, 20, 8, torch.float32, 1e-5, {}, None), (1100, 40, 48, torch.float32, 1e-4, {}, None),
+            (1100, 40, 48, torch.float32, 1e-4, {"k_per_split": 128, "block_n": 32}, None),  # 9 K splits
+            # q/k/v-like parts: the expand reads each part's rank columns only (B block-diagonal)
+            (96, 64, 24, torch.float32, 1e-4, {"k_per_split": 64, "block_n": 16, "part_expand": 1}, [0, 32, 48]),
+            (64, 24, 16, torch.float16, 3e-3, {}, None)]:  # (the interpreter's bf16 tl.dot is wrong)
         triton_ops.load_env_config()
         triton_ops.set_config(**cfg)
-        x, y, a, b = _data(len(slots), k, o, r, dtype=dtype)
+        x, y, a, b = lora_data(len(slots), k, o, r, dtype=dtype, parts=parts)
         plan = plan_tokens(ts, torch.device("cpu"), use_triton=True)
         assert plan.triton is not None
-        got = lora_shrink_expand(x, y.clone(), a, b, plan)
+        got = lora_shrink_expand(x, y.clone(), a, b, plan, parts)
         want = lora_reference(x, y, a, b, ts)
         err = (got.double() - want).abs().max().item()
         assert err <= tol * max(1.0, want.abs().max().item()), (slots, k, dtype, err)
@@ -124,7 +119,7 @@ def test_triton_kernels_on_cuda():
     for slots, _ in CASES + [([i % 8 for i in range(64)], None), ([i // 40 for i in range(300)], None)]:
         ts = torch.tensor(slots)
         for k, o, r, dtype, tol in [(4096, 6144, 48, torch.bfloat16, 3e-2), (96, 40, 16, torch.float32, 1e-4)]:
-            x, y, a, b = (t.to(dev) for t in _data(len(slots), k, o, r, slots=8, dtype=dtype))
+            x, y, a, b = (t.to(dev) for t in lora_data(len(slots), k, o, r, slots=8, dtype=dtype))
             want = lora_reference(x.cpu(), y.cpu(), a.cpu(), b.cpu(), ts)
             got = lora_shrink_expand(x, y.clone(), a, b, plan_tokens(ts, dev, use_triton=True)).cpu()
             torch_got = lora_shrink_expand(x, y.clone(), a, b, plan_tokens(ts, dev)).cpu()

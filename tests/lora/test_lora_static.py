@@ -14,22 +14,14 @@ import torch
 
 from octavo.lora.ops import lora_reference
 from octavo.lora.static import StaticLoRA
+from tests.lora.inputs import flat_weights as weights
 
 # (token slots of a step, rows of the padded batch the graph runs)
 STEPS = [([0, 1, 2, 3, 0, 1, 2, 3], 8), ([1, -1, 0, -1, 1, 0, 0, -1, 1, 0], 16), ([3, -1, 5, 3], 8),
          ([-1, -1], 4), ([i % 6 for i in range(40)], 48), ([2] * 20, 24), ([5], 1)]
 
 
-def weights(slots, k, o, r, dtype=torch.float32, seed=0):
-    """x for the largest batch, A [S, R, in] and B as the manager stores it on CUDA: ``b_flat [out, S*R]``
-    with ``lora_b`` its ``[S, out, R]`` view."""
-    gen = torch.Generator().manual_seed(seed)
-    a = (torch.randn(slots, r, k, generator=gen) * 0.1).to(dtype)
-    b_flat = (torch.randn(o, slots * r, generator=gen) * 0.1).to(dtype)
-    return a, b_flat.view(o, slots, r).permute(1, 0, 2), b_flat
-
-
-def run_steps(static, a, b, b_flat, k, o, dtype, tol, device="cpu"):
+def run_steps(static, a, b, b_flat, k, o, dtype, tol, device="cpu", parts=None):
     gen = torch.Generator().manual_seed(1)
     for slots, size in STEPS:
         n = len(slots)
@@ -39,7 +31,8 @@ def run_steps(static, a, b, b_flat, k, o, dtype, tol, device="cpu"):
         y = torch.randn(size, o, generator=gen).to(dtype)
         padded = torch.cat([ts, torch.full((size - n,), -1)])  # rows past the step: base
         want = lora_reference(x, y, a, b, padded)
-        got = static.apply(x.to(device), y.clone().to(device), a.to(device), b.to(device), b_flat.to(device)).cpu()
+        got = static.apply(x.to(device), y.clone().to(device), a.to(device), b.to(device), b_flat.to(device),
+                           parts).cpu()
         err = (got.double() - want).abs().max().item()
         assert err <= tol * max(1.0, want.abs().max().item()), (slots, err)
 
@@ -77,12 +70,19 @@ def test_embedding_form():
 SCRIPT = r"""
 import torch
 from octavo.lora.static import StaticLoRA
-from tests.lora.test_lora_static import run_steps, weights
+from octavo.lora import triton_ops
+from tests.lora.inputs import flat_weights
+from tests.lora.test_lora_static import run_steps
 for k, o, r, dtype, tol in [(24, 20, 8, torch.float32, 1e-5), (1100, 40, 48, torch.float32, 1e-4),
                             (64, 24, 16, torch.float16, 3e-3)]:
-    a, b, b_flat = weights(6, k, o, r, dtype)
+    a, b, b_flat = flat_weights(6, k, o, r, dtype)
     for kw in ({"use_triton": True}, {"fused_expand": True}):  # fixed-grid SGMV; dense with the masked expand
         run_steps(StaticLoRA(6, 48, dtype, "cpu", **kw), a, b, b_flat, k, o, dtype, tol)
+# the tuned SGMV launch config: many K splits, parts-only expand on a block-diagonal q/k/v-like B
+triton_ops.set_config(k_per_split=64, block_n=16, part_expand=1)
+a, b, b_flat = flat_weights(6, 96, 64, 24, parts=[0, 32, 48])
+run_steps(StaticLoRA(6, 48, torch.float32, "cpu", use_triton=True), a, b, b_flat, 96, 64, torch.float32, 1e-4,
+          parts=[0, 32, 48])
 print("ok")
 """
 
