@@ -128,8 +128,11 @@ def test_tp_allreduce_choice_is_checked(monkeypatch):
     cpu = get_plugin_manager().resolve("platforms", "cpu")()
     monkeypatch.setenv("OCTAVO_TP_ALLREDUCE", "nccl")
     assert install_all_reduce(cpu, torch.device("cpu"), torch.float32) == "nccl"
-    monkeypatch.setenv("OCTAVO_TP_ALLREDUCE", "custom")
-    with pytest.raises(ValueError, match="OCTAVO_TP_ALLREDUCE='custom' is not one of nccl, symm_mem"):
+    monkeypatch.setenv("OCTAVO_TP_ALLREDUCE", "bogus")
+    with pytest.raises(ValueError, match="OCTAVO_TP_ALLREDUCE='bogus' is not one of nccl, symm_mem, custom"):
+        install_all_reduce(cpu, torch.device("cpu"), torch.float32)
+    monkeypatch.setenv("OCTAVO_TP_ALLREDUCE", "custom")  # the CPU platform has no all-reduce of its own
+    with pytest.raises(ValueError, match="custom: platform 'cpu' has no all-reduce of its own"):
         install_all_reduce(cpu, torch.device("cpu"), torch.float32)
     monkeypatch.setenv("OCTAVO_TP_ALLREDUCE", "symm_mem")
     with pytest.raises(ValueError, match="symm_mem needs CUDA GPUs"):
