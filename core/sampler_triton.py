@@ -40,17 +40,15 @@ def _gumbel(r):
 
 
 @triton.jit
-def _best_of(ptr, cols, hi, r, temp, best, best_idx, RANDOM: tl.constexpr):
-    """Fold one block of columns into the running (best score, its column)."""
+def _fold(ptr, cols, hi, r, temp, best, best_idx, RANDOM: tl.constexpr):
+    """Fold one block of columns into the per-lane running (best score, its column): elementwise only; a
+    lane sees its columns in increasing order and keeps the first of equal scores."""
     m = cols < hi
     x = tl.load(ptr + cols, mask=m, other=float("-inf")).to(tl.float32)
     if RANDOM:
         x = tl.where(m, x / temp + _gumbel(r), float("-inf"))
-    v, a = tl.max(x, 0, return_indices=True)  # ties: the first column
-    take = v > best  # strict: an earlier block keeps a tie
-    best = tl.where(take, v, best)
-    best_idx = tl.where(take, (tl.min(cols, 0) + a).to(tl.int32), best_idx)
-    return best, best_idx
+    take = x > best
+    return tl.where(take, x, best), tl.where(take, cols, best_idx)
 
 
 @triton.jit(do_not_specialize=["base", "chunk", "n_chunks"])
@@ -63,8 +61,8 @@ def _sample_partial_kernel(logits_ptr, stride, temp_ptr, keys_ptr, base, n_cols,
     lo = c * chunk
     hi = tl.minimum(lo + chunk, n_cols)
     i = tl.arange(0, SUB)
-    best = tl.full([], float("-inf"), tl.float32)
-    best_idx = lo.to(tl.int32)
+    best = tl.full([SUB], float("-inf"), tl.float32)
+    best_idx = lo + i
     temp = tl.load(temp_ptr + row).to(tl.float32)
     if temp > 0:
         if HAS_KEYS:
@@ -73,16 +71,20 @@ def _sample_partial_kernel(logits_ptr, stride, temp_ptr, keys_ptr, base, n_cols,
             key = base + row64 * 6364136223846793005
         for start in range(lo, hi, 4 * SUB):
             r0, r1, r2, r3 = tl.randint4x(key, start // 4 + i)
-            best, best_idx = _best_of(ptr, start + i, hi, r0, temp, best, best_idx, True)
-            best, best_idx = _best_of(ptr, start + SUB + i, hi, r1, temp, best, best_idx, True)
-            best, best_idx = _best_of(ptr, start + 2 * SUB + i, hi, r2, temp, best, best_idx, True)
-            best, best_idx = _best_of(ptr, start + 3 * SUB + i, hi, r3, temp, best, best_idx, True)
+            best, best_idx = _fold(ptr, start + i, hi, r0, temp, best, best_idx, True)
+            best, best_idx = _fold(ptr, start + SUB + i, hi, r1, temp, best, best_idx, True)
+            best, best_idx = _fold(ptr, start + 2 * SUB + i, hi, r2, temp, best, best_idx, True)
+            best, best_idx = _fold(ptr, start + 3 * SUB + i, hi, r3, temp, best, best_idx, True)
     else:
         for start in range(lo, hi, 4 * SUB):
-            j = tl.arange(0, 4 * SUB)
-            best, best_idx = _best_of(ptr, start + j, hi, j, temp, best, best_idx, False)
-    tl.store(part_val_ptr + row64 * n_chunks + c, best)
-    tl.store(part_idx_ptr + row64 * n_chunks + c, best_idx)
+            best, best_idx = _fold(ptr, start + i, hi, i, temp, best, best_idx, False)
+            best, best_idx = _fold(ptr, start + SUB + i, hi, i, temp, best, best_idx, False)
+            best, best_idx = _fold(ptr, start + 2 * SUB + i, hi, i, temp, best, best_idx, False)
+            best, best_idx = _fold(ptr, start + 3 * SUB + i, hi, i, temp, best, best_idx, False)
+    v = tl.max(best, 0)
+    first = tl.min(tl.where(best == v, best_idx, 2147483647), 0)  # ties: the lowest column
+    tl.store(part_val_ptr + row64 * n_chunks + c, v)
+    tl.store(part_idx_ptr + row64 * n_chunks + c, first)
 
 
 @triton.jit(do_not_specialize=["n_chunks"])

@@ -17,10 +17,10 @@ git rev-parse HEAD > "$R/commit.txt" 2>/dev/null
 export OCTAVO_LOG_LEVEL=${OCTAVO_LOG_LEVEL:-warning}
 
 echo "== cases $(date -u +%T)"
-timeout -k 2 13 python -m pytest -q -x -p no:cacheprovider tests/kernels/fused_sampler_cases.py > "$R/cases.log" 2>&1
+timeout -k 2 16 python -m pytest -q -x -p no:cacheprovider tests/kernels/fused_sampler_cases.py > "$R/cases.log" 2>&1
 echo "cases exit $?"; tail -n 15 "$R/cases.log"
 
-CAP=$(( $(left) - 9 ))
+CAP=$(( $(left) - 8 ))
 echo "== nano-vllm fused vs torch sampler (cap $CAP s) $(date -u +%T)"
 timeout -k 2 "$CAP" python benchmarks/nano_sampler.py --out "$R/nano_sampler.json" --budget-s $(( CAP - 2 )) \
   ${NANO5_ARGS:-} > "$R/nano_sampler.log" 2>&1

@@ -107,13 +107,13 @@ def test_kernel_is_gumbel_max_over_its_noise_and_exact_argmax_when_greedy(dtype)
 
 
 def test_kernel_draws_follow_the_softmax():
-    n = 48 if INTERPRET else 40_000
-    support = [0, 1, 4095, 4096, 8191, V - 1] if not INTERPRET else [0, 4095, 4096, V - 1]
-    row = torch.full((V,), float("-inf"))
+    n, vocab = (32, 4200) if INTERPRET else (40_000, V)
+    support = [0, 1, 4095, 4096, 8191, V - 1] if not INTERPRET else [0, 4095, 4096, vocab - 1]
+    row = torch.full((vocab,), float("-inf"))
     vals = torch.linspace(0.3, -0.3, len(support)) if INTERPRET else torch.linspace(1.0, -1.0, len(support))
     row[support] = vals
     temp = 0.6
-    x = row.to(DEV).expand(n, V)  # row stride 0: every row reads the same logits with its own key
+    x = row.to(DEV).expand(n, vocab)  # row stride 0: every row reads the same logits with its own key
     got = fused_sample(x, torch.full((n,), temp, device=DEV), None, base=2**43 + 5).cpu()
     assert set(got.tolist()) <= set(support)
     counts = torch.tensor([(got == s).sum().item() for s in support])
@@ -142,16 +142,16 @@ def test_seeded_rows_reproducible_batch_independent_and_advancing():
     seeded = SamplingParams(temperature=1.0, seed=1234)
     s = Sampler(force_fused=True)
     gens = {}
-    alone = [s(x[3:4].clone(), _batch(_reqs(seeded), gens)).sampled.item() for _ in range(4)]
+    alone = [s(x[3:4].clone(), _batch(_reqs(seeded), gens)).sampled.item() for _ in range(3)]
     others = [SamplingParams(temperature=0.8)] * 3 + [seeded] + [SamplingParams(temperature=0.5, seed=9),
                                                                   SamplingParams(temperature=0)]
     s2 = Sampler(force_fused=True)
     gens2 = {}
-    in_batch = [s2(x.clone(), _batch(_reqs(*others), gens2)).sampled[3].item() for _ in range(4)]
+    in_batch = [s2(x.clone(), _batch(_reqs(*others), gens2)).sampled[3].item() for _ in range(3)]
     assert alone == in_batch
     assert len(set(alone)) > 1  # the key advances with each draw
     s3, gens3 = Sampler(force_fused=True), {}  # a new engine: the same sequence again
-    assert alone == [s3(x[3:4].clone(), _batch(_reqs(seeded), gens3)).sampled.item() for _ in range(4)]
+    assert alone == [s3(x[3:4].clone(), _batch(_reqs(seeded), gens3)).sampled.item() for _ in range(3)]
 
 
 def test_logit_processors_apply_before_fused_sampling():
@@ -164,7 +164,7 @@ def test_logit_processors_apply_before_fused_sampling():
                  outputs={3: [0]})
     x[2, 1] = 29.0
     s = Sampler(force_fused=True)
-    for _ in range(3):
+    for _ in range(1 if INTERPRET else 5):
         b = _batch(reqs, {})
         assert s.uses_fused(x, b)
         got = s(x.clone(), b).sampled.tolist()
