@@ -40,6 +40,9 @@ MIN_ROWS_PER_CHUNK = 8  # a row fills in ~10-40 us; a pool hand-off costs ~20-50
 # thread waits for the GIL until the core thread blocks on its own (its outputs, the next schedule: ~1 ms) or
 # Python's 5 ms switch interval, while the device idles for the sampler. 0 turns it off.
 HANDOFF_WAIT_S = 0.002
+# On CUDA the mask is applied by one Triton launch (core/grammar_mask_triton.py) where Triton is installed;
+# False: the byte-table add below (the benchmark's json_async_table mode compares them).
+TRITON_APPLY = True
 
 
 def fill_threads() -> int:
@@ -217,6 +220,10 @@ def apply_packed(logits: Any, rows: list[int], packed: Any) -> Any:
     n, vocab = len(rows), logits.shape[-1]
     whole = n == logits.shape[0] and rows == list(range(n))
     index = None if whole else torch.tensor(rows, dtype=torch.int32)
+    if device.type == "cuda" and TRITON_APPLY and logits.stride(-1) == 1 and (kernel := _triton_apply()) is not None:
+        # one launch instead of the table's 4-6 torch calls (core/grammar_mask_triton.py)
+        return kernel(logits, _to_device(packed.contiguous(), device),
+                      None if whole else _to_device(index, device))
     if device.type != "cpu":
         packed = _to_device(packed.contiguous(), device)
         index = None if whole else _to_device(index, device)
@@ -225,6 +232,18 @@ def apply_packed(logits: Any, rows: list[int], packed: Any) -> Any:
     if whole:
         return logits.add_(bias)
     return logits.index_add_(0, index, bias)
+
+
+def _triton_apply() -> Any:
+    """core/grammar_mask_triton.py's ``apply_bitmask_``, or None where Triton is not installed (the table add
+    then runs: same result)."""
+    if "triton" not in _TABLES:
+        try:
+            from octavo.core.grammar_mask_triton import apply_bitmask_
+        except ImportError:
+            apply_bitmask_ = None
+        _TABLES["triton"] = apply_bitmask_
+    return _TABLES["triton"]
 
 
 def _numpy_view(dtype: Any) -> Any:

