@@ -36,7 +36,8 @@ MAX_CHUNKS = 64  # stage 2 reads at most this many partial results per row (one 
 def _gumbel(r):
     """Gumbel noise from 32 random bits: u = (top 23 bits + 0.5) / 2**23 is exact in fp32 and in (0, 1)."""
     u = ((r >> 9).to(tl.float32) + 0.5) * 1.1920928955078125e-07
-    return -tl.log(-tl.log(u))
+    # -log(u) >= 5.96e-8 exactly; the floor 2**-25 guards an approximate log near u = 1 (never 0 or < 0)
+    return -tl.log(tl.maximum(-tl.log(u), 2.9802322387695312e-08))
 
 
 @triton.jit
