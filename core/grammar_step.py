@@ -19,6 +19,7 @@ added to the rows that need them (one ``index_select`` and one add over the batc
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -27,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+logger = logging.getLogger(__name__)
 _TABLES: dict[Any, Any] = {}  # (device, dtype) -> the byte -> 8 biases table
 
 # Under async scheduling the gate of step N+1 opens on the core thread right after N's tokens advanced the
@@ -222,8 +224,17 @@ def apply_packed(logits: Any, rows: list[int], packed: Any) -> Any:
     index = None if whole else torch.tensor(rows, dtype=torch.int32)
     if device.type == "cuda" and TRITON_APPLY and logits.stride(-1) == 1 and (kernel := _triton_apply()) is not None:
         # one launch instead of the table's 4-6 torch calls (core/grammar_mask_triton.py)
-        return kernel(logits, _to_device(packed.contiguous(), device),
-                      None if whole else _to_device(index, device))
+        dev_packed = _to_device(packed.contiguous(), device)
+        try:
+            out = kernel(logits, dev_packed, None if whole else _to_device(index, device))
+        except Exception as e:  # noqa: BLE001 - a Triton that cannot compile here: the table add, same result
+            if _TABLES.get("triton_ok"):
+                raise
+            logger.warning("grammar mask: the Triton apply failed (%s); using the torch byte-table add", e)
+            _TABLES["triton"] = None
+        else:
+            _TABLES["triton_ok"] = True
+            return out
     if device.type != "cpu":
         packed = _to_device(packed.contiguous(), device)
         index = None if whole else _to_device(index, device)
