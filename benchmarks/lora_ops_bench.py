@@ -37,6 +37,7 @@ CONFIGS = {  # in order of promise: the budget may cut the tail (each new tile s
     "s4": {},  # session 4: split = min(8, K // 512), 64-wide tiles
     "k128": {"k_per_split": 128},
     "k128_parts": {"k_per_split": 128, "part_expand": 1},
+    "k128_parts_sh": {"k_per_split": 128, "part_expand": 1, "static_h": 1},
     "k64_parts": {"k_per_split": 64, "part_expand": 1},
     "k256_parts": {"k_per_split": 256, "part_expand": 1},
     "k128_n128_parts": {"k_per_split": 128, "block_n": 128, "part_expand": 1},
@@ -125,13 +126,16 @@ def decode(weights, args, dtype, dev, cuda, res) -> None:
             triton_ops.CONFIG.update(triton_ops.DEFAULT_CONFIG)
             triton_ops.set_config(**cfg)
         static = StaticLoRA(slots, n, dtype, dev, use_triton=cfg is not None)
+        static.reserve_h(len(weights) * len(next(iter(weights.values()))), 64)  # (static_h configs only)
+        keys = {kind: i * len(rows) for i, (kind, rows) in enumerate(weights.items())}  # + layer
         entry = {}
         for label, ts in (("mixed", mix), ("zero", None)):
             if label == "zero" and op not in ("dense", "sgmv_s4"):
                 continue
             static.write(ts, n)
-            per = {kind: r4(graph_ms(lambda kind=kind, rows=rows, static=static: [
-                static.apply(xs[kind], ys[kind], a, b, f, args.parts[kind]) for _, a, b, f in rows], args.iters, cuda))
+            per = {kind: r4(graph_ms(lambda kind=kind, rows=rows, static=static, k0=keys[kind]: [
+                static.apply(xs[kind], ys[kind], a, b, f, args.parts[kind], k0 + i)
+                for i, (_, a, b, f) in enumerate(rows)], args.iters, cuda))
                 for kind, rows in weights.items()}
             per["total"] = r4(sum(v for v in per.values() if v is not None)) if cuda else None
             entry[label] = per
@@ -142,7 +146,8 @@ def decode(weights, args, dtype, dev, cuda, res) -> None:
             err = {}
             for kind, rows in weights.items():
                 _, a, b, f = rows[0]
-                got = static.apply(xs[kind], torch.zeros_like(ys[kind]), a, b, f, args.parts[kind]).float()
+                got = static.apply(xs[kind], torch.zeros_like(ys[kind]), a, b, f, args.parts[kind],
+                                   keys[kind]).float()
                 want = dense.apply(xs[kind].float(), torch.zeros_like(ys[kind]).float(), a.float(), b.float(),
                                    f.float())
                 err[kind] = round(((got - want).abs().max() / want.abs().max().clamp(min=1e-6)).item(), 5)

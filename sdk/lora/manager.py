@@ -28,7 +28,7 @@ from octavo.nn.parallel import tp_all_reduce
 
 class _Projection:
     __slots__ = ("name", "offsets", "sizes", "lora_a", "lora_b", "b_flat", "rank", "used", "b_rows", "a_cols",
-                 "reduce")
+                 "reduce", "index")
 
     def __init__(self, name: str, sizes: list[int], in_size: int, slots: int, rank: int, dtype: torch.dtype,
                  device, flat: bool = False) -> None:
@@ -48,6 +48,7 @@ class _Projection:
         self.b_rows: list[int] | None = None
         self.a_cols: int | None = None
         self.reduce = False
+        self.index = 0  # into the static op's per-projection buffers (octavo.lora.static.StaticLoRA.reserve_h)
 
 
 class LoRAManager:
@@ -106,6 +107,7 @@ class LoRAManager:
                 continue
             proj = _Projection(name, module.output_sizes, module.input_size, self.max_loras, self.max_rank,
                                self.dtype, device, flat)
+            proj.index = len(self.projections)
             self.projections[name] = proj
             prefix, _, leaf = name.rpartition(".")
             parts = packed.get(leaf, [leaf]) if len(module.output_sizes) > 1 else [leaf]
@@ -126,6 +128,8 @@ class LoRAManager:
         # an embedding's delta is B @ (A looked up by id): expanded through the op with an identity "shrink"
         self.eye = torch.eye(self.max_rank, dtype=self.dtype, device=device).expand(self.max_loras, -1, -1)
         if self.static is not None:  # compile / pick kernels now: never for the first time inside a capture
+            self.static.reserve_h(len(self.projections), max((p.lora_a.shape[1] for p in self.projections.values()),
+                                                             default=1))
             self._warm_static()
 
     @property
@@ -155,7 +159,7 @@ class LoRAManager:
             if self._capturing():  # one graph for every adapter mix: the static op (octavo.lora.static)
                 self.static.captured = True
                 op = lambda y: self.static.apply(args[0], y, proj.lora_a, proj.lora_b, proj.b_flat,  # noqa: E731
-                                                 proj.offsets)
+                                                 proj.offsets, proj.index)
             elif self.host_slots is None or proj.used.isdisjoint(self.active_slots):  # no adapter here this step
                 return output
             else:
@@ -192,7 +196,7 @@ class LoRAManager:
             seen.add(key)
             x = torch.zeros(n, proj.lora_a.shape[2], dtype=self.model_dtype, device=self.device)  # the layer's dtype
             y = torch.zeros(n, proj.b_flat.shape[0], dtype=self.model_dtype, device=self.device)
-            self.static.apply(x, y, proj.lora_a, proj.lora_b, proj.b_flat, proj.offsets)
+            self.static.apply(x, y, proj.lora_a, proj.lora_b, proj.b_flat, proj.offsets, proj.index)
 
     # ------------------------------------------------------------------------------------ per step
     def prepare(self, request_ids: list[str], loras: list[LoRARequest | None], query_lens: list[int]

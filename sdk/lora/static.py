@@ -57,6 +57,18 @@ class StaticLoRA:
         self.rows, self.blk_slot = self.packed[:c], self.packed[c:c + mb]
         self.blk_start, self.blk_end = self.packed[c + mb:c + 2 * mb], self.packed[c + 2 * mb:]
         self.blocks_dirty = False
+        self.h_all: torch.Tensor | None = None  # SGMV static_h: [projections, cap, R max] fp32 shrink sums
+        self.h_rows = 0  # rows [0, h_rows) of h_all may be non-zero (the last step's adapter tokens)
+
+    def reserve_h(self, count: int, r_max: int) -> None:
+        """With the SGMV op and ``static_h`` (octavo.lora.triton_ops.CONFIG): one persistent zeroed fp32 shrink
+        buffer per projection (``apply(..., key=i)``), zeroed by :meth:`write` once per step instead of a memset
+        kernel per projection inside the graph."""
+        if self.use_triton:
+            from octavo.lora.triton_ops import CONFIG
+
+            if CONFIG["static_h"]:
+                self.h_all = torch.zeros(count, self.cap, r_max, dtype=torch.float32, device=self.slots.device)
 
     # ------------------------------------------------------------------------------------ per step (host)
     def write(self, token_slots: torch.Tensor | None, n: int) -> bool:
@@ -65,6 +77,9 @@ class StaticLoRA:
         replays such a step)."""
         if n > self.cap:
             return False
+        if self.h_rows:  # the last step's shrink sums (stream-ordered after its graph)
+            self.h_all[:, :self.h_rows].zero_()
+            self.h_rows = 0
         if token_slots is None:
             if self.dirty:
                 self.slots[:self.dirty].fill_(-1)
@@ -83,6 +98,8 @@ class StaticLoRA:
         if self.use_triton:
             self.packed.copy_(self._blocks(token_slots), non_blocking=True)
             self.blocks_dirty = True
+            if self.h_all is not None:
+                self.h_rows = int((token_slots >= 0).sum())
         return True
 
     def _blocks(self, token_slots: torch.Tensor) -> torch.Tensor:
@@ -105,11 +122,12 @@ class StaticLoRA:
 
     # ------------------------------------------------------------------------------------ ops (device)
     def apply(self, x: torch.Tensor, y: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor,
-              b_flat: torch.Tensor, parts: list[int] | None = None) -> torch.Tensor:
+              b_flat: torch.Tensor, parts: list[int] | None = None, key: int | None = None) -> torch.Tensor:
         """``y[t] += B[slot(t)] @ A[slot(t)] @ x[t]`` for the buffers' slots of rows ``[0, n)``; in place.
 
         ``lora_a [S, R, in]`` (contiguous), ``lora_b [S, out, R]`` a view of ``b_flat [out, S*R]``; ``parts``:
-        a fused projection's output offsets (the SGMV expand's ``part_expand``).
+        a fused projection's output offsets (the SGMV expand's ``part_expand``); ``key``: the projection's index
+        into the buffers of :meth:`reserve_h`.
         """
         n = x.shape[0]
         if n > self.cap:
@@ -119,7 +137,8 @@ class StaticLoRA:
 
             plan = BlockPlan(self.rows, self.blk_slot, self.blk_start, self.blk_end,
                              min(-(-n // BLOCK_M) + self.max_loras, self.max_blocks), n)
-            return lora_shrink_expand_triton(x, y, lora_a, lora_b, plan, parts)
+            h = self.h_all[key] if self.h_all is not None and key is not None else None
+            return lora_shrink_expand_triton(x, y, lora_a, lora_b, plan, parts, h)
         s, r = lora_a.shape[0], lora_a.shape[1]
         dt = lora_a.dtype
         h = x.to(dt) @ lora_a.view(s * r, -1).t()  # [n, S*R]: every slot's shrink

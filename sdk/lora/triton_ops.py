@@ -32,8 +32,11 @@ BLOCK_M = 16
 # ``part_expand``: a fused projection's expand (q/k/v, gate/up: B block-diagonal) reads only the R columns of the
 # part an output tile lies in, not the other parts' zeros (1/3 of q/k/v's B bytes, 1/2 of gate/up's); used when
 # every part's size is a multiple of ``block_n`` (0: off).
+# ``static_h``: in CUDA graphs (octavo.lora.static) the shrink sums into a persistent fp32 buffer per projection
+# that the host zeroes once per step (one memset for all projections), not a fresh ``torch.zeros`` per projection
+# (a memset kernel each: 128 a step on a Llama-3-8B).
 DEFAULT_CONFIG = {"k_per_split": 0, "block_k": 64, "block_n": 64, "shrink_warps": 4, "expand_warps": 4,
-                  "part_expand": 0}
+                  "part_expand": 0, "static_h": 0}
 CONFIG = dict(DEFAULT_CONFIG)
 
 
@@ -42,9 +45,9 @@ def set_config(**kw) -> None:
     for key, val in kw.items():
         if key not in CONFIG:
             raise ValueError(f"LoRA SGMV config: unknown key {key!r} (known: {sorted(CONFIG)})")
-        if key == "part_expand":
+        if key in ("part_expand", "static_h"):
             if val not in (0, 1):
-                raise ValueError(f"LoRA SGMV config: part_expand={val!r} must be 0 or 1")
+                raise ValueError(f"LoRA SGMV config: {key}={val!r} must be 0 or 1")
         elif not isinstance(val, int) or val < 0 or (key != "k_per_split" and (val <= 0 or val & (val - 1))):
             raise ValueError(f"LoRA SGMV config: {key}={val!r} must be a positive power of two"
                              + (" or 0" if key == "k_per_split" else ""))
@@ -180,11 +183,13 @@ def _expand_kernel(h_ptr, b_ptr, y_ptr, rows_ptr, slot_ptr, start_ptr, end_ptr, 
 
 
 def lora_shrink_expand_triton(x: torch.Tensor, y: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor,
-                              plan: BlockPlan, parts: list[int] | None = None) -> torch.Tensor:
+                              plan: BlockPlan, parts: list[int] | None = None,
+                              h: torch.Tensor | None = None) -> torch.Tensor:
     """``y[t] += B[slot(t)] @ A[slot(t)] @ x[t]`` for the tokens in ``plan``, in place; returns ``y``.
 
     Shapes as :func:`octavo.lora.ops.lora_shrink_expand`. ``parts``: a fused projection's output offsets (its
-    parts' B blocks on the diagonal, each ``R / len(parts)`` wide), for ``CONFIG["part_expand"]``. A ``y`` whose last dim is strided is copied first
+    parts' B blocks on the diagonal, each ``R / len(parts)`` wide), for ``CONFIG["part_expand"]``. ``h``: an
+    all-zero fp32 ``[>= rows, >= R]`` row-major buffer for the shrink's sums (else one is allocated and zeroed). A ``y`` whose last dim is strided is copied first
     (the copy is returned). Graph-safe: no host sync, the grid is ``plan.num_blocks`` (empty blocks return).
     """
     if x.stride(-1) != 1:
@@ -205,7 +210,10 @@ def lora_shrink_expand_triton(x: torch.Tensor, y: torch.Tensor, lora_a: torch.Te
         split_k = max(1, min(8, k // 512))
         k_per_split = triton.cdiv(triton.cdiv(k, split_k), block_k) * block_k
     prec = "ieee" if lora_a.dtype == torch.float32 else None  # fp32 adapters: exact fp32 dots, not tf32
-    h = (torch.zeros if split_k > 1 else torch.empty)(plan.num_rows, r, dtype=torch.float32, device=x.device)
+    if h is None:
+        h = (torch.zeros if split_k > 1 else torch.empty)(plan.num_rows, r, dtype=torch.float32, device=x.device)
+    elif h.dtype != torch.float32 or h.stride(-1) != 1 or h.shape[0] < plan.num_rows or h.shape[1] < r:
+        raise ValueError(f"lora_shrink_expand_triton: h must be fp32, row-major, >= [{plan.num_rows}, {r}]")
     _shrink_kernel[(plan.num_blocks, split_k)](
         x, lora_a, h, plan.rows, plan.blk_slot, plan.blk_start, plan.blk_end, k, r,
         x.stride(0), lora_a.stride(0), lora_a.stride(1), h.stride(0), k_per_split,

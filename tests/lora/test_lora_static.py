@@ -21,7 +21,7 @@ STEPS = [([0, 1, 2, 3, 0, 1, 2, 3], 8), ([1, -1, 0, -1, 1, 0, 0, -1, 1, 0], 16),
          ([-1, -1], 4), ([i % 6 for i in range(40)], 48), ([2] * 20, 24), ([5], 1)]
 
 
-def run_steps(static, a, b, b_flat, k, o, dtype, tol, device="cpu", parts=None):
+def run_steps(static, a, b, b_flat, k, o, dtype, tol, device="cpu", parts=None, key=None):
     gen = torch.Generator().manual_seed(1)
     for slots, size in STEPS:
         n = len(slots)
@@ -32,7 +32,7 @@ def run_steps(static, a, b, b_flat, k, o, dtype, tol, device="cpu", parts=None):
         padded = torch.cat([ts, torch.full((size - n,), -1)])  # rows past the step: base
         want = lora_reference(x, y, a, b, padded)
         got = static.apply(x.to(device), y.clone().to(device), a.to(device), b.to(device), b_flat.to(device),
-                           parts).cpu()
+                           parts, key).cpu()
         err = (got.double() - want).abs().max().item()
         assert err <= tol * max(1.0, want.abs().max().item()), (slots, err)
 
@@ -79,10 +79,14 @@ for k, o, r, dtype, tol in [(24, 20, 8, torch.float32, 1e-5), (1100, 40, 48, tor
     for kw in ({"use_triton": True}, {"fused_expand": True}):  # fixed-grid SGMV; dense with the masked expand
         run_steps(StaticLoRA(6, 48, dtype, "cpu", **kw), a, b, b_flat, k, o, dtype, tol)
 # the tuned SGMV launch config: many K splits, parts-only expand on a block-diagonal q/k/v-like B
-triton_ops.set_config(k_per_split=64, block_n=16, part_expand=1)
+# and the persistent shrink buffer that write() zeroes once per step (static_h; key = the projection's buffer)
+triton_ops.set_config(k_per_split=64, block_n=16, part_expand=1, static_h=1)
 a, b, b_flat = flat_weights(6, 96, 64, 24, parts=[0, 32, 48])
-run_steps(StaticLoRA(6, 48, torch.float32, "cpu", use_triton=True), a, b, b_flat, 96, 64, torch.float32, 1e-4,
-          parts=[0, 32, 48])
+static = StaticLoRA(6, 48, torch.float32, "cpu", use_triton=True)
+static.reserve_h(3, 32)
+assert static.h_all is not None
+run_steps(static, a, b, b_flat, 96, 64, torch.float32, 1e-4, parts=[0, 32, 48], key=1)
+assert static.h_all[0].abs().sum() == 0 and static.h_all[1].abs().sum() > 0
 print("ok")
 """
 
