@@ -2,12 +2,17 @@
 process, the old and new settings side by side in one call (issue 17 item 4).
 
     python benchmarks/gpu_start.py old_init_cold new_cold new_warm --out start.json
+    python benchmarks/gpu_start.py new_cold new_warm st_warm --st-dir /tmp/llama8b --out start.json
 
 Variants (``cold``: an empty Triton cache directory; ``warm``: the directory the previous ``*_cold`` run filled):
   old_init_cold   random weights drawn on the host, as before the fix (core/loader/weights.py ``_init_dummy``)
   new_cold        random weights drawn on the GPU
   new_warm        the same, Triton kernels from the cache of the previous cold run
   few_graphs_warm new_warm with 9 CUDA-graph sizes (1, 2, 4, ..., 256) instead of the default list
+  tfconfig_warm   new_warm with the config read by transformers (OCTAVO_LIGHT_CONFIG=0), as before session 5
+  st_warm         weights from a bf16 safetensors checkpoint on local disk (``--st-dir``; written first, 4 shards,
+                  16 GB: still in the page cache when it is read), Triton cache warm
+  st_old_warm     st_warm with safetensors' own reader (``get_tensor`` copies each tensor), as before session 5
 
 Each child times its phases by wrapping the functions that do them (resolve, model build + weights, dummy init,
 KV-cache profile run, KV allocation, fused kernels, CUDA-graph capture); ``other`` is the rest of ``LLM(...)``
@@ -21,6 +26,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import math
 import os
 import subprocess
 import sys
@@ -29,7 +35,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-VARIANTS = ("old_init_cold", "new_cold", "new_warm", "few_graphs_warm")
+VARIANTS = ("old_init_cold", "new_cold", "new_warm", "few_graphs_warm", "tfconfig_warm", "st_warm", "st_old_warm")
 
 
 def _old_init_dummy(model, seed: int, skip: tuple[str, ...] = ()) -> None:
@@ -45,6 +51,70 @@ def _old_init_dummy(model, seed: int, skip: tuple[str, ...] = ()) -> None:
             continue
         values = torch.empty(param.shape, dtype=torch.float32).uniform_(-1e-3, 1e-3, generator=gen)
         param.data.copy_(values)
+
+
+def _old_iter_safetensors(files):
+    """The reader before session 5: ``safe_open(...).get_tensor`` (a host copy of every tensor)."""
+    from safetensors import safe_open
+
+    for path in files:
+        with safe_open(path, framework="pt") as f:
+            for name in f.keys():
+                yield name, f.get_tensor(name)
+
+
+def write_safetensors(cfg: dict, directory: str, num_shards: int = 4) -> float:
+    """A bf16 checkpoint of ``cfg``'s Llama shape (small random values, HF names, sharded with an index) in
+    ``directory``; returns the seconds it took. One 64 MiB pattern is written over and over: fast, not zeros."""
+    import torch
+
+    t0 = time.perf_counter()
+    h, i, v = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
+    kv = cfg["num_key_value_heads"] * h // cfg["num_attention_heads"]
+    shapes = {"model.embed_tokens.weight": [v, h]}
+    for n in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{n}."
+        shapes.update({p + "input_layernorm.weight": [h], p + "post_attention_layernorm.weight": [h],
+                       p + "self_attn.q_proj.weight": [h, h], p + "self_attn.k_proj.weight": [kv, h],
+                       p + "self_attn.v_proj.weight": [kv, h], p + "self_attn.o_proj.weight": [h, h],
+                       p + "mlp.gate_proj.weight": [i, h], p + "mlp.up_proj.weight": [i, h],
+                       p + "mlp.down_proj.weight": [h, i]})
+    shapes.update({"model.norm.weight": [h], "lm_head.weight": [v, h]})
+    nbytes = {name: 2 * math.prod(shape) for name, shape in shapes.items()}
+    total = sum(nbytes.values())
+    pattern = ((torch.rand(32 << 20) - 0.5) * 2e-3).to(torch.bfloat16).view(torch.uint8).numpy().tobytes()
+    os.makedirs(directory, exist_ok=True)
+    weight_map, shard_bytes = {}, 0
+    groups: list[list[str]] = [[]]
+    for name in shapes:
+        size = nbytes[name]
+        if shard_bytes + size > total / num_shards * 1.02 and groups[-1] and len(groups) < num_shards:
+            groups.append([])
+            shard_bytes = 0
+        groups[-1].append(name)
+        shard_bytes += size
+    for shard, group in enumerate(groups):
+        fname = f"model-{shard + 1:05d}-of-{len(groups):05d}.safetensors"
+        header, offset = {}, 0
+        for name in group:
+            size = nbytes[name]
+            header[name] = {"dtype": "BF16", "shape": shapes[name], "data_offsets": [offset, offset + size]}
+            offset += size
+            weight_map[name] = fname
+        raw = json.dumps(header).encode()
+        raw += b" " * (-len(raw) % 8)
+        with open(os.path.join(directory, fname), "wb") as f:
+            f.write(len(raw).to_bytes(8, "little") + raw)
+            left = offset
+            while left > 0:
+                n = min(left, len(pattern))
+                f.write(pattern[:n])
+                left -= n
+    with open(os.path.join(directory, "model.safetensors.index.json"), "w") as f:
+        json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f)
+    with open(os.path.join(directory, "config.json"), "w") as f:
+        json.dump(cfg, f)
+    return time.perf_counter() - t0
 
 
 def _timed(phases: dict, name: str, fn):
@@ -80,6 +150,10 @@ def child(variant: str, spawn_t: float) -> dict:
     phases: dict = {}
     if variant.startswith("old_init"):
         weights._init_dummy = _old_init_dummy
+    if variant.startswith("st_old"):
+        import octavo.core.loader.safetensors_mmap as stm
+
+        stm.iter_safetensors = _old_iter_safetensors
     if variant.startswith("few_graphs"):
         graphs.default_capture_sizes = lambda n: [s for s in (1, 2, 4, 8, 16, 32, 64, 128, 256) if s <= n]
     weights._init_dummy = _timed(phases, "dummy_init", weights._init_dummy)
@@ -90,10 +164,12 @@ def child(variant: str, spawn_t: float) -> dict:
     fusions.fuse_model = _timed(phases, "fuse_model", fusions.fuse_model)
     graphs.CUDAGraphRunner.capture = _timed(phases, "cuda_graph_capture", graphs.CUDAGraphRunner.capture)
 
-    tmp = tempfile.mkdtemp()
-    d = write_config(LLAMA3_8B, tmp, "llama3-8b")
+    if variant.startswith("st_"):
+        d, load_format = os.environ["GPU_START_ST_DIR"], "safetensors"
+    else:
+        d, load_format = write_config(LLAMA3_8B, tempfile.mkdtemp(), "llama3-8b"), "dummy"
     t0 = time.perf_counter()
-    llm = LLM(model=d, load_format="dummy", dtype="bfloat16", skip_tokenizer_init=True, max_model_len=4096,
+    llm = LLM(model=d, load_format=load_format, dtype="bfloat16", skip_tokenizer_init=True, max_model_len=4096,
               gpu_memory_utilization=0.9, max_num_seqs=256, max_num_batched_tokens=8192)
     llm_s = time.perf_counter() - t0
     t1 = time.perf_counter()
@@ -115,6 +191,9 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--timeout", type=int, default=240, help="seconds per variant")
+    ap.add_argument("--keep-cache", default=None, help="tar.xz the first cold run's Triton cache here (the "
+                    "kernels a start compiles: what octavo could ship with the install)")
+    ap.add_argument("--st-dir", default=None, help="where st_* variants write and read the 8B safetensors")
     args = ap.parse_args()
     if args.child:
         print("RESULT " + json.dumps(child(args.child, float(os.environ["GPU_START_SPAWN_T"]))), flush=True)
@@ -123,13 +202,24 @@ def main() -> None:
     if unknown:
         ap.error(f"unknown variants {unknown}; choose from {', '.join(VARIANTS)}")
     cache_root = tempfile.mkdtemp(prefix="triton-caches-")
-    results, last_cold = [], None
+    results, last_cold, extra = [], None, {}
     for v in args.variants or VARIANTS:
+        if v.startswith("st_") and "st_write_s" not in extra:
+            from benchmarks.gpu_e2e import LLAMA3_8B
+
+            if not args.st_dir:
+                ap.error("st_* variants need --st-dir (a local directory with ~16 GB free)")
+            extra["st_write_s"] = write_safetensors(LLAMA3_8B, args.st_dir)
+            extra["st_bytes"] = sum(os.path.getsize(os.path.join(args.st_dir, f)) for f in os.listdir(args.st_dir))
+            print(json.dumps(extra), flush=True)
         if v.endswith("_cold"):
             cache = last_cold = os.path.join(cache_root, v)
         else:
             cache = last_cold or os.path.join(cache_root, "warm-without-cold")
-        env = dict(os.environ, TRITON_CACHE_DIR=cache, GPU_START_SPAWN_T=repr(time.time()))
+        env = dict(os.environ, TRITON_CACHE_DIR=cache, GPU_START_SPAWN_T=repr(time.time()),
+                   GPU_START_ST_DIR=args.st_dir or "")
+        if v.startswith("tfconfig"):
+            env["OCTAVO_LIGHT_CONFIG"] = "0"
         try:
             p = subprocess.run([sys.executable, __file__, "--child", v], env=env, capture_output=True, text=True,
                                timeout=args.timeout)
@@ -139,10 +229,17 @@ def main() -> None:
             res = {"variant": v, "error": f"timed out after {args.timeout} s"}
         print(json.dumps(res, indent=1), flush=True)
         results.append(res)
+        if args.keep_cache and v.endswith("_cold") and "kept_cache" not in extra and os.path.isdir(cache):
+            import tarfile
+
+            with tarfile.open(args.keep_cache, "w:xz") as tar:
+                tar.add(cache, arcname="triton_cache")
+            extra["kept_cache"] = {"path": args.keep_cache, "bytes": os.path.getsize(args.keep_cache),
+                                   "entries": len(os.listdir(cache)) if os.path.isdir(cache) else 0}
         if args.out:
             with open(args.out, "w") as f:
-                json.dump({"date": time.strftime("%Y-%m-%d"), "command": " ".join(sys.argv), "runs": results}, f,
-                          indent=1)
+                json.dump({"date": time.strftime("%Y-%m-%d"), "command": " ".join(sys.argv), **extra,
+                           "runs": results}, f, indent=1)
 
 
 if __name__ == "__main__":

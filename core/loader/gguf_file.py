@@ -110,12 +110,16 @@ _MODEL_TYPE = {"qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe", "gemma3": "gemm
 
 def gguf_config_dict(header: GGUFHeader) -> dict[str, Any]:
     """A transformers config dict from GGUF metadata, using transformers' own key mapping."""
-    from transformers.integrations import GGUF_CONFIG_MAPPING
+    from octavo.core.loader.light_config import gguf_mapping
 
     arch = header.architecture
     name = str(header.metadata.get("general.name", "")).lower()
     model_type = "mistral" if arch == "llama" and "mistral" in name else _MODEL_TYPE.get(arch, arch)
-    mapping = GGUF_CONFIG_MAPPING.get(model_type) or GGUF_CONFIG_MAPPING.get(arch)
+    mapping = gguf_mapping(model_type)  # transformers' own table, stored (config_tables.json): no import
+    if mapping is None:
+        from transformers.integrations import GGUF_CONFIG_MAPPING
+
+        mapping = GGUF_CONFIG_MAPPING.get(model_type) or GGUF_CONFIG_MAPPING.get(arch)
     if mapping is None:
         raise ValueError(f"GGUF architecture {arch!r} has no config mapping in transformers; supported: "
                          f"{sorted(k for k in GGUF_CONFIG_MAPPING if k not in ('general', 'tokenizer'))}")
@@ -148,11 +152,18 @@ def gguf_config_dict(header: GGUFHeader) -> dict[str, Any]:
 
 
 def gguf_hf_config(path: str):
-    """The transformers ``PretrainedConfig`` a GGUF file describes."""
+    """The transformers ``PretrainedConfig`` a GGUF file describes (a ``LightConfig`` for the light families)."""
+    from octavo.core.loader.light_config import causal_lm_architecture, light_config, light_config_applies
+
+    cfg = gguf_config_dict(read_header(path))
+    if light_config_applies(cfg):
+        arch = causal_lm_architecture(cfg["model_type"])
+        light = light_config({**cfg, "architectures": [arch]} if arch else cfg)
+        if light is not None:
+            return light
     from transformers import AutoConfig
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-    cfg = gguf_config_dict(read_header(path))
     model_type = cfg.pop("model_type")
     arch = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type)
     if arch:

@@ -38,7 +38,8 @@ class ResolvedModel:
         format: ``"safetensors"``, ``"gguf"``, ``"pt"`` or ``"dummy"``.
         path: local directory holding the model files.
         gguf_file: the GGUF file name inside ``path``, or None.
-        hf_config: the transformers ``PretrainedConfig`` (hf_overrides applied).
+        hf_config: the transformers ``PretrainedConfig`` (hf_overrides applied), or for the common decoder
+            families a ``LightConfig`` built without importing transformers (light_config.py).
         architecture: the Hugging Face architecture name, e.g. ``"LlamaForCausalLM"``.
     """
 
@@ -143,6 +144,9 @@ def load_hf_config(directory: str, gguf_file: str | None, overrides: dict[str, A
 
         config = gguf_hf_config(os.path.join(directory, gguf_file))
     else:
+        config = _light_config_of(directory, overrides)
+        if config is not None:
+            return config
         from transformers import AutoConfig
 
         try:
@@ -157,11 +161,29 @@ def load_hf_config(directory: str, gguf_file: str | None, overrides: dict[str, A
     return config
 
 
+def _light_config_of(directory: str, overrides: dict[str, Any] | None):
+    """The config built without transformers (light_config.py), or None where transformers' own class is needed."""
+    from octavo.core.loader.light_config import light_config, light_config_applies
+
+    try:
+        with open(os.path.join(directory, "config.json")) as f:
+            config_dict = json.load(f)
+    except (OSError, ValueError):
+        return None  # transformers reads it and says what is wrong
+    if not isinstance(config_dict, dict) or not light_config_applies(config_dict, overrides):
+        return None
+    return light_config(config_dict, directory)
+
+
 def architecture_of(config) -> str:
     """The architecture name models are registered under (``config.architectures[0]``, or from model_type)."""
     archs = getattr(config, "architectures", None)
     if archs:
         return archs[0]
+    from octavo.core.loader.light_config import causal_lm_architecture
+
+    if causal_lm_architecture(config.model_type):
+        return causal_lm_architecture(config.model_type)
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     arch = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(config.model_type)

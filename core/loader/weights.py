@@ -75,19 +75,11 @@ def iter_weights(resolved: ResolvedModel, desc: str = "Loading weights",
     """
     disable = os.environ.get("OCTAVO_DISABLE_PROGRESS", "0") == "1"
     if resolved.format == "safetensors":
-        from safetensors import safe_open
+        from octavo.core.loader.safetensors_mmap import iter_safetensors, num_tensors
 
-        files = _safetensors_files(resolved.path)
-        handles_total = 0
-        for path in files:
-            with safe_open(path, framework="pt") as f:
-                handles_total += len(f.keys())
-        with tqdm(total=handles_total, desc=desc, unit="tensor", disable=disable) as bar:
-            for path in files:
-                with safe_open(path, framework="pt") as f:  # memory-mapped: one tensor read at a time
-                    for name in f.keys():
-                        yield name, f.get_tensor(name)
-                        bar.update(1)
+        files = _safetensors_files(resolved.path)  # zero-copy views of the mapped shards, kernel read-ahead
+        yield from tqdm(iter_safetensors(files), total=num_tensors(files), desc=desc, unit="tensor",
+                        disable=disable)
     elif resolved.format == "pt":
         files = _pt_files(resolved.path)
         for path in tqdm(files, desc=desc, unit="shard", disable=disable):
