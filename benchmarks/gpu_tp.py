@@ -93,6 +93,8 @@ def run_config(tp: int, args) -> None:
             core.step_timers = type(core.step_timers)()  # per mode, not cumulative
         return "" if mode is None else f"_async_{mode}"
 
+    if args.ar_modes is not None:
+        res["ar_as_started_by_rank"] = llm.collective_rpc("benchmarks.gpu_tp:ar_state")
     if args.graph_replay:
         ms = llm.collective_rpc("benchmarks.gpu_tp:graph_replay_ms", args=[1, 200])
         res["graph_replay_bs1_ms_by_rank"] = ms
@@ -122,11 +124,56 @@ def run_config(tp: int, args) -> None:
                     f"throughput_s{sfx}": dt, f"throughput_tok_s{sfx}": total / dt,
                     f"step_timers{sfx}": llm.llm_engine.core.step_timers.as_dict()})
         save()
+    for ar_mode in args.ar_modes or []:  # the same engine, its graphs re-captured with another all-reduce
+        res[f"ar_{ar_mode}"] = {"switched_by_rank": llm.collective_rpc("benchmarks.gpu_tp:switch_all_reduce",
+                                                                       args=[ar_mode])}
+        if args.graph_replay:
+            res[f"ar_{ar_mode}"]["graph_replay_bs1_ms_by_rank"] = llm.collective_rpc(
+                "benchmarks.gpu_tp:graph_replay_ms", args=[1, 200])
+        gen([prompt], 16)
+        t1 = min(gen([prompt], 1)[0] for _ in range(2))
+        runs = [gen([prompt], 257) for _ in range(2)]
+        res[f"ar_{ar_mode}"].update({"decode_bs1_ms_per_token": (min(dt for dt, _ in runs) - t1) / 256 * 1e3,
+                                     "bs1_tokens": list(runs[-1][1][0].outputs[0].token_ids)})
+        save()
     if args.graph_replay_no_allreduce:  # last: it leaves the engine's graphs without all-reduces (wrong sums)
         res["graph_replay_bs1_ms_no_allreduce_by_rank"] = llm.collective_rpc(
             "benchmarks.gpu_tp:graph_replay_ms_without_allreduce", args=[1, 200])
         save()
     llm.llm_engine.shutdown()
+
+
+def ar_state(worker) -> str:
+    """What all-reduce this rank runs now (a ``collective_rpc`` target)."""
+    from octavo.nn import parallel
+
+    ar = parallel._ALL_REDUCE
+    return f"{type(ar).__name__ if ar else 'nccl'}, defer_rows={getattr(ar, 'defer_rows', None)}"
+
+
+def switch_all_reduce(worker, mode: str) -> str:
+    """Install another all-reduce on this rank and re-capture its decode graphs (a ``collective_rpc`` target,
+    every rank at once): ``nccl`` (torch.distributed), ``custom`` (the one-shot kernel, no norm fusion) or
+    ``fused`` (the one-shot kernel with the all-reduce + RMSNorm fusion, as installed at start). Returns what
+    runs now."""
+    from octavo.nn import parallel
+
+    ar = getattr(worker, "_bench_ar", None) or parallel._ALL_REDUCE
+    if ar is None:
+        return "nccl (no other all-reduce installed)"
+    if not hasattr(worker, "_bench_ar"):
+        worker._bench_ar, worker._bench_defer = ar, getattr(ar, "defer_rows", 0)
+    if mode == "nccl":
+        parallel.set_all_reduce(None)
+    else:
+        parallel.set_all_reduce(ar)
+        if hasattr(ar, "defer_rows"):
+            ar.flush()
+            ar.defer_rows = worker._bench_defer if mode == "fused" else 0
+    runner = getattr(worker.runner, "graph_runner", None)
+    if runner is not None:
+        runner.capture()
+    return f"{mode}: {type(parallel._ALL_REDUCE).__name__}, defer_rows={getattr(parallel._ALL_REDUCE, 'defer_rows', None)}"
 
 
 def graph_replay_ms_without_allreduce(worker, size: int, iters: int) -> float:
@@ -183,6 +230,9 @@ def main() -> None:
     ap.add_argument("--graph-replay", action="store_true", help="time the batch-1 decode graph alone per rank")
     ap.add_argument("--graph-replay-no-allreduce", action="store_true", help="last: the batch-1 graph re-captured "
                     "without its all-reduces, timed alone (their in-step cost; leaves the engine's sums wrong)")
+    ap.add_argument("--ar-modes", nargs="*", choices=["nccl", "custom", "fused"], default=None, help="after the "
+                    "measurements as started, switch the all-reduce in turn (graphs re-captured) and measure "
+                    "batch-1 again (TP>1 started with OCTAVO_TP_ALLREDUCE=custom)")
     ap.add_argument("--tag", default="", help="suffix of the JSON name (e.g. the all-reduce tried)")
     ap.add_argument("--copy-rate", type=float, default=3.0e12, help="bytes/s read+written, device copy (H100)")
     ap.add_argument("--out-dir", default=".")
@@ -197,6 +247,7 @@ def main() -> None:
                *(["--async-modes", *args.async_modes] if args.async_modes else []),
                *(["--graph-replay"] if args.graph_replay else []),
                *(["--graph-replay-no-allreduce"] if args.graph_replay_no_allreduce else []),
+               *(["--ar-modes", *args.ar_modes] if args.ar_modes else []),
                "--in-len", str(args.in_len), "--dtype", args.dtype, "--out-len", str(args.out_len), "--tag", args.tag, "--copy-rate",
                str(args.copy_rate), "--out-dir", args.out_dir]
         print("config tp", tp, "exit", subprocess.call(cmd), flush=True)

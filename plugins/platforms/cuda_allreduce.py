@@ -123,11 +123,29 @@ class OneShotAllReduce:
         torch.cuda.synchronize(device)
         dist.barrier(group=group)  # every rank's flags are zero before anyone raises one
         self.num_calls = 0
+        # deferral (cuda_allreduce_fusion.py): a [rows <= defer_rows, defer_width] message is returned unreduced
+        # and summed by the RMSNorm that consumes it; 0 rows = off
+        self.defer_rows, self.defer_width, self.pending = 0, 0, None
 
     def __call__(self, x: torch.Tensor):
+        if self.pending is not None:  # a deferred message nobody fused: reduce it before anything else
+            self.flush()
         nbytes = x.numel() * x.element_size()
         if nbytes > self.max_bytes or not x.is_contiguous() or not x.is_floating_point() or x.numel() == 0:
             return None
+        if self.defer_rows and x.dim() == 2 and x.shape[0] <= self.defer_rows and x.shape[1] == self.defer_width:
+            self.pending = x
+            return x
+        return self.reduce(x)
+
+    def flush(self) -> None:
+        """Reduce the deferred message in place (its consumer was not a fusable norm)."""
+        x, self.pending = self.pending, None
+        if x is not None:
+            self.reduce(x)
+
+    def reduce(self, x: torch.Tensor) -> torch.Tensor:
+        """The one-shot kernel on ``x`` (contiguous, float, at most ``max_bytes``), in place."""
         n = x.numel()
         grid = (min(MAX_CTAS, triton.cdiv(n, BLOCK)),)
         _one_shot_kernel[grid](x, n, self.flag_table, self.data_table, self.counters,

@@ -64,6 +64,12 @@ def prepare_gpu_model(handle: ModelHandle, *, graphs: bool = True) -> PreparedMo
         notes["moe"] = install_moe_kernels(handle.model, handle.dtype, handle.device)
     except ImportError as e:
         logger.info("fused GPU kernels unavailable (%s); eager small ops", e)
+    import os
+
+    if os.environ.get("OCTAVO_TP_ALLREDUCE_FUSE_NORM", "0") == "1":  # TP all-reduce + RMSNorm in one kernel (issue 12)
+        from octavo.plugins.platforms.cuda_allreduce_fusion import maybe_fuse_all_reduce_norm
+
+        notes["allreduce_norm"] = maybe_fuse_all_reduce_norm(handle)
     runner = maybe_capture_cuda_graphs(handle)
     notes["graph_sizes"] = runner.capture_sizes if runner else []
     return PreparedModel(step_runner=runner, notes=notes)

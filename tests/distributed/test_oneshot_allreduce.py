@@ -5,6 +5,7 @@ indexing, epochs and double buffering over a sequence of sizes (one CTA, several
 element): every rank ends with the rank-order sum (within one bf16 rounding: the interpreter's fp32 -> bf16
 cast truncates where the GPU rounds to nearest) and both ranks bitwise equal. The memory ordering (release /
 acquire over NVLink) is only checked on GPUs: tests/gpu/test_tp_allreduce_gpu.py, benchmarks/gpu_allreduce.py.
+The second test runs the all-reduce + RMSNorm fusion (cuda_allreduce_fusion.py) the same way.
 """
 
 import os
@@ -65,5 +66,80 @@ def test_one_shot_kernel_two_ranks_in_the_interpreter(tmp_path):
         assert ((outs[0].float() - ref).abs() <= ulp).all(), f"wrong sum at size {n}"
 
 
+def _fusion_main(rank: int, tmp: str, port: str) -> None:
+    """Deferral + the all-reduce/add/RMSNorm kernel behind ``tp_all_reduce`` and wrapped (Triton-fused) norms, in
+    the shape of a Llama forward (an embedding-like sum consumed by a norm without residual: flushed; o_proj- and
+    down_proj-like sums consumed by residual norms: fused), against the same forward without deferral."""
+    import types
+
+    import torch
+    import torch.distributed as dist
+
+    from octavo.nn import parallel
+    from octavo.nn.layernorm import RMSNorm
+    from octavo.plugins.platforms import cuda_allreduce as ca
+    from octavo.plugins.platforms import cuda_allreduce_fusion as caf
+    from octavo.plugins.platforms.cuda_fusions import _fused_rms_forward
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
+    max_bytes = 64 * 1024
+    bufs = [torch.from_file(os.path.join(tmp, f"buf{r}"), shared=True, size=ca.FLAG_BYTES + 2 * WORLD * max_bytes,
+                            dtype=torch.uint8) for r in range(WORLD)]
+    ar = ca.OneShotAllReduce.__new__(ca.OneShotAllReduce)  # the GPU constructor's fields, over the shared files
+    ar.rank, ar.world, ar.max_bytes, ar.num_calls = rank, WORLD, max_bytes, 0
+    ar.flag_table = torch.tensor([b.data_ptr() for b in bufs], dtype=torch.int64)
+    ar.data_table = torch.tensor([b.data_ptr() + ca.FLAG_BYTES for b in bufs], dtype=torch.int64)
+    ar.counters = torch.zeros(ca.MAX_CTAS, dtype=torch.int64)
+    ar.defer_rows, ar.defer_width, ar.pending = 0, 0, None
+    parallel.set_all_reduce(ar)
+    d = 64
+    norms = [RMSNorm(d, 1e-5).to(torch.bfloat16) for _ in range(3)]
+    for i, m in enumerate(norms):
+        m.weight.data = (torch.rand(d, generator=torch.Generator().manual_seed(i)) + 0.5).to(torch.bfloat16)
+        m.forward = types.MethodType(_fused_rms_forward, m)  # as cuda_fusions.fuse_model installs it
+        caf._wrap_norm(m, ar)
+    gen = torch.Generator().manual_seed(7 + rank)
+    ws = [torch.randn(d, d, generator=gen).to(torch.bfloat16) * 0.1 for _ in range(3)]
+    x0 = torch.randn(3, d, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
+
+    def forward():
+        h = parallel.tp_all_reduce(x0 @ ws[0])
+        res = h
+        h = norms[0](h)
+        h, res = norms[1](parallel.tp_all_reduce(h @ ws[1]), res)
+        return norms[2](parallel.tp_all_reduce(h @ ws[2]), res)
+
+    want = forward()
+    ar.defer_rows, ar.defer_width = 8, d
+    got = forward()
+    assert ar.pending is None and ar.num_calls == 6  # 3 plain, then 1 flushed + 2 fused
+    assert all(torch.equal(a, b) for a, b in zip(want, got))
+    dist.destroy_process_group()
+
+
+def test_all_reduce_norm_fusion_equals_unfused_in_the_interpreter(tmp_path):
+    import socket
+
+    from octavo.plugins.platforms import cuda_allreduce as ca
+
+    pytest.importorskip("octavo.plugins.platforms.cuda_fusions")
+    for r in range(WORLD):
+        (tmp_path / f"buf{r}").write_bytes(b"\0" * (ca.FLAG_BYTES + 2 * WORLD * 64 * 1024))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    procs = [subprocess.Popen([sys.executable, __file__, str(r), str(tmp_path), str(port)], env=env)
+             for r in range(WORLD)]
+    try:
+        assert [p.wait(timeout=240) for p in procs] == [0] * WORLD
+    finally:
+        for p in procs:
+            p.kill()
+
+
 if __name__ == "__main__":
-    _rank_main(int(sys.argv[1]), sys.argv[2])
+    if len(sys.argv) > 3:
+        _fusion_main(int(sys.argv[1]), sys.argv[2], sys.argv[3])
+    else:
+        _rank_main(int(sys.argv[1]), sys.argv[2])
