@@ -133,6 +133,26 @@ VARIANTS = [
     ("bf16", "decode_heads_n128_w4_s2", "decode", dict(block_n=128)),
 ]
 
+# session 5: several adjacent KV heads per program (``pack``: 256 / 512 contiguous bytes per key, one softmax
+# for 2-4 groups), at ~200 running sequences; ``--set s5``
+VARIANTS_S5 = [
+    ("fp8", "decode_default (pack 1, 4 warps, 64 keys, maxnreg 128)", "decode", {}),
+    ("fp8", "decode_pack2_w4", "decode", dict(pack=2)),
+    ("fp8", "decode_pack2_w8", "decode", dict(pack=2, num_warps=8)),
+    ("fp8", "decode_pack4_w8", "decode", dict(pack=4, num_warps=8)),
+    ("bf16", "decode_default", "decode", {}),
+    ("bf16", "decode_pack2_w4", "decode", dict(pack=2)),
+    ("fp8", "decode_pack2_w4_n32_s3", "decode", dict(pack=2, block_n=32, num_stages=3)),
+    ("fp8", "decode_pack4_w4_n32", "decode", dict(pack=4, block_n=32)),
+    ("fp8", "decode_pack2_w4_maxnreg168", "decode", dict(pack=2, maxnreg=168)),
+    ("fp8", "decode_pack2_w8_n128", "decode", dict(pack=2, num_warps=8, block_n=128)),
+    ("fp8", "decode_pack4_w8_s3", "decode", dict(pack=4, num_warps=8, num_stages=3)),
+    ("fp8", "decode_pack1_n128_maxnreg128", "decode", dict(block_n=128, maxnreg=128)),
+    ("fp8", "decode_pack1_s3_maxnreg128", "decode", dict(num_stages=3, maxnreg=128)),
+    ("bf16", "decode_pack2_w8", "decode", dict(pack=2, num_warps=8)),
+    ("bf16", "decode_pack4_w8", "decode", dict(pack=4, num_warps=8)),
+]
+
 
 def _warm(args_ctx, chunk, dev="cuda"):
     """Process-pool worker: compile ``chunk``'s variants into Triton's on-disk cache on a small batch with the
@@ -258,6 +278,8 @@ def main() -> None:
     ap.add_argument("--ctx-hi", type=int, default=2000)
     ap.add_argument("--dry", action="store_true", help="CPU interpreter: tiny shapes, no timing")
     ap.add_argument("--no-prewarm", action="store_true", help="compile each variant in the timed loop")
+    ap.add_argument("--set", choices=("s4", "s5"), default="s4", help="s5: the pack variants, no linears")
+    ap.add_argument("--compile-only", action="store_true", help="only fill Triton's cache (run beside other work)")
     args = ap.parse_args()
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     if args.dry:
@@ -269,6 +291,19 @@ def main() -> None:
         with open(args.out, "w") as f:
             json.dump(res, f, indent=1)
 
+    if args.compile_only:
+        args.budget = args.budget / 0.6  # prewarm's deadline is 0.6 of the budget
+        prewarm(args, VARIANTS_S5 if args.set == "s5" else VARIANTS, res)
+        return
+    if args.set == "s5":
+        if dev == "cuda" and not args.no_prewarm:
+            prewarm(args, VARIANTS_S5, res)
+        with torch.inference_mode():
+            attention(args, res, save, dev, VARIANTS_S5)
+        res["seconds"] = time.perf_counter() - T0
+        save()
+        print(f"done in {res['seconds']:.1f} s", flush=True)
+        return
     if dev == "cuda" and not args.no_prewarm:
         prewarm(args, VARIANTS, res)
     with torch.inference_mode():  # the first 4 attention variants, the linears at the batch, then the rest

@@ -37,7 +37,7 @@ class _Event:
     """torch.cuda.Event with timing; on a CPU dry run a host clock (the device work is already done)."""
 
     def __init__(self) -> None:
-        self.ev = _Event() if CUDA else None
+        self.ev = torch.cuda.Event(enable_timing=True) if CUDA else None
         self.t = 0.0
 
     def record(self) -> None:

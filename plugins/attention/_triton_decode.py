@@ -34,33 +34,40 @@ def _paged_decode_kernel(
     GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HEAD_D: tl.constexpr, HEAD_DP: tl.constexpr, PAGE: tl.constexpr,
     KV_FP8: tl.constexpr, DOT_F16: tl.constexpr, HEADS_FASTEST: tl.constexpr, DOT_PREC: tl.constexpr,
+    PACK: tl.constexpr = 1,
 ):
     pid = tl.program_id(0)
+    progs_per_req = num_kv_heads // PACK
     if HEADS_FASTEST:
-        req = pid // num_kv_heads
-        kv_head = pid % num_kv_heads
+        req = pid // progs_per_req
+        kv_head = (pid % progs_per_req) * PACK  # the first of this program's PACK adjacent KV heads
     else:
         req = pid % num_reqs
-        kv_head = pid // num_reqs
+        kv_head = (pid // num_reqs) * PACK
     q_start = tl.load(query_start_loc_ptr + req)
     if tl.load(query_start_loc_ptr + req + 1) == q_start:
         return
     seq_len = tl.load(seq_lens_ptr + req)  # the query is the last position: it sees all seq_len keys
 
-    offs_m = tl.arange(0, BLOCK_M)  # rows: the query heads of this KV head's group (padded to tl.dot's 16)
-    offs_d = tl.arange(0, HEAD_DP)
+    # rows: the query heads of this program's PACK groups (padded to tl.dot's 16); columns: PACK heads' dims
+    # side by side, as the cache stores adjacent KV heads. Row r belongs to KV head r // GROUP and sees only
+    # its own head's columns (zeros elsewhere), so one dot over PACK * HEAD_DP columns gives every row's scores.
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, PACK * HEAD_DP)
     offs_n = tl.arange(0, BLOCK_N)
     head = kv_head * GROUP + offs_m
-    row_ok = offs_m < GROUP
-    d_ok = offs_d < HEAD_D
-    q_off = q_start.to(tl.int64) * stride_qt + head[:, None] * stride_qh + offs_d[None, :]
-    q = tl.load(q_ptr + q_off, mask=row_ok[:, None] & d_ok[None, :], other=0.0)  # [BLOCK_M, HEAD_DP]
+    row_ok = offs_m < GROUP * PACK
+    d_in = offs_d % HEAD_DP  # PACK > 1 only when HEAD_DP == HEAD_D (contiguous heads)
+    d_ok = d_in < HEAD_D
+    own = (offs_d // HEAD_DP)[None, :] == (offs_m // GROUP)[:, None]  # [BLOCK_M, PACK * HEAD_DP]
+    q_off = q_start.to(tl.int64) * stride_qt + head[:, None] * stride_qh + d_in[None, :]
+    q = tl.load(q_ptr + q_off, mask=row_ok[:, None] & d_ok[None, :] & own, other=0.0)  # [BLOCK_M, PACK*HEAD_DP]
     if DOT_F16:
         q = tl.clamp(q.to(tl.float32), -F16_MAX, F16_MAX).to(tl.float16)
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_DP], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, PACK * HEAD_DP], dtype=tl.float32)
     bt_row = block_tables_ptr + req.to(tl.int64) * stride_bt
     for start in range(0, seq_len, BLOCK_N):  # every tile holds at least one visible key (its first)
         pos = start + offs_n
@@ -86,19 +93,20 @@ def _paged_decode_kernel(
     out = acc / l_i[:, None]
     if KV_FP8:
         out = out * v_scale
-    o_off = q_start.to(tl.int64) * stride_ot + head[:, None] * stride_oh + offs_d[None, :]
-    tl.store(out_ptr + o_off, out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+    o_off = q_start.to(tl.int64) * stride_ot + head[:, None] * stride_oh + d_in[None, :]
+    tl.store(out_ptr + o_off, out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :] & own)
 
 
 def paged_decode(query, k_cache, v_cache, out, block_tables, seq_lens, query_start_loc, *, num_reqs: int,
                  num_kv_heads: int, scale: float, v_scale: float, block_size: int, block_n: int = 64,
                  num_warps: int = 4, num_stages: int = 2, dot_f16: bool | None = None,
-                 heads_fastest: bool = True, maxnreg: int | str | None = "auto") -> None:
+                 heads_fastest: bool = True, maxnreg: int | str | None = "auto", pack: int = 1) -> None:
     """``out[t] = softmax(q[t] K^T * scale) V`` over each request's whole context, one token per request.
 
     ``k_cache``/``v_cache``: ``[num_blocks, block_size, num_kv_heads, head_size]`` views (fp8 or the query's
     dtype); ``scale`` already includes ``k_scale`` for an fp8 cache. ``dot_f16`` defaults to on for an fp8
-    cache and off otherwise (a 16-bit cache keeps the query's dtype)."""
+    cache and off otherwise (a 16-bit cache keeps the query's dtype). ``pack``: KV heads per program (1, 2 or 4;
+    > 1 reads ``pack`` adjacent heads' contiguous bytes per key and needs a power-of-two head size)."""
     import torch
 
     from octavo.plugins.attention._triton_kernels import LOG2E
@@ -111,15 +119,18 @@ def paged_decode(query, k_cache, v_cache, out, block_tables, seq_lens, query_sta
     if dot_f16 and not fp8:
         raise ValueError("dot_f16 is for fp8 caches (they convert exactly to fp16); a bf16 cache may not fit fp16")
     head_dp = max(16, triton.next_power_of_2(head_size))
+    if pack != 1 and (pack not in (2, 4) or num_kv_heads % pack or head_dp != head_size):
+        raise ValueError(f"paged_decode: pack={pack} needs 2 or 4 dividing the {num_kv_heads} KV heads and a "
+                         f"power-of-two head size (got {head_size})")
     if maxnreg == "auto":
-        maxnreg = 128 if fp8 and head_dp <= 128 and num_warps == 4 else None
+        maxnreg = 128 if fp8 and head_dp <= 128 and num_warps == 4 and pack == 1 else None
     extra = {} if maxnreg is None else {"maxnreg": maxnreg}  # a register cap buys resident programs (spills)
-    _paged_decode_kernel[(num_reqs * num_kv_heads,)](
+    _paged_decode_kernel[(num_reqs * num_kv_heads // pack,)](
         query, k_cache, v_cache, out, block_tables, seq_lens, query_start_loc,
         scale * LOG2E, v_scale if fp8 else 1.0, num_reqs, num_kv_heads,
         query.stride(0), query.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), block_tables.stride(0),
-        GROUP=group, BLOCK_M=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n,
+        GROUP=group, BLOCK_M=max(16, triton.next_power_of_2(group * pack)), BLOCK_N=block_n, PACK=pack,
         HEAD_D=head_size, HEAD_DP=head_dp, PAGE=block_size, KV_FP8=fp8, DOT_F16=dot_f16,
         HEADS_FASTEST=heads_fastest,
         DOT_PREC="ieee" if query.dtype == torch.float32 else "tf32", num_warps=num_warps, num_stages=num_stages, **extra,

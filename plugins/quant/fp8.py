@@ -52,6 +52,16 @@ def _gemv_max_m() -> int:
     return value
 
 
+def _gemv_kernel() -> str:
+    """``OCTAVO_FP8_GEMV_KERNEL``: which one-row GEMV runs. ``tc`` = the tensor-core GEMV (fp8_gemv_tc.py) for
+    every shape (its measured tile where fp8_configs/gemv_tc.json has one for this card); ``cuda`` = the
+    CUDA-core GEMV (fp8_gemv.py); ``auto`` (default) = the tensor-core GEMV where this card has a measured tile."""
+    raw = os.environ.get("OCTAVO_FP8_GEMV_KERNEL", "").strip() or "auto"
+    if raw not in ("auto", "tc", "cuda"):
+        raise ValueError(f"OCTAVO_FP8_GEMV_KERNEL={raw!r}: one of auto, tc, cuda")
+    return raw
+
+
 def _fused_quant() -> bool:
     return os.environ.get("OCTAVO_FP8_FUSED_QUANT", "1") != "0" and importlib.util.find_spec("triton") is not None
 
@@ -94,10 +104,49 @@ class _FP8Method(LinearMethod):
         self.fused = layer.weight.device.type == "cuda" and _fused_quant()
         self.gemv_max_m = _gemv_max_m() if self.fused else 0
         self.gemv_pre_ok = False  # the GEMV may take an input its producer already quantized
+        self.gemv_tc = None  # (dot_fp8, config) when the tensor-core GEMV serves this shape
         if self.gemv_max_m:
-            ok, self.gemv_pre_ok = self._gemv_ok(layer)
-            if not ok:
-                self.gemv_max_m = 0
+            self.gemv_tc = self._tc_choice(layer, _gemv_kernel())
+            if self.gemv_tc is None:
+                ok, self.gemv_pre_ok = self._gemv_ok(layer)
+                if not ok:
+                    self.gemv_max_m = 0
+
+    def _tc_choice(self, layer, kernel: str):
+        """The tensor-core GEMV's (dot_fp8, config) for this shape if ``kernel`` asks for it, it compiles, and it
+        matches ``_scaled_mm`` (in-kernel and producer quantization alike); else None (checked once per shape)."""
+        if kernel == "cuda":
+            return None
+        from octavo.plugins.quant.fp8_gemv_tc import fp8_gemv_tc, tc_config
+
+        n, k = layer.weight.shape
+        choice = tc_config(n, k, torch.cuda.get_device_name(layer.weight.device))
+        if choice is None:
+            if kernel == "auto":
+                return None
+            choice = (True, (16, 512, 4, 3))
+        key = ("tc", n, k, layer.bias is not None, choice)
+        if key not in _GEMV_VERIFIED:
+            from octavo.plugins.quant import fp8_triton
+
+            ok = False
+            try:
+                with torch.inference_mode():
+                    x = torch.randn(1, k, device=layer.weight.device, dtype=torch.bfloat16)
+                    want = self._scaled_mm(layer, x, layer.bias).float()
+                    xq, xs = fp8_triton.quantize_per_token(x)
+                    ys = (fp8_gemv_tc(x, layer.weight, layer.weight_scale, layer.bias, config=choice[1],
+                                      dot_fp8=choice[0]),
+                          fp8_gemv_tc(xq, layer.weight, layer.weight_scale, layer.bias, x_scale=xs,
+                                      out_dtype=torch.bfloat16, config=choice[1], dot_fp8=choice[0]))
+                    worst = max(float((y.float() - want).abs().max() / want.abs().max().clamp(min=1e-30)) for y in ys)
+                ok = worst < 2e-2  # a rounding step of the output dtype, not a wrong product
+                if not ok:
+                    logger.warning("fp8 tensor-core GEMV not used for %s: %.3g from _scaled_mm", (n, k), worst)
+            except Exception as e:  # noqa: BLE001 - fall back to the CUDA-core GEMV
+                logger.warning("fp8 tensor-core GEMV not used for %s: %s: %s", (n, k), type(e).__name__, e)
+            _GEMV_VERIFIED[key] = ok
+        return choice if _GEMV_VERIFIED[key] else None
 
     def _gemv_ok(self, layer) -> tuple[bool, bool]:
         """Compile and tune the GEMV for this weight shape and check it against ``_scaled_mm`` (once per shape);
@@ -148,6 +197,16 @@ class _FP8Method(LinearMethod):
         if pre is not None and pre[0].shape != x2.shape:
             pre = None
         if x2.shape[0] <= getattr(self, "gemv_max_m", 0) and x2.shape[0]:
+            tc = getattr(self, "gemv_tc", None)
+            if tc is not None:  # the tensor-core GEMV (fp8_gemv_tc.py): in-kernel or producer quantization
+                from octavo.plugins.quant.fp8_gemv_tc import fp8_gemv_tc
+
+                if pre is not None:
+                    y = fp8_gemv_tc(pre[0], layer.weight, layer.weight_scale, bias, x_scale=pre[1],
+                                    out_dtype=x.dtype, config=tc[1], dot_fp8=tc[0])
+                else:
+                    y = fp8_gemv_tc(x2, layer.weight, layer.weight_scale, bias, config=tc[1], dot_fp8=tc[0])
+                return y.reshape(*shape[:-1], -1)
             from octavo.plugins.quant.fp8_gemv import fp8_gemv
 
             if pre is not None and self.gemv_pre_ok:

@@ -82,6 +82,26 @@ for heads, kv_heads, d, ctx, cdt, qdt, ks, vs, tol in (
     assert err <= tol, (cdt, qdt, d, err)
     print("kernel", cdt, qdt, d, f"{err:.2e}")
 
+# 1b. several adjacent KV heads per program (pack 2 / 4): the same result as one head per program
+for heads, kv_heads, d, cdt, qdt, pack, tol in ((16, 4, 32, E4M3, torch.bfloat16, 2, 2e-2),
+                                               (8, 4, 32, E4M3, torch.bfloat16, 4, 2e-2),
+                                               (8, 4, 16, torch.float32, torch.float32, 4, 1e-5)):
+    ctx = [1, 70, 33]
+    q, kc, vc, kf, vf, bt, tables = case(heads, kv_heads, d, ctx, cdt, qdt, 0.5, 0.25)
+    fp8 = cdt in (E4M3, E5M2)
+    outs = []
+    for p in (1, pack):
+        out = torch.empty_like(q)
+        paged_decode(q, kc, vc, out, bt, torch.tensor(ctx, dtype=torch.int32, device=DEV),
+                     torch.arange(len(ctx) + 1, dtype=torch.int32, device=DEV), num_reqs=len(ctx),
+                     num_kv_heads=kv_heads, scale=d ** -0.5 * (0.5 if fp8 else 1.0), v_scale=0.25 if fp8 else 1.0,
+                     block_size=PAGE, pack=p)
+        outs.append(out.cpu())
+    want = reference(q.cpu(), kf, vf, tables, ctx, d ** -0.5)
+    err = float((outs[1].double() - want).abs().max() / want.abs().max())
+    assert err <= tol and float((outs[1] - outs[0]).abs().max()) <= tol * float(want.abs().max()), (pack, err)
+    print("pack", pack, cdt, f"{err:.2e}")
+
 # 2. through the backend: decode rows take the decode kernel, and equal the general kernel's output, in a
 # decode-only step and in a step whose leading decodes ride with a prefill chunk
 import octavo.plugins.attention._triton_decode as td

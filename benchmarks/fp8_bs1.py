@@ -1,0 +1,169 @@
+"""Batch-1 fp8 decode of the full Llama-3-8B shape: ms/token vs the fp8-bytes roofline, and where the captured
+forward's time goes, kernel by kernel (issue 9 goal b: >= 0.85 of the roofline).
+
+One engine (dummy weights, ``quantization="fp8"``, ``kv_cache_dtype="fp8"``, ``max_num_seqs=1`` so only the
+one-row graph is captured). Measured as benchmarks/gpu_e2e.py's ``decode_bs1`` (same roofline formula: every
+parameter byte + the KV bytes at the mean context, over the copy bandwidth; per token = the difference of
+generations of 1 and ``1 + n`` tokens after a 512-token prompt, best of 2), plus
+
+- ``graph_forward_ms``: replays of the captured one-row forward alone (no LM head, sampler, host work);
+- a torch.profiler kernel table of 10 replays (us per forward by kernel name and launches per forward) and of
+  one generation step outside the graph (LM head, sampling);
+- ``--ab tc``: every fp8 linear switched to the tensor-core GEMV (fp8_gemv_tc.py; tiles from ``--tiles``, the
+  JSON of benchmarks/fp8_gemv_bench.py, else the default), the graph recaptured, and the same numbers again.
+
+    python benchmarks/fp8_bs1.py --out /tmp/bs1.json [--ab tc --tiles /tmp/gemv.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import tempfile
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+T0 = time.perf_counter()
+
+
+def kernel_table(prof, per: int, limit: int = 40) -> list[dict]:
+    rows = []
+    for e in prof.key_averages():
+        us = getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0.0)
+        if us and us > 0:
+            rows.append({"name": e.key[:110], "us": round(us / per, 2), "calls": e.count / per})
+    rows.sort(key=lambda r: -r["us"])
+    return rows[:limit]
+
+
+def measure(llm, gr, prompt, res: dict, tag: str, bw: float, weight_bytes: int, profile: bool) -> None:
+    from octavo import SamplingParams
+
+    def gen(tokens):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        llm.generate([prompt], SamplingParams(max_tokens=tokens, ignore_eos=True, temperature=0), use_tqdm=False)
+        torch.cuda.synchronize()
+        return time.perf_counter() - t
+
+    n = 256
+    gen(8)
+    t1 = min(gen(1) for _ in range(2))
+    t2 = min(gen(n + 1) for _ in range(2))
+    per_tok = (t2 - t1) / n
+    kv_bytes = (512 + n // 2) * 32 * 8 * 128 * 2 * 2  # gpu_e2e.py's formula (16-bit KV bytes)
+    roof = (weight_bytes + kv_bytes) / bw
+    r = {"decode_ms_per_token": per_tok * 1e3, "roofline_ms": roof * 1e3, "fraction_of_roofline": roof / per_tok}
+    if gr is not None and 1 in gr.graphs:
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        for _ in range(50):
+            gr.graphs[1].replay()
+        torch.cuda.synchronize()
+        r["graph_forward_ms"] = (time.perf_counter() - t) / 50 * 1e3
+        r["outside_graph_ms"] = r["decode_ms_per_token"] - r["graph_forward_ms"]
+        if profile:
+            from torch.profiler import ProfilerActivity
+            from torch.profiler import profile as prof_ctx
+
+            with prof_ctx(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(10):
+                    gr.graphs[1].replay()
+                torch.cuda.synchronize()
+            table = kernel_table(prof, 10)
+            r["graph_kernels"] = table
+            r["graph_kernels_us_total"] = round(sum(x["us"] for x in table), 1)
+    res[tag] = r
+    print(tag, json.dumps({k: v for k, v in r.items() if k != "graph_kernels"}), flush=True)
+    for row in r.get("graph_kernels", [])[:25]:
+        print(f"   {row['us']:8.2f} us  x{row['calls']:5.1f}  {row['name']}", flush=True)
+
+
+def fp8_methods(model):
+    from octavo.plugins.quant.fp8 import _FP8Method
+
+    for mod in model.modules():
+        m = getattr(mod, "quant_method", None)
+        if isinstance(m, _FP8Method):
+            yield mod, m
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--ab", choices=("none", "tc"), default="none")
+    ap.add_argument("--tiles", default=None, help="fp8_gemv_bench.py JSON: its best tensor-core tile per shape")
+    ap.add_argument("--no-profile", action="store_true")
+    args = ap.parse_args()
+    from benchmarks.gpu_e2e import LLAMA3_8B, copy_bandwidth, make_llm, write_config
+
+    res = {"card": torch.cuda.get_device_name(), "torch": torch.__version__}
+
+    def save():
+        with open(args.out, "w") as f:
+            json.dump(res, f, indent=1)
+
+    bw = copy_bandwidth()
+    res["copy_bandwidth_TBps"] = bw / 1e12
+    tmp = tempfile.mkdtemp()
+    d = write_config(LLAMA3_8B, tmp, "llama3-8b")
+    t0 = time.perf_counter()
+    llm, worker, info = make_llm(d, max_model_len=4096, gpu_memory_utilization=0.9, max_num_seqs=1,
+                                 quantization="fp8", kv_cache_dtype="fp8")
+    res["load_s"] = time.perf_counter() - t0
+    res["fused"] = info.get("fused")
+    model = worker.model
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    res["weights_GB"] = weight_bytes / 1e9
+    kinds = {}
+    for _, m in fp8_methods(model):
+        k = "tc" if getattr(m, "gemv_tc", None) else ("cuda" if m.gemv_max_m else "scaled_mm")
+        kinds[k] = kinds.get(k, 0) + 1
+    res["gemv_kinds_default"] = kinds
+    print("loaded", f"{res['load_s']:.1f} s", kinds, flush=True)
+    save()
+    rng = random.Random(0)
+    prompt = {"prompt_token_ids": [rng.randrange(1000, 120000) for _ in range(512)]}
+    gr = worker.runner.graph_runner
+    with torch.inference_mode():
+        measure(llm, gr, prompt, res, "default", bw, weight_bytes, not args.no_profile)
+    save()
+    if args.ab == "tc" and gr is not None:
+        tiles = {}
+        if args.tiles and os.path.exists(args.tiles):
+            with open(args.tiles) as f:
+                best = json.load(f).get("best_tc", {})
+            for name, (n, k) in {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096),
+                                 "down": (4096, 14336)}.items():
+                if name in best:
+                    dot, *cfg = best[name]["config"]
+                    tiles[(n, k)] = (dot == "fp8", tuple(cfg))
+        res["ab_tiles"] = {f"{n}x{k}": [("fp8" if v[0] else "f16"), *v[1]] for (n, k), v in tiles.items()}
+        switched = 0
+        with torch.inference_mode():
+            for mod, m in fp8_methods(model):
+                if not m.gemv_max_m:
+                    continue
+                choice = tiles.get(tuple(mod.weight.shape), (True, (16, 512, 4, 3)))
+                m.gemv_tc = choice
+                switched += 1
+            res["ab_switched"] = switched
+            t = time.perf_counter()
+            gr.capture()
+            res["ab_recapture_s"] = time.perf_counter() - t
+            print("switched", switched, "linears to the tensor-core GEMV; recaptured in",
+                  f"{res['ab_recapture_s']:.1f} s", flush=True)
+            measure(llm, gr, prompt, res, "tc_gemv", bw, weight_bytes, not args.no_profile)
+    res["seconds"] = time.perf_counter() - T0
+    save()
+    llm.shutdown()
+    print(f"done in {res['seconds']:.1f} s", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,80 @@
+"""The tensor-core fp8 GEMV (plugins/quant/fp8_gemv_tc.py): same W8A8 result as the CUDA-core GEMV.
+
+On CPU the Triton interpreter (``TRITON_INTERPRET=1``, in a child process) runs the kernel at tiny shapes
+(1-16 rows, odd sizes, bias, a zero row, input quantized in the kernel or by the producer) against the float64
+reference of fp8_gemv.py. The GPU-marked test runs the compiled kernel (fp8 and fp16 MMA) at Llama-3-8B
+projection shapes against the reference and the CUDA-core GEMV.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("triton")
+
+INTERPRETED = r"""
+import torch
+from octavo.plugins.quant.fp8 import quantize_fp8_rows
+from octavo.plugins.quant.fp8_gemv import fp8_gemv_reference
+from octavo.plugins.quant.fp8_gemv_tc import fp8_gemv_tc
+from octavo.plugins.quant.fp8_triton import quantize_per_token_torch
+
+gen = torch.Generator().manual_seed(0)
+for m, n, k, bias in [(1, 40, 200, False), (3, 33, 130, True), (16, 17, 64, False), (5, 20, 100, False)]:
+    w, ws = quantize_fp8_rows(torch.randn(n, k, generator=gen))
+    x = (torch.randn(m, k, generator=gen) * torch.logspace(-2, 1, m)[:, None]).bfloat16()
+    if m == 3:
+        x[1] = 0
+    b = torch.randn(n, generator=gen).bfloat16() if bias else None
+    ref = fp8_gemv_reference(x, w, ws, b)
+    y32 = fp8_gemv_tc(x, w, ws, b, out_dtype=torch.float32)
+    tol = 1e-6 * float(ref.abs().max()) + (2e-2 * float(b.abs().max()) if bias else 0)  # bias: bf16 sum
+    assert float((y32.double() - ref).abs().max()) <= tol, (m, n, k)
+    y = fp8_gemv_tc(x, w, ws, b)
+    assert y.dtype == torch.bfloat16 and y.shape == (m, n)
+    assert torch.allclose(y.double(), ref, rtol=1.6e-2, atol=1.6e-2 * float(ref.abs().max())), (m, n, k)
+    if m == 3:
+        assert torch.equal(y32[1], (b.float() if bias else torch.zeros(n))), "zero row"
+    xq, xs = quantize_per_token_torch(x)  # quantized by the producer: the same bits
+    assert torch.equal(fp8_gemv_tc(xq, w, ws, b, x_scale=xs, out_dtype=torch.float32), y32), (m, n, k)
+try:
+    fp8_gemv_tc(torch.zeros(17, k), w, ws)
+except ValueError as e:
+    assert "at most 16" in str(e)
+else:
+    raise AssertionError("17 rows accepted")
+print("OK")
+"""
+
+
+def test_fp8_gemv_tc_interpreted_matches_float64():
+    env = {**os.environ, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
+    r = subprocess.run([sys.executable, "-c", INTERPRETED], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "OK" in r.stdout, r.stdout[-3000:] + r.stderr[-3000:]
+
+
+@pytest.mark.gpu
+def test_fp8_gemv_tc_on_gpu_matches_reference_and_gemv():
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    from octavo.plugins.quant.fp8 import quantize_fp8_rows
+    from octavo.plugins.quant.fp8_gemv import fp8_gemv, fp8_gemv_reference
+    from octavo.plugins.quant.fp8_gemv_tc import fp8_gemv_tc
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    for n, k in [(6144, 4096), (4096, 4096), (4096, 14336)]:
+        w, ws = quantize_fp8_rows(torch.randn(n, k, device="cuda", generator=gen))
+        for m in (1, 4, 16):
+            x = torch.randn(m, k, device="cuda", generator=gen).bfloat16()
+            ref = fp8_gemv_reference(x, w, ws)
+            for dot_fp8 in (True, False):
+                y = fp8_gemv_tc(x, w, ws, out_dtype=torch.float32, dot_fp8=dot_fp8)
+                assert float((y.double() - ref).abs().max()) <= 1e-5 * float(ref.abs().max()), (n, k, m, dot_fp8)
+            if m == 1:
+                assert torch.allclose(fp8_gemv_tc(x, w, ws), fp8_gemv(x, w, ws), rtol=1e-2, atol=1e-2)
