@@ -26,29 +26,47 @@ from tests.lora.inputs import flat_weights as weights  # noqa: E402
 MIXES = [[i % 8 for i in range(64)], [-1] * 64, [3] * 10 + [-1] * 30 + [7] * 24, [5, -1] * 20, [0] * 64, [2, 6] * 5]
 
 
-@pytest.mark.parametrize("op", ["dense", "triton", "fused"])
+@pytest.mark.parametrize("op", ["dense", "triton", "fused", "triton_tuned"])
 @pytest.mark.parametrize("dtype,tol", [(torch.bfloat16, 3e-2), (torch.float32, 1e-4)])
 def test_replayed_op_equals_eager(op, dtype, tol):
+    """``triton_tuned``: session 5's launch options (many K splits, parts-only expand over a block-diagonal B, the
+    persistent shrink buffer zeroed by ``write``)."""
     if op != "dense":
         pytest.importorskip("triton")
-    use_triton = op == "triton"
+    use_triton = op.startswith("triton")
     dev = torch.device("cuda")
     k, o, r, size = 4096, 6144, 48, 64  # the fused q/k/v of a Llama-3-8B shape, 3 x rank 16
-    a, b, b_flat = (t.to(dev) for t in weights(8, k, o, r, dtype))
+    parts = [0, 4096, 5120] if op == "triton_tuned" else None
+    if op == "triton_tuned":
+        from octavo.lora import triton_ops
+
+        triton_ops.set_config(k_per_split=128, part_expand=1, static_h=1)
+    try:
+        _replay_mixes(op, dtype, tol, use_triton, dev, k, o, r, size, parts)
+    finally:
+        if op == "triton_tuned":
+            triton_ops.load_env_config()
+
+
+def _replay_mixes(op, dtype, tol, use_triton, dev, k, o, r, size, parts):
+    a, b, b_flat = (t.to(dev) for t in weights(8, k, o, r, dtype, parts=parts))
     static = StaticLoRA(8, size, dtype, dev, use_triton, fused_expand=op == "fused")
+    static.reserve_h(1, r)
+    key = 0 if static.h_all is not None else None
     x = torch.randn(size, k, device=dev).to(dtype)
     y0 = torch.randn(size, o, device=dev).to(dtype)
     y = y0.clone()
-    static.apply(x, y, a, b, b_flat)  # warm-up outside the graph (Triton compiles, cuBLAS picks kernels)
+    static.apply(x, y, a, b, b_flat, parts, key)  # warm-up outside the graph (Triton compiles, cuBLAS picks kernels)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         y.copy_(y0)
-        static.apply(x, y, a, b, b_flat)
+        static.apply(x, y, a, b, b_flat, parts, key)
     for mix in MIXES:
         ts = torch.tensor(mix)
         static.write(None if (ts < 0).all() else ts, len(mix))
         graph.replay()
-        eager = static.apply(x, y0.clone(), a, b, b_flat)
+        static.write(None if (ts < 0).all() else ts, len(mix))  # (static_h: the replay's sums zeroed again)
+        eager = static.apply(x, y0.clone(), a, b, b_flat, parts, key)
         torch.cuda.synchronize()
         want = lora_reference(x.cpu(), y0.cpu(), a.cpu(), b.cpu(), torch.cat([ts, torch.full((size - len(mix),), -1)]))
         scale = max(1.0, want.abs().max().item())
