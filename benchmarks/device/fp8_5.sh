@@ -7,7 +7,7 @@
 # 2. benchmarks/fp8_gemv_bench.py: one-row GEMV per 8B projection shape, CUDA-core vs tensor-core kernels x tiles,
 #    us and fraction of 3.35e12 B/s; best tensor-core tile at 2-16 rows vs _scaled_mm.
 # 3. benchmarks/fp8_attn_bench.py --set s5: decode attention, 200 requests x U[1000, 2000] context, fp8 and bf16
-#    cache, 1 / 2 / 4 KV heads per program (KV TB/s, error vs fp32).
+#    cache, 1 / 2 / 4 KV heads per program (KV TB/s, error vs fp32); time left: the main ones at 512 requests.
 set -u
 cd "$(dirname "$0")/../.."
 R="${OUT:-/tmp/out}/fp8"
@@ -36,8 +36,16 @@ fi
 L=$(left)
 echo "== decode attention 200 x U[1000,2000] $(date -u +%T) ($L s left)"
 if [ "$L" -gt 5 ]; then
-  timeout -k 1 $(( L - 1 )) python benchmarks/fp8_attn_bench.py --set s5 --no-prewarm --budget $(( L - 3 )) --batch 200 \
+  B=$(( L - 3 < 11 ? L - 3 : 11 ))
+  timeout -k 1 $(( B + 2 )) python benchmarks/fp8_attn_bench.py --set s5 --no-prewarm --budget $B --batch 200 \
     --ctx-lo 1000 --ctx-hi 2000 --out "$R/attn.json" > "$R/attn.log" 2>&1
   echo "exit $?"; tail -20 "$R/attn.log"
+fi
+L=$(left)
+if [ "$L" -gt 6 ]; then
+  echo "== decode attention 512 x U[1000,2000] $(date -u +%T) ($L s left)"
+  timeout -k 1 $(( L - 1 )) python benchmarks/fp8_attn_bench.py --set s5big --no-prewarm --budget $(( L - 3 )) \
+    --batch 512 --ctx-lo 1000 --ctx-hi 2000 --out "$R/attn512.json" > "$R/attn512.log" 2>&1
+  echo "exit $?"; tail -8 "$R/attn512.log"
 fi
 echo "== done $(date -u +%T), $(( $(date +%s) - T0 )) s"

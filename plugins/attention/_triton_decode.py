@@ -100,7 +100,7 @@ def _paged_decode_kernel(
 def paged_decode(query, k_cache, v_cache, out, block_tables, seq_lens, query_start_loc, *, num_reqs: int,
                  num_kv_heads: int, scale: float, v_scale: float, block_size: int, block_n: int = 64,
                  num_warps: int = 4, num_stages: int = 2, dot_f16: bool | None = None,
-                 heads_fastest: bool = True, maxnreg: int | str | None = "auto", pack: int = 1) -> None:
+                 heads_fastest: bool = True, maxnreg: int | str | None = "auto", pack: int | str = "auto") -> None:
     """``out[t] = softmax(q[t] K^T * scale) V`` over each request's whole context, one token per request.
 
     ``k_cache``/``v_cache``: ``[num_blocks, block_size, num_kv_heads, head_size]`` views (fp8 or the query's
@@ -119,6 +119,8 @@ def paged_decode(query, k_cache, v_cache, out, block_tables, seq_lens, query_sta
     if dot_f16 and not fp8:
         raise ValueError("dot_f16 is for fp8 caches (they convert exactly to fp16); a bf16 cache may not fit fp16")
     head_dp = max(16, triton.next_power_of_2(head_size))
+    if pack == "auto":
+        pack = default_pack(num_kv_heads, head_size, fp8)
     if pack != 1 and (pack not in (2, 4) or num_kv_heads % pack or head_dp != head_size):
         raise ValueError(f"paged_decode: pack={pack} needs 2 or 4 dividing the {num_kv_heads} KV heads and a "
                          f"power-of-two head size (got {head_size})")
@@ -147,3 +149,34 @@ def decode_kernel_enabled() -> bool | None:
     if not os.environ.get("OCTAVO_TRITON_DECODE_KERNEL", "").strip():
         return None
     return env_switch("OCTAVO_TRITON_DECODE_KERNEL")
+
+
+# KV heads per program by default, per cache kind (docs/performance.md "FP8 at big batch"): measured on H100
+_DEFAULT_PACK = {"fp8": 1, "16bit": 1}
+
+
+def default_pack(num_kv_heads: int, head_size: int, fp8: bool) -> int:
+    """``OCTAVO_TRITON_DECODE_PACK`` (1, 2 or 4) if set, else the measured default for this cache kind; 1 where
+    the heads cannot be packed (a head size that is not a power of two, a KV-head count it does not divide)."""
+    import os
+
+    raw = os.environ.get("OCTAVO_TRITON_DECODE_PACK", "").strip()
+    if raw:
+        if raw not in ("1", "2", "4"):
+            raise ValueError(f"OCTAVO_TRITON_DECODE_PACK={raw!r}: 1, 2 or 4 (KV heads per program)")
+        want = int(raw)
+    else:
+        want = _DEFAULT_PACK["fp8" if fp8 else "16bit"]
+    if want > 1 and (num_kv_heads % want or head_size & (head_size - 1) or head_size < 16):
+        if raw and (num_kv_heads, head_size) not in _WARNED:
+            _WARNED.add((num_kv_heads, head_size))
+            import logging
+
+            logging.getLogger(__name__).warning(
+                "OCTAVO_TRITON_DECODE_PACK=%s does not fit %d KV heads of size %d: one head per program",
+                raw, num_kv_heads, head_size)
+        return 1
+    return want
+
+
+_WARNED: set = set()
