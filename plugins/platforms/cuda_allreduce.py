@@ -123,9 +123,10 @@ class OneShotAllReduce:
         torch.cuda.synchronize(device)
         dist.barrier(group=group)  # every rank's flags are zero before anyone raises one
         self.num_calls = 0
-        # deferral (cuda_allreduce_fusion.py): a [rows <= defer_rows, defer_width] message is returned unreduced
-        # and summed by the RMSNorm that consumes it; 0 rows = off
-        self.defer_rows, self.defer_width, self.pending = 0, 0, None
+        # deferral (cuda_allreduce_fusion.py): inside a wrapped row-parallel layer's forward (allow_defer), a
+        # [rows <= defer_rows, defer_width] message is returned unreduced and summed by the RMSNorm that consumes
+        # it; 0 rows = off
+        self.defer_rows, self.defer_width, self.pending, self.allow_defer = 0, 0, None, False
 
     def __call__(self, x: torch.Tensor):
         if self.pending is not None:  # a deferred message nobody fused: reduce it before anything else
@@ -133,7 +134,7 @@ class OneShotAllReduce:
         nbytes = x.numel() * x.element_size()
         if nbytes > self.max_bytes or not x.is_contiguous() or not x.is_floating_point() or x.numel() == 0:
             return None
-        if self.defer_rows and x.dim() == 2 and x.shape[0] <= self.defer_rows and x.shape[1] == self.defer_width:
+        if self.allow_defer and self.defer_rows and x.dim() == 2 and x.shape[0] <= self.defer_rows and x.shape[1] == self.defer_width:
             self.pending = x
             return x
         return self.reduce(x)

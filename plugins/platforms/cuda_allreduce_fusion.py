@@ -5,9 +5,10 @@ Why: a Llama decode step with tensor parallelism runs, twice per layer, ``o_proj
 residual add and the norm in one kernel (vLLM and SGLang do the same with FlashInfer's fused all-reduce) saves a
 launch and a round trip through memory per pair, 64 per token on Llama-3-8B.
 
-How (``OCTAVO_TP_ALLREDUCE=custom`` with ``OCTAVO_TP_ALLREDUCE_FUSE_NORM=1``): the one-shot all-reduce
-(cuda_allreduce.py) *defers* a decode-sized message (``rows <= defer_rows``, one hidden vector per row): it
-remembers the tensor and returns it unreduced. Each RMSNorm's forward is wrapped::
+How (``OCTAVO_TP_ALLREDUCE=custom`` with ``OCTAVO_TP_ALLREDUCE_FUSE_NORM=1``): inside the forward of a
+row-parallel layer without bias (wrapped), the one-shot all-reduce (cuda_allreduce.py) *defers* a decode-sized
+message (``rows <= defer_rows``, one hidden vector per row): it remembers the tensor and returns it unreduced.
+Each RMSNorm's forward is wrapped::
 
     norm(x, residual) with x the deferred tensor -> one kernel: push/flag/wait (the one-shot protocol, same
                                                     epochs), rank-order sum rounded to the dtype, + residual,
@@ -121,6 +122,21 @@ def _wrap_norm(module, ar: OneShotAllReduce) -> None:
     module.forward = types.MethodType(forward, module)
 
 
+def _wrap_row_parallel(module, ar: OneShotAllReduce) -> None:
+    """Deferral is allowed only inside this layer's own forward: the all-reduce it makes of its partial products.
+    A forward hook (LoRA adds its delta there, with an all-reduce of its own) runs after, and flushes first."""
+    inner = module.forward
+
+    def forward(self, *args, **kwargs):
+        ar.allow_defer = True
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            ar.allow_defer = False
+
+    module.forward = types.MethodType(forward, module)
+
+
 def maybe_fuse_all_reduce_norm(handle) -> dict | None:
     """Wrap ``handle.model``'s RMSNorms and turn deferral on, if the one-shot all-reduce is installed,
     ``OCTAVO_TP_ALLREDUCE_FUSE_NORM=1`` and a checking forward agrees bit for bit on every rank; else ``None``."""
@@ -143,17 +159,24 @@ def maybe_fuse_all_reduce_norm(handle) -> dict | None:
     if len(hidden) != 1:
         logger.info("all-reduce + RMSNorm fusion off: norms of several widths %s", sorted(hidden))
         return None
+    from octavo.nn.linear import RowParallelLinear
+
+    rows_layers = [m for m in handle.model.modules() if isinstance(m, RowParallelLinear) and m.bias is None
+                   and m.reduce_results]  # a bias is added after the sum: that layer keeps its plain all-reduce
     for m in norms:
         _wrap_norm(m, ar)
+    for m in rows_layers:
+        _wrap_row_parallel(m, ar)
     rows = min(MAX_CTAS, ar.max_bytes // (next(iter(hidden)) * handle.dtype.itemsize), handle.max_num_seqs)
     ok = _check_forward(handle, ar, rows)
     flag = torch.tensor([1 if ok else 0], device=handle.device)
     torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MIN, group=ar.group)
     ar.defer_rows = rows if flag.item() == 1 else 0
     ar.defer_width = next(iter(hidden))
-    logger.info("all-reduce + RMSNorm fusion %s (%d norms wrapped, decode batches up to %d rows)",
-                "on" if ar.defer_rows else "OFF: the checking forward disagreed", len(norms), rows)
-    return {"norms": len(norms), "rows": ar.defer_rows}
+    logger.info("all-reduce + RMSNorm fusion %s (%d row-parallel layers, %d norms wrapped, decode batches up to "
+                "%d rows)", "on" if ar.defer_rows else "OFF: the checking forward disagreed", len(rows_layers),
+                len(norms), rows)
+    return {"row_parallel": len(rows_layers), "norms": len(norms), "rows": ar.defer_rows}
 
 
 @torch.inference_mode()

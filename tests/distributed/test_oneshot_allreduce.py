@@ -90,7 +90,7 @@ def _fusion_main(rank: int, tmp: str, port: str) -> None:
     ar.flag_table = torch.tensor([b.data_ptr() for b in bufs], dtype=torch.int64)
     ar.data_table = torch.tensor([b.data_ptr() + ca.FLAG_BYTES for b in bufs], dtype=torch.int64)
     ar.counters = torch.zeros(ca.MAX_CTAS, dtype=torch.int64)
-    ar.defer_rows, ar.defer_width, ar.pending = 0, 0, None
+    ar.defer_rows, ar.defer_width, ar.pending, ar.allow_defer = 0, 0, None, False
     parallel.set_all_reduce(ar)
     d = 64
     norms = [RMSNorm(d, 1e-5).to(torch.bfloat16) for _ in range(3)]
@@ -111,8 +111,11 @@ def _fusion_main(rank: int, tmp: str, port: str) -> None:
 
     want = forward()
     ar.defer_rows, ar.defer_width = 8, d
+    assert torch.equal(forward()[0], want[0]) and ar.num_calls == 6  # deferral only inside a row-parallel layer
+    ar.allow_defer = True  # as inside every row-parallel layer's forward
     got = forward()
-    assert ar.pending is None and ar.num_calls == 6  # 3 plain, then 1 flushed + 2 fused
+    ar.allow_defer = False
+    assert ar.pending is None and ar.num_calls == 9  # 3 + 3 plain, then 1 flushed + 2 fused
     assert all(torch.equal(a, b) for a, b in zip(want, got))
     dist.destroy_process_group()
 
