@@ -1,7 +1,8 @@
 """The one-shot all-reduce (``OCTAVO_TP_ALLREDUCE=custom``, plugins/platforms/cuda_allreduce.py) on two GPUs:
 sums equal NCCL's bit for bit (random bf16 and fp32 tensors of several sizes, eager and inside CUDA graphs that
 mix sizes, so the epoch bookkeeping of idle CTA slots is exercised), and a tensor-parallel engine with it gives
-the same greedy tokens (fp32, a random HF Llama checkpoint) as with NCCL and as one GPU. Needs 2 GPUs (skips otherwise; benchmarks/device/dist5.sh
+the same greedy tokens (fp32, a random HF Llama checkpoint) as with NCCL and as one GPU, with and without the
+all-reduce + RMSNorm fusion. Needs 2 GPUs (skips otherwise; benchmarks/device/dist5.sh
 runs it in the both-GPU phase)."""
 
 import json
@@ -104,8 +105,8 @@ llm.llm_engine.shutdown()
 """
 
 
-def _tokens(model_dir: str, tp: int, allreduce: str) -> list:
-    env = {**os.environ, "OCTAVO_TP_ALLREDUCE": allreduce}
+def _tokens(model_dir: str, tp: int, allreduce: str, fuse_norm: bool = False) -> list:
+    env = {**os.environ, "OCTAVO_TP_ALLREDUCE": allreduce, "OCTAVO_TP_ALLREDUCE_FUSE_NORM": "1" if fuse_norm else "0"}
     p = subprocess.run([sys.executable, "-c", _ENGINE, model_dir, str(tp)], env=env, capture_output=True,
                        text=True, timeout=240)
     lines = [ln for ln in p.stdout.splitlines() if ln.startswith("TOKENS ")]
@@ -122,3 +123,4 @@ def test_tp2_custom_all_reduce_tokens_equal_nccl_and_one_gpu(tmp_path):
     custom = _tokens(path, 2, "custom")  # CUDA graphs on: the custom kernel runs captured
     assert custom == _tokens(path, 2, "nccl")
     assert custom == _tokens(path, 1, "nccl")
+    assert custom == _tokens(path, 2, "custom", fuse_norm=True)  # all-reduce + RMSNorm in one kernel
