@@ -15,7 +15,8 @@ engine process itself never touches a GPU. Results: one JSON per config, written
 (``set_async_scheduling``), so each mode's batch-1 latency and throughput come from the same loaded model (TP=2:
 the ``mp`` executor with two steps in flight). ``--graph-replay`` also times the captured batch-1 decode graph
 alone on every rank at once (``collective_rpc``: the ranks' all-reduces pair up): the device time of a token,
-which the latency minus it splits into host gap vs device work.
+which the latency minus it splits into host gap vs device work; and ``compute_logits`` on its output alone (LM head
++ the vocabulary all-gather), the largest device work outside the graph.
 """
 
 from __future__ import annotations
@@ -98,6 +99,7 @@ def run_config(tp: int, args) -> None:
     if args.graph_replay:
         ms = llm.collective_rpc("benchmarks.gpu_tp:graph_replay_ms", args=[1, 200])
         res["graph_replay_bs1_ms_by_rank"] = ms
+        res["logits_bs1_ms_by_rank"] = llm.collective_rpc("benchmarks.gpu_tp:logits_ms", args=[1, 200])
         save()
     bs1_tokens = {}
     for mode in modes:  # batch-1 latency in every mode first: the goal's number
@@ -141,6 +143,28 @@ def run_config(tp: int, args) -> None:
             "benchmarks.gpu_tp:graph_replay_ms_without_allreduce", args=[1, 200])
         save()
     llm.llm_engine.shutdown()
+
+
+def logits_ms(worker, size: int, iters: int) -> float:
+    """ms per ``compute_logits`` of the batch-1 graph's output on this rank (LM head GEMV and, with TP, the
+    all-gather of the vocabulary shards; every rank at once): device work of a step outside the graph."""
+    import torch
+
+    runner = getattr(worker.runner, "graph_runner", None)
+    out = getattr(runner, "outputs", {}).get(size)
+    if out is None:
+        return float("nan")
+    with torch.inference_mode():
+        for _ in range(5):
+            worker.runner.model.compute_logits(out)
+        torch.cuda.synchronize(worker.device)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(iters):
+            worker.runner.model.compute_logits(out)
+        end.record()
+        end.synchronize()
+    return start.elapsed_time(end) / iters
 
 
 def ar_state(worker) -> str:

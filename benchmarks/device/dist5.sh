@@ -12,6 +12,7 @@
 #       batch-1 ms/token, the decode graph replayed alone, greedy tokens; last the graph re-captured WITHOUT
 #       all-reduces, replayed alone (the all-reduces' in-step cost).
 #    c. TP=1 (uni, async scheduling): the same numbers (the denominator of the same call).
+#    Each also times compute_logits alone (LM head + TP all-gather): device work outside the decode graph.
 #  part 2 (DIST5_PART=2): TP=2 NCCL, same numbers (greedy tokens custom == NCCL, graph replay A/B).
 #  Drop order if short: c (TP=1 of the same call; last session's 5.83 ms stands in), then b's --graph-replay.
 set -u
@@ -64,7 +65,8 @@ k, g, t = "decode_bs1_ms_per_token_async_on", "graph_replay_bs1_ms_by_rank", "bs
 one = runs.get("8b_tp1", {})
 for name, run in runs.items():
     row = {"ms_per_token": run.get(k), "graph_ms": max(run.get(g) or [float("nan")]),
-           "graph_ms_no_allreduce": max(run.get("graph_replay_bs1_ms_no_allreduce_by_rank") or [float("nan")])}
+           "graph_ms_no_allreduce": max(run.get("graph_replay_bs1_ms_no_allreduce_by_rank") or [float("nan")]),
+           "logits_ms": max(run.get("logits_bs1_ms_by_rank") or [float("nan")])}
     if one.get(k) and run.get(k):
         row["over_tp1"] = run[k] / one[k]
     if one.get(t) and run.get(t):
