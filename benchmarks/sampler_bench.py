@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 import time
 
 
@@ -38,6 +40,7 @@ def main() -> None:
     ap.add_argument("--vocab", type=int, default=151936)
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--qk-out", default=None, help="then also benchmarks/qk_norm_rope_bench.py, JSON here")
     args = ap.parse_args()
     dev = torch.device("cuda")
     torch.manual_seed(0)
@@ -66,6 +69,12 @@ def main() -> None:
         with open(args.out, "w") as f:
             json.dump({"card": torch.cuda.get_device_name(), "command": "python benchmarks/sampler_bench.py",
                        "results": results}, f, indent=1)
+    if args.qk_out:  # same process: no second import of torch/octavo on a time-boxed device run
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from qk_norm_rope_bench import bench as qk_bench
+
+        with open(args.qk_out, "w") as f:
+            json.dump(qk_bench([1, 64, 139, 256]), f, indent=1)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,9 @@
 #      logit processors, routing.
 #   2. nano_sampler.json: nano-vllm workload (Qwen3-0.6B shape, 256 x U[100,1024], temp 0.6) with the fused then the
 #      torch sampler in ONE engine (same card, back to back), then a kernel table of decode steps (batch 128).
-#   3. sampler_bench.json: sampler alone, torch vs fused, rows 1/64/256 x 151,936, fp32 and bf16 logits.
+#   3. sampler_bench.json: sampler alone, torch vs fused, rows 1/64/256 x 151,936, fp32 and bf16 logits;
+#      qk_bench.json: Qwen3 q/k norm + rope, eager kernels vs the one fused kernel, 28 layers in a CUDA graph.
+#   (cases.log also runs tests/kernels/qk_norm_rope_cases.py: the fused q/k norm + rope vs the eager layers.)
 set -u
 cd "$(dirname "$0")/../.."
 R="${OUT:-/tmp/out}/nano5"; mkdir -p "$R"
@@ -17,7 +19,8 @@ git rev-parse HEAD > "$R/commit.txt" 2>/dev/null
 export OCTAVO_LOG_LEVEL=${OCTAVO_LOG_LEVEL:-warning}
 
 echo "== cases $(date -u +%T)"
-timeout -k 2 16 python -m pytest -q -x -p no:cacheprovider tests/kernels/fused_sampler_cases.py > "$R/cases.log" 2>&1
+timeout -k 2 16 python -m pytest -q -x -p no:cacheprovider tests/kernels/fused_sampler_cases.py \
+  tests/kernels/qk_norm_rope_cases.py > "$R/cases.log" 2>&1
 echo "cases exit $?"; tail -n 15 "$R/cases.log"
 
 CAP=$(( $(left) - 8 ))
@@ -28,8 +31,9 @@ echo "nano exit $?"; grep -v "^\[transformers\]" "$R/nano_sampler.log" | tail -n
 
 CAP=$(( $(left) ))
 if [ "$CAP" -gt 3 ]; then
-  echo "== sampler microbench (cap $CAP s) $(date -u +%T)"
-  timeout -k 2 "$CAP" python benchmarks/sampler_bench.py --out "$R/sampler_bench.json" > "$R/sampler_bench.log" 2>&1
-  echo "micro exit $?"; cat "$R/sampler_bench.log" | tail -n 12
+  echo "== sampler microbench, then qk norm + rope bench (cap $CAP s) $(date -u +%T)"
+  timeout -k 2 "$CAP" python benchmarks/sampler_bench.py --out "$R/sampler_bench.json" --qk-out "$R/qk_bench.json" \
+    > "$R/sampler_bench.log" 2>&1
+  echo "micro exit $?"; tail -n 12 "$R/sampler_bench.log"
 fi
 echo "total $(( $(date +%s) - START )) s"

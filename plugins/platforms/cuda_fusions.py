@@ -306,6 +306,10 @@ def fuse_model(model: torch.nn.Module, dtype: torch.dtype, device: torch.device)
         if verified[key]:
             module.forward = types.MethodType(fused, module)
             counts[kind.__name__] += 1
+    # Qwen3 attention: per-head q/k norms + rotary in one kernel (plugins/platforms/cuda_qk_norm_rope.py)
+    from octavo.plugins.platforms.cuda_qk_norm_rope import fuse_qk_norm_rope
+
+    counts.update(fuse_qk_norm_rope(model, dtype, device))
     # norms / SiLU-and-muls feeding fp8 linears learn to write the quantized input too
     from octavo.plugins.quant.fp8_fused import link_fp8_inputs
 
