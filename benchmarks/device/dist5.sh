@@ -13,8 +13,11 @@
 #       all-reduces, replayed alone (the all-reduces' in-step cost).
 #    c. TP=1 (uni, async scheduling): the same numbers (the denominator of the same call).
 #    Each also times compute_logits alone (LM head + TP all-gather): device work outside the decode graph.
-#  part 2 (DIST5_PART=2): TP=2 NCCL, same numbers (greedy tokens custom == NCCL, graph replay A/B).
-#  Drop order if short: c (TP=1 of the same call; last session's 5.83 ms stands in), then b's --graph-replay.
+#  part 2 (DIST5_PART=2, batch 2, <= 80 s): the 2-GPU test (custom == NCCL bitwise, eager + graphs), then b again.
+#  part 3 (DIST5_PART=3, <= 120 s): the goal's 512 x 1000/1000 TP=2 throughput, async scheduling, all-reduce
+#     DIST5_GOAL_AR (custom + fusion by default; nccl), max_num_seqs 512. TP=1 of the same workload: the lead's
+#     e2e_8b.sh in the same batch. Batch 2 runs DIST5_PART=23 (<= 200 s).
+#  Drop order if short: part 1's c (last session's TP=1 5.83 ms stands in); part 2's b, then its test.
 set -u
 cd "$(dirname "$0")/../.."
 R="${OUT:-/tmp/out}/dist5"
@@ -53,7 +56,14 @@ if [[ $PART == *1* ]]; then
   step 8b_tp1 30 $TP --one 1 --async-modes on --graph-replay
 fi
 if [[ $PART == *2* ]]; then
-  step 8b_tp2_nccl 36 $TP --one 2 --tag nccl --async-modes on --graph-replay
+  step gpu_test 30 python3 -m pytest -q -x tests/gpu/test_tp_allreduce_gpu.py -k equals_nccl
+  step 8b_tp2_b2 48 OCTAVO_TP_ALLREDUCE=custom OCTAVO_TP_ALLREDUCE_FUSE_NORM=1 $TP --one 2 --tag b2 \
+    --async-modes on --graph-replay --ar-modes custom nccl
+fi
+if [[ $PART == *3* ]]; then  # the goal's throughput, TP=2 (TP=1: the lead's e2e_8b.sh of the same batch)
+  AR="${DIST5_GOAL_AR:-custom}"
+  step 8b_tp2_goal 118 OCTAVO_TP_ALLREDUCE=$AR OCTAVO_TP_ALLREDUCE_FUSE_NORM=$([[ $AR == custom ]] && echo 1 || echo 0) \
+    $TP --one 2 --tag goal --async-modes on --prompts 512 --in-len 1000 --out-len 1000 --max-num-seqs 512
 fi
 
 python3 - "$R" <<'PY'
@@ -86,6 +96,10 @@ for name, run in runs.items():
 c, n = runs.get("8b_tp2_custom", {}), runs.get("8b_tp2_nccl", {})
 if c.get(t) and n.get(t):
     summary["tokens_custom_equal_nccl"] = c[t] == n[t]
+goal = runs.get("8b_tp2_goal", {})
+if goal.get("throughput_tok_s_async_on"):
+    summary["goal_tp2_tok_s"] = goal["throughput_tok_s_async_on"]
+    summary["goal_tp2_s"] = goal.get("throughput_s_async_on")
 ar = os.path.join(r, "allreduce.json")
 if os.path.exists(ar):
     a = json.load(open(ar))
