@@ -11,11 +11,12 @@ top-k / top-p / min-p sample in one fused Triton pass instead (``core/sampler_tr
 from __future__ import annotations
 
 import functools
-import os
 import weakref
 from dataclasses import dataclass, field
 
 import torch
+
+from octavo.env_flags import env_switch
 
 
 @dataclass
@@ -162,10 +163,7 @@ class Sampler:
     """
 
     def __init__(self, force_fused: bool = False) -> None:
-        env = os.environ.get("OCTAVO_FUSED_SAMPLER", "1")
-        if env not in ("0", "1"):
-            raise ValueError(f"OCTAVO_FUSED_SAMPLER must be 0 or 1, got {env!r}")
-        self.fused = env == "1"
+        self.fused = env_switch("OCTAVO_FUSED_SAMPLER")
         self.force_fused = force_fused
         # seeded request's generator -> fused draws so far: its Philox key advances per step
         self._draws: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
