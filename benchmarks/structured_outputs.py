@@ -73,6 +73,7 @@ def timed_steps(core, reqs, full: int, tokens: dict | None = None) -> list[float
 def bench_decode(args) -> dict:
     from octavo import LLM, SamplingParams
     from octavo.core import grammar_step
+    from octavo.core import structured_output as so_mod
     from octavo.core.messages import EngineCoreRequest
     from octavo.structured_outputs import StructuredOutputsParams
 
@@ -97,7 +98,7 @@ def bench_decode(args) -> dict:
     # mode -> (structured outputs, async scheduling on, fill before the step, xgrammar's own maxLength form,
     #          GIL switch interval, engine knobs: grammar_step.INLINE_AFTER_GATE / HANDOFF_WAIT_S, fill threads)
     dflt = {"inline": grammar_step.INLINE_AFTER_GATE, "handoff": grammar_step.HANDOFF_WAIT_S,
-            "threads": core.structured.fill_threads, "triton": grammar_step.TRITON_APPLY}
+            "threads": core.structured.fill_threads, "triton": grammar_step.TRITON_APPLY, "early": so_mod.EARLY_ACCEPT}
     modes = {"free": (None, False, False, False, None, dflt), "overlap": (so, False, False, False, None, dflt),
              "serial": (so, False, True, False, None, dflt)}
     if args.backend == "xgrammar" and args.compare_maxlength:
@@ -113,6 +114,7 @@ def bench_decode(args) -> dict:
         modes["json_async_nohandoff"] = (so, True, False, False, None, {**dflt, "handoff": 0.0})
         modes["json_async_t1"] = (so, True, False, False, None, {**dflt, "threads": 1})
         modes["json_async_table"] = (so, True, False, False, None, {**dflt, "triton": False})  # CUDA: torch apply
+        modes["json_async_late"] = (so, True, False, False, None, {**dflt, "early": False})  # accept after update
         if args.switch_interval:  # the same two with a shorter GIL switch interval (sys.setswitchinterval)
             modes["free_async_si"] = (None, True, False, False, args.switch_interval, dflt)
             modes["json_async_si"] = (so, True, False, False, args.switch_interval, dflt)
@@ -141,7 +143,7 @@ def bench_decode(args) -> dict:
 
                 set_async_scheduling(core, on)
             grammar_step.INLINE_AFTER_GATE, grammar_step.HANDOFF_WAIT_S = knobs["inline"], knobs["handoff"]
-            grammar_step.TRITON_APPLY = knobs["triton"]
+            grammar_step.TRITON_APPLY, so_mod.EARLY_ACCEPT = knobs["triton"], knobs["early"]
             core.structured.fill_threads = knobs["threads"]
             executor_cls.execute_structured = serial if fill_first else overlapped
             xgb.bounded_strings_as_patterns = (lambda schema: schema) if own_maxlength else rewrite
@@ -165,7 +167,7 @@ def bench_decode(args) -> dict:
                 executor_cls.execute_structured = overlapped
                 xgb.bounded_strings_as_patterns = rewrite
                 grammar_step.INLINE_AFTER_GATE, grammar_step.HANDOFF_WAIT_S = dflt["inline"], dflt["handoff"]
-                grammar_step.TRITON_APPLY = dflt["triton"]
+                grammar_step.TRITON_APPLY, so_mod.EARLY_ACCEPT = dflt["triton"], dflt["early"]
                 core.structured.fill_threads = dflt["threads"]
             if stats["steps"]:
                 for k in HOST_KEYS[:-2]:

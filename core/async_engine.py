@@ -219,6 +219,7 @@ class AsyncStepLoop:
         core.structured._inflight = g.inner if g is not None and g.inner.matchers else None  # fill stats
         nxt = self.inflight[0].grammar if self.inflight else None  # N+1's fill starts right after N's accept:
         core.structured.after_accept = nxt.release if nxt is not None else None  # not after all N's outputs
+        core.structured.accept_sampled(rec.sched_out, result)  # N's tokens -> grammars -> N+1's fill, before update
         out = core._complete(rec.sched_out, result, early)
         if self.inflight and self.inflight[0].grammar is not None:
             self.inflight[0].grammar.release()  # N's tokens are in the grammars: fill N+1's masks now

