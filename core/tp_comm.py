@@ -23,27 +23,22 @@ from octavo.core.async_runner import AsyncRunnerSteps
 logger = logging.getLogger(__name__)
 
 CHOICES = ("nccl", "symm_mem", "custom")
+# What an unset OCTAVO_TP_ALLREDUCE means. "custom" there means: the platform's own all-reduce where it has one
+# (CUDA), torch.distributed elsewhere or if it fails to start (all ranks agree), logged either way.
+DEFAULT_CHOICE = "nccl"
 MAX_BYTES = int(os.environ.get("OCTAVO_TP_ALLREDUCE_MAX_BYTES", str(1 << 20)))  # one-shot wins below ~1 MiB
 
 
 def install_all_reduce(platform, device: torch.device, dtype: torch.dtype) -> str:
     """Install the all-reduce ``OCTAVO_TP_ALLREDUCE`` names for this process's tensor-parallel group."""
-    choice = os.environ.get("OCTAVO_TP_ALLREDUCE", "nccl")
+    env = os.environ.get("OCTAVO_TP_ALLREDUCE")
+    choice = env or DEFAULT_CHOICE
     if choice not in CHOICES:
         raise ValueError(f"OCTAVO_TP_ALLREDUCE={choice!r} is not one of {', '.join(CHOICES)}")
     if choice == "nccl":
         return choice
     if choice == "custom":  # the platform's own small-message all-reduce (CUDA: plugins/platforms/cuda_allreduce.py)
-        make = getattr(platform, "make_tp_all_reduce", None)
-        if make is None:
-            raise ValueError(f"OCTAVO_TP_ALLREDUCE=custom: platform {platform.name!r} has no all-reduce of its own; "
-                             "unset it (NCCL/gloo through torch.distributed)")
-        from octavo.nn.parallel import get_tp_group, set_all_reduce
-
-        set_all_reduce(make(get_tp_group(), device, MAX_BYTES))
-        logger.info("tensor-parallel all-reduce: the platform's one-shot kernel for messages <= %d KiB, NCCL above",
-                    MAX_BYTES >> 10)
-        return choice
+        return _install_platform_all_reduce(platform, device, explicit=env is not None)
     if platform.device_type != "cuda":
         raise ValueError(f"OCTAVO_TP_ALLREDUCE=symm_mem needs CUDA GPUs (platform {platform.name!r}); unset it")
     from octavo.nn.parallel import get_tp_group, set_all_reduce
@@ -52,6 +47,36 @@ def install_all_reduce(platform, device: torch.device, dtype: torch.dtype) -> st
     logger.info("tensor-parallel all-reduce: one-shot symmetric memory for messages <= %d KiB (%s), NCCL above",
                 MAX_BYTES >> 10, dtype)
     return choice
+
+
+def _install_platform_all_reduce(platform, device: torch.device, explicit: bool) -> str:
+    import torch.distributed as dist
+
+    from octavo.nn.parallel import get_tp_group, set_all_reduce
+
+    make = getattr(platform, "make_tp_all_reduce", None)
+    if make is None:
+        if not explicit:
+            return "nccl"
+        raise ValueError(f"OCTAVO_TP_ALLREDUCE=custom: platform {platform.name!r} has no all-reduce of its own; "
+                         "unset it (NCCL/gloo through torch.distributed)")
+    fn, err = None, None
+    try:
+        fn = make(get_tp_group(), device, MAX_BYTES)
+    except Exception as e:  # noqa: BLE001 - by default, fall back (below, on every rank at once)
+        if explicit:
+            raise
+        err = e
+    ok = torch.tensor([0 if fn is None else 1], device=device)
+    dist.all_reduce(ok, op=dist.ReduceOp.MIN, group=get_tp_group())  # every rank takes the same path
+    if ok.item() == 0:
+        logger.warning("tensor-parallel all-reduce: the platform's one-shot kernel did not start on every rank "
+                       "(here: %s); torch.distributed. OCTAVO_TP_ALLREDUCE=nccl skips the attempt", err)
+        return "nccl"
+    set_all_reduce(fn)
+    logger.info("tensor-parallel all-reduce: the platform's one-shot kernel for messages <= %d KiB, NCCL above "
+                "(OCTAVO_TP_ALLREDUCE=nccl: NCCL only)", MAX_BYTES >> 10)
+    return "custom"
 
 
 class SymmMemAllReduce:

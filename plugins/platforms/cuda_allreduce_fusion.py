@@ -5,7 +5,8 @@ Why: a Llama decode step with tensor parallelism runs, twice per layer, ``o_proj
 residual add and the norm in one kernel (vLLM and SGLang do the same with FlashInfer's fused all-reduce) saves a
 launch and a round trip through memory per pair, 64 per token on Llama-3-8B.
 
-How (``OCTAVO_TP_ALLREDUCE=custom`` with ``OCTAVO_TP_ALLREDUCE_FUSE_NORM=1``): inside the forward of a
+How (on whenever the one-shot all-reduce runs, ``OCTAVO_TP_ALLREDUCE=custom``; ``OCTAVO_TP_ALLREDUCE_FUSE_NORM=0``
+turns it off, ``=1`` insists on it): inside the forward of a
 row-parallel layer without bias (wrapped), the one-shot all-reduce (cuda_allreduce.py) *defers* a decode-sized
 message (``rows <= defer_rows``, one hidden vector per row): it remembers the tensor and returns it unreduced.
 Each RMSNorm's forward is wrapped::
@@ -138,17 +139,23 @@ def _wrap_row_parallel(module, ar: OneShotAllReduce) -> None:
 
 
 def maybe_fuse_all_reduce_norm(handle) -> dict | None:
-    """Wrap ``handle.model``'s RMSNorms and turn deferral on, if the one-shot all-reduce is installed,
-    ``OCTAVO_TP_ALLREDUCE_FUSE_NORM=1`` and a checking forward agrees bit for bit on every rank; else ``None``."""
+    """Wrap ``handle.model``'s RMSNorms and row-parallel layers and turn deferral on, if the one-shot all-reduce is
+    installed, ``OCTAVO_TP_ALLREDUCE_FUSE_NORM`` is not ``0`` and a checking forward agrees bit for bit on every
+    rank; else ``None``."""
     from octavo.nn import parallel
     from octavo.nn.layernorm import RMSNorm
 
     ar = parallel._ALL_REDUCE
-    if os.environ.get("OCTAVO_TP_ALLREDUCE_FUSE_NORM", "0") != "1":
+    env = os.environ.get("OCTAVO_TP_ALLREDUCE_FUSE_NORM")
+    if env not in (None, "0", "1"):
+        raise ValueError(f"OCTAVO_TP_ALLREDUCE_FUSE_NORM={env!r}: use 1 (on) or 0 (off)")
+    if env == "0":
         return None
     if not isinstance(ar, OneShotAllReduce):
-        raise ValueError("OCTAVO_TP_ALLREDUCE_FUSE_NORM=1 needs OCTAVO_TP_ALLREDUCE=custom (tensor parallelism on "
-                         "CUDA); unset one of them")
+        if env is None:  # the default follows the all-reduce: on with the one-shot kernel, nothing to fuse else
+            return None
+        raise ValueError("OCTAVO_TP_ALLREDUCE_FUSE_NORM=1 needs the one-shot all-reduce (OCTAVO_TP_ALLREDUCE=custom, "
+                         "tensor parallelism on CUDA); unset one of them")
     from octavo.plugins.quant.fp8 import _FP8Method
 
     if any(isinstance(getattr(m, "quant_method", None), _FP8Method) for m in handle.model.modules()):

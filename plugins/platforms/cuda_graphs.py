@@ -66,7 +66,9 @@ def prepare_gpu_model(handle: ModelHandle, *, graphs: bool = True) -> PreparedMo
         logger.info("fused GPU kernels unavailable (%s); eager small ops", e)
     import os
 
-    if os.environ.get("OCTAVO_TP_ALLREDUCE_FUSE_NORM", "0") == "1":  # TP all-reduce + RMSNorm in one kernel (issue 12)
+    from octavo.nn.parallel import get_tp_size
+
+    if get_tp_size() > 1 and os.environ.get("OCTAVO_TP_ALLREDUCE_FUSE_NORM") != "0":  # all-reduce + RMSNorm, issue 12
         from octavo.plugins.platforms.cuda_allreduce_fusion import maybe_fuse_all_reduce_norm
 
         notes["allreduce_norm"] = maybe_fuse_all_reduce_norm(handle)
