@@ -38,18 +38,24 @@ logger = logging.getLogger(__name__)
 _GEMV_VERIFIED: dict[tuple, bool] = {}  # (N, K, has bias, dtype) -> the GEMV matched _scaled_mm on this device
 
 
-def _gemv_max_m() -> int:
-    """Rows up to which the fp8 GEMV replaces ``_scaled_mm`` (``OCTAVO_FP8_GEMV_MAX_M``; 0 = never)."""
-    raw = os.environ.get("OCTAVO_FP8_GEMV_MAX_M", "1")
+def _gemv_max_m() -> int | None:
+    """Rows up to which a GEMV replaces ``_scaled_mm`` (``OCTAVO_FP8_GEMV_MAX_M``; 0 = never; None = unset: one
+    row, or ``_TC_DEFAULT_ROWS`` on the tensor-core GEMV). Above 1 only the tensor-core GEMV serves (one weight
+    read for all rows); the CUDA-core kernel's several-row variant measured slower than ``_scaled_mm`` on H100."""
+    raw = os.environ.get("OCTAVO_FP8_GEMV_MAX_M", "").strip()
+    if not raw:
+        return None
     try:
         value = int(raw)
     except ValueError:
         raise ValueError(f"OCTAVO_FP8_GEMV_MAX_M={raw!r} is not an integer (rows; 0 turns the fp8 GEMV off)") from None
-    if value not in (0, 1):
-        raise ValueError(f"OCTAVO_FP8_GEMV_MAX_M={value}: only 1 (the GEMV for one-row inputs) or 0 (off). The "
-                         "2-16-row GEMV kernel measured slower than torch._scaled_mm on H100 and two of its GPU "
-                         "checks failed undiagnosed (docs/performance.md, 'FP8 linears'); the engine does not use it")
+    if not 0 <= value <= 16:
+        raise ValueError(f"OCTAVO_FP8_GEMV_MAX_M={value}: 0 (off) to 16 rows (above 1: the tensor-core GEMV only)")
     return value
+
+
+_TC_DEFAULT_ROWS = 1  # rows the tensor-core GEMV takes by default (docs/performance.md, "FP8 ... session 5")
+_WARNED: set = set()
 
 
 def _gemv_kernel() -> str:
@@ -102,17 +108,26 @@ class _FP8Method(LinearMethod):
     def process_weights_after_loading(self, layer):
         layer.weight_scale.data = layer.weight_scale.data.reshape(1, -1).contiguous()  # [1, N]
         self.fused = layer.weight.device.type == "cuda" and _fused_quant()
-        self.gemv_max_m = _gemv_max_m() if self.fused else 0
+        want = _gemv_max_m()
+        self.gemv_max_m = 0 if not self.fused or want == 0 else 1
         self.gemv_pre_ok = False  # the GEMV may take an input its producer already quantized
         self.gemv_tc = None  # (dot_fp8, config) when the tensor-core GEMV serves this shape
         if self.gemv_max_m:
-            self.gemv_tc = self._tc_choice(layer, _gemv_kernel())
-            if self.gemv_tc is None:
+            rows = _TC_DEFAULT_ROWS if want is None else want
+            self.gemv_tc = self._tc_choice(layer, _gemv_kernel(), rows)
+            if self.gemv_tc is not None:  # checked on both inputs (own quantization and the producer's)
+                self.gemv_max_m, self.gemv_pre_ok = rows, True
+            else:
+                if rows > 1 and want is not None and tuple(layer.weight.shape) not in _WARNED:
+                    _WARNED.add(tuple(layer.weight.shape))
+                    logger.warning("OCTAVO_FP8_GEMV_MAX_M=%d: the %s weight runs the CUDA-core GEMV (no tensor-core "
+                                   "tile for it), which takes one row; %d rows use _scaled_mm",
+                                   rows, tuple(layer.weight.shape), rows)
                 ok, self.gemv_pre_ok = self._gemv_ok(layer)
                 if not ok:
                     self.gemv_max_m = 0
 
-    def _tc_choice(self, layer, kernel: str):
+    def _tc_choice(self, layer, kernel: str, rows: int = 1):
         """The tensor-core GEMV's (dot_fp8, config) for this shape if ``kernel`` asks for it, it compiles, and it
         matches ``_scaled_mm`` (in-kernel and producer quantization alike); else None (checked once per shape)."""
         if kernel == "cuda":
@@ -125,21 +140,24 @@ class _FP8Method(LinearMethod):
             if kernel == "auto":
                 return None
             choice = (True, (16, 512, 4, 3))
-        key = ("tc", n, k, layer.bias is not None, choice)
+        key = ("tc", n, k, layer.bias is not None, choice, rows)
         if key not in _GEMV_VERIFIED:
             from octavo.plugins.quant import fp8_triton
 
             ok = False
             try:
+                worst = 0.0
                 with torch.inference_mode():
-                    x = torch.randn(1, k, device=layer.weight.device, dtype=torch.bfloat16)
-                    want = self._scaled_mm(layer, x, layer.bias).float()
-                    xq, xs = fp8_triton.quantize_per_token(x)
-                    ys = (fp8_gemv_tc(x, layer.weight, layer.weight_scale, layer.bias, config=choice[1],
-                                      dot_fp8=choice[0]),
-                          fp8_gemv_tc(xq, layer.weight, layer.weight_scale, layer.bias, x_scale=xs,
-                                      out_dtype=torch.bfloat16, config=choice[1], dot_fp8=choice[0]))
-                    worst = max(float((y.float() - want).abs().max() / want.abs().max().clamp(min=1e-30)) for y in ys)
+                    for m in sorted({1, rows}):
+                        x = torch.randn(m, k, device=layer.weight.device, dtype=torch.bfloat16)
+                        want = self._scaled_mm(layer, x, layer.bias).float()
+                        xq, xs = fp8_triton.quantize_per_token(x)
+                        ys = (fp8_gemv_tc(x, layer.weight, layer.weight_scale, layer.bias, config=choice[1],
+                                          dot_fp8=choice[0]),
+                              fp8_gemv_tc(xq, layer.weight, layer.weight_scale, layer.bias, x_scale=xs,
+                                          out_dtype=torch.bfloat16, config=choice[1], dot_fp8=choice[0]))
+                        worst = max(worst, *(float((y.float() - want).abs().max()
+                                                   / want.abs().max().clamp(min=1e-30)) for y in ys))
                 ok = worst < 2e-2  # a rounding step of the output dtype, not a wrong product
                 if not ok:
                     logger.warning("fp8 tensor-core GEMV not used for %s: %.3g from _scaled_mm", (n, k), worst)

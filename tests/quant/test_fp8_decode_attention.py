@@ -181,3 +181,16 @@ def test_switch_refuses_other_values(monkeypatch):
     monkeypatch.setenv("OCTAVO_TRITON_DECODE_KERNEL", "yes")
     with pytest.raises(ValueError, match="OCTAVO_TRITON_DECODE_KERNEL"):
         decode_kernel_enabled()
+
+
+def test_pack_switch(monkeypatch):
+    from octavo.plugins.attention._triton_decode import default_pack
+
+    monkeypatch.setenv("OCTAVO_TRITON_DECODE_PACK", "3")
+    with pytest.raises(ValueError, match="OCTAVO_TRITON_DECODE_PACK"):
+        default_pack(8, 128, True)
+    monkeypatch.setenv("OCTAVO_TRITON_DECODE_PACK", "4")
+    assert default_pack(8, 128, True) == 4
+    assert default_pack(2, 128, True) == 1 and default_pack(8, 96, True) == 1  # cannot pack: one head a program
+    monkeypatch.delenv("OCTAVO_TRITON_DECODE_PACK")
+    assert default_pack(8, 128, True) in (1, 2, 4)

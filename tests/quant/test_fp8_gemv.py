@@ -112,7 +112,11 @@ def test_gemv_max_m_setting_is_validated(monkeypatch):
 
     monkeypatch.setenv("OCTAVO_FP8_GEMV_MAX_M", "0")
     assert _gemv_max_m() == 0
-    for bad in ("x", "-1", "2", "17"):  # the multi-row kernel is not used by the engine
+    monkeypatch.setenv("OCTAVO_FP8_GEMV_MAX_M", "8")  # rows for the tensor-core GEMV (fp8_gemv_tc.py)
+    assert _gemv_max_m() == 8
+    monkeypatch.delenv("OCTAVO_FP8_GEMV_MAX_M")
+    assert _gemv_max_m() is None  # unset: the default
+    for bad in ("x", "-1", "17"):
         monkeypatch.setenv("OCTAVO_FP8_GEMV_MAX_M", bad)
         with pytest.raises(ValueError, match="OCTAVO_FP8_GEMV_MAX_M"):
             _gemv_max_m()

@@ -41,6 +41,26 @@ for m, n, k, bias in [(1, 40, 200, False), (3, 33, 130, True), (16, 17, 64, Fals
         assert torch.equal(y32[1], (b.float() if bias else torch.zeros(n))), "zero row"
     xq, xs = quantize_per_token_torch(x)  # quantized by the producer: the same bits
     assert torch.equal(fp8_gemv_tc(xq, w, ws, b, x_scale=xs, out_dtype=torch.float32), y32), (m, n, k)
+# the linear method on the tensor-core GEMV (set by hand: on CPU tensors process_weights picks no GEMV): rows up
+# to gemv_max_m take it, more take _scaled_mm, and each row gets what _scaled_mm gives it
+from octavo.plugins.quant.fp8 import _FP8Method
+method = _FP8Method(prequantized=False)
+layer = torch.nn.Module()
+method.create_weights(layer, 96, [48], torch.bfloat16)
+layer.bias = None
+for name, value in method.convert({"weight": torch.randn(48, 96, generator=gen)}, "t").items():
+    getattr(layer, name).data.copy_(value)
+method.process_weights_after_loading(layer)
+assert method.gemv_max_m == 0 and method.gemv_tc is None
+method.gemv_max_m, method.gemv_tc, method.gemv_pre_ok = 4, (True, (16, 512, 4, 3)), True
+x = torch.randn(6, 96, generator=gen).bfloat16()
+six = method.apply(layer, x)  # 6 rows > 4: _scaled_mm (torch's CPU kernel)
+for rows in (1, 3):
+    got = method.apply(layer, x[:rows])
+    assert torch.allclose(got.float(), six[:rows].float(), rtol=1.6e-2, atol=1e-2 * float(six.abs().max())), rows
+x1 = x[:3].clone()
+x1._octavo_fp8 = quantize_per_token_torch(x1)  # tagged by a producer: the same bits
+assert torch.equal(method.apply(layer, x1), method.apply(layer, x[:3]))
 try:
     fp8_gemv_tc(torch.zeros(17, k), w, ws)
 except ValueError as e:
