@@ -80,10 +80,11 @@ def _fp8_gemv_tc_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, M, N, K, str
 
 def fp8_gemv_tc(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None = None,
                 *, out_dtype: torch.dtype | None = None, x_scale: torch.Tensor | None = None,
-                config: tuple[int, int, int, int] = (16, 512, 4, 3), dot_fp8: bool = True) -> torch.Tensor:
+                config: tuple[int, ...] = (16, 512, 4, 3), dot_fp8: bool = True) -> torch.Tensor:
     """``x [m, K]`` (m <= 16; bf16/fp16/fp32, or e4m3 with ``x_scale [m, 1]``) times the e4m3 ``weight [N, K]``
     with per-output ``weight_scale``: W8A8 as fp8_gemv.fp8_gemv. ``config = (BLOCK_N, BLOCK_K, num_warps,
-    num_stages)``; ``dot_fp8=False`` multiplies in fp16 instead of fp8 (same result)."""
+    num_stages[, BLOCK_M])``: BLOCK_M 16 (warp-level MMA) or 64 (Hopper's warp-group MMA reads the tiles from
+    shared memory); ``dot_fp8=False`` multiplies in fp16 instead of fp8 (same result)."""
     m, k = x.shape
     n = weight.shape[0]
     if weight.shape[1] != k or weight.stride(1) != 1:
@@ -102,12 +103,15 @@ def fp8_gemv_tc(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tenso
         return y
     ws = weight_scale.reshape(-1)
     soft = os.environ.get("TRITON_INTERPRET") == "1"
-    bn, bk, warps, stages = (16, 64, 4, 1) if soft else config
+    bn, bk, warps, stages = (16, 64, 4, 1) if soft else config[:4]
+    bm = config[4] if len(config) > 4 else 16
+    if bm not in (16, 32, 64):
+        raise ValueError(f"fp8_gemv_tc: BLOCK_M {bm}; 16, 32 or 64")
     _fp8_gemv_tc_kernel[(triton.cdiv(n, bn),)](
         x, x_scale.reshape(-1) if pre else ws, weight, ws, bias, y, m, n, k, x.stride(0), weight.stride(0),
         y.stride(0), QUANT_X=not pre, PRE_Q=pre, HAS_BIAS=bias is not None,
         EVEN=not soft and k % bk == 0 and n % bn == 0, SOFT_FP8=soft, DOT_FP8=dot_fp8,
-        BLOCK_M=16, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=stages)
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=stages)
     return y
 
 
@@ -129,6 +133,7 @@ def tc_config(n: int, k: int, device_name: str) -> tuple[bool, tuple[int, int, i
     if row is None:
         return None
     dot, *cfg = row
-    if dot not in ("fp8", "f16") or len(cfg) != 4:
-        raise ValueError(f"{path}: {device_name} {n}x{k}: {row!r} is not [\"fp8\"|\"f16\", BN, BK, warps, stages]")
+    if dot not in ("fp8", "f16") or len(cfg) not in (4, 5):
+        raise ValueError(f"{path}: {device_name} {n}x{k}: {row!r} is not [\"fp8\"|\"f16\", BN, BK, warps, stages"
+                         "(, BM)]")
     return dot == "fp8", tuple(int(c) for c in cfg)

@@ -41,6 +41,9 @@ for m, n, k, bias in [(1, 40, 200, False), (3, 33, 130, True), (16, 17, 64, Fals
         assert torch.equal(y32[1], (b.float() if bias else torch.zeros(n))), "zero row"
     xq, xs = quantize_per_token_torch(x)  # quantized by the producer: the same bits
     assert torch.equal(fp8_gemv_tc(xq, w, ws, b, x_scale=xs, out_dtype=torch.float32), y32), (m, n, k)
+    if m in (1, 16):  # 64 padded rows (Hopper's warp-group MMA on the GPU): the same values
+        y64 = fp8_gemv_tc(x, w, ws, b, out_dtype=torch.float32, config=(16, 512, 4, 3, 64))
+        assert float((y64.double() - ref).abs().max()) <= tol, (m, n, k, "BLOCK_M 64")
 # the linear method on the tensor-core GEMV (set by hand: on CPU tensors process_weights picks no GEMV): rows up
 # to gemv_max_m take it, more take _scaled_mm, and each row gets what _scaled_mm gives it
 from octavo.plugins.quant.fp8 import _FP8Method
@@ -93,8 +96,8 @@ def test_fp8_gemv_tc_on_gpu_matches_reference_and_gemv():
         for m in (1, 4, 16):
             x = torch.randn(m, k, device="cuda", generator=gen).bfloat16()
             ref = fp8_gemv_reference(x, w, ws)
-            for dot_fp8 in (True, False):
-                y = fp8_gemv_tc(x, w, ws, out_dtype=torch.float32, dot_fp8=dot_fp8)
-                assert float((y.double() - ref).abs().max()) <= 1e-5 * float(ref.abs().max()), (n, k, m, dot_fp8)
+            for dot_fp8, cfg in ((True, (16, 512, 4, 3)), (False, (16, 512, 4, 3)), (True, (64, 256, 4, 3, 64))):
+                y = fp8_gemv_tc(x, w, ws, out_dtype=torch.float32, dot_fp8=dot_fp8, config=cfg)
+                assert float((y.double() - ref).abs().max()) <= 1e-5 * float(ref.abs().max()), (n, k, m, cfg)
             if m == 1:
                 assert torch.allclose(fp8_gemv_tc(x, w, ws), fp8_gemv(x, w, ws), rtol=1e-2, atol=1e-2)
