@@ -59,8 +59,9 @@ if triton is not None:
         for k in tl.static_range(WORLD):
             if k != RANK:
                 dst = tl.load(data_table + k).to(tl.pointer_type(elt)) + (parity * WORLD + RANK) * cap
+                dst = tl.multiple_of(dst, 16)  # buffer bases are 64 KiB aligned and cap a multiple of 16
                 for start in range(pid * BLOCK, n, grid * BLOCK):
-                    offs = start + offs0
+                    offs = tl.multiple_of(start, BLOCK) + offs0
                     m = offs < n
                     tl.store(dst + offs, tl.load(x_ptr + offs, mask=m), mask=m)
         tl.debug_barrier()
@@ -77,16 +78,16 @@ if triton is not None:
                     pass
         tl.debug_barrier()
         # 4. sum in rank order (fp32), in place
-        mine = tl.load(data_table + RANK).to(tl.pointer_type(elt)) + parity * WORLD * cap
+        mine = tl.multiple_of(tl.load(data_table + RANK).to(tl.pointer_type(elt)) + parity * WORLD * cap, 16)
         for start in range(pid * BLOCK, n, grid * BLOCK):
-            offs = start + offs0
+            offs = tl.multiple_of(start, BLOCK) + offs0
             m = offs < n
             acc = tl.zeros([BLOCK], dtype=tl.float32)
             for k in tl.static_range(WORLD):
                 if k == RANK:
                     v = tl.load(x_ptr + offs, mask=m, other=0.0)
                 else:
-                    v = tl.load(mine + k * cap + offs, mask=m, other=0.0, volatile=True)
+                    v = tl.load(mine + k * cap + offs, mask=m, other=0.0, cache_modifier=".cg")
                 acc += v.to(tl.float32)
             tl.store(x_ptr + offs, acc.to(elt), mask=m)
 

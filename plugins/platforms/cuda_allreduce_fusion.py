@@ -61,7 +61,7 @@ def _one_shot_add_rms_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, n_cols
     x = tl.load(x_ptr + offs, mask=mask, other=0.0)
     for k in tl.static_range(WORLD):
         if k != RANK:
-            dst = tl.load(data_table + k).to(tl.pointer_type(elt)) + (parity * WORLD + RANK) * cap
+            dst = tl.multiple_of(tl.load(data_table + k).to(tl.pointer_type(elt)) + (parity * WORLD + RANK) * cap, 16)
             tl.store(dst + offs, x, mask=mask)
     tl.debug_barrier()
     for k in tl.static_range(WORLD):
@@ -74,13 +74,13 @@ def _one_shot_add_rms_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, n_cols
             while tl.atomic_add(my_flags + k * MAXG + row, 0, sem="acquire", scope="sys") < epoch:
                 pass
     tl.debug_barrier()
-    mine = tl.load(data_table + RANK).to(tl.pointer_type(elt)) + parity * WORLD * cap
+    mine = tl.multiple_of(tl.load(data_table + RANK).to(tl.pointer_type(elt)) + parity * WORLD * cap, 16)
     acc = tl.zeros([BLOCK], dtype=tl.float32)
     for k in tl.static_range(WORLD):
         if k == RANK:
             v = x
         else:
-            v = tl.load(mine + k * cap + offs, mask=mask, other=0.0, volatile=True)
+            v = tl.load(mine + k * cap + offs, mask=mask, other=0.0, cache_modifier=".cg")
         acc += v.to(tl.float32)
     s = acc.to(elt)  # the all-reduce's output, rounded as the unfused kernel stores it
     r = tl.load(res_ptr + offs, mask=mask, other=0.0)
