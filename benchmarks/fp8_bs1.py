@@ -10,7 +10,8 @@ generations of 1 and ``1 + n`` tokens after a 512-token prompt, best of 2), plus
 - a torch.profiler kernel table of 10 replays (us per forward by kernel name and launches per forward) and of
   one generation step outside the graph (LM head, sampling);
 - ``--ab tc``: every fp8 linear switched to the tensor-core GEMV (fp8_gemv_tc.py; tiles from ``--tiles``, the
-  JSON of benchmarks/fp8_gemv_bench.py, else the default), the graph recaptured, and the same numbers again.
+  JSON of benchmarks/fp8_gemv_bench.py, else the default), the graph recaptured, and the same numbers again;
+  then once more with programmatic dependent launch (``OCTAVO_FP8_GEMV_PDL``).
 
     python benchmarks/fp8_bs1.py --out /tmp/bs1.json [--ab tc --tiles /tmp/gemv.json]
 """
@@ -159,6 +160,18 @@ def main() -> None:
             print("switched", switched, "linears to the tensor-core GEMV; recaptured in",
                   f"{res['ab_recapture_s']:.1f} s", flush=True)
             measure(llm, gr, prompt, res, "tc_gemv", bw, weight_bytes, not args.no_profile)
+            save()
+            try:  # the same with programmatic dependent launch (OCTAVO_FP8_GEMV_PDL)
+                from octavo.plugins.quant import fp8_gemv_tc
+
+                fp8_gemv_tc.PDL = True
+                t = time.perf_counter()
+                gr.capture()
+                res["pdl_recapture_s"] = time.perf_counter() - t
+                measure(llm, gr, prompt, res, "tc_gemv_pdl", bw, weight_bytes, False)
+            except Exception as e:  # noqa: BLE001 - record why
+                res["tc_gemv_pdl"] = {"error": f"{type(e).__name__}: {e}"[:400]}
+                print("pdl", res["tc_gemv_pdl"], flush=True)
     res["seconds"] = time.perf_counter() - T0
     save()
     llm.shutdown()

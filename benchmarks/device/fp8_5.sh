@@ -2,7 +2,8 @@
 # Issue 9 (engineer "fp8", session 5), one GPU, HARD bound 75 s. JSON + logs: $OUT/fp8/
 # 1. benchmarks/fp8_bs1.py: full Llama-3-8B shape, quantization=fp8 + kv_cache_dtype=fp8, batch-1 decode ms/token
 #    vs the fp8-bytes roofline (gpu_e2e.py's formula), the captured forward alone, a kernel table of 10 graph
-#    replays; then every fp8 linear on the tensor-core GEMV (fp8_gemv_tc.py), graph recaptured, same numbers.
+#    replays; then every fp8 linear on the tensor-core GEMV (fp8_gemv_tc.py), graph recaptured, same numbers;
+#    then the same with programmatic dependent launch (OCTAVO_FP8_GEMV_PDL).
 #    Meanwhile (background, CPU): Triton compiles of the microbenchmarks' variants into the on-disk cache.
 # 2. benchmarks/fp8_gemv_bench.py: one-row GEMV per 8B projection shape, CUDA-core vs tensor-core kernels x tiles,
 #    us and fraction of 3.35e12 B/s; best tensor-core tile at 2-16 rows vs _scaled_mm.
@@ -23,13 +24,14 @@ export OCTAVO_DISABLE_PROGRESS=1
     --out "$R/attn_compile.json" >> "$R/compile.log" 2>&1 ) &
 BG=$!
 echo "== bs1 fp8 8B (graph), default then tensor-core GEMV $(date -u +%T)"
-timeout -k 2 42 python benchmarks/fp8_bs1.py --ab tc --out "$R/bs1.json" > "$R/bs1.log" 2>&1
+timeout -k 2 44 python benchmarks/fp8_bs1.py --ab tc --out "$R/bs1.json" > "$R/bs1.log" 2>&1
 echo "exit $?"; grep -v " INFO \| WARNING " "$R/bs1.log" | tail -70
 wait $BG 2>/dev/null; tail -3 "$R/compile.log"
 L=$(left)
 echo "== GEMV microbench $(date -u +%T) ($L s left)"
-if [ "$L" -gt 22 ]; then
-  timeout -k 2 $(( L - 10 )) python benchmarks/fp8_gemv_bench.py --no-prewarm --budget $(( L - 13 )) --out "$R/gemv.json" \
+if [ "$L" -gt 20 ]; then
+  G=$(( L - 14 < 14 ? L - 14 : 14 ))
+  timeout -k 2 $(( G + 3 )) python benchmarks/fp8_gemv_bench.py --no-prewarm --budget $G --out "$R/gemv.json" \
     > "$R/gemv.log" 2>&1
   echo "exit $?"; tail -90 "$R/gemv.log"
 fi

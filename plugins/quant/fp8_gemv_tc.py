@@ -24,17 +24,24 @@ import torch
 import triton
 import triton.language as tl
 
+from octavo.env_flags import env_switch
 from octavo.plugins.quant.fp8_gemv import _round_e4m3
 
 ROWS_MAX = 16
+# programmatic dependent launch (Hopper+): the GEMV's programs are launched while the previous kernel drains and
+# wait for it in the kernel (``gdc_wait``) instead of behind the launch gap. ``OCTAVO_FP8_GEMV_PDL=1``; off by
+# default until measured (docs/quantization.md, session 5)
+PDL = env_switch("OCTAVO_FP8_GEMV_PDL", default=False)
 
 
 @triton.jit
 def _fp8_gemv_tc_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
                         QUANT_X: tl.constexpr, PRE_Q: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN: tl.constexpr,
                         SOFT_FP8: tl.constexpr, DOT_FP8: tl.constexpr, BLOCK_M: tl.constexpr,
-                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """y[m, n] = (sum_k q(x[m, k]) * W[n, k]) * s_x[m] * s_w[n] (+ b[n]) for BLOCK_N outputs and all rows."""
+                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr = False):
+    """y[m, n] = (sum_k q(x[m, k]) * W[n, k]) * s_x[m] * s_w[n] (+ b[n]) for BLOCK_N outputs and all rows.
+    ``USE_PDL``: launched as a programmatic dependent launch; nothing the previous kernel writes is read, and
+    nothing is written, before ``gdc_wait`` (the weights and their scales are constants)."""
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     nm = n < N
     r = tl.arange(0, BLOCK_M)
@@ -42,6 +49,8 @@ def _fp8_gemv_tc_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, M, N, K, str
     w_rows = w_ptr + n.to(tl.int64)[:, None] * stride_wn
     x_rows = x_ptr + r[:, None] * stride_xm
     ws = tl.load(ws_ptr + n, mask=nm, other=0.0)
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
     s_x = tl.full([BLOCK_M], 1.0, tl.float32)
     if PRE_Q:
         s_x = tl.load(xs_ptr + r, mask=rm, other=1.0)
@@ -111,7 +120,8 @@ def fp8_gemv_tc(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tenso
         x, x_scale.reshape(-1) if pre else ws, weight, ws, bias, y, m, n, k, x.stride(0), weight.stride(0),
         y.stride(0), QUANT_X=not pre, PRE_Q=pre, HAS_BIAS=bias is not None,
         EVEN=not soft and k % bk == 0 and n % bn == 0, SOFT_FP8=soft, DOT_FP8=dot_fp8,
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=stages)
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=stages,
+        **({"USE_PDL": True, "launch_pdl": True} if PDL and not soft else {}))
     return y
 
 
