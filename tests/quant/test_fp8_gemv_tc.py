@@ -101,3 +101,20 @@ def test_fp8_gemv_tc_on_gpu_matches_reference_and_gemv():
                 assert float((y.double() - ref).abs().max()) <= 1e-5 * float(ref.abs().max()), (n, k, m, cfg)
             if m == 1:
                 assert torch.allclose(fp8_gemv_tc(x, w, ws), fp8_gemv(x, w, ws), rtol=1e-2, atol=1e-2)
+
+
+def test_kernel_switch_and_tile_table(monkeypatch, tmp_path):
+    from octavo.plugins.quant import fp8_gemv_tc
+    from octavo.plugins.quant.fp8 import _gemv_kernel
+
+    monkeypatch.setenv("OCTAVO_FP8_GEMV_KERNEL", "fast")
+    with pytest.raises(ValueError, match="OCTAVO_FP8_GEMV_KERNEL"):
+        _gemv_kernel()
+    monkeypatch.delenv("OCTAVO_FP8_GEMV_KERNEL")
+    assert _gemv_kernel() == "auto"
+    (tmp_path / "gemv_tc.json").write_text('{"Card X": {"64x128": ["f16", 32, 256, 4, 3], "8x8": ["int4", 1, 1, 1, 1]}}')
+    monkeypatch.setattr(fp8_gemv_tc, "_CONFIG_DIR", str(tmp_path))
+    assert fp8_gemv_tc.tc_config(64, 128, "Card X") == (False, (32, 256, 4, 3))
+    assert fp8_gemv_tc.tc_config(64, 128, "Card Y") is None and fp8_gemv_tc.tc_config(32, 128, "Card X") is None
+    with pytest.raises(ValueError, match="8x8"):
+        fp8_gemv_tc.tc_config(8, 8, "Card X")
