@@ -80,9 +80,10 @@ def run_config(tp: int, args) -> None:
     res.update({"weights_GB_per_gpu": weights_per_gpu / 1e9, "copy_rate_Bps": args.copy_rate,
                 "roofline_ms": weights_per_gpu / args.copy_rate * 1e3})
 
-    def gen(prompts, n):
+    def gen(prompts, n, temperature=0.0):
         t = time.perf_counter()
-        outs = llm.generate(prompts, SamplingParams(max_tokens=n, ignore_eos=True, temperature=0), use_tqdm=False)
+        outs = llm.generate(prompts, SamplingParams(max_tokens=n, ignore_eos=True, temperature=temperature),
+                            use_tqdm=False)
         return time.perf_counter() - t, outs
 
     def use(mode):
@@ -120,9 +121,10 @@ def run_config(tp: int, args) -> None:
     for mode in modes if args.prompts else []:
         sfx = use(mode)
         llm.reset_prefix_cache()  # NOTE: same prompts in every mode; without this a later mode skips the prefill
-        dt, outs = gen(prompts, args.out_len)
+        dt, outs = gen(prompts, args.out_len, args.temperature)
         total = sum(len(o.outputs[0].token_ids) for o in outs)
         res.update({"throughput_workload": f"{args.prompts} x {args.in_len}/{args.out_len}",
+                    "throughput_temperature": args.temperature,
                     f"throughput_s{sfx}": dt, f"throughput_tok_s{sfx}": total / dt,
                     f"step_timers{sfx}": llm.llm_engine.core.step_timers.as_dict()})
         save()
@@ -254,6 +256,8 @@ def main() -> None:
     ap.add_argument("--graph-replay", action="store_true", help="time the batch-1 decode graph alone per rank")
     ap.add_argument("--graph-replay-no-allreduce", action="store_true", help="last: the batch-1 graph re-captured "
                     "without its all-reduces, timed alone (their in-step cost; leaves the engine's sums wrong)")
+    ap.add_argument("--temperature", type=float, default=0.0, help="sampling temperature of the throughput run "
+                    "(1.0: gpu_e2e.py's, the lead's TP=1 e2e run)")
     ap.add_argument("--ar-modes", nargs="*", choices=["nccl", "custom", "fused"], default=None, help="after the "
                     "measurements as started, switch the all-reduce in turn (graphs re-captured) and measure "
                     "batch-1 again (TP>1 started with OCTAVO_TP_ALLREDUCE=custom)")
@@ -271,7 +275,7 @@ def main() -> None:
                *(["--async-modes", *args.async_modes] if args.async_modes else []),
                *(["--graph-replay"] if args.graph_replay else []),
                *(["--graph-replay-no-allreduce"] if args.graph_replay_no_allreduce else []),
-               *(["--ar-modes", *args.ar_modes] if args.ar_modes else []),
+               *(["--ar-modes", *args.ar_modes] if args.ar_modes else []), "--temperature", str(args.temperature),
                "--in-len", str(args.in_len), "--dtype", args.dtype, "--out-len", str(args.out_len), "--tag", args.tag, "--copy-rate",
                str(args.copy_rate), "--out-dir", args.out_dir]
         print("config tp", tp, "exit", subprocess.call(cmd), flush=True)

@@ -15,8 +15,8 @@
 #    Each also times compute_logits alone (LM head + TP all-gather): device work outside the decode graph.
 #  part 2 (DIST5_PART=2, batch 2, <= 80 s): the 2-GPU test (custom == NCCL bitwise, eager + graphs), then b again.
 #  part 3 (DIST5_PART=3, <= 120 s): the goal's 512 x 1000/1000 TP=2 throughput, async scheduling, all-reduce
-#     DIST5_GOAL_AR (custom + fusion by default; nccl), max_num_seqs 512. TP=1 of the same workload: the lead's
-#     e2e_8b.sh in the same batch. Batch 2 runs DIST5_PART=23 (<= 200 s).
+#     DIST5_GOAL_AR (custom + fusion by default; nccl), max_num_seqs 512, temperature 1 (as gpu_e2e.py samples).
+#     TP=1 of the same workload: the lead's e2e_8b.sh in the same batch. Batch 2 runs DIST5_PART=23 (<= 200 s).
 #  Drop order if short: part 1's c (last session's TP=1 5.83 ms stands in); part 2's b, then its test.
 set -u
 cd "$(dirname "$0")/../.."
@@ -63,7 +63,8 @@ fi
 if [[ $PART == *3* ]]; then  # the goal's throughput, TP=2 (TP=1: the lead's e2e_8b.sh of the same batch)
   AR="${DIST5_GOAL_AR:-custom}"
   step 8b_tp2_goal 118 OCTAVO_TP_ALLREDUCE=$AR OCTAVO_TP_ALLREDUCE_FUSE_NORM=$([[ $AR == custom ]] && echo 1 || echo 0) \
-    $TP --one 2 --tag goal --async-modes on --prompts 512 --in-len 1000 --out-len 1000 --max-num-seqs 512
+    $TP --one 2 --tag goal --async-modes on --prompts 512 --in-len 1000 --out-len 1000 --max-num-seqs 512 \
+    --temperature 1
 fi
 
 python3 - "$R" <<'PY'
