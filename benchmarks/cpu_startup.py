@@ -15,6 +15,7 @@ import argparse
 import datetime
 import json
 import os
+import re
 import socket
 import statistics
 import subprocess
@@ -30,30 +31,52 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def time_serve(cache_dir: str, extra: list[str], timeout: float = 300.0) -> float:
+#: the start-phase lines ``octavo serve`` (front end) and its engine core log (docs/loading.md)
+_PHASE_LINES = {"core": re.compile(r"engine start took [\d.]+ s: (.*)$"), "front end": re.compile(r"octavo.serve: start: (.*)$")}
+
+
+def _phases(log: str) -> dict:
+    """``{"core": {phase: s}, "front end": {...}}`` from a serve log."""
+    out: dict = {}
+    for line in log.splitlines():
+        for who, pattern in _PHASE_LINES.items():
+            m = pattern.search(line)
+            if m:
+                parts = [part.strip().rsplit(" ", 2) for part in m.group(1).split("; ")]
+                out[who] = {p[0]: float(p[1]) for p in parts if len(p) == 3 and p[2] == "s"}
+    return out
+
+
+def time_serve(cache_dir: str, extra: list[str], timeout: float = 300.0) -> tuple[float, dict]:
+    """Seconds from spawning ``octavo serve`` to the first 200 of /v1/models, and the phases it logged."""
     port = free_port()
-    env = dict(os.environ, OCTAVO_CACHE_DIR=cache_dir)
+    env = dict(os.environ, OCTAVO_CACHE_DIR=cache_dir, OCTAVO_DISABLE_PROGRESS="1")
     cmd = [sys.executable, "-m", "octavo.cli.main", "serve", "--port", str(port), "--max-model-len", "2048",
            "--uvicorn-log-level", "warning", *extra]
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        while time.perf_counter() - t0 < timeout:
-            if proc.poll() is not None:
-                raise RuntimeError(f"octavo serve exited with {proc.returncode}: {' '.join(cmd)}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=1) as r:
-                    if r.status == 200:
-                        return time.perf_counter() - t0
-            except OSError:
-                time.sleep(0.02)
-        raise TimeoutError("octavo serve was not ready in time")
-    finally:
-        proc.terminate()
+    with tempfile.TemporaryFile("w+") as log:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
         try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+            while time.perf_counter() - t0 < timeout:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"octavo serve exited with {proc.returncode}: {' '.join(cmd)}")
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=1) as r:
+                        if r.status == 200:
+                            ready = time.perf_counter() - t0
+                            break
+                except OSError:
+                    time.sleep(0.02)
+            else:
+                raise TimeoutError("octavo serve was not ready in time")
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        log.seek(0)
+        return ready, _phases(log.read())
 
 
 _PARTS = r"""
@@ -88,14 +111,17 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     extra = args.serve_args.split()
     rows = {"cold cache": [], "warm cache": []}
-    parts = []
+    parts, logged = [], []
     for _ in range(args.repeats):
         with tempfile.TemporaryDirectory() as d:
-            rows["cold cache"].append(time_serve(d, extra))
-            rows["warm cache"].append(time_serve(d, extra))
+            for name in rows:
+                ready, phases = time_serve(d, extra)
+                rows[name].append(ready)
+                logged.append({"cache": name, **phases})
             parts.append(time_parts(d))
         print({k: round(v[-1], 2) for k, v in rows.items()}, {k: round(v, 2) for k, v in parts[-1].items()},
               flush=True)
+        print("  logged phases (warm):", logged[-1], flush=True)
     med = {k: statistics.median(v) for k, v in rows.items()}
     med_parts = {k: statistics.median(p[k] for p in parts) for k in parts[0]}
     for k, v in {**med, **med_parts}.items():
@@ -104,7 +130,8 @@ def main(argv=None) -> int:
     record = {"card": f"CPU, {os.cpu_count()} cores; load average {os.getloadavg()[0]:.1f} at the end",
               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="minutes"),
               "command": "python benchmarks/cpu_startup.py " + " ".join(sys.argv[1:] if argv is None else argv),
-              "commit": commit, "results": {"serve_ready_s": rows, "median_s": med, "parts_median_s": med_parts}}
+              "commit": commit, "results": {"serve_ready_s": rows, "median_s": med, "parts_median_s": med_parts,
+                          "logged_phases_s": logged}}
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(record, f, indent=2)

@@ -14,7 +14,7 @@ import time
 from octavo.config import OctavoSettings
 from octavo.core.async_engine import AsyncStepLoop, StepTimers, pooling_off, resolve_async_scheduling
 from octavo.core.async_scheduler import AsyncScheduler
-from octavo.core.engine_start import announce_engine_start
+from octavo.core.engine_start import announce_engine_start, begin_engine_start
 from octavo.core.executor import make_executor
 from octavo.core.kv_cache.manager import KVCacheManager
 from octavo.core.messages import (
@@ -48,6 +48,7 @@ class EngineCore:
     def __init__(self, settings: OctavoSettings) -> None:
         from octavo.core.plugin_manager import get_plugin_manager
 
+        begin_engine_start()  # start-phase timers, logged by announce_engine_start (core/engine_start.py)
         self.settings = settings
         self.pm = get_plugin_manager()
         self.platform = self.pm.select_platform(settings)

@@ -7,9 +7,44 @@ third-party platform quietly winning selection, a backend fallback), so none is 
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
+from octavo.start_timing import process_age_s
+
 logger = logging.getLogger("octavo.engine")
+
+_phases: list[tuple[str, float]] = []  # (name, seconds) of this process's engine start, in order
+_last_mark: list[float] = []
+
+
+def begin_engine_start() -> None:
+    """An engine starts being built in this process: forget the phases of an earlier one. The first engine of a
+    process also records the time before it (interpreter start, imports; for ``LLM`` in a script, the script's own
+    work before ``LLM(...)`` too)."""
+    first = not _last_mark
+    _phases.clear()
+    _last_mark[:] = [time.perf_counter()]
+    age = process_age_s() if first else None
+    if age is not None:
+        _phases.append(("process start to engine start (imports)", age))
+
+
+def start_phase(name: str) -> None:
+    """Record that the start phase ``name`` just ended: it took the time since the previous mark.
+    ``announce_engine_start`` logs them all (issue 17: ``octavo serve`` logs where its start time went)."""
+    now = time.perf_counter()
+    if not _last_mark:  # a worker process (mp executor): no engine here; count from its own start
+        age = process_age_s()
+        _phases.append((name, age if age is not None else 0.0))
+    else:
+        _phases.append((name, now - _last_mark[0]))
+    _last_mark[:] = [now]
+
+
+def start_phases() -> list[tuple[str, float]]:
+    """The recorded ``(phase, seconds)`` of this process, in order."""
+    return list(_phases)
 
 
 def announce_engine_start(pm: Any, settings: Any, platform: Any, info: Any) -> None:
@@ -30,4 +65,8 @@ def announce_engine_start(pm: Any, settings: Any, platform: Any, info: Any) -> N
                 "blocks x %d tokens = %d tokens", platform.name, info.device, info.attention_backend or "none",
                 info.dtype, quantization or "none", info.num_blocks, info.block_size,
                 info.num_blocks * info.block_size)
+    start_phase("engine core set-up")
+    if _phases:
+        logger.info("engine start took %.1f s: %s", sum(t for _, t in _phases),
+                    "; ".join(f"{name} {t:.2f} s" for name, t in _phases))
     pm.hook.octavo_on_engine_start(settings=settings, **facts)

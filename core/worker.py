@@ -75,15 +75,19 @@ def create_worker(settings: OctavoSettings | str, *, rank: int = 0, world_size: 
 
 class Worker:
     def __init__(self, settings: OctavoSettings, platform, device_index: int = 0) -> None:
+        from octavo.core.engine_start import start_phase
+        from octavo.core.kernel_cache import seed_triton_cache
         from octavo.core.loader import load_model, resolve_model
         from octavo.core.plugin_manager import get_plugin_manager
 
+        start_phase("settings + plugins + platform selection")
         self.settings = settings
         self.platform = platform
         self.rank = get_tp_rank()
         self.world_size = get_tp_size()
         pm = get_plugin_manager()
         platform.set_device(device_index)
+        seed_triton_cache()  # kernels shipped with the install, for this Triton version (core/kernel_cache.py)
         self.device = torch.device(platform.device_type, device_index) if platform.device_type != "cpu" \
             else torch.device("cpu")
         if platform.device_type == "cpu":
@@ -92,6 +96,7 @@ class Worker:
         torch.manual_seed(settings.model.seed)
 
         self.resolved = resolve_model(settings.model)
+        start_phase("resolve model and config")
         hf_config = self.resolved.hf_config
         self.dtype = choose_dtype(settings.model.dtype, platform, hf_config)
         if self.world_size > 1:  # OCTAVO_TP_ALLREDUCE: nccl (default) or a one-shot symm_mem (core/tp_comm.py)
@@ -111,6 +116,7 @@ class Worker:
         self.quantization = getattr(quantizer, "name", None)
         self.model = load_model(self.resolved, model_cls=model_cls, dtype=self.dtype, device=self.device,
                                 quantizer=quantizer)
+        start_phase("build model + load weights")
         self.model.eval()
         if settings.parallel.enable_expert_parallel and not any(
                 hasattr(m, "num_local_experts") for m in self.model.modules()):
@@ -134,7 +140,9 @@ class Worker:
         if self.attn_layers:  # an fp8 KV cache this device or backend cannot run fails here (nn/kv_quant.py)
             check_kv_cache_dtype(settings.cache.kv_cache_dtype, self.attn_backend_cls, self.device)
         self.num_blocks = self._determine_num_blocks()
+        start_phase("KV cache size (profile run)")
         self._allocate_kv_cache()
+        start_phase("KV cache allocation")
         runner_cls, extra = ModelRunner, {}
         if self.pp_size > 1:  # this stage's layers only; intermediate tensors to/from the neighbours
             from octavo.core.pp_runner import PipelineStageRunner, StageLink
@@ -152,6 +160,7 @@ class Worker:
                 [settings.scheduler.max_num_seqs] + [r * q for r, q in verify_graph_shapes(settings)])
             self.runner.lora = LoRAManager(self.model, settings.lora, self.dtype, self.device, graph_tokens)
         self.prepared = prepare_on_platform(self)  # typed handle in, step runner out (core/platform_setup.py)
+        start_phase("platform set-up (fused kernels + CUDA graphs)")
         if settings.scheduler.async_scheduling:  # placeholders + deferred outputs (core/async_runner.py)
             from octavo.core.tp_comm import make_async_steps  # TP: sampled ids broadcast from rank 0
 
@@ -220,11 +229,13 @@ class Worker:
         return max(0, int(total * self.settings.cache.gpu_memory_utilization) - used)
 
     def _allocate_kv_cache(self) -> None:
+        from octavo.core.lazy_zeros import zeros as lazy_zeros
+
         self.kv_caches = []
         for layer in self.attn_layers:
             shape = self.attn_backend_cls.kv_cache_shape(self.num_blocks, self.block_size, layer.num_kv_heads,
                                                          layer.head_size)
-            kv = torch.zeros(shape, dtype=self._kv_dtype(), device=self.device)
+            kv = lazy_zeros(shape, self._kv_dtype(), self.device)  # CPU: calloc'd, pages zeroed on first touch
             impl = self.attn_backend_cls(num_heads=layer.num_heads, head_size=layer.head_size,
                                          num_kv_heads=layer.num_kv_heads, scale=layer.scale,
                                          sliding_window=layer.sliding_window, logits_soft_cap=layer.logits_soft_cap)

@@ -52,10 +52,16 @@ class AsyncLLM(AsyncVllmMethods):  # + sleep / wake_up / is_sleeping / collectiv
         self._setup(OctavoSettings.from_kwargs(model=model, **kwargs))
 
     @classmethod
-    def from_settings(cls, settings: OctavoSettings) -> AsyncLLM:
-        """Build from a complete settings object (as the server does)."""
+    def from_settings(cls, settings: OctavoSettings, *, while_loading: Callable[[], None] | None = None) -> AsyncLLM:
+        """Build from a complete settings object (as the server does).
+
+        Args:
+            while_loading: called once the engine core has been started and the tokenizer loaded, while the core
+                still loads the model in its own process (``octavo serve`` imports the HTTP server then). If it
+                raises, the core is shut down and the exception propagates.
+        """
         self = cls.__new__(cls)
-        self._setup(settings)
+        self._setup(settings, while_loading)
         return self
 
     @classmethod
@@ -65,7 +71,7 @@ class AsyncLLM(AsyncVllmMethods):  # + sleep / wake_up / is_sleeping / collectiv
 
         return cls.from_settings(settings_from_engine_args(engine_args))
 
-    def _setup(self, settings: OctavoSettings) -> None:
+    def _setup(self, settings: OctavoSettings, while_loading: Callable[[], None] | None = None) -> None:
         from octavo.core.engine_client import make_engine_core_client
         from octavo.core.loader import load_tokenizer
         from octavo.frontend import FrontEnd
@@ -79,6 +85,8 @@ class AsyncLLM(AsyncVllmMethods):  # + sleep / wake_up / is_sleeping / collectiv
         self._client = make_engine_core_client(settings)
         try:
             self.tokenizer = None if settings.model.skip_tokenizer_init else load_tokenizer(settings.model)
+            if while_loading is not None:
+                while_loading()
             self.model_info = self._client.wait_ready()
         except BaseException:
             self._client.shutdown()

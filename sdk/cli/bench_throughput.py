@@ -20,10 +20,10 @@ import subprocess
 import sys
 import time
 
-import torch
-
 
 def make_prompts(num: int, length: int, vocab: int, seed: int = 0) -> list[list[int]]:
+    import torch  # here, not at the top: `octavo serve` builds this command's parser (docs/loading.md)
+
     g = torch.Generator().manual_seed(seed)
     # stay clear of the special tokens at the start of SmolLM2's vocabulary
     return torch.randint(100, vocab, (num, length), generator=g).tolist()
@@ -55,6 +55,7 @@ def run_octavo(model: str, dtype: str, prompts, new_tokens: int, max_num_seqs: i
 
 
 def run_transformers(model: str, dtype: str, prompts, new_tokens: int, batch_size: int) -> dict:
+    import torch
     from transformers import AutoModelForCausalLM
 
     torch_dtype = getattr(torch, dtype)
@@ -133,6 +134,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
+    import torch
 
     from octavo.core.loader import default_model_path
 

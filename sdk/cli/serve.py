@@ -38,6 +38,10 @@ def add_parser(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     t_start = time.perf_counter()
+    from octavo.start_timing import process_age_s
+
+    age = process_age_s()  # the interpreter's start and the CLI's imports, before this function
+    t_start -= age or 0.0
     from octavo.cli.flags import settings_from_args
 
     if args.model_tag is not None:
@@ -53,25 +57,42 @@ def run(args: argparse.Namespace) -> int:
 
 def serve(settings, *, t_start: float | None = None) -> int:
     """Load the model, serve until SIGTERM/Ctrl-C (exit 0) or until the engine core dies (exit 1)."""
-    import uvicorn
-
     from octavo.async_llm import AsyncLLM
     from octavo.errors import EngineStartError
-    from octavo.server import build_app
-    from octavo.server.vllm_server import check_server_settings, uvicorn_ssl_kwargs
 
     t_start = t_start or time.perf_counter()
     srv = settings.server
+
+    def while_loading() -> None:
+        # The engine core is already loading the model in its own process: import the HTTP server (FastAPI,
+        # uvicorn: ~1-2 s) now rather than before starting it, and check the TLS files before the model is ready.
+        from octavo.server.vllm_server import check_server_settings
+
+        try:
+            check_server_settings(settings)
+        except ValueError as e:
+            raise _BadServerSettings(str(e)) from None
+        import uvicorn  # noqa: F401
+
+        import octavo.server  # noqa: F401
+
+    in_process = srv.disable_frontend_multiprocessing  # the core loads in this thread: check first
     try:
-        check_server_settings(settings)  # TLS files: before the model loads
-    except ValueError as e:
+        if in_process:
+            while_loading()
+        engine = AsyncLLM.from_settings(settings, while_loading=None if in_process else while_loading)
+    except _BadServerSettings as e:
         print(f"octavo serve: error: {e}", file=sys.stderr)
         return 2
-    try:
-        engine = AsyncLLM.from_settings(settings)
     except EngineStartError as e:
         print(f"octavo serve: error: {e}", file=sys.stderr)
         return 1
+    import uvicorn
+
+    from octavo.server import build_app
+    from octavo.server.vllm_server import uvicorn_ssl_kwargs
+
+    t_ready = time.perf_counter()
     try:
         info = engine.get_model_info()
         app = build_app(engine, settings)
@@ -103,10 +124,14 @@ def serve(settings, *, t_start: float | None = None) -> int:
                 await asyncio.sleep(0.02)
             if server.started:
                 key = " (API key required)" if srv.api_key else ""
+                now = time.perf_counter()
                 logger.info("serving model %r on %s://%s:%d%s, %.1f s after start; POST /v1/chat/completions",
                             app.state.model_name, "https" if srv.ssl_certfile else "http", srv.host,
-                            _bound_port(server, srv.port), key,
-                            time.perf_counter() - t_start)
+                            _bound_port(server, srv.port), key, now - t_start)
+                logger.info("start: before the engine (interpreter + imports + settings) %.2f s; engine (core "
+                            "process start to ready; tokenizer + HTTP server imports meanwhile; the core logs its "
+                            "own phases) %.2f s; app + HTTP server %.2f s", t_ready - engine.load_time_s - t_start,
+                            engine.load_time_s, now - t_ready)
             await task
             logger.info("HTTP server stopped")
 
@@ -124,6 +149,10 @@ def serve(settings, *, t_start: float | None = None) -> int:
         print(f"octavo serve: the engine core died: {dead[0].strip().splitlines()[0]}", file=sys.stderr)
         return 1
     return 0
+
+
+class _BadServerSettings(Exception):
+    """A server setting (TLS files) that cannot work: exit 2 with its message, after stopping the core."""
 
 
 def _bound_port(server, default: int) -> int:

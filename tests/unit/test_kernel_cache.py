@@ -1,0 +1,44 @@
+"""Shipped Triton cache archives (core/kernel_cache.py) are unpacked once, entry by entry, never over an entry,
+and only for the Triton version they were built with."""
+
+from __future__ import annotations
+
+import os
+import tarfile
+
+import pytest
+
+from octavo.core import kernel_cache
+
+
+def _archive(tmp_path, name: str, entries: dict[str, str]) -> str:
+    src = tmp_path / "src" / "triton_cache"
+    for entry, text in entries.items():
+        (src / entry).mkdir(parents=True)
+        (src / entry / "kernel.json").write_text(text)
+    d = tmp_path / "archives"
+    d.mkdir(exist_ok=True)
+    with tarfile.open(d / name, "w:xz") as tar:
+        tar.add(src, arcname="triton_cache")
+    return str(d)
+
+
+def test_seed_once_without_overwriting(tmp_path, monkeypatch):
+    monkeypatch.setattr(kernel_cache, "_triton_version", lambda: "9.9.9")
+    archives = _archive(tmp_path, "triton-9.9.9-sm90.tar.xz", {"AAA": "shipped a", "BBB": "shipped b"})
+    cache = tmp_path / "cache"
+    (cache / "BBB").mkdir(parents=True)
+    (cache / "BBB" / "kernel.json").write_text("local b")
+    assert kernel_cache.seed_triton_cache(archives, str(cache)) == 1
+    assert (cache / "AAA" / "kernel.json").read_text() == "shipped a"
+    assert (cache / "BBB" / "kernel.json").read_text() == "local b"
+    assert kernel_cache.seed_triton_cache(archives, str(cache)) == 0  # marker: not unpacked again
+    assert not [p for p in os.listdir(cache) if p.startswith(".octavo-seed-")]  # temporary folder removed
+
+
+@pytest.mark.parametrize("installed", ["9.9.8", None])
+def test_other_triton_versions_are_left_alone(tmp_path, monkeypatch, installed):
+    monkeypatch.setattr(kernel_cache, "_triton_version", lambda: installed)
+    archives = _archive(tmp_path, "triton-9.9.9-sm90.tar.xz", {"AAA": "a"})
+    assert kernel_cache.seed_triton_cache(archives, str(tmp_path / "cache")) is None
+    assert not (tmp_path / "cache").exists()

@@ -1,0 +1,62 @@
+"""The start path (issues 17/18): what ``octavo serve`` imports before it starts the engine core, the calloc'd
+KV cache, the start-phase log, and the TLS check that now runs while the core loads."""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from octavo.core.lazy_zeros import zeros
+
+
+def test_cli_parser_imports_nothing_heavy():
+    """``octavo serve`` builds every command's parser before it starts the core: no torch, transformers, FastAPI."""
+    code = ("from octavo.cli.main import build_parser; build_parser(); import sys; "
+            "print(sorted(m for m in ('torch', 'transformers', 'fastapi') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float8_e4m3fn])
+def test_lazy_zeros_are_zeros(dtype):
+    shape = (2, 300, 16, 3, 64)  # > 1 MiB: the calloc path
+    t = zeros(shape, dtype, "cpu")
+    assert t.shape == shape and t.dtype == dtype and t.is_contiguous() and t.data_ptr() % 64 == 0
+    assert not t.view(torch.uint8).any()
+    t[1, 299].fill_(1)  # writable, and the memory is the tensor's own
+    assert t.view(torch.uint8).count_nonzero() > 0
+    small = zeros((3, 4), dtype, "cpu")
+    assert small.shape == (3, 4) and not small.view(torch.uint8).any()
+
+
+def test_engine_start_logs_its_phases(tmp_path, caplog):
+    from octavo import LLM
+
+    cfg = dict(architectures=["LlamaForCausalLM"], model_type="llama", vocab_size=128, hidden_size=64,
+               intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+               max_position_embeddings=256)
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with caplog.at_level(logging.INFO, logger="octavo.engine"):
+        llm = LLM(str(tmp_path), load_format="dummy", skip_tokenizer_init=True, max_model_len=128,
+                  kv_cache_memory_bytes=1 << 22)
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("engine start took")]
+    assert len(lines) == 1, [r.getMessage() for r in caplog.records]
+    for phase in ("resolve model and config", "KV cache allocation",
+                  "platform set-up", "engine core set-up", "build model + load weights"):
+        assert phase in lines[0], lines[0]
+    del llm
+
+
+def test_serve_bad_tls_file_fails_while_the_core_loads(tmp_path):
+    """The TLS check moved after the core's start (it runs while the model loads): same message, exit 2."""
+    missing = str(tmp_path / "missing.pem")
+    p = subprocess.run([sys.executable, "-m", "octavo.cli.main", "serve", "--port", "0", "--max-model-len", "256",
+                        "--ssl-keyfile", missing, "--ssl-certfile", missing], capture_output=True, text=True,
+                       timeout=240)
+    assert p.returncode == 2, p.stderr[-2000:]
+    assert "no such file" in p.stderr and "ssl-keyfile" in p.stderr
