@@ -191,7 +191,7 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--timeout", type=int, default=240, help="seconds per variant")
-    ap.add_argument("--keep-cache", default=None, help="tar.xz the first cold run's Triton cache here (the "
+    ap.add_argument("--keep-cache", default=None, help="tar.gz the first cold run's Triton cache here (the "
                     "kernels a start compiles: what octavo could ship with the install)")
     ap.add_argument("--st-dir", default=None, help="where st_* variants write and read the 8B safetensors")
     args = ap.parse_args()
@@ -232,7 +232,7 @@ def main() -> None:
         if args.keep_cache and v.endswith("_cold") and "kept_cache" not in extra and os.path.isdir(cache):
             import tarfile
 
-            with tarfile.open(args.keep_cache, "w:xz") as tar:
+            with tarfile.open(args.keep_cache, "w:gz", compresslevel=1) as tar:  # fast: inside the time budget
                 tar.add(cache, arcname="triton_cache")
             extra["kept_cache"] = {"path": args.keep_cache, "bytes": os.path.getsize(args.keep_cache),
                                    "entries": len(os.listdir(cache)) if os.path.isdir(cache) else 0}

@@ -3,7 +3,7 @@
 # dummy weights cold/warm Triton cache (config now read without transformers), then a 16 GB bf16 safetensors
 # checkpoint written to local disk and loaded with the new zero-copy reader; then, as far as 72 s allow, the config
 # read by transformers (same batch A/B) and the old get_tensor reader.
-# Also keeps the cold run's Triton cache (tar.xz) to see what shipping it with the install would take.
+# Also keeps the cold run's Triton cache (tar.gz) to see what shipping it with the install would take.
 # JSON: $OUT/startup/start.json ; log: $OUT/startup/log.txt
 set -u
 cd "$(dirname "$0")/../.."
@@ -13,5 +13,5 @@ trap 'rm -rf "$ST"' EXIT
 { nvidia-smi --query-gpu=name,memory.total --format=csv; git rev-parse HEAD; df -h "$ST"; findmnt -T "$ST" -o FSTYPE,SOURCE;
   python -c "import torch, triton; print(torch.__version__, triton.__version__, torch.cuda.get_device_capability())"; } > "$R/env.txt" 2>&1
 timeout -k 3 "${STARTUP_LIMIT:-72}" python benchmarks/gpu_start.py ${STARTUP_VARIANTS:-new_cold new_warm st_warm tfconfig_warm st_old_warm} \
-  --timeout 40 --st-dir "$ST/llama8b" --keep-cache "$R/triton_cache_cold.tar.xz" --out "$R/start.json" > "$R/log.txt" 2>&1
+  --timeout 40 --st-dir "$ST/llama8b" --keep-cache "$R/triton_cache_cold.tar.gz" --out "$R/start.json" > "$R/log.txt" 2>&1
 echo "exit $?"; cat "$R/env.txt"; head -c 4000 "$R/start.json" 2>/dev/null
