@@ -10,6 +10,8 @@ Variants (``cold``: an empty Triton cache directory; ``warm``: the directory the
   new_warm        the same, Triton kernels from the cache of the previous cold run
   few_graphs_warm new_warm with 9 CUDA-graph sizes (1, 2, 4, ..., 256) instead of the default list
   tfconfig_warm   new_warm with the config read by transformers (OCTAVO_LIGHT_CONFIG=0), as before session 5
+  noship_cold     new_cold without the Triton kernels shipped with the install (OCTAVO_SHIPPED_KERNELS=0):
+                  everything compiled here, as on a machine whose Triton/GPU has no shipped archive
   st_warm         weights from a bf16 safetensors checkpoint on local disk (``--st-dir``; written first, 4 shards,
                   16 GB: still in the page cache when it is read), Triton cache warm
   st_old_warm     st_warm with safetensors' own reader (``get_tensor`` copies each tensor), as before session 5
@@ -35,7 +37,8 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-VARIANTS = ("old_init_cold", "new_cold", "new_warm", "few_graphs_warm", "tfconfig_warm", "st_warm", "st_old_warm")
+VARIANTS = ("old_init_cold", "new_cold", "new_warm", "few_graphs_warm", "tfconfig_warm", "st_warm", "st_old_warm",
+            "noship_cold")
 
 
 def _old_init_dummy(model, seed: int, skip: tuple[str, ...] = ()) -> None:
@@ -220,6 +223,8 @@ def main() -> None:
                    GPU_START_ST_DIR=args.st_dir or "")
         if v.startswith("tfconfig"):
             env["OCTAVO_LIGHT_CONFIG"] = "0"
+        if v.startswith("noship"):
+            env["OCTAVO_SHIPPED_KERNELS"] = "0"
         try:
             p = subprocess.run([sys.executable, __file__, "--child", v], env=env, capture_output=True, text=True,
                                timeout=args.timeout)

@@ -8,7 +8,8 @@ machine, and useless (never looked up) on another. ``kernel_caches/triton-<versi
 (made by ``benchmarks/gpu_start.py --keep-cache`` on the device) are unpacked into the user's Triton cache
 once, entry by entry, never over an existing entry; a marker file records that an archive was unpacked there.
 
-Nothing happens (and Triton is not imported) when no archive matches the installed Triton version.
+Nothing happens (and Triton is not imported) when no archive matches the installed Triton version, or with
+``OCTAVO_SHIPPED_KERNELS=0``.
 """
 
 from __future__ import annotations
@@ -48,6 +49,10 @@ def triton_cache_dir() -> str:
 def seed_triton_cache(archive_dir: str = ARCHIVE_DIR, cache_dir: str | None = None) -> int | None:
     """Unpack the shipped archives for the installed Triton into its cache; returns the entries added (None:
     no archive for this Triton version)."""
+    from octavo.env_flags import env_switch
+
+    if not env_switch("OCTAVO_SHIPPED_KERNELS", True):  # 0: compile everything here (measure a truly cold start)
+        return None
     archives = sorted(glob(os.path.join(archive_dir, "triton-*.tar.xz"))) if os.path.isdir(archive_dir) else []
     version = _triton_version() if archives else None
     archives = [a for a in archives if os.path.basename(a).startswith(f"triton-{version}-")] if version else []

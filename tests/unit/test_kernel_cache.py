@@ -33,6 +33,8 @@ def test_seed_once_without_overwriting(tmp_path, monkeypatch):
     assert (cache / "AAA" / "kernel.json").read_text() == "shipped a"
     assert (cache / "BBB" / "kernel.json").read_text() == "local b"
     assert kernel_cache.seed_triton_cache(archives, str(cache)) == 0  # marker: not unpacked again
+    monkeypatch.setenv("OCTAVO_SHIPPED_KERNELS", "0")
+    assert kernel_cache.seed_triton_cache(archives, str(tmp_path / "other")) is None
     assert not [p for p in os.listdir(cache) if p.startswith(".octavo-seed-")]  # temporary folder removed
 
 
