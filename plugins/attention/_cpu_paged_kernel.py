@@ -11,21 +11,18 @@ pair per OpenMP task, and runs an online softmax in float32 block by block:
 
 so nothing is copied, nothing is masked, and no Python loop runs per request. Caches of float32 or bfloat16
 (widened to float32 as they are read); queries and output in float32. Plain C (the compiler vectorizes it for
-the machine it runs on: AVX2, AVX-512, Arm), compiled with ``cpu_kernel.compile_shared_library`` into the
+the machine it runs on: AVX2, AVX-512, Arm), compiled with ``plugins/quant/cpu_build.py``'s ``cached_library`` into the
 same cache directory as the quantized kernels, and run on torch's OpenMP pool (the same libgomp).
 """
 
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import os
 import platform
-import shutil
-import subprocess
-import tempfile
 
 import torch
+
+from octavo.plugins.quant.cpu_build import cached_library
 
 C_SOURCE = r"""
 #include <stdint.h>
@@ -177,39 +174,11 @@ _state: dict[str, object] = {}
 MAX_HEAD_SIZE, MAX_GROUP, MAX_BLOCK_SIZE = 256, 16, 128
 
 
-def _compile() -> str:
-    """``$CC`` the source once per source, compiler, flags and machine into ``$OCTAVO_CACHE_DIR/kernels``."""
-    cc = os.environ.get("CC", "cc")
-    if shutil.which(cc) is None:
-        raise RuntimeError(f"no C compiler ({cc!r} not on PATH; set CC)")
-    key = hashlib.sha256("\0".join([C_SOURCE, cc, *_FLAGS, platform.machine(), platform.node()]).encode())
-    base = os.environ.get("OCTAVO_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "octavo")
-    path = os.path.join(base, "kernels", f"octavo_paged_attn_{key.hexdigest()[:16]}.so")
-    if not os.path.exists(path):
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with tempfile.TemporaryDirectory() as tmp:
-            src, out = os.path.join(tmp, "k.c"), os.path.join(tmp, "k.so")
-            with open(src, "w") as f:
-                f.write(C_SOURCE)
-            proc = subprocess.run([cc, *_FLAGS, src, "-o", out], capture_output=True, text=True)
-            if proc.returncode:
-                raise RuntimeError(f"{cc} failed: {proc.stderr.strip()[-500:]}")
-            shutil.copyfile(out, f"{path}.{os.getpid()}.tmp")
-            os.replace(f"{path}.{os.getpid()}.tmp", path)  # atomic: concurrent workers never load half a file
-    return path
-
-
 def library() -> ctypes.CDLL | None:
     """The compiled kernel, or None when it cannot be built here (the reason: :func:`unavailable_reason`)."""
-    if "lib" not in _state:
-        try:
-            lib = ctypes.CDLL(_compile())
-            p, i = ctypes.c_void_p, ctypes.c_int
-            lib.paged_decode.argtypes = [p, p, p, i, p, i, p, i, i, i, i, i, ctypes.c_float, p, i]
-            _state["lib"] = lib
-        except (OSError, RuntimeError) as e:
-            _state["lib"], _state["why"] = None, str(e)
-    return _state["lib"]  # type: ignore[return-value]
+    p, i = ctypes.c_void_p, ctypes.c_int
+    return cached_library(_state, C_SOURCE, "octavo_paged_attn", _FLAGS,
+                          {"paged_decode": ([p, p, p, i, p, i, p, i, i, i, i, i, ctypes.c_float, p, i], None)})
 
 
 def unavailable_reason() -> str | None:

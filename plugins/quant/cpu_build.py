@@ -1,17 +1,21 @@
 """Compile a C source into a cached shared library (the CPU kernels of plugins/quant are C loaded with ctypes).
 
-Why its own module: :mod:`.cpu_kernel`, :mod:`.int8_cpu_kernel` and :mod:`.cpu_int8act` all build this way, and
+Why its own module: :mod:`.cpu_kernel`, :mod:`.int8_cpu_kernel`, :mod:`.cpu_int8act` and the ``cpu_paged``
+attention kernel all build this way (:func:`cached_library` is their one build-load-remember helper), and
 :mod:`.cpu_kernel` imports the int8-activation routing, so the builder cannot live there without an import cycle.
 """
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import os
 import platform
 import shutil
 import subprocess
 import tempfile
+
+from octavo.env_flags import env_switch
 
 
 def _cache_dir() -> str:
@@ -41,3 +45,32 @@ def compile_shared_library(source: str, stem: str, flags: list[str]) -> str:
             shutil.copyfile(out, tmp_final)
             os.replace(tmp_final, path)  # atomic: concurrent workers never load a half-written file
     return path
+
+
+#: a C function's ctypes ``(argtypes, restype)``; restype None = void
+Signature = tuple[list, object]
+
+
+def cached_library(state: dict, source: str, stem: str, flags: list[str], signatures: dict[str, Signature],
+                   switch: str | None = None) -> ctypes.CDLL | None:
+    """The library built from ``source`` (see :func:`compile_shared_library`), loaded and typed once per
+    ``state`` dict (a module's memo: ``state["lib"]``, and ``state["why"]`` when it is None).
+
+    Why one helper: the CPU kernels of plugins/quant and plugins/attention each kept the same build, load, type
+    and remember-the-failure code. Returns None, with the reason in ``state["why"]``, when the compiler or the
+    load fails, or when the :func:`octavo.env_flags.env_switch` ``switch`` is ``0``; callers then say what they
+    run instead. The library's OpenMP regions run on torch's libgomp when torch is imported first (one runtime
+    per process: ``torch.set_num_threads`` applies to both)."""
+    if "lib" not in state:
+        if switch is not None and not env_switch(switch):
+            state["lib"], state["why"] = None, f"disabled by {switch}=0"
+        else:
+            try:
+                lib = ctypes.CDLL(compile_shared_library(source, stem, flags))
+                for name, (argtypes, restype) in signatures.items():
+                    fn = getattr(lib, name)
+                    fn.argtypes, fn.restype = argtypes, restype
+                state["lib"] = lib
+            except (OSError, RuntimeError) as e:
+                state["lib"], state["why"] = None, str(e)
+    return state["lib"]

@@ -1,9 +1,9 @@
-"""Integer-dot CPU kernels for few rows (decode): int8 activations (blocks of 32) times int4 / int8 weights.
+"""Integer-dot CPU kernels: int8 activations (blocks of 32) times int4 / int8 weights, any number of rows.
 
 Why: the fp32 kernels of :mod:`.cpu_kernel` convert every 4-bit weight to fp32 and multiply-add it, which
 is compute-bound at about half the memory bandwidth here; llama.cpp instead quantizes the activation row to
 int8 per block of 32 (its Q8_0 / Q8_1) and runs integer dot products. This module does the same for the
-weights :mod:`.cpu_kernel` already holds (its layout, no repacking), rows ``m <= 16``::
+weights :mod:`.cpu_kernel` already holds (its layout, no repacking), for every row count::
 
     per activation row i and block g of 32:  d = amax|x| / 127,  xq = nearbyint(x / d)  (fp32, half-even;
                                              xq = 0 when d = 0),  ds = d * sum(xq)
@@ -21,6 +21,11 @@ of the same math, and the integer part bit for bit). Code paths, chosen when the
   sign-extended ``vpmaddwd`` for int8 weights (exact).
 - portable C elsewhere.
 
+Batch invariance: each row is quantized on its own and its output is computed by the same operations in the
+same order whether it is alone or one of thousands (rows are tiled, chunks of up to 4 share only the weight
+loads), so a request's result does not depend on the other requests in its step (tests/quant/
+test_cpu_int8act_batch_invariance.py checks it bit for bit, 1..64 rows and prefill-sized steps).
+
 ``isa="avx2"`` / ``"generic"`` (or ``OCTAVO_CPU_KERNEL_ISA``) builds the same source for an older target so
 tests run every path on one machine. Numerics change (the activation is rounded to 8 bits per block, as in
 llama.cpp): docs/quantization.md "int8 activations" gives the decision and the accuracy measured.
@@ -34,11 +39,9 @@ import platform
 
 import torch
 
-from octavo.plugins.quant.cpu_build import compile_shared_library
+from octavo.plugins.quant.cpu_build import cached_library
 from octavo.plugins.quant.cpu_int8act_src import C_SOURCE
 
-#: at most this many rows take the integer-dot kernel (the activation buffer and per-row accumulators).
-MAX_ROWS = 16
 GROUP = 32
 #: build targets: "native" (this CPU), "avx2" (x86-64-v3: AVX2/FMA, no AVX-512), "generic" (portable C).
 ISAS = ("native", "avx2", "generic")
@@ -47,11 +50,14 @@ ISAS = ("native", "avx2", "generic")
 _X86 = platform.machine() in ("x86_64", "AMD64")
 _ISA_FLAGS = {"native": ["-march=native"] + (["-mprefer-vector-width=512"] if _X86 else []),
               "avx2": ["-march=x86-64-v3"], "generic": ["-march=x86-64"] if _X86 else []}
-_libs: dict[str, object] = {}
+_libs: dict[str | None, object] = {}
+_states: dict[str, dict] = {}
 
 
 def _flags(isa: str) -> list[str]:
-    return ["-O3", "-fopenmp", "-shared", "-fPIC", *_ISA_FLAGS[isa]]
+    # -ffp-contract=off: no implicit a * b + c -> fma, so every unrolled copy of a row's code rounds the same way
+    # (batch invariance, see the C); the kernels' own fma intrinsics stay fused
+    return ["-O3", "-fopenmp", "-shared", "-fPIC", "-ffp-contract=off", *_ISA_FLAGS[isa]]
 
 
 def default_isa() -> str:
@@ -64,28 +70,30 @@ def default_isa() -> str:
     return isa
 
 
+_P, _I = ctypes.c_void_p, ctypes.c_int
+_SIGNATURES = {"quant_act": ([_P, _I, _I, _I, _I, _P, _P, _P], None),
+               "qa8_gemm": ([_I, _P, _I, _I, _I, _P, _P, _P, _I, _P, _I], _I),
+               "q4a8_gemm_q": ([_P, _P, _P, _I, _I, _P, _P, _P, _I, _P, _I], _I),
+               "q8a8_gemm_q": ([_P, _P, _I, _I, _P, _P, _I, _P, _I], _I),
+               "kernel_path": ([], ctypes.c_char_p)}
+
+
 def library(isa: str | None = None) -> ctypes.CDLL:
     """The kernels built for ``isa`` (default :func:`default_isa`), compiled once per process and target.
-    Raises RuntimeError / OSError when it cannot be built (callers keep the fp32 kernels then)."""
+    Raises RuntimeError when it cannot be built (callers keep the fp32 kernels then)."""
     if isa is None:
         lib = _libs.get(None)
         if lib is None:
             lib = _libs[None] = library(default_isa())  # OCTAVO_CPU_KERNEL_ISA read once per process
         return lib  # type: ignore[return-value]
-    if isa not in _libs:
-        if isa not in ISAS:
-            raise ValueError(f"isa {isa!r}: use one of {', '.join(ISAS)}")
-        lib = ctypes.CDLL(compile_shared_library(C_SOURCE, f"octavo_q8act_{isa}", _flags(isa)))
-        p, i = ctypes.c_void_p, ctypes.c_int
-        lib.quant_act.argtypes = [p, i, i, i, i, p, p, p]
-        lib.qa8_gemm.argtypes = [i, p, i, i, i, p, p, p, i, p, i]
-        lib.q4a8_gemm_q.argtypes = [p, p, p, i, i, p, p, p, i, p, i]
-        lib.q8a8_gemm_q.argtypes = [p, p, i, i, p, p, i, p, i]
-        for f in (lib.qa8_gemm, lib.q4a8_gemm_q, lib.q8a8_gemm_q):
-            f.restype = i
-        lib.kernel_path.restype = ctypes.c_char_p
-        _libs[isa] = lib
-    return _libs[isa]  # type: ignore[return-value]
+    if isa not in ISAS:
+        raise ValueError(f"isa {isa!r}: use one of {', '.join(ISAS)}")
+    state = _states.setdefault(isa, {})
+    lib = cached_library(state, C_SOURCE, f"octavo_q8act_{isa}", _flags(isa), _SIGNATURES)
+    if lib is None:
+        raise RuntimeError(str(state["why"]))
+    _libs[isa] = lib
+    return lib
 
 
 def kernel_path(isa: str | None = None) -> str:
@@ -101,13 +109,13 @@ def _x_arg(x: torch.Tensor) -> tuple[torch.Tensor, int]:
 
 def _check(rc: int, m: int, k: int) -> None:
     if rc:
-        raise ValueError(f"int8-activation kernel: {m} rows x {k} inputs refused ({rc}; at most {MAX_ROWS} rows, "
-                         f"inputs a multiple of {GROUP})")
+        raise ValueError(f"int8-activation kernel: {m} rows x {k} inputs refused ({rc}; inputs must be a multiple "
+                         f"of {GROUP})")
 
 
 def int4_linear(x: torch.Tensor, w4: torch.Tensor, s: torch.Tensor, z: torch.Tensor,
                 isa: str | None = None) -> torch.Tensor:
-    """``x [m <= 16, K]`` (fp32 or bf16) times :mod:`.cpu_kernel`'s int4 weight -> float32 ``[m, N]``."""
+    """``x [m, K]`` (fp32 or bf16) times :mod:`.cpu_kernel`'s int4 weight -> float32 ``[m, N]``."""
     x, bf16 = _x_arg(x)
     (m, k), n = x.shape, w4.shape[0]
     y = torch.empty(m, n, dtype=torch.float32)
@@ -117,7 +125,7 @@ def int4_linear(x: torch.Tensor, w4: torch.Tensor, s: torch.Tensor, z: torch.Ten
 
 
 def int8_linear(x: torch.Tensor, w8: torch.Tensor, s: torch.Tensor, isa: str | None = None) -> torch.Tensor:
-    """``x [m <= 16, K]`` times :mod:`.cpu_kernel`'s int8 weight (a scale per group of 32) -> float32 ``[m, N]``."""
+    """``x [m, K]`` times :mod:`.cpu_kernel`'s int8 weight (a scale per group of 32) -> float32 ``[m, N]``."""
     x, bf16 = _x_arg(x)
     (m, k), n = x.shape, w8.shape[0]
     y = torch.empty(m, n, dtype=torch.float32)

@@ -1,11 +1,12 @@
 """Where :mod:`.cpu_int8act`'s kernels enter the engine: the on/off switch and the ops the compiled graph calls.
 
 Why a separate module: :mod:`.cpu_kernel` routes a linear here when its caller accepts int8 activations
-(``act8=True``: the GGUF methods, whose file format llama.cpp runs this way) and the row count is at most
-:data:`MAX_ROWS`, when ``OCTAVO_CPU_INT8_ACT=1`` (an :func:`octavo.env_flags.env_switch`, default off: the tokens would
-depend on the batch size, docs/quantization.md); otherwise the exact fp32-
-activation kernels everywhere; when the integer kernels cannot be built, a warning names the reason once and
-the fp32 kernels run.
+(``act8=True``: the GGUF methods, whose file format llama.cpp runs this way), for **every** row count, unless
+``OCTAVO_CPU_INT8_ACT=0`` (an :func:`octavo.env_flags.env_switch`, default on since session 5). Session 4 ran only
+steps of <= 16 rows this way and bigger steps with fp32 activations, so a request's greedy tokens depended on how
+many requests shared its step; now every row takes the same kernel and the same per-row arithmetic
+(docs/quantization.md). ``0`` gives the exact fp32-activation kernels everywhere; when the integer kernels cannot
+be built, a warning names the reason once and the fp32 kernels run.
 
 Under ``torch.compile`` each linear is one call of the op ``octavo_cpu::int4_a8`` / ``int8_a8``, defined with
 a plain :class:`torch.library.Library` (a Python CPU kernel and a fake): about 10 us of dispatch a call on
@@ -23,15 +24,21 @@ from octavo.plugins.quant import cpu_int8act
 
 logger = logging.getLogger(__name__)
 
-MAX_ROWS = cpu_int8act.MAX_ROWS
 _state: dict[str, object] = {}
 
 
-@torch.compiler.assume_constant_result
+def _constant_result(fn):
+    # NOTE: torch.compiler.assume_constant_result(fn) only sets this attribute (torch 2.4-2.13), but it imports
+    # torch._dynamo first: ~2 s of `octavo serve`'s start on a CPU (docs/performance.md "Start-up"). Set it here.
+    fn._dynamo_marked_constant = True
+    return fn
+
+
+@_constant_result
 def enabled() -> bool:
     """Whether act8 callers get the integer kernels (read once per process; tests reset ``_state``)."""
     if "on" not in _state:
-        on = env_switch("OCTAVO_CPU_INT8_ACT", default=False)
+        on = env_switch("OCTAVO_CPU_INT8_ACT", default=True)
         if on:
             try:
                 cpu_int8act.library()

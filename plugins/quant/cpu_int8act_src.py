@@ -8,7 +8,7 @@ C_SOURCE = r"""
 #include <string.h>
 #include <math.h>
 #define G 32
-#define MAXM 16
+#define MAXM 4  /* activation rows per chunk (the accumulators of one chunk stay in registers) */
 #define PAR_MIN (1L << 16)
 
 /* Activation layouts. NATURAL: element j of block g at g * 32 + j (int8 weights). NIBBLE (int4 weights): the
@@ -55,14 +55,6 @@ static inline void quant_block_c(const void* x, int bf16, long off, int8_t* lo, 
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #include <immintrin.h>
 #define PATH "avx512vnni"
-static inline float zdot(const float* z, const float* ds, int ng) {
-    __m512 t = _mm512_setzero_ps();
-    for (int g = 0; g < ng; g += 16) {
-        __mmask16 mk = ng - g >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (ng - g)) - 1);
-        t = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mk, z + g), _mm512_maskz_loadu_ps(mk, ds + g), t);
-    }
-    return _mm512_reduce_add_ps(t);
-}
 
 static inline void quant_block(const void* x, int bf16, long off, int8_t* lo, int8_t* hi, float* d, float* ds) {
     __m512 v0, v1;
@@ -90,81 +82,93 @@ static inline void quant_block(const void* x, int bf16, long off, int8_t* lo, in
     *ds = dg * (float)_mm512_reduce_add_epi32(_mm512_add_epi32(i0, i1));
 }
 
-/* output row r (w, s, z of that row) for activation rows 0..MT-1 (a constant after inlining) */
-static inline void q4_rows(const int8_t* xq, const float* d, const float* ds, int k, int ng, const uint8_t* w,
-                           const float* s, const float* z, int MT, float* out) {
+/* Output rows r .. r + NR - 1 (w, s, z point at row r; rows kb bytes / ng scales apart) for activation rows
+   0 .. MT - 1; NR, MT <= 4 are constants after inlining. out[i * NRM + j]. Every (activation row, output row) pair
+   runs the same operations whatever NR and MT: blocks in the chunks of 4, 2, 1 of the NIBBLE layout, each chunk
+   in one 512-bit register (masked loads zero what a short chunk lacks, so a lane outside it adds +0), its int32
+   dots scaled by s * d and accumulated in the pair's 16 float lanes; then the zero term z * ds, 16 blocks a step;
+   then one horizontal sum. The weight loads and unpacking are shared by the MT activation rows, the activation
+   loads by the NR output rows: each weight byte is read once per chunk of up to 4 activation rows. */
+#define NRM 4   /* int4: output rows per tile */
+#define NRM8 2  /* int8: output rows per tile (the head at batch 1: 2 ran ~5% faster than 4 here) */
+typedef __m512 acc_t[MAXM][NRM];
+
+/* one chunk of c blocks at block g (c, the masks, NR and MT constant after inlining) */
+static inline __attribute__((always_inline)) void q4_chunk(const int8_t* xq, const float* d, int k, int ng,
+        const uint8_t* w, const float* s, int NR, int MT, int g, int c, __mmask64 wm, __mmask16 sm, acc_t acc) {
     static const int idx4[16] = {0,0,0,0,1,1,1,1,2,2,2,2,3,3,3,3};
-    __m512 acc[MAXM];
-    __m256 acc2[MAXM];
-    for (int i = 0; i < MT; i++) { acc[i] = _mm512_setzero_ps(); acc2[i] = _mm256_setzero_ps(); }
     const __m512i m4 = _mm512_set1_epi8(15), perm = _mm512_loadu_si512(idx4);
-    int g = 0;
-    for (; g + 4 <= ng; g += 4) {  /* 4 blocks: 64 weight bytes, 128 activations */
-        __m512i v = _mm512_loadu_si512(w + g * 16);
-        __m512i ql = _mm512_and_si512(v, m4), qh = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
-        __m128 sg = _mm_loadu_ps(s + g);
-        for (int i = 0; i < MT; i++) {
-            const int8_t* x = xq + (long)i * k + g * G;
-            __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ql, _mm512_loadu_si512(x));
-            p = _mm512_dpbusd_epi32(p, qh, _mm512_loadu_si512(x + 64));
-            __m512 sc = _mm512_permutexvar_ps(perm, _mm512_castps128_ps512(_mm_mul_ps(sg, _mm_loadu_ps(d + i * ng + g))));
-            acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), sc, acc[i]);
-        }
-    }
-    if (ng - g >= 2) {  /* a chunk of 2 blocks */
-        __m256i v = _mm256_loadu_si256((const __m256i*)(w + g * 16));
-        const __m256i m4h = _mm256_set1_epi8(15);
-        __m256i ql = _mm256_and_si256(v, m4h), qh = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4h);
-        for (int i = 0; i < MT; i++) {
-            const int8_t* x = xq + (long)i * k + g * G;
-            __m256i p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), ql, _mm256_loadu_si256((const __m256i*)x));
-            p = _mm256_dpbusd_epi32(p, qh, _mm256_loadu_si256((const __m256i*)(x + 32)));
-            __m256 sc = _mm256_set_m128(_mm_set1_ps(s[g + 1] * d[i * ng + g + 1]), _mm_set1_ps(s[g] * d[i * ng + g]));
-            acc2[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), sc, acc2[i]);
-        }
-        g += 2;
+    const long kb = k / 2;
+    __m512i ql[NRM], qh[NRM];
+    __m512 sv[NRM];
+    for (int j = 0; j < NR; j++) {
+        __m512i v = _mm512_maskz_loadu_epi8(wm, w + j * kb + g * 16);
+        ql[j] = _mm512_and_si512(v, m4);
+        qh[j] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+        sv[j] = _mm512_permutexvar_ps(perm, _mm512_maskz_loadu_ps(sm, s + (long)j * ng + g));
     }
     for (int i = 0; i < MT; i++) {
-        __m256 h = _mm256_add_ps(acc2[i], _mm256_add_ps(_mm512_castps512_ps256(acc[i]),
-                                                        _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[i]), 1))));
-        __m128 h4 = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-        h4 = _mm_add_ps(h4, _mm_movehl_ps(h4, h4));
-        float t = _mm_cvtss_f32(_mm_add_ss(h4, _mm_movehdup_ps(h4)));
-        if (g < ng) {  /* a last single block */
-            const int8_t* x = xq + (long)i * k + g * G;
-            t += s[g] * d[i * ng + g] * (float)isum4(w + g * 16, x, x + 16);
+        const int8_t* x = xq + (long)i * k + g * G;
+        __m512i xa = _mm512_maskz_loadu_epi8(wm, x), xb = _mm512_maskz_loadu_epi8(wm, x + 16 * c);
+        __m512 dv = _mm512_permutexvar_ps(perm, _mm512_maskz_loadu_ps(sm, d + (long)i * ng + g));
+        for (int j = 0; j < NR; j++) {
+            __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ql[j], xa);
+            p = _mm512_dpbusd_epi32(p, qh[j], xb);
+            acc[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(sv[j], dv), acc[i][j]);
         }
-        out[i] = t + zdot(z, ds + i * ng, ng);
     }
 }
 
-/* the [s0 d0 x8, s1 d1 x8] scale vector of a pair of blocks */
-static inline __m512 pair_scale(const float* s, const float* d) {
-    static const int idx[16] = {0,0,0,0,0,0,0,0,1,1,1,1,1,1,1,1};
-    __m128 sd = _mm_mul_ps(_mm_castpd_ps(_mm_load_sd((const double*)s)), _mm_castpd_ps(_mm_load_sd((const double*)d)));
-    return _mm512_permutexvar_ps(_mm512_loadu_si512(idx), _mm512_castps128_ps512(sd));
-}
-
-static inline void q8_rows(const int8_t* xq, const float* d, int k, int ng, const int8_t* w, const float* s,
-                           int MT, float* out) {
-    __m512 acc[MAXM];
-    for (int i = 0; i < MT; i++) acc[i] = _mm512_setzero_ps();
-    const __m512i c128 = _mm512_set1_epi8((char)0x80);
+static inline void q4_tile(const int8_t* xq, const float* d, const float* ds, int k, int ng, const uint8_t* w,
+                           const float* s, const float* z, int NR, int MT, float* out) {
+    acc_t acc;
+    for (int i = 0; i < MT; i++) for (int j = 0; j < NR; j++) acc[i][j] = _mm512_setzero_ps();
     int g = 0;
-    for (; g + 2 <= ng; g += 2) {
-        __m512i q = _mm512_loadu_si512(w + g * G);
-        __m512i corr = _mm512_dpbusd_epi32(_mm512_setzero_si512(), c128, q);  /* 128 * sum(q) per 4 bytes */
-        for (int i = 0; i < MT; i++) {
-            __m512i xu = _mm512_xor_si512(_mm512_loadu_si512(xq + (long)i * k + g * G), c128);  /* xq + 128 */
-            __m512i p = _mm512_sub_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), xu, q), corr);
-            acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), pair_scale(s + g, d + i * ng + g), acc[i]);
+    for (; g + 4 <= ng; g += 4) q4_chunk(xq, d, k, ng, w, s, NR, MT, g, 4, ~0ULL, 0xF, acc);  /* a full mask = a plain load */
+    if (ng - g >= 2) { q4_chunk(xq, d, k, ng, w, s, NR, MT, g, 2, 0xFFFFFFFFULL, 0x3, acc); g += 2; }
+    if (g < ng) q4_chunk(xq, d, k, ng, w, s, NR, MT, g, 1, 0xFFFFULL, 0x1, acc);
+    for (int g = 0; g < ng; g += 16) {  /* the zero term: sum_g z[g] * ds[g] */
+        const __mmask16 mk = ng - g >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (ng - g)) - 1);
+        for (int j = 0; j < NR; j++) {
+            __m512 zv = _mm512_maskz_loadu_ps(mk, z + (long)j * ng + g);
+            for (int i = 0; i < MT; i++)
+                acc[i][j] = _mm512_fmadd_ps(zv, _mm512_maskz_loadu_ps(mk, ds + (long)i * ng + g), acc[i][j]);
         }
     }
-    for (int i = 0; i < MT; i++) {
-        float t = _mm512_reduce_add_ps(acc[i]);
-        if (g < ng) t += s[g] * d[i * ng + g] * (float)isum8(w + g * G, xq + (long)i * k + g * G);
-        out[i] = t;
+    for (int i = 0; i < MT; i++) for (int j = 0; j < NR; j++) out[i * NRM + j] = _mm512_reduce_add_ps(acc[i][j]);
+}
+
+/* int8 weights (w + j * k, a scale per block): chunks of 2 blocks (64 bytes) and a last single block. Unsigned
+   times signed: xq + 128 against the weight, minus 128 * (the weight's 4-byte sums), both by vpdpbusd (exact). */
+static inline __attribute__((always_inline)) void q8_chunk(const int8_t* xq, const float* d, int k, int ng,
+        const int8_t* w, const float* s, int NR, int MT, int g, __mmask64 wm, __mmask16 sm, acc_t acc) {
+    static const int idx8[16] = {0,0,0,0,0,0,0,0,1,1,1,1,1,1,1,1};
+    const __m512i c128 = _mm512_set1_epi8((char)0x80), perm = _mm512_loadu_si512(idx8);
+    __m512i q[NRM], corr[NRM];
+    __m512 sv[NRM];
+    for (int j = 0; j < NR; j++) {
+        q[j] = _mm512_maskz_loadu_epi8(wm, w + (long)j * k + g * G);
+        corr[j] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), c128, q[j]);
+        sv[j] = _mm512_permutexvar_ps(perm, _mm512_maskz_loadu_ps(sm, s + (long)j * ng + g));
     }
+    for (int i = 0; i < MT; i++) {
+        __m512i xu = _mm512_xor_si512(_mm512_maskz_loadu_epi8(wm, xq + (long)i * k + g * G), c128);
+        __m512 dv = _mm512_permutexvar_ps(perm, _mm512_maskz_loadu_ps(sm, d + (long)i * ng + g));
+        for (int j = 0; j < NR; j++) {
+            __m512i p = _mm512_sub_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), xu, q[j]), corr[j]);
+            acc[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(sv[j], dv), acc[i][j]);
+        }
+    }
+}
+
+static inline void q8_tile(const int8_t* xq, const float* d, int k, int ng, const int8_t* w, const float* s,
+                           int NR, int MT, float* out) {
+    acc_t acc;
+    for (int i = 0; i < MT; i++) for (int j = 0; j < NR; j++) acc[i][j] = _mm512_setzero_ps();
+    int g = 0;
+    for (; g + 2 <= ng; g += 2) q8_chunk(xq, d, k, ng, w, s, NR, MT, g, ~0ULL, 0x3, acc);
+    if (g < ng) q8_chunk(xq, d, k, ng, w, s, NR, MT, g, 0xFFFFFFFFULL, 0x1, acc);
+    for (int i = 0; i < MT; i++) for (int j = 0; j < NR; j++) out[i * NRM + j] = _mm512_reduce_add_ps(acc[i][j]);
 }
 #elif defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
@@ -258,12 +262,37 @@ static inline void q8_rows(const int8_t* xq, const float* d, int k, int ng, cons
 }
 #endif
 
+#ifndef NRM
+#define NRM 4
+#define NRM8 4
+/* AVX2 / portable: one output row at a time (each pair's arithmetic is that of q4_rows / q8_rows whatever NR, MT) */
+static inline void q4_tile(const int8_t* xq, const float* d, const float* ds, int k, int ng, const uint8_t* w,
+                           const float* s, const float* z, int NR, int MT, float* out) {
+    for (int j = 0; j < NR; j++) {
+        float o[MAXM];
+        q4_rows(xq, d, ds, k, ng, w + (long)j * (k / 2), s + (long)j * ng, z + (long)j * ng, MT, o);
+        for (int i = 0; i < MT; i++) out[i * NRM + j] = o[i];
+    }
+}
+
+static inline void q8_tile(const int8_t* xq, const float* d, int k, int ng, const int8_t* w, const float* s,
+                           int NR, int MT, float* out) {
+    for (int j = 0; j < NR; j++) {
+        float o[MAXM];
+        q8_rows(xq, d, k, ng, w + (long)j * k, s + (long)j * ng, MT, o);
+        for (int i = 0; i < MT; i++) out[i * NRM + j] = o[i];
+    }
+}
+#endif
+
 const char* kernel_path(void) { return PATH; }
 
 /* xq [m, k] int8 in layout `nibble` (1: NIBBLE, 0: NATURAL), d[i, g] = amax / 127 (xq = 0 where d = 0),
-   ds[i, g] = d * sum(xq) over the block */
-void quant_act(const void* x, int bf16, int m, int k, int nibble, int8_t* xq, float* d, float* ds) {
+   ds[i, g] = d * sum(xq) over the block. Each row is quantized on its own (threads split rows, never a row). */
+static void quant_rows(const void* x, int bf16, int m, int k, int nibble, int8_t* xq, float* d, float* ds,
+                       int nthreads) {
     int ng = k / G;
+    #pragma omp parallel for schedule(static) num_threads(nthreads) if (nthreads > 1 && (long)m * k >= PAR_MIN)
     for (int i = 0; i < m; i++)
         for (int g0 = 0, c; g0 < ng; g0 += c) {
             c = nibble ? chunk_len(g0, ng) : 1;
@@ -279,58 +308,80 @@ void quant_act(const void* x, int bf16, int m, int k, int nibble, int8_t* xq, fl
         }
 }
 
-/* rows of x in chunks of up to 4 (each chunk's accumulators stay in registers; the constant MT lets the
-   compiler unroll the activation-row loop) */
-#define CHUNKS(CALL)                                                        \
-    for (int i0 = 0; i0 < m; i0 += 4) {                                      \
-        int mt = m - i0 < 4 ? m - i0 : 4;                                    \
-        float out[4];                                                        \
-        switch (mt) { case 1: CALL(1); break; case 2: CALL(2); break;        \
-                      case 3: CALL(3); break; default: CALL(4); }            \
-        for (int i = 0; i < mt; i++) y[(long)(i0 + i) * n + r] = out[i];     \
+void quant_act(const void* x, int bf16, int m, int k, int nibble, int8_t* xq, float* d, float* ds) {
+    quant_rows(x, bf16, m, k, nibble, xq, d, ds, 1);
+}
+
+/* Rows are processed in tiles of about TILE_BYTES of quantized activations (kept in L2 while every output row of
+   the weight streams past them), and inside a tile in chunks of up to 4 rows (each chunk's accumulators stay in
+   registers; the constant MT lets the compiler unroll the activation-row loop). Batch invariance: a row's
+   output is computed by the same sequence of operations whatever the tile, the chunk size or the thread count
+   (each row has its own accumulators; chunks only share the weight loads; the library is built with
+   -ffp-contract=off so no row's scalar tail is fused differently in one unrolled copy than in another). */
+#define TILE_BYTES (192 * 1024)
+static inline int row_tile(int k) { int t = (TILE_BYTES / k) & ~3; return t < 4 ? 4 : t; }
+
+#define TILED(CALL, NB)                                                                   \
+    for (int t0 = 0; t0 < m; t0 += tm) {                                               \
+        int t1 = m - t0 < tm ? m : t0 + tm;                                            \
+        _Pragma("omp parallel for schedule(static) num_threads(nthreads) if (nthreads > 1 && (long)n * k >= PAR_MIN)") \
+        for (int rb = 0; rb < (n + NB - 1) / NB; rb++) {                             \
+            int r = rb * NB, nr = n - r < NB ? n - r : NB;                          \
+            for (int i0 = t0; i0 < t1; i0 += MAXM) {                                   \
+                int mt = t1 - i0 < MAXM ? t1 - i0 : MAXM;                              \
+                float out[MAXM * NRM];                                                 \
+                if (nr == NB) {                                                       \
+                    switch (mt) { case 1: CALL(NB, 1); break; case 2: CALL(NB, 2); break; \
+                                  case 3: CALL(NB, 3); break; default: CALL(NB, 4); } \
+                    for (int i = 0; i < mt; i++)                                       \
+                        for (int j = 0; j < NB; j++) y[(long)(i0 + i) * n + r + j] = out[i * NRM + j]; \
+                } else {                                                               \
+                    for (int j = 0; j < nr; j++, r++) {  /* the last rows of n, one at a time */ \
+                        switch (mt) { case 1: CALL(1, 1); break; case 2: CALL(1, 2); break; \
+                                      case 3: CALL(1, 3); break; default: CALL(1, 4); } \
+                        for (int i = 0; i < mt; i++) y[(long)(i0 + i) * n + r] = out[i * NRM]; \
+                    }                                                                  \
+                    r -= nr;                                                           \
+                }                                                                      \
+            }                                                                          \
+        }                                                                              \
     }
 
 /* y[m, n] from an activation quantized in the NIBBLE layout and int4 weights w [n, k/2], s, z [n, k/32] */
 int q4a8_gemm_q(const int8_t* xq, const float* d, const float* ds, int m, int k, const uint8_t* w,
                 const float* s, const float* z, int n, float* y, int nthreads) {
-    if (m > MAXM || k % G) return -1;
-    int ng = k / G;
-    #pragma omp parallel for schedule(static) num_threads(nthreads) if (nthreads > 1 && (long)n * k >= PAR_MIN)
-    for (int r = 0; r < n; r++) {
-#define Q4(MT) q4_rows(xq + (long)i0 * k, d + i0 * ng, ds + i0 * ng, k, ng, w + (long)r * (k / 2), \
-                       s + (long)r * ng, z + (long)r * ng, MT, out)
-        CHUNKS(Q4)
-    }
+    if (m < 0 || k % G) return -1;
+    int ng = k / G, tm = row_tile(k);
+#define Q4(NR, MT) q4_tile(xq + (long)i0 * k, d + (long)i0 * ng, ds + (long)i0 * ng, k, ng, w + (long)r * (k / 2), \
+                           s + (long)r * ng, z + (long)r * ng, NR, MT, out)
+    TILED(Q4, NRM)
     return 0;
 }
 
 /* the same for int8 weights w [n, k] with a scale per block, activation in the NATURAL layout */
 int q8a8_gemm_q(const int8_t* xq, const float* d, int m, int k, const int8_t* w, const float* s, int n, float* y,
                 int nthreads) {
-    if (m > MAXM || k % G) return -1;
-    int ng = k / G;
-    #pragma omp parallel for schedule(static) num_threads(nthreads) if (nthreads > 1 && (long)n * k >= PAR_MIN)
-    for (int r = 0; r < n; r++) {
-#define Q8(MT) q8_rows(xq + (long)i0 * k, d + i0 * ng, k, ng, w + (long)r * k, s + (long)r * ng, MT, out)
-        CHUNKS(Q8)
-    }
+    if (m < 0 || k % G) return -1;
+    int ng = k / G, tm = row_tile(k);
+#define Q8(NR, MT) q8_tile(xq + (long)i0 * k, d + (long)i0 * ng, k, ng, w + (long)r * k, s + (long)r * ng, NR, MT, out)
+    TILED(Q8, NRM8)
     return 0;
 }
 
 #define STACK_BYTES 32768
-/* quantize x (float32 or bfloat16 [m, k]) then the product: one call per linear; bits 4 or 8 */
+/* quantize x (float32 or bfloat16 [m, k]) then the product: one call per linear, any number of rows; bits 4 or 8 */
 int qa8_gemm(int bits, const void* x, int bf16, int m, int k, const void* w, const float* s, const float* z,
              int n, float* y, int nthreads) {
-    if (m > MAXM || k % G || m < 0) return -1;
+    if (k % G || m < 0) return -1;
     int ng = k / G;
-    size_t need = (size_t)m * k + 2 * sizeof(float) * m * ng + 64;
+    size_t need = (size_t)m * k + 2 * sizeof(float) * (size_t)m * ng + 64;
     char stack[STACK_BYTES];
     char* buf = need <= STACK_BYTES ? stack : (char*)malloc(need);
     if (!buf) return -2;
     float* d = (float*)buf;
-    float* ds = d + m * ng;
-    int8_t* xq = (int8_t*)(ds + m * ng);
-    quant_act(x, bf16, m, k, bits == 4, xq, d, ds);
+    float* ds = d + (size_t)m * ng;
+    int8_t* xq = (int8_t*)(ds + (size_t)m * ng);
+    quant_rows(x, bf16, m, k, bits == 4, xq, d, ds, nthreads);
     int rc = bits == 4 ? q4a8_gemm_q(xq, d, ds, m, k, (const uint8_t*)w, s, z, n, y, nthreads)
                        : q8a8_gemm_q(xq, d, m, k, (const int8_t*)w, s, n, y, nthreads);
     if (buf != stack) free(buf);

@@ -26,9 +26,8 @@ import platform
 
 import torch
 
-from octavo.env_flags import env_switch
 from octavo.plugins.quant import cpu_dense_rows, cpu_int8act_ops
-from octavo.plugins.quant.cpu_build import compile_shared_library  # noqa: F401  (int8_cpu_kernel imports it here)
+from octavo.plugins.quant.cpu_build import cached_library, compile_shared_library  # noqa: F401  (re-exported)
 
 logger = logging.getLogger(__name__)
 
@@ -265,34 +264,16 @@ void q8_dequant(const int8_t* w, const float* s, int n, int k, float* out, int n
 
 _FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC"] + (
     ["-mprefer-vector-width=512"] if platform.machine() in ("x86_64", "AMD64") else [])  # an x86-only flag
+_P, _I = ctypes.c_void_p, ctypes.c_int
+_SIGNATURES = {"q4_gemm": ([_P, _I, _I, _P, _P, _P, _I, _P, _I], None), "q8_gemm": ([_P, _I, _I, _P, _P, _I, _P, _I], None),
+               "q4_dequant": ([_P, _P, _P, _I, _I, _P, _I], None), "q8_dequant": ([_P, _P, _I, _I, _P, _I], None)}
 _state: dict[str, object] = {}
 
 
-def _build() -> ctypes.CDLL:
-    path = compile_shared_library(C_SOURCE, "octavo_q", _FLAGS)
-    # NOTE: the library needs libgomp.so.1; torch (imported above) has loaded its own copy under that soname,
-    # so the kernels' parallel regions run on torch's OpenMP thread pool (one runtime, checked in
-    # /proc/self/maps), and torch.set_num_threads / OMP_* settings apply to both
-    lib = ctypes.CDLL(path)
-    p, i = ctypes.c_void_p, ctypes.c_int
-    lib.q4_gemm.argtypes = [p, i, i, p, p, p, i, p, i]
-    lib.q8_gemm.argtypes = [p, i, i, p, p, i, p, i]
-    lib.q4_dequant.argtypes = [p, p, p, i, i, p, i]
-    lib.q8_dequant.argtypes = [p, p, i, i, p, i]
-    return lib
-
-
 def library() -> ctypes.CDLL | None:
-    """The compiled kernels, or None (the reason is in :func:`unavailable_reason`). Built once per process."""
-    if "lib" not in _state:
-        if not env_switch("OCTAVO_CPU_QUANT_KERNEL"):
-            _state["lib"], _state["why"] = None, "disabled by OCTAVO_CPU_QUANT_KERNEL=0"
-        else:
-            try:
-                _state["lib"] = _build()
-            except (OSError, RuntimeError) as e:
-                _state["lib"], _state["why"] = None, str(e)
-    return _state["lib"]  # type: ignore[return-value]
+    """The compiled kernels, or None (the reason is in :func:`unavailable_reason`). Built once per process.
+    ``OCTAVO_CPU_QUANT_KERNEL=0`` disables them."""
+    return cached_library(_state, C_SOURCE, "octavo_q", _FLAGS, _SIGNATURES, switch="OCTAVO_CPU_QUANT_KERNEL")
 
 
 def unavailable_reason() -> str | None:
@@ -321,12 +302,13 @@ def int4_linear(x: torch.Tensor, w4: torch.Tensor, s: torch.Tensor, z: torch.Ten
     """``x [m, K]`` (any float dtype) times the int4 weight ``w = q * s + z`` -> float32 ``[m, N]``.
 
     ``act8``: the caller accepts int8 activations (per block of 32, llama.cpp's Q8 math; the GGUF methods
-    do): at most 16 rows then run :mod:`.cpu_int8act`'s integer-dot kernel unless ``OCTAVO_CPU_INT8_ACT=0``.
+    do): every row count then runs :mod:`.cpu_int8act`'s integer-dot kernel (batch-invariant: a row's output
+    does not depend on the other rows) unless ``OCTAVO_CPU_INT8_ACT=0``.
     Otherwise, under ``torch.compile`` (the compiled CPU decode step) a few static rows are written in tensor
     ops (:func:`int4_linear_traced`) that inductor fuses into its own C++ loop; other shapes go through the
     custom op ``octavo::int4_linear`` (one extern call). Eager calls skip the op dispatch.
     """
-    if act8 and _few_rows(x) and cpu_int8act_ops.enabled():
+    if act8 and cpu_int8act_ops.enabled():
         return cpu_int8act_ops.int4_linear(x, w4, s, z)
     if torch.compiler.is_compiling():
         if _traceable_rows(x):
@@ -338,7 +320,7 @@ def int4_linear(x: torch.Tensor, w4: torch.Tensor, s: torch.Tensor, z: torch.Ten
 def int8_linear(x: torch.Tensor, w8: torch.Tensor, s: torch.Tensor, act8: bool = False) -> torch.Tensor:
     """``x [m, K]`` times the int8 weight ``w = q * s`` (a scale per group of 32) -> float32 ``[m, N]``
     (``act8``: see :func:`int4_linear`)."""
-    if act8 and _few_rows(x) and cpu_int8act_ops.enabled():
+    if act8 and cpu_int8act_ops.enabled():
         return cpu_int8act_ops.int8_linear(x, w8, s)
     if torch.compiler.is_compiling():
         if _traceable_rows(x):
@@ -350,12 +332,6 @@ def int8_linear(x: torch.Tensor, w8: torch.Tensor, s: torch.Tensor, act8: bool =
 #: under torch.compile, at most this many (static) rows use the tensor-op form below; it reads the weight once
 #: per row, so more rows go through the custom op (which dequantizes once and runs a GEMM past 16 rows).
 TRACED_MAX_ROWS = 4
-
-
-def _few_rows(x: torch.Tensor) -> bool:
-    """At most 16 rows, known at trace time (a dynamic row count keeps the fp32 kernels: no guard on it)."""
-    m = x.shape[0]
-    return isinstance(m, int) and m <= cpu_int8act_ops.MAX_ROWS
 
 
 def _traceable_rows(x: torch.Tensor) -> bool:

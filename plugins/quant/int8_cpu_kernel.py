@@ -21,8 +21,7 @@ import ctypes
 
 import torch
 
-from octavo.env_flags import env_switch
-from octavo.plugins.quant.cpu_kernel import compile_shared_library
+from octavo.plugins.quant.cpu_build import cached_library
 
 #: at most this many rows use the fused kernel; more rows go through torch._int_mm.
 FUSED_MAX_ROWS = 16
@@ -94,29 +93,14 @@ int w8a8_gemm(const float* x, int m, int k, const int8_t* w, const float* sw, co
 """
 
 _FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC"]
+_P, _I = ctypes.c_void_p, ctypes.c_int
+_SIGNATURES = {"w8a8_gemm": ([_P, _I, _I, _P, _P, _P, _I, ctypes.c_float, _I, _P, _I], _I)}
 _state: dict[str, object] = {}
-
-
-def _build() -> ctypes.CDLL:
-    # runs on torch's OpenMP pool: torch has loaded libgomp already (see cpu_kernel's note)
-    lib = ctypes.CDLL(compile_shared_library(C_SOURCE, "octavo_w8a8", _FLAGS))
-    p, i, f = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
-    lib.w8a8_gemm.argtypes = [p, i, i, p, p, p, i, f, i, p, i]
-    lib.w8a8_gemm.restype = i
-    return lib
 
 
 def library() -> ctypes.CDLL | None:
     """The compiled kernel, or None (reason: :func:`unavailable_reason`); ``OCTAVO_CPU_QUANT_KERNEL=0`` disables it."""
-    if "lib" not in _state:
-        if not env_switch("OCTAVO_CPU_QUANT_KERNEL"):
-            _state["lib"], _state["why"] = None, "disabled by OCTAVO_CPU_QUANT_KERNEL=0"
-        else:
-            try:
-                _state["lib"] = _build()
-            except (OSError, RuntimeError) as e:
-                _state["lib"], _state["why"] = None, str(e)
-    return _state["lib"]  # type: ignore[return-value]
+    return cached_library(_state, C_SOURCE, "octavo_w8a8", _FLAGS, _SIGNATURES, switch="OCTAVO_CPU_QUANT_KERNEL")
 
 
 def unavailable_reason() -> str | None:

@@ -120,7 +120,7 @@ class Int4GroupMethod(LinearMethod):
             then has an ``input_perm [K]`` parameter and ``apply`` gathers ``x[:, input_perm]``.
     """
 
-    #: True: CPU rows <= 16 may run with int8 activations (cpu_kernel's ``act8``; GGUF sets it, see
+    #: True: CPU rows may run with int8 activations, every row count (cpu_kernel's ``act8``; GGUF sets it, see
     #: docs/quantization.md "int8 activations"); False keeps fp32 activations.
     int8_activations = False
 

@@ -3,7 +3,7 @@
 Two forms of the GGUF linears inside the graph, each against the eager engine (the same process, the same
 loaded model, fp32):
 
-- int8 activations (the default since session 4, plugins/quant/cpu_int8act.py): each linear is one call of the
+- int8 activations (the default, every row count since session 5, plugins/quant/cpu_int8act.py): each linear is one call of the
   op ``octavo_cpu::int4_a8`` / ``int8_a8``, the same C kernel eager runs. The graph's attention and norms round
   differently from the eager backend's (fp32 rounding), and an activation element near a rounding boundary of
   its int8 block then lands on the other integer, so the two runs agree to ~1e-2 in logprob, not 1e-5: the
@@ -60,7 +60,7 @@ def mode(request, monkeypatch):
     from octavo.plugins.quant import cpu_int8act_ops
 
     if request.param == "int8act":
-        monkeypatch.setenv("OCTAVO_CPU_INT8_ACT", "1")  # opt-in
+        monkeypatch.setenv("OCTAVO_CPU_INT8_ACT", "1")  # the default (session 5: every row count)
     else:
         monkeypatch.setenv("OCTAVO_CPU_INT8_ACT", "0")
     monkeypatch.setattr(cpu_int8act_ops, "_state", {})

@@ -4,8 +4,9 @@ Every build target runs on this machine: ``native`` (AVX512-VNNI here; whatever 
 ``avx2`` (x86-64-v3: AVX2 without VNNI, the ``vpmaddubsw`` path) and ``generic`` (portable C). Checked:
 the activation quantization bit for bit against numpy (fp32 division, round half to even), the integer dot
 bit for bit (unit scales, so the fp32 sums of int32 block sums are exact), and the whole product against
-float64 on the dequantized weight and activation (bound: fp32 rounding), for 1..16 rows and block counts
-that exercise the chunks of 4, 2 and 1 blocks; bf16 input; the engine routing and its switch.
+float64 on the dequantized weight and activation (bound: fp32 rounding), for 1..33 rows and block counts
+that exercise the chunks of 4, 2 and 1 blocks; bf16 input; the engine routing and its switch. Batch invariance
+(a row's output bit for bit the same alone or among others) is tests/quant/test_cpu_int8act_batch_invariance.py.
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ def test_activation_quantization_bit_exact(isa, k):
 
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("k", KS)
-@pytest.mark.parametrize("m", [1, 3, 16])
+@pytest.mark.parametrize("m", [1, 3, 16, 21])
 def test_integer_dot_bit_exact(isa, k, m):
     """Unit scales and d = 1: the output is the sum of the exact int32 block dots (exact in fp32 here)."""
     _, q4, q8, _, _ = _case(m, k, 37, m * k)
@@ -89,7 +90,7 @@ def _close(got: torch.Tensor, want: torch.Tensor) -> None:
 
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("k", KS)
-@pytest.mark.parametrize("m", [1, 2, 5, 16])
+@pytest.mark.parametrize("m", [1, 2, 5, 16, 33])
 def test_product_matches_float64_of_the_same_math(isa, k, m):
     x, q4, q8, s, z = _case(m, k, 45, 7 * m + k)
     xq, d = _ref_quant(x)
@@ -109,10 +110,10 @@ def test_bf16_input_equals_its_fp32_value(isa):
     assert torch.equal(cpu_int8act.int8_linear(xb, q8, s, isa=isa), cpu_int8act.int8_linear(xb.float(), q8, s, isa=isa))
 
 
-def test_rows_above_16_are_refused_by_the_kernel():
-    x, q4, _, s, z = _case(17, 64, 4, 0)
-    with pytest.raises(ValueError, match="17 rows"):
-        cpu_int8act.int4_linear(x, cpu_kernel.pack_int4(q4), s, z)
+def test_inputs_not_in_blocks_of_32_are_refused():
+    x, q4, _, s, z = _case(3, 64, 4, 0)
+    with pytest.raises(ValueError, match="multiple of 32"):
+        cpu_int8act.int4_linear(x[:, :48].contiguous(), torch.zeros(4, 24, dtype=torch.uint8), s[:, :1], z[:, :1])
 
 
 def test_paths_compiled_in():
@@ -125,17 +126,17 @@ def test_paths_compiled_in():
 
 
 def test_routing_and_switch(monkeypatch):
-    """act8 callers get the integer kernel for <= 16 rows; OCTAVO_CPU_INT8_ACT=0 gives the exact fp32 kernel;
-    17 rows always take the fp32 path; a value other than 0/1 is refused."""
+    """act8 callers get the integer kernel for every row count (on by default); OCTAVO_CPU_INT8_ACT=0 gives the
+    exact fp32 kernels; a value other than 0/1 is refused."""
     x, q4, _, s, z = _case(2, 96, 8, 3)
     w4 = cpu_kernel.pack_int4(q4)
     exact = cpu_kernel.int4_linear(x, w4, s, z)
     monkeypatch.setattr(cpu_int8act_ops, "_state", {})
-    monkeypatch.setenv("OCTAVO_CPU_INT8_ACT", "1")
+    monkeypatch.delenv("OCTAVO_CPU_INT8_ACT", raising=False)
     assert torch.equal(cpu_kernel.int4_linear(x, w4, s, z, act8=True), cpu_int8act.int4_linear(x, w4, s, z))
     assert not torch.equal(cpu_kernel.int4_linear(x, w4, s, z, act8=True), exact)
-    x17 = torch.cat([x] * 9)[:17]
-    torch.testing.assert_close(cpu_kernel.int4_linear(x17, w4, s, z, act8=True)[:2], exact)  # fp32 GEMM path
+    x17 = torch.cat([x] * 9)[:17]  # past the old 16-row limit: the same kernel, the same rows
+    assert torch.equal(cpu_kernel.int4_linear(x17, w4, s, z, act8=True)[:2], cpu_int8act.int4_linear(x, w4, s, z))
     monkeypatch.setattr(cpu_int8act_ops, "_state", {})
     monkeypatch.setenv("OCTAVO_CPU_INT8_ACT", "0")
     assert torch.equal(cpu_kernel.int4_linear(x, w4, s, z, act8=True), exact)
@@ -154,7 +155,7 @@ def test_isa_setting_is_validated(monkeypatch):
 def test_compiled_graph_calls_the_op(monkeypatch):
     """Under torch.compile the act8 linear is one op call inside a single graph (no graph break)."""
     monkeypatch.setattr(cpu_int8act_ops, "_state", {})
-    monkeypatch.setenv("OCTAVO_CPU_INT8_ACT", "1")
+    monkeypatch.delenv("OCTAVO_CPU_INT8_ACT", raising=False)  # on by default
     x, q4, q8, s, z = _case(1, 576, 24, 5)
     w4 = cpu_kernel.pack_int4(q4)
 
