@@ -211,4 +211,6 @@ def build_sampling_batch(reqs: list, vocab_size: int, device: torch.device,
                 gen = generators[r.request_id] = torch.Generator(device=device).manual_seed(p.seed)
             b.generators[i] = gen
     b.max_num_logprobs = max((p.logprobs for p in ps if p.logprobs is not None), default=-1)
+    if all(p.top_k > 0 or p.top_p >= 1.0 for p in ps):  # the fused sampler's top-k bound (core/sampler.py)
+        b.top_k_bound = min(max((p.top_k for p in ps if p.top_k > 0), default=0), vocab_size)
     return b

@@ -41,6 +41,9 @@ class SamplingBatch:
     banned: list[tuple[int, list[int]]] = field(default_factory=list)  # (row, token ids) masked by min_tokens
     generators: dict[int, torch.Generator] = field(default_factory=dict)  # row -> per-request generator
     max_num_logprobs: int = -1  # -1: no row wants logprobs
+    # the largest top_k of any row when every top-p row also has a top-k (0: no row has one); -1: some row
+    # filters by top-p alone (the fused path then needs the whole sorted row: it falls back to torch)
+    top_k_bound: int = -1
 
 
 @dataclass
@@ -153,12 +156,49 @@ def process_logits(logits: torch.Tensor, b: SamplingBatch) -> tuple[torch.Tensor
     return greedy, scaled.softmax(dim=-1)
 
 
+MAX_FUSED_TOP_K = 1024  # top-k / top-p rows take the fused path when every top-p row has a top_k up to this
+
+
+def filter_thresholds(logits: torch.Tensor, b: SamplingBatch) -> torch.Tensor:
+    """min_p, top_k and top_p of each row as one logit threshold ([R] fp32): a token survives the torch path's
+    ``apply_min_p`` and ``apply_top_k_top_p`` iff its logit is >= the threshold. Thresholds are logits of the
+    row itself (or ``max + T log min_p``), so the kernel compares raw logits, never a re-divided value. Needs
+    ``b.top_k_bound`` > 0 when a row has top-k or top-p (top-p runs over the ``top_k`` candidates)."""
+    temp = torch.where(b.temperature > 0, b.temperature, torch.ones_like(b.temperature))
+    lf = logits.float()
+    thr = torch.full_like(temp, float("-inf"))
+    if not b.no_min_p:  # p_i >= min_p * p_max  <=>  x_i >= x_max + T log(min_p)
+        row_max = lf.amax(dim=-1)
+        thr = torch.where(b.min_p > 0, row_max + temp * torch.log(b.min_p), thr)
+    if b.no_top_k and b.no_top_p:
+        return thr
+    k = b.top_k_bound
+    vals = lf.topk(k, dim=-1).values  # [R, k] descending
+    vals = vals.masked_fill(vals < thr.unsqueeze(1), float("-inf"))  # min_p first, as the torch path
+    top_k = b.top_k.clamp(1, k)
+    if not b.no_top_k:  # keep the top_k largest (ties with the k-th included); rows without top-k: -inf
+        kth = vals.gather(1, (top_k - 1).unsqueeze(1)).squeeze(1)
+        kth = torch.where(b.top_k < logits.shape[-1], kth, torch.full_like(kth, float("-inf")))
+        thr = torch.maximum(thr, kth)
+        vals = vals.masked_fill(vals < kth.unsqueeze(1), float("-inf"))
+    if not b.no_top_p:  # the torch path's rule over the top-k candidates in ascending order
+        asc = (vals / temp.unsqueeze(1)).flip(-1)
+        cum = asc.softmax(dim=-1).cumsum(dim=-1)
+        drop = cum <= (1 - b.top_p.unsqueeze(1))
+        drop[:, -1] = False
+        first_kept = drop.sum(dim=-1, keepdim=True)  # drop is a prefix (cum increases)
+        cut = vals.flip(-1).gather(1, first_kept).squeeze(1)
+        thr = torch.where(b.top_p < 1.0, torch.maximum(thr, cut), thr)
+    return thr
+
+
 class Sampler:
     """The sampling step of the model runner.
 
-    Batches with a random row and no top-k / top-p / min-p row take one fused Triton pass on CUDA
-    (``core/sampler_triton.py``: Gumbel-max over ``logits / T``, greedy rows exact argmax, per-request seeds
-    reproducible); the logit processors still run first, in torch. ``OCTAVO_FUSED_SAMPLER=0`` keeps the torch
+    Batches with a random row take one fused Triton pass on CUDA (``core/sampler_triton.py``: Gumbel-max over
+    ``logits / T``, greedy rows exact argmax, per-request seeds reproducible) unless a row filters by top-p
+    without a top-k (or a top-k above ``MAX_FUSED_TOP_K``); min-p / top-k / top-p become one logit threshold per
+    row (:func:`filter_thresholds`). The logit processors still run first, in torch. ``OCTAVO_FUSED_SAMPLER=0`` keeps the torch
     path everywhere; ``force_fused=True`` takes the fused path on any device (tests under ``TRITON_INTERPRET``).
     """
 
@@ -169,7 +209,9 @@ class Sampler:
         self._draws: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     def uses_fused(self, logits: torch.Tensor, b: SamplingBatch) -> bool:
-        if b.all_greedy or not (b.no_top_k and b.no_top_p and b.no_min_p):
+        if b.all_greedy:
+            return False
+        if not (b.no_top_k and b.no_top_p) and not 0 < b.top_k_bound <= MAX_FUSED_TOP_K:
             return False
         if self.force_fused:
             return True
@@ -180,6 +222,7 @@ class Sampler:
 
         if has_logit_processors(b):
             logits = apply_logit_processors(logits.float(), b)
+        thresholds = None if b.no_top_k and b.no_top_p and b.no_min_p else filter_thresholds(logits, b)
         base, keys = unseeded_base(), None
         if b.generators:
             seeded = {}
@@ -188,7 +231,7 @@ class Sampler:
                 self._draws[gen] = n + 1
                 seeded[row] = seeded_key(gen.initial_seed(), n)
             keys = row_keys(base, logits.shape[0], seeded).to(logits.device, non_blocking=True)
-        return fused_sample(logits, b.temperature, keys, base)
+        return fused_sample(logits, b.temperature, keys, base, thresholds)
 
     def __call__(self, logits: torch.Tensor, b: SamplingBatch) -> SamplerOutput:
         raw_logprobs = compute_logprobs(logits) if b.max_num_logprobs >= 0 else None

@@ -41,20 +41,22 @@ def _gumbel(r):
 
 
 @triton.jit
-def _fold(ptr, cols, hi, r, temp, best, best_idx, RANDOM: tl.constexpr):
+def _fold(ptr, cols, hi, r, temp, thr, best, best_idx, RANDOM: tl.constexpr):
     """Fold one block of columns into the per-lane running (best score, its column): elementwise only; a
-    lane sees its columns in increasing order and keeps the first of equal scores."""
+    lane sees its columns in increasing order and keeps the first of equal scores. Random rows draw only
+    among logits >= ``thr`` (min-p / top-k / top-p, as a logit threshold; -inf: no filter)."""
     m = cols < hi
     x = tl.load(ptr + cols, mask=m, other=float("-inf")).to(tl.float32)
     if RANDOM:
-        x = tl.where(m, x / temp + _gumbel(r), float("-inf"))
+        x = tl.where(m & (x >= thr), x / temp + _gumbel(r), float("-inf"))
     take = x > best
     return tl.where(take, x, best), tl.where(take, cols, best_idx)
 
 
 @triton.jit(do_not_specialize=["base", "chunk", "n_chunks"])
-def _sample_partial_kernel(logits_ptr, stride, temp_ptr, keys_ptr, base, n_cols, chunk, n_chunks,
-                           part_val_ptr, part_idx_ptr, HAS_KEYS: tl.constexpr, SUB: tl.constexpr):
+def _sample_partial_kernel(logits_ptr, stride, temp_ptr, keys_ptr, thr_ptr, base, n_cols, chunk, n_chunks,
+                           part_val_ptr, part_idx_ptr, HAS_KEYS: tl.constexpr, HAS_THR: tl.constexpr,
+                           SUB: tl.constexpr):
     row = tl.program_id(0)
     c = tl.program_id(1)
     row64 = row.to(tl.int64)
@@ -70,18 +72,22 @@ def _sample_partial_kernel(logits_ptr, stride, temp_ptr, keys_ptr, base, n_cols,
             key = tl.load(keys_ptr + row)
         else:
             key = base + row64 * 6364136223846793005
+        if HAS_THR:
+            thr = tl.load(thr_ptr + row).to(tl.float32)
+        else:
+            thr = float("-inf")
         for start in range(lo, hi, 4 * SUB):
             r0, r1, r2, r3 = tl.randint4x(key, start // 4 + i)
-            best, best_idx = _fold(ptr, start + i, hi, r0, temp, best, best_idx, True)
-            best, best_idx = _fold(ptr, start + SUB + i, hi, r1, temp, best, best_idx, True)
-            best, best_idx = _fold(ptr, start + 2 * SUB + i, hi, r2, temp, best, best_idx, True)
-            best, best_idx = _fold(ptr, start + 3 * SUB + i, hi, r3, temp, best, best_idx, True)
+            best, best_idx = _fold(ptr, start + i, hi, r0, temp, thr, best, best_idx, True)
+            best, best_idx = _fold(ptr, start + SUB + i, hi, r1, temp, thr, best, best_idx, True)
+            best, best_idx = _fold(ptr, start + 2 * SUB + i, hi, r2, temp, thr, best, best_idx, True)
+            best, best_idx = _fold(ptr, start + 3 * SUB + i, hi, r3, temp, thr, best, best_idx, True)
     else:
         for start in range(lo, hi, 4 * SUB):
-            best, best_idx = _fold(ptr, start + i, hi, i, temp, best, best_idx, False)
-            best, best_idx = _fold(ptr, start + SUB + i, hi, i, temp, best, best_idx, False)
-            best, best_idx = _fold(ptr, start + 2 * SUB + i, hi, i, temp, best, best_idx, False)
-            best, best_idx = _fold(ptr, start + 3 * SUB + i, hi, i, temp, best, best_idx, False)
+            best, best_idx = _fold(ptr, start + i, hi, i, temp, temp, best, best_idx, False)
+            best, best_idx = _fold(ptr, start + SUB + i, hi, i, temp, temp, best, best_idx, False)
+            best, best_idx = _fold(ptr, start + 2 * SUB + i, hi, i, temp, temp, best, best_idx, False)
+            best, best_idx = _fold(ptr, start + 3 * SUB + i, hi, i, temp, temp, best, best_idx, False)
     v = tl.max(best, 0)
     first = tl.min(tl.where(best == v, best_idx, 2147483647), 0)  # ties: the lowest column
     tl.store(part_val_ptr + row64 * n_chunks + c, v)
@@ -153,10 +159,11 @@ def num_chunks(rows: int, n_cols: int, target_programs: int = 1056) -> tuple[int
 
 
 def fused_sample(logits: torch.Tensor, temperature: torch.Tensor, keys: torch.Tensor | None,
-                 base: int | None = None) -> torch.Tensor:
+                 base: int | None = None, thresholds: torch.Tensor | None = None) -> torch.Tensor:
     """One token per row of ``logits`` ([R, V], fp32/bf16/fp16, unit column stride): the argmax for rows with
-    ``temperature <= 0``, a draw from ``softmax(logits / temperature)`` otherwise. ``keys`` ([R] int64 on the
-    device) overrides the per-row Philox keys; without it they derive from ``base`` (drawn when None)."""
+    ``temperature <= 0``, a draw from ``softmax(logits / temperature)`` otherwise, restricted to the logits
+    ``>= thresholds[row]`` when given ([R] fp32). ``keys`` ([R] int64 on the device) overrides the per-row
+    Philox keys; without it they derive from ``base`` (drawn when None)."""
     R, V = logits.shape
     if logits.stride(1) != 1:
         logits = logits.contiguous()
@@ -170,7 +177,8 @@ def fused_sample(logits: torch.Tensor, temperature: torch.Tensor, keys: torch.Te
         base = unseeded_base()
     has_keys = keys is not None
     _sample_partial_kernel[(R, n_chunks)](
-        logits, logits.stride(0), temperature, keys if has_keys else temperature, base, V, chunk, n_chunks,
-        part_val, part_idx, HAS_KEYS=has_keys, SUB=SUB, num_warps=4)
+        logits, logits.stride(0), temperature, keys if has_keys else temperature,
+        thresholds if thresholds is not None else temperature, base, V, chunk, n_chunks,
+        part_val, part_idx, HAS_KEYS=has_keys, HAS_THR=thresholds is not None, SUB=SUB, num_warps=4)
     _sample_final_kernel[(R,)](part_val, part_idx, out, n_chunks, MAX_CHUNKS=MAX_CHUNKS, num_warps=1)
     return out

@@ -82,7 +82,7 @@ def test_gumbel_max_over_the_noise_follows_the_softmax():
     assert p > 1e-3, (counts, p)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.bfloat16] if INTERPRET else [torch.float32, torch.bfloat16])
 def test_kernel_is_gumbel_max_over_its_noise_and_exact_argmax_when_greedy(dtype):
     gen = torch.Generator().manual_seed(3)
     R = 7
@@ -179,13 +179,13 @@ def test_logit_processors_apply_before_fused_sampling():
     assert via_sampler.tolist() == direct.tolist()
 
 
-def test_routing_top_k_top_p_min_p_and_all_greedy_keep_the_torch_path():
+def test_routing_top_p_alone_and_all_greedy_keep_the_torch_path():
     x = torch.randn(2, V, device=DEV)
     s = Sampler(force_fused=True)
-    assert not s.uses_fused(x, _batch(_reqs(SamplingParams(temperature=0.7, top_k=5),
-                                            SamplingParams(temperature=0.7)), {}))
+    assert s.uses_fused(x, _batch(_reqs(SamplingParams(temperature=0.7, top_k=5),
+                                        SamplingParams(temperature=0.7)), {}))
     assert not s.uses_fused(x, _batch(_reqs(SamplingParams(temperature=0.7, top_p=0.9)), {}))
-    assert not s.uses_fused(x, _batch(_reqs(SamplingParams(temperature=0.7, min_p=0.1)), {}))
+    assert s.uses_fused(x, _batch(_reqs(SamplingParams(temperature=0.7, min_p=0.1)), {}))
     assert not s.uses_fused(x, _batch(_reqs(SamplingParams(temperature=0)), {}))
     b = _batch(_reqs(SamplingParams(temperature=0.7, top_k=3)), {})
     got = s(x[:1].clone(), b).sampled.item()
@@ -199,3 +199,71 @@ def test_logprobs_are_raw_with_fused_sampling():
     raw = torch.log_softmax(x.float(), -1)
     torch.testing.assert_close(out.logprobs[:, 0], raw.gather(1, out.sampled[:, None])[:, 0])
     torch.testing.assert_close(out.logprobs[:, 1:], raw.topk(2, dim=-1).values)
+
+
+# ------------------------------------------------------------------------------------------------ min-p / top-k / top-p
+FILTERS = [dict(top_k=5), dict(top_k=40, top_p=0.8), dict(min_p=0.05), dict(min_p=0.2, top_k=50, top_p=0.9),
+           dict(top_k=1), dict(top_k=3, top_p=0.01), dict()]
+
+
+def test_filter_thresholds_keep_exactly_the_torch_paths_tokens():
+    from octavo.core.sampler import filter_thresholds, process_logits
+
+    gen = torch.Generator().manual_seed(11)
+    params = [SamplingParams(temperature=t, **f) for f in FILTERS for t in (0.5, 1.3)]
+    x = (torch.randn(len(params), V, generator=gen) * 2).to(DEV)
+    x[0, 100:110] = x[0].max() + 1  # a tie group at the top
+    b = _batch(_reqs(*params), {})
+    assert b.top_k_bound == 50 and Sampler(force_fused=True).uses_fused(x, b)
+    thr = filter_thresholds(x, b)
+    _, probs = process_logits(x.clone(), b)
+    for row in range(len(params)):
+        want = (probs[row] > 0).nonzero().flatten().tolist()
+        got = (x[row] >= thr[row]).nonzero().flatten().tolist()
+        assert got == want, (params[row], len(got), len(want))
+
+
+def test_filtered_fused_draws_stay_in_the_kept_set_and_are_gumbel_max_over_it():
+    from octavo.core.sampler import filter_thresholds
+
+    gen = torch.Generator().manual_seed(12)
+    params = [SamplingParams(temperature=0.8, **f) for f in FILTERS] + [SamplingParams(temperature=0, top_k=5)]
+    R = len(params)
+    x = (torch.randn(R, V, generator=gen) * 2).to(DEV)
+    b = _batch(_reqs(*params), {})
+    thr = filter_thresholds(x, b)
+    keys = row_keys(2**44 + 3, R, {}).to(DEV)
+    got = fused_sample(x, b.temperature, keys, thresholds=thr)
+    g = gumbel_noise(keys, V)
+    for row in range(R - 1):
+        score = torch.where(x[row] >= thr[row], x[row] / b.temperature[row] + g[row], float("-inf"))
+        assert x[row, got[row]] >= thr[row]
+        assert score[got[row]] >= score.max() - 1e-4 * score.max().abs(), row
+    assert got[R - 1] == x[R - 1].argmax()  # greedy rows ignore the filters, as the torch path
+
+
+def test_top_p_without_top_k_keeps_the_torch_path():
+    x = torch.randn(2, V, device=DEV)
+    s = Sampler(force_fused=True)
+    b = _batch(_reqs(SamplingParams(temperature=0.7, top_p=0.9), SamplingParams(temperature=0.7, top_k=5)), {})
+    assert b.top_k_bound == -1 and not s.uses_fused(x, b)
+    b = _batch(_reqs(SamplingParams(temperature=0.7, top_k=2000, top_p=0.9)), {})
+    assert b.top_k_bound == 2000 and not s.uses_fused(x, b)  # above MAX_FUSED_TOP_K
+
+
+def test_filtered_draws_follow_the_torch_paths_distribution():
+    from octavo.core.sampler import process_logits
+
+    n = 24 if INTERPRET else 20_000
+    gen = torch.Generator().manual_seed(13)
+    row = torch.randn(V, generator=gen) * 1.5
+    p = SamplingParams(temperature=0.9, top_k=6, top_p=0.85, min_p=0.02)
+    b = _batch(_reqs(*[p] * n), {})
+    x = row.to(DEV).expand(n, V)
+    _, probs = process_logits(x[:1].clone().float(), _batch(_reqs(p), {}))
+    support = (probs[0] > 0).nonzero().flatten()
+    got = Sampler(force_fused=True)(x, b).sampled.cpu()
+    assert set(got.tolist()) <= set(support.cpu().tolist())
+    counts = torch.tensor([(got == s).sum().item() for s in support.cpu()])
+    pv = chi2_pvalue(counts, probs[0, support].cpu())
+    assert pv > 1e-3, (counts, pv)
