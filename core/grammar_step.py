@@ -30,6 +30,7 @@ import numpy as np
 
 logger = logging.getLogger(__name__)
 _TABLES: dict[Any, Any] = {}  # (device, dtype) -> the byte -> 8 biases table
+_CPU_DTYPES = ("float32", "float64", "bfloat16", "float16")  # torch dtypes, compared by name (no torch import)
 
 # Under async scheduling the gate of step N+1 opens on the core thread right after N's tokens advanced the
 # matchers; True: the fill then runs right there (its rows split over the chunk threads), so the step thread
@@ -79,7 +80,7 @@ class GrammarStep:
 
     __slots__ = ("backend", "positions", "request_ids", "matchers", "bitmask", "pool", "chunks", "_future",
                  "_rows", "_error", "fill_s", "wait_s", "apply_s", "t_start", "t_fill0", "t_fill1", "t_resume",
-                 "handoff_wait_s", "_resumed")
+                 "handoff_wait_s", "_resumed", "cpu_hint", "cpu_pre")
 
     def __init__(self, backend: Any, positions: list[int], request_ids: list[str], matchers: list[Any],
                  bitmask: Any, pool: ThreadPoolExecutor, chunks: tuple[int, ThreadPoolExecutor] | None = None) -> None:
@@ -101,12 +102,16 @@ class GrammarStep:
         self.t_start = self.t_fill0 = self.t_fill1 = self.t_resume = 0.0
         self.handoff_wait_s = 0.0  # set by the manager on an accelerator (HANDOFF_WAIT_S)
         self._resumed: threading.Event | None = None
+        # CPU logits: the manager's shared {"dtype", "vocab"} (learned from the runner's first apply); the fill
+        # then also builds the apply's operands (core/grammar_mask_cpu.py) off the critical path -> cpu_pre
+        self.cpu_hint: dict | None = None
+        self.cpu_pre: Any = None
 
     def subset(self, keep: list[int]) -> GrammarStep:
         """A not yet started step of rows ``keep`` only (same buffer, pools and settings)."""
         g = GrammarStep(self.backend, [self.positions[j] for j in keep], [self.request_ids[j] for j in keep],
                         [self.matchers[j] for j in keep], self.bitmask, self.pool, self.chunks)
-        g.handoff_wait_s = self.handoff_wait_s
+        g.handoff_wait_s, g.cpu_hint = self.handoff_wait_s, self.cpu_hint
         return g
 
     def _fill_rows(self) -> None:
@@ -140,6 +145,12 @@ class GrammarStep:
             words[:len(keep)] = words[keep]
             rows = ([self.request_ids[j] for j in keep], [self.positions[j] for j in keep],
                     self.bitmask[:len(keep)])
+        hint = self.cpu_hint
+        if hint and len(rows[0]):
+            from octavo.core.grammar_mask_cpu import mask_operands
+
+            self.cpu_pre = (mask_operands(rows[2].numpy(), hint["vocab"], hint["dtype"], hint.setdefault("bufs", {})),
+                            hint["dtype"])
         self.t_fill1 = time.perf_counter()
         self.fill_s = self.t_fill1 - t0
         return rows
@@ -188,6 +199,7 @@ class GrammarStep:
     def attach(self, batch: Any) -> None:
         """Fill now and put each masked row into its ``ScheduledRequestData.grammar_bitmask`` (bytes): the
         form that crosses a process boundary."""
+        self.cpu_hint = None  # the runner applies from the bytes: no operands to build
         _, positions, rows = self.wait()
         data = rows.numpy()
         for j, i in enumerate(positions):
@@ -205,20 +217,21 @@ def _bias_table(device: Any, dtype: Any) -> Any:
     return table
 
 
-def apply_packed(logits: Any, rows: list[int], packed: Any) -> Any:
+def apply_packed(logits: Any, rows: list[int], packed: Any, pre: Any = None) -> Any:
     """Set disallowed logits to ``-inf`` on ``rows`` (logits row indices) from packed int32 ``[len(rows), W]``.
 
     On an accelerator: the packed words are read as bytes (little-endian, so byte j holds tokens 8j..8j+7),
     each byte looks up its 8 additive biases (0 or -inf) in a 256-row table, and the ``[n, V]`` bias is added
-    to the rows: an ``index_select`` and an ``add_``. On a CPU: numpy, in place (:func:`_apply_packed_numpy`).
+    to the rows: an ``index_select`` and an ``add_`` (on CUDA: one Triton launch instead). On a CPU: numpy
+    integer AND/OR, in place (:func:`_apply_packed_numpy`, ``pre`` its operands built by the fill).
     NOTE: both replaced unpacking with shifts + ``masked_fill_``, which took ~90 ms at batch 32 x 49152 on
     this CPU build of torch (the table add: ~2 ms; min of 60 runs, 1 thread).
     """
     import torch
 
     device = logits.device
-    if device.type == "cpu" and _numpy_view(logits.dtype) is not None:
-        return _apply_packed_numpy(logits, rows, packed)
+    if device.type == "cpu" and str(logits.dtype).removeprefix("torch.") in _CPU_DTYPES:
+        return _apply_packed_numpy(logits, rows, packed, pre)
     n, vocab = len(rows), logits.shape[-1]
     whole = n == logits.shape[0] and rows == list(range(n))
     index = None if whole else torch.tensor(rows, dtype=torch.int32)
@@ -257,36 +270,16 @@ def _triton_apply() -> Any:
     return _TABLES["triton"]
 
 
-def _numpy_view(dtype: Any) -> Any:
-    """The dtype whose numpy view carries a logits dtype on the CPU path (bf16/fp16 as their int16 bits)."""
-    import torch
+def _apply_packed_numpy(logits: Any, rows: list[int], packed: Any, pre: Any = None) -> Any:
+    """The CPU apply: integer AND/OR on the logits' bits through a numpy view (core/grammar_mask_cpu.py; one
+    thread, no OpenMP barrier, no branch per element). ``pre``: ``((keep, neg), dtype)`` the fill built for these
+    rows while the forward ran; else they are built here."""
+    from octavo.core.grammar_mask_cpu import apply_operands, mask_operands
 
-    return {torch.float32: torch.float32, torch.float64: torch.float64, torch.bfloat16: torch.int16,
-            torch.float16: torch.int16}.get(dtype)
-
-
-def _apply_packed_numpy(logits: Any, rows: list[int], packed: Any) -> Any:
-    """The CPU apply: unpack the complemented words to one "disallowed" flag per token and write -inf there
-    (``np.copyto(..., where=)``, in place through a numpy view of the logits; bf16/fp16 as int16 bits).
-    Why numpy: one thread, no OpenMP barrier; on the shared 2-vCPU VM under load it took 0.6x the time of
-    the table add (fp32 and bf16, batch 32 x 49152, min of 40), which also stalls on torch's thread pool."""
-    import numpy as np
-    import torch
-
-    view = _numpy_view(logits.dtype)
-    x = logits.detach()
-    x = (x if view == logits.dtype else x.view(view)).numpy()
-    neg = torch.tensor(float("-inf"), dtype=logits.dtype).view(view).item() if view != logits.dtype else -np.inf
-    neg = x.dtype.type(neg)
-    vocab = x.shape[-1]
-    words = np.invert(np.ascontiguousarray(packed.numpy()))
-    disallowed = np.unpackbits(words.view(np.uint8), axis=-1, count=vocab, bitorder="little").view(bool)
-    if len(rows) == x.shape[0] and rows == list(range(len(rows))):
-        np.copyto(x, neg, where=disallowed)
-    else:
-        for j, r in enumerate(rows):
-            np.copyto(x[r], neg, where=disallowed[j])
-    return logits
+    vocab = logits.shape[-1]
+    if pre is None or pre[1] != logits.dtype or pre[0][0].shape != (len(rows), vocab):
+        pre = (mask_operands(packed.numpy(), vocab, logits.dtype), logits.dtype)
+    return apply_operands(logits, rows, *pre[0])
 
 
 def _to_device(t: Any, device: Any) -> Any:
@@ -323,7 +316,11 @@ def mask_logits(logits: Any, batch: Any, sample_req_ids: list[str], logits_rows:
         if not rids:
             return logits
         t0 = time.perf_counter()
-        out = apply_packed(logits, logits_rows([pos[r] for r in rids]), packed)
+        step = getattr(grammar, "inner", grammar)  # (async: the GatedGrammarStep's GrammarStep)
+        hint = getattr(step, "cpu_hint", None)
+        if hint is not None and logits.device.type == "cpu":  # later fills build the CPU apply's operands
+            hint["dtype"], hint["vocab"] = logits.dtype, logits.shape[-1]
+        out = apply_packed(logits, logits_rows([pos[r] for r in rids]), packed, getattr(step, "cpu_pre", None))
         grammar.apply_s = time.perf_counter() - t0
         return out
     masks = [(pos[s.request_id], s.grammar_bitmask) for s in batch.scheduled

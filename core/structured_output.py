@@ -82,6 +82,7 @@ class StructuredOutputManager:
         # set by the async step loop (core/async_engine.py): releases step N+1's gated fill once N's tokens are
         # in the matchers (it needs nothing else from the step), instead of after N's outputs are built
         self.after_accept: Any = None
+        self._cpu_hint: dict = {}  # {"dtype", "vocab"} of CPU logits, set by the runner's apply (grammar_step.py)
         self._early: Any = ()  # requests whose token accept_sampled already accepted this step
         # host seconds summed over steps with grammar rows (benchmarks/structured_outputs.py reads them):
         # wait_s is the fill time the forward did not hide; fill_s the whole fill, wherever it ran
@@ -206,6 +207,8 @@ class StructuredOutputManager:
                                      self._pool_for_fills(), self._chunks())
         if self._bitmask.is_pinned():  # this process drives an accelerator: its forward runs asynchronously
             self._inflight.handoff_wait_s = grammar_step.HANDOFF_WAIT_S
+        else:  # maybe CPU logits: the runner's apply fills in the dtype, later fills build its operands
+            self._inflight.cpu_hint = self._cpu_hint
         self.stats["prepare_s"] += time.perf_counter() - t0
         return self._inflight
 

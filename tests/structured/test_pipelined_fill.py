@@ -59,6 +59,28 @@ def test_chunked_fill_equals_one_call_and_inline_equals_thread(mgr, monkeypatch)
     mgr.accept_tokens([])
 
 
+def test_cpu_apply_operands_built_by_the_fill(mgr):  # noqa: F811
+    """CPU logits: the runner's first apply tells the manager the logits dtype; later fills build the apply's
+    integer operands (core/grammar_mask_cpu.py) while the forward runs, and the masked logits are the same."""
+    from octavo.core.grammar_step import mask_logits
+
+    out, batch = schedule(mgr, PREFIXES[:5])
+    ids = [s.request_id for s in batch.scheduled]
+    logits = torch.randn(len(ids), VOCAB).to(torch.bfloat16)
+    first = mgr.prepare(out)
+    assert first.cpu_hint is not None and first.cpu_pre is None
+    ref = mask_logits(logits.clone(), None, ids, lambda rows: rows, first)
+    mgr.accept_tokens([])
+    assert mgr._cpu_hint["dtype"] == torch.bfloat16 and mgr._cpu_hint["vocab"] == VOCAB
+    step = mgr.prepare(out)
+    step.start()
+    step.wait()
+    assert step.cpu_pre is not None and step.cpu_pre[1] == torch.bfloat16
+    assert torch.equal(mask_logits(logits.clone(), None, ids, lambda rows: rows, step), ref)
+    assert torch.isinf(ref).any() and not torch.isnan(ref).any()
+    mgr.accept_tokens([])
+
+
 class _Broken:
     def fill_bitmasks(self, matchers, bitmask):
         raise RuntimeError("fill failed")
