@@ -22,74 +22,85 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # gpu_e2e's workload
 
 
-def _reserving_kv():
-    from octavo.core.kv_cache.manager import KVCacheManager, cdiv
-    from octavo.core.request import RequestStatus
+def workload(args) -> list[tuple[int, int, int | None]]:
+    """(prompt tokens, max_tokens, tokens after which it emits EOS or None: runs to max_tokens) per request."""
+    if args.workload == "nanovllm":  # nano-vllm's: 256 requests, in/out U[100, 1024] (benchmarks/gpu_e2e.py)
+        from gpu_e2e import nanovllm_workload
 
-    class ReservingKV(KVCacheManager):
-        """What-if admission policy (``--admission reserve``): admit a request only if the free blocks cover its
-        whole eventual length (prompt + max_tokens) on top of what the running requests may still grow to, so
-        nothing is ever preempted. Not the engine's policy; for comparing schedules."""
-
-        sched = None
-
-        def allocate_slots(self, req, num_new_tokens, new_computed_blocks=()):
-            if req.status != RequestStatus.RUNNING:
-                bs = self.block_size
-                grow = sum(cdiv(r.num_prompt_tokens + r.max_tokens, bs) - len(self.req_blocks.get(r.request_id, ()))
-                           for r in self.sched.running)
-                if self.pool.num_free_blocks - grow < cdiv(req.num_prompt_tokens + req.max_tokens, bs):
-                    return False
-            return super().allocate_slots(req, num_new_tokens, new_computed_blocks)
-
-    return ReservingKV
+        return [(len(ids), n, None) for ids, n in nanovllm_workload()]
+    if args.workload == "chat":  # short answers under a large max_tokens: EOS after U[1, 2 * out_len - 1] tokens
+        rng = random.Random(args.seed)
+        return [(rng.randint(args.in_len // 2, args.in_len * 3 // 2), args.max_model_len - args.in_len * 3 // 2,
+                 rng.randint(1, 2 * args.out_len - 1)) for _ in range(args.prompts)]
+    if args.workload == "eos":  # max_tokens unset (max_model_len - prompt); EOS after U[1, 2 * out_len - 1] tokens
+        rng = random.Random(args.seed)
+        return [(args.in_len, args.max_model_len - args.in_len, rng.randint(1, 2 * args.out_len - 1))
+                for _ in range(args.prompts)]
+    return [(args.in_len, args.out_len, None)] * args.prompts
 
 
 def simulate(args) -> dict:
     from octavo.config import OctavoSettings
+    from octavo.core.async_scheduler import AsyncScheduler
     from octavo.core.kv_cache.manager import KVCacheManager
     from octavo.core.messages import EngineCoreRequest
     from octavo.core.request import Request
     from octavo.core.scheduler import Scheduler
     from octavo.sampling_params import SamplingParams
 
-    settings = OctavoSettings.from_kwargs(model="x", block_size=args.block_size, enable_prefix_caching=False,
-                                          max_num_seqs=args.max_num_seqs,
-                                          max_num_batched_tokens=args.max_num_batched_tokens)
-    kv = (_reserving_kv() if args.admission == "reserve" else KVCacheManager)(args.kv_blocks, args.block_size, False)
-    sched = Scheduler(settings, kv, args.max_model_len)
-    kv.sched = sched
-    if args.workload == "nanovllm":  # nano-vllm's: 256 requests, in/out U[100, 1024] (benchmarks/gpu_e2e.py)
-        from gpu_e2e import nanovllm_workload
-
-        work = [(len(ids), n) for ids, n in nanovllm_workload()]
-    else:
-        work = [(args.in_len, args.out_len)] * args.prompts
-    args.total_out = sum(n for _, n in work)
-    for i, (n_in, n_out) in enumerate(work):
+    settings = OctavoSettings.from_kwargs(
+        model="x", block_size=args.block_size, enable_prefix_caching=args.prefix_caching,
+        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+        kv_admission=args.admission, kv_admission_ratio=args.ratio,
+        kv_admission_ratio_after_preemption=args.ratio_after_preemption)
+    kv = KVCacheManager(args.kv_blocks, args.block_size, args.prefix_caching)
+    sched = (AsyncScheduler if args.async_scheduling else Scheduler)(settings, kv, args.max_model_len)
+    work = workload(args)
+    eos, stop_at = 2, {}
+    for i, (n_in, n_out, n_stop) in enumerate(work):
         ids = [1000 + (i * 7 + j) % 50000 for j in range(n_in)]  # distinct per request: no cache hits
-        p = SamplingParams(max_tokens=n_out, ignore_eos=True)
-        sched.add_request(Request(EngineCoreRequest(f"r{i}", ids, p, 0.0, 0), n_out))
-    steps = []
+        p = SamplingParams(max_tokens=n_out, ignore_eos=n_stop is None)
+        sched.add_request(Request(EngineCoreRequest(f"r{i}", ids, p, 0.0, 0, eos_token_id=eos), n_out))
+        stop_at[f"r{i}"] = n_stop
+
+    def sampled(out):  # token 7, or EOS once a request reaches its stop point
+        return {s.req.request_id: eos if stop_at[s.req.request_id] == s.req.num_output_tokens + 1 else 7
+                for s in out.scheduled if s.samples}
+
+    steps, in_flight = [], None
     while sched.has_unfinished_requests():
         out = sched.schedule()
         if out.is_empty:
-            raise RuntimeError("scheduler returned an empty step with requests left")
+            if in_flight is None:
+                raise RuntimeError("scheduler returned an empty step with requests left")
+            sched.update(in_flight, sampled(in_flight))
+            in_flight = None
+            continue
         dec = [s for s in out.scheduled if s.num_tokens == 1 and s.num_computed_tokens > 0]
         pre_tokens = sum(s.num_tokens for s in out.scheduled) - len(dec)
         # context each row attends over (decode: its whole sequence; prefill chunk: its prefix + chunk)
         kv_dec = sum(s.num_computed_tokens + 1 for s in dec)
         attn_pre = sum(s.num_tokens * (s.num_computed_tokens + s.num_tokens / 2) for s in out.scheduled
-                       if s not in dec)
+                       if not (s.num_tokens == 1 and s.num_computed_tokens > 0))
         steps.append((len(dec), pre_tokens, kv_dec, attn_pre, len(out.preempted_ids)))
-        sched.update(out, {s.req.request_id: 7 for s in out.scheduled if s.samples})
-    return {"steps": steps, "prompt_tokens": sum(n for n, _ in work)}
+        if args.async_scheduling:  # as the engine: step N+1 is scheduled before N's tokens are known
+            sched.mark_scheduled(out)
+            if in_flight is not None:
+                sched.update(in_flight, sampled(in_flight))
+            in_flight = out
+        else:
+            sched.update(out, sampled(out))
+    if in_flight is not None:
+        sched.update(in_flight, sampled(in_flight))
+    args.total_out = sched.stats.num_generation_tokens
+    return {"steps": steps, "prompt_tokens": sum(n for n, _, _ in work)}
 
 
 def cost(steps, args) -> dict:
@@ -116,7 +127,7 @@ def cost(steps, args) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--workload", choices=["fixed", "nanovllm"], default="fixed",
+    ap.add_argument("--workload", choices=["fixed", "nanovllm", "eos", "chat"], default="fixed",
                     help="nanovllm: gpu_e2e.py's 256 requests with in/out U[100, 1024] (then pass the Qwen3-0.6B "
                     "cost flags, see the module docstring)")
     ap.add_argument("--prompts", type=int, default=512)
@@ -137,8 +148,15 @@ def main() -> None:
     ap.add_argument("--kv-heads", type=int, default=8)
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--step-overhead-ms", type=float, default=0.0, help="host gap per step added to each step")
-    ap.add_argument("--admission", choices=["engine", "reserve"], default="engine",
-                    help="reserve: a what-if policy that never preempts (see _reserving_kv)")
+    ap.add_argument("--admission", choices=["projected", "greedy"], default="projected",
+                    help="the scheduler's kv_admission (core/kv_admission.py)")
+    ap.add_argument("--ratio", type=float, default=0.1, help="kv_admission_ratio")
+    ap.add_argument("--ratio-after-preemption", type=float, default=0.7, help="kv_admission_ratio_after_preemption")
+    ap.add_argument("--prefix-caching", action=argparse.BooleanOptionalAction, default=True,
+                    help="as the engine's default (gpu_e2e.py leaves it on)")
+    ap.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=True,
+                    help="AsyncScheduler, tokens known one step late (the engine's default on CUDA)")
+    ap.add_argument("--seed", type=int, default=0, help="eos workload's stop points")
     ap.add_argument("--json")
     args = ap.parse_args()
     t = time.perf_counter()

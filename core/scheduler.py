@@ -14,6 +14,7 @@ import logging
 from dataclasses import dataclass, field
 
 from octavo.config import OctavoSettings
+from octavo.core.kv_admission import KVAdmission
 from octavo.core.kv_cache.manager import KVCacheManager
 from octavo.core.messages import EngineCoreOutput, FinishReason, SchedulerStats
 from octavo.core.request import Request, RequestStatus
@@ -65,6 +66,10 @@ class Scheduler:
                 f"max_num_batched_tokens={self.max_num_batched_tokens} < max_model_len={max_model_len} without "
                 "chunked prefill: long prompts could never run. Enable chunked prefill or raise the budget.")
         self.policy = sched.scheduling_policy
+        # when a waiting request may start (core/kv_admission.py): projected KV peak, or greedy
+        self.admission = KVAdmission(sched.kv_admission, kv.block_size, self.max_num_batched_tokens,
+                                     kv.num_usable_blocks, ratio=sched.kv_admission_ratio,
+                                     ratio_after_preemption=sched.kv_admission_ratio_after_preemption)
         self.waiting: list[Request] = []  # kept sorted by policy
         self.running: list[Request] = []  # in schedule order: earlier = higher rank
         self.requests: dict[str, Request] = {}
@@ -134,7 +139,9 @@ class Scheduler:
                 i += 1
 
         # Admit waiting requests only when nothing had to be preempted: a fresh admission would just be
-        # the next victim.
+        # the next victim. Each must also leave room for the running requests' projected growth.
+        if not preempted and self.waiting and budget > 0:
+            self.admission.begin_step(self.running, lambda r: len(self.kv.block_ids(r.request_id)))
         while not preempted and self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             # grammars compile off this loop; an adapter waits while max_loras others run
             # a request preempted while a step was in flight waits for that step's token (async scheduling)
@@ -147,6 +154,9 @@ class Scheduler:
             if num_new > budget and (req.pooling or not self.chunked_prefill):
                 break
             num_new = min(num_new, budget)
+            num_hits_free = sum(1 for b in hits if b.ref_cnt == 0)  # they leave the free queue when taken
+            if not self.admission.admits(req, self.kv.pool.num_free_blocks - num_hits_free, len(hits)):
+                break
             if not self.kv.allocate_slots(req, num_new, hits):
                 break
             self.waiting.remove(req)
@@ -155,11 +165,13 @@ class Scheduler:
                 self.stats.prefix_cache_queries += req.num_tokens
                 self.stats.prefix_cache_hits += num_hit_tokens
             req.num_computed_tokens = num_hit_tokens
+            self.admission.admitted(req, len(self.kv.block_ids(req.request_id)))
             req.status = RequestStatus.RUNNING
             self.running.append(req)
             scheduled.append(ScheduledRequest(req, num_new, num_hit_tokens, self.kv.block_ids(req.request_id)))
             budget -= num_new
 
+        self.admission.on_step(len(preempted))
         decodes = [s for s in scheduled if s.num_tokens == 1 and s.num_computed_tokens > 0]
         others = [s for s in scheduled if not (s.num_tokens == 1 and s.num_computed_tokens > 0)]
         return SchedulerOutput(decodes + others, len(decodes), self.max_num_batched_tokens - budget, preempted)

@@ -131,6 +131,16 @@ class SchedulerSettings(_Section):
     enable_chunked_prefill: bool = Field(True, description="Split long prompts across steps under the budget.")
     scheduling_policy: Literal["fcfs", "priority"] = Field("fcfs", description="fcfs: arrival order; priority: "
                                                            "lower priority value first, then arrival.")
+    kv_admission: Literal["projected", "greedy"] = Field(
+        "projected", description="When a waiting request may start. projected: only if the running requests' "
+        "projected KV peak (each growing to its expected output, then freeing) leaves it room, so long outputs "
+        "are not preempted and recomputed; greedy: whenever its prompt's blocks are free (docs/engine.md).")
+    kv_admission_ratio: float = Field(0.1, ge=0, le=1, description="projected admission: share of its remaining "
+                                      "max_tokens (at most 4096) a request that may stop early (EOS, stop strings) "
+                                      "is expected to still produce; also the floor the share decays back to.")
+    kv_admission_ratio_after_preemption: float = Field(0.7, ge=0, le=1, description="projected admission: the "
+                                                       "share right after a preemption (the estimate was too low), "
+                                                       "decaying linearly back over 600 steps without one.")
     max_logprobs: int = Field(20, ge=0, description="Most logprobs a request may ask for per token.")
     structured_outputs_backend: str = Field("xgrammar", description="Grammar library for structured outputs "
                                             "(JSON schema, regex, choice, grammar): xgrammar or guidance "
@@ -156,6 +166,14 @@ class SchedulerSettings(_Section):
         except ValidationError as e:
             raise ValueError("; ".join(f"{'.'.join(map(str, err['loc'])) or 'speculative_config'}: "
                                        f"{err['msg'].removeprefix('Value error, ')}" for err in e.errors())) from None
+
+    @model_validator(mode="after")
+    def _admission_ratios(self) -> SchedulerSettings:
+        if self.kv_admission_ratio > self.kv_admission_ratio_after_preemption:
+            raise ValueError(f"kv_admission_ratio={self.kv_admission_ratio} exceeds kv_admission_ratio_after_preemption="
+                             f"{self.kv_admission_ratio_after_preemption}: a preemption raises the share, it decays "
+                             "back; lower the first or raise the second.")
+        return self
 
 
 class ParallelSettings(_Section):

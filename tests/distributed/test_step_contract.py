@@ -53,7 +53,7 @@ def step(s: Scheduler, builder: StepBuilder, r) -> StepBatch:
 
 
 def test_runner_state_follows_chunks_preemption_and_finish():
-    s, b, r = make(num_blocks=6, max_num_batched_tokens=6), StepBuilder(), runner()
+    s, b, r = make(num_blocks=6, max_num_batched_tokens=6, kv_admission="greedy"), StepBuilder(), runner()
     s.add_request(req("a", 8))
     s.add_request(req("b", 8, arrival=1))
     news, finished, preempted = [], [], 0

@@ -113,7 +113,7 @@ def test_chunked_prefill_parity(gguf_path, prompts, reference):
 def test_preemption_parity(gguf_path, prompts, reference):
     # 40 blocks of 8 tokens: 12 requests of ~40-70 prompt tokens + 48 new tokens cannot all fit at once.
     llm = LLM(gguf_path, dtype="float32", quantization="none", num_gpu_blocks_override=40, block_size=8, enable_prefix_caching=False,
-              max_num_seqs=4)  # 4 x ~115 tokens > 312 cached tokens: preempts, without endless churn
+              max_num_seqs=4, kv_admission="greedy")  # 4 x ~115 tokens > 312 cached tokens: preempts (greedy admission)
     outs = llm.generate(to_inputs(prompts), GREEDY, use_tqdm=False)
     assert llm.llm_engine.get_stats().num_preemptions > 0
     check_parity(outs, reference)

@@ -172,6 +172,7 @@ CHECKS = {
                                                 match="chunked prefill"),
     "scheduling_policy": lambda t: differs(t, "scheduling_policy", "fcfs", "priority", _priority_accepted),
     "max_logprobs": lambda t: differs(t, "max_logprobs", 2, 20, _logprobs_5_accepted),
+    "kv_admission": lambda t: _kv_admission(t),
     "structured_outputs_backend": lambda t: refused(t, "structured_outputs_backend", "no_such_backend",
                                                     match="structured output backend"),
     "speculative_config": lambda t: differs(t, "speculative_config", None,
@@ -204,6 +205,23 @@ def _can_sleep(llm: LLM) -> bool:
     return True
 
 
+def _kv_admission(t) -> None:
+    """4 x (20 + 40) tokens in 11 blocks of 16 (176 tokens): greedy admits all four and preempts when they
+    grow; projected admits two at a time and never preempts."""
+    seen = {}
+    for mode in ("greedy", "projected"):
+        llm = build(t, kv_admission=mode, num_gpu_blocks_override=12, enable_prefix_caching=False)
+        try:
+            params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+            outs = llm.generate([{"prompt_token_ids": list(range(100 + i, 120 + i))} for i in range(4)], params,
+                                use_tqdm=False)
+            assert all(len(o.outputs[0].token_ids) == 40 for o in outs)
+            seen[mode] = llm.llm_engine.get_stats().num_preemptions
+        finally:
+            llm.llm_engine.shutdown()
+    assert seen["greedy"] > 0 and seen["projected"] == 0, seen
+
+
 def _priority_accepted(llm: LLM) -> bool:
     try:
         llm.generate([PROMPT], G, use_tqdm=False, priority=[1])
@@ -225,6 +243,8 @@ ELSEWHERE = {
     "trust_remote_code": "PERMISSION: remote code never runs; a model needing it fails naming its architecture",
     "limit_mm_per_prompt": "tests/multimodal/test_llava.py",
     "async_scheduling": "tests/e2e/test_async_scheduling.py",  # tokens identical on vs off; refusals
+    "kv_admission_ratio": "tests/unit/test_kv_admission.py",  # early-stopping requests' share, through settings
+    "kv_admission_ratio_after_preemption": "tests/unit/test_kv_admission.py",
     "allowed_media_domains": "tests/multimodal/test_media_fetch.py",
     "media_fetch_timeout": "tests/multimodal/test_llava_server.py",
     "media_max_bytes": "tests/multimodal/test_llava_server.py",

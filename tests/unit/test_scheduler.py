@@ -59,7 +59,8 @@ def test_max_num_seqs():
 
 def test_preemption_takes_the_latest_request_and_it_resumes_unchanged():
     # 5 usable blocks of 4 tokens; two requests of 8 prompt tokens each grow until the cache is full.
-    s = make(num_blocks=6, block_size=4, max_num_batched_tokens=64, enable_prefix_caching=False)
+    s = make(num_blocks=6, block_size=4, max_num_batched_tokens=64, enable_prefix_caching=False,
+             kv_admission="greedy")  # projected admission would hold b back (tests/unit/test_kv_admission.py)
     s.add_request(req("a", 8, arrival=0, max_tokens=8))
     s.add_request(req("b", 8, arrival=1, max_tokens=8))
     tokens = {"a": [], "b": []}

@@ -1,0 +1,190 @@
+"""Projected KV admission (core/kv_admission.py) through the real Scheduler and KV manager, no model: a request
+waits while the running set's projected peak leaves it no room, starts once room frees, never starves behind
+later arrivals, never deadlocks (a request that needs the whole cache runs alone), and adapts its estimate for
+requests that may stop early (kv_admission_ratio / kv_admission_ratio_after_preemption)."""
+
+import pytest
+
+from octavo.config import ConfigError, OctavoSettings
+from octavo.core.kv_admission import KVAdmission, output_length_known
+from octavo.core.kv_cache.manager import KVCacheManager
+from octavo.core.messages import EngineCoreRequest
+from octavo.core.request import Request, RequestStatus
+from octavo.core.scheduler import Scheduler
+from octavo.sampling_params import SamplingParams
+
+EOS = 2
+
+
+def make(num_blocks=17, block_size=4, max_model_len=256, **kw):
+    kw.setdefault("enable_prefix_caching", False)
+    kw.setdefault("max_num_batched_tokens", 64)
+    settings = OctavoSettings.from_kwargs(block_size=block_size, **kw)
+    kv = KVCacheManager(num_blocks, block_size, settings.cache.enable_prefix_caching)
+    return Scheduler(settings, kv, max_model_len)
+
+
+def req(rid, n, max_tokens=8, arrival=0.0, eos=False, first=1):
+    """``eos``: the request may stop at EOS (its length is unknown); else it runs to max_tokens."""
+    p = SamplingParams(max_tokens=max_tokens, ignore_eos=not eos)
+    return Request(EngineCoreRequest(rid, list(range(first, first + n)), p, arrival, 0, eos_token_id=EOS), max_tokens)
+
+
+def step(s, stop=()):
+    """One schedule + update; requests named in ``stop`` sample EOS, the others token 7."""
+    out = s.schedule()
+    s.update(out, {x.req.request_id: EOS if x.req.request_id in stop else 7 for x in out.scheduled if x.samples})
+    return out
+
+
+def running(s):
+    return [r.request_id for r in s.running]
+
+
+def test_known_lengths_wait_for_headroom_then_start_without_preemption():
+    # 16 usable blocks of 4 = 64 tokens; each request ends at 8 + 16 = 24 tokens (6 blocks): two fit, not three
+    s = make()
+    for i in range(3):
+        s.add_request(req(f"r{i}", 8, max_tokens=16, arrival=i, first=100 * i))
+    step(s)
+    assert running(s) == ["r0", "r1"]  # r2's prompt fits now (2 blocks free...) but not the peak
+    assert s.kv.pool.num_free_blocks >= 2 and s.waiting[0].request_id == "r2"
+    for _ in range(15):
+        step(s)
+    assert running(s) == ["r2"]  # r0 and r1 finished (16 tokens each): r2 started
+    while s.has_unfinished_requests():
+        step(s)
+    assert s.stats.num_preemptions == 0 and s.kv.pool.num_free_blocks == 16
+
+
+def test_greedy_admits_the_same_workload_and_preempts():
+    s = make(kv_admission="greedy")
+    for i in range(3):
+        s.add_request(req(f"r{i}", 8, max_tokens=16, arrival=i, first=100 * i))
+    step(s)
+    assert running(s) == ["r0", "r1", "r2"]
+    while s.has_unfinished_requests():
+        step(s)
+    assert s.stats.num_preemptions > 0
+
+
+def test_admission_counts_requests_finishing_before_the_peak():
+    # r0 is 2 tokens from its end; r1 (24 tokens at its end) fits alongside r0's whole growth only because r0
+    # frees its 6 blocks long before r1 peaks: the sum of growth says no, the projection over time says yes.
+    s = make(num_blocks=13)  # 12 usable blocks = 48 tokens
+    s.add_request(req("r0", 8, max_tokens=16))
+    for _ in range(14):
+        step(s)
+    s.add_request(req("r1", 20, max_tokens=8, arrival=1, first=500))  # ends at 28 tokens = 7 blocks
+    assert s.kv.pool.num_free_blocks == 6  # r0 holds 6: r1's 7 blocks exceed what is free today
+    step(s)
+    assert running(s) == ["r0", "r1"]
+    while s.has_unfinished_requests():
+        step(s)
+    assert s.stats.num_preemptions == 0
+
+
+def test_no_starvation_a_short_later_request_does_not_overtake_a_waiting_one():
+    s = make()
+    s.add_request(req("long0", 8, max_tokens=16, first=100))
+    s.add_request(req("long1", 8, max_tokens=16, arrival=1, first=200))
+    s.add_request(req("big", 8, max_tokens=30, arrival=2, first=300))  # 38 tokens: waits for both to end
+    s.add_request(req("tiny", 1, max_tokens=1, arrival=3, first=400))  # would fit, but arrived after "big"
+    order = []
+    while s.has_unfinished_requests():
+        out = step(s)
+        order += [x.req.request_id for x in out.scheduled if x.num_computed_tokens == 0]
+    assert order == ["long0", "long1", "big", "tiny"] and s.stats.num_preemptions == 0
+
+
+def test_no_deadlock_when_one_request_needs_the_whole_cache():
+    s = make(num_blocks=9)  # 8 usable blocks = 32 tokens
+    s.add_request(req("small", 4, max_tokens=4, first=100))
+    s.add_request(req("whole", 8, max_tokens=24, arrival=1, first=200))  # 32 tokens: every block
+    s.add_request(req("after", 4, max_tokens=4, arrival=2, first=300))
+    for _ in range(100):
+        if not s.has_unfinished_requests():
+            break
+        step(s)
+    assert not s.has_unfinished_requests()
+    assert s.stats.num_preemptions == 0 and s.kv.pool.num_free_blocks == 8
+
+
+def test_request_projected_beyond_the_cache_runs_alone_and_ends_with_length():
+    s = make(num_blocks=5)  # 4 usable blocks = 16 tokens; it wants 6 + 50
+    r = req("a", 6, max_tokens=50)
+    s.add_request(r)
+    s.add_request(req("b", 2, max_tokens=2, arrival=1, first=100))
+    for _ in range(60):
+        if not s.has_unfinished_requests():
+            break
+        step(s)
+    assert r.status == RequestStatus.FINISHED and str(r.finish_reason) == "length"
+    assert not s.has_unfinished_requests() and s.kv.pool.num_free_blocks == 4
+
+
+def test_early_stopping_requests_are_estimated_with_the_ratio():
+    a = req("a", 8, max_tokens=100, eos=True)
+    assert not output_length_known(a) and output_length_known(req("b", 8))
+    assert KVAdmission("projected", 4, 64, 100, ratio=0.5).expected_remaining(a) == 50
+    assert KVAdmission("projected", 4, 64, 100, ratio=1.0, ratio_after_preemption=1.0).expected_remaining(req("b", 8)) == 8
+
+
+@pytest.mark.parametrize("ratio, admitted", [(1.0, 1), (0.2, 3)])
+def test_ratio_setting_sets_how_many_may_stopping_requests_start(ratio, admitted):
+    # 3 requests of 8 + up to 40 tokens (may stop at EOS) in 16 blocks of 4: at ratio 1 each projects 48 tokens
+    s = make(kv_admission_ratio=ratio, kv_admission_ratio_after_preemption=1.0)
+    for i in range(3):
+        s.add_request(req(f"r{i}", 8, max_tokens=40, arrival=i, eos=True, first=100 * i))
+    step(s)
+    assert len(s.running) == admitted
+
+
+def test_ratio_rises_after_a_preemption_and_decays_back():
+    # greedy admission overfills the cache (so a preemption happens); the ratio is kept either way
+    s = make(kv_admission_ratio=0.3, kv_admission_ratio_after_preemption=0.8, kv_admission="greedy")
+    for i in range(3):
+        s.add_request(req(f"r{i}", 8, max_tokens=16, arrival=i, first=100 * i))
+    adm = s.admission
+    assert adm.ratio == 0.3
+    while not s.stats.num_preemptions:
+        step(s)
+    assert adm.ratio == 0.8
+    for _ in range(300):
+        adm.on_step(0)
+    assert adm.ratio == pytest.approx(0.55)  # half way back over 300 of 600 steps
+    for _ in range(400):
+        adm.on_step(0)
+    assert adm.ratio == pytest.approx(0.3)
+
+
+def test_ratio_above_ratio_after_preemption_is_refused_naming_both():
+    with pytest.raises((ConfigError, ValueError), match="kv_admission_ratio=.*kv_admission_ratio_after_preemption"):
+        OctavoSettings.from_kwargs(kv_admission_ratio=0.8, kv_admission_ratio_after_preemption=0.5)
+    with pytest.raises((ConfigError, ValueError), match="kv_admission"):
+        OctavoSettings.from_kwargs(kv_admission="optimistic")
+
+
+def test_early_stops_free_room_for_waiting_requests():
+    # requests that may stop: at ratio 1.0 one runs at a time; when it stops at EOS the next one starts
+    s = make(kv_admission_ratio=1.0, kv_admission_ratio_after_preemption=1.0)
+    for i in range(3):
+        s.add_request(req(f"r{i}", 8, max_tokens=40, arrival=i, eos=True, first=100 * i))
+    step(s)
+    assert running(s) == ["r0"]
+    step(s, stop={"r0"})
+    step(s)
+    assert running(s) == ["r1"]
+
+
+def test_prefix_hits_do_not_count_as_new_blocks():
+    # r1 shares r0's 2 full prompt blocks: its projection needs only its own tail
+    s = make(num_blocks=13, enable_prefix_caching=True)  # 12 usable blocks
+    s.add_request(req("r0", 9, max_tokens=15))  # 24 tokens = 6 blocks
+    step(s)
+    s.add_request(req("r1", 9, max_tokens=15, arrival=1))  # same prompt: 2 hit blocks, 4 more at its end
+    step(s)
+    assert running(s) == ["r0", "r1"] and s.stats.prefix_cache_hits == 8
+    while s.has_unfinished_requests():
+        step(s)
+    assert s.stats.num_preemptions == 0
