@@ -30,7 +30,8 @@ from tests.spec_decode.head_checkpoints import (
 )
 
 ENGINE = dict(dtype="float32", skip_tokenizer_init=True, max_model_len=256, block_size=16, seed=0, num_threads=1)
-STRESS = dict(max_num_batched_tokens=48, enable_prefix_caching=True, num_gpu_blocks_override=14)
+STRESS = dict(max_num_batched_tokens=48, enable_prefix_caching=True, num_gpu_blocks_override=14,
+              kv_admission="greedy")  # greedy admission: the small cache forces preemption
 
 
 @pytest.fixture(scope="module")
