@@ -140,7 +140,7 @@ class Worker:
         if self.attn_layers:  # an fp8 KV cache this device or backend cannot run fails here (nn/kv_quant.py)
             check_kv_cache_dtype(settings.cache.kv_cache_dtype, self.attn_backend_cls, self.device)
         self.num_blocks = self._determine_num_blocks()
-        start_phase("KV cache size (profile run)")
+        start_phase("attention backend + KV cache size (profile run)")
         self._allocate_kv_cache()
         start_phase("KV cache allocation")
         runner_cls, extra = ModelRunner, {}

@@ -129,7 +129,7 @@ def serve(settings, *, t_start: float | None = None) -> int:
                             app.state.model_name, "https" if srv.ssl_certfile else "http", srv.host,
                             _bound_port(server, srv.port), key, now - t_start)
                 logger.info("start: before the engine (interpreter + imports + settings) %.2f s; engine (core "
-                            "process start to ready; tokenizer + HTTP server imports meanwhile; the core logs its "
+                            "process start to ready, tokenizer + HTTP server imports meanwhile, the core logs its "
                             "own phases) %.2f s; app + HTTP server %.2f s", t_ready - engine.load_time_s - t_start,
                             engine.load_time_s, now - t_ready)
             await task
