@@ -18,10 +18,15 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import lru_cache
 from math import prod
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:
+    import torch
+
+# NOTE: torch is imported inside the weight functions: the front end of `octavo serve` reads the GGUF tokenizer
+# through this module and must not pay for torch (docs/loading.md, "Start time").
 
 _SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 _NUMPY = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "?", 10: "<u8", 11: "<i8",
@@ -247,6 +252,7 @@ def unpermute_qk(w: torch.Tensor, num_heads: int) -> torch.Tensor:
 
 def dequantize(mm, info: GGUFTensorInfo) -> torch.Tensor:
     """One tensor of the file as float32 (or its plain float type), in torch shape."""
+    import torch
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
     from gguf.quants import dequantize as gguf_dequantize
 
@@ -266,10 +272,14 @@ def dequantize(mm, info: GGUFTensorInfo) -> torch.Tensor:
 # The three 32-element block formats of small llama.cpp files, vectorised in torch: ``gguf``'s numpy
 # version loops over row groups and is ~10x slower. Other types fall back to ``gguf.quants``.
 def _f16(blocks: torch.Tensor, start: int) -> torch.Tensor:
+    import torch
+
     return blocks[:, start:start + 2].contiguous().view(torch.float16).float()  # [num_blocks, 1]
 
 
 def _nibbles(packed: torch.Tensor) -> torch.Tensor:
+    import torch
+
     # byte j holds element j (low nibble) and element j + 16 (high nibble)
     return torch.cat((packed & 0x0F, packed >> 4), dim=1).float()  # [num_blocks, 32]
 
@@ -283,6 +293,8 @@ def _dequant_q4_1(blocks):  # fp16 d, fp16 m, 16 bytes of nibbles: d * q + m
 
 
 def _dequant_q8_0(blocks):  # fp16 d, 32 int8: d * q
+    import torch
+
     return _f16(blocks, 0) * blocks[:, 2:].contiguous().view(torch.int8).float()
 
 
@@ -291,6 +303,7 @@ _TORCH_DEQUANT = {2: _dequant_q4_0, 3: _dequant_q4_1, 8: _dequant_q8_0}
 
 def raw_blocks(mm, info: GGUFTensorInfo) -> torch.Tensor:
     """One tensor's ggml blocks as ``uint8 [rows, bytes per row]`` (a copy; the file stays mapped)."""
+    import torch
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
     block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(info.ggml_type)]

@@ -22,6 +22,15 @@ def test_cli_parser_imports_nothing_heavy():
     assert out.stdout.strip() == "[]"
 
 
+def test_front_end_tokenizer_and_server_import_no_torch():
+    """The front end's whole start path (GGUF tokenizer, FastAPI app) runs without torch: the core imports it."""
+    code = ("import sys; from octavo.config import OctavoSettings; from octavo.core.loader import load_tokenizer; "
+            "load_tokenizer(OctavoSettings.from_kwargs().model); import octavo.server, octavo.frontend, uvicorn; "
+            "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False", out.stderr[-2000:]
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float8_e4m3fn])
 def test_lazy_zeros_are_zeros(dtype):
     shape = (2, 300, 16, 3, 64)  # > 1 MiB: the calloc path
