@@ -118,3 +118,43 @@ def test_kernel_switch_and_tile_table(monkeypatch, tmp_path):
     assert fp8_gemv_tc.tc_config(64, 128, "Card Y") is None and fp8_gemv_tc.tc_config(32, 128, "Card X") is None
     with pytest.raises(ValueError, match="8x8"):
         fp8_gemv_tc.tc_config(8, 8, "Card X")
+
+
+@pytest.mark.gpu
+def test_fp8_gemv_tc_pdl_in_graph_reads_the_producers_output():
+    """Programmatic dependent launch: the GEMV may start while its producer (here the per-token quantization of
+    a freshly written input) drains; replayed from a CUDA graph it must still read the new input every time."""
+    import torch
+
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("programmatic dependent launch needs Hopper")
+    from octavo.plugins.quant import fp8_gemv_tc as tc
+    from octavo.plugins.quant.fp8 import quantize_fp8_rows
+    from octavo.plugins.quant.fp8_triton import quantize_per_token
+
+    w, ws = quantize_fp8_rows(torch.randn(4096, 4096, device="cuda"))
+    x = torch.zeros(1, 4096, device="cuda", dtype=torch.bfloat16)
+    src = torch.randn(8, 1, 4096, device="cuda", dtype=torch.bfloat16)
+
+    def block():
+        xq, xs = quantize_per_token(x * 1.0001)  # a producer kernel right before the GEMV
+        return tc.fp8_gemv_tc(xq, w, ws, x_scale=xs), tc.fp8_gemv_tc(x * 0.999, w, ws)
+
+    old = tc.PDL
+    try:
+        tc.PDL = True
+        block()
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            outs = block()
+        for i in range(8):
+            x.copy_(src[i])
+            g.replay()
+            tc.PDL = False
+            want = block()
+            tc.PDL = True
+            for got, ref in zip(outs, want):
+                assert torch.equal(got, ref), i
+    finally:
+        tc.PDL = old
