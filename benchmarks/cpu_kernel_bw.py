@@ -5,9 +5,11 @@ This measures, per thread count, (a) the machine's read bandwidth (``torch.sum``
 the last-level cache, and over one the size of the model's weights) and (b) octavo's int4 / int8 kernels
 (plugins/quant/cpu_kernel.py, fp32 activations; plugins/quant/cpu_int8act.py, int8 activations: ``q4a8_*``)
 over all of SmolLM2-135M's layer shapes with distinct random weights (30 layers, so nothing stays in L1/L2), at M = 1, reporting bytes read / time. The per-call cost is measured
-on a tiny layer (8 x 64), where bytes are nothing.
+on a tiny layer (8 x 64), where bytes are nothing. ``--rows`` also times the int8-activation kernel at several row
+counts against the path those rows took before it was batch-invariant (session 5): the fp32 kernel up to 16 rows,
+a kept fp32 dense copy + torch GEMM past 16 (one SmolLM2 layer of each shape, bf16 input, best of ``--reps``).
 
-    python benchmarks/cpu_kernel_bw.py --threads 1 2
+    python benchmarks/cpu_kernel_bw.py --threads 1 2 --rows 1 4 16 64 256
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--layers", type=int, default=30)
     ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--rows", type=int, nargs="*", default=[], help="row counts for the many-row comparison")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     torch.manual_seed(0)
@@ -118,6 +121,18 @@ def main(argv=None) -> int:
         for _ in range(n_calls):
             op(x_tiny, *tiny)
         r["per_call_us_a8_library_op"] = (time.perf_counter() - t0) / n_calls * 1e6
+        for m in args.rows:  # one weight per shape, reused: this compares the kernels, not the memory
+            for (n, k), (w, s, z) in zip(LAYER_SHAPES[2:], layers[0][2:]):
+                xm = torch.randn(m, k).bfloat16()
+                reps = max(3, min(args.reps, 400 // m))
+                args4 = (xm, w, s, z)
+                r[f"rows{m}_{n}x{k}_a8_ms"] = _best(lambda a=args4: a8.int4_linear(*a), reps)[0] * 1e3
+                r[f"rows{m}_{n}x{k}_before_ms"] = _best(lambda a=args4: ck._int4_linear(*a), reps)[0] * 1e3
+            xm = torch.randn(m, HEAD[1]).bfloat16()
+            reps = max(3, min(args.reps, 40 // m))
+            args8 = (xm, head_q, head_s)
+            r[f"rows{m}_head_a8_ms"] = _best(lambda a=args8: a8.int8_linear(*a), reps)[0] * 1e3
+            r[f"rows{m}_head_before_ms"] = _best(lambda a=args8: ck._int8_linear(*a), reps)[0] * 1e3
         res["by_threads"][t] = r
         print(f"threads={t}: " + ", ".join(f"{k}={v:.2f}" for k, v in r.items()), flush=True)
     res["loadavg"] = os.getloadavg()

@@ -13,6 +13,10 @@ step: SmolLM2's 30 layers + head wrote ~540 MB of fp32 weights per step, and an 
 - int8 weights (the GGUF's Q8_0 head) always keep a float32 copy: exact, as before (a bf16 copy would add
   more error than their 8 bits have).
 
+Since session 5 the GGUF layers do not come here by default (their int8-activation kernel runs every row count, so a
+row's result does not depend on the batch: docs/quantization.md); the other formats (GPTQ, AWQ, compressed-tensors,
+online int4/int8) and ``OCTAVO_CPU_INT8_ACT=0`` do.
+
 Copies are made on a weight's first many-row call and held while the packed weight lives (weak reference),
 within :data:`MAX_BYTES` for the process; past it, a weight keeps the per-call dequantization (returns None).
 """
