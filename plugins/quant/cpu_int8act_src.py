@@ -1,4 +1,4 @@
-"""C source of :mod:`.cpu_int8act` (int8 activations x int4 / int8 weights, few rows): kept apart so the Python
+"""C source of :mod:`.cpu_int8act` (int8 activations x int4 / int8 weights, any number of rows): kept apart so the Python
 wrapper stays short. The layouts, the math and the code paths are described there; the C comments say why
 each step is written the way it is."""
 
