@@ -75,6 +75,11 @@ def serve(settings, *, t_start: float | None = None) -> int:
         import uvicorn  # noqa: F401
 
         import octavo.server  # noqa: F401
+        from octavo.server.structured import warm
+
+        # the grammar library (xgrammar imports torch: seconds) on its daemon thread now, while the core loads,
+        # not when the app is built (build_app warms it again: by then a no-op)
+        warm(settings.scheduler.structured_outputs_backend)
 
     in_process = srv.disable_frontend_multiprocessing  # the core loads in this thread: check first
     try:

@@ -16,12 +16,13 @@ import json
 import math
 import os
 from dataclasses import dataclass
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from octavo.errors import InputError
 from octavo.lora.request import LoRARequest
+
+if TYPE_CHECKING:  # annotations only: the server's front end builds its routes from here without torch
+    import torch
 
 CONFIG_FILE, WEIGHTS_FILE = "adapter_config.json", "adapter_model.safetensors"
 # adapter options that change the math; any non-default value is refused rather than ignored
