@@ -14,6 +14,11 @@ allocated fit in today's free blocks:
 
 ``need(s)`` only grows between two finishes, so checking it just before each finish (``s = d_k - 1``) is
 enough: sort by ``d``, keep suffix sums, O(n) per check (and O(1) when even the sum of all growth fits).
+Waiting longer only helps (the running requests are closer to their ends when the new one starts), so a
+failed check also finds, by bisection, the fewest steps ``D`` after which the same request would pass with
+the same running set; until then, or until a request joins, finishes or is preempted, its check is refused
+without projecting (nothing is rebuilt per step while the head of the queue waits). Blocks freed otherwise
+(sliding-window release, rejected drafts' slots) only count from the next change: conservative.
 
 ``e_r`` is exact when the output length is known: ``ignore_eos`` (or no EOS token), no stop ids, no stop
 strings, no grammar: it runs to ``max_tokens``. Otherwise the request may stop any time and ``e_r`` is the
@@ -30,9 +35,9 @@ holds later ones back until the running set has drained enough for it.
 
 from __future__ import annotations
 
-import bisect
 import math
-from itertools import accumulate
+
+import numpy as np
 
 from octavo.core.request import Request
 
@@ -67,12 +72,13 @@ class KVAdmission:
         self.decay = (ratio_after_preemption - ratio) / max(1, decay_steps)
         self.clip = clip_tokens
         self.ratio = ratio
-        # the projection of the running set for the current schedule() call (begin_step), kept sorted by d
-        self._d: list[int] = []
-        self._t: list[int] = []
-        self._h: list[int] = []
+        self.num_steps = 0
+        # the running set's projection for the current schedule() call, sorted by d (int64 arrays)
+        self._d = self._t = self._h = np.zeros(0, np.int64)
         self._growth = 0  # total blocks the running set may still allocate
-        self._num = 0
+        self._sums = None  # suffix / prefix sums of the projection, built at the first _fits
+        self._pending = None  # (running, held_blocks, version) until the step's first check builds the projection
+        self._refused = None  # (version, request id, ratio) -> step before which that first check fails again
 
     # ---- estimates -----------------------------------------------------------------------------------
     def expected_remaining(self, req: Request) -> int:
@@ -82,74 +88,110 @@ class KVAdmission:
             return rem
         return math.ceil(self.ratio * min(rem, self.clip))
 
-    def _project(self, req: Request, num_held_blocks: int) -> tuple[int, int, int]:
-        """(d: steps until it frees its blocks, t: tokens, h: blocks it holds now), with its prompt's remaining
-        chunks ``pf`` folded in as ``t - pf`` so that ``t + s`` is its length at step ``s`` once decoding and
-        ``t + d`` its expected final length."""
-        unscheduled_prompt = max(0, req.num_prompt_tokens - req.num_computed_tokens)
-        pf = cdiv(unscheduled_prompt, self.budget)
-        return self.expected_remaining(req) + pf, req.num_tokens + req.num_output_placeholders - pf, num_held_blocks
+    def _project(self, req: Request) -> tuple[int, int]:
+        """(d: steps until it frees its blocks, t: tokens), with its prompt's remaining chunks ``pf`` folded
+        in as ``t - pf`` so that ``t + s`` is its length at step ``s`` once decoding and ``t + d`` its
+        expected final length."""
+        pf = cdiv(max(0, req.num_prompt_tokens - req.num_computed_tokens), self.budget)
+        return self.expected_remaining(req) + pf, req.num_tokens + req.num_output_placeholders - pf
+
+    def _final_blocks(self, d, t):
+        return np.minimum(self.max_blocks, -(-(t + d) // self.bs))
 
     # ---- the check -----------------------------------------------------------------------------------
-    def begin_step(self, running: list[Request], held_blocks) -> None:
-        """Project the running set once per ``schedule()``; ``held_blocks(req)`` = blocks it holds now."""
-        if self.mode == "greedy":
-            return
-        rows = sorted(self._project(r, held_blocks(r)) for r in running)
-        self._d = [r[0] for r in rows]
-        self._t = [r[1] for r in rows]
-        self._h = [r[2] for r in rows]
-        self._growth = sum(self._final_blocks(d, t) - h for d, t, h in rows)
-        self._num = len(rows)
+    def begin_step(self, running: list[Request], held_blocks, version: tuple) -> None:
+        """Start the checks of one ``schedule()``. ``held_blocks(req)``: blocks it holds now; ``version``: changes
+        whenever a request joins, leaves or is preempted. The projection is built at the first check, if any."""
+        self._pending = (running, held_blocks, version)
 
-    def _final_blocks(self, d: int, t: int) -> int:
-        return min(self.max_blocks, cdiv(t + d, self.bs))
+    def _build(self) -> None:
+        running, held_blocks, _ = self._pending
+        self._pending = None
+        # one pass over the requests' raw counts, then the same arithmetic as _project on whole arrays
+        raw = np.array([(r.max_tokens, len(r.output_token_ids), r.num_output_placeholders, len(r.all_token_ids),
+                         len(r.prompt_token_ids), r.num_computed_tokens, output_length_known(r), held_blocks(r))
+                        for r in running], np.int64).reshape(-1, 8)
+        max_tokens, num_out, ph, num_tokens, num_prompt, num_computed, known, held = raw.T
+        rem = np.maximum(0, max_tokens - num_out - ph)
+        e = np.where(known == 1, rem, np.ceil(self.ratio * np.minimum(rem, self.clip)).astype(np.int64))
+        pf = -(-np.maximum(0, num_prompt - num_computed) // self.budget)
+        order = np.argsort(e + pf, kind="stable")
+        self._d, self._t, self._h = (e + pf)[order], (num_tokens + ph - pf)[order], held[order]
+        self._growth = int((self._final_blocks(self._d, self._t) - self._h).sum())
+        self._sums = None
 
     def admits(self, req: Request, num_free_blocks: int, num_hit_blocks: int) -> bool:
         """Whether ``req`` may start now, given the free blocks (its prefix hits that sit in the free queue
         already subtracted) and ``num_hit_blocks`` blocks of prefix-cache hits it will not allocate. Once its
         blocks are allocated, :meth:`admitted` adds it to the projection."""
-        if self.mode == "greedy" or self._num == 0:  # nothing running: always (no deadlock)
+        if self.mode == "greedy":
             return True
-        d_w, t_w, _ = self._project(req, 0)
-        if self._growth + self._final_blocks(d_w, t_w) - num_hit_blocks <= num_free_blocks:
+        key = None
+        if self._pending is not None:  # the step's first check
+            key = (self._pending[2], req.request_id, self.ratio)
+            if self._refused is not None and self._refused[0] == key and self.num_steps < self._refused[1]:
+                return False  # the same check failed and cannot pass before that step (module docstring)
+            self._build()
+        if len(self._d) == 0:  # nothing running: always (no deadlock)
+            return True
+        d_w, t_w = self._project(req)
+        if self._growth + int(self._final_blocks(d_w, t_w)) - num_hit_blocks <= num_free_blocks:
             return True  # even every request's whole growth at once fits
-        return self._peak_fits(d_w, t_w, num_hit_blocks, num_free_blocks)
+        if self._fits(d_w, t_w, num_hit_blocks, num_free_blocks, 0):
+            return True
+        if key is not None:
+            self._refused = (key, self.num_steps + self._min_delay(d_w, t_w, num_hit_blocks, num_free_blocks))
+        return False
 
     def admitted(self, req: Request, num_held_blocks: int) -> None:
         """``req`` started and holds ``num_held_blocks`` (prefix hits included): the next check sees it."""
         if self.mode == "greedy":
             return
-        d, t, h = self._project(req, num_held_blocks)
-        i = bisect.bisect_right(self._d, d)
-        self._d.insert(i, d)
-        self._t.insert(i, t)
-        self._h.insert(i, h)
-        self._growth += self._final_blocks(d, t) - h
-        self._num += 1
+        if self._pending is not None:
+            self._build()
+        d, t = self._project(req)
+        i = int(np.searchsorted(self._d, d, side="right"))
+        self._d, self._t = np.insert(self._d, i, d), np.insert(self._t, i, t)
+        self._h = np.insert(self._h, i, num_held_blocks)
+        self._growth += int(self._final_blocks(d, t)) - num_held_blocks
+        self._sums = None
 
-    def _peak_fits(self, d_w: int, t_w: int, hits: int, free: int) -> bool:
-        bs, n = self.bs, self._num
-        # suffix sums over the running set sorted by d: tokens, blocks held, count; prefix sums of blocks held
-        suf_t = list(accumulate(reversed(self._t)))[::-1] + [0]
-        suf_h = list(accumulate(reversed(self._h)))[::-1] + [0]
-        pre_h = [0, *accumulate(self._h)]
-        candidates = sorted({d - 1 for d in self._d if d >= 1} | {max(0, d_w - 1), 0})
-        for s in candidates:
-            k = bisect.bisect_right(self._d, s)  # requests k.. still run at step s; ..k-1 have freed
-            cnt = n - k
-            # sum of ceil((t + s) / bs) over the suffix, bounded above by (sum t + s * cnt) / bs + cnt
-            need = (suf_t[k] + s * cnt) // bs + cnt - suf_h[k] - pre_h[k]
-            if s < d_w:
-                need += cdiv(t_w + s, bs) - hits
-            if need > free:
-                return False
-        return True
+    def _fits(self, d_w: int, t_w: int, hits: int, free: int, delay: int) -> bool:
+        """need(s) <= free at every step ``s >= delay`` if the new request starts at step ``delay``."""
+        d, bs = self._d, self.bs
+        n = len(d)
+        if self._sums is None:  # over requests k.. (sorted by d): tokens, blocks held; blocks held by ..k-1
+            t, h = self._t, self._h
+            self._sums = (np.concatenate([np.cumsum(t[::-1])[::-1], [0]]),
+                          np.concatenate([np.cumsum(h[::-1])[::-1], [0]]), np.concatenate([[0], np.cumsum(h)]))
+        suf_t, suf_h, pre_h = self._sums
+        s = np.concatenate([d[d - 1 >= delay] - 1, [delay, delay + max(0, d_w - 1)]])  # repeats are harmless
+        k = np.searchsorted(d, s, side="right")  # requests k.. still run at step s; ..k-1 have freed
+        cnt = n - k
+        # sum of ceil((t + s) / bs) over the suffix, bounded above by (sum t + s * cnt) / bs + cnt
+        need = (suf_t[k] + s * cnt) // bs + cnt - suf_h[k] - pre_h[k]
+        need += np.where(s < delay + d_w, -(-(t_w + s - delay) // bs) - hits, 0)
+        return bool((need <= free).all())
+
+    def _min_delay(self, d_w: int, t_w: int, hits: int, free: int) -> int:
+        """Fewest steps from now after which the check passes with this running set (it passes once all of
+        it has finished, if ever): bisection, since a later start only lowers the new request's usage."""
+        lo, hi = 1, int(self._d[-1]) + 1
+        if not self._fits(d_w, t_w, hits, free, hi):
+            return hi  # it needs more than the running set ever frees: wait for the next change
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self._fits(d_w, t_w, hits, free, mid):
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
 
     # ---- feedback ------------------------------------------------------------------------------------
     def on_step(self, num_preempted: int) -> None:
         """After each ``schedule()``: a preemption means the estimate was too low (up to
         ``ratio_after_preemption``), a step without one lets it decay back towards ``ratio``."""
+        self.num_steps += 1
         if num_preempted:
             self.ratio = max(self.ratio, self.max_ratio)
         else:

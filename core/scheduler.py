@@ -141,7 +141,8 @@ class Scheduler:
         # Admit waiting requests only when nothing had to be preempted: a fresh admission would just be
         # the next victim. Each must also leave room for the running requests' projected growth.
         if not preempted and self.waiting and budget > 0:
-            self.admission.begin_step(self.running, lambda r: len(self.kv.block_ids(r.request_id)))
+            self.admission.begin_step(self.running, lambda r: len(self.kv.block_ids(r.request_id)),
+                                      (len(self.requests), len(self.running), self.stats.num_preemptions))
         while not preempted and self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             # grammars compile off this loop; an adapter waits while max_loras others run
             # a request preempted while a step was in flight waits for that step's token (async scheduling)

@@ -75,7 +75,7 @@ def test_request_sure_to_finish_is_not_scheduled_again():
 
 
 def test_preempted_in_flight_waits_for_its_token():
-    s = make(num_blocks=5, block_size=4, max_num_seqs=8)  # 4 usable blocks: 16 slots
+    s = make(num_blocks=5, block_size=4, max_num_seqs=8, kv_admission="greedy")  # 4 usable blocks: 16 slots
     a, c = req("a", 7, max_tokens=20), req("c", 7, max_tokens=20)
     s.add_request(a)
     s.add_request(c)

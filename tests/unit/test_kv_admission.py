@@ -188,3 +188,30 @@ def test_prefix_hits_do_not_count_as_new_blocks():
     while s.has_unfinished_requests():
         step(s)
     assert s.stats.num_preemptions == 0
+
+
+def test_skipping_a_repeated_failed_check_changes_no_decision():
+    # mixed known / early-stopping lengths; one scheduler rebuilds the projection at every check
+    import random
+
+    rng = random.Random(0)
+    work = [(rng.randint(2, 12), rng.randint(1, 20), rng.random() < 0.5, rng.randint(1, 20)) for _ in range(40)]
+    logs = []
+    for cached in (True, False):
+        s = make(num_blocks=25, max_num_batched_tokens=16)
+        if not cached:
+            def begin(running, held, version, begin_step=s.admission.begin_step):
+                begin_step(running, held, object())  # a new version every step: never skips a check
+
+            s.admission.begin_step = begin
+        for i, (n, m, eos, _) in enumerate(work):
+            s.add_request(req(f"r{i}", n, max_tokens=m, arrival=i, eos=eos, first=1000 * i))
+        stops = {f"r{i}": stop for i, (_, _, eos, stop) in enumerate(work) if eos}
+        log = []
+        while s.has_unfinished_requests():
+            out = s.schedule()
+            log.append([(x.req.request_id, x.num_tokens) for x in out.scheduled])
+            s.update(out, {x.req.request_id: EOS if stops.get(x.req.request_id) == x.req.num_output_tokens + 1
+                           else 7 for x in out.scheduled if x.samples})
+        logs.append(log)
+    assert logs[0] == logs[1] and len(logs[0]) > 40
