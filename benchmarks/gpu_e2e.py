@@ -164,10 +164,15 @@ def task_decode_bs1(args, tmp) -> dict:
     if args.throughput:
         num, in_len, out_len = args.tp_prompts, 1000, 1000
         prompts = [{"prompt_token_ids": [rng.randrange(1000, 120000) for _ in range(in_len)]} for _ in range(num)]
+        before = llm.llm_engine.get_stats()
         dt, outs = gen_timed(llm, prompts, SamplingParams(max_tokens=out_len, ignore_eos=True))
         total = sum(len(o.outputs[0].token_ids) for o in outs)
+        after = llm.llm_engine.get_stats()  # the schedule: steps, preemptions, prompt tokens computed (recomputes)
         res.update({"throughput_prompts": num, "throughput_s": dt, "throughput_output_tokens": total,
-                    "throughput_8b_1000_1000_tok_s": total / dt})
+                    "throughput_8b_1000_1000_tok_s": total / dt,
+                    "kv_admission": llm.llm_engine.core.settings.scheduler.kv_admission,
+                    **{f"throughput_{k}": getattr(after, k) - getattr(before, k)
+                       for k in ("num_steps", "num_preemptions", "num_prompt_tokens")}})
         print(json.dumps({k: res[k] for k in res if k.startswith("throughput")}), flush=True)
     del llm
     torch.cuda.empty_cache()
