@@ -11,7 +11,6 @@ top-k / top-p / min-p sample in one fused Triton pass instead (``core/sampler_tr
 from __future__ import annotations
 
 import functools
-import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -205,8 +204,6 @@ class Sampler:
     def __init__(self, force_fused: bool = False) -> None:
         self.fused = env_switch("OCTAVO_FUSED_SAMPLER")
         self.force_fused = force_fused
-        # seeded request's generator -> fused draws so far: its Philox key advances per step
-        self._draws: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     def uses_fused(self, logits: torch.Tensor, b: SamplingBatch) -> bool:
         if b.all_greedy:
@@ -227,9 +224,7 @@ class Sampler:
         if b.generators:
             seeded = {}
             for row, gen in b.generators.items():
-                n = self._draws.get(gen, 0)
-                self._draws[gen] = n + 1
-                seeded[row] = seeded_key(gen.initial_seed(), n)
+                seeded[row] = seeded_key(gen.initial_seed(), draw_index(gen))
             keys = row_keys(base, logits.shape[0], seeded).to(logits.device, non_blocking=True)
         return fused_sample(logits, b.temperature, keys, base, thresholds)
 
@@ -250,6 +245,17 @@ class Sampler:
             out.logprob_token_ids, out.logprobs, out.sampled_ranks = gather_logprobs(
                 raw_logprobs, sampled, b.max_num_logprobs)
         return out
+
+
+def draw_index(gen: torch.Generator) -> int:
+    """A seeded request's fused draw number, advancing its generator (the key then changes every step): a CUDA
+    generator counts in its Philox offset (+4 per draw, as torch's own draws; no device work, and a CUDA
+    generator cannot be weak-referenced to count elsewhere); a CPU generator (tests) draws one number."""
+    if gen.device.type == "cuda":
+        offset = gen.get_offset()
+        gen.set_offset(offset + 4)
+        return offset // 4
+    return int(torch.randint(0, 1 << 62, (1,), generator=gen).item())
 
 
 @functools.cache
