@@ -118,6 +118,11 @@ def bench_decode(args) -> dict:
         # diagnostic: the whole async grammar path (prepare, gate, accept call, hand-off) with the backend's fill
         # and accept replaced by no-ops (rows all open: nothing applied); the text is then unconstrained
         modes["json_async_gateonly"] = (so, True, False, False, None, {**dflt, "gate_only": True})
+        # experiment: three steps in flight (AsyncStepLoop.depth = 3, not the default): N+2 is scheduled and
+        # queued before N's tokens arrive, so the runner's thread launches N+2's forward right after N+1's
+        # sampler instead of waiting for the core thread; compared with free_async_d3
+        modes["free_async_d3"] = (None, True, False, False, None, {**dflt, "depth": 3})
+        modes["json_async_d3"] = (so, True, False, False, None, {**dflt, "depth": 3})
         if args.switch_interval:  # the same two with a shorter GIL switch interval (sys.setswitchinterval)
             modes["free_async_si"] = (None, True, False, False, args.switch_interval, dflt)
             modes["json_async_si"] = (so, True, False, False, args.switch_interval, dflt)
@@ -145,6 +150,8 @@ def bench_decode(args) -> dict:
                 from octavo.core.async_engine import set_async_scheduling
 
                 set_async_scheduling(core, on)
+                if on and knobs.get("depth"):
+                    core.async_loop.depth = knobs["depth"]
             grammar_step.INLINE_AFTER_GATE, grammar_step.HANDOFF_WAIT_S = knobs["inline"], knobs["handoff"]
             grammar_step.TRITON_APPLY, so_mod.EARLY_ACCEPT = knobs["triton"], knobs["early"]
             core.structured.fill_threads = knobs["threads"]
@@ -204,8 +211,10 @@ def bench_decode(args) -> dict:
         med = {m: statistics.median(t) for m, t in times.items() if t}
         row = {f"{m}_ms_per_step": round(v * 1e3, 3) for m, v in med.items()}
         row.update({f"{m}_steps": len(t) for m, t in times.items()})
-        for m, (params_so, on, _, _, interval, _) in modes.items():
+        for m, (params_so, on, _, _, interval, knobs) in modes.items():
             base = ("free_async_si" if interval else "free_async") if on else "free"
+            if on and knobs.get("depth"):
+                base = f"free_async_d{knobs['depth']}"
             if params_so is not None and m in med and base in med:
                 row[f"{m}_overhead_pct"] = round((med[m] / med[base] - 1) * 100, 1)
         for m, (params_so, on, _, _, _, _) in modes.items():  # host time per step the forward did not hide

