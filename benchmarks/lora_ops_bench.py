@@ -34,15 +34,12 @@ TINY = {"qkv": (64, [64, 16, 16]), "o": (64, [64]), "gate_up": (64, [128, 128]),
 # SGMV launch configs tried (keys of octavo.lora.triton_ops.CONFIG; k_per_split is a runtime argument, so its
 # variants compile nothing new)
 CONFIGS = {  # in order of promise: the budget may cut the tail (each new tile shape compiles)
-    "s4": {},  # session 4: split = min(8, K // 512), 64-wide tiles
-    "k128": {"k_per_split": 128},
-    "k128_parts": {"k_per_split": 128, "part_expand": 1},
-    "k128_parts_sh": {"k_per_split": 128, "part_expand": 1, "static_h": 1},
-    "k64_parts": {"k_per_split": 64, "part_expand": 1},
-    "k256_parts": {"k_per_split": 256, "part_expand": 1},
-    "k128_n128_parts": {"k_per_split": 128, "block_n": 128, "part_expand": 1},
-    "k128_n32_parts": {"k_per_split": 128, "block_n": 32, "part_expand": 1},
-    "k256_bk128_parts": {"k_per_split": 256, "block_k": 128, "part_expand": 1},
+    "s4": {"k_per_split": 0, "part_expand": 0, "static_h": 0},  # session 4: split = min(8, K // 512)
+    "k128": {"k_per_split": 128, "part_expand": 0, "static_h": 0},  # session 5 batch 1's pick
+    "default": {},  # octavo.lora.triton_ops.DEFAULT_CONFIG (session 5: k128 + part_expand + static_h)
+    "k128_parts": {"k_per_split": 128, "part_expand": 1, "static_h": 0},
+    "k128_n128_parts_sh": {"k_per_split": 128, "block_n": 128, "part_expand": 1, "static_h": 1},
+    "k128_n32_parts_sh": {"k_per_split": 128, "block_n": 32, "part_expand": 1, "static_h": 1},
 }
 
 
@@ -60,9 +57,22 @@ def build(kinds: dict, layers: int, slots: int, rank: int, dtype, dev, base: boo
             w = torch.empty(sum(parts), k, device=dev, dtype=dtype).normal_(0, 0.02) if base else None
             a = torch.empty(slots, r, k, device=dev, dtype=dtype).normal_(0, 0.02)
             b_flat = torch.empty(sum(parts), slots * r, device=dev, dtype=dtype).normal_(0, 0.02)
+            b_flat.mul_(block_diagonal(parts, slots, rank, dev, dtype))  # as the manager writes fused parts
             rows.append((w, a, b_flat.view(sum(parts), slots, r).permute(1, 0, 2), b_flat))
         out[kind] = rows
     return out
+
+
+def block_diagonal(parts: list[int], slots: int, rank: int, dev, dtype) -> torch.Tensor:
+    """``[out, slots * parts * rank]`` 0/1: part ``p``'s rows keep only rank columns ``p`` of every slot (batch 1 of
+    session 5 timed random full B: ``part_expand`` then differs from the dense op by the off-diagonal blocks)."""
+    out, r = sum(parts), rank * len(parts)
+    mask = torch.zeros(out, r, device=dev, dtype=dtype)
+    start = 0
+    for p, size in enumerate(parts):
+        mask[start:start + size, p * rank:(p + 1) * rank] = 1
+        start += size
+    return mask.repeat(1, slots)
 
 
 def graph_ms(fn, iters: int, cuda: bool) -> float | None:
@@ -132,7 +142,7 @@ def decode(weights, args, dtype, dev, cuda, res) -> None:
             keys = {kind: i * len(rows) for i, (kind, rows) in enumerate(weights.items())}  # + layer
             entry = {}
             for label, ts in (("mixed", mix), ("zero", None)):
-                if label == "zero" and op not in ("dense", "sgmv_s4"):
+                if label == "zero" and op not in ("dense", "sgmv_s4", "sgmv_default"):
                     continue
                 static.write(ts, n)
                 per = {kind: r4(graph_ms(lambda kind=kind, rows=rows, static=static, k0=keys[kind]: [
@@ -183,7 +193,7 @@ def prefill(weights, args, dtype, dev, cuda, res) -> None:
     log(f"prefill n={n}: base linears {p['base_linears']}")
     variants = [("torch", False, None)]
     if cuda or os.environ.get("TRITON_INTERPRET") == "1":
-        variants += [("sgmv_s4", True, {}), ("sgmv_best", True, res.get("best", {}).get("config", {}))]
+        variants += [("sgmv_s4", True, CONFIGS["s4"]), ("sgmv_best", True, res.get("best", {}).get("config", {}))]
     for name, use_triton, cfg in variants:
         if time.perf_counter() - T0 > args.budget_s + 5:
             log("budget spent: stopping prefill")
@@ -204,7 +214,15 @@ def prefill(weights, args, dtype, dev, cuda, res) -> None:
             per = {kind: r4(eager_ms(lambda kind=kind, rows=rows: step(kind, rows), 3, cuda))
                    for kind, rows in weights.items()}
             per["total"] = r4(sum(v for v in per.values() if v is not None)) if cuda else None
-            per["mode"] = ops.plan_tokens(slots, dev, use_triton).mode
+            plan = ops.plan_tokens(slots, dev, use_triton)
+            per["mode"] = plan.mode
+            # GPU time alone (the engine's host runs ahead of big prefill GEMMs): the plan built once, the 32
+            # layers' ops of a kind replayed in a CUDA graph
+            gpu = {kind: r4(graph_ms(lambda kind=kind, rows=rows, plan=plan: [
+                ops.lora_shrink_expand(xs[kind], ys[kind], a, b, plan, args.parts[kind]) for _, a, b, _f in rows],
+                5, cuda)) for kind, rows in weights.items()}
+            gpu["total"] = r4(sum(v for v in gpu.values() if v is not None)) if cuda else None
+            per["gpu_only"] = gpu
         except Exception as e:  # noqa: BLE001 - recorded
             per = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
         p[name] = per

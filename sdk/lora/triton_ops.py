@@ -35,8 +35,11 @@ BLOCK_M = 16
 # ``static_h``: in CUDA graphs (octavo.lora.static) the shrink sums into a persistent fp32 buffer per projection
 # that the host zeroes once per step (one memset for all projections), not a fresh ``torch.zeros`` per projection
 # (a memset kernel each: 128 a step on a Llama-3-8B).
-DEFAULT_CONFIG = {"k_per_split": 0, "block_k": 64, "block_n": 64, "shrink_warps": 4, "expand_warps": 4,
-                  "part_expand": 0, "static_h": 0}
+# Defaults from session 5's batch 1 (H100, benchmarks/lora_ops_bench.py: batch 64, 8 slots, rank 16, 32 layers of
+# 8B widths, LoRA ops of one graphed decode step): session 4's rule 1.78 ms, k_per_split=128 1.45 ms, + part_expand
+# + static_h 1.23 ms (measured on non-block-diagonal B there: batch 2 rechecks them against the dense op).
+DEFAULT_CONFIG = {"k_per_split": 128, "block_k": 64, "block_n": 64, "shrink_warps": 4, "expand_warps": 4,
+                  "part_expand": 1, "static_h": 1}
 CONFIG = dict(DEFAULT_CONFIG)
 
 

@@ -78,6 +78,9 @@ for k, o, r, dtype, tol in [(24, 20, 8, torch.float32, 1e-5), (1100, 40, 48, tor
     a, b, b_flat = flat_weights(6, k, o, r, dtype)
     for kw in ({"use_triton": True}, {"fused_expand": True}):  # fixed-grid SGMV; dense with the masked expand
         run_steps(StaticLoRA(6, 48, dtype, "cpu", **kw), a, b, b_flat, k, o, dtype, tol)
+triton_ops.set_config(k_per_split=0, static_h=0)  # session 4's launch rule, a fresh h per call
+a, b, b_flat = flat_weights(6, 1100, 40, 48)
+run_steps(StaticLoRA(6, 48, torch.float32, "cpu", use_triton=True), a, b, b_flat, 1100, 40, torch.float32, 1e-4)
 # the tuned SGMV launch config: many K splits, parts-only expand on a block-diagonal q/k/v-like B
 # and the persistent shrink buffer that write() zeroes once per step (static_h; key = the projection's buffer)
 triton_ops.set_config(k_per_split=64, block_n=16, part_expand=1, static_h=1)
