@@ -143,6 +143,9 @@ class Scheduler:
         if not preempted and self.waiting and budget > 0:
             self.admission.begin_step(self.running, lambda r: len(self.kv.block_ids(r.request_id)),
                                       (len(self.requests), len(self.running), self.stats.num_preemptions))
+        # priority policy: a request that outranks a running one starts if its blocks are free now; if the cache
+        # runs short later, the lower-priority request is preempted (the projection protects peers, not them)
+        lowest = max((r.priority for r in self.running), default=None) if self.policy == "priority" else None
         while not preempted and self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             # grammars compile off this loop; an adapter waits while max_loras others run
             # a request preempted while a step was in flight waits for that step's token (async scheduling)
@@ -156,7 +159,9 @@ class Scheduler:
                 break
             num_new = min(num_new, budget)
             num_hits_free = sum(1 for b in hits if b.ref_cnt == 0)  # they leave the free queue when taken
-            if not self.admission.admits(req, self.kv.pool.num_free_blocks - num_hits_free, len(hits)):
+            outranks = lowest is not None and req.priority < lowest
+            if not outranks and not self.admission.admits(req, self.kv.pool.num_free_blocks - num_hits_free,
+                                                          len(hits)):
                 break
             if not self.kv.allocate_slots(req, num_new, hits):
                 break

@@ -215,3 +215,23 @@ def test_skipping_a_repeated_failed_check_changes_no_decision():
                            else 7 for x in out.scheduled if x.samples})
         logs.append(log)
     assert logs[0] == logs[1] and len(logs[0]) > 40
+
+
+def test_priority_request_outranking_a_running_one_starts_when_its_blocks_are_free():
+    # a low-priority request runs; an equal-priority one waits for headroom, a higher-priority one starts now
+    # and the low-priority request is the one preempted when the cache runs short
+    s = make(scheduling_policy="priority")
+    p = SamplingParams(max_tokens=40, ignore_eos=True)
+    low = Request(EngineCoreRequest("low", list(range(100, 108)), p, 0.0, 5, eos_token_id=EOS), 40)
+    peer = Request(EngineCoreRequest("peer", list(range(200, 208)), p, 1.0, 5, eos_token_id=EOS), 40)
+    s.add_request(low)
+    s.add_request(peer)
+    step(s)
+    assert running(s) == ["low"]  # 48 tokens each: two do not fit 64
+    high = Request(EngineCoreRequest("high", list(range(300, 308)), p, 2.0, 0, eos_token_id=EOS), 40)
+    s.add_request(high)
+    step(s)
+    assert set(running(s)) == {"low", "high"}
+    while "high" in s.requests:
+        step(s)
+    assert low.num_preemptions >= 1 and high.num_preemptions == 0
