@@ -97,7 +97,8 @@ def fp8_methods(model):
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
-    ap.add_argument("--ab", choices=("none", "tc"), default="none")
+    ap.add_argument("--ab", choices=("none", "tc", "norm"), default="none",
+                    help="norm: the quantizing RMSNorm on 8 / 16 warps at one row (fp8_fused.SMALL_ROWS_WARPS)")
     ap.add_argument("--tiles", default=None, help="fp8_gemv_bench.py JSON: its best tensor-core tile per shape")
     ap.add_argument("--no-profile", action="store_true")
     args = ap.parse_args()
@@ -134,6 +135,19 @@ def main() -> None:
     with torch.inference_mode():
         measure(llm, gr, prompt, res, "default", bw, weight_bytes, not args.no_profile)
     save()
+    if args.ab == "norm" and gr is not None:
+        from octavo.plugins.quant import fp8_fused
+
+        for warps in (8, 16):
+            try:
+                fp8_fused.SMALL_ROWS_WARPS = warps
+                with torch.inference_mode():
+                    gr.capture()
+                    measure(llm, gr, prompt, res, f"norm_warps_{warps}", bw, weight_bytes, not args.no_profile)
+            except Exception as e:  # noqa: BLE001 - record why
+                res[f"norm_warps_{warps}"] = {"error": f"{type(e).__name__}: {e}"[:400]}
+            save()
+        fp8_fused.SMALL_ROWS_WARPS = None
     if args.ab == "tc" and gr is not None:
         tiles = {}
         if args.tiles and os.path.exists(args.tiles):

@@ -109,6 +109,12 @@ def _soft() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"  # the interpreter's own fp8 cast is wrong on carries
 
 
+# warps of the quantizing norm at <= 4 rows (None: as at any size). At batch 1 the 8B forward's 64 norms took 3.9 us
+# each on H100 vs 2.6 us for the plain final norm (session 5): one program per row, the whole row on 4 warps.
+# An experiment switch (benchmarks/fp8_bs1.py --ab norm); the e4m3 copy is still made from this kernel's own output
+SMALL_ROWS_WARPS: int | None = None
+
+
 def rms_norm_quant(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None,
                    q_dtype: torch.dtype = torch.float8_e4m3fn):
     """``(out, new_residual or None, q [rows, d], scale [rows, 1])``: the fused RMSNorm and its quantization.
@@ -128,9 +134,10 @@ def rms_norm_quant(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: 
     q = torch.empty((rows, d), dtype=q_dtype, device=x.device)
     s = torch.empty((rows, 1), dtype=torch.float32, device=x.device)
     if rows:
+        warps = SMALL_ROWS_WARPS if SMALL_ROWS_WARPS and rows <= 4 else (8 if d > 4096 else 4)
         _rms_norm_quant_kernel[(rows,)](x2, r2, weight, out, res_out, q, s, x2.stride(0), r2.stride(0), d, eps,
                                         HAS_RES=residual is not None, SOFT_FP8=_soft(), BLOCK=_p2(d),
-                                        num_warps=8 if d > 4096 else 4)
+                                        num_warps=warps)
     return out.view(x.shape), (res_out.view(x.shape) if residual is not None else None), q, s
 
 
