@@ -10,7 +10,8 @@
 #      part_expand + static_h in graphs, SGMV for eager steps >= 512 tokens) | `k128` (batch 1's winner: no
 #      part_expand / static_h); each times base requests and the batch mixed over 8 rank-16 adapters, 3 rounds.
 #   3. graph parity: tiny fp32 Llama, 5 adapters mixed with the base model, graph engine vs enforce_eager engine
-#      greedy tokens per request (kernel auto, the defaults), if time is left.
+#      greedy tokens per request (kernel auto, the defaults with block_n=32 so that the tiny model's q/k/v (64/32/32)
+#      and gate/up parts take the part_expand path), if time is left.
 # Batch 1 (23:47 UTC) is recorded in docs/performance.md.
 # Dry run on CPU: OUT=/tmp/x LORA_SHAPE=tiny LORA_LAYERS=2 PATH=.venv/bin:$PATH bash benchmarks/device/lora.sh
 set -u
@@ -25,6 +26,7 @@ grep "lora_ops" "$R/ops.log" | cut -c1-600 | tail -20
 K128='k128=auto@OCTAVO_LORA_SGMV_CONFIG={"k_per_split":128,"part_expand":0,"static_h":0}'
 LEFT=$((72 - SECONDS))
 timeout -k 2 $LEFT python3 benchmarks/lora_gpu.py --shapes "${LORA_SHAPE:-8b}" --layers "${LORA_LAYERS:-32}" \
-  --engines base auto "$K128" --repeats 3 --budget-s $((LEFT - 3)) --engine-s 8 --out "$R" --parity auto 2>&1 \
+  --engines base auto "$K128" --repeats 3 --budget-s $((LEFT - 3)) --engine-s 8 --out "$R" \
+  --parity 'parts32=auto@OCTAVO_LORA_SGMV_CONFIG={"block_n":32}' 2>&1 \
   | grep -v -E "Loading weights|it/s\]" | tee "$R/lora.log" | grep -E "lora_gpu|Error|error" | cut -c1-300 | tail -30
 echo "lora exit ${PIPESTATUS[0]} at ${SECONDS}s $(date -u +%T)" | tee -a "$R/exits.txt"
