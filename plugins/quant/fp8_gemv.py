@@ -24,6 +24,7 @@ fp8.py imports it on first use, never at plugin import.
 
 from __future__ import annotations
 
+import inspect
 import os
 
 import torch
@@ -143,9 +144,12 @@ def _fp8_gemv_rows_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, M, N, K, s
 _ROWS_CONFIGS = {2: (16, 256, 4), 4: (16, 128, 4), 8: (8, 128, 4), 16: (8, 64, 4)}
 ROWS_MAX = 16
 
+# the timings go to Triton's cache dir where this Triton can (as cuda_fusions' bf16 GEMV): a warm start skips
+# re-timing 4 tiles x 2 input kinds per weight shape
+_CACHE_TUNING = {"cache_results": True} if "cache_results" in inspect.signature(triton.autotune).parameters else {}
 _fp8_gemv_tuned = triton.autotune(
     configs=[triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=s) for bn, bk, w, s in _CONFIGS],
-    key=["N", "K", "QUANT_X", "PRE_Q", "HAS_BIAS", "EVEN"])(_fp8_gemv_kernel)
+    key=["N", "K", "QUANT_X", "PRE_Q", "HAS_BIAS", "EVEN"], **_CACHE_TUNING)(_fp8_gemv_kernel)
 
 
 def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None = None,
