@@ -145,3 +145,58 @@ def test_engine_through_the_graph_ops_equals_eager(tmp_path, monkeypatch):
     llm.llm_engine.shutdown()
     assert got == eager
     assert len({tuple(t) for t in got}) > 2  # the adapters changed the outputs
+
+
+ENGINE_SCRIPT = r"""
+import sys, tempfile
+import torch
+import octavo.lora.manager as manager
+from octavo import LLM, SamplingParams
+from octavo.lora import triton_ops
+from octavo.lora.request import LoRARequest
+from tests.lora.conftest import ADAPTERS, make_adapter, make_base
+
+tmp = tempfile.mkdtemp()
+make_base(f"{tmp}/base")
+loras = []
+for i in (0, 2, 4):  # all seven projections; q/v only; embedding + q + down
+    make_adapter(f"{tmp}/base", f"{tmp}/a{i}", *ADAPTERS[i], seed=100 + i)
+    loras.append(LoRARequest(f"a{i}", i + 1, f"{tmp}/a{i}"))
+llm = LLM(f"{tmp}/base", dtype="float32", skip_tokenizer_init=True, enable_lora=True, max_loras=3, max_lora_rank=16,
+          kv_cache_memory_bytes=16 << 20, max_model_len=128, block_size=8, seed=0)
+choices = [None, *loras, loras[1], None, loras[0]]
+prompts = [{"prompt_token_ids": [5 + i, 9, 30 + 2 * i, 7] * (1 + i % 3)} for i in range(len(choices))]  # 52 tokens
+params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+run = lambda: [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params, use_tqdm=False,
+                                                                  lora_request=choices)]
+eager = run()
+runner = llm.llm_engine.core.executor.driver.runner
+manager._graphs_on = lambda device: True
+manager._kernel_choice = lambda device: "auto"  # graphs: the SGMV op
+manager.LoRAManager._capturing = lambda self: self.static is not None
+triton_ops.set_config(k_per_split=64, block_n=16, part_expand=1, static_h=1)  # tiny q/k/v 64/32/32: parts
+graphs = manager.LoRAManager(runner.model, llm.llm_engine.settings.lora, torch.float32, torch.device("cpu"),
+                             graph_tokens=64)
+assert graphs.static.use_triton and graphs.static.h_all is not None
+graphs.static.captured = True
+runner.lora.clear()
+runner.lora = graphs
+got = run()
+llm.llm_engine.shutdown()
+assert got == eager, (got, eager)
+assert len({tuple(t) for t in got}) > 2
+print("ok")
+"""
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter check is for CPU machines; "
+                    "benchmarks/lora_gpu.py --parity checks replayed graphs on a GPU")
+def test_engine_through_the_sgmv_op_interpreted():
+    """As above with the manager's SGMV graph op (Triton, interpreted): every step's LoRA through the fixed-grid
+    kernels with part_expand, the per-projection static_h buffers (keys) and write()'s per-step zeroing; ~35 s."""
+    pytest.importorskip("triton")
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    out = subprocess.run([sys.executable, "-c", ENGINE_SCRIPT], env=env, capture_output=True, text=True, timeout=600,
+                         cwd=root)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]
