@@ -78,7 +78,8 @@ class KVAdmission:
         self._growth = 0  # total blocks the running set may still allocate
         self._sums = None  # suffix / prefix sums of the projection, built at the first _fits
         self._pending = None  # (running, held_blocks, version) until the step's first check builds the projection
-        self._refused = None  # (version, request id, ratio) -> step before which that first check fails again
+        self._refused = None  # (key, step): until that step the same first check fails again
+        self._num_admitted = 0
 
     # ---- estimates -----------------------------------------------------------------------------------
     def expected_remaining(self, req: Request) -> int:
@@ -128,7 +129,7 @@ class KVAdmission:
             return True
         key = None
         if self._pending is not None:  # the step's first check
-            key = (self._pending[2], req.request_id, self.ratio)
+            key = (self._pending[2], self._num_admitted, req.request_id, self.ratio)
             if self._refused is not None and self._refused[0] == key and self.num_steps < self._refused[1]:
                 return False  # the same check failed and cannot pass before that step (module docstring)
             self._build()
@@ -147,6 +148,7 @@ class KVAdmission:
         """``req`` started and holds ``num_held_blocks`` (prefix hits included): the next check sees it."""
         if self.mode == "greedy":
             return
+        self._num_admitted += 1  # part of the refusal key: the running set changed even if its size did not
         if self._pending is not None:
             self._build()
         d, t = self._project(req)
