@@ -13,15 +13,16 @@ Each RMSNorm's forward is wrapped::
 
     norm(x, residual) with x the deferred tensor -> one kernel: push/flag/wait (the one-shot protocol, same
                                                     epochs), rank-order sum rounded to the dtype, + residual,
-                                                    RMSNorm; bitwise what all-reduce then fused norm give
+                                                    RMSNorm; the roundings of all-reduce then fused norm
     any other call while a tensor is deferred     -> the deferred tensor is reduced first (plain kernel), then
                                                     the norm runs as before (e.g. the first layer's norm
                                                     without a residual)
 
 The all-reduce itself also reduces a deferred tensor before taking a new message. What no hook sees is a
 deferred tensor read by something else first (a bias added after the sum, a model's own scaling): so the
-fusion is installed only after one forward of the model with it equals the forward without it bit for bit on
-every rank (the verdict is all-reduced, so every rank decides the same), else it stays off, logged.
+fusion is installed only after one forward of the model with it agrees with the forward without it on every rank
+(to rounding: the fused norm may sum its squares in another order; the verdict is all-reduced, so every rank
+decides the same), else it stays off, logged.
 """
 
 from __future__ import annotations
@@ -140,7 +141,7 @@ def _wrap_row_parallel(module, ar: OneShotAllReduce) -> None:
 
 def maybe_fuse_all_reduce_norm(handle) -> dict | None:
     """Wrap ``handle.model``'s RMSNorms and row-parallel layers and turn deferral on, if the one-shot all-reduce is
-    installed, ``OCTAVO_TP_ALLREDUCE_FUSE_NORM`` is not ``0`` and a checking forward agrees bit for bit on every
+    installed, ``OCTAVO_TP_ALLREDUCE_FUSE_NORM`` is not ``0`` and a checking forward agrees (to rounding) on every
     rank; else ``None``."""
     from octavo.nn import parallel
     from octavo.nn.layernorm import RMSNorm
@@ -209,7 +210,13 @@ def _check_forward(handle, ar: OneShotAllReduce, rows: int) -> bool:
         got = handle.model(ids, pos, ctx).clone()
         ar.flush()
         torch.cuda.synchronize(handle.device)
-        return torch.equal(want, got)
+        # Not bitwise: the fused kernel's sum of squares may reduce in another order than cuda_fusions' norm
+        # (a last-bit difference; on the H100 the bitwise check failed, batch 1). A deferred sum read before it
+        # was reduced (what this check is for) is off by the other ranks' share: tens of percent.
+        tol = {torch.bfloat16: 1.6e-2, torch.float16: 2e-3}.get(want.dtype, 1e-5)
+        err = ((got.float() - want.float()).norm() / want.float().norm().clamp_min(1e-30)).item()
+        logger.info("all-reduce + RMSNorm fusion check: relative difference %.2e (tolerance %.1e)", err, tol)
+        return err <= tol
     except Exception as e:  # noqa: BLE001 - the fusion stays off
         logger.warning("all-reduce + RMSNorm fusion check failed: %s: %s", type(e).__name__, e)
         ar.pending = None
