@@ -15,6 +15,11 @@ Qwen3-0.6B shape (40,015 blocks, batch 0):
 
     python benchmarks/schedule_sim.py --workload nanovllm --kv-blocks 40015 --max-num-seqs 256 --weights-gb 1.19 \
         --params-b 0.6 --layers 28 --q-heads 16 --kv-heads 8 --head-dim 128
+
+It runs the engine's admission policy (``--admission projected|greedy``, ``--ratio``, see core/kv_admission.py)
+under ``AsyncScheduler`` with prefix caching on, as the engine runs on CUDA. ``--workload eos`` and ``chat`` stop
+requests at EOS at points the scheduler cannot know (``max_tokens`` unset: max_model_len - prompt), to check that
+admission does not over-reserve; ``--step-overhead-ms 3`` adds the per-step remainder that matches the H100.
 """
 
 from __future__ import annotations
