@@ -235,3 +235,23 @@ def test_priority_request_outranking_a_running_one_starts_when_its_blocks_are_fr
     while "high" in s.requests:
         step(s)
     assert low.num_preemptions >= 1 and high.num_preemptions == 0
+
+
+def test_schedule_sim_small_run_projected_never_preempts_greedy_does():
+    # benchmarks/schedule_sim.py on a small copy of the 512 x 1000/1000 shape: 24 x 100/100 in a 2,400-token cache
+    import argparse
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    import schedule_sim
+
+    res = {}
+    for admission in ("greedy", "projected"):
+        args = argparse.Namespace(workload="fixed", prompts=24, in_len=100, out_len=100, kv_blocks=151, block_size=16,
+                                  max_num_seqs=24, max_num_batched_tokens=512, max_model_len=512, prefix_caching=True,
+                                  async_scheduling=True, admission=admission, ratio=0.1, ratio_after_preemption=0.7,
+                                  seed=0)
+        sim = schedule_sim.simulate(args)
+        res[admission] = (sum(s[4] for s in sim["steps"]), sum(s[1] for s in sim["steps"]), args.total_out)
+    assert res["projected"] == (0, 2400, 2400) and res["greedy"][0] > 0 and res["greedy"][1] > 2400, res
