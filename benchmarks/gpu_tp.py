@@ -179,9 +179,9 @@ def ar_state(worker) -> str:
 
 def switch_all_reduce(worker, mode: str) -> str:
     """Install another all-reduce on this rank and re-capture its decode graphs (a ``collective_rpc`` target,
-    every rank at once): ``nccl`` (torch.distributed), ``custom`` (the one-shot kernel, no norm fusion) or
-    ``fused`` (the one-shot kernel with the all-reduce + RMSNorm fusion, as installed at start). Returns what
-    runs now."""
+    every rank at once): ``nccl`` (torch.distributed for the all-reduces, the LM head's all-gather and the
+    sampled ids' broadcast), ``custom`` (the one-shot kernels, no norm fusion) or ``fused`` (the one-shot kernels
+    with the all-reduce + RMSNorm fusion, as installed at start). Returns what runs now."""
     from octavo.nn import parallel
 
     ar = getattr(worker, "_bench_ar", None) or parallel._ALL_REDUCE
@@ -191,8 +191,10 @@ def switch_all_reduce(worker, mode: str) -> str:
         worker._bench_ar, worker._bench_defer = ar, getattr(ar, "defer_rows", 0)
     if mode == "nccl":
         parallel.set_all_reduce(None)
+        parallel.set_all_gather(None)
     else:
         parallel.set_all_reduce(ar)
+        parallel.set_all_gather(getattr(ar, "all_gather", None))
         if hasattr(ar, "defer_rows"):
             ar.flush()
             ar.defer_rows = worker._bench_defer if mode == "fused" else 0

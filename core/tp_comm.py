@@ -74,8 +74,13 @@ def _install_platform_all_reduce(platform, device: torch.device, explicit: bool)
                        "(here: %s); torch.distributed. OCTAVO_TP_ALLREDUCE=nccl skips the attempt", err)
         return "nccl"
     set_all_reduce(fn)
-    logger.info("tensor-parallel all-reduce: the platform's one-shot kernel for messages <= %d KiB, NCCL above "
-                "(OCTAVO_TP_ALLREDUCE=nccl: NCCL only)", MAX_BYTES >> 10)
+    gather = getattr(fn, "all_gather", None)  # the LM head's shards and the sampled ids' broadcast, same buffers
+    if gather is not None:
+        from octavo.nn.parallel import set_all_gather
+
+        set_all_gather(gather)
+    logger.info("tensor-parallel all-reduce%s: the platform's one-shot kernel for messages <= %d KiB, NCCL above "
+                "(OCTAVO_TP_ALLREDUCE=nccl: NCCL only)", " and all-gather" if gather else "", MAX_BYTES >> 10)
     return "custom"
 
 
@@ -134,7 +139,14 @@ class TPAsyncRunnerSteps(AsyncRunnerSteps):
         if sampled is not None:
             if not sampled.is_contiguous():
                 sampled = pending["sampled"] = sampled.contiguous()
-            group = get_tp_group()
-            src = 0 if group is None else dist.get_global_rank(group, 0)
-            dist.broadcast(sampled, src=src, group=group)
+            from octavo.nn import parallel
+
+            gather = parallel._ALL_GATHER  # the platform's one-shot all-gather: rank 0's slice is the broadcast
+            gathered = gather(sampled.view(1, -1), -1) if gather is not None else None
+            if gathered is not None:
+                sampled.view(-1).copy_(gathered[0, : sampled.numel()])
+            else:
+                group = get_tp_group()
+                src = 0 if group is None else dist.get_global_rank(group, 0)
+                dist.broadcast(sampled, src=src, group=group)
         return super().defer(result, pending, inputs, reqs)

@@ -92,6 +92,56 @@ if triton is not None:
             tl.store(x_ptr + offs, acc.to(elt), mask=m)
 
 
+    @triton.jit
+    def _one_shot_gather_kernel(x_ptr, out_ptr, n, row_len, flag_table, data_table, counters, cap,
+                                RANK: tl.constexpr, WORLD: tl.constexpr, MAXG: tl.constexpr, BLOCK: tl.constexpr):
+        """All-gather along the last dim with the same protocol (epochs, flags, buffers) as the all-reduce:
+        push ``x`` ([rows, row_len] flat, ``n`` elements) to every peer, wait, then
+        ``out[row, k * row_len + col] = x_k[row, col]``. Copies only, so any dtype (sampled ids too)."""
+        pid = tl.program_id(0)
+        grid = tl.num_programs(0)
+        elt = x_ptr.dtype.element_ty
+        epoch = tl.load(counters + pid) + 1
+        tl.store(counters + pid, epoch)
+        if pid == 0:
+            idle = grid + tl.arange(0, MAXG)
+            m_idle = idle < MAXG
+            tl.store(counters + idle, tl.load(counters + idle, mask=m_idle) + 1, mask=m_idle)
+        parity = epoch % 2
+        offs0 = tl.arange(0, BLOCK)
+        for k in tl.static_range(WORLD):
+            if k != RANK:
+                dst = tl.multiple_of(tl.load(data_table + k).to(tl.pointer_type(elt)) + (parity * WORLD + RANK) * cap,
+                                     16)
+                for start in range(pid * BLOCK, n, grid * BLOCK):
+                    offs = tl.multiple_of(start, BLOCK) + offs0
+                    m = offs < n
+                    tl.store(dst + offs, tl.load(x_ptr + offs, mask=m), mask=m)
+        tl.debug_barrier()
+        for k in tl.static_range(WORLD):
+            if k != RANK:
+                peer_flags = tl.load(flag_table + k).to(tl.pointer_type(tl.int64))
+                tl.atomic_xchg(peer_flags + RANK * MAXG + pid, epoch, sem="release", scope="sys")
+        my_flags = tl.load(flag_table + RANK).to(tl.pointer_type(tl.int64))
+        for k in tl.static_range(WORLD):
+            if k != RANK:
+                while tl.atomic_add(my_flags + k * MAXG + pid, 0, sem="acquire", scope="sys") < epoch:
+                    pass
+        tl.debug_barrier()
+        mine = tl.multiple_of(tl.load(data_table + RANK).to(tl.pointer_type(elt)) + parity * WORLD * cap, 16)
+        for start in range(pid * BLOCK, n, grid * BLOCK):
+            offs = tl.multiple_of(start, BLOCK) + offs0
+            m = offs < n
+            row = offs // row_len
+            col = offs - row * row_len
+            for k in tl.static_range(WORLD):
+                if k == RANK:
+                    v = tl.load(x_ptr + offs, mask=m)
+                else:
+                    v = tl.load(mine + k * cap + offs, mask=m, cache_modifier=".cg")
+                tl.store(out_ptr + row * (WORLD * row_len) + k * row_len + col, v, mask=m)
+
+
 class OneShotAllReduce:
     """``fn(x)``: sum ``x`` over ``group`` in place with the one-shot kernel above, or ``None`` (caller falls
     back to NCCL) when ``x`` is larger than ``max_bytes``, not contiguous, or not a float dtype.
@@ -145,6 +195,25 @@ class OneShotAllReduce:
         x, self.pending = self.pending, None
         if x is not None:
             self.reduce(x)
+
+    def all_gather(self, x: torch.Tensor, dim: int = -1):
+        """``x`` of every rank concatenated along the last dim (rank order), or ``None`` (caller: NCCL) for
+        another dim, a non-contiguous or too large ``x``. Used for the LM head's vocabulary shards and the
+        sampled ids' broadcast (rank 0's slice), the two collectives of a decode step outside its graph."""
+        if self.pending is not None:
+            self.flush()
+        nbytes = x.numel() * x.element_size()
+        if (dim % max(x.dim(), 1)) != x.dim() - 1 or not x.is_contiguous() or nbytes > self.max_bytes \
+                or x.numel() == 0:
+            return None
+        n, row_len = x.numel(), x.shape[-1]
+        out = torch.empty((*x.shape[:-1], row_len * self.world), dtype=x.dtype, device=x.device)
+        grid = (min(MAX_CTAS, triton.cdiv(n, BLOCK)),)
+        _one_shot_gather_kernel[grid](x, out, n, row_len, self.flag_table, self.data_table, self.counters,
+                                      self.max_bytes // x.element_size(), RANK=self.rank, WORLD=self.world,
+                                      MAXG=MAX_CTAS, BLOCK=BLOCK, num_warps=4)
+        self.num_calls += 1
+        return out
 
     def reduce(self, x: torch.Tensor) -> torch.Tensor:
         """The one-shot kernel on ``x`` (contiguous, float, at most ``max_bytes``), in place."""

@@ -14,6 +14,7 @@ import torch.distributed as dist
 _TP_GROUP = None  # NOTE: process-wide by nature (one model per worker process); set once by the executor.
 _EXPERT_PARALLEL = False  # enable_expert_parallel: MoE layers split their experts over the TP ranks
 _ALL_REDUCE = None  # an optional faster all-reduce for small messages (core/tp_comm.py); None: torch.distributed
+_ALL_GATHER = None  # the same for the all-gather along the last dim (the LM head's vocabulary shards)
 
 
 def set_tensor_parallel_group(group) -> None:
@@ -45,6 +46,12 @@ def set_all_reduce(fn) -> None:
     _ALL_REDUCE = fn
 
 
+def set_all_gather(fn) -> None:
+    """Route :func:`tp_all_gather` through ``fn(x, dim) -> gathered, or None`` first (``None``: torch.distributed)."""
+    global _ALL_GATHER
+    _ALL_GATHER = fn
+
+
 def get_tp_size() -> int:
     """Number of processes a layer's weights are split across (1 without ``torch.distributed``)."""
     if not (dist.is_available() and dist.is_initialized()):
@@ -74,6 +81,10 @@ def tp_all_gather(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     world = get_tp_size()
     if world == 1:
         return x
+    if _ALL_GATHER is not None:
+        out = _ALL_GATHER(x, dim)
+        if out is not None:
+            return out
     parts = [torch.empty_like(x) for _ in range(world)]
     dist.all_gather(parts, x.contiguous(), group=_TP_GROUP)
     return torch.cat(parts, dim=dim)

@@ -3,7 +3,8 @@ run it in Triton's interpreter over file-backed buffers both map (the CPU stand-
 process builds its own pointer tables, as CUDA IPC gives each rank its own addresses). Checks the protocol's
 indexing, epochs and double buffering over a sequence of sizes (one CTA, several CTAs, a ragged tail, one
 element): every rank ends with the rank-order sum (within one bf16 rounding: the interpreter's fp32 -> bf16
-cast truncates where the GPU rounds to nearest) and both ranks bitwise equal. The memory ordering (release /
+cast truncates where the GPU rounds to nearest) and both ranks bitwise equal; then the all-gather kernel on the
+same epochs (float, int64 and bf16 rows) gives exact copies. The memory ordering (release /
 acquire over NVLink) is only checked on GPUs: tests/gpu/test_tp_allreduce_gpu.py, benchmarks/gpu_allreduce.py.
 The second test runs the all-reduce + RMSNorm fusion (cuda_allreduce_fusion.py) the same way.
 """
@@ -41,6 +42,25 @@ def _rank_main(rank: int, tmp: str) -> None:
                                   MAXG=ca.MAX_CTAS, BLOCK=ca.BLOCK)
         torch.save(x, os.path.join(tmp, f"out{rank}_{i}.pt"))
     assert counters.tolist() == [len(SIZES)] * ca.MAX_CTAS  # one global call index in every CTA slot
+    gathers = [((3, 100), torch.float32), ((5,), torch.int64), ((1, 2500), torch.bfloat16)]
+    for shape, dtype in gathers:  # the all-gather kernel on the same epochs: exact copies
+        x = torch.arange(_numel(shape), dtype=torch.float32).reshape(shape).mul(rank + 1).to(dtype)
+        out = torch.empty((*shape[:-1], shape[-1] * WORLD), dtype=dtype)
+        n = x.numel()
+        ca._one_shot_gather_kernel[(min(ca.MAX_CTAS, -(-n // ca.BLOCK)),)](
+            x, out, n, shape[-1], flags, data, counters, max_bytes // x.element_size(), RANK=rank, WORLD=WORLD,
+            MAXG=ca.MAX_CTAS, BLOCK=ca.BLOCK)
+        want = torch.cat([torch.arange(n, dtype=torch.float32).reshape(shape).mul(r + 1).to(dtype)
+                          for r in range(WORLD)], dim=-1)
+        assert torch.equal(out, want), f"all-gather {shape} {dtype}"
+
+
+
+def _numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
 
 
 def test_one_shot_kernel_two_ranks_in_the_interpreter(tmp_path):

@@ -1,6 +1,6 @@
 """The one-shot all-reduce (``OCTAVO_TP_ALLREDUCE=custom``, plugins/platforms/cuda_allreduce.py) on two GPUs:
 sums equal NCCL's bit for bit (random bf16 and fp32 tensors of several sizes, eager and inside CUDA graphs that
-mix sizes, so the epoch bookkeeping of idle CTA slots is exercised), and a tensor-parallel engine with it gives
+mix sizes, so the epoch bookkeeping of idle CTA slots is exercised), its all-gather equals NCCL's (logits, ids), and a tensor-parallel engine with it gives
 the same greedy tokens (fp32, a random HF Llama checkpoint) as with NCCL and as one GPU, with and without the
 all-reduce + RMSNorm fusion. Needs 2 GPUs (skips otherwise; benchmarks/device/dist5.sh
 runs it in the both-GPU phase)."""
@@ -69,6 +69,14 @@ def _worker(rank: int, port: int, out: str) -> None:
             g.replay()
             for x, r in zip(xs, refs):
                 check(f"graph {dtype} {x.numel()} trial {trial}", x, r)
+    for shape, dtype in (((1, 64128), torch.float32), ((3, 1000), torch.bfloat16), ((7,), torch.int64)):
+        x = (torch.randint(0, 128256, shape, device=dev) if dtype == torch.int64
+             else torch.randn(shape, generator=gen, device=dev).to(dtype))
+        parts = [torch.empty_like(x) for _ in range(2)]
+        dist.all_gather(parts, x)
+        got = ar.all_gather(x)
+        if got is None or not torch.equal(got, torch.cat(parts, dim=-1)):
+            bad.append(f"all_gather {shape} {dtype}")
     big = torch.ones((1 << 20) // 2 + 1, dtype=torch.bfloat16, device=dev)
     declined = ar(big) is None  # over the cap: the caller's NCCL path
     torch.cuda.synchronize()
