@@ -55,7 +55,7 @@ def run_config(tp: int, args) -> None:
     out = os.path.join(args.out_dir, f"{args.shape}_tp{tp}{'_' + args.tag if args.tag else ''}.json")
     res: dict = {"shape": args.shape, "tensor_parallel_size": tp, "executor": args.backend or ("uni" if tp == 1
                                                                                               else "mp"),
-                 "allreduce": os.environ.get("OCTAVO_TP_ALLREDUCE", "nccl") if tp > 1 else None}
+                 "allreduce": os.environ.get("OCTAVO_TP_ALLREDUCE", "default") if tp > 1 else None}
 
     def save():
         with open(out, "w") as f:

@@ -1,6 +1,7 @@
-"""Which all-reduce tensor parallelism uses: ``OCTAVO_TP_ALLREDUCE`` = ``nccl`` (default: whatever the
-platform's ``torch.distributed`` backend does), ``symm_mem`` or ``custom`` (the platform's own one-shot kernel,
-``Platform.make_tp_all_reduce``: on CUDA a Triton kernel over symmetric memory, plugins/platforms/cuda_allreduce.py).
+"""Which all-reduce tensor parallelism uses: ``OCTAVO_TP_ALLREDUCE`` = ``custom`` (the default: the platform's own
+one-shot kernel where it has one, ``Platform.make_tp_all_reduce``: on CUDA a Triton kernel over symmetric memory,
+plugins/platforms/cuda_allreduce.py, which also takes the LM head's all-gather; torch.distributed elsewhere),
+``nccl`` (whatever the platform's ``torch.distributed`` backend does) or ``symm_mem`` (torch's one-shot op).
 
 Why: at batch 1 a Llama-3-8B TP=2 step does 64 all-reduces of 8 KiB, and through NCCL each costs ~10-15 us
 (docs/performance.md, "Tensor parallelism"), about a third of the step. ``symm_mem`` is a one-shot
@@ -25,7 +26,7 @@ logger = logging.getLogger(__name__)
 CHOICES = ("nccl", "symm_mem", "custom")
 # What an unset OCTAVO_TP_ALLREDUCE means. "custom" there means: the platform's own all-reduce where it has one
 # (CUDA), torch.distributed elsewhere or if it fails to start (all ranks agree), logged either way.
-DEFAULT_CHOICE = "nccl"
+DEFAULT_CHOICE = "custom"  # session 5 batch 1 (2x H100): 4.8 vs 16.6 us per 8 KiB in a graph, TP=2 bs1 3.84 vs 4.07 ms
 MAX_BYTES = int(os.environ.get("OCTAVO_TP_ALLREDUCE_MAX_BYTES", str(1 << 20)))  # one-shot wins below ~1 MiB
 
 

@@ -51,7 +51,7 @@ if [[ $PART == *1* ]]; then
       --async-modes on --graph-replay --ar-modes custom nccl --graph-replay-no-allreduce
   else  # the kernel failed its checks (or hung): measure NCCL instead of an engine that would hang or be wrong
     echo "custom all-reduce failed its checks: TP=2 with NCCL instead"
-    step 8b_tp2_nccl 48 $TP --one 2 --tag nccl --async-modes on --graph-replay --graph-replay-no-allreduce
+    step 8b_tp2_nccl 48 OCTAVO_TP_ALLREDUCE=nccl $TP --one 2 --tag nccl --async-modes on --graph-replay --graph-replay-no-allreduce
   fi
   step 8b_tp1 30 $TP --one 1 --async-modes on --graph-replay
 fi
