@@ -44,3 +44,14 @@ def test_other_triton_versions_are_left_alone(tmp_path, monkeypatch, installed):
     archives = _archive(tmp_path, "triton-9.9.9-sm90.tar.xz", {"AAA": "a"})
     assert kernel_cache.seed_triton_cache(archives, str(tmp_path / "cache")) is None
     assert not (tmp_path / "cache").exists()
+
+
+def test_shipped_archives_are_well_formed(tmp_path):
+    """Every archive in the package unpacks as plain files under one ``triton_cache`` folder of cache entries."""
+    archives = sorted(os.listdir(kernel_cache.ARCHIVE_DIR)) if os.path.isdir(kernel_cache.ARCHIVE_DIR) else []
+    for name in archives:
+        assert name.startswith("triton-") and name.endswith(".tar.xz"), name
+        with tarfile.open(os.path.join(kernel_cache.ARCHIVE_DIR, name), "r:xz") as tar:
+            members = tar.getmembers()
+            assert all(m.name.split("/")[0] == "triton_cache" and (m.isfile() or m.isdir()) for m in members), name
+            assert sum(1 for m in members if m.isdir() and m.name.count("/") == 1) > 0, name
