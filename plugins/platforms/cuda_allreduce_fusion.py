@@ -5,8 +5,9 @@ Why: a Llama decode step with tensor parallelism runs, twice per layer, ``o_proj
 residual add and the norm in one kernel (vLLM and SGLang do the same with FlashInfer's fused all-reduce) saves a
 launch and a round trip through memory per pair, 64 per token on Llama-3-8B.
 
-How (on whenever the one-shot all-reduce runs, ``OCTAVO_TP_ALLREDUCE=custom``; ``OCTAVO_TP_ALLREDUCE_FUSE_NORM=0``
-turns it off, ``=1`` insists on it): inside the forward of a
+How (opt-in, ``OCTAVO_TP_ALLREDUCE_FUSE_NORM=1`` with the one-shot all-reduce; not yet measured on a GPU: the
+start-up check of session 5 compared two forwards that raced on the null block's KV slot, so the fusion never
+turned on there; fixed since, unmeasured): inside the forward of a
 row-parallel layer without bias (wrapped), the one-shot all-reduce (cuda_allreduce.py) *defers* a decode-sized
 message (``rows <= defer_rows``, one hidden vector per row): it remembers the tensor and returns it unreduced.
 Each RMSNorm's forward is wrapped::
@@ -141,8 +142,8 @@ def _wrap_row_parallel(module, ar: OneShotAllReduce) -> None:
 
 def maybe_fuse_all_reduce_norm(handle) -> dict | None:
     """Wrap ``handle.model``'s RMSNorms and row-parallel layers and turn deferral on, if the one-shot all-reduce is
-    installed, ``OCTAVO_TP_ALLREDUCE_FUSE_NORM`` is not ``0`` and a checking forward agrees (to rounding) on every
-    rank; else ``None``."""
+    installed, ``OCTAVO_TP_ALLREDUCE_FUSE_NORM=1`` and a checking forward agrees (to rounding) on every rank (a
+    warning says so when it does not); else ``None``."""
     from octavo.nn import parallel
     from octavo.nn.layernorm import RMSNorm
 
@@ -150,11 +151,9 @@ def maybe_fuse_all_reduce_norm(handle) -> dict | None:
     env = os.environ.get("OCTAVO_TP_ALLREDUCE_FUSE_NORM")
     if env not in (None, "0", "1"):
         raise ValueError(f"OCTAVO_TP_ALLREDUCE_FUSE_NORM={env!r}: use 1 (on) or 0 (off)")
-    if env == "0":
+    if env != "1":  # opt-in: never measured on a GPU (session 5: the start-up check's own race kept it off)
         return None
     if not isinstance(ar, OneShotAllReduce):
-        if env is None:  # the default follows the all-reduce: on with the one-shot kernel, nothing to fuse else
-            return None
         raise ValueError("OCTAVO_TP_ALLREDUCE_FUSE_NORM=1 needs the one-shot all-reduce (OCTAVO_TP_ALLREDUCE=custom, "
                          "tensor parallelism on CUDA); unset one of them")
     from octavo.plugins.quant.fp8 import _FP8Method
@@ -176,12 +175,12 @@ def maybe_fuse_all_reduce_norm(handle) -> dict | None:
     for m in rows_layers:
         _wrap_row_parallel(m, ar)
     rows = min(MAX_CTAS, ar.max_bytes // (next(iter(hidden)) * handle.dtype.itemsize), handle.max_num_seqs)
+    ar.defer_width = next(iter(hidden))  # before the check: it must exercise deferral
     ok = _check_forward(handle, ar, rows)
     flag = torch.tensor([1 if ok else 0], device=handle.device)
     torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MIN, group=ar.group)
     ar.defer_rows = rows if flag.item() == 1 else 0
-    ar.defer_width = next(iter(hidden))
-    logger.info("all-reduce + RMSNorm fusion %s (%d row-parallel layers, %d norms wrapped, decode batches up to "
+    (logger.info if ar.defer_rows else logger.warning)("all-reduce + RMSNorm fusion %s (%d row-parallel layers, %d norms wrapped, decode batches up to "
                 "%d rows)", "on" if ar.defer_rows else "OFF: the checking forward disagreed", len(rows_layers),
                 len(norms), rows)
     return {"row_parallel": len(rows_layers), "norms": len(norms), "rows": ar.defer_rows}
@@ -189,10 +188,12 @@ def maybe_fuse_all_reduce_norm(handle) -> dict | None:
 
 @torch.inference_mode()
 def _check_forward(handle, ar: OneShotAllReduce, rows: int) -> bool:
-    """One decode-shaped forward (``min(rows, 4)`` rows, null-block slots) without, then with deferral."""
+    """One single-row decode forward (null-block slot) without, then with deferral. One row: several rows would
+    all write their K/V to slot 0 of the null block and read one another's (session 5, batch 2: a 1.15 relative
+    difference between two identical forwards of 4 rows, which kept the fusion off)."""
     from octavo.plugins.platforms.cuda_graphs import CUDAGraphRunner
 
-    size = max(1, min(rows, 4))
+    size = 1
     tmp = CUDAGraphRunner(handle.model, handle.attn_backend, handle.device, handle.block_size,
                           handle.max_model_len, [size])  # only its static inputs and layout; nothing captured
     tmp.input_ids[:size].copy_(torch.arange(1, size + 1, device=handle.device) * 7)
