@@ -53,6 +53,27 @@ def triton_cache_dir() -> str:
     return os.environ.get("TRITON_CACHE_DIR") or os.path.join(home, ".triton", "cache")
 
 
+def _relocate_groups(entry_dir: str, dest: str) -> None:
+    """Point an entry's ``__grp__*.json`` files at ``dest``: Triton stores absolute paths of a kernel's files
+    there and treats the entry as missing (recompiles) when they do not exist (GPU batch 2: every shipped kernel
+    was recompiled until this)."""
+    import json
+
+    for name in os.listdir(entry_dir):
+        if not (name.startswith("__grp__") and name.endswith(".json")):
+            continue
+        path = os.path.join(entry_dir, name)
+        try:
+            with open(path) as f:
+                group = json.load(f)
+            group["child_paths"] = {child: os.path.join(dest, os.path.basename(p))
+                                    for child, p in group["child_paths"].items()}
+        except (OSError, ValueError, KeyError, AttributeError):
+            continue  # not a group file Triton wrote: leave it, Triton recompiles that entry
+        with open(path, "w") as f:
+            json.dump(group, f)
+
+
 def seed_triton_cache(archive_dir: str = ARCHIVE_DIR, cache_dir: str | None = None) -> int | None:
     """Unpack the shipped archives for the installed Triton into its cache; returns the entries added (None:
     no archive for this Triton version)."""
@@ -84,6 +105,7 @@ def seed_triton_cache(archive_dir: str = ARCHIVE_DIR, cache_dir: str | None = No
                     dest = os.path.join(cache_dir, entry)
                     if os.path.exists(dest):
                         continue
+                    _relocate_groups(os.path.join(tmp, root, entry), dest)
                     try:
                         os.rename(os.path.join(tmp, root, entry), dest)  # atomic: a reader sees all or nothing
                         added += 1

@@ -23,6 +23,26 @@ def _archive(tmp_path, name: str, entries: dict[str, str]) -> str:
     return str(d)
 
 
+def test_group_files_point_into_the_cache(tmp_path, monkeypatch):
+    """Triton's ``__grp__`` files hold absolute paths (of the machine that compiled): rewritten on seeding."""
+    import json
+
+    monkeypatch.setattr(kernel_cache, "_triton_version", lambda: "9.9.9")
+    src = tmp_path / "src" / "triton_cache" / "HASH"
+    src.mkdir(parents=True)
+    (src / "k.cubin").write_text("bin")
+    (src / "__grp__k.json").write_text(json.dumps({"child_paths": {"k.cubin": "/elsewhere/HASH/k.cubin"}}))
+    archives = tmp_path / "archives"
+    archives.mkdir()
+    with tarfile.open(archives / "triton-9.9.9-x.tar.xz", "w:xz") as tar:
+        tar.add(tmp_path / "src" / "triton_cache", arcname="triton_cache")
+    cache = tmp_path / "cache"
+    assert kernel_cache.seed_triton_cache(str(archives), str(cache)) == 1
+    group = json.loads((cache / "HASH" / "__grp__k.json").read_text())
+    assert group["child_paths"]["k.cubin"] == str(cache / "HASH" / "k.cubin")
+    assert os.path.exists(group["child_paths"]["k.cubin"])
+
+
 def test_seed_once_without_overwriting(tmp_path, monkeypatch):
     monkeypatch.setattr(kernel_cache, "_triton_version", lambda: "9.9.9")
     archives = _archive(tmp_path, "triton-9.9.9-sm90.tar.xz", {"AAA": "shipped a", "BBB": "shipped b"})
