@@ -188,7 +188,7 @@ def main() -> None:
                 print("pdl", res["tc_gemv_pdl"], flush=True)
     res["seconds"] = time.perf_counter() - T0
     save()
-    llm.shutdown()
+    del llm
     print(f"done in {res['seconds']:.1f} s", flush=True)
 
 
