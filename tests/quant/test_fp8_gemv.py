@@ -152,6 +152,8 @@ def test_fp8_gemv_on_cuda(n, k, rows=(1,)):
         pre = fp8_gemv(xq, w, ws, out_dtype=torch.float32, config=config, x_scale=xs).double()
         err = float((pre - y32).abs().max()) / scale  # same e4m3 values; fp32 summation order may differ
         assert err <= 2e-6, f"{m}x{n}x{k}: GEMV on prequantized input vs in-kernel quantization {err:.3g} (2e-6)"
+        if k % 16:  # cuBLASLt's fp8 GEMM needs K divisible by 16: the two checks above cover this shape
+            continue
         mm = torch._scaled_mm(xq, w.t(), scale_a=xs, scale_b=ws.reshape(1, -1), out_dtype=torch.bfloat16)
         y = fp8_gemv(x, w, ws)
         err = float((y.double() - mm.double()).abs().max()) / scale

@@ -54,7 +54,7 @@ def test_fused_fp8_quant_on_cuda():
     hardware's e4m3 cast on both sides)."""
     import torch
 
-    from octavo.plugins.quant.fp8_triton import quantize_per_token, quantize_per_token_torch
+    from octavo.plugins.quant.fp8_triton import quantize_per_token
 
     gen = torch.Generator().manual_seed(0)
     for m, k in [(1, 64), (3, 100), (2, 5000), (64, 4096)]:
@@ -62,7 +62,10 @@ def test_fused_fp8_quant_on_cuda():
         if m > 2:
             x[1] = 0
         q, s = quantize_per_token(x)
-        rq, rs = quantize_per_token_torch(x)
+        # the exact IEEE quotient, rounded once: torch's CUDA `tensor / python_scalar` multiplies by the reciprocal,
+        # which is 1 ulp off for some rows (H100, session 5), so quantize_per_token_torch is not the bitwise reference
+        rs = (x.abs().amax(-1, keepdim=True).double() / 448.0).clamp(min=1e-12).float()
+        rq = (x.float() / rs).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
         assert torch.equal(s, rs), (m, k)
         mismatched = (q.view(torch.uint8) != rq.view(torch.uint8)).sum().item()
         assert mismatched <= max(1, q.numel() // 1_000_000), (m, k, mismatched)  # a rounding tie at most
