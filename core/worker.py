@@ -230,12 +230,15 @@ class Worker:
 
     def _allocate_kv_cache(self) -> None:
         from octavo.core.lazy_zeros import zeros as lazy_zeros
+        from octavo.env_flags import env_switch
 
+        lazy = env_switch("OCTAVO_LAZY_KV_CACHE", True)
         self.kv_caches = []
         for layer in self.attn_layers:
             shape = self.attn_backend_cls.kv_cache_shape(self.num_blocks, self.block_size, layer.num_kv_heads,
                                                          layer.head_size)
-            kv = lazy_zeros(shape, self._kv_dtype(), self.device)  # CPU: calloc'd, pages zeroed on first touch
+            # CPU: calloc'd, pages zeroed on first touch; OCTAVO_LAZY_KV_CACHE=0 writes them all now (resident at once)
+            kv = (lazy_zeros if lazy else torch.zeros)(shape, dtype=self._kv_dtype(), device=self.device)
             impl = self.attn_backend_cls(num_heads=layer.num_heads, head_size=layer.head_size,
                                          num_kv_heads=layer.num_kv_heads, scale=layer.scale,
                                          sliding_window=layer.sliding_window, logits_soft_cap=layer.logits_soft_cap)

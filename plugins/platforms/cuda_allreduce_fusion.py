@@ -140,7 +140,7 @@ def _wrap_row_parallel(module, ar: OneShotAllReduce) -> None:
     module.forward = types.MethodType(forward, module)
 
 
-def maybe_fuse_all_reduce_norm(handle) -> dict | None:
+def maybe_fuse_all_reduce_norm(handle, runner_cls) -> dict | None:
     """Wrap ``handle.model``'s RMSNorms and row-parallel layers and turn deferral on, if the one-shot all-reduce is
     installed, ``OCTAVO_TP_ALLREDUCE_FUSE_NORM=1`` and a checking forward agrees (to rounding) on every rank (a
     warning says so when it does not); else ``None``."""
@@ -176,7 +176,7 @@ def maybe_fuse_all_reduce_norm(handle) -> dict | None:
         _wrap_row_parallel(m, ar)
     rows = min(MAX_CTAS, ar.max_bytes // (next(iter(hidden)) * handle.dtype.itemsize), handle.max_num_seqs)
     ar.defer_width = next(iter(hidden))  # before the check: it must exercise deferral
-    ok = _check_forward(handle, ar, rows)
+    ok = _check_forward(handle, ar, rows, runner_cls)
     flag = torch.tensor([1 if ok else 0], device=handle.device)
     torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MIN, group=ar.group)
     ar.defer_rows = rows if flag.item() == 1 else 0
@@ -187,14 +187,12 @@ def maybe_fuse_all_reduce_norm(handle) -> dict | None:
 
 
 @torch.inference_mode()
-def _check_forward(handle, ar: OneShotAllReduce, rows: int) -> bool:
+def _check_forward(handle, ar: OneShotAllReduce, rows: int, runner_cls) -> bool:
     """One single-row decode forward (null-block slot) without, then with deferral. One row: several rows would
     all write their K/V to slot 0 of the null block and read one another's (session 5, batch 2: a 1.15 relative
     difference between two identical forwards of 4 rows, which kept the fusion off)."""
-    from octavo.plugins.platforms.cuda_graphs import CUDAGraphRunner
-
-    size = 1
-    tmp = CUDAGraphRunner(handle.model, handle.attn_backend, handle.device, handle.block_size,
+    size = 1  # runner_cls: cuda_graphs' CUDAGraphRunner, passed in by its caller (importing it here is a cycle)
+    tmp = runner_cls(handle.model, handle.attn_backend, handle.device, handle.block_size,
                           handle.max_model_len, [size])  # only its static inputs and layout; nothing captured
     tmp.input_ids[:size].copy_(torch.arange(1, size + 1, device=handle.device) * 7)
     tmp.positions[:size].zero_()

@@ -71,7 +71,7 @@ def prepare_gpu_model(handle: ModelHandle, *, graphs: bool = True) -> PreparedMo
     if get_tp_size() > 1 and os.environ.get("OCTAVO_TP_ALLREDUCE_FUSE_NORM") != "0":  # all-reduce + RMSNorm, issue 12
         from octavo.plugins.platforms.cuda_allreduce_fusion import maybe_fuse_all_reduce_norm
 
-        notes["allreduce_norm"] = maybe_fuse_all_reduce_norm(handle)
+        notes["allreduce_norm"] = maybe_fuse_all_reduce_norm(handle, CUDAGraphRunner)
     runner = maybe_capture_cuda_graphs(handle)
     notes["graph_sizes"] = runner.capture_sizes if runner else []
     return PreparedModel(step_runner=runner, notes=notes)

@@ -38,7 +38,7 @@ def _constant_result(fn):
 def enabled() -> bool:
     """Whether act8 callers get the integer kernels (read once per process; tests reset ``_state``)."""
     if "on" not in _state:
-        on = env_switch("OCTAVO_CPU_INT8_ACT", default=True)
+        on = env_switch("OCTAVO_CPU_INT8_ACT", default=False)
         if on:
             try:
                 cpu_int8act.library()

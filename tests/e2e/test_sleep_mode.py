@@ -42,8 +42,13 @@ def model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def llm(model_dir):
-    return LLM(model_dir, skip_tokenizer_init=True, dtype="float32", enable_sleep_mode=True,
-               kv_cache_memory_bytes=KV_BYTES, max_model_len=256)
+    # a resident cache (written at allocation and at wake_up): the default calloc'd CPU cache (core/lazy_zeros.py)
+    # holds only the pages requests touched, so the RSS it frees would measure the workload, not sleep
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("OCTAVO_LAZY_KV_CACHE", "0")
+        llm = LLM(model_dir, skip_tokenizer_init=True, dtype="float32", enable_sleep_mode=True,
+                  kv_cache_memory_bytes=KV_BYTES, max_model_len=256)
+        yield llm
 
 
 def _rss() -> int:

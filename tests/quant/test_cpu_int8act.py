@@ -126,13 +126,16 @@ def test_paths_compiled_in():
 
 
 def test_routing_and_switch(monkeypatch):
-    """act8 callers get the integer kernel for every row count (on by default); OCTAVO_CPU_INT8_ACT=0 gives the
-    exact fp32 kernels; a value other than 0/1 is refused."""
+    """act8 callers get the integer kernel for every row count with OCTAVO_CPU_INT8_ACT=1; unset (the default) or 0
+    gives the exact fp32 kernels; a value other than 0/1 is refused."""
     x, q4, _, s, z = _case(2, 96, 8, 3)
     w4 = cpu_kernel.pack_int4(q4)
     exact = cpu_kernel.int4_linear(x, w4, s, z)
     monkeypatch.setattr(cpu_int8act_ops, "_state", {})
     monkeypatch.delenv("OCTAVO_CPU_INT8_ACT", raising=False)
+    assert torch.equal(cpu_kernel.int4_linear(x, w4, s, z, act8=True), exact)  # off by default
+    monkeypatch.setattr(cpu_int8act_ops, "_state", {})
+    monkeypatch.setenv("OCTAVO_CPU_INT8_ACT", "1")
     assert torch.equal(cpu_kernel.int4_linear(x, w4, s, z, act8=True), cpu_int8act.int4_linear(x, w4, s, z))
     assert not torch.equal(cpu_kernel.int4_linear(x, w4, s, z, act8=True), exact)
     x17 = torch.cat([x] * 9)[:17]  # past the old 16-row limit: the same kernel, the same rows
@@ -155,7 +158,7 @@ def test_isa_setting_is_validated(monkeypatch):
 def test_compiled_graph_calls_the_op(monkeypatch):
     """Under torch.compile the act8 linear is one op call inside a single graph (no graph break)."""
     monkeypatch.setattr(cpu_int8act_ops, "_state", {})
-    monkeypatch.delenv("OCTAVO_CPU_INT8_ACT", raising=False)  # on by default
+    monkeypatch.setenv("OCTAVO_CPU_INT8_ACT", "1")
     x, q4, q8, s, z = _case(1, 576, 24, 5)
     w4 = cpu_kernel.pack_int4(q4)
 

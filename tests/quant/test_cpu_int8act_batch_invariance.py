@@ -81,8 +81,8 @@ def test_engine_entry_points_route_every_row_count(monkeypatch):
     """The layers' entry point (``cpu_kernel.int4_linear(..., act8=True)``, the GGUF methods) gives a row the same
     bits at 1, 16, 17 and 64 rows: no row count switches to another kernel (session 4's fp32 GEMM past 16 rows)."""
     monkeypatch.setattr(cpu_int8act_ops, "_state", {})
-    monkeypatch.delenv("OCTAVO_CPU_INT8_ACT", raising=False)
-    assert cpu_int8act_ops.enabled()  # the default
+    monkeypatch.setenv("OCTAVO_CPU_INT8_ACT", "1")
+    assert cpu_int8act_ops.enabled()
     w4, q8, s, z = _weights(40, 576, 9)
     x = _rows(64, 576, 3, torch.bfloat16)
     one4 = cpu_kernel.int4_linear(x[:1], w4, s, z, act8=True)
