@@ -53,7 +53,7 @@ def fill_threads() -> int:
     i.e. no split; an H100 host's 16 cores per GPU: 8). ``OCTAVO_GRAMMAR_FILL_THREADS`` overrides it."""
     env = os.environ.get("OCTAVO_GRAMMAR_FILL_THREADS")
     if env:
-        n = int(env)
+        n = int(env) if env.strip().isdigit() else 0
         if n < 1:
             raise ValueError(f"OCTAVO_GRAMMAR_FILL_THREADS={env!r}: must be an integer >= 1")
         return n
