@@ -43,8 +43,9 @@ MIN_ROWS_PER_CHUNK = 8  # a row fills in ~10-40 us; a pool hand-off costs ~20-50
 # thread waits for the GIL until the core thread blocks on its own (its outputs, the next schedule: ~1 ms) or
 # Python's 5 ms switch interval, while the device idles for the sampler. 0 turns it off.
 HANDOFF_WAIT_S = 0.002
-# On CUDA the mask is applied by one Triton launch (core/grammar_mask_triton.py) where Triton is installed;
-# False: the byte-table add below (the benchmark's json_async_table mode compares them).
+# Where the platform has its own apply (``Platform.make_grammar_mask_apply``, handed in as ``kernel``; CUDA: one
+# Triton launch, plugins/platforms/cuda_grammar_mask.py) it runs; False: the byte-table add below (the
+# benchmark's json_async_table mode compares them).
 TRITON_APPLY = True
 
 
@@ -217,12 +218,13 @@ def _bias_table(device: Any, dtype: Any) -> Any:
     return table
 
 
-def apply_packed(logits: Any, rows: list[int], packed: Any, pre: Any = None) -> Any:
+def apply_packed(logits: Any, rows: list[int], packed: Any, pre: Any = None, kernel: Any = None) -> Any:
     """Set disallowed logits to ``-inf`` on ``rows`` (logits row indices) from packed int32 ``[len(rows), W]``.
 
     On an accelerator: the packed words are read as bytes (little-endian, so byte j holds tokens 8j..8j+7),
     each byte looks up its 8 additive biases (0 or -inf) in a 256-row table, and the ``[n, V]`` bias is added
-    to the rows: an ``index_select`` and an ``add_`` (on CUDA: one Triton launch instead). On a CPU: numpy
+    to the rows: an ``index_select`` and an ``add_`` (or ``kernel``, the platform's apply: on CUDA one Triton
+    launch, see ``Platform.make_grammar_mask_apply``). On a CPU: numpy
     integer AND/OR, in place (:func:`_apply_packed_numpy`, ``pre`` its operands built by the fill).
     NOTE: both replaced unpacking with shifts + ``masked_fill_``, which took ~90 ms at batch 32 x 49152 on
     this CPU build of torch (the table add: ~2 ms; min of 60 runs, 1 thread).
@@ -235,16 +237,16 @@ def apply_packed(logits: Any, rows: list[int], packed: Any, pre: Any = None) -> 
     n, vocab = len(rows), logits.shape[-1]
     whole = n == logits.shape[0] and rows == list(range(n))
     index = None if whole else torch.tensor(rows, dtype=torch.int32)
-    if device.type == "cuda" and TRITON_APPLY and logits.stride(-1) == 1 and (kernel := _triton_apply()) is not None:
-        # one launch instead of the table's 4-6 torch calls (core/grammar_mask_triton.py)
+    if kernel is not None and TRITON_APPLY and logits.stride(-1) == 1 and not _TABLES.get("kernel_failed"):
+        # one launch instead of the table's 4-6 torch calls (CUDA: plugins/platforms/cuda_grammar_mask.py)
         dev_packed = _to_device(packed.contiguous(), device)
         try:
             out = kernel(logits, dev_packed, None if whole else _to_device(index, device))
         except Exception as e:  # noqa: BLE001 - a Triton that cannot compile here: the table add, same result
             if _TABLES.get("triton_ok"):
                 raise
-            logger.warning("grammar mask: the Triton apply failed (%s); using the torch byte-table add", e)
-            _TABLES["triton"] = None
+            logger.warning("grammar mask: the platform's apply failed (%s); using the torch byte-table add", e)
+            _TABLES["kernel_failed"] = True
         else:
             _TABLES["triton_ok"] = True
             return out
@@ -256,18 +258,6 @@ def apply_packed(logits: Any, rows: list[int], packed: Any, pre: Any = None) -> 
     if whole:
         return logits.add_(bias)
     return logits.index_add_(0, index, bias)
-
-
-def _triton_apply() -> Any:
-    """core/grammar_mask_triton.py's ``apply_bitmask_``, or None where Triton is not installed (the table add
-    then runs: same result)."""
-    if "triton" not in _TABLES:
-        try:
-            from octavo.core.grammar_mask_triton import apply_bitmask_
-        except ImportError:
-            apply_bitmask_ = None
-        _TABLES["triton"] = apply_bitmask_
-    return _TABLES["triton"]
 
 
 def _apply_packed_numpy(logits: Any, rows: list[int], packed: Any, pre: Any = None) -> Any:
@@ -300,12 +290,14 @@ def _to_device(t: Any, device: Any) -> Any:
     return t.to(device, non_blocking=True)
 
 
-def mask_logits(logits: Any, batch: Any, sample_req_ids: list[str], logits_rows: Any, grammar: Any = None) -> Any:
+def mask_logits(logits: Any, batch: Any, sample_req_ids: list[str], logits_rows: Any, grammar: Any = None,
+                kernel: Any = None) -> Any:
     """The runner's one call: apply this step's grammar masks, from ``grammar`` (a :class:`GrammarStep`
     passed in-process, waited for here, after the forward) or from the bytes in ``batch.scheduled``.
 
     ``logits_rows(rows)`` maps request positions in ``sample_req_ids`` to logits rows (a request with k
-    speculative drafts owns k + 1 rows; see ``core/spec_decode.py``).
+    speculative drafts owns k + 1 rows; see ``core/spec_decode.py``). ``kernel``: the platform's own apply
+    (``Platform.make_grammar_mask_apply``) or None.
     """
     import numpy as np
     import torch
@@ -320,7 +312,8 @@ def mask_logits(logits: Any, batch: Any, sample_req_ids: list[str], logits_rows:
         hint = getattr(step, "cpu_hint", None)
         if hint is not None and logits.device.type == "cpu":  # later fills build the CPU apply's operands
             hint["dtype"], hint["vocab"] = logits.dtype, logits.shape[-1]
-        out = apply_packed(logits, logits_rows([pos[r] for r in rids]), packed, getattr(step, "cpu_pre", None))
+        out = apply_packed(logits, logits_rows([pos[r] for r in rids]), packed, getattr(step, "cpu_pre", None),
+                           kernel)
         grammar.apply_s = time.perf_counter() - t0
         return out
     masks = [(pos[s.request_id], s.grammar_bitmask) for s in batch.scheduled
@@ -330,4 +323,4 @@ def mask_logits(logits: Any, batch: Any, sample_req_ids: list[str], logits_rows:
     rows = [r for r, _ in masks]
     packed = torch.from_numpy(np.frombuffer(b"".join(m for _, m in masks), dtype=np.int32)
                               .reshape(len(masks), -1).copy())
-    return apply_packed(logits, logits_rows(rows), packed)
+    return apply_packed(logits, logits_rows(rows), packed, kernel=kernel)

@@ -22,7 +22,7 @@ from octavo.step import PromptLogprobs, RunnerOutput, StepBatch
 
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, attn_backend_cls, device: torch.device, block_size: int,
-                 vocab_size: int, synchronize=lambda: None, task: str = "auto") -> None:
+                 vocab_size: int, synchronize=lambda: None, task: str = "auto", grammar_apply=None) -> None:
         self.model = model
         self.attn_backend_cls = attn_backend_cls
         self.device = device
@@ -30,6 +30,7 @@ class ModelRunner:
         self.vocab_size = vocab_size
         self.sampler = Sampler()
         self.synchronize = synchronize  # the platform's: waits for queued device work
+        self.grammar_apply = grammar_apply  # the platform's grammar mask apply (Platform.make_grammar_mask_apply)
         self.generators: dict[str, torch.Generator] = {}
         self.requests: dict[str, CachedRequestState] = {}  # persistent across steps
         self.is_pooling = task in ("embed", "classify", "score", "reward") or (  # docs/pooling.md
@@ -117,7 +118,8 @@ class ModelRunner:
             if grammar is not None or any(s.grammar_bitmask is not None for s in batch.scheduled):
                 # structured outputs: the engine core's token bitmasks (filled while the forward ran)
                 logits = mask_logits(logits, batch, inputs.sample_req_ids,
-                                     lambda rows: first_logits_rows(inputs.spec_token_ids, rows), grammar)
+                                     lambda rows: first_logits_rows(inputs.spec_token_ids, rows), grammar,
+                                     self.grammar_apply)
             sample_reqs = [reqs[rid] for rid in inputs.sample_req_ids]
             if inputs.spec_token_ids:  # drafts to verify: k + 1 logits rows per request (core/spec_decode.py)
                 pending.update(verify_on_device(logits, sample_reqs, inputs.spec_token_ids, self.vocab_size,

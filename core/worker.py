@@ -151,7 +151,8 @@ class Worker:
             extra["link"] = StageLink(self.pp_rank * self.world_size + self.rank, self.world_size, self.pp_rank,
                                       self.pp_size, text_config.hidden_size, self.dtype, self.device)
         self.runner = runner_cls(self.model, self.attn_backend_cls, self.device, block_size, self.vocab_size,
-                                 synchronize=platform.synchronize, task=settings.model.task, **extra)
+                                 synchronize=platform.synchronize, task=settings.model.task,
+                                 grammar_apply=platform.make_grammar_mask_apply(), **extra)
         attach_spec_head(self)  # speculator heads draft next to the target, hooks before graphs (spec_decode_heads.py)
         if settings.lora.enable_lora:  # adapter slots + a hook on every projection, before graphs (docs/lora.md)
             from octavo.lora.manager import LoRAManager

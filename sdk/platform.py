@@ -16,6 +16,7 @@ The plugin sees only the handle's fields and returns data; it never reads or wri
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
@@ -177,6 +178,16 @@ class Platform(ABC):
         """Device-specific set-up of a loaded model, once, after its KV cache is bound and before the first
         step (fused kernels, captured graphs, a compiled forward). Runs in the worker's process. Return
         what the core should install, or ``None`` for nothing. Default: nothing."""
+        return None
+
+    def make_grammar_mask_apply(self) -> Callable[..., Any] | None:
+        """This device's own way to apply structured outputs' token masks, or ``None`` (the core's torch
+        byte-table add then runs: same result). Asked once per worker, after the platform was selected.
+
+        The callable is ``apply(logits, packed, rows) -> logits``, in place: ``logits[rows[j], t] = -inf``
+        wherever bit ``t % 32`` of word ``t // 32`` of ``packed[j]`` is clear. ``logits`` [R, V] (last dim
+        contiguous) and ``packed`` int32 [n, ceil(V/32)] (contiguous) are on the device; ``rows`` is an int32
+        device tensor [n], or ``None`` when packed row j is logits row j. Default: none."""
         return None
 
     def synchronize(self) -> None:

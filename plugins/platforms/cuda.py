@@ -120,6 +120,14 @@ class TorchGpuPlatform(Platform):
 
         return OneShotAllReduce(group, device, max_bytes)
 
+    def make_grammar_mask_apply(self):
+        """One Triton launch per step (``plugins/platforms/cuda_grammar_mask.py``), or None without Triton."""
+        try:
+            from octavo.plugins.platforms.cuda_grammar_mask import apply_bitmask_
+        except ImportError:
+            return None
+        return apply_bitmask_
+
     def synchronize(self) -> None:
         import torch
 

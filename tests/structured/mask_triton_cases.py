@@ -1,6 +1,7 @@
-"""Cases for core/grammar_mask_triton.py under Triton's interpreter (run by test_pipelined_fill.py in a child
-pytest with ``TRITON_INTERPRET=1``, which must be set before the kernel is defined): the one-launch apply
-writes -inf exactly where the host (numpy) apply does, for every row and for a subset of rows."""
+"""Cases for plugins/platforms/cuda_grammar_mask.py (the CUDA platform's grammar mask apply) under Triton's
+interpreter (run by test_pipelined_fill.py in a child pytest with ``TRITON_INTERPRET=1``, which must be set
+before the kernel is defined): the one-launch apply writes -inf exactly where the host (numpy) apply does, for
+every row and for a subset of rows, and the CUDA platform hands out this very apply."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reaso
 
 @pytest.mark.parametrize("vocab,dtype", [(49152, torch.float32), (1000, torch.bfloat16), (4097, torch.float16)])
 def test_triton_apply_equals_host_apply(vocab, dtype):
-    from octavo.core.grammar_mask_triton import apply_bitmask_
+    from octavo.plugins.platforms.cuda_grammar_mask import apply_bitmask_
 
     g = torch.Generator().manual_seed(vocab)
     words = (vocab + 31) // 32
@@ -30,3 +31,10 @@ def test_triton_apply_equals_host_apply(vocab, dtype):
     got = apply_bitmask_(logits.clone(), packed[:3].contiguous(), torch.tensor(rows, dtype=torch.int32))
     assert torch.equal(got, _apply_packed_numpy(logits.clone(), rows, packed[:3]))
     assert torch.equal(got[0], logits[0])  # rows not listed are untouched
+
+
+def test_cuda_platform_hands_out_the_triton_apply():
+    from octavo.plugins.platforms.cuda import CudaPlatform
+    from octavo.plugins.platforms.cuda_grammar_mask import apply_bitmask_
+
+    assert CudaPlatform().make_grammar_mask_apply() is apply_bitmask_

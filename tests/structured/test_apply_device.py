@@ -1,5 +1,6 @@
 """The grammar mask applied on an accelerator (core/grammar_step.py ``apply_packed``: packed int32 rows copied
-host -> device through pinned memory, non_blocking, then one Triton launch (core/grammar_mask_triton.py) or the
+host -> device through pinned memory, non_blocking, then the CUDA platform's one Triton launch
+(plugins/platforms/cuda_grammar_mask.py, ``Platform.make_grammar_mask_apply``) or the
 byte-table add on the device) gives exactly the
 logits of the host path, on random masks: every row, a subset of rows (``index_add_``), fp32 and bf16, a
 vocabulary that is not a multiple of 32, from a pageable and from an already pinned buffer, and greedy picks
@@ -12,6 +13,7 @@ import torch
 
 from octavo.core import grammar_step
 from octavo.core.grammar_step import apply_packed
+from octavo.plugins.platforms.cuda import CudaPlatform
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -33,8 +35,10 @@ def test_device_apply_equals_host_apply(vocab, dtype, rows, pinned, triton, monk
     packed[0, :] = -1  # one row fully open
     if pinned:
         packed = packed.pin_memory()
+    kernel = CudaPlatform().make_grammar_mask_apply()
+    assert kernel is not None or not triton
     host = apply_packed(logits.clone(), rows, packed)
-    dev = apply_packed(logits.to("cuda"), rows, packed)
+    dev = apply_packed(logits.to("cuda"), rows, packed, kernel=kernel)
     torch.cuda.synchronize()
     assert dev.device.type == "cuda"
     assert torch.equal(dev.cpu(), host)

@@ -1,4 +1,5 @@
-"""The grammar bitmask applied to the logits on the device in one Triton launch.
+"""The grammar bitmask applied to the logits on the device in one Triton launch: the CUDA platform's answer to
+``Platform.make_grammar_mask_apply`` (the core calls it through the platform, never by import).
 
 Why: the torch form (core/grammar_step.py ``apply_packed``: bytes -> ``index_select`` of a 256 x 8 bias table ->
 ``add_`` / ``index_add_``) takes 4-6 torch calls, 0.19 ms of host time per step on an H100 host at batch 32,
