@@ -28,6 +28,7 @@ C_SOURCE = r"""
 #include <stdint.h>
 #include <string.h>
 #include <float.h>
+#include <stdlib.h>
 
 #define TILE 16
 
@@ -76,23 +77,34 @@ static inline __attribute__((always_inline)) void load_rows(const void* cache, i
     }
 }
 
-/* one (request, KV head) task; D and G are constants in the specialized callers below, so the inner loops
-   have fixed trip counts and the accumulators stay in registers */
+/* one task: query rows r0 .. r0 + nr - 1 of one request (block table `table`) and one KV head h; row r attends to
+   the first lens[r] positions. D and G are constants in the specialized callers below, so the inner loops have
+   fixed trip counts. Each tile of K/V rows is loaded once for all rows of the task, and every row consumes the
+   tiles in the same order from position 0 with the same code, whatever other rows share its task: a row's
+   result depends only on its query, its lens[r] cached positions and the tile size, never on how its prompt was
+   split into chunks, found in the prefix cache, or batched (a decode row is a task of one row).
+   st: scratch of nr * (2 * G * D + 2 * G) floats */
 static inline __attribute__((always_inline)) void task(
-        const float* q, const void* kc, const void* vc, int is_bf16, const int64_t* table, long len, int b, int h,
-        int nh, int kvh, const int D, const int G, int bs, float scale, float* out) {
-    float qs[G * D], acc[G * D], m[G], s[G], kb[TILE * D], vb[TILE * D], p[G * TILE];
-    long tok = (long)kvh * D;
-    for (int i = 0; i < G; i++) {
-        const float* qi = q + ((long)b * nh + h * G + i) * D;
-        for (int j = 0; j < D; j++) { qs[i * D + j] = qi[j] * scale; acc[i * D + j] = 0.f; }
-        m[i] = -FLT_MAX; s[i] = 0.f;
+        const float* q, const void* kc, const void* vc, int is_bf16, const int64_t* table, const int64_t* lens,
+        long r0, int nr, int h, int nh, int kvh, const int D, const int G, int bs, float scale, float* out,
+        float* st) {
+    float kb[TILE * D], vb[TILE * D], p[G * TILE];
+    float *qs = st, *acc = st + (long)nr * G * D, *m = acc + (long)nr * G * D, *s = m + (long)nr * G;
+    long tok = (long)kvh * D, maxlen = 0;
+    for (int r = 0; r < nr; r++) {
+        for (int i = 0; i < G; i++) {
+            const float* qi = q + ((r0 + r) * nh + h * G + i) * D;
+            float *qo = qs + ((long)r * G + i) * D, *ao = acc + ((long)r * G + i) * D;
+            for (int j = 0; j < D; j++) { qo[j] = qi[j] * scale; ao[j] = 0.f; }
+            m[r * G + i] = -FLT_MAX; s[r * G + i] = 0.f;
+        }
+        if (lens[r0 + r] > maxlen) maxlen = lens[r0 + r];
     }
     int esize = is_bf16 ? 2 : 4;
-    for (long t0 = 0; t0 < len; t0 += TILE) {
-        int n = (int)(len - t0 < TILE ? len - t0 : TILE);
-        if (t0 + TILE < len) { /* the next tile's rows: fetched while this one computes (they lie apart) */
-            long nn = len - t0 - TILE < TILE ? len - t0 - TILE : TILE;
+    for (long t0 = 0; t0 < maxlen; t0 += TILE) {
+        int nall = (int)(maxlen - t0 < TILE ? maxlen - t0 : TILE);
+        if (t0 + TILE < maxlen) { /* the next tile's rows: fetched while this one computes (they lie apart) */
+            long nn = maxlen - t0 - TILE < TILE ? maxlen - t0 - TILE : TILE;
             for (long t = 0; t < nn; t++) {
                 long pos = t0 + TILE + t;
                 long off = ((table[pos / bs] * bs + pos % bs) * tok + (long)h * D) * esize;
@@ -103,66 +115,80 @@ static inline __attribute__((always_inline)) void task(
             }
         }
         /* a tile never crosses a block when bs is a multiple of TILE; otherwise walk it slot by slot */
-        for (int t = 0; t < n;) {
+        for (int t = 0; t < nall;) {
             long pos = t0 + t, blk = table[pos / bs];
             int run = (int)(bs - pos % bs);
-            if (run > n - t) run = n - t;
+            if (run > nall - t) run = nall - t;
             long first = (blk * bs + pos % bs) * tok + (long)h * D;
             load_rows(kc, is_bf16, first, tok, run, D, kb + t * D);
             load_rows(vc, is_bf16, first, tok, run, D, vb + t * D);
             t += run;
         }
-        for (int i = 0; i < G; i++) {
-            const float* qi = qs + i * D;
-            for (int t = 0; t < n; t++) {
-                const float* kt = kb + t * D;
-                float dot = 0.f;
-                #pragma omp simd reduction(+:dot)
-                for (int j = 0; j < D; j++) dot += qi[j] * kt[j];
-                p[i * TILE + t] = dot;
-            }
-            float mx = m[i];
-            for (int t = 0; t < n; t++) mx = p[i * TILE + t] > mx ? p[i * TILE + t] : mx;
-            float corr = 0.f, sum = 0.f;
-            if (m[i] != -FLT_MAX) exp_tile(&m[i], mx, &corr, 1);
-            exp_tile(p + i * TILE, mx, p + i * TILE, n);
-            #pragma omp simd reduction(+:sum)
-            for (int t = 0; t < n; t++) sum += p[i * TILE + t];
-            s[i] = s[i] * corr + sum;
-            m[i] = mx;
-            float* ai = acc + i * D;
-            #pragma omp simd
-            for (int j = 0; j < D; j++) ai[j] *= corr;
-            for (int t = 0; t < n; t++) {
-                float pt = p[i * TILE + t];
-                const float* vt = vb + t * D;
+        for (int r = 0; r < nr; r++) {
+            long len = lens[r0 + r];
+            if (len <= t0) continue;
+            int n = (int)(len - t0 < TILE ? len - t0 : TILE);
+            for (int i = 0; i < G; i++) {
+                long ri = (long)r * G + i;
+                const float* qi = qs + ri * D;
+                for (int t = 0; t < n; t++) {
+                    const float* kt = kb + t * D;
+                    float dot = 0.f;
+                    #pragma omp simd reduction(+:dot)
+                    for (int j = 0; j < D; j++) dot += qi[j] * kt[j];
+                    p[i * TILE + t] = dot;
+                }
+                float mx = m[ri];
+                for (int t = 0; t < n; t++) mx = p[i * TILE + t] > mx ? p[i * TILE + t] : mx;
+                float corr = 0.f, sum = 0.f;
+                if (m[ri] != -FLT_MAX) exp_tile(&m[ri], mx, &corr, 1);
+                exp_tile(p + i * TILE, mx, p + i * TILE, n);
+                #pragma omp simd reduction(+:sum)
+                for (int t = 0; t < n; t++) sum += p[i * TILE + t];
+                s[ri] = s[ri] * corr + sum;
+                m[ri] = mx;
+                float* ai = acc + ri * D;
                 #pragma omp simd
-                for (int j = 0; j < D; j++) ai[j] += pt * vt[j];
+                for (int j = 0; j < D; j++) ai[j] *= corr;
+                for (int t = 0; t < n; t++) {
+                    float pt = p[i * TILE + t];
+                    const float* vt = vb + t * D;
+                    #pragma omp simd
+                    for (int j = 0; j < D; j++) ai[j] += pt * vt[j];
+                }
             }
         }
     }
-    for (int i = 0; i < G; i++) {
-        float* o = out + ((long)b * nh + h * G + i) * D;
-        float inv = s[i] > 0.f ? 1.f / s[i] : 0.f;
-        for (int j = 0; j < D; j++) o[j] = acc[i * D + j] * inv;
-    }
+    for (int r = 0; r < nr; r++)
+        for (int i = 0; i < G; i++) {
+            long ri = (long)r * G + i;
+            float* o = out + ((r0 + r) * nh + h * G + i) * D;
+            float inv = s[ri] > 0.f ? 1.f / s[ri] : 0.f;
+            for (int j = 0; j < D; j++) o[j] = acc[ri * D + j] * inv;
+        }
 }
 
-#define SPECIAL(DD, GG) if (d == DD && g == GG) { task(q, kc, vc, is_bf16, tables + (long)b * tstride, lens[b], b, h, \
-                                                       nh, kvh, DD, GG, bs, scale, out); continue; }
+#define SPECIAL(DD, GG) if (d == DD && g == GG) { task(q, kc, vc, is_bf16, table, lens, r0, nr, h, nh, kvh, DD, GG, \
+                                                       bs, scale, out, st); free(st); continue; }
 
-/* out[b, h, :] = softmax(scale * q[b, h] . K_b^T) V_b over the first lens[b] positions of request b, whose
-   position p lives in cache slot tables[b * tstride + p / bs] * bs + p % bs; caches [slots, kvh, d] */
-void paged_decode(const float* q, const void* kc, const void* vc, int is_bf16, const int64_t* tables,
-                  int tstride, const int64_t* lens, int nreq, int nh, int kvh, int d, int bs, float scale,
-                  float* out, int nthreads) {
+/* out[r, h, :] = softmax(scale * q[r, h] . K^T) V over the first lens[r] positions of row r's request, whose
+   position p lives in cache slot tables[row_req[r] * tstride + p / bs] * bs + p % bs; caches [slots, kvh, d].
+   Tasks: rows task_row0[k] .. task_row0[k] + task_nrows[k] - 1 (all of one request) x each KV head. */
+void paged_rows(const float* q, const void* kc, const void* vc, int is_bf16, const int64_t* tables, int tstride,
+                const int64_t* row_req, const int64_t* lens, const int64_t* task_row0, const int64_t* task_nrows,
+                int ntasks, int nh, int kvh, int d, int bs, float scale, float* out, int nthreads) {
     int g = nh / kvh;
     #pragma omp parallel for collapse(2) schedule(dynamic, 1) num_threads(nthreads) if (nthreads > 1)
-    for (int b = 0; b < nreq; b++)
+    for (int k = 0; k < ntasks; k++)
         for (int h = 0; h < kvh; h++) {
+            long r0 = task_row0[k];
+            int nr = (int)task_nrows[k];
+            const int64_t* table = tables + row_req[r0] * (long)tstride;
+            float* st = (float*)malloc(sizeof(float) * (size_t)nr * (2 * (size_t)g * d + 2 * (size_t)g));
             SPECIAL(64, 1) SPECIAL(64, 2) SPECIAL(64, 3) SPECIAL(64, 4) SPECIAL(64, 8)
             SPECIAL(128, 1) SPECIAL(128, 2) SPECIAL(128, 4) SPECIAL(128, 8)
-            task(q, kc, vc, is_bf16, tables + (long)b * tstride, lens[b], b, h, nh, kvh, d, g, bs, scale, out);
+            task(q, kc, vc, is_bf16, table, lens, r0, nr, h, nh, kvh, d, g, bs, scale, out, st);
+            free(st);
         }
 }
 """
@@ -178,7 +204,8 @@ def library() -> ctypes.CDLL | None:
     """The compiled kernel, or None when it cannot be built here (the reason: :func:`unavailable_reason`)."""
     p, i = ctypes.c_void_p, ctypes.c_int
     return cached_library(_state, C_SOURCE, "octavo_paged_attn", _FLAGS,
-                          {"paged_decode": ([p, p, p, i, p, i, p, i, i, i, i, i, ctypes.c_float, p, i], None)})
+                          {"paged_rows": ([p, p, p, i, p, i, p, p, p, p, i, i, i, i, i, ctypes.c_float, p, i],
+                                          None)})
 
 
 def unavailable_reason() -> str | None:
@@ -194,19 +221,45 @@ def shape_supported(kv_cache: torch.Tensor, num_heads: int) -> bool:
     return d <= MAX_HEAD_SIZE and bs <= MAX_BLOCK_SIZE and num_heads % kvh == 0 and num_heads // kvh <= MAX_GROUP
 
 
+#: query rows of one request per task: they share each loaded K/V tile (the result of a row does not depend on it)
+ROWS_PER_TASK = 16
+
+
+def row_tasks(query_start_loc: torch.Tensor, rows: int = ROWS_PER_TASK) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(first row, row count)`` int64 of each task: every request's rows ``query_start_loc[i] ..
+    query_start_loc[i + 1] - 1`` cut into runs of at most ``rows``."""
+    qsl = query_start_loc.to(torch.int64)
+    q_lens = qsl[1:] - qsl[:-1]
+    chunks = (q_lens + rows - 1) // rows
+    req = torch.repeat_interleave(torch.arange(q_lens.shape[0]), chunks)
+    first_chunk = torch.cumsum(chunks, 0) - chunks
+    row0 = qsl[:-1][req] + rows * (torch.arange(req.shape[0]) - first_chunk[req])
+    return row0, torch.minimum(qsl[1:][req] - row0, torch.tensor(rows))
+
+
+def paged_rows(q: torch.Tensor, kv_cache: torch.Tensor, tables: torch.Tensor, row_req: torch.Tensor,
+               lens: torch.Tensor, task_row0: torch.Tensor, task_nrows: torch.Tensor, scale: float) -> torch.Tensor:
+    """``q [T, heads, d]``: row ``r`` attends to the first ``lens[r]`` cached positions of request ``row_req[r]``
+    (block ids ``tables[row_req[r]]``) -> float32 ``[T, heads, d]``. Tasks (:func:`row_tasks`) group rows of one
+    request; each row's result is the same bits whatever the grouping, the batch or the thread count."""
+    lib = library()
+    q = q.float().contiguous()
+    t, nh, d = q.shape
+    _, _, bs, kvh, _ = kv_cache.shape
+    tables, row_req, lens = (x.to(torch.int64).contiguous() for x in (tables, row_req, lens))
+    task_row0, task_nrows = task_row0.to(torch.int64).contiguous(), task_nrows.to(torch.int64).contiguous()
+    out = torch.empty(t, nh, d, dtype=torch.float32)
+    lib.paged_rows(q.data_ptr(), kv_cache[0].data_ptr(), kv_cache[1].data_ptr(), int(kv_cache.dtype == torch.bfloat16),
+                   tables.data_ptr(), tables.shape[1], row_req.data_ptr(), lens.data_ptr(), task_row0.data_ptr(),
+                   task_nrows.data_ptr(), task_row0.shape[0], nh, kvh, d, bs, float(scale), out.data_ptr(),
+                   torch.get_num_threads())
+    return out
+
+
 def paged_decode(q: torch.Tensor, kv_cache: torch.Tensor, tables: torch.Tensor, lens: torch.Tensor,
                  scale: float) -> torch.Tensor:
     """``q [B, heads, d]`` (one token per request) against each request's first ``lens[b]`` cached positions
-    (block ids ``tables [B, >= ceil(len / block_size)]``) -> float32 ``[B, heads, d]``."""
-    lib = library()
-    q = q.float().contiguous()
-    tables = tables.to(torch.int64).contiguous()
-    lens = lens.to(torch.int64).contiguous()
-    b, nh, d = q.shape
-    _, _, bs, kvh, _ = kv_cache.shape
-    out = torch.empty(b, nh, d, dtype=torch.float32)
-    lib.paged_decode(q.data_ptr(), kv_cache[0].data_ptr(), kv_cache[1].data_ptr(),
-                     int(kv_cache.dtype == torch.bfloat16), tables.data_ptr(), tables.shape[1], lens.data_ptr(),
-                     b, nh, kvh, d, bs, float(scale), out.data_ptr(), torch.get_num_threads())
-    return out
-
+    (block ids ``tables [B, >= ceil(len / block_size)]``) -> float32 ``[B, heads, d]``: one task per row."""
+    b = q.shape[0]
+    ar = torch.arange(b, dtype=torch.int64)
+    return paged_rows(q, kv_cache, tables, ar, lens.view(-1), ar, torch.ones(b, dtype=torch.int64), scale)

@@ -5,14 +5,19 @@ Why (profile of a bf16 SmolLM2 step at batch 64, docs/performance.md "CPU decode
 ``scaled_dot_product_attention`` with a mask over that copy — and a fresh prompt's prefill attention ran
 SDPA with a boolean mask, ~8x slower on this torch build than the same call with ``is_causal=True``. Here:
 
-- decode rows (the leading ``num_decode_reqs``, one token each) run one C kernel over the paged cache itself
-  (``_cpu_paged_kernel.paged_decode``: no copy, no mask, online softmax in float32, OpenMP over request x
-  KV head), for float32 / bfloat16 caches;
-- a prefill chunk that starts at position 0 (a fresh prompt: its context is exactly its own new tokens)
-  attends with ``is_causal=True`` straight on this step's K/V, and runs of such prompts with the same length
-  (the usual shape of an offline batch) go through one batched SDPA call;
-- everything else (prompts on a cached prefix, fp8 caches, shapes outside the kernel's limits) is
-  ``torch_sdpa`` unchanged, which is also the whole backend where the C compiler is missing.
+- every row (decode rows and prefill rows alike, fresh prompts, chunks and prompts on a cached prefix) runs one
+  C kernel over the paged cache itself after this step's K/V are written (``_cpu_paged_kernel.paged_rows``: no
+  copy, no mask, online softmax in float32 over 16-position tiles from position 0, OpenMP over (rows of one
+  request) x KV head), for float32 / bfloat16 caches;
+- fp8 caches and shapes outside the kernel's limits are ``torch_sdpa`` unchanged, which is also the whole
+  backend where the C compiler is missing.
+
+Why one kernel for every row (session 6): a token's attention output is then the same bits however its prompt
+was split into chunks, whether its prefix came from the prefix cache, and whichever other requests share the
+step. Before, a fresh prompt ran causal SDPA and the tail of a prefix-cached prompt ran ``torch_sdpa``'s masked
+SDPA over the gathered context; they agree only to rounding, and with int8 activations that rounding flipped a
+near-tie token of a repeated greedy chat request (docs/quantization.md "Why opt-in again").
+tests/unit/test_cpu_paged_invariance.py checks fresh == cached == chunked == decode bit for bit.
 
 Supported like ``torch_sdpa`` minus sliding windows and logit soft caps (refused in ``supports``, so the
 selection falls back to ``torch_sdpa`` for those models). Results equal ``torch_sdpa``'s to float32
@@ -21,13 +26,26 @@ rounding (sums run in another order); tests/unit/test_cpu_paged_attention.py che
 
 from __future__ import annotations
 
-import torch
-import torch.nn.functional as F
+from dataclasses import dataclass
 
+import torch
+
+from octavo.attention import AttentionLayout
 from octavo.nn.kv_quant import is_fp8
 from octavo.platform import Availability
 from octavo.plugins.attention import _cpu_paged_kernel as kernel
 from octavo.plugins.attention.torch_sdpa import TorchSDPABackend, TorchSDPAMetadata
+
+
+@dataclass
+class CpuPagedMetadata(TorchSDPAMetadata):
+    """``torch_sdpa``'s metadata (its path still runs fp8 caches) plus every row's request and context length."""
+
+    tables: torch.Tensor | None = None  # int32 [num_reqs, max_blocks] block ids
+    row_req: torch.Tensor | None = None  # int64 [num_tokens] request of each row
+    row_len: torch.Tensor | None = None  # int64 [num_tokens] context positions row r attends to (its position + 1)
+    task_row0: torch.Tensor | None = None  # int64 [tasks] first row of each kernel task (rows of one request)
+    task_nrows: torch.Tensor | None = None
 
 
 class CpuPagedAttentionBackend(TorchSDPABackend):
@@ -51,7 +69,19 @@ class CpuPagedAttentionBackend(TorchSDPABackend):
             return Availability(False, f"its C kernel cannot be built here: {kernel.unavailable_reason()}")
         return Availability(True)
 
-    def forward(self, query, key, value, kv_cache, metadata: TorchSDPAMetadata):
+    @classmethod
+    def build_metadata(cls, layout: AttentionLayout, device: torch.device) -> CpuPagedMetadata:
+        md = super().build_metadata(layout, device)
+        qsl = layout.query_start_loc.to(torch.int64)
+        row_req = torch.repeat_interleave(torch.arange(layout.num_reqs), qsl[1:] - qsl[:-1])
+        # row r's new token sits at position num_computed + (r - first row of its request): it sees that many + 1
+        row_len = (layout.num_computed_tokens.to(torch.int64)[row_req] + torch.arange(row_req.shape[0])
+                   - qsl[:-1][row_req] + 1)
+        task_row0, task_nrows = kernel.row_tasks(qsl)
+        return CpuPagedMetadata(**vars(md), tables=layout.block_tables, row_req=row_req, row_len=row_len,
+                                task_row0=task_row0, task_nrows=task_nrows)
+
+    def forward(self, query, key, value, kv_cache, metadata: CpuPagedMetadata):
         if is_fp8(kv_cache.dtype) or not kernel.shape_supported(kv_cache, self.num_heads):
             return super().forward(query, key, value, kv_cache, metadata)
         num_slots = kv_cache.shape[1] * kv_cache.shape[2]
@@ -59,41 +89,6 @@ class CpuPagedAttentionBackend(TorchSDPABackend):
         v_cache = kv_cache[1].view(num_slots, self.num_kv_heads, self.head_size)
         k_cache.index_copy_(0, metadata.slot_mapping, key.to(k_cache.dtype))
         v_cache.index_copy_(0, metadata.slot_mapping, value.to(v_cache.dtype))
-        out = torch.empty_like(query)
-        group = self.num_heads // self.num_kv_heads
-        nd = metadata.num_decodes
-        if nd:
-            tables = metadata.decode_blocks.view(nd, -1)
-            out[:nd] = kernel.paged_decode(query[:nd], kv_cache, tables, metadata.decode_seq_lens.view(-1),
-                                           self.scale).to(query.dtype)
-        items = metadata.prefills
-        i = 0
-        while i < len(items):
-            item = items[i]
-            q_len = item.q_end - item.q_start
-            if item.k_pos.shape[1] != q_len:  # on a cached prefix: the reference path
-                out[item.q_start:item.q_end] = self._prefill(query[item.q_start:item.q_end], k_cache, v_cache,
-                                                             item, metadata, group)
-                i += 1
-                continue
-            j = i + 1  # a run of fresh prompts of this length, back to back in the flat batch
-            while (j < len(items) and items[j].q_start == items[j - 1].q_end
-                   and items[j].q_end - items[j].q_start == q_len and items[j].k_pos.shape[1] == q_len):
-                j += 1
-            s, e = item.q_start, items[j - 1].q_end
-            out[s:e] = self._causal(query[s:e], key[s:e].to(query.dtype), value[s:e].to(query.dtype), j - i,
-                                    q_len, group)
-            i = j
-        return out
-
-    def _causal(self, q, k, v, n: int, q_len: int, group: int) -> torch.Tensor:
-        """``n`` fresh prompts of ``q_len`` tokens each, flat ``[n * q_len, heads, d]``: one causal SDPA call.
-
-        KV heads are repeated for the query groups: this torch build's ``enable_gqa`` path was slower."""
-        qh = q.view(n, q_len, self.num_heads, self.head_size).transpose(1, 2)  # [n, heads, q_len, d]
-        kh = k.view(n, q_len, self.num_kv_heads, self.head_size).transpose(1, 2)
-        vh = v.view(n, q_len, self.num_kv_heads, self.head_size).transpose(1, 2)
-        if group > 1:
-            kh, vh = kh.repeat_interleave(group, dim=1), vh.repeat_interleave(group, dim=1)
-        out = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, scale=self.scale)
-        return out.transpose(1, 2).reshape(n * q_len, self.num_heads, self.head_size)
+        md = metadata
+        return kernel.paged_rows(query, kv_cache, md.tables, md.row_req, md.row_len, md.task_row0, md.task_nrows,
+                                 self.scale).to(query.dtype)
