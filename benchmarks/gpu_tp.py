@@ -102,6 +102,10 @@ def run_config(tp: int, args) -> None:
         res["graph_replay_bs1_ms_by_rank"] = ms
         res["logits_bs1_ms_by_rank"] = llm.collective_rpc("benchmarks.gpu_tp:logits_ms", args=[1, 200])
         save()
+    if args.kernel_table:
+        res["graph_kernels_bs1_by_rank"] = llm.collective_rpc("benchmarks.gpu_tp_profile:graph_kernel_table",
+                                                              args=[1, 20])
+        save()
     bs1_tokens = {}
     for mode in modes:  # batch-1 latency in every mode first: the goal's number
         sfx = use(mode)
@@ -134,6 +138,9 @@ def run_config(tp: int, args) -> None:
         if args.graph_replay:
             res[f"ar_{ar_mode}"]["graph_replay_bs1_ms_by_rank"] = llm.collective_rpc(
                 "benchmarks.gpu_tp:graph_replay_ms", args=[1, 200])
+        if args.kernel_table:
+            res[f"ar_{ar_mode}"]["graph_kernels_bs1_by_rank"] = llm.collective_rpc(
+                "benchmarks.gpu_tp_profile:graph_kernel_table", args=[1, 20])
         gen([prompt], 16)
         t1 = min(gen([prompt], 1)[0] for _ in range(2))
         runs = [gen([prompt], 257) for _ in range(2)]
@@ -258,6 +265,8 @@ def main() -> None:
     ap.add_argument("--graph-replay", action="store_true", help="time the batch-1 decode graph alone per rank")
     ap.add_argument("--graph-replay-no-allreduce", action="store_true", help="last: the batch-1 graph re-captured "
                     "without its all-reduces, timed alone (their in-step cost; leaves the engine's sums wrong)")
+    ap.add_argument("--kernel-table", action="store_true", help="a torch.profiler kernel table of the batch-1 "
+                    "decode graph per rank (as started and after each --ar-modes switch)")
     ap.add_argument("--temperature", type=float, default=0.0, help="sampling temperature of the throughput run "
                     "(1.0: gpu_e2e.py's, the lead's TP=1 e2e run)")
     ap.add_argument("--ar-modes", nargs="*", choices=["nccl", "custom", "fused"], default=None, help="after the "
@@ -276,6 +285,7 @@ def main() -> None:
                "--max-num-seqs", str(args.max_num_seqs), *(["--backend", args.backend] if args.backend else []),
                *(["--async-modes", *args.async_modes] if args.async_modes else []),
                *(["--graph-replay"] if args.graph_replay else []),
+               *(["--kernel-table"] if args.kernel_table else []),
                *(["--graph-replay-no-allreduce"] if args.graph_replay_no_allreduce else []),
                *(["--ar-modes", *args.ar_modes] if args.ar_modes else []), "--temperature", str(args.temperature),
                "--in-len", str(args.in_len), "--dtype", args.dtype, "--out-len", str(args.out_len), "--tag", args.tag, "--copy-rate",

@@ -42,44 +42,70 @@ FLAG_BYTES = 64 * 1024  # flags[W][MAX_CTAS] int64 at the start of every rank's 
 
 if triton is not None:
     @triton.jit
+    def _next_epoch(counters, pid, grid, MAXG: tl.constexpr):
+        """This CTA's call index (+1 on its slot); CTA 0 also advances the slots this call leaves idle, so every
+        slot stays one global call index."""
+        epoch = tl.load(counters + pid) + 1
+        tl.store(counters + pid, epoch)
+        if pid == 0:
+            idle = grid + tl.arange(0, MAXG)
+            m_idle = idle < MAXG
+            tl.store(counters + idle, tl.load(counters + idle, mask=m_idle) + 1, mask=m_idle)
+        return epoch
+
+    @triton.jit
+    def _store_to_peers(vals, offs, mask, like_ptr, data_table, parity, cap, RANK: tl.constexpr,
+                        WORLD: tl.constexpr):
+        """Push: ``vals`` at ``offs`` of this rank's slot [parity][RANK] in every peer's buffer (remote stores)."""
+        for k in tl.static_range(WORLD):
+            if k != RANK:
+                dst = tl.multiple_of(tl.load(data_table + k).to(like_ptr.dtype) + (parity * WORLD + RANK) * cap, 16)
+                tl.store(dst + offs, vals, mask=mask)  # bases are 64 KiB aligned and cap a multiple of 16
+
+    @triton.jit
+    def _push(x_ptr, n, pid, grid, data_table, parity, cap, RANK: tl.constexpr, WORLD: tl.constexpr,
+              BLOCK: tl.constexpr):
+        """Push this CTA's share (a grid-strided loop of BLOCK chunks) of the ``n``-element message ``x``."""
+        offs0 = tl.arange(0, BLOCK)
+        for start in range(pid * BLOCK, n, grid * BLOCK):
+            offs = tl.multiple_of(start, BLOCK) + offs0
+            m = offs < n
+            _store_to_peers(tl.load(x_ptr + offs, mask=m), offs, m, x_ptr, data_table, parity, cap, RANK, WORLD)
+
+    @triton.jit
+    def _signal_and_wait(flag_table, slot, epoch, RANK: tl.constexpr, WORLD: tl.constexpr, MAXG: tl.constexpr):
+        """After this CTA's pushes: raise its flag on every peer (release: the data is visible first), then wait
+        until every peer raised its flag of ``epoch`` here (acquire). Barriers on both sides: all of the CTA's
+        threads pushed before the flag, none reads before the wait."""
+        tl.debug_barrier()
+        for k in tl.static_range(WORLD):
+            if k != RANK:
+                peer_flags = tl.load(flag_table + k).to(tl.pointer_type(tl.int64))
+                tl.atomic_xchg(peer_flags + RANK * MAXG + slot, epoch, sem="release", scope="sys")
+        my_flags = tl.load(flag_table + RANK).to(tl.pointer_type(tl.int64))
+        for k in tl.static_range(WORLD):
+            if k != RANK:
+                while tl.atomic_add(my_flags + k * MAXG + slot, 0, sem="acquire", scope="sys") < epoch:
+                    pass
+        tl.debug_barrier()
+
+    @triton.jit
+    def _received(like_ptr, data_table, parity, cap, RANK: tl.constexpr, WORLD: tl.constexpr):
+        """Base of this rank's received slots of ``parity`` (peer k's message at + k * cap)."""
+        return tl.multiple_of(tl.load(data_table + RANK).to(like_ptr.dtype) + parity * WORLD * cap, 16)
+
+    @triton.jit
     def _one_shot_kernel(x_ptr, n, flag_table, data_table, counters, cap,
                          RANK: tl.constexpr, WORLD: tl.constexpr, MAXG: tl.constexpr, BLOCK: tl.constexpr):
         pid = tl.program_id(0)
         grid = tl.num_programs(0)
-        elt = x_ptr.dtype.element_ty
-        epoch = tl.load(counters + pid) + 1
-        tl.store(counters + pid, epoch)
-        if pid == 0:  # idle CTA slots of this call: keep their epochs equal to the call index
-            idle = grid + tl.arange(0, MAXG)
-            m_idle = idle < MAXG
-            tl.store(counters + idle, tl.load(counters + idle, mask=m_idle) + 1, mask=m_idle)
+        epoch = _next_epoch(counters, pid, grid, MAXG)
         parity = epoch % 2
+        _push(x_ptr, n, pid, grid, data_table, parity, cap, RANK, WORLD, BLOCK)
+        _signal_and_wait(flag_table, pid, epoch, RANK, WORLD, MAXG)
+        mine = _received(x_ptr, data_table, parity, cap, RANK, WORLD)
         offs0 = tl.arange(0, BLOCK)
-        # 1. push this rank's message into every peer's slot [parity][RANK]
-        for k in tl.static_range(WORLD):
-            if k != RANK:
-                dst = tl.load(data_table + k).to(tl.pointer_type(elt)) + (parity * WORLD + RANK) * cap
-                dst = tl.multiple_of(dst, 16)  # buffer bases are 64 KiB aligned and cap a multiple of 16
-                for start in range(pid * BLOCK, n, grid * BLOCK):
-                    offs = tl.multiple_of(start, BLOCK) + offs0
-                    m = offs < n
-                    tl.store(dst + offs, tl.load(x_ptr + offs, mask=m), mask=m)
-        tl.debug_barrier()
-        # 2. raise this CTA's flag on every peer (release: the stores above are visible before it)
-        for k in tl.static_range(WORLD):
-            if k != RANK:
-                peer_flags = tl.load(flag_table + k).to(tl.pointer_type(tl.int64))
-                tl.atomic_xchg(peer_flags + RANK * MAXG + pid, epoch, sem="release", scope="sys")
-        # 3. wait for every peer's flag of this epoch (acquire)
-        my_flags = tl.load(flag_table + RANK).to(tl.pointer_type(tl.int64))
-        for k in tl.static_range(WORLD):
-            if k != RANK:
-                while tl.atomic_add(my_flags + k * MAXG + pid, 0, sem="acquire", scope="sys") < epoch:
-                    pass
-        tl.debug_barrier()
-        # 4. sum in rank order (fp32), in place
-        mine = tl.multiple_of(tl.load(data_table + RANK).to(tl.pointer_type(elt)) + parity * WORLD * cap, 16)
-        for start in range(pid * BLOCK, n, grid * BLOCK):
+        for start in range(pid * BLOCK, n, grid * BLOCK):  # sum in rank order (fp32), in place
             offs = tl.multiple_of(start, BLOCK) + offs0
             m = offs < n
             acc = tl.zeros([BLOCK], dtype=tl.float32)
@@ -89,8 +115,7 @@ if triton is not None:
                 else:
                     v = tl.load(mine + k * cap + offs, mask=m, other=0.0, cache_modifier=".cg")
                 acc += v.to(tl.float32)
-            tl.store(x_ptr + offs, acc.to(elt), mask=m)
-
+            tl.store(x_ptr + offs, acc.to(x_ptr.dtype.element_ty), mask=m)
 
     @triton.jit
     def _one_shot_gather_kernel(x_ptr, out_ptr, n, row_len, flag_table, data_table, counters, cap,
@@ -100,35 +125,12 @@ if triton is not None:
         ``out[row, k * row_len + col] = x_k[row, col]``. Copies only, so any dtype (sampled ids too)."""
         pid = tl.program_id(0)
         grid = tl.num_programs(0)
-        elt = x_ptr.dtype.element_ty
-        epoch = tl.load(counters + pid) + 1
-        tl.store(counters + pid, epoch)
-        if pid == 0:
-            idle = grid + tl.arange(0, MAXG)
-            m_idle = idle < MAXG
-            tl.store(counters + idle, tl.load(counters + idle, mask=m_idle) + 1, mask=m_idle)
+        epoch = _next_epoch(counters, pid, grid, MAXG)
         parity = epoch % 2
+        _push(x_ptr, n, pid, grid, data_table, parity, cap, RANK, WORLD, BLOCK)
+        _signal_and_wait(flag_table, pid, epoch, RANK, WORLD, MAXG)
+        mine = _received(x_ptr, data_table, parity, cap, RANK, WORLD)
         offs0 = tl.arange(0, BLOCK)
-        for k in tl.static_range(WORLD):
-            if k != RANK:
-                dst = tl.multiple_of(tl.load(data_table + k).to(tl.pointer_type(elt)) + (parity * WORLD + RANK) * cap,
-                                     16)
-                for start in range(pid * BLOCK, n, grid * BLOCK):
-                    offs = tl.multiple_of(start, BLOCK) + offs0
-                    m = offs < n
-                    tl.store(dst + offs, tl.load(x_ptr + offs, mask=m), mask=m)
-        tl.debug_barrier()
-        for k in tl.static_range(WORLD):
-            if k != RANK:
-                peer_flags = tl.load(flag_table + k).to(tl.pointer_type(tl.int64))
-                tl.atomic_xchg(peer_flags + RANK * MAXG + pid, epoch, sem="release", scope="sys")
-        my_flags = tl.load(flag_table + RANK).to(tl.pointer_type(tl.int64))
-        for k in tl.static_range(WORLD):
-            if k != RANK:
-                while tl.atomic_add(my_flags + k * MAXG + pid, 0, sem="acquire", scope="sys") < epoch:
-                    pass
-        tl.debug_barrier()
-        mine = tl.multiple_of(tl.load(data_table + RANK).to(tl.pointer_type(elt)) + parity * WORLD * cap, 16)
         for start in range(pid * BLOCK, n, grid * BLOCK):
             offs = tl.multiple_of(start, BLOCK) + offs0
             m = offs < n

@@ -36,7 +36,14 @@ import torch
 import triton
 import triton.language as tl
 
-from octavo.plugins.platforms.cuda_allreduce import MAX_CTAS, OneShotAllReduce
+from octavo.plugins.platforms.cuda_allreduce import (
+    MAX_CTAS,
+    OneShotAllReduce,
+    _next_epoch,
+    _received,
+    _signal_and_wait,
+    _store_to_peers,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -48,35 +55,16 @@ def _one_shot_add_rms_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, n_cols
     """One CTA per row: the one-shot all-reduce of cuda_allreduce.py (same flags, epochs and buffers), then the
     residual add and RMSNorm of cuda_fusions._rms_norm_kernel with the same roundings."""
     row = tl.program_id(0)
-    grid = tl.num_programs(0)
-    elt = x_ptr.dtype.element_ty
-    epoch = tl.load(counters + row) + 1
-    tl.store(counters + row, epoch)
-    if row == 0:
-        idle = grid + tl.arange(0, MAXG)
-        m_idle = idle < MAXG
-        tl.store(counters + idle, tl.load(counters + idle, mask=m_idle) + 1, mask=m_idle)
+    epoch = _next_epoch(counters, row, tl.num_programs(0), MAXG)
     parity = epoch % 2
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
     offs = row * n_cols + cols
     x = tl.load(x_ptr + offs, mask=mask, other=0.0)
-    for k in tl.static_range(WORLD):
-        if k != RANK:
-            dst = tl.multiple_of(tl.load(data_table + k).to(tl.pointer_type(elt)) + (parity * WORLD + RANK) * cap, 16)
-            tl.store(dst + offs, x, mask=mask)
-    tl.debug_barrier()
-    for k in tl.static_range(WORLD):
-        if k != RANK:
-            peer_flags = tl.load(flag_table + k).to(tl.pointer_type(tl.int64))
-            tl.atomic_xchg(peer_flags + RANK * MAXG + row, epoch, sem="release", scope="sys")
-    my_flags = tl.load(flag_table + RANK).to(tl.pointer_type(tl.int64))
-    for k in tl.static_range(WORLD):
-        if k != RANK:
-            while tl.atomic_add(my_flags + k * MAXG + row, 0, sem="acquire", scope="sys") < epoch:
-                pass
-    tl.debug_barrier()
-    mine = tl.multiple_of(tl.load(data_table + RANK).to(tl.pointer_type(elt)) + parity * WORLD * cap, 16)
+    _store_to_peers(x, offs, mask, x_ptr, data_table, parity, cap, RANK, WORLD)
+    _signal_and_wait(flag_table, row, epoch, RANK, WORLD, MAXG)
+    mine = _received(x_ptr, data_table, parity, cap, RANK, WORLD)
+    elt = x_ptr.dtype.element_ty
     acc = tl.zeros([BLOCK], dtype=tl.float32)
     for k in tl.static_range(WORLD):
         if k == RANK:

@@ -1,9 +1,11 @@
 """The one-shot all-reduce (``OCTAVO_TP_ALLREDUCE=custom``, plugins/platforms/cuda_allreduce.py) on two GPUs:
 sums equal NCCL's bit for bit (random bf16 and fp32 tensors of several sizes, eager and inside CUDA graphs that
-mix sizes, so the epoch bookkeeping of idle CTA slots is exercised), its all-gather equals NCCL's (logits, ids), and a tensor-parallel engine with it gives
+mix sizes, so the epoch bookkeeping of idle CTA slots is exercised), its all-gather equals NCCL's (logits, ids), the
+all-reduce + residual add + RMSNorm kernel equals NCCL's sum followed by the unfused norm kernel bit for bit (eager
+and in a graph), and a tensor-parallel engine with it gives
 the same greedy tokens (fp32, a random HF Llama checkpoint) as with NCCL and as one GPU, with and without the
-all-reduce + RMSNorm fusion. Needs 2 GPUs (skips otherwise; benchmarks/device/dist5.sh
-runs it in the both-GPU phase)."""
+all-reduce + RMSNorm fusion. Needs 2 GPUs (skips otherwise; benchmarks/device/dist6.sh
+runs it, part test)."""
 
 import json
 import os
@@ -77,6 +79,7 @@ def _worker(rank: int, port: int, out: str) -> None:
         got = ar.all_gather(x)
         if got is None or not torch.equal(got, torch.cat(parts, dim=-1)):
             bad.append(f"all_gather {shape} {dtype}")
+    _check_fused_norm(ar, dev, gen, check)
     big = torch.ones((1 << 20) // 2 + 1, dtype=torch.bfloat16, device=dev)
     declined = ar(big) is None  # over the cap: the caller's NCCL path
     torch.cuda.synchronize()
@@ -85,6 +88,55 @@ def _worker(rank: int, port: int, out: str) -> None:
             json.dump({"bad": bad, "declined_over_cap": declined}, f)
     dist.barrier()
     dist.destroy_process_group()
+
+
+def _check_fused_norm(ar, dev, gen, check) -> None:
+    """The all-reduce + residual add + RMSNorm kernel (cuda_allreduce_fusion.py) bit for bit against NCCL's sum
+    followed by cuda_fusions' norm kernel (the unfused path it replaces): bf16 and fp16 rows of the 8B width and an
+    odd width, eager and replayed in a graph that mixes it with plain all-reduces (shared epochs)."""
+    import torch
+    import torch.distributed as dist
+
+    from octavo.plugins.platforms.cuda_allreduce_fusion import all_reduce_add_rms_norm
+    from octavo.plugins.platforms.cuda_fusions import rms_norm
+
+    def unfused(x, res, w):
+        s = x.clone()
+        dist.all_reduce(s)
+        return rms_norm(s, w, 1e-5, res)
+
+    for dtype in (torch.bfloat16, torch.float16):
+        for rows, d in ((1, 4096), (3, 4096), (8, 4096), (2, 5000), (1, 8192)):
+            x = torch.randn(rows, d, generator=gen, device=dev).to(dtype)
+            res = torch.randn(rows, d, generator=torch.Generator(device=dev).manual_seed(rows), device=dev).to(dtype)
+            w = (torch.rand(d, generator=torch.Generator(device=dev).manual_seed(d), device=dev) + 0.5).to(dtype)
+            want = unfused(x, res, w)
+            got = all_reduce_add_rms_norm(ar, x.clone(), res, w, 1e-5)
+            check(f"fused norm eager {dtype} {rows}x{d} out", got[0], want[0])
+            check(f"fused norm eager {dtype} {rows}x{d} residual", got[1], want[1])
+        rows, d = 1, 4096  # the decode step's pattern: plain all-reduce, fused, plain, fused
+        xs = [torch.zeros(rows, d, dtype=dtype, device=dev) for _ in range(4)]
+        res = torch.randn(rows, d, generator=gen, device=dev).to(dtype)
+        w = (torch.rand(d, generator=gen, device=dev) + 0.5).to(dtype)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            ar(xs[0])
+            o1 = all_reduce_add_rms_norm(ar, xs[1], res, w, 1e-5)
+            ar(xs[2])
+            o2 = all_reduce_add_rms_norm(ar, xs[3], o1[1], w, 1e-5)
+        for trial in range(3):
+            for x in xs:
+                x.copy_(torch.randn(x.shape, generator=gen, device=dev))
+            ins = [x.clone() for x in xs]
+            g.replay()
+            r0 = ins[0].clone()
+            dist.all_reduce(r0)
+            w1 = unfused(ins[1], res, w)
+            w2 = unfused(ins[3], w1[1], w)
+            check(f"fused norm graph {dtype} trial {trial} plain", xs[0], r0)
+            check(f"fused norm graph {dtype} trial {trial} first", o1[0], w1[0])
+            check(f"fused norm graph {dtype} trial {trial} second", o2[0], w2[0])
+            check(f"fused norm graph {dtype} trial {trial} second residual", o2[1], w2[1])
 
 
 @needs_two
