@@ -9,11 +9,13 @@ generations of 1 and ``1 + n`` tokens after a 512-token prompt, best of 2), plus
 - ``graph_forward_ms``: replays of the captured one-row forward alone (no LM head, sampler, host work);
 - a torch.profiler kernel table of 10 replays (us per forward by kernel name and launches per forward) and of
   one generation step outside the graph (LM head, sampling);
+- ``--ab s6``: the session-6 A/B (``S6_VARIANTS``: quantizing-norm warps at one row, the GEMVs' L2 prefetch chain
+  and programmatic dependent launch, plugins/quant/fp8_prefetch.py), the graph recaptured for each;
 - ``--ab tc``: every fp8 linear switched to the tensor-core GEMV (fp8_gemv_tc.py; tiles from ``--tiles``, the
   JSON of benchmarks/fp8_gemv_bench.py, else the default), the graph recaptured, and the same numbers again;
   then once more with programmatic dependent launch (``OCTAVO_FP8_GEMV_PDL``).
 
-    python benchmarks/fp8_bs1.py --out /tmp/bs1.json [--ab tc --tiles /tmp/gemv.json]
+    python benchmarks/fp8_bs1.py --out /tmp/bs1.json [--ab s6 --budget 50 | --ab tc --tiles /tmp/gemv.json]
 """
 
 from __future__ import annotations
@@ -85,6 +87,12 @@ def measure(llm, gr, prompt, res: dict, tag: str, bw: float, weight_bytes: int, 
         print(f"   {row['us']:8.2f} us  x{row['calls']:5.1f}  {row['name']}", flush=True)
 
 
+# --ab s6, in this order after "default" (the tree's defaults): (fp8_fused.SMALL_ROWS_WARPS, fp8_prefetch.PREFETCH_MB,
+# fp8_prefetch.PDL). norm4 = session 5's defaults (quantizing norm on 4 warps at one row, no prefetch, no PDL)
+S6_VARIANTS = {"norm4": (None, 0, False), "pf16": (16, 16, False), "pf16_pdl": (16, 16, True), "pdl": (16, 0, True),
+               "pf32": (16, 32, False), "pf8": (16, 8, False), "default_again": (16, 0, False)}
+
+
 def fp8_methods(model):
     from octavo.plugins.quant.fp8 import _FP8Method
 
@@ -97,8 +105,9 @@ def fp8_methods(model):
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
-    ap.add_argument("--ab", choices=("none", "tc", "norm"), default="none",
-                    help="norm: the quantizing RMSNorm on 8 / 16 warps at one row (fp8_fused.SMALL_ROWS_WARPS)")
+    ap.add_argument("--ab", choices=("none", "tc", "s6"), default="none",
+                    help="s6: S6_VARIANTS (norm warps, L2 prefetch chain, PDL), graph recaptured for each")
+    ap.add_argument("--budget", type=float, default=1e9, help="s6: start no variant after this many seconds")
     ap.add_argument("--tiles", default=None, help="fp8_gemv_bench.py JSON: its best tensor-core tile per shape")
     ap.add_argument("--no-profile", action="store_true")
     args = ap.parse_args()
@@ -135,19 +144,24 @@ def main() -> None:
     with torch.inference_mode():
         measure(llm, gr, prompt, res, "default", bw, weight_bytes, not args.no_profile)
     save()
-    if args.ab == "norm" and gr is not None:
-        from octavo.plugins.quant import fp8_fused
+    if args.ab == "s6" and gr is not None:
+        from octavo.plugins.quant import fp8_fused, fp8_prefetch
 
-        for warps in (8, 16):
+        base = (fp8_fused.SMALL_ROWS_WARPS, fp8_prefetch.PREFETCH_MB, fp8_prefetch.PDL)
+        for tag, (warps, mb, pdl) in S6_VARIANTS.items():
+            if time.perf_counter() - T0 > args.budget:
+                res[tag] = {"skipped": "budget"}
+                continue
             try:
-                fp8_fused.SMALL_ROWS_WARPS = warps
+                fp8_fused.SMALL_ROWS_WARPS, fp8_prefetch.PREFETCH_MB, fp8_prefetch.PDL = warps, mb, pdl
                 with torch.inference_mode():
                     gr.capture()
-                    measure(llm, gr, prompt, res, f"norm_warps_{warps}", bw, weight_bytes, not args.no_profile)
+                    measure(llm, gr, prompt, res, tag, bw, weight_bytes, not args.no_profile)
             except Exception as e:  # noqa: BLE001 - record why
-                res[f"norm_warps_{warps}"] = {"error": f"{type(e).__name__}: {e}"[:400]}
+                res[tag] = {"error": f"{type(e).__name__}: {e}"[:400]}
+                print(tag, res[tag], flush=True)
             save()
-        fp8_fused.SMALL_ROWS_WARPS = None
+        fp8_fused.SMALL_ROWS_WARPS, fp8_prefetch.PREFETCH_MB, fp8_prefetch.PDL = base
     if args.ab == "tc" and gr is not None:
         tiles = {}
         if args.tiles and os.path.exists(args.tiles):

@@ -226,11 +226,14 @@ class _FP8Method(LinearMethod):
                     y = fp8_gemv_tc(x2, layer.weight, layer.weight_scale, bias, config=tc[1], dot_fp8=tc[0])
                 return y.reshape(*shape[:-1], -1)
             from octavo.plugins.quant.fp8_gemv import fp8_gemv
+            from octavo.plugins.quant.fp8_prefetch import gemv_launch
 
+            launch = gemv_launch(self, x2.device) if x2.shape[0] == 1 else {}  # L2 prefetch chain, PDL
             if pre is not None and self.gemv_pre_ok:
-                y = fp8_gemv(pre[0], layer.weight, layer.weight_scale, bias, x_scale=pre[1], out_dtype=x.dtype)
+                y = fp8_gemv(pre[0], layer.weight, layer.weight_scale, bias, x_scale=pre[1], out_dtype=x.dtype,
+                             **launch)
             else:
-                y = fp8_gemv(x2, layer.weight, layer.weight_scale, bias)
+                y = fp8_gemv(x2, layer.weight, layer.weight_scale, bias, **launch)
             return y.reshape(*shape[:-1], -1)
         return self._scaled_mm(layer, x2, bias, pre).reshape(*shape[:-1], -1)
 

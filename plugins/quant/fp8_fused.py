@@ -35,6 +35,7 @@ import triton
 import triton.language as tl
 
 from octavo.env_flags import env_switch
+from octavo.plugins.quant import fp8_prefetch
 from octavo.plugins.quant.fp8_gemv import _round_e4m3
 
 logger = logging.getLogger(__name__)
@@ -53,8 +54,13 @@ def _quant_row_store(o, cols, mask, q_ptr, s_ptr, row, n_cols, SOFT_FP8: tl.cons
 
 @triton.jit
 def _rms_norm_quant_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, q_ptr, s_ptr, stride_x, stride_r, n_cols,
-                           eps, HAS_RES: tl.constexpr, SOFT_FP8: tl.constexpr, BLOCK: tl.constexpr):
-    """plugins/platforms/cuda_fusions.py's RMSNorm (same rounding steps), plus the quantized output."""
+                           eps, HAS_RES: tl.constexpr, SOFT_FP8: tl.constexpr, BLOCK: tl.constexpr,
+                           TRIGGER: tl.constexpr = False):
+    """plugins/platforms/cuda_fusions.py's RMSNorm (same rounding steps), plus the quantized output.
+    ``TRIGGER``: a consumer launched as a programmatic dependent launch may start now (it waits in the kernel for
+    this one to finish before reading anything of it; fp8_prefetch.py)."""
+    if TRIGGER:
+        tl.extra.cuda.gdc_launch_dependents()
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
@@ -110,9 +116,9 @@ def _soft() -> bool:
 
 
 # warps of the quantizing norm at <= 4 rows (None: as at any size). At batch 1 the 8B forward's 64 norms took 3.9 us
-# each on H100 vs 2.6 us for the plain final norm (session 5): one program per row, the whole row on 4 warps.
-# An experiment switch (benchmarks/fp8_bs1.py --ab norm); the e4m3 copy is still made from this kernel's own output
-SMALL_ROWS_WARPS: int | None = None
+# each on H100 on 4 warps (one program per row), 3.3 on 8, 2.9 on 16 (session 5 batch 2: 0.800 -> 0.816 of the
+# roofline); the default since session 6 (_install checks a one-row launch too). benchmarks/fp8_bs1.py --ab
+SMALL_ROWS_WARPS: int | None = 16
 
 
 def rms_norm_quant(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None,
@@ -135,9 +141,10 @@ def rms_norm_quant(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: 
     s = torch.empty((rows, 1), dtype=torch.float32, device=x.device)
     if rows:
         warps = SMALL_ROWS_WARPS if SMALL_ROWS_WARPS and rows <= 4 else (8 if d > 4096 else 4)
+        trigger = {"TRIGGER": True} if fp8_prefetch.PDL and fp8_prefetch.hopper(x.device) and not _soft() else {}
         _rms_norm_quant_kernel[(rows,)](x2, r2, weight, out, res_out, q, s, x2.stride(0), r2.stride(0), d, eps,
                                         HAS_RES=residual is not None, SOFT_FP8=_soft(), BLOCK=_p2(d),
-                                        num_warps=warps)
+                                        num_warps=warps, **trigger)
     return out.view(x.shape), (res_out.view(x.shape) if residual is not None else None), q, s
 
 
@@ -196,9 +203,9 @@ def _install(module, min_rows: int, device: torch.device, verified: dict) -> boo
         del module._octavo_plain_forward, module._octavo_fp8_min_rows
         return False
     gen = torch.Generator(device=device).manual_seed(0)
-    cases = ([(torch.randn(5, d, generator=gen, device=device).to(dtype),),
-              (torch.randn(5, d, generator=gen, device=device).to(dtype),
-               torch.randn(5, d, generator=gen, device=device).to(dtype))] if rms
+    cases = ([(torch.randn(rows, d, generator=gen, device=device).to(dtype),
+               *((torch.randn(rows, d, generator=gen, device=device).to(dtype),) if res else ()))
+              for rows in (5, 1) for res in (False, True)] if rms  # 1 row: the small-rows launch
              else [(torch.randn(3, 2 * d, generator=gen, device=device).to(dtype),)])
     try:
         with torch.inference_mode():
@@ -234,12 +241,13 @@ def link_fp8_inputs(model: torch.nn.Module) -> dict[str, int]:
 
     fp8 = [m for m in model.modules() if isinstance(m, LinearBase) and isinstance(m.quant_method, _FP8Method)
            and getattr(m.quant_method, "fused", False)]
-    if not fp8 or not env_switch("OCTAVO_FP8_FUSE_INPUTS"):
+    if not fp8:
         return {}
+    fuse = env_switch("OCTAVO_FP8_FUSE_INPUTS")
     device = fp8[0].weight.device
     producers = [m for m in model.modules() if type(m) in (RMSNorm, SiluAndMul)
-                 and "_octavo_plain_forward" not in vars(m)]  # not twice
-    handles, links = [], {}
+                 and "_octavo_plain_forward" not in vars(m)] if fuse else []  # not twice
+    handles, links, order = [], {}, []
 
     def tag(module, args, out):
         t = out[0] if isinstance(out, tuple) else out
@@ -247,6 +255,7 @@ def link_fp8_inputs(model: torch.nn.Module) -> dict[str, int]:
             t._octavo_src = module
 
     def seen(layer, args):
+        order.append(layer)  # the forward order: fp8_prefetch's L2 prefetch chain
         src = getattr(args[0], "_octavo_src", None) if args else None
         if src is not None:
             limit = links.get(id(src), (src, 0))[1]
@@ -255,6 +264,11 @@ def link_fp8_inputs(model: torch.nn.Module) -> dict[str, int]:
     def finish(module, args, out):
         for h in handles:
             h.remove()
+        from octavo.plugins.quant.fp8_prefetch import link_chain
+
+        logger.info("fp8 GEMV prefetch chain: %d links", link_chain(order))
+        if not fuse:
+            return
         if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():  # the checks would sync
             logger.warning("fp8 input fusion not installed: the first forward was inside a CUDA-graph capture")
             return
@@ -275,5 +289,5 @@ def link_fp8_inputs(model: torch.nn.Module) -> dict[str, int]:
     for layer in fp8:
         handles.append(layer.register_forward_pre_hook(seen))
     handles.append(model.register_forward_hook(finish))
-    return {"fp8_producers_armed": len(producers)}
+    return {"fp8_producers_armed": len(producers)} if fuse else {}
 

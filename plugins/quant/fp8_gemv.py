@@ -51,15 +51,20 @@ def _round_e4m3(v):
 
 
 @triton.jit
-def _fp8_gemv_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
-                     QUANT_X: tl.constexpr, PRE_Q: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN: tl.constexpr,
-                     SOFT_FP8: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def _fp8_gemv_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, pf_ptr, pf_total, pf_piece, M, N, K, stride_xm,
+                     stride_wn, stride_ym, QUANT_X: tl.constexpr, PRE_Q: tl.constexpr, HAS_BIAS: tl.constexpr,
+                     EVEN: tl.constexpr, SOFT_FP8: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                     PREFETCH: tl.constexpr = False, USE_PDL: tl.constexpr = False):
     """y[m, n] = (sum_k q(x[m, k]) * W[n, k]) * s_x[m] * s_w[n] (+ b[n]): each program owns BLOCK_N outputs.
-    ``PRE_Q``: ``x`` is already e4m3 with its scales at ``xs_ptr`` (made by the norm kernel)."""
+    ``PRE_Q``: ``x`` is already e4m3 with its scales at ``xs_ptr`` (made by the norm kernel).
+    ``USE_PDL``: launched as a programmatic dependent launch: only the weight scales (constants) are read before
+    ``gdc_wait``. ``PREFETCH``: the last programs then ask L2 for the next layer's weight (fp8_prefetch.py)."""
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     nm = n < N
     rows = w_ptr + n.to(tl.int64)[:, None] * stride_wn
     ws = tl.load(ws_ptr + n, mask=nm, other=0.0)
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
     for m in range(0, M):
         x_row = x_ptr + m * stride_xm
         s_x = 1.0
@@ -92,6 +97,27 @@ def _fp8_gemv_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, M, N, K, stride
         if HAS_BIAS:  # torch adds the bias to the rounded product
             y = (y.to(tl.float32) + tl.load(b_ptr + n, mask=nm, other=0.0).to(tl.float32)).to(y.dtype)
         tl.store(y_ptr + m * stride_ym + n, y, mask=nm)
+    if PREFETCH:
+        _prefetch_l2_slice(pf_ptr, pf_total, pf_piece, PF_PROGS, PF_PIECES)
+
+
+# the next weight's prefetch: split over the grid's last PF_PROGS programs, PF_PIECES bulk requests each
+PF_PROGS = tl.constexpr(128)
+PF_PIECES = tl.constexpr(128)
+
+
+@triton.jit
+def _prefetch_l2_slice(pf_ptr, total, piece, PROGS: tl.constexpr, PIECES: tl.constexpr):
+    """Ask L2 for this program's share of ``total`` bytes at ``pf_ptr`` (``cp.async.bulk.prefetch.L2``, sm_90+;
+    a hint: nothing waits for it and nothing is written). ``piece`` and ``total`` are multiples of 16 bytes."""
+    j = tl.program_id(0) - tl.maximum(tl.num_programs(0) - PROGS, 0)
+    if j >= 0:
+        off = (j.to(tl.int64) * PIECES + tl.arange(0, PIECES)) * piece
+        ok = off < total
+        off = tl.where(ok, off, total - 16)  # past the end: re-ask for the last 16 bytes (no predication in asm)
+        size = tl.where(ok, tl.minimum(total - off, piece), 16).to(tl.int32)
+        tl.inline_asm_elementwise("cp.async.bulk.prefetch.L2.global [$1], $2;\n mov.u32 $0, 0;", "=r,l,r",
+                                  [pf_ptr + off, size], dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
@@ -154,7 +180,8 @@ _fp8_gemv_tuned = triton.autotune(
 
 def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None = None,
              *, quantize_input: bool = True, out_dtype: torch.dtype | None = None,
-             config: tuple[int, int, int] | None = None, x_scale: torch.Tensor | None = None) -> torch.Tensor:
+             config: tuple[int, int, int] | None = None, x_scale: torch.Tensor | None = None,
+             prefetch: tuple[torch.Tensor, int] | None = None, pdl: bool = False) -> torch.Tensor:
     """``x [m, K]`` (bf16/fp16/fp32) times the e4m3 ``weight [N, K]`` with ``weight_scale`` (``N`` values).
 
     ``quantize_input=True`` is W8A8 (dynamic per-token e4m3 activations, as the ``_scaled_mm`` path);
@@ -162,6 +189,9 @@ def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, 
     ``x.dtype``). Autotuned per (N, K) on first use on a GPU; call it once outside CUDA-graph capture.
     ``config=(BLOCK_N, BLOCK_K, num_warps)`` skips the one-row kernel's tuning (tests). ``x_scale``
     (``[m, 1]`` fp32): ``x`` is already e4m3 (the producing norm quantized it); nothing is quantized here.
+    Compiled one-row kernel only (more rows or the interpreter: refused): ``prefetch=(t, nbytes)``
+    asks L2 for the first ``nbytes`` of tensor ``t`` (the next layer's weight) from the grid's last programs;
+    ``pdl=True`` launches the kernel as a programmatic dependent launch (Hopper+, fp8_prefetch.py).
     """
     m, k = x.shape
     n = weight.shape[0]
@@ -178,19 +208,28 @@ def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, 
     if m == 0:
         return y
     ws = weight_scale.reshape(-1)
-    args = (x, x_scale.reshape(-1) if pre else ws, weight, ws, bias, y, m, n, k, x.stride(0), weight.stride(0),
-            y.stride(0))
+    soft = os.environ.get("TRITON_INTERPRET") == "1"
+    pf_ptr, pf_total, pf_piece = weight, 0, 16
+    if prefetch is not None or pdl:
+        if m > 1 or soft:
+            raise ValueError(f"fp8_gemv: prefetch / pdl are for the compiled one-row kernel ({m} rows"
+                             f"{', interpreter' if soft else ''})")
+        if prefetch is not None:
+            pf_ptr, pf_total, pf_piece = prefetch_args(*prefetch)
+    args = (x, x_scale.reshape(-1) if pre else ws, weight, ws, bias, y, pf_ptr, pf_total, pf_piece, m, n, k,
+            x.stride(0), weight.stride(0), y.stride(0))
     flags = dict(QUANT_X=quantize_input and not pre, PRE_Q=pre, HAS_BIAS=bias is not None)
+    if pf_total or pdl:
+        flags.update(PREFETCH=pf_total > 0, USE_PDL=pdl, **({"launch_pdl": True} if pdl else {}))
     if m > 1:  # several rows: one weight read for all of them
         if m > ROWS_MAX:
             raise ValueError(f"fp8_gemv: {m} rows; at most {ROWS_MAX} (use torch._scaled_mm above)")
         bm = 1 << (m - 1).bit_length()
         bn, bk, warps = _ROWS_CONFIGS[bm]
         _fp8_gemv_rows_kernel[(triton.cdiv(n, bn),)](
-            *args, **flags, EVEN=k % bk == 0 and n % bn == 0, SOFT_FP8=os.environ.get("TRITON_INTERPRET") == "1",
-            BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps)
+            *args[:6], *args[9:], **flags, EVEN=k % bk == 0 and n % bn == 0, SOFT_FP8=soft, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps)
         return y
-    if os.environ.get("TRITON_INTERPRET") == "1":  # no timer to autotune with: one small tile
+    if soft:  # no timer to autotune with: one small tile
         _fp8_gemv_kernel[(triton.cdiv(n, 16),)](*args, **flags, EVEN=False, SOFT_FP8=True, BLOCK_N=16, BLOCK_K=64)
         return y
     even = k % 1024 == 0 and n % 64 == 0
@@ -201,6 +240,16 @@ def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, 
         return y
     _fp8_gemv_tuned[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)](*args, **flags, EVEN=even, SOFT_FP8=False)
     return y
+
+
+def prefetch_args(t: torch.Tensor, nbytes: int) -> tuple[torch.Tensor, int, int]:
+    """``(tensor, total, piece)`` for the kernel's L2 prefetch of ``t``'s first ``nbytes`` (whole 16-byte units;
+    ``t`` contiguous and 16-byte aligned, as the bulk prefetch requires; else ``total`` 0 = no prefetch)."""
+    total = min(int(nbytes), t.numel() * t.element_size()) // 16 * 16
+    if total < 16 or not t.is_contiguous() or t.data_ptr() % 16:
+        return t, 0, 16
+    piece = -(-total // (PF_PROGS.value * PF_PIECES.value * 16)) * 16
+    return t, total, piece
 
 
 def fp8_gemv_reference(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,

@@ -15,14 +15,17 @@ import sys
 
 import pytest
 
+from tests.quant.fp8_inputs import LLAMA3_8B_SHAPES
+
 pytest.importorskip("triton")
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the children import tests.quant
 
 INTERPRETED = r"""
 import torch
 import triton
 import triton.language as tl
-from octavo.plugins.quant.fp8 import _FP8Method, quantize_fp8_rows
 from octavo.plugins.quant.fp8_gemv import _round_e4m3, fp8_gemv, fp8_gemv_reference
+from tests.quant.fp8_inputs import CPU_CASES, cpu_fp8_linear, fp32_tolerance, gemv_case
 
 # 1. the software e4m3 rounding used under the interpreter == torch's cast (every grid value, midpoints, random)
 @triton.jit
@@ -42,16 +45,12 @@ assert torch.equal(out, want), (vals[out != want][:5], out[out != want][:5], wan
 
 # 2. the GEMV vs float64: rows, odd sizes, K over several blocks, bias, a zero row, W8A8 and W8A16
 gen = torch.Generator().manual_seed(0)
-for m, n, k, bias in [(1, 40, 200, False), (3, 33, 130, True), (2, 17, 64, False), (9, 20, 100, False)]:
-    w, ws = quantize_fp8_rows(torch.randn(n, k, generator=gen))
-    x = (torch.randn(m, k, generator=gen) * torch.logspace(-2, 1, m)[:, None]).bfloat16()
-    if m == 3:
-        x[1] = 0
-    b = torch.randn(n, generator=gen).bfloat16() if bias else None
+for m, n, k, bias in CPU_CASES:
+    w, ws, x, b = gemv_case(gen, m, n, k, bias)
     for quant in (True, False):
         ref = fp8_gemv_reference(x, w, ws, b, quantize_input=quant)
         y32 = fp8_gemv(x, w, ws, b, quantize_input=quant, out_dtype=torch.float32)
-        tol = 1e-6 * float(ref.abs().max()) + (2e-2 * float(b.abs().max()) if bias else 0)  # bias: bf16 sum
+        tol = fp32_tolerance(ref, b)
         assert float((y32.double() - ref).abs().max()) <= tol, (m, n, k, quant)
         y = fp8_gemv(x, w, ws, b, quantize_input=quant)
         assert y.dtype == torch.bfloat16 and y.shape == (m, n)
@@ -66,13 +65,7 @@ for m, n, k, bias in [(1, 40, 200, False), (3, 33, 130, True), (2, 17, 64, False
     assert not torch.allclose(fp8_gemv_reference(x, w, ws), fp8_gemv_reference(x, w, ws, quantize_input=False))
 
 # 3. the linear method: 1 row -> GEMV, 3 rows -> _scaled_mm; the same row gets the same answer
-method = _FP8Method(prequantized=False)
-layer = torch.nn.Module()
-method.create_weights(layer, 96, [48], torch.bfloat16)
-layer.bias = None
-for name, value in method.convert({"weight": torch.randn(48, 96, generator=gen)}, "t").items():
-    getattr(layer, name).data.copy_(value)
-method.process_weights_after_loading(layer)
+method, layer = cpu_fp8_linear(gen)
 assert method.gemv_max_m == 0  # CPU tensors: no GEMV, no fused quant by default
 method.gemv_max_m = 1
 x = torch.randn(3, 96, generator=gen).bfloat16()
@@ -103,7 +96,8 @@ def _cuda() -> bool:
 @pytest.mark.skipif(_cuda(), reason="interpreter check for CPU machines; on a GPU the compiled kernel is tested")
 def test_fp8_gemv_interpreted_matches_float64():
     env = dict(os.environ, TRITON_INTERPRET="1")
-    out = subprocess.run([sys.executable, "-c", INTERPRETED], env=env, capture_output=True, text=True, timeout=300)
+    out = subprocess.run([sys.executable, "-c", INTERPRETED], env=env, capture_output=True, text=True, timeout=300,
+                         cwd=ROOT)
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]
 
 
@@ -123,7 +117,6 @@ def test_gemv_max_m_setting_is_validated(monkeypatch):
 
 
 # ---------------------------------------------------------------------------------------------- GPU
-LLAMA3_8B_SHAPES = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)]  # qkv, o, gate_up, down
 
 
 @pytest.mark.gpu

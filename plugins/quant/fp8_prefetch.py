@@ -1,0 +1,84 @@
+"""Batch-1 fp8 decode: keep HBM busy between the one-row GEMVs (L2 prefetch of the next weight, PDL).
+
+Why: at one row the 8B forward is 128 weight-streaming GEMVs with ~7 small kernels in between per layer (rotary,
+KV write, attention, merge, norms, SiLU; ~0.66 ms of 3.37 per forward on H100, docs/performance.md "FP8 session
+5"). While those run, the memory system is idle; the GEMV after them then pays its ramp (launch, first loads)
+from a cold start. Two measures, both hints that cannot change a result:
+
+- **L2 prefetch chain** (``OCTAVO_FP8_GEMV_PREFETCH_MB``, MiB per link; 0 = off): the fp8 linears' forward order
+  is recorded in the one discovery forward of fp8_fused.link_fp8_inputs; each one-row GEMV then ends with its
+  last programs issuing ``cp.async.bulk.prefetch.L2`` for the first MiB of the NEXT linear's weight (qkv ->
+  o_proj across rotary / KV write / attention; o_proj -> gate_up across the norm; down -> the next layer's
+  qkv). Nothing waits for a prefetch; the next GEMV finds its first tiles in L2 (H100: 50 MB).
+- **Programmatic dependent launch** (``OCTAVO_FP8_GEMV_PDL=1``, also fp8_gemv_tc.py's switch): the GEMV is
+  launched while its producer runs and waits in the kernel (``griddepcontrol.wait``) before it reads the
+  activations; the quantizing RMSNorm (fp8_fused.py) lets it launch at its start (``launch_dependents``).
+  Everything the GEMV reads before the wait is a constant (weight scales).
+
+Both need sm_90 (Hopper) and the compiled one-row CUDA-core GEMV; elsewhere they are not used (the GEMV runs as
+before). Tests: tests/quant/test_fp8_prefetch.py (the PTX holds the instructions; on a GPU: bit-identical
+outputs with and without, eager and replayed from a CUDA graph).
+"""
+
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+
+import torch
+
+from octavo.env_flags import env_switch
+
+
+def _prefetch_mb() -> int:
+    raw = os.environ.get("OCTAVO_FP8_GEMV_PREFETCH_MB", "").strip()
+    if not raw:
+        return DEFAULT_PREFETCH_MB
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"OCTAVO_FP8_GEMV_PREFETCH_MB={raw!r} is not an integer (MiB per link; 0 = off)") from None
+    if not 0 <= value <= 48:
+        raise ValueError(f"OCTAVO_FP8_GEMV_PREFETCH_MB={value}: 0 (off) to 48 MiB (L2 is 50 MB on H100)")
+    return value
+
+
+DEFAULT_PREFETCH_MB = 0  # off until measured in the engine (docs/quantization.md, session 6)
+PREFETCH_MB = _prefetch_mb()  # read at apply time: a benchmark may change it and recapture
+PDL = env_switch("OCTAVO_FP8_GEMV_PDL", default=False)
+
+
+@lru_cache(maxsize=8)
+def _hopper(index: int) -> bool:
+    return torch.cuda.get_device_capability(index) >= (9, 0)
+
+
+def hopper(device: torch.device) -> bool:
+    """sm_90+ (``cp.async.bulk.prefetch`` and ``griddepcontrol``); False off CUDA."""
+    return device.type == "cuda" and _hopper(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def gemv_launch(method, device: torch.device) -> dict:
+    """``fp8_gemv`` keyword arguments for one row of ``method``'s layer: ``prefetch`` (the next fp8 linear's
+    weight, PREFETCH_MB MiB) and ``pdl``, where this device can run them; ``{}`` otherwise."""
+    if not hopper(device) or os.environ.get("TRITON_INTERPRET") == "1":
+        return {}
+    out = {}
+    nxt = getattr(method, "pf_next", None)
+    if nxt is not None and PREFETCH_MB > 0:
+        out["prefetch"] = (nxt, PREFETCH_MB << 20)
+    if PDL:
+        out["pdl"] = True
+    return out
+
+
+def link_chain(order: list) -> int:
+    """Give each fp8 linear of ``order`` (forward order) the next one's weight to prefetch; returns the links."""
+    seen, layers = set(), []
+    for layer in order:
+        if id(layer) not in seen:
+            seen.add(id(layer))
+            layers.append(layer)
+    for a, b in zip(layers, layers[1:]):
+        a.quant_method.pf_next = b.weight
+    return max(0, len(layers) - 1)

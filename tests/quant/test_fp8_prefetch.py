@@ -1,0 +1,155 @@
+"""The one-row fp8 GEMV's L2 prefetch chain and programmatic dependent launch (plugins/quant/fp8_prefetch.py).
+
+CPU: the switches are validated, the chain follows the forward order, the prefetch split covers exactly the
+asked bytes, refusals (several rows, the interpreter), and the kernels compiled for sm_90 (Triton's own
+compiler, no GPU needed) hold ``cp.async.bulk.prefetch.L2`` / ``griddepcontrol`` exactly when asked. GPU-marked:
+the GEMV with prefetch and PDL gives the same bits as without, eager and replayed from a CUDA graph right
+after a producer that lets it launch early (the read-after-write race PDL must not open).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+
+def test_prefetch_switch_is_validated(monkeypatch):
+    from octavo.plugins.quant import fp8_prefetch
+
+    monkeypatch.setenv("OCTAVO_FP8_GEMV_PREFETCH_MB", "24")
+    assert fp8_prefetch._prefetch_mb() == 24
+    monkeypatch.delenv("OCTAVO_FP8_GEMV_PREFETCH_MB")
+    assert fp8_prefetch._prefetch_mb() == fp8_prefetch.DEFAULT_PREFETCH_MB
+    for bad in ("x", "-1", "49", "1.5"):
+        monkeypatch.setenv("OCTAVO_FP8_GEMV_PREFETCH_MB", bad)
+        with pytest.raises(ValueError, match="OCTAVO_FP8_GEMV_PREFETCH_MB"):
+            fp8_prefetch._prefetch_mb()
+
+
+def test_chain_follows_forward_order_and_cpu_gets_nothing():
+    from types import SimpleNamespace
+
+    from octavo.plugins.quant import fp8_prefetch
+
+    layers = [SimpleNamespace(weight=torch.zeros(2), quant_method=SimpleNamespace()) for _ in range(3)]
+    assert fp8_prefetch.link_chain([layers[0], layers[1], layers[0], layers[2]]) == 2  # a repeat: first call
+    assert layers[0].quant_method.pf_next is layers[1].weight
+    assert layers[1].quant_method.pf_next is layers[2].weight
+    assert not hasattr(layers[2].quant_method, "pf_next")
+    old = fp8_prefetch.PREFETCH_MB, fp8_prefetch.PDL
+    try:
+        fp8_prefetch.PREFETCH_MB, fp8_prefetch.PDL = 16, True
+        assert fp8_prefetch.gemv_launch(layers[0].quant_method, torch.device("cpu")) == {}
+    finally:
+        fp8_prefetch.PREFETCH_MB, fp8_prefetch.PDL = old
+
+
+@pytest.mark.parametrize("numel,nbytes", [(4096 * 4096, 16 << 20), (6144 * 4096, 16 << 20), (1000, 1 << 20),
+                                          (100_003, 50_000), (8, 1 << 20)])
+def test_prefetch_split_covers_the_asked_bytes(numel, nbytes):
+    from octavo.plugins.quant.fp8_gemv import PF_PIECES, PF_PROGS, prefetch_args
+
+    t = torch.empty(numel, dtype=torch.uint8)
+    _, total, piece = prefetch_args(t, nbytes)
+    want = min(nbytes, numel) // 16 * 16
+    if want < 16:
+        assert total == 0
+        return
+    assert total == want and piece % 16 == 0 and piece > 0
+    slots = PF_PROGS.value * PF_PIECES.value
+    assert slots * piece >= total and (piece == 16 or slots * (piece - 16) < total)  # the smallest covering piece
+    assert prefetch_args(t[1:], nbytes)[1] == 0  # not 16-byte aligned: no prefetch
+
+
+def test_prefetch_and_pdl_refused_where_they_cannot_run(monkeypatch):
+    from octavo.plugins.quant.fp8 import quantize_fp8_rows
+    from octavo.plugins.quant.fp8_gemv import fp8_gemv
+
+    w, ws = quantize_fp8_rows(torch.randn(32, 64))
+    with pytest.raises(ValueError, match="one-row"):
+        fp8_gemv(torch.randn(2, 64).bfloat16(), w, ws, pdl=True)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    with pytest.raises(ValueError, match="interpreter"):
+        fp8_gemv(torch.randn(1, 64).bfloat16(), w, ws, prefetch=(w, 1024))
+
+
+def _ptx(fn, signature: dict, constexprs: dict) -> str:
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    src = triton.compiler.ASTSource(fn=fn, signature={**signature, **{k: "constexpr" for k in constexprs}},
+                                    constexprs=constexprs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32)).asm["ptx"]
+
+
+@pytest.mark.parametrize("prefetch,pdl", [(True, True), (False, False)])
+def test_sm90_ptx_has_the_instructions_exactly_when_asked(prefetch, pdl):
+    from octavo.plugins.quant.fp8_fused import _rms_norm_quant_kernel
+    from octavo.plugins.quant.fp8_gemv import _fp8_gemv_kernel
+
+    sig = {"x_ptr": "*bf16", "xs_ptr": "*fp32", "w_ptr": "*fp8e4nv", "ws_ptr": "*fp32", "b_ptr": "*bf16",
+           "y_ptr": "*bf16", "pf_ptr": "*fp8e4nv", "pf_total": "i64", "pf_piece": "i64", "M": "i32", "N": "i32",
+           "K": "i32", "stride_xm": "i32", "stride_wn": "i32", "stride_ym": "i32"}
+    ptx = _ptx(_fp8_gemv_kernel, sig, dict(QUANT_X=True, PRE_Q=False, HAS_BIAS=False, EVEN=True, SOFT_FP8=False,
+                                           BLOCK_N=16, BLOCK_K=512, PREFETCH=prefetch, USE_PDL=pdl))
+    assert ("cp.async.bulk.prefetch.L2.global" in ptx) == prefetch
+    assert ("griddepcontrol.wait" in ptx) == pdl
+    norm_sig = {"x_ptr": "*bf16", "res_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16", "res_out_ptr": "*bf16",
+                "q_ptr": "*fp8e4nv", "s_ptr": "*fp32", "stride_x": "i32", "stride_r": "i32", "n_cols": "i32",
+                "eps": "fp32"}
+    ptx = _ptx(_rms_norm_quant_kernel, norm_sig, dict(HAS_RES=True, SOFT_FP8=False, BLOCK=4096, TRIGGER=pdl))
+    assert ("griddepcontrol.launch_dependents" in ptx) == pdl
+
+
+# ---------------------------------------------------------------------------------------------- GPU
+def _hopper() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() >= (9, 0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _hopper(), reason="needs a Hopper GPU (sm_90+)")
+@pytest.mark.parametrize("n,k", [(4096, 4096), (6144, 4096), (4096, 14336)])
+def test_prefetch_and_pdl_same_bits_in_a_graph_after_an_early_trigger(n, k):
+    from octavo.plugins.quant import fp8_prefetch
+    from octavo.plugins.quant.fp8 import quantize_fp8_rows
+    from octavo.plugins.quant.fp8_fused import rms_norm_quant
+    from octavo.plugins.quant.fp8_gemv import fp8_gemv
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    w, ws = quantize_fp8_rows(torch.randn(n, k, device="cuda", generator=gen) * 0.02)
+    nxt = torch.empty(28672 * 4096, dtype=torch.uint8, device="cuda")  # the "next weight" to prefetch
+    norm_w = (1 + 0.1 * torch.randn(k, device="cuda", generator=gen)).bfloat16()
+    x = torch.zeros(1, k, device="cuda", dtype=torch.bfloat16)
+    src = torch.randn(6, 1, k, device="cuda", generator=gen, dtype=torch.bfloat16) * 3
+    cfg = (16, 512, 4)
+
+    def block(**kw):  # a producer (the quantizing norm, which triggers early under PDL) right before each GEMV
+        h, _, q, s = rms_norm_quant(x, norm_w, 1e-5)
+        return (fp8_gemv(q, w, ws, x_scale=s, out_dtype=torch.bfloat16, config=cfg, **kw),
+                fp8_gemv(h, w, ws, config=cfg, **kw))
+
+    old = fp8_prefetch.PDL
+    try:
+        with torch.inference_mode():
+            x.copy_(src[0])
+            plain = block()
+            fp8_prefetch.PDL = True
+            for kw in ({"prefetch": (nxt, 16 << 20)}, {"pdl": True}, {"prefetch": (nxt, 16 << 20), "pdl": True}):
+                for got, want in zip(block(**kw), plain):
+                    assert torch.equal(got, want), kw
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                outs = block(prefetch=(nxt, 16 << 20), pdl=True)
+            for i in range(6):
+                x.copy_(src[i])
+                graph.replay()
+                fp8_prefetch.PDL = False
+                want = block()
+                fp8_prefetch.PDL = True
+                for got, ref in zip(outs, want):
+                    assert torch.equal(got, ref), i
+    finally:
+        fp8_prefetch.PDL = old
