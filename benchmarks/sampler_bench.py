@@ -1,9 +1,9 @@
-"""Sampler microbenchmark: the torch path vs the fused Triton path (``core/sampler_triton.py``), one GPU.
+"""Sampler microbenchmark: the torch path vs the fused Triton path (``plugins/platforms/cuda_sampler.py``), one GPU.
 
     python benchmarks/sampler_bench.py --rows 1 64 256 --vocab 151936 --out /tmp/sampler.json
 
 Per case (rows x vocab, logits dtype, temperature 0.6, no top-k/top-p/min-p: the nano-vllm workload) it
-times ``Sampler()(logits, batch)`` as the model runner calls it, eagerly, ``--iters`` calls back to back then
+times ``Sampler(kernel)(logits, batch)`` as the model runner calls it, eagerly, ``--iters`` calls back to back then
 one synchronize: microseconds per call, host launch cost included. fp32 is what ``compute_logits`` hands the
 sampler today; bf16 is the fused kernel's reading of a bf16 tensor (the torch path converts it first).
 Also top_k=20 + top_p=0.95 (Qwen3's recommended sampling): the torch path sorts each row, the fused path
@@ -36,6 +36,7 @@ def main() -> None:
     import torch
 
     from octavo.core.sampler import Sampler, SamplingBatch
+    from octavo.plugins.platforms.cuda import CudaPlatform
 
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 64, 256])
@@ -46,7 +47,7 @@ def main() -> None:
     args = ap.parse_args()
     dev = torch.device("cuda")
     torch.manual_seed(0)
-    old, new = Sampler(), Sampler()
+    old, new = Sampler(), Sampler(CudaPlatform().make_fused_sampler())  # what the worker gives the runner
     old.fused = False
     results = []
     for dtype in (torch.float32, torch.bfloat16):

@@ -4,13 +4,13 @@ Small pure functions, applied in vLLM's order: logprobs of the raw distribution 
 logit bias, allowed tokens, min_tokens masking and penalties change the logits; then temperature, min_p,
 top_k and top_p filter them; finally greedy rows take the argmax and the others sample with exponential
 noise (``argmax(p / q)``, q ~ Exp(1) — the same as sampling from p), where a seeded request draws its
-noise from its own generator so its tokens never depend on the rest of the batch. On CUDA, batches without
-top-k / top-p / min-p sample in one fused Triton pass instead (``core/sampler_triton.py``, see :class:`Sampler`).
+noise from its own generator so its tokens never depend on the rest of the batch. Where the platform has a
+fused sampler (``Platform.make_fused_sampler``; CUDA: one Triton pass, plugins/platforms/cuda_sampler.py), batches
+with a random row take it instead (see :class:`Sampler`).
 """
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, field
 
 import torch
@@ -194,39 +194,31 @@ def filter_thresholds(logits: torch.Tensor, b: SamplingBatch) -> torch.Tensor:
 class Sampler:
     """The sampling step of the model runner.
 
-    Batches with a random row take one fused Triton pass on CUDA (``core/sampler_triton.py``: Gumbel-max over
-    ``logits / T``, greedy rows exact argmax, per-request seeds reproducible) unless a row filters by top-p
-    without a top-k (or a top-k above ``MAX_FUSED_TOP_K``); min-p / top-k / top-p become one logit threshold per
-    row (:func:`filter_thresholds`). The logit processors still run first, in torch. ``OCTAVO_FUSED_SAMPLER=0`` keeps the torch
-    path everywhere; ``force_fused=True`` takes the fused path on any device (tests under ``TRITON_INTERPRET``).
+    Batches with a random row take ``kernel``, the platform's fused sampler (``Platform.make_fused_sampler``;
+    on CUDA one Triton pass, plugins/platforms/cuda_sampler.py: Gumbel-max over ``logits / T``, greedy rows exact
+    argmax, per-request seeds reproducible) unless a row filters by top-p without a top-k (or a top-k above
+    ``MAX_FUSED_TOP_K``); min-p / top-k / top-p become one logit threshold per row (:func:`filter_thresholds`).
+    The logit processors still run first, in torch. ``OCTAVO_FUSED_SAMPLER=0`` keeps the torch path everywhere;
+    ``force_fused=True`` takes the kernel whatever that variable says (tests under ``TRITON_INTERPRET``).
     """
 
-    def __init__(self, force_fused: bool = False) -> None:
+    def __init__(self, kernel=None, force_fused: bool = False) -> None:
+        self.kernel = kernel  # sample(logits, temperature, generators, thresholds) -> [R] int64, or None
         self.fused = env_switch("OCTAVO_FUSED_SAMPLER")
         self.force_fused = force_fused
 
     def uses_fused(self, logits: torch.Tensor, b: SamplingBatch) -> bool:
-        if b.all_greedy:
+        if self.kernel is None or b.all_greedy:
             return False
         if not (b.no_top_k and b.no_top_p) and not 0 < b.top_k_bound <= MAX_FUSED_TOP_K:
             return False
-        if self.force_fused:
-            return True
-        return self.fused and logits.is_cuda and _triton_available()
+        return self.force_fused or self.fused
 
     def sample_fused(self, logits: torch.Tensor, b: SamplingBatch) -> torch.Tensor:
-        from octavo.core.sampler_triton import fused_sample, row_keys, seeded_key, unseeded_base
-
         if has_logit_processors(b):
             logits = apply_logit_processors(logits.float(), b)
         thresholds = None if b.no_top_k and b.no_top_p and b.no_min_p else filter_thresholds(logits, b)
-        base, keys = unseeded_base(), None
-        if b.generators:
-            seeded = {}
-            for row, gen in b.generators.items():
-                seeded[row] = seeded_key(gen.initial_seed(), draw_index(gen))
-            keys = row_keys(base, logits.shape[0], seeded).to(logits.device, non_blocking=True)
-        return fused_sample(logits, b.temperature, keys, base, thresholds)
+        return self.kernel(logits, b.temperature, b.generators, thresholds)
 
     def __call__(self, logits: torch.Tensor, b: SamplingBatch) -> SamplerOutput:
         raw_logprobs = compute_logprobs(logits) if b.max_num_logprobs >= 0 else None
@@ -246,22 +238,3 @@ class Sampler:
                 raw_logprobs, sampled, b.max_num_logprobs)
         return out
 
-
-def draw_index(gen: torch.Generator) -> int:
-    """A seeded request's fused draw number, advancing its generator (the key then changes every step): a CUDA
-    generator counts in its Philox offset (+4 per draw, as torch's own draws; no device work, and a CUDA
-    generator cannot be weak-referenced to count elsewhere); a CPU generator (tests) draws one number."""
-    if gen.device.type == "cuda":
-        offset = gen.get_offset()
-        gen.set_offset(offset + 4)
-        return offset // 4
-    return int(torch.randint(0, 1 << 62, (1,), generator=gen).item())
-
-
-@functools.cache
-def _triton_available() -> bool:
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return False
-    return True

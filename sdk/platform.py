@@ -190,6 +190,18 @@ class Platform(ABC):
         device tensor [n], or ``None`` when packed row j is logits row j. Default: none."""
         return None
 
+    def make_fused_sampler(self) -> Callable[..., Any] | None:
+        """This device's own one-pass sampler, or ``None`` (the core's torch sampler then runs everywhere).
+        Asked once per worker. The core still routes (all-greedy batches, top-p without a bounded top-k and
+        ``OCTAVO_FUSED_SAMPLER=0`` keep the torch path) and applies the logit processors first.
+
+        The callable is ``sample(logits, temperature, generators, thresholds) -> [R] int64``: ``logits`` [R, V],
+        ``temperature`` [R] (``<= 0``: greedy, exactly ``argmax``, lowest index on ties), ``generators``
+        ``{row: torch.Generator}`` for seeded rows (a seeded row's draw depends only on its generator, which the
+        sampler advances, never on the rest of the batch), ``thresholds`` [R] fp32 or ``None``: random rows draw
+        from ``softmax(logits / temperature)`` restricted to the logits ``>= thresholds[row]``. Default: none."""
+        return None
+
     def synchronize(self) -> None:
         """Wait for queued device work (used by benchmarks and the memory profiler)."""
 

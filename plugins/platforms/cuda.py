@@ -128,6 +128,14 @@ class TorchGpuPlatform(Platform):
             return None
         return apply_bitmask_
 
+    def make_fused_sampler(self):
+        """One Triton pass per step (``plugins/platforms/cuda_sampler.py``), or None without Triton."""
+        try:
+            from octavo.plugins.platforms.cuda_sampler import sample_rows
+        except ImportError:
+            return None
+        return sample_rows
+
     def synchronize(self) -> None:
         import torch
 

@@ -1,4 +1,5 @@
-"""Cases for the fused Triton sampler (``core/sampler_triton.py``) and its use by ``Sampler``.
+"""Cases for the fused Triton sampler (``plugins/platforms/cuda_sampler.py``, the CUDA platform's
+``make_fused_sampler``) and its use by ``Sampler``.
 
 Not collected directly (no ``test_`` prefix). On CPU, ``test_fused_sampler_cpu.py`` runs this file in a child
 pytest with ``TRITON_INTERPRET=1`` (set before any ``@triton.jit``) at small sizes; on a CUDA machine run it
@@ -28,11 +29,13 @@ from octavo.core.input_batch import build_sampling_batch  # noqa: E402
 from octavo.core.messages import EngineCoreRequest  # noqa: E402
 from octavo.core.request import Request  # noqa: E402
 from octavo.core.sampler import Sampler, apply_logit_processors  # noqa: E402
-from octavo.core.sampler_triton import fused_sample, gumbel_noise, row_keys  # noqa: E402
+from octavo.plugins.platforms.cuda import CudaPlatform  # noqa: E402
+from octavo.plugins.platforms.cuda_sampler import fused_sample, gumbel_noise, row_keys, sample_rows  # noqa: E402
 from octavo.sampling_params import SamplingParams  # noqa: E402
 
 DEV = torch.device("cpu" if INTERPRET else "cuda")
 V = 9000 if INTERPRET else 151936  # > 2 blocks of 4096 columns either way
+KERNEL = CudaPlatform().make_fused_sampler()  # what the worker hands the runner's Sampler on CUDA
 
 
 def chi2_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:
@@ -140,17 +143,17 @@ def test_seeded_rows_reproducible_batch_independent_and_advancing():
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(6, V, generator=gen).to(DEV) * 0.1  # flat: many plausible tokens
     seeded = SamplingParams(temperature=1.0, seed=1234)
-    s = Sampler(force_fused=True)
+    s = Sampler(KERNEL, force_fused=True)
     gens = {}
     alone = [s(x[3:4].clone(), _batch(_reqs(seeded), gens)).sampled.item() for _ in range(3)]
     others = [SamplingParams(temperature=0.8)] * 3 + [seeded] + [SamplingParams(temperature=0.5, seed=9),
                                                                   SamplingParams(temperature=0)]
-    s2 = Sampler(force_fused=True)
+    s2 = Sampler(KERNEL, force_fused=True)
     gens2 = {}
     in_batch = [s2(x.clone(), _batch(_reqs(*others), gens2)).sampled[3].item() for _ in range(3)]
     assert alone == in_batch
     assert len(set(alone)) > 1  # the key advances with each draw
-    s3, gens3 = Sampler(force_fused=True), {}  # a new engine: the same sequence again
+    s3, gens3 = Sampler(KERNEL, force_fused=True), {}  # a new engine: the same sequence again
     assert alone == [s3(x[3:4].clone(), _batch(_reqs(seeded), gens3)).sampled.item() for _ in range(3)]
 
 
@@ -163,7 +166,7 @@ def test_logit_processors_apply_before_fused_sampling():
                  SamplingParams(temperature=0.7, repetition_penalty=1e6, frequency_penalty=2.0),
                  outputs={3: [0]})
     x[2, 1] = 29.0
-    s = Sampler(force_fused=True)
+    s = Sampler(KERNEL, force_fused=True)
     for _ in range(1 if INTERPRET else 5):
         b = _batch(reqs, {})
         assert s.uses_fused(x, b)
@@ -179,9 +182,16 @@ def test_logit_processors_apply_before_fused_sampling():
     assert via_sampler.tolist() == direct.tolist()
 
 
+def test_the_cuda_platform_hands_out_the_fused_sampler():
+    assert KERNEL is sample_rows
+    x = torch.randn(2, V, device=DEV)
+    b = _batch(_reqs(SamplingParams(temperature=0.7), SamplingParams(temperature=0.7)), {})
+    assert not Sampler(None, force_fused=True).uses_fused(x, b)  # no platform kernel: the torch path
+
+
 def test_routing_top_p_alone_and_all_greedy_keep_the_torch_path():
     x = torch.randn(2, V, device=DEV)
-    s = Sampler(force_fused=True)
+    s = Sampler(KERNEL, force_fused=True)
     assert s.uses_fused(x, _batch(_reqs(SamplingParams(temperature=0.7, top_k=5),
                                         SamplingParams(temperature=0.7)), {}))
     assert not s.uses_fused(x, _batch(_reqs(SamplingParams(temperature=0.7, top_p=0.9)), {}))
@@ -195,7 +205,7 @@ def test_routing_top_p_alone_and_all_greedy_keep_the_torch_path():
 def test_logprobs_are_raw_with_fused_sampling():
     x = torch.randn(2, V, device=DEV)
     b = _batch(_reqs(*[SamplingParams(temperature=0.9, logprobs=2)] * 2), {})
-    out = Sampler(force_fused=True)(x.clone(), b)
+    out = Sampler(KERNEL, force_fused=True)(x.clone(), b)
     raw = torch.log_softmax(x.float(), -1)
     torch.testing.assert_close(out.logprobs[:, 0], raw.gather(1, out.sampled[:, None])[:, 0])
     torch.testing.assert_close(out.logprobs[:, 1:], raw.topk(2, dim=-1).values)
@@ -214,7 +224,7 @@ def test_filter_thresholds_keep_exactly_the_torch_paths_tokens():
     x = (torch.randn(len(params), V, generator=gen) * 2).to(DEV)
     x[0, 100:110] = x[0].max() + 1  # a tie group at the top
     b = _batch(_reqs(*params), {})
-    assert b.top_k_bound == 50 and Sampler(force_fused=True).uses_fused(x, b)
+    assert b.top_k_bound == 50 and Sampler(KERNEL, force_fused=True).uses_fused(x, b)
     thr = filter_thresholds(x, b)
     _, probs = process_logits(x.clone(), b)
     for row in range(len(params)):
@@ -244,7 +254,7 @@ def test_filtered_fused_draws_stay_in_the_kept_set_and_are_gumbel_max_over_it():
 
 def test_top_p_without_top_k_keeps_the_torch_path():
     x = torch.randn(2, V, device=DEV)
-    s = Sampler(force_fused=True)
+    s = Sampler(KERNEL, force_fused=True)
     b = _batch(_reqs(SamplingParams(temperature=0.7, top_p=0.9), SamplingParams(temperature=0.7, top_k=5)), {})
     assert b.top_k_bound == -1 and not s.uses_fused(x, b)
     b = _batch(_reqs(SamplingParams(temperature=0.7, top_k=2000, top_p=0.9)), {})
@@ -262,7 +272,7 @@ def test_filtered_draws_follow_the_torch_paths_distribution():
     x = row.to(DEV).expand(n, V)
     _, probs = process_logits(x[:1].clone().float(), _batch(_reqs(p), {}))
     support = (probs[0] > 0).nonzero().flatten()
-    got = Sampler(force_fused=True)(x, b).sampled.cpu()
+    got = Sampler(KERNEL, force_fused=True)(x, b).sampled.cpu()
     assert set(got.tolist()) <= set(support.cpu().tolist())
     counts = torch.tensor([(got == s).sum().item() for s in support.cpu()])
     pv = chi2_pvalue(counts, probs[0, support].cpu())

@@ -1,4 +1,6 @@
-"""One-pass Triton sampling for rows without top-k / top-p / min-p: temperature sampling and greedy.
+"""One-pass Triton sampling (temperature, greedy, and min-p / top-k / top-p as one logit threshold per row): the
+CUDA platform's answer to ``Platform.make_fused_sampler`` (:func:`sample_rows`; the core's ``Sampler`` calls it
+through the platform, never by import, and keeps the torch path for everything else).
 
 Why: at temperature 0.6 the torch path (``core/sampler.py``) makes ~11 passes over a rows x vocab fp32 tensor
 (divide, softmax, exponential noise, divide, argmax, ...): ~0.35 ms per decode step at batch ~140 on the
@@ -182,3 +184,26 @@ def fused_sample(logits: torch.Tensor, temperature: torch.Tensor, keys: torch.Te
         part_val, part_idx, HAS_KEYS=has_keys, HAS_THR=thresholds is not None, SUB=SUB, num_warps=4)
     _sample_final_kernel[(R,)](part_val, part_idx, out, n_chunks, MAX_CHUNKS=MAX_CHUNKS, num_warps=1)
     return out
+
+
+def draw_index(gen: torch.Generator) -> int:
+    """A seeded request's fused draw number, advancing its generator (the key then changes every step): a CUDA
+    generator counts in its Philox offset (+4 per draw, as torch's own draws; no device work, and a CUDA
+    generator cannot be weak-referenced to count elsewhere); a CPU generator (tests) draws one number."""
+    if gen.device.type == "cuda":
+        offset = gen.get_offset()
+        gen.set_offset(offset + 4)
+        return offset // 4
+    return int(torch.randint(0, 1 << 62, (1,), generator=gen).item())
+
+
+def sample_rows(logits: torch.Tensor, temperature: torch.Tensor, generators: dict[int, torch.Generator],
+                thresholds: torch.Tensor | None = None) -> torch.Tensor:
+    """``Platform.make_fused_sampler``'s contract: one token per row (see :func:`fused_sample`); the rows in
+    ``generators`` (seeded requests) draw from keys of their own seed and draw count, advancing the generator,
+    the others from a key base drawn from torch's default CPU generator."""
+    base, keys = unseeded_base(), None
+    if generators:
+        seeded = {row: seeded_key(gen.initial_seed(), draw_index(gen)) for row, gen in generators.items()}
+        keys = row_keys(base, logits.shape[0], seeded).to(logits.device, non_blocking=True)
+    return fused_sample(logits, temperature, keys, base, thresholds)
