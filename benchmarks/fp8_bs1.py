@@ -47,11 +47,15 @@ def kernel_table(prof, per: int, limit: int = 40) -> list[dict]:
 def measure(llm, gr, prompt, res: dict, tag: str, bw: float, weight_bytes: int, profile: bool) -> None:
     from octavo import SamplingParams
 
+    tokens_out = []
+
     def gen(tokens):
         torch.cuda.synchronize()
         t = time.perf_counter()
-        llm.generate([prompt], SamplingParams(max_tokens=tokens, ignore_eos=True, temperature=0), use_tqdm=False)
+        outs = llm.generate([prompt], SamplingParams(max_tokens=tokens, ignore_eos=True, temperature=0),
+                            use_tqdm=False)
         torch.cuda.synchronize()
+        tokens_out.append(list(outs[0].outputs[0].token_ids))
         return time.perf_counter() - t
 
     n = 256
@@ -62,6 +66,10 @@ def measure(llm, gr, prompt, res: dict, tag: str, bw: float, weight_bytes: int, 
     kv_bytes = (512 + n // 2) * 32 * 8 * 128 * 2 * 2  # gpu_e2e.py's formula (16-bit KV bytes)
     roof = (weight_bytes + kv_bytes) / bw
     r = {"decode_ms_per_token": per_tok * 1e3, "roofline_ms": roof * 1e3, "fraction_of_roofline": roof / per_tok}
+    # the prefetch / PDL variants compute the same bits as the first measure (only L2 hints and launch order
+    # differ): their greedy tokens must be its tokens exactly. norm4 may differ (its norm sums in another order)
+    first = res.setdefault("_greedy_tokens", tokens_out[-1])
+    r["same_tokens_as_first_measure"] = tokens_out[-1] == first and tokens_out[-2] == first
     if gr is not None and 1 in gr.graphs:
         torch.cuda.synchronize()
         t = time.perf_counter()

@@ -48,3 +48,19 @@ def cpu_fp8_linear(gen: torch.Generator, in_features: int = 96, out_features: in
         getattr(layer, name).data.copy_(value)
     method.process_weights_after_loading(layer)
     return method, layer
+
+
+def assert_graph_replays_match(block, plain, x: torch.Tensor, inputs) -> None:
+    """Capture ``block()`` (a tuple of tensors) in a CUDA graph; for each of ``inputs`` copied into ``x`` (the
+    graph's input buffer) the replayed outputs must equal ``plain()`` (the same computation run eagerly without
+    the launch feature under test) bit for bit: the graph reads each new input, never a stale one."""
+    block()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = block()
+    for i, src in enumerate(inputs):
+        x.copy_(src)
+        graph.replay()
+        for got, ref in zip(outs, plain()):
+            assert torch.equal(got, ref), i

@@ -134,21 +134,18 @@ def test_fp8_gemv_tc_pdl_in_graph_reads_the_producers_output():
         xq, xs = quantize_per_token(x * 1.0001)  # a producer kernel right before the GEMV
         return tc.fp8_gemv_tc(xq, w, ws, x_scale=xs), tc.fp8_gemv_tc(x * 0.999, w, ws)
 
+    def plain():
+        tc.PDL = False
+        try:
+            return block()
+        finally:
+            tc.PDL = True
+
+    from tests.quant.fp8_inputs import assert_graph_replays_match
+
     old = tc.PDL
     try:
         tc.PDL = True
-        block()
-        torch.cuda.synchronize()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            outs = block()
-        for i in range(8):
-            x.copy_(src[i])
-            g.replay()
-            tc.PDL = False
-            want = block()
-            tc.PDL = True
-            for got, ref in zip(outs, want):
-                assert torch.equal(got, ref), i
+        assert_graph_replays_match(block, plain, x, src)
     finally:
         tc.PDL = old
