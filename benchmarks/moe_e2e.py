@@ -18,7 +18,9 @@ it ends (a timeout keeps what finished). ``--deadline-s`` skips tasks that would
 - ``tf``: transformers ``generate`` (greedy, batch of all prompts, ``min_new_tokens = max_new_tokens``) on the
   same config and layer count. It first times 8 and 16 new tokens, then picks the first output length that
   fits ``--tf-budget-s`` among ``--out-len``, ``--short-out-len`` (octavo runs both) and anything shorter,
-  and says so (``tf_out_len``); ``tf`` BEFORE ``tput`` of the same shape makes octavo run exactly that length.
+  and says so (``tf_out_len``); with ``--tf-fewer-prompts`` it first tries ``--out-len`` for fewer requests
+  (``tf_prompts``; the rate is per useful output token of that smaller batch); ``tf`` BEFORE ``tput`` of
+  the same shape makes octavo run exactly that length (when transformers ran all prompts).
 - ``both``: ``bs1`` then ``tput`` on one engine (the throughput engine's settings; one start instead of two).
 - ``--tiny``: small shapes on whatever device is there (a CPU dry run of every code path; numbers mean nothing).
 """
@@ -196,6 +198,14 @@ def measure_bs1(args, shape, layers, cfg, llm, load_s) -> dict:
         res["graph_forward_ms"] = (time.perf_counter() - t) / 30 * 1e3
         res["graph_forward_fraction_of_roofline"] = roof * 1e3 / res["graph_forward_ms"]
         res["host_gap_ms_per_token"] = res["decode_ms_per_token"] - res["graph_forward_ms"]
+        if args.profile:  # kernel table + A/B against the general MoE kernel at batch 1 (moe_profile.py)
+            from moe_profile import profile_bs1
+
+            try:
+                res["profile"] = profile_bs1(gr, worker.model)
+            except Exception as e:  # noqa: BLE001 - the measurement above stands without it
+                res["profile"] = {"error": f"{type(e).__name__}: {e}"}
+            print(json.dumps(res["profile"], default=str)[:6000], flush=True)
     return res
 
 
@@ -256,29 +266,40 @@ def task_tf(args, shape, layers, tmp) -> dict:
     ids = torch.tensor(_prompts(args.prompts, args.in_len, cfg["vocab_size"]), device=dev)
     mask = torch.ones_like(ids)
 
-    def run(new, model=model, ids=ids):
+    def run(new, prompts=args.prompts, model=model, ids=ids):
         _sync()
         t0 = time.perf_counter()
         with torch.inference_mode():
-            out = model.generate(ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new, do_sample=False,
-                                 pad_token_id=0)
+            out = model.generate(ids[:prompts], attention_mask=mask[:prompts], max_new_tokens=new,
+                                 min_new_tokens=new, do_sample=False, pad_token_id=0)
         _sync()
-        assert out.shape == (args.prompts, args.in_len + new), out.shape
+        assert out.shape == (prompts, args.in_len + new), out.shape
         return time.perf_counter() - t0
 
     probe = run(8)  # prefill + 7 decode steps (also the warm-up)
     step = max((run(16) - probe) / 8, 1e-4) if probe < args.tf_budget_s / 4 else probe / 8
     fits = int((args.tf_budget_s - probe) / step) if step else args.out_len
-    # the full output, else octavo's short run's length, else the longest that fits
-    out_len = next((n for n in (args.out_len, args.short_out_len) if n and n <= fits), max(8, fits // 8 * 8))
-    dt = run(out_len) if out_len > 16 else probe * out_len / 8
-    TF_OUT[shape] = out_len
+    out_len, prompts = None, args.prompts
+    if args.out_len <= fits:
+        out_len = args.out_len
+    elif args.tf_fewer_prompts:
+        # the full output length for fewer requests: prefill scales with them; a decode step is taken as no
+        # cheaper than the full batch's (conservative). The rate is then per useful output token of fewer rows.
+        prefill_per_prompt = max(probe - 7 * step, 0.0) / args.prompts
+        prompts = next((p for p in (128, 64, 32, 16, 8) if p < args.prompts and prefill_per_prompt * p +
+                        args.out_len * step <= args.tf_budget_s - probe), args.prompts)
+        out_len = args.out_len if prompts < args.prompts else None
+    if out_len is None:  # the full batch: octavo's short run's length, else the longest that fits
+        out_len = next((n for n in (args.short_out_len,) if n and n <= fits), max(8, fits // 8 * 8))
+    dt = run(out_len, prompts) if out_len > 16 else probe * out_len / 8
+    if prompts == args.prompts:
+        TF_OUT[shape] = out_len
     impl = getattr(model, "get_experts_implementation", lambda: None)()
     res = {"shape": shape, "layers": layers, "load_s": load_s, "prompts": args.prompts, "in_len": args.in_len,
-           "tf_out_len": out_len, "tf_seconds": dt, "tf_output_tok_s": args.prompts * out_len / dt,
+           "tf_prompts": prompts, "tf_out_len": out_len, "tf_seconds": dt, "tf_output_tok_s": prompts * out_len / dt,
            "tf_probe_8_tokens_s": probe, "tf_decode_step_s": step, "experts_implementation": impl,
            "decode_switch_to_batched_mm_disabled": switch_off}
-    print(f"  transformers {shape} {layers}L {args.prompts}x{args.in_len}/{out_len}: "
+    print(f"  transformers {shape} {layers}L {prompts}x{args.in_len}/{out_len}: "
           f"{res['tf_output_tok_s']:.0f} output tok/s", flush=True)
     del model, ids
     _free()
@@ -297,6 +318,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--async-scheduling", action="store_true",
                     help="bs1 engines with async_scheduling=True (the default leaves the engine's choice; the JSON "
                          "records what ran)")
+    ap.add_argument("--profile", action="store_true",
+                    help="bs1: kernel table of the captured forward and an A/B without the batch-1 MoE path")
     ap.add_argument("--prompt-len", type=int, default=512)
     ap.add_argument("--bs1-tokens", type=int, default=128)
     ap.add_argument("--bs1-max-num-seqs", type=int, default=8, help="few graph sizes: a fast start")
@@ -306,6 +329,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--tf-budget-s", type=float, default=12.0)
     ap.add_argument("--short-out-len", type=int, default=64,
                     help="tput also runs this output length (for transformers, which may not fit --out-len)")
+    ap.add_argument("--tf-fewer-prompts", action="store_true",
+                    help="tf: when --out-len does not fit --tf-budget-s for all prompts, run it for fewer (128 .. 8) "
+                         "before shortening the output")
     ap.add_argument("--deadline-s", type=float, default=1e9, help="skip tasks that would start after this")
     args = ap.parse_args(argv)
     t0 = time.monotonic()

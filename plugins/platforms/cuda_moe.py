@@ -10,6 +10,10 @@ layer's local intermediate size, the device name as ``torch.cuda.get_device_name
 looked up first in ``$OCTAVO_MOE_CONFIG_DIR`` then in ``moe_configs/`` next to this file. Each maps a token
 count ``M`` to a config; the nearest ``M`` is used (up to twice the largest). Without a file (or past it),
 :func:`default_config` picks by the mean tokens per expert. ``benchmarks/moe_tune.py`` writes the files.
+
+One token (batch-1 decode) takes a two-launch path instead (``moe_decode_kernels``: routing inside the w13
+GEMV, the top-k weighted sum inside the w2 GEMV) through an instance ``forward``, checked at install like the
+rest; ``OCTAVO_MOE_FUSED_DECODE=0`` keeps the general kernel there. Its tiles: :func:`decode_config`.
 """
 
 from __future__ import annotations
@@ -73,7 +77,21 @@ def pick_config(table: dict[int, dict] | None, m: int, num_experts: int, top_k: 
         c2 = default_config(m, num_experts, top_k, hidden)
         return c13, {key: v for key, v in c2.items() if c13[key] != v} or None
     cfg = dict(table[min(table, key=lambda k: abs(k - m))])
+    cfg.pop("decode", None)  # the batch-1 two-launch path's tiles (decode_config)
     return cfg, cfg.pop("w2", None)
+
+
+def decode_config(table: dict[int, dict] | None, top_k: int, inter: int, hidden: int) -> dict:
+    """Tiles of the batch-1 two-launch path: the ``"decode"`` entry of the file's ``M=1`` config
+    (``{"w13": {...}, "w2": {...}}``, each overriding the default's keys), else the defaults."""
+    from octavo.plugins.platforms.moe_decode_kernels import default_decode_config
+
+    cfg = default_decode_config(top_k, inter, hidden)
+    tuned = (table or {}).get(1, {}).get("decode") or {}
+    unknown = set(tuned) - set(cfg)
+    if unknown:
+        raise ValueError(f"fused MoE config: 'decode' entry has unknown keys {sorted(unknown)} (w13, w2)")
+    return {part: {**cfg[part], **tuned.get(part, {})} for part in cfg}
 
 
 def _runs_on(t: torch.Tensor) -> bool:
@@ -128,6 +146,29 @@ def _triton_apply_experts(self, x: torch.Tensor, topk_weights: torch.Tensor, top
         return type(self).apply_experts(self, x, topk_weights, topk_ids)
 
 
+def _decode_one_ok(self, x: torch.Tensor) -> bool:
+    """One token that the two-launch batch-1 path (``moe_decode_kernels``) takes: not expert parallelism
+    (its ids of other ranks need the general path's zero rows), the weights' dtype, a device the kernel runs on."""
+    return (x.shape[0] == 1 and self._moe_decode is not None and not self.expert_parallel
+            and x.dtype == self.w13_weight.dtype and _runs_on(x))
+
+
+def _triton_forward(self, hidden_states: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
+    """``FusedMoE.forward``; one token runs routing + w13 and w2 + the weighted sum as two launches."""
+    if not _decode_one_ok(self, hidden_states):
+        return type(self).forward(self, hidden_states, router_logits)
+    try:
+        out = self._moe_decode(hidden_states, router_logits, self.w13_weight, self.w2_weight, self.top_k,
+                               self.renormalize, self._moe_decode_cfg)[0]
+    except self._moe_oor as e:  # tiles too big for this card's shared memory: the general path from now on
+        logger.warning("fused MoE batch-1 kernel off for %s (config %s): %s", self.prefix, self._moe_decode_cfg, e)
+        self._moe_decode = None
+        return type(self).forward(self, hidden_states, router_logits)
+    if self.tp_size > 1 and self.reduce_results:  # as FusedMoE.forward: the ranks' partial outputs summed
+        out = self._moe_all_reduce(out)
+    return out
+
+
 def _triton_select_experts(self, router_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``FusedMoE.select_experts`` as one Triton launch (softmax, top-k, renormalise; same contract)."""
     if not _runs_on(router_logits):
@@ -150,12 +191,21 @@ def use_triton_kernel(layer) -> None:
     layer._moe_cfg_cache = {}
     layer.apply_experts = types.MethodType(_triton_apply_experts, layer)
     layer.select_experts = types.MethodType(_triton_select_experts, layer)
+    layer._moe_decode = None
+    if env_switch("OCTAVO_MOE_FUSED_DECODE"):
+        from octavo.nn.parallel import tp_all_reduce
+        from octavo.plugins.platforms import moe_decode_kernels
+
+        layer._moe_decode, layer._moe_all_reduce = moe_decode_kernels.decode_one, tp_all_reduce
+        layer._moe_decode_cfg = decode_config(layer._moe_table, layer.top_k, layer.intermediate_size,
+                                              layer.hidden_size)
+        layer.forward = types.MethodType(_triton_forward, layer)
 
 
 def use_torch_path(layer) -> None:
     """Undo :func:`use_triton_kernel` (the class's routing and grouped torch path again)."""
-    layer.__dict__.pop("apply_experts", None)
-    layer.__dict__.pop("select_experts", None)
+    for name in ("apply_experts", "select_experts", "forward"):
+        layer.__dict__.pop(name, None)
 
 
 def check_sizes(layer) -> tuple[int, ...]:
@@ -196,6 +246,37 @@ def _agrees(layer) -> str | None:
     return None
 
 
+@torch.inference_mode()
+def _decode_agrees(layer) -> str | None:
+    """The batch-1 two-launch path (before any all-reduce) against the torch routing + torch path on a few
+    random tokens; ``None`` when they agree (same ids, weights within 1e-5, output within a few ulps)."""
+    gen = torch.Generator(device=layer.w13_weight.device).manual_seed(1)
+    dev, dtype = layer.w13_weight.device, layer.w13_weight.dtype
+    for _ in range(3):
+        x = torch.randn(1, layer.hidden_size, generator=gen, device=dev).to(dtype)
+        logits = torch.randn(1, layer.num_experts, generator=gen, device=dev)
+        weights, ids = type(layer).select_experts(layer, logits)
+        want = type(layer).apply_experts(layer, x, weights, ids)
+        try:
+            got, got_w, got_ids = layer._moe_decode(x, logits, layer.w13_weight, layer.w2_weight, layer.top_k,
+                                                    layer.renormalize, layer._moe_decode_cfg)
+        except Exception as e:  # noqa: BLE001 - cannot compile here: keep the general kernel at batch 1
+            return f"batch-1 path: {type(e).__name__}: {e}"
+        if not torch.equal(got_ids, ids) or (got_w - weights).abs().max().item() > 1e-5:
+            return "batch-1 path: top-k ids or weights differ from torch's"
+        scale = want.float().abs().max().item() + 1e-6
+        err = (got.float() - want.float()).abs().max().item()
+        if err > (3e-2 if dtype == torch.bfloat16 else 5e-3) * scale:
+            return f"batch-1 path: max error {err:.3g} vs output scale {scale:.3g}"
+    return None
+
+
+def _decode_off(layer) -> None:
+    """The general kernel at batch 1 too (routing launch, w13, w2, sum over k)."""
+    layer._moe_decode = None
+    layer.__dict__.pop("forward", None)
+
+
 def install_moe_kernels(model: torch.nn.Module, dtype: torch.dtype, device: torch.device) -> dict:
     """Give every supported ``FusedMoE`` of ``model`` the Triton kernel; returns counts for the logs/notes.
 
@@ -215,6 +296,8 @@ def install_moe_kernels(model: torch.nn.Module, dtype: torch.dtype, device: torc
         logger.info("fused MoE kernel off (OCTAVO_MOE_TRITON=0): %d layers on the torch path", len(layers))
         return notes
     verified: dict[tuple, str | None] = {}
+    decode_verified: dict[tuple, str | None] = {}
+    notes["decode_one"] = 0
     for layer in layers:
         reason = unsupported_reason(layer, device)
         if reason is None:
@@ -223,6 +306,19 @@ def install_moe_kernels(model: torch.nn.Module, dtype: torch.dtype, device: torc
             if key not in verified:
                 verified[key] = _agrees(layer)
             reason = verified[key]
+            if reason is None and layer._moe_decode is not None and not layer.expert_parallel:
+                key = (*key, layer.renormalize)
+                if key not in decode_verified:
+                    decode_verified[key] = _decode_agrees(layer)
+                    if decode_verified[key]:
+                        logger.warning("fused MoE batch-1 path not used for %s shape: %s", layer.prefix,
+                                       decode_verified[key])
+                if decode_verified[key]:
+                    _decode_off(layer)
+                else:
+                    notes["decode_one"] += 1
+            elif layer.expert_parallel:
+                _decode_off(layer)
         if reason is None:
             notes["triton"] += 1
         else:
@@ -230,5 +326,6 @@ def install_moe_kernels(model: torch.nn.Module, dtype: torch.dtype, device: torc
             notes["torch"] += 1
             notes["reasons"][layer.prefix or "layer"] = reason
             logger.warning("fused MoE kernel not used for %s: %s", layer.prefix, reason)
-    logger.info("fused MoE kernel: %d layers Triton, %d torch", notes["triton"], notes["torch"])
+    logger.info("fused MoE kernel: %d layers Triton (%d with the batch-1 two-launch path), %d torch",
+                notes["triton"], notes["decode_one"], notes["torch"])
     return notes

@@ -246,3 +246,86 @@ def test_tiny_mixtral_through_llm_same_tokens(tmp_path, monkeypatch):
         assert g.outputs[0].token_ids == w.outputs[0].token_ids
         for step, tok in enumerate(g.outputs[0].token_ids):
             assert abs(g.outputs[0].logprobs[step][tok].logprob - w.outputs[0].logprobs[step][tok].logprob) < 1e-4
+
+
+@pytest.mark.parametrize("dtype,num_experts,top_k,hidden,inter,renormalize,tiles", [
+    (torch.bfloat16, E, K, H, INTER, True, (32, 32, 16, 64)),
+    (torch.float16, 6, 3, 40, 72, False, (16, 32, 16, 32)),  # H and I not multiples of the tiles
+    (torch.float32, 16, 4, H, 48, True, (16, 16, 8, 16)),
+    (torch.bfloat16, 128, 8, H, 32, True, (16, 64, 8, 32))])  # Qwen3-30B-A3B's routing width
+def test_batch_one_two_launch_path_matches_float64(dtype, num_experts, top_k, hidden, inter, renormalize, tiles):
+    """Routing fused into the w13 GEMV and the weighted sum over k into the w2 GEMV, against torch's routing and
+    a float64 loop; the routing it returns is ``topk_softmax``'s."""
+    from octavo.plugins.platforms.moe_decode_kernels import decode_one
+
+    bn13, bk13, bn2, bk2 = tiles
+    layer = FusedMoE(num_experts, top_k, hidden, inter, renormalize=renormalize)
+    w13, w2 = _weights(dtype, num_experts, hidden, inter)
+    for seed in range(2):
+        gen = torch.Generator().manual_seed(20 + seed)
+        x = torch.randn(1, hidden, generator=gen).to(dtype)
+        logits = torch.randn(1, num_experts, generator=gen).to(dtype if dtype != torch.bfloat16 else torch.float32)
+        got, got_w, got_ids = decode_one(x, logits, w13, w2, top_k, renormalize,
+                                         {"w13": {"BLOCK_N": bn13, "BLOCK_K": bk13}, "w2": {"BLOCK_N": bn2, "BLOCK_K": bk2}})
+        want_w, want_ids = layer.select_experts(logits)
+        assert torch.equal(got_ids, want_ids) and got_ids.dtype == torch.int64
+        assert (got_w - want_w).abs().max() <= 1e-6
+        want = _reference(x, w13, w2, want_w, want_ids)
+        tol = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 3e-2}[dtype]
+        assert got.shape == (1, hidden) and (got.double() - want).abs().max() <= tol * want.abs().max()
+
+
+def test_batch_one_two_launch_path_equals_general_kernel_to_an_ulp():
+    """Same rounding steps as the general kernel (gate/up, silu, product, GEMV, weight): only the order of the
+    fp32 sums differs, so the two agree to one ulp of the output."""
+    from octavo.plugins.platforms.moe_decode_kernels import decode_one
+
+    w13, w2 = _weights(torch.float16)
+    x = torch.randn(1, H, generator=torch.Generator().manual_seed(9)).to(torch.float16)
+    logits = torch.randn(1, E, generator=torch.Generator().manual_seed(10))
+    got = decode_one(x, logits, w13, w2, K, True, {"w13": {"BLOCK_N": 32, "BLOCK_K": 32},
+                                                     "w2": {"BLOCK_N": 16, "BLOCK_K": 64}})[0].float()
+    w, ids = topk_softmax(logits, K, True)
+    want = fused_experts(x, w13, w2, w, ids, SMALL).float()
+    assert ((got - want).abs() <= 2 ** -10 * want.abs() + 1e-6).all()
+
+
+def test_installed_layer_runs_batch_one_in_two_launches(monkeypatch):
+    """One token goes through the two-launch path (checked at install), more tokens through the general
+    kernel; ``OCTAVO_MOE_FUSED_DECODE=0`` keeps the general kernel at batch 1."""
+    layer = _layer(torch.bfloat16)
+    x1 = torch.randn(1, H, generator=torch.Generator().manual_seed(11)).to(torch.bfloat16)
+    x3 = torch.randn(3, H, generator=torch.Generator().manual_seed(12)).to(torch.bfloat16)
+    logits1, logits3 = torch.randn(1, E), torch.randn(3, E)
+    want1, want3 = layer(x1, logits1).float(), layer(x3, logits3).float()
+    notes = cuda_moe.install_moe_kernels(layer, torch.bfloat16, torch.device("cpu"))
+    assert notes["triton"] == 1 and notes["decode_one"] == 1 and "forward" in layer.__dict__
+    calls = []
+    real = layer._moe_decode
+    layer._moe_decode = lambda *a: calls.append(1) or real(*a)
+    got1, got3 = layer(x1, logits1).float(), layer(x3, logits3).float()
+    assert calls == [1]
+    assert (got1 - want1).abs().max() <= 3e-2 * want1.abs().max()
+    assert (got3 - want3).abs().max() <= 3e-2 * want3.abs().max()
+    monkeypatch.setenv("OCTAVO_MOE_FUSED_DECODE", "0")
+    layer = _layer(torch.bfloat16)
+    notes = cuda_moe.install_moe_kernels(layer, torch.bfloat16, torch.device("cpu"))
+    assert notes["triton"] == 1 and notes["decode_one"] == 0 and "forward" not in layer.__dict__
+
+
+def test_a_wrong_batch_one_path_is_refused_at_install(monkeypatch):
+    """The install check can fail: a batch-1 path off by a little keeps the general kernel (routing kernel
+    included) for that shape, with the decode path off."""
+    from octavo.plugins.platforms import moe_decode_kernels
+
+    real = moe_decode_kernels.decode_one
+
+    def off_by_a_bit(*a):
+        out, w, ids = real(*a)
+        return out * 1.1, w, ids
+
+    monkeypatch.setattr(moe_decode_kernels, "decode_one", off_by_a_bit)
+    layer = _layer(torch.float16)
+    notes = cuda_moe.install_moe_kernels(layer, torch.float16, torch.device("cpu"))
+    assert notes["triton"] == 1 and notes["decode_one"] == 0
+    assert "forward" not in layer.__dict__ and "apply_experts" in layer.__dict__

@@ -2,7 +2,8 @@
 
 1. One layer at a mid-size shape, bf16 and fp16: the kernel against the layer's grouped torch path, eager and
    replayed from a CUDA graph (the kernel has no host sync, so whole decode steps can be captured with it).
-   Batch 1 (no align launch) and the routing kernel, replayed from a CUDA graph with new logits.
+   Batch 1 (no align launch) and the routing kernel, replayed from a CUDA graph with new logits; the batch-1
+   two-launch path (moe_decode_kernels) at the Qwen3-30B-A3B and Mixtral-8x7B layer shapes, eager and replayed.
 2. End to end through ``LLM``: tiny random-weight Mixtral-like (8 experts, top-2) and Qwen3-MoE-like
    (16 experts, top-4, renormalised) checkpoints, bf16, CUDA graphs on, kernel installed by the cuda
    platform; the same engine with its layers put back on the torch path (eager); and a float32 engine as
@@ -88,6 +89,38 @@ def test_batch_one_and_routing_kernel_in_cuda_graph():
         w, ids = type(layer).select_experts(layer, logits)
         want = type(layer).apply_experts(layer, x, w, ids).float()
         assert (out.float() - want).abs().max() <= 3e-2 * want.abs().max(), seed
+
+
+@pytest.mark.parametrize("shape", [(128, 8, 2048, 768), (8, 2, 4096, 14336)], ids=["qwen3_30b_a3b", "mixtral"])
+def test_two_launch_batch_one_path_at_real_shapes_in_cuda_graph(shape):
+    """The batch-1 two-launch path (routing in the w13 GEMV, weighted sum in the w2 GEMV) with its default
+    tiles at the Qwen3-30B-A3B and Mixtral-8x7B layer shapes, eager and replayed from a CUDA graph with new
+    tokens and logits: torch's routing exactly, the grouped torch path within a few bf16 ulps."""
+    from octavo.plugins.platforms.moe_decode_kernels import decode_one
+
+    e, k, h, inter = shape
+    layer = _layer(e, k, h, inter, torch.bfloat16)
+    x = torch.randn(1, h, device="cuda").to(torch.bfloat16)
+    logits = torch.randn(1, e, device="cuda")  # float32: no ties, whose winner torch leaves unspecified
+
+    def check(out, w, ids, tag):
+        want_w, want_ids = type(layer).select_experts(layer, logits)
+        assert torch.equal(ids, want_ids) and (w - want_w).abs().max() <= 1e-5, tag
+        want = type(layer).apply_experts(layer, x, want_w, want_ids).float()
+        assert (out.float() - want).abs().max() <= 3e-2 * want.abs().max(), tag
+
+    check(*decode_one(x, logits, layer.w13_weight, layer.w2_weight, k, True), "eager")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = decode_one(x, logits, layer.w13_weight, layer.w2_weight, k, True)
+    for seed in range(3):
+        gen = torch.Generator(device="cuda").manual_seed(seed)
+        x.copy_(torch.randn(1, h, device="cuda", generator=gen).to(torch.bfloat16))
+        logits.copy_(torch.randn(1, e, device="cuda", generator=gen))
+        graph.replay()
+        check(*captured, f"replay {seed}")
+    del graph, captured
+    torch.cuda.empty_cache()
 
 
 def _checkpoint(root, arch):

@@ -67,3 +67,20 @@ def test_shipped_config_files_parse():
         for m, cfg in table.items():
             if m.isdigit():
                 assert {"BLOCK_M", "BLOCK_N", "BLOCK_K"} <= set(cfg), path.name
+
+
+def test_batch_one_decode_tiles_from_the_file_or_defaults():
+    """The two-launch batch-1 path's tiles: the ``"decode"`` entry of the file's M=1 config overrides the
+    defaults key by key; an unknown part is refused; the general kernel's lookup ignores the entry."""
+    from octavo.plugins.platforms.moe_decode_kernels import default_decode_config
+
+    default = default_decode_config(8, 768, 2048)
+    assert default["w13"]["BLOCK_N"] == 16 and default["w2"]["BLOCK_N"] == 8  # ~256 programs each at Qwen3 shape
+    assert default_decode_config(2, 14336, 4096)["w13"]["BLOCK_N"] == 64
+    assert cuda_moe.decode_config(None, 8, 768, 2048) == default
+    table = {1: {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 256, "decode": {"w2": {"BLOCK_N": 16, "num_warps": 2}}}}
+    got = cuda_moe.decode_config(table, 8, 768, 2048)
+    assert got["w13"] == default["w13"] and got["w2"] == {**default["w2"], "BLOCK_N": 16, "num_warps": 2}
+    assert cuda_moe.pick_config(table, 1, 128, 8) == ({"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 256}, None)
+    with pytest.raises(ValueError, match="unknown keys"):
+        cuda_moe.decode_config({1: {"decode": {"w3": {}}}}, 8, 768, 2048)

@@ -1,0 +1,91 @@
+"""Where a captured batch-1 decode forward spends its time: the kernel table of a CUDA-graph replay, and the same
+forward re-captured with the MoE layers on the general fused kernel instead of the two-launch batch-1 path
+(an A/B in one engine, so no second 60 GB start).
+
+Used by ``benchmarks/moe_e2e.py --profile`` on the engine's graph runner (``plugins/platforms/cuda_graphs.py``).
+The kernel table comes from ``torch.profiler`` (CUPTI records the kernels a graph launches one by one):
+per kernel name, launches and device microseconds per forward; ``kernel_us`` summed against the replay's wall
+time shows the gaps between kernels inside the graph.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+
+def _replay_ms(replay, iters: int = 30) -> float:
+    replay()
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(iters):
+        replay()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t) / iters * 1e3
+
+
+def kernel_table(replay, iters: int = 10, top: int = 30) -> dict:
+    """Kernels of ``iters`` calls of ``replay``, per call: ``[{name, launches, us}]`` by time, and totals."""
+    from torch.profiler import ProfilerActivity, profile
+
+    replay()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            replay()
+        torch.cuda.synchronize()
+    rows = []
+    for ev in prof.key_averages():
+        us = getattr(ev, "device_time_total", None)
+        us = getattr(ev, "cuda_time_total", 0) if us is None else us
+        if us > 0 and ev.count > 0:
+            rows.append({"name": ev.key[:110], "launches": round(ev.count / iters, 2), "us": round(us / iters, 2)})
+    rows.sort(key=lambda r: -r["us"])
+    return {"kernel_launches": round(sum(r["launches"] for r in rows), 1),
+            "kernel_us": round(sum(r["us"] for r in rows), 1), "table": rows[:top]}
+
+
+@torch.inference_mode()
+def recapture(runner, size: int = 1):
+    """A fresh graph of the runner's ``size`` forward with the model as it is now (own memory pool)."""
+    from octavo.model import ForwardContext
+
+    layout = runner._layout(size)
+    ctx = ForwardContext(attn_metadata=runner.metadata[size], query_start_loc=layout.query_start_loc)
+    ids, pos = runner.input_ids[:size], runner.positions[:size]
+    runner.model(ids, pos, ctx)  # warm-up: compiles whatever the new path needs
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        runner.model(ids, pos, ctx)
+    return graph
+
+
+def profile_bs1(runner, model, with_table: bool = True) -> dict:
+    """Graph-replay time and kernel table of the batch-1 forward as captured, then with every MoE layer's
+    two-launch path off (re-captured), then restored."""
+    from octavo.nn.fused_moe import FusedMoE
+    from octavo.plugins.platforms import cuda_moe
+
+    res = {"captured_ms": round(_replay_ms(runner.graphs[1].replay), 4)}
+    if with_table:
+        res["captured_kernels"] = kernel_table(runner.graphs[1].replay)
+    layers = [m for m in model.modules() if isinstance(m, FusedMoE) and "forward" in m.__dict__]
+    res["layers_on_two_launch_path"] = len(layers)
+    if not layers:
+        return res
+    saved = [(m, m.__dict__["forward"], m._moe_decode) for m in layers]
+    for m in layers:
+        cuda_moe._decode_off(m)
+    try:
+        graph = recapture(runner)
+        res["general_kernel_ms"] = round(_replay_ms(graph.replay), 4)
+        if with_table:
+            res["general_kernel_kernels"] = kernel_table(graph.replay)
+        del graph
+    finally:
+        for m, fwd, dec in saved:
+            m.forward, m._moe_decode = fwd, dec
+    res["two_launch_saves_ms"] = round(res["general_kernel_ms"] - res["captured_ms"], 4)
+    return res

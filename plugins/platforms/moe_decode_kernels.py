@@ -1,0 +1,168 @@
+"""Batch-1 (one token) MoE decode in two Triton launches: routing fused into the w13 GEMV, and the top-k
+weighted sum fused into the w2 GEMV.
+
+Why: at batch 1 the general fused kernel (``cuda_moe_kernels``) runs four launches per layer after the router
+GEMV (routing, w13, w2, the sum over k) and pads every slot to a 16-row ``tl.dot`` tile. Each launch inside a
+CUDA graph costs 2-4 us, which on Qwen3-30B-A3B (48 MoE layers, 26 us of expert bytes per layer) is a large
+part of a decode step. Here:
+
+1. :func:`_w13_route_kernel`, grid ``k * cdiv(I, BLOCK_N)``: every program recomputes the token's routing from
+   the ``[E]`` router logits (float32 softmax, top-k by k rounds of argmax with the lowest index winning a tie,
+   optional renormalisation: the same arithmetic as ``topk_softmax``; E <= a few hundred lanes, cheap), takes
+   the expert of its slot, and streams that expert's gate and up rows as a GEMV (plain loads and fp32
+   products, no ``tl.dot``: no padded rows). It writes ``silu(gate) * up`` rounded where the torch path
+   rounds; program 0 also writes the routing weights and ids for the second launch.
+2. :func:`_w2_sum_kernel`, grid ``cdiv(H, BLOCK_N)``: each program owns ``BLOCK_N`` output columns and loops
+   over the k slots and the intermediate dimension, so the weighted sum over k happens in registers: no
+   ``[k, H]`` intermediate, no separate sum launch, no cross-program reduction. Per slot the GEMV result is
+   rounded to the model dtype, multiplied by the routing weight rounded to the dtype, rounded again (as the
+   torch path and the general kernel do), and the k terms are summed in fp32 and rounded once (as
+   ``torch.sum`` of the general kernel's slot outputs).
+
+So one token's MoE block is router GEMV + these two launches. Same weight bytes as the general path. Not
+used under expert parallelism (ids of other ranks) or for more than one token.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _route(logits_ptr, num_experts, TOP_K: tl.constexpr, K_P: tl.constexpr, E_P: tl.constexpr,
+           RENORMALIZE: tl.constexpr):
+    """(weights [K_P] fp32, ids [K_P] int32) of one token; lanes past TOP_K hold 0 (``topk_softmax``'s math)."""
+    experts = tl.arange(0, E_P)
+    ok = experts < num_experts
+    x = tl.load(logits_ptr + experts, mask=ok, other=-float("inf")).to(tl.float32)
+    p = tl.exp(x - tl.max(x, axis=0))
+    p = tl.where(ok, p / tl.sum(p, axis=0), -1.0)
+    lanes = tl.arange(0, K_P)
+    top_w = tl.zeros([K_P], dtype=tl.float32)
+    top_i = tl.zeros([K_P], dtype=tl.int32)
+    for j in tl.static_range(TOP_K):
+        best = tl.max(p, axis=0)
+        idx = tl.min(tl.where(p == best, experts, E_P), axis=0)
+        top_w = tl.where(lanes == j, best, top_w)
+        top_i = tl.where(lanes == j, idx, top_i)
+        p = tl.where(experts == idx, -1.0, p)
+    if RENORMALIZE:
+        top_w = top_w / tl.sum(top_w, axis=0)
+    return top_w, top_i
+
+
+@triton.jit(do_not_specialize=["num_experts"])
+def _w13_route_kernel(x_ptr, logits_ptr, w13_ptr, act_ptr, weights_ptr, ids_ptr, num_experts, N, K,
+                      stride_be, stride_bn, TOP_K: tl.constexpr, K_P: tl.constexpr, E_P: tl.constexpr,
+                      RENORMALIZE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """``act[slot, n] = silu(x . w1[e, n]) * (x . w3[e, n])`` for the token's slot ``pid // cdiv(N, BLOCK_N)``."""
+    pid = tl.program_id(0)
+    num_n = tl.cdiv(N, BLOCK_N)
+    slot = pid // num_n
+    pid_n = pid % num_n
+    top_w, top_i = _route(logits_ptr, num_experts, TOP_K, K_P, E_P, RENORMALIZE)
+    lanes = tl.arange(0, K_P)
+    if pid == 0:
+        tl.store(weights_ptr + lanes, top_w, mask=lanes < TOP_K)
+        tl.store(ids_ptr + lanes, top_i.to(tl.int64), mask=lanes < TOP_K)
+    expert = tl.sum(tl.where(lanes == slot, top_i, 0), axis=0).to(tl.int64)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < N
+    offs_k = tl.arange(0, BLOCK_K)
+    b_ptrs = w13_ptr + expert * stride_be + offs_n.to(tl.int64)[:, None] * stride_bn + offs_k[None, :]
+    acc_g = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    acc_u = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        k_ok = offs_k < K - k * BLOCK_K
+        a = tl.load(x_ptr + k * BLOCK_K + offs_k, mask=k_ok, other=0.0).to(tl.float32)
+        g = tl.load(b_ptrs, mask=n_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32)
+        u = tl.load(b_ptrs + N * stride_bn, mask=n_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32)
+        acc_g += g * a[None, :]
+        acc_u += u * a[None, :]
+        b_ptrs += BLOCK_K
+    dtype = act_ptr.dtype.element_ty
+    gate = tl.sum(acc_g, axis=1).to(dtype).to(tl.float32)  # round like the torch path: gate/up, silu, product
+    s = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
+    res = s * tl.sum(acc_u, axis=1).to(dtype).to(tl.float32)
+    tl.store(act_ptr + slot * N + offs_n, res.to(dtype), mask=n_ok)
+
+
+@triton.jit
+def _w2_sum_kernel(act_ptr, w2_ptr, weights_ptr, ids_ptr, out_ptr, N, K, stride_be, stride_bn,
+                   TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """``out[n] = sum_j weight[j] * (act[j] . w2[ids[j], n])`` over this program's ``BLOCK_N`` columns."""
+    pid_n = tl.program_id(0)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < N
+    offs_k = tl.arange(0, BLOCK_K)
+    rows = offs_n.to(tl.int64)[:, None] * stride_bn + offs_k[None, :]
+    dtype = out_ptr.dtype.element_ty
+    num_kb = tl.cdiv(K, BLOCK_K)
+    total = tl.zeros([BLOCK_N], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    for t in range(0, TOP_K * num_kb):  # one flat loop over (slot, k-block): the loads pipeline across slots
+        j = t // num_kb
+        kb = t - j * num_kb
+        expert = tl.load(ids_ptr + j).to(tl.int64)
+        k_ok = offs_k < K - kb * BLOCK_K
+        a = tl.load(act_ptr + j * K + kb * BLOCK_K + offs_k, mask=k_ok, other=0.0).to(tl.float32)
+        b = tl.load(w2_ptr + expert * stride_be + kb * BLOCK_K + rows, mask=n_ok[:, None] & k_ok[None, :],
+                    other=0.0).to(tl.float32)
+        acc += b * a[None, :]
+        if kb == num_kb - 1:  # slot j done: round like the torch path, weight, add
+            y = tl.sum(acc, axis=1).to(dtype).to(tl.float32)
+            w = tl.load(weights_ptr + j).to(dtype).to(tl.float32)
+            total += (y * w).to(dtype).to(tl.float32)
+            acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    tl.store(out_ptr + offs_n, total.to(dtype), mask=n_ok)
+
+
+def _p2(x: int) -> int:
+    return 1 << max(0, int(x) - 1).bit_length()
+
+
+def default_decode_config(num_slots: int, inter: int, hidden: int, programs: int = 256) -> dict:
+    """Tiles of the two launches: the widest ``BLOCK_N`` (<= 64 for w13, <= 32 for w2) that still gives about
+    ``programs`` programs (two per SM of an H100), ``BLOCK_K`` 256 (a long contiguous read per weight row)."""
+    def width(cols, slots, top):
+        bn = top
+        while bn > 8 and slots * triton.cdiv(cols, bn) < programs:
+            bn //= 2
+        return bn
+
+    return {"w13": {"BLOCK_N": width(inter, num_slots, 64), "BLOCK_K": 256, "num_warps": 4, "num_stages": 3},
+            "w2": {"BLOCK_N": width(hidden, 1, 32), "BLOCK_K": 256, "num_warps": 4, "num_stages": 3}}
+
+
+def decode_one(x: torch.Tensor, router_logits: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, top_k: int,
+               renormalize: bool, config: dict | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One token through routing and its k experts: ``x [1, H]``, ``router_logits [1, E]`` (any float dtype)
+    -> (``out [1, H]``, routing weights ``[1, k]`` float32, expert ids ``[1, k]`` int64).
+
+    ``w13 [E, 2I, H]`` and ``w2 [E, H, I]`` contiguous, ``x``'s dtype; ``config`` as
+    :func:`default_decode_config` returns (``{"w13": {...}, "w2": {...}}``)."""
+    num_experts, two_i, hidden = w13.shape
+    inter = two_i // 2
+    cfg = config or default_decode_config(top_k, inter, hidden)
+    c13, c2 = cfg["w13"], cfg["w2"]
+    dev = x.device
+    if router_logits.stride(-1) != 1:
+        router_logits = router_logits.contiguous()
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    weights = torch.empty(1, top_k, dtype=torch.float32, device=dev)
+    ids = torch.empty(1, top_k, dtype=torch.int64, device=dev)
+    act = torch.empty(top_k, inter, dtype=x.dtype, device=dev)
+    out = torch.empty(1, hidden, dtype=x.dtype, device=dev)
+    grid13 = (top_k * triton.cdiv(inter, c13["BLOCK_N"]),)
+    _w13_route_kernel[grid13](x, router_logits, w13, act, weights, ids, num_experts, inter, hidden,
+                              w13.stride(0), w13.stride(1), TOP_K=top_k, K_P=_p2(top_k), E_P=_p2(num_experts),
+                              RENORMALIZE=renormalize, BLOCK_N=c13["BLOCK_N"], BLOCK_K=c13["BLOCK_K"],
+                              num_warps=c13.get("num_warps", 4), num_stages=c13.get("num_stages", 3))
+    _w2_sum_kernel[(triton.cdiv(hidden, c2["BLOCK_N"]),)](
+        act, w2, weights, ids, out, hidden, inter, w2.stride(0), w2.stride(1), TOP_K=top_k,
+        BLOCK_N=c2["BLOCK_N"], BLOCK_K=c2["BLOCK_K"], num_warps=c2.get("num_warps", 4),
+        num_stages=c2.get("num_stages", 3))
+    return out, weights, ids
