@@ -26,6 +26,7 @@ F16_MAX = tl.constexpr(65504.0)  # a constexpr: jit code may read only constexpr
 def _paged_decode_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, out_ptr,
     block_tables_ptr, seq_lens_ptr, query_start_loc_ptr,
+    order_ptr,  # int32 [num_reqs]: the request each slot runs (ORDERED), longest context first
     scale_log2,  # softmax scale * log2(e) (times k_scale for an fp8 cache)
     v_scale, num_reqs, num_kv_heads,
     stride_qt, stride_qh, stride_ot, stride_oh,
@@ -34,7 +35,7 @@ def _paged_decode_kernel(
     GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HEAD_D: tl.constexpr, HEAD_DP: tl.constexpr, PAGE: tl.constexpr,
     KV_FP8: tl.constexpr, DOT_F16: tl.constexpr, HEADS_FASTEST: tl.constexpr, DOT_PREC: tl.constexpr,
-    PACK: tl.constexpr = 1,
+    PACK: tl.constexpr = 1, ORDERED: tl.constexpr = False,
 ):
     pid = tl.program_id(0)
     progs_per_req = num_kv_heads // PACK
@@ -44,6 +45,8 @@ def _paged_decode_kernel(
     else:
         req = pid % num_reqs
         kv_head = (pid // num_reqs) * PACK
+    if ORDERED:  # programs start in grid order: the longest contexts first leave no long stragglers at the end
+        req = tl.load(order_ptr + req)
     q_start = tl.load(query_start_loc_ptr + req)
     if tl.load(query_start_loc_ptr + req + 1) == q_start:
         return
@@ -100,13 +103,16 @@ def _paged_decode_kernel(
 def paged_decode(query, k_cache, v_cache, out, block_tables, seq_lens, query_start_loc, *, num_reqs: int,
                  num_kv_heads: int, scale: float, v_scale: float, block_size: int, block_n: int = 64,
                  num_warps: int = 4, num_stages: int = 2, dot_f16: bool | None = None,
-                 heads_fastest: bool = True, maxnreg: int | str | None = "auto", pack: int | str = "auto") -> None:
+                 heads_fastest: bool = True, maxnreg: int | str | None = "auto", pack: int | str = "auto",
+                 order=None) -> None:
     """``out[t] = softmax(q[t] K^T * scale) V`` over each request's whole context, one token per request.
 
     ``k_cache``/``v_cache``: ``[num_blocks, block_size, num_kv_heads, head_size]`` views (fp8 or the query's
     dtype); ``scale`` already includes ``k_scale`` for an fp8 cache. ``dot_f16`` defaults to on for an fp8
     cache and off otherwise (a 16-bit cache keeps the query's dtype). ``pack``: KV heads per program (1, 2 or 4;
-    > 1 reads ``pack`` adjacent heads' contiguous bytes per key and needs a power-of-two head size)."""
+    > 1 reads ``pack`` adjacent heads' contiguous bytes per key and needs a power-of-two head size). ``order``:
+    an int32 permutation of ``range(num_reqs)`` on the device (``longest_first``): programs run its requests in
+    that order; any permutation gives the same result, only the schedule changes."""
     import torch
 
     from octavo.plugins.attention._triton_kernels import LOG2E
@@ -127,16 +133,49 @@ def paged_decode(query, k_cache, v_cache, out, block_tables, seq_lens, query_sta
     if maxnreg == "auto":
         maxnreg = 128 if fp8 and head_dp <= 128 and num_warps == 4 and pack == 1 else None
     extra = {} if maxnreg is None else {"maxnreg": maxnreg}  # a register cap buys resident programs (spills)
+    if order is not None and (order.dtype != torch.int32 or order.numel() < num_reqs):
+        raise ValueError(f"paged_decode: order must be int32 with >= {num_reqs} entries, got {order.dtype} "
+                         f"[{order.numel()}]")
     _paged_decode_kernel[(num_reqs * num_kv_heads // pack,)](
         query, k_cache, v_cache, out, block_tables, seq_lens, query_start_loc,
+        seq_lens if order is None else order,
         scale * LOG2E, v_scale if fp8 else 1.0, num_reqs, num_kv_heads,
         query.stride(0), query.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), block_tables.stride(0),
         GROUP=group, BLOCK_M=max(16, triton.next_power_of_2(group * pack)), BLOCK_N=block_n, PACK=pack,
         HEAD_D=head_size, HEAD_DP=head_dp, PAGE=block_size, KV_FP8=fp8, DOT_F16=dot_f16,
-        HEADS_FASTEST=heads_fastest,
+        HEADS_FASTEST=heads_fastest, ORDERED=order is not None,
         DOT_PREC="ieee" if query.dtype == torch.float32 else "tf32", num_warps=num_warps, num_stages=num_stages, **extra,
     )
+
+
+@triton.jit
+def _longest_first_kernel(seq_lens_ptr, order_ptr, n, BLOCK: tl.constexpr):
+    """order[rank] = i, where rank counts the requests with a longer context (ties: the lower index first)."""
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    i_ok = i < n
+    s_i = tl.load(seq_lens_ptr + i, mask=i_ok, other=0)
+    rank = tl.zeros([BLOCK], dtype=tl.int32)
+    for start in range(0, n, BLOCK):
+        j = start + tl.arange(0, BLOCK)
+        s_j = tl.load(seq_lens_ptr + j, mask=j < n, other=0)
+        before = (s_j[None, :] > s_i[:, None]) | ((s_j[None, :] == s_i[:, None]) & (j[None, :] < i[:, None]))
+        rank += tl.sum((before & (j < n)[None, :]).to(tl.int32), 1)
+    tl.store(order_ptr + rank, i, mask=i_ok)
+
+
+def longest_first(seq_lens, n: int, out=None):
+    """The first ``n`` requests' indices, longest context first (int32, on the device, no host sync, so a CUDA
+    graph captures it): ``paged_decode(order=...)`` then starts the longest programs first and the last wave
+    holds only short ones (the list-scheduling tail). O(n^2) compares in one small launch (n <= a few thousand)."""
+    import torch
+
+    if out is None:
+        out = torch.empty(n, dtype=torch.int32, device=seq_lens.device)
+    if n:
+        block = 64 if n <= 64 else 128
+        _longest_first_kernel[(triton.cdiv(n, block),)](seq_lens, out, n, BLOCK=block, num_warps=4)
+    return out
 
 
 def decode_kernel_enabled() -> bool | None:

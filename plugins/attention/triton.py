@@ -149,7 +149,11 @@ class TritonAttentionBackend(AttentionBackend):
         self.k_scale = self.v_scale = 1.0  # per-layer fp8 scales; the worker sets checkpoint values
         from octavo.plugins.attention._triton_decode import decode_kernel_enabled
 
-        self.decode_kernel = decode_kernel_enabled()  # decode rows without split-KV (_triton_decode.py); None: fp8
+        self.decode_kernel = decode_kernel_enabled()  # decode rows without split-KV (_triton_decode.py); None: table
+        if self.decode_kernel is False and os.environ.get("OCTAVO_TRITON_DECODE_LAUNCH", "").strip():
+            raise ValueError("OCTAVO_TRITON_DECODE_LAUNCH is set but OCTAVO_TRITON_DECODE_KERNEL=0 turns the decode "
+                             "kernel off; unset one of them")
+        self._launches: dict = {}  # cache dtype -> DecodeLaunch | None (_triton_decode_table.py)
 
     # --- heuristics ------------------------------------------------------------------------------------
     def _num_splits(self, md: TritonAttentionMetadata, block_n: int, device) -> int:
@@ -169,6 +173,33 @@ class TritonAttentionBackend(AttentionBackend):
         block_m = max(16, block_q * self.group_p)
         block_n = 64 if self.head_dp <= 128 else 32
         return block_q, block_m, block_n
+
+    def _decode_launch(self, cache_dtype, fp8: bool):
+        """The decode kernel's launch for this layer's shape and cache, or None for the general kernel:
+        ``OCTAVO_TRITON_DECODE_KERNEL`` 0/1 forces it off/on, unset follows ``_triton_decode_table``."""
+        if cache_dtype not in self._launches:
+            import torch
+
+            from octavo.plugins.attention._triton_decode_table import decode_launch
+
+            kind = "fp8" if fp8 else "16bit" if cache_dtype in (torch.bfloat16, torch.float16) else "fp32"
+            launch = None
+            if self.decode_kernel is not False:
+                launch = decode_launch(kind, self.group, self.head_dp, forced=bool(self.decode_kernel))
+            self._launches[cache_dtype] = launch
+        return self._launches[cache_dtype]
+
+    def _longest_first(self, md: TritonAttentionMetadata, seq_lens, n: int):
+        """The decode rows' order, longest context first, computed once per step: by the first layer that
+        runs with this metadata (in a CUDA graph that layer's launch is captured and recomputes it every replay;
+        the others read its buffer). Any order gives the same output, so a stale one would only be slower."""
+        from octavo.plugins.attention._triton_decode import longest_first
+
+        owner = md.scratch.setdefault(("order_owner", n), id(self))
+        buf = md.scratch.get(("order", n))
+        if owner == id(self) or buf is None:
+            buf = md.scratch[("order", n)] = longest_first(seq_lens, n, out=buf)
+        return buf
 
     # --- forward ---------------------------------------------------------------------------------------
     def write_kv(self, key, value, kv_cache, slot_mapping) -> None:
@@ -229,16 +260,18 @@ class TritonAttentionBackend(AttentionBackend):
         fp8 = kv_cache.dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
         scale = self.scale * (self.k_scale if fp8 else 1.0)  # K's scale folds into the softmax scale
         tables, seq_lens, qsl = md.block_tables, md.seq_lens, md.query_start_loc
-        decode_kernel = fp8 if self.decode_kernel is None else self.decode_kernel  # default: fp8 caches only
-        if splits == 1 and decode_kernel and not self.window and not self.soft_cap:
+        launch = self._decode_launch(kv_cache.dtype, fp8)
+        if splits == 1 and launch is not None and not self.window and not self.soft_cap:
             # decode rows (all of them, or the leading ones of a step with prefills) -> the decode kernel
-            from octavo.plugins.attention._triton_decode import paged_decode  # (fp8 owner)
+            from octavo.plugins.attention._triton_decode import paged_decode
 
             first = md.num_reqs if md.max_query_len == 1 else min(md.num_decodes, md.num_reqs)
             if first:
                 paged_decode(query, kv_cache[0], kv_cache[1], out, tables, seq_lens, qsl, num_reqs=first,
                              num_kv_heads=self.num_kv_heads, scale=scale, v_scale=self.v_scale if fp8 else 1.0,
-                             block_size=md.block_size)
+                             block_size=md.block_size, block_n=launch.block_n, num_warps=launch.num_warps,
+                             num_stages=launch.num_stages,
+                             order=self._longest_first(md, seq_lens, first) if launch.ordered else None)
                 if first == md.num_reqs:
                     return out
                 tables, seq_lens, qsl = tables[first:], seq_lens[first:], qsl[first:]

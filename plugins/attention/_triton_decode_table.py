@@ -1,0 +1,67 @@
+"""Which launch the ``triton`` backend uses for decode rows, per cache kind and shape: a committed table of
+measured configs for the decode kernel (``_triton_decode.paged_decode``), and the rule for shapes it lacks.
+
+Why a table: decode of hundreds of requests is bound by reading the KV cache, and the best tile (``block_n``),
+warps, pipeline stages and request order depend on the GQA group and head size (measured on H100 with
+``benchmarks/decode_attn_bench.py``; docs/performance.md "Decode attention launch table"). A 16-bit cache takes
+the decode kernel only for the shapes listed (elsewhere the general kernel, ``_triton_kernels``, was as fast);
+an fp8 cache always takes it (1.34x the general kernel on H100, session 4). ``ordered`` runs the requests
+longest context first (``_triton_decode.longest_first``), which shortens the last wave of programs.
+
+``OCTAVO_TRITON_DECODE_LAUNCH`` (for A/B measurements) replaces the looked-up launch, e.g.
+``block_n=128,warps=4,stages=2,ordered=1``; every key must be given and valid, or it is refused.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class DecodeLaunch:
+    block_n: int = 64
+    num_warps: int = 4
+    num_stages: int = 2
+    ordered: bool = False
+
+
+# (cache kind, GQA group, padded head size) -> launch. Kinds: "16bit" (bf16/fp16 cache), "fp8".
+TABLE: dict[tuple[str, int, int], DecodeLaunch] = {
+    # Qwen3-0.6B (16 q / 8 kv heads, 128): session 5 batch 2, 2.77 vs 2.59 TB/s for the general kernel
+    ("16bit", 2, 128): DecodeLaunch(block_n=128, num_warps=4, num_stages=2, ordered=False),
+}
+#: an fp8 cache's launch for shapes not in the table (session 4's measured default)
+FP8_DEFAULT = DecodeLaunch(block_n=64, num_warps=4, num_stages=2, ordered=False)
+#: ``OCTAVO_TRITON_DECODE_KERNEL=1`` on a 16-bit shape not in the table
+FORCED_DEFAULT = DecodeLaunch()
+
+_KEYS = {"block_n": (16, 32, 64, 128, 256), "warps": (1, 2, 4, 8), "stages": (1, 2, 3, 4, 5), "ordered": (0, 1)}
+
+
+def _from_env(raw: str) -> DecodeLaunch:
+    got: dict[str, int] = {}
+    for part in raw.split(","):
+        name, _, value = part.partition("=")
+        name = name.strip()
+        if name not in _KEYS or not value.strip().isdigit() or int(value) not in _KEYS[name] or name in got:
+            raise ValueError(f"OCTAVO_TRITON_DECODE_LAUNCH={raw!r}: expected each of "
+                             + ", ".join(f"{k}={'|'.join(map(str, v))}" for k, v in _KEYS.items()) + " once")
+        got[name] = int(value)
+    if set(got) != set(_KEYS):
+        raise ValueError(f"OCTAVO_TRITON_DECODE_LAUNCH={raw!r}: missing {sorted(set(_KEYS) - set(got))}")
+    return DecodeLaunch(got["block_n"], got["warps"], got["stages"], bool(got["ordered"]))
+
+
+def decode_launch(kind: str, group: int, head_dp: int, forced: bool = False) -> DecodeLaunch | None:
+    """The decode kernel's launch for this shape, or None: the general kernel (16-bit shapes not in the table,
+    float32 caches). ``forced``: ``OCTAVO_TRITON_DECODE_KERNEL=1`` (a launch for every cache kind)."""
+    raw = os.environ.get("OCTAVO_TRITON_DECODE_LAUNCH", "").strip()
+    if raw:
+        return _from_env(raw)
+    hit = TABLE.get((kind, group, head_dp))
+    if hit is not None:
+        return hit
+    if kind == "fp8":
+        return FP8_DEFAULT
+    return FORCED_DEFAULT if forced else None
