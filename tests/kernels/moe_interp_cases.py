@@ -217,7 +217,8 @@ def test_tuner_writes_a_config_file_the_layer_reads(tmp_path, monkeypatch):
 
 def test_tiny_mixtral_through_llm_same_tokens(tmp_path, monkeypatch):
     """The kernel inside a real engine step (CPU, fp32 so both paths agree to ~1e-6): a tiny random Mixtral
-    through ``LLM``, torch path first, then every ``FusedMoE`` switched to the kernel; greedy tokens equal."""
+    through ``LLM``, torch path first, then every ``FusedMoE`` switched to the kernel; greedy tokens equal.
+    Two requests decode through the general kernel, one request alone through the batch-1 two-launch path."""
     import transformers as T
 
     from octavo import LLM, SamplingParams
@@ -242,7 +243,14 @@ def test_tiny_mixtral_through_llm_same_tokens(tmp_path, monkeypatch):
         cuda_moe.use_triton_kernel(layer)
     got = llm.generate(prompts, params, use_tqdm=False)
     assert len(layers) == 2 and len(calls) == 2 * 3  # 2 layers x (1 prefill + 2 decode steps)
-    for g, w in zip(got, want):
+    # one request alone: its decode steps (one token) take the two-launch batch-1 path
+    decode_calls = []
+    for layer in layers:
+        real = layer._moe_decode
+        layer._moe_decode = lambda *a, real=real: decode_calls.append(1) or real(*a)
+    got.append(llm.generate(prompts[:1], params, use_tqdm=False)[0])
+    assert len(decode_calls) == 2 * 2  # 2 layers x 2 decode steps
+    for g, w in zip(got, want + want[:1]):
         assert g.outputs[0].token_ids == w.outputs[0].token_ids
         for step, tok in enumerate(g.outputs[0].token_ids):
             assert abs(g.outputs[0].logprobs[step][tok].logprob - w.outputs[0].logprobs[step][tok].logprob) < 1e-4
