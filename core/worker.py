@@ -76,7 +76,6 @@ def create_worker(settings: OctavoSettings | str, *, rank: int = 0, world_size: 
 class Worker:
     def __init__(self, settings: OctavoSettings, platform, device_index: int = 0) -> None:
         from octavo.core.engine_start import start_phase
-        from octavo.core.kernel_cache import seed_triton_cache
         from octavo.core.loader import load_model, resolve_model
         from octavo.core.plugin_manager import get_plugin_manager
 
@@ -87,7 +86,7 @@ class Worker:
         self.world_size = get_tp_size()
         pm = get_plugin_manager()
         platform.set_device(device_index)
-        seed_triton_cache()  # kernels shipped with the install, for this Triton version (core/kernel_cache.py)
+        platform.install_shipped_kernels()  # precompiled kernels into the compiler's cache (CUDA: Triton's)
         self.device = torch.device(platform.device_type, device_index) if platform.device_type != "cpu" \
             else torch.device("cpu")
         if platform.device_type == "cpu":

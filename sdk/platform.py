@@ -180,6 +180,14 @@ class Platform(ABC):
         what the core should install, or ``None`` for nothing. Default: nothing."""
         return None
 
+    def install_shipped_kernels(self) -> int | None:
+        """Put the kernels this platform's package ships precompiled where this process's compiler looks them
+        up (e.g. Triton's cache), so a fresh machine does not compile them at start. Runs once per worker
+        process, after :meth:`set_device` and before the model loads; must be safe to repeat and must never
+        overwrite what the user's cache holds. Returns the entries added, ``None``: nothing to do. Default:
+        nothing."""
+        return None
+
     def make_grammar_mask_apply(self) -> Callable[..., Any] | None:
         """This device's own way to apply structured outputs' token masks, or ``None`` (the core's torch
         byte-table add then runs: same result). Asked once per worker, after the platform was selected.

@@ -120,6 +120,13 @@ class TorchGpuPlatform(Platform):
 
         return OneShotAllReduce(group, device, max_bytes)
 
+    def install_shipped_kernels(self) -> int | None:
+        """The Triton cache entries shipped in ``plugins/platforms/kernel_caches/`` for the installed Triton
+        (``plugins/platforms/cuda_kernel_cache.py``; ``OCTAVO_SHIPPED_KERNELS=0`` skips them)."""
+        from octavo.plugins.platforms.cuda_kernel_cache import seed_triton_cache
+
+        return seed_triton_cache()
+
     def make_grammar_mask_apply(self):
         """One Triton launch per step (``plugins/platforms/cuda_grammar_mask.py``), or None without Triton."""
         try:

@@ -1,4 +1,4 @@
-"""Shipped Triton cache archives (core/kernel_cache.py) are unpacked once, entry by entry, never over an entry,
+"""Shipped Triton cache archives (plugins/platforms/cuda_kernel_cache.py) are unpacked once, entry by entry, never over an entry,
 and only for the Triton version they were built with."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import tarfile
 
 import pytest
 
-from octavo.core import kernel_cache
+from octavo.plugins.platforms import cuda_kernel_cache as kernel_cache
 
 
 def _archive(tmp_path, name: str, entries: dict[str, str]) -> str:
@@ -68,10 +68,51 @@ def test_other_triton_versions_are_left_alone(tmp_path, monkeypatch, installed):
 
 def test_shipped_archives_are_well_formed(tmp_path):
     """Every archive in the package unpacks as plain files under one ``triton_cache`` folder of cache entries."""
-    archives = sorted(os.listdir(kernel_cache.ARCHIVE_DIR)) if os.path.isdir(kernel_cache.ARCHIVE_DIR) else []
+    archives = sorted(os.listdir(kernel_cache.ARCHIVE_DIR))
+    assert archives, f"no shipped archive in {kernel_cache.ARCHIVE_DIR}"  # one ships (triton 3.6.0, cuda:90)
     for name in archives:
         assert name.startswith("triton-") and name.endswith(".tar.xz"), name
         with tarfile.open(os.path.join(kernel_cache.ARCHIVE_DIR, name), "r:xz") as tar:
             members = tar.getmembers()
             assert all(m.name.split("/")[0] == "triton_cache" and (m.isfile() or m.isdir()) for m in members), name
             assert sum(1 for m in members if m.isdir() and m.name.count("/") == 1) > 0, name
+
+
+def test_the_cuda_platform_seeds_the_shipped_archive(tmp_path, monkeypatch):
+    """The worker's call, ``Platform.install_shipped_kernels``, unpacks the archive shipped beside the CUDA plugin
+    into Triton's cache (here a temporary folder) for its Triton version, once."""
+    from octavo.plugins.platforms.cuda import CudaPlatform
+
+    name = sorted(os.listdir(kernel_cache.ARCHIVE_DIR))[0]
+    monkeypatch.setattr(kernel_cache, "_triton_version", lambda: name.split("-")[1])
+    monkeypatch.setattr(kernel_cache, "triton_cache_dir", lambda: str(tmp_path / "cache"))
+    monkeypatch.delenv("OCTAVO_SHIPPED_KERNELS", raising=False)
+    added = CudaPlatform().install_shipped_kernels()
+    with tarfile.open(os.path.join(kernel_cache.ARCHIVE_DIR, name), "r:xz") as tar:
+        entries = {m.name.split("/")[1] for m in tar.getmembers() if m.name.count("/") == 1 and m.isdir()}
+    assert added == len(entries) > 0
+    assert entries <= set(os.listdir(tmp_path / "cache"))
+    assert CudaPlatform().install_shipped_kernels() == 0  # once
+    monkeypatch.setattr(kernel_cache, "_triton_version", lambda: "0.0.0")  # another Triton: nothing to do
+    assert CudaPlatform().install_shipped_kernels() is None
+
+
+def test_shipped_archives_are_package_data():
+    """A wheel ships the archives (an editable install reads the source tree and would hide a miss), and no
+    package-data glob in pyproject.toml points at a folder that no longer holds its files (a moved module)."""
+    import fnmatch
+    from pathlib import Path
+
+    tomllib = pytest.importorskip("tomllib", reason="tomllib is in the standard library from Python 3.11")
+    repo = Path(__file__).resolve().parents[2]
+    data = tomllib.loads((repo / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    roots = {"octavo.core": "core", "octavo.plugins": "plugins", "octavo": "sdk"}  # setup.py's package_dir
+    for package, globs in data.items():
+        top = next(r for r in roots if package == r or package.startswith(r + "."))
+        folder = repo / roots[top] / package[len(top) + 1:].replace(".", "/")
+        for g in globs:
+            assert list(folder.glob(g)), f"package-data {package!r}: {g!r} matches nothing in {folder}"
+    platforms = Path(kernel_cache.__file__).parent
+    for name in os.listdir(kernel_cache.ARCHIVE_DIR):
+        rel = (Path(kernel_cache.ARCHIVE_DIR) / name).relative_to(platforms).as_posix()
+        assert any(fnmatch.fnmatch(rel, g) for g in data["octavo.plugins.platforms"]), rel

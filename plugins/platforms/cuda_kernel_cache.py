@@ -1,4 +1,6 @@
 """Triton kernels shipped with the install: a fresh machine starts with the kernels already compiled (issue 17).
+The GPU platforms' ``Platform.install_shipped_kernels`` (plugins/platforms/cuda.py) runs :func:`seed_triton_cache`
+once per worker, before the model loads.
 
 A cold start of the Llama-3-8B shape on an H100 spent ~7 s compiling Triton kernels (fusions, attention,
 graph capture) that a second start reads from Triton's cache (docs/performance.md, "Start-up"). Triton keys
