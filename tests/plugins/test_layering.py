@@ -6,7 +6,9 @@
   plugin manager) and ``octavo.testing.model`` (it loads checkpoints through the loader, as a front end does);
 - no import circle between octavo modules, lazy (function-level) imports included, ``TYPE_CHECKING``
   blocks excluded (never executed);
-- no file in ``core/`` over 400 lines.
+- no file in ``core/`` over 400 lines;
+- no ``core/`` module imports a vendor kernel language (Triton): device kernels live in the platform plugins and
+  the core reaches them through the ``Platform`` object (``make_fused_sampler``, ``make_grammar_mask_apply``, ...).
 """
 
 import ast
@@ -65,6 +67,16 @@ def _under(name: str, prefixes) -> bool:
 def test_no_plugin_imports_core():
     offenders = {n: _core_imports(n) for n in MODULES if n.startswith("octavo.plugins") and _core_imports(n)}
     assert not offenders, f"plugins import octavo.core (use the public octavo package): {offenders}"
+
+
+VENDOR_KERNEL_PACKAGES = ("triton",)
+
+
+def test_core_imports_no_vendor_kernels():
+    offenders = {n: sorted(i for i in IMPORTS[n] if i.split(".")[0] in VENDOR_KERNEL_PACKAGES)
+                 for n in MODULES if _under(n, ["octavo.core"])}
+    offenders = {n: i for n, i in offenders.items() if i}
+    assert not offenders, f"core modules import device kernels (put them in a platform plugin): {offenders}"
 
 
 def test_sdk_imports_core_only_in_front_ends():
