@@ -188,18 +188,21 @@ def switch_all_reduce(worker, mode: str) -> str:
     """Install another all-reduce on this rank and re-capture its decode graphs (a ``collective_rpc`` target,
     every rank at once): ``nccl`` (torch.distributed for the all-reduces, the LM head's all-gather and the
     sampled ids' broadcast), ``custom`` (the one-shot kernels, no norm fusion) or ``fused`` (the one-shot kernels
-    with the all-reduce + RMSNorm fusion, as installed at start). Returns what runs now."""
+    with the all-reduce + RMSNorm fusion, as installed at start); a ``+pdl`` suffix captures with programmatic
+    dependent launches (plugins/platforms/cuda_pdl.py), none turns them off. Returns what runs now."""
     from octavo.nn import parallel
+    from octavo.plugins.platforms.cuda_pdl import set_pdl
 
-    ar = getattr(worker, "_bench_ar", None) or parallel._ALL_REDUCE
-    if ar is None:
-        return "nccl (no other all-reduce installed)"
-    if not hasattr(worker, "_bench_ar"):
+    mode, pdl = mode.removesuffix("+pdl"), mode.endswith("+pdl")
+    set_pdl(pdl)
+
+    ar = getattr(worker, "_bench_ar", None) or parallel._ALL_REDUCE  # None: TP=1 or NCCL (only PDL switches)
+    if ar is not None and not hasattr(worker, "_bench_ar"):
         worker._bench_ar, worker._bench_defer = ar, getattr(ar, "defer_rows", 0)
-    if mode == "nccl":
+    if ar is not None and mode == "nccl":
         parallel.set_all_reduce(None)
         parallel.set_all_gather(None)
-    else:
+    elif ar is not None:
         parallel.set_all_reduce(ar)
         parallel.set_all_gather(getattr(ar, "all_gather", None))
         if hasattr(ar, "defer_rows"):
@@ -208,7 +211,8 @@ def switch_all_reduce(worker, mode: str) -> str:
     runner = getattr(worker.runner, "graph_runner", None)
     if runner is not None:
         runner.capture()
-    return f"{mode}: {type(parallel._ALL_REDUCE).__name__}, defer_rows={getattr(parallel._ALL_REDUCE, 'defer_rows', None)}"
+    return (f"{mode}{'+pdl' if pdl else ''}: {type(parallel._ALL_REDUCE).__name__}, "
+            f"defer_rows={getattr(parallel._ALL_REDUCE, 'defer_rows', None)}")
 
 
 def graph_replay_ms_without_allreduce(worker, size: int, iters: int) -> float:
@@ -269,7 +273,7 @@ def main() -> None:
                     "decode graph per rank (as started and after each --ar-modes switch)")
     ap.add_argument("--temperature", type=float, default=0.0, help="sampling temperature of the throughput run "
                     "(1.0: gpu_e2e.py's, the lead's TP=1 e2e run)")
-    ap.add_argument("--ar-modes", nargs="*", choices=["nccl", "custom", "fused"], default=None, help="after the "
+    ap.add_argument("--ar-modes", nargs="*", choices=["nccl", "custom", "fused", "custom+pdl", "fused+pdl"], default=None, help="after the "
                     "measurements as started, switch the all-reduce in turn (graphs re-captured) and measure "
                     "batch-1 again (TP>1 started with OCTAVO_TP_ALLREDUCE=custom)")
     ap.add_argument("--tag", default="", help="suffix of the JSON name (e.g. the all-reduce tried)")

@@ -3,13 +3,16 @@
 # and dist5.sh. NEEDS BOTH GPUs (2x H100 or 2x H200; part 70b: 4), runs alone. Runs from the repo root; JSON + logs
 # to $OUT/dist6/. Dummy-weight Llama-3 shapes, bf16. NVLink multicast stays off: NCCL_NVLS_ENABLE /
 # TORCH_SYMM_MEM_DISABLE_MULTICAST are recorded, never changed. Every step has a hard cap.
-#   DIST6_PARTS (space separated, default "test ab tp1": <= 115 s of caps, ~85 s expected):
-#   test  (<= 35 s) the 2-GPU test: one-shot all-reduce == NCCL bitwise (eager + graphs), its all-gather == NCCL's,
-#         the all-reduce + add + RMSNorm kernel == NCCL's sum + the unfused norm kernel bitwise (eager + graph)
-#   ab    (<= 50 s) one TP=2 engine (mp, async) started with OCTAVO_TP_ALLREDUCE_FUSE_NORM=$DIST6_FUSE (default 1):
+#   DIST6_PARTS (space separated, default "test ab tp1": <= 120 s of caps, ~95 s expected):
+#   test  (<= 30 s) the 2-GPU test: one-shot all-reduce == NCCL bitwise (eager + graphs), its all-gather == NCCL's,
+#         the all-reduce + add + RMSNorm kernel == NCCL's sum + the unfused norm kernel bitwise (eager + graph), all
+#         also with PDL launches; tests/gpu/test_pdl_gpu.py: a layer's kernel chain with PDL == without, bitwise
+#   ab    (<= 55 s) one TP=2 engine (mp, async) started with OCTAVO_TP_ALLREDUCE_FUSE_NORM=$DIST6_FUSE (default 1):
 #         batch-1 ms/token, the decode graph replayed alone, its kernel table; then re-captured in the same engine
-#         with the plain one-shot all-reduce (custom) and with the fusion again (fused): the A/B of the same call
-#   tp1   (<= 30 s) TP=1 (uni, async): batch-1 ms/token, graph replayed alone, kernel table (the denominator)
+#         with the plain one-shot all-reduce (custom), with the fusion + programmatic dependent launches (fused+pdl,
+#         OCTAVO_PDL) and with the fusion again (fused): the A/B of the same call, kernel table of each
+#   tp1   (<= 35 s) TP=1 (uni, async): batch-1 ms/token, graph replayed alone, kernel table (the denominator), then
+#         re-captured with PDL (custom+pdl): PDL helps TP=1 too, so the ratio needs both
 #   ar    (<= 20 s) all-reduce microbench: NCCL vs symm_mem vs one-shot, 8 KiB..1 MiB, eager and in a graph
 #   nccl  (<= 40 s) TP=2 NCCL only, then no all-reduce at all (the all-reduces' in-step cost)
 #   goal  (<= 118 s) 512 x 1000/1000 TP=2 throughput (temperature 1, async; TP=1: the lead's e2e_8b.sh)
@@ -43,11 +46,11 @@ step() {  # step NAME CAP_S ENV... CMD...: run one bounded config, log to $R/NAM
 has() { [[ $PARTS == *" $1 "* ]]; }
 
 TP="python3 benchmarks/gpu_tp.py --shape 8b --copy-rate 3.01e12 --out-dir $R --prompts 0 --max-num-seqs 8"
-has test && step gpu_test 35 python3 -m pytest -q -x tests/gpu/test_tp_allreduce_gpu.py -k equals_nccl
+has test && step gpu_test 30 python3 -m pytest -q -x tests/gpu/test_tp_allreduce_gpu.py tests/gpu/test_pdl_gpu.py -k "equals_nccl or pdl_chain"
 has ar && step allreduce 20 python3 benchmarks/gpu_allreduce.py --world 2 --out "$R/allreduce.json"
-has ab && step 8b_tp2_ab 50 OCTAVO_TP_ALLREDUCE=custom OCTAVO_TP_ALLREDUCE_FUSE_NORM=$FUSE $TP --one 2 --tag ab \
-  --async-modes on --graph-replay --kernel-table --ar-modes custom fused
-has tp1 && step 8b_tp1 30 $TP --one 1 --async-modes on --graph-replay --kernel-table
+has ab && step 8b_tp2_ab 55 OCTAVO_TP_ALLREDUCE=custom OCTAVO_TP_ALLREDUCE_FUSE_NORM=$FUSE $TP --one 2 --tag ab \
+  --async-modes on --graph-replay --kernel-table --ar-modes custom fused+pdl fused
+has tp1 && step 8b_tp1 35 $TP --one 1 --async-modes on --graph-replay --kernel-table --ar-modes custom+pdl
 has nccl && step 8b_tp2_nccl 40 OCTAVO_TP_ALLREDUCE=nccl $TP --one 2 --tag nccl --async-modes on --graph-replay \
   --kernel-table --graph-replay-no-allreduce
 has goal && step 8b_tp2_goal 118 OCTAVO_TP_ALLREDUCE=custom OCTAVO_TP_ALLREDUCE_FUSE_NORM=$FUSE $TP --one 2 --tag goal \

@@ -38,7 +38,7 @@ def summarize(r: str) -> dict:
         if run.get("throughput_tok_s_async_on"):
             row["throughput_tok_s"] = run["throughput_tok_s_async_on"]
         out[name] = row
-        for mode in ("custom", "fused", "nccl"):
+        for mode in ("custom", "fused", "nccl", "custom+pdl", "fused+pdl"):
             m = run.get(f"ar_{mode}")
             if m:
                 out[f"{name}/{mode}"] = {"ms_per_token": m.get("decode_bs1_ms_per_token"), "graph_ms": _max(m.get(G)),

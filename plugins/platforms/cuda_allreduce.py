@@ -34,6 +34,8 @@ try:
 except ImportError:  # pragma: no cover - the cuda platform reports triton as missing
     triton = None
 
+from octavo.plugins.platforms.cuda_pdl import gdc_launch_dependents, gdc_wait, launch_opts
+
 logger = logging.getLogger(__name__)
 
 BLOCK = 1024  # elements per CTA iteration (2 KiB of bf16)
@@ -96,7 +98,11 @@ if triton is not None:
 
     @triton.jit
     def _one_shot_kernel(x_ptr, n, flag_table, data_table, counters, cap,
-                         RANK: tl.constexpr, WORLD: tl.constexpr, MAXG: tl.constexpr, BLOCK: tl.constexpr):
+                         RANK: tl.constexpr, WORLD: tl.constexpr, MAXG: tl.constexpr, BLOCK: tl.constexpr,
+                         PDL: tl.constexpr = False):
+        if PDL:  # cuda_pdl.py: everything below reads the predecessor's output or earlier calls' state
+            gdc_wait()
+            gdc_launch_dependents()
         pid = tl.program_id(0)
         grid = tl.num_programs(0)
         epoch = _next_epoch(counters, pid, grid, MAXG)
@@ -119,10 +125,14 @@ if triton is not None:
 
     @triton.jit
     def _one_shot_gather_kernel(x_ptr, out_ptr, n, row_len, flag_table, data_table, counters, cap,
-                                RANK: tl.constexpr, WORLD: tl.constexpr, MAXG: tl.constexpr, BLOCK: tl.constexpr):
+                                RANK: tl.constexpr, WORLD: tl.constexpr, MAXG: tl.constexpr, BLOCK: tl.constexpr,
+                                PDL: tl.constexpr = False):
         """All-gather along the last dim with the same protocol (epochs, flags, buffers) as the all-reduce:
         push ``x`` ([rows, row_len] flat, ``n`` elements) to every peer, wait, then
         ``out[row, k * row_len + col] = x_k[row, col]``. Copies only, so any dtype (sampled ids too)."""
+        if PDL:
+            gdc_wait()
+            gdc_launch_dependents()
         pid = tl.program_id(0)
         grid = tl.num_programs(0)
         epoch = _next_epoch(counters, pid, grid, MAXG)
@@ -213,7 +223,7 @@ class OneShotAllReduce:
         grid = (min(MAX_CTAS, triton.cdiv(n, BLOCK)),)
         _one_shot_gather_kernel[grid](x, out, n, row_len, self.flag_table, self.data_table, self.counters,
                                       self.max_bytes // x.element_size(), RANK=self.rank, WORLD=self.world,
-                                      MAXG=MAX_CTAS, BLOCK=BLOCK, num_warps=4)
+                                      MAXG=MAX_CTAS, BLOCK=BLOCK, num_warps=4, **launch_opts())
         self.num_calls += 1
         return out
 
@@ -223,6 +233,6 @@ class OneShotAllReduce:
         grid = (min(MAX_CTAS, triton.cdiv(n, BLOCK)),)
         _one_shot_kernel[grid](x, n, self.flag_table, self.data_table, self.counters,
                                self.max_bytes // x.element_size(), RANK=self.rank, WORLD=self.world,
-                               MAXG=MAX_CTAS, BLOCK=BLOCK, num_warps=4)
+                               MAXG=MAX_CTAS, BLOCK=BLOCK, num_warps=4, **launch_opts())
         self.num_calls += 1
         return x

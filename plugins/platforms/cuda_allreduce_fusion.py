@@ -44,6 +44,7 @@ from octavo.plugins.platforms.cuda_allreduce import (
     _signal_and_wait,
     _store_to_peers,
 )
+from octavo.plugins.platforms.cuda_pdl import gdc_launch_dependents, gdc_wait, launch_opts
 
 logger = logging.getLogger(__name__)
 
@@ -51,9 +52,12 @@ logger = logging.getLogger(__name__)
 @triton.jit
 def _one_shot_add_rms_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, n_cols, eps, flag_table, data_table,
                              counters, cap, RANK: tl.constexpr, WORLD: tl.constexpr, MAXG: tl.constexpr,
-                             BLOCK: tl.constexpr):
+                             BLOCK: tl.constexpr, PDL: tl.constexpr = False):
     """One CTA per row: the one-shot all-reduce of cuda_allreduce.py (same flags, epochs and buffers), then the
     residual add and RMSNorm of cuda_fusions._rms_norm_kernel with the same roundings."""
+    if PDL:  # cuda_pdl.py
+        gdc_wait()
+        gdc_launch_dependents()
     row = tl.program_id(0)
     epoch = _next_epoch(counters, row, tl.num_programs(0), MAXG)
     parity = epoch % 2
@@ -93,7 +97,8 @@ def all_reduce_add_rms_norm(ar: OneShotAllReduce, x: torch.Tensor, residual: tor
     block = 1 << max(0, d - 1).bit_length()
     _one_shot_add_rms_kernel[(rows,)](x, r2, weight, out, res_out, d, eps, ar.flag_table, ar.data_table,
                                       ar.counters, ar.max_bytes // x.element_size(), RANK=ar.rank,
-                                      WORLD=ar.world, MAXG=MAX_CTAS, BLOCK=block, num_warps=8 if d > 4096 else 4)
+                                      WORLD=ar.world, MAXG=MAX_CTAS, BLOCK=block, num_warps=8 if d > 4096 else 4,
+                                      **launch_opts())
     ar.num_calls += 1
     return out.view(residual.shape), res_out.view(residual.shape)
 

@@ -27,12 +27,17 @@ import torch
 import triton
 import triton.language as tl
 
+from octavo.plugins.platforms.cuda_pdl import gdc_launch_dependents, gdc_wait, launch_opts
+
 logger = logging.getLogger(__name__)
 
 
 @triton.jit
 def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, stride_x, stride_r, n_cols, eps,
-                     HAS_RES: tl.constexpr, BLOCK: tl.constexpr):
+                     HAS_RES: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    if PDL:  # cuda_pdl.py (OCTAVO_PDL=1): wait for the producer of x / res, then let the consumer launch
+        gdc_wait()
+        gdc_launch_dependents()
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
@@ -49,7 +54,10 @@ def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, stride_x, stri
 
 
 @triton.jit
-def _silu_and_mul_kernel(x_ptr, out_ptr, stride_x, d, BLOCK: tl.constexpr):
+def _silu_and_mul_kernel(x_ptr, out_ptr, stride_x, d, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < d
@@ -64,8 +72,11 @@ def _silu_and_mul_kernel(x_ptr, out_ptr, stride_x, d, BLOCK: tl.constexpr):
 def _rope_kernel(pos_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, q_out_ptr, k_out_ptr, stride_qt, stride_kt,
                  num_q_heads, num_k_heads, stride_cos,
                  HEAD: tl.constexpr, ROT: tl.constexpr, HALF_P: tl.constexpr, PASS_P: tl.constexpr,
-                 BLOCK_H: tl.constexpr, NEOX: tl.constexpr):
+                 BLOCK_H: tl.constexpr, NEOX: tl.constexpr, PDL: tl.constexpr = False):
     """One program per (token, q-or-k): both rotations in one launch (grid axis 1 picks the tensor)."""
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
     t = tl.program_id(0).to(tl.int64)
     if tl.program_id(1) == 0:
         x_ptr, out_ptr, stride_xt, num_heads = q_ptr, q_out_ptr, stride_qt, num_q_heads
@@ -112,7 +123,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.
         r2 = r2.contiguous()
     if x2.shape[0]:
         _rms_norm_kernel[(x2.shape[0],)](x2, r2, weight, out, res_out, x2.stride(0), r2.stride(0), d, eps,
-                                         HAS_RES=residual is not None, BLOCK=_p2(d), num_warps=8 if d > 4096 else 4)
+                                         HAS_RES=residual is not None, BLOCK=_p2(d), num_warps=8 if d > 4096 else 4,
+                                         **launch_opts())
     out = out.view(x.shape)
     return out if residual is None else (out, res_out.view(x.shape))
 
@@ -125,7 +137,8 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     out = torch.empty(x2.shape[0], d, dtype=x.dtype, device=x.device)
     if x2.shape[0]:
         block = min(2048, _p2(d))
-        _silu_and_mul_kernel[(x2.shape[0], triton.cdiv(d, block))](x2, out, x2.stride(0), d, BLOCK=block)
+        _silu_and_mul_kernel[(x2.shape[0], triton.cdiv(d, block))](x2, out, x2.stride(0), d, BLOCK=block,
+                                                                    **launch_opts())
     return out.view(*x.shape[:-1], d)
 
 
@@ -145,19 +158,34 @@ def rotary(rope, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor
                              hq, hk, cos.stride(0), HEAD=head, ROT=rope.rotary_dim,
                              HALF_P=_p2(rope.rotary_dim // 2),
                              PASS_P=_p2(head - rope.rotary_dim) if head > rope.rotary_dim else 0,
-                             BLOCK_H=_p2(max(hq, hk)), NEOX=bool(rope.is_neox_style))
+                             BLOCK_H=_p2(max(hq, hk)), NEOX=bool(rope.is_neox_style), **launch_opts())
     return q_out.view(query.shape), k_out.view(key.shape)
 
 
 @triton.jit
 def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, N, K, stride_wn, HAS_BIAS: tl.constexpr, EVEN: tl.constexpr,
-                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False):
     """y[n] = sum_k x[k] * W[n, k] (+ b[n]) for one row x: each program owns BLOCK_N outputs, full K."""
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     nm = n < N
     rows = w_ptr + n.to(tl.int64)[:, None] * stride_wn
     acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-    for k in range(0, K, BLOCK_K):
+    k0 = 0
+    if PDL:  # cuda_pdl.py: the first weight tile loads while the producer of x finishes (weights never change)
+        kk = tl.arange(0, BLOCK_K)
+        if EVEN:
+            w = tl.load(rows + kk[None, :])
+        else:
+            w = tl.load(rows + kk[None, :], mask=nm[:, None] & (kk[None, :] < K), other=0.0)
+        gdc_wait()
+        gdc_launch_dependents()
+        if EVEN:
+            x = tl.load(x_ptr + kk)
+        else:
+            x = tl.load(x_ptr + kk, mask=kk < K, other=0.0)
+        acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
+        k0 = BLOCK_K
+    for k in range(k0, K, BLOCK_K):
         kk = k + tl.arange(0, BLOCK_K)
         if EVEN:
             w = tl.load(rows + kk[None, :])
@@ -191,11 +219,11 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     x = x.contiguous()
     if os.environ.get("TRITON_INTERPRET") == "1":  # no timer to autotune with: one fixed tile
         _gemv_kernel[(triton.cdiv(N, 16),)](x, weight, bias, y, N, K, weight.stride(0), HAS_BIAS=bias is not None,
-                                            EVEN=False, BLOCK_N=16, BLOCK_K=64)
+                                            EVEN=False, BLOCK_N=16, BLOCK_K=64, **launch_opts())
         return y
     even = K % 1024 == 0 and N % 64 == 0
     _gemv_autotuned[lambda meta: (triton.cdiv(N, meta["BLOCK_N"]),)](
-        x, weight, bias, y, N, K, weight.stride(0), HAS_BIAS=bias is not None, EVEN=even)
+        x, weight, bias, y, N, K, weight.stride(0), HAS_BIAS=bias is not None, EVEN=even, **launch_opts())
     return y
 
 

@@ -39,7 +39,7 @@ def _rank_main(rank: int, tmp: str) -> None:
         x = xs[rank].clone()
         grid = (min(ca.MAX_CTAS, -(-n // ca.BLOCK)),)
         ca._one_shot_kernel[grid](x, n, flags, data, counters, max_bytes // 2, RANK=rank, WORLD=WORLD,
-                                  MAXG=ca.MAX_CTAS, BLOCK=ca.BLOCK)
+                                  MAXG=ca.MAX_CTAS, BLOCK=ca.BLOCK, PDL=bool(i % 2))  # cuda_pdl.py's path too
         torch.save(x, os.path.join(tmp, f"out{rank}_{i}.pt"))
     assert counters.tolist() == [len(SIZES)] * ca.MAX_CTAS  # one global call index in every CTA slot
     gathers = [((3, 100), torch.float32), ((5,), torch.int64), ((1, 2500), torch.bfloat16)]

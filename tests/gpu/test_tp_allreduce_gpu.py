@@ -2,7 +2,7 @@
 sums equal NCCL's bit for bit (random bf16 and fp32 tensors of several sizes, eager and inside CUDA graphs that
 mix sizes, so the epoch bookkeeping of idle CTA slots is exercised), its all-gather equals NCCL's (logits, ids), the
 all-reduce + residual add + RMSNorm kernel equals NCCL's sum followed by the unfused norm kernel bit for bit (eager
-and in a graph), and a tensor-parallel engine with it gives
+and in a graph, also with PDL launches), and a tensor-parallel engine with it gives
 the same greedy tokens (fp32, a random HF Llama checkpoint) as with NCCL and as one GPU, with and without the
 all-reduce + RMSNorm fusion. Needs 2 GPUs (skips otherwise; benchmarks/device/dist6.sh
 runs it, part test)."""
@@ -80,6 +80,13 @@ def _worker(rank: int, port: int, out: str) -> None:
         if got is None or not torch.equal(got, torch.cat(parts, dim=-1)):
             bad.append(f"all_gather {shape} {dtype}")
     _check_fused_norm(ar, dev, gen, check)
+    from octavo.plugins.platforms.cuda_pdl import set_pdl
+
+    set_pdl(True)  # the same with programmatic dependent launches (OCTAVO_PDL=1): plain, fused and in graphs
+    try:
+        _check_fused_norm(ar, dev, gen, lambda tag, y, ref: check("pdl " + tag, y, ref))
+    finally:
+        set_pdl(False)
     big = torch.ones((1 << 20) // 2 + 1, dtype=torch.bfloat16, device=dev)
     declined = ar(big) is None  # over the cap: the caller's NCCL path
     torch.cuda.synchronize()
