@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue 9 (engineer "fp8"), one GPU, HARD bound 75 s for the whole call. JSON + logs: $OUT/fp8/
-#   bash benchmarks/device/fp8_6.sh [PART ...]      (default: bs1 tests; parts run in the order given)
+#   bash benchmarks/device/fp8_6.sh [PART ...]      (default: bs1 step; parts run in the order given)
 # Parts (each gets what is left of the 75 s, minus what the later parts reserve):
 #   bs1    benchmarks/fp8_bs1.py --ab s6: full Llama-3-8B shape, quantization=fp8 + kv_cache_dtype=fp8, batch-1
 #          decode ms/token vs the fp8-bytes roofline (gpu_e2e.py's formula), captured forward, kernel table; then
@@ -23,7 +23,7 @@ nvidia-smi --query-gpu=name,memory.total --format=csv > "$R/gpu.csv" 2>/dev/null
 git rev-parse HEAD > "$R/commit.txt" 2>/dev/null
 export OCTAVO_DISABLE_PROGRESS=1
 PARTS=("$@")
-[ ${#PARTS[@]} -eq 0 ] && PARTS=(bs1 tests)
+[ ${#PARTS[@]} -eq 0 ] && PARTS=(bs1 step)
 reserve() {  # seconds the parts after $1 keep for themselves
   local after=0 r=0 p
   for p in "${PARTS[@]}"; do
