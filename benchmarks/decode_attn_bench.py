@@ -1,0 +1,165 @@
+"""Decode attention launches at the served shapes on one GPU: which ``triton`` launch reads the KV cache fastest,
+to fill ``plugins/attention/_triton_decode_table.py`` (issue 17; docs/performance.md "Decode attention launch
+table").
+
+Shapes (one attention layer, block 16, blocks shuffled like a warm cache, contexts uniform in a range):
+``nano`` Qwen3-0.6B (16 q / 8 KV heads, 128) at the nano-vllm workload's mean batch 139, contexts 100-1600;
+``nano256`` the same at its first steps (256 requests, 100-2000); ``8b`` Llama-3-8B (32 / 8, 128) at the
+512 x 1000/1000 run's ~220 running requests, contexts 1000-2000, bf16; ``8b_fp8`` the same with an e4m3 cache
+and ~420 requests (the fp8 run's doubled cache). Each variant: median of CUDA-graph replays
+(``triton.testing.do_bench_cudagraph``), KV bytes per second, max difference from the shape's first variant
+(the launch the backend used before). ``ordered`` variants pass a longest-first order computed once outside the
+timed call (the backend computes it once per step, not per layer); ``longest_first_us`` times that kernel.
+Variants run in priority order across shapes until ``--budget`` seconds are spent (compiles dominate).
+
+    python benchmarks/decode_attn_bench.py --out /tmp/decode_attn.json [--budget 50] [--shapes nano 8b]
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import time
+
+PAGE = 16
+SHAPES = {  # name: (q heads, kv heads, head, batch, ctx lo, ctx hi, fp8 cache)
+    "nano": (16, 8, 128, 139, 100, 1600, False),
+    "8b": (32, 8, 128, 220, 1000, 2000, False),
+    "8b_fp8": (32, 8, 128, 420, 1000, 2000, True),
+    "nano256": (16, 8, 128, 256, 100, 2000, False),
+}
+# (shape, variant name, kernel, kwargs) in priority order; the first of each shape is its baseline
+PLAN = [
+    ("nano", "general_n64 (before)", "general", {}),
+    ("nano", "decode_n128 (table, session 5)", "decode", dict(block_n=128)),
+    ("nano", "decode_n128_ordered", "decode", dict(block_n=128, ordered=True)),
+    ("8b", "general_n64 (before)", "general", {}),
+    ("8b", "decode_n128", "decode", dict(block_n=128)),
+    ("8b", "decode_n128_ordered", "decode", dict(block_n=128, ordered=True)),
+    ("8b_fp8", "decode_n64 (fp8 default)", "decode", {}),
+    ("8b_fp8", "decode_n64_ordered", "decode", dict(ordered=True)),
+    ("nano", "decode_n64_ordered", "decode", dict(ordered=True)),
+    ("8b", "decode_n64", "decode", {}),
+    ("8b_fp8", "decode_n128_ordered", "decode", dict(block_n=128, ordered=True)),
+    ("nano", "decode_n128_w8_ordered", "decode", dict(block_n=128, num_warps=8, ordered=True)),
+    ("8b", "decode_n128_w8_ordered", "decode", dict(block_n=128, num_warps=8, ordered=True)),
+    ("nano", "decode_n128_s3_ordered", "decode", dict(block_n=128, num_stages=3, ordered=True)),
+    ("8b", "decode_n128_s3_ordered", "decode", dict(block_n=128, num_stages=3, ordered=True)),
+    ("nano", "general_n128", "general", dict(block_n=128)),
+    ("8b_fp8", "decode_n128_w8_ordered", "decode", dict(block_n=128, num_warps=8, ordered=True)),
+    ("nano", "decode_n256_w8_ordered", "decode", dict(block_n=256, num_warps=8, ordered=True)),
+    ("8b", "decode_n256_w8_ordered", "decode", dict(block_n=256, num_warps=8, ordered=True)),
+    ("nano256", "general_n64 (before)", "general", {}),
+    ("nano256", "decode_n128", "decode", dict(block_n=128)),
+    ("nano256", "decode_n128_ordered", "decode", dict(block_n=128, ordered=True)),
+    ("nano", "decode_n128_pack2_ordered", "decode", dict(block_n=128, pack=2, ordered=True)),
+    ("8b", "decode_n64_s3_ordered", "decode", dict(num_stages=3, ordered=True)),
+]
+
+
+def build(shape, dev, seed=0):
+    import torch
+
+    heads, kv_heads, head, batch, lo, hi, fp8 = SHAPES[shape]
+    gen = torch.Generator().manual_seed(seed)
+    ctx = torch.randint(lo, hi + 1, (batch,), generator=gen)
+    ctx[0] = hi
+    nblk = (ctx + PAGE - 1) // PAGE
+    total = int(nblk.sum()) + 1
+    perm = torch.randperm(total - 1, generator=gen) + 1
+    tables = torch.zeros(batch, int(nblk.max()), dtype=torch.int32)
+    at = 0
+    for i, n in enumerate(nblk.tolist()):
+        tables[i, :n] = perm[at: at + n].to(torch.int32)
+        at += n
+    kv = torch.empty(2, total, PAGE, kv_heads, head, dtype=torch.bfloat16, device=dev)
+    kv.normal_(generator=torch.Generator(device=dev).manual_seed(seed))
+    if fp8:
+        kv = kv.to(torch.float8_e4m3fn)
+    q = torch.randn(batch, heads, head, generator=gen).to(torch.bfloat16).to(dev)
+    qsl = torch.arange(batch + 1, dtype=torch.int32, device=dev)
+    return dict(q=q, kv=kv, tables=tables.to(dev), lens=ctx.to(torch.int32).to(dev), qsl=qsl,
+                tokens=int(ctx.sum()), kv_heads=kv_heads, head=head, group=heads // kv_heads, fp8=fp8)
+
+
+def general(d, out, block_n=64, num_warps=4, num_stages=2):
+    """The triton backend's general-kernel decode launch (BLOCK_Q 1, BLOCK_M 16), grid request-fastest."""
+    from octavo.plugins.attention._triton_kernels import LOG2E, _paged_attention_kernel
+
+    q, kv, head = d["q"], d["kv"], d["head"]
+    scale = head ** -0.5
+    _paged_attention_kernel[(q.shape[0], 1, d["kv_heads"])](
+        q, kv[0], kv[1], out, out, d["tables"], d["lens"], d["qsl"], scale * LOG2E, scale, 1.0, 0, 1.0,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1), 0, 0, 0,
+        kv.stride(1), kv.stride(2), d["tables"].stride(0),
+        GROUP=d["group"], GROUP_P=d["group"], BLOCK_Q=1, BLOCK_M=16, BLOCK_N=block_n, HEAD_D=head, HEAD_DP=head,
+        PAGE=PAGE, NUM_SPLITS=1, USE_SOFTCAP=False, USE_WINDOW=False, DOT_PREC="tf32", KV_FP8=d["fp8"],
+        num_warps=num_warps, num_stages=num_stages)
+
+
+def decode(d, out, ordered=False, **kw):
+    from octavo.plugins.attention._triton_decode import paged_decode
+
+    q, kv = d["q"], d["kv"]
+    paged_decode(q, kv[0], kv[1], out, d["tables"], d["lens"], d["qsl"], num_reqs=q.shape[0],
+                 num_kv_heads=d["kv_heads"], scale=d["head"] ** -0.5, v_scale=1.0, block_size=PAGE,
+                 order=d["order"] if ordered else None, **kw)
+
+
+def main() -> None:
+    import torch
+    import triton.testing
+
+    from octavo.plugins.attention._triton_decode import longest_first
+
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--budget", type=float, default=50.0)
+    ap.add_argument("--shapes", nargs="*", default=list(SHAPES))
+    ap.add_argument("--rep", type=int, default=60, help="ms of replays per variant")
+    args = ap.parse_args()
+    t0 = time.perf_counter()
+    dev = torch.device("cuda")
+    res = {"card": torch.cuda.get_device_name(), "command": "python benchmarks/decode_attn_bench.py",
+           "budget_s": args.budget, "shapes": {}}
+    data, refs = {}, {}
+    for shape, name, kind, kw in PLAN:
+        if shape not in args.shapes:
+            continue
+        if time.perf_counter() - t0 > args.budget:
+            res["shapes"].setdefault(shape, {}).setdefault("variants", {})[name] = "skipped: budget"
+            continue
+        if shape not in data:
+            d = data[shape] = build(shape, dev)
+            d["order"] = longest_first(d["lens"], d["q"].shape[0])
+            kv_bytes = d["tokens"] * d["kv_heads"] * d["head"] * 2 * d["kv"].element_size()
+            ms = triton.testing.do_bench_cudagraph(
+                functools.partial(longest_first, d["lens"], d["q"].shape[0], out=d["order"]), rep=20,
+                return_mode="median")
+            res["shapes"][shape] = {"shape": SHAPES[shape], "context_tokens": d["tokens"], "kv_bytes": kv_bytes,
+                                    "longest_first_us": ms * 1e3, "variants": {}}
+        d, entry = data[shape], res["shapes"][shape]
+        out = torch.empty_like(d["q"])
+        try:
+            (general if kind == "general" else decode)(d, out, **kw)
+            torch.cuda.synchronize()
+            if shape not in refs:
+                refs[shape] = out.clone()
+            call = functools.partial(general if kind == "general" else decode, d, out, **kw)
+            ms = triton.testing.do_bench_cudagraph(call, rep=args.rep, return_mode="median")
+            r = {"ms": ms, "kv_TBps": entry["kv_bytes"] / ms / 1e9,
+                 "max_abs_diff": (out.float() - refs[shape].float()).abs().max().item()}
+            base = next(iter(entry["variants"].values()), None)
+            if isinstance(base, dict) and "ms" in base:
+                r["speedup_vs_baseline"] = base["ms"] / ms
+        except Exception as e:  # noqa: BLE001 - a launch config that does not compile: record it
+            r = {"error": repr(e)[:300]}
+        entry["variants"][name] = r
+        print(f"{time.perf_counter() - t0:5.1f}s {shape:8s} {name:34s} {r}", flush=True)
+        with open(args.out, "w") as f:
+            json.dump(res, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
