@@ -298,6 +298,20 @@ def test_batch_one_two_launch_path_equals_general_kernel_to_an_ulp():
     assert ((got - want).abs() <= 2 ** -10 * want.abs() + 1e-6).all()
 
 
+def test_batch_one_two_launch_path_breaks_ties_like_the_routing_kernel():
+    """Equal probabilities: the lowest expert wins, as in ``topk_softmax`` (one packed-key reduction per round
+    instead of max-then-min); here every logit ties, or pairs of them do."""
+    from octavo.plugins.platforms.moe_decode_kernels import decode_one
+
+    w13, w2 = _weights(torch.float16, 16, H, 32)
+    x = torch.randn(1, H, generator=torch.Generator().manual_seed(13)).to(torch.float16)
+    for logits in (torch.zeros(1, 16), torch.tensor([[0.5, 1, 1, 0.5, 2, 2, 0, 0, 3, 3, 1, 1, 2, 2, 0.5, 3]])):
+        _, got_w, got_ids = decode_one(x, logits, w13, w2, 5, False, {"w13": {"BLOCK_N": 32, "BLOCK_K": 64},
+                                                                      "w2": {"BLOCK_N": 32, "BLOCK_K": 32}})
+        want_w, want_ids = topk_softmax(logits, 5, False)
+        assert torch.equal(got_ids, want_ids) and torch.equal(got_w, want_w)
+
+
 def test_installed_layer_runs_batch_one_in_two_launches(monkeypatch):
     """One token goes through the two-launch path (checked at install), more tokens through the general
     kernel; ``OCTAVO_MOE_FUSED_DECODE=0`` keeps the general kernel at batch 1."""
