@@ -123,6 +123,15 @@ def main() -> None:
     dev = torch.device("cuda")
     res = {"card": torch.cuda.get_device_name(), "command": "python benchmarks/decode_attn_bench.py",
            "budget_s": args.budget, "shapes": {}}
+    buf = torch.empty(2 ** 29, dtype=torch.bfloat16, device=dev)  # 1 GiB: the card's read and copy rates
+    dst = torch.empty_like(buf)
+    ms_copy = triton.testing.do_bench_cudagraph(functools.partial(dst.copy_, buf), rep=40, return_mode="median")
+    ms_sum = triton.testing.do_bench_cudagraph(functools.partial(torch.sum, buf, dtype=torch.float32), rep=40,
+                                                return_mode="median")
+    res["copy_TBps"] = 2 * buf.numel() * 2 / ms_copy / 1e9  # bytes read + written
+    res["read_TBps"] = buf.numel() * 2 / ms_sum / 1e9  # a reduction: bytes read
+    print(f"copy {res['copy_TBps']:.2f} TB/s, read (sum) {res['read_TBps']:.2f} TB/s", flush=True)
+    del buf, dst
     data, refs = {}, {}
     for shape, name, kind, kw in PLAN:
         if shape not in args.shapes:
