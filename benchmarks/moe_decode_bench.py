@@ -26,8 +26,9 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from moe_bench import SHAPES, _graph_us, copy_bandwidth_gbps  # noqa: E402
 
-W13_TILES = [(16, 256, 4), (32, 256, 4), (32, 128, 4), (64, 128, 4), (16, 512, 4), (32, 256, 8), (64, 256, 8)]
-W2_TILES = [(8, 256, 4), (16, 256, 4), (16, 128, 4), (32, 128, 4), (8, 512, 4), (32, 256, 8), (4, 256, 2)]
+# (BLOCK_N, BLOCK_K, num_warps), likeliest first: each new tile costs a Triton compile (~1 s) of the budget
+W13_TILES = [(32, 256, 4), (16, 128, 4), (64, 128, 4), (16, 512, 8), (32, 256, 8), (64, 256, 8)]
+W2_TILES = [(16, 256, 4), (8, 128, 4), (4, 256, 2), (32, 128, 4), (8, 512, 8), (16, 512, 8)]
 
 
 def _cases(e, k, h, reps, dtype, gen):
@@ -78,12 +79,14 @@ def bench_shape(name, e, k, h, inter, bw_gbps, budget_s, dtype=torch.bfloat16) -
     res["two_launch_default_us"] = round(_graph_us([functools.partial(two, default, *c) for c in cases]), 2)
     res["two_launch_max_rel_err"] = err(functools.partial(two, default))
     best, best_us, tried = default, res["two_launch_default_us"], []
-    t0 = time.time()
     for part, tiles in (("w13", W13_TILES), ("w2", W2_TILES)):  # coordinate search: w13 first, then w2
+        t0 = time.time()  # half the budget each
         for bn, bk, warps in tiles:
-            if time.time() - t0 > budget_s:
+            if time.time() - t0 > budget_s / 2:
                 break
             cfg = {**best, part: {"BLOCK_N": bn, "BLOCK_K": bk, "num_warps": warps, "num_stages": 3}}
+            if cfg == best:
+                continue
             try:
                 us = _graph_us([functools.partial(two, cfg, *c) for c in cases])
             except Exception as ex:  # noqa: BLE001 - a tile this card cannot run: skip it
@@ -120,15 +123,17 @@ def main(argv=None) -> dict:
     ap.add_argument("--shapes", nargs="+", choices=sorted(SHAPES), default=["qwen3-30b-a3b", "mixtral-8x7b"])
     ap.add_argument("--json")
     ap.add_argument("--config-dir", help="merge the best tiles into the shape's config file here")
-    ap.add_argument("--budget-s", type=float, default=6.0, help="tile search time per shape")
+    ap.add_argument("--budget-s", type=float, nargs="+", default=[6.0],
+                    help="tile search seconds per shape (one value for all, or one per --shapes entry)")
     args = ap.parse_args(argv)
     bw = copy_bandwidth_gbps()
     report = {"device": torch.cuda.get_device_name(), "copy_bandwidth_GBps": round(bw, 1),
               "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()), "shapes": {}}
     print(f"copy bandwidth {bw:.0f} GB/s", flush=True)
-    for name in args.shapes:
+    budgets = args.budget_s * len(args.shapes) if len(args.budget_s) == 1 else args.budget_s
+    for name, budget in zip(args.shapes, budgets):
         e, k, h, inter = SHAPES[name]
-        res = report["shapes"][name] = bench_shape(name, e, k, h, inter, bw, args.budget_s)
+        res = report["shapes"][name] = bench_shape(name, e, k, h, inter, bw, budget)
         torch.cuda.empty_cache()
         if args.config_dir:
             res["config_file"] = merge_decode_config(args.config_dir, e, k, inter, torch.bfloat16, res["best_config"])

@@ -25,8 +25,8 @@ git status --short -- plugins/platforms benchmarks > "$D/dirty.txt" 2>/dev/null 
 cp plugins/platforms/moe_configs/*.json "$D/configs/"
 export OCTAVO_MOE_CONFIG_DIR="$D/configs"
 if [ "$PART" = 1 ]; then
-  echo "== decode layer bench (cap 22 s) $(date -u +%T)"
-  timeout -k 2 22 python benchmarks/moe_decode_bench.py --shapes qwen3-30b-a3b mixtral-8x7b --budget-s 5 \
+  echo "== decode layer bench (cap 24 s) $(date -u +%T)"
+  timeout -k 2 24 python benchmarks/moe_decode_bench.py --shapes qwen3-30b-a3b mixtral-8x7b --budget-s 7 2 \
     --config-dir "$D/configs" --json "$D/decode_layer.json" > "$D/decode_layer.log" 2>&1
   echo "decode bench exit $? after $(( $(date +%s) - START )) s"; grep -E "bandwidth|: \{" "$D/decode_layer.log" | cut -c1-700
 fi
