@@ -8,17 +8,6 @@ replays at once, so the all-reduces inside pair up as in a real step.
 from __future__ import annotations
 
 
-def kernel_table(prof, per: int, limit: int = 30) -> list[dict]:
-    """Device time per replay by kernel name (us) and launches per replay, largest first."""
-    rows = []
-    for e in prof.key_averages():
-        us = getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0.0)
-        if us and us > 0:
-            rows.append({"name": e.key[:110], "us": round(us / per, 2), "calls": e.count / per})
-    rows.sort(key=lambda r: -r["us"])
-    return rows[:limit]
-
-
 def graph_kernel_table(worker, size: int, iters: int) -> dict:
     """Profile ``iters`` replays of the captured decode graph of ``size`` rows on this rank: its kernel table, the
     kernels' summed time and the replays' wall time per replay (the difference: gaps between kernels)."""
@@ -26,6 +15,8 @@ def graph_kernel_table(worker, size: int, iters: int) -> dict:
 
     import torch
     from torch.profiler import ProfilerActivity, profile
+
+    from benchmarks.fp8_bs1 import kernel_table  # us per replay by kernel name, launches per replay
 
     runner = getattr(worker.runner, "graph_runner", None)
     graph = getattr(runner, "graphs", {}).get(size)
@@ -40,6 +31,6 @@ def graph_kernel_table(worker, size: int, iters: int) -> dict:
             graph.replay()
         torch.cuda.synchronize(worker.device)
         wall = (time.perf_counter() - t) / iters
-    table = kernel_table(prof, iters)
+    table = kernel_table(prof, iters, limit=30)
     return {"kernels": table, "kernels_us_total": round(sum(r["us"] for r in table), 1),
             "launches": round(sum(r["calls"] for r in table), 1), "wall_us_profiled": round(wall * 1e6, 1)}

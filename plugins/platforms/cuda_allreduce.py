@@ -97,9 +97,10 @@ if triton is not None:
         return tl.multiple_of(tl.load(data_table + RANK).to(like_ptr.dtype) + parity * WORLD * cap, 16)
 
     @triton.jit
-    def _one_shot_kernel(x_ptr, n, flag_table, data_table, counters, cap,
-                         RANK: tl.constexpr, WORLD: tl.constexpr, MAXG: tl.constexpr, BLOCK: tl.constexpr,
-                         PDL: tl.constexpr = False):
+    def _exchange(x_ptr, n, flag_table, data_table, counters, cap, RANK: tl.constexpr, WORLD: tl.constexpr,
+                  MAXG: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+        """Steps 1-3 for this CTA's share of a grid-strided message: push, flag, wait. Returns the base of the
+        received slots (peer k's copy of ``x`` at + k * cap)."""
         if PDL:  # cuda_pdl.py: everything below reads the predecessor's output or earlier calls' state
             gdc_wait()
             gdc_launch_dependents()
@@ -109,7 +110,15 @@ if triton is not None:
         parity = epoch % 2
         _push(x_ptr, n, pid, grid, data_table, parity, cap, RANK, WORLD, BLOCK)
         _signal_and_wait(flag_table, pid, epoch, RANK, WORLD, MAXG)
-        mine = _received(x_ptr, data_table, parity, cap, RANK, WORLD)
+        return _received(x_ptr, data_table, parity, cap, RANK, WORLD)
+
+    @triton.jit
+    def _one_shot_kernel(x_ptr, n, flag_table, data_table, counters, cap,
+                         RANK: tl.constexpr, WORLD: tl.constexpr, MAXG: tl.constexpr, BLOCK: tl.constexpr,
+                         PDL: tl.constexpr = False):
+        mine = _exchange(x_ptr, n, flag_table, data_table, counters, cap, RANK, WORLD, MAXG, BLOCK, PDL)
+        pid = tl.program_id(0)
+        grid = tl.num_programs(0)
         offs0 = tl.arange(0, BLOCK)
         for start in range(pid * BLOCK, n, grid * BLOCK):  # sum in rank order (fp32), in place
             offs = tl.multiple_of(start, BLOCK) + offs0
@@ -130,16 +139,9 @@ if triton is not None:
         """All-gather along the last dim with the same protocol (epochs, flags, buffers) as the all-reduce:
         push ``x`` ([rows, row_len] flat, ``n`` elements) to every peer, wait, then
         ``out[row, k * row_len + col] = x_k[row, col]``. Copies only, so any dtype (sampled ids too)."""
-        if PDL:
-            gdc_wait()
-            gdc_launch_dependents()
+        mine = _exchange(x_ptr, n, flag_table, data_table, counters, cap, RANK, WORLD, MAXG, BLOCK, PDL)
         pid = tl.program_id(0)
         grid = tl.num_programs(0)
-        epoch = _next_epoch(counters, pid, grid, MAXG)
-        parity = epoch % 2
-        _push(x_ptr, n, pid, grid, data_table, parity, cap, RANK, WORLD, BLOCK)
-        _signal_and_wait(flag_table, pid, epoch, RANK, WORLD, MAXG)
-        mine = _received(x_ptr, data_table, parity, cap, RANK, WORLD)
         offs0 = tl.arange(0, BLOCK)
         for start in range(pid * BLOCK, n, grid * BLOCK):
             offs = tl.multiple_of(start, BLOCK) + offs0
