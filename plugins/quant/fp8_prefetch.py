@@ -10,7 +10,7 @@ from a cold start. Two measures, both hints that cannot change a result:
   last programs issuing ``cp.async.bulk.prefetch.L2`` for the first MiB of the NEXT linear's weight (qkv ->
   o_proj across rotary / KV write / attention; o_proj -> gate_up across the norm; down -> the next layer's
   qkv). Nothing waits for a prefetch; the next GEMV finds its first tiles in L2 (H100: 50 MB).
-- **Programmatic dependent launch** (``OCTAVO_FP8_GEMV_PDL=1``, also fp8_gemv_tc.py's switch): the GEMV is
+- **Programmatic dependent launch** (``OCTAVO_FP8_GEMV_PDL=1``, or ``OCTAVO_PDL=1``): the GEMV is
   launched while its producer runs and waits in the kernel (``griddepcontrol.wait``) before it reads the
   activations; the quantizing RMSNorm (fp8_fused.py) lets it launch at its start (``launch_dependents``).
   Everything the GEMV reads before the wait is a constant (weight scales).
@@ -45,7 +45,8 @@ def _prefetch_mb() -> int:
 
 DEFAULT_PREFETCH_MB = 0  # off until measured in the engine (docs/quantization.md, session 6)
 PREFETCH_MB = _prefetch_mb()  # read at apply time: a benchmark may change it and recapture
-PDL = env_switch("OCTAVO_FP8_GEMV_PDL", default=False)
+# OCTAVO_PDL=1 (plugins/platforms/cuda_pdl.py: the platform's small kernels) turns the fp8 GEMV's on as well
+PDL = env_switch("OCTAVO_FP8_GEMV_PDL", default=env_switch("OCTAVO_PDL", default=False))
 
 
 @lru_cache(maxsize=8)
