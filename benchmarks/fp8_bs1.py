@@ -96,9 +96,11 @@ def measure(llm, gr, prompt, res: dict, tag: str, bw: float, weight_bytes: int, 
 
 
 # --ab s6, in this order after "default" (the tree's defaults): (fp8_fused.SMALL_ROWS_WARPS, fp8_prefetch.PREFETCH_MB,
-# fp8_prefetch.PDL). norm4 = session 5's defaults (quantizing norm on 4 warps at one row, no prefetch, no PDL)
-S6_VARIANTS = {"norm4": (None, 0, False), "pf16": (16, 16, False), "pf16_pdl": (16, 16, True), "pdl": (16, 0, True),
-               "pf32": (16, 32, False), "pf8": (16, 8, False), "default_again": (16, 0, False)}
+# fp8_prefetch.PDL, the platform's PDL for rotary / SiLU / plain norm: cuda_pdl.set_pdl). norm4 = session 5's
+# defaults (quantizing norm on 4 warps at one row, no prefetch, no PDL)
+S6_VARIANTS = {"norm4": (None, 0, False, False), "pf16": (16, 16, False, False), "pf16_pdl": (16, 16, True, False),
+               "pf16_pdl_all": (16, 16, True, True), "pdl": (16, 0, True, False), "pf32": (16, 32, False, False),
+               "pf8": (16, 8, False, False), "default_again": (16, 0, False, False)}
 
 
 def fp8_methods(model):
@@ -153,15 +155,17 @@ def main() -> None:
         measure(llm, gr, prompt, res, "default", bw, weight_bytes, not args.no_profile)
     save()
     if args.ab == "s6" and gr is not None:
+        from octavo.plugins.platforms import cuda_pdl
         from octavo.plugins.quant import fp8_fused, fp8_prefetch
 
         base = (fp8_fused.SMALL_ROWS_WARPS, fp8_prefetch.PREFETCH_MB, fp8_prefetch.PDL)
-        for tag, (warps, mb, pdl) in S6_VARIANTS.items():
+        for tag, (warps, mb, pdl, pdl_all) in S6_VARIANTS.items():
             if time.perf_counter() - T0 > args.budget:
                 res[tag] = {"skipped": "budget"}
                 continue
             try:
                 fp8_fused.SMALL_ROWS_WARPS, fp8_prefetch.PREFETCH_MB, fp8_prefetch.PDL = warps, mb, pdl
+                cuda_pdl.set_pdl(pdl_all)
                 with torch.inference_mode():
                     gr.capture()
                     measure(llm, gr, prompt, res, tag, bw, weight_bytes, not args.no_profile)
@@ -170,6 +174,7 @@ def main() -> None:
                 print(tag, res[tag], flush=True)
             save()
         fp8_fused.SMALL_ROWS_WARPS, fp8_prefetch.PREFETCH_MB, fp8_prefetch.PDL = base
+        cuda_pdl.set_pdl(False)
     if args.ab == "tc" and gr is not None:
         tiles = {}
         if args.tiles and os.path.exists(args.tiles):
