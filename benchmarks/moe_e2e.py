@@ -202,7 +202,7 @@ def measure_bs1(args, shape, layers, cfg, llm, load_s) -> dict:
             from moe_profile import profile_bs1
 
             try:
-                res["profile"] = profile_bs1(gr, worker.model)
+                res["profile"] = profile_bs1(gr, worker.model, pdl=args.profile_pdl)
             except Exception as e:  # noqa: BLE001 - the measurement above stands without it
                 res["profile"] = {"error": f"{type(e).__name__}: {e}"}
             print(json.dumps(res["profile"], default=str)[:6000], flush=True)
@@ -320,6 +320,7 @@ def main(argv=None) -> dict:
                          "records what ran)")
     ap.add_argument("--profile", action="store_true",
                     help="bs1: kernel table of the captured forward and an A/B without the batch-1 MoE path")
+    ap.add_argument("--profile-pdl", action="store_true", help="--profile also re-captures with OCTAVO_PDL on")
     ap.add_argument("--prompt-len", type=int, default=512)
     ap.add_argument("--bs1-tokens", type=int, default=128)
     ap.add_argument("--bs1-max-num-seqs", type=int, default=8, help="few graph sizes: a fast start")

@@ -5,7 +5,8 @@ forward re-captured with the MoE layers on the general fused kernel instead of t
 Used by ``benchmarks/moe_e2e.py --profile`` on the engine's graph runner (``plugins/platforms/cuda_graphs.py``).
 The kernel table comes from ``torch.profiler`` (CUPTI records the kernels a graph launches one by one):
 per kernel name, launches and device microseconds per forward; ``kernel_us`` summed against the replay's wall
-time shows the gaps between kernels inside the graph.
+time shows the gaps between kernels inside the graph. Optionally the forward re-captured with programmatic
+dependent launch on (``plugins/platforms/cuda_pdl.py``, opt-in in the engine).
 """
 
 from __future__ import annotations
@@ -62,9 +63,10 @@ def recapture(runner, size: int = 1):
     return graph
 
 
-def profile_bs1(runner, model, with_table: bool = True) -> dict:
+def profile_bs1(runner, model, with_table: bool = True, pdl: bool = False) -> dict:
     """Graph-replay time and kernel table of the batch-1 forward as captured, then with every MoE layer's
-    two-launch path off (re-captured), then restored."""
+    two-launch path off (re-captured), then restored; with ``pdl`` also re-captured with programmatic dependent
+    launch on (new PDL variants of every taking-part kernel compile: seconds)."""
     from octavo.nn.fused_moe import FusedMoE
     from octavo.plugins.platforms import cuda_moe
 
@@ -88,4 +90,19 @@ def profile_bs1(runner, model, with_table: bool = True) -> dict:
         for m, fwd, dec in saved:
             m.forward, m._moe_decode = fwd, dec
     res["two_launch_saves_ms"] = round(res["general_kernel_ms"] - res["captured_ms"], 4)
+    if not pdl:
+        return res
+    try:  # programmatic dependent launch (cuda_pdl.py, opt-in): what it would give this forward
+        from octavo.plugins.platforms import cuda_pdl
+
+        if not cuda_pdl.pdl_on():
+            cuda_pdl.set_pdl(True)
+            try:
+                graph = recapture(runner)
+                res["pdl_on_ms"] = round(_replay_ms(graph.replay), 4)
+                del graph
+            finally:
+                cuda_pdl.set_pdl(False)
+    except Exception as e:  # noqa: BLE001 - an extra: the numbers above stand without it
+        res["pdl_on_error"] = f"{type(e).__name__}: {e}"
     return res

@@ -20,7 +20,9 @@ part of a decode step. Here:
    ``torch.sum`` of the general kernel's slot outputs).
 
 So one token's MoE block is router GEMV + these two launches. Same weight bytes as the general path. Not
-used under expert parallelism (ids of other ranks) or for more than one token.
+used under expert parallelism (ids of other ranks) or for more than one token. Both take part in programmatic
+dependent launch when ``cuda_pdl`` has it on (opt-in ``OCTAVO_PDL=1``): they wait for their producer first
+(nothing can load before the routing is known), then let their successor launch.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+from octavo.plugins.platforms.cuda_pdl import gdc_launch_dependents, gdc_wait, launch_opts
 
 
 @triton.jit
@@ -63,8 +67,12 @@ def _route(logits_ptr, num_experts, TOP_K: tl.constexpr, K_P: tl.constexpr, E_P:
 @triton.jit(do_not_specialize=["num_experts"])
 def _w13_route_kernel(x_ptr, logits_ptr, w13_ptr, act_ptr, weights_ptr, ids_ptr, num_experts, N, K,
                       stride_be, stride_bn, TOP_K: tl.constexpr, K_P: tl.constexpr, E_P: tl.constexpr,
-                      RENORMALIZE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                      RENORMALIZE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                      PDL: tl.constexpr = False):
     """``act[slot, n] = silu(x . w1[e, n]) * (x . w3[e, n])`` for the token's slot ``pid // cdiv(N, BLOCK_N)``."""
+    if PDL:  # cuda_pdl.py (OCTAVO_PDL=1): nothing to load before the logits exist (the expert depends on them)
+        gdc_wait()
+        gdc_launch_dependents()
     pid = tl.program_id(0)
     num_n = tl.cdiv(N, BLOCK_N)
     slot = pid // num_n
@@ -98,8 +106,11 @@ def _w13_route_kernel(x_ptr, logits_ptr, w13_ptr, act_ptr, weights_ptr, ids_ptr,
 
 @triton.jit
 def _w2_sum_kernel(act_ptr, w2_ptr, weights_ptr, ids_ptr, out_ptr, N, K, stride_be, stride_bn,
-                   TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                   TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False):
     """``out[n] = sum_j weight[j] * (act[j] . w2[ids[j], n])`` over this program's ``BLOCK_N`` columns."""
+    if PDL:  # as the w13 launch: the ids and activations come from it
+        gdc_wait()
+        gdc_launch_dependents()
     pid_n = tl.program_id(0)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < N
@@ -167,9 +178,10 @@ def decode_one(x: torch.Tensor, router_logits: torch.Tensor, w13: torch.Tensor, 
     _w13_route_kernel[grid13](x, router_logits, w13, act, weights, ids, num_experts, inter, hidden,
                               w13.stride(0), w13.stride(1), TOP_K=top_k, K_P=_p2(top_k), E_P=_p2(num_experts),
                               RENORMALIZE=renormalize, BLOCK_N=c13["BLOCK_N"], BLOCK_K=c13["BLOCK_K"],
-                              num_warps=c13.get("num_warps", 4), num_stages=c13.get("num_stages", 3))
+                              num_warps=c13.get("num_warps", 4), num_stages=c13.get("num_stages", 3),
+                              **launch_opts())
     _w2_sum_kernel[(triton.cdiv(hidden, c2["BLOCK_N"]),)](
         act, w2, weights, ids, out, hidden, inter, w2.stride(0), w2.stride(1), TOP_K=top_k,
         BLOCK_N=c2["BLOCK_N"], BLOCK_K=c2["BLOCK_K"], num_warps=c2.get("num_warps", 4),
-        num_stages=c2.get("num_stages", 3))
+        num_stages=c2.get("num_stages", 3), **launch_opts())
     return out, weights, ids
