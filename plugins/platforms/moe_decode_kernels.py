@@ -143,15 +143,17 @@ def _p2(x: int) -> int:
 
 def default_decode_config(num_slots: int, inter: int, hidden: int, programs: int = 256) -> dict:
     """Tiles of the two launches: the widest ``BLOCK_N`` (<= 64 for w13, <= 32 for w2) that still gives about
-    ``programs`` programs (two per SM of an H100), ``BLOCK_K`` 256 (a long contiguous read per weight row)."""
+    ``programs`` programs (two per SM of an H100), and ``BLOCK_K = 4096 / BLOCK_N`` (at most 256): an fp32
+    accumulator tile of 4096 values is 32 registers a thread at 4 warps (w13 keeps two), no spills."""
     def width(cols, slots, top):
         bn = top
         while bn > 8 and slots * triton.cdiv(cols, bn) < programs:
             bn //= 2
         return bn
 
-    return {"w13": {"BLOCK_N": width(inter, num_slots, 64), "BLOCK_K": 256, "num_warps": 4, "num_stages": 3},
-            "w2": {"BLOCK_N": width(hidden, 1, 32), "BLOCK_K": 256, "num_warps": 4, "num_stages": 3}}
+    bn13, bn2 = width(inter, num_slots, 64), width(hidden, 1, 32)
+    return {"w13": {"BLOCK_N": bn13, "BLOCK_K": min(256, 4096 // bn13), "num_warps": 4, "num_stages": 3},
+            "w2": {"BLOCK_N": bn2, "BLOCK_K": min(256, 4096 // bn2), "num_warps": 4, "num_stages": 3}}
 
 
 def decode_one(x: torch.Tensor, router_logits: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, top_k: int,
