@@ -11,10 +11,12 @@ shuffled like a warm cache. Times one layer's attention call (no KV write) for
 on an fp8 (e4m3) and a bf16 cache; each result names its KV bytes per second (the bound of a decode step at
 this batch) and its largest difference from a float32 reference on the first 16 requests. Then the linear layers of one 8B
 layer at the same rows: bf16 ``F.linear`` vs fp8 ``_scaled_mm`` (input prequantized, as the norm kernel
-gives it) and the separate per-token quantization kernel. Bounded: each variant checks ``--budget``; the
+gives it; also with ``use_fast_accum=True``, Hopper's fp8 accumulation without fp32 promotion, time and error
+vs float64) and the separate per-token quantization kernel. Bounded: each variant checks ``--budget``; the
 JSON is rewritten after each.
 
     python benchmarks/fp8_attn_bench.py --out /tmp/attn.json --budget 30
+    python benchmarks/fp8_attn_bench.py --set linears --rows 256,512,8192 --out /tmp/mm.json --budget 10
     TRITON_INTERPRET=1 python benchmarks/fp8_attn_bench.py --out /tmp/attn.json --dry   # CPU: tiny shapes
 
 In the CPU interpreter only the fp16-dot variants compute right (its bf16 dots of fp8-converted tiles give
@@ -263,11 +265,22 @@ def linears(args, res, save, dev, rows_list):
             xq, xs = fp8_triton.quantize_per_token(x)
             flop = 2 * rows * n * k
             t_bf16 = bench(functools.partial(torch.nn.functional.linear, x, w), False)
-            t_fp8 = bench(functools.partial(torch._scaled_mm, xq, wq.t(), scale_a=xs, scale_b=ws,
-                                            out_dtype=torch.bfloat16), False)
+            mm = functools.partial(torch._scaled_mm, xq, wq.t(), scale_a=xs, scale_b=ws, out_dtype=torch.bfloat16)
+            t_fp8 = bench(mm, False)
             t_q = bench(functools.partial(fp8_triton.quantize_per_token, x), False)
             part[name] = {"bf16_ms": t_bf16, "bf16_TFLOPs": flop / t_bf16 / 1e9, "fp8_ms": t_fp8,
                           "fp8_TFLOPs": flop / t_fp8 / 1e9, "quantize_ms": t_q}
+            try:  # Hopper's fast fp8 accumulation (no periodic promotion to fp32): time and error vs float64
+                t_fast = bench(functools.partial(mm, use_fast_accum=True), False)
+                n_ref = min(rows, 64)
+                ref = (xq[:n_ref].double() * xs[:n_ref].double()) @ (wq.double() * ws.reshape(-1, 1).double()).t()
+                scale = float(ref.abs().max())
+                part[name].update(fp8_fast_accum_ms=t_fast, fp8_fast_accum_TFLOPs=flop / t_fast / 1e9,
+                                  rel_err_fp8=float((mm()[:n_ref].double() - ref).abs().max()) / scale,
+                                  rel_err_fp8_fast_accum=float((mm(use_fast_accum=True)[:n_ref].double() - ref)
+                                                               .abs().max()) / scale)
+            except Exception as e:  # noqa: BLE001 - record why
+                part[name]["fast_accum_error"] = f"{type(e).__name__}: {e}"[:300]
             print(rows, name, part[name], flush=True)
             save()
             del w, wq, x, xq
@@ -282,7 +295,9 @@ def main() -> None:
     ap.add_argument("--ctx-hi", type=int, default=2000)
     ap.add_argument("--dry", action="store_true", help="CPU interpreter: tiny shapes, no timing")
     ap.add_argument("--no-prewarm", action="store_true", help="compile each variant in the timed loop")
-    ap.add_argument("--set", choices=("s4", "s5", "s5big"), default="s4", help="s5: the pack variants, no linears")
+    ap.add_argument("--set", choices=("s4", "s5", "s5big", "linears"), default="s4",
+                    help="s5: the pack variants, no linears; linears: only the linears at --rows")
+    ap.add_argument("--rows", default="256,512,8192", help="--set linears: comma-separated row counts")
     ap.add_argument("--compile-only", action="store_true", help="only fill Triton's cache (run beside other work)")
     args = ap.parse_args()
     dev = "cuda" if torch.cuda.is_available() else "cpu"
@@ -298,6 +313,12 @@ def main() -> None:
     if args.compile_only:
         args.budget = args.budget / 0.6  # prewarm's deadline is 0.6 of the budget
         prewarm(args, VARIANTS if args.set == "s4" else VARIANTS_S5, res)
+        return
+    if args.set == "linears":
+        with torch.inference_mode():
+            linears(args, res, save, dev, [int(r) for r in args.rows.split(",")])
+        res["seconds"] = time.perf_counter() - T0
+        save()
         return
     if args.set != "s4":
         chosen = VARIANTS_S5 if args.set == "s5" else VARIANTS_S5_BIG

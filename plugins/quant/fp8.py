@@ -29,6 +29,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from octavo.env_flags import env_switch
 from octavo.nn import set_weight_attrs
 from octavo.platform import Availability
 from octavo.quant import LinearMethod, Quantizer
@@ -54,6 +55,10 @@ def _gemv_max_m() -> int | None:
     return value
 
 
+# Hopper's fast fp8 accumulation in _scaled_mm (no periodic promotion of the tensor cores' accumulator to fp32):
+# OCTAVO_FP8_FAST_ACCUM=1; off by default until measured (benchmarks/fp8_attn_bench.py --set linears: time and
+# error vs float64; docs/quantization.md, session 6)
+FAST_ACCUM = env_switch("OCTAVO_FP8_FAST_ACCUM", default=False)
 _TC_DEFAULT_ROWS = 1  # rows the tensor-core GEMV takes by default (docs/performance.md, "FP8 ... session 5")
 _WARNED: set = set()
 
@@ -249,8 +254,9 @@ class _FP8Method(LinearMethod):
             xq, x_scale = fp8_triton.quantize_per_token(x2)
         else:
             xq, x_scale = fp8_triton.quantize_per_token_torch(x2)
+        fast = {"use_fast_accum": True} if FAST_ACCUM and xq.is_cuda else {}
         y = torch._scaled_mm(xq, layer.weight.t(), scale_a=x_scale, scale_b=layer.weight_scale,
-                             out_dtype=torch.bfloat16)
+                             out_dtype=torch.bfloat16, **fast)
         y = y.to(x2.dtype)  # [m, N]
         return y + bias if bias is not None else y
 

@@ -211,3 +211,28 @@ def gpu_graph_replay_check():
 @pytest.mark.skipif(not _cuda(), reason="needs a CUDA GPU")
 def test_fp8_linear_replays_from_cuda_graph():
     gpu_graph_replay_check()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _cuda(), reason="needs a CUDA GPU")
+def test_fast_accum_switch_stays_within_the_fp8_error(monkeypatch):
+    """``OCTAVO_FP8_FAST_ACCUM`` (fp8.FAST_ACCUM): _scaled_mm with Hopper's fast accumulation, 64 rows of the
+    down_proj shape (the longest K), within 1e-2 of the float64 product's max (bf16 output: 4e-3) like the exact path."""
+    import torch
+
+    from octavo.plugins.quant import fp8
+    from octavo.plugins.quant.fp8_triton import quantize_per_token
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    w, ws = fp8.quantize_fp8_rows(torch.randn(4096, 14336, device="cuda", generator=gen) * 0.02)
+    layer = torch.nn.Module()
+    layer.weight, layer.weight_scale = w, ws.reshape(1, -1).contiguous()
+    x = torch.randn(64, 14336, device="cuda", generator=gen, dtype=torch.bfloat16)
+    xq, xs = quantize_per_token(x)
+    ref = (xq.double() * xs.double()) @ (w.double() * ws.reshape(-1, 1).double()).t()
+    method = fp8._FP8Method(prequantized=False)
+    for fast in (False, True):
+        monkeypatch.setattr(fp8, "FAST_ACCUM", fast)
+        y = method._scaled_mm(layer, x, None, (xq, xs))
+        err = float((y.double() - ref).abs().max()) / float(ref.abs().max())
+        assert err <= 1e-2, f"fast_accum={fast}: {err:.3g} of the max |product| (1e-2)"
