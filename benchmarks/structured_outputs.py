@@ -72,7 +72,7 @@ def timed_steps(core, reqs, full: int, tokens: dict | None = None) -> list[float
 
 def bench_decode(args) -> dict:
     from octavo import LLM, SamplingParams
-    from octavo.core import grammar_step
+    from octavo.core import async_engine, grammar_step
     from octavo.core import structured_output as so_mod
     from octavo.core.messages import EngineCoreRequest
     from octavo.structured_outputs import StructuredOutputsParams
@@ -97,6 +97,7 @@ def bench_decode(args) -> dict:
     so = StructuredOutputsParams(json=SCHEMA)
     # mode -> (structured outputs, async scheduling on, fill before the step, xgrammar's own maxLength form,
     #          GIL switch interval, engine knobs: grammar_step.INLINE_AFTER_GATE / HANDOFF_WAIT_S, fill threads)
+    park_default = async_engine.PARK
     dflt = {"inline": grammar_step.INLINE_AFTER_GATE, "handoff": grammar_step.HANDOFF_WAIT_S,
             "threads": core.structured.fill_threads, "triton": grammar_step.TRITON_APPLY, "early": so_mod.EARLY_ACCEPT}
     modes = {"free": (None, False, False, False, None, dflt), "overlap": (so, False, False, False, None, dflt),
@@ -118,6 +119,14 @@ def bench_decode(args) -> dict:
         # diagnostic: the whole async grammar path (prepare, gate, accept call, hand-off) with the backend's fill
         # and accept replaced by no-ops (rows all open: nothing applied); the text is then unconstrained
         modes["json_async_gateonly"] = (so, True, False, False, None, {**dflt, "gate_only": True})
+        # session 6: the step loop before it (no early launch of N+2 between update(N) and N's outputs, and the
+        # runner's thread blocking on the gate instead of parking its sampling); compared with free_async_old
+        modes["free_async_old"] = (None, True, False, False, None, {**dflt, "old_loop": True})
+        modes["json_async_old"] = (so, True, False, False, None, {**dflt, "old_loop": True})
+        # one of the two session-6 changes at a time: early launch without parking, parking without early launch
+        modes["json_async_nopark"] = (so, True, False, False, None, {**dflt, "park": False})
+        modes["json_async_noearly"] = (so, True, False, False, None, {**dflt, "early_launch": False})
+        modes["free_async_noearly"] = (None, True, False, False, None, {**dflt, "early_launch": False})
         # experiment: three steps in flight (AsyncStepLoop.depth = 3, not the default): N+2 is scheduled and
         # queued before N's tokens arrive, so the runner's thread launches N+2's forward right after N+1's
         # sampler instead of waiting for the core thread; compared with free_async_d3
@@ -127,7 +136,9 @@ def bench_decode(args) -> dict:
             modes["free_async_si"] = (None, True, False, False, args.switch_interval, dflt)
             modes["json_async_si"] = (so, True, False, False, args.switch_interval, dflt)
     if args.modes:
-        modes = {m: v for m, v in modes.items() if m in args.modes or m in ("free", "free_async", "free_async_si")}
+        keep = ("free", "free_async", "free_async_si", *(m.replace("json_", "free_", 1) for m in args.modes
+                                                          if m.endswith(("_old", "_noearly", "_d3"))))
+        modes = {m: v for m, v in modes.items() if m in args.modes or m in keep}
     import octavo.plugins.structured_output.xgrammar_backend as xgb
     rewrite = xgb.bounded_strings_as_patterns
     result = {"device": str(core.model_info.device), "dtype": str(core.model_info.dtype),
@@ -152,6 +163,10 @@ def bench_decode(args) -> dict:
                 set_async_scheduling(core, on)
                 if on and knobs.get("depth"):
                     core.async_loop.depth = knobs["depth"]
+                if on:
+                    old = knobs.get("old_loop", False)
+                    core.async_loop.early_launch = knobs.get("early_launch", not old)
+                    async_engine.PARK = knobs.get("park", not old)
             grammar_step.INLINE_AFTER_GATE, grammar_step.HANDOFF_WAIT_S = knobs["inline"], knobs["handoff"]
             grammar_step.TRITON_APPLY, so_mod.EARLY_ACCEPT = knobs["triton"], knobs["early"]
             core.structured.fill_threads = knobs["threads"]
@@ -183,6 +198,7 @@ def bench_decode(args) -> dict:
                 grammar_step.INLINE_AFTER_GATE, grammar_step.HANDOFF_WAIT_S = dflt["inline"], dflt["handoff"]
                 grammar_step.TRITON_APPLY, so_mod.EARLY_ACCEPT = dflt["triton"], dflt["early"]
                 core.structured.fill_threads = dflt["threads"]
+                async_engine.PARK = park_default
                 backend = core.structured._backend
                 for name in ("fill_bitmasks", "accept_tokens"):  # the gate_only no-ops (instance attributes)
                     if backend is not None and name in vars(backend):
@@ -215,6 +231,10 @@ def bench_decode(args) -> dict:
             base = ("free_async_si" if interval else "free_async") if on else "free"
             if on and knobs.get("depth"):
                 base = f"free_async_d{knobs['depth']}"
+            if on and knobs.get("old_loop"):
+                base = "free_async_old"
+            if on and knobs.get("early_launch") is False:
+                base = "free_async_noearly"
             if params_so is not None and m in med and base in med:
                 row[f"{m}_overhead_pct"] = round((med[m] / med[base] - 1) * 100, 1)
         for m, (params_so, on, _, _, _, _) in modes.items():  # host time per step the forward did not hide

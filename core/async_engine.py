@@ -22,10 +22,12 @@ import logging
 import threading
 import time
 from collections import deque
+from concurrent.futures import Future
+from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass
 from typing import Any
 
-from octavo.core.async_runner import resolve
+from octavo.core.async_runner import PendingOutput, resolve
 from octavo.core.grammar_step import GrammarStep
 from octavo.core.messages import EngineCoreOutputs
 
@@ -121,12 +123,23 @@ class StepTimers:
 
 class GatedGrammarStep:
     """A :class:`GrammarStep` whose fill may start only after :meth:`release` (see the module docstring).
-    The runner calls ``wait()`` and sets ``apply_s`` exactly as on a plain ``GrammarStep``."""
+    The runner calls ``wait()`` and sets ``apply_s`` exactly as on a plain ``GrammarStep``.
+
+    In-process (the ``uni`` executor) the runner does not block on the gate: after queuing the forward and the
+    logits it parks (:meth:`park`) the rest of its step (mask, sampler, host copies) here and returns a
+    :class:`~octavo.core.async_runner.PendingOutput`; :meth:`release` runs it on the thread that opened the
+    gate, right after the fill. So the sampler is launched with no thread hand-off (session 5 measured ~0.8 ms
+    of GIL hand-off per step there on an H100 host), and the runner's thread is free for the next step."""
 
     def __init__(self, inner: GrammarStep, sched_out: Any) -> None:
         self.inner = inner
         self.sched_out = sched_out
         self._gate = threading.Event()
+        self._lock = threading.Lock()
+        self._parked: tuple[Any, Any, PendingOutput] | None = None
+        # two steps in flight: the loop hands the runner's thread the next step only after this gate opened (so
+        # the parked sampling, which writes the ids that step reads, ran first); deeper loops block instead
+        self.parkable = True
 
     def release(self) -> None:
         if self._gate.is_set():
@@ -139,8 +152,26 @@ class GatedGrammarStep:
             self.inner = g = g.subset(keep)
         if g.matchers:
             g.start(gated=True)  # core/grammar_step.py INLINE_AFTER_GATE: filled right here, on the core thread
-        self._gate.set()
-        g.handoff()  # on an accelerator: let the runner's thread take the GIL and launch the sampler now
+        with self._lock:
+            self._gate.set()
+            parked, self._parked = self._parked, None
+        if parked is not None:  # the runner parked its sampling: launch it here and now
+            finish, device, pending = parked
+            with _on_device(device):
+                pending.run(finish)
+        else:
+            g.handoff()  # on an accelerator: let the runner's thread (not parked yet) take the GIL and sample now
+
+    def park(self, finish: Any, device: Any = None) -> Any:
+        """The runner's side (its step thread): ``finish()`` is the rest of its step, which needs the mask. Gate
+        still closed: keep it for :meth:`release` and return a ``PendingOutput``; else (or not ``parkable``)
+        run it here (it then blocks in :meth:`wait` until the gate opens)."""
+        with self._lock:
+            if self.parkable and not self._gate.is_set():
+                pending = PendingOutput()
+                self._parked = (finish, device, pending)
+                return pending
+        return finish()
 
     def is_released(self) -> bool:
         """Whether the fill may start (the mp executor sends a structured step only then: plugins/executors/mp.py)."""
@@ -161,6 +192,30 @@ class GatedGrammarStep:
         self.inner.apply_s = v
 
 
+def _on_device(device: Any):
+    """The runner's device made current on this thread while a parked sampling runs here (kernels such as the
+    Triton mask launch on the current device); a no-op for a CPU or an unknown device."""
+    import contextlib
+
+    if device is None or getattr(device, "type", "cpu") == "cpu" or getattr(device, "index", None) is None:
+        return contextlib.nullcontext()
+    import torch
+
+    acc = getattr(torch, "accelerator", None)
+    if acc is not None and hasattr(acc, "device_index"):
+        return acc.device_index(device.index)
+    return contextlib.nullcontext()
+
+
+# The runner parks a structured step's sampling on its gate (GatedGrammarStep.park); False: its thread blocks in
+# the gate's wait() as before session 6 (benchmarks/structured_outputs.py's *_old modes compare both).
+PARK = True
+# On an accelerator, after the next step was handed to the executor's thread, the core thread blocks up to this
+# long until that thread has queued it (the forward, and the sampler unless it waits for a grammar), before it
+# builds the finished step's outputs: both are Python, and the launch is what the device waits for.
+LAUNCH_WAIT_S = 0.005
+
+
 @dataclass
 class _InFlight:
     sched_out: Any
@@ -169,45 +224,96 @@ class _InFlight:
 
 
 class AsyncStepLoop:
-    """``EngineCore.step`` under async scheduling (the core's scheduler is an ``AsyncScheduler``)."""
+    """``EngineCore.step`` under async scheduling (the core's scheduler is an ``AsyncScheduler``).
+
+    Order of one steady ``step()`` (steps N and N+1 in flight on entry, N+1 and N+2 on exit):
+
+        wait for N's tokens ─▶ grammars accept them ─▶ N+1's gate: fill, its sampler launched (parked runner)
+        ─▶ update(N) ─▶ schedule N+2, hand it to the executor (its forward queued behind N+1's sampler)
+        ─▶ N's outputs ─▶ return
+
+    so N's outputs and whatever the caller does with them run while the device works on N+1 and N+2, not
+    between N's tokens and N+2's forward (``early_launch``; pipeline parallelism keeps the older order:
+    schedule at the top of ``step()``). The first call of a burst only launches.
+    """
 
     depth = 2  # steps in flight; pipeline parallelism sets P (core/pp_schedule.py)
 
     def __init__(self, core: Any) -> None:
         self.core = core
         self.inflight: deque[_InFlight] = deque()
+        self.stash: deque[Any] = deque()  # outputs (or an error) of steps drained by wait_idle, returned first
+        on_accelerator = getattr(getattr(core, "platform", None), "device_type", "cpu") != "cpu"
+        self.launch_wait_s = LAUNCH_WAIT_S if on_accelerator else 0.0
+        self.early_launch = True
 
     @property
     def busy(self) -> bool:
-        return bool(self.inflight)
+        return bool(self.inflight) or bool(self.stash)
+
+    def _early(self) -> bool:
+        return self.early_launch and self.depth == 2 and self.core.settings.parallel.pipeline_parallel_size == 1
 
     def step(self) -> EngineCoreOutputs:
+        if self.stash:
+            out = self.stash.popleft()
+            if isinstance(out, BaseException):
+                raise out
+            return out
         core = self.core
         t0 = time.perf_counter()
         was_running = bool(self.inflight)
-        sched_out, early = core._schedule()
-        launched = not sched_out.is_empty
-        if launched:
-            batch = core.steps.build(sched_out)
-            for s in batch.scheduled:  # the KV manager edits its live lists while this step runs
-                s.block_ids = list(s.block_ids)
-            g = core.structured.prepare(sched_out)
-            gate = GatedGrammarStep(g, sched_out) if g is not None else None
-            core.scheduler.mark_scheduled(sched_out)
-            try:
-                future = core.executor.execute_async(batch, gate)
-            except BaseException:
-                self._release_all()
-                raise
-            self.inflight.append(_InFlight(sched_out, future, gate))
-            if len(self.inflight) == 1 and gate is not None:
-                gate.release()  # nothing earlier in flight: the grammars are current
+        early: list = []
+        launched = False
+        if len(self.inflight) < self.depth:
+            launched, early = self._launch()
         t1 = time.perf_counter()
         sched_s = t1 - t0
         if not self.inflight or (launched and len(self.inflight) < self.depth):
             # nothing to wait for, or the first step of a burst: return now, schedule the next one meanwhile
             core.step_timers.record(host_s=sched_s, overlapped_s=sched_s if launched else 0.0)
             return EngineCoreOutputs(early, core.get_stats(), time.monotonic())
+        return self._complete_oldest(early, sched_s, was_running, t1, self._early())
+
+    def _launch(self) -> tuple[bool, list]:
+        """Schedule one step and hand it to the executor; ``(launched, early outputs of the schedule)``."""
+        core = self.core
+        sched_out, early = core._schedule()
+        if sched_out.is_empty:
+            return False, early
+        batch = core.steps.build(sched_out)
+        for s in batch.scheduled:  # the KV manager edits its live lists while this step runs
+            s.block_ids = list(s.block_ids)
+        g = core.structured.prepare(sched_out)
+        gate = GatedGrammarStep(g, sched_out) if g is not None else None
+        if gate is not None:
+            gate.parkable = PARK and self.depth == 2
+        core.scheduler.mark_scheduled(sched_out)
+        try:
+            future = core.executor.execute_async(batch, gate)
+        except BaseException:
+            self._release_all()
+            raise
+        self.inflight.append(_InFlight(sched_out, future, gate))
+        if len(self.inflight) == 1 and gate is not None:
+            gate.release()  # nothing earlier in flight: the grammars are current
+        return True, early
+
+    def _launch_between(self) -> list:
+        """Called by ``EngineCore._complete`` between ``update(N)`` and N's outputs: launch N+2 now."""
+        nxt = self.inflight[0].grammar
+        if nxt is not None:
+            nxt.release()  # (normally done at the accept) N+1's sampler is queued before N+2 reads its ids
+        launched, early = self._launch()
+        if launched and self.launch_wait_s > 0:
+            fut = self.inflight[-1].future
+            if isinstance(fut, Future):  # in-process: wait (GIL released) until its thread queued the step
+                futures_wait([fut], timeout=self.launch_wait_s)
+        return early
+
+    def _complete_oldest(self, early: list, sched_s: float, was_running: bool, t1: float,
+                         launch_next: bool) -> EngineCoreOutputs:
+        core = self.core
         rec = self.inflight.popleft()
         try:
             result = resolve(rec.future.result())
@@ -220,7 +326,8 @@ class AsyncStepLoop:
         nxt = self.inflight[0].grammar if self.inflight else None  # N+1's fill starts right after N's accept:
         core.structured.after_accept = nxt.release if nxt is not None else None  # not after all N's outputs
         core.structured.accept_sampled(rec.sched_out, result)  # N's tokens -> grammars -> N+1's fill, before update
-        out = core._complete(rec.sched_out, result, early)
+        between = self._launch_between if launch_next and self.inflight and len(self.inflight) < self.depth else None
+        out = core._complete(rec.sched_out, result, early, between)
         if self.inflight and self.inflight[0].grammar is not None:
             self.inflight[0].grammar.release()  # N's tokens are in the grammars: fill N+1's masks now
         t3 = time.perf_counter()
@@ -234,7 +341,20 @@ class AsyncStepLoop:
                 rec.grammar.release()
 
     def wait_idle(self) -> None:
-        """Wait until the worker runs no step (its answers stay queued for the next ``step()``)."""
+        """Make the worker idle before the core calls into it (collective_rpc, sleep): the steps in flight are
+        completed in order, as ``step()`` would (a gated step needs its predecessor's tokens first), and their
+        outputs (or the error) are kept for the next ``step()`` calls; nothing new is scheduled."""
+        t = time.perf_counter()
+        while self.inflight:
+            try:
+                self.stash.append(self._complete_oldest([], 0.0, True, t, False))
+            except BaseException as e:  # noqa: BLE001 - step() raises it
+                self.stash.append(e)
+                self._wait_futures()
+                self.inflight.clear()
+                return
+
+    def _wait_futures(self) -> None:
         for rec in list(self.inflight):
             try:
                 rec.future.result()
@@ -243,7 +363,7 @@ class AsyncStepLoop:
 
     def close(self) -> None:
         self._release_all()
-        self.wait_idle()
+        self._wait_futures()
 
 
 def set_async_scheduling(core: Any, on: bool) -> None:

@@ -20,6 +20,7 @@ thread while the runner may already be in a later step, so a deferred output rea
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import torch
@@ -145,6 +146,37 @@ class AsyncRunnerSteps:
         return out
 
 
+class PendingOutput:
+    """A structured step's answer while its masked sampling waits for the grammar gate (in-process executor).
+
+    The runner's thread launches the forward and the logits, then parks the rest of the step (mask, sampler,
+    host copies) on the step's ``GatedGrammarStep`` and returns this at once (core/async_engine.py): whoever
+    opens the gate runs it, so the sampler is launched right after the fill, with no thread hand-off, and the
+    runner's thread is free for the next step. :func:`resolve` waits for it."""
+
+    __slots__ = ("_done", "_value", "_error")
+
+    def __init__(self) -> None:
+        self._done = threading.Event()
+        self._value: Any = None
+        self._error: BaseException | None = None
+
+    def run(self, finish) -> None:
+        """Run the parked rest of the step (once) and keep its answer or its error."""
+        try:
+            self._value = finish()
+        except BaseException as e:  # noqa: BLE001 - raised again by get(), on the thread that waits for the step
+            self._error = e
+        finally:
+            self._done.set()
+
+    def get(self) -> Any:
+        self._done.wait()
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+
 def _copy(x):
     if isinstance(x, tuple):
         return tuple(_copy(t) for t in x)
@@ -153,5 +185,8 @@ def _copy(x):
 
 def resolve(out: Any) -> RunnerOutput:
     """A runner's answer under async scheduling: a :class:`DeferredOutput`, or a plain :class:`RunnerOutput`
-    for a step with nothing to sample (pooling only, prefill chunks, an empty batch)."""
+    for a step with nothing to sample (pooling only, prefill chunks, an empty batch); either possibly behind a
+    :class:`PendingOutput` (a structured step whose sampling was parked on its grammar gate)."""
+    if isinstance(out, PendingOutput):
+        out = out.get()
     return out.result() if isinstance(out, DeferredOutput) else out

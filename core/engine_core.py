@@ -179,8 +179,10 @@ class EngineCore:
             self.steps.forget([o.request_id for o in early])
         return sched_out, early
 
-    def _complete(self, sched_out, result, early: list[EngineCoreOutput]) -> EngineCoreOutputs:
-        """After the step ran: update the scheduler and grammars, build each request's output."""
+    def _complete(self, sched_out, result, early: list[EngineCoreOutput], between=None) -> EngineCoreOutputs:
+        """After the step ran: update the scheduler and grammars, build each request's output. ``between``
+        (async scheduling, core/async_engine.py): called after the update, before the outputs are built; it
+        launches the next step and returns that schedule's early outputs."""
         self.scheduler.stats.mm_items_encoded += result.mm_items_encoded  # multimodal encoder cache counters
         self.scheduler.stats.mm_encoder_cache_hits += result.mm_encoder_cache_hits
         for rid in result.failed:  # the runner could not serve it (e.g. its LoRA adapter): no tokens, an error
@@ -188,6 +190,8 @@ class EngineCore:
         updates = self.scheduler.update(sched_out, result.sampled)
         # structured requests get no drafts (core/spec_decode.py), so each has at most one new token
         self.structured.accept_tokens([(r, t[-1] if t else None) for r, t in updates])
+        if between is not None:
+            early = early + between()
         outputs, finished = early, []
         for req, tokens in updates:
             rid = req.request_id

@@ -113,23 +113,35 @@ class ModelRunner:
             return result
 
         # Device work first: sampling and (prompt) logprobs; then one transfer to the host.
+        logits = self.model.compute_logits(hidden[inputs.logits_indices]) if inputs.sample_req_ids else None
+        sampling = None  # the sampler's per-row tensors, built before a parked sampling waits for its mask
+        if logits is not None and not inputs.spec_token_ids:
+            sample_reqs = [reqs[rid] for rid in inputs.sample_req_ids]
+            sampling = build_sampling_batch(sample_reqs, self.vocab_size, self.device, self.generators)
+            if self.async_steps is not None:
+                self.async_steps.complete_penalties(sampling, sample_reqs)
+        if self.async_steps is not None and hasattr(grammar, "park"):  # async, in-process: the rest of the step
+            return grammar.park(  # runs when the grammar gate opens, on that thread (core/async_engine.py)
+                lambda: self._sample(batch, grammar, inputs, reqs, hidden, logits, sampling, result, spec_step),
+                self.device)
+        return self._sample(batch, grammar, inputs, reqs, hidden, logits, sampling, result, spec_step)
+
+    @torch.inference_mode()
+    def _sample(self, batch, grammar, inputs, reqs, hidden, logits, sampling, result, spec_step) -> RunnerOutput:
+        """:meth:`execute` from the logits on: grammar mask, sampler, prompt logprobs, the host copies."""
         pending = {}
         if inputs.sample_req_ids:
-            logits = self.model.compute_logits(hidden[inputs.logits_indices])
             if grammar is not None or any(s.grammar_bitmask is not None for s in batch.scheduled):
                 # structured outputs: the engine core's token bitmasks (filled while the forward ran)
                 logits = mask_logits(logits, batch, inputs.sample_req_ids,
                                      lambda rows: first_logits_rows(inputs.spec_token_ids, rows), grammar,
                                      self.grammar_apply)
-            sample_reqs = [reqs[rid] for rid in inputs.sample_req_ids]
             if inputs.spec_token_ids:  # drafts to verify: k + 1 logits rows per request (core/spec_decode.py)
+                sample_reqs = [reqs[rid] for rid in inputs.sample_req_ids]
                 pending.update(verify_on_device(logits, sample_reqs, inputs.spec_token_ids, self.vocab_size,
                                                 self.device, self.generators))
             else:
-                batch = build_sampling_batch(sample_reqs, self.vocab_size, self.device, self.generators)
-                if self.async_steps is not None:
-                    self.async_steps.complete_penalties(batch, sample_reqs)
-                so = self.sampler(logits, batch)
+                so = self.sampler(logits, sampling)
                 pending["sampled"] = so.sampled
                 if so.logprobs is not None:
                     pending["lp_ids"], pending["lp"], pending["ranks"] = (so.logprob_token_ids, so.logprobs,

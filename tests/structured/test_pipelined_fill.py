@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from octavo.core import grammar_step
+from octavo.core import async_engine, grammar_step
 from octavo.core.grammar_step import GrammarStep
 from tests.structured.test_grammar_step import VOCAB, mgr, schedule  # noqa: F401 - mgr is a fixture
 
@@ -156,20 +156,41 @@ def test_pipelined_fill_tokens_identical_to_serial(monkeypatch):
     ex_cls = type(core.executor)
     overlapped = ex_cls.execute_structured
 
+    drained = []
+
+    def step_with_drain(step=core.step, calls=iter(range(10**6))):
+        if next(calls) in (4, 9):  # an rpc mid-generation: the loop completes its steps in flight first
+            drained.append(len(core.async_loop.inflight))
+            core.collective_rpc(lambda worker: None)
+            drained.append(len(core.async_loop.stash))
+        return step()
+
     def run(mode: str):
         set_async_scheduling(core, mode != "serial")
-        monkeypatch.setattr(ex_cls, "execute_structured",
-                            Executor.execute_structured if mode == "serial" else overlapped)  # serial: bytes first
-        outs = llm.generate(prompts, params, use_tqdm=False)
+        with monkeypatch.context() as m:
+            m.setattr(ex_cls, "execute_structured",
+                      Executor.execute_structured if mode == "serial" else overlapped)  # serial: bytes first
+            if mode == "old":  # session 5's loop: the runner blocks on the gate, N+2 launched at the next step()
+                core.async_loop.early_launch = False
+                m.setattr(async_engine, "PARK", False)
+            if mode == "drain":
+                m.setattr(core, "step", step_with_drain)
+            outs = llm.generate(prompts, params, use_tqdm=False)
         return [(o.outputs[0].token_ids, o.outputs[0].finish_reason, o.outputs[0].text) for o in outs]
 
     try:
         serial = run("serial")
-        inline = run("inline")  # async: filled on the core thread as the gate opens, rows over 3 threads
+        inline = run("inline")  # async: filled on the core thread as the gate opens, rows over 3 threads; the
+        # runner parks its sampling on the gate and N+2 is launched between update(N) and N's outputs
+        old = run("old")
+        drain = run("drain")
     finally:
         set_async_scheduling(core, False)
         llm.llm_engine.shutdown()
     assert inline == serial
+    assert old == serial
+    assert drain == serial
+    assert drained[0] == 2 and drained[1] >= 1  # two steps were in flight, their outputs came from the stash
     assert core.structured.stats["steps"] > 0
     for _tokens, reason, text in serial[:5]:
         if reason == "stop":

@@ -1,0 +1,100 @@
+"""The async step loop's grammar gate with parked sampling (core/async_engine.py ``GatedGrammarStep.park``),
+without a model: the runner's rest-of-step runs exactly once, on the thread that opens the gate when it was
+parked first, on the runner's thread when the gate was already open; errors reach the waiter; a gate that is
+not ``parkable`` blocks the runner as before. End to end (tokens of the parked / early-launch loop equal the
+synchronous engine's, and a drain by ``collective_rpc`` mid-generation): tests/structured/test_pipelined_fill.py.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from octavo.core.async_engine import GatedGrammarStep
+from octavo.core.async_runner import PendingOutput, resolve
+from octavo.core.grammar_step import GrammarStep
+
+
+class _Backend:
+    """Fills row j with the word j (so a row's content says which matcher filled it)."""
+
+    def fill_bitmasks(self, matchers, bitmask):
+        for j, m in enumerate(matchers):
+            bitmask[j].fill_(m)
+
+
+def _gate(n: int = 3, finished: tuple[int, ...] = ()) -> GatedGrammarStep:
+    bitmask = torch.full((8, 4), -1, dtype=torch.int32)
+    inner = GrammarStep(_Backend(), list(range(n)), [f"r{j}" for j in range(n)], [10 + j for j in range(n)],
+                        bitmask, ThreadPoolExecutor(1))
+    sched = SimpleNamespace(scheduled=[SimpleNamespace(req=SimpleNamespace(is_finished=j in finished))
+                                       for j in range(n)])
+    return GatedGrammarStep(inner, sched)
+
+
+def test_parked_before_release_runs_on_the_releasing_thread():
+    gate = _gate(3, finished=(1,))
+    seen = []
+
+    def finish():
+        rids, positions, rows = gate.wait()  # the runner's mask_logits does this first
+        seen.append((threading.current_thread().name, rids, positions, rows[:, 0].tolist()))
+        return "sampled"
+
+    out = gate.park(finish)
+    assert isinstance(out, PendingOutput)
+    assert not seen  # nothing ran yet: the gate is closed
+    t = threading.Thread(target=gate.release, name="core")
+    t.start()
+    t.join(10)
+    assert out.get() == "sampled"
+    # ran once, on the thread that opened the gate; the request finished at the previous step is not filled
+    assert seen == [("core", ["r0", "r2"], [0, 2], [10, 12])]
+    gate.release()  # idempotent: nothing runs again
+    assert len(seen) == 1
+
+
+def test_released_before_park_runs_on_the_runner_thread():
+    gate = _gate(2)
+    gate.release()
+    out = gate.park(lambda: (threading.current_thread().name, gate.wait()[0]))
+    assert out == (threading.current_thread().name, ["r0", "r1"])  # run in place, not parked
+
+
+def test_not_parkable_blocks_until_released():
+    gate = _gate(2)
+    gate.parkable = False
+    done = []
+    with ThreadPoolExecutor(1, thread_name_prefix="runner") as pool:
+        fut = pool.submit(gate.park, lambda: gate.wait() and done.append(threading.current_thread().name) or "x")
+        time.sleep(0.05)
+        assert not fut.done()  # blocked in the gate's wait()
+        gate.release()
+        assert fut.result(10) == "x"
+    assert done and done[0].startswith("runner")
+
+
+def test_error_of_parked_sampling_reaches_the_waiter():
+    gate = _gate(1)
+
+    def finish():
+        gate.wait()
+        raise RuntimeError("sampler broke")
+
+    out = gate.park(finish)
+    gate.release()  # the error is kept, not raised on the releasing thread
+    with pytest.raises(RuntimeError, match="sampler broke"):
+        resolve(out)
+
+
+def test_resolve_unwraps_a_pending_plain_output():
+    out = PendingOutput()
+    plain = SimpleNamespace(sampled={"a": [1]})
+    t = threading.Timer(0.05, out.run, args=(lambda: plain,))
+    t.start()
+    assert resolve(out) is plain  # waits for the parked sampling, then returns the runner's answer
