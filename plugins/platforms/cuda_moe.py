@@ -165,7 +165,7 @@ def _triton_forward(self, hidden_states: torch.Tensor, router_logits: torch.Tens
         self._moe_decode = None
         return type(self).forward(self, hidden_states, router_logits)
     if self.tp_size > 1 and self.reduce_results:  # as FusedMoE.forward: the ranks' partial outputs summed
-        out = self._moe_all_reduce(out)
+        out = self._moe_layer_module.tp_all_reduce(out)  # the all-reduce FusedMoE.forward calls, looked up now
     return out
 
 
@@ -193,10 +193,10 @@ def use_triton_kernel(layer) -> None:
     layer.select_experts = types.MethodType(_triton_select_experts, layer)
     layer._moe_decode = None
     if env_switch("OCTAVO_MOE_FUSED_DECODE"):
-        from octavo.nn.parallel import tp_all_reduce
+        from octavo.nn import fused_moe
         from octavo.plugins.platforms import moe_decode_kernels
 
-        layer._moe_decode, layer._moe_all_reduce = moe_decode_kernels.decode_one, tp_all_reduce
+        layer._moe_decode, layer._moe_layer_module = moe_decode_kernels.decode_one, fused_moe
         layer._moe_decode_cfg = decode_config(layer._moe_table, layer.top_k, layer.intermediate_size,
                                               layer.hidden_size)
         layer.forward = types.MethodType(_triton_forward, layer)
