@@ -95,12 +95,14 @@ def measure(llm, gr, prompt, res: dict, tag: str, bw: float, weight_bytes: int, 
         print(f"   {row['us']:8.2f} us  x{row['calls']:5.1f}  {row['name']}", flush=True)
 
 
-# --ab s6, in this order after "default" (the tree's defaults): (fp8_fused.SMALL_ROWS_WARPS, fp8_prefetch.PREFETCH_MB,
-# fp8_prefetch.PDL, the platform's PDL for rotary / SiLU / plain norm: cuda_pdl.set_pdl). norm4 = session 5's
-# defaults (quantizing norm on 4 warps at one row, no prefetch, no PDL)
-S6_VARIANTS = {"norm4": (None, 0, False, False), "pf16": (16, 16, False, False), "pf16_pdl": (16, 16, True, False),
-               "pf16_pdl_all": (16, 16, True, True), "pdl": (16, 0, True, False), "pf32": (16, 32, False, False),
-               "pf8": (16, 8, False, False), "default_again": (16, 0, False, False)}
+# --ab s6, in this order after "default" (the tree's defaults): the settings each variant changes from
+# (fp8_fused.SMALL_ROWS_WARPS=16, fp8_prefetch.PREFETCH_MB=0 / PDL=False / SELF_PREFETCH=False, the platform's PDL for
+# rotary / SiLU / plain norm off: cuda_pdl.set_pdl). norm4 = session 5's defaults (4-warp quantizing norm at one row)
+S6_VARIANTS = {"norm4": {"warps": None}, "pf16": {"mb": 16}, "self": {"self": True},
+               "pf16_self": {"mb": 16, "self": True}, "pf16_pdl": {"mb": 16, "pdl": True},
+               "pf16_self_pdl": {"mb": 16, "self": True, "pdl": True},
+               "pf16_self_pdl_all": {"mb": 16, "self": True, "pdl": True, "pdl_all": True},
+               "pf32": {"mb": 32}, "pdl": {"pdl": True}, "default_again": {}}
 
 
 def fp8_methods(model):
@@ -158,14 +160,16 @@ def main() -> None:
         from octavo.plugins.platforms import cuda_pdl
         from octavo.plugins.quant import fp8_fused, fp8_prefetch
 
-        base = (fp8_fused.SMALL_ROWS_WARPS, fp8_prefetch.PREFETCH_MB, fp8_prefetch.PDL)
-        for tag, (warps, mb, pdl, pdl_all) in S6_VARIANTS.items():
+        base = (fp8_fused.SMALL_ROWS_WARPS, fp8_prefetch.PREFETCH_MB, fp8_prefetch.PDL, fp8_prefetch.SELF_PREFETCH)
+        for tag, v in S6_VARIANTS.items():
             if time.perf_counter() - T0 > args.budget:
                 res[tag] = {"skipped": "budget"}
                 continue
             try:
-                fp8_fused.SMALL_ROWS_WARPS, fp8_prefetch.PREFETCH_MB, fp8_prefetch.PDL = warps, mb, pdl
-                cuda_pdl.set_pdl(pdl_all)
+                fp8_fused.SMALL_ROWS_WARPS = v.get("warps", 16)
+                fp8_prefetch.PREFETCH_MB, fp8_prefetch.PDL = v.get("mb", 0), v.get("pdl", False)
+                fp8_prefetch.SELF_PREFETCH = v.get("self", False)
+                cuda_pdl.set_pdl(v.get("pdl_all", False))
                 with torch.inference_mode():
                     gr.capture()
                     measure(llm, gr, prompt, res, tag, bw, weight_bytes, not args.no_profile)
@@ -173,7 +177,7 @@ def main() -> None:
                 res[tag] = {"error": f"{type(e).__name__}: {e}"[:400]}
                 print(tag, res[tag], flush=True)
             save()
-        fp8_fused.SMALL_ROWS_WARPS, fp8_prefetch.PREFETCH_MB, fp8_prefetch.PDL = base
+        fp8_fused.SMALL_ROWS_WARPS, fp8_prefetch.PREFETCH_MB, fp8_prefetch.PDL, fp8_prefetch.SELF_PREFETCH = base
         cuda_pdl.set_pdl(False)
     if args.ab == "tc" and gr is not None:
         tiles = {}

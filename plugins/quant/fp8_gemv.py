@@ -54,14 +54,20 @@ def _round_e4m3(v):
 def _fp8_gemv_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, pf_ptr, pf_total, pf_piece, M, N, K, stride_xm,
                      stride_wn, stride_ym, QUANT_X: tl.constexpr, PRE_Q: tl.constexpr, HAS_BIAS: tl.constexpr,
                      EVEN: tl.constexpr, SOFT_FP8: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                     PREFETCH: tl.constexpr = False, USE_PDL: tl.constexpr = False):
+                     PREFETCH: tl.constexpr = False, USE_PDL: tl.constexpr = False, SELF_PF: tl.constexpr = False):
     """y[m, n] = (sum_k q(x[m, k]) * W[n, k]) * s_x[m] * s_w[n] (+ b[n]): each program owns BLOCK_N outputs.
     ``PRE_Q``: ``x`` is already e4m3 with its scales at ``xs_ptr`` (made by the norm kernel).
     ``USE_PDL``: launched as a programmatic dependent launch: only the weight scales (constants) are read before
-    ``gdc_wait``. ``PREFETCH``: the last programs then ask L2 for the next layer's weight (fp8_prefetch.py)."""
+    ``gdc_wait``. ``PREFETCH``: the last programs then ask L2 for the next layer's weight (fp8_prefetch.py).
+    ``SELF_PF`` (with ``EVEN``): each program first asks L2 for all its weight rows at once (one bulk request a
+    row), so its slice streams at full depth while it reads the activations (or waits for its producer)."""
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     nm = n < N
     rows = w_ptr + n.to(tl.int64)[:, None] * stride_wn
+    if SELF_PF and EVEN:  # EVEN: K a multiple of 1024 bytes, every row of the block real
+        tl.inline_asm_elementwise("cp.async.bulk.prefetch.L2.global [$1], $2;\n mov.u32 $0, 0;", "=r,l,r",
+                                  [w_ptr + n.to(tl.int64) * stride_wn, tl.zeros([BLOCK_N], tl.int32) + K],
+                                  dtype=tl.int32, is_pure=False, pack=1)
     ws = tl.load(ws_ptr + n, mask=nm, other=0.0)
     if USE_PDL:
         tl.extra.cuda.gdc_wait()
@@ -181,7 +187,8 @@ _fp8_gemv_tuned = triton.autotune(
 def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None = None,
              *, quantize_input: bool = True, out_dtype: torch.dtype | None = None,
              config: tuple[int, int, int] | None = None, x_scale: torch.Tensor | None = None,
-             prefetch: tuple[torch.Tensor, int] | None = None, pdl: bool = False) -> torch.Tensor:
+             prefetch: tuple[torch.Tensor, int] | None = None, pdl: bool = False,
+             self_prefetch: bool = False) -> torch.Tensor:
     """``x [m, K]`` (bf16/fp16/fp32) times the e4m3 ``weight [N, K]`` with ``weight_scale`` (``N`` values).
 
     ``quantize_input=True`` is W8A8 (dynamic per-token e4m3 activations, as the ``_scaled_mm`` path);
@@ -191,7 +198,8 @@ def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, 
     (``[m, 1]`` fp32): ``x`` is already e4m3 (the producing norm quantized it); nothing is quantized here.
     Compiled one-row kernel only (more rows or the interpreter: refused): ``prefetch=(t, nbytes)``
     asks L2 for the first ``nbytes`` of tensor ``t`` (the next layer's weight) from the grid's last programs;
-    ``pdl=True`` launches the kernel as a programmatic dependent launch (Hopper+, fp8_prefetch.py).
+    ``pdl=True`` launches the kernel as a programmatic dependent launch; ``self_prefetch=True`` has each program
+    ask L2 for its own weight rows first (Hopper+, fp8_prefetch.py).
     """
     m, k = x.shape
     n = weight.shape[0]
@@ -210,17 +218,17 @@ def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, 
     ws = weight_scale.reshape(-1)
     soft = os.environ.get("TRITON_INTERPRET") == "1"
     pf_ptr, pf_total, pf_piece = weight, 0, 16
-    if prefetch is not None or pdl:
+    if prefetch is not None or pdl or self_prefetch:
         if m > 1 or soft:
-            raise ValueError(f"fp8_gemv: prefetch / pdl are for the compiled one-row kernel ({m} rows"
+            raise ValueError(f"fp8_gemv: prefetch / pdl / self_prefetch are for the compiled one-row kernel ({m} rows"
                              f"{', interpreter' if soft else ''})")
         if prefetch is not None:
             pf_ptr, pf_total, pf_piece = prefetch_args(*prefetch)
     args = (x, x_scale.reshape(-1) if pre else ws, weight, ws, bias, y, pf_ptr, pf_total, pf_piece, m, n, k,
             x.stride(0), weight.stride(0), y.stride(0))
     flags = dict(QUANT_X=quantize_input and not pre, PRE_Q=pre, HAS_BIAS=bias is not None)
-    if pf_total or pdl:
-        flags.update(PREFETCH=pf_total > 0, USE_PDL=pdl, **({"launch_pdl": True} if pdl else {}))
+    if pf_total or pdl or self_prefetch:
+        flags.update(PREFETCH=pf_total > 0, USE_PDL=pdl, SELF_PF=self_prefetch, **({"launch_pdl": True} if pdl else {}))
     if m > 1:  # several rows: one weight read for all of them
         if m > ROWS_MAX:
             raise ValueError(f"fp8_gemv: {m} rows; at most {ROWS_MAX} (use torch._scaled_mm above)")

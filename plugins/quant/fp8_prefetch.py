@@ -15,7 +15,11 @@ from a cold start. Two measures, both hints that cannot change a result:
   activations; the quantizing RMSNorm (fp8_fused.py) lets it launch at its start (``launch_dependents``).
   Everything the GEMV reads before the wait is a constant (weight scales).
 
-Both need sm_90 (Hopper) and the compiled one-row CUDA-core GEMV; elsewhere they are not used (the GEMV runs as
+- **Own rows first** (``OCTAVO_FP8_GEMV_SELF_PREFETCH=1``): each GEMV program starts with one bulk L2 request per
+  weight row it owns, before reading the activations (or, under PDL, before waiting for its producer): its slice
+  streams at full memory-level parallelism from the start instead of at the depth of the load pipeline.
+
+All need sm_90 (Hopper) and the compiled one-row CUDA-core GEMV; elsewhere they are not used (the GEMV runs as
 before). Tests: tests/quant/test_fp8_prefetch.py (the PTX holds the instructions; on a GPU: bit-identical
 outputs with and without, eager and replayed from a CUDA graph).
 """
@@ -47,6 +51,7 @@ DEFAULT_PREFETCH_MB = 0  # off until measured in the engine (docs/quantization.m
 PREFETCH_MB = _prefetch_mb()  # read at apply time: a benchmark may change it and recapture
 # OCTAVO_PDL=1 (plugins/platforms/cuda_pdl.py: the platform's small kernels) turns the fp8 GEMV's on as well
 PDL = env_switch("OCTAVO_FP8_GEMV_PDL", default=env_switch("OCTAVO_PDL", default=False))
+SELF_PREFETCH = env_switch("OCTAVO_FP8_GEMV_SELF_PREFETCH", default=False)  # each program's own rows first
 
 
 @lru_cache(maxsize=8)
@@ -70,6 +75,8 @@ def gemv_launch(method, device: torch.device) -> dict:
         out["prefetch"] = (nxt, PREFETCH_MB << 20)
     if PDL:
         out["pdl"] = True
+    if SELF_PREFETCH:
+        out["self_prefetch"] = True
     return out
 
 
