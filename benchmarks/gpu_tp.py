@@ -188,13 +188,19 @@ def switch_all_reduce(worker, mode: str) -> str:
     """Install another all-reduce on this rank and re-capture its decode graphs (a ``collective_rpc`` target,
     every rank at once): ``nccl`` (torch.distributed for the all-reduces, the LM head's all-gather and the
     sampled ids' broadcast), ``custom`` (the one-shot kernels, no norm fusion) or ``fused`` (the one-shot kernels
-    with the all-reduce + RMSNorm fusion, as installed at start); a ``+pdl`` suffix captures with programmatic
-    dependent launches (plugins/platforms/cuda_pdl.py), none turns them off. Returns what runs now."""
+    with the all-reduce + RMSNorm fusion, as installed at start); suffixes ``+pdl`` (programmatic dependent
+    launches, plugins/platforms/cuda_pdl.py) and ``+silu`` (the gate/up + SiLU GEMV, cuda_mlp_fusion.py, if the
+    engine started with OCTAVO_FUSE_SILU_GEMV=1) turn those on, their absence off. Returns what runs now."""
     from octavo.nn import parallel
+    from octavo.plugins.platforms.cuda_mlp_fusion import set_silu_gemv
     from octavo.plugins.platforms.cuda_pdl import set_pdl
 
-    mode, pdl = mode.removesuffix("+pdl"), mode.endswith("+pdl")
-    set_pdl(pdl)
+    label = mode
+    mode, *flags = mode.split("+")
+    if mode not in ("nccl", "custom", "fused") or not set(flags) <= {"pdl", "silu"}:
+        raise ValueError(f"unknown all-reduce mode {label!r}: nccl|custom|fused [+pdl] [+silu]")
+    set_pdl("pdl" in flags)
+    set_silu_gemv("silu" in flags)
 
     ar = getattr(worker, "_bench_ar", None) or parallel._ALL_REDUCE  # None: TP=1 or NCCL (only PDL switches)
     if ar is not None and not hasattr(worker, "_bench_ar"):
@@ -211,7 +217,7 @@ def switch_all_reduce(worker, mode: str) -> str:
     runner = getattr(worker.runner, "graph_runner", None)
     if runner is not None:
         runner.capture()
-    return (f"{mode}{'+pdl' if pdl else ''}: {type(parallel._ALL_REDUCE).__name__}, "
+    return (f"{label}: {type(parallel._ALL_REDUCE).__name__}, "
             f"defer_rows={getattr(parallel._ALL_REDUCE, 'defer_rows', None)}")
 
 
@@ -273,9 +279,10 @@ def main() -> None:
                     "decode graph per rank (as started and after each --ar-modes switch)")
     ap.add_argument("--temperature", type=float, default=0.0, help="sampling temperature of the throughput run "
                     "(1.0: gpu_e2e.py's, the lead's TP=1 e2e run)")
-    ap.add_argument("--ar-modes", nargs="*", choices=["nccl", "custom", "fused", "custom+pdl", "fused+pdl"], default=None, help="after the "
+    ap.add_argument("--ar-modes", nargs="*", metavar="MODE", default=None, help="after the "
                     "measurements as started, switch the all-reduce in turn (graphs re-captured) and measure "
-                    "batch-1 again (TP>1 started with OCTAVO_TP_ALLREDUCE=custom)")
+                    "batch-1 again (TP>1 started with OCTAVO_TP_ALLREDUCE=custom): nccl|custom|fused, optionally "
+                    "+pdl and/or +silu (switch_all_reduce)")
     ap.add_argument("--tag", default="", help="suffix of the JSON name (e.g. the all-reduce tried)")
     ap.add_argument("--copy-rate", type=float, default=3.0e12, help="bytes/s read+written, device copy (H100)")
     ap.add_argument("--out-dir", default=".")

@@ -7,12 +7,13 @@
 #   test  (<= 30 s) the 2-GPU test: one-shot all-reduce == NCCL bitwise (eager + graphs), its all-gather == NCCL's,
 #         the all-reduce + add + RMSNorm kernel == NCCL's sum + the unfused norm kernel bitwise (eager + graph), all
 #         also with PDL launches; tests/gpu/test_pdl_gpu.py: a layer's kernel chain with PDL == without, bitwise
-#   ab    (<= 55 s) one TP=2 engine (mp, async) started with OCTAVO_TP_ALLREDUCE_FUSE_NORM=$DIST6_FUSE (default 1):
-#         batch-1 ms/token, the decode graph replayed alone, its kernel table; then re-captured in the same engine
-#         with the plain one-shot all-reduce (custom), with the fusion + programmatic dependent launches (fused+pdl,
-#         OCTAVO_PDL) and with the fusion again (fused): the A/B of the same call, kernel table of each
-#   tp1   (<= 35 s) TP=1 (uni, async): batch-1 ms/token, graph replayed alone, kernel table (the denominator), then
-#         re-captured with PDL (custom+pdl): PDL helps TP=1 too, so the ratio needs both
+#   ab    (<= 58 s) one TP=2 engine (mp, async) started with OCTAVO_TP_ALLREDUCE_FUSE_NORM=$DIST6_FUSE (default 1)
+#         and the gate/up + SiLU GEMV (OCTAVO_FUSE_SILU_GEMV=1): batch-1 ms/token, the decode graph replayed alone,
+#         its kernel table; then re-captured in the same engine as custom (plain one-shot, nothing fused), fused
+#         (all-reduce + RMSNorm), fused+pdl (+ programmatic dependent launches, OCTAVO_PDL), fused+pdl+silu: the
+#         A/B of the same call, kernel table and greedy tokens of each
+#   tp1   (<= 32 s) TP=1 (uni, async), the same switches where they apply (custom, custom+pdl, custom+pdl+silu):
+#         PDL and the SiLU GEMV help TP=1 too, so the ratio compares like with like
 #   ar    (<= 20 s) all-reduce microbench: NCCL vs symm_mem vs one-shot, 8 KiB..1 MiB, eager and in a graph
 #   nccl  (<= 40 s) TP=2 NCCL only, then no all-reduce at all (the all-reduces' in-step cost)
 #   goal  (<= 118 s) 512 x 1000/1000 TP=2 throughput (temperature 1, async; TP=1: the lead's e2e_8b.sh)
@@ -48,9 +49,10 @@ has() { [[ $PARTS == *" $1 "* ]]; }
 TP="python3 benchmarks/gpu_tp.py --shape 8b --copy-rate 3.01e12 --out-dir $R --prompts 0 --max-num-seqs 8"
 has test && step gpu_test 30 python3 -m pytest -q -x tests/gpu/test_tp_allreduce_gpu.py tests/gpu/test_pdl_gpu.py -k "equals_nccl or pdl_chain"
 has ar && step allreduce 20 python3 benchmarks/gpu_allreduce.py --world 2 --out "$R/allreduce.json"
-has ab && step 8b_tp2_ab 55 OCTAVO_TP_ALLREDUCE=custom OCTAVO_TP_ALLREDUCE_FUSE_NORM=$FUSE $TP --one 2 --tag ab \
-  --async-modes on --graph-replay --kernel-table --ar-modes custom fused+pdl fused
-has tp1 && step 8b_tp1 35 $TP --one 1 --async-modes on --graph-replay --kernel-table --ar-modes custom+pdl
+has ab && step 8b_tp2_ab 58 OCTAVO_TP_ALLREDUCE=custom OCTAVO_TP_ALLREDUCE_FUSE_NORM=$FUSE OCTAVO_FUSE_SILU_GEMV=1 \
+  $TP --one 2 --tag ab --async-modes on --graph-replay --kernel-table --ar-modes custom fused fused+pdl fused+pdl+silu
+has tp1 && step 8b_tp1 32 OCTAVO_FUSE_SILU_GEMV=1 $TP --one 1 --async-modes on --graph-replay --kernel-table \
+  --ar-modes custom custom+pdl custom+pdl+silu
 has nccl && step 8b_tp2_nccl 40 OCTAVO_TP_ALLREDUCE=nccl $TP --one 2 --tag nccl --async-modes on --graph-replay \
   --kernel-table --graph-replay-no-allreduce
 has goal && step 8b_tp2_goal 118 OCTAVO_TP_ALLREDUCE=custom OCTAVO_TP_ALLREDUCE_FUSE_NORM=$FUSE $TP --one 2 --tag goal \

@@ -38,14 +38,20 @@ def summarize(r: str) -> dict:
         if run.get("throughput_tok_s_async_on"):
             row["throughput_tok_s"] = run["throughput_tok_s_async_on"]
         out[name] = row
-        for mode in ("custom", "fused", "nccl", "custom+pdl", "fused+pdl"):
-            m = run.get(f"ar_{mode}")
-            if m:
+        for key in sorted(k for k in run if k.startswith("ar_") and isinstance(run[k], dict)):
+            mode, m = key[3:], run[key]
+            if m.get("decode_bs1_ms_per_token") is not None:
                 out[f"{name}/{mode}"] = {"ms_per_token": m.get("decode_bs1_ms_per_token"), "graph_ms": _max(m.get(G)),
                                          "over_tp1": m["decode_bs1_ms_per_token"] / one[K] if one.get(K) else None,
                                          "switched": m.get("switched_by_rank"),
                                          "tokens_equal_as_started": m.get("bs1_tokens") == run.get(T),
                                          "kernels": _table(m.get("graph_kernels_bs1_by_rank"))}
+    pairs = {"as_started (both +silu)": ("8b_tp2_ab", "8b_tp1"), "custom": ("8b_tp2_ab/custom", "8b_tp1/custom"),
+             "fused": ("8b_tp2_ab/fused", "8b_tp1/custom"), "fused+pdl": ("8b_tp2_ab/fused+pdl", "8b_tp1/custom+pdl"),
+             "fused+pdl+silu": ("8b_tp2_ab/fused+pdl+silu", "8b_tp1/custom+pdl+silu")}
+    out["tp2_over_tp1_like_for_like"] = {
+        name: out[a]["ms_per_token"] / out[b]["ms_per_token"] for name, (a, b) in pairs.items()
+        if out.get(a, {}).get("ms_per_token") and out.get(b, {}).get("ms_per_token")}
     ar = os.path.join(r, "allreduce.json")
     if os.path.exists(ar):
         a = json.load(open(ar))

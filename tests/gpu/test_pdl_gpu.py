@@ -1,6 +1,6 @@
 """Programmatic dependent launch (``OCTAVO_PDL=1``, plugins/platforms/cuda_pdl.py) on one GPU: a decode layer's
 chain of Triton kernels (RMSNorm with residual -> GEMV -> rotary; RMSNorm -> gate/up GEMV -> SiLU-and-mul -> down
-GEMV), captured in a CUDA graph with PDL launches and replayed with new inputs, equals the same chain captured
+GEMV; the gate/up + SiLU GEMV of cuda_mlp_fusion.py), captured in a CUDA graph with PDL launches and replayed with new inputs, equals the same chain captured
 without PDL bit for bit (PDL only moves when a kernel starts, never what it computes; a missing ``gdc_wait``
 would read a half-written input). The GEMV runs both its aligned (EVEN) and masked paths. Needs an sm_90+ GPU."""
 
@@ -20,6 +20,7 @@ def test_pdl_chain_in_a_graph_equals_plain_launches():
     import torch
 
     from octavo.plugins.platforms import cuda_fusions as cf
+    from octavo.plugins.platforms import cuda_mlp_fusion as cmf
     from octavo.plugins.platforms.cuda_pdl import set_pdl
 
     dev = torch.device("cuda")
@@ -46,7 +47,7 @@ def test_pdl_chain_in_a_graph_equals_plain_launches():
         q, k = cf.rotary(Rope, pos, qkv[:, :2048], qkv[:, 2048:2560])
         h2 = cf.rms_norm(r, w_norm, 1e-5)
         y = cf.gemv(cf.silu_and_mul(cf.gemv(h2, w_gu)), w_down)
-        return q, k, y, r, cf.gemv(x_odd, w_odd)
+        return q, k, y, r, cf.gemv(x_odd, w_odd), cmf.gemv_silu(h2, w_gu), cf.silu_and_mul(cf.gemv(h2, w_gu))
 
     outs = {}
     for pdl in (False, True):
@@ -73,3 +74,5 @@ def test_pdl_chain_in_a_graph_equals_plain_launches():
             assert torch.equal(u, v), f"trial {trial} output {i}: PDL changed the result"
     eager = chain()  # and both equal the eager chain of the last inputs
     assert all(torch.equal(u, v) for u, v in zip(eager, outs[False][-1]))
+    fused, unfused = eager[-2].float(), eager[-1].float()  # gate/up + SiLU GEMV: tuned on its own, one rounding
+    assert ((fused - unfused).abs() <= 1.6e-2 * unfused.abs() + 1e-3).all()

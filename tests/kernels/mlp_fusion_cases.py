@@ -1,0 +1,74 @@
+"""Run under TRITON_INTERPRET=1 and OCTAVO_FUSE_SILU_GEMV=1 by test_pdl_paths_cpu.py: the gate/up GEMV with
+SiLU-and-mul in its epilogue (plugins/platforms/cuda_mlp_fusion.py) equals the unfused GEMV + SiLU-and-mul
+kernels (same fixed tile in the interpreter, so bit for bit), plain and PDL paths; and installed on a real
+LlamaMLP it changes a one-row forward by nothing, leaves several rows to the original forward, and is refused
+for an MLP whose forward does something else."""
+
+import types
+
+import pytest
+import torch
+
+from octavo.plugins.platforms import cuda_fusions as cf
+from octavo.plugins.platforms import cuda_mlp_fusion as cmf
+from octavo.plugins.platforms.cuda_pdl import set_pdl
+
+
+@pytest.mark.parametrize("i,k", [(40, 333), (64, 1024), (8, 64)])
+@pytest.mark.parametrize("pdl", [False, True])
+def test_gemv_silu_equals_gemv_then_silu_and_mul(i, k, pdl):
+    g = torch.Generator().manual_seed(i * k)
+    x = torch.randn(1, k, generator=g).to(torch.bfloat16)
+    w = (torch.randn(2 * i, k, generator=g) * 0.1).to(torch.bfloat16)
+    set_pdl(pdl)  # the interpreter's gdc intrinsics are no-ops; launch_opts passes PDL only then
+    try:
+        got = cmf.gemv_silu(x, w)
+    finally:
+        set_pdl(False)
+    want = cf.silu_and_mul(cf.gemv(x, w))
+    assert torch.equal(got, want)
+
+
+def _mlp():
+    from octavo.plugins.models.llama import LlamaMLP
+
+    cfg = types.SimpleNamespace(hidden_size=64, intermediate_size=48, hidden_act="silu", mlp_bias=False)
+    m = LlamaMLP(cfg).to(torch.bfloat16)
+    g = torch.Generator().manual_seed(3)
+    for p in m.parameters():
+        p.data = (torch.randn(p.shape, generator=g) * 0.1).to(torch.bfloat16)
+    m.gate_up_proj.quant_method = cf._gemv_linear_method()  # as cuda_fusions.fuse_model installs them
+    m.down_proj.quant_method = cf._gemv_linear_method()
+    m.act_fn.forward = types.MethodType(cf._fused_silu_forward, m.act_fn)
+    return m
+
+
+@torch.inference_mode()
+def test_installed_on_llama_mlp_changes_nothing():
+    m = _mlp()
+    x1 = torch.randn(1, 64, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+    x3 = torch.randn(3, 64, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
+    want1, want3 = m(x1), m(x3)
+    assert cmf.fuse_silu_gemv(m, torch.bfloat16, torch.device("cpu")) == {"MLP(gemv+silu)": 1}
+    calls = []
+    orig = cmf.gemv_silu
+    cmf.gemv_silu = lambda *a: calls.append(1) or orig(*a)
+    try:
+        assert torch.equal(m(x1), want1) and len(calls) == 1  # the fused kernel ran, same result
+        assert torch.equal(m(x3), want3) and len(calls) == 1  # several rows: the original forward
+        cmf.set_silu_gemv(False)
+        assert torch.equal(m(x1), want1) and len(calls) == 1  # switched off at run time
+    finally:
+        cmf.gemv_silu = orig
+        cmf.set_silu_gemv(True)
+
+
+def test_other_mlp_forwards_are_not_fused():
+    m = _mlp()
+
+    class Scaled(type(m)):
+        def forward(self, x):
+            return self.down_proj(self.act_fn(self.gate_up_proj(x))) * 2
+
+    m.__class__ = Scaled
+    assert cmf.fuse_silu_gemv(m, torch.bfloat16, torch.device("cpu")) == {"MLP(gemv+silu)": 0}
