@@ -41,7 +41,7 @@ step() {  # step NAME CAP_S ENV... CMD...: run one bounded config, log to $R/NAM
   local rc=$?
   echo "$name exit $rc in $((SECONDS - t0)) s" | tee -a "$R/exits.txt"
   grep -v " INFO " "$R/$name.log" | grep -v "^\[transformers\]" | grep -v '^{' | tail -8 | cut -c1-400
-  grep "fusion\|all-reduce and all-gather" "$R/$name.log" | head -4 | cut -c1-300
+  grep "fusion\|all-reduce and all-gather\|Fused GPU kernels installed\|PDL" "$R/$name.log" | head -6 | cut -c1-300
   sleep 1  # a killed run's worker processes exit within ~1 s (orphan check) and free their GPUs
 }
 has() { [[ $PARTS == *" $1 "* ]]; }
