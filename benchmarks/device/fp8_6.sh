@@ -14,7 +14,7 @@
 #   step   benchmarks/fp8_step_profile.py --variant fp8: 8B shape, 8 layers, 512 x 1000/80 (per-step GPU / host
 #          split, kernel tables of decode steps at the full batch).
 #   tests  GPU-marked tests: prefetch / PDL (test_fp8_prefetch.py), fused producers incl. the one-row norm launch
-#          (test_fp8_fused.py); FP8_TESTS_MORE adds files (e.g. tests/quant/test_fp8_gemv.py).
+#          (test_fp8_fused.py), fast accumulation's error (test_fp8_gemv.py); FP8_TESTS_MORE adds files.
 set -u
 cd "$(dirname "$0")/../.."
 R="${OUT:-/tmp/out}/fp8"
@@ -59,7 +59,8 @@ for P in "${PARTS[@]}"; do
             --out-len 80 --out "$R/step_fp8.json" > "$R/step_fp8.log" 2>&1
           echo "exit $?"; grep -v " INFO \| WARNING " "$R/step_fp8.log" | tail -50;;
     tests) timeout -k 2 "$B" python -m pytest -q -m gpu -p no:cacheprovider tests/quant/test_fp8_prefetch.py \
-             tests/quant/test_fp8_fused.py ${FP8_TESTS_MORE:-} > "$R/tests.log" 2>&1
+             tests/quant/test_fp8_fused.py tests/quant/test_fp8_gemv.py::test_fast_accum_switch_stays_within_the_fp8_error \
+             ${FP8_TESTS_MORE:-} > "$R/tests.log" 2>&1
            echo "exit $?"; grep -E "passed|failed|FAILED|Error" "$R/tests.log" | tail -15;;
     *) echo "unknown part $P (bs1 tc gemv attn mm step tests)";;
   esac
