@@ -172,8 +172,9 @@ llm.llm_engine.shutdown()
 """
 
 
-def _tokens(model_dir: str, tp: int, allreduce: str, fuse_norm: bool = False) -> list:
-    env = {**os.environ, "OCTAVO_TP_ALLREDUCE": allreduce, "OCTAVO_TP_ALLREDUCE_FUSE_NORM": "1" if fuse_norm else "0"}
+def _tokens(model_dir: str, tp: int, allreduce: str, fuse_norm: bool = False, pdl: bool = False) -> list:
+    env = {**os.environ, "OCTAVO_TP_ALLREDUCE": allreduce, "OCTAVO_TP_ALLREDUCE_FUSE_NORM": "1" if fuse_norm else "0",
+           "OCTAVO_PDL": "1" if pdl else "0"}
     p = subprocess.run([sys.executable, "-c", _ENGINE, model_dir, str(tp)], env=env, capture_output=True,
                        text=True, timeout=240)
     lines = [ln for ln in p.stdout.splitlines() if ln.startswith("TOKENS ")]
@@ -191,3 +192,4 @@ def test_tp2_custom_all_reduce_tokens_equal_nccl_and_one_gpu(tmp_path):
     assert custom == _tokens(path, 2, "nccl")
     assert custom == _tokens(path, 1, "nccl")
     assert custom == _tokens(path, 2, "custom", fuse_norm=True)  # all-reduce + RMSNorm in one kernel
+    assert custom == _tokens(path, 2, "custom", fuse_norm=True, pdl=True)  # + programmatic dependent launches
