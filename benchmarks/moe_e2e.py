@@ -19,7 +19,8 @@ it ends (a timeout keeps what finished). ``--deadline-s`` skips tasks that would
   same config and layer count. It first times 8 and 16 new tokens, then picks the first output length that
   fits ``--tf-budget-s`` among ``--out-len``, ``--short-out-len`` (octavo runs both) and anything shorter,
   and says so (``tf_out_len``); with ``--tf-fewer-prompts`` it first tries ``--out-len`` for fewer requests
-  (``tf_prompts``; the rate is per useful output token of that smaller batch); ``tf`` BEFORE ``tput`` of
+  (128 .. 16, sized from a 16-request probe; ``tf_prompts``; the rate is per useful output token of that
+  smaller batch); ``tf`` BEFORE ``tput`` of
   the same shape makes octavo run exactly that length (when transformers ran all prompts).
 - ``both``: ``bs1`` then ``tput`` on one engine (the throughput engine's settings; one start instead of two).
 - ``--tiny``: small shapes on whatever device is there (a CPU dry run of every code path; numbers mean nothing).
@@ -278,18 +279,27 @@ def task_tf(args, shape, layers, tmp) -> dict:
         assert out.shape == (prompts, args.in_len + new), out.shape
         return time.perf_counter() - t0
 
+    t_start = time.perf_counter()
     probe = run(8)  # prefill + 7 decode steps (also the warm-up)
     step = max((run(16) - probe) / 8, 1e-4) if probe < args.tf_budget_s / 4 else probe / 8
     fits = int((args.tf_budget_s - probe) / step) if step else args.out_len
-    out_len, prompts = None, args.prompts
+    out_len, prompts, small = None, args.prompts, {}
     if args.out_len <= fits:
         out_len = args.out_len
-    elif args.tf_fewer_prompts:
-        # the full output length for fewer requests: prefill scales with them; a decode step is taken as no
-        # cheaper than the full batch's (conservative). The rate is then per useful output token of fewer rows.
-        prefill_per_prompt = max(probe - 7 * step, 0.0) / args.prompts
-        prompts = next((p for p in (128, 64, 32, 16, 8) if p < args.prompts and prefill_per_prompt * p +
-                        args.out_len * step <= args.tf_budget_s - probe), args.prompts)
+    elif args.tf_fewer_prompts and args.prompts > 16:
+        # the full output length for fewer requests (the rate is then per useful output token of fewer rows).
+        # Measure 16 requests' prefill and decode step, take a batch of p's step as growing linearly from 16's
+        # to the full batch's upper bound above (conservative), and run the largest p that fits what is left.
+        p8 = run(8, 16)
+        step16 = max((run(16, 16) - p8) / 8, 1e-4)
+        pre16 = max(p8 - 7 * step16, 0.0)
+        left = args.tf_budget_s - (time.perf_counter() - t_start)
+        small = {"tf_probe_16_prompts_8_tokens_s": p8, "tf_decode_step_16_prompts_s": step16}
+
+        def cost(p):
+            return pre16 * p / 16 + args.out_len * (step16 + (p - 16) / (args.prompts - 16) * max(step - step16, 0))
+
+        prompts = next((p for p in (128, 64, 32, 16) if p < args.prompts and cost(p) <= left), args.prompts)
         out_len = args.out_len if prompts < args.prompts else None
     if out_len is None:  # the full batch: octavo's short run's length, else the longest that fits
         out_len = next((n for n in (args.short_out_len,) if n and n <= fits), max(8, fits // 8 * 8))
@@ -300,7 +310,7 @@ def task_tf(args, shape, layers, tmp) -> dict:
     res = {"shape": shape, "layers": layers, "load_s": load_s, "prompts": args.prompts, "in_len": args.in_len,
            "tf_prompts": prompts, "tf_out_len": out_len, "tf_seconds": dt, "tf_output_tok_s": prompts * out_len / dt,
            "tf_probe_8_tokens_s": probe, "tf_decode_step_s": step, "experts_implementation": impl,
-           "decode_switch_to_batched_mm_disabled": switch_off}
+           "decode_switch_to_batched_mm_disabled": switch_off, **small}
     print(f"  transformers {shape} {layers}L {prompts}x{args.in_len}/{out_len}: "
           f"{res['tf_output_tok_s']:.0f} output tok/s", flush=True)
     del model, ids
@@ -333,7 +343,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--short-out-len", type=int, default=64,
                     help="tput also runs this output length (for transformers, which may not fit --out-len)")
     ap.add_argument("--tf-fewer-prompts", action="store_true",
-                    help="tf: when --out-len does not fit --tf-budget-s for all prompts, run it for fewer (128 .. 8) "
+                    help="tf: when --out-len does not fit --tf-budget-s for all prompts, run it for fewer (128 .. 16) "
                          "before shortening the output")
     ap.add_argument("--deadline-s", type=float, default=1e9, help="skip tasks that would start after this")
     args = ap.parse_args(argv)

@@ -10,6 +10,8 @@
 #          process: 256 x 512/512 if it fits 12 s, else FEWER requests x 512/512, else 256 x 512/shorter
 #          (moe_e2e.py tput + tf --tf-fewer-prompts); then the MoE GPU tests when >= 16 s are left.
 #  part 3: part 1 (b) again (after changes), then Mixtral-8x7B with 8 of 32 layers, batch 1 if time is left.
+#  part 4: Mixtral-8x7B with 8 of 32 layers: one octavo engine (batch 1 + 256 x 512/512 + /64), then transformers
+#          as in part 2 (fewer requests x 512/512 if 256 do not fit).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 cd "$(dirname "$0")/../.."
@@ -38,14 +40,15 @@ if [ "$PART" = 1 ] || [ "$PART" = 3 ]; then
   echo "bs1 exit $? after $(( $(date +%s) - START )) s"
   grep -E "^\{|^skip|Error" "$D/bs1.log" | cut -c1-2500
 fi
-if [ "$PART" = 2 ]; then
-  L=$(left); echo "== Qwen3-30B-A3B 8L: octavo 256x512/512 then transformers (cap ${L} s) $(date -u +%T)"
-  timeout -k 2 "$L" python benchmarks/moe_e2e.py --tasks tput:qwen3-30b-a3b:8 tf:qwen3-30b-a3b:8 \
+if [ "$PART" = 2 ] || [ "$PART" = 4 ]; then
+  TASKS="tput:qwen3-30b-a3b:8 tf:qwen3-30b-a3b:8"; [ "$PART" = 4 ] && TASKS="both:mixtral-8x7b:8 tf:mixtral-8x7b:8"
+  L=$(left); echo "== $TASKS: octavo 256x512/512 then transformers (cap ${L} s) $(date -u +%T)"
+  timeout -k 2 "$L" python benchmarks/moe_e2e.py --tasks $TASKS \
     --tf-budget-s 12 --tf-fewer-prompts --deadline-s $(( L - 3 )) --out-dir "$D" > "$D/tput.log" 2>&1
   echo "tput exit $? after $(( $(date +%s) - START )) s"
   grep -E "tok/s|^skip|Error" "$D/tput.log"
   L=$(left)
-  if [ "$L" -ge 16 ]; then
+  if [ "$PART" = 2 ] && [ "$L" -ge 16 ]; then
     echo "== MoE GPU tests (cap ${L} s) $(date -u +%T)"
     OCTAVO_TRITON_GEMV=0 OCTAVO_MOE_CONFIG_DIR= timeout -k 2 "$L" python -m pytest -v -p no:cacheprovider \
       tests/kernels/test_moe_gpu.py -k "batch_one or two_launch" > "$D/tests.log" 2>&1
