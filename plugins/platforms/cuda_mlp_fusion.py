@@ -25,14 +25,13 @@ import torch
 import triton
 import triton.language as tl
 
+from octavo.env_flags import env_switch
 from octavo.plugins.platforms.cuda_pdl import gdc_launch_dependents, gdc_wait, launch_opts
 
 logger = logging.getLogger(__name__)
 
-_env = os.environ.get("OCTAVO_FUSE_SILU_GEMV", "0")
-if _env not in ("0", "1"):
-    raise ValueError(f"OCTAVO_FUSE_SILU_GEMV={_env!r}: use 1 (on) or 0 (off)")
-_STATE = {"on": _env == "1"}
+_INSTALL = env_switch("OCTAVO_FUSE_SILU_GEMV", default=False)
+_STATE = {"on": _INSTALL}
 
 
 def set_silu_gemv(on: bool) -> None:
@@ -136,7 +135,7 @@ def fuse_silu_gemv(model: torch.nn.Module, dtype: torch.dtype, device: torch.dev
     gate_up GEMV + SiLU-and-mul) when ``OCTAVO_FUSE_SILU_GEMV=1``; returns ``{"MLP(gemv+silu)": count}``."""
     from octavo.plugins.platforms.cuda_fusions import _close
 
-    if _env != "1":
+    if not _INSTALL:
         return {}
 
     verified: dict[tuple, bool] = {}

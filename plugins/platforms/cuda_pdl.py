@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import os
 
+from octavo.env_flags import env_switch
+
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 if _INTERPRET:  # the interpreter has no griddepcontrol: no-ops, so CPU tests run
     import triton  # the PDL code paths of the kernels (tests/kernels/test_pdl_paths_cpu.py)
@@ -37,10 +39,7 @@ else:
     except ImportError:  # pragma: no cover - Triton without the intrinsics: PDL cannot be turned on
         gdc_launch_dependents = gdc_wait = None
 
-_env = os.environ.get("OCTAVO_PDL", "0")
-if _env not in ("0", "1"):
-    raise ValueError(f"OCTAVO_PDL={_env!r}: use 1 (on) or 0 (off)")
-_STATE = {"on": _env == "1", "checked": False}
+_STATE = {"on": env_switch("OCTAVO_PDL", default=False), "checked": False}
 
 
 def set_pdl(on: bool) -> None:
