@@ -77,6 +77,51 @@ static inline __attribute__((always_inline)) void load_rows(const void* cache, i
     }
 }
 
+/* n K rows of D elements, rows `stride` elements apart, transposed into dst [D][TILE] (lane t = key t) */
+static inline __attribute__((always_inline)) void load_rows_t(const void* cache, int is_bf16, long first,
+                                                              long stride, int n, const int D, float* dst) {
+    for (int t = 0; t < n; t++) {
+        if (is_bf16) {
+            const uint16_t* src = (const uint16_t*)cache + first + t * stride;
+            for (int j = 0; j < D; j++) dst[j * TILE + t] = bf16_to_f(src[j]);
+        } else {
+            const float* src = (const float*)cache + first + t * stride;
+            for (int j = 0; j < D; j++) dst[j * TILE + t] = src[j];
+        }
+    }
+}
+
+/* the G query heads of one row against a K tile (kt [D][TILE]): p[i][t] = q_i . k_t for all TILE lanes (lanes
+   past the row's keys are computed and ignored). Vectorized over the keys, each lane summing over j in four
+   interleaved partial sums (j mod 4), then (s0 + s1) + (s2 + s3): a fixed order per lane, the same for every
+   row and every tile */
+static inline __attribute__((always_inline)) void tile_scores(const float* qs, const float* kt, const int D,
+                                                              const int G, float* p) {
+    for (int i = 0; i < G; i++) {
+        const float* qi = qs + i * D;
+        float s0[TILE], s1[TILE], s2[TILE], s3[TILE];
+        #pragma omp simd
+        for (int t = 0; t < TILE; t++) { s0[t] = 0.f; s1[t] = 0.f; s2[t] = 0.f; s3[t] = 0.f; }
+        int j = 0;
+        for (; j + 4 <= D; j += 4) {
+            const float *k0 = kt + j * TILE, *k1 = k0 + TILE, *k2 = k1 + TILE, *k3 = k2 + TILE;
+            float q0 = qi[j], q1 = qi[j + 1], q2 = qi[j + 2], q3 = qi[j + 3];
+            #pragma omp simd
+            for (int t = 0; t < TILE; t++) {
+                s0[t] += q0 * k0[t]; s1[t] += q1 * k1[t]; s2[t] += q2 * k2[t]; s3[t] += q3 * k3[t];
+            }
+        }
+        for (; j < D; j++) {
+            const float* kj = kt + j * TILE;
+            float qj = qi[j];
+            #pragma omp simd
+            for (int t = 0; t < TILE; t++) s0[t] += qj * kj[t];
+        }
+        #pragma omp simd
+        for (int t = 0; t < TILE; t++) p[i * TILE + t] = (s0[t] + s1[t]) + (s2[t] + s3[t]);
+    }
+}
+
 /* one task: query rows r0 .. r0 + nr - 1 of one request (block table `table`) and one KV head h; row r attends to
    the first lens[r] positions. D and G are constants in the specialized callers below, so the inner loops have
    fixed trip counts. Each tile of K/V rows is loaded once for all rows of the task, and every row consumes the
@@ -89,6 +134,7 @@ static inline __attribute__((always_inline)) void task(
         long r0, int nr, int h, int nh, int kvh, const int D, const int G, int bs, float scale, float* out,
         float* st) {
     float kb[TILE * D], vb[TILE * D], p[G * TILE];
+    memset(kb, 0, sizeof(float) * TILE * D);  /* lanes past a short last tile: finite, computed and ignored */
     float *qs = st, *acc = st + (long)nr * G * D, *m = acc + (long)nr * G * D, *s = m + (long)nr * G;
     long tok = (long)kvh * D, maxlen = 0;
     for (int r = 0; r < nr; r++) {
@@ -120,7 +166,7 @@ static inline __attribute__((always_inline)) void task(
             int run = (int)(bs - pos % bs);
             if (run > nall - t) run = nall - t;
             long first = (blk * bs + pos % bs) * tok + (long)h * D;
-            load_rows(kc, is_bf16, first, tok, run, D, kb + t * D);
+            load_rows_t(kc, is_bf16, first, tok, run, D, kb + t);
             load_rows(vc, is_bf16, first, tok, run, D, vb + t * D);
             t += run;
         }
@@ -128,16 +174,9 @@ static inline __attribute__((always_inline)) void task(
             long len = lens[r0 + r];
             if (len <= t0) continue;
             int n = (int)(len - t0 < TILE ? len - t0 : TILE);
+            tile_scores(qs + (long)r * G * D, kb, D, G, p);
             for (int i = 0; i < G; i++) {
                 long ri = (long)r * G + i;
-                const float* qi = qs + ri * D;
-                for (int t = 0; t < n; t++) {
-                    const float* kt = kb + t * D;
-                    float dot = 0.f;
-                    #pragma omp simd reduction(+:dot)
-                    for (int j = 0; j < D; j++) dot += qi[j] * kt[j];
-                    p[i * TILE + t] = dot;
-                }
                 float mx = m[ri];
                 for (int t = 0; t < n; t++) mx = p[i * TILE + t] > mx ? p[i * TILE + t] : mx;
                 float corr = 0.f, sum = 0.f;
