@@ -27,6 +27,7 @@ def _paged_decode_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, out_ptr,
     block_tables_ptr, seq_lens_ptr, query_start_loc_ptr,
     order_ptr,  # int32 [num_reqs]: the request each slot runs (ORDERED), longest context first
+    part_ptr, lse_ptr,  # CHUNK > 0: fp32 partials [T, H, MAX_SPLITS, HEAD_DP] and base-2 LSEs [T, H, MAX_SPLITS]
     scale_log2,  # softmax scale * log2(e) (times k_scale for an fp8 cache)
     v_scale, num_reqs, num_kv_heads,
     stride_qt, stride_qh, stride_ot, stride_oh,
@@ -35,10 +36,14 @@ def _paged_decode_kernel(
     GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HEAD_D: tl.constexpr, HEAD_DP: tl.constexpr, PAGE: tl.constexpr,
     KV_FP8: tl.constexpr, DOT_F16: tl.constexpr, HEADS_FASTEST: tl.constexpr, DOT_PREC: tl.constexpr,
-    PACK: tl.constexpr = 1, ORDERED: tl.constexpr = False,
+    PACK: tl.constexpr = 1, ORDERED: tl.constexpr = False, CHUNK: tl.constexpr = 0, MAX_SPLITS: tl.constexpr = 1,
 ):
     pid = tl.program_id(0)
     progs_per_req = num_kv_heads // PACK
+    split = 0
+    if CHUNK > 0:  # split-major grid: every request's first CHUNK keys, then the second chunks of longer ones...
+        split = pid // (num_reqs * progs_per_req)
+        pid = pid % (num_reqs * progs_per_req)
     if HEADS_FASTEST:
         req = pid // progs_per_req
         kv_head = (pid % progs_per_req) * PACK  # the first of this program's PACK adjacent KV heads
@@ -51,6 +56,13 @@ def _paged_decode_kernel(
     if tl.load(query_start_loc_ptr + req + 1) == q_start:
         return
     seq_len = tl.load(seq_lens_ptr + req)  # the query is the last position: it sees all seq_len keys
+    lo = 0
+    hi = seq_len
+    if CHUNK > 0:
+        lo = split * CHUNK
+        if lo >= seq_len:
+            return
+        hi = tl.minimum(seq_len, lo + CHUNK)
 
     # rows: the query heads of this program's PACK groups (padded to tl.dot's 16); columns: PACK heads' dims
     # side by side, as the cache stores adjacent KV heads. Row r belongs to KV head r // GROUP and sees only
@@ -72,9 +84,9 @@ def _paged_decode_kernel(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, PACK * HEAD_DP], dtype=tl.float32)
     bt_row = block_tables_ptr + req.to(tl.int64) * stride_bt
-    for start in range(0, seq_len, BLOCK_N):  # every tile holds at least one visible key (its first)
+    for start in range(lo, hi, BLOCK_N):  # every tile holds at least one visible key (its first)
         pos = start + offs_n
-        pos_ok = pos < seq_len
+        pos_ok = pos < hi
         blk = tl.load(bt_row + pos // PAGE, mask=pos_ok, other=0).to(tl.int64)
         kv_off = blk * stride_cb + (pos % PAGE) * stride_cs + kv_head * HEAD_D  # [BLOCK_N]
         kv_mask = pos_ok[:, None] & d_ok[None, :]
@@ -96,15 +108,48 @@ def _paged_decode_kernel(
     out = acc / l_i[:, None]
     if KV_FP8:
         out = out * v_scale
+    o_mask = row_ok[:, None] & d_ok[None, :] & own
     o_off = q_start.to(tl.int64) * stride_ot + head[:, None] * stride_oh + d_in[None, :]
-    tl.store(out_ptr + o_off, out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :] & own)
+    if CHUNK > 0:
+        if seq_len > CHUNK:  # one of several chunks: a partial for _merge_chunks_kernel
+            row = q_start.to(tl.int64) * (num_kv_heads * GROUP) + head  # PACK == 1 here
+            tl.store(part_ptr + (row * MAX_SPLITS + split)[:, None] * HEAD_DP + d_in[None, :], out, mask=o_mask)
+            tl.store(lse_ptr + row * MAX_SPLITS + split, m_i + tl.log2(l_i), mask=row_ok)
+        else:
+            tl.store(out_ptr + o_off, out.to(out_ptr.dtype.element_ty), mask=o_mask)
+    else:
+        tl.store(out_ptr + o_off, out.to(out_ptr.dtype.element_ty), mask=o_mask)
+
+
+@triton.jit
+def _merge_chunks_kernel(
+    part_ptr, lse_ptr, out_ptr, seq_lens_ptr, query_start_loc_ptr, num_heads, stride_ot, stride_oh,
+    CHUNK: tl.constexpr, MAX_SPLITS: tl.constexpr, HEAD_D: tl.constexpr, HEAD_DP: tl.constexpr,
+):
+    """out[t, h] = the chunks' partials weighted by 2^(lse_s - lse), for requests longer than one chunk."""
+    req = tl.program_id(0)
+    h = tl.program_id(1)
+    t = tl.load(query_start_loc_ptr + req)
+    seq_len = tl.load(seq_lens_ptr + req)
+    if (seq_len <= CHUNK) | (tl.load(query_start_loc_ptr + req + 1) == t):
+        return
+    s = tl.arange(0, MAX_SPLITS)
+    ok = s < tl.cdiv(seq_len, CHUNK)
+    d = tl.arange(0, HEAD_DP)
+    row = t.to(tl.int64) * num_heads + h
+    lse = tl.load(lse_ptr + row * MAX_SPLITS + s, mask=ok, other=float("-inf"))
+    w = tl.exp2(lse - tl.max(lse, 0))  # 0 for the chunks past the context
+    part = tl.load(part_ptr + (row * MAX_SPLITS + s)[:, None] * HEAD_DP + d[None, :], mask=ok[:, None], other=0.0)
+    out = tl.sum(part * w[:, None], 0) / tl.sum(w, 0)
+    tl.store(out_ptr + t.to(tl.int64) * stride_ot + h * stride_oh + d, out.to(out_ptr.dtype.element_ty),
+             mask=d < HEAD_D)
 
 
 def paged_decode(query, k_cache, v_cache, out, block_tables, seq_lens, query_start_loc, *, num_reqs: int,
                  num_kv_heads: int, scale: float, v_scale: float, block_size: int, block_n: int = 64,
                  num_warps: int = 4, num_stages: int = 2, dot_f16: bool | None = None,
                  heads_fastest: bool = True, maxnreg: int | str | None = "auto", pack: int | str = "auto",
-                 order=None) -> None:
+                 order=None, chunk: int = 0, max_seq_len: int | None = None, scratch=None) -> None:
     """``out[t] = softmax(q[t] K^T * scale) V`` over each request's whole context, one token per request.
 
     ``k_cache``/``v_cache``: ``[num_blocks, block_size, num_kv_heads, head_size]`` views (fp8 or the query's
@@ -112,7 +157,10 @@ def paged_decode(query, k_cache, v_cache, out, block_tables, seq_lens, query_sta
     cache and off otherwise (a 16-bit cache keeps the query's dtype). ``pack``: KV heads per program (1, 2 or 4;
     > 1 reads ``pack`` adjacent heads' contiguous bytes per key and needs a power-of-two head size). ``order``:
     an int32 permutation of ``range(num_reqs)`` on the device (``longest_first``): programs run its requests in
-    that order; any permutation gives the same result, only the schedule changes."""
+    that order; any permutation gives the same result, only the schedule changes. ``chunk`` (a multiple of
+    ``block_n``): split each context into chunks of that many keys, one program each, merged by a second kernel
+    (requests of one chunk write their output directly); needs ``max_seq_len`` (an upper bound of the contexts:
+    it sizes the grid) and takes ``scratch`` = (partials, LSEs) from ``chunk_scratch`` or allocates them."""
     import torch
 
     from octavo.plugins.attention._triton_kernels import LOG2E
@@ -136,17 +184,45 @@ def paged_decode(query, k_cache, v_cache, out, block_tables, seq_lens, query_sta
     if order is not None and (order.dtype != torch.int32 or order.numel() < num_reqs):
         raise ValueError(f"paged_decode: order must be int32 with >= {num_reqs} entries, got {order.dtype} "
                          f"[{order.numel()}]")
-    _paged_decode_kernel[(num_reqs * num_kv_heads // pack,)](
+    max_splits = 1
+    if chunk:
+        if pack != 1 or chunk % block_n or max_seq_len is None:
+            raise ValueError(f"paged_decode: chunk={chunk} needs pack 1, a multiple of block_n ({block_n}) and "
+                             f"max_seq_len (got pack {pack}, max_seq_len {max_seq_len})")
+        max_splits = triton.next_power_of_2(triton.cdiv(max(1, max_seq_len), chunk))
+        if max_splits == 1:
+            chunk = 0
+        elif scratch is None:
+            scratch = chunk_scratch(query.shape[0], num_heads, max_splits, head_dp, query.device)
+    part, lse = scratch if chunk else (out, out)
+    _paged_decode_kernel[(max_splits * num_reqs * num_kv_heads // pack,)](
         query, k_cache, v_cache, out, block_tables, seq_lens, query_start_loc,
-        seq_lens if order is None else order,
+        seq_lens if order is None else order, part, lse,
         scale * LOG2E, v_scale if fp8 else 1.0, num_reqs, num_kv_heads,
         query.stride(0), query.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), block_tables.stride(0),
         GROUP=group, BLOCK_M=max(16, triton.next_power_of_2(group * pack)), BLOCK_N=block_n, PACK=pack,
         HEAD_D=head_size, HEAD_DP=head_dp, PAGE=block_size, KV_FP8=fp8, DOT_F16=dot_f16,
-        HEADS_FASTEST=heads_fastest, ORDERED=order is not None,
+        HEADS_FASTEST=heads_fastest, ORDERED=order is not None, CHUNK=chunk, MAX_SPLITS=max_splits,
         DOT_PREC="ieee" if query.dtype == torch.float32 else "tf32", num_warps=num_warps, num_stages=num_stages, **extra,
     )
+    if chunk:
+        _merge_chunks_kernel[(num_reqs, num_heads)](
+            part, lse, out, seq_lens, query_start_loc, num_heads, out.stride(0), out.stride(1),
+            CHUNK=chunk, MAX_SPLITS=max_splits, HEAD_D=head_size, HEAD_DP=head_dp)
+
+
+def chunk_scratch(num_tokens: int, num_heads: int, max_splits: int, head_dp: int, device):
+    """(partials fp32 [T, H, S, HEAD_DP], LSEs fp32 [T, H, S]) for ``paged_decode(chunk=...)``."""
+    import torch
+
+    return (torch.empty(num_tokens, num_heads, max_splits, head_dp, dtype=torch.float32, device=device),
+            torch.empty(num_tokens, num_heads, max_splits, dtype=torch.float32, device=device))
+
+
+def chunk_splits(max_seq_len: int, chunk: int) -> int:
+    """The grid's chunks per request for a context bound (a power of two; 1 = no split)."""
+    return triton.next_power_of_2(triton.cdiv(max(1, max_seq_len), chunk)) if chunk else 1
 
 
 @triton.jit

@@ -9,7 +9,8 @@ an fp8 cache always takes it (1.34x the general kernel on H100, session 4). ``or
 longest context first (``_triton_decode.longest_first``), which shortens the last wave of programs.
 
 ``OCTAVO_TRITON_DECODE_LAUNCH`` (for A/B measurements) replaces the looked-up launch, e.g.
-``block_n=128,warps=4,stages=2,ordered=1``; every key must be given and valid, or it is refused.
+``block_n=128,warps=4,stages=2,ordered=1`` (optionally ``,chunk=512``); every key must be given and valid,
+or it is refused.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ class DecodeLaunch:
     num_warps: int = 4
     num_stages: int = 2
     ordered: bool = False
+    chunk: int = 0  # > 0: split contexts into chunks of this many keys (merged by a second kernel)
 
 
 # (cache kind, GQA group, padded head size) -> launch. Kinds: "16bit" (bf16/fp16 cache), "fp8".
@@ -36,7 +38,9 @@ FP8_DEFAULT = DecodeLaunch(block_n=64, num_warps=4, num_stages=2, ordered=False)
 #: ``OCTAVO_TRITON_DECODE_KERNEL=1`` on a 16-bit shape not in the table
 FORCED_DEFAULT = DecodeLaunch()
 
-_KEYS = {"block_n": (16, 32, 64, 128, 256), "warps": (1, 2, 4, 8), "stages": (1, 2, 3, 4, 5), "ordered": (0, 1)}
+_KEYS = {"block_n": (16, 32, 64, 128, 256), "warps": (1, 2, 4, 8), "stages": (1, 2, 3, 4, 5), "ordered": (0, 1),
+         "chunk": (0, 256, 512, 1024, 2048)}
+_OPTIONAL = {"chunk": 0}
 
 
 def _from_env(raw: str) -> DecodeLaunch:
@@ -46,11 +50,15 @@ def _from_env(raw: str) -> DecodeLaunch:
         name = name.strip()
         if name not in _KEYS or not value.strip().isdigit() or int(value) not in _KEYS[name] or name in got:
             raise ValueError(f"OCTAVO_TRITON_DECODE_LAUNCH={raw!r}: expected each of "
-                             + ", ".join(f"{k}={'|'.join(map(str, v))}" for k, v in _KEYS.items()) + " once")
+                             + ", ".join(f"{k}={'|'.join(map(str, v))}" for k, v in _KEYS.items())
+                             + " once (chunk may be left out: 0)")
         got[name] = int(value)
+    got = {**_OPTIONAL, **got}
     if set(got) != set(_KEYS):
         raise ValueError(f"OCTAVO_TRITON_DECODE_LAUNCH={raw!r}: missing {sorted(set(_KEYS) - set(got))}")
-    return DecodeLaunch(got["block_n"], got["warps"], got["stages"], bool(got["ordered"]))
+    if got["chunk"] % got["block_n"]:
+        raise ValueError(f"OCTAVO_TRITON_DECODE_LAUNCH={raw!r}: chunk must be a multiple of block_n")
+    return DecodeLaunch(got["block_n"], got["warps"], got["stages"], bool(got["ordered"]), got["chunk"])
 
 
 def decode_launch(kind: str, group: int, head_dp: int, forced: bool = False) -> DecodeLaunch | None:

@@ -201,6 +201,18 @@ class TritonAttentionBackend(AttentionBackend):
             buf = md.scratch[("order", n)] = longest_first(seq_lens, n, out=buf)
         return buf
 
+    def _chunk_scratch(self, md: TritonAttentionMetadata, query, chunk: int):
+        """The chunked decode launch's partial buffers, allocated by the step's first layer, shared by all."""
+        from octavo.plugins.attention._triton_decode import chunk_scratch, chunk_splits
+
+        splits = chunk_splits(md.max_seq_len, chunk)
+        if splits == 1:
+            return None
+        key = ("chunks", query.shape[0], self.num_heads, splits, self.head_dp)
+        if key not in md.scratch:
+            md.scratch[key] = chunk_scratch(query.shape[0], self.num_heads, splits, self.head_dp, query.device)
+        return md.scratch[key]
+
     # --- forward ---------------------------------------------------------------------------------------
     def write_kv(self, key, value, kv_cache, slot_mapping) -> None:
         """Store this step's K/V at their slots (one program per token, all KV heads at once); an fp8 cache
@@ -271,7 +283,9 @@ class TritonAttentionBackend(AttentionBackend):
                              num_kv_heads=self.num_kv_heads, scale=scale, v_scale=self.v_scale if fp8 else 1.0,
                              block_size=md.block_size, block_n=launch.block_n, num_warps=launch.num_warps,
                              num_stages=launch.num_stages,
-                             order=self._longest_first(md, seq_lens, first) if launch.ordered else None)
+                             order=self._longest_first(md, seq_lens, first) if launch.ordered else None,
+                             chunk=launch.chunk, max_seq_len=md.max_seq_len,
+                             scratch=self._chunk_scratch(md, query, launch.chunk))
                 if first == md.num_reqs:
                     return out
                 tables, seq_lens, qsl = tables[first:], seq_lens[first:], qsl[first:]

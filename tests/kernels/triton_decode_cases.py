@@ -32,7 +32,8 @@ SHAPES = ([(4, 2, 32, [1, 17, 130, 64, 200]), (8, 2, 16, [5, 129, 33])] if INTER
 # the interpreter's bf16 dots return garbage (general kernel too: numpy has no bf16), so it checks fp16 caches
 HALF = torch.float16 if INTERPRET else torch.bfloat16
 CACHES = (HALF, E4M3)
-LAUNCHES = [(64, 4, 2), (128, 4, 2)]  # the table's launches; benchmarks/decode_attn_bench.py checks the others
+# (block_n, warps, stages, chunk): the table's launches; benchmarks/decode_attn_bench.py checks the others
+LAUNCHES = [(64, 4, 2, 0), (128, 4, 2, 0), (32, 4, 2, 64) if INTERPRET else (128, 4, 2, 512)]
 
 
 def _case(heads, kv_heads, d, ctx, cache_dtype, seed=0, ks=0.5, vs=0.25):
@@ -83,8 +84,8 @@ def test_longest_first_is_the_stable_descending_order(n):
 
 @pytest.mark.parametrize("cache", CACHES, ids=["16bit", "fp8"])
 @pytest.mark.parametrize("shape", range(len(SHAPES)))
-@pytest.mark.parametrize("block_n,warps,stages", LAUNCHES)
-def test_decode_launches_match_float64_and_any_order_is_bitwise_equal(shape, cache, block_n, warps, stages):
+@pytest.mark.parametrize("block_n,warps,stages,chunk", LAUNCHES)
+def test_decode_launches_match_float64_and_any_order_is_bitwise_equal(shape, cache, block_n, warps, stages, chunk):
     heads, kv_heads, d, ctx = SHAPES[shape]
     fp8 = cache == E4M3
     ks, vs = (0.5, 0.25) if fp8 else (1.0, 1.0)
@@ -97,7 +98,7 @@ def test_decode_launches_match_float64_and_any_order_is_bitwise_equal(shape, cac
         out = torch.full_like(q, float("nan"))
         paged_decode(q, kc, vc, out, bt, lens, qsl, num_reqs=len(ctx), num_kv_heads=kv_heads,
                      scale=d ** -0.5 * ks, v_scale=vs, block_size=PAGE, block_n=block_n, num_warps=warps,
-                     num_stages=stages, order=order)
+                     num_stages=stages, order=order, chunk=chunk, max_seq_len=max(ctx))
         outs.append(out)
     want = _reference(q.cpu(), kf, vf, tables, ctx, d ** -0.5)
     err = float((outs[0].cpu().double() - want).abs().max() / want.abs().max())
@@ -121,16 +122,17 @@ def _backend_step(impls, layout, cache, seed, ks=1.0, vs=1.0):
 @pytest.mark.parametrize("cache", CACHES, ids=["16bit", "fp8"])
 def test_backend_launch_table_and_order_match_general_kernel(monkeypatch, cache):
     """Two layers over one metadata (the first owns the step's order, the second reads it), decode-only and
-    mixed steps, ordered launch vs the general kernel; the decode rows (only they) take the decode kernel."""
+    mixed steps, ordered (and chunked) launches vs the general kernel; the decode rows (only they) take the
+    decode kernel."""
     import octavo.plugins.attention._triton_decode as td
 
-    heads, kv_heads, d, ctx = (4, 2, 16, [1, 40, 20, 9]) if INTERPRET else SHAPES[0]
+    heads, kv_heads, d, ctx = (4, 2, 16, [300, 40, 290, 9]) if INTERPRET else SHAPES[0]
     fp8 = cache == E4M3
     ks, vs = (0.5, 0.25) if fp8 else (1.0, 1.0)
     calls = []
     orig = td.paged_decode
     monkeypatch.setattr(td, "paged_decode", lambda *a, **kw: (calls.append((kw["num_reqs"], kw["order"] is not None,
-                                                                            kw["block_n"])), orig(*a, **kw))[1])
+                                                                            kw["block_n"], kw["chunk"])), orig(*a, **kw))[1])
     ctx = [max(c, 2) for c in ctx]  # prompts of >= 2 tokens: the first step has no decode rows
     r = len(ctx)
     tables, at = [], 1
@@ -138,43 +140,52 @@ def test_backend_launch_table_and_order_match_general_kernel(monkeypatch, cache)
         tables.append(list(range(at, at + (c + PAGE) // PAGE + 1)))
         at += len(tables[-1])
     results = {}
-    for flag, launch in (("0", ""), ("", "block_n=64,warps=4,stages=2,ordered=1")):
+    for flag, launch in (("0", ""), ("", "block_n=64,warps=4,stages=2,ordered=1"),
+                         ("", "block_n=64,warps=4,stages=2,ordered=1,chunk=256")):
         monkeypatch.setenv("OCTAVO_TRITON_DECODE_KERNEL", flag)
         monkeypatch.setenv("OCTAVO_TRITON_DECODE_LAUNCH", launch)
         impls = [TritonAttentionBackend(num_heads=heads, head_size=d, num_kv_heads=kv_heads, scale=d ** -0.5)
                  for _ in range(2)]
         for impl in impls:
             impl.k_scale, impl.v_scale = ks, vs
-        kv = torch.zeros(2, at + 1, PAGE, kv_heads, d, dtype=cache, device=DEV)
+        g = torch.Generator().manual_seed(7)  # the cached context: random K/V (the mixed step holds a prefill)
+        kv = torch.stack([torch.randn(at + 1, PAGE, kv_heads, d, generator=g) * 2 * ks,
+                          torch.randn(at + 1, PAGE, kv_heads, d, generator=g) * vs])
+        kv = (quantize(kv[0], ks, E4M3), quantize(kv[1], vs, E4M3)) if fp8 else (kv[0], kv[1])
+        kv = torch.stack(kv).to(cache).to(DEV)
         calls.clear()
-        prefill, _ = _backend_step(impls, make_layout(tables[:r], [0] * r, ctx, PAGE), kv, 1, ks, vs)
         decode, md = _backend_step(impls, make_layout(tables[:r], ctx, [1] * r, PAGE), kv, 2, ks, vs)
         mixed, _ = _backend_step(impls, make_layout(tables, [c + 1 for c in ctx] + [0], [1] * r + [12], PAGE), kv, 3,
                                  ks, vs)
         if launch:
-            assert calls == [(r, True, 64)] * 4, calls  # 2 layers x (decode-only, the mixed step's decodes)
+            chunk = 256 if "chunk" in launch else 0  # 2 layers x (decode-only, the mixed step's decodes):
+            assert calls == [(r, True, 64, chunk)] * 4, calls
             owner = md.scratch[("order_owner", r)]
             assert owner == id(impls[0]), "the first layer owns the step's order"
             assert torch.equal(md.scratch[("order", r)].cpu(), torch.argsort(-torch.tensor(ctx), stable=True).int())
         else:
             assert calls == []
-        results[flag] = (prefill, decode, mixed)
-    for name, a, b in zip(("prefill", "decode", "mixed"), results[""], results["0"]):
-        for x, y in zip(a, b):
-            err = float((x.double() - y.double()).abs().max() / y.double().abs().max())
-            assert err <= 2e-2, (name, err)
+        results[launch] = (decode, mixed)
+    for launch in list(results)[1:]:
+        for name, a, b in zip(("decode", "mixed"), results[launch], results[""]):
+            for x, y in zip(a, b):
+                err = float((x.double() - y.double()).abs().max() / y.double().abs().max())
+                assert err <= 2e-2, (launch, name, err)
 
 
 def test_launch_switch_refuses_bad_values(monkeypatch):
     from octavo.plugins.attention._triton_decode_table import DecodeLaunch, decode_launch
 
     for raw in ("block_n=128", "block_n=96,warps=4,stages=2,ordered=1", "block_n=128,warps=4,stages=2,ordered=1,x=1",
-                "block_n=128,warps=4,stages=2,ordered=yes", "block_n=128,block_n=64,warps=4,stages=2,ordered=1"):
+                "block_n=128,warps=4,stages=2,ordered=yes", "block_n=128,block_n=64,warps=4,stages=2,ordered=1",
+                "block_n=128,warps=4,stages=2,ordered=1,chunk=100"):
         monkeypatch.setenv("OCTAVO_TRITON_DECODE_LAUNCH", raw)
         with pytest.raises(ValueError, match="OCTAVO_TRITON_DECODE_LAUNCH"):
             decode_launch("16bit", 2, 128)
     monkeypatch.setenv("OCTAVO_TRITON_DECODE_LAUNCH", "block_n=128,warps=8,stages=3,ordered=1")
-    assert decode_launch("fp32", 4, 32) == DecodeLaunch(128, 8, 3, True)
+    assert decode_launch("fp32", 4, 32) == DecodeLaunch(128, 8, 3, True, 0)
+    monkeypatch.setenv("OCTAVO_TRITON_DECODE_LAUNCH", "block_n=128,warps=8,stages=3,ordered=0,chunk=512")
+    assert decode_launch("16bit", 2, 128) == DecodeLaunch(128, 8, 3, False, 512)
     monkeypatch.setenv("OCTAVO_TRITON_DECODE_KERNEL", "0")
     with pytest.raises(ValueError, match="OCTAVO_TRITON_DECODE_LAUNCH"):
         TritonAttentionBackend(num_heads=4, head_size=32, num_kv_heads=2, scale=0.1)
