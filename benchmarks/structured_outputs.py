@@ -97,7 +97,7 @@ def bench_decode(args) -> dict:
     so = StructuredOutputsParams(json=SCHEMA)
     # mode -> (structured outputs, async scheduling on, fill before the step, xgrammar's own maxLength form,
     #          GIL switch interval, engine knobs: grammar_step.INLINE_AFTER_GATE / HANDOFF_WAIT_S, fill threads)
-    park_default = async_engine.PARK
+    park_default, early_fill_default = async_engine.PARK, async_engine.EARLY_FILL
     dflt = {"inline": grammar_step.INLINE_AFTER_GATE, "handoff": grammar_step.HANDOFF_WAIT_S,
             "threads": core.structured.fill_threads, "triton": grammar_step.TRITON_APPLY, "early": so_mod.EARLY_ACCEPT}
     modes = {"free": (None, False, False, False, None, dflt), "overlap": (so, False, False, False, None, dflt),
@@ -127,6 +127,8 @@ def bench_decode(args) -> dict:
         modes["json_async_nopark"] = (so, True, False, False, None, {**dflt, "park": False})
         modes["json_async_noearly"] = (so, True, False, False, None, {**dflt, "early_launch": False})
         modes["free_async_noearly"] = (None, True, False, False, None, {**dflt, "early_launch": False})
+        # N+1's fill started on the bitmask thread right after N's accept, overlapping update(N) + schedule(N+2)
+        modes["json_async_earlyfill"] = (so, True, False, False, None, {**dflt, "early_fill": True})
         # experiment: three steps in flight (AsyncStepLoop.depth = 3, not the default): N+2 is scheduled and
         # queued before N's tokens arrive, so the runner's thread launches N+2's forward right after N+1's
         # sampler instead of waiting for the core thread; compared with free_async_d3
@@ -167,6 +169,7 @@ def bench_decode(args) -> dict:
                     old = knobs.get("old_loop", False)
                     core.async_loop.early_launch = knobs.get("early_launch", not old)
                     async_engine.PARK = knobs.get("park", not old)
+                    async_engine.EARLY_FILL = knobs.get("early_fill", early_fill_default)
             grammar_step.INLINE_AFTER_GATE, grammar_step.HANDOFF_WAIT_S = knobs["inline"], knobs["handoff"]
             grammar_step.TRITON_APPLY, so_mod.EARLY_ACCEPT = knobs["triton"], knobs["early"]
             core.structured.fill_threads = knobs["threads"]
@@ -198,7 +201,7 @@ def bench_decode(args) -> dict:
                 grammar_step.INLINE_AFTER_GATE, grammar_step.HANDOFF_WAIT_S = dflt["inline"], dflt["handoff"]
                 grammar_step.TRITON_APPLY, so_mod.EARLY_ACCEPT = dflt["triton"], dflt["early"]
                 core.structured.fill_threads = dflt["threads"]
-                async_engine.PARK = park_default
+                async_engine.PARK, async_engine.EARLY_FILL = park_default, early_fill_default
                 backend = core.structured._backend
                 for name in ("fill_bitmasks", "accept_tokens"):  # the gate_only no-ops (instance attributes)
                     if backend is not None and name in vars(backend):

@@ -140,18 +140,37 @@ class GatedGrammarStep:
         # two steps in flight: the loop hands the runner's thread the next step only after this gate opened (so
         # the parked sampling, which writes the ids that step reads, ran first); deeper loops block instead
         self.parkable = True
+        self._fill_started = False
+
+    def _drop_finished(self) -> GrammarStep:
+        # a request that finished at the previous step samples a token here that is never emitted: its
+        # (terminated) grammar is not asked for a mask
+        g = self.inner
+        keep = [j for j, pos in enumerate(g.positions) if not self.sched_out.scheduled[pos].req.is_finished]
+        if len(keep) < len(g.positions):
+            self.inner = g = g.subset(keep)
+        return g
+
+    def start_fill(self) -> None:
+        """:data:`EARLY_FILL`: called right after the previous step's tokens were accepted, before its update:
+        the fill starts on the bitmask thread (one library call, GIL released) while this thread updates and
+        schedules; :meth:`release` then waits for it. A request that finishes at the previous step is filled
+        too (harmless: its token here is never emitted; a terminated matcher gives an open row)."""
+        if self._gate.is_set() or self._fill_started:
+            return
+        self._fill_started = True
+        g = self._drop_finished()
+        if g.matchers:
+            g.start_on_pool(FILL_START_WAIT_S)
 
     def release(self) -> None:
         if self._gate.is_set():
             return
+        if not self._fill_started:
+            g = self._drop_finished()
+            if g.matchers:
+                g.start(gated=True)  # core/grammar_step.py INLINE_AFTER_GATE: filled right here, on the core thread
         g = self.inner
-        # a request that finished at the previous step samples a token here that is never emitted: its
-        # (terminated) grammar is not asked for a mask
-        keep = [j for j, pos in enumerate(g.positions) if not self.sched_out.scheduled[pos].req.is_finished]
-        if len(keep) < len(g.positions):
-            self.inner = g = g.subset(keep)
-        if g.matchers:
-            g.start(gated=True)  # core/grammar_step.py INLINE_AFTER_GATE: filled right here, on the core thread
         with self._lock:
             self._gate.set()
             parked, self._parked = self._parked, None
@@ -210,6 +229,12 @@ def _on_device(device: Any):
 # The runner parks a structured step's sampling on its gate (GatedGrammarStep.park); False: its thread blocks in
 # the gate's wait() as before session 6 (benchmarks/structured_outputs.py's *_old modes compare both).
 PARK = True
+# Start step N+1's fill on the bitmask thread right after N's tokens were accepted (GatedGrammarStep.start_fill),
+# so it runs while this thread updates N and schedules N+2; the core thread first waits up to FILL_START_WAIT_S
+# until that thread is inside the fill (else it would wait for the GIL until this thread blocks). False: the fill
+# runs inline when the gate opens (release). benchmarks/structured_outputs.py json_async_earlyfill compares.
+EARLY_FILL = False
+FILL_START_WAIT_S = 0.001
 # On an accelerator, after the next step was handed to the executor's thread, the core thread blocks up to this
 # long until that thread has queued it (the forward, and the sampler unless it waits for a grammar), before it
 # builds the finished step's outputs: both are Python, and the launch is what the device waits for.
@@ -324,7 +349,8 @@ class AsyncStepLoop:
         g = rec.grammar
         core.structured._inflight = g.inner if g is not None and g.inner.matchers else None  # fill stats
         nxt = self.inflight[0].grammar if self.inflight else None  # N+1's fill starts right after N's accept:
-        core.structured.after_accept = nxt.release if nxt is not None else None  # not after all N's outputs
+        hook = None if nxt is None else (nxt.start_fill if EARLY_FILL else nxt.release)
+        core.structured.after_accept = hook  # N+1's fill right after N's accept, not after all N's outputs
         core.structured.accept_sampled(rec.sched_out, result)  # N's tokens -> grammars -> N+1's fill, before update
         between = self._launch_between if launch_next and self.inflight and len(self.inflight) < self.depth else None
         out = core._complete(rec.sched_out, result, early, between)

@@ -173,6 +173,24 @@ class GrammarStep:
         else:
             self._future = self.pool.submit(self._fill)
 
+    def start_on_pool(self, started_wait_s: float = 0.0) -> None:
+        """Begin filling on the bitmask thread in one call (no row chunks: their threads would wait for the GIL
+        that the caller keeps while it goes on in Python); block up to ``started_wait_s`` until that thread is
+        running (so it takes the GIL now, not when the caller next blocks). :meth:`wait` collects the rows."""
+        if self._future is not None or self._rows is not None or self._error is not None:
+            return
+        self.chunks = None
+        self.t_start = time.perf_counter()
+        started = threading.Event()
+
+        def run():
+            started.set()
+            return self._fill()
+
+        self._future = self.pool.submit(run)
+        if started_wait_s > 0:
+            started.wait(started_wait_s)
+
     def wait(self) -> tuple[list[str], list[int], Any]:
         """``(request ids, their positions in batch.scheduled, packed rows [n, words])`` of the rows to mask;
         fills now if ``start`` was not called. Safe to call more than once."""

@@ -73,8 +73,8 @@ COMMON=(--batches 32 1 --steps 24 --repeats 2 --device cuda --dtype bfloat16 --s
         --show-outputs 2)
 [ "$DRY" = 1 ] && COMMON=(--batches 4 1 --steps 4 --repeats 1 --device cpu --dtype float32 --skip-compile
                           --async-modes off on --show-outputs 2)
-ALL=(--modes json_async json_async_old json_async_gateonly json_async_si --switch-interval 0.0002)
-FEW=(--modes json_async json_async_old)
+ALL=(--modes json_async json_async_old json_async_earlyfill json_async_gateonly json_async_si --switch-interval 0.0002)
+FEW=(--modes json_async json_async_old json_async_earlyfill)
 FILL=(--rows 32 --steps 24 --threads 1 --pool-threads --engine-threads 1 2 4 8 --forms cap16_regex --repeats 1)
 [ "$DRY" = 1 ] && FILL=(--rows 8 --steps 4 --threads 1 --pool-threads --engine-threads 1 2 --forms cap16_regex --repeats 1)
 step llama1b $(( 32 * X )) python3 benchmarks/structured_outputs.py "${COMMON[@]}" "${ALL[@]}" --load-format dummy \

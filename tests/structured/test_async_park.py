@@ -59,6 +59,21 @@ def test_parked_before_release_runs_on_the_releasing_thread():
     assert len(seen) == 1
 
 
+def test_fill_started_early_on_the_bitmask_thread():
+    gate = _gate(3, finished=(0,))
+    fill_threads = []
+    backend = gate.inner.backend
+    real = backend.fill_bitmasks
+    backend.fill_bitmasks = lambda ms, bm: fill_threads.append(threading.current_thread()) or real(ms, bm)
+    gate.start_fill()  # EARLY_FILL: before the previous step's update; the gate stays closed
+    assert not gate.is_released()
+    out = gate.park(lambda: gate.wait())
+    gate.release()
+    rids, positions, rows = out.get()
+    assert (rids, positions, rows[:, 0].tolist()) == (["r1", "r2"], [1, 2], [11, 12])
+    assert fill_threads and fill_threads[0] is not threading.current_thread()  # filled on the pool's thread
+
+
 def test_released_before_park_runs_on_the_runner_thread():
     gate = _gate(2)
     gate.release()

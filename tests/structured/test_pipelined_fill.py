@@ -173,6 +173,8 @@ def test_pipelined_fill_tokens_identical_to_serial(monkeypatch):
             if mode == "old":  # session 5's loop: the runner blocks on the gate, N+2 launched at the next step()
                 core.async_loop.early_launch = False
                 m.setattr(async_engine, "PARK", False)
+            if mode == "earlyfill":  # N+1's fill on the bitmask thread before update(N)
+                m.setattr(async_engine, "EARLY_FILL", True)
             if mode == "drain":
                 m.setattr(core, "step", step_with_drain)
             outs = llm.generate(prompts, params, use_tqdm=False)
@@ -183,12 +185,14 @@ def test_pipelined_fill_tokens_identical_to_serial(monkeypatch):
         inline = run("inline")  # async: filled on the core thread as the gate opens, rows over 3 threads; the
         # runner parks its sampling on the gate and N+2 is launched between update(N) and N's outputs
         old = run("old")
+        earlyfill = run("earlyfill")
         drain = run("drain")
     finally:
         set_async_scheduling(core, False)
         llm.llm_engine.shutdown()
     assert inline == serial
     assert old == serial
+    assert earlyfill == serial
     assert drain == serial
     assert drained[0] == 2 and drained[1] >= 1  # two steps were in flight, their outputs came from the stash
     assert core.structured.stats["steps"] > 0
