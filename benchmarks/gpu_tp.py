@@ -181,7 +181,10 @@ def ar_state(worker) -> str:
     from octavo.nn import parallel
 
     ar = parallel._ALL_REDUCE
-    return f"{type(ar).__name__ if ar else 'nccl'}, defer_rows={getattr(ar, 'defer_rows', None)}"
+    from octavo.plugins.platforms.cuda_pdl import pdl_on
+
+    return (f"{type(ar).__name__ if ar else 'nccl'}, defer_rows={getattr(ar, 'defer_rows', None)}, "
+            f"ll={getattr(ar, 'll', None)}, pdl={pdl_on()}")
 
 
 def switch_all_reduce(worker, mode: str) -> str:
@@ -190,17 +193,20 @@ def switch_all_reduce(worker, mode: str) -> str:
     sampled ids' broadcast), ``custom`` (the one-shot kernels, no norm fusion) or ``fused`` (the one-shot kernels
     with the all-reduce + RMSNorm fusion, as installed at start); suffixes ``+pdl`` (programmatic dependent
     launches, plugins/platforms/cuda_pdl.py) and ``+silu`` (the gate/up + SiLU GEMV, cuda_mlp_fusion.py, if the
-    engine started with OCTAVO_FUSE_SILU_GEMV=1) turn those on, their absence off. Returns what runs now."""
+    engine started with OCTAVO_FUSE_SILU_GEMV=1) and ``+ll`` (the one-shot all-reduce's LL protocol,
+    cuda_allreduce_ll.py) turn those on, their absence off. Returns what runs now."""
     from octavo.nn import parallel
     from octavo.plugins.platforms.cuda_mlp_fusion import set_silu_gemv
     from octavo.plugins.platforms.cuda_pdl import set_pdl
 
     label = mode
     mode, *flags = mode.split("+")
-    if mode not in ("nccl", "custom", "fused") or not set(flags) <= {"pdl", "silu"}:
-        raise ValueError(f"unknown all-reduce mode {label!r}: nccl|custom|fused [+pdl] [+silu]")
+    if mode not in ("nccl", "custom", "fused") or not set(flags) <= {"pdl", "silu", "ll"}:
+        raise ValueError(f"unknown all-reduce mode {label!r}: nccl|custom|fused [+pdl] [+silu] [+ll]")
     set_pdl("pdl" in flags)
     set_silu_gemv("silu" in flags)
+    if hasattr(parallel._ALL_REDUCE, "ll") or hasattr(getattr(worker, "_bench_ar", None), "ll"):
+        (getattr(worker, "_bench_ar", None) or parallel._ALL_REDUCE).ll = "ll" in flags  # cuda_allreduce_ll.py
 
     ar = getattr(worker, "_bench_ar", None) or parallel._ALL_REDUCE  # None: TP=1 or NCCL (only PDL switches)
     if ar is not None and not hasattr(worker, "_bench_ar"):
@@ -282,7 +288,7 @@ def main() -> None:
     ap.add_argument("--ar-modes", nargs="*", metavar="MODE", default=None, help="after the "
                     "measurements as started, switch the all-reduce in turn (graphs re-captured) and measure "
                     "batch-1 again (TP>1 started with OCTAVO_TP_ALLREDUCE=custom): nccl|custom|fused, optionally "
-                    "+pdl and/or +silu (switch_all_reduce)")
+                    "+pdl, +silu, +ll (switch_all_reduce)")
     ap.add_argument("--tag", default="", help="suffix of the JSON name (e.g. the all-reduce tried)")
     ap.add_argument("--copy-rate", type=float, default=3.0e12, help="bytes/s read+written, device copy (H100)")
     ap.add_argument("--out-dir", default=".")

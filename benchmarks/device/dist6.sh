@@ -7,13 +7,14 @@
 #   test  (<= 30 s) the 2-GPU test: one-shot all-reduce == NCCL bitwise (eager + graphs), its all-gather == NCCL's,
 #         the all-reduce + add + RMSNorm kernel == NCCL's sum + the unfused norm kernel bitwise (eager + graph), all
 #         also with PDL launches; tests/gpu/test_pdl_gpu.py: a layer's kernel chain with PDL == without, bitwise
-#   ab    (<= 58 s) one TP=2 engine (mp, async) started with OCTAVO_TP_ALLREDUCE_FUSE_NORM=$DIST6_FUSE (default 1)
-#         and the gate/up + SiLU GEMV (OCTAVO_FUSE_SILU_GEMV=1): batch-1 ms/token, the decode graph replayed alone,
-#         its kernel table; then re-captured in the same engine as custom (plain one-shot, nothing fused), fused
-#         (all-reduce + RMSNorm), fused+pdl (+ programmatic dependent launches, OCTAVO_PDL), fused+pdl+silu: the
-#         A/B of the same call, kernel table and greedy tokens of each
-#   tp1   (<= 32 s) TP=1 (uni, async), the same switches where they apply (custom, custom+pdl, custom+pdl+silu):
-#         PDL and the SiLU GEMV help TP=1 too, so the ratio compares like with like
+#   ab    (<= 58 s) one TP=2 engine (mp, async) started with the all-reduce + RMSNorm fusion
+#         (OCTAVO_TP_ALLREDUCE_FUSE_NORM=$DIST6_FUSE, default 1) and the gate/up + SiLU GEMV (OCTAVO_FUSE_SILU_GEMV=1):
+#         batch-1 ms/token, the decode graph replayed alone, its kernel table; then re-captured in the same engine
+#         as custom (plain one-shot, nothing else), fused, fused+pdl+silu (+ programmatic dependent launches),
+#         fused+pdl+silu+ll (+ the LL all-reduce, cuda_allreduce_ll.py; last: new protocol): the A/B of the same
+#         call, kernel table and greedy tokens of each
+#   tp1   (<= 32 s) TP=1 (uni, async) with the SiLU GEMV as started, then custom (off) and custom+pdl+silu: PDL
+#         and the SiLU GEMV help TP=1 too, so the ratio compares like with like
 #   ar    (<= 20 s) all-reduce microbench: NCCL vs symm_mem vs one-shot, 8 KiB..1 MiB, eager and in a graph
 #   nccl  (<= 40 s) TP=2 NCCL only, then no all-reduce at all (the all-reduces' in-step cost)
 #   goal  (<= 118 s) 512 x 1000/1000 TP=2 throughput (temperature 1, async; TP=1: the lead's e2e_8b.sh)
@@ -50,9 +51,10 @@ TP="python3 benchmarks/gpu_tp.py --shape 8b --copy-rate 3.01e12 --out-dir $R --p
 has test && step gpu_test 30 python3 -m pytest -q -x tests/gpu/test_tp_allreduce_gpu.py tests/gpu/test_pdl_gpu.py -k "equals_nccl or pdl_chain"
 has ar && step allreduce 20 python3 benchmarks/gpu_allreduce.py --world 2 --out "$R/allreduce.json"
 has ab && step 8b_tp2_ab 58 OCTAVO_TP_ALLREDUCE=custom OCTAVO_TP_ALLREDUCE_FUSE_NORM=$FUSE OCTAVO_FUSE_SILU_GEMV=1 \
-  $TP --one 2 --tag ab --async-modes on --graph-replay --kernel-table --ar-modes custom fused fused+pdl fused+pdl+silu
+  $TP --one 2 --tag ab --async-modes on --graph-replay --kernel-table --ar-modes custom fused fused+pdl+silu \
+  fused+pdl+silu+ll
 has tp1 && step 8b_tp1 32 OCTAVO_FUSE_SILU_GEMV=1 $TP --one 1 --async-modes on --graph-replay --kernel-table \
-  --ar-modes custom custom+pdl custom+pdl+silu
+  --ar-modes custom custom+pdl+silu
 has nccl && step 8b_tp2_nccl 40 OCTAVO_TP_ALLREDUCE=nccl $TP --one 2 --tag nccl --async-modes on --graph-replay \
   --kernel-table --graph-replay-no-allreduce
 has goal && step 8b_tp2_goal 118 OCTAVO_TP_ALLREDUCE=custom OCTAVO_TP_ALLREDUCE_FUSE_NORM=$FUSE $TP --one 2 --tag goal \

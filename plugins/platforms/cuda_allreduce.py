@@ -34,6 +34,7 @@ try:
 except ImportError:  # pragma: no cover - the cuda platform reports triton as missing
     triton = None
 
+from octavo.env_flags import env_switch
 from octavo.plugins.platforms.cuda_pdl import gdc_launch_dependents, gdc_wait, launch_opts
 
 logger = logging.getLogger(__name__)
@@ -177,13 +178,19 @@ class OneShotAllReduce:
         self.rank = dist.get_rank(group)
         self.device = device
         self.max_bytes = int(max_bytes)
-        data_bytes = 2 * self.world * self.max_bytes  # data[2][W][max_bytes]
-        self.buf = symm_mem.empty(FLAG_BYTES + data_bytes, dtype=torch.uint8, device=device)
+        from octavo.plugins.platforms.cuda_allreduce_ll import LL_REGION_BYTES_PER_SLOT
+
+        data_bytes = 2 * self.world * self.max_bytes  # data[2][W][max_bytes], then the LL words (ll[2][W][...])
+        self.buf = symm_mem.empty(FLAG_BYTES + data_bytes + 2 * self.world * LL_REGION_BYTES_PER_SLOT,
+                                  dtype=torch.uint8, device=device)
         self.buf[:FLAG_BYTES].zero_()
+        self.buf[FLAG_BYTES + data_bytes:].zero_()  # LL call indices start at 1: a zero word is "not yet"
         hdl = symm_mem.rendezvous(self.buf, group.group_name)
         ptrs = [int(p) for p in hdl.buffer_ptrs]
         self.flag_table = torch.tensor(ptrs, dtype=torch.int64, device=device)
         self.data_table = torch.tensor([p + FLAG_BYTES for p in ptrs], dtype=torch.int64, device=device)
+        self.ll_table = torch.tensor([p + FLAG_BYTES + data_bytes for p in ptrs], dtype=torch.int64, device=device)
+        self.ll = env_switch("OCTAVO_TP_ALLREDUCE_LL", default=False)  # cuda_allreduce_ll.py for small 16-bit
         self.counters = torch.zeros(MAX_CTAS, dtype=torch.int64, device=device)  # int64: never wraps
         torch.cuda.synchronize(device)
         dist.barrier(group=group)  # every rank's flags are zero before anyone raises one
@@ -231,6 +238,11 @@ class OneShotAllReduce:
 
     def reduce(self, x: torch.Tensor) -> torch.Tensor:
         """The one-shot kernel on ``x`` (contiguous, float, at most ``max_bytes``), in place."""
+        if self.ll:
+            from octavo.plugins.platforms.cuda_allreduce_ll import ll_fits, ll_reduce
+
+            if ll_fits(x):
+                return ll_reduce(self, x)
         n = x.numel()
         grid = (min(MAX_CTAS, triton.cdiv(n, BLOCK)),)
         _one_shot_kernel[grid](x, n, self.flag_table, self.data_table, self.counters,

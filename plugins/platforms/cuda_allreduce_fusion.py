@@ -44,6 +44,7 @@ from octavo.plugins.platforms.cuda_allreduce import (
     _signal_and_wait,
     _store_to_peers,
 )
+from octavo.plugins.platforms.cuda_allreduce_ll import LL_CAP_WORDS, _ll_receive, _ll_store_to_peers, ll_fits
 from octavo.plugins.platforms.cuda_pdl import gdc_launch_dependents, gdc_wait, launch_opts
 
 logger = logging.getLogger(__name__)
@@ -51,10 +52,12 @@ logger = logging.getLogger(__name__)
 
 @triton.jit
 def _one_shot_add_rms_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, n_cols, eps, flag_table, data_table,
-                             counters, cap, RANK: tl.constexpr, WORLD: tl.constexpr, MAXG: tl.constexpr,
-                             BLOCK: tl.constexpr, PDL: tl.constexpr = False):
-    """One CTA per row: the one-shot all-reduce of cuda_allreduce.py (same flags, epochs and buffers), then the
-    residual add and RMSNorm of cuda_fusions._rms_norm_kernel with the same roundings."""
+                             counters, cap, ll_table, RANK: tl.constexpr, WORLD: tl.constexpr, MAXG: tl.constexpr,
+                             BLOCK: tl.constexpr, PDL: tl.constexpr = False, LL: tl.constexpr = False,
+                             LL_CAP: tl.constexpr = 0):
+    """One CTA per row: the one-shot all-reduce of cuda_allreduce.py (same flags, epochs and buffers; or the LL
+    words of cuda_allreduce_ll.py), then the residual add and RMSNorm of cuda_fusions._rms_norm_kernel with the
+    same roundings."""
     if PDL:  # cuda_pdl.py
         gdc_wait()
         gdc_launch_dependents()
@@ -65,14 +68,19 @@ def _one_shot_add_rms_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, n_cols
     mask = cols < n_cols
     offs = row * n_cols + cols
     x = tl.load(x_ptr + offs, mask=mask, other=0.0)
-    _store_to_peers(x, offs, mask, x_ptr, data_table, parity, cap, RANK, WORLD)
-    _signal_and_wait(flag_table, row, epoch, RANK, WORLD, MAXG)
-    mine = _received(x_ptr, data_table, parity, cap, RANK, WORLD)
+    if LL:
+        _ll_store_to_peers(x, offs, mask, ll_table, parity, epoch, RANK, WORLD, LL_CAP)
+    else:
+        _store_to_peers(x, offs, mask, x_ptr, data_table, parity, cap, RANK, WORLD)
+        _signal_and_wait(flag_table, row, epoch, RANK, WORLD, MAXG)
+        mine = _received(x_ptr, data_table, parity, cap, RANK, WORLD)
     elt = x_ptr.dtype.element_ty
     acc = tl.zeros([BLOCK], dtype=tl.float32)
     for k in tl.static_range(WORLD):
         if k == RANK:
             v = x
+        elif LL:
+            v = _ll_receive(ll_table, k, offs, mask, parity, epoch, x_ptr, RANK, WORLD, LL_CAP)
         else:
             v = tl.load(mine + k * cap + offs, mask=mask, other=0.0, cache_modifier=".cg")
         acc += v.to(tl.float32)
@@ -95,10 +103,12 @@ def all_reduce_add_rms_norm(ar: OneShotAllReduce, x: torch.Tensor, residual: tor
     res_out = torch.empty_like(x)
     r2 = residual.reshape(rows, d).contiguous()
     block = 1 << max(0, d - 1).bit_length()
+    ll = bool(getattr(ar, "ll", False)) and ll_fits(x)
     _one_shot_add_rms_kernel[(rows,)](x, r2, weight, out, res_out, d, eps, ar.flag_table, ar.data_table,
-                                      ar.counters, ar.max_bytes // x.element_size(), RANK=ar.rank,
-                                      WORLD=ar.world, MAXG=MAX_CTAS, BLOCK=block, num_warps=8 if d > 4096 else 4,
-                                      **launch_opts())
+                                      ar.counters, ar.max_bytes // x.element_size(),
+                                      ar.ll_table if ll else ar.flag_table, RANK=ar.rank, WORLD=ar.world,
+                                      MAXG=MAX_CTAS, BLOCK=block, LL=ll, LL_CAP=LL_CAP_WORDS if ll else 0,
+                                      num_warps=8 if d > 4096 else 4, **launch_opts())
     ar.num_calls += 1
     return out.view(residual.shape), res_out.view(residual.shape)
 

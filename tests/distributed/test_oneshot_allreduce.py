@@ -6,7 +6,9 @@ element): every rank ends with the rank-order sum (within one bf16 rounding: the
 cast truncates where the GPU rounds to nearest) and both ranks bitwise equal; then the all-gather kernel on the
 same epochs (float, int64 and bf16 rows) gives exact copies. The memory ordering (release /
 acquire over NVLink) is only checked on GPUs: tests/gpu/test_tp_allreduce_gpu.py, benchmarks/gpu_allreduce.py.
-The second test runs the all-reduce + RMSNorm fusion (cuda_allreduce_fusion.py) the same way.
+The second test runs the all-reduce + RMSNorm fusion (cuda_allreduce_fusion.py) the same way. Both also run the
+low-latency variant (cuda_allreduce_ll.py, data words tagged with the call index) on the same epochs: bitwise
+the flag protocol's results.
 """
 
 import os
@@ -25,13 +27,14 @@ def _rank_main(rank: int, tmp: str) -> None:
     import torch
 
     from octavo.plugins.platforms import cuda_allreduce as ca
+    from octavo.plugins.platforms import cuda_allreduce_ll as ll
 
     max_bytes = 64 * 1024
-    nbytes = ca.FLAG_BYTES + 2 * WORLD * max_bytes
-    bufs = [torch.from_file(os.path.join(tmp, f"buf{r}"), shared=True, size=nbytes, dtype=torch.uint8)
+    bufs = [torch.from_file(os.path.join(tmp, f"buf{r}"), shared=True, size=_buf_bytes(), dtype=torch.uint8)
             for r in range(WORLD)]
     flags = torch.tensor([b.data_ptr() for b in bufs], dtype=torch.int64)
     data = torch.tensor([b.data_ptr() + ca.FLAG_BYTES for b in bufs], dtype=torch.int64)
+    lls = torch.tensor([b.data_ptr() + ca.FLAG_BYTES + 2 * WORLD * max_bytes for b in bufs], dtype=torch.int64)
     counters = torch.zeros(ca.MAX_CTAS, dtype=torch.int64)
     for i, n in enumerate(SIZES):
         xs = [torch.randn(n, generator=torch.Generator().manual_seed(100 * i + r)).to(torch.bfloat16)
@@ -53,7 +56,21 @@ def _rank_main(rank: int, tmp: str) -> None:
         want = torch.cat([torch.arange(n, dtype=torch.float32).reshape(shape).mul(r + 1).to(dtype)
                           for r in range(WORLD)], dim=-1)
         assert torch.equal(out, want), f"all-gather {shape} {dtype}"
+    for i, n in enumerate(SIZES):  # the LL kernel (cuda_allreduce_ll.py) on the same epochs: the flag sums, bitwise
+        x = torch.randn(n, generator=torch.Generator().manual_seed(100 * i + rank)).to(torch.bfloat16)
+        ll._one_shot_ll_kernel[(min(ca.MAX_CTAS, -(-n // ca.BLOCK)),)](
+            x, n, lls, counters, RANK=rank, WORLD=WORLD, MAXG=ca.MAX_CTAS, BLOCK=ca.BLOCK, CAP=ll.LL_CAP_WORDS,
+            PDL=bool(i % 2))
+        assert torch.equal(x, torch.load(os.path.join(tmp, f"out{rank}_{i}.pt"))), f"LL sum differs at size {n}"
+    assert counters.tolist() == [2 * len(SIZES) + len(gathers)] * ca.MAX_CTAS
 
+
+
+def _buf_bytes() -> int:  # flags, data[2][W][64 KiB], LL words[2][W][...] (cuda_allreduce.py's layout)
+    from octavo.plugins.platforms import cuda_allreduce as ca
+    from octavo.plugins.platforms import cuda_allreduce_ll as ll
+
+    return ca.FLAG_BYTES + 2 * WORLD * 64 * 1024 + 2 * WORLD * ll.LL_REGION_BYTES_PER_SLOT
 
 
 def _numel(shape) -> int:
@@ -66,10 +83,9 @@ def _numel(shape) -> int:
 def test_one_shot_kernel_two_ranks_in_the_interpreter(tmp_path):
     import torch
 
-    from octavo.plugins.platforms import cuda_allreduce as ca
 
     for r in range(WORLD):
-        (tmp_path / f"buf{r}").write_bytes(b"\0" * (ca.FLAG_BYTES + 2 * WORLD * 64 * 1024))
+        (tmp_path / f"buf{r}").write_bytes(b"\0" * _buf_bytes())
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     procs = [subprocess.Popen([sys.executable, __file__, str(r), str(tmp_path)], env=env) for r in range(WORLD)]
     try:
@@ -103,12 +119,14 @@ def _fusion_main(rank: int, tmp: str, port: str) -> None:
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
     max_bytes = 64 * 1024
-    bufs = [torch.from_file(os.path.join(tmp, f"buf{r}"), shared=True, size=ca.FLAG_BYTES + 2 * WORLD * max_bytes,
-                            dtype=torch.uint8) for r in range(WORLD)]
+    bufs = [torch.from_file(os.path.join(tmp, f"buf{r}"), shared=True, size=_buf_bytes(), dtype=torch.uint8)
+            for r in range(WORLD)]
     ar = ca.OneShotAllReduce.__new__(ca.OneShotAllReduce)  # the GPU constructor's fields, over the shared files
     ar.rank, ar.world, ar.max_bytes, ar.num_calls = rank, WORLD, max_bytes, 0
     ar.flag_table = torch.tensor([b.data_ptr() for b in bufs], dtype=torch.int64)
     ar.data_table = torch.tensor([b.data_ptr() + ca.FLAG_BYTES for b in bufs], dtype=torch.int64)
+    ar.ll_table = torch.tensor([b.data_ptr() + ca.FLAG_BYTES + 2 * WORLD * max_bytes for b in bufs], dtype=torch.int64)
+    ar.ll = False
     ar.counters = torch.zeros(ca.MAX_CTAS, dtype=torch.int64)
     ar.defer_rows, ar.defer_width, ar.pending, ar.allow_defer = 0, 0, None, False
     parallel.set_all_reduce(ar)
@@ -137,17 +155,22 @@ def _fusion_main(rank: int, tmp: str, port: str) -> None:
     ar.allow_defer = False
     assert ar.pending is None and ar.num_calls == 9  # 3 + 3 plain, then 1 flushed + 2 fused
     assert all(torch.equal(a, b) for a, b in zip(want, got))
+    ar.ll = True  # the LL words (cuda_allreduce_ll.py) for the plain and the fused kernel: same results
+    ar.allow_defer = True
+    got = forward()
+    ar.allow_defer = False
+    assert ar.pending is None and ar.num_calls == 12
+    assert all(torch.equal(a, b) for a, b in zip(want, got))
     dist.destroy_process_group()
 
 
 def test_all_reduce_norm_fusion_equals_unfused_in_the_interpreter(tmp_path):
     import socket
 
-    from octavo.plugins.platforms import cuda_allreduce as ca
 
     pytest.importorskip("octavo.plugins.platforms.cuda_fusions")
     for r in range(WORLD):
-        (tmp_path / f"buf{r}").write_bytes(b"\0" * (ca.FLAG_BYTES + 2 * WORLD * 64 * 1024))
+        (tmp_path / f"buf{r}").write_bytes(b"\0" * _buf_bytes())
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

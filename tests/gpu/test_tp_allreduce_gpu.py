@@ -2,7 +2,7 @@
 sums equal NCCL's bit for bit (random bf16 and fp32 tensors of several sizes, eager and inside CUDA graphs that
 mix sizes, so the epoch bookkeeping of idle CTA slots is exercised), its all-gather equals NCCL's (logits, ids), the
 all-reduce + residual add + RMSNorm kernel equals NCCL's sum followed by the unfused norm kernel bit for bit (eager
-and in a graph, also with PDL launches), and a tensor-parallel engine with it gives
+and in a graph, also with PDL launches and with the LL protocol), and a tensor-parallel engine with it gives
 the same greedy tokens (fp32, a random HF Llama checkpoint) as with NCCL and as one GPU, with and without the
 all-reduce + RMSNorm fusion. Needs 2 GPUs (skips otherwise; benchmarks/device/dist6.sh
 runs it, part test)."""
@@ -87,6 +87,31 @@ def _worker(rank: int, port: int, out: str) -> None:
         _check_fused_norm(ar, dev, gen, lambda tag, y, ref: check("pdl " + tag, y, ref))
     finally:
         set_pdl(False)
+    ar.ll = True  # the LL words (cuda_allreduce_ll.py): 16-bit messages up to 64 KiB, mixed with flag calls
+    try:
+        for n in (1, 777, 4096, 4096 * 3 + 5, 32768, 32769):  # 32769 bf16 > 64 KiB: the flag kernel
+            x = torch.randn(n, generator=gen, device=dev).to(torch.bfloat16)
+            ref = x.clone()
+            dist.all_reduce(ref)
+            assert ar(x) is x
+            check(f"ll eager {n}", x, ref)
+        xs = [torch.zeros(n, dtype=torch.bfloat16, device=dev) for n in (4096, 200000, 4096, 777, 32768)]
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for x in xs:
+                ar(x)
+        for trial in range(3):
+            for x in xs:
+                x.copy_(torch.randn(x.numel(), generator=gen, device=dev))
+            refs = [x.clone() for x in xs]
+            for r in refs:
+                dist.all_reduce(r)
+            g.replay()
+            for x, r in zip(xs, refs):
+                check(f"ll graph {x.numel()} trial {trial}", x, r)
+        _check_fused_norm(ar, dev, gen, lambda tag, y, ref: check("ll " + tag, y, ref))
+    finally:
+        ar.ll = False
     big = torch.ones((1 << 20) // 2 + 1, dtype=torch.bfloat16, device=dev)
     declined = ar(big) is None  # over the cap: the caller's NCCL path
     torch.cuda.synchronize()
