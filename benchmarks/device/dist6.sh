@@ -3,7 +3,8 @@
 # and dist5.sh. NEEDS BOTH GPUs (2x H100 or 2x H200; part 70b: 4), runs alone. Runs from the repo root; JSON + logs
 # to $OUT/dist6/. Dummy-weight Llama-3 shapes, bf16. NVLink multicast stays off: NCCL_NVLS_ENABLE /
 # TORCH_SYMM_MEM_DISABLE_MULTICAST are recorded, never changed. Every step has a hard cap.
-#   DIST6_PARTS (space separated, default "test ab tp1": <= 120 s of caps, ~95 s expected):
+#   DIST6_PARTS (space separated, default "test ab tp1": <= 120 s of caps, ~100 s expected; they run in the order
+#   ar, ab, tp1, test, nccl, goal, 70b: the measurements before the test, so a hanging protocol costs only the test):
 #   test  (<= 30 s) the 2-GPU test: one-shot all-reduce == NCCL bitwise (eager + graphs), its all-gather == NCCL's,
 #         the all-reduce + add + RMSNorm kernel == NCCL's sum + the unfused norm kernel bitwise (eager + graph), all
 #         also with PDL launches; tests/gpu/test_pdl_gpu.py: a layer's kernel chain with PDL == without, bitwise
@@ -48,13 +49,14 @@ step() {  # step NAME CAP_S ENV... CMD...: run one bounded config, log to $R/NAM
 has() { [[ $PARTS == *" $1 "* ]]; }
 
 TP="python3 benchmarks/gpu_tp.py --shape 8b --copy-rate 3.01e12 --out-dir $R --prompts 0 --max-num-seqs 8"
-has test && step gpu_test 30 python3 -m pytest -q -x tests/gpu/test_tp_allreduce_gpu.py tests/gpu/test_pdl_gpu.py -k "equals_nccl or pdl_chain"
 has ar && step allreduce 20 python3 benchmarks/gpu_allreduce.py --world 2 --out "$R/allreduce.json"
 has ab && step 8b_tp2_ab 58 OCTAVO_TP_ALLREDUCE=custom OCTAVO_TP_ALLREDUCE_FUSE_NORM=$FUSE OCTAVO_FUSE_SILU_GEMV=1 \
   $TP --one 2 --tag ab --async-modes on --graph-replay --kernel-table --ar-modes custom fused fused+pdl+silu \
   fused+pdl+silu+ll
 has tp1 && step 8b_tp1 32 OCTAVO_FUSE_SILU_GEMV=1 $TP --one 1 --async-modes on --graph-replay --kernel-table \
   --ar-modes custom custom+pdl+silu
+# the 2-GPU test after the measurements: a protocol bug that hangs costs only this step (its ranks exit with pytest)
+has test && step gpu_test 30 python3 -m pytest -q -x tests/gpu/test_tp_allreduce_gpu.py tests/gpu/test_pdl_gpu.py -k "equals_nccl or pdl_chain"
 has nccl && step 8b_tp2_nccl 40 OCTAVO_TP_ALLREDUCE=nccl $TP --one 2 --tag nccl --async-modes on --graph-replay \
   --kernel-table --graph-replay-no-allreduce
 has goal && step 8b_tp2_goal 118 OCTAVO_TP_ALLREDUCE=custom OCTAVO_TP_ALLREDUCE_FUSE_NORM=$FUSE $TP --one 2 --tag goal \

@@ -29,12 +29,31 @@ def _two_gpus() -> bool:
 needs_two = pytest.mark.skipif("not _two_gpus()", reason="needs 2 CUDA GPUs")
 
 
+def _exit_if_orphaned_or_late(limit_s: float = 120.0) -> None:
+    """A hung kernel (a flag or LL word that never arrives) spins forever; if pytest is killed meanwhile, this
+    spawned rank would keep its GPU. A watchdog thread exits the process (which frees the GPU) when the parent
+    is gone or after ``limit_s``."""
+    import threading
+    import time
+
+    parent, t0 = os.getppid(), time.monotonic()
+
+    def watch():
+        while True:
+            time.sleep(0.5)
+            if os.getppid() != parent or time.monotonic() - t0 > limit_s:
+                os._exit(3)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
 def _worker(rank: int, port: int, out: str) -> None:
     import torch
     import torch.distributed as dist
 
     from octavo.plugins.platforms.cuda_allreduce import OneShotAllReduce
 
+    _exit_if_orphaned_or_late()
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     dev = torch.device("cuda", rank)
