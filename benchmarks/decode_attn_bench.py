@@ -10,6 +10,8 @@ and ~420 requests (the fp8 run's doubled cache). Each variant: median of CUDA-gr
 (``triton.testing.do_bench_cudagraph``), KV bytes per second, max difference from the shape's first variant
 (the launch the backend used before). ``ordered`` variants pass a longest-first order computed once outside the
 timed call (the backend computes it once per step, not per layer); ``longest_first_us`` times that kernel.
+``chunk`` variants split contexts into chunks (grid sized for a 4,096-token bound, as under CUDA graphs) and
+include their merge kernel.
 Variants run in priority order across shapes until ``--budget`` seconds are spent (compiles dominate).
 
     python benchmarks/decode_attn_bench.py --out /tmp/decode_attn.json [--budget 50] [--shapes nano 8b]
@@ -37,15 +39,21 @@ PLAN = [
     ("8b", "general_n64 (before)", "general", {}),
     ("8b", "decode_n128", "decode", dict(block_n=128)),
     ("8b", "decode_n128_ordered", "decode", dict(block_n=128, ordered=True)),
+    ("nano", "decode_n128_ordered_chunk512", "decode", dict(block_n=128, ordered=True, chunk=512)),
+    ("8b", "decode_n128_ordered_chunk512", "decode", dict(block_n=128, ordered=True, chunk=512)),
     ("8b_fp8", "decode_n64 (fp8 default)", "decode", {}),
     ("8b_fp8", "decode_n64_ordered", "decode", dict(ordered=True)),
     ("nano", "decode_n64_ordered", "decode", dict(ordered=True)),
     ("8b", "decode_n64", "decode", {}),
-    ("8b_fp8", "decode_n128_ordered", "decode", dict(block_n=128, ordered=True)),
     ("nano", "decode_n128_w8_ordered", "decode", dict(block_n=128, num_warps=8, ordered=True)),
     ("8b", "decode_n128_w8_ordered", "decode", dict(block_n=128, num_warps=8, ordered=True)),
     ("nano", "decode_n128_s3_ordered", "decode", dict(block_n=128, num_stages=3, ordered=True)),
     ("8b", "decode_n128_s3_ordered", "decode", dict(block_n=128, num_stages=3, ordered=True)),
+    ("nano", "decode_n128_ordered_chunk1024", "decode", dict(block_n=128, ordered=True, chunk=1024)),
+    ("8b", "decode_n128_ordered_chunk1024", "decode", dict(block_n=128, ordered=True, chunk=1024)),
+    ("8b_fp8", "decode_n128_ordered", "decode", dict(block_n=128, ordered=True)),
+    ("8b_fp8", "decode_n64_ordered_chunk512", "decode", dict(ordered=True, chunk=512)),
+    ("nano", "decode_n64_ordered_chunk256", "decode", dict(ordered=True, chunk=256)),
     ("nano", "general_n128", "general", dict(block_n=128)),
     ("8b_fp8", "decode_n128_w8_ordered", "decode", dict(block_n=128, num_warps=8, ordered=True)),
     ("nano", "decode_n256_w8_ordered", "decode", dict(block_n=256, num_warps=8, ordered=True)),
@@ -53,6 +61,7 @@ PLAN = [
     ("nano256", "general_n64 (before)", "general", {}),
     ("nano256", "decode_n128", "decode", dict(block_n=128)),
     ("nano256", "decode_n128_ordered", "decode", dict(block_n=128, ordered=True)),
+    ("nano256", "decode_n128_ordered_chunk512", "decode", dict(block_n=128, ordered=True, chunk=512)),
     ("nano", "decode_n128_pack2_ordered", "decode", dict(block_n=128, pack=2, ordered=True)),
     ("8b", "decode_n64_s3_ordered", "decode", dict(num_stages=3, ordered=True)),
 ]
@@ -98,13 +107,23 @@ def general(d, out, block_n=64, num_warps=4, num_stages=2):
         num_warps=num_warps, num_stages=num_stages)
 
 
-def decode(d, out, ordered=False, **kw):
-    from octavo.plugins.attention._triton_decode import paged_decode
+MAX_MODEL_LEN = 4096  # the engines' bound under CUDA graphs: it sizes a chunked launch's grid
+
+
+def decode(d, out, ordered=False, chunk=0, **kw):
+    from octavo.plugins.attention._triton_decode import chunk_scratch, chunk_splits, paged_decode
 
     q, kv = d["q"], d["kv"]
+    scratch = None
+    if chunk:  # the backend allocates these once per step; keep them out of the timed call
+        key = ("scratch", chunk)
+        if key not in d:
+            d[key] = chunk_scratch(q.shape[0], q.shape[1], chunk_splits(MAX_MODEL_LEN, chunk), d["head"], q.device)
+        scratch = d[key]
     paged_decode(q, kv[0], kv[1], out, d["tables"], d["lens"], d["qsl"], num_reqs=q.shape[0],
                  num_kv_heads=d["kv_heads"], scale=d["head"] ** -0.5, v_scale=1.0, block_size=PAGE,
-                 order=d["order"] if ordered else None, **kw)
+                 order=d["order"] if ordered else None, chunk=chunk, max_seq_len=MAX_MODEL_LEN, scratch=scratch,
+                 **kw)
 
 
 def main() -> None:

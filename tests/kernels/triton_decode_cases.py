@@ -82,6 +82,52 @@ def test_longest_first_is_the_stable_descending_order(n):
     assert torch.equal(longest_first(longer.to(DEV), n).cpu(), want)
 
 
+@pytest.mark.skipif(INTERPRET, reason="CUDA graphs: GPU only")
+@pytest.mark.parametrize("launch", ["block_n=128,warps=4,stages=2,ordered=1",
+                                    "block_n=128,warps=4,stages=2,ordered=1,chunk=512"])
+def test_graph_replay_recomputes_the_order(monkeypatch, launch):
+    """Capture two layers' decode in a CUDA graph with the ordered (and chunked) launch, then change the contexts
+    in place: each replay must equal an eager step over the new contexts (the captured order kernel reran)."""
+    heads, kv_heads, d = 16, 8, 128
+    monkeypatch.setenv("OCTAVO_TRITON_DECODE_LAUNCH", launch)
+    impls = [TritonAttentionBackend(num_heads=heads, head_size=d, num_kv_heads=kv_heads, scale=d ** -0.5)
+             for _ in range(2)]
+    n, width = 48, 130
+    gen = torch.Generator().manual_seed(5)
+    kv = torch.randn(2, n * width + 1, PAGE, kv_heads, d, generator=gen).to(torch.bfloat16).to(DEV)
+    tables = (torch.arange(n * width, dtype=torch.int32) + 1).view(n, width)[:, torch.randperm(width, generator=gen)]
+    q = torch.randn(n, heads, d, generator=gen).to(torch.bfloat16).to(DEV)
+    layout = make_layout([[0] * width] * n, [0] * n, [1] * n, PAGE)  # placeholders: the buffers get real values
+    md = TritonAttentionBackend.build_metadata(layout, DEV)
+    md.block_tables.copy_(tables.to(DEV))
+    md.slot_mapping.fill_(-1)  # K/V below are never written
+    md.max_seq_len = width * PAGE
+    kk = torch.zeros(n, kv_heads, d, dtype=torch.bfloat16, device=DEV)
+
+    def fwd():
+        return [impl.forward(q, kk, kk, kv, md) for impl in impls]
+
+    def set_lens(seed):
+        g = torch.Generator().manual_seed(seed)
+        md.seq_lens.copy_(torch.randint(1, width * PAGE, (n,), generator=g, dtype=torch.int32).to(DEV))
+
+    set_lens(0)
+    fwd()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = fwd()
+    for seed in (1, 2, 3):
+        set_lens(seed)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(md.scratch[("order", n)].cpu(),  # the replay (not an eager call) reordered
+                           torch.argsort(-md.seq_lens.cpu().long(), stable=True).int())
+        want = fwd()  # eager with the same metadata (its first layer recomputes the order too)
+        for o, w in zip(outs, want):
+            assert torch.equal(o, w)
+
+
 @pytest.mark.parametrize("cache", CACHES, ids=["16bit", "fp8"])
 @pytest.mark.parametrize("shape", range(len(SHAPES)))
 @pytest.mark.parametrize("block_n,warps,stages,chunk", LAUNCHES)
@@ -194,47 +240,3 @@ def test_launch_switch_refuses_bad_values(monkeypatch):
     assert decode_launch("fp32", 4, 32) is None  # float32 caches keep the general kernel
     assert decode_launch("fp32", 4, 32, forced=True) == DecodeLaunch()
     assert decode_launch("fp8", 3, 64) is not None  # fp8 caches always take the decode kernel
-
-
-@pytest.mark.skipif(INTERPRET, reason="CUDA graphs: GPU only")
-def test_graph_replay_recomputes_the_order(monkeypatch):
-    """Capture two layers' decode in a CUDA graph with the ordered launch, then change the contexts in place:
-    each replay must equal an eager step over the new contexts (the captured order kernel reran)."""
-    heads, kv_heads, d = 16, 8, 128
-    monkeypatch.setenv("OCTAVO_TRITON_DECODE_LAUNCH", "block_n=128,warps=4,stages=2,ordered=1")
-    impls = [TritonAttentionBackend(num_heads=heads, head_size=d, num_kv_heads=kv_heads, scale=d ** -0.5)
-             for _ in range(2)]
-    n, width = 48, 130
-    gen = torch.Generator().manual_seed(5)
-    kv = torch.randn(2, n * width + 1, PAGE, kv_heads, d, generator=gen).to(torch.bfloat16).to(DEV)
-    tables = (torch.arange(n * width, dtype=torch.int32) + 1).view(n, width)[:, torch.randperm(width, generator=gen)]
-    q = torch.randn(n, heads, d, generator=gen).to(torch.bfloat16).to(DEV)
-    layout = make_layout([[0] * width] * n, [0] * n, [1] * n, PAGE)  # placeholders: the buffers get real values
-    md = TritonAttentionBackend.build_metadata(layout, DEV)
-    md.block_tables.copy_(tables.to(DEV))
-    md.slot_mapping.fill_(-1)  # K/V below are never written
-    md.max_seq_len = width * PAGE
-    kk = torch.zeros(n, kv_heads, d, dtype=torch.bfloat16, device=DEV)
-
-    def fwd():
-        return [impl.forward(q, kk, kk, kv, md) for impl in impls]
-
-    def set_lens(seed):
-        g = torch.Generator().manual_seed(seed)
-        md.seq_lens.copy_(torch.randint(1, width * PAGE, (n,), generator=g, dtype=torch.int32).to(DEV))
-
-    set_lens(0)
-    fwd()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        outs = fwd()
-    for seed in (1, 2, 3):
-        set_lens(seed)
-        graph.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(md.scratch[("order", n)].cpu(),  # the replay (not an eager call) reordered
-                           torch.argsort(-md.seq_lens.cpu().long(), stable=True).int())
-        want = fwd()  # eager with the same metadata (its first layer recomputes the order too)
-        for o, w in zip(outs, want):
-            assert torch.equal(o, w)
