@@ -1,6 +1,6 @@
 """Where a captured batch-1 decode forward spends its time: the kernel table of a CUDA-graph replay, and the same
-forward re-captured with the MoE layers on the general fused kernel instead of the two-launch batch-1 path
-(an A/B in one engine, so no second 60 GB start).
+forward re-captured without the batch-1 MoE fusions (norm + router in one launch, ``moe_norm_router.py``; the
+two-launch expert path, ``moe_decode_kernels.py``): an A/B in one engine, so no second 60 GB start.
 
 Used by ``benchmarks/moe_e2e.py --profile`` on the engine's graph runner (``plugins/platforms/cuda_graphs.py``).
 The kernel table comes from ``torch.profiler`` (CUPTI records the kernels a graph launches one by one):
@@ -64,32 +64,51 @@ def recapture(runner, size: int = 1):
 
 
 def profile_bs1(runner, model, with_table: bool = True, pdl: bool = False) -> dict:
-    """Graph-replay time and kernel table of the batch-1 forward as captured, then with every MoE layer's
-    two-launch path off (re-captured), then restored; with ``pdl`` also re-captured with programmatic dependent
-    launch on (new PDL variants of every taking-part kernel compile: seconds)."""
+    """Graph-replay time and kernel table of the batch-1 forward as captured; re-captured with the norm + router
+    fusion off; then also with every MoE layer's two-launch path off (the general kernel); then restored. With
+    ``pdl`` also re-captured with programmatic dependent launch on (new PDL variants of every taking-part kernel
+    compile: seconds)."""
     from octavo.nn.fused_moe import FusedMoE
     from octavo.plugins.platforms import cuda_moe
 
     res = {"captured_ms": round(_replay_ms(runner.graphs[1].replay), 4)}
     if with_table:
         res["captured_kernels"] = kernel_table(runner.graphs[1].replay)
+    from octavo.plugins.platforms.moe_norm_router import set_norm_router
+
+    pairs = [(m, m._moe_block) for m in model.modules() if "_moe_block" in vars(m)]
     layers = [m for m in model.modules() if isinstance(m, FusedMoE) and "forward" in m.__dict__]
-    res["layers_on_two_launch_path"] = len(layers)
-    if not layers:
-        return res
+    res["layers_on_two_launch_path"], res["layers_with_norm_router"] = len(layers), len(pairs)
+    if pairs:  # A: the post-attention norm and the router GEMV apart again
+        for norm, block in pairs:
+            set_norm_router(norm, block, False)
+        try:
+            graph = recapture(runner)
+            res["norm_router_off_ms"] = round(_replay_ms(graph.replay), 4)
+            del graph
+        except Exception:
+            for norm, block in pairs:
+                set_norm_router(norm, block, True)
+            raise
     saved = [(m, m.__dict__["forward"], m._moe_decode) for m in layers]
-    for m in layers:
+    for m in layers:  # B: and the general kernel at batch 1 (routing launch, w13, w2, sum): session 4's forward
         cuda_moe._decode_off(m)
     try:
-        graph = recapture(runner)
-        res["general_kernel_ms"] = round(_replay_ms(graph.replay), 4)
-        if with_table:
-            res["general_kernel_kernels"] = kernel_table(graph.replay)
-        del graph
+        if layers:
+            graph = recapture(runner)
+            res["general_kernel_ms"] = round(_replay_ms(graph.replay), 4)
+            if with_table:
+                res["general_kernel_kernels"] = kernel_table(graph.replay)
+            del graph
     finally:
         for m, fwd, dec in saved:
             m.forward, m._moe_decode = fwd, dec
-    res["two_launch_saves_ms"] = round(res["general_kernel_ms"] - res["captured_ms"], 4)
+        for norm, block in pairs:
+            set_norm_router(norm, block, True)
+    if "norm_router_off_ms" in res:
+        res["norm_router_saves_ms"] = round(res["norm_router_off_ms"] - res["captured_ms"], 4)
+    if "general_kernel_ms" in res:
+        res["all_batch1_moe_fusions_save_ms"] = round(res["general_kernel_ms"] - res["captured_ms"], 4)
     if not pdl:
         return res
     try:  # programmatic dependent launch (cuda_pdl.py, opt-in): what it would give this forward

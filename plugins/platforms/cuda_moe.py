@@ -326,6 +326,9 @@ def install_moe_kernels(model: torch.nn.Module, dtype: torch.dtype, device: torc
             notes["torch"] += 1
             notes["reasons"][layer.prefix or "layer"] = reason
             logger.warning("fused MoE kernel not used for %s: %s", layer.prefix, reason)
-    logger.info("fused MoE kernel: %d layers Triton (%d with the batch-1 two-launch path), %d torch",
-                notes["triton"], notes["decode_one"], notes["torch"])
+    from octavo.plugins.platforms.moe_norm_router import install_norm_router
+
+    notes["norm_router"] = len(install_norm_router(model))  # batch 1: post-attention norm + router, one launch
+    logger.info("fused MoE kernel: %d layers Triton (%d with the batch-1 two-launch path, %d with norm + router "
+                "fused), %d torch", notes["triton"], notes["decode_one"], notes["norm_router"], notes["torch"])
     return notes

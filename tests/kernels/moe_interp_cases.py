@@ -351,3 +351,78 @@ def test_a_wrong_batch_one_path_is_refused_at_install(monkeypatch):
     notes = cuda_moe.install_moe_kernels(layer, torch.float16, torch.device("cpu"))
     assert notes["triton"] == 1 and notes["decode_one"] == 0
     assert "forward" not in layer.__dict__ and "apply_experts" in layer.__dict__
+
+
+def _qwen3_moe_layer(dtype):
+    """A real Qwen3-MoE decoder layer (E=16, k=4, H=64), random weights, its post-attention norm on the fused
+    RMSNorm kernel as ``cuda_fusions`` installs it."""
+    import types
+
+    import transformers as T
+
+    from octavo.plugins.models.qwen3 import Qwen3DecoderLayer
+    from octavo.plugins.platforms.cuda_fusions import _fused_rms_forward
+
+    cfg = T.Qwen3MoeConfig(vocab_size=64, hidden_size=H, num_hidden_layers=1, num_attention_heads=4,
+                           num_key_value_heads=2, head_dim=16, num_experts=16, num_experts_per_tok=4,
+                           moe_intermediate_size=32, norm_topk_prob=True, intermediate_size=64)
+    layer = Qwen3DecoderLayer(cfg, 0, prefix="model.layers.0")
+    gen = torch.Generator().manual_seed(14)
+    for p in layer.parameters():
+        p.data = (torch.randn(p.shape, generator=gen) * p.shape[-1] ** -0.5).to(dtype)
+    norm = layer.post_attention_layernorm
+    norm.weight.data = (1 + 0.1 * torch.randn(H, generator=gen)).to(dtype)
+    norm.forward = types.MethodType(_fused_rms_forward, norm)
+    return layer, norm, layer.mlp
+
+
+def test_norm_router_kernel_matches_fused_norm_and_router():
+    """Norm (with residual) + router GEMV in one launch: the row and residual bit-equal to the fused RMSNorm
+    kernel's, the logits within an ulp of the router linear's (E=16 over 4-row programs, H=64 in 32-wide chunks)."""
+    from octavo.plugins.platforms.cuda_fusions import rms_norm
+    from octavo.plugins.platforms.moe_norm_router import norm_router
+
+    _, norm, block = _qwen3_moe_layer(torch.bfloat16)
+    gen = torch.Generator().manual_seed(15)
+    x, res = (torch.randn(1, H, generator=gen).to(torch.bfloat16) for _ in range(2))
+    out, res_out, logits = norm_router(x, res, norm.weight, norm.eps, block.gate.weight, rows=4)
+    want_out, want_res = rms_norm(x, norm.weight, norm.eps, res)
+    assert torch.equal(out, want_out) and torch.equal(res_out, want_res)
+    want = F.linear(want_out.float(), block.gate.weight.float())
+    assert logits.dtype == torch.bfloat16 and (logits.float() - want).abs().max() <= 1e-2 * want.abs().max()
+
+
+def test_norm_router_installed_on_a_qwen3_moe_layer(monkeypatch):
+    """Installed by ``install_moe_kernels`` on a real decoder layer: one token's norm hands its logits to the
+    block, which gives the unfused pair's output; a tensor other than the norm's output, or a larger batch,
+    takes the router linear; ``OCTAVO_MOE_NORM_ROUTER=0`` leaves the pair apart; the A/B switch restores it."""
+    from octavo.plugins.platforms.moe_norm_router import set_norm_router
+
+    # float16: Triton's interpreter rounds float32 -> bfloat16 toward zero (the GPU to nearest), which puts the
+    # bf16 kernels' error vs the torch path right at the install check's bound here
+    dt = torch.float16
+    layer, norm, block = _qwen3_moe_layer(dt)
+    gen = torch.Generator().manual_seed(16)
+    x, res = (torch.randn(1, H, generator=gen).to(dt) for _ in range(2))
+    want_out, want_res = norm(x, res)
+    want = block(want_out).float()
+    notes = cuda_moe.install_moe_kernels(layer, dt, torch.device("cpu"))
+    assert notes["decode_one"] == 1 and notes["norm_router"] == 1 and "forward" in vars(block)
+    gate_calls = []
+    block.gate.register_forward_hook(lambda *a: gate_calls.append(1))
+    out, res_out = norm(x, res)
+    assert torch.equal(out, want_out) and torch.equal(res_out, want_res) and block._moe_pre[0] is out
+    got = block(out).float()
+    assert gate_calls == [] and block._moe_pre is None
+    assert (got - want).abs().max() <= 5e-3 * want.abs().max()
+    assert (block(out.clone()).float() - got).abs().max() <= 5e-3 * want.abs().max() and gate_calls == [1]
+    x3, res3 = (torch.randn(3, H, generator=gen).to(dt) for _ in range(2))
+    out3, _ = norm(x3, res3)
+    block(out3)
+    assert gate_calls == [1, 1]
+    set_norm_router(norm, block, False)
+    assert "forward" not in vars(block) and norm.forward.__func__.__name__ == "_fused_rms_forward"
+    monkeypatch.setenv("OCTAVO_MOE_NORM_ROUTER", "0")
+    layer, norm, block = _qwen3_moe_layer(dt)
+    assert cuda_moe.install_moe_kernels(layer, dt, torch.device("cpu"))["norm_router"] == 0
+    assert "forward" not in vars(block)
