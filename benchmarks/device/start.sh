@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # LLM(...) start time on the Llama-3-8B shape, fresh processes (issue 17 item 4). JSON: $OUT/start/start.json
 # Default variants (session 5): noship_cold (Triton compiles everything: a GPU/Triton with no shipped kernels),
-# new_cold (fresh machine: only the kernels shipped with the install, core/kernel_cache.py), new_warm (the cache of
+# new_cold (fresh machine: only the kernels shipped with the install, plugins/platforms/cuda_kernel_cache.py), new_warm (the cache of
 # the previous cold run), st_warm (a 16 GB bf16 safetensors checkpoint written to local disk first, then loaded).
 set -u
 cd "$(dirname "$0")/../.."

@@ -203,7 +203,7 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, N, K, stride_wn, HAS_BIAS: tl.const
 _GEMV_CONFIGS = [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=st)
                  for bn, bk, w, st in ((8, 512, 4, 3), (16, 512, 4, 3), (16, 256, 4, 4), (32, 256, 4, 3),
                                        (16, 1024, 8, 3), (32, 512, 8, 3), (64, 256, 8, 2), (8, 1024, 4, 4))]
-# cache_results: the timings go to Triton's cache dir, so a warm (or shipped, core/kernel_cache.py) start does not
+# cache_results: the timings go to Triton's cache dir, so a warm (or shipped, cuda_kernel_cache.py) start does not
 # re-time 8 tiles per weight shape (~3.7 s of an 8B start on an H100, docs/performance.md "Start-up")
 _CACHE_TUNING = {"cache_results": True} if "cache_results" in inspect.signature(triton.autotune).parameters else {}
 _gemv_autotuned = triton.autotune(configs=_GEMV_CONFIGS, key=["N", "K", "HAS_BIAS", "EVEN"],
