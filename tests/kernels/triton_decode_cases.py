@@ -240,3 +240,11 @@ def test_launch_switch_refuses_bad_values(monkeypatch):
     assert decode_launch("fp32", 4, 32) is None  # float32 caches keep the general kernel
     assert decode_launch("fp32", 4, 32, forced=True) == DecodeLaunch()
     assert decode_launch("fp8", 3, 64) is not None  # fp8 caches always take the decode kernel
+    from octavo.plugins.attention._triton_decode_table import TABLE
+
+    for (kind, group, head), launch in TABLE.items():  # the backend looks its layer's shape up in the table
+        impl = TritonAttentionBackend(num_heads=8 * group, head_size=head, num_kv_heads=8, scale=0.1)
+        dtypes = (torch.bfloat16, torch.float16) if kind == "16bit" else (E4M3, torch.float8_e5m2)
+        for dt in dtypes:
+            assert impl._decode_launch(dt, kind == "fp8") == launch
+        assert impl._decode_launch(torch.float32, False) is None
