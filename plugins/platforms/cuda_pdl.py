@@ -39,7 +39,19 @@ else:
     except ImportError:  # pragma: no cover - Triton without the intrinsics: PDL cannot be turned on
         gdc_launch_dependents = gdc_wait = None
 
-_STATE = {"on": env_switch("OCTAVO_PDL", default=False), "checked": False}
+DEFAULT_ON = False  # unset OCTAVO_PDL: on where supported iff this (an explicit 1 where unsupported is an error)
+_STATE = {"on": env_switch("OCTAVO_PDL") if os.environ.get("OCTAVO_PDL", "").strip() else None, "checked": False}
+
+
+def _unsupported() -> str | None:
+    """Why PDL cannot run here, or None."""
+    import torch
+
+    if gdc_wait is None:
+        return "Triton's gdc_wait / gdc_launch_dependents (triton >= 3.4)"
+    if not _INTERPRET and (not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0)):
+        return "an sm_90+ GPU (Hopper or newer)"
+    return None
 
 
 def set_pdl(on: bool) -> None:
@@ -49,13 +61,12 @@ def set_pdl(on: bool) -> None:
 
 def pdl_on() -> bool:
     """Whether the next launch uses PDL; raises (once per switch) when it was asked for where it cannot run."""
+    if _STATE["on"] is None:  # OCTAVO_PDL unset: the default where supported, resolved once
+        _STATE["on"], _STATE["checked"] = DEFAULT_ON and _unsupported() is None, True
     if _STATE["on"] and not _STATE["checked"]:
-        import torch
-
-        if gdc_wait is None:
-            raise RuntimeError("OCTAVO_PDL=1 needs Triton's gdc_wait / gdc_launch_dependents (triton >= 3.4)")
-        if not _INTERPRET and (not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0)):
-            raise RuntimeError("OCTAVO_PDL=1 needs an sm_90+ GPU (Hopper or newer)")
+        why = _unsupported()
+        if why is not None:
+            raise RuntimeError(f"OCTAVO_PDL=1 needs {why}")
         _STATE["checked"] = True
     return _STATE["on"]
 
