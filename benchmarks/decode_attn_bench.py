@@ -11,7 +11,8 @@ and ~420 requests (the fp8 run's doubled cache). Each variant: median of CUDA-gr
 (the launch the backend used before). ``ordered`` variants pass a longest-first order computed once outside the
 timed call (the backend computes it once per step, not per layer); ``longest_first_us`` times that kernel.
 ``chunk`` variants split contexts into chunks (grid sized for a 4,096-token bound, as under CUDA graphs) and
-include their merge kernel.
+include their merge kernel. ``writekv`` variants also store each request's K/V (as a decode step does; compare
+with the ordered launch plus ``kv_write``, the separate write launch they save).
 Variants run in priority order across shapes until ``--budget`` seconds are spent (compiles dominate).
 
     python benchmarks/decode_attn_bench.py --out /tmp/decode_attn.json [--budget 50] [--shapes nano 8b]
@@ -43,6 +44,10 @@ PLAN = [
     ("8b", "decode_n128_ordered_chunk512", "decode", dict(block_n=128, ordered=True, chunk=512)),
     ("8b_fp8", "decode_n64 (fp8 default)", "decode", {}),
     ("8b_fp8", "decode_n64_ordered", "decode", dict(ordered=True)),
+    ("nano", "kv_write (the separate write launch)", "write", {}),
+    ("nano", "decode_n128_ordered_writekv", "decode", dict(block_n=128, ordered=True, write_kv=True)),
+    ("8b", "kv_write (the separate write launch)", "write", {}),
+    ("8b", "decode_n128_ordered_writekv", "decode", dict(block_n=128, ordered=True, write_kv=True)),
     ("nano", "decode_n64_ordered", "decode", dict(ordered=True)),
     ("8b", "decode_n64", "decode", {}),
     ("nano", "decode_n128_w8_ordered", "decode", dict(block_n=128, num_warps=8, ordered=True)),
@@ -110,7 +115,30 @@ def general(d, out, block_n=64, num_warps=4, num_stages=2):
 MAX_MODEL_LEN = 4096  # the engines' bound under CUDA graphs: it sizes a chunked launch's grid
 
 
-def decode(d, out, ordered=False, chunk=0, **kw):
+def last_kv(d):
+    """Each request's last-position K/V as in the cache, and their slots: writing them back changes nothing,
+    so a K/V-writing launch keeps the baseline's output."""
+    if "last_kv" not in d:
+        kv, lens, tables = d["kv"], d["lens"].long(), d["tables"].long()
+        pos = lens - 1
+        slots = tables.gather(1, (pos // PAGE)[:, None])[:, 0] * PAGE + pos % PAGE
+        flat = kv.view(2, -1, d["kv_heads"], d["head"])
+        d["last_kv"] = (flat[0][slots].clone(), flat[1][slots].clone(), slots)
+    return d["last_kv"]
+
+
+def write(d, out):
+    """The backend's separate K/V write launch for one decode token per request (what write_kv saves)."""
+    from octavo.plugins.attention.triton import TritonAttentionBackend
+
+    if "impl" not in d:
+        d["impl"] = TritonAttentionBackend(num_heads=d["q"].shape[1], head_size=d["head"], num_kv_heads=d["kv_heads"],
+                                           scale=d["head"] ** -0.5)
+    k, v, slots = last_kv(d)
+    d["impl"].write_kv(k, v, d["kv"], slots)
+
+
+def decode(d, out, ordered=False, chunk=0, write_kv=False, **kw):
     from octavo.plugins.attention._triton_decode import chunk_scratch, chunk_splits, paged_decode
 
     q, kv = d["q"], d["kv"]
@@ -123,7 +151,7 @@ def decode(d, out, ordered=False, chunk=0, **kw):
     paged_decode(q, kv[0], kv[1], out, d["tables"], d["lens"], d["qsl"], num_reqs=q.shape[0],
                  num_kv_heads=d["kv_heads"], scale=d["head"] ** -0.5, v_scale=1.0, block_size=PAGE,
                  order=d["order"] if ordered else None, chunk=chunk, max_seq_len=MAX_MODEL_LEN, scratch=scratch,
-                 **kw)
+                 new_kv=(*last_kv(d), 1.0, 1.0) if write_kv else None, **kw)
 
 
 def main() -> None:
@@ -170,16 +198,18 @@ def main() -> None:
         d, entry = data[shape], res["shapes"][shape]
         out = torch.empty_like(d["q"])
         try:
-            (general if kind == "general" else decode)(d, out, **kw)
+            fn = {"general": general, "decode": decode, "write": write}[kind]
+            fn(d, out, **kw)
             torch.cuda.synchronize()
             if shape not in refs:
                 refs[shape] = out.clone()
-            call = functools.partial(general if kind == "general" else decode, d, out, **kw)
+            call = functools.partial(fn, d, out, **kw)
             ms = triton.testing.do_bench_cudagraph(call, rep=args.rep, return_mode="median")
-            r = {"ms": ms, "kv_TBps": entry["kv_bytes"] / ms / 1e9,
-                 "max_abs_diff": (out.float() - refs[shape].float()).abs().max().item()}
+            r = {"ms": ms} if kind == "write" else {
+                "ms": ms, "kv_TBps": entry["kv_bytes"] / ms / 1e9,
+                "max_abs_diff": (out.float() - refs[shape].float()).abs().max().item()}
             base = next(iter(entry["variants"].values()), None)
-            if isinstance(base, dict) and "ms" in base:
+            if isinstance(base, dict) and "ms" in base and kind != "write":
                 r["speedup_vs_baseline"] = base["ms"] / ms
         except Exception as e:  # noqa: BLE001 - a launch config that does not compile: record it
             r = {"error": repr(e)[:300]}

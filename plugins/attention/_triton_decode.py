@@ -28,6 +28,8 @@ def _paged_decode_kernel(
     block_tables_ptr, seq_lens_ptr, query_start_loc_ptr,
     order_ptr,  # int32 [num_reqs]: the request each slot runs (ORDERED), longest context first
     part_ptr, lse_ptr,  # CHUNK > 0: fp32 partials [T, H, MAX_SPLITS, HEAD_DP] and base-2 LSEs [T, H, MAX_SPLITS]
+    new_k_ptr, new_v_ptr, slot_ptr,  # WRITE_KV: this step's K/V [T, KV heads, HEAD_D] and their cache slots
+    stride_nkt, stride_nkh, stride_nvt, stride_nvh, k_scale_w, v_scale_w,
     scale_log2,  # softmax scale * log2(e) (times k_scale for an fp8 cache)
     v_scale, num_reqs, num_kv_heads,
     stride_qt, stride_qh, stride_ot, stride_oh,
@@ -37,6 +39,7 @@ def _paged_decode_kernel(
     HEAD_D: tl.constexpr, HEAD_DP: tl.constexpr, PAGE: tl.constexpr,
     KV_FP8: tl.constexpr, DOT_F16: tl.constexpr, HEADS_FASTEST: tl.constexpr, DOT_PREC: tl.constexpr,
     PACK: tl.constexpr = 1, ORDERED: tl.constexpr = False, CHUNK: tl.constexpr = 0, MAX_SPLITS: tl.constexpr = 1,
+    WRITE_KV: tl.constexpr = False, FP8_MAX: tl.constexpr = 448.0,
 ):
     pid = tl.program_id(0)
     progs_per_req = num_kv_heads // PACK
@@ -63,6 +66,24 @@ def _paged_decode_kernel(
         if lo >= seq_len:
             return
         hi = tl.minimum(seq_len, lo + CHUNK)
+
+    if WRITE_KV:  # the step's K/V of this request's heads, stored as _kv_write_kernel stores them, by the program
+        if hi == seq_len:  # that reads that position (the last chunk's): no separate write launch
+            slot = tl.load(slot_ptr + q_start).to(tl.int64)
+            if slot >= 0:
+                wd = tl.arange(0, PACK * HEAD_DP)
+                wh = kv_head + wd // HEAD_DP
+                w_in = wd % HEAD_DP
+                w_ok = w_in < HEAD_D
+                kn = tl.load(new_k_ptr + q_start.to(tl.int64) * stride_nkt + wh * stride_nkh + w_in, mask=w_ok)
+                vn = tl.load(new_v_ptr + q_start.to(tl.int64) * stride_nvt + wh * stride_nvh + w_in, mask=w_ok)
+                if KV_FP8:  # saturate: a value past the fp8 range stores +-max, never inf/NaN
+                    kn = tl.clamp(kn.to(tl.float32) / k_scale_w, -FP8_MAX, FP8_MAX)
+                    vn = tl.clamp(vn.to(tl.float32) / v_scale_w, -FP8_MAX, FP8_MAX)
+                dst = (slot // PAGE) * stride_cb + (slot % PAGE) * stride_cs + wh * HEAD_D + w_in
+                tl.store(k_cache_ptr + dst, kn.to(k_cache_ptr.dtype.element_ty), mask=w_ok)
+                tl.store(v_cache_ptr + dst, vn.to(v_cache_ptr.dtype.element_ty), mask=w_ok)
+        tl.debug_barrier()  # the block's threads see those stores before the key loop loads them
 
     # rows: the query heads of this program's PACK groups (padded to tl.dot's 16); columns: PACK heads' dims
     # side by side, as the cache stores adjacent KV heads. Row r belongs to KV head r // GROUP and sees only
@@ -149,7 +170,8 @@ def paged_decode(query, k_cache, v_cache, out, block_tables, seq_lens, query_sta
                  num_kv_heads: int, scale: float, v_scale: float, block_size: int, block_n: int = 64,
                  num_warps: int = 4, num_stages: int = 2, dot_f16: bool | None = None,
                  heads_fastest: bool = True, maxnreg: int | str | None = "auto", pack: int | str = "auto",
-                 order=None, chunk: int = 0, max_seq_len: int | None = None, scratch=None) -> None:
+                 order=None, chunk: int = 0, max_seq_len: int | None = None, scratch=None,
+                 new_kv=None) -> None:
     """``out[t] = softmax(q[t] K^T * scale) V`` over each request's whole context, one token per request.
 
     ``k_cache``/``v_cache``: ``[num_blocks, block_size, num_kv_heads, head_size]`` views (fp8 or the query's
@@ -160,7 +182,10 @@ def paged_decode(query, k_cache, v_cache, out, block_tables, seq_lens, query_sta
     that order; any permutation gives the same result, only the schedule changes. ``chunk`` (a multiple of
     ``block_n``): split each context into chunks of that many keys, one program each, merged by a second kernel
     (requests of one chunk write their output directly); needs ``max_seq_len`` (an upper bound of the contexts:
-    it sizes the grid) and takes ``scratch`` = (partials, LSEs) from ``chunk_scratch`` or allocates them."""
+    it sizes the grid) and takes ``scratch`` = (partials, LSEs) from ``chunk_scratch`` or allocates them.
+    ``new_kv`` = (key, value, slot_mapping, k_scale, v_scale): write this step's K/V (one token per request,
+    ``[T, KV heads, head]``) into the cache inside this launch, as ``_kv_write_kernel`` would (slots < 0
+    skipped); the backend then skips its write launch."""
     import torch
 
     from octavo.plugins.attention._triton_kernels import LOG2E
@@ -195,15 +220,24 @@ def paged_decode(query, k_cache, v_cache, out, block_tables, seq_lens, query_sta
         elif scratch is None:
             scratch = chunk_scratch(query.shape[0], num_heads, max_splits, head_dp, query.device)
     part, lse = scratch if chunk else (out, out)
+    if new_kv is not None:
+        nk, nv, slots, ks_w, vs_w = new_kv
+        if nk.stride(-1) != 1 or nv.stride(-1) != 1:
+            nk, nv = nk.contiguous(), nv.contiguous()
+        wargs = (nk, nv, slots, nk.stride(0), nk.stride(1), nv.stride(0), nv.stride(1), ks_w, vs_w)
+    else:
+        wargs = (out, out, seq_lens, 0, 0, 0, 0, 1.0, 1.0)
+    from octavo.nn.kv_quant import FP8_MAX
     _paged_decode_kernel[(max_splits * num_reqs * num_kv_heads // pack,)](
         query, k_cache, v_cache, out, block_tables, seq_lens, query_start_loc,
-        seq_lens if order is None else order, part, lse,
+        seq_lens if order is None else order, part, lse, *wargs,
         scale * LOG2E, v_scale if fp8 else 1.0, num_reqs, num_kv_heads,
         query.stride(0), query.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), block_tables.stride(0),
         GROUP=group, BLOCK_M=max(16, triton.next_power_of_2(group * pack)), BLOCK_N=block_n, PACK=pack,
         HEAD_D=head_size, HEAD_DP=head_dp, PAGE=block_size, KV_FP8=fp8, DOT_F16=dot_f16,
         HEADS_FASTEST=heads_fastest, ORDERED=order is not None, CHUNK=chunk, MAX_SPLITS=max_splits,
+        WRITE_KV=new_kv is not None, FP8_MAX=FP8_MAX.get(k_cache.dtype, 448.0),
         DOT_PREC="ieee" if query.dtype == torch.float32 else "tf32", num_warps=num_warps, num_stages=num_stages, **extra,
     )
     if chunk:

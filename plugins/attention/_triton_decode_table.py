@@ -9,7 +9,7 @@ an fp8 cache always takes it (1.34x the general kernel on H100, session 4). ``or
 longest context first (``_triton_decode.longest_first``), which shortens the last wave of programs.
 
 ``OCTAVO_TRITON_DECODE_LAUNCH`` (for A/B measurements) replaces the looked-up launch, e.g.
-``block_n=128,warps=4,stages=2,ordered=1`` (optionally ``,chunk=512``); every key must be given and valid,
+``block_n=128,warps=4,stages=2,ordered=1`` (optionally ``,chunk=512,write_kv=1``); every key must be given and valid,
 or it is refused.
 """
 
@@ -26,6 +26,7 @@ class DecodeLaunch:
     num_stages: int = 2
     ordered: bool = False
     chunk: int = 0  # > 0: split contexts into chunks of this many keys (merged by a second kernel)
+    write_kv: bool = False  # decode-only steps: the decode kernel stores the step's K/V (no write launch)
 
 
 # (cache kind, GQA group, padded head size) -> launch. Kinds: "16bit" (bf16/fp16 cache), "fp8".
@@ -39,8 +40,8 @@ FP8_DEFAULT = DecodeLaunch(block_n=64, num_warps=4, num_stages=2, ordered=False)
 FORCED_DEFAULT = DecodeLaunch()
 
 _KEYS = {"block_n": (16, 32, 64, 128, 256), "warps": (1, 2, 4, 8), "stages": (1, 2, 3, 4, 5), "ordered": (0, 1),
-         "chunk": (0, 256, 512, 1024, 2048)}
-_OPTIONAL = {"chunk": 0}
+         "chunk": (0, 256, 512, 1024, 2048), "write_kv": (0, 1)}
+_OPTIONAL = {"chunk": 0, "write_kv": 0}
 
 
 def _from_env(raw: str) -> DecodeLaunch:
@@ -51,14 +52,15 @@ def _from_env(raw: str) -> DecodeLaunch:
         if name not in _KEYS or not value.strip().isdigit() or int(value) not in _KEYS[name] or name in got:
             raise ValueError(f"OCTAVO_TRITON_DECODE_LAUNCH={raw!r}: expected each of "
                              + ", ".join(f"{k}={'|'.join(map(str, v))}" for k, v in _KEYS.items())
-                             + " once (chunk may be left out: 0)")
+                             + " once (chunk and write_kv may be left out: 0)")
         got[name] = int(value)
     got = {**_OPTIONAL, **got}
     if set(got) != set(_KEYS):
         raise ValueError(f"OCTAVO_TRITON_DECODE_LAUNCH={raw!r}: missing {sorted(set(_KEYS) - set(got))}")
     if got["chunk"] % got["block_n"]:
         raise ValueError(f"OCTAVO_TRITON_DECODE_LAUNCH={raw!r}: chunk must be a multiple of block_n")
-    return DecodeLaunch(got["block_n"], got["warps"], got["stages"], bool(got["ordered"]), got["chunk"])
+    return DecodeLaunch(got["block_n"], got["warps"], got["stages"], bool(got["ordered"]), got["chunk"],
+                        bool(got["write_kv"]))
 
 
 def decode_launch(kind: str, group: int, head_dp: int, forced: bool = False) -> DecodeLaunch | None:

@@ -245,10 +245,10 @@ class TritonAttentionBackend(AttentionBackend):
         if not (kv_cache.is_contiguous() and kv_cache.shape[0] == 2):
             raise ValueError(f"triton backend expects a contiguous [2, blocks, block_size, kv_heads, head] cache, "
                              f"got shape {tuple(kv_cache.shape)} strides {kv_cache.stride()}")
-        self.write_kv(key, value, kv_cache, md.slot_mapping)
         num_tokens = query.shape[0]
         out = torch.empty(num_tokens, self.num_heads, self.head_size, dtype=query.dtype, device=query.device)
         if num_tokens == 0 or md.num_reqs == 0:
+            self.write_kv(key, value, kv_cache, md.slot_mapping)
             return out
         if query.stride(-1) != 1:
             query = query.contiguous()
@@ -273,7 +273,12 @@ class TritonAttentionBackend(AttentionBackend):
         scale = self.scale * (self.k_scale if fp8 else 1.0)  # K's scale folds into the softmax scale
         tables, seq_lens, qsl = md.block_tables, md.seq_lens, md.query_start_loc
         launch = self._decode_launch(kv_cache.dtype, fp8)
-        if splits == 1 and launch is not None and not self.window and not self.soft_cap:
+        decode_ok = splits == 1 and launch is not None and not self.window and not self.soft_cap
+        # a decode-only step whose launch stores the K/V itself: no write launch (table field write_kv)
+        fused_write = decode_ok and launch.write_kv and md.max_query_len == 1 and num_tokens == md.num_reqs
+        if not fused_write:
+            self.write_kv(key, value, kv_cache, md.slot_mapping)
+        if decode_ok:
             # decode rows (all of them, or the leading ones of a step with prefills) -> the decode kernel
             from octavo.plugins.attention._triton_decode import paged_decode
 
@@ -285,7 +290,8 @@ class TritonAttentionBackend(AttentionBackend):
                              num_stages=launch.num_stages,
                              order=self._longest_first(md, seq_lens, first) if launch.ordered else None,
                              chunk=launch.chunk, max_seq_len=md.max_seq_len,
-                             scratch=self._chunk_scratch(md, query, launch.chunk))
+                             scratch=self._chunk_scratch(md, query, launch.chunk),
+                             new_kv=(key, value, md.slot_mapping, self.k_scale, self.v_scale) if fused_write else None)
                 if first == md.num_reqs:
                     return out
                 tables, seq_lens, qsl = tables[first:], seq_lens[first:], qsl[first:]

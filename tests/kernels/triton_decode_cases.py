@@ -168,8 +168,8 @@ def _backend_step(impls, layout, cache, seed, ks=1.0, vs=1.0):
 @pytest.mark.parametrize("cache", CACHES, ids=["16bit", "fp8"])
 def test_backend_launch_table_and_order_match_general_kernel(monkeypatch, cache):
     """Two layers over one metadata (the first owns the step's order, the second reads it), decode-only and
-    mixed steps, ordered (and chunked) launches vs the general kernel; the decode rows (only they) take the
-    decode kernel."""
+    mixed steps, ordered (chunked, K/V-writing) launches vs the general kernel: outputs, and the cache bytes
+    written; the decode rows (only they) take the decode kernel."""
     import octavo.plugins.attention._triton_decode as td
 
     heads, kv_heads, d, ctx = (4, 2, 16, [300, 40, 290, 9]) if INTERPRET else SHAPES[0]
@@ -178,7 +178,8 @@ def test_backend_launch_table_and_order_match_general_kernel(monkeypatch, cache)
     calls = []
     orig = td.paged_decode
     monkeypatch.setattr(td, "paged_decode", lambda *a, **kw: (calls.append((kw["num_reqs"], kw["order"] is not None,
-                                                                            kw["block_n"], kw["chunk"])), orig(*a, **kw))[1])
+                                                                            kw["block_n"], kw["chunk"], kw["new_kv"] is not None)),
+                                                                 orig(*a, **kw))[1])
     ctx = [max(c, 2) for c in ctx]  # prompts of >= 2 tokens: the first step has no decode rows
     r = len(ctx)
     tables, at = [], 1
@@ -187,7 +188,8 @@ def test_backend_launch_table_and_order_match_general_kernel(monkeypatch, cache)
         at += len(tables[-1])
     results = {}
     for flag, launch in (("0", ""), ("", "block_n=64,warps=4,stages=2,ordered=1"),
-                         ("", "block_n=64,warps=4,stages=2,ordered=1,chunk=256")):
+                         ("", "block_n=64,warps=4,stages=2,ordered=1,chunk=256"),
+                         ("", "block_n=64,warps=4,stages=2,ordered=1,write_kv=1")):
         monkeypatch.setenv("OCTAVO_TRITON_DECODE_KERNEL", flag)
         monkeypatch.setenv("OCTAVO_TRITON_DECODE_LAUNCH", launch)
         impls = [TritonAttentionBackend(num_heads=heads, head_size=d, num_kv_heads=kv_heads, scale=d ** -0.5)
@@ -205,15 +207,17 @@ def test_backend_launch_table_and_order_match_general_kernel(monkeypatch, cache)
                                  ks, vs)
         if launch:
             chunk = 256 if "chunk" in launch else 0  # 2 layers x (decode-only, the mixed step's decodes):
-            assert calls == [(r, True, 64, chunk)] * 4, calls
+            wkv = "write_kv" in launch  # only decode-only steps store K/V in the decode launch
+            assert calls == [(r, True, 64, chunk, wkv)] * 2 + [(r, True, 64, chunk, False)] * 2, calls
             owner = md.scratch[("order_owner", r)]
             assert owner == id(impls[0]), "the first layer owns the step's order"
             assert torch.equal(md.scratch[("order", r)].cpu(), torch.argsort(-torch.tensor(ctx), stable=True).int())
         else:
             assert calls == []
-        results[launch] = (decode, mixed)
+        results[launch] = (decode, mixed, [kv.cpu()])
     for launch in list(results)[1:]:
-        for name, a, b in zip(("decode", "mixed"), results[launch], results[""]):
+        assert torch.equal(results[launch][2][0], results[""][2][0]), launch  # the same cache bytes written
+        for name, a, b in zip(("decode", "mixed"), results[launch][:2], results[""][:2]):
             for x, y in zip(a, b):
                 err = float((x.double() - y.double()).abs().max() / y.double().abs().max())
                 assert err <= 2e-2, (launch, name, err)
