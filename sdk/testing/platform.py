@@ -116,6 +116,35 @@ class PlatformContract:
             err = ((out.cpu().double() - ref).abs().max() / ref.abs().max()).item()
             assert err < _MATMUL_RTOL[name], f"{name} matmul on {platform.device_type}: relative error {err:.2e}"
 
+    def test_own_kernels_keep_the_cores_contract(self, platform):
+        """``make_fused_sampler`` / ``make_grammar_mask_apply`` give ``None`` (the core's torch code runs) or a
+        callable that computes what the core's code would: greedy rows exactly ``argmax``, random rows only among
+        the logits ``>=`` their threshold; ``-inf`` exactly on the tokens a row's bits disallow, in place."""
+        sample, apply = platform.make_fused_sampler(), platform.make_grammar_mask_apply()
+        assert sample is None or callable(sample), "make_fused_sampler() must return a callable or None"
+        assert apply is None or callable(apply), "make_grammar_mask_apply() must return a callable or None"
+        if not self.check_compute or (sample is None and apply is None):
+            return
+        torch = pytest.importorskip("torch")
+        gen = torch.Generator().manual_seed(0)
+        vocab, dev = 1000, platform.device_type
+        logits = torch.randn(4, vocab, generator=gen)
+        if sample is not None:
+            temp = torch.tensor([0.0, 0.8, 1.0, 0.0])
+            thr = torch.tensor([float("-inf"), float("-inf"), logits[2].topk(5).values[-1].item(), 0.0])
+            got = sample(logits.to(dev), temp.to(dev), {}, thr.to(dev)).cpu()
+            assert got.shape == (4,) and got[0] == logits[0].argmax() and got[3] == logits[3].argmax()
+            assert 0 <= got[1] < vocab and logits[2, got[2]] >= thr[2]
+        if apply is not None:
+            packed = torch.randint(-2**31, 2**31 - 1, (2, (vocab + 31) // 32), dtype=torch.int32, generator=gen)
+            rows = torch.tensor([3, 1], dtype=torch.int32)
+            out = apply(logits.to(dev), packed.to(dev), rows.to(dev)).cpu()
+            bits = (packed.long()[:, :, None] >> torch.arange(32)) & 1  # [2, words, 32]: bit t % 32 of word t // 32
+            want = logits.clone()
+            for j, r in enumerate(rows.tolist()):
+                want[r][bits[j].reshape(-1)[:vocab] == 0] = float("-inf")
+            assert torch.equal(out, want), "the grammar mask apply differs from the bit rule"
+
     def test_selected_when_named_in_settings(self, platform):
         if not self.check_registered:
             pytest.skip("check_registered is off")
