@@ -6,7 +6,6 @@ images are a 400 naming ``messages`` for that request only."""
 
 from __future__ import annotations
 
-import base64
 import io
 
 import openai
@@ -15,7 +14,7 @@ import torch
 
 from octavo.server.launch import ServerProcess
 from tests.multimodal.media_server import MediaServer
-from tests.multimodal.tiny_llava import build_tiny_llava, make_image
+from tests.multimodal.tiny_llava import build_tiny_llava, data_url, make_image, two_image_content
 
 TEMPLATE = "{% for m in messages %}{{ m['role'].upper() }}: {{ m['content'] }} {% endfor %}ASSISTANT:"
 
@@ -34,17 +33,10 @@ def setup(tmp_path_factory):
     assert srv.stop() == 0
 
 
-def _data_url(img) -> str:
-    buf = io.BytesIO()
-    img.save(buf, format="PNG")
-    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
-
-
 def test_image_parts_streaming_and_not_equal_transformers(setup):
     client, name, model, processor = setup
     imgs = [make_image(21, (48, 64)), make_image(22, (70, 50))]
-    content = [{"type": "text", "text": "w7 "}, {"type": "image_url", "image_url": {"url": _data_url(imgs[0])}},
-               {"type": "text", "text": " w4 "}, {"type": "image_url", "image_url": {"url": _data_url(imgs[1])}}]
+    content = two_image_content(imgs)
     messages = [{"role": "user", "content": content}]
     inputs = processor(text="USER: w7 <image> w4 <image> ASSISTANT:", images=imgs, return_tensors="pt")
     with torch.no_grad():
@@ -80,7 +72,7 @@ def test_allowed_domain_url_equals_inline_image(setup, media):
 
     fetched = ask(srv.url("/cat.png"))
     assert srv.hits[-1] == "/cat.png"
-    inline = ask(_data_url(img))
+    inline = ask(data_url(img))
     assert fetched.choices[0].model_extra["token_ids"] == inline.choices[0].model_extra["token_ids"]
 
 

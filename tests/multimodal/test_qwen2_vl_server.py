@@ -6,8 +6,6 @@ through ``LLM.chat`` (test_qwen2_vl.py)."""
 
 from __future__ import annotations
 
-import base64
-import io
 import os
 
 import pytest
@@ -33,19 +31,12 @@ def setup(tmp_path_factory):
     assert srv.stop() == 0
 
 
-def _data_url(img) -> str:
-    buf = io.BytesIO()
-    img.save(buf, format="PNG")
-    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
-
-
 def test_image_parts_streaming_and_not_equal_transformers(setup):
-    from tests.multimodal.tiny_llava import make_image
+    from tests.multimodal.tiny_llava import make_image, two_image_content
 
     client, name, model, reference = setup
     imgs = [make_image(21, (56, 84)), make_image(22, (150, 100))]
-    content = [{"type": "text", "text": "w7 "}, {"type": "image_url", "image_url": {"url": _data_url(imgs[0])}},
-               {"type": "text", "text": " w4 "}, {"type": "image_url", "image_url": {"url": _data_url(imgs[1])}}]
+    content = two_image_content(imgs)
     messages = [{"role": "user", "content": content}]
     v = "<|vision_start|><|image_pad|><|vision_end|>"
     inputs = reference(f"USER: w7 {v} w4 {v} ASSISTANT:", imgs)

@@ -56,3 +56,19 @@ def build_tiny_llava(path):
 def make_image(seed: int, size: tuple[int, int]):
     rng = np.random.default_rng(seed)
     return Image.fromarray(rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8))
+
+
+def data_url(img) -> str:
+    """``img`` as a PNG ``data:`` URL (what an OpenAI ``image_url`` content part carries inline)."""
+    import base64
+    import io
+
+    buf = io.BytesIO()
+    img.save(buf, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+def two_image_content(imgs) -> list[dict]:
+    """The server tests' user message ``w7 <image> w4 <image>`` as OpenAI chat content parts (data: URLs)."""
+    return [{"type": "text", "text": "w7 "}, {"type": "image_url", "image_url": {"url": data_url(imgs[0])}},
+            {"type": "text", "text": " w4 "}, {"type": "image_url", "image_url": {"url": data_url(imgs[1])}}]
