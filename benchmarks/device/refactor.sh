@@ -14,7 +14,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$R/gpu.c
 git rev-parse HEAD > "$R/commit.txt" 2>/dev/null
 export OCTAVO_LOG_LEVEL=${OCTAVO_LOG_LEVEL:-warning}
 echo "== refactor GPU tests (cap 58 s) $(date -u +%T)"
-timeout -k 2 58 python -m pytest -q -p no:cacheprovider -W ignore --junitxml="$R/junit.xml" \
+timeout -k 2 58 python -m pytest -v -p no:cacheprovider -W ignore --junitxml="$R/junit.xml" \
   tests/gpu/test_platform_kernels_gpu.py tests/gpu/test_cuda_platform.py tests/structured/test_apply_device.py \
   tests/unit/test_kernel_cache.py tests/kernels/fused_sampler_cases.py > "$R/pytest.log" 2>&1
 echo "pytest exit $?" | tee "$R/exit.txt"; tail -n 25 "$R/pytest.log"
