@@ -127,9 +127,11 @@ def _pairs(model):
         if type(block).__name__ not in SPARSE_BLOCKS or "forward" not in vars(block.experts):
             continue  # not a sparse block, or its experts lack the batch-1 path (the logits would go unused)
         gate = block.gate
+        weight = getattr(gate, "weight", None)
         if (getattr(norm.forward, "__func__", None) is not _fused_rms_forward or block.experts.tp_size != 1
-                or gate.bias is not None or not isinstance(gate.quant_method, UnquantizedLinearMethod)
-                or gate.weight.dim() != 2 or not gate.weight.is_contiguous()
+                or getattr(gate, "bias", None) is not None
+                or not isinstance(getattr(gate, "quant_method", None), UnquantizedLinearMethod)
+                or not isinstance(weight, torch.Tensor) or weight.dim() != 2 or not weight.is_contiguous()
                 or "forward" in vars(block) or "forward" in vars(gate)):
             continue
         yield layer, norm, block
