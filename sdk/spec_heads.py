@@ -106,6 +106,15 @@ def read_state_dict(path: str, names: tuple[str, ...] = ()) -> dict:
     return state
 
 
+def check_dense_head(config, head_vocab: int, vocab_size: int, what: str, kind: str) -> None:
+    """What every head checkpoint is refused for at start: a vocabulary other than the target's (``what`` names
+    the checkpoint), and a ``speculative_config.quantization`` (heads load dense; ``kind`` names them)."""
+    if head_vocab != vocab_size:
+        raise ValueError(f"{what} has vocab_size={head_vocab} but the target has {vocab_size}")
+    if config.quantization:
+        raise ValueError(f"speculative_config quantization applies to draft models; {kind} load dense")
+
+
 def load_exact(module, state: dict, what: str) -> None:
     """Copy ``state`` into ``module``: every parameter must be present with its shape, and no tensor may be
     left over (a layout this loader does not understand fails loudly instead of drafting garbage)."""

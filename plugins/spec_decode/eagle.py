@@ -25,7 +25,14 @@ Only single-layer heads (the published ones) are built; more layers are refused 
 
 from __future__ import annotations
 
-from octavo.spec_heads import HeadSpeculator, checkpoint_dir, load_exact, read_config, read_state_dict
+from octavo.spec_heads import (
+    HeadSpeculator,
+    check_dense_head,
+    checkpoint_dir,
+    load_exact,
+    read_config,
+    read_state_dict,
+)
 
 
 class EagleSpeculator(HeadSpeculator):
@@ -41,11 +48,8 @@ class EagleSpeculator(HeadSpeculator):
                              "only single-layer EAGLE heads (the published layout) are supported")
         if cfg.get("add_para_norm"):
             raise ValueError(f"{cls.name} head {config.model!r}: the HASS variant (add_para_norm) is not supported")
-        if cfg.get("vocab_size", vocab_size) != vocab_size:
-            raise ValueError(f"{cls.name} head {config.model!r} has vocab_size={cfg['vocab_size']} but the target "
-                             f"has {vocab_size}")
-        if config.quantization:
-            raise ValueError("speculative_config quantization applies to draft models; EAGLE heads load dense")
+        check_dense_head(config, cfg.get("vocab_size", vocab_size), vocab_size, f"{cls.name} head {config.model!r}",
+                         "EAGLE heads")
 
     @classmethod
     def load_head(cls, config, *, hidden_size: int, vocab_size: int, device, dtype, target=None,

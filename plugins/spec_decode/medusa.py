@@ -26,6 +26,7 @@ import re
 from octavo.spec_heads import (
     DraftHead,
     HeadSpeculator,
+    check_dense_head,
     checkpoint_dir,
     load_exact,
     read_config,
@@ -110,11 +111,8 @@ class MedusaSpeculator(HeadSpeculator):
         if config.num_speculative_tokens > cfg["num_heads"]:
             raise ValueError(f"speculative_config num_speculative_tokens={config.num_speculative_tokens} but the "
                              f"Medusa checkpoint {config.model!r} has {cfg['num_heads']} heads (one draft each)")
-        if cfg.get("vocab_size", vocab_size) != vocab_size:
-            raise ValueError(f"Medusa checkpoint {config.model!r} has vocab_size={cfg['vocab_size']} but the "
-                             f"target has {vocab_size}")
-        if config.quantization:
-            raise ValueError("speculative_config quantization applies to draft models; Medusa heads load dense")
+        check_dense_head(config, cfg.get("vocab_size", vocab_size), vocab_size, f"Medusa checkpoint {config.model!r}",
+                         "Medusa heads")
 
     @classmethod
     def load_head(cls, config, *, hidden_size: int, vocab_size: int, device, dtype, target=None,

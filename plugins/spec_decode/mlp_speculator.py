@@ -26,6 +26,7 @@ import re
 from octavo.spec_heads import (
     DraftHead,
     HeadSpeculator,
+    check_dense_head,
     checkpoint_dir,
     load_exact,
     read_config,
@@ -121,11 +122,7 @@ class MLPSpeculatorProposer(HeadSpeculator):
         if config.num_speculative_tokens > cfg["n_predict"]:
             raise ValueError(f"speculative_config num_speculative_tokens={config.num_speculative_tokens} but the "
                              f"MLP speculator {config.model!r} predicts n_predict={cfg['n_predict']} tokens")
-        if cfg["vocab_size"] != vocab_size:
-            raise ValueError(f"MLP speculator {config.model!r} has vocab_size={cfg['vocab_size']} but the target "
-                             f"has {vocab_size}")
-        if config.quantization:
-            raise ValueError("speculative_config quantization applies to draft models; MLP speculators load dense")
+        check_dense_head(config, cfg["vocab_size"], vocab_size, f"MLP speculator {config.model!r}", "MLP speculators")
 
     @classmethod
     def load_head(cls, config, *, hidden_size: int, vocab_size: int, device, dtype, target=None,

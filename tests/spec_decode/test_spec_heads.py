@@ -163,6 +163,11 @@ def test_head_checkpoints_that_do_not_fit_fail_at_start(ckpts, tmp_path):
     write_mlp_speculator(str(tmp_path / "vocab"), n_predict=2, vocab_size=50)
     with pytest.raises(Exception, match="vocab_size=50"):
         LLM(ckpts["random"], speculative_config=_spec("mlp_speculator", str(tmp_path / "vocab"), 2), **ENGINE)
+    for method, head, kind in (("medusa", "medusa_rand", "Medusa heads"), ("mlp_speculator", "mlp_rand",
+                               "MLP speculators"), ("eagle", "eagle_rand", "EAGLE heads")):
+        with pytest.raises(Exception, match=f"quantization applies to draft models; {kind} load dense"):
+            LLM(ckpts["random"], speculative_config={**_spec(method, str(root / head), 1), "quantization": "fp8"},
+                **ENGINE)
     from safetensors.torch import load_file, save_file
 
     write_medusa(str(tmp_path / "broken"), num_heads=2)
