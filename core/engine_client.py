@@ -153,7 +153,7 @@ class EngineCoreClient:
 class MPEngineCoreClient(EngineCoreClient):
     """The core in a child process (multiprocessing spawn), talking msgpack over ZeroMQ ipc sockets."""
 
-    def __init__(self, settings: Any, *, start_timeout_s: float = 600.0):
+    def __init__(self, settings: Any, *, start_timeout_s: float = 600.0, adaptive_threads: bool = False):
         super().__init__()
         import zmq
 
@@ -177,7 +177,7 @@ class MPEngineCoreClient(EngineCoreClient):
         ctx = multiprocessing.get_context("spawn")
         settings_json = json.dumps(settings.model_dump(mode="json"))
         self.proc = ctx.Process(target=run_engine_core, name="octavo-engine-core", daemon=True,
-                                args=(settings_json, in_addr, out_addr, os.getpid()))
+                                args=(settings_json, in_addr, out_addr, os.getpid(), adaptive_threads))
         self.proc.start()
         self._start_timeout_s = start_timeout_s
 
@@ -329,8 +329,9 @@ class InprocEngineCoreClient(EngineCoreClient):
             self._loopthread._close_core()
 
 
-def make_engine_core_client(settings: Any) -> EngineCoreClient:
-    """The client ``settings.server.disable_frontend_multiprocessing`` asks for (default: separate process)."""
+def make_engine_core_client(settings: Any, *, adaptive_threads: bool = False) -> EngineCoreClient:
+    """The client ``settings.server.disable_frontend_multiprocessing`` asks for (default: separate process).
+    ``adaptive_threads``: the core process may choose its CPU thread count (core/cpu_threads.py)."""
     if settings.server.disable_frontend_multiprocessing:
         return InprocEngineCoreClient(settings)
-    return MPEngineCoreClient(settings)
+    return MPEngineCoreClient(settings, adaptive_threads=adaptive_threads)

@@ -79,6 +79,8 @@ class EngineCoreLoop:
         self.core = core
         self.settings = settings
         self._shutdown = False
+        self.governor: Any = None  # core/cpu_threads.py ThreadGovernor: picks torch threads per step (CPU server)
+        self._prev_counts: tuple[int, int] | None = None
 
     # -- transport -------------------------------------------------------------------------------------
     def _recv(self, timeout_s: float | None) -> list[tuple[bytes, Any]]:
@@ -103,7 +105,7 @@ class EngineCoreLoop:
             if self._shutdown:
                 break
             if core.has_unfinished_requests():
-                self._send(OUTPUTS, core.step())
+                self._send(OUTPUTS, core.step() if self.governor is None else self._governed_step())
             now = time.monotonic()
             if now - last_check > PARENT_CHECK_S:
                 last_check = now
@@ -114,6 +116,20 @@ class EngineCoreLoop:
                 if check_health is not None:
                     check_health()  # a dead worker raises: the step-failure path reports it and exits 1
         self._close_core()
+
+    def _governed_step(self) -> Any:
+        """One step at the thread count the governor picks; it learns from the step's time and work."""
+        gov = self.governor
+        gov.before_step()
+        t0 = time.perf_counter()
+        out = self.core.step()
+        seconds = time.perf_counter() - t0
+        stats = out.stats
+        counts = None if stats is None else (stats.num_prompt_tokens, stats.num_generation_tokens)
+        prev, self._prev_counts = self._prev_counts, counts
+        key = None if counts is None or prev is None else (counts[0] - prev[0], counts[1] - prev[1])
+        gov.after_step(seconds, key)
+        return out
 
     def _handle(self, kind: bytes, msg: Any) -> None:
         core = self.core
@@ -192,11 +208,14 @@ class ZmqEngineCoreLoop(EngineCoreLoop):
         return os.getppid() == self.parent_pid
 
 
-def run_engine_core(settings_json: str, input_addr: str, output_addr: str, parent_pid: int) -> None:
+def run_engine_core(settings_json: str, input_addr: str, output_addr: str, parent_pid: int,
+                    adaptive_threads: bool = False) -> None:
     """Entry point of the engine-core process (``multiprocessing`` spawn target).
 
     Builds ``EngineCore`` from the settings, sends ``ModelInfo`` (or the startup error, with its
     traceback), then runs the loop until told to shut down or until the parent disappears.
+    ``adaptive_threads``: the front end reserved a CPU for itself (``num_threads`` = its ``cpus - 1``
+    default), so on a CPU the core may measure whether all CPUs serve it better (core/cpu_threads.py).
     """
     # Ctrl-C in a terminal reaches the whole process group; the front end decides how to stop us.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -221,12 +240,18 @@ def run_engine_core(settings_json: str, input_addr: str, output_addr: str, paren
             settings = OctavoSettings(**json.loads(settings_json))
             core = EngineCore(settings)
             info: ModelInfo = core.model_info
+            governor = None
+            if adaptive_threads:
+                from octavo.core.cpu_threads import make_governor
+
+                governor = make_governor(core, settings)
         except BaseException as e:  # noqa: BLE001 - any startup failure is reported with its real reason
             out_sock.send_multipart([FATAL, enc.encode(_describe(e, "engine core failed to start"))])
             exit_code = 1
             return
         out_sock.send_multipart([READY, enc.encode(info)])
         loop = ZmqEngineCoreLoop(core, in_sock, out_sock, parent_pid)
+        loop.governor = governor
         try:
             loop.run()
         except BaseException as e:  # noqa: BLE001 - a failed step kills the core; the front end fails requests

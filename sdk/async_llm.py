@@ -76,13 +76,15 @@ class AsyncLLM(AsyncVllmMethods):  # + sleep / wake_up / is_sleeping / collectiv
         from octavo.core.loader import load_tokenizer
         from octavo.frontend import FrontEnd
 
+        # the core may then measure whether the reserved CPU serves it better (core/cpu_threads.py)
+        adaptive = not settings.server.disable_frontend_multiprocessing and settings.device.num_threads is None
         if not settings.server.disable_frontend_multiprocessing:
             settings = _reserve_frontend_core(settings)
         self.settings = settings
         self._client = None
         t0 = time.perf_counter()
         # Start the core first: it loads the model in its own process while we load the tokenizer here.
-        self._client = make_engine_core_client(settings)
+        self._client = make_engine_core_client(settings, adaptive_threads=adaptive)
         try:
             self.tokenizer = None if settings.model.skip_tokenizer_init else load_tokenizer(settings.model)
             if while_loading is not None:
