@@ -39,22 +39,8 @@ from octavo.plugins.platforms.cuda_pdl import gdc_launch_dependents, gdc_wait, l
 
 logger = logging.getLogger(__name__)
 
-BLOCK = 1024  # elements per CTA iteration (2 KiB of bf16)
-MAX_CTAS = 64  # flag slots per source rank; a call uses min(MAX_CTAS, ceil(n / BLOCK)) CTAs
-FLAG_BYTES = 64 * 1024  # flags[W][MAX_CTAS] int64 at the start of every rank's buffer (W <= 8 needs 4 KiB)
-
 if triton is not None:
-    @triton.jit
-    def _next_epoch(counters, pid, grid, MAXG: tl.constexpr):
-        """This CTA's call index (+1 on its slot); CTA 0 also advances the slots this call leaves idle, so every
-        slot stays one global call index."""
-        epoch = tl.load(counters + pid) + 1
-        tl.store(counters + pid, epoch)
-        if pid == 0:
-            idle = grid + tl.arange(0, MAXG)
-            m_idle = idle < MAXG
-            tl.store(counters + idle, tl.load(counters + idle, mask=m_idle) + 1, mask=m_idle)
-        return epoch
+    from octavo.plugins.platforms.cuda_allreduce_epochs import BLOCK, FLAG_BYTES, MAX_CTAS, _next_epoch
 
     @triton.jit
     def _store_to_peers(vals, offs, mask, like_ptr, data_table, parity, cap, RANK: tl.constexpr,

@@ -23,7 +23,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from octavo.plugins.platforms.cuda_allreduce import _next_epoch
+from octavo.plugins.platforms.cuda_allreduce_epochs import BLOCK, MAX_CTAS, _next_epoch
 from octavo.plugins.platforms.cuda_pdl import gdc_launch_dependents, gdc_wait
 
 LL_MAX_BYTES = 64 * 1024  # of 16-bit data per message: 8 rows of an 8B hidden vector; 4x that in words
@@ -91,7 +91,6 @@ def ll_fits(x) -> bool:
 
 def ll_reduce(ar, x):
     """``x`` summed over ``ar``'s ranks in place with the LL kernel (caller checked :func:`ll_fits`)."""
-    from octavo.plugins.platforms.cuda_allreduce import BLOCK, MAX_CTAS
     from octavo.plugins.platforms.cuda_pdl import launch_opts
 
     n = x.numel()

@@ -346,7 +346,7 @@ def fuse_model(model: torch.nn.Module, dtype: torch.dtype, device: torch.device)
     # Llama MLPs: gate/up GEMV + SiLU-and-mul in one kernel at batch 1 (cuda_mlp_fusion.py; OCTAVO_FUSE_SILU_GEMV=1)
     from octavo.plugins.platforms.cuda_mlp_fusion import fuse_silu_gemv
 
-    counts.update(fuse_silu_gemv(model, dtype, device))
+    counts.update(fuse_silu_gemv(model, dtype, device, _close))
     # norms / SiLU-and-muls feeding fp8 linears learn to write the quantized input too
     from octavo.plugins.quant.fp8_fused import link_fp8_inputs
 

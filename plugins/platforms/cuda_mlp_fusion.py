@@ -73,9 +73,14 @@ def _gemv_silu_kernel(x_ptr, w_ptr, y_ptr, N_OUT, K, stride_wn, EVEN: tl.constex
 
 
 def _configs():
-    from octavo.plugins.platforms.cuda_fusions import _CACHE_TUNING, _GEMV_CONFIGS
+    """Autotuned over GEMV tiles (BLOCK_N, BLOCK_K, warps, stages) like cuda_fusions' GEMV; this module does not
+    import cuda_fusions (it imports this one), so the list is its own."""
+    import inspect
 
-    return triton.autotune(configs=_GEMV_CONFIGS, key=["N_OUT", "K", "EVEN"], **_CACHE_TUNING)(_gemv_silu_kernel)
+    tiles = ((8, 512, 4, 3), (16, 512, 4, 3), (16, 256, 4, 4), (32, 256, 4, 3), (16, 1024, 8, 3), (32, 512, 8, 3))
+    configs = [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=st) for bn, bk, w, st in tiles]
+    tuning = {"cache_results": True} if "cache_results" in inspect.signature(triton.autotune).parameters else {}
+    return triton.autotune(configs=configs, key=["N_OUT", "K", "EVEN"], **tuning)(_gemv_silu_kernel)
 
 
 _tuned = None
@@ -130,11 +135,10 @@ def _install(module) -> None:
 
 
 @torch.inference_mode()
-def fuse_silu_gemv(model: torch.nn.Module, dtype: torch.dtype, device: torch.device) -> dict[str, int]:
+def fuse_silu_gemv(model: torch.nn.Module, dtype: torch.dtype, device: torch.device, close) -> dict[str, int]:
     """Wrap every fusable MLP of ``model`` (the kernel checked once per weight shape against the unfused
-    gate_up GEMV + SiLU-and-mul) when ``OCTAVO_FUSE_SILU_GEMV=1``; returns ``{"MLP(gemv+silu)": count}``."""
-    from octavo.plugins.platforms.cuda_fusions import _close
-
+    gate_up GEMV + SiLU-and-mul with ``close(got, want)``, cuda_fusions' tolerance) when
+    ``OCTAVO_FUSE_SILU_GEMV=1``; returns ``{"MLP(gemv+silu)": count}``."""
     if not _INSTALL:
         return {}
 
@@ -149,7 +153,7 @@ def fuse_silu_gemv(model: torch.nn.Module, dtype: torch.dtype, device: torch.dev
         if key not in verified:
             x = torch.randn(1, key[1], generator=gen, device=device, dtype=torch.float32).to(dtype)
             try:
-                verified[key] = _close(gemv_silu(x, gu.weight), module.act_fn(gu(x)))
+                verified[key] = close(gemv_silu(x, gu.weight), module.act_fn(gu(x)))
             except Exception as e:  # noqa: BLE001 - keep the unfused layers
                 logger.warning("gate/up + SiLU GEMV not used for %s: %s", key, e)
                 verified[key] = False

@@ -49,7 +49,7 @@ def test_installed_on_llama_mlp_changes_nothing():
     x1 = torch.randn(1, 64, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
     x3 = torch.randn(3, 64, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
     want1, want3 = m(x1), m(x3)
-    assert cmf.fuse_silu_gemv(m, torch.bfloat16, torch.device("cpu")) == {"MLP(gemv+silu)": 1}
+    assert cmf.fuse_silu_gemv(m, torch.bfloat16, torch.device("cpu"), cf._close) == {"MLP(gemv+silu)": 1}
     calls = []
     orig = cmf.gemv_silu
     cmf.gemv_silu = lambda *a: calls.append(1) or orig(*a)
@@ -71,4 +71,4 @@ def test_other_mlp_forwards_are_not_fused():
             return self.down_proj(self.act_fn(self.gate_up_proj(x))) * 2
 
     m.__class__ = Scaled
-    assert cmf.fuse_silu_gemv(m, torch.bfloat16, torch.device("cpu")) == {"MLP(gemv+silu)": 0}
+    assert cmf.fuse_silu_gemv(m, torch.bfloat16, torch.device("cpu"), cf._close) == {"MLP(gemv+silu)": 0}

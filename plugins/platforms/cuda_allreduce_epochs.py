@@ -1,0 +1,27 @@
+"""Layout constants and the per-CTA call counter shared by the one-shot all-reduce protocols (the flag protocol
+of cuda_allreduce.py and the LL words of cuda_allreduce_ll.py), in their own module so neither imports the other.
+
+Every CTA slot's counter is the global call index: a call's CTA ``pid`` advances slot ``pid``, and CTA 0 also
+advances the slots the call leaves idle, so calls of any size (any grid) keep all slots equal on every rank.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+BLOCK = 1024  # elements per CTA iteration (2 KiB of bf16)
+MAX_CTAS = 64  # flag slots per source rank; a call uses min(MAX_CTAS, ceil(n / BLOCK)) CTAs
+FLAG_BYTES = 64 * 1024  # flags[W][MAX_CTAS] int64 at the start of every rank's buffer (W <= 8 needs 4 KiB)
+
+
+@triton.jit
+def _next_epoch(counters, pid, grid, MAXG: tl.constexpr):
+    """This CTA's call index (+1 on its slot); CTA 0 also advances the slots this call leaves idle."""
+    epoch = tl.load(counters + pid) + 1
+    tl.store(counters + pid, epoch)
+    if pid == 0:
+        idle = grid + tl.arange(0, MAXG)
+        m_idle = idle < MAXG
+        tl.store(counters + idle, tl.load(counters + idle, mask=m_idle) + 1, mask=m_idle)
+    return epoch
