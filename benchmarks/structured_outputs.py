@@ -72,7 +72,7 @@ def timed_steps(core, reqs, full: int, tokens: dict | None = None) -> list[float
 
 def bench_decode(args) -> dict:
     from octavo import LLM, SamplingParams
-    from octavo.core import async_engine, grammar_step
+    from octavo.core import async_gate, grammar_step
     from octavo.core import structured_output as so_mod
     from octavo.core.messages import EngineCoreRequest
     from octavo.structured_outputs import StructuredOutputsParams
@@ -97,7 +97,7 @@ def bench_decode(args) -> dict:
     so = StructuredOutputsParams(json=SCHEMA)
     # mode -> (structured outputs, async scheduling on, fill before the step, xgrammar's own maxLength form,
     #          GIL switch interval, engine knobs: grammar_step.INLINE_AFTER_GATE / HANDOFF_WAIT_S, fill threads)
-    park_default, early_fill_default = async_engine.PARK, async_engine.EARLY_FILL
+    park_default, early_fill_default = async_gate.PARK, async_gate.EARLY_FILL
     dflt = {"inline": grammar_step.INLINE_AFTER_GATE, "handoff": grammar_step.HANDOFF_WAIT_S,
             "threads": core.structured.fill_threads, "triton": grammar_step.TRITON_APPLY, "early": so_mod.EARLY_ACCEPT}
     modes = {"free": (None, False, False, False, None, dflt), "overlap": (so, False, False, False, None, dflt),
@@ -168,8 +168,8 @@ def bench_decode(args) -> dict:
                 if on:
                     old = knobs.get("old_loop", False)
                     core.async_loop.early_launch = knobs.get("early_launch", not old)
-                    async_engine.PARK = knobs.get("park", not old)
-                    async_engine.EARLY_FILL = knobs.get("early_fill", early_fill_default)
+                    async_gate.PARK = knobs.get("park", not old)
+                    async_gate.EARLY_FILL = knobs.get("early_fill", early_fill_default)
             grammar_step.INLINE_AFTER_GATE, grammar_step.HANDOFF_WAIT_S = knobs["inline"], knobs["handoff"]
             grammar_step.TRITON_APPLY, so_mod.EARLY_ACCEPT = knobs["triton"], knobs["early"]
             core.structured.fill_threads = knobs["threads"]
@@ -201,7 +201,7 @@ def bench_decode(args) -> dict:
                 grammar_step.INLINE_AFTER_GATE, grammar_step.HANDOFF_WAIT_S = dflt["inline"], dflt["handoff"]
                 grammar_step.TRITON_APPLY, so_mod.EARLY_ACCEPT = dflt["triton"], dflt["early"]
                 core.structured.fill_threads = dflt["threads"]
-                async_engine.PARK, async_engine.EARLY_FILL = park_default, early_fill_default
+                async_gate.PARK, async_gate.EARLY_FILL = park_default, early_fill_default
                 backend = core.structured._backend
                 for name in ("fill_bitmasks", "accept_tokens"):  # the gate_only no-ops (instance attributes)
                     if backend is not None and name in vars(backend):

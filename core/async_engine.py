@@ -1,25 +1,19 @@
 """The engine core's step loop under ``async_scheduling``: up to two steps in flight.
 
-    step():  schedule N+1 (N's tokens still unknown: placeholders) ─▶ executor.execute_async(N+1)
-             ─▶ wait for N's tokens only ─▶ update(N) ─▶ grammars accept N's tokens ─▶ release N+1's bitmask fill
+    step():  wait for N's tokens only ─▶ grammars accept them ─▶ N+1's fill, its (parked) sampler launched
+             ─▶ update(N) ─▶ schedule N+2 (N+1's tokens still unknown: placeholders) ─▶ executor.execute_async(N+2)
              ─▶ N's outputs
 
 So the host's scheduling, input preparation and output building for one step run while the worker runs the
-other (vLLM's ``step_with_batch_queue``). The first step of a burst returns without waiting, which is what
-lets the next call schedule N+1 while N runs. Counts and placeholders: core/async_scheduler.py; the device
-side: core/async_runner.py; the design and what is refused: docs/async_scheduling.md.
-
-Structured outputs: step N+1's bitmask needs every grammar advanced by N's token, which the host learns only
-after N. The forward of N+1 does not need the mask, only its sampler does. So N+1 carries a
-:class:`GatedGrammarStep`: the runner (on the executor's step thread) runs N+1's forward, then blocks in
-``wait()``; the core thread, once N's tokens are accepted, drops rows of requests that finished at N,
-``release()``s the gate and the fill runs on the grammar thread while N+1's forward is still running.
+others (vLLM's ``step_with_batch_queue``, reordered in session 6 so that N's outputs are built after N+2 is
+launched). The first step of a burst returns without waiting. Counts and placeholders: core/async_scheduler.py;
+the device side: core/async_runner.py; the grammar gate: core/async_gate.py; the design and what is refused:
+docs/async_scheduling.md.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections import deque
 from concurrent.futures import Future
@@ -27,8 +21,9 @@ from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass
 from typing import Any
 
-from octavo.core.async_runner import PendingOutput, resolve
-from octavo.core.grammar_step import GrammarStep
+from octavo.core import async_gate
+from octavo.core.async_gate import GatedGrammarStep  # noqa: F401 - public here too (tests, the mp executor's docs)
+from octavo.core.async_runner import resolve
 from octavo.core.messages import EngineCoreOutputs
 
 logger = logging.getLogger(__name__)
@@ -121,120 +116,6 @@ class StepTimers:
         return {k: getattr(self, k) for k in ("steps", "host_s", "exec_s", "wait_s", "overlapped_s")}
 
 
-class GatedGrammarStep:
-    """A :class:`GrammarStep` whose fill may start only after :meth:`release` (see the module docstring).
-    The runner calls ``wait()`` and sets ``apply_s`` exactly as on a plain ``GrammarStep``.
-
-    In-process (the ``uni`` executor) the runner does not block on the gate: after queuing the forward and the
-    logits it parks (:meth:`park`) the rest of its step (mask, sampler, host copies) here and returns a
-    :class:`~octavo.core.async_runner.PendingOutput`; :meth:`release` runs it on the thread that opened the
-    gate, right after the fill. So the sampler is launched with no thread hand-off (session 5 measured ~0.8 ms
-    of GIL hand-off per step there on an H100 host), and the runner's thread is free for the next step."""
-
-    def __init__(self, inner: GrammarStep, sched_out: Any) -> None:
-        self.inner = inner
-        self.sched_out = sched_out
-        self._gate = threading.Event()
-        self._lock = threading.Lock()
-        self._parked: tuple[Any, Any, PendingOutput] | None = None
-        # two steps in flight: the loop hands the runner's thread the next step only after this gate opened (so
-        # the parked sampling, which writes the ids that step reads, ran first); deeper loops block instead
-        self.parkable = True
-        self._fill_started = False
-
-    def _drop_finished(self) -> GrammarStep:
-        # a request that finished at the previous step samples a token here that is never emitted: its
-        # (terminated) grammar is not asked for a mask
-        g = self.inner
-        keep = [j for j, pos in enumerate(g.positions) if not self.sched_out.scheduled[pos].req.is_finished]
-        if len(keep) < len(g.positions):
-            self.inner = g = g.subset(keep)
-        return g
-
-    def start_fill(self) -> None:
-        """:data:`EARLY_FILL`: called right after the previous step's tokens were accepted, before its update:
-        the fill starts on the bitmask thread (one library call, GIL released) while this thread updates and
-        schedules; :meth:`release` then waits for it. A request that finishes at the previous step is filled
-        too (harmless: its token here is never emitted; a terminated matcher gives an open row)."""
-        if self._gate.is_set() or self._fill_started:
-            return
-        self._fill_started = True
-        g = self._drop_finished()
-        if g.matchers:
-            g.start_on_pool(FILL_START_WAIT_S)
-
-    def release(self) -> None:
-        if self._gate.is_set():
-            return
-        if not self._fill_started:
-            g = self._drop_finished()
-            if g.matchers:
-                g.start(gated=True)  # core/grammar_step.py INLINE_AFTER_GATE: filled right here, on the core thread
-        g = self.inner
-        with self._lock:
-            self._gate.set()
-            parked, self._parked = self._parked, None
-        if parked is not None:  # the runner parked its sampling: launch it here and now
-            finish, device, pending = parked
-            with _on_device(device):
-                pending.run(finish)
-        else:
-            g.handoff()  # on an accelerator: let the runner's thread (not parked yet) take the GIL and sample now
-
-    def park(self, finish: Any, device: Any = None) -> Any:
-        """The runner's side (its step thread): ``finish()`` is the rest of its step, which needs the mask. Gate
-        still closed: keep it for :meth:`release` and return a ``PendingOutput``; else (or not ``parkable``)
-        run it here (it then blocks in :meth:`wait` until the gate opens)."""
-        with self._lock:
-            if self.parkable and not self._gate.is_set():
-                pending = PendingOutput()
-                self._parked = (finish, device, pending)
-                return pending
-        return finish()
-
-    def is_released(self) -> bool:
-        """Whether the fill may start (the mp executor sends a structured step only then: plugins/executors/mp.py)."""
-        return self._gate.is_set()
-
-    def wait(self):
-        self._gate.wait()
-        if not self.inner.matchers:
-            return [], [], None
-        return self.inner.wait()
-
-    @property
-    def apply_s(self) -> float:
-        return self.inner.apply_s
-
-    @apply_s.setter
-    def apply_s(self, v: float) -> None:
-        self.inner.apply_s = v
-
-
-def _on_device(device: Any):
-    """The runner's device made current on this thread while a parked sampling runs here (kernels such as the
-    Triton mask launch on the current device); a no-op for a CPU or an unknown device."""
-    import contextlib
-
-    if device is None or getattr(device, "type", "cpu") == "cpu" or getattr(device, "index", None) is None:
-        return contextlib.nullcontext()
-    import torch
-
-    acc = getattr(torch, "accelerator", None)
-    if acc is not None and hasattr(acc, "device_index"):
-        return acc.device_index(device.index)
-    return contextlib.nullcontext()
-
-
-# The runner parks a structured step's sampling on its gate (GatedGrammarStep.park); False: its thread blocks in
-# the gate's wait() as before session 6 (benchmarks/structured_outputs.py's *_old modes compare both).
-PARK = True
-# Start step N+1's fill on the bitmask thread right after N's tokens were accepted (GatedGrammarStep.start_fill),
-# so it runs while this thread updates N and schedules N+2; the core thread first waits up to FILL_START_WAIT_S
-# until that thread is inside the fill (else it would wait for the GIL until this thread blocks). False: the fill
-# runs inline when the gate opens (release). benchmarks/structured_outputs.py json_async_earlyfill compares.
-EARLY_FILL = False
-FILL_START_WAIT_S = 0.001
 # On an accelerator, after the next step was handed to the executor's thread, the core thread blocks up to this
 # long until that thread has queued it (the forward, and the sampler unless it waits for a grammar), before it
 # builds the finished step's outputs: both are Python, and the launch is what the device waits for.
@@ -312,7 +193,7 @@ class AsyncStepLoop:
         g = core.structured.prepare(sched_out)
         gate = GatedGrammarStep(g, sched_out) if g is not None else None
         if gate is not None:
-            gate.parkable = PARK and self.depth == 2
+            gate.parkable = async_gate.PARK and self.depth == 2
         core.scheduler.mark_scheduled(sched_out)
         try:
             future = core.executor.execute_async(batch, gate)
@@ -349,7 +230,7 @@ class AsyncStepLoop:
         g = rec.grammar
         core.structured._inflight = g.inner if g is not None and g.inner.matchers else None  # fill stats
         nxt = self.inflight[0].grammar if self.inflight else None  # N+1's fill starts right after N's accept:
-        hook = None if nxt is None else (nxt.start_fill if EARLY_FILL else nxt.release)
+        hook = None if nxt is None else (nxt.start_fill if async_gate.EARLY_FILL else nxt.release)
         core.structured.after_accept = hook  # N+1's fill right after N's accept, not after all N's outputs
         core.structured.accept_sampled(rec.sched_out, result)  # N's tokens -> grammars -> N+1's fill, before update
         between = self._launch_between if launch_next and self.inflight and len(self.inflight) < self.depth else None

@@ -1,4 +1,4 @@
-"""The async step loop's grammar gate with parked sampling (core/async_engine.py ``GatedGrammarStep.park``),
+"""The async step loop's grammar gate with parked sampling (core/async_gate.py ``GatedGrammarStep.park``),
 without a model: the runner's rest-of-step runs exactly once, on the thread that opens the gate when it was
 parked first, on the runner's thread when the gate was already open; errors reach the waiter; a gate that is
 not ``parkable`` blocks the runner as before. End to end (tokens of the parked / early-launch loop equal the
@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from octavo.core.async_engine import GatedGrammarStep
+from octavo.core.async_gate import GatedGrammarStep
 from octavo.core.async_runner import PendingOutput, resolve
 from octavo.core.grammar_step import GrammarStep
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from octavo.core import async_engine, grammar_step
+from octavo.core import async_gate, grammar_step
 from octavo.core.grammar_step import GrammarStep
 from tests.structured.test_grammar_step import VOCAB, mgr, schedule  # noqa: F401 - mgr is a fixture
 
@@ -172,9 +172,9 @@ def test_pipelined_fill_tokens_identical_to_serial(monkeypatch):
                       Executor.execute_structured if mode == "serial" else overlapped)  # serial: bytes first
             if mode == "old":  # session 5's loop: the runner blocks on the gate, N+2 launched at the next step()
                 core.async_loop.early_launch = False
-                m.setattr(async_engine, "PARK", False)
+                m.setattr(async_gate, "PARK", False)
             if mode == "earlyfill":  # N+1's fill on the bitmask thread before update(N)
-                m.setattr(async_engine, "EARLY_FILL", True)
+                m.setattr(async_gate, "EARLY_FILL", True)
             if mode == "drain":
                 m.setattr(core, "step", step_with_drain)
             outs = llm.generate(prompts, params, use_tqdm=False)

@@ -1,0 +1,131 @@
+"""The grammar gate of a structured step under async scheduling (used by core/async_engine.py's step loop).
+
+Step N+1's bitmask needs every grammar advanced by N's token, which the host learns only after N. The forward of
+N+1 does not need the mask, only its sampler does. So N+1 carries a :class:`GatedGrammarStep`: the runner runs
+N+1's forward and parks the rest of its step on the gate (in-process), or blocks in ``wait()`` (not parkable);
+the core thread, once N's tokens are accepted, drops rows of requests that finished at N, fills the masks and
+``release()``s the gate, launching a parked sampling right there. docs/async_scheduling.md "Structured outputs".
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from octavo.core.async_runner import PendingOutput
+from octavo.core.grammar_step import GrammarStep
+
+# The runner parks a structured step's sampling on its gate (GatedGrammarStep.park); False: its thread blocks in
+# the gate's wait() as before session 6 (benchmarks/structured_outputs.py's *_old modes compare both).
+PARK = True
+# Start step N+1's fill on the bitmask thread right after N's tokens were accepted (GatedGrammarStep.start_fill),
+# so it runs while this thread updates N and schedules N+2; the core thread first waits up to FILL_START_WAIT_S
+# until that thread is inside the fill (else it would wait for the GIL until this thread blocks). False: the fill
+# runs inline when the gate opens (release). benchmarks/structured_outputs.py json_async_earlyfill compares.
+EARLY_FILL = False
+FILL_START_WAIT_S = 0.001
+
+
+class GatedGrammarStep:
+    """A :class:`GrammarStep` whose fill may start only after :meth:`release` (see the module docstring).
+    The runner calls ``wait()`` and sets ``apply_s`` exactly as on a plain ``GrammarStep``.
+
+    In-process (the ``uni`` executor) the runner does not block on the gate: after queuing the forward and the
+    logits it parks (:meth:`park`) the rest of its step (mask, sampler, host copies) here and returns a
+    :class:`~octavo.core.async_runner.PendingOutput`; :meth:`release` runs it on the thread that opened the
+    gate, right after the fill. So the sampler is launched with no thread hand-off (session 5 measured ~0.8 ms
+    of GIL hand-off per step there on an H100 host), and the runner's thread is free for the next step."""
+
+    def __init__(self, inner: GrammarStep, sched_out: Any) -> None:
+        self.inner = inner
+        self.sched_out = sched_out
+        self._gate = threading.Event()
+        self._lock = threading.Lock()
+        self._parked: tuple[Any, Any, PendingOutput] | None = None
+        # two steps in flight: the loop hands the runner's thread the next step only after this gate opened (so
+        # the parked sampling, which writes the ids that step reads, ran first); deeper loops block instead
+        self.parkable = True
+        self._fill_started = False
+
+    def _drop_finished(self) -> GrammarStep:
+        # a request that finished at the previous step samples a token here that is never emitted: its
+        # (terminated) grammar is not asked for a mask
+        g = self.inner
+        keep = [j for j, pos in enumerate(g.positions) if not self.sched_out.scheduled[pos].req.is_finished]
+        if len(keep) < len(g.positions):
+            self.inner = g = g.subset(keep)
+        return g
+
+    def start_fill(self) -> None:
+        """:data:`EARLY_FILL`: called right after the previous step's tokens were accepted, before its update:
+        the fill starts on the bitmask thread (one library call, GIL released) while this thread updates and
+        schedules; :meth:`release` then waits for it. A request that finishes at the previous step is filled
+        too (harmless: its token here is never emitted; a terminated matcher gives an open row)."""
+        if self._gate.is_set() or self._fill_started:
+            return
+        self._fill_started = True
+        g = self._drop_finished()
+        if g.matchers:
+            g.start_on_pool(FILL_START_WAIT_S)
+
+    def release(self) -> None:
+        if self._gate.is_set():
+            return
+        if not self._fill_started:
+            g = self._drop_finished()
+            if g.matchers:
+                g.start(gated=True)  # core/grammar_step.py INLINE_AFTER_GATE: filled right here, on the core thread
+        g = self.inner
+        with self._lock:
+            self._gate.set()
+            parked, self._parked = self._parked, None
+        if parked is not None:  # the runner parked its sampling: launch it here and now
+            finish, device, pending = parked
+            with _on_device(device):
+                pending.run(finish)
+        else:
+            g.handoff()  # on an accelerator: let the runner's thread (not parked yet) take the GIL and sample now
+
+    def park(self, finish: Any, device: Any = None) -> Any:
+        """The runner's side (its step thread): ``finish()`` is the rest of its step, which needs the mask. Gate
+        still closed: keep it for :meth:`release` and return a ``PendingOutput``; else (or not ``parkable``)
+        run it here (it then blocks in :meth:`wait` until the gate opens)."""
+        with self._lock:
+            if self.parkable and not self._gate.is_set():
+                pending = PendingOutput()
+                self._parked = (finish, device, pending)
+                return pending
+        return finish()
+
+    def is_released(self) -> bool:
+        """Whether the fill may start (the mp executor sends a structured step only then: plugins/executors/mp.py)."""
+        return self._gate.is_set()
+
+    def wait(self):
+        self._gate.wait()
+        if not self.inner.matchers:
+            return [], [], None
+        return self.inner.wait()
+
+    @property
+    def apply_s(self) -> float:
+        return self.inner.apply_s
+
+    @apply_s.setter
+    def apply_s(self, v: float) -> None:
+        self.inner.apply_s = v
+
+
+def _on_device(device: Any):
+    """The runner's device made current on this thread while a parked sampling runs here (kernels such as the
+    Triton mask launch on the current device); a no-op for a CPU or an unknown device."""
+    import contextlib
+
+    if device is None or getattr(device, "type", "cpu") == "cpu" or getattr(device, "index", None) is None:
+        return contextlib.nullcontext()
+    import torch
+
+    acc = getattr(torch, "accelerator", None)
+    if acc is not None and hasattr(acc, "device_index"):
+        return acc.device_index(device.index)
+    return contextlib.nullcontext()
