@@ -41,6 +41,34 @@ def first_answer(url: str, t0: float, model: str | None = None, timeout_s: float
     raise RuntimeError(f"{url} answered no request within {timeout_s} s")
 
 
+def cpu_seconds(pid: int) -> dict[int, float]:
+    """CPU seconds (user + system) so far of ``pid`` and of each of its descendants, by pid."""
+    import psutil
+
+    out: dict[int, float] = {}
+    try:
+        root = psutil.Process(pid)
+        for proc in [root, *root.children(recursive=True)]:
+            t = proc.cpu_times()
+            out[proc.pid] = t.user + t.system
+    except psutil.Error:
+        pass
+    return out
+
+
+def _cpu_split(root: int, before: dict[int, float], after: dict[int, float], wall_s: float, client_s: float) -> dict:
+    """Each process's CPU seconds over the benchmark and its share of one CPU (where a 2-CPU box's time went):
+    the server's front end (``root``), its busiest descendant (octavo's engine core), other descendants, and
+    this benchmark client."""
+    used = {pid: after[pid] - before.get(pid, 0.0) for pid in after}
+    named = {"front end": used.pop(root, 0.0)}
+    for i, (pid, sec) in enumerate(sorted(used.items(), key=lambda kv: -kv[1])):
+        named["core" if i == 0 else f"child {pid}"] = sec
+    named["benchmark client"] = client_s
+    return {"wall_s": round(wall_s, 2), "cpu_s": {k: round(v, 2) for k, v in named.items()},
+            "cpus_busy": {k: round(v / wall_s, 3) for k, v in named.items()}}
+
+
 def run_octavo(label: str, extra: list[str], args: argparse.Namespace) -> dict:
     log = os.path.join(args.out_dir, f"serve-{label.replace(' ', '_')}.log")
     srv = ServerProcess(["--max-model-len", str(args.max_model_len), "--uvicorn-log-level", "warning",
@@ -49,14 +77,17 @@ def run_octavo(label: str, extra: list[str], args: argparse.Namespace) -> dict:
     srv.start()
     startup = first_answer(srv.url, t0)
     try:
+        before, c0, w0 = cpu_seconds(srv.proc.pid), time.process_time(), time.perf_counter()
         result = bench_serve.run_benchmark(srv.url, concurrencies=args.concurrency, input_len=args.input_len,
                                            output_len=args.output_len, num_prompts=args.num_prompts,
                                            vocab_size=args.vocab_size, label=label, seed=args.seed,
                                            waves=args.waves)
+        split = _cpu_split(srv.proc.pid, before, cpu_seconds(srv.proc.pid), time.perf_counter() - w0, time.process_time() - c0)
     finally:
         srv.stop()
+    print(f"{label}: CPUs busy over the benchmark {split['cpus_busy']}", flush=True)
     result.update(startup_to_health_s=srv.startup_s, startup_to_first_answer_s=startup,
-                  command="octavo serve " + " ".join(srv.args))
+                  command="octavo serve " + " ".join(srv.args), cpu_split=split)
     return result
 
 
@@ -73,10 +104,14 @@ def run_llama_server(args: argparse.Namespace) -> dict:
     url = f"http://127.0.0.1:{port}"
     try:
         startup = first_answer(url, t0)
+        before, c0, w0 = cpu_seconds(proc.pid), time.process_time(), time.perf_counter()
         result = bench_serve.run_benchmark(url, concurrencies=args.concurrency, input_len=args.input_len,
                                            output_len=args.output_len, num_prompts=args.num_prompts,
                                            vocab_size=args.vocab_size, label="llama-server", seed=args.seed,
                                            waves=args.waves)
+        split = _cpu_split(proc.pid, before, cpu_seconds(proc.pid), time.perf_counter() - w0, time.process_time() - c0)
+        print(f"llama-server: CPUs busy over the benchmark {split['cpus_busy']}", flush=True)
+        result["cpu_split"] = split
     finally:
         proc.send_signal(signal.SIGTERM)
         try:

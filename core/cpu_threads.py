@@ -145,13 +145,11 @@ class ThreadGovernor:
         self._apply(self.cur)
 
 
-def step_key(stats: Any, previous: Any) -> tuple[int, int] | None:
-    """The work of one step, from the cumulative ``SchedulerStats`` after it and after the step before:
-    (prompt tokens computed, tokens generated). None when either is missing."""
-    if stats is None or previous is None:
-        return None
-    return (stats.num_prompt_tokens - previous.num_prompt_tokens,
-            stats.num_generation_tokens - previous.num_generation_tokens)
+def _one_engine(settings: Any) -> bool:
+    """No tensor, pipeline or data parallelism and the in-process executor: the model runs in this process."""
+    par = settings.parallel
+    sizes = (par.tensor_parallel_size, par.pipeline_parallel_size, getattr(par, "data_parallel_size", 1))
+    return sizes == (1, 1, 1) and par.distributed_executor_backend in (None, "uni")
 
 
 def make_governor(core: Any, settings: Any) -> ThreadGovernor | None:
@@ -162,10 +160,7 @@ def make_governor(core: Any, settings: Any) -> ThreadGovernor | None:
         return None
     driver = getattr(getattr(core, "executor", None), "driver", None)
     platform = getattr(driver, "platform", None)
-    if platform is None or getattr(platform, "device_type", None) != "cpu":
-        return None
-    par = settings.parallel
-    if (par.tensor_parallel_size, par.pipeline_parallel_size, getattr(par, "data_parallel_size", 1)) != (1, 1, 1):
+    if platform is None or getattr(platform, "device_type", None) != "cpu" or not _one_engine(settings):
         return None
     try:
         cpus = len(os.sched_getaffinity(0))

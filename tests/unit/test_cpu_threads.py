@@ -102,7 +102,8 @@ def test_unknown_work_is_ignored_and_bounds_checked():
 def test_env_switch_is_honoured_or_refused_by_name(monkeypatch):
     core = types.SimpleNamespace(executor=types.SimpleNamespace(driver=types.SimpleNamespace(
         platform=types.SimpleNamespace(device_type="cpu"))))
-    par = types.SimpleNamespace(tensor_parallel_size=1, pipeline_parallel_size=1, data_parallel_size=1)
+    par = types.SimpleNamespace(tensor_parallel_size=1, pipeline_parallel_size=1, data_parallel_size=1,
+                                distributed_executor_backend=None)
     settings = types.SimpleNamespace(parallel=par, device=types.SimpleNamespace(num_threads=1))
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
     monkeypatch.setattr(torch, "set_num_threads", lambda n: None)
