@@ -102,6 +102,7 @@ S6_VARIANTS = {"norm4": {"warps": None}, "pf16": {"mb": 16}, "self": {"self": Tr
                "pf16_self": {"mb": 16, "self": True}, "pf16_pdl": {"mb": 16, "pdl": True},
                "pf16_self_pdl": {"mb": 16, "self": True, "pdl": True},
                "pf16_self_pdl_all": {"mb": 16, "self": True, "pdl": True, "pdl_all": True},
+               "pf16_self_silu": {"mb": 16, "self": True, "silu": True},
                "pf32": {"mb": 32}, "pdl": {"pdl": True}, "default_again": {}}
 
 
@@ -158,7 +159,7 @@ def main() -> None:
     save()
     if args.ab == "s6" and gr is not None:
         from octavo.plugins.platforms import cuda_pdl
-        from octavo.plugins.quant import fp8_fused, fp8_prefetch
+        from octavo.plugins.quant import fp8_fused, fp8_prefetch, fp8_silu_gemv
 
         base = (fp8_fused.SMALL_ROWS_WARPS, fp8_prefetch.PREFETCH_MB, fp8_prefetch.PDL, fp8_prefetch.SELF_PREFETCH)
         for tag, v in S6_VARIANTS.items():
@@ -170,6 +171,9 @@ def main() -> None:
                 fp8_prefetch.PREFETCH_MB, fp8_prefetch.PDL = v.get("mb", 0), v.get("pdl", False)
                 fp8_prefetch.SELF_PREFETCH = v.get("self", False)
                 cuda_pdl.set_pdl(v.get("pdl_all", False))
+                if v.get("silu") and "silu_installed" not in res:  # fp8_silu_gemv.py, checked at install
+                    res["silu_installed"] = fp8_silu_gemv.fuse_fp8_silu_gemv(model, torch.device("cuda"))
+                fp8_silu_gemv.STATE["on"] = bool(v.get("silu"))
                 with torch.inference_mode():
                     gr.capture()
                     measure(llm, gr, prompt, res, tag, bw, weight_bytes, not args.no_profile)
@@ -179,6 +183,7 @@ def main() -> None:
             save()
         fp8_fused.SMALL_ROWS_WARPS, fp8_prefetch.PREFETCH_MB, fp8_prefetch.PDL, fp8_prefetch.SELF_PREFETCH = base
         cuda_pdl.set_pdl(False)
+        fp8_silu_gemv.STATE["on"] = None
     if args.ab == "tc" and gr is not None:
         tiles = {}
         if args.tiles and os.path.exists(args.tiles):
