@@ -2,7 +2,8 @@
 
 Why a separate module: :mod:`.cpu_kernel` routes a linear here when its caller accepts int8 activations
 (``act8=True``: the GGUF methods, whose file format llama.cpp runs this way), for **every** row count, unless
-``OCTAVO_CPU_INT8_ACT=0`` (an :func:`octavo.env_flags.env_switch`, default on since session 5). Session 4 ran only
+``OCTAVO_CPU_INT8_ACT=0`` (an :func:`octavo.env_flags.env_switch`; default on since session 6: opt-in for the
+end of session 5, until the ``cpu_paged`` attention became prefix-cache invariant). Session 4 ran only
 steps of <= 16 rows this way and bigger steps with fp32 activations, so a request's greedy tokens depended on how
 many requests shared its step; now every row takes the same kernel and the same per-row arithmetic
 (docs/quantization.md). ``0`` gives the exact fp32-activation kernels everywhere; when the integer kernels cannot
@@ -38,7 +39,7 @@ def _constant_result(fn):
 def enabled() -> bool:
     """Whether act8 callers get the integer kernels (read once per process; tests reset ``_state``)."""
     if "on" not in _state:
-        on = env_switch("OCTAVO_CPU_INT8_ACT", default=False)
+        on = env_switch("OCTAVO_CPU_INT8_ACT", default=True)
         if on:
             try:
                 cpu_int8act.library()

@@ -18,18 +18,9 @@ import pytest
 import torch
 
 from octavo.plugins.quant import cpu_int8act, cpu_int8act_ops, cpu_kernel
+from tests.quant.cpu_int8act_inputs import ISAS, UNAVAILABLE, case
 
-
-def _buildable(isa: str) -> bool:
-    try:
-        cpu_int8act.library(isa)
-        return True
-    except (OSError, RuntimeError, ValueError):
-        return False
-
-
-ISAS = [i for i in cpu_int8act.ISAS if (i == "native" or platform.machine() in ("x86_64", "AMD64")) and _buildable(i)]
-pytestmark = pytest.mark.skipif(not ISAS or cpu_kernel.library() is None, reason="no C compiler for the CPU kernels")
+pytestmark = pytest.mark.skipif(UNAVAILABLE, reason="no C compiler for the CPU kernels")
 KS = [32, 64, 96, 224, 576, 1536]  # 1, 2, 3, 7, 18, 48 blocks: every chunk combination
 
 
@@ -42,21 +33,10 @@ def _ref_quant(x: torch.Tensor):
     return xq.reshape(x.shape), d
 
 
-def _case(m: int, k: int, n: int, seed: int):
-    gen = torch.Generator().manual_seed(seed)
-    x = torch.randn(m, k, generator=gen) * torch.rand(m, k // 32, 1, generator=gen).repeat(1, 1, 32).reshape(m, k)
-    if k > 32:
-        x[:, :32] = 0  # an all-zero block: d = 0, xq = 0
-    q4 = torch.randint(0, 16, (n, k), generator=gen, dtype=torch.uint8)
-    q8 = torch.randint(-128, 128, (n, k), generator=gen, dtype=torch.int8)
-    s, z = torch.rand(n, k // 32, generator=gen) * 0.02, torch.randn(n, k // 32, generator=gen) * 0.02
-    return x, q4, q8, s, z
-
-
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("k", KS)
 def test_activation_quantization_bit_exact(isa, k):
-    x = _case(5, k, 1, k)[0]
+    x = case(5, k, 1, k)[0]
     xq_ref, d_ref = _ref_quant(x)
     xq, d, ds = cpu_int8act.quantize_activation(x, nibble=False, isa=isa)
     assert np.array_equal(xq.numpy(), xq_ref) and np.array_equal(d.numpy(), d_ref)
@@ -71,7 +51,7 @@ def test_activation_quantization_bit_exact(isa, k):
 @pytest.mark.parametrize("m", [1, 3, 16, 21])
 def test_integer_dot_bit_exact(isa, k, m):
     """Unit scales and d = 1: the output is the sum of the exact int32 block dots (exact in fp32 here)."""
-    _, q4, q8, _, _ = _case(m, k, 37, m * k)
+    _, q4, q8, _, _ = case(m, k, 37, m * k)
     gen = torch.Generator().manual_seed(k)
     xq = torch.randint(-127, 128, (m, k), generator=gen, dtype=torch.int8)
     ones, zeros = torch.ones(37, k // 32), torch.zeros(37, k // 32)
@@ -92,7 +72,7 @@ def _close(got: torch.Tensor, want: torch.Tensor) -> None:
 @pytest.mark.parametrize("k", KS)
 @pytest.mark.parametrize("m", [1, 2, 5, 16, 33])
 def test_product_matches_float64_of_the_same_math(isa, k, m):
-    x, q4, q8, s, z = _case(m, k, 45, 7 * m + k)
+    x, q4, q8, s, z = case(m, k, 45, 7 * m + k)
     xq, d = _ref_quant(x)
     xd = torch.from_numpy(xq).double() * torch.from_numpy(d).double().repeat_interleave(32, 1)
     w4 = q4.double() * s.double().repeat_interleave(32, 1) + z.double().repeat_interleave(32, 1)
@@ -103,7 +83,7 @@ def test_product_matches_float64_of_the_same_math(isa, k, m):
 
 @pytest.mark.parametrize("isa", ISAS)
 def test_bf16_input_equals_its_fp32_value(isa):
-    x, q4, q8, s, z = _case(3, 576, 20, 1)
+    x, q4, q8, s, z = case(3, 576, 20, 1)
     xb = x.to(torch.bfloat16)
     w4 = cpu_kernel.pack_int4(q4)
     assert torch.equal(cpu_int8act.int4_linear(xb, w4, s, z, isa=isa), cpu_int8act.int4_linear(xb.float(), w4, s, z, isa=isa))
@@ -111,7 +91,7 @@ def test_bf16_input_equals_its_fp32_value(isa):
 
 
 def test_inputs_not_in_blocks_of_32_are_refused():
-    x, q4, _, s, z = _case(3, 64, 4, 0)
+    x, q4, _, s, z = case(3, 64, 4, 0)
     with pytest.raises(ValueError, match="multiple of 32"):
         cpu_int8act.int4_linear(x[:, :48].contiguous(), torch.zeros(4, 24, dtype=torch.uint8), s[:, :1], z[:, :1])
 
@@ -126,14 +106,14 @@ def test_paths_compiled_in():
 
 
 def test_routing_and_switch(monkeypatch):
-    """act8 callers get the integer kernel for every row count with OCTAVO_CPU_INT8_ACT=1; unset (the default) or 0
-    gives the exact fp32 kernels; a value other than 0/1 is refused."""
-    x, q4, _, s, z = _case(2, 96, 8, 3)
+    """act8 callers get the integer kernel for every row count when OCTAVO_CPU_INT8_ACT is unset (the default) or 1;
+    0 gives the exact fp32 kernels; a value other than 0/1 is refused."""
+    x, q4, _, s, z = case(2, 96, 8, 3)
     w4 = cpu_kernel.pack_int4(q4)
     exact = cpu_kernel.int4_linear(x, w4, s, z)
     monkeypatch.setattr(cpu_int8act_ops, "_state", {})
     monkeypatch.delenv("OCTAVO_CPU_INT8_ACT", raising=False)
-    assert torch.equal(cpu_kernel.int4_linear(x, w4, s, z, act8=True), exact)  # off by default
+    assert torch.equal(cpu_kernel.int4_linear(x, w4, s, z, act8=True), cpu_int8act.int4_linear(x, w4, s, z))  # on
     monkeypatch.setattr(cpu_int8act_ops, "_state", {})
     monkeypatch.setenv("OCTAVO_CPU_INT8_ACT", "1")
     assert torch.equal(cpu_kernel.int4_linear(x, w4, s, z, act8=True), cpu_int8act.int4_linear(x, w4, s, z))
@@ -159,7 +139,7 @@ def test_compiled_graph_calls_the_op(monkeypatch):
     """Under torch.compile the act8 linear is one op call inside a single graph (no graph break)."""
     monkeypatch.setattr(cpu_int8act_ops, "_state", {})
     monkeypatch.setenv("OCTAVO_CPU_INT8_ACT", "1")
-    x, q4, q8, s, z = _case(1, 576, 24, 5)
+    x, q4, q8, s, z = case(1, 576, 24, 5)
     w4 = cpu_kernel.pack_int4(q4)
 
     def f(x):

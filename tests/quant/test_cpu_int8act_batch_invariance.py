@@ -1,4 +1,4 @@
-"""Batch invariance of the int8-activation CPU kernels (the GGUF layers' default path since session 5).
+"""Batch invariance of the int8-activation CPU kernels (the GGUF layers' default path).
 
 A serving engine's output for one request must not depend on which other requests share its step. Session 4 ran
 int8 activations for steps of <= 16 rows only and fp32 for bigger ones, and the server's concurrency tests caught
@@ -11,37 +11,13 @@ and for every build target (native, AVX2, portable C).
 
 from __future__ import annotations
 
-import platform
-
 import pytest
 import torch
 
 from octavo.plugins.quant import cpu_int8act, cpu_int8act_ops, cpu_kernel
+from tests.quant.cpu_int8act_inputs import ISAS, UNAVAILABLE, packed_weights, scaled_rows
 
-
-def _buildable(isa: str) -> bool:
-    try:
-        cpu_int8act.library(isa)
-        return True
-    except (OSError, RuntimeError, ValueError):
-        return False
-
-
-ISAS = [i for i in cpu_int8act.ISAS if (i == "native" or platform.machine() in ("x86_64", "AMD64")) and _buildable(i)]
-pytestmark = pytest.mark.skipif(not ISAS or cpu_kernel.library() is None, reason="no C compiler for the CPU kernels")
-
-
-def _weights(n: int, k: int, seed: int):
-    g = torch.Generator().manual_seed(seed)
-    q4 = torch.randint(0, 16, (n, k), generator=g, dtype=torch.uint8)
-    q8 = torch.randint(-127, 128, (n, k), generator=g, dtype=torch.int8)
-    s, z = torch.rand(n, k // 32, generator=g) * 0.02, torch.randn(n, k // 32, generator=g) * 0.02
-    return cpu_kernel.pack_int4(q4), q8, s, z
-
-
-def _rows(m: int, k: int, seed: int, dtype) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    return (torch.randn(m, k, generator=g) * torch.rand(m, 1, generator=g) * 4).to(dtype)
+pytestmark = pytest.mark.skipif(UNAVAILABLE, reason="no C compiler for the CPU kernels")
 
 
 @pytest.mark.parametrize("isa", ISAS)
@@ -49,8 +25,8 @@ def _rows(m: int, k: int, seed: int, dtype) -> torch.Tensor:
 @pytest.mark.parametrize("k,n", [(576, 70), (96, 33)])
 def test_row_alone_equals_row_in_any_batch(isa, dtype, k, n):
     """Every row of batches of 1..64 rows equals that row computed alone, bit for bit."""
-    w4, q8, s, z = _weights(n, k, k + n)
-    x = _rows(64, k, 1, dtype)
+    w4, q8, s, z = packed_weights(n, k, k + n)
+    x = scaled_rows(64, k, 1, dtype)
     alone4 = torch.cat([cpu_int8act.int4_linear(x[i:i + 1], w4, s, z, isa=isa) for i in range(64)])
     alone8 = torch.cat([cpu_int8act.int8_linear(x[i:i + 1], q8, s, isa=isa) for i in range(64)])
     for m in range(1, 65):
@@ -64,8 +40,8 @@ def test_prefill_sized_steps_and_threads(threads):
     """Steps bigger than the kernel's row tile (192 KiB of int8 activations: 128 rows at K = 1536) and either
     thread count give every row its single-row result."""
     k, n = 1536, 36
-    w4, q8, s, z = _weights(n, k, 5)
-    x = _rows(300, k, 2, torch.bfloat16)
+    w4, q8, s, z = packed_weights(n, k, 5)
+    x = scaled_rows(300, k, 2, torch.bfloat16)
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
@@ -83,8 +59,8 @@ def test_engine_entry_points_route_every_row_count(monkeypatch):
     monkeypatch.setattr(cpu_int8act_ops, "_state", {})
     monkeypatch.setenv("OCTAVO_CPU_INT8_ACT", "1")
     assert cpu_int8act_ops.enabled()
-    w4, q8, s, z = _weights(40, 576, 9)
-    x = _rows(64, 576, 3, torch.bfloat16)
+    w4, q8, s, z = packed_weights(40, 576, 9)
+    x = scaled_rows(64, 576, 3, torch.bfloat16)
     one4 = cpu_kernel.int4_linear(x[:1], w4, s, z, act8=True)
     one8 = cpu_kernel.int8_linear(x[:1], q8, s, act8=True)
     for m in (1, 16, 17, 64):

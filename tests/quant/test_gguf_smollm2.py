@@ -49,7 +49,7 @@ def exact_kernels(monkeypatch):
 def int8_act_kernels(monkeypatch):
     from octavo.plugins.quant import cpu_int8act_ops
 
-    monkeypatch.setenv("OCTAVO_CPU_INT8_ACT", "1")  # opt-in (session 5: prefix caching flipped near ties with it)
+    monkeypatch.setenv("OCTAVO_CPU_INT8_ACT", "1")  # the default (again since session 6); explicit for the test
     monkeypatch.setattr(cpu_int8act_ops, "_state", {})
     if not cpu_int8act_ops.enabled():
         pytest.skip("int8-activation kernels not built here")
