@@ -41,7 +41,7 @@ from octavo.plugins.attention.torch_sdpa import TorchSDPABackend, TorchSDPAMetad
 class CpuPagedMetadata(TorchSDPAMetadata):
     """``torch_sdpa``'s metadata (its path still runs fp8 caches) plus every row's request and context length."""
 
-    tables: torch.Tensor | None = None  # int32 [num_reqs, max_blocks] block ids
+    tables: torch.Tensor | None = None  # int64 [num_reqs, max_blocks] block ids
     row_req: torch.Tensor | None = None  # int64 [num_tokens] request of each row
     row_len: torch.Tensor | None = None  # int64 [num_tokens] context positions row r attends to (its position + 1)
     task_row0: torch.Tensor | None = None  # int64 [tasks] first row of each kernel task (rows of one request)
@@ -78,7 +78,8 @@ class CpuPagedAttentionBackend(TorchSDPABackend):
         row_len = (layout.num_computed_tokens.to(torch.int64)[row_req] + torch.arange(row_req.shape[0])
                    - qsl[:-1][row_req] + 1)
         task_row0, task_nrows = kernel.row_tasks(qsl)
-        return CpuPagedMetadata(**vars(md), tables=layout.block_tables, row_req=row_req, row_len=row_len,
+        tables = layout.block_tables.to(torch.int64).contiguous()  # once per step, not per layer
+        return CpuPagedMetadata(**vars(md), tables=tables, row_req=row_req, row_len=row_len,
                                 task_row0=task_row0, task_nrows=task_nrows)
 
     def forward(self, query, key, value, kv_cache, metadata: CpuPagedMetadata):
