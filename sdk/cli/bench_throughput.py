@@ -42,6 +42,11 @@ def run_octavo(model: str, dtype: str, prompts, new_tokens: int, max_num_seqs: i
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=True)
     elapsed = time.perf_counter() - t0
     n_out = sum(len(o.outputs[0].token_ids) for o in outs)
+    # the same prompts with one new token: the prefill's share of the run (phases, issue 18)
+    t0 = time.perf_counter()
+    llm.generate([{"prompt_token_ids": p} for p in prompts], SamplingParams(temperature=0, max_tokens=1),
+                 use_tqdm=False)
+    prefill_s = time.perf_counter() - t0
     # batch-1 decode: one request, time per output token after the first
     t0 = time.perf_counter()
     one = llm.generate([{"prompt_token_ids": prompts[0]}], SamplingParams(temperature=0, max_tokens=1), use_tqdm=False)
@@ -51,7 +56,15 @@ def run_octavo(model: str, dtype: str, prompts, new_tokens: int, max_num_seqs: i
     b1 = time.perf_counter() - t0
     del one
     return {"output_tok_s": n_out / elapsed, "elapsed_s": elapsed, "num_output_tokens": n_out,
-            "load_s": load_s, "bs1_decode_tok_s": (new_tokens - 1) / max(b1 - ttft, 1e-9)}
+            "load_s": load_s, "bs1_decode_tok_s": (new_tokens - 1) / max(b1 - ttft, 1e-9),
+            "phases": _phases(elapsed, prefill_s, new_tokens)}
+
+
+def _phases(elapsed: float, prefill_s: float, new_tokens: int) -> dict:
+    """Where the run went: the prompts' prefill (timed alone, one new token) and the rest = decode steps."""
+    decode_s = max(elapsed - prefill_s, 0.0)
+    return {"prefill_s": round(prefill_s, 3), "decode_s": round(decode_s, 3),
+            "decode_ms_per_step": round(decode_s / max(new_tokens - 1, 1) * 1e3, 2)}
 
 
 def run_transformers(model: str, dtype: str, prompts, new_tokens: int, batch_size: int) -> dict:
@@ -76,13 +89,20 @@ def run_transformers(model: str, dtype: str, prompts, new_tokens: int, batch_siz
             n_out += (out.shape[1] - batch.shape[1]) * batch.shape[0]
         elapsed = time.perf_counter() - t0
         t0 = time.perf_counter()
+        for i in range(0, len(prompts), batch_size):  # the prefill alone (one new token), as for octavo
+            batch = torch.tensor(prompts[i:i + batch_size])
+            m.generate(batch, attention_mask=torch.ones_like(batch), max_new_tokens=1, do_sample=False,
+                       pad_token_id=0)
+        prefill_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
         m.generate(torch.tensor([prompts[0]]), max_new_tokens=1, do_sample=False, pad_token_id=0)
         ttft = time.perf_counter() - t0
         t0 = time.perf_counter()
         m.generate(torch.tensor([prompts[0]]), **gen_kw)
         b1 = time.perf_counter() - t0
     return {"output_tok_s": n_out / elapsed, "elapsed_s": elapsed, "num_output_tokens": n_out,
-            "batch_size": batch_size, "bs1_decode_tok_s": (new_tokens - 1) / max(b1 - ttft, 1e-9)}
+            "batch_size": batch_size, "bs1_decode_tok_s": (new_tokens - 1) / max(b1 - ttft, 1e-9),
+            "phases": _phases(elapsed, prefill_s, new_tokens)}
 
 
 def plot(results: dict, path: str) -> bool:
@@ -155,7 +175,10 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
     for dtype, res in results.items():
         for eng in ("octavo", "transformers"):
             if eng in res:
-                print(f"{dtype:<10}{eng:<14}{res[eng]['output_tok_s']:>12.1f}{res[eng]['bs1_decode_tok_s']:>12.1f}")
+                ph = res[eng]["phases"]
+                print(f"{dtype:<10}{eng:<14}{res[eng]['output_tok_s']:>12.1f}{res[eng]['bs1_decode_tok_s']:>12.1f}"
+                      f"   prefill {ph['prefill_s']:.2f} s, decode {ph['decode_s']:.2f} s "
+                      f"({ph['decode_ms_per_step']:.1f} ms/step)")
         if "ratio_vs_transformers" in res:
             print(f"{dtype:<10}{'ratio':<14}{res['ratio_vs_transformers']:>12.2f}")
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
