@@ -5,9 +5,9 @@
 #      order bitwise equal (Qwen3-0.6B / Llama-3-8B head shapes, contexts to 2,000, bf16 + fp8 caches), the
 #      backend (two layers, decode-only and mixed steps) vs the general kernel, a CUDA graph whose replays must
 #      recompute the order.
-# NANO6_PART=b1 (default): decode_attn.json (launches at the nano / 8B / 8B-fp8 shapes, old vs new:
+# NANO6_PART=b1: decode_attn.json (launches at the nano / 8B / 8B-fp8 shapes, old vs new:
 #   benchmarks/decode_attn_bench.py, 46 s), then the cases in the time left.
-# NANO6_PART=b2: the cases (15 s), then e2e_new/, e2e_old/: the nano-vllm workload (gpu_e2e.py qwen3_nanovllm) with the
+# NANO6_PART=b2 (default): the backend cases (16 s; batch 1 ran the others), then e2e_new/, e2e_old/: the nano-vllm workload (gpu_e2e.py qwen3_nanovllm) with the
 #   committed table, then with the general kernel (OCTAVO_TRITON_DECODE_KERNEL=0, the launch before session 6).
 set -u
 cd "$(dirname "$0")/../.."
@@ -19,11 +19,11 @@ git rev-parse HEAD > "$R/commit.txt" 2>/dev/null
 export OCTAVO_LOG_LEVEL=${OCTAVO_LOG_LEVEL:-warning}
 unset OCTAVO_TRITON_DECODE_KERNEL OCTAVO_TRITON_DECODE_LAUNCH OCTAVO_TRITON_DECODE_PACK
 
-PART="${NANO6_PART:-b1}"
-cases() {
-  echo "== cases (cap $1 s) $(date -u +%T)"
+PART="${NANO6_PART:-b2}"
+cases() {  # cap, then pytest -k expression (empty: all)
+  echo "== cases (cap $1 s, -k '${2:-}') $(date -u +%T)"
   timeout -k 2 "$1" python -m pytest -q -p no:cacheprovider -W ignore tests/kernels/triton_decode_cases.py \
-    > "$R/cases.log" 2>&1
+    ${2:+-k "$2"} > "$R/cases.log" 2>&1
   echo "cases exit $?"; tail -n 15 "$R/cases.log"
 }
 
@@ -35,7 +35,7 @@ if [ "$PART" = b1 ]; then
   cases $(( $(left) ))
   echo "total $(( $(date +%s) - START )) s"; exit 0
 fi
-cases 15
+cases 16 "backend or switch"
 
 for mode in new old; do
   CAP=$(( $(left) ))

@@ -4,9 +4,13 @@ measured configs for the decode kernel (``_triton_decode.paged_decode``), and th
 Why a table: decode of hundreds of requests is bound by reading the KV cache, and the best tile (``block_n``),
 warps, pipeline stages and request order depend on the GQA group and head size (measured on H100 with
 ``benchmarks/decode_attn_bench.py``; docs/performance.md "Decode attention launch table"). A 16-bit cache takes
-the decode kernel only for the shapes listed (elsewhere the general kernel, ``_triton_kernels``, was as fast);
-an fp8 cache always takes it (1.34x the general kernel on H100, session 4). ``ordered`` runs the requests
+the decode kernel only for the shapes listed (other shapes are unmeasured and keep the general kernel,
+``_triton_kernels``); an fp8 cache always takes it (1.34x the general kernel on H100, session 4). ``ordered`` runs the requests
 longest context first (``_triton_decode.longest_first``), which shortens the last wave of programs.
+
+Not in any default (measured no faster, kept for A/B runs): ``chunk`` (split-KV with a merge kernel; the grid
+is sized for ``max_model_len`` under CUDA graphs) and ``write_kv`` (the step's K/V stored by the decode launch
+instead of a separate 1.6 µs write launch: equal within noise).
 
 ``OCTAVO_TRITON_DECODE_LAUNCH`` (for A/B measurements) replaces the looked-up launch, e.g.
 ``block_n=128,warps=4,stages=2,ordered=1`` (optionally ``,chunk=512,write_kv=1``); every key must be given and valid,
@@ -30,9 +34,18 @@ class DecodeLaunch:
 
 
 # (cache kind, GQA group, padded head size) -> launch. Kinds: "16bit" (bf16/fp16 cache), "fp8".
+# Session 6 batch 1 (H100 80GB HBM3, read rate 3.02 TB/s; docs/performance.md "Decode attention launch table"),
+# one layer at the served batch and context range, CUDA-graph medians, KV bytes read per second:
 TABLE: dict[tuple[str, int, int], DecodeLaunch] = {
-    # Qwen3-0.6B (16 q / 8 kv heads, 128): session 5 batch 2, 2.77 vs 2.59 TB/s for the general kernel
-    ("16bit", 2, 128): DecodeLaunch(block_n=128, num_warps=4, num_stages=2, ordered=False),
+    # Qwen3-0.6B (16 q / 8 kv heads, 128), batch 139, contexts 100-1600: general kernel 2.59 TB/s, this 2.93
+    # (1.13x; unordered 2.76, BLOCK_N 64 ordered 2.91, 3 stages 2.94, 8 warps 2.84, chunk 512/1024 2.67/2.80)
+    ("16bit", 2, 128): DecodeLaunch(block_n=128, num_warps=4, num_stages=2, ordered=True),
+    # Llama-3-8B (32 / 8, 128), batch 220, contexts 1000-2000: general kernel 2.81 TB/s, this 2.99 (1.06x;
+    # unordered 2.97, BLOCK_N 64 2.93, chunk 512 2.72)
+    ("16bit", 4, 128): DecodeLaunch(block_n=128, num_warps=4, num_stages=2, ordered=True),
+    # Llama-3-8B with an e4m3 cache, batch 420: the fp8 default (BLOCK_N 64) 2.32 TB/s, this 2.45 (1.056x;
+    # BLOCK_N 64 ordered 2.38, 8 warps 2.00, chunk 512 2.04)
+    ("fp8", 4, 128): DecodeLaunch(block_n=128, num_warps=4, num_stages=2, ordered=True),
 }
 #: an fp8 cache's launch for shapes not in the table (session 4's measured default)
 FP8_DEFAULT = DecodeLaunch(block_n=64, num_warps=4, num_stages=2, ordered=False)
