@@ -46,10 +46,9 @@ def summarize(r: str) -> dict:
                                          "switched": m.get("switched_by_rank"),
                                          "tokens_equal_as_started": m.get("bs1_tokens") == run.get(T),
                                          "kernels": _table(m.get("graph_kernels_bs1_by_rank"))}
-    pairs = {"as started (fused+silu / silu)": ("8b_tp2_ab", "8b_tp1"),
-             "custom / off": ("8b_tp2_ab/custom", "8b_tp1/custom"), "fused / off": ("8b_tp2_ab/fused", "8b_tp1/custom"),
-             "fused+pdl+silu / pdl+silu": ("8b_tp2_ab/fused+pdl+silu", "8b_tp1/custom+pdl+silu"),
-             "fused+pdl+silu+ll / pdl+silu": ("8b_tp2_ab/fused+pdl+silu+ll", "8b_tp1/custom+pdl+silu")}
+    pairs = {"defaults (fused+pdl+silu / pdl+silu)": ("8b_tp2_ab", "8b_tp1"),
+             "custom / off": ("8b_tp2_ab/custom", "8b_tp1/custom"),
+             "fused+pdl+silu+ll / pdl+silu": ("8b_tp2_ab/fused+pdl+silu+ll", "8b_tp1")}
     out["tp2_over_tp1_like_for_like"] = {
         name: out[a]["ms_per_token"] / out[b]["ms_per_token"] for name, (a, b) in pairs.items()
         if out.get(a, {}).get("ms_per_token") and out.get(b, {}).get("ms_per_token")}

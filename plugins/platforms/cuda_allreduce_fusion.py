@@ -5,10 +5,9 @@ Why: a Llama decode step with tensor parallelism runs, twice per layer, ``o_proj
 residual add and the norm in one kernel (vLLM and SGLang do the same with FlashInfer's fused all-reduce) saves a
 launch and a round trip through memory per pair, 64 per token on Llama-3-8B.
 
-How (opt-in, ``OCTAVO_TP_ALLREDUCE_FUSE_NORM=1`` with the one-shot all-reduce; not yet measured on a GPU: the
-start-up check of session 5 compared two forwards that raced on the null block's KV slot, so the fusion never
-turned on there; fixed since, unmeasured): inside the forward of a
-row-parallel layer without bias (wrapped), the one-shot all-reduce (cuda_allreduce.py) *defers* a decode-sized
+How (on by default with the one-shot all-reduce since session 6, ``OCTAVO_TP_ALLREDUCE_FUSE_NORM=0`` turns it off;
+2x H100, Llama-3-8B shape TP=2 batch 1: bitwise equal to the unfused path, graph 3.54 -> 3.42 ms with the SiLU GEMV,
+docs/performance.md): inside the forward of a row-parallel layer without bias (wrapped), the one-shot all-reduce (cuda_allreduce.py) *defers* a decode-sized
 message (``rows <= defer_rows``, one hidden vector per row): it remembers the tensor and returns it unreduced.
 Each RMSNorm's forward is wrapped::
 
@@ -21,9 +20,8 @@ Each RMSNorm's forward is wrapped::
 
 The all-reduce itself also reduces a deferred tensor before taking a new message. What no hook sees is a
 deferred tensor read by something else first (a bias added after the sum, a model's own scaling): so the
-fusion is installed only after one forward of the model with it agrees with the forward without it on every rank
-(to rounding: the fused norm may sum its squares in another order; the verdict is all-reduced, so every rank
-decides the same), else it stays off, logged.
+fusion is installed only after one forward of the model with it equals the forward without it bit for bit on every
+rank (the verdict is all-reduced, so every rank decides the same), else it stays off, logged.
 """
 
 from __future__ import annotations
@@ -151,14 +149,16 @@ def maybe_fuse_all_reduce_norm(handle, runner_cls) -> dict | None:
     from octavo.nn.layernorm import RMSNorm
 
     ar = parallel._ALL_REDUCE
-    env = os.environ.get("OCTAVO_TP_ALLREDUCE_FUSE_NORM")
-    if env not in (None, "0", "1"):
+    env = os.environ.get("OCTAVO_TP_ALLREDUCE_FUSE_NORM", "").strip()
+    if env not in ("", "0", "1"):
         raise ValueError(f"OCTAVO_TP_ALLREDUCE_FUSE_NORM={env!r}: use 1 (on) or 0 (off)")
-    if env != "1":  # opt-in: never measured on a GPU (session 5: the start-up check's own race kept it off)
+    if env == "0":  # default on since session 6 (2x H100: bitwise equal, 64 kernels fewer per token)
         return None
     if not isinstance(ar, OneShotAllReduce):
-        raise ValueError("OCTAVO_TP_ALLREDUCE_FUSE_NORM=1 needs the one-shot all-reduce (OCTAVO_TP_ALLREDUCE=custom, "
-                         "tensor parallelism on CUDA); unset one of them")
+        if env == "1":
+            raise ValueError("OCTAVO_TP_ALLREDUCE_FUSE_NORM=1 needs the one-shot all-reduce (OCTAVO_TP_ALLREDUCE="
+                             "custom, tensor parallelism on CUDA); unset one of them")
+        return None  # NCCL (or symm_mem) all-reduce: nothing to fuse into
     from octavo.plugins.quant.fp8 import _FP8Method
 
     if any(isinstance(getattr(m, "quant_method", None), _FP8Method) for m in handle.model.modules()):
@@ -212,13 +212,14 @@ def _check_forward(handle, ar: OneShotAllReduce, rows: int, runner_cls) -> bool:
         got = handle.model(ids, pos, ctx).clone()
         ar.flush()
         torch.cuda.synchronize(handle.device)
-        # To rounding, not bitwise: the fused kernel's sum of squares may reduce in another order than
-        # cuda_fusions' norm. A deferred sum read before it was reduced (what this check is for) is off by the
-        # other ranks' share: tens of percent.
-        tol = {torch.bfloat16: 1.6e-2, torch.float16: 2e-3}.get(want.dtype, 1e-5)
+        # Bitwise: the fused kernel rounds where the all-reduce + cuda_fusions' norm round and reduces its sum of
+        # squares over the same layout (2x H100, session 6: bitwise equal). A deferred sum read before it was
+        # reduced (what this check is for) is off by the other ranks' share: tens of percent.
         err = ((got.float() - want.float()).norm() / want.float().norm().clamp_min(1e-30)).item()
-        logger.info("all-reduce + RMSNorm fusion check: relative difference %.2e (tolerance %.1e)", err, tol)
-        return err <= tol
+        same = torch.equal(got, want)
+        logger.info("all-reduce + RMSNorm fusion check: %s (relative difference %.2e)",
+                    "bitwise equal" if same else "NOT bitwise equal", err)
+        return same
     except Exception as e:  # noqa: BLE001 - the fusion stays off
         logger.warning("all-reduce + RMSNorm fusion check failed: %s: %s", type(e).__name__, e)
         ar.pending = None

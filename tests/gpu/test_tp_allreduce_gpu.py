@@ -54,6 +54,9 @@ def _worker(rank: int, port: int, out: str) -> None:
     from octavo.plugins.platforms.cuda_allreduce import OneShotAllReduce
 
     _exit_if_orphaned_or_late()
+    from octavo.plugins.platforms.cuda_pdl import set_pdl
+
+    set_pdl(False)  # plain launches first (PDL is on by default on sm_90+); the PDL pass comes below
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     dev = torch.device("cuda", rank)
@@ -99,11 +102,9 @@ def _worker(rank: int, port: int, out: str) -> None:
         if got is None or not torch.equal(got, torch.cat(parts, dim=-1)):
             bad.append(f"all_gather {shape} {dtype}")
     _check_fused_norm(ar, dev, gen, check)
-    from octavo.plugins.platforms.cuda_pdl import set_pdl
-
     set_pdl(True)  # the same with programmatic dependent launches (OCTAVO_PDL=1): plain, fused and in graphs
     try:
-        _check_fused_norm(ar, dev, gen, lambda tag, y, ref: check("pdl " + tag, y, ref))
+        _check_fused_norm(ar, dev, gen, lambda tag, y, ref: check("pdl " + tag, y, ref), [torch.bfloat16])
     finally:
         set_pdl(False)
     ar.ll = True  # the LL words (cuda_allreduce_ll.py): 16-bit messages up to 64 KiB, mixed with flag calls
@@ -128,7 +129,7 @@ def _worker(rank: int, port: int, out: str) -> None:
             g.replay()
             for x, r in zip(xs, refs):
                 check(f"ll graph {x.numel()} trial {trial}", x, r)
-        _check_fused_norm(ar, dev, gen, lambda tag, y, ref: check("ll " + tag, y, ref))
+        _check_fused_norm(ar, dev, gen, lambda tag, y, ref: check("ll " + tag, y, ref), [torch.bfloat16])
     finally:
         ar.ll = False
     big = torch.ones((1 << 20) // 2 + 1, dtype=torch.bfloat16, device=dev)
@@ -141,7 +142,7 @@ def _worker(rank: int, port: int, out: str) -> None:
     dist.destroy_process_group()
 
 
-def _check_fused_norm(ar, dev, gen, check) -> None:
+def _check_fused_norm(ar, dev, gen, check, dtypes=None) -> None:
     """The all-reduce + residual add + RMSNorm kernel (cuda_allreduce_fusion.py) bit for bit against NCCL's sum
     followed by cuda_fusions' norm kernel (the unfused path it replaces): bf16 and fp16 rows of the 8B width and an
     odd width, eager and replayed in a graph that mixes it with plain all-reduces (shared epochs)."""
@@ -156,7 +157,7 @@ def _check_fused_norm(ar, dev, gen, check) -> None:
         dist.all_reduce(s)
         return rms_norm(s, w, 1e-5, res)
 
-    for dtype in (torch.bfloat16, torch.float16):
+    for dtype in dtypes or (torch.bfloat16, torch.float16):
         for rows, d in ((1, 4096), (3, 4096), (8, 4096), (2, 5000), (1, 8192)):
             x = torch.randn(rows, d, generator=gen, device=dev).to(dtype)
             res = torch.randn(rows, d, generator=torch.Generator(device=dev).manual_seed(rows), device=dev).to(dtype)
