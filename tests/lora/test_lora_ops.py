@@ -6,16 +6,13 @@ a GPU, bf16 included (``gpu`` marker)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
 import octavo.lora.ops as ops
 from octavo.lora.ops import lora_reference, lora_shrink_expand, plan_tokens
 from tests.lora.inputs import lora_data
+from tests.utils import run_triton_interpreted
 
 CPU = torch.device("cpu")
 # (token slots, the mode plan_tokens picks)
@@ -103,11 +100,7 @@ print("ok")
                     "test_triton_kernels_on_cuda checks the compiled kernels")
 def test_triton_kernels_interpreted():
     pytest.importorskip("triton")
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    out = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300,
-                         cwd=root)
-    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]
+    run_triton_interpreted(SCRIPT)
 
 
 @pytest.mark.gpu

@@ -5,16 +5,13 @@ the masked expand) under ``TRITON_INTERPRET=1`` (a subprocess). On a GPU, tests/
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
 from octavo.lora.ops import lora_reference
 from octavo.lora.static import StaticLoRA
 from tests.lora.inputs import flat_weights as weights
+from tests.utils import run_triton_interpreted
 
 # (token slots of a step, rows of the padded batch the graph runs)
 STEPS = [([0, 1, 2, 3, 0, 1, 2, 3], 8), ([1, -1, 0, -1, 1, 0, 0, -1, 1, 0], 16), ([3, -1, 5, 3], 8),
@@ -98,11 +95,7 @@ print("ok")
                     "tests/lora/test_lora_gpu.py checks the compiled kernels in graphs")
 def test_fixed_grid_triton_interpreted():
     pytest.importorskip("triton")
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    out = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300,
-                         cwd=root)
-    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]
+    run_triton_interpreted(SCRIPT)
 
 
 def test_engine_through_the_graph_ops_equals_eager(tmp_path, monkeypatch):
@@ -195,8 +188,4 @@ def test_engine_through_the_sgmv_op_interpreted():
     """As above with the manager's SGMV graph op (Triton, interpreted): every step's LoRA through the fixed-grid
     kernels with part_expand, the per-projection static_h buffers (keys) and write()'s per-step zeroing; ~35 s."""
     pytest.importorskip("triton")
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    out = subprocess.run([sys.executable, "-c", ENGINE_SCRIPT], env=env, capture_output=True, text=True, timeout=600,
-                         cwd=root)
-    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]
+    run_triton_interpreted(ENGINE_SCRIPT, timeout=600)
