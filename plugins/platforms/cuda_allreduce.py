@@ -35,12 +35,17 @@ except ImportError:  # pragma: no cover - the cuda platform reports triton as mi
     triton = None
 
 from octavo.env_flags import env_switch
-from octavo.plugins.platforms.cuda_pdl import gdc_launch_dependents, gdc_wait, launch_opts
+from octavo.plugins.platforms.cuda_pdl import launch_opts
 
 logger = logging.getLogger(__name__)
 
 if triton is not None:
-    from octavo.plugins.platforms.cuda_allreduce_epochs import BLOCK, FLAG_BYTES, MAX_CTAS, _next_epoch
+    from octavo.plugins.platforms.cuda_allreduce_epochs import (
+        BLOCK,
+        FLAG_BYTES,
+        MAX_CTAS,
+        _begin_call,
+    )
 
     @triton.jit
     def _store_to_peers(vals, offs, mask, like_ptr, data_table, parity, cap, RANK: tl.constexpr,
@@ -88,13 +93,7 @@ if triton is not None:
                   MAXG: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
         """Steps 1-3 for this CTA's share of a grid-strided message: push, flag, wait. Returns the base of the
         received slots (peer k's copy of ``x`` at + k * cap)."""
-        if PDL:  # cuda_pdl.py: everything below reads the predecessor's output or earlier calls' state
-            gdc_wait()
-            gdc_launch_dependents()
-        pid = tl.program_id(0)
-        grid = tl.num_programs(0)
-        epoch = _next_epoch(counters, pid, grid, MAXG)
-        parity = epoch % 2
+        pid, grid, epoch, parity = _begin_call(counters, MAXG, PDL)
         _push(x_ptr, n, pid, grid, data_table, parity, cap, RANK, WORLD, BLOCK)
         _signal_and_wait(flag_table, pid, epoch, RANK, WORLD, MAXG)
         return _received(x_ptr, data_table, parity, cap, RANK, WORLD)

@@ -10,6 +10,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from octavo.plugins.platforms.cuda_pdl import gdc_launch_dependents, gdc_wait
+
 BLOCK = 1024  # elements per CTA iteration (2 KiB of bf16)
 MAX_CTAS = 64  # flag slots per source rank; a call uses min(MAX_CTAS, ceil(n / BLOCK)) CTAs
 FLAG_BYTES = 64 * 1024  # flags[W][MAX_CTAS] int64 at the start of every rank's buffer (W <= 8 needs 4 KiB)
@@ -25,3 +27,16 @@ def _next_epoch(counters, pid, grid, MAXG: tl.constexpr):
         m_idle = idle < MAXG
         tl.store(counters + idle, tl.load(counters + idle, mask=m_idle) + 1, mask=m_idle)
     return epoch
+
+
+@triton.jit
+def _begin_call(counters, MAXG: tl.constexpr, PDL: tl.constexpr):
+    """Start of every protocol kernel: (with PDL, wait for the predecessor, then let the successor launch), then
+    this CTA's ``(pid, grid, epoch, parity)``. The wait comes first: the counters are earlier calls' state."""
+    if PDL:  # cuda_pdl.py
+        gdc_wait()
+        gdc_launch_dependents()
+    pid = tl.program_id(0)
+    grid = tl.num_programs(0)
+    epoch = _next_epoch(counters, pid, grid, MAXG)
+    return pid, grid, epoch, epoch % 2

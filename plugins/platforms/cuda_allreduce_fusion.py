@@ -37,13 +37,13 @@ import triton.language as tl
 from octavo.plugins.platforms.cuda_allreduce import (
     MAX_CTAS,
     OneShotAllReduce,
-    _next_epoch,
     _received,
     _signal_and_wait,
     _store_to_peers,
 )
+from octavo.plugins.platforms.cuda_allreduce_epochs import _begin_call
 from octavo.plugins.platforms.cuda_allreduce_ll import LL_CAP_WORDS, _ll_receive, _ll_store_to_peers, ll_fits
-from octavo.plugins.platforms.cuda_pdl import gdc_launch_dependents, gdc_wait, launch_opts
+from octavo.plugins.platforms.cuda_pdl import launch_opts
 
 logger = logging.getLogger(__name__)
 
@@ -56,12 +56,7 @@ def _one_shot_add_rms_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, n_cols
     """One CTA per row: the one-shot all-reduce of cuda_allreduce.py (same flags, epochs and buffers; or the LL
     words of cuda_allreduce_ll.py), then the residual add and RMSNorm of cuda_fusions._rms_norm_kernel with the
     same roundings."""
-    if PDL:  # cuda_pdl.py
-        gdc_wait()
-        gdc_launch_dependents()
-    row = tl.program_id(0)
-    epoch = _next_epoch(counters, row, tl.num_programs(0), MAXG)
-    parity = epoch % 2
+    row, _, epoch, parity = _begin_call(counters, MAXG, PDL)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
     offs = row * n_cols + cols

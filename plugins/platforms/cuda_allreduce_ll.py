@@ -23,8 +23,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from octavo.plugins.platforms.cuda_allreduce_epochs import BLOCK, MAX_CTAS, _next_epoch
-from octavo.plugins.platforms.cuda_pdl import gdc_launch_dependents, gdc_wait
+from octavo.plugins.platforms.cuda_allreduce_epochs import BLOCK, MAX_CTAS, _begin_call
 
 LL_MAX_BYTES = 64 * 1024  # of 16-bit data per message: 8 rows of an 8B hidden vector; 4x that in words
 LL_REGION_BYTES_PER_SLOT = 4 * LL_MAX_BYTES  # one int64 word per 16-bit element
@@ -59,13 +58,7 @@ def _ll_receive(ll_table, k, offs, mask, parity, epoch, like_ptr, RANK: tl.const
 def _one_shot_ll_kernel(x_ptr, n, ll_table, counters, RANK: tl.constexpr, WORLD: tl.constexpr, MAXG: tl.constexpr,
                         BLOCK: tl.constexpr, CAP: tl.constexpr, PDL: tl.constexpr = False):
     """In-place rank-order sum of a 16-bit ``x`` (``n`` <= CAP elements) over LL words."""
-    if PDL:  # cuda_pdl.py
-        gdc_wait()
-        gdc_launch_dependents()
-    pid = tl.program_id(0)
-    grid = tl.num_programs(0)
-    epoch = _next_epoch(counters, pid, grid, MAXG)
-    parity = epoch % 2
+    pid, grid, epoch, parity = _begin_call(counters, MAXG, PDL)
     offs0 = tl.arange(0, BLOCK)
     for start in range(pid * BLOCK, n, grid * BLOCK):
         offs = start + offs0

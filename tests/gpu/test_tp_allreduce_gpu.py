@@ -69,30 +69,9 @@ def _worker(rank: int, port: int, out: str) -> None:
             bad.append(f"{tag}: max diff {(y.float() - ref.float()).abs().max().item()}")
 
     for dtype in (torch.bfloat16, torch.float32):
-        for n in SIZES:
-            if n * torch.empty((), dtype=dtype).element_size() > 1 << 20:
-                continue
-            x = torch.randn(n, generator=gen, device=dev).to(dtype)
-            ref = x.clone()
-            dist.all_reduce(ref)
-            assert ar(x) is x
-            check(f"eager {dtype} {n}", x, ref)
-        # one graph with every size twice (alternating small and large calls, as a decode step's are not)
-        xs = [torch.zeros(n, dtype=dtype, device=dev) for n in SIZES * 2
-              if n * torch.empty((), dtype=dtype).element_size() <= 1 << 20]
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            for x in xs:
-                ar(x)
-        for trial in range(3):
-            for x in xs:
-                x.copy_(torch.randn(x.numel(), generator=gen, device=dev))
-            refs = [x.clone() for x in xs]
-            for r in refs:
-                dist.all_reduce(r)
-            g.replay()
-            for x, r in zip(xs, refs):
-                check(f"graph {dtype} {x.numel()} trial {trial}", x, r)
+        fits = [n for n in SIZES if n * torch.empty((), dtype=dtype).element_size() <= 1 << 20]
+        # eager, then one graph with every size twice (alternating small and large calls)
+        _check_sums(ar, dev, gen, check, dtype, fits, fits * 2, f"{dtype} ")
     for shape, dtype in (((1, 64128), torch.float32), ((3, 1000), torch.bfloat16), ((7,), torch.int64)):
         x = (torch.randint(0, 128256, shape, device=dev) if dtype == torch.int64
              else torch.randn(shape, generator=gen, device=dev).to(dtype))
@@ -109,26 +88,8 @@ def _worker(rank: int, port: int, out: str) -> None:
         set_pdl(False)
     ar.ll = True  # the LL words (cuda_allreduce_ll.py): 16-bit messages up to 64 KiB, mixed with flag calls
     try:
-        for n in (1, 777, 4096, 4096 * 3 + 5, 32768, 32769):  # 32769 bf16 > 64 KiB: the flag kernel
-            x = torch.randn(n, generator=gen, device=dev).to(torch.bfloat16)
-            ref = x.clone()
-            dist.all_reduce(ref)
-            assert ar(x) is x
-            check(f"ll eager {n}", x, ref)
-        xs = [torch.zeros(n, dtype=torch.bfloat16, device=dev) for n in (4096, 200000, 4096, 777, 32768)]
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            for x in xs:
-                ar(x)
-        for trial in range(3):
-            for x in xs:
-                x.copy_(torch.randn(x.numel(), generator=gen, device=dev))
-            refs = [x.clone() for x in xs]
-            for r in refs:
-                dist.all_reduce(r)
-            g.replay()
-            for x, r in zip(xs, refs):
-                check(f"ll graph {x.numel()} trial {trial}", x, r)
+        _check_sums(ar, dev, gen, check, torch.bfloat16, (1, 777, 4096, 4096 * 3 + 5, 32768, 32769),
+                    (4096, 200000, 4096, 777, 32768), "ll ")  # over 32768 bf16 (64 KiB): the flag kernel
         _check_fused_norm(ar, dev, gen, lambda tag, y, ref: check("ll " + tag, y, ref), [torch.bfloat16])
     finally:
         ar.ll = False
@@ -140,6 +101,34 @@ def _worker(rank: int, port: int, out: str) -> None:
             json.dump({"bad": bad, "declined_over_cap": declined}, f)
     dist.barrier()
     dist.destroy_process_group()
+
+
+def _check_sums(ar, dev, gen, check, dtype, eager_sizes, graph_sizes, tag) -> None:
+    """``ar`` equals NCCL's all-reduce bit for bit: eager on each size, then in one CUDA graph of ``graph_sizes``
+    replayed three times with new inputs (the epochs of calls of different sizes stay in step)."""
+    import torch
+    import torch.distributed as dist
+
+    for n in eager_sizes:
+        x = torch.randn(n, generator=gen, device=dev).to(dtype)
+        ref = x.clone()
+        dist.all_reduce(ref)
+        assert ar(x) is x
+        check(f"{tag}eager {n}", x, ref)
+    xs = [torch.zeros(n, dtype=dtype, device=dev) for n in graph_sizes]
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for x in xs:
+            ar(x)
+    for trial in range(3):
+        for x in xs:
+            x.copy_(torch.randn(x.numel(), generator=gen, device=dev))
+        refs = [x.clone() for x in xs]
+        for r in refs:
+            dist.all_reduce(r)
+        g.replay()
+        for x, r in zip(xs, refs):
+            check(f"{tag}graph {x.numel()} trial {trial}", x, r)
 
 
 def _check_fused_norm(ar, dev, gen, check, dtypes=None) -> None:
