@@ -192,8 +192,8 @@ def switch_all_reduce(worker, mode: str) -> str:
     every rank at once): ``nccl`` (torch.distributed for the all-reduces, the LM head's all-gather and the
     sampled ids' broadcast), ``custom`` (the one-shot kernels, no norm fusion) or ``fused`` (the one-shot kernels
     with the all-reduce + RMSNorm fusion, as installed at start); suffixes ``+pdl`` (programmatic dependent
-    launches, plugins/platforms/cuda_pdl.py) and ``+silu`` (the gate/up + SiLU GEMV, cuda_mlp_fusion.py, if the
-    engine started with OCTAVO_FUSE_SILU_GEMV=1) and ``+ll`` (the one-shot all-reduce's LL protocol,
+    launches, plugins/platforms/cuda_pdl.py) and ``+silu`` (the gate/up + SiLU GEMV, cuda_mlp_fusion.py, where
+    it was installed at start: the default) and ``+ll`` (the one-shot all-reduce's LL protocol,
     cuda_allreduce_ll.py) turn those on, their absence off. Returns what runs now."""
     from octavo.nn import parallel
     from octavo.plugins.platforms.cuda_mlp_fusion import set_silu_gemv
@@ -224,7 +224,7 @@ def switch_all_reduce(worker, mode: str) -> str:
     if runner is not None:
         runner.capture()
     return (f"{label}: {type(parallel._ALL_REDUCE).__name__}, "
-            f"defer_rows={getattr(parallel._ALL_REDUCE, 'defer_rows', None)}")
+            f"defer_rows={getattr(parallel._ALL_REDUCE, 'defer_rows', None)}, ll={getattr(ar, 'll', None)}")
 
 
 def graph_replay_ms_without_allreduce(worker, size: int, iters: int) -> float:
