@@ -13,6 +13,6 @@ echo "exit $?"; cat "$R/env.txt"; ls -la "$R"; python - "$R/start.json" <<'PY'
 import json, sys
 d = json.load(open(sys.argv[1]))
 for r in d["runs"]:
-    print(r.get("variant"), {k: r[k] for k in ("total_s", "first_token_s", "spawn_to_first_token_s") if k in r}, r.get("error", "")[:300])
+    print(r.get("variant"), {k: r[k] for k in ("import_s", "llm_s", "first_token_s", "spawn_to_first_token_s") if k in r}, r.get("error", "")[:300])
 print(d.get("kept_cache"))
 PY
