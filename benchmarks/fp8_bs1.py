@@ -67,7 +67,7 @@ def measure(llm, gr, prompt, res: dict, tag: str, bw: float, weight_bytes: int, 
     roof = (weight_bytes + kv_bytes) / bw
     r = {"decode_ms_per_token": per_tok * 1e3, "roofline_ms": roof * 1e3, "fraction_of_roofline": roof / per_tok}
     # the prefetch / PDL variants compute the same bits as the first measure (only L2 hints and launch order
-    # differ): their greedy tokens must be its tokens exactly. norm4 and silu may differ (another summation order)
+    # differ): their greedy tokens must be its tokens exactly. norm4 and nosilu may differ (another summation order)
     first = res.setdefault("_greedy_tokens", tokens_out[-1])
     r["same_tokens_as_first_measure"] = tokens_out[-1] == first and tokens_out[-2] == first
     if gr is not None and 1 in gr.graphs:
@@ -97,10 +97,11 @@ def measure(llm, gr, prompt, res: dict, tag: str, bw: float, weight_bytes: int, 
 
 # --ab s6, in this order after "default" (the tree's defaults): the settings each variant changes from
 # (fp8_fused.SMALL_ROWS_WARPS=16, fp8_prefetch.PREFETCH_MB=0 / PDL=False / SELF_PREFETCH=False, the platform's PDL for
-# rotary / SiLU / plain norm off: cuda_pdl.set_pdl). norm4 = session 5's defaults (4-warp quantizing norm at one row)
-S6_VARIANTS = {"norm4": {"warps": None}, "pf16": {"mb": 16}, "self": {"self": True},
-               "pf16_self": {"mb": 16, "self": True}, "pf16_self_silu": {"mb": 16, "self": True, "silu": True},
-               "pf16_pdl": {"mb": 16, "pdl": True}, "pf16_self_pdl": {"mb": 16, "self": True, "pdl": True},
+# rotary / SiLU / plain norm off: cuda_pdl.set_pdl, fp8_silu_gemv on). norm4 = session 5's 4-warp quantizing norm at
+# one row. Session 6 batch 1 (H100): prefetch chain and self-prefetch slower, PDL within noise (docs/performance.md)
+S6_VARIANTS = {"nosilu": {"silu": False}, "norm4": {"warps": None}, "pf16": {"mb": 16}, "self": {"self": True},
+               "pf16_self": {"mb": 16, "self": True}, "pf16_pdl": {"mb": 16, "pdl": True},
+               "pf16_self_pdl": {"mb": 16, "self": True, "pdl": True},
                "pf16_self_pdl_all": {"mb": 16, "self": True, "pdl": True, "pdl_all": True},
                "pf32": {"mb": 32}, "pdl": {"pdl": True}, "default_again": {}}
 
@@ -120,6 +121,7 @@ def main() -> None:
     ap.add_argument("--ab", choices=("none", "tc", "s6"), default="none",
                     help="s6: S6_VARIANTS (norm warps, L2 prefetch chain, PDL), graph recaptured for each")
     ap.add_argument("--budget", type=float, default=1e9, help="s6: start no variant after this many seconds")
+    ap.add_argument("--variants", default="", help="s6: comma-separated names of S6_VARIANTS (default: all)")
     ap.add_argument("--tiles", default=None, help="fp8_gemv_bench.py JSON: its best tensor-core tile per shape")
     ap.add_argument("--no-profile", action="store_true")
     args = ap.parse_args()
@@ -160,8 +162,11 @@ def main() -> None:
         from octavo.plugins.platforms import cuda_pdl
         from octavo.plugins.quant import fp8_fused, fp8_prefetch, fp8_silu_gemv
 
-        base = (fp8_fused.SMALL_ROWS_WARPS, fp8_prefetch.PREFETCH_MB, fp8_prefetch.PDL, fp8_prefetch.SELF_PREFETCH)
-        for tag, v in S6_VARIANTS.items():
+        base = (fp8_fused.SMALL_ROWS_WARPS, fp8_prefetch.PREFETCH_MB, fp8_prefetch.PDL, fp8_prefetch.SELF_PREFETCH,
+                fp8_silu_gemv.STATE["on"])
+        chosen = args.variants.split(",") if args.variants else list(S6_VARIANTS)
+        for tag in chosen:
+            v = S6_VARIANTS[tag]
             if time.perf_counter() - T0 > args.budget:
                 res[tag] = {"skipped": "budget"}
                 continue
@@ -170,9 +175,7 @@ def main() -> None:
                 fp8_prefetch.PREFETCH_MB, fp8_prefetch.PDL = v.get("mb", 0), v.get("pdl", False)
                 fp8_prefetch.SELF_PREFETCH = v.get("self", False)
                 cuda_pdl.set_pdl(v.get("pdl_all", False))
-                if v.get("silu") and "silu_installed" not in res:  # fp8_silu_gemv.py, checked at install
-                    res["silu_installed"] = fp8_silu_gemv.fuse_fp8_silu_gemv(model, torch.device("cuda"))
-                fp8_silu_gemv.STATE["on"] = bool(v.get("silu"))
+                fp8_silu_gemv.STATE["on"] = v.get("silu", True)
                 with torch.inference_mode():
                     gr.capture()
                     measure(llm, gr, prompt, res, tag, bw, weight_bytes, not args.no_profile)
@@ -180,9 +183,9 @@ def main() -> None:
                 res[tag] = {"error": f"{type(e).__name__}: {e}"[:400]}
                 print(tag, res[tag], flush=True)
             save()
-        fp8_fused.SMALL_ROWS_WARPS, fp8_prefetch.PREFETCH_MB, fp8_prefetch.PDL, fp8_prefetch.SELF_PREFETCH = base
+        (fp8_fused.SMALL_ROWS_WARPS, fp8_prefetch.PREFETCH_MB, fp8_prefetch.PDL, fp8_prefetch.SELF_PREFETCH,
+         fp8_silu_gemv.STATE["on"]) = base
         cuda_pdl.set_pdl(False)
-        fp8_silu_gemv.STATE["on"] = None
     if args.ab == "tc" and gr is not None:
         tiles = {}
         if args.tiles and os.path.exists(args.tiles):

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Issue 9 (engineer "fp8"), one GPU, HARD bound 75 s for the whole call. JSON + logs: $OUT/fp8/
-#   bash benchmarks/device/fp8_6.sh [PART ...]      (default: bs1 mm; parts run in the order given)
+#   bash benchmarks/device/fp8_6.sh [PART ...]      (default: bs1 step; parts run in the order given)
 # Parts (each gets what is left of the 75 s, minus what the later parts reserve):
 #   bs1    benchmarks/fp8_bs1.py --ab s6: full Llama-3-8B shape, quantization=fp8 + kv_cache_dtype=fp8, batch-1
 #          decode ms/token vs the fp8-bytes roofline (gpu_e2e.py's formula), captured forward, kernel table; then
 #          per S6_VARIANTS (quantizing-norm warps, the GEMVs' L2 prefetch chain, PDL) the graph recaptured in the
-#          same engine and the same numbers (before/after in one call).
+#          same engine and the same numbers (before/after in one call); FP8_BS1_VARIANTS picks them.
 #   tc     benchmarks/fp8_bs1.py --ab tc: every fp8 linear on the tensor-core GEMV (tiles from gemv.json if there).
 #   gemv   benchmarks/fp8_gemv_bench.py: one-row GEMV per 8B shape, kernels x tiles (us, fraction of 3.35e12 B/s).
 #   attn   benchmarks/fp8_attn_bench.py --set s5: decode attention, 200 requests x U[1000, 2000], fp8 / bf16 cache.
@@ -25,7 +25,7 @@ nvidia-smi --query-gpu=name,memory.total --format=csv > "$R/gpu.csv" 2>/dev/null
 git rev-parse HEAD > "$R/commit.txt" 2>/dev/null
 export OCTAVO_DISABLE_PROGRESS=1
 PARTS=("$@")
-[ ${#PARTS[@]} -eq 0 ] && PARTS=(bs1 mm)
+[ ${#PARTS[@]} -eq 0 ] && PARTS=(bs1 step)
 reserve() {  # seconds the parts after $1 keep for themselves
   local after=0 r=0 p
   for p in "${PARTS[@]}"; do
@@ -39,8 +39,8 @@ for P in "${PARTS[@]}"; do
   echo "== $P $(date -u +%T) (${B} s for it, $(left) s left)"
   if [ "$B" -lt 8 ]; then echo "skipped: no time"; continue; fi
   case $P in
-    bs1) timeout -k 2 "$B" python benchmarks/fp8_bs1.py --ab s6 --budget $(( B - 6 )) --out "$R/bs1.json" \
-           > "$R/bs1.log" 2>&1
+    bs1) timeout -k 2 "$B" python benchmarks/fp8_bs1.py --ab s6 --budget $(( B - 8 )) --out "$R/bs1.json" \
+           --variants "${FP8_BS1_VARIANTS:-nosilu,pdl,norm4,default_again}" > "$R/bs1.log" 2>&1
          echo "exit $?"; grep -v " INFO \| WARNING " "$R/bs1.log" | grep -v "^ .*us  x" | tail -30
          grep -A12 "^default {" "$R/bs1.log" | head -13;;
     tc) timeout -k 2 "$B" python benchmarks/fp8_bs1.py --ab tc --tiles "$R/gemv.json" --out "$R/bs1_tc.json" \

@@ -245,6 +245,12 @@ def link_fp8_inputs(model: torch.nn.Module) -> dict[str, int]:
         return {}
     fuse = env_switch("OCTAVO_FP8_FUSE_INPUTS")
     device = fp8[0].weight.device
+    silu = 0
+    if device.type == "cuda":
+        from octavo.plugins.quant import fp8_silu_gemv
+
+        if fp8_silu_gemv.STATE["on"]:  # gate/up GEMV + SiLU-and-mul at one row (checked per shape here)
+            silu = fp8_silu_gemv.fuse_fp8_silu_gemv(model, device)
     producers = [m for m in model.modules() if type(m) in (RMSNorm, SiluAndMul)
                  and "_octavo_plain_forward" not in vars(m)] if fuse else []  # not twice
     handles, links, order = [], {}, []
@@ -289,5 +295,6 @@ def link_fp8_inputs(model: torch.nn.Module) -> dict[str, int]:
     for layer in fp8:
         handles.append(layer.register_forward_pre_hook(seen))
     handles.append(model.register_forward_hook(finish))
-    return {"fp8_producers_armed": len(producers)} if fuse else {}
+    out = {"fp8_producers_armed": len(producers)} if fuse else {}
+    return {**out, "MLP(fp8 gemv+silu)": silu} if silu else out
 

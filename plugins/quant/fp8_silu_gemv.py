@@ -1,9 +1,9 @@
-"""The fp8 gate/up GEMV with SiLU-and-mul in its epilogue, for batch-1 decode of Llama-style MLPs (opt-in with the
-platform's bf16 version: ``OCTAVO_FUSE_SILU_GEMV=1``, plugins/platforms/cuda_mlp_fusion.py).
+"""The fp8 gate/up GEMV with SiLU-and-mul in its epilogue, for batch-1 decode of Llama-style MLPs (on by default;
+``OCTAVO_FP8_SILU_GEMV=0`` keeps the unfused path; the platform's bf16 version is cuda_mlp_fusion.py).
 
 Why: at one row an fp8 Llama MLP is the gate_up GEMV, a separate SiLU-and-mul kernel (~2 us a layer on H100,
 docs/performance.md "FP8 session 5") and the down GEMV; fusing the middle kernel into the first removes one launch
-per layer (~65 us of a ~3.7 ms 8B token).
+per layer (H100, session 6 batch 1: 44.1 us a call vs 43.5 for the gate_up GEMV + 2.1 for SiLU-and-mul).
 
 How: each program owns ``BLOCK_N`` outputs ``n`` of ``[1, I]`` and streams both rows ``n`` (gate) and ``I + n``
 (up) of the merged e4m3 weight, against the row's e4m3 activations (quantized here, or by the norm before it:
@@ -24,18 +24,15 @@ import torch
 import triton
 import triton.language as tl
 
+from octavo.env_flags import env_switch
 from octavo.plugins.quant.fp8_gemv import _round_e4m3
 
 logger = logging.getLogger(__name__)
-STATE = {"on": None}  # None: the platform switch (cuda_mlp_fusion); a benchmark may set True / False
+STATE = {"on": env_switch("OCTAVO_FP8_SILU_GEMV", default=True)}  # installed wrappers read it per call
 
 
 def _on() -> bool:
-    if STATE["on"] is not None:
-        return STATE["on"]
-    from octavo.plugins.platforms import cuda_mlp_fusion
-
-    return cuda_mlp_fusion._STATE["on"]
+    return STATE["on"]
 
 
 @triton.jit
@@ -139,6 +136,7 @@ def _install(module) -> None:
         return inner(x)
 
     module.forward = types.MethodType(forward, module)
+    module._octavo_fp8_silu = True  # never wrapped twice
 
 
 @torch.inference_mode()
@@ -151,7 +149,7 @@ def fuse_fp8_silu_gemv(model: torch.nn.Module, device: torch.device) -> int:
     gen = torch.Generator(device=device).manual_seed(1)
     n = 0
     for module in model.modules():
-        if not _fusable(module):
+        if "_octavo_fp8_silu" in vars(module) or not _fusable(module):
             continue
         gu = module.gate_up_proj
         key = tuple(gu.weight.shape)

@@ -216,8 +216,9 @@ def test_fp8_linear_replays_from_cuda_graph():
 @pytest.mark.gpu
 @pytest.mark.skipif(not _cuda(), reason="needs a CUDA GPU")
 def test_fast_accum_switch_stays_within_the_fp8_error(monkeypatch):
-    """``OCTAVO_FP8_FAST_ACCUM`` (fp8.FAST_ACCUM): _scaled_mm with Hopper's fast accumulation, 64 rows of the
-    down_proj shape (the longest K), within 1e-2 of the float64 product's max (bf16 output: 4e-3) like the exact path."""
+    """``OCTAVO_FP8_FAST_ACCUM`` (fp8.FAST_ACCUM): _scaled_mm exact (within 1e-2 of the float64 product's max;
+    measured 2.5e-3 on H100, bf16 output) and with Hopper's fast accumulation (within 2e-2; measured 4-8e-3 at K
+    4096-14336, session 6), 64 rows of the down_proj shape (the longest K)."""
     import torch
 
     from octavo.plugins.quant import fp8
@@ -235,4 +236,5 @@ def test_fast_accum_switch_stays_within_the_fp8_error(monkeypatch):
         monkeypatch.setattr(fp8, "FAST_ACCUM", fast)
         y = method._scaled_mm(layer, x, None, (xq, xs))
         err = float((y.double() - ref).abs().max()) / float(ref.abs().max())
-        assert err <= 1e-2, f"fast_accum={fast}: {err:.3g} of the max |product| (1e-2)"
+        bound = 2e-2 if fast else 1e-2
+        assert err <= bound, f"fast_accum={fast}: {err:.3g} of the max |product| ({bound})"
