@@ -19,6 +19,10 @@ from a cold start. Two measures, both hints that cannot change a result:
   weight row it owns, before reading the activations (or, under PDL, before waiting for its producer): its slice
   streams at full memory-level parallelism from the start instead of at the depth of the load pipeline.
 
+Measured on H100 (session 6 batch 1, docs/performance.md "FP8 session 6"): all three made batch 1 slower or no
+faster (chain 0.811 -> 0.785 of the roofline, self-prefetch 0.59, PDL with the chain flat): the one-row GEMV does
+not wait on a cold start. They stay off by default, switches for other cards and kernels.
+
 All need sm_90 (Hopper) and the compiled one-row CUDA-core GEMV; elsewhere they are not used (the GEMV runs as
 before). Tests: tests/quant/test_fp8_prefetch.py (the PTX holds the instructions; on a GPU: bit-identical
 outputs with and without, eager and replayed from a CUDA graph).
@@ -47,7 +51,7 @@ def _prefetch_mb() -> int:
     return value
 
 
-DEFAULT_PREFETCH_MB = 0  # off until measured in the engine (docs/quantization.md, session 6)
+DEFAULT_PREFETCH_MB = 0  # off: slower on H100 (docs/performance.md, "FP8 session 6")
 PREFETCH_MB = _prefetch_mb()  # read at apply time: a benchmark may change it and recapture
 # OCTAVO_PDL=1 (plugins/platforms/cuda_pdl.py: the platform's small kernels) turns the fp8 GEMV's on as well
 PDL = env_switch("OCTAVO_FP8_GEMV_PDL", default=env_switch("OCTAVO_PDL", default=False))
