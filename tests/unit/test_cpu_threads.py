@@ -150,3 +150,34 @@ def test_thread_count_never_changes_tokens_or_logprobs():
         torch.set_num_threads(before)
         del llm
     assert runs[1] == runs[2]
+
+
+def test_the_core_loop_feeds_the_governor_each_steps_work():
+    """core/engine_core_proc.py: with a governor, each step runs at its count and reports (prompt tokens,
+    generated tokens) of that step, from the cumulative scheduler counters; the outputs still go out."""
+    from octavo.core.engine_core_proc import EngineCoreLoop
+    from octavo.core.messages import EngineCoreOutputs, SchedulerStats
+
+    counters = iter([(128, 1), (256, 2), (256, 34), (256, 66)])
+
+    class Core:
+        def step(self):
+            p, g = next(counters)
+            return EngineCoreOutputs([], SchedulerStats(num_prompt_tokens=p, num_generation_tokens=g), 0.0)
+
+    class Gov:
+        def __init__(self):
+            self.seen, self.before = [], 0
+
+        def before_step(self):
+            self.before += 1
+
+        def after_step(self, seconds, key):
+            assert seconds >= 0
+            self.seen.append(key)
+
+    loop = EngineCoreLoop(Core())
+    loop.governor = gov = Gov()
+    outs = [loop._governed_step() for _ in range(4)]
+    assert all(isinstance(o, EngineCoreOutputs) for o in outs)
+    assert gov.before == 4 and gov.seen == [None, (128, 1), (0, 32), (0, 32)]
