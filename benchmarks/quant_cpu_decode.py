@@ -1,7 +1,8 @@
 """Batch-1 CPU decode of the embedded SmolLM2 GGUF: 4-bit weights (``gguf`` quantizer) vs fp32 / bf16 dense.
 
 Side by side in one process: each variant is loaded once, then rounds of decode steps alternate between the
-variants, so machine noise hits all of them alike; the median step time per variant is reported.
+variants, so machine noise hits all of them alike; the median step time per variant is reported. Attention is the
+engine's CPU default (``cpu_paged``) unless ``--attention torch_sdpa`` (what sessions 3-5 measured).
 
     python benchmarks/quant_cpu_decode.py [--steps 32] [--rounds 5] [--threads N] [--e2e]
 
@@ -60,6 +61,9 @@ def main() -> None:
     parser.add_argument("--cpu-time", action="store_true",
                         help="time.process_time instead of wall time (a loaded shared machine, --threads 1: time the "
                              "process was descheduled does not count; SMT contention still does)")
+    parser.add_argument("--attention", default="cpu_paged",
+                        help="attention backend of every variant: cpu_paged (the engine's CPU default, since session 6 "
+                             "here) or torch_sdpa (the reference; sessions 3-5 measured with it)")
     parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "quant_cpu_decode.json"))
     args = parser.parse_args()
     if args.threads:
@@ -67,6 +71,7 @@ def main() -> None:
     os.environ.setdefault("OCTAVO_DISABLE_PROGRESS", "1")
 
     from octavo.core.loader.resolve import default_model_path
+    from octavo.registry import resolve
     from octavo.testing.model import PagedRunner
     from tests.quant.helpers import load
 
@@ -77,7 +82,7 @@ def main() -> None:
     int8_act = cpu_int8act_ops.enabled()  # the process's setting (OCTAVO_CPU_INT8_ACT)
     for name, (quantization, dtype, _) in VARIANTS.items():
         model, _ = load(path, quantization, dtype=dtype)
-        runners[name] = PagedRunner(model, num_blocks=16)
+        runners[name] = PagedRunner(model, resolve("attention_backends", args.attention), num_blocks=16)
     times: dict[str, list[float]] = {name: [] for name in VARIANTS}
     for _ in range(args.rounds):
         for name, runner in runners.items():
@@ -90,7 +95,7 @@ def main() -> None:
     base = results["fp32"]["ms_per_token"]
     for r in results.values():
         r["speedup_vs_fp32"] = base / r["ms_per_token"]
-    record = {"benchmark": "quant_cpu_decode (model forward, batch 1, reference attention)", "results": results,
+    record = {"benchmark": f"quant_cpu_decode (model forward, batch 1, {args.attention} attention)", "results": results,
               "int8_activations": int8_act, "clock": "process_time" if args.cpu_time else "perf_counter",
               "cpu": cpu_info(), "threads": torch.get_num_threads(), "python": platform.python_version(),
               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
