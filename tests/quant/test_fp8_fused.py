@@ -9,10 +9,6 @@ the cuda platform's plain fused kernels, and replay the linked block from a CUDA
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 
 pytest.importorskip("triton")
@@ -147,9 +143,9 @@ def _cuda() -> bool:
 
 @pytest.mark.skipif(_cuda(), reason="interpreter check for CPU machines; on a GPU the compiled kernels are tested")
 def test_fused_fp8_producers_interpreted():
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    out = subprocess.run([sys.executable, "-c", INTERPRETED], env=env, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]
+    from tests.quant.fp8_inputs import run_interpreted
+
+    run_interpreted(INTERPRETED)
 
 
 def test_linking_can_be_turned_off(monkeypatch):
