@@ -129,6 +129,10 @@ def bench_decode(args) -> dict:
         modes["free_async_noearly"] = (None, True, False, False, None, {**dflt, "early_launch": False})
         # N+1's fill started on the bitmask thread right after N's accept, overlapping update(N) + schedule(N+2)
         modes["json_async_earlyfill"] = (so, True, False, False, None, {**dflt, "early_fill": True})
+        modes["json_async_noearlyfill"] = (so, True, False, False, None, {**dflt, "early_fill": False})
+        # the core thread waits (up to 5 ms) until the step thread queued N+2 before building N's outputs
+        modes["free_async_wait"] = (None, True, False, False, None, {**dflt, "launch_wait": 0.005})
+        modes["json_async_wait"] = (so, True, False, False, None, {**dflt, "launch_wait": 0.005})
         # experiment: three steps in flight (AsyncStepLoop.depth = 3, not the default): N+2 is scheduled and
         # queued before N's tokens arrive, so the runner's thread launches N+2's forward right after N+1's
         # sampler instead of waiting for the core thread; compared with free_async_d3
@@ -139,7 +143,7 @@ def bench_decode(args) -> dict:
             modes["json_async_si"] = (so, True, False, False, args.switch_interval, dflt)
     if args.modes:
         keep = ("free", "free_async", "free_async_si", *(m.replace("json_", "free_", 1) for m in args.modes
-                                                          if m.endswith(("_old", "_noearly", "_d3"))))
+                                                          if m.endswith(("_old", "_noearly", "_d3", "_wait"))))
         modes = {m: v for m, v in modes.items() if m in args.modes or m in keep}
     import octavo.plugins.structured_output.xgrammar_backend as xgb
     rewrite = xgb.bounded_strings_as_patterns
@@ -155,9 +159,10 @@ def bench_decode(args) -> dict:
         prompts = [list(p) for p in prompts]
 
         host = {m: {k: [] for k in HOST_KEYS} for m in modes}
+        parked: dict[str, list[float]] = {}  # share of structured steps whose sampling ran parked on the gate
         texts: dict[str, list[int]] = {}
 
-        def run(mode: str, prompts=prompts, batch=batch, host=host, texts=texts) -> list[float]:
+        def run(mode: str, prompts=prompts, batch=batch, host=host, texts=texts, parked=parked) -> list[float]:
             params_so, on, fill_first, own_maxlength, interval, knobs = modes[mode]
             if args.async_modes:
                 from octavo.core.async_engine import set_async_scheduling
@@ -169,7 +174,9 @@ def bench_decode(args) -> dict:
                     old = knobs.get("old_loop", False)
                     core.async_loop.early_launch = knobs.get("early_launch", not old)
                     async_gate.PARK = knobs.get("park", not old)
-                    async_gate.EARLY_FILL = knobs.get("early_fill", early_fill_default)
+                    async_gate.EARLY_FILL = knobs.get("early_fill", early_fill_default and not old)
+                    if "launch_wait" in knobs:
+                        core.async_loop.launch_wait_s = knobs["launch_wait"]
             grammar_step.INLINE_AFTER_GATE, grammar_step.HANDOFF_WAIT_S = knobs["inline"], knobs["handoff"]
             grammar_step.TRITON_APPLY, so_mod.EARLY_ACCEPT = knobs["triton"], knobs["early"]
             core.structured.fill_threads = knobs["threads"]
@@ -209,6 +216,7 @@ def bench_decode(args) -> dict:
             if stats["steps"]:
                 for k in HOST_KEYS[:-2]:
                     host[mode][k].append(stats[k] / stats["steps"])
+                parked.setdefault(mode, []).append(stats.get("parked", 0) / stats["steps"])
             t1 = timers.as_dict()  # the engine core thread's own timers (whole run, prefill steps included)
             n = t1["steps"] - timers0["steps"]
             if n:
@@ -238,6 +246,8 @@ def bench_decode(args) -> dict:
                 base = "free_async_old"
             if on and knobs.get("early_launch") is False:
                 base = "free_async_noearly"
+            if on and "launch_wait" in knobs:
+                base = "free_async_wait"
             if params_so is not None and m in med and base in med:
                 row[f"{m}_overhead_pct"] = round((med[m] / med[base] - 1) * 100, 1)
         for m, (params_so, on, _, _, _, _) in modes.items():  # host time per step the forward did not hide
@@ -250,6 +260,8 @@ def bench_decode(args) -> dict:
                     exposed = h["prepare_s"] + h["wait_s"] + h["apply_s"] + h["accept_s"]
                     row[f"{m}_exposed_host_ms_per_step"] = round(exposed * 1e3, 3)
                     row[f"{m}_exposed_pct_of_free_step"] = round(exposed / med["free"] * 100, 1)
+        for m, v in parked.items():
+            row[f"{m}_parked_frac"] = round(statistics.mean(v), 3)
         if samples:
             row["sample_outputs"] = samples
         result[f"batch_{batch}"] = row

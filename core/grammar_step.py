@@ -81,7 +81,7 @@ class GrammarStep:
 
     __slots__ = ("backend", "positions", "request_ids", "matchers", "bitmask", "pool", "chunks", "_future",
                  "_rows", "_error", "fill_s", "wait_s", "apply_s", "t_start", "t_fill0", "t_fill1", "t_resume",
-                 "handoff_wait_s", "_resumed", "cpu_hint", "cpu_pre")
+                 "handoff_wait_s", "_resumed", "cpu_hint", "cpu_pre", "parked")
 
     def __init__(self, backend: Any, positions: list[int], request_ids: list[str], matchers: list[Any],
                  bitmask: Any, pool: ThreadPoolExecutor, chunks: tuple[int, ThreadPoolExecutor] | None = None) -> None:
@@ -107,6 +107,7 @@ class GrammarStep:
         # then also builds the apply's operands (core/grammar_mask_cpu.py) off the critical path -> cpu_pre
         self.cpu_hint: dict | None = None
         self.cpu_pre: Any = None
+        self.parked = False  # async: the runner's sampling was parked on the gate and ran on the releasing thread
 
     def subset(self, keep: list[int]) -> GrammarStep:
         """A not yet started step of rows ``keep`` only (same buffer, pools and settings)."""

@@ -91,7 +91,7 @@ class StructuredOutputManager:
         # start_lag_s: start() -> the fill began (a queue hand-off; 0 when filled inline); resume_lag_s: the fill
         # ended -> the runner's thread had the rows (when it was already waiting: a thread wake-up + the GIL)
         self.stats = dict.fromkeys(("steps", "rows", "prepare_s", "fill_s", "wait_s", "apply_s", "accept_s",
-                                    "accept_thread_s", "start_lag_s", "resume_lag_s", "release_s"), 0)
+                                    "accept_thread_s", "start_lag_s", "resume_lag_s", "release_s", "parked"), 0)
         from octavo.core.plugin_manager import get_plugin_manager
 
         pm = get_plugin_manager()  # unknown names fail at start (the registry lookup imports nothing)
@@ -240,6 +240,7 @@ class StructuredOutputManager:
                 st["start_lag_s"] += step.t_fill0 - step.t_start
             if step.t_fill1 and step.t_resume:
                 st["resume_lag_s"] += max(0.0, step.t_resume - step.t_fill1)
+            st["parked"] += step.parked  # its sampling ran on the gate's thread (core/async_gate.py)
         matchers, tokens, rids = [], [], []
         early, self._early = self._early, ()
         for req, token in updates:

@@ -6,11 +6,11 @@
 #   1. benchmarks/structured_outputs.py on a random-weight ~1.1B Llama shape (hidden 2048, 16 layers, vocab
 #      49152) at batch 32 and 1 (issue 11's goal: JSON-schema step <= 1.05x the unconstrained one at 32):
 #      free (sync), free_async / json_async (async scheduling, the CUDA default, switched on in the same
-#      engine: session 6's loop, sampling parked on the grammar gate + N+2 launched before N's outputs),
-#      free_async_old / json_async_old (session 5's loop, the same engine), json_async_earlyfill (N+1's fill on
-#      the bitmask thread during update(N) + schedule(N+2)), json_async_t1 (fill not split over threads);
-#      modes interleaved; per-part host ms (fill, apply, accept,
-#      release, hand-off lags, the core thread's own work and its slack); _si: the same under a 0.2 ms GIL switch interval.
+#      engine: session 6's loop: sampling parked on the grammar gate, N+2 launched between update(N) and N's
+#      outputs, N+1's fill on the bitmask thread from 8 rows), free_async_old / json_async_old (session 5's loop,
+#      the same engine), json_async_noearlyfill (fill inline when the gate opens), free_async_wait /
+#      json_async_wait (core thread waits until N+2 is queued, batch 1's default); modes interleaved; per-part
+#      host ms (fill, apply, accept, release, hand-off lags, the core thread's own work and its slack).
 #   2. the same (new and old loop) on the Llama-3-8B body (hidden 4096, 32 layers, 32/8 heads, 14336) with
 #      SmolLM2's vocabulary (49152, so the grammar masks are the tokenizer's), random weights.
 #   3. STRUCTURED_APPLY_TEST=1: tests/structured/test_apply_device.py (Triton and table apply == host path).
@@ -74,8 +74,8 @@ COMMON=(--batches 32 1 --steps 24 --repeats 2 --device cuda --dtype bfloat16 --s
         --show-outputs 2)
 [ "$DRY" = 1 ] && COMMON=(--batches 4 1 --steps 4 --repeats 1 --device cpu --dtype float32 --skip-compile
                           --async-modes off on --show-outputs 2)
-ALL=(--modes json_async json_async_old json_async_earlyfill json_async_t1 json_async_si --switch-interval 0.0002)
-FEW=(--modes json_async json_async_old json_async_earlyfill --repeats 1)
+ALL=(--modes json_async json_async_old json_async_noearlyfill json_async_wait)
+FEW=(--modes json_async json_async_old --repeats 1)
 FILL=(--rows 32 --steps 24 --threads 1 --pool-threads --engine-threads 1 2 4 8 --forms cap16_regex --repeats 1)
 [ "$DRY" = 1 ] && FILL=(--rows 8 --steps 4 --threads 1 --pool-threads --engine-threads 1 2 --forms cap16_regex --repeats 1)
 step llama1b $(( 36 * X )) python3 benchmarks/structured_outputs.py "${COMMON[@]}" "${ALL[@]}" --load-format dummy \

@@ -15,6 +15,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from octavo.core import async_gate
 from octavo.core.async_gate import GatedGrammarStep
 from octavo.core.async_runner import PendingOutput, resolve
 from octavo.core.grammar_step import GrammarStep
@@ -59,7 +60,11 @@ def test_parked_before_release_runs_on_the_releasing_thread():
     assert len(seen) == 1
 
 
-def test_fill_started_early_on_the_bitmask_thread():
+def test_fill_started_early_on_the_bitmask_thread(monkeypatch):
+    few = _gate(3)
+    few.start_fill()  # fewer rows than EARLY_FILL_MIN_ROWS: left to release(), which fills them inline
+    assert few.inner._future is None and not few._fill_started
+    monkeypatch.setattr(async_gate, "EARLY_FILL_MIN_ROWS", 2)
     gate = _gate(3, finished=(0,))
     fill_threads = []
     backend = gate.inner.backend

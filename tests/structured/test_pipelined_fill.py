@@ -173,8 +173,10 @@ def test_pipelined_fill_tokens_identical_to_serial(monkeypatch):
             if mode == "old":  # session 5's loop: the runner blocks on the gate, N+2 launched at the next step()
                 core.async_loop.early_launch = False
                 m.setattr(async_gate, "PARK", False)
+                m.setattr(async_gate, "EARLY_FILL", False)
             if mode == "earlyfill":  # N+1's fill on the bitmask thread before update(N)
                 m.setattr(async_gate, "EARLY_FILL", True)
+                m.setattr(async_gate, "EARLY_FILL_MIN_ROWS", 2)
             if mode == "drain":
                 m.setattr(core, "step", step_with_drain)
             outs = llm.generate(prompts, params, use_tqdm=False)
