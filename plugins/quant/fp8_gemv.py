@@ -51,6 +51,17 @@ def _round_e4m3(v):
 
 
 @triton.jit
+def _quant_e4m3(x, s_x, SOFT_FP8: tl.constexpr):
+    """``x`` (fp32) divided by its scale (IEEE, as torch), clamped to +-448 and rounded onto e4m3, kept in fp32."""
+    q = tl.minimum(tl.maximum(tl.math.div_rn(x, s_x), -448.0), 448.0)
+    if SOFT_FP8:
+        q = _round_e4m3(q)
+    else:
+        q = q.to(tl.float8e4nv).to(tl.float32)
+    return q
+
+
+@triton.jit
 def _fp8_gemv_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, pf_ptr, pf_total, pf_piece, M, N, K, stride_xm,
                      stride_wn, stride_ym, QUANT_X: tl.constexpr, PRE_Q: tl.constexpr, HAS_BIAS: tl.constexpr,
                      EVEN: tl.constexpr, SOFT_FP8: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -93,11 +104,7 @@ def _fp8_gemv_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, pf_ptr, pf_tota
                 w = tl.load(rows + kk[None, :], mask=nm[:, None] & (kk[None, :] < K), other=0.0)
                 x = tl.load(x_row + kk, mask=kk < K, other=0.0).to(tl.float32)
             if QUANT_X:
-                x = tl.minimum(tl.maximum(tl.math.div_rn(x, s_x), -448.0), 448.0)
-                if SOFT_FP8:
-                    x = _round_e4m3(x)
-                else:
-                    x = x.to(tl.float8e4nv).to(tl.float32)
+                x = _quant_e4m3(x, s_x, SOFT_FP8)
             acc += w.to(tl.float32) * x[None, :]
         y = (tl.sum(acc, 1) * s_x * ws).to(y_ptr.dtype.element_ty)
         if HAS_BIAS:  # torch adds the bias to the rounded product

@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 from octavo.env_flags import env_switch
-from octavo.plugins.quant.fp8_gemv import _round_e4m3
+from octavo.plugins.quant.fp8_gemv import _quant_e4m3
 
 logger = logging.getLogger(__name__)
 STATE = {"on": env_switch("OCTAVO_FP8_SILU_GEMV", default=True)}  # installed wrappers read it per call
@@ -65,11 +65,7 @@ def _fp8_gemv_silu_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, y_ptr, N_OUT, K, stride_
             wu = tl.load(u_rows + kk[None, :], mask=m, other=0.0)
             x = tl.load(x_ptr + kk, mask=kk < K, other=0.0).to(tl.float32)
         if QUANT_X:
-            x = tl.minimum(tl.maximum(tl.math.div_rn(x, s_x), -448.0), 448.0)
-            if SOFT_FP8:
-                x = _round_e4m3(x)
-            else:
-                x = x.to(tl.float8e4nv).to(tl.float32)
+            x = _quant_e4m3(x, s_x, SOFT_FP8)
         acc_g += wg.to(tl.float32) * x[None, :]
         acc_u += wu.to(tl.float32) * x[None, :]
     elt = y_ptr.dtype.element_ty
