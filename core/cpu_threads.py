@@ -171,4 +171,6 @@ def make_governor(core: Any, settings: Any) -> ThreadGovernor | None:
         return None
     import torch
 
+    logger.info("engine core: torch threads chosen by measuring, %d or %d (starts at %d; %s=0 keeps %d)",
+                low, cpus, low, ENV, low)
     return ThreadGovernor(low, cpus, torch.set_num_threads)
