@@ -27,8 +27,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from moe_bench import SHAPES, _graph_us, copy_bandwidth_gbps  # noqa: E402
 
 # (BLOCK_N, BLOCK_K, num_warps), likeliest first: each new tile costs a Triton compile (~1 s) of the budget
-W13_TILES = [(32, 128, 4), (16, 128, 4), (64, 64, 4), (16, 512, 8), (32, 256, 8), (64, 128, 8), (8, 512, 4)]
-W2_TILES = [(16, 256, 4), (8, 128, 4), (4, 256, 2), (32, 128, 4), (8, 512, 4), (16, 512, 8), (4, 512, 4)]
+W13_TILES = [(16, 512, 8), (16, 256, 4), (8, 512, 4), (32, 256, 8), (8, 256, 4), (32, 128, 4)]
+W2_TILES = [(8, 128, 8), (4, 512, 8), (2, 512, 4), (8, 256, 8), (16, 256, 8), (4, 128, 4)]
 
 
 def _cases(e, k, h, reps, dtype, gen):

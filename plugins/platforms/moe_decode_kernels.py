@@ -12,8 +12,8 @@ part of a decode step. Here:
    the expert of its slot, and streams that expert's gate and up rows as a GEMV (plain loads and fp32
    products, no ``tl.dot``: no padded rows). It writes ``silu(gate) * up`` rounded where the torch path
    rounds; program 0 also writes the routing weights and ids for the second launch.
-2. :func:`_w2_sum_kernel`, grid ``cdiv(H, BLOCK_N)``: each program owns ``BLOCK_N`` output columns and loops
-   over the k slots and the intermediate dimension, so the weighted sum over k happens in registers: no
+2. :func:`_w2_sum_kernel`, grid ``cdiv(H, BLOCK_N)``: each program owns ``BLOCK_N`` output columns of all k
+   slots and loops over the intermediate dimension, so the weighted sum over k happens in registers: no
    ``[k, H]`` intermediate, no separate sum launch, no cross-program reduction. Per slot the GEMV result is
    rounded to the model dtype, multiplied by the routing weight rounded to the dtype, rounded again (as the
    torch path and the general kernel do), and the k terms are summed in fp32 and rounded once (as
@@ -106,54 +106,59 @@ def _w13_route_kernel(x_ptr, logits_ptr, w13_ptr, act_ptr, weights_ptr, ids_ptr,
 
 @triton.jit
 def _w2_sum_kernel(act_ptr, w2_ptr, weights_ptr, ids_ptr, out_ptr, N, K, stride_be, stride_bn,
-                   TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False):
-    """``out[n] = sum_j weight[j] * (act[j] . w2[ids[j], n])`` over this program's ``BLOCK_N`` columns."""
+                   TOP_K: tl.constexpr, K_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                   PDL: tl.constexpr = False):
+    """``out[n] = sum_j weight[j] * (act[j] . w2[ids[j], n])`` over this program's ``BLOCK_N`` columns.
+
+    Every k-block loads all k slots' rows at once (a ``[K_P, BLOCK_N, BLOCK_K]`` tile): one plain loop with
+    large independent loads, which the compiler pipelines (a loop over slots with a per-slot epilogue did not:
+    16 us instead of ~11 for Qwen3-30B-A3B's w2 on an H100, session 6 batch 1)."""
     if PDL:  # as the w13 launch: the ids and activations come from it
         gdc_wait()
         gdc_launch_dependents()
     pid_n = tl.program_id(0)
+    lanes = tl.arange(0, K_P)
+    slot_ok = lanes < TOP_K
+    experts = tl.load(ids_ptr + lanes, mask=slot_ok, other=0).to(tl.int64)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < N
     offs_k = tl.arange(0, BLOCK_K)
-    rows = offs_n.to(tl.int64)[:, None] * stride_bn + offs_k[None, :]
+    b_ptrs = (w2_ptr + (experts * stride_be)[:, None, None] + (offs_n.to(tl.int64) * stride_bn)[None, :, None]
+              + offs_k[None, None, :])
+    a_ptrs = act_ptr + (lanes * K)[:, None, None] + offs_k[None, None, :]
+    rows_ok = slot_ok[:, None, None] & n_ok[None, :, None]
+    acc = tl.zeros([K_P, BLOCK_N, BLOCK_K], dtype=tl.float32)
+    for kb in range(0, tl.cdiv(K, BLOCK_K)):
+        k_ok = (offs_k < K - kb * BLOCK_K)[None, None, :]
+        a = tl.load(a_ptrs, mask=slot_ok[:, None, None] & k_ok, other=0.0).to(tl.float32)
+        b = tl.load(b_ptrs, mask=rows_ok & k_ok, other=0.0).to(tl.float32)
+        acc += b * a
+        a_ptrs += BLOCK_K
+        b_ptrs += BLOCK_K
     dtype = out_ptr.dtype.element_ty
-    num_kb = tl.cdiv(K, BLOCK_K)
-    total = tl.zeros([BLOCK_N], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-    for t in range(0, TOP_K * num_kb):  # one flat loop over (slot, k-block): the loads pipeline across slots
-        j = t // num_kb
-        kb = t - j * num_kb
-        expert = tl.load(ids_ptr + j).to(tl.int64)
-        k_ok = offs_k < K - kb * BLOCK_K
-        a = tl.load(act_ptr + j * K + kb * BLOCK_K + offs_k, mask=k_ok, other=0.0).to(tl.float32)
-        b = tl.load(w2_ptr + expert * stride_be + kb * BLOCK_K + rows, mask=n_ok[:, None] & k_ok[None, :],
-                    other=0.0).to(tl.float32)
-        acc += b * a[None, :]
-        if kb == num_kb - 1:  # slot j done: round like the torch path, weight, add
-            y = tl.sum(acc, axis=1).to(dtype).to(tl.float32)
-            w = tl.load(weights_ptr + j).to(dtype).to(tl.float32)
-            total += (y * w).to(dtype).to(tl.float32)
-            acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-    tl.store(out_ptr + offs_n, total.to(dtype), mask=n_ok)
+    y = tl.sum(acc, axis=2).to(dtype).to(tl.float32)  # [K_P, BLOCK_N]: each slot's GEMV, rounded like torch
+    w = tl.load(weights_ptr + lanes, mask=slot_ok, other=0.0).to(dtype).to(tl.float32)
+    terms = tl.where(slot_ok[:, None], (y * w[:, None]).to(dtype).to(tl.float32), 0.0)
+    tl.store(out_ptr + offs_n, tl.sum(terms, axis=0).to(dtype), mask=n_ok)
 
 
 def _p2(x: int) -> int:
     return 1 << max(0, int(x) - 1).bit_length()
 
 
-def default_decode_config(num_slots: int, inter: int, hidden: int, programs: int = 256) -> dict:
-    """Tiles of the two launches: the widest ``BLOCK_N`` (<= 64 for w13, <= 32 for w2) that still gives about
-    ``programs`` programs (two per SM of an H100), and ``BLOCK_K = 4096 / BLOCK_N`` (at most 256): an fp32
-    accumulator tile of 4096 values is 32 registers a thread at 4 warps (w13 keeps two), no spills."""
-    def width(cols, slots, top):
-        bn = top
-        while bn > 8 and slots * triton.cdiv(cols, bn) < programs:
-            bn //= 2
-        return bn
-
-    bn13, bn2 = width(inter, num_slots, 64), width(hidden, 1, 32)
-    return {"w13": {"BLOCK_N": bn13, "BLOCK_K": min(256, 4096 // bn13), "num_warps": 4, "num_stages": 3},
-            "w2": {"BLOCK_N": bn2, "BLOCK_K": min(256, 4096 // bn2), "num_warps": 4, "num_stages": 3}}
+def default_decode_config(num_slots: int, inter: int, hidden: int) -> dict:
+    """Tiles of the two launches, from the H100 searches of session 6 (batch 1): w13 ``BLOCK_N`` 16 (8 when
+    that leaves fewer than 256 programs) and ``BLOCK_K = min(512, H / 8)``, 8 warps once the accumulator tile
+    reaches 8192 values (Qwen3-30B-A3B 16x256 at 4 warps, Mixtral 16x512 at 8: the best tried); w2 ``BLOCK_N``
+    = H / 512 (>= 4: ~512 programs), its ``[k, BLOCK_N, BLOCK_K]`` tile at ~8192 values, 8 warps."""
+    k_p = _p2(num_slots)
+    bn13 = 16 if num_slots * triton.cdiv(inter, 16) >= 256 else 8
+    bk13 = max(64, min(512, _p2(hidden) // 8))
+    bn2 = min(32, max(4, _p2(hidden) // 512))
+    bk2 = max(32, min(512, 8192 // (k_p * bn2)))
+    return {"w13": {"BLOCK_N": bn13, "BLOCK_K": bk13, "num_warps": 8 if bn13 * bk13 >= 8192 else 4,
+                    "num_stages": 3},
+            "w2": {"BLOCK_N": bn2, "BLOCK_K": bk2, "num_warps": 8, "num_stages": 3}}
 
 
 def decode_one(x: torch.Tensor, router_logits: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, top_k: int,
@@ -183,7 +188,7 @@ def decode_one(x: torch.Tensor, router_logits: torch.Tensor, w13: torch.Tensor, 
                               num_warps=c13.get("num_warps", 4), num_stages=c13.get("num_stages", 3),
                               **launch_opts())
     _w2_sum_kernel[(triton.cdiv(hidden, c2["BLOCK_N"]),)](
-        act, w2, weights, ids, out, hidden, inter, w2.stride(0), w2.stride(1), TOP_K=top_k,
+        act, w2, weights, ids, out, hidden, inter, w2.stride(0), w2.stride(1), TOP_K=top_k, K_P=_p2(top_k),
         BLOCK_N=c2["BLOCK_N"], BLOCK_K=c2["BLOCK_K"], num_warps=c2.get("num_warps", 4),
         num_stages=c2.get("num_stages", 3), **launch_opts())
     return out, weights, ids

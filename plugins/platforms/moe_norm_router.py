@@ -4,7 +4,7 @@ Why: at batch 1 each MoE decoder layer runs, after attention, an RMSNorm kernel,
 ``[H] x [E, H]`` product: 0.5 MB for Qwen3-30B-A3B, far below a launch's cost), then the two expert launches
 (``moe_decode_kernels``). Here the router rows are split over ``cdiv(E, ROWS)`` programs, and each program
 recomputes the RMSNorm of the one token itself: it reads the 2 x H input values (a few KB, from L2), so no
-program waits for another. Program 0 also writes the normalised row and the new residual, exactly as the fused
+program waits for another. With PDL on, the router rows load before the producer of the row has finished. Program 0 also writes the normalised row and the new residual, exactly as the fused
 RMSNorm kernel of ``cuda_fusions`` computes them (same full-row sum of squares, same roundings), and every
 program forms its chunk of the normalised row with the same arithmetic, so the router sees the values the
 experts get.
@@ -36,40 +36,39 @@ SPARSE_BLOCKS = ("Qwen3MoeSparseBlock", "MixtralSparseMoeBlock")  # forward = ex
 
 @triton.jit
 def _norm_router_kernel(x_ptr, res_ptr, w_ptr, gate_ptr, out_ptr, res_out_ptr, logits_ptr, H, E, eps, stride_g,
-                        BLOCK_H: tl.constexpr, ROWS: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False):
-    if PDL:  # cuda_pdl.py (OCTAVO_PDL=1): x and the residual come from the producer
+                        BLOCK_H: tl.constexpr, ROWS: tl.constexpr, PDL: tl.constexpr = False):
+    """All loads (the row, the residual, the norm weight, this program's ``ROWS`` router rows) are issued at once:
+    a loop over H chunks re-reading the row (session 6 batch 1) cost 6.5 us a layer, serialised on latency."""
+    if PDL:  # cuda_pdl.py: the router rows do not depend on the producer; x and the residual do
+        pid = tl.program_id(0)
+        rows = pid * ROWS + tl.arange(0, ROWS)
+        cols = tl.arange(0, BLOCK_H)
+        mask = cols < H
+        g = tl.load(gate_ptr + rows.to(tl.int64)[:, None] * stride_g + cols[None, :],
+                    mask=(rows < E)[:, None] & mask[None, :], other=0.0)
         gdc_wait()
         gdc_launch_dependents()
-    pid = tl.program_id(0)
+    else:
+        pid = tl.program_id(0)
+        rows = pid * ROWS + tl.arange(0, ROWS)
+        cols = tl.arange(0, BLOCK_H)
+        mask = cols < H
+        g = tl.load(gate_ptr + rows.to(tl.int64)[:, None] * stride_g + cols[None, :],
+                    mask=(rows < E)[:, None] & mask[None, :], other=0.0)
     dtype = x_ptr.dtype.element_ty
     out_dtype = out_ptr.dtype.element_ty
-    cols = tl.arange(0, BLOCK_H)
-    mask = cols < H
     x = tl.load(x_ptr + cols, mask=mask, other=0.0)
     r = tl.load(res_ptr + cols, mask=mask, other=0.0)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     s = (x.to(tl.float32) + r.to(tl.float32)).to(dtype)  # the fused RMSNorm's steps, bit for bit
     sf = s.to(tl.float32)
     rstd = tl.rsqrt(tl.sum(sf * sf, 0) / H + eps)
+    y = ((sf * rstd).to(dtype).to(tl.float32) * w).to(out_dtype)
     if pid == 0:
         tl.store(res_out_ptr + cols, s, mask=mask)
-        y = (sf * rstd).to(dtype).to(tl.float32)
-        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-        tl.store(out_ptr + cols, (y * w).to(out_dtype), mask=mask)
-    rows = pid * ROWS + tl.arange(0, ROWS)
-    r_ok = rows < E
-    offs = tl.arange(0, BLOCK_K)
-    acc = tl.zeros([ROWS, BLOCK_K], dtype=tl.float32)
-    for k0 in range(0, H, BLOCK_K):
-        kk = k0 + offs
-        km = kk < H
-        sk = (tl.load(x_ptr + kk, mask=km, other=0.0).to(tl.float32) +
-              tl.load(res_ptr + kk, mask=km, other=0.0).to(tl.float32)).to(dtype).to(tl.float32)
-        yk = (sk * rstd).to(dtype).to(tl.float32)
-        yk = (yk * tl.load(w_ptr + kk, mask=km, other=0.0).to(tl.float32)).to(out_dtype).to(tl.float32)
-        g = tl.load(gate_ptr + rows.to(tl.int64)[:, None] * stride_g + kk[None, :],
-                    mask=r_ok[:, None] & km[None, :], other=0.0).to(tl.float32)
-        acc += g * yk[None, :]
-    tl.store(logits_ptr + rows, tl.sum(acc, axis=1).to(logits_ptr.dtype.element_ty), mask=r_ok)
+        tl.store(out_ptr + cols, y, mask=mask)
+    logits = tl.sum(g.to(tl.float32) * y.to(tl.float32)[None, :], axis=1)
+    tl.store(logits_ptr + rows, logits.to(logits_ptr.dtype.element_ty), mask=rows < E)
 
 
 def _p2(x: int) -> int:
@@ -87,10 +86,10 @@ def norm_router(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, e
     out = torch.empty(1, h, dtype=torch.promote_types(weight.dtype, x.dtype), device=x.device)
     res_out = torch.empty_like(x)
     logits = torch.empty(1, e, dtype=gate.dtype, device=x.device)
-    rows = rows or max(2, min(8, _p2(e) // 32))  # ~32 programs for 128 experts (16 KB of router each)
+    rows = rows or max(1, min(4, 4096 // _p2(h)))  # a [rows, H] router tile of <= 4096 values: 64 programs at E=128
     _norm_router_kernel[(triton.cdiv(e, rows),)](x, residual, weight, gate, out, res_out, logits, h, e, eps,
                                                   gate.stride(0), BLOCK_H=_p2(h), ROWS=rows,
-                                                  BLOCK_K=min(512, _p2(h)), num_warps=8 if h > 4096 else 4,
+                                                  num_warps=8 if h > 4096 else 4,  # as the fused RMSNorm: same sums
                                                   **launch_opts())
     return out, res_out, logits
 

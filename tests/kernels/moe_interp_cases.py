@@ -315,20 +315,21 @@ def test_batch_one_two_launch_path_breaks_ties_like_the_routing_kernel():
 def test_installed_layer_runs_batch_one_in_two_launches(monkeypatch):
     """One token goes through the two-launch path (checked at install), more tokens through the general
     kernel; ``OCTAVO_MOE_FUSED_DECODE=0`` keeps the general kernel at batch 1."""
-    layer = _layer(torch.bfloat16)
-    x1 = torch.randn(1, H, generator=torch.Generator().manual_seed(11)).to(torch.bfloat16)
-    x3 = torch.randn(3, H, generator=torch.Generator().manual_seed(12)).to(torch.bfloat16)
+    dt = torch.float16  # the interpreter rounds float32 -> bfloat16 toward zero (see the norm + router case)
+    layer = _layer(dt)
+    x1 = torch.randn(1, H, generator=torch.Generator().manual_seed(11)).to(dt)
+    x3 = torch.randn(3, H, generator=torch.Generator().manual_seed(12)).to(dt)
     logits1, logits3 = torch.randn(1, E), torch.randn(3, E)
     want1, want3 = layer(x1, logits1).float(), layer(x3, logits3).float()
-    notes = cuda_moe.install_moe_kernels(layer, torch.bfloat16, torch.device("cpu"))
+    notes = cuda_moe.install_moe_kernels(layer, dt, torch.device("cpu"))
     assert notes["triton"] == 1 and notes["decode_one"] == 1 and "forward" in layer.__dict__
     calls = []
     real = layer._moe_decode
     layer._moe_decode = lambda *a: calls.append(1) or real(*a)
     got1, got3 = layer(x1, logits1).float(), layer(x3, logits3).float()
     assert calls == [1]
-    assert (got1 - want1).abs().max() <= 3e-2 * want1.abs().max()
-    assert (got3 - want3).abs().max() <= 3e-2 * want3.abs().max()
+    assert (got1 - want1).abs().max() <= 5e-3 * want1.abs().max()
+    assert (got3 - want3).abs().max() <= 5e-3 * want3.abs().max()
     monkeypatch.setenv("OCTAVO_MOE_FUSED_DECODE", "0")
     layer = _layer(torch.bfloat16)
     cuda_moe.use_triton_kernel(layer)  # what install_moe_kernels does per layer, without its interpreted checks
