@@ -26,9 +26,9 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from moe_bench import SHAPES, _graph_us, copy_bandwidth_gbps  # noqa: E402
 
-# (BLOCK_N, BLOCK_K, num_warps), likeliest first: each new tile costs a Triton compile (~1 s) of the budget
-W13_TILES = [(16, 512, 8), (16, 256, 4), (8, 512, 4), (32, 256, 8), (8, 256, 4), (32, 128, 4)]
-W2_TILES = [(8, 128, 8), (4, 512, 8), (2, 512, 4), (8, 256, 8), (16, 256, 8), (4, 128, 4)]
+# (BLOCK_N, BLOCK_K, num_warps, num_stages), likeliest first: each new tile costs a Triton compile (~1 s)
+W13_TILES = [(16, 256, 4, 4), (16, 512, 8, 3), (8, 256, 4, 4), (16, 256, 8, 3), (32, 256, 8, 3), (8, 512, 4, 3)]
+W2_TILES = [(4, 512, 8, 3), (8, 128, 8, 4), (2, 512, 4, 3), (4, 256, 8, 4), (8, 256, 8, 3), (16, 256, 8, 3)]
 
 
 def _cases(e, k, h, reps, dtype, gen):
@@ -81,18 +81,18 @@ def bench_shape(name, e, k, h, inter, bw_gbps, budget_s, dtype=torch.bfloat16) -
     best, best_us, tried = default, res["two_launch_default_us"], []
     for part, tiles in (("w13", W13_TILES), ("w2", W2_TILES)):  # coordinate search: w13 first, then w2
         t0 = time.time()  # half the budget each
-        for bn, bk, warps in tiles:
+        for bn, bk, warps, stages in tiles:
             if time.time() - t0 > budget_s / 2:
                 break
-            cfg = {**best, part: {"BLOCK_N": bn, "BLOCK_K": bk, "num_warps": warps, "num_stages": 3}}
+            cfg = {**best, part: {"BLOCK_N": bn, "BLOCK_K": bk, "num_warps": warps, "num_stages": stages}}
             if cfg == best:
                 continue
             try:
                 us = _graph_us([functools.partial(two, cfg, *c) for c in cases])
             except Exception as ex:  # noqa: BLE001 - a tile this card cannot run: skip it
-                tried.append({part: [bn, bk, warps], "error": f"{type(ex).__name__}"})
+                tried.append({part: [bn, bk, warps, stages], "error": f"{type(ex).__name__}"})
                 continue
-            tried.append({part: [bn, bk, warps], "us": round(us, 2)})
+            tried.append({part: [bn, bk, warps, stages], "us": round(us, 2)})
             if us < best_us:
                 best, best_us = cfg, us
     res["search"] = tried
