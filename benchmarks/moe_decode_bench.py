@@ -26,8 +26,10 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from moe_bench import SHAPES, _graph_us, copy_bandwidth_gbps  # noqa: E402
 
-# (BLOCK_N, BLOCK_K, num_warps, num_stages), likeliest first: each new tile costs a Triton compile (~1 s)
-W13_TILES = [(16, 256, 4, 4), (16, 512, 8, 3), (8, 256, 4, 4), (16, 256, 8, 3), (32, 256, 8, 3), (8, 512, 4, 3)]
+# (BLOCK_N, BLOCK_K, num_warps, num_stages[, ALL_SLOTS]), likeliest first: each new tile costs a Triton
+# compile (~1 s). ALL_SLOTS: one w13 program covers all k slots' rows (a [k, BLOCK_N, BLOCK_K] tile).
+W13_TILES = [(2, 256, 4, 3, True), (16, 256, 4, 4), (4, 256, 8, 3, True), (16, 512, 8, 3), (4, 128, 4, 4, True),
+             (8, 256, 4, 4), (2, 512, 8, 3, True), (32, 256, 8, 3)]
 W2_TILES = [(4, 512, 8, 3), (8, 128, 8, 4), (2, 512, 4, 3), (4, 256, 8, 4), (8, 256, 8, 3), (16, 256, 8, 3)]
 
 
@@ -80,19 +82,20 @@ def bench_shape(name, e, k, h, inter, bw_gbps, budget_s, dtype=torch.bfloat16) -
     res["two_launch_max_rel_err"] = err(functools.partial(two, default))
     best, best_us, tried = default, res["two_launch_default_us"], []
     for part, tiles in (("w13", W13_TILES), ("w2", W2_TILES)):  # coordinate search: w13 first, then w2
-        t0 = time.time()  # half the budget each
-        for bn, bk, warps, stages in tiles:
-            if time.time() - t0 > budget_s / 2:
+        t0 = time.time()  # 60% of the budget for w13, 40% for w2
+        for bn, bk, warps, stages, *all_slots in tiles:
+            if time.time() - t0 > budget_s * (0.6 if part == "w13" else 0.4):
                 break
-            cfg = {**best, part: {"BLOCK_N": bn, "BLOCK_K": bk, "num_warps": warps, "num_stages": stages}}
+            cfg = {**best, part: {"BLOCK_N": bn, "BLOCK_K": bk, "num_warps": warps, "num_stages": stages,
+                                  **({"ALL_SLOTS": True} if all_slots else {})}}
             if cfg == best:
                 continue
             try:
                 us = _graph_us([functools.partial(two, cfg, *c) for c in cases])
             except Exception as ex:  # noqa: BLE001 - a tile this card cannot run: skip it
-                tried.append({part: [bn, bk, warps, stages], "error": f"{type(ex).__name__}"})
+                tried.append({part: [bn, bk, warps, stages, *all_slots], "error": f"{type(ex).__name__}"})
                 continue
-            tried.append({part: [bn, bk, warps, stages], "us": round(us, 2)})
+            tried.append({part: [bn, bk, warps, stages, *all_slots], "us": round(us, 2)})
             if us < best_us:
                 best, best_us = cfg, us
     res["search"] = tried

@@ -104,6 +104,47 @@ def _w13_route_kernel(x_ptr, logits_ptr, w13_ptr, act_ptr, weights_ptr, ids_ptr,
     tl.store(act_ptr + slot * N + offs_n, res.to(dtype), mask=n_ok)
 
 
+@triton.jit(do_not_specialize=["num_experts"])
+def _w13_route_all_kernel(x_ptr, logits_ptr, w13_ptr, act_ptr, weights_ptr, ids_ptr, num_experts, N, K,
+                          stride_be, stride_bn, TOP_K: tl.constexpr, K_P: tl.constexpr, E_P: tl.constexpr,
+                          RENORMALIZE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                          PDL: tl.constexpr = False):
+    """:func:`_w13_route_kernel` with every program covering ALL k slots for its ``BLOCK_N`` rows (a
+    ``[k, BLOCK_N, BLOCK_K]`` tile, as the w2 launch): the routing is computed once per k slots' rows instead
+    of once per slot, and each K-block is one large load. Chosen by a config's ``"ALL_SLOTS": true``."""
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+    pid_n = tl.program_id(0)
+    top_w, top_i = _route(logits_ptr, num_experts, TOP_K, K_P, E_P, RENORMALIZE)
+    lanes = tl.arange(0, K_P)
+    slot_ok = lanes < TOP_K
+    if pid_n == 0:
+        tl.store(weights_ptr + lanes, top_w, mask=slot_ok)
+        tl.store(ids_ptr + lanes, top_i.to(tl.int64), mask=slot_ok)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < N
+    offs_k = tl.arange(0, BLOCK_K)
+    b_ptrs = (w13_ptr + (top_i.to(tl.int64) * stride_be)[:, None, None]
+              + (offs_n.to(tl.int64) * stride_bn)[None, :, None] + offs_k[None, None, :])
+    rows_ok = slot_ok[:, None, None] & n_ok[None, :, None]
+    acc_g = tl.zeros([K_P, BLOCK_N, BLOCK_K], dtype=tl.float32)
+    acc_u = tl.zeros([K_P, BLOCK_N, BLOCK_K], dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        k_ok = offs_k < K - k * BLOCK_K
+        a = tl.load(x_ptr + k * BLOCK_K + offs_k, mask=k_ok, other=0.0).to(tl.float32)[None, None, :]
+        g = tl.load(b_ptrs, mask=rows_ok & k_ok[None, None, :], other=0.0).to(tl.float32)
+        u = tl.load(b_ptrs + N * stride_bn, mask=rows_ok & k_ok[None, None, :], other=0.0).to(tl.float32)
+        acc_g += g * a
+        acc_u += u * a
+        b_ptrs += BLOCK_K
+    dtype = act_ptr.dtype.element_ty
+    gate = tl.sum(acc_g, axis=2).to(dtype).to(tl.float32)  # [K_P, BLOCK_N], rounded like the torch path
+    s = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
+    res = s * tl.sum(acc_u, axis=2).to(dtype).to(tl.float32)
+    tl.store(act_ptr + (lanes * N)[:, None] + offs_n[None, :], res.to(dtype), mask=slot_ok[:, None] & n_ok[None, :])
+
+
 @triton.jit
 def _w2_sum_kernel(act_ptr, w2_ptr, weights_ptr, ids_ptr, out_ptr, N, K, stride_be, stride_bn,
                    TOP_K: tl.constexpr, K_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -181,8 +222,10 @@ def decode_one(x: torch.Tensor, router_logits: torch.Tensor, w13: torch.Tensor, 
     ids = torch.empty(1, top_k, dtype=torch.int64, device=dev)
     act = torch.empty(top_k, inter, dtype=x.dtype, device=dev)
     out = torch.empty(1, hidden, dtype=x.dtype, device=dev)
-    grid13 = (top_k * triton.cdiv(inter, c13["BLOCK_N"]),)
-    _w13_route_kernel[grid13](x, router_logits, w13, act, weights, ids, num_experts, inter, hidden,
+    all_slots = bool(c13.get("ALL_SLOTS", False))
+    kernel13 = _w13_route_all_kernel if all_slots else _w13_route_kernel
+    grid13 = ((1 if all_slots else top_k) * triton.cdiv(inter, c13["BLOCK_N"]),)
+    kernel13[grid13](x, router_logits, w13, act, weights, ids, num_experts, inter, hidden,
                               w13.stride(0), w13.stride(1), TOP_K=top_k, K_P=_p2(top_k), E_P=_p2(num_experts),
                               RENORMALIZE=renormalize, BLOCK_N=c13["BLOCK_N"], BLOCK_K=c13["BLOCK_K"],
                               num_warps=c13.get("num_warps", 4), num_stages=c13.get("num_stages", 3),

@@ -298,6 +298,26 @@ def test_batch_one_two_launch_path_equals_general_kernel_to_an_ulp():
     assert ((got - want).abs() <= 2 ** -10 * want.abs() + 1e-6).all()
 
 
+@pytest.mark.parametrize("num_experts,top_k,inter", [(E, K, INTER), (6, 3, 40)])
+def test_batch_one_w13_all_slots_variant(num_experts, top_k, inter):
+    """``"ALL_SLOTS": true``: each w13 program covers every slot's rows (k not a power of two, I not a multiple
+    of BLOCK_N): the same routing, float64 agreement, and the per-slot variant's output to an ulp."""
+    from octavo.plugins.platforms.moe_decode_kernels import decode_one
+
+    w13, w2 = _weights(torch.float16, num_experts, H, inter)
+    x = torch.randn(1, H, generator=torch.Generator().manual_seed(17)).to(torch.float16)
+    logits = torch.randn(1, num_experts, generator=torch.Generator().manual_seed(18))
+    w2_tiles = {"BLOCK_N": 8, "BLOCK_K": 32}
+    got, got_w, got_ids = decode_one(x, logits, w13, w2, top_k, True, {
+        "w13": {"BLOCK_N": 16, "BLOCK_K": 32, "ALL_SLOTS": True}, "w2": w2_tiles})
+    per_slot, want_w, want_ids = decode_one(x, logits, w13, w2, top_k, True, {
+        "w13": {"BLOCK_N": 16, "BLOCK_K": 32}, "w2": w2_tiles})
+    assert torch.equal(got_ids, want_ids) and torch.equal(got_w, want_w)
+    want = _reference(x, w13, w2, want_w, want_ids)
+    assert (got.double() - want).abs().max() <= 2e-3 * want.abs().max()
+    assert ((got.float() - per_slot.float()).abs() <= 2 ** -10 * per_slot.float().abs() + 1e-6).all()
+
+
 def test_batch_one_two_launch_path_breaks_ties_like_the_routing_kernel():
     """Equal probabilities: the lowest expert wins, as in ``topk_softmax`` (one packed-key reduction per round
     instead of max-then-min); here every logit ties, or pairs of them do."""
