@@ -59,8 +59,18 @@ def recapture(runner, size: int = 1):
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        runner.model(ids, pos, ctx)
+        graph.out = runner.model(ids, pos, ctx)  # the captured output buffer, compared with the engine's graph
     return graph
+
+
+def _rel_diff(graph, runner) -> float:
+    """Max |difference| of this graph's forward and the engine's captured one on the same static inputs, over the
+    engine's output scale (bf16 noise is ~1e-2; a broken fusion gives O(1))."""
+    runner.graphs[1].replay()
+    want = runner.outputs[1].float().clone()
+    graph.replay()
+    torch.cuda.synchronize()
+    return round(float((graph.out.float() - want).abs().max() / (want.abs().max() + 1e-6)), 5)
 
 
 def profile_bs1(runner, model, with_table: bool = True, pdl: bool = False) -> dict:
@@ -85,6 +95,7 @@ def profile_bs1(runner, model, with_table: bool = True, pdl: bool = False) -> di
         try:
             graph = recapture(runner)
             res["norm_router_off_ms"] = round(_replay_ms(graph.replay), 4)
+            res["norm_router_off_rel_diff"] = _rel_diff(graph, runner)
             del graph
         except Exception:
             for norm, block in pairs:
@@ -97,6 +108,7 @@ def profile_bs1(runner, model, with_table: bool = True, pdl: bool = False) -> di
         if layers:
             graph = recapture(runner)
             res["general_kernel_ms"] = round(_replay_ms(graph.replay), 4)
+            res["general_kernel_rel_diff"] = _rel_diff(graph, runner)
             if with_table:
                 res["general_kernel_kernels"] = kernel_table(graph.replay)
             del graph
