@@ -79,7 +79,7 @@ ALL=(--modes json_async json_async_old json_async_noearlyfill json_async_wait js
 FEW=(--modes json_async json_async_old --repeats 1)
 FILL=(--rows 32 --steps 24 --threads 1 --pool-threads --engine-threads 1 2 4 8 --forms cap16_regex --repeats 1)
 [ "$DRY" = 1 ] && FILL=(--rows 8 --steps 4 --threads 1 --pool-threads --engine-threads 1 2 --forms cap16_regex --repeats 1)
-step llama1b $(( 36 * X )) python3 benchmarks/structured_outputs.py "${COMMON[@]}" "${ALL[@]}" --load-format dummy \
+step llama1b $(( 40 * X )) python3 benchmarks/structured_outputs.py "${COMMON[@]}" "${ALL[@]}" --load-format dummy \
      --model /tmp/structured_llama1b --json "$R/llama1b_dummy.json"
 if [ "$(left)" -ge $(( 20 * X )) ]; then
   step llama8b "$(( $(left) - 2 * X ))" python3 benchmarks/structured_outputs.py "${COMMON[@]}" "${FEW[@]}" \
