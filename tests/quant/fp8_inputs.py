@@ -65,16 +65,3 @@ def assert_graph_replays_match(block, plain, x: torch.Tensor, inputs) -> None:
         for got, ref in zip(outs, plain()):
             assert torch.equal(got, ref), i
 
-
-def run_interpreted(code: str, timeout: int = 300) -> None:
-    """Run ``code`` in a child Python under the Triton interpreter (``TRITON_INTERPRET=1``, the repository root
-    as working directory, so it can import ``tests.quant``); it must exit 0 and print ``ok`` last."""
-    import os
-    import subprocess
-    import sys
-
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=timeout,
-                         cwd=root)
-    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stdout[-1500:] + out.stderr[-3000:]

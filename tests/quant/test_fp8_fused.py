@@ -143,9 +143,9 @@ def _cuda() -> bool:
 
 @pytest.mark.skipif(_cuda(), reason="interpreter check for CPU machines; on a GPU the compiled kernels are tested")
 def test_fused_fp8_producers_interpreted():
-    from tests.quant.fp8_inputs import run_interpreted
+    from tests.utils import run_triton_interpreted
 
-    run_interpreted(INTERPRETED)
+    run_triton_interpreted(INTERPRETED)
 
 
 def test_linking_can_be_turned_off(monkeypatch):

@@ -92,9 +92,9 @@ def _cuda() -> bool:
 
 @pytest.mark.skipif(_cuda(), reason="interpreter check for CPU machines; on a GPU the compiled kernel is tested")
 def test_fp8_gemv_interpreted_matches_float64():
-    from tests.quant.fp8_inputs import run_interpreted
+    from tests.utils import run_triton_interpreted
 
-    run_interpreted(INTERPRETED)
+    run_triton_interpreted(INTERPRETED)
 
 
 def test_gemv_max_m_setting_is_validated(monkeypatch):

@@ -110,9 +110,9 @@ def _cuda() -> bool:
 
 @pytest.mark.skipif(_cuda(), reason="interpreter check for CPU machines; on a GPU the compiled kernel is tested")
 def test_fp8_gemv_silu_interpreted_matches_the_unfused_path():
-    from tests.quant.fp8_inputs import run_interpreted
+    from tests.utils import run_triton_interpreted
 
-    run_interpreted(INTERPRETED)
+    run_triton_interpreted(INTERPRETED)
 
 
 @pytest.mark.gpu
