@@ -97,13 +97,14 @@ def measure(llm, gr, prompt, res: dict, tag: str, bw: float, weight_bytes: int, 
 
 # --ab s6, in this order after "default" (the tree's defaults): the settings each variant changes from
 # (fp8_fused.SMALL_ROWS_WARPS=16, fp8_prefetch.PREFETCH_MB=0 / PDL=False / SELF_PREFETCH=False, the platform's PDL for
-# rotary / SiLU / plain norm off: cuda_pdl.set_pdl, fp8_silu_gemv on). norm4 = session 5's 4-warp quantizing norm at
-# one row. Session 6 batch 1 (H100): prefetch chain and self-prefetch slower, PDL within noise (docs/performance.md)
+# rotary / SiLU / plain norm as the platform has it: cuda_pdl.set_pdl, fp8_silu_gemv on). norm4 = session 5's
+# 4-warp quantizing norm at one row. Session 6 batch 1 (H100): prefetch chain and self-prefetch slower, PDL within noise (docs/performance.md)
 S6_VARIANTS = {"nosilu": {"silu": False}, "norm4": {"warps": None}, "pf16": {"mb": 16}, "self": {"self": True},
                "pf16_self": {"mb": 16, "self": True}, "pf16_pdl": {"mb": 16, "pdl": True},
                "pf16_self_pdl": {"mb": 16, "self": True, "pdl": True},
                "pf16_self_pdl_all": {"mb": 16, "self": True, "pdl": True, "pdl_all": True},
-               "pf32": {"mb": 32}, "pdl": {"pdl": True}, "default_again": {}}
+               "pf32": {"mb": 32}, "pdl": {"pdl": True}, "platform_pdl_off": {"pdl_all": False},
+               "default_again": {}}
 
 
 def fp8_methods(model):
@@ -164,6 +165,8 @@ def main() -> None:
 
         base = (fp8_fused.SMALL_ROWS_WARPS, fp8_prefetch.PREFETCH_MB, fp8_prefetch.PDL, fp8_prefetch.SELF_PREFETCH,
                 fp8_silu_gemv.STATE["on"])
+        platform_pdl = cuda_pdl.pdl_on()  # the platform's setting (on by default on sm_90+ since session 6)
+        res["platform_pdl_default"] = platform_pdl
         chosen = args.variants.split(",") if args.variants else list(S6_VARIANTS)
         for tag in chosen:
             v = S6_VARIANTS[tag]
@@ -174,7 +177,7 @@ def main() -> None:
                 fp8_fused.SMALL_ROWS_WARPS = v.get("warps", 16)
                 fp8_prefetch.PREFETCH_MB, fp8_prefetch.PDL = v.get("mb", 0), v.get("pdl", False)
                 fp8_prefetch.SELF_PREFETCH = v.get("self", False)
-                cuda_pdl.set_pdl(v.get("pdl_all", False))
+                cuda_pdl.set_pdl(v.get("pdl_all", platform_pdl))
                 fp8_silu_gemv.STATE["on"] = v.get("silu", True)
                 with torch.inference_mode():
                     gr.capture()
@@ -185,7 +188,7 @@ def main() -> None:
             save()
         (fp8_fused.SMALL_ROWS_WARPS, fp8_prefetch.PREFETCH_MB, fp8_prefetch.PDL, fp8_prefetch.SELF_PREFETCH,
          fp8_silu_gemv.STATE["on"]) = base
-        cuda_pdl.set_pdl(False)
+        cuda_pdl.set_pdl(platform_pdl)
     if args.ab == "tc" and gr is not None:
         tiles = {}
         if args.tiles and os.path.exists(args.tiles):

@@ -40,7 +40,7 @@ for P in "${PARTS[@]}"; do
   if [ "$B" -lt 8 ]; then echo "skipped: no time"; continue; fi
   case $P in
     bs1) timeout -k 2 "$B" python benchmarks/fp8_bs1.py --ab s6 --budget $(( B - 8 )) --out "$R/bs1.json" \
-           --variants "${FP8_BS1_VARIANTS:-nosilu,pdl,norm4,default_again}" > "$R/bs1.log" 2>&1
+           --variants "${FP8_BS1_VARIANTS:-nosilu,pdl,platform_pdl_off,default_again}" > "$R/bs1.log" 2>&1
          echo "exit $?"; grep -v " INFO \| WARNING " "$R/bs1.log" | grep -v "^ .*us  x" | tail -30
          grep -A12 "^default {" "$R/bs1.log" | head -13;;
     tc) timeout -k 2 "$B" python benchmarks/fp8_bs1.py --ab tc --tiles "$R/gemv.json" --out "$R/bs1_tc.json" \
