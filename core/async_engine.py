@@ -14,6 +14,7 @@ docs/async_scheduling.md.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections import deque
 from concurrent.futures import Future
@@ -152,7 +153,13 @@ class AsyncStepLoop:
         self.stash: deque[Any] = deque()  # outputs (or an error) of steps drained by wait_idle, returned first
         on_accelerator = getattr(getattr(core, "platform", None), "device_type", "cpu") != "cpu"
         self.launch_wait_s = LAUNCH_WAIT_S if on_accelerator else 0.0
-        self.early_launch = True
+        # OCTAVO_ASYNC_LOOP=old: session 5's order (schedule at the top of step(), the runner blocks on the grammar
+        # gate, fill inline), for A/B runs of the whole engine; "new" (default) is the order above
+        mode = os.environ.get("OCTAVO_ASYNC_LOOP", "new")
+        if mode not in ("new", "old"):
+            raise ValueError(f"OCTAVO_ASYNC_LOOP={mode!r}: must be 'new' or 'old'")
+        self.new_loop = mode == "new"
+        self.early_launch = self.new_loop
 
     @property
     def busy(self) -> bool:
@@ -194,7 +201,7 @@ class AsyncStepLoop:
         g = core.structured.prepare(sched_out)
         gate = GatedGrammarStep(g, sched_out) if g is not None else None
         if gate is not None:
-            gate.parkable = async_gate.PARK and self.depth == 2
+            gate.parkable = async_gate.PARK and self.new_loop and self.depth == 2
         core.scheduler.mark_scheduled(sched_out)
         try:
             future = core.executor.execute_async(batch, gate)
@@ -231,7 +238,7 @@ class AsyncStepLoop:
         g = rec.grammar
         core.structured._inflight = g.inner if g is not None and g.inner.matchers else None  # fill stats
         nxt = self.inflight[0].grammar if self.inflight else None  # N+1's fill starts right after N's accept:
-        hook = None if nxt is None else (nxt.start_fill if async_gate.EARLY_FILL else nxt.release)
+        hook = None if nxt is None else (nxt.start_fill if async_gate.EARLY_FILL and self.new_loop else nxt.release)
         core.structured.after_accept = hook  # N+1's fill right after N's accept, not after all N's outputs
         core.structured.accept_sampled(rec.sched_out, result)  # N's tokens -> grammars -> N+1's fill, before update
         between = self._launch_between if launch_next and self.inflight and len(self.inflight) < self.depth else None
