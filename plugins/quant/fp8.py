@@ -55,11 +55,11 @@ def _gemv_max_m() -> int | None:
     return value
 
 
-# Hopper's fast fp8 accumulation in _scaled_mm (no periodic promotion of the tensor cores' accumulator to fp32), as
-# vLLM's CUTLASS fp8 kernels do: on H100 5-18 % faster at 256-512 rows (gate_up 0.113 -> 0.093 ms at 512), error
-# vs float64 4-8e-3 of the max instead of 2.5e-3 (below e4m3's own rounding). OCTAVO_FP8_FAST_ACCUM=0 turns it off
-# (benchmarks/fp8_attn_bench.py --set linears; docs/quantization.md, session 6)
-FAST_ACCUM = env_switch("OCTAVO_FP8_FAST_ACCUM", default=True)
+# Hopper's fast fp8 accumulation in _scaled_mm (no periodic promotion of the tensor cores' accumulator to fp32):
+# OCTAVO_FP8_FAST_ACCUM=1. On H100 5-18 % faster at 256-512 rows (gate_up 0.113 -> 0.093 ms at 512) with 4-8e-3
+# error vs float64 there, but at ONE row of the qkv shape it was 7.3e-2 from the exact GEMV (session 6 batch 2: the
+# GEMV's load-time check refused it): off by default (docs/quantization.md, session 6)
+FAST_ACCUM = env_switch("OCTAVO_FP8_FAST_ACCUM", default=False)
 _TC_DEFAULT_ROWS = 1  # rows the tensor-core GEMV takes by default (docs/performance.md, "FP8 ... session 5")
 _WARNED: set = set()
 

@@ -1,5 +1,6 @@
-"""The fp8 gate/up GEMV with SiLU-and-mul in its epilogue, for batch-1 decode of Llama-style MLPs (on by default;
-``OCTAVO_FP8_SILU_GEMV=0`` keeps the unfused path; the platform's bf16 version is cuda_mlp_fusion.py).
+"""The fp8 gate/up GEMV with SiLU-and-mul in its epilogue, for batch-1 decode of Llama-style MLPs (opt-in:
+``OCTAVO_FP8_SILU_GEMV=1``; measured slower than the unfused path on H100 in session 6 batch 2, 3.95 vs 3.87
+ms/token in one engine; the platform's bf16 version is cuda_mlp_fusion.py).
 
 Why: at one row an fp8 Llama MLP is the gate_up GEMV, a separate SiLU-and-mul kernel (~2 us a layer on H100,
 docs/performance.md "FP8 session 5") and the down GEMV; fusing the middle kernel into the first removes one launch
@@ -28,7 +29,7 @@ from octavo.env_flags import env_switch
 from octavo.plugins.quant.fp8_gemv import _quant_e4m3
 
 logger = logging.getLogger(__name__)
-STATE = {"on": env_switch("OCTAVO_FP8_SILU_GEMV", default=True)}  # installed wrappers read it per call
+STATE = {"on": env_switch("OCTAVO_FP8_SILU_GEMV", default=False)}  # installed wrappers read it per call
 
 
 def _on() -> bool:
