@@ -23,7 +23,11 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import os
+import sys
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 PAGE = 16
 SHAPES = {  # name: (q heads, kv heads, head, batch, ctx lo, ctx hi, fp8 cache)
@@ -75,20 +79,11 @@ PLAN = [
 def build(shape, dev, seed=0):
     import torch
 
+    from benchmarks.qwen3_attn_bench import paged_kv
+
     heads, kv_heads, head, batch, lo, hi, fp8 = SHAPES[shape]
     gen = torch.Generator().manual_seed(seed)
-    ctx = torch.randint(lo, hi + 1, (batch,), generator=gen)
-    ctx[0] = hi
-    nblk = (ctx + PAGE - 1) // PAGE
-    total = int(nblk.sum()) + 1
-    perm = torch.randperm(total - 1, generator=gen) + 1
-    tables = torch.zeros(batch, int(nblk.max()), dtype=torch.int32)
-    at = 0
-    for i, n in enumerate(nblk.tolist()):
-        tables[i, :n] = perm[at: at + n].to(torch.int32)
-        at += n
-    kv = torch.empty(2, total, PAGE, kv_heads, head, dtype=torch.bfloat16, device=dev)
-    kv.normal_(generator=torch.Generator(device=dev).manual_seed(seed))
+    ctx, tables, kv = paged_kv(batch, lo, hi, kv_heads, head, dev, gen, seed)
     if fp8:
         kv = kv.to(torch.float8_e4m3fn)
     q = torch.randn(batch, heads, head, generator=gen).to(torch.bfloat16).to(dev)

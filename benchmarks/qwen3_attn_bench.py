@@ -20,10 +20,11 @@ import time
 HEADS, KV_HEADS, HEAD, PAGE = 16, 8, 128, 16
 
 
-def build(batch, lo, hi, dev, seed=0):
+def paged_kv(batch, lo, hi, kv_heads, head, dev, gen, seed=0):
+    """Contexts uniform in [lo, hi] (the first one ``hi``), block tables over shuffled blocks (block 0 unused, like a
+    warm cache) and a random bf16 K/V cache of ``kv_heads`` x ``head``: ``(ctx, tables, kv)``."""
     import torch
 
-    gen = torch.Generator().manual_seed(seed)
     ctx = torch.randint(lo, hi + 1, (batch,), generator=gen)
     ctx[0] = hi
     nblk = (ctx + PAGE - 1) // PAGE
@@ -34,8 +35,16 @@ def build(batch, lo, hi, dev, seed=0):
     for i, n in enumerate(nblk.tolist()):
         tables[i, :n] = perm[at: at + n].to(torch.int32)
         at += n
-    kv = torch.empty(2, total, PAGE, KV_HEADS, HEAD, dtype=torch.bfloat16, device=dev)
+    kv = torch.empty(2, total, PAGE, kv_heads, head, dtype=torch.bfloat16, device=dev)
     kv.normal_(generator=torch.Generator(device=dev).manual_seed(seed))
+    return ctx, tables, kv
+
+
+def build(batch, lo, hi, dev, seed=0):
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    ctx, tables, kv = paged_kv(batch, lo, hi, KV_HEADS, HEAD, dev, gen, seed)
     q = torch.randn(batch, HEADS, HEAD, generator=gen).to(torch.bfloat16).to(dev)
     qsl = torch.arange(batch + 1, dtype=torch.int32, device=dev)
     return q, kv, tables.to(dev), ctx.to(torch.int32).to(dev), qsl, int(ctx.sum())
