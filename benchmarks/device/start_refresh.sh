@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Cold start measured with the shipped Triton archive refreshed in the SAME call (issue 17 item 4): noship_cold
+# compiles everything an 8B start + first token needs; its cache is merged into
+# plugins/platforms/kernel_caches/triton-<ver>-cuda90.tar.xz (union with the committed entries) in this checkout;
+# then new_cold (a fresh process, empty Triton cache seeded from that archive) and new_warm run. The refreshed
+# archive comes back as $OUT/start/<archive> to be committed. JSON: $OUT/start/start_{compile,shipped}.json.
+# Bound: START_LIMIT seconds per gpu_start.py call (default 140).
+set -u
+cd "$(dirname "$0")/../.."
+R="$OUT/start"; mkdir -p "$R"
+ver=$(python -c "import triton; print(triton.__version__)")
+arch="plugins/platforms/kernel_caches/triton-$ver-cuda90.tar.xz"
+nvidia-smi --query-gpu=name,memory.total --format=csv > "$R/env.txt" 2>&1
+timeout -k 5 "${START_LIMIT:-140}" python benchmarks/gpu_start.py noship_cold --keep-cache "$R/kept.tar.gz" \
+  --out "$R/start_compile.json"; echo "compile exit $?"
+python - "$R/kept.tar.gz" "$arch" <<'PY'
+import io, os, sys, tarfile
+kept, arch = sys.argv[1:]
+entries = {}
+for path, mode in ((arch, "r:xz"), (kept, "r:gz")):  # later (fresh) entries win
+    if os.path.exists(path):
+        with tarfile.open(path, mode) as tar:
+            for m in tar.getmembers():
+                if m.isfile():
+                    entries[m.name] = (m, tar.extractfile(m).read())
+with tarfile.open(arch, "w:xz") as out:
+    for name in sorted(entries):
+        m, data = entries[name]
+        info = tarfile.TarInfo(name); info.size = len(data); info.mode = 0o644
+        out.addfile(info, io.BytesIO(data))
+dirs = {n.split("/")[1] for n in entries if n.count("/") >= 2}
+print(f"archive {arch}: {len(dirs)} entries, {os.path.getsize(arch)} bytes")
+PY
+cp "$arch" "$R/" && rm -f "$R/kept.tar.gz"
+timeout -k 5 "${START_LIMIT:-140}" python benchmarks/gpu_start.py new_cold new_warm --out "$R/start_shipped.json"
+echo "shipped exit $?"; cat "$R/env.txt"
+for f in "$R"/start_compile.json "$R"/start_shipped.json; do python - "$f" <<'PY'
+import json, sys
+for r in json.load(open(sys.argv[1]))["runs"]:
+    print(r.get("variant"), {k: r[k] for k in ("import_s", "llm_s", "first_token_s", "spawn_to_first_token_s") if k in r}, r.get("error", "")[:300])
+PY
+done
