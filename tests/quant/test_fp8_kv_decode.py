@@ -1,0 +1,96 @@
+"""The experimental fp8-KV decode kernel (plugins/attention/_fp8_kv_decode.py) against a float64 reference on the
+dequantized e4m3 cache: Triton's conversion (deq 0) and the bit trick in integer ops (deq 2, value * 2**-8 with
+the 2**8 folded into the scales), register double buffering on and off, GQA 4 and 2, contexts across several key
+tiles and a context shorter than one tile, shuffled blocks, k/v scales. TRITON_INTERPRET=1 in a subprocess
+(~15 s on the shared CPU); the same script runs compiled on a GPU (``gpu`` marker) and there also checks deq 1
+(the PTX bit trick), which the interpreter cannot run.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+SCRIPT = r"""
+import os
+import torch
+from octavo.nn.kv_quant import dequantize, quantize
+from octavo.plugins.attention._fp8_kv_decode import fp8_kv_decode
+from octavo.plugins.attention._triton_decode import longest_first
+
+PAGE = 16
+DEV = torch.device(os.environ.get("DECODE_TEST_DEVICE", "cpu"))
+gen = torch.Generator().manual_seed(0)
+E4M3 = torch.float8_e4m3fn
+
+
+def run(heads, kv_heads, d, ctx, ks, vs, deqs, block_n):
+    nblk = [(c + PAGE - 1) // PAGE for c in ctx]
+    perm = (torch.randperm(sum(nblk), generator=gen) + 1).tolist()
+    tables, at = [], 0
+    for n in nblk:
+        tables.append(perm[at: at + n]); at += n
+    k = torch.randn(sum(nblk) + 1, PAGE, kv_heads, d, generator=gen) * 2
+    v = torch.randn(sum(nblk) + 1, PAGE, kv_heads, d, generator=gen)
+    k[1, 0, 0, :4] = torch.tensor([1e-3, -2e-3, 400.0, -0.0])  # e4m3 subnormals, a large value, -0
+    kc, vc = quantize(k, ks, E4M3), quantize(v, vs, E4M3)
+    kf, vf = dequantize(kc, ks, torch.float64), dequantize(vc, vs, torch.float64)
+    q = torch.randn(len(ctx), heads, d, generator=gen).to(torch.bfloat16)
+    bt = torch.zeros(len(ctx), max(nblk), dtype=torch.int32)
+    for i, t in enumerate(tables):
+        bt[i, : len(t)] = torch.tensor(t, dtype=torch.int32)
+    g = heads // kv_heads
+    want = []
+    for i, L in enumerate(ctx):
+        kk = kf[tables[i]].reshape(-1, kv_heads, d)[:L].repeat_interleave(g, 1)
+        vv = vf[tables[i]].reshape(-1, kv_heads, d)[:L].repeat_interleave(g, 1)
+        p = (torch.einsum("hd,lhd->hl", q[i].double(), kk) * d ** -0.5).softmax(-1)
+        want.append(torch.einsum("hl,lhd->hd", p, vv))
+    want = torch.stack(want)
+    lens = torch.tensor(ctx, dtype=torch.int32, device=DEV)
+    qsl = torch.arange(len(ctx) + 1, dtype=torch.int32, device=DEV)
+    for deq in deqs:
+        for prefetch in (True, False):
+            for ordered in (False, True):
+                out = torch.full_like(q, float("nan")).to(DEV)
+                fp8_kv_decode(q.to(DEV), kc.to(DEV), vc.to(DEV), out, bt.to(DEV), lens, qsl, num_reqs=len(ctx),
+                              num_kv_heads=kv_heads, scale=d ** -0.5 * ks, v_scale=vs, block_size=PAGE,
+                              block_n=block_n, deq=deq, prefetch=prefetch,
+                              order=longest_first(lens, len(ctx)) if ordered else None)
+                err = float((out.cpu().double() - want).abs().max() / want.abs().max())
+                # bf16 output (2**-9 relative) + fp16 P and Q in the dots: 1e-2 of the largest output
+                assert err <= 1e-2, (heads, kv_heads, d, deq, prefetch, ordered, err)
+                print("ok", heads, kv_heads, d, "deq", deq, "prefetch", prefetch, "ordered", ordered, f"{err:.2e}")
+
+
+if DEV.type == "cuda":  # the benchmarked shape only (each launch config compiles): Llama-3-8B heads, 128-key tiles
+    run(32, 8, 128, [1000, 1500, 7, 2000], 0.05, 0.02, (0, 1, 2), 128)
+else:
+    run(8, 2, 64, [1, 17, 70, 130], 0.5, 0.25, (0, 2), 32)
+    run(16, 4, 32, [5, 64, 16], 1.0, 2.0, (0, 2), 16)
+print("PASS")
+"""
+
+
+def _run(env_extra):
+    env = {**os.environ, **env_extra}
+    r = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=600,
+                       cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    assert r.returncode == 0 and "PASS" in r.stdout, r.stdout[-3000:] + r.stderr[-3000:]
+    return r.stdout
+
+
+def test_fp8_kv_decode_interpreted():
+    out = _run({"TRITON_INTERPRET": "1", "DECODE_TEST_DEVICE": "cpu"})
+    assert out.count("ok ") == 2 * 2 * 2 * 2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_fp8_kv_decode_on_cuda():
+    out = _run({"DECODE_TEST_DEVICE": "cuda"})
+    assert out.count("ok ") == 3 * 2 * 2
