@@ -92,7 +92,8 @@ def make_llm(model_dir: str, **kw):
     return llm, worker, info
 
 
-def warm_up(llm, lengths: list[tuple[int, int]], seed: int, temperature: float | None = None) -> float:
+def warm_up(llm, lengths: list[tuple[int, int]], seed: int, temperature: float | None = None,
+            ids: tuple[int, int] = (20000, 120000)) -> float:
     """An untimed run of the timed workload's shapes before the timed region, so no Triton kernel compiles and no
     autotune runs inside it (a fresh machine's first engine compiled ~13 s inside the timed run in session 6).
     ``lengths``: (prompt length, max_tokens) per request, the timed workload's prompt lengths (same prefill
@@ -102,7 +103,7 @@ def warm_up(llm, lengths: list[tuple[int, int]], seed: int, temperature: float |
     from octavo import SamplingParams
 
     rng = random.Random(seed)
-    prompts = [{"prompt_token_ids": [rng.randrange(20000, 120000) for _ in range(n_in)]} for n_in, _ in lengths]
+    prompts = [{"prompt_token_ids": [rng.randrange(*ids) for _ in range(n_in)]} for n_in, _ in lengths]
     extra = {} if temperature is None else {"temperature": temperature}
     params = [SamplingParams(max_tokens=n_out, ignore_eos=True, **extra) for _, n_out in lengths]
     return gen_timed(llm, prompts, params)[0]

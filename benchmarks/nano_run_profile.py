@@ -1,0 +1,286 @@
+"""Where the whole nano-vllm run goes (issue 17: 18.0k tok/s warm, goal 20k), in ONE engine on one GPU.
+
+The workload of ``gpu_e2e.py qwen3_nanovllm`` (Qwen3-0.6B shape, 256 x U[100, 1024] in/out, temperature 0.6),
+warmed first with ``gpu_e2e.warm_up`` (every prompt length, short outputs: nothing compiles in a timed run), then:
+
+1. ``timed``: the run as the headline times it (nothing hooked);
+2. ``events``: the same run with three CUDA events per engine step (before the forward, after it, after the
+   sampler) and two CUDA-only profiler windows of ``--window`` decode steps (early: full batch; late: about
+   half). Per step kind (decode through a CUDA graph / with prefill tokens) it sums the GPU time of the forward
+   and of logits + sampling, and the GPU's idle time between one step's sampler and the next step's forward
+   (host time the GPU waited for). The windows give a kernel table and the GPU's busy share from the kernels'
+   own start/end times;
+3. ``--ab old``: the decode attention launch switched to the general kernel (what ``OCTAVO_TRITON_DECODE_KERNEL=0``
+   selects at start; the CUDA graphs recaptured), timed, then back to the table, recaptured, timed again.
+
+    python benchmarks/nano_run_profile.py --out /tmp/nano_run.json [--budget-s 60] [--ab old]
+
+Stages stop being started when ``--budget-s`` would be exceeded (device scripts are time-boxed); the JSON is
+written after every stage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gpu_e2e import gen_timed, make_llm, nanovllm_workload, qwen3_config, warm_up, write_config  # noqa: E402
+from nano_sampler import kernel_table  # noqa: E402
+
+T0 = time.perf_counter()
+
+
+class HostEvent:
+    """``--dry`` (CPU): a host clock in place of a CUDA event (the work is done when the call returns)."""
+
+    def record(self) -> None:
+        self.t = time.perf_counter()
+
+    def elapsed_time(self, other: HostEvent) -> float:
+        return (other.t - self.t) * 1e3
+
+
+class StepEvents:
+    """CUDA events around every engine step's forward and sampler (hooks on the runner; no engine change)."""
+
+    def __init__(self, worker, windows: tuple[int, ...], window: int) -> None:
+        import torch
+
+        self.torch, self.runner, self.model = torch, worker.runner, worker.runner.model
+        self.cuda = torch.cuda.is_available()
+        self.graphs = self.runner.graph_runner
+        self.steps: list[dict] = []
+        self.decode_seen = 0
+        self.window_starts, self.window = set(windows), window
+        self.prof, self.prof_left, self.prof_rows = None, 0, 0
+        self.windows: list[dict] = []
+        self.real_forward, self.real_sampler = self.runner.forward, self.runner.sampler
+        rec = self
+
+        class Sampler:  # the runner calls self.sampler(logits, batch)
+            def __call__(self, logits, b):
+                out = rec.real_sampler(logits, b)
+                if rec.steps and "e2" not in rec.steps[-1]:
+                    rec.steps[-1]["e2"] = rec._ev()
+                rec._after_step()
+                return out
+
+            def __getattr__(self, name):
+                return getattr(rec.real_sampler, name)
+
+        self.runner.forward, self.runner.sampler = self._forward, Sampler()
+
+    def _ev(self):
+        e = self.torch.cuda.Event(enable_timing=True) if self.cuda else HostEvent()
+        e.record()
+        return e
+
+    def _forward(self, inputs, *a, **k):
+        before = self.graphs.num_replays if self.graphs else 0
+        lay = inputs.layout
+        step = {"rows": lay.num_reqs, "tokens": lay.num_tokens}
+        if lay.max_query_len == 1:
+            self.decode_seen += 1
+            if self.decode_seen in self.window_starts and self.prof is None:
+                self._open(lay.num_reqs)
+        step["e0"] = self._ev()
+        out = self.real_forward(inputs, *a, **k)
+        step["e1"] = self._ev()
+        step["graph"] = bool(self.graphs and self.graphs.num_replays > before)
+        self.steps.append(step)
+        return out
+
+    def _open(self, rows: int) -> None:
+        from torch.profiler import ProfilerActivity, profile
+
+        self._sync()
+        act = ProfilerActivity.CUDA if self.cuda else ProfilerActivity.CPU
+        self.prof, self.prof_left, self.prof_rows = profile(activities=[act]), self.window, rows
+        self.prof.start()
+
+    def _after_step(self) -> None:
+        if self.prof is None:
+            return
+        self.prof_left -= 1
+        if self.prof_left == 0:
+            self._sync()
+            self.prof.stop()
+            self.windows.append(window_summary(self.prof, self.window, self.prof_rows, dry=not self.cuda))
+            self.prof = None
+
+    def _sync(self) -> None:
+        if self.cuda:
+            self.torch.cuda.synchronize()
+
+    def remove(self) -> None:
+        del self.runner.forward
+        self.runner.sampler = self.real_sampler
+        if self.prof is not None:
+            self.prof.stop()
+            self.prof = None
+
+    def summary(self) -> dict:
+        """Seconds of GPU time per step kind: forward, logits + sampler, and idle before the next forward."""
+        self._sync()
+        kinds: dict[str, dict] = {}
+        steps = self.steps
+        for i, s in enumerate(steps):
+            kind = "decode_graph" if s["graph"] else ("decode_eager" if s["rows"] == s["tokens"] else "with_prefill")
+            k = kinds.setdefault(kind, {"steps": 0, "rows": 0, "tokens": 0, "forward_s": 0.0,
+                                        "logits_sampler_s": 0.0, "idle_after_s": 0.0})
+            fwd = s["e0"].elapsed_time(s["e1"]) / 1e3
+            smp = s["e1"].elapsed_time(s["e2"]) / 1e3 if "e2" in s else 0.0
+            k["steps"] += 1
+            k["rows"] += s["rows"]
+            k["tokens"] += s["tokens"]
+            k["forward_s"] += fwd
+            k["logits_sampler_s"] += smp
+            if i + 1 < len(steps):
+                k["idle_after_s"] += max(0.0, s["e0"].elapsed_time(steps[i + 1]["e0"]) / 1e3 - fwd - smp)
+        for k in kinds.values():
+            k["rows_mean"] = k.pop("rows") / max(1, k["steps"])
+        span = steps[0]["e0"].elapsed_time(steps[-1].get("e2", steps[-1]["e1"])) / 1e3 if steps else 0.0
+        return {"gpu_span_s": span, "by_kind": kinds,
+                "note": "forward = graph-input copies + replay (or the eager forward); idle_after = GPU time from "
+                        "one step's sampler end to the next step's forward start not covered by either "
+                        "(the GPU waited for the host)"}
+
+
+def window_summary(prof, steps: int, rows: int, dry: bool = False) -> dict:
+    """Kernel table of a profiler window and the GPU's busy share inside it (kernel/memcpy intervals merged)."""
+    spans = []
+    for e in prof.events():
+        if str(getattr(e, "device_type", "")).endswith("CUDA") or (dry and e.cpu_parent is None):
+            tr = e.time_range
+            spans.append((tr.start, tr.end))
+    spans.sort()
+    busy, cur_s, cur_e = 0.0, None, None
+    for s, e in spans:
+        if cur_e is None or s > cur_e:
+            if cur_e is not None:
+                busy += cur_e - cur_s
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    if cur_e is not None:
+        busy += cur_e - cur_s
+    span = (spans[-1][1] - spans[0][0]) if spans else 0.0
+    return {"steps": steps, "rows_at_start": rows, "gpu_span_us_per_step": span / steps,
+            "gpu_busy_us_per_step": busy / steps, "busy_share": busy / span if span else None,
+            "kernels": kernel_table(prof, steps, limit=30)}
+
+
+def attention_impls(worker) -> list:
+    from octavo.plugins.attention.triton import TritonAttentionBackend
+
+    out = []
+    for layer in worker.attn_layers:
+        out += [v for v in vars(layer).values() if isinstance(v, TritonAttentionBackend)]
+    return out
+
+
+def set_launch(worker, general: bool) -> float:
+    """Decode rows through the general kernel (``general``) or the launch table; recapture the graphs."""
+    impls = attention_impls(worker)
+    if not impls:
+        raise RuntimeError("no triton attention layers found")
+    for impl in impls:
+        impl.decode_kernel = False if general else None
+        impl._launches.clear()
+    t = time.perf_counter()
+    worker.runner.graph_runner.capture()
+    return time.perf_counter() - t
+
+
+def main() -> None:
+    import torch
+
+    from octavo import SamplingParams
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--budget-s", type=float, default=60.0)
+    ap.add_argument("--ab", choices=["none", "old"], default="old")
+    ap.add_argument("--window", type=int, default=16, help="decode steps per profiler window")
+    ap.add_argument("--windows", type=int, nargs="*", default=[120, 600], help="decode step numbers opening a window")
+    ap.add_argument("--dry", action="store_true", help="CPU: a tiny Qwen3, 24 requests; checks the hooks")
+    args = ap.parse_args()
+    if args.dry:
+        torch.cuda.synchronize = lambda *a: None  # gen_timed's syncs; nothing runs on a GPU here
+    res: dict = {"card": "cpu (dry run)" if args.dry else torch.cuda.get_device_name(), "command": " ".join(["python", *sys.argv]), "runs": []}
+
+    def save() -> None:
+        res["elapsed_s"] = time.perf_counter() - T0
+        with open(args.out, "w") as f:
+            json.dump(res, f, indent=1)
+
+    def fits(need: float) -> bool:
+        return time.perf_counter() - T0 + need < args.budget_s
+
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg, arch = qwen3_config()
+        kw = dict(max_model_len=4096, gpu_memory_utilization=0.9, max_num_seqs=256, max_num_batched_tokens=8192)
+        reqs = nanovllm_workload()
+        if args.dry:
+            cfg = dict(cfg, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                       num_key_value_heads=2, head_dim=16, vocab_size=512, bos_token_id=1, eos_token_id=2)
+            kw = dict(max_model_len=256, max_num_seqs=16, max_num_batched_tokens=256)
+            reqs = [([t % 500 for t in ids[:40]], 1 + n % 24) for ids, n in nanovllm_workload(num=24)]
+        d = write_config(cfg, tmp, "qwen3-0.6b")
+        llm, worker, info = make_llm(d, **kw)
+        res.update(architecture=arch, fused=info.get("fused"), start_s=time.perf_counter() - T0,
+                   kv_blocks=worker.num_blocks)
+        res["warmup_s"] = warm_up(llm, [(len(ids), 1 + i % 32) for i, (ids, _) in enumerate(reqs)], seed=11,
+                                  temperature=0.6, ids=(3, 500) if args.dry else (20000, 120000))
+        res["warmed"] = True
+        print(f"engine ready + warmed in {time.perf_counter() - T0:.1f} s (warm-up {res['warmup_s']:.1f} s)",
+              flush=True)
+        save()
+        prompts = [{"prompt_token_ids": ids} for ids, _ in reqs]
+        params = [SamplingParams(max_tokens=n, ignore_eos=True, temperature=0.6) for _, n in reqs]
+        last = 10.0
+
+        def timed(name: str, **extra) -> None:
+            nonlocal last
+            dt, outs = gen_timed(llm, prompts, params)
+            last = dt
+            total = sum(len(o.outputs[0].token_ids) for o in outs)
+            run = {"run": name, "seconds": dt, "output_tokens": total,
+                   "throughput_qwen3_0p6b_nanovllm_tok_s": total / dt, **extra}
+            print(json.dumps(run), flush=True)
+            res["runs"].append(run)
+            save()
+
+        timed("timed (defaults)")
+        if fits(last * 1.3 + 4):
+            rec = StepEvents(worker, tuple(args.windows), args.window)
+            try:
+                timed("events (defaults, hooked: 3 CUDA events a step + profiler windows)")
+            finally:
+                rec.remove()
+            res["steps"] = rec.summary()
+            res["windows"] = rec.windows
+            print(json.dumps(res["steps"], indent=1), flush=True)
+            for w in rec.windows:
+                print(f"--- window at {w['rows_at_start']} rows: GPU span {w['gpu_span_us_per_step']:.0f} us/step, "
+                      f"busy {w['gpu_busy_us_per_step']:.0f}", flush=True)
+                for r in w["kernels"][:18]:
+                    print(f"{r['us_per_step']:9.1f} us/step {r['calls_per_step']:6.1f}x  {r['name']}", flush=True)
+            save()
+        if args.ab == "old" and not args.dry and fits(2 * last + 12):
+            cap = set_launch(worker, general=True)
+            timed("general kernel (OCTAVO_TRITON_DECODE_KERNEL=0 launch)", recapture_s=cap)
+            if fits(last + 6):
+                cap = set_launch(worker, general=False)
+                timed("table again (defaults)", recapture_s=cap)
+        save()
+        llm.llm_engine.shutdown()
+
+
+if __name__ == "__main__":
+    main()
