@@ -3,7 +3,7 @@
 
 Not collected directly (no ``test_`` prefix). On CPU, ``test_fused_sampler_cpu.py`` runs this file in a child
 pytest with ``TRITON_INTERPRET=1`` (set before any ``@triton.jit``) at small sizes; on a CUDA machine run it
-directly (``pytest tests/kernels/fused_sampler_cases.py``: benchmarks/device/nano5.sh does) at the real
+directly (``pytest tests/kernels/fused_sampler_cases.py``: `NANO_PART=s5a bash benchmarks/device/nano7.sh` does) at the real
 vocabulary and with many more draws.
 
 How correctness is established: (1) the kernel's pick equals ``argmax(logits / T + g)`` for the noise ``g``

@@ -1,7 +1,7 @@
 """Cases for the fused Qwen3 q/k RMSNorm + rotary kernel (``plugins/platforms/cuda_qk_norm_rope.py``).
 
 Not collected directly: ``test_fused_sampler_cpu.py`` runs this file under ``TRITON_INTERPRET=1`` on CPU; on a
-CUDA machine run it directly (benchmarks/device/nano5.sh does). The reference is the eager ``octavo.nn`` layers
+CUDA machine run it directly (`NANO_PART=s5a bash benchmarks/device/nano7.sh` does). The reference is the eager ``octavo.nn`` layers
 (RMSNorm per head on the strided q/k slices of the qkv output, then RotaryEmbedding).
 """
 

@@ -1,7 +1,7 @@
 """The fused Triton sampler and the fused Qwen3 q/k norm + rope kernel on the CPU: ``fused_sampler_cases.py`` and
 ``qk_norm_rope_cases.py`` under Triton's interpreter, in one child pytest (``TRITON_INTERPRET=1`` must be set
 before any kernel is defined). Small vocabulary and few draws; the GPU run of the same files
-(benchmarks/device/nano5.sh) uses the real vocabulary and many draws."""
+(`NANO_PART=s5a bash benchmarks/device/nano7.sh`) uses the real vocabulary and many draws."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The ``triton`` backend's decode launch table and longest-first order on the CPU: ``triton_decode_cases.py``
 under Triton's interpreter in one child pytest (``TRITON_INTERPRET=1`` must be set before any kernel is defined).
-Small head sizes and contexts; the GPU run of the same file (benchmarks/device/nano6.sh) uses the served shapes."""
+Small head sizes and contexts; the GPU run of the same file (`NANO_PART=cases bash benchmarks/device/nano7.sh`) uses the served shapes."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 (``plugins/attention/_triton_decode.py``, ``_triton_decode_table.py``, ``triton.py``).
 
 Not collected directly: ``test_triton_decode_cpu.py`` runs this file under ``TRITON_INTERPRET=1`` (small shapes);
-on a CUDA machine run it directly (benchmarks/device/nano6.sh does: the real Qwen3-0.6B / Llama-3-8B head shapes,
+on a CUDA machine run it directly (`NANO_PART=cases bash benchmarks/device/nano7.sh` does: the real Qwen3-0.6B / Llama-3-8B head shapes,
 contexts to 2,000, bf16 and fp8 caches, and a CUDA graph whose replays must recompute the order). References: a
 float64 computation over the (dequantized) cache, and the general kernel (``OCTAVO_TRITON_DECODE_KERNEL=0``).
 """
