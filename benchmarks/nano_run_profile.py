@@ -10,10 +10,12 @@ warmed first with ``gpu_e2e.warm_up`` (every prompt length, short outputs: nothi
    and of logits + sampling, and the GPU's idle time between one step's sampler and the next step's forward
    (host time the GPU waited for). The windows give a kernel table and the GPU's busy share from the kernels'
    own start/end times;
-3. ``--ab old``: the decode attention launch switched to the general kernel (what ``OCTAVO_TRITON_DECODE_KERNEL=0``
-   selects at start; the CUDA graphs recaptured), timed, then back to the table, recaptured, timed again.
+3. ``--ab`` variants, each timed after switching every attention layer and recapturing the CUDA graphs:
+   ``split_4_8`` (``OCTAVO_TRITON_SPLIT_KV=4,8``: the run's last few hundred steps, under 4 x SMs requests x KV
+   heads, split their long contexts over ~8 programs per SM instead of running 1-4 programs per SM), ``old`` (the
+   general kernel for decode rows, what ``OCTAVO_TRITON_DECODE_KERNEL=0`` selects at start), ``defaults``.
 
-    python benchmarks/nano_run_profile.py --out /tmp/nano_run.json [--budget-s 60] [--ab old]
+    python benchmarks/nano_run_profile.py --out /tmp/nano_run.json [--budget-s 60] [--ab split_4_8 old]
 
 Stages stop being started when ``--budget-s`` would be exceeded (device scripts are time-boxed); the JSON is
 written after every stage.
@@ -184,11 +186,23 @@ def attention_impls(worker) -> list:
     return out
 
 
-def set_launch(worker, general: bool) -> float:
-    """Decode rows through the general kernel (``general``) or the launch table; recapture the graphs."""
+VARIANTS = {  # name: (general kernel for decode rows, triton.SPLIT_RULE); None: the default
+    "defaults": (False, None),
+    "old": (True, None),  # what OCTAVO_TRITON_DECODE_KERNEL=0 selects at start
+    "split_4_8": (False, (4, 8)),  # OCTAVO_TRITON_SPLIT_KV=4,8: small batches split their contexts, 8 programs/SM
+    "split_2_8": (False, (2, 8)),
+}
+
+
+def set_variant(worker, name: str) -> float:
+    """Switch every triton attention layer to a variant (see ``VARIANTS``) and recapture the CUDA graphs."""
+    from octavo.plugins.attention import triton as backend
+
+    general, rule = VARIANTS[name]
     impls = attention_impls(worker)
     if not impls:
         raise RuntimeError("no triton attention layers found")
+    backend.SPLIT_RULE = rule or backend.DEFAULT_SPLIT_RULE
     for impl in impls:
         impl.decode_kernel = False if general else None
         impl._launches.clear()
@@ -205,7 +219,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
     ap.add_argument("--budget-s", type=float, default=60.0)
-    ap.add_argument("--ab", choices=["none", "old"], default="old")
+    ap.add_argument("--ab", nargs="*", choices=sorted(VARIANTS), default=["split_4_8", "old"],
+                    help="variants timed after the defaults, in this order, each with the graphs recaptured")
     ap.add_argument("--window", type=int, default=16, help="decode steps per profiler window")
     ap.add_argument("--windows", type=int, nargs="*", default=[120, 600], help="decode step numbers opening a window")
     ap.add_argument("--dry", action="store_true", help="CPU: a tiny Qwen3, 24 requests; checks the hooks")
@@ -272,12 +287,13 @@ def main() -> None:
                 for r in w["kernels"][:18]:
                     print(f"{r['us_per_step']:9.1f} us/step {r['calls_per_step']:6.1f}x  {r['name']}", flush=True)
             save()
-        if args.ab == "old" and not args.dry and fits(2 * last + 12):
-            cap = set_launch(worker, general=True)
-            timed("general kernel (OCTAVO_TRITON_DECODE_KERNEL=0 launch)", recapture_s=cap)
-            if fits(last + 6):
-                cap = set_launch(worker, general=False)
-                timed("table again (defaults)", recapture_s=cap)
+        for name in [] if args.dry else args.ab:
+            if not fits(last + 8):
+                res["runs"].append({"run": name, "skipped": "time budget"})
+                continue
+            cap = set_variant(worker, name)
+            timed(name, recapture_s=cap, split_rule=list(VARIANTS[name][1] or []) or "default",
+                  decode_rows="general kernel" if VARIANTS[name][0] else "launch table")
         save()
         llm.llm_engine.shutdown()
 

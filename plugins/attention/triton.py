@@ -50,6 +50,27 @@ def _next_pow2(x: int) -> int:
 _NUM_SMS: dict[int, int] = {}
 
 
+def _split_rule_from_env() -> tuple[int, int]:
+    """``OCTAVO_TRITON_SPLIT_KV=below,target`` (integers >= 1): decode steps whose requests x KV heads are at most
+    ``below`` x SMs split each context over programs, aiming at ``target`` x SMs programs (at least 2 splits, at
+    most 16). Unset: ``DEFAULT_SPLIT_RULE``."""
+    raw = os.environ.get("OCTAVO_TRITON_SPLIT_KV", "").strip()
+    if not raw:
+        return DEFAULT_SPLIT_RULE
+    parts = raw.split(",")
+    if len(parts) != 2 or not all(p.strip().isdigit() and 1 <= int(p) <= 64 for p in parts):
+        raise ValueError(f"OCTAVO_TRITON_SPLIT_KV={raw!r}: expected 'below,target', two integers in 1..64 "
+                         "(programs per SM: split below, aim at)")
+    return int(parts[0]), int(parts[1])
+
+
+#: (below, target) programs per SM of the split-KV decode rule (``_num_splits``); (1, 2) is the rule since session 1:
+#: split when requests x KV heads leave SMs idle, aiming at two programs per SM
+DEFAULT_SPLIT_RULE = (1, 2)
+#: the rule in use (read once; benchmarks switch it at run time and recapture their graphs)
+SPLIT_RULE = _split_rule_from_env()
+
+
 def _num_sms(device) -> int:
     import torch
 
@@ -157,11 +178,16 @@ class TritonAttentionBackend(AttentionBackend):
 
     # --- heuristics ------------------------------------------------------------------------------------
     def _num_splits(self, md: TritonAttentionMetadata, block_n: int, device) -> int:
-        """Split the context across programs only when requests x KV heads leave the GPU mostly idle."""
+        """Split the context across programs only when requests x KV heads leave the GPU mostly idle
+        (``SPLIT_RULE``: at most ``below`` programs per SM; then aim at ``target`` per SM)."""
         if md.max_query_len != 1 or device.type != "cuda":
             return 1
-        programs = md.num_reqs * self.num_kv_heads
-        want = max(1, (2 * _num_sms(device)) // max(1, programs))
+        below, target = SPLIT_RULE
+        programs = max(1, md.num_reqs * self.num_kv_heads)
+        sms = _num_sms(device)
+        if programs > below * sms:
+            return 1
+        want = max(2, (target * sms) // programs)
         useful = max(1, math.ceil(md.max_seq_len / (2 * block_n)))  # at least two key tiles per split
         splits = min(want, useful, 16)
         return 1 << (splits.bit_length() - 1)  # power of two: the merge kernel's arange needs one

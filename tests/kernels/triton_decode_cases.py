@@ -252,3 +252,31 @@ def test_launch_switch_refuses_bad_values(monkeypatch):
         for dt in dtypes:
             assert impl._decode_launch(dt, kind == "fp8") == launch
         assert impl._decode_launch(torch.float32, False) is None
+
+
+@pytest.mark.parametrize("splits", [2, 8, 16])
+def test_split_kv_decode_matches_float64(monkeypatch, splits):
+    """Decode rows with their contexts split over ``splits`` programs (the general kernel + its merge: what small
+    batches run under ``triton.SPLIT_RULE``, up to the rule's cap of 16, with empty splits for short contexts)
+    equal float64 over the cache the step wrote, and the unsplit launch to bf16 rounding."""
+    heads, kv_heads, d, ctx = SHAPES[0]
+    ctx = ctx[:5] if INTERPRET else ctx[:12]
+    q, kc, vc, _, _, bt, tables = _case(heads, kv_heads, d, ctx, HALF, seed=5)
+    gen = torch.Generator().manual_seed(6)
+    k_new = (torch.randn(len(ctx), kv_heads, d, generator=gen) * 2).to(HALF).to(DEV)
+    v_new = torch.randn(len(ctx), kv_heads, d, generator=gen).to(HALF).to(DEV)
+    layout = make_layout(tables, [c - 1 for c in ctx], [1] * len(ctx), PAGE)
+    outs = {}
+    for n in (1, splits):
+        impl = TritonAttentionBackend(num_heads=heads, head_size=d, num_kv_heads=kv_heads, scale=d ** -0.5)
+        monkeypatch.setenv("OCTAVO_TRITON_DECODE_KERNEL", "0")  # the general kernel for every row, split or not
+        monkeypatch.setattr(impl, "_num_splits", lambda md, block_n, dev, n=n: n)
+        kv = torch.stack([kc, vc]).clone()
+        md = TritonAttentionBackend.build_metadata(layout, DEV)
+        outs[n] = impl.forward(q, k_new, v_new, kv, md).cpu().double()
+    kf, vf = kv[0].cpu().double(), kv[1].cpu().double()  # the cache with this step's K/V in it
+    want = _reference(q.cpu(), kf, vf, tables, ctx, d ** -0.5)
+    for n, out in outs.items():
+        err = float((out - want).abs().max() / want.abs().max())
+        assert err <= 2e-2, (n, err)
+    assert float((outs[splits] - outs[1]).abs().max() / outs[1].abs().max()) <= 2e-2
