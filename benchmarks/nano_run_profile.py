@@ -219,7 +219,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
     ap.add_argument("--budget-s", type=float, default=60.0)
-    ap.add_argument("--ab", nargs="*", choices=sorted(VARIANTS), default=["split_4_8", "old"],
+    ap.add_argument("--ab", nargs="*", choices=sorted(VARIANTS), default=["split_4_8", "old", "split_2_8"],
                     help="variants timed after the defaults, in this order, each with the graphs recaptured")
     ap.add_argument("--window", type=int, default=16, help="decode steps per profiler window")
     ap.add_argument("--windows", type=int, nargs="*", default=[120, 600], help="decode step numbers opening a window")
