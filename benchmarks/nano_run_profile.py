@@ -17,7 +17,8 @@ warmed first with ``gpu_e2e.warm_up`` (every prompt length, short outputs: nothi
 
     python benchmarks/nano_run_profile.py --out /tmp/nano_run.json [--budget-s 60] [--ab split_4_8 old]
 
-Stages stop being started when ``--budget-s`` would be exceeded (device scripts are time-boxed); the JSON is
+Every timed run starts with an empty prefix cache (``LLM.reset_prefix_cache``): the runs repeat the same
+prompts, and a cached prompt would skip its prefill. Stages stop being started when ``--budget-s`` would be exceeded (device scripts are time-boxed); the JSON is
 written after every stage.
 """
 
@@ -262,11 +263,12 @@ def main() -> None:
 
         def timed(name: str, **extra) -> None:
             nonlocal last
+            reset = llm.reset_prefix_cache()  # every run prefills all its prompts, as the first one does
             dt, outs = gen_timed(llm, prompts, params)
             last = dt
             total = sum(len(o.outputs[0].token_ids) for o in outs)
             run = {"run": name, "seconds": dt, "output_tokens": total,
-                   "throughput_qwen3_0p6b_nanovllm_tok_s": total / dt, **extra}
+                   "throughput_qwen3_0p6b_nanovllm_tok_s": total / dt, "prefix_cache_reset": reset, **extra}
             print(json.dumps(run), flush=True)
             res["runs"].append(run)
             save()
