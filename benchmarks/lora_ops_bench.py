@@ -7,7 +7,7 @@ weights, so the HBM traffic is a real step's), 8 slots of rank 16, bf16:
   layers at batch ``--decode-n`` (64: tokens spread over the 8 slots; ``zero``: every token base, what base
   requests on a LoRA engine pay); the graph's replay time is what the op adds to a replayed decode step. Ops:
   the dense torch op and the fixed-grid Triton SGMV op (octavo.lora.static) under each SGMV launch config of
-  ``CONFIGS`` (octavo.lora.triton_ops.CONFIG); next to them the base linears of the same step (``x @ W^T``).
+  ``CONFIGS`` (octavo.plugins.platforms.cuda_lora.CONFIG); next to them the base linears of the same step (``x @ W^T``).
 - ``prefill``: an eager step of ``--prefill-n`` tokens (16 requests of 128, adapter i % 8, as the engine
   benchmark's chunks): the torch layouts (octavo.lora.ops, what ``auto`` ran in session 4) vs the Triton SGMV
   kernels, per projection kind, and the base linears.
@@ -31,17 +31,24 @@ T0 = time.perf_counter()
 KINDS = {"qkv": (4096, [4096, 1024, 1024]), "o": (4096, [4096]), "gate_up": (4096, [14336, 14336]),
          "down": (14336, [4096])}
 TINY = {"qkv": (64, [64, 16, 16]), "o": (64, [64]), "gate_up": (64, [128, 128]), "down": (128, [64])}
-# SGMV launch configs tried (keys of octavo.lora.triton_ops.CONFIG; k_per_split is a runtime argument, so its
+# SGMV launch configs tried (keys of octavo.plugins.platforms.cuda_lora.CONFIG; k_per_split is a runtime argument, so its
 # variants compile nothing new)
 CONFIGS = {  # in order of promise: the budget may cut the tail (each new tile shape compiles)
     "s4": {"k_per_split": 0, "part_expand": 0, "static_h": 0},  # session 4: split = min(8, K // 512)
     "k128": {"k_per_split": 128, "part_expand": 0, "static_h": 0},  # session 5 batch 1's pick
-    "default": {},  # octavo.lora.triton_ops.DEFAULT_CONFIG (session 5: k128 + part_expand + static_h)
+    "default": {},  # octavo.plugins.platforms.cuda_lora.DEFAULT_CONFIG (session 5: k128 + part_expand + static_h)
     "k128_parts": {"k_per_split": 128, "part_expand": 1, "static_h": 0},
     "k128_n128_parts_sh": {"k_per_split": 128, "block_n": 128, "part_expand": 1, "static_h": 1},
     "k128_n32_parts_sh": {"k_per_split": 128, "block_n": 32, "part_expand": 1, "static_h": 1},
 }
 
+
+
+def _kernels():
+    """The platform's LoRA kernels (plugins/platforms/cuda_lora.py), as the worker passes them to the manager."""
+    from octavo.plugins.platforms.cuda import CudaPlatform
+
+    return CudaPlatform().make_lora_kernels()
 
 def log(msg: str) -> None:
     print(f"[lora_ops {time.perf_counter() - T0:6.1f}s] {msg}", flush=True)
@@ -130,14 +137,13 @@ def decode(weights, args, dtype, dev, cuda, res) -> None:
             log("budget spent: stopping decode")
             break
         if cfg is not None:
-            from octavo.lora import triton_ops
-
+            triton_ops = _kernels()
             triton_ops.CONFIG.clear()
             triton_ops.CONFIG.update(triton_ops.DEFAULT_CONFIG)
             triton_ops.set_config(**cfg)
         entry = {}
         try:  # one config failing (a compile error, a bad result) must not cost the others
-            static = StaticLoRA(slots, n, dtype, dev, use_triton=cfg is not None)
+            static = StaticLoRA(slots, n, dtype, dev, _kernels() if cfg is not None else None)
             static.reserve_h(len(weights) * len(next(iter(weights.values()))), 64)  # (static_h configs only)
             keys = {kind: i * len(rows) for i, (kind, rows) in enumerate(weights.items())}  # + layer
             entry = {}
@@ -199,14 +205,13 @@ def prefill(weights, args, dtype, dev, cuda, res) -> None:
             log("budget spent: stopping prefill")
             break
         if cfg is not None:
-            from octavo.lora import triton_ops
-
+            triton_ops = _kernels()
             triton_ops.CONFIG.clear()
             triton_ops.CONFIG.update(triton_ops.DEFAULT_CONFIG)
             triton_ops.set_config(**cfg)
 
         def step(kind, rows, use_triton=use_triton):
-            plan = ops.plan_tokens(slots, dev, use_triton)  # once per step in the engine: counted per kind here
+            plan = ops.plan_tokens(slots, dev, _kernels() if use_triton else None)  # once per step in the engine: counted per kind here
             for _, a, b, _f in rows:
                 ops.lora_shrink_expand(xs[kind], ys[kind], a, b, plan, args.parts[kind])
 
@@ -214,7 +219,7 @@ def prefill(weights, args, dtype, dev, cuda, res) -> None:
             per = {kind: r4(eager_ms(lambda kind=kind, rows=rows: step(kind, rows), 3, cuda))
                    for kind, rows in weights.items()}
             per["total"] = r4(sum(v for v in per.values() if v is not None)) if cuda else None
-            plan = ops.plan_tokens(slots, dev, use_triton)
+            plan = ops.plan_tokens(slots, dev, _kernels() if use_triton else None)
             per["mode"] = plan.mode
             # GPU time alone (the engine's host runs ahead of big prefill GEMMs): the plan built once, the 32
             # layers' ops of a kind replayed in a CUDA graph

@@ -159,7 +159,8 @@ class Worker:
 
             graph_tokens = 0 if settings.device.enforce_eager else max(  # static LoRA rows (octavo.lora.static)
                 [settings.scheduler.max_num_seqs] + [r * q for r, q in verify_graph_shapes(settings)])
-            self.runner.lora = LoRAManager(self.model, settings.lora, self.dtype, self.device, graph_tokens)
+            self.runner.lora = LoRAManager(self.model, settings.lora, self.dtype, self.device, graph_tokens,
+                                           kernels=platform.make_lora_kernels())
         self.prepared = prepare_on_platform(self)  # typed handle in, step runner out (core/platform_setup.py)
         start_phase("platform set-up (fused kernels + CUDA graphs)")
         if settings.scheduler.async_scheduling:  # placeholders + deferred outputs (core/async_runner.py)

@@ -210,6 +210,19 @@ class Platform(ABC):
         from ``softmax(logits / temperature)`` restricted to the logits ``>= thresholds[row]``. Default: none."""
         return None
 
+    def make_lora_kernels(self) -> Any | None:
+        """This device's own LoRA shrink/expand kernels, or ``None`` (``octavo.lora`` then runs its torch ops:
+        same results). Asked once per worker with LoRA on; the manager uses them in eager steps
+        (``OCTAVO_LORA_KERNEL=triton``, or prefill chunks) and in captured graphs.
+
+        The object (CUDA: the module plugins/platforms/cuda_lora.py) has ``BLOCK_M`` (16: tokens per block),
+        ``CONFIG`` (launch settings, key ``static_h``: graphs keep one zeroed fp32 shrink buffer per projection),
+        ``load_env_config()``, ``plan_blocks(rows, segments, device) -> plan``, ``BlockPlan(rows, blk_slot,
+        blk_start, blk_end, num_blocks, num_rows)``, ``lora_shrink_expand_triton(x, y, lora_a, lora_b, plan,
+        parts=None, h=None) -> y`` (``y[t] += B[slot] @ A[slot] @ x[t]`` in place for the plan's tokens) and
+        ``masked_expand(h, mask, b_flat, y) -> y`` (``y += (h * mask per slot) @ b_flat^T``). Default: none."""
+        return None
+
     def synchronize(self) -> None:
         """Wait for queued device work (used by benchmarks and the memory profiler)."""
 

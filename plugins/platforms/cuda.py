@@ -143,6 +143,15 @@ class TorchGpuPlatform(Platform):
             return None
         return sample_rows
 
+    def make_lora_kernels(self):
+        """The Triton SGMV LoRA kernels (``plugins/platforms/cuda_lora.py``, the module itself), or None without
+        Triton."""
+        try:
+            from octavo.plugins.platforms import cuda_lora
+        except ImportError:
+            return None
+        return cuda_lora
+
     def synchronize(self) -> None:
         import torch
 

@@ -60,29 +60,30 @@ class LoRAManager:
         dtype: the model dtype (``lora_dtype="auto"``); device: where slots live.
         graph_tokens: on CUDA, the most tokens a captured graph runs (0: no graphs, e.g. ``enforce_eager``);
             the hooks are then graph-capturable (:mod:`octavo.lora.static`), so build the manager before capture.
+        kernels: the platform's LoRA kernels (``Platform.make_lora_kernels()``; the worker passes them), or None:
+            the torch ops only (``OCTAVO_LORA_KERNEL=triton|fused`` are then refused).
     """
 
     def __init__(self, model: torch.nn.Module, lora: Any, dtype: torch.dtype, device: torch.device,
-                 graph_tokens: int = 0) -> None:
+                 graph_tokens: int = 0, kernels: Any = None) -> None:
         from octavo.nn import LinearBase, ParallelLMHead, VocabParallelEmbedding
 
         self.max_loras, self.max_rank = lora.max_loras, lora.max_lora_rank
         self.max_cpu = lora.max_cpu_loras or lora.max_loras
         self.dtype = dtype if lora.lora_dtype == "auto" else getattr(torch, lora.lora_dtype)
         self.model_dtype, self.device = dtype, device
-        kernel = _kernel_choice(device)
+        kernel = _kernel_choice(device, kernels)
+        self.kernels = kernels if kernel != "torch" else None
         self.use_triton = kernel == "triton"  # eager steps
         # auto on CUDA: eager steps of at least this many tokens (prefill chunks) run the SGMV kernels too (their
         # launch cost is paid back there; the torch layouts write [n, out] temporaries several times)
         self.triton_min_tokens = _triton_min_tokens() if kernel == "auto" and torch.device(device).type == "cuda" \
             else 0
         self.static: StaticLoRA | None = None
-        if kernel in ("triton", "auto") and torch.device(device).type == "cuda":
-            from octavo.lora.triton_ops import load_env_config
-
-            load_env_config()  # OCTAVO_LORA_SGMV_CONFIG as it is now (benchmarks build several engines)
+        if self.kernels is not None and kernel in ("triton", "auto"):
+            self.kernels.load_env_config()  # OCTAVO_LORA_SGMV_CONFIG as it is now (benchmarks build several engines)
         if graph_tokens > 0 and _graphs_on(device):
-            self.static = StaticLoRA(self.max_loras, graph_tokens, self.dtype, device, kernel in ("triton", "auto"),
+            self.static = StaticLoRA(self.max_loras, graph_tokens, self.dtype, device, self.kernels,
                                      fused_expand=kernel == "fused")
         flat = self.static is not None
         packed = getattr(model, "packed_modules_mapping", {})
@@ -149,7 +150,7 @@ class LoRAManager:
     def _step_plan(self) -> LoRAPlan:
         if self.plan is None:  # an eager step: the per-step layout of octavo.lora.ops
             big = 0 < self.triton_min_tokens <= self.host_slots.numel()
-            self.plan = plan_tokens(self.host_slots, self.device, self.use_triton or big)
+            self.plan = plan_tokens(self.host_slots, self.device, self.kernels if self.use_triton or big else None)
             if self.embeddings:
                 self.token_slots = self.host_slots.to(self.device, non_blocking=True)
         return self.plan
@@ -333,14 +334,15 @@ def _triton_min_tokens() -> int:
     return val
 
 
-def _kernel_choice(device) -> str:
-    """``OCTAVO_LORA_KERNEL``: ``auto`` (default), ``torch``, ``triton`` or ``fused``.
+def _kernel_choice(device, kernels: Any = None) -> str:
+    """``OCTAVO_LORA_KERNEL``: ``auto`` (default), ``torch``, ``triton`` or ``fused``. ``kernels``: the
+    platform's LoRA kernels (``Platform.make_lora_kernels()``; CUDA: Triton, plugins/platforms/cuda_lora.py).
 
-    - ``auto``: eager steps run the torch layouts of octavo.lora.ops; CUDA graphs the fixed-grid Triton SGMV
-      (octavo.lora.static) where Triton imports, else the dense torch op. On CPU: ``torch``.
-    - ``torch``: eager steps the torch layouts, graphs the dense torch op (no Triton).
-    - ``triton`` (CUDA): eager steps and graphs the SGMV Triton kernels (octavo.lora.triton_ops).
-    - ``fused`` (CUDA): as ``torch``, with the dense op's mask and expand in one Triton kernel.
+    - ``auto``: eager steps run the torch layouts of octavo.lora.ops; CUDA graphs the fixed-grid SGMV kernels
+      (octavo.lora.static) where the platform has them, else the dense torch op. On CPU: ``torch``.
+    - ``torch``: eager steps the torch layouts, graphs the dense torch op (no device kernels).
+    - ``triton`` (CUDA): eager steps and graphs the platform's SGMV kernels.
+    - ``fused`` (CUDA): as ``torch``, with the dense op's mask and expand in one kernel of the platform.
 
     Measured on an H100 (docs/performance.md "LoRA on GPU", Llama-3-8B widths, batch 64, 8 mixed adapters): in
     graphs the SGMV op ran the mixed batch at 0.80x the base model, dense torch 0.64x, fused 0.66x; eager (before
@@ -356,10 +358,9 @@ def _kernel_choice(device) -> str:
         if choice == "auto":
             return "torch"
         raise ValueError(f"OCTAVO_LORA_KERNEL={choice} needs a CUDA device")
-    try:
-        import triton  # noqa: F401
-    except ImportError:
+    if kernels is None:  # the platform has no LoRA kernels (CUDA: Triton missing)
         if choice == "auto":
             return "torch"
-        raise  # an ImportError names the missing package
+        raise ValueError(f"OCTAVO_LORA_KERNEL={choice} needs the platform's LoRA kernels "
+                         "(Platform.make_lora_kernels; CUDA: pip install 'octavo[cuda]' for Triton); none here")
     return choice

@@ -21,7 +21,8 @@ Why not ``index_add_``: the first version scattered each slot's delta back with 
 is a serial ``scatter_add`` (19 ms per call for a 1024-token prefill step, half of the whole LoRA step time).
 Every path here only gathers (``index_select``) and adds in place.
 
-On CUDA the same plan feeds the Triton kernels of :mod:`octavo.lora.triton_ops` (shrink/expand over sorted
+On CUDA the same plan feeds the platform's LoRA kernels (``Platform.make_lora_kernels``; CUDA: Triton,
+plugins/platforms/cuda_lora.py) (shrink/expand over sorted
 token blocks, scatter fused into the expand).
 """
 
@@ -46,22 +47,24 @@ class LoRAPlan:
             row in it (base tokens: a padding row); ``[S*L, 1]`` 1 for real rows, None without base tokens.
         rows / segments / inv / num_base: ``loop``: adapter tokens sorted by slot; ``(slot, start, end)`` in
             ``rows``; each token's row in ``[base zeros; sorted deltas]``; the number of base tokens.
-        triton: on CUDA, the block layout for the Triton kernels (:func:`octavo.lora.triton_ops.plan_blocks`).
+        triton: with the platform's kernels, their block layout (``kernels.plan_blocks``); kernels: those kernels
+            (``Platform.make_lora_kernels()``), or None (the torch layouts).
     """
 
     __slots__ = ("mode", "slot", "slots_used", "span", "slot_idx", "length", "gather_idx", "back_idx", "pad_mask",
-                 "rows", "segments", "inv", "num_base", "triton", "runs")
+                 "rows", "segments", "inv", "num_base", "triton", "runs", "kernels")
 
     def __init__(self) -> None:
         self.mode, self.slot, self.slots_used, self.span, self.slot_idx, self.length = "single", -1, [], 0, None, 0
-        self.gather_idx = self.back_idx = self.pad_mask = self.rows = self.inv = self.triton = None
+        self.gather_idx = self.back_idx = self.pad_mask = self.rows = self.inv = self.triton = self.kernels = None
         self.segments: list[tuple[int, int, int]] = []
         self.runs: list[tuple[int, int, int]] = []  # ``runs``: (slot, first token, end) in batch order
         self.num_base = 0
 
 
-def plan_tokens(token_slots: torch.Tensor, device: torch.device, use_triton: bool = False) -> LoRAPlan | None:
-    """The plan for ``token_slots`` (``[n]`` int64 on the host, -1 = base model); None without adapter tokens."""
+def plan_tokens(token_slots: torch.Tensor, device: torch.device, kernels=None) -> LoRAPlan | None:
+    """The plan for ``token_slots`` (``[n]`` int64 on the host, -1 = base model); None without adapter tokens.
+    ``kernels``: the platform's LoRA kernels (``Platform.make_lora_kernels()``) to plan for, or None (torch)."""
     n = token_slots.numel()
     counts = torch.bincount(token_slots + 1)  # counts[0]: base tokens, counts[s + 1]: slot s
     num_base = int(counts[0])
@@ -72,10 +75,9 @@ def plan_tokens(token_slots: torch.Tensor, device: torch.device, use_triton: boo
     plan.slots_used, plan.num_base = used, num_base
     if len(used) == 1 and num_base == 0:
         plan.mode, plan.slot = "single", used[0]
-        if use_triton:
-            from octavo.lora.triton_ops import plan_blocks
-
-            plan.triton = plan_blocks(torch.arange(n), [(used[0], 0, n)], device)
+        if kernels is not None:
+            plan.kernels = kernels
+            plan.triton = kernels.plan_blocks(torch.arange(n), [(used[0], 0, n)], device)
         return plan
     order = torch.argsort(token_slots, stable=True)  # base tokens first, then slot by slot
     m = n - num_base
@@ -85,11 +87,9 @@ def plan_tokens(token_slots: torch.Tensor, device: torch.device, use_triton: boo
         c = int(counts[s + 1])
         segments.append((s, start, start + c))
         start += c
-    if use_triton:
-        from octavo.lora.triton_ops import plan_blocks
-
-        plan.mode, plan.segments = "triton", segments
-        plan.triton = plan_blocks(rows, segments, device)
+    if kernels is not None:
+        plan.mode, plan.segments, plan.kernels = "triton", segments, kernels
+        plan.triton = kernels.plan_blocks(rows, segments, device)
         return plan
     change = torch.nonzero(token_slots[1:] != token_slots[:-1]).squeeze(1).add(1).tolist()
     bounds = [0, *change, n]
@@ -139,14 +139,12 @@ def lora_shrink_expand(x: torch.Tensor, y: torch.Tensor, lora_a: torch.Tensor, l
         lora_a: ``[slots, R, in]``; lora_b: ``[slots, out, R]`` (scaling folded in), in the LoRA dtype.
         plan: from :func:`plan_tokens`.
         parts: a fused projection's output offsets (B block-diagonal over them): lets the Triton expand skip
-            the other parts' zeros (octavo.lora.triton_ops ``part_expand``); the torch layouts ignore the hint.
+            the other parts' zeros (the CUDA kernels' ``part_expand``); the torch layouts ignore the hint.
     """
     if plan is None:
         return y
     if plan.triton is not None:
-        from octavo.lora.triton_ops import lora_shrink_expand_triton
-
-        return lora_shrink_expand_triton(x, y, lora_a, lora_b, plan.triton, parts)
+        return plan.kernels.lora_shrink_expand_triton(x, y, lora_a, lora_b, plan.triton, parts)
     dt = lora_a.dtype
     if plan.mode == "single":
         delta = (x.to(dt) @ lora_a[plan.slot].t()) @ lora_b[plan.slot].t()

@@ -12,7 +12,8 @@ place before the forward (one host->device copy, no sync), and the ops read them
   once (``[n, S*R] @ [S*R, out]``, B stored ``[out, S*R]``). Exact: a token's other slots contribute products of
   zeros; base tokens get ``+0``. Three kernels per projection; it reads all ``max_loras`` slots' weights
   each step (about 1 GB a step for 8 rank-16 slots on a Llama-3-8B shape: ~0.3 ms of HBM time on an H100).
-- SGMV op (``OCTAVO_LORA_KERNEL=triton``): the kernels of :mod:`octavo.lora.triton_ops` on a fixed grid of
+- SGMV op (``OCTAVO_LORA_KERNEL=triton``): the platform's LoRA kernels (``Platform.make_lora_kernels``; CUDA:
+  plugins/platforms/cuda_lora.py) on a fixed grid of
   ``ceil(n / 16) + max_loras`` token blocks (enough for any mix of ``n`` tokens over ``max_loras`` slots);
   ``rows``/``blocks`` hold this step's blocks, the unused ones are empty (``start == end``) and return at once.
   Reads only the slots a block uses.
@@ -26,7 +27,7 @@ from __future__ import annotations
 
 import torch
 
-BLOCK_M = 16  # tokens per SGMV block (== octavo.lora.triton_ops.BLOCK_M, which needs triton to import)
+BLOCK_M = 16  # tokens per SGMV block (== the kernels' BLOCK_M, checked when they are given)
 
 
 def _round16(n: int) -> int:
@@ -38,12 +39,20 @@ class StaticLoRA:
 
     Args:
         max_loras: slots (S). cap: the most tokens one captured graph runs (buffers' rows).
-        dtype: the LoRA dtype (mask); device: where the buffers live; use_triton: SGMV kernels instead of dense.
+        dtype: the LoRA dtype (mask); device: where the buffers live; kernels: the platform's LoRA kernels
+        (``Platform.make_lora_kernels()``): the SGMV op instead of dense, or with ``fused_expand`` the dense op's
+        masked expand; None: the dense torch op.
     """
 
-    def __init__(self, max_loras: int, cap: int, dtype: torch.dtype, device, use_triton: bool = False,
+    def __init__(self, max_loras: int, cap: int, dtype: torch.dtype, device, kernels=None,
                  fused_expand: bool = False) -> None:
-        self.max_loras, self.cap, self.use_triton = max_loras, _round16(cap), use_triton
+        if fused_expand and kernels is None:
+            raise ValueError("StaticLoRA(fused_expand=True) needs the platform's LoRA kernels (masked_expand)")
+        if kernels is not None and kernels.BLOCK_M != BLOCK_M:
+            raise ValueError(f"the platform's LoRA kernels use {kernels.BLOCK_M}-token blocks, StaticLoRA {BLOCK_M}")
+        self.kernels = kernels
+        self.max_loras, self.cap = max_loras, _round16(cap)
+        self.use_triton = kernels is not None and not fused_expand  # the SGMV op
         self.fused_expand = fused_expand  # dense op: mask folded into a Triton expand (2 kernels, not 3)
         self.slots = torch.full((self.cap,), -1, dtype=torch.long, device=device)
         self.mask = torch.zeros(self.cap, max_loras, dtype=dtype, device=device)
@@ -61,13 +70,11 @@ class StaticLoRA:
         self.h_rows = 0  # rows [0, h_rows) of h_all may be non-zero (the last step's adapter tokens)
 
     def reserve_h(self, count: int, r_max: int) -> None:
-        """With the SGMV op and ``static_h`` (octavo.lora.triton_ops.CONFIG): one persistent zeroed fp32 shrink
+        """With the SGMV op and ``static_h`` (the kernels' CONFIG): one persistent zeroed fp32 shrink
         buffer per projection (``apply(..., key=i)``), zeroed by :meth:`write` once per step instead of a memset
         kernel per projection inside the graph."""
         if self.use_triton:
-            from octavo.lora.triton_ops import CONFIG
-
-            if CONFIG["static_h"]:
+            if self.kernels.CONFIG["static_h"]:
                 self.h_all = torch.zeros(count, self.cap, r_max, dtype=torch.float32, device=self.slots.device)
 
     # ------------------------------------------------------------------------------------ per step (host)
@@ -140,19 +147,15 @@ class StaticLoRA:
         if n > self.cap:
             raise RuntimeError(f"a LoRA step of {n} tokens is captured but the static LoRA buffers hold {self.cap}")
         if self.use_triton:
-            from octavo.lora.triton_ops import BlockPlan, lora_shrink_expand_triton
-
-            plan = BlockPlan(self.rows, self.blk_slot, self.blk_start, self.blk_end,
+            plan = self.kernels.BlockPlan(self.rows, self.blk_slot, self.blk_start, self.blk_end,
                              min(-(-n // BLOCK_M) + self.max_loras, self.max_blocks), n)
             h = self.h_all[key] if self.h_all is not None and key is not None else None
-            return lora_shrink_expand_triton(x, y, lora_a, lora_b, plan, parts, h)
+            return self.kernels.lora_shrink_expand_triton(x, y, lora_a, lora_b, plan, parts, h)
         s, r = lora_a.shape[0], lora_a.shape[1]
         dt = lora_a.dtype
         h = x.to(dt) @ lora_a.view(s * r, -1).t()  # [n, S*R]: every slot's shrink
         if self.fused_expand:
-            from octavo.lora.triton_ops import masked_expand
-
-            return masked_expand(h, self.mask, b_flat, y)
+            return self.kernels.masked_expand(h, self.mask, b_flat, y)
         h.view(n, s, r).mul_(self.mask[:n, :, None])  # keep the token's own slot only
         return _expand(h, y, b_flat)
 

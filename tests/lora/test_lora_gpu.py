@@ -38,19 +38,24 @@ def test_replayed_op_equals_eager(op, dtype, tol):
     k, o, r, size = 4096, 6144, 48, 64  # the fused q/k/v of a Llama-3-8B shape, 3 x rank 16
     parts = [0, 4096, 5120] if op == "triton_tuned" else None
     if op == "triton_tuned":
-        from octavo.lora import triton_ops
-
+        triton_ops = _kernels()
         triton_ops.set_config(k_per_split=128, part_expand=1, static_h=1)
     try:
         _replay_mixes(op, dtype, tol, use_triton, dev, k, o, r, size, parts)
     finally:
         if op == "triton_tuned":
-            triton_ops.load_env_config()
+            _kernels().load_env_config()
+
+
+def _kernels():
+    from octavo.plugins.platforms.cuda import CudaPlatform
+
+    return CudaPlatform().make_lora_kernels()  # plugins/platforms/cuda_lora.py
 
 
 def _replay_mixes(op, dtype, tol, use_triton, dev, k, o, r, size, parts):
     a, b, b_flat = (t.to(dev) for t in weights(8, k, o, r, dtype, parts=parts))
-    static = StaticLoRA(8, size, dtype, dev, use_triton, fused_expand=op == "fused")
+    static = StaticLoRA(8, size, dtype, dev, _kernels() if op != "dense" else None, fused_expand=op == "fused")
     static.reserve_h(1, r)
     key = 0 if static.h_all is not None else None
     x = torch.randn(size, k, device=dev).to(dtype)

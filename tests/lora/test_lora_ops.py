@@ -72,7 +72,8 @@ def test_bfloat16_layers_with_float32_adapters():
 SCRIPT = r"""
 import torch
 from octavo.lora.ops import lora_reference, lora_shrink_expand, plan_tokens
-from octavo.lora import triton_ops
+from octavo.plugins.platforms.cuda import CudaPlatform
+triton_ops = CudaPlatform().make_lora_kernels()  # the platform's LoRA kernels (plugins/platforms/cuda_lora.py)
 from tests.lora.inputs import lora_data
 from tests.lora.test_lora_ops import CASES
 for slots, _ in CASES:
@@ -86,7 +87,7 @@ for slots, _ in CASES:
         triton_ops.load_env_config()
         triton_ops.set_config(**cfg)
         x, y, a, b = lora_data(len(slots), k, o, r, dtype=dtype, parts=parts)
-        plan = plan_tokens(ts, torch.device("cpu"), use_triton=True)
+        plan = plan_tokens(ts, torch.device("cpu"), kernels=triton_ops)
         assert plan.triton is not None
         got = lora_shrink_expand(x, y.clone(), a, b, plan, parts)
         want = lora_reference(x, y, a, b, ts)
@@ -108,13 +109,16 @@ def test_triton_kernels_interpreted():
 def test_triton_kernels_on_cuda():
     """The compiled kernels vs the torch layouts on the GPU, bf16 at an 8B-like width (and fp32 small)."""
     pytest.importorskip("triton")
+    from octavo.plugins.platforms.cuda import CudaPlatform
+
+    kernels = CudaPlatform().make_lora_kernels()
     dev = torch.device("cuda")
     for slots, _ in CASES + [([i % 8 for i in range(64)], None), ([i // 40 for i in range(300)], None)]:
         ts = torch.tensor(slots)
         for k, o, r, dtype, tol in [(4096, 6144, 48, torch.bfloat16, 3e-2), (96, 40, 16, torch.float32, 1e-4)]:
             x, y, a, b = (t.to(dev) for t in lora_data(len(slots), k, o, r, slots=8, dtype=dtype))
             want = lora_reference(x.cpu(), y.cpu(), a.cpu(), b.cpu(), ts)
-            got = lora_shrink_expand(x, y.clone(), a, b, plan_tokens(ts, dev, use_triton=True)).cpu()
+            got = lora_shrink_expand(x, y.clone(), a, b, plan_tokens(ts, dev, kernels=kernels)).cpu()
             torch_got = lora_shrink_expand(x, y.clone(), a, b, plan_tokens(ts, dev)).cpu()
             scale = max(1.0, want.abs().max().item())
             assert (got.double() - want).abs().max().item() <= tol * scale, (slots[:8], k, dtype)

@@ -67,22 +67,23 @@ def test_embedding_form():
 SCRIPT = r"""
 import torch
 from octavo.lora.static import StaticLoRA
-from octavo.lora import triton_ops
+from octavo.plugins.platforms.cuda import CudaPlatform
+triton_ops = CudaPlatform().make_lora_kernels()  # the platform's LoRA kernels (plugins/platforms/cuda_lora.py)
 from tests.lora.inputs import flat_weights
 from tests.lora.test_lora_static import run_steps
 for k, o, r, dtype, tol in [(24, 20, 8, torch.float32, 1e-5), (1100, 40, 48, torch.float32, 1e-4),
                             (64, 24, 16, torch.float16, 3e-3)]:
     a, b, b_flat = flat_weights(6, k, o, r, dtype)
-    for kw in ({"use_triton": True}, {"fused_expand": True}):  # fixed-grid SGMV; dense with the masked expand
+    for kw in ({"kernels": triton_ops}, {"kernels": triton_ops, "fused_expand": True}):  # fixed-grid SGMV; dense with the masked expand
         run_steps(StaticLoRA(6, 48, dtype, "cpu", **kw), a, b, b_flat, k, o, dtype, tol)
 triton_ops.set_config(k_per_split=0, static_h=0)  # session 4's launch rule, a fresh h per call
 a, b, b_flat = flat_weights(6, 1100, 40, 48)
-run_steps(StaticLoRA(6, 48, torch.float32, "cpu", use_triton=True), a, b, b_flat, 1100, 40, torch.float32, 1e-4)
+run_steps(StaticLoRA(6, 48, torch.float32, "cpu", kernels=triton_ops), a, b, b_flat, 1100, 40, torch.float32, 1e-4)
 # the tuned SGMV launch config: many K splits, parts-only expand on a block-diagonal q/k/v-like B
 # and the persistent shrink buffer that write() zeroes once per step (static_h; key = the projection's buffer)
 triton_ops.set_config(k_per_split=64, block_n=16, part_expand=1, static_h=1)
 a, b, b_flat = flat_weights(6, 96, 64, 24, parts=[0, 32, 48])
-static = StaticLoRA(6, 48, torch.float32, "cpu", use_triton=True)
+static = StaticLoRA(6, 48, torch.float32, "cpu", kernels=triton_ops)
 static.reserve_h(3, 32)
 assert static.h_all is not None
 run_steps(static, a, b, b_flat, 96, 64, torch.float32, 1e-4, parts=[0, 32, 48], key=1)
@@ -145,7 +146,8 @@ import sys, tempfile
 import torch
 import octavo.lora.manager as manager
 from octavo import LLM, SamplingParams
-from octavo.lora import triton_ops
+from octavo.plugins.platforms.cuda import CudaPlatform
+triton_ops = CudaPlatform().make_lora_kernels()  # the platform's LoRA kernels (plugins/platforms/cuda_lora.py)
 from octavo.lora.request import LoRARequest
 from tests.lora.conftest import ADAPTERS, make_adapter, make_base
 
@@ -165,11 +167,11 @@ run = lambda: [list(o.outputs[0].token_ids) for o in llm.generate(prompts, param
 eager = run()
 runner = llm.llm_engine.core.executor.driver.runner
 manager._graphs_on = lambda device: True
-manager._kernel_choice = lambda device: "auto"  # graphs: the SGMV op
+manager._kernel_choice = lambda device, kernels=None: "auto"  # graphs: the SGMV op
 manager.LoRAManager._capturing = lambda self: self.static is not None
 triton_ops.set_config(k_per_split=64, block_n=16, part_expand=1, static_h=1)  # tiny q/k/v 64/32/32: parts
 graphs = manager.LoRAManager(runner.model, llm.llm_engine.settings.lora, torch.float32, torch.device("cpu"),
-                             graph_tokens=64)
+                             graph_tokens=64, kernels=triton_ops)
 assert graphs.static.use_triton and graphs.static.h_all is not None
 graphs.static.captured = True
 runner.lora.clear()

@@ -7,8 +7,8 @@
 - no import circle between octavo modules, lazy (function-level) imports included, ``TYPE_CHECKING``
   blocks excluded (never executed);
 - no file in ``core/`` over 400 lines;
-- no ``core/`` module imports a vendor kernel language (Triton): device kernels live in the platform plugins and
-  the core reaches them through the ``Platform`` object (``make_fused_sampler``, ``make_grammar_mask_apply``, ...).
+- no ``core/`` or SDK module imports a vendor kernel language (Triton): device kernels live in the platform plugins
+  and the core and SDK reach them through the ``Platform`` object (``make_fused_sampler``, ``make_lora_kernels``, ...).
 """
 
 import ast
@@ -77,6 +77,14 @@ def test_core_imports_no_vendor_kernels():
                  for n in MODULES if _under(n, ["octavo.core"])}
     offenders = {n: i for n, i in offenders.items() if i}
     assert not offenders, f"core modules import device kernels (put them in a platform plugin): {offenders}"
+
+
+def test_sdk_imports_no_vendor_kernels():
+    """The public package reaches device kernels through the ``Platform`` object too (``make_lora_kernels``...)."""
+    offenders = {n: sorted(i for i in IMPORTS[n] if i.split(".")[0] in VENDOR_KERNEL_PACKAGES)
+                 for n in MODULES if not _under(n, ["octavo.core", "octavo.plugins"])}
+    offenders = {n: i for n, i in offenders.items() if i}
+    assert not offenders, f"SDK modules import device kernels (put them in a platform plugin): {offenders}"
 
 
 def test_sdk_imports_core_only_in_front_ends():

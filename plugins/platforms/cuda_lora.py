@@ -1,5 +1,9 @@
 """LoRA shrink/expand on CUDA in Triton: segmented (SGMV-style) kernels over tokens sorted by adapter slot.
 
+The CUDA platform's answer to ``Platform.make_lora_kernels`` (this module is the object it returns): the SDK's
+LoRA code (``octavo.lora``) never imports it, it gets it from the worker's platform (``None`` elsewhere: the
+torch ops). Moved here from ``octavo.lora.triton_ops`` in session 7 (vendor kernels live in platform plugins).
+
 The idea is punica's SGMV (as in S-LoRA and vLLM): tokens are grouped by adapter, and each program takes a
 block of up to ``BLOCK_M`` tokens that all use ONE slot, so it multiplies them by one adapter matrix with
 ``tl.dot`` (tensor cores) instead of a per-token gemv. Written here from that description:
