@@ -16,6 +16,7 @@ with the ordered launch plus ``kv_write``, the separate write launch they save).
 Variants run in priority order across shapes until ``--budget`` seconds are spent (compiles dominate).
 
     python benchmarks/decode_attn_bench.py --out /tmp/decode_attn.json [--budget 50] [--shapes nano 8b]
+    python benchmarks/decode_attn_bench.py --plan tail --out /tmp/tail.json  # split rules at 8 / 24 / 48 requests
 """
 
 from __future__ import annotations
@@ -35,7 +36,15 @@ SHAPES = {  # name: (q heads, kv heads, head, batch, ctx lo, ctx hi, fp8 cache)
     "8b": (32, 8, 128, 220, 1000, 2000, False),
     "8b_fp8": (32, 8, 128, 420, 1000, 2000, True),
     "nano256": (16, 8, 128, 256, 100, 2000, False),
+    # the nano-vllm run's last few hundred steps: few requests left, long contexts (split-KV territory)
+    "tail8": (16, 8, 128, 8, 1400, 2000, False),
+    "tail24": (16, 8, 128, 24, 1300, 2000, False),
+    "tail48": (16, 8, 128, 48, 1200, 2000, False),
 }
+# ``--plan tail``: the backend's own decode step (K/V write + attention, metadata as under CUDA graphs: the context
+# bound is max_model_len) under split rules (triton.SPLIT_RULE / OCTAVO_TRITON_SPLIT_KV)
+TAIL_PLAN = [(shape, f"backend_split_{b}_{t}" + (" (default)" if (b, t) == (1, 2) else ""), "backend",
+              dict(rule=(b, t))) for shape in ("tail8", "tail24", "tail48") for b, t in ((1, 2), (4, 8), (2, 8), (4, 16))]
 # (shape, variant name, kernel, kwargs) in priority order; the first of each shape is its baseline
 PLAN = [
     ("nano", "general_n64 (before)", "general", {}),
@@ -133,6 +142,26 @@ def write(d, out):
     d["impl"].write_kv(k, v, d["kv"], slots)
 
 
+def backend(d, out, rule):
+    """The ``triton`` backend's forward for one decode step (its K/V write, split-KV or decode launch, merge) under
+    a split rule; metadata as a CUDA graph holds it (context bound ``MAX_MODEL_LEN``). Writes the cache's own
+    last K/V back (no change), so every call computes the same output."""
+    from octavo.plugins.attention import triton as tb
+
+    tb.SPLIT_RULE = rule
+    q = d["q"]
+    n = q.shape[0]
+    if "impl" not in d:
+        d["impl"] = tb.TritonAttentionBackend(num_heads=q.shape[1], head_size=d["head"], num_kv_heads=d["kv_heads"],
+                                              scale=d["head"] ** -0.5)
+    k, v, slots = last_kv(d)
+    md = tb.TritonAttentionMetadata(query_start_loc=d["qsl"], seq_lens=d["lens"], block_tables=d["tables"],
+                                    slot_mapping=slots, block_size=PAGE, max_query_len=1, max_seq_len=MAX_MODEL_LEN,
+                                    num_reqs=n, num_tokens=n, num_decodes=n)
+    md.scratch.update({("order_owner", n): -1, ("order", n): d["order"]})  # the order: once a step, not a layer
+    out.copy_(d["impl"].forward(q, k, v, d["kv"], md))
+
+
 def decode(d, out, ordered=False, chunk=0, write_kv=False, **kw):
     from octavo.plugins.attention._triton_decode import chunk_scratch, chunk_splits, paged_decode
 
@@ -160,7 +189,12 @@ def main() -> None:
     ap.add_argument("--budget", type=float, default=50.0)
     ap.add_argument("--shapes", nargs="*", default=list(SHAPES))
     ap.add_argument("--rep", type=int, default=60, help="ms of replays per variant")
+    ap.add_argument("--plan", choices=["table", "tail"], default="table",
+                    help="table: the launch-table variants (session 6); tail: split rules at few requests")
     args = ap.parse_args()
+    plan = TAIL_PLAN if args.plan == "tail" else PLAN
+    if args.plan == "tail" and args.shapes == list(SHAPES):
+        args.shapes = ["tail8", "tail24", "tail48"]
     t0 = time.perf_counter()
     dev = torch.device("cuda")
     res = {"card": torch.cuda.get_device_name(), "command": "python benchmarks/decode_attn_bench.py",
@@ -175,7 +209,7 @@ def main() -> None:
     print(f"copy {res['copy_TBps']:.2f} TB/s, read (sum) {res['read_TBps']:.2f} TB/s", flush=True)
     del buf, dst
     data, refs = {}, {}
-    for shape, name, kind, kw in PLAN:
+    for shape, name, kind, kw in plan:
         if shape not in args.shapes:
             continue
         if time.perf_counter() - t0 > args.budget:
@@ -193,7 +227,7 @@ def main() -> None:
         d, entry = data[shape], res["shapes"][shape]
         out = torch.empty_like(d["q"])
         try:
-            fn = {"general": general, "decode": decode, "write": write}[kind]
+            fn = {"general": general, "decode": decode, "write": write, "backend": backend}[kind]
             fn(d, out, **kw)
             torch.cuda.synchronize()
             if shape not in refs:

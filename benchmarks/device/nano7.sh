@@ -5,6 +5,9 @@
 #       timed; again with CUDA events per step (GPU time of forward / sampler / idle per step kind) + two
 #       profiler windows (kernel tables); then the general attention kernel vs the launch table, same engine
 #       (graphs recaptured).
+#   b2  (session 7 batch 2) tail.json: the backend's decode step at 8 / 24 / 48 requests with long contexts under
+#       split rules (decode_attn_bench.py --plan tail), then the split / backend cases of
+#       tests/kernels/triton_decode_cases.py on CUDA.
 #   8b  step8b.json: where a 512-row Llama-3-8B bf16 decode step goes (benchmarks/fp8_step_profile.py --variant
 #       bf16, 8 of 32 layers, 220 x 1500/40: the batch and contexts of the 512 x 1000/1000 run's decode waves).
 #   s6a decode_attn.json: decode attention launches at the nano / 8B / 8B-fp8 shapes (decode_attn_bench.py),
@@ -48,6 +51,9 @@ nano_e2e() {  # dir, cap
 case "$PART" in
   b1)
     run "$(left)" run.log python benchmarks/nano_run_profile.py --out "$R/run.json" --budget-s $(( $(left) - 3 )) ;;
+  b2)
+    run 34 tail.log python benchmarks/decode_attn_bench.py --plan tail --out "$R/tail.json" --budget 28
+    cases "$(left)" cases.log tests/kernels/triton_decode_cases.py -k "split or backend or switch" ;;
   8b)
     run "$(left)" step8b.log python benchmarks/fp8_step_profile.py --variant bf16 --layers 8 --prompts 220 \
       --in-len 1500 --out-len 40 --out "$R/step8b.json" ;;
