@@ -134,6 +134,9 @@ class StepEvents:
         steps = self.steps
         for i, s in enumerate(steps):
             kind = "decode_graph" if s["graph"] else ("decode_eager" if s["rows"] == s["tokens"] else "with_prefill")
+            if kind == "decode_graph":  # by batch size: the run's long middle vs its small-batch tail
+                lo = next(b for b in (129, 67, 34, 17, 1) if s["rows"] >= b)
+                kind = f"decode_graph_rows_{lo}+"
             k = kinds.setdefault(kind, {"steps": 0, "rows": 0, "tokens": 0, "forward_s": 0.0,
                                         "logits_sampler_s": 0.0, "idle_after_s": 0.0})
             fwd = s["e0"].elapsed_time(s["e1"]) / 1e3
