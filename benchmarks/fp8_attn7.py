@@ -27,22 +27,22 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # name: (shape, kernel, kwargs). "table": _triton_decode.paged_decode (the backend's fp8 launch is
 # block_n=128, 4 warps, 2 stages, ordered, maxnreg 128); "fp8kv": _fp8_kv_decode.fp8_kv_decode
-VARIANTS = {
+VARIANTS = {  # in priority order (a short budget runs the first ones)
     "table_n128_w4_s2_ord": ("8b_fp8", "table", dict(block_n=128, ordered=True)),
     "bf16_table_n128_ord": ("8b", "table", dict(block_n=128, ordered=True)),
-    "fp8kv_deq0_pf_n128_w4": ("8b_fp8", "fp8kv", dict(block_n=128, deq=0, prefetch=True)),
     "fp8kv_deq1_pf_n128_w4": ("8b_fp8", "fp8kv", dict(block_n=128, deq=1, prefetch=True)),
+    "fp8kv_deq0_pf_n128_w4": ("8b_fp8", "fp8kv", dict(block_n=128, deq=0, prefetch=True)),
     "fp8kv_deq1_s2_n128_w4": ("8b_fp8", "fp8kv", dict(block_n=128, deq=1, prefetch=False)),
-    "fp8kv_deq0_s2_n128_w4": ("8b_fp8", "fp8kv", dict(block_n=128, deq=0, prefetch=False)),
-    "table_n128_s3_ord": ("8b_fp8", "table", dict(block_n=128, num_stages=3, ordered=True)),
-    "table_n128_noreg_ord": ("8b_fp8", "table", dict(block_n=128, maxnreg=None, ordered=True)),
     "table_n256_w4_noreg_ord": ("8b_fp8", "table", dict(block_n=256, maxnreg=None, ordered=True)),
-    "table_n256_w8_ord": ("8b_fp8", "table", dict(block_n=256, num_warps=8, ordered=True)),
+    "table_n128_noreg_ord": ("8b_fp8", "table", dict(block_n=128, maxnreg=None, ordered=True)),
+    "table_n128_s3_ord": ("8b_fp8", "table", dict(block_n=128, num_stages=3, ordered=True)),
     "fp8kv_deq1_pf_n256_w8": ("8b_fp8", "fp8kv", dict(block_n=256, num_warps=8, deq=1, prefetch=True)),
+    "table_n128_bf16dot_ord": ("8b_fp8", "table", dict(block_n=128, dot_f16=False, ordered=True)),
+    "fp8kv_deq0_s2_n128_w4": ("8b_fp8", "fp8kv", dict(block_n=128, deq=0, prefetch=False)),
+    "table_n256_w8_ord": ("8b_fp8", "table", dict(block_n=256, num_warps=8, ordered=True)),
     "fp8kv_deq1_pf_n128_w8": ("8b_fp8", "fp8kv", dict(block_n=128, num_warps=8, deq=1, prefetch=True)),
     "fp8kv_deq1_pf_n64_w4": ("8b_fp8", "fp8kv", dict(block_n=64, deq=1, prefetch=True)),
     "table_n128_s1_ord": ("8b_fp8", "table", dict(block_n=128, num_stages=1, ordered=True)),
-    "table_n128_bf16dot_ord": ("8b_fp8", "table", dict(block_n=128, dot_f16=False, ordered=True)),
     "table_n64_s4_ord": ("8b_fp8", "table", dict(block_n=64, num_stages=4, ordered=True)),
     "fp8kv_deq2_pf_n128_w4": ("8b_fp8", "fp8kv", dict(block_n=128, deq=2, prefetch=True)),
     "fp8kv_deq1_pf_n128_w4_r128": ("8b_fp8", "fp8kv", dict(block_n=128, deq=1, prefetch=True, maxnreg=128)),

@@ -62,16 +62,35 @@ def _quant_e4m3(x, s_x, SOFT_FP8: tl.constexpr):
 
 
 @triton.jit
+def _e4m3_bits_f32(w):
+    """e4m3 -> fp32 holding the value times 2**-120, by integer ops: the sign-extended byte shifted under fp32's
+    exponent (bias 127 vs e4m3's 7), sign kept, the copies of the sign masked off. e4m3 subnormals land on fp32
+    subnormals of the same scaled value, so the mapping is exact for every finite e4m3 (the GEMV's products with
+    2**64-scaled e4m3 activations are then >= 2**-74, normal). Why: Triton converts fp8 -> fp16 -> fp32, 1.5
+    conversion instructions an element, and conversions issue at a quarter of the ALU rate on sm_90: a GEMV
+    streaming ~13 weight bytes per SM clock is bound by them, not by memory."""
+    b = w.to(tl.int8, bitcast=True).to(tl.int32)
+    return ((b << 20) & -2014314496).to(tl.float32, bitcast=True)  # -2014314496 == 0x87F00000 as int32
+
+
+@triton.jit
 def _fp8_gemv_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, pf_ptr, pf_total, pf_piece, M, N, K, stride_xm,
                      stride_wn, stride_ym, QUANT_X: tl.constexpr, PRE_Q: tl.constexpr, HAS_BIAS: tl.constexpr,
                      EVEN: tl.constexpr, SOFT_FP8: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                     PREFETCH: tl.constexpr = False, USE_PDL: tl.constexpr = False, SELF_PF: tl.constexpr = False):
+                     PREFETCH: tl.constexpr = False, USE_PDL: tl.constexpr = False, SELF_PF: tl.constexpr = False,
+                     W_BITS: tl.constexpr = False, REG_PF: tl.constexpr = False):
     """y[m, n] = (sum_k q(x[m, k]) * W[n, k]) * s_x[m] * s_w[n] (+ b[n]): each program owns BLOCK_N outputs.
     ``PRE_Q``: ``x`` is already e4m3 with its scales at ``xs_ptr`` (made by the norm kernel).
     ``USE_PDL``: launched as a programmatic dependent launch: only the weight scales (constants) are read before
     ``gdc_wait``. ``PREFETCH``: the last programs then ask L2 for the next layer's weight (fp8_prefetch.py).
     ``SELF_PF`` (with ``EVEN``): each program first asks L2 for all its weight rows at once (one bulk request a
-    row), so its slice streams at full depth while it reads the activations (or waits for its producer)."""
+    row), so its slice streams at full depth while it reads the activations (or waits for its producer).
+    ``W_BITS`` (with e4m3 activations: ``QUANT_X`` or ``PRE_Q``): the weight bytes become fp32 by integer ops
+    (``_e4m3_bits_f32``: 3 ALU ops instead of 1.5 conversions an element) and the activations are scaled by
+    2**64: every product is the same product times 2**-56 (exact, in the normal range) and the sum is scaled back
+    exactly, so the output is bit-for-bit the conversion path's. ``REG_PF`` (with ``EVEN``): the next weight block
+    is loaded into registers before this block's math (the loop's loads are not staged by Triton's pipeliner:
+    no dot consumes them), the same sums in the same order."""
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     nm = n < N
     rows = w_ptr + n.to(tl.int64)[:, None] * stride_wn
@@ -95,18 +114,30 @@ def _fp8_gemv_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, pf_ptr, pf_tota
                 amax = tl.maximum(amax, tl.abs(v))
             s_x = tl.maximum(tl.math.div_rn(tl.max(amax, axis=0), 448.0), 1e-12)  # IEEE, as torch
         acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+        if REG_PF and EVEN:
+            w_nx = tl.load(rows + tl.arange(0, BLOCK_K)[None, :])
         for k in range(0, K, BLOCK_K):
             kk = k + tl.arange(0, BLOCK_K)
             if EVEN:
-                w = tl.load(rows + kk[None, :])
+                if REG_PF:  # this block came with the last iteration; ask for the next one before the math
+                    w = w_nx
+                    w_nx = tl.load(rows + (kk + BLOCK_K)[None, :], mask=(kk + BLOCK_K < K)[None, :], other=0.0)
+                else:
+                    w = tl.load(rows + kk[None, :])
                 x = tl.load(x_row + kk).to(tl.float32)
             else:
                 w = tl.load(rows + kk[None, :], mask=nm[:, None] & (kk[None, :] < K), other=0.0)
                 x = tl.load(x_row + kk, mask=kk < K, other=0.0).to(tl.float32)
             if QUANT_X:
                 x = _quant_e4m3(x, s_x, SOFT_FP8)
-            acc += w.to(tl.float32) * x[None, :]
-        y = (tl.sum(acc, 1) * s_x * ws).to(y_ptr.dtype.element_ty)
+            if W_BITS:
+                acc += _e4m3_bits_f32(w) * (x * 18446744073709551616.0)[None, :]  # W 2**-120 * x 2**64
+            else:
+                acc += w.to(tl.float32) * x[None, :]
+        if W_BITS:
+            y = (tl.sum(acc, 1) * 72057594037927936.0 * s_x * ws).to(y_ptr.dtype.element_ty)  # * 2**56: exact
+        else:
+            y = (tl.sum(acc, 1) * s_x * ws).to(y_ptr.dtype.element_ty)
         if HAS_BIAS:  # torch adds the bias to the rounded product
             y = (y.to(tl.float32) + tl.load(b_ptr + n, mask=nm, other=0.0).to(tl.float32)).to(y.dtype)
         tl.store(y_ptr + m * stride_ym + n, y, mask=nm)
@@ -188,14 +219,21 @@ ROWS_MAX = 16
 _CACHE_TUNING = {"cache_results": True} if "cache_results" in inspect.signature(triton.autotune).parameters else {}
 _fp8_gemv_tuned = triton.autotune(
     configs=[triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=s) for bn, bk, w, s in _CONFIGS],
-    key=["N", "K", "QUANT_X", "PRE_Q", "HAS_BIAS", "EVEN"], **_CACHE_TUNING)(_fp8_gemv_kernel)
+    key=["N", "K", "QUANT_X", "PRE_Q", "HAS_BIAS", "EVEN", "W_BITS", "REG_PF"], **_CACHE_TUNING)(_fp8_gemv_kernel)
+
+#: the one-row kernel's weight conversion by integer ops (``W_BITS``; bit-identical output), for e4m3 activations.
+#: ``OCTAVO_FP8_GEMV_BITS`` (default off until measured on a GPU); benchmarks flip this attribute for A/B runs
+W_BITS = os.environ.get("OCTAVO_FP8_GEMV_BITS", "0").strip() == "1"
+#: the one-row kernel's register prefetch of the next weight block (``REG_PF``; same sums, same order).
+#: ``OCTAVO_FP8_GEMV_REG_PF`` (default off until measured on a GPU)
+REG_PF = os.environ.get("OCTAVO_FP8_GEMV_REG_PF", "0").strip() == "1"
 
 
 def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None = None,
              *, quantize_input: bool = True, out_dtype: torch.dtype | None = None,
              config: tuple[int, int, int] | None = None, x_scale: torch.Tensor | None = None,
              prefetch: tuple[torch.Tensor, int] | None = None, pdl: bool = False,
-             self_prefetch: bool = False) -> torch.Tensor:
+             self_prefetch: bool = False, w_bits: bool | None = None, reg_pf: bool | None = None) -> torch.Tensor:
     """``x [m, K]`` (bf16/fp16/fp32) times the e4m3 ``weight [N, K]`` with ``weight_scale`` (``N`` values).
 
     ``quantize_input=True`` is W8A8 (dynamic per-token e4m3 activations, as the ``_scaled_mm`` path);
@@ -206,7 +244,9 @@ def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, 
     Compiled one-row kernel only (more rows or the interpreter: refused): ``prefetch=(t, nbytes)``
     asks L2 for the first ``nbytes`` of tensor ``t`` (the next layer's weight) from the grid's last programs;
     ``pdl=True`` launches the kernel as a programmatic dependent launch; ``self_prefetch=True`` has each program
-    ask L2 for its own weight rows first (Hopper+, fp8_prefetch.py).
+    ask L2 for its own weight rows first (Hopper+, fp8_prefetch.py). ``w_bits``: the one-row kernel's integer
+    weight conversion (None: the module's ``W_BITS``); ignored (no effect on the result) for W8A16. ``reg_pf``: the
+    one-row kernel's register prefetch of the next weight block (None: the module's ``REG_PF``; same result).
     """
     m, k = x.shape
     n = weight.shape[0]
@@ -234,6 +274,9 @@ def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, 
     args = (x, x_scale.reshape(-1) if pre else ws, weight, ws, bias, y, pf_ptr, pf_total, pf_piece, m, n, k,
             x.stride(0), weight.stride(0), y.stride(0))
     flags = dict(QUANT_X=quantize_input and not pre, PRE_Q=pre, HAS_BIAS=bias is not None)
+    one_row_flags = {"W_BITS": True} if (W_BITS if w_bits is None else w_bits) and (pre or quantize_input) else {}
+    if REG_PF if reg_pf is None else reg_pf:
+        one_row_flags["REG_PF"] = True
     if pf_total or pdl or self_prefetch:
         flags.update(PREFETCH=pf_total > 0, USE_PDL=pdl, SELF_PF=self_prefetch, **({"launch_pdl": True} if pdl else {}))
     if m > 1:  # several rows: one weight read for all of them
@@ -245,15 +288,18 @@ def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, 
             *args[:6], *args[9:], **flags, EVEN=k % bk == 0 and n % bn == 0, SOFT_FP8=soft, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps)
         return y
     if soft:  # no timer to autotune with: one small tile
-        _fp8_gemv_kernel[(triton.cdiv(n, 16),)](*args, **flags, EVEN=False, SOFT_FP8=True, BLOCK_N=16, BLOCK_K=64)
+        _fp8_gemv_kernel[(triton.cdiv(n, 16),)](*args, **flags, **one_row_flags, EVEN=False, SOFT_FP8=True,
+                                                BLOCK_N=16, BLOCK_K=64)
         return y
     even = k % 1024 == 0 and n % 64 == 0
     if config is not None:
         bn, bk, warps = config
-        _fp8_gemv_kernel[(triton.cdiv(n, bn),)](*args, **flags, EVEN=even and n % bn == 0 and k % bk == 0,
+        _fp8_gemv_kernel[(triton.cdiv(n, bn),)](*args, **flags, **one_row_flags,
+                                                EVEN=even and n % bn == 0 and k % bk == 0,
                                                 SOFT_FP8=False, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps)
         return y
-    _fp8_gemv_tuned[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)](*args, **flags, EVEN=even, SOFT_FP8=False)
+    _fp8_gemv_tuned[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)](*args, **flags, **one_row_flags, EVEN=even,
+                                                                      SOFT_FP8=False)
     return y
 
 
