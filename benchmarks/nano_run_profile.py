@@ -70,6 +70,7 @@ class StepEvents:
                 out = rec.real_sampler(logits, b)
                 if rec.steps and "e2" not in rec.steps[-1]:
                     rec.steps[-1]["e2"] = rec._ev()
+                    rec.steps[-1]["h2"] = time.perf_counter()
                 rec._after_step()
                 return out
 
@@ -91,9 +92,11 @@ class StepEvents:
             self.decode_seen += 1
             if self.decode_seen in self.window_starts and self.prof is None:
                 self._open(lay.num_reqs)
+        step["h0"] = time.perf_counter()
         step["e0"] = self._ev()
         out = self.real_forward(inputs, *a, **k)
         step["e1"] = self._ev()
+        step["h1"] = time.perf_counter()
         step["graph"] = bool(self.graphs and self.graphs.num_replays > before)
         self.steps.append(step)
         return out
@@ -138,7 +141,8 @@ class StepEvents:
                 lo = next(b for b in (129, 67, 34, 17, 1) if s["rows"] >= b)
                 kind = f"decode_graph_rows_{lo}+"
             k = kinds.setdefault(kind, {"steps": 0, "rows": 0, "tokens": 0, "forward_s": 0.0,
-                                        "logits_sampler_s": 0.0, "idle_after_s": 0.0})
+                                        "logits_sampler_s": 0.0, "idle_after_s": 0.0, "host_forward_call_s": 0.0,
+                                        "host_logits_sampler_calls_s": 0.0, "host_step_period_s": 0.0})
             fwd = s["e0"].elapsed_time(s["e1"]) / 1e3
             smp = s["e1"].elapsed_time(s["e2"]) / 1e3 if "e2" in s else 0.0
             k["steps"] += 1
@@ -146,7 +150,10 @@ class StepEvents:
             k["tokens"] += s["tokens"]
             k["forward_s"] += fwd
             k["logits_sampler_s"] += smp
+            k["host_forward_call_s"] += s["h1"] - s["h0"]
+            k["host_logits_sampler_calls_s"] += s.get("h2", s["h1"]) - s["h1"]
             if i + 1 < len(steps):
+                k["host_step_period_s"] += steps[i + 1]["h0"] - s["h0"]
                 k["idle_after_s"] += max(0.0, s["e0"].elapsed_time(steps[i + 1]["e0"]) / 1e3 - fwd - smp)
         for k in kinds.values():
             k["rows_mean"] = k.pop("rows") / max(1, k["steps"])
@@ -154,7 +161,9 @@ class StepEvents:
         return {"gpu_span_s": span, "by_kind": kinds,
                 "note": "forward = graph-input copies + replay (or the eager forward); idle_after = GPU time from "
                         "one step's sampler end to the next step's forward start not covered by either "
-                        "(the GPU waited for the host)"}
+                        "(the GPU waited for the host); host_* = wall time on the step thread: inside the forward "
+                        "call, from its return to the sampler's, and from one forward call to the next (the host's "
+                        "step period; under async scheduling the host runs ahead of the GPU)"}
 
 
 def window_summary(prof, steps: int, rows: int, dry: bool = False) -> dict:
