@@ -63,6 +63,58 @@ def run(d, out, kernel, kw):
        scale=d["head"] ** -0.5, v_scale=1.0, block_size=PAGE, order=order, **kw)
 
 
+# the timed shapes' batch sizes mod 16 (Triton specializes integer arguments on divisibility by 16): a small batch of
+# the same class, the same context range (the first context is the upper bound: the same block-table width), so a
+# warm-up compile in another process lands in the same cache entry as the timed launch
+_WARM_BATCH = {"8b_fp8": 20, "8b": 28}
+
+
+def _warm(names: list[str]) -> int:
+    """Process-pool worker: compile ``names`` into Triton's on-disk cache on small batches."""
+    import torch
+
+    import benchmarks.decode_attn_bench as dab
+    from octavo.plugins.attention._triton_decode import longest_first
+
+    done = 0
+    data = {}
+    for name in names:
+        shape, kernel, kw = VARIANTS[name]
+        if shape not in data:
+            spec = list(dab.SHAPES[shape])
+            assert spec[3] % 16 == _WARM_BATCH[shape] % 16
+            spec[3] = _WARM_BATCH[shape]
+            dab.SHAPES[shape + "_warm"] = tuple(spec)
+            d = data[shape] = dab.build(shape + "_warm", torch.device("cuda"))
+            d["order"] = longest_first(d["lens"], d["q"].shape[0])
+        try:
+            run(data[shape], torch.empty_like(data[shape]["q"]), kernel, kw)
+            done += 1
+        except Exception:  # noqa: BLE001 - the timed loop records the error
+            pass
+    torch.cuda.synchronize()
+    return done
+
+
+def prewarm(names: list[str], res: dict, limit: float) -> None:
+    """Compile the variants in parallel processes first (Triton compiles on the host, ~1-2 s each, one at a time
+    per process); the timed loop then loads them from the cache."""
+    import concurrent.futures as cf
+    import multiprocessing as mp
+
+    t = time.perf_counter()
+    workers = min(8, len(names))
+    pool = cf.ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"))
+    try:
+        futs = [pool.submit(_warm, names[i::workers]) for i in range(workers)]
+        done = sum(f.result(timeout=max(0.1, t + limit - time.perf_counter())) for f in futs)
+        res["prewarm"] = {"compiled": done, "of": len(names), "s": round(time.perf_counter() - t, 1)}
+    except Exception as e:  # noqa: BLE001 - compile in the timed loop instead
+        res["prewarm"] = {"error": f"{type(e).__name__}: {e}"[:300], "s": round(time.perf_counter() - t, 1)}
+    pool.shutdown(wait=False, cancel_futures=True)
+    print("prewarm", res["prewarm"], flush=True)
+
+
 def main() -> None:
     import torch
     import triton.testing
@@ -75,12 +127,17 @@ def main() -> None:
     ap.add_argument("--budget", type=float, default=40.0)
     ap.add_argument("--variants", default="", help="comma-separated names (default: all, in order)")
     ap.add_argument("--rep", type=int, default=50, help="ms of replays per variant")
+    ap.add_argument("--no-prewarm", action="store_true", help="compile in the timed loop (one process)")
     args = ap.parse_args()
     t0 = time.perf_counter()
-    dev = torch.device("cuda")
     names = args.variants.split(",") if args.variants else list(VARIANTS)
-    res = {"card": torch.cuda.get_device_name(), "command": "python benchmarks/fp8_attn7.py", "variants": {},
-           "note": "first call of each variant compiles (untimed); timed = CUDA-graph replay medians"}
+    res = {"command": "python benchmarks/fp8_attn7.py", "variants": {},
+           "note": "variants compiled first (parallel warm-up processes, then the first call untimed); "
+                   "timed = CUDA-graph replay medians"}
+    if not args.no_prewarm:
+        prewarm(names, res, args.budget * 0.5)
+    dev = torch.device("cuda")
+    res["card"] = torch.cuda.get_device_name()
     buf = torch.empty(2 ** 29, dtype=torch.bfloat16, device=dev)
     ms_sum = triton.testing.do_bench_cudagraph(functools.partial(torch.sum, buf, dtype=torch.float32), rep=30,
                                                return_mode="median")
