@@ -106,6 +106,10 @@ def run_config(tp: int, args) -> None:
         res["graph_kernels_bs1_by_rank"] = llm.collective_rpc("benchmarks.gpu_tp_profile:graph_kernel_table",
                                                               args=[1, 20])
         save()
+    if args.layer_trace:
+        res["graph_layer_trace_by_rank"] = llm.collective_rpc("benchmarks.gpu_tp_profile:graph_layer_trace",
+                                                              args=[1, 3])
+        save()
     bs1_tokens = {}
     for mode in modes:  # batch-1 latency in every mode first: the goal's number
         sfx = use(mode)
@@ -118,6 +122,10 @@ def run_config(tp: int, args) -> None:
         per_tok = (t2 - t1) / 256
         res.update({f"decode_bs1_ms_per_token{sfx}": per_tok * 1e3,
                     f"decode_bs1_fraction_of_roofline{sfx}": weights_per_gpu / args.copy_rate / per_tok})
+        if args.layer_trace and mode == modes[0]:  # the real decode steps' kernels (attention at ~512-560 tokens)
+            llm.collective_rpc("benchmarks.gpu_tp_profile:decode_trace_start")
+            gen([prompt], 49)
+            res["decode_layer_trace_by_rank"] = llm.collective_rpc("benchmarks.gpu_tp_profile:decode_trace_stop")
         if len(bs1_tokens) > 1:  # greedy, same prompt: the modes must agree token for token
             res["bs1_greedy_tokens_identical_across_modes"] = all(t == bs1_tokens[modes[0]]
                                                                   for t in bs1_tokens.values())
@@ -141,6 +149,9 @@ def run_config(tp: int, args) -> None:
         if args.kernel_table:
             res[f"ar_{ar_mode}"]["graph_kernels_bs1_by_rank"] = llm.collective_rpc(
                 "benchmarks.gpu_tp_profile:graph_kernel_table", args=[1, 20])
+        if args.layer_trace:
+            res[f"ar_{ar_mode}"]["graph_layer_trace_by_rank"] = llm.collective_rpc(
+                "benchmarks.gpu_tp_profile:graph_layer_trace", args=[1, 3])
         gen([prompt], 16)
         t1 = min(gen([prompt], 1)[0] for _ in range(2))
         runs = [gen([prompt], 257) for _ in range(2)]
@@ -184,7 +195,7 @@ def ar_state(worker) -> str:
     from octavo.plugins.platforms.cuda_pdl import pdl_on
 
     return (f"{type(ar).__name__ if ar else 'nccl'}, defer_rows={getattr(ar, 'defer_rows', None)}, "
-            f"ll={getattr(ar, 'll', None)}, pdl={pdl_on()}")
+            f"ll={getattr(ar, 'll', None)}, push={getattr(ar, 'push', None)}, pdl={pdl_on()}")
 
 
 def switch_all_reduce(worker, mode: str) -> str:
@@ -194,15 +205,18 @@ def switch_all_reduce(worker, mode: str) -> str:
     with the all-reduce + RMSNorm fusion, as installed at start); suffixes ``+pdl`` (programmatic dependent
     launches, plugins/platforms/cuda_pdl.py) and ``+silu`` (the gate/up + SiLU GEMV, cuda_mlp_fusion.py, where
     it was installed at start: the default) and ``+ll`` (the one-shot all-reduce's LL protocol,
-    cuda_allreduce_ll.py) turn those on, their absence off. Returns what runs now."""
+    cuda_allreduce_ll.py) and ``+push`` (fused only: the row-parallel GEMV sends its output itself,
+    cuda_allreduce_gemv.py) turn those on, their absence off. Returns what runs now."""
     from octavo.nn import parallel
     from octavo.plugins.platforms.cuda_mlp_fusion import set_silu_gemv
     from octavo.plugins.platforms.cuda_pdl import set_pdl
 
     label = mode
     mode, *flags = mode.split("+")
-    if mode not in ("nccl", "custom", "fused") or not set(flags) <= {"pdl", "silu", "ll"}:
-        raise ValueError(f"unknown all-reduce mode {label!r}: nccl|custom|fused [+pdl] [+silu] [+ll]")
+    if mode not in ("nccl", "custom", "fused") or not set(flags) <= {"pdl", "silu", "ll", "push"}:
+        raise ValueError(f"unknown all-reduce mode {label!r}: nccl|custom|fused [+pdl] [+silu] [+ll] [+push]")
+    if "push" in flags and mode != "fused":
+        raise ValueError(f"{label!r}: +push (cuda_allreduce_gemv.py) needs the fused mode")
     set_pdl("pdl" in flags)
     set_silu_gemv("silu" in flags)
     if hasattr(parallel._ALL_REDUCE, "ll") or hasattr(getattr(worker, "_bench_ar", None), "ll"):
@@ -220,11 +234,15 @@ def switch_all_reduce(worker, mode: str) -> str:
         if hasattr(ar, "defer_rows"):
             ar.flush()
             ar.defer_rows = worker._bench_defer if mode == "fused" else 0
+        if hasattr(ar, "push"):
+            ar.push = "push" in flags  # the row-parallel GEMV sends its output (cuda_allreduce_gemv.py)
+            ar.num_pushed = 0
     runner = getattr(worker.runner, "graph_runner", None)
     if runner is not None:
         runner.capture()
     return (f"{label}: {type(parallel._ALL_REDUCE).__name__}, "
-            f"defer_rows={getattr(parallel._ALL_REDUCE, 'defer_rows', None)}, ll={getattr(ar, 'll', None)}")
+            f"defer_rows={getattr(parallel._ALL_REDUCE, 'defer_rows', None)}, ll={getattr(ar, 'll', None)}, "
+            f"push={getattr(ar, 'push', None)} ({getattr(ar, 'num_pushed', 0)} GEMVs pushed in the capture)")
 
 
 def graph_replay_ms_without_allreduce(worker, size: int, iters: int) -> float:
@@ -283,6 +301,9 @@ def main() -> None:
                     "without its all-reduces, timed alone (their in-step cost; leaves the engine's sums wrong)")
     ap.add_argument("--kernel-table", action="store_true", help="a torch.profiler kernel table of the batch-1 "
                     "decode graph per rank (as started and after each --ar-modes switch)")
+    ap.add_argument("--layer-trace", action="store_true", help="the batch-1 graph's kernels per layer position "
+                    "(and once, the real decode steps' kernels folded per layer: attention at the real context) "
+                    "(benchmarks/gpu_tp_profile.py graph_layer_trace), as started and after each --ar-modes switch")
     ap.add_argument("--temperature", type=float, default=0.0, help="sampling temperature of the throughput run "
                     "(1.0: gpu_e2e.py's, the lead's TP=1 e2e run)")
     ap.add_argument("--ar-modes", nargs="*", metavar="MODE", default=None, help="after the "
@@ -303,6 +324,7 @@ def main() -> None:
                *(["--async-modes", *args.async_modes] if args.async_modes else []),
                *(["--graph-replay"] if args.graph_replay else []),
                *(["--kernel-table"] if args.kernel_table else []),
+               *(["--layer-trace"] if args.layer_trace else []),
                *(["--graph-replay-no-allreduce"] if args.graph_replay_no_allreduce else []),
                *(["--ar-modes", *args.ar_modes] if args.ar_modes else []), "--temperature", str(args.temperature),
                "--in-len", str(args.in_len), "--dtype", args.dtype, "--out-len", str(args.out_len), "--tag", args.tag, "--copy-rate",

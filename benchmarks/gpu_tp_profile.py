@@ -34,3 +34,86 @@ def graph_kernel_table(worker, size: int, iters: int) -> dict:
     table = kernel_table(prof, iters, limit=30)
     return {"kernels": table, "kernels_us_total": round(sum(r["us"] for r in table), 1),
             "launches": round(sum(r["calls"] for r in table), 1), "wall_us_profiled": round(wall * 1e6, 1)}
+
+
+def graph_layer_trace(worker, size: int, iters: int = 3) -> dict:
+    """The decode graph's kernels in launch order, folded per layer (a ``collective_rpc`` target): for each position
+    of a layer's kernel sequence (anchored at the attention kernel) its mean duration and the mean gap since the
+    previous kernel ended, over all full layers of ``iters`` profiled replays. Why: the by-name table merges the
+    GEMVs of four shapes and, with PDL, counts a kernel's early-launched wait as its time; the per-position trace
+    (best taken with PDL off) gives each GEMV shape's own time and where the gaps are (issue 12)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    runner = getattr(worker.runner, "graph_runner", None)
+    graph = getattr(runner, "graphs", {}).get(size)
+    if graph is None:
+        return {}
+    for _ in range(3):
+        graph.replay()
+    torch.cuda.synchronize(worker.device)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            graph.replay()
+        torch.cuda.synchronize(worker.device)
+    try:
+        kernels = [(e.time_range.start, e.time_range.end, e.name) for e in prof.events()
+                   if str(getattr(e, "device_type", "")).endswith("CUDA") and e.time_range.end > e.time_range.start]
+        return fold_layers(kernels)
+    except Exception as e:  # noqa: BLE001 - a benchmark diagnostic: report, do not end the run
+        return {"error": f"{type(e).__name__}: {e}"}
+
+
+def fold_layers(kernels: list[tuple[float, float, str]]) -> dict:
+    """``(start_us, end_us, name)`` kernels of several replays -> the mean layer (see graph_layer_trace)."""
+    kernels = sorted(kernels, key=lambda k: k[0])
+    anchors = [i for i, k in enumerate(kernels) if "attention" in k[2].lower()]
+    if len(anchors) < 3:
+        return {"kernels_seen": len(kernels), "note": "no attention anchors"}
+    spans = [b - a for a, b in zip(anchors, anchors[1:])]
+    period = max(set(spans), key=spans.count)
+    layers = [a for a, b in zip(anchors, anchors[1:]) if b - a == period and a > 0]
+    rows = []
+    for j in range(period):
+        durs = [kernels[a + j][1] - kernels[a + j][0] for a in layers]
+        gaps = [kernels[a + j][0] - kernels[a + j - 1][1] for a in layers]
+        rows.append({"name": kernels[layers[0] + j][2][:60], "us": round(sum(durs) / len(durs), 2),
+                     "gap_us": round(sum(gaps) / len(gaps), 2)})
+    walls = [kernels[a + period][0] - kernels[a][0] for a in layers]  # anchor to next anchor: one layer's wall
+    return {"layers_folded": len(layers), "kernels_per_layer": period, "layer": rows,
+            "layer_wall_us": round(sum(walls) / len(walls), 2),
+            "layer_kernels_us": round(sum(r["us"] for r in rows), 2)}
+
+
+_TRACE: dict = {}
+
+
+def decode_trace_start(worker) -> bool:
+    """Start a CUDA kernel trace on this rank (a ``collective_rpc`` target); :func:`decode_trace_stop` folds what
+    ran meanwhile (real decode steps: attention at the real context, unlike the replayed graph's null block)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    try:
+        prof = profile(activities=[ProfilerActivity.CUDA])
+        prof.start()
+    except Exception:  # noqa: BLE001 - a diagnostic only
+        return False
+    _TRACE["prof"] = prof
+    return True
+
+
+def decode_trace_stop(worker) -> dict:
+    """Stop :func:`decode_trace_start`'s trace; the mean layer of the decode steps it saw (fold_layers)."""
+    import torch
+
+    prof = _TRACE.pop("prof", None)
+    if prof is None:
+        return {"error": "no trace running"}
+    try:
+        torch.cuda.synchronize(worker.device)
+        prof.stop()
+        kernels = [(e.time_range.start, e.time_range.end, e.name) for e in prof.events()
+                   if str(getattr(e, "device_type", "")).endswith("CUDA") and e.time_range.end > e.time_range.start]
+        return fold_layers(kernels)
+    except Exception as e:  # noqa: BLE001 - a diagnostic: report, do not end the run
+        return {"error": f"{type(e).__name__}: {e}"}

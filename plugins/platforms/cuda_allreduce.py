@@ -184,6 +184,10 @@ class OneShotAllReduce:
         # [rows <= defer_rows, defer_width] message is returned unreduced and summed by the RMSNorm that consumes
         # it; 0 rows = off
         self.defer_rows, self.defer_width, self.pending, self.allow_defer = 0, 0, None, False
+        # cuda_allreduce_gemv.py (opt-in): a 1-row row-parallel GEMV sends its output's LL words itself; the
+        # pending message is then "pushed" (its consumer only receives). Settled by the fusion's check at start.
+        self.push = env_switch("OCTAVO_TP_GEMV_PUSH", default=False)
+        self.pending_pushed = False
 
     def __call__(self, x: torch.Tensor):
         if self.pending is not None:  # a deferred message nobody fused: reduce it before anything else
@@ -199,7 +203,12 @@ class OneShotAllReduce:
     def flush(self) -> None:
         """Reduce the deferred message in place (its consumer was not a fusable norm)."""
         x, self.pending = self.pending, None
-        if x is not None:
+        pushed, self.pending_pushed = self.pending_pushed, False
+        if x is not None and pushed:  # its words are on the way already (cuda_allreduce_gemv.py): receive only
+            from octavo.plugins.platforms.cuda_allreduce_ll import ll_reduce
+
+            ll_reduce(self, x, pushed=True)
+        elif x is not None:
             self.reduce(x)
 
     def all_gather(self, x: torch.Tensor, dim: int = -1):

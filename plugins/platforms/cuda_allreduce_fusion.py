@@ -34,6 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
+from octavo.env_flags import env_switch
 from octavo.plugins.platforms.cuda_allreduce import (
     MAX_CTAS,
     OneShotAllReduce,
@@ -42,6 +43,7 @@ from octavo.plugins.platforms.cuda_allreduce import (
     _store_to_peers,
 )
 from octavo.plugins.platforms.cuda_allreduce_epochs import _begin_call
+from octavo.plugins.platforms.cuda_allreduce_gemv import gemv_push, push_eligible
 from octavo.plugins.platforms.cuda_allreduce_ll import LL_CAP_WORDS, _ll_receive, _ll_store_to_peers, ll_fits
 from octavo.plugins.platforms.cuda_pdl import launch_opts
 
@@ -52,17 +54,18 @@ logger = logging.getLogger(__name__)
 def _one_shot_add_rms_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, n_cols, eps, flag_table, data_table,
                              counters, cap, ll_table, RANK: tl.constexpr, WORLD: tl.constexpr, MAXG: tl.constexpr,
                              BLOCK: tl.constexpr, PDL: tl.constexpr = False, LL: tl.constexpr = False,
-                             LL_CAP: tl.constexpr = 0):
+                             LL_CAP: tl.constexpr = 0, PUSHED: tl.constexpr = False):
     """One CTA per row: the one-shot all-reduce of cuda_allreduce.py (same flags, epochs and buffers; or the LL
     words of cuda_allreduce_ll.py), then the residual add and RMSNorm of cuda_fusions._rms_norm_kernel with the
-    same roundings."""
+    same roundings. ``PUSHED`` (with LL): the GEMV that produced ``x`` sent its words (cuda_allreduce_gemv.py)."""
     row, _, epoch, parity = _begin_call(counters, MAXG, PDL)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
     offs = row * n_cols + cols
     x = tl.load(x_ptr + offs, mask=mask, other=0.0)
     if LL:
-        _ll_store_to_peers(x, offs, mask, ll_table, parity, epoch, RANK, WORLD, LL_CAP)
+        if not PUSHED:
+            _ll_store_to_peers(x, offs, mask, ll_table, parity, epoch, RANK, WORLD, LL_CAP)
     else:
         _store_to_peers(x, offs, mask, x_ptr, data_table, parity, cap, RANK, WORLD)
         _signal_and_wait(flag_table, row, epoch, RANK, WORLD, MAXG)
@@ -89,19 +92,20 @@ def _one_shot_add_rms_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, n_cols
 
 
 def all_reduce_add_rms_norm(ar: OneShotAllReduce, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
-                            eps: float):
-    """``(norm(sum_ranks(x) + residual) * weight, sum_ranks(x) + residual)`` in one kernel (``x`` [rows, d])."""
+                            eps: float, pushed: bool = False):
+    """``(norm(sum_ranks(x) + residual) * weight, sum_ranks(x) + residual)`` in one kernel (``x`` [rows, d]);
+    ``pushed``: ``x``'s words were sent by its GEMV (cuda_allreduce_gemv.py; one 16-bit row)."""
     rows, d = x.shape
     out = torch.empty((rows, d), dtype=torch.promote_types(weight.dtype, x.dtype), device=x.device)
     res_out = torch.empty_like(x)
     r2 = residual.reshape(rows, d).contiguous()
     block = 1 << max(0, d - 1).bit_length()
-    ll = bool(getattr(ar, "ll", False)) and ll_fits(x)
+    ll = pushed or (bool(getattr(ar, "ll", False)) and ll_fits(x))
     _one_shot_add_rms_kernel[(rows,)](x, r2, weight, out, res_out, d, eps, ar.flag_table, ar.data_table,
                                       ar.counters, ar.max_bytes // x.element_size(),
                                       ar.ll_table if ll else ar.flag_table, RANK=ar.rank, WORLD=ar.world,
                                       MAXG=MAX_CTAS, BLOCK=block, LL=ll, LL_CAP=LL_CAP_WORDS if ll else 0,
-                                      num_warps=8 if d > 4096 else 4, **launch_opts())
+                                      PUSHED=pushed, num_warps=8 if d > 4096 else 4, **launch_opts())
     ar.num_calls += 1
     return out.view(residual.shape), res_out.view(residual.shape)
 
@@ -113,8 +117,8 @@ def _wrap_norm(module, ar: OneShotAllReduce) -> None:
         pending = ar.pending
         if pending is not None:
             if x is pending and residual is not None and x.dim() == 2:
-                ar.pending = None
-                return all_reduce_add_rms_norm(ar, x, residual, self.weight, self.eps)
+                pushed, ar.pending, ar.pending_pushed = ar.pending_pushed, None, False
+                return all_reduce_add_rms_norm(ar, x, residual, self.weight, self.eps, pushed)
             ar.flush()
         return inner(x, residual) if residual is not None else inner(x)
 
@@ -123,10 +127,21 @@ def _wrap_norm(module, ar: OneShotAllReduce) -> None:
 
 def _wrap_row_parallel(module, ar: OneShotAllReduce) -> None:
     """Deferral is allowed only inside this layer's own forward: the all-reduce it makes of its partial products.
-    A forward hook (LoRA adds its delta there, with an all-reduce of its own) runs after, and flushes first."""
+    A forward hook (LoRA adds its delta there, with an all-reduce of its own) runs after, and flushes first.
+    With ``ar.push`` (cuda_allreduce_gemv.py) an eligible layer's one-row input takes the GEMV that sends its
+    output to the peers itself; that output is the pending message, marked pushed."""
     inner = module.forward
+    eligible = push_eligible(module, ar.defer_width)
 
     def forward(self, *args, **kwargs):
+        x = args[0] if len(args) == 1 and not kwargs else None
+        if ar.push and eligible and ar.defer_rows and x is not None and x.dim() == 2 and x.shape[0] == 1:
+            if ar.pending is not None:  # an older deferred message goes first (it holds the earlier call index)
+                ar.flush()
+            y = gemv_push(ar, x, self.weight)
+            if y is not None:
+                ar.pending, ar.pending_pushed = y, True
+                return y
         ar.allow_defer = True
         try:
             return inner(*args, **kwargs)
@@ -147,6 +162,9 @@ def maybe_fuse_all_reduce_norm(handle, runner_cls) -> dict | None:
     env = os.environ.get("OCTAVO_TP_ALLREDUCE_FUSE_NORM", "").strip()
     if env not in ("", "0", "1"):
         raise ValueError(f"OCTAVO_TP_ALLREDUCE_FUSE_NORM={env!r}: use 1 (on) or 0 (off)")
+    if env_switch("OCTAVO_TP_GEMV_PUSH", default=False) and (env == "0" or not isinstance(ar, OneShotAllReduce)):
+        raise ValueError("OCTAVO_TP_GEMV_PUSH=1 needs the all-reduce + RMSNorm fusion (tensor parallelism on CUDA "
+                         "with the one-shot all-reduce, OCTAVO_TP_ALLREDUCE_FUSE_NORM not 0); unset one of them")
     if env == "0":  # default on since session 6 (2x H100: bitwise equal, 64 kernels fewer per token)
         return None
     if not isinstance(ar, OneShotAllReduce):
@@ -156,32 +174,47 @@ def maybe_fuse_all_reduce_norm(handle, runner_cls) -> dict | None:
         return None  # NCCL (or symm_mem) all-reduce: nothing to fuse into
     from octavo.plugins.quant.fp8 import _FP8Method
 
-    if any(isinstance(getattr(m, "quant_method", None), _FP8Method) for m in handle.model.modules()):
-        logger.info("all-reduce + RMSNorm fusion off: fp8 linears take their quantized input from the norms")
-        return None
     norms = [m for m in handle.model.modules() if type(m) is RMSNorm]
     hidden = {m.weight.shape[0] for m in norms}
-    if len(hidden) != 1:
-        logger.info("all-reduce + RMSNorm fusion off: norms of several widths %s", sorted(hidden))
+    off = ("fp8 linears take their quantized input from the norms"
+           if any(isinstance(getattr(m, "quant_method", None), _FP8Method) for m in handle.model.modules())
+           else f"norms of several widths {sorted(hidden)}" if len(hidden) != 1 else None)
+    if off is not None:
+        if ar.push:  # OCTAVO_TP_GEMV_PUSH=1 asked for something this model cannot have: refused, not ignored
+            raise ValueError(f"OCTAVO_TP_GEMV_PUSH=1 needs the all-reduce + RMSNorm fusion, off for this model: {off}")
+        logger.info("all-reduce + RMSNorm fusion off: %s", off)
         return None
     from octavo.nn.linear import RowParallelLinear
 
     rows_layers = [m for m in handle.model.modules() if isinstance(m, RowParallelLinear) and m.bias is None
                    and m.reduce_results]  # a bias is added after the sum: that layer keeps its plain all-reduce
+    ar.defer_width = next(iter(hidden))  # before wrapping (the GEMV push's eligibility) and the check
     for m in norms:
         _wrap_norm(m, ar)
     for m in rows_layers:
         _wrap_row_parallel(m, ar)
     rows = min(MAX_CTAS, ar.max_bytes // (next(iter(hidden)) * handle.dtype.itemsize), handle.max_num_seqs)
-    ar.defer_width = next(iter(hidden))  # before the check: it must exercise deferral
-    ok = _check_forward(handle, ar, rows, runner_cls)
-    flag = torch.tensor([1 if ok else 0], device=handle.device)
-    torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MIN, group=ar.group)
-    ar.defer_rows = rows if flag.item() == 1 else 0
+    push, ar.push = ar.push, False  # deferral is checked alone first, then with the pushing GEMV (its own verdict)
+    ar.defer_rows = rows if _agreed(ar, _check_forward(handle, ar, rows, runner_cls), handle.device) else 0
     (logger.info if ar.defer_rows else logger.warning)("all-reduce + RMSNorm fusion %s (%d row-parallel layers, %d norms wrapped, decode batches up to "
                 "%d rows)", "on" if ar.defer_rows else "OFF: the checking forward disagreed", len(rows_layers),
                 len(norms), rows)
-    return {"row_parallel": len(rows_layers), "norms": len(norms), "rows": ar.defer_rows}
+    if push and ar.defer_rows:  # OCTAVO_TP_GEMV_PUSH=1 (cuda_allreduce_gemv.py)
+        ar.push = True
+        ar.push = _agreed(ar, _check_forward(handle, ar, rows, runner_cls), handle.device)
+        ar.defer_rows = rows
+        (logger.info if ar.push else logger.warning)("row-parallel GEMV push (OCTAVO_TP_GEMV_PUSH=1): %s", "on"
+                                                     if ar.push else "OFF: the checking forward disagreed")
+    elif push:
+        logger.warning("OCTAVO_TP_GEMV_PUSH=1 ignored: it needs the all-reduce + RMSNorm fusion, which is off")
+    return {"row_parallel": len(rows_layers), "norms": len(norms), "rows": ar.defer_rows, "push": ar.push}
+
+
+def _agreed(ar: OneShotAllReduce, ok: bool, device) -> bool:
+    """Every rank's verdict (the minimum), so every rank decides the same."""
+    flag = torch.tensor([1 if ok else 0], device=device)
+    torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MIN, group=ar.group)
+    return flag.item() == 1
 
 
 @torch.inference_mode()

@@ -56,14 +56,17 @@ def _ll_receive(ll_table, k, offs, mask, parity, epoch, like_ptr, RANK: tl.const
 
 @triton.jit
 def _one_shot_ll_kernel(x_ptr, n, ll_table, counters, RANK: tl.constexpr, WORLD: tl.constexpr, MAXG: tl.constexpr,
-                        BLOCK: tl.constexpr, CAP: tl.constexpr, PDL: tl.constexpr = False):
-    """In-place rank-order sum of a 16-bit ``x`` (``n`` <= CAP elements) over LL words."""
+                        BLOCK: tl.constexpr, CAP: tl.constexpr, PDL: tl.constexpr = False,
+                        PUSHED: tl.constexpr = False):
+    """In-place rank-order sum of a 16-bit ``x`` (``n`` <= CAP elements) over LL words. ``PUSHED``: this rank's
+    words were already sent by the GEMV that produced ``x`` (cuda_allreduce_gemv.py): receive only."""
     pid, grid, epoch, parity = _begin_call(counters, MAXG, PDL)
     offs0 = tl.arange(0, BLOCK)
-    for start in range(pid * BLOCK, n, grid * BLOCK):
-        offs = start + offs0
-        m = offs < n
-        _ll_store_to_peers(tl.load(x_ptr + offs, mask=m), offs, m, ll_table, parity, epoch, RANK, WORLD, CAP)
+    if not PUSHED:
+        for start in range(pid * BLOCK, n, grid * BLOCK):
+            offs = start + offs0
+            m = offs < n
+            _ll_store_to_peers(tl.load(x_ptr + offs, mask=m), offs, m, ll_table, parity, epoch, RANK, WORLD, CAP)
     for start in range(pid * BLOCK, n, grid * BLOCK):
         offs = start + offs0
         m = offs < n
@@ -82,13 +85,14 @@ def ll_fits(x) -> bool:
     return x.element_size() == 2 and x.numel() * 2 <= LL_MAX_BYTES
 
 
-def ll_reduce(ar, x):
-    """``x`` summed over ``ar``'s ranks in place with the LL kernel (caller checked :func:`ll_fits`)."""
+def ll_reduce(ar, x, pushed: bool = False):
+    """``x`` summed over ``ar``'s ranks in place with the LL kernel (caller checked :func:`ll_fits`); ``pushed``:
+    its words were sent by cuda_allreduce_gemv.py's GEMV (receive only)."""
     from octavo.plugins.platforms.cuda_pdl import launch_opts
 
     n = x.numel()
     _one_shot_ll_kernel[(min(MAX_CTAS, triton.cdiv(n, BLOCK)),)](
         x, n, ar.ll_table, ar.counters, RANK=ar.rank, WORLD=ar.world, MAXG=MAX_CTAS, BLOCK=BLOCK, CAP=LL_CAP_WORDS,
-        num_warps=4, **launch_opts())
+        PUSHED=pushed, num_warps=4, **launch_opts())
     ar.num_calls += 1
     return x

@@ -64,11 +64,9 @@ def prepare_gpu_model(handle: ModelHandle, *, graphs: bool = True) -> PreparedMo
         notes["moe"] = install_moe_kernels(handle.model, handle.dtype, handle.device)
     except ImportError as e:
         logger.info("fused GPU kernels unavailable (%s); eager small ops", e)
-    import os
-
     from octavo.nn.parallel import get_tp_size
 
-    if get_tp_size() > 1 and os.environ.get("OCTAVO_TP_ALLREDUCE_FUSE_NORM") != "0":  # all-reduce + RMSNorm, issue 12
+    if get_tp_size() > 1:  # all-reduce + RMSNorm (issue 12; it reads OCTAVO_TP_ALLREDUCE_FUSE_NORM / _GEMV_PUSH)
         from octavo.plugins.platforms.cuda_allreduce_fusion import maybe_fuse_all_reduce_norm
 
         notes["allreduce_norm"] = maybe_fuse_all_reduce_norm(handle, CUDAGraphRunner)

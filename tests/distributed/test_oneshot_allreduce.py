@@ -126,7 +126,7 @@ def _fusion_main(rank: int, tmp: str, port: str) -> None:
     ar.flag_table = torch.tensor([b.data_ptr() for b in bufs], dtype=torch.int64)
     ar.data_table = torch.tensor([b.data_ptr() + ca.FLAG_BYTES for b in bufs], dtype=torch.int64)
     ar.ll_table = torch.tensor([b.data_ptr() + ca.FLAG_BYTES + 2 * WORLD * max_bytes for b in bufs], dtype=torch.int64)
-    ar.ll = False
+    ar.ll, ar.push, ar.pending_pushed = False, False, False  # (push: cuda_allreduce_gemv.py, test_gemv_push.py)
     ar.counters = torch.zeros(ca.MAX_CTAS, dtype=torch.int64)
     ar.defer_rows, ar.defer_width, ar.pending, ar.allow_defer = 0, 0, None, False
     parallel.set_all_reduce(ar)

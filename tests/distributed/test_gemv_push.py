@@ -1,0 +1,151 @@
+"""The row-parallel GEMV that pushes its output (plugins/platforms/cuda_allreduce_gemv.py) without a GPU: two
+processes, each a rank, in Triton's interpreter over file-backed buffers both map (as in
+test_oneshot_allreduce.py). A Llama-like chain of real ``RowParallelLinear`` layers on cuda_fusions' GEMV method,
+wrapped RMSNorms and the all-reduce + RMSNorm fusion, run with the push off and then on for several calls (epochs
+and both parities): the pushed path must give bitwise the same hidden states and residuals, the pushed message
+consumed by the fused norm AND by a plain consumer (a norm without residual: the receive-only LL kernel), with
+every GEMV of the chain really pushing. Also the eligibility rule and that the push kernel never runs untuned
+(the plain GEMV's config is required). The memory ordering over NVLink is checked on GPUs
+(tests/gpu/test_tp_allreduce_gpu.py, ``gemv_push``).
+"""
+
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("triton")
+
+WORLD = 2
+
+
+def _rank_main(rank: int, tmp: str, port: str) -> None:
+    import types
+
+    import torch
+    import torch.distributed as dist
+
+    from octavo.nn import parallel
+    from octavo.nn.layernorm import RMSNorm
+    from octavo.nn.linear import RowParallelLinear
+    from octavo.plugins.platforms import cuda_allreduce as ca
+    from octavo.plugins.platforms import cuda_allreduce_fusion as caf
+    from octavo.plugins.platforms import cuda_allreduce_gemv as cag
+    from octavo.plugins.platforms import cuda_fusions
+    from tests.distributed.test_oneshot_allreduce import _buf_bytes
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
+    max_bytes = 64 * 1024
+    bufs = [torch.from_file(os.path.join(tmp, f"buf{r}"), shared=True, size=_buf_bytes(), dtype=torch.uint8)
+            for r in range(WORLD)]
+    ar = ca.OneShotAllReduce.__new__(ca.OneShotAllReduce)  # the GPU constructor's fields, over the shared files
+    ar.rank, ar.world, ar.max_bytes, ar.num_calls, ar.group = rank, WORLD, max_bytes, 0, dist.group.WORLD
+    ar.flag_table = torch.tensor([b.data_ptr() for b in bufs], dtype=torch.int64)
+    ar.data_table = torch.tensor([b.data_ptr() + ca.FLAG_BYTES for b in bufs], dtype=torch.int64)
+    ar.ll_table = torch.tensor([b.data_ptr() + ca.FLAG_BYTES + 2 * WORLD * max_bytes for b in bufs], dtype=torch.int64)
+    ar.ll, ar.push, ar.pending_pushed = False, False, False
+    ar.counters = torch.zeros(ca.MAX_CTAS, dtype=torch.int64)
+    ar.defer_rows, ar.defer_width, ar.pending, ar.allow_defer = 0, 0, None, False
+    parallel.set_all_reduce(ar)
+    d, inner = 64, 96  # hidden 64; row-parallel input 96 in all, 48 per rank (ragged for the 16-wide tile)
+    ar.defer_width = d
+    gen = torch.Generator().manual_seed(11 + rank)  # each rank its own shard of every weight
+    method = cuda_fusions._gemv_linear_method()
+    layers = []
+    for _ in range(3):
+        m = RowParallelLinear(inner, d, bias=False, quant_method=method).to(torch.bfloat16)
+        assert m.weight.shape == (d, inner // WORLD)
+        m.weight.data = (torch.randn(d, inner // WORLD, generator=gen) * 0.2).to(torch.bfloat16)
+        assert cag.push_eligible(m, d) and not cag.push_eligible(m, d + 1)
+        caf._wrap_row_parallel(m, ar)
+        layers.append(m)
+    biased = RowParallelLinear(inner, d, bias=True, quant_method=method)
+    assert not cag.push_eligible(biased, d)  # a bias is added after the sum: never pushed
+    norms = [RMSNorm(d, 1e-5).to(torch.bfloat16) for _ in range(4)]
+    for i, m in enumerate(norms):
+        m.weight.data = (torch.rand(d, generator=torch.Generator().manual_seed(i)) + 0.5).to(torch.bfloat16)
+        m.forward = types.MethodType(cuda_fusions._fused_rms_forward, m)  # as cuda_fusions.fuse_model installs it
+        caf._wrap_norm(m, ar)
+    up = [torch.randn(inner // WORLD, d, generator=torch.Generator().manual_seed(50 + i)).to(torch.bfloat16) * 0.3
+          for i in range(3)]  # a column-parallel stand-in (same on both ranks: only the sums matter)
+    x0 = torch.randn(1, d, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
+    pushed = []
+    plain_push = caf.gemv_push
+
+    def counting_push(a, x, w):
+        y = plain_push(a, x, w)
+        pushed.append(y is not None)
+        return y
+
+    caf.gemv_push = counting_push
+
+    def forward():
+        res = x0
+        h = norms[0](x0)
+        h, res = norms[1](layers[0](h @ up[0].t()), res)  # pushed, consumed by the fused norm
+        h = norms[2](layers[1](h @ up[1].t()))  # no residual: the pushed message is flushed (receive only)
+        h, res = norms[3](layers[2](h @ up[2].t()), res)
+        return h, res
+
+    want = forward()  # no deferral, no push: plain GEMVs + plain all-reduces
+    assert ar.num_calls == 3 and not pushed
+    ar.defer_rows = 8
+    ar.push = True
+    for _ in range(3):  # several calls: both parities, the epochs shared with the plain kernels
+        got = forward()
+        assert ar.pending is None and not ar.pending_pushed
+        assert all(torch.equal(a, b) for a, b in zip(want, got)), "pushed GEMV path differs"
+    assert pushed == [True] * 9, pushed
+    assert ar.counters.tolist() == [12] * ca.MAX_CTAS  # 3 plain + 9 pushed calls, one index each
+    ar.push = False  # back to the plain deferral on the same epochs: still the same results
+    got = forward()
+    assert all(torch.equal(a, b) for a, b in zip(want, got))
+    dist.destroy_process_group()
+
+
+def test_gemv_push_equals_plain_in_the_interpreter(tmp_path):
+    pytest.importorskip("octavo.plugins.platforms.cuda_fusions")
+    from tests.distributed.test_oneshot_allreduce import _buf_bytes
+
+    for r in range(WORLD):
+        (tmp_path / f"buf{r}").write_bytes(b"\0" * _buf_bytes())
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    procs = [subprocess.Popen([sys.executable, __file__, str(r), str(tmp_path), str(port)], env=env)
+             for r in range(WORLD)]
+    try:
+        assert [p.wait(timeout=240) for p in procs] == [0] * WORLD
+    finally:
+        for p in procs:
+            p.kill()
+
+
+def test_push_needs_the_plain_gemv_config(monkeypatch):
+    """Outside the interpreter the push kernel only runs with the plain GEMV's tuned config (never autotuned
+    itself: a tuning run would send words with a live call index)."""
+    torch = pytest.importorskip("torch")
+    from octavo.plugins.platforms import cuda_allreduce_gemv as cag
+    from octavo.plugins.platforms import cuda_fusions
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(cuda_fusions._gemv_autotuned, "cache", {}, raising=False)
+    assert cag.plain_gemv_config(4096, 2048, torch.bfloat16) is None
+
+    class Cfg:
+        kwargs, num_warps, num_stages = {"BLOCK_N": 8, "BLOCK_K": 512}, 4, 3
+
+    cuda_fusions._gemv_autotuned.cache[(4096, 2048, False, True, "torch.bfloat16", "torch.bfloat16",
+                                        "torch.bfloat16")] = Cfg
+    assert cag.plain_gemv_config(4096, 2048, torch.bfloat16) == {"EVEN": True, "BLOCK_N": 8, "BLOCK_K": 512,
+                                                                 "num_warps": 4, "num_stages": 3}
+    assert cag.plain_gemv_config(4096, 2048, torch.float16) is None
+    assert cag.plain_gemv_config(4096, 7168, torch.bfloat16) is None
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    _rank_main(int(sys.argv[1]), sys.argv[2], sys.argv[3])
