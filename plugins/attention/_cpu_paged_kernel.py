@@ -22,6 +22,7 @@ import platform
 
 import torch
 
+from octavo.plugins.attention._cpu_paged_avx512 import AVX512_SOURCE
 from octavo.plugins.quant.cpu_build import cached_library
 
 C_SOURCE = r"""
@@ -31,8 +32,27 @@ C_SOURCE = r"""
 #include <stdlib.h>
 
 #define TILE 16
+#define MAX_D 256
 
 static inline float bf16_to_f(uint16_t v) { union { uint32_t u; float f; } c; c.u = (uint32_t)v << 16; return c.f; }
+
+/* float32 -> bfloat16 bits, round to nearest even, NaN -> quiet NaN: torch's Tensor.to(torch.bfloat16) */
+static inline uint16_t f_to_bf16(float f) {
+    union { float f; uint32_t u; } c; c.f = f;
+    if (f != f) return 0x7FC0;
+    return (uint16_t)((c.u + 0x7FFFu + ((c.u >> 16) & 1u)) >> 16);
+}
+
+/* out row (at element offset `off`, float32 or bfloat16) = acc[0 .. n) * inv */
+static inline void store_row(void* out, int out_bf16, long off, const float* acc, float inv, int n) {
+    if (out_bf16) {
+        uint16_t* o = (uint16_t*)out + off;
+        for (int j = 0; j < n; j++) o[j] = f_to_bf16(acc[j] * inv);
+    } else {
+        float* o = (float*)out + off;
+        for (int j = 0; j < n; j++) o[j] = acc[j] * inv;
+    }
+}
 
 /* e^x for x <= 0 (0 below -87): 2^n * p(r), relative error ~2e-7. Plain arithmetic on arrays, so that the loop
    over a tile vectorizes on every ISA (libm's expf does not without -ffast-math); the exponent 2^n is built
@@ -76,6 +96,8 @@ static inline __attribute__((always_inline)) void load_rows(const void* cache, i
         }
     }
 }
+
+%AVX512%
 
 /* n K rows of D elements, rows `stride` elements apart, transposed into dst [D][TILE] (lane t = key t) */
 static inline __attribute__((always_inline)) void load_rows_t(const void* cache, int is_bf16, long first,
@@ -130,18 +152,21 @@ static inline __attribute__((always_inline)) void tile_scores(const float* qs, c
    split into chunks, found in the prefix cache, or batched (a decode row is a task of one row).
    st: scratch of nr * (2 * G * D + 2 * G) floats */
 static inline __attribute__((always_inline)) void task(
-        const float* q, const void* kc, const void* vc, int is_bf16, const int64_t* table, const int64_t* lens,
-        long r0, int nr, int h, int nh, int kvh, const int D, const int G, int bs, float scale, float* out,
-        float* st) {
-    float kb[TILE * D], vb[TILE * D], p[G * TILE];
+        const void* q, int q_bf16, long qstride, const void* kc, const void* vc, int is_bf16, const int64_t* table,
+        const int64_t* lens, long r0, int nr, int h, int nh, int kvh, const int D, const int G, int bs, float scale,
+        void* out, int out_bf16, float* st) {
+    float kb[TILE * D] __attribute__((aligned(64))), vb[TILE * D], p[G * TILE];
     memset(kb, 0, sizeof(float) * TILE * D);  /* lanes past a short last tile: finite, computed and ignored */
     float *qs = st, *acc = st + (long)nr * G * D, *m = acc + (long)nr * G * D, *s = m + (long)nr * G;
     long tok = (long)kvh * D, maxlen = 0;
     for (int r = 0; r < nr; r++) {
         for (int i = 0; i < G; i++) {
-            const float* qi = q + ((r0 + r) * nh + h * G + i) * D;
+            long qoff = (r0 + r) * qstride + (long)(h * G + i) * D;
             float *qo = qs + ((long)r * G + i) * D, *ao = acc + ((long)r * G + i) * D;
-            for (int j = 0; j < D; j++) { qo[j] = qi[j] * scale; ao[j] = 0.f; }
+            for (int j = 0; j < D; j++) {
+                float qj = q_bf16 ? bf16_to_f(((const uint16_t*)q)[qoff + j]) : ((const float*)q)[qoff + j];
+                qo[j] = qj * scale; ao[j] = 0.f;
+            }
             m[r * G + i] = -FLT_MAX; s[r * G + i] = 0.f;
         }
         if (lens[r0 + r] > maxlen) maxlen = lens[r0 + r];
@@ -160,6 +185,23 @@ static inline __attribute__((always_inline)) void task(
                 }
             }
         }
+#ifdef PAGED_AVX512
+        if (!is_bf16 && D % 16 == 0) { /* float32 K: transposed with shuffles (same kb, so the same scores) */
+            static const uint32_t zeros[MAX_D] __attribute__((aligned(64))) = {0};
+            const uint32_t* rows[TILE];
+            for (int t = 0; t < TILE; t++) {
+                long pos = t0 + t;
+                rows[t] = t < nall ? (const uint32_t*)((const float*)kc + (table[pos / bs] * bs + pos % bs) * tok
+                                                       + (long)h * D) : zeros;
+            }
+            transpose_rows(rows, D, (uint32_t*)kb);
+            for (int t = 0; t < nall; t++) {
+                long pos = t0 + t;
+                memcpy(vb + t * D, (const float*)vc + (table[pos / bs] * bs + pos % bs) * tok + (long)h * D,
+                       sizeof(float) * D);
+            }
+        } else
+#endif
         /* a tile never crosses a block when bs is a multiple of TILE; otherwise walk it slot by slot */
         for (int t = 0; t < nall;) {
             long pos = t0 + t, blk = table[pos / bs];
@@ -201,22 +243,32 @@ static inline __attribute__((always_inline)) void task(
     for (int r = 0; r < nr; r++)
         for (int i = 0; i < G; i++) {
             long ri = (long)r * G + i;
-            float* o = out + ((r0 + r) * nh + h * G + i) * D;
             float inv = s[ri] > 0.f ? 1.f / s[ri] : 0.f;
-            for (int j = 0; j < D; j++) o[j] = acc[ri * D + j] * inv;
+            store_row(out, out_bf16, ((r0 + r) * nh + h * G + i) * D, acc + ri * D, inv, D);
         }
 }
 
-#define SPECIAL(DD, GG) if (d == DD && g == GG) { task(q, kc, vc, is_bf16, table, lens, r0, nr, h, nh, kvh, DD, GG, \
-                                                       bs, scale, out, st); free(st); continue; }
+#define SPECIAL(DD, GG) if (d == DD && g == GG) { task(q, q_bf16, qstride, kc, vc, is_bf16, table, lens, r0, nr, h, \
+                                                       nh, kvh, DD, GG, bs, scale, out, out_bf16, st); free(st); continue; }
+#define SPECIAL_DP(DD, GG) if (d == DD && g == GG) { task_bf16((const uint16_t*)q, qstride, (const uint16_t*)kc, \
+        (const uint16_t*)vc, table, lens, r0, nr, h, kvh, DD, GG, bs, scale, st, out, out_bf16, nh); free(st); continue; }
 
 /* out[r, h, :] = softmax(scale * q[r, h] . K^T) V over the first lens[r] positions of row r's request, whose
    position p lives in cache slot tables[row_req[r] * tstride + p / bs] * bs + p % bs; caches [slots, kvh, d].
-   Tasks: rows task_row0[k] .. task_row0[k] + task_nrows[k] - 1 (all of one request) x each KV head. */
-void paged_rows(const float* q, const void* kc, const void* vc, int is_bf16, const int64_t* tables, int tstride,
-                const int64_t* row_req, const int64_t* lens, const int64_t* task_row0, const int64_t* task_nrows,
-                int ntasks, int nh, int kvh, int d, int bs, float scale, float* out, int nthreads) {
+   Tasks: rows task_row0[k] .. task_row0[k] + task_nrows[k] - 1 (all of one request) x each KV head.
+   q: float32 or bfloat16 (q_bf16), rows qstride elements apart (heads contiguous); out [rows, nh, d] contiguous,
+   float32 or bfloat16 (out_bf16). Returns 1 when the bf16 dot-product path ran (bf16 q and cache, d % 32 == 0 on
+   an AVX-512 BF16 build), else 0. */
+int paged_rows(const void* q, int q_bf16, long qstride, const void* kc, const void* vc, int is_bf16,
+               const int64_t* tables, int tstride, const int64_t* row_req, const int64_t* lens,
+               const int64_t* task_row0, const int64_t* task_nrows, int ntasks, int nh, int kvh, int d, int bs,
+               float scale, void* out, int out_bf16, int nthreads) {
     int g = nh / kvh;
+#ifdef PAGED_BF16_DP
+    int dp = is_bf16 && q_bf16 && d % 32 == 0;
+#else
+    int dp = 0;
+#endif
     #pragma omp parallel for collapse(2) schedule(dynamic, 1) num_threads(nthreads) if (nthreads > 1)
     for (int k = 0; k < ntasks; k++)
         for (int h = 0; h < kvh; h++) {
@@ -224,13 +276,25 @@ void paged_rows(const float* q, const void* kc, const void* vc, int is_bf16, con
             int nr = (int)task_nrows[k];
             const int64_t* table = tables + row_req[r0] * (long)tstride;
             float* st = (float*)malloc(sizeof(float) * (size_t)nr * (2 * (size_t)g * d + 2 * (size_t)g));
+#ifdef PAGED_BF16_DP
+            if (dp) {
+                SPECIAL_DP(64, 1) SPECIAL_DP(64, 2) SPECIAL_DP(64, 3) SPECIAL_DP(64, 4) SPECIAL_DP(64, 8)
+                SPECIAL_DP(128, 1) SPECIAL_DP(128, 2) SPECIAL_DP(128, 4) SPECIAL_DP(128, 8)
+                task_bf16((const uint16_t*)q, qstride, (const uint16_t*)kc, (const uint16_t*)vc, table, lens, r0, nr,
+                          h, kvh, d, g, bs, scale, st, out, out_bf16, nh);
+                free(st);
+                continue;
+            }
+#endif
             SPECIAL(64, 1) SPECIAL(64, 2) SPECIAL(64, 3) SPECIAL(64, 4) SPECIAL(64, 8)
             SPECIAL(128, 1) SPECIAL(128, 2) SPECIAL(128, 4) SPECIAL(128, 8)
-            task(q, kc, vc, is_bf16, table, lens, r0, nr, h, nh, kvh, d, g, bs, scale, out, st);
+            task(q, q_bf16, qstride, kc, vc, is_bf16, table, lens, r0, nr, h, nh, kvh, d, g, bs, scale, out, out_bf16,
+                 st);
             free(st);
         }
+    return dp;
 }
-"""
+""".replace("%AVX512%", AVX512_SOURCE)
 
 _FLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-strict-aliasing", "-shared", "-fPIC"] + (
     ["-mprefer-vector-width=512"] if platform.machine() in ("x86_64", "AMD64") else [])
@@ -243,8 +307,8 @@ def library() -> ctypes.CDLL | None:
     """The compiled kernel, or None when it cannot be built here (the reason: :func:`unavailable_reason`)."""
     p, i = ctypes.c_void_p, ctypes.c_int
     return cached_library(_state, C_SOURCE, "octavo_paged_attn", _FLAGS,
-                          {"paged_rows": ([p, p, p, i, p, i, p, p, p, p, i, i, i, i, i, ctypes.c_float, p, i],
-                                          None)})
+                          {"paged_rows": ([p, i, ctypes.c_long, p, p, i, p, i, p, p, p, p, i, i, i, i, i,
+                                           ctypes.c_float, p, i, i], i)})
 
 
 def unavailable_reason() -> str | None:
@@ -277,22 +341,34 @@ def row_tasks(query_start_loc: torch.Tensor, rows: int = ROWS_PER_TASK) -> tuple
 
 
 def paged_rows(q: torch.Tensor, kv_cache: torch.Tensor, tables: torch.Tensor, row_req: torch.Tensor,
-               lens: torch.Tensor, task_row0: torch.Tensor, task_nrows: torch.Tensor, scale: float) -> torch.Tensor:
+               lens: torch.Tensor, task_row0: torch.Tensor, task_nrows: torch.Tensor, scale: float,
+               out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """``q [T, heads, d]``: row ``r`` attends to the first ``lens[r]`` cached positions of request ``row_req[r]``
-    (block ids ``tables[row_req[r]]``) -> float32 ``[T, heads, d]``. Tasks (:func:`row_tasks`) group rows of one
-    request; each row's result is the same bits whatever the grouping, the batch or the thread count."""
+    (block ids ``tables[row_req[r]]``) -> ``[T, heads, d]`` in ``out_dtype`` (float32, or bfloat16 rounded to
+    nearest even as ``Tensor.to`` does). Tasks (:func:`row_tasks`) group rows of one request; each row's result
+    is the same bits whatever the grouping, the batch or the thread count. float32 / bfloat16 queries are read in
+    place (rows may be strided: a view of the fused QKV output); others are widened to float32 first."""
     lib = library()
-    q = q.float().contiguous()
+    if q.dtype not in (torch.float32, torch.bfloat16) or q.stride(2) != 1 or q.stride(1) != q.shape[2]:
+        q = q.float().contiguous()
+    if out_dtype not in (torch.float32, torch.bfloat16):
+        raise ValueError(f"out_dtype {out_dtype}: the kernel writes float32 or bfloat16")
     t, nh, d = q.shape
     _, _, bs, kvh, _ = kv_cache.shape
     tables, row_req, lens = (x.to(torch.int64).contiguous() for x in (tables, row_req, lens))
     task_row0, task_nrows = task_row0.to(torch.int64).contiguous(), task_nrows.to(torch.int64).contiguous()
-    out = torch.empty(t, nh, d, dtype=torch.float32)
-    lib.paged_rows(q.data_ptr(), kv_cache[0].data_ptr(), kv_cache[1].data_ptr(), int(kv_cache.dtype == torch.bfloat16),
-                   tables.data_ptr(), tables.shape[1], row_req.data_ptr(), lens.data_ptr(), task_row0.data_ptr(),
-                   task_nrows.data_ptr(), task_row0.shape[0], nh, kvh, d, bs, float(scale), out.data_ptr(),
-                   torch.get_num_threads())
+    out = torch.empty(t, nh, d, dtype=out_dtype)
+    _state["bf16_dot"] = bool(lib.paged_rows(
+        q.data_ptr(), int(q.dtype == torch.bfloat16), q.stride(0), kv_cache[0].data_ptr(), kv_cache[1].data_ptr(),
+        int(kv_cache.dtype == torch.bfloat16), tables.data_ptr(), tables.shape[1], row_req.data_ptr(),
+        lens.data_ptr(), task_row0.data_ptr(), task_nrows.data_ptr(), task_row0.shape[0], nh, kvh, d, bs,
+        float(scale), out.data_ptr(), int(out_dtype == torch.bfloat16), torch.get_num_threads()))
     return out
+
+
+def last_call_used_bf16_dot() -> bool:
+    """Whether the last :func:`paged_rows` call ran the AVX-512 BF16 dot-product path (``_cpu_paged_avx512``)."""
+    return bool(_state.get("bf16_dot"))
 
 
 def paged_decode(q: torch.Tensor, kv_cache: torch.Tensor, tables: torch.Tensor, lens: torch.Tensor,

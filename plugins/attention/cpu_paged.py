@@ -91,5 +91,6 @@ class CpuPagedAttentionBackend(TorchSDPABackend):
         k_cache.index_copy_(0, metadata.slot_mapping, key.to(k_cache.dtype))
         v_cache.index_copy_(0, metadata.slot_mapping, value.to(v_cache.dtype))
         md = metadata
+        out_dtype = query.dtype if query.dtype in (torch.float32, torch.bfloat16) else torch.float32
         return kernel.paged_rows(query, kv_cache, md.tables, md.row_req, md.row_len, md.task_row0, md.task_nrows,
-                                 self.scale).to(query.dtype)
+                                 self.scale, out_dtype).to(query.dtype)

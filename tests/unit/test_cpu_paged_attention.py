@@ -89,3 +89,21 @@ def test_kernel_built_for_older_isas(monkeypatch, march):
     monkeypatch.setattr(kernel, "_state", {})
     assert kernel.library() is not None, kernel.unavailable_reason()
     assert (kernel.paged_decode(q, cache, tables, lens, 0.125) - native).abs().max().item() < 1e-6
+
+
+def test_bf16_dot_path_runs_where_the_cpu_has_it():
+    """On an AVX-512 BF16 machine, bfloat16 rows of d 64 take the vdpbf16ps path (the float64 test above then
+    checks that path); float32 rows and d 48 never do. Its bfloat16 output is the float32 output rounded."""
+    flags = open("/proc/cpuinfo").read().split() if __import__("os").path.exists("/proc/cpuinfo") else []
+    g = torch.Generator().manual_seed(3)
+    cache = torch.randn(2, 40, 16, 3, 64, generator=g).bfloat16()
+    lens = torch.tensor([1, 16, 33, 200, 97])
+    tables = torch.stack([torch.randperm(39, generator=g)[:13] + 1 for _ in range(5)])
+    q = torch.randn(5, 9, 64, generator=g).bfloat16()
+    out32 = kernel.paged_decode(q, cache, tables, lens, 0.125)
+    assert kernel.last_call_used_bf16_dot() == ("avx512_bf16" in flags and "avx512f" in flags)
+    ar = torch.arange(5)
+    out16 = kernel.paged_rows(q, cache, tables, ar, lens, ar, torch.ones(5, dtype=torch.int64), 0.125, torch.bfloat16)
+    assert out16.dtype == torch.bfloat16 and torch.equal(out16, out32.to(torch.bfloat16))
+    kernel.paged_decode(q.float(), cache, tables, lens, 0.125)
+    assert not kernel.last_call_used_bf16_dot()

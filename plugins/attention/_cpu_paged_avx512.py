@@ -1,0 +1,176 @@
+"""AVX-512 parts of the ``cpu_paged`` C kernel (:mod:`._cpu_paged_kernel` splices this source into its own).
+
+Why (session 7, issue 18): at batch 64 the kernel's tile loop cost a third of a bf16 decode step and ~2 s of
+the 64 x 128 prefill, mostly in the scalar transposed load of each 16-key K tile (one widening store per
+element). Here, on machines that compile with AVX-512:
+
+- ``load_kt_f32``: a float32 K tile transposed to ``[D][16]`` with 16 x 16 dword shuffles instead of scalar
+  stores; the scores then run the generic code's ``tile_scores`` unchanged (same sums, same bits);
+- ``task_bf16`` (AVX-512 BF16, bfloat16 queries and cache, ``D % 32 == 0``): the K tile transposed as bf16
+  *pairs* (dwords) and the scores computed with ``vdpbf16ps`` (bf16 x bf16 products are exact in float32,
+  summed in float32: four fixed partial sums over the pairs, ``(a0 + a1) + (a2 + a3)``, times ``scale``);
+  softmax and P.V stay in float32 exactly as in the generic task (V widened once per tile).
+
+Invariance (docs/quantization.md "Prefix-cache invariance") is kept: the path is chosen by dtypes and head
+size only, every row of a call runs the same code over the same key tiles from position 0, and a row's result
+depends only on its query and its keys, never on the other rows of its task.
+"""
+
+AVX512_SOURCE = r"""
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#define PAGED_AVX512 1
+
+/* r[0..15] (row i = 16 dwords) -> r[c] = column c, by unpack / shuffle stages (64 shuffles) */
+static inline __attribute__((always_inline)) void tr16x16(__m512i r[16]) {
+    __m512i t[16], u[16];
+    for (int i = 0; i < 8; i++) {
+        t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 4; i++) {  /* u[4i + k], 128-bit lane L = column 4L + k of rows 4i .. 4i + 3 */
+        u[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+        u[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+        u[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+        u[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+    }
+    for (int k = 0; k < 4; k++) {
+        __m512i v0 = _mm512_shuffle_i32x4(u[k], u[4 + k], 0x44), v1 = _mm512_shuffle_i32x4(u[k], u[4 + k], 0xEE);
+        __m512i w0 = _mm512_shuffle_i32x4(u[8 + k], u[12 + k], 0x44);
+        __m512i w1 = _mm512_shuffle_i32x4(u[8 + k], u[12 + k], 0xEE);
+        r[k] = _mm512_shuffle_i32x4(v0, w0, 0x88);
+        r[4 + k] = _mm512_shuffle_i32x4(v0, w0, 0xDD);
+        r[8 + k] = _mm512_shuffle_i32x4(v1, w1, 0x88);
+        r[12 + k] = _mm512_shuffle_i32x4(v1, w1, 0xDD);
+    }
+}
+
+/* 16 rows of `ndw` dwords (row t at rows[t]; ndw % 16 == 0) -> dst [ndw][16]: dst[c * 16 + t] = rows[t][c] */
+static inline __attribute__((always_inline)) void transpose_rows(const uint32_t* const* rows, const int ndw,
+                                                                  uint32_t* dst) {
+    for (int c0 = 0; c0 < ndw; c0 += 16) {
+        __m512i r[16];
+        for (int t = 0; t < 16; t++) r[t] = _mm512_loadu_si512((const void*)(rows[t] + c0));
+        tr16x16(r);
+        for (int c = 0; c < 16; c++) _mm512_store_si512((void*)(dst + (c0 + c) * 16), r[c]);
+    }
+}
+
+/* e^x for x <= 0 on 16 lanes: exp_tile's polynomial with explicit FMAs */
+static inline __m512 exp512(__m512 v) {
+    v = _mm512_max_ps(v, _mm512_set1_ps(-87.f));
+    __m512 f = _mm512_mul_ps(v, _mm512_set1_ps(1.44269504f));
+    __m512i ni = _mm512_cvttps_epi32(_mm512_sub_ps(f, _mm512_set1_ps(0.5f)));
+    __m512 fn = _mm512_cvtepi32_ps(ni);
+    __m512 rr = _mm512_fnmadd_ps(fn, _mm512_set1_ps(0.693359375f), v);
+    rr = _mm512_fmadd_ps(fn, _mm512_set1_ps(2.12194440e-4f), rr);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, rr, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, rr, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, rr, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, rr, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, rr, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, rr), rr, rr), _mm512_set1_ps(1.f));
+    __m512i e = _mm512_slli_epi32(_mm512_add_epi32(ni, _mm512_set1_epi32(127)), 23);
+    return _mm512_mul_ps(p, _mm512_castsi512_ps(e));
+}
+#endif
+
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+#define PAGED_BF16_DP 1
+/* task() for bfloat16 queries and cache (see the module docstring of _cpu_paged_avx512.py); D % 32 == 0.
+   q rows are `qstride` elements apart; st: scratch of nr * (G * D + 2 * G) floats */
+static inline __attribute__((always_inline)) void task_bf16(
+        const uint16_t* q, long qstride, const uint16_t* kc, const uint16_t* vc, const int64_t* table,
+        const int64_t* lens, long r0, int nr, int h, int kvh, const int D, const int G, int bs, float scale,
+        float* st, void* out, int out_bf16, long nh) {
+    const int DP = D / 2;
+    uint32_t kt[DP * TILE] __attribute__((aligned(64)));
+    float vb[TILE * D] __attribute__((aligned(64)));
+    float pt[TILE] __attribute__((aligned(64)));
+    static const uint32_t zeros[MAX_D / 2] __attribute__((aligned(64))) = {0};
+    float *acc = st, *m = acc + (long)nr * G * D, *s = m + (long)nr * G;
+    long tok = (long)kvh * D, maxlen = 0;
+    for (long i = 0; i < (long)nr * G * D; i++) acc[i] = 0.f;
+    for (int i = 0; i < nr * G; i++) { m[i] = -FLT_MAX; s[i] = 0.f; }
+    for (int r = 0; r < nr; r++) if (lens[r0 + r] > maxlen) maxlen = lens[r0 + r];
+    const __m512 vscale = _mm512_set1_ps(scale);
+    for (long t0 = 0; t0 < maxlen; t0 += TILE) {
+        int nall = (int)(maxlen - t0 < TILE ? maxlen - t0 : TILE);
+        const uint32_t* rows[TILE];
+        for (int t = 0; t < TILE; t++) {
+            if (t < nall) {
+                long pos = t0 + t;
+                long first = (table[pos / bs] * bs + pos % bs) * tok + (long)h * D;
+                rows[t] = (const uint32_t*)(kc + first);
+                const uint16_t* vsrc = vc + first;
+                for (int j = 0; j < D; j += 16) {
+                    __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(vsrc + j)));
+                    _mm512_store_ps(vb + t * D + j, _mm512_castsi512_ps(_mm512_slli_epi32(w, 16)));
+                }
+            } else {
+                rows[t] = zeros;
+            }
+        }
+        if (t0 + TILE < maxlen) { /* the next tile's rows: fetched while this one computes */
+            long nn = maxlen - t0 - TILE < TILE ? maxlen - t0 - TILE : TILE;
+            for (long t = 0; t < nn; t++) {
+                long pos = t0 + TILE + t;
+                long off = ((table[pos / bs] * bs + pos % bs) * tok + (long)h * D) * 2;
+                for (long c = 0; c < (long)D * 2; c += 64) {
+                    __builtin_prefetch((const char*)kc + off + c);
+                    __builtin_prefetch((const char*)vc + off + c);
+                }
+            }
+        }
+        transpose_rows(rows, DP, kt);
+        for (int r = 0; r < nr; r++) {
+            long len = lens[r0 + r];
+            if (len <= t0) continue;
+            int n = (int)(len - t0 < TILE ? len - t0 : TILE);
+            __mmask16 live = (__mmask16)((1u << n) - 1u);
+            for (int i = 0; i < G; i++) {
+                const uint32_t* qd = (const uint32_t*)(q + (r0 + r) * qstride + (long)(h * G + i) * D);
+                __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+                for (int j = 0; j < DP; j += 4) {
+                    a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_set1_epi32((int)qd[j]),
+                                          (__m512bh)_mm512_load_si512((const void*)(kt + j * TILE)));
+                    a1 = _mm512_dpbf16_ps(a1, (__m512bh)_mm512_set1_epi32((int)qd[j + 1]),
+                                          (__m512bh)_mm512_load_si512((const void*)(kt + (j + 1) * TILE)));
+                    a2 = _mm512_dpbf16_ps(a2, (__m512bh)_mm512_set1_epi32((int)qd[j + 2]),
+                                          (__m512bh)_mm512_load_si512((const void*)(kt + (j + 2) * TILE)));
+                    a3 = _mm512_dpbf16_ps(a3, (__m512bh)_mm512_set1_epi32((int)qd[j + 3]),
+                                          (__m512bh)_mm512_load_si512((const void*)(kt + (j + 3) * TILE)));
+                }
+                __m512 sc = _mm512_mul_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)), vscale);
+                long ri = (long)r * G + i;
+                float mold = m[ri];
+                float tm = _mm512_mask_reduce_max_ps(live, sc);
+                float mx = tm > mold ? tm : mold;
+                __m512 p = _mm512_maskz_mov_ps(live, exp512(_mm512_sub_ps(sc, _mm512_set1_ps(mx))));
+                float sum = _mm512_reduce_add_ps(p);
+                float corr = 0.f;
+                if (mold != -FLT_MAX) corr = _mm512_cvtss_f32(exp512(_mm512_set1_ps(mold - mx)));
+                s[ri] = s[ri] * corr + sum;
+                m[ri] = mx;
+                _mm512_store_ps(pt, p);
+                float* ai = acc + ri * D;
+                const __m512 vc_ = _mm512_set1_ps(corr);
+                for (int j = 0; j < D; j += 16) {
+                    __m512 a = _mm512_mul_ps(_mm512_loadu_ps(ai + j), vc_);
+                    for (int t = 0; t < n; t++)
+                        a = _mm512_fmadd_ps(_mm512_set1_ps(pt[t]), _mm512_load_ps(vb + t * D + j), a);
+                    _mm512_storeu_ps(ai + j, a);
+                }
+            }
+        }
+    }
+    for (int r = 0; r < nr; r++)
+        for (int i = 0; i < G; i++) {
+            long ri = (long)r * G + i;
+            float inv = s[ri] > 0.f ? 1.f / s[ri] : 0.f;
+            store_row(out, out_bf16, ((r0 + r) * nh + (long)h * G + i) * D, acc + ri * D, inv, D);
+        }
+}
+#endif
+"""
