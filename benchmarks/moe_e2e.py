@@ -188,7 +188,9 @@ def measure_bs1(args, shape, layers, cfg, llm, load_s) -> dict:
            **b, "decode_ms_per_token": per_tok * 1e3, "ms_per_token_first_half": (t2 - t1) / n * 1e3,
            "ms_per_token_second_half": (t3 - t2) / n * 1e3, "roofline_ms": roof * 1e3,
            "fraction_of_roofline": roof / per_tok,
-           "fraction_of_roofline_with_embedding_table": b["bytes_read_with_embedding_table"] / bw / per_tok}
+           "fraction_of_roofline_with_embedding_table": b["bytes_read_with_embedding_table"] / bw / per_tok,
+           "warm_up": "graphs captured at start; one untimed 8-token generation before the timed ones; every "
+                      "re-captured A/B variant runs one eager forward before its capture"}
     gr = getattr(worker.runner, "graph_runner", None)
     if gr is not None and 1 in getattr(gr, "graphs", {}):
         _sync()
@@ -209,6 +211,15 @@ def measure_bs1(args, shape, layers, cfg, llm, load_s) -> dict:
             except Exception as e:  # noqa: BLE001 - the measurement above stands without it
                 res["profile"] = {"error": f"{type(e).__name__}: {e}"}
             print(json.dumps(res["profile"], default=str)[:6000], flush=True)
+        if args.profile_attn:  # A/B of the batch-1 one-launch attention variants, same engine (moe_profile.py)
+            from moe_profile import profile_attn
+
+            print(json.dumps(res, default=str)[:3000], flush=True)
+            try:
+                res["attn_ab"] = profile_attn(gr, worker.model)
+            except Exception as e:  # noqa: BLE001 - the measurement above stands without it
+                res["attn_ab"] = {"error": f"{type(e).__name__}: {e}"}
+            print(json.dumps(res["attn_ab"], default=str)[:6000], flush=True)
     return res
 
 
@@ -333,6 +344,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--profile", action="store_true",
                     help="bs1: kernel table of the captured forward and an A/B without the batch-1 MoE path")
     ap.add_argument("--profile-pdl", action="store_true", help="--profile also re-captures with OCTAVO_PDL on")
+    ap.add_argument("--profile-attn", action="store_true",
+                    help="bs1: A/B the batch-1 one-launch attention variants by re-capture (needs OCTAVO_MOE_DECODE_ATTN=1)")
     ap.add_argument("--prompt-len", type=int, default=512)
     ap.add_argument("--bs1-tokens", type=int, default=128)
     ap.add_argument("--bs1-max-num-seqs", type=int, default=8, help="few graph sizes: a fast start")

@@ -11,6 +11,7 @@ dependent launch on (``plugins/platforms/cuda_pdl.py``, opt-in in the engine).
 
 from __future__ import annotations
 
+import json
 import time
 
 import torch
@@ -136,4 +137,48 @@ def profile_bs1(runner, model, with_table: bool = True, pdl: bool = False) -> di
                 cuda_pdl.set_pdl(False)
     except Exception as e:  # noqa: BLE001 - an extra: the numbers above stand without it
         res["pdl_on_error"] = f"{type(e).__name__}: {e}"
+    return res
+
+
+def profile_attn(runner, model, variants=None, with_table: bool = True) -> dict:
+    """Session 7 A/B of the batch-1 one-launch attention (``plugins/platforms/moe_attention.py``) in one engine:
+    the forward re-captured with it off (the four-launch path: q/k norm + rope, KV write, split-KV attention,
+    merge) and with each launch variant on; replay ms and the output's difference from the engine's graph each;
+    the kernel table of the fastest variant. Restores the installed settings."""
+    from octavo.plugins.platforms.moe_attention import DEFAULTS, set_attn_one
+
+    mods = [m for m in model.modules() if "_attn_one" in vars(m)]
+    res = {"layers_with_one_launch_attention": len(mods), "captured_ms": round(_replay_ms(runner.graphs[1].replay), 4)}
+    if not mods:
+        return res
+    saved = dict(mods[0]._attn_one)
+    res["captured_settings"] = saved
+    variants = variants or [{"on": False}, {"splits": 4}, {"splits": 8}, {"splits": 16}, {"splits": 8, "block_n": 32},
+                            {"splits": 16, "block_n": 32}, {"splits": 8, "num_warps": 8}]
+    rows, best = [], None
+    try:
+        for v in variants:
+            set_attn_one(model, **{"on": True, **DEFAULTS, **v})
+            try:
+                graph = recapture(runner)
+                ms = round(min(_replay_ms(graph.replay) for _ in range(3)), 4)
+                rows.append({**v, "ms": ms, "rel_diff": _rel_diff(graph, runner)})
+                if v.get("on", True) and (best is None or ms < best[1]["ms"]):
+                    best = (v, rows[-1])
+                del graph
+            except Exception as e:  # noqa: BLE001 - a variant that fails to compile: recorded, the others run
+                rows.append({**v, "error": f"{type(e).__name__}: {str(e)[:300]}"})
+            print(json.dumps(rows[-1]), flush=True)
+        res["variants"] = rows
+        off = next((r for r in rows if r.get("on") is False and "ms" in r), None)
+        if off and best:
+            res["best"] = best[1]
+            res["best_saves_ms"] = round(off["ms"] - best[1]["ms"], 4)
+            if with_table:
+                set_attn_one(model, **{"on": True, **DEFAULTS, **best[0]})
+                graph = recapture(runner)
+                res["best_kernels"] = kernel_table(graph.replay)
+                del graph
+    finally:
+        set_attn_one(model, **saved)
     return res

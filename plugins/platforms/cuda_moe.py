@@ -329,6 +329,9 @@ def install_moe_kernels(model: torch.nn.Module, dtype: torch.dtype, device: torc
     from octavo.plugins.platforms.moe_norm_router import install_norm_router
 
     notes["norm_router"] = len(install_norm_router(model))  # batch 1: post-attention norm + router, one launch
+    from octavo.plugins.platforms.moe_attention import install_decode_attention
+
+    notes["decode_attention"] = install_decode_attention(model, dtype, device)  # batch 1: attention in one launch
     logger.info("fused MoE kernel: %d layers Triton (%d with the batch-1 two-launch path, %d with norm + router "
                 "fused), %d torch", notes["triton"], notes["decode_one"], notes["norm_router"], notes["torch"])
     return notes

@@ -21,8 +21,10 @@ def test_kernel_cases_under_triton_interpreter():
     pytest.importorskip("triton")
     env = dict(os.environ, TRITON_INTERPRET="1")
     env.pop("OCTAVO_MOE_TRITON", None)
+    env.pop("OCTAVO_MOE_DECODE_ATTN", None)
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x",
-                           str(HERE / "moe_interp_cases.py")], env=env, capture_output=True, text=True,
+                           str(HERE / "moe_interp_cases.py"), str(HERE / "moe_attn_interp_cases.py")], env=env,
+                          capture_output=True, text=True,
                           timeout=600, cwd=HERE.parent.parent)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert " passed" in proc.stdout and "skipped" not in proc.stdout

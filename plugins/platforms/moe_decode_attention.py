@@ -1,0 +1,196 @@
+"""Batch-1 decode attention of Qwen3(-MoE) in ONE Triton launch: q/k norm + rope, the KV write, split-KV
+attention and the merge of the splits.
+
+Why: at batch 1 a Qwen3-30B-A3B layer (32 q / 4 kv heads, head 128, ~640 keys) spends ~12 us in four small
+launches between the qkv GEMV and o_proj (q/k norm + rope 2.2, KV write 1.5, split-KV attention 6.9, merge 1.6;
+H100 kernel table of session 6) for 1.3 MB of KV, i.e. latency, not bandwidth. Here one grid of
+``kv_heads x SPLITS`` programs does all of it:
+
+- every program normalises (``q_norm`` / ``k_norm``) and rotates its kv head's GROUP query heads and the new key
+  straight from the qkv output, rounding where the eager forward rounds (norm to the dtype, times the weight to
+  the dtype, rotation in fp32 to the dtype);
+- program ``s`` attends to keys ``[s*C, (s+1)*C)`` with ``C = cdiv(L, SPLITS)`` read from the paged cache; the
+  new token's key/value (position ``L-1``) come from registers, and the program that owns that position stores
+  them into the cache (no other program reads that slot from memory, so there is no race);
+- each program writes its unnormalised partial (acc, running max, sum) to a scratch buffer, then takes a ticket
+  from a per-kv-head counter (``atomic_add``, acq_rel, after a CTA barrier); the program that draws the last
+  ticket merges the SPLITS partials (L2 loads) into the output and resets the counter to 0, so the launch is
+  graph-replayable with no host work.
+
+The grid does not depend on the context length (a CUDA graph captured once serves every length). Used only for
+one decode token of one request with a 16-bit cache on the ``triton`` backend without window / soft cap
+(``moe_attention.py`` checks and installs; anything else takes the module's previous forward).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from octavo.plugins.platforms.cuda_pdl import gdc_launch_dependents, gdc_wait, launch_opts
+
+
+@triton.jit
+def _norm_rope(x1, x2, w1, w2, cos, sin, eps, HEAD: tl.constexpr):
+    """RMSNorm over a head held as two halves ``x1``/``x2`` (fp32 of the dtype), then the rotation; every
+    step rounded to the dtype where the eager path rounds. Returns the rotated halves as fp32 of dtype values."""
+    a = x1.to(tl.float32)
+    b = x2.to(tl.float32)
+    ss = tl.sum(a * a, axis=-1, keep_dims=True) + tl.sum(b * b, axis=-1, keep_dims=True)
+    rstd = tl.rsqrt(ss / HEAD + eps)
+    a = ((a * rstd).to(x1.dtype).to(tl.float32) * w1).to(x1.dtype).to(tl.float32)
+    b = ((b * rstd).to(x1.dtype).to(tl.float32) * w2).to(x1.dtype).to(tl.float32)
+    r1 = (a * cos - b * sin).to(x1.dtype).to(tl.float32)
+    r2 = (b * cos + a * sin).to(x1.dtype).to(tl.float32)
+    return r1, r2
+
+
+@triton.jit
+def _attn_one_kernel(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, qw_ptr, kw_ptr, k_cache_ptr, v_cache_ptr, table_ptr,
+                     seq_len_ptr, slot_ptr, out_ptr, part_ptr, ml_ptr, count_ptr, stride_cos, stride_blk,
+                     stride_pos, eps, qk_scale_log2,
+                     NUM_Q: tl.constexpr, NUM_KV: tl.constexpr, GROUP: tl.constexpr, G_P: tl.constexpr,
+                     HEAD: tl.constexpr, NEOX: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
+                     SPLITS: tl.constexpr, PDL: tl.constexpr = False):
+    """Program ``(h, s)``: kv head ``h``, key split ``s`` (see the module docstring)."""
+    if PDL:  # the qkv output comes from the previous launch
+        gdc_wait()
+        gdc_launch_dependents()
+    h = tl.program_id(0)
+    s = tl.program_id(1)
+    HALF: tl.constexpr = HEAD // 2
+    dtype = qkv_ptr.dtype.element_ty
+    i = tl.arange(0, HALF)
+    if NEOX:
+        i1 = i
+        i2 = i + HALF
+    else:
+        i1 = 2 * i
+        i2 = 2 * i + 1
+    d = tl.arange(0, HEAD)
+    r = tl.arange(0, G_P)
+    r_ok = r < GROUP
+    L = tl.load(seq_len_ptr).to(tl.int32)
+    pos = tl.load(pos_ptr).to(tl.int64)
+    cos = tl.load(cos_ptr + pos * stride_cos + i).to(tl.float32)
+    sin = tl.load(sin_ptr + pos * stride_cos + i).to(tl.float32)
+    # q of the GROUP query heads of kv head h: [G_P, HALF] halves, normalised and rotated
+    q_rows = qkv_ptr + (h * GROUP + r)[:, None] * HEAD
+    qx1 = tl.load(q_rows + i1[None, :], mask=r_ok[:, None], other=0.0)
+    qx2 = tl.load(q_rows + i2[None, :], mask=r_ok[:, None], other=0.0)
+    qw1 = tl.load(qw_ptr + i1).to(tl.float32)[None, :]
+    qw2 = tl.load(qw_ptr + i2).to(tl.float32)[None, :]
+    q1, q2 = _norm_rope(qx1, qx2, qw1, qw2, cos[None, :], sin[None, :], eps, HEAD)
+    # the new key (normalised, rotated) and value of kv head h
+    k_row = qkv_ptr + NUM_Q * HEAD + h * HEAD
+    kx1 = tl.load(k_row + i1)
+    kx2 = tl.load(k_row + i2)
+    kw1 = tl.load(kw_ptr + i1).to(tl.float32)
+    kw2 = tl.load(kw_ptr + i2).to(tl.float32)
+    kn1, kn2 = _norm_rope(kx1, kx2, kw1, kw2, cos, sin, eps, HEAD)
+    vn = tl.load(qkv_ptr + (NUM_Q + NUM_KV) * HEAD + h * HEAD + d).to(tl.float32)
+    chunk = tl.cdiv(L, SPLITS)
+    start = s * chunk
+    end = tl.minimum(start + chunk, L)
+    new = L - 1
+    if (new >= start) & (new < end):  # this program owns the new token's slot: store its K/V
+        slot = tl.load(slot_ptr)
+        if slot >= 0:
+            dst = (slot // PAGE) * stride_blk + (slot % PAGE) * stride_pos + h * HEAD
+            tl.store(k_cache_ptr + dst + i1, kn1.to(dtype))
+            tl.store(k_cache_ptr + dst + i2, kn2.to(dtype))
+            tl.store(v_cache_ptr + dst + d, vn.to(dtype))
+    m_i = tl.full([G_P], -float("inf"), dtype=tl.float32)
+    l_i = tl.zeros([G_P], dtype=tl.float32)
+    acc = tl.zeros([G_P, HEAD], dtype=tl.float32)
+    offs = tl.arange(0, BLOCK_N)
+    for t0 in range(start, end, BLOCK_N):
+        p_idx = t0 + offs
+        ok = p_idx < end
+        blk = tl.load(table_ptr + p_idx // PAGE, mask=ok, other=0).to(tl.int64)
+        base = blk * stride_blk + (p_idx % PAGE) * stride_pos + h * HEAD
+        ld = ok & (p_idx != new)
+        k1 = tl.load(k_cache_ptr + base[:, None] + i1[None, :], mask=ld[:, None], other=0.0).to(tl.float32)
+        k2 = tl.load(k_cache_ptr + base[:, None] + i2[None, :], mask=ld[:, None], other=0.0).to(tl.float32)
+        v = tl.load(v_cache_ptr + base[:, None] + d[None, :], mask=ld[:, None], other=0.0).to(tl.float32)
+        is_new = (p_idx == new)[:, None]
+        k1 = tl.where(is_new, kn1[None, :], k1)
+        k2 = tl.where(is_new, kn2[None, :], k2)
+        v = tl.where(is_new, vn[None, :], v)
+        sc = tl.dot(q1, tl.trans(k1)) + tl.dot(q2, tl.trans(k2))  # [G_P, BLOCK_N]
+        sc = tl.where(ok[None, :], sc * qk_scale_log2, -float("inf"))
+        m_new = tl.maximum(m_i, tl.max(sc, axis=1))
+        p = tl.exp2(sc - m_new[:, None])
+        alpha = tl.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p, v)
+        m_i = m_new
+    out_rows = out_ptr + (h * GROUP + r)[:, None] * HEAD + d[None, :]
+    if SPLITS == 1:
+        tl.store(out_rows, (acc / tl.where(l_i > 0, l_i, 1.0)[:, None]).to(dtype), mask=r_ok[:, None])  # L=0: 0
+    else:
+        row = (h * SPLITS + s) * G_P + r
+        tl.store(part_ptr + row[:, None] * HEAD + d[None, :], acc)
+        tl.store(ml_ptr + row * 2, m_i)
+        tl.store(ml_ptr + row * 2 + 1, l_i)
+        tl.debug_barrier()  # every thread's partial stores precede the ticket (released by the atomic)
+        ticket = tl.atomic_add(count_ptr + h, 1, sem="acq_rel", scope="gpu")
+        if ticket == SPLITS - 1:  # the last program of kv head h: merge all SPLITS partials
+            tl.debug_barrier()  # (uniform branch) no thread loads a partial before the ticket's acquire
+            tl.store(count_ptr + h, 0)  # every program has drawn its ticket: ready for the next launch
+            hrow = h * SPLITS * G_P + r
+            m_all = tl.full([G_P], -float("inf"), dtype=tl.float32)
+            for j in range(0, SPLITS):
+                m_all = tl.maximum(m_all, tl.load(ml_ptr + (hrow + j * G_P) * 2, cache_modifier=".cg"))
+            tot = tl.zeros([G_P, HEAD], dtype=tl.float32)
+            den = tl.zeros([G_P], dtype=tl.float32)
+            for j in range(0, SPLITS):
+                rj = hrow + j * G_P
+                mj = tl.load(ml_ptr + rj * 2, cache_modifier=".cg")
+                lj = tl.load(ml_ptr + rj * 2 + 1, cache_modifier=".cg")
+                w = tl.where(mj == -float("inf"), 0.0, tl.exp2(mj - m_all))
+                den += w * lj
+                tot += w[:, None] * tl.load(part_ptr + rj[:, None] * HEAD + d[None, :], cache_modifier=".cg")
+            tl.store(out_rows, (tot / tl.where(den > 0, den, 1.0)[:, None]).to(dtype), mask=r_ok[:, None])
+
+
+_SCRATCH: dict = {}
+
+
+def _scratch(device, num_kv: int, splits: int, g_p: int, head: int):
+    """Partials, (max, sum) pairs and the per-kv-head tickets; one set per shape and device, shared by all layers
+    (their launches run one after another on the stream; the counters are back at 0 after every launch)."""
+    key = (str(device), num_kv, splits, g_p, head)
+    if key not in _SCRATCH:
+        _SCRATCH[key] = (torch.empty(num_kv * splits * g_p, head, dtype=torch.float32, device=device),
+                         torch.empty(num_kv * splits * g_p, 2, dtype=torch.float32, device=device),
+                         torch.zeros(num_kv, dtype=torch.int32, device=device))
+    return _SCRATCH[key]
+
+
+def attention_one(qkv: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor, sin_cache: torch.Tensor,
+                  q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float, kv_cache: torch.Tensor,
+                  block_table: torch.Tensor, seq_lens: torch.Tensor, slot_mapping: torch.Tensor, *, num_heads: int,
+                  num_kv_heads: int, head_size: int, scale: float, neox: bool, splits: int = 8,
+                  block_n: int = 64, num_warps: int = 4) -> torch.Tensor:
+    """One decode token of one request: ``qkv [1, (Hq + 2 Hkv) * D]`` (pre-norm, pre-rope) -> attention output
+    ``[1, Hq * D]``; stores the new K/V into ``kv_cache [2, blocks, page, Hkv, D]`` at ``slot_mapping[0]``.
+
+    ``block_table`` is the request's row (``[max_blocks]`` int32), ``seq_lens`` ``[1]`` (the new token included),
+    ``positions [1]``; ``cos_cache``/``sin_cache`` ``[max_pos, D/2]`` (full rotary)."""
+    if qkv.stride(-1) != 1:
+        qkv = qkv.contiguous()
+    group = num_heads // num_kv_heads
+    g_p = max(16, 1 << (group - 1).bit_length())
+    out = torch.empty(1, num_heads * head_size, dtype=qkv.dtype, device=qkv.device)
+    part, ml, count = _scratch(qkv.device, num_kv_heads, splits, g_p, head_size)
+    k_cache, v_cache = kv_cache[0], kv_cache[1]
+    _attn_one_kernel[(num_kv_heads, splits)](
+        qkv, positions, cos_cache, sin_cache, q_weight, k_weight, k_cache, v_cache, block_table, seq_lens,
+        slot_mapping, out, part, ml, count, cos_cache.stride(0), k_cache.stride(0), k_cache.stride(1), eps,
+        scale * 1.4426950408889634,
+        NUM_Q=num_heads, NUM_KV=num_kv_heads, GROUP=group, G_P=g_p, HEAD=head_size, NEOX=neox,
+        PAGE=kv_cache.shape[2], BLOCK_N=block_n, SPLITS=splits, num_warps=num_warps, num_stages=2,
+        **launch_opts())
+    return out
