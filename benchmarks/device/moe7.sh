@@ -17,12 +17,13 @@
 #          (fewer requests x 512/512 if 256 do not fit 12 s) (session 6's `moe6.sh 2`).
 #  mixtral Mixtral-8x7B with 8 of 32 layers: one engine (batch 1 + 256 x 512/512 + /64), then transformers
 #          (session 6's `moe6.sh 4`; session 4's `moe_model.sh 2` ran it with --tf-budget-s 6).
+#  attntest  the one-launch attention's GPU test alone (test_moe_attn_gpu.py, cap 22 s).
 #  tests   the MoE GPU tests: the one-launch attention (test_moe_attn_gpu.py), batch 1 / two-launch path and the
 #          float32-oracle parity of the tiny models (test_moe_gpu.py).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 cd "$(dirname "$0")/../.."
-[ $# -ge 1 ] || { echo "usage: moe7.sh PART [PART ...] (attn bs1 layer bench tput mixtral tests)"; exit 2; }
+[ $# -ge 1 ] || { echo "usage: moe7.sh PART [PART ...] (attn attntest bs1 layer bench tput mixtral tests)"; exit 2; }
 D="$OUT/moe7"
 mkdir -p "$D/configs"
 START=$(date +%s)
@@ -60,6 +61,11 @@ for PART in "$@"; do
       timeout -k 2 "$C" python benchmarks/moe_bench.py --batch-sizes 1 16 256 --tune-budget-s 5 \
         --tune-batch-sizes 1 16 --tune-out "$D/configs" --json "$D/bench/bench.json" > "$D/bench.log" 2>&1
       echo "bench exit $? after $(( $(date +%s) - START )) s"; tail -n 12 "$D/bench.log" ;;
+    attntest)
+      C=$(( L < 22 ? L : 22 )); echo "== attntest: test_moe_attn_gpu.py (cap ${C} s) $(date -u +%T)"
+      timeout -k 2 "$C" python -m pytest -v -p no:cacheprovider tests/kernels/test_moe_attn_gpu.py > "$D/attntest.log" 2>&1
+      echo "attntest exit $? after $(( $(date +%s) - START )) s"
+      grep -E "PASSED|FAILED|ERROR|passed|failed|Error|assert" "$D/attntest.log" | tail -n 20 ;;
     tests)
       echo "== tests (cap ${L} s) $(date -u +%T)"
       # OCTAVO_TRITON_GEMV=0: no per-shape GEMV autotuning while the tiny engines start (not what this checks)
@@ -68,7 +74,7 @@ for PART in "$@"; do
         > "$D/tests.log" 2>&1
       echo "tests exit $? after $(( $(date +%s) - START )) s"
       grep -E "PASSED|FAILED|ERROR|passed|failed|Error" "$D/tests.log" | tail -n 20 ;;
-    *) echo "unknown part $PART (attn bs1 layer bench tput mixtral tests)"; exit 2 ;;
+    *) echo "unknown part $PART (attn attntest bs1 layer bench tput mixtral tests)"; exit 2 ;;
   esac
 done
 for f in "$D"/*/*.json; do [ -f "$f" ] && { echo "--- $f"; head -c 1500 "$f"; echo; }; done
