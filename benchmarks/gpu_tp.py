@@ -125,7 +125,8 @@ def run_config(tp: int, args) -> None:
         if args.layer_trace and mode == modes[0]:  # the real decode steps' kernels (attention at ~512-560 tokens)
             llm.collective_rpc("benchmarks.gpu_tp_profile:decode_trace_start")
             gen([prompt], 49)
-            res["decode_layer_trace_by_rank"] = llm.collective_rpc("benchmarks.gpu_tp_profile:decode_trace_stop")
+            res["decode_layer_trace_by_rank"] = llm.collective_rpc("benchmarks.gpu_tp_profile:decode_trace_stop",
+                                                                   args=[48])
         if len(bs1_tokens) > 1:  # greedy, same prompt: the modes must agree token for token
             res["bs1_greedy_tokens_identical_across_modes"] = all(t == bs1_tokens[modes[0]]
                                                                   for t in bs1_tokens.values())

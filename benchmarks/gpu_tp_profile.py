@@ -102,8 +102,10 @@ def decode_trace_start(worker) -> bool:
     return True
 
 
-def decode_trace_stop(worker) -> dict:
-    """Stop :func:`decode_trace_start`'s trace; the mean layer of the decode steps it saw (fold_layers)."""
+def decode_trace_stop(worker, steps: int = 0) -> dict:
+    """Stop :func:`decode_trace_start`'s trace; the mean layer of the decode steps it saw (fold_layers) and, per
+    step (``steps``: the tokens generated meanwhile), the device span, its idle part and the kernels by name (what
+    runs outside the layers: sampling, copies, the LM head, collectives)."""
     import torch
 
     prof = _TRACE.pop("prof", None)
@@ -114,6 +116,29 @@ def decode_trace_stop(worker) -> dict:
         prof.stop()
         kernels = [(e.time_range.start, e.time_range.end, e.name) for e in prof.events()
                    if str(getattr(e, "device_type", "")).endswith("CUDA") and e.time_range.end > e.time_range.start]
-        return fold_layers(kernels)
+        out = fold_layers(kernels)
+        if steps > 0 and kernels:
+            out["per_step"] = step_summary(kernels, steps)
+        return out
     except Exception as e:  # noqa: BLE001 - a diagnostic: report, do not end the run
         return {"error": f"{type(e).__name__}: {e}"}
+
+
+def step_summary(kernels: list[tuple[float, float, str]], steps: int) -> dict:
+    """Device span / busy / idle per step and the kernels' time per step by name (top 24)."""
+    kernels = sorted(kernels, key=lambda k: k[0])
+    busy, end = 0.0, kernels[0][0]
+    for s, e, _ in kernels:  # union of the kernels' intervals (PDL overlaps them)
+        if e > end:
+            busy += e - max(s, end)
+            end = e
+    by_name: dict[str, list] = {}
+    for s, e, name in kernels:
+        row = by_name.setdefault(name[:70], [0.0, 0])
+        row[0] += e - s
+        row[1] += 1
+    top = sorted(by_name.items(), key=lambda kv: -kv[1][0])[:24]
+    span = kernels[-1][1] - kernels[0][0]
+    return {"steps": steps, "span_us": round(span / steps, 1), "busy_us": round(busy / steps, 1),
+            "idle_us": round((span - busy) / steps, 1),
+            "by_name": [f"{t / steps:8.1f} us x{n / steps:6.1f} {name}" for name, (t, n) in top]}

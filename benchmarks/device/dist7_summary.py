@@ -19,7 +19,8 @@ def _trace(by_rank) -> dict:
         return t or {}
     return {"layer_wall_us": t.get("layer_wall_us"), "layer_kernels_us": t.get("layer_kernels_us"),
             "layers_folded": t.get("layers_folded"),
-            "rows": [f"{r['us']:7.2f} us (gap {r['gap_us']:6.2f}) {r['name'][:50]}" for r in t["layer"]]}
+            "rows": [f"{r['us']:7.2f} us (gap {r['gap_us']:6.2f}) {r['name'][:50]}" for r in t["layer"]],
+            **({"per_step": t["per_step"]} if "per_step" in t else {})}
 
 
 def summarize7(r: str) -> dict:
