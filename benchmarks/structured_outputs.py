@@ -99,9 +99,12 @@ def bench_decode(args) -> dict:
     #          GIL switch interval, engine knobs: grammar_step.INLINE_AFTER_GATE / HANDOFF_WAIT_S, fill threads)
     park_default, early_fill_default = async_gate.PARK, async_gate.EARLY_FILL
     dflt = {"inline": grammar_step.INLINE_AFTER_GATE, "handoff": grammar_step.HANDOFF_WAIT_S,
-            "threads": core.structured.fill_threads, "triton": grammar_step.TRITON_APPLY, "early": so_mod.EARLY_ACCEPT}
+            "threads": core.structured.fill_threads, "kernel": grammar_step.PLATFORM_APPLY, "early": so_mod.EARLY_ACCEPT}
     modes = {"free": (None, False, False, False, None, dflt), "overlap": (so, False, False, False, None, dflt),
-             "serial": (so, False, True, False, None, dflt)}
+             "serial": (so, False, True, False, None, dflt),
+             # the core's own apply instead of the platform's (CPU: numpy AND/OR with operands the fill builds,
+             # session 5-6; the C pass over the packed words is the default since session 7)
+             "overlap_coreapply": (so, False, False, False, None, {**dflt, "kernel": False})}
     if args.backend == "xgrammar" and args.compare_maxlength:
         # xgrammar's own maxLength form (before the regex rewrite): a different schema text, so its own cache key
         modes["overlap_maxlength"] = (StructuredOutputsParams(json={**SCHEMA, "description": "maxLength form"}),
@@ -114,7 +117,7 @@ def bench_decode(args) -> dict:
         modes["json_async_pool"] = (so, True, False, False, None, {**dflt, "inline": False})
         modes["json_async_nohandoff"] = (so, True, False, False, None, {**dflt, "handoff": 0.0})
         modes["json_async_t1"] = (so, True, False, False, None, {**dflt, "threads": 1})
-        modes["json_async_table"] = (so, True, False, False, None, {**dflt, "triton": False})  # CUDA: torch apply
+        modes["json_async_table"] = (so, True, False, False, None, {**dflt, "kernel": False})  # the core's apply
         modes["json_async_late"] = (so, True, False, False, None, {**dflt, "early": False})  # accept after update
         # diagnostic: the whole async grammar path (prepare, gate, accept call, hand-off) with the backend's fill
         # and accept replaced by no-ops (rows all open: nothing applied); the text is then unconstrained
@@ -178,7 +181,7 @@ def bench_decode(args) -> dict:
                     if "launch_wait" in knobs:
                         core.async_loop.launch_wait_s = knobs["launch_wait"]
             grammar_step.INLINE_AFTER_GATE, grammar_step.HANDOFF_WAIT_S = knobs["inline"], knobs["handoff"]
-            grammar_step.TRITON_APPLY, so_mod.EARLY_ACCEPT = knobs["triton"], knobs["early"]
+            grammar_step.PLATFORM_APPLY, so_mod.EARLY_ACCEPT = knobs["kernel"], knobs["early"]
             core.structured.fill_threads = knobs["threads"]
             if knobs.get("gate_only") and params_so is not None:
                 backend = core.structured._get_backend()
@@ -206,7 +209,7 @@ def bench_decode(args) -> dict:
                 executor_cls.execute_structured = overlapped
                 xgb.bounded_strings_as_patterns = rewrite
                 grammar_step.INLINE_AFTER_GATE, grammar_step.HANDOFF_WAIT_S = dflt["inline"], dflt["handoff"]
-                grammar_step.TRITON_APPLY, so_mod.EARLY_ACCEPT = dflt["triton"], dflt["early"]
+                grammar_step.PLATFORM_APPLY, so_mod.EARLY_ACCEPT = dflt["kernel"], dflt["early"]
                 core.structured.fill_threads = dflt["threads"]
                 async_gate.PARK, async_gate.EARLY_FILL = park_default, early_fill_default
                 backend = core.structured._backend

@@ -69,7 +69,7 @@ class EngineCore:
         self.spec = SpeculativeDecoding(settings, self.pm, platform=self.platform, vocab_size=info.vocab_size,
                                         max_model_len=self.max_model_len) \
             if settings.scheduler.speculative_config else None
-        self.structured = StructuredOutputManager(settings, info.vocab_size, info.eos_token_ids)
+        self.structured = StructuredOutputManager(settings, info.vocab_size, info.eos_token_ids, self.platform)
         self.max_logprobs = settings.scheduler.max_logprobs
         # prompt logprobs are gathered chunk by chunk and sent once, when the prompt is done
         self._prompt_lp: dict[str, dict[int, TokenLogprobs]] = {}

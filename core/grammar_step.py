@@ -44,9 +44,10 @@ MIN_ROWS_PER_CHUNK = 8  # a row fills in ~10-40 us; a pool hand-off costs ~20-50
 # Python's 5 ms switch interval, while the device idles for the sampler. 0 turns it off.
 HANDOFF_WAIT_S = 0.002
 # Where the platform has its own apply (``Platform.make_grammar_mask_apply``, handed in as ``kernel``; CUDA: one
-# Triton launch, plugins/platforms/cuda_grammar_mask.py) it runs; False: the byte-table add below (the
-# benchmark's json_async_table mode compares them).
-TRITON_APPLY = True
+# Triton launch, plugins/platforms/cuda_grammar_mask.py; CPU: one C pass over the packed words,
+# plugins/platforms/cpu_grammar_mask.py) it runs; False: the core's own apply below, the byte-table add on an
+# accelerator, numpy AND/OR on a CPU (the benchmark's json_async_table / overlap_numpy modes compare them).
+PLATFORM_APPLY = True
 
 
 def fill_threads() -> int:
@@ -103,8 +104,9 @@ class GrammarStep:
         self.t_start = self.t_fill0 = self.t_fill1 = self.t_resume = 0.0
         self.handoff_wait_s = 0.0  # set by the manager on an accelerator (HANDOFF_WAIT_S)
         self._resumed: threading.Event | None = None
-        # CPU logits: the manager's shared {"dtype", "vocab"} (learned from the runner's first apply); the fill
-        # then also builds the apply's operands (core/grammar_mask_cpu.py) off the critical path -> cpu_pre
+        # the manager's shared {"device"[, "dtype", "vocab"]} learned from the runner's applies: the logits' device
+        # type, and for the CPU numpy apply the logits dtype, so the fill also builds that apply's operands
+        # (core/grammar_mask_cpu.py) off the critical path -> cpu_pre
         self.cpu_hint: dict | None = None
         self.cpu_pre: Any = None
         self.parked = False  # async: the runner's sampling was parked on the gate and ran on the releasing thread
@@ -148,7 +150,7 @@ class GrammarStep:
             rows = ([self.request_ids[j] for j in keep], [self.positions[j] for j in keep],
                     self.bitmask[:len(keep)])
         hint = self.cpu_hint
-        if hint and len(rows[0]):
+        if hint and "dtype" in hint and len(rows[0]):
             from octavo.core.grammar_mask_cpu import mask_operands
 
             self.cpu_pre = (mask_operands(rows[2].numpy(), hint["vocab"], hint["dtype"], hint.setdefault("bufs", {})),
@@ -251,24 +253,26 @@ def apply_packed(logits: Any, rows: list[int], packed: Any, pre: Any = None, ker
     import torch
 
     device = logits.device
-    if device.type == "cpu" and str(logits.dtype).removeprefix("torch.") in _CPU_DTYPES:
-        return _apply_packed_numpy(logits, rows, packed, pre)
     n, vocab = len(rows), logits.shape[-1]
     whole = n == logits.shape[0] and rows == list(range(n))
     index = None if whole else torch.tensor(rows, dtype=torch.int32)
-    if kernel is not None and TRITON_APPLY and logits.stride(-1) == 1 and not _TABLES.get("kernel_failed"):
-        # one launch instead of the table's 4-6 torch calls (CUDA: plugins/platforms/cuda_grammar_mask.py)
-        dev_packed = _to_device(packed.contiguous(), device)
+    if platform_apply_on(kernel) and logits.stride(-1) == 1:
+        # one pass instead of the core's several (CUDA: one Triton launch instead of the table's 4-6 torch calls;
+        # CPU: one C pass over the packed words instead of numpy's operands + two passes)
+        on_host = device.type == "cpu"
+        dev_packed = packed.contiguous() if on_host else _to_device(packed.contiguous(), device)
         try:
-            out = kernel(logits, dev_packed, None if whole else _to_device(index, device))
-        except Exception as e:  # noqa: BLE001 - a Triton that cannot compile here: the table add, same result
-            if _TABLES.get("triton_ok"):
+            out = kernel(logits, dev_packed, index if whole or on_host else _to_device(index, device))
+        except Exception as e:  # noqa: BLE001 - a kernel that cannot build/compile here: the core's apply, same bits
+            if _TABLES.get("kernel_ok"):
                 raise
-            logger.warning("grammar mask: the platform's apply failed (%s); using the torch byte-table add", e)
+            logger.warning("grammar mask: the platform's apply failed (%s); using the core's own apply", e)
             _TABLES["kernel_failed"] = True
         else:
-            _TABLES["triton_ok"] = True
+            _TABLES["kernel_ok"] = True
             return out
+    if device.type == "cpu" and str(logits.dtype).removeprefix("torch.") in _CPU_DTYPES:
+        return _apply_packed_numpy(logits, rows, packed, pre)
     if device.type != "cpu":
         packed = _to_device(packed.contiguous(), device)
         index = None if whole else _to_device(index, device)
@@ -277,6 +281,12 @@ def apply_packed(logits: Any, rows: list[int], packed: Any, pre: Any = None, ker
     if whole:
         return logits.add_(bias)
     return logits.index_add_(0, index, bias)
+
+
+def platform_apply_on(kernel: Any) -> bool:
+    """True when the platform's own apply ``kernel`` is to run (given, :data:`PLATFORM_APPLY`, and it has not
+    failed in this process)."""
+    return kernel is not None and PLATFORM_APPLY and not _TABLES.get("kernel_failed")
 
 
 def _apply_packed_numpy(logits: Any, rows: list[int], packed: Any, pre: Any = None) -> Any:
@@ -329,8 +339,13 @@ def mask_logits(logits: Any, batch: Any, sample_req_ids: list[str], logits_rows:
         t0 = time.perf_counter()
         step = getattr(grammar, "inner", grammar)  # (async: the GatedGrammarStep's GrammarStep)
         hint = getattr(step, "cpu_hint", None)
-        if hint is not None and logits.device.type == "cpu":  # later fills build the CPU apply's operands
-            hint["dtype"], hint["vocab"] = logits.dtype, logits.shape[-1]
+        if hint is not None:
+            hint["device"] = logits.device.type  # the manager pins its fill buffer for an accelerator's copies
+            if logits.device.type == "cpu" and not platform_apply_on(kernel):
+                # the numpy apply: later fills build its operands (a platform kernel reads the packed words itself)
+                hint["dtype"], hint["vocab"] = logits.dtype, logits.shape[-1]
+            else:
+                hint.pop("dtype", None)  # no operands to build
         out = apply_packed(logits, logits_rows([pos[r] for r in rids]), packed, getattr(step, "cpu_pre", None),
                            kernel)
         grammar.apply_s = time.perf_counter() - t0

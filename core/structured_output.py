@@ -61,8 +61,10 @@ class StructuredOutputManager:
         eos_token_ids: the model's end-of-sequence ids (allowed once a grammar is complete).
     """
 
-    def __init__(self, settings: Any, vocab_size: int, eos_token_ids: list[int]) -> None:
+    def __init__(self, settings: Any, vocab_size: int, eos_token_ids: list[int], platform: Any = None) -> None:
         self.settings = settings
+        # the engine's Platform (None: a CPU's defaults): whether host memory can be pinned for async copies
+        self._can_pin = bool(platform is not None and platform.capabilities().pinned_memory)
         self.vocab_size = vocab_size
         self.eos_token_ids = eos_token_ids
         self.backend_name = settings.scheduler.structured_outputs_backend
@@ -82,7 +84,8 @@ class StructuredOutputManager:
         # set by the async step loop (core/async_engine.py): releases step N+1's gated fill once N's tokens are
         # in the matchers (it needs nothing else from the step), instead of after N's outputs are built
         self.after_accept: Any = None
-        self._cpu_hint: dict = {}  # {"dtype", "vocab"} of CPU logits, set by the runner's apply (grammar_step.py)
+        # {"device"[, "dtype", "vocab"]} of the logits, set by this process's runner when it applies (grammar_step.py)
+        self._cpu_hint: dict = {}
         self._early: Any = ()  # requests whose token accept_sampled already accepted this step
         # host seconds summed over steps with grammar rows (benchmarks/structured_outputs.py reads them):
         # wait_s is the fill time the forward did not hide; fill_s the whole fill, wherever it ran
@@ -195,20 +198,22 @@ class StructuredOutputManager:
                 matchers.append(m)
         if not matchers:
             return None
-        if self._bitmask is None or self._bitmask.shape[0] < len(matchers):
+        # reused every step; pinned once this process's runner applied masks on an accelerator whose platform can
+        # pin host memory (the in-process executor), so the runner's host -> device copy of the rows needs no
+        # staging copy (core/grammar_step.py _to_device); a CPU, or a core whose workers are other processes: not
+        pin = self._can_pin and self._cpu_hint.get("device", "cpu") != "cpu"
+        if self._bitmask is None or self._bitmask.shape[0] < len(matchers) or pin > self._bitmask.is_pinned():
             import torch
 
             rows = max(len(matchers), self.settings.scheduler.max_num_seqs)
-            # reused every step; pinned when this process drives a CUDA device (the in-process executor), so the
-            # runner's host -> device copy of the rows needs no staging copy (core/grammar_step.py _to_device)
-            pin = torch.cuda.is_available() and torch.cuda.is_initialized()
             self._bitmask = torch.full((rows, self._num_words), -1, dtype=torch.int32, pin_memory=pin)
         self._inflight = GrammarStep(self._get_backend(), positions, rids, matchers, self._bitmask,
                                      self._pool_for_fills(), self._chunks())
+        # the runner's apply tells the hint its logits' device (and the CPU numpy apply its dtype: later fills
+        # then build that apply's operands)
+        self._inflight.cpu_hint = self._cpu_hint
         if self._bitmask.is_pinned():  # this process drives an accelerator: its forward runs asynchronously
             self._inflight.handoff_wait_s = grammar_step.HANDOFF_WAIT_S
-        else:  # maybe CPU logits: the runner's apply fills in the dtype, later fills build its operands
-            self._inflight.cpu_hint = self._cpu_hint
         self.stats["prepare_s"] += time.perf_counter() - t0
         return self._inflight
 

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 @pytest.mark.parametrize("pinned", [False, True])
 @pytest.mark.parametrize("triton", [True, False])
 def test_device_apply_equals_host_apply(vocab, dtype, rows, pinned, triton, monkeypatch):
-    monkeypatch.setattr(grammar_step, "TRITON_APPLY", triton)
+    monkeypatch.setattr(grammar_step, "PLATFORM_APPLY", triton)
     if triton:
         pytest.importorskip("triton")
     g = torch.Generator().manual_seed(vocab + len(rows or []))
