@@ -161,6 +161,15 @@ class CpuPlatform(Platform):
         return PreparedModel(step_runner=runner, notes={"compiled_decode": {
             "compile_seconds": {k: round(v, 1) for k, v in seconds.items()}, "max_batch": runner.max_batch}})
 
+    def make_grammar_mask_apply(self):
+        """Structured outputs' token masks applied in one C pass over the packed words (``cpu_grammar_mask.py``,
+        built on first use; where it cannot be built the core logs why and applies them itself, same bits)."""
+        try:
+            from .cpu_grammar_mask import apply_bitmask_cpu_  # relative, like cpu_compiled
+        except ImportError:  # a copy of this plugin without that sibling: the core's own apply (same bits)
+            return None
+        return apply_bitmask_cpu_
+
     def capabilities(self) -> PlatformCapabilities:
         return PlatformCapabilities(
             graphs=False,
