@@ -8,8 +8,9 @@
 #        per mode of DIST7_TP2_MODES with graph, trace and ms/token (default: PDL off = true per-kernel times; LL; the
 #        row-parallel GEMV that pushes its output, cuda_allreduce_gemv.py, with PDL = the candidate, and without
 #        PDL = its per-kernel times); last the graph with no all-reduce at all (in-step cost, PDL as the last mode)
-#   tp1  (<= 30 s) TP=1 (uni, async) in the defaults, then PDL off (custom+silu): the like-for-like denominator
-#   test (<= 28 s) 2 GPUs: the pushing GEMV + fused norm / receive-only kernel == NCCL + unfused norm, bitwise
+#   tp1  (<= 28 s) TP=1 (uni, async) in the defaults, then PDL off (custom+silu): the like-for-like denominator
+#   test (<= 30 s) 2 GPUs: the pushing GEMV + fused norm / receive-only kernel == NCCL + unfused norm, bitwise;
+#        a layer's kernel chain (gate/up+SiLU GEMV with its prefetched first tile too) with PDL == without
 set -u
 cd "$(dirname "$0")/../.."
 R="${OUT:-/tmp/out}/dist/dist7"
@@ -44,6 +45,6 @@ TP="python3 benchmarks/gpu_tp.py --shape 8b --copy-rate 3.01e12 --out-dir $R --p
 # shellcheck disable=SC2086
 has ab && step 8b_tp2_ab 62 $TP --one 2 --tag ab --async-modes on --graph-replay --layer-trace \
   --ar-modes $MODES --graph-replay-no-allreduce
-has tp1 && step 8b_tp1 30 $TP --one 1 --async-modes on --graph-replay --layer-trace --ar-modes custom+silu
-has test && step gpu_test 28 python3 -u -m pytest -v -x tests/gpu/test_gemv_push_gpu.py
+has tp1 && step 8b_tp1 28 $TP --one 1 --async-modes on --graph-replay --layer-trace --ar-modes custom+silu
+has test && step gpu_test 30 python3 -u -m pytest -v -x tests/gpu/test_gemv_push_gpu.py tests/gpu/test_pdl_gpu.py -k "gemv_push or pdl_chain"
 python3 benchmarks/device/dist7_summary.py "$R"

@@ -48,10 +48,27 @@ def _gemv_silu_kernel(x_ptr, w_ptr, y_ptr, N_OUT, K, stride_wn, EVEN: tl.constex
     u_rows = w_ptr + (n + N_OUT).to(tl.int64)[:, None] * stride_wn
     acc_g = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     acc_u = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-    if PDL:  # cuda_pdl.py: nothing before the wait reads the producer's output
+    k0 = 0
+    if PDL:  # cuda_pdl.py: the first gate/up weight tiles load while the producer of x finishes (weights never
+        kk = tl.arange(0, BLOCK_K)  # change, as in cuda_fusions._gemv_kernel); x only after the wait
+        if EVEN:
+            wg = tl.load(g_rows + kk[None, :])
+            wu = tl.load(u_rows + kk[None, :])
+        else:
+            m = nm[:, None] & (kk[None, :] < K)
+            wg = tl.load(g_rows + kk[None, :], mask=m, other=0.0)
+            wu = tl.load(u_rows + kk[None, :], mask=m, other=0.0)
         gdc_wait()
         gdc_launch_dependents()
-    for k in range(0, K, BLOCK_K):
+        if EVEN:
+            x = tl.load(x_ptr + kk)
+        else:
+            x = tl.load(x_ptr + kk, mask=kk < K, other=0.0)
+        xf = x.to(tl.float32)[None, :]
+        acc_g += wg.to(tl.float32) * xf
+        acc_u += wu.to(tl.float32) * xf
+        k0 = BLOCK_K
+    for k in range(k0, K, BLOCK_K):
         kk = k + tl.arange(0, BLOCK_K)
         if EVEN:
             wg = tl.load(g_rows + kk[None, :])
