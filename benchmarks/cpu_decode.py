@@ -12,6 +12,9 @@ the prefill + first token, over ``tokens - 1`` (the same definition as ``octavo 
 apart exactly).
 
     python benchmarks/cpu_decode.py --engines octavo octavo-compiled transformers llama.cpp --threads 2
+
+``octavo-fused`` is octavo with ``OCTAVO_CPU_FUSED_DECODE=1`` (each batch-1 decode step one C call over the
+whole decoder stack, plugins/platforms/cpu_fused_decode.py).
 """
 
 from __future__ import annotations
@@ -44,16 +47,19 @@ def _isa() -> list[str]:
 
 
 class OctavoEngine:
-    def __init__(self, model: str, dtype: str, quantization: str | None, compiled: bool, threads: int) -> None:
+    def __init__(self, model: str, dtype: str, quantization: str | None, compiled: bool, threads: int,
+                 fused: bool = False) -> None:
         from octavo import LLM, SamplingParams
 
         kw = {"quantization": quantization} if quantization else {}
         os.environ["OCTAVO_CPU_COMPILE"] = "1" if compiled else "0"  # read by the CPU platform's prepare_model
+        os.environ["OCTAVO_CPU_FUSED_DECODE"] = "1" if fused else "0"  # batch-1 decode as one C call per token
         try:
             self.llm = LLM(model, dtype=dtype, num_threads=threads, enable_prefix_caching=False, max_num_seqs=8,
                            **kw)
         finally:
             os.environ.pop("OCTAVO_CPU_COMPILE")
+            os.environ.pop("OCTAVO_CPU_FUSED_DECODE")
         self.SamplingParams = SamplingParams
 
     def decode(self, prompt: list[int], tokens: int) -> tuple[float, list[int]]:
@@ -121,6 +127,8 @@ def build(name: str, args, model: str):
         return OctavoEngine(model, args.dtype, args.quantization, False, args.threads)
     if name == "octavo-compiled":
         return OctavoEngine(model, args.dtype, args.quantization, True, args.threads)
+    if name == "octavo-fused":  # plugins/platforms/cpu_fused_decode.py (OCTAVO_CPU_FUSED_DECODE=1)
+        return OctavoEngine(model, args.dtype, args.quantization, False, args.threads, fused=True)
     if name == "transformers":
         return TransformersEngine(model, args.hf_dtype or args.dtype, args.threads)
     if name == "llama.cpp":
@@ -178,7 +186,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{n:<16} {ms:9.2f} {1e3 / ms:7.1f}")
     ratios = {f"{a}/{b}": med[b] / med[a] for a in med for b in med if a != b and a.startswith("octavo")
               and not b.startswith("octavo")}
-    ratios.update({f"{a}/{b}": med[b] / med[a] for a in med for b in med if a == "octavo-compiled" and b == "octavo"})
+    ratios.update({f"{a}/{b}": med[b] / med[a] for a in med for b in med
+                   if a in ("octavo-compiled", "octavo-fused") and b == "octavo"})
     for k, v in ratios.items():
         print(f"speed ratio {k}: {v:.2f}x")
     agree = {n: sum(a == b for a, b in zip(t, tokens.get("octavo", t))) / len(t) for n, t in tokens.items()}

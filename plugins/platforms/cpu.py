@@ -137,9 +137,20 @@ class CpuPlatform(Platform):
 
     def prepare_model(self, handle: ModelHandle) -> PreparedModel | None:
         """With ``OCTAVO_CPU_COMPILE=1``: a compiled decode-step runner (``cpu_compiled.py``), compiled here.
+        With ``OCTAVO_CPU_FUSED_DECODE=1``: batch-1 decode steps as one C call (``cpu_fused_decode.py``).
 
         Opt-in because compiling costs minutes the first time (inductor's disk cache shortens later starts)
         and the start-up and CI budgets are seconds. Refused, never skipped, when it cannot apply."""
+        prepared = self._prepare_compiled(handle)
+        try:
+            from .cpu_fused_decode_setup import with_fused_decode  # relative, like cpu_compiled
+        except ImportError as e:  # a copy of this plugin without that sibling: refuse the switch, never ignore it
+            if os.environ.get("OCTAVO_CPU_FUSED_DECODE", "0") not in ("", "0"):
+                raise ConfigError("OCTAVO_CPU_FUSED_DECODE is set but this CPU platform has no fused decode step") from e
+            return prepared
+        return with_fused_decode(handle, prepared)
+
+    def _prepare_compiled(self, handle: ModelHandle) -> PreparedModel | None:
         if os.environ.get(COMPILE_ENV, "0") in ("", "0"):
             return None
         if os.environ[COMPILE_ENV] != "1":

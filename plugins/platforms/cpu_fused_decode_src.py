@@ -1,0 +1,141 @@
+"""C source of :mod:`.cpu_fused_decode`: a whole Llama decoder stack for one decode token in one C call.
+
+Kept apart so the Python wrapper stays short. The call does, per layer, RMSNorm (+ residual) -> QKV -> rotary
+(neox halves) -> K/V written into the paged cache -> attention over the paged cache -> O -> residual ->
+RMSNorm -> gate_up -> SiLU-and-mul -> down; then the final RMSNorm. The linears and the attention are NOT
+re-implemented here: the caller passes pointers to the existing kernels' C functions
+(:mod:`octavo.plugins.quant.cpu_int8act`'s ``qa8_gemm`` and ``cpu_paged``'s ``paged_rows``, in their own
+libraries with their own build flags), so a linear or an attention row computes the same bits as in the
+per-op path for the same input. What differs is what lies between them: the hidden state stays float32 for
+the whole stack (the per-op path rounds it to the model dtype after every op), and the norms, rotary and SiLU
+are plain C loops in a fixed order.
+"""
+
+C_SOURCE = r"""
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+
+typedef int (*gemm_fn)(int bits, const void* x, int bf16, int m, int k, const void* w, const float* s,
+                       const float* z, int n, float* y, int nthreads);
+/* cpu_paged's paged_rows (checked against its ctypes argtypes before this library is used): the float32-query
+   form of session 6 (attn_abi 0) or the strided float32/bfloat16 one (attn_abi 1) */
+typedef void (*attn0_fn)(const float* q, const void* kc, const void* vc, int is_bf16, const int64_t* tables,
+                         int tstride, const int64_t* row_req, const int64_t* lens, const int64_t* task_row0,
+                         const int64_t* task_nrows, int ntasks, int nh, int kvh, int d, int bs, float scale,
+                         float* out, int nthreads);
+typedef int (*attn_fn)(const void* q, int q_bf16, long qstride, const void* kc, const void* vc, int is_bf16,
+                       const int64_t* tables, int tstride, const int64_t* row_req, const int64_t* lens,
+                       const int64_t* task_row0, const int64_t* task_nrows, int ntasks, int nh, int kvh, int d,
+                       int bs, float scale, void* out, int out_bf16, int nthreads);
+
+/* one quantized linear: bits 4 (w uint8 [n, k/2], s, z [n, k/32]) or 8 (w int8 [n, k], s [n, k/32], z unused) */
+typedef struct { int64_t bits, n, k; const void* w; const float* s; const float* z; } Lin;
+
+typedef struct {
+    const void* ln1; const void* ln2;  /* RMSNorm weights [hidden], Stack.w_bf16 */
+    Lin qkv, o, gu, dn;
+    void* kc; void* vc;                /* this layer's K and V caches [slots, kvh, d], Stack.kv_bf16 */
+} Layer;
+
+typedef struct {
+    int64_t nlayers, hidden, nh, kvh, d, inter, bs, kv_bf16, w_bf16, embed_bf16, nthreads, attn_abi;
+    double eps, scale;
+    const void* embed;       /* [vocab, hidden], Stack.embed_bf16 */
+    const void* final_norm;  /* [hidden], Stack.w_bf16 */
+    gemm_fn gemm;
+    void* attn;  /* attn0_fn or attn_fn, by attn_abi */
+    const Layer* layers;
+} Stack;
+
+static inline float bf2f(uint16_t v) { uint32_t u = (uint32_t)v << 16; float f; memcpy(&f, &u, 4); return f; }
+
+/* float -> bfloat16, round to nearest even (torch's .to(torch.bfloat16)); NaN stays a quiet NaN */
+static inline uint16_t f2bf(float f) {
+    uint32_t u; memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+static inline float ld(const void* p, int bf16, long i) { return bf16 ? bf2f(((const uint16_t*)p)[i]) : ((const float*)p)[i]; }
+
+/* out = x * rsqrt(mean(x^2) + eps) * w; the mean in double (one fixed order, no drift over 30 layers) */
+static void rms_norm(const float* x, const void* w, int w_bf16, long n, double eps, float* out) {
+    double ss = 0.0;
+    for (long i = 0; i < n; i++) ss += (double)x[i] * x[i];
+    float inv = (float)(1.0 / sqrt(ss / (double)n + eps));
+    for (long i = 0; i < n; i++) out[i] = x[i] * inv * ld(w, w_bf16, i);
+}
+
+/* neox rotary on `heads` heads of d features: halves (x1, x2) -> (x1 c - x2 s, x2 c + x1 s) */
+static void rotary(float* x, long heads, long d, const float* cs, const float* sn) {
+    long half = d / 2;
+    for (long h = 0; h < heads; h++) {
+        float* v = x + h * d;
+        for (long j = 0; j < half; j++) {
+            float a = v[j], b = v[j + half];
+            v[j] = a * cs[j] - b * sn[j];
+            v[j + half] = b * cs[j] + a * sn[j];
+        }
+    }
+}
+
+static inline int lin(const Stack* S, const Lin* L, const float* x, float* y) {
+    return S->gemm((int)L->bits, x, 0, 1, (int)L->k, L->w, L->s, L->z, (int)L->n, y, (int)S->nthreads);
+}
+
+/* One decode token through every layer. token: its id; cs / sn: the rotary cos / sin rows of its position
+   (d / 2 floats each); slot: the cache slot its K/V go to; table: the request's block ids (int32 or int64,
+   table_i64), at least ceil(len / bs) of them; len: the positions it attends to (its own included).
+   out: the final-normed hidden state [hidden] in float32. Returns 0, or a negative code. */
+int fused_decode(const Stack* S, int64_t token, const float* cs, const float* sn, int64_t slot,
+                 const void* table, int table_i64, int64_t len, float* out) {
+    const long H = S->hidden, nh = S->nh, kvh = S->kvh, d = S->d, I = S->inter;
+    const long qn = nh * d, kn = kvh * d, nb = (len + S->bs - 1) / S->bs;
+    const int wb = (int)S->w_bf16;
+    float* buf = (float*)malloc(sizeof(float) * (size_t)(3 * H + qn + 2 * kn + qn + 2 * I + I) + sizeof(int64_t) * (size_t)(nb + 1));
+    if (!buf) return -2;
+    float *r = buf, *h = r + H, *t = h + H, *qkv = t + H, *att = qkv + qn + 2 * kn, *gu = att + qn, *act = gu + 2 * I;
+    int64_t* tab = (int64_t*)(act + I);
+    for (long b = 0; b < nb; b++) tab[b] = table_i64 ? ((const int64_t*)table)[b] : (int64_t)((const int32_t*)table)[b];
+    int64_t zero = 0, one = 1, lens = len;
+    int rc = 0;
+    for (long i = 0; i < H; i++) r[i] = ld(S->embed, (int)S->embed_bf16, token * H + i);
+    for (long l = 0; l < S->nlayers && !rc; l++) {
+        const Layer* L = S->layers + l;
+        if (l) for (long i = 0; i < H; i++) r[i] += t[i];
+        rms_norm(r, L->ln1, wb, H, S->eps, h);
+        rc |= lin(S, &L->qkv, h, qkv);
+        rotary(qkv, nh, d, cs, sn);
+        rotary(qkv + qn, kvh, d, cs, sn);
+        const float *k = qkv + qn, *v = k + kn;
+        if (S->kv_bf16) {
+            uint16_t *kc = (uint16_t*)L->kc + slot * kn, *vc = (uint16_t*)L->vc + slot * kn;
+            for (long i = 0; i < kn; i++) { kc[i] = f2bf(k[i]); vc[i] = f2bf(v[i]); }
+        } else {
+            memcpy((float*)L->kc + slot * kn, k, sizeof(float) * kn);
+            memcpy((float*)L->vc + slot * kn, v, sizeof(float) * kn);
+        }
+        if (S->attn_abi)
+            ((attn_fn)S->attn)(qkv, 0, qn + 2 * kn, L->kc, L->vc, (int)S->kv_bf16, tab, (int)nb, &zero, &lens, &zero,
+                               &one, 1, (int)nh, (int)kvh, (int)d, (int)S->bs, (float)S->scale, att, 0, (int)S->nthreads);
+        else
+            ((attn0_fn)S->attn)(qkv, L->kc, L->vc, (int)S->kv_bf16, tab, (int)nb, &zero, &lens, &zero, &one, 1, (int)nh,
+                                (int)kvh, (int)d, (int)S->bs, (float)S->scale, att, (int)S->nthreads);
+        rc |= lin(S, &L->o, att, t);
+        for (long i = 0; i < H; i++) r[i] += t[i];
+        rms_norm(r, L->ln2, wb, H, S->eps, h);
+        rc |= lin(S, &L->gu, h, gu);
+        for (long i = 0; i < I; i++) { float g = gu[i]; act[i] = g / (1.f + expf(-g)) * gu[I + i]; }
+        rc |= lin(S, &L->dn, act, t);
+    }
+    if (!rc) {
+        for (long i = 0; i < H; i++) r[i] += t[i];
+        rms_norm(r, S->final_norm, wb, H, S->eps, out);
+    }
+    free(buf);
+    return rc ? -1 : 0;
+}
+"""
