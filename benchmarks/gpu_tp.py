@@ -207,15 +207,16 @@ def switch_all_reduce(worker, mode: str) -> str:
     launches, plugins/platforms/cuda_pdl.py) and ``+silu`` (the gate/up + SiLU GEMV, cuda_mlp_fusion.py, where
     it was installed at start: the default) and ``+ll`` (the one-shot all-reduce's LL protocol,
     cuda_allreduce_ll.py) and ``+push`` (fused only: the row-parallel GEMV sends its output itself,
-    cuda_allreduce_gemv.py) turn those on, their absence off. Returns what runs now."""
+    cuda_allreduce_gemv.py) turn those on, their absence off; ``+w8``: the fused all-reduce + norm kernel with 8
+    warps (its rule: 4 up to 4096 wide). Returns what runs now."""
     from octavo.nn import parallel
     from octavo.plugins.platforms.cuda_mlp_fusion import set_silu_gemv
     from octavo.plugins.platforms.cuda_pdl import set_pdl
 
     label = mode
     mode, *flags = mode.split("+")
-    if mode not in ("nccl", "custom", "fused") or not set(flags) <= {"pdl", "silu", "ll", "push"}:
-        raise ValueError(f"unknown all-reduce mode {label!r}: nccl|custom|fused [+pdl] [+silu] [+ll] [+push]")
+    if mode not in ("nccl", "custom", "fused") or not set(flags) <= {"pdl", "silu", "ll", "push", "w8"}:
+        raise ValueError(f"unknown all-reduce mode {label!r}: nccl|custom|fused [+pdl] [+silu] [+ll] [+push] [+w8]")
     if "push" in flags and mode != "fused":
         raise ValueError(f"{label!r}: +push (cuda_allreduce_gemv.py) needs the fused mode")
     set_pdl("pdl" in flags)
@@ -238,6 +239,7 @@ def switch_all_reduce(worker, mode: str) -> str:
         if hasattr(ar, "push"):
             ar.push = "push" in flags  # the row-parallel GEMV sends its output (cuda_allreduce_gemv.py)
             ar.num_pushed = 0
+        ar.norm_warps = 8 if "w8" in flags else 0  # the fused all-reduce + norm kernel's warps (0: its rule)
     runner = getattr(worker.runner, "graph_runner", None)
     if runner is not None:
         runner.capture()

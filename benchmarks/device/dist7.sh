@@ -5,9 +5,9 @@
 #   DIST7_PARTS (default "ab tp1 test"; run in the order ab, tp1, test):
 #   ab   (<= 62 s) one TP=2 engine (mp, async) in the defaults: batch-1 ms/token, the decode graph replayed alone, its
 #        per-layer kernel trace (benchmarks/gpu_tp_profile.py graph_layer_trace); then re-captured in the same engine
-#        per mode of DIST7_TP2_MODES with graph, trace and ms/token (default: PDL off = true per-kernel times; LL; the
+#        per mode of DIST7_TP2_MODES with graph, trace and ms/token (default: PDL off = true per-kernel times; the
 #        row-parallel GEMV that pushes its output, cuda_allreduce_gemv.py, with PDL = the candidate, and without
-#        PDL = its per-kernel times); last the graph with no all-reduce at all (in-step cost, PDL as the last mode)
+#        PDL = its per-kernel times; push with an 8-warp fused norm); last the graph with no all-reduce at all
 #   tp1  (<= 28 s) TP=1 (uni, async) in the defaults, then PDL off (custom+silu): the like-for-like denominator
 #   test (<= 30 s) 2 GPUs: the pushing GEMV + fused norm / receive-only kernel == NCCL + unfused norm, bitwise;
 #        a layer's kernel chain (gate/up+SiLU GEMV with its prefetched first tile too) with PDL == without
@@ -16,7 +16,7 @@ cd "$(dirname "$0")/../.."
 R="${OUT:-/tmp/out}/dist/dist7"
 mkdir -p "$R"
 PARTS=" ${DIST7_PARTS:-ab tp1 test} "
-MODES="${DIST7_TP2_MODES:-fused+silu fused+pdl+silu+ll fused+pdl+silu+push fused+silu+push}"
+MODES="${DIST7_TP2_MODES:-fused+silu fused+pdl+silu+push fused+silu+push fused+pdl+silu+push+w8}"
 git rev-parse HEAD > "$R/commit.txt" 2>/dev/null
 git status --short > "$R/tree_status.txt" 2>/dev/null
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$R/gpus.csv" 2>&1

@@ -105,7 +105,8 @@ def all_reduce_add_rms_norm(ar: OneShotAllReduce, x: torch.Tensor, residual: tor
                                       ar.counters, ar.max_bytes // x.element_size(),
                                       ar.ll_table if ll else ar.flag_table, RANK=ar.rank, WORLD=ar.world,
                                       MAXG=MAX_CTAS, BLOCK=block, LL=ll, LL_CAP=LL_CAP_WORDS if ll else 0,
-                                      PUSHED=pushed, num_warps=8 if d > 4096 else 4, **launch_opts())
+                                      PUSHED=pushed, num_warps=getattr(ar, "norm_warps", 0) or (8 if d > 4096 else 4),
+                                      **launch_opts())
     ar.num_calls += 1
     return out.view(residual.shape), res_out.view(residual.shape)
 
