@@ -30,6 +30,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 VARIANTS = {  # in priority order (a short budget runs the first ones)
     "table_n128_w4_s2_ord": ("8b_fp8", "table", dict(block_n=128, ordered=True)),
     "bf16_table_n128_ord": ("8b", "table", dict(block_n=128, ordered=True)),
+    "fp8kv_deq0_s1_n128_w4": ("8b_fp8", "fp8kv", dict(block_n=128, deq=0, prefetch=False, num_stages=1)),
+    "fp8kv_deq0_pf_n64_w8": ("8b_fp8", "fp8kv", dict(block_n=64, num_warps=8, deq=0, prefetch=True)),
+    "fp8kv_deq0_s1_n128_w8": ("8b_fp8", "fp8kv", dict(block_n=128, num_warps=8, deq=0, prefetch=False,
+                                                      num_stages=1)),
+    "fp8kv_deq0_s1_n64_w4": ("8b_fp8", "fp8kv", dict(block_n=64, deq=0, prefetch=False, num_stages=1)),
     "fp8kv_deq1_pf_n128_w4": ("8b_fp8", "fp8kv", dict(block_n=128, deq=1, prefetch=True)),
     "fp8kv_deq0_pf_n128_w4": ("8b_fp8", "fp8kv", dict(block_n=128, deq=0, prefetch=True)),
     "fp8kv_deq1_s2_n128_w4": ("8b_fp8", "fp8kv", dict(block_n=128, deq=1, prefetch=False)),

@@ -145,10 +145,11 @@ def _fp8_kv_decode_kernel(
 def fp8_kv_decode(query, k_cache, v_cache, out, block_tables, seq_lens, query_start_loc, *, num_reqs: int,
                   num_kv_heads: int, scale: float, v_scale: float, block_size: int, block_n: int = 128,
                   num_warps: int = 4, deq: int = 0, prefetch: bool = True, order=None,
-                  maxnreg: int | None = None) -> None:
+                  maxnreg: int | None = None, num_stages: int | None = None) -> None:
     """``out[t] = softmax(q[t] K^T * scale) V * v_scale`` over each request's context, one token per request, on an
     e4m3 cache ``[num_blocks, block_size, num_kv_heads, head_size]`` (``scale`` includes ``k_scale``).
-    ``prefetch`` launches with ``num_stages=1`` (the kernel double-buffers in registers), else ``num_stages=2``."""
+    ``prefetch`` launches with ``num_stages=1`` (the kernel double-buffers in registers), else ``num_stages``
+    (default 2: Triton's pipeliner stages the tiles through shared memory; 1: plain loads)."""
     import torch
 
     from octavo.plugins.attention._triton_kernels import LOG2E
@@ -170,5 +171,5 @@ def fp8_kv_decode(query, k_cache, v_cache, out, block_tables, seq_lens, query_st
         block_tables.stride(0),
         GROUP=group, BLOCK_M=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n, HEAD_D=head_size,
         PAGE=block_size, DEQ=deq, PREFETCH=prefetch, ORDERED=order is not None,
-        num_warps=num_warps, num_stages=1 if prefetch else 2, **extra,
+        num_warps=num_warps, num_stages=1 if prefetch else (num_stages or 2), **extra,
     )
