@@ -47,16 +47,55 @@ def _norm_rope(x1, x2, w1, w2, cos, sin, eps, HEAD: tl.constexpr):
 
 
 @triton.jit
+def _load_tile(k_cache_ptr, v_cache_ptr, table_ptr, t0, end, new, h, i1, i2, d, stride_blk, stride_pos,
+               PAGE: tl.constexpr, HEAD: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Keys ``[t0, t0 + BLOCK_N)`` of kv head ``h`` (masked at ``end`` and at the new token ``new``, which comes
+    from registers): K halves ``[BLOCK_N, HEAD/2]`` x2 and V ``[BLOCK_N, HEAD]`` in the cache dtype."""
+    p_idx = t0 + tl.arange(0, BLOCK_N)
+    ok = p_idx < end
+    blk = tl.load(table_ptr + p_idx // PAGE, mask=ok, other=0).to(tl.int64)
+    base = blk * stride_blk + (p_idx % PAGE) * stride_pos + h * HEAD
+    ld = (ok & (p_idx != new))[:, None]
+    k1 = tl.load(k_cache_ptr + base[:, None] + i1[None, :], mask=ld, other=0.0)
+    k2 = tl.load(k_cache_ptr + base[:, None] + i2[None, :], mask=ld, other=0.0)
+    v = tl.load(v_cache_ptr + base[:, None] + d[None, :], mask=ld, other=0.0)
+    return k1, k2, v
+
+
+@triton.jit
+def _attend_tile(q1, q2, k1, k2, v, kn1, kn2, vn, t0, end, new, m_i, l_i, acc, qk_scale_log2,
+                 BLOCK_N: tl.constexpr):
+    """Online-softmax step over one key tile (the new token's row replaced by ``kn``/``vn``); a tile with no
+    valid key leaves (m, l, acc) as they were (m stays -inf in an empty split)."""
+    p_idx = t0 + tl.arange(0, BLOCK_N)
+    ok = p_idx < end
+    is_new = (p_idx == new)[:, None]
+    k1 = tl.where(is_new, kn1[None, :], k1.to(tl.float32))
+    k2 = tl.where(is_new, kn2[None, :], k2.to(tl.float32))
+    v = tl.where(is_new, vn[None, :], v.to(tl.float32))
+    sc = tl.dot(q1, tl.trans(k1)) + tl.dot(q2, tl.trans(k2))  # [G_P, BLOCK_N]
+    sc = tl.where(ok[None, :], sc * qk_scale_log2, -float("inf"))
+    m_new = tl.maximum(m_i, tl.max(sc, axis=1))
+    m_use = tl.where(m_new == -float("inf"), 0.0, m_new)  # no valid key yet: exp2(-inf - 0) = 0, no NaN
+    p = tl.exp2(sc - m_use[:, None])
+    alpha = tl.exp2(m_i - m_use)
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    acc = acc * alpha[:, None] + tl.dot(p, v)
+    return m_new, l_i, acc
+
+
+@triton.jit
 def _attn_one_kernel(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, qw_ptr, kw_ptr, k_cache_ptr, v_cache_ptr, table_ptr,
                      seq_len_ptr, slot_ptr, out_ptr, part_ptr, ml_ptr, count_ptr, stride_cos, stride_blk,
                      stride_pos, eps, qk_scale_log2,
                      NUM_Q: tl.constexpr, NUM_KV: tl.constexpr, GROUP: tl.constexpr, G_P: tl.constexpr,
                      HEAD: tl.constexpr, NEOX: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
-                     SPLITS: tl.constexpr, PDL: tl.constexpr = False):
-    """Program ``(h, s)``: kv head ``h``, key split ``s`` (see the module docstring)."""
-    if PDL:  # the qkv output comes from the previous launch
-        gdc_wait()
-        gdc_launch_dependents()
+                     SPLITS: tl.constexpr, EARLY: tl.constexpr = True, PDL: tl.constexpr = False):
+    """Program ``(h, s)``: kv head ``h``, key split ``s`` (see the module docstring).
+
+    With PDL the program first loads what no earlier kernel of the step writes (sequence length, position, block
+    table, rope row, norm weights and, with ``EARLY``, its first key/value tile: past tokens' K/V, written by
+    earlier steps), and only then waits for the qkv GEMV: the cache read overlaps that GEMV's tail."""
     h = tl.program_id(0)
     s = tl.program_id(1)
     HALF: tl.constexpr = HEAD // 2
@@ -75,25 +114,29 @@ def _attn_one_kernel(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, qw_ptr, kw_ptr, k_cache
     pos = tl.load(pos_ptr).to(tl.int64)
     cos = tl.load(cos_ptr + pos * stride_cos + i).to(tl.float32)
     sin = tl.load(sin_ptr + pos * stride_cos + i).to(tl.float32)
-    # q of the GROUP query heads of kv head h: [G_P, HALF] halves, normalised and rotated
-    q_rows = qkv_ptr + (h * GROUP + r)[:, None] * HEAD
-    qx1 = tl.load(q_rows + i1[None, :], mask=r_ok[:, None], other=0.0)
-    qx2 = tl.load(q_rows + i2[None, :], mask=r_ok[:, None], other=0.0)
     qw1 = tl.load(qw_ptr + i1).to(tl.float32)[None, :]
     qw2 = tl.load(qw_ptr + i2).to(tl.float32)[None, :]
-    q1, q2 = _norm_rope(qx1, qx2, qw1, qw2, cos[None, :], sin[None, :], eps, HEAD)
-    # the new key (normalised, rotated) and value of kv head h
-    k_row = qkv_ptr + NUM_Q * HEAD + h * HEAD
-    kx1 = tl.load(k_row + i1)
-    kx2 = tl.load(k_row + i2)
     kw1 = tl.load(kw_ptr + i1).to(tl.float32)
     kw2 = tl.load(kw_ptr + i2).to(tl.float32)
-    kn1, kn2 = _norm_rope(kx1, kx2, kw1, kw2, cos, sin, eps, HEAD)
-    vn = tl.load(qkv_ptr + (NUM_Q + NUM_KV) * HEAD + h * HEAD + d).to(tl.float32)
     chunk = tl.cdiv(L, SPLITS)
     start = s * chunk
     end = tl.minimum(start + chunk, L)
     new = L - 1
+    if EARLY:
+        k1, k2, v = _load_tile(k_cache_ptr, v_cache_ptr, table_ptr, start, end, new, h, i1, i2, d, stride_blk,
+                               stride_pos, PAGE, HEAD, BLOCK_N)
+    if PDL:  # the qkv output comes from the previous launch
+        gdc_wait()
+        gdc_launch_dependents()
+    # q of the GROUP query heads of kv head h: [G_P, HALF] halves, normalised and rotated
+    q_rows = qkv_ptr + (h * GROUP + r)[:, None] * HEAD
+    qx1 = tl.load(q_rows + i1[None, :], mask=r_ok[:, None], other=0.0)
+    qx2 = tl.load(q_rows + i2[None, :], mask=r_ok[:, None], other=0.0)
+    q1, q2 = _norm_rope(qx1, qx2, qw1, qw2, cos[None, :], sin[None, :], eps, HEAD)
+    # the new key (normalised, rotated) and value of kv head h
+    k_row = qkv_ptr + NUM_Q * HEAD + h * HEAD
+    kn1, kn2 = _norm_rope(tl.load(k_row + i1), tl.load(k_row + i2), kw1, kw2, cos, sin, eps, HEAD)
+    vn = tl.load(qkv_ptr + (NUM_Q + NUM_KV) * HEAD + h * HEAD + d).to(tl.float32)
     if (new >= start) & (new < end):  # this program owns the new token's slot: store its K/V
         slot = tl.load(slot_ptr)
         if slot >= 0:
@@ -104,28 +147,16 @@ def _attn_one_kernel(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, qw_ptr, kw_ptr, k_cache
     m_i = tl.full([G_P], -float("inf"), dtype=tl.float32)
     l_i = tl.zeros([G_P], dtype=tl.float32)
     acc = tl.zeros([G_P, HEAD], dtype=tl.float32)
-    offs = tl.arange(0, BLOCK_N)
-    for t0 in range(start, end, BLOCK_N):
-        p_idx = t0 + offs
-        ok = p_idx < end
-        blk = tl.load(table_ptr + p_idx // PAGE, mask=ok, other=0).to(tl.int64)
-        base = blk * stride_blk + (p_idx % PAGE) * stride_pos + h * HEAD
-        ld = ok & (p_idx != new)
-        k1 = tl.load(k_cache_ptr + base[:, None] + i1[None, :], mask=ld[:, None], other=0.0).to(tl.float32)
-        k2 = tl.load(k_cache_ptr + base[:, None] + i2[None, :], mask=ld[:, None], other=0.0).to(tl.float32)
-        v = tl.load(v_cache_ptr + base[:, None] + d[None, :], mask=ld[:, None], other=0.0).to(tl.float32)
-        is_new = (p_idx == new)[:, None]
-        k1 = tl.where(is_new, kn1[None, :], k1)
-        k2 = tl.where(is_new, kn2[None, :], k2)
-        v = tl.where(is_new, vn[None, :], v)
-        sc = tl.dot(q1, tl.trans(k1)) + tl.dot(q2, tl.trans(k2))  # [G_P, BLOCK_N]
-        sc = tl.where(ok[None, :], sc * qk_scale_log2, -float("inf"))
-        m_new = tl.maximum(m_i, tl.max(sc, axis=1))
-        p = tl.exp2(sc - m_new[:, None])
-        alpha = tl.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p, v)
-        m_i = m_new
+    t_first = start
+    if EARLY:  # the tile loaded before the wait (all masked in an empty split: a no-op)
+        m_i, l_i, acc = _attend_tile(q1, q2, k1, k2, v, kn1, kn2, vn, start, end, new, m_i, l_i, acc,
+                                     qk_scale_log2, BLOCK_N)
+        t_first = start + BLOCK_N
+    for t0 in range(t_first, end, BLOCK_N):
+        k1, k2, v = _load_tile(k_cache_ptr, v_cache_ptr, table_ptr, t0, end, new, h, i1, i2, d, stride_blk,
+                               stride_pos, PAGE, HEAD, BLOCK_N)
+        m_i, l_i, acc = _attend_tile(q1, q2, k1, k2, v, kn1, kn2, vn, t0, end, new, m_i, l_i, acc,
+                                     qk_scale_log2, BLOCK_N)
     out_rows = out_ptr + (h * GROUP + r)[:, None] * HEAD + d[None, :]
     if SPLITS == 1:
         tl.store(out_rows, (acc / tl.where(l_i > 0, l_i, 1.0)[:, None]).to(dtype), mask=r_ok[:, None])  # L=0: 0
@@ -173,7 +204,7 @@ def attention_one(qkv: torch.Tensor, positions: torch.Tensor, cos_cache: torch.T
                   q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float, kv_cache: torch.Tensor,
                   block_table: torch.Tensor, seq_lens: torch.Tensor, slot_mapping: torch.Tensor, *, num_heads: int,
                   num_kv_heads: int, head_size: int, scale: float, neox: bool, splits: int = 8,
-                  block_n: int = 64, num_warps: int = 4) -> torch.Tensor:
+                  block_n: int = 64, num_warps: int = 4, early: bool = True) -> torch.Tensor:
     """One decode token of one request: ``qkv [1, (Hq + 2 Hkv) * D]`` (pre-norm, pre-rope) -> attention output
     ``[1, Hq * D]``; stores the new K/V into ``kv_cache [2, blocks, page, Hkv, D]`` at ``slot_mapping[0]``.
 
@@ -191,6 +222,6 @@ def attention_one(qkv: torch.Tensor, positions: torch.Tensor, cos_cache: torch.T
         slot_mapping, out, part, ml, count, cos_cache.stride(0), k_cache.stride(0), k_cache.stride(1), eps,
         scale * 1.4426950408889634,
         NUM_Q=num_heads, NUM_KV=num_kv_heads, GROUP=group, G_P=g_p, HEAD=head_size, NEOX=neox,
-        PAGE=kv_cache.shape[2], BLOCK_N=block_n, SPLITS=splits, num_warps=num_warps, num_stages=2,
+        PAGE=kv_cache.shape[2], BLOCK_N=block_n, SPLITS=splits, EARLY=early, num_warps=num_warps, num_stages=2,
         **launch_opts())
     return out

@@ -34,9 +34,10 @@ def _case(dtype, ctx_len, seed):
     return cache, qkv, qw, kw, table
 
 
-@pytest.mark.parametrize("ctx_len,splits,block_n,neox", [(1, 4, 16, True), (5, 8, 16, True), (23, 4, 16, True),
-                                                         (23, 1, 16, False), (40, 2, 32, True), (61, 16, 16, False)])
-def test_one_launch_matches_float64(ctx_len, splits, block_n, neox):
+@pytest.mark.parametrize("ctx_len,splits,block_n,neox,early", [
+    (1, 4, 16, True, True), (5, 8, 16, True, True), (23, 4, 16, True, False), (23, 1, 16, False, True),
+    (40, 2, 32, True, True), (61, 16, 16, False, False), (61, 2, 16, True, True)])
+def test_one_launch_matches_float64(ctx_len, splits, block_n, neox, early):
     dtype = torch.float16
     cache, qkv, qw, kw, table = _case(dtype, ctx_len, seed=ctx_len * 7 + splits)
     cos, sin = rope_tables(64, D)
@@ -47,7 +48,7 @@ def test_one_launch_matches_float64(ctx_len, splits, block_n, neox):
     before = cache.clone()
     got = attention_one(qkv, pos, cos.float(), sin.float(), qw, kw, eps, cache, table[0],
                         torch.tensor([ctx_len], dtype=torch.int32), slot, num_heads=HQ, num_kv_heads=HK,
-                        head_size=D, scale=scale, neox=neox, splits=splits, block_n=block_n)
+                        head_size=D, scale=scale, neox=neox, splits=splits, block_n=block_n, early=early)
     err = (got.double() - want).abs().max() / want.abs().max()
     assert err < 2e-3, err
     # the new K/V are stored at the slot (rounded to the dtype), nothing else in the cache changed
@@ -60,7 +61,7 @@ def test_one_launch_matches_float64(ctx_len, splits, block_n, neox):
     # the tickets are back at zero: a second launch (graph replay) gives the same output
     again = attention_one(qkv, pos, cos.float(), sin.float(), qw, kw, eps, cache, table[0],
                           torch.tensor([ctx_len], dtype=torch.int32), slot, num_heads=HQ, num_kv_heads=HK,
-                          head_size=D, scale=scale, neox=neox, splits=splits, block_n=block_n)
+                          head_size=D, scale=scale, neox=neox, splits=splits, block_n=block_n, early=early)
     assert torch.equal(again, got)
 
 

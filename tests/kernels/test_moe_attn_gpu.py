@@ -24,12 +24,13 @@ def _inputs(gen, dt, dev):
     return cache, qw, kw, table
 
 
-@pytest.mark.parametrize("splits,block_n", [(1, 64), (4, 64), (8, 64), (16, 64), (8, 32), (16, 32)])
-def test_one_launch_at_the_qwen3_30b_shape_in_a_graph(splits, block_n):
+@pytest.mark.parametrize("splits,block_n,early", [(1, 64, True), (4, 64, True), (8, 64, True), (16, 64, True),
+                                                  (8, 64, False), (8, 32, True), (16, 32, True), (4, 128, True)])
+def test_one_launch_at_the_qwen3_30b_shape_in_a_graph(splits, block_n, early):
     from octavo.plugins.platforms.moe_decode_attention import attention_one
 
     dev, dt = torch.device("cuda"), torch.bfloat16
-    gen = torch.Generator(device=dev).manual_seed(splits * 100 + block_n)
+    gen = torch.Generator(device=dev).manual_seed(splits * 100 + block_n + early)
     cache, qw, kw, table = _inputs(gen, dt, dev)
     cos, sin = rope_tables(4096, D)
     cos_d, sin_d = cos.float().to(dev), sin.float().to(dev)
@@ -40,7 +41,8 @@ def test_one_launch_at_the_qwen3_30b_shape_in_a_graph(splits, block_n):
 
     def run():
         return attention_one(qkv, pos, cos_d, sin_d, qw, kw, 1e-6, cache, table[0], seq, slot, num_heads=HQ,
-                             num_kv_heads=HK, head_size=D, scale=D ** -0.5, neox=True, splits=splits, block_n=block_n)
+                             num_kv_heads=HK, head_size=D, scale=D ** -0.5, neox=True, splits=splits, block_n=block_n,
+                             early=early)
 
     def set_len(n):
         qkv.copy_((torch.randn(qkv.shape, generator=gen, device=dev) * 2).to(dt))
