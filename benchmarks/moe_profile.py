@@ -179,6 +179,29 @@ def profile_attn(runner, model, variants=None, with_table: bool = True) -> dict:
                 graph = recapture(runner)
                 res["best_kernels"] = kernel_table(graph.replay)
                 del graph
+                res["pdl_off_kernels"] = _tables_without_pdl(runner, model, {"off": {"on": False}, "best": best[0]})
     finally:
         set_attn_one(model, **saved)
     return res
+
+
+def _tables_without_pdl(runner, model, variants: dict) -> dict:
+    """Kernel tables of re-captures with PDL off: under PDL a kernel's time includes its wait for its predecessor,
+    so only these split the step by kernel (the replay ms differ from the PDL ones)."""
+    from octavo.plugins.platforms import cuda_pdl
+    from octavo.plugins.platforms.moe_attention import DEFAULTS, set_attn_one
+
+    was = cuda_pdl.pdl_on()
+    out = {}
+    cuda_pdl.set_pdl(False)
+    try:
+        for name, v in variants.items():
+            set_attn_one(model, **{"on": True, **DEFAULTS, **v})
+            graph = recapture(runner)
+            out[name] = {"ms": round(_replay_ms(graph.replay), 4), **kernel_table(graph.replay, top=14)}
+            del graph
+    except Exception as e:  # noqa: BLE001 - an extra
+        out["error"] = f"{type(e).__name__}: {e}"
+    finally:
+        cuda_pdl.set_pdl(was)
+    return out
