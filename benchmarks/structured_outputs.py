@@ -51,6 +51,34 @@ HOST_KEYS = ("prepare_s", "fill_s", "wait_s", "apply_s", "accept_s", "accept_thr
              "resume_lag_s", "core_host_s", "core_wait_s")
 
 
+def thread_cpu_s() -> dict[str, float]:
+    """CPU seconds each thread of this process has run so far, by name (Linux ``/proc/self/task/*/schedstat``, ns
+    resolution; Python threads by their ``threading`` name with pool suffixes dropped, others by their OS name:
+    torch's OpenMP workers, xgrammar's, CUDA's), summed per name. Empty where /proc has no schedstat."""
+    import os
+    import re
+    import threading
+
+    names = {t.native_id: re.sub(r"_\d+$", "", t.name) for t in threading.enumerate()}
+    out: dict[str, float] = {}
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat") as f:
+                ns = int(f.read().split()[0])
+            name = names.get(int(tid))
+            if name is None:
+                with open(f"/proc/self/task/{tid}/comm") as f:
+                    name = "os:" + re.sub(r"\d+$", "", f.read().strip())
+        except (OSError, ValueError, IndexError):
+            continue
+        out[name] = out.get(name, 0.0) + ns / 1e9
+    return out
+
+
 def timed_steps(core, reqs, full: int, tokens: dict | None = None) -> list[float]:
     """Add ``reqs`` to the engine core, run it dry, return the times of steps where all ``full`` decode
     (and, if ``tokens`` is a dict, collect each request's output token ids into it)."""
@@ -163,9 +191,11 @@ def bench_decode(args) -> dict:
 
         host = {m: {k: [] for k in HOST_KEYS} for m in modes}
         parked: dict[str, list[float]] = {}  # share of structured steps whose sampling ran parked on the gate
+        thread_cpu: dict[str, dict[str, list[float]]] = {}  # mode -> thread name -> CPU s per step, per run
         texts: dict[str, list[int]] = {}
 
-        def run(mode: str, prompts=prompts, batch=batch, host=host, texts=texts, parked=parked) -> list[float]:
+        def run(mode: str, prompts=prompts, batch=batch, host=host, texts=texts, parked=parked,
+                thread_cpu=thread_cpu) -> list[float]:
             params_so, on, fill_first, own_maxlength, interval, knobs = modes[mode]
             if args.async_modes:
                 from octavo.core.async_engine import set_async_scheduling
@@ -199,6 +229,7 @@ def bench_decode(args) -> dict:
             timers = core.step_timers
             timers0 = timers.as_dict()
             texts.clear()
+            cpu0 = thread_cpu_s()
             default_interval = sys.getswitchinterval()
             if interval:
                 sys.setswitchinterval(interval)
@@ -222,7 +253,10 @@ def bench_decode(args) -> dict:
                 parked.setdefault(mode, []).append(stats.get("parked", 0) / stats["steps"])
             t1 = timers.as_dict()  # the engine core thread's own timers (whole run, prefill steps included)
             n = t1["steps"] - timers0["steps"]
-            if n:
+            if n:  # CPU time of each thread per step (whole run): where the host work of a step really runs
+                for name, v in thread_cpu_s().items():
+                    if v - cpu0.get(name, 0.0) > 0:
+                        thread_cpu.setdefault(mode, {}).setdefault(name, []).append((v - cpu0.get(name, 0.0)) / n)
                 host[mode]["core_host_s"].append((t1["host_s"] - timers0["host_s"]) / n)
                 host[mode]["core_wait_s"].append((t1["wait_s"] - timers0["wait_s"]) / n)
             return times
@@ -265,6 +299,9 @@ def bench_decode(args) -> dict:
                     row[f"{m}_exposed_pct_of_free_step"] = round(exposed / med["free"] * 100, 1)
         for m, v in parked.items():
             row[f"{m}_parked_frac"] = round(statistics.mean(v), 3)
+        for m, per in thread_cpu.items():  # timed runs only (the warm-up run is its first entry)
+            cpu = {k: round(statistics.median(v[1:] or v) * 1e3, 3) for k, v in per.items()}
+            row[f"{m}_thread_cpu_ms_per_step"] = {k: v for k, v in sorted(cpu.items(), key=lambda kv: -kv[1]) if v >= 0.01}
         if samples:
             row["sample_outputs"] = samples
         result[f"batch_{batch}"] = row

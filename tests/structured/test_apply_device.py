@@ -43,3 +43,59 @@ def test_device_apply_equals_host_apply(vocab, dtype, rows, pinned, triton, monk
     assert dev.device.type == "cuda"
     assert torch.equal(dev.cpu(), host)
     assert torch.equal(dev.argmax(-1).cpu(), host.argmax(-1))
+
+
+class _ClosedBackend:
+    """A grammar backend whose every row allows nothing but token 0 (no tokenizer needed)."""
+
+    def matcher(self, compiled):
+        return object()
+
+    def fill_bitmasks(self, matchers, bitmask):
+        bitmask[: len(matchers)] = 0
+        bitmask[: len(matchers), 0] = 1
+
+    def accept_tokens(self, matchers, tokens):
+        return [True] * len(matchers)
+
+
+def test_manager_pins_its_fill_buffer_once_its_runner_applied_on_the_device():
+    """The manager asks the platform whether host memory can be pinned (no ``torch.cuda`` call of its own) and
+    pins its reused fill buffer once this process's runner applied masks on the accelerator; the first step's
+    copy goes through a fresh pinned staging copy; both steps mask the same."""
+    from concurrent.futures import Future
+
+    from octavo.config import OctavoSettings
+    from octavo.core.grammar_step import HANDOFF_WAIT_S, mask_logits
+    from octavo.core.messages import EngineCoreRequest
+    from octavo.core.request import Request
+    from octavo.core.scheduler import ScheduledRequest
+    from octavo.core.structured_output import RequestGrammar, StructuredOutputManager
+    from octavo.sampling_params import SamplingParams
+
+    mgr = StructuredOutputManager(OctavoSettings.from_kwargs(), 1000, [2], CudaPlatform())
+    mgr._backend = _ClosedBackend()
+    reqs = [Request(EngineCoreRequest(f"p{i}", [1], SamplingParams(), 0.0), 8) for i in range(3)]
+    for r in reqs:
+        fut = Future()
+        fut.set_result("compiled")
+        r.grammar = RequestGrammar(fut)
+
+    class Out:
+        scheduled = [ScheduledRequest(r, 1, 0, [0]) for r in reqs]
+
+    ids = [r.request_id for r in reqs]
+    kernel = CudaPlatform().make_grammar_mask_apply()
+    try:
+        results = []
+        for _ in range(2):
+            step = mgr.prepare(Out)
+            pinned, wait_s = mgr._bitmask.is_pinned(), step.handoff_wait_s
+            logits = torch.randn(3, 1000, device="cuda")
+            results.append((pinned, wait_s, mask_logits(logits, None, ids, lambda rows: rows, step, kernel).cpu()))
+            mgr.accept_tokens([])
+        assert [r[:2] for r in results] == [(False, 0.0), (True, HANDOFF_WAIT_S)]
+        for _, _, got in results:
+            assert torch.isfinite(got[:, 0]).all() and torch.isinf(got[:, 1:]).all()
+    finally:
+        mgr.shutdown()
