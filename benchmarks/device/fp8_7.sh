@@ -25,7 +25,7 @@ PARTS=("$@")
 reserve() {  # seconds the parts after $1 keep for themselves
   local after=0 r=0 p
   for p in "${PARTS[@]}"; do
-    if [ "$after" = 1 ]; then case $p in tests) r=$((r + 20));; bs1) r=$((r + 32));; attn) r=$((r + 21));; *) r=$((r + 12));; esac; fi
+    if [ "$after" = 1 ]; then case $p in tests) r=$((r + 18));; bs1) r=$((r + 30));; attn) r=$((r + 25));; *) r=$((r + 12));; esac; fi
     [ "$p" = "$1" ] && after=1
   done
   echo $r

@@ -8,7 +8,11 @@ microbench (benchmarks/fp8_attn7.py) compares them with the table's launch of ``
 
 - ``PREFETCH``: register double buffering (launched with ``num_stages=1``): the next tile's K/V loads are issued
   before the current tile's dots, so they are in flight during the math, without the shared-memory staging;
-- ``DEQ``: how e4m3 becomes fp16: 0 = Triton's conversion (``cvt.rn.f16x2.e4m3x2``); 1 = the bit trick (the
+- ``DEQ`` (``DEQ_V`` for V if >= 0): how e4m3 becomes fp16: 0 = Triton's conversion (``cvt.rn.f16x2.e4m3x2``),
+  which Triton moves after the tile's staging in shared memory, so the dots read single bytes there (sm_90 SASS of
+  the table's fp8 launch: 5.4 instructions per cache byte in the key loop, the bf16 cache 1.5 per byte); 3 = the
+  same conversion as impure inline PTX, which stays after the global load: the tile is staged as fp16 and read with
+  ``ldmatrix`` (2.4 instructions per byte at 128 keys / 4 warps / 1 stage, Triton 3.6); 1 = the bit trick (the
   e4m3 byte placed in an fp16's high bits, sign kept: the value times 2**-8, exact, subnormals included),
   done by ``prmt``/``lop3`` in inline PTX on 4 bytes at once (GPU only); 2 = the same trick in plain Triton
   integer ops (runs under ``TRITON_INTERPRET=1``: the CPU test checks the arithmetic). The 2**8 is folded into
@@ -63,11 +67,36 @@ def _e4m3_to_f16_int(x):
 
 
 @triton.jit
+def _e4m3_to_f16_cvt_pinned(x):
+    """Triton's own conversion (``cvt.rn.f16x2.e4m3x2``, exact), as inline PTX marked impure so the compiler keeps
+    it where it is written: right after the global load, before the tile is staged in shared memory, so the dot
+    reads 16-bit operands with ``ldmatrix`` instead of single bytes (the V operand of P @ V needs key pairs that
+    are 1 KiB apart in the cache)."""
+    return tl.inline_asm_elementwise(
+        asm="""
+        {
+        .reg .b16 lo, hi;
+        mov.b32 {lo, hi}, $2;
+        cvt.rn.f16x2.e4m3x2 $0, lo;
+        cvt.rn.f16x2.e4m3x2 $1, hi;
+        }
+        """,
+        constraints="=r,=r,r",
+        args=[x.to(tl.uint8, bitcast=True)],
+        dtype=tl.float16,
+        is_pure=False,
+        pack=4,
+    )
+
+
+@triton.jit
 def _deq(x, DEQ: tl.constexpr):
     if DEQ == 1:
         return _e4m3_to_f16_asm(x)
     elif DEQ == 2:
         return _e4m3_to_f16_int(x)
+    elif DEQ == 3:
+        return _e4m3_to_f16_cvt_pinned(x)
     else:
         return x.to(tl.float16)
 
@@ -78,7 +107,7 @@ def _fp8_kv_decode_kernel(
     scale_log2, out_scale, num_kv_heads,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_cb, stride_cs, stride_bt,
     GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_D: tl.constexpr, PAGE: tl.constexpr,
-    DEQ: tl.constexpr, PREFETCH: tl.constexpr, ORDERED: tl.constexpr,
+    DEQ: tl.constexpr, PREFETCH: tl.constexpr, ORDERED: tl.constexpr, DEQ_V: tl.constexpr = -1,
 ):
     pid = tl.program_id(0)
     req = pid // num_kv_heads
@@ -134,7 +163,7 @@ def _fp8_kv_decode_kernel(
         p = tl.exp2(s - m_new[:, None])
         alpha = tl.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(tl.float16), _deq(v, DEQ))
+        acc = acc * alpha[:, None] + tl.dot(p.to(tl.float16), _deq(v, DEQ if DEQ_V < 0 else DEQ_V))
         m_i = m_new
 
     out = acc / l_i[:, None] * out_scale
@@ -145,7 +174,7 @@ def _fp8_kv_decode_kernel(
 def fp8_kv_decode(query, k_cache, v_cache, out, block_tables, seq_lens, query_start_loc, *, num_reqs: int,
                   num_kv_heads: int, scale: float, v_scale: float, block_size: int, block_n: int = 128,
                   num_warps: int = 4, deq: int = 0, prefetch: bool = True, order=None,
-                  maxnreg: int | None = None, num_stages: int | None = None) -> None:
+                  maxnreg: int | None = None, num_stages: int | None = None, deq_v: int | None = None) -> None:
     """``out[t] = softmax(q[t] K^T * scale) V * v_scale`` over each request's context, one token per request, on an
     e4m3 cache ``[num_blocks, block_size, num_kv_heads, head_size]`` (``scale`` includes ``k_scale``).
     ``prefetch`` launches with ``num_stages=1`` (the kernel double-buffers in registers), else ``num_stages``
@@ -159,10 +188,13 @@ def fp8_kv_decode(query, k_cache, v_cache, out, block_tables, seq_lens, query_st
     num_heads, head_size = query.shape[1], query.shape[2]
     if head_size & (head_size - 1) or head_size < 16:
         raise ValueError(f"fp8_kv_decode: head size {head_size} is not a power of two >= 16")
-    if deq not in (0, 1, 2):
-        raise ValueError(f"fp8_kv_decode: deq={deq} (0 hardware cvt, 1 PTX bit trick, 2 integer bit trick)")
+    dv = deq if deq_v is None else deq_v
+    if deq not in (0, 1, 2, 3) or dv not in (0, 1, 2, 3) or (deq in (1, 2)) != (dv in (1, 2)):
+        raise ValueError(f"fp8_kv_decode: deq={deq}, deq_v={deq_v}: 0 Triton's conversion, 1 PTX bit trick, "
+                         "2 integer bit trick, 3 Triton's conversion pinned before shared memory (K and V must "
+                         "agree on the 2**-8 scaling of 1 / 2)")
     group = num_heads // num_kv_heads
-    shift = DEQ_SHIFT_SCALE if deq else 1.0
+    shift = DEQ_SHIFT_SCALE if deq in (1, 2) else 1.0
     extra = {} if maxnreg is None else {"maxnreg": maxnreg}
     _fp8_kv_decode_kernel[(num_reqs * num_kv_heads,)](
         query, k_cache, v_cache, out, block_tables, seq_lens, query_start_loc,
@@ -170,6 +202,6 @@ def fp8_kv_decode(query, k_cache, v_cache, out, block_tables, seq_lens, query_st
         query.stride(0), query.stride(1), out.stride(0), out.stride(1), k_cache.stride(0), k_cache.stride(1),
         block_tables.stride(0),
         GROUP=group, BLOCK_M=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n, HEAD_D=head_size,
-        PAGE=block_size, DEQ=deq, PREFETCH=prefetch, ORDERED=order is not None,
+        PAGE=block_size, DEQ=deq, DEQ_V=dv, PREFETCH=prefetch, ORDERED=order is not None,
         num_warps=num_warps, num_stages=1 if prefetch else (num_stages or 2), **extra,
     )

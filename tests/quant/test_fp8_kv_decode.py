@@ -3,7 +3,7 @@ dequantized e4m3 cache: Triton's conversion (deq 0) and the bit trick in integer
 the 2**8 folded into the scales), register double buffering on and off, GQA 4 and 2, contexts across several key
 tiles and a context shorter than one tile, shuffled blocks, k/v scales. TRITON_INTERPRET=1 in a subprocess
 (~15 s on the shared CPU); the same script runs compiled on a GPU (``gpu`` marker) and there also checks deq 1
-(the PTX bit trick), which the interpreter cannot run.
+(the PTX bit trick) and deq 3 (Triton's conversion as pinned inline PTX), which the interpreter cannot run.
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def run(heads, kv_heads, d, ctx, ks, vs, deqs, block_n):
 
 
 if DEV.type == "cuda":  # the benchmarked shape only (each launch config compiles): Llama-3-8B heads, 128-key tiles
-    run(32, 8, 128, [1000, 1500, 7, 2000], 0.05, 0.02, (0, 1, 2), 128)
+    run(32, 8, 128, [1000, 1500, 7, 2000], 0.05, 0.02, (0, 1, 2, 3), 128)
 else:
     run(8, 2, 64, [1, 17, 70, 130], 0.5, 0.25, (0, 2), 32)
     run(16, 4, 32, [5, 64, 16], 1.0, 2.0, (0, 2), 16)
@@ -93,4 +93,4 @@ def test_fp8_kv_decode_interpreted():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_fp8_kv_decode_on_cuda():
     out = _run({"DECODE_TEST_DEVICE": "cuda"})
-    assert out.count("ok ") == 3 * 2 * 2
+    assert out.count("ok ") == 4 * 2 * 2
