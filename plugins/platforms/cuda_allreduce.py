@@ -186,7 +186,9 @@ class OneShotAllReduce:
         self.defer_rows, self.defer_width, self.pending, self.allow_defer = 0, 0, None, False
         # cuda_allreduce_gemv.py (opt-in): a 1-row row-parallel GEMV sends its output's LL words itself; the
         # pending message is then "pushed" (its consumer only receives). Settled by the fusion's check at start.
-        self.push = env_switch("OCTAVO_TP_GEMV_PUSH", default=False)
+        from octavo.plugins.platforms.cuda_allreduce_gemv import push_setting
+
+        self.push = push_setting()[0]
         self.pending_pushed = False
 
     def __call__(self, x: torch.Tensor):

@@ -34,7 +34,6 @@ import torch
 import triton
 import triton.language as tl
 
-from octavo.env_flags import env_switch
 from octavo.plugins.platforms.cuda_allreduce import (
     MAX_CTAS,
     OneShotAllReduce,
@@ -43,7 +42,7 @@ from octavo.plugins.platforms.cuda_allreduce import (
     _store_to_peers,
 )
 from octavo.plugins.platforms.cuda_allreduce_epochs import _begin_call
-from octavo.plugins.platforms.cuda_allreduce_gemv import gemv_push, push_eligible
+from octavo.plugins.platforms.cuda_allreduce_gemv import gemv_push, push_eligible, push_setting
 from octavo.plugins.platforms.cuda_allreduce_ll import LL_CAP_WORDS, _ll_receive, _ll_store_to_peers, ll_fits
 from octavo.plugins.platforms.cuda_pdl import launch_opts
 
@@ -163,7 +162,8 @@ def maybe_fuse_all_reduce_norm(handle, runner_cls) -> dict | None:
     env = os.environ.get("OCTAVO_TP_ALLREDUCE_FUSE_NORM", "").strip()
     if env not in ("", "0", "1"):
         raise ValueError(f"OCTAVO_TP_ALLREDUCE_FUSE_NORM={env!r}: use 1 (on) or 0 (off)")
-    if env_switch("OCTAVO_TP_GEMV_PUSH", default=False) and (env == "0" or not isinstance(ar, OneShotAllReduce)):
+    push_on, push_explicit = push_setting()
+    if push_on and push_explicit and (env == "0" or not isinstance(ar, OneShotAllReduce)):
         raise ValueError("OCTAVO_TP_GEMV_PUSH=1 needs the all-reduce + RMSNorm fusion (tensor parallelism on CUDA "
                          "with the one-shot all-reduce, OCTAVO_TP_ALLREDUCE_FUSE_NORM not 0); unset one of them")
     if env == "0":  # default on since session 6 (2x H100: bitwise equal, 64 kernels fewer per token)
@@ -181,9 +181,10 @@ def maybe_fuse_all_reduce_norm(handle, runner_cls) -> dict | None:
            if any(isinstance(getattr(m, "quant_method", None), _FP8Method) for m in handle.model.modules())
            else f"norms of several widths {sorted(hidden)}" if len(hidden) != 1 else None)
     if off is not None:
-        if ar.push:  # OCTAVO_TP_GEMV_PUSH=1 asked for something this model cannot have: refused, not ignored
+        if ar.push and push_explicit:  # OCTAVO_TP_GEMV_PUSH=1 asked for what this model cannot have: refused
             raise ValueError(f"OCTAVO_TP_GEMV_PUSH=1 needs the all-reduce + RMSNorm fusion, off for this model: {off}")
         logger.info("all-reduce + RMSNorm fusion off: %s", off)
+        ar.push = False
         return None
     from octavo.nn.linear import RowParallelLinear
 
@@ -201,13 +202,16 @@ def maybe_fuse_all_reduce_norm(handle, runner_cls) -> dict | None:
                 "%d rows)", "on" if ar.defer_rows else "OFF: the checking forward disagreed", len(rows_layers),
                 len(norms), rows)
     if push and ar.defer_rows:  # OCTAVO_TP_GEMV_PUSH=1 (cuda_allreduce_gemv.py)
-        ar.push = True
-        ar.push = _agreed(ar, _check_forward(handle, ar, rows, runner_cls), handle.device)
+        ar.push, before = True, getattr(ar, "num_pushed", 0)
+        same = _check_forward(handle, ar, rows, runner_cls)
+        ran = getattr(ar, "num_pushed", 0) > before  # the check must have taken the pushing GEMV (tuned shapes)
+        ar.push = _agreed(ar, same and ran, handle.device)
         ar.defer_rows = rows
-        (logger.info if ar.push else logger.warning)("row-parallel GEMV push (OCTAVO_TP_GEMV_PUSH=1): %s", "on"
-                                                     if ar.push else "OFF: the checking forward disagreed")
-    elif push:
-        logger.warning("OCTAVO_TP_GEMV_PUSH=1 ignored: it needs the all-reduce + RMSNorm fusion, which is off")
+        (logger.info if ar.push else logger.warning)(
+            "row-parallel GEMV push (OCTAVO_TP_GEMV_PUSH): %s", "on" if ar.push else
+            "OFF: the checking forward " + ("disagreed" if ran else "never took it (no tuned GEMV shape)"))
+    elif push:  # the fusion's own check disagreed (warned above): nothing to push into
+        logger.warning("row-parallel GEMV push off: the all-reduce + RMSNorm fusion it needs is off")
     return {"row_parallel": len(rows_layers), "norms": len(norms), "rows": ar.defer_rows, "push": ar.push}
 
 

@@ -34,8 +34,18 @@ import torch
 import triton
 import triton.language as tl
 
+from octavo.env_flags import env_switch
 from octavo.plugins.platforms.cuda_allreduce_ll import LL_CAP_WORDS, _ll_store_to_peers, ll_fits
 from octavo.plugins.platforms.cuda_pdl import gdc_launch_dependents, gdc_wait, launch_opts
+
+PUSH_DEFAULT = False  # an unset OCTAVO_TP_GEMV_PUSH
+
+
+def push_setting() -> tuple[bool, bool]:
+    """``(on, explicit)`` from ``OCTAVO_TP_GEMV_PUSH`` (unset: :data:`PUSH_DEFAULT`, not explicit). Explicitly on
+    where the fusion it needs is off is an error; the default just stays off there."""
+    return env_switch("OCTAVO_TP_GEMV_PUSH", default=PUSH_DEFAULT), bool(os.environ.get("OCTAVO_TP_GEMV_PUSH",
+                                                                                        "").strip())
 
 
 @triton.jit
