@@ -42,7 +42,12 @@ from octavo.plugins.platforms.cuda_allreduce import (
     _store_to_peers,
 )
 from octavo.plugins.platforms.cuda_allreduce_epochs import _begin_call
-from octavo.plugins.platforms.cuda_allreduce_gemv import gemv_push, push_eligible, push_setting
+from octavo.plugins.platforms.cuda_allreduce_gemv import (
+    gemv_push,
+    plain_gemv_config,
+    push_eligible,
+    push_setting,
+)
 from octavo.plugins.platforms.cuda_allreduce_ll import LL_CAP_WORDS, _ll_receive, _ll_store_to_peers, ll_fits
 from octavo.plugins.platforms.cuda_pdl import launch_opts
 
@@ -205,7 +210,11 @@ def maybe_fuse_all_reduce_norm(handle, runner_cls) -> dict | None:
         ar.push, before = True, getattr(ar, "num_pushed", 0)
         same = _check_forward(handle, ar, rows, runner_cls)
         ran = getattr(ar, "num_pushed", 0) > before  # the check must have taken the pushing GEMV (tuned shapes)
-        ar.push = _agreed(ar, same and ran, handle.device)
+        # every eligible layer's shape tuned on this rank (it was in the check): all ranks then always push the
+        # same layers (a rank pushing while its peer runs the flag protocol would wait forever)
+        ready = all(plain_gemv_config(*m.weight.shape, m.weight.dtype) is not None for m in rows_layers
+                    if push_eligible(m, ar.defer_width))
+        ar.push = _agreed(ar, same and ran and ready, handle.device)
         ar.defer_rows = rows
         (logger.info if ar.push else logger.warning)(
             "row-parallel GEMV push (OCTAVO_TP_GEMV_PUSH): %s", "on" if ar.push else
