@@ -28,7 +28,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$R/gpu.c
 git rev-parse HEAD > "$R/commit.txt" 2>/dev/null
 export OCTAVO_LOG_LEVEL=${OCTAVO_LOG_LEVEL:-warning}
 unset OCTAVO_TRITON_DECODE_KERNEL OCTAVO_TRITON_DECODE_LAUNCH
-PART="${NANO_PART:-b1}"
+PART="${NANO_PART:-${1:-b1}}"  # or the first argument (run_queue.sh passes arguments, not env)
 echo "== part $PART $(date -u +%T)"
 
 cases() {  # cap seconds, log name, pytest files and args...
