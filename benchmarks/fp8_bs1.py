@@ -105,10 +105,13 @@ S6_VARIANTS = {"nosilu": {"silu": False}, "norm4": {"warps": None}, "pf16": {"mb
                "pf16_self_pdl_all": {"mb": 16, "self": True, "pdl": True, "pdl_all": True},
                "pf32": {"mb": 32}, "pdl": {"pdl": True}, "platform_pdl_off": {"pdl_all": False},
                "default_again": {}, "bits": {"bits": True}, "nobits": {"bits": False, "reg_pf": False},
-               "bits_again": {"bits": True}, "regpf": {"reg_pf": True}, "bits_regpf": {"bits": True, "reg_pf": True}}
+               "bits_again": {"bits": True}, "regpf": {"reg_pf": True}, "bits_regpf": {"bits": True, "reg_pf": True},
+               "acc16": {"acc": 16}, "acc8": {"acc": 8}, "acc16_regpf": {"acc": 16, "reg_pf": True},
+               "acc0": {"acc": 0, "bits": False, "reg_pf": False}}
 # session 7: "bits" = the GEMV's integer weight conversion (fp8_gemv.W_BITS), "regpf" = its register prefetch of
 # the next weight block (fp8_gemv.REG_PF): both bit-identical, so their greedy tokens must equal the first
-# measure's; "nobits" = both off (the variants start from the tree default)
+# measure's; "nobits" = both off (the variants start from the tree default); "acc16"/"acc8" = the GEMV's split
+# accumulator (fp8_gemv.ACC_SPLIT: half the registers, twice the programs per SM; another fp32 summation order)
 
 
 def fp8_methods(model):
@@ -169,8 +172,8 @@ def main() -> None:
 
         base = (fp8_fused.SMALL_ROWS_WARPS, fp8_prefetch.PREFETCH_MB, fp8_prefetch.PDL, fp8_prefetch.SELF_PREFETCH,
                 fp8_silu_gemv.STATE["on"])
-        base_bits, base_reg_pf = fp8_gemv.W_BITS, fp8_gemv.REG_PF
-        res["w_bits_default"], res["reg_pf_default"] = base_bits, base_reg_pf
+        base_bits, base_reg_pf, base_acc = fp8_gemv.W_BITS, fp8_gemv.REG_PF, fp8_gemv.ACC_SPLIT
+        res["w_bits_default"], res["reg_pf_default"], res["acc_split_default"] = base_bits, base_reg_pf, base_acc
         platform_pdl = cuda_pdl.pdl_on()  # the platform's setting (on by default on sm_90+ since session 6)
         res["platform_pdl_default"] = platform_pdl
         chosen = args.variants.split(",") if args.variants else list(S6_VARIANTS)
@@ -186,6 +189,7 @@ def main() -> None:
                 cuda_pdl.set_pdl(v.get("pdl_all", platform_pdl))
                 fp8_silu_gemv.STATE["on"] = v.get("silu", base[4])
                 fp8_gemv.W_BITS, fp8_gemv.REG_PF = v.get("bits", base_bits), v.get("reg_pf", base_reg_pf)
+                fp8_gemv.ACC_SPLIT = v.get("acc", base_acc)
                 with torch.inference_mode():
                     gr.capture()
                     measure(llm, gr, prompt, res, tag, bw, weight_bytes, not args.no_profile)
@@ -195,7 +199,7 @@ def main() -> None:
             save()
         (fp8_fused.SMALL_ROWS_WARPS, fp8_prefetch.PREFETCH_MB, fp8_prefetch.PDL, fp8_prefetch.SELF_PREFETCH,
          fp8_silu_gemv.STATE["on"]) = base
-        fp8_gemv.W_BITS, fp8_gemv.REG_PF = base_bits, base_reg_pf
+        fp8_gemv.W_BITS, fp8_gemv.REG_PF, fp8_gemv.ACC_SPLIT = base_bits, base_reg_pf, base_acc
         cuda_pdl.set_pdl(platform_pdl)
     if args.ab == "tc" and gr is not None:
         tiles = {}

@@ -9,7 +9,7 @@
 #          integer weight conversion bit-identical to the conversion path (tests/quant/test_fp8_gemv_bits.py);
 #          FP8_TESTS_MORE adds node ids (e.g. tests/quant/test_fp8_kv_decode.py::test_fp8_kv_decode_on_cuda).
 #   bs1    benchmarks/fp8_bs1.py: 8B fp8 + fp8 KV batch-1 decode, the committed defaults, then in the same engine
-#          (graph recaptured) FP8_BS1_VARIANTS (default bits,regpf,bits_regpf,nobits: the GEMV's W_BITS / REG_PF A/B).
+#          (graph recaptured) FP8_BS1_VARIANTS (default acc16,acc16_regpf,bits,acc0: the GEMV's ACC_SPLIT / REG_PF / W_BITS A/B).
 set -u
 cd "$(dirname "$0")/../.."
 R="${OUT:-/tmp/out}/fp8"
@@ -44,7 +44,7 @@ for P in "${PARTS[@]}"; do
              > "$R/tests.log" 2>&1
            echo "exit $?"; grep -E "passed|failed|FAILED|Error|assert" "$R/tests.log" | tail -15;;
     bs1) timeout -k 2 "$B" python benchmarks/fp8_bs1.py --budget $(( B - 8 )) --out "$R/bs1.json" \
-           --ab s6 --variants "${FP8_BS1_VARIANTS:-bits,regpf,bits_regpf,nobits}" > "$R/bs1.log" 2>&1
+           --ab s6 --variants "${FP8_BS1_VARIANTS:-acc16,acc16_regpf,bits,acc0}" > "$R/bs1.log" 2>&1
          echo "exit $?"; grep -v " INFO \| WARNING " "$R/bs1.log" | tail -40;;
     *) echo "unknown part $P (attn tests bs1)";;
   esac

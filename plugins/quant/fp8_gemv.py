@@ -78,7 +78,7 @@ def _fp8_gemv_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, pf_ptr, pf_tota
                      stride_wn, stride_ym, QUANT_X: tl.constexpr, PRE_Q: tl.constexpr, HAS_BIAS: tl.constexpr,
                      EVEN: tl.constexpr, SOFT_FP8: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                      PREFETCH: tl.constexpr = False, USE_PDL: tl.constexpr = False, SELF_PF: tl.constexpr = False,
-                     W_BITS: tl.constexpr = False, REG_PF: tl.constexpr = False):
+                     W_BITS: tl.constexpr = False, REG_PF: tl.constexpr = False, ACC_SPLIT: tl.constexpr = 0):
     """y[m, n] = (sum_k q(x[m, k]) * W[n, k]) * s_x[m] * s_w[n] (+ b[n]): each program owns BLOCK_N outputs.
     ``PRE_Q``: ``x`` is already e4m3 with its scales at ``xs_ptr`` (made by the norm kernel).
     ``USE_PDL``: launched as a programmatic dependent launch: only the weight scales (constants) are read before
@@ -113,7 +113,10 @@ def _fp8_gemv_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, pf_ptr, pf_tota
                 v = tl.load(x_row + kk, mask=kk < K, other=0.0).to(tl.float32)
                 amax = tl.maximum(amax, tl.abs(v))
             s_x = tl.maximum(tl.math.div_rn(tl.max(amax, axis=0), 448.0), 1e-12)  # IEEE, as torch
-        acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+        if ACC_SPLIT > 0:
+            acc = tl.zeros([BLOCK_N, BLOCK_K // ACC_SPLIT], dtype=tl.float32)
+        else:
+            acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
         if REG_PF and EVEN:
             w_nx = tl.load(rows + tl.arange(0, BLOCK_K)[None, :])
         for k in range(0, K, BLOCK_K):
@@ -130,11 +133,14 @@ def _fp8_gemv_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, pf_ptr, pf_tota
                 x = tl.load(x_row + kk, mask=kk < K, other=0.0).to(tl.float32)
             if QUANT_X:
                 x = _quant_e4m3(x, s_x, SOFT_FP8)
-            if W_BITS:
+            if ACC_SPLIT > 0:  # each thread's run of ACC_SPLIT products summed at once: 1/ACC_SPLIT the registers
+                prod = w.to(tl.float32) * x[None, :]
+                acc += tl.sum(tl.reshape(prod, [BLOCK_N, BLOCK_K // ACC_SPLIT, ACC_SPLIT]), 2)
+            elif W_BITS:
                 acc += _e4m3_bits_f32(w) * (x * 18446744073709551616.0)[None, :]  # W 2**-120 * x 2**64
             else:
                 acc += w.to(tl.float32) * x[None, :]
-        if W_BITS:
+        if W_BITS and ACC_SPLIT == 0:
             y = (tl.sum(acc, 1) * 72057594037927936.0 * s_x * ws).to(y_ptr.dtype.element_ty)  # * 2**56: exact
         else:
             y = (tl.sum(acc, 1) * s_x * ws).to(y_ptr.dtype.element_ty)

@@ -70,6 +70,17 @@ for bits in (False, True):
         err = float((y.double() - want).abs().max() / want.abs().max())
         assert err < 1e-2, (bits, reg_pf, err)
 assert all(torch.equal(outs[0], o) for o in outs[1:]), [float((o.float() - outs[0].float()).abs().max()) for o in outs]
+# the split accumulator (ACC_SPLIT): the same exact products summed in another fp32 order: within a bf16 step
+for split in (8, 16):
+    for reg_pf in (False, True):
+        y = torch.empty(1, n, dtype=torch.bfloat16)
+        _fp8_gemv_kernel[(triton.cdiv(n, bn),)](x, ws, wq, ws, None, y, wq, 0, 16, 1, n, k, x.stride(0),
+                                                wq.stride(0), y.stride(0), QUANT_X=True, PRE_Q=False,
+                                                HAS_BIAS=False, EVEN=True, SOFT_FP8=True, BLOCK_N=bn, BLOCK_K=bk,
+                                                REG_PF=reg_pf, ACC_SPLIT=split)
+        err = float((y.double() - want).abs().max() / want.abs().max())
+        step = float(((y.float() - outs[0].float()).abs() - outs[0].float().abs() * 2.0 ** -7).max())
+        assert err < 1e-2 and step <= 0, (split, reg_pf, err, step)
 print("ok")
 """
 
@@ -95,3 +106,15 @@ def test_fp8_gemv_bits_on_cuda_bit_identical():
                 scope["check"](n, k, "cuda", [(8, 1024, 4)])
     finally:
         fg.REG_PF = old
+    # the split accumulator: another fp32 order, within a bf16 step of the conversion path, and vs float64
+    from octavo.plugins.quant.fp8_gemv import fp8_gemv, fp8_gemv_reference
+
+    for n, k in ((6144, 4096), (4096, 14336)):
+        wq, ws = scope["weights"](n, k, "cuda", 7)
+        x = torch.randn(1, k, device="cuda").to(torch.bfloat16)
+        base = fp8_gemv(x, wq, ws, config=(8, 1024, 4), acc_split=0).float()
+        want = fp8_gemv_reference(x, wq, ws).float()
+        for split in (8, 16):
+            y = fp8_gemv(x, wq, ws, config=(8, 1024, 4), acc_split=split).float()
+            assert bool(((y - base).abs() <= base.abs() * 2.0 ** -7 + 1e-6).all()), (n, k, split)
+            assert float((y - want).abs().max() / want.abs().max()) < 1e-2

@@ -94,7 +94,8 @@ def test_sm90_ptx_has_the_instructions_exactly_when_asked(prefetch, pdl, self_pf
            "K": "i32", "stride_xm": "i32", "stride_wn": "i32", "stride_ym": "i32"}
     ptx = _ptx(_fp8_gemv_kernel, sig, dict(QUANT_X=True, PRE_Q=False, HAS_BIAS=False, EVEN=True, SOFT_FP8=False,
                                            BLOCK_N=16, BLOCK_K=512, PREFETCH=prefetch, USE_PDL=pdl,
-                                           SELF_PF=self_pf, W_BITS=False, REG_PF=False))
+                                           SELF_PF=self_pf, W_BITS=False, REG_PF=False,
+                                           ACC_SPLIT=0))
     assert ptx.count("cp.async.bulk.prefetch.L2.global") >= prefetch + self_pf
     assert ("cp.async.bulk.prefetch.L2.global" in ptx) == (prefetch or self_pf)
     assert ("griddepcontrol.wait" in ptx) == pdl
