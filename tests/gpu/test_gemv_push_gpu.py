@@ -85,6 +85,10 @@ def _worker(rank: int, port: int, out: str) -> None:
                                                                                 SHAPES[1])]
         plain_in = torch.zeros(1, 4096, dtype=torch.bfloat16, device=dev)
         res = torch.zeros(1, 4096, dtype=torch.bfloat16, device=dev)
+        warm = torch.randn(1, 4096, generator=gen, device=dev).to(torch.bfloat16)
+        ref = warm.clone()
+        dist.all_reduce(ref)
+        check(f"{tag}eager plain", ar(warm), ref)  # (also compiles the flag kernel before the capture)
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):  # a decode layer's pattern, plus a plain all-reduce and a receive-only consumer
             ar(plain_in)
