@@ -140,7 +140,9 @@ class CpuPlatform(Platform):
         With ``OCTAVO_CPU_FUSED_DECODE=1``: batch-1 decode steps as one C call (``cpu_fused_decode.py``).
 
         Opt-in because compiling costs minutes the first time (inductor's disk cache shortens later starts)
-        and the start-up and CI budgets are seconds. Refused, never skipped, when it cannot apply."""
+        and the start-up and CI budgets are seconds. Refused, never skipped, when it cannot apply.
+        Always (bfloat16 dense linears): weights packed once for oneDNN, same bits (``cpu_packed_linear.py``)."""
+        self._pack_linears(handle)
         prepared = self._prepare_compiled(handle)
         try:
             from .cpu_fused_decode_setup import with_fused_decode  # relative, like cpu_compiled
@@ -149,6 +151,13 @@ class CpuPlatform(Platform):
                 raise ConfigError("OCTAVO_CPU_FUSED_DECODE is set but this CPU platform has no fused decode step") from e
             return prepared
         return with_fused_decode(handle, prepared)
+
+    def _pack_linears(self, handle: ModelHandle) -> None:
+        try:
+            from .cpu_packed_linear import pack_dense_linears  # relative, like cpu_compiled
+        except ImportError:  # a copy of this plugin without that sibling: F.linear (the same bits)
+            return
+        pack_dense_linears(handle.model, rows_hint=min(max(handle.max_num_seqs, 1), 256))
 
     def _prepare_compiled(self, handle: ModelHandle) -> PreparedModel | None:
         if os.environ.get(COMPILE_ENV, "0") in ("", "0"):
