@@ -90,7 +90,8 @@ def _fp8_gemv_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, pf_ptr, pf_tota
     2**64: every product is the same product times 2**-56 (exact, in the normal range) and the sum is scaled back
     exactly, so the output is bit-for-bit the conversion path's. ``REG_PF`` (with ``EVEN``): the next weight block
     is loaded into registers before this block's math (the loop's loads are not staged by Triton's pipeliner:
-    no dot consumes them), the same sums in the same order."""
+    no dot consumes them), the same sums in the same order. ``ACC_SPLIT`` > 0: the accumulator holds each thread's
+    sums of ACC_SPLIT adjacent products (fewer registers, more programs per SM; another fp32 summation order)."""
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     nm = n < N
     rows = w_ptr + n.to(tl.int64)[:, None] * stride_wn
@@ -225,7 +226,8 @@ ROWS_MAX = 16
 _CACHE_TUNING = {"cache_results": True} if "cache_results" in inspect.signature(triton.autotune).parameters else {}
 _fp8_gemv_tuned = triton.autotune(
     configs=[triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=s) for bn, bk, w, s in _CONFIGS],
-    key=["N", "K", "QUANT_X", "PRE_Q", "HAS_BIAS", "EVEN", "W_BITS", "REG_PF"], **_CACHE_TUNING)(_fp8_gemv_kernel)
+    key=["N", "K", "QUANT_X", "PRE_Q", "HAS_BIAS", "EVEN", "W_BITS", "REG_PF", "ACC_SPLIT"],
+    **_CACHE_TUNING)(_fp8_gemv_kernel)
 
 #: the one-row kernel's weight conversion by integer ops (``W_BITS``; bit-identical output), for e4m3 activations.
 #: ``OCTAVO_FP8_GEMV_BITS`` (default off until measured on a GPU); benchmarks flip this attribute for A/B runs
@@ -233,13 +235,21 @@ W_BITS = os.environ.get("OCTAVO_FP8_GEMV_BITS", "0").strip() == "1"
 #: the one-row kernel's register prefetch of the next weight block (``REG_PF``; same sums, same order).
 #: ``OCTAVO_FP8_GEMV_REG_PF`` (default off until measured on a GPU)
 REG_PF = os.environ.get("OCTAVO_FP8_GEMV_REG_PF", "0").strip() == "1"
+#: the one-row kernel's accumulator: 0 = one fp32 per weight element of the tile (64 registers a thread at
+#: (8, 1024, 4 warps): 127 registers, 4 programs an SM on sm_90); 16 = each thread's 16 adjacent products summed
+#: first (64 registers: twice the programs, so twice the weight bytes in flight; another fp32 summation order).
+#: ``OCTAVO_FP8_GEMV_ACC_SPLIT`` (0, 8 or 16; default 0 until measured on a GPU)
+ACC_SPLIT = int(os.environ.get("OCTAVO_FP8_GEMV_ACC_SPLIT", "0").strip() or 0)
+if ACC_SPLIT not in (0, 8, 16):
+    raise ValueError(f"OCTAVO_FP8_GEMV_ACC_SPLIT={ACC_SPLIT}: 0, 8 or 16")
 
 
 def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None = None,
              *, quantize_input: bool = True, out_dtype: torch.dtype | None = None,
              config: tuple[int, int, int] | None = None, x_scale: torch.Tensor | None = None,
              prefetch: tuple[torch.Tensor, int] | None = None, pdl: bool = False,
-             self_prefetch: bool = False, w_bits: bool | None = None, reg_pf: bool | None = None) -> torch.Tensor:
+             self_prefetch: bool = False, w_bits: bool | None = None, reg_pf: bool | None = None,
+             acc_split: int | None = None) -> torch.Tensor:
     """``x [m, K]`` (bf16/fp16/fp32) times the e4m3 ``weight [N, K]`` with ``weight_scale`` (``N`` values).
 
     ``quantize_input=True`` is W8A8 (dynamic per-token e4m3 activations, as the ``_scaled_mm`` path);
@@ -253,6 +263,8 @@ def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, 
     ask L2 for its own weight rows first (Hopper+, fp8_prefetch.py). ``w_bits``: the one-row kernel's integer
     weight conversion (None: the module's ``W_BITS``); ignored (no effect on the result) for W8A16. ``reg_pf``: the
     one-row kernel's register prefetch of the next weight block (None: the module's ``REG_PF``; same result).
+    ``acc_split`` (0, 8, 16; None: the module's ``ACC_SPLIT``): the one-row kernel sums each thread's runs of that
+    many products first (fewer registers; fp32 sums in another order, so not bit-identical; overrides ``w_bits``).
     """
     m, k = x.shape
     n = weight.shape[0]
@@ -283,6 +295,12 @@ def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, 
     one_row_flags = {"W_BITS": True} if (W_BITS if w_bits is None else w_bits) and (pre or quantize_input) else {}
     if REG_PF if reg_pf is None else reg_pf:
         one_row_flags["REG_PF"] = True
+    split = ACC_SPLIT if acc_split is None else acc_split
+    if split:
+        if split not in (8, 16):
+            raise ValueError(f"fp8_gemv: acc_split={split}: 0, 8 or 16")
+        one_row_flags.pop("W_BITS", None)  # the split accumulator takes the conversion path
+        one_row_flags["ACC_SPLIT"] = split
     if pf_total or pdl or self_prefetch:
         flags.update(PREFETCH=pf_total > 0, USE_PDL=pdl, SELF_PF=self_prefetch, **({"launch_pdl": True} if pdl else {}))
     if m > 1:  # several rows: one weight read for all of them
