@@ -205,3 +205,45 @@ def fp8_kv_decode(query, k_cache, v_cache, out, block_tables, seq_lens, query_st
         PAGE=block_size, DEQ=deq, DEQ_V=dv, PREFETCH=prefetch, ORDERED=order is not None,
         num_warps=num_warps, num_stages=1 if prefetch else (num_stages or 2), **extra,
     )
+
+
+# (GQA group, padded head size) -> fp8_kv_decode launch for an e4m3 cache's decode rows, measured on H100
+# (docs/performance.md "fp8-KV decode kernel"); shapes not listed keep _triton_decode's table launch
+TABLE: dict[tuple[int, int], dict] = {}
+
+_KEYS = {"block_n": (16, 32, 64, 128, 256), "warps": (2, 4, 8), "stages": (1, 2, 3), "deq": (0, 1, 3)}
+
+
+def _from_env(raw: str) -> dict:
+    got: dict[str, int] = {}
+    for part in raw.split(","):
+        name, _, value = part.partition("=")
+        name = name.strip()
+        if name not in _KEYS or not value.strip().isdigit() or int(value) not in _KEYS[name] or name in got:
+            raise ValueError(f"OCTAVO_FP8_KV_DECODE={raw!r}: 0 (off), or each of "
+                             + ", ".join(f"{k}={'|'.join(map(str, v))}" for k, v in _KEYS.items()) + " once")
+        got[name] = int(value)
+    if set(got) != set(_KEYS):
+        raise ValueError(f"OCTAVO_FP8_KV_DECODE={raw!r}: missing {sorted(set(_KEYS) - set(got))}")
+    return {"block_n": got["block_n"], "num_warps": got["warps"], "num_stages": got["stages"], "deq": got["deq"],
+            "prefetch": False}
+
+
+def fp8_launch(cache_dtype, group: int, head_size: int) -> dict | None:
+    """The ``fp8_kv_decode`` keyword arguments for this layer's decode rows, or None (the table kernel of
+    ``_triton_decode``). ``OCTAVO_FP8_KV_DECODE``: ``0`` = never; unset = ``TABLE``; else a launch for every e4m3
+    shape with a power-of-two head size, e.g. ``block_n=128,warps=4,stages=1,deq=3`` (refused if malformed)."""
+    import os
+
+    import torch
+
+    raw = os.environ.get("OCTAVO_FP8_KV_DECODE", "").strip()
+    if raw == "0":
+        return None
+    launch = _from_env(raw) if raw else None
+    if cache_dtype != torch.float8_e4m3fn or head_size & (head_size - 1) or head_size < 16:
+        return None
+    if launch is not None:
+        return launch
+    hit = TABLE.get((group, head_size))
+    return None if hit is None else dict(hit, prefetch=False)

@@ -309,7 +309,14 @@ class TritonAttentionBackend(AttentionBackend):
             from octavo.plugins.attention._triton_decode import paged_decode
 
             first = md.num_reqs if md.max_query_len == 1 else min(md.num_decodes, md.num_reqs)
-            if first:
+            from octavo.plugins.attention._fp8_kv_decode import fp8_kv_decode, fp8_launch
+
+            fp8_kv = fp8_launch(kv_cache.dtype, self.group, self.head_size) if fp8 and not fused_write else None
+            if first and fp8_kv is not None:  # e4m3 cache: the fp8 decode kernel where measured (_fp8_kv_decode.py)
+                fp8_kv_decode(query, kv_cache[0], kv_cache[1], out, tables, seq_lens, qsl, num_reqs=first,
+                              num_kv_heads=self.num_kv_heads, scale=scale, v_scale=self.v_scale,
+                              block_size=md.block_size, order=self._longest_first(md, seq_lens, first), **fp8_kv)
+            elif first:
                 paged_decode(query, kv_cache[0], kv_cache[1], out, tables, seq_lens, qsl, num_reqs=first,
                              num_kv_heads=self.num_kv_heads, scale=scale, v_scale=self.v_scale if fp8 else 1.0,
                              block_size=md.block_size, block_n=launch.block_n, num_warps=launch.num_warps,
@@ -318,6 +325,7 @@ class TritonAttentionBackend(AttentionBackend):
                              chunk=launch.chunk, max_seq_len=md.max_seq_len,
                              scratch=self._chunk_scratch(md, query, launch.chunk),
                              new_kv=(key, value, md.slot_mapping, self.k_scale, self.v_scale) if fused_write else None)
+            if first:
                 if first == md.num_reqs:
                     return out
                 tables, seq_lens, qsl = tables[first:], seq_lens[first:], qsl[first:]

@@ -3,7 +3,9 @@ dequantized e4m3 cache: Triton's conversion (deq 0) and the bit trick in integer
 the 2**8 folded into the scales), register double buffering on and off, GQA 4 and 2, contexts across several key
 tiles and a context shorter than one tile, shuffled blocks, k/v scales. TRITON_INTERPRET=1 in a subprocess
 (~15 s on the shared CPU); the same script runs compiled on a GPU (``gpu`` marker) and there also checks deq 1
-(the PTX bit trick) and deq 3 (Triton's conversion as pinned inline PTX), which the interpreter cannot run.
+(the PTX bit trick) and deq 3 (Triton's conversion as pinned inline PTX), which the interpreter cannot run. On CPU
+also through the ``triton`` backend: ``OCTAVO_FP8_KV_DECODE`` routes the decode rows here (decode-only and mixed
+steps) with the table kernel's outputs, and malformed values are refused.
 """
 
 from __future__ import annotations
@@ -72,6 +74,51 @@ if DEV.type == "cuda":  # the benchmarked shape only (each launch config compile
 else:
     run(8, 2, 64, [1, 17, 70, 130], 0.5, 0.25, (0, 2), 32)
     run(16, 4, 32, [5, 64, 16], 1.0, 2.0, (0, 2), 16)
+
+# through the triton backend: OCTAVO_FP8_KV_DECODE routes an e4m3 cache's decode rows (a decode-only step, and the
+# leading decodes of a step with a prefill chunk) to this kernel; 0 keeps the table kernel; same outputs
+if DEV.type == "cpu":
+    import octavo.plugins.attention._fp8_kv_decode as fk
+    from octavo.plugins.attention.triton import TritonAttentionBackend
+    from octavo.testing.attention import make_layout
+
+    CALLS = []
+    _orig = fk.fp8_kv_decode
+    fk.fp8_kv_decode = lambda *a, **kw: (CALLS.append(kw["num_reqs"]), _orig(*a, **kw))[1]
+    ctx = [9, 40, 77]
+    outs = {}
+    for flag in ("0", "block_n=16,warps=4,stages=1,deq=0"):
+        os.environ["OCTAVO_FP8_KV_DECODE"] = flag
+        impl = TritonAttentionBackend(num_heads=8, head_size=32, num_kv_heads=2, scale=32 ** -0.5)
+        impl.k_scale, impl.v_scale = 0.5, 0.25
+        g = torch.Generator().manual_seed(1)
+        cache = torch.zeros(2, 40, PAGE, 2, 32, dtype=E4M3)
+        tables = [[1, 2], [3, 4, 5], [6, 7, 8, 9, 10], [11, 12]]
+
+        def step(layout, g=g, impl=impl, cache=cache):
+            md = TritonAttentionBackend.build_metadata(layout, DEV)
+            n = layout.num_tokens
+            k, v = torch.randn(n, 2, 32, generator=g) * 4, torch.randn(n, 2, 32, generator=g) * 2
+            return impl.forward(torch.randn(n, 8, 32, generator=g), k, v, cache, md)
+
+        CALLS.clear()
+        step(make_layout(tables[:3], [0, 0, 0], [c - 2 for c in ctx], PAGE))
+        got = (step(make_layout(tables[:3], [c - 2 for c in ctx], [1, 1, 1], PAGE)),
+               step(make_layout(tables, [c - 1 for c in ctx] + [0], [1, 1, 1, 20], PAGE)))
+        assert CALLS == ([] if flag == "0" else [3, 3]), (flag, CALLS)
+        outs[flag] = got
+    for a, b in zip(*outs.values()):
+        err = float((a.double() - b.double()).abs().max() / b.double().abs().max())
+        assert err <= 1e-2, err
+    print("ok backend", CALLS)
+    for bad in ("block_n=128", "block_n=100,warps=4,stages=1,deq=3", "on"):
+        os.environ["OCTAVO_FP8_KV_DECODE"] = bad
+        try:
+            fk.fp8_launch(E4M3, 4, 128)
+            raise AssertionError(bad)
+        except ValueError as e:
+            assert "OCTAVO_FP8_KV_DECODE" in str(e)
+    os.environ["OCTAVO_FP8_KV_DECODE"] = ""
 print("PASS")
 """
 
@@ -86,7 +133,7 @@ def _run(env_extra):
 
 def test_fp8_kv_decode_interpreted():
     out = _run({"TRITON_INTERPRET": "1", "DECODE_TEST_DEVICE": "cpu"})
-    assert out.count("ok ") == 2 * 2 * 2 * 2
+    assert out.count("ok ") == 2 * 2 * 2 * 2 + 1 and "ok backend [3, 3]" in out
 
 
 @pytest.mark.gpu
