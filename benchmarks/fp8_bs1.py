@@ -114,6 +114,25 @@ S6_VARIANTS = {"nosilu": {"silu": False}, "norm4": {"warps": None}, "pf16": {"mb
 # accumulator (fp8_gemv.ACC_SPLIT: half the registers, twice the programs per SM; another fp32 summation order)
 
 
+def seed_tiles(flags: dict) -> int:
+    """Give the one-row GEMV's autotuner, for the kernel flags a variant passes (``W_BITS`` / ``REG_PF`` /
+    ``ACC_SPLIT``), the tiles it chose for the defaults: the A/B then changes only the kernel, not the tile, and
+    skips a re-tuning on a fresh machine (~1 s per config and shape). Returns the entries added."""
+    from octavo.plugins.quant import fp8_gemv
+
+    tuner = fp8_gemv._fp8_gemv_tuned
+    extra = tuple(v for name, v in (("W_BITS", flags.get("W_BITS")), ("REG_PF", flags.get("REG_PF")),
+                                    ("ACC_SPLIT", flags.get("ACC_SPLIT"))) if v)
+    added = 0
+    for key, cfg in list(tuner.cache.items()):
+        if len(key) > 6 and isinstance(key[6], str) and extra:  # a defaults key: 6 values, then dtypes
+            new = key[:6] + extra + key[6:]
+            if new not in tuner.cache:
+                tuner.cache[new] = cfg
+                added += 1
+    return added
+
+
 def fp8_methods(model):
     from octavo.plugins.quant.fp8 import _FP8Method
 
@@ -190,6 +209,9 @@ def main() -> None:
                 fp8_silu_gemv.STATE["on"] = v.get("silu", base[4])
                 fp8_gemv.W_BITS, fp8_gemv.REG_PF = v.get("bits", base_bits), v.get("reg_pf", base_reg_pf)
                 fp8_gemv.ACC_SPLIT = v.get("acc", base_acc)
+                res.setdefault("seeded_tiles", {})[tag] = seed_tiles(
+                    {"W_BITS": fp8_gemv.W_BITS and not fp8_gemv.ACC_SPLIT, "REG_PF": fp8_gemv.REG_PF,
+                     "ACC_SPLIT": fp8_gemv.ACC_SPLIT})
                 with torch.inference_mode():
                     gr.capture()
                     measure(llm, gr, prompt, res, tag, bw, weight_bytes, not args.no_profile)
