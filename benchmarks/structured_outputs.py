@@ -161,6 +161,9 @@ def bench_decode(args) -> dict:
         # N+1's fill started on the bitmask thread right after N's accept, overlapping update(N) + schedule(N+2)
         modes["json_async_earlyfill"] = (so, True, False, False, None, {**dflt, "early_fill": True})
         modes["json_async_noearlyfill"] = (so, True, False, False, None, {**dflt, "early_fill": False})
+        # session 7: without the short GIL switch interval the loop sets while a structured step is in flight (on
+        # an accelerator; core/async_engine.py GRAMMAR_SWITCH_INTERVAL_S)
+        modes["json_async_noswitch"] = (so, True, False, False, None, {**dflt, "switch": 0.0})
         # the core thread waits (up to 5 ms) until the step thread queued N+2 before building N's outputs
         modes["free_async_wait"] = (None, True, False, False, None, {**dflt, "launch_wait": 0.005})
         modes["json_async_wait"] = (so, True, False, False, None, {**dflt, "launch_wait": 0.005})
@@ -210,6 +213,8 @@ def bench_decode(args) -> dict:
                     async_gate.EARLY_FILL = knobs.get("early_fill", early_fill_default and not old)
                     if "launch_wait" in knobs:
                         core.async_loop.launch_wait_s = knobs["launch_wait"]
+                    if "switch" in knobs:  # GIL switch interval while a structured step is in flight (0: off)
+                        core.async_loop.grammar_switch_s = knobs["switch"]
             grammar_step.INLINE_AFTER_GATE, grammar_step.HANDOFF_WAIT_S = knobs["inline"], knobs["handoff"]
             grammar_step.PLATFORM_APPLY, so_mod.EARLY_ACCEPT = knobs["kernel"], knobs["early"]
             core.structured.fill_threads = knobs["threads"]

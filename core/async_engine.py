@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import time
 from collections import deque
 from concurrent.futures import Future
@@ -122,6 +123,13 @@ class StepTimers:
 # session 6 (H100, random 1.1B, batch 32) measured 5 ms slower: free steps 1.49 vs 1.33 ms (the wait serialized the
 # step thread's whole execute, ~1.2 ms, with the core thread's chain); kept for the benchmark (*_wait modes).
 LAUNCH_WAIT_S = 0.0
+# On an accelerator, while a structured step is in flight, Python's GIL switch interval is this many seconds instead
+# of the process's own (default 5 ms), and is put back once none is. Why: a structured step's host chain (accept ->
+# fill on the bitmask thread -> the parked sampler launched) hops between three threads, and a thread woken while
+# another runs Python waits for the GIL up to the switch interval. Session 6 (H100, random 1.1B, batch 32; the
+# benchmark's _si modes, process-wide 0.2 ms): JSON step 2.27 vs 2.82 ms (batch 2), 2.79 vs 3.10 (batch 1), free
+# async steps unchanged (1.368 vs 1.365). 0 turns it off (the benchmark's json_async_noswitch mode).
+GRAMMAR_SWITCH_INTERVAL_S = 0.0002
 
 
 @dataclass
@@ -153,6 +161,8 @@ class AsyncStepLoop:
         self.stash: deque[Any] = deque()  # outputs (or an error) of steps drained by wait_idle, returned first
         on_accelerator = getattr(getattr(core, "platform", None), "device_type", "cpu") != "cpu"
         self.launch_wait_s = LAUNCH_WAIT_S if on_accelerator else 0.0
+        self.grammar_switch_s = GRAMMAR_SWITCH_INTERVAL_S if on_accelerator else 0.0
+        self._saved_switch: float | None = None  # the interval to put back (set while a structured step is in flight)
         # OCTAVO_ASYNC_LOOP=old: session 5's order (schedule at the top of step(), the runner blocks on the grammar
         # gate, fill inline), for A/B runs of the whole engine; "new" (default) is the order above
         mode = os.environ.get("OCTAVO_ASYNC_LOOP", "new")
@@ -209,6 +219,8 @@ class AsyncStepLoop:
             self._release_all()
             raise
         self.inflight.append(_InFlight(sched_out, future, gate))
+        if gate is not None:
+            self._switch_interval()
         if len(self.inflight) == 1 and gate is not None:
             gate.release()  # nothing earlier in flight: the grammars are current
         return True, early
@@ -234,6 +246,9 @@ class AsyncStepLoop:
         except BaseException:
             self._release_all()
             raise
+        finally:
+            if self._saved_switch is not None:
+                self._switch_interval()
         t2 = time.perf_counter()
         g = rec.grammar
         core.structured._inflight = g.inner if g is not None and g.inner.matchers else None  # fill stats
@@ -249,6 +264,16 @@ class AsyncStepLoop:
         core.step_timers.record(host_s=sched_s + (t3 - t2), wait_s=t2 - t1,
                                 overlapped_s=(sched_s if was_running else 0.0) + ((t3 - t2) if self.inflight else 0.0))
         return out
+
+    def _switch_interval(self) -> None:
+        """:data:`GRAMMAR_SWITCH_INTERVAL_S` while a structured step is in flight, the saved interval otherwise."""
+        want = self.grammar_switch_s > 0 and any(rec.grammar is not None for rec in self.inflight)
+        if want and self._saved_switch is None:
+            self._saved_switch = sys.getswitchinterval()
+            sys.setswitchinterval(self.grammar_switch_s)
+        elif not want and self._saved_switch is not None:
+            sys.setswitchinterval(self._saved_switch)
+            self._saved_switch = None
 
     def _release_all(self) -> None:
         for rec in self.inflight:
@@ -279,6 +304,9 @@ class AsyncStepLoop:
     def close(self) -> None:
         self._release_all()
         self._wait_futures()
+        if self._saved_switch is not None:  # the process's own switch interval back
+            sys.setswitchinterval(self._saved_switch)
+            self._saved_switch = None
 
 
 def set_async_scheduling(core: Any, on: bool) -> None:

@@ -10,8 +10,10 @@
 #      outputs, N+1's fill on the bitmask thread from 8 rows), free_async_old / json_async_old (session 5's loop,
 #      the same engine), json_async_noearlyfill (fill inline when the gate opens), free_async_wait /
 #      json_async_wait (core thread waits until N+2 is queued, batch 1's default); modes interleaved; per-part
-#      host ms (fill, apply, accept, release, hand-off lags, the core thread's own work and its slack); _si: the
-#      same under a 0.2 ms GIL switch interval (sys.setswitchinterval).
+#      host ms (fill, apply, accept, release, hand-off lags, the core thread's own work and its slack).
+#      Session 7: runs json_async (now with the 0.2 ms GIL switch interval while a structured step is in flight,
+#      core/async_engine.py GRAMMAR_SWITCH_INTERVAL_S), json_async_noswitch (without it) and json_async_old, and
+#      records each thread's CPU ms per step (*_thread_cpu_ms_per_step).
 #   2. the same (new and old loop) on the Llama-3-8B body (hidden 4096, 32 layers, 32/8 heads, 14336) with
 #      SmolLM2's vocabulary (49152, so the grammar masks are the tokenizer's), random weights.
 #   3. tests/structured/test_apply_device.py (Triton and table apply == host path; session 7: the fill buffer is
@@ -76,7 +78,7 @@ COMMON=(--batches 32 1 --steps 24 --repeats 2 --device cuda --dtype bfloat16 --s
         --show-outputs 2)
 [ "$DRY" = 1 ] && COMMON=(--batches 4 1 --steps 4 --repeats 1 --device cpu --dtype float32 --skip-compile
                           --async-modes off on --show-outputs 2)
-ALL=(--modes json_async json_async_old json_async_si --switch-interval 0.0002)
+ALL=(--modes json_async json_async_noswitch json_async_old)
 FEW=(--modes json_async json_async_old --repeats 1)
 FILL=(--rows 32 --steps 24 --threads 1 --pool-threads --engine-threads 1 2 4 8 --forms cap16_regex --repeats 1)
 [ "$DRY" = 1 ] && FILL=(--rows 8 --steps 4 --threads 1 --pool-threads --engine-threads 1 2 --forms cap16_regex --repeats 1)

@@ -118,3 +118,40 @@ def test_resolve_unwraps_a_pending_plain_output():
     t = threading.Timer(0.05, out.run, args=(lambda: plain,))
     t.start()
     assert resolve(out) is plain  # waits for the parked sampling, then returns the runner's answer
+
+
+def test_switch_interval_short_only_while_a_structured_step_is_in_flight():
+    """core/async_engine.py ``GRAMMAR_SWITCH_INTERVAL_S``: on an accelerator the loop shortens Python's GIL switch
+    interval while a structured step is in flight and puts the process's own value back after (and at close);
+    steps without a grammar leave it alone; on a CPU it is off by default."""
+    import sys
+
+    from octavo.core import async_engine
+    from octavo.core.async_engine import AsyncStepLoop, _InFlight
+
+    cpu = AsyncStepLoop(SimpleNamespace(platform=SimpleNamespace(device_type="cpu")))
+    gpu = AsyncStepLoop(SimpleNamespace(platform=SimpleNamespace(device_type="cuda")))
+    assert cpu.grammar_switch_s == 0.0 and gpu.grammar_switch_s == async_engine.GRAMMAR_SWITCH_INTERVAL_S > 0
+    own = sys.getswitchinterval()
+    try:
+        sys.setswitchinterval(0.004)
+        gpu.inflight.append(_InFlight("free", None, None))
+        gpu._switch_interval()
+        assert sys.getswitchinterval() == 0.004  # no grammar in flight: untouched
+        gpu.inflight.append(_InFlight("json", None, object()))
+        gpu._switch_interval()
+        assert abs(sys.getswitchinterval() - gpu.grammar_switch_s) < 1e-9
+        gpu.inflight.popleft()
+        gpu._switch_interval()
+        assert abs(sys.getswitchinterval() - gpu.grammar_switch_s) < 1e-9  # the structured one is still in flight
+        gpu.inflight.popleft()
+        gpu._switch_interval()
+        assert sys.getswitchinterval() == 0.004
+        gpu.inflight.append(_InFlight("json", None, object()))
+        gpu._switch_interval()
+        saved = gpu._saved_switch
+        gpu.inflight.clear()
+        gpu.close()  # (nothing in flight to wait for) the saved interval is back
+        assert saved == 0.004 and sys.getswitchinterval() == 0.004 and gpu._saved_switch is None
+    finally:
+        sys.setswitchinterval(own)

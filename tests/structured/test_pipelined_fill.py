@@ -179,6 +179,9 @@ def test_pipelined_fill_tokens_identical_to_serial(monkeypatch):
                 m.setattr(async_gate, "EARLY_FILL_MIN_ROWS", 2)
             if mode == "drain":
                 m.setattr(core, "step", step_with_drain)
+            if mode == "switch":  # the accelerator's short GIL switch interval while structured steps are in flight
+                core.async_loop.grammar_switch_s = 0.0002
+                m.setattr(core, "step", lambda step=core.step: (switches.append(sys.getswitchinterval()), step())[1])
             outs = llm.generate(prompts, params, use_tqdm=False)
         return [(o.outputs[0].token_ids, o.outputs[0].finish_reason, o.outputs[0].text) for o in outs]
 
@@ -189,6 +192,9 @@ def test_pipelined_fill_tokens_identical_to_serial(monkeypatch):
         old = run("old")
         earlyfill = run("earlyfill")
         drain = run("drain")
+        own = sys.getswitchinterval()
+        switches: list[float] = []
+        switch = run("switch")
     finally:
         set_async_scheduling(core, False)
         llm.llm_engine.shutdown()
@@ -196,6 +202,8 @@ def test_pipelined_fill_tokens_identical_to_serial(monkeypatch):
     assert old == serial
     assert earlyfill == serial
     assert drain == serial
+    assert switch == serial
+    assert min(switches) < 0.0003 and sys.getswitchinterval() == own  # short while in flight, put back after
     assert drained[0] == 2 and drained[1] >= 1  # two steps were in flight, their outputs came from the stash
     assert core.structured.stats["steps"] > 0
     for _tokens, reason, text in serial[:5]:
