@@ -38,6 +38,9 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--compiled", action="store_true", help="OCTAVO_CPU_COMPILE=1 (the compiled decode step)")
+    ap.add_argument("--fused", action="store_true",
+                    help="OCTAVO_CPU_FUSED_DECODE=1 (the decoder stack in one C call; its thread CPU time is "
+                         "reported as fused_stack_cpu_ms_per_token, the LM head as eager_int8_head_cpu_ms_per_token)")
     ap.add_argument("--profile", action="store_true",
                     help="torch.profiler op table (its own overhead inflates every op; off: CPU-time counters only)")
     ap.add_argument("--out", default=None)
@@ -46,6 +49,17 @@ def main(argv=None) -> int:
     from octavo.core.loader import default_model_path
 
     os.environ["OCTAVO_CPU_COMPILE"] = "1" if args.compiled else "0"
+    os.environ["OCTAVO_CPU_FUSED_DECODE"] = "1" if args.fused else "0"
+    fused_cpu = [0.0]
+    if args.fused:
+        from octavo.plugins.platforms import cpu_fused_decode
+
+        def timed(self, inputs, _f=cpu_fused_decode.CpuFusedDecodeRunner.maybe_run):
+            c = time.thread_time()
+            y = _f(self, inputs)
+            fused_cpu[0] += time.thread_time() - c
+            return y
+        cpu_fused_decode.CpuFusedDecodeRunner.maybe_run = timed
     llm = LLM(default_model_path(), dtype=args.dtype, num_threads=args.threads, enable_prefix_caching=False,
               max_num_seqs=1)
     prompt = {"prompt_token_ids": list(range(1000, 1064))}
@@ -77,6 +91,7 @@ def main(argv=None) -> int:
     prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) if args.profile else None
     with prof or contextlib.nullcontext():
         kernel_cpu.update({k: 0.0 for k in kernel_cpu})
+        fused_cpu[0] = 0.0
         t0, c0 = time.perf_counter(), time.process_time()
         run(args.tokens + 1)
         wall, cpu = time.perf_counter() - t0 - prefill_wall, time.process_time() - c0 - prefill_cpu
@@ -89,7 +104,8 @@ def main(argv=None) -> int:
     int4 = total_ms("octavo_cpu::int4_a8")
     head = total_ms("octavo_cpu::int8_a8")
     top = sorted(by_name.values(), key=lambda e: -e.self_cpu_time_total)[:15]
-    res = {"compiled": args.compiled, "threads": args.threads, "dtype": args.dtype, "tokens": args.tokens,
+    res = {"compiled": args.compiled, "fused": args.fused, "fused_stack_cpu_ms_per_token": fused_cpu[0] * 1e3 * per_tok,
+           "threads": args.threads, "dtype": args.dtype, "tokens": args.tokens,
            "decode_wall_ms_per_token": wall * 1e3 * per_tok, "decode_cpu_ms_per_token": cpu * 1e3 * per_tok,
            "int4_linears_ms_per_token": int4 * per_tok, "int8_head_ms_per_token": head * per_tok,
            "eager_int4_cpu_ms_per_token": kernel_cpu["octavo_cpu::int4_a8"] * 1e3 * per_tok,

@@ -30,6 +30,33 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 #: activations since session 4, plugins/quant/cpu_int8act.py); "gguf-4bit-fp32act" is OCTAVO_CPU_INT8_ACT=0.
 VARIANTS = {"gguf-4bit": (None, torch.float32, True), "gguf-4bit-fp32act": (None, torch.float32, False),
             "fp32": ("none", torch.float32, False), "bf16": ("none", torch.bfloat16, False)}
+#: with ``--fused``: the gguf-4bit model whose decode steps run plugins/platforms/cpu_fused_decode.py's one C call
+#: (the engine's OCTAVO_CPU_FUSED_DECODE=1 path; the LM head stays the int8 kernel call, as in gguf-4bit)
+FUSED = "gguf-4bit-fused"
+
+
+class _FusedModel:
+    """Stands in for the model inside a PagedRunner: single-token decode steps go through the fused runner (the
+    step's layout is captured from the backend's build_metadata), everything else through the model."""
+
+    def __init__(self, model, backend_cls) -> None:
+        from octavo.plugins.platforms.cpu_fused_decode import CpuFusedDecodeRunner
+
+        self.model, self.backend_cls, self.layout = model, backend_cls, None
+        self.fused = CpuFusedDecodeRunner(model, torch.float32)
+
+    def build_metadata(self, layout, device):
+        self.layout = layout
+        return self.backend_cls.build_metadata(layout, device)
+
+    def __call__(self, input_ids, positions, ctx):
+        from types import SimpleNamespace
+
+        hidden = self.fused.maybe_run(SimpleNamespace(input_ids=input_ids, positions=positions, layout=self.layout))
+        return hidden if hidden is not None else self.model(input_ids, positions, ctx)
+
+    def compute_logits(self, hidden):
+        return self.model.compute_logits(hidden)
 
 
 def cpu_info() -> dict:
@@ -64,6 +91,8 @@ def main() -> None:
     parser.add_argument("--attention", default="cpu_paged",
                         help="attention backend of every variant: cpu_paged (the engine's CPU default, since session 6 "
                              "here) or torch_sdpa (the reference; sessions 3-5 measured with it)")
+    parser.add_argument("--fused", action="store_true",
+                        help=f"add the variant {FUSED!r}: gguf-4bit with each decode step as one C call over all layers")
     parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "quant_cpu_decode.json"))
     args = parser.parse_args()
     if args.threads:
@@ -80,13 +109,19 @@ def main() -> None:
     from octavo.plugins.quant import cpu_int8act_ops
 
     int8_act = cpu_int8act_ops.enabled()  # the process's setting (OCTAVO_CPU_INT8_ACT)
-    for name, (quantization, dtype, _) in VARIANTS.items():
+    variants = dict(VARIANTS)
+    if args.fused:
+        variants[FUSED] = VARIANTS["gguf-4bit"]
+    for name, (quantization, dtype, _) in variants.items():
         model, _ = load(path, quantization, dtype=dtype)
         runners[name] = PagedRunner(model, resolve("attention_backends", args.attention), num_blocks=16)
-    times: dict[str, list[float]] = {name: [] for name in VARIANTS}
+        if name == FUSED:
+            shim = _FusedModel(model, runners[name].backend_cls)
+            runners[name].model, runners[name].backend_cls = shim, shim
+    times: dict[str, list[float]] = {name: [] for name in variants}
     for _ in range(args.rounds):
         for name, runner in runners.items():
-            cpu_int8act_ops._state["on"] = int8_act and VARIANTS[name][2]
+            cpu_int8act_ops._state["on"] = int8_act and variants[name][2]
             clock = time.process_time if args.cpu_time else time.perf_counter
             times[name].append(decode_steps(runner, args.steps, ("bench", name), clock))
     cpu_int8act_ops._state["on"] = int8_act
@@ -95,6 +130,8 @@ def main() -> None:
     base = results["fp32"]["ms_per_token"]
     for r in results.values():
         r["speedup_vs_fp32"] = base / r["ms_per_token"]
+    if args.fused:
+        results[FUSED]["fused_steps"] = runners[FUSED].model.fused.num_runs
     record = {"benchmark": f"quant_cpu_decode (model forward, batch 1, {args.attention} attention)", "results": results,
               "int8_activations": int8_act, "clock": "process_time" if args.cpu_time else "perf_counter",
               "cpu": cpu_info(), "threads": torch.get_num_threads(), "python": platform.python_version(),
