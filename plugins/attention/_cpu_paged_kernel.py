@@ -294,6 +294,21 @@ int paged_rows(const void* q, int q_bf16, long qstride, const void* kc, const vo
         }
     return dp;
 }
+
+/* this step's K and V rows (rowbytes each; rows kstride / vstride bytes apart) into cache slots slots[i] (caches of
+   nslots rows of rowbytes): a plain copy, as index_copy_. Returns the number of slots out of range (none written) */
+long kv_write(const char* k, long kstride, const char* v, long vstride, const int64_t* slots, long n, char* kc,
+              char* vc, long nslots, long rowbytes, int nthreads) {
+    long bad = 0;
+    for (long i = 0; i < n; i++) bad += slots[i] < 0 || slots[i] >= nslots;
+    if (bad) return bad;
+    #pragma omp parallel for schedule(static) num_threads(nthreads) if (nthreads > 1 && n >= 512)
+    for (long i = 0; i < n; i++) {
+        memcpy(kc + slots[i] * rowbytes, k + i * kstride, rowbytes);
+        memcpy(vc + slots[i] * rowbytes, v + i * vstride, rowbytes);
+    }
+    return 0;
+}
 """.replace("%AVX512%", AVX512_SOURCE)
 
 _FLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-strict-aliasing", "-shared", "-fPIC"] + (
@@ -308,7 +323,9 @@ def library() -> ctypes.CDLL | None:
     p, i = ctypes.c_void_p, ctypes.c_int
     return cached_library(_state, C_SOURCE, "octavo_paged_attn", _FLAGS,
                           {"paged_rows": ([p, i, ctypes.c_long, p, p, i, p, i, p, p, p, p, i, i, i, i, i,
-                                           ctypes.c_float, p, i, i], i)})
+                                           ctypes.c_float, p, i, i], i),
+                           "kv_write": ([p, ctypes.c_long, p, ctypes.c_long, p, ctypes.c_long, p, p, ctypes.c_long,
+                                         ctypes.c_long, i], ctypes.c_long)})
 
 
 def unavailable_reason() -> str | None:
@@ -364,6 +381,25 @@ def paged_rows(q: torch.Tensor, kv_cache: torch.Tensor, tables: torch.Tensor, ro
         lens.data_ptr(), task_row0.data_ptr(), task_nrows.data_ptr(), task_row0.shape[0], nh, kvh, d, bs,
         float(scale), out.data_ptr(), int(out_dtype == torch.bfloat16), torch.get_num_threads()))
     return out
+
+
+def write_kv(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """``kv_cache[0|1]`` rows ``slot_mapping[i]`` = ``key[i]`` / ``value[i]`` (``[n, kv_heads, d]``, rows may be
+    strided views of the fused QKV output): one C call for both instead of two ``index_copy_`` (~1.4 ms each for a
+    2,048-token bf16 prefill step at 1 thread). Other dtypes or layouts take ``index_copy_`` (the same bytes)."""
+    _, nb, bs, kvh, d = kv_cache.shape
+    k_cache, v_cache = kv_cache[0].view(nb * bs, kvh, d), kv_cache[1].view(nb * bs, kvh, d)
+    if (key.dtype != kv_cache.dtype or value.dtype != kv_cache.dtype or slot_mapping.dtype != torch.int64
+            or not slot_mapping.is_contiguous() or any(t.stride(2) != 1 or t.stride(1) != d for t in (key, value))):
+        k_cache.index_copy_(0, slot_mapping, key.to(k_cache.dtype))
+        v_cache.index_copy_(0, slot_mapping, value.to(v_cache.dtype))
+        return
+    es = kv_cache.element_size()
+    bad = library().kv_write(key.data_ptr(), key.stride(0) * es, value.data_ptr(), value.stride(0) * es,
+                             slot_mapping.data_ptr(), slot_mapping.shape[0], k_cache.data_ptr(), v_cache.data_ptr(),
+                             nb * bs, kvh * d * es, torch.get_num_threads())
+    if bad:
+        raise IndexError(f"write_kv: {bad} slot(s) of slot_mapping outside the cache's {nb * bs} slots")
 
 
 def last_call_used_bf16_dot() -> bool:

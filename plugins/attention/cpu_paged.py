@@ -85,11 +85,7 @@ class CpuPagedAttentionBackend(TorchSDPABackend):
     def forward(self, query, key, value, kv_cache, metadata: CpuPagedMetadata):
         if is_fp8(kv_cache.dtype) or not kernel.shape_supported(kv_cache, self.num_heads):
             return super().forward(query, key, value, kv_cache, metadata)
-        num_slots = kv_cache.shape[1] * kv_cache.shape[2]
-        k_cache = kv_cache[0].view(num_slots, self.num_kv_heads, self.head_size)  # [slots, kv_heads, d]
-        v_cache = kv_cache[1].view(num_slots, self.num_kv_heads, self.head_size)
-        k_cache.index_copy_(0, metadata.slot_mapping, key.to(k_cache.dtype))
-        v_cache.index_copy_(0, metadata.slot_mapping, value.to(v_cache.dtype))
+        kernel.write_kv(key, value, kv_cache, metadata.slot_mapping)  # [slots, kv_heads, d] rows, as index_copy_
         md = metadata
         out_dtype = query.dtype if query.dtype in (torch.float32, torch.bfloat16) else torch.float32
         return kernel.paged_rows(query, kv_cache, md.tables, md.row_req, md.row_len, md.task_row0, md.task_nrows,

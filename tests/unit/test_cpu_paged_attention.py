@@ -107,3 +107,24 @@ def test_bf16_dot_path_runs_where_the_cpu_has_it():
     assert out16.dtype == torch.bfloat16 and torch.equal(out16, out32.to(torch.bfloat16))
     kernel.paged_decode(q.float(), cache, tables, lens, 0.125)
     assert not kernel.last_call_used_bf16_dot()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_write_kv_equals_index_copy(dtype):
+    """The C K/V write (strided rows of the fused QKV output) leaves the cache index_copy_ leaves; a slot out of
+    range raises and writes nothing; a dtype cast takes index_copy_."""
+    g = torch.Generator().manual_seed(5)
+    cache, ref = torch.zeros(2, 2, 10, 16, 3, 64, dtype=dtype).unbind(0)
+    qkv = torch.randn(37, 9 * 64 + 2 * 3 * 64, generator=g).to(dtype)
+    k, v = (qkv[:, 9 * 64 + i * 192: 9 * 64 + (i + 1) * 192].view(37, 3, 64) for i in (0, 1))
+    slots = torch.randperm(160, generator=g)[:37]
+    kernel.write_kv(k, v, cache, slots)
+    ref[0].view(160, 3, 64).index_copy_(0, slots, k)
+    ref[1].view(160, 3, 64).index_copy_(0, slots, v)
+    assert torch.equal(cache, ref)
+    before = cache.clone()
+    with pytest.raises(IndexError, match="outside"):
+        kernel.write_kv(k, v, cache, torch.cat([slots[:-1], torch.tensor([160])]))
+    assert torch.equal(cache, before)
+    kernel.write_kv(k.double(), v.double(), cache, slots)  # cast path
+    assert torch.equal(cache, ref)
