@@ -392,6 +392,20 @@ def bench_compile(args) -> dict:
         times.append(time.perf_counter() - t0)
     fill["mask_apply_ms_batch_32"] = round(statistics.median(times) * 1e3, 3)
     fill["mask_apply_min_ms_batch_32"] = round(min(times) * 1e3, 3)  # the op's own cost on a loaded machine
+    # the numpy apply above builds its operands here too (the engine builds them on the fill thread); the CPU
+    # platform's C pass (the engine's default on a CPU since session 7) needs none
+    from octavo.registry import select_platform
+
+    plat = select_platform(settings)
+    kernel = plat.make_grammar_mask_apply() if plat.device_type == "cpu" else None  # (these logits are host ones)
+    if kernel is not None:
+        times = []
+        for _ in range(20):
+            t0 = time.perf_counter()
+            apply_packed(logits, list(range(32)), packed, kernel=kernel)
+            times.append(time.perf_counter() - t0)
+        fill["mask_apply_platform_ms_batch_32"] = round(statistics.median(times) * 1e3, 3)
+        fill["mask_apply_platform_min_ms_batch_32"] = round(min(times) * 1e3, 3)
     return {"validate_ms": round(t_validate * 1e3, 2), "compile_uncached_ms": round(statistics.median(uncached) * 1e3, 2),
             "compile_cached_ms": round(t_cached * 1e3, 3), **fill}
 
