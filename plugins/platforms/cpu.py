@@ -141,8 +141,9 @@ class CpuPlatform(Platform):
 
         Opt-in because compiling costs minutes the first time (inductor's disk cache shortens later starts)
         and the start-up and CI budgets are seconds. Refused, never skipped, when it cannot apply.
-        Always (bfloat16 dense linears): weights packed once for oneDNN, same bits (``cpu_packed_linear.py``)."""
-        self._pack_linears(handle)
+        Always (same bits as the torch ops they replace): bfloat16 dense linears on weights packed once for oneDNN
+        (``cpu_packed_linear.py``), rotary embeddings in one C pass (``cpu_rope.py``)."""
+        self._install_kernels(handle)
         prepared = self._prepare_compiled(handle)
         try:
             from .cpu_fused_decode_setup import with_fused_decode  # relative, like cpu_compiled
@@ -152,12 +153,16 @@ class CpuPlatform(Platform):
             return prepared
         return with_fused_decode(handle, prepared)
 
-    def _pack_linears(self, handle: ModelHandle) -> None:
+    def _install_kernels(self, handle: ModelHandle) -> None:
+        if os.environ.get(COMPILE_ENV, "0") not in ("", "0"):
+            return  # inductor traces the torch ops themselves
         try:
             from .cpu_packed_linear import pack_dense_linears  # relative, like cpu_compiled
-        except ImportError:  # a copy of this plugin without that sibling: F.linear (the same bits)
+            from .cpu_rope import install_rope
+        except ImportError:  # a copy of this plugin without those siblings: the torch ops (the same bits)
             return
         pack_dense_linears(handle.model, rows_hint=min(max(handle.max_num_seqs, 1), 256))
+        install_rope(handle.model, handle.dtype)
 
     def _prepare_compiled(self, handle: ModelHandle) -> PreparedModel | None:
         if os.environ.get(COMPILE_ENV, "0") in ("", "0"):

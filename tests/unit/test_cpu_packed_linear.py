@@ -2,8 +2,8 @@
 
 Layer level: row counts 1 .. 300, strided and 3-D inputs, bias; a replaced weight (sleep / reload assign
 ``param.data``) is repacked, never read stale; float32 stays ``F.linear``; the budget switch. Engine level: the
-embedded SmolLM2 in bfloat16 installs it by default, and greedy tokens and logprobs are identical with the
-packed methods taken out again in the same engine.
+embedded SmolLM2 in bfloat16 installs it (and the rotary C kernel, plugins/platforms/cpu_rope.py) by default,
+and greedy tokens and logprobs are identical with both taken out again in the same engine.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from octavo.errors import ConfigError
 from octavo.nn.linear import UnquantizedLinearMethod
 from octavo.plugins.platforms import cpu_packed_linear as cpl
+from octavo.plugins.platforms import cpu_rope
 
 pytestmark = pytest.mark.skipif(not cpl.available(), reason="torch without oneDNN packed linear ops")
 
@@ -87,15 +88,20 @@ def test_engine_installs_it_and_tokens_and_logprobs_are_identical_without_it(llm
         return [(o.outputs[0].token_ids, [sorted(d.items()) for d in o.outputs[0].logprobs])
                 for o in llm.generate(prompts, params, use_tqdm=False)]
 
+    ropes = [m for m in model.modules() if "forward" in vars(m) and m.forward.__func__ is cpu_rope.rope_forward]
+    assert len(ropes) == model.config.num_hidden_layers  # the rotary C kernel (cpu_rope.py) as well
     with_packed = run()
     for m in packed:
         m.quant_method = UnquantizedLinearMethod()
     heads[0].logits_method = None
+    for m in ropes:
+        del m.forward
     try:
         plain = run()
     finally:
         for m in packed:
             m.quant_method = cpl.PackedLinearMethod(m.weight, 64)
         heads[0].logits_method = cpl.PackedLogitsMethod(heads[0].weight, 64)
+        cpu_rope.install_rope(model, torch.bfloat16)
     assert [t for t, _ in with_packed] == [t for t, _ in plain]
     assert with_packed == plain  # logprobs too: the same bits
