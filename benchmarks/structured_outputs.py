@@ -194,7 +194,7 @@ def bench_decode(args) -> dict:
 
         host = {m: {k: [] for k in HOST_KEYS} for m in modes}
         parked: dict[str, list[float]] = {}  # share of structured steps whose sampling ran parked on the gate
-        thread_cpu: dict[str, dict[str, list[float]]] = {}  # mode -> thread name -> CPU s per step, per run
+        thread_cpu: dict[str, list[dict[str, float]]] = {}  # mode -> per run: thread name -> CPU s per step
         texts: dict[str, list[int]] = {}
 
         def run(mode: str, prompts=prompts, batch=batch, host=host, texts=texts, parked=parked,
@@ -259,9 +259,8 @@ def bench_decode(args) -> dict:
             t1 = timers.as_dict()  # the engine core thread's own timers (whole run, prefill steps included)
             n = t1["steps"] - timers0["steps"]
             if n:  # CPU time of each thread per step (whole run): where the host work of a step really runs
-                for name, v in thread_cpu_s().items():
-                    if v - cpu0.get(name, 0.0) > 0:
-                        thread_cpu.setdefault(mode, {}).setdefault(name, []).append((v - cpu0.get(name, 0.0)) / n)
+                thread_cpu.setdefault(mode, []).append({name: (v - cpu0.get(name, 0.0)) / n
+                                                        for name, v in thread_cpu_s().items()})
                 host[mode]["core_host_s"].append((t1["host_s"] - timers0["host_s"]) / n)
                 host[mode]["core_wait_s"].append((t1["wait_s"] - timers0["wait_s"]) / n)
             return times
@@ -304,8 +303,10 @@ def bench_decode(args) -> dict:
                     row[f"{m}_exposed_pct_of_free_step"] = round(exposed / med["free"] * 100, 1)
         for m, v in parked.items():
             row[f"{m}_parked_frac"] = round(statistics.mean(v), 3)
-        for m, per in thread_cpu.items():  # timed runs only (the warm-up run is its first entry)
-            cpu = {k: round(statistics.median(v[1:] or v) * 1e3, 3) for k, v in per.items()}
+        for m, runs in thread_cpu.items():  # timed runs only (the first is the warm-up: compiles, first buffers)
+            timed = runs[1:] or runs
+            names = {k for r in timed for k in r}
+            cpu = {k: round(statistics.median(r.get(k, 0.0) for r in timed) * 1e3, 3) for k in names}
             row[f"{m}_thread_cpu_ms_per_step"] = {k: v for k, v in sorted(cpu.items(), key=lambda kv: -kv[1]) if v >= 0.01}
         if samples:
             row["sample_outputs"] = samples
