@@ -234,10 +234,14 @@ def run_engine_core(settings_json: str, input_addr: str, output_addr: str, paren
     exit_code = 0
     try:
         try:
+            settings_dict = json.loads(settings_json)
+            from octavo.core.loader.weights_cache import prefetch_for_model
+
+            prefetch_for_model(settings_dict.get("model", {}).get("model"))  # hashed while torch imports
             from octavo.config import OctavoSettings
             from octavo.core.engine_core import EngineCore
 
-            settings = OctavoSettings(**json.loads(settings_json))
+            settings = OctavoSettings(**settings_dict)
             core = EngineCore(settings)
             info: ModelInfo = core.model_info
             governor = None

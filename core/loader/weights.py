@@ -141,6 +141,10 @@ def load_model(resolved: ResolvedModel, *, model_cls, dtype: torch.dtype, device
     if quantizer is not None and getattr(model_cls, "supports_quantization", True) is False:
         raise ValueError(f"{resolved.architecture} has no quantized variant in octavo; drop the quantization "
                          f"setting ({quantizer.name!r})")
+    from octavo.core.loader import weights_cache  # processed GGUF weights mmap-loaded from disk (issue 18)
+
+    cache_key = weights_cache.key_for(resolved, model_cls, dtype, device, quantizer)
+    pending = weights_cache.PendingRead(cache_key) if cache_key is not None else None  # checked while we build
     old_dtype = torch.get_default_dtype()
     try:
         torch.set_default_dtype(dtype)
@@ -152,6 +156,10 @@ def load_model(resolved: ResolvedModel, *, model_cls, dtype: torch.dtype, device
     if quantizer is not None and not methods:
         raise ValueError(f"quantization {quantizer.name!r}: {resolved.architecture} has no linear layer it applies "
                          "to (the model does not build its projections from octavo.nn linear layers)")
+    if cache_key is not None:
+        if weights_cache.try_restore(model, cache_key, resolved.source, pending):
+            return model.eval()
+        before = weights_cache.snapshot(model)
     if resolved.format == "dummy":
         _init_dummy(model, seed, skip=tuple(f"{prefix}." for prefix in methods))
         if quantizer is not None:
@@ -172,6 +180,8 @@ def load_model(resolved: ResolvedModel, *, model_cls, dtype: torch.dtype, device
         hook = getattr(module, "process_weights_after_loading", None)
         if callable(hook):
             hook()
+    if cache_key is not None:
+        weights_cache.save(model, cache_key, before)
     return model.eval()
 
 
