@@ -36,10 +36,10 @@ C_SOURCE = r"""
 
 static inline float bf16_to_f(uint16_t v) { union { uint32_t u; float f; } c; c.u = (uint32_t)v << 16; return c.f; }
 
-/* float32 -> bfloat16 bits, round to nearest even, NaN -> quiet NaN: torch's Tensor.to(torch.bfloat16) */
+/* float32 -> bfloat16 bits, round to nearest even, NaN -> 0xFFFF: torch's Tensor.to(torch.bfloat16) */
 static inline uint16_t f_to_bf16(float f) {
     union { float f; uint32_t u; } c; c.f = f;
-    if (f != f) return 0x7FC0;
+    if (f != f) return 0xFFFF;  /* NaN: what torch's vectorized conversion writes */
     return (uint16_t)((c.u + 0x7FFFu + ((c.u >> 16) & 1u)) >> 16);
 }
 

@@ -142,7 +142,8 @@ class CpuPlatform(Platform):
         Opt-in because compiling costs minutes the first time (inductor's disk cache shortens later starts)
         and the start-up and CI budgets are seconds. Refused, never skipped, when it cannot apply.
         Always (same bits as the torch ops they replace): bfloat16 dense linears on weights packed once for oneDNN
-        (``cpu_packed_linear.py``), rotary embeddings in one C pass (``cpu_rope.py``)."""
+        (``cpu_packed_linear.py``), rotary embeddings and SiLU-and-mul in one C pass each (``cpu_rope.py``,
+        ``cpu_silu.py``)."""
         self._install_kernels(handle)
         prepared = self._prepare_compiled(handle)
         try:
@@ -159,10 +160,12 @@ class CpuPlatform(Platform):
         try:
             from .cpu_packed_linear import pack_dense_linears  # relative, like cpu_compiled
             from .cpu_rope import install_rope
+            from .cpu_silu import install_silu
         except ImportError:  # a copy of this plugin without those siblings: the torch ops (the same bits)
             return
         pack_dense_linears(handle.model, rows_hint=min(max(handle.max_num_seqs, 1), 256))
         install_rope(handle.model, handle.dtype)
+        install_silu(handle.model, handle.dtype)
 
     def _prepare_compiled(self, handle: ModelHandle) -> PreparedModel | None:
         if os.environ.get(COMPILE_ENV, "0") in ("", "0"):

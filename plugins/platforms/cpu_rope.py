@@ -32,7 +32,7 @@ C_SOURCE = r"""
 static inline float bf(uint16_t v) { union { uint32_t u; float f; } c; c.u = (uint32_t)v << 16; return c.f; }
 static inline uint16_t to_bf(float f) {
     union { float f; uint32_t u; } c; c.f = f;
-    if (f != f) return 0x7FC0;
+    if (f != f) return 0xFFFF;  /* NaN: what torch's vectorized conversion writes */
     return (uint16_t)((c.u + 0x7FFFu + ((c.u >> 16) & 1u)) >> 16);
 }
 

@@ -2,7 +2,7 @@
 
 Layer level: row counts 1 .. 300, strided and 3-D inputs, bias; a replaced weight (sleep / reload assign
 ``param.data``) is repacked, never read stale; float32 stays ``F.linear``; the budget switch. Engine level: the
-embedded SmolLM2 in bfloat16 installs it (and the rotary C kernel, plugins/platforms/cpu_rope.py) by default,
+embedded SmolLM2 in bfloat16 installs it (and the rotary and SiLU C kernels, cpu_rope.py / cpu_silu.py) by default,
 and greedy tokens and logprobs are identical with both taken out again in the same engine.
 """
 
@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from octavo.errors import ConfigError
 from octavo.nn.linear import UnquantizedLinearMethod
 from octavo.plugins.platforms import cpu_packed_linear as cpl
-from octavo.plugins.platforms import cpu_rope
+from octavo.plugins.platforms import cpu_rope, cpu_silu
 
 pytestmark = pytest.mark.skipif(not cpl.available(), reason="torch without oneDNN packed linear ops")
 
@@ -94,7 +94,9 @@ def test_engine_installs_it_and_tokens_and_logprobs_are_identical_without_it(llm
     for m in packed:
         m.quant_method = UnquantizedLinearMethod()
     heads[0].logits_method = None
-    for m in ropes:
+    silus = [m for m in model.modules() if "forward" in vars(m) and m.forward.__func__ is cpu_silu.silu_forward]
+    assert len(silus) == model.config.num_hidden_layers  # and SiLU-and-mul (cpu_silu.py)
+    for m in ropes + silus:
         del m.forward
     try:
         plain = run()
@@ -103,5 +105,6 @@ def test_engine_installs_it_and_tokens_and_logprobs_are_identical_without_it(llm
             m.quant_method = cpl.PackedLinearMethod(m.weight, 64)
         heads[0].logits_method = cpl.PackedLogitsMethod(heads[0].weight, 64)
         cpu_rope.install_rope(model, torch.bfloat16)
+        cpu_silu.install_silu(model, torch.bfloat16)
     assert [t for t, _ in with_packed] == [t for t, _ in plain]
     assert with_packed == plain  # logprobs too: the same bits
