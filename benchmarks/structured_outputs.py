@@ -164,6 +164,8 @@ def bench_decode(args) -> dict:
         # session 7: without the short GIL switch interval the loop sets while a structured step is in flight (on
         # an accelerator; core/async_engine.py GRAMMAR_SWITCH_INTERVAL_S)
         modes["json_async_noswitch"] = (so, True, False, False, None, {**dflt, "switch": 0.0})
+        for us in (50, 100, 500, 1000):  # other intervals for that switch (json_async_sw50us, ...)
+            modes[f"json_async_sw{us}us"] = (so, True, False, False, None, {**dflt, "switch": us * 1e-6})
         # the core thread waits (up to 5 ms) until the step thread queued N+2 before building N's outputs
         modes["free_async_wait"] = (None, True, False, False, None, {**dflt, "launch_wait": 0.005})
         modes["json_async_wait"] = (so, True, False, False, None, {**dflt, "launch_wait": 0.005})
