@@ -13,7 +13,8 @@ warmed first with ``gpu_e2e.warm_up`` (every prompt length, short outputs: nothi
 3. ``--ab`` variants, each timed after switching every attention layer and recapturing the CUDA graphs:
    ``split_4_8`` (``OCTAVO_TRITON_SPLIT_KV=4,8``: the run's last few hundred steps, under 4 x SMs requests x KV
    heads, split their long contexts over ~8 programs per SM instead of running 1-4 programs per SM), ``old`` (the
-   general kernel for decode rows, what ``OCTAVO_TRITON_DECODE_KERNEL=0`` selects at start), ``defaults``.
+   general kernel for decode rows, what ``OCTAVO_TRITON_DECODE_KERNEL=0`` selects at start), ``attn_pdl_off``
+   (``OCTAVO_TRITON_PDL=0``: attention launches without programmatic dependent launch), ``defaults``.
 
     python benchmarks/nano_run_profile.py --out /tmp/nano_run.json [--budget-s 60] [--ab split_4_8 old]
 
@@ -199,11 +200,12 @@ def attention_impls(worker) -> list:
     return out
 
 
-VARIANTS = {  # name: (general kernel for decode rows, triton.SPLIT_RULE); None: the default
-    "defaults": (False, None),
-    "old": (True, None),  # what OCTAVO_TRITON_DECODE_KERNEL=0 selects at start
-    "split_4_8": (False, (4, 8)),  # OCTAVO_TRITON_SPLIT_KV=4,8: small batches split their contexts, 8 programs/SM
-    "split_2_8": (False, (2, 8)),
+VARIANTS = {  # name: (general kernel for decode rows, triton.SPLIT_RULE, triton.ATTN_PDL); None: the default
+    "defaults": (False, None, True),
+    "old": (True, None, True),  # what OCTAVO_TRITON_DECODE_KERNEL=0 selects at start
+    "split_4_8": (False, (4, 8), True),  # OCTAVO_TRITON_SPLIT_KV=4,8: small batches split, 8 programs/SM
+    "split_2_8": (False, (2, 8), True),
+    "attn_pdl_off": (False, None, False),  # OCTAVO_TRITON_PDL=0: plain attention launches
 }
 
 
@@ -211,11 +213,12 @@ def set_variant(worker, name: str) -> float:
     """Switch every triton attention layer to a variant (see ``VARIANTS``) and recapture the CUDA graphs."""
     from octavo.plugins.attention import triton as backend
 
-    general, rule = VARIANTS[name]
+    general, rule, pdl = VARIANTS[name]
     impls = attention_impls(worker)
     if not impls:
         raise RuntimeError("no triton attention layers found")
     backend.SPLIT_RULE = rule or backend.DEFAULT_SPLIT_RULE
+    backend.ATTN_PDL = pdl
     for impl in impls:
         impl.decode_kernel = False if general else None
         impl._launches.clear()
@@ -307,7 +310,7 @@ def main() -> None:
                 continue
             cap = set_variant(worker, name)
             timed(name, recapture_s=cap, split_rule=list(VARIANTS[name][1] or []) or "default",
-                  decode_rows="general kernel" if VARIANTS[name][0] else "launch table")
+                  decode_rows="general kernel" if VARIANTS[name][0] else "launch table", attn_pdl=VARIANTS[name][2])
         save()
         llm.llm_engine.shutdown()
 

@@ -19,6 +19,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from octavo.plugins.platforms.cuda_pdl import gdc_launch_dependents, gdc_wait
+
 F16_MAX = tl.constexpr(65504.0)  # a constexpr: jit code may read only constexpr globals
 
 
@@ -39,8 +41,11 @@ def _paged_decode_kernel(
     HEAD_D: tl.constexpr, HEAD_DP: tl.constexpr, PAGE: tl.constexpr,
     KV_FP8: tl.constexpr, DOT_F16: tl.constexpr, HEADS_FASTEST: tl.constexpr, DOT_PREC: tl.constexpr,
     PACK: tl.constexpr = 1, ORDERED: tl.constexpr = False, CHUNK: tl.constexpr = 0, MAX_SPLITS: tl.constexpr = 1,
-    WRITE_KV: tl.constexpr = False, FP8_MAX: tl.constexpr = 448.0,
+    WRITE_KV: tl.constexpr = False, FP8_MAX: tl.constexpr = 448.0, PDL: tl.constexpr = False,
 ):
+    if PDL:  # plugins/platforms/cuda_pdl.py: nothing is read before the predecessor finished
+        gdc_wait()
+        gdc_launch_dependents()
     pid = tl.program_id(0)
     progs_per_req = num_kv_heads // PACK
     split = 0
@@ -171,7 +176,7 @@ def paged_decode(query, k_cache, v_cache, out, block_tables, seq_lens, query_sta
                  num_warps: int = 4, num_stages: int = 2, dot_f16: bool | None = None,
                  heads_fastest: bool = True, maxnreg: int | str | None = "auto", pack: int | str = "auto",
                  order=None, chunk: int = 0, max_seq_len: int | None = None, scratch=None,
-                 new_kv=None) -> None:
+                 new_kv=None, pdl: dict | None = None) -> None:
     """``out[t] = softmax(q[t] K^T * scale) V`` over each request's whole context, one token per request.
 
     ``k_cache``/``v_cache``: ``[num_blocks, block_size, num_kv_heads, head_size]`` views (fp8 or the query's
@@ -185,7 +190,8 @@ def paged_decode(query, k_cache, v_cache, out, block_tables, seq_lens, query_sta
     it sizes the grid) and takes ``scratch`` = (partials, LSEs) from ``chunk_scratch`` or allocates them.
     ``new_kv`` = (key, value, slot_mapping, k_scale, v_scale): write this step's K/V (one token per request,
     ``[T, KV heads, head]``) into the cache inside this launch, as ``_kv_write_kernel`` would (slots < 0
-    skipped); the backend then skips its write launch."""
+    skipped); the backend then skips its write launch. ``pdl``: ``cuda_pdl.launch_opts()`` for the attention launch
+    (programmatic dependent launch; None: a plain launch)."""
     import torch
 
     from octavo.plugins.attention._triton_kernels import LOG2E
@@ -239,6 +245,7 @@ def paged_decode(query, k_cache, v_cache, out, block_tables, seq_lens, query_sta
         HEADS_FASTEST=heads_fastest, ORDERED=order is not None, CHUNK=chunk, MAX_SPLITS=max_splits,
         WRITE_KV=new_kv is not None, FP8_MAX=FP8_MAX.get(k_cache.dtype, 448.0),
         DOT_PREC="ieee" if query.dtype == torch.float32 else "tf32", num_warps=num_warps, num_stages=num_stages, **extra,
+        **(pdl or {}),
     )
     if chunk:
         _merge_chunks_kernel[(num_reqs, num_heads)](

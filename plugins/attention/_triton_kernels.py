@@ -15,12 +15,19 @@ the scale folded in; P is cast to the cache dtype for the P@V product, as FlashA
 FP8 cache (``KV_FP8``): the write stores ``clamp(x / scale, -FP8_MAX, FP8_MAX)`` as fp8; attention loads fp8
 tiles, converts them to the query's dtype for the dots, folds ``k_scale`` into the softmax scale (the host
 passes ``scale * k_scale``) and multiplies the normalized output by ``v_scale`` (octavo.nn.kv_quant's rule).
+
+``PDL`` (programmatic dependent launch, plugins/platforms/cuda_pdl.py; the backend passes ``launch_opts()`` when
+``triton.ATTN_PDL``): the kernel's first statements wait for its predecessor and let its successor launch, so
+nothing is read before the wait and at most two kernels overlap; what is saved is the launch gap (~1 us) at each
+of a decode layer's attention launches.
 """
 
 from __future__ import annotations
 
 import triton
 import triton.language as tl
+
+from octavo.plugins.platforms.cuda_pdl import gdc_launch_dependents, gdc_wait
 
 LOG2E = 1.4426950408889634
 
@@ -33,9 +40,12 @@ def _kv_write_kernel(
     num_kv_heads,
     k_scale, v_scale,  # fp8 cache: stored = clamp(x / scale); unused otherwise
     HEAD_D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
-    KV_FP8: tl.constexpr = False, FP8_MAX: tl.constexpr = 448.0,
+    KV_FP8: tl.constexpr = False, FP8_MAX: tl.constexpr = 448.0, PDL: tl.constexpr = False,
 ):
     """cache[{0,1}, slot] = key/value[token] for one token; slots < 0 (padding) are skipped."""
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
     t = tl.program_id(0)
     slot = tl.load(slot_ptr + t).to(tl.int64)
     if slot < 0:
@@ -65,8 +75,11 @@ def _paged_attention_kernel(
     GROUP: tl.constexpr, GROUP_P: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, HEAD_D: tl.constexpr, HEAD_DP: tl.constexpr, PAGE: tl.constexpr,
     NUM_SPLITS: tl.constexpr, USE_SOFTCAP: tl.constexpr, USE_WINDOW: tl.constexpr, DOT_PREC: tl.constexpr,
-    KV_FP8: tl.constexpr = False,
+    KV_FP8: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
     req = tl.program_id(0)
     q_tile = tl.program_id(1) // NUM_SPLITS
     split = tl.program_id(1) % NUM_SPLITS
@@ -157,9 +170,12 @@ def _paged_attention_kernel(
 @triton.jit
 def _merge_splits_kernel(
     part_ptr, lse_ptr, out_ptr, num_heads, stride_ot, stride_oh,
-    NUM_SPLITS: tl.constexpr, HEAD_D: tl.constexpr, HEAD_DP: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, HEAD_D: tl.constexpr, HEAD_DP: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """out[t, h] = sum_s 2^(lse_s - lse) * part[t, h, s] over the splits of one (token, head)."""
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
     t = tl.program_id(0)
     h = tl.program_id(1)
     s = tl.arange(0, NUM_SPLITS)

@@ -69,6 +69,24 @@ def _split_rule_from_env() -> tuple[int, int]:
 DEFAULT_SPLIT_RULE = (1, 2)
 #: the rule in use (read once; benchmarks switch it at run time and recapture their graphs)
 SPLIT_RULE = _split_rule_from_env()
+#: the attention launches (K/V write, decode / general kernel, split merge) use programmatic dependent launch when
+#: the platform's PDL is on (plugins/platforms/cuda_pdl.py, ``OCTAVO_PDL``); ``OCTAVO_TRITON_PDL=0`` keeps them
+#: plain (A/B runs); read at each launch, so a graph captured after a switch uses it
+ATTN_PDL = None  # None: OCTAVO_TRITON_PDL, read on first use
+
+
+def _pdl_opts() -> dict:
+    """Launch options of one attention kernel: ``{"PDL": ..., "launch_pdl": ...}`` or ``{}`` (switched off)."""
+    global ATTN_PDL
+    if ATTN_PDL is None:
+        from octavo.env_flags import env_switch
+
+        ATTN_PDL = env_switch("OCTAVO_TRITON_PDL", True)
+    if not ATTN_PDL:
+        return {}
+    from octavo.plugins.platforms.cuda_pdl import launch_opts
+
+    return launch_opts()
 
 
 def _num_sms(device) -> int:
@@ -250,12 +268,13 @@ class TritonAttentionBackend(AttentionBackend):
             return
         if key.stride(-1) != 1 or value.stride(-1) != 1:
             key, value = key.contiguous(), value.contiguous()
+        pdl = _pdl_opts()
         _kv_write_kernel[(key.shape[0],)](
             key, value, kv_cache, slot_mapping,
             key.stride(0), key.stride(1), value.stride(0), value.stride(1),
             kv_cache.stride(0), self.num_kv_heads, self.k_scale, self.v_scale,
             HEAD_D=self.head_size, BLOCK_H=_next_pow2(self.num_kv_heads), BLOCK_D=_next_pow2(self.head_size),
-            KV_FP8=kv_cache.dtype in FP8_MAX, FP8_MAX=FP8_MAX.get(kv_cache.dtype, 448.0),
+            KV_FP8=kv_cache.dtype in FP8_MAX, FP8_MAX=FP8_MAX.get(kv_cache.dtype, 448.0), **pdl,
         )
 
     def forward(self, query, key, value, kv_cache, metadata: TritonAttentionMetadata):
@@ -324,7 +343,8 @@ class TritonAttentionBackend(AttentionBackend):
                              order=self._longest_first(md, seq_lens, first) if launch.ordered else None,
                              chunk=launch.chunk, max_seq_len=md.max_seq_len,
                              scratch=self._chunk_scratch(md, query, launch.chunk),
-                             new_kv=(key, value, md.slot_mapping, self.k_scale, self.v_scale) if fused_write else None)
+                             new_kv=(key, value, md.slot_mapping, self.k_scale, self.v_scale) if fused_write else None,
+                             pdl=_pdl_opts())
             if first:
                 if first == md.num_reqs:
                     return out
@@ -340,12 +360,12 @@ class TritonAttentionBackend(AttentionBackend):
             HEAD_D=self.head_size, HEAD_DP=self.head_dp, PAGE=md.block_size, NUM_SPLITS=splits,
             USE_SOFTCAP=self.soft_cap > 0, USE_WINDOW=self.window > 0,
             DOT_PREC="ieee" if query.dtype == torch.float32 else "tf32", KV_FP8=fp8,
-            num_warps=4, num_stages=2,
+            num_warps=4, num_stages=2, **_pdl_opts(),
         )
         if splits > 1:
             _merge_splits_kernel[(num_tokens, self.num_heads)](
                 dst, lse, out, self.num_heads, out.stride(0), out.stride(1),
-                NUM_SPLITS=splits, HEAD_D=self.head_size, HEAD_DP=self.head_dp)
+                NUM_SPLITS=splits, HEAD_D=self.head_size, HEAD_DP=self.head_dp, **_pdl_opts())
         return out
 
 

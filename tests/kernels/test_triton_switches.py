@@ -1,7 +1,9 @@
-"""The ``triton`` backend's split-KV rule for decode steps of few requests (``triton.SPLIT_RULE``,
-``OCTAVO_TRITON_SPLIT_KV``): which steps split their contexts and into how many programs. Pure arithmetic on a
-fake 132-SM device (no GPU, no kernel); the split launches themselves are checked against float64 in
-``triton_decode_cases.py::test_split_kv_decode_matches_float64``."""
+"""The ``triton`` backend's launch switches without a GPU: the split-KV rule for decode steps of few requests
+(``triton.SPLIT_RULE``, ``OCTAVO_TRITON_SPLIT_KV``: which steps split their contexts, into how many programs; pure
+arithmetic on a fake 132-SM device) and programmatic dependent launch of the attention kernels
+(``OCTAVO_TRITON_PDL``). The split launches themselves are checked against float64 in
+``triton_decode_cases.py::test_split_kv_decode_matches_float64``, the PDL code paths there too (the interpreter
+runs them, with no-op waits)."""
 
 from __future__ import annotations
 
@@ -63,3 +65,19 @@ def test_env_switch_parses_and_refuses(monkeypatch):
         monkeypatch.setenv("OCTAVO_TRITON_SPLIT_KV", raw)
         with pytest.raises(ValueError, match="OCTAVO_TRITON_SPLIT_KV"):
             backend._split_rule_from_env()
+
+
+def test_attention_pdl_switch(monkeypatch):
+    """On by default where the platform's PDL is on (the interpreter counts as on); OCTAVO_TRITON_PDL=0 gives plain
+    launches; any other value is refused naming the variable."""
+    from octavo.plugins.platforms import cuda_pdl
+
+    for raw, on in (("", True), ("1", True), ("0", False)):
+        monkeypatch.setenv("OCTAVO_TRITON_PDL", raw)
+        monkeypatch.setattr(backend, "ATTN_PDL", None)
+        monkeypatch.setattr(cuda_pdl, "launch_opts", lambda: {"PDL": True, "launch_pdl": True})
+        assert backend._pdl_opts() == ({"PDL": True, "launch_pdl": True} if on else {})
+    monkeypatch.setenv("OCTAVO_TRITON_PDL", "yes")
+    monkeypatch.setattr(backend, "ATTN_PDL", None)
+    with pytest.raises(ValueError, match="OCTAVO_TRITON_PDL"):
+        backend._pdl_opts()
