@@ -239,6 +239,7 @@ def main() -> None:
                     help="variants timed after the defaults, in this order, each with the graphs recaptured")
     ap.add_argument("--window", type=int, default=16, help="decode steps per profiler window")
     ap.add_argument("--windows", type=int, nargs="*", default=[120, 600], help="decode step numbers opening a window")
+    ap.add_argument("--no-events", action="store_true", help="skip stage 2 (the hooked run): A/B time only")
     ap.add_argument("--dry", action="store_true", help="CPU: a tiny Qwen3, 24 requests; checks the hooks")
     args = ap.parse_args()
     if args.dry:
@@ -289,7 +290,7 @@ def main() -> None:
             save()
 
         timed("timed (defaults)")
-        if fits(last * 1.3 + 4):
+        if not args.no_events and fits(last * 1.3 + 4):
             rec = StepEvents(worker, tuple(args.windows), args.window)
             try:
                 timed("events (defaults, hooked: 3 CUDA events a step + profiler windows)")
