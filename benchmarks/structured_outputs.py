@@ -125,7 +125,8 @@ def bench_decode(args) -> dict:
     so = StructuredOutputsParams(json=SCHEMA)
     # mode -> (structured outputs, async scheduling on, fill before the step, xgrammar's own maxLength form,
     #          GIL switch interval, engine knobs: grammar_step.INLINE_AFTER_GATE / HANDOFF_WAIT_S, fill threads)
-    park_default, early_fill_default = async_gate.PARK, async_gate.EARLY_FILL
+    park_default, early_fill_default, start_wait_default = async_gate.PARK, async_gate.EARLY_FILL, \
+        async_gate.FILL_START_WAIT_S
     dflt = {"inline": grammar_step.INLINE_AFTER_GATE, "handoff": grammar_step.HANDOFF_WAIT_S,
             "threads": core.structured.fill_threads, "kernel": grammar_step.PLATFORM_APPLY, "early": so_mod.EARLY_ACCEPT}
     modes = {"free": (None, False, False, False, None, dflt), "overlap": (so, False, False, False, None, dflt),
@@ -164,6 +165,8 @@ def bench_decode(args) -> dict:
         # session 7: without the short GIL switch interval the loop sets while a structured step is in flight (on
         # an accelerator; core/async_engine.py GRAMMAR_SWITCH_INTERVAL_S)
         modes["json_async_noswitch"] = (so, True, False, False, None, {**dflt, "switch": 0.0})
+        # the early fill without the core thread's wait (up to 1 ms) until the bitmask thread is inside the fill
+        modes["json_async_nostartwait"] = (so, True, False, False, None, {**dflt, "start_wait": 0.0})
         for us in (50, 100, 500, 1000):  # other intervals for that switch (json_async_sw50us, ...)
             modes[f"json_async_sw{us}us"] = (so, True, False, False, None, {**dflt, "switch": us * 1e-6})
         # the core thread waits (up to 5 ms) until the step thread queued N+2 before building N's outputs
@@ -217,6 +220,7 @@ def bench_decode(args) -> dict:
                         core.async_loop.launch_wait_s = knobs["launch_wait"]
                     if "switch" in knobs:  # GIL switch interval while a structured step is in flight (0: off)
                         core.async_loop.grammar_switch_s = knobs["switch"]
+                    async_gate.FILL_START_WAIT_S = knobs.get("start_wait", start_wait_default)
             grammar_step.INLINE_AFTER_GATE, grammar_step.HANDOFF_WAIT_S = knobs["inline"], knobs["handoff"]
             grammar_step.PLATFORM_APPLY, so_mod.EARLY_ACCEPT = knobs["kernel"], knobs["early"]
             core.structured.fill_threads = knobs["threads"]
@@ -250,6 +254,7 @@ def bench_decode(args) -> dict:
                 grammar_step.PLATFORM_APPLY, so_mod.EARLY_ACCEPT = dflt["kernel"], dflt["early"]
                 core.structured.fill_threads = dflt["threads"]
                 async_gate.PARK, async_gate.EARLY_FILL = park_default, early_fill_default
+                async_gate.FILL_START_WAIT_S = start_wait_default
                 backend = core.structured._backend
                 for name in ("fill_bitmasks", "accept_tokens"):  # the gate_only no-ops (instance attributes)
                     if backend is not None and name in vars(backend):

@@ -1,0 +1,69 @@
+"""The xgrammar backend keeps a matcher's "terminated" state in Python (plugins/structured_output/xgrammar_backend.py
+``_Matcher``): after every accepted or refused token, on the batched path (``accept_tokens``) and the single one
+(``accept_token``), and after ``reset``, it equals xgrammar's own ``is_terminated()``. Random walks through a
+JSON schema and a choice on the real SmolLM2 tokenizer, each step taking an allowed token (the stop token as soon
+as it is allowed, for half the rows), plus refused tokens (a disallowed one, and one after termination)."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from octavo.config import OctavoSettings
+from octavo.core.loader import load_tokenizer
+from octavo.structured_outputs import StructuredOutputsParams
+
+xgr = pytest.importorskip("xgrammar")
+VOCAB = 49152
+
+
+@pytest.fixture(scope="module")
+def backend():
+    from octavo.plugins.structured_output.xgrammar_backend import XGrammarBackend
+
+    return XGrammarBackend(load_tokenizer(OctavoSettings.from_kwargs().model), VOCAB)
+
+
+def _allowed(matcher, row_mask: torch.Tensor) -> np.ndarray:
+    matcher.fill_bitmask(row_mask, 0)
+    bits = np.unpackbits(row_mask.numpy().view(np.uint8), bitorder="little")[:VOCAB]
+    return np.flatnonzero(bits)
+
+
+@pytest.mark.parametrize("params", [
+    StructuredOutputsParams(json={"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},
+                            disable_any_whitespace=True),
+    StructuredOutputsParams(choice=["yes", "no way"]),
+])
+def test_python_terminated_flag_equals_xgrammars(backend, params):
+    compiled = backend.compile(params)
+    rng = random.Random(0)
+    matchers = [backend.matcher(compiled) for _ in range(6)]
+    mask = torch.full((1, (VOCAB + 31) // 32), -1, dtype=torch.int32)
+    for step in range(40):
+        live = [m for m in matchers if not m.is_terminated()]
+        if not live:
+            break
+        tokens = []
+        for j, m in enumerate(live):
+            allowed = _allowed(m, mask)
+            stops = [t for t in allowed if t in m._stop]
+            tokens.append(stops[0] if stops and j % 2 == 0 else rng.choice(list(allowed)))
+        if step % 2:
+            ok = backend.accept_tokens(live, tokens)
+        else:
+            ok = [m.accept_token(t) for m, t in zip(live, tokens)]
+        assert all(ok)
+        for m in matchers:
+            assert m.is_terminated() == m.m.is_terminated()
+    terminated_seen = sum(m.is_terminated() for m in matchers)
+    assert terminated_seen == len(matchers)  # every walk ended by its stop token
+    m = matchers[0]
+    assert m.accept_token(next(iter(m._stop))) is False and m.is_terminated() and m.m.is_terminated()
+    m.reset()
+    assert not m.is_terminated() and not m.m.is_terminated()
+    bad = [t for t in range(VOCAB) if t not in set(_allowed(m, mask).tolist())][0]
+    assert m.accept_token(bad) is False and m.is_terminated() == m.m.is_terminated() is False
