@@ -35,7 +35,7 @@ from octavo.plugins.quant.cpu_build import cached_library
 
 ENV = "OCTAVO_CPU_FUSED_DECODE"
 _I64, _P = ctypes.c_int64, ctypes.c_void_p
-_FLAGS = ["-O3", "-march=native", "-shared", "-fPIC", "-fno-strict-aliasing", "-ffp-contract=off"]
+_FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-fno-strict-aliasing", "-ffp-contract=off"]
 _state: dict[str, object] = {}
 
 
@@ -52,13 +52,14 @@ class _Stack(ctypes.Structure):
     _fields_ = [(n, _I64) for n in ("nlayers", "hidden", "nh", "kvh", "d", "inter", "bs", "kv_bf16", "w_bf16",
                                     "embed_bf16", "nthreads", "attn_abi")] + [
         ("eps", ctypes.c_double), ("scale", ctypes.c_double), ("embed", _P), ("final_norm", _P),
-        ("gemm", _P), ("attn", _P), ("layers", ctypes.POINTER(_Layer))]
+        ("gemm", _P), ("attn", _P), ("layers", ctypes.POINTER(_Layer)), ("quant", _P), ("q4", _P), ("q8", _P)]
 
 
 def library() -> ctypes.CDLL | None:
     """The fused stack's library, or None (reason in ``_state["why"]``; ``OCTAVO_CPU_FUSED_DECODE=0``)."""
     return cached_library(_state, C_SOURCE, "octavo_fused_decode", _FLAGS,
-                          {"fused_decode": ([_P, _I64, _P, _P, _I64, _P, ctypes.c_int, _I64, _P], ctypes.c_int)},
+                          {name: ([_P, _I64, _P, _P, _I64, _P, ctypes.c_int, _I64, _P], ctypes.c_int)
+                           for name in ("fused_decode", "fused_decode_team")},
                           switch=ENV)
 
 
@@ -135,6 +136,12 @@ PAGED_ROWS_ABIS = {
     1: ([_C.c_void_p, _C.c_int, _C.c_long, _C.c_void_p, _C.c_void_p, _C.c_int, _C.c_void_p, _C.c_int]
         + [_C.c_void_p] * 4 + [_C.c_int] * 5 + [_C.c_float, _C.c_void_p, _C.c_int, _C.c_int], _C.c_int)}
 QA8_GEMM_ARGTYPES = [_C.c_int, _C.c_void_p] + [_C.c_int] * 3 + [_C.c_void_p] * 3 + [_C.c_int, _C.c_void_p, _C.c_int]
+#: cpu_int8act's split form (fused_decode_team): name -> (argtypes, restype)
+INT8ACT_SPLIT = {"quant_act": ([_C.c_void_p] + [_C.c_int] * 4 + [_C.c_void_p] * 3, None),
+                 "q4a8_gemm_q": ([_C.c_void_p] * 3 + [_C.c_int] * 2 + [_C.c_void_p] * 3
+                                 + [_C.c_int, _C.c_void_p, _C.c_int], _C.c_int),
+                 "q8a8_gemm_q": ([_C.c_void_p] * 2 + [_C.c_int] * 2 + [_C.c_void_p] * 2
+                                 + [_C.c_int, _C.c_void_p, _C.c_int], _C.c_int)}
 
 
 def _paged_abi() -> int | None:
@@ -150,6 +157,10 @@ def _abi_reason() -> str | None:
         return "cpu_paged's paged_rows has another signature than the fused stack was written for"
     if list(gemm.argtypes) != QA8_GEMM_ARGTYPES or gemm.restype is not _C.c_int:
         return "cpu_int8act's qa8_gemm has another signature than the fused stack was written for"
+    for name, (args, res) in INT8ACT_SPLIT.items():
+        fn = getattr(cpu_int8act.library(), name)
+        if list(fn.argtypes) != args or fn.restype is not res:
+            return f"cpu_int8act's {name} has another signature than the fused stack was written for"
     return None
 
 
@@ -165,6 +176,9 @@ class CpuFusedDecodeRunner:
         self.model, self.dtype, self.fallback = model, dtype, fallback
         self.lib = library()
         self.num_runs = 0
+        #: True: fused_decode_team (one OpenMP region per token, the linears' rows split over the threads);
+        #: False: fused_decode (each kernel opens its own region). Same bits (tests); the team form syncs less.
+        self.team = True
         self._key = None
         self._build()
 
@@ -228,7 +242,9 @@ class CpuFusedDecodeRunner:
                              eps=eps.pop(), scale=float(att0.attn.impl.scale), embed=inner.embed_tokens.weight.data_ptr(),
                              final_norm=inner.norm.weight.data_ptr(), gemm=_fn_ptr(cpu_int8act.library().qa8_gemm),
                              attn=_fn_ptr(_cpu_paged_kernel.library().paged_rows), attn_abi=_paged_abi(),
-                             layers=ctypes.cast(arr, ctypes.POINTER(_Layer)))
+                             layers=ctypes.cast(arr, ctypes.POINTER(_Layer)),
+                             **{k: _fn_ptr(getattr(cpu_int8act.library(), n)) for k, n in
+                                (("quant", "quant_act"), ("q4", "q4a8_gemm_q"), ("q8", "q8a8_gemm_q"))})
         self._cos, self._sin = att0.rotary_emb.cos_cache, att0.rotary_emb.sin_cache
         self._hidden, self._half = hidden, d // 2
 
@@ -245,7 +261,8 @@ class CpuFusedDecodeRunner:
             return self.fallback.maybe_run(inputs) if self.fallback is not None else None
         self._stack.nthreads = torch.get_num_threads()
         out = torch.empty(1, self._hidden, dtype=torch.float32)
-        rc = self.lib.fused_decode(ctypes.byref(self._stack), int(inputs.input_ids[0]),
+        fn = self.lib.fused_decode_team if self.team else self.lib.fused_decode
+        rc = fn(ctypes.byref(self._stack), int(inputs.input_ids[0]),
                                    self._cos.data_ptr() + 4 * pos * self._half, self._sin.data_ptr() + 4 * pos * self._half,
                                    int(layout.slot_mapping[0]), table.data_ptr(), int(table.dtype == torch.int64),
                                    length, out.data_ptr())

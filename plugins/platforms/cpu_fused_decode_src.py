@@ -16,6 +16,14 @@ C_SOURCE = r"""
 #include <stdlib.h>
 #include <string.h>
 #include <math.h>
+#include <sched.h>
+#include <omp.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define SPIN_PAUSE() _mm_pause()
+#else
+#define SPIN_PAUSE() ((void)0)
+#endif
 
 typedef int (*gemm_fn)(int bits, const void* x, int bf16, int m, int k, const void* w, const float* s,
                        const float* z, int n, float* y, int nthreads);
@@ -29,6 +37,13 @@ typedef int (*attn_fn)(const void* q, int q_bf16, long qstride, const void* kc, 
                        const int64_t* tables, int tstride, const int64_t* row_req, const int64_t* lens,
                        const int64_t* task_row0, const int64_t* task_nrows, int ntasks, int nh, int kvh, int d,
                        int bs, float scale, void* out, int out_bf16, int nthreads);
+
+/* cpu_int8act's split form of qa8_gemm: quantize the activation, then the product on it (any slice of rows) */
+typedef void (*quant_fn)(const void* x, int bf16, int m, int k, int nibble, int8_t* xq, float* d, float* ds);
+typedef int (*q4q_fn)(const int8_t* xq, const float* d, const float* ds, int m, int k, const uint8_t* w,
+                      const float* s, const float* z, int n, float* y, int nthreads);
+typedef int (*q8q_fn)(const int8_t* xq, const float* d, int m, int k, const int8_t* w, const float* s, int n,
+                      float* y, int nthreads);
 
 /* one quantized linear: bits 4 (w uint8 [n, k/2], s, z [n, k/32]) or 8 (w int8 [n, k], s [n, k/32], z unused) */
 typedef struct { int64_t bits, n, k; const void* w; const float* s; const float* z; } Lin;
@@ -47,6 +62,7 @@ typedef struct {
     gemm_fn gemm;
     void* attn;  /* attn0_fn or attn_fn, by attn_abi */
     const Layer* layers;
+    quant_fn quant; q4q_fn q4; q8q_fn q8;  /* fused_decode_team only */
 } Stack;
 
 static inline float bf2f(uint16_t v) { uint32_t u = (uint32_t)v << 16; float f; memcpy(&f, &u, 4); return f; }
@@ -130,6 +146,123 @@ int fused_decode(const Stack* S, int64_t token, const float* cs, const float* sn
         rc |= lin(S, &L->gu, h, gu);
         for (long i = 0; i < I; i++) { float g = gu[i]; act[i] = g / (1.f + expf(-g)) * gu[I + i]; }
         rc |= lin(S, &L->dn, act, t);
+    }
+    if (!rc) {
+        for (long i = 0; i < H; i++) r[i] += t[i];
+        rms_norm(r, S->final_norm, wb, H, S->eps, out);
+    }
+    free(buf);
+    return rc ? -1 : 0;
+}
+
+/* A barrier of the team of fused_decode_team: spin (pause) while the others are close, then yield the core, so a
+   thread waiting for a descheduled sibling on a busy machine gives its core away instead of sleeping in a futex
+   (libgomp's own barriers and region ends sleep after a short spin: ~150 of them per token cost more than the
+   work at 2 threads on a loaded 2-CPU VM). Release / acquire order: every write before the barrier is seen after it. */
+typedef struct { int count, gen; } Bar;
+static void bar_wait(Bar* b, int n) {
+    if (n == 1) return;
+    int g = __atomic_load_n(&b->gen, __ATOMIC_ACQUIRE);
+    if (__atomic_add_fetch(&b->count, 1, __ATOMIC_ACQ_REL) == n) {
+        __atomic_store_n(&b->count, 0, __ATOMIC_RELAXED);
+        __atomic_store_n(&b->gen, g + 1, __ATOMIC_RELEASE);
+        return;
+    }
+    for (long spins = 0; __atomic_load_n(&b->gen, __ATOMIC_ACQUIRE) == g; spins++) {
+        if (spins < 20000) SPIN_PAUSE(); else sched_yield();
+    }
+}
+
+/* thread tid's share of a linear's output rows (multiples of 4: the kernels' row tiles) on the quantized x */
+static int lin_slice(const Stack* S, const Lin* L, const int8_t* xq, const float* d, const float* ds, float* y,
+                     int tid, int nth) {
+    long n = L->n, chunk = ((n + nth - 1) / nth + 3) / 4 * 4, r0 = tid * chunk, r1 = r0 + chunk < n ? r0 + chunk : n;
+    if (r0 >= r1) return 0;
+    long ng = L->k / 32;
+    if (L->bits == 4)
+        return S->q4(xq, d, ds, 1, (int)L->k, (const uint8_t*)L->w + r0 * (L->k / 2), L->s + r0 * ng, L->z + r0 * ng,
+                     (int)(r1 - r0), y + r0, 1);
+    return S->q8(xq, d, 1, (int)L->k, (const int8_t*)L->w + r0 * L->k, L->s + r0 * ng, (int)(r1 - r0), y + r0, 1);
+}
+
+/* fused_decode with ONE OpenMP region for the whole token (nthreads threads): the output rows of every linear are
+   split over the threads (each slice through cpu_int8act's q4a8_gemm_q / q8a8_gemm_q with one thread, on the
+   activation quantized once by its quant_act: the same per-row arithmetic as qa8_gemm, so the same bits as
+   fused_decode at any thread count); thread 0 alone runs the norms, rotary, K/V write, attention (paged_rows, one
+   thread) and SiLU between Bar barriers. 8 barriers per layer and one region, instead of 5 regions per layer. */
+int fused_decode_team(const Stack* S, int64_t token, const float* cs, const float* sn, int64_t slot,
+                      const void* table, int table_i64, int64_t len, float* out) {
+    const long H = S->hidden, nh = S->nh, kvh = S->kvh, d = S->d, I = S->inter;
+    const long qn = nh * d, kn = kvh * d, nb = (len + S->bs - 1) / S->bs, kmax = I > qn ? (I > H ? I : H) : (qn > H ? qn : H);
+    const int wb = (int)S->w_bf16;
+    size_t nf = (size_t)(3 * H + qn + 2 * kn + qn + 2 * I + I + 2 * (kmax / 32 + 1));
+    float* buf = (float*)malloc(sizeof(float) * nf + sizeof(int64_t) * (size_t)(nb + 1) + (size_t)kmax + 64);
+    if (!buf) return -2;
+    float *r = buf, *h = r + H, *t = h + H, *qkv = t + H, *att = qkv + qn + 2 * kn, *gu = att + qn, *act = gu + 2 * I;
+    float *qd = act + I, *qds = qd + kmax / 32 + 1;
+    int64_t* tab = (int64_t*)(buf + nf);
+    int8_t* xq = (int8_t*)(tab + nb + 1);
+    for (long b = 0; b < nb; b++) tab[b] = table_i64 ? ((const int64_t*)table)[b] : (int64_t)((const int32_t*)table)[b];
+    int64_t zero = 0, one = 1, lens = len;
+    int rc = 0;
+    Bar bar = {0, 0};
+    for (long i = 0; i < H; i++) r[i] = ld(S->embed, (int)S->embed_bf16, token * H + i);
+    #pragma omp parallel num_threads((int)S->nthreads) if (S->nthreads > 1)
+    {
+        const int tid = omp_get_thread_num(), nth = omp_get_num_threads();
+        int my = 0;
+        for (long l = 0; l < S->nlayers; l++) {
+            const Layer* L = S->layers + l;
+            if (tid == 0) {
+                if (l) for (long i = 0; i < H; i++) r[i] += t[i];
+                rms_norm(r, L->ln1, wb, H, S->eps, h);
+                S->quant(h, 0, 1, (int)H, L->qkv.bits == 4, xq, qd, qds);
+            }
+            bar_wait(&bar, nth);
+            my |= lin_slice(S, &L->qkv, xq, qd, qds, qkv, tid, nth);
+            bar_wait(&bar, nth);
+            if (tid == 0) {
+                rotary(qkv, nh, d, cs, sn);
+                rotary(qkv + qn, kvh, d, cs, sn);
+                const float *k = qkv + qn, *v = k + kn;
+                if (S->kv_bf16) {
+                    uint16_t *kc = (uint16_t*)L->kc + slot * kn, *vc = (uint16_t*)L->vc + slot * kn;
+                    for (long i = 0; i < kn; i++) { kc[i] = f2bf(k[i]); vc[i] = f2bf(v[i]); }
+                } else {
+                    memcpy((float*)L->kc + slot * kn, k, sizeof(float) * kn);
+                    memcpy((float*)L->vc + slot * kn, v, sizeof(float) * kn);
+                }
+                if (S->attn_abi)
+                    ((attn_fn)S->attn)(qkv, 0, qn + 2 * kn, L->kc, L->vc, (int)S->kv_bf16, tab, (int)nb, &zero, &lens,
+                                       &zero, &one, 1, (int)nh, (int)kvh, (int)d, (int)S->bs, (float)S->scale, att, 0, 1);
+                else
+                    ((attn0_fn)S->attn)(qkv, L->kc, L->vc, (int)S->kv_bf16, tab, (int)nb, &zero, &lens, &zero, &one, 1,
+                                        (int)nh, (int)kvh, (int)d, (int)S->bs, (float)S->scale, att, 1);
+                S->quant(att, 0, 1, (int)qn, L->o.bits == 4, xq, qd, qds);
+            }
+            bar_wait(&bar, nth);
+            my |= lin_slice(S, &L->o, xq, qd, qds, t, tid, nth);
+            bar_wait(&bar, nth);
+            if (tid == 0) {
+                for (long i = 0; i < H; i++) r[i] += t[i];
+                rms_norm(r, L->ln2, wb, H, S->eps, h);
+                S->quant(h, 0, 1, (int)H, L->gu.bits == 4, xq, qd, qds);
+            }
+            bar_wait(&bar, nth);
+            my |= lin_slice(S, &L->gu, xq, qd, qds, gu, tid, nth);
+            bar_wait(&bar, nth);
+            if (tid == 0) {
+                for (long i = 0; i < I; i++) { float g = gu[i]; act[i] = g / (1.f + expf(-g)) * gu[I + i]; }
+                S->quant(act, 0, 1, (int)I, L->dn.bits == 4, xq, qd, qds);
+            }
+            bar_wait(&bar, nth);
+            my |= lin_slice(S, &L->dn, xq, qd, qds, t, tid, nth);
+            bar_wait(&bar, nth);
+        }
+        if (my) {
+            #pragma omp atomic write
+            rc = 1;
+        }
     }
     if (!rc) {
         for (long i = 0; i < H; i++) r[i] += t[i];

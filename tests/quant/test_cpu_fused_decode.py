@@ -108,6 +108,40 @@ def test_greedy_tokens_and_logprobs_match_per_op(engine):
     assert pair[0][0] == want  # the batch of two ran per-op: the same bits as the first per-op run
 
 
+class _TeamVsRegions:
+    """Each decode step through fused_decode (every kernel its own OpenMP region, 1 thread) and fused_decode_team
+    (one region, rows split over 2 threads): the same per-row kernel arithmetic, so the same bits."""
+
+    def __init__(self, runner) -> None:
+        self.fused, self.equal = CpuFusedDecodeRunner(runner.model, torch.float32), []
+
+    def maybe_run(self, inputs):
+        old = torch.get_num_threads()
+        try:
+            torch.set_num_threads(1)
+            self.fused.team = False
+            a = self.fused.maybe_run(inputs)
+            torch.set_num_threads(2)
+            self.fused.team = True
+            b = self.fused.maybe_run(inputs)  # rewrites the step's K/V slot with the same bits
+        finally:
+            torch.set_num_threads(old)
+        if a is not None:
+            self.equal.append(torch.equal(a, b))
+        return b
+
+
+def test_team_form_is_bitwise_the_per_kernel_form(engine):
+    llm, runner = engine
+    probe = _TeamVsRegions(runner)
+    runner.graph_runner = probe
+    try:
+        _greedy(llm)
+    finally:
+        runner.graph_runner = None
+    assert probe.equal == [True] * (NEW - 1)
+
+
 def test_switch_values_and_refusals(monkeypatch):
     handle = ModelHandle(model=torch.nn.Linear(4, 4), device=torch.device("cpu"), dtype=torch.float32,
                          attn_backend=None, block_size=16, max_model_len=64, max_num_seqs=1,
