@@ -162,12 +162,12 @@ def bench_decode(args) -> dict:
         # N+1's fill started on the bitmask thread right after N's accept, overlapping update(N) + schedule(N+2)
         modes["json_async_earlyfill"] = (so, True, False, False, None, {**dflt, "early_fill": True})
         modes["json_async_noearlyfill"] = (so, True, False, False, None, {**dflt, "early_fill": False})
-        # session 7: without the short GIL switch interval the loop sets while a structured step is in flight (on
-        # an accelerator; core/async_engine.py GRAMMAR_SWITCH_INTERVAL_S)
+        # session 7: without the GIL switch interval the loop can set while a structured step is in flight (on an
+        # accelerator; core/async_engine.py GRAMMAR_SWITCH_INTERVAL_S, 0 = off by default since session 7 batch 1)
         modes["json_async_noswitch"] = (so, True, False, False, None, {**dflt, "switch": 0.0})
         # the early fill without the core thread's wait (up to 1 ms) until the bitmask thread is inside the fill
         modes["json_async_nostartwait"] = (so, True, False, False, None, {**dflt, "start_wait": 0.0})
-        for us in (50, 100, 500, 1000):  # other intervals for that switch (json_async_sw50us, ...)
+        for us in (50, 100, 200, 500, 1000):  # that switch on at these intervals (json_async_sw50us, ...)
             modes[f"json_async_sw{us}us"] = (so, True, False, False, None, {**dflt, "switch": us * 1e-6})
         # the core thread waits (up to 5 ms) until the step thread queued N+2 before building N's outputs
         modes["free_async_wait"] = (None, True, False, False, None, {**dflt, "launch_wait": 0.005})

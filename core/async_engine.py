@@ -123,13 +123,15 @@ class StepTimers:
 # session 6 (H100, random 1.1B, batch 32) measured 5 ms slower: free steps 1.49 vs 1.33 ms (the wait serialized the
 # step thread's whole execute, ~1.2 ms, with the core thread's chain); kept for the benchmark (*_wait modes).
 LAUNCH_WAIT_S = 0.0
-# On an accelerator, while a structured step is in flight, Python's GIL switch interval is this many seconds instead
-# of the process's own (default 5 ms), and is put back once none is. Why: a structured step's host chain (accept ->
-# fill on the bitmask thread -> the parked sampler launched) hops between three threads, and a thread woken while
-# another runs Python waits for the GIL up to the switch interval. Session 6 (H100, random 1.1B, batch 32; the
-# benchmark's _si modes, process-wide 0.2 ms): JSON step 2.27 vs 2.82 ms (batch 2), 2.79 vs 3.10 (batch 1), free
-# async steps unchanged (1.368 vs 1.365). 0 turns it off (the benchmark's json_async_noswitch mode).
-GRAMMAR_SWITCH_INTERVAL_S = 0.0002
+# On an accelerator, while a structured step is in flight, Python's GIL switch interval can be set to this many
+# seconds instead of the process's own (5 ms by default), put back once none is; 0 (default): untouched. Why it
+# exists: a structured step's host chain (accept -> fill on the bitmask thread -> the parked sampler launched) hops
+# between three threads, and a thread woken while another runs Python waits for the GIL up to the switch interval.
+# Session 6 (H100, random 1.1B, batch 32, a process-wide 0.2 ms: the benchmark's _si modes): JSON step 2.27 vs
+# 2.82 ms (batch 2), 2.79 vs 3.10 (batch 1). But session 7 batch 1 (this per-step form at 0.2 ms, same engine,
+# interleaved): 2.08 vs 1.71 ms without it, i.e. worse, so it stays off; the benchmark's json_async_sw*us modes
+# set it (docs/performance.md).
+GRAMMAR_SWITCH_INTERVAL_S = 0.0
 
 
 @dataclass
