@@ -173,11 +173,9 @@ static void bar_wait(Bar* b, int n) {
     }
 }
 
-/* thread tid's share of a linear's output rows (multiples of 4: the kernels' row tiles) on the quantized x */
-static int lin_slice(const Stack* S, const Lin* L, const int8_t* xq, const float* d, const float* ds, float* y,
-                     int tid, int nth) {
-    long n = L->n, chunk = ((n + nth - 1) / nth + 3) / 4 * 4, r0 = tid * chunk, r1 = r0 + chunk < n ? r0 + chunk : n;
-    if (r0 >= r1) return 0;
+/* rows [r0, r1) of a linear on the quantized x, through cpu_int8act's product with one thread */
+static int lin_rows(const Stack* S, const Lin* L, const int8_t* xq, const float* d, const float* ds, float* y,
+                    long r0, long r1) {
     long ng = L->k / 32;
     if (L->bits == 4)
         return S->q4(xq, d, ds, 1, (int)L->k, (const uint8_t*)L->w + r0 * (L->k / 2), L->s + r0 * ng, L->z + r0 * ng,
@@ -185,8 +183,20 @@ static int lin_slice(const Stack* S, const Lin* L, const int8_t* xq, const float
     return S->q8(xq, d, 1, (int)L->k, (const int8_t*)L->w + r0 * L->k, L->s + r0 * ng, (int)(r1 - r0), y + r0, 1);
 }
 
+#define CHUNK 64  /* output rows a thread takes at a time (a multiple of the kernels' row tile of 4) */
+/* the team's rows of one linear, CHUNK rows at a time from the shared counter *next (zero before the phase):
+   a thread that runs late (descheduled on a busy machine) takes fewer chunks instead of holding the others at
+   the next barrier with a fixed half. Each row's arithmetic does not depend on its chunk: the same bits. */
+static int lin_team(const Stack* S, const Lin* L, const int8_t* xq, const float* d, const float* ds, float* y,
+                    long* next) {
+    int rc = 0;
+    for (long r0; (r0 = __atomic_fetch_add(next, CHUNK, __ATOMIC_RELAXED)) < L->n;)
+        rc |= lin_rows(S, L, xq, d, ds, y, r0, r0 + CHUNK < L->n ? r0 + CHUNK : L->n);
+    return rc;
+}
+
 /* fused_decode with ONE OpenMP region for the whole token (nthreads threads): the output rows of every linear are
-   split over the threads (each slice through cpu_int8act's q4a8_gemm_q / q8a8_gemm_q with one thread, on the
+   shared by the threads in chunks (each through cpu_int8act's q4a8_gemm_q / q8a8_gemm_q with one thread, on the
    activation quantized once by its quant_act: the same per-row arithmetic as qa8_gemm, so the same bits as
    fused_decode at any thread count); thread 0 alone runs the norms, rotary, K/V write, attention (paged_rows, one
    thread) and SiLU between Bar barriers. 8 barriers per layer and one region, instead of 5 regions per layer. */
@@ -197,7 +207,8 @@ int fused_decode_team(const Stack* S, int64_t token, const float* cs, const floa
     const int wb = (int)S->w_bf16;
     size_t nf = (size_t)(3 * H + qn + 2 * kn + qn + 2 * I + I + 2 * (kmax / 32 + 1));
     float* buf = (float*)malloc(sizeof(float) * nf + sizeof(int64_t) * (size_t)(nb + 1) + (size_t)kmax + 64);
-    if (!buf) return -2;
+    long* next = (long*)calloc((size_t)(4 * S->nlayers), sizeof(long));  /* one row counter per linear */
+    if (!buf || !next) { free(buf); free(next); return -2; }
     float *r = buf, *h = r + H, *t = h + H, *qkv = t + H, *att = qkv + qn + 2 * kn, *gu = att + qn, *act = gu + 2 * I;
     float *qd = act + I, *qds = qd + kmax / 32 + 1;
     int64_t* tab = (int64_t*)(buf + nf);
@@ -219,7 +230,7 @@ int fused_decode_team(const Stack* S, int64_t token, const float* cs, const floa
                 S->quant(h, 0, 1, (int)H, L->qkv.bits == 4, xq, qd, qds);
             }
             bar_wait(&bar, nth);
-            my |= lin_slice(S, &L->qkv, xq, qd, qds, qkv, tid, nth);
+            my |= lin_team(S, &L->qkv, xq, qd, qds, qkv, next + 4 * l + 0);
             bar_wait(&bar, nth);
             if (tid == 0) {
                 rotary(qkv, nh, d, cs, sn);
@@ -241,7 +252,7 @@ int fused_decode_team(const Stack* S, int64_t token, const float* cs, const floa
                 S->quant(att, 0, 1, (int)qn, L->o.bits == 4, xq, qd, qds);
             }
             bar_wait(&bar, nth);
-            my |= lin_slice(S, &L->o, xq, qd, qds, t, tid, nth);
+            my |= lin_team(S, &L->o, xq, qd, qds, t, next + 4 * l + 1);
             bar_wait(&bar, nth);
             if (tid == 0) {
                 for (long i = 0; i < H; i++) r[i] += t[i];
@@ -249,14 +260,14 @@ int fused_decode_team(const Stack* S, int64_t token, const float* cs, const floa
                 S->quant(h, 0, 1, (int)H, L->gu.bits == 4, xq, qd, qds);
             }
             bar_wait(&bar, nth);
-            my |= lin_slice(S, &L->gu, xq, qd, qds, gu, tid, nth);
+            my |= lin_team(S, &L->gu, xq, qd, qds, gu, next + 4 * l + 2);
             bar_wait(&bar, nth);
             if (tid == 0) {
                 for (long i = 0; i < I; i++) { float g = gu[i]; act[i] = g / (1.f + expf(-g)) * gu[I + i]; }
                 S->quant(act, 0, 1, (int)I, L->dn.bits == 4, xq, qd, qds);
             }
             bar_wait(&bar, nth);
-            my |= lin_slice(S, &L->dn, xq, qd, qds, t, tid, nth);
+            my |= lin_team(S, &L->dn, xq, qd, qds, t, next + 4 * l + 3);
             bar_wait(&bar, nth);
         }
         if (my) {
@@ -269,6 +280,7 @@ int fused_decode_team(const Stack* S, int64_t token, const float* cs, const floa
         rms_norm(r, S->final_norm, wb, H, S->eps, out);
     }
     free(buf);
+    free(next);
     return rc ? -1 : 0;
 }
 """
