@@ -5,9 +5,15 @@
 #       timed; again with CUDA events per step (GPU time of forward / sampler / idle per step kind) + two
 #       profiler windows (kernel tables); then the general attention kernel vs the launch table, same engine
 #       (graphs recaptured).
-#   b2  (session 7 batch 2) tail.json: the backend's decode step at 8 / 24 / 48 requests with long contexts under
-#       split rules (decode_attn_bench.py --plan tail), then the split / backend cases of
-#       tests/kernels/triton_decode_cases.py on CUDA.
+#   ab  (session 7 batch 2) ab.json: nano_run_profile.py --no-events: the workload timed with the defaults, then
+#       alternating variants in the same engine (split_4_8, defaults, attn_pdl_off, split_4_8, defaults), graphs
+#       recaptured for each: batch 1's one-shot A/B had the first timed run ~7 % slower than later ones.
+#   b2  (session 7 batch 2) the attention GPU tests with PDL launches on (the default since session 7):
+#       tests/gpu/test_triton_kernels.py (float64 references, decode with/without splits) and the split / backend /
+#       graph cases of tests/kernels/triton_decode_cases.py; then gemm_rows.json: the decode step's projections at
+#       64-256 rows, cuBLAS vs cuBLASLt vs the roofline (benchmarks/gemm_rows_bench.py).
+#   tail  tail.json: the backend's decode step at 8 / 24 / 48 requests with long contexts under split rules
+#       (decode_attn_bench.py --plan tail).
 #   8b  step8b.json: where a 512-row Llama-3-8B bf16 decode step goes (benchmarks/fp8_step_profile.py --variant
 #       bf16, 8 of 32 layers, 220 x 1500/40: the batch and contexts of the 512 x 1000/1000 run's decode waves).
 #   s6a decode_attn.json: decode attention launches at the nano / 8B / 8B-fp8 shapes (decode_attn_bench.py),
@@ -51,9 +57,15 @@ nano_e2e() {  # dir, cap
 case "$PART" in
   b1)
     run "$(left)" run.log python benchmarks/nano_run_profile.py --out "$R/run.json" --budget-s $(( $(left) - 3 )) ;;
+  ab)
+    run "$(left)" ab.log python benchmarks/nano_run_profile.py --out "$R/ab.json" --budget-s $(( $(left) - 3 )) \
+      --no-events --ab split_4_8 defaults attn_pdl_off split_4_8 defaults ;;
   b2)
-    run 34 tail.log python benchmarks/decode_attn_bench.py --plan tail --out "$R/tail.json" --budget 28
-    cases "$(left)" cases.log tests/kernels/triton_decode_cases.py -k "split or backend or switch" ;;
+    cases 40 cases.log tests/kernels/triton_decode_cases.py tests/gpu/test_triton_kernels.py \
+      -k "not triton_decode_cases or split or backend or switch or graph"
+    run "$(left)" gemm_rows.log python benchmarks/gemm_rows_bench.py --out "$R/gemm_rows.json" --budget $(( $(left) - 8 )) ;;
+  tail)
+    run "$(left)" tail.log python benchmarks/decode_attn_bench.py --plan tail --out "$R/tail.json" --budget $(( $(left) - 8 )) ;;
   8b)
     run "$(left)" step8b.log python benchmarks/fp8_step_profile.py --variant bf16 --layers 8 --prompts 220 \
       --in-len 1500 --out-len 40 --out "$R/step8b.json" ;;
