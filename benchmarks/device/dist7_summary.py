@@ -25,16 +25,17 @@ def _trace(by_rank) -> dict:
 
 def summarize7(r: str) -> dict:
     out = summarize(r)
-    pairs = {"defaults as started": ("8b_tp2_ab", "8b_tp1"),
-             "defaults re-captured": ("8b_tp2_ab/fused+pdl+silu", "8b_tp1/custom+pdl+silu"),
-             "pdl off": ("8b_tp2_ab/fused+silu", "8b_tp1/custom+silu"),
-             "push / defaults re-captured": ("8b_tp2_ab/fused+pdl+silu+push", "8b_tp1/custom+pdl+silu")}
+    pairs = {"as started": ("8b_tp2_ab", "8b_tp1"),
+             "pdl off": ("8b_tp2_ab/fused+silu", "8b_tp1/custom+silu")}
+    for tp2 in ("fused+pdl+silu", "fused+pdl+silu+push"):  # TP=2 with / without the push, TP=1 re-captured defaults
+        pairs[f"{tp2} / TP=1 re-captured"] = (f"8b_tp2_ab/{tp2}", "8b_tp1/custom+pdl+silu")
     for name, run in ((os.path.basename(p)[:-5], json.load(open(p))) for p in sorted(glob.glob(f"{r}/*_tp*.json"))):
         out.setdefault(name, {})["layer_trace"] = _trace(run.get("graph_layer_trace_by_rank"))
         out[name]["decode_layer_trace"] = _trace(run.get("decode_layer_trace_by_rank"))
         for key in (k for k in run if k.startswith("ar_") and isinstance(run[k], dict)):
             out.setdefault(f"{name}/{key[3:]}", {})["layer_trace"] = _trace(run[key].get("graph_layer_trace_by_rank"))
-            if name.startswith("8b_tp2") and f"{name}/{key[3:]}" not in {a for a, _ in pairs.values()}:
+            if name.startswith("8b_tp2") and "pdl" in key and f"{name}/{key[3:]}" not in {a for a, _ in
+                                                                                     pairs.values()}:
                 pairs[key[3:]] = (f"{name}/{key[3:]}", "8b_tp1/custom+pdl+silu")
     out["tp2_over_tp1_like_for_like"] = {
         n: out[a]["ms_per_token"] / out[b]["ms_per_token"] for n, (a, b) in pairs.items()

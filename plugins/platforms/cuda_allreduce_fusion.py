@@ -206,14 +206,19 @@ def maybe_fuse_all_reduce_norm(handle, runner_cls) -> dict | None:
     (logger.info if ar.defer_rows else logger.warning)("all-reduce + RMSNorm fusion %s (%d row-parallel layers, %d norms wrapped, decode batches up to "
                 "%d rows)", "on" if ar.defer_rows else "OFF: the checking forward disagreed", len(rows_layers),
                 len(norms), rows)
-    if push and ar.defer_rows:  # OCTAVO_TP_GEMV_PUSH=1 (cuda_allreduce_gemv.py)
+    eligible = [m for m in rows_layers if push_eligible(m, ar.defer_width)]
+    if push and ar.defer_rows and not eligible:  # e.g. fp32 weights: nothing to push (the default stays quiet)
+        if push_explicit:
+            raise ValueError("OCTAVO_TP_GEMV_PUSH=1: no row-parallel layer of this model can push (it needs dense "
+                             "16-bit weights on the Triton GEMV, no bias); unset it")
+        logger.info("row-parallel GEMV push off: no eligible layer (16-bit dense GEMV weights, no bias)")
+    elif push and ar.defer_rows:  # OCTAVO_TP_GEMV_PUSH (cuda_allreduce_gemv.py; default on)
         ar.push, before = True, getattr(ar, "num_pushed", 0)
         same = _check_forward(handle, ar, rows, runner_cls)
         ran = getattr(ar, "num_pushed", 0) > before  # the check must have taken the pushing GEMV (tuned shapes)
         # every eligible layer's shape tuned on this rank (it was in the check): all ranks then always push the
         # same layers (a rank pushing while its peer runs the flag protocol would wait forever)
-        ready = all(plain_gemv_config(*m.weight.shape, m.weight.dtype) is not None for m in rows_layers
-                    if push_eligible(m, ar.defer_width))
+        ready = all(plain_gemv_config(*m.weight.shape, m.weight.dtype) is not None for m in eligible)
         ar.push = _agreed(ar, same and ran and ready, handle.device)
         ar.defer_rows = rows
         (logger.info if ar.push else logger.warning)(

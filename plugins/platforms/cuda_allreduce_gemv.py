@@ -1,6 +1,6 @@
 """A row-parallel layer's batch-1 GEMV that also sends its output to the peers: the all-reduce's push moved into
-the GEMV's epilogue (tensor-parallel decode; opt-in ``OCTAVO_TP_GEMV_PUSH=1``, with the all-reduce + RMSNorm
-fusion of cuda_allreduce_fusion.py).
+the GEMV's epilogue (tensor-parallel decode; with the all-reduce + RMSNorm fusion of cuda_allreduce_fusion.py; on
+by default since session 7, ``OCTAVO_TP_GEMV_PUSH=0`` turns it off).
 
 Why: at TP=2 a Llama layer runs ``o_proj``/``down_proj`` GEMV -> all-reduce + add + RMSNorm twice, and the fused
 kernel must first wait for the whole GEMV, load its output, push it over NVLink and then wait a crossing for the
@@ -38,7 +38,9 @@ from octavo.env_flags import env_switch
 from octavo.plugins.platforms.cuda_allreduce_ll import LL_CAP_WORDS, _ll_store_to_peers, ll_fits
 from octavo.plugins.platforms.cuda_pdl import gdc_launch_dependents, gdc_wait, launch_opts
 
-PUSH_DEFAULT = False  # an unset OCTAVO_TP_GEMV_PUSH
+# an unset OCTAVO_TP_GEMV_PUSH: on since session 7 batch 1 (2x H100, 8B TP=2 bs1, same engine: graph 3.19 -> 3.06 ms,
+# 3.54 -> 3.35 ms/token, TP2/TP1 0.628 -> 0.595; fused norm 7.2 -> 4.7 us with PDL off; 2-GPU test bitwise)
+PUSH_DEFAULT = True
 
 
 def push_setting() -> tuple[bool, bool]:
