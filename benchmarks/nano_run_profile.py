@@ -63,6 +63,7 @@ class StepEvents:
         self.window_starts, self.window = set(windows), window
         self.prof, self.prof_left, self.prof_rows = None, 0, 0
         self.windows: list[dict] = []
+        self.profs: list = []
         self.real_forward, self.real_sampler = self.runner.forward, self.runner.sampler
         rec = self
 
@@ -117,7 +118,7 @@ class StepEvents:
         if self.prof_left == 0:
             self._sync()
             self.prof.stop()
-            self.windows.append(window_summary(self.prof, self.window, self.prof_rows, dry=not self.cuda))
+            self.profs.append((self.prof, self.prof_rows))  # read after the run: not on the engine's step thread
             self.prof = None
 
     def _sync(self) -> None:
@@ -134,6 +135,7 @@ class StepEvents:
     def summary(self) -> dict:
         """Seconds of GPU time per step kind: forward, logits + sampler, and idle before the next forward."""
         self._sync()
+        self.windows = [window_summary(p, self.window, rows, dry=not self.cuda) for p, rows in self.profs]
         kinds: dict[str, dict] = {}
         steps = self.steps
         for i, s in enumerate(steps):
