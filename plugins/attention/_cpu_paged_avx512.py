@@ -149,18 +149,41 @@ static inline __attribute__((always_inline)) void task_bf16(
                 float mx = tm > mold ? tm : mold;
                 __m512 p = _mm512_maskz_mov_ps(live, exp512(_mm512_sub_ps(sc, _mm512_set1_ps(mx))));
                 float sum = _mm512_reduce_add_ps(p);
-                float corr = 0.f;
-                if (mold != -FLT_MAX) corr = _mm512_cvtss_f32(exp512(_mm512_set1_ps(mold - mx)));
-                s[ri] = s[ri] * corr + sum;
+                float* ai = acc + ri * D;
+                /* corr = e^(mold - mx): 0 on the first tile (acc and s are 0 then), exactly 1 when the max did not
+                   move (exp512(0) == 1.f, and x * 1 == x): both skip the rescale with the same bits */
+                if (mold == -FLT_MAX) {
+                    s[ri] = sum;
+                } else if (mx != mold) {
+                    float corr = _mm512_cvtss_f32(exp512(_mm512_set1_ps(mold - mx)));
+                    s[ri] = s[ri] * corr + sum;
+                    const __m512 vc_ = _mm512_set1_ps(corr);
+                    for (int j = 0; j < D; j += 16) _mm512_storeu_ps(ai + j, _mm512_mul_ps(_mm512_loadu_ps(ai + j), vc_));
+                } else {
+                    s[ri] = s[ri] + sum;
+                }
                 m[ri] = mx;
                 _mm512_store_ps(pt, p);
-                float* ai = acc + ri * D;
-                const __m512 vc_ = _mm512_set1_ps(corr);
-                for (int j = 0; j < D; j += 16) {
-                    __m512 a = _mm512_mul_ps(_mm512_loadu_ps(ai + j), vc_);
-                    for (int t = 0; t < n; t++)
-                        a = _mm512_fmadd_ps(_mm512_set1_ps(pt[t]), _mm512_load_ps(vb + t * D + j), a);
-                    _mm512_storeu_ps(ai + j, a);
+                /* P.V: key t outer, the head's D / 16 accumulators in registers (each lane: the same FMAs in
+                   the same order as one accumulator per 16 columns) */
+                for (int j0 = 0; j0 < D; j0 += 64) {
+                    const int w = D - j0 < 64 ? (D - j0) / 16 : 4;
+                    __m512 a0 = _mm512_loadu_ps(ai + j0), a1 = a0, a2 = a0, a3 = a0;
+                    if (w > 1) a1 = _mm512_loadu_ps(ai + j0 + 16);
+                    if (w > 2) a2 = _mm512_loadu_ps(ai + j0 + 32);
+                    if (w > 3) a3 = _mm512_loadu_ps(ai + j0 + 48);
+                    for (int t = 0; t < n; t++) {
+                        const __m512 pb = _mm512_set1_ps(pt[t]);
+                        const float* vt = vb + t * D + j0;
+                        a0 = _mm512_fmadd_ps(pb, _mm512_load_ps(vt), a0);
+                        if (w > 1) a1 = _mm512_fmadd_ps(pb, _mm512_load_ps(vt + 16), a1);
+                        if (w > 2) a2 = _mm512_fmadd_ps(pb, _mm512_load_ps(vt + 32), a2);
+                        if (w > 3) a3 = _mm512_fmadd_ps(pb, _mm512_load_ps(vt + 48), a3);
+                    }
+                    _mm512_storeu_ps(ai + j0, a0);
+                    if (w > 1) _mm512_storeu_ps(ai + j0 + 16, a1);
+                    if (w > 2) _mm512_storeu_ps(ai + j0 + 32, a2);
+                    if (w > 3) _mm512_storeu_ps(ai + j0 + 48, a3);
                 }
             }
         }
