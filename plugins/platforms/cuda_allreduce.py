@@ -188,7 +188,8 @@ class OneShotAllReduce:
         # pending message is then "pushed" (its consumer only receives). Settled by the fusion's check at start.
         from octavo.plugins.platforms.cuda_allreduce_gemv import push_setting
 
-        self.push = push_setting()[0]
+        on, explicit = push_setting()
+        self.push = on and (explicit or self.world == 2)  # default on where measured (TP=2); TP>2: =1 opts in
         self.pending_pushed = False
 
     def __call__(self, x: torch.Tensor):

@@ -39,7 +39,8 @@ from octavo.plugins.platforms.cuda_allreduce_ll import LL_CAP_WORDS, _ll_store_t
 from octavo.plugins.platforms.cuda_pdl import gdc_launch_dependents, gdc_wait, launch_opts
 
 # an unset OCTAVO_TP_GEMV_PUSH: on since session 7 batch 1 (2x H100, 8B TP=2 bs1, same engine: graph 3.19 -> 3.06 ms,
-# 3.54 -> 3.35 ms/token, TP2/TP1 0.628 -> 0.595; fused norm 7.2 -> 4.7 us with PDL off; 2-GPU test bitwise)
+# 3.54 -> 3.35 ms/token, TP2/TP1 0.628 -> 0.595; fused norm 7.2 -> 4.7 us with PDL off; 2-GPU test bitwise), for two
+# ranks only (the measured case; OneShotAllReduce applies it): more ranks take it with an explicit 1
 PUSH_DEFAULT = True
 
 
