@@ -186,10 +186,9 @@ class OneShotAllReduce:
         self.defer_rows, self.defer_width, self.pending, self.allow_defer = 0, 0, None, False
         # cuda_allreduce_gemv.py (opt-in): a 1-row row-parallel GEMV sends its output's LL words itself; the
         # pending message is then "pushed" (its consumer only receives). Settled by the fusion's check at start.
-        from octavo.plugins.platforms.cuda_allreduce_gemv import push_setting
+        from octavo.plugins.platforms.cuda_allreduce_gemv import push_for_world
 
-        on, explicit = push_setting()
-        self.push = on and (explicit or self.world == 2)  # default on where measured (TP=2); TP>2: =1 opts in
+        self.push = push_for_world(self.world)  # default on where measured (TP=2); TP>2: =1 opts in
         self.pending_pushed = False
 
     def __call__(self, x: torch.Tensor):

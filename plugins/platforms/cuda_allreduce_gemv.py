@@ -51,6 +51,13 @@ def push_setting() -> tuple[bool, bool]:
                                                                                         "").strip())
 
 
+def push_for_world(world: int) -> bool:
+    """Whether an all-reduce over ``world`` ranks starts with the push on: the default covers two ranks (the measured
+    case), more ranks take it with an explicit ``OCTAVO_TP_GEMV_PUSH=1``."""
+    on, explicit = push_setting()
+    return on and (explicit or world == 2)
+
+
 @triton.jit
 def _gemv_push_kernel(x_ptr, w_ptr, y_ptr, N, K, stride_wn, ll_table, counters, RANK: tl.constexpr,
                       WORLD: tl.constexpr, CAP: tl.constexpr, EVEN: tl.constexpr, BLOCK_N: tl.constexpr,

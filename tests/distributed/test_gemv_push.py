@@ -146,6 +146,23 @@ def test_push_needs_the_plain_gemv_config(monkeypatch):
     assert cag.plain_gemv_config(4096, 7168, torch.bfloat16) is None
 
 
+@pytest.mark.parametrize("value,world,want", [(None, 2, True), (None, 4, False), ("1", 4, True), ("0", 2, False),
+                                              ("", 2, True)])
+def test_push_switch(monkeypatch, value, world, want):
+    """OCTAVO_TP_GEMV_PUSH: unset = on at two ranks (the measured case) and off above; 1 = on; 0 = off; anything
+    else is refused naming it."""
+    from octavo.plugins.platforms import cuda_allreduce_gemv as cag
+
+    if value is None:
+        monkeypatch.delenv("OCTAVO_TP_GEMV_PUSH", raising=False)
+    else:
+        monkeypatch.setenv("OCTAVO_TP_GEMV_PUSH", value)
+    assert cag.push_for_world(world) is want
+    monkeypatch.setenv("OCTAVO_TP_GEMV_PUSH", "yes")
+    with pytest.raises(ValueError, match="OCTAVO_TP_GEMV_PUSH"):
+        cag.push_for_world(2)
+
+
 if __name__ == "__main__":
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     _rank_main(int(sys.argv[1]), sys.argv[2], sys.argv[3])
