@@ -20,7 +20,8 @@ microbench (benchmarks/fp8_attn7.py) compares them with the table's launch of ``
 
 One program owns one (request, KV head); the grid runs the KV heads of a request next to each other and, with
 ``order``, the requests longest first (as the table's launch). e4m3 caches only (``DEQ`` 1/2 are e4m3 bit layouts);
-no split-KV, no K/V write. Not used by the engine unless a measurement makes it the fp8 launch.
+no split-KV, no K/V write. The ``triton`` backend runs an e4m3 cache's decode rows here for the shapes in ``TABLE``
+(``fp8_launch``; ``OCTAVO_FP8_KV_DECODE`` overrides it), else ``_triton_decode``'s launch.
 """
 
 from __future__ import annotations
@@ -207,11 +208,18 @@ def fp8_kv_decode(query, k_cache, v_cache, out, block_tables, seq_lens, query_st
     )
 
 
-# (GQA group, padded head size) -> fp8_kv_decode launch for an e4m3 cache's decode rows, measured on H100
-# (docs/performance.md "fp8-KV decode kernel"); shapes not listed keep _triton_decode's table launch
-TABLE: dict[tuple[int, int], dict] = {}
+# (GQA group, head size) -> fp8_kv_decode launch for an e4m3 cache's decode rows, measured on H100
+# (docs/performance.md "FP8 session 7"); shapes not listed keep _triton_decode's table launch
+TABLE: dict[tuple[int, int], dict] = {
+    # Llama-3-8B (32 / 8 heads, 128), e4m3 cache, 420 requests x U[1000, 2000] keys (session 7 batch 1, H100, read
+    # roof 3.02 TB/s): table launch 2.45 TB/s, this 2.56 (maxnreg none 2.49, 64 keys 2.31, 8 warps 2.06, 2 stages
+    # 2.08, Triton's conversion 2.12; the bf16 cache 2.99)
+    (4, 128): dict(block_n=128, num_warps=4, num_stages=1, deq=3, maxnreg=128),
+}
 
-_KEYS = {"block_n": (16, 32, 64, 128, 256), "warps": (2, 4, 8), "stages": (1, 2, 3), "deq": (0, 1, 3)}
+_KEYS = {"block_n": (16, 32, 64, 128, 256), "warps": (2, 4, 8), "stages": (1, 2, 3), "deq": (0, 1, 3),
+         "maxnreg": (0, 64, 80, 96, 104, 112, 128, 160)}
+_OPTIONAL = {"maxnreg": 0}
 
 
 def _from_env(raw: str) -> dict:
@@ -221,12 +229,14 @@ def _from_env(raw: str) -> dict:
         name = name.strip()
         if name not in _KEYS or not value.strip().isdigit() or int(value) not in _KEYS[name] or name in got:
             raise ValueError(f"OCTAVO_FP8_KV_DECODE={raw!r}: 0 (off), or each of "
-                             + ", ".join(f"{k}={'|'.join(map(str, v))}" for k, v in _KEYS.items()) + " once")
+                             + ", ".join(f"{k}={'|'.join(map(str, v))}" for k, v in _KEYS.items())
+                             + " once (maxnreg may be left out: 0, no cap)")
         got[name] = int(value)
+    got = {**_OPTIONAL, **got}
     if set(got) != set(_KEYS):
         raise ValueError(f"OCTAVO_FP8_KV_DECODE={raw!r}: missing {sorted(set(_KEYS) - set(got))}")
     return {"block_n": got["block_n"], "num_warps": got["warps"], "num_stages": got["stages"], "deq": got["deq"],
-            "prefetch": False}
+            "maxnreg": got["maxnreg"] or None, "prefetch": False}
 
 
 def fp8_launch(cache_dtype, group: int, head_size: int) -> dict | None:

@@ -229,6 +229,14 @@ _fp8_gemv_tuned = triton.autotune(
     key=["N", "K", "QUANT_X", "PRE_Q", "HAS_BIAS", "EVEN", "W_BITS", "REG_PF", "ACC_SPLIT"],
     **_CACHE_TUNING)(_fp8_gemv_kernel)
 
+# the split accumulator's tiles: its registers (sm_90, Triton 3.6: 48-124 a thread for these) leave room for
+# tiles the full accumulator could not hold; the four above plus two with more bytes in flight per SM
+_SPLIT_CONFIGS = _CONFIGS + ((32, 512, 4, 3), (8, 1024, 2, 3))
+_fp8_gemv_tuned_split = triton.autotune(
+    configs=[triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=s) for bn, bk, w, s in _SPLIT_CONFIGS],
+    key=["N", "K", "QUANT_X", "PRE_Q", "HAS_BIAS", "EVEN", "W_BITS", "REG_PF", "ACC_SPLIT"],
+    **_CACHE_TUNING)(_fp8_gemv_kernel)
+
 #: the one-row kernel's weight conversion by integer ops (``W_BITS``; bit-identical output), for e4m3 activations.
 #: ``OCTAVO_FP8_GEMV_BITS`` (default off until measured on a GPU); benchmarks flip this attribute for A/B runs
 W_BITS = os.environ.get("OCTAVO_FP8_GEMV_BITS", "0").strip() == "1"
@@ -238,8 +246,9 @@ REG_PF = os.environ.get("OCTAVO_FP8_GEMV_REG_PF", "0").strip() == "1"
 #: the one-row kernel's accumulator: 0 = one fp32 per weight element of the tile (64 registers a thread at
 #: (8, 1024, 4 warps): 127 registers, 4 programs an SM on sm_90); 16 = each thread's 16 adjacent products summed
 #: first (64 registers: twice the programs, so twice the weight bytes in flight; another fp32 summation order).
-#: ``OCTAVO_FP8_GEMV_ACC_SPLIT`` (0, 8 or 16; default 0 until measured on a GPU)
-ACC_SPLIT = int(os.environ.get("OCTAVO_FP8_GEMV_ACC_SPLIT", "0").strip() or 0)
+#: ``OCTAVO_FP8_GEMV_ACC_SPLIT`` (0, 8 or 16). Default 16: session 7 batch 1 (H100, one engine, same tiles), 8B
+#: fp8 batch-1 decode 3.798 -> 3.675 ms/token (GEMVs 2760 -> 2661 us per forward; docs/performance.md)
+ACC_SPLIT = int(os.environ.get("OCTAVO_FP8_GEMV_ACC_SPLIT", "16").strip() or 0)
 if ACC_SPLIT not in (0, 8, 16):
     raise ValueError(f"OCTAVO_FP8_GEMV_ACC_SPLIT={ACC_SPLIT}: 0, 8 or 16")
 
@@ -322,8 +331,8 @@ def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, 
                                                 EVEN=even and n % bn == 0 and k % bk == 0,
                                                 SOFT_FP8=False, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps)
         return y
-    _fp8_gemv_tuned[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)](*args, **flags, **one_row_flags, EVEN=even,
-                                                                      SOFT_FP8=False)
+    tuned = _fp8_gemv_tuned_split if one_row_flags.get("ACC_SPLIT") else _fp8_gemv_tuned
+    tuned[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)](*args, **flags, **one_row_flags, EVEN=even, SOFT_FP8=False)
     return y
 
 

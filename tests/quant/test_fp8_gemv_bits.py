@@ -39,8 +39,10 @@ def check(n, k, dev, configs, seed=0):
         for pre in (False, True):
             kw = dict(x_scale=xs, out_dtype=torch.bfloat16) if pre else {}
             xin = xq if pre else x
-            a = fp8_gemv(xin, wq, ws, config=cfg, w_bits=False, reg_pf=False, **kw)
-            b = fp8_gemv(xin, wq, ws, config=cfg, w_bits=True, **kw)
+            a = fp8_gemv(xin, wq, ws, config=cfg, w_bits=False, reg_pf=False, acc_split=0, **kw)
+            b = fp8_gemv(xin, wq, ws, config=cfg, w_bits=True, acc_split=0, **kw)
+            c = fp8_gemv(xin, wq, ws, config=cfg, **kw)  # the defaults (the split accumulator): within a bf16 step
+            assert bool(((c.float() - a.float()).abs() <= a.float().abs() * 2.0 ** -7 + 1e-6).all()), (n, k, cfg)
             assert torch.equal(a, b), (n, k, cfg, pre, float((a.float() - b.float()).abs().max()))
             err = float((b.cpu().double() - want).abs().max() / want.abs().max())
             assert err < 1e-2, (n, k, cfg, pre, err)

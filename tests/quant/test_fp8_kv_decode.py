@@ -118,6 +118,14 @@ if DEV.type == "cpu":
             raise AssertionError(bad)
         except ValueError as e:
             assert "OCTAVO_FP8_KV_DECODE" in str(e)
+    os.environ["OCTAVO_FP8_KV_DECODE"] = ""  # the measured TABLE: Llama-3-8B's e4m3 shape only
+    assert fk.fp8_launch(E4M3, 4, 128)["deq"] == 3 and fk.fp8_launch(E4M3, 2, 128) is None
+    assert fk.fp8_launch(torch.float8_e5m2, 4, 128) is None and fk.fp8_launch(E4M3, 4, 96) is None
+    os.environ["OCTAVO_FP8_KV_DECODE"] = "0"
+    assert fk.fp8_launch(E4M3, 4, 128) is None
+    os.environ["OCTAVO_FP8_KV_DECODE"] = "block_n=64,warps=4,stages=1,deq=3,maxnreg=96"
+    assert fk.fp8_launch(E4M3, 2, 64) == dict(block_n=64, num_warps=4, num_stages=1, deq=3, maxnreg=96,
+                                              prefetch=False)
     os.environ["OCTAVO_FP8_KV_DECODE"] = ""
 print("PASS")
 """
