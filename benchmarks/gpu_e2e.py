@@ -109,6 +109,43 @@ def warm_up(llm, lengths: list[tuple[int, int]], seed: int, temperature: float |
     return gen_timed(llm, prompts, params)[0]
 
 
+class JitMisses:
+    """Counts Triton kernels built (compiled, or loaded from the disk cache) in this process from now on, by
+    wrapping ``JITFunction._do_compile`` (called on an in-memory cache miss): a timed region should see none.
+    ``since(mark)``: {kernel name: [misses, seconds]} after ``mark = len(self.log)``. ``available`` is False
+    where this Triton has no such method (then nothing is counted and the JSON says so)."""
+
+    def __init__(self) -> None:
+        import triton.runtime.jit as jit
+
+        self.log: list[tuple[str, float]] = []
+        orig = getattr(jit.JITFunction, "_do_compile", None)
+        self.available = orig is not None
+        if orig is None or getattr(orig, "_octavo_counted", False):
+            return
+        log = self.log
+
+        def counted(fn_self, *a, **k):
+            t = time.perf_counter()
+            try:
+                return orig(fn_self, *a, **k)
+            finally:
+                log.append((getattr(fn_self, "__name__", "?"), time.perf_counter() - t))
+
+        counted._octavo_counted = True
+        jit.JITFunction._do_compile = counted
+
+    def since(self, mark: int) -> dict | str:
+        if not self.available:
+            return "not counted (this Triton has no JITFunction._do_compile)"
+        out: dict[str, list] = {}
+        for name, sec in self.log[mark:]:
+            row = out.setdefault(name, [0, 0.0])
+            row[0] += 1
+            row[1] = round(row[1] + sec, 3)
+        return out
+
+
 def gen_timed(llm, prompts, params) -> tuple[float, list]:
     import torch
 
@@ -237,6 +274,7 @@ def task_qwen3_nanovllm(args, tmp) -> dict:
 
     cfg, arch = qwen3_config()
     d = write_config(cfg, tmp, "qwen3-0.6b")
+    jit = JitMisses()
     llm, worker, info = make_llm(d, max_model_len=4096, gpu_memory_utilization=0.9, max_num_seqs=args.max_num_seqs,
                                  max_num_batched_tokens=args.max_num_batched_tokens)
     reqs = nanovllm_workload()
@@ -244,9 +282,10 @@ def task_qwen3_nanovllm(args, tmp) -> dict:
     warm_s = warm_up(llm, [(len(ids), 1 + i % 32) for i, (ids, _) in enumerate(reqs)], seed=11, temperature=0.6)
     prompts = [{"prompt_token_ids": ids} for ids, _ in reqs]
     params = [SamplingParams(max_tokens=n, ignore_eos=True, temperature=0.6) for _, n in reqs]
+    mark = len(jit.log)
     dt, outs = gen_timed(llm, prompts, params)
     total = sum(len(o.outputs[0].token_ids) for o in outs)
-    res = {"architecture": arch, "requests": len(reqs), "output_tokens": total, "seconds": dt,
+    res = {"architecture": arch, "triton_builds_in_timed_run": jit.since(mark), "requests": len(reqs), "output_tokens": total, "seconds": dt,
            "throughput_qwen3_0p6b_nanovllm_tok_s": total / dt, "warmed": True, "warmup_s": warm_s,
            "kv_blocks": worker.num_blocks,
            "fused": info.get("fused"), "graph_replays": worker.runner.graph_runner.num_replays

@@ -33,7 +33,15 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpu_e2e import gen_timed, make_llm, nanovllm_workload, qwen3_config, warm_up, write_config  # noqa: E402
+from gpu_e2e import (  # noqa: E402
+    JitMisses,
+    gen_timed,
+    make_llm,
+    nanovllm_workload,
+    qwen3_config,
+    warm_up,
+    write_config,
+)
 from nano_sampler import kernel_table  # noqa: E402
 
 T0 = time.perf_counter()
@@ -266,6 +274,7 @@ def main() -> None:
             kw = dict(max_model_len=256, max_num_seqs=16, max_num_batched_tokens=256)
             reqs = [([t % 500 for t in ids[:40]], 1 + n % 24) for ids, n in nanovllm_workload(num=24)]
         d = write_config(cfg, tmp, "qwen3-0.6b")
+        jit = JitMisses()
         llm, worker, info = make_llm(d, **kw)
         res.update(architecture=arch, fused=info.get("fused"), start_s=time.perf_counter() - T0,
                    kv_blocks=worker.num_blocks)
@@ -282,7 +291,9 @@ def main() -> None:
         def timed(name: str, **extra) -> None:
             nonlocal last
             reset = llm.reset_prefix_cache()  # every run prefills all its prompts, as the first one does
+            mark = len(jit.log)
             dt, outs = gen_timed(llm, prompts, params)
+            extra["triton_builds_in_run"] = jit.since(mark)
             last = dt
             total = sum(len(o.outputs[0].token_ids) for o in outs)
             run = {"run": name, "seconds": dt, "output_tokens": total,
