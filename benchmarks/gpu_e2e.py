@@ -162,6 +162,7 @@ def task_decode_bs1(args, tmp) -> dict:
 
     from octavo import SamplingParams
 
+    jit = JitMisses()
     bw = copy_bandwidth()
     torch.cuda.empty_cache()
     d = write_config(LLAMA3_8B, tmp, "llama3-8b")
@@ -222,8 +223,9 @@ def task_decode_bs1(args, tmp) -> dict:
         # tokens; decode batches above 64 replay graphs captured (and their kernels compiled) at start
         res["throughput_warmup_s"] = warm_up(llm, [(in_len, 1 + i % 32) for i in range(min(num, 64))], seed=11)
         res["warmed"] = True
-        before = llm.llm_engine.get_stats()
+        before, mark = llm.llm_engine.get_stats(), len(jit.log)
         dt, outs = gen_timed(llm, prompts, SamplingParams(max_tokens=out_len, ignore_eos=True))
+        res["throughput_triton_builds_in_timed_run"] = jit.since(mark)
         total = sum(len(o.outputs[0].token_ids) for o in outs)
         after = llm.llm_engine.get_stats()  # the schedule: steps, preemptions, prompt tokens computed (recomputes)
         res.update({"throughput_prompts": num, "throughput_s": dt, "throughput_output_tokens": total,
