@@ -15,7 +15,8 @@
 #   tail  tail.json: the backend's decode step at 8 / 24 / 48 requests with long contexts under split rules
 #       (decode_attn_bench.py --plan tail).
 #   8b  step8b.json: where a 512-row Llama-3-8B bf16 decode step goes (benchmarks/fp8_step_profile.py --variant
-#       bf16, 8 of 32 layers, 220 x 1500/40: the batch and contexts of the 512 x 1000/1000 run's decode waves).
+#       bf16, 8 of 32 layers, 220 x 1500/160: the batch and contexts of the 512 x 1000/1000 run's decode waves;
+#       batch 1 ran /40, which left one full-batch decode step after the 41 prefill steps).
 #   s6a decode_attn.json: decode attention launches at the nano / 8B / 8B-fp8 shapes (decode_attn_bench.py),
 #       then tests/kernels/triton_decode_cases.py (session 6 batch 1, was nano6.sh NANO6_PART=b1).
 #   s6b the backend's decode cases, then e2e_new/, e2e_old/: gpu_e2e.py qwen3_nanovllm with the table, then with
@@ -68,7 +69,7 @@ case "$PART" in
     run "$(left)" tail.log python benchmarks/decode_attn_bench.py --plan tail --out "$R/tail.json" --budget $(( $(left) - 8 )) ;;
   8b)
     run "$(left)" step8b.log python benchmarks/fp8_step_profile.py --variant bf16 --layers 8 --prompts 220 \
-      --in-len 1500 --out-len 40 --out "$R/step8b.json" ;;
+      --in-len 1500 --out-len 160 --out "$R/step8b.json" ;;
   cases)
     cases "$(left)" cases.log tests/kernels/triton_decode_cases.py ;;
   s6a)
