@@ -8,7 +8,7 @@ Why here (the MoE platform files): the issue-17 MoE key is Qwen3-30B-A3B's batch
 gives each eligible ``Qwen3Attention`` an instance ``forward`` that, for ONE token of ONE decode request on the
 ``triton`` backend with a 16-bit cache of the model dtype and no window / soft cap, runs qkv GEMV -> the one
 launch -> o_proj; anything else calls the module's previous forward (the fused q/k norm + rope one). The launch
-settings live in ``module._attn_one`` (``on``, ``splits``, ``block_n``, ``num_warps``, ``early``): a benchmark can switch
+settings live in ``module._attn_one`` (``on``, ``splits``, ``block_n``, ``num_warps``, ``early``, ``dot16``): a benchmark can switch
 them and re-capture (``benchmarks/moe_profile.py``). **Opt-in** until measured: ``OCTAVO_MOE_DECODE_ATTN=1``.
 """
 
@@ -22,7 +22,7 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-DEFAULTS = {"splits": 8, "block_n": 64, "num_warps": 4, "early": True}
+DEFAULTS = {"splits": 16, "block_n": 64, "num_warps": 4, "early": True, "dot16": False}
 
 
 def enabled() -> bool:
@@ -51,7 +51,8 @@ def one_launch(m, positions: torch.Tensor, qkv: torch.Tensor, md) -> torch.Tenso
                          m.q_norm.eps, m.attn.kv_cache, md.block_tables[0], md.seq_lens, md.slot_mapping,
                          num_heads=m.num_heads, num_kv_heads=m.num_kv_heads, head_size=m.head_dim,
                          scale=m.attn.scale, neox=bool(rope.is_neox_style), splits=cfg["splits"],
-                         block_n=cfg["block_n"], num_warps=cfg["num_warps"], early=cfg["early"])
+                         block_n=cfg["block_n"], num_warps=cfg["num_warps"], early=cfg["early"],
+                         dot16=cfg["dot16"])
 
 
 def _forward(self, positions, hidden_states, ctx):
@@ -143,7 +144,7 @@ def install_decode_attention(model: torch.nn.Module, dtype: torch.dtype, device:
 
 
 def set_attn_one(model: torch.nn.Module, **settings) -> int:
-    """Change the launch settings (``on``, ``splits``, ``block_n``, ``num_warps``, ``early``) of every installed module; a
+    """Change the launch settings (``on``, ``splits``, ``block_n``, ``num_warps``, ``early``, ``dot16``) of every installed module; a
     CUDA graph captured afterwards uses them. Returns how many modules changed."""
     bad = set(settings) - {"on", *DEFAULTS}
     if bad:

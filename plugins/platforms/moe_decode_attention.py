@@ -64,23 +64,37 @@ def _load_tile(k_cache_ptr, v_cache_ptr, table_ptr, t0, end, new, h, i1, i2, d, 
 
 @triton.jit
 def _attend_tile(q1, q2, k1, k2, v, kn1, kn2, vn, t0, end, new, m_i, l_i, acc, qk_scale_log2,
-                 BLOCK_N: tl.constexpr):
+                 BLOCK_N: tl.constexpr, DOT16: tl.constexpr):
     """Online-softmax step over one key tile (the new token's row replaced by ``kn``/``vn``); a tile with no
-    valid key leaves (m, l, acc) as they were (m stays -inf in an empty split)."""
+    valid key leaves (m, l, acc) as they were (m stays -inf in an empty split).
+
+    ``DOT16``: the dots take the cache dtype (q and the new K/V are values of that dtype already, so the scores
+    are the same products; P is rounded to the dtype for P.V, as the backend's kernels do) with fp32 accumulation:
+    no fp32 copies of the K/V tiles (half the registers). Else the tiles are converted and dotted in tf32."""
     p_idx = t0 + tl.arange(0, BLOCK_N)
     ok = p_idx < end
     is_new = (p_idx == new)[:, None]
-    k1 = tl.where(is_new, kn1[None, :], k1.to(tl.float32))
-    k2 = tl.where(is_new, kn2[None, :], k2.to(tl.float32))
-    v = tl.where(is_new, vn[None, :], v.to(tl.float32))
-    sc = tl.dot(q1, tl.trans(k1)) + tl.dot(q2, tl.trans(k2))  # [G_P, BLOCK_N]
+    if DOT16:
+        dt = k1.dtype
+        k1 = tl.where(is_new, kn1.to(dt)[None, :], k1)
+        k2 = tl.where(is_new, kn2.to(dt)[None, :], k2)
+        v = tl.where(is_new, vn.to(dt)[None, :], v)
+        sc = tl.dot(q1.to(dt), tl.trans(k1)) + tl.dot(q2.to(dt), tl.trans(k2))  # [G_P, BLOCK_N] fp32
+    else:
+        k1 = tl.where(is_new, kn1[None, :], k1.to(tl.float32))
+        k2 = tl.where(is_new, kn2[None, :], k2.to(tl.float32))
+        v = tl.where(is_new, vn[None, :], v.to(tl.float32))
+        sc = tl.dot(q1, tl.trans(k1)) + tl.dot(q2, tl.trans(k2))  # [G_P, BLOCK_N]
     sc = tl.where(ok[None, :], sc * qk_scale_log2, -float("inf"))
     m_new = tl.maximum(m_i, tl.max(sc, axis=1))
     m_use = tl.where(m_new == -float("inf"), 0.0, m_new)  # no valid key yet: exp2(-inf - 0) = 0, no NaN
     p = tl.exp2(sc - m_use[:, None])
     alpha = tl.exp2(m_i - m_use)
     l_i = l_i * alpha + tl.sum(p, axis=1)
-    acc = acc * alpha[:, None] + tl.dot(p, v)
+    if DOT16:
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    else:
+        acc = acc * alpha[:, None] + tl.dot(p, v)
     return m_new, l_i, acc
 
 
@@ -90,7 +104,8 @@ def _attn_one_kernel(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, qw_ptr, kw_ptr, k_cache
                      stride_pos, eps, qk_scale_log2,
                      NUM_Q: tl.constexpr, NUM_KV: tl.constexpr, GROUP: tl.constexpr, G_P: tl.constexpr,
                      HEAD: tl.constexpr, NEOX: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
-                     SPLITS: tl.constexpr, EARLY: tl.constexpr = True, PDL: tl.constexpr = False):
+                     SPLITS: tl.constexpr, EARLY: tl.constexpr = True, DOT16: tl.constexpr = False,
+                     PDL: tl.constexpr = False):
     """Program ``(h, s)``: kv head ``h``, key split ``s`` (see the module docstring).
 
     With PDL the program first loads what no earlier kernel of the step writes (sequence length, position, block
@@ -150,13 +165,13 @@ def _attn_one_kernel(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, qw_ptr, kw_ptr, k_cache
     t_first = start
     if EARLY:  # the tile loaded before the wait (all masked in an empty split: a no-op)
         m_i, l_i, acc = _attend_tile(q1, q2, k1, k2, v, kn1, kn2, vn, start, end, new, m_i, l_i, acc,
-                                     qk_scale_log2, BLOCK_N)
+                                     qk_scale_log2, BLOCK_N, DOT16)
         t_first = start + BLOCK_N
     for t0 in range(t_first, end, BLOCK_N):
         k1, k2, v = _load_tile(k_cache_ptr, v_cache_ptr, table_ptr, t0, end, new, h, i1, i2, d, stride_blk,
                                stride_pos, PAGE, HEAD, BLOCK_N)
         m_i, l_i, acc = _attend_tile(q1, q2, k1, k2, v, kn1, kn2, vn, t0, end, new, m_i, l_i, acc,
-                                     qk_scale_log2, BLOCK_N)
+                                     qk_scale_log2, BLOCK_N, DOT16)
     out_rows = out_ptr + (h * GROUP + r)[:, None] * HEAD + d[None, :]
     if SPLITS == 1:
         tl.store(out_rows, (acc / tl.where(l_i > 0, l_i, 1.0)[:, None]).to(dtype), mask=r_ok[:, None])  # L=0: 0
@@ -204,7 +219,7 @@ def attention_one(qkv: torch.Tensor, positions: torch.Tensor, cos_cache: torch.T
                   q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float, kv_cache: torch.Tensor,
                   block_table: torch.Tensor, seq_lens: torch.Tensor, slot_mapping: torch.Tensor, *, num_heads: int,
                   num_kv_heads: int, head_size: int, scale: float, neox: bool, splits: int = 8,
-                  block_n: int = 64, num_warps: int = 4, early: bool = True) -> torch.Tensor:
+                  block_n: int = 64, num_warps: int = 4, early: bool = True, dot16: bool = False) -> torch.Tensor:
     """One decode token of one request: ``qkv [1, (Hq + 2 Hkv) * D]`` (pre-norm, pre-rope) -> attention output
     ``[1, Hq * D]``; stores the new K/V into ``kv_cache [2, blocks, page, Hkv, D]`` at ``slot_mapping[0]``.
 
@@ -222,6 +237,6 @@ def attention_one(qkv: torch.Tensor, positions: torch.Tensor, cos_cache: torch.T
         slot_mapping, out, part, ml, count, cos_cache.stride(0), k_cache.stride(0), k_cache.stride(1), eps,
         scale * 1.4426950408889634,
         NUM_Q=num_heads, NUM_KV=num_kv_heads, GROUP=group, G_P=g_p, HEAD=head_size, NEOX=neox,
-        PAGE=kv_cache.shape[2], BLOCK_N=block_n, SPLITS=splits, EARLY=early, num_warps=num_warps, num_stages=2,
+        PAGE=kv_cache.shape[2], BLOCK_N=block_n, SPLITS=splits, EARLY=early, DOT16=dot16, num_warps=num_warps, num_stages=2,
         **launch_opts())
     return out

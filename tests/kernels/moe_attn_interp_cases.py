@@ -34,10 +34,11 @@ def _case(dtype, ctx_len, seed):
     return cache, qkv, qw, kw, table
 
 
-@pytest.mark.parametrize("ctx_len,splits,block_n,neox,early", [
-    (1, 4, 16, True, True), (5, 8, 16, True, True), (23, 4, 16, True, False), (23, 1, 16, False, True),
-    (40, 2, 32, True, True), (61, 16, 16, False, False), (61, 2, 16, True, True)])
-def test_one_launch_matches_float64(ctx_len, splits, block_n, neox, early):
+@pytest.mark.parametrize("ctx_len,splits,block_n,neox,early,dot16", [
+    (1, 4, 16, True, True, True), (5, 8, 16, True, True, False), (23, 4, 16, True, False, True),
+    (23, 1, 16, False, True, False), (40, 2, 32, True, True, True), (61, 16, 16, False, False, False),
+    (61, 2, 16, True, True, True)])
+def test_one_launch_matches_float64(ctx_len, splits, block_n, neox, early, dot16):
     dtype = torch.float16
     cache, qkv, qw, kw, table = _case(dtype, ctx_len, seed=ctx_len * 7 + splits)
     cos, sin = rope_tables(64, D)
@@ -48,7 +49,8 @@ def test_one_launch_matches_float64(ctx_len, splits, block_n, neox, early):
     before = cache.clone()
     got = attention_one(qkv, pos, cos.float(), sin.float(), qw, kw, eps, cache, table[0],
                         torch.tensor([ctx_len], dtype=torch.int32), slot, num_heads=HQ, num_kv_heads=HK,
-                        head_size=D, scale=scale, neox=neox, splits=splits, block_n=block_n, early=early)
+                        head_size=D, scale=scale, neox=neox, splits=splits, block_n=block_n, early=early,
+                        dot16=dot16)
     err = (got.double() - want).abs().max() / want.abs().max()
     assert err < 2e-3, err
     # the new K/V are stored at the slot (rounded to the dtype), nothing else in the cache changed
@@ -61,7 +63,8 @@ def test_one_launch_matches_float64(ctx_len, splits, block_n, neox, early):
     # the tickets are back at zero: a second launch (graph replay) gives the same output
     again = attention_one(qkv, pos, cos.float(), sin.float(), qw, kw, eps, cache, table[0],
                           torch.tensor([ctx_len], dtype=torch.int32), slot, num_heads=HQ, num_kv_heads=HK,
-                          head_size=D, scale=scale, neox=neox, splits=splits, block_n=block_n, early=early)
+                          head_size=D, scale=scale, neox=neox, splits=splits, block_n=block_n, early=early,
+                        dot16=dot16)
     assert torch.equal(again, got)
 
 

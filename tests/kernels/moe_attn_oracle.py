@@ -25,7 +25,7 @@ def oracle(qkv, pos, cos, sin, qw, kw, eps, cache, table, ctx_len, scale, neox=T
     v = x[(HQ + HK) * D:].view(HK, D)
 
     def norm_rope(t, w):
-        t = t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + eps) * w.double()
+        t = t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + eps) * w.double().cpu()
         c, s = cos[pos].double(), sin[pos].double()
         if neox:
             a, b = t[:, :D // 2], t[:, D // 2:]

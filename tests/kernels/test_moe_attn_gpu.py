@@ -24,13 +24,14 @@ def _inputs(gen, dt, dev):
     return cache, qw, kw, table
 
 
-@pytest.mark.parametrize("splits,block_n,early", [(8, 64, True), (1, 64, True), (4, 64, True), (16, 64, True),
-                                                  (8, 64, False), (4, 128, True)])
-def test_one_launch_at_the_qwen3_30b_shape_in_a_graph(splits, block_n, early):
+@pytest.mark.parametrize("splits,block_n,early,dot16", [(16, 64, True, False), (16, 64, True, True),
+                                                        (8, 64, True, True), (16, 64, False, True),
+                                                        (16, 32, True, True), (1, 64, True, False)])
+def test_one_launch_at_the_qwen3_30b_shape_in_a_graph(splits, block_n, early, dot16):
     from octavo.plugins.platforms.moe_decode_attention import attention_one
 
     dev, dt = torch.device("cuda"), torch.bfloat16
-    gen = torch.Generator(device=dev).manual_seed(splits * 100 + block_n + early)
+    gen = torch.Generator(device=dev).manual_seed(splits * 100 + block_n + early + 2 * dot16)
     cache, qw, kw, table = _inputs(gen, dt, dev)
     cos, sin = rope_tables(4096, D)
     cos_d, sin_d = cos.float().to(dev), sin.float().to(dev)
@@ -42,7 +43,7 @@ def test_one_launch_at_the_qwen3_30b_shape_in_a_graph(splits, block_n, early):
     def run():
         return attention_one(qkv, pos, cos_d, sin_d, qw, kw, 1e-6, cache, table[0], seq, slot, num_heads=HQ,
                              num_kv_heads=HK, head_size=D, scale=D ** -0.5, neox=True, splits=splits, block_n=block_n,
-                             early=early)
+                             early=early, dot16=dot16)
 
     def set_len(n):
         qkv.copy_((torch.randn(qkv.shape, generator=gen, device=dev) * 2).to(dt))
