@@ -27,7 +27,26 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # name: (shape, kernel, kwargs). "table": _triton_decode.paged_decode (the backend's fp8 launch is
 # block_n=128, 4 warps, 2 stages, ordered, maxnreg 128); "fp8kv": _fp8_kv_decode.fp8_kv_decode
-VARIANTS = {  # in priority order (a short budget runs the first ones)
+# session 7 batch 2: the served batch of the fp8 run (512 requests) next to batch 1's 420
+import benchmarks.decode_attn_bench as _dab  # noqa: E402
+
+_dab.SHAPES.setdefault("8b_fp8_512", (32, 8, 128, 512, 1000, 2000, True))
+
+# --set b2 (default since batch 2): the engine's launches (the table kernel before, the fp8 kernel's TABLE launch now),
+# the bf16 rate, and register caps / tiles around the TABLE launch
+VARIANTS_B2 = {
+    "b2_table_n128_ord": ("8b_fp8_512", "table", dict(block_n=128, ordered=True)),
+    "b2_fp8kv_TABLE": ("8b_fp8_512", "fp8kv", dict(block_n=128, deq=3, prefetch=False, num_stages=1, maxnreg=128)),
+    "b2_bf16_table_n128_ord": ("8b", "table", dict(block_n=128, ordered=True)),
+    "b2_fp8kv_r112": ("8b_fp8_512", "fp8kv", dict(block_n=128, deq=3, prefetch=False, num_stages=1, maxnreg=112)),
+    "b2_fp8kv_r96": ("8b_fp8_512", "fp8kv", dict(block_n=128, deq=3, prefetch=False, num_stages=1, maxnreg=96)),
+    "b2_fp8kv_n64_r80": ("8b_fp8_512", "fp8kv", dict(block_n=64, deq=3, prefetch=False, num_stages=1, maxnreg=80)),
+    "b2_fp8kv_k0v3_r128": ("8b_fp8_512", "fp8kv", dict(block_n=128, deq=0, deq_v=3, prefetch=False, num_stages=1,
+                                                      maxnreg=128)),
+    "b2_table_n128_pack2_ord": ("8b_fp8_512", "table", dict(block_n=128, pack=2, maxnreg=None, ordered=True)),
+}
+
+VARIANTS = {  # batch 1, in priority order (a short budget runs the first ones)
     "table_n128_w4_s2_ord": ("8b_fp8", "table", dict(block_n=128, ordered=True)),
     "bf16_table_n128_ord": ("8b", "table", dict(block_n=128, ordered=True)),
     "fp8kv_deq3_s1_n128_w4": ("8b_fp8", "fp8kv", dict(block_n=128, deq=3, prefetch=False, num_stages=1)),
@@ -81,7 +100,7 @@ def run(d, out, kernel, kw):
 # the timed shapes' batch sizes mod 16 (Triton specializes integer arguments on divisibility by 16): a small batch of
 # the same class, the same context range (the first context is the upper bound: the same block-table width), so a
 # warm-up compile in another process lands in the same cache entry as the timed launch
-_WARM_BATCH = {"8b_fp8": 20, "8b": 28}
+_WARM_BATCH = {"8b_fp8": 20, "8b": 28, "8b_fp8_512": 16}
 
 
 def _warm(names: list[str]) -> int:
@@ -94,7 +113,7 @@ def _warm(names: list[str]) -> int:
     done = 0
     data = {}
     for name in names:
-        shape, kernel, kw = VARIANTS[name]
+        shape, kernel, kw = {**VARIANTS, **VARIANTS_B2}[name]
         if shape not in data:
             spec = list(dab.SHAPES[shape])
             assert spec[3] % 16 == _WARM_BATCH[shape] % 16
@@ -140,12 +159,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--out", required=True)
     ap.add_argument("--budget", type=float, default=40.0)
-    ap.add_argument("--variants", default="", help="comma-separated names (default: all, in order)")
+    ap.add_argument("--variants", default="", help="comma-separated names (default: all of --set, in order)")
+    ap.add_argument("--set", choices=("b1", "b2"), default="b2", help="b1: batch 1's variants; b2: batch 2's")
     ap.add_argument("--rep", type=int, default=50, help="ms of replays per variant")
     ap.add_argument("--no-prewarm", action="store_true", help="compile in the timed loop (one process)")
     args = ap.parse_args()
     t0 = time.perf_counter()
-    names = args.variants.split(",") if args.variants else list(VARIANTS)
+    names = args.variants.split(",") if args.variants else list(VARIANTS if args.set == "b1" else VARIANTS_B2)
     res = {"command": "python benchmarks/fp8_attn7.py", "variants": {},
            "note": "variants compiled first (parallel warm-up processes, then the first call untimed); "
                    "timed = CUDA-graph replay medians"}
@@ -161,7 +181,7 @@ def main() -> None:
     print(f"read (sum) {res['read_TBps']:.2f} TB/s", flush=True)
     data, refs = {}, {}
     for name in names:
-        shape, kernel, kw = VARIANTS[name]
+        shape, kernel, kw = {**VARIANTS, **VARIANTS_B2}[name]
         if time.perf_counter() - t0 > args.budget:
             res["variants"][name] = "skipped: budget"
             continue
