@@ -18,12 +18,14 @@
 #  mixtral Mixtral-8x7B with 8 of 32 layers: one engine (batch 1 + 256 x 512/512 + /64), then transformers
 #          (session 6's `moe6.sh 4`; session 4's `moe_model.sh 2` ran it with --tf-budget-s 6).
 #  attntest  the one-launch attention's GPU test alone (test_moe_attn_gpu.py, cap 22 s).
+#  attnbench batch-1 attention per layer, graph-replayed over 48 layers' caches: the backend's four launches vs the
+#          one-launch variants (moe_attn_bench.py, cap 40 s).
 #  tests   the MoE GPU tests: the one-launch attention (test_moe_attn_gpu.py), batch 1 / two-launch path and the
 #          float32-oracle parity of the tiny models (test_moe_gpu.py).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 cd "$(dirname "$0")/../.."
-[ $# -ge 1 ] || { echo "usage: moe7.sh PART [PART ...] (attn attntest bs1 layer bench tput mixtral tests)"; exit 2; }
+[ $# -ge 1 ] || { echo "usage: moe7.sh PART [PART ...] (attn attntest attnbench bs1 layer bench tput mixtral tests)"; exit 2; }
 D="$OUT/moe7"
 mkdir -p "$D/configs"
 START=$(date +%s)
@@ -66,6 +68,10 @@ for PART in "$@"; do
       timeout -k 2 "$C" python -m pytest -v -p no:cacheprovider tests/kernels/test_moe_attn_gpu.py > "$D/attntest.log" 2>&1
       echo "attntest exit $? after $(( $(date +%s) - START )) s"
       grep -E "PASSED|FAILED|ERROR|passed|failed|Error|assert" "$D/attntest.log" | tail -n 20 ;;
+    attnbench)
+      C=$(( L < 40 ? L : 40 )); echo "== attnbench: moe_attn_bench.py (cap ${C} s) $(date -u +%T)"
+      timeout -k 2 "$C" python benchmarks/moe_attn_bench.py --json "$D/attnbench/attn_bench.json" > "$D/attnbench.log" 2>&1
+      echo "attnbench exit $? after $(( $(date +%s) - START )) s"; grep -E "^\{|Error" "$D/attnbench.log" | cut -c1-400 ;;
     tests)
       echo "== tests (cap ${L} s) $(date -u +%T)"
       # OCTAVO_TRITON_GEMV=0: no per-shape GEMV autotuning while the tiny engines start (not what this checks)
@@ -74,7 +80,7 @@ for PART in "$@"; do
         > "$D/tests.log" 2>&1
       echo "tests exit $? after $(( $(date +%s) - START )) s"
       grep -E "PASSED|FAILED|ERROR|passed|failed|Error" "$D/tests.log" | tail -n 20 ;;
-    *) echo "unknown part $PART (attn attntest bs1 layer bench tput mixtral tests)"; exit 2 ;;
+    *) echo "unknown part $PART (attn attntest attnbench bs1 layer bench tput mixtral tests)"; exit 2 ;;
   esac
 done
 for f in "$D"/*/*.json; do [ -f "$f" ] && { echo "--- $f"; head -c 1500 "$f"; echo; }; done
