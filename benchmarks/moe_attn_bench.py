@@ -94,7 +94,7 @@ def main(argv=None) -> dict:
     del g
     for v in [{"splits": 16}, {"splits": 16, "dot16": True}, {"splits": 8, "dot16": True}, {"splits": 1},
               {"splits": 1, "dot16": True}, {"splits": 4, "dot16": True}, {"splits": 16, "dot16": True, "early": False},
-              {"splits": 16, "dot16": True, "num_warps": 2}, {"splits": 32, "block_n": 32, "dot16": True}]:
+              {"splits": 16, "dot16": True, "num_warps": 8}, {"splits": 32, "block_n": 32, "dot16": True}]:
         try:
             g = _graph(one(**v))
             rows.append({"path": "one launch", **v, "us_per_layer": round(_replay_us(g), 2)})
