@@ -21,6 +21,8 @@ same C kernels; the hidden state between them stays float32 in the fused stack, 
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -28,7 +30,7 @@ from octavo import LLM, SamplingParams
 from octavo.core.loader import default_model_path
 from octavo.errors import ConfigError
 from octavo.model import ForwardContext
-from octavo.platform import ModelHandle
+from octavo.platform import ModelHandle, PreparedModel
 from octavo.plugins.platforms import cpu_fused_decode, cpu_fused_decode_setup
 from octavo.plugins.platforms.cpu_fused_decode import CpuFusedDecodeRunner
 from octavo.plugins.quant import cpu_int8act_ops
@@ -140,6 +142,20 @@ def test_team_form_is_bitwise_the_per_kernel_form(engine):
     finally:
         runner.graph_runner = None
     assert probe.equal == [True] * (NEW - 1)
+
+
+def test_platform_installs_it_in_front_of_another_runner(engine, monkeypatch):
+    _, runner = engine
+    handle = ModelHandle(model=runner.model, device=torch.device("cpu"), dtype=torch.float32, attn_backend=None,
+                         block_size=runner.block_size, max_model_len=64, max_num_seqs=1, max_num_batched_tokens=64,
+                         enforce_eager=False, spec_verify_shapes=())
+    other = PreparedModel(step_runner=object(), notes={"compiled_decode": {}})
+    monkeypatch.setenv("OCTAVO_CPU_FUSED_DECODE", "1")
+    prepared = cpu_fused_decode_setup.with_fused_decode(handle, other)
+    assert isinstance(prepared.step_runner, CpuFusedDecodeRunner) and prepared.step_runner.fallback is other.step_runner
+    assert prepared.notes["fused_decode"] == {"batch": 1, "layers": 30} and "compiled_decode" in prepared.notes
+    with pytest.raises(ConfigError, match="enforce_eager"):
+        cpu_fused_decode_setup.with_fused_decode(dataclasses.replace(handle, enforce_eager=True), None)
 
 
 def test_switch_values_and_refusals(monkeypatch):
