@@ -64,7 +64,7 @@ def main(argv=None) -> dict:
     qw, knw = (1 + 0.1 * torch.randn(D, device=dev)).to(dt), (1 + 0.1 * torch.randn(D, device=dev)).to(dt)
     md = TritonAttentionMetadata(query_start_loc=torch.tensor([0, 1], dtype=torch.int32, device=dev), seq_lens=seq,
                                  block_tables=table, slot_mapping=slot, block_size=PAGE, max_query_len=1,
-                                 max_seq_len=4096, num_reqs=1, num_tokens=1, num_decodes=1)
+                                 max_seq_len=1024, num_reqs=1, num_tokens=1, num_decodes=1)  # as the bs1 engine
     impl = TritonAttentionBackend(num_heads=HQ, head_size=D, num_kv_heads=HK, scale=D ** -0.5)
     attn = types.SimpleNamespace(head_dim=D, q_size=HQ * D, kv_size=HK * D, num_heads=HQ, num_kv_heads=HK,
                                  rotary_emb=types.SimpleNamespace(cos_cache=cos, sin_cache=sin, rotary_dim=D,
