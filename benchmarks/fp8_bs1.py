@@ -107,11 +107,13 @@ S6_VARIANTS = {"nosilu": {"silu": False}, "norm4": {"warps": None}, "pf16": {"mb
                "default_again": {}, "bits": {"bits": True}, "nobits": {"bits": False, "reg_pf": False},
                "bits_again": {"bits": True}, "regpf": {"reg_pf": True}, "bits_regpf": {"bits": True, "reg_pf": True},
                "acc16": {"acc": 16}, "acc8": {"acc": 8}, "acc16_regpf": {"acc": 16, "reg_pf": True},
-               "acc0": {"acc": 0, "bits": False, "reg_pf": False}}
+               "acc0": {"acc": 0, "bits": False, "reg_pf": False}, "x2d": {"x2d": True},
+               "acc0_x2d": {"acc": 0, "bits": False, "reg_pf": False, "x2d": True}}
 # session 7: "bits" = the GEMV's integer weight conversion (fp8_gemv.W_BITS), "regpf" = its register prefetch of
 # the next weight block (fp8_gemv.REG_PF): both bit-identical, so their greedy tokens must equal the first
 # measure's; "nobits" = both off (the variants start from the tree default); "acc16"/"acc8" = the GEMV's split
-# accumulator (fp8_gemv.ACC_SPLIT: half the registers, twice the programs per SM; another fp32 summation order)
+# accumulator (fp8_gemv.ACC_SPLIT: half the registers, twice the programs per SM; another fp32 summation order);
+# "x2d" = prequantized input read in the weight tile's layout (fp8_gemv.X2D; bit-identical, same tiles)
 
 
 def seed_tiles(flags: dict) -> int:
@@ -191,7 +193,7 @@ def main() -> None:
 
         base = (fp8_fused.SMALL_ROWS_WARPS, fp8_prefetch.PREFETCH_MB, fp8_prefetch.PDL, fp8_prefetch.SELF_PREFETCH,
                 fp8_silu_gemv.STATE["on"])
-        base_bits, base_reg_pf, base_acc = fp8_gemv.W_BITS, fp8_gemv.REG_PF, fp8_gemv.ACC_SPLIT
+        base_bits, base_reg_pf, base_acc, base_x2d = fp8_gemv.W_BITS, fp8_gemv.REG_PF, fp8_gemv.ACC_SPLIT, fp8_gemv.X2D
         res["w_bits_default"], res["reg_pf_default"], res["acc_split_default"] = base_bits, base_reg_pf, base_acc
         platform_pdl = cuda_pdl.pdl_on()  # the platform's setting (on by default on sm_90+ since session 6)
         res["platform_pdl_default"] = platform_pdl
@@ -208,7 +210,7 @@ def main() -> None:
                 cuda_pdl.set_pdl(v.get("pdl_all", platform_pdl))
                 fp8_silu_gemv.STATE["on"] = v.get("silu", base[4])
                 fp8_gemv.W_BITS, fp8_gemv.REG_PF = v.get("bits", base_bits), v.get("reg_pf", base_reg_pf)
-                fp8_gemv.ACC_SPLIT = v.get("acc", base_acc)
+                fp8_gemv.ACC_SPLIT, fp8_gemv.X2D = v.get("acc", base_acc), v.get("x2d", base_x2d)
                 res.setdefault("seeded_tiles", {})[tag] = seed_tiles(
                     {"W_BITS": fp8_gemv.W_BITS and not fp8_gemv.ACC_SPLIT, "REG_PF": fp8_gemv.REG_PF,
                      "ACC_SPLIT": fp8_gemv.ACC_SPLIT})
@@ -221,7 +223,7 @@ def main() -> None:
             save()
         (fp8_fused.SMALL_ROWS_WARPS, fp8_prefetch.PREFETCH_MB, fp8_prefetch.PDL, fp8_prefetch.SELF_PREFETCH,
          fp8_silu_gemv.STATE["on"]) = base
-        fp8_gemv.W_BITS, fp8_gemv.REG_PF, fp8_gemv.ACC_SPLIT = base_bits, base_reg_pf, base_acc
+        fp8_gemv.W_BITS, fp8_gemv.REG_PF, fp8_gemv.ACC_SPLIT, fp8_gemv.X2D = base_bits, base_reg_pf, base_acc, base_x2d
         cuda_pdl.set_pdl(platform_pdl)
     if args.ab == "tc" and gr is not None:
         tiles = {}

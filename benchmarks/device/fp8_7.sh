@@ -7,7 +7,7 @@
 #          the split accumulator (default since batch 2) within a bf16 step (test_fp8_gemv_bits.py), the SiLU-GEMV
 #          graph test that failed in session 6 batch 2; FP8_TESTS_MORE adds node ids.
 #   bs1    benchmarks/fp8_bs1.py: 8B fp8 + fp8 KV batch-1 decode with the committed defaults, then in the same engine
-#          (graph recaptured) FP8_BS1_VARIANTS (default acc0: the GEMV's full accumulator, the batch-1 default).
+#          (graph recaptured) FP8_BS1_VARIANTS (default x2d,acc0: prequantized x in the tile layout; the full accumulator, the batch-1 default).
 #   attn   benchmarks/fp8_attn7.py --set ${FP8_ATTN_SET:-b2}: decode attention on the e4m3 cache at 512 requests:
 #          the table launch vs the fp8 kernel's TABLE launch (the engine's now) and register caps / tiles around
 #          it, and the bf16 cache's rate; FP8_ATTN_VARIANTS picks names.
@@ -48,7 +48,7 @@ for P in "${PARTS[@]}"; do
            echo "exit $?"; grep -E "PASSED|FAILED|passed|failed|Error|assert" "$R/tests.log" | tail -20
            tail -c 1500 "$R/tests.log";;
     bs1) timeout -k 2 "$B" python benchmarks/fp8_bs1.py --budget $(( B - 8 )) --out "$R/bs1.json" \
-           --ab s6 --variants "${FP8_BS1_VARIANTS:-acc0}" > "$R/bs1.log" 2>&1
+           --ab s6 --variants "${FP8_BS1_VARIANTS:-x2d,acc0}" > "$R/bs1.log" 2>&1
          echo "exit $?"; grep -v " INFO \| WARNING " "$R/bs1.log" | tail -40;;
     *) echo "unknown part $P (attn tests bs1)";;
   esac

@@ -78,7 +78,8 @@ def _fp8_gemv_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, pf_ptr, pf_tota
                      stride_wn, stride_ym, QUANT_X: tl.constexpr, PRE_Q: tl.constexpr, HAS_BIAS: tl.constexpr,
                      EVEN: tl.constexpr, SOFT_FP8: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                      PREFETCH: tl.constexpr = False, USE_PDL: tl.constexpr = False, SELF_PF: tl.constexpr = False,
-                     W_BITS: tl.constexpr = False, REG_PF: tl.constexpr = False, ACC_SPLIT: tl.constexpr = 0):
+                     W_BITS: tl.constexpr = False, REG_PF: tl.constexpr = False, ACC_SPLIT: tl.constexpr = 0,
+                     X2D: tl.constexpr = False):
     """y[m, n] = (sum_k q(x[m, k]) * W[n, k]) * s_x[m] * s_w[n] (+ b[n]): each program owns BLOCK_N outputs.
     ``PRE_Q``: ``x`` is already e4m3 with its scales at ``xs_ptr`` (made by the norm kernel).
     ``USE_PDL``: launched as a programmatic dependent launch: only the weight scales (constants) are read before
@@ -134,13 +135,17 @@ def _fp8_gemv_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, pf_ptr, pf_tota
                 x = tl.load(x_row + kk, mask=kk < K, other=0.0).to(tl.float32)
             if QUANT_X:
                 x = _quant_e4m3(x, s_x, SOFT_FP8)
+            if X2D and EVEN and PRE_Q:  # x read in the weight tile's own layout (each row's copy from L1): no
+                xb = tl.load(x_row + kk[None, :] + tl.zeros([BLOCK_N, 1], tl.int32)).to(tl.float32)  # smem broadcast
+            else:
+                xb = x[None, :]
             if ACC_SPLIT > 0:  # each thread's run of ACC_SPLIT products summed at once: 1/ACC_SPLIT the registers
-                prod = w.to(tl.float32) * x[None, :]
+                prod = w.to(tl.float32) * xb
                 acc += tl.sum(tl.reshape(prod, [BLOCK_N, BLOCK_K // ACC_SPLIT, ACC_SPLIT]), 2)
             elif W_BITS:
-                acc += _e4m3_bits_f32(w) * (x * 18446744073709551616.0)[None, :]  # W 2**-120 * x 2**64
+                acc += _e4m3_bits_f32(w) * (xb * 18446744073709551616.0)  # W 2**-120 * x 2**64
             else:
-                acc += w.to(tl.float32) * x[None, :]
+                acc += w.to(tl.float32) * xb
         if W_BITS and ACC_SPLIT == 0:
             y = (tl.sum(acc, 1) * 72057594037927936.0 * s_x * ws).to(y_ptr.dtype.element_ty)  # * 2**56: exact
         else:
@@ -249,6 +254,9 @@ REG_PF = os.environ.get("OCTAVO_FP8_GEMV_REG_PF", "0").strip() == "1"
 #: ``OCTAVO_FP8_GEMV_ACC_SPLIT`` (0, 8 or 16). Default 16: session 7 batch 1 (H100, one engine, same tiles), 8B
 #: fp8 batch-1 decode 3.798 -> 3.675 ms/token (GEMVs 2760 -> 2661 us per forward; docs/performance.md)
 ACC_SPLIT = int(os.environ.get("OCTAVO_FP8_GEMV_ACC_SPLIT", "16").strip() or 0)
+#: prequantized (norm-made e4m3) input read in the weight tile's layout: sm_90 SASS of the key loop loses its two
+#: barriers and the shared-memory round trip per step; bit-identical. ``OCTAVO_FP8_GEMV_X2D`` (default off until measured)
+X2D = os.environ.get("OCTAVO_FP8_GEMV_X2D", "0").strip() == "1"
 if ACC_SPLIT not in (0, 8, 16):
     raise ValueError(f"OCTAVO_FP8_GEMV_ACC_SPLIT={ACC_SPLIT}: 0, 8 or 16")
 
@@ -258,7 +266,7 @@ def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, 
              config: tuple[int, int, int] | None = None, x_scale: torch.Tensor | None = None,
              prefetch: tuple[torch.Tensor, int] | None = None, pdl: bool = False,
              self_prefetch: bool = False, w_bits: bool | None = None, reg_pf: bool | None = None,
-             acc_split: int | None = None) -> torch.Tensor:
+             acc_split: int | None = None, x2d: bool | None = None) -> torch.Tensor:
     """``x [m, K]`` (bf16/fp16/fp32) times the e4m3 ``weight [N, K]`` with ``weight_scale`` (``N`` values).
 
     ``quantize_input=True`` is W8A8 (dynamic per-token e4m3 activations, as the ``_scaled_mm`` path);
@@ -274,6 +282,8 @@ def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, 
     one-row kernel's register prefetch of the next weight block (None: the module's ``REG_PF``; same result).
     ``acc_split`` (0, 8, 16; None: the module's ``ACC_SPLIT``): the one-row kernel sums each thread's runs of that
     many products first (fewer registers; fp32 sums in another order, so not bit-identical; overrides ``w_bits``).
+    ``x2d`` (prequantized input only; None: the module's ``X2D``): the one-row kernel reads ``x`` in the weight
+    tile's layout instead of broadcasting it through shared memory (no barrier per step; same result bit for bit).
     """
     m, k = x.shape
     n = weight.shape[0]
@@ -304,6 +314,8 @@ def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, 
     one_row_flags = {"W_BITS": True} if (W_BITS if w_bits is None else w_bits) and (pre or quantize_input) else {}
     if REG_PF if reg_pf is None else reg_pf:
         one_row_flags["REG_PF"] = True
+    if pre and (X2D if x2d is None else x2d):
+        one_row_flags["X2D"] = True
     split = ACC_SPLIT if acc_split is None else acc_split
     if split:
         if split not in (8, 16):

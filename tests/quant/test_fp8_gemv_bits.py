@@ -41,6 +41,9 @@ def check(n, k, dev, configs, seed=0):
             xin = xq if pre else x
             a = fp8_gemv(xin, wq, ws, config=cfg, w_bits=False, reg_pf=False, acc_split=0, **kw)
             b = fp8_gemv(xin, wq, ws, config=cfg, w_bits=True, acc_split=0, **kw)
+            if pre:  # x read in the weight tile's layout: the same bits as the broadcast
+                assert torch.equal(fp8_gemv(xin, wq, ws, config=cfg, x2d=True, **kw),
+                                   fp8_gemv(xin, wq, ws, config=cfg, x2d=False, **kw)), (n, k, cfg)
             c = fp8_gemv(xin, wq, ws, config=cfg, **kw)  # the defaults (the split accumulator): within a bf16 step
             assert bool(((c.float() - a.float()).abs() <= a.float().abs() * 2.0 ** -7 + 1e-6).all()), (n, k, cfg)
             assert torch.equal(a, b), (n, k, cfg, pre, float((a.float() - b.float()).abs().max()))
@@ -83,6 +86,19 @@ for split in (8, 16):
         err = float((y.double() - want).abs().max() / want.abs().max())
         step = float(((y.float() - outs[0].float()).abs() - outs[0].float().abs() * 2.0 ** -7).max())
         assert err < 1e-2 and step <= 0, (split, reg_pf, err, step)
+# prequantized input read in the weight tile's layout (X2D): bit-identical to the broadcast, with either accumulator
+xq, xs = fp8_triton.quantize_per_token(x)
+for split in (0, 16):
+    pair = []
+    for x2d in (False, True):
+        y = torch.empty(1, n, dtype=torch.bfloat16)
+        _fp8_gemv_kernel[(triton.cdiv(n, bn),)](xq, xs.reshape(-1), wq, ws, None, y, wq, 0, 16, 1, n, k, xq.stride(0),
+                                                wq.stride(0), y.stride(0), QUANT_X=False, PRE_Q=True,
+                                                HAS_BIAS=False, EVEN=True, SOFT_FP8=True, BLOCK_N=bn, BLOCK_K=bk,
+                                                ACC_SPLIT=split, X2D=x2d)
+        pair.append(y)
+    assert torch.equal(pair[0], pair[1]), split
+    assert float((pair[1].double() - want).abs().max() / want.abs().max()) < 1e-2
 print("ok")
 """
 

@@ -95,7 +95,7 @@ def test_sm90_ptx_has_the_instructions_exactly_when_asked(prefetch, pdl, self_pf
     ptx = _ptx(_fp8_gemv_kernel, sig, dict(QUANT_X=True, PRE_Q=False, HAS_BIAS=False, EVEN=True, SOFT_FP8=False,
                                            BLOCK_N=16, BLOCK_K=512, PREFETCH=prefetch, USE_PDL=pdl,
                                            SELF_PF=self_pf, W_BITS=False, REG_PF=False,
-                                           ACC_SPLIT=0))
+                                           ACC_SPLIT=0, X2D=False))
     assert ptx.count("cp.async.bulk.prefetch.L2.global") >= prefetch + self_pf
     assert ("cp.async.bulk.prefetch.L2.global" in ptx) == (prefetch or self_pf)
     assert ("griddepcontrol.wait" in ptx) == pdl
