@@ -25,6 +25,7 @@ return ``None`` (eager, or the compiled runner when one is given). ``OCTAVO_CPU_
 from __future__ import annotations
 
 import ctypes
+import operator
 
 import torch
 
@@ -179,27 +180,41 @@ class CpuFusedDecodeRunner:
         #: True: fused_decode_team (one OpenMP region per token, the linears' rows split over the threads);
         #: False: fused_decode (each kernel opens its own region). Same bits (tests); the team form syncs less.
         self.team = True
-        self._key = None
         self._build()
 
-    def _tensors(self) -> list:
-        """Every tensor whose address the C struct holds: a changed object (reload, sleep/wake) rebuilds it."""
+    def _slots(self) -> list[tuple[dict, str]]:
+        """Where every tensor whose address the C struct holds lives: ``(the module's dict, name)``."""
         inner, out = self.model.model, []
+
+        def slot(m, name):
+            d = m._parameters if name in m._parameters else m._buffers if name in m._buffers else m.__dict__
+            out.append((d, name))
         for layer in inner.layers:
             att, mlp = layer.self_attn, layer.mlp
-            out += [layer.input_layernorm.weight, layer.post_attention_layernorm.weight, att.attn.kv_cache,
-                    att.rotary_emb.cos_cache, att.rotary_emb.sin_cache]
+            slot(layer.input_layernorm, "weight"), slot(layer.post_attention_layernorm, "weight")
+            slot(att.attn, "kv_cache"), slot(att.rotary_emb, "cos_cache"), slot(att.rotary_emb, "sin_cache")
             for mod in (att.qkv_proj, att.o_proj, mlp.gate_up_proj, mlp.down_proj):
-                out += [t for t in _linear_args(mod)[1:] if t is not None]
-        return out + [inner.embed_tokens.weight, inner.norm.weight]
+                for name in (("w4", "s32", "z32") if _linear_args(mod)[0] == 4 else ("qweight", "s32")):
+                    slot(mod, name)
+        slot(inner.embed_tokens, "weight"), slot(inner.norm, "weight")
+        return out
+
+    def _stale(self) -> bool:
+        """Whether a held tensor was replaced (another object in its slot, or new data in place: reload_weights
+        swaps ``.data``); then the C struct is rebuilt. ~1 us per layer of dict lookups and data_ptr calls."""
+        dicts, names = self._slot_cols
+        return not all(map(operator.is_, map(dict.get, dicts, names), self._hold)) or \
+            list(map(torch.Tensor.data_ptr, self._hold)) != self._ptrs
 
     def _build(self) -> None:
         inner = self.model.model
         layers = list(inner.layers)
         att0 = layers[0].self_attn
         cache0 = att0.attn.kv_cache
-        self._hold = self._tensors()
-        self._key = [id(t) for t in self._hold]
+        self._slot_list = self._slots()
+        self._slot_cols = ([d for d, _ in self._slot_list], [n for _, n in self._slot_list])
+        self._hold = [d[name] for d, name in self._slot_list]
+        self._ptrs = [t.data_ptr() for t in self._hold]
         lins = []
         arr = (_Layer * len(layers))()
         for i, layer in enumerate(layers):
@@ -252,7 +267,7 @@ class CpuFusedDecodeRunner:
         layout = inputs.layout
         if inputs.input_ids.shape[0] != 1 or layout.num_decode_reqs != 1 or layout.query_start_loc.shape[0] != 2:
             return self.fallback.maybe_run(inputs) if self.fallback is not None else None
-        if any(id(t) != k for t, k in zip(self._tensors(), self._key)):
+        if self._stale():
             self._build()
         pos, length = int(inputs.positions[0]), int(layout.seq_lens[0])
         table = layout.block_tables[0]

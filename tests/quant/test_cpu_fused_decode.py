@@ -158,6 +158,22 @@ def test_platform_installs_it_in_front_of_another_runner(engine, monkeypatch):
         cpu_fused_decode_setup.with_fused_decode(dataclasses.replace(handle, enforce_eager=True), None)
 
 
+def test_swapped_weight_data_rebuilds_the_struct(engine):
+    """reload_weights swaps a parameter's .data in place: the runner must not keep the old address."""
+    _, runner = engine
+    fused = CpuFusedDecodeRunner(runner.model, torch.float32)
+    assert not fused._stale()
+    w = runner.model.model.norm.weight
+    old = w.data
+    w.data = old.clone()
+    try:
+        assert fused._stale()
+        fused._build()
+        assert not fused._stale() and fused._stack.final_norm == w.data_ptr()
+    finally:
+        w.data = old
+
+
 def test_switch_values_and_refusals(monkeypatch):
     handle = ModelHandle(model=torch.nn.Linear(4, 4), device=torch.device("cpu"), dtype=torch.float32,
                          attn_backend=None, block_size=16, max_model_len=64, max_num_seqs=1,
