@@ -176,9 +176,13 @@ class MPEngineCoreClient(EngineCoreClient):
         self._closed = False
         ctx = multiprocessing.get_context("spawn")
         settings_json = json.dumps(settings.model_dump(mode="json"))
-        self.proc = ctx.Process(target=run_engine_core, name="octavo-engine-core", daemon=True,
-                                args=(settings_json, in_addr, out_addr, os.getpid(), adaptive_threads))
-        self.proc.start()
+        args = (settings_json, in_addr, out_addr, os.getpid(), adaptive_threads)
+        from octavo.core.engine_prestart import take
+
+        self.proc = take(args)  # `octavo serve` spawned it before parsing its settings (core/engine_prestart.py)
+        if self.proc is None:
+            self.proc = ctx.Process(target=run_engine_core, name="octavo-engine-core", daemon=True, args=args)
+            self.proc.start()
         self._start_timeout_s = start_timeout_s
 
     def wait_ready(self) -> ModelInfo:

@@ -48,6 +48,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Run ``octavo``; returns the exit status (the console script exits with it)."""
+    if argv is None:  # `octavo serve`: spawn the engine core before anything else (core/engine_prestart.py)
+        from octavo.core import engine_prestart
+
+        if engine_prestart.wanted(sys.argv[1:]):
+            engine_prestart.prestart(sys.argv[1:])
     from octavo.config import ConfigError
     from octavo.errors import PluginError
 
@@ -69,6 +74,11 @@ def main(argv: list[str] | None = None) -> int:
 
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
+    finally:
+        if argv is None:
+            from octavo.core import engine_prestart
+
+            engine_prestart.discard()  # not taken (an error, an in-process core): let it exit
 
 
 if __name__ == "__main__":  # python -m octavo.cli.main

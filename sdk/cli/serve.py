@@ -66,6 +66,11 @@ def serve(settings, *, t_start: float | None = None) -> int:
     def while_loading() -> None:
         # The engine core is already loading the model in its own process: import the HTTP server (FastAPI,
         # uvicorn: ~1-2 s) now rather than before starting it, and check the TLS files before the model is ready.
+        from octavo.server import structured
+
+        # the grammar library (xgrammar imports torch: ~1 s of CPU) is imported once the server answers, not
+        # while the core loads (it competed with the tokenizer and HTTP imports for this process's GIL and CPU)
+        structured.DEFER_WARM = []
         from octavo.server.vllm_server import check_server_settings
 
         try:
@@ -74,16 +79,12 @@ def serve(settings, *, t_start: float | None = None) -> int:
             raise _BadServerSettings(str(e)) from None
         import uvicorn  # noqa: F401
 
-        import octavo.server  # noqa: F401
-        from octavo.server.structured import warm
-
-        # the grammar library (xgrammar imports torch: seconds) on its daemon thread now, while the core loads,
-        # not when the app is built (build_app warms it again: by then a no-op)
-        warm(settings.scheduler.structured_outputs_backend)
-
     in_process = srv.disable_frontend_multiprocessing  # the core loads in this thread: check first
     try:
         if in_process:
+            from octavo.core import engine_prestart
+
+            engine_prestart.discard()  # a core process spawned before the settings said "in-process"
             while_loading()
         engine = AsyncLLM.from_settings(settings, while_loading=None if in_process else while_loading)
     except _BadServerSettings as e:
@@ -128,6 +129,9 @@ def serve(settings, *, t_start: float | None = None) -> int:
             while not server.started and not task.done():
                 await asyncio.sleep(0.02)
             if server.started:
+                from octavo.server.structured import start_deferred_warm
+
+                start_deferred_warm()
                 key = " (API key required)" if srv.api_key else ""
                 now = time.perf_counter()
                 logger.info("serving model %r on %s://%s:%d%s, %.1f s after start; POST /v1/chat/completions",

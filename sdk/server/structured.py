@@ -120,10 +120,32 @@ def check_server_settings(settings: Any) -> None:
     warm(settings.scheduler.structured_outputs_backend)
 
 
+#: ``octavo serve`` sets this so the warm-up waits until the server answers (``start_deferred_warm``): importing
+#: xgrammar (and torch with it) in the front end while the core loads took ~1 s of the front end's CPU before
+#: ready (issue 18 start-up); a structured request that comes before it is done waits for the import.
+DEFER_WARM: list[str] | None = None
+_warmed: set[str] = set()
+
+
+def start_deferred_warm() -> None:
+    """Start the warm-ups that ``DEFER_WARM`` held back."""
+    global DEFER_WARM
+    pending, DEFER_WARM = DEFER_WARM or [], None
+    for backend in pending:
+        warm(backend)
+
+
 def warm(backend: str) -> None:
     """Import the backend's library on a daemon thread (xgrammar takes seconds to import), so the first
-    structured request does not pay for it on the event loop. Called once when the server starts."""
+    structured request does not pay for it on the event loop. Once per backend and process."""
     import threading
+
+    if DEFER_WARM is not None:
+        DEFER_WARM.append(backend)
+        return
+    if backend in _warmed:
+        return
+    _warmed.add(backend)
 
     def load() -> None:
         from octavo.registry import resolve
