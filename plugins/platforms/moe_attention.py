@@ -15,21 +15,23 @@ them and re-capture (``benchmarks/moe_profile.py``). **Opt-in** until measured: 
 from __future__ import annotations
 
 import logging
-import os
 import types
 
 import torch
+
+from octavo.env_flags import env_switch
 
 logger = logging.getLogger(__name__)
 
 DEFAULTS = {"splits": 16, "block_n": 64, "num_warps": 4, "early": True, "dot16": False}
 
 
+DEFAULT_ON = False  # session 7 batch 1 (H100): not faster than the backend's four launches yet (docs/moe.md)
+
+
 def enabled() -> bool:
-    raw = os.environ.get("OCTAVO_MOE_DECODE_ATTN", "0").strip()
-    if raw not in ("0", "1"):
-        raise ValueError(f"OCTAVO_MOE_DECODE_ATTN={raw!r}: expected 0 or 1")
-    return raw == "1"
+    """``OCTAVO_MOE_DECODE_ATTN`` (1/0; unset: :data:`DEFAULT_ON`)."""
+    return env_switch("OCTAVO_MOE_DECODE_ATTN", default=DEFAULT_ON)
 
 
 def runs_here(m, n: int, dtype: torch.dtype, md) -> bool:
