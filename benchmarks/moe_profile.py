@@ -154,7 +154,7 @@ def profile_attn(runner, model, variants=None, with_table: bool = True) -> dict:
     saved = dict(mods[0]._attn_one)
     res["captured_settings"] = saved
     # session 7 batch 1 (H100): off 3.098 ms, splits 16 3.161, 8 3.271, 8 without early 3.253, 4 3.441, 4 x 128 4.452
-    variants = variants or [{"on": False}, {"splits": 16}, {"splits": 16, "dot16": True}, {"splits": 8, "dot16": True},
+    variants = variants or [{"on": False}, {"splits": 16, "dot16": False}, {"splits": 16, "dot16": True}, {"splits": 8, "dot16": True},
                             {"splits": 16, "dot16": True, "early": False}, {"splits": 16, "dot16": True, "num_warps": 8}]
     rows, best = [], None
     try:

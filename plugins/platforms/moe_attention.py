@@ -23,7 +23,7 @@ from octavo.env_flags import env_switch
 
 logger = logging.getLogger(__name__)
 
-DEFAULTS = {"splits": 16, "block_n": 64, "num_warps": 4, "early": True, "dot16": False}
+DEFAULTS = {"splits": 16, "block_n": 64, "num_warps": 4, "early": True, "dot16": True}
 
 
 DEFAULT_ON = False  # session 7 batch 1 (H100): not faster than the backend's four launches yet (docs/moe.md)
