@@ -2,7 +2,8 @@
 
 SHA-256 over: the GGUF file's bytes (hashed on a thread that ``prefetch_digest`` starts before the engine core
 imports torch; hashlib and file reads drop the GIL), octavo's version and the path, size and mtime of every
-source file of octavo (an edited repack function is a new key), torch's version, the CPU's feature flags, the
+source file that shapes the loaded tensors (sdk, core/loader, plugins/quant, plugins/models: an edited repack
+function is a new key), torch's version, the CPU's feature flags, the
 model class, dtype, device, the quantizer's class and state, the model config and every ``OCTAVO_*`` environment
 variable but the few that cannot change a tensor. This module imports neither torch nor transformers at import.
 """
@@ -89,17 +90,23 @@ def file_digest(path: str) -> str:
 
 
 def _code_fingerprint() -> str:
-    """Path, size and mtime of every source file of octavo (sdk, core, plugins): an edit changes the key."""
+    """Path, size and mtime of every source file that can shape the loaded tensors: octavo's sdk (nn layers,
+    quantization scope, ...), core/loader, plugins/quant and plugins/models. An edit there changes the key; edits
+    elsewhere (the server, the scheduler, attention kernels) do not, so a shared tree keeps its cache."""
     import octavo
-    import octavo.core
+    import octavo.core.loader
     import octavo.plugins
     from octavo.version import __version__
 
     h = hashlib.sha256(f"octavo {__version__}".encode())
-    roots = sorted({os.path.dirname(os.path.abspath(m.__file__)) for m in (octavo, octavo.core, octavo.plugins)})
-    for root in roots:
+    sdk = os.path.dirname(os.path.abspath(octavo.__file__))
+    plugins = os.path.dirname(os.path.abspath(octavo.plugins.__file__))
+    roots = [(sdk, {"core", "plugins", "server", "cli", "testing", "chat_templates", "static"}),
+             (os.path.dirname(os.path.abspath(octavo.core.loader.__file__)), set()),
+             (os.path.join(plugins, "quant"), set()), (os.path.join(plugins, "models"), set())]
+    for root, skip in roots:
         for folder, dirs, files in os.walk(root):
-            dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+            dirs[:] = sorted(d for d in dirs if d != "__pycache__" and not (folder == root and d in skip))
             for name in sorted(files):
                 if name.endswith((".py", ".c", ".cpp", ".h", ".json")):
                     st = os.stat(os.path.join(folder, name))
