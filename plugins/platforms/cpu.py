@@ -166,6 +166,11 @@ class CpuPlatform(Platform):
         pack_dense_linears(handle.model, rows_hint=min(max(handle.max_num_seqs, 1), 256))
         install_rope(handle.model, handle.dtype)
         install_silu(handle.model, handle.dtype)
+        try:
+            from .cpu_norm import install_norm  # the fused batch-1 stack's norm arithmetic (cpu_fused_decode)
+        except ImportError:
+            return
+        install_norm(handle.model, handle.dtype)
 
     def _prepare_compiled(self, handle: ModelHandle) -> PreparedModel | None:
         if os.environ.get(COMPILE_ENV, "0") in ("", "0"):

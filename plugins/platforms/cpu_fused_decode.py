@@ -125,6 +125,32 @@ def unsupported_reason(model: torch.nn.Module) -> str | None:
     return _abi_reason()
 
 
+def same_bits_reason(model: torch.nn.Module, dtype: torch.dtype) -> str | None:
+    """None when the per-op path of ``model`` computes the fused stack's bits (its norms, rotary and SiLU-and-mul
+    run the C kernels whose arithmetic the stack copies, everything in ``dtype``), else why not. Only then may the
+    fused stack be the default: batch 1 and batch > 1, decode and prefill give the same hidden states."""
+    from octavo.nn.activation import SiluAndMul
+    from octavo.nn.layernorm import RMSNorm
+    from octavo.nn.rotary import RotaryEmbedding
+
+    from . import cpu_norm, cpu_rope, cpu_silu
+
+    inner = model.model
+    if inner.embed_tokens.weight.dtype != dtype:
+        return "the embedding is not in the model dtype"
+    for m in model.modules():
+        if type(m) is RMSNorm and (m.weight.dtype != dtype or not cpu_norm.installed(m)):
+            return "an RMSNorm does not run cpu_norm's kernel (OCTAVO_CPU_C_NORM=0?)"
+        f = getattr(m.__dict__.get("forward"), "__func__", None)
+        if type(m) is SiluAndMul and f is not cpu_silu.silu_forward:
+            return "SiLU-and-mul does not run cpu_silu's kernel (OCTAVO_CPU_FUSED_SILU=0 or not the same bits here)"
+        if type(m) is RotaryEmbedding and f is not cpu_rope.rope_forward:
+            return "rotary does not run cpu_rope's kernel (OCTAVO_CPU_FUSED_ROPE=0 or not the same bits here)"
+    if inner.layers[0].mlp.gate_up_proj.output_size % (2 * cpu_silu.ROW_MULTIPLE):
+        return "the MLP width is not a multiple of cpu_silu's row tile"
+    return None
+
+
 def _fn_ptr(fn) -> int:
     return ctypes.cast(fn, ctypes.c_void_p).value
 

@@ -35,9 +35,11 @@ def with_fused_decode(handle: ModelHandle, prepared: PreparedModel | None) -> Pr
         if explicit:
             raise ConfigError(f"{ENV}=1 and enforce_eager are both set; unset one of them")
         return prepared
-    from .cpu_fused_decode import CpuFusedDecodeRunner, unsupported_reason
+    from .cpu_fused_decode import CpuFusedDecodeRunner, same_bits_reason, unsupported_reason
 
     reason = unsupported_reason(handle.model)
+    if reason is None and not explicit:  # the default only where batch 1 computes the per-op path's bits
+        reason = same_bits_reason(handle.model, handle.dtype)
     if reason is not None:
         if explicit:
             raise ConfigError(f"{ENV}=1: this model cannot run the fused CPU decode step: {reason}")

@@ -11,6 +11,8 @@ the whole stack (the per-op path rounds it to the model dtype after every op), a
 are plain C loops in a fixed order.
 """
 
+from octavo.plugins.platforms.cpu_norm import ROW_C
+
 C_SOURCE = r"""
 #include <stdint.h>
 #include <stdlib.h>
@@ -18,6 +20,7 @@ C_SOURCE = r"""
 #include <math.h>
 #include <sched.h>
 #include <omp.h>
+""" + ROW_C + r"""
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #define SPIN_PAUSE() _mm_pause()
@@ -77,24 +80,82 @@ static inline uint16_t f2bf(float f) {
 
 static inline float ld(const void* p, int bf16, long i) { return bf16 ? bf2f(((const uint16_t*)p)[i]) : ((const float*)p)[i]; }
 
-/* out = x * rsqrt(mean(x^2) + eps) * w; the mean in double (one fixed order, no drift over 30 layers) */
+/* the per-op path's norm (cpu_norm.ROW_C, included above): x in the model dtype's values */
 static void rms_norm(const float* x, const void* w, int w_bf16, long n, double eps, float* out) {
-    double ss = 0.0;
-    for (long i = 0; i < n; i++) ss += (double)x[i] * x[i];
-    float inv = (float)(1.0 / sqrt(ss / (double)n + eps));
-    for (long i = 0; i < n; i++) out[i] = x[i] * inv * ld(w, w_bf16, i);
+    norm_row(x, w, w_bf16, n, eps, out);
+}
+
+/* SLEEF 3.x xexpf (u10) with FMA for one lane: cpu_silu's sleef_expf (torch's Vectorized<float>::exp()) */
+static inline float sleef_expf1(float d) {
+    if (d < -104.f) return 0.f;
+    if (100.f < d) return __builtin_inff();
+    int q = (int)nearbyintf(d * 1.442695040888963407359924681001892137f);
+    float qf = (float)q;
+    float s = fmaf(qf, -0.693145751953125f, d);
+    s = fmaf(qf, -1.428606765330187045e-06f, s);
+    float u = 0.000198527617612853646278381f;
+    u = fmaf(u, s, 0.00139304355252534151077271f);
+    u = fmaf(u, s, 0.00833336077630519866943359f);
+    u = fmaf(u, s, 0.0416664853692054748535156f);
+    u = fmaf(u, s, 0.166666671633720397949219f);
+    u = fmaf(u, s, 0.5f);
+    u = 1.0f + fmaf(s * s, u, s);
+    int h = q >> 1;
+    uint32_t b1 = (uint32_t)(h + 0x7f) << 23, b2 = (uint32_t)(q - h + 0x7f) << 23;
+    float p1, p2;
+    memcpy(&p1, &b1, 4); memcpy(&p2, &b2, 4);
+    return (u * p1) * p2;
+}
+
+/* cpu_silu's SiLU-and-mul (the per-op path's): silu(g) = g / (1 + exp(-g)) rounded to the model dtype, times up,
+   rounded again */
+static void silu_mul_row(const float* gu, long I, int md, float* act) {
+    for (long i = 0; i < I; i++) {
+        float g = gu[i];
+        float sl = nb_rd(g / (1.f + sleef_expf1(0.f - g)), md);
+        act[i] = nb_rd(sl * gu[I + i], md);
+    }
 }
 
 /* neox rotary on `heads` heads of d features: halves (x1, x2) -> (x1 c - x2 s, x2 c + x1 s) */
-static void rotary(float* x, long heads, long d, const float* cs, const float* sn) {
+static void rotary(float* x, long heads, long d, const float* cs, const float* sn, int md) {
     long half = d / 2;
     for (long h = 0; h < heads; h++) {
         float* v = x + h * d;
         for (long j = 0; j < half; j++) {
-            float a = v[j], b = v[j + half];
-            v[j] = a * cs[j] - b * sn[j];
-            v[j + half] = b * cs[j] + a * sn[j];
+            float x1 = v[j], x2 = v[j + half];
+            float a = x1 * cs[j], b = x2 * sn[j], e = x2 * cs[j], f = x1 * sn[j];  /* cpu_rope's order */
+            v[j] = nb_rd(a - b, md);
+            v[j + half] = nb_rd(e + f, md);
         }
+    }
+}
+
+/* y rounded to the model dtype in place (the per-op linear returns its float32 product as the model dtype) */
+static inline void rd_vec(float* y, long n, int md) { if (md) for (long i = 0; i < n; i++) y[i] = nb_rd(y[i], 1); }
+
+
+/* attention of the token's q (qkv's first qn floats) -> att [qn] in the model dtype's values. A bfloat16 model
+   hands paged_rows bf16 q and takes bf16 out, as the per-op path does (cpu_paged passes the query's dtype);
+   qb / ab: 2 * qn uint16 scratch */
+static void attend(const Stack* S, const Layer* L, const float* qkv, const int64_t* tab, long nb, int64_t len,
+                   float* att, uint16_t* qb, int nthreads) {
+    const long qn = S->nh * S->d, kn = S->kvh * S->d;
+    const int md = (int)S->w_bf16;
+    int64_t zero = 0, one = 1, lens = len;
+    uint16_t* ab = qb + qn;
+    if (S->attn_abi && md) {
+        for (long i = 0; i < qn; i++) qb[i] = f2bf(qkv[i]);
+        ((attn_fn)S->attn)(qb, 1, qn, L->kc, L->vc, (int)S->kv_bf16, tab, (int)nb, &zero, &lens, &zero, &one, 1,
+                           (int)S->nh, (int)S->kvh, (int)S->d, (int)S->bs, (float)S->scale, ab, 1, nthreads);
+        for (long i = 0; i < qn; i++) att[i] = bf2f(ab[i]);
+    } else if (S->attn_abi) {
+        ((attn_fn)S->attn)(qkv, 0, qn + 2 * kn, L->kc, L->vc, (int)S->kv_bf16, tab, (int)nb, &zero, &lens, &zero,
+                           &one, 1, (int)S->nh, (int)S->kvh, (int)S->d, (int)S->bs, (float)S->scale, att, 0, nthreads);
+    } else {
+        ((attn0_fn)S->attn)(qkv, L->kc, L->vc, (int)S->kv_bf16, tab, (int)nb, &zero, &lens, &zero, &one, 1,
+                            (int)S->nh, (int)S->kvh, (int)S->d, (int)S->bs, (float)S->scale, att, nthreads);
+        rd_vec(att, qn, md);
     }
 }
 
@@ -110,22 +171,23 @@ int fused_decode(const Stack* S, int64_t token, const float* cs, const float* sn
                  const void* table, int table_i64, int64_t len, float* out) {
     const long H = S->hidden, nh = S->nh, kvh = S->kvh, d = S->d, I = S->inter;
     const long qn = nh * d, kn = kvh * d, nb = (len + S->bs - 1) / S->bs;
-    const int wb = (int)S->w_bf16;
-    float* buf = (float*)malloc(sizeof(float) * (size_t)(3 * H + qn + 2 * kn + qn + 2 * I + I) + sizeof(int64_t) * (size_t)(nb + 1));
+    const int wb = (int)S->w_bf16, md = wb;
+    float* buf = (float*)malloc(sizeof(float) * (size_t)(3 * H + qn + 2 * kn + qn + 2 * I + I + qn) + sizeof(int64_t) * (size_t)(nb + 1));
     if (!buf) return -2;
     float *r = buf, *h = r + H, *t = h + H, *qkv = t + H, *att = qkv + qn + 2 * kn, *gu = att + qn, *act = gu + 2 * I;
-    int64_t* tab = (int64_t*)(act + I);
+    uint16_t* qb = (uint16_t*)(act + I);
+    int64_t* tab = (int64_t*)(act + I + qn);
     for (long b = 0; b < nb; b++) tab[b] = table_i64 ? ((const int64_t*)table)[b] : (int64_t)((const int32_t*)table)[b];
-    int64_t zero = 0, one = 1, lens = len;
     int rc = 0;
-    for (long i = 0; i < H; i++) r[i] = ld(S->embed, (int)S->embed_bf16, token * H + i);
+    for (long i = 0; i < H; i++) r[i] = nb_rd(ld(S->embed, (int)S->embed_bf16, token * H + i), md);
     for (long l = 0; l < S->nlayers && !rc; l++) {
         const Layer* L = S->layers + l;
-        if (l) for (long i = 0; i < H; i++) r[i] += t[i];
+        if (l) for (long i = 0; i < H; i++) r[i] = nb_rd(r[i] + t[i], md);
         rms_norm(r, L->ln1, wb, H, S->eps, h);
         rc |= lin(S, &L->qkv, h, qkv);
-        rotary(qkv, nh, d, cs, sn);
-        rotary(qkv + qn, kvh, d, cs, sn);
+        rd_vec(qkv, qn + 2 * kn, md);
+        rotary(qkv, nh, d, cs, sn, md);
+        rotary(qkv + qn, kvh, d, cs, sn, md);
         const float *k = qkv + qn, *v = k + kn;
         if (S->kv_bf16) {
             uint16_t *kc = (uint16_t*)L->kc + slot * kn, *vc = (uint16_t*)L->vc + slot * kn;
@@ -134,21 +196,19 @@ int fused_decode(const Stack* S, int64_t token, const float* cs, const float* sn
             memcpy((float*)L->kc + slot * kn, k, sizeof(float) * kn);
             memcpy((float*)L->vc + slot * kn, v, sizeof(float) * kn);
         }
-        if (S->attn_abi)
-            ((attn_fn)S->attn)(qkv, 0, qn + 2 * kn, L->kc, L->vc, (int)S->kv_bf16, tab, (int)nb, &zero, &lens, &zero,
-                               &one, 1, (int)nh, (int)kvh, (int)d, (int)S->bs, (float)S->scale, att, 0, (int)S->nthreads);
-        else
-            ((attn0_fn)S->attn)(qkv, L->kc, L->vc, (int)S->kv_bf16, tab, (int)nb, &zero, &lens, &zero, &one, 1, (int)nh,
-                                (int)kvh, (int)d, (int)S->bs, (float)S->scale, att, (int)S->nthreads);
+        attend(S, L, qkv, tab, nb, len, att, qb, (int)S->nthreads);
         rc |= lin(S, &L->o, att, t);
-        for (long i = 0; i < H; i++) r[i] += t[i];
+        rd_vec(t, H, md);
+        for (long i = 0; i < H; i++) r[i] = nb_rd(r[i] + t[i], md);
         rms_norm(r, L->ln2, wb, H, S->eps, h);
         rc |= lin(S, &L->gu, h, gu);
-        for (long i = 0; i < I; i++) { float g = gu[i]; act[i] = g / (1.f + expf(-g)) * gu[I + i]; }
+        rd_vec(gu, 2 * I, md);
+        silu_mul_row(gu, I, md, act);
         rc |= lin(S, &L->dn, act, t);
+        rd_vec(t, H, md);
     }
     if (!rc) {
-        for (long i = 0; i < H; i++) r[i] += t[i];
+        for (long i = 0; i < H; i++) r[i] = nb_rd(r[i] + t[i], md);
         rms_norm(r, S->final_norm, wb, H, S->eps, out);
     }
     free(buf);
@@ -204,20 +264,20 @@ int fused_decode_team(const Stack* S, int64_t token, const float* cs, const floa
                       const void* table, int table_i64, int64_t len, float* out) {
     const long H = S->hidden, nh = S->nh, kvh = S->kvh, d = S->d, I = S->inter;
     const long qn = nh * d, kn = kvh * d, nb = (len + S->bs - 1) / S->bs, kmax = I > qn ? (I > H ? I : H) : (qn > H ? qn : H);
-    const int wb = (int)S->w_bf16;
-    size_t nf = (size_t)(3 * H + qn + 2 * kn + qn + 2 * I + I + 2 * (kmax / 32 + 1));
+    const int wb = (int)S->w_bf16, md = wb;
+    size_t nf = (size_t)(3 * H + qn + 2 * kn + qn + 2 * I + I + 2 * (kmax / 32 + 1) + qn);
     float* buf = (float*)malloc(sizeof(float) * nf + sizeof(int64_t) * (size_t)(nb + 1) + (size_t)kmax + 64);
     long* next = (long*)calloc((size_t)(4 * S->nlayers), sizeof(long));  /* one row counter per linear */
     if (!buf || !next) { free(buf); free(next); return -2; }
     float *r = buf, *h = r + H, *t = h + H, *qkv = t + H, *att = qkv + qn + 2 * kn, *gu = att + qn, *act = gu + 2 * I;
     float *qd = act + I, *qds = qd + kmax / 32 + 1;
+    uint16_t* qb = (uint16_t*)(qds + kmax / 32 + 1);
     int64_t* tab = (int64_t*)(buf + nf);
     int8_t* xq = (int8_t*)(tab + nb + 1);
     for (long b = 0; b < nb; b++) tab[b] = table_i64 ? ((const int64_t*)table)[b] : (int64_t)((const int32_t*)table)[b];
-    int64_t zero = 0, one = 1, lens = len;
     int rc = 0;
     Bar bar = {0, 0};
-    for (long i = 0; i < H; i++) r[i] = ld(S->embed, (int)S->embed_bf16, token * H + i);
+    for (long i = 0; i < H; i++) r[i] = nb_rd(ld(S->embed, (int)S->embed_bf16, token * H + i), md);
     #pragma omp parallel num_threads((int)S->nthreads) if (S->nthreads > 1)
     {
         const int tid = omp_get_thread_num(), nth = omp_get_num_threads();
@@ -225,7 +285,7 @@ int fused_decode_team(const Stack* S, int64_t token, const float* cs, const floa
         for (long l = 0; l < S->nlayers; l++) {
             const Layer* L = S->layers + l;
             if (tid == 0) {
-                if (l) for (long i = 0; i < H; i++) r[i] += t[i];
+                if (l) for (long i = 0; i < H; i++) r[i] = nb_rd(r[i] + t[i], md);
                 rms_norm(r, L->ln1, wb, H, S->eps, h);
                 S->quant(h, 0, 1, (int)H, L->qkv.bits == 4, xq, qd, qds);
             }
@@ -233,8 +293,9 @@ int fused_decode_team(const Stack* S, int64_t token, const float* cs, const floa
             my |= lin_team(S, &L->qkv, xq, qd, qds, qkv, next + 4 * l + 0);
             bar_wait(&bar, nth);
             if (tid == 0) {
-                rotary(qkv, nh, d, cs, sn);
-                rotary(qkv + qn, kvh, d, cs, sn);
+                rd_vec(qkv, qn + 2 * kn, md);
+                rotary(qkv, nh, d, cs, sn, md);
+                rotary(qkv + qn, kvh, d, cs, sn, md);
                 const float *k = qkv + qn, *v = k + kn;
                 if (S->kv_bf16) {
                     uint16_t *kc = (uint16_t*)L->kc + slot * kn, *vc = (uint16_t*)L->vc + slot * kn;
@@ -243,19 +304,15 @@ int fused_decode_team(const Stack* S, int64_t token, const float* cs, const floa
                     memcpy((float*)L->kc + slot * kn, k, sizeof(float) * kn);
                     memcpy((float*)L->vc + slot * kn, v, sizeof(float) * kn);
                 }
-                if (S->attn_abi)
-                    ((attn_fn)S->attn)(qkv, 0, qn + 2 * kn, L->kc, L->vc, (int)S->kv_bf16, tab, (int)nb, &zero, &lens,
-                                       &zero, &one, 1, (int)nh, (int)kvh, (int)d, (int)S->bs, (float)S->scale, att, 0, 1);
-                else
-                    ((attn0_fn)S->attn)(qkv, L->kc, L->vc, (int)S->kv_bf16, tab, (int)nb, &zero, &lens, &zero, &one, 1,
-                                        (int)nh, (int)kvh, (int)d, (int)S->bs, (float)S->scale, att, 1);
+                attend(S, L, qkv, tab, nb, len, att, qb, 1);
                 S->quant(att, 0, 1, (int)qn, L->o.bits == 4, xq, qd, qds);
             }
             bar_wait(&bar, nth);
             my |= lin_team(S, &L->o, xq, qd, qds, t, next + 4 * l + 1);
             bar_wait(&bar, nth);
             if (tid == 0) {
-                for (long i = 0; i < H; i++) r[i] += t[i];
+                rd_vec(t, H, md);
+                for (long i = 0; i < H; i++) r[i] = nb_rd(r[i] + t[i], md);
                 rms_norm(r, L->ln2, wb, H, S->eps, h);
                 S->quant(h, 0, 1, (int)H, L->gu.bits == 4, xq, qd, qds);
             }
@@ -263,12 +320,14 @@ int fused_decode_team(const Stack* S, int64_t token, const float* cs, const floa
             my |= lin_team(S, &L->gu, xq, qd, qds, gu, next + 4 * l + 2);
             bar_wait(&bar, nth);
             if (tid == 0) {
-                for (long i = 0; i < I; i++) { float g = gu[i]; act[i] = g / (1.f + expf(-g)) * gu[I + i]; }
+                rd_vec(gu, 2 * I, md);
+                silu_mul_row(gu, I, md, act);
                 S->quant(act, 0, 1, (int)I, L->dn.bits == 4, xq, qd, qds);
             }
             bar_wait(&bar, nth);
             my |= lin_team(S, &L->dn, xq, qd, qds, t, next + 4 * l + 3);
             bar_wait(&bar, nth);
+            if (tid == 0) rd_vec(t, H, md);
         }
         if (my) {
             #pragma omp atomic write
@@ -276,7 +335,7 @@ int fused_decode_team(const Stack* S, int64_t token, const float* cs, const floa
         }
     }
     if (!rc) {
-        for (long i = 0; i < H; i++) r[i] += t[i];
+        for (long i = 0; i < H; i++) r[i] = nb_rd(r[i] + t[i], md);
         rms_norm(r, S->final_norm, wb, H, S->eps, out);
     }
     free(buf);
