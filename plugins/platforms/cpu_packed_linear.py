@@ -45,11 +45,19 @@ def available() -> bool:
 
 
 class _Packed:
-    """A weight's packed copy and the storage it was made from."""
+    """A weight's packed copy and the storage it was made from; when that storage is freed (``LLM.sleep(level=2)``,
+    a reload), ``owner._packed`` is dropped with it, so sleeping frees the copy too."""
 
-    def __init__(self, weight: torch.Tensor, rows_hint: int) -> None:
+    def __init__(self, weight: torch.Tensor, rows_hint: int, owner=None) -> None:
         self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), rows_hint)
-        self.storage = weakref.ref(weight.untyped_storage())
+        me, holder = weakref.ref(self), weakref.ref(owner) if owner is not None else None
+
+        def drop(_dead) -> None:
+            o = holder() if holder is not None else None
+            if o is not None and o._packed is not None and o._packed is me():
+                o._packed = None
+
+        self.storage = weakref.ref(weight.untyped_storage(), drop)
         self.key = (weight.data_ptr(), tuple(weight.shape), tuple(weight.stride()))
         self.rows_hint = rows_hint
 
@@ -67,7 +75,7 @@ class PackedLinearMethod(UnquantizedLinearMethod):
     other inputs, and a weight that can no longer be packed, run ``F.linear``."""
 
     def __init__(self, weight: torch.Tensor, rows_hint: int) -> None:
-        self._packed = _Packed(weight, rows_hint)
+        self._packed = _Packed(weight, rows_hint, self)
 
     def apply(self, layer, x, bias=None):
         return packed_linear(self, layer.weight, x, bias)
@@ -82,7 +90,7 @@ def packed_linear(owner, weight: torch.Tensor, x: torch.Tensor, bias: torch.Tens
     if p is None or not p.current(weight):
         if not _usable(weight):
             return F.linear(x, weight, bias)
-        owner._packed = p = _Packed(weight, p.rows_hint if p is not None else 64)
+        owner._packed = p = _Packed(weight, p.rows_hint if p is not None else 64, owner)
     return torch.ops.mkldnn._linear_pointwise(x, p.packed, bias, "none", [], "")
 
 
@@ -90,7 +98,7 @@ class PackedLogitsMethod:
     """An LM head's ``logits_method`` (``ParallelLMHead.compute_logits``) over the packed head weight."""
 
     def __init__(self, weight: torch.Tensor, rows_hint: int) -> None:
-        self._packed = _Packed(weight, rows_hint)
+        self._packed = _Packed(weight, rows_hint, self)
 
     def process_weights_after_loading(self, layer) -> None:
         self._packed = None  # repacked from the new weight on the next call

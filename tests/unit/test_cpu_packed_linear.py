@@ -47,7 +47,8 @@ def test_replaced_weight_is_repacked_and_float32_is_plain():
     method = cpl.PackedLinearMethod(layer.weight, 64)
     x = torch.randn(8, 64).bfloat16()
     first = method.apply(layer, x)
-    layer.weight.data = torch.randn(128, 64).bfloat16()  # what LLM.wake_up / reload_weights do
+    layer.weight.data = torch.randn(128, 64).bfloat16()  # what LLM.sleep(level=2) / wake_up / reload_weights do
+    assert method._packed is None  # the old storage died: its packed copy was dropped with it (sleep frees it)
     assert torch.equal(method.apply(layer, x), F.linear(x, layer.weight)) and not torch.equal(method.apply(layer, x),
                                                                                                first)
     x32 = torch.randn(8, 64)
