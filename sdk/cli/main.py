@@ -51,8 +51,12 @@ def main(argv: list[str] | None = None) -> int:
     if argv is None:  # `octavo serve`: spawn the engine core before anything else (core/engine_prestart.py)
         from octavo.core import engine_prestart
 
-        if engine_prestart.wanted(sys.argv[1:]):
-            engine_prestart.prestart(sys.argv[1:])
+        try:
+            if engine_prestart.wanted(sys.argv[1:]):
+                engine_prestart.prestart(sys.argv[1:])
+        except ValueError as e:  # OCTAVO_PRESTART_CORE=<not 0/1>
+            print(f"octavo: error: {e}", file=sys.stderr)
+            return 2
     from octavo.config import ConfigError
     from octavo.errors import PluginError
 
