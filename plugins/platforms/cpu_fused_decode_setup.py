@@ -19,8 +19,9 @@ from octavo.platform import ModelHandle, PreparedModel
 logger = logging.getLogger(__name__)
 
 ENV = "OCTAVO_CPU_FUSED_DECODE"
-#: whether an unset switch runs the fused stack where the model supports it (see docs/quantization.md)
-DEFAULT_ON = False
+#: whether an unset switch runs the fused stack where the model supports it AND the per-op path computes its bits
+#: (``same_bits_reason``: cpu_norm / cpu_rope / cpu_silu installed, one dtype; see docs/quantization.md)
+DEFAULT_ON = True
 
 
 def with_fused_decode(handle: ModelHandle, prepared: PreparedModel | None) -> PreparedModel | None:
