@@ -76,6 +76,120 @@ static inline __m512 exp512(__m512 v) {
 }
 #endif
 
+#if defined(__AVX512F__)
+#define PAGED_F32_V 1
+/* task() for a float32 cache (any q dtype), D % 16 == 0: the K tile transposed by shuffles, scores by FMAs over
+   four fixed partial sums with the query pre-scaled (as the generic task), then the bf16 task's softmax and P.V
+   (V rows read in place). st: scratch of nr * (2 * G * D + 2 * G) floats */
+static inline __attribute__((always_inline)) void task_f32(
+        const void* q, int q_bf16, long qstride, const float* kc, const float* vc, const int64_t* table,
+        const int64_t* lens, long r0, int nr, int h, int kvh, const int D, const int G, int bs, float scale,
+        float* st, void* out, int out_bf16, long nh) {
+    uint32_t kt[D * TILE] __attribute__((aligned(64)));
+    float pt[TILE] __attribute__((aligned(64)));
+    static const uint32_t zeros[MAX_D] __attribute__((aligned(64))) = {0};
+    float *qs = st, *acc = st + (long)nr * G * D, *m = acc + (long)nr * G * D, *s = m + (long)nr * G;
+    long tok = (long)kvh * D, maxlen = 0;
+    for (int r = 0; r < nr; r++) {
+        for (int i = 0; i < G; i++) {
+            long qoff = (r0 + r) * qstride + (long)(h * G + i) * D;
+            float *qo = qs + ((long)r * G + i) * D, *ao = acc + ((long)r * G + i) * D;
+            for (int j = 0; j < D; j++) {
+                float qj = q_bf16 ? bf16_to_f(((const uint16_t*)q)[qoff + j]) : ((const float*)q)[qoff + j];
+                qo[j] = qj * scale; ao[j] = 0.f;
+            }
+            m[r * G + i] = -FLT_MAX; s[r * G + i] = 0.f;
+        }
+        if (lens[r0 + r] > maxlen) maxlen = lens[r0 + r];
+    }
+    for (long t0 = 0; t0 < maxlen; t0 += TILE) {
+        int nall = (int)(maxlen - t0 < TILE ? maxlen - t0 : TILE);
+        const uint32_t* rows[TILE];
+        const float* vrows[TILE];
+        for (int t = 0; t < TILE; t++) {
+            long pos = t0 + t;
+            long first = t < nall ? (table[pos / bs] * bs + pos % bs) * tok + (long)h * D : 0;
+            rows[t] = t < nall ? (const uint32_t*)(kc + first) : zeros;
+            vrows[t] = vc + first;
+        }
+        if (t0 + TILE < maxlen) {
+            long nn = maxlen - t0 - TILE < TILE ? maxlen - t0 - TILE : TILE;
+            for (long t = 0; t < nn; t++) {
+                long pos = t0 + TILE + t;
+                long off = (table[pos / bs] * bs + pos % bs) * tok + (long)h * D;
+                for (long c = 0; c < (long)D; c += 16) {
+                    __builtin_prefetch(kc + off + c);
+                    __builtin_prefetch(vc + off + c);
+                }
+            }
+        }
+        transpose_rows(rows, D, kt);
+        const float* ktf = (const float*)kt;
+        for (int r = 0; r < nr; r++) {
+            long len = lens[r0 + r];
+            if (len <= t0) continue;
+            int n = (int)(len - t0 < TILE ? len - t0 : TILE);
+            __mmask16 live = (__mmask16)((1u << n) - 1u);
+            for (int i = 0; i < G; i++) {
+                long ri = (long)r * G + i;
+                const float* qi = qs + ri * D;
+                __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+                for (int j = 0; j < D; j += 4) {
+                    a0 = _mm512_fmadd_ps(_mm512_set1_ps(qi[j]), _mm512_load_ps(ktf + j * TILE), a0);
+                    a1 = _mm512_fmadd_ps(_mm512_set1_ps(qi[j + 1]), _mm512_load_ps(ktf + (j + 1) * TILE), a1);
+                    a2 = _mm512_fmadd_ps(_mm512_set1_ps(qi[j + 2]), _mm512_load_ps(ktf + (j + 2) * TILE), a2);
+                    a3 = _mm512_fmadd_ps(_mm512_set1_ps(qi[j + 3]), _mm512_load_ps(ktf + (j + 3) * TILE), a3);
+                }
+                __m512 sc = _mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3));
+                float mold = m[ri];
+                float tm = _mm512_mask_reduce_max_ps(live, sc);
+                float mx = tm > mold ? tm : mold;
+                __m512 p = _mm512_maskz_mov_ps(live, exp512(_mm512_sub_ps(sc, _mm512_set1_ps(mx))));
+                float sum = _mm512_reduce_add_ps(p);
+                float* ai = acc + ri * D;
+                if (mold == -FLT_MAX) {
+                    s[ri] = sum;
+                } else if (mx != mold) {
+                    float corr = _mm512_cvtss_f32(exp512(_mm512_set1_ps(mold - mx)));
+                    s[ri] = s[ri] * corr + sum;
+                    const __m512 vc_ = _mm512_set1_ps(corr);
+                    for (int j = 0; j < D; j += 16) _mm512_storeu_ps(ai + j, _mm512_mul_ps(_mm512_loadu_ps(ai + j), vc_));
+                } else {
+                    s[ri] = s[ri] + sum;
+                }
+                m[ri] = mx;
+                _mm512_store_ps(pt, p);
+                for (int j0 = 0; j0 < D; j0 += 64) {
+                    const int w = D - j0 < 64 ? (D - j0) / 16 : 4;
+                    __m512 b0 = _mm512_loadu_ps(ai + j0), b1 = b0, b2 = b0, b3 = b0;
+                    if (w > 1) b1 = _mm512_loadu_ps(ai + j0 + 16);
+                    if (w > 2) b2 = _mm512_loadu_ps(ai + j0 + 32);
+                    if (w > 3) b3 = _mm512_loadu_ps(ai + j0 + 48);
+                    for (int t = 0; t < n; t++) {
+                        const __m512 pb = _mm512_set1_ps(pt[t]);
+                        const float* vt = vrows[t] + j0;
+                        b0 = _mm512_fmadd_ps(pb, _mm512_loadu_ps(vt), b0);
+                        if (w > 1) b1 = _mm512_fmadd_ps(pb, _mm512_loadu_ps(vt + 16), b1);
+                        if (w > 2) b2 = _mm512_fmadd_ps(pb, _mm512_loadu_ps(vt + 32), b2);
+                        if (w > 3) b3 = _mm512_fmadd_ps(pb, _mm512_loadu_ps(vt + 48), b3);
+                    }
+                    _mm512_storeu_ps(ai + j0, b0);
+                    if (w > 1) _mm512_storeu_ps(ai + j0 + 16, b1);
+                    if (w > 2) _mm512_storeu_ps(ai + j0 + 32, b2);
+                    if (w > 3) _mm512_storeu_ps(ai + j0 + 48, b3);
+                }
+            }
+        }
+    }
+    for (int r = 0; r < nr; r++)
+        for (int i = 0; i < G; i++) {
+            long ri = (long)r * G + i;
+            float inv = s[ri] > 0.f ? 1.f / s[ri] : 0.f;
+            store_row(out, out_bf16, ((r0 + r) * nh + (long)h * G + i) * D, acc + ri * D, inv, D);
+        }
+}
+#endif
+
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
 #define PAGED_BF16_DP 1
 /* task() for bfloat16 queries and cache (see the module docstring of _cpu_paged_avx512.py); D % 32 == 0.

@@ -250,6 +250,8 @@ static inline __attribute__((always_inline)) void task(
 
 #define SPECIAL(DD, GG) if (d == DD && g == GG) { task(q, q_bf16, qstride, kc, vc, is_bf16, table, lens, r0, nr, h, \
                                                        nh, kvh, DD, GG, bs, scale, out, out_bf16, st); free(st); continue; }
+#define SPECIAL_F(DD, GG) if (d == DD && g == GG) { task_f32(q, q_bf16, qstride, (const float*)kc, (const float*)vc, \
+        table, lens, r0, nr, h, kvh, DD, GG, bs, scale, st, out, out_bf16, nh); free(st); continue; }
 #define SPECIAL_DP(DD, GG) if (d == DD && g == GG) { task_bf16((const uint16_t*)q, qstride, (const uint16_t*)kc, \
         (const uint16_t*)vc, table, lens, r0, nr, h, kvh, DD, GG, bs, scale, st, out, out_bf16, nh); free(st); continue; }
 
@@ -282,6 +284,16 @@ int paged_rows(const void* q, int q_bf16, long qstride, const void* kc, const vo
                 SPECIAL_DP(128, 1) SPECIAL_DP(128, 2) SPECIAL_DP(128, 4) SPECIAL_DP(128, 8)
                 task_bf16((const uint16_t*)q, qstride, (const uint16_t*)kc, (const uint16_t*)vc, table, lens, r0, nr,
                           h, kvh, d, g, bs, scale, st, out, out_bf16, nh);
+                free(st);
+                continue;
+            }
+#endif
+#ifdef PAGED_F32_V
+            if (!is_bf16 && d % 16 == 0) { /* float32 cache: the AVX-512 task (_cpu_paged_avx512.py) */
+                SPECIAL_F(64, 1) SPECIAL_F(64, 2) SPECIAL_F(64, 3) SPECIAL_F(64, 4) SPECIAL_F(64, 8)
+                SPECIAL_F(128, 1) SPECIAL_F(128, 2) SPECIAL_F(128, 4) SPECIAL_F(128, 8)
+                task_f32(q, q_bf16, qstride, (const float*)kc, (const float*)vc, table, lens, r0, nr, h, kvh, d, g,
+                         bs, scale, st, out, out_bf16, nh);
                 free(st);
                 continue;
             }
