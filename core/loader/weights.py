@@ -141,7 +141,7 @@ def load_model(resolved: ResolvedModel, *, model_cls, dtype: torch.dtype, device
     if quantizer is not None and getattr(model_cls, "supports_quantization", True) is False:
         raise ValueError(f"{resolved.architecture} has no quantized variant in octavo; drop the quantization "
                          f"setting ({quantizer.name!r})")
-    from octavo.core.loader import weights_cache  # processed GGUF weights mmap-loaded from disk (issue 18)
+    import octavo.core.loader.weights_cache as weights_cache  # processed GGUF weights mmap-loaded from disk (issue 18)
 
     cache_key = weights_cache.key_for(resolved, model_cls, dtype, device, quantizer)
     pending = weights_cache.PendingRead(cache_key) if cache_key is not None else None  # checked while we build

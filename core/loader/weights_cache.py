@@ -7,18 +7,14 @@ the first load writes every module's final parameters and buffers to ``$OCTAVO_C
 (next to the tokenizer cache) and later loads map that file instead (``torch.frombuffer`` over a private,
 copy-on-write ``mmap``: no copy, pages read on first touch).
 
-The key (SHA-256) covers: the GGUF file's bytes (hashed on a thread that ``prefetch_digest`` starts before the
-core imports torch), octavo's version and a fingerprint of its source files (path, size, mtime: an edited
-repack function changes the key), torch's version, the CPU's feature flags, the model class, dtype, device,
-the quantizer and its settings, the model config and every ``OCTAVO_*`` environment variable (kernel switches).
+The key (SHA-256) and what it covers (GGUF bytes, octavo's code, torch, CPU flags, settings, ``OCTAVO_*``) are in
+``weights_cache_key.py``.
 
 What is restored must be all that loading changed. On the first load the cache records every module's
 attributes (and those of the objects they hold: quantization methods, configs) before the weights stream in
 and compares them afterwards; if anything other than parameters and buffers changed, or two tensors share
 memory, or a tensor is not contiguous, nothing is cached (logged once) and every start loads normally.
-
-The file: 8 bytes ``MAGIC``, 8 bytes little-endian header length, the JSON header, then each tensor's bytes at
-a 64-byte aligned offset. A file whose magic, header, key, size or CRC-32 of its data does not check out is
+File: ``MAGIC``, header length, JSON header, tensors at 64-byte offsets; a bad magic/header/key/size/CRC-32 is
 logged, ignored and rewritten by the normal load. ``OCTAVO_WEIGHTS_CACHE=0`` turns the cache off.
 """
 

@@ -94,7 +94,6 @@ def _code_fingerprint() -> str:
     quantization scope, ...), core/loader, plugins/quant and plugins/models. An edit there changes the key; edits
     elsewhere (the server, the scheduler, attention kernels) do not, so a shared tree keeps its cache."""
     import octavo
-    import octavo.core.loader
     import octavo.plugins
     from octavo.version import __version__
 
@@ -102,7 +101,7 @@ def _code_fingerprint() -> str:
     sdk = os.path.dirname(os.path.abspath(octavo.__file__))
     plugins = os.path.dirname(os.path.abspath(octavo.plugins.__file__))
     roots = [(sdk, {"core", "plugins", "server", "cli", "testing", "chat_templates", "static"}),
-             (os.path.dirname(os.path.abspath(octavo.core.loader.__file__)), set()),
+             (os.path.dirname(os.path.abspath(__file__)), set()),  # core/loader (this folder)
              (os.path.join(plugins, "quant"), set()), (os.path.join(plugins, "models"), set())]
     for root, skip in roots:
         for folder, dirs, files in os.walk(root):
