@@ -103,7 +103,8 @@ def _rows_ok(x: torch.Tensor, d: int) -> bool:
 def rope_forward(self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor):
     """``RotaryEmbedding.forward`` through the C kernel when it applies, else the module's own forward."""
     d = self.head_size
-    if (query.dtype not in (torch.bfloat16, torch.float32) or key.dtype != query.dtype
+    if (torch.compiler.is_compiling()  # a graph traced over this module (ctypes would break it): torch's ops
+            or query.dtype not in (torch.bfloat16, torch.float32) or key.dtype != query.dtype
             or query.device.type != "cpu" or positions.dtype != torch.int64 or not positions.is_contiguous()
             or not (_rows_ok(query, d) and _rows_ok(key, d)) or self.cos_cache.dtype != torch.float32
             or not self.cos_cache.is_contiguous() or not self.sin_cache.is_contiguous()):

@@ -132,7 +132,7 @@ def silu_mul(x: torch.Tensor) -> torch.Tensor | None:
 
 
 def silu_forward(self, x: torch.Tensor) -> torch.Tensor:
-    out = silu_mul(x) if x.dim() == 2 else None
+    out = silu_mul(x) if x.dim() == 2 and not torch.compiler.is_compiling() else None  # traced: torch's ops
     return out if out is not None else type(self).forward(self, x)
 
 

@@ -40,8 +40,13 @@ def engine():
     # torch_sdpa: the compiled step's attention is SDPA over the gathered cache, so the eager reference must use the
     # same attention math; the CPU default (cpu_paged, online softmax in C) sums in another order, and int8 activation
     # quantization turns those 1e-7 differences into rounding flips. What this module checks is the linears.
-    llm = LLM(default_model_path(), dtype="float32", enable_prefix_caching=False, max_num_seqs=2, num_threads=1,
-              attention_backend="torch_sdpa")
+    # Likewise the eager norms, rotary and SiLU-and-mul: the CPU platform's C forms (same bits as torch for rotary
+    # and SiLU, fp32 rounding for the norm) are off here, so the eager reference runs torch's ops as the graph does.
+    with pytest.MonkeyPatch.context() as env:
+        for switch in ("OCTAVO_CPU_C_NORM", "OCTAVO_CPU_FUSED_ROPE", "OCTAVO_CPU_FUSED_SILU"):
+            env.setenv(switch, "0")
+        llm = LLM(default_model_path(), dtype="float32", enable_prefix_caching=False, max_num_seqs=2, num_threads=1,
+                  attention_backend="torch_sdpa")
     runner = llm.llm_engine.core.executor.driver.runner
     assert runner.graph_runner is None
     layers = [m for m in runner.model.modules() if hasattr(m, "quant_method") and hasattr(m, "w4")]
