@@ -9,7 +9,7 @@ gives each eligible ``Qwen3Attention`` an instance ``forward`` that, for ONE tok
 ``triton`` backend with a 16-bit cache of the model dtype and no window / soft cap, runs qkv GEMV -> the one
 launch -> o_proj; anything else calls the module's previous forward (the fused q/k norm + rope one). The launch
 settings live in ``module._attn_one`` (``on``, ``splits``, ``block_n``, ``num_warps``, ``early``, ``dot16``): a benchmark can switch
-them and re-capture (``benchmarks/moe_profile.py``). **Opt-in** until measured: ``OCTAVO_MOE_DECODE_ATTN=1``.
+them and re-capture (``benchmarks/moe_profile.py``). On by default; ``OCTAVO_MOE_DECODE_ATTN=0`` turns it off.
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ from octavo.env_flags import env_switch
 
 logger = logging.getLogger(__name__)
 
-DEFAULTS = {"splits": 16, "block_n": 64, "num_warps": 4, "early": True, "dot16": True}
+DEFAULTS = {"splits": 16, "block_n": 64, "num_warps": 8, "early": True, "dot16": True}
 
 
-DEFAULT_ON = False  # session 7 batch 1 (H100): not faster than the backend's four launches yet (docs/moe.md)
+DEFAULT_ON = True  # session 7 batch 2 (H100): Qwen3-30B-A3B forward 3.035 vs 3.100 ms, same engine (docs/moe.md)
 
 
 def enabled() -> bool:

@@ -98,18 +98,18 @@ def _qwen3_attention(dtype):
 
 
 def test_installed_on_a_qwen3_attention(monkeypatch):
-    """Opt-in install (checked against the triton backend), one token through the one launch with the module's
+    """Install (default on, checked against the triton backend), one token through the one launch with the module's
     own cache and metadata = the previous forward's output and stored K/V; 2 tokens take the previous forward;
-    ``on=False`` too; off without the switch."""
+    ``on=False`` too; off with ``OCTAVO_MOE_DECODE_ATTN=0``."""
     from octavo.model import ForwardContext
     from octavo.plugins.attention.triton import TritonAttentionBackend, TritonAttentionMetadata
     from octavo.plugins.platforms import moe_attention
 
     dt = torch.float16
     m = _qwen3_attention(dt)
-    monkeypatch.delenv("OCTAVO_MOE_DECODE_ATTN", raising=False)
+    monkeypatch.setenv("OCTAVO_MOE_DECODE_ATTN", "0")
     assert moe_attention.install_decode_attention(m, dt, torch.device("cpu")) == 0
-    monkeypatch.setenv("OCTAVO_MOE_DECODE_ATTN", "1")
+    monkeypatch.delenv("OCTAVO_MOE_DECODE_ATTN", raising=False)  # default on
     assert moe_attention.install_decode_attention(m, dt, torch.device("cpu")) == 1 and "forward" in vars(m)
     gen = torch.Generator().manual_seed(22)
     ctx_len, blocks = 30, 10
