@@ -54,7 +54,8 @@ def sleep_worker(worker: Any, level: int = 1) -> dict[str, int]:
         raise ValueError(f"sleep level must be 1 or 2, got {level!r}.")
     if getattr(worker, "_sleep", None) is not None:
         raise ValueError("the worker is already asleep; call wake_up() first.")
-    if getattr(worker.runner, "graph_runner", None) is not None:
+    graph_runner = getattr(worker.runner, "graph_runner", None)
+    if graph_runner is not None and getattr(graph_runner, "holds_addresses", True):
         raise ValueError("sleep mode: this platform captured device graphs that hold the weights' and KV cache's "
                          "addresses; start the engine with enforce_eager=True to use sleep mode.")
     state: dict[str, Any] = {"level": level, "kv": False, "weights": {}}

@@ -67,7 +67,11 @@ class StepInputs(Protocol):
 
 class StepRunner(Protocol):
     """Something that can run the model's forward for some steps faster than eager (captured graphs, a
-    compiled forward). The model runner asks it first on every step."""
+    compiled forward). The model runner asks it first on every step.
+
+    ``holds_addresses`` (optional attribute, default True): the runner keeps the weights' or KV cache's device
+    addresses between steps (captured graphs), so sleep mode, which moves them, is refused. A runner that finds
+    its tensors again at every step sets it False."""
 
     def maybe_run(self, inputs: StepInputs) -> torch.Tensor | None:
         """The hidden states ``[num_tokens, hidden]`` for this step, or ``None`` to let the eager forward run."""

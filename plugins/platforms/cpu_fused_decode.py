@@ -208,6 +208,12 @@ class CpuFusedDecodeRunner:
         self.team = True
         self._build()
 
+    @property
+    def holds_addresses(self) -> bool:
+        """False unless the fallback holds some: this runner finds every tensor again at each step (``_stale``), so
+        sleep mode may move the weights and KV cache (octavo.platform.StepRunner)."""
+        return self.fallback is not None and getattr(self.fallback, "holds_addresses", True)
+
     def _slots(self) -> list[tuple[dict, str]]:
         """Where every tensor whose address the C struct holds lives: ``(the module's dict, name)``."""
         inner, out = self.model.model, []
