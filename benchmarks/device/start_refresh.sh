@@ -23,7 +23,10 @@ for path, mode in ((arch, "r:xz"), (kept, "r:gz")):  # later (fresh) entries win
             for m in tar.getmembers():
                 if m.isfile():
                     entries[m.name] = (m, tar.extractfile(m).read())
-with tarfile.open(arch, "w:xz") as out:
+with tarfile.open(arch, "w:xz") as out:  # folder members too: the shipped-archive tests expect them
+    for d in sorted({"/".join(n.split("/")[:k]) for n in entries for k in (1, 2) if n.count("/") >= k}):
+        info = tarfile.TarInfo(d); info.type = tarfile.DIRTYPE; info.mode = 0o755
+        out.addfile(info)
     for name in sorted(entries):
         m, data = entries[name]
         info = tarfile.TarInfo(name); info.size = len(data); info.mode = 0o644
