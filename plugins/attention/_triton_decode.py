@@ -24,7 +24,10 @@ from octavo.plugins.platforms.cuda_pdl import gdc_launch_dependents, gdc_wait
 F16_MAX = tl.constexpr(65504.0)  # a constexpr: jit code may read only constexpr globals
 
 
-@triton.jit
+# num_reqs and the block table's row stride change from step to step (a mixed step's decode rows; the table is as
+# wide as the step's longest context): specialized, each value class (== 1, multiple of 16, other) was a separate
+# build, and a warm-up could miss one (session 7: 0.67 s inside a timed run). They only feed index arithmetic.
+@triton.jit(do_not_specialize=["num_reqs", "stride_bt"], do_not_specialize_on_alignment=["num_reqs", "stride_bt"])
 def _paged_decode_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, out_ptr,
     block_tables_ptr, seq_lens_ptr, query_start_loc_ptr,

@@ -63,7 +63,11 @@ def _kv_write_kernel(
     tl.store(cache_ptr + value_offset + dst, v.to(cache_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.jit
+# the block table's row stride follows the step's longest context, and a mixed step passes its prefill rows'
+# tables / seq_lens / query starts as views past the decode rows (any 4-byte alignment): not specialized, so no
+# step builds a variant the warm-up did not (they feed scalar loads and index arithmetic only)
+@triton.jit(do_not_specialize=["stride_bt"],
+            do_not_specialize_on_alignment=["block_tables_ptr", "seq_lens_ptr", "query_start_loc_ptr", "stride_bt"])
 def _paged_attention_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, lse_ptr,
     block_tables_ptr, seq_lens_ptr, query_start_loc_ptr,
