@@ -129,17 +129,21 @@ class JitMisses:
             t = time.perf_counter()
             try:
                 return orig(fn_self, *a, **k)
-            finally:
-                log.append((getattr(fn_self, "__name__", "?"), time.perf_counter() - t))
+            finally:  # a[0]: Triton's cache key (the argument specialization + options): names the variant
+                log.append((getattr(fn_self, "__name__", "?"), time.perf_counter() - t, str(a[0] if a else "")[:600]))
 
         counted._octavo_counted = True
         jit.JITFunction._do_compile = counted
+
+    def keys_since(self, mark: int) -> list:
+        """[kernel name, Triton cache key] of each build after ``mark``: which specialization a warm-up missed."""
+        return [[name, key] for name, _sec, key in self.log[mark:]]
 
     def since(self, mark: int) -> dict | str:
         if not self.available:
             return "not counted (this Triton has no JITFunction._do_compile)"
         out: dict[str, list] = {}
-        for name, sec in self.log[mark:]:
+        for name, sec, _key in self.log[mark:]:
             row = out.setdefault(name, [0, 0.0])
             row[0] += 1
             row[1] = round(row[1] + sec, 3)
@@ -287,7 +291,8 @@ def task_qwen3_nanovllm(args, tmp) -> dict:
     mark = len(jit.log)
     dt, outs = gen_timed(llm, prompts, params)
     total = sum(len(o.outputs[0].token_ids) for o in outs)
-    res = {"architecture": arch, "triton_builds_in_timed_run": jit.since(mark), "requests": len(reqs), "output_tokens": total, "seconds": dt,
+    res = {"architecture": arch, "triton_builds_in_timed_run": jit.since(mark),
+           "triton_build_keys_in_timed_run": jit.keys_since(mark), "requests": len(reqs), "output_tokens": total, "seconds": dt,
            "throughput_qwen3_0p6b_nanovllm_tok_s": total / dt, "warmed": True, "warmup_s": warm_s,
            "kv_blocks": worker.num_blocks,
            "fused": info.get("fused"), "graph_replays": worker.runner.graph_runner.num_replays

@@ -294,6 +294,8 @@ def main() -> None:
             mark = len(jit.log)
             dt, outs = gen_timed(llm, prompts, params)
             extra["triton_builds_in_run"] = jit.since(mark)
+            if extra["triton_builds_in_run"]:
+                extra["triton_build_keys_in_run"] = jit.keys_since(mark)
             last = dt
             total = sum(len(o.outputs[0].token_ids) for o in outs)
             run = {"run": name, "seconds": dt, "output_tokens": total,
