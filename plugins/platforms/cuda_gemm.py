@@ -1,0 +1,154 @@
+"""A Triton GEMM for the projections of a decode step at tens to hundreds of rows (issue 17).
+
+Why: at 64-256 rows cuBLAS runs the Qwen3-0.6B projections at 6-8 us whatever their size (0.22-0.54 of the byte
+roofline: a 2-4 MB weight read by a few dozen CTAs, each walking the whole K) and the Llama-3-8B ones at 0.62-0.79
+(docs/performance.md "where the time goes, warmed"). Here a launch picks its tile and a K split per weight shape
+and row range from a measured table (:data:`TABLE`), and takes part in programmatic dependent launch
+(``cuda_pdl``): cuBLAS kernels do not, so each of them pays the ~1 us launch gap before and after it.
+
+``y[M, N] = x[M, K] @ w[N, K]^T`` (``F.linear`` without bias), fp32 accumulation, one rounding to the output
+dtype. With ``split_k`` > 1 the K range is cut into equal parts, each CTA writes an fp32 partial, and a second
+kernel sums the parts in a fixed order (deterministic: no atomics), then rounds once. The result differs from
+cuBLAS's only by fp32 summation order (checked against float64 in tests/kernels/cuda_gemm_cases.py).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import triton
+import triton.language as tl
+
+from octavo.plugins.platforms.cuda_pdl import gdc_launch_dependents, gdc_wait
+
+
+@triton.jit(do_not_specialize=["M"], do_not_specialize_on_alignment=["M"])
+def _gemm_kernel(x_ptr, w_ptr, out_ptr, part_ptr, M, N, k_per, stride_xm, stride_wn, stride_om,
+                 BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SPLIT_K: tl.constexpr,
+                 EVEN_N: tl.constexpr, PDL: tl.constexpr = False):
+    """One CTA: rows [pid_m*BM, +BM) x columns [pid_n*BN, +BN) over K range [pid_k*k_per, +k_per) (k_per a
+    run-time value: one build serves every K of a launch config). The grid runs the row tiles of one column tile
+    next to each other (axis 0), so they share its weight tiles in L2."""
+    if PDL:  # cuda_pdl.py: x is the predecessor's output; nothing is read before it finished
+        gdc_wait()
+        gdc_launch_dependents()
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    rm = pid_m * BM + tl.arange(0, BM)
+    rn = pid_n * BN + tl.arange(0, BN)
+    rk = tl.arange(0, BK)
+    m_ok = rm < M
+    n_ok = rn < N
+    k0 = pid_k * k_per
+    xp = x_ptr + rm.to(tl.int64)[:, None] * stride_xm + (k0 + rk)[None, :]
+    wp = w_ptr + rn.to(tl.int64)[:, None] * stride_wn + (k0 + rk)[None, :]
+    acc = tl.zeros([BM, BN], dtype=tl.float32)
+    for _ in range(0, k_per, BK):  # k_per is a multiple of BK (checked by the launcher)
+        a = tl.load(xp, mask=m_ok[:, None], other=0.0)
+        if EVEN_N:
+            b = tl.load(wp)
+        else:
+            b = tl.load(wp, mask=n_ok[:, None], other=0.0)
+        acc = tl.dot(a, tl.trans(b), acc)
+        xp += BK
+        wp += BK
+    if SPLIT_K == 1:
+        op = out_ptr + rm.to(tl.int64)[:, None] * stride_om + rn[None, :]
+        tl.store(op, acc.to(out_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+    else:  # partial [SPLIT_K, M, N] fp32, summed by _splitk_sum_kernel
+        pp = part_ptr + (pid_k * M + rm).to(tl.int64)[:, None] * N + rn[None, :]
+        tl.store(pp, acc, mask=m_ok[:, None] & n_ok[None, :])
+
+
+@triton.jit(do_not_specialize=["M"], do_not_specialize_on_alignment=["M"])
+def _splitk_sum_kernel(part_ptr, out_ptr, M, N, stride_om, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr,
+                       PDL: tl.constexpr = False):
+    """out[m, n] = round(sum_s part[s, m, n]), s in order (the same bits on every run)."""
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+    m = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    ok = cols < N
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for s in tl.static_range(SPLIT_K):
+        acc += tl.load(part_ptr + (s * M + m).to(tl.int64) * N + cols, mask=ok, other=0.0)
+    tl.store(out_ptr + m.to(tl.int64) * stride_om + cols, acc.to(out_ptr.dtype.element_ty), mask=ok)
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    bm: int = 64
+    bn: int = 64
+    bk: int = 128
+    split_k: int = 1
+    warps: int = 4
+    stages: int = 4
+
+    def fits(self, K: int) -> bool:
+        """The K range divides into ``split_k`` parts of whole ``bk`` tiles (the kernel has no K mask)."""
+        return K % (self.split_k * self.bk) == 0
+
+    def name(self) -> str:
+        return f"{self.bm}x{self.bn}x{self.bk}_s{self.split_k}_w{self.warps}_st{self.stages}"
+
+
+def gemm(x, weight, cfg: GemmConfig, pdl: dict | None = None, out=None):
+    """``x [M, K] @ weight [N, K]^T`` with the launch ``cfg`` (contiguous rows of both; ``cfg.fits(K)``).
+    ``pdl``: ``cuda_pdl.launch_opts()`` for both launches (None: plain launches)."""
+    import torch
+
+    M, K = x.shape
+    N = weight.shape[0]
+    if weight.shape[1] != K or x.stride(1) != 1 or weight.stride(1) != 1:
+        raise ValueError(f"gemm: x {tuple(x.shape)} / weight {tuple(weight.shape)} must share K with unit "
+                         "column strides")
+    if not cfg.fits(K):
+        raise ValueError(f"gemm: K={K} is not a multiple of split_k x bk ({cfg.split_k} x {cfg.bk})")
+    if out is None:
+        out = torch.empty(M, N, dtype=x.dtype, device=x.device)
+    if M == 0:
+        return out
+    opts = pdl or {}
+    part = out
+    if cfg.split_k > 1:
+        part = torch.empty(cfg.split_k, M, N, dtype=torch.float32, device=x.device)
+    grid = (triton.cdiv(M, cfg.bm), triton.cdiv(N, cfg.bn), cfg.split_k)
+    _gemm_kernel[grid](x, weight, out, part, M, N, K // cfg.split_k, x.stride(0), weight.stride(0), out.stride(0),
+                       BM=cfg.bm, BN=cfg.bn, BK=cfg.bk, SPLIT_K=cfg.split_k,
+                       EVEN_N=N % cfg.bn == 0, num_warps=cfg.warps, num_stages=cfg.stages, **opts)
+    if cfg.split_k > 1:
+        block = 1024 if N >= 1024 else triton.next_power_of_2(N)
+        _splitk_sum_kernel[(M, triton.cdiv(N, block))](part, out, M, N, out.stride(0), SPLIT_K=cfg.split_k,
+                                                        BLOCK=block, num_warps=4, **opts)
+    return out
+
+
+#: (N, K) of the weight -> [(most rows, config)], ascending: a launch with M rows takes the first entry whose
+#: bound is >= M; shapes or row counts not listed stay on cuBLAS. Filled from measurements on H100
+#: (benchmarks/gemm_triton_bench.py; docs/performance.md); empty = cuBLAS everywhere.
+TABLE: dict[tuple[int, int], list[tuple[int, GemmConfig]]] = {}
+#: fewest rows taken here (below that the batch-1 GEMV or cuBLAS)
+MIN_ROWS = 2
+
+
+def enabled() -> bool:
+    """``OCTAVO_TRITON_GEMM``: 1/unset = the table's launches, 0 = cuBLAS for every multi-row linear."""
+    from octavo.env_flags import env_switch
+
+    return env_switch("OCTAVO_TRITON_GEMM", True)
+
+
+def lookup(M: int, N: int, K: int) -> GemmConfig | None:
+    """The table's launch for ``M`` rows of an ``[N, K]`` weight, or None (cuBLAS)."""
+    if M < MIN_ROWS or os.environ.get("TRITON_INTERPRET") == "1" and not _INTERPRET_TABLE:
+        return None
+    for most, cfg in TABLE.get((N, K), ()):
+        if M <= most:
+            return cfg if cfg.fits(K) else None
+    return None
+
+
+_INTERPRET_TABLE = False  # tests set it to route the interpreter through the table

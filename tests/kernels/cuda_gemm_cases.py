@@ -1,0 +1,81 @@
+"""Cases for the Triton GEMM of decode-step projections (``plugins/platforms/cuda_gemm.py``).
+
+Not collected directly: ``test_cuda_gemm_cpu.py`` runs this file under ``TRITON_INTERPRET=1`` (small shapes,
+fp16/fp32: the interpreter cannot make bf16 dots); on a CUDA machine run it directly (``benchmarks/device/nano8.sh``
+does): bf16, the Qwen3-0.6B and Llama-3-8B projection shapes at 1-256 rows, every launch of the table and the
+sweep. Reference: float64 of the same (rounded) inputs; split-K sums are checked bitwise-deterministic.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+if not INTERPRET and not torch.cuda.is_available():
+    pytest.skip("needs CUDA or TRITON_INTERPRET=1 (run through test_cuda_gemm_cpu.py)", allow_module_level=True)
+
+from octavo.plugins.platforms import cuda_gemm  # noqa: E402
+from octavo.plugins.platforms.cuda_gemm import GemmConfig, gemm  # noqa: E402
+
+DEV = torch.device("cpu" if INTERPRET else "cuda")
+DTYPES = (torch.float16, torch.float32) if INTERPRET else (torch.bfloat16, torch.float16)
+# (M, N, K): uneven rows and columns, K split in 1-4 parts
+SHAPES = ([(1, 32, 64), (5, 48, 128), (70, 64, 256), (17, 40, 256)] if INTERPRET else
+          [(1, 1024, 2048), (7, 4096, 1024), (64, 6144, 1024), (206, 1024, 3072), (256, 1024, 2048),
+           (206, 6144, 4096), (130, 4096, 14336), (100, 1000, 1024)])
+CONFIGS = ([GemmConfig(16, 16, 32, 1, 4, 2), GemmConfig(16, 32, 32, 2, 4, 2), GemmConfig(32, 16, 16, 4, 4, 1)]
+           if INTERPRET else
+           [GemmConfig(64, 64, 128, 1, 4, 4), GemmConfig(64, 64, 128, 4, 4, 4), GemmConfig(128, 128, 64, 2, 8, 3),
+            GemmConfig(64, 128, 64, 1, 4, 4), GemmConfig(256, 64, 64, 1, 8, 3)])
+TOL = {torch.float16: 2e-3, torch.bfloat16: 1e-2, torch.float32: 1e-5}
+
+
+def _inputs(m, n, k, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, k, generator=g).to(dtype)
+    w = (torch.randn(n, k, generator=g) * k ** -0.5).to(dtype)
+    return x.to(DEV), w.to(DEV)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("cfg", CONFIGS, ids=GemmConfig.name)
+def test_gemm_matches_float64_and_split_k_is_deterministic(shape, cfg, dtype):
+    m, n, k = shape
+    if not cfg.fits(k):
+        pytest.skip("K does not split into whole tiles")
+    x, w = _inputs(m, n, k, dtype, seed=m + n + k)
+    got = gemm(x, w, cfg)
+    want = x.double().cpu() @ w.double().cpu().T
+    assert got.shape == (m, n) and got.dtype == dtype
+    err = float((got.double().cpu() - want).abs().max() / want.abs().max())
+    assert err <= TOL[dtype], err  # one rounding of an fp32 sum
+    assert torch.equal(gemm(x, w, cfg), got)  # fixed summation order: the same bits every time
+
+
+def test_gemm_writes_into_a_strided_output_and_refuses_bad_inputs():
+    x, w = _inputs(9, 32, 64, DTYPES[0], seed=1)
+    big = torch.full((9, 48), 7.0, dtype=x.dtype, device=DEV)
+    cfg = GemmConfig(16, 16, 32, 2, 4, 2)
+    gemm(x, w, cfg, out=big[:, 8:40])
+    want = (x.double().cpu() @ w.double().cpu().T)
+    assert float((big[:, 8:40].double().cpu() - want).abs().max() / want.abs().max()) <= TOL[x.dtype]
+    assert bool((big[:, :8] == 7).all()) and bool((big[:, 40:] == 7).all())  # nothing outside its columns
+    with pytest.raises(ValueError, match="multiple of split_k"):
+        gemm(x, w, GemmConfig(16, 16, 48, 1, 4, 2))
+    with pytest.raises(ValueError, match="share K"):
+        gemm(x, w[:, :32], cfg)
+
+
+def test_lookup_takes_the_first_row_bound_and_only_fitting_launches(monkeypatch):
+    a, b = GemmConfig(16, 16, 32, 1, 4, 2), GemmConfig(32, 32, 32, 4, 4, 2)
+    monkeypatch.setattr(cuda_gemm, "TABLE", {(64, 256): [(64, a), (256, b)], (64, 96): [(256, b)]})
+    monkeypatch.setattr(cuda_gemm, "_INTERPRET_TABLE", True)
+    assert cuda_gemm.lookup(1, 64, 256) is None  # below MIN_ROWS: the GEMV / cuBLAS
+    assert cuda_gemm.lookup(2, 64, 256) == a and cuda_gemm.lookup(64, 64, 256) == a
+    assert cuda_gemm.lookup(65, 64, 256) == b and cuda_gemm.lookup(257, 64, 256) is None
+    assert cuda_gemm.lookup(100, 64, 96) is None  # 96 is not 4 x 32
+    assert cuda_gemm.lookup(100, 32, 256) is None  # shape not in the table
