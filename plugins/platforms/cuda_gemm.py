@@ -132,13 +132,22 @@ def gemm(x, weight, cfg: GemmConfig, pdl: dict | None = None, out=None):
 TABLE: dict[tuple[int, int], list[tuple[int, GemmConfig]]] = {}
 #: fewest rows taken here (below that the batch-1 GEMV or cuBLAS)
 MIN_ROWS = 2
+_STATE: dict = {"on": None, "checked": {}}  # on: None = OCTAVO_TRITON_GEMM, read on first use
+_INTERPRET_TABLE = False  # tests set it to route the interpreter through the table
 
 
-def enabled() -> bool:
+def set_triton_gemm(on: bool) -> None:
+    """Use the table's launches in forwards (and graph captures) from now on, or cuBLAS (A/B runs)."""
+    _STATE["on"] = bool(on)
+
+
+def active() -> bool:
     """``OCTAVO_TRITON_GEMM``: 1/unset = the table's launches, 0 = cuBLAS for every multi-row linear."""
-    from octavo.env_flags import env_switch
+    if _STATE["on"] is None:
+        from octavo.env_flags import env_switch
 
-    return env_switch("OCTAVO_TRITON_GEMM", True)
+        _STATE["on"] = env_switch("OCTAVO_TRITON_GEMM", True)
+    return _STATE["on"]
 
 
 def lookup(M: int, N: int, K: int) -> GemmConfig | None:
@@ -151,4 +160,38 @@ def lookup(M: int, N: int, K: int) -> GemmConfig | None:
     return None
 
 
-_INTERPRET_TABLE = False  # tests set it to route the interpreter through the table
+def linear(x, weight):
+    """``F.linear(x, weight)`` through the table's launch for this shape and row count, or None (the caller runs
+    cuBLAS): off, not listed, strided inputs, or the launch disagreed with cuBLAS on its first use. That first
+    use (outside a graph capture: the graph runner runs each size eagerly first) compares it with ``F.linear``
+    on the real input; a launch off by more than two bf16 rounding steps of the output's largest value is
+    dropped with a warning."""
+    if not active() or x.dim() != 2 or x.stride(1) != 1 or weight.stride(1) != 1:
+        return None
+    N, K = weight.shape
+    cfg = lookup(x.shape[0], N, K)
+    if cfg is None:
+        return None
+    from octavo.plugins.platforms.cuda_pdl import launch_opts
+
+    key = (N, K, cfg, x.dtype)
+    ok = _STATE["checked"].get(key)
+    if ok is None:
+        import torch
+
+        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            return None  # never checked: cuBLAS in this graph
+        import torch.nn.functional as F
+
+        got, want = gemm(x, weight, cfg, launch_opts()).float(), F.linear(x, weight).float()
+        err = float((got - want).abs().max()) / max(float(want.abs().max()), 1e-30)
+        ok = _STATE["checked"][key] = err <= 1.6e-2
+        if not ok:
+            import logging
+
+            logging.getLogger(__name__).warning("Triton GEMM %s for [%d, %d] weights not used: %.3g off cuBLAS",
+                                                cfg.name(), N, K, err)
+            return None
+    if not ok:
+        return None
+    return gemm(x, weight, cfg, launch_opts())

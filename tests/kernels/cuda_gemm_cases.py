@@ -79,3 +79,35 @@ def test_lookup_takes_the_first_row_bound_and_only_fitting_launches(monkeypatch)
     assert cuda_gemm.lookup(65, 64, 256) == b and cuda_gemm.lookup(257, 64, 256) is None
     assert cuda_gemm.lookup(100, 64, 96) is None  # 96 is not 4 x 32
     assert cuda_gemm.lookup(100, 32, 256) is None  # shape not in the table
+
+
+def test_linear_routes_table_shapes_checks_the_first_use_and_drops_a_wrong_launch(monkeypatch, caplog):
+    """``cuda_gemm.linear`` (the dense linear method's multi-row path): a listed shape runs the table's launch,
+    an unlisted one or a switched-off GEMM returns None (cuBLAS); a launch that disagrees with ``F.linear`` on
+    its first use is dropped for good (warning), never returned."""
+    import torch.nn.functional as F
+
+    cfg = CONFIGS[0]
+    x, w = _inputs(24, 64, 256, DTYPES[0], seed=3)
+    monkeypatch.setattr(cuda_gemm, "TABLE", {(64, 256): [(256, cfg)]})
+    monkeypatch.setattr(cuda_gemm, "_INTERPRET_TABLE", True)
+    monkeypatch.setattr(cuda_gemm, "_STATE", {"on": True, "checked": {}})
+    y = cuda_gemm.linear(x, w)
+    assert y is not None and torch.equal(y, gemm(x, w, cfg))
+    err = float((y.double() - F.linear(x, w).double()).abs().max() / F.linear(x, w).double().abs().max())
+    assert err <= TOL[x.dtype]
+    assert cuda_gemm.linear(x[:, :128].contiguous(), w[:, :128].contiguous()) is None  # (64, 128) not listed
+    assert cuda_gemm.linear(x[:1], w) is None  # one row: the GEMV's
+    cuda_gemm.set_triton_gemm(False)
+    assert cuda_gemm.linear(x, w) is None
+    cuda_gemm.set_triton_gemm(True)
+    # a wrong launch (here: a kernel that drops the last K tile) is caught on first use and never used
+    monkeypatch.setattr(cuda_gemm, "_STATE", {"on": True, "checked": {}})
+    real = cuda_gemm.gemm
+    monkeypatch.setattr(cuda_gemm, "gemm", lambda x, w, c, pdl=None, out=None: real(x[:, :224].contiguous(),
+                                                                                   w[:, :224].contiguous(),
+                                                                                   GemmConfig(16, 16, 32, 1, 4, 2)))
+    with caplog.at_level("WARNING"):
+        assert cuda_gemm.linear(x, w) is None
+        assert cuda_gemm.linear(x, w) is None
+    assert "not used" in caplog.text
