@@ -229,15 +229,18 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
 
 def _gemv_linear_method():
     from octavo.nn.linear import UnquantizedLinearMethod
+    from octavo.plugins.platforms.cuda_gemm import linear as triton_gemm
 
     class TritonGemvLinearMethod(UnquantizedLinearMethod):
-        """Dense weights; a single-row input (batch-1 decode) goes through :func:`gemv`, the rest through
-        ``F.linear`` (cuBLAS is at the memory limit for wider inputs)."""
+        """Dense weights; a single-row input (batch-1 decode) goes through :func:`gemv`, row counts and weight
+        shapes in ``cuda_gemm.TABLE`` (decode steps of 2-256 rows) through its Triton GEMM, the rest through
+        ``F.linear`` (cuBLAS)."""
 
         def apply(self, layer, x, bias=None):
             if x.dim() == 2 and x.shape[0] == 1 and layer.weight.stride(1) == 1:
                 return gemv(x, layer.weight, bias)
-            return super().apply(layer, x, bias)
+            y = triton_gemm(x, layer.weight) if bias is None else None
+            return y if y is not None else super().apply(layer, x, bias)
 
     return TritonGemvLinearMethod()
 
