@@ -141,6 +141,16 @@ def run_config(tp: int, args) -> None:
                     f"throughput_s{sfx}": dt, f"throughput_tok_s{sfx}": total / dt,
                     f"step_timers{sfx}": llm.llm_engine.core.step_timers.as_dict()})
         save()
+    def bs1():  # batch-1 ms/token after a warm-up, and the greedy tokens (as the first measurement above)
+        gen([prompt], 16)
+        t1 = min(gen([prompt], 1)[0] for _ in range(2))
+        runs = [gen([prompt], 257) for _ in range(2)]
+        return (min(dt for dt, _ in runs) - t1) / 256 * 1e3, list(runs[-1][1][0].outputs[0].token_ids)
+
+    if args.gemv_ab:  # per-shape GEMV tiles in a PDL chain, the winners A/B'd in this engine (gpu_tp_gemv.py)
+        from gpu_tp_gemv import sweep_and_ab
+
+        sweep_and_ab(llm, res, args.out_dir, args.gemv_ab, bs1, save)
     for ar_mode in args.ar_modes or []:  # the same engine, its graphs re-captured with another all-reduce
         res[f"ar_{ar_mode}"] = {"switched_by_rank": llm.collective_rpc("benchmarks.gpu_tp:switch_all_reduce",
                                                                        args=[ar_mode])}
@@ -153,11 +163,8 @@ def run_config(tp: int, args) -> None:
         if args.layer_trace:
             res[f"ar_{ar_mode}"]["graph_layer_trace_by_rank"] = llm.collective_rpc(
                 "benchmarks.gpu_tp_profile:graph_layer_trace", args=[1, 3])
-        gen([prompt], 16)
-        t1 = min(gen([prompt], 1)[0] for _ in range(2))
-        runs = [gen([prompt], 257) for _ in range(2)]
-        res[f"ar_{ar_mode}"].update({"decode_bs1_ms_per_token": (min(dt for dt, _ in runs) - t1) / 256 * 1e3,
-                                     "bs1_tokens": list(runs[-1][1][0].outputs[0].token_ids)})
+        ms, tokens = bs1()
+        res[f"ar_{ar_mode}"].update({"decode_bs1_ms_per_token": ms, "bs1_tokens": tokens})
         save()
     if args.graph_replay_no_allreduce:  # last: it leaves the engine's graphs without all-reduces (wrong sums)
         res["graph_replay_bs1_ms_no_allreduce_by_rank"] = llm.collective_rpc(
@@ -313,6 +320,8 @@ def main() -> None:
                     "measurements as started, switch the all-reduce in turn (graphs re-captured) and measure "
                     "batch-1 again (TP>1 started with OCTAVO_TP_ALLREDUCE=custom): nccl|custom|fused, optionally "
                     "+pdl, +silu, +ll (switch_all_reduce)")
+    ap.add_argument("--gemv-ab", type=int, default=0, metavar="ROUNDS", help="sweep the batch-1 GEMV tiles per "
+                    "shape on every rank, then A/B the winners vs the autotuner's ROUNDS times (gpu_tp_gemv.py)")
     ap.add_argument("--tag", default="", help="suffix of the JSON name (e.g. the all-reduce tried)")
     ap.add_argument("--copy-rate", type=float, default=3.0e12, help="bytes/s read+written, device copy (H100)")
     ap.add_argument("--out-dir", default=".")
@@ -330,6 +339,7 @@ def main() -> None:
                *(["--layer-trace"] if args.layer_trace else []),
                *(["--graph-replay-no-allreduce"] if args.graph_replay_no_allreduce else []),
                *(["--ar-modes", *args.ar_modes] if args.ar_modes else []), "--temperature", str(args.temperature),
+               "--gemv-ab", str(args.gemv_ab),
                "--in-len", str(args.in_len), "--dtype", args.dtype, "--out-len", str(args.out_len), "--tag", args.tag, "--copy-rate",
                str(args.copy_rate), "--out-dir", args.out_dir]
         print("config tp", tp, "exit", subprocess.call(cmd), flush=True)

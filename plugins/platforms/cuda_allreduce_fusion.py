@@ -218,7 +218,7 @@ def maybe_fuse_all_reduce_norm(handle, runner_cls) -> dict | None:
         ran = getattr(ar, "num_pushed", 0) > before  # the check must have taken the pushing GEMV (tuned shapes)
         # every eligible layer's shape tuned on this rank (it was in the check): all ranks then always push the
         # same layers (a rank pushing while its peer runs the flag protocol would wait forever)
-        ready = all(plain_gemv_config(*m.weight.shape, m.weight.dtype) is not None for m in eligible)
+        ready = all(plain_gemv_config(*m.weight.shape, m.weight.dtype, m.weight.device) is not None for m in eligible)
         ar.push = _agreed(ar, same and ran and ready, handle.device)
         ar.defer_rows = rows
         (logger.info if ar.push else logger.warning)(

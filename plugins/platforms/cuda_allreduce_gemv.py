@@ -98,14 +98,19 @@ def _gemv_push_kernel(x_ptr, w_ptr, y_ptr, N, K, stride_wn, ll_table, counters, 
     _ll_store_to_peers(y, n, nm, ll_table, epoch % 2, epoch, RANK, WORLD, CAP)
 
 
-def plain_gemv_config(N: int, K: int, dtype: torch.dtype) -> dict | None:
-    """The launch config ``cuda_fusions.gemv`` uses for a bias-free ``[N, K]`` weight of ``dtype`` (its autotuner's
-    choice; the fixed interpreter tile under ``TRITON_INTERPRET=1``), or None while that shape is untuned."""
+def plain_gemv_config(N: int, K: int, dtype: torch.dtype, device: torch.device | None = None) -> dict | None:
+    """The launch config ``cuda_fusions.gemv`` uses for a bias-free ``[N, K]`` weight of ``dtype`` (a fixed tile of
+    cuda_gemv_table.py, else its autotuner's choice; the fixed interpreter tile under ``TRITON_INTERPRET=1``), or None
+    while that shape is untuned."""
     from octavo.plugins.platforms import cuda_fusions
+    from octavo.plugins.platforms.cuda_gemv_table import lookup
 
+    even = K % 1024 == 0 and N % 64 == 0
+    tile = lookup(N, K, device or torch.device("cuda"))  # a fixed tile (cuda_gemv_table.py): the plain GEMV's too
+    if tile is not None:
+        return {"EVEN": even, **tile}
     if os.environ.get("TRITON_INTERPRET") == "1":
         return {"EVEN": False, "BLOCK_N": 16, "BLOCK_K": 64}
-    even = K % 1024 == 0 and N % 64 == 0
     for key, cfg in getattr(cuda_fusions._gemv_autotuned, "cache", {}).items():
         if tuple(key[:4]) == (N, K, False, even) and str(dtype) in (str(k) for k in key[4:]):
             return {"EVEN": even, **cfg.kwargs, "num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
@@ -126,7 +131,7 @@ def gemv_push(ar, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | None:
     """``x [1, K] @ weight[N, K]^T`` on this rank, its words already sent to ``ar``'s peers for the next call; the
     caller makes it ``ar``'s pending pushed message. None (nothing launched) while the shape is untuned."""
     N, K = weight.shape
-    cfg = plain_gemv_config(N, K, weight.dtype)
+    cfg = plain_gemv_config(N, K, weight.dtype, weight.device)
     if cfg is None or x.dtype != weight.dtype:
         return None
     x = x.contiguous()

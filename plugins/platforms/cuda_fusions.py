@@ -217,11 +217,18 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     N, K = weight.shape
     y = torch.empty(1, N, dtype=x.dtype, device=x.device)
     x = x.contiguous()
+    even = K % 1024 == 0 and N % 64 == 0
+    from octavo.plugins.platforms.cuda_gemv_table import lookup
+
+    tile = lookup(N, K, weight.device) if bias is None else None  # fixed per-shape tiles (cuda_gemv_table.py)
+    if tile is not None:
+        _gemv_kernel[(triton.cdiv(N, tile["BLOCK_N"]),)](x, weight, bias, y, N, K, weight.stride(0), HAS_BIAS=False,
+                                                          EVEN=even, **tile, **launch_opts())
+        return y
     if os.environ.get("TRITON_INTERPRET") == "1":  # no timer to autotune with: one fixed tile
         _gemv_kernel[(triton.cdiv(N, 16),)](x, weight, bias, y, N, K, weight.stride(0), HAS_BIAS=bias is not None,
                                             EVEN=False, BLOCK_N=16, BLOCK_K=64, **launch_opts())
         return y
-    even = K % 1024 == 0 and N % 64 == 0
     _gemv_autotuned[lambda meta: (triton.cdiv(N, meta["BLOCK_N"]),)](
         x, weight, bias, y, N, K, weight.stride(0), HAS_BIAS=bias is not None, EVEN=even, **launch_opts())
     return y

@@ -34,6 +34,7 @@ def _rank_main(rank: int, tmp: str, port: str) -> None:
     from octavo.plugins.platforms import cuda_allreduce_fusion as caf
     from octavo.plugins.platforms import cuda_allreduce_gemv as cag
     from octavo.plugins.platforms import cuda_fusions
+    from octavo.plugins.platforms.cuda_gemv_table import set_override
     from tests.distributed.test_oneshot_allreduce import _buf_bytes
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
@@ -102,6 +103,14 @@ def _rank_main(rank: int, tmp: str, port: str) -> None:
     ar.push = False  # back to the plain deferral on the same epochs: still the same results
     got = forward()
     assert all(torch.equal(a, b) for a, b in zip(want, got))
+    # a fixed tile of cuda_gemv_table.py (not the interpreter's 16 x 64): the plain and the pushing GEMV both take it
+    set_override({(d, inner // WORLD): (8, 32, 4, 2)})
+    want_tiles = forward()
+    ar.push = True
+    pushed.clear()
+    got = forward()
+    assert pushed == [True] * 3 and all(torch.equal(a, b) for a, b in zip(want_tiles, got)), "tiled push differs"
+    set_override(None)
     dist.destroy_process_group()
 
 
@@ -144,6 +153,14 @@ def test_push_needs_the_plain_gemv_config(monkeypatch):
                                                                  "num_warps": 4, "num_stages": 3}
     assert cag.plain_gemv_config(4096, 2048, torch.float16) is None
     assert cag.plain_gemv_config(4096, 7168, torch.bfloat16) is None
+    from octavo.plugins.platforms.cuda_gemv_table import set_override
+
+    set_override({(4096, 7168): (4, 1024, 4, 3)})  # a fixed tile (cuda_gemv_table.py) counts as the plain config
+    try:
+        assert cag.plain_gemv_config(4096, 7168, torch.bfloat16) == {"EVEN": True, "BLOCK_N": 4, "BLOCK_K": 1024,
+                                                                     "num_warps": 4, "num_stages": 3}
+    finally:
+        set_override(None)
 
 
 @pytest.mark.parametrize("value,world,want", [(None, 2, True), (None, 4, False), ("1", 4, True), ("0", 2, False),

@@ -32,6 +32,7 @@ def _worker(rank: int, port: int, out: str) -> None:
     from octavo.plugins.platforms.cuda_allreduce_gemv import gemv_push
     from octavo.plugins.platforms.cuda_allreduce_ll import ll_reduce
     from octavo.plugins.platforms.cuda_fusions import gemv, rms_norm
+    from octavo.plugins.platforms.cuda_gemv_table import set_override
     from octavo.plugins.platforms.cuda_pdl import set_pdl
 
     _exit_if_orphaned_or_late()
@@ -66,9 +67,12 @@ def _worker(rank: int, port: int, out: str) -> None:
         dist.all_reduce(s)
         return s
 
-    for pdl in (False, True):
+    # fixed tiles (cuda_gemv_table.py) unlike the autotuner's: the plain and the pushing GEMV both take them
+    tiles = {(4096, 2048): (4, 2048, 4, 2), (4096, 7168): (4, 1024, 4, 3)}
+    for fixed, pdl in ((None, False), (None, True), (tiles, True)):
         set_pdl(pdl)
-        tag = "pdl " if pdl else ""
+        set_override(fixed)
+        tag = ("tiles " if fixed else "") + ("pdl " if pdl else "")
         for (n, k), w in ws.items():  # eager: local output, fused consumer, receive-only consumer
             x = torch.randn(1, k, generator=gen, device=dev).to(torch.bfloat16)
             res = torch.randn(1, n, generator=gen, device=dev).to(torch.bfloat16)
@@ -110,6 +114,7 @@ def _worker(rank: int, port: int, out: str) -> None:
             check(f"{tag}graph trial {trial} third", o3[0], w3[0])
             check(f"{tag}graph trial {trial} third residual", o3[1], w3[1])
     set_pdl(False)
+    set_override(None)
     torch.cuda.synchronize()
     if rank == 0:
         with open(out, "w") as f:

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Issue 12 (engineer "dist"): tensor parallelism on 2+ GPUs, the one script (parts) that replaced dist6.sh and dist7.sh
+# (and before them dist.sh, dist2.sh, dist5.sh). NEEDS BOTH GPUs (2x H100 or 2x H200; part 70b: 4), runs alone.
+# Runs from the repo root; JSON + logs to $OUT/dist/dist8/. Dummy-weight Llama-3 shapes, bf16. NVLink multicast stays
+# off: NCCL_NVLS_ENABLE / TORCH_SYMM_MEM_DISABLE_MULTICAST are recorded, never changed. Every step has a hard cap.
+# Warm-up: every engine times 16 untimed tokens (Triton compile, autotune, graph capture) before its timed runs.
+#   DIST8_PARTS (space separated; default "gemv tp1 test"), run in the order gemv, ab, tp1, test, test6, ar, nccl,
+#   goal, 70b (measurements before the tests: a protocol that hangs costs only its test):
+#   gemv  (<= 58 s) one TP=2 engine (mp, async) in the defaults: batch-1 ms/token + graph; then every rank sweeps the
+#         batch-1 GEMV tiles per weight shape in a PDL chain on its real weights (benchmarks/gpu_tp_gemv.py), and the
+#         winners are A/B'd against the autotuner's tiles in the same engine (re-captured; graph + ms/token, twice)
+#   ab    (<= 50 s) one TP=2 engine in the defaults, its per-layer kernel trace and a trace of real decode steps, then
+#         re-captured per mode of DIST8_TP2_MODES (default: the defaults again, push off, push with PDL off = true
+#         per-kernel times) and last without any all-reduce (their in-step cost)   [session 7's dist7.sh]
+#   tp1   (<= 30 s) TP=1 (uni, async) in the defaults, then re-captured in the defaults: the denominators
+#   test  (<= 32 s) 2 GPUs: the pushing GEMV + fused norm / receive-only kernel == NCCL + unfused norm, bitwise, also
+#         with fixed GEMV tiles (cuda_gemv_table.py); a layer's kernel chain with PDL == without
+#   test6 (<= 45 s) 2 GPUs: one-shot all-reduce / all-gather / all-reduce + RMSNorm == NCCL (+ unfused norm) bitwise,
+#         eager + graphs, with PDL; LL protocol                                      [session 6's dist6.sh test]
+#   ar    (<= 20 s) all-reduce microbench: NCCL vs symm_mem vs one-shot, 8 KiB..1 MiB, eager and in a graph
+#   nccl  (<= 40 s) TP=2 NCCL only, then no all-reduce at all (the all-reduces' in-step cost)
+#   goal  (<= 118 s) 512 x 1000/1000 TP=2 throughput (temperature 1, async; TP=1: the lead's e2e_8b.sh)
+#   70b   (<= 150 s, 4 GPUs) Llama-3-70B shape TP=4 batch-1 decode vs its roofline
+set -u
+cd "$(dirname "$0")/../.."
+R="${OUT:-/tmp/out}/dist/dist8"
+mkdir -p "$R"
+PARTS=" ${DIST8_PARTS:-gemv tp1 test} "
+MODES="${DIST8_TP2_MODES:-fused+pdl+silu+push fused+pdl+silu fused+silu+push}"
+git rev-parse HEAD > "$R/commit.txt" 2>/dev/null
+git status --short > "$R/tree_status.txt" 2>/dev/null
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$R/gpus.csv" 2>&1
+python3 -c "import torch, triton; print(torch.__version__, torch.version.cuda, triton.__version__, torch.cuda.device_count())" \
+  > "$R/versions.txt" 2>&1
+echo "NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE-<unset>} TORCH_SYMM_MEM_DISABLE_MULTICAST=${TORCH_SYMM_MEM_DISABLE_MULTICAST-<unset>}" \
+  > "$R/env.txt"
+cat "$R/gpus.csv" "$R/versions.txt" "$R/env.txt"
+echo "warm-up: every engine times 16 untimed tokens (Triton compile, autotune, graph capture) before its timed runs" \
+  > "$R/warmup.txt"
+
+step() {  # step NAME CAP_S ENV... CMD...: run one bounded config, log to $R/NAME.log
+  local name=$1 cap=$2; shift 2
+  echo "== dist8: $name (cap ${cap}s) $(date -u +%T)"
+  local t0=$SECONDS
+  timeout -k 3 "$cap" env "$@" > "$R/$name.log" 2>&1
+  local rc=$?
+  echo "$name exit $rc in $((SECONDS - t0)) s" | tee -a "$R/exits.txt"
+  grep -v " INFO " "$R/$name.log" | grep -v "^\[transformers\]" | grep -v '^{' | tail -8 | cut -c1-400
+  grep "fusion\|all-reduce and all-gather\|Fused GPU kernels installed\|PDL\|GEMV" "$R/$name.log" | head -8 | cut -c1-300
+  sleep 1  # a killed run's worker processes exit within ~1 s (orphan check) and free their GPUs
+}
+has() { [[ $PARTS == *" $1 "* ]]; }
+
+TP="python3 benchmarks/gpu_tp.py --shape 8b --copy-rate 3.01e12 --out-dir $R --prompts 0 --max-num-seqs 8"
+# shellcheck disable=SC2086
+has gemv && step 8b_tp2_gemv 58 $TP --one 2 --tag gemv --async-modes on --graph-replay --gemv-ab 2
+# shellcheck disable=SC2086
+has ab && step 8b_tp2_ab 50 $TP --one 2 --tag ab --async-modes on --graph-replay --layer-trace \
+  --ar-modes $MODES --graph-replay-no-allreduce
+has tp1 && step 8b_tp1 30 $TP --one 1 --async-modes on --graph-replay --ar-modes custom+pdl+silu
+has test && step gpu_test 32 python3 -u -m pytest -v -x tests/gpu/test_gemv_push_gpu.py tests/gpu/test_pdl_gpu.py \
+  -k "gemv_push or pdl_chain"
+has test6 && step gpu_test6 45 python3 -u -m pytest -v -x tests/gpu/test_pdl_gpu.py tests/gpu/test_tp_allreduce_gpu.py \
+  -k "equals_nccl or pdl_chain"
+has ar && step allreduce 20 python3 benchmarks/gpu_allreduce.py --world 2 --out "$R/allreduce.json"
+has nccl && step 8b_tp2_nccl 40 OCTAVO_TP_ALLREDUCE=nccl $TP --one 2 --tag nccl --async-modes on --graph-replay \
+  --kernel-table --graph-replay-no-allreduce
+has goal && step 8b_tp2_goal 118 $TP --one 2 --tag goal --async-modes on --prompts 512 --in-len 1000 --out-len 1000 \
+  --max-num-seqs 512 --temperature 1
+has 70b && step 70b_tp4 150 python3 benchmarks/gpu_tp.py --shape 70b --tp 4 --prompts 0 --max-num-seqs 8 \
+  --copy-rate 3.01e12 --out-dir "$R" --async-modes on --graph-replay
+python3 benchmarks/device/dist_summary.py "$R"
