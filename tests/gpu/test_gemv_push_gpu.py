@@ -5,7 +5,7 @@ consumed by the all-reduce + add + RMSNorm kernel (or by the receive-only LL ker
 by the unfused norm bit for bit: eager, and in a CUDA graph with a decode layer's pattern (plain all-reduce,
 push + fused norm, push + plain consumer, push + fused norm) replayed with new inputs, with and without PDL.
 The NVLink memory ordering of words written inside a GEMV is what only this test checks. Needs 2 GPUs
-(benchmarks/device/dist7.sh, part test)."""
+(benchmarks/device/dist8.sh, part test)."""
 
 import json
 import socket

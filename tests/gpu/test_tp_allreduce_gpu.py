@@ -4,8 +4,8 @@ mix sizes, so the epoch bookkeeping of idle CTA slots is exercised), its all-gat
 all-reduce + residual add + RMSNorm kernel equals NCCL's sum followed by the unfused norm kernel bit for bit (eager
 and in a graph, also with PDL launches and with the LL protocol), and a tensor-parallel engine with it gives
 the same greedy tokens (fp32, a random HF Llama checkpoint) as with NCCL and as one GPU, with and without the
-all-reduce + RMSNorm fusion. Needs 2 GPUs (skips otherwise; benchmarks/device/dist6.sh
-runs it, part test)."""
+all-reduce + RMSNorm fusion. Needs 2 GPUs (skips otherwise; benchmarks/device/dist8.sh
+runs it, part test6)."""
 
 import json
 import os
