@@ -14,7 +14,8 @@ warmed first with ``gpu_e2e.warm_up`` (every prompt length, short outputs: nothi
    ``split_4_8`` (``OCTAVO_TRITON_SPLIT_KV=4,8``: the run's last few hundred steps, under 4 x SMs requests x KV
    heads, split their long contexts over ~8 programs per SM instead of running 1-4 programs per SM), ``old`` (the
    general kernel for decode rows, what ``OCTAVO_TRITON_DECODE_KERNEL=0`` selects at start), ``attn_pdl_off``
-   (``OCTAVO_TRITON_PDL=0``: attention launches without programmatic dependent launch), ``defaults``.
+   (``OCTAVO_TRITON_PDL=0``: attention launches without programmatic dependent launch), ``gemm_off``
+   (``OCTAVO_TRITON_GEMM=0``: cuBLAS for the projections ``cuda_gemm.TABLE`` lists), ``defaults``.
 
     python benchmarks/nano_run_profile.py --out /tmp/nano_run.json [--budget-s 60] [--ab split_4_8 old]
 
@@ -210,20 +211,23 @@ def attention_impls(worker) -> list:
     return out
 
 
-VARIANTS = {  # name: (general kernel for decode rows, triton.SPLIT_RULE, triton.ATTN_PDL); None: the default
-    "defaults": (False, None, True),
-    "old": (True, None, True),  # what OCTAVO_TRITON_DECODE_KERNEL=0 selects at start
-    "split_4_8": (False, (4, 8), True),  # OCTAVO_TRITON_SPLIT_KV=4,8: small batches split, 8 programs/SM
-    "split_2_8": (False, (2, 8), True),
-    "attn_pdl_off": (False, None, False),  # OCTAVO_TRITON_PDL=0: plain attention launches
+VARIANTS = {  # name: (general kernel for decode rows, triton.SPLIT_RULE, triton.ATTN_PDL, cuda_gemm on); None: default
+    "defaults": (False, None, True, True),
+    "old": (True, None, True, True),  # what OCTAVO_TRITON_DECODE_KERNEL=0 selects at start
+    "split_4_8": (False, (4, 8), True, True),  # OCTAVO_TRITON_SPLIT_KV=4,8: small batches split, 8 programs/SM
+    "split_2_8": (False, (2, 8), True, True),
+    "attn_pdl_off": (False, None, False, True),  # OCTAVO_TRITON_PDL=0: plain attention launches
+    "gemm_off": (False, None, True, False),  # OCTAVO_TRITON_GEMM=0: cuBLAS for every multi-row projection
 }
 
 
 def set_variant(worker, name: str) -> float:
     """Switch every triton attention layer to a variant (see ``VARIANTS``) and recapture the CUDA graphs."""
     from octavo.plugins.attention import triton as backend
+    from octavo.plugins.platforms import cuda_gemm
 
-    general, rule, pdl = VARIANTS[name]
+    general, rule, pdl, gemm = VARIANTS[name]
+    cuda_gemm.set_triton_gemm(gemm)
     impls = attention_impls(worker)
     if not impls:
         raise RuntimeError("no triton attention layers found")
@@ -326,7 +330,8 @@ def main() -> None:
                 continue
             cap = set_variant(worker, name)
             timed(name, recapture_s=cap, split_rule=list(VARIANTS[name][1] or []) or "default",
-                  decode_rows="general kernel" if VARIANTS[name][0] else "launch table", attn_pdl=VARIANTS[name][2])
+                  decode_rows="general kernel" if VARIANTS[name][0] else "launch table", attn_pdl=VARIANTS[name][2],
+                  triton_gemm=VARIANTS[name][3])
         save()
         llm.llm_engine.shutdown()
 
