@@ -201,6 +201,7 @@ def bench_decode(args) -> dict:
         parked: dict[str, list[float]] = {}  # share of structured steps whose sampling ran parked on the gate
         thread_cpu: dict[str, list[dict[str, float]]] = {}  # mode -> per run: thread name -> CPU s per step
         texts: dict[str, list[int]] = {}
+        stacks: dict[str, dict] = {}  # --stack-sample: mode -> benchmarks/stack_sampler.py's report
 
         def run(mode: str, prompts=prompts, batch=batch, host=host, texts=texts, parked=parked,
                 thread_cpu=thread_cpu) -> list[float]:
@@ -283,6 +284,14 @@ def bench_decode(args) -> dict:
                     samples[mode] = [tok.decode(t) for t in list(texts.values())[:args.show_outputs]]
                 print(f"batch {batch} {mode}: {len(times[mode])} steps, median "
                       f"{statistics.median(times[mode]) * 1e3:.2f} ms", flush=True)
+        for m in args.stack_sample or []:  # one more, untimed run of each mode under the stack sampler
+            if m in modes:
+                sys.path.insert(0, __file__.rsplit("/", 1)[0])
+                from stack_sampler import StackSampler
+
+                with StackSampler() as sampler:
+                    run(m)
+                stacks[m] = sampler.report(top=25)
         med = {m: statistics.median(t) for m, t in times.items() if t}
         row = {f"{m}_ms_per_step": round(v * 1e3, 3) for m, v in med.items()}
         row.update({f"{m}_steps": len(t) for m, t in times.items()})
@@ -317,6 +326,8 @@ def bench_decode(args) -> dict:
             row[f"{m}_thread_cpu_ms_per_step"] = {k: v for k, v in sorted(cpu.items(), key=lambda kv: -kv[1]) if v >= 0.01}
         if samples:
             row["sample_outputs"] = samples
+        if stacks:
+            row["stack_samples"] = stacks
         result[f"batch_{batch}"] = row
         if args.json:  # partial results survive a time limit that cuts the next batch short
             with open(args.json, "w") as f:
@@ -439,6 +450,9 @@ def main() -> None:
                     help="with --async-modes on: also free_async_si / json_async_si under sys.setswitchinterval(S)")
     ap.add_argument("--show-outputs", dest="show_outputs", type=int, default=0,
                     help="record this many decoded outputs of each constrained mode (what the walk looked like)")
+    ap.add_argument("--stack-sample", dest="stack_sample", nargs="+", default=None,
+                    help="after the timed runs, one untimed run of each of these modes under a wall-clock stack "
+                         "sampler (benchmarks/stack_sampler.py): what each thread does, in the JSON")
     ap.add_argument("--skip-decode", action="store_true")
     ap.add_argument("--skip-compile", action="store_true")
     ap.add_argument("--json", default=None, help="also write the result here")

@@ -15,11 +15,12 @@
 #      0.2 ms GIL switch interval while structured steps are in flight vs json_async_noswitch (worse: now off by
 #      default); batch 2 runs json_async (default: no switch, xgrammar's terminated flag kept in Python),
 #      json_async_nostartwait (no 1 ms wait for the bitmask thread), json_async_sw{200,1000,50}us, json_async_old.
-#      STRUCTURED_8B=1 also runs the 8B body (its goal is met: sessions 6-7 within +-0.4%).
-#   2. the same (new and old loop) on the Llama-3-8B body (hidden 4096, 32 layers, 32/8 heads, 14336) with
-#      SmolLM2's vocabulary (49152, so the grammar masks are the tokenizer's), random weights.
-#   3. tests/structured/test_apply_device.py (Triton and table apply == host path; session 7: the fill buffer is
-#      pinned through the platform's capability once the runner applied on the device); STRUCTURED_APPLY_TEST=0 skips.
+#      Session 8: json_async vs free_async (STRUCTURED_MODES=... adds modes), then one untimed run each of
+#      json_async and free_async under benchmarks/stack_sampler.py (stack_samples in the JSON).
+#   2. the same on the SmolLM2-135M shape (hidden 576, 30 layers, 9/3 heads: the embedded model's config),
+#      random weights. (The 8B body's goal is met: sessions 6-7 within +-0.4%; no longer run.)
+#   3. STRUCTURED_APPLY_TEST=1: tests/structured/test_apply_device.py (Triton and table apply == host path; session 7: the fill buffer is
+#      pinned through the platform's capability once the runner applied on the device).
 #   4. STRUCTURED_FILL=1: benchmarks/structured_fill.py on the device's CPU (no model): 32-row fill by threading.
 # The real SmolLM2 GGUF cannot travel to the device (carry limit), so only random weights run there.
 # STRUCTURED_DRY=1: a CPU dry run (tiny shapes, few steps).
@@ -80,21 +81,19 @@ COMMON=(--batches 32 1 --steps 24 --repeats 2 --device cuda --dtype bfloat16 --s
         --show-outputs 2)
 [ "$DRY" = 1 ] && COMMON=(--batches 4 1 --steps 4 --repeats 1 --device cpu --dtype float32 --skip-compile
                           --async-modes off on --show-outputs 2)
-ALL=(--modes json_async json_async_nostartwait json_async_sw200us json_async_sw1000us json_async_sw50us json_async_old)
-FEW=(--modes json_async json_async_old --repeats 1)
+# session 8: json_async (the default loop) vs free_async on both shapes; then one untimed run of each under the
+# wall-clock stack sampler (benchmarks/stack_sampler.py: what the core / runner / bitmask threads do per step)
+MODES=(--modes ${STRUCTURED_MODES:-json_async})
+SAMPLE=(--stack-sample json_async free_async)
 FILL=(--rows 32 --steps 24 --threads 1 --pool-threads --engine-threads 1 2 4 8 --forms cap16_regex --repeats 1)
 [ "$DRY" = 1 ] && FILL=(--rows 8 --steps 4 --threads 1 --pool-threads --engine-threads 1 2 --forms cap16_regex --repeats 1)
-if [ "${STRUCTURED_APPLY_TEST:-1}" = 1 ] && [ "$DRY" != 1 ] && [ "$(left)" -ge 14 ]; then
+if [ "${STRUCTURED_APPLY_TEST:-0}" = 1 ] && [ "$DRY" != 1 ] && [ "$(left)" -ge 14 ]; then
   step apply_test 12 python3 -m pytest -q -p no:cacheprovider tests/structured/test_apply_device.py
 fi
-step llama1b $(( $(left) - 3 * X )) python3 benchmarks/structured_outputs.py "${COMMON[@]}" "${ALL[@]}" --load-format dummy \
-     --model /tmp/structured_llama1b --json "$R/llama1b_dummy.json"
-if [ "${STRUCTURED_8B:-0}" = 1 ] && [ "$(left)" -ge $(( 20 * X )) ]; then
-  step llama8b "$(( $(left) - 2 * X ))" python3 benchmarks/structured_outputs.py "${COMMON[@]}" "${FEW[@]}" \
-       --load-format dummy --model /tmp/structured_llama8b --json "$R/llama8b_dummy.json"
-else
-  echo "SKIPPED llama8b: STRUCTURED_8B=${STRUCTURED_8B:-0}, $(left) s left" | tee "$R/SKIPPED_llama8b.txt"
-fi
+step llama1b $(( 36 * X )) python3 benchmarks/structured_outputs.py "${COMMON[@]}" "${MODES[@]}" "${SAMPLE[@]}" \
+     --load-format dummy --model /tmp/structured_llama1b --json "$R/llama1b_dummy.json"
+step smol135m $(( $(left) - 2 * X )) python3 benchmarks/structured_outputs.py "${COMMON[@]}" "${MODES[@]}" "${SAMPLE[@]}" \
+     --load-format dummy --model /tmp/structured_smol135m --json "$R/smol135m_dummy.json"
 if [ "${STRUCTURED_FILL:-0}" = 1 ] && [ "$(left)" -ge $(( 6 * X )) ]; then  # measured in session 5 batch 1
   step fill "$(( $(left) - 1 ))" python3 benchmarks/structured_fill.py --tokenizer /tmp/structured_smol135m "${FILL[@]}" \
        --json "$R/fill.json"
