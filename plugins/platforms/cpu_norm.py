@@ -55,31 +55,136 @@ C_SOURCE = r"""
 #include <stdlib.h>
 #include <string.h>
 #include <math.h>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 """ + ROW_C + r"""
-/* rows of x (and residual: then r = x + residual, written to res_out) -> out; bf16: all tensors bfloat16 */
+#if defined(__AVX512F__)
+/* nb_f2bf on 16 lanes (the bf16 bits in each dword's low half): integer round to nearest even, NaN -> quiet */
+static inline __m512i nb_f2bf_v(__m512 f) {
+    __m512i u = _mm512_castps_si512(f);
+    __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i rnd = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb)), 16);
+    __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
+                                            _mm512_set1_epi32(0x7f800000));
+    return _mm512_mask_mov_epi32(rnd, nan, _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40)));
+}
+static inline __m512 nb_rd_v(__m512 f) { return _mm512_castsi512_ps(_mm512_slli_epi32(nb_f2bf_v(f), 16)); }
+static inline __m512 nb_ld_v(const void* p, long off, int bf16) {
+    if (!bf16) return _mm512_loadu_ps((const float*)p + off);
+    __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)((const uint16_t*)p + off)));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+}
+static inline void nb_st_v(void* p, long off, int bf16, __m512 v) {
+    if (bf16) _mm256_storeu_si256((__m256i*)((uint16_t*)p + off), _mm512_cvtepi32_epi16(nb_f2bf_v(v)));
+    else _mm512_storeu_ps((float*)p + off, v);
+}
+#define NB_VEC(n) ((n) % 16 == 0)
+#else
+#define NB_VEC(n) 0
+#endif
+/* norm_row's second half: out = x * inv * w (the same operations in the same order, so the same bits) */
+static void norm_apply(const float* x, const void* w, int md_bf16, long n, float inv, float* out) {
+#if defined(__AVX512F__)
+    if (NB_VEC(n)) {
+        const __m512 vi = _mm512_set1_ps(inv);
+        for (long i = 0; i < n; i += 16) {
+            __m512 wv = nb_ld_v(w, i, md_bf16), xv = _mm512_loadu_ps(x + i);
+            _mm512_storeu_ps(out + i, md_bf16 ? nb_rd_v(_mm512_mul_ps(nb_rd_v(_mm512_mul_ps(xv, vi)), wv))
+                                              : _mm512_mul_ps(_mm512_mul_ps(xv, vi), wv));
+        }
+        return;
+    }
+#endif
+    if (md_bf16) {
+        for (long i = 0; i < n; i++) out[i] = nb_rd(nb_rd(x[i] * inv, 1) * nb_bf2f(((const uint16_t*)w)[i]), 1);
+    } else {
+        for (long i = 0; i < n; i++) out[i] = x[i] * inv * ((const float*)w)[i];
+    }
+}
+/* row i of x (+ residual, rounded to the dtype) as float -> r */
+static inline void load_row(const void* x, const void* res, long i, long n, int bf16, float* r) {
+#if defined(__AVX512F__)
+    if (NB_VEC(n)) {
+        for (long j = 0; j < n; j += 16) {
+            __m512 v = nb_ld_v(x, i * n + j, bf16);
+            if (res) {
+                v = _mm512_add_ps(v, nb_ld_v(res, i * n + j, bf16));
+                if (bf16) v = nb_rd_v(v);
+            }
+            _mm512_storeu_ps(r + j, v);
+        }
+        return;
+    }
+#endif
+    for (long j = 0; j < n; j++) {
+        float v = bf16 ? nb_bf2f(((const uint16_t*)x)[i * n + j]) : ((const float*)x)[i * n + j];
+        if (res) v = nb_rd(v + (bf16 ? nb_bf2f(((const uint16_t*)res)[i * n + j]) : ((const float*)res)[i * n + j]), bf16);
+        r[j] = v;
+    }
+}
+static inline void store_row(const float* o, const float* r, const void* res, void* res_out, long i, long n, int bf16,
+                             void* out) {
+#if defined(__AVX512F__)
+    if (NB_VEC(n)) {
+        for (long j = 0; j < n; j += 16) {
+            nb_st_v(out, i * n + j, bf16, _mm512_loadu_ps(o + j));
+            if (res) nb_st_v(res_out, i * n + j, bf16, _mm512_loadu_ps(r + j));
+        }
+        return;
+    }
+#endif
+    for (long j = 0; j < n; j++) {
+        if (bf16) {
+            ((uint16_t*)out)[i * n + j] = nb_f2bf(o[j]);
+            if (res) ((uint16_t*)res_out)[i * n + j] = nb_f2bf(r[j]);
+        } else {
+            ((float*)out)[i * n + j] = o[j];
+            if (res) ((float*)res_out)[i * n + j] = r[j];
+        }
+    }
+}
+#define NB_GROUP 8
+/* rows of x (and residual: then r = x + residual, written to res_out) -> out; bf16: all tensors bfloat16.
+   Groups of 8 rows: each row's sum of squares is norm_row's (double, index order) with the 8 rows in the 8
+   lanes of one AVX-512 register (one add chain per row, as in norm_row, but 8 chains at once: the scalar loop
+   waits on the add latency), then norm_row's inv and scaling per row; the other rows run norm_row. Same bits
+   for a row alone or in any group (tests/quant/test_cpu_norm.py). */
 int rms_rows(const void* x, const void* res, void* res_out, const void* w, long rows, long n, int bf16, double eps,
              void* out, int nthreads) {
     int bad = 0;
+#if defined(__AVX512F__)
+    long groups = rows / NB_GROUP;
+#else
+    long groups = 0;
+#endif
+    long ntask = groups + (rows - groups * NB_GROUP);
     #pragma omp parallel for schedule(static) num_threads(nthreads) if (nthreads > 1 && rows >= 16) reduction(|:bad)
-    for (long i = 0; i < rows; i++) {
-        float* buf = (float*)malloc(sizeof(float) * (size_t)(2 * n));
+    for (long k = 0; k < ntask; k++) {
+        long g = k < groups ? NB_GROUP : 1, i0 = k < groups ? k * NB_GROUP : groups * NB_GROUP + (k - groups);
+        float* buf = (float*)malloc(sizeof(float) * (size_t)((2 * g + g) * n));
         if (!buf) { bad = 1; continue; }
-        float *r = buf, *o = buf + n;
-        for (long j = 0; j < n; j++) {
-            float v = bf16 ? nb_bf2f(((const uint16_t*)x)[i * n + j]) : ((const float*)x)[i * n + j];
-            if (res) v = nb_rd(v + (bf16 ? nb_bf2f(((const uint16_t*)res)[i * n + j]) : ((const float*)res)[i * n + j]), bf16);
-            r[j] = v;
-        }
-        norm_row(r, w, bf16, n, eps, o);
-        for (long j = 0; j < n; j++) {
-            if (bf16) {
-                ((uint16_t*)out)[i * n + j] = nb_f2bf(o[j]);
-                if (res) ((uint16_t*)res_out)[i * n + j] = nb_f2bf(r[j]);
-            } else {
-                ((float*)out)[i * n + j] = o[j];
-                if (res) ((float*)res_out)[i * n + j] = r[j];
+        float *r = buf, *o = buf + g * n, *rt = buf + 2 * g * n;
+        for (long a = 0; a < g; a++) load_row(x, res, i0 + a, n, bf16, r + a * n);
+        if (g == 1) {
+            norm_row(r, w, bf16, n, eps, o);
+        } else {
+#if defined(__AVX512F__)
+            for (long a = 0; a < NB_GROUP; a++)
+                for (long j = 0; j < n; j++) rt[j * NB_GROUP + a] = r[a * n + j];
+            __m512d ss = _mm512_setzero_pd();
+            for (long j = 0; j < n; j++) {
+                __m512d v = _mm512_cvtps_pd(_mm256_loadu_ps(rt + j * NB_GROUP));
+                ss = _mm512_add_pd(ss, _mm512_mul_pd(v, v));
             }
+            __m512d ms = _mm512_add_pd(_mm512_div_pd(ss, _mm512_set1_pd((double)n)), _mm512_set1_pd(eps));
+            __m256 inv8 = _mm512_cvtpd_ps(_mm512_div_pd(_mm512_set1_pd(1.0), _mm512_sqrt_pd(ms)));
+            float inv[NB_GROUP];
+            _mm256_storeu_ps(inv, inv8);
+            for (long a = 0; a < NB_GROUP; a++) norm_apply(r + a * n, w, bf16, n, inv[a], o + a * n);
+#endif
         }
+        for (long a = 0; a < g; a++) store_row(o + a * n, r + a * n, res, res_out, i0 + a, n, bf16, out);
         free(buf);
     }
     return bad;

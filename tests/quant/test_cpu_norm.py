@@ -69,3 +69,23 @@ def test_install_fallbacks_and_switch(monkeypatch):
     assert torch.equal(m(x16), type(m).forward(m, x16))  # float16 input: the module's own forward
     monkeypatch.setenv("OCTAVO_CPU_C_NORM", "0")
     assert cpu_norm.install_norm(torch.nn.Sequential(_norm(torch.float32)), torch.float32) == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_vector_groups_keep_the_row_bits_with_residual_and_special_values(dtype):
+    """Groups of 8 rows run the AVX-512 path (sum of squares of 8 rows in 8 lanes, vector rounding to bf16); a
+    row alone runs ``norm_row``: both must give the same bits, NaN / inf / subnormal / rounding ties included."""
+    m = _norm(dtype)
+    g = torch.Generator().manual_seed(4)
+    x, r = ((torch.randn(69, 576, generator=g) * s) for s in (3.0, 20.0))
+    x[3, 7], x[9, 0], x[17, 100], r[18, 5] = float("nan"), float("inf"), 1e-40, -float("inf")
+    x[20, :16] = torch.tensor([1.00390625, 1.01171875, -1.00390625, 3e-39] * 4)  # bf16 ties / subnormal widening
+    x, r = x.to(dtype), r.to(dtype)
+    bits = torch.int16 if dtype == torch.bfloat16 else torch.int32
+    got, got_res = cpu_norm.rms_norm(x, m.weight, m.eps, r)
+    alone = [cpu_norm.rms_norm(x[i:i + 1], m.weight, m.eps, r[i:i + 1]) for i in range(69)]
+    assert torch.equal(got.view(bits), torch.cat([a[0] for a in alone]).view(bits))
+    assert torch.equal(got_res.view(bits), torch.cat([a[1] for a in alone]).view(bits))
+    plain = cpu_norm.rms_norm(x, m.weight, m.eps)
+    assert torch.equal(plain.view(bits), torch.cat([cpu_norm.rms_norm(x[i:i + 1], m.weight, m.eps)
+                                                    for i in range(69)]).view(bits))
