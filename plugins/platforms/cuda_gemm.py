@@ -63,6 +63,34 @@ def _gemm_kernel(x_ptr, w_ptr, out_ptr, part_ptr, M, N, k_per, stride_xm, stride
 
 
 @triton.jit(do_not_specialize=["M"], do_not_specialize_on_alignment=["M"])
+def _gemm_tma_kernel(x_desc, w_desc, out_ptr, part_ptr, M, N, k_per, stride_om,
+                     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SPLIT_K: tl.constexpr,
+                     PDL: tl.constexpr = False):
+    """``_gemm_kernel`` with the x / weight tiles loaded by TMA (host tensor descriptors; rows past M and
+    columns past N read as zeros)."""
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    k0 = pid_k * k_per
+    acc = tl.zeros([BM, BN], dtype=tl.float32)
+    for kk in range(0, k_per, BK):
+        a = x_desc.load([pid_m * BM, k0 + kk])
+        b = w_desc.load([pid_n * BN, k0 + kk])
+        acc = tl.dot(a, b.T, acc)
+    rm = pid_m * BM + tl.arange(0, BM)
+    rn = pid_n * BN + tl.arange(0, BN)
+    ok = (rm < M)[:, None] & (rn < N)[None, :]
+    if SPLIT_K == 1:
+        tl.store(out_ptr + rm.to(tl.int64)[:, None] * stride_om + rn[None, :], acc.to(out_ptr.dtype.element_ty),
+                 mask=ok)
+    else:
+        tl.store(part_ptr + (pid_k * M + rm).to(tl.int64)[:, None] * N + rn[None, :], acc, mask=ok)
+
+
+@triton.jit(do_not_specialize=["M"], do_not_specialize_on_alignment=["M"])
 def _splitk_sum_kernel(part_ptr, out_ptr, M, N, stride_om, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr,
                        PDL: tl.constexpr = False):
     """out[m, n] = round(sum_s part[s, m, n]), s in order (the same bits on every run)."""
@@ -86,13 +114,14 @@ class GemmConfig:
     split_k: int = 1
     warps: int = 4
     stages: int = 4
+    tma: bool = False  # tiles through TMA (host tensor descriptors) instead of pointer loads
 
     def fits(self, K: int) -> bool:
         """The K range divides into ``split_k`` parts of whole ``bk`` tiles (the kernel has no K mask)."""
         return K % (self.split_k * self.bk) == 0
 
     def name(self) -> str:
-        return f"{self.bm}x{self.bn}x{self.bk}_s{self.split_k}_w{self.warps}_st{self.stages}"
+        return f"{self.bm}x{self.bn}x{self.bk}_s{self.split_k}_w{self.warps}_st{self.stages}" + "_tma" * self.tma
 
 
 def gemm(x, weight, cfg: GemmConfig, pdl: dict | None = None, out=None):
@@ -116,9 +145,18 @@ def gemm(x, weight, cfg: GemmConfig, pdl: dict | None = None, out=None):
     if cfg.split_k > 1:
         part = torch.empty(cfg.split_k, M, N, dtype=torch.float32, device=x.device)
     grid = (triton.cdiv(M, cfg.bm), triton.cdiv(N, cfg.bn), cfg.split_k)
-    _gemm_kernel[grid](x, weight, out, part, M, N, K // cfg.split_k, x.stride(0), weight.stride(0), out.stride(0),
-                       BM=cfg.bm, BN=cfg.bn, BK=cfg.bk, SPLIT_K=cfg.split_k,
-                       EVEN_N=N % cfg.bn == 0, num_warps=cfg.warps, num_stages=cfg.stages, **opts)
+    if cfg.tma and x.data_ptr() % 16 == 0 and x.stride(0) % 8 == 0 and weight.data_ptr() % 16 == 0 \
+            and weight.stride(0) % 8 == 0:  # TMA wants 16-byte aligned bases and row strides (else: pointer loads)
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        _gemm_tma_kernel[grid](TensorDescriptor.from_tensor(x, [cfg.bm, cfg.bk]),
+                               TensorDescriptor.from_tensor(weight, [cfg.bn, cfg.bk]), out, part, M, N,
+                               K // cfg.split_k, out.stride(0), BM=cfg.bm, BN=cfg.bn, BK=cfg.bk,
+                               SPLIT_K=cfg.split_k, num_warps=cfg.warps, num_stages=cfg.stages, **opts)
+    else:
+        _gemm_kernel[grid](x, weight, out, part, M, N, K // cfg.split_k, x.stride(0), weight.stride(0),
+                           out.stride(0), BM=cfg.bm, BN=cfg.bn, BK=cfg.bk, SPLIT_K=cfg.split_k,
+                           EVEN_N=N % cfg.bn == 0, num_warps=cfg.warps, num_stages=cfg.stages, **opts)
     if cfg.split_k > 1:
         block = 1024 if N >= 1024 else triton.next_power_of_2(N)
         _splitk_sum_kernel[(M, triton.cdiv(N, block))](part, out, M, N, out.stride(0), SPLIT_K=cfg.split_k,

@@ -26,10 +26,11 @@ DTYPES = (torch.float16, torch.float32) if INTERPRET else (torch.bfloat16, torch
 SHAPES = ([(5, 48, 128), (70, 40, 256)] if INTERPRET else
           [(1, 1024, 2048), (7, 4096, 1024), (64, 6144, 1024), (206, 1024, 3072), (256, 1024, 2048),
            (206, 6144, 4096), (130, 4096, 14336), (100, 1000, 1024)])
-CONFIGS = ([GemmConfig(16, 16, 32, 1, 4, 2), GemmConfig(32, 16, 16, 4, 4, 1)]
+CONFIGS = ([GemmConfig(16, 16, 32, 1, 4, 2), GemmConfig(32, 16, 16, 4, 4, 1), GemmConfig(16, 16, 32, 2, 4, 2, True)]
            if INTERPRET else
            [GemmConfig(64, 64, 128, 1, 4, 4), GemmConfig(64, 64, 128, 4, 4, 4), GemmConfig(128, 128, 64, 2, 8, 3),
-            GemmConfig(64, 128, 64, 1, 4, 4), GemmConfig(256, 64, 64, 1, 8, 3)])
+            GemmConfig(64, 128, 64, 1, 4, 4), GemmConfig(256, 64, 64, 1, 8, 3), GemmConfig(128, 128, 64, 1, 8, 3, True),
+            GemmConfig(64, 64, 128, 2, 4, 4, True)])
 TOL = {torch.float16: 2e-3, torch.bfloat16: 1e-2, torch.float32: 1e-5}
 
 
