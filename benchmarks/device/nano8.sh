@@ -5,6 +5,10 @@
 #       64-256 rows, cuBLAS vs the Triton GEMM's tile / split-K / TMA sweep (benchmarks/gemm_triton_bench.py; every
 #       config checked against float64); then the no-rebuild GPU tests of the attention kernels
 #       (tests/gpu/test_triton_no_rebuilds.py: varied mixed / decode-only steps build no new variant, match float64).
+#   b2  (batch 2) tests/kernels/cuda_gemm_cases.py on CUDA (bf16, served shapes, float64, split-K repeatable);
+#       then ab.json: nano_run_profile.py --no-events: the warmed nano-vllm workload timed with the defaults (its
+#       first timed run: Triton builds inside it are listed), then gemm_off (cuBLAS projections) / defaults /
+#       gemm_off in the same engine, graphs recaptured for each.
 set -u
 cd "$(dirname "$0")/../.."
 R="${OUT:-/tmp/out}/nano8"; mkdir -p "$R"
@@ -34,6 +38,10 @@ case "$PART" in
   b1)
     run 56 gemm_triton.log python benchmarks/gemm_triton_bench.py --out "$R/gemm_triton.json" --budget 40
     cases "$(left)" rebuilds.log tests/gpu/test_triton_no_rebuilds.py ;;
+  b2)
+    cases 16 gemm_cases.log tests/kernels/cuda_gemm_cases.py
+    run "$(left)" ab.log python benchmarks/nano_run_profile.py --out "$R/ab.json" --budget-s $(( $(left) - 3 )) \
+      --no-events --ab gemm_off defaults gemm_off ;;
   *) echo "unknown NANO_PART=$PART"; exit 2 ;;
 esac
 echo "total $(( $(date +%s) - START )) s"
