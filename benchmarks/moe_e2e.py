@@ -220,6 +220,15 @@ def measure_bs1(args, shape, layers, cfg, llm, load_s) -> dict:
             except Exception as e:  # noqa: BLE001 - the measurement above stands without it
                 res["attn_ab"] = {"error": f"{type(e).__name__}: {e}"}
             print(json.dumps(res["attn_ab"], default=str)[:6000], flush=True)
+        if args.profile_prefetch:  # A/B of the L2 prefetch hints, same engine (moe_profile.py, session 8)
+            from moe_profile import profile_prefetch
+
+            print(json.dumps(res, default=str)[:3000], flush=True)
+            try:
+                res["prefetch_ab"] = profile_prefetch(gr, worker.model)
+            except Exception as e:  # noqa: BLE001 - the measurement above stands without it
+                res["prefetch_ab"] = {"error": f"{type(e).__name__}: {e}"}
+            print(json.dumps(res["prefetch_ab"], default=str)[:6000], flush=True)
     return res
 
 
@@ -346,6 +355,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--profile-pdl", action="store_true", help="--profile also re-captures with OCTAVO_PDL on")
     ap.add_argument("--profile-attn", action="store_true",
                     help="bs1: A/B the batch-1 one-launch attention variants by re-capture (needs OCTAVO_MOE_DECODE_ATTN=1)")
+    ap.add_argument("--profile-prefetch", action="store_true",
+                    help="bs1: A/B the L2 prefetch hints of the batch-1 MoE kernels by re-capture (moe_prefetch.py)")
     ap.add_argument("--prompt-len", type=int, default=512)
     ap.add_argument("--bs1-tokens", type=int, default=128)
     ap.add_argument("--bs1-max-num-seqs", type=int, default=8, help="few graph sizes: a fast start")

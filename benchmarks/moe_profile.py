@@ -206,3 +206,110 @@ def _tables_without_pdl(runner, model, variants: dict) -> dict:
     finally:
         cuda_pdl.set_pdl(was)
     return out
+
+
+# session 8: L2 prefetch hints (plugins/platforms/moe_prefetch.py), each re-captured in the same engine
+PREFETCH_VARIANTS = [  # likeliest first: the part's time cap may cut the list (each row is printed as it ends)
+    ("base", {}, {}, {}),
+    ("attn_merge1", {"merge": 1}, {}, {}),  # the attention's merge of the splits unrolled
+    ("attn_pf1", {"prefetch": 1}, {}, {}),
+    ("w13_pf_w2_evict_first", {}, {"PF_W2": True, "EVICT": "evict_first"}, {}),
+    ("w2_pf_next1", {}, {}, {"PF_NEXT": 1}),
+    ("all_after_wait", {"prefetch": 1, "merge": 1}, {"PF_W2": True, "EVICT": "evict_first"}, {"PF_NEXT": 1}),
+    ("route_launch", {}, {"ROUTE": "launch"}, {}),  # routing as its own launch: what the in-kernel routing costs
+    ("attn_pf2", {"prefetch": 2}, {}, {}),
+    ("w13_pf_w2", {}, {"PF_W2": True}, {}),
+    ("w2_pf_next2", {}, {}, {"PF_NEXT": 2}),
+    ("base_again", {}, {}, {}),
+    # the post-attention norm + router in one launch (moe_norm_router.py, opt-in since session 6), installed here
+    ("norm_router", {}, {}, {}, True),
+    ("norm_router_all_after_wait", {"prefetch": 1, "merge": 1}, {"PF_W2": True, "EVICT": "evict_first"},
+     {"PF_NEXT": 1}, True),
+]
+
+
+def _norm_router(model, on: bool, state: dict) -> None:
+    """Install (once) and switch the norm + router fusion of every eligible layer for the next re-capture."""
+    import os
+
+    from octavo.plugins.platforms.moe_norm_router import install_norm_router, set_norm_router
+
+    if on and "pairs" not in state:
+        old = os.environ.get("OCTAVO_MOE_NORM_ROUTER")
+        os.environ["OCTAVO_MOE_NORM_ROUTER"] = "1"
+        try:
+            state["pairs"] = install_norm_router(model)
+        finally:
+            if old is None:
+                os.environ.pop("OCTAVO_MOE_NORM_ROUTER")
+            else:
+                os.environ["OCTAVO_MOE_NORM_ROUTER"] = old
+    for norm, block in state.get("pairs", []):
+        set_norm_router(norm, block, on)
+
+
+def profile_prefetch(runner, model, variants=None, with_table: bool = True) -> dict:
+    """Session 8 A/B of the L2 prefetch hints in one engine: the batch-1 forward re-captured with each variant
+    (attention settings, w13 / w2 config keys), replay ms (best of 3) and the output's difference from the
+    engine's graph (a hint cannot change a result: expect 0.0). Restores the installed settings."""
+    import copy
+
+    from octavo.nn.fused_moe import FusedMoE
+    from octavo.plugins.platforms.moe_attention import set_attn_one
+
+    mods = [m for m in model.modules() if "_attn_one" in vars(m)]
+    layers = [m for m in model.modules() if isinstance(m, FusedMoE) and m.__dict__.get("_moe_decode") is not None]
+    res = {"layers_with_one_launch_attention": len(mods), "layers_on_two_launch_path": len(layers),
+           "layers_with_next_weight": sum("_moe_next_weight" in vars(m) for m in layers),
+           "captured_ms": round(_replay_ms(runner.graphs[1].replay), 4)}
+    saved_attn = dict(mods[0]._attn_one) if mods else None
+    saved_cfg = [(m, m._moe_decode_cfg) for m in layers]
+    rows, best, nr_state = [], None, {}
+    try:
+        for name, attn, w13, w2, *nr in variants or PREFETCH_VARIANTS:
+            if nr or nr_state:
+                _norm_router(model, bool(nr), nr_state)
+            if mods:
+                set_attn_one(model, **{**saved_attn, **attn})
+            for m, cfg in saved_cfg:
+                new = copy.deepcopy(cfg)
+                new["w13"].update(w13)
+                new["w2"].update(w2)
+                m._moe_decode_cfg = new
+            try:
+                graph = recapture(runner)
+                ms = round(min(_replay_ms(graph.replay) for _ in range(3)), 4)
+                rows.append({"name": name, "ms": ms, "rel_diff": _rel_diff(graph, runner)})
+                if nr:
+                    rows[-1]["norm_router_layers"] = len(nr_state.get("pairs", []))
+                if not nr and (best is None or ms < best[1]["ms"]):
+                    best = ((attn, w13, w2), rows[-1])
+                del graph
+            except Exception as e:  # noqa: BLE001 - a variant that fails to compile: recorded, the others run
+                rows.append({"name": name, "error": f"{type(e).__name__}: {str(e)[:300]}"})
+            print(json.dumps(rows[-1]), flush=True)
+        res["variants"] = rows
+        if best:
+            res["best"] = best[1]
+            if with_table:
+                attn, w13, w2 = best[0]
+                if nr_state:
+                    _norm_router(model, False, nr_state)
+                if mods:
+                    set_attn_one(model, **{**saved_attn, **attn})
+                for m, cfg in saved_cfg:
+                    new = copy.deepcopy(cfg)
+                    new["w13"].update(w13)
+                    new["w2"].update(w2)
+                    m._moe_decode_cfg = new
+                graph = recapture(runner)
+                res["best_kernels"] = kernel_table(graph.replay, top=12)
+                del graph
+    finally:
+        if nr_state:
+            _norm_router(model, False, nr_state)
+        if mods:
+            set_attn_one(model, **saved_attn)
+        for m, cfg in saved_cfg:
+            m._moe_decode_cfg = cfg
+    return res

@@ -7,6 +7,9 @@
 #          with the one-launch batch-1 attention installed (OCTAVO_MOE_DECODE_ATTN=1), then an A/B of it in the
 #          same engine by re-capture (off = the four-launch path; split / tile variants) + kernel table of the best
 #          (moe_e2e.py --profile-attn).
+#  prefetch  (session 8) the same model with the engine's defaults, then an A/B of the L2 prefetch hints of the
+#          batch-1 kernels in the same engine by re-capture (o_proj during attention, w2 during w13, the next
+#          qkv during w2; moe_e2e.py --profile-prefetch; rel_diff must be 0: a hint changes no bit).
 #  bs1     the same model and measurement with the engine's defaults, plus the kernel table and the A/B of the
 #          batch-1 MoE fusions (moe_e2e.py --profile; session 6's `moe6.sh 1` part (b)).
 #  layer   one MoE layer at batch 1: the two-launch path vs the general kernel + routing, short tile search
@@ -17,6 +20,7 @@
 #          (fewer requests x 512/512 if 256 do not fit 12 s) (session 6's `moe6.sh 2`).
 #  mixtral Mixtral-8x7B with 8 of 32 layers: one engine (batch 1 + 256 x 512/512 + /64), then transformers
 #          (session 6's `moe6.sh 4`; session 4's `moe_model.sh 2` ran it with --tf-budget-s 6).
+#  pftest  (session 8) the prefetch hints change no bit: test_moe_prefetch_gpu.py (cap 25 s).
 #  attntest  the one-launch attention's GPU test alone (test_moe_attn_gpu.py, cap 22 s).
 #  attnbench batch-1 attention per layer, graph-replayed over 48 layers' caches: the backend's four launches vs the
 #          one-launch variants (moe_attn_bench.py, cap 40 s).
@@ -25,7 +29,7 @@
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 cd "$(dirname "$0")/../.."
-[ $# -ge 1 ] || { echo "usage: moe7.sh PART [PART ...] (attn attntest attnbench bs1 layer bench tput mixtral tests)"; exit 2; }
+[ $# -ge 1 ] || { echo "usage: moe7.sh PART [PART ...] (attn prefetch pftest attntest attnbench bs1 layer bench tput mixtral tests)"; exit 2; }
 D="$OUT/moe7"
 mkdir -p "$D/configs"
 START=$(date +%s)
@@ -51,6 +55,7 @@ for PART in "$@"; do
   case "$PART" in
     attn) OCTAVO_MOE_DECODE_ATTN=1 e2e attn "$L" --tasks bs1:qwen3-30b-a3b:48 --profile-attn ;;
     bs1) e2e bs1 "$L" --tasks bs1:qwen3-30b-a3b:48 --profile ;;
+    prefetch) e2e prefetch "$L" --tasks bs1:qwen3-30b-a3b:48 --profile-prefetch ;;
     tput) e2e tput "$L" --tasks tput:qwen3-30b-a3b:8 tf:qwen3-30b-a3b:8 --tf-budget-s 12 --tf-fewer-prompts ;;
     mixtral) e2e mixtral "$L" --tasks both:mixtral-8x7b:8 tf:mixtral-8x7b:8 --tf-budget-s 12 --tf-fewer-prompts ;;
     layer)
@@ -68,6 +73,11 @@ for PART in "$@"; do
       timeout -k 2 "$C" python -m pytest -v -p no:cacheprovider tests/kernels/test_moe_attn_gpu.py > "$D/attntest.log" 2>&1
       echo "attntest exit $? after $(( $(date +%s) - START )) s"
       grep -E "PASSED|FAILED|ERROR|passed|failed|Error|assert" "$D/attntest.log" | tail -n 20 ;;
+    pftest)
+      C=$(( L < 25 ? L : 25 )); echo "== pftest: test_moe_prefetch_gpu.py (cap ${C} s) $(date -u +%T)"
+      timeout -k 2 "$C" python -m pytest -v -p no:cacheprovider tests/kernels/test_moe_prefetch_gpu.py > "$D/pftest.log" 2>&1
+      echo "pftest exit $? after $(( $(date +%s) - START )) s"
+      grep -E "PASSED|FAILED|ERROR|passed|failed|Error|assert" "$D/pftest.log" | tail -n 20 ;;
     attnbench)
       C=$(( L < 40 ? L : 40 )); echo "== attnbench: moe_attn_bench.py (cap ${C} s) $(date -u +%T)"
       timeout -k 2 "$C" python benchmarks/moe_attn_bench.py --json "$D/attnbench/attn_bench.json" > "$D/attnbench.log" 2>&1
@@ -80,7 +90,7 @@ for PART in "$@"; do
         > "$D/tests.log" 2>&1
       echo "tests exit $? after $(( $(date +%s) - START )) s"
       grep -E "PASSED|FAILED|ERROR|passed|failed|Error" "$D/tests.log" | tail -n 20 ;;
-    *) echo "unknown part $PART (attn attntest attnbench bs1 layer bench tput mixtral tests)"; exit 2 ;;
+    *) echo "unknown part $PART (attn prefetch pftest attntest attnbench bs1 layer bench tput mixtral tests)"; exit 2 ;;
   esac
 done
 for f in "$D"/*/*.json; do [ -f "$f" ] && { echo "--- $f"; head -c 1500 "$f"; echo; }; done

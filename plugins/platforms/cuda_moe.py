@@ -159,7 +159,7 @@ def _triton_forward(self, hidden_states: torch.Tensor, router_logits: torch.Tens
         return type(self).forward(self, hidden_states, router_logits)
     try:
         out = self._moe_decode(hidden_states, router_logits, self.w13_weight, self.w2_weight, self.top_k,
-                               self.renormalize, self._moe_decode_cfg)[0]
+                               self.renormalize, self._moe_decode_cfg, self.__dict__.get("_moe_next_weight"))[0]
     except self._moe_oor as e:  # tiles too big for this card's shared memory: the general path from now on
         logger.warning("fused MoE batch-1 kernel off for %s (config %s): %s", self.prefix, self._moe_decode_cfg, e)
         self._moe_decode = None
@@ -277,6 +277,25 @@ def _decode_off(layer) -> None:
     layer.__dict__.pop("forward", None)
 
 
+def link_next_weights(model: torch.nn.Module) -> int:
+    """Give each batch-1 MoE layer ``_moe_next_weight``: the qkv weight of the next attention module in module
+    order (the next layer's first GEMV), which its w2 launch may ask L2 for (``"PF_NEXT"``, moe_prefetch.py).
+    Returns how many layers got one."""
+    from octavo.nn.fused_moe import FusedMoE
+
+    pending, n = [], 0
+    for m in model.modules():
+        if isinstance(m, FusedMoE) and m.__dict__.get("_moe_decode") is not None:
+            pending.append(m)
+        qkv = getattr(getattr(m, "qkv_proj", None), "weight", None)
+        if pending and isinstance(qkv, torch.Tensor) and qkv.dim() == 2 and qkv.is_contiguous():
+            for layer in pending:
+                layer._moe_next_weight = qkv
+                n += 1
+            pending = []
+    return n
+
+
 def install_moe_kernels(model: torch.nn.Module, dtype: torch.dtype, device: torch.device) -> dict:
     """Give every supported ``FusedMoE`` of ``model`` the Triton kernel; returns counts for the logs/notes.
 
@@ -326,6 +345,7 @@ def install_moe_kernels(model: torch.nn.Module, dtype: torch.dtype, device: torc
             notes["torch"] += 1
             notes["reasons"][layer.prefix or "layer"] = reason
             logger.warning("fused MoE kernel not used for %s: %s", layer.prefix, reason)
+    notes["next_weight_links"] = link_next_weights(model)
     from octavo.plugins.platforms.moe_norm_router import install_norm_router
 
     notes["norm_router"] = len(install_norm_router(model))  # batch 1: post-attention norm + router, one launch

@@ -23,7 +23,9 @@ from octavo.env_flags import env_switch
 
 logger = logging.getLogger(__name__)
 
-DEFAULTS = {"splits": 16, "block_n": 64, "num_warps": 8, "early": True, "dot16": True}
+DEFAULTS = {"splits": 16, "block_n": 64, "num_warps": 8, "early": True, "dot16": True,
+            "prefetch": 0,  # 1/2: ask L2 for o_proj's weight after/before the PDL wait (moe_prefetch.py)
+            "merge": 0}  # 1: the merge of the splits unrolled (moe_decode_attention.py)
 
 
 DEFAULT_ON = True  # session 7 batch 2 (H100): Qwen3-30B-A3B forward 3.035 vs 3.100 ms, same engine (docs/moe.md)
@@ -54,7 +56,8 @@ def one_launch(m, positions: torch.Tensor, qkv: torch.Tensor, md) -> torch.Tenso
                          num_heads=m.num_heads, num_kv_heads=m.num_kv_heads, head_size=m.head_dim,
                          scale=m.attn.scale, neox=bool(rope.is_neox_style), splits=cfg["splits"],
                          block_n=cfg["block_n"], num_warps=cfg["num_warps"], early=cfg["early"],
-                         dot16=cfg["dot16"])
+                         dot16=cfg["dot16"], prefetch=cfg["prefetch"],
+                         prefetch_t=m.o_proj.weight if cfg["prefetch"] else None, merge=cfg["merge"])
 
 
 def _forward(self, positions, hidden_states, ctx):

@@ -29,6 +29,7 @@ import triton
 import triton.language as tl
 
 from octavo.plugins.platforms.cuda_pdl import gdc_launch_dependents, gdc_wait, launch_opts
+from octavo.plugins.platforms.moe_prefetch import as_bytes, l2_prefetch, prefetch_split
 
 
 @triton.jit
@@ -101,18 +102,26 @@ def _attend_tile(q1, q2, k1, k2, v, kn1, kn2, vn, t0, end, new, m_i, l_i, acc, q
 @triton.jit
 def _attn_one_kernel(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, qw_ptr, kw_ptr, k_cache_ptr, v_cache_ptr, table_ptr,
                      seq_len_ptr, slot_ptr, out_ptr, part_ptr, ml_ptr, count_ptr, stride_cos, stride_blk,
-                     stride_pos, eps, qk_scale_log2,
+                     stride_pos, eps, qk_scale_log2, pf_ptr, pf_total, pf_piece,
                      NUM_Q: tl.constexpr, NUM_KV: tl.constexpr, GROUP: tl.constexpr, G_P: tl.constexpr,
                      HEAD: tl.constexpr, NEOX: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
                      SPLITS: tl.constexpr, EARLY: tl.constexpr = True, DOT16: tl.constexpr = False,
-                     PDL: tl.constexpr = False):
+                     PDL: tl.constexpr = False, PREFETCH: tl.constexpr = 0, PF_PIECES: tl.constexpr = 16,
+                     MERGE: tl.constexpr = 0):
     """Program ``(h, s)``: kv head ``h``, key split ``s`` (see the module docstring).
 
     With PDL the program first loads what no earlier kernel of the step writes (sequence length, position, block
     table, rope row, norm weights and, with ``EARLY``, its first key/value tile: past tokens' K/V, written by
-    earlier steps), and only then waits for the qkv GEMV: the cache read overlaps that GEMV's tail."""
+    earlier steps), and only then waits for the qkv GEMV: the cache read overlaps that GEMV's tail.
+
+    ``PREFETCH`` (moe_prefetch.py; 0 off): the grid asks L2 for ``pf_total`` bytes at ``pf_ptr`` (the o_proj
+    weight that runs next), 1 right after the wait, 2 before it: HBM is otherwise idle during this launch.
+    ``MERGE`` 1: the last program's merge unrolled (every partial's load in flight at once; same sums, same
+    order) and only the GROUP real rows of each partial stored and read."""
     h = tl.program_id(0)
     s = tl.program_id(1)
+    if PREFETCH == 2:
+        l2_prefetch(pf_ptr, pf_total, pf_piece, h * SPLITS + s, PF_PIECES)
     HALF: tl.constexpr = HEAD // 2
     dtype = qkv_ptr.dtype.element_ty
     i = tl.arange(0, HALF)
@@ -143,6 +152,8 @@ def _attn_one_kernel(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, qw_ptr, kw_ptr, k_cache
     if PDL:  # the qkv output comes from the previous launch
         gdc_wait()
         gdc_launch_dependents()
+    if PREFETCH == 1:
+        l2_prefetch(pf_ptr, pf_total, pf_piece, h * SPLITS + s, PF_PIECES)
     # q of the GROUP query heads of kv head h: [G_P, HALF] halves, normalised and rotated
     q_rows = qkv_ptr + (h * GROUP + r)[:, None] * HEAD
     qx1 = tl.load(q_rows + i1[None, :], mask=r_ok[:, None], other=0.0)
@@ -177,7 +188,10 @@ def _attn_one_kernel(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, qw_ptr, kw_ptr, k_cache
         tl.store(out_rows, (acc / tl.where(l_i > 0, l_i, 1.0)[:, None]).to(dtype), mask=r_ok[:, None])  # L=0: 0
     else:
         row = (h * SPLITS + s) * G_P + r
-        tl.store(part_ptr + row[:, None] * HEAD + d[None, :], acc)
+        if MERGE == 1:  # only the GROUP real rows (the merge reads only those)
+            tl.store(part_ptr + row[:, None] * HEAD + d[None, :], acc, mask=r_ok[:, None])
+        else:
+            tl.store(part_ptr + row[:, None] * HEAD + d[None, :], acc)
         tl.store(ml_ptr + row * 2, m_i)
         tl.store(ml_ptr + row * 2 + 1, l_i)
         tl.debug_barrier()  # every thread's partial stores precede the ticket (released by the atomic)
@@ -187,17 +201,31 @@ def _attn_one_kernel(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, qw_ptr, kw_ptr, k_cache
             tl.store(count_ptr + h, 0)  # every program has drawn its ticket: ready for the next launch
             hrow = h * SPLITS * G_P + r
             m_all = tl.full([G_P], -float("inf"), dtype=tl.float32)
-            for j in range(0, SPLITS):
-                m_all = tl.maximum(m_all, tl.load(ml_ptr + (hrow + j * G_P) * 2, cache_modifier=".cg"))
-            tot = tl.zeros([G_P, HEAD], dtype=tl.float32)
-            den = tl.zeros([G_P], dtype=tl.float32)
-            for j in range(0, SPLITS):
-                rj = hrow + j * G_P
-                mj = tl.load(ml_ptr + rj * 2, cache_modifier=".cg")
-                lj = tl.load(ml_ptr + rj * 2 + 1, cache_modifier=".cg")
-                w = tl.where(mj == -float("inf"), 0.0, tl.exp2(mj - m_all))
-                den += w * lj
-                tot += w[:, None] * tl.load(part_ptr + rj[:, None] * HEAD + d[None, :], cache_modifier=".cg")
+            if MERGE == 1:  # unrolled: all SPLITS loads in flight at once (a runtime loop waits for each in turn)
+                for j in tl.static_range(SPLITS):
+                    m_all = tl.maximum(m_all, tl.load(ml_ptr + (hrow + j * G_P) * 2, cache_modifier=".cg"))
+                tot = tl.zeros([G_P, HEAD], dtype=tl.float32)
+                den = tl.zeros([G_P], dtype=tl.float32)
+                for j in tl.static_range(SPLITS):  # the same sums in the same order as the loop below
+                    rj = hrow + j * G_P
+                    mj = tl.load(ml_ptr + rj * 2, cache_modifier=".cg")
+                    lj = tl.load(ml_ptr + rj * 2 + 1, cache_modifier=".cg")
+                    w = tl.where(mj == -float("inf"), 0.0, tl.exp2(mj - m_all))
+                    den += w * lj
+                    tot += w[:, None] * tl.load(part_ptr + rj[:, None] * HEAD + d[None, :], mask=r_ok[:, None],
+                                                other=0.0, cache_modifier=".cg")
+            else:
+                for j in range(0, SPLITS):
+                    m_all = tl.maximum(m_all, tl.load(ml_ptr + (hrow + j * G_P) * 2, cache_modifier=".cg"))
+                tot = tl.zeros([G_P, HEAD], dtype=tl.float32)
+                den = tl.zeros([G_P], dtype=tl.float32)
+                for j in range(0, SPLITS):
+                    rj = hrow + j * G_P
+                    mj = tl.load(ml_ptr + rj * 2, cache_modifier=".cg")
+                    lj = tl.load(ml_ptr + rj * 2 + 1, cache_modifier=".cg")
+                    w = tl.where(mj == -float("inf"), 0.0, tl.exp2(mj - m_all))
+                    den += w * lj
+                    tot += w[:, None] * tl.load(part_ptr + rj[:, None] * HEAD + d[None, :], cache_modifier=".cg")
             tl.store(out_rows, (tot / tl.where(den > 0, den, 1.0)[:, None]).to(dtype), mask=r_ok[:, None])
 
 
@@ -219,12 +247,18 @@ def attention_one(qkv: torch.Tensor, positions: torch.Tensor, cos_cache: torch.T
                   q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float, kv_cache: torch.Tensor,
                   block_table: torch.Tensor, seq_lens: torch.Tensor, slot_mapping: torch.Tensor, *, num_heads: int,
                   num_kv_heads: int, head_size: int, scale: float, neox: bool, splits: int = 8,
-                  block_n: int = 64, num_warps: int = 4, early: bool = True, dot16: bool = False) -> torch.Tensor:
+                  block_n: int = 64, num_warps: int = 4, early: bool = True, dot16: bool = False,
+                  prefetch: int = 0, prefetch_t: torch.Tensor | None = None, merge: int = 0) -> torch.Tensor:
     """One decode token of one request: ``qkv [1, (Hq + 2 Hkv) * D]`` (pre-norm, pre-rope) -> attention output
     ``[1, Hq * D]``; stores the new K/V into ``kv_cache [2, blocks, page, Hkv, D]`` at ``slot_mapping[0]``.
 
     ``block_table`` is the request's row (``[max_blocks]`` int32), ``seq_lens`` ``[1]`` (the new token included),
-    ``positions [1]``; ``cos_cache``/``sin_cache`` ``[max_pos, D/2]`` (full rotary)."""
+    ``positions [1]``; ``cos_cache``/``sin_cache`` ``[max_pos, D/2]`` (full rotary). ``prefetch`` 1/2 with
+    ``prefetch_t``: the launch asks L2 for that tensor (after / before its PDL wait; a hint, same result)."""
+    if prefetch not in (0, 1, 2):
+        raise ValueError(f"attention_one: prefetch must be 0, 1 or 2, not {prefetch!r}")
+    if merge not in (0, 1):
+        raise ValueError(f"attention_one: merge must be 0 (loop) or 1 (unrolled), not {merge!r}")
     if qkv.stride(-1) != 1:
         qkv = qkv.contiguous()
     group = num_heads // num_kv_heads
@@ -232,10 +266,12 @@ def attention_one(qkv: torch.Tensor, positions: torch.Tensor, cos_cache: torch.T
     out = torch.empty(1, num_heads * head_size, dtype=qkv.dtype, device=qkv.device)
     part, ml, count = _scratch(qkv.device, num_kv_heads, splits, g_p, head_size)
     k_cache, v_cache = kv_cache[0], kv_cache[1]
+    pf_total, pf_piece = prefetch_split(prefetch_t if prefetch else None, num_kv_heads * splits, 16)
+    pf = as_bytes(prefetch_t) if pf_total else as_bytes(qkv)
     _attn_one_kernel[(num_kv_heads, splits)](
         qkv, positions, cos_cache, sin_cache, q_weight, k_weight, k_cache, v_cache, block_table, seq_lens,
         slot_mapping, out, part, ml, count, cos_cache.stride(0), k_cache.stride(0), k_cache.stride(1), eps,
-        scale * 1.4426950408889634,
+        scale * 1.4426950408889634, pf, pf_total, pf_piece, PREFETCH=prefetch if pf_total else 0, MERGE=merge,
         NUM_Q=num_heads, NUM_KV=num_kv_heads, GROUP=group, G_P=g_p, HEAD=head_size, NEOX=neox,
         PAGE=kv_cache.shape[2], BLOCK_N=block_n, SPLITS=splits, EARLY=early, DOT16=dot16, num_warps=num_warps, num_stages=2,
         **launch_opts())

@@ -32,6 +32,7 @@ import triton
 import triton.language as tl
 
 from octavo.plugins.platforms.cuda_pdl import gdc_launch_dependents, gdc_wait, launch_opts
+from octavo.plugins.platforms.moe_prefetch import as_bytes, l2_prefetch, prefetch_split
 
 
 @triton.jit
@@ -66,10 +67,16 @@ def _route(logits_ptr, num_experts, TOP_K: tl.constexpr, K_P: tl.constexpr, E_P:
 
 @triton.jit(do_not_specialize=["num_experts"])
 def _w13_route_kernel(x_ptr, logits_ptr, w13_ptr, act_ptr, weights_ptr, ids_ptr, num_experts, N, K,
-                      stride_be, stride_bn, TOP_K: tl.constexpr, K_P: tl.constexpr, E_P: tl.constexpr,
-                      RENORMALIZE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                      PDL: tl.constexpr = False):
-    """``act[slot, n] = silu(x . w1[e, n]) * (x . w3[e, n])`` for the token's slot ``pid // cdiv(N, BLOCK_N)``."""
+                      stride_be, stride_bn, w2_ptr, w2_bytes, w2_piece, TOP_K: tl.constexpr, K_P: tl.constexpr,
+                      E_P: tl.constexpr, RENORMALIZE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                      PDL: tl.constexpr = False, PF_W2: tl.constexpr = False, EVICT: tl.constexpr = "",
+                      ROUTE_IN: tl.constexpr = True):
+    """``act[slot, n] = silu(x . w1[e, n]) * (x . w3[e, n])`` for the token's slot ``pid // cdiv(N, BLOCK_N)``.
+
+    ``PF_W2`` (moe_prefetch.py): once its expert is known, each program asks L2 for its share of that expert's
+    ``w2`` bytes (``w2_bytes`` per expert at ``w2_ptr``, split over the slot's programs), so the w2 launch reads
+    L2. ``EVICT``: the eviction policy of the streamed w13 loads ("evict_first" keeps the prefetched w2 in L2).
+    ``ROUTE_IN`` False: the routing ran as its own launch before (``topk_softmax``); read the slot's id."""
     if PDL:  # cuda_pdl.py (OCTAVO_PDL=1): nothing to load before the logits exist (the expert depends on them)
         gdc_wait()
         gdc_launch_dependents()
@@ -77,12 +84,17 @@ def _w13_route_kernel(x_ptr, logits_ptr, w13_ptr, act_ptr, weights_ptr, ids_ptr,
     num_n = tl.cdiv(N, BLOCK_N)
     slot = pid // num_n
     pid_n = pid % num_n
-    top_w, top_i = _route(logits_ptr, num_experts, TOP_K, K_P, E_P, RENORMALIZE)
-    lanes = tl.arange(0, K_P)
-    if pid == 0:
-        tl.store(weights_ptr + lanes, top_w, mask=lanes < TOP_K)
-        tl.store(ids_ptr + lanes, top_i.to(tl.int64), mask=lanes < TOP_K)
-    expert = tl.sum(tl.where(lanes == slot, top_i, 0), axis=0).to(tl.int64)
+    if ROUTE_IN:
+        top_w, top_i = _route(logits_ptr, num_experts, TOP_K, K_P, E_P, RENORMALIZE)
+        lanes = tl.arange(0, K_P)
+        if pid == 0:
+            tl.store(weights_ptr + lanes, top_w, mask=lanes < TOP_K)
+            tl.store(ids_ptr + lanes, top_i.to(tl.int64), mask=lanes < TOP_K)
+        expert = tl.sum(tl.where(lanes == slot, top_i, 0), axis=0).to(tl.int64)
+    else:
+        expert = tl.load(ids_ptr + slot)
+    if PF_W2:
+        l2_prefetch(w2_ptr + expert * w2_bytes, w2_bytes, w2_piece, pid_n, 4)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < N
     offs_k = tl.arange(0, BLOCK_K)
@@ -92,8 +104,9 @@ def _w13_route_kernel(x_ptr, logits_ptr, w13_ptr, act_ptr, weights_ptr, ids_ptr,
     for k in range(0, tl.cdiv(K, BLOCK_K)):
         k_ok = offs_k < K - k * BLOCK_K
         a = tl.load(x_ptr + k * BLOCK_K + offs_k, mask=k_ok, other=0.0).to(tl.float32)
-        g = tl.load(b_ptrs, mask=n_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32)
-        u = tl.load(b_ptrs + N * stride_bn, mask=n_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32)
+        g = tl.load(b_ptrs, mask=n_ok[:, None] & k_ok[None, :], other=0.0, eviction_policy=EVICT).to(tl.float32)
+        u = tl.load(b_ptrs + N * stride_bn, mask=n_ok[:, None] & k_ok[None, :], other=0.0,
+                    eviction_policy=EVICT).to(tl.float32)
         acc_g += g * a[None, :]
         acc_u += u * a[None, :]
         b_ptrs += BLOCK_K
@@ -106,9 +119,9 @@ def _w13_route_kernel(x_ptr, logits_ptr, w13_ptr, act_ptr, weights_ptr, ids_ptr,
 
 @triton.jit(do_not_specialize=["num_experts"])
 def _w13_route_all_kernel(x_ptr, logits_ptr, w13_ptr, act_ptr, weights_ptr, ids_ptr, num_experts, N, K,
-                          stride_be, stride_bn, TOP_K: tl.constexpr, K_P: tl.constexpr, E_P: tl.constexpr,
-                          RENORMALIZE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                          PDL: tl.constexpr = False):
+                          stride_be, stride_bn, w2_ptr, w2_bytes, w2_piece, TOP_K: tl.constexpr,
+                          K_P: tl.constexpr, E_P: tl.constexpr, RENORMALIZE: tl.constexpr, BLOCK_N: tl.constexpr,
+                          BLOCK_K: tl.constexpr, PDL: tl.constexpr = False):
     """:func:`_w13_route_kernel` with every program covering ALL k slots for its ``BLOCK_N`` rows (a
     ``[k, BLOCK_N, BLOCK_K]`` tile, as the w2 launch): the routing is computed once per k slots' rows instead
     of once per slot, and each K-block is one large load. Chosen by a config's ``"ALL_SLOTS": true``."""
@@ -146,18 +159,25 @@ def _w13_route_all_kernel(x_ptr, logits_ptr, w13_ptr, act_ptr, weights_ptr, ids_
 
 
 @triton.jit
-def _w2_sum_kernel(act_ptr, w2_ptr, weights_ptr, ids_ptr, out_ptr, N, K, stride_be, stride_bn,
-                   TOP_K: tl.constexpr, K_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                   PDL: tl.constexpr = False):
+def _w2_sum_kernel(act_ptr, w2_ptr, weights_ptr, ids_ptr, out_ptr, N, K, stride_be, stride_bn, pf_ptr, pf_total,
+                   pf_piece, TOP_K: tl.constexpr, K_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                   PDL: tl.constexpr = False, PF_NEXT: tl.constexpr = 0):
     """``out[n] = sum_j weight[j] * (act[j] . w2[ids[j], n])`` over this program's ``BLOCK_N`` columns.
 
     Every k-block loads all k slots' rows at once (a ``[K_P, BLOCK_N, BLOCK_K]`` tile): one plain loop with
     large independent loads, which the compiler pipelines (a loop over slots with a per-slot epilogue did not:
-    16 us instead of ~11 for Qwen3-30B-A3B's w2 on an H100, session 6 batch 1)."""
+    16 us instead of ~11 for Qwen3-30B-A3B's w2 on an H100, session 6 batch 1).
+
+    ``PF_NEXT`` 1/2 (moe_prefetch.py): the grid asks L2 for ``pf_total`` bytes at ``pf_ptr`` (the next layer's
+    qkv weight) after / before its PDL wait."""
+    pid_n = tl.program_id(0)
+    if PF_NEXT == 2:
+        l2_prefetch(pf_ptr, pf_total, pf_piece, pid_n, 4)
     if PDL:  # as the w13 launch: the ids and activations come from it
         gdc_wait()
         gdc_launch_dependents()
-    pid_n = tl.program_id(0)
+    if PF_NEXT == 1:
+        l2_prefetch(pf_ptr, pf_total, pf_piece, pid_n, 4)
     lanes = tl.arange(0, K_P)
     slot_ok = lanes < TOP_K
     experts = tl.load(ids_ptr + lanes, mask=slot_ok, other=0).to(tl.int64)
@@ -203,12 +223,15 @@ def default_decode_config(num_slots: int, inter: int, hidden: int) -> dict:
 
 
 def decode_one(x: torch.Tensor, router_logits: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, top_k: int,
-               renormalize: bool, config: dict | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+               renormalize: bool, config: dict | None = None, next_weight: torch.Tensor | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One token through routing and its k experts: ``x [1, H]``, ``router_logits [1, E]`` (any float dtype)
     -> (``out [1, H]``, routing weights ``[1, k]`` float32, expert ids ``[1, k]`` int64).
 
     ``w13 [E, 2I, H]`` and ``w2 [E, H, I]`` contiguous, ``x``'s dtype; ``config`` as
-    :func:`default_decode_config` returns (``{"w13": {...}, "w2": {...}}``)."""
+    :func:`default_decode_config` returns (``{"w13": {...}, "w2": {...}}``). L2 prefetch hints (moe_prefetch.py;
+    same results): ``w13["PF_W2"]`` the routed experts' w2 during w13, ``w13["EVICT"]`` its loads' eviction
+    policy, ``w2["PF_NEXT"]`` 1/2 ``next_weight`` (the next layer's qkv weight) during w2."""
     num_experts, two_i, hidden = w13.shape
     inter = two_i // 2
     cfg = config or default_decode_config(top_k, inter, hidden)
@@ -218,20 +241,48 @@ def decode_one(x: torch.Tensor, router_logits: torch.Tensor, w13: torch.Tensor, 
         router_logits = router_logits.contiguous()
     if x.stride(-1) != 1:
         x = x.contiguous()
-    weights = torch.empty(1, top_k, dtype=torch.float32, device=dev)
-    ids = torch.empty(1, top_k, dtype=torch.int64, device=dev)
+    pf_next = c2.get("PF_NEXT", 0)
+    if pf_next not in (0, 1, 2):
+        raise ValueError(f"decode_one: w2 PF_NEXT must be 0, 1 or 2, not {pf_next!r}")
+    route = c13.get("ROUTE", "in")
+    if route not in ("in", "launch") or (route == "launch" and c13.get("ALL_SLOTS")):
+        raise ValueError(f"decode_one: w13 ROUTE must be 'in' or 'launch' (per-slot kernel), not {route!r}")
+    if route == "launch":  # its own routing launch (cuda_moe_kernels.topk_softmax), w13 reads the ids
+        from octavo.plugins.platforms.cuda_moe_kernels import topk_softmax
+
+        weights, ids = topk_softmax(router_logits, top_k, renormalize)
+    else:
+        weights = torch.empty(1, top_k, dtype=torch.float32, device=dev)
+        ids = torch.empty(1, top_k, dtype=torch.int64, device=dev)
     act = torch.empty(top_k, inter, dtype=x.dtype, device=dev)
     out = torch.empty(1, hidden, dtype=x.dtype, device=dev)
     all_slots = bool(c13.get("ALL_SLOTS", False))
     kernel13 = _w13_route_all_kernel if all_slots else _w13_route_kernel
-    grid13 = ((1 if all_slots else top_k) * triton.cdiv(inter, c13["BLOCK_N"]),)
+    num_n13 = triton.cdiv(inter, c13["BLOCK_N"])
+    grid13 = ((1 if all_slots else top_k) * num_n13,)
+    extra13 = {}
+    w2_bytes, w2_piece = 0, 16
+    if not all_slots:
+        pf_w2, evict = bool(c13.get("PF_W2", False)), c13.get("EVICT", "")
+        if evict not in ("", "evict_first", "evict_last"):
+            raise ValueError(f"decode_one: w13 EVICT must be '', 'evict_first' or 'evict_last', not {evict!r}")
+        if pf_w2:  # one expert's w2 bytes over the slot's num_n13 programs, 4 requests each
+            w2_bytes, w2_piece = prefetch_split(w2[0] if w2.is_contiguous() else None, num_n13, 4)
+            if w2_bytes != w2.stride(0) * w2.element_size():
+                w2_bytes = 0  # interpreter, unaligned or ragged: no prefetch
+        extra13 = {"PF_W2": w2_bytes > 0, "EVICT": evict, "ROUTE_IN": route == "in"}
+    elif c13.get("PF_W2") or c13.get("EVICT"):
+        raise ValueError("decode_one: PF_W2 / EVICT are for the per-slot w13 kernel, not ALL_SLOTS")
     kernel13[grid13](x, router_logits, w13, act, weights, ids, num_experts, inter, hidden,
-                              w13.stride(0), w13.stride(1), TOP_K=top_k, K_P=_p2(top_k), E_P=_p2(num_experts),
-                              RENORMALIZE=renormalize, BLOCK_N=c13["BLOCK_N"], BLOCK_K=c13["BLOCK_K"],
-                              num_warps=c13.get("num_warps", 4), num_stages=c13.get("num_stages", 3),
-                              **launch_opts())
-    _w2_sum_kernel[(triton.cdiv(hidden, c2["BLOCK_N"]),)](
-        act, w2, weights, ids, out, hidden, inter, w2.stride(0), w2.stride(1), TOP_K=top_k, K_P=_p2(top_k),
+                     w13.stride(0), w13.stride(1), as_bytes(w2), w2_bytes, w2_piece, TOP_K=top_k, K_P=_p2(top_k),
+                     E_P=_p2(num_experts), RENORMALIZE=renormalize, BLOCK_N=c13["BLOCK_N"], BLOCK_K=c13["BLOCK_K"],
+                     num_warps=c13.get("num_warps", 4), num_stages=c13.get("num_stages", 3), **extra13,
+                     **launch_opts())
+    grid2 = triton.cdiv(hidden, c2["BLOCK_N"])
+    pf_total, pf_piece = prefetch_split(next_weight if pf_next else None, grid2, 4)
+    _w2_sum_kernel[(grid2,)](
+        act, w2, weights, ids, out, hidden, inter, w2.stride(0), w2.stride(1),
+        as_bytes(next_weight) if pf_total else as_bytes(w2), pf_total, pf_piece, TOP_K=top_k, K_P=_p2(top_k),
         BLOCK_N=c2["BLOCK_N"], BLOCK_K=c2["BLOCK_K"], num_warps=c2.get("num_warps", 4),
-        num_stages=c2.get("num_stages", 3), **launch_opts())
+        num_stages=c2.get("num_stages", 3), PF_NEXT=pf_next if pf_total else 0, **launch_opts())
     return out, weights, ids
