@@ -29,10 +29,8 @@ def _gemm_kernel(x_ptr, w_ptr, out_ptr, part_ptr, M, N, k_per, stride_xm, stride
                  EVEN_N: tl.constexpr, PDL: tl.constexpr = False):
     """One CTA: rows [pid_m*BM, +BM) x columns [pid_n*BN, +BN) over K range [pid_k*k_per, +k_per) (k_per a
     run-time value: one build serves every K of a launch config). The grid runs the row tiles of one column tile
-    next to each other (axis 0), so they share its weight tiles in L2."""
-    if PDL:  # cuda_pdl.py: x is the predecessor's output; nothing is read before it finished
-        gdc_wait()
-        gdc_launch_dependents()
+    next to each other (axis 0), so they share its weight tiles in L2. The first K tile is peeled: its weight
+    tile loads before ``gdc_wait`` (weights are never written by a predecessor; cuda_pdl.py), x only after."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -44,8 +42,18 @@ def _gemm_kernel(x_ptr, w_ptr, out_ptr, part_ptr, M, N, k_per, stride_xm, stride
     k0 = pid_k * k_per
     xp = x_ptr + rm.to(tl.int64)[:, None] * stride_xm + (k0 + rk)[None, :]
     wp = w_ptr + rn.to(tl.int64)[:, None] * stride_wn + (k0 + rk)[None, :]
-    acc = tl.zeros([BM, BN], dtype=tl.float32)
-    for _ in range(0, k_per, BK):  # k_per is a multiple of BK (checked by the launcher)
+    if EVEN_N:
+        b = tl.load(wp)
+    else:
+        b = tl.load(wp, mask=n_ok[:, None], other=0.0)
+    if PDL:  # x is the predecessor's output: nothing of it is read before the predecessor finished
+        gdc_wait()
+        gdc_launch_dependents()
+    a = tl.load(xp, mask=m_ok[:, None], other=0.0)
+    acc = tl.dot(a, tl.trans(b), tl.zeros([BM, BN], dtype=tl.float32))
+    xp += BK
+    wp += BK
+    for _ in range(BK, k_per, BK):  # k_per is a multiple of BK (checked by the launcher)
         a = tl.load(xp, mask=m_ok[:, None], other=0.0)
         if EVEN_N:
             b = tl.load(wp)
@@ -67,16 +75,18 @@ def _gemm_tma_kernel(x_desc, w_desc, out_ptr, part_ptr, M, N, k_per, stride_om,
                      BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SPLIT_K: tl.constexpr,
                      PDL: tl.constexpr = False):
     """``_gemm_kernel`` with the x / weight tiles loaded by TMA (host tensor descriptors; rows past M and
-    columns past N read as zeros)."""
-    if PDL:
-        gdc_wait()
-        gdc_launch_dependents()
+    columns past N read as zeros); the first weight tile loads before ``gdc_wait`` as there."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)
     k0 = pid_k * k_per
-    acc = tl.zeros([BM, BN], dtype=tl.float32)
-    for kk in range(0, k_per, BK):
+    b = w_desc.load([pid_n * BN, k0])
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+    a = x_desc.load([pid_m * BM, k0])
+    acc = tl.dot(a, b.T, tl.zeros([BM, BN], dtype=tl.float32))
+    for kk in range(BK, k_per, BK):
         a = x_desc.load([pid_m * BM, k0 + kk])
         b = w_desc.load([pid_n * BN, k0 + kk])
         acc = tl.dot(a, b.T, acc)

@@ -19,6 +19,7 @@ if not INTERPRET and not torch.cuda.is_available():
 
 from octavo.plugins.platforms import cuda_gemm  # noqa: E402
 from octavo.plugins.platforms.cuda_gemm import GemmConfig, gemm  # noqa: E402
+from octavo.plugins.platforms.cuda_pdl import launch_opts  # noqa: E402
 
 DEV = torch.device("cpu" if INTERPRET else "cuda")
 DTYPES = (torch.float16, torch.float32) if INTERPRET else (torch.bfloat16,)  # the served dtype (builds are slow)
@@ -55,6 +56,8 @@ def test_gemm_matches_float64_and_split_k_is_deterministic(shape, cfg, dtype):
     err = float((got.double().cpu() - want).abs().max() / want.abs().max())
     assert err <= TOL[dtype], err  # one rounding of an fp32 sum
     assert torch.equal(gemm(x, w, cfg), got)  # fixed summation order: the same bits every time
+    # the PDL launch (first weight tile before gdc_wait; a no-op in the interpreter) computes the same bits
+    assert torch.equal(gemm(x, w, cfg, {"PDL": True} if INTERPRET else launch_opts()), got)
 
 
 def test_gemm_writes_into_a_strided_output_and_refuses_bad_inputs():
