@@ -174,10 +174,11 @@ def gemm(x, weight, cfg: GemmConfig, pdl: dict | None = None, out=None):
     return out
 
 
-#: (N, K) of the weight -> [(most rows, config)], ascending: a launch with M rows takes the first entry whose
-#: bound is >= M; shapes or row counts not listed stay on cuBLAS. Filled from measurements on H100
-#: (benchmarks/gemm_triton_bench.py; docs/performance.md); empty = cuBLAS everywhere.
-TABLE: dict[tuple[int, int], list[tuple[int, GemmConfig]]] = {}
+#: (N, K) of the weight -> [(most rows, config or None)], ascending: a launch with M rows takes the first entry
+#: whose bound is >= M (None there: cuBLAS); shapes or row counts not listed stay on cuBLAS. Filled from
+#: measurements on H100 (benchmarks/gemm_triton_bench.py, benchmarks/gemm_table_from_bench.py;
+#: docs/performance.md); empty = cuBLAS everywhere.
+TABLE: dict[tuple[int, int], list[tuple[int, GemmConfig | None]]] = {}
 #: fewest rows taken here (below that the batch-1 GEMV or cuBLAS)
 MIN_ROWS = 2
 _STATE: dict = {"on": None, "checked": {}}  # on: None = OCTAVO_TRITON_GEMM, read on first use
@@ -204,7 +205,7 @@ def lookup(M: int, N: int, K: int) -> GemmConfig | None:
         return None
     for most, cfg in TABLE.get((N, K), ()):
         if M <= most:
-            return cfg if cfg.fits(K) else None
+            return cfg if cfg is not None and cfg.fits(K) else None
     return None
 
 

@@ -76,13 +76,16 @@ def test_gemm_writes_into_a_strided_output_and_refuses_bad_inputs():
 
 def test_lookup_takes_the_first_row_bound_and_only_fitting_launches(monkeypatch):
     a, b = GemmConfig(16, 16, 32, 1, 4, 2), GemmConfig(32, 32, 32, 4, 4, 2)
-    monkeypatch.setattr(cuda_gemm, "TABLE", {(64, 256): [(64, a), (256, b)], (64, 96): [(256, b)]})
+    monkeypatch.setattr(cuda_gemm, "TABLE", {(64, 256): [(64, a), (256, b)], (64, 96): [(256, b)],
+                                             (32, 256): [(8, a), (100, None), (256, b)]})
     monkeypatch.setattr(cuda_gemm, "_INTERPRET_TABLE", True)
     assert cuda_gemm.lookup(1, 64, 256) is None  # below MIN_ROWS: the GEMV / cuBLAS
     assert cuda_gemm.lookup(2, 64, 256) == a and cuda_gemm.lookup(64, 64, 256) == a
     assert cuda_gemm.lookup(65, 64, 256) == b and cuda_gemm.lookup(257, 64, 256) is None
     assert cuda_gemm.lookup(100, 64, 96) is None  # 96 is not 4 x 32
-    assert cuda_gemm.lookup(100, 32, 256) is None  # shape not in the table
+    assert cuda_gemm.lookup(100, 48, 256) is None  # shape not in the table
+    assert cuda_gemm.lookup(8, 32, 256) == a and cuda_gemm.lookup(9, 32, 256) is None  # None: cuBLAS there
+    assert cuda_gemm.lookup(101, 32, 256) == b
 
 
 def test_linear_routes_table_shapes_checks_the_first_use_and_drops_a_wrong_launch(monkeypatch, caplog):
