@@ -36,7 +36,7 @@ run() {  # cap seconds, log name, command...
 
 case "$PART" in
   b1)
-    run 56 gemm_triton.log python benchmarks/gemm_triton_bench.py --out "$R/gemm_triton.json" --budget 40
+    run 56 gemm_triton.log python benchmarks/gemm_triton_bench.py --out "$R/gemm_triton.json" --budget 32
     cases "$(left)" rebuilds.log tests/gpu/test_triton_no_rebuilds.py ;;
   b2)
     cases 16 gemm_cases.log tests/kernels/cuda_gemm_cases.py
