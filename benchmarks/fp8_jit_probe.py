@@ -88,6 +88,17 @@ def main() -> None:
                                   max_num_batched_tokens=8192, num_gpu_blocks_override=blocks)
         res["build_s"] = round(time.perf_counter() - t0, 2)
         res["builds_at_start"] = len(jit.log)
+        if torch.cuda.is_available():  # where the device memory went (the KV cache gets what the rest leaves of 0.9)
+            free, total = torch.cuda.mem_get_info()
+            gib = 2 ** 30
+            weights = sum(p.numel() * p.element_size() for p in worker.model.parameters())
+            kv = sum(t.numel() * t.element_size() for t in worker.kv_caches)
+            res["memory_GiB"] = {"total": total / gib, "used": (total - free) / gib, "weights": weights / gib,
+                                 "kv_cache": kv / gib, "torch_allocated": torch.cuda.memory_allocated() / gib,
+                                 "torch_reserved": torch.cuda.memory_reserved() / gib,
+                                 "torch_peak_allocated": torch.cuda.max_memory_allocated() / gib,
+                                 "not_torch": (total - free - torch.cuda.memory_reserved()) / gib}
+            print("memory", json.dumps(res["memory_GiB"]), flush=True)
         num, in_len, out_len = args.prompts, args.in_len, args.out_len
         t = time.perf_counter()
         warm_up(llm, [(in_len, 1 + i % 32) for i in range(min(num, 64))], seed=11)
@@ -109,6 +120,15 @@ def main() -> None:
         print(json.dumps({k: v for k, v in res.items() if k != "builds_in_timed_run"}), flush=True)
         for e in jit.log[mark:]:
             print("TIMED BUILD", e["name"], e["s"], "s", e["key"][:400], flush=True)
+        if torch.cuda.is_available():  # last (it unbinds the layers' caches): the sizing pass's activation peak
+            from octavo.core.profiling import profile_run
+
+            torch.cuda.synchronize()
+            base = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+            profile_run(worker)
+            res["profile_run_peak_GiB"] = (torch.cuda.max_memory_allocated() - base) / 2 ** 30
+            print("profile_run peak above the engine's tensors", res["profile_run_peak_GiB"], "GiB", flush=True)
         llm.llm_engine.shutdown()
     with open(args.out, "w") as f:
         json.dump(res, f, indent=1)

@@ -23,10 +23,10 @@ import torch
 SCRIPT = r"""
 import os
 import torch
-from octavo.nn.kv_quant import dequantize, quantize
 from octavo.plugins.attention._triton_decode import paged_decode
 from octavo.plugins.attention.triton import TritonAttentionBackend
 from octavo.testing.attention import make_layout
+from tests.quant.fp8_attn_cases import paged_case, reference
 
 PAGE = 16
 DEV = torch.device(os.environ.get("DECODE_TEST_DEVICE", "cpu"))
@@ -34,34 +34,8 @@ gen = torch.Generator().manual_seed(0)
 
 
 def case(heads, kv_heads, d, ctx, cache_dtype, q_dtype, ks=1.0, vs=1.0):
-    nblk = [(c + PAGE - 1) // PAGE for c in ctx]
-    perm = (torch.randperm(sum(nblk), generator=gen) + 1).tolist()
-    tables, at = [], 0
-    for n in nblk:
-        tables.append(perm[at: at + n]); at += n
-    k = torch.randn(sum(nblk) + 1, PAGE, kv_heads, d, generator=gen) * 2
-    v = torch.randn(sum(nblk) + 1, PAGE, kv_heads, d, generator=gen)
-    if cache_dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
-        kc, vc = quantize(k, ks, cache_dtype), quantize(v, vs, cache_dtype)
-        kf, vf = dequantize(kc, ks, torch.float64), dequantize(vc, vs, torch.float64)
-    else:
-        kc, vc, kf, vf = k.to(cache_dtype), v.to(cache_dtype), k.double(), v.double()
-    q = torch.randn(len(ctx), heads, d, generator=gen).to(q_dtype)
-    bt = torch.zeros(len(ctx), max(nblk), dtype=torch.int32)
-    for i, t in enumerate(tables):
-        bt[i, : len(t)] = torch.tensor(t, dtype=torch.int32)
+    q, kc, vc, kf, vf, bt, tables = paged_case(gen, heads, kv_heads, d, ctx, cache_dtype, q_dtype, ks, vs, PAGE)
     return q.to(DEV), kc.to(DEV), vc.to(DEV), kf, vf, bt.to(DEV), tables
-
-
-def reference(q, kf, vf, tables, ctx, scale):
-    out = []
-    g = q.shape[1] // kf.shape[2]
-    for i, L in enumerate(ctx):
-        kk = kf[tables[i]].reshape(-1, kf.shape[2], kf.shape[3])[:L].repeat_interleave(g, 1)
-        vv = vf[tables[i]].reshape(-1, vf.shape[2], vf.shape[3])[:L].repeat_interleave(g, 1)
-        p = (torch.einsum("hd,lhd->hl", q[i].double(), kk) * scale).softmax(-1)
-        out.append(torch.einsum("hl,lhd->hd", p, vv))
-    return torch.stack(out)
 
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2

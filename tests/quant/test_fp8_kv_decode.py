@@ -20,9 +20,9 @@ import torch
 SCRIPT = r"""
 import os
 import torch
-from octavo.nn.kv_quant import dequantize, quantize
 from octavo.plugins.attention._fp8_kv_decode import fp8_kv_decode
 from octavo.plugins.attention._triton_decode import longest_first
+from tests.quant.fp8_attn_cases import paged_case, reference
 
 PAGE = 16
 DEV = torch.device(os.environ.get("DECODE_TEST_DEVICE", "cpu"))
@@ -30,29 +30,14 @@ gen = torch.Generator().manual_seed(0)
 E4M3 = torch.float8_e4m3fn
 
 
+def _edge_values(k):  # e4m3 subnormals, a large value, -0
+    k[1, 0, 0, :4] = torch.tensor([1e-3, -2e-3, 400.0, -0.0])
+
+
 def run(heads, kv_heads, d, ctx, ks, vs, deqs, block_n, combos=None):
-    nblk = [(c + PAGE - 1) // PAGE for c in ctx]
-    perm = (torch.randperm(sum(nblk), generator=gen) + 1).tolist()
-    tables, at = [], 0
-    for n in nblk:
-        tables.append(perm[at: at + n]); at += n
-    k = torch.randn(sum(nblk) + 1, PAGE, kv_heads, d, generator=gen) * 2
-    v = torch.randn(sum(nblk) + 1, PAGE, kv_heads, d, generator=gen)
-    k[1, 0, 0, :4] = torch.tensor([1e-3, -2e-3, 400.0, -0.0])  # e4m3 subnormals, a large value, -0
-    kc, vc = quantize(k, ks, E4M3), quantize(v, vs, E4M3)
-    kf, vf = dequantize(kc, ks, torch.float64), dequantize(vc, vs, torch.float64)
-    q = torch.randn(len(ctx), heads, d, generator=gen).to(torch.bfloat16)
-    bt = torch.zeros(len(ctx), max(nblk), dtype=torch.int32)
-    for i, t in enumerate(tables):
-        bt[i, : len(t)] = torch.tensor(t, dtype=torch.int32)
-    g = heads // kv_heads
-    want = []
-    for i, L in enumerate(ctx):
-        kk = kf[tables[i]].reshape(-1, kv_heads, d)[:L].repeat_interleave(g, 1)
-        vv = vf[tables[i]].reshape(-1, kv_heads, d)[:L].repeat_interleave(g, 1)
-        p = (torch.einsum("hd,lhd->hl", q[i].double(), kk) * d ** -0.5).softmax(-1)
-        want.append(torch.einsum("hl,lhd->hd", p, vv))
-    want = torch.stack(want)
+    q, kc, vc, kf, vf, bt, tables = paged_case(gen, heads, kv_heads, d, ctx, E4M3, torch.bfloat16, ks, vs, PAGE,
+                                               k_edit=_edge_values)
+    want = reference(q, kf, vf, tables, ctx, d ** -0.5)
     lens = torch.tensor(ctx, dtype=torch.int32, device=DEV)
     qsl = torch.arange(len(ctx) + 1, dtype=torch.int32, device=DEV)
     combos = combos or [(deq, prefetch, ordered, None) for deq in deqs for prefetch in (True, False)
