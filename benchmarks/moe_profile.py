@@ -209,22 +209,24 @@ def _tables_without_pdl(runner, model, variants: dict) -> dict:
 
 
 # session 8: L2 prefetch hints (plugins/platforms/moe_prefetch.py), each re-captured in the same engine
+PF_ALL = ({"prefetch": 1, "merge": 1}, {"PF_W2": True, "PF_NEXT": True, "EVICT": "evict_first"}, {})
 PREFETCH_VARIANTS = [  # likeliest first: the part's time cap may cut the list (each row is printed as it ends)
     ("base", {}, {}, {}),
     ("attn_merge1", {"merge": 1}, {}, {}),  # the attention's merge of the splits unrolled
     ("attn_pf1", {"prefetch": 1}, {}, {}),
     ("w13_pf_w2_evict_first", {}, {"PF_W2": True, "EVICT": "evict_first"}, {}),
+    ("w13_pf_next_evict_first", {}, {"PF_NEXT": True, "EVICT": "evict_first"}, {}),
     ("w2_pf_next1", {}, {}, {"PF_NEXT": 1}),
-    ("all_after_wait", {"prefetch": 1, "merge": 1}, {"PF_W2": True, "EVICT": "evict_first"}, {"PF_NEXT": 1}),
+    ("all_w13_next", *PF_ALL),
+    ("all_w2_next", {"prefetch": 1, "merge": 1}, {"PF_W2": True, "EVICT": "evict_first"}, {"PF_NEXT": 1}),
     ("route_launch", {}, {"ROUTE": "launch"}, {}),  # routing as its own launch: what the in-kernel routing costs
-    ("attn_pf2", {"prefetch": 2}, {}, {}),
-    ("w13_pf_w2", {}, {"PF_W2": True}, {}),
-    ("w2_pf_next2", {}, {}, {"PF_NEXT": 2}),
-    ("base_again", {}, {}, {}),
     # the post-attention norm + router in one launch (moe_norm_router.py, opt-in since session 6), installed here
     ("norm_router", {}, {}, {}, True),
-    ("norm_router_all_after_wait", {"prefetch": 1, "merge": 1}, {"PF_W2": True, "EVICT": "evict_first"},
-     {"PF_NEXT": 1}, True),
+    ("attn_pf2", {"prefetch": 2}, {}, {}),
+    ("w2_pf_next2", {}, {}, {"PF_NEXT": 2}),
+    ("w13_pf_w2", {}, {"PF_W2": True}, {}),
+    ("base_again", {}, {}, {}),
+    ("norm_router_all_w13_next", *PF_ALL, True),
 ]
 
 

@@ -67,20 +67,25 @@ def _route(logits_ptr, num_experts, TOP_K: tl.constexpr, K_P: tl.constexpr, E_P:
 
 @triton.jit(do_not_specialize=["num_experts"])
 def _w13_route_kernel(x_ptr, logits_ptr, w13_ptr, act_ptr, weights_ptr, ids_ptr, num_experts, N, K,
-                      stride_be, stride_bn, w2_ptr, w2_bytes, w2_piece, TOP_K: tl.constexpr, K_P: tl.constexpr,
-                      E_P: tl.constexpr, RENORMALIZE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                      PDL: tl.constexpr = False, PF_W2: tl.constexpr = False, EVICT: tl.constexpr = "",
-                      ROUTE_IN: tl.constexpr = True):
+                      stride_be, stride_bn, w2_ptr, w2_bytes, w2_piece, pf_ptr, pf_total, pf_piece,
+                      TOP_K: tl.constexpr, K_P: tl.constexpr, E_P: tl.constexpr, RENORMALIZE: tl.constexpr,
+                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False,
+                      PF_W2: tl.constexpr = False, EVICT: tl.constexpr = "", ROUTE_IN: tl.constexpr = True,
+                      PF_NEXT: tl.constexpr = False):
     """``act[slot, n] = silu(x . w1[e, n]) * (x . w3[e, n])`` for the token's slot ``pid // cdiv(N, BLOCK_N)``.
 
     ``PF_W2`` (moe_prefetch.py): once its expert is known, each program asks L2 for its share of that expert's
     ``w2`` bytes (``w2_bytes`` per expert at ``w2_ptr``, split over the slot's programs), so the w2 launch reads
     L2. ``EVICT``: the eviction policy of the streamed w13 loads ("evict_first" keeps the prefetched w2 in L2).
-    ``ROUTE_IN`` False: the routing ran as its own launch before (``topk_softmax``); read the slot's id."""
+    ``ROUTE_IN`` False: the routing ran as its own launch before (``topk_softmax``); read the slot's id.
+    ``PF_NEXT``: before its PDL wait (while the norm and router run and HBM idles) the grid asks L2 for
+    ``pf_total`` bytes at ``pf_ptr`` (the next layer's qkv weight)."""
+    pid = tl.program_id(0)
+    if PF_NEXT:
+        l2_prefetch(pf_ptr, pf_total, pf_piece, pid, 2)
     if PDL:  # cuda_pdl.py (OCTAVO_PDL=1): nothing to load before the logits exist (the expert depends on them)
         gdc_wait()
         gdc_launch_dependents()
-    pid = tl.program_id(0)
     num_n = tl.cdiv(N, BLOCK_N)
     slot = pid // num_n
     pid_n = pid % num_n
@@ -119,7 +124,8 @@ def _w13_route_kernel(x_ptr, logits_ptr, w13_ptr, act_ptr, weights_ptr, ids_ptr,
 
 @triton.jit(do_not_specialize=["num_experts"])
 def _w13_route_all_kernel(x_ptr, logits_ptr, w13_ptr, act_ptr, weights_ptr, ids_ptr, num_experts, N, K,
-                          stride_be, stride_bn, w2_ptr, w2_bytes, w2_piece, TOP_K: tl.constexpr,
+                          stride_be, stride_bn, w2_ptr, w2_bytes, w2_piece, pf_ptr, pf_total, pf_piece,
+                          TOP_K: tl.constexpr,
                           K_P: tl.constexpr, E_P: tl.constexpr, RENORMALIZE: tl.constexpr, BLOCK_N: tl.constexpr,
                           BLOCK_K: tl.constexpr, PDL: tl.constexpr = False):
     """:func:`_w13_route_kernel` with every program covering ALL k slots for its ``BLOCK_N`` rows (a
@@ -231,7 +237,8 @@ def decode_one(x: torch.Tensor, router_logits: torch.Tensor, w13: torch.Tensor, 
     ``w13 [E, 2I, H]`` and ``w2 [E, H, I]`` contiguous, ``x``'s dtype; ``config`` as
     :func:`default_decode_config` returns (``{"w13": {...}, "w2": {...}}``). L2 prefetch hints (moe_prefetch.py;
     same results): ``w13["PF_W2"]`` the routed experts' w2 during w13, ``w13["EVICT"]`` its loads' eviction
-    policy, ``w2["PF_NEXT"]`` 1/2 ``next_weight`` (the next layer's qkv weight) during w2."""
+    policy, ``w13["PF_NEXT"]`` ``next_weight`` (the next layer's qkv weight) before w13's wait, ``w2["PF_NEXT"]``
+    1/2 the same during w2 (after / before its wait)."""
     num_experts, two_i, hidden = w13.shape
     inter = two_i // 2
     cfg = config or default_decode_config(top_k, inter, hidden)
@@ -261,7 +268,7 @@ def decode_one(x: torch.Tensor, router_logits: torch.Tensor, w13: torch.Tensor, 
     num_n13 = triton.cdiv(inter, c13["BLOCK_N"])
     grid13 = ((1 if all_slots else top_k) * num_n13,)
     extra13 = {}
-    w2_bytes, w2_piece = 0, 16
+    w2_bytes, w2_piece, pf13_total, pf13_piece = 0, 16, 0, 16
     if not all_slots:
         pf_w2, evict = bool(c13.get("PF_W2", False)), c13.get("EVICT", "")
         if evict not in ("", "evict_first", "evict_last"):
@@ -270,11 +277,14 @@ def decode_one(x: torch.Tensor, router_logits: torch.Tensor, w13: torch.Tensor, 
             w2_bytes, w2_piece = prefetch_split(w2[0] if w2.is_contiguous() else None, num_n13, 4)
             if w2_bytes != w2.stride(0) * w2.element_size():
                 w2_bytes = 0  # interpreter, unaligned or ragged: no prefetch
-        extra13 = {"PF_W2": w2_bytes > 0, "EVICT": evict, "ROUTE_IN": route == "in"}
-    elif c13.get("PF_W2") or c13.get("EVICT"):
-        raise ValueError("decode_one: PF_W2 / EVICT are for the per-slot w13 kernel, not ALL_SLOTS")
+        pf13_total, pf13_piece = prefetch_split(next_weight if c13.get("PF_NEXT") else None, grid13[0], 2)
+        extra13 = {"PF_W2": w2_bytes > 0, "EVICT": evict, "ROUTE_IN": route == "in", "PF_NEXT": pf13_total > 0}
+    elif c13.get("PF_W2") or c13.get("EVICT") or c13.get("PF_NEXT"):
+        raise ValueError("decode_one: PF_W2 / EVICT / PF_NEXT are for the per-slot w13 kernel, not ALL_SLOTS")
     kernel13[grid13](x, router_logits, w13, act, weights, ids, num_experts, inter, hidden,
-                     w13.stride(0), w13.stride(1), as_bytes(w2), w2_bytes, w2_piece, TOP_K=top_k, K_P=_p2(top_k),
+                     w13.stride(0), w13.stride(1), as_bytes(w2), w2_bytes, w2_piece,
+                     as_bytes(next_weight) if pf13_total else as_bytes(w2), pf13_total, pf13_piece, TOP_K=top_k,
+                     K_P=_p2(top_k),
                      E_P=_p2(num_experts), RENORMALIZE=renormalize, BLOCK_N=c13["BLOCK_N"], BLOCK_K=c13["BLOCK_K"],
                      num_warps=c13.get("num_warps", 4), num_stages=c13.get("num_stages", 3), **extra13,
                      **launch_opts())

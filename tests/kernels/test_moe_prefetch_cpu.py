@@ -60,10 +60,13 @@ def test_sm90_kernels_hold_the_prefetch_exactly_where_asked():
 
     sig13 = {"x_ptr": "*bf16", "logits_ptr": "*bf16", "w13_ptr": "*bf16", "act_ptr": "*bf16", "weights_ptr": "*fp32",
              "ids_ptr": "*i64", "num_experts": "i32", "N": "i32", "K": "i32", "stride_be": "i32", "stride_bn": "i32",
-             "w2_ptr": "*u8", "w2_bytes": "i64", "w2_piece": "i64"}
-    c13 = dict(TOP_K=8, K_P=8, E_P=128, RENORMALIZE=True, BLOCK_N=16, BLOCK_K=256, PDL=True)
-    ptx = _ptx(_w13_route_kernel, sig13, {**c13, "PF_W2": True, "EVICT": "evict_first", "ROUTE_IN": True})
+             "w2_ptr": "*u8", "w2_bytes": "i64", "w2_piece": "i64", "pf_ptr": "*u8", "pf_total": "i64",
+             "pf_piece": "i64"}
+    c13 = dict(TOP_K=8, K_P=8, E_P=128, RENORMALIZE=True, BLOCK_N=16, BLOCK_K=256, PDL=True, ROUTE_IN=True)
+    ptx = _ptx(_w13_route_kernel, sig13, {**c13, "PF_W2": True, "EVICT": "evict_first", "PF_NEXT": False})
     assert _where(ptx) == "after" and "evict_first" in ptx  # the expert is known only after the wait
+    ptx = _ptx(_w13_route_kernel, sig13, {**c13, "PF_W2": False, "EVICT": "", "PF_NEXT": True})
+    assert _where(ptx) == "before" and "evict_first" not in ptx  # the next layer's weight: before the wait
     sig2 = {"act_ptr": "*bf16", "w2_ptr": "*bf16", "weights_ptr": "*fp32", "ids_ptr": "*i64", "out_ptr": "*bf16",
             "N": "i32", "K": "i32", "stride_be": "i32", "stride_bn": "i32", "pf_ptr": "*u8", "pf_total": "i64",
             "pf_piece": "i64"}
@@ -112,7 +115,8 @@ for e, k, h, inter in ((16, 4, 64, 48), (6, 3, 32, 40)):
     tiles = {"w13": {"BLOCK_N": 16, "BLOCK_K": 32}, "w2": {"BLOCK_N": 8, "BLOCK_K": 32}}
     want = decode_one(x, logits, w13, w2, k, True, tiles)
     launch = decode_one(x, logits, w13, w2, k, True, {"w13": {**tiles["w13"], "ROUTE": "launch"}, "w2": tiles["w2"]})
-    hints = decode_one(x, logits, w13, w2, k, True, {"w13": {**tiles["w13"], "PF_W2": True, "EVICT": "evict_first"},
+    hints = decode_one(x, logits, w13, w2, k, True, {"w13": {**tiles["w13"], "PF_W2": True, "EVICT": "evict_first",
+                                                             "PF_NEXT": True},
                                                      "w2": {**tiles["w2"], "PF_NEXT": 1}}, next_weight=w13[0])
     for got in (launch, hints):
         for a, b in zip(want, got):

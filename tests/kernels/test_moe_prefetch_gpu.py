@@ -18,7 +18,9 @@ pytestmark = [pytest.mark.gpu,
 
 
 @pytest.mark.parametrize("w13,w2", [({"PF_W2": True, "EVICT": "evict_first"}, {"PF_NEXT": 1}),
-                                    ({"PF_W2": True}, {"PF_NEXT": 2})], ids=["after_wait", "before_wait"])
+                                    ({"PF_W2": True}, {"PF_NEXT": 2}),
+                                    ({"PF_W2": True, "PF_NEXT": True, "EVICT": "evict_first"}, {})],
+                         ids=["after_wait", "before_wait", "w13_next"])
 def test_expert_prefetch_changes_no_bit(w13, w2):
     from octavo.plugins.platforms.moe_decode_kernels import decode_one, default_decode_config
 
