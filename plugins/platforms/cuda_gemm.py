@@ -215,7 +215,8 @@ def linear(x, weight):
     use (outside a graph capture: the graph runner runs each size eagerly first) compares it with ``F.linear``
     on the real input; a launch off by more than two bf16 rounding steps of the output's largest value is
     dropped with a warning."""
-    if not active() or x.dim() != 2 or x.stride(1) != 1 or weight.stride(1) != 1:
+    if (not active() or x.dim() != 2 or x.stride(1) != 1 or weight.stride(1) != 1 or x.dtype != weight.dtype
+            or x.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1"):
         return None
     N, K = weight.shape
     cfg = lookup(x.shape[0], N, K)
@@ -232,13 +233,16 @@ def linear(x, weight):
             return None  # never checked: cuBLAS in this graph
         import torch.nn.functional as F
 
-        got, want = gemm(x, weight, cfg, launch_opts()).float(), F.linear(x, weight).float()
-        err = float((got - want).abs().max()) / max(float(want.abs().max()), 1e-30)
-        ok = _STATE["checked"][key] = err <= 1.6e-2
+        try:
+            got, want = gemm(x, weight, cfg, launch_opts()).float(), F.linear(x, weight).float()
+            err = float((got - want).abs().max()) / max(float(want.abs().max()), 1e-30)
+        except Exception as e:  # noqa: BLE001 - a launch this card or Triton cannot run: cuBLAS
+            err = repr(e)[:200]
+        ok = _STATE["checked"][key] = isinstance(err, float) and err <= 1.6e-2
         if not ok:
             import logging
 
-            logging.getLogger(__name__).warning("Triton GEMM %s for [%d, %d] weights not used: %.3g off cuBLAS",
+            logging.getLogger(__name__).warning("Triton GEMM %s for [%d, %d] weights not used: %s off cuBLAS",
                                                 cfg.name(), N, K, err)
             return None
     if not ok:

@@ -118,3 +118,8 @@ def test_linear_routes_table_shapes_checks_the_first_use_and_drops_a_wrong_launc
         assert cuda_gemm.linear(x, w) is None
         assert cuda_gemm.linear(x, w) is None
     assert "not used" in caplog.text
+    # a launch that cannot run (e.g. out of shared memory on this card) falls back too, and a dtype mismatch
+    monkeypatch.setattr(cuda_gemm, "_STATE", {"on": True, "checked": {}})
+    monkeypatch.setattr(cuda_gemm, "gemm", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("out of resource")))
+    assert cuda_gemm.linear(x, w) is None and "out of resource" in caplog.text
+    assert cuda_gemm.linear(x.float(), w) is None
