@@ -146,6 +146,8 @@ def bench_decode(args) -> dict:
         modes["json_async_pool"] = (so, True, False, False, None, {**dflt, "inline": False})
         modes["json_async_nohandoff"] = (so, True, False, False, None, {**dflt, "handoff": 0.0})
         modes["json_async_t1"] = (so, True, False, False, None, {**dflt, "threads": 1})
+        # session 8: one native fill call on xgrammar's own 8-thread pool (xgrammar_backend.NATIVE_FILL_THREADS)
+        modes["json_async_nt8"] = (so, True, False, False, None, {**dflt, "threads": 1, "native": 8})
         modes["json_async_table"] = (so, True, False, False, None, {**dflt, "kernel": False})  # the core's apply
         modes["json_async_late"] = (so, True, False, False, None, {**dflt, "early": False})  # accept after update
         # diagnostic: the whole async grammar path (prepare, gate, accept call, hand-off) with the backend's fill
@@ -225,6 +227,7 @@ def bench_decode(args) -> dict:
             grammar_step.INLINE_AFTER_GATE, grammar_step.HANDOFF_WAIT_S = knobs["inline"], knobs["handoff"]
             grammar_step.PLATFORM_APPLY, so_mod.EARLY_ACCEPT = knobs["kernel"], knobs["early"]
             core.structured.fill_threads = knobs["threads"]
+            xgb.NATIVE_FILL_THREADS = knobs.get("native", 1)
             if knobs.get("gate_only") and params_so is not None:
                 backend = core.structured._get_backend()
                 backend.fill_bitmasks = lambda ms, bm: bm.fill_(-1)
@@ -254,6 +257,7 @@ def bench_decode(args) -> dict:
                 grammar_step.INLINE_AFTER_GATE, grammar_step.HANDOFF_WAIT_S = dflt["inline"], dflt["handoff"]
                 grammar_step.PLATFORM_APPLY, so_mod.EARLY_ACCEPT = dflt["kernel"], dflt["early"]
                 core.structured.fill_threads = dflt["threads"]
+                xgb.NATIVE_FILL_THREADS = 1
                 async_gate.PARK, async_gate.EARLY_FILL = park_default, early_fill_default
                 async_gate.FILL_START_WAIT_S = start_wait_default
                 backend = core.structured._backend

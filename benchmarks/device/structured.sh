@@ -15,7 +15,8 @@
 #      0.2 ms GIL switch interval while structured steps are in flight vs json_async_noswitch (worse: now off by
 #      default); batch 2 runs json_async (default: no switch, xgrammar's terminated flag kept in Python),
 #      json_async_nostartwait (no 1 ms wait for the bitmask thread), json_async_sw{200,1000,50}us, json_async_old.
-#      Session 8: json_async vs free_async (STRUCTURED_MODES=... adds modes), then one untimed run each of
+#      Session 8: json_async vs free_async, json_async_nt8 (one fill call on xgrammar's own 8 threads;
+#      STRUCTURED_MODES=... picks modes), then one untimed run each of
 #      json_async and free_async under benchmarks/stack_sampler.py (stack_samples in the JSON).
 #   2. the same on the SmolLM2-135M shape (hidden 576, 30 layers, 9/3 heads: the embedded model's config),
 #      random weights. (The 8B body's goal is met: sessions 6-7 within +-0.4%; no longer run.)
@@ -83,7 +84,7 @@ COMMON=(--batches 32 1 --steps 24 --repeats 2 --device cuda --dtype bfloat16 --s
                           --async-modes off on --show-outputs 2)
 # session 8: json_async (the default loop) vs free_async on both shapes; then one untimed run of each under the
 # wall-clock stack sampler (benchmarks/stack_sampler.py: what the core / runner / bitmask threads do per step)
-MODES=(--modes ${STRUCTURED_MODES:-json_async})
+MODES=(--modes ${STRUCTURED_MODES:-json_async json_async_nt8})
 SAMPLE=(--stack-sample json_async free_async)
 FILL=(--rows 32 --steps 24 --threads 1 --pool-threads --engine-threads 1 2 4 8 --forms cap16_regex --repeats 1)
 [ "$DRY" = 1 ] && FILL=(--rows 8 --steps 4 --threads 1 --pool-threads --engine-threads 1 2 --forms cap16_regex --repeats 1)

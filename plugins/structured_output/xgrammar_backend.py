@@ -23,6 +23,9 @@ from octavo.structured_outputs import (
 )
 
 MAX_WHITESPACE = 16
+# threads of the native BatchGrammarMatcher one fill call runs on (its own C++ pool, GIL released); 1: the engine
+# splits rows over its own threads instead (core/grammar_step.py). The benchmark's json_async_nt8 mode sets 8.
+NATIVE_FILL_THREADS = 1
 WHITESPACE_AS_REGEX = True  # False: xgrammar's own max_whitespace_cnt (same language; benchmarks compare both)
 
 
@@ -158,8 +161,9 @@ class XGrammarBackend(StructuredOutputBackend):
             bitmask[[j for j, d in enumerate(done) if d]] = -1
         if len(live) > 1 and all(isinstance(matchers[j], _Matcher) for j in live):
             batch = getattr(self._local, "batch", None)
-            if batch is None:
-                batch = self._local.batch = self.xgr.BatchGrammarMatcher(max_threads=1)
+            if batch is None or self._local.threads != NATIVE_FILL_THREADS:
+                batch = self._local.batch = self.xgr.BatchGrammarMatcher(max_threads=NATIVE_FILL_THREADS)
+                self._local.threads = NATIVE_FILL_THREADS
             batch.batch_fill_next_token_bitmask([matchers[j].m for j in live], bitmask,
                                                      indices=None if len(live) == len(matchers) else live)
         else:
