@@ -289,8 +289,8 @@ def link_next_weights(model: torch.nn.Module) -> int:
             pending.append(m)
         qkv = getattr(getattr(m, "qkv_proj", None), "weight", None)
         if pending and isinstance(qkv, torch.Tensor) and qkv.dim() == 2 and qkv.is_contiguous():
-            for layer in pending:
-                layer._moe_next_weight = qkv
+            for layer in pending:  # a plain reference, not a registered parameter of the experts module
+                object.__setattr__(layer, "_moe_next_weight", qkv)
                 n += 1
             pending = []
     return n

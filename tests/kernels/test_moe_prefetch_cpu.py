@@ -144,3 +144,30 @@ def test_routing_launch_hints_and_unrolled_merge_give_the_same_bits_in_the_inter
     from tests.utils import run_triton_interpreted
 
     run_triton_interpreted(_INTERP)
+
+
+def test_next_weights_follow_module_order_without_new_parameters():
+    """Each batch-1 MoE layer links the NEXT attention's qkv weight (the last layer none), as a plain reference:
+    the model's parameters (and state dict) stay as they were."""
+    from octavo.nn.fused_moe import FusedMoE
+    from octavo.plugins.platforms.cuda_moe import link_next_weights
+
+    class Attn(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.qkv_proj = torch.nn.Linear(8, 24, bias=False)
+
+    class Layer(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.self_attn, self.mlp = Attn(), FusedMoE(4, 2, 8, 16, prefix="x")
+
+    model = torch.nn.Sequential(Layer(), Layer(), Layer())
+    for layer in model:
+        layer.mlp._moe_decode = object()  # what use_triton_kernel leaves on a layer with the batch-1 path
+    names = list(dict(model.named_parameters(remove_duplicate=False)))
+    assert link_next_weights(model) == 2
+    assert model[0].mlp._moe_next_weight is model[1].self_attn.qkv_proj.weight
+    assert model[1].mlp._moe_next_weight is model[2].self_attn.qkv_proj.weight
+    assert "_moe_next_weight" not in vars(model[2].mlp)
+    assert list(dict(model.named_parameters(remove_duplicate=False))) == names
