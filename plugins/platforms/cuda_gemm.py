@@ -64,7 +64,7 @@ def _gemm_kernel(x_ptr, w_ptr, out_ptr, part_ptr, M, N, k_per, stride_xm, stride
         wp += BK
     if SPLIT_K == 1:
         op = out_ptr + rm.to(tl.int64)[:, None] * stride_om + rn[None, :]
-        tl.store(op, acc.to(out_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+        tl.store(op, acc.to(a.dtype).to(out_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
     else:  # partial [SPLIT_K, M, N] fp32, summed by _splitk_sum_kernel
         pp = part_ptr + (pid_k * M + rm).to(tl.int64)[:, None] * N + rn[None, :]
         tl.store(pp, acc, mask=m_ok[:, None] & n_ok[None, :])
@@ -94,16 +94,17 @@ def _gemm_tma_kernel(x_desc, w_desc, out_ptr, part_ptr, M, N, k_per, stride_om,
     rn = pid_n * BN + tl.arange(0, BN)
     ok = (rm < M)[:, None] & (rn < N)[None, :]
     if SPLIT_K == 1:
-        tl.store(out_ptr + rm.to(tl.int64)[:, None] * stride_om + rn[None, :], acc.to(out_ptr.dtype.element_ty),
-                 mask=ok)
+        tl.store(out_ptr + rm.to(tl.int64)[:, None] * stride_om + rn[None, :],
+                 acc.to(a.dtype).to(out_ptr.dtype.element_ty), mask=ok)
     else:
         tl.store(part_ptr + (pid_k * M + rm).to(tl.int64)[:, None] * N + rn[None, :], acc, mask=ok)
 
 
 @triton.jit(do_not_specialize=["M"], do_not_specialize_on_alignment=["M"])
 def _splitk_sum_kernel(part_ptr, out_ptr, M, N, stride_om, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr,
-                       PDL: tl.constexpr = False):
-    """out[m, n] = round(sum_s part[s, m, n]), s in order (the same bits on every run)."""
+                       ROUND: tl.constexpr = 0, PDL: tl.constexpr = False):
+    """out[m, n] = round(sum_s part[s, m, n]), s in order (the same bits on every run); ``ROUND`` 1 / 2: rounded
+    to bf16 / fp16 first (an fp32 output holding the input dtype's values)."""
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
@@ -113,6 +114,10 @@ def _splitk_sum_kernel(part_ptr, out_ptr, M, N, stride_om, SPLIT_K: tl.constexpr
     acc = tl.zeros([BLOCK], dtype=tl.float32)
     for s in tl.static_range(SPLIT_K):
         acc += tl.load(part_ptr + (s * M + m).to(tl.int64) * N + cols, mask=ok, other=0.0)
+    if ROUND == 1:
+        acc = acc.to(tl.bfloat16).to(tl.float32)
+    elif ROUND == 2:
+        acc = acc.to(tl.float16).to(tl.float32)
     tl.store(out_ptr + m.to(tl.int64) * stride_om + cols, acc.to(out_ptr.dtype.element_ty), mask=ok)
 
 
@@ -134,9 +139,11 @@ class GemmConfig:
         return f"{self.bm}x{self.bn}x{self.bk}_s{self.split_k}_w{self.warps}_st{self.stages}" + "_tma" * self.tma
 
 
-def gemm(x, weight, cfg: GemmConfig, pdl: dict | None = None, out=None):
+def gemm(x, weight, cfg: GemmConfig, pdl: dict | None = None, out=None, out_dtype=None):
     """``x [M, K] @ weight [N, K]^T`` with the launch ``cfg`` (contiguous rows of both; ``cfg.fits(K)``).
-    ``pdl``: ``cuda_pdl.launch_opts()`` for both launches (None: plain launches)."""
+    ``pdl``: ``cuda_pdl.launch_opts()`` for both launches (None: plain launches). ``out_dtype`` float32: the
+    result rounded to x's dtype, stored as float32 (``F.linear(x, w).float()`` in one pass: the LM head's
+    logits without the copy kernel)."""
     import torch
 
     M, K = x.shape
@@ -147,7 +154,7 @@ def gemm(x, weight, cfg: GemmConfig, pdl: dict | None = None, out=None):
     if not cfg.fits(K):
         raise ValueError(f"gemm: K={K} is not a multiple of split_k x bk ({cfg.split_k} x {cfg.bk})")
     if out is None:
-        out = torch.empty(M, N, dtype=x.dtype, device=x.device)
+        out = torch.empty(M, N, dtype=out_dtype or x.dtype, device=x.device)
     if M == 0:
         return out
     opts = pdl or {}
@@ -169,8 +176,9 @@ def gemm(x, weight, cfg: GemmConfig, pdl: dict | None = None, out=None):
                            EVEN_N=N % cfg.bn == 0, num_warps=cfg.warps, num_stages=cfg.stages, **opts)
     if cfg.split_k > 1:
         block = 1024 if N >= 1024 else triton.next_power_of_2(N)
+        rnd = 0 if out.dtype == x.dtype else {torch.bfloat16: 1, torch.float16: 2}.get(x.dtype, 0)
         _splitk_sum_kernel[(M, triton.cdiv(N, block))](part, out, M, N, out.stride(0), SPLIT_K=cfg.split_k,
-                                                        BLOCK=block, num_warps=4, **opts)
+                                                        BLOCK=block, ROUND=rnd, num_warps=4, **opts)
     return out
 
 

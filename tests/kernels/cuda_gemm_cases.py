@@ -60,6 +60,16 @@ def test_gemm_matches_float64_and_split_k_is_deterministic(shape, cfg, dtype):
     assert torch.equal(gemm(x, w, cfg, {"PDL": True} if INTERPRET else launch_opts()), got)
 
 
+@pytest.mark.parametrize("cfg", CONFIGS[:2], ids=GemmConfig.name)
+def test_float32_output_holds_the_rounded_values(cfg):
+    """``out_dtype=float32``: the values of the 16-bit result (each exactly representable), as ``.float()`` of it
+    would give, in one pass (split-K rounds in the sum kernel)."""
+    x, w = _inputs(9, 48, 512, torch.float16, seed=5)
+    got = gemm(x, w, cfg, out_dtype=torch.float32)
+    assert got.dtype == torch.float32
+    assert torch.equal(got, gemm(x, w, cfg).float())
+
+
 def test_gemm_writes_into_a_strided_output_and_refuses_bad_inputs():
     x, w = _inputs(9, 32, 64, DTYPES[0], seed=1)
     big = torch.full((9, 48), 7.0, dtype=x.dtype, device=DEV)
