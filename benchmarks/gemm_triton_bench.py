@@ -137,6 +137,10 @@ def main() -> None:
                 row["speedup_vs_cublas"] = round(row["cublas_us"] / ok[best][0], 3)
                 cfg = next(c for c in cfgs if c.name() == best)
                 row["best_no_pdl_us"] = round(time_chain(lambda w, c=cfg, x=x: gemm(x, w, c, None), ws, launches), 2)
+                if name.endswith("lm_head"):  # logits as the runner wants them: fp32 (cuBLAS + copy vs one pass)
+                    row["cublas_float_us"] = round(time_chain(lambda w, x=x: F.linear(x, w).float(), ws, launches), 2)
+                    row["best_float_us"] = round(time_chain(
+                        lambda w, c=cfg, x=x: gemm(x, w, c, pdl, out_dtype=torch.float32), ws, launches), 2)
                 best_by_shape.setdefault(name, {})[m] = (best, row["speedup_vs_cublas"])
             res["cases"].append(row)
             if first_case_s == 1e9:
