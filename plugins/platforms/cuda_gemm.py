@@ -217,7 +217,7 @@ def lookup(M: int, N: int, K: int) -> GemmConfig | None:
     return None
 
 
-def linear(x, weight):
+def linear(x, weight, out_dtype=None):
     """``F.linear(x, weight)`` through the table's launch for this shape and row count, or None (the caller runs
     cuBLAS): off, not listed, strided inputs, or the launch disagreed with cuBLAS on its first use. That first
     use (outside a graph capture: the graph runner runs each size eagerly first) compares it with ``F.linear``
@@ -232,7 +232,7 @@ def linear(x, weight):
         return None
     from octavo.plugins.platforms.cuda_pdl import launch_opts
 
-    key = (N, K, cfg, x.dtype)
+    key = (N, K, cfg, x.dtype, out_dtype)
     ok = _STATE["checked"].get(key)
     if ok is None:
         import torch
@@ -242,7 +242,10 @@ def linear(x, weight):
         import torch.nn.functional as F
 
         try:
-            got, want = gemm(x, weight, cfg, launch_opts()).float(), F.linear(x, weight).float()
+            got, want = gemm(x, weight, cfg, launch_opts(), out_dtype=out_dtype), F.linear(x, weight)
+            if out_dtype is not None and not torch.equal(got, got.to(x.dtype).to(out_dtype)):
+                raise RuntimeError("float32 output does not hold 16-bit values")
+            got, want = got.float(), want.float()
             err = float((got - want).abs().max()) / max(float(want.abs().max()), 1e-30)
         except Exception as e:  # noqa: BLE001 - a launch this card or Triton cannot run: cuBLAS
             err = repr(e)[:200]
@@ -255,4 +258,38 @@ def linear(x, weight):
             return None
     if not ok:
         return None
-    return gemm(x, weight, cfg, launch_opts())
+    return gemm(x, weight, cfg, launch_opts(), out_dtype=out_dtype)
+
+
+class LogitsMethod:
+    """The LM head's ``logits_method`` (``ParallelLMHead.compute_logits``) on one rank: the table's launch writes
+    float32 logits holding the 16-bit values, so ``compute_logits``' ``.float()`` is a no-op instead of a copy
+    kernel over ``rows x vocab``; anything the table does not cover (or a bias) runs ``F.linear`` as before."""
+
+    def apply(self, layer, x, bias=None):
+        if bias is None and x.dim() == 2:
+            import torch
+
+            y = linear(x, layer.weight, out_dtype=torch.float32)
+            if y is not None:
+                return y
+        import torch.nn.functional as F
+
+        return F.linear(x, layer.weight, bias)
+
+    def process_weights_after_loading(self, layer) -> None:
+        pass
+
+
+def install_logits(model) -> dict[str, int]:
+    """Give each single-rank, dense, bias-free ``ParallelLMHead`` of ``model`` whose weight shape the table lists
+    a :class:`LogitsMethod`; returns ``{"LMHead(gemm)": count}``."""
+    from octavo.nn.embedding import ParallelLMHead
+
+    n = 0
+    for m in model.modules():
+        if (isinstance(m, ParallelLMHead) and m.logits_method is None and m.tp_size == 1 and m.bias is None
+                and tuple(m.weight.shape) in TABLE):
+            m.logits_method = LogitsMethod()
+            n += 1
+    return {"LMHead(gemm)": n} if n else {}

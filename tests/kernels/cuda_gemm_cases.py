@@ -133,3 +133,26 @@ def test_linear_routes_table_shapes_checks_the_first_use_and_drops_a_wrong_launc
     monkeypatch.setattr(cuda_gemm, "gemm", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("out of resource")))
     assert cuda_gemm.linear(x, w) is None and "out of resource" in caplog.text
     assert cuda_gemm.linear(x.float(), w) is None
+
+
+def test_logits_method_writes_rounded_float32_logits_and_installs_only_where_listed(monkeypatch):
+    """``LogitsMethod`` on a real ``ParallelLMHead``: table shape -> float32 logits equal to the 16-bit GEMM's
+    values (``compute_logits``' ``.float()`` then copies nothing); other row counts -> ``F.linear`` (16-bit, as
+    before); ``install_logits`` skips heads with a bias or a shape the table lacks."""
+    from octavo.nn.embedding import ParallelLMHead
+
+    head = ParallelLMHead(96, 256).to(DEV)
+    _, w = _inputs(1, 96, 256, DTYPES[0], seed=7)
+    head.weight.data = w
+    x, _ = _inputs(20, 96, 256, DTYPES[0], seed=8)
+    cfg = CONFIGS[0]
+    monkeypatch.setattr(cuda_gemm, "TABLE", {(96, 256): [(32, cfg)]})
+    monkeypatch.setattr(cuda_gemm, "_INTERPRET_TABLE", True)
+    monkeypatch.setattr(cuda_gemm, "_STATE", {"on": True, "checked": {}})
+    assert cuda_gemm.install_logits(head) == {"LMHead(gemm)": 1}
+    logits = head.compute_logits(x)
+    assert logits.dtype == torch.float32 and torch.equal(logits, gemm(x, w, cfg).float())
+    wide = torch.cat([x, x])  # 40 rows: not in the table -> F.linear, as without the method
+    assert torch.equal(head.compute_logits(wide), torch.nn.functional.linear(wide, w).float())
+    other = ParallelLMHead(96, 128).to(DEV)
+    assert cuda_gemm.install_logits(other) == {}
