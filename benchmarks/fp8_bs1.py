@@ -108,7 +108,11 @@ S6_VARIANTS = {"nosilu": {"silu": False}, "norm4": {"warps": None}, "pf16": {"mb
                "bits_again": {"bits": True}, "regpf": {"reg_pf": True}, "bits_regpf": {"bits": True, "reg_pf": True},
                "acc16": {"acc": 16}, "acc8": {"acc": 8}, "acc16_regpf": {"acc": 16, "reg_pf": True},
                "acc0": {"acc": 0, "bits": False, "reg_pf": False}, "x2d": {"x2d": True},
-               "acc0_x2d": {"acc": 0, "bits": False, "reg_pf": False, "x2d": True}}
+               "acc0_x2d": {"acc": 0, "bits": False, "reg_pf": False, "x2d": True},
+               "one": {"one": {}}, "one_s8": {"one": {"splits": 8}}, "one_w8": {"one": {"num_warps": 8}},
+               "one_n32": {"one": {"block_n": 32}}, "one_s32_n32": {"one": {"splits": 32, "block_n": 32}}}
+# session 8: "one*" = the batch-1 fp8 attention in one launch (KV write + split-KV + merge,
+# plugins/attention/_fp8_kv_decode_bs1.py) with _fp8_kv_decode_bs1.DEFAULT_LAUNCH changed as given
 # session 7: "bits" = the GEMV's integer weight conversion (fp8_gemv.W_BITS), "regpf" = its register prefetch of
 # the next weight block (fp8_gemv.REG_PF): both bit-identical, so their greedy tokens must equal the first
 # measure's; "nobits" = both off (the variants start from the tree default); "acc16"/"acc8" = the GEMV's split
@@ -197,6 +201,9 @@ def main() -> None:
         res["w_bits_default"], res["reg_pf_default"], res["acc_split_default"] = base_bits, base_reg_pf, base_acc
         platform_pdl = cuda_pdl.pdl_on()  # the platform's setting (on by default on sm_90+ since session 6)
         res["platform_pdl_default"] = platform_pdl
+        from octavo.plugins.attention import _fp8_kv_decode_bs1 as one_mod
+
+        base_one, base_one_env = dict(one_mod.DEFAULT_LAUNCH), os.environ.get("OCTAVO_FP8_DECODE_ONE")
         chosen = args.variants.split(",") if args.variants else list(S6_VARIANTS)
         for tag in chosen:
             v = S6_VARIANTS[tag]
@@ -211,6 +218,14 @@ def main() -> None:
                 fp8_silu_gemv.STATE["on"] = v.get("silu", base[4])
                 fp8_gemv.W_BITS, fp8_gemv.REG_PF = v.get("bits", base_bits), v.get("reg_pf", base_reg_pf)
                 fp8_gemv.ACC_SPLIT, fp8_gemv.X2D = v.get("acc", base_acc), v.get("x2d", base_x2d)
+                one_mod.DEFAULT_LAUNCH.clear()
+                one_mod.DEFAULT_LAUNCH.update(base_one, **v.get("one", {}))
+                if "one" in v:
+                    os.environ["OCTAVO_FP8_DECODE_ONE"] = "1"
+                elif base_one_env is None:
+                    os.environ.pop("OCTAVO_FP8_DECODE_ONE", None)
+                else:
+                    os.environ["OCTAVO_FP8_DECODE_ONE"] = base_one_env
                 res.setdefault("seeded_tiles", {})[tag] = seed_tiles(
                     {"W_BITS": fp8_gemv.W_BITS and not fp8_gemv.ACC_SPLIT, "REG_PF": fp8_gemv.REG_PF,
                      "ACC_SPLIT": fp8_gemv.ACC_SPLIT})
@@ -225,6 +240,8 @@ def main() -> None:
          fp8_silu_gemv.STATE["on"]) = base
         fp8_gemv.W_BITS, fp8_gemv.REG_PF, fp8_gemv.ACC_SPLIT, fp8_gemv.X2D = base_bits, base_reg_pf, base_acc, base_x2d
         cuda_pdl.set_pdl(platform_pdl)
+        one_mod.DEFAULT_LAUNCH.clear()
+        one_mod.DEFAULT_LAUNCH.update(base_one)
     if args.ab == "tc" and gr is not None:
         tiles = {}
         if args.tiles and os.path.exists(args.tiles):

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 9 (engineer "fp8"), ONE device script with parts (sessions 6-8; replaces fp8_6.sh and fp8_7.sh, whose parts
 # keep their names here). One GPU, HARD bound 75 s for the whole call. JSON + logs: $OUT/fp8/
-#   bash benchmarks/device/fp8_8.sh [PART ...]      (default: attn probe probe_bf16; parts run in the order given)
+#   bash benchmarks/device/fp8_8.sh [PART ...]      (default: bs1 probe attn; parts run in the order given)
 # Each part gets what is left of the 75 s minus what the later parts reserve (RESERVE below).
 #   attn        benchmarks/fp8_attn7.py --set ${FP8_ATTN_SET:-s8}: decode attention on the e4m3 cache, 512 requests x
 #               U[1000, 2000]: the engine's fp8 launch, the bf16 cache's rate, e4m3 dots on the stored tiles (qk8/pv8);
@@ -10,7 +10,8 @@
 #               Llama-3-8B shape with the real run's KV blocks: Triton kernels built INSIDE the timed run after
 #               gpu_e2e's warm-up (FP8_PROBE_WARM=e2e|extra), with their specialization keys; probe_bf16: bf16 run
 #   bs1         benchmarks/fp8_bs1.py --ab s6: 8B fp8 + fp8 KV batch-1 decode (ms/token, roofline fraction, kernel
-#               table), then FP8_BS1_VARIANTS (default x2d,acc0) recaptured in the same engine
+#               table), then FP8_BS1_VARIANTS (default one,one_s8,one_w8: the one-launch batch-1 fp8 attention,
+#               _fp8_kv_decode_bs1.py) recaptured in the same engine
 #   tests       GPU tests: fp8-KV decode kernel vs float64 (incl. the TABLE launch), GEMV bit identity, SiLU GEMV graph;
 #               tests6: prefetch / PDL, fused producers, fast accumulation's error; FP8_TESTS_MORE adds node ids
 #   tc          benchmarks/fp8_bs1.py --ab tc: every fp8 linear on the tensor-core GEMV
@@ -29,8 +30,8 @@ git rev-parse HEAD > "$R/commit.txt" 2>/dev/null
 git status --short > "$R/tree_status.txt" 2>/dev/null
 export OCTAVO_DISABLE_PROGRESS=1
 PARTS=("$@")
-[ ${#PARTS[@]} -eq 0 ] && PARTS=(attn probe probe_bf16)
-declare -A RESERVE=([attn]=18 [probe]=34 [probe_bf16]=12 [bs1]=28 [tests]=30 [tests6]=22 [tc]=26 [gemv]=12
+[ ${#PARTS[@]} -eq 0 ] && PARTS=(bs1 probe attn)
+declare -A RESERVE=([attn]=14 [probe]=30 [probe_bf16]=12 [bs1]=28 [tests]=30 [tests6]=22 [tc]=26 [gemv]=12
                     [attn5]=12 [mm]=8 [step]=26)
 reserve() {  # seconds the parts after $1 keep for themselves
   local after=0 r=0 p
@@ -56,7 +57,7 @@ for P in "${PARTS[@]}"; do
           echo "exit $?"; grep -v "^BUILD" "$R/probe_$V.log" > "$R/probe_$V.short"; quiet "$R/probe_$V.short" 12
           grep -A1000 "TIMED RUN STARTS" "$R/probe_$V.log" | grep "^BUILD" | cut -c1-400 | head -8;;
     bs1) $T python benchmarks/fp8_bs1.py --budget $(( B - 8 )) --out "$R/bs1.json" --ab s6 \
-           --variants "${FP8_BS1_VARIANTS:-x2d,acc0}" > "$R/bs1.log" 2>&1
+           --variants "${FP8_BS1_VARIANTS:-one,one_s8,one_w8}" > "$R/bs1.log" 2>&1
          echo "exit $?"; quiet "$R/bs1.log" 40;;
     tests|tests6) [ "$P" = tests ] && F="tests/quant/test_fp8_kv_decode.py::test_fp8_kv_decode_on_cuda
             tests/quant/test_fp8_gemv_bits.py::test_fp8_gemv_bits_on_cuda_bit_identical

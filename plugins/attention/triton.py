@@ -297,6 +297,16 @@ class TritonAttentionBackend(AttentionBackend):
             return out
         if query.stride(-1) != 1:
             query = query.contiguous()
+        if num_tokens == 1 and md.num_reqs == 1:  # e4m3 cache: KV write + split-KV + merge in one launch (fp8 area)
+            from octavo.plugins.attention._fp8_kv_decode_bs1 import fp8_decode_one, one_launch
+
+            one = one_launch(kv_cache.dtype, self.group, self.head_size, num_tokens, md.num_reqs, self.window,
+                             self.soft_cap)
+            if one is not None:
+                fp8_decode_one(query, key, value, kv_cache[0], kv_cache[1], md.block_tables[0], md.seq_lens,
+                               md.slot_mapping, out, scale=self.scale * self.k_scale, k_scale=self.k_scale,
+                               v_scale=self.v_scale, pdl=_pdl_opts(), **one)
+                return out
 
         block_q, block_m, block_n = self._tiles(md)
         splits = self._num_splits(md, block_n, query.device)
