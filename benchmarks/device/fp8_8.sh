@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 9 (engineer "fp8"), ONE device script with parts (sessions 6-8; replaces fp8_6.sh and fp8_7.sh, whose parts
 # keep their names here). One GPU, HARD bound 75 s for the whole call. JSON + logs: $OUT/fp8/
-#   bash benchmarks/device/fp8_8.sh [PART ...]      (default: bs1 probe attn; parts run in the order given)
+#   bash benchmarks/device/fp8_8.sh [PART ...]      (default: bs1 one probe attn; parts run in the order given)
 # Each part gets what is left of the 75 s minus what the later parts reserve (RESERVE below).
 #   attn        benchmarks/fp8_attn7.py --set ${FP8_ATTN_SET:-s8}: decode attention on the e4m3 cache, 512 requests x
 #               U[1000, 2000]: the engine's fp8 launch, the bf16 cache's rate, e4m3 dots on the stored tiles (qk8/pv8);
@@ -14,6 +14,7 @@
 #               _fp8_kv_decode_bs1.py) recaptured in the same engine
 #   tests       GPU tests: fp8-KV decode kernel vs float64 (incl. the TABLE launch), GEMV bit identity, SiLU GEMV graph;
 #               tests6: prefetch / PDL, fused producers, fast accumulation's error; FP8_TESTS_MORE adds node ids
+#   one         GPU test of the one-launch batch-1 fp8 attention (tests/quant/test_fp8_decode_one.py -m gpu)
 #   tc          benchmarks/fp8_bs1.py --ab tc: every fp8 linear on the tensor-core GEMV
 #   gemv        benchmarks/fp8_gemv_bench.py: one-row GEMV per 8B shape, kernels x tiles
 #   attn5       benchmarks/fp8_attn_bench.py --set s5: decode attention, 200 requests x U[1000, 2000]
@@ -30,8 +31,8 @@ git rev-parse HEAD > "$R/commit.txt" 2>/dev/null
 git status --short > "$R/tree_status.txt" 2>/dev/null
 export OCTAVO_DISABLE_PROGRESS=1
 PARTS=("$@")
-[ ${#PARTS[@]} -eq 0 ] && PARTS=(bs1 probe attn)
-declare -A RESERVE=([attn]=14 [probe]=30 [probe_bf16]=12 [bs1]=28 [tests]=30 [tests6]=22 [tc]=26 [gemv]=12
+[ ${#PARTS[@]} -eq 0 ] && PARTS=(bs1 one probe attn)
+declare -A RESERVE=([one]=16 [attn]=14 [probe]=30 [probe_bf16]=12 [bs1]=28 [tests]=30 [tests6]=22 [tc]=26 [gemv]=12
                     [attn5]=12 [mm]=8 [step]=26)
 reserve() {  # seconds the parts after $1 keep for themselves
   local after=0 r=0 p
@@ -67,6 +68,8 @@ for P in "${PARTS[@]}"; do
           # shellcheck disable=SC2086
           $T python -m pytest -v -rA -m gpu -p no:cacheprovider $F ${FP8_TESTS_MORE:-} > "$R/$P.log" 2>&1
           echo "exit $?"; grep -E "PASSED|FAILED|passed|failed|Error|assert" "$R/$P.log" | tail -20;;
+    one) $T python -m pytest -v -rA -m gpu -p no:cacheprovider tests/quant/test_fp8_decode_one.py > "$R/one.log" 2>&1
+         echo "exit $?"; grep -E "PASSED|FAILED|passed|failed|Error|assert" "$R/one.log" | tail -12;;
     tc) $T python benchmarks/fp8_bs1.py --ab tc --tiles "$R/gemv.json" --out "$R/bs1_tc.json" > "$R/bs1_tc.log" 2>&1
         echo "exit $?"; quiet "$R/bs1_tc.log" 30;;
     gemv) $T python benchmarks/fp8_gemv_bench.py --budget $(( B - 4 )) --out "$R/gemv.json" > "$R/gemv.log" 2>&1
@@ -80,7 +83,7 @@ for P in "${PARTS[@]}"; do
     step) OCTAVO_FP8_GEMV_MAX_M=0 $T python benchmarks/fp8_step_profile.py --variant fp8 --out-len 80 \
             --out "$R/step_fp8.json" > "$R/step_fp8.log" 2>&1
           echo "exit $?"; quiet "$R/step_fp8.log" 50;;
-    *) echo "unknown part $P (attn probe probe_bf16 bs1 tests tests6 tc gemv attn5 mm step)";;
+    *) echo "unknown part $P (attn probe probe_bf16 bs1 one tests tests6 tc gemv attn5 mm step)";;
   esac
 done
 echo "== done $(date -u +%T), $(( $(date +%s) - T0 )) s"
