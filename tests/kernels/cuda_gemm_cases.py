@@ -156,3 +156,49 @@ def test_logits_method_writes_rounded_float32_logits_and_installs_only_where_lis
     assert torch.equal(head.compute_logits(wide), torch.nn.functional.linear(wide, w).float())
     other = ParallelLMHead(96, 128).to(DEV)
     assert cuda_gemm.install_logits(other) == {}
+
+
+SILU_CFGS = ([GemmConfig(16, 16, 32, 1, 4, 2)] if INTERPRET else
+             [GemmConfig(64, 64, 128, 1, 4, 4), GemmConfig(128, 64, 64, 1, 8, 3)])
+
+
+def _unfused_silu(x, w):
+    """The unfused MLP's arithmetic: gate/up GEMM rounded to the dtype, SiLU rounded, product rounded."""
+    y = (x.double() @ w.double().T).to(x.dtype).float()
+    g, u = y.chunk(2, -1)
+    s = (g / (1.0 + torch.exp(-g))).to(x.dtype).float()
+    return (s * u).to(x.dtype)
+
+
+@pytest.mark.parametrize("cfg", SILU_CFGS, ids=GemmConfig.name)
+@pytest.mark.parametrize("m,i,k", [(5, 32, 64), (70, 48, 256)] if INTERPRET else [(206, 3072, 1024), (64, 14336, 4096)])
+def test_gate_up_silu_matches_the_unfused_arithmetic(m, i, k, cfg):
+    from octavo.plugins.platforms.cuda_gemm_silu import gemm_silu
+
+    if i % cfg.bn or k % cfg.bk:
+        pytest.skip("shape does not tile")
+    x, w = _inputs(m, 2 * i, k, DTYPES[0], seed=m + i)
+    got = gemm_silu(x, w, cfg)
+    want = _unfused_silu(x.cpu(), w.cpu())
+    assert got.shape == (m, i) and got.dtype == x.dtype
+    err = float((got.cpu().double() - want.double()).abs().max() / want.double().abs().max())
+    assert err <= 2 * TOL[x.dtype], err  # float64 GEMM vs fp32 sums: the roundings may land one step apart
+    assert torch.equal(gemm_silu(x, w, cfg, {"PDL": True} if INTERPRET else launch_opts()), got)
+
+
+def test_gate_up_silu_routes_table_shapes_and_drops_a_disagreeing_launch(monkeypatch, caplog):
+    from octavo.plugins.platforms import cuda_gemm_silu as gs
+
+    cfg = SILU_CFGS[0]
+    x, w = _inputs(24, 64, 128, DTYPES[0], seed=9)
+    monkeypatch.setattr(gs, "TABLE", {(64, 128): [(32, cfg)]})
+    monkeypatch.setattr(gs, "_INTERPRET_TABLE", True)
+    monkeypatch.setattr(gs, "_CHECKED", {})
+    monkeypatch.setattr(cuda_gemm, "_STATE", {"on": True, "checked": {}})
+    y = gs.gate_up_silu(x, w, lambda t: _unfused_silu(t, w))
+    assert y is not None and torch.equal(y, gs.gemm_silu(x, w, cfg))
+    assert gs.gate_up_silu(torch.cat([x, x]), w, lambda t: _unfused_silu(t, w)) is None  # 48 rows: not listed
+    monkeypatch.setattr(gs, "_CHECKED", {})
+    with caplog.at_level("WARNING"):  # an "unfused" path that differs: the fused launch is never used
+        assert gs.gate_up_silu(x, w, lambda t: _unfused_silu(t, w) * 2) is None
+    assert "not used" in caplog.text
