@@ -143,9 +143,15 @@ def _install(module) -> None:
     gu, act = module.gate_up_proj, module.act_fn
 
     def forward(self, x):
-        if (_STATE["on"] and x.dim() == 2 and x.shape[0] == 1 and not gu._forward_hooks
+        if (_STATE["on"] and x.dim() == 2 and not gu._forward_hooks
                 and not gu._forward_pre_hooks and not act._forward_hooks and not act._forward_pre_hooks):
-            return self.down_proj(gemv_silu(x, gu.weight))
+            if x.shape[0] == 1:
+                return self.down_proj(gemv_silu(x, gu.weight))
+            from octavo.plugins.platforms.cuda_gemm_silu import gate_up_silu
+
+            y = gate_up_silu(x, gu.weight, lambda t: act(gu(t)))  # 2-256 rows, measured shapes only
+            if y is not None:
+                return self.down_proj(y)
         return inner(x)
 
     module.forward = types.MethodType(forward, module)

@@ -202,3 +202,42 @@ def test_gate_up_silu_routes_table_shapes_and_drops_a_disagreeing_launch(monkeyp
     with caplog.at_level("WARNING"):  # an "unfused" path that differs: the fused launch is never used
         assert gs.gate_up_silu(x, w, lambda t: _unfused_silu(t, w) * 2) is None
     assert "not used" in caplog.text
+
+
+@torch.inference_mode()
+def test_llama_mlp_runs_the_fused_gate_up_for_listed_row_counts(monkeypatch):
+    """Through cuda_mlp_fusion's installed MLP forward: 3 rows of a listed shape take the fused launch (result
+    within the unfused path's rounding), 1 row the batch-1 GEMV, an unlisted row count the original forward."""
+    import types
+
+    from octavo.plugins.models.llama import LlamaMLP
+    from octavo.plugins.platforms import cuda_fusions as cf
+    from octavo.plugins.platforms import cuda_gemm_silu as gs
+    from octavo.plugins.platforms import cuda_mlp_fusion as cmf
+
+    dt = DTYPES[0]
+    m = LlamaMLP(types.SimpleNamespace(hidden_size=64, intermediate_size=48, hidden_act="silu", mlp_bias=False))
+    g = torch.Generator().manual_seed(3)
+    for p in m.parameters():
+        p.data = (torch.randn(p.shape, generator=g) * 0.1).to(dt).to(DEV)
+    m.gate_up_proj.quant_method = cf._gemv_linear_method()
+    m.down_proj.quant_method = cf._gemv_linear_method()
+    m.act_fn.forward = types.MethodType(cf._fused_silu_forward, m.act_fn)
+    x3 = torch.randn(3, 64, generator=g).to(dt).to(DEV)
+    want3 = m(x3)
+    cfg = SILU_CFGS[0] if INTERPRET else GemmConfig(64, 16, 64, 1, 4, 2)
+    monkeypatch.setattr(gs, "TABLE", {(96, 64): [(4, cfg)]})
+    monkeypatch.setattr(gs, "_INTERPRET_TABLE", True)
+    monkeypatch.setattr(gs, "_CHECKED", {})
+    monkeypatch.setattr(cuda_gemm, "_STATE", {"on": True, "checked": {}})
+    assert cmf.fuse_silu_gemv(m, dt, DEV, cf._close) == {"MLP(gemv+silu)": 1}
+    calls = []
+    monkeypatch.setattr(gs, "gemm_silu", lambda *a, _o=gs.gemm_silu: calls.append(1) or _o(*a))
+    got3 = m(x3)
+    assert calls, "the fused gate/up + SiLU launch did not run"
+    err = float((got3.double() - want3.double()).abs().max() / want3.double().abs().max())
+    assert err <= 2 * TOL[dt], err
+    n = len(calls)
+    x5 = torch.randn(5, 64, generator=g).to(dt).to(DEV)  # 5 rows: above the table's bound -> original forward
+    m(x5)
+    assert len(calls) == n
