@@ -42,6 +42,12 @@ def configs():
             C(128, 256, 64, 1, 8, 3, True), C(128, 128, 64, 2, 8, 3, True), C(256, 128, 64, 1, 8, 3, True)]
 
 
+def silu_configs():
+    from octavo.plugins.platforms.cuda_gemm import GemmConfig as C
+
+    return [C(64, 64, 128, 1, 4, 4), C(128, 64, 64, 1, 8, 3), C(128, 128, 64, 1, 8, 3), C(64, 128, 64, 1, 4, 4)]
+
+
 def time_chain(fn, ws, launches: int) -> float:
     """us per call of ``fn(w)`` in a captured chain of ``launches`` calls cycling over ``ws``."""
     import torch
@@ -142,11 +148,30 @@ def main() -> None:
                     row["best_float_us"] = round(time_chain(
                         lambda w, c=cfg, x=x: gemm(x, w, c, pdl, out_dtype=torch.float32), ws, launches), 2)
                 best_by_shape.setdefault(name, {})[m] = (best, row["speedup_vs_cublas"])
+            if name.endswith("gate_up"):  # + SiLU-and-mul: cuBLAS + the fused SiLU kernel vs one launch
+                from octavo.plugins.platforms.cuda_fusions import silu_and_mul
+                from octavo.plugins.platforms.cuda_gemm import GemmConfig
+                from octavo.plugins.platforms.cuda_gemm_silu import gemm_silu
+
+                row["cublas_silu_us"] = round(time_chain(lambda w, x=x: silu_and_mul(F.linear(x, w)), ws, launches), 2)
+                want = silu_and_mul(F.linear(x, ws[0])).double()
+                row["silu"] = {}
+                for cfg in [GemmConfig(16, 16, 32, 1, 4, 2)] if DRY else silu_configs():
+                    try:
+                        err = float((gemm_silu(x, ws[0], cfg, pdl).double() - want).abs().max() / want.abs().max())
+                        us = time_chain(lambda w, c=cfg, x=x: gemm_silu(x, w, c, pdl), ws, launches)
+                        row["silu"][cfg.name()] = [round(us, 2), round(err, 5)]
+                    except Exception as e:  # noqa: BLE001 - e.g. shared memory: record it
+                        row["silu"][cfg.name()] = repr(e)[:160]
+                good = {c: v for c, v in row["silu"].items() if isinstance(v, list) and v[1] <= 2e-2}
+                if good:
+                    row["silu_best"] = min(good, key=lambda c: good[c][0])
+                    row["silu_speedup"] = round(row["cublas_silu_us"] / good[row["silu_best"]][0], 3)
             res["cases"].append(row)
             if first_case_s == 1e9:
                 first_case_s = res["first_case_s"] = time.perf_counter() - t0
             res["best_by_shape"] = best_by_shape
-            print(json.dumps({k2: v for k2, v in row.items() if k2 != "triton"}), flush=True)
+            print(json.dumps({k2: v for k2, v in row.items() if k2 not in ("triton", "silu")}), flush=True)
             del ws, x
             with open(args.out, "w") as f:
                 json.dump(res, f, indent=1)
