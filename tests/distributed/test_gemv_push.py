@@ -10,8 +10,6 @@ every GEMV of the chain really pushing. Also the eligibility rule and that the p
 """
 
 import os
-import socket
-import subprocess
 import sys
 
 import pytest
@@ -27,7 +25,6 @@ def _rank_main(rank: int, tmp: str, port: str) -> None:
     import torch
     import torch.distributed as dist
 
-    from octavo.nn import parallel
     from octavo.nn.layernorm import RMSNorm
     from octavo.nn.linear import RowParallelLinear
     from octavo.plugins.platforms import cuda_allreduce as ca
@@ -35,21 +32,9 @@ def _rank_main(rank: int, tmp: str, port: str) -> None:
     from octavo.plugins.platforms import cuda_allreduce_gemv as cag
     from octavo.plugins.platforms import cuda_fusions
     from octavo.plugins.platforms.cuda_gemv_table import set_override
-    from tests.distributed.test_oneshot_allreduce import _buf_bytes
+    from tests.distributed.test_oneshot_allreduce import file_backed_all_reduce
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
-    max_bytes = 64 * 1024
-    bufs = [torch.from_file(os.path.join(tmp, f"buf{r}"), shared=True, size=_buf_bytes(), dtype=torch.uint8)
-            for r in range(WORLD)]
-    ar = ca.OneShotAllReduce.__new__(ca.OneShotAllReduce)  # the GPU constructor's fields, over the shared files
-    ar.rank, ar.world, ar.max_bytes, ar.num_calls, ar.group = rank, WORLD, max_bytes, 0, dist.group.WORLD
-    ar.flag_table = torch.tensor([b.data_ptr() for b in bufs], dtype=torch.int64)
-    ar.data_table = torch.tensor([b.data_ptr() + ca.FLAG_BYTES for b in bufs], dtype=torch.int64)
-    ar.ll_table = torch.tensor([b.data_ptr() + ca.FLAG_BYTES + 2 * WORLD * max_bytes for b in bufs], dtype=torch.int64)
-    ar.ll, ar.push, ar.pending_pushed = False, False, False
-    ar.counters = torch.zeros(ca.MAX_CTAS, dtype=torch.int64)
-    ar.defer_rows, ar.defer_width, ar.pending, ar.allow_defer = 0, 0, None, False
-    parallel.set_all_reduce(ar)
+    ar = file_backed_all_reduce(rank, tmp, port)
     d, inner = 64, 96  # hidden 64; row-parallel input 96 in all, 48 per rank (ragged for the 16-wide tile)
     ar.defer_width = d
     gen = torch.Generator().manual_seed(11 + rank)  # each rank its own shard of every weight
@@ -116,21 +101,9 @@ def _rank_main(rank: int, tmp: str, port: str) -> None:
 
 def test_gemv_push_equals_plain_in_the_interpreter(tmp_path):
     pytest.importorskip("octavo.plugins.platforms.cuda_fusions")
-    from tests.distributed.test_oneshot_allreduce import _buf_bytes
+    from tests.distributed.test_oneshot_allreduce import run_rank_processes
 
-    for r in range(WORLD):
-        (tmp_path / f"buf{r}").write_bytes(b"\0" * _buf_bytes())
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    procs = [subprocess.Popen([sys.executable, __file__, str(r), str(tmp_path), str(port)], env=env)
-             for r in range(WORLD)]
-    try:
-        assert [p.wait(timeout=240) for p in procs] == [0] * WORLD
-    finally:
-        for p in procs:
-            p.kill()
+    run_rank_processes(__file__, tmp_path)
 
 
 def test_push_needs_the_plain_gemv_config(monkeypatch):

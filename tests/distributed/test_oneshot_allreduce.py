@@ -113,23 +113,10 @@ def _fusion_main(rank: int, tmp: str, port: str) -> None:
 
     from octavo.nn import parallel
     from octavo.nn.layernorm import RMSNorm
-    from octavo.plugins.platforms import cuda_allreduce as ca
     from octavo.plugins.platforms import cuda_allreduce_fusion as caf
     from octavo.plugins.platforms.cuda_fusions import _fused_rms_forward
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
-    max_bytes = 64 * 1024
-    bufs = [torch.from_file(os.path.join(tmp, f"buf{r}"), shared=True, size=_buf_bytes(), dtype=torch.uint8)
-            for r in range(WORLD)]
-    ar = ca.OneShotAllReduce.__new__(ca.OneShotAllReduce)  # the GPU constructor's fields, over the shared files
-    ar.rank, ar.world, ar.max_bytes, ar.num_calls = rank, WORLD, max_bytes, 0
-    ar.flag_table = torch.tensor([b.data_ptr() for b in bufs], dtype=torch.int64)
-    ar.data_table = torch.tensor([b.data_ptr() + ca.FLAG_BYTES for b in bufs], dtype=torch.int64)
-    ar.ll_table = torch.tensor([b.data_ptr() + ca.FLAG_BYTES + 2 * WORLD * max_bytes for b in bufs], dtype=torch.int64)
-    ar.ll, ar.push, ar.pending_pushed = False, False, False  # (push: cuda_allreduce_gemv.py, test_gemv_push.py)
-    ar.counters = torch.zeros(ca.MAX_CTAS, dtype=torch.int64)
-    ar.defer_rows, ar.defer_width, ar.pending, ar.allow_defer = 0, 0, None, False
-    parallel.set_all_reduce(ar)
+    ar = file_backed_all_reduce(rank, tmp, port)
     d = 64
     norms = [RMSNorm(d, 1e-5).to(torch.bfloat16) for _ in range(3)]
     for i, m in enumerate(norms):
@@ -164,24 +151,56 @@ def _fusion_main(rank: int, tmp: str, port: str) -> None:
     dist.destroy_process_group()
 
 
-def test_all_reduce_norm_fusion_equals_unfused_in_the_interpreter(tmp_path):
+def file_backed_all_reduce(rank: int, tmp: str, port: str):
+    """(a rank process) the gloo group and a ``OneShotAllReduce`` with the GPU constructor's fields over the shared
+    files ``tmp/buf{r}`` (flag, data and LL regions), installed as the tensor-parallel all-reduce; also used by
+    test_gemv_push.py."""
+    import torch
+    import torch.distributed as dist
+
+    from octavo.nn import parallel
+    from octavo.plugins.platforms import cuda_allreduce as ca
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
+    max_bytes = 64 * 1024
+    bufs = [torch.from_file(os.path.join(tmp, f"buf{r}"), shared=True, size=_buf_bytes(), dtype=torch.uint8)
+            for r in range(WORLD)]
+    ar = ca.OneShotAllReduce.__new__(ca.OneShotAllReduce)
+    ar.files = bufs  # the mappings must outlive the tables that hold their addresses
+    ar.rank, ar.world, ar.max_bytes, ar.num_calls, ar.group = rank, WORLD, max_bytes, 0, dist.group.WORLD
+    ar.flag_table = torch.tensor([b.data_ptr() for b in bufs], dtype=torch.int64)
+    ar.data_table = torch.tensor([b.data_ptr() + ca.FLAG_BYTES for b in bufs], dtype=torch.int64)
+    ar.ll_table = torch.tensor([b.data_ptr() + ca.FLAG_BYTES + 2 * WORLD * max_bytes for b in bufs], dtype=torch.int64)
+    ar.ll, ar.push, ar.pending_pushed = False, False, False  # (push: cuda_allreduce_gemv.py, test_gemv_push.py)
+    ar.counters = torch.zeros(ca.MAX_CTAS, dtype=torch.int64)
+    ar.defer_rows, ar.defer_width, ar.pending, ar.allow_defer = 0, 0, None, False
+    parallel.set_all_reduce(ar)
+    return ar
+
+
+def run_rank_processes(script: str, tmp_path, timeout: float = 240) -> None:
+    """Zeroed shared buffer files in ``tmp_path``, then ``WORLD`` processes ``script rank tmp port`` under Triton's
+    interpreter; every one must exit 0 (also used by test_gemv_push.py)."""
     import socket
 
-
-    pytest.importorskip("octavo.plugins.platforms.cuda_fusions")
     for r in range(WORLD):
         (tmp_path / f"buf{r}").write_bytes(b"\0" * _buf_bytes())
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {**os.environ, "TRITON_INTERPRET": "1"}
-    procs = [subprocess.Popen([sys.executable, __file__, str(r), str(tmp_path), str(port)], env=env)
+    procs = [subprocess.Popen([sys.executable, script, str(r), str(tmp_path), str(port)], env=env)
              for r in range(WORLD)]
     try:
-        assert [p.wait(timeout=240) for p in procs] == [0] * WORLD
+        assert [p.wait(timeout=timeout) for p in procs] == [0] * WORLD
     finally:
         for p in procs:
             p.kill()
+
+
+def test_all_reduce_norm_fusion_equals_unfused_in_the_interpreter(tmp_path):
+    pytest.importorskip("octavo.plugins.platforms.cuda_fusions")
+    run_rank_processes(__file__, tmp_path)
 
 
 if __name__ == "__main__":
