@@ -27,7 +27,6 @@ import torch
 import triton
 import triton.language as tl
 
-from octavo.plugins.platforms.cuda_gemv_table import lookup as _fixed_tile
 from octavo.plugins.platforms.cuda_pdl import gdc_launch_dependents, gdc_wait, launch_opts
 
 logger = logging.getLogger(__name__)
@@ -164,10 +163,11 @@ def rotary(rope, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor
 
 
 @triton.jit
-def _gemv_rows(x_ptr, w_ptr, n, nm, K, stride_wn, EVEN: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-               PDL: tl.constexpr):
-    """fp32 ``sum_k x[k] * W[n, k]`` for this program's ``BLOCK_N`` rows ``n`` over the full K: the body of
-    :func:`_gemv_kernel` and of cuda_allreduce_gemv's pushing GEMV (one body, so their sums are the same)."""
+def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, N, K, stride_wn, HAS_BIAS: tl.constexpr, EVEN: tl.constexpr,
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False):
+    """y[n] = sum_k x[k] * W[n, k] (+ b[n]) for one row x: each program owns BLOCK_N outputs, full K."""
+    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    nm = n < N
     rows = w_ptr + n.to(tl.int64)[:, None] * stride_wn
     acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     k0 = 0
@@ -194,16 +194,7 @@ def _gemv_rows(x_ptr, w_ptr, n, nm, K, stride_wn, EVEN: tl.constexpr, BLOCK_N: t
             w = tl.load(rows + kk[None, :], mask=nm[:, None] & (kk[None, :] < K), other=0.0)
             x = tl.load(x_ptr + kk, mask=kk < K, other=0.0)
         acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
-    return tl.sum(acc, 1)
-
-
-@triton.jit
-def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, N, K, stride_wn, HAS_BIAS: tl.constexpr, EVEN: tl.constexpr,
-                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False):
-    """y[n] = sum_k x[k] * W[n, k] (+ b[n]) for one row x: each program owns BLOCK_N outputs, full K."""
-    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    nm = n < N
-    y = _gemv_rows(x_ptr, w_ptr, n, nm, K, stride_wn, EVEN, BLOCK_N, BLOCK_K, PDL)
+    y = tl.sum(acc, 1)
     if HAS_BIAS:
         y += tl.load(b_ptr + n, mask=nm, other=0.0).to(tl.float32)
     tl.store(y_ptr + n, y.to(y_ptr.dtype.element_ty), mask=nm)
@@ -227,7 +218,9 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     y = torch.empty(1, N, dtype=x.dtype, device=x.device)
     x = x.contiguous()
     even = K % 1024 == 0 and N % 64 == 0
-    tile = _fixed_tile(N, K, weight.device) if bias is None else None  # fixed per-shape tiles (cuda_gemv_table.py)
+    from octavo.plugins.platforms.cuda_gemv_table import lookup
+
+    tile = lookup(N, K, weight.device) if bias is None else None  # fixed per-shape tiles (cuda_gemv_table.py)
     if tile is not None:
         _gemv_kernel[(triton.cdiv(N, tile["BLOCK_N"]),)](x, weight, bias, y, N, K, weight.stride(0), HAS_BIAS=False,
                                                           EVEN=even, **tile, **launch_opts())
