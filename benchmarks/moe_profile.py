@@ -214,6 +214,7 @@ PREFETCH_VARIANTS = [  # likeliest first: the part's time cap may cut the list (
     ("base", {}, {}, {}),
     ("attn_merge1", {"merge": 1}, {}, {}),  # the attention's merge of the splits unrolled
     ("attn_pf1", {"prefetch": 1}, {}, {}),
+    ("w13_pipe", {}, {"PIPE": True}, {}),  # w13's loads one K-block ahead (same bits)
     ("w13_pf_w2_evict_first", {}, {"PF_W2": True, "EVICT": "evict_first"}, {}),
     ("w13_pf_next_evict_first", {}, {"PF_NEXT": True, "EVICT": "evict_first"}, {}),
     ("w2_pf_next1", {}, {}, {"PF_NEXT": 1}),
@@ -224,6 +225,7 @@ PREFETCH_VARIANTS = [  # likeliest first: the part's time cap may cut the list (
     ("norm_router", {}, {}, {}, True),
     ("attn_pf2", {"prefetch": 2}, {}, {}),
     ("w2_pf_next2", {}, {}, {"PF_NEXT": 2}),
+    ("w13_pipe_bk512", {}, {"PIPE": True, "BLOCK_K": 512}, {}),
     ("w13_pf_w2", {}, {"PF_W2": True}, {}),
     ("base_again", {}, {}, {}),
     ("norm_router_all_w13_next", *PF_ALL, True),

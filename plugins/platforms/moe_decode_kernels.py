@@ -71,7 +71,7 @@ def _w13_route_kernel(x_ptr, logits_ptr, w13_ptr, act_ptr, weights_ptr, ids_ptr,
                       TOP_K: tl.constexpr, K_P: tl.constexpr, E_P: tl.constexpr, RENORMALIZE: tl.constexpr,
                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False,
                       PF_W2: tl.constexpr = False, EVICT: tl.constexpr = "", ROUTE_IN: tl.constexpr = True,
-                      PF_NEXT: tl.constexpr = False):
+                      PF_NEXT: tl.constexpr = False, PIPE: tl.constexpr = False):
     """``act[slot, n] = silu(x . w1[e, n]) * (x . w3[e, n])`` for the token's slot ``pid // cdiv(N, BLOCK_N)``.
 
     ``PF_W2`` (moe_prefetch.py): once its expert is known, each program asks L2 for its share of that expert's
@@ -79,7 +79,8 @@ def _w13_route_kernel(x_ptr, logits_ptr, w13_ptr, act_ptr, weights_ptr, ids_ptr,
     L2. ``EVICT``: the eviction policy of the streamed w13 loads ("evict_first" keeps the prefetched w2 in L2).
     ``ROUTE_IN`` False: the routing ran as its own launch before (``topk_softmax``); read the slot's id.
     ``PF_NEXT``: before its PDL wait (while the norm and router run and HBM idles) the grid asks L2 for
-    ``pf_total`` bytes at ``pf_ptr`` (the next layer's qkv weight)."""
+    ``pf_total`` bytes at ``pf_ptr`` (the next layer's qkv weight). ``PIPE``: the next K-block's loads are issued
+    before this block's products (twice the bytes in flight per program; the same sums in the same order)."""
     pid = tl.program_id(0)
     if PF_NEXT:
         l2_prefetch(pf_ptr, pf_total, pf_piece, pid, 2)
@@ -106,15 +107,34 @@ def _w13_route_kernel(x_ptr, logits_ptr, w13_ptr, act_ptr, weights_ptr, ids_ptr,
     b_ptrs = w13_ptr + expert * stride_be + offs_n.to(tl.int64)[:, None] * stride_bn + offs_k[None, :]
     acc_g = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     acc_u = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-    for k in range(0, tl.cdiv(K, BLOCK_K)):
-        k_ok = offs_k < K - k * BLOCK_K
-        a = tl.load(x_ptr + k * BLOCK_K + offs_k, mask=k_ok, other=0.0).to(tl.float32)
-        g = tl.load(b_ptrs, mask=n_ok[:, None] & k_ok[None, :], other=0.0, eviction_policy=EVICT).to(tl.float32)
-        u = tl.load(b_ptrs + N * stride_bn, mask=n_ok[:, None] & k_ok[None, :], other=0.0,
-                    eviction_policy=EVICT).to(tl.float32)
-        acc_g += g * a[None, :]
-        acc_u += u * a[None, :]
-        b_ptrs += BLOCK_K
+    if PIPE:
+        k_ok = offs_k < K
+        a = tl.load(x_ptr + offs_k, mask=k_ok, other=0.0)
+        g = tl.load(b_ptrs, mask=n_ok[:, None] & k_ok[None, :], other=0.0, eviction_policy=EVICT)
+        u = tl.load(b_ptrs + N * stride_bn, mask=n_ok[:, None] & k_ok[None, :], other=0.0, eviction_policy=EVICT)
+        for k in range(1, tl.cdiv(K, BLOCK_K)):
+            b_ptrs += BLOCK_K
+            k_ok = offs_k < K - k * BLOCK_K
+            a_n = tl.load(x_ptr + k * BLOCK_K + offs_k, mask=k_ok, other=0.0)
+            g_n = tl.load(b_ptrs, mask=n_ok[:, None] & k_ok[None, :], other=0.0, eviction_policy=EVICT)
+            u_n = tl.load(b_ptrs + N * stride_bn, mask=n_ok[:, None] & k_ok[None, :], other=0.0,
+                          eviction_policy=EVICT)
+            acc_g += g.to(tl.float32) * a.to(tl.float32)[None, :]
+            acc_u += u.to(tl.float32) * a.to(tl.float32)[None, :]
+            a, g, u = a_n, g_n, u_n
+        acc_g += g.to(tl.float32) * a.to(tl.float32)[None, :]
+        acc_u += u.to(tl.float32) * a.to(tl.float32)[None, :]
+    else:
+        for k in range(0, tl.cdiv(K, BLOCK_K)):
+            k_ok = offs_k < K - k * BLOCK_K
+            a = tl.load(x_ptr + k * BLOCK_K + offs_k, mask=k_ok, other=0.0).to(tl.float32)
+            g = tl.load(b_ptrs, mask=n_ok[:, None] & k_ok[None, :], other=0.0,
+                        eviction_policy=EVICT).to(tl.float32)
+            u = tl.load(b_ptrs + N * stride_bn, mask=n_ok[:, None] & k_ok[None, :], other=0.0,
+                        eviction_policy=EVICT).to(tl.float32)
+            acc_g += g * a[None, :]
+            acc_u += u * a[None, :]
+            b_ptrs += BLOCK_K
     dtype = act_ptr.dtype.element_ty
     gate = tl.sum(acc_g, axis=1).to(dtype).to(tl.float32)  # round like the torch path: gate/up, silu, product
     s = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
@@ -278,9 +298,10 @@ def decode_one(x: torch.Tensor, router_logits: torch.Tensor, w13: torch.Tensor, 
             if w2_bytes != w2.stride(0) * w2.element_size():
                 w2_bytes = 0  # interpreter, unaligned or ragged: no prefetch
         pf13_total, pf13_piece = prefetch_split(next_weight if c13.get("PF_NEXT") else None, grid13[0], 2)
-        extra13 = {"PF_W2": w2_bytes > 0, "EVICT": evict, "ROUTE_IN": route == "in", "PF_NEXT": pf13_total > 0}
-    elif c13.get("PF_W2") or c13.get("EVICT") or c13.get("PF_NEXT"):
-        raise ValueError("decode_one: PF_W2 / EVICT / PF_NEXT are for the per-slot w13 kernel, not ALL_SLOTS")
+        extra13 = {"PF_W2": w2_bytes > 0, "EVICT": evict, "ROUTE_IN": route == "in", "PF_NEXT": pf13_total > 0,
+                   "PIPE": bool(c13.get("PIPE", False))}
+    elif c13.get("PF_W2") or c13.get("EVICT") or c13.get("PF_NEXT") or c13.get("PIPE"):
+        raise ValueError("decode_one: PF_W2 / EVICT / PF_NEXT / PIPE are for the per-slot w13 kernel, not ALL_SLOTS")
     kernel13[grid13](x, router_logits, w13, act, weights, ids, num_experts, inter, hidden,
                      w13.stride(0), w13.stride(1), as_bytes(w2), w2_bytes, w2_piece,
                      as_bytes(next_weight) if pf13_total else as_bytes(w2), pf13_total, pf13_piece, TOP_K=top_k,

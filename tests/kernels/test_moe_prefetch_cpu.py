@@ -7,7 +7,8 @@ routing switch, on the CPU.
 - bad settings are refused with an error naming them;
 - under the interpreter: the w13 launch reading the ids of a separate routing launch (``"ROUTE": "launch"``) gives
   the in-kernel routing's output, weights and ids bit for bit; prefetch settings change nothing there; the
-  attention's unrolled merge (``merge=1``) gives the loop's output and cache bit for bit.
+  attention's unrolled merge (``merge=1``) gives the loop's output and cache bit for bit, and so does the w13
+  launch with its loads one K-block ahead (``"PIPE": true``).
 The GPU side (bit-equal outputs with and without prefetch, eager and in a graph) is test_moe_prefetch_gpu.py.
 """
 
@@ -92,7 +93,8 @@ def test_bad_settings_are_refused():
     tiles = {"BLOCK_N": 16, "BLOCK_K": 32}
     for w13_extra, w2_extra, what in [({"EVICT": "evict_sometimes"}, {}, "EVICT"), ({}, {"PF_NEXT": 3}, "PF_NEXT"),
                                       ({"ROUTE": "host"}, {}, "ROUTE"),
-                                      ({"ALL_SLOTS": True, "PF_W2": True}, {}, "PF_W2")]:
+                                      ({"ALL_SLOTS": True, "PF_W2": True}, {}, "PF_W2"),
+                                      ({"ALL_SLOTS": True, "PIPE": True}, {}, "PIPE")]:
         with pytest.raises(ValueError, match=what):
             decode_one(x, logits, w13, w2, 2, True, {"w13": {**tiles, **w13_extra}, "w2": {**tiles, **w2_extra}})
     with pytest.raises(ValueError, match="prefetch"):
@@ -118,7 +120,8 @@ for e, k, h, inter in ((16, 4, 64, 48), (6, 3, 32, 40)):
     hints = decode_one(x, logits, w13, w2, k, True, {"w13": {**tiles["w13"], "PF_W2": True, "EVICT": "evict_first",
                                                              "PF_NEXT": True},
                                                      "w2": {**tiles["w2"], "PF_NEXT": 1}}, next_weight=w13[0])
-    for got in (launch, hints):
+    pipe = decode_one(x, logits, w13, w2, k, True, {"w13": {**tiles["w13"], "PIPE": True}, "w2": tiles["w2"]})
+    for got in (launch, hints, pipe):
         for a, b in zip(want, got):
             assert torch.equal(a, b), (e, k)
 from octavo.plugins.platforms.moe_decode_attention import attention_one

@@ -1,5 +1,5 @@
-"""The L2 prefetch hints of the batch-1 MoE kernels (plugins/platforms/moe_prefetch.py) on a CUDA GPU (skips
-without one): a hint may not change a single bit. At the Qwen3-30B-A3B shapes, bf16: the two-launch expert path
+"""The L2 prefetch hints of the batch-1 MoE kernels (plugins/platforms/moe_prefetch.py) and the w13 launch's
+loads one K-block ahead (PIPE) on a CUDA GPU (skips without one): neither may change a single bit. At the Qwen3-30B-A3B shapes, bf16: the two-launch expert path
 with the w2 prefetch during w13 (evict-first w13 loads) and the next-weight prefetch during w2 (after and before
 the PDL wait), and the one-launch attention with the o_proj prefetch (after and before the wait) and its unrolled merge, each against
 the same launch without prefetch: outputs (and the KV cache the attention writes) bit-equal, eager and replayed
@@ -19,8 +19,9 @@ pytestmark = [pytest.mark.gpu,
 
 @pytest.mark.parametrize("w13,w2", [({"PF_W2": True, "EVICT": "evict_first"}, {"PF_NEXT": 1}),
                                     ({"PF_W2": True}, {"PF_NEXT": 2}),
-                                    ({"PF_W2": True, "PF_NEXT": True, "EVICT": "evict_first"}, {})],
-                         ids=["after_wait", "before_wait", "w13_next"])
+                                    ({"PF_W2": True, "PF_NEXT": True, "EVICT": "evict_first"}, {}),
+                                    ({"PIPE": True}, {})],
+                         ids=["after_wait", "before_wait", "w13_next", "pipe"])
 def test_expert_prefetch_changes_no_bit(w13, w2):
     from octavo.plugins.platforms.moe_decode_kernels import decode_one, default_decode_config
 
