@@ -151,6 +151,10 @@ def run_config(tp: int, args) -> None:
         from gpu_tp_gemv import sweep_and_ab
 
         sweep_and_ab(llm, res, args.out_dir, args.gemv_ab, bs1, save)
+    if args.table_ab:  # the committed fixed GEMV tiles vs the autotuner's, alternating (gpu_tp_gemv.py)
+        from gpu_tp_gemv import table_ab
+
+        table_ab(llm, res, args.table_ab, bs1, save)
     for ar_mode in args.ar_modes or []:  # the same engine, its graphs re-captured with another all-reduce
         res[f"ar_{ar_mode}"] = {"switched_by_rank": llm.collective_rpc("benchmarks.gpu_tp:switch_all_reduce",
                                                                        args=[ar_mode])}
@@ -322,6 +326,8 @@ def main() -> None:
                     "+pdl, +silu, +ll (switch_all_reduce)")
     ap.add_argument("--gemv-ab", type=int, default=0, metavar="ROUNDS", help="sweep the batch-1 GEMV tiles per "
                     "shape on every rank, then A/B the winners vs the autotuner's ROUNDS times (gpu_tp_gemv.py)")
+    ap.add_argument("--table-ab", type=int, default=0, metavar="ROUNDS", help="A/B the committed GEMV tile table "
+                    "(plugins/platforms/cuda_gemv_table.py) vs the autotuner's tiles ROUNDS times (gpu_tp_gemv.py)")
     ap.add_argument("--tag", default="", help="suffix of the JSON name (e.g. the all-reduce tried)")
     ap.add_argument("--copy-rate", type=float, default=3.0e12, help="bytes/s read+written, device copy (H100)")
     ap.add_argument("--out-dir", default=".")
@@ -339,7 +345,7 @@ def main() -> None:
                *(["--layer-trace"] if args.layer_trace else []),
                *(["--graph-replay-no-allreduce"] if args.graph_replay_no_allreduce else []),
                *(["--ar-modes", *args.ar_modes] if args.ar_modes else []), "--temperature", str(args.temperature),
-               "--gemv-ab", str(args.gemv_ab),
+               "--gemv-ab", str(args.gemv_ab), "--table-ab", str(args.table_ab),
                "--in-len", str(args.in_len), "--dtype", args.dtype, "--out-len", str(args.out_len), "--tag", args.tag, "--copy-rate",
                str(args.copy_rate), "--out-dir", args.out_dir]
         print("config tp", tp, "exit", subprocess.call(cmd), flush=True)

@@ -177,3 +177,30 @@ def sweep_and_ab(llm, res: dict, out_dir: str, rounds: int, bs1, save) -> None:
             res["gemv_ab"].append({"label": label, "state": state[0], "graph_replay_bs1_ms_by_rank": graph,
                                    "decode_bs1_ms_per_token": ms, "bs1_tokens": tokens})
             save()
+
+
+def set_gemv_table(worker, on: bool) -> str:
+    """Use cuda_gemv_table.TABLE (True) or the autotuner for every shape (False) on this rank, and re-capture the
+    decode graphs (every rank at once: the pushing GEMV must match on both)."""
+    from octavo.plugins.platforms.cuda_gemv_table import TABLE, set_table
+
+    set_table(on)
+    runner = getattr(worker.runner, "graph_runner", None)
+    if runner is not None:
+        runner.capture()
+    return f"table {'on' if on else 'off'} ({len(TABLE)} entries)"
+
+
+def table_ab(llm, res: dict, rounds: int, bs1, save) -> None:
+    """The committed table vs the autotuner's tiles in this engine, alternating ``rounds`` times (graphs re-captured,
+    graph replay ms per rank, batch-1 ms/token and tokens); the engine is left with the table on."""
+    res["table_ab"] = []
+    for _ in range(rounds):
+        for on in (False, True):
+            state = llm.collective_rpc("benchmarks.gpu_tp_gemv:set_gemv_table", args=[on])
+            graph = llm.collective_rpc("benchmarks.gpu_tp:graph_replay_ms", args=[1, 200])
+            ms, tokens = bs1()
+            res["table_ab"].append({"label": "table" if on else "auto", "state": state[0],
+                                    "graph_replay_bs1_ms_by_rank": graph, "decode_bs1_ms_per_token": ms,
+                                    "bs1_tokens": tokens})
+            save()

@@ -4,11 +4,13 @@
 # Runs from the repo root; JSON + logs to $OUT/dist/dist8/. Dummy-weight Llama-3 shapes, bf16. NVLink multicast stays
 # off: NCCL_NVLS_ENABLE / TORCH_SYMM_MEM_DISABLE_MULTICAST are recorded, never changed. Every step has a hard cap.
 # Warm-up: every engine times 16 untimed tokens (Triton compile, autotune, graph capture) before its timed runs.
-#   DIST8_PARTS (space separated; default "gemv tp1 test"), run in the order gemv, ab, tp1, test, test6, ar, nccl,
+#   DIST8_PARTS (space separated; default "gemv tp1 test"), run in the order gemv, table, ab, tp1, test, test6, ar, nccl,
 #   goal, 70b (measurements before the tests: a protocol that hangs costs only its test):
 #   gemv  (<= 58 s) one TP=2 engine (mp, async) in the defaults: batch-1 ms/token + graph; then every rank sweeps the
 #         batch-1 GEMV tiles per weight shape in a PDL chain on its real weights (benchmarks/gpu_tp_gemv.py), and the
 #         winners are A/B'd against the autotuner's tiles in the same engine (re-captured; graph + ms/token, twice)
+#   table (<= 50 s) one TP=2 engine in the defaults (the committed GEMV tile table of cuda_gemv_table.py on):
+#         batch-1 ms/token + graph, then table off / on alternating twice in the same engine (re-captured)
 #   ab    (<= 50 s) one TP=2 engine in the defaults, its per-layer kernel trace and a trace of real decode steps, then
 #         re-captured per mode of DIST8_TP2_MODES (default: the defaults again, push off, push with PDL off = true
 #         per-kernel times) and last without any all-reduce (their in-step cost)   [session 7's dist7.sh]
@@ -54,6 +56,8 @@ has() { [[ $PARTS == *" $1 "* ]]; }
 TP="python3 benchmarks/gpu_tp.py --shape 8b --copy-rate 3.01e12 --out-dir $R --prompts 0 --max-num-seqs 8"
 # shellcheck disable=SC2086
 has gemv && step 8b_tp2_gemv 58 $TP --one 2 --tag gemv --async-modes on --graph-replay --gemv-ab 2
+# shellcheck disable=SC2086
+has table && step 8b_tp2_table 50 $TP --one 2 --tag table --async-modes on --graph-replay --table-ab 2
 # shellcheck disable=SC2086
 has ab && step 8b_tp2_ab 50 $TP --one 2 --tag ab --async-modes on --graph-replay --layer-trace \
   --ar-modes $MODES --graph-replay-no-allreduce

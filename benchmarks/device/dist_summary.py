@@ -100,17 +100,18 @@ def gemv_rows(r: str) -> dict:
     tp1 = [one.get(K), *(m.get("decode_bs1_ms_per_token") for k, m in one.items() if k.startswith("ar_") and isinstance(m, dict))]
     tp1 = [v for v in tp1 if v]  # TP=1 as started and re-captured: ratios against the mean (and each in the list)
     for name, run in ((os.path.basename(p)[:-5], json.load(open(p))) for p in sorted(glob.glob(f"{r}/*_tp*.json"))):
-        if "gemv_sweep_by_rank" not in run:
+        if "gemv_sweep_by_rank" not in run and "table_ab" not in run:
             continue
+        ab = run.get("gemv_ab") or run.get("table_ab") or []
         sweep = {f"rank{i}/{shape}": {k: row.get(k) for k in ("auto_key", "auto_us", "best", "best_us", "best_TBps",
                                                               "MB")}
-                 for i, s in enumerate(run["gemv_sweep_by_rank"]) for shape, row in s.get("shapes", {}).items()}
-        ab = run.get("gemv_ab", [])
+                 for i, s in enumerate(run.get("gemv_sweep_by_rank", [])) for shape, row in s.get("shapes", {}).items()}
         first = ab[0]["bs1_tokens"] if ab else None
         out[name] = {"sweep": sweep, "tiles": run.get("gemv_tiles"), "sweep_s": run.get("gemv_sweep_s"),
                      "as_started_ms_per_token": run.get(K), "as_started_graph_ms": _max(run.get(G)),
                      "ab": [{"label": x["label"], "graph_ms": _max(x.get(G)), "ms_per_token": x["decode_bs1_ms_per_token"],
                              "tokens_equal_first": x["bs1_tokens"] == first,
+                             "tokens_equal_as_started": x["bs1_tokens"] == run.get(T),
                              "over_tp1_mean": x["decode_bs1_ms_per_token"] / (sum(tp1) / len(tp1)) if tp1 else None}
                             for x in ab], "tp1_ms_per_token": tp1}
     return out
