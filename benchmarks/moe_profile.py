@@ -222,14 +222,26 @@ PREFETCH_VARIANTS = [  # likeliest first: the part's time cap may cut the list (
     ("all_w2_next", {"prefetch": 1, "merge": 1}, {"PF_W2": True, "EVICT": "evict_first"}, {"PF_NEXT": 1}),
     ("route_launch", {}, {"ROUTE": "launch"}, {}),  # routing as its own launch: what the in-kernel routing costs
     # the post-attention norm + router in one launch (moe_norm_router.py, opt-in since session 6), installed here
-    ("norm_router", {}, {}, {}, True),
+    ("norm_router", {}, {}, {}, {"nr"}),
+    ("norm_qkv", {}, {}, {}, {"nq"}),  # the input norm + qkv GEMV in one launch (moe_norm_qkv.py)
+    ("norm_both_all_w13_next", *PF_ALL, {"nr", "nq"}),
     ("attn_pf2", {"prefetch": 2}, {}, {}),
     ("w2_pf_next2", {}, {}, {"PF_NEXT": 2}),
     ("w13_pipe_bk512", {}, {"PIPE": True, "BLOCK_K": 512}, {}),
     ("w13_pf_w2", {}, {"PF_W2": True}, {}),
     ("base_again", {}, {}, {}),
-    ("norm_router_all_w13_next", *PF_ALL, True),
 ]
+
+
+def _norm_fusions(model, which: set, state: dict) -> None:
+    """Install (once) and switch the norm + router ("nr") and input norm + qkv ("nq") fusions of every eligible
+    layer for the next re-capture."""
+    from octavo.plugins.platforms.moe_norm_qkv import install_norm_qkv, set_norm_qkv
+
+    _norm_router(model, "nr" in which, state)
+    if "nq" in which and "nq_pairs" not in state:
+        state["nq_pairs"] = install_norm_qkv(model, force=True)
+    set_norm_qkv(state.get("nq_pairs", []), on="nq" in which)
 
 
 def _norm_router(model, on: bool, state: dict) -> None:
@@ -271,8 +283,9 @@ def profile_prefetch(runner, model, variants=None, with_table: bool = True) -> d
     rows, best, nr_state = [], None, {}
     try:
         for name, attn, w13, w2, *nr in variants or PREFETCH_VARIANTS:
+            nr = nr[0] if nr else set()
             if nr or nr_state:
-                _norm_router(model, bool(nr), nr_state)
+                _norm_fusions(model, nr, nr_state)
             if mods:
                 set_attn_one(model, **{**saved_attn, **attn})
             for m, cfg in saved_cfg:
@@ -285,7 +298,7 @@ def profile_prefetch(runner, model, variants=None, with_table: bool = True) -> d
                 ms = round(min(_replay_ms(graph.replay) for _ in range(3)), 4)
                 rows.append({"name": name, "ms": ms, "rel_diff": _rel_diff(graph, runner)})
                 if nr:
-                    rows[-1]["norm_router_layers"] = len(nr_state.get("pairs", []))
+                    rows[-1]["fused_layers"] = {"nr": len(nr_state.get("pairs", [])), "nq": len(nr_state.get("nq_pairs", []))}
                 if not nr and (best is None or ms < best[1]["ms"]):
                     best = ((attn, w13, w2), rows[-1])
                 del graph
@@ -298,7 +311,7 @@ def profile_prefetch(runner, model, variants=None, with_table: bool = True) -> d
             if with_table:
                 attn, w13, w2 = best[0]
                 if nr_state:
-                    _norm_router(model, False, nr_state)
+                    _norm_fusions(model, set(), nr_state)
                 if mods:
                     set_attn_one(model, **{**saved_attn, **attn})
                 for m, cfg in saved_cfg:
@@ -311,7 +324,7 @@ def profile_prefetch(runner, model, variants=None, with_table: bool = True) -> d
                 del graph
     finally:
         if nr_state:
-            _norm_router(model, False, nr_state)
+            _norm_fusions(model, set(), nr_state)
         if mods:
             set_attn_one(model, **saved_attn)
         for m, cfg in saved_cfg:

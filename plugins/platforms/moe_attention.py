@@ -62,8 +62,14 @@ def one_launch(m, positions: torch.Tensor, qkv: torch.Tensor, md) -> torch.Tenso
 
 def _forward(self, positions, hidden_states, ctx):
     md = ctx.attn_metadata
+    pre = None
+    if "_norm_qkv" in vars(self):  # moe_norm_qkv.py: the input norm may have computed qkv for this very tensor
+        from octavo.plugins.platforms.moe_norm_qkv import take_qkv
+
+        pre = take_qkv(self, hidden_states)
     if runs_here(self, hidden_states.shape[0], hidden_states.dtype, md):
-        return self.o_proj(one_launch(self, positions, self.qkv_proj(hidden_states), md))
+        qkv = pre if pre is not None else self.qkv_proj(hidden_states)
+        return self.o_proj(one_launch(self, positions, qkv, md))
     return self._attn_one_prev(positions, hidden_states, ctx)
 
 
