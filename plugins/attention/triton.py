@@ -211,9 +211,13 @@ class TritonAttentionBackend(AttentionBackend):
         return 1 << (splits.bit_length() - 1)  # power of two: the merge kernel's arange needs one
 
     def _tiles(self, md: TritonAttentionMetadata) -> tuple[int, int, int]:
-        """(BLOCK_Q, BLOCK_M, BLOCK_N): rows = tokens x GQA group, padded to the 16 rows tl.dot needs."""
+        """(BLOCK_Q, BLOCK_M, BLOCK_N): rows = tokens x GQA group, padded to the 16 rows tl.dot needs. Steps whose
+        longest query has more than 8 tokens (prefill chunks) all take the full tile: BLOCK_Q is a build-time
+        constant, and a chunked prefill's tail (any length) made a new build inside timed runs (session 7);
+        2-8 tokens (speculative verification, captured per size) keep a tile that fits them."""
         rows = 64 if self.head_dp <= 128 else 32
-        block_q = max(1, min(rows // self.group_p, _next_pow2(md.max_query_len)))
+        q = md.max_query_len if md.max_query_len <= 8 else rows
+        block_q = max(1, min(rows // self.group_p, _next_pow2(q)))
         block_m = max(16, block_q * self.group_p)
         block_n = 64 if self.head_dp <= 128 else 32
         return block_q, block_m, block_n

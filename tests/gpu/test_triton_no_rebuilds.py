@@ -18,15 +18,16 @@ HEADS, KV_HEADS, D, PAGE = 16, 8, 128, 16
 
 
 def _steps():
-    """(decode contexts, prefill (ctx, q) rows): decode-row counts 1 / 16 / 17 / 5 / 32, tables 11 / 4 / 21 / 41
-    / 16 blocks wide (make_case adds one spare column); every prefill has 40 new tokens, so the general kernel's
-    BLOCK_Q (a real constexpr) is the same in each step."""
+    """(decode contexts, prefill (ctx, q) rows): decode-row counts 1 / 16 / 17 / 5 / 32 / 2, tables 11 / 4 / 21 /
+    41 / 16 / 2 blocks wide (make_case adds one spare column); prefill chunks of 40 tokens, and one of 12 (every
+    chunk over 8 tokens takes the general kernel's full BLOCK_Q, a real constexpr)."""
     return [
         ([150], [(0, 40)]),  # the first step builds what it needs; the ones below must not build more
         ([7] * 16, [(0, 40)]),  # 16 decode rows, a 4-block table (+1)
         ([100 + 13 * i for i in range(17)], [(200, 40)]),  # 17 rows: views past them are 4-byte aligned only
         ([5, 3, 9, 1, 2], [(0, 40), (590, 40)]),  # 5 rows, width 40
         ([16 * 15 - 1] * 32, [(1, 40)]),  # 32 rows, width 16
+        ([3, 4], [(0, 12)]),  # a 12-token chunk (a prefill's tail): the same full tile as 40 tokens
     ]
 
 
