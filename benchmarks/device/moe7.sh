@@ -20,7 +20,8 @@
 #          (fewer requests x 512/512 if 256 do not fit 12 s) (session 6's `moe6.sh 2`).
 #  mixtral Mixtral-8x7B with 8 of 32 layers: one engine (batch 1 + 256 x 512/512 + /64), then transformers
 #          (session 6's `moe6.sh 4`; session 4's `moe_model.sh 2` ran it with --tf-budget-s 6).
-#  pftest  (session 8) the prefetch hints change no bit: test_moe_prefetch_gpu.py (cap 25 s).
+#  pftest  (session 8) the prefetch hints change no bit, the input norm + qkv launch is right:
+#          test_moe_prefetch_gpu.py, test_moe_norm_qkv_gpu.py (cap 25 s).
 #  attntest  the one-launch attention's GPU test alone (test_moe_attn_gpu.py, cap 22 s).
 #  attnbench batch-1 attention per layer, graph-replayed over 48 layers' caches: the backend's four launches vs the
 #          one-launch variants (moe_attn_bench.py, cap 40 s).
@@ -75,7 +76,8 @@ for PART in "$@"; do
       grep -E "PASSED|FAILED|ERROR|passed|failed|Error|assert" "$D/attntest.log" | tail -n 20 ;;
     pftest)
       C=$(( L < 25 ? L : 25 )); echo "== pftest: test_moe_prefetch_gpu.py (cap ${C} s) $(date -u +%T)"
-      timeout -k 2 "$C" python -m pytest -v -p no:cacheprovider tests/kernels/test_moe_prefetch_gpu.py > "$D/pftest.log" 2>&1
+      timeout -k 2 "$C" python -m pytest -v -p no:cacheprovider tests/kernels/test_moe_prefetch_gpu.py \
+        tests/kernels/test_moe_norm_qkv_gpu.py > "$D/pftest.log" 2>&1
       echo "pftest exit $? after $(( $(date +%s) - START )) s"
       grep -E "PASSED|FAILED|ERROR|passed|failed|Error|assert" "$D/pftest.log" | tail -n 20 ;;
     attnbench)
