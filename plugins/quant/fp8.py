@@ -55,11 +55,26 @@ def _gemv_max_m() -> int | None:
     return value
 
 
-# Hopper's fast fp8 accumulation in _scaled_mm (no periodic promotion of the tensor cores' accumulator to fp32):
-# OCTAVO_FP8_FAST_ACCUM=1. On H100 5-18 % faster at 256-512 rows (gate_up 0.113 -> 0.093 ms at 512) with 4-8e-3
-# error vs float64 there, but at ONE row of the qkv shape it was 7.3e-2 from the exact GEMV (session 6 batch 2: the
-# GEMV's load-time check refused it): off by default (docs/quantization.md, session 6)
-FAST_ACCUM = env_switch("OCTAVO_FP8_FAST_ACCUM", default=False)
+# Hopper's fast fp8 accumulation in _scaled_mm (no periodic promotion of the tensor cores' accumulator to fp32). On
+# H100 5-18 % faster at 256-512 rows (gate_up 0.113 -> 0.093 ms at 512) with 4-8e-3 error vs float64 there (exact:
+# 2.5e-3), but at ONE row of the qkv shape it was 7.3e-2 from the exact GEMV (session 6 batch 2). Session 8: on by
+# default for calls of >= FAST_ACCUM_MIN_ROWS rows only (the big-batch decode and prefill GEMMs; vLLM's CUTLASS fp8
+# GEMMs accumulate this way too), exact below. OCTAVO_FP8_FAST_ACCUM=1: every call; 0: never.
+def fast_accum_from_env() -> tuple[bool, int]:
+    """``(FAST_ACCUM, FAST_ACCUM_MIN_ROWS)`` from ``OCTAVO_FP8_FAST_ACCUM``: unset (False, 256), 1 (True, 256), 0
+    (False, 0 = never); anything else is refused."""
+    on = env_switch("OCTAVO_FP8_FAST_ACCUM", default=False)
+    return on, 0 if os.environ.get("OCTAVO_FP8_FAST_ACCUM", "").strip() == "0" else 256
+
+
+FAST_ACCUM, FAST_ACCUM_MIN_ROWS = fast_accum_from_env()
+
+
+def use_fast_accum(rows: int, on_cuda: bool, exact: bool) -> bool:
+    """Whether a ``_scaled_mm`` call of ``rows`` rows takes fast accumulation (never for ``exact`` checks)."""
+    if exact or not on_cuda:
+        return False
+    return FAST_ACCUM or (FAST_ACCUM_MIN_ROWS > 0 and rows >= FAST_ACCUM_MIN_ROWS)
 _TC_DEFAULT_ROWS = 1  # rows the tensor-core GEMV takes by default (docs/performance.md, "FP8 ... session 5")
 _WARNED: set = set()
 
@@ -255,7 +270,7 @@ class _FP8Method(LinearMethod):
             xq, x_scale = fp8_triton.quantize_per_token(x2)
         else:
             xq, x_scale = fp8_triton.quantize_per_token_torch(x2)
-        fast = {"use_fast_accum": True} if FAST_ACCUM and xq.is_cuda and not exact else {}  # checks: exact
+        fast = {"use_fast_accum": True} if use_fast_accum(xq.shape[0], xq.is_cuda, exact) else {}  # checks: exact
         y = torch._scaled_mm(xq, layer.weight.t(), scale_a=x_scale, scale_b=layer.weight_scale,
                              out_dtype=torch.bfloat16, **fast)
         y = y.to(x2.dtype)  # [m, N]

@@ -234,3 +234,31 @@ def test_fast_accum_switch_stays_within_the_fp8_error(monkeypatch):
         err = float((y.double() - ref).abs().max()) / float(ref.abs().max())
         bound = 2e-2 if fast else 1e-2
         assert err <= bound, f"fast_accum={fast}: {err:.3g} of the max |product| ({bound})"
+    # the default since session 8: fast from FAST_ACCUM_MIN_ROWS rows on (here 256 rows, the same bound)
+    monkeypatch.setattr(fp8, "FAST_ACCUM", False)
+    x = torch.randn(fp8.FAST_ACCUM_MIN_ROWS, 14336, device="cuda", generator=gen, dtype=torch.bfloat16)
+    xq, xs = quantize_per_token(x)
+    ref = (xq.double() * xs.double()) @ (w.double() * ws.reshape(-1, 1).double()).t()
+    y = method._scaled_mm(layer, x, None, (xq, xs))
+    err = float((y.double() - ref).abs().max()) / float(ref.abs().max())
+    assert fp8.use_fast_accum(x.shape[0], True, False) and err <= 2e-2, err
+
+
+def test_fast_accum_rows_rule(monkeypatch):
+    """Fast accumulation: never for exact checks or off CUDA; FAST_ACCUM (OCTAVO_FP8_FAST_ACCUM=1) every call;
+    by default only from FAST_ACCUM_MIN_ROWS rows (256); OCTAVO_FP8_FAST_ACCUM=0 never; other values refused."""
+    from octavo.plugins.quant import fp8
+
+    monkeypatch.setattr(fp8, "FAST_ACCUM", False)
+    monkeypatch.setattr(fp8, "FAST_ACCUM_MIN_ROWS", 256)
+    assert not fp8.use_fast_accum(1, True, False) and not fp8.use_fast_accum(255, True, False)
+    assert fp8.use_fast_accum(256, True, False) and fp8.use_fast_accum(8192, True, False)
+    assert not fp8.use_fast_accum(512, True, True) and not fp8.use_fast_accum(512, False, False)
+    monkeypatch.setattr(fp8, "FAST_ACCUM", True)
+    assert fp8.use_fast_accum(1, True, False) and not fp8.use_fast_accum(1, True, True)
+    for raw, on, rows in (("0", False, 0), ("1", True, 256), ("", False, 256)):
+        monkeypatch.setenv("OCTAVO_FP8_FAST_ACCUM", raw)
+        assert fp8.fast_accum_from_env() == (on, rows), raw
+    monkeypatch.setenv("OCTAVO_FP8_FAST_ACCUM", "yes")
+    with pytest.raises(ValueError, match="OCTAVO_FP8_FAST_ACCUM"):
+        fp8.fast_accum_from_env()
