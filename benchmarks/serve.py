@@ -7,6 +7,11 @@ to ``benchmarks/results/`` and a PNG plot beside it, and prints a Markdown table
 
     python benchmarks/serve.py                                   # octavo only
     python benchmarks/serve.py --llama-server /path/to/llama-server
+    python benchmarks/serve.py --servers --octavo-variants "" "--num-threads 2" --concurrency 1 32 --rounds 3
+
+``--octavo-variants``: an A/B on a shared (noisy) machine. One ``octavo serve`` per variant runs at the same time
+(idle ones sleep), and each round runs the levels on every variant in turn (the order alternates), so drifting
+load hits all variants alike; per-round numbers and their medians are recorded.
 """
 
 from __future__ import annotations
@@ -16,7 +21,10 @@ import datetime
 import json
 import os
 import platform
+import re
+import shlex
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -91,6 +99,70 @@ def run_octavo(label: str, extra: list[str], args: argparse.Namespace) -> dict:
     return result
 
 
+def parse_variant(text: str) -> tuple[dict[str, str], list[str]]:
+    """``"OMP_WAIT_POLICY=passive --num-threads 2"`` -> ({env}, [flags]): leading NAME=VALUE words are environment."""
+    env, flags = {}, []
+    for word in shlex.split(text):
+        m = re.fullmatch(r"([A-Z_][A-Z0-9_]*)=(.*)", word)
+        if m and not flags:
+            env[m.group(1)] = m.group(2)
+        else:
+            flags.append(word)
+    return env, flags
+
+
+def run_octavo_variants(args: argparse.Namespace) -> list[dict]:
+    """Every variant's server up at once; ``--rounds`` rounds, each running the levels on every variant in turn."""
+    servers = []
+    try:
+        for i, text in enumerate(args.octavo_variants):
+            env, flags = parse_variant(text)
+            log = os.path.join(args.out_dir, f"serve-variant{i}.log")
+            srv = ServerProcess(["--max-model-len", str(args.max_model_len), "--uvicorn-log-level", "warning",
+                                 *args.octavo_args.split(), *flags], env=env, log_path=log)
+            t0 = time.perf_counter()
+            srv.start()
+            first_answer(srv.url, t0)
+            servers.append({"label": text or "default", "env": env, "srv": srv, "rounds": []})
+        for r in range(args.rounds):
+            for v in (servers if r % 2 == 0 else servers[::-1]):
+                srv = v["srv"]
+                before, c0, w0 = cpu_seconds(srv.proc.pid), time.process_time(), time.perf_counter()
+                res = bench_serve.run_benchmark(srv.url, concurrencies=args.concurrency, input_len=args.input_len,
+                                                output_len=args.output_len, num_prompts=args.num_prompts,
+                                                vocab_size=args.vocab_size, label=v["label"], seed=args.seed + 100 * r,
+                                                waves=args.waves)
+                res["cpu_split"] = _cpu_split(srv.proc.pid, before, cpu_seconds(srv.proc.pid),
+                                              time.perf_counter() - w0, time.process_time() - c0)
+                res["round"], res["load_avg"] = r, os.getloadavg()[0]
+                v["rounds"].append(res)
+    finally:
+        for v in servers:
+            v["srv"].stop()
+    runs = []
+    for v in servers:
+        levels = []
+        for j, c in enumerate(args.concurrency):
+            per = [rd["levels"][j] for rd in v["rounds"]]
+            levels.append({"concurrency": c, "output_throughput_rounds": [lv["output_throughput"] for lv in per],
+                           "tpot_p50_ms_rounds": [lv["tpot_ms"]["p50"] for lv in per],
+                           "output_throughput": statistics.median(lv["output_throughput"] for lv in per),
+                           "tpot_p50_ms": statistics.median(lv["tpot_ms"]["p50"] for lv in per)})
+        runs.append({"label": v["label"], "env": v["env"], "command": "octavo serve " + " ".join(v["srv"].args),
+                     "levels": levels, "rounds": v["rounds"]})
+    return runs
+
+
+def variants_markdown(runs: list[dict]) -> str:
+    lines = ["| variant | conc. | out tok/s median (rounds) | TPOT p50 ms median (rounds) |", "|---" * 4 + "|"]
+    for run in runs:
+        for lv in run["levels"]:
+            lines.append(f"| {run['label']} | {lv['concurrency']} | {lv['output_throughput']:.1f} "
+                         f"({', '.join(f'{x:.1f}' for x in lv['output_throughput_rounds'])}) | {lv['tpot_p50_ms']:.1f} "
+                         f"({', '.join(f'{x:.1f}' for x in lv['tpot_p50_ms_rounds'])}) |")
+    return "\n".join(lines)
+
+
 def run_llama_server(args: argparse.Namespace) -> dict:
     from octavo.core.loader import default_model_path
 
@@ -160,9 +232,13 @@ def main() -> int:
     p.add_argument("--vocab-size", type=int, default=49152)
     p.add_argument("--max-model-len", type=int, default=1024)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--servers", nargs="+", default=["octavo-mp", "octavo-inproc", "llama-server"],
+    p.add_argument("--servers", nargs="*", default=["octavo-mp", "octavo-inproc", "llama-server"],
                    choices=["octavo-mp", "octavo-inproc", "llama-server"])
     p.add_argument("--octavo-args", default="", help="extra `octavo serve` flags, one string")
+    p.add_argument("--octavo-variants", nargs="+", default=None, metavar="VARIANT",
+                   help="A/B: one octavo-mp server per variant, each a string of `octavo serve` flags led by optional "
+                        "NAME=VALUE environment words ('' = defaults), run in turns (see the module docstring)")
+    p.add_argument("--rounds", type=int, default=1, help="with --octavo-variants: rounds over all variants")
     p.add_argument("--llama-server", default=None, help="path to llama.cpp's llama-server binary")
     p.add_argument("--threads", type=int, default=2, help="llama-server -t")
     p.add_argument("--num-slots", type=int, default=32, help="llama-server -np")
@@ -174,6 +250,15 @@ def main() -> int:
             "command": " ".join([os.path.basename(sys.executable), *sys.argv]), "machine": machine(),
             "input_len": args.input_len, "output_len": args.output_len, "waves": args.waves}
     runs = []
+    if args.octavo_variants:
+        vruns = run_octavo_variants(args)
+        path = os.path.join(args.out_dir, f"{args.name}{'_variants' if args.servers else ''}.json")
+        with open(path, "w") as f:
+            json.dump({**meta, "rounds": args.rounds, "runs": vruns}, f, indent=2)
+        print(f"\nwrote {path}\n")
+        print(variants_markdown(vruns))
+        if not args.servers:
+            return 0
     if "octavo-mp" in args.servers:
         runs.append(run_octavo("octavo", [], args))
     if "octavo-inproc" in args.servers:
