@@ -141,8 +141,8 @@ def summarize(blocks: list[dict], roles: list[int]) -> dict:
     cfree = [t for b in blocks for t in b["free_cpu"]]
     cjs = [t for b in blocks for t in b["json_cpu"]]
     cratios = [j / f for b in blocks for f, j in zip(b["free_cpu"], b["json_cpu"]) if f > 0]
-    per_block = [round((statistics.median(b["json"]) / statistics.median(b["free"]) - 1) * 100, 2)
-                 for b in blocks if b["free"] and b["json"]]
+    per_block = [round((statistics.median(j / f for f, j in zip(b["free"], b["json"])) - 1) * 100, 2)
+                 for b in blocks if b["free"] and b["json"]]  # each block's own median paired ratio
     by_role = {}  # the free engine's median step by which engine ran it: a systematic engine difference shows here
     for e in (0, 1):
         fr = [t for b, r in zip(blocks, roles) if r != e for t in b["free"]]
