@@ -23,13 +23,14 @@ from octavo.step import PromptLogprobs, RunnerOutput, StepBatch
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, attn_backend_cls, device: torch.device, block_size: int,
                  vocab_size: int, synchronize=lambda: None, task: str = "auto", grammar_apply=None,
-                 fused_sampler=None) -> None:
+                 fused_sampler=None, greedy_argmax=None) -> None:
         self.model = model
         self.attn_backend_cls = attn_backend_cls
         self.device = device
         self.block_size = block_size
         self.vocab_size = vocab_size
         self.sampler = Sampler(fused_sampler)  # the platform's fused sampler (Platform.make_fused_sampler) or None
+        self.sampler.greedy_argmax = greedy_argmax  # Platform.make_greedy_argmax, or None (torch.argmax)
         self.synchronize = synchronize  # the platform's: waits for queued device work
         self.grammar_apply = grammar_apply  # the platform's grammar mask apply (Platform.make_grammar_mask_apply)
         self.generators: dict[str, torch.Generator] = {}

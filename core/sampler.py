@@ -206,6 +206,7 @@ class Sampler:
         self.kernel = kernel  # sample(logits, temperature, generators, thresholds) -> [R] int64, or None
         self.fused = env_switch("OCTAVO_FUSED_SAMPLER")
         self.force_fused = force_fused
+        self.greedy_argmax = None  # argmax(logits) -> [R] int64, the platform's (Platform.make_greedy_argmax)
 
     def uses_fused(self, logits: torch.Tensor, b: SamplingBatch) -> bool:
         if self.kernel is None or b.all_greedy:
@@ -224,6 +225,8 @@ class Sampler:
         raw_logprobs = compute_logprobs(logits) if b.max_num_logprobs >= 0 else None
         if self.uses_fused(logits, b):
             sampled = self.sample_fused(logits, b)
+        elif b.all_greedy and self.greedy_argmax is not None and not has_logit_processors(b):
+            sampled = self.greedy_argmax(logits.float())
         else:
             greedy, probs = process_logits(logits.float(), b)
             if probs is None:

@@ -152,7 +152,8 @@ class Worker:
         self.runner = runner_cls(self.model, self.attn_backend_cls, self.device, block_size, self.vocab_size,
                                  synchronize=platform.synchronize, task=settings.model.task,
                                  grammar_apply=platform.make_grammar_mask_apply(),
-                                 fused_sampler=platform.make_fused_sampler(), **extra)
+                                 fused_sampler=platform.make_fused_sampler(),
+                                 greedy_argmax=platform.make_greedy_argmax(), **extra)
         attach_spec_head(self)  # speculator heads draft next to the target, hooks before graphs (spec_decode_heads.py)
         if settings.lora.enable_lora:  # adapter slots + a hook on every projection, before graphs (docs/lora.md)
             from octavo.lora.manager import LoRAManager

@@ -192,6 +192,13 @@ class Platform(ABC):
         nothing."""
         return None
 
+    def make_greedy_argmax(self) -> Callable[..., Any] | None:
+        """This device's own greedy choice for all-greedy batches, or ``None`` (``torch.argmax``). Asked once per
+        worker. The callable is ``argmax(logits) -> [R] int64`` over float ``[R, V]`` logits, exactly
+        ``logits.argmax(dim=-1)``: the first index of the largest value, a NaN counting as the largest. The core
+        calls it only when no logit processor or logprob needs the rows. Default: none."""
+        return None
+
     def make_grammar_mask_apply(self) -> Callable[..., Any] | None:
         """This device's own way to apply structured outputs' token masks, or ``None`` (the core's torch
         byte-table add then runs: same result). Asked once per worker, after the platform was selected.

@@ -135,6 +135,15 @@ class CpuPlatform(Platform):
         (docs/performance.md, CPU decode); the fp32 parity tests pin ``dtype="float32"``."""
         return "bfloat16" if cpu_flags() & _NATIVE_BF16 else "float32"
 
+    def install_shipped_kernels(self) -> int | None:
+        """Start building this platform's C kernels in parallel in the background (``cpu_prebuild.py``; a fresh
+        cache otherwise builds them one by one inside the first steps: ~40 s). Returns the build threads."""
+        try:
+            from .cpu_prebuild import start  # relative, like cpu_compiled
+        except ImportError:  # a copy of this plugin without that sibling: each kernel builds on first use
+            return None
+        return start() or None
+
     def prepare_model(self, handle: ModelHandle) -> PreparedModel | None:
         """With ``OCTAVO_CPU_COMPILE=1``: a compiled decode-step runner (``cpu_compiled.py``), compiled here.
         With ``OCTAVO_CPU_FUSED_DECODE=1``: batch-1 decode steps as one C call (``cpu_fused_decode.py``).
@@ -193,6 +202,15 @@ class CpuPlatform(Platform):
         seconds = runner.warm_up()
         return PreparedModel(step_runner=runner, notes={"compiled_decode": {
             "compile_seconds": {k: round(v, 1) for k, v in seconds.items()}, "max_batch": runner.max_batch}})
+
+    def make_greedy_argmax(self):
+        """All-greedy batches' ``argmax`` in one C pass over the float32 logits (``cpu_argmax.py``; torch's
+        ``argmax`` where it cannot be built or ``OCTAVO_CPU_C_ARGMAX=0``): exactly torch's result."""
+        try:
+            from .cpu_argmax import greedy_argmax, library
+        except ImportError:  # a copy of this plugin without that sibling: torch's argmax
+            return None
+        return greedy_argmax if library() is not None else None
 
     def make_grammar_mask_apply(self):
         """Structured outputs' token masks applied in one C pass over the packed words (``cpu_grammar_mask.py``,

@@ -38,15 +38,15 @@ def run_octavo(model: str, dtype: str, prompts, new_tokens: int, max_num_seqs: i
     load_s = time.perf_counter() - t0
     params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
     llm.generate([{"prompt_token_ids": prompts[0]}], SamplingParams(max_tokens=4), use_tqdm=False)  # warm-up
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=True)
-    elapsed = time.perf_counter() - t0
+    elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
     n_out = sum(len(o.outputs[0].token_ids) for o in outs)
     # the same prompts with one new token: the prefill's share of the run (phases, issue 18)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     llm.generate([{"prompt_token_ids": p} for p in prompts], SamplingParams(temperature=0, max_tokens=1),
                  use_tqdm=False)
-    prefill_s = time.perf_counter() - t0
+    prefill_s, prefill_cpu = time.perf_counter() - t0, time.process_time() - c0
     # batch-1 decode: one request, time per output token after the first
     t0 = time.perf_counter()
     one = llm.generate([{"prompt_token_ids": prompts[0]}], SamplingParams(temperature=0, max_tokens=1), use_tqdm=False)
@@ -57,14 +57,19 @@ def run_octavo(model: str, dtype: str, prompts, new_tokens: int, max_num_seqs: i
     del one
     return {"output_tok_s": n_out / elapsed, "elapsed_s": elapsed, "num_output_tokens": n_out,
             "load_s": load_s, "bs1_decode_tok_s": (new_tokens - 1) / max(b1 - ttft, 1e-9),
-            "phases": _phases(elapsed, prefill_s, new_tokens)}
+            "phases": _phases(elapsed, prefill_s, new_tokens, cpu, prefill_cpu)}
 
 
-def _phases(elapsed: float, prefill_s: float, new_tokens: int) -> dict:
-    """Where the run went: the prompts' prefill (timed alone, one new token) and the rest = decode steps."""
+def _phases(elapsed: float, prefill_s: float, new_tokens: int, cpu_s: float, prefill_cpu_s: float) -> dict:
+    """Where the run went: the prompts' prefill (timed alone, one new token) and the rest = decode steps; also
+    the process's CPU seconds of each (all its threads: on a shared machine the wall clock includes waiting
+    for a core, the CPU time does not)."""
     decode_s = max(elapsed - prefill_s, 0.0)
+    decode_cpu = max(cpu_s - prefill_cpu_s, 0.0)
     return {"prefill_s": round(prefill_s, 3), "decode_s": round(decode_s, 3),
-            "decode_ms_per_step": round(decode_s / max(new_tokens - 1, 1) * 1e3, 2)}
+            "decode_ms_per_step": round(decode_s / max(new_tokens - 1, 1) * 1e3, 2),
+            "cpu_s": round(cpu_s, 3), "prefill_cpu_s": round(prefill_cpu_s, 3),
+            "decode_cpu_ms_per_step": round(decode_cpu / max(new_tokens - 1, 1) * 1e3, 2)}
 
 
 def run_transformers(model: str, dtype: str, prompts, new_tokens: int, batch_size: int) -> dict:
@@ -81,19 +86,19 @@ def run_transformers(model: str, dtype: str, prompts, new_tokens: int, batch_siz
     gen_kw = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
     with torch.no_grad():
         m.generate(torch.tensor([prompts[0]]), max_new_tokens=4, do_sample=False, pad_token_id=0)  # warm-up
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         for i in range(0, len(prompts), batch_size):
             # equal-length prompts: no padding needed, so the comparison is not skewed by it
             batch = torch.tensor(prompts[i:i + batch_size])
             out = m.generate(batch, attention_mask=torch.ones_like(batch), **gen_kw)
             n_out += (out.shape[1] - batch.shape[1]) * batch.shape[0]
-        elapsed = time.perf_counter() - t0
-        t0 = time.perf_counter()
+        elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
+        t0, c0 = time.perf_counter(), time.process_time()
         for i in range(0, len(prompts), batch_size):  # the prefill alone (one new token), as for octavo
             batch = torch.tensor(prompts[i:i + batch_size])
             m.generate(batch, attention_mask=torch.ones_like(batch), max_new_tokens=1, do_sample=False,
                        pad_token_id=0)
-        prefill_s = time.perf_counter() - t0
+        prefill_s, prefill_cpu = time.perf_counter() - t0, time.process_time() - c0
         t0 = time.perf_counter()
         m.generate(torch.tensor([prompts[0]]), max_new_tokens=1, do_sample=False, pad_token_id=0)
         ttft = time.perf_counter() - t0
@@ -102,7 +107,7 @@ def run_transformers(model: str, dtype: str, prompts, new_tokens: int, batch_siz
         b1 = time.perf_counter() - t0
     return {"output_tok_s": n_out / elapsed, "elapsed_s": elapsed, "num_output_tokens": n_out,
             "batch_size": batch_size, "bs1_decode_tok_s": (new_tokens - 1) / max(b1 - ttft, 1e-9),
-            "phases": _phases(elapsed, prefill_s, new_tokens)}
+            "phases": _phases(elapsed, prefill_s, new_tokens, cpu, prefill_cpu)}
 
 
 def plot(results: dict, path: str) -> bool:
@@ -178,7 +183,8 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
                 ph = res[eng]["phases"]
                 print(f"{dtype:<10}{eng:<14}{res[eng]['output_tok_s']:>12.1f}{res[eng]['bs1_decode_tok_s']:>12.1f}"
                       f"   prefill {ph['prefill_s']:.2f} s, decode {ph['decode_s']:.2f} s "
-                      f"({ph['decode_ms_per_step']:.1f} ms/step)")
+                      f"({ph['decode_ms_per_step']:.1f} ms/step); CPU prefill {ph['prefill_cpu_s']:.2f} s, "
+                      f"decode {ph['decode_cpu_ms_per_step']:.1f} ms/step")
         if "ratio_vs_transformers" in res:
             print(f"{dtype:<10}{'ratio':<14}{res['ratio_vs_transformers']:>12.2f}")
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()

@@ -145,6 +145,29 @@ class PlatformContract:
                 want[r][bits[j].reshape(-1)[:vocab] == 0] = float("-inf")
             assert torch.equal(out, want), "the grammar mask apply differs from the bit rule"
 
+    def test_own_greedy_argmax_is_torch_argmax(self, platform):
+        """``make_greedy_argmax`` gives ``None`` or exactly ``logits.argmax(dim=-1)``: first index of the largest
+        value on ties, a NaN counting as the largest, ``-0.0 == 0.0``, rows of any length."""
+        argmax = platform.make_greedy_argmax()
+        assert argmax is None or callable(argmax), "make_greedy_argmax() must return a callable or None"
+        if not self.check_compute or argmax is None:
+            return
+        torch = pytest.importorskip("torch")
+        gen = torch.Generator().manual_seed(0)
+        for vocab in (1, 7, 16, 1000, 49_157):
+            x = torch.randn(9, vocab, generator=gen)
+            x[1] = 0.0
+            x[2, vocab // 2:] = float("nan")
+            x[3] = float("-inf")
+            if vocab > 5:
+                x[4, 3] = x[4, vocab - 1] = x[4].max() + 1  # a tie: the first wins
+                x[5, 2], x[5, 4], x[6, vocab - 1] = float("nan"), float("inf"), float("nan")
+                x[7, 1], x[7, 5] = float("inf"), float("inf")
+                x[8] = 0.0
+                x[8, 0], x[8, vocab - 2] = -0.0, 0.0
+            got = argmax(x.to(platform.device_type)).cpu()
+            assert torch.equal(got, x.argmax(dim=-1)), f"greedy argmax differs from torch's at vocab {vocab}"
+
     def test_selected_when_named_in_settings(self, platform):
         if not self.check_registered:
             pytest.skip("check_registered is off")
