@@ -14,14 +14,12 @@ or its exit does): the child reads EOF and exits 0. ``OCTAVO_PRESTART_CORE=0`` t
 
 from __future__ import annotations
 
-import logging
 import multiprocessing
 import os
 import signal
 import sys
 from typing import Any
 
-logger = logging.getLogger("octavo.engine_client")
 _pending: list[tuple[Any, Any]] = []  # (process, sending end of its pipe), at most one
 
 
@@ -58,7 +56,16 @@ def prestart(argv: list[str]) -> None:
     recv_end, send_end = ctx.Pipe(duplex=False)
     proc = ctx.Process(target=prestarted_core_main, args=(recv_end, _model_hint(argv[1:])),
                        name="octavo-engine-core", daemon=True)
-    proc.start()
+    main = sys.modules.get("__main__")
+    saved = {k: v for k, v in vars(main).items() if k in ("__spec__", "__file__")} if main is not None else {}
+    try:  # spawn re-runs the parent's __main__ (the CLI) in the child unless it has no spec or file: the child
+        # runs a function of this module and needs none of it (it cost the core ~0.1-0.4 s before its own imports)
+        for k in saved:
+            setattr(main, k, None)
+        proc.start()
+    finally:
+        for k, v in saved.items():
+            setattr(main, k, v)
     recv_end.close()
     _pending.append((proc, send_end))
 
@@ -72,7 +79,9 @@ def take(args: tuple) -> Any | None:
             if not proc.is_alive():
                 raise OSError("the pre-started engine core exited")
             conn.send(args)
-            logger.info("engine core: process pid %d, started before the settings were parsed", proc.pid)
+            import logging
+
+            logging.getLogger("octavo.engine_client").info("engine core: process pid %d, started before the settings were parsed", proc.pid)
             return proc
         except OSError:
             proc.join(0.1)
@@ -101,7 +110,9 @@ def prestarted_core_main(conn: Any, model_hint: str | None) -> None:
     import octavo.config  # noqa: F401 - what run_engine_core imports first, now, while the front end parses
     import octavo.core.engine_core  # noqa: F401
     from octavo.core.engine_core_proc import run_engine_core
+    from octavo.core.engine_start import note_imports_done
 
+    note_imports_done()
     try:
         args = conn.recv()
     except (EOFError, OSError):  # the front end did not need us

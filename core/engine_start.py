@@ -26,8 +26,23 @@ def begin_engine_start() -> None:
     _phases.clear()
     _last_mark[:] = [time.perf_counter()]
     age = process_age_s() if first else None
-    if age is not None:
+    if age is not None and _imports_done:  # a pre-started core (core/engine_prestart.py): split its wait off
+        done = min(_imports_done[0], age)
+        _phases.append(("process start to engine start (imports)", done))
+        _phases.append(("waiting for the front end's settings", age - done))
+    elif age is not None:
         _phases.append(("process start to engine start (imports)", age))
+
+
+_imports_done: list[float] = []  # process age when a pre-started core had its imports done
+
+
+def note_imports_done() -> None:
+    """A pre-started core finished its imports and now waits for the front end's settings: the start log
+    shows the two apart (which side the start waits on)."""
+    age = process_age_s()
+    if age is not None:
+        _imports_done[:] = [age]
 
 
 def start_phase(name: str) -> None:

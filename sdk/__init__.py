@@ -12,9 +12,6 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-from octavo.hooks import hookimpl
-from octavo.version import __version__
-
 # public name -> module that defines it; resolved lazily by __getattr__ below.
 _LAZY = {
     "LLM": "octavo.llm",
@@ -59,6 +56,11 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs; at run time 
     from octavo.outputs import CompletionOutput, Logprob, RequestOutput  # noqa: F401
     from octavo.platform import Platform  # noqa: F401
     from octavo.sampling_params import SamplingParams  # noqa: F401
+
+
+#: loaded on first use too: importlib.metadata (the version) and pluggy cost ~0.1-0.4 s, and ``octavo serve``
+#: spawns its engine core only after ``import octavo`` (issue 18 start-up)
+_LAZY.update(hookimpl="octavo.hooks", __version__="octavo.version")
 
 
 def __getattr__(name: str):

@@ -12,8 +12,6 @@ import argparse
 import importlib
 import sys
 
-from octavo.version import __version__
-
 BUILTIN_COMMANDS = [
     "octavo.cli.plugins_cmd",
     "octavo.cli.generate",
@@ -25,6 +23,8 @@ BUILTIN_COMMANDS = [
 
 def build_parser() -> argparse.ArgumentParser:
     """The full parser: built-in subcommands, then the ones plugins add."""
+    from octavo.version import __version__  # not at the top: `octavo serve` spawns its core before this
+
     parser = argparse.ArgumentParser(
         prog="octavo",
         description="octavo: an LLM inference and serving engine whose chips, models and kernels are plugins.",
