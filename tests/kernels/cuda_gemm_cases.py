@@ -27,11 +27,16 @@ DTYPES = (torch.float16, torch.float32) if INTERPRET else (torch.bfloat16,)  # t
 SHAPES = ([(5, 48, 128), (70, 40, 256)] if INTERPRET else
           [(1, 1024, 2048), (7, 4096, 1024), (64, 6144, 1024), (206, 1024, 3072), (256, 1024, 2048),
            (206, 6144, 4096), (130, 4096, 14336), (100, 1000, 1024)])
+# on CUDA: every launch the committed table uses (else a spread of tiles, splits and TMA)
+_TABLE_CONFIGS = sorted({c for rows in cuda_gemm.TABLE.values() for _, c in rows if c is not None}, key=GemmConfig.name)
 CONFIGS = ([GemmConfig(16, 16, 32, 1, 4, 2), GemmConfig(32, 16, 16, 4, 4, 1), GemmConfig(16, 16, 32, 2, 4, 2, True)]
-           if INTERPRET else
+           if INTERPRET else _TABLE_CONFIGS or
            [GemmConfig(64, 64, 128, 1, 4, 4), GemmConfig(64, 64, 128, 4, 4, 4), GemmConfig(128, 128, 64, 2, 8, 3),
             GemmConfig(64, 128, 64, 1, 4, 4), GemmConfig(256, 64, 64, 1, 8, 3), GemmConfig(128, 128, 64, 1, 8, 3, True),
             GemmConfig(64, 64, 64, 4, 4, 5, True)])
+if not INTERPRET:  # the table's own shapes at each row bound (<= 256)
+    SHAPES = sorted(set(SHAPES) | {(min(m, 256), n, k) for (n, k), rows in cuda_gemm.TABLE.items() for m, c in rows
+                                   if c is not None})
 TOL = {torch.float16: 2e-3, torch.bfloat16: 1e-2, torch.float32: 1e-5}
 
 
@@ -51,7 +56,7 @@ def test_gemm_matches_float64_and_split_k_is_deterministic(shape, cfg, dtype):
         pytest.skip("K does not split into whole tiles")
     x, w = _inputs(m, n, k, dtype, seed=m + n + k)
     got = gemm(x, w, cfg)
-    want = x.double().cpu() @ w.double().cpu().T
+    want = (x.double() @ w.double().T).cpu()  # float64 on the device (CPU float64 of the 8B shapes is slow)
     assert got.shape == (m, n) and got.dtype == dtype
     err = float((got.double().cpu() - want).abs().max() / want.abs().max())
     assert err <= TOL[dtype], err  # one rounding of an fp32 sum
@@ -158,8 +163,14 @@ def test_logits_method_writes_rounded_float32_logits_and_installs_only_where_lis
     assert cuda_gemm.install_logits(other) == {}
 
 
+def _silu_table_configs():
+    from octavo.plugins.platforms import cuda_gemm_silu
+
+    return sorted({c for rows in cuda_gemm_silu.TABLE.values() for _, c in rows if c is not None}, key=GemmConfig.name)
+
+
 SILU_CFGS = ([GemmConfig(16, 16, 32, 1, 4, 2)] if INTERPRET else
-             [GemmConfig(64, 64, 128, 1, 4, 4), GemmConfig(128, 64, 64, 1, 8, 3)])
+             _silu_table_configs() or [GemmConfig(64, 64, 128, 1, 4, 4), GemmConfig(128, 64, 64, 1, 8, 3)])
 
 
 def _unfused_silu(x, w):
