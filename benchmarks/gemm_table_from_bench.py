@@ -15,13 +15,15 @@ import re
 NAME = re.compile(r"(\d+)x(\d+)x(\d+)_s(\d+)_w(\d+)_st(\d+)(_tma)?$")
 
 
-def table(record: dict, min_speedup: float) -> dict:
+def table(record: dict, min_speedup: float, kind: str = "") -> dict:
+    """``kind`` "": the plain GEMM (cuda_gemm.TABLE); "silu": gate/up + SiLU-and-mul (cuda_gemm_silu.TABLE)."""
+    best, speed = ("silu_best", "silu_speedup") if kind == "silu" else ("best", "speedup_vs_cublas")
     by_shape: dict = {}
     for c in record["cases"]:
-        if "best" not in c:
+        if best not in c:
             continue
-        win = c["best"] if c["speedup_vs_cublas"] >= min_speedup else None
-        by_shape.setdefault((c["N"], c["K"], c["shape"]), []).append((c["rows"], win, c["speedup_vs_cublas"]))
+        win = c[best] if c[speed] >= min_speedup else None
+        by_shape.setdefault((c["N"], c["K"], c["shape"]), []).append((c["rows"], win, c[speed]))
     return {k: sorted(v) for k, v in by_shape.items()}
 
 
@@ -39,12 +41,13 @@ def main() -> None:
     args = ap.parse_args()
     with open(args.record) as f:
         rec = json.load(f)
-    print("TABLE = {")
-    for (n, k, shape), rows in table(rec, args.min_speedup).items():
-        entries = ", ".join(f"({r}, {literal(w)})" for r, w, _ in rows)
-        speed = ", ".join(f"{r}: {sp:.2f}x" for r, _, sp in rows)
-        print(f"    ({n}, {k}): [{entries}],  # {shape}: {speed} vs cuBLAS")
-    print("}")
+    for kind, title in (("", "cuda_gemm.TABLE"), ("silu", "cuda_gemm_silu.TABLE (vs cuBLAS + SiLU-and-mul)")):
+        print(f"# {title}\nTABLE = {{")
+        for (n, k, shape), rows in table(rec, args.min_speedup, kind).items():
+            entries = ", ".join(f"({r}, {literal(w)})" for r, w, _ in rows)
+            speed = ", ".join(f"{r}: {sp:.2f}x" for r, _, sp in rows)
+            print(f"    ({n}, {k}): [{entries}],  # {shape}: {speed} vs cuBLAS")
+        print("}")
 
 
 if __name__ == "__main__":
