@@ -264,6 +264,9 @@ def _norm_router(model, on: bool, state: dict) -> None:
         set_norm_router(norm, block, on)
 
 
+PREFETCH_SETS = {"b1": PREFETCH_VARIANTS}  # $MOE_PF_SET picks the list (moe7.sh prefetch)
+
+
 def profile_prefetch(runner, model, variants=None, with_table: bool = True) -> dict:
     """Session 8 A/B of the L2 prefetch hints in one engine: the batch-1 forward re-captured with each variant
     (attention settings, w13 / w2 config keys), replay ms (best of 3) and the output's difference from the
@@ -280,9 +283,12 @@ def profile_prefetch(runner, model, variants=None, with_table: bool = True) -> d
            "captured_ms": round(_replay_ms(runner.graphs[1].replay), 4)}
     saved_attn = dict(mods[0]._attn_one) if mods else None
     saved_cfg = [(m, m._moe_decode_cfg) for m in layers]
+    import os
+
     rows, best, nr_state = [], None, {}
+    res["set"] = os.environ.get("MOE_PF_SET", "b1")
     try:
-        for name, attn, w13, w2, *nr in variants or PREFETCH_VARIANTS:
+        for name, attn, w13, w2, *nr in variants or PREFETCH_SETS[res["set"]]:
             nr = nr[0] if nr else set()
             if nr or nr_state:
                 _norm_fusions(model, nr, nr_state)
