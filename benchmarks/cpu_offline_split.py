@@ -1,0 +1,129 @@
+"""Where a batch-64 CPU decode step of the offline workload goes, per module, in wall and CPU time (issue 18).
+
+Why: the offline 64 x 128/128 goal (3x transformers) is decided by the batch-64 decode step (127 of them) and the
+prefill. ``benchmarks/cpu_profile.py`` shows aten ops only; most of a CPU step now runs in C kernels called
+through ctypes (attention, norms, rotary, SiLU) and oneDNN (packed linears), which the profiler files under
+"python". This wraps the model's modules of one engine (qkv / o / gate_up / down projections, rotary, attention,
+the two norms, SiLU-and-mul, the whole forward, the LM head, the sampler) with timers: wall clock and the
+process's CPU time (all threads, so at 2 threads a module that keeps both cores busy shows ~2x its wall), summed
+per step. Same workload as ``benchmarks/throughput.py``: SmolLM2-135M dense, 64 prompts of ``--prompt-len``
+random tokens, greedy, ``ignore_eos``; the steps are timed after every request decodes.
+
+With ``--ab-argmax`` the steps alternate between the platform's C greedy argmax and ``torch.argmax`` (paired
+A/B of ``cpu_argmax.py`` in one process; the tokens are the same either way).
+
+    python benchmarks/cpu_offline_split.py --dtype bfloat16 --threads 2 --steps 16
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import datetime
+import gc
+import json
+import os
+import sys
+import time
+
+import torch
+
+MODULES = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj", "rotary_emb", "attn", "input_layernorm",
+           "post_attention_layernorm", "act_fn")
+
+
+class Timers:
+    def __init__(self) -> None:
+        self.wall = collections.defaultdict(float)
+        self.cpu = collections.defaultdict(float)
+        self.calls = collections.Counter()
+        self.on = False
+
+    def wrap(self, obj, attr: str, key: str) -> None:
+        f = getattr(obj, attr)
+
+        def timed(*a, **kw):
+            if not self.on:
+                return f(*a, **kw)
+            t, c = time.perf_counter(), time.process_time()
+            out = f(*a, **kw)
+            self.wall[key] += time.perf_counter() - t
+            self.cpu[key] += time.process_time() - c
+            self.calls[key] += 1
+            return out
+
+        setattr(obj, attr, timed)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=16)
+    ap.add_argument("--prompt-len", type=int, default=128)
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--ab-argmax", action="store_true", help="alternate the C argmax with torch.argmax per step")
+    ap.add_argument("--out", default=None, help="JSON path (default: print only)")
+    args = ap.parse_args(argv)
+
+    from octavo import LLM, SamplingParams
+    from octavo.core.loader import default_model_path
+    from octavo.core.sampler import Sampler
+
+    llm = LLM(default_model_path(), dtype=args.dtype, quantization="none", enable_prefix_caching=False,
+              max_num_seqs=args.batch, num_threads=args.threads)
+    eng = llm.llm_engine
+    timers = Timers()
+    model = next(o for o in gc.get_objects()
+                 if isinstance(o, torch.nn.Module) and type(o).__name__.endswith("ForCausalLM"))
+    for name, mod in model.named_modules():
+        if name.split(".")[-1] in MODULES:
+            timers.wrap(mod, "forward", name.split(".")[-1])
+    timers.wrap(model, "forward", "FORWARD")
+    timers.wrap(model, "compute_logits", "LM head (compute_logits)")
+    samplers = [o for o in gc.get_objects() if isinstance(o, Sampler)]
+    timers.wrap(Sampler, "__call__", "sampler")  # on the class: calls look special methods up on the type
+    c_argmax = [s.greedy_argmax for s in samplers]
+    g = torch.Generator().manual_seed(0)
+    params = SamplingParams(temperature=0, max_tokens=args.steps + 8, ignore_eos=True)
+    for i in range(args.batch):
+        eng.add_request(f"r{i}", {"prompt_token_ids": torch.randint(100, 49000, (args.prompt_len,),
+                                                                    generator=g).tolist()}, params)
+    full = 0
+    while full < 2:  # prefills done, two untimed decode steps with every request in the batch
+        full = full + 1 if len(eng.step()) == args.batch else 0
+    ab = {"c": [], "torch": []}
+    timers.on = True
+    t0, c0 = time.perf_counter(), time.process_time()
+    for k in range(args.steps):
+        use_c = not args.ab_argmax or k % 2 == 0
+        for s, f in zip(samplers, c_argmax):
+            s.greedy_argmax = f if use_c else None
+        before = timers.cpu["sampler"]
+        eng.step()
+        ab["c" if use_c else "torch"].append(timers.cpu["sampler"] - before)
+    wall = (time.perf_counter() - t0) / args.steps * 1e3
+    cpu = (time.process_time() - c0) / args.steps * 1e3
+    timers.on = False
+    rows = {k: {"wall_ms": round(timers.wall[k] / args.steps * 1e3, 3), "cpu_ms": round(timers.cpu[k] / args.steps * 1e3, 3),
+                "calls": timers.calls[k] // args.steps} for k in sorted(timers.wall, key=lambda k: -timers.wall[k])}
+    print(f"{args.dtype}, {args.threads} thread(s), batch {args.batch}, contexts {args.prompt_len + 3}-"
+          f"{args.prompt_len + 2 + args.steps}: step wall {wall:.1f} ms, process CPU {cpu:.1f} ms")
+    for k, r in rows.items():
+        print(f"  {k:26s} wall {r['wall_ms']:7.2f}  CPU {r['cpu_ms']:7.2f} ms/step  ({r['calls']} calls)")
+    record = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="minutes"),
+              "command": "python benchmarks/cpu_offline_split.py " + " ".join(sys.argv[1:] if argv is None else argv),
+              "load_average": os.getloadavg(), "step_wall_ms": wall, "step_cpu_ms": cpu, "modules": rows}
+    if args.ab_argmax:
+        med = {k: sorted(v)[len(v) // 2] * 1e3 for k, v in ab.items() if v}
+        record["sampler_cpu_ms_median"] = med
+        print("  sampler CPU ms/step, median: " + ", ".join(f"{k} argmax {v:.2f}" for k, v in med.items()))
+    if args.out:
+        os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+        with open(args.out, "w") as f:
+            json.dump(record, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
