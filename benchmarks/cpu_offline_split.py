@@ -63,6 +63,8 @@ def main(argv=None) -> int:
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--ab-argmax", action="store_true", help="alternate the C argmax with torch.argmax per step")
+    ap.add_argument("--prefill", action="store_true",
+                    help="time the prefill steps instead (max_num_batched_tokens 2048, as benchmarks/throughput.py)")
     ap.add_argument("--out", default=None, help="JSON path (default: print only)")
     args = ap.parse_args(argv)
 
@@ -71,7 +73,8 @@ def main(argv=None) -> int:
     from octavo.core.sampler import Sampler
 
     llm = LLM(default_model_path(), dtype=args.dtype, quantization="none", enable_prefix_caching=False,
-              max_num_seqs=args.batch, num_threads=args.threads)
+              max_num_seqs=args.batch, num_threads=args.threads,
+              max_num_batched_tokens=max(2048, args.prompt_len * 16))
     eng = llm.llm_engine
     timers = Timers()
     model = next(o for o in gc.get_objects()
@@ -89,6 +92,19 @@ def main(argv=None) -> int:
     for i in range(args.batch):
         eng.add_request(f"r{i}", {"prompt_token_ids": torch.randint(100, 49000, (args.prompt_len,),
                                                                     generator=g).tolist()}, params)
+    if args.prefill:
+        timers.on = True
+        t0, c0, n = time.perf_counter(), time.process_time(), 0
+        while len(eng.step()) < args.batch:  # prefill steps until every request has its first token
+            n += 1
+        n += 1
+        wall, cpu = (time.perf_counter() - t0) * 1e3, (time.process_time() - c0) * 1e3
+        timers.on = False
+        print(f"{args.dtype}, {args.threads} thread(s): prefill of {args.batch} x {args.prompt_len} in {n} steps: "
+              f"wall {wall:.0f} ms, process CPU {cpu:.0f} ms (whole prefill, ms below are totals)")
+        for k in sorted(timers.wall, key=lambda k: -timers.wall[k]):
+            print(f"  {k:26s} wall {timers.wall[k] * 1e3:8.1f}  CPU {timers.cpu[k] * 1e3:8.1f} ms  ({timers.calls[k]} calls)")
+        return 0
     full = 0
     while full < 2:  # prefills done, two untimed decode steps with every request in the batch
         full = full + 1 if len(eng.step()) == args.batch else 0
