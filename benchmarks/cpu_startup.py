@@ -61,11 +61,20 @@ def first_completion(port: int) -> str:
         return json.loads(r.read())["choices"][0]["text"]
 
 
-def time_serve(cache_dir: str, extra: list[str], timeout: float = 300.0) -> tuple[float, float, dict]:
+def server_env(cache_dir: str, **extra: str) -> dict:
+    """The server's environment: this one, its own cache folder, and Python's bytecode cache on (a shell with
+    ``PYTHONDONTWRITEBYTECODE=1``, as on the team machines, recompiles every edited octavo module at every
+    start: ~0.1-0.3 s that a fresh install pays once)."""
+    env = dict(os.environ, OCTAVO_CACHE_DIR=cache_dir, OCTAVO_DISABLE_PROGRESS="1", **extra)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    return env
+
+
+def time_serve(cache_dir: str, extra: list[str], timeout: float = 300.0, **env_extra: str) -> tuple[float, float, dict]:
     """Seconds from spawning ``octavo serve`` to the first 200 of /v1/models and to the end of the first
     completion after it, and the phases it logged."""
     port = free_port()
-    env = dict(os.environ, OCTAVO_CACHE_DIR=cache_dir, OCTAVO_DISABLE_PROGRESS="1")
+    env = server_env(cache_dir, **env_extra)
     cmd = [sys.executable, "-m", "octavo.cli.main", "serve", "--port", str(port), "--max-model-len", "2048",
            "--uvicorn-log-level", "warning", *extra]
     with tempfile.TemporaryFile("w+") as log:
@@ -117,7 +126,7 @@ print(json.dumps(t))
 
 
 def time_parts(cache_dir: str) -> dict:
-    out = subprocess.run([sys.executable, "-c", _PARTS], env=dict(os.environ, OCTAVO_CACHE_DIR=cache_dir),
+    out = subprocess.run([sys.executable, "-c", _PARTS], env=server_env(cache_dir),
                          capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -127,19 +136,32 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--serve-args", default="", help="extra arguments for octavo serve (one string)")
     ap.add_argument("--out", default="benchmarks/results/cpu_startup.json")
+    ap.add_argument("--timeout", type=float, default=300.0, help="seconds one start may take (a loaded machine's "
+                    "cold start compiles the C kernels for minutes)")
+    ap.add_argument("--cold-ab", action="store_true",
+                    help="also a cold row with OCTAVO_CPU_PREBUILD=0 (C kernels built one by one when first used)")
     args = ap.parse_args(argv)
     extra = args.serve_args.split()
     rows = {"cold cache": [], "warm cache": []}
-    firsts = {"cold cache": [], "warm cache": []}  # spawn -> first completion done
+    if args.cold_ab:
+        rows["cold cache, no parallel prebuild"] = []
+    firsts = {k: [] for k in rows}  # spawn -> first completion done
     parts, logged = [], []
     for _ in range(args.repeats):
         with tempfile.TemporaryDirectory() as d:
-            for name in rows:
-                ready, first, phases = time_serve(d, extra)
+            for name in ("cold cache", "warm cache"):
+                ready, first, phases = time_serve(d, extra, args.timeout)
                 rows[name].append(ready)
                 firsts[name].append(first)
                 logged.append({"cache": name, **phases})
             parts.append(time_parts(d))
+        if args.cold_ab:  # the same cold start, side by side, with the kernels built where first used
+            with tempfile.TemporaryDirectory() as d:
+                name = "cold cache, no parallel prebuild"
+                ready, first, phases = time_serve(d, extra, args.timeout, OCTAVO_CPU_PREBUILD="0")
+                rows[name].append(ready)
+                firsts[name].append(first)
+                logged.append({"cache": name, **phases})
         print({k: round(v[-1], 2) for k, v in rows.items()}, "first completion done:",
               {k: round(v[-1], 2) for k, v in firsts.items()}, {k: round(v, 2) for k, v in parts[-1].items()},
               flush=True)
@@ -153,7 +175,8 @@ def main(argv=None) -> int:
     record = {"card": f"CPU, {os.cpu_count()} cores; load average {os.getloadavg()[0]:.1f} at the end",
               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="minutes"),
               "command": "python benchmarks/cpu_startup.py " + " ".join(sys.argv[1:] if argv is None else argv),
-              "commit": commit, "results": {"serve_ready_s": rows, "first_completion_s": firsts, "median_s": med, "parts_median_s": med_parts,
+              "commit": commit, "python_bytecode_cache": "on for the servers (PYTHONDONTWRITEBYTECODE unset)",
+              "results": {"serve_ready_s": rows, "first_completion_s": firsts, "median_s": med, "parts_median_s": med_parts,
                           "logged_phases_s": logged}}
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     with open(args.out, "w") as f:

@@ -21,6 +21,7 @@ import sys
 from typing import Any
 
 _pending: list[tuple[Any, Any]] = []  # (process, sending end of its pipe), at most one
+spawned_at_s: float | None = None  # this process's age when it spawned the core (`octavo serve` logs it)
 
 
 def _model_hint(argv: list[str]) -> str | None:
@@ -50,6 +51,7 @@ def wanted(argv: list[str]) -> bool:
 
 def prestart(argv: list[str]) -> None:
     """Spawn the engine-core process now (see the module docstring)."""
+    global spawned_at_s
     if _pending:
         return
     ctx = multiprocessing.get_context("spawn")
@@ -68,6 +70,9 @@ def prestart(argv: list[str]) -> None:
             setattr(main, k, v)
     recv_end.close()
     _pending.append((proc, send_end))
+    from octavo.start_timing import process_age_s
+
+    spawned_at_s = process_age_s()
 
 
 def take(args: tuple) -> Any | None:

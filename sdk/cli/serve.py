@@ -137,10 +137,13 @@ def serve(settings, *, t_start: float | None = None) -> int:
                 logger.info("serving model %r on %s://%s:%d%s, %.1f s after start; POST /v1/chat/completions",
                             app.state.model_name, "https" if srv.ssl_certfile else "http", srv.host,
                             _bound_port(server, srv.port), key, now - t_start)
-                logger.info("start: before the engine (interpreter + imports + settings) %.2f s; engine (core "
+                from octavo.core.engine_prestart import spawned_at_s
+
+                logger.info("start: %sbefore the engine (interpreter + imports + settings) %.2f s; engine (core "
                             "process start to ready, tokenizer + HTTP server imports meanwhile, the core logs its "
-                            "own phases) %.2f s; app + HTTP server %.2f s", t_ready - engine.load_time_s - t_start,
-                            engine.load_time_s, now - t_ready)
+                            "own phases) %.2f s; app + HTTP server %.2f s",
+                            "" if spawned_at_s is None else f"core process spawned at {spawned_at_s:.2f} s; ",
+                            t_ready - engine.load_time_s - t_start, engine.load_time_s, now - t_ready)
             await task
             logger.info("HTTP server stopped")
 

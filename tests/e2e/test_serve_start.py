@@ -43,6 +43,8 @@ def test_prestarted_core_serves_plain_and_structured_requests(server):
     assert "Paris" in text
     logged = log.read_text()
     assert "started before the settings were parsed" in logged  # the pre-started process was the one used
+    # where the start went: when the core was spawned, and how long it then waited for the front end's settings
+    assert "core process spawned at" in logged and "waiting for the front end's settings" in logged
     cores = srv.children()
     assert len([p for p in cores if p.is_running()]) >= 1
 
