@@ -65,13 +65,50 @@ def _route(logits_ptr, num_experts, TOP_K: tl.constexpr, K_P: tl.constexpr, E_P:
     return top_w, top_i
 
 
+@triton.jit
+def _route_rank(logits_ptr, num_experts, slot, TOP_K: tl.constexpr, K_P: tl.constexpr, E_P: tl.constexpr,
+                RENORMALIZE: tl.constexpr, CH: tl.constexpr):
+    """:func:`_route`'s choice by ranks instead of k rounds of a block-wide max: ``rank[e]`` = how many keys beat
+    expert e's (the same int64 keys), counted over ``CH``-expert chunks whose keys are recomputed from the logits
+    (the same arithmetic, so the same bits); the slot's expert is the one of rank ``slot``. Returns (weights [K_P],
+    ids [K_P], the slot's expert): lanes by rank, as :func:`_route` orders them, so the renormalising sum adds the
+    same values in the same lane order."""
+    experts = tl.arange(0, E_P)
+    ok = experts < num_experts
+    x = tl.load(logits_ptr + experts, mask=ok, other=-float("inf")).to(tl.float32)
+    mx = tl.max(x, axis=0)
+    p = tl.exp(x - mx)
+    tot = tl.sum(tl.where(ok, p, 0.0), axis=0)
+    p = p / tot
+    key = tl.where(ok, (p.to(tl.int32, bitcast=True).to(tl.int64) << 32) | (E_P - 1 - experts).to(tl.int64), -1)
+    rank = tl.zeros([E_P], dtype=tl.int32)
+    for c in tl.static_range(E_P // CH):
+        ec = c * CH + tl.arange(0, CH)
+        okc = ec < num_experts
+        pc = tl.exp(tl.load(logits_ptr + ec, mask=okc, other=-float("inf")).to(tl.float32) - mx) / tot
+        kc = tl.where(okc, (pc.to(tl.int32, bitcast=True).to(tl.int64) << 32) | (E_P - 1 - ec).to(tl.int64), -1)
+        rank += tl.sum((kc[None, :] > key[:, None]).to(tl.int32), axis=1)
+    rank = tl.where(ok, rank, E_P)
+    lanes = tl.arange(0, K_P)
+    hit = rank[None, :] == lanes[:, None]  # [K_P, E_P]: lane j holds the expert of rank j
+    top_w = tl.sum(tl.where(hit, p[None, :], 0.0), axis=1)
+    top_i = tl.sum(tl.where(hit, experts[None, :], 0), axis=1)
+    top_w = tl.where(lanes < TOP_K, top_w, 0.0)
+    top_i = tl.where(lanes < TOP_K, top_i, 0)
+    if RENORMALIZE:
+        top_w = top_w / tl.sum(top_w, axis=0)
+    expert = tl.sum(tl.where(rank == slot, experts, 0), axis=0)
+    return top_w, top_i, expert
+
+
 @triton.jit(do_not_specialize=["num_experts"])
 def _w13_route_kernel(x_ptr, logits_ptr, w13_ptr, act_ptr, weights_ptr, ids_ptr, num_experts, N, K,
                       stride_be, stride_bn, w2_ptr, w2_bytes, w2_piece, pf_ptr, pf_total, pf_piece,
                       TOP_K: tl.constexpr, K_P: tl.constexpr, E_P: tl.constexpr, RENORMALIZE: tl.constexpr,
                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False,
                       PF_W2: tl.constexpr = False, EVICT: tl.constexpr = "", ROUTE_IN: tl.constexpr = True,
-                      PF_NEXT: tl.constexpr = False, PIPE: tl.constexpr = False):
+                      PF_NEXT: tl.constexpr = False, PIPE: tl.constexpr = False, RANK: tl.constexpr = False,
+                      RANK_CH: tl.constexpr = 16):
     """``act[slot, n] = silu(x . w1[e, n]) * (x . w3[e, n])`` for the token's slot ``pid // cdiv(N, BLOCK_N)``.
 
     ``PF_W2`` (moe_prefetch.py): once its expert is known, each program asks L2 for its share of that expert's
@@ -90,7 +127,14 @@ def _w13_route_kernel(x_ptr, logits_ptr, w13_ptr, act_ptr, weights_ptr, ids_ptr,
     num_n = tl.cdiv(N, BLOCK_N)
     slot = pid // num_n
     pid_n = pid % num_n
-    if ROUTE_IN:
+    if ROUTE_IN and RANK:  # ROUTE "rank": by ranks, fewer block-wide reductions before the first weight load
+        top_w, top_i, expert = _route_rank(logits_ptr, num_experts, slot, TOP_K, K_P, E_P, RENORMALIZE, RANK_CH)
+        expert = expert.to(tl.int64)
+        lanes = tl.arange(0, K_P)
+        if pid == 0:
+            tl.store(weights_ptr + lanes, top_w, mask=lanes < TOP_K)
+            tl.store(ids_ptr + lanes, top_i.to(tl.int64), mask=lanes < TOP_K)
+    elif ROUTE_IN:
         top_w, top_i = _route(logits_ptr, num_experts, TOP_K, K_P, E_P, RENORMALIZE)
         lanes = tl.arange(0, K_P)
         if pid == 0:
@@ -272,8 +316,8 @@ def decode_one(x: torch.Tensor, router_logits: torch.Tensor, w13: torch.Tensor, 
     if pf_next not in (0, 1, 2):
         raise ValueError(f"decode_one: w2 PF_NEXT must be 0, 1 or 2, not {pf_next!r}")
     route = c13.get("ROUTE", "in")
-    if route not in ("in", "launch") or (route == "launch" and c13.get("ALL_SLOTS")):
-        raise ValueError(f"decode_one: w13 ROUTE must be 'in' or 'launch' (per-slot kernel), not {route!r}")
+    if route not in ("in", "launch", "rank") or (route != "in" and c13.get("ALL_SLOTS")):
+        raise ValueError(f"decode_one: w13 ROUTE must be 'in', 'rank' or 'launch' (per-slot kernel), not {route!r}")
     if route == "launch":  # its own routing launch (cuda_moe_kernels.topk_softmax), w13 reads the ids
         from octavo.plugins.platforms.cuda_moe_kernels import topk_softmax
 
@@ -298,7 +342,9 @@ def decode_one(x: torch.Tensor, router_logits: torch.Tensor, w13: torch.Tensor, 
             if w2_bytes != w2.stride(0) * w2.element_size():
                 w2_bytes = 0  # interpreter, unaligned or ragged: no prefetch
         pf13_total, pf13_piece = prefetch_split(next_weight if c13.get("PF_NEXT") else None, grid13[0], 2)
-        extra13 = {"PF_W2": w2_bytes > 0, "EVICT": evict, "ROUTE_IN": route == "in", "PF_NEXT": pf13_total > 0,
+        extra13 = {"PF_W2": w2_bytes > 0, "EVICT": evict, "ROUTE_IN": route != "launch", "RANK": route == "rank",
+                   "RANK_CH": min(16, _p2(num_experts)),
+                   "PF_NEXT": pf13_total > 0,
                    "PIPE": bool(c13.get("PIPE", False))}
     elif c13.get("PF_W2") or c13.get("EVICT") or c13.get("PF_NEXT") or c13.get("PIPE"):
         raise ValueError("decode_one: PF_W2 / EVICT / PF_NEXT / PIPE are for the per-slot w13 kernel, not ALL_SLOTS")

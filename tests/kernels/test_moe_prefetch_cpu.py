@@ -8,7 +8,8 @@ routing switch, on the CPU.
 - under the interpreter: the w13 launch reading the ids of a separate routing launch (``"ROUTE": "launch"``) gives
   the in-kernel routing's output, weights and ids bit for bit; prefetch settings change nothing there; the
   attention's unrolled merge (``merge=1``) gives the loop's output and cache bit for bit, and so does the w13
-  launch with its loads one K-block ahead (``"PIPE": true``).
+  launch with its loads one K-block ahead (``"PIPE": true``) and with the routing by ranks (``"ROUTE": "rank"``,
+  ties included).
 The GPU side (bit-equal outputs with and without prefetch, eager and in a graph) is test_moe_prefetch_gpu.py.
 """
 
@@ -121,9 +122,21 @@ for e, k, h, inter in ((16, 4, 64, 48), (6, 3, 32, 40)):
                                                              "PF_NEXT": True},
                                                      "w2": {**tiles["w2"], "PF_NEXT": 1}}, next_weight=w13[0])
     pipe = decode_one(x, logits, w13, w2, k, True, {"w13": {**tiles["w13"], "PIPE": True}, "w2": tiles["w2"]})
-    for got in (launch, hints, pipe):
+    rank = decode_one(x, logits, w13, w2, k, True, {"w13": {**tiles["w13"], "ROUTE": "rank"}, "w2": tiles["w2"]})
+    for got in (launch, hints, pipe, rank):
         for a, b in zip(want, got):
             assert torch.equal(a, b), (e, k)
+for e, k, renorm, logits in ((16, 5, False, torch.zeros(1, 16)),  # ties: the lowest expert wins, by rank too
+                             (16, 4, True, torch.tensor([[0.5, 1, 1, 0.5, 2, 2, 0, 0, 3, 3, 1, 1, 2, 2, 0.5, 3]])),
+                             (128, 8, True, torch.randn(1, 128, generator=g)), (8, 2, False, torch.randn(1, 8))):
+    w13 = (torch.randn(e, 64, 32, generator=g) * 0.2).half()
+    w2 = (torch.randn(e, 32, 32, generator=g) * 0.2).half()
+    x = torch.randn(1, 32, generator=g).half()
+    tiles = {"w13": {"BLOCK_N": 16, "BLOCK_K": 32}, "w2": {"BLOCK_N": 8, "BLOCK_K": 32}}
+    want = decode_one(x, logits, w13, w2, k, renorm, tiles)
+    got = decode_one(x, logits, w13, w2, k, renorm, {"w13": {**tiles["w13"], "ROUTE": "rank"}, "w2": tiles["w2"]})
+    for a, b in zip(want, got):
+        assert torch.equal(a, b), (e, k, renorm)
 from octavo.plugins.platforms.moe_decode_attention import attention_one
 hq, hk, d, page, blocks = 4, 2, 32, 16, 8
 cache = torch.randn(2, blocks, page, hk, d, generator=g).half()
