@@ -30,7 +30,7 @@ from octavo.plugins.platforms.cuda_pdl import gdc_launch_dependents, gdc_wait, l
 
 logger = logging.getLogger(__name__)
 
-DEFAULTS = {"block_n": 16, "block_k": 512}
+DEFAULTS = {"block_n": 32, "block_k": 256}  # 168 registers at 4 warps (16 x 512: 228, 2 programs per SM)
 
 
 @triton.jit
@@ -84,7 +84,7 @@ def _p2(x: int) -> int:
 
 
 def norm_qkv(x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
-             block_n: int = 16, block_k: int = 512):
+             block_n: int = 32, block_k: int = 256):
     """One token: ``(out, new_residual, y)`` = RMSNorm(x + residual) * norm_weight, x + residual, out @ weightᵀ.
 
     ``x``, ``residual`` ``[1, H]``; ``weight`` ``[N, H]`` row-major; ``y`` in ``weight``'s dtype (as the linear)."""
