@@ -8,9 +8,16 @@ CPU is wasted: the same steps ran 1.3-1.5x faster with 2 threads (docs/performan
 core process"). Which case holds changes while a server runs, so the core measures it instead of guessing:
 from time to time it runs a few steps at the other count, compares them with neighbouring steps that did the
 same work (same prompt tokens and generated tokens in the step), and keeps the faster count. A probe that loses
-is cut after one pair of steps and the next probe waits twice as long (up to ``MAX_INTERVAL_S``), so a loaded
-machine pays about one slow step a minute; a step at the larger count that suddenly takes twice as long as the
-last one with the same work starts a probe at once.
+clearly (2x) is cut after one pair of steps and the next probe waits twice as long (up to ``MAX_INTERVAL_S``), so a
+loaded machine pays about one slow step a minute; a step at the larger count that suddenly takes twice as long as
+the last one with the same work starts a probe at once.
+
+Session 8 (the C=1 TPOT goal of issue 18): the choice is kept per batch-size class (``work_class``: at C=1 the
+front end idles between tokens, at C=32 its 32 streams keep it busy, so one count need not fit both, and a probe
+lost at one size no longer delays another's); the first step a class runs at a count is a warm-up, not compared
+(the first 2-thread step built the OpenMP team and read 4.4x: session 7's C=1 level never left 1 thread); a new
+class starts at the latest probe's verdict; and a mild loss of the larger count (the front end busy for a moment,
+e.g. importing its grammar backends right after ready) is retried as soon as such probes cost <= 1% of the time.
 
 The thread count never changes a result: the default CPU paths gave bitwise-identical tokens and logprobs with
 1 and 2 threads (tests/unit/test_cpu_threads.py), so a request's output does not depend on when it ran.
@@ -34,6 +41,8 @@ BASE_INTERVAL_S = 2.0  # after a switch: check again soon (the other count may w
 MAX_INTERVAL_S = 64.0  # a probe that keeps losing is retried at most this rarely
 WIN_RATIO = 0.9  # switch when the other count's steps take <= 0.9x as long (median of the pairs)
 LOSE_RATIO = 1.15  # cut a probe as soon as one pair says the other count is >= 15% slower
+CLEAR_LOSS_RATIO = 2.0  # a probe losing by this much doubles the wait for the next one (a busy machine)
+PROBE_COST_SHARE = 0.01  # a milder loss waits just long enough that such probes cost <= 1% of the time
 CLEAR_WIN_RATIO = 0.5  # switch after one pair when the other count took half the time or less
 PAIRS = 3  # pairs of (other, current) steps per probe
 SPIKE_RATIO = 2.0  # at the larger count: a step this much slower than its last twin starts a probe
@@ -47,33 +56,67 @@ def adaptive_threads_enabled() -> bool:
     return raw != "0"
 
 
-class ThreadGovernor:
-    """Chooses ``low`` or ``high`` torch threads for each step from measured step times.
+def work_class(key: Any) -> int:
+    """Steps that may want different thread counts: by the number of sequences in the step (powers of two: 1,
+    2-3, 4-7, ...; a step with prompt tokens counts the sequences it generates for, so a C=32 step that also
+    prefills a newcomer is in the batch-32 class). Why: at C=1 the front end is idle between tokens and a batch-1
+    step gains from all CPUs, while a batch-32 step's outputs keep the front end busy, so one count need not fit
+    both (and a probe lost at one size must not delay the probe of another)."""
+    return 1 << (max(int(key[1]), 1).bit_length() - 1)
 
-    The loop calls :meth:`before_step` (which sets the count for the coming step) and :meth:`after_step` with the
-    step's wall seconds and a key of the work it did (``None`` when unknown: such a step is not compared).
+
+class _ClassState:
+    """The governor's choice and probe for one :func:`work_class`."""
+
+    def __init__(self, cur: int, now: float):
+        self.cur = cur
+        self.interval_s = BASE_INTERVAL_S
+        self.next_probe_at = now + FIRST_PROBE_S
+        self.twin: dict[Any, float] = {}  # key -> seconds of the last step at the larger count
+        self.probe: list[float] | None = None  # ratios other/current of this probe's pairs
+        self.pending: tuple[Any, float] | None = None  # the probe's last step at the other count
+        self.mismatches = 0  # pairs of this probe whose two steps did different work
+        self.ran: set[int] = set()  # thread counts that ran a step of this class (a first one is a warm-up)
+
+
+class ThreadGovernor:
+    """Chooses ``low`` or ``high`` torch threads for each step from measured step times, per :func:`work_class`.
+
+    The loop calls :meth:`before_step` (which sets the count for the coming step, that of the class the last step
+    had) and :meth:`after_step` with the step's wall seconds and a key of the work it did (``None`` when unknown:
+    such a step is not compared). The first step a class runs at a count is not compared: the OpenMP team, the
+    kernels' per-thread buffers and primitives are built then (a probe that counted it read 4.4x and lost).
     """
 
     def __init__(self, low: int, high: int, set_threads: Callable[[int], None],
                  clock: Callable[[], float] = time.monotonic):
         if not 1 <= low < high:
             raise ValueError(f"ThreadGovernor needs 1 <= low < high, got {low}, {high}")
-        self.low, self.high, self.cur = low, high, low
+        self.low, self.high = low, high
         self._set, self._clock = set_threads, clock
         self._applied: int | None = None
-        self.interval_s = BASE_INTERVAL_S
-        self.next_probe_at = clock() + FIRST_PROBE_S
+        self._classes: dict[Any, _ClassState] = {}
+        self._cls = _ClassState(low, clock())  # the class of the last step (steps without a key: this one)
         self._last: tuple[Any, int, float] | None = None  # (key, threads, seconds) of the previous step
-        self._twin: dict[Any, float] = {}  # key -> seconds of the last step at the larger count
-        self._probe: list[float] | None = None  # ratios other/current of this probe's pairs
-        self._pending: tuple[Any, float] | None = None  # the probe's last step at the other count
-        self._mismatches = 0  # pairs of this probe whose two steps did different work
+        self._verdict = low  # the count the last finished probe found faster: where a new class starts
         self.switches: list[tuple[float, int]] = []  # (clock, new count): what the log says too
         self._apply(low)
 
+    # the state of the class the coming step is expected to have (the last step's)
+    @property
+    def cur(self) -> int:
+        return self._cls.cur
+
+    @property
+    def interval_s(self) -> float:
+        return self._cls.interval_s
+
+    def other_of(self, c: _ClassState) -> int:
+        return self.high if c.cur == self.low else self.low
+
     @property
     def other(self) -> int:
-        return self.high if self.cur == self.low else self.low
+        return self.other_of(self._cls)
 
     def _apply(self, n: int) -> None:
         if n != self._applied:
@@ -82,9 +125,10 @@ class ThreadGovernor:
 
     def threads_for_next_step(self) -> int:
         """The count the next step runs at: the other count at the first step of each probe pair."""
-        if self._probe is not None and self._pending is None:
-            return self.other
-        return self.cur
+        c = self._cls
+        if c.probe is not None and c.pending is None:
+            return self.other_of(c)
+        return c.cur
 
     def before_step(self) -> None:
         self._apply(self.threads_for_next_step())
@@ -94,55 +138,81 @@ class ThreadGovernor:
         if key is None:
             self._last = None
             return
-        if self._probe is not None:
-            self._probe_step(ran, seconds, key)
-        elif ran == self.high and key in self._twin and seconds > SPIKE_RATIO * self._twin[key]:
-            self._start_probe()  # the larger count suddenly got slow: the machine got busy
-        elif (self._clock() >= self.next_probe_at and self._last is not None and self._last[0] == key
-              and self._last[1] == self.cur):
-            self._start_probe()
+        wc = work_class(key)
+        c = self._classes.get(wc)
+        if c is None:  # a new class starts where the machine's latest verdict was, and probes soon
+            c = self._classes[wc] = _ClassState(self._verdict, self._clock())
+            if len(self._classes) > 64:
+                self._classes = {wc: c}
+        warm = ran not in c.ran
+        c.ran.add(ran)
+        if c.probe is not None:
+            if self._cls is c:  # else this step ran at the count another class chose: not part of the probe
+                self._probe_step(c, ran, seconds, key, warm)
+        elif ran == self.high and key in c.twin and seconds > SPIKE_RATIO * c.twin[key]:
+            self._start_probe(c)  # the larger count suddenly got slow: the machine got busy
+        elif (self._clock() >= c.next_probe_at and self._last is not None and self._last[0] == key
+              and self._last[1] == c.cur == ran):
+            self._start_probe(c)
         if ran == self.high:
-            self._twin[key] = seconds
-            if len(self._twin) > 256:
-                self._twin.clear()
+            c.twin[key] = seconds
+            if len(c.twin) > 256:
+                c.twin.clear()
+        self._cls = c
         self._last = (key, ran, seconds)
 
-    def _start_probe(self) -> None:
-        self._probe, self._pending, self._mismatches = [], None, 0
+    def _start_probe(self, c: _ClassState) -> None:
+        c.probe, c.pending, c.mismatches = [], None, 0
 
-    def _probe_step(self, ran: int, seconds: float, key: Any) -> None:
-        if ran == self.other:  # first step of a pair
-            self._pending = (key, seconds)
+    def _probe_step(self, c: _ClassState, ran: int, seconds: float, key: Any, warm: bool) -> None:
+        if ran != c.cur:  # first step of a pair
+            c.pending = None if warm else (key, seconds)  # a warm-up step: the pair starts again
             return
-        other_key, other_s = self._pending or (None, 0.0)
-        self._pending = None
+        if c.pending is None:  # the pair's first step was a warm-up (or missing): not compared
+            return
+        other_key, other_s = c.pending
+        c.pending = None
         if other_key != key:  # the work changed between the two steps: no comparison
-            self._mismatches += 1
-            if self._mismatches >= PAIRS:
-                self._end_probe(switch=False, retry_soon=True)
+            c.mismatches += 1
+            if c.mismatches >= PAIRS:
+                self._end_probe(c, switch=False, retry_soon=True)
             return
         ratio = other_s / max(seconds, 1e-9)
-        self._probe.append(ratio)
+        c.probe.append(ratio)
         if ratio >= LOSE_RATIO:
-            self._end_probe(switch=False)
+            self._end_probe(c, switch=False, lost_s=other_s - seconds)
         elif ratio <= CLEAR_WIN_RATIO:
-            self._end_probe(switch=True)
-        elif len(self._probe) >= PAIRS:
-            self._end_probe(switch=statistics.median(self._probe) <= WIN_RATIO)
+            self._end_probe(c, switch=True)
+        elif len(c.probe) >= PAIRS:
+            self._end_probe(c, switch=statistics.median(c.probe) <= WIN_RATIO)
 
-    def _end_probe(self, switch: bool, retry_soon: bool = False) -> None:
-        ratios, self._probe, self._pending = self._probe, None, None
+    def _end_probe(self, c: _ClassState, switch: bool, retry_soon: bool = False, lost_s: float | None = None) -> None:
+        ratios, c.probe, c.pending = c.probe or [], None, None
         now = self._clock()
+        logger.debug("engine core: probe of %d threads (at %d): ratios %s, %s", self.other_of(c), c.cur,
+                     [round(r, 2) for r in ratios], "switch" if switch else "keep")
+        if ratios:
+            self._verdict = self.other_of(c) if switch else c.cur
         if switch:
-            old, self.cur = self.cur, self.other
-            self.interval_s = BASE_INTERVAL_S
-            self.switches.append((now, self.cur))
-            logger.info("engine core: %d torch threads instead of %d (steps took %.2fx as long, median of %d "
-                        "pairs; %s)", self.cur, old, statistics.median(ratios), len(ratios), ENV)
+            old, c.cur = c.cur, self.other_of(c)
+            c.interval_s = BASE_INTERVAL_S
+            self.switches.append((now, c.cur))
+            logger.info("engine core: %d torch threads instead of %d for %s steps (took %.2fx as long, median of "
+                        "%d pairs; %s)", c.cur, old, _class_name(c, self._classes), statistics.median(ratios),
+                        len(ratios), ENV)
+        elif lost_s is not None and ratios[-1] < CLEAR_LOSS_RATIO and c.cur == self.low:
+            # A mild loss of the larger count (a front end busy for a moment, e.g. its start-up warm-ups) is
+            # retried soon, as long as such probes cost at most PROBE_COST_SHARE of the time; a clear loss (a busy
+            # machine) backs off. (At the larger count a machine getting busy shows as a spike: no early retry.)
+            c.interval_s = min(MAX_INTERVAL_S, max(BASE_INTERVAL_S, lost_s / PROBE_COST_SHARE))
         elif not retry_soon:
-            self.interval_s = min(MAX_INTERVAL_S, self.interval_s * 2)
-        self.next_probe_at = now + (BASE_INTERVAL_S if retry_soon else self.interval_s)
-        self._apply(self.cur)
+            c.interval_s = min(MAX_INTERVAL_S, c.interval_s * 2)
+        c.next_probe_at = now + (BASE_INTERVAL_S if retry_soon else c.interval_s)
+
+
+def _class_name(c: _ClassState, classes: dict[Any, _ClassState]) -> str:
+    wc = next((k for k, v in classes.items() if v is c), 1)
+    return f"batch {wc}-{2 * wc - 1}" if wc > 1 else "batch-1"
 
 
 def _one_engine(settings: Any) -> bool:

@@ -181,3 +181,75 @@ def test_the_core_loop_feeds_the_governor_each_steps_work():
     outs = [loop._governed_step() for _ in range(4)]
     assert all(isinstance(o, EngineCoreOutputs) for o in outs)
     assert gov.before == 4 and gov.seen == [None, (128, 1), (0, 32), (0, 32)]
+
+
+class ClassMachine(Machine):
+    """Step costs per work key: ``cost[key][threads]``; the first step at a count costs ``cold`` times more (the
+    OpenMP team and the kernels' per-thread buffers are built then)."""
+
+    def __init__(self, cost: dict, cold: float = 1.0):
+        super().__init__({})
+        self.by_key, self.cold, self.seen = cost, cold, set()
+
+    def run(self, gov: ThreadGovernor, steps: int, key=(0, 1)) -> list[int]:
+        ran = []
+        for _ in range(steps):
+            gov.before_step()
+            n = self.applied[-1]
+            sec = self.by_key[key][n] * (self.cold if n not in self.seen else 1.0)
+            self.seen.add(n)
+            self.now += sec
+            gov.after_step(sec, key)
+            ran.append(n)
+        return ran
+
+
+def test_a_cold_first_step_at_all_cpus_does_not_lose_the_probe():
+    """Session 7's C=1 level stayed at 1 thread: the probe's first 2-thread step built the team (4.4x) and lost."""
+    m = ClassMachine({(0, 1): {1: 0.024, 2: 0.017}}, cold=4.4)
+    gov = ThreadGovernor(1, 2, m.set_threads, m.clock)
+    ran = m.run(gov, 64)  # one 64-token request at C=1
+    assert gov.cur == 2 and len(gov.switches) == 1
+    assert ran.index(2) < 4 and ran[12:] == [2] * 52  # switched within the first dozen steps
+
+
+def test_batch_1_and_batch_32_keep_their_own_counts():
+    """The front end is idle between batch-1 tokens and busy with 32 streams: each size keeps what measures best,
+    and the C=32 level's losses do not delay the C=1 probes (and back)."""
+    cost = {(0, 1): {1: 0.024, 2: 0.017}, (0, 32): {1: 0.20, 2: 0.26}}
+    m = ClassMachine(cost)
+    gov = ThreadGovernor(1, 2, m.set_threads, m.clock)
+    for _ in range(3):  # levels alternate: C=1, C=32
+        one = m.run(gov, 64, (0, 1))
+        assert gov.cur == 2
+        thirty_two = m.run(gov, 64, (0, 32))
+        assert gov.cur == 1
+    # in steady state only probes run the other count: rare at batch 1 (a lost 1-thread probe backs off), and at
+    # batch 32 (where the larger count loses mildly, so it is retried sooner) they cost <= ~1% of the time
+    assert one.count(1) <= 2
+    lost = sum(cost[(0, 32)][n] - cost[(0, 32)][1] for n in thirty_two)
+    assert lost <= 0.015 * sum(cost[(0, 32)][n] for n in thirty_two)
+    # batch 1 switched to 2 once; batch 32 started at the count the last step ran at (2) and went back to 1 once
+    assert [n for _, n in gov.switches] == [2, 1]
+
+
+def test_a_mild_loss_at_start_is_retried_soon_and_a_clear_one_backs_off():
+    """Right after ready the front end imports its grammar backends: a 2-thread probe then loses mildly, and must
+    not hold batch 1 at 1 thread for the next seconds of a C=1 benchmark; a 5x loss (a busy machine) backs off."""
+    m = ClassMachine({(0, 1): {1: 0.024, 2: 0.034}})  # front end busy: 2 threads 1.4x slower
+    gov = ThreadGovernor(1, 2, m.set_threads, m.clock)
+    m.run(gov, 40)
+    assert gov.cur == 1 and gov.interval_s == cpu_threads.BASE_INTERVAL_S  # lost, next probe soon
+    m.by_key[(0, 1)] = {1: 0.024, 2: 0.017}  # the warm-up finished
+    ran = m.run(gov, 150)
+    assert gov.cur == 2 and ran.index(2) * 0.024 <= cpu_threads.BASE_INTERVAL_S + 0.1
+    busy = ThreadGovernor(1, 2, m.set_threads, m.clock)
+    m.by_key[(0, 1)] = {1: 0.024, 2: 0.12}
+    m.run(busy, 200)
+    assert busy.cur == 1 and busy.interval_s >= 4 * cpu_threads.BASE_INTERVAL_S
+
+
+def test_work_classes():
+    wc = cpu_threads.work_class
+    assert wc((0, 1)) == 1 and wc((0, 2)) == wc((0, 3)) == 2 and wc((0, 32)) == wc((0, 63)) == 32
+    assert wc((128, 1)) == 1 and wc((5, 32)) == 32 and wc((0, 0)) == 1  # prompt tokens: by the sequences too
