@@ -31,13 +31,14 @@ def cache_root() -> str:
 
 
 def gguf_tokenizer_cache_key(path: str) -> str:
-    """SHA-256 of the GGUF file's bytes, the transformers version and the cache format (hex)."""
+    """SHA-256 over the GGUF file's SHA-256 (``file_digest.file_sha256``), the transformers version and the cache
+    format (hex)."""
     import transformers
 
+    from octavo.core.loader.file_digest import file_sha256  # remembered by the file's identity (issue 18)
+
     h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            h.update(chunk)
+    h.update(bytes.fromhex(file_sha256(path)))
     h.update(f"|transformers={transformers.__version__}|format={_CACHE_FORMAT}".encode())
     return h.hexdigest()
 

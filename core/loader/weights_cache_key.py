@@ -40,12 +40,10 @@ def enabled() -> bool:
 # ------------------------------------------------------------------------------------------ the key
 
 def _hash_file(path: str, out: list) -> None:
-    try:
-        h = hashlib.sha256()
-        with open(path, "rb") as f:  # hashlib and read() drop the GIL: this runs beside the torch import
-            for chunk in iter(lambda: f.read(1 << 23), b""):
-                h.update(chunk)
-        out.append(h.hexdigest())
+    from octavo.core.loader.file_digest import file_sha256  # remembered by the file identity
+
+    try:  # hashlib and read() drop the GIL: this runs beside the torch import
+        out.append(file_sha256(path))
     except OSError as e:
         out.append(e)
 
