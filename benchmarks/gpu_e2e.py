@@ -230,6 +230,7 @@ def task_decode_bs1(args, tmp) -> dict:
         before, mark = llm.llm_engine.get_stats(), len(jit.log)
         dt, outs = gen_timed(llm, prompts, SamplingParams(max_tokens=out_len, ignore_eos=True))
         res["throughput_triton_builds_in_timed_run"] = jit.since(mark)
+        res["throughput_triton_build_keys_in_timed_run"] = jit.keys_since(mark)  # which specialization was missed
         total = sum(len(o.outputs[0].token_ids) for o in outs)
         after = llm.llm_engine.get_stats()  # the schedule: steps, preemptions, prompt tokens computed (recomputes)
         res.update({"throughput_prompts": num, "throughput_s": dt, "throughput_output_tokens": total,
