@@ -357,6 +357,10 @@ def fuse_model(model: torch.nn.Module, dtype: torch.dtype, device: torch.device)
     from octavo.plugins.platforms.cuda_mlp_fusion import fuse_silu_gemv
 
     counts.update(fuse_silu_gemv(model, dtype, device, _close))
+    # dense LM heads cuda_gemm.LOGITS_TABLE lists: float32 logits in one pass, no copy kernel (OCTAVO_TRITON_GEMM=0 off)
+    from octavo.plugins.platforms.cuda_gemm import install_logits
+
+    counts.update(install_logits(model))
     # norms / SiLU-and-muls feeding fp8 linears learn to write the quantized input too
     from octavo.plugins.quant.fp8_fused import link_fp8_inputs
 

@@ -186,9 +186,28 @@ def gemm(x, weight, cfg: GemmConfig, pdl: dict | None = None, out=None, out_dtyp
 #: whose bound is >= M (None there: cuBLAS); shapes or row counts not listed stay on cuBLAS. Filled from
 #: measurements on H100 (benchmarks/gemm_triton_bench.py, benchmarks/gemm_table_from_bench.py;
 #: docs/performance.md); empty = cuBLAS everywhere.
-TABLE: dict[tuple[int, int], list[tuple[int, GemmConfig | None]]] = {}
-#: fewest rows taken here (below that the batch-1 GEMV or cuBLAS)
-MIN_ROWS = 2
+#: Session 8 batch 1 (H100 80GB HBM3, benchmarks/results/gemm_triton_s8b1_h100.json: chains of launches over
+#: weight copies beyond L2, PDL on, CUDA-graph medians; us Triton / cuBLAS): only the Qwen3-0.6B projections where
+#: a launch beat cuBLAS by >= 4 % (the K-split ones: o_proj and down_proj have N = 1024, too few CTAs for the
+#: whole K); Llama-3-8B's projections stay on cuBLAS (0.66-1.00x at 128-256 rows). Row counts between two measured
+#: ones take the upper one's launch.
+TABLE: dict[tuple[int, int], list[tuple[int, GemmConfig | None]]] = {
+    (4096, 1024): [(32, GemmConfig(64, 64, 128, 1, 4, 4))],  # qkv: 32 rows 5.59 / 5.91; 64-256: 0.86-1.03x
+    (1024, 2048): [(32, GemmConfig(64, 64, 64, 8, 4, 4)), (128, None),  # o_proj: 32 rows 5.60 / 5.87
+                   (206, GemmConfig(64, 64, 128, 2, 4, 4)), (256, None)],  # 206 rows 6.91 / 7.48; 256: 0.93x
+    (6144, 1024): [(64, GemmConfig(64, 64, 128, 1, 4, 4))],  # gate_up: 32 / 64 rows 6.58 / 7.29, 6.72 / 7.38
+    (1024, 3072): [(64, GemmConfig(64, 64, 64, 8, 4, 4)),  # down_proj: 64 rows 6.57 / 8.18 (32: 6.38 / 8.02)
+                   (128, GemmConfig(64, 64, 128, 4, 4, 4)),  # 7.04 / 7.59
+                   (206, GemmConfig(64, 64, 128, 2, 4, 4)),  # 8.24 / 9.54
+                   (256, GemmConfig(64, 64, 64, 4, 4, 5, True))],  # 8.34 / 8.73
+}
+#: LM heads (:class:`LogitsMethod`: float32 logits in one pass), same batch, vs cuBLAS + the ``.float()`` copy
+LOGITS_TABLE: dict[tuple[int, int], list[tuple[int, GemmConfig | None]]] = {
+    (151936, 1024): [(64, GemmConfig(64, 64, 64, 1, 4, 5, True)),  # Qwen3: 32 / 64 rows 119 / 139, 124 / 158 us
+                     (256, GemmConfig(128, 256, 64, 1, 8, 3, True))],  # 128 / 206 / 256: 156 / 193, 196 / 241, 210 / 271
+}
+#: fewest rows taken here (below: the batch-1 GEMV or cuBLAS; 2-16 rows were not measured)
+MIN_ROWS = 17
 _STATE: dict = {"on": None, "checked": {}}  # on: None = OCTAVO_TRITON_GEMM, read on first use
 _INTERPRET_TABLE = False  # tests set it to route the interpreter through the table
 
@@ -207,11 +226,11 @@ def active() -> bool:
     return _STATE["on"]
 
 
-def lookup(M: int, N: int, K: int) -> GemmConfig | None:
-    """The table's launch for ``M`` rows of an ``[N, K]`` weight, or None (cuBLAS)."""
+def lookup(M: int, N: int, K: int, table: dict | None = None) -> GemmConfig | None:
+    """The table's launch for ``M`` rows of an ``[N, K]`` weight, or None (cuBLAS); ``table``: :data:`TABLE`."""
     if M < MIN_ROWS or os.environ.get("TRITON_INTERPRET") == "1" and not _INTERPRET_TABLE:
         return None
-    for most, cfg in TABLE.get((N, K), ()):
+    for most, cfg in (TABLE if table is None else table).get((N, K), ()):
         if M <= most:
             return cfg if cfg is not None and cfg.fits(K) else None
     return None
@@ -223,11 +242,14 @@ def linear(x, weight, out_dtype=None):
     use (outside a graph capture: the graph runner runs each size eagerly first) compares it with ``F.linear``
     on the real input; a launch off by more than two bf16 rounding steps of the output's largest value is
     dropped with a warning."""
+    import torch
+
     if (not active() or x.dim() != 2 or x.stride(1) != 1 or weight.stride(1) != 1 or x.dtype != weight.dtype
+            or x.dtype not in (torch.bfloat16, torch.float16)  # (float32 dots would run as tf32)
             or x.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1"):
         return None
     N, K = weight.shape
-    cfg = lookup(x.shape[0], N, K)
+    cfg = lookup(x.shape[0], N, K, LOGITS_TABLE if out_dtype is not None else TABLE)
     if cfg is None:
         return None
     from octavo.plugins.platforms.cuda_pdl import launch_opts
@@ -235,8 +257,6 @@ def linear(x, weight, out_dtype=None):
     key = (N, K, cfg, x.dtype, out_dtype)
     ok = _STATE["checked"].get(key)
     if ok is None:
-        import torch
-
         if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
             return None  # never checked: cuBLAS in this graph
         import torch.nn.functional as F
@@ -282,14 +302,14 @@ class LogitsMethod:
 
 
 def install_logits(model) -> dict[str, int]:
-    """Give each single-rank, dense, bias-free ``ParallelLMHead`` of ``model`` whose weight shape the table lists
-    a :class:`LogitsMethod`; returns ``{"LMHead(gemm)": count}``."""
+    """Give each single-rank, dense, bias-free ``ParallelLMHead`` of ``model`` whose weight shape
+    :data:`LOGITS_TABLE` lists a :class:`LogitsMethod`; returns ``{"LMHead(gemm)": count}``."""
     from octavo.nn.embedding import ParallelLMHead
 
     n = 0
     for m in model.modules():
         if (isinstance(m, ParallelLMHead) and m.logits_method is None and m.tp_size == 1 and m.bias is None
-                and tuple(m.weight.shape) in TABLE):
+                and tuple(m.weight.shape) in LOGITS_TABLE):
             m.logits_method = LogitsMethod()
             n += 1
     return {"LMHead(gemm)": n} if n else {}

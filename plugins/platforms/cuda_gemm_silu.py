@@ -89,7 +89,10 @@ def gate_up_silu(x, weight, unfused):
     use by more than two rounding steps of the dtype (then dropped with a warning)."""
     import os
 
+    import torch
+
     if (not active() or x.dim() != 2 or x.shape[0] < 2 or x.stride(1) != 1 or x.dtype != weight.dtype
+            or x.dtype not in (torch.bfloat16, torch.float16)
             or os.environ.get("TRITON_INTERPRET") == "1" and not _INTERPRET_TABLE):
         return None
     cfg = None
@@ -104,8 +107,6 @@ def gate_up_silu(x, weight, unfused):
     key = (tuple(weight.shape), cfg, x.dtype)
     ok = _CHECKED.get(key)
     if ok is None:
-        import torch
-
         if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
             return None
         try:

@@ -28,15 +28,17 @@ SHAPES = ([(5, 48, 128), (70, 40, 256)] if INTERPRET else
           [(1, 1024, 2048), (7, 4096, 1024), (64, 6144, 1024), (206, 1024, 3072), (256, 1024, 2048),
            (206, 6144, 4096), (130, 4096, 14336), (100, 1000, 1024)])
 # on CUDA: every launch the committed table uses (else a spread of tiles, splits and TMA)
-_TABLE_CONFIGS = sorted({c for rows in cuda_gemm.TABLE.values() for _, c in rows if c is not None}, key=GemmConfig.name)
+_TABLES = (cuda_gemm.TABLE, cuda_gemm.LOGITS_TABLE)
+_TABLE_CONFIGS = sorted({c for t in _TABLES for rows in t.values() for _, c in rows if c is not None},
+                        key=GemmConfig.name)
 CONFIGS = ([GemmConfig(16, 16, 32, 1, 4, 2), GemmConfig(32, 16, 16, 4, 4, 1), GemmConfig(16, 16, 32, 2, 4, 2, True)]
            if INTERPRET else _TABLE_CONFIGS or
            [GemmConfig(64, 64, 128, 1, 4, 4), GemmConfig(64, 64, 128, 4, 4, 4), GemmConfig(128, 128, 64, 2, 8, 3),
             GemmConfig(64, 128, 64, 1, 4, 4), GemmConfig(256, 64, 64, 1, 8, 3), GemmConfig(128, 128, 64, 1, 8, 3, True),
             GemmConfig(64, 64, 64, 4, 4, 5, True)])
-if not INTERPRET:  # the table's own shapes at each row bound (<= 256)
-    SHAPES = sorted(set(SHAPES) | {(min(m, 256), n, k) for (n, k), rows in cuda_gemm.TABLE.items() for m, c in rows
-                                   if c is not None})
+if not INTERPRET and _TABLE_CONFIGS:  # the tables' own shapes at each row bound, and two ragged ones
+    SHAPES = sorted({(7, 4096, 1024), (100, 1000, 1024)} | {(m, n, k) for t in _TABLES for (n, k), rows in t.items()
+                                                           for m, c in rows if c is not None})
 TOL = {torch.float16: 2e-3, torch.bfloat16: 1e-2, torch.float32: 1e-5}
 
 
@@ -94,6 +96,7 @@ def test_lookup_takes_the_first_row_bound_and_only_fitting_launches(monkeypatch)
     monkeypatch.setattr(cuda_gemm, "TABLE", {(64, 256): [(64, a), (256, b)], (64, 96): [(256, b)],
                                              (32, 256): [(8, a), (100, None), (256, b)]})
     monkeypatch.setattr(cuda_gemm, "_INTERPRET_TABLE", True)
+    monkeypatch.setattr(cuda_gemm, "MIN_ROWS", 2)
     assert cuda_gemm.lookup(1, 64, 256) is None  # below MIN_ROWS: the GEMV / cuBLAS
     assert cuda_gemm.lookup(2, 64, 256) == a and cuda_gemm.lookup(64, 64, 256) == a
     assert cuda_gemm.lookup(65, 64, 256) == b and cuda_gemm.lookup(257, 64, 256) is None
@@ -151,7 +154,9 @@ def test_logits_method_writes_rounded_float32_logits_and_installs_only_where_lis
     head.weight.data = w
     x, _ = _inputs(20, 96, 256, DTYPES[0], seed=8)
     cfg = CONFIGS[0]
-    monkeypatch.setattr(cuda_gemm, "TABLE", {(96, 256): [(32, cfg)]})
+    monkeypatch.setattr(cuda_gemm, "LOGITS_TABLE", {(96, 256): [(32, cfg)]})
+    monkeypatch.setattr(cuda_gemm, "TABLE", {})
+    monkeypatch.setattr(cuda_gemm, "MIN_ROWS", 2)
     monkeypatch.setattr(cuda_gemm, "_INTERPRET_TABLE", True)
     monkeypatch.setattr(cuda_gemm, "_STATE", {"on": True, "checked": {}})
     assert cuda_gemm.install_logits(head) == {"LMHead(gemm)": 1}
