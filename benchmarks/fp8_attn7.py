@@ -46,19 +46,6 @@ VARIANTS_B2 = {
     "b2_table_n128_pack2_ord": ("8b_fp8_512", "table", dict(block_n=128, pack=2, maxnreg=None, ordered=True)),
 }
 
-# --set s8 (session 8 batch 1): the e4m3 dots on the stored tiles (Q / P rounded to e4m3, FlashAttention-3's way)
-_T = dict(block_n=128, deq=3, prefetch=False, num_stages=1, maxnreg=128)
-VARIANTS_S8 = {
-    "s8_fp8kv_TABLE": ("8b_fp8_512", "fp8kv", _T),
-    "s8_bf16_table_n128_ord": ("8b", "table", dict(block_n=128, ordered=True)),
-    "s8_qk8": ("8b_fp8_512", "fp8kv", dict(_T, qk8=True)),
-    "s8_qk8_pv8": ("8b_fp8_512", "fp8kv", dict(_T, qk8=True, pv8=True)),
-    "s8_qk8_pv8_s2": ("8b_fp8_512", "fp8kv", dict(_T, qk8=True, pv8=True, num_stages=2, maxnreg=None)),
-    "s8_qk8_pv8_n64": ("8b_fp8_512", "fp8kv", dict(_T, qk8=True, pv8=True, block_n=64)),
-    "s8_qk8_pv8_s3": ("8b_fp8_512", "fp8kv", dict(_T, qk8=True, pv8=True, num_stages=3, maxnreg=None)),
-    "s8_qk8_s2": ("8b_fp8_512", "fp8kv", dict(_T, qk8=True, deq=0, num_stages=2, maxnreg=None)),
-}
-
 VARIANTS = {  # batch 1, in priority order (a short budget runs the first ones)
     "table_n128_w4_s2_ord": ("8b_fp8", "table", dict(block_n=128, ordered=True)),
     "bf16_table_n128_ord": ("8b", "table", dict(block_n=128, ordered=True)),
@@ -126,7 +113,7 @@ def _warm(names: list[str]) -> int:
     done = 0
     data = {}
     for name in names:
-        shape, kernel, kw = {**VARIANTS, **VARIANTS_B2, **VARIANTS_S8}[name]
+        shape, kernel, kw = {**VARIANTS, **VARIANTS_B2}[name]
         if shape not in data:
             spec = list(dab.SHAPES[shape])
             assert spec[3] % 16 == _WARM_BATCH[shape] % 16
@@ -173,13 +160,12 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--budget", type=float, default=40.0)
     ap.add_argument("--variants", default="", help="comma-separated names (default: all of --set, in order)")
-    ap.add_argument("--set", choices=("b1", "b2", "s8"), default="b2", help="b1 / b2: session 7's batches; s8: session 8")
+    ap.add_argument("--set", choices=("b1", "b2"), default="b2", help="b1: batch 1's variants; b2: batch 2's")
     ap.add_argument("--rep", type=int, default=50, help="ms of replays per variant")
     ap.add_argument("--no-prewarm", action="store_true", help="compile in the timed loop (one process)")
     args = ap.parse_args()
     t0 = time.perf_counter()
-    sets = {"b1": VARIANTS, "b2": VARIANTS_B2, "s8": VARIANTS_S8}
-    names = args.variants.split(",") if args.variants else list(sets[args.set])
+    names = args.variants.split(",") if args.variants else list(VARIANTS if args.set == "b1" else VARIANTS_B2)
     res = {"command": "python benchmarks/fp8_attn7.py", "variants": {},
            "note": "variants compiled first (parallel warm-up processes, then the first call untimed); "
                    "timed = CUDA-graph replay medians"}
@@ -195,7 +181,7 @@ def main() -> None:
     print(f"read (sum) {res['read_TBps']:.2f} TB/s", flush=True)
     data, refs = {}, {}
     for name in names:
-        shape, kernel, kw = {**VARIANTS, **VARIANTS_B2, **VARIANTS_S8}[name]
+        shape, kernel, kw = {**VARIANTS, **VARIANTS_B2}[name]
         if time.perf_counter() - t0 > args.budget:
             res["variants"][name] = "skipped: budget"
             continue
