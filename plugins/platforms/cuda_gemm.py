@@ -236,6 +236,34 @@ def lookup(M: int, N: int, K: int, table: dict | None = None) -> GemmConfig | No
     return None
 
 
+def first_use_ok(checked: dict, key, run, reference, what: str, holds=None) -> bool:
+    """Whether the launch ``key`` may run: on its first use (outside a graph capture) ``run()`` is compared with
+    ``reference()`` on the real input and kept only within two bf16 rounding steps of the output's largest value
+    (``holds``: a dtype whose values the output must hold exactly); a launch that raises or disagrees is dropped
+    for good with a warning. Inside a capture an unchecked launch is not used (the caller's fallback is)."""
+    import torch
+
+    ok = checked.get(key)
+    if ok is not None:
+        return ok
+    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        return False
+    try:
+        got, want = run(), reference()
+        if holds is not None and not torch.equal(got, got.to(holds).to(got.dtype)):
+            raise RuntimeError(f"output does not hold {holds} values")
+        got, want = got.float(), want.float()
+        err = float((got - want).abs().max()) / max(float(want.abs().max()), 1e-30)
+    except Exception as e:  # noqa: BLE001 - a launch this card or Triton cannot run: the fallback
+        err = repr(e)[:200]
+    ok = checked[key] = isinstance(err, float) and err <= 1.6e-2
+    if not ok:
+        import logging
+
+        logging.getLogger(__name__).warning("%s not used: %s off the reference", what, err)
+    return ok
+
+
 def linear(x, weight, out_dtype=None):
     """``F.linear(x, weight)`` through the table's launch for this shape and row count, or None (the caller runs
     cuBLAS): off, not listed, strided inputs, or the launch disagreed with cuBLAS on its first use. That first
@@ -254,29 +282,16 @@ def linear(x, weight, out_dtype=None):
         return None
     from octavo.plugins.platforms.cuda_pdl import launch_opts
 
-    key = (N, K, cfg, x.dtype, out_dtype)
-    ok = _STATE["checked"].get(key)
-    if ok is None:
-        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
-            return None  # never checked: cuBLAS in this graph
+    def run():
+        return gemm(x, weight, cfg, launch_opts(), out_dtype=out_dtype)
+
+    def reference():
         import torch.nn.functional as F
 
-        try:
-            got, want = gemm(x, weight, cfg, launch_opts(), out_dtype=out_dtype), F.linear(x, weight)
-            if out_dtype is not None and not torch.equal(got, got.to(x.dtype).to(out_dtype)):
-                raise RuntimeError("float32 output does not hold 16-bit values")
-            got, want = got.float(), want.float()
-            err = float((got - want).abs().max()) / max(float(want.abs().max()), 1e-30)
-        except Exception as e:  # noqa: BLE001 - a launch this card or Triton cannot run: cuBLAS
-            err = repr(e)[:200]
-        ok = _STATE["checked"][key] = isinstance(err, float) and err <= 1.6e-2
-        if not ok:
-            import logging
+        return F.linear(x, weight)
 
-            logging.getLogger(__name__).warning("Triton GEMM %s for [%d, %d] weights not used: %s off cuBLAS",
-                                                cfg.name(), N, K, err)
-            return None
-    if not ok:
+    if not first_use_ok(_STATE["checked"], (N, K, cfg, x.dtype, out_dtype), run, reference,
+                        f"Triton GEMM {cfg.name()} for [{N}, {K}] weights", x.dtype if out_dtype else None):
         return None
     return gemm(x, weight, cfg, launch_opts(), out_dtype=out_dtype)
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from octavo.plugins.platforms.cuda_gemm import GemmConfig, active
+from octavo.plugins.platforms.cuda_gemm import GemmConfig, active, first_use_ok
 from octavo.plugins.platforms.cuda_pdl import gdc_launch_dependents, gdc_wait
 
 
@@ -104,23 +104,7 @@ def gate_up_silu(x, weight, unfused):
         return None
     from octavo.plugins.platforms.cuda_pdl import launch_opts
 
-    key = (tuple(weight.shape), cfg, x.dtype)
-    ok = _CHECKED.get(key)
-    if ok is None:
-        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
-            return None
-        try:
-            got, want = gemm_silu(x, weight, cfg, launch_opts()).float(), unfused(x).float()
-            err = float((got - want).abs().max()) / max(float(want.abs().max()), 1e-30)
-        except Exception as e:  # noqa: BLE001 - a launch this card cannot run: the unfused layers
-            err = repr(e)[:200]
-        ok = _CHECKED[key] = isinstance(err, float) and err <= 1.6e-2
-        if not ok:
-            import logging
-
-            logging.getLogger(__name__).warning("gate/up + SiLU GEMM %s for %s not used: %s off the unfused path",
-                                                cfg.name(), tuple(weight.shape), err)
-            return None
-    if not ok:
+    if not first_use_ok(_CHECKED, (tuple(weight.shape), cfg, x.dtype), lambda: gemm_silu(x, weight, cfg, launch_opts()),
+                        lambda: unfused(x), f"gate/up + SiLU GEMM {cfg.name()} for {tuple(weight.shape)}"):
         return None
     return gemm_silu(x, weight, cfg, launch_opts())
