@@ -5,11 +5,11 @@
 #       64-256 rows, cuBLAS vs the Triton GEMM's tile / split-K / TMA sweep (benchmarks/gemm_triton_bench.py; every
 #       config checked against float64); then the no-rebuild GPU tests of the attention kernels
 #       (tests/gpu/test_triton_no_rebuilds.py: varied mixed / decode-only steps build no new variant, match float64).
-#   b2  (batch 2) tests/kernels/cuda_gemm_cases.py on CUDA (the tables' launches and shapes vs float64, split-K
-#       repeatable, float32 logits; 15 s cap); then ab.json: nano_run_profile.py --no-events: the warmed nano-vllm
-#       workload timed with the defaults (its first timed run: Triton builds inside it are listed with their keys),
-#       then gemm_off (cuBLAS projections + the .float() logits copy) / defaults / gemm_off in the same engine,
-#       graphs recaptured for each, as the budget allows.
+#   b2  (batch 2) ab.json: nano_run_profile.py --no-events: the warmed nano-vllm workload timed with the defaults
+#       (its first timed run: Triton builds inside it are listed with their keys), then gemm_off (cuBLAS projections
+#       + the .float() logits copy) / defaults / gemm_off in the same engine, graphs recaptured for each, as the
+#       budget allows; then tests/kernels/cuda_gemm_cases.py on CUDA for the time left (the tables' launches and
+#       shapes vs float64, split-K repeatable, float32 logits).
 set -u
 cd "$(dirname "$0")/../.."
 R="${OUT:-/tmp/out}/nano8"; mkdir -p "$R"
@@ -40,9 +40,9 @@ case "$PART" in
     run 56 gemm_triton.log python benchmarks/gemm_triton_bench.py --out "$R/gemm_triton.json" --budget 32
     cases "$(left)" rebuilds.log tests/gpu/test_triton_no_rebuilds.py ;;
   b2)
-    cases 15 gemm_cases.log tests/kernels/cuda_gemm_cases.py -k "not silu and not llama_mlp"
-    run "$(left)" ab.log python benchmarks/nano_run_profile.py --out "$R/ab.json" --budget-s $(( $(left) - 3 )) \
-      --no-events --ab gemm_off defaults gemm_off ;;
+    run 61 ab.log python benchmarks/nano_run_profile.py --out "$R/ab.json" --budget-s 58 \
+      --no-events --ab gemm_off defaults gemm_off
+    cases "$(left)" gemm_cases.log tests/kernels/cuda_gemm_cases.py -k "not silu and not llama_mlp" ;;
   *) echo "unknown NANO_PART=$PART"; exit 2 ;;
 esac
 echo "total $(( $(date +%s) - START )) s"
