@@ -207,7 +207,8 @@ def ar_state(worker) -> str:
     from octavo.plugins.platforms.cuda_pdl import pdl_on
 
     return (f"{type(ar).__name__ if ar else 'nccl'}, defer_rows={getattr(ar, 'defer_rows', None)}, "
-            f"ll={getattr(ar, 'll', None)}, push={getattr(ar, 'push', None)}, pdl={pdl_on()}")
+            f"ll={getattr(ar, 'll', None)}, push={getattr(ar, 'push', None)}, pdl={pdl_on()}, "
+            f"early_poll={getattr(ar, 'early_poll', None)}")
 
 
 def switch_all_reduce(worker, mode: str) -> str:
@@ -218,7 +219,8 @@ def switch_all_reduce(worker, mode: str) -> str:
     launches, plugins/platforms/cuda_pdl.py) and ``+silu`` (the gate/up + SiLU GEMV, cuda_mlp_fusion.py, where
     it was installed at start: the default) and ``+ll`` (the one-shot all-reduce's LL protocol,
     cuda_allreduce_ll.py) and ``+push`` (fused only: the row-parallel GEMV sends its output itself,
-    cuda_allreduce_gemv.py) turn those on, their absence off; ``+w8``: the fused all-reduce + norm kernel with 8
+    cuda_allreduce_gemv.py) and ``+early`` (with push and pdl: the consumer polls the peer's words before its
+    PDL wait, OCTAVO_TP_EARLY_POLL) turn those on, their absence off; ``+w8``: the fused all-reduce + norm kernel with 8
     warps (its rule: 4 up to 4096 wide). Returns what runs now."""
     from octavo.nn import parallel
     from octavo.plugins.platforms.cuda_mlp_fusion import set_silu_gemv
@@ -226,10 +228,12 @@ def switch_all_reduce(worker, mode: str) -> str:
 
     label = mode
     mode, *flags = mode.split("+")
-    if mode not in ("nccl", "custom", "fused") or not set(flags) <= {"pdl", "silu", "ll", "push", "w8"}:
+    if mode not in ("nccl", "custom", "fused") or not set(flags) <= {"pdl", "silu", "ll", "push", "w8", "early"}:
         raise ValueError(f"unknown all-reduce mode {label!r}: nccl|custom|fused [+pdl] [+silu] [+ll] [+push] [+w8]")
     if "push" in flags and mode != "fused":
         raise ValueError(f"{label!r}: +push (cuda_allreduce_gemv.py) needs the fused mode")
+    if "early" in flags and not {"push", "pdl"} <= set(flags):
+        raise ValueError(f"{label!r}: +early (OCTAVO_TP_EARLY_POLL) needs +push and +pdl")
     set_pdl("pdl" in flags)
     set_silu_gemv("silu" in flags)
     if hasattr(parallel._ALL_REDUCE, "ll") or hasattr(getattr(worker, "_bench_ar", None), "ll"):
@@ -249,6 +253,7 @@ def switch_all_reduce(worker, mode: str) -> str:
             ar.defer_rows = worker._bench_defer if mode == "fused" else 0
         if hasattr(ar, "push"):
             ar.push = "push" in flags  # the row-parallel GEMV sends its output (cuda_allreduce_gemv.py)
+            ar.early_poll = "early" in flags  # its consumer polls the peer's words before the PDL wait
             ar.num_pushed = 0
         ar.norm_warps = 8 if "w8" in flags else 0  # the fused all-reduce + norm kernel's warps (0: its rule)
     runner = getattr(worker.runner, "graph_runner", None)
@@ -256,7 +261,8 @@ def switch_all_reduce(worker, mode: str) -> str:
         runner.capture()
     return (f"{label}: {type(parallel._ALL_REDUCE).__name__}, "
             f"defer_rows={getattr(parallel._ALL_REDUCE, 'defer_rows', None)}, ll={getattr(ar, 'll', None)}, "
-            f"push={getattr(ar, 'push', None)} ({getattr(ar, 'num_pushed', 0)} GEMVs pushed in the capture)")
+            f"push={getattr(ar, 'push', None)} ({getattr(ar, 'num_pushed', 0)} GEMVs pushed in the capture), "
+            f"early_poll={getattr(ar, 'early_poll', None)}")
 
 
 def graph_replay_ms_without_allreduce(worker, size: int, iters: int) -> float:

@@ -43,13 +43,14 @@ from octavo.plugins.platforms.cuda_allreduce import (
 )
 from octavo.plugins.platforms.cuda_allreduce_epochs import _begin_call
 from octavo.plugins.platforms.cuda_allreduce_gemv import (
+    early_poll_setting,
     gemv_push,
     plain_gemv_config,
     push_eligible,
     push_setting,
 )
 from octavo.plugins.platforms.cuda_allreduce_ll import LL_CAP_WORDS, _ll_receive, _ll_store_to_peers, ll_fits
-from octavo.plugins.platforms.cuda_pdl import launch_opts
+from octavo.plugins.platforms.cuda_pdl import launch_opts, pdl_on
 
 logger = logging.getLogger(__name__)
 
@@ -58,10 +59,20 @@ logger = logging.getLogger(__name__)
 def _one_shot_add_rms_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, n_cols, eps, flag_table, data_table,
                              counters, cap, ll_table, RANK: tl.constexpr, WORLD: tl.constexpr, MAXG: tl.constexpr,
                              BLOCK: tl.constexpr, PDL: tl.constexpr = False, LL: tl.constexpr = False,
-                             LL_CAP: tl.constexpr = 0, PUSHED: tl.constexpr = False):
+                             LL_CAP: tl.constexpr = 0, PUSHED: tl.constexpr = False,
+                             EARLY: tl.constexpr = False):
     """One CTA per row: the one-shot all-reduce of cuda_allreduce.py (same flags, epochs and buffers; or the LL
     words of cuda_allreduce_ll.py), then the residual add and RMSNorm of cuda_fusions._rms_norm_kernel with the
-    same roundings. ``PUSHED`` (with LL): the GEMV that produced ``x`` sent its words (cuda_allreduce_gemv.py)."""
+    same roundings. ``PUSHED`` (with LL): the GEMV that produced ``x`` sent its words (cuda_allreduce_gemv.py).
+    ``EARLY`` (PUSHED, PDL, two ranks; ``OCTAVO_TP_EARLY_POLL``, cuda_allreduce_gemv.py): the peer's words are
+    polled BEFORE the wait for the GEMV here (they come from the peer's GEMV, not from this rank's predecessor), so
+    the crossing overlaps the local GEMV's tail and the wait's release; the call index is read from the counters
+    the previous protocol call left (complete: every kernel before the predecessor has finished under PDL's rule).
+    Same rank-order sum (two ranks: fp32 addition of two values commutes), so the same bits."""
+    if EARLY:
+        pre = tl.load(counters + tl.program_id(0), volatile=True) + 1  # the index _begin_call takes below
+        peer = _ll_receive(ll_table, 1 - RANK, tl.program_id(0) * n_cols + tl.arange(0, BLOCK),
+                           tl.arange(0, BLOCK) < n_cols, pre % 2, pre, x_ptr, RANK, WORLD, LL_CAP)
     row, _, epoch, parity = _begin_call(counters, MAXG, PDL)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
@@ -79,6 +90,8 @@ def _one_shot_add_rms_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, n_cols
     for k in tl.static_range(WORLD):
         if k == RANK:
             v = x
+        elif EARLY:
+            v = peer
         elif LL:
             v = _ll_receive(ll_table, k, offs, mask, parity, epoch, x_ptr, RANK, WORLD, LL_CAP)
         else:
@@ -105,12 +118,14 @@ def all_reduce_add_rms_norm(ar: OneShotAllReduce, x: torch.Tensor, residual: tor
     r2 = residual.reshape(rows, d).contiguous()
     block = 1 << max(0, d - 1).bit_length()
     ll = pushed or (bool(getattr(ar, "ll", False)) and ll_fits(x))
+    opts = launch_opts()
+    early = pushed and ar.world == 2 and opts["PDL"] and getattr(ar, "early_poll", False)  # OCTAVO_TP_EARLY_POLL
     _one_shot_add_rms_kernel[(rows,)](x, r2, weight, out, res_out, d, eps, ar.flag_table, ar.data_table,
                                       ar.counters, ar.max_bytes // x.element_size(),
                                       ar.ll_table if ll else ar.flag_table, RANK=ar.rank, WORLD=ar.world,
                                       MAXG=MAX_CTAS, BLOCK=block, LL=ll, LL_CAP=LL_CAP_WORDS if ll else 0,
-                                      PUSHED=pushed, num_warps=getattr(ar, "norm_warps", 0) or (8 if d > 4096 else 4),
-                                      **launch_opts())
+                                      PUSHED=pushed, EARLY=early,
+                                      num_warps=getattr(ar, "norm_warps", 0) or (8 if d > 4096 else 4), **opts)
     ar.num_calls += 1
     return out.view(residual.shape), res_out.view(residual.shape)
 
@@ -213,6 +228,7 @@ def maybe_fuse_all_reduce_norm(handle, runner_cls) -> dict | None:
                              "16-bit weights on the Triton GEMV, no bias); unset it")
         logger.info("row-parallel GEMV push off: no eligible layer (16-bit dense GEMV weights, no bias)")
     elif push and ar.defer_rows:  # OCTAVO_TP_GEMV_PUSH (cuda_allreduce_gemv.py; default on)
+        ar.early_poll = early_poll_setting()[0]  # checked with the push (same forward, bitwise)
         ar.push, before = True, getattr(ar, "num_pushed", 0)
         same = _check_forward(handle, ar, rows, runner_cls)
         ran = getattr(ar, "num_pushed", 0) > before  # the check must have taken the pushing GEMV (tuned shapes)
@@ -226,7 +242,12 @@ def maybe_fuse_all_reduce_norm(handle, runner_cls) -> dict | None:
             "OFF: the checking forward " + ("disagreed" if ran else "never took it (no tuned GEMV shape)"))
     elif push:  # the fusion's own check disagreed (warned above): nothing to push into
         logger.warning("row-parallel GEMV push off: the all-reduce + RMSNorm fusion it needs is off")
-    return {"row_parallel": len(rows_layers), "norms": len(norms), "rows": ar.defer_rows, "push": ar.push}
+    early, early_explicit = early_poll_setting()
+    if early and early_explicit and not (ar.push and ar.world == 2 and pdl_on()):
+        raise ValueError("OCTAVO_TP_EARLY_POLL=1 needs the row-parallel GEMV push at two ranks with PDL on (it polls "
+                         "pushed words before the PDL wait); unset it")
+    return {"row_parallel": len(rows_layers), "norms": len(norms), "rows": ar.defer_rows, "push": ar.push,
+            "early_poll": bool(ar.push and getattr(ar, "early_poll", False))}
 
 
 def _agreed(ar: OneShotAllReduce, ok: bool, device) -> bool:

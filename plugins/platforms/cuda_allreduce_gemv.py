@@ -51,6 +51,18 @@ def push_setting() -> tuple[bool, bool]:
                                                                                         "").strip())
 
 
+# an unset OCTAVO_TP_EARLY_POLL: on (session 8; the consumer of a pushed message polls the peer's words before it
+# waits for its own GEMV under PDL, cuda_allreduce_fusion._one_shot_add_rms_kernel EARLY; two ranks, PDL on)
+EARLY_POLL_DEFAULT = True
+
+
+def early_poll_setting() -> tuple[bool, bool]:
+    """``(on, explicit)`` from ``OCTAVO_TP_EARLY_POLL`` (unset: :data:`EARLY_POLL_DEFAULT`). It applies to pushed
+    messages of two ranks with PDL on; explicitly 1 where the push ends up off is an error (nothing to apply to)."""
+    return (env_switch("OCTAVO_TP_EARLY_POLL", default=EARLY_POLL_DEFAULT),
+            bool(os.environ.get("OCTAVO_TP_EARLY_POLL", "").strip()))
+
+
 def push_for_world(world: int) -> bool:
     """Whether an all-reduce over ``world`` ranks starts with the push on: the default covers two ranks (the measured
     case), more ranks take it with an explicit ``OCTAVO_TP_GEMV_PUSH=1``."""

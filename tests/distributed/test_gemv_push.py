@@ -96,6 +96,24 @@ def _rank_main(rank: int, tmp: str, port: str) -> None:
     got = forward()
     assert pushed == [True] * 3 and all(torch.equal(a, b) for a, b in zip(want_tiles, got)), "tiled push differs"
     set_override(None)
+    # OCTAVO_TP_EARLY_POLL: the fused consumer polls the peer's words before its PDL wait (the interpreter's wait
+    # is a no-op; the path and its sums run): still bitwise the plain path, and the EARLY kernel really ran
+    early, real_kernel, real_opts = [], caf._one_shot_add_rms_kernel, caf.launch_opts
+
+    class Spy:
+        def __getitem__(self, grid):
+            def run(*a, **kw):
+                early.append(kw["EARLY"])
+                return real_kernel[grid](*a, **kw)
+            return run
+
+    caf._one_shot_add_rms_kernel, caf.launch_opts = Spy(), lambda: {"PDL": True}
+    ar.early_poll = True
+    for _ in range(2):  # both parities
+        got = forward()
+        assert all(torch.equal(a, b) for a, b in zip(want, got)), "early-polled consumer differs"
+    assert early == [True] * 4, early  # two fused consumers per forward (the receive-only one is not fused)
+    caf._one_shot_add_rms_kernel, caf.launch_opts, ar.early_poll = real_kernel, real_opts, False
     dist.destroy_process_group()
 
 
@@ -156,3 +174,19 @@ def test_push_switch(monkeypatch, value, world, want):
 if __name__ == "__main__":
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     _rank_main(int(sys.argv[1]), sys.argv[2], sys.argv[3])
+
+
+@pytest.mark.parametrize("value,want", [(None, (True, False)), ("0", (False, True)), ("1", (True, True))])
+def test_early_poll_switch(monkeypatch, value, want):
+    """OCTAVO_TP_EARLY_POLL: unset = on (not explicit), 0 off, 1 on (explicit: an error where the push is off);
+    anything else is refused naming it."""
+    from octavo.plugins.platforms import cuda_allreduce_gemv as cag
+
+    if value is None:
+        monkeypatch.delenv("OCTAVO_TP_EARLY_POLL", raising=False)
+    else:
+        monkeypatch.setenv("OCTAVO_TP_EARLY_POLL", value)
+    assert cag.early_poll_setting() == want
+    monkeypatch.setenv("OCTAVO_TP_EARLY_POLL", "maybe")
+    with pytest.raises(ValueError, match="OCTAVO_TP_EARLY_POLL"):
+        cag.early_poll_setting()

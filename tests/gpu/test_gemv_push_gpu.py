@@ -69,10 +69,12 @@ def _worker(rank: int, port: int, out: str) -> None:
 
     # fixed tiles (cuda_gemv_table.py) unlike the autotuner's: the plain and the pushing GEMV both take them
     tiles = {(4096, 2048): (4, 2048, 4, 2), (4096, 7168): (4, 1024, 4, 3)}
-    for fixed, pdl in ((None, False), (None, True), (tiles, True)):
+    # last: the fused consumer polls the peer's words before its PDL wait (OCTAVO_TP_EARLY_POLL)
+    for fixed, pdl, early in ((None, False, False), (None, True, False), (tiles, True, False), (None, True, True)):
         set_pdl(pdl)
         set_override(fixed)
-        tag = ("tiles " if fixed else "") + ("pdl " if pdl else "")
+        ar.early_poll = early
+        tag = ("tiles " if fixed else "") + ("pdl " if pdl else "") + ("early " if early else "")
         for (n, k), w in ws.items():  # eager: local output, fused consumer, receive-only consumer
             x = torch.randn(1, k, generator=gen, device=dev).to(torch.bfloat16)
             res = torch.randn(1, n, generator=gen, device=dev).to(torch.bfloat16)
