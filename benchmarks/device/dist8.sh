@@ -9,16 +9,16 @@
 #   gemv  (<= 58 s) one TP=2 engine (mp, async) in the defaults: batch-1 ms/token + graph; then every rank sweeps the
 #         batch-1 GEMV tiles per weight shape in a PDL chain on its real weights (benchmarks/gpu_tp_gemv.py), and the
 #         winners are A/B'd against the autotuner's tiles in the same engine (re-captured; graph + ms/token, twice)
-#   early (<= 55 s) one TP=2 engine in the defaults (since session 8 the pushed message's consumer polls the peer's
-#         words before its PDL wait, OCTAVO_TP_EARLY_POLL): batch-1 ms/token + graph, then re-captured with it off /
-#         on alternating twice (graph + ms/token + tokens each)
+#   early (<= 64 s) one TP=2 engine in the defaults (since session 8 the pushed message's consumer polls the peer's
+#         words before its PDL wait, OCTAVO_TP_EARLY_POLL): batch-1 ms/token + graph + per-layer kernel traces (graph
+#         and real decode steps), then re-captured with it off / on alternating twice (graph + ms/token + tokens)
 #   table (<= 50 s) one TP=2 engine in the defaults (the committed GEMV tile table of cuda_gemv_table.py on):
 #         batch-1 ms/token + graph, then table off / on alternating twice in the same engine (re-captured)
 #   ab    (<= 50 s) one TP=2 engine in the defaults, its per-layer kernel trace and a trace of real decode steps, then
 #         re-captured per mode of DIST8_TP2_MODES (default: the defaults again, push off, push with PDL off = true
 #         per-kernel times) and last without any all-reduce (their in-step cost)   [session 7's dist7.sh]
-#   tp1   (<= 30 s) TP=1 (uni, async) in the defaults, then re-captured in the defaults: the denominators
-#   test  (<= 30 s) 2 GPUs: the pushing GEMV + fused norm / receive-only kernel == NCCL + unfused norm, bitwise, also
+#   tp1   (<= 26 s) TP=1 (uni, async) in the defaults, then re-captured in the defaults: the denominators
+#   test  (<= 28 s) 2 GPUs: the pushing GEMV + fused norm / receive-only kernel == NCCL + unfused norm, bitwise, also
 #         with fixed GEMV tiles (cuda_gemv_table.py) and with the early poll; a layer's kernel chain with PDL == without
 #   test6 (<= 45 s) 2 GPUs: one-shot all-reduce / all-gather / all-reduce + RMSNorm == NCCL (+ unfused norm) bitwise,
 #         eager + graphs, with PDL; LL protocol                                      [session 6's dist6.sh test]
@@ -58,20 +58,20 @@ has() { [[ $PARTS == *" $1 "* ]]; }
 
 TP="python3 benchmarks/gpu_tp.py --shape 8b --copy-rate 3.01e12 --out-dir $R --prompts 0 --max-num-seqs 8"
 # the 2-GPU test first this time: it covers the new early poll (a hang there costs only its cap)
-has test && step gpu_test 30 python3 -u -m pytest -v -x tests/gpu/test_gemv_push_gpu.py tests/gpu/test_pdl_gpu.py \
+has test && step gpu_test 28 python3 -u -m pytest -v -x tests/gpu/test_gemv_push_gpu.py tests/gpu/test_pdl_gpu.py \
   -k "gemv_push or pdl_chain"
 # shellcheck disable=SC2086
 has gemv && step 8b_tp2_gemv 58 $TP --one 2 --tag gemv --async-modes on --graph-replay --gemv-ab 2
 P="fused+pdl+silu+push"
 # shellcheck disable=SC2086
-has early && step 8b_tp2_early 55 $TP --one 2 --tag early --async-modes on --graph-replay \
+has early && step 8b_tp2_early 64 $TP --one 2 --tag early --async-modes on --graph-replay --layer-trace \
   --ar-modes $P $P+early $P $P+early
 # shellcheck disable=SC2086
 has table && step 8b_tp2_table 50 $TP --one 2 --tag table --async-modes on --graph-replay --table-ab 2
 # shellcheck disable=SC2086
 has ab && step 8b_tp2_ab 50 $TP --one 2 --tag ab --async-modes on --graph-replay --layer-trace \
   --ar-modes $MODES --graph-replay-no-allreduce
-has tp1 && step 8b_tp1 28 $TP --one 1 --async-modes on --graph-replay --ar-modes custom+pdl+silu
+has tp1 && step 8b_tp1 26 $TP --one 1 --async-modes on --graph-replay --ar-modes custom+pdl+silu
 has test6 && step gpu_test6 45 python3 -u -m pytest -v -x tests/gpu/test_pdl_gpu.py tests/gpu/test_tp_allreduce_gpu.py \
   -k "equals_nccl or pdl_chain"
 has ar && step allreduce 20 python3 benchmarks/gpu_allreduce.py --world 2 --out "$R/allreduce.json"
