@@ -148,6 +148,8 @@ def bench_decode(args) -> dict:
         modes["json_async_t1"] = (so, True, False, False, None, {**dflt, "threads": 1})
         # session 8: one native fill call on xgrammar's own 8-thread pool (xgrammar_backend.NATIVE_FILL_THREADS)
         modes["json_async_nt8"] = (so, True, False, False, None, {**dflt, "threads": 1, "native": 8})
+        # the pinned rows copied to the device before the apply (session 7), not read by the device directly
+        modes["json_async_copy"] = (so, True, False, False, None, {**dflt, "host_read": False})
         modes["json_async_table"] = (so, True, False, False, None, {**dflt, "kernel": False})  # the core's apply
         modes["json_async_late"] = (so, True, False, False, None, {**dflt, "early": False})  # accept after update
         # diagnostic: the whole async grammar path (prepare, gate, accept call, hand-off) with the backend's fill
@@ -228,6 +230,7 @@ def bench_decode(args) -> dict:
             grammar_step.PLATFORM_APPLY, so_mod.EARLY_ACCEPT = knobs["kernel"], knobs["early"]
             core.structured.fill_threads = knobs["threads"]
             xgb.NATIVE_FILL_THREADS = knobs.get("native", 1)
+            grammar_step.HOST_READ_APPLY = knobs.get("host_read", True)
             if knobs.get("gate_only") and params_so is not None:
                 backend = core.structured._get_backend()
                 backend.fill_bitmasks = lambda ms, bm: bm.fill_(-1)
@@ -258,6 +261,7 @@ def bench_decode(args) -> dict:
                 grammar_step.PLATFORM_APPLY, so_mod.EARLY_ACCEPT = dflt["kernel"], dflt["early"]
                 core.structured.fill_threads = dflt["threads"]
                 xgb.NATIVE_FILL_THREADS = 1
+                grammar_step.HOST_READ_APPLY = True
                 async_gate.PARK, async_gate.EARLY_FILL = park_default, early_fill_default
                 async_gate.FILL_START_WAIT_S = start_wait_default
                 backend = core.structured._backend

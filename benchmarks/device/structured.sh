@@ -15,12 +15,13 @@
 #      0.2 ms GIL switch interval while structured steps are in flight vs json_async_noswitch (worse: now off by
 #      default); batch 2 runs json_async (default: no switch, xgrammar's terminated flag kept in Python),
 #      json_async_nostartwait (no 1 ms wait for the bitmask thread), json_async_sw{200,1000,50}us, json_async_old.
-#      Session 8: json_async vs free_async, json_async_nt8 (one fill call on xgrammar's own 8 threads;
-#      STRUCTURED_MODES=... picks modes), then one untimed run each of
-#      json_async and free_async under benchmarks/stack_sampler.py (stack_samples in the JSON).
+#      Session 8: batch 1 ran json_async vs free_async, json_async_nt8 (one fill call on xgrammar's own 8
+#      threads: slower), then stack-sampled runs; batch 2 (default now): json_async (the device reads the pinned
+#      rows itself: grammar_step.HOST_READ_APPLY) vs json_async_copy (copy first, session 7) and one
+#      stack-sampled json_async run; STRUCTURED_MODES=... picks modes.
 #   2. the same on the SmolLM2-135M shape (hidden 576, 30 layers, 9/3 heads: the embedded model's config),
 #      random weights. (The 8B body's goal is met: sessions 6-7 within +-0.4%; no longer run.)
-#   3. STRUCTURED_APPLY_TEST=1: tests/structured/test_apply_device.py (Triton and table apply == host path; session 7: the fill buffer is
+#   3. (first; STRUCTURED_APPLY_TEST=0 skips) tests/structured/test_apply_device.py (Triton and table apply == host path; session 7: the fill buffer is
 #      pinned through the platform's capability once the runner applied on the device).
 #   4. STRUCTURED_FILL=1: benchmarks/structured_fill.py on the device's CPU (no model): 32-row fill by threading.
 # The real SmolLM2 GGUF cannot travel to the device (carry limit), so only random weights run there.
@@ -84,17 +85,17 @@ COMMON=(--batches 32 1 --steps 24 --repeats 2 --device cuda --dtype bfloat16 --s
                           --async-modes off on --show-outputs 2)
 # session 8: json_async (the default loop) vs free_async on both shapes; then one untimed run of each under the
 # wall-clock stack sampler (benchmarks/stack_sampler.py: what the core / runner / bitmask threads do per step)
-MODES=(--modes ${STRUCTURED_MODES:-json_async json_async_nt8})
-SAMPLE=(--stack-sample json_async free_async)
+MODES=(--modes ${STRUCTURED_MODES:-json_async json_async_copy})
+SAMPLE=(--stack-sample json_async)
 FILL=(--rows 32 --steps 24 --threads 1 --pool-threads --engine-threads 1 2 4 8 --forms cap16_regex --repeats 1)
 [ "$DRY" = 1 ] && FILL=(--rows 8 --steps 4 --threads 1 --pool-threads --engine-threads 1 2 --forms cap16_regex --repeats 1)
-if [ "${STRUCTURED_APPLY_TEST:-0}" = 1 ] && [ "$DRY" != 1 ] && [ "$(left)" -ge 14 ]; then
-  step apply_test 12 python3 -m pytest -q -p no:cacheprovider tests/structured/test_apply_device.py
+if [ "${STRUCTURED_APPLY_TEST:-1}" = 1 ] && [ "$DRY" != 1 ] && [ "$(left)" -ge 16 ]; then
+  step apply_test 14 python3 -m pytest -q -p no:cacheprovider tests/structured/test_apply_device.py
 fi
-step llama1b $(( 36 * X )) python3 benchmarks/structured_outputs.py "${COMMON[@]}" "${MODES[@]}" "${SAMPLE[@]}" \
+step llama1b $(( 30 * X )) python3 benchmarks/structured_outputs.py "${COMMON[@]}" "${MODES[@]}" "${SAMPLE[@]}" \
      --load-format dummy --model /tmp/structured_llama1b --json "$R/llama1b_dummy.json"
 step smol135m $(( $(left) - 2 * X )) python3 benchmarks/structured_outputs.py "${COMMON[@]}" "${MODES[@]}" "${SAMPLE[@]}" \
-     --load-format dummy --model /tmp/structured_smol135m --json "$R/smol135m_dummy.json"
+     --batches 32 --load-format dummy --model /tmp/structured_smol135m --json "$R/smol135m_dummy.json"
 if [ "${STRUCTURED_FILL:-0}" = 1 ] && [ "$(left)" -ge $(( 6 * X )) ]; then  # measured in session 5 batch 1
   step fill "$(( $(left) - 1 ))" python3 benchmarks/structured_fill.py --tokenizer /tmp/structured_smol135m "${FILL[@]}" \
        --json "$R/fill.json"

@@ -45,6 +45,28 @@ def test_device_apply_equals_host_apply(vocab, dtype, rows, pinned, triton, monk
     assert torch.equal(dev.argmax(-1).cpu(), host.argmax(-1))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_device_reads_pinned_rows_directly(dtype, monkeypatch):
+    """Every row masked from a pinned buffer: the Triton apply reads the rows from host memory (no copy call,
+    ``HOST_READ_APPLY``), same bits as the host path and as the copy-first path; a pageable buffer is copied."""
+    pytest.importorskip("triton")
+    monkeypatch.setattr(grammar_step, "_TABLES", {})
+    g = torch.Generator().manual_seed(7)
+    vocab, n = 49152, 32
+    logits = torch.randn(n, vocab, generator=g).to(dtype)
+    packed = torch.randint(-2**31, 2**31 - 1, (n, vocab // 32), dtype=torch.int32, generator=g)
+    packed[3, :] = -1
+    kernel = CudaPlatform().make_grammar_mask_apply()
+    host = apply_packed(logits.clone(), list(range(n)), packed)
+    pinned = packed.pin_memory()  # held: the kernel reads it after the launch returns
+    direct = apply_packed(logits.to("cuda"), list(range(n)), pinned, kernel=kernel)
+    torch.cuda.synchronize()
+    assert grammar_step._TABLES.get("host_read_ok") and not grammar_step._TABLES.get("host_read_failed")
+    monkeypatch.setattr(grammar_step, "HOST_READ_APPLY", False)
+    copied = apply_packed(logits.to("cuda"), list(range(n)), pinned, kernel=kernel)
+    assert torch.equal(direct.cpu(), host) and torch.equal(copied.cpu(), host)
+
+
 class _ClosedBackend:
     """A grammar backend whose every row allows nothing but token 0 (no tokenizer needed)."""
 
