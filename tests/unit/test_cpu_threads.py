@@ -129,7 +129,8 @@ def test_env_switch_is_honoured_or_refused_by_name(monkeypatch):
 def test_thread_count_never_changes_tokens_or_logprobs():
     """The premise of switching mid-serve: the default CPU path (GGUF 4-bit linears, bf16 where native,
     cpu_paged attention) gives bitwise-identical greedy tokens and logprobs with 1 and 2 threads, over prompts
-    whose prefill runs the dense path (> 16 rows) and decode batches of up to 16 rows."""
+    whose prefill runs the dense path (> 16 rows) and decode batches of up to 16 rows, and a batch-1 request (the
+    fused decode stack, whose OpenMP team must take the count the governor sets)."""
     from octavo import LLM, SamplingParams
 
     before = torch.get_num_threads()
@@ -138,11 +139,14 @@ def test_thread_count_never_changes_tokens_or_logprobs():
     prompts = [{"prompt_token_ids": torch.randint(100, 49000, (int(n),), generator=g).tolist()}
                for n in torch.randint(3, 90, (16,), generator=g)]
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=2)
-    runs = {}
+    runs, fused_runs = {}, {}
+    fused = llm.llm_engine.core.executor.driver.runner.graph_runner  # the batch-1 decode stack (one C call)
     try:
         for threads in (1, 2):
             torch.set_num_threads(threads)
             outs = llm.generate(prompts, params, use_tqdm=False)
+            outs += llm.generate(prompts[:1], params, use_tqdm=False)  # batch 1: the fused stack's OpenMP team
+            fused_runs[threads] = (fused.num_runs, fused._stack.nthreads)
             runs[threads] = [(o.outputs[0].token_ids,
                               [sorted((t, lp.logprob) for t, lp in d.items()) for d in o.outputs[0].logprobs])
                              for o in outs]
@@ -150,6 +154,8 @@ def test_thread_count_never_changes_tokens_or_logprobs():
         torch.set_num_threads(before)
         del llm
     assert runs[1] == runs[2]
+    # the governor's torch.set_num_threads reaches the fused stack (it reads the count at every step)
+    assert fused_runs[1][1] == 1 and fused_runs[2][1] == 2 and fused_runs[2][0] >= fused_runs[1][0] + 7
 
 
 def test_the_core_loop_feeds_the_governor_each_steps_work():
