@@ -183,9 +183,11 @@ def maybe_fuse_all_reduce_norm(handle, runner_cls) -> dict | None:
     if env not in ("", "0", "1"):
         raise ValueError(f"OCTAVO_TP_ALLREDUCE_FUSE_NORM={env!r}: use 1 (on) or 0 (off)")
     push_on, push_explicit = push_setting()
-    if push_on and push_explicit and (env == "0" or not isinstance(ar, OneShotAllReduce)):
-        raise ValueError("OCTAVO_TP_GEMV_PUSH=1 needs the all-reduce + RMSNorm fusion (tensor parallelism on CUDA "
-                         "with the one-shot all-reduce, OCTAVO_TP_ALLREDUCE_FUSE_NORM not 0); unset one of them")
+    for name, (on, explicit) in (("OCTAVO_TP_GEMV_PUSH", (push_on, push_explicit)),
+                                 ("OCTAVO_TP_EARLY_POLL", early_poll_setting())):
+        if on and explicit and (env == "0" or not isinstance(ar, OneShotAllReduce)):
+            raise ValueError(f"{name}=1 needs the all-reduce + RMSNorm fusion (tensor parallelism on CUDA with the "
+                             "one-shot all-reduce, OCTAVO_TP_ALLREDUCE_FUSE_NORM not 0); unset one of them")
     if env == "0":  # default on since session 6 (2x H100: bitwise equal, 64 kernels fewer per token)
         return None
     if not isinstance(ar, OneShotAllReduce):

@@ -190,3 +190,14 @@ def test_early_poll_switch(monkeypatch, value, want):
     monkeypatch.setenv("OCTAVO_TP_EARLY_POLL", "maybe")
     with pytest.raises(ValueError, match="OCTAVO_TP_EARLY_POLL"):
         cag.early_poll_setting()
+
+
+@pytest.mark.parametrize("name", ["OCTAVO_TP_GEMV_PUSH", "OCTAVO_TP_EARLY_POLL"])
+def test_explicit_push_or_early_poll_without_the_fusion_is_refused(monkeypatch, name):
+    """Asked for explicitly where the all-reduce + RMSNorm fusion is off: an error naming it, never ignored."""
+    from octavo.plugins.platforms import cuda_allreduce_fusion as caf
+
+    monkeypatch.setenv("OCTAVO_TP_ALLREDUCE_FUSE_NORM", "0")
+    monkeypatch.setenv(name, "1")
+    with pytest.raises(ValueError, match=f"{name}=1 needs the all-reduce"):
+        caf.maybe_fuse_all_reduce_norm(None, None)
