@@ -221,10 +221,10 @@ PREFETCH_VARIANTS = [  # likeliest first: the part's time cap may cut the list (
     ("all_w13_next", *PF_ALL),
     ("all_w2_next", {"prefetch": 1, "merge": 1}, {"PF_W2": True, "EVICT": "evict_first"}, {"PF_NEXT": 1}),
     ("route_launch", {}, {"ROUTE": "launch"}, {}),  # routing as its own launch: what the in-kernel routing costs
-    # the post-attention norm + router in one launch (moe_norm_router.py, opt-in since session 6), installed here
-    ("norm_router", {}, {}, {}, {"nr"}),
-    ("norm_qkv", {}, {}, {}, {"nq"}),  # the input norm + qkv GEMV in one launch (moe_norm_qkv.py)
-    ("norm_both_all_w13_next", *PF_ALL, {"nr", "nq"}),
+    # the post-attention norm + router in one launch (moe_norm_router.py), installed here when the engine did not
+    ("norm_router", {}, {}, {}, {"nr": True}),
+    ("norm_qkv", {}, {}, {}, {"nr": False, "nq": {}}),  # the input norm + qkv GEMV in one launch (moe_norm_qkv.py)
+    ("norm_both_all_w13_next", *PF_ALL, {"nr": True, "nq": {}}),
     ("attn_pf2", {"prefetch": 2}, {}, {}),
     ("w2_pf_next2", {}, {}, {"PF_NEXT": 2}),
     ("w13_pipe_bk512", {}, {"PIPE": True, "BLOCK_K": 512}, {}),
@@ -233,38 +233,67 @@ PREFETCH_VARIANTS = [  # likeliest first: the part's time cap may cut the list (
 ]
 
 
-def _norm_fusions(model, which: set, state: dict) -> None:
-    """Install (once) and switch the norm + router ("nr") and input norm + qkv ("nq") fusions of every eligible
-    layer for the next re-capture."""
-    from octavo.plugins.platforms.moe_norm_qkv import install_norm_qkv, set_norm_qkv
-
-    _norm_router(model, "nr" in which, state)
-    if "nq" in which and "nq_pairs" not in state:
-        state["nq_pairs"] = install_norm_qkv(model, force=True)
-    set_norm_qkv(state.get("nq_pairs", []), on="nq" in which)
+def _fusion_state(model) -> dict:
+    """The norm fusions as the engine installed them: norm + router pairs (``moe_norm_router.py``) and input norm
+    + qkv pairs (``moe_norm_qkv.py``), and whether each is on."""
+    nr = [(m, m._moe_block) for m in model.modules() if "_moe_block" in vars(m)]
+    nq = [(m, m._moe_attn) for m in model.modules() if "_moe_attn" in vars(m)]
+    return {"nr_pairs": nr, "nr_default": bool(nr), "nq_pairs": nq,
+            "nq_default": dict(nq[0][1]._norm_qkv) if nq and nq[0][1]._norm_qkv["on"] else None}
 
 
-def _norm_router(model, on: bool, state: dict) -> None:
-    """Install (once) and switch the norm + router fusion of every eligible layer for the next re-capture."""
+def _apply_fusions(model, fus: dict, state: dict) -> dict:
+    """Switch the norm fusions for the next re-capture: ``fus["nr"]`` (bool) the norm + router pairs, ``fus["nq"]``
+    (a settings dict, or None = off) the input norm + qkv pairs; a missing key keeps the engine's choice. Installs a
+    fusion the engine did not (forced, checked as at start). Returns what is on now (layer counts)."""
     import os
 
+    from octavo.plugins.platforms.moe_norm_qkv import install_norm_qkv, set_norm_qkv
     from octavo.plugins.platforms.moe_norm_router import install_norm_router, set_norm_router
 
-    if on and "pairs" not in state:
+    nr_on = fus.get("nr", state["nr_default"])
+    if nr_on and not state["nr_pairs"]:
         old = os.environ.get("OCTAVO_MOE_NORM_ROUTER")
         os.environ["OCTAVO_MOE_NORM_ROUTER"] = "1"
         try:
-            state["pairs"] = install_norm_router(model)
+            state["nr_pairs"] = install_norm_router(model)
         finally:
             if old is None:
                 os.environ.pop("OCTAVO_MOE_NORM_ROUTER")
             else:
                 os.environ["OCTAVO_MOE_NORM_ROUTER"] = old
-    for norm, block in state.get("pairs", []):
-        set_norm_router(norm, block, on)
+    for norm, block in state["nr_pairs"]:
+        set_norm_router(norm, block, nr_on)
+    nq = fus.get("nq", state["nq_default"])
+    if nq is not None and not state["nq_pairs"]:
+        state["nq_pairs"] = install_norm_qkv(model, force=True)
+    if state["nq_pairs"]:
+        set_norm_qkv(state["nq_pairs"], **({"on": True, **nq} if nq is not None else {"on": False}))
+    return {"nr": len(state["nr_pairs"]) if nr_on else 0, "nq": len(state["nq_pairs"]) if nq is not None else 0}
 
 
-PREFETCH_SETS = {"b1": PREFETCH_VARIANTS}  # $MOE_PF_SET picks the list (moe7.sh prefetch)
+# session 8 batch 2: the engine starts with batch 1's winners as defaults (unrolled attention merge, norm + router
+# fused); the old defaults for the same-engine comparison, then tiles with fewer registers (w2's default 4 x 512 at
+# 8 warps needs 208 registers: one program per SM over ~4 waves; cuobjdump of the sm_90 build), rank routing,
+# attention splits with the cheaper merge, input norm + qkv with tiles of fewer registers
+W2 = lambda bn, bk, nw: {"BLOCK_N": bn, "BLOCK_K": bk, "num_warps": nw}  # noqa: E731
+B2_VARIANTS = [
+    ("defaults", {}, {}, {}),
+    ("session7_defaults", {"merge": 0}, {}, {}, {"nr": False}),
+    ("w2_2x256_4w", {}, {}, W2(2, 256, 4)),  # 92 registers
+    ("w2_2x256_8w", {}, {}, W2(2, 256, 8)),  # 80
+    ("w2_1x512_4w", {}, {}, W2(1, 512, 4)),  # 111
+    ("w13_rank", {}, {"ROUTE": "rank"}, {}),
+    ("attn_splits32", {"splits": 32}, {}, {}),
+    ("w2_2x128_4w", {}, {}, W2(2, 128, 4)),  # 80
+    ("w13_8x256", {}, {"BLOCK_N": 8}, {}),  # 88 registers, 768 programs
+    ("norm_qkv_32x256", {}, {}, {}, {"nq": {"block_n": 32, "block_k": 256}}),
+    ("attn_splits8", {"splits": 8}, {}, {}),
+    ("norm_qkv_8x1024", {}, {}, {}, {"nq": {"block_n": 8, "block_k": 1024}}),
+    ("w13_16x128", {}, {"BLOCK_K": 128}, {}),  # 80 registers
+    ("defaults_again", {}, {}, {}),
+]
+PREFETCH_SETS = {"b1": PREFETCH_VARIANTS, "b2": B2_VARIANTS}  # $MOE_PF_SET picks the list (moe7.sh prefetch / ab)
 
 
 def profile_prefetch(runner, model, variants=None, with_table: bool = True) -> dict:
@@ -285,13 +314,11 @@ def profile_prefetch(runner, model, variants=None, with_table: bool = True) -> d
     saved_cfg = [(m, m._moe_decode_cfg) for m in layers]
     import os
 
-    rows, best, nr_state = [], None, {}
+    rows, best, state = [], None, _fusion_state(model)
     res["set"] = os.environ.get("MOE_PF_SET", "b1")
     try:
-        for name, attn, w13, w2, *nr in variants or PREFETCH_SETS[res["set"]]:
-            nr = nr[0] if nr else set()
-            if nr or nr_state:
-                _norm_fusions(model, nr, nr_state)
+        for name, attn, w13, w2, *fus in variants or PREFETCH_SETS[res["set"]]:
+            fused = _apply_fusions(model, fus[0] if fus else {}, state)
             if mods:
                 set_attn_one(model, **{**saved_attn, **attn})
             for m, cfg in saved_cfg:
@@ -302,11 +329,9 @@ def profile_prefetch(runner, model, variants=None, with_table: bool = True) -> d
             try:
                 graph = recapture(runner)
                 ms = round(min(_replay_ms(graph.replay) for _ in range(3)), 4)
-                rows.append({"name": name, "ms": ms, "rel_diff": _rel_diff(graph, runner)})
-                if nr:
-                    rows[-1]["fused_layers"] = {"nr": len(nr_state.get("pairs", [])), "nq": len(nr_state.get("nq_pairs", []))}
-                if not nr and (best is None or ms < best[1]["ms"]):
-                    best = ((attn, w13, w2), rows[-1])
+                rows.append({"name": name, "ms": ms, "rel_diff": _rel_diff(graph, runner), "fused": fused})
+                if best is None or ms < best[1]["ms"]:
+                    best = ((attn, w13, w2, fus[0] if fus else {}), rows[-1])
                 del graph
             except Exception as e:  # noqa: BLE001 - a variant that fails to compile: recorded, the others run
                 rows.append({"name": name, "error": f"{type(e).__name__}: {str(e)[:300]}"})
@@ -315,9 +340,8 @@ def profile_prefetch(runner, model, variants=None, with_table: bool = True) -> d
         if best:
             res["best"] = best[1]
             if with_table:
-                attn, w13, w2 = best[0]
-                if nr_state:
-                    _norm_fusions(model, set(), nr_state)
+                attn, w13, w2, fus = best[0]
+                _apply_fusions(model, fus, state)
                 if mods:
                     set_attn_one(model, **{**saved_attn, **attn})
                 for m, cfg in saved_cfg:
@@ -329,8 +353,7 @@ def profile_prefetch(runner, model, variants=None, with_table: bool = True) -> d
                 res["best_kernels"] = kernel_table(graph.replay, top=12)
                 del graph
     finally:
-        if nr_state:
-            _norm_fusions(model, set(), nr_state)
+        _apply_fusions(model, {}, state)
         if mods:
             set_attn_one(model, **saved_attn)
         for m, cfg in saved_cfg:

@@ -10,6 +10,8 @@
 #  prefetch  (session 8) the same model with the engine's defaults, then an A/B of the L2 prefetch hints of the
 #          batch-1 kernels in the same engine by re-capture (o_proj during attention, w2 during w13, the next
 #          qkv during w2; moe_e2e.py --profile-prefetch; rel_diff must be 0: a hint changes no bit).
+#  ab      (session 8 batch 2) the same model with the engine's defaults (batch 1's winners), then the same-engine
+#          A/B of moe_profile.B2_VARIANTS (session 7's defaults, tiles with fewer registers, rank routing, ...).
 #  bs1     the same model and measurement with the engine's defaults, plus the kernel table and the A/B of the
 #          batch-1 MoE fusions (moe_e2e.py --profile; session 6's `moe6.sh 1` part (b)).
 #  layer   one MoE layer at batch 1: the two-launch path vs the general kernel + routing, short tile search
@@ -30,7 +32,7 @@
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 cd "$(dirname "$0")/../.."
-[ $# -ge 1 ] || { echo "usage: moe7.sh PART [PART ...] (attn prefetch pftest attntest attnbench bs1 layer bench tput mixtral tests)"; exit 2; }
+[ $# -ge 1 ] || { echo "usage: moe7.sh PART [PART ...] (attn prefetch ab pftest attntest attnbench bs1 layer bench tput mixtral tests)"; exit 2; }
 D="$OUT/moe7"
 mkdir -p "$D/configs"
 START=$(date +%s)
@@ -57,6 +59,7 @@ for PART in "$@"; do
     attn) OCTAVO_MOE_DECODE_ATTN=1 e2e attn "$L" --tasks bs1:qwen3-30b-a3b:48 --profile-attn ;;
     bs1) e2e bs1 "$L" --tasks bs1:qwen3-30b-a3b:48 --profile ;;
     prefetch) e2e prefetch "$L" --tasks bs1:qwen3-30b-a3b:48 --profile-prefetch ;;
+    ab) MOE_PF_SET=b2 e2e ab "$L" --tasks bs1:qwen3-30b-a3b:48 --profile-prefetch ;;
     tput) e2e tput "$L" --tasks tput:qwen3-30b-a3b:8 tf:qwen3-30b-a3b:8 --tf-budget-s 12 --tf-fewer-prompts ;;
     mixtral) e2e mixtral "$L" --tasks both:mixtral-8x7b:8 tf:mixtral-8x7b:8 --tf-budget-s 12 --tf-fewer-prompts ;;
     layer)
@@ -92,7 +95,7 @@ for PART in "$@"; do
         > "$D/tests.log" 2>&1
       echo "tests exit $? after $(( $(date +%s) - START )) s"
       grep -E "PASSED|FAILED|ERROR|passed|failed|Error" "$D/tests.log" | tail -n 20 ;;
-    *) echo "unknown part $PART (attn prefetch pftest attntest attnbench bs1 layer bench tput mixtral tests)"; exit 2 ;;
+    *) echo "unknown part $PART (attn prefetch ab pftest attntest attnbench bs1 layer bench tput mixtral tests)"; exit 2 ;;
   esac
 done
 for f in "$D"/*/*.json; do [ -f "$f" ] && { echo "--- $f"; head -c 1500 "$f"; echo; }; done

@@ -14,8 +14,9 @@ Installed by :func:`install_norm_router` on decoder layers whose forward is Llam
 norm runs ``cuda_fusions``' kernel and whose router is a plain unquantized linear without bias, at tensor
 parallel size 1. The norm's forward, for one token with a residual, runs this kernel and hands the logits to
 the block's forward, which uses them only for that very tensor (identity check), else computes the router as
-usual. Checked once per shape against the unfused pair. Opt-in (``OCTAVO_MOE_NORM_ROUTER=1``): on the H100 with
-PDL on, Qwen3-30B-A3B's batch-1 forward was 1% slower with it (3.199 vs 3.167 ms, session 6 batch 2).
+usual. Checked once per shape against the unfused pair. On by default since session 8 (``OCTAVO_MOE_NORM_ROUTER=0``
+off): the H100 A/B of session 8 batch 1 had Qwen3-30B-A3B's batch-1 forward 2.5% faster with it (2.952 vs 3.029 ms,
+same engine, same output bits); session 6 had measured it 1% slower (3.199 vs 3.167 ms) on that session's kernels.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from octavo.plugins.platforms.cuda_pdl import gdc_launch_dependents, gdc_wait, l
 logger = logging.getLogger(__name__)
 
 SPARSE_BLOCKS = ("Qwen3MoeSparseBlock", "MixtralSparseMoeBlock")  # forward = experts(x, gate(x)), nothing more
+DEFAULT_ON = True  # session 8 batch 1 (H100): Qwen3-30B-A3B forward 2.952 vs 3.029 ms apart (docs/moe.md)
 
 
 @triton.jit
@@ -171,7 +173,7 @@ def set_norm_router(norm, block, on: bool) -> None:
 
 def install_norm_router(model: torch.nn.Module) -> list:
     """Fuse every eligible (post-attention norm, router) pair; returns the ``(norm, block)`` pairs fused."""
-    if not env_switch("OCTAVO_MOE_NORM_ROUTER", default=False):  # opt-in: 1% slower than apart with PDL on (H100)
+    if not env_switch("OCTAVO_MOE_NORM_ROUTER", default=DEFAULT_ON):
         return []
     done, verified = [], {}
     for _, norm, block in _pairs(model):

@@ -416,14 +416,14 @@ def test_norm_router_kernel_matches_fused_norm_and_router():
 def test_norm_router_installed_on_a_qwen3_moe_layer(monkeypatch):
     """Installed by ``install_moe_kernels`` on a real decoder layer: one token's norm hands its logits to the
     block, which gives the unfused pair's output; a tensor other than the norm's output, or a larger batch,
-    takes the router linear; without ``OCTAVO_MOE_NORM_ROUTER=1`` (0 or unset) the pair stays apart; the A/B
-    switch restores it."""
+    takes the router linear; with ``OCTAVO_MOE_NORM_ROUTER=0`` the pair stays apart (unset: fused, the default);
+    the A/B switch restores it."""
     from octavo.plugins.platforms.moe_norm_router import install_norm_router, set_norm_router
 
     # float16: Triton's interpreter rounds float32 -> bfloat16 toward zero (the GPU to nearest), which puts the
     # bf16 kernels' error vs the torch path right at the install check's bound here
     dt = torch.float16
-    monkeypatch.setenv("OCTAVO_MOE_NORM_ROUTER", "1")  # opt-in
+    monkeypatch.delenv("OCTAVO_MOE_NORM_ROUTER", raising=False)  # on by default
     layer, norm, block = _qwen3_moe_layer(dt)
     gen = torch.Generator().manual_seed(16)
     x, res = (torch.randn(1, H, generator=gen).to(dt) for _ in range(2))
@@ -448,4 +448,4 @@ def test_norm_router_installed_on_a_qwen3_moe_layer(monkeypatch):
     monkeypatch.setenv("OCTAVO_MOE_NORM_ROUTER", "0")
     assert install_norm_router(layer) == [] and "forward" not in vars(block)
     monkeypatch.delenv("OCTAVO_MOE_NORM_ROUTER")
-    assert install_norm_router(layer) == [] and "forward" not in vars(block)
+    assert len(install_norm_router(layer)) == 1 and "forward" in vars(block)  # unset: the default, fused
