@@ -291,6 +291,8 @@ B2_VARIANTS = [
     ("attn_splits8", {"splits": 8}, {}, {}),
     ("norm_qkv_8x1024", {}, {}, {}, {"nq": {"block_n": 8, "block_k": 1024}}),
     ("w13_16x128", {}, {"BLOCK_K": 128}, {}),  # 80 registers
+    ("w2_2x256_4w+w13_rank", {}, {"ROUTE": "rank"}, W2(2, 256, 4)),
+    ("w2_2x256_4w+w13_8x256_rank", {}, {"BLOCK_N": 8, "ROUTE": "rank"}, W2(2, 256, 4)),
     ("defaults_again", {}, {}, {}),
 ]
 PREFETCH_SETS = {"b1": PREFETCH_VARIANTS, "b2": B2_VARIANTS}  # $MOE_PF_SET picks the list (moe7.sh prefetch / ab)
