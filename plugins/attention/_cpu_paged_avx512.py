@@ -287,7 +287,8 @@ static inline __attribute__((always_inline)) void task_bf16(
                     if (w > 2) a2 = _mm512_loadu_ps(ai + j0 + 32);
                     if (w > 3) a3 = _mm512_loadu_ps(ai + j0 + 48);
                     for (int t = 0; t < n; t++) {
-                        const __m512 pb = _mm512_set1_ps(pt[t]);
+                        /* p[t] on 16 lanes from the register (a store + 16 scalar reloads stalled on forwarding) */
+                        const __m512 pb = _mm512_permutexvar_ps(_mm512_set1_epi32(t), p);
                         const float* vt = vb + t * D + j0;
                         a0 = _mm512_fmadd_ps(pb, _mm512_load_ps(vt), a0);
                         if (w > 1) a1 = _mm512_fmadd_ps(pb, _mm512_load_ps(vt + 16), a1);
