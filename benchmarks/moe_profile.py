@@ -354,6 +354,19 @@ def profile_prefetch(runner, model, variants=None, with_table: bool = True) -> d
                 graph = recapture(runner)
                 res["best_kernels"] = kernel_table(graph.replay, top=12)
                 del graph
+                from octavo.plugins.platforms import cuda_pdl  # the same with PDL off: each kernel's own time
+
+                was = cuda_pdl.pdl_on()
+                cuda_pdl.set_pdl(False)
+                try:
+                    graph = recapture(runner)
+                    res["best_pdl_off"] = {"ms": round(_replay_ms(graph.replay), 4),
+                                           **kernel_table(graph.replay, top=12)}
+                    del graph
+                except Exception as e:  # noqa: BLE001 - an extra
+                    res["best_pdl_off"] = {"error": f"{type(e).__name__}: {e}"}
+                finally:
+                    cuda_pdl.set_pdl(was)
     finally:
         _apply_fusions(model, {}, state)
         if mods:
