@@ -5,7 +5,8 @@ on a 2-vCPU machine), and before this the front end spent ~0.5 s (its CLI import
 models, argument parsing) before it even spawned the core. ``octavo serve`` now spawns the core first thing
 (``prestart``): the child imports torch and the engine while the front end parses, then blocks on a pipe for
 ``run_engine_core``'s arguments, which ``MPEngineCoreClient`` sends (``take``) once it has the settings and its
-sockets. The child starts hashing the GGUF file the command line names (the weights cache key) before its
+sockets. On Linux the child is forked (session 8: nothing heavy is imported yet and no thread runs, so it skips
+a second interpreter and spawn's bootstrap), elsewhere spawned. The child starts hashing the GGUF file the command line names (the weights cache key) before its
 imports too; a wrong guess only costs that thread.
 
 A front end that does not use it (bad arguments, ``--help``, an in-process core) closes the pipe (``discard``,
@@ -54,9 +55,11 @@ def prestart(argv: list[str]) -> None:
     global spawned_at_s
     if _pending:
         return
-    ctx = multiprocessing.get_context("spawn")
+    # fork on Linux: nothing but the octavo package and multiprocessing is imported yet and no thread runs, and a
+    # forked child skips a new interpreter, site, the spawn bootstrap and spawn's resource-tracker process
+    ctx = multiprocessing.get_context("fork" if sys.platform == "linux" else "spawn")
     recv_end, send_end = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=prestarted_core_main, args=(recv_end, _model_hint(argv[1:])),
+    proc = ctx.Process(target=prestarted_core_main, args=(recv_end, _model_hint(argv[1:]), send_end),
                        name="octavo-engine-core", daemon=True)
     main = sys.modules.get("__main__")
     saved = {k: v for k, v in vars(main).items() if k in ("__spec__", "__file__")} if main is not None else {}
@@ -105,8 +108,11 @@ def discard() -> None:
             proc.terminate()
 
 
-def prestarted_core_main(conn: Any, model_hint: str | None) -> None:
-    """The child: hash the GGUF, import the engine, wait for the arguments, run the core."""
+def prestarted_core_main(conn: Any, model_hint: str | None, parent_end: Any = None) -> None:
+    """The child: hash the GGUF, import the engine, wait for the arguments, run the core. ``parent_end``: the
+    front end's sending end, which a forked child inherits and closes (or it would never read EOF)."""
+    if parent_end is not None:
+        parent_end.close()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C while the front end parses: it decides
     from octavo.core.loader.weights_cache_key import prefetch_for_model
 

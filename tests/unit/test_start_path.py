@@ -23,7 +23,7 @@ def test_cli_parser_imports_nothing_heavy():
 
 
 def test_spawn_happens_before_heavy_imports_and_the_core_skips_main(tmp_path):
-    """``octavo serve`` spawns its core right after ``import octavo``: nothing before it loads pluggy or
+    """``octavo serve`` starts its core right after ``import octavo``: nothing before it loads pluggy or
     importlib.metadata (~0.1-0.4 s), and the child does not re-run the front end's ``__main__`` (multiprocessing's
     spawn does so for any ``__main__`` with a file or spec): the marker below prints once, from the parent."""
     script = tmp_path / "front.py"
@@ -33,12 +33,15 @@ def test_spawn_happens_before_heavy_imports_and_the_core_skips_main(tmp_path):
         "    import octavo.cli.main\n    from octavo.core import engine_prestart\n"
         "    print(sorted(m for m in ('pluggy', 'importlib.metadata') if m in sys.modules), flush=True)\n"
         "    engine_prestart.prestart(['serve', '--model', 'org/not-a-file'])\n"
+        "    import psutil\n    print('children', len(psutil.Process().children()), flush=True)\n"
         "    proc, conn = engine_prestart._pending.pop()\n    conn.close()\n    proc.join(280)\n"
         "    print('exit', proc.exitcode, flush=True)\n")
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     # the child imported the engine, read EOF on its pipe and exited 0; the marker printed once (the parent)
     assert out.stdout.count("MAIN RAN") == 1 and "[]" in out.stdout and "exit 0" in out.stdout, out.stdout
+    if sys.platform == "linux":  # forked: the core is the only child (spawn adds a resource-tracker process)
+        assert "children 1" in out.stdout, out.stdout
 
 
 def test_front_end_tokenizer_and_server_import_no_torch():
