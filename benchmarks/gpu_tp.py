@@ -156,19 +156,20 @@ def run_config(tp: int, args) -> None:
 
         table_ab(llm, res, args.table_ab, bs1, save)
     for ar_mode in args.ar_modes or []:  # the same engine, its graphs re-captured with another all-reduce
-        res[f"ar_{ar_mode}"] = {"switched_by_rank": llm.collective_rpc("benchmarks.gpu_tp:switch_all_reduce",
-                                                                       args=[ar_mode])}
+        key, n = f"ar_{ar_mode}", 2
+        while key in res:  # a mode named again (alternating A/B rounds): its own record, "#2", "#3", ...
+            key, n = f"ar_{ar_mode}#{n}", n + 1
+        m = res[key] = {"switched_by_rank": llm.collective_rpc("benchmarks.gpu_tp:switch_all_reduce", args=[ar_mode])}
         if args.graph_replay:
-            res[f"ar_{ar_mode}"]["graph_replay_bs1_ms_by_rank"] = llm.collective_rpc(
-                "benchmarks.gpu_tp:graph_replay_ms", args=[1, 200])
+            m["graph_replay_bs1_ms_by_rank"] = llm.collective_rpc("benchmarks.gpu_tp:graph_replay_ms", args=[1, 200])
         if args.kernel_table:
-            res[f"ar_{ar_mode}"]["graph_kernels_bs1_by_rank"] = llm.collective_rpc(
-                "benchmarks.gpu_tp_profile:graph_kernel_table", args=[1, 20])
+            m["graph_kernels_bs1_by_rank"] = llm.collective_rpc("benchmarks.gpu_tp_profile:graph_kernel_table",
+                                                                args=[1, 20])
         if args.layer_trace:
-            res[f"ar_{ar_mode}"]["graph_layer_trace_by_rank"] = llm.collective_rpc(
-                "benchmarks.gpu_tp_profile:graph_layer_trace", args=[1, 3])
+            m["graph_layer_trace_by_rank"] = llm.collective_rpc("benchmarks.gpu_tp_profile:graph_layer_trace",
+                                                                args=[1, 3])
         ms, tokens = bs1()
-        res[f"ar_{ar_mode}"].update({"decode_bs1_ms_per_token": ms, "bs1_tokens": tokens})
+        m.update({"decode_bs1_ms_per_token": ms, "bs1_tokens": tokens})
         save()
     if args.graph_replay_no_allreduce:  # last: it leaves the engine's graphs without all-reduces (wrong sums)
         res["graph_replay_bs1_ms_no_allreduce_by_rank"] = llm.collective_rpc(
