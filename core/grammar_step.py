@@ -48,6 +48,13 @@ HANDOFF_WAIT_S = 0.002
 # plugins/platforms/cpu_grammar_mask.py) it runs; False: the core's own apply below, the byte-table add on an
 # accelerator, numpy AND/OR on a CPU (the benchmark's json_async_table / overlap_numpy modes compare them).
 PLATFORM_APPLY = True
+# On CUDA, the platform's apply reads the packed rows straight from the pinned fill buffer (host memory the device
+# addresses directly, UVA) instead of a host -> device copy first. Why: session 8 GPU batch 1 (H100, random 1.1B)
+# sampled the runner's thread inside that copy call ~10% of a batch-1 JSON step (apply 0.2-0.33 ms of host time
+# per step, on the critical path). Safe for the same reason the buffer's reuse is (:func:`_to_device`): the next
+# fill into it starts only after this step's tokens, sampled after this kernel, reached the host. False: copy
+# first (benchmark mode json_async_copy). A launch that fails falls back to the copy for this process.
+HOST_READ_APPLY = True
 
 
 def fill_threads() -> int:
@@ -260,6 +267,16 @@ def apply_packed(logits: Any, rows: list[int], packed: Any, pre: Any = None, ker
         # one pass instead of the core's several (CUDA: one Triton launch instead of the table's 4-6 torch calls;
         # CPU: one C pass over the packed words instead of numpy's operands + two passes)
         on_host = device.type == "cpu"
+        if (whole and HOST_READ_APPLY and device.type == "cuda" and not _TABLES.get("host_read_failed")
+                and packed.is_contiguous() and packed.is_pinned()):
+            try:
+                out = kernel(logits, packed, None)  # the device reads the pinned rows itself: no copy call
+            except Exception as e:  # noqa: BLE001 - e.g. a pointer the launcher refuses: copy first from now on
+                logger.warning("grammar mask: reading the pinned rows from the device failed (%s); copying first", e)
+                _TABLES["host_read_failed"] = True
+            else:
+                _TABLES["host_read_ok"] = True
+                return out
         dev_packed = packed.contiguous() if on_host else _to_device(packed.contiguous(), device)
         try:
             out = kernel(logits, dev_packed, index if whole or on_host else _to_device(index, device))

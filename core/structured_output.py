@@ -192,7 +192,13 @@ class StructuredOutputManager:
         t0 = time.perf_counter()
         positions, rids, matchers = [], [], []
         for i, s in enumerate(sched_out.scheduled):
-            if s.req.grammar is not None and s.samples and (m := self._active(s.req)) is not None:
+            g = s.req.grammar
+            if g is None or not s.samples:
+                continue
+            # a built matcher means the grammar compiled and has started (_active), the usual decode row: no
+            # Future.done() lock and no start checks per row and step (host-bound GPU steps pay for each)
+            m = g.matcher if g.matcher is not None else self._active(s.req)
+            if m is not None:
                 positions.append(i)
                 rids.append(s.req.request_id)
                 matchers.append(m)
