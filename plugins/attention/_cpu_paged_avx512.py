@@ -166,7 +166,7 @@ static inline __attribute__((always_inline)) void task_f32(
                     if (w > 2) b2 = _mm512_loadu_ps(ai + j0 + 32);
                     if (w > 3) b3 = _mm512_loadu_ps(ai + j0 + 48);
                     for (int t = 0; t < n; t++) {
-                        const __m512 pb = _mm512_set1_ps(pt[t]);
+                        const __m512 pb = _mm512_permutexvar_ps(_mm512_set1_epi32(t), p);  /* as task_bf16 */
                         const float* vt = vrows[t] + j0;
                         b0 = _mm512_fmadd_ps(pb, _mm512_loadu_ps(vt), b0);
                         if (w > 1) b1 = _mm512_fmadd_ps(pb, _mm512_loadu_ps(vt + 16), b1);
