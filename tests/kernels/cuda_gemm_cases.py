@@ -175,7 +175,7 @@ def _silu_table_configs():
 
 
 SILU_CFGS = ([GemmConfig(16, 16, 32, 1, 4, 2)] if INTERPRET else
-             _silu_table_configs() or [GemmConfig(64, 64, 128, 1, 4, 4), GemmConfig(128, 64, 64, 1, 8, 3)])
+             _silu_table_configs() or [GemmConfig(64, 64, 128, 1, 4, 3), GemmConfig(128, 64, 64, 1, 8, 3)])
 
 
 def _unfused_silu(x, w):
