@@ -51,13 +51,14 @@ def push_setting() -> tuple[bool, bool]:
                                                                                         "").strip())
 
 
-# an unset OCTAVO_TP_EARLY_POLL: on (session 8; the consumer of a pushed message polls the peer's words before it
-# waits for its own GEMV under PDL, cuda_allreduce_fusion._one_shot_add_rms_kernel EARLY; two ranks, PDL on)
-EARLY_POLL_DEFAULT = True
+# an unset OCTAVO_TP_EARLY_POLL: off. Session 8 batch 2 (2x H100, 8B TP=2 bs1, same engine, alternating): the
+# consumer polling the peer's words before its PDL wait made the graph SLOWER, 3.112 vs 3.061 ms (3.39-3.41 vs
+# 3.30-3.37 ms/token); bitwise equal (2-GPU test passed). Kept opt-in (=1) for other cards.
+EARLY_POLL_DEFAULT = False
 
 
 def early_poll_setting() -> tuple[bool, bool]:
-    """``(on, explicit)`` from ``OCTAVO_TP_EARLY_POLL`` (unset: :data:`EARLY_POLL_DEFAULT`). It applies to pushed
+    """``(on, explicit)`` from ``OCTAVO_TP_EARLY_POLL`` (unset: :data:`EARLY_POLL_DEFAULT`, off). It applies to pushed
     messages of two ranks with PDL on; explicitly 1 where the push ends up off is an error (nothing to apply to)."""
     return (env_switch("OCTAVO_TP_EARLY_POLL", default=EARLY_POLL_DEFAULT),
             bool(os.environ.get("OCTAVO_TP_EARLY_POLL", "").strip()))
