@@ -206,8 +206,9 @@ def test_gate_up_silu_routes_table_shapes_and_drops_a_disagreeing_launch(monkeyp
     from octavo.plugins.platforms import cuda_gemm_silu as gs
 
     cfg = SILU_CFGS[0]
-    x, w = _inputs(24, 64, 128, DTYPES[0], seed=9)
-    monkeypatch.setattr(gs, "TABLE", {(64, 128): [(32, cfg)]})
+    n, k = 2 * max(32, cfg.bn), max(128, cfg.bk)  # a weight shape the tile divides (I of bn, K of bk)
+    x, w = _inputs(24, n, k, DTYPES[0], seed=9)
+    monkeypatch.setattr(gs, "TABLE", {(n, k): [(32, cfg)]})
     monkeypatch.setattr(gs, "_INTERPRET_TABLE", True)
     monkeypatch.setattr(gs, "_CHECKED", {})
     monkeypatch.setattr(cuda_gemm, "_STATE", {"on": True, "checked": {}})
