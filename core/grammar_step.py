@@ -48,8 +48,8 @@ HANDOFF_WAIT_S = 0.002
 # plugins/platforms/cpu_grammar_mask.py) it runs; False: the core's own apply below, the byte-table add on an
 # accelerator, numpy AND/OR on a CPU (the benchmark's json_async_table / overlap_numpy modes compare them).
 PLATFORM_APPLY = True
-# On CUDA, the platform's apply reads the packed rows straight from the pinned fill buffer (host memory the device
-# addresses directly, UVA) instead of a host -> device copy first. Why: session 8 GPU batch 1 (H100, random 1.1B)
+# Where the platform's apply says it can (``reads_pinned_host`` on the callable: CUDA's), it reads the packed rows
+# straight from the pinned fill buffer (host memory the device addresses directly, UVA) instead of a host -> device copy first. Why: session 8 GPU batch 1 (H100, random 1.1B)
 # sampled the runner's thread inside that copy call ~10% of a batch-1 JSON step (apply 0.2-0.33 ms of host time
 # per step, on the critical path). Safe for the same reason the buffer's reuse is (:func:`_to_device`): the next
 # fill into it starts only after this step's tokens, sampled after this kernel, reached the host. False: copy
@@ -267,7 +267,8 @@ def apply_packed(logits: Any, rows: list[int], packed: Any, pre: Any = None, ker
         # one pass instead of the core's several (CUDA: one Triton launch instead of the table's 4-6 torch calls;
         # CPU: one C pass over the packed words instead of numpy's operands + two passes)
         on_host = device.type == "cpu"
-        if (whole and HOST_READ_APPLY and device.type == "cuda" and not _TABLES.get("host_read_failed")
+        if (whole and HOST_READ_APPLY and getattr(kernel, "reads_pinned_host", False) and not on_host
+                and not _TABLES.get("host_read_failed")
                 and packed.is_contiguous() and packed.is_pinned()):
             try:
                 out = kernel(logits, packed, None)  # the device reads the pinned rows itself: no copy call

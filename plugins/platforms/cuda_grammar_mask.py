@@ -40,8 +40,9 @@ def _apply_bitmask_kernel(logits_ptr, stride, packed_ptr, words, rows_ptr, vocab
 def apply_bitmask_(logits: torch.Tensor, packed: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
     """In place: ``logits[rows[j], t] = -inf`` wherever bit t of ``packed[j]`` is clear (``rows`` None: row j).
 
-    ``logits`` [R, V] (last dim contiguous), ``packed`` int32 [n, ceil(V/32)] contiguous, both on the device;
-    ``rows`` int32 [n] on the device or None."""
+    ``logits`` [R, V] (last dim contiguous), ``packed`` int32 [n, ceil(V/32)] contiguous, on the device or in pinned
+    host memory (the GPU reads it through unified addressing: ``reads_pinned_host`` below); ``rows`` int32 [n] on
+    the device or None."""
     n, words = packed.shape
     vocab = logits.shape[-1]
     if n == 0:
@@ -51,3 +52,7 @@ def apply_bitmask_(logits: torch.Tensor, packed: torch.Tensor, rows: torch.Tenso
     _apply_bitmask_kernel[grid](logits, logits.stride(0), packed, words, rows if rows is not None else packed,
                                 vocab, HAS_ROWS=rows is not None, BLOCK=BLOCK)
     return logits
+
+
+#: core/grammar_step.py passes the pinned fill buffer itself (no host -> device copy call) to an apply saying so
+apply_bitmask_.reads_pinned_host = True
