@@ -6,8 +6,8 @@ models, argument parsing) before it even spawned the core. ``octavo serve`` now 
 (``prestart``): the child imports torch and the engine while the front end parses, then blocks on a pipe for
 ``run_engine_core``'s arguments, which ``MPEngineCoreClient`` sends (``take``) once it has the settings and its
 sockets. On Linux the child is forked (session 8: nothing heavy is imported yet and no thread runs, so it skips
-a second interpreter and spawn's bootstrap), elsewhere spawned. The child starts hashing the GGUF file the command line names (the weights cache key) before its
-imports too; a wrong guess only costs that thread.
+a second interpreter and spawn's bootstrap), elsewhere spawned. The child starts hashing the GGUF file the command
+line names (the weights cache key) before its imports too; a wrong guess only costs that thread.
 
 A front end that does not use it (bad arguments, ``--help``, an in-process core) closes the pipe (``discard``,
 or its exit does): the child reads EOF and exits 0. ``OCTAVO_PRESTART_CORE=0`` turns this off.
@@ -89,7 +89,8 @@ def take(args: tuple) -> Any | None:
             conn.send(args)
             import logging
 
-            logging.getLogger("octavo.engine_client").info("engine core: process pid %d, started before the settings were parsed", proc.pid)
+            logging.getLogger("octavo.engine_client").info(
+                "engine core: process pid %d, started before the settings were parsed", proc.pid)
             return proc
         except OSError:
             proc.join(0.1)

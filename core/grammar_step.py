@@ -49,7 +49,8 @@ HANDOFF_WAIT_S = 0.002
 # accelerator, numpy AND/OR on a CPU (the benchmark's json_async_table / overlap_numpy modes compare them).
 PLATFORM_APPLY = True
 # Where the platform's apply says it can (``reads_pinned_host`` on the callable: CUDA's), it reads the packed rows
-# straight from the pinned fill buffer (host memory the device addresses directly, UVA) instead of a host -> device copy first. Why: session 8 GPU batch 1 (H100, random 1.1B)
+# straight from the pinned fill buffer (host memory the device addresses directly, UVA) instead of a host ->
+# device copy first. Why: session 8 GPU batch 1 (H100, random 1.1B)
 # sampled the runner's thread inside that copy call ~10% of a batch-1 JSON step (apply 0.2-0.33 ms of host time
 # per step, on the critical path). Safe for the same reason the buffer's reuse is (:func:`_to_device`): the next
 # fill into it starts only after this step's tokens, sampled after this kernel, reached the host. False: copy

@@ -196,7 +196,8 @@ class Platform(ABC):
         """This device's own greedy choice for all-greedy batches, or ``None`` (``torch.argmax``). Asked once per
         worker. The callable is ``argmax(logits) -> [R] int64`` over float ``[R, V]`` logits, exactly
         ``logits.argmax(dim=-1)``: the first index of the largest value, a NaN counting as the largest. The core
-        calls it only for all-greedy batches without logit processors (logprobs come from the raw logits apart). Default: none."""
+        calls it only for all-greedy batches without logit processors (logprobs come from the raw logits apart).
+        Default: none."""
         return None
 
     def make_grammar_mask_apply(self) -> Callable[..., Any] | None:
