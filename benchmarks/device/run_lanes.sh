@@ -1,21 +1,27 @@
 #!/usr/bin/env bash
-# Runs device scripts on a 2-GPU machine: two lanes at once (one GPU each, CUDA_VISIBLE_DEVICES=0 / 1), then the
-# scripts that need both GPUs, one after another. Each lane is a run_queue.sh list; results: $OUT/<lane>.tar.gz.
-# Usage: bash benchmarks/device/run_lanes.sh "name=script:secs ..." "name=script:secs ..." ["name=script:secs ..."]
+# Runs device scripts on a multi-GPU machine: one lane per GPU at once (lane i gets CUDA_VISIBLE_DEVICES=i), then
+# the scripts that need all GPUs, one after another. Each lane is a run_queue.sh list; results: $OUT/<lane>.tar.gz.
+# Usage: bash benchmarks/device/run_lanes.sh "lane0 specs" "lane1 specs" ["all-GPU specs"]      (2 GPUs)
+#        LANES=4 bash benchmarks/device/run_lanes.sh "lane0" "lane1" "lane2" "lane3" ["all-GPU specs"]
+# A spec is name=script[+arg]:secs (see run_queue.sh); an empty string leaves that lane idle.
 set -uo pipefail
 final=${OUT:?OUT must be set}
 here=$(cd "$(dirname "$0")" && pwd)
 work=$(mktemp -d)
+lanes=${LANES:-2}
 run_lane() {  # lane-name gpus specs
   mkdir -p "$work/$1"
   # shellcheck disable=SC2086
   CUDA_VISIBLE_DEVICES=$2 OUT="$work/$1" bash "$here/run_queue.sh" $3 > "$work/$1.log" 2>&1
 }
-[ -n "${1:-}" ] && run_lane lane0 0 "$1" &
-[ -n "${2:-}" ] && run_lane lane1 1 "$2" &
+args=("$@")
+all_gpus=$(seq -s, 0 $((lanes - 1)))
+for ((i = 0; i < lanes; i++)); do
+  [ -n "${args[$i]:-}" ] && run_lane "lane$i" "$i" "${args[$i]}" &
+done
 wait
-[ -n "${3:-}" ] && run_lane both 0,1 "$3"
-for lane in lane0 lane1 both; do
+[ -n "${args[$lanes]:-}" ] && run_lane both "$all_gpus" "${args[$lanes]}"
+for lane in $(for ((i = 0; i < lanes; i++)); do echo "lane$i"; done) both; do
   [ -d "$work/$lane" ] || continue
   echo "##### $lane"; grep -E "^(===|rc=)" "$work/$lane.log"
   (cd "$work/$lane" && for t in *.tar.gz; do [ -f "$t" ] && tar -xzf "$t" && rm "$t"; done)
