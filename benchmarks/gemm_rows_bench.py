@@ -8,7 +8,15 @@ roofline = max(weight bytes / read rate, FLOPs / dense bf16 rate) with the read 
 (a 1 GiB sum) and ``--tflops`` for the FLOP ceiling (H100 SXM dense bf16: ~700 measured by cuBLAS at large M in
 session 1). Outputs of both libraries are compared (max |difference| / max |output|).
 
+``--chain`` (session 9, engineer tput): time each case as ``gemm_triton_bench.time_chain`` does (one CUDA graph of a
+chain of launches over weight copies beyond L2, so weights come from HBM as in a layer chain; a lone weight of the
+8B qkv fits the 50 MB L2 and reads optimistic) and add ``cublas_t``: the same product with the operands swapped
+(``W @ x^T``, out ``[N, M]``), so cuBLAS tiles the rows as its N dimension (any multiple of 8) instead of its M
+(64-row MMA steps: 206 rows run as 256). Its output is compared with ``F.linear``'s transposed.
+
     python benchmarks/gemm_rows_bench.py --out /tmp/gemm_rows.json [--budget 40]
+    python benchmarks/gemm_rows_bench.py --out /tmp/g.json --chain --shapes 8b_qkv 8b_o 8b_gate_up 8b_down \
+        --rows 192 208 216 224 256
 """
 
 from __future__ import annotations
@@ -26,6 +34,33 @@ SHAPES = {  # name: (K, N) of the weight [N, K]
 ROWS = (206, 128, 256, 64)  # most relevant first: the 8B run's ~206-row waves, the nano mean batch
 
 
+def chain_case(name: str, k: int, n: int, m: int, read: float, tflops: float, gen) -> dict:
+    """``--chain``: cuBLAS / cuBLASLt / operands swapped, us per launch in a captured chain over weight copies."""
+    import torch
+    import torch.nn.functional as F
+    from gemm_triton_bench import time_chain
+
+    dev = torch.device("cuda")
+    copies = max(1, min(16, -(-160_000_000 // (n * k * 2))))
+    ws = [torch.randn(n, k, device=dev, dtype=torch.bfloat16, generator=gen) * k ** -0.5 for _ in range(copies)]
+    x = torch.randn(m, k, device=dev, dtype=torch.bfloat16, generator=gen)
+    launches = max(32, copies * 2)
+    roof_us = max(n * k * 2 / read / 1e6, 2 * m * n * k / tflops / 1e6)
+    row = {"shape": name, "rows": m, "K": k, "N": n, "copies": copies, "roofline_us": round(roof_us, 2)}
+    ref = F.linear(x, ws[0]).float()
+    for lib in ("cublas", "cublaslt"):
+        torch.backends.cuda.preferred_blas_library(lib)
+        try:
+            row[f"{lib}_us"] = round(time_chain(lambda w: F.linear(x, w), ws, launches), 2)
+            row[f"{lib}_t_us"] = round(time_chain(lambda w: torch.mm(w, x.t()), ws, launches), 2)
+            row[f"{lib}_t_rel_diff"] = float((torch.mm(ws[0], x.t()).t().float() - ref).abs().max()
+                                             / ref.abs().max())
+        except Exception as e:  # noqa: BLE001 - a library that cannot run here: record it
+            row[f"{lib}_error"] = repr(e)[:200]
+    torch.backends.cuda.preferred_blas_library("cublas")
+    return row
+
+
 def main() -> None:
     import torch
     import torch.nn.functional as F
@@ -36,6 +71,8 @@ def main() -> None:
     ap.add_argument("--budget", type=float, default=40.0)
     ap.add_argument("--tflops", type=float, default=700.0)
     ap.add_argument("--rows", type=int, nargs="*", default=list(ROWS))
+    ap.add_argument("--shapes", nargs="*", default=list(SHAPES))
+    ap.add_argument("--chain", action="store_true", help="weights beyond L2 (a captured chain) + cublas_t")
     args = ap.parse_args()
     t0 = time.perf_counter()
     dev = torch.device("cuda")
@@ -48,7 +85,17 @@ def main() -> None:
     print(f"read {read:.2f} TB/s", flush=True)
     gen = torch.Generator(device=dev).manual_seed(0)
     for m in args.rows:
-        for name, (k, n) in SHAPES.items():
+        for name in args.shapes:
+            k, n = SHAPES[name]
+            if args.chain:
+                row = {"shape": name, "rows": m, "skipped": "budget"}
+                if time.perf_counter() - t0 <= args.budget:
+                    row = chain_case(name, k, n, m, read, args.tflops, gen)
+                    print(json.dumps(row), flush=True)
+                res["cases"].append(row)
+                with open(args.out, "w") as f:
+                    json.dump(res, f, indent=1)
+                continue
             if time.perf_counter() - t0 > args.budget:
                 res["cases"].append({"shape": name, "rows": m, "skipped": "budget"})
                 continue

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Issue 17, engineer "tput", session 9: ONE GPU, hard bound 150 s a call (every step under `timeout`, the caps below
+# sum to <= 148 s). JSON + logs under $OUT/tput9/. One part per call, TPUT_PART=<part> (or the first argument):
+#   b1  (batch 1) gemm_rows.json: the 8B projections at 192-256 rows in a captured chain over weight copies beyond
+#       L2 (benchmarks/gemm_rows_bench.py --chain): cuBLAS, cuBLASLt, and each with the operands swapped (W @ x^T:
+#       rows as cuBLAS's N, no 64-row padding); then profile.json: benchmarks/tput_run_profile.py, the warmed
+#       512 x 1000/1000 8B run in one engine with CUDA events around every step (forward, logits + sampler, GPU idle
+#       before the next step), each step's rows and summed context against a byte/FLOP model, and two profiler
+#       windows of 8 decode steps (the ~211-row wave at decode step 300, the ~90-row tail wave at 2,600).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+R="${OUT:-/tmp/out}/tput9"; mkdir -p "$R"
+START=$(date +%s)
+left() { echo $(( 148 - ($(date +%s) - START) )); }
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$R/gpu.csv" 2>&1; cat "$R/gpu.csv"
+git rev-parse HEAD > "$R/commit.txt" 2>/dev/null
+export OCTAVO_LOG_LEVEL=${OCTAVO_LOG_LEVEL:-warning}
+PART="${TPUT_PART:-${1:-b1}}"
+echo "== part $PART $(date -u +%T)"
+
+run() {  # cap seconds, log name, command...
+  local cap=$1 log=$2; shift 2
+  echo "== $* (cap $cap s) $(date -u +%T)"
+  timeout -k 2 "$cap" "$@" > "$R/$log" 2>&1
+  echo "exit $?"; grep -v "^\[transformers\]\|^USDT" "$R/$log" | tail -n "${TAIL:-80}"
+}
+
+case "$PART" in
+  b1)
+    run 20 gemm_rows.log python benchmarks/gemm_rows_bench.py --out "$R/gemm_rows.json" --chain --budget 12 \
+      --shapes 8b_qkv 8b_o 8b_gate_up 8b_down --rows 216 256 192 208 224 128
+    cap=$(left); run "$cap" profile.log python benchmarks/tput_run_profile.py --out "$R/profile.json" \
+      --budget-s $((cap - 3)) ;;
+  *) echo "unknown TPUT_PART=$PART"; exit 2 ;;
+esac
+echo "total $(( $(date +%s) - START )) s"

@@ -1,0 +1,203 @@
+"""Where the 8B 512 x 1000/1000 run goes (issue 17: ``throughput_8b_1000_1000_tok_s`` 7.3k, goal 7.8k), in ONE
+engine on one GPU: the workload of ``gpu_e2e.py decode_bs1 --throughput`` (Llama-3-8B shape, dummy weights, bf16,
+``max_num_seqs`` 512, 512 prompts of 1,000 random ids, 1,000 output tokens each, default sampling), warmed as
+that script warms it, then run once with the hooks of ``nano_run_profile.StepEvents`` (three CUDA events a step:
+forward, logits + sampler, the GPU's idle time before the next forward; profiler windows of ``--window`` decode
+steps opened at the ``--windows`` decode-step numbers: by default one in the first ~211-row wave, one in the
+~90-row tail wave). Each step also records its rows and the sum of its contexts, so the summary can set the
+measured GPU time of each step kind against a byte/FLOP model of the same steps (weights beyond the embedding
+table once a step at ``--read-tbps``, linear-layer FLOPs at ``--tflops``, KV bytes of every context at the read
+rate): the per-step remainder the docs ask about (docs/performance.md "8B throughput, 1000/1000 x 512").
+
+Then, as the budget allows, ``--ab`` variants timed in the same engine (``nano_run_profile.VARIANTS`` names,
+graphs recaptured for each; the prefix cache emptied before every run).
+
+    python benchmarks/tput_run_profile.py --out /tmp/tput.json [--budget-s 140] [--ab gemm_off defaults]
+    python benchmarks/tput_run_profile.py --out /tmp/tput.json --dry   # CPU: a tiny Llama, checks the hooks
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gpu_e2e import LLAMA3_8B, JitMisses, gen_timed, make_llm, warm_up, write_config  # noqa: E402
+from nano_run_profile import VARIANTS, StepEvents, set_variant  # noqa: E402
+
+T0 = time.perf_counter()
+
+
+class ContextEvents(StepEvents):
+    """``StepEvents`` + each step's summed context (the KV tokens its attention reads)."""
+
+    def _forward(self, inputs, *a, **k):
+        out = super()._forward(inputs, *a, **k)
+        self.steps[-1]["ctx"] = int(inputs.layout.seq_lens.sum())
+        return out
+
+
+def model_split(steps: list[dict], weight_bytes: float, kv_per_token: float, lin_flops_per_token: float,
+                read_bps: float, flops: float) -> dict:
+    """Measured GPU seconds vs the byte/FLOP model, per step kind: ``wave`` (decode graph, >= 160 rows),
+    ``tail`` (decode graph, fewer rows), ``with_prefill`` (eager, prompt tokens); plus a coarse series."""
+    kinds: dict[str, dict] = {}
+    series = []
+    for i, s in enumerate(steps):
+        if s["graph"]:
+            kind = "wave" if s["rows"] >= 160 else "tail"
+        else:
+            kind = "decode_eager" if s["rows"] == s["tokens"] else "with_prefill"
+        fwd = s["e0"].elapsed_time(s["e1"]) / 1e3
+        smp = s["e1"].elapsed_time(s["e2"]) / 1e3 if "e2" in s else 0.0
+        idle = 0.0
+        if i + 1 < len(steps):
+            idle = max(0.0, s["e0"].elapsed_time(steps[i + 1]["e0"]) / 1e3 - fwd - smp)
+        lin = max(weight_bytes / read_bps, lin_flops_per_token * s["tokens"] / flops)
+        kv = s.get("ctx", 0) * kv_per_token / read_bps
+        k = kinds.setdefault(kind, {"steps": 0, "rows": 0, "ctx": 0, "forward_s": 0.0, "logits_sampler_s": 0.0,
+                                    "idle_after_s": 0.0, "model_linear_s": 0.0, "model_kv_s": 0.0})
+        k["steps"] += 1
+        k["rows"] += s["rows"]
+        k["ctx"] += s.get("ctx", 0)
+        k["forward_s"] += fwd
+        k["logits_sampler_s"] += smp
+        k["idle_after_s"] += idle
+        k["model_linear_s"] += lin
+        k["model_kv_s"] += kv
+        if i % 50 == 0 or i == len(steps) - 1:
+            series.append({"step": i, "kind": kind, "rows": s["rows"], "ctx": s.get("ctx", 0),
+                           "forward_ms": round(fwd * 1e3, 3), "sampler_ms": round(smp * 1e3, 3),
+                           "idle_ms": round(idle * 1e3, 3), "model_ms": round((lin + kv) * 1e3, 3)})
+    for k in kinds.values():
+        n = max(1, k["steps"])
+        k["rows_mean"] = k.pop("rows") / n
+        k["ctx_mean_per_row"] = k.pop("ctx") / max(1.0, k["rows_mean"] * n)
+        gpu = k["forward_s"] + k["logits_sampler_s"]
+        k["gpu_s"] = gpu
+        k["model_s"] = k["model_linear_s"] + k["model_kv_s"]
+        k["remainder_ms_per_step"] = (gpu + k["idle_after_s"] - k["model_s"]) / n * 1e3
+        k["gpu_over_model_ms_per_step"] = (gpu - k["model_s"]) / n * 1e3
+        k["idle_ms_per_step"] = k["idle_after_s"] / n * 1e3
+    tot = {f: sum(k[f] for k in kinds.values()) for f in ("gpu_s", "idle_after_s", "model_s")}
+    return {"by_kind": kinds, "totals": tot, "series": series,
+            "model": {"weight_bytes": weight_bytes, "kv_bytes_per_token": kv_per_token,
+                      "linear_flops_per_token": lin_flops_per_token, "read_TBps": read_bps / 1e12,
+                      "TFLOPs": flops / 1e12}}
+
+
+def main() -> None:
+    import torch
+
+    from octavo import SamplingParams
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--budget-s", type=float, default=140.0)
+    ap.add_argument("--prompts", type=int, default=512)
+    ap.add_argument("--window", type=int, default=8, help="decode steps per profiler window")
+    ap.add_argument("--windows", type=int, nargs="*", default=[300, 2600], help="decode step numbers opening one")
+    ap.add_argument("--ab", nargs="*", choices=sorted(VARIANTS), default=[])
+    ap.add_argument("--no-events", action="store_true", help="time the unhooked run first, then the --ab variants")
+    ap.add_argument("--read-tbps", type=float, default=3.02, help="the card's read rate (docs: 3.02-3.03)")
+    ap.add_argument("--tflops", type=float, default=700.0, help="dense bf16 ceiling (docs: 697 measured)")
+    ap.add_argument("--dry", action="store_true", help="CPU: a tiny Llama, 24 requests; checks the hooks")
+    args = ap.parse_args()
+    if args.dry:
+        torch.cuda.synchronize = lambda *a: None  # gen_timed's syncs; nothing runs on a GPU here
+    res: dict = {"card": "cpu (dry run)" if args.dry else torch.cuda.get_device_name(),
+                 "command": " ".join(["python", *sys.argv]), "runs": []}
+
+    def save() -> None:
+        res["elapsed_s"] = time.perf_counter() - T0
+        with open(args.out, "w") as f:
+            json.dump(res, f, indent=1)
+
+    def fits(need: float) -> bool:
+        return time.perf_counter() - T0 + need < args.budget_s
+
+    cfg = dict(LLAMA3_8B)
+    kw = dict(max_model_len=4096, gpu_memory_utilization=0.9, max_num_seqs=512, max_num_batched_tokens=8192)
+    num, in_len, out_len, ids = args.prompts, 1000, 1000, (1000, 120000)
+    if args.dry:
+        cfg.update(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                   num_key_value_heads=2, vocab_size=512, bos_token_id=1, eos_token_id=2)
+        kw = dict(max_model_len=256, max_num_seqs=16, max_num_batched_tokens=256)
+        num, in_len, out_len, ids = 24, 40, 24, (3, 500)
+    with tempfile.TemporaryDirectory() as tmp:
+        jit = JitMisses()
+        llm, worker, info = make_llm(write_config(cfg, tmp, "llama3-8b"), **kw)
+        model = worker.runner.model
+        weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters()) \
+            - model.model.embed_tokens.weight.numel() * model.model.embed_tokens.weight.element_size()
+        hd = cfg["hidden_size"] // cfg["num_attention_heads"]
+        kv_per_token = cfg["num_hidden_layers"] * cfg["num_key_value_heads"] * hd * 2 * 2
+        lin_flops = 2 * weight_bytes / 2  # 2 FLOPs per bf16 weight element per token (attention excluded)
+        res.update(fused=info.get("fused"), graph_sizes=info.get("graph_sizes"), kv_blocks=worker.num_blocks,
+                   start_s=time.perf_counter() - T0)
+        rng = random.Random(0)  # the timed prompts of gpu_e2e.py (its bs1 prompt is drawn first)
+        _ = [rng.randrange(*ids) for _ in range(512)]
+        prompts = [{"prompt_token_ids": [rng.randrange(*ids) for _ in range(in_len)]} for _ in range(num)]
+        # the same warm-up as gpu_e2e.py's throughput (64 prompts of the length, 1-32 outputs, short lone prefills)
+        res["warmup_s"] = warm_up(llm, [(in_len, 1 + i % 32) for i in range(min(num, 64))], seed=11, ids=ids)
+        for n in (2, 3, 5):
+            res["warmup_s"] += warm_up(llm, [(n, 1)], seed=12 + n, ids=ids)
+        res["warmed"] = True
+        print(f"engine ready + warmed in {time.perf_counter() - T0:.1f} s (warm-up {res['warmup_s']:.1f} s)",
+              flush=True)
+        save()
+        params = SamplingParams(max_tokens=out_len, ignore_eos=True)
+        last = 75.0
+
+        def timed(name: str, **extra) -> None:
+            nonlocal last
+            reset = llm.reset_prefix_cache()
+            mark = len(jit.log)
+            before = llm.llm_engine.get_stats()
+            dt, outs = gen_timed(llm, prompts, params)
+            after = llm.llm_engine.get_stats()
+            extra["triton_builds_in_run"] = jit.since(mark)
+            last = dt
+            total = sum(len(o.outputs[0].token_ids) for o in outs)
+            run = {"run": name, "seconds": dt, "output_tokens": total, "tok_s": total / dt,
+                   "prefix_cache_reset": reset,
+                   **{k: getattr(after, k) - getattr(before, k) for k in ("num_steps", "num_preemptions")}, **extra}
+            print(json.dumps(run), flush=True)
+            res["runs"].append(run)
+            save()
+
+        if args.no_events:
+            timed("timed (defaults)")
+        else:
+            rec = ContextEvents(worker, tuple(args.windows), args.window)
+            try:
+                timed("events (defaults, hooked: 3 CUDA events a step + profiler windows)")
+            finally:
+                rec.remove()
+            res["steps"] = rec.summary()
+            res["windows"] = rec.windows
+            res["split"] = model_split(rec.steps, weight_bytes, kv_per_token, lin_flops,
+                                       args.read_tbps * 1e12, args.tflops * 1e12)
+            print(json.dumps({k: v for k, v in res["split"].items() if k != "series"}, indent=1), flush=True)
+            for w in rec.windows:
+                print(f"--- window at {w['rows_at_start']} rows: GPU span {w['gpu_span_us_per_step']:.0f} us/step, "
+                      f"busy {w['gpu_busy_us_per_step']:.0f}", flush=True)
+                for r in w["kernels"][:24]:
+                    print(f"{r['us_per_step']:9.1f} us/step {r['calls_per_step']:6.1f}x  {r['name']}", flush=True)
+            save()
+        for name in [] if args.dry else args.ab:
+            if not fits(last + 3):
+                res["runs"].append({"run": name, "skipped": "time budget"})
+                continue
+            timed(name, recapture_s=set_variant(worker, name))
+        save()
+        llm.llm_engine.shutdown()
+
+
+if __name__ == "__main__":
+    main()
