@@ -11,6 +11,12 @@ Sampling uses the Gumbel-max trick, the same identity as the torch path's ``argm
 Philox (``tl.randint4x``) keyed per row and counted by column, so a row's noise depends only on its key and
 the column, never on the batch, the grid or the chunking. ``u = (top 23 bits + 0.5) / 2**23`` is exact in
 fp32 and never 0 or 1, so the noise is finite (truncated at -2.81 and +16.6: a tail mass of ~6e-8 per element).
+The kernel scores in base 2, ``x * log2(e) / T - log2(-log2(u))`` = ``log2(e) * (x / T + g) + const`` for the
+natural Gumbel ``g`` (same argmax; :func:`gumbel_noise` exports ``g``): one multiply-add per element instead of
+a division, and the outer logarithm is the GPU's one-instruction ``lg2.approx`` (absolute error <= 2**-22 on
+noise of order 1), while the inner one stays libdevice's accurate ``log2``, whose relative accuracy near u = 1
+is what the largest noise values (the likely winners) depend on. Session 9 (docs/performance.md): the kernel
+was bound by Philox and two accurate logarithms per element.
 
 Two launches: stage 1, grid (rows, chunks), keeps the best (score, column) of each chunk; stage 2 picks the
 best chunk of each row. Ties go to the lowest column, as ``torch.argmax`` does, so greedy rows (temperature
@@ -24,9 +30,12 @@ the rest of the batch.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import libdevice
 
 _ROW_MUL = 6364136223846793005  # odd 63-bit multiplier spreading rows over Philox keys
 _MASK64 = (1 << 64) - 1
@@ -35,22 +44,30 @@ MAX_CHUNKS = 64  # stage 2 reads at most this many partial results per row (one 
 
 
 @triton.jit
-def _gumbel(r):
-    """Gumbel noise from 32 random bits: u = (top 23 bits + 0.5) / 2**23 is exact in fp32 and in (0, 1)."""
+def _gumbel2(r, FAST: tl.constexpr):
+    """Base-2 Gumbel noise ``-log2(-log2(u))`` = ``(g - ln ln 2) / ln 2`` for the natural Gumbel ``g``, from 32
+    random bits: u = (top 23 bits + 0.5) / 2**23 is exact in fp32 and in (0, 1). ``FAST``: the outer log2 is
+    ``lg2.approx`` (not in the interpreter)."""
     u = ((r >> 9).to(tl.float32) + 0.5) * 1.1920928955078125e-07
-    # -log(u) >= 5.96e-8 exactly; the floor 2**-25 guards an approximate log near u = 1 (never 0 or < 0)
-    return -tl.log(tl.maximum(-tl.log(u), 2.9802322387695312e-08))
+    # accurate: near u = 1 its relative error is the largest noise values' error. -log2(u) >= 8.6e-8 exactly;
+    # the floor 2**-25 keeps the outer log finite whatever the rounding
+    e = tl.maximum(-tl.log2(u), 2.9802322387695312e-08)
+    if FAST:
+        return -libdevice.fast_log2f(e)
+    else:
+        return -tl.log2(e)
 
 
 @triton.jit
-def _fold(ptr, cols, hi, r, temp, thr, best, best_idx, RANDOM: tl.constexpr):
+def _fold(ptr, cols, hi, r, scale, thr, best, best_idx, RANDOM: tl.constexpr, FAST: tl.constexpr):
     """Fold one block of columns into the per-lane running (best score, its column): elementwise only; a
     lane sees its columns in increasing order and keeps the first of equal scores. Random rows draw only
-    among logits >= ``thr`` (min-p / top-k / top-p, as a logit threshold; -inf: no filter)."""
+    among logits >= ``thr`` (min-p / top-k / top-p, as a logit threshold; -inf: no filter) and score
+    ``x * scale + noise``, ``scale = log2(e) / T``."""
     m = cols < hi
     x = tl.load(ptr + cols, mask=m, other=float("-inf")).to(tl.float32)
     if RANDOM:
-        x = tl.where(m & (x >= thr), x / temp + _gumbel(r), float("-inf"))
+        x = tl.where(m & (x >= thr), x * scale + _gumbel2(r, FAST), float("-inf"))
     take = x > best
     return tl.where(take, x, best), tl.where(take, cols, best_idx)
 
@@ -58,7 +75,7 @@ def _fold(ptr, cols, hi, r, temp, thr, best, best_idx, RANDOM: tl.constexpr):
 @triton.jit(do_not_specialize=["base", "chunk", "n_chunks"])
 def _sample_partial_kernel(logits_ptr, stride, temp_ptr, keys_ptr, thr_ptr, base, n_cols, chunk, n_chunks,
                            part_val_ptr, part_idx_ptr, HAS_KEYS: tl.constexpr, HAS_THR: tl.constexpr,
-                           SUB: tl.constexpr):
+                           SUB: tl.constexpr, FAST: tl.constexpr):
     row = tl.program_id(0)
     c = tl.program_id(1)
     row64 = row.to(tl.int64)
@@ -78,18 +95,19 @@ def _sample_partial_kernel(logits_ptr, stride, temp_ptr, keys_ptr, thr_ptr, base
             thr = tl.load(thr_ptr + row).to(tl.float32)
         else:
             thr = float("-inf")
+        scale = 1.4426950408889634 / temp  # log2(e) / T: base-2 scores, same argmax
         for start in range(lo, hi, 4 * SUB):
             r0, r1, r2, r3 = tl.randint4x(key, start // 4 + i)
-            best, best_idx = _fold(ptr, start + i, hi, r0, temp, thr, best, best_idx, True)
-            best, best_idx = _fold(ptr, start + SUB + i, hi, r1, temp, thr, best, best_idx, True)
-            best, best_idx = _fold(ptr, start + 2 * SUB + i, hi, r2, temp, thr, best, best_idx, True)
-            best, best_idx = _fold(ptr, start + 3 * SUB + i, hi, r3, temp, thr, best, best_idx, True)
+            best, best_idx = _fold(ptr, start + i, hi, r0, scale, thr, best, best_idx, True, FAST)
+            best, best_idx = _fold(ptr, start + SUB + i, hi, r1, scale, thr, best, best_idx, True, FAST)
+            best, best_idx = _fold(ptr, start + 2 * SUB + i, hi, r2, scale, thr, best, best_idx, True, FAST)
+            best, best_idx = _fold(ptr, start + 3 * SUB + i, hi, r3, scale, thr, best, best_idx, True, FAST)
     else:
         for start in range(lo, hi, 4 * SUB):
-            best, best_idx = _fold(ptr, start + i, hi, i, temp, temp, best, best_idx, False)
-            best, best_idx = _fold(ptr, start + SUB + i, hi, i, temp, temp, best, best_idx, False)
-            best, best_idx = _fold(ptr, start + 2 * SUB + i, hi, i, temp, temp, best, best_idx, False)
-            best, best_idx = _fold(ptr, start + 3 * SUB + i, hi, i, temp, temp, best, best_idx, False)
+            best, best_idx = _fold(ptr, start + i, hi, i, temp, temp, best, best_idx, False, FAST)
+            best, best_idx = _fold(ptr, start + SUB + i, hi, i, temp, temp, best, best_idx, False, FAST)
+            best, best_idx = _fold(ptr, start + 2 * SUB + i, hi, i, temp, temp, best, best_idx, False, FAST)
+            best, best_idx = _fold(ptr, start + 3 * SUB + i, hi, i, temp, temp, best, best_idx, False, FAST)
     v = tl.max(best, 0)
     first = tl.min(tl.where(best == v, best_idx, 2147483647), 0)  # ties: the lowest column
     tl.store(part_val_ptr + row64 * n_chunks + c, v)
@@ -106,24 +124,40 @@ def _sample_final_kernel(part_val_ptr, part_idx_ptr, out_ptr, n_chunks, MAX_CHUN
 
 
 @triton.jit
-def _noise_kernel(keys_ptr, out_ptr, n_cols, SUB: tl.constexpr):
-    """The Gumbel noise the sampling kernel adds to each column of a row (for tests and checks)."""
+def _gumbel(r, FAST: tl.constexpr):
+    """The kernel's noise in natural units: ``g = ln 2 * g2 - ln ln 2`` for its base-2 noise ``g2``."""
+    return _gumbel2(r, FAST) * 0.6931471805599453 + 0.36651292058166435
+
+
+@triton.jit
+def _noise_kernel(keys_ptr, out_ptr, n_cols, SUB: tl.constexpr, FAST: tl.constexpr):
+    """The Gumbel noise the sampling kernel adds to each column of a row, in natural units (for tests and
+    checks): the kernel's base-2 score is ``log2(e) * (x / T + g) + const``."""
     row = tl.program_id(0).to(tl.int64)
     key = tl.load(keys_ptr + row)
     i = tl.arange(0, SUB)
     base = out_ptr + row * n_cols
     for start in range(0, n_cols, 4 * SUB):
         r0, r1, r2, r3 = tl.randint4x(key, start // 4 + i)
-        tl.store(base + start + i, _gumbel(r0), mask=start + i < n_cols)
-        tl.store(base + start + SUB + i, _gumbel(r1), mask=start + SUB + i < n_cols)
-        tl.store(base + start + 2 * SUB + i, _gumbel(r2), mask=start + 2 * SUB + i < n_cols)
-        tl.store(base + start + 3 * SUB + i, _gumbel(r3), mask=start + 3 * SUB + i < n_cols)
+        tl.store(base + start + i, _gumbel(r0, FAST), mask=start + i < n_cols)
+        tl.store(base + start + SUB + i, _gumbel(r1, FAST), mask=start + SUB + i < n_cols)
+        tl.store(base + start + 2 * SUB + i, _gumbel(r2, FAST), mask=start + 2 * SUB + i < n_cols)
+        tl.store(base + start + 3 * SUB + i, _gumbel(r3, FAST), mask=start + 3 * SUB + i < n_cols)
+
+
+#: the noise's outer logarithm as ``lg2.approx`` (True) or libdevice's accurate log2; benchmarks/nano_head_bench.py
+#: flips it to time both. Never under Triton's interpreter (no PTX there).
+FAST_LOG2 = True
+
+
+def _fast() -> bool:
+    return FAST_LOG2 and os.environ.get("TRITON_INTERPRET") != "1"
 
 
 def gumbel_noise(keys: torch.Tensor, n_cols: int) -> torch.Tensor:
     """[R, n_cols] fp32: the noise :func:`fused_sample` adds to rows with these Philox ``keys`` ([R] int64)."""
     out = torch.empty((keys.shape[0], n_cols), dtype=torch.float32, device=keys.device)
-    _noise_kernel[(keys.shape[0],)](keys, out, n_cols, SUB=SUB)
+    _noise_kernel[(keys.shape[0],)](keys, out, n_cols, SUB=SUB, FAST=_fast())
     return out
 
 
@@ -181,7 +215,7 @@ def fused_sample(logits: torch.Tensor, temperature: torch.Tensor, keys: torch.Te
     _sample_partial_kernel[(R, n_chunks)](
         logits, logits.stride(0), temperature, keys if has_keys else temperature,
         thresholds if thresholds is not None else temperature, base, V, chunk, n_chunks,
-        part_val, part_idx, HAS_KEYS=has_keys, HAS_THR=thresholds is not None, SUB=SUB, num_warps=4)
+        part_val, part_idx, HAS_KEYS=has_keys, HAS_THR=thresholds is not None, SUB=SUB, FAST=_fast(), num_warps=4)
     _sample_final_kernel[(R,)](part_val, part_idx, out, n_chunks, MAX_CHUNKS=MAX_CHUNKS, num_warps=1)
     return out
 

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Issue 17, engineer "nano", session 9: ONE GPU, hard bound 150 s a call. JSON + logs under $OUT/nano9/. One part
+# per call, NANO_PART=<part> (or the first argument):
+#   b1  (batch 1) the fused sampler's GPU cases with the base-2 / lg2.approx noise (tests/kernels/fused_sampler_cases.py:
+#       KS + chi-square of the noise, kernel == Gumbel-max over its noise, exact greedy argmax, end-to-end
+#       chi-square, seeds); head.json: LM head (float32 one pass / bf16) + sampler (fp32 / bf16 logits, fast /
+#       exact noise) in CUDA graphs (benchmarks/nano_head_bench.py); gap.json: the warmed nano-vllm run in one
+#       engine: defaults, probe (CUDA events a step: GPU idle between steps; host phase timers; GC pauses),
+#       gc_freeze, defaults, gc_off, si_500 (GIL switch interval 0.5 ms), as the budget allows
+#       (benchmarks/nano_host_gap.py).
+#   b2  (batch 2) gap.json again on the final tree: defaults / <variant> alternating (NANO_RUNS overrides the
+#       list), then the sampler cases for the time left.
+set -u
+cd "$(dirname "$0")/../.."
+R="${OUT:-/tmp/out}/nano9"; mkdir -p "$R"
+START=$(date +%s)
+left() { echo $(( 146 - ($(date +%s) - START) )); }
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$R/gpu.csv" 2>&1; cat "$R/gpu.csv"
+git rev-parse HEAD > "$R/commit.txt" 2>/dev/null
+export OCTAVO_LOG_LEVEL=${OCTAVO_LOG_LEVEL:-warning}
+unset OCTAVO_TRITON_DECODE_KERNEL OCTAVO_TRITON_DECODE_LAUNCH OCTAVO_TRITON_GEMM OCTAVO_FUSED_SAMPLER
+PART="${NANO_PART:-${1:-b1}}"
+echo "== part $PART $(date -u +%T)"
+
+cases() {  # cap seconds, log name, pytest files and args...
+  local cap=$1 log=$2; shift 2
+  echo "== cases $* (cap $cap s) $(date -u +%T)"
+  timeout -k 2 "$cap" python -m pytest -q -p no:cacheprovider -W ignore "$@" > "$R/$log" 2>&1
+  echo "cases exit $?"; tail -n 15 "$R/$log"
+}
+run() {  # cap seconds, log name, command...
+  local cap=$1 log=$2; shift 2
+  echo "== $* (cap $cap s) $(date -u +%T)"
+  timeout -k 2 "$cap" "$@" > "$R/$log" 2>&1
+  echo "exit $?"; grep -v "^\[transformers\]\|^USDT" "$R/$log" | tail -n "${TAIL:-40}" | cut -c1-1500
+}
+
+case "$PART" in
+  b1)
+    cases 30 sampler_cases.log tests/kernels/fused_sampler_cases.py
+    run 28 head.log python benchmarks/nano_head_bench.py --out "$R/head.json"
+    run "$(left)" gap.log python benchmarks/nano_host_gap.py --out "$R/gap.json" --budget-s "$(( $(left) - 4 ))" \
+      --runs defaults probe gc_freeze defaults gc_off si_500 ;;
+  b2)
+    run 118 gap.log python benchmarks/nano_host_gap.py --out "$R/gap.json" --budget-s 114 \
+      --runs ${NANO_RUNS:-defaults probe defaults unfreeze defaults unfreeze}
+    cases "$(left)" sampler_cases.log tests/kernels/fused_sampler_cases.py ;;
+  *) echo "unknown NANO_PART=$PART"; exit 2 ;;
+esac
+echo "total $(( $(date +%s) - START )) s"

@@ -1,0 +1,254 @@
+"""What the GPU waits for in the nano-vllm run, and which host knob removes it (issue 17, session 9), in ONE engine.
+
+The workload of ``gpu_e2e.py qwen3_nanovllm`` (Qwen3-0.6B shape, 256 x U[100, 1024] in/out, temperature 0.6),
+warmed with ``gpu_e2e.warm_up``; then the runs ``--runs`` names, in that order, each with the prefix cache emptied
+first (the runs repeat the same prompts). Every run records the cyclic GC's pauses (``gc.callbacks``: count and
+seconds per generation; the GC holds the GIL, so a pause stops the core thread and the step thread alike).
+
+  defaults   the run as the headline times it
+  probe      the same run, hooked: three CUDA events a step (GPU time of the forward and of logits + sampler, and
+             the GPU's idle time before the next step's forward, by step kind; the largest idle gaps), and host
+             timers around the core's and the runner's phases, each as wall time and as the thread's CPU time
+             (wall - CPU = time the thread was runnable but blocked: the GIL, a device sync)
+  gc_freeze  ``gc.collect(); gc.freeze()`` before the run: the heap built so far (model, engine, warm-up) leaves
+             the GC's scans (what vLLM does after start-up)
+  gc_off     the cyclic GC disabled during the run: what the GC costs at most
+  unfreeze   ``gc.unfreeze()`` before the run: the GC as it was before the engine froze its start-up heap
+  si_<us>    ``sys.setswitchinterval(<us> * 1e-6)`` during the run: a thread waiting for the GIL waits at most
+             that long (Python's default is 5 ms)
+
+    python benchmarks/nano_host_gap.py --out /tmp/gap.json [--budget-s 100] [--runs defaults probe gc_off ...]
+    python benchmarks/nano_host_gap.py --out /tmp/gap.json --dry   # CPU: a tiny Qwen3, checks the hooks
+
+Runs stop being started when ``--budget-s`` would be exceeded; the JSON is written after every run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import gc
+import json
+import os
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gpu_e2e import JitMisses, gen_timed, make_llm, nanovllm_workload, qwen3_config, warm_up, write_config  # noqa: E402
+from nano_run_profile import StepEvents  # noqa: E402
+
+T0 = time.perf_counter()
+
+
+class GCPauses:
+    """Count and seconds of the cyclic GC's collections per generation while installed."""
+
+    def __init__(self) -> None:
+        self.by_gen = {0: [0, 0.0], 1: [0, 0.0], 2: [0, 0.0]}
+        self.spans: list[tuple[float, float, int]] = []  # (start, end, generation), host clock
+        self._t = 0.0
+        gc.callbacks.append(self._cb)
+
+    def _cb(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._t = time.perf_counter()
+        else:
+            t = time.perf_counter()
+            g = self.by_gen[info["generation"]]
+            g[0] += 1
+            g[1] += t - self._t
+            self.spans.append((self._t, t, info["generation"]))
+
+    def remove(self) -> dict:
+        gc.callbacks.remove(self._cb)
+        return {f"gen{g}": {"collections": n, "seconds": round(s, 4)} for g, (n, s) in self.by_gen.items()}
+
+
+class PhaseTimers:
+    """Wall and thread-CPU seconds of named host functions (wrapped on their classes/modules while installed)."""
+
+    def __init__(self, targets: list[tuple[object, str, str]]) -> None:
+        self.acc: dict[str, list] = {}
+        self.saved = []
+        for owner, attr, label in targets:
+            real = getattr(owner, attr)
+            self.saved.append((owner, attr, real))
+            setattr(owner, attr, self._wrap(real, label))
+
+    def _wrap(self, real, label):
+        acc = self.acc
+
+        @functools.wraps(real)
+        def timed(*a, **k):
+            w, c = time.perf_counter(), time.thread_time()
+            try:
+                return real(*a, **k)
+            finally:
+                d = acc.setdefault(label, [0, 0.0, 0.0])
+                d[0] += 1
+                d[1] += time.perf_counter() - w
+                d[2] += time.thread_time() - c
+        return timed
+
+    def remove(self) -> dict:
+        for owner, attr, real in self.saved:
+            setattr(owner, attr, real)
+        return {k: {"calls": n, "wall_s": round(w, 4), "cpu_s": round(c, 4), "blocked_s": round(w - c, 4)}
+                for k, (n, w, c) in sorted(self.acc.items(), key=lambda kv: -kv[1][1])}
+
+
+def phase_targets(llm) -> list[tuple[object, str, str]]:
+    """The core thread's phases (schedule, update, outputs, the front end) and the step thread's (inputs, the
+    graph replay with its input copies, logits, sampling batch, sampler, the deferred host copies)."""
+    from octavo.core import async_engine, async_runner, model_runner, scheduler, step_builder
+    from octavo.core.engine_core import EngineCore
+
+    engine = llm.llm_engine
+    return [
+        (scheduler.Scheduler, "schedule", "core: scheduler.schedule"),
+        (scheduler.Scheduler, "update", "core: scheduler.update"),
+        (step_builder.StepBuilder, "build", "core: steps.build"),
+        (EngineCore, "_complete", "core: _complete (update + launch next + outputs)"),
+        (async_engine.AsyncStepLoop, "_launch", "core: _launch (schedule + build + hand-off)"),
+        (async_runner.DeferredOutput, "result", "core: DeferredOutput.result (waits for the step's tokens)"),
+        (type(engine.frontend), "process_outputs", "front end: process_outputs"),
+        (model_runner.ModelRunner, "execute", "step: execute (whole, until the sampler is queued)"),
+        (model_runner.ModelRunner, "update_states", "step: update_states"),
+        (model_runner, "build_step_inputs", "step: build_step_inputs"),
+        (model_runner, "build_sampling_batch", "step: build_sampling_batch"),
+        (async_runner.AsyncRunnerSteps, "prepare", "step: async prepare (placeholders)"),
+        (async_runner.AsyncRunnerSteps, "defer", "step: defer (host copies queued)"),
+    ]
+
+
+def gap_summary(rec: StepEvents, gcs: list[tuple[float, float, int]], top: int = 12) -> dict:
+    """Per-step GPU idle before the next forward: total, split by size, the largest gaps (with any GC pause that
+    overlapped the host interval between the two steps' forward calls)."""
+    steps = rec.steps
+    gaps = []
+    for i in range(len(steps) - 1):
+        s, n = steps[i], steps[i + 1]
+        fwd = s["e0"].elapsed_time(s["e1"])
+        smp = s["e1"].elapsed_time(s["e2"]) if "e2" in s else 0.0
+        idle = max(0.0, s["e0"].elapsed_time(n["e0"]) - fwd - smp)
+        gc_ms = sum(max(0.0, min(e, n["h0"]) - max(b, s["h0"])) for b, e, _ in gcs) * 1e3
+        gaps.append({"step": i, "rows": s["rows"], "tokens": s["tokens"], "graph": s["graph"], "idle_ms": idle,
+                     "gpu_ms": fwd + smp, "host_period_ms": (n["h0"] - s["h0"]) * 1e3, "gc_ms_between": gc_ms})
+    buckets = {"<0.05ms": [0, 0.0], "0.05-0.5ms": [0, 0.0], "0.5-2ms": [0, 0.0], ">2ms": [0, 0.0]}
+    for g in gaps:
+        k = ("<0.05ms" if g["idle_ms"] < 0.05 else "0.05-0.5ms" if g["idle_ms"] < 0.5 else
+             "0.5-2ms" if g["idle_ms"] < 2 else ">2ms")
+        buckets[k][0] += 1
+        buckets[k][1] += g["idle_ms"] / 1e3
+    worst = sorted(gaps, key=lambda g: -g["idle_ms"])[:top]
+    return {"idle_s": sum(g["idle_ms"] for g in gaps) / 1e3, "gpu_s": sum(g["gpu_ms"] for g in gaps) / 1e3,
+            "idle_with_gc_overlap_s": sum(g["idle_ms"] for g in gaps if g["gc_ms_between"] > 0) / 1e3,
+            "buckets": {k: {"steps": n, "idle_s": round(s, 4)} for k, (n, s) in buckets.items()},
+            "worst": [{k: round(v, 3) if isinstance(v, float) else v for k, v in g.items()} for g in worst]}
+
+
+def main() -> None:
+    import torch
+
+    from octavo import SamplingParams
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--budget-s", type=float, default=100.0)
+    ap.add_argument("--runs", nargs="*", default=["defaults", "probe", "gc_freeze", "defaults", "si_500", "gc_off"])
+    ap.add_argument("--dry", action="store_true", help="CPU: a tiny Qwen3, 24 requests; checks the hooks")
+    args = ap.parse_args()
+    for r in args.runs:
+        if r not in ("defaults", "probe", "gc_freeze", "gc_off", "unfreeze") and not r.startswith("si_"):
+            raise SystemExit(f"unknown run {r!r}")
+    if args.dry:
+        torch.cuda.synchronize = lambda *a: None  # gen_timed's syncs; nothing runs on a GPU here
+    res: dict = {"card": "cpu (dry run)" if args.dry else torch.cuda.get_device_name(),
+                 "command": " ".join(["python", *sys.argv]),
+                 "runs": []}
+
+    def save() -> None:
+        res["elapsed_s"] = time.perf_counter() - T0
+        with open(args.out, "w") as f:
+            json.dump(res, f, indent=1)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg, arch = qwen3_config()
+        kw = dict(max_model_len=4096, gpu_memory_utilization=0.9, max_num_seqs=256, max_num_batched_tokens=8192)
+        reqs = nanovllm_workload()
+        if args.dry:
+            cfg = dict(cfg, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                       num_key_value_heads=2, head_dim=16, vocab_size=512, bos_token_id=1, eos_token_id=2)
+            kw = dict(max_model_len=256, max_num_seqs=16, max_num_batched_tokens=256, async_scheduling=True)
+            reqs = [([t % 500 for t in ids[:40]], 1 + n % 24) for ids, n in nanovllm_workload(num=24)]
+        d = write_config(cfg, tmp, "qwen3-0.6b")
+        jit = JitMisses()
+        llm, worker, info = make_llm(d, **kw)
+        res.update(architecture=arch, fused=info.get("fused"), start_s=time.perf_counter() - T0,
+                   async_scheduling=llm.llm_engine.settings.scheduler.async_scheduling,
+                   gc_frozen_at_start=gc.get_freeze_count())
+        res["warmup_s"] = warm_up(llm, [(len(ids), 1 + i % 32) for i, (ids, _) in enumerate(reqs)], seed=11,
+                                  temperature=0.6, ids=(3, 500) if args.dry else (20000, 120000))
+        print(f"engine ready + warmed in {time.perf_counter() - T0:.1f} s (warm-up {res['warmup_s']:.1f} s), "
+              f"gc frozen objects {gc.get_freeze_count()}", flush=True)
+        save()
+        prompts = [{"prompt_token_ids": ids} for ids, _ in reqs]
+        params = [SamplingParams(max_tokens=n, ignore_eos=True, temperature=0.6) for _, n in reqs]
+        last = 10.0
+
+        for name in args.runs:
+            if time.perf_counter() - T0 + last * 1.4 + 2 > args.budget_s:
+                res["runs"].append({"run": name, "skipped": "time budget"})
+                continue
+            extra: dict = {}
+            undo = []
+            if name == "gc_freeze":
+                gc.collect()
+                gc.freeze()
+            elif name == "unfreeze":
+                gc.unfreeze()
+            elif name == "gc_off":
+                gc.disable()
+                undo.append(gc.enable)
+            elif name.startswith("si_"):
+                old = sys.getswitchinterval()
+                sys.setswitchinterval(int(name[3:]) * 1e-6)
+                undo.append(lambda old=old: sys.setswitchinterval(old))
+            rec = timers = None
+            if name == "probe":
+                rec = StepEvents(worker, (), 0)
+                timers = PhaseTimers(phase_targets(llm))
+            gcp = GCPauses()
+            core = llm.llm_engine.core
+            st0 = dict(core.step_timers.as_dict())
+            reset = llm.reset_prefix_cache()
+            mark = len(jit.log)
+            try:
+                dt, outs = gen_timed(llm, prompts, params)
+            finally:
+                for f in undo:
+                    f()
+                if rec is not None:
+                    rec.remove()
+            extra["gc"] = gcp.remove()
+            extra["gc_frozen_objects"] = gc.get_freeze_count()
+            st1 = core.step_timers.as_dict()
+            extra["step_timers"] = {k: round(st1[k] - st0[k], 4) for k in st1}
+            extra["triton_builds_in_run"] = jit.since(mark)
+            if timers is not None:
+                extra["phases"] = timers.remove()
+                extra["steps"] = rec.summary()
+                extra["gaps"] = gap_summary(rec, gcp.spans)
+            last = dt
+            total = sum(len(o.outputs[0].token_ids) for o in outs)
+            run = {"run": name, "seconds": dt, "output_tokens": total,
+                   "throughput_qwen3_0p6b_nanovllm_tok_s": total / dt, "prefix_cache_reset": reset, **extra}
+            print(json.dumps(run)[:4000], flush=True)
+            res["runs"].append(run)
+            save()
+        llm.llm_engine.shutdown()
+
+
+if __name__ == "__main__":
+    main()
