@@ -22,6 +22,7 @@ import argparse
 import json
 import os
 import random
+import signal
 import sys
 import tempfile
 import time
@@ -31,6 +32,14 @@ from gpu_e2e import LLAMA3_8B, JitMisses, gen_timed, make_llm, warm_up, write_co
 from nano_run_profile import VARIANTS, StepEvents, set_variant  # noqa: E402
 
 T0 = time.perf_counter()
+
+
+class Stopped(Exception):
+    """SIGTERM (the device script's ``timeout``) inside the hooked run: summarize the steps recorded so far."""
+
+
+def _on_term(signum, frame):
+    raise Stopped(f"signal {signum} after {time.perf_counter() - T0:.1f} s")
 
 
 class ContextEvents(StepEvents):
@@ -175,10 +184,23 @@ def main() -> None:
             timed("timed (defaults)")
         else:
             rec = ContextEvents(worker, tuple(args.windows), args.window)
+            signal.signal(signal.SIGTERM, _on_term)
             try:
                 timed("events (defaults, hooked: 3 CUDA events a step + profiler windows)")
+            except Stopped as e:  # partial: the steps so far (the run's JSON says so)
+                res["runs"].append({"run": "events (stopped)", "stopped": str(e), "steps_recorded": len(rec.steps)})
+                args.ab = []
             finally:
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                if rec.prof is not None:  # a window still open (the run was stopped inside it)
+                    try:
+                        rec.prof.stop()
+                    except Exception as e:  # noqa: BLE001 - stopped before the window's start: drop it
+                        res["window_error"] = repr(e)[:200]
+                    rec.prof = None
                 rec.remove()
+            if rec.steps and "e2" not in rec.steps[-1]:
+                rec.steps.pop()  # a step cut mid-way
             res["steps"] = rec.summary()
             res["windows"] = rec.windows
             res["split"] = model_split(rec.steps, weight_bytes, kv_per_token, lin_flops,

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Issue 17, engineer "tput", session 9: ONE GPU, hard bound 150 s a call (every step under `timeout`, the caps below
 # sum to <= 148 s). JSON + logs under $OUT/tput9/. One part per call, TPUT_PART=<part> (or the first argument):
-#   b1  (batch 1) gemm_rows.json: the 8B projections at 192-256 rows in a captured chain over weight copies beyond
-#       L2 (benchmarks/gemm_rows_bench.py --chain): cuBLAS, cuBLASLt, and each with the operands swapped (W @ x^T:
-#       rows as cuBLAS's N, no 64-row padding); then profile.json: benchmarks/tput_run_profile.py, the warmed
-#       512 x 1000/1000 8B run in one engine with CUDA events around every step (forward, logits + sampler, GPU idle
-#       before the next step), each step's rows and summed context against a byte/FLOP model, and two profiler
-#       windows of 8 decode steps (the ~211-row wave at decode step 300, the ~90-row tail wave at 2,600).
+#   b1  (batch 1) profile.json (cap 106 s + 8 s to summarize on SIGTERM): benchmarks/tput_run_profile.py, the warmed 512 x 1000/1000 8B run in one
+#       engine with CUDA events around every step (forward, logits + sampler, GPU idle before the next step), each
+#       step's rows and summed context against a byte/FLOP model, and two profiler windows of 8 decode steps (the
+#       ~211-row wave at decode step 300, the ~90-row tail wave at 2,600); then gemm_rows.json (cap 17 s): the 8B
+#       projections at 128-256 rows in a captured chain over weight copies beyond L2 (gemm_rows_bench.py --chain):
+#       cuBLAS, cuBLASLt, each also with the operands swapped (W @ x^T); then waves.json (the rest, ~17 s): one
+#       8B attention layer at the run's equal-context waves (211 / 90 requests x 1,500 keys), the launch table's
+#       entry vs other tiles and chunked split-KV (decode_attn_bench.py --plan waves).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 R="${OUT:-/tmp/out}/tput9"; mkdir -p "$R"
@@ -18,19 +20,20 @@ export OCTAVO_LOG_LEVEL=${OCTAVO_LOG_LEVEL:-warning}
 PART="${TPUT_PART:-${1:-b1}}"
 echo "== part $PART $(date -u +%T)"
 
-run() {  # cap seconds, log name, command...
+run() {  # cap seconds, log name, command... (KILL_AFTER: seconds from SIGTERM to SIGKILL, default 2)
   local cap=$1 log=$2; shift 2
   echo "== $* (cap $cap s) $(date -u +%T)"
-  timeout -k 2 "$cap" "$@" > "$R/$log" 2>&1
+  timeout -k "${KILL_AFTER:-2}" "$cap" "$@" > "$R/$log" 2>&1
   echo "exit $?"; grep -v "^\[transformers\]\|^USDT" "$R/$log" | tail -n "${TAIL:-80}"
 }
 
 case "$PART" in
   b1)
-    run 20 gemm_rows.log python benchmarks/gemm_rows_bench.py --out "$R/gemm_rows.json" --chain --budget 12 \
-      --shapes 8b_qkv 8b_o 8b_gate_up 8b_down --rows 216 256 192 208 224 128
-    cap=$(left); run "$cap" profile.log python benchmarks/tput_run_profile.py --out "$R/profile.json" \
-      --budget-s $((cap - 3)) ;;
+    KILL_AFTER=8 run 106 profile.log python benchmarks/tput_run_profile.py --out "$R/profile.json" --budget-s 108
+    run 17 gemm_rows.log python benchmarks/gemm_rows_bench.py --out "$R/gemm_rows.json" --chain --budget 10 \
+      --shapes 8b_qkv 8b_o 8b_gate_up 8b_down --rows 216 256 192 96 208 224 128
+    cap=$(left); [ "$cap" -gt 4 ] && run "$cap" waves.log python benchmarks/decode_attn_bench.py --plan waves \
+      --out "$R/waves.json" --budget $((cap - 6)) --rep 40 ;;
   *) echo "unknown TPUT_PART=$PART"; exit 2 ;;
 esac
 echo "total $(( $(date +%s) - START )) s"
