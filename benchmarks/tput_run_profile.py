@@ -9,10 +9,16 @@ measured GPU time of each step kind against a byte/FLOP model of the same steps 
 table once a step at ``--read-tbps``, linear-layer FLOPs at ``--tflops``, KV bytes of every context at the read
 rate): the per-step remainder the docs ask about (docs/performance.md "8B throughput, 1000/1000 x 512").
 
-Then, as the budget allows, ``--ab`` variants timed in the same engine (``nano_run_profile.VARIANTS`` names,
-graphs recaptured for each; the prefix cache emptied before every run).
+Then, as the budget allows, ``--ab`` variants run in the same engine, each with the step events (no profiler
+windows) and its own split, graphs recaptured for each, the prefix cache emptied before every run. A variant is
+``+``-joined settings applied to the defaults: a ``nano_run_profile.VARIANTS`` name (``defaults``, ``gemm_off``, ...),
+``launch:<OCTAVO_TRITON_DECODE_LAUNCH value>`` (the decode rows' attention launch), ``blas:cublaslt`` (torch's
+preferred BLAS library for every cuBLAS GEMM) or ``env:NAME=VALUE`` (a setting read at each lookup). A short
+workload (``--prompts 211 --out-len 256``: one wave) keeps each run near 10 s.
 
-    python benchmarks/tput_run_profile.py --out /tmp/tput.json [--budget-s 140] [--ab gemm_off defaults]
+    python benchmarks/tput_run_profile.py --out /tmp/tput.json [--budget-s 140]
+    python benchmarks/tput_run_profile.py --out /tmp/ab.json --no-events --prompts 211 --out-len 256 \
+        --ab defaults blas:cublaslt defaults blas:cublaslt
     python benchmarks/tput_run_profile.py --out /tmp/tput.json --dry   # CPU: a tiny Llama, checks the hooks
 """
 
@@ -30,6 +36,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpu_e2e import LLAMA3_8B, JitMisses, gen_timed, make_llm, warm_up, write_config  # noqa: E402
 from nano_run_profile import VARIANTS, StepEvents, set_variant  # noqa: E402
+
+ENV_SET: set[str] = set()  # names an ``env:`` / ``launch:`` setting put into os.environ (undone by the next variant)
 
 T0 = time.perf_counter()
 
@@ -100,6 +108,38 @@ def model_split(steps: list[dict], weight_bytes: float, kv_per_token: float, lin
                       "TFLOPs": flops / 1e12}}
 
 
+def apply_variant(worker, spec: str) -> float:
+    """Back to the defaults, then each ``+``-joined setting of ``spec``; recaptures the graphs (seconds)."""
+    import torch
+
+    from octavo.plugins.attention import triton as backend
+
+    for name in ENV_SET:
+        os.environ.pop(name, None)
+    ENV_SET.clear()
+    torch.backends.cuda.preferred_blas_library("cublas")
+    nano = "defaults"
+    for part in spec.split("+"):
+        kind, _, value = part.partition(":")
+        if part in VARIANTS:
+            nano = part
+        elif kind == "launch":
+            os.environ["OCTAVO_TRITON_DECODE_LAUNCH"] = value
+            ENV_SET.add("OCTAVO_TRITON_DECODE_LAUNCH")
+        elif kind == "blas" and value in ("cublas", "cublaslt"):
+            torch.backends.cuda.preferred_blas_library(value)
+        elif kind == "env" and "=" in value:
+            key, _, val = value.partition("=")
+            os.environ[key] = val
+            ENV_SET.add(key)
+        else:
+            raise ValueError(f"variant {spec!r}: {part!r} is not a VARIANTS name, launch:, blas:cublas(lt) or env:K=V")
+    for impl in [v for layer in worker.attn_layers for v in vars(layer).values()
+                 if isinstance(v, backend.TritonAttentionBackend)]:
+        impl._launches.clear()
+    return set_variant(worker, nano)  # clears the launches again, recaptures
+
+
 def main() -> None:
     import torch
 
@@ -109,10 +149,11 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--budget-s", type=float, default=140.0)
     ap.add_argument("--prompts", type=int, default=512)
+    ap.add_argument("--out-len", type=int, default=1000)
     ap.add_argument("--window", type=int, default=8, help="decode steps per profiler window")
     ap.add_argument("--windows", type=int, nargs="*", default=[300, 2600], help="decode step numbers opening one")
-    ap.add_argument("--ab", nargs="*", choices=sorted(VARIANTS), default=[])
-    ap.add_argument("--no-events", action="store_true", help="time the unhooked run first, then the --ab variants")
+    ap.add_argument("--ab", nargs="*", default=[], help="variants (see above), in this order")
+    ap.add_argument("--no-events", action="store_true", help="no hooked defaults run with profiler windows first")
     ap.add_argument("--read-tbps", type=float, default=3.02, help="the card's read rate (docs: 3.02-3.03)")
     ap.add_argument("--tflops", type=float, default=700.0, help="dense bf16 ceiling (docs: 697 measured)")
     ap.add_argument("--dry", action="store_true", help="CPU: a tiny Llama, 24 requests; checks the hooks")
@@ -132,7 +173,7 @@ def main() -> None:
 
     cfg = dict(LLAMA3_8B)
     kw = dict(max_model_len=4096, gpu_memory_utilization=0.9, max_num_seqs=512, max_num_batched_tokens=8192)
-    num, in_len, out_len, ids = args.prompts, 1000, 1000, (1000, 120000)
+    num, in_len, out_len, ids = args.prompts, 1000, args.out_len, (1000, 120000)
     if args.dry:
         cfg.update(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                    num_key_value_heads=2, vocab_size=512, bos_token_id=1, eos_token_id=2)
@@ -180,9 +221,7 @@ def main() -> None:
             res["runs"].append(run)
             save()
 
-        if args.no_events:
-            timed("timed (defaults)")
-        else:
+        if not args.no_events:
             rec = ContextEvents(worker, tuple(args.windows), args.window)
             signal.signal(signal.SIGTERM, _on_term)
             try:
@@ -212,11 +251,22 @@ def main() -> None:
                 for r in w["kernels"][:24]:
                     print(f"{r['us_per_step']:9.1f} us/step {r['calls_per_step']:6.1f}x  {r['name']}", flush=True)
             save()
-        for name in [] if args.dry else args.ab:
-            if not fits(last + 3):
+        for name in args.ab:
+            if not fits(last + 5):
                 res["runs"].append({"run": name, "skipped": "time budget"})
                 continue
-            timed(name, recapture_s=set_variant(worker, name))
+            cap = 0.0 if args.dry else apply_variant(worker, name)
+            rec = ContextEvents(worker, (), args.window)
+            try:
+                timed(name, recapture_s=cap)
+            finally:
+                rec.remove()
+            split = model_split(rec.steps, weight_bytes, kv_per_token, lin_flops, args.read_tbps * 1e12,
+                                args.tflops * 1e12)
+            res["runs"][-1]["split"] = {k: split[k] for k in ("by_kind", "totals")}
+            print(json.dumps({kind: {f: round(v, 4) for f, v in k.items()} for kind, k in split["by_kind"].items()}),
+                  flush=True)
+            save()
         save()
         llm.llm_engine.shutdown()
 
