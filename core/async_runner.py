@@ -68,6 +68,7 @@ class AsyncRunnerSteps:
         self.prev_rows: dict[str, int] = {}  # request id -> row in prev_sampled
         self.unpatched: list[DeferredOutput] = []  # steps whose tokens the runner's sequences still lack
         self._filled: tuple[list[str], torch.Tensor] | None = None  # this step's placeholder ids (device)
+        self.ranks_agree = False  # this step's sampled ids are bitwise equal on every TP rank (core/step_head.py)
 
     def prepare(self, batch: Any, inputs: Any, reqs: dict) -> None:
         """Patch known tokens into the runner's sequences, then write this step's placeholders on the device."""

@@ -16,6 +16,7 @@ from octavo.core.multimodal_rope import step_rope_positions
 from octavo.core.multimodal_runner import EncoderCache, build_mm_embeds
 from octavo.core.sampler import Sampler, compute_logprobs, gather_logprobs
 from octavo.core.spec_verify import fill_runner_output, first_logits_rows, verify_on_device
+from octavo.core.step_head import graph_head_sample
 from octavo.model import ForwardContext
 from octavo.step import PromptLogprobs, RunnerOutput, StepBatch
 
@@ -113,6 +114,10 @@ class ModelRunner:
                 self.spec_head.after_step(spec_step, hidden, inputs, {}, reqs, self.device)
             return result
 
+        if self.graph_runner is not None and getattr(self.graph_runner, "head", None) is not None:
+            sampled = graph_head_sample(self, batch, inputs, hidden, grammar)  # LM head + sampler replayed
+            if sampled is not None:
+                return self._finish(result, {"sampled": sampled}, inputs, reqs, hidden, spec_step)
         # Device work first: sampling and (prompt) logprobs; then one transfer to the host.
         logits = self.model.compute_logits(hidden[inputs.logits_indices]) if inputs.sample_req_ids else None
         sampling = None  # the sampler's per-row tensors, built before a parked sampling waits for its mask
@@ -151,6 +156,10 @@ class ModelRunner:
             k = reqs[rid].sampling_params.prompt_logprobs
             lp = compute_logprobs(self.model.compute_logits(hidden[rows.to(self.device)]))
             pending[("plp", rid)] = gather_logprobs(lp, targets.to(self.device), k)
+        return self._finish(result, pending, inputs, reqs, hidden, spec_step)
+
+    def _finish(self, result, pending, inputs, reqs, hidden, spec_step) -> RunnerOutput:
+        """The step's device results (``pending``) to the host, now or (async scheduling) a step later."""
         if self.async_steps is not None:  # async scheduling: the host reads these tokens later (core/async_runner.py)
             return self.async_steps.defer(result, pending, inputs, reqs)
         host = _to_host(pending, self.synchronize)

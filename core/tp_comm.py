@@ -137,7 +137,8 @@ class TPAsyncRunnerSteps(AsyncRunnerSteps):
         from octavo.nn.parallel import get_tp_group
 
         sampled = pending.get("sampled")
-        if sampled is not None:
+        agree, self.ranks_agree = self.ranks_agree, False
+        if sampled is not None and not agree:  # agree: the LM head graph's shard argmax (core/step_head.py)
             if not sampled.is_contiguous():
                 sampled = pending["sampled"] = sampled.contiguous()
             from octavo.nn import parallel

@@ -92,6 +92,10 @@ def maybe_capture_cuda_graphs(handle: ModelHandle) -> CUDAGraphRunner | None:
             *args, verify_shapes=handle.spec_verify_shapes)
     else:
         runner = CUDAGraphRunner(*args)
+    from octavo.plugins.platforms.cuda_graph_head import make_graph_head
+
+    runner.head = make_graph_head(  # LM head + sampler graphs (issue 17), captured with the body's
+        handle.model, handle.device, runner.capture_sizes)
     try:
         runner.capture()
     except Exception as e:  # an uncapturable model or backend must not stop the engine
@@ -126,6 +130,7 @@ class CUDAGraphRunner:
         self.outputs: dict[int, torch.Tensor] = {}
         self.metadata: dict[int, object] = {}
         self.pool = None
+        self.head = None  # cuda_graph_head.GraphHead: LM head + sampler graphs replayed after the body's
         self.num_replays = 0
         self.capture_seconds, self.capture_bytes = 0.0, 0
 
@@ -166,11 +171,19 @@ class CUDAGraphRunner:
             with torch.cuda.graph(graph, pool=self.pool):
                 out = self.model(ids, pos, ctx)
             self.graphs[size], self.outputs[size], self.metadata[size] = graph, out, metadata
+            if self.head is not None and size <= self.head.max_size:
+                try:  # reads ``out``; captured before smaller sizes reuse the pool's memory
+                    self.head.capture(size, out, self.pool)
+                except Exception as e:  # the head graphs are optional: the eager head stays
+                    logger.warning("LM head graph capture failed (%s: %s); eager LM head and sampler",
+                                   type(e).__name__, e)
+                    self.head = None
         torch.cuda.synchronize(self.device)
         self.capture_bytes = free_before - torch.cuda.mem_get_info(self.device)[0]
         self.capture_seconds = time.perf_counter() - t0
-        logger.info("Captured CUDA graphs for %d decode batch sizes (1..%d) in %.1f s, %.0f MiB",
-                    len(self.graphs), self.max_size, self.capture_seconds, self.capture_bytes / 2**20)
+        logger.info("Captured CUDA graphs for %d decode batch sizes (1..%d) in %.1f s, %.0f MiB%s",
+                    len(self.graphs), self.max_size, self.capture_seconds, self.capture_bytes / 2**20,
+                    f"; LM head + sampler graphs up to {self.head.max_size} rows" if self.head else "")
 
     # --- replay --------------------------------------------------------------------------------------
     def can_run(self, layout: AttentionLayout) -> bool:

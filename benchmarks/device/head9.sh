@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Issues 17 item 2 / 9 / 12 (engineer "head", session 9): the LM head + sampler inside the CUDA graphs
+# (plugins/platforms/cuda_graph_head.py), on vs off in the same engine (benchmarks/graph_head_ab.py). NEEDS 2 GPUs.
+# Hard bound 245 s (expected ~150 s); JSON + logs under $OUT/head9/. HEAD9_PARTS (default "lanes tp2") picks:
+#   lanes (<= 120 s) two one-GPU lanes at once: GPU 0 = 8B bf16 bs1 A/B (cap 70 s) then the 1-GPU tests
+#         (tests/gpu/test_graph_head_gpu.py, cap 50 s); GPU 1 = 8B fp8 + fp8 KV bs1 A/B (cap 70 s)
+#   tp2   (<= 125 s) both GPUs: 8B bf16 TP=2 bs1 A/B (mp, cap 75 s) then the TP=2 test (cap 50 s)
+# Every engine warms both modes (16 tokens each) before its timed rounds. NVLink multicast is left as it is.
+set -u
+cd "$(dirname "$0")/../.."
+R="${OUT:-/tmp/out}/head9"; mkdir -p "$R"
+PARTS=" ${HEAD9_PARTS:-lanes tp2} "
+has() { [[ $PARTS == *" $1 "* ]]; }
+git rev-parse HEAD > "$R/commit.txt" 2>/dev/null
+git status --short > "$R/tree_status.txt" 2>/dev/null
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$R/gpus.csv" 2>&1; cat "$R/gpus.csv"
+export OCTAVO_LOG_LEVEL=${OCTAVO_LOG_LEVEL:-warning}
+unset OCTAVO_GRAPH_HEAD OCTAVO_GRAPH_HEAD_MAX_SIZE
+
+run() {  # cap seconds, log name, command...: one bounded step, its tail printed
+  local cap=$1 log=$2; shift 2
+  echo "== $log: $* (cap $cap s) $(date -u +%T)"
+  local t0=$SECONDS
+  timeout -k 3 "$cap" "$@" > "$R/$log" 2>&1
+  echo "$log exit $? in $((SECONDS - t0)) s" | tee -a "$R/exits.txt"
+  grep -v "^\[transformers\]\|^USDT\| INFO " "$R/$log" | tail -n 14 | cut -c1-600
+}
+
+if has lanes; then
+  ( export CUDA_VISIBLE_DEVICES=0
+    run 70 bf16_tp1.log env OCTAVO_GRAPH_HEAD=1 python benchmarks/graph_head_ab.py --dtype bf16 --out "$R/bf16_tp1.json"
+    run 50 gpu_test_tp1.log python -m pytest -q -p no:cacheprovider -x tests/gpu/test_graph_head_gpu.py \
+      -k "not tp2" ) > "$R/lane0.txt" 2>&1 &
+  ( export CUDA_VISIBLE_DEVICES=1
+    run 70 fp8_tp1.log env OCTAVO_GRAPH_HEAD=1 python benchmarks/graph_head_ab.py --dtype fp8 --out "$R/fp8_tp1.json"
+  ) > "$R/lane1.txt" 2>&1 &
+  wait
+  cat "$R/lane0.txt" "$R/lane1.txt"
+fi
+if has tp2; then
+  run 75 bf16_tp2.log env OCTAVO_GRAPH_HEAD=1 python benchmarks/graph_head_ab.py --dtype bf16 --tp 2 \
+    --copy-rate 3.01e12 --out "$R/bf16_tp2.json"
+  sleep 1  # a killed run's workers exit within ~1 s and free their GPUs
+  run 50 gpu_test_tp2.log python -m pytest -q -p no:cacheprovider -x tests/gpu/test_graph_head_gpu.py -k tp2
+fi
+python3 - "$R" <<'EOF'
+import json, os, sys
+r = sys.argv[1]
+out = {}
+for name in ("bf16_tp1", "fp8_tp1", "bf16_tp2"):
+    p = os.path.join(r, name + ".json")
+    if os.path.exists(p):
+        d = json.load(open(p))
+        out[name] = {k: d.get(k) for k in ("mean_ms_on", "mean_ms_off", "fraction_on", "fraction_off",
+                                            "greedy_tokens_identical", "graph_ms_by_rank", "checks", "card")}
+if "bf16_tp1" in out and "bf16_tp2" in out:
+    for m in ("on", "off"):
+        a, b = out["bf16_tp2"].get(f"mean_ms_{m}"), out["bf16_tp1"].get(f"mean_ms_{m}")
+        if a and b:
+            out[f"tp2_over_tp1_{m}"] = a / b
+print(json.dumps(out, indent=1))
+json.dump(out, open(os.path.join(r, "summary.json"), "w"), indent=1)
+EOF
