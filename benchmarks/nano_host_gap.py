@@ -18,6 +18,7 @@ seconds per generation; the GC holds the GIL, so a pause stops the core thread a
              that long (Python's default is 5 ms)
 
     python benchmarks/nano_host_gap.py --out /tmp/gap.json [--budget-s 100] [--runs defaults probe gc_off ...]
+        [--prefill-profile]   # last, if the budget allows: the kernel table of one 8k-token prefill step
     python benchmarks/nano_host_gap.py --out /tmp/gap.json --dry   # CPU: a tiny Qwen3, checks the hooks
 
 Runs stop being started when ``--budget-s`` would be exceeded; the JSON is written after every run.
@@ -148,6 +149,33 @@ def gap_summary(rec: StepEvents, gcs: list[tuple[float, float, int]], top: int =
             "worst": [{k: round(v, 3) if isinstance(v, float) else v for k, v in g.items()} for g in worst]}
 
 
+def prefill_profile(llm, reqs, SamplingParams) -> dict:
+    """Kernel table of ONE prefill step like the run's (the workload's first prompts up to 8,192 tokens, ids shifted
+    so nothing is a prefix hit, one output token each: one forward), CUDA activities only. Last: the profiler stays
+    loaded in the process afterwards."""
+    from nano_sampler import kernel_table
+    from torch.profiler import ProfilerActivity, profile
+
+    llm.reset_prefix_cache()
+    prompts, n = [], 0
+    for ids, _ in reqs:
+        if n + len(ids) > 8192:
+            break
+        prompts.append({"prompt_token_ids": [(t + 7) % 10000 for t in ids]})
+        n += len(ids)
+    params = [SamplingParams(max_tokens=1, ignore_eos=True, temperature=0.6)] * len(prompts)
+    gen_timed(llm, prompts, params)  # same shapes once unprofiled (nothing compiles under the profiler)
+    llm.reset_prefix_cache()
+    import torch
+
+    with profile(activities=[ProfilerActivity.CUDA if torch.cuda.is_available() else ProfilerActivity.CPU]) as prof:
+        dt, _ = gen_timed(llm, prompts, params)
+    rows = kernel_table(prof, 1, limit=30)
+    return {"prompts": len(prompts), "tokens": n, "wall_s": dt,
+            "gpu_kernels_us": round(sum(r["us_per_step"] for r in kernel_table(prof, 1, limit=10_000)), 1),
+            "kernels": rows}
+
+
 def main() -> None:
     import torch
 
@@ -157,6 +185,7 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--budget-s", type=float, default=100.0)
     ap.add_argument("--runs", nargs="*", default=["defaults", "probe", "gc_freeze", "defaults", "si_500", "gc_off"])
+    ap.add_argument("--prefill-profile", action="store_true", help="last: kernel table of one 8k-token prefill step")
     ap.add_argument("--dry", action="store_true", help="CPU: a tiny Qwen3, 24 requests; checks the hooks")
     args = ap.parse_args()
     for r in args.runs:
@@ -246,6 +275,10 @@ def main() -> None:
                    "throughput_qwen3_0p6b_nanovllm_tok_s": total / dt, "prefix_cache_reset": reset, **extra}
             print(json.dumps(run)[:4000], flush=True)
             res["runs"].append(run)
+            save()
+        if args.prefill_profile and not args.dry and time.perf_counter() - T0 + 6 < args.budget_s:
+            res["prefill_step"] = prefill_profile(llm, reqs, SamplingParams)
+            print(json.dumps(res["prefill_step"])[:3000], flush=True)
             save()
         llm.llm_engine.shutdown()
 
