@@ -51,11 +51,21 @@ def _on_term(signum, frame):
 
 
 class ContextEvents(StepEvents):
-    """``StepEvents`` + each step's summed context (the KV tokens its attention reads)."""
+    """``StepEvents`` + each step's summed context (the KV tokens its attention reads), and a profiler window
+    opened at the ``prefill_at``-th step that carries prompt tokens (``StepEvents`` opens them at decode steps)."""
+
+    def __init__(self, worker, windows: tuple[int, ...], window: int, prefill_at: int = 0) -> None:
+        super().__init__(worker, windows, window)
+        self.prefill_seen, self.prefill_at = 0, prefill_at
 
     def _forward(self, inputs, *a, **k):
+        lay = inputs.layout
+        if lay.max_query_len > 1:
+            self.prefill_seen += 1
+            if self.prefill_seen == self.prefill_at and self.prof is None:
+                self._open(lay.num_reqs)
         out = super()._forward(inputs, *a, **k)
-        self.steps[-1]["ctx"] = int(inputs.layout.seq_lens.sum())
+        self.steps[-1]["ctx"] = int(lay.seq_lens.sum())
         return out
 
 
@@ -152,6 +162,8 @@ def main() -> None:
     ap.add_argument("--out-len", type=int, default=1000)
     ap.add_argument("--window", type=int, default=8, help="decode steps per profiler window")
     ap.add_argument("--windows", type=int, nargs="*", default=[300, 2600], help="decode step numbers opening one")
+    ap.add_argument("--prefill-window", type=int, default=30,
+                    help="the step with prompt tokens (counted from 1) opening a window of --window steps; 0: none")
     ap.add_argument("--ab", nargs="*", default=[], help="variants (see above), in this order")
     ap.add_argument("--no-events", action="store_true", help="no hooked defaults run with profiler windows first")
     ap.add_argument("--read-tbps", type=float, default=3.02, help="the card's read rate (docs: 3.02-3.03)")
@@ -222,7 +234,7 @@ def main() -> None:
             save()
 
         if not args.no_events:
-            rec = ContextEvents(worker, tuple(args.windows), args.window)
+            rec = ContextEvents(worker, tuple(args.windows), args.window, args.prefill_window)
             signal.signal(signal.SIGTERM, _on_term)
             try:
                 timed("events (defaults, hooked: 3 CUDA events a step + profiler windows)")
