@@ -9,7 +9,8 @@ graphs, same weights), ``on off off on ...``:
   prefill cancels; contexts 513..768), and its fraction of the roofline: every parameter byte of a rank + the
   16-bit KV bytes at the mean context, over the copy rate (benchmarks/fp8_bs1.py's and gpu_e2e.py's formula);
 - the greedy tokens of every measurement (they must all be equal) and the head graph replays of each mode;
-- per rank: the one-row body graph replayed alone vs body + greedy head graph (device time, no host);
+- per rank: the one-row body graph replayed alone vs body + greedy head graph (device time, no host), and the
+  head's one-row GEMM alone, cuBLAS (what the head runs) vs the body's Triton GEMV (cuda_fusions.gemv);
 - exactness checks: seeded temperature-0.8 sampling, unseeded sampling after ``torch.manual_seed`` (TP=1: the key
   base comes from this process's generator), and a logprobs request (falls back to the eager head), each on vs off.
 
@@ -62,6 +63,28 @@ def graph_ms(worker, iters: int) -> dict:
         end.record()
         end.synchronize()
         out[name] = start.elapsed_time(end) / iters
+    head_w = getattr(getattr(worker.model, "lm_head", None), "weight", None)
+    if head_w is not None:  # the head's one-row GEMM alone: cuBLAS (the eager head's F.linear) vs the Triton GEMV
+        from octavo.plugins.platforms.cuda_fusions import gemv
+
+        x = gr.outputs[1]
+        for name, fn in (("head_cublas", lambda: torch.nn.functional.linear(x, head_w)),
+                         ("head_gemv", lambda: gemv(x, head_w))):
+            try:
+                for _ in range(3):
+                    fn()
+                torch.cuda.synchronize(worker.device)
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                for _ in range(50):
+                    fn()
+                end.record()
+                end.synchronize()
+                ms = start.elapsed_time(end) / 50
+                out[name] = ms
+                out[name + "_TBps"] = head_w.numel() * head_w.element_size() / (ms * 1e-3) / 1e12
+            except Exception as e:  # noqa: BLE001 - a timing, not the A/B
+                out[name] = f"{type(e).__name__}: {e}"
     return out
 
 
