@@ -198,6 +198,7 @@ def task_decode_bs1(args, tmp) -> dict:
     res = {"copy_bandwidth_TBps": bw / 1e12, "weights_GB": weight_bytes / 1e9, "load_s": load_s,
            "fused": info.get("fused"), "graph_sizes": len(info.get("graph_sizes") or []),
            "graph_replays": gr.num_replays if gr else 0, "kv_blocks": worker.num_blocks,
+           "kv_sizing": getattr(worker, "kv_sizing", None),  # the sizing pass's device readings (core/profiling.py)
            "graph_capture_s": gr.capture_seconds if gr else None,
            "graph_capture_MiB": gr.capture_bytes / 2**20 if gr else None,
            "decode_ms_per_token": per_tok * 1e3, **windows, "roofline_ms": roof * 1e3,
@@ -238,6 +239,9 @@ def task_decode_bs1(args, tmp) -> dict:
         res["throughput_triton_build_keys_in_timed_run"] = jit.keys_since(mark)  # which specialization was missed
         total = sum(len(o.outputs[0].token_ids) for o in outs)
         after = llm.llm_engine.get_stats()  # the schedule: steps, preemptions, prompt tokens computed (recomputes)
+        free, dev_total = torch.cuda.mem_get_info()  # what the run left of the device (the sizing's margin)
+        res["throughput_memory_GiB"] = {"peak_torch_reserved": torch.cuda.max_memory_reserved() / 2**30,
+                                        "free_after": free / 2**30, "total": dev_total / 2**30}
         res.update({"throughput_prompts": num, "throughput_s": dt, "throughput_output_tokens": total,
                     "throughput_8b_1000_1000_tok_s": total / dt,
                     "kv_admission": llm.llm_engine.core.settings.scheduler.kv_admission,

@@ -1,7 +1,8 @@
 """The profiling pass that sizes the KV cache on devices whose free memory can be measured.
 
 It runs one forward pass at the step's full token budget (with a temporary, minimal KV cache) plus the
-logits of ``max_num_seqs`` rows, so the allocator reserves the activation peak before the cache is sized.
+logits of ``max_num_seqs`` rows, so the allocator reserves the activation peak before the cache is sized
+(:func:`kv_budget_from_profile` reads the device around it).
 """
 
 from __future__ import annotations
@@ -44,3 +45,41 @@ def profile_run(worker) -> None:
     del hidden, temp
     for layer in layers:
         layer.bind(None, None)
+
+
+def kv_budget_from_profile(worker) -> tuple[int, dict]:
+    """Bytes the KV cache may take of ``gpu_memory_utilization`` x the device, and the readings behind them.
+
+    The allocator's cached-but-free blocks are handed back to the device before the profile run
+    (``platform.empty_cache`` where it has one): after loading they are the loader's freed temporaries (the
+    dummy loader's float32 draws, as large as the largest weight; online quantization's float32 copies),
+    which the engine never needs again. Counted as used, as the reading did before session 9, they cost
+    the KV cache that many bytes (``cached_free_released_GiB`` below says how many). What the profile run then reserves (its activation peak, with
+    the allocator's rounding) stays counted, as does every byte outside the allocator (the device context,
+    loaded kernels). Memory taken later (CUDA graph pools, the sampler's rows) comes from the
+    ``1 - gpu_memory_utilization`` left over, as before.
+    """
+    plat = worker.platform
+    index = worker.device.index or 0  # this rank's device, not device 0
+    total = plat.memory_total(index)
+    gib = 2 ** 30
+    used_loaded = total - plat.memory_free(index)
+    if hasattr(plat, "empty_cache"):
+        plat.empty_cache()
+    used_before = total - plat.memory_free(index)
+    if hasattr(plat, "reset_peak_memory_stats"):
+        plat.reset_peak_memory_stats(index)
+    profile_run(worker)
+    used = total - plat.memory_free(index)
+    budget = max(0, int(total * worker.settings.cache.gpu_memory_utilization) - used)
+    info = {"total_GiB": total / gib, "used_after_load_GiB": used_loaded / gib,
+            "cached_free_released_GiB": (used_loaded - used_before) / gib,
+            "used_before_profile_GiB": used_before / gib, "used_after_profile_GiB": used / gib,
+            "profile_added_GiB": (used - used_before) / gib, "kv_budget_GiB": budget / gib}
+    if hasattr(plat, "peak_memory_allocated"):  # torch's own view: peak tensors vs the allocator's reservation
+        info["torch_peak_allocated_GiB"] = plat.peak_memory_allocated(index) / gib
+    if hasattr(plat, "memory_reserved"):
+        reserved = plat.memory_reserved(index)
+        info["torch_reserved_GiB"] = reserved / gib
+        info["outside_torch_GiB"] = (used - reserved) / gib  # device context, loaded kernels, library handles
+    return budget, info

@@ -138,6 +138,7 @@ class Worker:
             self.attn_backend_cls = None
         if self.attn_layers:  # an fp8 KV cache this device or backend cannot run fails here (nn/kv_quant.py)
             check_kv_cache_dtype(settings.cache.kv_cache_dtype, self.attn_backend_cls, self.device)
+        self.kv_sizing: dict = {}  # the profiled sizing pass's device readings (GPUs; core/profiling.py)
         self.num_blocks = self._determine_num_blocks()
         start_phase("attention backend + KV cache size (profile run)")
         self._allocate_kv_cache()
@@ -222,14 +223,14 @@ class Worker:
 
     def _profile_free_bytes(self) -> int:
         """Run the largest batch once so activation memory is reserved, then give the KV cache what is left
-        of ``gpu_memory_utilization`` of the device (vendor-neutral: uses the platform's memory readings)."""
-        from octavo.core.profiling import profile_run
+        of ``gpu_memory_utilization`` of the device (vendor-neutral: uses the platform's memory readings;
+        ``self.kv_sizing`` keeps them, core/profiling.py says what is counted)."""
+        from octavo.core.profiling import kv_budget_from_profile
 
-        profile_run(self)
-        index = self.device.index or 0  # this rank's device, not device 0
-        total = self.platform.memory_total(index)
-        used = total - self.platform.memory_free(index)
-        return max(0, int(total * self.settings.cache.gpu_memory_utilization) - used)
+        budget, self.kv_sizing = kv_budget_from_profile(self)
+        logger.info("KV sizing (GiB): %s", ", ".join(f"{k.removesuffix('_GiB')} {v:.2f}"
+                                                    for k, v in self.kv_sizing.items()))
+        return budget
 
     def _allocate_kv_cache(self) -> None:
         from octavo.core.lazy_zeros import zeros as lazy_zeros

@@ -174,6 +174,13 @@ class TorchGpuPlatform(Platform):
 
         return int(torch.cuda.max_memory_allocated(index))
 
+    def memory_reserved(self, index: int = 0) -> int:
+        """Bytes PyTorch's allocator holds from the device (tensors + its cache); the rest of the used memory
+        is outside torch (context, kernels): the KV sizing pass logs both (core/profiling.py)."""
+        import torch
+
+        return int(torch.cuda.memory_reserved(index))
+
     def reset_peak_memory_stats(self, index: int = 0) -> None:
         import torch
 

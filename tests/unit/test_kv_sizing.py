@@ -1,0 +1,74 @@
+"""The KV sizing pass's arithmetic (core/profiling.py ``kv_budget_from_profile``) on a pretend device.
+
+The device here keeps a loader's freed temporaries in its allocator cache until ``empty_cache``: the budget must
+not count them, must count what the profile run reserves and what lives outside the allocator, and must read the
+rank's own device."""
+
+from types import SimpleNamespace
+
+import pytest
+
+import octavo.core.profiling as profiling
+
+GIB = 2 ** 30
+
+
+class FakeDevice:
+    """total 80 GiB; 0.5 GiB outside the allocator; weights 9 GiB; 3 GiB cached free after loading."""
+
+    def __init__(self, has_empty_cache: bool = True) -> None:
+        self.total, self.outside, self.allocated, self.cached = 80 * GIB, GIB // 2, 9 * GIB, 3 * GIB
+        self.peak = self.allocated + 4 * GIB  # the loader's peak, before any reset
+        self.indexes: set[int] = set()
+        if has_empty_cache:
+            self.empty_cache = self._empty_cache
+
+    def memory_total(self, index: int = 0) -> int:
+        self.indexes.add(index)
+        return self.total
+
+    def memory_free(self, index: int = 0) -> int:
+        self.indexes.add(index)
+        return self.total - self.outside - self.allocated - self.cached
+
+    def _empty_cache(self) -> None:
+        self.cached = 0
+
+    def reset_peak_memory_stats(self, index: int = 0) -> None:
+        self.peak = self.allocated
+
+    def peak_memory_allocated(self, index: int = 0) -> int:
+        return self.peak
+
+    def memory_reserved(self, index: int = 0) -> int:
+        return self.allocated + self.cached
+
+    def profile(self, _worker) -> None:  # activations of 1.25 GiB, freed into the cache (1.5 GiB reserved)
+        self.peak = max(self.peak, self.allocated + GIB + GIB // 4)
+        self.cached = max(self.cached, GIB + GIB // 2)
+
+
+def worker_on(device: FakeDevice, index: int = 1) -> SimpleNamespace:
+    return SimpleNamespace(platform=device, device=SimpleNamespace(index=index),
+                           settings=SimpleNamespace(cache=SimpleNamespace(gpu_memory_utilization=0.9)))
+
+
+def test_budget_drops_the_loaders_cached_blocks_and_keeps_the_profiles(monkeypatch: pytest.MonkeyPatch) -> None:
+    dev = FakeDevice()
+    monkeypatch.setattr(profiling, "profile_run", dev.profile)
+    budget, info = profiling.kv_budget_from_profile(worker_on(dev))
+    used = dev.outside + 9 * GIB + GIB + GIB // 2  # context + weights + what the profile run keeps reserved
+    assert budget == int(80 * GIB * 0.9) - used
+    assert info["cached_free_released_GiB"] == pytest.approx(3.0)
+    assert info["profile_added_GiB"] == pytest.approx(1.5)
+    assert info["outside_torch_GiB"] == pytest.approx(0.5)
+    assert info["torch_peak_allocated_GiB"] == pytest.approx(10.25)  # reset before the profile: not the loader's
+    assert dev.indexes == {1}
+
+
+def test_without_empty_cache_the_cached_blocks_stay_counted(monkeypatch: pytest.MonkeyPatch) -> None:
+    dev = FakeDevice(has_empty_cache=False)
+    monkeypatch.setattr(profiling, "profile_run", dev.profile)
+    budget, info = profiling.kv_budget_from_profile(worker_on(dev, index=0))
+    assert budget == int(80 * GIB * 0.9) - (dev.outside + 9 * GIB + 3 * GIB)  # the old, conservative reading
+    assert info["cached_free_released_GiB"] == 0
