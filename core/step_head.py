@@ -11,12 +11,14 @@ from __future__ import annotations
 import torch
 
 from octavo.core.input_batch import build_sampling_batch
+from octavo.core.sampler import filter_thresholds
 
 
 def head_mode(states, fused_ok: bool) -> str | None:
-    """``"greedy"``, ``"random"`` or ``None`` (eager head) for the requests sampling this step (their
-    :class:`~octavo.core.input_batch.CachedRequestState`, row order). ``fused_ok``: the eager sampler takes the
-    fused kernel for a batch with random rows and no filters (``Sampler.uses_fused``), and the head has it."""
+    """``"greedy"``, ``"random"`` (no row filters), ``"filtered"`` (some row has top-k / top-p / min-p) or ``None``
+    (eager head) for the requests sampling this step (their :class:`~octavo.core.input_batch.CachedRequestState`,
+    row order). ``fused_ok``: the platform has the fused sampler and the head its graphs; random modes are then
+    still checked against the step's ``SamplingBatch`` (``Sampler.uses_fused``) by :func:`graph_head_sample`."""
     random = filtered = False
     for r in states:
         p = r.sampling_params
@@ -26,9 +28,11 @@ def head_mode(states, fused_ok: bool) -> str | None:
             return None
         random = random or p.temperature != 0
         filtered = filtered or p.top_k > 0 or p.top_p < 1.0 or p.min_p > 0
-    if not random:  # all greedy: the eager sampler takes the plain argmax whatever the filters say
+    if not random:  # all greedy: the eager sampler takes the plain argmax (SamplingParams drops greedy filters)
         return "greedy"
-    return "random" if fused_ok and not filtered else None  # filters: the eager path's thresholds (not captured)
+    if not fused_ok:  # the eager torch sampler draws other noise: no graph gives its tokens
+        return None
+    return "filtered" if filtered else "random"
 
 
 def step_qualifies(runner, batch, inputs, grammar) -> bool:
@@ -49,8 +53,7 @@ def graph_head_sample(runner, batch, inputs, hidden: torch.Tensor, grammar) -> t
         return None
     states = [runner.requests[rid] for rid in inputs.sample_req_ids]
     sampler = runner.sampler
-    fused_ok = sampler.kernel is not None and (sampler.force_fused or sampler.fused) and "random" in head.modes
-    mode = head_mode(states, fused_ok)
+    mode = head_mode(states, sampler.kernel is not None and "random" in head.modes)
     if mode is None:
         return None
     n = hidden.shape[0]
@@ -59,4 +62,8 @@ def graph_head_sample(runner, batch, inputs, hidden: torch.Tensor, grammar) -> t
             runner.async_steps.ranks_agree = True  # every rank reduced the same gathered pairs: no broadcast
         return head.sample("greedy", n)
     sampling = build_sampling_batch(states, runner.vocab_size, runner.device, runner.generators)
-    return head.sample("random", n, sampling)
+    if not sampler.uses_fused(None, sampling):  # the eager sampler would take the torch path (other draws)
+        return None
+    if mode == "random":
+        return head.sample("random", n, sampling)
+    return head.sample("filtered", n, sampling, filter_thresholds(head.logits(n), sampling))

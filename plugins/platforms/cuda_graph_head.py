@@ -3,12 +3,15 @@
 Why: at batch 1 on the Llama-3-8B shape the captured decode graph is the model body only; the LM head (one
 1.05 GB GEMM), the sampler and their launches ran eagerly after it, ~0.45 ms of a 3.73 ms fp8 token
 (docs/performance.md). Here, for each captured batch size up to ``OCTAVO_GRAPH_HEAD_MAX_SIZE`` (default 16), two
-more graphs are captured on the body graph's output buffer, in the same memory pool:
+more graphs (four with Triton) are captured on the body graph's output buffer, in the same memory pool:
 
     greedy : logits = model.compute_logits(hidden); sampled = logits.argmax(-1)
              (TP > 1: each rank takes max + argmax of its vocabulary shard and the (value, index) pairs are
              all-gathered, :func:`shard_argmax`; the full logits are never gathered)
     random : logits = model.compute_logits(hidden); sampled = fused_sample(logits, T, keys)   (cuda_sampler.py)
+    logits + filtered : the same in two graphs, for rows with top-k / top-p / min-p: the core computes the eager
+             sampler's per-row thresholds (core/sampler.py filter_thresholds) from the first graph's logits
+             between the two replays; the second samples with them (fused_sample's ``thresholds``)
 
 The random graph reads each row's temperature and Philox key from static device buffers that the host fills per
 step with exactly the keys the eager fused sampler would derive (``unseeded_base`` from torch's CPU generator,
@@ -18,10 +21,11 @@ the eager fused sampler's, and the RNG state lives on the host side of that cont
 Exactness: the core (``core/step_head.py``) replays a head graph only when the eager path it replaces would compute
 the same bits: the body graph ran at exactly the step's size (:meth:`GraphHead.ready`; no padding rows, so the head
 GEMM has the eager path's shape), every scheduled request samples one row in order, and no request needs logprobs,
-penalties, logit bias, allowed tokens, min_tokens bans, top-k / top-p / min-p on a random row, a grammar mask, LoRA
-or a speculator; random rows also need the fused sampler to be the eager choice. Anything else runs the eager head
-on the body graph's hidden states, as before. ``OCTAVO_GRAPH_HEAD=1`` / ``0``: captured or not (default
-:data:`DEFAULT_ON`); :attr:`GraphHead.active` switches it at run time (the benchmarks' same-process A/B).
+penalties, logit bias, allowed tokens, min_tokens bans, a grammar mask, LoRA or a speculator; random rows also need
+the fused sampler to be the eager sampler's choice for the step (``Sampler.uses_fused``: e.g. not top-p without a
+top-k). Anything else runs the eager head on the body graph's hidden states, as before. ``OCTAVO_GRAPH_HEAD=1`` /
+``0``: captured or not (default :data:`DEFAULT_ON`); :attr:`GraphHead.active` switches it at run time (the
+benchmarks' same-process A/B).
 """
 
 from __future__ import annotations
@@ -84,6 +88,7 @@ class GraphHead:
         self.active = True
         self.temperature = torch.zeros(max_size, dtype=torch.float32, device=device)
         self.keys = torch.zeros(max_size, dtype=torch.int64, device=device)
+        self.thresholds = torch.full((max_size,), float("-inf"), dtype=torch.float32, device=device)
         self.graphs: dict[tuple[int, str], torch.cuda.CUDAGraph] = {}
         self.outputs: dict[tuple[int, str], torch.Tensor] = {}
         self.body_outputs: dict[int, torch.Tensor] = {}  # size -> the body graph's output buffer the head reads
@@ -92,12 +97,12 @@ class GraphHead:
             from octavo.plugins.platforms.cuda_sampler import fused_sample
 
             self._fused_sample = fused_sample
-            self.modes.append("random")
+            self.modes += ["random", "filtered"]
         except ImportError:  # no Triton: greedy steps only
             self._fused_sample = None
         self.shard = None
         self.agrees = False  # greedy ids are bitwise the same on every rank (shard path): no broadcast needed
-        self.num_replays = {"greedy": 0, "random": 0}
+        self.num_replays = {"greedy": 0, "random": 0, "filtered": 0}
 
     def setup(self) -> None:
         """Collective under TP (every rank at once): decide whether greedy steps reduce vocabulary shards. The
@@ -133,17 +138,30 @@ class GraphHead:
         logits = self.model.compute_logits(hidden)
         return self._fused_sample(logits, self.temperature[:n], self.keys[:n], KEY_BASE, None)
 
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.model.compute_logits(hidden)
+
+    def _filtered(self, logits: torch.Tensor) -> torch.Tensor:
+        n = logits.shape[0]
+        return self._fused_sample(logits, self.temperature[:n], self.keys[:n], KEY_BASE, self.thresholds[:n])
+
+    def _capture_one(self, size: int, mode: str, fn, arg, pool) -> None:
+        fn(arg)  # warm-up outside the graph (Triton builds, cuBLAS picks its kernel)
+        torch.cuda.synchronize(self.device)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool):
+            out = fn(arg)
+        self.graphs[(size, mode)], self.outputs[(size, mode)] = graph, out
+
     @torch.inference_mode()
     def capture(self, size: int, hidden: torch.Tensor, pool) -> None:
         """Capture both head graphs on ``hidden`` (the body graph's ``[size, dim]`` output buffer)."""
-        for mode in self.modes:
-            fn = self._greedy if mode == "greedy" else self._random
-            fn(hidden)  # warm-up outside the graph (Triton builds, cuBLAS picks its kernel)
-            torch.cuda.synchronize(self.device)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                out = fn(hidden)
-            self.graphs[(size, mode)], self.outputs[(size, mode)] = graph, out
+        self._capture_one(size, "greedy", self._greedy, hidden, pool)
+        if "random" in self.modes:
+            self._capture_one(size, "random", self._random, hidden, pool)
+            # filtered rows: the logits into a kept buffer, thresholds computed eagerly by the core, then the sampler
+            self._capture_one(size, "logits", self._logits, hidden, pool)
+            self._capture_one(size, "filtered", self._filtered, self.outputs[(size, "logits")], pool)
         self.body_outputs[size] = hidden
 
     def ready(self, hidden: torch.Tensor) -> bool:
@@ -154,10 +172,20 @@ class GraphHead:
         return self.active and body is not None and (n, "greedy") in self.graphs and \
             hidden.data_ptr() == body.data_ptr()
 
-    def sample(self, mode: str, size: int, sampling=None) -> torch.Tensor:
-        """Replay the ``mode`` head graph of ``size`` rows (the body graph of that size just ran); ``sampling``
-        (random mode): the step's ``SamplingBatch``, whose temperatures and generators give the keys."""
-        if mode == "random":
+    def logits(self, size: int) -> torch.Tensor:
+        """Replay the head alone: the ``[size, vocab]`` float32 logits (a buffer the next replay overwrites), for
+        the thresholds of a ``"filtered"`` :meth:`sample`."""
+        self.graphs[(size, "logits")].replay()
+        return self.outputs[(size, "logits")]
+
+    def sample(self, mode: str, size: int, sampling=None, thresholds: torch.Tensor | None = None) -> torch.Tensor:
+        """Replay the ``mode`` head graph of ``size`` rows (the body graph of that size just ran): ``"greedy"``,
+        ``"random"`` or ``"filtered"`` (after :meth:`logits`; ``thresholds`` ``[size]`` fp32, the eager sampler's
+        ``filter_thresholds`` of those logits). ``sampling``: the step's ``SamplingBatch`` (random modes), whose
+        temperatures and generators give the keys."""
+        if mode == "filtered":
+            self.thresholds[:size].copy_(thresholds)
+        if mode != "greedy":
             from octavo.plugins.platforms.cuda_sampler import draw_index, row_keys, seeded_key, unseeded_base
 
             base = unseeded_base()  # the same draws, in the same order, as the eager sample_rows

@@ -1,6 +1,7 @@
 """The LM head + sampler graphs (plugins/platforms/cuda_graph_head.py): the same tokens and logprobs with the head
 graphs on as with the eager head after the body graph, at TP=1 and TP=2 (the shard argmax), for greedy, seeded and
-unseeded temperature sampling and the steps that fall back (logprobs, top-k, a batch of 3 rows). Each engine runs
+unseeded temperature sampling, top-k / top-p / min-p (thresholds between two graphs), and the steps that fall back
+(logprobs, top-p without top-k: the torch sampler; a batch of 3 rows: a padded graph). Each engine runs
 in a subprocess and switches its head graphs between the two runs of a workload (``graph_head_state``); the head
 replay counters show which runs took the graphs, so the comparison cannot pass by never using them."""
 
@@ -33,7 +34,11 @@ work = {
                        None, True),
     "unseeded_t1_bs1": (prompts[:1], S(max_tokens=24, temperature=1.0, ignore_eos=True), 5, True),
     "greedy_logprobs": (prompts[:2], S(max_tokens=12, temperature=0, logprobs=3, ignore_eos=True), None, False),
-    "topk_t08": (prompts[:1], S(max_tokens=12, temperature=0.8, top_k=20, seed=3, ignore_eos=True), None, False),
+    "topk_t08": (prompts[:1], S(max_tokens=12, temperature=0.8, top_k=20, seed=3, ignore_eos=True), None, True),
+    "topk_topp_minp_bs2": (prompts[:2], [S(max_tokens=12, temperature=0.9, top_k=50, top_p=0.8, seed=5, ignore_eos=True),
+                                         S(max_tokens=12, temperature=0.7, min_p=0.05, seed=6, ignore_eos=True)],
+                           None, True),
+    "topp_only_unseeded": (prompts[:1], S(max_tokens=12, temperature=0.8, top_p=0.9, ignore_eos=True), 9, False),
 }
 res = {"state": llm.collective_rpc(RPC)}
 for name, (ps, params, seed, uses_head) in work.items():
@@ -82,10 +87,10 @@ def _check(res: dict, tp: int) -> None:
         assert all(x == 0 for x in off["replays"]), (name, off["replays"])  # switched off: never replayed
         if r["uses_head"]:
             assert all(x > 0 for x in on["replays"]), (name, on["replays"])
-        else:  # a padded batch, logprobs, top-k: the eager head ran (the fallback decisions)
+        else:  # a padded batch, logprobs, top-p alone: the eager head ran (the fallback decisions)
             assert all(x == 0 for x in on["replays"]), (name, on["replays"])
         checked += 1
-    assert checked >= (7 if tp == 1 else 6)
+    assert checked >= (9 if tp == 1 else 7)
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])

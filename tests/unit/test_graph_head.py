@@ -81,9 +81,10 @@ def test_head_mode_decisions():
     assert head_mode([g, _state(temperature=0.7)], True) == "random"
     assert head_mode([g, _state(temperature=0.7, seed=3)], True) == "random"  # the keys follow the seed
     assert head_mode([g, _state(temperature=0.7)], False) is None  # eager takes the torch sampler: other draws
-    for kw in ({"top_k": 5}, {"top_p": 0.9}, {"min_p": 0.1}):  # random rows with filters: eager thresholds
-        assert head_mode([_state(temperature=0.7, **kw)], True) is None
-        assert head_mode([_state(temperature=0), _state(temperature=0.7, **kw)], True) is None
+    for kw in ({"top_k": 5}, {"top_p": 0.9}, {"min_p": 0.1}):  # random rows with filters: thresholds between graphs
+        assert head_mode([_state(temperature=0.7, **kw)], True) == "filtered"
+        assert head_mode([_state(temperature=0), _state(temperature=0.7, **kw)], True) == "filtered"
+        assert head_mode([_state(temperature=0.7, **kw)], False) is None
     for kw in ({"logprobs": 0}, {"prompt_logprobs": 1}, {"presence_penalty": 0.5}, {"frequency_penalty": 0.1},
                {"repetition_penalty": 1.1}, {"logit_bias": {3: 1.0}}, {"allowed_token_ids": [1, 2]}):
         assert head_mode([g, _state(temperature=0, **kw)], True) is None, kw
