@@ -295,7 +295,28 @@ B2_VARIANTS = [
     ("w2_2x256_4w+w13_8x256_rank", {}, {"BLOCK_N": 8, "ROUTE": "rank"}, W2(2, 256, 4)),
     ("defaults_again", {}, {}, {}),
 ]
-PREFETCH_SETS = {"b1": PREFETCH_VARIANTS, "b2": B2_VARIANTS}  # $MOE_PF_SET picks the list (moe7.sh prefetch / ab)
+# session 9: the w2 launch routes itself and loads its first PRE K-blocks of w2 before its PDL wait
+# (cuda_moe_w2_early.py; same bits). Registers of the sm_90 builds (cuobjdump, CPU): 2 x 128 at 4 warps PRE 1/2/4/6
+# 112/111/127/178 (the plain launch 80); 1 x 128 PRE 6 124; 2 x 256 PRE 3 166. Mixtral 8 x 512 at 8 warps PRE 1/2/4
+# 111/111/169 (k=2).
+PRE = lambda n, **t: {"PRE": n, **t}  # noqa: E731
+B9_VARIANTS = [
+    ("defaults", {}, {}, {}),
+    ("w2_pre4", {}, {}, PRE(4)),
+    ("w2_pre2", {}, {}, PRE(2)),
+    ("w2_pre6", {}, {}, PRE(6)),
+    ("w2_pre1", {}, {}, PRE(1)),
+    ("w2_pre6_1x128", {}, {}, PRE(6, BLOCK_N=1)),
+    ("w2_pre3_2x256", {}, {}, PRE(3, BLOCK_K=256)),
+    ("w2_pre4_1x128", {}, {}, PRE(4, BLOCK_N=1)),
+    ("w2_pre2_2x256", {}, {}, PRE(2, BLOCK_K=256)),
+    ("defaults_again", {}, {}, {}),
+]
+B9_MIXTRAL = [("defaults", {}, {}, {}), ("w2_pre2", {}, {}, PRE(2)), ("w2_pre4", {}, {}, PRE(4)),
+              ("w2_pre1", {}, {}, PRE(1)), ("w2_pre2_16x256", {}, {}, PRE(2, BLOCK_N=16, BLOCK_K=256)),
+              ("defaults_again", {}, {}, {})]
+PREFETCH_SETS = {"b1": PREFETCH_VARIANTS, "b2": B2_VARIANTS,  # $MOE_PF_SET picks the list (moe7.sh prefetch / ab,
+                 "b9": B9_VARIANTS, "b9mix": B9_MIXTRAL}  # moe9.sh ab / mixab)
 
 
 def profile_prefetch(runner, model, variants=None, with_table: bool = True) -> dict:

@@ -31,38 +31,10 @@ import torch
 import triton
 import triton.language as tl
 
+from octavo.plugins.platforms.cuda_moe_route import _route
+from octavo.plugins.platforms.cuda_moe_w2_early import check_pre, launch_w2_early
 from octavo.plugins.platforms.cuda_pdl import gdc_launch_dependents, gdc_wait, launch_opts
 from octavo.plugins.platforms.moe_prefetch import as_bytes, l2_prefetch, prefetch_split
-
-
-@triton.jit
-def _route(logits_ptr, num_experts, TOP_K: tl.constexpr, K_P: tl.constexpr, E_P: tl.constexpr,
-           RENORMALIZE: tl.constexpr):
-    """(weights [K_P] fp32, ids [K_P] int32) of one token; lanes past TOP_K hold 0 (``topk_softmax``'s math).
-
-    Each top-k round is ONE max-reduction over int64 keys ``bits(p) << 32 | (E_P - 1 - expert)``: the float
-    bits of a probability (>= 0) order like the probability, and the low word makes the lowest expert win a
-    tie. Same choice as ``topk_softmax``'s max-then-min rounds, half the cross-warp reductions: every program of
-    the w13 launch runs this before its first weight load."""
-    experts = tl.arange(0, E_P)
-    ok = experts < num_experts
-    x = tl.load(logits_ptr + experts, mask=ok, other=-float("inf")).to(tl.float32)
-    p = tl.exp(x - tl.max(x, axis=0))
-    p = p / tl.sum(tl.where(ok, p, 0.0), axis=0)
-    bits = p.to(tl.int32, bitcast=True).to(tl.int64)
-    key = tl.where(ok, (bits << 32) | (E_P - 1 - experts).to(tl.int64), -1)
-    lanes = tl.arange(0, K_P)
-    top_w = tl.zeros([K_P], dtype=tl.float32)
-    top_i = tl.zeros([K_P], dtype=tl.int32)
-    for j in tl.static_range(TOP_K):
-        best = tl.max(key, axis=0)
-        idx = E_P - 1 - (best & (E_P - 1)).to(tl.int32)  # the low word is < E_P (a power of two)
-        top_w = tl.where(lanes == j, (best >> 32).to(tl.int32).to(tl.float32, bitcast=True), top_w)
-        top_i = tl.where(lanes == j, idx, top_i)
-        key = tl.where(key == best, -1, key)
-    if RENORMALIZE:
-        top_w = top_w / tl.sum(top_w, axis=0)
-    return top_w, top_i
 
 
 @triton.jit
@@ -302,7 +274,8 @@ def decode_one(x: torch.Tensor, router_logits: torch.Tensor, w13: torch.Tensor, 
     :func:`default_decode_config` returns (``{"w13": {...}, "w2": {...}}``). L2 prefetch hints (moe_prefetch.py;
     same results): ``w13["PF_W2"]`` the routed experts' w2 during w13, ``w13["EVICT"]`` its loads' eviction
     policy, ``w13["PF_NEXT"]`` ``next_weight`` (the next layer's qkv weight) before w13's wait, ``w2["PF_NEXT"]``
-    1/2 the same during w2 (after / before its wait)."""
+    1/2 the same during w2 (after / before its wait). ``w2["PRE"]`` 1..6: the w2 launch routes itself and loads its
+    first PRE K-blocks before its wait (cuda_moe_w2_early.py; same bits)."""
     num_experts, two_i, hidden = w13.shape
     inter = two_i // 2
     cfg = config or default_decode_config(top_k, inter, hidden)
@@ -315,6 +288,7 @@ def decode_one(x: torch.Tensor, router_logits: torch.Tensor, w13: torch.Tensor, 
     pf_next = c2.get("PF_NEXT", 0)
     if pf_next not in (0, 1, 2):
         raise ValueError(f"decode_one: w2 PF_NEXT must be 0, 1 or 2, not {pf_next!r}")
+    pre = check_pre(c2)
     route = c13.get("ROUTE", "in")
     if route not in ("in", "launch", "rank") or (route != "in" and c13.get("ALL_SLOTS")):
         raise ValueError(f"decode_one: w13 ROUTE must be 'in', 'rank' or 'launch' (per-slot kernel), not {route!r}")
@@ -355,6 +329,9 @@ def decode_one(x: torch.Tensor, router_logits: torch.Tensor, w13: torch.Tensor, 
                      E_P=_p2(num_experts), RENORMALIZE=renormalize, BLOCK_N=c13["BLOCK_N"], BLOCK_K=c13["BLOCK_K"],
                      num_warps=c13.get("num_warps", 4), num_stages=c13.get("num_stages", 3), **extra13,
                      **launch_opts())
+    if pre:  # w2 routes itself and loads its first K-blocks before the wait (cuda_moe_w2_early.py)
+        launch_w2_early(act, w2, router_logits, out, top_k, renormalize, c2, launch_opts())
+        return out, weights, ids
     grid2 = triton.cdiv(hidden, c2["BLOCK_N"])
     pf_total, pf_piece = prefetch_split(next_weight if pf_next else None, grid2, 4)
     _w2_sum_kernel[(grid2,)](

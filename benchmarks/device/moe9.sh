@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# MoE on one GPU, session 9 (issue 17, MoE keys). HARD bound 150 s per call over all parts given
+# ($MOE_BOUND_S to lower it). Usage:  moe9.sh PART [PART ...]   (parts run in the order given, each capped by
+# what is left). Results (logs, JSON) under $OUT/moe9/.
+# Parts:
+#  ab      Qwen3-30B-A3B, all 48 layers, batch-1 decode vs the roofline over the bytes read (routed experts only)
+#          with the engine's defaults, then the same-engine A/B of moe_profile.B9_VARIANTS: the w2 launch that
+#          routes itself and loads its first PRE K-blocks before its PDL wait (cuda_moe_w2_early.py), re-captured
+#          per variant (rel_diff must be 0: same bits), kernel tables of the best with PDL on and off.
+#  mixab   Mixtral-8x7B with 8 of 32 layers (as session 6: 23 GB of weights; 32 layers do not fit 80 GB), the
+#          same measurement and A/B (moe_profile.B9_MIXTRAL).
+#  bs1     Qwen3-30B-A3B, 48 layers, batch 1 with the engine's defaults only (the headline measurement).
+#  tput    Qwen3-30B-A3B with 8 of 48 layers: octavo 256 x 512/512 (+ /64), then transformers in the same process
+#          (fewer requests x 512/512 if 256 do not fit 12 s) (moe7.sh tput).
+#  w2test  the early w2 launch's GPU test alone (test_moe_w2_early_gpu.py, cap 30 s).
+#  tests   the MoE GPU tests of the batch-1 path: test_moe_w2_early_gpu.py, test_moe_prefetch_gpu.py, and
+#          test_moe_gpu.py's batch-one / two-launch / parity cases (cap 60 s).
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+cd "$(dirname "$0")/../.."
+[ $# -ge 1 ] || { echo "usage: moe9.sh PART [PART ...] (ab mixab bs1 tput w2test tests)"; exit 2; }
+D="$OUT/moe9"
+mkdir -p "$D/configs"
+START=$(date +%s)
+BOUND=${MOE_BOUND_S:-150}
+left() { echo $(( BOUND - ($(date +%s) - START) )); }
+nvidia-smi --query-gpu=name,memory.total,clocks.max.memory --format=csv,noheader > "$D/gpu.txt" 2>&1 || true
+git rev-parse HEAD > "$D/commit.txt" 2>/dev/null || true
+git status --short -- plugins/platforms benchmarks > "$D/dirty.txt" 2>/dev/null || true
+cp plugins/platforms/moe_configs/*.json "$D/configs/"
+export OCTAVO_MOE_CONFIG_DIR="$D/configs"
+e2e() {  # e2e NAME CAP ARGS...: moe_e2e.py under a cap, its log in $D/NAME.log, JSON lines shown
+  local name=$1 cap=$2; shift 2
+  echo "== $name: moe_e2e.py $* (cap ${cap} s) $(date -u +%T)"
+  timeout -k 2 "$cap" python benchmarks/moe_e2e.py "$@" --deadline-s $(( cap - 3 )) --out-dir "$D/$name" \
+    > "$D/$name.log" 2>&1
+  echo "$name exit $? after $(( $(date +%s) - START )) s"
+  grep -E "^\{|^skip|Error|tok/s" "$D/$name.log" | cut -c1-3000
+}
+pyt() {  # pyt NAME CAP FILES...: pytest under a cap
+  local name=$1 cap=$2; shift 2
+  echo "== $name: pytest $* (cap ${cap} s) $(date -u +%T)"
+  OCTAVO_TRITON_GEMV=0 OCTAVO_MOE_CONFIG_DIR= timeout -k 2 "$cap" python -m pytest -v -p no:cacheprovider "$@" \
+    > "$D/$name.log" 2>&1
+  echo "$name exit $? after $(( $(date +%s) - START )) s"
+  grep -E "PASSED|FAILED|ERROR|passed|failed|Error|assert" "$D/$name.log" | tail -n 30
+}
+for PART in "$@"; do
+  L=$(left)
+  [ "$L" -ge 10 ] || { echo "skip $PART: ${L} s left"; continue; }
+  mkdir -p "$D/$PART"
+  case "$PART" in
+    ab) C=$(( L < 85 ? L : 85 )); MOE_PF_SET=b9 e2e ab "$C" --tasks bs1:qwen3-30b-a3b:48 --profile-prefetch ;;
+    mixab) C=$(( L < 60 ? L : 60 )); MOE_PF_SET=b9mix e2e mixab "$C" --tasks bs1:mixtral-8x7b:8 --profile-prefetch ;;
+    bs1) C=$(( L < 50 ? L : 50 )); e2e bs1 "$C" --tasks bs1:qwen3-30b-a3b:48 ;;
+    tput) C=$(( L < 80 ? L : 80 )); e2e tput "$C" --tasks tput:qwen3-30b-a3b:8 tf:qwen3-30b-a3b:8 --tf-budget-s 12 \
+      --tf-fewer-prompts ;;
+    w2test) pyt w2test $(( L < 30 ? L : 30 )) tests/kernels/test_moe_w2_early_gpu.py ;;
+    tests) pyt tests $(( L < 60 ? L : 60 )) tests/kernels/test_moe_w2_early_gpu.py tests/kernels/test_moe_prefetch_gpu.py \
+      tests/kernels/test_moe_gpu.py -k "early or prefetch or pipe or one_launch or batch_one or two_launch or parity" ;;
+    *) echo "unknown part $PART (ab mixab bs1 tput w2test tests)"; exit 2 ;;
+  esac
+done
+for f in "$D"/*/*.json; do [ -f "$f" ] && { echo "--- $f"; head -c 1500 "$f"; echo; }; done

@@ -1,0 +1,42 @@
+"""The batch-1 MoE routing of one token inside a Triton kernel (float32 softmax over the router logits, top-k by
+k rounds of argmax, the lowest expert winning a tie, optional renormalisation: ``topk_softmax``'s arithmetic).
+
+Its own module because two launches run it: the w13 launch (``moe_decode_kernels``) and the early w2 launch
+(``cuda_moe_w2_early``), which must pick the same experts and weights bit for bit.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _route(logits_ptr, num_experts, TOP_K: tl.constexpr, K_P: tl.constexpr, E_P: tl.constexpr,
+           RENORMALIZE: tl.constexpr, CACHE: tl.constexpr = ""):
+    """(weights [K_P] fp32, ids [K_P] int32) of one token; lanes past TOP_K hold 0 (``topk_softmax``'s math).
+
+    Each top-k round is ONE max-reduction over int64 keys ``bits(p) << 32 | (E_P - 1 - expert)``: the float
+    bits of a probability (>= 0) order like the probability, and the low word makes the lowest expert win a
+    tie. Same choice as ``topk_softmax``'s max-then-min rounds, half the cross-warp reductions: every program of
+    the w13 launch runs this before its first weight load. ``CACHE``: the logits' load cache modifier (".cg" for
+    a read before the PDL wait, cuda_moe_w2_early.py)."""
+    experts = tl.arange(0, E_P)
+    ok = experts < num_experts
+    x = tl.load(logits_ptr + experts, mask=ok, other=-float("inf"), cache_modifier=CACHE).to(tl.float32)
+    p = tl.exp(x - tl.max(x, axis=0))
+    p = p / tl.sum(tl.where(ok, p, 0.0), axis=0)
+    bits = p.to(tl.int32, bitcast=True).to(tl.int64)
+    key = tl.where(ok, (bits << 32) | (E_P - 1 - experts).to(tl.int64), -1)
+    lanes = tl.arange(0, K_P)
+    top_w = tl.zeros([K_P], dtype=tl.float32)
+    top_i = tl.zeros([K_P], dtype=tl.int32)
+    for j in tl.static_range(TOP_K):
+        best = tl.max(key, axis=0)
+        idx = E_P - 1 - (best & (E_P - 1)).to(tl.int32)  # the low word is < E_P (a power of two)
+        top_w = tl.where(lanes == j, (best >> 32).to(tl.int32).to(tl.float32, bitcast=True), top_w)
+        top_i = tl.where(lanes == j, idx, top_i)
+        key = tl.where(key == best, -1, key)
+    if RENORMALIZE:
+        top_w = top_w / tl.sum(top_w, axis=0)
+    return top_w, top_i
