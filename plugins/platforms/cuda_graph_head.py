@@ -89,6 +89,10 @@ class GraphHead:
         self.temperature = torch.zeros(max_size, dtype=torch.float32, device=device)
         self.keys = torch.zeros(max_size, dtype=torch.int64, device=device)
         self.thresholds = torch.full((max_size,), float("-inf"), dtype=torch.float32, device=device)
+        # every head graph's last kernel copies its ids here, outside the graphs' pool: memory of the pool that a
+        # graph frees may back another graph's temporaries, and the ids must outlive later replays until the next
+        # step's input copy and the host copy (both queued before the next replay) have read them
+        self.sampled = torch.zeros(max_size, dtype=torch.int64, device=device)
         self.graphs: dict[tuple[int, str], torch.cuda.CUDAGraph] = {}
         self.outputs: dict[tuple[int, str], torch.Tensor] = {}
         self.body_outputs: dict[int, torch.Tensor] = {}  # size -> the body graph's output buffer the head reads
@@ -151,6 +155,8 @@ class GraphHead:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=pool):
             out = fn(arg)
+            if mode != "logits":
+                out = self.sampled[:size].copy_(out)
         self.graphs[(size, mode)], self.outputs[(size, mode)] = graph, out
 
     @torch.inference_mode()
