@@ -71,7 +71,7 @@ def _shard_head(model):
     from octavo.nn.parallel import get_tp_size
 
     head = getattr(model, "lm_head", None)
-    if get_tp_size() == 1 or not isinstance(head, ParallelLMHead) or head.logits_method is not None:
+    if get_tp_size() == 1 or not isinstance(head, ParallelLMHead):
         return None
     if head.num_embeddings >= 1 << 24 or head.num_embeddings - head.shard_size * (head.tp_size - 1) <= 0:
         return None  # fp32 indices inexact / the last rank holds padding only
@@ -134,7 +134,10 @@ class GraphHead:
         from octavo.nn.parallel import tp_all_gather
 
         w = min(head.shard_size, head.num_embeddings - head.vocab_start)  # the last rank's padding columns cut
-        local = torch.nn.functional.linear(hidden, head.weight, head.bias)  # the eager head's GEMM, same shape
+        if head.logits_method is not None:  # what ParallelLMHead.compute_logits computes before its all-gather
+            local = head.logits_method.apply(head, hidden, head.bias)
+        else:
+            local = torch.nn.functional.linear(hidden, head.weight, head.bias)
         return shard_argmax(local[:, :w], head.vocab_start, lambda x: tp_all_gather(x, dim=-1))
 
     def _random(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -45,10 +45,28 @@ def _worker(rank: int, port: int, vocab: int, out: str) -> None:
     shard = -(-vocab // 2)  # the vocabulary split of octavo.nn.embedding: padded to a multiple of the ranks
     lo, hi = rank * shard, min((rank + 1) * shard, vocab)
     got = shard_argmax(logits[:, lo:hi].float(), lo, lambda x: tp_all_gather(x, dim=-1))
+    # the head graphs' greedy function itself on a vocabulary-parallel LM head (no graph on the CPU): rows 1 and
+    # vocab-2 of the weight equal rows on the other rank, so exact ties cross the shard boundary
+    from octavo.nn.embedding import ParallelLMHead
+    from octavo.plugins.platforms.cuda_graph_head import GraphHead
+
+    g = torch.Generator().manual_seed(1)
+    weight = torch.randn(vocab, 8, generator=g)
+    weight[vocab - 2] = weight[1]
+    weight[vocab // 2 + 1] = weight[0]
+    head = ParallelLMHead(vocab, 8)
+    head.weight_loader(head.weight, weight)
+    model = SimpleNamespace(lm_head=head, compute_logits=head.compute_logits)
+    gh = GraphHead(model, torch.device("cpu"), 4)
+    gh.setup()  # collective: both ranks check compute_logits == the head's logits and agree
+    h = torch.randn(4, 8, generator=g)
+    h[3] = 0  # every logit 0: the lowest index wins
+    head_got, head_want = gh._greedy(h), head.compute_logits(h).argmax(dim=-1)
     if rank == 0:
         want = logits.float().argmax(dim=-1)
         with open(out, "w") as f:
-            json.dump({"got": got.tolist(), "want": want.tolist()}, f)
+            json.dump({"got": got.tolist(), "want": want.tolist(), "shard": gh.shard is not None,
+                       "head_got": head_got.tolist(), "head_want": head_want.tolist()}, f)
     dist.destroy_process_group()
 
 
@@ -64,6 +82,7 @@ def test_shard_argmax_equals_torch_argmax_on_two_gloo_ranks(tmp_path, vocab):
     mp.spawn(_worker, args=(_port(), vocab, out), nprocs=2, join=True)
     r = json.load(open(out))
     assert r["got"] == r["want"]
+    assert r["shard"] and r["head_got"] == r["head_want"]
 
 
 def test_shard_argmax_one_rank_is_argmax():
