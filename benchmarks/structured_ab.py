@@ -75,13 +75,19 @@ def run_block(cores, json_engine: int, prompts: list, args, ids, tok, samples: l
     ``serial`` (fill first, on the engine thread)."""
     import types
 
+    from octavo.core import grammar_device_gate
+
     ex = cores[json_engine].executor
     if json_mode == "serial":
         ex.execute_structured = types.MethodType(_serial, ex)
+    gate = grammar_device_gate.DEVICE_GATE
+    if json_mode in ("devgate", "park"):  # async on an accelerator: the device or the Python gate waits for the fill
+        grammar_device_gate.DEVICE_GATE = json_mode == "devgate"
     try:
         return _block(cores, json_engine, prompts, args, ids, tok, samples)
     finally:
         vars(ex).pop("execute_structured", None)
+        grammar_device_gate.DEVICE_GATE = gate
 
 
 def _block(cores, json_engine: int, prompts: list, args, ids, tok, samples: list | None) -> dict:
@@ -97,9 +103,14 @@ def _block(cores, json_engine: int, prompts: list, args, ids, tok, samples: list
         for p in prompts:
             core.add_request(EngineCoreRequest(f"ab{next(ids)}", p, params, time.time(), eos_token_id=tok.eos_token_id))
     texts: dict[str, list[int]] = {}
-    for core in cores:  # prefill (and the first token) of each engine, untimed
-        while core.has_unfinished_requests() and not full(core, batch):
-            core.step()
+    # prefill (and the first token) of each engine, untimed; both engines step in turn, never one alone while the
+    # other has steps in flight: on one device a structured step's sampling may wait on the device for a fill that
+    # only its own engine's next step() starts (core/grammar_device_gate.py), and the other engine's work would
+    # queue behind that wait
+    while any(c.has_unfinished_requests() and not full(c, batch) for c in cores):
+        for core in cores:
+            if core.has_unfinished_requests():
+                core.step()
     out = {"free": [], "json": [], "free_cpu": [], "json_cpu": [], "threads": {"free": [], "json": []}}
     i = 0
     while all(c.has_unfinished_requests() for c in cores):
@@ -185,8 +196,11 @@ def main() -> None:
     ap.add_argument("--load-format", dest="load_format", default=None)
     ap.add_argument("--async-scheduling", dest="async_scheduling", default=None,
                     type=lambda s: {"on": True, "off": False}[s], help="on/off (default: the platform's default)")
-    ap.add_argument("--json-modes", dest="json_modes", nargs="+", default=["overlap"], choices=["overlap", "serial"],
-                    help="JSON paths compared with the free steps (blocks cycle through them; each has its own row)")
+    ap.add_argument("--json-modes", dest="json_modes", nargs="+", default=["overlap"],
+                    choices=["overlap", "serial", "devgate", "park"],
+                    help="JSON paths compared with the free steps (blocks cycle through them; each has its own row): "
+                         "overlap = the default path; serial = fill first; under async scheduling on an accelerator "
+                         "devgate / park = the device gate on / off (core/grammar_device_gate.py)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     load0 = os.getloadavg()

@@ -100,7 +100,7 @@ def timed_steps(core, reqs, full: int, tokens: dict | None = None) -> list[float
 
 def bench_decode(args) -> dict:
     from octavo import LLM, SamplingParams
-    from octavo.core import async_gate, grammar_step
+    from octavo.core import async_gate, grammar_device_gate, grammar_step
     from octavo.core import structured_output as so_mod
     from octavo.core.messages import EngineCoreRequest
     from octavo.structured_outputs import StructuredOutputsParams
@@ -127,6 +127,7 @@ def bench_decode(args) -> dict:
     #          GIL switch interval, engine knobs: grammar_step.INLINE_AFTER_GATE / HANDOFF_WAIT_S, fill threads)
     park_default, early_fill_default, start_wait_default = async_gate.PARK, async_gate.EARLY_FILL, \
         async_gate.FILL_START_WAIT_S
+    devgate_default = grammar_device_gate.DEVICE_GATE
     dflt = {"inline": grammar_step.INLINE_AFTER_GATE, "handoff": grammar_step.HANDOFF_WAIT_S,
             "threads": core.structured.fill_threads, "kernel": grammar_step.PLATFORM_APPLY, "early": so_mod.EARLY_ACCEPT}
     modes = {"free": (None, False, False, False, None, dflt), "overlap": (so, False, False, False, None, dflt),
@@ -181,6 +182,13 @@ def bench_decode(args) -> dict:
         # sampler instead of waiting for the core thread; compared with free_async_d3
         modes["free_async_d3"] = (None, True, False, False, None, {**dflt, "depth": 3})
         modes["json_async_d3"] = (so, True, False, False, None, {**dflt, "depth": 3})
+        # session 9: the device gate (core/grammar_device_gate.py): sampling queued behind a device wait on a host
+        # word the fill opens, instead of parked on the Python gate; _inline: the fill on the core thread at the
+        # accept (no early fill on the bitmask thread); json_async_park: the Python gate (sessions 6-8)
+        modes["json_async_devgate"] = (so, True, False, False, None, {**dflt, "devgate": True})
+        modes["json_async_devgate_inline"] = (so, True, False, False, None, {**dflt, "devgate": True,
+                                                                               "early_fill": False})
+        modes["json_async_park"] = (so, True, False, False, None, {**dflt, "devgate": False})
         if args.switch_interval:  # the same two with a shorter GIL switch interval (sys.setswitchinterval)
             modes["free_async_si"] = (None, True, False, False, args.switch_interval, dflt)
             modes["json_async_si"] = (so, True, False, False, args.switch_interval, dflt)
@@ -203,12 +211,14 @@ def bench_decode(args) -> dict:
 
         host = {m: {k: [] for k in HOST_KEYS} for m in modes}
         parked: dict[str, list[float]] = {}  # share of structured steps whose sampling ran parked on the gate
+        gated: dict[str, list[float]] = {}  # share of structured steps whose sampling waited on the device
+        last_tokens: dict[str, list] = {}  # mode -> each request's output tokens in its last run (greedy: equal)
         thread_cpu: dict[str, list[dict[str, float]]] = {}  # mode -> per run: thread name -> CPU s per step
         texts: dict[str, list[int]] = {}
         stacks: dict[str, dict] = {}  # --stack-sample: mode -> benchmarks/stack_sampler.py's report
 
         def run(mode: str, prompts=prompts, batch=batch, host=host, texts=texts, parked=parked,
-                thread_cpu=thread_cpu) -> list[float]:
+                thread_cpu=thread_cpu, gated=gated, last_tokens=last_tokens) -> list[float]:
             params_so, on, fill_first, own_maxlength, interval, knobs = modes[mode]
             if args.async_modes:
                 from octavo.core.async_engine import set_async_scheduling
@@ -231,6 +241,7 @@ def bench_decode(args) -> dict:
             core.structured.fill_threads = knobs["threads"]
             xgb.NATIVE_FILL_THREADS = knobs.get("native", 1)
             grammar_step.HOST_READ_APPLY = knobs.get("host_read", True)
+            grammar_device_gate.DEVICE_GATE = knobs.get("devgate", devgate_default)
             if knobs.get("gate_only") and params_so is not None:
                 backend = core.structured._get_backend()
                 backend.fill_bitmasks = lambda ms, bm: bm.fill_(-1)
@@ -262,16 +273,19 @@ def bench_decode(args) -> dict:
                 core.structured.fill_threads = dflt["threads"]
                 xgb.NATIVE_FILL_THREADS = 1
                 grammar_step.HOST_READ_APPLY = True
+                grammar_device_gate.DEVICE_GATE = devgate_default
                 async_gate.PARK, async_gate.EARLY_FILL = park_default, early_fill_default
                 async_gate.FILL_START_WAIT_S = start_wait_default
                 backend = core.structured._backend
                 for name in ("fill_bitmasks", "accept_tokens"):  # the gate_only no-ops (instance attributes)
                     if backend is not None and name in vars(backend):
                         delattr(backend, name)
+            last_tokens[mode] = [texts.get(r.request_id) for r in reqs]  # the same prompts in every mode
             if stats["steps"]:
                 for k in HOST_KEYS[:-2]:
                     host[mode][k].append(stats[k] / stats["steps"])
                 parked.setdefault(mode, []).append(stats.get("parked", 0) / stats["steps"])
+                gated.setdefault(mode, []).append(stats.get("device_gated", 0) / stats["steps"])
             t1 = timers.as_dict()  # the engine core thread's own timers (whole run, prefill steps included)
             n = t1["steps"] - timers0["steps"]
             if n:  # CPU time of each thread per step (whole run): where the host work of a step really runs
@@ -327,6 +341,12 @@ def bench_decode(args) -> dict:
                     row[f"{m}_exposed_pct_of_free_step"] = round(exposed / med["free"] * 100, 1)
         for m, v in parked.items():
             row[f"{m}_parked_frac"] = round(statistics.mean(v), 3)
+        for m, v in gated.items():
+            row[f"{m}_device_gated_frac"] = round(statistics.mean(v), 3)
+        ref = next((m for m in ("json_async_park", "json_async", "overlap") if m in last_tokens), None)
+        for m, toks in last_tokens.items():  # greedy, same prompts: a path that changes a token is wrong
+            if modes[m][0] is not None and ref is not None and m != ref and modes[m][0] is modes[ref][0]:
+                row[f"{m}_tokens_equal_{ref}"] = toks == last_tokens[ref]
         for m, runs in thread_cpu.items():  # timed runs only (the first is the warm-up: compiles, first buffers)
             timed = runs[1:] or runs
             names = {k for r in timed for k in r}

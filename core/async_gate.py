@@ -12,6 +12,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from octavo.core import grammar_device_gate
 from octavo.core.async_runner import PendingOutput
 from octavo.core.grammar_step import GrammarStep
 
@@ -49,11 +50,21 @@ class GatedGrammarStep:
         # the parked sampling, which writes the ids that step reads, ran first); deeper loops block instead
         self.parkable = True
         self._fill_started = False
+        # the device gate (core/grammar_device_gate.py): this step's number; the runner then queues its sampling
+        # behind a device wait instead of parking, and the fill opens that wait (rows stay where they are)
+        if grammar_device_gate.enabled(inner):
+            inner.seq = inner.device_gate.next_seq()
+
+    @property
+    def seq(self) -> int:
+        return self.inner.seq
 
     def _drop_finished(self) -> GrammarStep:
         # a request that finished at the previous step samples a token here that is never emitted: its
         # (terminated) grammar is not asked for a mask
         g = self.inner
+        if g.seq:  # the device's apply was queued for every row: a finished one is filled (never emitted)
+            return g
         keep = [j for j, pos in enumerate(g.positions) if not self.sched_out.scheduled[pos].req.is_finished]
         if len(keep) < len(g.positions):
             self.inner = g = g.subset(keep)
@@ -64,8 +75,12 @@ class GatedGrammarStep:
         the fill starts on the bitmask thread (one library call, GIL released) while this thread updates and
         schedules; :meth:`release` then waits for it. A request that finishes at the previous step is filled
         too (harmless: its token here is never emitted; a terminated matcher gives an open row)."""
-        if self._gate.is_set() or self._fill_started or len(self.inner.matchers) < EARLY_FILL_MIN_ROWS:
-            return  # (too few rows: release() fills them inline)
+        if self._gate.is_set() or self._fill_started:
+            return
+        if len(self.inner.matchers) < EARLY_FILL_MIN_ROWS:  # too few rows for a thread hand-off: fill inline
+            if self.inner.seq:
+                self.release()  # (device gate: releasing launches nothing, the device's wait opens now)
+            return
         self._fill_started = True
         g = self._drop_finished()
         if g.matchers:
@@ -87,13 +102,15 @@ class GatedGrammarStep:
             finish, device, pending = parked
             with _on_device(device):
                 pending.run(finish)
-        else:
+        elif not g.seq:  # (device gate: the runner does not wait on the host)
             g.handoff()  # on an accelerator: let the runner's thread (not parked yet) take the GIL and sample now
 
     def park(self, finish: Any, device: Any = None) -> Any:
         """The runner's side (its step thread): ``finish()`` is the rest of its step, which needs the mask. Gate
         still closed: keep it for :meth:`release` and return a ``PendingOutput``; else (or not ``parkable``)
         run it here (it then blocks in :meth:`wait` until the gate opens)."""
+        if self.inner.seq:  # the device waits for the mask (core/grammar_device_gate.py): queue it all now
+            return finish()
         with self._lock:
             if self.parkable and not self._gate.is_set():
                 pending = PendingOutput()

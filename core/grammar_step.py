@@ -90,7 +90,7 @@ class GrammarStep:
 
     __slots__ = ("backend", "positions", "request_ids", "matchers", "bitmask", "pool", "chunks", "_future",
                  "_rows", "_error", "fill_s", "wait_s", "apply_s", "t_start", "t_fill0", "t_fill1", "t_resume",
-                 "handoff_wait_s", "_resumed", "cpu_hint", "cpu_pre", "parked")
+                 "handoff_wait_s", "_resumed", "cpu_hint", "cpu_pre", "parked", "device_gate", "seq")
 
     def __init__(self, backend: Any, positions: list[int], request_ids: list[str], matchers: list[Any],
                  bitmask: Any, pool: ThreadPoolExecutor, chunks: tuple[int, ThreadPoolExecutor] | None = None) -> None:
@@ -118,12 +118,16 @@ class GrammarStep:
         self.cpu_hint: dict | None = None
         self.cpu_pre: Any = None
         self.parked = False  # async: the runner's sampling was parked on the gate and ran on the releasing thread
+        # the device gate (core/grammar_device_gate.py): the manager's DeviceGate where the runner can wait on the
+        # device, and this step's number there (0: no device wait; set by the async loop's GatedGrammarStep)
+        self.device_gate: Any = None
+        self.seq = 0
 
     def subset(self, keep: list[int]) -> GrammarStep:
         """A not yet started step of rows ``keep`` only (same buffer, pools and settings)."""
         g = GrammarStep(self.backend, [self.positions[j] for j in keep], [self.request_ids[j] for j in keep],
                         [self.matchers[j] for j in keep], self.bitmask, self.pool, self.chunks)
-        g.handoff_wait_s, g.cpu_hint = self.handoff_wait_s, self.cpu_hint
+        g.handoff_wait_s, g.cpu_hint, g.device_gate = self.handoff_wait_s, self.cpu_hint, self.device_gate
         return g
 
     def _fill_rows(self) -> None:
@@ -146,6 +150,14 @@ class GrammarStep:
 
     def _fill(self) -> tuple[list[str], list[int], Any]:
         t0 = self.t_fill0 = time.perf_counter()
+        if self.seq:  # the device waits for these rows where the runner's launch put them (no compaction)
+            try:
+                self._fill_rows()
+            finally:  # open the device's wait even if the fill failed (the error fails the step on the host)
+                self.t_fill1 = time.perf_counter()
+                self.device_gate.open(self.seq)
+            self.fill_s = self.t_fill1 - t0
+            return self.request_ids, self.positions, self.bitmask
         self._fill_rows()
         # NOTE: numpy, not torch: `(t != -1).any(dim=1)` on this [32, 1536] int32 took 28-48 ms on the CPU
         # torch 2.13 build (2 loaded cores), numpy 0.01 ms.
@@ -350,6 +362,10 @@ def mask_logits(logits: Any, batch: Any, sample_req_ids: list[str], logits_rows:
     import numpy as np
     import torch
 
+    if getattr(grammar, "seq", 0):  # async, the device waits for the fill (core/grammar_device_gate.py)
+        from octavo.core.grammar_device_gate import apply_gated
+
+        return apply_gated(logits, grammar, sample_req_ids, logits_rows, kernel)
     pos = {rid: i for i, rid in enumerate(sample_req_ids)}
     if grammar is not None:
         rids, _, packed = grammar.wait()
@@ -365,6 +381,10 @@ def mask_logits(logits: Any, batch: Any, sample_req_ids: list[str], logits_rows:
                 hint["dtype"], hint["vocab"] = logits.dtype, logits.shape[-1]
             else:
                 hint.pop("dtype", None)  # no operands to build
+            if logits.device.type != "cpu" and "device_wait" not in hint:  # later async steps: the device gate
+                from octavo.core.grammar_device_gate import can_wait
+
+                hint["device_wait"] = can_wait(kernel)
         out = apply_packed(logits, logits_rows([pos[r] for r in rids]), packed, getattr(step, "cpu_pre", None),
                            kernel)
         grammar.apply_s = time.perf_counter() - t0

@@ -87,6 +87,7 @@ class StructuredOutputManager:
         # {"device"[, "dtype", "vocab"]} of the logits, set by this process's runner when it applies (grammar_step.py)
         self._cpu_hint: dict = {}
         self._early: Any = ()  # requests whose token accept_sampled already accepted this step
+        self._device_gate = None  # core/grammar_device_gate.DeviceGate, made once the runner said it can wait
         # host seconds summed over steps with grammar rows (benchmarks/structured_outputs.py reads them):
         # wait_s is the fill time the forward did not hide; fill_s the whole fill, wherever it ran
         # accept_s: all of accept_tokens; accept_thread_s: of it, the matchers moving
@@ -94,7 +95,8 @@ class StructuredOutputManager:
         # start_lag_s: start() -> the fill began (a queue hand-off; 0 when filled inline); resume_lag_s: the fill
         # ended -> the runner's thread had the rows (when it was already waiting: a thread wake-up + the GIL)
         self.stats = dict.fromkeys(("steps", "rows", "prepare_s", "fill_s", "wait_s", "apply_s", "accept_s",
-                                    "accept_thread_s", "start_lag_s", "resume_lag_s", "release_s", "parked"), 0)
+                                    "accept_thread_s", "start_lag_s", "resume_lag_s", "release_s", "parked",
+                                    "device_gated"), 0)
         from octavo.core.plugin_manager import get_plugin_manager
 
         pm = get_plugin_manager()  # unknown names fail at start (the registry lookup imports nothing)
@@ -220,6 +222,12 @@ class StructuredOutputManager:
         self._inflight.cpu_hint = self._cpu_hint
         if self._bitmask.is_pinned():  # this process drives an accelerator: its forward runs asynchronously
             self._inflight.handoff_wait_s = grammar_step.HANDOFF_WAIT_S
+        if self._cpu_hint.get("device_wait"):  # the runner's apply can wait on the device (used by async steps)
+            if self._device_gate is None:
+                from octavo.core.grammar_device_gate import DeviceGate
+
+                self._device_gate = DeviceGate(pin=self._bitmask.is_pinned())
+            self._inflight.device_gate = self._device_gate
         self.stats["prepare_s"] += time.perf_counter() - t0
         return self._inflight
 
@@ -241,6 +249,8 @@ class StructuredOutputManager:
         step, self._inflight = self._inflight, None
         if step is not None:  # the step's fill must be over before any matcher moves
             step.wait()
+            if step.seq:  # its sampling waited for the fill on the device: fail it if that wait gave up
+                step.device_gate.check(step.seq)
             st = self.stats
             st["steps"] += 1
             st["rows"] += len(step.matchers)
@@ -252,6 +262,7 @@ class StructuredOutputManager:
             if step.t_fill1 and step.t_resume:
                 st["resume_lag_s"] += max(0.0, step.t_resume - step.t_fill1)
             st["parked"] += step.parked  # its sampling ran on the gate's thread (core/async_gate.py)
+            st["device_gated"] += bool(step.seq)  # its sampling waited on the device (core/grammar_device_gate.py)
         matchers, tokens, rids = [], [], []
         early, self._early = self._early, ()
         for req, token in updates:

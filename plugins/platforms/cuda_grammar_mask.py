@@ -9,6 +9,11 @@ word ``t // 32`` allows token ``t``) and writes ``-inf`` into the disallowed log
 
 Grid: (masked rows, column blocks of ``BLOCK``). ``rows`` maps packed row j to its logits row (int32 on the
 device), or is absent when packed row j is logits row j.
+
+The device gate (core/grammar_device_gate.py, session 9): :func:`wait_host_flag` queues a one-program kernel that
+spins on a word of pinned host memory until the host wrote the step's number there (the grammar fill is done),
+so the apply and the sampler are queued right after the forward, without waiting on the host; the apply then
+reads the rows written after its launch with volatile loads (no stale cached lines).
 """
 
 from __future__ import annotations
@@ -20,9 +25,13 @@ import triton.language as tl
 BLOCK = 4096  # columns per program: 128 words
 
 
+# reads of the host word before the wait gives up (~1-2 us each over PCIe: ~15-30 s) and records a time-out
+MAX_SPINS = 1 << 24
+
+
 @triton.jit
 def _apply_bitmask_kernel(logits_ptr, stride, packed_ptr, words, rows_ptr, vocab,
-                          HAS_ROWS: tl.constexpr, BLOCK: tl.constexpr):
+                          HAS_ROWS: tl.constexpr, BLOCK: tl.constexpr, VOLATILE: tl.constexpr):
     j = tl.program_id(0)
     b = tl.program_id(1)
     if HAS_ROWS:
@@ -30,19 +39,21 @@ def _apply_bitmask_kernel(logits_ptr, stride, packed_ptr, words, rows_ptr, vocab
     else:
         row = j.to(tl.int64)
     w_off = b * (BLOCK // 32) + tl.arange(0, BLOCK // 32)
-    w = tl.load(packed_ptr + j.to(tl.int64) * words + w_off, mask=w_off < words, other=-1)
+    w = tl.load(packed_ptr + j.to(tl.int64) * words + w_off, mask=w_off < words, other=-1, volatile=VOLATILE)
     bits = (w[:, None] >> tl.arange(0, 32)[None, :]) & 1
     banned = tl.reshape(bits == 0, (BLOCK,))
     cols = b * BLOCK + tl.arange(0, BLOCK)
     tl.store(logits_ptr + row * stride + cols, float("-inf"), mask=banned & (cols < vocab))
 
 
-def apply_bitmask_(logits: torch.Tensor, packed: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
+def apply_bitmask_(logits: torch.Tensor, packed: torch.Tensor, rows: torch.Tensor | None,
+                   volatile: bool = False) -> torch.Tensor:
     """In place: ``logits[rows[j], t] = -inf`` wherever bit t of ``packed[j]`` is clear (``rows`` None: row j).
 
     ``logits`` [R, V] (last dim contiguous), ``packed`` int32 [n, ceil(V/32)] contiguous, on the device or in pinned
     host memory (the GPU reads it through unified addressing: ``reads_pinned_host`` below); ``rows`` int32 [n] on
-    the device or None."""
+    the device or None. ``volatile``: read ``packed`` uncached (host rows written after this launch, behind
+    :func:`wait_host_flag`)."""
     n, words = packed.shape
     vocab = logits.shape[-1]
     if n == 0:
@@ -50,9 +61,32 @@ def apply_bitmask_(logits: torch.Tensor, packed: torch.Tensor, rows: torch.Tenso
     assert logits.stride(-1) == 1 and packed.is_contiguous() and words * 32 >= vocab
     grid = (n, triton.cdiv(vocab, BLOCK))
     _apply_bitmask_kernel[grid](logits, logits.stride(0), packed, words, rows if rows is not None else packed,
-                                vocab, HAS_ROWS=rows is not None, BLOCK=BLOCK)
+                                vocab, HAS_ROWS=rows is not None, BLOCK=BLOCK, VOLATILE=volatile)
     return logits
+
+
+@triton.jit(do_not_specialize=["seq"])
+def _wait_flag_kernel(words_ptr, seq, MAX_SPINS: tl.constexpr):
+    # words[0]: the last step number the host opened; words[1]: the last one this wait gave up on
+    v = tl.load(words_ptr, volatile=True)
+    i = 0
+    while (v < seq) & (i < MAX_SPINS):
+        v = tl.load(words_ptr, volatile=True)
+        i += 1
+    if v < seq:
+        tl.store(words_ptr + 1, seq)
+
+
+def wait_host_flag(words: torch.Tensor, seq: int, max_spins: int = MAX_SPINS) -> None:
+    """Queue on the current stream: wait until ``words[0] >= seq`` (``words``: pinned host int32 [2] the host
+    writes, read through unified addressing); after ``max_spins`` reads give up and write ``seq`` into
+    ``words[1]`` (the host then fails the step: core/grammar_device_gate.py). ``seq`` is not specialized on, so
+    no step number triggers a compile."""
+    assert words.dtype == torch.int32 and words.numel() >= 2 and words.is_pinned()
+    _wait_flag_kernel[(1,)](words, seq, MAX_SPINS=max_spins)
 
 
 #: core/grammar_step.py passes the pinned fill buffer itself (no host -> device copy call) to an apply saying so
 apply_bitmask_.reads_pinned_host = True
+#: and the device gate: the wait on a host word queued before the apply (core/grammar_device_gate.py)
+apply_bitmask_.wait_host_flag = wait_host_flag

@@ -38,3 +38,37 @@ def test_cuda_platform_hands_out_the_triton_apply():
     from octavo.plugins.platforms.cuda_grammar_mask import apply_bitmask_
 
     assert CudaPlatform().make_grammar_mask_apply() is apply_bitmask_
+
+
+def test_device_wait_goes_on_once_the_host_opened_and_gives_up_after_its_spins():
+    """The device gate's wait (plugins/platforms/cuda_grammar_mask.py ``_wait_flag_kernel``): returns at once on an
+    open word, waits for a word another thread opens, and after ``MAX_SPINS`` reads records the step it gave up on;
+    the volatile apply gives the same bits as the plain one."""
+    import threading
+    import time
+
+    from octavo.plugins.platforms.cuda_grammar_mask import _wait_flag_kernel, apply_bitmask_
+
+    words = torch.zeros(2, dtype=torch.int32)
+    words[0] = 5
+    _wait_flag_kernel[(1,)](words, 5, MAX_SPINS=100)
+    assert words.tolist() == [5, 0]
+    _wait_flag_kernel[(1,)](words, 7, MAX_SPINS=100)  # never opened: gives up, says so
+    assert words.tolist() == [5, 7]
+    words[:] = 0
+    opener = threading.Timer(0.1, lambda: words.__setitem__(0, 3))
+    opener.start()
+    t0 = time.perf_counter()
+    _wait_flag_kernel[(1,)](words, 3, MAX_SPINS=1 << 30)
+    assert time.perf_counter() - t0 >= 0.09 and words.tolist() == [3, 0]
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(4, 1000, generator=g)
+    packed = torch.randint(-2**31, 2**31 - 1, (4, 32), dtype=torch.int32, generator=g)
+    assert torch.equal(apply_bitmask_(logits.clone(), packed, None, volatile=True),
+                       apply_bitmask_(logits.clone(), packed, None))
+
+
+def test_cuda_apply_offers_the_device_wait():
+    from octavo.plugins.platforms.cuda_grammar_mask import apply_bitmask_, wait_host_flag
+
+    assert apply_bitmask_.wait_host_flag is wait_host_flag and apply_bitmask_.reads_pinned_host

@@ -121,3 +121,50 @@ def test_manager_pins_its_fill_buffer_once_its_runner_applied_on_the_device():
             assert torch.isfinite(got[:, 0]).all() and torch.isinf(got[:, 1:]).all()
     finally:
         mgr.shutdown()
+
+
+@pytest.mark.parametrize("whole", [True, False])
+def test_device_gate_waits_for_rows_written_after_the_launch(whole, monkeypatch):
+    """The device gate (core/grammar_device_gate.py): the wait and the volatile apply are queued before the host
+    writes the rows; the stream stays busy until the host opens the word; the masked logits equal the host path;
+    the same pinned buffer rewritten for a second step gives that step's bits (no stale rows); a wait nobody
+    opens gives up and the host's check fails the step."""
+    pytest.importorskip("triton")
+    import time
+    from types import SimpleNamespace
+
+    from octavo.core import grammar_device_gate
+    from octavo.core.grammar_device_gate import DeviceGate, apply_gated
+    from octavo.core.grammar_step import GrammarStep
+
+    monkeypatch.setattr(grammar_device_gate, "DEVICE_GATE", True)
+    kernel = CudaPlatform().make_grammar_mask_apply()
+    dg = DeviceGate()
+    assert dg.words.is_pinned()
+    vocab, n = 49152, 8
+    buf = torch.zeros(n, vocab // 32, dtype=torch.int32, pin_memory=True)
+    rids = [f"r{j}" for j in range(n)]
+    sample_ids = rids if whole else ["free", *rids]
+    g = torch.Generator().manual_seed(11)
+    for step_no in range(2):
+        inner = GrammarStep(None, list(range(n)), rids, [None] * n, buf, None)
+        inner.device_gate, inner.seq = dg, dg.next_seq()
+        gate = SimpleNamespace(inner=inner, seq=inner.seq, apply_s=0.0)
+        logits = torch.randn(len(sample_ids), vocab, generator=g)
+        dev = apply_gated(logits.to("cuda"), gate, sample_ids, lambda rows: rows, kernel)
+        time.sleep(0.05)
+        assert not torch.cuda.current_stream().query()  # the device waits for the host's word
+        rows = torch.randint(-2**31, 2**31 - 1, (n, vocab // 32), dtype=torch.int32, generator=g)
+        rows[step_no] = -1
+        buf.copy_(rows)  # the fill, after the launch
+        dg.open(inner.seq)
+        torch.cuda.synchronize()
+        dg.check(inner.seq)
+        want = apply_packed(logits.clone(), list(range(len(sample_ids) - n, len(sample_ids))), rows)
+        assert torch.equal(dev.cpu(), want), step_no
+    from octavo.plugins.platforms.cuda_grammar_mask import wait_host_flag
+
+    wait_host_flag(dg.words, dg.next_seq(), max_spins=1000)  # never opened
+    torch.cuda.synchronize()
+    with pytest.raises(RuntimeError, match="grammar masks"):
+        dg.check(dg.seq)

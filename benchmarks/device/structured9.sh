@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# Issue 11, session 9 (engineer "structured"): the device gate vs the Python gate for JSON-schema decoding on one GPU.
+# Kind: nvidia-h100-x1 (one lane). HARD bound 150 s (every step under `timeout`, the last one gets what is left).
+# Needs xgrammar (0.2.8). Random weights, SmolLM2's tokenizer (benchmarks/device/smollm2_tokenizer.json.xz).
+# Writes JSON + logs to $OUT/structured9/. Runs from the repo root.
+#   1. tests/structured/test_apply_device.py (GPU): the Triton apply == host path, and the device gate: the wait and
+#      the volatile apply queued before the host writes the rows, stream busy until the host opens the word, same
+#      bits, a rewritten buffer gives the new step's bits, a wait nobody opens gives up and the host check fails.
+#   2. benchmarks/structured_outputs.py on the SmolLM2-135M shape (issue 11's model) at batch 32 and 1: free_async,
+#      json_async (the default), json_async_devgate (sampling queued behind a device wait on a host word the fill
+#      opens: core/grammar_device_gate.py), json_async_devgate_inline (same, the fill on the core thread at the
+#      accept), json_async_park (the Python gate, sessions 6-8); modes interleaved, greedy tokens compared between
+#      modes (*_tokens_equal_*: a path that changes a token is wrong).
+#   3. the same on the ~1.1B Llama shape (batch 32 only, if time is left).
+#   4. benchmarks/structured_ab.py on the SmolLM2-135M shape: two engines, JSON and free steps alternating one by
+#      one, paired ratios; JSON modes park and devgate (batch 32, then batch 1 if time is left).
+# STRUCTURED9_DRY=1: a CPU dry run (tiny shapes, few steps; the device modes then run the Python gate).
+set -u
+cd "$(dirname "$0")/../.."
+R="${OUT:-/tmp/out}/structured9"
+mkdir -p "$R"
+DRY=${STRUCTURED9_DRY:-0}
+X=1; [ "$DRY" = 1 ] && X=20  # the dry run's CPU (2 loaded cores) imports torch + xgrammar in ~40 s
+LIMIT=$(( 150 * X ))
+left() { echo $(( LIMIT - SECONDS )); }
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$R/gpu.csv" 2>&1
+cat "$R/gpu.csv"
+git rev-parse HEAD > "$R/commit.txt" 2>/dev/null
+git status --short -- core plugins benchmarks tests > "$R/dirty.txt" 2>/dev/null
+if ! timeout 10 python3 -c "import importlib.util as u, importlib.metadata as m; assert u.find_spec('xgrammar'); \
+print('xgrammar', m.version('xgrammar'))" 2>&1 | tee "$R/xgrammar.txt" | grep -q '^xgrammar'; then
+  echo "SKIPPED: xgrammar is not installed on the device (needs xgrammar==0.2.8)" | tee "$R/SKIPPED.txt"
+  exit 0
+fi
+
+step() {  # step NAME CAP_S CMD...: one bounded run, log to $R/NAME.log
+  local name=$1 cap=$2; shift 2
+  if [ "$cap" -lt $(( 8 * X )) ]; then echo "$name: no time left (${cap}s)" | tee -a "$R/exits.txt"; return; fi
+  echo "== structured9: $name (cap ${cap}s, ${SECONDS}s used) $(date -u +%T)"
+  timeout -k 2 "$cap" "$@" > "$R/$name.log" 2>&1
+  local rc=$?
+  echo "$name exit $rc" | tee -a "$R/exits.txt"
+  grep -E 'steps, median|overhead|tokens_equal|gated_frac|block [0-9]|passed|failed|Error|error' "$R/$name.log" | tail -40
+}
+
+# model dirs: config.json written directly (no transformers import), SmolLM2's tokenizer unpacked next to it
+timeout 10 python3 - "$DRY" <<'PY'
+import json, lzma, os, sys
+dry = sys.argv[1] == "1"
+tok = lzma.open("benchmarks/device/smollm2_tokenizer.json.xz").read()
+tcfg = {"bos_token": "<|im_start|>", "eos_token": "<|im_end|>", "pad_token": "<|im_end|>",
+        "unk_token": "<|endoftext|>", "tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 8192,
+        "chat_template": "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+                         "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"}
+shapes = {"llama1b": (2048, 8192, 16, 32, 8), "smol135m": (576, 1536, 30, 9, 3)}
+for name, (h, i, layers, heads, kv) in shapes.items():
+    if dry:
+        h, i, layers, heads, kv = 64, 128, 2, 4, 2
+    d = f"/tmp/structured9_{name}"
+    os.makedirs(d, exist_ok=True)
+    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 49152, "hidden_size": h,
+           "intermediate_size": i, "num_hidden_layers": layers, "num_attention_heads": heads,
+           "num_key_value_heads": kv, "head_dim": h // heads, "max_position_embeddings": 2048,
+           "rms_norm_eps": 1e-5, "rope_theta": 100000.0, "tie_word_embeddings": True, "hidden_act": "silu",
+           "bos_token_id": 1, "eos_token_id": 2, "torch_dtype": "bfloat16"}
+    json.dump(cfg, open(f"{d}/config.json", "w"))
+    open(f"{d}/tokenizer.json", "wb").write(tok)
+    json.dump(tcfg, open(f"{d}/tokenizer_config.json", "w"))
+print("model dirs ready")
+PY
+
+COMMON=(--steps 24 --repeats 2 --device cuda --dtype bfloat16 --skip-compile --async-modes on --show-outputs 1
+        --load-format dummy)
+AB=(--device cuda --dtype bfloat16 --load-format dummy --blocks 4 --steps 12 --json-modes park devgate)
+[ "$DRY" = 1 ] && COMMON=(--steps 4 --repeats 1 --device cpu --dtype float32 --skip-compile --async-modes on
+                          --show-outputs 1 --load-format dummy) \
+  && AB=(--device cpu --dtype float32 --load-format dummy --blocks 2 --steps 4 --json-modes park devgate)
+MODES=(--modes ${STRUCTURED9_MODES:-json_async json_async_devgate json_async_devgate_inline json_async_park})
+if [ "$DRY" != 1 ]; then
+  step apply_test 24 python3 -m pytest -q -p no:cacheprovider tests/structured/test_apply_device.py
+fi
+step smol135m $(( 40 * X )) python3 benchmarks/structured_outputs.py "${COMMON[@]}" "${MODES[@]}" --batches 32 1 \
+     --model /tmp/structured9_smol135m --json "$R/smol135m.json"
+step ab_smol135m_b32 $(( 32 * X )) python3 benchmarks/structured_ab.py "${AB[@]}" --batches 32 \
+     --model /tmp/structured9_smol135m --json "$R/ab_smol135m_b32.json"
+step llama1b $(( $(left) > 34 * X ? 32 * X : $(left) - 2 * X )) python3 benchmarks/structured_outputs.py "${COMMON[@]}" \
+     "${MODES[@]}" --batches 32 --model /tmp/structured9_llama1b --json "$R/llama1b.json"
+step ab_smol135m_b1 $(( $(left) - 1 * X )) python3 benchmarks/structured_ab.py "${AB[@]}" --batches 1 \
+     --model /tmp/structured9_smol135m --json "$R/ab_smol135m_b1.json"
+echo "structured9 done in ${SECONDS}s"
+ls -la "$R"

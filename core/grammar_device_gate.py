@@ -1,0 +1,109 @@
+"""The device gate of a structured step under async scheduling: the device, not a host thread, waits for the mask.
+
+Why (issue 11, GPU, small models): step N+1's mask needs N's tokens on the host, so until session 8 the runner
+parked N+1's sampling on a Python gate and the core thread launched it after the fill. On a ~1-2 ms CUDA-graph
+step that put a host chain (N's tokens -> accept -> fill -> apply + sampler launch -> N+2's forward launch) of
+Python on three threads between two device steps: +24-54 % per step at batch 32 on the 1.1B and 135M shapes.
+Here the runner queues everything of N+1 at once, as in an unconstrained step, with one wait in front of the mask:
+
+    runner (step thread):  forward N+1 ─▶ logits ─▶ wait(words[0] >= seq) ─▶ apply (pinned rows, volatile) ─▶ sample
+    core / bitmask thread: N's tokens ─▶ accept ─▶ fill N+1's rows into the pinned buffer ─▶ words[0] = seq
+
+The host writes ``seq`` only after every row is in the buffer (x86 stores are seen in order, and the device
+reads the rows in a later kernel than the word). The device spins on one SM while the host is late; after
+``MAX_SPINS`` reads (~15-30 s) it gives up and writes ``seq`` into ``words[1]``, and the host fails that step
+(:meth:`DeviceGate.check`), so a lost release costs a failed step, never a hang or a silently unmasked token.
+NOTE: step N+2's fill starts in the engine core's next ``step()`` (when N+1's tokens are accepted). A caller that
+leaves an engine with steps in flight and then waits on the same device (a ``torch.cuda.synchronize()``, or a
+second engine on the same stream driven alone) waits for that time-out: drive the engine until it is idle
+(``LLM.generate``, the server's loop and ``wait_idle`` all do), as benchmarks/structured_ab.py does.
+Rows stay where :meth:`StructuredOutputManager.prepare` put them (no dropping of open or finished rows: the
+launch already chose them). The fill buffer is reused safely: N+2's fill starts after N+1's tokens reached the
+host, i.e. after N+1's apply ran. Requirements: the in-process executor, a pinned fill buffer, and a platform
+apply offering ``wait_host_flag`` (CUDA's: plugins/platforms/cuda_grammar_mask.py); else the Python gate (park).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from octavo.core import grammar_step
+
+logger = logging.getLogger(__name__)
+
+# On where the runner's platform apply can wait on a host word (CUDA); False: the runner parks its sampling on the
+# Python gate as in sessions 6-8 (benchmarks/structured_outputs.py: json_async_park vs json_async).
+DEVICE_GATE = False
+
+
+class DeviceGate:
+    """Two pinned host int32 words the device reads: ``[0]`` the last step number opened, ``[1]`` the last one a
+    device wait gave up on. One per engine core; step numbers rise by one per structured async step."""
+
+    def __init__(self, pin: bool = True) -> None:
+        import torch
+
+        self.words = torch.zeros(2, dtype=torch.int32, pin_memory=pin)
+        self._np = self.words.numpy()
+        self.seq = 0
+
+    def next_seq(self) -> int:
+        self.seq += 1
+        return self.seq
+
+    def open(self, seq: int) -> None:
+        """Let the device's waits for ``seq`` (and earlier) go on; called after the rows are written."""
+        if self._np[0] < seq:
+            self._np[0] = seq
+
+    def check(self, seq: int) -> None:
+        """Raise if the device gave up waiting for ``seq`` (its sampling ran on an unfilled mask)."""
+        if self._np[1] >= seq > 0:
+            raise RuntimeError(f"structured outputs: the device waited too long for step {seq}'s grammar masks and "
+                               "sampled without them; the step's tokens are not valid (the host side was stalled "
+                               "or failed before the fill)")
+
+
+def can_wait(kernel: Any) -> bool:
+    """Whether a platform apply ``kernel`` can run the device gate (see the module docstring); the runner's first
+    masked step records it for the manager (``cpu_hint["device_wait"]``)."""
+    return (kernel is not None and getattr(kernel, "wait_host_flag", None) is not None
+            and grammar_step.platform_apply_on(kernel))
+
+
+def enabled(step: Any) -> bool:
+    """Whether an async structured step (a ``GrammarStep`` the manager gave a ``device_gate``) waits on the device:
+    :data:`DEVICE_GATE`, and the direct read of pinned rows and the device wait on and not failed in this process."""
+    t = grammar_step._TABLES
+    return (DEVICE_GATE and step.device_gate is not None and grammar_step.HOST_READ_APPLY
+            and not (t.get("host_read_failed") or t.get("kernel_failed") or t.get("device_wait_failed")))
+
+
+def apply_gated(logits: Any, grammar: Any, sample_req_ids: list[str], logits_rows: Any, kernel: Any) -> Any:
+    """The runner's side: queue the wait for this step's number, then the apply of every grammar row from the
+    pinned buffer (read uncached), without waiting on the host. ``grammar``: the step's ``GatedGrammarStep``."""
+    import torch
+
+    t0 = time.perf_counter()
+    step = grammar.inner
+    pos = {rid: i for i, rid in enumerate(sample_req_ids)}
+    rows = logits_rows([pos[r] for r in step.request_ids])
+    packed = step.bitmask  # [len(rows), words], pinned, filled (later) by the host in place
+    try:
+        kernel.wait_host_flag(step.device_gate.words, step.seq)
+    except Exception as e:  # noqa: BLE001 - e.g. the wait kernel does not build here: wait on the host instead
+        logger.warning("grammar mask: the device wait failed (%s); the runner waits for the fill from now on", e)
+        grammar_step._TABLES["device_wait_failed"] = True
+        grammar.wait()  # the gate opens after the fill, on the core thread (the old, blocking form)
+    if logits.stride(-1) != 1:
+        logits = logits.contiguous()
+    index = None  # every logits row in order (the usual decode step): no index
+    if len(rows) != logits.shape[0] or rows != list(range(len(rows))):
+        index = torch.tensor(rows, dtype=torch.int32)
+        if logits.device.type != "cpu":
+            index = grammar_step._to_device(index, logits.device)  # pinned, non-blocking
+    kernel(logits, packed, index, volatile=True)
+    grammar.apply_s = time.perf_counter() - t0
+    return logits
