@@ -1,6 +1,7 @@
 """The profiling pass that sizes the KV cache on devices whose free memory can be measured.
 
-It runs one forward pass at the step's full token budget (with a temporary, minimal KV cache) plus the
+It runs one forward pass at the step's full token budget (with a temporary, minimal KV cache; several requests
+where ``max_model_len`` is shorter than the budget, as a chunked-prefill step packs them) plus the
 logits of ``max_num_seqs`` rows, so the allocator reserves the activation peak before the cache is sized
 (:func:`kv_budget_from_profile` reads the device around it).
 """
@@ -18,8 +19,14 @@ from octavo.step import NewRequestData, ScheduledRequestData, StepBatch
 def profile_run(worker) -> None:
     settings = worker.settings
     bs = worker.block_size
-    num_tokens = min(settings.scheduler.max_num_batched_tokens or 2048, worker.max_model_len)
-    num_blocks = -(-num_tokens // bs) + 1
+    num_tokens = settings.scheduler.max_num_batched_tokens or 2048
+    # a step packs several prompts up to the token budget (chunked prefill), so the budget is the activation
+    # peak even where one request is shorter (the 8B e2e: 8192-token steps, max_model_len 4096); one request
+    # per max_model_len tokens, each with its own blocks
+    per_req = min(num_tokens, worker.max_model_len)
+    lengths = [per_req] * (num_tokens // per_req) + ([num_tokens % per_req] if num_tokens % per_req else [])
+    per_blocks = [-(-n // bs) for n in lengths]
+    num_blocks = sum(per_blocks) + 1  # block 0 pads the block tables
     layers = worker.attn_layers
     temp = []
     for layer in layers:
@@ -30,13 +37,18 @@ def profile_run(worker) -> None:
                                        sliding_window=layer.sliding_window, logits_soft_cap=layer.logits_soft_cap)
         layer.bind(impl, kv)
         temp.append(kv)
-    new = NewRequestData("profile", [0] * num_tokens, SamplingParams(max_tokens=1))
-    batch = StepBatch([ScheduledRequestData("profile", new.prompt_token_ids, 0, list(range(1, num_blocks)), True)],
-                      [new], total_num_tokens=num_tokens)
+    news, scheduled, first = [], [], 1
+    for i, (n, nb) in enumerate(zip(lengths, per_blocks, strict=True)):
+        new = NewRequestData(f"profile{i}", [0] * n, SamplingParams(max_tokens=1))
+        news.append(new)
+        scheduled.append(ScheduledRequestData(new.request_id, new.prompt_token_ids, 0,
+                                              list(range(first, first + nb)), True))
+        first += nb
+    batch = StepBatch(scheduled, news, total_num_tokens=num_tokens)
     from octavo.core.model_runner import ModelRunner
 
     runner = ModelRunner(worker.model, worker.attn_backend_cls, worker.device, bs, worker.vocab_size)
-    inputs = build_step_inputs(batch, {"profile": CachedRequestState(new)}, bs, worker.device)
+    inputs = build_step_inputs(batch, {n.request_id: CachedRequestState(n) for n in news}, bs, worker.device)
     hidden = runner.forward(inputs)
     if hasattr(worker.model, "compute_logits"):
         rows = min(settings.scheduler.max_num_seqs, num_tokens)

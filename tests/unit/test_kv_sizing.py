@@ -72,3 +72,36 @@ def test_without_empty_cache_the_cached_blocks_stay_counted(monkeypatch: pytest.
     budget, info = profiling.kv_budget_from_profile(worker_on(dev, index=0))
     assert budget == int(80 * GIB * 0.9) - (dev.outside + 9 * GIB + 3 * GIB)  # the old, conservative reading
     assert info["cached_free_released_GiB"] == 0
+
+
+def test_profile_run_fills_the_token_budget_past_max_model_len(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A step packs prompts up to max_num_batched_tokens, so the profile's forward has that many tokens even where
+    one request is shorter: 150 tokens at max_model_len 64 are three requests (64 + 64 + 22), then the logits of
+    max_num_seqs rows. A real tiny engine on the CPU (its platform has no memory profiling: called directly)."""
+    import json
+    import tempfile
+
+    from octavo import LLM
+    from octavo.core.model_runner import ModelRunner
+
+    cfg = dict(architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=32, intermediate_size=64,
+               num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, vocab_size=256,
+               max_position_embeddings=128, torch_dtype="float32")
+    seen = []
+    forward = ModelRunner.forward
+
+    def spy(self, inputs, *a, **k):
+        hidden = forward(self, inputs, *a, **k)
+        seen.append((int(inputs.input_ids.numel()), int(inputs.query_start_loc.numel()) - 1, hidden.shape[0]))
+        return hidden
+
+    with tempfile.TemporaryDirectory() as d:
+        with open(f"{d}/config.json", "w") as f:
+            json.dump(cfg, f)
+        llm = LLM(model=d, load_format="dummy", skip_tokenizer_init=True, device="cpu", max_model_len=64,
+                  max_num_batched_tokens=150, max_num_seqs=8, kv_cache_memory_bytes=1 << 20)
+        worker = llm.llm_engine.core.executor.driver
+        monkeypatch.setattr(ModelRunner, "forward", spy)
+        profiling.profile_run(worker)
+        llm.llm_engine.shutdown()
+    assert seen == [(150, 3, 150)]
