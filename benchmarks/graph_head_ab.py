@@ -11,6 +11,8 @@ graphs, same weights), ``on off off on ...``:
 - the greedy tokens of every measurement (they must all be equal) and the head graph replays of each mode;
 - per rank: the one-row body graph replayed alone vs body + greedy head graph (device time, no host), and the
   head's one-row GEMM alone, cuBLAS (what the head runs) vs the body's Triton GEMV (cuda_fusions.gemv);
+- ``--gemv-ab`` (with ``OCTAVO_HEAD_GEMV=1``): each mode also with the head's one-row GEMM through the Triton GEMV
+  (cuda_head_gemv.py) vs cuBLAS, the head graphs re-captured at each switch;
 - exactness checks: seeded temperature-0.8 sampling, unseeded sampling after ``torch.manual_seed`` (TP=1: the key
   base comes from this process's generator), and a logprobs request (falls back to the eager head), each on vs off.
 
@@ -32,6 +34,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks.* for the workers
 
 RPC = "octavo.plugins.platforms.cuda_graph_head:graph_head_state"
+GEMV_RPC = "octavo.plugins.platforms.cuda_head_gemv:set_head_gemv"
 
 
 def weight_bytes(worker) -> int:
@@ -93,6 +96,8 @@ def main() -> None:
     ap.add_argument("--dtype", choices=("bf16", "fp8"), default="bf16")
     ap.add_argument("--tp", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=2, help="on/off pairs (alternating order)")
+    ap.add_argument("--gemv-ab", action="store_true", help="also switch the LM head's one-row GEMM between cuBLAS and "
+                    "the Triton GEMV (needs OCTAVO_HEAD_GEMV=1; head graphs re-captured): four modes per round")
     ap.add_argument("--copy-rate", type=float, default=0.0, help="bytes/s read+written; 0: measure (TP=1 only)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
@@ -144,9 +149,18 @@ def main() -> None:
     gen(16)
     set_head(False)
     gen(16)  # warm-up of both modes (the prefill's prefix-cache hits too)
-    rows, first = [], None
+    modes = [(True, None), (False, None)]
+    if args.gemv_ab:
+        res["head_gemv_as_started"] = llm.collective_rpc(GEMV_RPC, args=[True])
+        modes = [(True, True), (False, True), (True, False), (False, False)]
+    gemv_now = None if not args.gemv_ab else True
+    rows, firsts = [], {}
     for r in range(args.rounds):
-        for on in ((True, False) if r % 2 == 0 else (False, True)):
+        for on, gemv in (modes if r % 2 == 0 else modes[::-1]):
+            if gemv is not None and gemv != gemv_now:
+                llm.collective_rpc(GEMV_RPC, args=[gemv])  # head graphs re-captured with the other GEMM
+                gemv_now = gemv
+                gen(16)
             before = set_head(on)[0].get("replays", {})
             gen(4)
             t1 = min(gen(1)[0] for _ in range(2))
@@ -154,18 +168,21 @@ def main() -> None:
             per_tok = (min(dt for dt, _ in runs) - t1) / n * 1e3
             after = llm.collective_rpc(RPC)[0].get("replays", {})
             tokens = list(runs[-1][1].token_ids)
-            first = first or tokens
-            row = {"head_in_graph": on, "ms_per_token": per_tok, "fraction_of_roofline": roof_ms / per_tok,
+            first = firsts.setdefault(gemv, tokens)  # the same head GEMM must give the same tokens
+            row = {"head_in_graph": on, "head_gemv": gemv, "ms_per_token": per_tok, "fraction_of_roofline": roof_ms / per_tok,
                    "head_replays": {k: after.get(k, 0) - before.get(k, 0) for k in after},
                    "tokens_equal_first": tokens == first}
             rows.append(row)
             print("round", r, json.dumps(row), flush=True)
             res["rounds"] = rows
             save()
-    for on in (True, False):
-        ms = [x["ms_per_token"] for x in rows if x["head_in_graph"] == on]
-        res[f"mean_ms_{'on' if on else 'off'}"] = sum(ms) / len(ms)
-        res[f"fraction_{'on' if on else 'off'}"] = roof_ms / (sum(ms) / len(ms))
+    for on, gemv in modes:
+        ms = [x["ms_per_token"] for x in rows if x["head_in_graph"] == on and x["head_gemv"] == gemv]
+        tag = ("on" if on else "off") + ("" if gemv is None else ("_gemv" if gemv else "_cublas"))
+        res[f"mean_ms_{tag}"] = sum(ms) / len(ms)
+        res[f"fraction_{tag}"] = roof_ms / (sum(ms) / len(ms))
+    if args.gemv_ab:  # the checks below and the graph timings with cuBLAS, the default head
+        llm.collective_rpc(GEMV_RPC, args=[False])
     res["greedy_tokens_identical"] = all(x["tokens_equal_first"] for x in rows)
     res["graph_ms_by_rank"] = llm.collective_rpc("benchmarks.graph_head_ab:graph_ms", args=[200])
     save()

@@ -40,7 +40,8 @@ work = {
                            None, True),
     "topp_only_unseeded": (prompts[:1], S(max_tokens=12, temperature=0.8, top_p=0.9, ignore_eos=True), 9, False),
 }
-res = {"state": llm.collective_rpc(RPC)}
+res = {"state": llm.collective_rpc(RPC), "head_gemv": all(
+    r.get("enabled") for r in llm.collective_rpc("octavo.plugins.platforms.cuda_head_gemv:set_head_gemv", args=[True]))}
 for name, (ps, params, seed, uses_head) in work.items():
     if seed is not None and tp > 1:
         continue  # unseeded keys come from each worker's own generator
@@ -65,7 +66,7 @@ def _two_gpus() -> bool:
 
 
 def _run(path: str, tp: int, dtype: str) -> dict:
-    env = {**os.environ, "OCTAVO_GRAPH_HEAD": "1"}
+    env = {**os.environ, "OCTAVO_GRAPH_HEAD": "1", "OCTAVO_HEAD_GEMV": "1"}  # bf16 at TP=1: the head's GEMV too
     p = subprocess.run([sys.executable, "-c", _ENGINE, path, str(tp), dtype], env=env, capture_output=True, text=True,
                        timeout=300)
     lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
@@ -73,13 +74,15 @@ def _run(path: str, tp: int, dtype: str) -> dict:
     return json.loads(lines[-1][len("RESULT "):])
 
 
-def _check(res: dict, tp: int) -> None:
+def _check(res: dict, tp: int, dtype: str) -> None:
     assert all(s["captured"] and s["sizes"] == [1, 2, 4, 8] for s in res["state"]), res["state"]
+    if tp == 1 and dtype == "bfloat16":  # one-row heads through the GEMV (cuda_head_gemv.py), eager and captured
+        assert res["head_gemv"], res
     if tp > 1:
         assert all(s["shard_argmax"] for s in res["state"]), res["state"]  # greedy reduces vocabulary shards
     checked = 0
     for name, r in res.items():
-        if name == "state":
+        if name in ("state", "head_gemv"):
             continue
         off, on = r["runs"]["False"], r["runs"]["True"]
         assert on["tokens"] == off["tokens"], name
@@ -98,7 +101,7 @@ def test_head_graph_tokens_equal_eager_head(tmp_path, dtype):
     from tests.gpu.parity import build_checkpoint
 
     path = build_checkpoint(str(tmp_path), "LlamaForCausalLM")
-    _check(_run(path, 1, dtype), 1)
+    _check(_run(path, 1, dtype), 1, dtype)
 
 
 @pytest.mark.skipif("not _two_gpus()", reason="needs 2 CUDA GPUs")
@@ -106,4 +109,4 @@ def test_tp2_shard_argmax_head_graph_tokens_equal(tmp_path):
     from tests.gpu.parity import build_checkpoint
 
     path = build_checkpoint(str(tmp_path), "LlamaForCausalLM")
-    _check(_run(path, 2, "bfloat16"), 2)
+    _check(_run(path, 2, "bfloat16"), 2, "bfloat16")
