@@ -58,6 +58,8 @@ VARIANTS_B9 = {
     "b9_skew_deq1_r128": ("8b_fp8_512", "fp8kv", dict(block_n=128, deq=1, prefetch=2, maxnreg=128)),
     "b9_TABLE_w8_r128": ("8b_fp8_512", "fp8kv", dict(block_n=128, num_warps=8, deq=3, prefetch=False, num_stages=1,
                                                      maxnreg=128)),
+    "b9_skew_w8_r128": ("8b_fp8_512", "fp8kv", dict(block_n=128, num_warps=8, deq=3, prefetch=2, maxnreg=128)),
+    "b9_pf_w8_r128": ("8b_fp8_512", "fp8kv", dict(block_n=128, num_warps=8, deq=3, prefetch=True, maxnreg=128)),
 }
 
 VARIANTS = {  # batch 1, in priority order (a short budget runs the first ones)
