@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from octavo.core import grammar_device_gate
+from octavo.core import grammar_device_gate, grammar_step
 from octavo.core.async_runner import PendingOutput
 from octavo.core.grammar_step import GrammarStep
 
@@ -52,7 +52,7 @@ class GatedGrammarStep:
         self._fill_started = False
         # the device gate (core/grammar_device_gate.py): this step's number; the runner then queues its sampling
         # behind a device wait instead of parking, and the fill opens that wait (rows stay where they are)
-        if grammar_device_gate.enabled(inner):
+        if _device_gate_on(inner):
             inner.seq = inner.device_gate.next_seq()
 
     @property
@@ -135,6 +135,15 @@ class GatedGrammarStep:
     @apply_s.setter
     def apply_s(self, v: float) -> None:
         self.inner.apply_s = v
+
+
+def _device_gate_on(step: GrammarStep) -> bool:
+    """Whether a step the manager gave a ``device_gate`` (its runner's apply can wait on the device) uses it:
+    ``grammar_device_gate.DEVICE_GATE``, and the direct read of pinned rows and the device wait on and not failed
+    in this process."""
+    t = grammar_step._TABLES
+    return (grammar_device_gate.DEVICE_GATE and step.device_gate is not None and grammar_step.HOST_READ_APPLY
+            and not (t.get("host_read_failed") or t.get("kernel_failed") or grammar_device_gate._FAILED))
 
 
 def _on_device(device: Any):

@@ -29,13 +29,12 @@ import logging
 import time
 from typing import Any
 
-from octavo.core import grammar_step
-
 logger = logging.getLogger(__name__)
 
 # On where the runner's platform apply can wait on a host word (CUDA); False: the runner parks its sampling on the
 # Python gate as in sessions 6-8 (benchmarks/structured_outputs.py: json_async_park vs json_async).
 DEVICE_GATE = False
+_FAILED: dict[str, bool] = {}  # "wait": the wait kernel failed to launch in this process (the host waits instead)
 
 
 class DeviceGate:
@@ -66,21 +65,6 @@ class DeviceGate:
                                "or failed before the fill)")
 
 
-def can_wait(kernel: Any) -> bool:
-    """Whether a platform apply ``kernel`` can run the device gate (see the module docstring); the runner's first
-    masked step records it for the manager (``cpu_hint["device_wait"]``)."""
-    return (kernel is not None and getattr(kernel, "wait_host_flag", None) is not None
-            and grammar_step.platform_apply_on(kernel))
-
-
-def enabled(step: Any) -> bool:
-    """Whether an async structured step (a ``GrammarStep`` the manager gave a ``device_gate``) waits on the device:
-    :data:`DEVICE_GATE`, and the direct read of pinned rows and the device wait on and not failed in this process."""
-    t = grammar_step._TABLES
-    return (DEVICE_GATE and step.device_gate is not None and grammar_step.HOST_READ_APPLY
-            and not (t.get("host_read_failed") or t.get("kernel_failed") or t.get("device_wait_failed")))
-
-
 def apply_gated(logits: Any, grammar: Any, sample_req_ids: list[str], logits_rows: Any, kernel: Any) -> Any:
     """The runner's side: queue the wait for this step's number, then the apply of every grammar row from the
     pinned buffer (read uncached), without waiting on the host. ``grammar``: the step's ``GatedGrammarStep``."""
@@ -95,15 +79,15 @@ def apply_gated(logits: Any, grammar: Any, sample_req_ids: list[str], logits_row
         kernel.wait_host_flag(step.device_gate.words, step.seq)
     except Exception as e:  # noqa: BLE001 - e.g. the wait kernel does not build here: wait on the host instead
         logger.warning("grammar mask: the device wait failed (%s); the runner waits for the fill from now on", e)
-        grammar_step._TABLES["device_wait_failed"] = True
+        _FAILED["wait"] = True
         grammar.wait()  # the gate opens after the fill, on the core thread (the old, blocking form)
     if logits.stride(-1) != 1:
         logits = logits.contiguous()
     index = None  # every logits row in order (the usual decode step): no index
     if len(rows) != logits.shape[0] or rows != list(range(len(rows))):
         index = torch.tensor(rows, dtype=torch.int32)
-        if logits.device.type != "cpu":
-            index = grammar_step._to_device(index, logits.device)  # pinned, non-blocking
+        if logits.device.type != "cpu":  # through pinned memory: no stream sync (core/grammar_step.py _to_device)
+            index = index.pin_memory().to(logits.device, non_blocking=True)
     kernel(logits, packed, index, volatile=True)
     grammar.apply_s = time.perf_counter() - t0
     return logits

@@ -28,6 +28,8 @@ from typing import Any
 
 import numpy as np
 
+from octavo.core.grammar_device_gate import apply_gated
+
 logger = logging.getLogger(__name__)
 _TABLES: dict[Any, Any] = {}  # (device, dtype) -> the byte -> 8 biases table
 _CPU_DTYPES = ("float32", "float64", "bfloat16", "float16")  # torch dtypes, compared by name (no torch import)
@@ -363,8 +365,6 @@ def mask_logits(logits: Any, batch: Any, sample_req_ids: list[str], logits_rows:
     import torch
 
     if getattr(grammar, "seq", 0):  # async, the device waits for the fill (core/grammar_device_gate.py)
-        from octavo.core.grammar_device_gate import apply_gated
-
         return apply_gated(logits, grammar, sample_req_ids, logits_rows, kernel)
     pos = {rid: i for i, rid in enumerate(sample_req_ids)}
     if grammar is not None:
@@ -382,9 +382,7 @@ def mask_logits(logits: Any, batch: Any, sample_req_ids: list[str], logits_rows:
             else:
                 hint.pop("dtype", None)  # no operands to build
             if logits.device.type != "cpu" and "device_wait" not in hint:  # later async steps: the device gate
-                from octavo.core.grammar_device_gate import can_wait
-
-                hint["device_wait"] = can_wait(kernel)
+                hint["device_wait"] = platform_apply_on(kernel) and hasattr(kernel, "wait_host_flag")
         out = apply_packed(logits, logits_rows([pos[r] for r in rids]), packed, getattr(step, "cpu_pre", None),
                            kernel)
         grammar.apply_s = time.perf_counter() - t0
