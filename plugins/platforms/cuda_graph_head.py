@@ -181,6 +181,17 @@ class GraphHead:
         return self.active and body is not None and (n, "greedy") in self.graphs and \
             hidden.data_ptr() == body.data_ptr()
 
+    def set_keys(self, size: int, sampling) -> None:
+        """Each row's temperature and Philox key into the static buffers: the keys ``sample_rows`` (the eager fused
+        sampler) derives, from the same draws in the same order (torch's CPU generator, each seeded request's
+        generator), so the random graphs give the eager tokens."""
+        from octavo.plugins.platforms.cuda_sampler import draw_index, row_keys, seeded_key, unseeded_base
+
+        base = unseeded_base()
+        seeded = {row: seeded_key(gen.initial_seed(), draw_index(gen)) for row, gen in sampling.generators.items()}
+        self.keys[:size].copy_(row_keys(base, size, seeded), non_blocking=True)
+        self.temperature[:size].copy_(sampling.temperature)
+
     def logits(self, size: int) -> torch.Tensor:
         """Replay the head alone: the ``[size, vocab]`` float32 logits (a buffer the next replay overwrites), for
         the thresholds of a ``"filtered"`` :meth:`sample`."""
@@ -195,12 +206,7 @@ class GraphHead:
         if mode == "filtered":
             self.thresholds[:size].copy_(thresholds)
         if mode != "greedy":
-            from octavo.plugins.platforms.cuda_sampler import draw_index, row_keys, seeded_key, unseeded_base
-
-            base = unseeded_base()  # the same draws, in the same order, as the eager sample_rows
-            seeded = {row: seeded_key(gen.initial_seed(), draw_index(gen)) for row, gen in sampling.generators.items()}
-            self.keys[:size].copy_(row_keys(base, size, seeded), non_blocking=True)
-            self.temperature[:size].copy_(sampling.temperature)
+            self.set_keys(size, sampling)
         self.graphs[(size, mode)].replay()
         self.num_replays[mode] += 1
         return self.outputs[(size, mode)]

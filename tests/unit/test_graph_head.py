@@ -179,3 +179,40 @@ def test_runner_hook_with_a_stand_in_head(tiny_llama, async_scheduling):
             assert (got[True][2] > 0) == uses, (name, got[True][2])
     finally:
         llm.llm_engine.shutdown()
+
+
+_KEYS = """
+import torch
+from types import SimpleNamespace
+from octavo.plugins.platforms.cuda_graph_head import GraphHead, KEY_BASE
+from octavo.plugins.platforms.cuda_sampler import fused_sample, sample_rows
+
+g = torch.Generator().manual_seed(0)
+logits = torch.randn(3, 5000, generator=g)
+temp = torch.tensor([0.8, 0.0, 1.3])
+thr = torch.tensor([0.5, float("-inf"), -1.0])
+head = GraphHead(SimpleNamespace(compute_logits=None), torch.device("cpu"), 4)
+for seeded_rows in ({}, {2: 7}, {0: 3, 2: 7}):
+    for t in (None, thr):
+        torch.manual_seed(11)
+        gens = {r: torch.Generator().manual_seed(s) for r, s in seeded_rows.items()}
+        want = [sample_rows(logits, temp, gens, t) for _ in range(3)]  # three steps: the draw counts advance
+        torch.manual_seed(11)
+        gens = {r: torch.Generator().manual_seed(s) for r, s in seeded_rows.items()}
+        got = []
+        for _ in range(3):
+            head.set_keys(3, SimpleNamespace(generators=gens, temperature=temp))
+            thr_arg = None if t is None else head.thresholds[:3].copy_(t)
+            got.append(fused_sample(logits, head.temperature[:3], head.keys[:3], KEY_BASE, thr_arg))
+        assert all(torch.equal(a, b) for a, b in zip(want, got)), (seeded_rows, want, got)
+print("ok")
+"""
+
+
+def test_random_graph_keys_give_the_eager_fused_samplers_tokens():
+    """The head's host-side keys (``GraphHead.set_keys``) + the fused kernel reading them == ``sample_rows`` (the
+    eager fused sampler: in-kernel unseeded keys, seeded keys from each generator), step after step, with and
+    without thresholds; the Triton kernels run through Triton's interpreter on the CPU."""
+    from tests.utils import run_triton_interpreted
+
+    run_triton_interpreted(_KEYS)
