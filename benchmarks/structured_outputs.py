@@ -48,7 +48,7 @@ def schema_50() -> dict:
 # the structured-output manager's per-step host seconds, then the engine core thread's own (StepTimers: its work
 # per step, and under async scheduling the time it blocked waiting for a step's tokens: the slack)
 HOST_KEYS = ("prepare_s", "fill_s", "wait_s", "apply_s", "accept_s", "accept_thread_s", "release_s", "start_lag_s",
-             "resume_lag_s", "core_host_s", "core_wait_s")
+             "resume_lag_s", "device_wait_s", "core_host_s", "core_wait_s")
 
 
 def thread_cpu_s() -> dict[str, float]:
@@ -128,6 +128,7 @@ def bench_decode(args) -> dict:
     park_default, early_fill_default, start_wait_default = async_gate.PARK, async_gate.EARLY_FILL, \
         async_gate.FILL_START_WAIT_S
     devgate_default = grammar_device_gate.DEVICE_GATE
+    grammar_device_gate.TIME_WAIT = True  # device events around each device wait: "device_wait" in the host ms
     dflt = {"inline": grammar_step.INLINE_AFTER_GATE, "handoff": grammar_step.HANDOFF_WAIT_S,
             "threads": core.structured.fill_threads, "kernel": grammar_step.PLATFORM_APPLY, "early": so_mod.EARLY_ACCEPT}
     modes = {"free": (None, False, False, False, None, dflt), "overlap": (so, False, False, False, None, dflt),

@@ -34,6 +34,9 @@ logger = logging.getLogger(__name__)
 # On where the runner's platform apply can wait on a host word (CUDA); False: the runner parks its sampling on the
 # Python gate as in sessions 6-8 (benchmarks/structured_outputs.py: json_async_park vs json_async).
 DEVICE_GATE = False
+# The benchmark's probe: time each device wait with two device events (read after the step's tokens arrived,
+# core/structured_output.py stats "device_wait_s": how long the device idled for the fill). Off in the engine.
+TIME_WAIT = False
 _FAILED: dict[str, bool] = {}  # "wait": the wait kernel failed to launch in this process (the host waits instead)
 
 
@@ -75,12 +78,19 @@ def apply_gated(logits: Any, grammar: Any, sample_req_ids: list[str], logits_row
     pos = {rid: i for i, rid in enumerate(sample_req_ids)}
     rows = logits_rows([pos[r] for r in step.request_ids])
     packed = step.bitmask  # [len(rows), words], pinned, filled (later) by the host in place
+    events = None
+    if TIME_WAIT and logits.device.type != "cpu":
+        events = tuple(torch.Event(device=logits.device.type, enable_timing=True) for _ in range(2))
+        events[0].record()
     try:
         kernel.wait_host_flag(step.device_gate.words, step.seq)
     except Exception as e:  # noqa: BLE001 - e.g. the wait kernel does not build here: wait on the host instead
         logger.warning("grammar mask: the device wait failed (%s); the runner waits for the fill from now on", e)
         _FAILED["wait"] = True
         grammar.wait()  # the gate opens after the fill, on the core thread (the old, blocking form)
+    if events is not None:
+        events[1].record()
+        step.wait_events = events
     if logits.stride(-1) != 1:
         logits = logits.contiguous()
     index = None  # every logits row in order (the usual decode step): no index

@@ -96,7 +96,7 @@ class StructuredOutputManager:
         # ended -> the runner's thread had the rows (when it was already waiting: a thread wake-up + the GIL)
         self.stats = dict.fromkeys(("steps", "rows", "prepare_s", "fill_s", "wait_s", "apply_s", "accept_s",
                                     "accept_thread_s", "start_lag_s", "resume_lag_s", "release_s", "parked",
-                                    "device_gated"), 0)
+                                    "device_gated", "device_wait_s"), 0)
         from octavo.core.plugin_manager import get_plugin_manager
 
         pm = get_plugin_manager()  # unknown names fail at start (the registry lookup imports nothing)
@@ -249,9 +249,11 @@ class StructuredOutputManager:
         step, self._inflight = self._inflight, None
         if step is not None:  # the step's fill must be over before any matcher moves
             step.wait()
+            st = self.stats
             if step.seq:  # its sampling waited for the fill on the device: fail it if that wait gave up
                 step.device_gate.check(step.seq)
-            st = self.stats
+                if step.wait_events is not None:  # (the benchmark's probe: the device's idle time in that wait)
+                    st["device_wait_s"] += step.wait_events[0].elapsed_time(step.wait_events[1]) / 1e3
             st["steps"] += 1
             st["rows"] += len(step.matchers)
             st["fill_s"] += step.fill_s
