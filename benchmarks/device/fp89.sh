@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Issue 9 (engineer "fp8"), session 9. One GPU, HARD bound ${FP89_LIMIT:-150} s for the whole call (every part under
 # `timeout`, each gets what is left minus the later parts' reserves). JSON + logs: $OUT/fp89/
-#   bash benchmarks/device/fp89.sh [PART ...]      (default: attn mem_fp8 mem_bf16)
+#   bash benchmarks/device/fp89.sh [PART ...]      (default: mem_fp8 smallm attn mem_bf16; mem_bf16 gets what is left)
+#   smallm      benchmarks/fp8_smallm_bench.py: the fp8 projections at 16/40/64 rows (the run's second-wave steps):
+#               _scaled_mm vs the tensor-core GEMV on BLOCK_M 16/32/64
 #   attn        benchmarks/fp8_attn7.py --set b9: decode attention on the e4m3 cache, 512 requests x U[1000, 2000]
 #               keys: the engine's launch, the bf16 cache's rate, the skewed loads (PREFETCH=2) at tiles / caps
 #   mem_fp8 / mem_bf16  benchmarks/kv_sizing_probe.py: the 8B e2e engine (gpu_e2e.py's settings, CUDA graphs) with
@@ -21,8 +23,8 @@ git rev-parse HEAD > "$R/commit.txt" 2>/dev/null
 git status --short > "$R/tree_status.txt" 2>/dev/null
 export OCTAVO_DISABLE_PROGRESS=1
 PARTS=("$@")
-[ ${#PARTS[@]} -eq 0 ] && PARTS=(attn mem_fp8 mem_bf16)
-declare -A RESERVE=([attn]=30 [mem_fp8]=60 [mem_bf16]=55 [e2e_fp8]=150)
+[ ${#PARTS[@]} -eq 0 ] && PARTS=(mem_fp8 smallm attn mem_bf16)
+declare -A RESERVE=([attn]=28 [smallm]=30 [mem_fp8]=55 [mem_bf16]=0 [e2e_fp8]=150)
 reserve() {  # seconds the parts after $1 keep for themselves
   local after=0 r=0 p
   for p in "${PARTS[@]}"; do
@@ -40,6 +42,8 @@ for P in "${PARTS[@]}"; do
     attn) $T python benchmarks/fp8_attn7.py --set b9 --budget $(( B - 5 )) --out "$R/attn9.json" \
             ${FP8_ATTN_VARIANTS:+--variants "$FP8_ATTN_VARIANTS"} > "$R/attn9.log" 2>&1
           echo "exit $?"; grep -v " INFO \| WARNING " "$R/attn9.log" | cut -c1-400 | tail -14;;
+    smallm) $T python benchmarks/fp8_smallm_bench.py --budget $(( B - 6 )) --out "$R/smallm.json" > "$R/smallm.log" 2>&1
+            echo "exit $?"; grep -v " INFO \| WARNING " "$R/smallm.log" | cut -c1-300 | tail -14;;
     mem_fp8|mem_bf16) V=${P#mem_}
           $T python benchmarks/kv_sizing_probe.py --variant "$V" --out "$R/mem_$V.json" > "$R/mem_$V.log" 2>&1
           echo "exit $?"; grep -E "^(sizing|built|e2e_warm_up|rows_512|FAILED)|KV sizing|KV cache:|Error|error" \
@@ -47,7 +51,7 @@ for P in "${PARTS[@]}"; do
     e2e_fp8) OCTAVO_QUANTIZATION=fp8 OCTAVO_KV_CACHE_DTYPE=fp8 $T python benchmarks/gpu_e2e.py decode_bs1 \
                --throughput --max-num-seqs 512 --out-dir "$R/e2e_fp8" > "$R/e2e_fp8.log" 2>&1
              echo "exit $?"; grep -v " INFO \| WARNING " "$R/e2e_fp8.log" | cut -c1-1500 | tail -8;;
-    *) echo "unknown part $P (attn mem_fp8 mem_bf16 e2e_fp8)";;
+    *) echo "unknown part $P (mem_fp8 smallm attn mem_bf16 e2e_fp8)";;
   esac
 done
 echo "== done $(date -u +%T), $(( $(date +%s) - T0 )) s"

@@ -90,18 +90,22 @@ def _fp8_gemv_tc_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, M, N, K, str
 def fp8_gemv_tc(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None = None,
                 *, out_dtype: torch.dtype | None = None, x_scale: torch.Tensor | None = None,
                 config: tuple[int, ...] = (16, 512, 4, 3), dot_fp8: bool = True) -> torch.Tensor:
-    """``x [m, K]`` (m <= 16; bf16/fp16/fp32, or e4m3 with ``x_scale [m, 1]``) times the e4m3 ``weight [N, K]``
+    """``x [m, K]`` (m <= BLOCK_M; bf16/fp16/fp32, or e4m3 with ``x_scale [m, 1]``) times the e4m3 ``weight [N, K]``
     with per-output ``weight_scale``: W8A8 as fp8_gemv.fp8_gemv. ``config = (BLOCK_N, BLOCK_K, num_warps,
-    num_stages[, BLOCK_M])``: BLOCK_M 16 (warp-level MMA) or 64 (Hopper's warp-group MMA reads the tiles from
+    num_stages[, BLOCK_M])``: BLOCK_M 16 (warp-level MMA), 32 or 64 (Hopper's warp-group MMA reads the tiles from
     shared memory; with the fp8 MMA it measured 2.5e-3 relative error on H100, its imprecise accumulation: an
-    experiment only); ``dot_fp8=False`` multiplies in fp16 instead of fp8 (same result)."""
+    experiment only; fp16 MMAs accumulate in fp32); ``dot_fp8=False`` multiplies in fp16 instead of fp8 (the same
+    products)."""
     m, k = x.shape
     n = weight.shape[0]
     if weight.shape[1] != k or weight.stride(1) != 1:
         raise ValueError(f"fp8_gemv_tc: weight {tuple(weight.shape)} (strides {weight.stride()}) does not fit x "
                          f"{tuple(x.shape)}; the weight must be [N, K] row-major")
-    if m > ROWS_MAX:
-        raise ValueError(f"fp8_gemv_tc: {m} rows; at most {ROWS_MAX} (use torch._scaled_mm above)")
+    bm = config[4] if len(config) > 4 else 16
+    if bm not in (16, 32, 64):
+        raise ValueError(f"fp8_gemv_tc: BLOCK_M {bm}; 16, 32 or 64")
+    if m > bm:
+        raise ValueError(f"fp8_gemv_tc: {m} rows; at most {bm} (BLOCK_M; use torch._scaled_mm above)")
     if x.stride(-1) != 1:
         x = x.contiguous()
     pre = x_scale is not None
@@ -114,9 +118,6 @@ def fp8_gemv_tc(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tenso
     ws = weight_scale.reshape(-1)
     soft = os.environ.get("TRITON_INTERPRET") == "1"
     bn, bk, warps, stages = (16, 64, 4, 1) if soft else config[:4]
-    bm = config[4] if len(config) > 4 else 16
-    if bm not in (16, 32, 64):
-        raise ValueError(f"fp8_gemv_tc: BLOCK_M {bm}; 16, 32 or 64")
     _fp8_gemv_tc_kernel[(triton.cdiv(n, bn),)](
         x, x_scale.reshape(-1) if pre else ws, weight, ws, bias, y, m, n, k, x.stride(0), weight.stride(0),
         y.stride(0), QUANT_X=not pre, PRE_Q=pre, HAS_BIAS=bias is not None,

@@ -1,7 +1,7 @@
 """The tensor-core fp8 GEMV (plugins/quant/fp8_gemv_tc.py): same W8A8 result as the CUDA-core GEMV.
 
 On CPU the Triton interpreter (``TRITON_INTERPRET=1``, in a child process) runs the kernel at tiny shapes
-(1-16 rows, odd sizes, bias, a zero row, input quantized in the kernel or by the producer) against the float64
+(1-16 rows and 40 on BLOCK_M 64, odd sizes, bias, a zero row, input quantized in the kernel or by the producer) against the float64
 reference of fp8_gemv.py. The GPU-marked test runs the compiled kernel (fp8 and fp16 MMA) at Llama-3-8B
 projection shapes against the reference and the CUDA-core GEMV.
 """
@@ -40,6 +40,18 @@ for m, n, k, bias in CPU_CASES:
     if m in (1, 16):  # 64 padded rows (Hopper's warp-group MMA on the GPU): the same values
         y64 = fp8_gemv_tc(x, w, ws, b, out_dtype=torch.float32, config=(16, 512, 4, 3, 64))
         assert float((y64.double() - ref).abs().max()) <= tol, (m, n, k, "BLOCK_M 64")
+# 17-64 rows on BLOCK_M 64 (the small-batch path's tile, session 9), input quantized by the producer; 65 refused
+w40, ws40, x40, b40 = gemv_case(gen, 40, 48, 96, True)
+ref40 = fp8_gemv_reference(x40, w40, ws40, b40)
+xq40, xs40 = quantize_per_token_torch(x40)
+y40 = fp8_gemv_tc(xq40, w40, ws40, b40, x_scale=xs40, out_dtype=torch.float32, config=(16, 512, 4, 3, 64))
+assert float((y40.double() - ref40).abs().max()) <= fp32_tolerance(ref40, b40), "40 rows, BLOCK_M 64"
+try:
+    fp8_gemv_tc(torch.zeros(65, 96), w40, ws40, config=(16, 512, 4, 3, 64))
+except ValueError as e:
+    assert "at most 64" in str(e)
+else:
+    raise AssertionError("65 rows accepted")
 # the linear method on the tensor-core GEMV (set by hand: on CPU tensors process_weights picks no GEMV): rows up
 # to gemv_max_m take it, more take _scaled_mm, and each row gets what _scaled_mm gives it
 method, layer = cpu_fp8_linear(gen)
