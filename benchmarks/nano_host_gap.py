@@ -10,10 +10,9 @@ seconds per generation; the GC holds the GIL, so a pause stops the core thread a
              the GPU's idle time before the next step's forward, by step kind; the largest idle gaps), and host
              timers around the core's and the runner's phases, each as wall time and as the thread's CPU time
              (wall - CPU = time the thread was runnable but blocked: the GIL, a device sync)
-  gc_freeze  ``gc.collect(); gc.freeze()`` before the run: the heap built so far (model, engine, warm-up) leaves
-             the GC's scans (what vLLM does after start-up)
+  no_freeze  ``OCTAVO_GC_FREEZE=0`` for the run: the GC walks the whole heap, as before session 9 (by default
+             ``LLM.generate`` leaves the heap alive at its start out of the GC's scans: core/gc_heap.py)
   gc_off     the cyclic GC disabled during the run: what the GC costs at most
-  unfreeze   ``gc.unfreeze()`` before the run: the GC as it was before the engine froze its start-up heap
   si_<us>    ``sys.setswitchinterval(<us> * 1e-6)`` during the run: a thread waiting for the GIL waits at most
              that long (Python's default is 5 ms)
 
@@ -184,12 +183,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
     ap.add_argument("--budget-s", type=float, default=100.0)
-    ap.add_argument("--runs", nargs="*", default=["defaults", "probe", "gc_freeze", "defaults", "si_500", "gc_off"])
+    ap.add_argument("--runs", nargs="*", default=["defaults", "probe", "no_freeze", "defaults", "no_freeze", "gc_off"])
     ap.add_argument("--prefill-profile", action="store_true", help="last: kernel table of one 8k-token prefill step")
     ap.add_argument("--dry", action="store_true", help="CPU: a tiny Qwen3, 24 requests; checks the hooks")
     args = ap.parse_args()
     for r in args.runs:
-        if r not in ("defaults", "probe", "gc_freeze", "gc_off", "unfreeze") and not r.startswith("si_"):
+        if r not in ("defaults", "probe", "no_freeze", "gc_off") and not r.startswith("si_"):
             raise SystemExit(f"unknown run {r!r}")
     if args.dry:
         torch.cuda.synchronize = lambda *a: None  # gen_timed's syncs; nothing runs on a GPU here
@@ -216,11 +215,11 @@ def main() -> None:
         llm, worker, info = make_llm(d, **kw)
         res.update(architecture=arch, fused=info.get("fused"), start_s=time.perf_counter() - T0,
                    async_scheduling=llm.llm_engine.settings.scheduler.async_scheduling,
-                   gc_frozen_at_start=gc.get_freeze_count())
+                   gc_tracked_objects=len(gc.get_objects()), gc_freeze_env=os.environ.get("OCTAVO_GC_FREEZE"))
         res["warmup_s"] = warm_up(llm, [(len(ids), 1 + i % 32) for i, (ids, _) in enumerate(reqs)], seed=11,
                                   temperature=0.6, ids=(3, 500) if args.dry else (20000, 120000))
         print(f"engine ready + warmed in {time.perf_counter() - T0:.1f} s (warm-up {res['warmup_s']:.1f} s), "
-              f"gc frozen objects {gc.get_freeze_count()}", flush=True)
+              f"{res['gc_tracked_objects']} objects tracked by the GC", flush=True)
         save()
         prompts = [{"prompt_token_ids": ids} for ids, _ in reqs]
         params = [SamplingParams(max_tokens=n, ignore_eos=True, temperature=0.6) for _, n in reqs]
@@ -232,11 +231,9 @@ def main() -> None:
                 continue
             extra: dict = {}
             undo = []
-            if name == "gc_freeze":
-                gc.collect()
-                gc.freeze()
-            elif name == "unfreeze":
-                gc.unfreeze()
+            if name == "no_freeze":
+                os.environ["OCTAVO_GC_FREEZE"] = "0"
+                undo.append(lambda: os.environ.pop("OCTAVO_GC_FREEZE"))
             elif name == "gc_off":
                 gc.disable()
                 undo.append(gc.enable)
@@ -261,7 +258,6 @@ def main() -> None:
                 if rec is not None:
                     rec.remove()
             extra["gc"] = gcp.remove()
-            extra["gc_frozen_objects"] = gc.get_freeze_count()
             st1 = core.step_timers.as_dict()
             extra["step_timers"] = {k: round(st1[k] - st0[k], 4) for k in st1}
             extra["triton_builds_in_run"] = jit.since(mark)

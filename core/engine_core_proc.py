@@ -95,6 +95,12 @@ class EngineCoreLoop:
 
     # -- loop --------------------------------------------------------------------------------------------
     def run(self) -> None:
+        from octavo.core.gc_heap import frozen_heap
+
+        with frozen_heap():  # full GC passes skip the start-up heap while serving (core/gc_heap.py)
+            self._run()
+
+    def _run(self) -> None:
         core = self.core
         last_check = time.monotonic()
         while not self._shutdown:

@@ -131,17 +131,21 @@ class LLM(PoolingLLMMethods, VllmLLMMethods):  # + embed/classify/score/reward (
         engine = self.llm_engine
         results: dict[str, Any] = {}
         bar = _progress(len(ids)) if use_tqdm else None
+        from octavo.core.gc_heap import frozen_heap
+
         start, num_out = time.perf_counter(), 0
         try:
-            while engine.has_unfinished_requests():
-                for out in engine.step():
-                    if out.finished:
-                        results[out.request_id] = out
-                        if bar is not None:
-                            if isinstance(out, RequestOutput):
-                                num_out += sum(len(c.token_ids) for c in out.outputs)
-                            bar.set_postfix_str(f"{num_out / (time.perf_counter() - start):.1f} tok/s", refresh=False)
-                            bar.update(1)
+            with frozen_heap():  # full GC passes skip the engine's start-up heap while it steps (core/gc_heap.py)
+                while engine.has_unfinished_requests():
+                    for out in engine.step():
+                        if out.finished:
+                            results[out.request_id] = out
+                            if bar is not None:
+                                if isinstance(out, RequestOutput):
+                                    num_out += sum(len(c.token_ids) for c in out.outputs)
+                                bar.set_postfix_str(f"{num_out / (time.perf_counter() - start):.1f} tok/s",
+                                                    refresh=False)
+                                bar.update(1)
         except BaseException:
             engine.abort_request([r for r in ids if r not in results])
             raise
