@@ -3,7 +3,8 @@
 # the scripts that need all GPUs, one after another. Each lane is a run_queue.sh list; results: $OUT/<lane>.tar.gz.
 # Usage: bash benchmarks/device/run_lanes.sh "lane0 specs" "lane1 specs" ["all-GPU specs"]      (2 GPUs)
 #        LANES=4 bash benchmarks/device/run_lanes.sh "lane0" "lane1" "lane2" "lane3" ["all-GPU specs"]
-# A spec is name=script[+arg]:secs (see run_queue.sh); an empty string leaves that lane idle.
+# A spec is name=script[+arg]:secs (see run_queue.sh); an empty string leaves that lane idle. A lane that starts
+# with "@<gpus> " (e.g. "@0,1 head=x.sh:200 nano=y.sh:150") runs on those GPUs instead of GPU i.
 set -uo pipefail
 final=${OUT:?OUT must be set}
 here=$(cd "$(dirname "$0")" && pwd)
@@ -17,7 +18,9 @@ run_lane() {  # lane-name gpus specs
 args=("$@")
 all_gpus=$(seq -s, 0 $((lanes - 1)))
 for ((i = 0; i < lanes; i++)); do
-  [ -n "${args[$i]:-}" ] && run_lane "lane$i" "$i" "${args[$i]}" &
+  spec=${args[$i]:-}; gpus=$i
+  if [[ $spec == @* ]]; then gpus=${spec%% *}; gpus=${gpus#@}; spec=${spec#* }; fi
+  [ -n "$spec" ] && run_lane "lane$i" "$gpus" "$spec" &
 done
 wait
 [ -n "${args[$lanes]:-}" ] && run_lane both "$all_gpus" "${args[$lanes]}"
