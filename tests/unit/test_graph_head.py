@@ -6,6 +6,7 @@ are tested in tests/gpu/test_graph_head_gpu.py)."""
 from __future__ import annotations
 
 import json
+import os
 import socket
 from types import SimpleNamespace
 
@@ -216,3 +217,103 @@ def test_random_graph_keys_give_the_eager_fused_samplers_tokens():
     from tests.utils import run_triton_interpreted
 
     run_triton_interpreted(_KEYS)
+
+
+_ENGINE = """
+import sys, torch
+from types import SimpleNamespace
+from octavo import LLM, SamplingParams as S
+from octavo.plugins.platforms.cuda_graph_head import GraphHead
+from octavo.plugins.platforms.cuda_sampler import sample_rows
+
+SIZES = (1, 2, 4)
+
+
+class EagerGraphHead(GraphHead):
+    # a capture that keeps the function and a replay that runs it into the captured output (no CUDA on the CPU)
+    def _capture_one(self, size, mode, fn, arg, pool):
+        out = fn(arg) if mode == "logits" else self.sampled[:size]
+        self.graphs[(size, mode)] = SimpleNamespace(replay=lambda: self.outputs[(size, mode)].copy_(fn(arg)))
+        self.outputs[(size, mode)] = out
+
+
+class BodyRunner:
+    # CUDAGraphRunner's contract on the CPU: a decode step of a captured size leaves its hidden states in that
+    # size's own output buffer (the body graph's), other steps run eagerly (None)
+    def __init__(self, runner):
+        self.runner, self.outputs = runner, {}
+
+    def maybe_run(self, inputs):
+        n = inputs.layout.num_reqs
+        if n not in self.outputs or inputs.layout.max_query_len != 1 or inputs.layout.num_tokens != n:
+            return None
+        self.runner.graph_runner = None  # the eager forward, then back
+        try:
+            hidden = self.runner.forward(inputs)
+        finally:
+            self.runner.graph_runner = self
+        return self.outputs[n].copy_(hidden)
+
+
+llm = LLM(sys.argv[1], dtype="float32", kv_cache_memory_bytes=8 << 20, max_model_len=128, seed=0,
+          skip_tokenizer_init=True, async_scheduling=sys.argv[2] == "1")
+runner = llm.llm_engine.core.executor.driver.runner
+runner.sampler.kernel, runner.sampler.force_fused = sample_rows, True  # the fused sampler, as on CUDA
+body = BodyRunner(runner)
+head = EagerGraphHead(runner.model, torch.device("cpu"), max(SIZES))
+with torch.inference_mode():
+    for n in SIZES:
+        body.outputs[n] = torch.zeros(n, runner.model.config.hidden_size)
+        head.capture(n, body.outputs[n], None)
+body.head = head
+runner.graph_runner = body
+prompts = [{"prompt_token_ids": [5 + i, 9, 30, 7 + 2 * i]} for i in range(4)]
+cases = {
+    "greedy4": (prompts, S(temperature=0, max_tokens=8, ignore_eos=True), None, "greedy"),
+    "seeded2": (prompts[:2], [S(temperature=0.8, seed=3 + i, max_tokens=8, ignore_eos=True) for i in range(2)],
+                None, "random"),
+    "unseeded1": (prompts[:1], S(temperature=1.0, max_tokens=8, ignore_eos=True), 7, "random"),
+    "mixed4": (prompts, [S(temperature=0), S(temperature=0.9, seed=1), S(temperature=0.7, top_k=20, seed=2),
+                         S(temperature=0.6, min_p=0.05, seed=4)], None, "filtered"),
+    "topk_topp1": (prompts[:1], S(temperature=0.9, top_k=30, top_p=0.8, max_tokens=8, seed=5, ignore_eos=True),
+                   None, "filtered"),
+    "topp_only1": (prompts[:1], S(temperature=0.9, top_p=0.8, max_tokens=8, seed=5, ignore_eos=True), None, None),
+    "greedy3": (prompts[:3], S(temperature=0, max_tokens=8, ignore_eos=True), None, None),
+    "logprobs2": (prompts[:2], S(temperature=0, max_tokens=8, logprobs=2, ignore_eos=True), None, None),
+}
+for name, (ps, params, seed, mode) in cases.items():
+    if isinstance(params, list):  # the mixed batch's rows: same length and stop rule as the others
+        for p in params:
+            p.max_tokens, p.ignore_eos = 8, True
+    got = {}
+    for active in (False, True):
+        head.active, before = active, dict(head.num_replays)
+        if seed is not None:
+            torch.manual_seed(seed)
+        outs = llm.generate(ps, params, use_tqdm=False)
+        used = {k: v - before[k] for k, v in head.num_replays.items() if v != before[k]}
+        got[active] = ([list(o.outputs[0].token_ids) for o in outs], [repr(o.outputs[0].logprobs) for o in outs],
+                       used)
+    assert got[True][:2] == got[False][:2], (name, got)
+    assert got[False][2] == {}, (name, got[False][2])
+    assert (set(got[True][2]) == {mode}) if mode else got[True][2] == {}, (name, got[True][2])
+llm.llm_engine.shutdown()
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("async_scheduling", ["1", "0"])
+def test_graph_head_modes_on_a_cpu_engine(tiny_llama, async_scheduling):
+    """The real GraphHead (captures replaced by eager replays into the captured outputs) behind a CPU engine with the
+    fused sampler (Triton's interpreter): greedy, seeded / unseeded random and top-k / min-p / top-p rows give the
+    eager path's tokens and logprobs, each step taking the mode the decisions name, and the fallbacks (top-p
+    alone, a padded batch, logprobs) never replaying a head graph."""
+    import subprocess
+    import sys
+
+    from tests.utils import REPO
+
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    out = subprocess.run([sys.executable, "-c", _ENGINE, tiny_llama, async_scheduling], env=env, capture_output=True,
+                         text=True, timeout=600, cwd=REPO)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-4000:]
