@@ -6,8 +6,8 @@
 #       chi-square, seeds); head.json: LM head (float32 one pass / bf16) + sampler (fp32 / bf16 logits, fast /
 #       exact noise) in CUDA graphs (benchmarks/nano_head_bench.py); gap.json: the warmed nano-vllm run in one
 #       engine: defaults, probe (CUDA events a step: GPU idle between steps; host phase timers; GC pauses),
-#       no_freeze (OCTAVO_GC_FREEZE=0: the GC walks the whole heap, as before), defaults, no_freeze, gc_off as the
-#       budget allows, then one 8k-token prefill step's kernel table
+#       no_freeze (OCTAVO_GC_FREEZE=0: the GC walks the whole heap, as before), defaults, no_freeze, si_500 as the
+#       budget allows (si_500: GIL switch interval 0.5 ms), then one 8k-token prefill step's kernel table
 #       (benchmarks/nano_host_gap.py).
 #   b2  (batch 2) gap.json again on the final tree: defaults / <variant> alternating (NANO_RUNS overrides the
 #       list), then the sampler cases for the time left.
@@ -41,7 +41,7 @@ case "$PART" in
     cases 30 sampler_cases.log tests/kernels/fused_sampler_cases.py
     run 28 head.log python benchmarks/nano_head_bench.py --out "$R/head.json"
     run "$(left)" gap.log python benchmarks/nano_host_gap.py --out "$R/gap.json" --budget-s "$(( $(left) - 4 ))" \
-      --runs defaults probe no_freeze defaults no_freeze gc_off --prefill-profile ;;
+      --runs defaults probe no_freeze defaults no_freeze si_500 --prefill-profile ;;
   b2)
     run 118 gap.log python benchmarks/nano_host_gap.py --out "$R/gap.json" --budget-s 114 \
       --runs ${NANO_RUNS:-defaults probe no_freeze defaults no_freeze defaults}
