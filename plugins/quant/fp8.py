@@ -8,8 +8,8 @@ that quantizes the activations itself and applies both scales (plugins/quant/fp8
 arithmetic, one launch, and all SMs streaming weights, where ``_scaled_mm``'s tiles leave most idle at one
 row. The GEMV is checked once per weight shape against ``_scaled_mm`` on the device at load (and tuned
 there, outside any CUDA-graph capture); a mismatch keeps ``_scaled_mm`` with a warning. Above the GEMV's
-rows, an input made by RMSNorm or SiLU-and-mul arrives already quantized by that kernel (fp8_fused.py).
-Two sources:
+rows, an input made by RMSNorm or SiLU-and-mul arrives already quantized by that kernel (fp8_fused.py); 2-64
+rows take the tensor-core GEMV where this card has a measured, load-checked tile (fp8_smallm.py). Two sources:
 
 - a dense bf16/fp16 checkpoint with ``quantization="fp8"``: each weight is quantized as it streams in;
 - a pre-quantized checkpoint (``quantization_config.quant_method == "fp8"``, vLLM / llm-compressor style):
@@ -147,6 +147,12 @@ class _FP8Method(LinearMethod):
                 ok, self.gemv_pre_ok = self._gemv_ok(layer)
                 if not ok:
                     self.gemv_max_m = 0
+        self.small_m = []  # 2-64 rows on the tensor-core GEMV where this card has a measured tile (fp8_smallm.py)
+        if self.fused:
+            from octavo.plugins.quant import fp8_smallm
+
+            self.small_m = fp8_smallm.choose(layer, lambda x2, pre, exact: self._scaled_mm(layer, x2, layer.bias,
+                                                                                         pre, exact))
 
     def _tc_choice(self, layer, kernel: str, rows: int = 1):
         """The tensor-core GEMV's (dot_fp8, config) for this shape if ``kernel`` asks for it, it compiles, and it
@@ -256,6 +262,12 @@ class _FP8Method(LinearMethod):
             else:
                 y = fp8_gemv(x2, layer.weight, layer.weight_scale, bias, **launch)
             return y.reshape(*shape[:-1], -1)
+        if getattr(self, "small_m", None) and x2.shape[0] > 1:
+            from octavo.plugins.quant import fp8_smallm
+
+            y = fp8_smallm.apply(layer, self.small_m, x2, pre, bias)
+            if y is not None:
+                return y.reshape(*shape[:-1], -1)
         return self._scaled_mm(layer, x2, bias, pre).reshape(*shape[:-1], -1)
 
     def _scaled_mm(self, layer, x2, bias, pre=None, exact=False):
