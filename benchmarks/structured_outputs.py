@@ -127,7 +127,7 @@ def bench_decode(args) -> dict:
     #          GIL switch interval, engine knobs: grammar_step.INLINE_AFTER_GATE / HANDOFF_WAIT_S, fill threads)
     park_default, early_fill_default, start_wait_default = async_gate.PARK, async_gate.EARLY_FILL, \
         async_gate.FILL_START_WAIT_S
-    devgate_default = grammar_device_gate.DEVICE_GATE
+    devgate_default, poolaccept_default = grammar_device_gate.DEVICE_GATE, so_mod.ACCEPT_ON_FILL_THREAD
     grammar_device_gate.TIME_WAIT = True  # device events around each device wait: "device_wait" in the host ms
     dflt = {"inline": grammar_step.INLINE_AFTER_GATE, "handoff": grammar_step.HANDOFF_WAIT_S,
             "threads": core.structured.fill_threads, "kernel": grammar_step.PLATFORM_APPLY, "early": so_mod.EARLY_ACCEPT}
@@ -190,6 +190,12 @@ def bench_decode(args) -> dict:
         modes["json_async_devgate_inline"] = (so, True, False, False, None, {**dflt, "devgate": True,
                                                                                "early_fill": False})
         modes["json_async_park"] = (so, True, False, False, None, {**dflt, "devgate": False})
+        # the device gate with N's accept moved into the bitmask thread's fill job (structured_output
+        # ACCEPT_ON_FILL_THREAD), and with a 0.2 ms GIL switch interval while structured steps are in flight
+        modes["json_async_devgate_poolaccept"] = (so, True, False, False, None, {**dflt, "devgate": True,
+                                                                                   "poolaccept": True})
+        modes["json_async_devgate_sw200us"] = (so, True, False, False, None, {**dflt, "devgate": True,
+                                                                                "switch": 200e-6})
         if args.switch_interval:  # the same two with a shorter GIL switch interval (sys.setswitchinterval)
             modes["free_async_si"] = (None, True, False, False, args.switch_interval, dflt)
             modes["json_async_si"] = (so, True, False, False, args.switch_interval, dflt)
@@ -243,6 +249,7 @@ def bench_decode(args) -> dict:
             xgb.NATIVE_FILL_THREADS = knobs.get("native", 1)
             grammar_step.HOST_READ_APPLY = knobs.get("host_read", True)
             grammar_device_gate.DEVICE_GATE = knobs.get("devgate", devgate_default)
+            so_mod.ACCEPT_ON_FILL_THREAD = knobs.get("poolaccept", poolaccept_default)
             if knobs.get("gate_only") and params_so is not None:
                 backend = core.structured._get_backend()
                 backend.fill_bitmasks = lambda ms, bm: bm.fill_(-1)
@@ -275,6 +282,7 @@ def bench_decode(args) -> dict:
                 xgb.NATIVE_FILL_THREADS = 1
                 grammar_step.HOST_READ_APPLY = True
                 grammar_device_gate.DEVICE_GATE = devgate_default
+                so_mod.ACCEPT_ON_FILL_THREAD = poolaccept_default
                 async_gate.PARK, async_gate.EARLY_FILL = park_default, early_fill_default
                 async_gate.FILL_START_WAIT_S = start_wait_default
                 backend = core.structured._backend

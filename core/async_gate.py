@@ -70,11 +70,15 @@ class GatedGrammarStep:
             self.inner = g = g.subset(keep)
         return g
 
-    def start_fill(self) -> None:
+    def start_fill(self, before: Any = None) -> None:
         """:data:`EARLY_FILL`: called right after the previous step's tokens were accepted, before its update:
         the fill starts on the bitmask thread (one library call, GIL released) while this thread updates and
         schedules; :meth:`release` then waits for it. A request that finishes at the previous step is filled
         too (harmless: its token here is never emitted; a terminated matcher gives an open row)."""
+        if before is not None and (not self.inner.seq or self._gate.is_set() or self._fill_started
+                                   or len(self.inner.matchers) < EARLY_FILL_MIN_ROWS):
+            before()  # ``before`` (the previous step's accept) goes with the fill job only under the device gate
+            before = None
         if self._gate.is_set() or self._fill_started:
             return
         if len(self.inner.matchers) < EARLY_FILL_MIN_ROWS:  # too few rows for a thread hand-off: fill inline
@@ -84,9 +88,11 @@ class GatedGrammarStep:
         self._fill_started = True
         g = self._drop_finished()
         if g.matchers:
-            g.start_on_pool(FILL_START_WAIT_S)
+            g.start_on_pool(0.0 if before is not None else FILL_START_WAIT_S, before=before)
 
-    def release(self) -> None:
+    def release(self, before: Any = None) -> None:
+        if before is not None:  # (the previous step's accept, when this is the accept's hook: here, first)
+            before()
         if self._gate.is_set():
             return
         if not self._fill_started:

@@ -40,10 +40,9 @@ _CPU_DTYPES = ("float32", "float64", "bfloat16", "float16")  # torch dtypes, com
 # hand-off (GIL) on the critical path. benchmarks/structured_outputs.py compares both (json_async_pool).
 INLINE_AFTER_GATE = True
 MIN_ROWS_PER_CHUNK = 8  # a row fills in ~10-40 us; a pool hand-off costs ~20-50 us (wake-up, GIL)
-# On an accelerator (async forward), after the gate opened with the rows ready, the core thread blocks up to this
-# long until the runner's thread has taken them (:meth:`GrammarStep.handoff`): otherwise the woken runner
-# thread waits for the GIL until the core thread blocks on its own (its outputs, the next schedule: ~1 ms) or
-# Python's 5 ms switch interval, while the device idles for the sampler. 0 turns it off.
+# On an accelerator, after the gate opened with the rows ready, the core thread blocks up to this long until the
+# runner's thread took them (:meth:`GrammarStep.handoff`): else the woken runner waits for the GIL until the core
+# thread blocks (~1 ms) or Python's 5 ms switch interval, while the device idles for the sampler. 0: off.
 HANDOFF_WAIT_S = 0.002
 # Where the platform has its own apply (``Platform.make_grammar_mask_apply``, handed in as ``kernel``; CUDA: one
 # Triton launch, plugins/platforms/cuda_grammar_mask.py; CPU: one C pass over the packed words,
@@ -51,12 +50,11 @@ HANDOFF_WAIT_S = 0.002
 # accelerator, numpy AND/OR on a CPU (the benchmark's json_async_table / overlap_numpy modes compare them).
 PLATFORM_APPLY = True
 # Where the platform's apply says it can (``reads_pinned_host`` on the callable: CUDA's), it reads the packed rows
-# straight from the pinned fill buffer (host memory the device addresses directly, UVA) instead of a host ->
-# device copy first. Why: session 8 GPU batch 1 (H100, random 1.1B)
-# sampled the runner's thread inside that copy call ~10% of a batch-1 JSON step (apply 0.2-0.33 ms of host time
-# per step, on the critical path). Safe for the same reason the buffer's reuse is (:func:`_to_device`): the next
-# fill into it starts only after this step's tokens, sampled after this kernel, reached the host. False: copy
-# first (benchmark mode json_async_copy). A launch that fails falls back to the copy for this process.
+# straight from the pinned fill buffer (UVA) instead of a host -> device copy first. Why: session 8 GPU batch 1
+# (H100, random 1.1B) sampled the runner's thread inside that copy call ~10% of a batch-1 JSON step (apply
+# 0.2-0.33 ms of host time per step, on the critical path). Safe for the same reason the buffer's reuse is
+# (:func:`_to_device`): the next fill into it starts only after this step's tokens, sampled after this kernel,
+# reached the host. False: copy first (json_async_copy). A launch that fails falls back to the copy.
 HOST_READ_APPLY = True
 
 
@@ -92,8 +90,7 @@ class GrammarStep:
 
     __slots__ = ("backend", "positions", "request_ids", "matchers", "bitmask", "pool", "chunks", "_future",
                  "_rows", "_error", "fill_s", "wait_s", "apply_s", "t_start", "t_fill0", "t_fill1", "t_resume",
-                 "handoff_wait_s", "_resumed", "cpu_hint", "cpu_pre", "parked", "device_gate", "seq",
-                 "wait_events")
+                 "handoff_wait_s", "_resumed", "cpu_hint", "cpu_pre", "parked", "device_gate", "seq", "wait_events")
 
     def __init__(self, backend: Any, positions: list[int], request_ids: list[str], matchers: list[Any],
                  bitmask: Any, pool: ThreadPoolExecutor, chunks: tuple[int, ThreadPoolExecutor] | None = None) -> None:
@@ -124,8 +121,7 @@ class GrammarStep:
         # the device gate (core/grammar_device_gate.py): the manager's DeviceGate where the runner can wait on the
         # device, and this step's number there (0: no device wait; set by the async loop's GatedGrammarStep)
         self.device_gate: Any = None
-        self.seq = 0
-        self.wait_events: Any = None  # (start, end) device events around the wait (grammar_device_gate.TIME_WAIT)
+        self.seq, self.wait_events = 0, None  # wait_events: device events around the wait (the benchmark's probe)
 
     def subset(self, keep: list[int]) -> GrammarStep:
         """A not yet started step of rows ``keep`` only (same buffer, pools and settings)."""
@@ -200,7 +196,7 @@ class GrammarStep:
         else:
             self._future = self.pool.submit(self._fill)
 
-    def start_on_pool(self, started_wait_s: float = 0.0) -> None:
+    def start_on_pool(self, started_wait_s: float = 0.0, before: Any = None) -> None:
         """Begin filling on the bitmask thread in one call (no row chunks: their threads would wait for the GIL
         that the caller keeps while it goes on in Python); block up to ``started_wait_s`` until that thread is
         running (so it takes the GIL now, not when the caller next blocks). :meth:`wait` collects the rows."""
@@ -212,7 +208,12 @@ class GrammarStep:
 
         def run():
             started.set()
-            return self._fill()
+            try:  # the previous step's accept first (core/structured_output.py ACCEPT_ON_FILL_THREAD)
+                if before is not None:
+                    before()
+            finally:  # the fill runs even after a failed accept (a device may wait for it); that error then rises
+                rows = self._fill()
+            return rows
 
         self._future = self.pool.submit(run)
         if started_wait_s > 0:

@@ -15,6 +15,7 @@ prompt or output; the matcher then replays the output after the marker.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -28,6 +29,10 @@ logger = logging.getLogger(__name__)
 # Under async scheduling, accept N's tokens (and fill N+1) before Scheduler.update (accept_sampled); False: after
 # it, in accept_tokens (benchmarks/structured_outputs.py mode json_async_late compares them).
 EARLY_ACCEPT = True
+# With the device gate (core/grammar_device_gate.py) and an early fill on the bitmask thread: N's tokens are accepted
+# there, in the job that then fills N+1, instead of on this thread, which goes on to update N and schedule N+2 at
+# once (the device, not this thread, waits for the masks). False: here (benchmark mode json_async_devgate_poolaccept).
+ACCEPT_ON_FILL_THREAD = False
 
 
 class RequestGrammar:
@@ -278,9 +283,12 @@ class StructuredOutputManager:
             matchers.append(g.matcher)
             tokens.append(token)
             rids.append(req.request_id)
-        if matchers:
-            self._accept(matchers, tokens, rids)
         hook, self.after_accept = self.after_accept, None
+        before = None
+        if matchers and ACCEPT_ON_FILL_THREAD and hook is not None:  # the gate decides where it runs (async_gate)
+            before = functools.partial(self._accept, matchers, tokens, rids)
+        elif matchers:
+            self._accept(matchers, tokens, rids)
         t1 = time.perf_counter()
         self.stats["accept_s"] += t1 - t0
         if hook is not None:
@@ -288,7 +296,7 @@ class StructuredOutputManager:
             # this thread then waits until the runner's thread took the rows (GrammarStep.handoff); else the fill is
             # queued on the bitmask thread and the yield lets that thread take the GIL now. Without it the other
             # thread waits until this one blocks or Python's 5 ms switch interval.
-            hook()
+            hook(before) if before is not None else hook()
             time.sleep(0)
             self.stats["release_s"] += time.perf_counter() - t1
 

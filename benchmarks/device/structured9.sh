@@ -7,9 +7,11 @@
 #      the volatile apply queued before the host writes the rows, stream busy until the host opens the word, same
 #      bits, a rewritten buffer gives the new step's bits, a wait nobody opens gives up and the host check fails.
 #   2. benchmarks/structured_outputs.py on the SmolLM2-135M shape (issue 11's model) at batch 32 and 1: free_async,
-#      json_async (the default), json_async_devgate (sampling queued behind a device wait on a host word the fill
-#      opens: core/grammar_device_gate.py), json_async_devgate_inline (same, the fill on the core thread at the
-#      accept), json_async_park (the Python gate, sessions 6-8); modes interleaved, greedy tokens compared between
+#      json_async_park (the Python gate, sessions 6-8, today's default), json_async_devgate (sampling queued behind
+#      a device wait on a host word the fill opens: core/grammar_device_gate.py), _devgate_inline (the fill on the
+#      core thread at the accept), _devgate_poolaccept (N's accept moved into the fill job on the bitmask thread),
+#      _devgate_sw200us (0.2 ms GIL switch interval while structured steps are in flight); modes interleaved; host
+#      ms incl. device_wait (device events: how long the GPU idled for the fill); greedy tokens compared between
 #      modes (*_tokens_equal_*: a path that changes a token is wrong).
 #   3. the same on the ~1.1B Llama shape (batch 32 only, if time is left).
 #   4. benchmarks/structured_ab.py on the SmolLM2-135M shape: two engines, JSON and free steps alternating one by
@@ -75,7 +77,7 @@ AB=(--device cuda --dtype bfloat16 --load-format dummy --blocks 4 --steps 12 --j
 [ "$DRY" = 1 ] && COMMON=(--steps 4 --repeats 1 --device cpu --dtype float32 --skip-compile --async-modes on
                           --show-outputs 1 --load-format dummy) \
   && AB=(--device cpu --dtype float32 --load-format dummy --blocks 2 --steps 4 --json-modes park devgate)
-MODES=(--modes ${STRUCTURED9_MODES:-json_async json_async_devgate json_async_devgate_inline json_async_park})
+MODES=(--modes ${STRUCTURED9_MODES:-json_async_park json_async_devgate json_async_devgate_inline json_async_devgate_poolaccept json_async_devgate_sw200us})
 if [ "$DRY" != 1 ]; then
   step apply_test 24 python3 -m pytest -q -p no:cacheprovider tests/structured/test_apply_device.py
 fi

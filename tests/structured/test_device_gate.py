@@ -165,6 +165,7 @@ def test_device_gate_tokens_identical_to_serial(monkeypatch):
     import json
 
     from octavo import LLM, SamplingParams
+    from octavo.core import structured_output as so_mod
     from octavo.core.async_engine import set_async_scheduling
     from octavo.core.loader import default_model_path
     from octavo.executor import Executor
@@ -186,8 +187,11 @@ def test_device_gate_tokens_identical_to_serial(monkeypatch):
         set_async_scheduling(core, mode != "serial")
         with monkeypatch.context() as m:
             m.setattr(ex_cls, "execute_structured", Executor.execute_structured if mode == "serial" else overlapped)
-            if mode == "gate":
+            if mode.startswith("gate"):
                 m.setattr(grammar_device_gate, "DEVICE_GATE", True)
+                if mode == "gate_poolaccept":  # N's accept in the fill job on the bitmask thread, from 2 rows
+                    m.setattr(so_mod, "ACCEPT_ON_FILL_THREAD", True)
+                    m.setattr(async_gate, "EARLY_FILL_MIN_ROWS", 2)
                 m.setattr(runner, "grammar_apply", kernel)
                 m.setitem(core.structured._cpu_hint, "device_wait", True)  # (set by a GPU runner's first apply)
             outs = llm.generate(prompts, params, use_tqdm=False)
@@ -197,12 +201,47 @@ def test_device_gate_tokens_identical_to_serial(monkeypatch):
     try:
         serial = run("serial")
         gated = run("gate")
+        pooled = run("gate_poolaccept")
     finally:
         set_async_scheduling(core, False)
         llm.llm_engine.shutdown()
     waits = [c for c in kernel.calls if c[0] == "wait"]
     assert len(waits) > 10 and core.structured._device_gate.words[1] == 0  # the device path ran, never gave up
-    assert [s[:2] for s in serial] == [g[:2] for g in gated]
+    assert [s[:2] for s in serial] == [g[:2] for g in gated] == [p[:2] for p in pooled]
     for (_, reason, text), p in zip(serial, params):
         if p.structured_outputs is not None and reason == "stop":
             jsonschema.validate(json.loads(text), SCHEMA)
+
+
+def test_accept_goes_with_the_fill_job_only_under_the_device_gate(device_gate_on, monkeypatch):
+    """structured_output.ACCEPT_ON_FILL_THREAD: the previous step's accept (``before``) runs on the bitmask thread
+    right before the fill, in the same job; a small step or a Python-gated one runs it here, first; a failed
+    accept still fills and opens the word, and its error reaches the host."""
+    monkeypatch.setattr(async_gate, "FILL_START_WAIT_S", 0.0)
+    order = []
+
+    def before():
+        order.append(("accept", threading.current_thread().name))
+
+    backend = _Backend()
+    gate = _gate(backend, async_gate.EARLY_FILL_MIN_ROWS)
+    gate.start_fill(before)
+    gate.inner.wait()
+    assert order[0][0] == "accept" and order[0][1].startswith("octavo-bitmask")
+    assert backend.threads == [order[0][1]] and gate.inner.device_gate.words[0] == gate.seq
+    here = threading.current_thread().name
+    order.clear()
+    _gate(_Backend(), 2).start_fill(before)  # too few rows for the thread: here, then filled inline
+    monkeypatch.setattr(grammar_device_gate, "DEVICE_GATE", False)
+    _gate(_Backend(), async_gate.EARLY_FILL_MIN_ROWS).start_fill(before)  # the Python gate: here
+    assert order == [("accept", here), ("accept", here)]
+    monkeypatch.setattr(grammar_device_gate, "DEVICE_GATE", True)
+
+    def broken():
+        raise RuntimeError("accept failed")
+
+    gate = _gate(_Backend(), async_gate.EARLY_FILL_MIN_ROWS)
+    gate.start_fill(broken)
+    with pytest.raises(RuntimeError, match="accept failed"):
+        gate.inner.wait()
+    assert gate.inner.device_gate.words[0] == gate.seq
