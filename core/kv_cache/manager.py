@@ -87,6 +87,15 @@ class KVCacheManager:
     def allocate_slots(self, req: Request, num_new_tokens: int, new_computed_blocks: list[KVBlock] = ()) -> bool:
         """Make room for ``num_new_tokens`` more tokens of ``req`` (after ``new_computed_blocks``, its prefix
         hits when it is first scheduled). Returns False, changing nothing, if there are not enough free blocks."""
+        if not new_computed_blocks and self.sliding_window is None:
+            # a running request whose tokens fit the blocks it holds (most decode steps): nothing to allocate.
+            # The general path below does the same with more dict and list work (the scheduler calls this for
+            # every running request every step)
+            blocks = self.req_blocks.get(req.request_id)
+            num_tokens = req.num_computed_tokens + num_new_tokens
+            if blocks and -(-num_tokens // self.block_size) <= len(blocks):
+                self._cache_full_blocks(req, num_tokens)
+                return True
         blocks = self.req_blocks.setdefault(req.request_id, [])
         if self.sliding_window is not None and blocks and not new_computed_blocks:
             self.free_out_of_window_blocks(req.request_id, req.num_computed_tokens)
