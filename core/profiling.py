@@ -19,11 +19,12 @@ from octavo.step import NewRequestData, ScheduledRequestData, StepBatch
 def profile_run(worker) -> None:
     settings = worker.settings
     bs = worker.block_size
-    num_tokens = settings.scheduler.max_num_batched_tokens or 2048
     # a step packs several prompts up to the token budget (chunked prefill), so the budget is the activation
-    # peak even where one request is shorter (the 8B e2e: 8192-token steps, max_model_len 4096); one request
-    # per max_model_len tokens, each with its own blocks
-    per_req = min(num_tokens, worker.max_model_len)
+    # peak even where one request is shorter (the 8B e2e: 8192-token steps, max_model_len 4096), unless
+    # max_num_seqs requests of max_model_len hold fewer tokens; one request per max_model_len tokens
+    per_req = min(settings.scheduler.max_num_batched_tokens or 2048, worker.max_model_len)
+    num_tokens = min(settings.scheduler.max_num_batched_tokens or 2048,
+                     settings.scheduler.max_num_seqs * worker.max_model_len)
     lengths = [per_req] * (num_tokens // per_req) + ([num_tokens % per_req] if num_tokens % per_req else [])
     per_blocks = [-(-n // bs) for n in lengths]
     num_blocks = sum(per_blocks) + 1  # block 0 pads the block tables

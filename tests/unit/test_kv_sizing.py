@@ -74,10 +74,13 @@ def test_without_empty_cache_the_cached_blocks_stay_counted(monkeypatch: pytest.
     assert info["cached_free_released_GiB"] == 0
 
 
-def test_profile_run_fills_the_token_budget_past_max_model_len(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(("max_num_seqs", "want"), [(8, (150, 3, 150)), (2, (128, 2, 128))])
+def test_profile_run_fills_the_token_budget_past_max_model_len(monkeypatch: pytest.MonkeyPatch, max_num_seqs: int,
+                                                               want: tuple) -> None:
     """A step packs prompts up to max_num_batched_tokens, so the profile's forward has that many tokens even where
-    one request is shorter: 150 tokens at max_model_len 64 are three requests (64 + 64 + 22), then the logits of
-    max_num_seqs rows. A real tiny engine on the CPU (its platform has no memory profiling: called directly)."""
+    one request is shorter: 150 tokens at max_model_len 64 are three requests (64 + 64 + 22), unless max_num_seqs
+    requests hold fewer (2 x 64). A real tiny engine on the CPU (its platform has no memory profiling: called
+    directly)."""
     import json
     import tempfile
 
@@ -99,9 +102,9 @@ def test_profile_run_fills_the_token_budget_past_max_model_len(monkeypatch: pyte
         with open(f"{d}/config.json", "w") as f:
             json.dump(cfg, f)
         llm = LLM(model=d, load_format="dummy", skip_tokenizer_init=True, device="cpu", max_model_len=64,
-                  max_num_batched_tokens=150, max_num_seqs=8, kv_cache_memory_bytes=1 << 20)
+                  max_num_batched_tokens=150, max_num_seqs=max_num_seqs, kv_cache_memory_bytes=1 << 20)
         worker = llm.llm_engine.core.executor.driver
         monkeypatch.setattr(ModelRunner, "forward", spy)
         profiling.profile_run(worker)
         llm.llm_engine.shutdown()
-    assert seen == [(150, 3, 150)]
+    assert seen == [want]
