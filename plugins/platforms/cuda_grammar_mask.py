@@ -83,7 +83,7 @@ def wait_host_flag(words: torch.Tensor, seq: int, max_spins: int = MAX_SPINS) ->
     ``words[1]`` (the host then fails the step: core/grammar_device_gate.py). ``seq`` is not specialized on, so
     no step number triggers a compile."""
     assert words.dtype == torch.int32 and words.numel() >= 2 and words.is_pinned()
-    _wait_flag_kernel[(1,)](words, seq, MAX_SPINS=max_spins)
+    _wait_flag_kernel[(1,)](words, seq, MAX_SPINS=max_spins, num_warps=1)  # one warp: one host read per spin
 
 
 #: core/grammar_step.py passes the pinned fill buffer itself (no host -> device copy call) to an apply saying so
