@@ -196,6 +196,9 @@ def bench_decode(args) -> dict:
                                                                                    "poolaccept": True})
         modes["json_async_devgate_sw200us"] = (so, True, False, False, None, {**dflt, "devgate": True,
                                                                                 "switch": 200e-6})
+        # the device gate without the core thread's wait (up to 1 ms) until the bitmask thread is inside the fill
+        modes["json_async_devgate_nostartwait"] = (so, True, False, False, None, {**dflt, "devgate": True,
+                                                                                    "start_wait": 0.0})
         if args.switch_interval:  # the same two with a shorter GIL switch interval (sys.setswitchinterval)
             modes["free_async_si"] = (None, True, False, False, args.switch_interval, dflt)
             modes["json_async_si"] = (so, True, False, False, args.switch_interval, dflt)
