@@ -79,6 +79,8 @@ def serve(settings, *, t_start: float | None = None) -> int:
             raise _BadServerSettings(str(e)) from None
         import uvicorn  # noqa: F401
 
+        _import_app_modules()
+
     in_process = srv.disable_frontend_multiprocessing  # the core loads in this thread: check first
     try:
         if in_process:
@@ -161,6 +163,34 @@ def serve(settings, *, t_start: float | None = None) -> int:
         print(f"octavo serve: the engine core died: {dead[0].strip().splitlines()[0]}", file=sys.stderr)
         return 1
     return 0
+
+
+def _import_app_modules() -> None:
+    """Import what ``build_app`` and uvicorn's start import, while the core still loads: the route modules,
+    FastAPI's ``pydantic.v1`` check at its first route, uvicorn's protocol and lifespan classes. After the core was
+    ready they cost ~0.15 s of CPU on the path to the first 200 (issue 18 start-up, session 9). A module that
+    fails to import here is left for the same import after ready to raise, where it always did."""
+    import importlib
+    import warnings
+
+    from uvicorn import config as uvicorn_config
+
+    names = ["octavo.lora.serving", "octavo.registry", "octavo.generation_config", "octavo.server.embeddings",
+             "octavo.server.pooling_routes", "octavo.server.vllm_routes", "octavo.server.lora_routes",
+             "octavo.server.responses", "octavo.server.shutdown"]
+    names += [target.split(":")[0] for target in (uvicorn_config.HTTP_PROTOCOLS.get("auto"),
+              uvicorn_config.WS_PROTOCOLS.get("auto"), uvicorn_config.LIFESPAN.get("off")) if target]
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            pass
+    with warnings.catch_warnings():  # as FastAPI imports it (fastapi/_compat/shared.py)
+        warnings.simplefilter("ignore", UserWarning)
+        try:
+            from pydantic import v1  # noqa: F401
+        except ImportError:
+            pass
 
 
 class _BadServerSettings(Exception):

@@ -48,7 +48,7 @@ def test_front_end_tokenizer_and_server_import_no_torch():
     """The front end's whole start path (GGUF tokenizer, FastAPI app) runs without torch: the core imports it."""
     code = ("import sys; from octavo.config import OctavoSettings; from octavo.core.loader import load_tokenizer; "
             "load_tokenizer(OctavoSettings.from_kwargs().model); import octavo.server, octavo.frontend, uvicorn; "
-            "import octavo.lora.serving; "
+            "import octavo.lora.serving; from octavo.cli.serve import _import_app_modules; _import_app_modules(); "
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False", out.stderr[-2000:]
