@@ -70,9 +70,24 @@ def server_env(cache_dir: str, **extra: str) -> dict:
     return env
 
 
+def _cpu_s(pid: int) -> dict:
+    """CPU seconds (user + system) the front end and its engine-core child have used so far: on a shared machine
+    these move far less with the load than the wall seconds do, so a loaded A/B compares them too."""
+    import psutil
+
+    try:
+        front = psutil.Process(pid)
+        out = {"front end": sum(front.cpu_times()[:2])}
+        for child in front.children():
+            out["core"] = out.get("core", 0.0) + sum(child.cpu_times()[:2])
+        return {k: round(v, 3) for k, v in out.items()}
+    except psutil.Error:
+        return {}
+
+
 def time_serve(cache_dir: str, extra: list[str], timeout: float = 300.0, **env_extra: str) -> tuple[float, float, dict]:
     """Seconds from spawning ``octavo serve`` to the first 200 of /v1/models and to the end of the first
-    completion after it, and the phases it logged."""
+    completion after it, and the phases it logged (with ``"cpu_s_until_ready"``: CPU seconds of each process)."""
     port = free_port()
     env = server_env(cache_dir, **env_extra)
     cmd = [sys.executable, "-m", "octavo.cli.main", "serve", "--port", str(port), "--max-model-len", "2048",
@@ -88,6 +103,7 @@ def time_serve(cache_dir: str, extra: list[str], timeout: float = 300.0, **env_e
                     with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=1) as r:
                         if r.status == 200:
                             ready = time.perf_counter() - t0
+                            cpu = _cpu_s(proc.pid)
                             break
                 except OSError:
                     time.sleep(0.02)
@@ -104,7 +120,7 @@ def time_serve(cache_dir: str, extra: list[str], timeout: float = 300.0, **env_e
             except subprocess.TimeoutExpired:
                 proc.kill()
         log.seek(0)
-        return ready, first, _phases(log.read())
+        return ready, first, {**_phases(log.read()), "cpu_s_until_ready": cpu}
 
 
 _PARTS = r"""
@@ -168,9 +184,12 @@ def main(argv=None) -> int:
         print("  logged phases (warm):", logged[-1], flush=True)
     med = {k: statistics.median(v) for k, v in rows.items()}
     med.update({f"{k}, first completion done": statistics.median(v) for k, v in firsts.items()})
+    med.update({f"{k}, CPU until ready, {who}": statistics.median(cpu[who] for cpu in cpus)
+                for k in rows for who in ("front end", "core")
+                if (cpus := [e["cpu_s_until_ready"] for e in logged if e["cache"] == k and who in e["cpu_s_until_ready"]])})
     med_parts = {k: statistics.median(p[k] for p in parts) for k in parts[0]}
     for k, v in {**med, **med_parts}.items():
-        print(f"{k:<36}{v:8.2f} s")
+        print(f"{k:<48}{v:8.2f} s")
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     record = {"card": f"CPU, {os.cpu_count()} cores; load average {os.getloadavg()[0]:.1f} at the end",
               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="minutes"),
