@@ -5,7 +5,8 @@ Why: at batch 1 on the Llama-3-8B shape the captured decode graph is the model b
 (docs/performance.md). Here, for each captured batch size up to ``OCTAVO_GRAPH_HEAD_MAX_SIZE`` (default 16), two
 more graphs (four with Triton) are captured on the body graph's output buffer, in the same memory pool:
 
-    greedy : logits = model.compute_logits(hidden); sampled = logits.argmax(-1)
+    greedy : logits = model.compute_logits(hidden); sampled = argmax_rows(logits)   (cuda_argmax.py: torch.argmax's
+             answers, ties to the lowest index, NaN first, in two launches instead of torch's one-block reduction)
              (TP > 1: each rank takes max + argmax of its vocabulary shard and the (value, index) pairs are
              all-gathered, :func:`shard_argmax`; the full logits are never gathered)
     random : logits = model.compute_logits(hidden); sampled = fused_sample(logits, T, keys)   (cuda_sampler.py)
@@ -50,13 +51,14 @@ def head_max_size() -> int:
     return int(raw)
 
 
-def shard_argmax(local_logits: torch.Tensor, vocab_start: int, gather) -> torch.Tensor:
+def shard_argmax(local_logits: torch.Tensor, vocab_start: int, gather, argmax=None) -> torch.Tensor:
     """``torch.argmax`` of the full logits row from this rank's vocabulary shard: ``local_logits`` ``[n, w]`` are
     this rank's columns ``[vocab_start, vocab_start + w)`` (padding columns cut), ``gather(x)`` concatenates an
     ``[n, 2]`` tensor of every rank along the last dim in rank order. Each rank's first maximum and its global
     index travel as an fp32 pair (indices < 2**24 are exact); the first rank holding the maximum wins, which is
-    the lowest global index among equal maxima (shards are in rank order), and a NaN wins as in torch.argmax."""
-    idx = local_logits.argmax(dim=-1, keepdim=True)
+    the lowest global index among equal maxima (shards are in rank order), and a NaN wins as in torch.argmax.
+    ``argmax``: a function with ``torch.argmax(x, dim=-1)``'s answers (default: that)."""
+    idx = (local_logits.argmax(dim=-1) if argmax is None else argmax(local_logits)).unsqueeze(-1)
     val = local_logits.gather(-1, idx).float()
     pair = torch.cat([val, (idx + vocab_start).float()], dim=-1)
     pairs = gather(pair)  # [n, 2 * world]
@@ -104,6 +106,14 @@ class GraphHead:
             self.modes += ["random", "filtered"]
         except ImportError:  # no Triton: greedy steps only
             self._fused_sample = None
+        self._argmax = lambda x: x.argmax(dim=-1)
+        if device.type != "cpu" or os.environ.get("TRITON_INTERPRET") == "1":
+            try:  # torch.argmax's answers in two launches over the GPU (torch: one block per row, 28 us at 128k)
+                from octavo.plugins.platforms.cuda_argmax import argmax_rows
+
+                self._argmax = argmax_rows
+            except ImportError:
+                pass
         self.shard = None
         self.agrees = False  # greedy ids are bitwise the same on every rank (shard path): no broadcast needed
         self.num_replays = {"greedy": 0, "random": 0, "filtered": 0}
@@ -130,7 +140,7 @@ class GraphHead:
     def _greedy(self, hidden: torch.Tensor) -> torch.Tensor:
         head = self.shard
         if head is None:
-            return self.model.compute_logits(hidden).argmax(dim=-1)
+            return self._argmax(self.model.compute_logits(hidden))
         from octavo.nn.parallel import tp_all_gather
 
         w = min(head.shard_size, head.num_embeddings - head.vocab_start)  # the last rank's padding columns cut
@@ -138,7 +148,7 @@ class GraphHead:
             local = head.logits_method.apply(head, hidden, head.bias)
         else:
             local = torch.nn.functional.linear(hidden, head.weight, head.bias)
-        return shard_argmax(local[:, :w], head.vocab_start, lambda x: tp_all_gather(x, dim=-1))
+        return shard_argmax(local[:, :w], head.vocab_start, lambda x: tp_all_gather(x, dim=-1), self._argmax)
 
     def _random(self, hidden: torch.Tensor) -> torch.Tensor:
         n = hidden.shape[0]
