@@ -10,7 +10,8 @@ graphs, same weights), ``on off off on ...``:
   16-bit KV bytes at the mean context, over the copy rate (benchmarks/fp8_bs1.py's and gpu_e2e.py's formula);
 - the greedy tokens of every measurement (they must all be equal) and the head graph replays of each mode;
 - per rank: the one-row body graph replayed alone vs body + greedy head graph (device time, no host), and the
-  head's one-row GEMM alone, cuBLAS (what the head runs) vs the body's Triton GEMV (cuda_fusions.gemv);
+  head's one-row GEMM alone, cuBLAS (what the head runs) vs the body's Triton GEMV (cuda_fusions.gemv), and one
+  row's argmax, torch's vs cuda_argmax.argmax_rows (eager launches back to back: device time plus launch gaps);
 - ``--gemv-ab`` (with ``OCTAVO_HEAD_GEMV=1``): each mode also with the head's one-row GEMM through the Triton GEMV
   (cuda_head_gemv.py) vs cuBLAS, the head graphs re-captured at each switch;
 - exactness checks: seeded temperature-0.8 sampling, unseeded sampling after ``torch.manual_seed`` (TP=1: the key
@@ -68,11 +69,14 @@ def graph_ms(worker, iters: int) -> dict:
         out[name] = start.elapsed_time(end) / iters
     head_w = getattr(getattr(worker.model, "lm_head", None), "weight", None)
     if head_w is not None:  # the head's one-row GEMM alone: cuBLAS (the eager head's F.linear) vs the Triton GEMV
+        from octavo.plugins.platforms.cuda_argmax import argmax_rows
         from octavo.plugins.platforms.cuda_fusions import gemv
 
         x = gr.outputs[1]
+        logits = torch.randn(1, head_w.shape[0], device=x.device)
         for name, fn in (("head_cublas", lambda: torch.nn.functional.linear(x, head_w)),
-                         ("head_gemv", lambda: gemv(x, head_w))):
+                         ("head_gemv", lambda: gemv(x, head_w)),
+                         ("argmax_torch", lambda: logits.argmax(dim=-1)), ("argmax_rows", lambda: argmax_rows(logits))):
             try:
                 for _ in range(3):
                     fn()
@@ -85,7 +89,8 @@ def graph_ms(worker, iters: int) -> dict:
                 end.synchronize()
                 ms = start.elapsed_time(end) / 50
                 out[name] = ms
-                out[name + "_TBps"] = head_w.numel() * head_w.element_size() / (ms * 1e-3) / 1e12
+                if name.startswith("head"):
+                    out[name + "_TBps"] = head_w.numel() * head_w.element_size() / (ms * 1e-3) / 1e12
             except Exception as e:  # noqa: BLE001 - a timing, not the A/B
                 out[name] = f"{type(e).__name__}: {e}"
     return out
