@@ -191,6 +191,11 @@ def measure_bs1(args, shape, layers, cfg, llm, load_s) -> dict:
            "fraction_of_roofline_with_embedding_table": b["bytes_read_with_embedding_table"] / bw / per_tok,
            "warm_up": "graphs captured at start; one untimed 8-token generation before the timed ones; every "
                       "re-captured A/B variant runs one eager forward before its capture"}
+    if args.graph_head_ab:  # the LM head + sampler graphs (OCTAVO_GRAPH_HEAD=1) off / on, alternating, this engine
+        from moe_head_ab import graph_head_ab
+
+        res["graph_head_ab"] = graph_head_ab(worker, lambda: (best(2 * n + 1) - best(1)) / (2 * n) * 1e3)
+        print(json.dumps(res["graph_head_ab"]), flush=True)
     gr = getattr(worker.runner, "graph_runner", None)
     if gr is not None and 1 in getattr(gr, "graphs", {}):
         _sync()
@@ -352,6 +357,8 @@ def main(argv=None) -> dict:
                          "records what ran)")
     ap.add_argument("--profile", action="store_true",
                     help="bs1: kernel table of the captured forward and an A/B without the batch-1 MoE path")
+    ap.add_argument("--graph-head-ab", action="store_true",
+                    help="bs1: ms per token with the LM head + sampler graphs off / on (needs OCTAVO_GRAPH_HEAD=1)")
     ap.add_argument("--profile-pdl", action="store_true", help="--profile also re-captures with OCTAVO_PDL on")
     ap.add_argument("--profile-attn", action="store_true",
                     help="bs1: A/B the batch-1 one-launch attention variants by re-capture (needs OCTAVO_MOE_DECODE_ATTN=1)")

@@ -311,10 +311,12 @@ B9_VARIANTS = [
     ("w2_pre4_1x128", {}, {}, PRE(4, BLOCK_N=1)),
     ("w2_pre2_2x256", {}, {}, PRE(2, BLOCK_K=256)),
     ("defaults_again", {}, {}, {}),
+    ("one_pre2", {}, {}, PRE(2, ONE=True)),  # w13 + w2 in one launch (cuda_moe_one_launch.py; 155 registers)
+    ("one_pre4", {}, {}, PRE(4, ONE=True)),  # last: a launch that spun forever would cost only these rows
 ]
 B9_MIXTRAL = [("defaults", {}, {}, {}), ("w2_pre2", {}, {}, PRE(2)), ("w2_pre4", {}, {}, PRE(4)),
               ("w2_pre1", {}, {}, PRE(1)), ("w2_pre2_16x256", {}, {}, PRE(2, BLOCK_N=16, BLOCK_K=256)),
-              ("defaults_again", {}, {}, {})]
+              ("defaults_again", {}, {}, {}), ("one_pre2", {}, {}, PRE(2, ONE=True))]
 PREFETCH_SETS = {"b1": PREFETCH_VARIANTS, "b2": B2_VARIANTS,  # $MOE_PF_SET picks the list (moe7.sh prefetch / ab,
                  "b9": B9_VARIANTS, "b9mix": B9_MIXTRAL}  # moe9.sh ab / mixab)
 

@@ -35,10 +35,12 @@ def _load_w2(b_ptrs, rows_ok, offs_k, K, kb, BLOCK_K: tl.constexpr):
 
 
 @triton.jit
-def _fma_w2(acc, b, a_ptrs, slot_ok, offs_k, K, kb, BLOCK_K: tl.constexpr):
-    """``acc += b * act`` for K-block ``kb``: the loop body of ``_w2_sum_kernel``."""
+def _fma_w2(acc, b, a_ptrs, slot_ok, offs_k, K, kb, BLOCK_K: tl.constexpr, CACHE: tl.constexpr = ""):
+    """``acc += b * act`` for K-block ``kb``: the loop body of ``_w2_sum_kernel`` (``CACHE`` ".cg": act written
+    by other programs of the same launch, cuda_moe_one_launch.py)."""
     k_ok = (offs_k < K - kb * BLOCK_K)[None, None, :]
-    a = tl.load(a_ptrs + kb * BLOCK_K, mask=slot_ok[:, None, None] & k_ok, other=0.0).to(tl.float32)
+    a = tl.load(a_ptrs + kb * BLOCK_K, mask=slot_ok[:, None, None] & k_ok, other=0.0,
+                cache_modifier=CACHE).to(tl.float32)
     return acc + b.to(tl.float32) * a
 
 

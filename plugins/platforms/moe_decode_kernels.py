@@ -31,6 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
+from octavo.plugins.platforms.cuda_moe_one_launch import moe_one
 from octavo.plugins.platforms.cuda_moe_route import _route
 from octavo.plugins.platforms.cuda_moe_w2_early import check_pre, launch_w2_early
 from octavo.plugins.platforms.cuda_pdl import gdc_launch_dependents, gdc_wait, launch_opts
@@ -275,7 +276,8 @@ def decode_one(x: torch.Tensor, router_logits: torch.Tensor, w13: torch.Tensor, 
     same results): ``w13["PF_W2"]`` the routed experts' w2 during w13, ``w13["EVICT"]`` its loads' eviction
     policy, ``w13["PF_NEXT"]`` ``next_weight`` (the next layer's qkv weight) before w13's wait, ``w2["PF_NEXT"]``
     1/2 the same during w2 (after / before its wait). ``w2["PRE"]`` 1..6: the w2 launch routes itself and loads its
-    first PRE K-blocks before its wait (cuda_moe_w2_early.py; same bits)."""
+    first PRE K-blocks before its wait (cuda_moe_w2_early.py; same bits); with ``w2["ONE"]`` w13 and w2 run as one
+    launch (cuda_moe_one_launch.py; same bits)."""
     num_experts, two_i, hidden = w13.shape
     inter = two_i // 2
     cfg = config or default_decode_config(top_k, inter, hidden)
@@ -292,6 +294,12 @@ def decode_one(x: torch.Tensor, router_logits: torch.Tensor, w13: torch.Tensor, 
     route = c13.get("ROUTE", "in")
     if route not in ("in", "launch", "rank") or (route != "in" and c13.get("ALL_SLOTS")):
         raise ValueError(f"decode_one: w13 ROUTE must be 'in', 'rank' or 'launch' (per-slot kernel), not {route!r}")
+    one = bool(c2.get("ONE"))
+    if one:
+        extras = [k for k in ("ALL_SLOTS", "PF_W2", "EVICT", "PF_NEXT", "PIPE") if c13.get(k)]
+        if route != "in" or extras or not pre:
+            raise ValueError(f"decode_one: w2 ONE needs w2 PRE >= 1 and the plain per-slot w13 (ROUTE 'in'), not "
+                             f"ROUTE {route!r} / PRE {pre!r} / {extras}")
     if route == "launch":  # its own routing launch (cuda_moe_kernels.topk_softmax), w13 reads the ids
         from octavo.plugins.platforms.cuda_moe_kernels import topk_softmax
 
@@ -301,6 +309,9 @@ def decode_one(x: torch.Tensor, router_logits: torch.Tensor, w13: torch.Tensor, 
         ids = torch.empty(1, top_k, dtype=torch.int64, device=dev)
     act = torch.empty(top_k, inter, dtype=x.dtype, device=dev)
     out = torch.empty(1, hidden, dtype=x.dtype, device=dev)
+    if one:  # w13 and w2 in one launch (cuda_moe_one_launch.py)
+        moe_one(x, router_logits, w13, w2, act, out, weights, ids, top_k, renormalize, c13, c2, pre, launch_opts())
+        return out, weights, ids
     all_slots = bool(c13.get("ALL_SLOTS", False))
     kernel13 = _w13_route_all_kernel if all_slots else _w13_route_kernel
     num_n13 = triton.cdiv(inter, c13["BLOCK_N"])

@@ -1,8 +1,9 @@
 """The batch-1 w2 launch that routes itself and loads its first K-blocks before the PDL wait
-(plugins/platforms/cuda_moe_w2_early.py), on the CPU.
+(plugins/platforms/cuda_moe_w2_early.py) and the one-launch w13 + w2 (cuda_moe_one_launch.py), on the CPU.
 
 - under the interpreter: with ``w2["PRE"]`` 1..6 the output, weights and ids are bit-equal to the plain w2 launch
-  with the same tiles (ragged I, fewer K-blocks than PRE, k=1, no renormalisation, fp32/fp16), and the output
+  with the same tiles (ragged I, fewer K-blocks than PRE, k=1, no renormalisation, fp32/fp16), so is the one
+  launch (``w2["ONE"]``, run twice: its tile counters are back at 0 after each launch), and the output
   agrees with a float64 loop (so the bit-equality is not two copies of one bug);
 - compiled for sm_90 by Triton's own compiler (no GPU): the routing's logits loads (``ld.global.cg``) and the w2
   loads of the first PRE blocks sit before ``griddepcontrol.wait``, and no load of the activations does;
@@ -36,6 +37,12 @@ for e, k, h, inter, dt, renorm in ((16, 4, 64, 96, torch.float16, True), (6, 3, 
         got = decode_one(x, logits, w13, w2, k, renorm, {"w13": tiles["w13"], "w2": {**tiles["w2"], "PRE": pre}})
         for a, b in zip(want, got):
             assert torch.equal(a, b), (e, k, pre)
+    for pre in (1, 4, 6):  # w13 and w2 in one launch (cuda_moe_one_launch.py), twice: the counters were reset
+        for _ in range(2):
+            one = decode_one(x, logits, w13, w2, k, renorm,
+                             {"w13": tiles["w13"], "w2": {**tiles["w2"], "PRE": pre, "ONE": True}})
+            for a, b in zip(want, one):
+                assert torch.equal(a, b), (e, k, pre, "one")
     # float64 loop over the same routing: act = silu(x w1) * (x w3), out = sum_j w_j act_j w2_j
     wts, ids = want[1][0].double(), want[2][0]
     out = torch.zeros(h, dtype=torch.float64)
@@ -45,6 +52,8 @@ for e, k, h, inter, dt, renorm in ((16, 4, 64, 96, torch.float16, True), (6, 3, 
         out += wts[j] * (w2[ids[j]].double() @ (torch.nn.functional.silu(gate) * up))
     err = float((got[0][0].double() - out).abs().max() / out.abs().max())
     assert err < (1e-5 if dt == torch.float32 else 2e-2), (e, k, err)
+from octavo.plugins.platforms.cuda_moe_one_launch import _COUNTERS
+assert all(int(c.abs().sum()) == 0 for c in _COUNTERS.values())
 print("ok")
 """
 
@@ -89,6 +98,9 @@ def test_bad_settings_are_refused():
     x, logits = torch.zeros(1, 64), torch.zeros(1, 8)
     w13, w2 = torch.zeros(8, 64, 64), torch.zeros(8, 64, 32)
     tiles = {"BLOCK_N": 16, "BLOCK_K": 32}
-    for extra, what in [({"PRE": 7}, "PRE"), ({"PRE": 1.5}, "PRE"), ({"PRE": 2, "PF_NEXT": 1}, "PF_NEXT")]:
+    for w13_extra, extra, what in [({}, {"PRE": 7}, "PRE"), ({}, {"PRE": 1.5}, "PRE"),
+                                   ({}, {"PRE": 2, "PF_NEXT": 1}, "PF_NEXT"), ({}, {"ONE": True}, "PRE"),
+                                   ({"ROUTE": "launch"}, {"ONE": True, "PRE": 2}, "ROUTE"),
+                                   ({"PIPE": True}, {"ONE": True, "PRE": 2}, "PIPE")]:
         with pytest.raises(ValueError, match=what):
-            decode_one(x, logits, w13, w2, 2, True, {"w13": tiles, "w2": {**tiles, **extra}})
+            decode_one(x, logits, w13, w2, 2, True, {"w13": {**tiles, **w13_extra}, "w2": {**tiles, **extra}})

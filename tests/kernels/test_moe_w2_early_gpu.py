@@ -1,10 +1,10 @@
 """The batch-1 w2 launch that routes itself and loads its first K-blocks before the PDL wait
-(plugins/platforms/cuda_moe_w2_early.py) on a CUDA GPU (skips without one): it must give the plain two-launch
-path's bits.
+(plugins/platforms/cuda_moe_w2_early.py) and the one-launch w13 + w2 (cuda_moe_one_launch.py) on a CUDA GPU
+(skips without one): both must give the plain two-launch path's bits.
 
 - At the Qwen3-30B-A3B (E=128, k=8) and Mixtral-8x7B (E=8, k=2) layer shapes, bf16, shipped-default tiles and
-  ``w2["PRE"]`` 1..6: output, weights and ids bit-equal to ``PRE`` 0, eager and replayed from a CUDA graph with
-  new tokens and logits.
+  ``w2["PRE"]`` 1 / 4 / 6 (Mixtral 2 / 4), and the one launch at PRE 2 and 4: output, weights and ids bit-equal to ``PRE`` 0, eager
+  and replayed from a CUDA graph with new tokens and logits.
 - A chain of layers captured in one graph where each layer's router logits come from the GEMV launched right
   before it (a PDL kernel when PDL is on), as in the model, so the early w2's read of the logits before its wait
   runs against a real producer chain; the chain's output must equal the plain path's after every replay.
@@ -37,8 +37,10 @@ def test_early_w2_is_bit_equal_eager_and_in_a_graph(shape):
     x = torch.randn(1, h, device="cuda", generator=gen).bfloat16()
     logits = torch.randn(1, e, device="cuda", generator=gen)
     base = default_decode_config(k, inter, h)
-    pres = (1, 2, 4, 6) if shape == "qwen3-30b-a3b" else (1, 2, 4)
+    pres = (1, 4, 6) if shape == "qwen3-30b-a3b" else (2, 4)
     cfgs = [{"w13": base["w13"], "w2": {**base["w2"], "PRE": p}} for p in pres]
+    pres = (*pres, "one2", "one4")  # w13 and w2 in one launch (cuda_moe_one_launch.py)
+    cfgs += [{"w13": base["w13"], "w2": {**base["w2"], "PRE": p, "ONE": True}} for p in (2, 4)]  # B9 variants
 
     def run():
         return [decode_one(x, logits, w13, w2, k, True, c) for c in [base, *cfgs]]
@@ -75,6 +77,7 @@ def test_early_w2_in_a_pdl_chain_whose_logits_come_from_the_kernel_before():
     x0 = torch.randn(1, h, device="cuda", generator=gen).bfloat16()
     base = default_decode_config(k, inter, h)
     early = {"w13": base["w13"], "w2": {**base["w2"], "PRE": 4}}
+    one = {"w13": base["w13"], "w2": {**base["w2"], "PRE": 2, "ONE": True}}
 
     def chain(cfg):
         x = x0
@@ -86,9 +89,10 @@ def test_early_w2_in_a_pdl_chain_whose_logits_come_from_the_kernel_before():
 
     want_eager = chain(base)
     assert torch.equal(chain(early), want_eager)
+    assert torch.equal(chain(one), want_eager)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        want, got = chain(base), chain(early)
+        want, got, got_one = chain(base), chain(early), chain(one)
     for seed in range(5):
         x0.copy_(torch.randn(1, h, device="cuda", generator=torch.Generator(device="cuda").manual_seed(seed))
                  .bfloat16())
@@ -96,5 +100,6 @@ def test_early_w2_in_a_pdl_chain_whose_logits_come_from_the_kernel_before():
             graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(want, got), seed
+        assert torch.equal(want, got_one), seed
         assert torch.equal(want, chain(base)), seed
     del graph
