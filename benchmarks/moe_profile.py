@@ -313,6 +313,7 @@ B9_VARIANTS = [
     ("defaults_again", {}, {}, {}),
     ("one_pre2", {}, {}, PRE(2, ONE=True)),  # w13 + w2 in one launch (cuda_moe_one_launch.py; 155 registers)
     ("one_pre4", {}, {}, PRE(4, ONE=True)),  # last: a launch that spun forever would cost only these rows
+    ("one_pre2_w13_8x256", {}, {"BLOCK_N": 8}, PRE(2, ONE=True)),  # 768 w13 tiles, 115 registers: 4 per SM
 ]
 B9_MIXTRAL = [("defaults", {}, {}, {}), ("w2_pre2", {}, {}, PRE(2)), ("w2_pre4", {}, {}, PRE(4)),
               ("w2_pre1", {}, {}, PRE(1)), ("w2_pre2_16x256", {}, {}, PRE(2, BLOCK_N=16, BLOCK_K=256)),
