@@ -55,6 +55,27 @@ class Timers:
         setattr(obj, attr, timed)
 
 
+def _gemm_switch(model):
+    """``switch(kernel)``: the model's packed bf16 linears and LM head on cpu_bf16_gemm.py's kernel (True) or on
+    oneDNN's packed weights (False); both give the same bits, so the steps of a run can alternate."""
+    from octavo.plugins.platforms import cpu_packed_linear as cpl
+
+    owners = [(m.quant_method, m.weight) for m in model.modules()
+              if isinstance(getattr(m, "quant_method", None), cpl.PackedLinearMethod)]
+    owners += [(m.logits_method, m.weight) for m in model.modules()
+               if isinstance(getattr(m, "logits_method", None), cpl.PackedLogitsMethod)]
+    pairs = [(o._packed, o._packed.gemm, torch.ops.mkldnn._reorder_linear_weight(w, o._packed.rows_hint))
+             for o, w in owners if o._packed is not None and o._packed.gemm is not None]
+    if not pairs:
+        raise SystemExit("--ab-gemm: no linear runs cpu_bf16_gemm.py's kernel here (AMX CPU, or switched off)")
+
+    def switch(kernel: bool) -> None:
+        for p, gemm, onednn in pairs:
+            p.gemm, p.packed = (gemm, None) if kernel else (None, onednn)
+
+    return switch
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dtype", default="bfloat16")
@@ -63,6 +84,8 @@ def main(argv=None) -> int:
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--ab-argmax", action="store_true", help="alternate the C argmax with torch.argmax per step")
+    ap.add_argument("--ab-gemm", action="store_true",
+                    help="alternate cpu_bf16_gemm.py's kernel with oneDNN's packed linears per step (same bits)")
     ap.add_argument("--prefill", action="store_true",
                     help="time the prefill steps instead (max_num_batched_tokens 2048, as benchmarks/throughput.py)")
     ap.add_argument("--out", default=None, help="JSON path (default: print only)")
@@ -109,6 +132,8 @@ def main(argv=None) -> int:
     while full < 2:  # prefills done, two untimed decode steps with every request in the batch
         full = full + 1 if len(eng.step()) == args.batch else 0
     ab = {"c": [], "torch": []}
+    gemm_ab = _gemm_switch(model) if args.ab_gemm else None
+    steps_ab: dict = {"kernel": [], "onednn": []}
     timers.on = True
     t0, c0 = time.perf_counter(), time.process_time()
     for k in range(args.steps):
@@ -116,7 +141,11 @@ def main(argv=None) -> int:
         for s, f in zip(samplers, c_argmax):
             s.greedy_argmax = f if use_c else None
         before = timers.cpu["sampler"]
+        if gemm_ab is not None:
+            gemm_ab(k % 2 == 0)
+        c1 = time.process_time()
         eng.step()
+        steps_ab["kernel" if k % 2 == 0 else "onednn"].append(time.process_time() - c1)
         ab["c" if use_c else "torch"].append(timers.cpu["sampler"] - before)
     wall = (time.perf_counter() - t0) / args.steps * 1e3
     cpu = (time.process_time() - c0) / args.steps * 1e3
@@ -134,6 +163,12 @@ def main(argv=None) -> int:
         med = {k: sorted(v)[len(v) // 2] * 1e3 for k, v in ab.items() if v}
         record["sampler_cpu_ms_median"] = med
         print("  sampler CPU ms/step, median: " + ", ".join(f"{k} argmax {v:.2f}" for k, v in med.items()))
+    if gemm_ab is not None:
+        gemm_ab(True)
+        med = {k: round(sorted(v)[len(v) // 2] * 1e3, 2) for k, v in steps_ab.items() if v}
+        record["step_cpu_ms_median_gemm_ab"] = med
+        print("  step process CPU ms, median: " + ", ".join(f"{k} {v:.2f}" for k, v in med.items())
+              + f" (steps alternate; {len(steps_ab['kernel'])} each)")
     if args.out:
         os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
         with open(args.out, "w") as f:

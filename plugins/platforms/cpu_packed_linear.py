@@ -10,6 +10,10 @@ rows (docs/performance.md "Offline 64 x 128/128, session 7"). float32 was tried 
 its packed path differs from ``F.linear`` in the last bits (the fp32 parity tests pin exact results) and was
 0.7-1.2x.
 
+On CPUs with AVX512-BF16 and no AMX (oneDNN's ``vdpbf16ps`` path) the weight is packed for
+``cpu_bf16_gemm.py``'s kernel instead, which gives oneDNN's bits (checked once per weight shape at install) and
+skips its per-call set-up (session 9: batch-64 decode step 1.12x, 1 thread).
+
 Installed by the CPU platform's ``prepare_model`` on dense (``UnquantizedLinearMethod``) bfloat16 linears and on
 a dense bfloat16 LM head (its ``logits_method``), within a memory budget (the packed copy doubles those
 weights): ``OCTAVO_CPU_PACKED_LINEAR_MB`` (default 1024; ``0`` turns packing off). Not with
@@ -49,7 +53,10 @@ class _Packed:
     a reload), ``owner._packed`` is dropped with it, so sleeping frees the copy too."""
 
     def __init__(self, weight: torch.Tensor, rows_hint: int, owner=None) -> None:
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), rows_hint)
+        # AVX512-BF16 without AMX: cpu_bf16_gemm.py's kernel (oneDNN's bits, checked per shape); else oneDNN's pack
+        self.gemm = _gemm_pack(weight, rows_hint)
+        self.packed = None if self.gemm is not None else torch.ops.mkldnn._reorder_linear_weight(weight.detach(),
+                                                                                                 rows_hint)
         me, holder = weakref.ref(self), weakref.ref(owner) if owner is not None else None
 
         def drop(_dead) -> None:
@@ -64,6 +71,31 @@ class _Packed:
     def current(self, weight: torch.Tensor) -> bool:
         return (self.storage() is weight.untyped_storage()
                 and self.key == (weight.data_ptr(), tuple(weight.shape), tuple(weight.stride())))
+
+
+_gemm_verified: dict[tuple[int, int], bool] = {}
+
+
+def _gemm_pack(weight: torch.Tensor, rows_hint: int):
+    """``weight`` packed for ``cpu_bf16_gemm`` where that kernel is wanted here and gives oneDNN's bits for this
+    shape (checked once per shape against oneDNN's packed linear); else None."""
+    try:
+        from . import cpu_bf16_gemm as g  # relative, like the platform's other siblings
+    except ImportError:  # a copy of this plugin without that sibling: oneDNN
+        return None
+    if not g.wanted():
+        return None
+    wp = g.pack(weight.detach())
+    if wp is None:
+        return None
+    key = tuple(weight.shape)
+    if key not in _gemm_verified:
+        _gemm_verified[key] = g.same_bits_as_onednn(
+            weight.detach(), torch.ops.mkldnn._reorder_linear_weight(weight.detach(), rows_hint), wp)
+        if not _gemm_verified[key]:
+            logger.warning("bf16 GEMM kernel differs from oneDNN for a %s weight here: oneDNN kept (%s)", key,
+                           g.SWITCH)
+    return wp if _gemm_verified[key] else None
 
 
 def _usable(weight: torch.Tensor) -> bool:
@@ -91,6 +123,12 @@ def packed_linear(owner, weight: torch.Tensor, x: torch.Tensor, bias: torch.Tens
         if not _usable(weight):
             return F.linear(x, weight, bias)
         owner._packed = p = _Packed(weight, p.rows_hint if p is not None else 64, owner)
+    if p.gemm is not None:
+        from .cpu_bf16_gemm import linear
+
+        out = linear(x, p.gemm) if bias is None else None
+        # a bias or a layout the kernel does not read: F.linear, the same bits as the packed call
+        return out if out is not None else F.linear(x, weight, bias)
     return torch.ops.mkldnn._linear_pointwise(x, p.packed, bias, "none", [], "")
 
 
