@@ -1,7 +1,6 @@
 """GGUF files: a fast metadata reader, the Hugging Face config, the tokenizer, and dequantized weights.
 
-``gguf.GGUFReader`` walks every vocabulary string through numpy views (about 10 s for a 49k-token vocabulary
-here), so the header is parsed with ``struct`` over an ``mmap`` instead (well under a second); tensor data
+The header (metadata, tensor table) is read by ``gguf_header.py`` (``struct`` over an ``mmap``); tensor data
 stay memory-mapped and are dequantized one tensor at a time with ``gguf.quants.dequantize``.
 
 Names: llama.cpp's tensor names (``blk.3.attn_q.weight``) map to Hugging Face names
@@ -13,14 +12,13 @@ from __future__ import annotations
 
 import mmap
 import re
-import struct
 from collections.abc import Iterator
-from dataclasses import dataclass
-from functools import lru_cache
 from math import prod
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+from octavo.core.loader.gguf_header import GGUFHeader, GGUFStrings, GGUFTensorInfo, read_header  # noqa: F401
 
 if TYPE_CHECKING:
     import torch
@@ -28,83 +26,7 @@ if TYPE_CHECKING:
 # NOTE: torch is imported inside the weight functions: the front end of `octavo serve` reads the GGUF tokenizer
 # through this module and must not pay for torch (docs/loading.md, "Start time").
 
-_SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
-_NUMPY = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "?", 10: "<u8", 11: "<i8",
-          12: "<f8"}
 _PLAIN = {0: np.float32, 1: np.float16}  # ggml types stored as plain values (bf16 = 30 is handled by gguf)
-
-
-@dataclass(frozen=True)
-class GGUFTensorInfo:
-    name: str
-    shape: tuple[int, ...]  # torch order (ggml stores the fastest dimension first)
-    ggml_type: int
-    offset: int  # absolute, in the file
-
-
-@dataclass
-class GGUFHeader:
-    path: str
-    metadata: dict[str, Any]
-    tensors: list[GGUFTensorInfo]
-
-    @property
-    def architecture(self) -> str:
-        return self.metadata["general.architecture"]
-
-
-def _read_string(buf, pos: int) -> tuple[str, int]:
-    (length,) = struct.unpack_from("<Q", buf, pos)
-    pos += 8
-    return buf[pos:pos + length].decode("utf-8", errors="replace"), pos + length
-
-
-def _read_value(buf, pos: int, vtype: int):
-    if vtype in _SCALAR:
-        fmt = _SCALAR[vtype]
-        return struct.unpack_from(fmt, buf, pos)[0], pos + struct.calcsize(fmt)
-    if vtype == 8:
-        return _read_string(buf, pos)
-    if vtype == 9:
-        etype, count = struct.unpack_from("<IQ", buf, pos)
-        pos += 12
-        if etype in _NUMPY:
-            arr = np.frombuffer(buf, dtype=_NUMPY[etype], count=count, offset=pos)
-            return arr.tolist(), pos + arr.nbytes
-        values = []
-        for _ in range(count):
-            value, pos = _read_value(buf, pos, etype)
-            values.append(value)
-        return values, pos
-    raise ValueError(f"GGUF metadata value type {vtype} is unknown; is the file a valid GGUF v2/v3?")
-
-
-@lru_cache(maxsize=4)
-def read_header(path: str) -> GGUFHeader:
-    """Metadata and tensor table of a GGUF file (cached per path: the engine asks more than once)."""
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-        if mm[:4] != b"GGUF":
-            raise ValueError(f"{path} is not a GGUF file (it does not start with the magic bytes 'GGUF')")
-        version, num_tensors, num_kv = struct.unpack_from("<IQQ", mm, 4)
-        if version not in (2, 3):
-            raise ValueError(f"{path} is GGUF version {version}; octavo reads versions 2 and 3")
-        pos, metadata = 24, {}
-        for _ in range(num_kv):
-            key, pos = _read_string(mm, pos)
-            (vtype,) = struct.unpack_from("<I", mm, pos)
-            metadata[key], pos = _read_value(mm, pos + 4, vtype)
-        entries = []
-        for _ in range(num_tensors):
-            name, pos = _read_string(mm, pos)
-            (ndim,) = struct.unpack_from("<I", mm, pos)
-            dims = struct.unpack_from(f"<{ndim}Q", mm, pos + 4)
-            ggml_type, offset = struct.unpack_from("<IQ", mm, pos + 4 + 8 * ndim)
-            pos += 4 + 8 * ndim + 12
-            entries.append((name, tuple(reversed(dims)), ggml_type, offset))
-    alignment = metadata.get("general.alignment", 32)
-    data_start = -(-pos // alignment) * alignment
-    tensors = [GGUFTensorInfo(n, s, t, data_start + o) for n, s, t, o in entries]
-    return GGUFHeader(path, metadata, tensors)
 
 
 # ----------------------------------------------------------------------------------------- config
@@ -178,6 +100,11 @@ def gguf_hf_config(path: str):
 
 # -------------------------------------------------------------------------------------- tokenizer
 
+def _plain(value):
+    """A metadata value as transformers' converter expects it: lists, not :class:`GGUFStrings`."""
+    return list(value) if isinstance(value, GGUFStrings) else value
+
+
 def gguf_tokenizer(path: str):
     """The Hugging Face fast tokenizer and chat template stored in a GGUF file's metadata.
 
@@ -193,7 +120,8 @@ def gguf_tokenizer(path: str):
 
     header = read_header(path)
     meta = header.metadata
-    groups = {group: {name: meta[f"tokenizer.{key}"] for key, name in renames.items() if f"tokenizer.{key}" in meta}
+    groups = {group: {name: _plain(meta[f"tokenizer.{key}"]) for key, name in renames.items()
+                      if f"tokenizer.{key}" in meta}
               for group, renames in GGUF_TOKENIZER_MAPPING.items()}
     tokenizer_dict, tokenizer_config = groups["tokenizer"], groups["tokenizer_config"]
     if "tokens" not in tokenizer_dict:
