@@ -4,7 +4,7 @@ A loaded engine process holds 0.35-0.5 M objects the cyclic GC tracks (model mod
 transformers state, kernel caches), and a run adds few long-lived ones. Python starts a full collection whenever
 the objects promoted to the oldest generation since the last one exceed a quarter of its survivors; a long run
 of small per-step objects (outputs, per-request lists that live one or two steps) gets there, and a full
-collection walks the whole heap: 0.37-0.44 s measured on a loaded 2-vCPU Xeon (session 9). It holds the GIL, so
+collection walks the whole heap: 0.37-0.44 s measured on a loaded 2-vCPU AMD EPYC (Zen 4; session 9). It holds the GIL, so
 the engine core's thread and the step thread both stop and the GPU idles. vLLM freezes its start-up heap for
 the same reason.
 
