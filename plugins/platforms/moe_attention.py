@@ -25,7 +25,9 @@ logger = logging.getLogger(__name__)
 
 DEFAULTS = {"splits": 16, "block_n": 64, "num_warps": 8, "early": True, "dot16": True,
             "prefetch": 0,  # 1/2: ask L2 for o_proj's weight after/before the PDL wait (moe_prefetch.py)
-            "merge": 1}  # 1: the merge of the splits unrolled (session 8 batch 1: forward 2.893 vs 3.029 ms), 0: a loop
+            "merge": 1,  # 1: the merge of the splits unrolled (session 8 batch 1: forward 2.893 vs 3.029 ms), 0: a loop
+            "o_early": 0,  # 1..8: o_proj as cuda_moe_oproj.gemv_early, this many K-blocks loaded before its PDL wait
+            "o_tile": (4, 512, 4)}  # its (BLOCK_N, BLOCK_K, num_warps)
 
 
 DEFAULT_ON = True  # session 7 batch 2 (H100): Qwen3-30B-A3B forward 3.035 vs 3.100 ms, same engine (docs/moe.md)
@@ -69,8 +71,21 @@ def _forward(self, positions, hidden_states, ctx):
         pre = take_qkv(self, hidden_states)
     if runs_here(self, hidden_states.shape[0], hidden_states.dtype, md):
         qkv = pre if pre is not None else self.qkv_proj(hidden_states)
-        return self.o_proj(one_launch(self, positions, qkv, md))
+        out = one_launch(self, positions, qkv, md)
+        if self._attn_one["o_early"] and _plain_o_proj(self.o_proj, out.dtype):
+            from octavo.plugins.platforms.cuda_moe_oproj import gemv_early
+
+            bn, bk, warps = self._attn_one["o_tile"]
+            return gemv_early(out, self.o_proj.weight, self._attn_one["o_early"], bn, bk, warps)
+        return self.o_proj(out)
     return self._attn_one_prev(positions, hidden_states, ctx)
+
+
+def _plain_o_proj(o, dtype: torch.dtype) -> bool:
+    """An o_proj that is one bias-free, unquantized, unsharded GEMV of the activations' dtype (what gemv_early runs)."""
+    return (getattr(o, "bias", None) is None and getattr(o, "tp_size", 1) == 1 and o.weight.dtype == dtype
+            and type(getattr(o, "quant_method", None)).__name__ == "UnquantizedLinearMethod"
+            and o.weight.dim() == 2 and o.weight.is_contiguous())
 
 
 def eligible(m) -> bool:

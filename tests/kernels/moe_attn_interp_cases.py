@@ -130,6 +130,16 @@ def test_installed_on_a_qwen3_attention(monkeypatch):
     got = m(pos, x, ctx)
     got_cache = cache.clone()
     assert calls == []
+    from octavo.plugins.platforms import cuda_moe_oproj  # o_proj loads its weight before the wait (session 9)
+
+    early = []
+    real_early = cuda_moe_oproj.gemv_early
+    monkeypatch.setattr(cuda_moe_oproj, "gemv_early", lambda *a: early.append(a[2:]) or real_early(*a))
+    moe_attention.set_attn_one(m, o_early=2, o_tile=(8, 16, 4))
+    got_early = m(pos, x, ctx)  # the same token again: the same K/V rewritten
+    moe_attention.set_attn_one(m, o_early=0)
+    assert early == [(2, 8, 16, 4)] and torch.equal(cache, got_cache)
+    assert (got_early.float() - got.float()).abs().max() <= 5e-3 * got.float().abs().max()
     moe_attention.set_attn_one(m, on=False)
     want = m(pos, x, ctx)
     assert calls == [1]

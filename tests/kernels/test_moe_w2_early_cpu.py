@@ -1,10 +1,12 @@
 """The batch-1 w2 launch that routes itself and loads its first K-blocks before the PDL wait
-(plugins/platforms/cuda_moe_w2_early.py) and the one-launch w13 + w2 (cuda_moe_one_launch.py), on the CPU.
+(plugins/platforms/cuda_moe_w2_early.py), the one-launch w13 + w2 (cuda_moe_one_launch.py) and the o_proj GEMV
+that loads its first K-blocks before the wait (cuda_moe_oproj.py), on the CPU.
 
 - under the interpreter: with ``w2["PRE"]`` 1..6 the output, weights and ids are bit-equal to the plain w2 launch
   with the same tiles (ragged I, fewer K-blocks than PRE, k=1, no renormalisation, fp32/fp16), so is the one
   launch (``w2["ONE"]``, run twice: its tile counters are back at 0 after each launch), and the output
-  agrees with a float64 loop (so the bit-equality is not two copies of one bug);
+  agrees with a float64 loop (so the bit-equality is not two copies of one bug); the early o_proj GEMV gives
+  ``cuda_fusions._gemv_kernel``'s bits for the same tile (PRE 1 / 3 / 8, ragged N and K);
 - compiled for sm_90 by Triton's own compiler (no GPU): the routing's logits loads (``ld.global.cg``) and the w2
   loads of the first PRE blocks sit before ``griddepcontrol.wait``, and no load of the activations does;
 - bad settings are refused with an error naming them.
@@ -54,6 +56,19 @@ for e, k, h, inter, dt, renorm in ((16, 4, 64, 96, torch.float16, True), (6, 3, 
     assert err < (1e-5 if dt == torch.float32 else 2e-2), (e, k, err)
 from octavo.plugins.platforms.cuda_moe_one_launch import _COUNTERS
 assert all(int(c.abs().sum()) == 0 for c in _COUNTERS.values())
+# the o_proj GEMV with its first K-blocks loaded before the wait: cuda_fusions' GEMV bits for the same tile
+from octavo.plugins.platforms.cuda_fusions import _gemv_kernel
+from octavo.plugins.platforms.cuda_moe_oproj import gemv_early
+for n, k, bn, bk in ((40, 96, 8, 32), (64, 256, 16, 32), (24, 40, 8, 16)):
+    w = (torch.randn(n, k, generator=g) * k ** -0.5).half()
+    x = torch.randn(1, k, generator=g).half()
+    want = torch.empty(1, n, dtype=torch.float16)
+    _gemv_kernel[(-(-n // bn),)](x, w, None, want, n, k, w.stride(0), HAS_BIAS=False, EVEN=False, BLOCK_N=bn,
+                                 BLOCK_K=bk, PDL=False)
+    for pre in (1, 3, 8):
+        assert torch.equal(gemv_early(x, w, pre, bn, bk), want), (n, k, pre)
+    ref = x.double() @ w.double().t()
+    assert float((want.double() - ref).abs().max() / ref.abs().max()) < 2e-3
 print("ok")
 """
 
@@ -98,6 +113,11 @@ def test_bad_settings_are_refused():
     x, logits = torch.zeros(1, 64), torch.zeros(1, 8)
     w13, w2 = torch.zeros(8, 64, 64), torch.zeros(8, 64, 32)
     tiles = {"BLOCK_N": 16, "BLOCK_K": 32}
+    from octavo.plugins.platforms.cuda_moe_oproj import gemv_early
+
+    for bad in (0, 9, True):
+        with pytest.raises(ValueError, match="pre"):
+            gemv_early(x, torch.zeros(8, 64), bad)
     for w13_extra, extra, what in [({}, {"PRE": 7}, "PRE"), ({}, {"PRE": 1.5}, "PRE"),
                                    ({}, {"PRE": 2, "PF_NEXT": 1}, "PF_NEXT"), ({}, {"ONE": True}, "PRE"),
                                    ({"ROUTE": "launch"}, {"ONE": True, "PRE": 2}, "ROUTE"),
