@@ -38,7 +38,9 @@ _PHASE_LINES = {"core": re.compile(r"engine start took [\d.]+ s: (.*)$"), "front
 
 
 def _phases(log: str) -> dict:
-    """``{"core": {phase: s}, "front end": {...}}`` from a serve log."""
+    """``{"core": {phase: s}, "front end": {...}, "timeline": {...}}`` from a serve log. The timeline puts both
+    processes on the front end's clock (seconds since it started): the core is ready at its spawn time plus the
+    sum of its phases; when the front end's own work (tokenizer, server imports) ends later, it is the path."""
     out: dict = {}
     for line in log.splitlines():
         for who, pattern in _PHASE_LINES.items():
@@ -46,6 +48,13 @@ def _phases(log: str) -> dict:
             if m:
                 parts = [part.strip().rsplit(" ", 2) for part in m.group(1).split("; ")]
                 out[who] = {p[0]: float(p[1]) for p in parts if len(p) == 3 and p[2] == "s"}
+    front, core = out.get("front end", {}), out.get("core", {})
+    spawned = front.get("core process spawned at")
+    own = front.get("front end's own work (tokenizer + server imports) done at")
+    if spawned is not None and core:
+        out["timeline"] = {"core spawned at": spawned, "core ready at": round(spawned + sum(core.values()), 2)}
+        if own is not None:
+            out["timeline"]["front end's own work done at"] = own
     return out
 
 

@@ -62,6 +62,7 @@ def serve(settings, *, t_start: float | None = None) -> int:
 
     t_start = t_start or time.perf_counter()
     srv = settings.server
+    own_work_done = []  # perf_counter when the front end's own start work ended (the start log's timeline)
 
     def while_loading() -> None:
         # The engine core is already loading the model in its own process: import the HTTP server (FastAPI,
@@ -80,6 +81,7 @@ def serve(settings, *, t_start: float | None = None) -> int:
         import uvicorn  # noqa: F401
 
         _import_app_modules()
+        own_work_done.append(time.perf_counter())
 
     in_process = srv.disable_frontend_multiprocessing  # the core loads in this thread: check first
     try:
@@ -141,11 +143,15 @@ def serve(settings, *, t_start: float | None = None) -> int:
                             _bound_port(server, srv.port), key, now - t_start)
                 from octavo.core.engine_prestart import spawned_at_s
 
+                # which process the start waited on: compare with the core's ready time (spawned at + its "engine
+                # start took"); when the front end's own work ends later, the front end is the path
+                own = f"; front end's own work (tokenizer + server imports) done at {own_work_done[0] - t_start:.2f} " \
+                      "s" if own_work_done else ""
                 logger.info("start: %sbefore the engine (interpreter + imports + settings) %.2f s; engine (core "
                             "process start to ready, tokenizer + HTTP server imports meanwhile, the core logs its "
-                            "own phases) %.2f s; app + HTTP server %.2f s",
+                            "own phases) %.2f s; app + HTTP server %.2f s%s",
                             "" if spawned_at_s is None else f"core process spawned at {spawned_at_s:.2f} s; ",
-                            t_ready - engine.load_time_s - t_start, engine.load_time_s, now - t_ready)
+                            t_ready - engine.load_time_s - t_start, engine.load_time_s, now - t_ready, own)
             await task
             logger.info("HTTP server stopped")
 
