@@ -11,7 +11,7 @@ set-up: 1.04-1.13x at 64 and 2,048 rows, 1.1-1.5x at 7 rows (1 thread, SmolLM2 s
 "Offline 64 x 128/128, session 9").
 
 Weights are packed once as ``[N / 64][K / 2][64][2]`` (a 64-column panel's K pair is four contiguous zmm); a
-6-row x 64-column tile keeps 24 accumulators in registers; threads split the panels, so every output is
+6-row x 64-column tile keeps 24 accumulators in registers; threads split the (panel, 6-row block) tiles, so every output is
 computed by one thread in one order: a row's result depends only on its own input row and on whether it is
 alone (oneDNN's one-row K block; batches of 2 .. N rows and thread counts give the same bits, as oneDNN's). Used by ``cpu_packed_linear.py`` where the CPU has AVX512-BF16 and no
 AMX (with AMX oneDNN's tile path is ~4x faster and sums in another order); ``OCTAVO_CPU_BF16_GEMM=0`` keeps
@@ -103,19 +103,21 @@ int pack_w(const uint16_t* w, long n, long k, uint16_t* wp) {
 int gemm(const uint16_t* a, long lda, const uint16_t* wp, long m, long n, long k, long kb, uint16_t* c, long ldc,
          int nthreads) {
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
-    const long kp = k / 2, np = n / 64;
+    const long kp = k / 2, np = n / 64, mb = (m + 5) / 6;
     const uint32_t* a32 = (const uint32_t*)a;
     lda /= 2;
-    #pragma omp parallel for schedule(static) num_threads(nthreads) if (nthreads > 1 && np > 1)
-    for (long nb = 0; nb < np; nb++) {
-        const uint32_t* b = (const uint32_t*)(wp + nb * kp * 128);
-        long m0 = 0;
-        for (; m0 + 6 <= m; m0 += 6) tile(a32 + m0 * lda, lda, b, kp, kb, c + m0 * ldc + nb * 64, ldc, 6);
-        switch (m - m0) {
-            TILE_CASE(5) TILE_CASE(4) TILE_CASE(3) TILE_CASE(2) TILE_CASE(1)
-            default: break;
+    /* (panel, 6-row block) items in panel-major order, cut into contiguous runs per thread: a thread keeps a panel
+       hot across its row blocks, and 9 panels x 11 blocks (N = 576 at 64 rows) still split evenly on 2 threads */
+    #pragma omp parallel for collapse(2) schedule(static) num_threads(nthreads) if (nthreads > 1 && np * mb > 1)
+    for (long nb = 0; nb < np; nb++)
+        for (long bi = 0; bi < mb; bi++) {
+            const uint32_t* b = (const uint32_t*)(wp + nb * kp * 128);
+            const long m0 = bi * 6;
+            switch (m - m0 < 6 ? m - m0 : 6) {
+                TILE_CASE(6) TILE_CASE(5) TILE_CASE(4) TILE_CASE(3) TILE_CASE(2) TILE_CASE(1)
+                default: break;
+            }
         }
-    }
     return 0;
 #else
     (void)a; (void)lda; (void)wp; (void)m; (void)n; (void)k; (void)kb; (void)c; (void)ldc; (void)nthreads;
