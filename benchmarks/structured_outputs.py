@@ -196,6 +196,9 @@ def bench_decode(args) -> dict:
                                                                                    "poolaccept": True})
         modes["json_async_devgate_sw200us"] = (so, True, False, False, None, {**dflt, "devgate": True,
                                                                                 "switch": 200e-6})
+        # the device gate with no-op fill and accept (rows all open, nothing constrained): the floor of its structure
+        modes["json_async_devgate_gateonly"] = (so, True, False, False, None, {**dflt, "devgate": True,
+                                                                                 "gate_only": True})
         # the device gate without the core thread's wait (up to 1 ms) until the bitmask thread is inside the fill
         modes["json_async_devgate_nostartwait"] = (so, True, False, False, None, {**dflt, "devgate": True,
                                                                                     "start_wait": 0.0})
@@ -357,7 +360,8 @@ def bench_decode(args) -> dict:
             row[f"{m}_device_gated_frac"] = round(statistics.mean(v), 3)
         ref = next((m for m in ("json_async_park", "json_async", "overlap") if m in last_tokens), None)
         for m, toks in last_tokens.items():  # greedy, same prompts: a path that changes a token is wrong
-            if modes[m][0] is not None and ref is not None and m != ref and modes[m][0] is modes[ref][0]:
+            if (modes[m][0] is not None and ref is not None and m != ref and modes[m][0] is modes[ref][0]
+                    and not modes[m][5].get("gate_only")):  # (gate_only: unconstrained text by design)
                 row[f"{m}_tokens_equal_{ref}"] = toks == last_tokens[ref]
         for m, runs in thread_cpu.items():  # timed runs only (the first is the warm-up: compiles, first buffers)
             timed = runs[1:] or runs

@@ -11,12 +11,13 @@
 #      a device wait on a host word the fill opens: core/grammar_device_gate.py), _devgate_inline (the fill on the
 #      core thread at the accept), _devgate_poolaccept (N's accept moved into the fill job on the bitmask thread),
 #      _devgate_sw200us (0.2 ms GIL switch interval while structured steps are in flight), _devgate_nostartwait
-#      (no 1 ms wait of the core thread until the bitmask thread is inside the fill); modes interleaved; host
+#      (no 1 ms wait of the core thread until the bitmask thread is inside the fill), _devgate_gateonly (no-op
+#      fill + accept: the floor of the structure; its text is unconstrained); modes interleaved; host
 #      ms incl. device_wait (device events: how long the GPU idled for the fill); greedy tokens compared between
 #      modes (*_tokens_equal_*: a path that changes a token is wrong).
-#   3. the same on the ~1.1B Llama shape (batch 32 only, if time is left).
-#   4. benchmarks/structured_ab.py on the SmolLM2-135M shape: two engines, JSON and free steps alternating one by
-#      one, paired ratios; JSON modes park and devgate (batch 32, then batch 1 if time is left).
+#   3. benchmarks/structured_ab.py on the SmolLM2-135M shape at batch 32: two engines, JSON and free steps
+#      alternating one by one, paired ratios; JSON modes park and devgate.
+#   4. the ~1.1B Llama shape at batch 32 and the SmolLM2-135M shape at batch 1: park vs devgate (what time is left).
 # STRUCTURED9_DRY=1: a CPU dry run (tiny shapes, few steps; the device modes then run the Python gate).
 set -u
 cd "$(dirname "$0")/../.."
@@ -78,17 +79,18 @@ AB=(--device cuda --dtype bfloat16 --load-format dummy --blocks 4 --steps 12 --j
 [ "$DRY" = 1 ] && COMMON=(--steps 4 --repeats 1 --device cpu --dtype float32 --skip-compile --async-modes on
                           --show-outputs 1 --load-format dummy) \
   && AB=(--device cpu --dtype float32 --load-format dummy --blocks 2 --steps 4 --json-modes park devgate)
-MODES=(--modes ${STRUCTURED9_MODES:-json_async_park json_async_devgate json_async_devgate_inline json_async_devgate_poolaccept json_async_devgate_sw200us json_async_devgate_nostartwait})
+MODES=(--modes ${STRUCTURED9_MODES:-json_async_park json_async_devgate json_async_devgate_inline json_async_devgate_poolaccept json_async_devgate_sw200us json_async_devgate_nostartwait json_async_devgate_gateonly})
+FEW=(--modes json_async_park json_async_devgate)
 if [ "$DRY" != 1 ]; then
   step apply_test 24 python3 -m pytest -q -p no:cacheprovider tests/structured/test_apply_device.py
 fi
-step smol135m $(( 50 * X )) python3 benchmarks/structured_outputs.py "${COMMON[@]}" "${MODES[@]}" --batches 32 1 \
+step smol135m $(( 45 * X )) python3 benchmarks/structured_outputs.py "${COMMON[@]}" "${MODES[@]}" --batches 32 \
      --model /tmp/structured9_smol135m --json "$R/smol135m.json"
 step ab_smol135m_b32 $(( 30 * X )) python3 benchmarks/structured_ab.py "${AB[@]}" --batches 32 \
      --model /tmp/structured9_smol135m --json "$R/ab_smol135m_b32.json"
-step llama1b $(( $(left) > 34 * X ? 32 * X : $(left) - 2 * X )) python3 benchmarks/structured_outputs.py "${COMMON[@]}" \
-     "${MODES[@]}" --batches 32 --model /tmp/structured9_llama1b --json "$R/llama1b.json"
-step ab_smol135m_b1 $(( $(left) - 1 * X )) python3 benchmarks/structured_ab.py "${AB[@]}" --batches 1 \
-     --model /tmp/structured9_smol135m --json "$R/ab_smol135m_b1.json"
+step llama1b $(( $(left) > 47 * X ? 25 * X : $(left) - 22 * X )) python3 benchmarks/structured_outputs.py \
+     "${COMMON[@]}" "${FEW[@]}" --batches 32 --model /tmp/structured9_llama1b --json "$R/llama1b.json"
+step smol135m_b1 $(( $(left) - 1 * X )) python3 benchmarks/structured_outputs.py "${COMMON[@]}" "${FEW[@]}" \
+     --batches 1 --model /tmp/structured9_smol135m --json "$R/smol135m_b1.json"
 echo "structured9 done in ${SECONDS}s"
 ls -la "$R"
