@@ -90,7 +90,12 @@ def serve(settings, *, t_start: float | None = None) -> int:
 
             engine_prestart.discard()  # a core process spawned before the settings said "in-process"
             while_loading()
-        engine = AsyncLLM.from_settings(settings, while_loading=None if in_process else while_loading)
+        try:
+            engine = AsyncLLM.from_settings(settings, while_loading=None if in_process else while_loading)
+        finally:  # the front end's start-up imports are done (or failed): collect garbage again (engine_prestart)
+            from octavo.core.engine_prestart import resume_gc
+
+            resume_gc()
     except _BadServerSettings as e:
         print(f"octavo serve: error: {e}", file=sys.stderr)
         return 2

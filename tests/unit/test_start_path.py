@@ -92,3 +92,28 @@ def test_serve_bad_tls_file_fails_while_the_core_loads(tmp_path):
                        timeout=240)
     assert p.returncode == 2, p.stderr[-2000:]
     assert "no such file" in p.stderr and "ssl-keyfile" in p.stderr
+
+
+def test_start_gc_pause_ends_frozen_and_enabled():
+    """``octavo serve`` pauses the cyclic collector for its start-up imports (core/engine_prestart.py): the pause
+    ends with the collector on and the start-up objects frozen, also when the pre-started core is not used."""
+    import gc
+
+    from octavo.core import engine_prestart as ep
+
+    assert gc.isenabled()
+    try:
+        ep.pause_gc()
+        ep.pause_gc()  # once only
+        assert not gc.isenabled()
+        ep.resume_gc()
+        assert gc.isenabled() and gc.get_freeze_count() > 0
+        ep.resume_gc()  # idempotent
+        assert gc.isenabled()
+        gc.unfreeze()
+        ep.pause_gc()
+        ep.discard()  # an in-process core, bad arguments: this process collects again
+        assert gc.isenabled()
+    finally:
+        gc.unfreeze()
+        gc.enable()
