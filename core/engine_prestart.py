@@ -17,7 +17,9 @@ done its start-up imports (``pause_gc`` / ``resume_gc``): importing torch, pydan
 long-lived objects, and the full collections this triggers took 0.16-0.31 s of the core's 1.3-1.6 s of import CPU
 (standalone A/B); in ``octavo serve`` CPU until ready went 1.75 -> 1.64 s (core) and 1.46 -> 1.35 s (front end).
 ``resume_gc`` freezes what exists then (``gc.freeze``: the modules, never garbage; the ~7k unreachable objects of
-the imports stay, well under 1 MB) and turns collection back on before any model is loaded.
+the imports stay, well under 1 MB) and turns collection back on before any model is loaded. The core hands that
+freeze back (``end_startup_freeze``) right before its serving loop freezes the whole heap (core/gc_heap.py, which
+leaves alone a freeze it did not make).
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ def _model_hint(argv: list[str]) -> str | None:
 
 
 _gc_paused: list[bool] = []  # [True] while this process's start-up has the collector paused
+_startup_frozen: list[bool] = []  # [True] while the objects frozen by resume_gc stay frozen
 
 
 def pause_gc() -> None:
@@ -65,7 +68,16 @@ def resume_gc() -> None:
     if _gc_paused:
         _gc_paused.clear()
         gc.freeze()
+        _startup_frozen.append(True)
         gc.enable()
+
+
+def end_startup_freeze() -> None:
+    """Unfreeze what ``resume_gc`` froze (O(1): the objects join the oldest generation), right before a scope that
+    freezes the whole heap itself (``gc_heap.frozen_heap`` skips when a freeze it did not make exists)."""
+    if _startup_frozen:
+        _startup_frozen.clear()
+        gc.unfreeze()
 
 
 def wanted(argv: list[str]) -> bool:

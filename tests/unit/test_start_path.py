@@ -114,6 +114,20 @@ def test_start_gc_pause_ends_frozen_and_enabled():
         ep.pause_gc()
         ep.discard()  # an in-process core, bad arguments: this process collects again
         assert gc.isenabled()
+        # the core's serving loop: the start-up freeze is handed back, then the whole heap is frozen there
+        from octavo.core.gc_heap import enabled, frozen_heap
+
+        gc.unfreeze()
+        ep._startup_frozen.clear()
+        ep.pause_gc()
+        ep.resume_gc()
+        at_start = gc.get_freeze_count()
+        later = [[i] for i in range(50_000)]  # objects made after the start-up (the model, the engine)
+        ep.end_startup_freeze()
+        assert gc.get_freeze_count() == 0
+        with frozen_heap():
+            assert not enabled() or gc.get_freeze_count() >= at_start + len(later)
+        del later
     finally:
         gc.unfreeze()
         gc.enable()
