@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Issue 11, session 9 (engineer "structured"): the device gate vs the Python gate for JSON-schema decoding on one GPU.
-# Kind: nvidia-h100-x1 (one lane). HARD bound 150 s (every step under `timeout`, the last one gets what is left).
+# Kind: nvidia-h100-x1 (one lane). HARD bound 150 s (every step under `timeout`, the last one gets what is left;
+# + up to 100 s for an install of the package if it is not importable).
 # Needs xgrammar (0.2.8). Random weights, SmolLM2's tokenizer (benchmarks/device/smollm2_tokenizer.json.xz).
 # Writes JSON + logs to $OUT/structured9/. Runs from the repo root.
 #   1. tests/structured/test_apply_device.py (GPU): the Triton apply == host path, and the device gate: the wait and
@@ -31,6 +32,12 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$R/gpu.c
 cat "$R/gpu.csv"
 git rev-parse HEAD > "$R/commit.txt" 2>/dev/null
 git status --short -- core plugins benchmarks tests > "$R/dirty.txt" 2>/dev/null
+# (s9 batch 1: the package was not importable in the lanes; install it here then, as the harness should have)
+if ! timeout 20 python3 -c "import octavo" > /dev/null 2>&1; then
+  echo "octavo not importable: pip install --no-deps --no-build-isolation -e ." | tee "$R/install.txt"
+  timeout 60 python3 -m pip install -q --no-deps --no-build-isolation -e . >> "$R/install.txt" 2>&1
+  timeout 20 python3 -c "import octavo; print('octavo', octavo.__file__)" 2>&1 | tee -a "$R/install.txt"
+fi
 if ! timeout 10 python3 -c "import importlib.util as u, importlib.metadata as m; assert u.find_spec('xgrammar'); \
 print('xgrammar', m.version('xgrammar'))" 2>&1 | tee "$R/xgrammar.txt" | grep -q '^xgrammar'; then
   echo "SKIPPED: xgrammar is not installed on the device (needs xgrammar==0.2.8)" | tee "$R/SKIPPED.txt"
