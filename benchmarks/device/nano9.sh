@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Issue 17, engineer "nano", session 9: ONE GPU, hard bound 150 s a call. JSON + logs under $OUT/nano9/. One part
+# Issue 17, engineer "nano", session 9: ONE GPU, hard bound 150 s a call (+ up to 100 s for an install of the package
+# if it is not importable). JSON + logs under $OUT/nano9/. One part
 # per call, NANO_PART=<part> (or the first argument):
 #   b1  (batch 1) the fused sampler's GPU cases with the base-2 / lg2.approx noise (tests/kernels/fused_sampler_cases.py:
 #       KS + chi-square of the noise, kernel == Gumbel-max over its noise, exact greedy argmax, end-to-end
@@ -18,6 +19,13 @@ START=$(date +%s)
 left() { echo $(( 146 - ($(date +%s) - START) )); }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$R/gpu.csv" 2>&1; cat "$R/gpu.csv"
 git rev-parse HEAD > "$R/commit.txt" 2>/dev/null
+# (s9 batch 1: the package was not importable in the lanes; install it here then, as the harness should have)
+if ! timeout 20 python -c "import octavo" > /dev/null 2>&1; then
+  echo "octavo not importable: pip install --no-deps --no-build-isolation -e ." | tee "$R/install.txt"
+  timeout 60 python -m pip install -q --no-deps --no-build-isolation -e . >> "$R/install.txt" 2>&1
+  timeout 20 python -c "import octavo; print('octavo', octavo.__file__)" 2>&1 | tee -a "$R/install.txt"
+  START=$(date +%s)  # the bound below is for the measurements
+fi
 export OCTAVO_LOG_LEVEL=${OCTAVO_LOG_LEVEL:-warning}
 unset OCTAVO_TRITON_DECODE_KERNEL OCTAVO_TRITON_DECODE_LAUNCH OCTAVO_TRITON_GEMM OCTAVO_FUSED_SAMPLER
 PART="${NANO_PART:-${1:-b1}}"
