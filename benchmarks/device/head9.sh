@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issues 17 item 2 / 9 / 12 (engineer "head", session 9): the LM head + sampler inside the CUDA graphs
 # (plugins/platforms/cuda_graph_head.py), on vs off in the same engine (benchmarks/graph_head_ab.py). NEEDS 2 GPUs.
-# Hard bound 260 s (expected ~170 s); JSON + logs under $OUT/head9/. HEAD9_PARTS (default "lanes tp2") picks:
+# Hard bound 260 s + 100 s if it must install the package (expected ~170 s); JSON + logs under $OUT/head9/. HEAD9_PARTS (default "lanes tp2") picks:
 #   lanes (<= 135 s) two one-GPU lanes at once: GPU 0 = 8B bf16 bs1 A/B (cap 85 s) then the 1-GPU test (bf16)
 #         (tests/gpu/test_graph_head_gpu.py, cap 50 s); GPU 1 = 8B fp8 + fp8 KV bs1 A/B (cap 85 s). Both A/Bs with
 #         --gemv-ab (OCTAVO_HEAD_GEMV=1): head graphs on/off x the head's one-row GEMM cuBLAS / Triton GEMV
@@ -16,6 +16,11 @@ git rev-parse HEAD > "$R/commit.txt" 2>/dev/null
 git status --short > "$R/tree_status.txt" 2>/dev/null
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$R/gpus.csv" 2>&1; cat "$R/gpus.csv"
 export OCTAVO_LOG_LEVEL=${OCTAVO_LOG_LEVEL:-warning}
+if ! timeout 20 python -c "import octavo" > /dev/null 2>&1; then  # s9 batch 1: the package was not installed
+  echo "octavo not importable: pip install --no-deps --no-build-isolation -e ." | tee "$R/install.txt"
+  timeout 60 python -m pip install -q --no-deps --no-build-isolation -e . >> "$R/install.txt" 2>&1
+  timeout 20 python -c "import octavo; print('octavo', octavo.__file__)" 2>&1 | tee -a "$R/install.txt"
+fi
 unset OCTAVO_GRAPH_HEAD OCTAVO_GRAPH_HEAD_MAX_SIZE OCTAVO_HEAD_GEMV
 
 run() {  # cap seconds, log name, command...: one bounded step, its tail printed
