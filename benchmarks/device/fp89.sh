@@ -16,7 +16,12 @@ cd "$(dirname "$0")/../.."
 R="${OUT:-/tmp/out}/fp89"
 mkdir -p "$R"
 LIMIT=${FP89_LIMIT:-150}
-T0=$(date +%s)
+if ! timeout 20 python -c "import octavo" > /dev/null 2>&1; then  # s9 batch 1's lanes had no install
+  echo "octavo not importable: pip install --no-deps --no-build-isolation -e ." | tee "$R/install.txt"
+  timeout 60 python -m pip install -q --no-deps --no-build-isolation -e . >> "$R/install.txt" 2>&1
+  timeout 20 python -c "import octavo; print('octavo', octavo.__file__)" 2>&1 | tee -a "$R/install.txt"
+fi
+T0=$(date +%s)  # the bound below is for the measurements
 left() { echo $(( LIMIT - 2 - ($(date +%s) - T0) )); }
 nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv > "$R/gpu.csv" 2>/dev/null
 git rev-parse HEAD > "$R/commit.txt" 2>/dev/null
