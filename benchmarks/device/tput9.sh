@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Issue 17, engineer "tput", session 9: ONE GPU, hard bound 150 s a call (every step under `timeout`, the caps below
 # sum to <= 148 s). JSON + logs under $OUT/tput9/. One part per call, TPUT_PART=<part> (or the first argument):
-#   b1  (batch 1) profile.json (cap 106 s + 8 s to summarize on SIGTERM): benchmarks/tput_run_profile.py, the warmed 512 x 1000/1000 8B run in one
+#   (the package is installed first if it is not importable: pip install --no-deps -e ., <= 100 s of the bound)
+#   b1  (batch 1) profile.json (cap <= 106 s + 8 s to summarize on SIGTERM): benchmarks/tput_run_profile.py, the warmed 512 x 1000/1000 8B run in one
 #       engine with CUDA events around every step (forward, logits + sampler, GPU idle before the next step), each
 #       step's rows and summed context against a byte/FLOP model, and two profiler windows of 8 decode steps (the
 #       ~211-row wave at decode step 300, the ~90-row tail wave at 2,600); then gemm_rows.json (cap 17 s): the 8B
@@ -19,6 +20,11 @@ git rev-parse HEAD > "$R/commit.txt" 2>/dev/null
 export OCTAVO_LOG_LEVEL=${OCTAVO_LOG_LEVEL:-warning}
 PART="${TPUT_PART:-${1:-b1}}"
 echo "== part $PART $(date -u +%T)"
+if ! timeout 20 python -c "import octavo" > /dev/null 2>&1; then  # s9 batch 1: the package was not installed
+  echo "octavo not importable: pip install --no-deps --no-build-isolation -e ." | tee "$R/install.txt"
+  timeout 60 python -m pip install -q --no-deps --no-build-isolation -e . >> "$R/install.txt" 2>&1
+  timeout 20 python -c "import octavo; print('octavo', octavo.__file__)" 2>&1 | tee -a "$R/install.txt"
+fi
 
 run() {  # cap seconds, log name, command... (KILL_AFTER: seconds from SIGTERM to SIGKILL, default 2)
   local cap=$1 log=$2; shift 2
@@ -29,9 +35,10 @@ run() {  # cap seconds, log name, command... (KILL_AFTER: seconds from SIGTERM t
 
 case "$PART" in
   b1)
-    KILL_AFTER=8 run 106 profile.log python benchmarks/tput_run_profile.py --out "$R/profile.json" --budget-s 108
-    run 17 gemm_rows.log python benchmarks/gemm_rows_bench.py --out "$R/gemm_rows.json" --chain --budget 10 \
-      --shapes 8b_qkv 8b_o 8b_gate_up 8b_down --rows 216 256 192 96 208 224 128
+    cap=$(( $(left) - 27 )); [ "$cap" -gt 106 ] && cap=106
+    KILL_AFTER=8 run "$cap" profile.log python benchmarks/tput_run_profile.py --out "$R/profile.json" --budget-s "$cap"
+    run 20 gemm_rows.log python benchmarks/gemm_rows_bench.py --out "$R/gemm_rows.json" --chain --budget 13 \
+      --shapes 8b_qkv 8b_o 8b_gate_up 8b_down --rows 216 224 232 96 208 240 256 192 128
     cap=$(left); [ "$cap" -gt 4 ] && run "$cap" waves.log python benchmarks/decode_attn_bench.py --plan waves \
       --out "$R/waves.json" --budget $((cap - 6)) --rep 40 ;;
   *) echo "unknown TPUT_PART=$PART"; exit 2 ;;
