@@ -160,6 +160,8 @@ def main() -> None:
     ap.add_argument("--budget-s", type=float, default=140.0)
     ap.add_argument("--prompts", type=int, default=512)
     ap.add_argument("--out-len", type=int, default=1000)
+    ap.add_argument("--kv-blocks", type=int, default=0,
+                    help="KV blocks (num_gpu_blocks_override): an H100's cache on a bigger card (0: sized as usual)")
     ap.add_argument("--window", type=int, default=8, help="decode steps per profiler window")
     ap.add_argument("--windows", type=int, nargs="*", default=[300, 2600], help="decode step numbers opening one")
     ap.add_argument("--prefill-window", type=int, default=30,
@@ -191,6 +193,8 @@ def main() -> None:
                    num_key_value_heads=2, vocab_size=512, bos_token_id=1, eos_token_id=2)
         kw = dict(max_model_len=256, max_num_seqs=16, max_num_batched_tokens=256)
         num, in_len, out_len, ids = 24, 40, 24, (3, 500)
+    if args.kv_blocks:
+        kw["num_gpu_blocks_override"] = args.kv_blocks
     with tempfile.TemporaryDirectory() as tmp:
         jit = JitMisses()
         llm, worker, info = make_llm(write_config(cfg, tmp, "llama3-8b"), **kw)
@@ -201,7 +205,7 @@ def main() -> None:
         kv_per_token = cfg["num_hidden_layers"] * cfg["num_key_value_heads"] * hd * 2 * 2
         lin_flops = 2 * weight_bytes / 2  # 2 FLOPs per bf16 weight element per token (attention excluded)
         res.update(fused=info.get("fused"), graph_sizes=info.get("graph_sizes"), kv_blocks=worker.num_blocks,
-                   start_s=time.perf_counter() - T0)
+                   kv_blocks_override=args.kv_blocks or None, start_s=time.perf_counter() - T0)
         rng = random.Random(0)  # the timed prompts of gpu_e2e.py (its bs1 prompt is drawn first)
         _ = [rng.randrange(*ids) for _ in range(512)]
         prompts = [{"prompt_token_ids": [rng.randrange(*ids) for _ in range(in_len)]} for _ in range(num)]
