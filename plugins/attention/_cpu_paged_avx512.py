@@ -247,21 +247,48 @@ static inline __attribute__((always_inline)) void task_bf16(
                for all G heads and 4 x G independent FMA chains instead of G passes of 4; per head and lane the
                same FMAs in the same order, so the same bits */
             const int joint = D == 64 && G <= 4;
-            __m512 pv[4];
-            for (int i = 0; i < G; i++) {
-                const uint32_t* qd = (const uint32_t*)(q + (r0 + r) * qstride + (long)(h * G + i) * D);
-                __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+            __m512 pv[4], scj[4];
+            if (joint) { /* the G heads' scores together: each K vector loaded once, 4 x G dot-product chains */
+                __m512 a[4][4];
+                for (int i = 0; i < G; i++)
+                    for (int c = 0; c < 4; c++) a[i][c] = _mm512_setzero_ps();
                 for (int j = 0; j < DP; j += 4) {
-                    a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_set1_epi32((int)qd[j]),
-                                          (__m512bh)_mm512_load_si512((const void*)(kt + j * TILE)));
-                    a1 = _mm512_dpbf16_ps(a1, (__m512bh)_mm512_set1_epi32((int)qd[j + 1]),
-                                          (__m512bh)_mm512_load_si512((const void*)(kt + (j + 1) * TILE)));
-                    a2 = _mm512_dpbf16_ps(a2, (__m512bh)_mm512_set1_epi32((int)qd[j + 2]),
-                                          (__m512bh)_mm512_load_si512((const void*)(kt + (j + 2) * TILE)));
-                    a3 = _mm512_dpbf16_ps(a3, (__m512bh)_mm512_set1_epi32((int)qd[j + 3]),
-                                          (__m512bh)_mm512_load_si512((const void*)(kt + (j + 3) * TILE)));
+                    const __m512bh k0 = (__m512bh)_mm512_load_si512((const void*)(kt + j * TILE));
+                    const __m512bh k1 = (__m512bh)_mm512_load_si512((const void*)(kt + (j + 1) * TILE));
+                    const __m512bh k2 = (__m512bh)_mm512_load_si512((const void*)(kt + (j + 2) * TILE));
+                    const __m512bh k3 = (__m512bh)_mm512_load_si512((const void*)(kt + (j + 3) * TILE));
+                    for (int i = 0; i < G; i++) {
+                        const uint32_t* qd = (const uint32_t*)(q + (r0 + r) * qstride + (long)(h * G + i) * D);
+                        a[i][0] = _mm512_dpbf16_ps(a[i][0], (__m512bh)_mm512_set1_epi32((int)qd[j]), k0);
+                        a[i][1] = _mm512_dpbf16_ps(a[i][1], (__m512bh)_mm512_set1_epi32((int)qd[j + 1]), k1);
+                        a[i][2] = _mm512_dpbf16_ps(a[i][2], (__m512bh)_mm512_set1_epi32((int)qd[j + 2]), k2);
+                        a[i][3] = _mm512_dpbf16_ps(a[i][3], (__m512bh)_mm512_set1_epi32((int)qd[j + 3]), k3);
+                    }
                 }
-                __m512 sc = _mm512_mul_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)), vscale);
+                for (int i = 0; i < G; i++) {
+                    const __m512 lo = _mm512_add_ps(a[i][0], a[i][1]), hi = _mm512_add_ps(a[i][2], a[i][3]);
+                    scj[i] = _mm512_mul_ps(_mm512_add_ps(lo, hi), vscale);  /* (a0 + a1) + (a2 + a3), as below */
+                }
+            }
+            for (int i = 0; i < G; i++) {
+                __m512 sc;
+                if (joint) {
+                    sc = scj[i];
+                } else {
+                    const uint32_t* qd = (const uint32_t*)(q + (r0 + r) * qstride + (long)(h * G + i) * D);
+                    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+                    for (int j = 0; j < DP; j += 4) {
+                        a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_set1_epi32((int)qd[j]),
+                                              (__m512bh)_mm512_load_si512((const void*)(kt + j * TILE)));
+                        a1 = _mm512_dpbf16_ps(a1, (__m512bh)_mm512_set1_epi32((int)qd[j + 1]),
+                                              (__m512bh)_mm512_load_si512((const void*)(kt + (j + 1) * TILE)));
+                        a2 = _mm512_dpbf16_ps(a2, (__m512bh)_mm512_set1_epi32((int)qd[j + 2]),
+                                              (__m512bh)_mm512_load_si512((const void*)(kt + (j + 2) * TILE)));
+                        a3 = _mm512_dpbf16_ps(a3, (__m512bh)_mm512_set1_epi32((int)qd[j + 3]),
+                                              (__m512bh)_mm512_load_si512((const void*)(kt + (j + 3) * TILE)));
+                    }
+                    sc = _mm512_mul_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)), vscale);
+                }
                 long ri = (long)r * G + i;
                 float mold = m[ri];
                 float tm = _mm512_mask_reduce_max_ps(live, sc);
