@@ -37,6 +37,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpu_e2e import LLAMA3_8B, JitMisses, gen_timed, make_llm, warm_up, write_config  # noqa: E402
 from nano_run_profile import VARIANTS, StepEvents, set_variant  # noqa: E402
 
+BLAS_AT_START: dict = {}  # torch's preferred BLAS library before the first variant (restored by each)
 ENV_SET: set[str] = set()  # names an ``env:`` / ``launch:`` setting put into os.environ (undone by the next variant)
 
 T0 = time.perf_counter()
@@ -127,7 +128,7 @@ def apply_variant(worker, spec: str) -> float:
     for name in ENV_SET:
         os.environ.pop(name, None)
     ENV_SET.clear()
-    torch.backends.cuda.preferred_blas_library("cublas")
+    torch.backends.cuda.preferred_blas_library(BLAS_AT_START.setdefault("lib", torch.backends.cuda.preferred_blas_library()))
     nano = "defaults"
     for part in spec.split("+"):
         kind, _, value = part.partition(":")

@@ -206,6 +206,12 @@ LOGITS_TABLE: dict[tuple[int, int], list[tuple[int, GemmConfig | None]]] = {
     (151936, 1024): [(64, GemmConfig(64, 64, 64, 1, 4, 5, True)),  # Qwen3: 32 / 64 rows 119 / 139, 124 / 158 us
                      (256, GemmConfig(128, 256, 64, 1, 8, 3, True))],  # 128 / 206 / 256: 156 / 193, 196 / 241, 210 / 271
 }
+#: (N, K) -> [(most rows, library or None)], ascending as :data:`TABLE`: for a launch that table leaves to cuBLAS, the
+#: BLAS library torch runs it through ("cublaslt": cuBLASLt's heuristic kernel; None or not listed: torch's default,
+#: cuBLAS). Why: at 96-256 rows the two libraries pick different tiles / K splits per row count, and for some
+#: shapes and counts cuBLASLt's is measurably faster (benchmarks/gemm_rows_bench.py --chain; docs/performance.md
+#: "8B 512 x 1000/1000, session 9"). Bounds are graph batch sizes (multiples of 8), so an entry covers one size.
+BLAS_TABLE: dict[tuple[int, int], list[tuple[int, str | None]]] = {}
 #: fewest rows taken here (below: the batch-1 GEMV or cuBLAS; 2-16 rows were not measured)
 MIN_ROWS = 17
 _STATE: dict = {"on": None, "checked": {}}  # on: None = OCTAVO_TRITON_GEMM, read on first use
@@ -234,6 +240,30 @@ def lookup(M: int, N: int, K: int, table: dict | None = None) -> GemmConfig | No
         if M <= most:
             return cfg if cfg is not None and cfg.fits(K) else None
     return None
+
+
+def blas_library(M: int, N: int, K: int) -> str | None:
+    """:data:`BLAS_TABLE`'s library for ``M`` rows of an ``[N, K]`` weight ("cublaslt"), or None (cuBLAS)."""
+    if M < MIN_ROWS:
+        return None
+    for most, lib in BLAS_TABLE.get((N, K), ()):
+        if M <= most:
+            return lib
+    return None
+
+
+def linear_cublaslt(x, weight):
+    """``F.linear(x, weight)`` through cuBLASLt (torch's preferred BLAS library for this call only)."""
+    import torch
+    import torch.nn.functional as F
+
+    cuda = torch.backends.cuda
+    prev = cuda.preferred_blas_library()
+    cuda.preferred_blas_library("cublaslt")
+    try:
+        return F.linear(x, weight)
+    finally:
+        cuda.preferred_blas_library(prev)
 
 
 def first_use_ok(checked: dict, key, run, reference, what: str, holds=None) -> bool:
@@ -265,8 +295,9 @@ def first_use_ok(checked: dict, key, run, reference, what: str, holds=None) -> b
 
 
 def linear(x, weight, out_dtype=None):
-    """``F.linear(x, weight)`` through the table's launch for this shape and row count, or None (the caller runs
-    cuBLAS): off, not listed, strided inputs, or the launch disagreed with cuBLAS on its first use. That first
+    """``F.linear(x, weight)`` through the table's launch for this shape and row count (or cuBLASLt where
+    :data:`BLAS_TABLE` says so), or None (the caller runs cuBLAS): off, not listed, strided inputs, or the launch
+    disagreed with cuBLAS on its first use. That first
     use (outside a graph capture: the graph runner runs each size eagerly first) compares it with ``F.linear``
     on the real input; a launch off by more than two bf16 rounding steps of the output's largest value is
     dropped with a warning."""
@@ -279,6 +310,12 @@ def linear(x, weight, out_dtype=None):
     N, K = weight.shape
     cfg = lookup(x.shape[0], N, K, LOGITS_TABLE if out_dtype is not None else TABLE)
     if cfg is None:
+        if out_dtype is None and x.device.type == "cuda" and blas_library(x.shape[0], N, K) == "cublaslt":
+            import torch.nn.functional as F
+
+            if first_use_ok(_STATE["checked"], (N, K, "cublaslt", x.dtype), lambda: linear_cublaslt(x, weight),
+                            lambda: F.linear(x, weight), f"cuBLASLt for [{N}, {K}] weights"):
+                return linear_cublaslt(x, weight)
         return None
     from octavo.plugins.platforms.cuda_pdl import launch_opts
 

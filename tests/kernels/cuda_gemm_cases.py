@@ -143,6 +143,36 @@ def test_linear_routes_table_shapes_checks_the_first_use_and_drops_a_wrong_launc
     assert cuda_gemm.linear(x.float(), w) is None
 
 
+def test_blas_table_picks_the_library_per_row_bound_and_routes_through_cublaslt(monkeypatch):
+    """``BLAS_TABLE``: the first row bound >= M names the library (None: cuBLAS); on CUDA, ``linear`` runs a listed
+    shape and row count through cuBLASLt (within the check of ``F.linear``), and the Triton table wins over it."""
+    import torch.nn.functional as F
+
+    monkeypatch.setattr(cuda_gemm, "BLAS_TABLE", {(64, 256): [(88, None), (96, "cublaslt"), (208, None),
+                                                              (224, "cublaslt")]})
+    monkeypatch.setattr(cuda_gemm, "TABLE", {})
+    monkeypatch.setattr(cuda_gemm, "_STATE", {"on": True, "checked": {}})
+    assert cuda_gemm.blas_library(16, 64, 256) is None  # below MIN_ROWS
+    assert [cuda_gemm.blas_library(m, 64, 256) for m in (24, 88, 89, 96, 104, 208, 216, 224, 232)] == \
+        [None, None, "cublaslt", "cublaslt", None, None, "cublaslt", "cublaslt", None]
+    assert cuda_gemm.blas_library(96, 64, 128) is None  # shape not listed
+    x, w = _inputs(96, 64, 256, DTYPES[0], seed=5)
+    before = torch.backends.cuda.preferred_blas_library()
+    y = cuda_gemm.linear(x, w)
+    if INTERPRET:  # no cuBLAS: the caller's F.linear
+        assert y is None
+        return
+    assert y is not None and (64, 256, "cublaslt", x.dtype) in cuda_gemm._STATE["checked"]
+    want = F.linear(x, w).double()
+    assert float((y.double() - want).abs().max() / want.abs().max()) <= TOL[x.dtype]
+    assert torch.backends.cuda.preferred_blas_library() == before  # restored
+    assert cuda_gemm.linear(x[:88], w) is None  # None: cuBLAS at that bound
+    cfg = _TABLE_CONFIGS[0] if _TABLE_CONFIGS else GemmConfig(64, 64, 128, 1, 4, 4)
+    monkeypatch.setattr(cuda_gemm, "TABLE", {(64, 256): [(256, cfg)]} if cfg.fits(256) else {})
+    if cfg.fits(256):
+        assert torch.equal(cuda_gemm.linear(x, w), gemm(x, w, cfg, launch_opts()))
+
+
 def test_logits_method_writes_rounded_float32_logits_and_installs_only_where_listed(monkeypatch):
     """``LogitsMethod`` on a real ``ParallelLMHead``: table shape -> float32 logits equal to the 16-bit GEMM's
     values (``compute_logits``' ``.float()`` then copies nothing); other row counts -> ``F.linear`` (16-bit, as
