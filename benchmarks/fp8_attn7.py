@@ -46,22 +46,6 @@ VARIANTS_B2 = {
     "b2_table_n128_pack2_ord": ("8b_fp8_512", "table", dict(block_n=128, pack=2, maxnreg=None, ordered=True)),
 }
 
-# --set b9 (session 9): the skewed loads (PREFETCH=2: next K after Q.K, next V after P.V) around the TABLE launch
-VARIANTS_B9 = {
-    "b9_fp8kv_TABLE": VARIANTS_B2["b2_fp8kv_TABLE"],
-    "b9_bf16_table_n128_ord": VARIANTS_B2["b2_bf16_table_n128_ord"],
-    "b9_skew_r128": ("8b_fp8_512", "fp8kv", dict(block_n=128, deq=3, prefetch=2, maxnreg=128)),
-    "b9_skew_r160": ("8b_fp8_512", "fp8kv", dict(block_n=128, deq=3, prefetch=2, maxnreg=160)),
-    "b9_skew_noreg": ("8b_fp8_512", "fp8kv", dict(block_n=128, deq=3, prefetch=2)),
-    "b9_skew_n64_r128": ("8b_fp8_512", "fp8kv", dict(block_n=64, deq=3, prefetch=2, maxnreg=128)),
-    "b9_skew_n64_w2_r128": ("8b_fp8_512", "fp8kv", dict(block_n=64, num_warps=2, deq=3, prefetch=2, maxnreg=128)),
-    "b9_skew_deq1_r128": ("8b_fp8_512", "fp8kv", dict(block_n=128, deq=1, prefetch=2, maxnreg=128)),
-    "b9_TABLE_w8_r128": ("8b_fp8_512", "fp8kv", dict(block_n=128, num_warps=8, deq=3, prefetch=False, num_stages=1,
-                                                     maxnreg=128)),
-    "b9_skew_w8_r128": ("8b_fp8_512", "fp8kv", dict(block_n=128, num_warps=8, deq=3, prefetch=2, maxnreg=128)),
-    "b9_pf_w8_r128": ("8b_fp8_512", "fp8kv", dict(block_n=128, num_warps=8, deq=3, prefetch=True, maxnreg=128)),
-}
-
 VARIANTS = {  # batch 1, in priority order (a short budget runs the first ones)
     "table_n128_w4_s2_ord": ("8b_fp8", "table", dict(block_n=128, ordered=True)),
     "bf16_table_n128_ord": ("8b", "table", dict(block_n=128, ordered=True)),
@@ -129,7 +113,7 @@ def _warm(names: list[str]) -> int:
     done = 0
     data = {}
     for name in names:
-        shape, kernel, kw = {**VARIANTS, **VARIANTS_B2, **VARIANTS_B9}[name]
+        shape, kernel, kw = {**VARIANTS, **VARIANTS_B2}[name]
         if shape not in data:
             spec = list(dab.SHAPES[shape])
             assert spec[3] % 16 == _WARM_BATCH[shape] % 16
@@ -176,14 +160,12 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--budget", type=float, default=40.0)
     ap.add_argument("--variants", default="", help="comma-separated names (default: all of --set, in order)")
-    ap.add_argument("--set", choices=("b1", "b2", "b9"), default="b2",
-                    help="b1 / b2: session 7's batches' variants; b9: session 9's")
+    ap.add_argument("--set", choices=("b1", "b2"), default="b2", help="b1: batch 1's variants; b2: batch 2's")
     ap.add_argument("--rep", type=int, default=50, help="ms of replays per variant")
     ap.add_argument("--no-prewarm", action="store_true", help="compile in the timed loop (one process)")
     args = ap.parse_args()
     t0 = time.perf_counter()
-    names = args.variants.split(",") if args.variants else list(
-        {"b1": VARIANTS, "b2": VARIANTS_B2, "b9": VARIANTS_B9}[args.set])
+    names = args.variants.split(",") if args.variants else list(VARIANTS if args.set == "b1" else VARIANTS_B2)
     res = {"command": "python benchmarks/fp8_attn7.py", "variants": {},
            "note": "variants compiled first (parallel warm-up processes, then the first call untimed); "
                    "timed = CUDA-graph replay medians"}
@@ -199,7 +181,7 @@ def main() -> None:
     print(f"read (sum) {res['read_TBps']:.2f} TB/s", flush=True)
     data, refs = {}, {}
     for name in names:
-        shape, kernel, kw = {**VARIANTS, **VARIANTS_B2, **VARIANTS_B9}[name]
+        shape, kernel, kw = {**VARIANTS, **VARIANTS_B2}[name]
         if time.perf_counter() - t0 > args.budget:
             res["variants"][name] = "skipped: budget"
             continue

@@ -7,9 +7,7 @@ element by element in the dot-operand layout. Two levers are tried here, both se
 microbench (benchmarks/fp8_attn7.py) compares them with the table's launch of ``_triton_decode``:
 
 - ``PREFETCH``: register double buffering (launched with ``num_stages=1``): the next tile's K/V loads are issued
-  before the current tile's dots, so they are in flight during the math, without the shared-memory staging
-  (spilled at 128 keys: 0.45 TB/s); ``PREFETCH=2`` skews them instead (next K after Q.K, next V after P.V: one
-  extra register tile);
+  before the current tile's dots, so they are in flight during the math, without the shared-memory staging;
 - ``DEQ`` (``DEQ_V`` for V if >= 0): how e4m3 becomes fp16: 0 = Triton's conversion (``cvt.rn.f16x2.e4m3x2``),
   which Triton moves after the tile's staging in shared memory, so the dots read single bytes there (sm_90 SASS of
   the table's fp8 launch: 5.4 instructions per cache byte in the key loop, the bf16 cache 1.5 per byte); 3 = the
@@ -148,44 +146,28 @@ def _fp8_kv_decode_kernel(
     for start in range(0, seq_len, BLOCK_N):
         pos = start + offs_n
         pos_ok = pos < seq_len
-        if PREFETCH == 2:  # skewed: the next K is asked for after this tile's Q.K, the next V after its P.V
+        if PREFETCH:  # this tile was loaded last iteration; issue the next one's loads before the math
+            k = k_nx
+            v = v_nx
             npos = pos + BLOCK_N
             n_ok = npos < seq_len
             nblk = tl.load(bt_row + npos // PAGE, mask=n_ok, other=0).to(tl.int64)
             n_off = nblk * stride_cb + (npos % PAGE) * stride_cs + head_off
-            s = tl.dot(q, tl.trans(_deq(k_nx, DEQ))) * scale_log2
             k_nx = tl.load(k_cache_ptr + n_off[:, None] + offs_d[None, :], mask=n_ok[:, None], other=0.0)
-            s = tl.where(pos_ok[None, :], s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            p = tl.exp2(s - m_new[:, None])
-            alpha = tl.exp2(m_i - m_new)
-            l_i = l_i * alpha + tl.sum(p, 1)
-            acc = acc * alpha[:, None] + tl.dot(p.to(tl.float16), _deq(v_nx, DEQ if DEQ_V < 0 else DEQ_V))
             v_nx = tl.load(v_cache_ptr + n_off[:, None] + offs_d[None, :], mask=n_ok[:, None], other=0.0)
-            m_i = m_new
         else:
-            if PREFETCH:  # this tile was loaded last iteration; issue the next one's loads before the math
-                k = k_nx
-                v = v_nx
-                npos = pos + BLOCK_N
-                n_ok = npos < seq_len
-                nblk = tl.load(bt_row + npos // PAGE, mask=n_ok, other=0).to(tl.int64)
-                n_off = nblk * stride_cb + (npos % PAGE) * stride_cs + head_off
-                k_nx = tl.load(k_cache_ptr + n_off[:, None] + offs_d[None, :], mask=n_ok[:, None], other=0.0)
-                v_nx = tl.load(v_cache_ptr + n_off[:, None] + offs_d[None, :], mask=n_ok[:, None], other=0.0)
-            else:
-                blk = tl.load(bt_row + pos // PAGE, mask=pos_ok, other=0).to(tl.int64)
-                kv_off = blk * stride_cb + (pos % PAGE) * stride_cs + head_off
-                k = tl.load(k_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=pos_ok[:, None], other=0.0)
-                v = tl.load(v_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=pos_ok[:, None], other=0.0)
-            s = tl.dot(q, tl.trans(_deq(k, DEQ))) * scale_log2
-            s = tl.where(pos_ok[None, :], s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            p = tl.exp2(s - m_new[:, None])
-            alpha = tl.exp2(m_i - m_new)
-            l_i = l_i * alpha + tl.sum(p, 1)
-            acc = acc * alpha[:, None] + tl.dot(p.to(tl.float16), _deq(v, DEQ if DEQ_V < 0 else DEQ_V))
-            m_i = m_new
+            blk = tl.load(bt_row + pos // PAGE, mask=pos_ok, other=0).to(tl.int64)
+            kv_off = blk * stride_cb + (pos % PAGE) * stride_cs + head_off
+            k = tl.load(k_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=pos_ok[:, None], other=0.0)
+            v = tl.load(v_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=pos_ok[:, None], other=0.0)
+        s = tl.dot(q, tl.trans(_deq(k, DEQ))) * scale_log2
+        s = tl.where(pos_ok[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        p = tl.exp2(s - m_new[:, None])
+        alpha = tl.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(tl.float16), _deq(v, DEQ if DEQ_V < 0 else DEQ_V))
+        m_i = m_new
 
     out = acc / l_i[:, None] * out_scale
     o_off = q_start.to(tl.int64) * stride_ot + head[:, None] * stride_oh + offs_d[None, :]
@@ -194,14 +176,12 @@ def _fp8_kv_decode_kernel(
 
 def fp8_kv_decode(query, k_cache, v_cache, out, block_tables, seq_lens, query_start_loc, *, num_reqs: int,
                   num_kv_heads: int, scale: float, v_scale: float, block_size: int, block_n: int = 128,
-                  num_warps: int = 4, deq: int = 0, prefetch: bool | int = True, order=None,
+                  num_warps: int = 4, deq: int = 0, prefetch: bool = True, order=None,
                   maxnreg: int | None = None, num_stages: int | None = None, deq_v: int | None = None) -> None:
     """``out[t] = softmax(q[t] K^T * scale) V * v_scale`` over each request's context, one token per request, on an
     e4m3 cache ``[num_blocks, block_size, num_kv_heads, head_size]`` (``scale`` includes ``k_scale``).
-    ``prefetch`` launches with ``num_stages=1``: True/1, the kernel double-buffers K and V in registers; 2, skewed
-    (the next tile's K is asked for after this tile's Q.K and its V after P.V, so one tile's bytes are in flight
-    during the math with one extra register tile, not two); else ``num_stages`` (default 2: Triton's pipeliner
-    stages the tiles through shared memory; 1: plain loads)."""
+    ``prefetch`` launches with ``num_stages=1`` (the kernel double-buffers in registers), else ``num_stages``
+    (default 2: Triton's pipeliner stages the tiles through shared memory; 1: plain loads)."""
     import torch
 
     from octavo.plugins.attention._triton_kernels import LOG2E
