@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Issue 9 (engineer "fp8"), session 9. One GPU, HARD bound ${FP89_LIMIT:-150} s for the whole call (every part under
+# Issue 9 (engineer "fp8"), session 9. One GPU, HARD bound ${FP89_LIMIT:-90} s for the whole call (every part under
 # `timeout`, each gets what is left minus the later parts' reserves). JSON + logs: $OUT/fp89/
-#   bash benchmarks/device/fp89.sh [PART ...]      (default: mem_fp8 smallm attn mem_bf16; mem_bf16 gets what is left)
-#   smallm      benchmarks/fp8_smallm_bench.py: the fp8 projections at 16/40/64 rows (the run's second-wave steps):
-#               _scaled_mm vs the tensor-core GEMV on BLOCK_M 16/32/64
-#   attn        benchmarks/fp8_attn7.py --set b9: decode attention on the e4m3 cache, 512 requests x U[1000, 2000]
-#               keys: the engine's launch, the bf16 cache's rate, the skewed loads (PREFETCH=2) at tiles / caps
+#   bash benchmarks/device/fp89.sh [PART ...]      (default: tests smallm; batch 1 ran mem_fp8 smallm attn mem_bf16)
+#   tests       GPU tests: the small-M tiles of fp8_configs/smallm.json vs _scaled_mm on the 8B shapes at 2-64 rows
+#               (tests/quant/test_fp8_smallm.py), the tensor-core GEMV's GPU tests (tests/quant/test_fp8_gemv_tc.py)
+#   smallm      benchmarks/fp8_smallm_bench.py: the fp8 projections at ${SMALLM_ROWS:-2,8,24,32} rows (the run's
+#               second-wave steps): _scaled_mm vs the tensor-core GEMV on BLOCK_M <= ${SMALLM_MAX_BM:-32}
 #   mem_fp8 / mem_bf16  benchmarks/kv_sizing_probe.py: the 8B e2e engine (gpu_e2e.py's settings, CUDA graphs) with
 #               the KV sizing of core/profiling.py: its readings (what the ~4.8 GB beyond weights + KV was), the KV
 #               blocks, the graph pool; then gpu_e2e's warm-up (8192-token mixed steps) and 512 rows decoding with
@@ -15,7 +15,7 @@ set -u
 cd "$(dirname "$0")/../.."
 R="${OUT:-/tmp/out}/fp89"
 mkdir -p "$R"
-LIMIT=${FP89_LIMIT:-150}
+LIMIT=${FP89_LIMIT:-90}
 if ! timeout 20 python -c "import octavo" > /dev/null 2>&1; then  # s9 batch 1's lanes had no install
   echo "octavo not importable: pip install --no-deps --no-build-isolation -e ." | tee "$R/install.txt"
   timeout 60 python -m pip install -q --no-deps --no-build-isolation -e . >> "$R/install.txt" 2>&1
@@ -28,8 +28,8 @@ git rev-parse HEAD > "$R/commit.txt" 2>/dev/null
 git status --short > "$R/tree_status.txt" 2>/dev/null
 export OCTAVO_DISABLE_PROGRESS=1
 PARTS=("$@")
-[ ${#PARTS[@]} -eq 0 ] && PARTS=(mem_fp8 smallm attn mem_bf16)
-declare -A RESERVE=([attn]=28 [smallm]=30 [mem_fp8]=55 [mem_bf16]=0 [e2e_fp8]=150)
+[ ${#PARTS[@]} -eq 0 ] && PARTS=(tests smallm)
+declare -A RESERVE=([tests]=40 [smallm]=30 [mem_fp8]=55 [mem_bf16]=0 [e2e_fp8]=150)
 reserve() {  # seconds the parts after $1 keep for themselves
   local after=0 r=0 p
   for p in "${PARTS[@]}"; do
@@ -44,10 +44,11 @@ for P in "${PARTS[@]}"; do
   if [ "$B" -lt 15 ]; then echo "skipped: no time"; continue; fi
   T="timeout -k 3 $B"
   case $P in
-    attn) $T python benchmarks/fp8_attn7.py --set b9 --budget $(( B - 5 )) --out "$R/attn9.json" \
-            ${FP8_ATTN_VARIANTS:+--variants "$FP8_ATTN_VARIANTS"} > "$R/attn9.log" 2>&1
-          echo "exit $?"; grep -v " INFO \| WARNING " "$R/attn9.log" | cut -c1-400 | tail -14;;
-    smallm) $T python benchmarks/fp8_smallm_bench.py --budget $(( B - 6 )) --out "$R/smallm.json" > "$R/smallm.log" 2>&1
+    tests) $T python -m pytest -v -rA -m gpu -p no:cacheprovider tests/quant/test_fp8_smallm.py \
+             tests/quant/test_fp8_gemv_tc.py > "$R/tests.log" 2>&1
+           echo "exit $?"; grep -E "PASSED|FAILED|SKIPPED|passed|failed|Error|assert" "$R/tests.log" | tail -12;;
+    smallm) $T python benchmarks/fp8_smallm_bench.py --budget $(( B - 6 )) --out "$R/smallm.json" \
+              --rows "${SMALLM_ROWS:-2,8,24,32}" --max-bm "${SMALLM_MAX_BM:-32}" > "$R/smallm.log" 2>&1
             echo "exit $?"; grep -v " INFO \| WARNING " "$R/smallm.log" | cut -c1-300 | tail -14;;
     mem_fp8|mem_bf16) V=${P#mem_}
           $T python benchmarks/kv_sizing_probe.py --variant "$V" --out "$R/mem_$V.json" > "$R/mem_$V.log" 2>&1
@@ -56,7 +57,7 @@ for P in "${PARTS[@]}"; do
     e2e_fp8) OCTAVO_QUANTIZATION=fp8 OCTAVO_KV_CACHE_DTYPE=fp8 $T python benchmarks/gpu_e2e.py decode_bs1 \
                --throughput --max-num-seqs 512 --out-dir "$R/e2e_fp8" > "$R/e2e_fp8.log" 2>&1
              echo "exit $?"; grep -v " INFO \| WARNING " "$R/e2e_fp8.log" | cut -c1-1500 | tail -8;;
-    *) echo "unknown part $P (mem_fp8 smallm attn mem_bf16 e2e_fp8)";;
+    *) echo "unknown part $P (tests smallm mem_fp8 mem_bf16 e2e_fp8)";;
   esac
 done
 echo "== done $(date -u +%T), $(( $(date +%s) - T0 )) s"
