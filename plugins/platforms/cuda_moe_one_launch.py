@@ -41,7 +41,7 @@ def _moe_one_kernel(x_ptr, logits_ptr, w13_ptr, w2_ptr, act_ptr, out_ptr, weight
     t = tl.atomic_add(cnt_ptr, 1, sem="relaxed", scope="gpu")  # this program's tile, in the order programs run
     num_n13 = tl.cdiv(INTER, BN13)
     g13 = TOP_K * num_n13
-    top_w, top_i = _route(logits_ptr, num_experts, TOP_K, K_P, E_P, RENORMALIZE)
+    top_w, top_i = _route(logits_ptr, num_experts, TOP_K, K_P, E_P, RENORMALIZE, False)
     lanes = tl.arange(0, K_P)
     slot_ok = lanes < TOP_K
     dtype = out_ptr.dtype.element_ty
@@ -96,20 +96,20 @@ def _moe_one_kernel(x_ptr, logits_ptr, w13_ptr, w2_ptr, act_ptr, out_ptr, weight
         tl.debug_barrier()  # no thread loads act before the acquire
         a_ptrs = act_ptr + (lanes * INTER)[:, None, None] + ks[None, None, :]
         acc = tl.zeros([K_P, BN2, BK2], dtype=tl.float32)
-        acc = _fma_w2(acc, b0, a_ptrs, slot_ok, ks, INTER, 0, BK2, ".cg")
+        acc = _fma_w2(acc, b0, a_ptrs, slot_ok, ks, INTER, 0, BK2, True)
         if PRE > 1:
-            acc = _fma_w2(acc, b1, a_ptrs, slot_ok, ks, INTER, 1, BK2, ".cg")
+            acc = _fma_w2(acc, b1, a_ptrs, slot_ok, ks, INTER, 1, BK2, True)
         if PRE > 2:
-            acc = _fma_w2(acc, b2, a_ptrs, slot_ok, ks, INTER, 2, BK2, ".cg")
+            acc = _fma_w2(acc, b2, a_ptrs, slot_ok, ks, INTER, 2, BK2, True)
         if PRE > 3:
-            acc = _fma_w2(acc, b3, a_ptrs, slot_ok, ks, INTER, 3, BK2, ".cg")
+            acc = _fma_w2(acc, b3, a_ptrs, slot_ok, ks, INTER, 3, BK2, True)
         if PRE > 4:
-            acc = _fma_w2(acc, b4, a_ptrs, slot_ok, ks, INTER, 4, BK2, ".cg")
+            acc = _fma_w2(acc, b4, a_ptrs, slot_ok, ks, INTER, 4, BK2, True)
         if PRE > 5:
-            acc = _fma_w2(acc, b5, a_ptrs, slot_ok, ks, INTER, 5, BK2, ".cg")
+            acc = _fma_w2(acc, b5, a_ptrs, slot_ok, ks, INTER, 5, BK2, True)
         for kb in range(PRE, tl.cdiv(INTER, BK2)):
             acc = _fma_w2(acc, _load_w2(w2_ptrs, rows_ok, ks, INTER, kb, BK2), a_ptrs, slot_ok, ks, INTER, kb, BK2,
-                          ".cg")
+                          True)
         y = tl.sum(acc, axis=2).to(dtype).to(tl.float32)
         w = top_w.to(dtype).to(tl.float32)
         terms = tl.where(slot_ok[:, None], (y * w[:, None]).to(dtype).to(tl.float32), 0.0)

@@ -13,17 +13,21 @@ import triton.language as tl
 
 @triton.jit
 def _route(logits_ptr, num_experts, TOP_K: tl.constexpr, K_P: tl.constexpr, E_P: tl.constexpr,
-           RENORMALIZE: tl.constexpr, CACHE: tl.constexpr = ""):
+           RENORMALIZE: tl.constexpr, CG: tl.constexpr):
     """(weights [K_P] fp32, ids [K_P] int32) of one token; lanes past TOP_K hold 0 (``topk_softmax``'s math).
 
     Each top-k round is ONE max-reduction over int64 keys ``bits(p) << 32 | (E_P - 1 - expert)``: the float
     bits of a probability (>= 0) order like the probability, and the low word makes the lowest expert win a
     tie. Same choice as ``topk_softmax``'s max-then-min rounds, half the cross-warp reductions: every program of
-    the w13 launch runs this before its first weight load. ``CACHE``: the logits' load cache modifier (".cg" for
-    a read before the PDL wait, cuda_moe_w2_early.py)."""
+    the w13 launch runs this before its first weight load. ``CG``: load the logits through L2 (``.cg``; a read before
+    the PDL wait, cuda_moe_w2_early.py). Every caller passes it: Triton 3.6 does not wrap a jit helper's default
+    constexpr (a default "" reached ``tl.load`` as a plain str; session 9 batch 1)."""
     experts = tl.arange(0, E_P)
     ok = experts < num_experts
-    x = tl.load(logits_ptr + experts, mask=ok, other=-float("inf"), cache_modifier=CACHE).to(tl.float32)
+    if CG:
+        x = tl.load(logits_ptr + experts, mask=ok, other=-float("inf"), cache_modifier=".cg").to(tl.float32)
+    else:
+        x = tl.load(logits_ptr + experts, mask=ok, other=-float("inf")).to(tl.float32)
     p = tl.exp(x - tl.max(x, axis=0))
     p = p / tl.sum(tl.where(ok, p, 0.0), axis=0)
     bits = p.to(tl.int32, bitcast=True).to(tl.int64)

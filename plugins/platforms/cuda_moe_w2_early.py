@@ -35,12 +35,15 @@ def _load_w2(b_ptrs, rows_ok, offs_k, K, kb, BLOCK_K: tl.constexpr):
 
 
 @triton.jit
-def _fma_w2(acc, b, a_ptrs, slot_ok, offs_k, K, kb, BLOCK_K: tl.constexpr, CACHE: tl.constexpr = ""):
-    """``acc += b * act`` for K-block ``kb``: the loop body of ``_w2_sum_kernel`` (``CACHE`` ".cg": act written
-    by other programs of the same launch, cuda_moe_one_launch.py)."""
+def _fma_w2(acc, b, a_ptrs, slot_ok, offs_k, K, kb, BLOCK_K: tl.constexpr, CG: tl.constexpr):
+    """``acc += b * act`` for K-block ``kb``: the loop body of ``_w2_sum_kernel`` (``CG``: act through L2, ``.cg``:
+    written by other programs of the same launch, cuda_moe_one_launch.py). No defaults: see ``_route``."""
     k_ok = (offs_k < K - kb * BLOCK_K)[None, None, :]
-    a = tl.load(a_ptrs + kb * BLOCK_K, mask=slot_ok[:, None, None] & k_ok, other=0.0,
-                cache_modifier=CACHE).to(tl.float32)
+    if CG:
+        a = tl.load(a_ptrs + kb * BLOCK_K, mask=slot_ok[:, None, None] & k_ok, other=0.0,
+                    cache_modifier=".cg").to(tl.float32)
+    else:
+        a = tl.load(a_ptrs + kb * BLOCK_K, mask=slot_ok[:, None, None] & k_ok, other=0.0).to(tl.float32)
     return acc + b.to(tl.float32) * a
 
 
@@ -51,7 +54,7 @@ def _w2_early_kernel(act_ptr, w2_ptr, logits_ptr, out_ptr, num_experts, N, K, st
     """``out[n] = sum_j weight[j] * (act[j] . w2[ids[j], n])`` over this program's ``BLOCK_N`` columns, with the
     routing and the first ``PRE`` (>= 1) K-blocks of w2 loaded before the PDL wait."""
     pid_n = tl.program_id(0)
-    top_w, top_i = _route(logits_ptr, num_experts, TOP_K, K_P, E_P, RENORMALIZE, ".cg")
+    top_w, top_i = _route(logits_ptr, num_experts, TOP_K, K_P, E_P, RENORMALIZE, True)
     lanes = tl.arange(0, K_P)
     slot_ok = lanes < TOP_K
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -76,20 +79,20 @@ def _w2_early_kernel(act_ptr, w2_ptr, logits_ptr, out_ptr, num_experts, N, K, st
         gdc_launch_dependents()
     a_ptrs = act_ptr + (lanes * K)[:, None, None] + offs_k[None, None, :]
     acc = tl.zeros([K_P, BLOCK_N, BLOCK_K], dtype=tl.float32)
-    acc = _fma_w2(acc, b0, a_ptrs, slot_ok, offs_k, K, 0, BLOCK_K)
+    acc = _fma_w2(acc, b0, a_ptrs, slot_ok, offs_k, K, 0, BLOCK_K, False)
     if PRE > 1:
-        acc = _fma_w2(acc, b1, a_ptrs, slot_ok, offs_k, K, 1, BLOCK_K)
+        acc = _fma_w2(acc, b1, a_ptrs, slot_ok, offs_k, K, 1, BLOCK_K, False)
     if PRE > 2:
-        acc = _fma_w2(acc, b2, a_ptrs, slot_ok, offs_k, K, 2, BLOCK_K)
+        acc = _fma_w2(acc, b2, a_ptrs, slot_ok, offs_k, K, 2, BLOCK_K, False)
     if PRE > 3:
-        acc = _fma_w2(acc, b3, a_ptrs, slot_ok, offs_k, K, 3, BLOCK_K)
+        acc = _fma_w2(acc, b3, a_ptrs, slot_ok, offs_k, K, 3, BLOCK_K, False)
     if PRE > 4:
-        acc = _fma_w2(acc, b4, a_ptrs, slot_ok, offs_k, K, 4, BLOCK_K)
+        acc = _fma_w2(acc, b4, a_ptrs, slot_ok, offs_k, K, 4, BLOCK_K, False)
     if PRE > 5:
-        acc = _fma_w2(acc, b5, a_ptrs, slot_ok, offs_k, K, 5, BLOCK_K)
+        acc = _fma_w2(acc, b5, a_ptrs, slot_ok, offs_k, K, 5, BLOCK_K, False)
     for kb in range(PRE, tl.cdiv(K, BLOCK_K)):
         acc = _fma_w2(acc, _load_w2(b_ptrs, rows_ok, offs_k, K, kb, BLOCK_K), a_ptrs, slot_ok, offs_k, K, kb,
-                      BLOCK_K)
+                      BLOCK_K, False)
     dtype = out_ptr.dtype.element_ty
     y = tl.sum(acc, axis=2).to(dtype).to(tl.float32)  # [K_P, BLOCK_N]: as _w2_sum_kernel, rounded like torch
     w = top_w.to(dtype).to(tl.float32)

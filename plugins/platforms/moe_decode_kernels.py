@@ -108,7 +108,7 @@ def _w13_route_kernel(x_ptr, logits_ptr, w13_ptr, act_ptr, weights_ptr, ids_ptr,
             tl.store(weights_ptr + lanes, top_w, mask=lanes < TOP_K)
             tl.store(ids_ptr + lanes, top_i.to(tl.int64), mask=lanes < TOP_K)
     elif ROUTE_IN:
-        top_w, top_i = _route(logits_ptr, num_experts, TOP_K, K_P, E_P, RENORMALIZE)
+        top_w, top_i = _route(logits_ptr, num_experts, TOP_K, K_P, E_P, RENORMALIZE, False)
         lanes = tl.arange(0, K_P)
         if pid == 0:
             tl.store(weights_ptr + lanes, top_w, mask=lanes < TOP_K)
@@ -172,7 +172,7 @@ def _w13_route_all_kernel(x_ptr, logits_ptr, w13_ptr, act_ptr, weights_ptr, ids_
         gdc_wait()
         gdc_launch_dependents()
     pid_n = tl.program_id(0)
-    top_w, top_i = _route(logits_ptr, num_experts, TOP_K, K_P, E_P, RENORMALIZE)
+    top_w, top_i = _route(logits_ptr, num_experts, TOP_K, K_P, E_P, RENORMALIZE, False)
     lanes = tl.arange(0, K_P)
     slot_ok = lanes < TOP_K
     if pid_n == 0:
