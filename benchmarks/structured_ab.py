@@ -50,7 +50,7 @@ def build_engines(args) -> list:
 
     kw = {"max_model_len": 512, "max_num_seqs": max(args.batches), "enable_prefix_caching": False,
           "async_scheduling": args.async_scheduling}
-    for name in ("model", "tokenizer", "device", "quantization", "dtype", "load_format"):
+    for name in ("model", "tokenizer", "device", "quantization", "dtype", "load_format", "gpu_memory_utilization"):
         if getattr(args, name):
             kw[name] = getattr(args, name)
     return [LLM(**kw) for _ in range(2)]
@@ -194,6 +194,8 @@ def main() -> None:
     ap.add_argument("--dtype", default=None)
     ap.add_argument("--quantization", default=None)
     ap.add_argument("--load-format", dest="load_format", default=None)
+    ap.add_argument("--gpu-memory-utilization", dest="gpu_memory_utilization", type=float, default=None,
+                    help="per engine (two engines share the device: e.g. 0.4)")
     ap.add_argument("--async-scheduling", dest="async_scheduling", default=None,
                     type=lambda s: {"on": True, "off": False}[s], help="on/off (default: the platform's default)")
     ap.add_argument("--json-modes", dest="json_modes", nargs="+", default=["overlap"],

@@ -65,12 +65,12 @@ def apply_bitmask_(logits: torch.Tensor, packed: torch.Tensor, rows: torch.Tenso
     return logits
 
 
-@triton.jit(do_not_specialize=["seq"])
-def _wait_flag_kernel(words_ptr, seq, MAX_SPINS: tl.constexpr):
+@triton.jit(do_not_specialize=["seq", "max_spins"])
+def _wait_flag_kernel(words_ptr, seq, max_spins):
     # words[0]: the last step number the host opened; words[1]: the last one this wait gave up on
     v = tl.load(words_ptr, volatile=True)
     i = 0
-    while (v < seq) & (i < MAX_SPINS):
+    while (v < seq) & (i < max_spins):
         v = tl.load(words_ptr, volatile=True)
         i += 1
     if v < seq:
@@ -80,10 +80,10 @@ def _wait_flag_kernel(words_ptr, seq, MAX_SPINS: tl.constexpr):
 def wait_host_flag(words: torch.Tensor, seq: int, max_spins: int = MAX_SPINS) -> None:
     """Queue on the current stream: wait until ``words[0] >= seq`` (``words``: pinned host int32 [2] the host
     writes, read through unified addressing); after ``max_spins`` reads give up and write ``seq`` into
-    ``words[1]`` (the host then fails the step: core/grammar_device_gate.py). ``seq`` is not specialized on, so
-    no step number triggers a compile."""
+    ``words[1]`` (the host then fails the step: core/grammar_device_gate.py). ``seq`` and ``max_spins`` are not
+    specialized on, so no step number triggers a compile."""
     assert words.dtype == torch.int32 and words.numel() >= 2 and words.is_pinned()
-    _wait_flag_kernel[(1,)](words, seq, MAX_SPINS=max_spins, num_warps=1)  # one warp: one host read per spin
+    _wait_flag_kernel[(1,)](words, seq, max_spins, num_warps=1)  # one warp: one host read per spin
 
 
 #: core/grammar_step.py passes the pinned fill buffer itself (no host -> device copy call) to an apply saying so

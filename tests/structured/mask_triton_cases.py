@@ -51,15 +51,15 @@ def test_device_wait_goes_on_once_the_host_opened_and_gives_up_after_its_spins()
 
     words = torch.zeros(2, dtype=torch.int32)
     words[0] = 5
-    _wait_flag_kernel[(1,)](words, 5, MAX_SPINS=100)
+    _wait_flag_kernel[(1,)](words, 5, 100)
     assert words.tolist() == [5, 0]
-    _wait_flag_kernel[(1,)](words, 7, MAX_SPINS=100)  # never opened: gives up, says so
+    _wait_flag_kernel[(1,)](words, 7, 100)  # never opened: gives up, says so
     assert words.tolist() == [5, 7]
     words[:] = 0
     opener = threading.Timer(0.1, lambda: words.__setitem__(0, 3))
     opener.start()
     t0 = time.perf_counter()
-    _wait_flag_kernel[(1,)](words, 3, MAX_SPINS=1 << 30)
+    _wait_flag_kernel[(1,)](words, 3, 1 << 30)
     assert time.perf_counter() - t0 >= 0.09 and words.tolist() == [3, 0]
     g = torch.Generator().manual_seed(3)
     logits = torch.randn(4, 1000, generator=g)

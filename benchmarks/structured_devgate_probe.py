@@ -1,0 +1,101 @@
+"""Probe of the device gate's wait on a GPU (issue 11, session 9; core/grammar_device_gate.py): does the one-warp
+Triton wait see a host write to pinned memory, what do its first compile and each launch cost the host, how long is
+one spin (one read of the host word), how soon after the host's write does the stream go on, and does the volatile
+apply read rows written after its launch (two rounds on one buffer). Bounded: a wait nobody opens gives up after
+``2**20`` spins here.
+
+    python benchmarks/structured_devgate_probe.py [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+
+
+def _resume(dg, wait_host_flag, sleep_s: float, max_spins: int) -> dict:
+    """Queue a wait for a new step number, open it from the host after ``sleep_s``; how long until the stream is done."""
+    seq = dg.next_seq()
+    wait_host_flag(dg.words, seq, max_spins)
+    time.sleep(sleep_s)
+    busy = not torch.cuda.current_stream().query()
+    t_open = time.perf_counter()
+    dg.open(seq)
+    stream = torch.cuda.current_stream()
+    while not stream.query():
+        if time.perf_counter() - t_open > 60:
+            break
+    return {"busy_before_open": busy, "resume_after_open_us": round((time.perf_counter() - t_open) * 1e6, 1),
+            "gave_up": int(dg.words[1]) >= seq}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    from octavo.core.grammar_device_gate import DeviceGate
+    from octavo.core.grammar_step import apply_packed
+    from octavo.plugins.platforms.cuda_grammar_mask import apply_bitmask_, wait_host_flag
+
+    out: dict = {"device": torch.cuda.get_device_name()}
+    dg = DeviceGate()
+    t0 = time.perf_counter()
+    wait_host_flag(dg.words, 0, 10)  # already open
+    torch.cuda.synchronize()
+    out["first_wait_incl_compile_s"] = round(time.perf_counter() - t0, 3)
+    launches = []
+    for _ in range(50):
+        t = time.perf_counter()
+        wait_host_flag(dg.words, 0, 10)
+        launches.append(time.perf_counter() - t)
+    torch.cuda.synchronize()
+    out["wait_launch_host_us_median"] = round(statistics.median(launches) * 1e6, 1)
+    for n in (1000, 100000):  # nobody opens: the rate of reads of the host word
+        seq = dg.next_seq()
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        wait_host_flag(dg.words, seq, n)
+        e1.record()
+        torch.cuda.synchronize()
+        out[f"spins_{n}"] = {"us_per_spin": round(e0.elapsed_time(e1) * 1e3 / n, 3),
+                             "gave_up_recorded": int(dg.words[1]) == seq}
+    out["open_after_5ms"] = [_resume(dg, wait_host_flag, 0.005, 1 << 20) for _ in range(3)]
+    out["open_after_0ms"] = [_resume(dg, wait_host_flag, 0.0, 1 << 20) for _ in range(3)]
+    # rows written after the launch, behind the wait; the same pinned buffer twice
+    g = torch.Generator().manual_seed(5)
+    vocab, n = 49152, 32
+    buf = torch.zeros(n, vocab // 32, dtype=torch.int32, pin_memory=True)
+    apply_bitmask_(torch.zeros(n, vocab, device="cuda"), buf, None, volatile=True)  # compiled before any wait
+    torch.cuda.synchronize()
+    rounds = []
+    for _ in range(2):
+        logits = torch.randn(n, vocab, generator=g)
+        dev = logits.to("cuda")
+        seq = dg.next_seq()
+        wait_host_flag(dg.words, seq, 1 << 20)
+        t = time.perf_counter()
+        apply_bitmask_(dev, buf, None, volatile=True)
+        apply_us = (time.perf_counter() - t) * 1e6
+        rows = torch.randint(-2**31, 2**31 - 1, (n, vocab // 32), dtype=torch.int32, generator=g)
+        time.sleep(0.002)
+        buf.copy_(rows)
+        dg.open(seq)
+        torch.cuda.synchronize()
+        want = apply_packed(logits.clone(), list(range(n)), rows)
+        rounds.append({"equal": bool(torch.equal(dev.cpu(), want)), "apply_launch_host_us": round(apply_us, 1),
+                       "gave_up": int(dg.words[1]) >= seq})
+    out["rows_written_after_launch"] = rounds
+    out["ok"] = (all(r["equal"] and not r["gave_up"] for r in rounds)
+                 and all(not x["gave_up"] for x in out["open_after_5ms"] + out["open_after_0ms"]))
+    print(json.dumps(out, indent=2))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
