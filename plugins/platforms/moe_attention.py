@@ -81,11 +81,16 @@ def _forward(self, positions, hidden_states, ctx):
     return self._attn_one_prev(positions, hidden_states, ctx)
 
 
-def _plain_o_proj(o, dtype: torch.dtype) -> bool:
-    """An o_proj that is one bias-free, unquantized, unsharded GEMV of the activations' dtype (what gemv_early runs)."""
-    return (getattr(o, "bias", None) is None and getattr(o, "tp_size", 1) == 1 and o.weight.dtype == dtype
-            and type(getattr(o, "quant_method", None)).__name__ == "UnquantizedLinearMethod"
-            and o.weight.dim() == 2 and o.weight.is_contiguous())
+def _plain_o_proj(o, dtype: torch.dtype | None = None) -> bool:
+    """An o_proj that is one bias-free, dense (unquantized: the platform's GEMV method subclasses it), unsharded
+    GEMV of 16-bit weights, of the activations' dtype when given (what gemv_early runs)."""
+    from octavo.nn.linear import UnquantizedLinearMethod
+
+    w = getattr(o, "weight", None)
+    return (isinstance(w, torch.Tensor) and getattr(o, "bias", None) is None and getattr(o, "tp_size", 1) == 1
+            and isinstance(getattr(o, "quant_method", None), UnquantizedLinearMethod)
+            and w.dtype in (torch.float16, torch.bfloat16) and (dtype is None or w.dtype == dtype)
+            and w.dim() == 2 and w.is_contiguous())
 
 
 def eligible(m) -> bool:
@@ -176,6 +181,10 @@ def set_attn_one(model: torch.nn.Module, **settings) -> int:
     if bad:
         raise ValueError(f"unknown one-launch attention settings {sorted(bad)}")
     mods = [m for m in model.modules() if "_attn_one" in vars(m)]
+    if settings.get("o_early"):  # refused, not ignored, where the o_proj is not one plain GEMV
+        bad = [getattr(m.o_proj, "prefix", "o_proj") for m in mods if not _plain_o_proj(m.o_proj)]
+        if bad:
+            raise ValueError(f"o_early needs a bias-free, dense, unsharded 16-bit o_proj; not {bad[:3]}")
     for m in mods:
         m._attn_one.update(settings)
     return len(mods)
