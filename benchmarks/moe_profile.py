@@ -300,18 +300,19 @@ B2_VARIANTS = [
 # 112/111/127/178 (the plain launch 80); 1 x 128 PRE 6 124; 2 x 256 PRE 3 166. Mixtral 8 x 512 at 8 warps PRE 1/2/4
 # 111/111/169 (k=2).
 PRE = lambda n, **t: {"PRE": n, **t}  # noqa: E731
+T2 = {"BLOCK_N": 2, "BLOCK_K": 128, "num_warps": 4}  # the shipped H100 w2 tile (an H200 has no config file: 4 x 256)
 B9_VARIANTS = [  # the one launch last: a launch that spun forever would cost only those rows; ~2 s a variant
     ("defaults", {}, {}, {}),
-    ("w2_pre4", {}, {}, PRE(4)),
+    ("w2_2x128", {}, {}, T2),  # the base of the PRE rows on any card
+    ("w2_pre4", {}, {}, PRE(4, **T2)),
     ("o_early8_4x512", {"o_early": 8, "o_tile": (4, 512, 4)}, {}, {}),  # cuda_moe_oproj.py: 168 registers
-    ("w2_pre2", {}, {}, PRE(2)),
+    ("w2_pre2", {}, {}, PRE(2, **T2)),
     ("o_early8_8x512_8w", {"o_early": 8, "o_tile": (8, 512, 8)}, {}, {}),  # 173
-    ("w2_pre6", {}, {}, PRE(6)),
-    ("w2_pre4+o_early8_4x512", {"o_early": 8, "o_tile": (4, 512, 4)}, {}, PRE(4)),
-    ("o_early4_8x512", {"o_early": 4, "o_tile": (8, 512, 4)}, {}, {}),  # 167
+    ("w2_pre6", {}, {}, PRE(6, **T2)),
+    ("w2_pre4+o_early8_4x512", {"o_early": 8, "o_tile": (4, 512, 4)}, {}, PRE(4, **T2)),
     ("defaults_again", {}, {}, {}),
-    ("one_pre2", {}, {}, PRE(2, ONE=True)),  # w13 + w2 in one launch (cuda_moe_one_launch.py; 155 registers)
-    ("one_pre4", {}, {}, PRE(4, ONE=True)),
+    ("one_pre2", {}, {}, PRE(2, ONE=True, **T2)),  # w13 + w2 in one launch (cuda_moe_one_launch.py; 155 registers)
+    ("one_pre4", {}, {}, PRE(4, ONE=True, **T2)),
 ]
 B9_MIXTRAL = [("defaults", {}, {}, {}), ("w2_pre2", {}, {}, PRE(2)), ("w2_pre4", {}, {}, PRE(4)),
               ("w2_pre1", {}, {}, PRE(1)), ("w2_pre2_16x256", {}, {}, PRE(2, BLOCK_N=16, BLOCK_K=256)),
