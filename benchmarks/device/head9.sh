@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Issues 17 item 2 / 9 / 12 (engineer "head", session 9): the LM head + sampler inside the CUDA graphs
 # (plugins/platforms/cuda_graph_head.py), on vs off in the same engine (benchmarks/graph_head_ab.py). NEEDS 2 GPUs.
-# Hard bound 260 s + 100 s if it must install the package (expected ~170 s); JSON + logs under $OUT/head9/. HEAD9_PARTS (default "lanes tp2") picks:
-#   lanes (<= 135 s) two one-GPU lanes at once: GPU 0 = 8B bf16 bs1 A/B (cap 85 s) then the 1-GPU test (bf16)
-#         (tests/gpu/test_graph_head_gpu.py, cap 50 s); GPU 1 = 8B fp8 + fp8 KV bs1 A/B (cap 85 s). Both A/Bs with
-#         --gemv-ab (OCTAVO_HEAD_GEMV=1): head graphs on/off x the head's one-row GEMM cuBLAS / Triton GEMV
-#   tp2   (<= 125 s) both GPUs: 8B bf16 TP=2 bs1 A/B (mp, cap 75 s) then the TP=2 test (cap 50 s)
-# Every engine warms both modes (16 tokens each) before its timed rounds. NVLink multicast is left as it is.
+# JSON + logs under $OUT/head9/ (+ up to 100 s if it must install the package). HEAD9_PARTS (default "lanes tp2"):
+#   lanes (<= 90 s; batch 2 expected ~65 s) two one-GPU lanes at once: GPU 0 = 8B bf16 bs1 head graphs on/off
+#         (cap 40 s) then the 1-GPU test (tests/gpu/test_graph_head_gpu.py, bf16, cap 50 s); GPU 1 = 8B fp8 + fp8 KV
+#         bs1 with --gemv-ab (head graphs on/off x the head's one-row GEMM Triton GEMV / cuBLAS, cap 45 s)
+#   tp2   (<= 45 s) both GPUs: 8B bf16 TP=2 bs1 head graphs on/off (mp)
+#   test2 (<= 80 s, not in the default) the TP=2 GPU test (timed out at 50 s in batch 1, on the broken build)
+# s9 batch 1 (2x H200): every step ran, but the head graphs' capture failed (a Triton global; fixed, now compiled
+# ahead of time by a CPU test), so only the GEMV A/B measured something. Every engine warms both modes first.
 set -u
 cd "$(dirname "$0")/../.."
 R="${OUT:-/tmp/out}/head9"; mkdir -p "$R"
@@ -34,23 +36,22 @@ run() {  # cap seconds, log name, command...: one bounded step, its tail printed
 
 if has lanes; then
   ( export CUDA_VISIBLE_DEVICES=0
-    run 85 bf16_tp1.log env OCTAVO_GRAPH_HEAD=1 OCTAVO_HEAD_GEMV=1 python benchmarks/graph_head_ab.py --dtype bf16 \
-      --gemv-ab --out "$R/bf16_tp1.json"
+    run 40 bf16_tp1.log env OCTAVO_GRAPH_HEAD=1 python benchmarks/graph_head_ab.py --dtype bf16 --out "$R/bf16_tp1.json"
     run 50 gpu_test_tp1.log python -m pytest -q -p no:cacheprovider -x tests/gpu/test_graph_head_gpu.py \
       -k "not tp2 and bfloat16" ) > "$R/lane0.txt" 2>&1 &
   ( export CUDA_VISIBLE_DEVICES=1
-    run 85 fp8_tp1.log env OCTAVO_GRAPH_HEAD=1 OCTAVO_HEAD_GEMV=1 python benchmarks/graph_head_ab.py --dtype fp8 \
-      --gemv-ab --out "$R/fp8_tp1.json"
+    run 45 fp8_tp1.log env OCTAVO_GRAPH_HEAD=1 python benchmarks/graph_head_ab.py --dtype fp8 --gemv-ab \
+      --out "$R/fp8_tp1.json"
   ) > "$R/lane1.txt" 2>&1 &
   wait
   cat "$R/lane0.txt" "$R/lane1.txt"
 fi
 if has tp2; then
-  run 75 bf16_tp2.log env OCTAVO_GRAPH_HEAD=1 python benchmarks/graph_head_ab.py --dtype bf16 --tp 2 \
+  run 45 bf16_tp2.log env OCTAVO_GRAPH_HEAD=1 python benchmarks/graph_head_ab.py --dtype bf16 --tp 2 \
     --copy-rate 3.01e12 --out "$R/bf16_tp2.json"
   sleep 1  # a killed run's workers exit within ~1 s and free their GPUs
-  run 50 gpu_test_tp2.log python -m pytest -q -p no:cacheprovider -x tests/gpu/test_graph_head_gpu.py -k tp2
 fi
+has test2 && run 80 gpu_test_tp2.log python -m pytest -q -p no:cacheprovider -x tests/gpu/test_graph_head_gpu.py -k tp2
 python3 - "$R" <<'EOF'
 import json, os, sys
 r = sys.argv[1]
@@ -62,9 +63,9 @@ for name in ("bf16_tp1", "fp8_tp1", "bf16_tp2"):
         out[name] = {k: v for k, v in d.items() if k.startswith(("mean_ms_", "fraction_")) or k in (
             "greedy_tokens_identical", "graph_ms_by_rank", "checks", "card", "roofline_ms")}
 if "bf16_tp1" in out and "bf16_tp2" in out:
-    for m in ("on", "off"):  # TP=1 with the default head GEMM (cuBLAS) when its run switched the GEMM too
+    for m in ("on", "off"):  # TP=1 with the default head GEMM (the GEMV) when its run switched the GEMM too
         a = out["bf16_tp2"].get(f"mean_ms_{m}")
-        b = out["bf16_tp1"].get(f"mean_ms_{m}_cublas", out["bf16_tp1"].get(f"mean_ms_{m}"))
+        b = out["bf16_tp1"].get(f"mean_ms_{m}_gemv", out["bf16_tp1"].get(f"mean_ms_{m}"))
         if a and b:
             out[f"tp2_over_tp1_{m}"] = a / b
 print(json.dumps(out, indent=1))

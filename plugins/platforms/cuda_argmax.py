@@ -18,7 +18,7 @@ import triton.language as tl
 
 BLOCK = 1024
 MAX_CHUNKS = 64
-_NONE = 2147483647  # "no column yet": any real column wins against it
+_NONE = tl.constexpr(2147483647)  # "no column yet": any real column wins against it (a constexpr: jit globals must be)
 
 
 @triton.jit

@@ -62,7 +62,7 @@ def prepare_gpu_model(handle: ModelHandle, *, graphs: bool = True) -> PreparedMo
         from octavo.plugins.platforms.cuda_moe import install_moe_kernels  # FusedMoE -> Triton (docs/moe.md)
 
         notes["moe"] = install_moe_kernels(handle.model, handle.dtype, handle.device)
-        from octavo.plugins.platforms.cuda_head_gemv import install_head_gemv  # OCTAVO_HEAD_GEMV=1 (opt-in)
+        from octavo.plugins.platforms.cuda_head_gemv import install_head_gemv  # OCTAVO_HEAD_GEMV (default 1)
 
         notes["fused"].update(install_head_gemv(handle.model, handle.dtype, handle.device))
     except ImportError as e:

@@ -1,4 +1,4 @@
-"""The LM head's one-row GEMM through the body's Triton GEMV (``OCTAVO_HEAD_GEMV=1``, opt-in; issue 17 / issue 9).
+"""The LM head's one-row GEMM through the body's Triton GEMV (``OCTAVO_HEAD_GEMV``, default on; issue 17 / issue 9).
 
 Why: at batch 1 the Llama-3-8B LM head reads 1.05 GB per token through ``F.linear`` (cuBLAS), outside the body's
 tuned GEMV (cuda_fusions.gemv, ~2.8-3 TB/s on the body's shapes). This gives the head a ``logits_method`` whose
@@ -6,6 +6,10 @@ one-row path is that GEMV (bf16 out, as ``F.linear``; ``compute_logits`` casts t
 bias or a switched-off method run what ran before (the previous method, e.g. cuda_gemm's ``LogitsMethod``, or
 ``F.linear``). Eager and captured heads (cuda_graph_head.py) call the same method, so they agree bit for bit; the
 GEMV's summation order differs from cuBLAS's (checked at install within one bf16 rounding step, as the body's).
+
+Measured (s9 batch 1, 2x H200, one engine each, 4 alternating rounds per mode, ``benchmarks/graph_head_ab.py
+--gemv-ab``): 8B fp8 batch 1 3.157 -> 3.011 ms/token (cuBLAS -> GEMV; the GEMM alone 0.250 -> 0.234 ms), 8B bf16
+4.197 -> 4.202 (no change), the TP=2 shard GEMM alone 0.133 -> 0.119 ms. ``OCTAVO_HEAD_GEMV=0``: cuBLAS.
 """
 
 from __future__ import annotations
@@ -42,8 +46,8 @@ class HeadGemvMethod:
 @torch.inference_mode()
 def install_head_gemv(model, dtype: torch.dtype, device: torch.device) -> dict[str, int]:
     """Give each dense 16-bit ``ParallelLMHead`` of ``model`` (no logits method, or cuda_gemm's) a
-    :class:`HeadGemvMethod` when ``OCTAVO_HEAD_GEMV=1`` and the GEMV matches ``F.linear`` on a random row."""
-    if not env_switch("OCTAVO_HEAD_GEMV", default=False) or dtype not in (torch.bfloat16, torch.float16):
+    :class:`HeadGemvMethod` (unless ``OCTAVO_HEAD_GEMV=0``) where the GEMV matches ``F.linear`` on a random row."""
+    if not env_switch("OCTAVO_HEAD_GEMV", default=True) or dtype not in (torch.bfloat16, torch.float16):
         return {}
     from octavo.nn.embedding import ParallelLMHead
     from octavo.plugins.platforms.cuda_fusions import _close, gemv

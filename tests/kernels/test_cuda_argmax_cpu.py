@@ -35,3 +35,25 @@ print("ok")
 
 def test_argmax_rows_equals_torch_argmax():
     run_triton_interpreted(_CODE, timeout=600)
+
+
+def test_argmax_kernels_compile_for_sm90_without_a_gpu():
+    """The interpreter runs what the GPU compiler refuses (a plain-int global read in a kernel failed on the device
+    in s9 batch 1): compile both kernels for sm_90 ahead of time, no GPU needed."""
+    import pytest
+    import triton
+
+    from octavo.plugins.platforms import cuda_argmax as m
+
+    try:
+        from triton.backends.compiler import GPUTarget
+        from triton.compiler import ASTSource
+    except ImportError:
+        pytest.skip("this Triton has no ahead-of-time compile API")
+    target = GPUTarget("cuda", 90, 32)
+    sig = {"x_ptr": "*fp32", "stride": "i64", "n_cols": "i32", "chunk": "i32", "n_chunks": "i32", "val_ptr": "*fp32",
+           "idx_ptr": "*i32", "BLOCK": "constexpr"}
+    triton.compile(ASTSource(fn=m._argmax_partial_kernel, signature=sig, constexprs={"BLOCK": m.BLOCK}), target=target)
+    sig = {"val_ptr": "*fp32", "idx_ptr": "*i32", "out_ptr": "*i64", "n_chunks": "i32", "MAX_CHUNKS": "constexpr"}
+    triton.compile(ASTSource(fn=m._argmax_final_kernel, signature=sig, constexprs={"MAX_CHUNKS": m.MAX_CHUNKS}),
+                   target=target)
