@@ -26,14 +26,26 @@ apply offering ``wait_host_flag`` (CUDA's: plugins/platforms/cuda_grammar_mask.p
 from __future__ import annotations
 
 import logging
+import os
 import time
 from typing import Any
 
 logger = logging.getLogger(__name__)
 
+
+def _env_switch(name: str, default: bool) -> bool:
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return default
+    if value not in ("0", "1"):
+        raise ValueError(f"{name}={value!r}: must be 0 or 1")
+    return value == "1"
+
+
 # On where the runner's platform apply can wait on a host word (CUDA); False: the runner parks its sampling on the
-# Python gate as in sessions 6-8 (benchmarks/structured_outputs.py: json_async_park vs json_async).
-DEVICE_GATE = False
+# Python gate as in sessions 6-8 (benchmarks/structured_outputs.py: json_async_devgate vs json_async_park). Off by
+# default until measured on a GPU; OCTAVO_GRAMMAR_DEVICE_GATE=1 turns it on.
+DEVICE_GATE = _env_switch("OCTAVO_GRAMMAR_DEVICE_GATE", False)
 # The benchmark's probe: time each device wait with two device events (read after the step's tokens arrived,
 # core/structured_output.py stats "device_wait_s": how long the device idled for the fill). Off in the engine.
 TIME_WAIT = False

@@ -245,3 +245,17 @@ def test_accept_goes_with_the_fill_job_only_under_the_device_gate(device_gate_on
     with pytest.raises(RuntimeError, match="accept failed"):
         gate.inner.wait()
     assert gate.inner.device_gate.words[0] == gate.seq
+
+
+def test_env_switch_is_honored_or_refused():
+    import subprocess
+    import sys
+
+    code = "from octavo.core import grammar_device_gate as g; print(g.DEVICE_GATE)"
+    for value, want in (("1", "True"), ("0", "False"), ("", "False")):
+        env = {**__import__("os").environ, "OCTAVO_GRAMMAR_DEVICE_GATE": value}
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+        assert out.stdout.strip() == want, out.stderr[-500:]
+    env = {**__import__("os").environ, "OCTAVO_GRAMMAR_DEVICE_GATE": "yes"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0 and "OCTAVO_GRAMMAR_DEVICE_GATE='yes'" in out.stderr
