@@ -168,6 +168,7 @@ def main() -> None:
     ap.add_argument("--prefill-window", type=int, default=30,
                     help="the step with prompt tokens (counted from 1) opening a window of --window steps; 0: none")
     ap.add_argument("--ab", nargs="*", default=[], help="variants (see above), in this order")
+    ap.add_argument("--ab-prompts", type=int, default=0, help="the A/B runs take the first N prompts (0: all)")
     ap.add_argument("--no-events", action="store_true", help="no hooked defaults run with profiler windows first")
     ap.add_argument("--read-tbps", type=float, default=3.02, help="the card's read rate (docs: 3.02-3.03)")
     ap.add_argument("--tflops", type=float, default=700.0, help="dense bf16 ceiling (docs: 697 measured)")
@@ -221,17 +222,17 @@ def main() -> None:
         params = SamplingParams(max_tokens=out_len, ignore_eos=True)
         last = 75.0
 
-        def timed(name: str, **extra) -> None:
+        def timed(name: str, use: list, **extra) -> None:
             nonlocal last
             reset = llm.reset_prefix_cache()
             mark = len(jit.log)
             before = llm.llm_engine.get_stats()
-            dt, outs = gen_timed(llm, prompts, params)
+            dt, outs = gen_timed(llm, use, params)
             after = llm.llm_engine.get_stats()
             extra["triton_builds_in_run"] = jit.since(mark)
             last = dt
             total = sum(len(o.outputs[0].token_ids) for o in outs)
-            run = {"run": name, "seconds": dt, "output_tokens": total, "tok_s": total / dt,
+            run = {"run": name, "prompts": len(use), "seconds": dt, "output_tokens": total, "tok_s": total / dt,
                    "prefix_cache_reset": reset,
                    **{k: getattr(after, k) - getattr(before, k) for k in ("num_steps", "num_preemptions")}, **extra}
             print(json.dumps(run), flush=True)
@@ -242,7 +243,7 @@ def main() -> None:
             rec = ContextEvents(worker, tuple(args.windows), args.window, args.prefill_window)
             signal.signal(signal.SIGTERM, _on_term)
             try:
-                timed("events (defaults, hooked: 3 CUDA events a step + profiler windows)")
+                timed("events (defaults, hooked: 3 CUDA events a step + profiler windows)", prompts)
             except Stopped as e:  # partial: the steps so far (the run's JSON says so)
                 res["runs"].append({"run": "events (stopped)", "stopped": str(e), "steps_recorded": len(rec.steps)})
                 args.ab = []
@@ -275,7 +276,7 @@ def main() -> None:
             cap = 0.0 if args.dry else apply_variant(worker, name)
             rec = ContextEvents(worker, (), args.window)
             try:
-                timed(name, recapture_s=cap)
+                timed(name, prompts[:args.ab_prompts or None], recapture_s=cap)
             finally:
                 rec.remove()
             split = model_split(rec.steps, weight_bytes, kv_per_token, lin_flops, args.read_tbps * 1e12,

@@ -1,7 +1,13 @@
 #!/usr/bin/env bash
-# Issue 17, engineer "tput", session 9: ONE GPU, hard bound 150 s a call (every step under `timeout`, the caps below
-# sum to <= 148 s). JSON + logs under $OUT/tput9/. One part per call, TPUT_PART=<part> (or the first argument):
+# Issue 17, engineer "tput", session 9: ONE GPU, hard bound 150 s a call for b1, 90 s for b2 (every step under
+# `timeout`, the caps below sum to <= 148 / 88 s). JSON + logs under $OUT/tput9/. One part per call, TPUT_PART=<part> (or the first argument):
 #   (the package is installed first if it is not importable: pip install --no-deps -e ., <= 100 s of the bound)
+#   b2  (batch 2, hard bound 88 s) profile.json: one engine with the H100's bf16 cache after fp8's KV sizing
+#       (26,970 blocks: the run's waves are 215, 215, 82): 215 x 1000/160 hooked (CUDA events a step, a profiler
+#       window of 8 decode steps at the full wave), then the tail's 82 requests with cuda_gemm's tables off (gemm_off:
+#       cuBLAS for every 8B projection) and on (defaults: cuda_gemm.BLAS_TABLE's cuBLASLt for o/down at 81-96 rows),
+#       graphs recaptured for each; gemm_rows.json: the 8B projections at 88 / 216 / 96 rows (tail and wave graph
+#       sizes), cuBLAS vs cuBLASLt; then the cuda_gemm CUDA cases of the tables' routing (cuBLASLt route included).
 #   b1  (batch 1) profile.json (cap <= 106 s + 8 s to summarize on SIGTERM): benchmarks/tput_run_profile.py, the warmed 512 x 1000/1000 8B run in one
 #       engine with CUDA events around every step (forward, logits + sampler, GPU idle before the next step), each
 #       step's rows and summed context against a byte/FLOP model, and two profiler windows of 8 decode steps (the
@@ -14,11 +20,12 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 R="${OUT:-/tmp/out}/tput9"; mkdir -p "$R"
 START=$(date +%s)
-left() { echo $(( 148 - ($(date +%s) - START) )); }
+PART="${TPUT_PART:-${1:-b1}}"
+BOUND=148; [ "$PART" = b2 ] && BOUND=88
+left() { echo $(( BOUND - ($(date +%s) - START) )); }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$R/gpu.csv" 2>&1; cat "$R/gpu.csv"
 git rev-parse HEAD > "$R/commit.txt" 2>/dev/null
 export OCTAVO_LOG_LEVEL=${OCTAVO_LOG_LEVEL:-warning}
-PART="${TPUT_PART:-${1:-b1}}"
 echo "== part $PART $(date -u +%T)"
 if ! timeout 20 python -c "import octavo" > /dev/null 2>&1; then  # s9 batch 1: the package was not installed
   echo "octavo not importable: pip install --no-deps --no-build-isolation -e ." | tee "$R/install.txt"
@@ -37,7 +44,9 @@ run() {  # cap seconds, log name, command... (KILL_AFTER: seconds from SIGTERM t
 # blocks of 16, session 8's bf16 count: three waves of ~211), so the schedule is the headline's; stated in the JSON
 KVB=""
 mem=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -1)
-if [ "${mem:-0}" -gt 100000 ]; then KVB="--kv-blocks ${TPUT_KV_BLOCKS:-26420}"; echo "card ${mem} MiB: $KVB"; fi
+# (b2: 26,970, the H100's count after fp8's KV sizing 42811d2, ~+550 blocks: waves of 215, 215, 82)
+DEFAULT_KVB=26420; [ "$PART" = b2 ] && DEFAULT_KVB=26970
+if [ "${mem:-0}" -gt 100000 ]; then KVB="--kv-blocks ${TPUT_KV_BLOCKS:-$DEFAULT_KVB}"; echo "card ${mem} MiB: $KVB"; fi
 
 case "$PART" in
   b1)
@@ -47,6 +56,16 @@ case "$PART" in
       --shapes 8b_qkv 8b_o 8b_gate_up 8b_down --rows 216 224 232 96 208 240 256 192 128
     cap=$(left); [ "$cap" -gt 4 ] && run "$cap" waves.log python benchmarks/decode_attn_bench.py --plan waves \
       --out "$R/waves.json" --budget $((cap - 6)) --rep 40 ;;
+  b2)  # <= 88 s: batch 2's engineer slots are 90 s
+    cap=$(( $(left) - 6 - 20 ))
+    KILL_AFTER=6 run "$cap" profile.log python benchmarks/tput_run_profile.py --out "$R/profile.json" \
+      --budget-s "$cap" $KVB --prompts 215 --out-len 160 --windows 80 --window 8 --prefill-window 0 \
+      --ab-prompts 82 --ab gemm_off defaults
+    cap=$(( $(left) - 8 )); [ "$cap" -gt 12 ] && cap=12
+    [ "$cap" -gt 4 ] && run "$cap" gemm_rows.log python benchmarks/gemm_rows_bench.py --out "$R/gemm_rows.json" \
+      --chain --budget $((cap - 4)) --shapes 8b_o 8b_down 8b_qkv 8b_gate_up --rows 88 216 96
+    cap=$(left); [ "$cap" -gt 5 ] && run "$cap" gemm_cases.log python -m pytest -q -p no:cacheprovider -W ignore \
+      tests/kernels/cuda_gemm_cases.py -k "blas or lookup or routes" ;;
   *) echo "unknown TPUT_PART=$PART"; exit 2 ;;
 esac
 echo "total $(( $(date +%s) - START )) s"

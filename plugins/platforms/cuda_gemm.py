@@ -211,7 +211,14 @@ LOGITS_TABLE: dict[tuple[int, int], list[tuple[int, GemmConfig | None]]] = {
 #: cuBLAS). Why: at 96-256 rows the two libraries pick different tiles / K splits per row count, and for some
 #: shapes and counts cuBLASLt's is measurably faster (benchmarks/gemm_rows_bench.py --chain; docs/performance.md
 #: "8B 512 x 1000/1000, session 9"). Bounds are graph batch sizes (multiples of 8), so an entry covers one size.
-BLAS_TABLE: dict[tuple[int, int], list[tuple[int, str | None]]] = {}
+#: Session 9 batch 1 (an H200, the same sm_90 kernels as the H100's; benchmarks/gemm_rows_bench.py --chain, us cuBLAS /
+#: cuBLASLt): Llama-3-8B o_proj 96 rows 15.65 / 12.49 and down_proj 38.05 / 33.01, the 512 x 1000/1000 run's tail wave
+#: (82-90 requests: graph sizes 88 and 96); at its main waves' size (216) cuBLAS is as fast or faster (o 17.61 /
+#: 17.76, down 45.01 / 50.99), and qkv / gate_up are equal within 1 % at every count measured.
+BLAS_TABLE: dict[tuple[int, int], list[tuple[int, str | None]]] = {
+    (4096, 4096): [(80, None), (96, "cublaslt")],  # o_proj
+    (4096, 14336): [(80, None), (96, "cublaslt")],  # down_proj
+}
 #: fewest rows taken here (below: the batch-1 GEMV or cuBLAS; 2-16 rows were not measured)
 MIN_ROWS = 17
 _STATE: dict = {"on": None, "checked": {}}  # on: None = OCTAVO_TRITON_GEMM, read on first use
