@@ -95,10 +95,10 @@ class EngineCoreLoop:
 
     # -- loop --------------------------------------------------------------------------------------------
     def run(self) -> None:
-        from octavo.core.engine_prestart import end_startup_freeze
         from octavo.core.gc_heap import frozen_heap
+        from octavo.core.start_gc import end_startup_freeze
 
-        end_startup_freeze()  # the start-up imports' freeze (engine_prestart) becomes part of the heap frozen here
+        end_startup_freeze()  # the start-up imports' freeze (core/start_gc.py) becomes part of the heap frozen here
         with frozen_heap():  # full GC passes skip the start-up heap while serving (core/gc_heap.py)
             self._run()
 

@@ -12,19 +12,12 @@ line names (the weights cache key) before its imports too; a wrong guess only co
 A front end that does not use it (bad arguments, ``--help``, an in-process core) closes the pipe (``discard``,
 or its exit does): the child reads EOF and exits 0. ``OCTAVO_PRESTART_CORE=0`` turns this off.
 
-Session 9: Python's cyclic garbage collector is paused from the front end's first act until each process has
-done its start-up imports (``pause_gc`` / ``resume_gc``): importing torch, pydantic and FastAPI allocates ~270k
-long-lived objects, and the full collections this triggers took 0.16-0.31 s of the core's 1.3-1.6 s of import CPU
-(standalone A/B); in ``octavo serve`` CPU until ready went 1.75 -> 1.64 s (core) and 1.46 -> 1.35 s (front end).
-``resume_gc`` freezes what exists then (``gc.freeze``: the modules, never garbage; the ~7k unreachable objects of
-the imports stay, well under 1 MB) and turns collection back on before any model is loaded. The core hands that
-freeze back (``end_startup_freeze``) right before its serving loop freezes the whole heap (core/gc_heap.py, which
-leaves alone a freeze it did not make).
+Session 9: the cyclic GC is paused for both processes' start-up imports (core/start_gc.py): the front end pauses it
+before the fork, the child resumes after its imports, ``discard`` resumes it in the front end.
 """
 
 from __future__ import annotations
 
-import gc
 import multiprocessing
 import os
 import signal
@@ -49,35 +42,6 @@ def _model_hint(argv: list[str]) -> str | None:
     if any("/" in a or os.path.exists(a) for a in argv if not a.startswith("-")):
         return None
     return ""  # the embedded model
-
-
-_gc_paused: list[bool] = []  # [True] while this process's start-up has the collector paused
-_startup_frozen: list[bool] = []  # [True] while the objects frozen by resume_gc stay frozen
-
-
-def pause_gc() -> None:
-    """Pause the cyclic garbage collector for the start-up imports (see the module docstring); a forked core
-    inherits the pause and ends it itself."""
-    if gc.isenabled() and not _gc_paused:
-        gc.disable()
-        _gc_paused.append(True)
-
-
-def resume_gc() -> None:
-    """End ``pause_gc``'s pause (idempotent): freeze the objects that exist now, collect again from here on."""
-    if _gc_paused:
-        _gc_paused.clear()
-        gc.freeze()
-        _startup_frozen.append(True)
-        gc.enable()
-
-
-def end_startup_freeze() -> None:
-    """Unfreeze what ``resume_gc`` froze (O(1): the objects join the oldest generation), right before a scope that
-    freezes the whole heap itself (``gc_heap.frozen_heap`` skips when a freeze it did not make exists)."""
-    if _startup_frozen:
-        _startup_frozen.clear()
-        gc.unfreeze()
 
 
 def wanted(argv: list[str]) -> bool:
@@ -140,6 +104,8 @@ def take(args: tuple) -> Any | None:
 
 def discard() -> None:
     """Let an unused pre-started process go (it exits on the closed pipe); this process collects again."""
+    from octavo.core.start_gc import resume_gc
+
     resume_gc()
     while _pending:
         proc, conn = _pending.pop()
@@ -165,6 +131,8 @@ def prestarted_core_main(conn: Any, model_hint: str | None, parent_end: Any = No
     from octavo.core.engine_start import note_imports_done
 
     note_imports_done()
+    from octavo.core.start_gc import resume_gc
+
     resume_gc()  # before the settings and the model: loading may make cyclic garbage that must be collected
     try:
         args = conn.recv()

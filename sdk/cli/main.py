@@ -53,7 +53,9 @@ def main(argv: list[str] | None = None) -> int:
 
         try:
             if engine_prestart.wanted(sys.argv[1:]):
-                engine_prestart.pause_gc()  # until each process's start-up imports are done (engine_prestart)
+                from octavo.core.start_gc import pause_gc
+
+                pause_gc()  # until each process's start-up imports are done (core/start_gc.py)
                 engine_prestart.prestart(sys.argv[1:])
         except ValueError as e:  # OCTAVO_PRESTART_CORE=<not 0/1>
             print(f"octavo: error: {e}", file=sys.stderr)

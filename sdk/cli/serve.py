@@ -92,8 +92,8 @@ def serve(settings, *, t_start: float | None = None) -> int:
             while_loading()
         try:
             engine = AsyncLLM.from_settings(settings, while_loading=None if in_process else while_loading)
-        finally:  # the front end's start-up imports are done (or failed): collect garbage again (engine_prestart)
-            from octavo.core.engine_prestart import resume_gc
+        finally:  # the front end's start-up imports are done (or failed): collect garbage again (core/start_gc.py)
+            from octavo.core.start_gc import resume_gc
 
             resume_gc()
     except _BadServerSettings as e:

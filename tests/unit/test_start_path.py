@@ -95,11 +95,12 @@ def test_serve_bad_tls_file_fails_while_the_core_loads(tmp_path):
 
 
 def test_start_gc_pause_ends_frozen_and_enabled():
-    """``octavo serve`` pauses the cyclic collector for its start-up imports (core/engine_prestart.py): the pause
+    """``octavo serve`` pauses the cyclic collector for its start-up imports (core/start_gc.py): the pause
     ends with the collector on and the start-up objects frozen, also when the pre-started core is not used."""
     import gc
 
-    from octavo.core import engine_prestart as ep
+    from octavo.core import engine_prestart
+    from octavo.core import start_gc as ep
 
     assert gc.isenabled()
     try:
@@ -112,7 +113,7 @@ def test_start_gc_pause_ends_frozen_and_enabled():
         assert gc.isenabled()
         gc.unfreeze()
         ep.pause_gc()
-        ep.discard()  # an in-process core, bad arguments: this process collects again
+        engine_prestart.discard()  # an in-process core, bad arguments: this process collects again
         assert gc.isenabled()
         # the core's serving loop: the start-up freeze is handed back, then the whole heap is frozen there
         from octavo.core.gc_heap import enabled, frozen_heap
