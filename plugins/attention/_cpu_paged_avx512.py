@@ -102,6 +102,13 @@ static inline __attribute__((always_inline)) void task_f32(
         }
         if (lens[r0 + r] > maxlen) maxlen = lens[r0 + r];
     }
+    for (long pos = 0; pos < maxlen; pos++) { /* the task's K/V rows into L2 up front, as task_bf16 */
+        const long off = (table[pos / bs] * bs + pos % bs) * tok + (long)h * D;
+        for (long c = 0; c < (long)D; c += 16) {
+            __builtin_prefetch(kc + off + c, 0, 2);
+            __builtin_prefetch(vc + off + c, 0, 2);
+        }
+    }
     for (long t0 = 0; t0 < maxlen; t0 += TILE) {
         int nall = (int)(maxlen - t0 < TILE ? maxlen - t0 : TILE);
         const uint32_t* rows[TILE];
@@ -209,6 +216,15 @@ static inline __attribute__((always_inline)) void task_bf16(
     for (int i = 0; i < nr * G; i++) { m[i] = -FLT_MAX; s[i] = 0.f; }
     for (int r = 0; r < nr; r++) if (lens[r0 + r] > maxlen) maxlen = lens[r0 + r];
     const __m512 vscale = _mm512_set1_ps(scale);
+    /* the whole task's K/V rows requested into L2 up front: one tile ahead alone left a decode step's cache read
+       at ~5.6 GB/s (latency-bound: 30 layers x 64 rows at context 140 took 36.6 ms cold vs 17.7 ms hot) */
+    for (long pos = 0; pos < maxlen; pos++) {
+        const long off = ((table[pos / bs] * bs + pos % bs) * tok + (long)h * D) * 2;
+        for (long c = 0; c < (long)D * 2; c += 64) {
+            __builtin_prefetch((const char*)kc + off + c, 0, 2);
+            __builtin_prefetch((const char*)vc + off + c, 0, 2);
+        }
+    }
     for (long t0 = 0; t0 < maxlen; t0 += TILE) {
         int nall = (int)(maxlen - t0 < TILE ? maxlen - t0 : TILE);
         const uint32_t* rows[TILE];
