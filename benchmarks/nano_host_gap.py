@@ -10,8 +10,8 @@ seconds per generation; the GC holds the GIL, so a pause stops the core thread a
              the GPU's idle time before the next step's forward, by step kind; the largest idle gaps), and host
              timers around the core's and the runner's phases, each as wall time and as the thread's CPU time
              (wall - CPU = time the thread was runnable but blocked: the GIL, a device sync)
-  no_freeze  ``OCTAVO_GC_FREEZE=0`` for the run: the GC walks the whole heap, as before session 9 (by default
-             ``LLM.generate`` leaves the heap alive at its start out of the GC's scans: core/gc_heap.py)
+  no_freeze  ``OCTAVO_GC_FREEZE=0`` for the run: the GC as Python runs it, as before session 9 (by default
+             ``LLM.generate`` defers full collections and freezes the heap alive at its start: core/gc_heap.py)
   gc_off     the cyclic GC disabled during the run: what the GC costs at most
   si_<us>    ``sys.setswitchinterval(<us> * 1e-6)`` during the run: a thread waiting for the GIL waits at most
              that long (Python's default is 5 ms)

@@ -1,4 +1,5 @@
-"""core/gc_heap.py: the objects alive when a run starts are frozen for its duration, and only then."""
+"""core/gc_heap.py: during a run, full collections are rare (third threshold raised) and the objects alive at its
+start are frozen; both are undone when the run ends."""
 
 import gc
 
@@ -12,21 +13,27 @@ from octavo.core.gc_heap import frozen_heap
 def _clean_gc(monkeypatch):
     monkeypatch.delenv("OCTAVO_GC_FREEZE", raising=False)
     # an engine loop an earlier test left running in this process may hold a scope: start from none
-    monkeypatch.setattr(gc_heap, "_state", {"depth": 0, "froze": False})
+    monkeypatch.setattr(gc_heap, "_state", {"depth": 0, "froze": False, "thresholds": None})
+    saved = gc.get_threshold()
     gc.unfreeze()
     yield
     gc.unfreeze()
+    gc.set_threshold(*saved)
 
 
 def test_frozen_inside_thawed_after_and_nested_scopes_share_one_freeze():
     assert gc.get_freeze_count() == 0
+    before = gc.get_threshold()
     with frozen_heap():
         n = gc.get_freeze_count()
         assert n > 0
+        assert gc.get_threshold() == (before[0], before[1], max(before[2], gc_heap.FULL_EVERY))
         with frozen_heap():  # an inner scope (another loop in the same process): no second freeze
             assert gc.get_freeze_count() == n
         assert gc.get_freeze_count() == n  # the inner exit does not thaw the outer scope
+        assert gc.get_threshold()[2] == max(before[2], gc_heap.FULL_EVERY)
     assert gc.get_freeze_count() == 0
+    assert gc.get_threshold() == before
 
 
 def test_a_cycle_made_inside_is_still_collected():
@@ -41,13 +48,14 @@ def test_thawed_when_the_body_raises():
     with pytest.raises(RuntimeError):
         with frozen_heap():
             raise RuntimeError("step failed")
-    assert gc.get_freeze_count() == 0
+    assert gc.get_freeze_count() == 0 and gc.get_threshold()[2] != gc_heap.FULL_EVERY
 
 
 def test_off_switch_and_a_foreign_freeze_are_left_alone(monkeypatch):
     monkeypatch.setenv("OCTAVO_GC_FREEZE", "0")
+    before = gc.get_threshold()
     with frozen_heap():
-        assert gc.get_freeze_count() == 0
+        assert gc.get_freeze_count() == 0 and gc.get_threshold() == before
     monkeypatch.delenv("OCTAVO_GC_FREEZE")
     gc.freeze()  # the application froze its own heap: not ours to undo
     n = gc.get_freeze_count()
