@@ -10,8 +10,10 @@
 #       no_freeze (OCTAVO_GC_FREEZE=0: the GC walks the whole heap, as before), defaults, no_freeze, si_500 as the
 #       budget allows (si_500: GIL switch interval 0.5 ms), then one 8k-token prefill step's kernel table
 #       (benchmarks/nano_host_gap.py).
-#   b2  (batch 2) gap.json again on the final tree: defaults / <variant> alternating (NANO_RUNS overrides the
-#       list), then the sampler cases for the time left.
+#   b2  (batch 2) gap.json again on the final tree: defaults (full GC collections deferred inside the run +
+#       start-up heap frozen, core/gc_heap.py), probe (GPU idle between steps, GC pauses), then no_freeze
+#       (OCTAVO_GC_FREEZE=0: the GC as before) / defaults alternating (NANO_RUNS overrides the list); then the
+#       sampler cases for the time left.
 set -u
 cd "$(dirname "$0")/../.."
 R="${OUT:-/tmp/out}/nano9"; mkdir -p "$R"
