@@ -17,7 +17,7 @@ Variants run in priority order across shapes until ``--budget`` seconds are spen
 
     python benchmarks/decode_attn_bench.py --out /tmp/decode_attn.json [--budget 50] [--shapes nano 8b]
     python benchmarks/decode_attn_bench.py --plan tail --out /tmp/tail.json  # split rules at 8 / 24 / 48 requests
-    python benchmarks/decode_attn_bench.py --plan waves --out /tmp/waves.json  # the 8B run's 211 / 90-row waves
+    python benchmarks/decode_attn_bench.py --plan waves --out /tmp/waves.json  # the 8B run's 215 / 82-row waves
 """
 
 from __future__ import annotations
@@ -41,25 +41,25 @@ SHAPES = {  # name: (q heads, kv heads, head, batch, ctx lo, ctx hi, fp8 cache)
     "tail8": (16, 8, 128, 8, 1400, 2000, False),
     "tail24": (16, 8, 128, 24, 1300, 2000, False),
     "tail48": (16, 8, 128, 48, 1200, 2000, False),
-    # the 8B 512 x 1000/1000 run's waves (session 9, tput): 211 requests that started together (one context length
-    # for all: equal programs, so the last round of programs on the SMs is not shortened by ordering), then the
-    # 90-request tail wave (720 programs on 132 SMs)
-    "8b_w211": (32, 8, 128, 211, 1500, 1500, False),
-    "8b_w90": (32, 8, 128, 90, 1500, 1500, False),
+    # the 8B 512 x 1000/1000 run's waves on an H100 (session 9, tput: 26,970 KV blocks): 215 requests that started
+    # together (one context length for all: equal programs, so ordering cannot shorten the last round of programs
+    # on the SMs: 1,720 programs at 2 per SM = 6.5 rounds), then the 82-request tail wave (656 programs: 2.5 rounds)
+    "8b_w215": (32, 8, 128, 215, 1500, 1500, False),
+    "8b_w82": (32, 8, 128, 82, 1500, 1500, False),
 }
 # ``--plan tail``: the backend's own decode step (K/V write + attention, metadata as under CUDA graphs: the context
 # bound is max_model_len) under split rules (triton.SPLIT_RULE / OCTAVO_TRITON_SPLIT_KV)
 TAIL_PLAN = [(shape, f"backend_split_{b}_{t}" + (" (default)" if (b, t) == (1, 2) else ""), "backend",
               dict(rule=(b, t))) for shape in ("tail8", "tail24", "tail48") for b, t in ((1, 2), (4, 8), (2, 8), (4, 16))]
 # ``--plan waves``: the launch table's 8B entry vs other tiles and chunked split-KV at the 8B run's equal-context waves
-WAVES_PLAN = [(shape, name, "decode", kw) for shape in ("8b_w211", "8b_w90") for name, kw in (
+WAVES_PLAN = [(shape, name, "decode", kw) for name, kw in (
     ("decode_n128_ordered (table)", dict(block_n=128, ordered=True)),
-    ("decode_n64_ordered", dict(ordered=True)),
     ("decode_n128_ordered_chunk512", dict(block_n=128, ordered=True, chunk=512)),
     ("decode_n128_ordered_chunk1024", dict(block_n=128, ordered=True, chunk=1024)),
+    ("decode_n64_ordered", dict(ordered=True)),
     ("decode_n64_s3_ordered", dict(num_stages=3, ordered=True)),
     ("decode_n128_s3_ordered", dict(block_n=128, num_stages=3, ordered=True)),
-    ("decode_n128_w8_ordered", dict(block_n=128, num_warps=8, ordered=True)))]
+    ("decode_n128_w8_ordered", dict(block_n=128, num_warps=8, ordered=True))) for shape in ("8b_w82", "8b_w215")]
 # (shape, variant name, kernel, kwargs) in priority order; the first of each shape is its baseline
 PLAN = [
     ("nano", "general_n64 (before)", "general", {}),
@@ -212,7 +212,7 @@ def main() -> None:
     if args.plan == "tail" and args.shapes == list(SHAPES):
         args.shapes = ["tail8", "tail24", "tail48"]
     if args.plan == "waves" and args.shapes == list(SHAPES):
-        args.shapes = ["8b_w211", "8b_w90"]
+        args.shapes = ["8b_w82", "8b_w215"]
     t0 = time.perf_counter()
     dev = torch.device("cuda")
     res = {"card": torch.cuda.get_device_name(), "command": "python benchmarks/decode_attn_bench.py",

@@ -3,18 +3,19 @@
 # `timeout`, the caps below sum to <= 148 / 88 s). JSON + logs under $OUT/tput9/. One part per call, TPUT_PART=<part> (or the first argument):
 #   (the package is installed first if it is not importable: pip install --no-deps -e ., <= 100 s of the bound)
 #   b2  (batch 2, hard bound 88 s) profile.json: one engine with the H100's bf16 cache after fp8's KV sizing
-#       (26,970 blocks: the run's waves are 215, 215, 82): 215 x 1000/160 hooked (CUDA events a step, a profiler
+#       (26,970 blocks: the run's waves are 215, 215, 82): 215 x 1000/128 hooked (CUDA events a step, a profiler
 #       window of 8 decode steps at the full wave), then the tail's 82 requests with cuda_gemm's tables off (gemm_off:
 #       cuBLAS for every 8B projection) and on (defaults: cuda_gemm.BLAS_TABLE's cuBLASLt for o/down at 81-96 rows),
-#       graphs recaptured for each; gemm_rows.json: the 8B projections at 88 / 216 / 96 rows (tail and wave graph
-#       sizes), cuBLAS vs cuBLASLt; then the cuda_gemm CUDA cases of the tables' routing (cuBLASLt route included).
+#       graphs recaptured for each; then waves.json (the rest, ~20 s): one 8B attention layer at the run's
+#       equal-context waves (82 / 215 requests x 1,500 keys), the table's launch vs chunked split-KV and other tiles
+#       (decode_attn_bench.py --plan waves; measurement only). The routing cases run in the GPU suite.
 #   b1  (batch 1) profile.json (cap <= 106 s + 8 s to summarize on SIGTERM): benchmarks/tput_run_profile.py, the warmed 512 x 1000/1000 8B run in one
 #       engine with CUDA events around every step (forward, logits + sampler, GPU idle before the next step), each
 #       step's rows and summed context against a byte/FLOP model, and two profiler windows of 8 decode steps (the
 #       ~211-row wave at decode step 300, the ~90-row tail wave at 2,600); then gemm_rows.json (cap 17 s): the 8B
 #       projections at 128-256 rows in a captured chain over weight copies beyond L2 (gemm_rows_bench.py --chain):
 #       cuBLAS, cuBLASLt, each also with the operands swapped (W @ x^T); then waves.json (the rest, ~17 s): one
-#       8B attention layer at the run's equal-context waves (211 / 90 requests x 1,500 keys), the launch table's
+#       8B attention layer at the run's equal-context waves (82 / 215 requests x 1,500 keys), the launch table's
 #       entry vs other tiles and chunked split-KV (decode_attn_bench.py --plan waves).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -57,15 +58,12 @@ case "$PART" in
     cap=$(left); [ "$cap" -gt 4 ] && run "$cap" waves.log python benchmarks/decode_attn_bench.py --plan waves \
       --out "$R/waves.json" --budget $((cap - 6)) --rep 40 ;;
   b2)  # <= 88 s: batch 2's engineer slots are 90 s
-    cap=$(( $(left) - 6 - 20 ))
+    cap=$(( $(left) - 22 ))
     KILL_AFTER=6 run "$cap" profile.log python benchmarks/tput_run_profile.py --out "$R/profile.json" \
-      --budget-s "$cap" $KVB --prompts 215 --out-len 160 --windows 80 --window 8 --prefill-window 0 \
+      --budget-s "$cap" $KVB --prompts 215 --out-len 128 --windows 80 --window 8 --prefill-window 0 \
       --ab-prompts 82 --ab gemm_off defaults
-    cap=$(( $(left) - 8 )); [ "$cap" -gt 12 ] && cap=12
-    [ "$cap" -gt 4 ] && run "$cap" gemm_rows.log python benchmarks/gemm_rows_bench.py --out "$R/gemm_rows.json" \
-      --chain --budget $((cap - 4)) --shapes 8b_o 8b_down 8b_qkv 8b_gate_up --rows 88 216 96
-    cap=$(left); [ "$cap" -gt 5 ] && run "$cap" gemm_cases.log python -m pytest -q -p no:cacheprovider -W ignore \
-      tests/kernels/cuda_gemm_cases.py -k "blas or lookup or routes" ;;
+    cap=$(left); [ "$cap" -gt 6 ] && run "$cap" waves.log python benchmarks/decode_attn_bench.py --plan waves \
+      --out "$R/waves.json" --budget $((cap - 5)) --rep 30 ;;
   *) echo "unknown TPUT_PART=$PART"; exit 2 ;;
 esac
 echo "total $(( $(date +%s) - START )) s"
