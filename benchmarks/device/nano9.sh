@@ -54,7 +54,7 @@ case "$PART" in
       --runs defaults probe no_freeze defaults no_freeze si_500 --prefill-profile ;;
   b2)
     run 118 gap.log python benchmarks/nano_host_gap.py --out "$R/gap.json" --budget-s 114 \
-      --runs ${NANO_RUNS:-defaults probe no_freeze defaults no_freeze defaults}
+      --runs ${NANO_RUNS:-defaults probe no_freeze defaults no_freeze defaults no_freeze}
     cases "$(left)" sampler_cases.log tests/kernels/fused_sampler_cases.py ;;
   *) echo "unknown NANO_PART=$PART"; exit 2 ;;
 esac
