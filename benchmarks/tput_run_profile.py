@@ -67,6 +67,7 @@ class ContextEvents(StepEvents):
                 self._open(lay.num_reqs)
         out = super()._forward(inputs, *a, **k)
         self.steps[-1]["ctx"] = int(lay.seq_lens.sum())
+        self.steps[-1]["window"] = self.prof is not None  # a profiled step (its idle is the profiler's)
         return out
 
 
@@ -75,7 +76,7 @@ def model_split(steps: list[dict], weight_bytes: float, kv_per_token: float, lin
     """Measured GPU seconds vs the byte/FLOP model, per step kind: ``wave`` (decode graph, >= 160 rows),
     ``tail`` (decode graph, fewer rows), ``with_prefill`` (eager, prompt tokens); plus a coarse series."""
     kinds: dict[str, dict] = {}
-    series = []
+    series, outliers = [], []
     for i, s in enumerate(steps):
         if s["graph"]:
             kind = "wave" if s["rows"] >= 160 else "tail"
@@ -98,6 +99,9 @@ def model_split(steps: list[dict], weight_bytes: float, kv_per_token: float, lin
         k["idle_after_s"] += idle
         k["model_linear_s"] += lin
         k["model_kv_s"] += kv
+        if idle > 2e-3:  # the GPU waited > 2 ms for this step's successor (a profiler window's start/stop does)
+            outliers.append({"step": i, "kind": kind, "rows": s["rows"], "idle_ms": round(idle * 1e3, 2),
+                             "window": bool(s.get("window"))})
         if i % 50 == 0 or i == len(steps) - 1:
             series.append({"step": i, "kind": kind, "rows": s["rows"], "ctx": s.get("ctx", 0),
                            "forward_ms": round(fwd * 1e3, 3), "sampler_ms": round(smp * 1e3, 3),
@@ -113,7 +117,8 @@ def model_split(steps: list[dict], weight_bytes: float, kv_per_token: float, lin
         k["gpu_over_model_ms_per_step"] = (gpu - k["model_s"]) / n * 1e3
         k["idle_ms_per_step"] = k["idle_after_s"] / n * 1e3
     tot = {f: sum(k[f] for k in kinds.values()) for f in ("gpu_s", "idle_after_s", "model_s")}
-    return {"by_kind": kinds, "totals": tot, "series": series,
+    tot["idle_in_outliers_s"] = sum(o["idle_ms"] for o in outliers) / 1e3
+    return {"by_kind": kinds, "totals": tot, "series": series, "idle_outliers": outliers[:200],
             "model": {"weight_bytes": weight_bytes, "kv_bytes_per_token": kv_per_token,
                       "linear_flops_per_token": lin_flops_per_token, "read_TBps": read_bps / 1e12,
                       "TFLOPs": flops / 1e12}}
