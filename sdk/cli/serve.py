@@ -189,8 +189,9 @@ def _import_app_modules() -> None:
     names = ["octavo.lora.serving", "octavo.registry", "octavo.generation_config", "octavo.server.embeddings",
              "octavo.server.pooling_routes", "octavo.server.vllm_routes", "octavo.server.lora_routes",
              "octavo.server.responses", "octavo.server.shutdown"]
-    names += [target.split(":")[0] for target in (uvicorn_config.HTTP_PROTOCOLS.get("auto"),
-              uvicorn_config.WS_PROTOCOLS.get("auto"), uvicorn_config.LIFESPAN.get("off")) if target]
+    tables = [(getattr(uvicorn_config, table, None) or {}).get(key) for table, key in
+              (("HTTP_PROTOCOLS", "auto"), ("WS_PROTOCOLS", "auto"), ("LIFESPAN", "off"))]  # as octavo configures it
+    names += [target.split(":")[0] for target in tables if isinstance(target, str)]
     for name in names:
         try:
             importlib.import_module(name)
