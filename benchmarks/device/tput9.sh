@@ -2,13 +2,11 @@
 # Issue 17, engineer "tput", session 9: ONE GPU, hard bound 150 s a call for b1, 90 s for b2 (every step under
 # `timeout`, the caps below sum to <= 148 / 88 s). JSON + logs under $OUT/tput9/. One part per call, TPUT_PART=<part> (or the first argument):
 #   (the package is installed first if it is not importable: pip install --no-deps -e ., <= 100 s of the bound)
-#   b2  (batch 2, hard bound 88 s) profile.json: one engine with the H100's bf16 cache after fp8's KV sizing
-#       (26,970 blocks: the run's waves are 215, 215, 82): 215 x 1000/128 hooked (CUDA events a step, a profiler
-#       window of 8 decode steps at the full wave), then the tail's 82 requests with cuda_gemm's tables off (gemm_off:
-#       cuBLAS for every 8B projection) and on (defaults: cuda_gemm.BLAS_TABLE's cuBLASLt for o/down at 81-96 rows),
-#       graphs recaptured for each; then waves.json (the rest, ~20 s): one 8B attention layer at the run's
-#       equal-context waves (82 / 215 requests x 1,500 keys), the table's launch vs chunked split-KV and other tiles
-#       (decode_attn_bench.py --plan waves; measurement only). The routing cases run in the GPU suite.
+#   b2  (batch 2, hard bound 88 s) profile.json: b1 ran on an H200 with its own cache (two waves: 442 + 70); here the
+#       H100's schedule: 430 x 1000/1000 (the run's two full waves of 215; on a bigger card with the H100's 26,970
+#       blocks, fp8's KV sizing) hooked as in b1 (CUDA events a step: GPU time vs idle vs the model, idle outliers) with
+#       one profiler window of 8 decode steps at decode step 300; on the timeout's SIGTERM the steps so far are
+#       summarized. (cuda_gemm.BLAS_TABLE's tail rows are measured by the lead's headline run, defaults.)
 #   b1  (batch 1) profile.json (cap <= 106 s + 8 s to summarize on SIGTERM): benchmarks/tput_run_profile.py, the warmed 512 x 1000/1000 8B run in one
 #       engine with CUDA events around every step (forward, logits + sampler, GPU idle before the next step), each
 #       step's rows and summed context against a byte/FLOP model, and two profiler windows of 8 decode steps (the
@@ -47,7 +45,9 @@ KVB=""
 mem=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -1)
 # (b2: 26,970, the H100's count after fp8's KV sizing 42811d2, ~+550 blocks: waves of 215, 215, 82)
 DEFAULT_KVB=26420; [ "$PART" = b2 ] && DEFAULT_KVB=26970
-if [ "${mem:-0}" -gt 100000 ]; then KVB="--kv-blocks ${TPUT_KV_BLOCKS:-$DEFAULT_KVB}"; echo "card ${mem} MiB: $KVB"; fi
+if [ "${mem:-0}" -gt 100000 ]; then  # (and the model prices bytes at the H200's read rate, b1: 4.18 TB/s)
+  KVB="--kv-blocks ${TPUT_KV_BLOCKS:-$DEFAULT_KVB} --read-tbps 4.18"; echo "card ${mem} MiB: $KVB"
+fi
 
 case "$PART" in
   b1)
@@ -58,12 +58,9 @@ case "$PART" in
     cap=$(left); [ "$cap" -gt 4 ] && run "$cap" waves.log python benchmarks/decode_attn_bench.py --plan waves \
       --out "$R/waves.json" --budget $((cap - 6)) --rep 40 ;;
   b2)  # <= 88 s: batch 2's engineer slots are 90 s
-    cap=$(( $(left) - 22 ))
+    cap=$(( $(left) - 7 ))
     KILL_AFTER=6 run "$cap" profile.log python benchmarks/tput_run_profile.py --out "$R/profile.json" \
-      --budget-s "$cap" $KVB --prompts 215 --out-len 128 --windows 80 --window 8 --prefill-window 0 \
-      --ab-prompts 82 --ab gemm_off defaults
-    cap=$(left); [ "$cap" -gt 6 ] && run "$cap" waves.log python benchmarks/decode_attn_bench.py --plan waves \
-      --out "$R/waves.json" --budget $((cap - 5)) --rep 30 ;;
+      --budget-s "$cap" $KVB --prompts 430 --windows 300 --window 8 --prefill-window 0 ;;
   *) echo "unknown TPUT_PART=$PART"; exit 2 ;;
 esac
 echo "total $(( $(date +%s) - START )) s"
