@@ -6,7 +6,9 @@
 #       H100's schedule: 430 x 1000/1000 (the run's two full waves of 215; on a bigger card with the H100's 26,970
 #       blocks, fp8's KV sizing) hooked as in b1 (CUDA events a step: GPU time vs idle vs the model, idle outliers) with
 #       one profiler window of 8 decode steps at decode step 300; on the timeout's SIGTERM the steps so far are
-#       summarized. (cuda_gemm.BLAS_TABLE's tail rows are measured by the lead's headline run, defaults.)
+#       summarized. (cuda_gemm.BLAS_TABLE's tail rows are measured by the lead's headline run, defaults.) First, <= 9 s:
+#       gemm_rows.json, the 8B projections at 88 rows (the H100 tail) and 448 (an H200's own wave: b1's gate_up
+#       kernel there ran at ~390 TFLOP/s), cuBLAS / cuBLASLt / operands swapped.
 #   b1  (batch 1) profile.json (cap <= 106 s + 8 s to summarize on SIGTERM): benchmarks/tput_run_profile.py, the warmed 512 x 1000/1000 8B run in one
 #       engine with CUDA events around every step (forward, logits + sampler, GPU idle before the next step), each
 #       step's rows and summed context against a byte/FLOP model, and two profiler windows of 8 decode steps (the
@@ -58,6 +60,8 @@ case "$PART" in
     cap=$(left); [ "$cap" -gt 4 ] && run "$cap" waves.log python benchmarks/decode_attn_bench.py --plan waves \
       --out "$R/waves.json" --budget $((cap - 6)) --rep 40 ;;
   b2)  # <= 88 s: batch 2's engineer slots are 90 s
+    run 9 gemm_rows.log python benchmarks/gemm_rows_bench.py --out "$R/gemm_rows.json" --chain --budget 5 \
+      --shapes 8b_gate_up 8b_o 8b_down 8b_qkv --rows 88 448
     cap=$(( $(left) - 7 ))
     KILL_AFTER=6 run "$cap" profile.log python benchmarks/tput_run_profile.py --out "$R/profile.json" \
       --budget-s "$cap" $KVB --prompts 430 --windows 300 --window 8 --prefill-window 0 ;;
