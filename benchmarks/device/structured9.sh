@@ -2,8 +2,8 @@
 # Issue 11, session 9 (engineer "structured"): the device gate vs the Python gate for JSON-schema decoding on one GPU.
 # Kind: nvidia-h100-x1 (one lane). HARD bound 120 s (every step under `timeout`, the last one gets what is left;
 # + up to 100 s for an install of the package if it is not importable). Random weights, SmolLM2's tokenizer
-# (benchmarks/device/smollm2_tokenizer.json.xz). Needs xgrammar 0.2.8; its tvm_ffi (apache-tvm-ffi 0.1.15.post2) is
-# unpacked from benchmarks/device/wheels/ for this Python if missing (s9 batch 1: ModuleNotFoundError tvm_ffi).
+# (benchmarks/device/smollm2_tokenizer.json.xz). Needs xgrammar 0.2.8 and its tvm_ffi (apache-tvm-ffi 0.1.15.post2,
+# installed by the lead's harness since s9 batch 2); without them only the probe and the GPU test run.
 # Writes JSON + logs to $OUT/structured9/. Runs from the repo root.
 #   1. benchmarks/structured_devgate_probe.py: the wait's compile and launch cost, us per spin, how soon the stream
 #      goes on after the host writes the word, the volatile apply of rows written after its launch (bounded waits).
@@ -36,15 +36,6 @@ if ! timeout 20 python3 -c "import octavo" > /dev/null 2>&1; then
   echo "octavo not importable: pip install --no-deps --no-build-isolation -e ." | tee "$R/install.txt"
   timeout 60 python3 -m pip install -q --no-deps --no-build-isolation -e . >> "$R/install.txt" 2>&1
   timeout 20 python3 -c "import octavo; print('octavo', octavo.__file__)" 2>&1 | tee -a "$R/install.txt"
-fi
-if ! timeout 20 python3 -c "import xgrammar" > "$R/xgrammar.txt" 2>&1 && grep -q "tvm_ffi" "$R/xgrammar.txt"; then
-  PYV=$(python3 -c "import sys; print(f'cp{sys.version_info[0]}{sys.version_info[1]}')")
-  WHL=$(ls benchmarks/device/wheels/apache_tvm_ffi-*-"$PYV"-*.whl 2>/dev/null | head -1)
-  echo "xgrammar needs tvm_ffi: unpacking ${WHL:-(no wheel for $PYV)} into /tmp/structured9_site" | tee -a "$R/xgrammar.txt"
-  if [ -n "$WHL" ]; then
-    timeout 30 python3 -c "import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall('/tmp/structured9_site')" "$WHL"
-    export PYTHONPATH="/tmp/structured9_site${PYTHONPATH:+:$PYTHONPATH}"
-  fi
 fi
 XGR=1
 if ! timeout 20 python3 -c "import importlib.metadata as m, xgrammar; print('xgrammar', m.version('xgrammar'))" \
