@@ -34,6 +34,7 @@ KERNELS = (
     ("octavo.plugins.attention._cpu_paged_kernel", "library"),
     ("octavo.plugins.platforms.cpu_fused_decode", "library"),
     ("octavo.plugins.quant.cpu_int8act", "library"),
+    ("octavo.plugins.platforms.cpu_bf16_gemm", "library"),  # bf16 linears on AVX512-BF16 CPUs without AMX
     ("octavo.plugins.quant.cpu_kernel", "library"),
     ("octavo.plugins.platforms.cpu_norm", "library"),
     ("octavo.plugins.platforms.cpu_silu", "library"),
