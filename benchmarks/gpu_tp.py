@@ -95,6 +95,12 @@ def run_config(tp: int, args) -> None:
             core.step_timers = type(core.step_timers)()  # per mode, not cumulative
         return "" if mode is None else f"_async_{mode}"
 
+    if args.measure_copy_rate:  # this call's cards: the roofline's denominator measured, not only assumed
+        rates = llm.collective_rpc("benchmarks.gpu_tp:copy_rate_Bps", args=[1 << 30])
+        res["measured_copy_rate_Bps_by_rank"] = rates
+        if all(r == r for r in rates):  # no NaN: every rank measured (min: the slowest rank sets the step)
+            res["roofline_ms_measured_rate"] = weights_per_gpu / min(rates) * 1e3
+        save()
     if args.ar_modes is not None:
         res["ar_as_started_by_rank"] = llm.collective_rpc("benchmarks.gpu_tp:ar_state")
     if args.graph_replay:
@@ -122,6 +128,8 @@ def run_config(tp: int, args) -> None:
         per_tok = (t2 - t1) / 256
         res.update({f"decode_bs1_ms_per_token{sfx}": per_tok * 1e3,
                     f"decode_bs1_fraction_of_roofline{sfx}": weights_per_gpu / args.copy_rate / per_tok})
+        if "roofline_ms_measured_rate" in res:
+            res[f"decode_bs1_fraction_of_measured_roofline{sfx}"] = res["roofline_ms_measured_rate"] / 1e3 / per_tok
         if args.layer_trace and mode == modes[0]:  # the real decode steps' kernels (attention at ~512-560 tokens)
             llm.collective_rpc("benchmarks.gpu_tp_profile:decode_trace_start")
             gen([prompt], 49)
@@ -176,6 +184,33 @@ def run_config(tp: int, args) -> None:
             "benchmarks.gpu_tp:graph_replay_ms_without_allreduce", args=[1, 200])
         save()
     llm.llm_engine.shutdown()
+
+
+def copy_rate_Bps(worker, nbytes: int) -> float:
+    """This rank's device-to-device copy rate, bytes read + written per second (a ``collective_rpc`` target):
+    ``nbytes`` copied 20 times, timed with events after 3 untimed copies. NaN where the memory the KV cache left
+    cannot hold the two buffers (or on CPU)."""
+    import torch
+
+    if worker.device.type != "cuda":
+        return float("nan")
+    try:
+        src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device=worker.device)
+        dst = torch.empty_like(src)
+    except torch.cuda.OutOfMemoryError:
+        return float("nan")
+    for _ in range(3):
+        dst.copy_(src)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(20):
+        dst.copy_(src)
+    end.record()
+    end.synchronize()
+    rate = 2 * nbytes * 20 / (start.elapsed_time(end) * 1e-3)
+    del src, dst
+    torch.cuda.empty_cache()
+    return rate
 
 
 def logits_ms(worker, size: int, iters: int) -> float:
@@ -337,6 +372,8 @@ def main() -> None:
                     "(plugins/platforms/cuda_gemv_table.py) vs the autotuner's tiles ROUNDS times (gpu_tp_gemv.py)")
     ap.add_argument("--tag", default="", help="suffix of the JSON name (e.g. the all-reduce tried)")
     ap.add_argument("--copy-rate", type=float, default=3.0e12, help="bytes/s read+written, device copy (H100)")
+    ap.add_argument("--measure-copy-rate", action="store_true", help="also measure every rank's copy rate in the "
+                    "engine (1 GiB copies) and report the batch-1 fraction of that roofline")
     ap.add_argument("--out-dir", default=".")
     ap.add_argument("--one", type=int, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -348,6 +385,7 @@ def main() -> None:
                "--max-num-seqs", str(args.max_num_seqs), *(["--backend", args.backend] if args.backend else []),
                *(["--async-modes", *args.async_modes] if args.async_modes else []),
                *(["--graph-replay"] if args.graph_replay else []),
+               *(["--measure-copy-rate"] if args.measure_copy_rate else []),
                *(["--kernel-table"] if args.kernel_table else []),
                *(["--layer-trace"] if args.layer_trace else []),
                *(["--graph-replay-no-allreduce"] if args.graph_replay_no_allreduce else []),

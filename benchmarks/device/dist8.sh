@@ -25,7 +25,9 @@
 #   ar    (<= 20 s) all-reduce microbench: NCCL vs symm_mem vs one-shot, 8 KiB..1 MiB, eager and in a graph
 #   nccl  (<= 40 s) TP=2 NCCL only, then no all-reduce at all (the all-reduces' in-step cost)
 #   goal  (<= 118 s) 512 x 1000/1000 TP=2 throughput (temperature 1, async; TP=1: the lead's e2e_8b.sh)
-#   70b   (<= 150 s, 4 GPUs) Llama-3-70B shape TP=4 batch-1 decode vs its roofline
+#   70b   (<= 150 s, 4 GPUs; + <= 120 s only if it gave no number) Llama-3-70B shape TP=4 batch-1 decode vs its
+#         roofline (35.3 GB per GPU over 3.01 TB/s, session 3's measured H100 rate, and over the rate every rank
+#         measures in the engine, --measure-copy-rate), in the defaults; without a number, again with NCCL only
 set -u
 cd "$(dirname "$0")/../.."
 R="${OUT:-/tmp/out}/dist/dist8"
@@ -79,6 +81,13 @@ has nccl && step 8b_tp2_nccl 40 OCTAVO_TP_ALLREDUCE=nccl $TP --one 2 --tag nccl 
   --kernel-table --graph-replay-no-allreduce
 has goal && step 8b_tp2_goal 118 $TP --one 2 --tag goal --async-modes on --prompts 512 --in-len 1000 --out-len 1000 \
   --max-num-seqs 512 --temperature 1
-has 70b && step 70b_tp4 150 python3 benchmarks/gpu_tp.py --shape 70b --tp 4 --prompts 0 --max-num-seqs 8 \
-  --copy-rate 3.01e12 --out-dir "$R" --async-modes on --graph-replay
+S70=${DIST8_70B_SHAPE:-70b}  # "tiny": a CPU dry run of the 70b part (gloo, 4 processes)
+if has 70b; then  # the defaults (the one-shot all-reduce + fused norm at 4 ranks: never run before session 10)
+  step 70b_tp4 150 python3 benchmarks/gpu_tp.py --shape "$S70" --tp 4 --prompts 0 --max-num-seqs 8 \
+    --copy-rate 3.01e12 --measure-copy-rate --out-dir "$R" --async-modes on --graph-replay
+  if ! grep -q decode_bs1_ms_per_token "$R/${S70}_tp4.json" 2> /dev/null; then  # no number: NCCL only (session 3's)
+    step 70b_tp4_nccl 120 OCTAVO_TP_ALLREDUCE=nccl python3 benchmarks/gpu_tp.py --shape "$S70" --tp 4 --prompts 0 \
+      --max-num-seqs 8 --copy-rate 3.01e12 --measure-copy-rate --out-dir "$R" --async-modes on --tag nccl
+  fi
+fi
 python3 benchmarks/device/dist_summary.py "$R"

@@ -36,6 +36,12 @@ def summarize(r: str) -> dict:
                "kernels": _table(run.get("graph_kernels_bs1_by_rank"))}
         if one.get(K) and run.get(K):
             row["over_tp1"] = run[K] / one[K]
+        if run.get("roofline_ms") and run.get(K):  # the 70B TP=4 number: weights per GPU over the copy rate
+            row.update({"weights_GB_per_gpu": run.get("weights_GB_per_gpu"), "roofline_ms": run["roofline_ms"],
+                        "fraction_of_roofline": run["roofline_ms"] / run[K],
+                        "copy_rate_Bps_assumed": run.get("copy_rate_Bps"),
+                        "copy_rate_Bps_measured_by_rank": run.get("measured_copy_rate_Bps_by_rank"),
+                        "fraction_of_measured_roofline": run.get("decode_bs1_fraction_of_measured_roofline_async_on")})
         if run.get("throughput_tok_s_async_on"):
             row["throughput_tok_s"] = run["throughput_tok_s_async_on"]
         out[name] = row
