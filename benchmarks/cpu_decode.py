@@ -20,15 +20,13 @@ whole decoder stack, plugins/platforms/cpu_fused_decode.py).
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
 import torch
+from cpu_record import isa, run_info, write_record  # benchmarks/ is sys.path[0] when run as a script
 
 _CLOCK = [time.perf_counter]
 
@@ -36,14 +34,6 @@ _CLOCK = [time.perf_counter]
 def _clock() -> float:
     """The decode timer: wall time, or process CPU time with ``--cpu-time`` (see its help)."""
     return _CLOCK[0]()
-
-
-def _isa() -> list[str]:
-    try:
-        flags = set(open("/proc/cpuinfo").read().split())
-    except OSError:
-        return []
-    return sorted(flags & {"avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_int8"})
 
 
 class OctavoEngine:
@@ -191,17 +181,12 @@ def main(argv: list[str] | None = None) -> int:
     for k, v in ratios.items():
         print(f"speed ratio {k}: {v:.2f}x")
     agree = {n: sum(a == b for a, b in zip(t, tokens.get("octavo", t))) / len(t) for n, t in tokens.items()}
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    record = {"machine": {"isa": _isa(), "cpus": os.cpu_count(), "loadavg_start_end": None},
-              "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="minutes"),
-              "command": "python benchmarks/cpu_decode.py " + " ".join(sys.argv[1:] if argv is None else argv),
-              "commit": commit, "args": vars(args), "load_s": load_s, "ms_per_token_rounds": rounds,
+    record = {"machine": {"isa": isa(), "cpus": os.cpu_count(), "loadavg_start_end": None},
+              **run_info(__file__, argv), "args": vars(args), "load_s": load_s, "ms_per_token_rounds": rounds,
               "ms_per_token_median": med, "tok_s_median": {n: 1e3 / v for n, v in med.items()},
               "speed_ratios": ratios, "greedy_agreement_with_octavo": agree,
               "loadavg_end": os.getloadavg()}
-    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(record, f, indent=2)
+    write_record(args.out, record)
     return 0
 
 

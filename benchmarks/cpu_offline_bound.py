@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import datetime
 import json
 import os
 import sys
@@ -34,6 +33,7 @@ import time
 
 import torch
 import torch.nn.functional as F
+from cpu_record import run_info, write_record  # benchmarks/ is sys.path[0] when run as a script
 
 # SmolLM2-135M (the embedded model): hidden 576, MLP 1536, 30 layers, 9 q / 3 kv heads of 64, vocab 49,152
 HIDDEN, MLP, LAYERS, HEADS, KV_HEADS, HEAD_D, VOCAB = 576, 1536, 30, 9, 3, 64, 49152
@@ -169,9 +169,7 @@ def main(argv=None) -> int:
     flops = run_flops()
     total = sum(flops.values())
     pk = peaks()
-    record = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="minutes"),
-              "command": "python benchmarks/cpu_offline_bound.py " + " ".join(sys.argv[1:] if argv is None else argv),
-              "load_average": os.getloadavg(), "cpu": torch.backends.cpu.get_cpu_capability(),
+    record = {**run_info(__file__, argv), "load_average": os.getloadavg(), "cpu": torch.backends.cpu.get_cpu_capability(),
               "run_tflop": {k: round(v / 1e12, 4) for k, v in flops.items()}, "peak_gflops_per_core": pk,
               "cores": args.cores, "dtypes": {}}
     print(f"run: {total / 1e12:.3f} TFLOP (" + ", ".join(f"{k} {v / 1e12:.3f}" for k, v in flops.items()) + ")")
@@ -209,9 +207,7 @@ def main(argv=None) -> int:
                       f"= {rec[key] / need:.2f} of that budget")
         record["dtypes"][name] = rec
     if args.out:
-        os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-        with open(args.out, "w") as f:
-            json.dump(record, f, indent=2)
+        write_record(args.out, record)
     return 0
 
 

@@ -19,14 +19,13 @@ from __future__ import annotations
 
 import argparse
 import collections
-import datetime
 import gc
-import json
 import os
 import sys
 import time
 
 import torch
+from cpu_record import run_info, write_record  # benchmarks/ is sys.path[0] when run as a script
 
 MODULES = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj", "rotary_emb", "attn", "input_layernorm",
            "post_attention_layernorm", "act_fn")
@@ -156,9 +155,7 @@ def main(argv=None) -> int:
           f"{args.prompt_len + 2 + args.steps}: step wall {wall:.1f} ms, process CPU {cpu:.1f} ms")
     for k, r in rows.items():
         print(f"  {k:26s} wall {r['wall_ms']:7.2f}  CPU {r['cpu_ms']:7.2f} ms/step  ({r['calls']} calls)")
-    record = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="minutes"),
-              "command": "python benchmarks/cpu_offline_split.py " + " ".join(sys.argv[1:] if argv is None else argv),
-              "load_average": os.getloadavg(), "step_wall_ms": wall, "step_cpu_ms": cpu, "modules": rows}
+    record = {**run_info(__file__, argv), "load_average": os.getloadavg(), "step_wall_ms": wall, "step_cpu_ms": cpu, "modules": rows}
     if args.ab_argmax:
         med = {k: sorted(v)[len(v) // 2] * 1e3 for k, v in ab.items() if v}
         record["sampler_cpu_ms_median"] = med
@@ -170,9 +167,7 @@ def main(argv=None) -> int:
         print("  step process CPU ms, median: " + ", ".join(f"{k} {v:.2f}" for k, v in med.items())
               + f" (steps alternate; {len(steps_ab['kernel'])} each)")
     if args.out:
-        os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-        with open(args.out, "w") as f:
-            json.dump(record, f, indent=2)
+        write_record(args.out, record)
     return 0
 
 

@@ -17,16 +17,13 @@ Run ``python benchmarks/cpu_profile.py --dtype float32 --batch-sizes 1 8 64 --st
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
-import os
 import statistics
-import subprocess
 import sys
 import time
 from collections import defaultdict
 
 import torch
+from cpu_record import isa, run_info, write_record  # benchmarks/ is sys.path[0] when run as a script
 
 PHASES = ("schedule", "step_build", "execute", "build_inputs", "forward", "logits", "sampling_batch", "sampler",
           "update", "output_processing")
@@ -201,15 +198,9 @@ def main(argv=None) -> int:
         print(f"        forward(profiled) {rec['forward_profiled_ms']:.1f} ms = ops {rec['op_total_ms']:.1f} (" +
               ", ".join(f"{k} {v:.1f}" for k, v in sorted(rec["ops_ms"].items(), key=lambda kv: -kv[1])) +
               f"); forward+logits+sampler minus ops (python/dispatch) ~{rec['dispatch_ms_estimate']:.1f}", flush=True)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    record = {"card": f"CPU {torch.get_num_threads()} threads, isa "
-                      f"{sorted(set(open('/proc/cpuinfo').read().split()) & {'avx2', 'avx512f', 'avx512_bf16', 'amx_bf16'})}",
-              "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="minutes"),
-              "command": "python benchmarks/cpu_profile.py " + " ".join(sys.argv[1:] if argv is None else argv),
-              "commit": commit, "dtype": args.dtype, "quantization": args.quantization, "results": results}
-    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(record, f, indent=2)
+    record = {"card": f"CPU {torch.get_num_threads()} threads, isa {isa()}", **run_info(__file__, argv),
+              "dtype": args.dtype, "quantization": args.quantization, "results": results}
+    write_record(args.out, record)
     return 0
 
 

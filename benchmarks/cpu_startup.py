@@ -14,7 +14,6 @@ columns of one run).
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import re
@@ -25,6 +24,8 @@ import sys
 import tempfile
 import time
 import urllib.request
+
+from cpu_record import run_info, write_record  # benchmarks/ is sys.path[0] when run as a script
 
 
 def free_port() -> int:
@@ -199,16 +200,11 @@ def main(argv=None) -> int:
     med_parts = {k: statistics.median(p[k] for p in parts) for k in parts[0]}
     for k, v in {**med, **med_parts}.items():
         print(f"{k:<48}{v:8.2f} s")
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     record = {"card": f"CPU, {os.cpu_count()} cores; load average {os.getloadavg()[0]:.1f} at the end",
-              "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="minutes"),
-              "command": "python benchmarks/cpu_startup.py " + " ".join(sys.argv[1:] if argv is None else argv),
-              "commit": commit, "python_bytecode_cache": "on for the servers (PYTHONDONTWRITEBYTECODE unset)",
+              **run_info(__file__, argv), "python_bytecode_cache": "on for the servers (PYTHONDONTWRITEBYTECODE unset)",
               "results": {"serve_ready_s": rows, "first_completion_s": firsts, "median_s": med, "parts_median_s": med_parts,
                           "logged_phases_s": logged}}
-    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(record, f, indent=2)
+    write_record(args.out, record)
     return 0
 
 
