@@ -110,7 +110,10 @@ S6_VARIANTS = {"nosilu": {"silu": False}, "norm4": {"warps": None}, "pf16": {"mb
                "acc0": {"acc": 0, "bits": False, "reg_pf": False}, "x2d": {"x2d": True},
                "acc0_x2d": {"acc": 0, "bits": False, "reg_pf": False, "x2d": True},
                "one": {"one": {}}, "one_s8": {"one": {"splits": 8}}, "one_w8": {"one": {"num_warps": 8}},
-               "one_n32": {"one": {"block_n": 32}}, "one_s32_n32": {"one": {"splits": 32, "block_n": 32}}}
+               "one_n32": {"one": {"block_n": 32}}, "one_s32_n32": {"one": {"splits": 32, "block_n": 32}},
+               "pdlw": {"pdl": True, "pdlw": True}, "pdlw_again": {"pdl": True, "pdlw": True}}
+# session 10: "pdlw" = the GEMV under PDL reads its first weight block before it waits and lets its dependents
+# launch after the wait (fp8_prefetch.PDL_W; bit-identical, so its tokens must equal the first measure's)
 # session 8: "one*" = the batch-1 fp8 attention in one launch (KV write + split-KV + merge,
 # plugins/attention/_fp8_kv_decode_bs1.py) with _fp8_kv_decode_bs1.DEFAULT_LAUNCH changed as given
 # session 7: "bits" = the GEMV's integer weight conversion (fp8_gemv.W_BITS), "regpf" = its register prefetch of
@@ -197,6 +200,7 @@ def main() -> None:
 
         base = (fp8_fused.SMALL_ROWS_WARPS, fp8_prefetch.PREFETCH_MB, fp8_prefetch.PDL, fp8_prefetch.SELF_PREFETCH,
                 fp8_silu_gemv.STATE["on"])
+        base_pdl_w = fp8_prefetch.PDL_W
         base_bits, base_reg_pf, base_acc, base_x2d = fp8_gemv.W_BITS, fp8_gemv.REG_PF, fp8_gemv.ACC_SPLIT, fp8_gemv.X2D
         res["w_bits_default"], res["reg_pf_default"], res["acc_split_default"] = base_bits, base_reg_pf, base_acc
         platform_pdl = cuda_pdl.pdl_on()  # the platform's setting (on by default on sm_90+ since session 6)
@@ -214,6 +218,7 @@ def main() -> None:
                 fp8_fused.SMALL_ROWS_WARPS = v.get("warps", 16)
                 fp8_prefetch.PREFETCH_MB, fp8_prefetch.PDL = v.get("mb", 0), v.get("pdl", False)
                 fp8_prefetch.SELF_PREFETCH = v.get("self", False)
+                fp8_prefetch.PDL_W = v.get("pdlw", base_pdl_w)
                 cuda_pdl.set_pdl(v.get("pdl_all", platform_pdl))
                 fp8_silu_gemv.STATE["on"] = v.get("silu", base[4])
                 fp8_gemv.W_BITS, fp8_gemv.REG_PF = v.get("bits", base_bits), v.get("reg_pf", base_reg_pf)
@@ -238,6 +243,7 @@ def main() -> None:
             save()
         (fp8_fused.SMALL_ROWS_WARPS, fp8_prefetch.PREFETCH_MB, fp8_prefetch.PDL, fp8_prefetch.SELF_PREFETCH,
          fp8_silu_gemv.STATE["on"]) = base
+        fp8_prefetch.PDL_W = base_pdl_w
         fp8_gemv.W_BITS, fp8_gemv.REG_PF, fp8_gemv.ACC_SPLIT, fp8_gemv.X2D = base_bits, base_reg_pf, base_acc, base_x2d
         cuda_pdl.set_pdl(platform_pdl)
         one_mod.DEFAULT_LAUNCH.clear()

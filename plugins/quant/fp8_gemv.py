@@ -74,12 +74,37 @@ def _e4m3_bits_f32(w):
 
 
 @triton.jit
+def _gemv_step(acc, w, x_row, kk, s_x, K, QUANT_X: tl.constexpr, PRE_Q: tl.constexpr, EVEN: tl.constexpr,
+               SOFT_FP8: tl.constexpr, X2D: tl.constexpr, W_BITS: tl.constexpr, ACC_SPLIT: tl.constexpr,
+               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """One weight block ``w`` (the columns ``kk``) of the one-row kernel into its accumulator (docstring below)."""
+    if EVEN:
+        x = tl.load(x_row + kk).to(tl.float32)
+    else:
+        x = tl.load(x_row + kk, mask=kk < K, other=0.0).to(tl.float32)
+    if QUANT_X:
+        x = _quant_e4m3(x, s_x, SOFT_FP8)
+    if X2D and EVEN and PRE_Q:  # x read in the weight tile's own layout (each row's copy from L1): no
+        xb = tl.load(x_row + kk[None, :] + tl.zeros([BLOCK_N, 1], tl.int32)).to(tl.float32)  # smem broadcast
+    else:
+        xb = x[None, :]
+    if ACC_SPLIT > 0:  # each thread's run of ACC_SPLIT products summed at once: 1/ACC_SPLIT the registers
+        prod = w.to(tl.float32) * xb
+        acc += tl.sum(tl.reshape(prod, [BLOCK_N, BLOCK_K // ACC_SPLIT, ACC_SPLIT]), 2)
+    elif W_BITS:
+        acc += _e4m3_bits_f32(w) * (xb * 18446744073709551616.0)  # W 2**-120 * x 2**64
+    else:
+        acc += w.to(tl.float32) * xb
+    return acc
+
+
+@triton.jit
 def _fp8_gemv_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, pf_ptr, pf_total, pf_piece, M, N, K, stride_xm,
                      stride_wn, stride_ym, QUANT_X: tl.constexpr, PRE_Q: tl.constexpr, HAS_BIAS: tl.constexpr,
                      EVEN: tl.constexpr, SOFT_FP8: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                      PREFETCH: tl.constexpr = False, USE_PDL: tl.constexpr = False, SELF_PF: tl.constexpr = False,
                      W_BITS: tl.constexpr = False, REG_PF: tl.constexpr = False, ACC_SPLIT: tl.constexpr = 0,
-                     X2D: tl.constexpr = False):
+                     X2D: tl.constexpr = False, PDL_W: tl.constexpr = False):
     """y[m, n] = (sum_k q(x[m, k]) * W[n, k]) * s_x[m] * s_w[n] (+ b[n]): each program owns BLOCK_N outputs.
     ``PRE_Q``: ``x`` is already e4m3 with its scales at ``xs_ptr`` (made by the norm kernel).
     ``USE_PDL``: launched as a programmatic dependent launch: only the weight scales (constants) are read before
@@ -92,7 +117,10 @@ def _fp8_gemv_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, pf_ptr, pf_tota
     exactly, so the output is bit-for-bit the conversion path's. ``REG_PF`` (with ``EVEN``): the next weight block
     is loaded into registers before this block's math (the loop's loads are not staged by Triton's pipeliner:
     no dot consumes them), the same sums in the same order. ``ACC_SPLIT`` > 0: the accumulator holds each thread's
-    sums of ACC_SPLIT adjacent products (fewer registers, more programs per SM; another fp32 summation order)."""
+    sums of ACC_SPLIT adjacent products (fewer registers, more programs per SM; another fp32 summation order).
+    ``PDL_W`` (with ``USE_PDL``, ``EVEN``, one row): the first weight block is loaded before ``gdc_wait`` (weights do
+    not depend on the producer: the first wave's DRAM latency hides under the producer's tail) and the kernel lets
+    its own dependents launch once it has waited; the same sums in the same order."""
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     nm = n < N
     rows = w_ptr + n.to(tl.int64)[:, None] * stride_wn
@@ -101,8 +129,12 @@ def _fp8_gemv_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, pf_ptr, pf_tota
                                   [w_ptr + n.to(tl.int64) * stride_wn, tl.zeros([BLOCK_N], tl.int32) + K],
                                   dtype=tl.int32, is_pure=False, pack=1)
     ws = tl.load(ws_ptr + n, mask=nm, other=0.0)
+    if PDL_W and EVEN:
+        w_first = tl.load(rows + tl.arange(0, BLOCK_K)[None, :])
     if USE_PDL:
         tl.extra.cuda.gdc_wait()
+        if PDL_W:
+            tl.extra.cuda.gdc_launch_dependents()
     for m in range(0, M):
         x_row = x_ptr + m * stride_xm
         s_x = 1.0
@@ -121,7 +153,12 @@ def _fp8_gemv_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, pf_ptr, pf_tota
             acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
         if REG_PF and EVEN:
             w_nx = tl.load(rows + tl.arange(0, BLOCK_K)[None, :])
-        for k in range(0, K, BLOCK_K):
+        k0 = 0
+        if PDL_W and EVEN:  # the block loaded before the wait (the same weight block for every row)
+            acc = _gemv_step(acc, w_first, x_row, tl.arange(0, BLOCK_K), s_x, K, QUANT_X, PRE_Q, EVEN, SOFT_FP8,
+                             X2D, W_BITS, ACC_SPLIT, BLOCK_N, BLOCK_K)
+            k0 = BLOCK_K
+        for k in range(k0, K, BLOCK_K):
             kk = k + tl.arange(0, BLOCK_K)
             if EVEN:
                 if REG_PF:  # this block came with the last iteration; ask for the next one before the math
@@ -129,23 +166,10 @@ def _fp8_gemv_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, pf_ptr, pf_tota
                     w_nx = tl.load(rows + (kk + BLOCK_K)[None, :], mask=(kk + BLOCK_K < K)[None, :], other=0.0)
                 else:
                     w = tl.load(rows + kk[None, :])
-                x = tl.load(x_row + kk).to(tl.float32)
             else:
                 w = tl.load(rows + kk[None, :], mask=nm[:, None] & (kk[None, :] < K), other=0.0)
-                x = tl.load(x_row + kk, mask=kk < K, other=0.0).to(tl.float32)
-            if QUANT_X:
-                x = _quant_e4m3(x, s_x, SOFT_FP8)
-            if X2D and EVEN and PRE_Q:  # x read in the weight tile's own layout (each row's copy from L1): no
-                xb = tl.load(x_row + kk[None, :] + tl.zeros([BLOCK_N, 1], tl.int32)).to(tl.float32)  # smem broadcast
-            else:
-                xb = x[None, :]
-            if ACC_SPLIT > 0:  # each thread's run of ACC_SPLIT products summed at once: 1/ACC_SPLIT the registers
-                prod = w.to(tl.float32) * xb
-                acc += tl.sum(tl.reshape(prod, [BLOCK_N, BLOCK_K // ACC_SPLIT, ACC_SPLIT]), 2)
-            elif W_BITS:
-                acc += _e4m3_bits_f32(w) * (xb * 18446744073709551616.0)  # W 2**-120 * x 2**64
-            else:
-                acc += w.to(tl.float32) * xb
+            acc = _gemv_step(acc, w, x_row, kk, s_x, K, QUANT_X, PRE_Q, EVEN, SOFT_FP8, X2D, W_BITS, ACC_SPLIT,
+                             BLOCK_N, BLOCK_K)
         if W_BITS and ACC_SPLIT == 0:
             y = (tl.sum(acc, 1) * 72057594037927936.0 * s_x * ws).to(y_ptr.dtype.element_ty)  # * 2**56: exact
         else:
@@ -266,7 +290,7 @@ def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, 
              config: tuple[int, int, int] | None = None, x_scale: torch.Tensor | None = None,
              prefetch: tuple[torch.Tensor, int] | None = None, pdl: bool = False,
              self_prefetch: bool = False, w_bits: bool | None = None, reg_pf: bool | None = None,
-             acc_split: int | None = None, x2d: bool | None = None) -> torch.Tensor:
+             acc_split: int | None = None, x2d: bool | None = None, pdl_w: bool = False) -> torch.Tensor:
     """``x [m, K]`` (bf16/fp16/fp32) times the e4m3 ``weight [N, K]`` with ``weight_scale`` (``N`` values).
 
     ``quantize_input=True`` is W8A8 (dynamic per-token e4m3 activations, as the ``_scaled_mm`` path);
@@ -284,6 +308,8 @@ def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, 
     many products first (fewer registers; fp32 sums in another order, so not bit-identical; overrides ``w_bits``).
     ``x2d`` (prequantized input only; None: the module's ``X2D``): the one-row kernel reads ``x`` in the weight
     tile's layout instead of broadcasting it through shared memory (no barrier per step; same result bit for bit).
+    ``pdl_w`` (with ``pdl``): the first weight block is read before the kernel waits for its producer, and its
+    dependents may launch once it has waited (same result bit for bit).
     """
     m, k = x.shape
     n = weight.shape[0]
@@ -323,7 +349,8 @@ def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, 
         one_row_flags.pop("W_BITS", None)  # the split accumulator takes the conversion path
         one_row_flags["ACC_SPLIT"] = split
     if pf_total or pdl or self_prefetch:
-        flags.update(PREFETCH=pf_total > 0, USE_PDL=pdl, SELF_PF=self_prefetch, **({"launch_pdl": True} if pdl else {}))
+        flags.update(PREFETCH=pf_total > 0, USE_PDL=pdl, SELF_PF=self_prefetch, PDL_W=pdl and pdl_w and not one_row_flags.get("REG_PF"),
+                     **({"launch_pdl": True} if pdl else {}))
     if m > 1:  # several rows: one weight read for all of them
         if m > ROWS_MAX:
             raise ValueError(f"fp8_gemv: {m} rows; at most {ROWS_MAX} (use torch._scaled_mm above)")

@@ -56,6 +56,9 @@ PREFETCH_MB = _prefetch_mb()  # read at apply time: a benchmark may change it an
 # OCTAVO_PDL=1 (plugins/platforms/cuda_pdl.py: the platform's small kernels) turns the fp8 GEMV's on as well
 PDL = env_switch("OCTAVO_FP8_GEMV_PDL", default=env_switch("OCTAVO_PDL", default=False))
 SELF_PREFETCH = env_switch("OCTAVO_FP8_GEMV_SELF_PREFETCH", default=False)  # each program's own rows first
+# with PDL: the GEMV reads its first weight block before it waits and lets its dependents launch after the wait
+# (fp8_gemv's ``pdl_w``; session 10, off until measured on an H100)
+PDL_W = env_switch("OCTAVO_FP8_GEMV_PDL_W", default=False)
 
 
 @lru_cache(maxsize=8)
@@ -79,6 +82,8 @@ def gemv_launch(method, device: torch.device) -> dict:
         out["prefetch"] = (nxt, PREFETCH_MB << 20)
     if PDL:
         out["pdl"] = True
+        if PDL_W:
+            out["pdl_w"] = True
     if SELF_PREFETCH:
         out["self_prefetch"] = True
     return out

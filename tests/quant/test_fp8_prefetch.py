@@ -84,8 +84,9 @@ def _ptx(fn, signature: dict, constexprs: dict) -> str:
     return triton.compile(src, target=GPUTarget("cuda", 90, 32)).asm["ptx"]
 
 
-@pytest.mark.parametrize("prefetch,pdl,self_pf", [(True, True, False), (False, False, False), (False, False, True)])
-def test_sm90_ptx_has_the_instructions_exactly_when_asked(prefetch, pdl, self_pf):
+@pytest.mark.parametrize("prefetch,pdl,self_pf,pdl_w", [(True, True, False, False), (False, False, False, False),
+                                                        (False, False, True, False), (False, True, False, True)])
+def test_sm90_ptx_has_the_instructions_exactly_when_asked(prefetch, pdl, self_pf, pdl_w):
     from octavo.plugins.quant.fp8_fused import _rms_norm_quant_kernel
     from octavo.plugins.quant.fp8_gemv import _fp8_gemv_kernel
 
@@ -95,10 +96,13 @@ def test_sm90_ptx_has_the_instructions_exactly_when_asked(prefetch, pdl, self_pf
     ptx = _ptx(_fp8_gemv_kernel, sig, dict(QUANT_X=True, PRE_Q=False, HAS_BIAS=False, EVEN=True, SOFT_FP8=False,
                                            BLOCK_N=16, BLOCK_K=512, PREFETCH=prefetch, USE_PDL=pdl,
                                            SELF_PF=self_pf, W_BITS=False, REG_PF=False,
-                                           ACC_SPLIT=0, X2D=False))
+                                           ACC_SPLIT=0, X2D=False, PDL_W=pdl_w))
     assert ptx.count("cp.async.bulk.prefetch.L2.global") >= prefetch + self_pf
     assert ("cp.async.bulk.prefetch.L2.global" in ptx) == (prefetch or self_pf)
     assert ("griddepcontrol.wait" in ptx) == pdl
+    assert ("griddepcontrol.launch_dependents" in ptx) == pdl_w  # pdl_w: the GEMV's dependents launch early
+    if pdl_w:  # the first weight block is asked for before the wait
+        assert ptx.index("ld.global") < ptx.index("griddepcontrol.wait")
     norm_sig = {"x_ptr": "*bf16", "res_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16", "res_out_ptr": "*bf16",
                 "q_ptr": "*fp8e4nv", "s_ptr": "*fp32", "stride_x": "i32", "stride_r": "i32", "n_cols": "i32",
                 "eps": "fp32"}
@@ -148,10 +152,11 @@ def test_prefetch_and_pdl_same_bits_in_a_graph_after_an_early_trigger(n, k):
             want = block()
             fp8_prefetch.PDL = True
             for kw in ({"prefetch": (nxt, 16 << 20)}, {"pdl": True}, {"self_prefetch": True},
-                       {"prefetch": (nxt, 16 << 20), "pdl": True, "self_prefetch": True}):
+                       {"prefetch": (nxt, 16 << 20), "pdl": True, "self_prefetch": True}, {"pdl": True, "pdl_w": True}):
                 for got, ref in zip(block(**kw), want):
                     assert torch.equal(got, ref), kw
             assert_graph_replays_match(lambda: block(prefetch=(nxt, 16 << 20), pdl=True, self_prefetch=True), plain,
                                        x, src)
+            assert_graph_replays_match(lambda: block(pdl=True, pdl_w=True), plain, x, src)
     finally:
         fp8_prefetch.PDL = old
