@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Issue 9 (engineer "fp8"), sessions 9-10. One GPU, HARD bound ${FP89_LIMIT:-90} s for the whole call (every part
+# Issue 9 (engineer "fp8"), sessions 9-10. One GPU, HARD bound ${FP89_LIMIT:-150} s for the whole call (every part
 # under `timeout`, each gets what is left minus the later parts' reserves). JSON + logs: $OUT/fp89/
-#   bash benchmarks/device/fp89.sh [PART ...]      (default: tests smallm; s10 batch 1: FP89_LIMIT=150 bs1 head tests)
+#   bash benchmarks/device/fp89.sh [PART ...]      (default: bs1 head tests, session 10 batch 1)
 #   bs1         benchmarks/fp8_bs1.py --ab s6: 8B fp8 + fp8 KV batch 1, one engine: ms/token vs the roofline, the
 #               captured forward alone vs the rest (LM head, sampler, host), the graph's kernel table; then the
 #               variants ${BS1_VARIANTS:-pdlw,default_again,pdlw_again,pdl}, graph recaptured for each (pdlw: the
@@ -22,7 +22,7 @@ set -u
 cd "$(dirname "$0")/../.."
 R="${OUT:-/tmp/out}/fp89"
 mkdir -p "$R"
-LIMIT=${FP89_LIMIT:-90}
+LIMIT=${FP89_LIMIT:-150}
 if ! timeout 20 python -c "import octavo" > /dev/null 2>&1; then  # s9 batch 1's lanes had no install
   echo "octavo not importable: pip install --no-deps --no-build-isolation -e ." | tee "$R/install.txt"
   timeout 60 python -m pip install -q --no-deps --no-build-isolation -e . >> "$R/install.txt" 2>&1
@@ -35,7 +35,7 @@ git rev-parse HEAD > "$R/commit.txt" 2>/dev/null
 git status --short > "$R/tree_status.txt" 2>/dev/null
 export OCTAVO_DISABLE_PROGRESS=1
 PARTS=("$@")
-[ ${#PARTS[@]} -eq 0 ] && PARTS=(tests smallm)
+[ ${#PARTS[@]} -eq 0 ] && PARTS=(bs1 head tests)
 declare -A RESERVE=([tests]=45 [smallm]=30 [mem_fp8]=55 [mem_bf16]=0 [e2e_fp8]=150 [bs1]=45 [head]=50)
 reserve() {  # seconds the parts after $1 keep for themselves
   local after=0 r=0 p
