@@ -18,7 +18,8 @@ if not torch.cuda.is_available():
     pytest.skip("CUDA graphs need a CUDA GPU", allow_module_level=True)
 
 _ENGINE = """
-import json, sys, torch
+import faulthandler, json, sys, torch
+faulthandler.dump_traceback_later(90, repeat=True)  # a hang (a collective one rank skipped) shows where it waits
 from octavo import LLM, SamplingParams
 RPC = "octavo.plugins.platforms.cuda_graph_head:graph_head_state"
 tp = int(sys.argv[2])
@@ -67,10 +68,14 @@ def _two_gpus() -> bool:
 
 def _run(path: str, tp: int, dtype: str) -> dict:
     env = {**os.environ, "OCTAVO_GRAPH_HEAD": "1", "OCTAVO_HEAD_GEMV": "1"}  # bf16 at TP=1: the head's GEMV too
-    p = subprocess.run([sys.executable, "-c", _ENGINE, path, str(tp), dtype], env=env, capture_output=True, text=True,
-                       timeout=300)
+    # the engine's (and its workers') stderr streams into a file next to the checkpoint, so a run cut by an outer
+    # time cap still leaves its log (head9.sh keeps pytest's base temp under $OUT)
+    log = os.path.join(os.path.dirname(path), f"engine_tp{tp}_{dtype}.log")
+    with open(log, "w") as err:
+        p = subprocess.run([sys.executable, "-c", _ENGINE, path, str(tp), dtype], env=env, stdout=subprocess.PIPE,
+                           stderr=err, text=True, timeout=300)
     lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert p.returncode == 0 and lines, p.stderr[-3000:]
+    assert p.returncode == 0 and lines, open(log).read()[-3000:]
     return json.loads(lines[-1][len("RESULT "):])
 
 
