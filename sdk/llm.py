@@ -110,7 +110,14 @@ class LLM(PoolingLLMMethods, VllmLLMMethods):  # + embed/classify/score/reward (
 
     def _run(self, items: list[tuple[Any, SamplingParams]], use_tqdm: bool, priority,
              loras: list | None = None) -> list[RequestOutput]:
-        engine = self.llm_engine
+        from octavo.core.gc_heap import frozen_heap
+
+        # the scope covers the requests' admission too: a full collection due while 256 requests are added would
+        # walk the whole heap before the first step (the scope of _collect nests in this one)
+        with frozen_heap():
+            return self._add_and_collect(self.llm_engine, items, priority, loras, use_tqdm)
+
+    def _add_and_collect(self, engine, items, priority, loras, use_tqdm) -> list[RequestOutput]:
         ids = []
         try:
             for i, (prompt, sp) in enumerate(items):
