@@ -175,6 +175,59 @@ def prefill_profile(llm, reqs, SamplingParams) -> dict:
             "kernels": rows}
 
 
+def prefill_host_profile(llm, worker, reqs, SamplingParams, min_tokens: int = 1024, top: int = 35) -> dict:
+    """Where the step thread's host time goes in the eager forward of an 8k-token prefill step (session 9: ~27 ms a
+    step on the H200, about its GPU time, so the GPU idled 7-10 ms after each): the prompts of ``prefill_profile``,
+    twice unprofiled (each forward call's wall time, host clock), then under cProfile enabled on the step thread
+    for the forward calls of >= ``min_tokens`` tokens only (inflated; read the shares). Before ``prefill_profile``
+    (the torch profiler stays loaded after it). Functions by own time and by cumulative time."""
+    import cProfile
+    import io
+    import pstats
+
+    runner = worker.runner
+    real = runner.forward
+    prof = cProfile.Profile()
+    walls: list[float] = []
+    state = {"profile": False}
+
+    def forward(inputs, *a, **k):
+        if inputs.layout.num_tokens < min_tokens:
+            return real(inputs, *a, **k)
+        if state["profile"]:
+            prof.enable()
+        t = time.perf_counter()
+        try:
+            return real(inputs, *a, **k)
+        finally:
+            walls.append(time.perf_counter() - t)
+            if state["profile"]:
+                prof.disable()
+
+    prompts, n = [], 0
+    for ids, _ in reqs:
+        if n + len(ids) > 8192:
+            break
+        prompts.append({"prompt_token_ids": [(t + 11) % 10000 for t in ids]})
+        n += len(ids)
+    params = [SamplingParams(max_tokens=1, ignore_eos=True, temperature=0.6)] * len(prompts)
+    runner.forward = forward
+    try:
+        out = {}
+        for label, on in (("plain", False), ("plain", False), ("profiled", True)):
+            llm.reset_prefix_cache()
+            state["profile"], walls[:] = on, []
+            gen_timed(llm, prompts, params)
+            out.setdefault(f"{label}_forward_wall_ms", []).append([round(w * 1e3, 2) for w in walls])
+    finally:
+        del runner.forward
+    for key in ("tottime", "cumulative"):
+        buf = io.StringIO()
+        pstats.Stats(prof, stream=buf).sort_stats(key).print_stats(top)
+        out[f"by_{key}"] = buf.getvalue().splitlines()[-(top + 2):]
+    return {"tokens": n, **out}
+
+
 def main() -> None:
     import torch
 
@@ -185,6 +238,8 @@ def main() -> None:
     ap.add_argument("--budget-s", type=float, default=100.0)
     ap.add_argument("--runs", nargs="*", default=["defaults", "probe", "no_freeze", "defaults", "no_freeze", "gc_off"])
     ap.add_argument("--prefill-profile", action="store_true", help="last: kernel table of one 8k-token prefill step")
+    ap.add_argument("--prefill-host", action="store_true",
+                    help="last: cProfile of the step thread's eager forward of one 8k-token prefill step")
     ap.add_argument("--dry", action="store_true", help="CPU: a tiny Qwen3, 24 requests; checks the hooks")
     args = ap.parse_args()
     for r in args.runs:
@@ -250,6 +305,7 @@ def main() -> None:
             st0 = dict(core.step_timers.as_dict())
             reset = llm.reset_prefix_cache()
             mark = len(jit.log)
+            t_call = time.perf_counter()
             try:
                 dt, outs = gen_timed(llm, prompts, params)
             finally:
@@ -265,12 +321,24 @@ def main() -> None:
                 extra["phases"] = timers.remove()
                 extra["steps"] = rec.summary()
                 extra["gaps"] = gap_summary(rec, gcp.spans)
+                if rec.steps:  # host time before the first forward call (admission, first schedule + inputs) and
+                    # after the last sampler call (its tokens, the outputs); full GC pauses in each
+                    t_end, first, end = t_call + dt, rec.steps[0]["h0"], rec.steps[-1].get("h2", rec.steps[-1]["h1"])
+                    extra["head_tail"] = {
+                        "head_s": round(first - t_call, 4), "tail_s": round(t_end - end, 4),
+                        "gc_in_head_s": round(sum(max(0.0, min(e, first) - b) for b, e, _ in gcp.spans if b < first), 4),
+                        "gc_in_tail_s": round(sum(max(0.0, e - max(b, end)) for b, e, _ in gcp.spans if e > end), 4)}
             last = dt
             total = sum(len(o.outputs[0].token_ids) for o in outs)
             run = {"run": name, "seconds": dt, "output_tokens": total,
                    "throughput_qwen3_0p6b_nanovllm_tok_s": total / dt, "prefix_cache_reset": reset, **extra}
             print(json.dumps(run)[:4000], flush=True)
             res["runs"].append(run)
+            save()
+        if args.prefill_host and time.perf_counter() - T0 + 6 < args.budget_s:
+            res["prefill_host"] = prefill_host_profile(llm, worker, reqs, SamplingParams,
+                                                       min_tokens=64 if args.dry else 1024)
+            print(json.dumps(res["prefill_host"])[:6000], flush=True)
             save()
         if args.prefill_profile and not args.dry and time.perf_counter() - T0 + 6 < args.budget_s:
             res["prefill_step"] = prefill_profile(llm, reqs, SamplingParams)

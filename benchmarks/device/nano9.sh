@@ -14,6 +14,11 @@
 #       start-up heap frozen, core/gc_heap.py), probe (GPU idle between steps, GC pauses), then no_freeze
 #       (OCTAVO_GC_FREEZE=0: the GC as before) / defaults alternating (NANO_RUNS overrides the list); then the
 #       sampler cases for the time left.
+#   b10 (session 10 batch 1, the first H100 run of session 9's tree) gap.json: defaults first (the headline's first
+#       timed run of a warmed engine), probe (GPU idle between steps by step kind, host phases, the host time before
+#       the first and after the last step, GC pauses), no_freeze / defaults alternating (GC deferral on an H100);
+#       then the step thread's eager forward of one 8k-token prefill step: wall times and a cProfile
+#       (--prefill-host), and that step's kernel table (--prefill-profile).
 set -u
 cd "$(dirname "$0")/../.."
 R="${OUT:-/tmp/out}/nano9"; mkdir -p "$R"
@@ -56,6 +61,9 @@ case "$PART" in
     run 118 gap.log python benchmarks/nano_host_gap.py --out "$R/gap.json" --budget-s 114 \
       --runs ${NANO_RUNS:-defaults probe no_freeze defaults no_freeze defaults no_freeze}
     cases "$(left)" sampler_cases.log tests/kernels/fused_sampler_cases.py ;;
+  b10)
+    run 140 gap.log python benchmarks/nano_host_gap.py --out "$R/gap.json" --budget-s 136 --prefill-host \
+      --prefill-profile --runs ${NANO_RUNS:-defaults probe no_freeze defaults no_freeze defaults no_freeze defaults} ;;
   *) echo "unknown NANO_PART=$PART"; exit 2 ;;
 esac
 echo "total $(( $(date +%s) - START )) s"
