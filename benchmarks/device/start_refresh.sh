@@ -4,8 +4,10 @@
 # plugins/platforms/kernel_caches/triton-<ver>-cuda90.tar.xz (union with the committed entries) in this checkout;
 # then new_cold (a fresh process, empty Triton cache seeded from that archive) and new_warm run. The refreshed
 # archive comes back as $OUT/start/<archive> to be committed. JSON: $OUT/start/start_{compile,shipped}.json.
-# Bound: START_LIMIT seconds per gpu_start.py call (default 140).
+# Bound: START_LIMIT (or the first argument) seconds per gpu_start.py call (default 140); two calls + the merge
+# (~5 s): start_refresh.sh 70 stays under 150 s (session 8's H100: the compiling start took 27.3 + 1.7 s).
 set -u
+START_LIMIT=${START_LIMIT:-${1:-140}}
 cd "$(dirname "$0")/../.."
 R="$OUT/start"; mkdir -p "$R"
 ver=$(python -c "import triton; print(triton.__version__)")
