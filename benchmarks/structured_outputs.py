@@ -202,6 +202,10 @@ def bench_decode(args) -> dict:
         # the device gate without the core thread's wait (up to 1 ms) until the bitmask thread is inside the fill
         modes["json_async_devgate_nostartwait"] = (so, True, False, False, None, {**dflt, "devgate": True,
                                                                                     "start_wait": 0.0})
+        # session 10: the device gate with three steps in flight: N+2 is scheduled and its forward, wait, apply and
+        # sampler are queued before N's tokens reach the host (the runner never parks under the device gate), so
+        # the host chain N's tokens -> accept -> fill N+1 -> schedule N+3 has two device steps to hide in, not one
+        modes["json_async_devgate_d3"] = (so, True, False, False, None, {**dflt, "devgate": True, "depth": 3})
         if args.switch_interval:  # the same two with a shorter GIL switch interval (sys.setswitchinterval)
             modes["free_async_si"] = (None, True, False, False, args.switch_interval, dflt)
             modes["json_async_si"] = (so, True, False, False, args.switch_interval, dflt)
@@ -321,13 +325,14 @@ def bench_decode(args) -> dict:
                     samples[mode] = [tok.decode(t) for t in list(texts.values())[:args.show_outputs]]
                 print(f"batch {batch} {mode}: {len(times[mode])} steps, median "
                       f"{statistics.median(times[mode]) * 1e3:.2f} ms", flush=True)
-        for m in args.stack_sample or []:  # one more, untimed run of each mode under the stack sampler
+        for m in args.stack_sample or []:  # more, untimed runs of each mode under the stack sampler
             if m in modes:
                 sys.path.insert(0, __file__.rsplit("/", 1)[0])
                 from stack_sampler import StackSampler
 
                 with StackSampler() as sampler:
-                    run(m)
+                    for _ in range(args.stack_runs):  # (a 24-step GPU run is ~50 ms: ~100 samples)
+                        run(m)
                 stacks[m] = sampler.report(top=25)
         med = {m: statistics.median(t) for m, t in times.items() if t}
         row = {f"{m}_ms_per_step": round(v * 1e3, 3) for m, v in med.items()}
@@ -358,7 +363,8 @@ def bench_decode(args) -> dict:
             row[f"{m}_parked_frac"] = round(statistics.mean(v), 3)
         for m, v in gated.items():
             row[f"{m}_device_gated_frac"] = round(statistics.mean(v), 3)
-        ref = next((m for m in ("json_async_park", "json_async", "overlap") if m in last_tokens), None)
+        ref = next((m for m in ("json_async_park", "json_async", "overlap", "json_async_devgate") if m in last_tokens),
+                   None)
         for m, toks in last_tokens.items():  # greedy, same prompts: a path that changes a token is wrong
             if (modes[m][0] is not None and ref is not None and m != ref and modes[m][0] is modes[ref][0]
                     and not modes[m][5].get("gate_only")):  # (gate_only: unconstrained text by design)
@@ -494,6 +500,8 @@ def main() -> None:
                     help="with --async-modes on: also free_async_si / json_async_si under sys.setswitchinterval(S)")
     ap.add_argument("--show-outputs", dest="show_outputs", type=int, default=0,
                     help="record this many decoded outputs of each constrained mode (what the walk looked like)")
+    ap.add_argument("--stack-runs", dest="stack_runs", type=int, default=1,
+                    help="runs of each --stack-sample mode under the sampler (default 1)")
     ap.add_argument("--stack-sample", dest="stack_sample", nargs="+", default=None,
                     help="after the timed runs, one untimed run of each of these modes under a wall-clock stack "
                          "sampler (benchmarks/stack_sampler.py): what each thread does, in the JSON")

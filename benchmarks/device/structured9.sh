@@ -1,23 +1,23 @@
 #!/usr/bin/env bash
-# Issue 11, session 9 (engineer "structured"): the device gate vs the Python gate for JSON-schema decoding on one GPU.
-# Kind: nvidia-h100-x1 (one lane). HARD bound 120 s (every step under `timeout`, the last one gets what is left;
+# Issue 11, sessions 9-10 (engineer "structured"): the device gate vs the Python gate for JSON-schema decoding on one
+# GPU. Kind: nvidia-h100-x1 (one lane). HARD bound 150 s (every step under `timeout`, the last one gets what is left;
 # + up to 100 s for an install of the package if it is not importable). Random weights, SmolLM2's tokenizer
 # (benchmarks/device/smollm2_tokenizer.json.xz). Needs xgrammar 0.2.8 and its tvm_ffi (apache-tvm-ffi 0.1.15.post2,
-# installed by the lead's harness since s9 batch 2); without them only the probe and the GPU test run.
+# installed by the lead's harness since s9 batch 2); without them only the GPU test runs.
 # Writes JSON + logs to $OUT/structured9/. Runs from the repo root.
-#   1. benchmarks/structured_devgate_probe.py: the wait's compile and launch cost, us per spin, how soon the stream
-#      goes on after the host writes the word, the volatile apply of rows written after its launch (bounded waits).
-#   2. tests/structured/test_apply_device.py -k device_gate (the device gate vs the host path, time-out).
-#   3. benchmarks/structured_outputs.py on the SmolLM2-135M shape (issue 11's model) at batch 32: free_async,
-#      json_async_park (the Python gate, sessions 6-8 = today's default json_async), json_async_devgate (sampling
-#      queued behind a device wait on a host word the fill opens: core/grammar_device_gate.py), _devgate_inline
-#      (the fill on the core thread at the accept), _devgate_nostartwait (no 1 ms wait for the bitmask thread),
-#      _devgate_gateonly (no-op fill + accept: the structure's floor; its text is unconstrained); modes interleaved;
-#      host ms incl. device_wait (device events: how long the GPU idled for the fill); greedy tokens compared
-#      between modes (*_tokens_equal_*: a path that changes a token is wrong).
-#   4. benchmarks/structured_ab.py on the SmolLM2-135M shape at batch 32 (two engines at 0.4 of the memory each,
-#      JSON and free steps alternating one by one, paired ratios): park vs devgate.
-#   5. what time is left: the ~1.1B Llama shape at batch 32, park vs devgate.
+#   1. STRUCTURED9_PROBE=1 only (session 9): benchmarks/structured_devgate_probe.py (the wait's compile and launch
+#      cost, us per spin, resume after the host's write) and tests/structured/test_apply_device.py -k device_gate.
+#   2. benchmarks/structured_outputs.py on the SmolLM2-135M shape (issue 11's model) at batch 32: free_async,
+#      json_async_park (the Python gate, sessions 6-9's default), json_async_devgate (sampling queued behind a device
+#      wait on a host word the fill opens: core/grammar_device_gate.py), _devgate_poolaccept (N's accept moved
+#      into the bitmask thread's fill job, off the core thread), _devgate_gateonly (no-op fill + accept: the
+#      structure's floor; its text is unconstrained); modes interleaved; host ms incl. device_wait (device events:
+#      how long the GPU idled for the fill); greedy tokens compared between modes (*_tokens_equal_*: a path that
+#      changes a token is wrong); session 10: one more untimed run of free_async, park and devgate under
+#      benchmarks/stack_sampler.py (where each thread's wall time goes: "stack_samples" in the JSON).
+#   3. session 10, in its own call (a hang there costs only itself): three steps in flight with the device gate
+#      (json_async_devgate_d3) vs free_async_d3 and the depth-2 device gate, SmolLM2-135M shape, batch 32.
+#   4. what time is left: the ~1.1B Llama shape at batch 32, park vs devgate (+ _poolaccept).
 # STRUCTURED9_DRY=1: a CPU dry run (tiny shapes, few steps; the device modes then run the Python gate).
 set -u
 cd "$(dirname "$0")/../.."
@@ -25,7 +25,7 @@ R="${OUT:-/tmp/out}/structured9"
 mkdir -p "$R"
 DRY=${STRUCTURED9_DRY:-0}
 X=1; [ "$DRY" = 1 ] && X=20  # the dry run's CPU (2 loaded cores) imports torch + xgrammar in ~40 s
-LIMIT=$(( 120 * X ))
+LIMIT=$(( 150 * X ))
 left() { echo $(( LIMIT - SECONDS )); }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$R/gpu.csv" 2>&1
 cat "$R/gpu.csv"
@@ -82,22 +82,21 @@ PY
 
 COMMON=(--steps 24 --repeats 2 --device cuda --dtype bfloat16 --skip-compile --async-modes on --show-outputs 1
         --load-format dummy)
-AB=(--device cuda --dtype bfloat16 --load-format dummy --blocks 4 --steps 12 --json-modes park devgate
-    --gpu-memory-utilization 0.4)
 [ "$DRY" = 1 ] && COMMON=(--steps 4 --repeats 1 --device cpu --dtype float32 --skip-compile --async-modes on
-                          --show-outputs 1 --load-format dummy) \
-  && AB=(--device cpu --dtype float32 --load-format dummy --blocks 2 --steps 4 --json-modes park devgate)
-MODES=(--modes ${STRUCTURED9_MODES:-json_async_park json_async_devgate json_async_devgate_inline json_async_devgate_nostartwait json_async_devgate_gateonly})
-FEW=(--modes json_async_park json_async_devgate)
-if [ "$DRY" != 1 ]; then
+                          --show-outputs 1 --load-format dummy)
+MODES=(--modes ${STRUCTURED9_MODES:-json_async_park json_async_devgate json_async_devgate_poolaccept json_async_devgate_gateonly})
+STACKS=(--stack-sample free_async json_async_park json_async_devgate --stack-runs 4)
+D3=(--modes free_async_d3 json_async_devgate json_async_devgate_d3)
+FEW=(--modes json_async_park json_async_devgate json_async_devgate_poolaccept)
+if [ "$DRY" != 1 ] && [ "${STRUCTURED9_PROBE:-0}" = 1 ]; then
   step probe 20 python3 benchmarks/structured_devgate_probe.py --json "$R/probe.json"
   step apply_test 20 python3 -m pytest -q -p no:cacheprovider tests/structured/test_apply_device.py -k device_gate
 fi
 if [ "$XGR" = 1 ]; then
-  step smol135m $(( 40 * X )) python3 benchmarks/structured_outputs.py "${COMMON[@]}" "${MODES[@]}" --batches 32 \
-       --model /tmp/structured9_smol135m --json "$R/smol135m.json"
-  step ab_smol135m_b32 $(( 30 * X )) python3 benchmarks/structured_ab.py "${AB[@]}" --batches 32 \
-       --model /tmp/structured9_smol135m --json "$R/ab_smol135m_b32.json"
+  step smol135m $(( 55 * X )) python3 benchmarks/structured_outputs.py "${COMMON[@]}" "${MODES[@]}" "${STACKS[@]}" \
+       --batches 32 --model /tmp/structured9_smol135m --json "$R/smol135m.json"
+  step smol135m_d3 $(( 35 * X )) python3 benchmarks/structured_outputs.py "${COMMON[@]}" "${D3[@]}" --batches 32 \
+       --model /tmp/structured9_smol135m --json "$R/smol135m_d3.json"
   step llama1b $(( $(left) - 1 * X )) python3 benchmarks/structured_outputs.py "${COMMON[@]}" "${FEW[@]}" \
        --batches 32 --model /tmp/structured9_llama1b --json "$R/llama1b.json"
 fi

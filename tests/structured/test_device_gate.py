@@ -185,6 +185,8 @@ def test_device_gate_tokens_identical_to_serial(monkeypatch):
 
     def run(mode: str):
         set_async_scheduling(core, mode != "serial")
+        if mode == "gate_d3":  # three steps in flight: N+2's wait, apply and sampler queued before N's tokens
+            core.async_loop.depth = 3
         with monkeypatch.context() as m:
             m.setattr(ex_cls, "execute_structured", Executor.execute_structured if mode == "serial" else overlapped)
             if mode.startswith("gate"):
@@ -202,12 +204,13 @@ def test_device_gate_tokens_identical_to_serial(monkeypatch):
         serial = run("serial")
         gated = run("gate")
         pooled = run("gate_poolaccept")
+        deep = run("gate_d3")
     finally:
         set_async_scheduling(core, False)
         llm.llm_engine.shutdown()
     waits = [c for c in kernel.calls if c[0] == "wait"]
     assert len(waits) > 10 and core.structured._device_gate.words[1] == 0  # the device path ran, never gave up
-    assert [s[:2] for s in serial] == [g[:2] for g in gated] == [p[:2] for p in pooled]
+    assert [s[:2] for s in serial] == [g[:2] for g in gated] == [p[:2] for p in pooled] == [d[:2] for d in deep]
     for (_, reason, text), p in zip(serial, params):
         if p.structured_outputs is not None and reason == "stop":
             jsonschema.validate(json.loads(text), SCHEMA)
