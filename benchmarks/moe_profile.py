@@ -208,31 +208,6 @@ def _tables_without_pdl(runner, model, variants: dict) -> dict:
     return out
 
 
-# session 8: L2 prefetch hints (plugins/platforms/moe_prefetch.py), each re-captured in the same engine
-PF_ALL = ({"prefetch": 1, "merge": 1}, {"PF_W2": True, "PF_NEXT": True, "EVICT": "evict_first"}, {})
-PREFETCH_VARIANTS = [  # likeliest first: the part's time cap may cut the list (each row is printed as it ends)
-    ("base", {}, {}, {}),
-    ("attn_merge1", {"merge": 1}, {}, {}),  # the attention's merge of the splits unrolled
-    ("attn_pf1", {"prefetch": 1}, {}, {}),
-    ("w13_pipe", {}, {"PIPE": True}, {}),  # w13's loads one K-block ahead (same bits)
-    ("w13_pf_w2_evict_first", {}, {"PF_W2": True, "EVICT": "evict_first"}, {}),
-    ("w13_pf_next_evict_first", {}, {"PF_NEXT": True, "EVICT": "evict_first"}, {}),
-    ("w2_pf_next1", {}, {}, {"PF_NEXT": 1}),
-    ("all_w13_next", *PF_ALL),
-    ("all_w2_next", {"prefetch": 1, "merge": 1}, {"PF_W2": True, "EVICT": "evict_first"}, {"PF_NEXT": 1}),
-    ("route_launch", {}, {"ROUTE": "launch"}, {}),  # routing as its own launch: what the in-kernel routing costs
-    # the post-attention norm + router in one launch (moe_norm_router.py), installed here when the engine did not
-    ("norm_router", {}, {}, {}, {"nr": True}),
-    ("norm_qkv", {}, {}, {}, {"nr": False, "nq": {}}),  # the input norm + qkv GEMV in one launch (moe_norm_qkv.py)
-    ("norm_both_all_w13_next", *PF_ALL, {"nr": True, "nq": {}}),
-    ("attn_pf2", {"prefetch": 2}, {}, {}),
-    ("w2_pf_next2", {}, {}, {"PF_NEXT": 2}),
-    ("w13_pipe_bk512", {}, {"PIPE": True, "BLOCK_K": 512}, {}),
-    ("w13_pf_w2", {}, {"PF_W2": True}, {}),
-    ("base_again", {}, {}, {}),
-]
-
-
 def _fusion_state(model) -> dict:
     """The norm fusions as the engine installed them: norm + router pairs (``moe_norm_router.py``) and input norm
     + qkv pairs (``moe_norm_qkv.py``), and whether each is on."""
@@ -272,59 +247,12 @@ def _apply_fusions(model, fus: dict, state: dict) -> dict:
     return {"nr": len(state["nr_pairs"]) if nr_on else 0, "nq": len(state["nq_pairs"]) if nq is not None else 0}
 
 
-# session 8 batch 2: the engine starts with batch 1's winners as defaults (unrolled attention merge, norm + router
-# fused); the old defaults for the same-engine comparison, then tiles with fewer registers (w2's default 4 x 512 at
-# 8 warps needs 208 registers: one program per SM over ~4 waves; cuobjdump of the sm_90 build), rank routing,
-# attention splits with the cheaper merge, input norm + qkv with tiles of fewer registers
-W2 = lambda bn, bk, nw: {"BLOCK_N": bn, "BLOCK_K": bk, "num_warps": nw}  # noqa: E731
-B2_VARIANTS = [
-    ("defaults", {}, {}, {}),
-    ("session7_defaults", {"merge": 0}, {}, {}, {"nr": False}),
-    ("w2_2x256_4w", {}, {}, W2(2, 256, 4)),  # 92 registers
-    ("w2_2x256_8w", {}, {}, W2(2, 256, 8)),  # 80
-    ("w2_1x512_4w", {}, {}, W2(1, 512, 4)),  # 111
-    ("w13_rank", {}, {"ROUTE": "rank"}, {}),
-    ("attn_splits32", {"splits": 32}, {}, {}),
-    ("w2_2x128_4w", {}, {}, W2(2, 128, 4)),  # 80
-    ("w13_8x256", {}, {"BLOCK_N": 8}, {}),  # 88 registers, 768 programs
-    ("norm_qkv_32x256", {}, {}, {}, {"nq": {"block_n": 32, "block_k": 256}}),
-    ("attn_splits8", {"splits": 8}, {}, {}),
-    ("norm_qkv_8x1024", {}, {}, {}, {"nq": {"block_n": 8, "block_k": 1024}}),
-    ("w13_16x128", {}, {"BLOCK_K": 128}, {}),  # 80 registers
-    ("w2_2x256_4w+w13_rank", {}, {"ROUTE": "rank"}, W2(2, 256, 4)),
-    ("w2_2x256_4w+w13_8x256_rank", {}, {"BLOCK_N": 8, "ROUTE": "rank"}, W2(2, 256, 4)),
-    ("defaults_again", {}, {}, {}),
-]
-# session 9: the w2 launch routes itself and loads its first PRE K-blocks of w2 before its PDL wait
-# (cuda_moe_w2_early.py; same bits). Registers of the sm_90 builds (cuobjdump, CPU): 2 x 128 at 4 warps PRE 1/2/4/6
-# 112/111/127/178 (the plain launch 80); 1 x 128 PRE 6 124; 2 x 256 PRE 3 166. Mixtral 8 x 512 at 8 warps PRE 1/2/4
-# 111/111/169 (k=2).
-PRE = lambda n, **t: {"PRE": n, **t}  # noqa: E731
-T2 = {"BLOCK_N": 2, "BLOCK_K": 128, "num_warps": 4}  # the shipped H100 w2 tile (an H200 has no config file: 4 x 256)
-B9_VARIANTS = [  # the one launch last: a launch that spun forever would cost only those rows; ~2 s a variant
-    ("defaults", {}, {}, {}),
-    ("w2_2x128", {}, {}, T2),  # the base of the PRE rows on any card
-    ("w2_pre4", {}, {}, PRE(4, **T2)),
-    ("o_early8_4x512", {"o_early": 8, "o_tile": (4, 512, 4)}, {}, {}),  # cuda_moe_oproj.py: 168 registers
-    ("w2_pre2", {}, {}, PRE(2, **T2)),
-    ("o_early8_8x512_8w", {"o_early": 8, "o_tile": (8, 512, 8)}, {}, {}),  # 173
-    ("w2_pre6", {}, {}, PRE(6, **T2)),
-    ("w2_pre4+o_early8_4x512", {"o_early": 8, "o_tile": (4, 512, 4)}, {}, PRE(4, **T2)),
-    ("defaults_again", {}, {}, {}),
-    ("one_pre2", {}, {}, PRE(2, ONE=True, **T2)),  # w13 + w2 in one launch (cuda_moe_one_launch.py; 155 registers)
-    ("one_pre4", {}, {}, PRE(4, ONE=True, **T2)),
-]
-B9_MIXTRAL = [("defaults", {}, {}, {}), ("w2_pre2", {}, {}, PRE(2)), ("w2_pre4", {}, {}, PRE(4)),
-              ("w2_pre1", {}, {}, PRE(1)), ("w2_pre2_16x256", {}, {}, PRE(2, BLOCK_N=16, BLOCK_K=256)),
-              ("defaults_again", {}, {}, {}), ("one_pre2", {}, {}, PRE(2, ONE=True))]
-PREFETCH_SETS = {"b1": PREFETCH_VARIANTS, "b2": B2_VARIANTS,  # $MOE_PF_SET picks the list (moe7.sh prefetch / ab,
-                 "b9": B9_VARIANTS, "b9mix": B9_MIXTRAL}  # moe9.sh ab / mixab)
-
-
-def profile_prefetch(runner, model, variants=None, with_table: bool = True) -> dict:
+def profile_prefetch(runner, model, variants=None, with_table: bool = True, stop_at: float | None = None) -> dict:
     """Session 8 A/B of the L2 prefetch hints in one engine: the batch-1 forward re-captured with each variant
     (attention settings, w13 / w2 config keys), replay ms (best of 3) and the output's difference from the
-    engine's graph (a hint cannot change a result: expect 0.0). Restores the installed settings."""
+    engine's graph (a hint cannot change a result: expect 0.0). Rows that would start after ``stop_at``
+    (``time.monotonic()``) are skipped, so the kernel tables still fit the caller's cap. Restores the installed
+    settings."""
     import copy
 
     from octavo.nn.fused_moe import FusedMoE
@@ -339,10 +267,20 @@ def profile_prefetch(runner, model, variants=None, with_table: bool = True) -> d
     saved_cfg = [(m, m._moe_decode_cfg) for m in layers]
     import os
 
+    from moe_variants import PREFETCH_SETS
+
     rows, best, state = [], None, _fusion_state(model)
     res["set"] = os.environ.get("MOE_PF_SET", "b1")
+    if mods:  # the engine GEMV's tiles: a BLOCK_K of None in a variant takes these (moe_attention._early)
+        from octavo.plugins.platforms.cuda_allreduce_gemv import plain_gemv_config
+
+        res["engine_gemv_tiles"] = {name: plain_gemv_config(*w.shape, w.dtype, w.device) for name, w in
+                                    (("qkv", mods[0].qkv_proj.weight), ("o_proj", mods[0].o_proj.weight))}
     try:
         for name, attn, w13, w2, *fus in variants or PREFETCH_SETS[res["set"]]:
+            if stop_at is not None and time.monotonic() > stop_at:
+                rows.append({"name": name, "skipped": "time cap"})
+                continue
             fused = _apply_fusions(model, fus[0] if fus else {}, state)
             if mods:
                 set_attn_one(model, **{**saved_attn, **attn})

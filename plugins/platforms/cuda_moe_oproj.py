@@ -90,6 +90,7 @@ def gemv_early(x: torch.Tensor, weight: torch.Tensor, pre: int, block_n: int = 8
     if isinstance(pre, bool) or not isinstance(pre, int) or not 1 <= pre <= MAX_PRE:
         raise ValueError(f"gemv_early: pre must be an int in 1..{MAX_PRE}, not {pre!r}")
     n, k = weight.shape
+    pre = min(pre, triton.cdiv(k, block_k))  # blocks past K would load nothing but masks (qkv: K 2048 = 4 x 512)
     x = x.reshape(1, k).contiguous()
     y = torch.empty(1, n, dtype=x.dtype, device=x.device)
     _gemv_early_kernel[(triton.cdiv(n, block_n),)](x, weight, y, n, k, weight.stride(0), BLOCK_N=block_n,

@@ -27,7 +27,9 @@ DEFAULTS = {"splits": 16, "block_n": 64, "num_warps": 8, "early": True, "dot16":
             "prefetch": 0,  # 1/2: ask L2 for o_proj's weight after/before the PDL wait (moe_prefetch.py)
             "merge": 1,  # 1: the merge of the splits unrolled (session 8 batch 1: forward 2.893 vs 3.029 ms), 0: a loop
             "o_early": 0,  # 1..8: o_proj as cuda_moe_oproj.gemv_early, this many K-blocks loaded before its PDL wait
-            "o_tile": (4, 512, 4)}  # its (BLOCK_N, BLOCK_K, num_warps)
+            "o_tile": (4, 512, 4),  # its (BLOCK_N, BLOCK_K, num_warps); BLOCK_K None: the engine GEMV's (same bits)
+            "q_early": 0,  # 1..8: the same for the qkv GEMV (its wait is on the input norm, 2 us: session 10)
+            "q_tile": (8, None, 4)}
 
 
 DEFAULT_ON = True  # session 7 batch 2 (H100): Qwen3-30B-A3B forward 3.035 vs 3.100 ms, same engine (docs/moe.md)
@@ -70,15 +72,30 @@ def _forward(self, positions, hidden_states, ctx):
 
         pre = take_qkv(self, hidden_states)
     if runs_here(self, hidden_states.shape[0], hidden_states.dtype, md):
-        qkv = pre if pre is not None else self.qkv_proj(hidden_states)
+        cfg = self._attn_one
+        qkv = pre if pre is not None else _early(self.qkv_proj, hidden_states, cfg["q_early"], cfg["q_tile"])
         out = one_launch(self, positions, qkv, md)
-        if self._attn_one["o_early"] and _plain_o_proj(self.o_proj, out.dtype):
-            from octavo.plugins.platforms.cuda_moe_oproj import gemv_early
-
-            bn, bk, warps = self._attn_one["o_tile"]
-            return gemv_early(out, self.o_proj.weight, self._attn_one["o_early"], bn, bk, warps)
-        return self.o_proj(out)
+        return _early(self.o_proj, out, cfg["o_early"], cfg["o_tile"])
     return self._attn_one_prev(positions, hidden_states, ctx)
+
+
+def _early(lin, x: torch.Tensor, pre: int, tile) -> torch.Tensor:
+    """``lin(x)``, as cuda_moe_oproj.gemv_early with ``pre`` K-blocks loaded before the PDL wait when ``pre`` and the
+    layer is one plain GEMV. A ``tile`` BLOCK_K of None takes the engine GEMV's (its sums in its order: the same
+    bits); until the engine GEMV has tuned this shape (its first call), the engine GEMV runs."""
+    if not pre or not _plain_o_proj(lin, x.dtype):
+        return lin(x)
+    from octavo.plugins.platforms.cuda_moe_oproj import gemv_early
+
+    bn, bk, warps = tile
+    if bk is None:
+        from octavo.plugins.platforms.cuda_allreduce_gemv import plain_gemv_config
+
+        engine = plain_gemv_config(*lin.weight.shape, lin.weight.dtype, lin.weight.device)
+        if engine is None:
+            return lin(x)
+        bk = engine["BLOCK_K"]
+    return gemv_early(x, lin.weight, pre, bn, bk, warps)
 
 
 def _plain_o_proj(o, dtype: torch.dtype | None = None) -> bool:
@@ -181,10 +198,10 @@ def set_attn_one(model: torch.nn.Module, **settings) -> int:
     if bad:
         raise ValueError(f"unknown one-launch attention settings {sorted(bad)}")
     mods = [m for m in model.modules() if "_attn_one" in vars(m)]
-    if settings.get("o_early"):  # refused, not ignored, where the o_proj is not one plain GEMV
-        bad = [getattr(m.o_proj, "prefix", "o_proj") for m in mods if not _plain_o_proj(m.o_proj)]
+    for key, lin in (("o_early", "o_proj"), ("q_early", "qkv_proj")):  # refused, not ignored, where not one plain GEMV
+        bad = [getattr(getattr(m, lin), "prefix", lin) for m in mods if settings.get(key) and not _plain_o_proj(getattr(m, lin))]
         if bad:
-            raise ValueError(f"o_early needs a bias-free, dense, unsharded 16-bit o_proj; not {bad[:3]}")
+            raise ValueError(f"{key} needs a bias-free, dense, unsharded 16-bit {lin}; not {bad[:3]}")
     for m in mods:
         m._attn_one.update(settings)
     return len(mods)

@@ -26,11 +26,13 @@ import triton
 import triton.language as tl
 
 from octavo.env_flags import env_switch
+from octavo.plugins.platforms.cuda_moe_oproj import _w_block
 from octavo.plugins.platforms.cuda_pdl import gdc_launch_dependents, gdc_wait, launch_opts
 
 logger = logging.getLogger(__name__)
 
-DEFAULTS = {"block_n": 32, "block_k": 256}  # 168 registers at 4 warps (16 x 512: 228, 2 programs per SM)
+DEFAULTS = {"block_n": 32, "block_k": 256,  # 168 registers at 4 warps (16 x 512: 228, 2 programs per SM)
+            "pre": 1}  # K-blocks loaded before the PDL wait (1..4); block_k None: the engine GEMV's (the same sums)
 
 
 @triton.jit
@@ -45,16 +47,23 @@ def _row_chunk(x_ptr, res_ptr, nw_ptr, c, H, rstd, dtype: tl.constexpr, out_dtyp
 
 @triton.jit
 def _norm_gemv_kernel(x_ptr, res_ptr, nw_ptr, w_ptr, y_ptr, out_ptr, res_out_ptr, N, H, eps, stride_wn,
-                      BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                      BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRE: tl.constexpr = 1,
                       PDL: tl.constexpr = False):
     """``y[n] = W[n] . rmsnorm(x + res) * nw`` for this program's ``BLOCK_N`` rows; program 0 writes the normed
-    row and ``x + res``. The row's chunks are re-formed per K-block with the full-row ``rstd`` (same bits)."""
+    row and ``x + res``. The row's chunks are re-formed per K-block with the full-row ``rstd`` (same bits). The
+    first ``PRE`` (1..4) K-blocks of W load before the wait (while the previous layer's w2 launch still runs)."""
     pid = tl.program_id(0)
     n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     nm = n < N
     rows = w_ptr + n.to(tl.int64)[:, None] * stride_wn
     kk = tl.arange(0, BLOCK_K)
-    w0 = tl.load(rows + kk[None, :], mask=nm[:, None] & (kk[None, :] < H), other=0.0)  # weights: before the wait
+    w0 = _w_block(rows, nm, H, 0, BLOCK_K)  # weights: before the wait (static ifs: the names stay in scope)
+    if PRE > 1:
+        w1 = _w_block(rows, nm, H, 1, BLOCK_K)
+    if PRE > 2:
+        w2 = _w_block(rows, nm, H, 2, BLOCK_K)
+    if PRE > 3:
+        w3 = _w_block(rows, nm, H, 3, BLOCK_K)
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
@@ -72,7 +81,15 @@ def _norm_gemv_kernel(x_ptr, res_ptr, nw_ptr, w_ptr, y_ptr, out_ptr, res_out_ptr
         tl.store(res_out_ptr + cols, s, mask=mask)
         tl.store(out_ptr + cols, ((sf * rstd).to(dtype).to(tl.float32) * nw).to(out_dtype), mask=mask)
     acc = w0.to(tl.float32) * _row_chunk(x_ptr, res_ptr, nw_ptr, kk, H, rstd, dtype, out_dtype)[None, :]
-    for k in range(BLOCK_K, H, BLOCK_K):
+    if PRE > 1:
+        acc += w1.to(tl.float32) * _row_chunk(x_ptr, res_ptr, nw_ptr, BLOCK_K + kk, H, rstd, dtype, out_dtype)[None, :]
+    if PRE > 2:
+        acc += w2.to(tl.float32) * _row_chunk(x_ptr, res_ptr, nw_ptr, 2 * BLOCK_K + kk, H, rstd, dtype,
+                                              out_dtype)[None, :]
+    if PRE > 3:
+        acc += w3.to(tl.float32) * _row_chunk(x_ptr, res_ptr, nw_ptr, 3 * BLOCK_K + kk, H, rstd, dtype,
+                                              out_dtype)[None, :]
+    for k in range(PRE * BLOCK_K, H, BLOCK_K):
         c = k + kk
         w = tl.load(rows + c[None, :], mask=nm[:, None] & (c < H)[None, :], other=0.0)
         acc += w.to(tl.float32) * _row_chunk(x_ptr, res_ptr, nw_ptr, c, H, rstd, dtype, out_dtype)[None, :]
@@ -84,19 +101,30 @@ def _p2(x: int) -> int:
 
 
 def norm_qkv(x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
-             block_n: int = 32, block_k: int = 256):
+             block_n: int = 32, block_k: int | None = 256, pre: int = 1):
     """One token: ``(out, new_residual, y)`` = RMSNorm(x + residual) * norm_weight, x + residual, out @ weightᵀ.
 
     ``x``, ``residual`` ``[1, H]``; ``weight`` ``[N, H]`` row-major; ``y`` in ``weight``'s dtype (as the linear)."""
     h = x.shape[-1]
     n = weight.shape[0]
+    if isinstance(pre, bool) or not isinstance(pre, int) or not 1 <= pre <= 4:
+        raise ValueError(f"norm_qkv: pre must be an int in 1..4, not {pre!r}")
+    if block_k is None:  # the engine GEMV's K-block (cuda_fusions.gemv): its row sums in its order
+        from octavo.plugins.platforms.cuda_allreduce_gemv import plain_gemv_config
+
+        engine = plain_gemv_config(n, h, weight.dtype, weight.device)
+        if engine is None:
+            raise ValueError(f"norm_qkv: block_k None, but the engine GEMV has not tuned {(n, h)} yet")
+        block_k = engine["BLOCK_K"]
+    block_k = min(block_k, _p2(h))
+    pre = min(pre, triton.cdiv(h, block_k))
     x, residual = x.reshape(1, h).contiguous(), residual.reshape(1, h).contiguous()
     out = torch.empty(1, h, dtype=torch.promote_types(norm_weight.dtype, x.dtype), device=x.device)
     res_out = torch.empty_like(x)
     y = torch.empty(1, n, dtype=weight.dtype, device=x.device)
     _norm_gemv_kernel[(triton.cdiv(n, block_n),)](x, residual, norm_weight, weight, y, out, res_out, n, h, eps,
                                                   weight.stride(0), BLOCK_H=_p2(h), BLOCK_N=block_n,
-                                                  BLOCK_K=min(block_k, _p2(h)),
+                                                  BLOCK_K=block_k, PRE=pre,
                                                   num_warps=8 if h > 4096 else 4,  # as the fused RMSNorm: same sums
                                                   **launch_opts())
     return out, res_out, y
@@ -109,7 +137,7 @@ def _norm_forward(self, x, residual=None):
             and x.dtype == attn.qkv_proj.weight.dtype):
         cfg = attn._norm_qkv
         out, res_out, qkv = norm_qkv(x, residual, self.weight, self.eps, attn.qkv_proj.weight, cfg["block_n"],
-                                     cfg["block_k"])
+                                     cfg["block_k"], cfg["pre"])
         attn._qkv_pre = (out, qkv)
         return out, res_out
     attn._qkv_pre = None
@@ -193,7 +221,7 @@ def install_norm_qkv(model: torch.nn.Module, force: bool = False) -> list:
 
 
 def set_norm_qkv(pairs: list, **settings) -> None:
-    """Change ``on`` / ``block_n`` / ``block_k`` of installed pairs (graphs captured afterwards use them)."""
+    """Change ``on`` / ``block_n`` / ``block_k`` / ``pre`` of installed pairs (graphs captured afterwards use them)."""
     bad = set(settings) - {"on", *DEFAULTS}
     if bad:
         raise ValueError(f"unknown norm + qkv settings {sorted(bad)}")

@@ -1,7 +1,8 @@
 """The batch-1 input norm + qkv GEMV launch (plugins/platforms/moe_norm_qkv.py) under Triton's CPU interpreter:
 the normalised row and the new residual bit-equal to the fused RMSNorm kernel's (cuda_fusions, also interpreted),
 the qkv row against a float64 product of that normalised row (ragged H and N, fp16: the interpreter rounds bf16
-toward zero), and refusals. The model-level A/B (same engine, H100) is benchmarks/moe_profile.py."""
+toward zero) and bit-equal to cuda_fusions' GEMV of that row at the same BLOCK_K with 1, 2 or 4 K-blocks loaded
+before the wait, and refusals. The model-level A/B (same engine, H100) is benchmarks/moe_profile.py."""
 
 from __future__ import annotations
 
@@ -24,6 +25,14 @@ for h, n, bn, bk in ((96, 40, 16, 32), (64, 24, 8, 64), (128, 16, 16, 512)):
     want = out.double() @ w.double().t()
     err = float((y.double() - want).abs().max() / want.abs().max())
     assert err < 2e-3, (h, err)
+    # the GEMV's sums: cuda_fusions._gemv_kernel's bits on the normalised row for the same BLOCK_K, whatever PRE
+    from octavo.plugins.platforms.cuda_fusions import _gemv_kernel
+    bk = min(bk, h)
+    gemv = torch.empty(1, n, dtype=torch.float16)
+    _gemv_kernel[(-(-n // bn),)](out, w, None, gemv, n, h, w.stride(0), HAS_BIAS=False, EVEN=False, BLOCK_N=bn,
+                                 BLOCK_K=bk, PDL=False)
+    for pre in (1, 2, 4):
+        assert torch.equal(norm_qkv(x, res, nw, 1e-6, w, bn, bk, pre)[2], gemv), (h, pre)
 print("ok")
 """
 
@@ -43,3 +52,8 @@ def test_bad_settings_and_default_off(monkeypatch):
     assert install_norm_qkv(torch.nn.Linear(2, 2)) == []  # opt-in: nothing without the switch
     with pytest.raises(ValueError, match="block_m"):
         set_norm_qkv([], block_m=4)
+    from octavo.plugins.platforms.moe_norm_qkv import norm_qkv
+
+    x = torch.zeros(1, 8)
+    with pytest.raises(ValueError, match="pre"):
+        norm_qkv(x, x, torch.ones(8), 1e-6, torch.zeros(4, 8), pre=5)

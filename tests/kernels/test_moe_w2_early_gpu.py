@@ -8,8 +8,7 @@
 - A chain of layers captured in one graph where each layer's router logits come from the GEMV launched right
   before it (a PDL kernel when PDL is on), as in the model, so the early w2's read of the logits before its wait
   runs against a real producer chain; the chain's output must equal the plain path's after every replay.
-- The o_proj GEMV that loads its first K-blocks before the wait (cuda_moe_oproj.py, Qwen3-30B-A3B's 2048 x 4096,
-  the three B9 tiles): ``cuda_fusions._gemv_kernel``'s bits for the same tile, eager and graph-replayed.
+(The o_proj / qkv GEMV that loads its first K-blocks before the wait: test_moe_gemv_early_gpu.py.)
 """
 
 from __future__ import annotations
@@ -104,38 +103,4 @@ def test_early_w2_in_a_pdl_chain_whose_logits_come_from_the_kernel_before():
         assert torch.equal(want, got), seed
         assert torch.equal(want, got_one), seed
         assert torch.equal(want, chain(base)), seed
-    del graph
-
-
-@pytest.mark.parametrize("pre,tile", [(8, (4, 512, 4)), (4, (8, 512, 4)), (8, (8, 512, 8))])
-def test_early_o_proj_gemv_gives_the_gemv_bits_eager_and_in_a_graph(pre, tile):
-    from octavo.plugins.platforms.cuda_fusions import _gemv_kernel
-    from octavo.plugins.platforms.cuda_moe_oproj import gemv_early
-    from octavo.plugins.platforms.cuda_pdl import launch_opts
-
-    n, k = 2048, 4096  # Qwen3-30B-A3B's o_proj
-    bn, bk, warps = tile
-    gen = torch.Generator(device="cuda").manual_seed(pre)
-    w = (torch.randn(n, k, device="cuda", generator=gen) * k ** -0.5).bfloat16()
-    x = torch.randn(1, k, device="cuda", generator=gen).bfloat16()
-
-    def both():
-        want = torch.empty(1, n, dtype=torch.bfloat16, device="cuda")
-        _gemv_kernel[(n // bn,)](x, w, None, want, n, k, w.stride(0), HAS_BIAS=False, EVEN=True, BLOCK_N=bn,
-                                 BLOCK_K=bk, num_warps=warps, **launch_opts())
-        return want, gemv_early(x, w, pre, bn, bk, warps)
-
-    want, got = both()
-    assert torch.equal(want, got)
-    ref = x.double() @ w.double().t()
-    assert float((got.double() - ref).abs().max() / ref.abs().max()) < 1e-2
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        cap_want, cap_got = both()
-    for seed in range(3):
-        x.copy_(torch.randn(1, k, device="cuda", generator=torch.Generator(device="cuda").manual_seed(seed))
-                .bfloat16())
-        graph.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(cap_want, cap_got), seed
     del graph
