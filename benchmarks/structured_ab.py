@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.structured_outputs import SCHEMA, thread_cpu_s  # noqa: E402 - same schema, same /proc reader
+from benchmarks.structured_common import SCHEMA, thread_cpu_s  # noqa: E402 - same schema, same /proc reader
 
 
 def quartiles(xs: list[float]) -> dict:

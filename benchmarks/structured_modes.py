@@ -1,0 +1,187 @@
+"""The modes of benchmarks/structured_outputs.py's decode run: what each one switches in the engine, and putting the
+engine's defaults back after it. A mode is ``(structured outputs params or None, async scheduling on, fill before
+the step, xgrammar's own maxLength form, GIL switch interval or None, engine knobs)``; the knobs are module flags of
+core/grammar_step.py, core/async_gate.py, core/grammar_device_gate.py, core/structured_output.py and the xgrammar
+backend, and attributes of the engine's async loop. Each mode's comment says which session added it and why.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from structured_common import SCHEMA
+
+MODE_KEYS = ("inline", "handoff", "threads", "kernel", "early")  # the knobs every mode states (``dflt``)
+
+
+def defaults(core: Any) -> dict:
+    """The engine's own knob values, what :func:`restore` puts back; ``{k: v[k] for k in MODE_KEYS}`` is the
+    ``dflt`` every mode starts from (the others are set only by the modes that name them)."""
+    from octavo.core import async_gate, grammar_device_gate, grammar_step
+    from octavo.core import structured_output as so_mod
+
+    return {"park": async_gate.PARK, "early_fill": async_gate.EARLY_FILL, "start_wait": async_gate.FILL_START_WAIT_S,
+            "devgate": grammar_device_gate.DEVICE_GATE, "poolaccept": so_mod.ACCEPT_ON_FILL_THREAD,
+            "inline": grammar_step.INLINE_AFTER_GATE, "handoff": grammar_step.HANDOFF_WAIT_S,
+            "threads": core.structured.fill_threads, "kernel": grammar_step.PLATFORM_APPLY,
+            "early": so_mod.EARLY_ACCEPT}
+
+
+def build_modes(args: Any, so: Any, dflt: dict) -> dict:
+    """Every mode this run takes (``args.modes`` filters; ``free`` / ``free_async`` and the free baseline of a
+    ``_old`` / ``_noearly`` / ``_d3`` / ``_wait`` mode always run). ``so``: the JSON schema's params."""
+    from octavo.structured_outputs import StructuredOutputsParams
+
+    modes = {"free": (None, False, False, False, None, dflt), "overlap": (so, False, False, False, None, dflt),
+             "serial": (so, False, True, False, None, dflt),
+             # the core's own apply instead of the platform's (CPU: numpy AND/OR with operands the fill builds,
+             # session 5-6; the C pass over the packed words is the default since session 7)
+             "overlap_coreapply": (so, False, False, False, None, {**dflt, "kernel": False})}
+    if args.backend == "xgrammar" and args.compare_maxlength:
+        # xgrammar's own maxLength form (before the regex rewrite): a different schema text, so its own cache key
+        modes["overlap_maxlength"] = (StructuredOutputsParams(json={**SCHEMA, "description": "maxLength form"}),
+                                      False, False, True, None, dflt)
+    if "on" in (args.async_modes or []):
+        modes["free_async"] = (None, True, False, False, None, dflt)
+        modes["json_async"] = (so, True, False, False, None, dflt)
+        # the async variants of session 5's changes: the fill queued on the bitmask thread (session 4's path),
+        # inline but no hand-off wait, and inline on one thread (no row split)
+        modes["json_async_pool"] = (so, True, False, False, None, {**dflt, "inline": False})
+        modes["json_async_nohandoff"] = (so, True, False, False, None, {**dflt, "handoff": 0.0})
+        modes["json_async_t1"] = (so, True, False, False, None, {**dflt, "threads": 1})
+        # session 8: one native fill call on xgrammar's own 8-thread pool (xgrammar_backend.NATIVE_FILL_THREADS)
+        modes["json_async_nt8"] = (so, True, False, False, None, {**dflt, "threads": 1, "native": 8})
+        # the pinned rows copied to the device before the apply (session 7), not read by the device directly
+        modes["json_async_copy"] = (so, True, False, False, None, {**dflt, "host_read": False})
+        modes["json_async_table"] = (so, True, False, False, None, {**dflt, "kernel": False})  # the core's apply
+        modes["json_async_late"] = (so, True, False, False, None, {**dflt, "early": False})  # accept after update
+        # diagnostic: the whole async grammar path (prepare, gate, accept call, hand-off) with the backend's fill
+        # and accept replaced by no-ops (rows all open: nothing applied); the text is then unconstrained
+        modes["json_async_gateonly"] = (so, True, False, False, None, {**dflt, "gate_only": True})
+        # session 6: the step loop before it (no early launch of N+2 between update(N) and N's outputs, and the
+        # runner's thread blocking on the gate instead of parking its sampling); compared with free_async_old
+        modes["free_async_old"] = (None, True, False, False, None, {**dflt, "old_loop": True})
+        modes["json_async_old"] = (so, True, False, False, None, {**dflt, "old_loop": True})
+        # one of the two session-6 changes at a time: early launch without parking, parking without early launch
+        modes["json_async_nopark"] = (so, True, False, False, None, {**dflt, "park": False})
+        modes["json_async_noearly"] = (so, True, False, False, None, {**dflt, "early_launch": False})
+        modes["free_async_noearly"] = (None, True, False, False, None, {**dflt, "early_launch": False})
+        # N+1's fill started on the bitmask thread right after N's accept, overlapping update(N) + schedule(N+2)
+        modes["json_async_earlyfill"] = (so, True, False, False, None, {**dflt, "early_fill": True})
+        modes["json_async_noearlyfill"] = (so, True, False, False, None, {**dflt, "early_fill": False})
+        # session 7: without the GIL switch interval the loop can set while a structured step is in flight (on an
+        # accelerator; core/async_engine.py GRAMMAR_SWITCH_INTERVAL_S, 0 = off by default since session 7 batch 1)
+        modes["json_async_noswitch"] = (so, True, False, False, None, {**dflt, "switch": 0.0})
+        # the early fill without the core thread's wait (up to 1 ms) until the bitmask thread is inside the fill
+        modes["json_async_nostartwait"] = (so, True, False, False, None, {**dflt, "start_wait": 0.0})
+        for us in (50, 100, 200, 500, 1000):  # that switch on at these intervals (json_async_sw50us, ...)
+            modes[f"json_async_sw{us}us"] = (so, True, False, False, None, {**dflt, "switch": us * 1e-6})
+        # the core thread waits (up to 5 ms) until the step thread queued N+2 before building N's outputs
+        modes["free_async_wait"] = (None, True, False, False, None, {**dflt, "launch_wait": 0.005})
+        modes["json_async_wait"] = (so, True, False, False, None, {**dflt, "launch_wait": 0.005})
+        # experiment: three steps in flight (AsyncStepLoop.depth = 3, not the default): N+2 is scheduled and
+        # queued before N's tokens arrive, so the runner's thread launches N+2's forward right after N+1's
+        # sampler instead of waiting for the core thread; compared with free_async_d3
+        modes["free_async_d3"] = (None, True, False, False, None, {**dflt, "depth": 3})
+        modes["json_async_d3"] = (so, True, False, False, None, {**dflt, "depth": 3})
+        # session 9: the device gate (core/grammar_device_gate.py): sampling queued behind a device wait on a host
+        # word the fill opens, instead of parked on the Python gate; _inline: the fill on the core thread at the
+        # accept (no early fill on the bitmask thread); json_async_park: the Python gate (sessions 6-8)
+        modes["json_async_devgate"] = (so, True, False, False, None, {**dflt, "devgate": True})
+        modes["json_async_devgate_inline"] = (so, True, False, False, None, {**dflt, "devgate": True,
+                                                                               "early_fill": False})
+        modes["json_async_park"] = (so, True, False, False, None, {**dflt, "devgate": False})
+        # the device gate with N's accept moved into the bitmask thread's fill job (structured_output
+        # ACCEPT_ON_FILL_THREAD), and with a 0.2 ms GIL switch interval while structured steps are in flight
+        modes["json_async_devgate_poolaccept"] = (so, True, False, False, None, {**dflt, "devgate": True,
+                                                                                   "poolaccept": True})
+        modes["json_async_devgate_sw200us"] = (so, True, False, False, None, {**dflt, "devgate": True,
+                                                                                "switch": 200e-6})
+        # the device gate with no-op fill and accept (rows all open, nothing constrained): the floor of its structure
+        modes["json_async_devgate_gateonly"] = (so, True, False, False, None, {**dflt, "devgate": True,
+                                                                                 "gate_only": True})
+        # the device gate without the core thread's wait (up to 1 ms) until the bitmask thread is inside the fill
+        modes["json_async_devgate_nostartwait"] = (so, True, False, False, None, {**dflt, "devgate": True,
+                                                                                    "start_wait": 0.0})
+        # session 10: the device gate with three steps in flight: N+2 is scheduled and its forward, wait, apply and
+        # sampler are queued before N's tokens reach the host (the runner never parks under the device gate), so
+        # the host chain N's tokens -> accept -> fill N+1 -> schedule N+3 has two device steps to hide in, not one
+        modes["json_async_devgate_d3"] = (so, True, False, False, None, {**dflt, "devgate": True, "depth": 3})
+        if args.switch_interval:  # the same two with a shorter GIL switch interval (sys.setswitchinterval)
+            modes["free_async_si"] = (None, True, False, False, args.switch_interval, dflt)
+            modes["json_async_si"] = (so, True, False, False, args.switch_interval, dflt)
+    if args.modes:
+        keep = ("free", "free_async", "free_async_si", *(m.replace("json_", "free_", 1) for m in args.modes
+                                                          if m.endswith(("_old", "_noearly", "_d3", "_wait"))))
+        modes = {m: v for m, v in modes.items() if m in args.modes or m in keep}
+    return modes
+
+
+def apply_knobs(core: Any, knobs: dict, on: bool, async_modes: bool, saved: dict) -> None:
+    """Switch the idle engine to a mode's knobs (``on``: async scheduling; ``saved``: :func:`defaults`)."""
+    import octavo.plugins.structured_output.xgrammar_backend as xgb
+    from octavo.core import async_gate, grammar_device_gate, grammar_step
+    from octavo.core import structured_output as so_mod
+
+    if async_modes:
+        from octavo.core.async_engine import set_async_scheduling
+
+        set_async_scheduling(core, on)
+        if on and knobs.get("depth"):
+            core.async_loop.depth = knobs["depth"]
+        if on:
+            old = knobs.get("old_loop", False)
+            core.async_loop.early_launch = knobs.get("early_launch", not old)
+            async_gate.PARK = knobs.get("park", not old)
+            async_gate.EARLY_FILL = knobs.get("early_fill", saved["early_fill"] and not old)
+            if "launch_wait" in knobs:
+                core.async_loop.launch_wait_s = knobs["launch_wait"]
+            if "switch" in knobs:  # GIL switch interval while a structured step is in flight (0: off)
+                core.async_loop.grammar_switch_s = knobs["switch"]
+            async_gate.FILL_START_WAIT_S = knobs.get("start_wait", saved["start_wait"])
+    grammar_step.INLINE_AFTER_GATE, grammar_step.HANDOFF_WAIT_S = knobs["inline"], knobs["handoff"]
+    grammar_step.PLATFORM_APPLY, so_mod.EARLY_ACCEPT = knobs["kernel"], knobs["early"]
+    core.structured.fill_threads = knobs["threads"]
+    xgb.NATIVE_FILL_THREADS = knobs.get("native", 1)
+    grammar_step.HOST_READ_APPLY = knobs.get("host_read", True)
+    grammar_device_gate.DEVICE_GATE = knobs.get("devgate", saved["devgate"])
+    so_mod.ACCEPT_ON_FILL_THREAD = knobs.get("poolaccept", saved["poolaccept"])
+    if knobs.get("gate_only"):
+        backend = core.structured._get_backend()
+        backend.fill_bitmasks = lambda ms, bm: bm.fill_(-1)
+        backend.accept_tokens = lambda ms, toks: [True] * len(ms)
+
+
+def restore(core: Any, saved: dict) -> None:
+    """The engine's defaults back after a mode (async scheduling is left as the mode set it)."""
+    import octavo.plugins.structured_output.xgrammar_backend as xgb
+    from octavo.core import async_gate, grammar_device_gate, grammar_step
+    from octavo.core import structured_output as so_mod
+
+    grammar_step.INLINE_AFTER_GATE, grammar_step.HANDOFF_WAIT_S = saved["inline"], saved["handoff"]
+    grammar_step.PLATFORM_APPLY, so_mod.EARLY_ACCEPT = saved["kernel"], saved["early"]
+    core.structured.fill_threads = saved["threads"]
+    xgb.NATIVE_FILL_THREADS = 1
+    grammar_step.HOST_READ_APPLY = True
+    grammar_device_gate.DEVICE_GATE = saved["devgate"]
+    so_mod.ACCEPT_ON_FILL_THREAD = saved["poolaccept"]
+    async_gate.PARK, async_gate.EARLY_FILL = saved["park"], saved["early_fill"]
+    async_gate.FILL_START_WAIT_S = saved["start_wait"]
+    backend = core.structured._backend
+    for name in ("fill_bitmasks", "accept_tokens"):  # the gate_only no-ops (instance attributes)
+        if backend is not None and name in vars(backend):
+            delattr(backend, name)
+
+
+def baseline(mode: str, on: bool, interval: Any, knobs: dict) -> str:
+    """The free mode a constrained mode's overhead is against."""
+    base = ("free_async_si" if interval else "free_async") if on else "free"
+    if on and knobs.get("depth"):
+        base = f"free_async_d{knobs['depth']}"
+    if on and knobs.get("old_loop"):
+        base = "free_async_old"
+    if on and knobs.get("early_launch") is False:
+        base = "free_async_noearly"
+    if on and "launch_wait" in knobs:
+        base = "free_async_wait"
+    return base
