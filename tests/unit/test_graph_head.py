@@ -221,52 +221,13 @@ def test_random_graph_keys_give_the_eager_fused_samplers_tokens():
 
 _ENGINE = """
 import sys, torch
-from types import SimpleNamespace
 from octavo import LLM, SamplingParams as S
-from octavo.plugins.platforms.cuda_graph_head import GraphHead
-from octavo.plugins.platforms.cuda_sampler import sample_rows
-
-SIZES = (1, 2, 4)
-
-
-class EagerGraphHead(GraphHead):
-    # a capture that keeps the function and a replay that runs it into the captured output (no CUDA on the CPU)
-    def _capture_one(self, size, mode, fn, arg, pool):
-        out = fn(arg) if mode == "logits" else self.sampled[:size]
-        self.graphs[(size, mode)] = SimpleNamespace(replay=lambda: self.outputs[(size, mode)].copy_(fn(arg)))
-        self.outputs[(size, mode)] = out
-
-
-class BodyRunner:
-    # CUDAGraphRunner's contract on the CPU: a decode step of a captured size leaves its hidden states in that
-    # size's own output buffer (the body graph's), other steps run eagerly (None)
-    def __init__(self, runner):
-        self.runner, self.outputs = runner, {}
-
-    def maybe_run(self, inputs):
-        n = inputs.layout.num_reqs
-        if n not in self.outputs or inputs.layout.max_query_len != 1 or inputs.layout.num_tokens != n:
-            return None
-        self.runner.graph_runner = None  # the eager forward, then back
-        try:
-            hidden = self.runner.forward(inputs)
-        finally:
-            self.runner.graph_runner = self
-        return self.outputs[n].copy_(hidden)
-
+from tests.distributed.graph_head_eager import install  # stand-in body graphs, a GraphHead replaying eagerly
 
 llm = LLM(sys.argv[1], dtype="float32", kv_cache_memory_bytes=8 << 20, max_model_len=128, seed=0,
           skip_tokenizer_init=True, async_scheduling=sys.argv[2] == "1")
 runner = llm.llm_engine.core.executor.driver.runner
-runner.sampler.kernel, runner.sampler.force_fused = sample_rows, True  # the fused sampler, as on CUDA
-body = BodyRunner(runner)
-head = EagerGraphHead(runner.model, torch.device("cpu"), max(SIZES))
-with torch.inference_mode():
-    for n in SIZES:
-        body.outputs[n] = torch.zeros(n, runner.model.config.hidden_size)
-        head.capture(n, body.outputs[n], None)
-body.head = head
-runner.graph_runner = body
+head = install(runner, torch.device("cpu"), (1, 2, 4))  # the fused sampler too, as on CUDA
 prompts = [{"prompt_token_ids": [5 + i, 9, 30, 7 + 2 * i]} for i in range(4)]
 cases = {
     "greedy4": (prompts, S(temperature=0, max_tokens=8, ignore_eos=True), None, "greedy"),
