@@ -23,7 +23,8 @@ def test_kernel_cases_under_triton_interpreter():
     env.pop("OCTAVO_MOE_TRITON", None)
     env.pop("OCTAVO_MOE_DECODE_ATTN", None)
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x",
-                           str(HERE / "moe_interp_cases.py"), str(HERE / "moe_attn_interp_cases.py")], env=env,
+                           str(HERE / "moe_interp_cases.py"), str(HERE / "moe_decode_interp_cases.py"),
+                           str(HERE / "moe_attn_interp_cases.py")], env=env,
                           capture_output=True, text=True,
                           timeout=600, cwd=HERE.parent.parent)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
