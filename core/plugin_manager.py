@@ -5,7 +5,8 @@ the shadowing rule in ``plugin_registry``, the selection defaults in ``plugin_se
 
 Loading, once per process::
 
-    entry points ──filter (OCTAVO_PLUGINS / OCTAVO_DISABLE_PLUGINS)──> import each plugin module
+    entry points (plugin_discovery: read once, again only when the installed metadata changed)
+        ──filter (OCTAVO_PLUGINS / OCTAVO_DISABLE_PLUGINS)──> import each plugin module
         │  import error: recorded on the plugin and skipped (raised only if OCTAVO_PLUGINS asked for it)
         └─> pluggy.register ─> + the built-in selection defaults (trylast) ─> check hook names
             ─> Registry.collect: each plugin's register hooks, shadowing, conflicts
@@ -25,6 +26,8 @@ from typing import Any
 import pluggy
 
 from octavo.core import hookspecs
+from octavo.core.plugin_discovery import clear_cache as clear_discovery_cache
+from octavo.core.plugin_discovery import discover as _discover
 from octavo.core.plugin_registry import (  # noqa: F401 - re-exported for the old import paths
     BUILTIN_DISTRIBUTION,
     PluginInfo,
@@ -39,7 +42,7 @@ from octavo.core.plugin_selection import (
     select_platform,
 )
 from octavo.errors import PluginConflictError, PluginError, UnknownPluginError  # noqa: F401 - re-exported
-from octavo.hooks import ENTRY_POINT_GROUP, PROJECT_NAME
+from octavo.hooks import PROJECT_NAME
 
 
 def _env_list(var: str) -> set[str] | None:
@@ -208,18 +211,6 @@ class PluginManager:
         return build_report(self)
 
 
-def _discover() -> list[metadata.EntryPoint]:
-    """Entry points of group ``octavo``, de-duplicated (a distribution seen twice on sys.path counts once),
-    third-party first and built-ins last, each group sorted by name, so load order is stable."""
-    seen, eps = set(), []
-    for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
-        dist = ep.dist.name if ep.dist is not None else ""
-        if (norm(dist), ep.name) not in seen:
-            seen.add((norm(dist), ep.name))
-            eps.append(ep)
-    return sorted(eps, key=lambda ep: (norm(ep.dist.name if ep.dist else "") == BUILTIN_DISTRIBUTION, ep.name))
-
-
 _PM: PluginManager | None = None
 _LOCK = threading.Lock()
 
@@ -234,8 +225,11 @@ def get_plugin_manager() -> PluginManager:
     return _PM
 
 
-def reset_plugin_manager() -> None:
-    """Forget the process-wide manager so the next call reloads (tests; after changing OCTAVO_* plugin vars)."""
+def reset_plugin_manager(*, rescan: bool = False) -> None:
+    """Forget the process-wide manager so the next call reloads (tests; after changing OCTAVO_* plugin vars).
+    Installed or removed distributions are noticed without ``rescan``; it forces a fresh metadata read too."""
     global _PM
     with _LOCK:
         _PM = None
+    if rescan:
+        clear_discovery_cache()

@@ -28,11 +28,15 @@ def get_plugin_manager() -> Any:
     return _get()
 
 
-def reload_plugins() -> None:
-    """Forget the loaded plugins; the next call reloads them (after changing ``OCTAVO_PLUGINS`` and friends)."""
+def reload_plugins(*, rescan: bool = False) -> None:
+    """Forget the loaded plugins; the next call reloads them (after changing ``OCTAVO_PLUGINS`` and friends).
+
+    The installed plugins' entry points are read once per process and again whenever a distribution on
+    ``sys.path`` is installed, removed or its metadata edited; ``rescan=True`` reads them again regardless
+    (for distributions a custom import finder serves)."""
     from octavo.core.plugin_manager import reset_plugin_manager
 
-    reset_plugin_manager()
+    reset_plugin_manager(rescan=rescan)
 
 
 def kinds() -> list[str]:
