@@ -64,7 +64,8 @@ def simulate(args) -> dict:
         model="x", block_size=args.block_size, enable_prefix_caching=args.prefix_caching,
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         kv_admission=args.admission, kv_admission_ratio=args.ratio,
-        kv_admission_ratio_after_preemption=args.ratio_after_preemption)
+        kv_admission_ratio_after_preemption=args.ratio_after_preemption,
+        **({} if getattr(args, "overcommit", None) is None else {"kv_admission_overcommit": args.overcommit}))
     kv = KVCacheManager(args.kv_blocks, args.block_size, args.prefix_caching)
     sched = (AsyncScheduler if args.async_scheduling else Scheduler)(settings, kv, args.max_model_len)
     work = workload(args)
@@ -157,6 +158,7 @@ def main() -> None:
                     help="the scheduler's kv_admission (core/kv_admission.py)")
     ap.add_argument("--ratio", type=float, default=0.1, help="kv_admission_ratio")
     ap.add_argument("--ratio-after-preemption", type=float, default=0.7, help="kv_admission_ratio_after_preemption")
+    ap.add_argument("--overcommit", type=float, default=None, help="kv_admission_overcommit (default: the setting's)")
     ap.add_argument("--prefix-caching", action=argparse.BooleanOptionalAction, default=True,
                     help="as the engine's default (gpu_e2e.py leaves it on)")
     ap.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=True,

@@ -69,7 +69,8 @@ class Scheduler:
         # when a waiting request may start (core/kv_admission.py): projected KV peak, or greedy
         self.admission = KVAdmission(sched.kv_admission, kv.block_size, self.max_num_batched_tokens,
                                      kv.num_usable_blocks, ratio=sched.kv_admission_ratio,
-                                     ratio_after_preemption=sched.kv_admission_ratio_after_preemption)
+                                     ratio_after_preemption=sched.kv_admission_ratio_after_preemption,
+                                     overcommit=sched.kv_admission_overcommit)
         self.waiting: list[Request] = []  # kept sorted by policy
         self.running: list[Request] = []  # in schedule order: earlier = higher rank
         self.requests: dict[str, Request] = {}
@@ -146,7 +147,8 @@ class Scheduler:
         # the next victim. Each must also leave room for the running requests' projected growth.
         if not preempted and self.waiting and budget > 0:
             self.admission.begin_step(self.running, lambda r: len(self.kv.block_ids(r.request_id)),
-                                      (len(self.requests), len(self.running), self.stats.num_preemptions))
+                                      (len(self.requests), len(self.running), self.stats.num_preemptions),
+                                      self.waiting)
         # priority policy: a request that outranks a running one starts if its blocks are free now; if the cache
         # runs short later, the lower-priority request is preempted (the projection protects peers, not them)
         lowest = max((r.priority for r in self.running), default=None) if self.policy == "priority" else None

@@ -18,6 +18,8 @@
 #               blocks, the graph pool; then gpu_e2e's warm-up (8192-token mixed steps) and 512 rows decoding with
 #               sampling: the largest step shapes, so an OOM shows here; device memory after each phase
 #   e2e_fp8     gpu_e2e.py decode_bs1 --throughput with fp8 + fp8 KV (as e2e_fp8.sh; needs ~150 s alone)
+#   tail        benchmarks/fp8_tail_ab.py: the e2e_fp8 engine and workload, timed runs ${TAIL_ORDER:-off,on} of the
+#               last-wave overcommit (kv_admission_overcommit 0.05 vs 0) in one engine (~130 s alone)
 set -u
 cd "$(dirname "$0")/../.."
 R="${OUT:-/tmp/out}/fp89"
@@ -36,7 +38,7 @@ git status --short > "$R/tree_status.txt" 2>/dev/null
 export OCTAVO_DISABLE_PROGRESS=1
 PARTS=("$@")
 [ ${#PARTS[@]} -eq 0 ] && PARTS=(bs1 head tests)
-declare -A RESERVE=([tests]=45 [smallm]=30 [mem_fp8]=55 [mem_bf16]=0 [e2e_fp8]=150 [bs1]=45 [head]=50)
+declare -A RESERVE=([tests]=45 [smallm]=30 [mem_fp8]=55 [mem_bf16]=0 [e2e_fp8]=150 [bs1]=45 [head]=50 [tail]=140)
 reserve() {  # seconds the parts after $1 keep for themselves
   local after=0 r=0 p
   for p in "${PARTS[@]}"; do
@@ -70,7 +72,10 @@ for P in "${PARTS[@]}"; do
     head) OCTAVO_GRAPH_HEAD=1 $T python benchmarks/graph_head_ab.py --dtype fp8 --gemv-ab --out "$R/head.json" \
             > "$R/head.log" 2>&1
           echo "exit $?"; grep -v " INFO \| WARNING " "$R/head.log" | cut -c1-600 | tail -14;;
-    *) echo "unknown part $P (bs1 head tests smallm mem_fp8 mem_bf16 e2e_fp8)";;
+    tail) OCTAVO_QUANTIZATION=fp8 OCTAVO_KV_CACHE_DTYPE=fp8 $T python benchmarks/fp8_tail_ab.py \
+            --order "${TAIL_ORDER:-off,on}" --budget $(( B - 50 )) --out "$R/tail.json" > "$R/tail.log" 2>&1
+          echo "exit $?"; grep -E "^(built|run|done)|Error|error" "$R/tail.log" | cut -c1-600 | tail -8;;
+    *) echo "unknown part $P (bs1 head tests smallm mem_fp8 mem_bf16 e2e_fp8 tail)";;
   esac
 done
 echo "== done $(date -u +%T), $(( $(date +%s) - T0 )) s"

@@ -245,6 +245,7 @@ ELSEWHERE = {
     "async_scheduling": "tests/e2e/test_async_scheduling.py",  # tokens identical on vs off; refusals
     "kv_admission_ratio": "tests/unit/test_kv_admission.py",  # early-stopping requests' share, through settings
     "kv_admission_ratio_after_preemption": "tests/unit/test_kv_admission.py",
+    "kv_admission_overcommit": "tests/unit/test_kv_admission.py",
     "allowed_media_domains": "tests/multimodal/test_media_fetch.py",
     "media_fetch_timeout": "tests/multimodal/test_llava_server.py",
     "media_max_bytes": "tests/multimodal/test_llava_server.py",

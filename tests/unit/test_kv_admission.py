@@ -200,8 +200,8 @@ def test_skipping_a_repeated_failed_check_changes_no_decision():
     for cached in (True, False):
         s = make(num_blocks=25, max_num_batched_tokens=16)
         if not cached:
-            def begin(running, held, version, begin_step=s.admission.begin_step):
-                begin_step(running, held, object())  # a new version every step: never skips a check
+            def begin(running, held, version, waiting=(), begin_step=s.admission.begin_step):
+                begin_step(running, held, object(), waiting)  # a new version every step: never skips a check
 
             s.admission.begin_step = begin
         for i, (n, m, eos, _) in enumerate(work):
@@ -255,3 +255,33 @@ def test_schedule_sim_small_run_projected_never_preempts_greedy_does():
         sim = schedule_sim.simulate(args)
         res[admission] = (sum(s[4] for s in sim["steps"]), sum(s[1] for s in sim["steps"]), args.total_out)
     assert res["projected"] == (0, 2400, 2400) and res["greedy"][0] > 0 and res["greedy"][1] > 2400, res
+
+
+def _last_wave(overcommit, n):
+    """``n`` requests of 8 + 16 tokens (6 blocks each at the end) in 100 usable blocks: 16 fit by projection."""
+    s = make(num_blocks=101, max_num_batched_tokens=256, kv_admission_overcommit=overcommit)
+    for i in range(n):
+        s.add_request(req(f"r{i}", 8, max_tokens=16, arrival=i, first=100 * i))
+    step(s)
+    return s
+
+
+def test_last_wave_overcommit_starts_the_rest_of_a_short_queue_and_loses_no_token():
+    s = _last_wave(0.1, 17)  # X = 10 blocks; the 17th overshoots the projection by 2 and nothing waits behind it
+    assert len(s.running) == 17 and not s.waiting
+    outs = {}
+    while s.has_unfinished_requests():
+        out = step(s)
+        outs.update({x.req.request_id: x.req for x in out.scheduled})
+    assert all(len(r.output_token_ids) == 16 for r in outs.values()) and len(outs) == 17
+    assert s.kv.pool.num_free_blocks == 100 and 1 <= s.stats.num_preemptions <= 2  # the overshoot, recomputed
+
+
+def test_last_wave_overcommit_leaves_a_long_queue_and_off_alone():
+    assert len(_last_wave(0.0, 17).running) == 16  # off: the 17th waits for room
+    s = _last_wave(0.1, 19)  # the 17th has 2 x 6 blocks behind it, more than X = 10: waves as without it
+    assert len(s.running) == 16 and len(s.waiting) == 3
+    with pytest.raises((ConfigError, ValueError), match="kv_admission_overcommit"):
+        OctavoSettings.from_kwargs(kv_admission_overcommit=0.5)
+    with pytest.raises(ValueError, match="kv_admission_overcommit"):
+        KVAdmission("projected", 4, 64, 100, overcommit=-0.1)
