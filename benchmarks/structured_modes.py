@@ -21,6 +21,7 @@ def defaults(core: Any) -> dict:
     from octavo.core import structured_output as so_mod
 
     return {"park": async_gate.PARK, "early_fill": async_gate.EARLY_FILL, "start_wait": async_gate.FILL_START_WAIT_S,
+            "gated_depth": async_gate.GATED_DEPTH,
             "devgate": grammar_device_gate.DEVICE_GATE, "poolaccept": so_mod.ACCEPT_ON_FILL_THREAD,
             "inline": grammar_step.INLINE_AFTER_GATE, "handoff": grammar_step.HANDOFF_WAIT_S,
             "threads": core.structured.fill_threads, "kernel": grammar_step.PLATFORM_APPLY,
@@ -107,6 +108,9 @@ def build_modes(args: Any, so: Any, dflt: dict) -> dict:
         # sampler are queued before N's tokens reach the host (the runner never parks under the device gate), so
         # the host chain N's tokens -> accept -> fill N+1 -> schedule N+3 has two device steps to hide in, not one
         modes["json_async_devgate_d3"] = (so, True, False, False, None, {**dflt, "devgate": True, "depth": 3})
+        # the same as the engine would ship it (core/async_gate.py GATED_DEPTH = 3): depth 3 only while the last
+        # launched step is device-gated; against free_async (the default loop of unconstrained steps)
+        modes["json_async_devgate_gd3"] = (so, True, False, False, None, {**dflt, "devgate": True, "gated_depth": 3})
         if args.switch_interval:  # the same two with a shorter GIL switch interval (sys.setswitchinterval)
             modes["free_async_si"] = (None, True, False, False, args.switch_interval, dflt)
             modes["json_async_si"] = (so, True, False, False, args.switch_interval, dflt)
@@ -139,6 +143,7 @@ def apply_knobs(core: Any, knobs: dict, on: bool, async_modes: bool, saved: dict
             if "switch" in knobs:  # GIL switch interval while a structured step is in flight (0: off)
                 core.async_loop.grammar_switch_s = knobs["switch"]
             async_gate.FILL_START_WAIT_S = knobs.get("start_wait", saved["start_wait"])
+            async_gate.GATED_DEPTH = knobs.get("gated_depth", saved["gated_depth"])
     grammar_step.INLINE_AFTER_GATE, grammar_step.HANDOFF_WAIT_S = knobs["inline"], knobs["handoff"]
     grammar_step.PLATFORM_APPLY, so_mod.EARLY_ACCEPT = knobs["kernel"], knobs["early"]
     core.structured.fill_threads = knobs["threads"]
@@ -166,7 +171,7 @@ def restore(core: Any, saved: dict) -> None:
     grammar_device_gate.DEVICE_GATE = saved["devgate"]
     so_mod.ACCEPT_ON_FILL_THREAD = saved["poolaccept"]
     async_gate.PARK, async_gate.EARLY_FILL = saved["park"], saved["early_fill"]
-    async_gate.FILL_START_WAIT_S = saved["start_wait"]
+    async_gate.FILL_START_WAIT_S, async_gate.GATED_DEPTH = saved["start_wait"], saved["gated_depth"]
     backend = core.structured._backend
     for name in ("fill_bitmasks", "accept_tokens"):  # the gate_only no-ops (instance attributes)
         if backend is not None and name in vars(backend):

@@ -16,7 +16,8 @@
 #      changes a token is wrong); session 10: one more untimed run of free_async, park and devgate under
 #      benchmarks/stack_sampler.py (where each thread's wall time goes: "stack_samples" in the JSON).
 #   3. session 10, in its own call (a hang there costs only itself): three steps in flight with the device gate
-#      (json_async_devgate_d3) vs free_async_d3 and the depth-2 device gate, SmolLM2-135M shape, batch 32.
+#      (json_async_devgate_d3: all steps; _gd3: core/async_gate.py GATED_DEPTH = 3, only behind device-gated steps,
+#      as it would ship) vs free_async_d3 / free_async and the depth-2 device gate, SmolLM2-135M shape, batch 32.
 #   4. what time is left: the ~1.1B Llama shape at batch 32, park vs devgate (+ _poolaccept).
 # STRUCTURED9_DRY=1: a CPU dry run (tiny shapes, few steps; the device modes then run the Python gate).
 set -u
@@ -86,7 +87,7 @@ COMMON=(--steps 24 --repeats 2 --device cuda --dtype bfloat16 --skip-compile --a
                           --show-outputs 1 --load-format dummy)
 MODES=(--modes ${STRUCTURED9_MODES:-json_async_park json_async_devgate json_async_devgate_poolaccept json_async_devgate_gateonly})
 STACKS=(--stack-sample free_async json_async_park json_async_devgate --stack-runs 4)
-D3=(--modes free_async_d3 json_async_devgate json_async_devgate_d3)
+D3=(--modes free_async_d3 json_async_devgate json_async_devgate_d3 json_async_devgate_gd3)
 FEW=(--modes json_async_park json_async_devgate json_async_devgate_poolaccept)
 if [ "$DRY" != 1 ] && [ "${STRUCTURED9_PROBE:-0}" = 1 ]; then
   step probe 20 python3 benchmarks/structured_devgate_probe.py --json "$R/probe.json"

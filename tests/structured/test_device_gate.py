@@ -166,7 +166,7 @@ def test_device_gate_tokens_identical_to_serial(monkeypatch):
 
     from octavo import LLM, SamplingParams
     from octavo.core import structured_output as so_mod
-    from octavo.core.async_engine import set_async_scheduling
+    from octavo.core.async_engine import AsyncStepLoop, set_async_scheduling
     from octavo.core.loader import default_model_path
     from octavo.executor import Executor
     from octavo.structured_outputs import StructuredOutputsParams
@@ -185,8 +185,6 @@ def test_device_gate_tokens_identical_to_serial(monkeypatch):
 
     def run(mode: str):
         set_async_scheduling(core, mode != "serial")
-        if mode == "gate_d3":  # three steps in flight: N+2's wait, apply and sampler queued before N's tokens
-            core.async_loop.depth = 3
         with monkeypatch.context() as m:
             m.setattr(ex_cls, "execute_structured", Executor.execute_structured if mode == "serial" else overlapped)
             if mode.startswith("gate"):
@@ -194,12 +192,22 @@ def test_device_gate_tokens_identical_to_serial(monkeypatch):
                 if mode == "gate_poolaccept":  # N's accept in the fill job on the bitmask thread, from 2 rows
                     m.setattr(so_mod, "ACCEPT_ON_FILL_THREAD", True)
                     m.setattr(async_gate, "EARLY_FILL_MIN_ROWS", 2)
+                if mode == "gate_d3":  # three steps in flight: N+2's wait, apply and sampler queued before N's tokens
+                    m.setattr(async_gate, "GATED_DEPTH", 3)
+                    launch = AsyncStepLoop._launch
+
+                    def counted(loop):
+                        out = launch(loop)
+                        depths.append(len(loop.inflight))
+                        return out
+                    m.setattr(AsyncStepLoop, "_launch", counted)
                 m.setattr(runner, "grammar_apply", kernel)
                 m.setitem(core.structured._cpu_hint, "device_wait", True)  # (set by a GPU runner's first apply)
             outs = llm.generate(prompts, params, use_tqdm=False)
         return [(o.outputs[0].token_ids, o.outputs[0].finish_reason, o.outputs[0].text) for o in outs]
 
     kernel = _HostWait()
+    depths = []
     try:
         serial = run("serial")
         gated = run("gate")
@@ -210,6 +218,7 @@ def test_device_gate_tokens_identical_to_serial(monkeypatch):
         llm.llm_engine.shutdown()
     waits = [c for c in kernel.calls if c[0] == "wait"]
     assert len(waits) > 10 and core.structured._device_gate.words[1] == 0  # the device path ran, never gave up
+    assert max(depths) == 3  # async_gate.GATED_DEPTH: a third step was queued behind device-gated ones
     assert [s[:2] for s in serial] == [g[:2] for g in gated] == [p[:2] for p in pooled] == [d[:2] for d in deep]
     for (_, reason, text), p in zip(serial, params):
         if p.structured_outputs is not None and reason == "stop":
