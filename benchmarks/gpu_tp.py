@@ -96,7 +96,7 @@ def run_config(tp: int, args) -> None:
         return "" if mode is None else f"_async_{mode}"
 
     if args.measure_copy_rate:  # this call's cards: the roofline's denominator measured, not only assumed
-        rates = llm.collective_rpc("benchmarks.gpu_tp:copy_rate_Bps", args=[1 << 30])
+        rates = llm.collective_rpc("benchmarks.gpu_tp_profile:copy_rate_Bps", args=[1 << 30])
         res["measured_copy_rate_Bps_by_rank"] = rates
         if all(r == r for r in rates):  # no NaN: every rank measured (min: the slowest rank sets the step)
             res["roofline_ms_measured_rate"] = weights_per_gpu / min(rates) * 1e3
@@ -139,6 +139,13 @@ def run_config(tp: int, args) -> None:
             res["bs1_greedy_tokens_identical_across_modes"] = all(t == bs1_tokens[modes[0]]
                                                                   for t in bs1_tokens.values())
         save()
+    if args.prompts:  # gpu_e2e.warm_up's shapes (TP=1's e2e_8b.sh has them; its device sync is not for this process):
+        t, w = time.perf_counter(), random.Random(11)  # no Triton build or autotune inside the timed run
+        for lens in ([(args.in_len, 1 + i % 32) for i in range(min(args.prompts, 64))], [(2, 1)], [(3, 1)], [(5, 1)]):
+            llm.generate([{"prompt_token_ids": [w.randrange(lo, hi) for _ in range(n)]} for n, _ in lens],
+                         [SamplingParams(max_tokens=m, ignore_eos=True, temperature=args.temperature) for _, m in lens],
+                         use_tqdm=False)
+        res["throughput_warmup_s"] = time.perf_counter() - t
     for mode in modes if args.prompts else []:
         sfx = use(mode)
         llm.reset_prefix_cache()  # NOTE: same prompts in every mode; without this a later mode skips the prefill
@@ -184,33 +191,6 @@ def run_config(tp: int, args) -> None:
             "benchmarks.gpu_tp:graph_replay_ms_without_allreduce", args=[1, 200])
         save()
     llm.llm_engine.shutdown()
-
-
-def copy_rate_Bps(worker, nbytes: int) -> float:
-    """This rank's device-to-device copy rate, bytes read + written per second (a ``collective_rpc`` target):
-    ``nbytes`` copied 20 times, timed with events after 3 untimed copies. NaN where the memory the KV cache left
-    cannot hold the two buffers (or on CPU)."""
-    import torch
-
-    if worker.device.type != "cuda":
-        return float("nan")
-    try:
-        src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device=worker.device)
-        dst = torch.empty_like(src)
-    except torch.cuda.OutOfMemoryError:
-        return float("nan")
-    for _ in range(3):
-        dst.copy_(src)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(20):
-        dst.copy_(src)
-    end.record()
-    end.synchronize()
-    rate = 2 * nbytes * 20 / (start.elapsed_time(end) * 1e-3)
-    del src, dst
-    torch.cuda.empty_cache()
-    return rate
 
 
 def logits_ms(worker, size: int, iters: int) -> float:
@@ -380,19 +360,16 @@ def main() -> None:
     os.makedirs(args.out_dir, exist_ok=True)
     if args.one is not None:
         return run_config(args.one, args)
+    argv, rest = sys.argv[1:], []
+    while argv:  # every option as given but --tp's list
+        a = argv.pop(0)
+        if a == "--tp":
+            while argv and argv[0].isdigit():
+                argv.pop(0)
+        else:
+            rest.append(a)
     for tp in args.tp:  # each config in a fresh process: GPU memory and NCCL state start clean
-        cmd = [sys.executable, __file__, "--one", str(tp), "--shape", args.shape, "--prompts", str(args.prompts),
-               "--max-num-seqs", str(args.max_num_seqs), *(["--backend", args.backend] if args.backend else []),
-               *(["--async-modes", *args.async_modes] if args.async_modes else []),
-               *(["--graph-replay"] if args.graph_replay else []),
-               *(["--measure-copy-rate"] if args.measure_copy_rate else []),
-               *(["--kernel-table"] if args.kernel_table else []),
-               *(["--layer-trace"] if args.layer_trace else []),
-               *(["--graph-replay-no-allreduce"] if args.graph_replay_no_allreduce else []),
-               *(["--ar-modes", *args.ar_modes] if args.ar_modes else []), "--temperature", str(args.temperature),
-               "--gemv-ab", str(args.gemv_ab), "--table-ab", str(args.table_ab),
-               "--in-len", str(args.in_len), "--dtype", args.dtype, "--out-len", str(args.out_len), "--tag", args.tag, "--copy-rate",
-               str(args.copy_rate), "--out-dir", args.out_dir]
+        cmd = [sys.executable, __file__, *rest, "--one", str(tp)]
         print("config tp", tp, "exit", subprocess.call(cmd), flush=True)
 
 

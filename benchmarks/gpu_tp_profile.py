@@ -1,4 +1,5 @@
-"""Kernel table of a captured decode graph on every rank (a ``collective_rpc`` target of benchmarks/gpu_tp.py).
+"""Kernel table of a captured decode graph on every rank (a ``collective_rpc`` target of benchmarks/gpu_tp.py), and
+each rank's copy rate (the roofline's denominator, measured in the engine).
 
 Why: the TP=2 batch-1 step is 3.5 ms of graph against 2.3 ms of weights per GPU; which kernels hold the rest
 (GEMV efficiency, the small per-layer kernels, the all-reduces) decides what to fuse next (issue 12). Every rank
@@ -142,3 +143,30 @@ def step_summary(kernels: list[tuple[float, float, str]], steps: int) -> dict:
     return {"steps": steps, "span_us": round(span / steps, 1), "busy_us": round(busy / steps, 1),
             "idle_us": round((span - busy) / steps, 1),
             "by_name": [f"{t / steps:8.1f} us x{n / steps:6.1f} {name}" for name, (t, n) in top]}
+
+
+def copy_rate_Bps(worker, nbytes: int) -> float:
+    """This rank's device-to-device copy rate, bytes read + written per second (a ``collective_rpc`` target):
+    ``nbytes`` copied 20 times, timed with events after 3 untimed copies. NaN where the memory the KV cache left
+    cannot hold the two buffers (or on CPU)."""
+    import torch
+
+    if worker.device.type != "cuda":
+        return float("nan")
+    try:
+        src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device=worker.device)
+        dst = torch.empty_like(src)
+    except torch.cuda.OutOfMemoryError:
+        return float("nan")
+    for _ in range(3):
+        dst.copy_(src)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(20):
+        dst.copy_(src)
+    end.record()
+    end.synchronize()
+    rate = 2 * nbytes * 20 / (start.elapsed_time(end) * 1e-3)
+    del src, dst
+    torch.cuda.empty_cache()
+    return rate
