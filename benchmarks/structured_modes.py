@@ -111,6 +111,12 @@ def build_modes(args: Any, so: Any, dflt: dict) -> dict:
         # the same as the engine would ship it (core/async_gate.py GATED_DEPTH = 3): depth 3 only while the last
         # launched step is device-gated; against free_async (the default loop of unconstrained steps)
         modes["json_async_devgate_gd3"] = (so, True, False, False, None, {**dflt, "devgate": True, "gated_depth": 3})
+        # with two device steps of slack a late fill start costs less: no core-thread wait for the bitmask thread
+        # (one GIL hand-off fewer on the core's chain), and N's accept in the fill job too (off the core thread)
+        modes["json_async_devgate_gd3_nostartwait"] = (so, True, False, False, None, {
+            **dflt, "devgate": True, "gated_depth": 3, "start_wait": 0.0})
+        modes["json_async_devgate_gd3_poolaccept"] = (so, True, False, False, None, {
+            **dflt, "devgate": True, "gated_depth": 3, "poolaccept": True})
         if args.switch_interval:  # the same two with a shorter GIL switch interval (sys.setswitchinterval)
             modes["free_async_si"] = (None, True, False, False, args.switch_interval, dflt)
             modes["json_async_si"] = (so, True, False, False, args.switch_interval, dflt)

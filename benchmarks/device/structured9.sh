@@ -17,8 +17,9 @@
 #      benchmarks/stack_sampler.py (where each thread's wall time goes: "stack_samples" in the JSON).
 #   3. session 10, in its own call (a hang there costs only itself): three steps in flight with the device gate
 #      (json_async_devgate_d3: all steps; _gd3: core/async_gate.py GATED_DEPTH = 3, only behind device-gated steps,
-#      as it would ship) vs free_async_d3 / free_async and the depth-2 device gate, SmolLM2-135M shape, batch 32.
-#   4. what time is left: the ~1.1B Llama shape at batch 32, park vs devgate (+ _poolaccept).
+#      as it would ship; + _nostartwait: no core-thread wait for the bitmask thread, + _poolaccept: N's accept in
+#      the fill job) vs free_async_d3 / free_async and the depth-2 device gate, SmolLM2-135M shape, batch 32.
+#   4. what time is left: the ~1.1B Llama shape at batch 32, park vs devgate vs devgate_gd3.
 # STRUCTURED9_DRY=1: a CPU dry run (tiny shapes, few steps; the device modes then run the Python gate).
 set -u
 cd "$(dirname "$0")/../.."
@@ -87,16 +88,17 @@ COMMON=(--steps 24 --repeats 2 --device cuda --dtype bfloat16 --skip-compile --a
                           --show-outputs 1 --load-format dummy)
 MODES=(--modes ${STRUCTURED9_MODES:-json_async_park json_async_devgate json_async_devgate_poolaccept json_async_devgate_gateonly})
 STACKS=(--stack-sample free_async json_async_park json_async_devgate --stack-runs 4)
-D3=(--modes free_async_d3 json_async_devgate json_async_devgate_d3 json_async_devgate_gd3)
-FEW=(--modes json_async_park json_async_devgate json_async_devgate_poolaccept)
+D3=(--modes free_async_d3 json_async_devgate json_async_devgate_d3 json_async_devgate_gd3
+    json_async_devgate_gd3_nostartwait json_async_devgate_gd3_poolaccept)
+FEW=(--modes json_async_park json_async_devgate json_async_devgate_gd3)
 if [ "$DRY" != 1 ] && [ "${STRUCTURED9_PROBE:-0}" = 1 ]; then
   step probe 20 python3 benchmarks/structured_devgate_probe.py --json "$R/probe.json"
   step apply_test 20 python3 -m pytest -q -p no:cacheprovider tests/structured/test_apply_device.py -k device_gate
 fi
 if [ "$XGR" = 1 ]; then
-  step smol135m $(( 55 * X )) python3 benchmarks/structured_outputs.py "${COMMON[@]}" "${MODES[@]}" "${STACKS[@]}" \
+  step smol135m $(( 50 * X )) python3 benchmarks/structured_outputs.py "${COMMON[@]}" "${MODES[@]}" "${STACKS[@]}" \
        --batches 32 --model /tmp/structured9_smol135m --json "$R/smol135m.json"
-  step smol135m_d3 $(( 35 * X )) python3 benchmarks/structured_outputs.py "${COMMON[@]}" "${D3[@]}" --batches 32 \
+  step smol135m_d3 $(( 45 * X )) python3 benchmarks/structured_outputs.py "${COMMON[@]}" "${D3[@]}" --batches 32 \
        --model /tmp/structured9_smol135m --json "$R/smol135m_d3.json"
   step llama1b $(( $(left) - 1 * X )) python3 benchmarks/structured_outputs.py "${COMMON[@]}" "${FEW[@]}" \
        --batches 32 --model /tmp/structured9_llama1b --json "$R/llama1b.json"
