@@ -26,61 +26,67 @@ MAX_PRE = 8
 
 
 @triton.jit
-def _w_block(rows, nm, K, kb, BLOCK_K: tl.constexpr):
+def _w_block(rows, nm, K, kb, BLOCK_K: tl.constexpr, EVEN: tl.constexpr):
     kk = kb * BLOCK_K + tl.arange(0, BLOCK_K)
+    if EVEN:  # no masks: fewer registers held across the wait (the same values)
+        return tl.load(rows + kk[None, :])
     return tl.load(rows + kk[None, :], mask=nm[:, None] & (kk[None, :] < K), other=0.0)
 
 
 @triton.jit
-def _fma(acc, w, x_ptr, K, kb, BLOCK_K: tl.constexpr):
+def _fma(acc, w, x_ptr, K, kb, BLOCK_K: tl.constexpr, EVEN: tl.constexpr):
     kk = kb * BLOCK_K + tl.arange(0, BLOCK_K)
-    x = tl.load(x_ptr + kk, mask=kk < K, other=0.0)
+    if EVEN:
+        x = tl.load(x_ptr + kk)
+    else:
+        x = tl.load(x_ptr + kk, mask=kk < K, other=0.0)
     return acc + w.to(tl.float32) * x.to(tl.float32)[None, :]
 
 
 @triton.jit
 def _gemv_early_kernel(x_ptr, w_ptr, y_ptr, N, K, stride_wn, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                       PRE: tl.constexpr, PDL: tl.constexpr = False):
-    """``y[n] = sum_k x[k] W[n, k]`` for one row; the first ``PRE`` (>= 1) K-blocks of W load before the wait."""
+                       PRE: tl.constexpr, EVEN: tl.constexpr = False, PDL: tl.constexpr = False):
+    """``y[n] = sum_k x[k] W[n, k]`` for one row; the first ``PRE`` (>= 1) K-blocks of W load before the wait.
+    ``EVEN``: the tile divides N and K (and PRE <= K's blocks), so no load needs a mask."""
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     nm = n < N
     rows = w_ptr + n.to(tl.int64)[:, None] * stride_wn
-    w0 = _w_block(rows, nm, K, 0, BLOCK_K)  # static ifs: the names stay in scope after them
+    w0 = _w_block(rows, nm, K, 0, BLOCK_K, EVEN)  # static ifs: the names stay in scope after them
     if PRE > 1:
-        w1 = _w_block(rows, nm, K, 1, BLOCK_K)
+        w1 = _w_block(rows, nm, K, 1, BLOCK_K, EVEN)
     if PRE > 2:
-        w2 = _w_block(rows, nm, K, 2, BLOCK_K)
+        w2 = _w_block(rows, nm, K, 2, BLOCK_K, EVEN)
     if PRE > 3:
-        w3 = _w_block(rows, nm, K, 3, BLOCK_K)
+        w3 = _w_block(rows, nm, K, 3, BLOCK_K, EVEN)
     if PRE > 4:
-        w4 = _w_block(rows, nm, K, 4, BLOCK_K)
+        w4 = _w_block(rows, nm, K, 4, BLOCK_K, EVEN)
     if PRE > 5:
-        w5 = _w_block(rows, nm, K, 5, BLOCK_K)
+        w5 = _w_block(rows, nm, K, 5, BLOCK_K, EVEN)
     if PRE > 6:
-        w6 = _w_block(rows, nm, K, 6, BLOCK_K)
+        w6 = _w_block(rows, nm, K, 6, BLOCK_K, EVEN)
     if PRE > 7:
-        w7 = _w_block(rows, nm, K, 7, BLOCK_K)
+        w7 = _w_block(rows, nm, K, 7, BLOCK_K, EVEN)
     if PDL:  # x comes from the attention
         gdc_wait()
         gdc_launch_dependents()
     acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-    acc = _fma(acc, w0, x_ptr, K, 0, BLOCK_K)
+    acc = _fma(acc, w0, x_ptr, K, 0, BLOCK_K, EVEN)
     if PRE > 1:
-        acc = _fma(acc, w1, x_ptr, K, 1, BLOCK_K)
+        acc = _fma(acc, w1, x_ptr, K, 1, BLOCK_K, EVEN)
     if PRE > 2:
-        acc = _fma(acc, w2, x_ptr, K, 2, BLOCK_K)
+        acc = _fma(acc, w2, x_ptr, K, 2, BLOCK_K, EVEN)
     if PRE > 3:
-        acc = _fma(acc, w3, x_ptr, K, 3, BLOCK_K)
+        acc = _fma(acc, w3, x_ptr, K, 3, BLOCK_K, EVEN)
     if PRE > 4:
-        acc = _fma(acc, w4, x_ptr, K, 4, BLOCK_K)
+        acc = _fma(acc, w4, x_ptr, K, 4, BLOCK_K, EVEN)
     if PRE > 5:
-        acc = _fma(acc, w5, x_ptr, K, 5, BLOCK_K)
+        acc = _fma(acc, w5, x_ptr, K, 5, BLOCK_K, EVEN)
     if PRE > 6:
-        acc = _fma(acc, w6, x_ptr, K, 6, BLOCK_K)
+        acc = _fma(acc, w6, x_ptr, K, 6, BLOCK_K, EVEN)
     if PRE > 7:
-        acc = _fma(acc, w7, x_ptr, K, 7, BLOCK_K)
+        acc = _fma(acc, w7, x_ptr, K, 7, BLOCK_K, EVEN)
     for kb in range(PRE, tl.cdiv(K, BLOCK_K)):
-        acc = _fma(acc, _w_block(rows, nm, K, kb, BLOCK_K), x_ptr, K, kb, BLOCK_K)
+        acc = _fma(acc, _w_block(rows, nm, K, kb, BLOCK_K, EVEN), x_ptr, K, kb, BLOCK_K, EVEN)
     tl.store(y_ptr + n, tl.sum(acc, 1).to(y_ptr.dtype.element_ty), mask=nm)
 
 
@@ -94,6 +100,7 @@ def gemv_early(x: torch.Tensor, weight: torch.Tensor, pre: int, block_n: int = 8
     x = x.reshape(1, k).contiguous()
     y = torch.empty(1, n, dtype=x.dtype, device=x.device)
     _gemv_early_kernel[(triton.cdiv(n, block_n),)](x, weight, y, n, k, weight.stride(0), BLOCK_N=block_n,
-                                                   BLOCK_K=block_k, PRE=pre, num_warps=num_warps, num_stages=1,
+                                                   BLOCK_K=block_k, PRE=pre, EVEN=n % block_n == 0 and k % block_k == 0,
+                                                   num_warps=num_warps, num_stages=1,
                                                    **launch_opts())
     return y

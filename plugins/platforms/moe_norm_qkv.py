@@ -57,13 +57,13 @@ def _norm_gemv_kernel(x_ptr, res_ptr, nw_ptr, w_ptr, y_ptr, out_ptr, res_out_ptr
     nm = n < N
     rows = w_ptr + n.to(tl.int64)[:, None] * stride_wn
     kk = tl.arange(0, BLOCK_K)
-    w0 = _w_block(rows, nm, H, 0, BLOCK_K)  # weights: before the wait (static ifs: the names stay in scope)
+    w0 = _w_block(rows, nm, H, 0, BLOCK_K, False)  # weights: before the wait (static ifs: the names stay in scope)
     if PRE > 1:
-        w1 = _w_block(rows, nm, H, 1, BLOCK_K)
+        w1 = _w_block(rows, nm, H, 1, BLOCK_K, False)
     if PRE > 2:
-        w2 = _w_block(rows, nm, H, 2, BLOCK_K)
+        w2 = _w_block(rows, nm, H, 2, BLOCK_K, False)
     if PRE > 3:
-        w3 = _w_block(rows, nm, H, 3, BLOCK_K)
+        w3 = _w_block(rows, nm, H, 3, BLOCK_K, False)
     if PDL:
         gdc_wait()
         gdc_launch_dependents()

@@ -51,7 +51,7 @@ def test_sm90_build_loads_weights_before_the_wait_and_x_after(pre):
     from octavo.plugins.platforms.cuda_moe_oproj import _gemv_early_kernel
 
     sig = {"x_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*bf16", "N": "i32", "K": "i32", "stride_wn": "i32"}
-    c = dict(BLOCK_N=8, BLOCK_K=512, PRE=pre, PDL=True)
+    c = dict(BLOCK_N=8, BLOCK_K=512, PRE=pre, EVEN=True, PDL=True)
     src = triton.compiler.ASTSource(fn=_gemv_early_kernel, signature={**sig, **{k: "constexpr" for k in c}},
                                     constexprs=c)
     ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32)).asm["ptx"]
