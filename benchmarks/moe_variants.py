@@ -91,6 +91,7 @@ B10_VARIANTS = [  # likeliest first: rows past the part's time cap are skipped (
     ("q_early2_16xE_4w+o_early", {"q_early": 2, "q_tile": (16, None, 4), **OE}, {}, {}),
     ("norm_qkv_32xE_pre1+o_early", OE, {}, {}, {"nq": NQ(32, 1)}),
     ("o_early8_8x512_8w", O8, {}, {}),
+    ("o_early8_4xE_4w", {"o_early": 8, "o_tile": (4, None, 4)}, {}, {}),  # 3 programs per SM (167 registers)
     ("q_early4_8xE_4w", {"q_early": 4, "q_tile": (8, None, 4)}, {}, {}),
     ("norm_qkv_16xE_pre2", {}, {}, {}, {"nq": NQ(16, 2)}),
     ("defaults_again", {}, {}, {}),
