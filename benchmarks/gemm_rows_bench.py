@@ -29,7 +29,7 @@ import time
 SHAPES = {  # name: (K, N) of the weight [N, K]
     "8b_qkv": (4096, 6144), "8b_o": (4096, 4096), "8b_gate_up": (4096, 28672), "8b_down": (14336, 4096),
     "nano_qkv": (1024, 4096), "nano_o": (2048, 1024), "nano_gate_up": (1024, 6144), "nano_down": (3072, 1024),
-    "nano_lm_head": (1024, 151936),
+    "nano_lm_head": (1024, 151936), "8b_lm_head": (4096, 128256),
 }
 ROWS = (206, 128, 256, 64)  # most relevant first: the 8B run's ~206-row waves, the nano mean batch
 

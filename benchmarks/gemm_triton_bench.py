@@ -27,6 +27,7 @@ SHAPES = {  # name: (N, K) of the weight [N, K]
     "nano_qkv": (4096, 1024), "nano_o": (1024, 2048), "nano_gate_up": (6144, 1024), "nano_down": (1024, 3072),
     "8b_qkv": (6144, 4096), "8b_o": (4096, 4096), "8b_gate_up": (28672, 4096), "8b_down": (4096, 14336),
     "nano_lm_head": (151936, 1024),  # (its fp32 copy could fold into a GEMM epilogue: sdk/nn/embedding.py)
+    "8b_lm_head": (128256, 4096),  # Llama-3-8B's head (cuda_gemm.LOGITS_TABLE candidate, session 10)
 }
 DRY = False
 ROWS = (206, 128, 256, 64, 32)  # the 8B run's ~206-row waves first, then the nano mean batch; 32 if time is left

@@ -11,7 +11,7 @@ rate): the per-step remainder the docs ask about (docs/performance.md "8B throug
 
 Then, as the budget allows, ``--ab`` variants run in the same engine, each with the step events (no profiler
 windows) and its own split, graphs recaptured for each, the prefix cache emptied before every run. A variant is
-``+``-joined settings applied to the defaults: a ``nano_run_profile.VARIANTS`` name (``defaults``, ``gemm_off``, ...),
+``+``-joined settings applied to the defaults (``variant@N``: that run takes the first N prompts): a ``nano_run_profile.VARIANTS`` name (``defaults``, ``gemm_off``, ...),
 ``launch:<OCTAVO_TRITON_DECODE_LAUNCH value>`` (the decode rows' attention launch), ``blas:cublaslt`` (torch's
 preferred BLAS library for every cuBLAS GEMM) or ``env:NAME=VALUE`` (a setting read at each lookup). A short
 workload (``--prompts 211 --out-len 256``: one wave) keeps each run near 10 s.
@@ -225,17 +225,17 @@ def main() -> None:
               flush=True)
         save()
         params = SamplingParams(max_tokens=out_len, ignore_eos=True)
-        last = 75.0
+        per_prompt = 75.0 / 512  # seconds a prompt of the last run took (the A/B runs' budget check)
 
         def timed(name: str, use: list, **extra) -> None:
-            nonlocal last
+            nonlocal per_prompt
             reset = llm.reset_prefix_cache()
             mark = len(jit.log)
             before = llm.llm_engine.get_stats()
             dt, outs = gen_timed(llm, use, params)
             after = llm.llm_engine.get_stats()
             extra["triton_builds_in_run"] = jit.since(mark)
-            last = dt
+            per_prompt = dt / max(1, len(use))
             total = sum(len(o.outputs[0].token_ids) for o in outs)
             run = {"run": name, "prompts": len(use), "seconds": dt, "output_tokens": total, "tok_s": total / dt,
                    "prefix_cache_reset": reset,
@@ -275,13 +275,15 @@ def main() -> None:
                     print(f"{r['us_per_step']:9.1f} us/step {r['calls_per_step']:6.1f}x  {r['name']}", flush=True)
             save()
         for name in args.ab:
-            if not fits(last + 5):
+            spec, _, n_use = name.partition("@")  # "variant@N": this run takes the first N prompts
+            use = prompts[:int(n_use) if n_use else (args.ab_prompts or None)]
+            if not fits(per_prompt * len(use) + 5):
                 res["runs"].append({"run": name, "skipped": "time budget"})
                 continue
-            cap = 0.0 if args.dry else apply_variant(worker, name)
+            cap = 0.0 if args.dry else apply_variant(worker, spec)
             rec = ContextEvents(worker, (), args.window)
             try:
-                timed(name, prompts[:args.ab_prompts or None], recapture_s=cap)
+                timed(name, use, recapture_s=cap)
             finally:
                 rec.remove()
             split = model_split(rec.steps, weight_bytes, kv_per_token, lin_flops, args.read_tbps * 1e12,
