@@ -4,7 +4,10 @@ one spin (one read of the host word), how soon after the host's write does the s
 apply read rows written after its launch (two rounds on one buffer). Bounded: a wait nobody opens gives up after
 ``2**20`` spins here.
 
-    python benchmarks/structured_devgate_probe.py [--json OUT]
+    python benchmarks/structured_devgate_probe.py [--json OUT] [--launch-only]
+
+``--launch-only`` (session 10): the host cost of each launch of the apply (rows pinned, on the device, or the pinned
+rows passed as a bare pointer) and of the wait.
 """
 
 from __future__ import annotations
@@ -33,10 +36,83 @@ def _resume(dg, wait_host_flag, sleep_s: float, max_spins: int) -> dict:
             "gave_up": int(dg.words[1]) >= seq}
 
 
+class _HostRows:
+    """The pinned rows as a bare pointer (``data_ptr`` + ``dtype``): what Triton's launcher reads of a tensor
+    argument, without the tensor (session 10: is the apply's ~95 us launch the pinned *CPU* tensor argument?)."""
+
+    def __init__(self, t: torch.Tensor) -> None:
+        self._ptr, self.dtype = t.data_ptr(), t.dtype
+
+    def data_ptr(self) -> int:
+        return self._ptr
+
+
+def launch_costs(n: int = 32, vocab: int = 49152, iters: int = 60) -> dict:
+    """Host microseconds per launch (median of ``iters``, the stream drained before each) of the grammar apply with
+    its rows (a) in pinned host memory as the engine passes them (volatile and not), (b) on the device, (c) the same
+    pinned rows as a bare pointer (:class:`_HostRows`), and of the device wait; (c)'s result is compared with (a)'s."""
+    import triton
+
+    from octavo.plugins.platforms.cuda_grammar_mask import (
+        BLOCK,
+        _apply_bitmask_kernel,
+        apply_bitmask_,
+        wait_host_flag,
+    )
+
+    g = torch.Generator().manual_seed(3)
+    rows = torch.randint(-2**31, 2**31 - 1, (n, (vocab + 31) // 32), dtype=torch.int32, generator=g)
+    pinned, dev_rows = rows.pin_memory(), rows.cuda()
+    logits = torch.randn(n, vocab, device="cuda")
+    words = torch.zeros(2, dtype=torch.int32, pin_memory=True)
+    bare = _HostRows(pinned)
+
+    def bare_apply(x):
+        _apply_bitmask_kernel[(n, triton.cdiv(vocab, BLOCK))](x, x.stride(0), bare, pinned.shape[1], bare, vocab,
+                                                            HAS_ROWS=False, BLOCK=BLOCK, VOLATILE=True)
+
+    cases = {"apply_pinned_volatile": lambda x: apply_bitmask_(x, pinned, None, volatile=True),
+             "apply_pinned": lambda x: apply_bitmask_(x, pinned, None),
+             "apply_device_rows": lambda x: apply_bitmask_(x, dev_rows, None),
+             "apply_bare_pointer": bare_apply,
+             "wait_open": lambda x: wait_host_flag(words, 0, 10)}
+    out: dict = {}
+    for name, fn in cases.items():
+        try:
+            fn(logits.clone())  # compile
+            times = []
+            for _ in range(iters):
+                x = logits.clone()
+                torch.cuda.synchronize()
+                t = time.perf_counter()
+                fn(x)
+                times.append(time.perf_counter() - t)
+            out[f"{name}_host_us"] = round(statistics.median(times) * 1e6, 1)
+        except Exception as e:  # noqa: BLE001 - a probe: say what failed and go on
+            out[f"{name}_error"] = f"{type(e).__name__}: {e}"[:300]
+    try:
+        a, b = logits.clone(), logits.clone()
+        apply_bitmask_(a, pinned, None, volatile=True)
+        bare_apply(b)
+        out["bare_pointer_equal"] = bool(torch.equal(a, b))
+    except Exception as e:  # noqa: BLE001
+        out["bare_pointer_equal_error"] = f"{type(e).__name__}: {e}"[:300]
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", default=None)
+    ap.add_argument("--launch-only", dest="launch_only", action="store_true",
+                    help="only the launch costs of the apply and the wait (session 10)")
     args = ap.parse_args()
+    if args.launch_only:
+        out = {"device": torch.cuda.get_device_name(), **launch_costs()}
+        print(json.dumps(out, indent=2))
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(out, f, indent=2)
+        return
     from octavo.core.grammar_device_gate import DeviceGate
     from octavo.core.grammar_step import apply_packed
     from octavo.plugins.platforms.cuda_grammar_mask import apply_bitmask_, wait_host_flag

@@ -7,19 +7,21 @@
 # Writes JSON + logs to $OUT/structured9/. Runs from the repo root.
 #   1. STRUCTURED9_PROBE=1 only (session 9): benchmarks/structured_devgate_probe.py (the wait's compile and launch
 #      cost, us per spin, resume after the host's write) and tests/structured/test_apply_device.py -k device_gate.
-#   2. benchmarks/structured_outputs.py on the SmolLM2-135M shape (issue 11's model) at batch 32: free_async,
+#   2. session 10: benchmarks/structured_devgate_probe.py --launch-only (host us per launch of the apply, rows pinned /
+#      on the device / the pinned rows as a bare pointer, and of the wait; <= 15 s).
+#   3. benchmarks/structured_outputs.py on the SmolLM2-135M shape (issue 11's model) at batch 32: free_async,
 #      json_async_park (the Python gate, sessions 6-9's default), json_async_devgate (sampling queued behind a device
 #      wait on a host word the fill opens: core/grammar_device_gate.py), _devgate_poolaccept (N's accept moved
 #      into the bitmask thread's fill job, off the core thread), _devgate_gateonly (no-op fill + accept: the
 #      structure's floor; its text is unconstrained); modes interleaved; host ms incl. device_wait (device events:
 #      how long the GPU idled for the fill); greedy tokens compared between modes (*_tokens_equal_*: a path that
-#      changes a token is wrong); session 10: one more untimed run of free_async, park and devgate under
+#      changes a token is wrong); session 10: four more untimed runs of free_async, park and devgate under
 #      benchmarks/stack_sampler.py (where each thread's wall time goes: "stack_samples" in the JSON).
-#   3. session 10, in its own call (a hang there costs only itself): three steps in flight with the device gate
+#   4. session 10, in its own call (a hang there costs only itself): three steps in flight with the device gate
 #      (json_async_devgate_d3: all steps; _gd3: core/async_gate.py GATED_DEPTH = 3, only behind device-gated steps,
 #      as it would ship; + _nostartwait: no core-thread wait for the bitmask thread, + _poolaccept: N's accept in
 #      the fill job) vs free_async_d3 / free_async and the depth-2 device gate, SmolLM2-135M shape, batch 32.
-#   4. what time is left: the ~1.1B Llama shape at batch 32, park vs devgate vs devgate_gd3.
+#   5. what time is left: the ~1.1B Llama shape at batch 32, park vs devgate vs devgate_gd3.
 # STRUCTURED9_DRY=1: a CPU dry run (tiny shapes, few steps; the device modes then run the Python gate).
 set -u
 cd "$(dirname "$0")/../.."
@@ -95,8 +97,11 @@ if [ "$DRY" != 1 ] && [ "${STRUCTURED9_PROBE:-0}" = 1 ]; then
   step probe 20 python3 benchmarks/structured_devgate_probe.py --json "$R/probe.json"
   step apply_test 20 python3 -m pytest -q -p no:cacheprovider tests/structured/test_apply_device.py -k device_gate
 fi
+if [ "$DRY" != 1 ]; then  # session 10: what one launch of the apply / the wait costs the host (rows pinned or not)
+  step launch 15 python3 benchmarks/structured_devgate_probe.py --launch-only --json "$R/launch.json"
+fi
 if [ "$XGR" = 1 ]; then
-  step smol135m $(( 50 * X )) python3 benchmarks/structured_outputs.py "${COMMON[@]}" "${MODES[@]}" "${STACKS[@]}" \
+  step smol135m $(( 45 * X )) python3 benchmarks/structured_outputs.py "${COMMON[@]}" "${MODES[@]}" "${STACKS[@]}" \
        --batches 32 --model /tmp/structured9_smol135m --json "$R/smol135m.json"
   step smol135m_d3 $(( 45 * X )) python3 benchmarks/structured_outputs.py "${COMMON[@]}" "${D3[@]}" --batches 32 \
        --model /tmp/structured9_smol135m --json "$R/smol135m_d3.json"
