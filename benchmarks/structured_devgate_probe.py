@@ -36,26 +36,27 @@ def _resume(dg, wait_host_flag, sleep_s: float, max_spins: int) -> dict:
             "gave_up": int(dg.words[1]) >= seq}
 
 
-class _HostRows:
-    """The pinned rows as a bare pointer (``data_ptr`` + ``dtype``): what Triton's launcher reads of a tensor
-    argument, without the tensor (session 10: is the apply's ~95 us launch the pinned *CPU* tensor argument?)."""
+def _bare_flag(apply, x, pinned) -> None:
+    """The engine's apply with cuda_grammar_mask.BARE_HOST_POINTER on (the form it would ship)."""
+    from octavo.plugins.platforms import cuda_grammar_mask
 
-    def __init__(self, t: torch.Tensor) -> None:
-        self._ptr, self.dtype = t.data_ptr(), t.dtype
-
-    def data_ptr(self) -> int:
-        return self._ptr
+    cuda_grammar_mask.BARE_HOST_POINTER = True
+    try:
+        apply(x, pinned, None, volatile=True)
+    finally:
+        cuda_grammar_mask.BARE_HOST_POINTER = False
 
 
 def launch_costs(n: int = 32, vocab: int = 49152, iters: int = 60) -> dict:
     """Host microseconds per launch (median of ``iters``, the stream drained before each) of the grammar apply with
     its rows (a) in pinned host memory as the engine passes them (volatile and not), (b) on the device, (c) the same
-    pinned rows as a bare pointer (:class:`_HostRows`), and of the device wait; (c)'s result is compared with (a)'s."""
+    pinned rows as a bare pointer (cuda_grammar_mask._HostRows), and of the device wait; (c)'s result is compared with (a)'s."""
     import triton
 
     from octavo.plugins.platforms.cuda_grammar_mask import (
         BLOCK,
         _apply_bitmask_kernel,
+        _HostRows,
         apply_bitmask_,
         wait_host_flag,
     )
@@ -75,7 +76,8 @@ def launch_costs(n: int = 32, vocab: int = 49152, iters: int = 60) -> dict:
              "apply_pinned": lambda x: apply_bitmask_(x, pinned, None),
              "apply_device_rows": lambda x: apply_bitmask_(x, dev_rows, None),
              "apply_bare_pointer": bare_apply,
-             "wait_open": lambda x: wait_host_flag(words, 0, 10)}
+             "wait_open": lambda x: wait_host_flag(words, 0, 10),
+             "apply_pinned_volatile_bare_flag": lambda x: _bare_flag(apply_bitmask_, x, pinned)}
     out: dict = {}
     for name, fn in cases.items():
         try:
