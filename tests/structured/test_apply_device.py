@@ -138,7 +138,6 @@ def test_device_gate_waits_for_rows_written_after_the_launch(whole, bare, monkey
     from octavo.core import grammar_device_gate
     from octavo.core.grammar_device_gate import DeviceGate, apply_gated
     from octavo.core.grammar_step import GrammarStep
-
     from octavo.plugins.platforms import cuda_grammar_mask
 
     monkeypatch.setattr(grammar_device_gate, "DEVICE_GATE", True)
