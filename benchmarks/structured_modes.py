@@ -7,6 +7,7 @@ backend, and attributes of the engine's async loop. Each mode's comment says whi
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from structured_common import SCHEMA
@@ -22,6 +23,7 @@ def defaults(core: Any) -> dict:
 
     return {"park": async_gate.PARK, "early_fill": async_gate.EARLY_FILL, "start_wait": async_gate.FILL_START_WAIT_S,
             "gated_depth": async_gate.GATED_DEPTH,
+            "bare": getattr(sys.modules.get("octavo.plugins.platforms.cuda_grammar_mask"), "BARE_HOST_POINTER", False),
             "devgate": grammar_device_gate.DEVICE_GATE, "poolaccept": so_mod.ACCEPT_ON_FILL_THREAD,
             "inline": grammar_step.INLINE_AFTER_GATE, "handoff": grammar_step.HANDOFF_WAIT_S,
             "threads": core.structured.fill_threads, "kernel": grammar_step.PLATFORM_APPLY,
@@ -117,6 +119,9 @@ def build_modes(args: Any, so: Any, dflt: dict) -> dict:
             **dflt, "devgate": True, "gated_depth": 3, "start_wait": 0.0})
         modes["json_async_devgate_gd3_poolaccept"] = (so, True, False, False, None, {
             **dflt, "devgate": True, "gated_depth": 3, "poolaccept": True})
+        # and the apply's pinned rows handed to Triton's launcher as a bare pointer (cuda_grammar_mask.BARE_HOST_POINTER)
+        modes["json_async_devgate_gd3_bare"] = (so, True, False, False, None, {
+            **dflt, "devgate": True, "gated_depth": 3, "bare": True})
         if args.switch_interval:  # the same two with a shorter GIL switch interval (sys.setswitchinterval)
             modes["free_async_si"] = (None, True, False, False, args.switch_interval, dflt)
             modes["json_async_si"] = (so, True, False, False, args.switch_interval, dflt)
@@ -157,6 +162,10 @@ def apply_knobs(core: Any, knobs: dict, on: bool, async_modes: bool, saved: dict
     grammar_step.HOST_READ_APPLY = knobs.get("host_read", True)
     grammar_device_gate.DEVICE_GATE = knobs.get("devgate", saved["devgate"])
     so_mod.ACCEPT_ON_FILL_THREAD = knobs.get("poolaccept", saved["poolaccept"])
+    if "bare" in knobs:  # (CUDA only: the platform's apply module)
+        from octavo.plugins.platforms import cuda_grammar_mask
+
+        cuda_grammar_mask.BARE_HOST_POINTER = knobs["bare"]
     if knobs.get("gate_only"):
         backend = core.structured._get_backend()
         backend.fill_bitmasks = lambda ms, bm: bm.fill_(-1)
@@ -178,6 +187,9 @@ def restore(core: Any, saved: dict) -> None:
     so_mod.ACCEPT_ON_FILL_THREAD = saved["poolaccept"]
     async_gate.PARK, async_gate.EARLY_FILL = saved["park"], saved["early_fill"]
     async_gate.FILL_START_WAIT_S, async_gate.GATED_DEPTH = saved["start_wait"], saved["gated_depth"]
+    mask_mod = sys.modules.get("octavo.plugins.platforms.cuda_grammar_mask")
+    if mask_mod is not None:
+        mask_mod.BARE_HOST_POINTER = saved["bare"]
     backend = core.structured._backend
     for name in ("fill_bitmasks", "accept_tokens"):  # the gate_only no-ops (instance attributes)
         if backend is not None and name in vars(backend):

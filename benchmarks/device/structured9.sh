@@ -20,7 +20,7 @@
 #   4. session 10, in its own call (a hang there costs only itself): three steps in flight with the device gate
 #      (json_async_devgate_d3: all steps; _gd3: core/async_gate.py GATED_DEPTH = 3, only behind device-gated steps,
 #      as it would ship; + _nostartwait: no core-thread wait for the bitmask thread, + _poolaccept: N's accept in
-#      the fill job) vs free_async_d3 / free_async and the depth-2 device gate, SmolLM2-135M shape, batch 32.
+#      the fill job, + _bare: the apply's rows as a bare pointer) vs free_async_d3 / free_async and the depth-2 device gate, SmolLM2-135M shape, batch 32.
 #   5. what time is left: the ~1.1B Llama shape at batch 32, park vs devgate vs devgate_gd3.
 # STRUCTURED9_DRY=1: a CPU dry run (tiny shapes, few steps; the device modes then run the Python gate).
 set -u
@@ -91,7 +91,7 @@ COMMON=(--steps 24 --repeats 2 --device cuda --dtype bfloat16 --skip-compile --a
 MODES=(--modes ${STRUCTURED9_MODES:-json_async_park json_async_devgate json_async_devgate_poolaccept json_async_devgate_gateonly})
 STACKS=(--stack-sample free_async json_async_park json_async_devgate --stack-runs 4)
 D3=(--modes free_async_d3 json_async_devgate json_async_devgate_d3 json_async_devgate_gd3
-    json_async_devgate_gd3_nostartwait json_async_devgate_gd3_poolaccept)
+    json_async_devgate_gd3_nostartwait json_async_devgate_gd3_poolaccept json_async_devgate_gd3_bare)
 FEW=(--modes json_async_park json_async_devgate json_async_devgate_gd3)
 if [ "$DRY" != 1 ] && [ "${STRUCTURED9_PROBE:-0}" = 1 ]; then
   step probe 20 python3 benchmarks/structured_devgate_probe.py --json "$R/probe.json"
