@@ -19,7 +19,6 @@ core, which frees its KV blocks.
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 import time
 import uuid
@@ -27,15 +26,18 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from octavo.async_llm_vllm import AsyncVllmMethods
+from octavo.async_output_loop import AsyncOutputLoop
+from octavo.async_stream import RequestStream
 from octavo.config import OctavoSettings
-from octavo.errors import InputError
 from octavo.outputs import RequestOutput
 from octavo.sampling_params import SamplingParams
 
-logger = logging.getLogger("octavo.async_llm")
+__all__ = ["AsyncLLM", "RequestStream"]
 
 
-class AsyncLLM(AsyncVllmMethods):  # + sleep / wake_up / is_sleeping / collective_rpc (async_llm_vllm.py)
+# Beside this file: the output task (async_output_loop.py), each request's stream (async_stream.py), and
+# vLLM's sleep / wake_up / is_sleeping / collective_rpc (async_llm_vllm.py).
+class AsyncLLM(AsyncOutputLoop, AsyncVllmMethods):
     """Asynchronous engine client: submit requests from a running event loop and stream their outputs.
 
     Args:
@@ -293,63 +295,6 @@ class AsyncLLM(AsyncVllmMethods):  # + sleep / wake_up / is_sleeping / collectiv
         self._abort_internal(ids)
         return len(ids)
 
-    # ------------------------------------------------------------------------------------------ output loop
-    def _ensure_output_task(self) -> None:
-        if self._output_task is None:
-            self._output_task = asyncio.get_running_loop().create_task(self._output_loop(),
-                                                                       name="octavo-output-loop")
-
-    async def _output_loop(self) -> None:
-        from octavo.errors import EngineDeadError
-
-        fe = self.frontend
-        try:
-            while True:
-                core_outs = await self._client.get_output()
-                if core_outs.stats is not None:
-                    self.stats = core_outs.stats
-                    for obs in self.stats_observers:
-                        _notify(obs, core_outs.stats)
-                if not core_outs.outputs:
-                    continue
-                for o in core_outs.outputs:
-                    if o.new_token_ids or o.error:
-                        self._not_started.discard(fe.parent_of(o.request_id))
-                results, to_abort = fe.process_outputs(core_outs.outputs)
-                if to_abort:
-                    self._client.abort_requests(to_abort)
-                for internal_id, ro, err in results:
-                    if ro.finished:
-                        self._not_started.discard(internal_id)
-                        # observers read generation metrics; an EmbeddingRequestOutput has none
-                        for obs in self.finished_observers if isinstance(ro, RequestOutput) and not err else ():
-                            _notify(obs, ro)
-                    q = self._queues.get(internal_id)
-                    if q is not None:
-                        q.put_nowait(InputError(err) if err else ro)
-        except EngineDeadError as e:
-            self._fail_all(e)
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:  # noqa: BLE001 - a front-end bug must not leave callers hanging forever
-            logger.exception("output loop failed")
-            self._fail_all(EngineDeadError(f"the output loop failed: {type(e).__name__}: {e}"))
-            self._client._mark_dead(f"the output loop failed: {type(e).__name__}: {e}")
-
-    def _fail_all(self, error: BaseException) -> None:
-        for q in self._queues.values():
-            q.put_nowait(error)
-
-    def _on_dead(self, reason: str) -> None:
-        from octavo.errors import EngineDeadError
-
-        self._fail_all(EngineDeadError(reason))
-        for obs in self.dead_observers:
-            try:
-                obs(reason)
-            except Exception:  # noqa: BLE001 - one observer must not stop the others
-                logger.exception("dead observer failed")
-
     # ------------------------------------------------------------------------------------------ shutdown
     def shutdown(self) -> None:
         """Stop the output task and the engine core (the core process is joined, or killed if stuck)."""
@@ -387,46 +332,3 @@ def _reserve_frontend_core(settings: OctavoSettings) -> OctavoSettings:
     settings = settings.model_copy(deep=True)
     settings.device.num_threads = max(1, cpus - 1)
     return settings
-
-
-def _notify(observer: Callable[[Any], None], value: Any) -> None:
-    try:
-        observer(value)
-    except Exception:  # noqa: BLE001 - an observer (metrics, a plugin) must never stop the output loop
-        logger.exception("observer %r failed", observer)
-
-
-class RequestStream:
-    """The outputs of one submitted request, as an async iterator (from :meth:`AsyncLLM.add_request`).
-
-    ``request_id`` is the caller's id (echoed in every output); ``internal_id`` is the engine's own.
-    """
-
-    def __init__(self, engine: AsyncLLM, request_id: str, queue: asyncio.Queue, internal_id: str | None = None):
-        self.engine, self.request_id, self._queue = engine, request_id, queue
-        self.internal_id = internal_id or request_id
-        self.finished = False
-
-    def __aiter__(self) -> RequestStream:
-        return self
-
-    async def __anext__(self) -> RequestOutput:
-        if self.finished:
-            raise StopAsyncIteration
-        q = self._queue
-        out = q.get_nowait() if not q.empty() else await q.get()
-        if isinstance(out, BaseException):
-            self.finished = True
-            self.engine._forget(self.internal_id)
-            raise out
-        if out.finished:
-            self.finished = True
-            self.engine._forget(self.internal_id)
-        return out
-
-    def close(self) -> None:
-        """Abort the request if it is still running (frees its KV blocks); safe to call twice."""
-        if not self.finished:
-            self.finished = True
-            self.engine._abort_internal([self.internal_id])
-            self.engine._forget(self.internal_id)
