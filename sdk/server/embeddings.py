@@ -18,22 +18,24 @@ training (``is_matryoshka`` / ``matryoshka_dimensions`` in config.json or
 
 from __future__ import annotations
 
-import asyncio
-import base64
 import json
 import logging
 import math
 import os
-import struct
 import uuid
 from typing import Any, Literal
 
 from fastapi import FastAPI
 from pydantic import ConfigDict, model_validator
 
-from octavo.server.offload import run_bounded
+from octavo.server.pooling_common import (
+    encode_vector,
+    input_prompts,
+    pool_all,
+    refuse_fields,
+    tokenize_inputs,
+)
 from octavo.server.protocol import I32, U32, _Checked
-from octavo.server.serving import RENDER_TIMEOUT_S
 
 logger = logging.getLogger("octavo.server")
 
@@ -61,34 +63,14 @@ class EmbeddingRequest(_Checked):
 
     @model_validator(mode="after")
     def _extra_fields(self) -> EmbeddingRequest:
-        from octavo.errors import APIError
         from octavo.server.vllm_fields import check_extra_fields
 
-        extras = self.model_extra or {}
-        for name, noop in _EMBED_REFUSED.items():
-            value = extras.get(name)
-            if name in extras and not any(value is v or (value == v and type(value) is type(v)) for v in noop):
-                raise APIError(400, f"{name} is not supported on /v1/embeddings; leave it out.", param=name)
+        refuse_fields(self.model_extra or {}, _EMBED_REFUSED, "on /v1/embeddings")
         check_extra_fields(self)
         return self
 
     def prompts(self) -> list[Any]:
-        inp = self.input
-        if isinstance(inp, str):
-            return [inp]
-        if not inp:
-            raise ValueError("'input' is empty: give a string, a list of strings, or token ids.")
-        if all(isinstance(x, int) for x in inp):
-            return [{"prompt_token_ids": list(inp)}]  # one token array
-        out = []
-        for i, x in enumerate(inp):
-            if isinstance(x, str):
-                out.append(x)
-            elif isinstance(x, list) and x and all(isinstance(t, int) for t in x):
-                out.append({"prompt_token_ids": x})
-            else:
-                raise ValueError(f"input[{i}] must be a non-empty string or a non-empty list of token ids.")
-        return out
+        return input_prompts(self.input)
 
 
 def matryoshka_dimensions(model_dir: str | None) -> tuple[bool, list[int] | None]:
@@ -103,12 +85,6 @@ def matryoshka_dimensions(model_dir: str | None) -> tuple[bool, list[int] | None
                 declared = declared or bool(data.get("is_matryoshka", False))
                 sizes = sizes or data.get("matryoshka_dimensions")
     return declared or bool(sizes), (list(sizes) if sizes else None)
-
-
-def _encode(vector: list[float], fmt: str) -> list[float] | str:
-    if fmt == "float":
-        return vector
-    return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode("ascii")
 
 
 def _truncate(vector: list[float], dims: int) -> list[float]:
@@ -178,36 +154,15 @@ def register_embedding_routes(app: FastAPI, engine: Any, model_name: str, check_
             prompts = body.prompts()
         except ValueError as e:
             raise APIError(400, str(e), param="input") from None
-        for i, prompt in enumerate(prompts):  # tokenize off the event loop, size- and time-bounded
-            if isinstance(prompt, str):
-                ids = await run_bounded(lambda p=prompt: engine.encode(p), timeout_s=RENDER_TIMEOUT_S,
-                                        what="tokenizing the input", param="input")
-                prompts[i] = {"prompt_token_ids": ids, "prompt": prompt}
+        prompts = await tokenize_inputs(engine, prompts)
         base = f"embd-{uuid.uuid4().hex}"
-        streams = []
-        try:  # validate and queue all inputs first: one bad input fails the whole request, nothing runs
-            for i, prompt in enumerate(prompts):
-                streams.append(engine.add_embedding_request(prompt, f"{base}-{i}", body.priority))
-        except BaseException:
-            for st in streams:
-                st.close()
-            raise
-
-        async def result(stream):
-            try:
-                async for out in stream:
-                    if out.finished:
-                        return out
-            finally:
-                stream.close()
-
-        outs = await asyncio.gather(*(result(st) for st in streams))
+        outs = await pool_all(engine, prompts, base, body.priority)
         data, n_tokens = [], 0
         for i, out in enumerate(outs):
             vector = list(out.outputs.embedding)
             if body.dimensions is not None:
                 vector = _truncate(vector, body.dimensions)
-            data.append({"object": "embedding", "index": i, "embedding": _encode(vector, body.encoding_format)})
+            data.append({"object": "embedding", "index": i, "embedding": encode_vector(vector, body.encoding_format)})
             n_tokens += len(out.prompt_token_ids)
         return {"id": base, "object": "list", "data": data, "model": model_name,
                 "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens}}

@@ -13,6 +13,7 @@ from typing import Any, Literal
 from pydantic import ConfigDict, model_validator
 
 from octavo.pooling_params import PoolingParams
+from octavo.server.pooling_common import input_prompts, refuse_fields
 from octavo.server.protocol import I32, U32, _Checked
 
 # vLLM request fields octavo does not implement on these routes -> their no-op values
@@ -35,14 +36,9 @@ class _PoolingBody(_Checked):
 
     @model_validator(mode="after")
     def _extra_fields(self) -> _PoolingBody:
-        from octavo.errors import APIError
         from octavo.server.vllm_fields import check_extra_fields
 
-        extras = self.model_extra or {}
-        for name, noop in _REFUSED.items():
-            value = extras.get(name)
-            if name in extras and not any(value is v or (value == v and type(value) is type(v)) for v in noop):
-                raise APIError(400, f"{name} is not supported on this route; leave it out.", param=name)
+        refuse_fields(self.model_extra or {}, _REFUSED, "on this route")
         check_extra_fields(self)
         return self
 
@@ -60,22 +56,7 @@ class _InputBody(_PoolingBody):
 
     def prompts(self) -> list[Any]:
         """``input`` -> one prompt per item (a string, or ``{"prompt_token_ids": ...}``)."""
-        inp = self.input
-        if isinstance(inp, str):
-            return [inp]
-        if not inp:
-            raise ValueError("'input' is empty: give a string, a list of strings, or token ids.")
-        if all(isinstance(x, int) for x in inp):
-            return [{"prompt_token_ids": list(inp)}]
-        out = []
-        for i, x in enumerate(inp):
-            if isinstance(x, str):
-                out.append(x)
-            elif isinstance(x, list) and x and all(isinstance(t, int) for t in x):
-                out.append({"prompt_token_ids": x})
-            else:
-                raise ValueError(f"input[{i}] must be a non-empty string or a non-empty list of token ids.")
-        return out
+        return input_prompts(self.input)
 
 
 class PoolingRequest(_InputBody):

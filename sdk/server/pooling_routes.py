@@ -12,9 +12,6 @@ embeddings for an embedding model, as vLLM does.
 
 from __future__ import annotations
 
-import asyncio
-import base64
-import struct
 import time
 import uuid
 from typing import Any
@@ -23,6 +20,7 @@ from fastapi import FastAPI
 
 from octavo.pooling import cosine, model_tasks, pair_prompts
 from octavo.server.offload import run_bounded
+from octavo.server.pooling_common import encode_vector, pool_all, tokenize_inputs
 from octavo.server.pooling_protocol import ClassificationRequest, PoolingRequest, RerankRequest, ScoreRequest
 from octavo.server.serving import RENDER_TIMEOUT_S
 
@@ -42,37 +40,6 @@ def register_pooling_routes(app: FastAPI, engine: Any, model_name: str, check_mo
         kind = f"serves the pooling tasks {tasks}" if tasks else "is a generative model"
         return APIError(400, f"The model {model_name!r} ({info.architecture}) {kind}; {route} needs {_NEEDS[what]}.",
                         param="model", code="model_not_supported")
-
-    async def tokenize(prompts: list[Any], add_special_tokens: bool) -> list[Any]:
-        out = []
-        for p in prompts:  # off the event loop, size- and time-bounded
-            if isinstance(p, str):
-                ids = await run_bounded(lambda p=p: engine.encode(p, add_special_tokens=add_special_tokens),
-                                        timeout_s=RENDER_TIMEOUT_S, what="tokenizing the input", param="input")
-                p = {"prompt_token_ids": ids, "prompt": p}
-            out.append(p)
-        return out
-
-    async def run(prompts: list[Any], params: Any, base: str, priority: int) -> list[Any]:
-        streams = []
-        try:  # validate and queue all inputs first: one bad input fails the whole request, nothing runs
-            for i, prompt in enumerate(prompts):
-                streams.append(engine.add_embedding_request(prompt, f"{base}-{i}", priority,
-                                                            pooling_params=params.clone()))
-        except BaseException:
-            for st in streams:
-                st.close()
-            raise
-
-        async def result(stream):
-            try:
-                async for out in stream:
-                    if out.finished:
-                        return out
-            finally:
-                stream.close()
-
-        return list(await asyncio.gather(*(result(st) for st in streams)))
 
     def start(body: Any, path: str, what: str, task: str | None) -> None:
         check_model(body.model)
@@ -95,9 +62,9 @@ def register_pooling_routes(app: FastAPI, engine: Any, model_name: str, check_mo
         task = body.task or (tasks[0] if tasks else None)
         start(body, "/pooling", "pooling", task)
         base = body.request_id or f"pool-{uuid.uuid4().hex}"
-        prompts = await tokenize(prompts_of(body), body.add_special_tokens)
-        outs = await run(prompts, body.pooling_params(task), base, body.priority)
-        data = [{"index": i, "object": "pooling", "data": _encode(_vector(o), body.encoding_format)}
+        prompts = await tokenize_inputs(engine, prompts_of(body), body.add_special_tokens)
+        outs = await pool_all(engine, prompts, base, body.priority, body.pooling_params(task))
+        data = [{"index": i, "object": "pooling", "data": encode_vector(_vector(o), body.encoding_format)}
                 for i, o in enumerate(outs)]
         return {"id": base, "object": "list", "created": int(time.time()), "model": model_name, "data": data,
                 "usage": usage(outs)}
@@ -106,8 +73,8 @@ def register_pooling_routes(app: FastAPI, engine: Any, model_name: str, check_mo
     async def classify(body: ClassificationRequest) -> dict:
         start(body, "/classify", "classify", "classify")
         base = body.request_id or f"classify-{uuid.uuid4().hex}"
-        prompts = await tokenize(prompts_of(body), body.add_special_tokens)
-        outs = await run(prompts, body.pooling_params("classify"), base, body.priority)
+        prompts = await tokenize_inputs(engine, prompts_of(body), body.add_special_tokens)
+        outs = await pool_all(engine, prompts, base, body.priority, body.pooling_params("classify"))
         labels = (info.pooler or {}).get("id2label") or {}
         data = []
         for i, o in enumerate(outs):
@@ -125,12 +92,12 @@ def register_pooling_routes(app: FastAPI, engine: Any, model_name: str, check_mo
             tok = engine.get_tokenizer()
             prompts = await run_bounded(lambda: pair_prompts(tok, left, right, "text_1"), timeout_s=RENDER_TIMEOUT_S,
                                         what="tokenizing the pairs", param="text_1")
-            outs = await run(prompts, body.pooling_params("score"), base, body.priority)
+            outs = await pool_all(engine, prompts, base, body.priority, body.pooling_params("score"))
             return [float(o.outputs.data[0]) for o in outs], usage(outs)["prompt_tokens"]
         start(body, path, "score", "embed" if "embed" in tasks else None)
         uniq = list(dict.fromkeys(left + right))  # each distinct text embedded once
-        prompts = await tokenize(uniq, body.add_special_tokens)
-        outs = await run(prompts, body.pooling_params("embed"), base, body.priority)
+        prompts = await tokenize_inputs(engine, uniq, body.add_special_tokens)
+        outs = await pool_all(engine, prompts, base, body.priority, body.pooling_params("embed"))
         vec = {text: o.outputs.embedding for text, o in zip(uniq, outs)}
         return [cosine(vec[a], vec[b]) for a, b in zip(left, right)], usage(outs)["prompt_tokens"]
 
@@ -170,9 +137,3 @@ def register_pooling_routes(app: FastAPI, engine: Any, model_name: str, check_mo
 
 def _vector(out: Any) -> list[float]:
     return list(out.outputs.embedding) if hasattr(out.outputs, "embedding") else list(out.outputs.data)
-
-
-def _encode(vector: list[float], fmt: str) -> list[float] | str:
-    if fmt == "float":
-        return vector
-    return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode("ascii")
