@@ -242,7 +242,8 @@ PERMISSIONS = {"trust_remote_code"}
 
 
 def _code() -> str:
-    files = [p for d in ("sdk", "core", "plugins") for p in (REPO / d).rglob("*.py") if p.name != "config.py"]
+    defs = ("config.py", "config_sections.py", "config_sources.py")  # where settings are defined, not read
+    files = [p for d in ("sdk", "core", "plugins") for p in (REPO / d).rglob("*.py") if p.name not in defs]
     return "\n".join(p.read_text() for p in files)
 
 
