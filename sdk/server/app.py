@@ -10,7 +10,6 @@ input never produces a 500.
 
 from __future__ import annotations
 
-import asyncio
 import hmac
 import logging
 from pathlib import Path
@@ -22,6 +21,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from octavo.errors import APIError
+from octavo.server.disconnect import until_disconnect
 from octavo.server.errors import classify, error_response
 from octavo.server.guard import Guard, ServerState
 from octavo.server.metrics import ServerMetrics
@@ -162,15 +162,15 @@ def build_app(engine: Any, settings: Any) -> FastAPI:
         check_model(body.model)
         check_ready()
         rid = client_request_id(body, request, "cmpl")
-        return await respond(request, await _until_disconnect(request, serving.completions(body, rid),
-                                                              body.stream), rid)
+        return await respond(request, await until_disconnect(request, serving.completions(body, rid),
+                                                             body.stream), rid)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         check_model(body.model)
         check_ready()
         rid = client_request_id(body, request, "chatcmpl")
-        return await respond(request, await _until_disconnect(request, serving.chat(body, rid), body.stream), rid)
+        return await respond(request, await until_disconnect(request, serving.chat(body, rid), body.stream), rid)
 
     # ------------------------------------------------------------------------------------ the rest
     @app.get("/v1/models")
@@ -255,36 +255,6 @@ def build_app(engine: Any, settings: Any) -> FastAPI:
 
     get_plugin_manager().hook.octavo_add_routes(app=app, engine=engine)
     return app
-
-
-async def _until_disconnect(request: Request, coro: Any, stream: bool) -> Any:
-    """Run a non-streaming request, cancelling it (which aborts it in the engine) if the client leaves.
-
-    Streaming responses need no watcher: Starlette cancels the body iterator when the client goes away.
-    """
-    if stream:
-        return await coro
-    task = asyncio.ensure_future(coro)
-
-    async def wait_disconnect() -> None:
-        while True:
-            message = await request.receive()
-            if message["type"] == "http.disconnect":
-                return
-
-    watcher = asyncio.ensure_future(wait_disconnect())
-    try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watcher.cancel()
-    if not task.done():
-        task.cancel()  # the client left: the generator's finally aborts the request
-        try:
-            await task
-        except asyncio.CancelledError:
-            pass
-        return Response(status_code=499)
-    return task.result()
 
 
 def _param_path(loc: Any) -> str | None:

@@ -28,6 +28,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ConfigDict, Field
 
 from octavo.errors import APIError
+from octavo.server.disconnect import until_disconnect
 from octavo.server.protocol import I32, ChatCompletionRequest, StreamOptions, _Checked
 
 logger = logging.getLogger("octavo.server")
@@ -222,36 +223,6 @@ class ResponsesAPI:
         yield event("response.completed", response=resp)  # status inside may be "incomplete", as vLLM sends it
 
 
-async def _until_disconnect(request: Request, coro: Any, stream: bool) -> Any:
-    """A non-streaming create is cancelled (which aborts it in the engine) when its client leaves: 499.
-
-    NOTE: the same watcher as ``octavo.server.app._until_disconnect``; importing it from there would make an
-    import circle (app registers these routes)."""
-    import asyncio
-
-    if stream:
-        return await coro
-    task = asyncio.ensure_future(coro)
-
-    async def wait_disconnect() -> None:
-        while (await request.receive())["type"] != "http.disconnect":
-            pass
-
-    watcher = asyncio.ensure_future(wait_disconnect())
-    try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watcher.cancel()
-    if not task.done():
-        task.cancel()
-        try:
-            await task
-        except asyncio.CancelledError:
-            pass
-        return Response(status_code=499)
-    return task.result()
-
-
 def register_responses_routes(app: FastAPI, serving: Any, check_model: Any, check_ready: Any) -> None:
     """``POST /v1/responses``, ``GET /v1/responses/{response_id}``."""
     api = ResponsesAPI(serving)
@@ -262,7 +233,7 @@ def register_responses_routes(app: FastAPI, serving: Any, check_model: Any, chec
         check_model(body.model)
         check_ready()
         rid = body.request_id or request.headers.get("x-request-id") or f"resp_{uuid.uuid4().hex}"
-        result = await _until_disconnect(request, api.create(body, rid), body.stream)
+        result = await until_disconnect(request, api.create(body, rid), body.stream)
         if isinstance(result, Response):  # 499: the client went away
             return result
         if isinstance(result, dict):
