@@ -58,3 +58,18 @@ def smollm2_safetensors_dir(dtype: str = "float32") -> Path:
     except OSError:  # another process made it first
         shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def tiny_llama(path: str | Path, cfg: dict):
+    """Save a seeded random-weight float32 Llama of config ``cfg`` (transformers' ``LlamaConfig`` fields) to
+    ``path`` and return it (same weights on every call with the same ``cfg``)."""
+    import torch
+    import transformers as T
+
+    from octavo.testing.model import randomize_
+
+    torch.manual_seed(0)
+    model = T.LlamaForCausalLM(T.LlamaConfig(architectures=["LlamaForCausalLM"], **cfg)).float()
+    randomize_(model)
+    model.save_pretrained(path)
+    return model

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-import transformers as T
 
 from octavo import LLM
 from octavo.beam_search import BeamSearchOutput, BeamSearchParams
-from octavo.testing.model import randomize_
+from tests.utils import tiny_llama
 
 TINY = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, max_position_embeddings=256, pad_token_id=0, bos_token_id=1,
@@ -25,10 +24,7 @@ PROMPTS = [[5, 17, 33, 9, 100, 7], [1, 44, 90, 12, 3, 250, 61, 61, 8, 200]]
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     path = tmp_path_factory.mktemp("beam") / "tiny"
-    torch.manual_seed(0)
-    model = T.LlamaForCausalLM(T.LlamaConfig(architectures=["LlamaForCausalLM"], **TINY)).float()
-    randomize_(model)
-    model.save_pretrained(path)
+    model = tiny_llama(path, TINY)
     return model.eval(), LLM(str(path), skip_tokenizer_init=True, dtype="float32", block_size=4)
 
 

@@ -12,11 +12,10 @@ import gc
 
 import psutil
 import pytest
-import torch
 import transformers as T
 
 from octavo import LLM, SamplingParams
-from octavo.testing.model import randomize_
+from tests.utils import tiny_llama
 
 CFG = dict(vocab_size=16384, hidden_size=512, intermediate_size=1024, num_hidden_layers=2, num_attention_heads=8,
            num_key_value_heads=4, max_position_embeddings=512, pad_token_id=0, bos_token_id=1, eos_token_id=2,
@@ -33,10 +32,7 @@ def num_blocks(worker) -> int:  # for collective_rpc("module:function")
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     path = tmp_path_factory.mktemp("sleep") / "llama"
-    torch.manual_seed(0)
-    model = T.LlamaForCausalLM(T.LlamaConfig(architectures=["LlamaForCausalLM"], **CFG)).float()
-    randomize_(model)
-    model.save_pretrained(path)
+    tiny_llama(path, CFG)
     return str(path)
 
 
