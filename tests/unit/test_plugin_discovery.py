@@ -4,16 +4,22 @@ what they are read from changes: a distribution installed, removed or edited, sy
 
 import importlib.metadata
 import shutil
+import time
 
 import pytest
 
+from octavo.core import plugin_discovery
 from octavo.core.plugin_manager import PluginManager, reset_plugin_manager
 from tests.unit.plugin_dists import age, make_dist
 
 
 @pytest.fixture
 def reads(monkeypatch):
-    """The number of metadata reads so far (``reads()``)."""
+    """The number of metadata reads so far (``reads()``), once the installed metadata is cacheable: a package
+    installed in the last two seconds (another test's ``pip install``) is not trusted yet, by design."""
+    deadline = time.monotonic() + 10
+    while plugin_discovery._metadata_state() is None and time.monotonic() < deadline:
+        time.sleep(0.25)
     calls = []
     real = importlib.metadata.entry_points
 
