@@ -77,11 +77,6 @@ def server():
     assert srv.stop() == 0
 
 
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
-
-
 def test_openai_client_embeddings_match(client, reference):
     want, _ = reference
     model = client.models.list().data[0].id

@@ -40,16 +40,6 @@ def server():
 
 
 @pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
-
-
-@pytest.fixture(scope="module")
-def model(client):
-    return client.models.list().data[0].id
-
-
-@pytest.fixture(scope="module")
 def offline():
     from octavo import LLM
 

@@ -28,16 +28,6 @@ def server():
     srv.stop()
 
 
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
-
-
-@pytest.fixture(scope="module")
-def model(client):
-    return client.models.list().data[0].id
-
-
 def test_models_retrieve(client, model, server):
     m = client.models.retrieve(model)
     assert m.id == model and m.object == "model"
