@@ -5,11 +5,11 @@ down; then the LM head). ``cpu_kernel_bw.py`` times each shape over its own 30 c
 o: 20 MB in all) stay in a 32 MB L3 and look faster than they run in a step. This replays the real order on the
 embedded SmolLM2 GGUF's own weights (loaded through ``LLM``), calls ``q4a8_gemm_q`` / ``q8a8_gemm_q`` directly
 (no Python in the timed calls but the ctypes call), and compares builds of ``plugins/quant/cpu_int8act_src.py``
-that differ by ``-D`` macros (``PF_ROWS``: the software prefetch distance, 0 = none) in alternating rounds in one
-process: on a shared machine read the minimums and the medians side by side. The outputs of every build must be
+that differ by ``-D`` macros (``PF_BYTES``: the software prefetch distance, 0 = none; ``PF_HINT``) in alternating
+rounds in one process: on a shared machine read the minimums and the medians side by side. The outputs of every build must be
 bit-identical (asserted: the builds may differ only in speed).
 
-    python benchmarks/cpu_kernel_stream.py --builds PF_ROWS=0 PF_ROWS=8 --threads 1 --reps 21
+    python benchmarks/cpu_kernel_stream.py --builds PF_BYTES=0 "" PF_HINT=_MM_HINT_T0 --threads 1 --reps 21
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ def token_calls(model):
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--builds", nargs="+", default=["PF_ROWS=0", "PF_ROWS=8"],
+    ap.add_argument("--builds", nargs="+", default=["PF_BYTES=0", ""],
                     help="one build per argument: comma-separated -D macros ('' = the source's defaults)")
     ap.add_argument("--threads", type=int, default=1, help="the kernels' OpenMP threads (1: thread CPU time)")
     ap.add_argument("--reps", type=int, default=21)

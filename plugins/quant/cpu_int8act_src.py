@@ -89,30 +89,37 @@ static inline void quant_block(const void* x, int bf16, long off, int8_t* lo, in
    dots scaled by s * d and accumulated in the pair's 16 float lanes; then the zero term z * ds, 16 blocks a step;
    then one horizontal sum. The weight loads and unpacking are shared by the MT activation rows, the activation
    loads by the NR output rows: each weight byte is read once per chunk of up to 4 activation rows. */
-/* Software prefetch of the rows PF_ROWS ahead of the tile, at the columns the tile reads now (one 64-byte line of
-   weights per row per chunk; the row's scales and zeros every 16 blocks). Why: at batch 1 every weight byte comes
-   from DRAM once per token, and the hardware prefetcher does not keep up with a tile's 4 interleaved row streams
-   (rows k/2 bytes apart) plus their scale and zero streams: on a Zen 4 EPYC, 1 thread, the 30 layers' down_proj
-   (k = 1536) ran at 9 GB/s from memory vs 28 GB/s from cache, and the whole token's 120 int4 calls + the int8 head
-   took ~20 % less time with this (benchmarks/cpu_kernel_stream.py). Prefetches past the end of w are harmless
-   (a prefetch never faults); they change no arithmetic: the same bits. */
-#ifndef PF_ROWS
-#define PF_ROWS 16  /* 8 to 32 measured within 3 % of each other; -DPF_ROWS=0 builds without (benchmarks/cpu_kernel_stream.py) */
+/* Software prefetch into L2 of the rows PF_BYTES ahead of the tile (pf_rows: at least PF_BYTES of the weight rows),
+   at the columns the tile reads now: one 64-byte line of weights per row per chunk, the row's scales and zeros
+   every 16 blocks. Why: at batch 1 every weight byte comes from DRAM once per token, and the hardware prefetchers
+   do not keep up with a tile's interleaved row streams: on a Zen 4 EPYC (1 thread, a token's weight stream in the
+   model's order, benchmarks/cpu_kernel_stream.py) the 30 down_proj (k = 1536) took 2.29 ms without, 1.83 ms with
+   prefetches into L1 (_MM_HINT_T0) and 0.97 ms with these into L2; the int8 LM head 3.64 / 3.06 / 1.36 ms; the
+   k = 576 int4 layers gain 10 % (T0 and T1 alike); the token's 121 calls 9.9 -> 6.1 ms. 6-24 KB ahead measured
+   alike. Prefetches past the end of w are harmless (a prefetch never faults); they change no arithmetic: the same
+   bits. -DPF_BYTES=0 builds without, -DPF_HINT=... with another hint (the benchmark's A/B). */
+#ifndef PF_BYTES
+#define PF_BYTES 12288
 #endif
-#if PF_ROWS > 0
+#ifndef PF_HINT
+#define PF_HINT _MM_HINT_T1
+#endif
+/* rows ahead for rows of rb bytes (0: no prefetch) */
+static inline long pf_rows(long rb) { return PF_BYTES > 0 ? (PF_BYTES + rb - 1) / rb : 0; }
+#if PF_BYTES > 0
 #define PREFETCH4(w, s, z, j, kb, ng, g) do {                                                        \
-        _mm_prefetch((const char*)((w) + ((j) + PF_ROWS) * (kb) + (g) * 16), _MM_HINT_T0);             \
+        _mm_prefetch((const char*)((w) + ((j) + pfr) * (kb) + (g) * 16), PF_HINT);                   \
         if (!((g) & 15)) {                                                                             \
-            _mm_prefetch((const char*)((s) + (long)((j) + PF_ROWS) * (ng) + (g)), _MM_HINT_T0);        \
-            _mm_prefetch((const char*)((z) + (long)((j) + PF_ROWS) * (ng) + (g)), _MM_HINT_T0);        \
+            _mm_prefetch((const char*)((s) + (long)((j) + pfr) * (ng) + (g)), PF_HINT);              \
+            _mm_prefetch((const char*)((z) + (long)((j) + pfr) * (ng) + (g)), PF_HINT);              \
         } } while (0)
 #define PREFETCH8(w, s, j, k, ng, g) do {                                                            \
-        _mm_prefetch((const char*)((w) + (long)((j) + PF_ROWS) * (k) + (g) * G), _MM_HINT_T0);         \
-        if (!((g) & 15)) _mm_prefetch((const char*)((s) + (long)((j) + PF_ROWS) * (ng) + (g)), _MM_HINT_T0); \
+        _mm_prefetch((const char*)((w) + (long)((j) + pfr) * (k) + (g) * G), PF_HINT);               \
+        if (!((g) & 15)) _mm_prefetch((const char*)((s) + (long)((j) + pfr) * (ng) + (g)), PF_HINT); \
         } while (0)
 #else
-#define PREFETCH4(w, s, z, j, kb, ng, g) ((void)0)
-#define PREFETCH8(w, s, j, k, ng, g) ((void)0)
+#define PREFETCH4(w, s, z, j, kb, ng, g) ((void)(pfr))
+#define PREFETCH8(w, s, j, k, ng, g) ((void)(pfr))
 #endif
 #define NRM 4   /* int4: output rows per tile */
 #define NRM8 2  /* int8: output rows per tile (the head at batch 1: 2 ran ~5% faster than 4 here) */
@@ -121,7 +128,7 @@ typedef __m512 acc_t[MAXM][NRM];
 /* one chunk of c blocks at block g (c, the masks, NR and MT constant after inlining) */
 static inline __attribute__((always_inline)) void q4_chunk(const int8_t* xq, const float* d, int k, int ng,
         const uint8_t* w, const float* s, const float* z, int NR, int MT, int g, int c, __mmask64 wm, __mmask16 sm,
-        acc_t acc) {
+        acc_t acc, long pfr) {
     static const int idx4[16] = {0,0,0,0,1,1,1,1,2,2,2,2,3,3,3,3};
     const __m512i m4 = _mm512_set1_epi8(15), perm = _mm512_loadu_si512(idx4);
     const long kb = k / 2;
@@ -147,13 +154,13 @@ static inline __attribute__((always_inline)) void q4_chunk(const int8_t* xq, con
 }
 
 static inline void q4_tile(const int8_t* xq, const float* d, const float* ds, int k, int ng, const uint8_t* w,
-                           const float* s, const float* z, int NR, int MT, float* out) {
+                           const float* s, const float* z, int NR, int MT, float* out, long pfr) {
     acc_t acc;
     for (int i = 0; i < MT; i++) for (int j = 0; j < NR; j++) acc[i][j] = _mm512_setzero_ps();
     int g = 0;
-    for (; g + 4 <= ng; g += 4) q4_chunk(xq, d, k, ng, w, s, z, NR, MT, g, 4, ~0ULL, 0xF, acc);  /* a full mask = a plain load */
-    if (ng - g >= 2) { q4_chunk(xq, d, k, ng, w, s, z, NR, MT, g, 2, 0xFFFFFFFFULL, 0x3, acc); g += 2; }
-    if (g < ng) q4_chunk(xq, d, k, ng, w, s, z, NR, MT, g, 1, 0xFFFFULL, 0x1, acc);
+    for (; g + 4 <= ng; g += 4) q4_chunk(xq, d, k, ng, w, s, z, NR, MT, g, 4, ~0ULL, 0xF, acc, pfr);  /* a full mask = a plain load */
+    if (ng - g >= 2) { q4_chunk(xq, d, k, ng, w, s, z, NR, MT, g, 2, 0xFFFFFFFFULL, 0x3, acc, pfr); g += 2; }
+    if (g < ng) q4_chunk(xq, d, k, ng, w, s, z, NR, MT, g, 1, 0xFFFFULL, 0x1, acc, pfr);
     for (int g = 0; g < ng; g += 16) {  /* the zero term: sum_g z[g] * ds[g] */
         const __mmask16 mk = ng - g >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (ng - g)) - 1);
         for (int j = 0; j < NR; j++) {
@@ -168,7 +175,7 @@ static inline void q4_tile(const int8_t* xq, const float* d, const float* ds, in
 /* int8 weights (w + j * k, a scale per block): chunks of 2 blocks (64 bytes) and a last single block. Unsigned
    times signed: xq + 128 against the weight, minus 128 * (the weight's 4-byte sums), both by vpdpbusd (exact). */
 static inline __attribute__((always_inline)) void q8_chunk(const int8_t* xq, const float* d, int k, int ng,
-        const int8_t* w, const float* s, int NR, int MT, int g, __mmask64 wm, __mmask16 sm, acc_t acc) {
+        const int8_t* w, const float* s, int NR, int MT, int g, __mmask64 wm, __mmask16 sm, acc_t acc, long pfr) {
     static const int idx8[16] = {0,0,0,0,0,0,0,0,1,1,1,1,1,1,1,1};
     const __m512i c128 = _mm512_set1_epi8((char)0x80), perm = _mm512_loadu_si512(idx8);
     __m512i q[NRM], corr[NRM];
@@ -190,12 +197,12 @@ static inline __attribute__((always_inline)) void q8_chunk(const int8_t* xq, con
 }
 
 static inline void q8_tile(const int8_t* xq, const float* d, int k, int ng, const int8_t* w, const float* s,
-                           int NR, int MT, float* out) {
+                           int NR, int MT, float* out, long pfr) {
     acc_t acc;
     for (int i = 0; i < MT; i++) for (int j = 0; j < NR; j++) acc[i][j] = _mm512_setzero_ps();
     int g = 0;
-    for (; g + 2 <= ng; g += 2) q8_chunk(xq, d, k, ng, w, s, NR, MT, g, ~0ULL, 0x3, acc);
-    if (g < ng) q8_chunk(xq, d, k, ng, w, s, NR, MT, g, 0xFFFFFFFFULL, 0x1, acc);
+    for (; g + 2 <= ng; g += 2) q8_chunk(xq, d, k, ng, w, s, NR, MT, g, ~0ULL, 0x3, acc, pfr);
+    if (g < ng) q8_chunk(xq, d, k, ng, w, s, NR, MT, g, 0xFFFFFFFFULL, 0x1, acc, pfr);
     for (int i = 0; i < MT; i++) for (int j = 0; j < NR; j++) out[i * NRM + j] = _mm512_reduce_add_ps(acc[i][j]);
 }
 #elif defined(__AVX2__) && defined(__FMA__)
@@ -294,8 +301,10 @@ static inline void q8_rows(const int8_t* xq, const float* d, int k, int ng, cons
 #define NRM 4
 #define NRM8 4
 /* AVX2 / portable: one output row at a time (each pair's arithmetic is that of q4_rows / q8_rows whatever NR, MT) */
+static inline long pf_rows(long rb) { (void)rb; return 0; }  /* no software prefetch here */
 static inline void q4_tile(const int8_t* xq, const float* d, const float* ds, int k, int ng, const uint8_t* w,
-                           const float* s, const float* z, int NR, int MT, float* out) {
+                           const float* s, const float* z, int NR, int MT, float* out, long pfr) {
+    (void)pfr;
     for (int j = 0; j < NR; j++) {
         float o[MAXM];
         q4_rows(xq, d, ds, k, ng, w + (long)j * (k / 2), s + (long)j * ng, z + (long)j * ng, MT, o);
@@ -304,7 +313,8 @@ static inline void q4_tile(const int8_t* xq, const float* d, const float* ds, in
 }
 
 static inline void q8_tile(const int8_t* xq, const float* d, int k, int ng, const int8_t* w, const float* s,
-                           int NR, int MT, float* out) {
+                           int NR, int MT, float* out, long pfr) {
+    (void)pfr;
     for (int j = 0; j < NR; j++) {
         float o[MAXM];
         q8_rows(xq, d, k, ng, w + (long)j * k, s + (long)j * ng, MT, o);
@@ -399,8 +409,9 @@ int q4a8_gemm_q(const int8_t* xq, const float* d, const float* ds, int m, int k,
                 const float* s, const float* z, int n, float* y, int nthreads) {
     if (m < 0 || k % G) return -1;
     int ng = k / G, tm = row_tile(k);
+    long pfr = pf_rows(k / 2);
 #define Q4(NR, MT) q4_tile(xq + (long)i0 * k, d + (long)i0 * ng, ds + (long)i0 * ng, k, ng, w + (long)r * (k / 2), \
-                           s + (long)r * ng, z + (long)r * ng, NR, MT, out)
+                           s + (long)r * ng, z + (long)r * ng, NR, MT, out, pfr)
     TILED(Q4, NRM)
     return 0;
 }
@@ -410,7 +421,9 @@ int q8a8_gemm_q(const int8_t* xq, const float* d, int m, int k, const int8_t* w,
                 int nthreads) {
     if (m < 0 || k % G) return -1;
     int ng = k / G, tm = row_tile(k);
-#define Q8(NR, MT) q8_tile(xq + (long)i0 * k, d + (long)i0 * ng, k, ng, w + (long)r * k, s + (long)r * ng, NR, MT, out)
+    long pfr = pf_rows(k);
+#define Q8(NR, MT) q8_tile(xq + (long)i0 * k, d + (long)i0 * ng, k, ng, w + (long)r * k, s + (long)r * ng, NR, MT, out, \
+                           pfr)
     TILED(Q8, NRM8)
     return 0;
 }
