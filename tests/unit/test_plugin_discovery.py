@@ -92,7 +92,8 @@ def test_just_written_metadata_is_read_every_time(site, reads):
 def test_reload_with_rescan_reads_again(reads):
     from octavo.registry import get_plugin_manager, reload_plugins
 
-    get_plugin_manager()
+    reload_plugins()
+    get_plugin_manager()  # an earlier test's manager may have been loaded under another sys.path: load here
     n = reads()
     reload_plugins()
     get_plugin_manager()
