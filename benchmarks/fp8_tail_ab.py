@@ -31,6 +31,8 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--order", default="on,off", help="comma-separated on/off: the timed runs, in this order")
     ap.add_argument("--overcommit", type=float, default=0.05, help="the share used by 'on' runs")
+    ap.add_argument("--knob", choices=["overcommit", "pacing"], default="overcommit",
+                    help="what on/off switches: the overcommit share, or admission pacing (on: auto, core/kv_pacing.py)")
     ap.add_argument("--prompts", type=int, default=512)
     ap.add_argument("--budget", type=float, default=1e9, help="start no timed run after this many seconds")
     args = ap.parse_args()
@@ -64,7 +66,10 @@ def main() -> None:
         if time.perf_counter() - T0 > args.budget:
             res["runs"].append({"mode": mode, "skipped": "budget"})
             break
-        adm.overcommit_blocks = int(args.overcommit * adm.max_blocks) if mode == "on" else 0
+        if args.knob == "pacing":  # a new episode (and rate) at the run's first check
+            adm.pacer.setting, adm.pacer.rate = ("auto" if mode == "on" else "off"), None
+        else:
+            adm.overcommit_blocks = int(args.overcommit * adm.max_blocks) if mode == "on" else 0
         rng = random.Random(100 + i)
         prompts = [{"prompt_token_ids": [rng.randrange(1000, 120000) for _ in range(1000)]}
                    for _ in range(args.prompts)]
@@ -76,7 +81,8 @@ def main() -> None:
         dt = time.perf_counter() - t
         after = llm.llm_engine.get_stats()
         total = sum(len(o.outputs[0].token_ids) for o in outs)
-        run = {"mode": mode, "overcommit_blocks": adm.overcommit_blocks, "s": dt, "output_tokens": total,
+        run = {"mode": mode, "knob": args.knob, "overcommit_blocks": adm.overcommit_blocks,
+               "pacing_rates": list(adm.pacer.episodes), "s": dt, "output_tokens": total,
                "tok_s": total / dt, **{k: getattr(after, k) - getattr(before, k)
                                        for k in ("num_steps", "num_preemptions", "num_prompt_tokens")}}
         res["runs"].append(run)

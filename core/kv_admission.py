@@ -38,6 +38,11 @@ short by at most ``X`` at the end, where preemption recomputes a few of them (be
 blocks, 0.05: 2,002 -> 1,116 steps, 14 preemptions). A long queue (bf16's waves, a busy server) leaves no bonus:
 its schedule is unchanged (bf16 512 x 1000/1000 and the eos / chat workloads: the same steps).
 
+Pacing (``pacing``, setting ``kv_admission_pacing``, core/kv_pacing.py): when every waiting request's length is known and
+the queue outgrows the cache, the check above admits whole waves; pacing spreads the starts at the cache's
+fluid rate where a model of the schedule says that takes fewer steps. It only ever refuses: the check above still
+decides every start.
+
 No deadlock, no starvation: with nothing running every request is admitted (one that alone outgrows the
 cache ends with "length", as before); the waiting queue is never reordered, so a large request at its head
 holds later ones back until the running set has drained enough for it. (Under the priority policy the
@@ -50,6 +55,7 @@ import math
 
 import numpy as np
 
+from octavo.core.kv_pacing import Pacer
 from octavo.core.request import Request
 
 
@@ -69,7 +75,7 @@ class KVAdmission:
 
     def __init__(self, mode: str, block_size: int, max_num_batched_tokens: int, max_blocks: int, *,
                  ratio: float = 0.1, ratio_after_preemption: float = 0.7, decay_steps: int = 600,
-                 clip_tokens: int = 4096, overcommit: float = 0.0) -> None:
+                 clip_tokens: int = 4096, overcommit: float = 0.0, pacing: str | float = "off") -> None:
         if mode not in ("projected", "greedy"):
             raise ValueError(f"kv_admission={mode!r}: expected 'projected' or 'greedy'")
         if not 0.0 <= ratio <= ratio_after_preemption <= 1.0:
@@ -77,6 +83,8 @@ class KVAdmission:
                              f"{ratio_after_preemption} need 0 <= the first <= the second <= 1")
         if not 0.0 <= overcommit <= 0.25:
             raise ValueError(f"kv_admission_overcommit={overcommit}: expected a share of the cache in [0, 0.25]")
+        self.pacer = (Pacer(pacing, max_blocks * block_size, max_num_batched_tokens, output_length_known)
+                      if mode == "projected" else None)
         self.mode = mode
         self.overcommit_blocks = int(overcommit * max_blocks)  # X of the module docstring
         self.bs = block_size
@@ -163,6 +171,8 @@ class KVAdmission:
             self._build()
         if len(self._d) == 0:  # nothing running: always (no deadlock)
             return True
+        if self.pacer is not None and not self.pacer.gate(self, req):
+            return False  # not the projection's refusal: nothing cached, the credit grows each step
         d_w, t_w = self._project(req)
         if self.overcommit_blocks:
             num_free_blocks += self._overcommit_room(req)
@@ -179,6 +189,8 @@ class KVAdmission:
         if self.mode == "greedy":
             return
         self._num_admitted += 1  # part of the refusal key: the running set changed even if its size did not
+        if self.pacer is not None:
+            self.pacer.admitted(self.num_steps)
         if self._pending is not None:
             self._build()
         d, t = self._project(req)
@@ -224,6 +236,8 @@ class KVAdmission:
         """After each ``schedule()``: a preemption means the estimate was too low (up to
         ``ratio_after_preemption``), a step without one lets it decay back towards ``ratio``."""
         self.num_steps += 1
+        if self.pacer is not None:
+            self.pacer.on_step()
         if num_preempted:
             self.ratio = max(self.ratio, self.max_ratio)
         else:

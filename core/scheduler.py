@@ -70,7 +70,7 @@ class Scheduler:
         self.admission = KVAdmission(sched.kv_admission, kv.block_size, self.max_num_batched_tokens,
                                      kv.num_usable_blocks, ratio=sched.kv_admission_ratio,
                                      ratio_after_preemption=sched.kv_admission_ratio_after_preemption,
-                                     overcommit=sched.kv_admission_overcommit)
+                                     overcommit=sched.kv_admission_overcommit, pacing=sched.kv_admission_pacing)
         self.waiting: list[Request] = []  # kept sorted by policy
         self.running: list[Request] = []  # in schedule order: earlier = higher rank
         self.requests: dict[str, Request] = {}

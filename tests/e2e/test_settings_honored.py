@@ -246,6 +246,7 @@ ELSEWHERE = {
     "kv_admission_ratio": "tests/unit/test_kv_admission.py",  # early-stopping requests' share, through settings
     "kv_admission_ratio_after_preemption": "tests/unit/test_kv_admission.py",
     "kv_admission_overcommit": "tests/unit/test_kv_admission.py",
+    "kv_admission_pacing": "tests/unit/test_kv_pacing.py",
     "allowed_media_domains": "tests/multimodal/test_media_fetch.py",
     "media_fetch_timeout": "tests/multimodal/test_llava_server.py",
     "media_max_bytes": "tests/multimodal/test_llava_server.py",
