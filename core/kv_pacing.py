@@ -57,8 +57,7 @@ def play(capacity: int, running: list[tuple[int, int]], waiting: list[tuple[int,
             ramp = ramps.get((t, e))
             if ramp is None:
                 ramp = ramps[(t, e)] = t + np.arange(1, e + 1)
-            busy = bool(use[s:s + e].any()) or bool(use[s:].any())
-            if busy and int((use[s:s + e] + ramp).max()) > capacity:
+            if end > s and int((use[s:s + e] + ramp).max()) > capacity:  # (nothing running: always starts)
                 break
             use[s:s + e] += ramp
             end = max(end, s + e)
