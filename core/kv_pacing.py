@@ -21,6 +21,8 @@ import numpy as np
 
 RATES = (1.0, 1.1, 1.2, 1.3, 1.4)  # candidate factors over the fluid rate, ascending
 MIN_GAIN = 0.03  # pace only if the model saves at least this share of the steps
+REPLAN_STEPS = 256  # an episode starting sooner after the last model run reuses its rate
+PLAN_SPAN = 4  # the model plays at most the queue's head holding this many caches' worth of final tokens
 
 
 def area(t: int, e: int) -> int:
@@ -117,13 +119,17 @@ class Pacer:
         self.charge = 0  # the area the request that last passed the gate spends once admitted
         self.binds: tuple = ((), False)
         self.episodes: list[float] = []  # rates chosen, in order (benchmarks read them)
+        self.planned_at = 0  # the step of the last model run
 
     def _outgrows(self, adm) -> bool:
         """Whether the running set and the whole waiting queue together outgrow the cache (final tokens)."""
         key = (len(adm._waiting), adm._num_admitted, len(adm._d))
         if self.binds[0] != key:
             total = int((adm._t + adm._d).sum())  # running: tokens at their projected ends
-            total += sum(r.num_tokens + r.num_output_placeholders + adm.expected_remaining(r) for r in adm._waiting)
+            for r in adm._waiting:  # (stops once over: a long queue costs what fills the cache, not its length)
+                if total > self.capacity:
+                    break
+                total += r.num_tokens + r.num_output_placeholders + adm.expected_remaining(r)
             self.binds = (key, total > self.capacity)
         return self.binds[1]
 
@@ -140,13 +146,19 @@ class Pacer:
         if self.rate is None:  # a new episode: the rate, and a full chunk's credit to start with
             if self.setting != "auto":
                 self.rate = self.setting
-            elif all(self.known(r) for r in adm._waiting):
+            elif self.episodes and adm.num_steps - self.planned_at < REPLAN_STEPS:
+                self.rate = self.episodes[-1]  # a queue hovering at the cache's size: no model run every step
+            else:  # the model on the queue's head up to PLAN_SPAN caches' worth of final tokens, all known
+                self.planned_at = adm.num_steps
+                waiting, total = [], 0
+                for r in adm._waiting:
+                    if not self.known(r) or total > PLAN_SPAN * self.capacity:
+                        break
+                    waiting.append((r.num_tokens + r.num_output_placeholders, adm.expected_remaining(r)))
+                    total += sum(waiting[-1])
+                known = len(waiting) == len(adm._waiting) or total > PLAN_SPAN * self.capacity
                 running = list(zip(adm._t.tolist(), adm._d.tolist()))
-                waiting = [(r.num_tokens + r.num_output_placeholders, adm.expected_remaining(r))
-                           for r in adm._waiting]
-                self.rate = choose(self.capacity, running, waiting, per_step)
-            else:
-                self.rate = 0.0
+                self.rate = choose(self.capacity, running, waiting, per_step) if known else 0.0
             self.episodes.append(self.rate)
             self.credit = per_step * area(t, e)
         if not self.rate:

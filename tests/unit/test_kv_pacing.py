@@ -86,3 +86,10 @@ def test_setting_values(monkeypatch):
     assert OctavoSettings.from_kwargs(kv_admission_pacing="0").scheduler.kv_admission_pacing == "off"
     monkeypatch.setenv("OCTAVO_KV_ADMISSION_PACING", "1.2")
     assert OctavoSettings.from_kwargs().scheduler.kv_admission_pacing == "1.2"
+
+
+def test_a_long_queue_is_planned_on_its_head_only():
+    # 1,000 requests on a cache that holds ~7 at their ends: the model plays only the head (PLAN_SPAN caches'
+    # worth), the run still never preempts, and the model ran at most once per REPLAN_STEPS
+    steps, preempted, _, episodes = run("auto", 300, n=1000)
+    assert preempted == 0 and 1 <= len(episodes) <= steps // kv_pacing.REPLAN_STEPS + 1
