@@ -18,7 +18,7 @@
 #       8B attention layer at the run's equal-context waves (82 / 215 requests x 1,500 keys), the launch table's
 #       entry vs other tiles and chunked split-KV (decode_attn_bench.py --plan waves).
 # Session 10 (an H100 this time), TPUT_PART=s10b1 (hard bound 148 s): gemm_rows.json first (cap 24 s): the 8B projections
-#   + LM head at 216 / 88 rows (the H100 run's wave / tail graph sizes) and 208 / 224, cuBLAS / cuBLASLt / swapped, in
+#   + LM head at 264 / 272 (the paced run's plateau), 216 / 88 (the waves'), 248 / 184, cuBLAS / cuBLASLt / swapped, in
 #   captured chains; then profile.json (the rest, <= 118 s): one engine, the headline's warm-up, a hooked one-wave run
 #   (215 x 1000/300: CUDA events a step vs the byte/FLOP model, one profiler window of 8 decode steps at ~215 rows and
 #   one on a prefill-chunk step), then in-engine A/Bs (graphs recaptured for each): all cuBLAS GEMMs through cuBLASLt
@@ -69,7 +69,7 @@ case "$PART" in
       --out "$R/waves.json" --budget $((cap - 6)) --rep 40 ;;
   s10b1)  # <= 148 s
     run 24 gemm_rows.log python benchmarks/gemm_rows_bench.py --out "$R/gemm_rows.json" --chain --budget 16 \
-      --shapes 8b_gate_up 8b_down 8b_qkv 8b_o 8b_lm_head --rows 216 88 224 208
+      --shapes 8b_gate_up 8b_down 8b_qkv 8b_o 8b_lm_head --rows 272 264 216 248 88 184
     cap=$(( $(left) - 4 )); [ "$cap" -gt 118 ] && cap=118
     KILL_AFTER=6 run "$cap" profile.log python benchmarks/tput_run_profile.py --out "$R/profile.json" \
       --budget-s "$((cap - 8))" $KVB --prompts 215 --out-len 300 --windows 150 --window 8 --prefill-window 10 \
