@@ -27,137 +27,22 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # tests.gpu.parity
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # its helpers, also when imported as benchmarks.gpu_e2e
 
-LLAMA3_8B = dict(architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=4096, intermediate_size=14336,
-                 num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
-                 max_position_embeddings=8192, rms_norm_eps=1e-5, rope_theta=500000.0, hidden_act="silu",
-                 tie_word_embeddings=False, bos_token_id=128000, eos_token_id=128001, torch_dtype="bfloat16")
-QWEN3_0P6B = dict(architectures=["Qwen3ForCausalLM"], model_type="qwen3", hidden_size=1024, intermediate_size=3072,
-                  num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
-                  vocab_size=151936, max_position_embeddings=40960, rms_norm_eps=1e-6, rope_theta=1000000.0,
-                  hidden_act="silu", tie_word_embeddings=True, bos_token_id=151643, eos_token_id=151645,
-                  torch_dtype="bfloat16")
-
-
-def write_config(cfg: dict, root: str, name: str) -> str:
-    d = os.path.join(root, name)
-    os.makedirs(d, exist_ok=True)
-    with open(os.path.join(d, "config.json"), "w") as f:
-        json.dump(cfg, f)
-    return d
-
-
-def qwen3_config() -> tuple[dict, str]:
-    """The Qwen3-0.6B shape; as a Llama config (same dims, no q/k norm) if octavo has no Qwen3 model yet."""
-    from octavo.registry import names
-
-    if "Qwen3ForCausalLM" in names("models"):
-        return QWEN3_0P6B, "Qwen3ForCausalLM"
-    cfg = dict(QWEN3_0P6B, architectures=["LlamaForCausalLM"], model_type="llama")
-    return cfg, "LlamaForCausalLM (Qwen3-0.6B dims; octavo has no Qwen3 model registered)"
-
-
-def copy_bandwidth() -> float:
-    """Largest rate of a few large device-to-device copies (torch's and a Triton kernel), bytes read + written
-    per second: the memory ceiling the roofline divides by."""
-    import torch
-    import triton
-    import triton.language as tl
-    import triton.testing
-
-    @triton.jit
-    def _copy(src, dst, n, BLOCK: tl.constexpr):
-        off = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-        tl.store(dst + off, tl.load(src + off, mask=off < n), mask=off < n)
-
-    n = 1 << 29  # int64 elements: 4 GiB
-    a = torch.randint(0, 1 << 30, (n,), dtype=torch.int64, device="cuda")
-    b = torch.empty_like(a)
-    best = 0.0
-    for fn in (lambda: b.copy_(a), lambda: _copy[(triton.cdiv(n, 4096),)](a, b, n, BLOCK=4096),
-               lambda: _copy[(triton.cdiv(n, 1024),)](a, b, n, BLOCK=1024)):
-        ms = triton.testing.do_bench(fn, warmup=50, rep=300, return_mode="median")
-        best = max(best, 2 * n * 8 / (ms * 1e-3))
-    assert torch.equal(a, b)
-    return best  # the 8 GiB are freed on return
-
-
-def make_llm(model_dir: str, **kw):
-    from octavo import LLM
-
-    llm = LLM(model=model_dir, load_format=kw.pop("load_format", "dummy"), dtype="bfloat16",
-              skip_tokenizer_init=True, **kw)
-    worker = llm.llm_engine.core.executor.driver
-    info = worker.prepared.notes  # what the cuda platform's prepare_model did (fusions, graph sizes)
-    return llm, worker, info
-
-
-def warm_up(llm, lengths: list[tuple[int, int]], seed: int, temperature: float | None = None,
-            ids: tuple[int, int] = (20000, 120000)) -> float:
-    """An untimed run of the timed workload's shapes before the timed region, so no Triton kernel compiles and no
-    autotune runs inside it (a fresh machine's first engine compiled ~13 s inside the timed run in session 6).
-    ``lengths``: (prompt length, max_tokens) per request, the timed workload's prompt lengths (same prefill
-    chunks and mixed steps) with short, staggered outputs (decode batches of every size from the full batch
-    down). The prompts are fresh random ids (``seed``), never the timed ones, so prefix caching cannot serve
-    the timed prompts from this run. Returns its seconds."""
-    from octavo import SamplingParams
-
-    rng = random.Random(seed)
-    prompts = [{"prompt_token_ids": [rng.randrange(*ids) for _ in range(n_in)]} for n_in, _ in lengths]
-    extra = {} if temperature is None else {"temperature": temperature}
-    params = [SamplingParams(max_tokens=n_out, ignore_eos=True, **extra) for _, n_out in lengths]
-    return gen_timed(llm, prompts, params)[0]
-
-
-class JitMisses:
-    """Counts Triton kernels built (compiled, or loaded from the disk cache) in this process from now on, by
-    wrapping ``JITFunction._do_compile`` (called on an in-memory cache miss): a timed region should see none.
-    ``since(mark)``: {kernel name: [misses, seconds]} after ``mark = len(self.log)``. ``available`` is False
-    where this Triton has no such method (then nothing is counted and the JSON says so)."""
-
-    def __init__(self) -> None:
-        import triton.runtime.jit as jit
-
-        self.log: list[tuple[str, float]] = []
-        orig = getattr(jit.JITFunction, "_do_compile", None)
-        self.available = orig is not None
-        if orig is None or getattr(orig, "_octavo_counted", False):
-            return
-        log = self.log
-
-        def counted(fn_self, *a, **k):
-            t = time.perf_counter()
-            try:
-                return orig(fn_self, *a, **k)
-            finally:  # a[0]: Triton's cache key (the argument specialization + options): names the variant
-                log.append((getattr(fn_self, "__name__", "?"), time.perf_counter() - t, str(a[0] if a else "")[:600]))
-
-        counted._octavo_counted = True
-        jit.JITFunction._do_compile = counted
-
-    def keys_since(self, mark: int) -> list:
-        """[kernel name, Triton cache key] of each build after ``mark``: which specialization a warm-up missed."""
-        return [[name, key] for name, _sec, key in self.log[mark:]]
-
-    def since(self, mark: int) -> dict | str:
-        if not self.available:
-            return "not counted (this Triton has no JITFunction._do_compile)"
-        out: dict[str, list] = {}
-        for name, sec, _key in self.log[mark:]:
-            row = out.setdefault(name, [0, 0.0])
-            row[0] += 1
-            row[1] = round(row[1] + sec, 3)
-        return out
-
-
-def gen_timed(llm, prompts, params) -> tuple[float, list]:
-    import torch
-
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    outs = llm.generate(prompts, params, use_tqdm=False)
-    torch.cuda.synchronize()
-    return time.perf_counter() - t, outs
+# The shared helpers and the transformers tasks live beside this file; every name still imports from here.
+from gpu_e2e_common import (  # noqa: E402, F401 - re-exported for the other GPU benchmarks
+    LLAMA3_8B,
+    QWEN3_0P6B,
+    JitMisses,
+    copy_bandwidth,
+    gen_timed,
+    make_llm,
+    nanovllm_workload,
+    qwen3_config,
+    warm_up,
+    write_config,
+)
+from gpu_e2e_tf import _tf_batched, task_tf_8b_throughput, task_tf_decode_bs1, task_tf_qwen3_nanovllm  # noqa: E402, F401
 
 
 # ------------------------------------------------------------------------------------------------ tasks
@@ -253,38 +138,6 @@ def task_decode_bs1(args, tmp) -> dict:
     return res
 
 
-def task_tf_decode_bs1(args, tmp) -> dict:
-    import torch
-    from transformers import AutoModelForCausalLM, LlamaConfig
-
-    cfg = LlamaConfig(**{k: v for k, v in LLAMA3_8B.items() if k not in ("architectures", "model_type", "torch_dtype")})
-    with torch.device("cuda"):
-        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).eval()
-    ids = torch.randint(1000, 120000, (1, 512), device="cuda")
-
-    def run(n):
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0)
-        torch.cuda.synchronize()
-        return time.perf_counter() - t
-
-    run(4)
-    t1, t2 = run(1), run(129)
-    res = {"tf_decode_ms_per_token": (t2 - t1) / 128 * 1e3}
-    print(json.dumps(res), flush=True)
-    return res
-
-
-def nanovllm_workload(seed=0, num=256, lo=100, hi=1024, vocab=151936):
-    rng = random.Random(seed)
-    reqs = []
-    for _ in range(num):
-        n_in, n_out = rng.randint(lo, hi), rng.randint(lo, hi)
-        reqs.append(([rng.randint(0, 10000) for _ in range(n_in)], n_out))
-    return reqs
-
-
 def task_qwen3_nanovllm(args, tmp) -> dict:
     from octavo import SamplingParams
 
@@ -372,61 +225,6 @@ def task_bs1_host_diag(args, tmp) -> dict:
         res[f"cprofile_{n}"] = buf.getvalue()
     print(json.dumps({k: v for k, v in res.items() if not k.startswith("cprofile")}, indent=1), flush=True)
     print(res["cprofile_257"], res["cprofile_2049"], flush=True)
-    return res
-
-
-def _tf_batched(model, reqs, batch, pad_id=0) -> tuple[float, int]:
-    """Left-padded batched greedy generate; counts only each request's own output length."""
-    import torch
-
-    total_t, total_tok = 0.0, 0
-    for i in range(0, len(reqs), batch):
-        chunk = reqs[i:i + batch]
-        width = max(len(ids) for ids, _ in chunk)
-        inp = torch.full((len(chunk), width), pad_id, dtype=torch.long)
-        mask = torch.zeros_like(inp)
-        for j, (ids, _) in enumerate(chunk):
-            inp[j, width - len(ids):] = torch.tensor(ids)
-            mask[j, width - len(ids):] = 1
-        new = max(n for _, n in chunk)
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        model.generate(inp.cuda(), attention_mask=mask.cuda(), max_new_tokens=new, min_new_tokens=new,
-                       do_sample=False, pad_token_id=pad_id)
-        torch.cuda.synchronize()
-        total_t += time.perf_counter() - t
-        total_tok += sum(n for _, n in chunk)
-    return total_t, total_tok
-
-
-def task_tf_qwen3_nanovllm(args, tmp) -> dict:
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    cfg = AutoConfig.for_model(**{k: v for k, v in QWEN3_0P6B.items() if k not in ("architectures", "torch_dtype")})
-    with torch.device("cuda"):
-        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).eval()
-    reqs = nanovllm_workload()[: args.tf_requests]
-    _tf_batched(model, [(reqs[0][0][:50], 4)], 1)  # warm-up
-    dt, tok = _tf_batched(model, reqs, args.tf_batch)
-    res = {"tf_requests": len(reqs), "tf_batch": args.tf_batch, "tf_output_tokens": tok, "tf_seconds": dt,
-           "tf_qwen3_nanovllm_tok_s": tok / dt}
-    print(json.dumps(res), flush=True)
-    return res
-
-
-def task_tf_8b_throughput(args, tmp) -> dict:
-    import torch
-    from transformers import AutoModelForCausalLM, LlamaConfig
-
-    cfg = LlamaConfig(**{k: v for k, v in LLAMA3_8B.items() if k not in ("architectures", "model_type", "torch_dtype")})
-    with torch.device("cuda"):
-        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).eval()
-    rng = random.Random(1)
-    reqs = [([rng.randrange(1000, 120000) for _ in range(1000)], args.tf_8b_new) for _ in range(64)]
-    dt, tok = _tf_batched(model, reqs, 64)
-    res = {"tf_8b_prompts": 64, "tf_8b_new_tokens": args.tf_8b_new, "tf_8b_tok_s": tok / dt}
-    print(json.dumps(res), flush=True)
     return res
 
 
