@@ -96,7 +96,7 @@ def run_config(tp: int, args) -> None:
         return "" if mode is None else f"_async_{mode}"
 
     if args.measure_copy_rate:  # this call's cards: the roofline's denominator measured, not only assumed
-        rates = llm.collective_rpc("benchmarks.gpu_tp_profile:copy_rate_Bps", args=[1 << 30])
+        rates = llm.collective_rpc("benchmarks.gpu_tp_profile:copy_rate_Bps", args=[1 << 29])
         res["measured_copy_rate_Bps_by_rank"] = rates
         if all(r == r for r in rates):  # no NaN: every rank measured (min: the slowest rank sets the step)
             res["roofline_ms_measured_rate"] = weights_per_gpu / min(rates) * 1e3
@@ -353,7 +353,7 @@ def main() -> None:
     ap.add_argument("--tag", default="", help="suffix of the JSON name (e.g. the all-reduce tried)")
     ap.add_argument("--copy-rate", type=float, default=3.0e12, help="bytes/s read+written, device copy (H100)")
     ap.add_argument("--measure-copy-rate", action="store_true", help="also measure every rank's copy rate in the "
-                    "engine (1 GiB copies) and report the batch-1 fraction of that roofline")
+                    "engine (512 MiB copies, after the KV cache took its share) and report the batch-1 fraction of that roofline")
     ap.add_argument("--out-dir", default=".")
     ap.add_argument("--one", type=int, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
