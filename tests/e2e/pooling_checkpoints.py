@@ -10,6 +10,10 @@ from __future__ import annotations
 import torch
 import transformers as T
 
+#: the query and documents the cross-encoder tests score, offline and through the server
+QUERY = "apple juice sweet"
+DOCS = ["green apple tree", "ripe red cherry market", "lemon sour", "apple juice sweet fresh farm"]
+
 WORDS = ["apple", "banana", "cherry", "grape", "lemon", "mango", "melon", "olive", "peach", "pear", "plum", "kiwi",
          "red", "green", "blue", "yellow", "sweet", "sour", "ripe", "fresh", "tree", "farm", "market", "juice"]
 
@@ -79,3 +83,9 @@ def decoder_classifier(path: str, family: str = "llama", num_labels: int = 1, se
     ref = randomize(ref, seed, std=0.2)
     ref.save_pretrained(path)
     return ref, tok
+
+
+def reference_logits(ref, tok, a, b=None) -> torch.Tensor:
+    """The transformers reference's logits, float64, for the texts ``a`` (paired with ``b`` when given)."""
+    with torch.no_grad():
+        return ref(**tok(a, b, padding=True, return_tensors="pt")).logits.double()

@@ -9,10 +9,7 @@ import pytest
 import torch
 
 from octavo import PoolingParams
-from tests.e2e.pooling_checkpoints import bert_cross_encoder
-
-QUERY = "apple juice sweet"
-DOCS = ["green apple tree", "ripe red cherry market", "lemon sour", "apple juice sweet fresh farm"]
+from tests.e2e.pooling_checkpoints import DOCS, QUERY, bert_cross_encoder, reference_logits
 
 
 @pytest.fixture(scope="module")
@@ -30,15 +27,9 @@ def setup(checkpoint):
     return LLM(path, dtype="float32", max_model_len=64, task="score"), ref, tok  # vLLM's task names work
 
 
-def _logits(ref, tok, a, b=None) -> torch.Tensor:
-    batch = tok(a, b, padding=True, return_tensors="pt")
-    with torch.no_grad():
-        return ref(**batch).logits.double()
-
-
 def test_score_pairs_match_transformers(setup):
     llm, ref, tok = setup
-    logits = _logits(ref, tok, [QUERY] * len(DOCS), DOCS)[:, 0]
+    logits = reference_logits(ref, tok, [QUERY] * len(DOCS), DOCS)[:, 0]
     outs = llm.score(QUERY, DOCS, use_tqdm=False)
     got = torch.tensor([o.outputs.score for o in outs], dtype=torch.float64)
     assert torch.allclose(got, torch.sigmoid(logits), rtol=1e-4, atol=1e-7), (got, torch.sigmoid(logits))
@@ -55,14 +46,14 @@ def test_score_pairs_match_transformers(setup):
     # N:N pairs, and the prompt is the tokenizer's pair template
     pairs = llm.score(DOCS[:2], DOCS[2:], pooling_params=PoolingParams(use_activation=False), use_tqdm=False)
     assert pairs[0].prompt_token_ids == tok(DOCS[0], DOCS[2])["input_ids"]
-    want = _logits(ref, tok, DOCS[:2], DOCS[2:])[:, 0]
+    want = reference_logits(ref, tok, DOCS[:2], DOCS[2:])[:, 0]
     assert torch.allclose(torch.tensor([p.outputs.score for p in pairs], dtype=torch.float64), want, atol=1e-4)
 
 
 def test_classify_and_use_activation(setup):
     llm, ref, tok = setup
     texts = ["apple", "banana cherry grape lemon", "sweet sour fresh"]
-    logits = torch.cat([_logits(ref, tok, t) for t in texts])[:, 0]
+    logits = torch.cat([reference_logits(ref, tok, t) for t in texts])[:, 0]
     probs = llm.classify(texts, use_tqdm=False)
     assert [p.outputs.num_classes for p in probs] == [1, 1, 1]
     assert torch.allclose(torch.tensor([p.outputs.probs[0] for p in probs], dtype=torch.float64),
@@ -86,7 +77,7 @@ def test_encode_returns_tensors_and_ids_prompts(setup):
     ids = tok("plum pear")["input_ids"]
     out = llm.encode([{"prompt_token_ids": ids}], use_tqdm=False)[0]
     assert isinstance(out.outputs.data, torch.Tensor) and out.outputs.data.shape == (1,)
-    want = torch.sigmoid(_logits(ref, tok, "plum pear")[0, 0])
+    want = torch.sigmoid(reference_logits(ref, tok, "plum pear")[0, 0])
     assert abs(out.outputs.data[0].item() - want.item()) < 1e-4 * want.item()
     scored = llm.encode(["plum pear"], pooling_task="classify", use_tqdm=False)[0]
     assert scored.prompt_token_ids == ids

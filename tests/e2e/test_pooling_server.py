@@ -16,12 +16,10 @@ import pytest
 import torch
 
 from octavo.server.launch import ServerProcess
-from tests.e2e.pooling_checkpoints import bert_cross_encoder
+from tests.e2e.pooling_checkpoints import DOCS, QUERY, bert_cross_encoder, reference_logits
 
 pytestmark = pytest.mark.slow
 
-QUERY = "apple juice sweet"
-DOCS = ["green apple tree", "ripe red cherry market", "lemon sour", "apple juice sweet fresh farm"]
 
 
 @pytest.fixture(scope="module")
@@ -33,18 +31,13 @@ def served(tmp_path_factory):
     assert srv.stop() == 0
 
 
-def _logits(ref, tok, a, b=None) -> torch.Tensor:
-    with torch.no_grad():
-        return ref(**tok(a, b, padding=True, return_tensors="pt")).logits.double()[:, 0]
-
-
 def post(srv, path: str, body: dict) -> httpx.Response:
     return httpx.post(srv.url + path, json=body, timeout=60)
 
 
 def test_score_routes(served):
     srv, ref, tok = served
-    want = torch.sigmoid(_logits(ref, tok, [QUERY] * len(DOCS), DOCS))
+    want = torch.sigmoid(reference_logits(ref, tok, [QUERY] * len(DOCS), DOCS)[:, 0])
     for path in ("/score", "/v1/score"):
         r = post(srv, path, {"text_1": QUERY, "text_2": DOCS})
         assert r.status_code == 200, r.text
@@ -56,12 +49,12 @@ def test_score_routes(served):
         assert body["usage"]["prompt_tokens"] == sum(len(tok(QUERY, d)["input_ids"]) for d in DOCS)
     raw = post(srv, "/score", {"text_1": DOCS[:2], "text_2": DOCS[2:], "use_activation": False}).json()
     assert torch.allclose(torch.tensor([d["score"] for d in raw["data"]], dtype=torch.float64),
-                          _logits(ref, tok, DOCS[:2], DOCS[2:]), atol=1e-4)
+                          reference_logits(ref, tok, DOCS[:2], DOCS[2:])[:, 0], atol=1e-4)
 
 
 def test_rerank_routes_jina_and_cohere(served):
     srv, ref, tok = served
-    scores = torch.sigmoid(_logits(ref, tok, [QUERY] * len(DOCS), DOCS)).tolist()
+    scores = torch.sigmoid(reference_logits(ref, tok, [QUERY] * len(DOCS), DOCS)[:, 0]).tolist()
     order = sorted(range(len(DOCS)), key=lambda i: scores[i], reverse=True)
     for path in ("/rerank", "/v1/rerank"):
         body = post(srv, path, {"query": QUERY, "documents": DOCS, "top_n": 3}).json()
@@ -77,7 +70,7 @@ def test_rerank_routes_jina_and_cohere(served):
 def test_classify_and_pooling_routes(served):
     srv, ref, tok = served
     texts = ["apple", "banana cherry grape"]
-    logits = torch.cat([_logits(ref, tok, t) for t in texts])
+    logits = torch.cat([reference_logits(ref, tok, t)[:, 0] for t in texts])
     client = openai.OpenAI(base_url=srv.url, api_key="unused", max_retries=0)
     body = client.post("/classify", body={"input": texts}, cast_to=object)
     assert body["object"] == "list" and [d["index"] for d in body["data"]] == [0, 1]
