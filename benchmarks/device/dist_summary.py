@@ -34,7 +34,7 @@ def summarize(r: str) -> dict:
                "graph_ms_no_allreduce": _max(run.get("graph_replay_bs1_ms_no_allreduce_by_rank")),
                "logits_ms": _max(run.get("logits_bs1_ms_by_rank")), "as_started": run.get("ar_as_started_by_rank"),
                "kernels": _table(run.get("graph_kernels_bs1_by_rank"))}
-        if one.get(K) and run.get(K):
+        if one.get(K) and run.get(K) and name.startswith("8b_"):  # the 8B shape's TP configs only
             row["over_tp1"] = run[K] / one[K]
         if run.get("roofline_ms") and run.get(K):  # the 70B TP=4 number: weights per GPU over the copy rate
             row.update({"weights_GB_per_gpu": run.get("weights_GB_per_gpu"), "roofline_ms": run["roofline_ms"],
@@ -80,7 +80,8 @@ def _trace(by_rank) -> dict:
 
 def summarize_all(r: str) -> dict:
     out = summarize(r)
-    pairs = {"as started": ("8b_tp2_ab", "8b_tp1"),
+    pairs = {"as started": ("8b_tp2_ab", "8b_tp1"), "as started (goal part's TP=2 engine)": ("8b_tp2_goal", "8b_tp1"),
+             "TP=2 early part as started": ("8b_tp2_early", "8b_tp1"),
              "pdl off": ("8b_tp2_ab/fused+silu", "8b_tp1/custom+silu")}
     for tp2 in ("fused+pdl+silu", "fused+pdl+silu+push"):  # TP=2 with / without the push, TP=1 re-captured defaults
         pairs[f"{tp2} / TP=1 re-captured"] = (f"8b_tp2_ab/{tp2}", "8b_tp1/custom+pdl+silu")
