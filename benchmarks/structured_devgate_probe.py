@@ -7,7 +7,7 @@ apply read rows written after its launch (two rounds on one buffer). Bounded: a 
     python benchmarks/structured_devgate_probe.py [--json OUT] [--launch-only]
 
 ``--launch-only`` (session 10): the host cost of each launch of the apply (rows pinned, on the device, or the pinned
-rows passed as a bare pointer) and of the wait.
+rows passed as a bare pointer; behind an open or a spinning wait) and of the wait.
 """
 
 from __future__ import annotations
@@ -36,27 +36,26 @@ def _resume(dg, wait_host_flag, sleep_s: float, max_spins: int) -> dict:
             "gave_up": int(dg.words[1]) >= seq}
 
 
-def _bare_flag(apply, x, pinned) -> None:
-    """The engine's apply with cuda_grammar_mask.BARE_HOST_POINTER on (the form it would ship)."""
-    from octavo.plugins.platforms import cuda_grammar_mask
+class _HostRows:
+    """The pinned rows as a bare pointer (``data_ptr`` + ``dtype``): what Triton's launcher reads of a tensor
+    argument, without the tensor."""
 
-    cuda_grammar_mask.BARE_HOST_POINTER = True
-    try:
-        apply(x, pinned, None, volatile=True)
-    finally:
-        cuda_grammar_mask.BARE_HOST_POINTER = False
+    def __init__(self, t: torch.Tensor) -> None:
+        self._ptr, self.dtype = t.data_ptr(), t.dtype
+
+    def data_ptr(self) -> int:
+        return self._ptr
 
 
 def launch_costs(n: int = 32, vocab: int = 49152, iters: int = 60) -> dict:
     """Host microseconds per launch (median of ``iters``, the stream drained before each) of the grammar apply with
     its rows (a) in pinned host memory as the engine passes them (volatile and not), (b) on the device, (c) the same
-    pinned rows as a bare pointer (cuda_grammar_mask._HostRows), and of the device wait; (c)'s result is compared with (a)'s."""
+    pinned rows as a bare pointer (:class:`_HostRows`), and of the device wait; (c)'s result is compared with (a)'s."""
     import triton
 
     from octavo.plugins.platforms.cuda_grammar_mask import (
         BLOCK,
         _apply_bitmask_kernel,
-        _HostRows,
         apply_bitmask_,
         wait_host_flag,
     )
@@ -76,8 +75,7 @@ def launch_costs(n: int = 32, vocab: int = 49152, iters: int = 60) -> dict:
              "apply_pinned": lambda x: apply_bitmask_(x, pinned, None),
              "apply_device_rows": lambda x: apply_bitmask_(x, dev_rows, None),
              "apply_bare_pointer": bare_apply,
-             "wait_open": lambda x: wait_host_flag(words, 0, 10),
-             "apply_pinned_volatile_bare_flag": lambda x: _bare_flag(apply_bitmask_, x, pinned)}
+             "wait_open": lambda x: wait_host_flag(words, 0, 10)}
     out: dict = {}
     for name, fn in cases.items():
         try:
@@ -91,6 +89,31 @@ def launch_costs(n: int = 32, vocab: int = 49152, iters: int = 60) -> dict:
                 times.append(time.perf_counter() - t)
             out[f"{name}_host_us"] = round(statistics.median(times) * 1e6, 1)
         except Exception as e:  # noqa: BLE001 - a probe: say what failed and go on
+            out[f"{name}_error"] = f"{type(e).__name__}: {e}"[:300]
+    # the engine's order: the apply launched right behind a wait that is (b) spinning on a closed word, (a) open;
+    # session 9's probe timed 94-98 us for the apply launched behind a closed wait (the stream drained: ~33 us)
+    from octavo.core.grammar_device_gate import DeviceGate
+
+    dg = DeviceGate()
+    for name, closed in (("apply_behind_open_wait", False), ("apply_behind_spinning_wait", True)):
+        try:
+            times = []
+            for _ in range(iters):
+                x = logits.clone()
+                torch.cuda.synchronize()
+                seq = dg.next_seq()
+                if not closed:
+                    dg.open(seq)
+                wait_host_flag(dg.words, seq, 1 << 22)
+                time.sleep(0.0002 if closed else 0.0)  # (the wait is on the device and spinning)
+                t = time.perf_counter()
+                apply_bitmask_(x, pinned, None, volatile=True)
+                times.append(time.perf_counter() - t)
+                dg.open(seq)
+                torch.cuda.synchronize()
+            out[f"{name}_host_us"] = round(statistics.median(times) * 1e6, 1)
+            out[f"{name}_gave_up"] = int(dg.words[1]) > 0
+        except Exception as e:  # noqa: BLE001
             out[f"{name}_error"] = f"{type(e).__name__}: {e}"[:300]
     try:
         a, b = logits.clone(), logits.clone()

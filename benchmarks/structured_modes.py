@@ -7,7 +7,6 @@ backend, and attributes of the engine's async loop. Each mode's comment says whi
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 from structured_common import SCHEMA
@@ -22,8 +21,7 @@ def defaults(core: Any) -> dict:
     from octavo.core import structured_output as so_mod
 
     return {"park": async_gate.PARK, "early_fill": async_gate.EARLY_FILL, "start_wait": async_gate.FILL_START_WAIT_S,
-            "gated_depth": async_gate.GATED_DEPTH,
-            "bare": getattr(sys.modules.get("octavo.plugins.platforms.cuda_grammar_mask"), "BARE_HOST_POINTER", False),
+
             "devgate": grammar_device_gate.DEVICE_GATE, "poolaccept": so_mod.ACCEPT_ON_FILL_THREAD,
             "inline": grammar_step.INLINE_AFTER_GATE, "handoff": grammar_step.HANDOFF_WAIT_S,
             "threads": core.structured.fill_threads, "kernel": grammar_step.PLATFORM_APPLY,
@@ -108,20 +106,9 @@ def build_modes(args: Any, so: Any, dflt: dict) -> dict:
                                                                                     "start_wait": 0.0})
         # session 10: the device gate with three steps in flight: N+2 is scheduled and its forward, wait, apply and
         # sampler are queued before N's tokens reach the host (the runner never parks under the device gate), so
-        # the host chain N's tokens -> accept -> fill N+1 -> schedule N+3 has two device steps to hide in, not one
+        # the host chain N's tokens -> accept -> fill N+1 -> schedule N+3 has two device steps to hide in, not one.
+        # H100 (s10 batch 1b): no faster than depth 2 (135M 2.08 vs 2.01 ms), so not adopted
         modes["json_async_devgate_d3"] = (so, True, False, False, None, {**dflt, "devgate": True, "depth": 3})
-        # the same as the engine would ship it (core/async_gate.py GATED_DEPTH = 3): depth 3 only while the last
-        # launched step is device-gated; against free_async (the default loop of unconstrained steps)
-        modes["json_async_devgate_gd3"] = (so, True, False, False, None, {**dflt, "devgate": True, "gated_depth": 3})
-        # with two device steps of slack a late fill start costs less: no core-thread wait for the bitmask thread
-        # (one GIL hand-off fewer on the core's chain), and N's accept in the fill job too (off the core thread)
-        modes["json_async_devgate_gd3_nostartwait"] = (so, True, False, False, None, {
-            **dflt, "devgate": True, "gated_depth": 3, "start_wait": 0.0})
-        modes["json_async_devgate_gd3_poolaccept"] = (so, True, False, False, None, {
-            **dflt, "devgate": True, "gated_depth": 3, "poolaccept": True})
-        # and the apply's pinned rows handed to Triton's launcher as a bare pointer (cuda_grammar_mask.BARE_HOST_POINTER)
-        modes["json_async_devgate_gd3_bare"] = (so, True, False, False, None, {
-            **dflt, "devgate": True, "gated_depth": 3, "bare": True})
         if args.switch_interval:  # the same two with a shorter GIL switch interval (sys.setswitchinterval)
             modes["free_async_si"] = (None, True, False, False, args.switch_interval, dflt)
             modes["json_async_si"] = (so, True, False, False, args.switch_interval, dflt)
@@ -154,7 +141,6 @@ def apply_knobs(core: Any, knobs: dict, on: bool, async_modes: bool, saved: dict
             if "switch" in knobs:  # GIL switch interval while a structured step is in flight (0: off)
                 core.async_loop.grammar_switch_s = knobs["switch"]
             async_gate.FILL_START_WAIT_S = knobs.get("start_wait", saved["start_wait"])
-            async_gate.GATED_DEPTH = knobs.get("gated_depth", saved["gated_depth"])
     grammar_step.INLINE_AFTER_GATE, grammar_step.HANDOFF_WAIT_S = knobs["inline"], knobs["handoff"]
     grammar_step.PLATFORM_APPLY, so_mod.EARLY_ACCEPT = knobs["kernel"], knobs["early"]
     core.structured.fill_threads = knobs["threads"]
@@ -162,10 +148,6 @@ def apply_knobs(core: Any, knobs: dict, on: bool, async_modes: bool, saved: dict
     grammar_step.HOST_READ_APPLY = knobs.get("host_read", True)
     grammar_device_gate.DEVICE_GATE = knobs.get("devgate", saved["devgate"])
     so_mod.ACCEPT_ON_FILL_THREAD = knobs.get("poolaccept", saved["poolaccept"])
-    if "bare" in knobs:  # (CUDA only: the platform's apply module)
-        from octavo.plugins.platforms import cuda_grammar_mask
-
-        cuda_grammar_mask.BARE_HOST_POINTER = knobs["bare"]
     if knobs.get("gate_only"):
         backend = core.structured._get_backend()
         backend.fill_bitmasks = lambda ms, bm: bm.fill_(-1)
@@ -186,10 +168,7 @@ def restore(core: Any, saved: dict) -> None:
     grammar_device_gate.DEVICE_GATE = saved["devgate"]
     so_mod.ACCEPT_ON_FILL_THREAD = saved["poolaccept"]
     async_gate.PARK, async_gate.EARLY_FILL = saved["park"], saved["early_fill"]
-    async_gate.FILL_START_WAIT_S, async_gate.GATED_DEPTH = saved["start_wait"], saved["gated_depth"]
-    mask_mod = sys.modules.get("octavo.plugins.platforms.cuda_grammar_mask")
-    if mask_mod is not None:
-        mask_mod.BARE_HOST_POINTER = saved["bare"]
+    async_gate.FILL_START_WAIT_S = saved["start_wait"]
     backend = core.structured._backend
     for name in ("fill_bitmasks", "accept_tokens"):  # the gate_only no-ops (instance attributes)
         if backend is not None and name in vars(backend):

@@ -178,16 +178,7 @@ class AsyncStepLoop:
         return bool(self.inflight) or bool(self.stash)
 
     def _early(self) -> bool:
-        return self.early_launch and self._depth() == 2 and self.core.settings.parallel.pipeline_parallel_size == 1
-
-    def _depth(self) -> int:
-        """Steps in flight now: :attr:`depth`, or ``async_gate.GATED_DEPTH`` while the last launched step's sampling
-        waits on the device gate (its runner never parks, so a third step can be queued behind it)."""
-        if self.depth == 2 and async_gate.GATED_DEPTH > 2 and self.inflight:
-            g = self.inflight[-1].grammar
-            if g is not None and g.seq:
-                return async_gate.GATED_DEPTH
-        return self.depth
+        return self.early_launch and self.depth == 2 and self.core.settings.parallel.pipeline_parallel_size == 1
 
     def step(self) -> EngineCoreOutputs:
         if self.stash:
@@ -200,11 +191,11 @@ class AsyncStepLoop:
         was_running = bool(self.inflight)
         early: list = []
         launched = False
-        if len(self.inflight) < self._depth():
+        if len(self.inflight) < self.depth:
             launched, early = self._launch()
         t1 = time.perf_counter()
         sched_s = t1 - t0
-        if not self.inflight or (launched and len(self.inflight) < self._depth()):
+        if not self.inflight or (launched and len(self.inflight) < self.depth):
             # nothing to wait for, or the first step of a burst: return now, schedule the next one meanwhile
             core.step_timers.record(host_s=sched_s, overlapped_s=sched_s if launched else 0.0)
             return EngineCoreOutputs(early, core.get_stats(), time.monotonic())
@@ -267,7 +258,7 @@ class AsyncStepLoop:
         hook = None if nxt is None else (nxt.start_fill if async_gate.EARLY_FILL and self.new_loop else nxt.release)
         core.structured.after_accept = hook  # N+1's fill right after N's accept, not after all N's outputs
         core.structured.accept_sampled(rec.sched_out, result)  # N's tokens -> grammars -> N+1's fill, before update
-        between = self._launch_between if launch_next and self.inflight and len(self.inflight) < self._depth() else None
+        between = self._launch_between if launch_next and self.inflight and len(self.inflight) < self.depth else None
         out = core._complete(rec.sched_out, result, early, between)
         if self.inflight and self.inflight[0].grammar is not None:
             self.inflight[0].grammar.release()  # N's tokens are in the grammars: fill N+1's masks now

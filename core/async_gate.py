@@ -28,12 +28,6 @@ PARK = True
 EARLY_FILL = True
 EARLY_FILL_MIN_ROWS = 8
 FILL_START_WAIT_S = 0.001
-# Steps in flight while the last launched step's sampling waits on the device gate (core/grammar_device_gate.py,
-# core/async_engine.py AsyncStepLoop._depth): 3 queues N+2's forward, wait, apply and sampler before N's tokens reach
-# the host, so the host chain N's tokens -> accept -> fill N+1 -> schedule + launch N+3 hides behind two device
-# steps instead of one; 2: as an unconstrained step (and the early launch between update and outputs).
-# benchmarks/structured_outputs.py json_async_devgate_d3 vs json_async_devgate compare.
-GATED_DEPTH = 2
 
 
 class GatedGrammarStep:

@@ -25,26 +25,6 @@ import triton.language as tl
 BLOCK = 4096  # columns per program: 128 words
 
 
-# Pass rows in pinned host memory to the launcher as a bare pointer (:class:`_HostRows`: ``data_ptr`` + ``dtype``,
-# what Triton reads of a tensor argument) instead of the CPU tensor. Why: session 9's probe (H200) measured 94-98 us
-# of host time per apply launch with the pinned rows vs ~14 us for the wait, on the runner's thread of every
-# structured step; benchmarks/structured_devgate_probe.py --launch-only measures both forms (session 10).
-BARE_HOST_POINTER = False
-
-
-class _HostRows:
-    """Pinned host rows as Triton's launcher sees a tensor: a data pointer (unified addressing: the same address on
-    the device) and a dtype."""
-
-    __slots__ = ("_ptr", "dtype")
-
-    def __init__(self, t: torch.Tensor) -> None:
-        self._ptr, self.dtype = t.data_ptr(), t.dtype
-
-    def data_ptr(self) -> int:
-        return self._ptr
-
-
 # reads of the host word before the wait gives up (~1-2 us each over PCIe: ~15-30 s) and records a time-out
 MAX_SPINS = 1 << 24
 
@@ -80,8 +60,6 @@ def apply_bitmask_(logits: torch.Tensor, packed: torch.Tensor, rows: torch.Tenso
         return logits
     assert logits.stride(-1) == 1 and packed.is_contiguous() and words * 32 >= vocab
     grid = (n, triton.cdiv(vocab, BLOCK))
-    if BARE_HOST_POINTER and packed.device.type == "cpu":
-        packed = _HostRows(packed)
     _apply_bitmask_kernel[grid](logits, logits.stride(0), packed, words, rows if rows is not None else packed,
                                 vocab, HAS_ROWS=rows is not None, BLOCK=BLOCK, VOLATILE=volatile)
     return logits

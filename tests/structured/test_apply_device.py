@@ -123,14 +123,12 @@ def test_manager_pins_its_fill_buffer_once_its_runner_applied_on_the_device():
         mgr.shutdown()
 
 
-@pytest.mark.parametrize("bare", [False, True])
 @pytest.mark.parametrize("whole", [True, False])
-def test_device_gate_waits_for_rows_written_after_the_launch(whole, bare, monkeypatch):
+def test_device_gate_waits_for_rows_written_after_the_launch(whole, monkeypatch):
     """The device gate (core/grammar_device_gate.py): the wait and the volatile apply are queued before the host
     writes the rows; the stream stays busy until the host opens the word; the masked logits equal the host path;
     the same pinned buffer rewritten for a second step gives that step's bits (no stale rows); a wait nobody
-    opens gives up and the host's check fails the step. Also with the rows passed to the launcher as a bare pointer
-    (cuda_grammar_mask.BARE_HOST_POINTER)."""
+    opens gives up and the host's check fails the step."""
     pytest.importorskip("triton")
     import time
     from types import SimpleNamespace
@@ -138,10 +136,8 @@ def test_device_gate_waits_for_rows_written_after_the_launch(whole, bare, monkey
     from octavo.core import grammar_device_gate
     from octavo.core.grammar_device_gate import DeviceGate, apply_gated
     from octavo.core.grammar_step import GrammarStep
-    from octavo.plugins.platforms import cuda_grammar_mask
 
     monkeypatch.setattr(grammar_device_gate, "DEVICE_GATE", True)
-    monkeypatch.setattr(cuda_grammar_mask, "BARE_HOST_POINTER", bare)  # the pinned rows as a bare pointer
     kernel = CudaPlatform().make_grammar_mask_apply()
     dg = DeviceGate()
     assert dg.words.is_pinned()
