@@ -37,12 +37,16 @@ class StackSampler:
         self.root = root or os.path.dirname(here)  # the repo root: octavo's sources (sdk/, core/, plugins/)
         self.counts: dict[str, Counter] = {}
         self.samples = 0
+        self.enabled = True  # False: samples are skipped (a caller records only the phases it cares about)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def _run(self) -> None:
         me = threading.get_ident()
         while not self._stop.is_set():
+            if not self.enabled:
+                time.sleep(self.interval_s)
+                continue
             names = {t.ident: t.name for t in threading.enumerate()}
             for ident, frame in sys._current_frames().items():
                 if ident == me:

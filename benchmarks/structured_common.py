@@ -56,14 +56,17 @@ def thread_cpu_s() -> dict[str, float]:
     return out
 
 
-def timed_steps(core, reqs, full: int, tokens: dict | None = None) -> list[float]:
+def timed_steps(core, reqs, full: int, tokens: dict | None = None, sampler=None) -> list[float]:
     """Add ``reqs`` to the engine core, run it dry, return the times of steps where all ``full`` decode
-    (and, if ``tokens`` is a dict, collect each request's output token ids into it)."""
+    (and, if ``tokens`` is a dict, collect each request's output token ids into it). ``sampler``: a
+    benchmarks/stack_sampler.py ``StackSampler`` that records during those steps only (not prefill or the tail)."""
     for r in reqs:
         core.add_request(r)
     times = []
     while core.has_unfinished_requests():
         running = sum(1 for r in core.scheduler.running if r.num_output_tokens >= 1)
+        if sampler is not None:
+            sampler.enabled = running == full
         t0 = time.perf_counter()
         out = core.step()
         dt = time.perf_counter() - t0
@@ -72,4 +75,6 @@ def timed_steps(core, reqs, full: int, tokens: dict | None = None) -> list[float
         if tokens is not None:
             for o in out.outputs:
                 tokens.setdefault(o.request_id, []).extend(o.new_token_ids)
+    if sampler is not None:
+        sampler.enabled = False
     return times

@@ -68,7 +68,9 @@ def bench_decode(args) -> dict:
     #          GIL switch interval, engine knobs): benchmarks/structured_modes.py
     saved = defaults(core)
     dflt = {k: saved[k] for k in MODE_KEYS}
-    grammar_device_gate.TIME_WAIT = True  # device events around each device wait: "device_wait" in the host ms
+    # device events around each device wait: "device_wait" in the host ms (two events per step on the runner's thread;
+    # --wait-events off: the engine as it ships, no events)
+    grammar_device_gate.TIME_WAIT = args.wait_events == "on"
     modes = build_modes(args, so, dflt)
     import octavo.plugins.structured_output.xgrammar_backend as xgb
     rewrite = xgb.bounded_strings_as_patterns
@@ -92,7 +94,7 @@ def bench_decode(args) -> dict:
         stacks: dict[str, dict] = {}  # --stack-sample: mode -> benchmarks/stack_sampler.py's report
 
         def run(mode: str, prompts=prompts, batch=batch, host=host, texts=texts, parked=parked,
-                thread_cpu=thread_cpu, gated=gated, last_tokens=last_tokens) -> list[float]:
+                thread_cpu=thread_cpu, gated=gated, last_tokens=last_tokens, sampler=None) -> list[float]:
             params_so, on, fill_first, own_maxlength, interval, knobs = modes[mode]
             apply_knobs(core, knobs, on, bool(args.async_modes), saved)
             executor_cls.execute_structured = serial if fill_first else overlapped
@@ -112,7 +114,7 @@ def bench_decode(args) -> dict:
             if interval:
                 sys.setswitchinterval(interval)
             try:
-                times = timed_steps(core, reqs, batch, texts)
+                times = timed_steps(core, reqs, batch, texts, sampler)
             finally:
                 sys.setswitchinterval(default_interval)
                 executor_cls.execute_structured = overlapped
@@ -148,9 +150,10 @@ def bench_decode(args) -> dict:
             if m in modes:
                 from stack_sampler import StackSampler
 
-                with StackSampler() as sampler:
+                with StackSampler() as sampler:  # full-batch decode steps only (no prefill, tail or /proc reads)
+                    sampler.enabled = False
                     for _ in range(args.stack_runs):  # (a 24-step GPU run is ~50 ms: ~100 samples)
-                        run(m)
+                        run(m, sampler=sampler)
                 stacks[m] = sampler.report(top=25)
         med = {m: statistics.median(t) for m, t in times.items() if t}
         row = {f"{m}_ms_per_step": round(v * 1e3, 3) for m, v in med.items()}
@@ -221,6 +224,8 @@ def main() -> None:
                     help="with --async-modes on: also free_async_si / json_async_si under sys.setswitchinterval(S)")
     ap.add_argument("--show-outputs", dest="show_outputs", type=int, default=0,
                     help="record this many decoded outputs of each constrained mode (what the walk looked like)")
+    ap.add_argument("--wait-events", dest="wait_events", choices=["on", "off"], default="on",
+                    help="time each device wait with two device events (default on; off: no benchmark-only work)")
     ap.add_argument("--stack-runs", dest="stack_runs", type=int, default=1,
                     help="runs of each --stack-sample mode under the sampler (default 1)")
     ap.add_argument("--stack-sample", dest="stack_sample", nargs="+", default=None,

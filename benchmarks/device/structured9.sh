@@ -18,10 +18,11 @@
 #      changes a token is wrong); session 10: four more untimed runs of free_async, park and devgate under
 #      benchmarks/stack_sampler.py (where each thread's wall time goes: "stack_samples" in the JSON).
 #   4. session 10, in its own call (a hang there costs only itself): three steps in flight with the device gate
-#      (json_async_devgate_d3: all steps; _gd3: core/async_gate.py GATED_DEPTH = 3, only behind device-gated steps,
-#      as it would ship; + _nostartwait: no core-thread wait for the bitmask thread, + _poolaccept: N's accept in
-#      the fill job, + _bare: the apply's rows as a bare pointer) vs free_async_d3 / free_async and the depth-2 device gate, SmolLM2-135M shape, batch 32.
-#   5. what time is left: the ~1.1B Llama shape at batch 32, park vs devgate vs devgate_gd3.
+#      (json_async_devgate_d3) vs free_async_d3 / free_async and the depth-2 device gate, SmolLM2-135M shape, batch 32.
+#   5. what time is left: the ~1.1B Llama shape at batch 32, park vs devgate.
+# Argument "headline" (session 10 batch 2, ~100 s, same 150 s bound): the launch probe (step 2), then the engine as it ships (json_async: the device gate is the
+# default since session 10) vs json_async_park and free_async, 3 repeats, no wait events, on the 135M shape (+ stack
+# samples of free_async and json_async, decode steps only) and the 1.1B shape.
 # STRUCTURED9_DRY=1: a CPU dry run (tiny shapes, few steps; the device modes then run the Python gate).
 set -u
 cd "$(dirname "$0")/../.."
@@ -90,9 +91,23 @@ COMMON=(--steps 24 --repeats 2 --device cuda --dtype bfloat16 --skip-compile --a
                           --show-outputs 1 --load-format dummy)
 MODES=(--modes ${STRUCTURED9_MODES:-json_async_park json_async_devgate json_async_devgate_poolaccept json_async_devgate_gateonly})
 STACKS=(--stack-sample free_async json_async_park json_async_devgate --stack-runs 4)
-D3=(--modes free_async_d3 json_async_devgate json_async_devgate_d3 json_async_devgate_gd3
-    json_async_devgate_gd3_nostartwait json_async_devgate_gd3_poolaccept json_async_devgate_gd3_bare)
-FEW=(--modes json_async_park json_async_devgate json_async_devgate_gd3)
+D3=(--modes free_async_d3 json_async_devgate json_async_devgate_d3)
+FEW=(--modes json_async_park json_async_devgate)
+PART=${1:-ab}
+if [ "$PART" = headline ]; then  # session 10 batch 2: the engine as it ships (json_async = its defaults) vs the Python gate
+  [ "$DRY" != 1 ] && step launch 15 python3 benchmarks/structured_devgate_probe.py --launch-only --json "$R/launch.json"
+  HL=(--modes json_async json_async_park --wait-events off --repeats 3)
+  STACKS=(--stack-sample free_async json_async --stack-runs 4)
+  if [ "$XGR" = 1 ]; then
+    step smol135m_headline $(( 50 * X )) python3 benchmarks/structured_outputs.py "${COMMON[@]}" "${HL[@]}" \
+         "${STACKS[@]}" --batches 32 --model /tmp/structured9_smol135m --json "$R/smol135m_headline.json"
+    step llama1b_headline $(( $(left) - 1 * X )) python3 benchmarks/structured_outputs.py "${COMMON[@]}" "${HL[@]}" \
+         --batches 32 --model /tmp/structured9_llama1b --json "$R/llama1b_headline.json"
+  fi
+  echo "structured9 headline done in ${SECONDS}s"
+  ls -la "$R"
+  exit 0
+fi
 if [ "$DRY" != 1 ] && [ "${STRUCTURED9_PROBE:-0}" = 1 ]; then
   step probe 20 python3 benchmarks/structured_devgate_probe.py --json "$R/probe.json"
   step apply_test 20 python3 -m pytest -q -p no:cacheprovider tests/structured/test_apply_device.py -k device_gate
