@@ -12,6 +12,9 @@ seconds per generation; the GC holds the GIL, so a pause stops the core thread a
              (wall - CPU = time the thread was runnable but blocked: the GIL, a device sync)
   no_freeze  ``OCTAVO_GC_FREEZE=0`` for the run: the GC as Python runs it, as before session 9 (by default
              ``LLM.generate`` defers full collections and freezes the heap alive at its start: core/gc_heap.py)
+  prefill_prof  the same run with cProfile on the step thread inside the forward calls of >= 1,024 tokens only
+             (the 18 eager 8k-token prefill steps, as they run beside the core thread's admissions; session 10's
+             H100 probe: 37 ms of host per such forward in the run vs 17-22 ms alone): functions by own time
   gc_off     the cyclic GC disabled during the run: what the GC costs at most
   si_<us>    ``sys.setswitchinterval(<us> * 1e-6)`` during the run: a thread waiting for the GIL waits at most
              that long (Python's default is 5 ms)
@@ -120,6 +123,43 @@ def phase_targets(llm) -> list[tuple[object, str, str]]:
         (async_runner.AsyncRunnerSteps, "prepare", "step: async prepare (placeholders)"),
         (async_runner.AsyncRunnerSteps, "defer", "step: defer (host copies queued)"),
     ]
+
+
+ALLOC_KEYS = ("num_alloc_retries", "num_device_alloc", "num_device_free", "num_sync_all_streams", "num_ooms")
+
+
+class ForwardProfile:
+    """cProfile of the runner's forward calls of >= ``min_tokens`` tokens (enabled on the calling thread, the step
+    thread), with each such call's wall time; the rest of the run is not profiled."""
+
+    def __init__(self, runner, min_tokens: int) -> None:
+        import cProfile
+
+        self.runner, self.real = runner, runner.forward
+        self.prof, self.walls = cProfile.Profile(), []
+
+        def forward(inputs, *a, **k):
+            if inputs.layout.num_tokens < min_tokens:
+                return self.real(inputs, *a, **k)
+            self.prof.enable()
+            t = time.perf_counter()
+            try:
+                return self.real(inputs, *a, **k)
+            finally:
+                self.walls.append(time.perf_counter() - t)
+                self.prof.disable()
+
+        runner.forward = forward
+
+    def remove(self, top: int = 40) -> dict:
+        import io
+        import pstats
+
+        del self.runner.forward
+        buf = io.StringIO()
+        pstats.Stats(self.prof, stream=buf).sort_stats("tottime").print_stats(top)
+        return {"calls": len(self.walls), "wall_ms": [round(w * 1e3, 2) for w in self.walls],
+                "by_tottime": buf.getvalue().splitlines()[-(top + 2):]}
 
 
 def gap_summary(rec: StepEvents, gcs: list[tuple[float, float, int]], top: int = 12) -> dict:
@@ -243,7 +283,7 @@ def main() -> None:
     ap.add_argument("--dry", action="store_true", help="CPU: a tiny Qwen3, 24 requests; checks the hooks")
     args = ap.parse_args()
     for r in args.runs:
-        if r not in ("defaults", "probe", "no_freeze", "gc_off") and not r.startswith("si_"):
+        if r not in ("defaults", "probe", "no_freeze", "gc_off", "prefill_prof") and not r.startswith("si_"):
             raise SystemExit(f"unknown run {r!r}")
     if args.dry:
         torch.cuda.synchronize = lambda *a: None  # gen_timed's syncs; nothing runs on a GPU here
@@ -296,10 +336,13 @@ def main() -> None:
                 old = sys.getswitchinterval()
                 sys.setswitchinterval(int(name[3:]) * 1e-6)
                 undo.append(lambda old=old: sys.setswitchinterval(old))
-            rec = timers = None
+            rec = timers = pprof = None
+            if name == "prefill_prof":
+                pprof = ForwardProfile(worker.runner, 64 if args.dry else 1024)
             if name == "probe":
                 rec = StepEvents(worker, (), 0)
                 timers = PhaseTimers(phase_targets(llm))
+            m0 = torch.cuda.memory_stats() if torch.cuda.is_available() else {}
             gcp = GCPauses()
             core = llm.llm_engine.core
             st0 = dict(core.step_timers.as_dict())
@@ -314,6 +357,11 @@ def main() -> None:
                 if rec is not None:
                     rec.remove()
             extra["gc"] = gcp.remove()
+            if pprof is not None:
+                extra["prefill_forwards"] = pprof.remove()
+            if torch.cuda.is_available():  # the caching allocator's device calls (cudaFree synchronizes the device)
+                m1 = torch.cuda.memory_stats()
+                extra["allocator"] = {k: m1.get(k, 0) - m0.get(k, 0) for k in ALLOC_KEYS}
             st1 = core.step_timers.as_dict()
             extra["step_timers"] = {k: round(st1[k] - st0[k], 4) for k in st1}
             extra["triton_builds_in_run"] = jit.since(mark)

@@ -19,6 +19,9 @@
 #       the first and after the last step, GC pauses), no_freeze / defaults alternating (GC deferral on an H100);
 #       then the step thread's eager forward of one 8k-token prefill step: wall times and a cProfile
 #       (--prefill-host), and that step's kernel table (--prefill-profile).
+#   b10f (session 10 batch 2, the freeze tree; bound 120 s) gap.json: defaults first, probe, prefill_prof (cProfile
+#       of the step thread's in-run 8k prefill forwards), defaults / no_freeze / defaults; every run records the
+#       caching allocator's device calls; then --prefill-host.
 set -u
 cd "$(dirname "$0")/../.."
 R="${OUT:-/tmp/out}/nano9"; mkdir -p "$R"
@@ -64,6 +67,9 @@ case "$PART" in
   b10)
     run 140 gap.log python benchmarks/nano_host_gap.py --out "$R/gap.json" --budget-s 136 --prefill-host \
       --prefill-profile --runs ${NANO_RUNS:-defaults probe no_freeze defaults no_freeze defaults no_freeze defaults} ;;
+  b10f)
+    run 112 gap.log python benchmarks/nano_host_gap.py --out "$R/gap.json" --budget-s 108 --prefill-host \
+      --runs ${NANO_RUNS:-defaults probe prefill_prof defaults no_freeze defaults} ;;
   *) echo "unknown NANO_PART=$PART"; exit 2 ;;
 esac
 echo "total $(( $(date +%s) - START )) s"
