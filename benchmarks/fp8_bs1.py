@@ -103,7 +103,7 @@ S6_VARIANTS = {"nosilu": {"silu": False}, "norm4": {"warps": None}, "pf16": {"mb
                "pf16_self": {"mb": 16, "self": True}, "pf16_pdl": {"mb": 16, "pdl": True},
                "pf16_self_pdl": {"mb": 16, "self": True, "pdl": True},
                "pf16_self_pdl_all": {"mb": 16, "self": True, "pdl": True, "pdl_all": True},
-               "pf32": {"mb": 32}, "pdl": {"pdl": True}, "platform_pdl_off": {"pdl_all": False},
+               "pf32": {"mb": 32}, "pdl": {"pdl": True, "pdlw": False}, "platform_pdl_off": {"pdl_all": False},
                "default_again": {}, "bits": {"bits": True}, "nobits": {"bits": False, "reg_pf": False},
                "bits_again": {"bits": True}, "regpf": {"reg_pf": True}, "bits_regpf": {"bits": True, "reg_pf": True},
                "acc16": {"acc": 16}, "acc8": {"acc": 8}, "acc16_regpf": {"acc": 16, "reg_pf": True},
@@ -111,9 +111,11 @@ S6_VARIANTS = {"nosilu": {"silu": False}, "norm4": {"warps": None}, "pf16": {"mb
                "acc0_x2d": {"acc": 0, "bits": False, "reg_pf": False, "x2d": True},
                "one": {"one": {}}, "one_s8": {"one": {"splits": 8}}, "one_w8": {"one": {"num_warps": 8}},
                "one_n32": {"one": {"block_n": 32}}, "one_s32_n32": {"one": {"splits": 32, "block_n": 32}},
-               "pdlw": {"pdl": True, "pdlw": True}, "pdlw_again": {"pdl": True, "pdlw": True}}
+               "pdlw": {"pdl": True, "pdlw": True}, "pdlw_again": {"pdl": True, "pdlw": True},
+               "nopdl": {"pdl": False, "pdlw": False}, "nopdl_again": {"pdl": False, "pdlw": False}}
 # session 10: "pdlw" = the GEMV under PDL reads its first weight block before it waits and lets its dependents
-# launch after the wait (fp8_prefetch.PDL_W; bit-identical, so its tokens must equal the first measure's)
+# launch after the wait (fp8_prefetch.PDL_W; bit-identical, so its tokens must equal the first measure's); the
+# default since session 10, so "nopdl" is the GEMV of before (no PDL, the norm does not trigger early)
 # session 8: "one*" = the batch-1 fp8 attention in one launch (KV write + split-KV + merge,
 # plugins/attention/_fp8_kv_decode_bs1.py) with _fp8_kv_decode_bs1.DEFAULT_LAUNCH changed as given
 # session 7: "bits" = the GEMV's integer weight conversion (fp8_gemv.W_BITS), "regpf" = its register prefetch of
@@ -216,7 +218,7 @@ def main() -> None:
                 continue
             try:
                 fp8_fused.SMALL_ROWS_WARPS = v.get("warps", 16)
-                fp8_prefetch.PREFETCH_MB, fp8_prefetch.PDL = v.get("mb", 0), v.get("pdl", False)
+                fp8_prefetch.PREFETCH_MB, fp8_prefetch.PDL = v.get("mb", 0), v.get("pdl", base[2])
                 fp8_prefetch.SELF_PREFETCH = v.get("self", False)
                 fp8_prefetch.PDL_W = v.get("pdlw", base_pdl_w)
                 cuda_pdl.set_pdl(v.get("pdl_all", platform_pdl))

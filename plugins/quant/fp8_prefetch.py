@@ -20,8 +20,10 @@ from a cold start. Two measures, both hints that cannot change a result:
   streams at full memory-level parallelism from the start instead of at the depth of the load pipeline.
 
 Measured on H100 (session 6 batch 1, docs/performance.md "FP8 session 6"): all three made batch 1 slower or no
-faster (chain 0.811 -> 0.785 of the roofline, self-prefetch 0.59, PDL with the chain flat): the one-row GEMV does
-not wait on a cold start. They stay off by default, switches for other cards and kernels.
+faster (chain 0.811 -> 0.785 of the roofline, self-prefetch 0.59, PDL with the chain flat). The chain and the
+self-prefetch stay off, switches for other cards and kernels. PDL with the first weight block read before the
+wait (``OCTAVO_FP8_GEMV_PDL_W``, its dependents let in after the wait) won in session 10 (H100: captured forward
+3.156 -> 3.055 ms, -3.2 %): PDL and PDL_W are on by default.
 
 All need sm_90 (Hopper) and the compiled one-row CUDA-core GEMV; elsewhere they are not used (the GEMV runs as
 before). Tests: tests/quant/test_fp8_prefetch.py (the PTX holds the instructions; on a GPU: bit-identical
@@ -53,12 +55,14 @@ def _prefetch_mb() -> int:
 
 DEFAULT_PREFETCH_MB = 0  # off: slower on H100 (docs/performance.md, "FP8 session 6")
 PREFETCH_MB = _prefetch_mb()  # read at apply time: a benchmark may change it and recapture
-# OCTAVO_PDL=1 (plugins/platforms/cuda_pdl.py: the platform's small kernels) turns the fp8 GEMV's on as well
-PDL = env_switch("OCTAVO_FP8_GEMV_PDL", default=env_switch("OCTAVO_PDL", default=False))
+# on by default since session 10 (with PDL_W: H100, one engine, alternating, same tokens: batch-1 fp8 decode
+# 3.579 / 3.555 -> 3.386 / 3.441 ms/token, captured forward 3.156 -> 3.055 ms; PDL alone 3.508, graph 3.095;
+# docs/performance.md "FP8 session 10"). OCTAVO_PDL=0 (plugins/platforms/cuda_pdl.py) turns it off with the rest
+PDL = env_switch("OCTAVO_FP8_GEMV_PDL", default=env_switch("OCTAVO_PDL", default=True))
 SELF_PREFETCH = env_switch("OCTAVO_FP8_GEMV_SELF_PREFETCH", default=False)  # each program's own rows first
 # with PDL: the GEMV reads its first weight block before it waits and lets its dependents launch after the wait
-# (fp8_gemv's ``pdl_w``; session 10, off until measured on an H100)
-PDL_W = env_switch("OCTAVO_FP8_GEMV_PDL_W", default=False)
+# (fp8_gemv's ``pdl_w``; bit-identical). On by default since session 10 (above)
+PDL_W = env_switch("OCTAVO_FP8_GEMV_PDL_W", default=True)
 
 
 @lru_cache(maxsize=8)
