@@ -96,8 +96,10 @@ static inline void quant_block(const void* x, int bf16, long off, int8_t* lo, in
    model's order, benchmarks/cpu_kernel_stream.py) the 30 down_proj (k = 1536) took 2.29 ms without, 1.83 ms with
    prefetches into L1 (_MM_HINT_T0) and 0.97 ms with these into L2; the int8 LM head 3.64 / 3.06 / 1.36 ms; the
    k = 576 int4 layers gain 10 % (T0 and T1 alike); the token's 121 calls 9.9 -> 6.1 ms. 6-24 KB ahead measured
-   alike. Prefetches past the end of w are harmless (a prefetch never faults); they change no arithmetic: the same
-   bits. -DPF_BYTES=0 builds without, -DPF_HINT=... with another hint (the benchmark's A/B). */
+   alike. Only the first chunk of activation rows of a tile prefetches (pfr 0 for the others: the rows are in L1 by
+   then; prefetching there cost 6-9 % at 8-256 rows with the weights in cache). Prefetches past the end of w are
+   harmless (a prefetch never faults); they change no arithmetic: the same bits. -DPF_BYTES=0 builds without,
+   -DPF_HINT=... with another hint (the benchmark's A/B). */
 #ifndef PF_BYTES
 #define PF_BYTES 12288
 #endif
@@ -107,13 +109,13 @@ static inline void quant_block(const void* x, int bf16, long off, int8_t* lo, in
 /* rows ahead for rows of rb bytes (0: no prefetch) */
 static inline long pf_rows(long rb) { return PF_BYTES > 0 ? (PF_BYTES + rb - 1) / rb : 0; }
 #if PF_BYTES > 0
-#define PREFETCH4(w, s, z, j, kb, ng, g) do {                                                        \
+#define PREFETCH4(w, s, z, j, kb, ng, g) if (pfr) do {                                              \
         _mm_prefetch((const char*)((w) + ((j) + pfr) * (kb) + (g) * 16), PF_HINT);                   \
         if (!((g) & 15)) {                                                                             \
             _mm_prefetch((const char*)((s) + (long)((j) + pfr) * (ng) + (g)), PF_HINT);              \
             _mm_prefetch((const char*)((z) + (long)((j) + pfr) * (ng) + (g)), PF_HINT);              \
         } } while (0)
-#define PREFETCH8(w, s, j, k, ng, g) do {                                                            \
+#define PREFETCH8(w, s, j, k, ng, g) if (pfr) do {                                                  \
         _mm_prefetch((const char*)((w) + (long)((j) + pfr) * (k) + (g) * G), PF_HINT);               \
         if (!((g) & 15)) _mm_prefetch((const char*)((s) + (long)((j) + pfr) * (ng) + (g)), PF_HINT); \
         } while (0)
@@ -411,7 +413,7 @@ int q4a8_gemm_q(const int8_t* xq, const float* d, const float* ds, int m, int k,
     int ng = k / G, tm = row_tile(k);
     long pfr = pf_rows(k / 2);
 #define Q4(NR, MT) q4_tile(xq + (long)i0 * k, d + (long)i0 * ng, ds + (long)i0 * ng, k, ng, w + (long)r * (k / 2), \
-                           s + (long)r * ng, z + (long)r * ng, NR, MT, out, pfr)
+                           s + (long)r * ng, z + (long)r * ng, NR, MT, out, i0 == t0 ? pfr : 0)
     TILED(Q4, NRM)
     return 0;
 }
@@ -423,7 +425,7 @@ int q8a8_gemm_q(const int8_t* xq, const float* d, int m, int k, const int8_t* w,
     int ng = k / G, tm = row_tile(k);
     long pfr = pf_rows(k);
 #define Q8(NR, MT) q8_tile(xq + (long)i0 * k, d + (long)i0 * ng, k, ng, w + (long)r * k, s + (long)r * ng, NR, MT, out, \
-                           pfr)
+                           i0 == t0 ? pfr : 0)
     TILED(Q8, NRM8)
     return 0;
 }
