@@ -131,7 +131,7 @@ class SchedulerSettings(_Section):
     kv_admission_ratio_after_preemption: float = Field(0.7, ge=0, le=1, description="projected admission: the "
                                                        "share right after a preemption (the estimate was too low), "
                                                        "decaying linearly back over 600 steps without one.")
-    kv_admission_overcommit: float = Field(0.0, ge=0, le=0.25, description="projected admission: share of the KV "
+    kv_admission_overcommit: float = Field(0.05, ge=0, le=0.25, description="projected admission: share of the KV "
                                            "cache the last waiting requests may overshoot the projection by, when "
                                            "all of them fit in it (they start now instead of as a small last wave; "
                                            "a few are recomputed at the end). 0: off.")
