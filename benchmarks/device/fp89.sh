@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
-# Issue 9 (engineer "fp8"), sessions 9-10. One GPU, HARD bound ${FP89_LIMIT:-150} s for the whole call (every part
+# Issue 9 (engineer "fp8"), sessions 9-10. One GPU, HARD bound ${FP89_LIMIT:-110} s for the whole call (every part
 # under `timeout`, each gets what is left minus the later parts' reserves). JSON + logs: $OUT/fp89/
-#   bash benchmarks/device/fp89.sh [PART ...]      (default: bs1 head tests, session 10 batch 1)
+#   bash benchmarks/device/fp89.sh [PART ...]      (default: bs1 tests, session 10 batch 2; batch 1: bs1 head tests, and tail)
 #   bs1         benchmarks/fp8_bs1.py --ab s6: 8B fp8 + fp8 KV batch 1, one engine: ms/token vs the roofline, the
 #               captured forward alone vs the rest (LM head, sampler, host), the graph's kernel table; then the
-#               variants ${BS1_VARIANTS:-pdlw,default_again,pdlw_again,pdl}, graph recaptured for each (pdlw: the
-#               GEMV reads its first weight block before its PDL wait, fp8_prefetch.PDL_W; tokens must be equal)
+#               variants ${BS1_VARIANTS:-nopdl,default_again,nopdl_again}, graph recaptured for each (nopdl: the GEMV
+#               without PDL / pdl_w, the default until session 10; batch 1: pdlw,default_again,pdlw_again,pdl)
 #   head        benchmarks/graph_head_ab.py --dtype fp8 --gemv-ab: LM head + sampler in the CUDA graphs on/off
 #               (OCTAVO_GRAPH_HEAD) x the head's one-row GEMM Triton GEMV / cuBLAS, alternating, one engine
 #   tests       GPU tests: the small-M tiles of fp8_configs/smallm.json vs _scaled_mm on the 8B shapes at 2-64 rows
 #               (tests/quant/test_fp8_smallm.py), the tensor-core GEMV's GPU tests (tests/quant/test_fp8_gemv_tc.py),
-#               prefetch / PDL / pdl_w bit identity in a graph after an early trigger (tests/quant/test_fp8_prefetch.py)
+#               prefetch / PDL / pdl_w bit identity in a graph after an early trigger (tests/quant/test_fp8_prefetch.py),
+#               the one-row GEMV's bit-identity and graph tests (test_fp8_gemv_bits.py, test_fp8_silu_gemv.py)
 #   smallm      benchmarks/fp8_smallm_bench.py: the fp8 projections at ${SMALLM_ROWS:-2,8,24,32} rows (the run's
 #               second-wave steps): _scaled_mm vs the tensor-core GEMV on BLOCK_M <= ${SMALLM_MAX_BM:-32}
 #   mem_fp8 / mem_bf16  benchmarks/kv_sizing_probe.py: the 8B e2e engine (gpu_e2e.py's settings, CUDA graphs) with
@@ -24,7 +25,7 @@ set -u
 cd "$(dirname "$0")/../.."
 R="${OUT:-/tmp/out}/fp89"
 mkdir -p "$R"
-LIMIT=${FP89_LIMIT:-150}
+LIMIT=${FP89_LIMIT:-110}
 if ! timeout 20 python -c "import octavo" > /dev/null 2>&1; then  # s9 batch 1's lanes had no install
   echo "octavo not importable: pip install --no-deps --no-build-isolation -e ." | tee "$R/install.txt"
   timeout 60 python -m pip install -q --no-deps --no-build-isolation -e . >> "$R/install.txt" 2>&1
@@ -37,8 +38,8 @@ git rev-parse HEAD > "$R/commit.txt" 2>/dev/null
 git status --short > "$R/tree_status.txt" 2>/dev/null
 export OCTAVO_DISABLE_PROGRESS=1
 PARTS=("$@")
-[ ${#PARTS[@]} -eq 0 ] && PARTS=(bs1 head tests)
-declare -A RESERVE=([tests]=45 [smallm]=30 [mem_fp8]=55 [mem_bf16]=0 [e2e_fp8]=150 [bs1]=45 [head]=50 [tail]=140)
+[ ${#PARTS[@]} -eq 0 ] && PARTS=(bs1 tests)
+declare -A RESERVE=([tests]=55 [smallm]=30 [mem_fp8]=55 [mem_bf16]=0 [e2e_fp8]=150 [bs1]=45 [head]=50 [tail]=140)
 reserve() {  # seconds the parts after $1 keep for themselves
   local after=0 r=0 p
   for p in "${PARTS[@]}"; do
@@ -54,7 +55,8 @@ for P in "${PARTS[@]}"; do
   T="timeout -k 3 $B"
   case $P in
     tests) $T python -m pytest -v -rA -m gpu -p no:cacheprovider tests/quant/test_fp8_smallm.py \
-             tests/quant/test_fp8_gemv_tc.py tests/quant/test_fp8_prefetch.py > "$R/tests.log" 2>&1
+             tests/quant/test_fp8_gemv_tc.py tests/quant/test_fp8_prefetch.py \
+             tests/quant/test_fp8_gemv_bits.py tests/quant/test_fp8_silu_gemv.py > "$R/tests.log" 2>&1
            echo "exit $?"; grep -E "PASSED|FAILED|SKIPPED|passed|failed|Error|assert" "$R/tests.log" | tail -12;;
     smallm) $T python benchmarks/fp8_smallm_bench.py --budget $(( B - 6 )) --out "$R/smallm.json" \
               --rows "${SMALLM_ROWS:-2,8,24,32}" --max-bm "${SMALLM_MAX_BM:-32}" > "$R/smallm.log" 2>&1
@@ -66,7 +68,7 @@ for P in "${PARTS[@]}"; do
     e2e_fp8) OCTAVO_QUANTIZATION=fp8 OCTAVO_KV_CACHE_DTYPE=fp8 $T python benchmarks/gpu_e2e.py decode_bs1 \
                --throughput --max-num-seqs 512 --out-dir "$R/e2e_fp8" > "$R/e2e_fp8.log" 2>&1
              echo "exit $?"; grep -v " INFO \| WARNING " "$R/e2e_fp8.log" | cut -c1-1500 | tail -8;;
-    bs1) $T python benchmarks/fp8_bs1.py --ab s6 --variants "${BS1_VARIANTS:-pdlw,default_again,pdlw_again,pdl}" \
+    bs1) $T python benchmarks/fp8_bs1.py --ab s6 --variants "${BS1_VARIANTS:-nopdl,default_again,nopdl_again}" \
            --budget $(( B - 12 )) --out "$R/bs1.json" > "$R/bs1.log" 2>&1
          echo "exit $?"; grep -v " INFO \| WARNING \|UserWarning\|_warn_once" "$R/bs1.log" | cut -c1-400 | tail -60;;
     head) OCTAVO_GRAPH_HEAD=1 $T python benchmarks/graph_head_ab.py --dtype fp8 --gemv-ab --out "$R/head.json" \
