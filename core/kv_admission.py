@@ -32,13 +32,14 @@ over ``decay_steps`` steps without one. Starting high would hold back short chat
 Last-wave overcommit (``overcommit``: a share of the cache, setting ``kv_admission_overcommit``; 0 = off): when
 the check above fails, it is retried with ``X - tail`` extra blocks, ``X = overcommit * cache blocks`` and
 ``tail`` the final blocks of every request still waiting behind this one. So it fires only when the whole rest
-of the queue fits in ``X``: instead of a last wave that runs alone for a whole output length (Llama-3-8B fp8,
-512 x 1000/1000 on an H100: ~20 requests x 1,000 small steps), those requests start now and the cache runs
-short by at most ``X`` at the end, where preemption recomputes a few of them (benchmarks/schedule_sim.py, 61,600
-blocks, 0.05: 2,002 -> 1,116 steps, 14 preemptions). A long queue (bf16's waves, a busy server) leaves no bonus:
-its schedule is unchanged (bf16 512 x 1000/1000 and the eos / chat workloads: the same steps). Default 0.05 since
-session 10: on an H100, one engine, that fp8 run took 40.67 s (2,002 steps) off and 36.12 s on (1,118 steps, 14
-preemptions, 1,823 prompt tokens recomputed: the prefix cache still held most of theirs), +12.6 % tok/s.
+of the queue (at most ``OVERCOMMIT_MAX_TAIL`` requests) fits in ``X``: instead of a last wave that runs alone for
+a whole output length (Llama-3-8B fp8, 512 x 1000/1000 on an H100: ~20 requests x 1,000 small steps), those
+requests start now and the cache runs short by at most ``X`` at the end, where preemption recomputes a few of
+them (benchmarks/schedule_sim.py, 61,600 blocks, 0.05: 2,002 -> 1,116 steps, 14 preemptions). A long queue
+(bf16's waves, a busy server) leaves no bonus: its schedule is unchanged (bf16 512 x 1000/1000 and the eos / chat
+workloads: the same steps). Default 0.05 since session 10: on an H100, one engine, that fp8 run took 40.67 s
+(2,002 steps) off and 36.12 s on (1,118 steps, 14 preemptions, 1,823 prompt tokens recomputed: the prefix cache
+still held most of theirs), +12.6 % tok/s.
 
 Pacing (``pacing``, setting ``kv_admission_pacing``, core/kv_pacing.py): when every waiting request's length is known and
 the queue outgrows the cache, the check above admits whole waves; pacing spreads the starts at the cache's
@@ -59,6 +60,9 @@ import numpy as np
 
 from octavo.core.kv_pacing import Pacer
 from octavo.core.request import Request
+
+# the last-wave overcommit looks at a queue of at most this many requests (the 8B fp8 run's last wave: ~20-30)
+OVERCOMMIT_MAX_TAIL = 64
 
 
 def cdiv(a: int, b: int) -> int:
@@ -135,12 +139,15 @@ class KVAdmission:
     def _overcommit_room(self, req: Request) -> int:
         """Extra blocks the check may assume: ``X`` minus the final blocks of every other waiting request (their
         sum is only needed up to ``X``), or 0 (module docstring)."""
+        if len(self._waiting) > OVERCOMMIT_MAX_TAIL:  # a long queue: no last wave to save (and no O(queue) scan)
+            return 0
         room = self.overcommit_blocks
         for r in self._waiting:
             if room <= 0:
                 return 0
-            if r is not req:
-                room -= int(self._final_blocks(*self._project(r)))
+            if r is not req:  # its final length (tokens + expected output) in blocks; plain ints, no numpy
+                room -= min(self.max_blocks, cdiv(r.num_tokens + r.num_output_placeholders
+                                                  + self.expected_remaining(r), self.bs))
         return max(0, room)
 
     def _build(self) -> None:
