@@ -285,3 +285,11 @@ def test_last_wave_overcommit_leaves_a_long_queue_and_off_alone():
         OctavoSettings.from_kwargs(kv_admission_overcommit=0.5)
     with pytest.raises(ValueError, match="kv_admission_overcommit"):
         KVAdmission("projected", 4, 64, 100, overcommit=-0.1)
+    from octavo.core.kv_admission import OVERCOMMIT_MAX_TAIL
+
+    a = KVAdmission("projected", 4, 64, 100_000, overcommit=0.25)  # X = 25,000 blocks: room for any short queue
+    short = [req(f"q{i}", 2, max_tokens=2) for i in range(OVERCOMMIT_MAX_TAIL + 1)]  # 1 block each at the end
+    a._waiting = short[:OVERCOMMIT_MAX_TAIL]
+    assert a._overcommit_room(short[0]) == 25_000 - (OVERCOMMIT_MAX_TAIL - 1)
+    a._waiting = short  # one more than it looks at: no bonus, however small the queue's blocks
+    assert a._overcommit_room(short[0]) == 0
