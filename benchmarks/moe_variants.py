@@ -75,28 +75,24 @@ B9_MIXTRAL = [("defaults", {}, {}, {}), ("w2_pre2", {}, {}, PRE(2)), ("w2_pre4",
               ("w2_pre1", {}, {}, PRE(1)), ("w2_pre2_16x256", {}, {}, PRE(2, BLOCK_N=16, BLOCK_K=256)),
               ("defaults_again", {}, {}, {}), ("one_pre2", {}, {}, PRE(2, ONE=True))]
 
-# session 10 (H100): the qkv GEMV also loads its weight before its PDL wait (moe_attention "q_early"; BLOCK_K None =
-# the engine GEMV's, so the same bits), with and without the early o_proj (s9 H200 best: 8 x 512 at 8 warps, PRE 8)
-O8 = {"o_early": 8, "o_tile": (8, 512, 8)}
+# session 10 (H100): the o_proj GEMV loading its weight before its PDL wait is the default now (8 rows x the engine GEMV's
+# BLOCK_K, 8 warps, PRE 8: the same bits); "o_off" is session 9's path. The qkv GEMV may do the same (moe_attention
+# "q_early"; BLOCK_K None = the engine GEMV's, the same bits), or the input norm + qkv launch with PRE K-blocks
+# before its wait at the engine's BLOCK_K (moe_norm_qkv.py "pre"; same bits, GPU test of batch 1).
 NQ = lambda bn, pre: {"block_n": bn, "block_k": None, "pre": pre}  # noqa: E731
-OE = {"o_early": 8, "o_tile": (8, None, 8)}  # the engine's o_proj BLOCK_K: the same bits whatever the autotuner chose
+QE = lambda pre, bn, warps: {"q_early": pre, "q_tile": (bn, None, warps)}  # noqa: E731
 B10_VARIANTS = [  # likeliest first: rows past the part's time cap are skipped (moe_profile.profile_prefetch)
     ("defaults", {}, {}, {}),
-    ("o_early8_8xE_8w", OE, {}, {}),
-    ("q_early4_8xE_4w+o_early", {"q_early": 4, "q_tile": (8, None, 4), **OE}, {}, {}),
-    ("norm_qkv_16xE_pre2+o_early", OE, {}, {}, {"nq": NQ(16, 2)}),  # input norm + qkv in one launch (moe_norm_qkv.py)
-    ("norm_qkv_8xE_pre4+o_early", OE, {}, {}, {"nq": NQ(8, 4)}),  # PRE K-blocks before its wait, the engine's BLOCK_K
-    ("w2_pre2", {}, {}, PRE(2, **T2)),  # session 9's losers, once on the H100 before they are removed
-    ("one_pre2", {}, {}, PRE(2, ONE=True, **T2)),
-    ("q_early2_16xE_4w+o_early", {"q_early": 2, "q_tile": (16, None, 4), **OE}, {}, {}),
-    ("norm_qkv_32xE_pre1+o_early", OE, {}, {}, {"nq": NQ(32, 1)}),
-    ("o_early8_8x512_8w", O8, {}, {}),
-    ("o_early8_4xE_4w", {"o_early": 8, "o_tile": (4, None, 4)}, {}, {}),  # 3 programs per SM (167 registers)
-    ("q_early4_8xE_4w", {"q_early": 4, "q_tile": (8, None, 4)}, {}, {}),
-    ("norm_qkv_16xE_pre2", {}, {}, {}, {"nq": NQ(16, 2)}),
+    ("o_off", {"o_early": 0}, {}, {}),
+    ("q_early4_8xE_4w", QE(4, 8, 4), {}, {}),  # 162 registers: 3 programs per SM, 396 of 640 resident
+    ("norm_qkv_16xE_pre2", {}, {}, {}, {"nq": NQ(16, 2)}),  # 218 registers
+    ("norm_qkv_8xE_pre4", {}, {}, {}, {"nq": NQ(8, 4)}),  # 246
+    ("q_early2_16xE_4w", QE(2, 16, 4), {}, {}),  # 166
+    ("o_early8_4xE_4w", {"o_early": 8, "o_tile": (4, None, 4)}, {}, {}),  # 167: 3 programs per SM
+    ("norm_qkv_32xE_pre1", {}, {}, {}, {"nq": NQ(32, 1)}),
+    ("q_early4_8xE_4w+o_off", {**QE(4, 8, 4), "o_early": 0}, {}, {}),
     ("defaults_again", {}, {}, {}),
-    ("w2_pre4", {}, {}, PRE(4, **T2)),
-    ("q_early2_8xE_4w+o_early", {"q_early": 2, "q_tile": (8, None, 4), **OE}, {}, {}),
+    ("q_early2_8xE_4w", QE(2, 8, 4), {}, {}),
 ]
 PREFETCH_SETS = {"b1": PREFETCH_VARIANTS, "b2": B2_VARIANTS,  # $MOE_PF_SET picks the list (moe7.sh prefetch / ab,
                  "b9": B9_VARIANTS, "b9mix": B9_MIXTRAL, "b10": B10_VARIANTS}  # moe9.sh ab / mixab)

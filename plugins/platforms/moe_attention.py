@@ -26,8 +26,10 @@ logger = logging.getLogger(__name__)
 DEFAULTS = {"splits": 16, "block_n": 64, "num_warps": 8, "early": True, "dot16": True,
             "prefetch": 0,  # 1/2: ask L2 for o_proj's weight after/before the PDL wait (moe_prefetch.py)
             "merge": 1,  # 1: the merge of the splits unrolled (session 8 batch 1: forward 2.893 vs 3.029 ms), 0: a loop
-            "o_early": 0,  # 1..8: o_proj as cuda_moe_oproj.gemv_early, this many K-blocks loaded before its PDL wait
-            "o_tile": (4, 512, 4),  # its (BLOCK_N, BLOCK_K, num_warps); BLOCK_K None: the engine GEMV's (same bits)
+            # 1..8: o_proj as cuda_moe_oproj.gemv_early, this many K-blocks loaded before its PDL wait (0: the engine
+            # GEMV). On since session 10: session 9's H200 A/B, forward 2.417 -> 2.332 ms, same bits (docs/moe.md)
+            "o_early": 8,
+            "o_tile": (8, None, 8),  # its (BLOCK_N, BLOCK_K, num_warps); BLOCK_K None: the engine GEMV's (same bits)
             "q_early": 0,  # 1..8: the same for the qkv GEMV (its wait is on the input norm, 2 us: session 10)
             "q_tile": (8, None, 4)}
 
@@ -82,17 +84,18 @@ def _forward(self, positions, hidden_states, ctx):
 def _early(lin, x: torch.Tensor, pre: int, tile) -> torch.Tensor:
     """``lin(x)``, as cuda_moe_oproj.gemv_early with ``pre`` K-blocks loaded before the PDL wait when ``pre`` and the
     layer is one plain GEMV. A ``tile`` BLOCK_K of None takes the engine GEMV's (its sums in its order: the same
-    bits); until the engine GEMV has tuned this shape (its first call), the engine GEMV runs."""
+    bits); until the engine GEMV has tuned this shape (its first call), and wherever the layer does not run that GEMV,
+    the layer's own method runs."""
     if not pre or not _plain_o_proj(lin, x.dtype):
         return lin(x)
     from octavo.plugins.platforms.cuda_moe_oproj import gemv_early
 
     bn, bk, warps = tile
-    if bk is None:
+    if bk is None:  # only where the layer runs cuda_fusions' GEMV (not cuBLAS: OCTAVO_TRITON_GEMV=0)
         from octavo.plugins.platforms.cuda_allreduce_gemv import plain_gemv_config
 
         engine = plain_gemv_config(*lin.weight.shape, lin.weight.dtype, lin.weight.device)
-        if engine is None:
+        if engine is None or type(lin.quant_method).__name__ != "TritonGemvLinearMethod":
             return lin(x)
         bk = engine["BLOCK_K"]
     return gemv_early(x, lin.weight, pre, bn, bk, warps)
