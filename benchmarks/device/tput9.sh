@@ -23,6 +23,9 @@
 #   (215 x 1000/300: CUDA events a step vs the byte/FLOP model, one profiler window of 8 decode steps at ~215 rows and
 #   one on a prefill-chunk step), then in-engine A/Bs (graphs recaptured for each): all cuBLAS GEMMs through cuBLASLt
 #   vs defaults at 215 requests, and the tail (82 requests: BLAS_TABLE's cuBLASLt rows vs cuBLAS).
+# TPUT_PART=s10b2 (hard bound 118 s): gemm_rows.json at the paced run's plateau sizes (cap 14 s), then pace.json: the
+#   headline's engine and workload timed ONCE with pacing off (the waves), to set against the lead's e2e_8b.sh (pacing
+#   auto, the default) in the same call: batch 2 keeps requests <= 120 s, so the in-engine pair below does not fit.
 # TPUT_PART=pace (hard bound 190 s): admission pacing (core/kv_pacing.py) on vs off in ONE engine, the headline's
 #   bf16 512 x 1000/1000 workload and engine (benchmarks/fp8_tail_ab.py --knob pacing, bf16): runs on,off.
 set -uo pipefail
@@ -30,7 +33,7 @@ cd "$(dirname "$0")/../.."
 R="${OUT:-/tmp/out}/tput9"; mkdir -p "$R"
 START=$(date +%s)
 PART="${TPUT_PART:-${1:-b1}}"
-BOUND=148; [ "$PART" = b2 ] && BOUND=88; [ "$PART" = pace ] && BOUND=190
+BOUND=148; [ "$PART" = b2 ] && BOUND=88; [ "$PART" = pace ] && BOUND=190; [ "$PART" = s10b2 ] && BOUND=118
 left() { echo $(( BOUND - ($(date +%s) - START) )); }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$R/gpu.csv" 2>&1; cat "$R/gpu.csv"
 git rev-parse HEAD > "$R/commit.txt" 2>/dev/null
@@ -74,6 +77,10 @@ case "$PART" in
     KILL_AFTER=6 run "$cap" profile.log python benchmarks/tput_run_profile.py --out "$R/profile.json" \
       --budget-s "$((cap - 8))" $KVB --prompts 215 --out-len 300 --windows 150 --window 8 --prefill-window 10 \
       --ab blas:cublaslt defaults@82 gemm_off@82 defaults blas:cublaslt gemm_off@82 defaults@82 ;;
+  s10b2)  # <= 118 s
+    run 14 gemm_rows.log python benchmarks/gemm_rows_bench.py --out "$R/gemm_rows.json" --chain --budget 8 \
+      --shapes 8b_gate_up 8b_down 8b_qkv 8b_o --rows 272 256 240
+    run $(( $(left) - 3 )) pace.log python benchmarks/fp8_tail_ab.py --knob pacing --order off --out "$R/pace.json" ;;
   pace)  # <= 190 s: two full runs (~70 s each on an H100) after the build and warm-up
     run $(( $(left) - 3 )) pace.log python benchmarks/fp8_tail_ab.py --knob pacing --order "${PACE_ORDER:-on,off}" \
       --budget $(( BOUND - 80 )) --out "$R/pace.json" ;;
