@@ -22,6 +22,8 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 SIZES = [8 << 10, 16 << 10, 64 << 10, 256 << 10, 512 << 10, 1 << 20]
+LARGE = [2 << 20, 4 << 20, 8 << 20]  # --large: a 512-row decode step's 4 MiB messages (TP=2 throughput run), NCCL
+# vs the one-shot kernel built with an 8 MiB buffer (OCTAVO_TP_ALLREDUCE_MAX_BYTES is 1 MiB by default)
 
 
 def copy_rate(device) -> float:
@@ -104,7 +106,7 @@ def _time(fn, x, calls: int) -> dict:
     return {"graph_us_per_call": graph_us, "eager_us_per_call": (time.perf_counter() - t) / 100 * 1e6}
 
 
-def worker(rank: int, world: int, port: int, calls: int, out: str, which: list) -> None:
+def worker(rank: int, world: int, port: int, calls: int, out: str, which: list, sizes: list) -> None:
     import torch
     import torch.distributed as dist
 
@@ -129,7 +131,7 @@ def worker(rank: int, world: int, port: int, calls: int, out: str, which: list) 
             elif name == "custom":
                 from octavo.plugins.platforms.cuda_allreduce import OneShotAllReduce
 
-                fns[name] = OneShotAllReduce(None, dev, max(SIZES))
+                fns[name] = OneShotAllReduce(None, dev, max(sizes))
         except Exception as e:  # noqa: BLE001 - recorded, NCCL is still measured
             res[f"{name}_error"] = f"{type(e).__name__}: {e}"
     for name, fn in fns.items():  # correctness first: a mixed sequence of sizes, eager and in graphs
@@ -137,7 +139,8 @@ def worker(rank: int, world: int, port: int, calls: int, out: str, which: list) 
             continue
         try:
             checks = {str(n * 2): _check(fn, rank, world, n, dev, seed=i)
-                      for i, n in enumerate([4096, 1, 777, 65536, 4096 * 3 + 5, max(SIZES) // 2, 4096])}
+                      for i, n in enumerate([4096, 1, 777, 65536, 4096 * 3 + 5, max(SIZES) // 2, 4096] +
+                                            ([max(sizes) // 2] if name == "custom" and max(sizes) > max(SIZES) else []))}
             res[f"{name}_checks"] = checks
             res[f"{name}_all_bitwise_equal"] = all(c["bitwise_equal_to_nccl"] for c in checks.values())
         except Exception as e:  # noqa: BLE001
@@ -145,9 +148,11 @@ def worker(rank: int, world: int, port: int, calls: int, out: str, which: list) 
         if rank == 0:
             print(name, "checks:", res.get(f"{name}_all_bitwise_equal"), res.get(f"{name}_checks_error", ""),
                   flush=True)
-    for size in SIZES:
+    for size in sizes:
         row: dict = {}
         for name, fn in fns.items():
+            if size > max(SIZES) and name == "symm_mem":  # its buffer is OCTAVO_TP_ALLREDUCE_MAX_BYTES: would do nothing
+                continue
             try:
                 row[name] = _time(fn, torch.zeros(size // 2, dtype=torch.bfloat16, device=dev), calls)
             except Exception as e:  # noqa: BLE001 - recorded per size
@@ -172,11 +177,13 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=64)
     ap.add_argument("--out", default="allreduce.json")
     ap.add_argument("--which", nargs="*", default=["symm_mem", "custom"], help="besides NCCL")
+    ap.add_argument("--large", action="store_true", help="also 2, 4 and 8 MiB (NCCL and custom only)")
     args = ap.parse_args()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.spawn(worker, args=(args.world, port, args.calls, args.out, args.which), nprocs=args.world, join=True)
+    sizes = SIZES + (LARGE if args.large else [])
+    mp.spawn(worker, args=(args.world, port, args.calls, args.out, args.which, sizes), nprocs=args.world, join=True)
 
 
 if __name__ == "__main__":

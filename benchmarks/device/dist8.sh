@@ -22,7 +22,8 @@
 #         with fixed GEMV tiles (cuda_gemv_table.py) and with the early poll; a layer's kernel chain with PDL == without
 #   test6 (<= 45 s) 2 GPUs: one-shot all-reduce / all-gather / all-reduce + RMSNorm == NCCL (+ unfused norm) bitwise,
 #         eager + graphs, with PDL; LL protocol                                      [session 6's dist6.sh test]
-#   ar    (<= 20 s) all-reduce microbench: NCCL vs symm_mem vs one-shot, 8 KiB..1 MiB, eager and in a graph
+#   ar    (<= 30 s) all-reduce microbench: NCCL vs symm_mem vs one-shot, 8 KiB..1 MiB, eager and in a graph; since
+#         session 10 also 2/4/8 MiB (NCCL vs one-shot: a 512-row decode step's messages, NCCL's today)
 #   nccl  (<= 40 s) TP=2 NCCL only, then no all-reduce at all (the all-reduces' in-step cost)
 #   goal  (<= 118 s) 512 x 1000/1000 TP=2 throughput (temperature 1, async; TP=1: the lead's e2e_8b.sh)
 #   70b   (<= 150 s, 4 GPUs; + <= 120 s only if it gave no number) Llama-3-70B shape TP=4 batch-1 decode vs its
@@ -76,7 +77,7 @@ has ab && step 8b_tp2_ab 50 $TP --one 2 --tag ab --async-modes on --graph-replay
 has tp1 && step 8b_tp1 26 $TP --one 1 --async-modes on --graph-replay --ar-modes custom+pdl+silu
 has test6 && step gpu_test6 45 python3 -u -m pytest -v -x tests/gpu/test_pdl_gpu.py tests/gpu/test_tp_allreduce_gpu.py \
   -k "equals_nccl or pdl_chain"
-has ar && step allreduce 20 python3 benchmarks/gpu_allreduce.py --world 2 --out "$R/allreduce.json"
+has ar && step allreduce 30 python3 benchmarks/gpu_allreduce.py --world 2 --large --out "$R/allreduce.json"
 has nccl && step 8b_tp2_nccl 40 OCTAVO_TP_ALLREDUCE=nccl $TP --one 2 --tag nccl --async-modes on --graph-replay \
   --kernel-table --graph-replay-no-allreduce
 has goal && step 8b_tp2_goal 118 $TP --one 2 --tag goal --async-modes on --prompts 512 --in-len 1000 --out-len 1000 \
