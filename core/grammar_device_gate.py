@@ -43,9 +43,11 @@ def _env_switch(name: str, default: bool) -> bool:
 
 
 # On where the runner's platform apply can wait on a host word (CUDA); False: the runner parks its sampling on the
-# Python gate as in sessions 6-8 (benchmarks/structured_outputs.py: json_async_devgate vs json_async_park). Off by
-# default until measured on a GPU; OCTAVO_GRAMMAR_DEVICE_GATE=1 turns it on.
-DEVICE_GATE = _env_switch("OCTAVO_GRAMMAR_DEVICE_GATE", False)
+# Python gate as in sessions 6-8 (benchmarks/structured_outputs.py: json_async_devgate vs json_async_park). On by
+# default since session 10: faster than the Python gate on both GPUs measured, same greedy tokens (batch 32, random
+# weights, ms per step): H200 (s9) 135M shape 1.98 vs 2.28, 1.1B 1.90 vs 2.18; H100 (s10) 135M 1.70 vs 1.94,
+# 1.1B 1.64 vs 2.11 (docs/performance.md). OCTAVO_GRAMMAR_DEVICE_GATE=0 turns it off.
+DEVICE_GATE = _env_switch("OCTAVO_GRAMMAR_DEVICE_GATE", True)
 # The benchmark's probe: time each device wait with two device events (read after the step's tokens arrived,
 # core/structured_output.py stats "device_wait_s": how long the device idled for the fill). Off in the engine.
 TIME_WAIT = False

@@ -70,7 +70,8 @@ def test_rows_stay_in_place_and_the_word_opens_after_the_fill(device_gate_on):
     assert second.seq == 2  # one rising number per step of the engine
 
 
-def test_not_enabled_keeps_the_python_gate():
+def test_not_enabled_keeps_the_python_gate(monkeypatch):
+    monkeypatch.setattr(grammar_device_gate, "DEVICE_GATE", False)  # (OCTAVO_GRAMMAR_DEVICE_GATE=0)
     gate = _gate(_Backend(), 3)
     assert gate.seq == 0
     assert not isinstance(gate.park(lambda: "x"), str)  # parked (a PendingOutput)
@@ -193,7 +194,7 @@ def test_device_gate_tokens_identical_to_serial(monkeypatch):
                     m.setattr(so_mod, "ACCEPT_ON_FILL_THREAD", True)
                     m.setattr(async_gate, "EARLY_FILL_MIN_ROWS", 2)
                 if mode == "gate_d3":  # three steps in flight: N+2's wait, apply and sampler queued before N's tokens
-                    m.setattr(async_gate, "GATED_DEPTH", 3)
+                    core.async_loop.depth = 3
                     launch = AsyncStepLoop._launch
 
                     def counted(loop):
@@ -218,7 +219,7 @@ def test_device_gate_tokens_identical_to_serial(monkeypatch):
         llm.llm_engine.shutdown()
     waits = [c for c in kernel.calls if c[0] == "wait"]
     assert len(waits) > 10 and core.structured._device_gate.words[1] == 0  # the device path ran, never gave up
-    assert max(depths) == 3  # async_gate.GATED_DEPTH: a third step was queued behind device-gated ones
+    assert max(depths) == 3  # a third step was queued behind device-gated ones
     assert [s[:2] for s in serial] == [g[:2] for g in gated] == [p[:2] for p in pooled] == [d[:2] for d in deep]
     for (_, reason, text), p in zip(serial, params):
         if p.structured_outputs is not None and reason == "stop":
@@ -264,7 +265,7 @@ def test_env_switch_is_honored_or_refused():
     import sys
 
     code = "from octavo.core import grammar_device_gate as g; print(g.DEVICE_GATE)"
-    for value, want in (("1", "True"), ("0", "False"), ("", "False")):
+    for value, want in (("1", "True"), ("0", "False"), ("", "True")):  # on by default since session 10
         env = {**__import__("os").environ, "OCTAVO_GRAMMAR_DEVICE_GATE": value}
         out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
         assert out.stdout.strip() == want, out.stderr[-500:]
