@@ -52,28 +52,13 @@ B2_VARIANTS = [
     ("w2_2x256_4w+w13_8x256_rank", {}, {"BLOCK_N": 8, "ROUTE": "rank"}, W2(2, 256, 4)),
     ("defaults_again", {}, {}, {}),
 ]
-# session 9: the w2 launch routes itself and loads its first PRE K-blocks of w2 before its PDL wait
-# (cuda_moe_w2_early.py; same bits). Registers of the sm_90 builds (cuobjdump, CPU): 2 x 128 at 4 warps PRE 1/2/4/6
-# 112/111/127/178 (the plain launch 80); 1 x 128 PRE 6 124; 2 x 256 PRE 3 166. Mixtral 8 x 512 at 8 warps PRE 1/2/4
-# 111/111/169 (k=2).
-PRE = lambda n, **t: {"PRE": n, **t}  # noqa: E731
+# session 9's rows of the early w2 / one launch (w2 "PRE" / "ONE") went with those switches in session 10; what stays
+# of its list is the early o_proj (moe_attention "o_early")
 T2 = {"BLOCK_N": 2, "BLOCK_K": 128, "num_warps": 4}  # the shipped H100 w2 tile (an H200 has no config file: 4 x 256)
-B9_VARIANTS = [  # the one launch last: a launch that spun forever would cost only those rows; ~2 s a variant
-    ("defaults", {}, {}, {}),
-    ("w2_2x128", {}, {}, T2),  # the base of the PRE rows on any card
-    ("w2_pre4", {}, {}, PRE(4, **T2)),
-    ("o_early8_4x512", {"o_early": 8, "o_tile": (4, 512, 4)}, {}, {}),  # cuda_moe_oproj.py: 168 registers
-    ("w2_pre2", {}, {}, PRE(2, **T2)),
-    ("o_early8_8x512_8w", {"o_early": 8, "o_tile": (8, 512, 8)}, {}, {}),  # 173
-    ("w2_pre6", {}, {}, PRE(6, **T2)),
-    ("w2_pre4+o_early8_4x512", {"o_early": 8, "o_tile": (4, 512, 4)}, {}, PRE(4, **T2)),
-    ("defaults_again", {}, {}, {}),
-    ("one_pre2", {}, {}, PRE(2, ONE=True, **T2)),  # w13 + w2 in one launch (cuda_moe_one_launch.py; 155 registers)
-    ("one_pre4", {}, {}, PRE(4, ONE=True, **T2)),
-]
-B9_MIXTRAL = [("defaults", {}, {}, {}), ("w2_pre2", {}, {}, PRE(2)), ("w2_pre4", {}, {}, PRE(4)),
-              ("w2_pre1", {}, {}, PRE(1)), ("w2_pre2_16x256", {}, {}, PRE(2, BLOCK_N=16, BLOCK_K=256)),
-              ("defaults_again", {}, {}, {}), ("one_pre2", {}, {}, PRE(2, ONE=True))]
+B9_VARIANTS = [("defaults", {}, {}, {}), ("w2_2x128", {}, {}, T2),
+               ("o_early8_4x512", {"o_early": 8, "o_tile": (4, 512, 4)}, {}, {}),
+               ("o_early8_8x512_8w", {"o_early": 8, "o_tile": (8, 512, 8)}, {}, {}), ("defaults_again", {}, {}, {})]
+MIXTRAL = [("defaults", {}, {}, {}), ("defaults_again", {}, {}, {})]  # no Qwen3 attention: no early GEMVs
 
 # session 10 (H100): the o_proj GEMV loading its weight before its PDL wait is the default now (8 rows x the engine GEMV's
 # BLOCK_K, 8 warps, PRE 8: the same bits); "o_off" is session 9's path. The qkv GEMV may do the same (moe_attention
@@ -95,4 +80,4 @@ B10_VARIANTS = [  # likeliest first: rows past the part's time cap are skipped (
     ("q_early2_8xE_4w", QE(2, 8, 4), {}, {}),
 ]
 PREFETCH_SETS = {"b1": PREFETCH_VARIANTS, "b2": B2_VARIANTS,  # $MOE_PF_SET picks the list (moe7.sh prefetch / ab,
-                 "b9": B9_VARIANTS, "b9mix": B9_MIXTRAL, "b10": B10_VARIANTS}  # moe9.sh ab / mixab)
+                 "b9": B9_VARIANTS, "mix": MIXTRAL, "b10": B10_VARIANTS}  # moe9.sh ab / mixab)

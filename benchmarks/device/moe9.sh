@@ -9,21 +9,20 @@
 #          the PDL wait, cuda_moe_oproj.py, and session 9's early w2 / one launch once on the H100), re-captured per
 #          variant (rel_diff must be 0: same bits), kernel tables of the best with PDL on and off (per-layer profile).
 #  mixab   Mixtral-8x7B with 8 of 32 layers (as session 6: 23 GB of weights; 32 layers do not fit 80 GB), the
-#          same measurement and A/B (moe_profile.B9_MIXTRAL).
+#          same measurement, the defaults re-captured twice and their kernel tables (moe_variants.MIXTRAL).
 #  bs1     Qwen3-30B-A3B, 48 layers, batch 1 with the engine's defaults only (the headline measurement).
 #  bs1head the same with the LM head + sampler graphs captured (OCTAVO_GRAPH_HEAD=1, engineer head's opt-in), then
 #          ms per token with them off / on alternating in that engine (moe_head_ab.py).
 #  tput    Qwen3-30B-A3B with 8 of 48 layers: octavo 256 x 512/512 (+ /64), then transformers in the same process
 #          (fewer requests x 512/512 if 256 do not fit 12 s) (moe7.sh tput).
-#  w2test  the early w2 / one-launch GPU test alone (test_moe_w2_early_gpu.py, cap 25 s: fresh Triton cache).
 #  etest   the GEMVs that load weights before the PDL wait: test_moe_gemv_early_gpu.py (qkv / o_proj) and
 #          test_moe_norm_qkv_gpu.py (input norm + qkv; bit-equal to the engine GEMV at its BLOCK_K) (cap 35 s).
-#  tests   the MoE GPU tests of the batch-1 path: the two above, test_moe_prefetch_gpu.py, and
+#  tests   the MoE GPU tests of the batch-1 path: the two of etest, test_moe_prefetch_gpu.py, and
 #          test_moe_gpu.py's batch-one / two-launch / parity cases (cap 60 s).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 cd "$(dirname "$0")/../.."
-[ $# -ge 1 ] || { echo "usage: moe9.sh PART [PART ...] (ab mixab bs1 bs1head tput w2test etest tests)"; exit 2; }
+[ $# -ge 1 ] || { echo "usage: moe9.sh PART [PART ...] (ab mixab bs1 bs1head tput etest tests)"; exit 2; }
 D="$OUT/moe9"
 mkdir -p "$D/configs"
 START=$(date +%s)
@@ -63,17 +62,16 @@ for PART in "$@"; do
   mkdir -p "$D/$PART"
   case "$PART" in
     ab) C=$(( L < 95 ? L : 95 )); MOE_PF_SET=${MOE_PF_SET:-b10} e2e ab "$C" --tasks bs1:qwen3-30b-a3b:48 --profile-prefetch ;;
-    mixab) C=$(( L < 60 ? L : 60 )); MOE_PF_SET=b9mix e2e mixab "$C" --tasks bs1:mixtral-8x7b:8 --profile-prefetch ;;
+    mixab) C=$(( L < 60 ? L : 60 )); MOE_PF_SET=mix e2e mixab "$C" --tasks bs1:mixtral-8x7b:8 --profile-prefetch ;;
     bs1) C=$(( L < 50 ? L : 50 )); e2e bs1 "$C" --tasks bs1:qwen3-30b-a3b:48 ;;
     bs1head) C=$(( L < 55 ? L : 55 )); OCTAVO_GRAPH_HEAD=1 e2e bs1head "$C" --tasks bs1:qwen3-30b-a3b:48 --graph-head-ab ;;
     tput) C=$(( L < 80 ? L : 80 )); e2e tput "$C" --tasks tput:qwen3-30b-a3b:8 tf:qwen3-30b-a3b:8 --tf-budget-s 12 \
       --tf-fewer-prompts ;;
-    w2test) pyt w2test $(( L < 25 ? L : 25 )) tests/kernels/test_moe_w2_early_gpu.py ;;
     etest) pyt etest $(( L < 35 ? L : 35 )) tests/kernels/test_moe_gemv_early_gpu.py tests/kernels/test_moe_norm_qkv_gpu.py ;;
-    tests) pyt tests $(( L < 60 ? L : 60 )) tests/kernels/test_moe_w2_early_gpu.py tests/kernels/test_moe_gemv_early_gpu.py \
+    tests) pyt tests $(( L < 60 ? L : 60 )) tests/kernels/test_moe_gemv_early_gpu.py \
       tests/kernels/test_moe_norm_qkv_gpu.py tests/kernels/test_moe_prefetch_gpu.py \
-      tests/kernels/test_moe_gpu.py -k "early or prefetch or pipe or one_launch or batch_one or two_launch or parity" ;;
-    *) echo "unknown part $PART (ab mixab bs1 bs1head tput w2test etest tests)"; exit 2 ;;
+      tests/kernels/test_moe_gpu.py -k "prefetch or pipe or batch_one or two_launch or parity" ;;
+    *) echo "unknown part $PART (ab mixab bs1 bs1head tput etest tests)"; exit 2 ;;
   esac
 done
 for f in "$D"/*/*.json; do [ -f "$f" ] && { echo "--- $f"; head -c 1500 "$f"; echo; }; done

@@ -1,8 +1,8 @@
 """The batch-1 MoE routing of one token inside a Triton kernel (float32 softmax over the router logits, top-k by
 k rounds of argmax, the lowest expert winning a tie, optional renormalisation: ``topk_softmax``'s arithmetic).
 
-Its own module because two launches run it: the w13 launch (``moe_decode_kernels``) and the early w2 launch
-(``cuda_moe_w2_early``), which must pick the same experts and weights bit for bit.
+Its own module: the w13 launch (``moe_decode_kernels``) runs it; session 9's early w2 launch, which ran it too,
+was removed in session 10.
 """
 
 from __future__ import annotations
@@ -13,21 +13,17 @@ import triton.language as tl
 
 @triton.jit
 def _route(logits_ptr, num_experts, TOP_K: tl.constexpr, K_P: tl.constexpr, E_P: tl.constexpr,
-           RENORMALIZE: tl.constexpr, CG: tl.constexpr):
+           RENORMALIZE: tl.constexpr):
     """(weights [K_P] fp32, ids [K_P] int32) of one token; lanes past TOP_K hold 0 (``topk_softmax``'s math).
 
     Each top-k round is ONE max-reduction over int64 keys ``bits(p) << 32 | (E_P - 1 - expert)``: the float
     bits of a probability (>= 0) order like the probability, and the low word makes the lowest expert win a
     tie. Same choice as ``topk_softmax``'s max-then-min rounds, half the cross-warp reductions: every program of
-    the w13 launch runs this before its first weight load. ``CG``: load the logits through L2 (``.cg``; a read before
-    the PDL wait, cuda_moe_w2_early.py). Every caller passes it: Triton 3.6 does not wrap a jit helper's default
-    constexpr (a default "" reached ``tl.load`` as a plain str; session 9 batch 1)."""
+    the w13 launch runs this before its first weight load. No default constexpr arguments: Triton 3.6 does not wrap
+    a jit helper's default (a default "" reached ``tl.load`` as a plain str; session 9 batch 1)."""
     experts = tl.arange(0, E_P)
     ok = experts < num_experts
-    if CG:
-        x = tl.load(logits_ptr + experts, mask=ok, other=-float("inf"), cache_modifier=".cg").to(tl.float32)
-    else:
-        x = tl.load(logits_ptr + experts, mask=ok, other=-float("inf")).to(tl.float32)
+    x = tl.load(logits_ptr + experts, mask=ok, other=-float("inf")).to(tl.float32)
     p = tl.exp(x - tl.max(x, axis=0))
     p = p / tl.sum(tl.where(ok, p, 0.0), axis=0)
     bits = p.to(tl.int32, bitcast=True).to(tl.int64)

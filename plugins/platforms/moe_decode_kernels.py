@@ -31,9 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from octavo.plugins.platforms.cuda_moe_one_launch import moe_one
 from octavo.plugins.platforms.cuda_moe_route import _route
-from octavo.plugins.platforms.cuda_moe_w2_early import check_pre, launch_w2_early
 from octavo.plugins.platforms.cuda_pdl import gdc_launch_dependents, gdc_wait, launch_opts
 from octavo.plugins.platforms.moe_prefetch import as_bytes, l2_prefetch, prefetch_split
 
@@ -108,7 +106,7 @@ def _w13_route_kernel(x_ptr, logits_ptr, w13_ptr, act_ptr, weights_ptr, ids_ptr,
             tl.store(weights_ptr + lanes, top_w, mask=lanes < TOP_K)
             tl.store(ids_ptr + lanes, top_i.to(tl.int64), mask=lanes < TOP_K)
     elif ROUTE_IN:
-        top_w, top_i = _route(logits_ptr, num_experts, TOP_K, K_P, E_P, RENORMALIZE, False)
+        top_w, top_i = _route(logits_ptr, num_experts, TOP_K, K_P, E_P, RENORMALIZE)
         lanes = tl.arange(0, K_P)
         if pid == 0:
             tl.store(weights_ptr + lanes, top_w, mask=lanes < TOP_K)
@@ -172,7 +170,7 @@ def _w13_route_all_kernel(x_ptr, logits_ptr, w13_ptr, act_ptr, weights_ptr, ids_
         gdc_wait()
         gdc_launch_dependents()
     pid_n = tl.program_id(0)
-    top_w, top_i = _route(logits_ptr, num_experts, TOP_K, K_P, E_P, RENORMALIZE, False)
+    top_w, top_i = _route(logits_ptr, num_experts, TOP_K, K_P, E_P, RENORMALIZE)
     lanes = tl.arange(0, K_P)
     slot_ok = lanes < TOP_K
     if pid_n == 0:
@@ -275,9 +273,8 @@ def decode_one(x: torch.Tensor, router_logits: torch.Tensor, w13: torch.Tensor, 
     :func:`default_decode_config` returns (``{"w13": {...}, "w2": {...}}``). L2 prefetch hints (moe_prefetch.py;
     same results): ``w13["PF_W2"]`` the routed experts' w2 during w13, ``w13["EVICT"]`` its loads' eviction
     policy, ``w13["PF_NEXT"]`` ``next_weight`` (the next layer's qkv weight) before w13's wait, ``w2["PF_NEXT"]``
-    1/2 the same during w2 (after / before its wait). ``w2["PRE"]`` 1..6: the w2 launch routes itself and loads its
-    first PRE K-blocks before its wait (cuda_moe_w2_early.py; same bits); with ``w2["ONE"]`` w13 and w2 run as one
-    launch (cuda_moe_one_launch.py; same bits)."""
+    1/2 the same during w2 (after / before its wait). ``w2["PRE"]`` / ``w2["ONE"]`` (session 9's early w2 and one
+    launch, 2-14% slower on the H200: removed in session 10) are refused."""
     num_experts, two_i, hidden = w13.shape
     inter = two_i // 2
     cfg = config or default_decode_config(top_k, inter, hidden)
@@ -290,16 +287,13 @@ def decode_one(x: torch.Tensor, router_logits: torch.Tensor, w13: torch.Tensor, 
     pf_next = c2.get("PF_NEXT", 0)
     if pf_next not in (0, 1, 2):
         raise ValueError(f"decode_one: w2 PF_NEXT must be 0, 1 or 2, not {pf_next!r}")
-    pre = check_pre(c2)
+    gone = [k for k in ("PRE", "ONE") if k in c2]
+    if gone:
+        raise ValueError(f"decode_one: w2 {gone} (the early w2 / one launch) were removed in session 10: they were "
+                         f"slower (docs/moe.md)")
     route = c13.get("ROUTE", "in")
     if route not in ("in", "launch", "rank") or (route != "in" and c13.get("ALL_SLOTS")):
         raise ValueError(f"decode_one: w13 ROUTE must be 'in', 'rank' or 'launch' (per-slot kernel), not {route!r}")
-    one = bool(c2.get("ONE"))
-    if one:
-        extras = [k for k in ("ALL_SLOTS", "PF_W2", "EVICT", "PF_NEXT", "PIPE") if c13.get(k)]
-        if route != "in" or extras or not pre:
-            raise ValueError(f"decode_one: w2 ONE needs w2 PRE >= 1 and the plain per-slot w13 (ROUTE 'in'), not "
-                             f"ROUTE {route!r} / PRE {pre!r} / {extras}")
     if route == "launch":  # its own routing launch (cuda_moe_kernels.topk_softmax), w13 reads the ids
         from octavo.plugins.platforms.cuda_moe_kernels import topk_softmax
 
@@ -309,9 +303,6 @@ def decode_one(x: torch.Tensor, router_logits: torch.Tensor, w13: torch.Tensor, 
         ids = torch.empty(1, top_k, dtype=torch.int64, device=dev)
     act = torch.empty(top_k, inter, dtype=x.dtype, device=dev)
     out = torch.empty(1, hidden, dtype=x.dtype, device=dev)
-    if one:  # w13 and w2 in one launch (cuda_moe_one_launch.py)
-        moe_one(x, router_logits, w13, w2, act, out, weights, ids, top_k, renormalize, c13, c2, pre, launch_opts())
-        return out, weights, ids
     all_slots = bool(c13.get("ALL_SLOTS", False))
     kernel13 = _w13_route_all_kernel if all_slots else _w13_route_kernel
     num_n13 = triton.cdiv(inter, c13["BLOCK_N"])
@@ -340,9 +331,6 @@ def decode_one(x: torch.Tensor, router_logits: torch.Tensor, w13: torch.Tensor, 
                      E_P=_p2(num_experts), RENORMALIZE=renormalize, BLOCK_N=c13["BLOCK_N"], BLOCK_K=c13["BLOCK_K"],
                      num_warps=c13.get("num_warps", 4), num_stages=c13.get("num_stages", 3), **extra13,
                      **launch_opts())
-    if pre:  # w2 routes itself and loads its first K-blocks before the wait (cuda_moe_w2_early.py)
-        launch_w2_early(act, w2, router_logits, out, top_k, renormalize, c2, launch_opts())
-        return out, weights, ids
     grid2 = triton.cdiv(hidden, c2["BLOCK_N"])
     pf_total, pf_piece = prefetch_split(next_weight if pf_next else None, grid2, 4)
     _w2_sum_kernel[(grid2,)](

@@ -96,7 +96,8 @@ def test_bad_settings_are_refused():
     for w13_extra, w2_extra, what in [({"EVICT": "evict_sometimes"}, {}, "EVICT"), ({}, {"PF_NEXT": 3}, "PF_NEXT"),
                                       ({"ROUTE": "host"}, {}, "ROUTE"),
                                       ({"ALL_SLOTS": True, "PF_W2": True}, {}, "PF_W2"),
-                                      ({"ALL_SLOTS": True, "PIPE": True}, {}, "PIPE")]:
+                                      ({"ALL_SLOTS": True, "PIPE": True}, {}, "PIPE"),
+                                      ({}, {"PRE": 2}, "PRE"), ({}, {"ONE": True}, "ONE")]:  # removed in session 10
         with pytest.raises(ValueError, match=what):
             decode_one(x, logits, w13, w2, 2, True, {"w13": {**tiles, **w13_extra}, "w2": {**tiles, **w2_extra}})
     with pytest.raises(ValueError, match="prefetch"):
