@@ -42,7 +42,8 @@ def kernel_table(replay, iters: int = 10, top: int = 30) -> dict:
         us = getattr(ev, "device_time_total", None)
         us = getattr(ev, "cuda_time_total", 0) if us is None else us
         if us > 0 and ev.count > 0:
-            rows.append({"name": ev.key[:110], "launches": round(ev.count / iters, 2), "us": round(us / iters, 2)})
+            rows.append({"name": ev.key[:110], "launches": round(ev.count / iters, 2), "us": round(us / iters, 2),
+                         "us_per_launch": round(us / ev.count, 2)})  # per layer for the once-a-layer kernels
     rows.sort(key=lambda r: -r["us"])
     return {"kernel_launches": round(sum(r["launches"] for r in rows), 1),
             "kernel_us": round(sum(r["us"] for r in rows), 1), "table": rows[:top]}
