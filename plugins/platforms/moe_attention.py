@@ -84,9 +84,9 @@ def _forward(self, positions, hidden_states, ctx):
 def _early(lin, x: torch.Tensor, pre: int, tile) -> torch.Tensor:
     """``lin(x)``, as cuda_moe_oproj.gemv_early with ``pre`` K-blocks loaded before the PDL wait when ``pre`` and the
     layer is one plain GEMV. A ``tile`` BLOCK_K of None takes the engine GEMV's (its sums in its order: the same
-    bits); until the engine GEMV has tuned this shape (its first call), and wherever the layer does not run that GEMV,
-    the layer's own method runs."""
-    if not pre or not _plain_o_proj(lin, x.dtype):
+    bits); until the engine GEMV has tuned this shape (its first call), wherever the layer does not run that GEMV,
+    and where it has forward hooks (LoRA), the layer runs."""
+    if not pre or not _plain_o_proj(lin, x.dtype) or _hooked(lin):
         return lin(x)
     from octavo.plugins.platforms.cuda_moe_oproj import gemv_early
 
@@ -99,6 +99,12 @@ def _early(lin, x: torch.Tensor, pre: int, tile) -> torch.Tensor:
             return lin(x)
         bk = engine["BLOCK_K"]
     return gemv_early(x, lin.weight, pre, bn, bk, warps)
+
+
+def _hooked(lin) -> bool:
+    """Whether calling the layer does more than its GEMV: forward hooks (LoRA adds its delta in one,
+    octavo.lora.manager) or an instance forward. Then the early GEMV would drop that work: the layer runs."""
+    return bool(lin._forward_hooks or lin._forward_pre_hooks or "forward" in vars(lin))
 
 
 def _plain_o_proj(o, dtype: torch.dtype | None = None) -> bool:

@@ -147,6 +147,13 @@ def test_installed_on_a_qwen3_attention(monkeypatch):
     moe_attention.set_attn_one(m, q_early=0, o_early=0)
     assert early == [(3, 8, 32, 4)] and torch.equal(cache, got_cache)
     assert (got_early.float() - got.float()).abs().max() <= 5e-3 * got.float().abs().max()
+    early.clear()  # a layer with a forward hook (LoRA adds its delta in one) is called, not bypassed
+    hook = m.o_proj.register_forward_hook(lambda mod, args, out: out + 1)
+    moe_attention.set_attn_one(m, o_early=2, o_tile=(8, 16, 4))
+    got_hooked = m(pos, x, ctx)
+    moe_attention.set_attn_one(m, o_early=0)
+    hook.remove()
+    assert early == [] and torch.allclose(got_hooked.float(), got.float() + 1, atol=5e-3 * got.float().abs().max())
     moe_attention.set_attn_one(m, on=False)
     want = m(pos, x, ctx)
     assert calls == [1]
