@@ -133,8 +133,9 @@ def norm_qkv(x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor,
 def _norm_forward(self, x, residual=None):
     """The input norm's forward: one token with a residual -> the fused kernel, qkv handed to the attention."""
     attn = self._moe_attn
+    qkv = attn.qkv_proj
     if (attn._norm_qkv["on"] and residual is not None and x.dim() == 2 and x.shape[0] == 1
-            and x.dtype == attn.qkv_proj.weight.dtype):
+            and x.dtype == qkv.weight.dtype and not qkv._forward_hooks and not qkv._forward_pre_hooks):
         cfg = attn._norm_qkv
         out, res_out, qkv = norm_qkv(x, residual, self.weight, self.eps, attn.qkv_proj.weight, cfg["block_n"],
                                      cfg["block_k"], cfg["pre"])

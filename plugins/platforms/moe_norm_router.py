@@ -100,8 +100,10 @@ def norm_router(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, e
 def _norm_forward(self, x, residual=None):
     """The norm's forward: one token with a residual -> the fused kernel, logits handed to the block."""
     block = self._moe_block
-    if residual is not None and x.dim() == 2 and x.shape[0] == 1 and x.dtype == block.gate.weight.dtype:
-        out, res_out, logits = norm_router(x, residual, self.weight, self.eps, block.gate.weight)
+    gate = block.gate
+    if (residual is not None and x.dim() == 2 and x.shape[0] == 1 and x.dtype == gate.weight.dtype
+            and not gate._forward_hooks and not gate._forward_pre_hooks):  # a hooked router (LoRA) is called
+        out, res_out, logits = norm_router(x, residual, self.weight, self.eps, gate.weight)
         block._moe_pre = (out, logits)
         return out, res_out
     block._moe_pre = None

@@ -198,7 +198,8 @@ def test_norm_router_installed_on_a_qwen3_moe_layer(monkeypatch):
     notes = cuda_moe.install_moe_kernels(layer, dt, torch.device("cpu"))
     assert notes["decode_one"] == 1 and notes["norm_router"] == 1 and "forward" in vars(block)
     gate_calls = []
-    block.gate.register_forward_hook(lambda *a: gate_calls.append(1))
+    real_gate = block.gate.forward  # counted by an instance forward: a forward hook turns the fusion off (below)
+    block.gate.forward = lambda *a, **k: gate_calls.append(1) or real_gate(*a, **k)
     out, res_out = norm(x, res)
     assert torch.equal(out, want_out) and torch.equal(res_out, want_res) and block._moe_pre[0] is out
     got = block(out).float()
@@ -209,6 +210,11 @@ def test_norm_router_installed_on_a_qwen3_moe_layer(monkeypatch):
     out3, _ = norm(x3, res3)
     block(out3)
     assert gate_calls == [1, 1]
+    hook = block.gate.register_forward_hook(lambda mod, args, y: y)  # LoRA adds its delta in such a hook
+    norm(x, res)
+    assert block._moe_pre is None  # so the norm hands no logits and the block calls the hooked router
+    hook.remove()
+    del block.gate.forward  # the counter: install refuses a router with an instance forward
     set_norm_router(norm, block, False)
     assert "forward" not in vars(block) and norm.forward.__func__.__name__ == "_fused_rms_forward"
     monkeypatch.setenv("OCTAVO_MOE_NORM_ROUTER", "0")
