@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 17, engineer "nano", session 9: ONE GPU, hard bound 150 s a call (+ up to 100 s for an install of the package
+# Issue 17, engineer "nano", sessions 9-10: ONE GPU, hard bound 150 s a call (b10f: 120 s) (+ up to 100 s for an install of the package
 # if it is not importable). JSON + logs under $OUT/nano9/. One part
 # per call, NANO_PART=<part> (or the first argument):
 #   b1  (batch 1) the fused sampler's GPU cases with the base-2 / lg2.approx noise (tests/kernels/fused_sampler_cases.py:
