@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-RATES = (1.0, 1.1, 1.2, 1.3, 1.4)  # candidate factors over the fluid rate, ascending
+RATES = (1.0, 1.05, 1.1, 1.15, 1.2, 1.25, 1.3, 1.35, 1.4)  # candidate factors over the fluid rate, ascending
 MIN_GAIN = 0.03  # pace only if the model saves at least this share of the steps
 REPLAN_STEPS = 256  # an episode starting sooner after the last model run reuses its rate
 PLAN_SPAN = 4  # the model plays at most the queue's head holding this many caches' worth of final tokens
@@ -74,10 +74,11 @@ def play(capacity: int, running: list[tuple[int, int]], waiting: list[tuple[int,
 
 def choose(capacity: int, running: list[tuple[int, int]], waiting: list[tuple[int, int]], per_step: int) -> float:
     """The pacing rate to use, or 0 (the waves). A rate qualifies if it and the next higher candidate both save
-    ``MIN_GAIN`` of the steps in the model: the model's rate at which the waves come back sits a little below the
-    scheduler's (schedule_sim: 1.2-1.25 vs 1.25-1.3 at 26,420 blocks, 1.25-1.3 vs 1.3-1.35 at 26,970), so the
-    best rate right below that edge is not taken. Among those that qualify, the fewest steps (the lower rate on
-    a tie)."""
+    ``MIN_GAIN`` of the steps in the model: the rate at which the waves come back in the model sits at or a
+    little below the scheduler's (schedule_sim, 512 x 1000/1000: 1.2 vs 1.2-1.25 at 26,420 blocks, 1.3 vs 1.35 at
+    26,970), so the best rate right below that edge is not taken. Among those that qualify, the fewest steps (the
+    lower rate on a tie). Chosen vs the scheduler's steps (waves -> paced): 26,420 blocks 1.1 (3,012 -> 2,784),
+    26,970 1.2 (3,011 -> 2,720), 27,500 1.3 (3,010 -> 2,639), 30,000 1.35 (3,005 -> 2,523), 25,000 none."""
     base = play(capacity, running, waiting, per_step, 0.0)
     steps = [play(capacity, running, waiting, per_step, r) for r in RATES]
     ok = [n <= base * (1 - MIN_GAIN) for n in steps]
