@@ -78,6 +78,10 @@ B10_VARIANTS = [  # likeliest first: rows past the part's time cap are skipped (
     ("q_early4_8xE_4w+o_off", {**QE(4, 8, 4), "o_early": 0}, {}, {}),
     ("defaults_again", {}, {}, {}),
     ("q_early2_8xE_4w", QE(2, 8, 4), {}, {}),
+    # the attention's programs (234 registers at 8 warps) leave no room beside an o_proj program of 8 warps on their
+    # 64 SMs: an attention at 4 warps, or o_proj programs of 4 warps holding half of K
+    ("attn_4w", {"num_warps": 4}, {}, {}),
+    ("o_early4_8xE_4w", {"o_early": 4, "o_tile": (8, None, 4)}, {}, {}),
 ]
 PREFETCH_SETS = {"b1": PREFETCH_VARIANTS, "b2": B2_VARIANTS,  # $MOE_PF_SET picks the list (moe7.sh prefetch / ab,
                  "b9": B9_VARIANTS, "mix": MIXTRAL, "b10": B10_VARIANTS}  # moe9.sh ab / mixab)
