@@ -5,8 +5,8 @@
 # Parts:
 #  ab      Qwen3-30B-A3B, all 48 layers, batch-1 decode vs the roofline over the bytes read (routed experts only)
 #          with the engine's defaults (cap 95 s; its first JSON line is the headline), then the same-engine A/B of
-#          $MOE_PF_SET (default b10, benchmarks/moe_variants.py: the qkv and o_proj GEMVs loading their weights before
-#          the PDL wait, cuda_moe_oproj.py, and session 9's early w2 / one launch once on the H100), re-captured per
+#          $MOE_PF_SET (default b10, benchmarks/moe_variants.py: the early o_proj off (a default since session 10),
+#          the early qkv GEMV and the input norm + qkv launch loading weights before the PDL wait), re-captured per
 #          variant (rel_diff must be 0: same bits), kernel tables of the best with PDL on and off (per-layer profile).
 #  mixab   Mixtral-8x7B with 8 of 32 layers (as session 6: 23 GB of weights; 32 layers do not fit 80 GB), the
 #          same measurement, the defaults re-captured twice and their kernel tables (moe_variants.MIXTRAL).
