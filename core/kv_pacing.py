@@ -22,6 +22,9 @@ import numpy as np
 RATES = (1.0, 1.05, 1.1, 1.15, 1.2, 1.25, 1.3, 1.35, 1.4)  # candidate factors over the fluid rate, ascending
 MIN_GAIN = 0.03  # pace only if the model saves at least this share of the steps
 REPLAN_STEPS = 256  # an episode starting sooner after the last model run reuses its rate
+MIN_STEPS = 128  # pace only outputs this long on average: the model ignores how the token budget splits prompts
+# across steps and rounds the cache's blocks of partial chunks, which decide short runs (64 x 40/40 on 100 blocks
+# of 16: the model saw 160 -> 147 steps, the scheduler took 161 -> 162)
 PLAN_SPAN = 4  # the model plays at most the queue's head holding this many caches' worth of final tokens
 
 
@@ -31,7 +34,7 @@ def area(t: int, e: int) -> int:
 
 
 def play(capacity: int, running: list[tuple[int, int]], waiting: list[tuple[int, int]], per_step: int,
-         rate: float) -> int:
+         rate: float, block: int = 1) -> int:
     """Steps until the last request ends: ``running`` (tokens, remaining steps), ``waiting`` (prompt tokens,
     output tokens) in queue order, at most ``per_step`` starts a step; ``rate`` 0: the projected check alone
     (waves), else starts are also paid for from a credit of ``rate * capacity`` token-steps a step, a step's
@@ -39,7 +42,7 @@ def play(capacity: int, running: list[tuple[int, int]], waiting: list[tuple[int,
     horizon = max([d for _, d in running] + [0]) + sum(e for _, e in waiting) + len(waiting) + 2
     use = np.zeros(horizon, np.int64)
     for t, d in running:
-        use[:d] += t + np.arange(1, d + 1)
+        use[:d] += -(-(t + np.arange(1, d + 1)) // block) * block
     ramps: dict[tuple[int, int], np.ndarray] = {}
     credit, end, s, i = None, max([d for _, d in running] + [0]), 0, 0
     final = sum(t + d for t, d in running) + sum(t + e for t, e in waiting)
@@ -58,7 +61,7 @@ def play(capacity: int, running: list[tuple[int, int]], waiting: list[tuple[int,
                     break
             ramp = ramps.get((t, e))
             if ramp is None:
-                ramp = ramps[(t, e)] = t + np.arange(1, e + 1)
+                ramp = ramps[(t, e)] = -(-(t + np.arange(1, e + 1)) // block) * block  # whole blocks held
             if end > s and int((use[s:s + e] + ramp).max()) > capacity:  # (nothing running: always starts)
                 break
             use[s:s + e] += ramp
@@ -72,15 +75,16 @@ def play(capacity: int, running: list[tuple[int, int]], waiting: list[tuple[int,
     return end
 
 
-def choose(capacity: int, running: list[tuple[int, int]], waiting: list[tuple[int, int]], per_step: int) -> float:
+def choose(capacity: int, running: list[tuple[int, int]], waiting: list[tuple[int, int]], per_step: int,
+           block: int = 1) -> float:
     """The pacing rate to use, or 0 (the waves). A rate qualifies if it and the next higher candidate both save
     ``MIN_GAIN`` of the steps in the model: the rate at which the waves come back in the model sits at or a
     little below the scheduler's (schedule_sim, 512 x 1000/1000: 1.2 vs 1.2-1.25 at 26,420 blocks, 1.3 vs 1.35 at
     26,970), so the best rate right below that edge is not taken. Among those that qualify, the fewest steps (the
     lower rate on a tie). Chosen vs the scheduler's steps (waves -> paced): 26,420 blocks 1.1 (3,012 -> 2,784),
     26,970 1.2 (3,011 -> 2,720), 27,500 1.3 (3,010 -> 2,639), 30,000 1.35 (3,005 -> 2,523), 25,000 none."""
-    base = play(capacity, running, waiting, per_step, 0.0)
-    steps = [play(capacity, running, waiting, per_step, r) for r in RATES]
+    base = play(capacity, running, waiting, per_step, 0.0, block)
+    steps = [play(capacity, running, waiting, per_step, r, block) for r in RATES]
     ok = [n <= base * (1 - MIN_GAIN) for n in steps]
     best, best_steps = 0.0, base
     for k in range(len(RATES) - 1):
@@ -158,8 +162,9 @@ class Pacer:
                     waiting.append((r.num_tokens + r.num_output_placeholders, adm.expected_remaining(r)))
                     total += sum(waiting[-1])
                 known = len(waiting) == len(adm._waiting) or total > PLAN_SPAN * self.capacity
+                known = known and sum(e for _, e in waiting) >= MIN_STEPS * len(waiting)
                 running = list(zip(adm._t.tolist(), adm._d.tolist()))
-                self.rate = choose(self.capacity, running, waiting, per_step) if known else 0.0
+                self.rate = choose(self.capacity, running, waiting, per_step, adm.bs) if known else 0.0
             self.episodes.append(self.rate)
             self.credit = per_step * area(t, e)
         if not self.rate:

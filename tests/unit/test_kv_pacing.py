@@ -57,13 +57,19 @@ def test_choose_paces_the_8b_run_and_not_where_the_model_sees_no_gain():
 
 
 def test_scheduler_paces_without_preemption_and_in_fewer_steps():
-    off = run("off", 300)
-    auto = run("auto", 300)
+    # 32 requests of 40 + 160 tokens (50 blocks of 4 each at the end) on 500 blocks: ~10 at once
+    off = run("off", 500, n=32, out=160)
+    auto = run("auto", 500, n=32, out=160)
     assert off[1] == 0 and auto[1] == 0  # the projected check still decides every start
     assert off[3] == [] and len(auto[3]) >= 1 and auto[3][0] > 0  # auto chose a rate for this queue
     assert auto[0] < off[0] and auto[2] > off[2]  # fewer, wider steps
-    fixed = run("1.0", 300)
+    fixed = run("1.0", 500, n=32, out=160)
     assert fixed[1] == 0 and fixed[3][0] == 1.0
+
+
+def test_short_outputs_are_not_paced():
+    # 40-token outputs: below MIN_STEPS the model is not trusted (it ignores how prompts split across steps)
+    assert run("auto", 300)[3] == [0.0]
 
 
 def test_queues_that_fit_or_have_unknown_lengths_are_not_paced():
