@@ -138,7 +138,8 @@ class SchedulerSettings(_Section):
     kv_admission_pacing: str = Field("auto", description="projected admission, a queue of known-length requests "
                                      "that outgrows the KV cache: spread their starts at the cache's fluid rate "
                                      "instead of whole waves. auto: where a model of the schedule takes >= 3 % "
-                                     "fewer steps (core/kv_pacing.py); off (or 0); or a fixed factor over that "
+                                     "fewer steps and outputs average >= 128 tokens (core/kv_pacing.py); off (or "
+                                     "0); or a fixed factor over that "
                                      "rate in [0.5, 4].")
     max_logprobs: int = Field(20, ge=0, description="Most logprobs a request may ask for per token.")
     structured_outputs_backend: str = Field("xgrammar", description="Grammar library for structured outputs "
