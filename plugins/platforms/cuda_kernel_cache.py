@@ -17,6 +17,7 @@ Nothing happens (and Triton is not imported) when no archive matches the install
 from __future__ import annotations
 
 import logging
+import lzma
 import os
 import shutil
 import tarfile
@@ -76,6 +77,14 @@ def _relocate_groups(entry_dir: str, dest: str) -> None:
             json.dump(group, f)
 
 
+def _extract(archive: str, dest: str) -> None:
+    with tarfile.open(archive, "r:xz") as tar:
+        try:
+            tar.extractall(dest, filter="data")  # plain files and folders only
+        except TypeError:  # Python without extraction filters
+            tar.extractall(dest)
+
+
 def seed_triton_cache(archive_dir: str = ARCHIVE_DIR, cache_dir: str | None = None) -> int | None:
     """Unpack the shipped archives for the installed Triton into its cache; returns the entries added (None:
     no archive for this Triton version)."""
@@ -97,11 +106,14 @@ def seed_triton_cache(archive_dir: str = ARCHIVE_DIR, cache_dir: str | None = No
         if os.path.exists(marker):
             continue
         with tempfile.TemporaryDirectory(dir=cache_dir, prefix=".octavo-seed-") as tmp:
-            with tarfile.open(archive, "r:xz") as tar:
-                try:
-                    tar.extractall(tmp, filter="data")  # plain files and folders only
-                except TypeError:  # Python without extraction filters
-                    tar.extractall(tmp)
+            try:
+                _extract(archive, tmp)
+            except (tarfile.TarError, EOFError, OSError, lzma.LZMAError) as e:
+                # the archive only saves compile time: a damaged one (a truncated copy, one being rewritten while
+                # read) must not stop the engine; its kernels compile at first use instead, and no marker is written
+                logger.warning("Shipped Triton kernels %s unreadable (%s: %s): not used, kernels compile at first "
+                               "use", archive, type(e).__name__, e)
+                continue
             for root in os.listdir(tmp):  # one top folder ("triton_cache") holding one folder per entry
                 for entry in os.listdir(os.path.join(tmp, root)):
                     dest = os.path.join(cache_dir, entry)

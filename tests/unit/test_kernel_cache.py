@@ -58,6 +58,26 @@ def test_seed_once_without_overwriting(tmp_path, monkeypatch):
     assert not [p for p in os.listdir(cache) if p.startswith(".octavo-seed-")]  # temporary folder removed
 
 
+def test_a_truncated_archive_warns_and_starts(tmp_path, monkeypatch, caplog):
+    """GPU batch 2 of session 10: an archive rewritten while an engine read it (a truncated .xz) failed the engine's
+    start with EOFError. The archive only saves compile time: the engine warns, adds nothing from it, writes no
+    marker (a good copy is unpacked next time) and still seeds the good archives."""
+    monkeypatch.setattr(kernel_cache, "_triton_version", lambda: "9.9.9")
+    archives = _archive(tmp_path, "triton-9.9.9-a.tar.xz", {"AAA": "shipped a"})
+    _archive(tmp_path, "triton-9.9.9-b.tar.xz", {"BBB": "shipped b"})
+    bad = os.path.join(archives, "triton-9.9.9-b.tar.xz")
+    data = open(bad, "rb").read()
+    with open(bad, "wb") as f:
+        f.write(data[: len(data) // 2])
+    cache = tmp_path / "cache"
+    with caplog.at_level("WARNING", logger=kernel_cache.logger.name):
+        assert kernel_cache.seed_triton_cache(archives, str(cache)) == 1
+    assert (cache / "AAA" / "kernel.json").read_text() == "shipped a"
+    assert not (cache / "BBB").exists()
+    assert "triton-9.9.9-b.tar.xz unreadable" in caplog.text
+    assert not [p for p in os.listdir(cache) if "triton-9.9.9-b" in p]  # no marker for the damaged one
+
+
 @pytest.mark.parametrize("installed", ["9.9.8", None])
 def test_other_triton_versions_are_left_alone(tmp_path, monkeypatch, installed):
     monkeypatch.setattr(kernel_cache, "_triton_version", lambda: installed)
