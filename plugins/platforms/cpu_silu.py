@@ -5,7 +5,7 @@ of the step in ``silu`` and part of the ``mul`` share, 1 thread; docs/performanc
 session 7"). Torch computes ``silu`` on AVX-512 as ``x / (1 + exp(-x))`` in float32 with SLEEF's ``expf``
 (u10: ``Sleef_expf16_u10``) for whole vectors, rounds to the dtype, then multiplies by ``up`` in float32 and
 rounds again. This kernel does those same operations per element: SLEEF's ``expf`` algorithm transcribed with
-the same fused multiply-adds (``sleef_expf`` below), an IEEE division, bf16 rounding to nearest even. It is
+the same fused multiply-adds (``sleef_expf16``, :mod:`.cpu_sleef_src`), an IEEE division, bf16 rounding to nearest even. It is
 installed only where it gives the module's bits: at install every bf16 value as ``gate`` (all 65,536) and random
 float32 values are checked against the module's forward, and rows must be a multiple of 64 wide (torch runs
 the last ``< 2 x vector`` elements of a row with the C library's ``exp``, which this does not copy).
@@ -23,6 +23,7 @@ import types
 import torch
 
 from octavo.env_flags import env_switch
+from octavo.plugins.platforms.cpu_sleef_src import SLEEF_EXPF16
 from octavo.plugins.quant.cpu_build import cached_library
 
 logger = logging.getLogger(__name__)
@@ -32,31 +33,10 @@ C_SOURCE = r"""
 #if defined(__AVX512F__)
 #include <immintrin.h>
 
-/* SLEEF 3.x xexpf (u10) with FMA, 16 lanes: what torch's Vectorized<float>::exp() runs on AVX-512 */
-static inline __m512 sleef_expf(__m512 d) {
-    __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(d, _mm512_set1_ps(1.442695040888963407359924681001892137f)));
-    __m512 qf = _mm512_cvtepi32_ps(q);
-    __m512 s = _mm512_fmadd_ps(qf, _mm512_set1_ps(-0.693145751953125f), d);
-    s = _mm512_fmadd_ps(qf, _mm512_set1_ps(-1.428606765330187045e-06f), s);
-    __m512 u = _mm512_set1_ps(0.000198527617612853646278381f);
-    u = _mm512_fmadd_ps(u, s, _mm512_set1_ps(0.00139304355252534151077271f));
-    u = _mm512_fmadd_ps(u, s, _mm512_set1_ps(0.00833336077630519866943359f));
-    u = _mm512_fmadd_ps(u, s, _mm512_set1_ps(0.0416664853692054748535156f));
-    u = _mm512_fmadd_ps(u, s, _mm512_set1_ps(0.166666671633720397949219f));
-    u = _mm512_fmadd_ps(u, s, _mm512_set1_ps(0.5f));
-    u = _mm512_add_ps(_mm512_set1_ps(1.0f), _mm512_fmadd_ps(_mm512_mul_ps(s, s), u, s));
-    __m512i h = _mm512_srai_epi32(q, 1);  /* ldexp2k: two power-of-two factors */
-    __m512 p1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(h, _mm512_set1_epi32(0x7f)), 23));
-    __m512 p2 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_sub_epi32(q, h),
-                                                                       _mm512_set1_epi32(0x7f)), 23));
-    u = _mm512_mul_ps(_mm512_mul_ps(u, p1), p2);
-    u = _mm512_mask_mov_ps(u, _mm512_cmp_ps_mask(d, _mm512_set1_ps(-104.f), _CMP_LT_OQ), _mm512_setzero_ps());
-    return _mm512_mask_mov_ps(u, _mm512_cmp_ps_mask(_mm512_set1_ps(100.f), d, _CMP_LT_OQ),
-                              _mm512_set1_ps(__builtin_inff()));
-}
+""" + SLEEF_EXPF16 + r"""
 
 static inline __m512 silu16(__m512 g) {
-    __m512 e = sleef_expf(_mm512_sub_ps(_mm512_setzero_ps(), g));
+    __m512 e = sleef_expf16(_mm512_sub_ps(_mm512_setzero_ps(), g));
     return _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.f), e));
 }
 
