@@ -61,7 +61,7 @@ quant-full: $(STAMP)
 	OCTAVO_QUANT_FULL=1 $(PY) -m pytest -q tests/quant --timeout=1800 $(TEST_ARGS)
 
 # Distributed execution in full: the model x mode matrix (SmolLM2, Llama, Qwen3, Qwen3-MoE x TP, PP, TP x PP,
-# DP, ray, expert parallelism), Qwen3 with a replicated KV head, ray; `make test` runs TP=2 on a tiny Llama,
+# DP, ray, expert parallelism), Qwen3 with a replicated KV head, ray; `make test` runs TP=2 on a tiny Llama (mp and ray),
 # Qwen3-MoE at TP=2 x PP=2, the expert-parallel layer math, the executor choice and the dead-worker server test.
 distributed: $(STAMP)
 	OCTAVO_DISTRIBUTED=full $(PY) -m pytest -q tests/distributed --timeout=1800 $(TEST_ARGS)

@@ -1,9 +1,10 @@
 """Tensor parallelism on CPU (gloo): TP ranks give the single-process tokens and logprobs.
 
 One engine per configuration (each costs a few worker-process starts): random-weight Llama (2 KV heads,
-split over 2 ranks) at TP=2 with the ``mp`` executor always; with ``OCTAVO_DISTRIBUTED=full`` (``make
-distributed``) also Qwen3 (1 KV head, replicated on both ranks) at TP=2, the embedded SmolLM2 at TP=3 (its 9
-heads and 3 KV heads do not split in 2) and the Llama through the ``ray`` executor (a local Ray instance).
+split over 2 ranks) at TP=2 with the ``mp`` executor and through the ``ray`` executor (a local Ray instance;
+skipped only where ray is not installed) always; with ``OCTAVO_DISTRIBUTED=full`` (``make distributed``) also
+Qwen3 (1 KV head, replicated on both ranks) at TP=2 and the embedded SmolLM2 at TP=3 (its 9 heads and 3 KV heads
+do not split in 2).
 Prompts mix a chunked prefill, prompt logprobs and decode; greedy tokens must be equal and logprobs within
 1e-4 of the ``uni`` run.
 """
@@ -82,8 +83,8 @@ def test_llama_tp2_mp_equals_single_process(llama):
     assert_same(want, run(path, tensor_parallel_size=2))
 
 
-@full_only
 def test_llama_tp2_ray_equals_single_process(llama):
+    """Issue 12 asks for ray TP=2 in CI: `.[dev]` installs ray, so this runs in `make test` (~8 s: a local Ray)."""
     pytest.importorskip("ray", reason="the ray executor needs `pip install octavo[ray]`")
     path, want = llama
     assert_same(want, run(path, tensor_parallel_size=2, distributed_executor_backend="ray"))
