@@ -189,6 +189,14 @@ class SchedulerSettings(_Section):
             raise ValueError(f"kv_admission_ratio={self.kv_admission_ratio} exceeds kv_admission_ratio_after_preemption="
                              f"{self.kv_admission_ratio_after_preemption}: a preemption raises the share, it decays "
                              "back; lower the first or raise the second.")
+        if self.kv_admission == "greedy":  # both act inside the projected check only: refuse them, never ignore
+            on = {"kv_admission_overcommit": self.kv_admission_overcommit > 0,
+                  "kv_admission_pacing": self.kv_admission_pacing != "off"}
+            named = [name for name in ("kv_admission_overcommit", "kv_admission_pacing")
+                     if name in self.model_fields_set and on[name]]
+            if named:
+                raise ValueError(f"{', '.join(named)} set with kv_admission='greedy': they only act in the projected "
+                                 "check; use kv_admission='projected' or leave them unset (0 / off).")
         return self
 
 

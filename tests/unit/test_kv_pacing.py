@@ -99,3 +99,15 @@ def test_a_long_queue_is_planned_on_its_head_only():
     # worth), the run still never preempts, and the model ran at most once per REPLAN_STEPS
     steps, preempted, _, episodes = run("auto", 300, n=1000)
     assert preempted == 0 and 1 <= len(episodes) <= steps // kv_pacing.REPLAN_STEPS + 1
+
+
+def test_greedy_admission_refuses_pacing_and_overcommit_it_would_ignore():
+    """Pacing and the last-wave overcommit live in the projected check: with kv_admission='greedy' a value set
+    for them is refused by name, never accepted and ignored; unset (their defaults) or off is fine."""
+    with pytest.raises(ConfigError, match="kv_admission_pacing"):
+        OctavoSettings.from_kwargs(kv_admission="greedy", kv_admission_pacing="1.2")
+    with pytest.raises(ConfigError, match="kv_admission_overcommit"):
+        OctavoSettings.from_kwargs(kv_admission="greedy", kv_admission_overcommit=0.1)
+    assert OctavoSettings.from_kwargs(kv_admission="greedy").scheduler.kv_admission == "greedy"
+    assert OctavoSettings.from_kwargs(kv_admission="greedy", kv_admission_pacing="off",
+                                      kv_admission_overcommit=0).scheduler.kv_admission == "greedy"
