@@ -15,6 +15,9 @@ seconds per generation; the GC holds the GIL, so a pause stops the core thread a
   prefill_prof  the same run with cProfile on the step thread inside the forward calls of >= 1,024 tokens only
              (the 18 eager 8k-token prefill steps, as they run beside the core thread's admissions; session 10's
              H100 probe: 37 ms of host per such forward in the run vs 17-22 ms alone): functions by own time
+  core_prof  the same run with cProfile on the engine's stepping thread (schedule, KV admission + pacing, inputs'
+             hand-off, update, outputs, the front end) only in steps entered while requests still wait (the prefill
+             phase: the 18 host-bound 8k-token steps share the GIL with this work; session 11)
   gc_off     the cyclic GC disabled during the run: what the GC costs at most
   si_<us>    ``sys.setswitchinterval(<us> * 1e-6)`` during the run: a thread waiting for the GIL waits at most
              that long (Python's default is 5 ms)
@@ -162,6 +165,42 @@ class ForwardProfile:
                 "by_tottime": buf.getvalue().splitlines()[-(top + 2):]}
 
 
+class CoreProfile:
+    """cProfile of ``EngineCore.step`` calls entered while the scheduler still has waiting requests (the thread that
+    steps the engine: in ``LLM.generate`` the caller's), with each such call's wall time; later steps unprofiled."""
+
+    def __init__(self, core) -> None:
+        import cProfile
+
+        self.core, self.real = core, core.step
+        self.prof, self.walls = cProfile.Profile(), []
+
+        def step(*a, **k):
+            if not core.scheduler.waiting:
+                return self.real(*a, **k)
+            self.prof.enable()
+            t = time.perf_counter()
+            try:
+                return self.real(*a, **k)
+            finally:
+                self.walls.append(time.perf_counter() - t)
+                self.prof.disable()
+
+        core.step = step
+
+    def remove(self, top: int = 45) -> dict:
+        import io
+        import pstats
+
+        del self.core.step
+        out = {"calls": len(self.walls), "wall_ms_sum": round(sum(self.walls) * 1e3, 2)}
+        for key in ("tottime", "cumulative"):
+            buf = io.StringIO()
+            pstats.Stats(self.prof, stream=buf).sort_stats(key).print_stats(top)
+            out[f"by_{key}"] = buf.getvalue().splitlines()[-(top + 2):]
+        return out
+
+
 def gap_summary(rec: StepEvents, gcs: list[tuple[float, float, int]], top: int = 12) -> dict:
     """Per-step GPU idle before the next forward: total, split by size, the largest gaps (with any GC pause that
     overlapped the host interval between the two steps' forward calls)."""
@@ -283,7 +322,7 @@ def main() -> None:
     ap.add_argument("--dry", action="store_true", help="CPU: a tiny Qwen3, 24 requests; checks the hooks")
     args = ap.parse_args()
     for r in args.runs:
-        if r not in ("defaults", "probe", "no_freeze", "gc_off", "prefill_prof") and not r.startswith("si_"):
+        if r not in ("defaults", "probe", "no_freeze", "gc_off", "prefill_prof", "core_prof") and not r.startswith("si_"):
             raise SystemExit(f"unknown run {r!r}")
     if args.dry:
         torch.cuda.synchronize = lambda *a: None  # gen_timed's syncs; nothing runs on a GPU here
@@ -336,9 +375,11 @@ def main() -> None:
                 old = sys.getswitchinterval()
                 sys.setswitchinterval(int(name[3:]) * 1e-6)
                 undo.append(lambda old=old: sys.setswitchinterval(old))
-            rec = timers = pprof = None
+            rec = timers = pprof = cprof = None
             if name == "prefill_prof":
                 pprof = ForwardProfile(worker.runner, 64 if args.dry else 1024)
+            if name == "core_prof":
+                cprof = CoreProfile(llm.llm_engine.core)
             if name == "probe":
                 rec = StepEvents(worker, (), 0)
                 timers = PhaseTimers(phase_targets(llm))
@@ -359,6 +400,8 @@ def main() -> None:
             extra["gc"] = gcp.remove()
             if pprof is not None:
                 extra["prefill_forwards"] = pprof.remove()
+            if cprof is not None:
+                extra["core_prefill_phase"] = cprof.remove()
             if torch.cuda.is_available():  # the caching allocator's device calls (cudaFree synchronizes the device)
                 m1 = torch.cuda.memory_stats()
                 extra["allocator"] = {k: m1.get(k, 0) - m0.get(k, 0) for k in ALLOC_KEYS}

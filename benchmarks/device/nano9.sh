@@ -22,6 +22,9 @@
 #   b10f (session 10 batch 2, the freeze tree; bound 120 s) gap.json: defaults first, probe, prefill_prof (cProfile
 #       of the step thread's in-run 8k prefill forwards), defaults / no_freeze / defaults; every run records the
 #       caching allocator's device calls; then --prefill-host.
+#   m11 (session 11, engineer margin; bound 146 s) gap.json: defaults first (the headline's first timed run), core_prof
+#       (cProfile of the engine's stepping thread in the prefill phase: what shares the GIL with the 8k-token
+#       forwards' launches), probe, prefill_prof (the step thread's in-run 8k forwards), defaults x2; --prefill-host.
 set -u
 cd "$(dirname "$0")/../.."
 R="${OUT:-/tmp/out}/nano9"; mkdir -p "$R"
@@ -70,6 +73,9 @@ case "$PART" in
   b10f)
     run 112 gap.log python benchmarks/nano_host_gap.py --out "$R/gap.json" --budget-s 108 --prefill-host \
       --runs ${NANO_RUNS:-defaults probe prefill_prof defaults no_freeze defaults} ;;
+  m11)
+    run 142 gap.log python benchmarks/nano_host_gap.py --out "$R/gap.json" --budget-s 136 --prefill-host \
+      --runs ${NANO_RUNS:-defaults core_prof probe prefill_prof defaults defaults} ;;
   *) echo "unknown NANO_PART=$PART"; exit 2 ;;
 esac
 echo "total $(( $(date +%s) - START )) s"

@@ -28,6 +28,10 @@
 #   auto, the default) in the same call: batch 2 keeps requests <= 120 s, so the in-engine pair below does not fit.
 # TPUT_PART=pace (hard bound 190 s): admission pacing (core/kv_pacing.py) on vs off in ONE engine, the headline's
 #   bf16 512 x 1000/1000 workload and engine (benchmarks/fp8_tail_ab.py --knob pacing, bf16): runs on,off.
+# TPUT_PART=m11 (session 11, engineer margin; hard bound 148 s): profile.json, the headline's engine, warm-up and whole
+#   512 x 1000/1000 run with its default pacing (auto: rate 1.2, 2,720 steps at the H100's 26,971 blocks) hooked, no
+#   profiler windows: GPU time vs idle between steps by step kind, every idle gap over 2 ms: what is left outside the
+#   graphs per decode step on the paced schedule.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 R="${OUT:-/tmp/out}/tput9"; mkdir -p "$R"
@@ -57,7 +61,7 @@ run() {  # cap seconds, log name, command... (KILL_AFTER: seconds from SIGTERM t
 KVB=""
 mem=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -1)
 # (b2: 26,970, the H100's count after fp8's KV sizing 42811d2, ~+550 blocks: waves of 215, 215, 82)
-DEFAULT_KVB=26420; [ "$PART" = b2 ] && DEFAULT_KVB=26970
+DEFAULT_KVB=26420; [ "$PART" = b2 ] || [ "$PART" = m11 ] && DEFAULT_KVB=26970
 if [ "${mem:-0}" -gt 100000 ]; then  # (and the model prices bytes at the H200's read rate, b1: 4.18 TB/s)
   KVB="--kv-blocks ${TPUT_KV_BLOCKS:-$DEFAULT_KVB} --read-tbps 4.18"; echo "card ${mem} MiB: $KVB"
 fi
@@ -90,6 +94,10 @@ case "$PART" in
     cap=$(( $(left) - 7 ))
     KILL_AFTER=6 run "$cap" profile.log python benchmarks/tput_run_profile.py --out "$R/profile.json" \
       --budget-s "$cap" $KVB --prompts 430 --windows 300 --window 8 --prefill-window 0 ;;
+  m11)  # <= 148 s
+    cap=$(( $(left) - 4 ))
+    KILL_AFTER=6 run "$cap" profile.log python benchmarks/tput_run_profile.py --out "$R/profile.json" \
+      --budget-s "$((cap - 8))" $KVB --windows --prefill-window 0 ;;
   *) echo "unknown TPUT_PART=$PART"; exit 2 ;;
 esac
 echo "total $(( $(date +%s) - START )) s"
