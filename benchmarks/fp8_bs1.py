@@ -44,6 +44,12 @@ def kernel_table(prof, per: int, limit: int = 40) -> list[dict]:
     return rows[:limit]
 
 
+def gemv_by_shape(prof, replays):
+    from benchmarks.fp8_bs1_tiles import gemv_by_shape as by_shape
+
+    return by_shape(prof, replays)
+
+
 def measure(llm, gr, prompt, res: dict, tag: str, bw: float, weight_bytes: int, profile: bool) -> None:
     from octavo import SamplingParams
 
@@ -65,7 +71,9 @@ def measure(llm, gr, prompt, res: dict, tag: str, bw: float, weight_bytes: int, 
     per_tok = (t2 - t1) / n
     kv_bytes = (512 + n // 2) * 32 * 8 * 128 * 2 * 2  # gpu_e2e.py's formula (16-bit KV bytes)
     roof = (weight_bytes + kv_bytes) / bw
-    r = {"decode_ms_per_token": per_tok * 1e3, "roofline_ms": roof * 1e3, "fraction_of_roofline": roof / per_tok}
+    strict = res["strict"]["strict_bytes"] / bw  # what a step reads: no embedding table, fp8 KV at 1 byte
+    r = {"decode_ms_per_token": per_tok * 1e3, "roofline_ms": roof * 1e3, "fraction_of_roofline": roof / per_tok,
+         "strict_roofline_ms": strict * 1e3, "strict_fraction_of_roofline": strict / per_tok}
     # the prefetch / PDL variants compute the same bits as the first measure (only L2 hints and launch order
     # differ): their greedy tokens must be its tokens exactly. norm4 and nosilu may differ (another summation order)
     first = res.setdefault("_greedy_tokens", tokens_out[-1])
@@ -88,9 +96,12 @@ def measure(llm, gr, prompt, res: dict, tag: str, bw: float, weight_bytes: int, 
                 torch.cuda.synchronize()
             table = kernel_table(prof, 10)
             r["graph_kernels"] = table
+            r["gemv_us_by_shape"] = gemv_by_shape(prof, 10)  # with PDL a kernel's time includes its wait
             r["graph_kernels_us_total"] = round(sum(x["us"] for x in table), 1)
     res[tag] = r
     print(tag, json.dumps({k: v for k, v in r.items() if k != "graph_kernels"}), flush=True)
+    if "gemv_us_by_shape" in r:
+        print("   gemv us by shape", json.dumps(r["gemv_us_by_shape"]), flush=True)
     for row in r.get("graph_kernels", [])[:25]:
         print(f"   {row['us']:8.2f} us  x{row['calls']:5.1f}  {row['name']}", flush=True)
 
@@ -162,7 +173,11 @@ def main() -> None:
     ap.add_argument("--variants", default="", help="s6: comma-separated names of S6_VARIANTS (default: all)")
     ap.add_argument("--tiles", default=None, help="fp8_gemv_bench.py JSON: its best tensor-core tile per shape")
     ap.add_argument("--no-profile", action="store_true")
+    ap.add_argument("--sweep", type=float, default=0.0,
+                    help="seconds for the in-graph tile sweep per shape (fp8_bs1_tiles.py); then --variants "
+                         "may name swept / swept_again (the best tiles pinned)")
     args = ap.parse_args()
+    from benchmarks.fp8_bs1_tiles import pin, strict_bytes, sweep, tuned_tiles, unpin
     from benchmarks.gpu_e2e import LLAMA3_8B, copy_bandwidth, make_llm, write_config
 
     res = {"card": torch.cuda.get_device_name(), "torch": torch.__version__}
@@ -193,9 +208,15 @@ def main() -> None:
     rng = random.Random(0)
     prompt = {"prompt_token_ids": [rng.randrange(1000, 120000) for _ in range(512)]}
     gr = worker.runner.graph_runner
+    res["strict"] = strict_bytes(model, weight_bytes, 512 + 128, torch.empty((), dtype=worker._kv_dtype()).element_size())
     with torch.inference_mode():
         measure(llm, gr, prompt, res, "default", bw, weight_bytes, not args.no_profile)
+    res["tuned_tiles"] = tuned_tiles()
     save()
+    if args.sweep and gr is not None:  # the tiles in the graph; "swept" (S6_VARIANTS) then pins the best per shape
+        res["sweep"] = sweep(gr, budget_s=args.sweep)
+        S6_VARIANTS["swept"] = S6_VARIANTS["swept_again"] = {"tiles": res["sweep"]["best"]}
+        save()
     if args.ab == "s6" and gr is not None:
         from octavo.plugins.platforms import cuda_pdl
         from octavo.plugins.quant import fp8_fused, fp8_gemv, fp8_prefetch, fp8_silu_gemv
@@ -236,9 +257,12 @@ def main() -> None:
                 res.setdefault("seeded_tiles", {})[tag] = seed_tiles(
                     {"W_BITS": fp8_gemv.W_BITS and not fp8_gemv.ACC_SPLIT, "REG_PF": fp8_gemv.REG_PF,
                      "ACC_SPLIT": fp8_gemv.ACC_SPLIT})
+                pinned = pin(v["tiles"]) if "tiles" in v else {}
+                res.setdefault("pinned_tiles", {})[tag] = v.get("tiles")
                 with torch.inference_mode():
                     gr.capture()
                     measure(llm, gr, prompt, res, tag, bw, weight_bytes, not args.no_profile)
+                unpin(pinned)
             except Exception as e:  # noqa: BLE001 - record why
                 res[tag] = {"error": f"{type(e).__name__}: {e}"[:400]}
                 print(tag, res[tag], flush=True)

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# Issue 9 (engineer "fp8"), sessions 9-10. One GPU, HARD bound ${FP89_LIMIT:-110} s for the whole call (every part
-# under `timeout`, each gets what is left minus the later parts' reserves). JSON + logs: $OUT/fp89/
+# Issue 9 (engineer "fp8"), sessions 9-11. One GPU, HARD bound ${FP89_LIMIT:-110} s for the whole call (every part
+# under `timeout`, each gets what is left minus the later parts' reserves; `s11`: 140 s). JSON + logs: $OUT/fp89/
 #   bash benchmarks/device/fp89.sh [PART ...]      (default: bs1 tests, session 10 batch 2; batch 1: bs1 head tests, and tail)
+#   s11         session 11 batch 1 = parts bs1 tests with the in-graph tile sweep (BS1_SWEEP=25 s,
+#               benchmarks/fp8_bs1_tiles.py) and BS1_VARIANTS=swept,default_again,swept_again,x2d; every bs1
+#               measure reports the strict roofline (no embedding table, fp8 KV at 1 byte) and GEMV us by shape
 #   bs1         benchmarks/fp8_bs1.py --ab s6: 8B fp8 + fp8 KV batch 1, one engine: ms/token vs the roofline, the
 #               captured forward alone vs the rest (LM head, sampler, host), the graph's kernel table; then the
 #               variants ${BS1_VARIANTS:-nopdl,default_again,nopdl_again}, graph recaptured for each (nopdl: the GEMV
@@ -25,6 +28,10 @@ set -u
 cd "$(dirname "$0")/../.."
 R="${OUT:-/tmp/out}/fp89"
 mkdir -p "$R"
+if [ "${1:-}" = s11 ]; then
+  shift; set -- bs1 tests "$@"
+  : "${FP89_LIMIT:=140}" "${BS1_SWEEP:=25}" "${BS1_VARIANTS:=swept,default_again,swept_again,x2d}"
+fi
 LIMIT=${FP89_LIMIT:-110}
 if ! timeout 20 python -c "import octavo" > /dev/null 2>&1; then  # s9 batch 1's lanes had no install
   echo "octavo not importable: pip install --no-deps --no-build-isolation -e ." | tee "$R/install.txt"
@@ -39,7 +46,7 @@ git status --short > "$R/tree_status.txt" 2>/dev/null
 export OCTAVO_DISABLE_PROGRESS=1
 PARTS=("$@")
 [ ${#PARTS[@]} -eq 0 ] && PARTS=(bs1 tests)
-declare -A RESERVE=([tests]=55 [smallm]=30 [mem_fp8]=55 [mem_bf16]=0 [e2e_fp8]=150 [bs1]=45 [head]=50 [tail]=140)
+declare -A RESERVE=([tests]=30 [smallm]=30 [mem_fp8]=55 [mem_bf16]=0 [e2e_fp8]=150 [bs1]=45 [head]=50 [tail]=140)
 reserve() {  # seconds the parts after $1 keep for themselves
   local after=0 r=0 p
   for p in "${PARTS[@]}"; do
@@ -69,8 +76,8 @@ for P in "${PARTS[@]}"; do
                --throughput --max-num-seqs 512 --out-dir "$R/e2e_fp8" > "$R/e2e_fp8.log" 2>&1
              echo "exit $?"; grep -v " INFO \| WARNING " "$R/e2e_fp8.log" | cut -c1-1500 | tail -8;;
     bs1) $T python benchmarks/fp8_bs1.py --ab s6 --variants "${BS1_VARIANTS:-nopdl,default_again,nopdl_again}" \
-           --budget $(( B - 12 )) --out "$R/bs1.json" > "$R/bs1.log" 2>&1
-         echo "exit $?"; grep -v " INFO \| WARNING \|UserWarning\|_warn_once" "$R/bs1.log" | cut -c1-400 | tail -60;;
+           --budget $(( B - 12 )) --sweep "${BS1_SWEEP:-0}" --out "$R/bs1.json" > "$R/bs1.log" 2>&1
+         echo "exit $?"; grep -v " INFO \| WARNING \|UserWarning\|_warn_once" "$R/bs1.log" | cut -c1-400 | tail -90;;
     head) OCTAVO_GRAPH_HEAD=1 $T python benchmarks/graph_head_ab.py --dtype fp8 --gemv-ab --out "$R/head.json" \
             > "$R/head.log" 2>&1
           echo "exit $?"; grep -v " INFO \| WARNING " "$R/head.log" | cut -c1-600 | tail -14;;

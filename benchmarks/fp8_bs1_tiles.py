@@ -1,0 +1,139 @@
+"""Helpers of benchmarks/fp8_bs1.py (session 11): the strict roofline's bytes, the one-row GEMV's time per weight
+shape inside the captured forward, its autotuned tiles, and a sweep of those tiles in the graph.
+
+Why: the one-row fp8 GEMV streams its 128 weights a token at 0.54-0.81 of the copy rate (docs/performance.md "FP8
+session 10"), and its autotuner times each tile on a lone kernel with the flags of its first call, while the graph
+runs it back to back under programmatic dependent launch: the tile that wins alone need not win there. The sweep
+pins one shape's tile at a time (the autotuner's cache entry), recaptures the one-row graph and times its replays,
+alternating tiles over rounds, so a choice is made on the forward the engine really runs.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import torch
+
+# the Llama-3-8B fp8 linears in forward order within a layer: (N, K) -> name
+SHAPES = {(6144, 4096): "qkv", (4096, 4096): "o", (28672, 4096): "gate_up", (4096, 14336): "down"}
+GEMV_NAME = "_fp8_gemv_kernel"
+
+
+def strict_bytes(model, weight_bytes: int, context: float, kv_elem_bytes: int) -> dict:
+    """What one decode step must read: every parameter but the embedding table (a step gathers one row of it),
+    plus the KV cache at ``context`` tokens in its own element size (1 byte for fp8 KV)."""
+    emb = model.model.embed_tokens.weight
+    emb_bytes = emb.numel() * emb.element_size()
+    kv = int(context * 32 * 8 * 128 * 2 * kv_elem_bytes)
+    return {"embedding_table_bytes": emb_bytes, "kv_bytes_strict": kv,
+            "strict_bytes": weight_bytes - emb_bytes + emb.shape[1] * emb.element_size() + kv}
+
+
+def tuned_tiles() -> dict:
+    """The one-row GEMV's autotuned tile per (N, K) and flags, as the autotuners hold them now."""
+    from octavo.plugins.quant import fp8_gemv
+
+    out = {}
+    for tname, tuner in (("full", fp8_gemv._fp8_gemv_tuned), ("split", fp8_gemv._fp8_gemv_tuned_split)):
+        for key, cfg in tuner.cache.items():
+            kw = cfg.all_kwargs()
+            name = SHAPES.get((key[0], key[1]), f"{key[0]}x{key[1]}")
+            out[f"{tname}:{name}:{','.join(str(k) for k in key[2:9])}"] = [kw.get("BLOCK_N"), kw.get("BLOCK_K"),
+                                                                          kw.get("num_warps"), kw.get("num_stages")]
+    return out
+
+
+def gemv_by_shape(prof, replays: int) -> dict:
+    """Per layer position (qkv, o, gate_up, down) the one-row GEMV's mean kernel time in us per forward, from the
+    profiler's device events in time order (the 4 GEMVs of each layer launch in forward order)."""
+    evs = [e for e in prof.events() if e.name == GEMV_NAME and getattr(e, "device_type", None) is not None
+           and "CUDA" in str(e.device_type)]
+    evs.sort(key=lambda e: e.time_range.start)
+    names = ("qkv", "o", "gate_up", "down")
+    tot = {n: 0.0 for n in names}
+    for i, e in enumerate(evs):
+        tot[names[i % 4]] += e.time_range.elapsed_us()
+    return {n: round(v / max(replays, 1), 1) for n, v in tot.items()} | {"launches": len(evs) / max(replays, 1)}
+
+
+def replay_ms(graph, n: int = 100) -> float:
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(n):
+        graph.replay()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t) / n * 1e3
+
+
+def sweep(gr, rounds: int = 2, budget_s: float = 40.0) -> dict:
+    """For each shape, each tile of the split-accumulator autotuner pinned in turn (the other shapes keep theirs),
+    the graph recaptured and replayed; rounds alternate the tile order. Returns ms per forward by shape and tile,
+    the best tile per shape and the autotuner's own choice. The tuned entries are restored at the end."""
+    from octavo.plugins.quant import fp8_gemv
+
+    tuner = fp8_gemv._fp8_gemv_tuned_split
+    saved = dict(tuner.cache)
+    t0 = time.perf_counter()
+    res: dict = {"ms": {}, "tuned": {}, "best": {}}
+    try:
+        for (n, k), name in SHAPES.items():
+            keys = [key for key in tuner.cache if key[0] == n and key[1] == k]
+            if not keys:
+                res["ms"][name] = "no tuned entry"
+                continue
+            tuned = tuner.cache[keys[0]]
+            res["tuned"][name] = _tile(tuned)
+            times: dict = {}
+            for r in range(rounds):
+                order = tuner.configs if r % 2 == 0 else tuner.configs[::-1]
+                for cfg in order:
+                    if time.perf_counter() - t0 > budget_s:
+                        res["stopped"] = f"budget {budget_s} s at {name} round {r}"
+                        break
+                    for key in keys:
+                        tuner.cache[key] = cfg
+                    with torch.inference_mode():
+                        gr.capture()
+                    replay_ms(gr.graphs[1], 10)
+                    times.setdefault(_tile(cfg), []).append(replay_ms(gr.graphs[1]))
+            for key in keys:
+                tuner.cache[key] = tuned
+            res["ms"][name] = {t: [round(x, 4) for x in v] for t, v in times.items()}
+            if times:
+                res["best"][name] = min(times, key=lambda t: min(times[t]))
+            print("sweep", name, "tuned", res["tuned"][name], json.dumps(res["ms"][name]), flush=True)
+    finally:
+        tuner.cache.clear()
+        tuner.cache.update(saved)
+        with torch.inference_mode():
+            gr.capture()
+    return res
+
+
+def _tile(cfg) -> str:
+    kw = cfg.all_kwargs()
+    return f"{kw.get('BLOCK_N')}x{kw.get('BLOCK_K')}w{kw.get('num_warps')}s{kw.get('num_stages')}"
+
+
+
+def pin(best: dict) -> dict:
+    """Pin the split autotuner's tile per shape name (``{"qkv": "16x512w4s3", ...}``, as :func:`sweep` names them);
+    returns the entries replaced, for :func:`unpin`."""
+    from octavo.plugins.quant import fp8_gemv
+
+    tuner = fp8_gemv._fp8_gemv_tuned_split
+    by_tile = {_tile(c): c for c in tuner.configs}
+    old = {}
+    for key in list(tuner.cache):
+        name = SHAPES.get((key[0], key[1]))
+        if name in best and best[name] in by_tile:
+            old[key] = tuner.cache[key]
+            tuner.cache[key] = by_tile[best[name]]
+    return old
+
+
+def unpin(old: dict) -> None:
+    from octavo.plugins.quant import fp8_gemv
+
+    fp8_gemv._fp8_gemv_tuned_split.cache.update(old)
