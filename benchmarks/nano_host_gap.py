@@ -74,8 +74,9 @@ class GCPauses:
 class PhaseTimers:
     """Wall and thread-CPU seconds of named host functions (wrapped on their classes/modules while installed)."""
 
-    def __init__(self, targets: list[tuple[object, str, str]]) -> None:
+    def __init__(self, targets: list[tuple[object, str, str]], phase=None) -> None:
         self.acc: dict[str, list] = {}
+        self.phase = phase  # () -> bool: calls made while it holds are also summed as "prefill phase: <label>"
         self.saved = []
         for owner, attr, label in targets:
             real = getattr(owner, attr)
@@ -83,18 +84,21 @@ class PhaseTimers:
             setattr(owner, attr, self._wrap(real, label))
 
     def _wrap(self, real, label):
-        acc = self.acc
+        acc, phase = self.acc, self.phase
 
         @functools.wraps(real)
         def timed(*a, **k):
+            in_phase = phase is not None and phase()
             w, c = time.perf_counter(), time.thread_time()
             try:
                 return real(*a, **k)
             finally:
-                d = acc.setdefault(label, [0, 0.0, 0.0])
-                d[0] += 1
-                d[1] += time.perf_counter() - w
-                d[2] += time.thread_time() - c
+                w, c = time.perf_counter() - w, time.thread_time() - c
+                for key in (label, "prefill phase: " + label) if in_phase else (label,):
+                    d = acc.setdefault(key, [0, 0.0, 0.0])
+                    d[0] += 1
+                    d[1] += w
+                    d[2] += c
         return timed
 
     def remove(self) -> dict:
@@ -121,6 +125,7 @@ def phase_targets(llm) -> list[tuple[object, str, str]]:
         (type(engine.frontend), "process_outputs", "front end: process_outputs"),
         (model_runner.ModelRunner, "execute", "step: execute (whole, until the sampler is queued)"),
         (model_runner.ModelRunner, "update_states", "step: update_states"),
+        (model_runner.ModelRunner, "forward", "step: forward call (eager, or graph inputs + replay)"),
         (model_runner, "build_step_inputs", "step: build_step_inputs"),
         (model_runner, "build_sampling_batch", "step: build_sampling_batch"),
         (async_runner.AsyncRunnerSteps, "prepare", "step: async prepare (placeholders)"),
@@ -381,8 +386,9 @@ def main() -> None:
             if name == "core_prof":
                 cprof = CoreProfile(llm.llm_engine.core)
             if name == "probe":
+                sched = llm.llm_engine.core.scheduler  # (before StepEvents, which binds the runner's forward)
+                timers = PhaseTimers(phase_targets(llm), phase=lambda sched=sched: bool(sched.waiting))
                 rec = StepEvents(worker, (), 0)
-                timers = PhaseTimers(phase_targets(llm))
             m0 = torch.cuda.memory_stats() if torch.cuda.is_available() else {}
             gcp = GCPauses()
             core = llm.llm_engine.core
