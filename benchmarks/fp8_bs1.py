@@ -123,7 +123,10 @@ S6_VARIANTS = {"nosilu": {"silu": False}, "norm4": {"warps": None}, "pf16": {"mb
                "one": {"one": {}}, "one_s8": {"one": {"splits": 8}}, "one_w8": {"one": {"num_warps": 8}},
                "one_n32": {"one": {"block_n": 32}}, "one_s32_n32": {"one": {"splits": 32, "block_n": 32}},
                "pdlw": {"pdl": True, "pdlw": True}, "pdlw_again": {"pdl": True, "pdlw": True},
-               "nopdl": {"pdl": False, "pdlw": False}, "nopdl_again": {"pdl": False, "pdlw": False}}
+               "nopdl": {"pdl": False, "pdlw": False}, "nopdl_again": {"pdl": False, "pdlw": False},
+               "silu": {"silu": True}, "silu_again": {"silu": True}}
+# session 11: "silu" = gate/up GEMV with SiLU-and-mul in its epilogue (fp8_silu_gemv, now with PDL + the split
+# accumulator; wrappers installed when the variant first runs; another tile, so tokens may differ)
 # session 10: "pdlw" = the GEMV under PDL reads its first weight block before it waits and lets its dependents
 # launch after the wait (fp8_prefetch.PDL_W; bit-identical, so its tokens must equal the first measure's); the
 # default since session 10, so "nopdl" is the GEMV of before (no PDL, the norm does not trigger early)
@@ -244,6 +247,9 @@ def main() -> None:
                 fp8_prefetch.PDL_W = v.get("pdlw", base_pdl_w)
                 cuda_pdl.set_pdl(v.get("pdl_all", platform_pdl))
                 fp8_silu_gemv.STATE["on"] = v.get("silu", base[4])
+                if fp8_silu_gemv.STATE["on"] and "silu_fused" not in res:
+                    with torch.inference_mode():
+                        res["silu_fused"] = fp8_silu_gemv.fuse_fp8_silu_gemv(model, torch.device("cuda"))
                 fp8_gemv.W_BITS, fp8_gemv.REG_PF = v.get("bits", base_bits), v.get("reg_pf", base_reg_pf)
                 fp8_gemv.ACC_SPLIT, fp8_gemv.X2D = v.get("acc", base_acc), v.get("x2d", base_x2d)
                 one_mod.DEFAULT_LAUNCH.clear()

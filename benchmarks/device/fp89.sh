@@ -3,7 +3,8 @@
 # under `timeout`, each gets what is left minus the later parts' reserves; `s11`: 140 s). JSON + logs: $OUT/fp89/
 #   bash benchmarks/device/fp89.sh [PART ...]      (default: bs1 tests, session 10 batch 2; batch 1: bs1 head tests, and tail)
 #   s11         session 11 batch 1 = parts bs1 tests with the in-graph tile sweep (BS1_SWEEP=25 s,
-#               benchmarks/fp8_bs1_tiles.py) and BS1_VARIANTS=swept,default_again,swept_again,x2d; every bs1
+#               benchmarks/fp8_bs1_tiles.py) and BS1_VARIANTS=swept,silu,default_again,swept_again,silu_again
+#               (silu: gate_up GEMV + SiLU-and-mul in one kernel, now with PDL + split accumulator); every bs1
 #               measure reports the strict roofline (no embedding table, fp8 KV at 1 byte) and GEMV us by shape
 #   bs1         benchmarks/fp8_bs1.py --ab s6: 8B fp8 + fp8 KV batch 1, one engine: ms/token vs the roofline, the
 #               captured forward alone vs the rest (LM head, sampler, host), the graph's kernel table; then the
@@ -30,7 +31,7 @@ R="${OUT:-/tmp/out}/fp89"
 mkdir -p "$R"
 if [ "${1:-}" = s11 ]; then
   shift; set -- bs1 tests "$@"
-  : "${FP89_LIMIT:=140}" "${BS1_SWEEP:=25}" "${BS1_VARIANTS:=swept,default_again,swept_again,x2d}"
+  : "${FP89_LIMIT:=140}" "${BS1_SWEEP:=25}" "${BS1_VARIANTS:=swept,silu,default_again,swept_again,silu_again}"
 fi
 LIMIT=${FP89_LIMIT:-110}
 if ! timeout 20 python -c "import octavo" > /dev/null 2>&1; then  # s9 batch 1's lanes had no install

@@ -1,6 +1,7 @@
 """The fp8 gate/up GEMV with SiLU-and-mul in its epilogue, for batch-1 decode of Llama-style MLPs (opt-in:
 ``OCTAVO_FP8_SILU_GEMV=1``; measured slower than the unfused path on H100 in session 6 batch 2, 3.95 vs 3.87
-ms/token in one engine; the platform's bf16 version is cuda_mlp_fusion.py).
+ms/token in one engine, before the one-row GEMV had its split accumulator and PDL: session 11 gave it both, the
+same launch settings as the unfused gate_up GEMV; the platform's bf16 version is cuda_mlp_fusion.py).
 
 Why: at one row an fp8 Llama MLP is the gate_up GEMV, a separate SiLU-and-mul kernel (~2 us a layer on H100,
 docs/performance.md "FP8 session 5") and the down GEMV; fusing the middle kernel into the first removes one launch
@@ -37,12 +38,43 @@ def _on() -> bool:
 
 
 @triton.jit
+def _silu_step(acc_g, acc_u, wg, wu, x_ptr, kk, s_x, K, QUANT_X: tl.constexpr, EVEN: tl.constexpr,
+               SOFT_FP8: tl.constexpr, ACC_SPLIT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """One weight block of both rows into the accumulators (fp8_gemv's ``_gemv_step``, two rows)."""
+    if EVEN:
+        x = tl.load(x_ptr + kk).to(tl.float32)
+    else:
+        x = tl.load(x_ptr + kk, mask=kk < K, other=0.0).to(tl.float32)
+    if QUANT_X:
+        x = _quant_e4m3(x, s_x, SOFT_FP8)
+    if ACC_SPLIT > 0:  # fp8_gemv's split accumulator: each thread's run of ACC_SPLIT products summed at once
+        acc_g += tl.sum(tl.reshape(wg.to(tl.float32) * x[None, :], [BLOCK_N, BLOCK_K // ACC_SPLIT, ACC_SPLIT]), 2)
+        acc_u += tl.sum(tl.reshape(wu.to(tl.float32) * x[None, :], [BLOCK_N, BLOCK_K // ACC_SPLIT, ACC_SPLIT]), 2)
+    else:
+        acc_g += wg.to(tl.float32) * x[None, :]
+        acc_u += wu.to(tl.float32) * x[None, :]
+    return acc_g, acc_u
+
+
+@triton.jit
 def _fp8_gemv_silu_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, y_ptr, N_OUT, K, stride_wn, QUANT_X: tl.constexpr,
-                          EVEN: tl.constexpr, SOFT_FP8: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                          EVEN: tl.constexpr, SOFT_FP8: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                          USE_PDL: tl.constexpr = False, PDL_W: tl.constexpr = False, ACC_SPLIT: tl.constexpr = 0):
+    """``USE_PDL`` / ``PDL_W`` / ``ACC_SPLIT`` as fp8_gemv's one-row kernel (session 11): launched as a programmatic
+    dependent launch, the first weight block of both rows read before ``gdc_wait``, the split accumulator."""
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     nm = n < N_OUT
     g_rows = w_ptr + n.to(tl.int64)[:, None] * stride_wn
     u_rows = w_ptr + (n + N_OUT).to(tl.int64)[:, None] * stride_wn
+    ws_g = tl.load(ws_ptr + n, mask=nm, other=0.0)
+    ws_u = tl.load(ws_ptr + N_OUT + n, mask=nm, other=0.0)
+    if PDL_W and EVEN:
+        wg0 = tl.load(g_rows + tl.arange(0, BLOCK_K)[None, :])
+        wu0 = tl.load(u_rows + tl.arange(0, BLOCK_K)[None, :])
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
+        if PDL_W:
+            tl.extra.cuda.gdc_launch_dependents()
     s_x = 1.0
     if QUANT_X:  # the row's per-token scale (fp8_gemv.py)
         amax = tl.zeros([BLOCK_K], dtype=tl.float32)
@@ -52,26 +84,29 @@ def _fp8_gemv_silu_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, y_ptr, N_OUT, K, stride_
         s_x = tl.maximum(tl.math.div_rn(tl.max(amax, axis=0), 448.0), 1e-12)
     else:
         s_x = tl.load(xs_ptr)
-    acc_g = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-    acc_u = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-    for k in range(0, K, BLOCK_K):
+    if ACC_SPLIT > 0:
+        acc_g = tl.zeros([BLOCK_N, BLOCK_K // ACC_SPLIT], dtype=tl.float32)
+        acc_u = tl.zeros([BLOCK_N, BLOCK_K // ACC_SPLIT], dtype=tl.float32)
+    else:
+        acc_g = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+        acc_u = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    k0 = 0
+    if PDL_W and EVEN:
+        acc_g, acc_u = _silu_step(acc_g, acc_u, wg0, wu0, x_ptr, tl.arange(0, BLOCK_K), s_x, K, QUANT_X, EVEN,
+                                  SOFT_FP8, ACC_SPLIT, BLOCK_N, BLOCK_K)
+        k0 = BLOCK_K
+    for k in range(k0, K, BLOCK_K):
         kk = k + tl.arange(0, BLOCK_K)
         if EVEN:
             wg = tl.load(g_rows + kk[None, :])
             wu = tl.load(u_rows + kk[None, :])
-            x = tl.load(x_ptr + kk).to(tl.float32)
         else:
             m = nm[:, None] & (kk[None, :] < K)
             wg = tl.load(g_rows + kk[None, :], mask=m, other=0.0)
             wu = tl.load(u_rows + kk[None, :], mask=m, other=0.0)
-            x = tl.load(x_ptr + kk, mask=kk < K, other=0.0).to(tl.float32)
-        if QUANT_X:
-            x = _quant_e4m3(x, s_x, SOFT_FP8)
-        acc_g += wg.to(tl.float32) * x[None, :]
-        acc_u += wu.to(tl.float32) * x[None, :]
+        acc_g, acc_u = _silu_step(acc_g, acc_u, wg, wu, x_ptr, kk, s_x, K, QUANT_X, EVEN, SOFT_FP8, ACC_SPLIT,
+                                  BLOCK_N, BLOCK_K)
     elt = y_ptr.dtype.element_ty
-    ws_g = tl.load(ws_ptr + n, mask=nm, other=0.0)
-    ws_u = tl.load(ws_ptr + N_OUT + n, mask=nm, other=0.0)
     g = (tl.sum(acc_g, 1) * s_x * ws_g).to(elt).to(tl.float32)  # what the GEMV would store
     u = (tl.sum(acc_u, 1) * s_x * ws_u).to(elt).to(tl.float32)
     s = (g / (1.0 + tl.exp(-g))).to(elt).to(tl.float32)  # as the SiLU-and-mul kernel rounds
@@ -80,25 +115,44 @@ def _fp8_gemv_silu_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, y_ptr, N_OUT, K, stride_
 
 def fp8_gemv_silu(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
                   x_scale: torch.Tensor | None = None, out_dtype: torch.dtype = torch.bfloat16,
-                  config: tuple[int, int, int] = (8, 1024, 4)) -> torch.Tensor:
+                  config: tuple[int, int, int] = (8, 1024, 4), *, pdl: bool = False, pdl_w: bool = False,
+                  acc_split: int = 0) -> torch.Tensor:
     """``silu(g) * u`` of the fp8 GEMV ``[g | u] = x @ W.T`` for one row ``x [1, K]`` (bf16, or e4m3 with
-    ``x_scale``) and a merged gate/up e4m3 ``W [2I, K]`` with per-row ``weight_scale``; ``[1, I]``."""
+    ``x_scale``) and a merged gate/up e4m3 ``W [2I, K]`` with per-row ``weight_scale``; ``[1, I]``.
+    ``pdl`` / ``pdl_w`` / ``acc_split``: as ``fp8_gemv`` (compiled kernel only; the interpreter refuses PDL)."""
     two_i, k = weight.shape
     if x.shape != (1, k) or two_i % 2 or weight.stride(1) != 1:
         raise ValueError(f"fp8_gemv_silu: x {tuple(x.shape)}, weight {tuple(weight.shape)}: one row, [2I, K] row-major")
     if (x_scale is not None) != (x.dtype == torch.float8_e4m3fn):
         raise ValueError("fp8_gemv_silu: an e4m3 x comes with its x_scale, a 16-bit x without")
+    if acc_split not in (0, 8, 16):
+        raise ValueError(f"fp8_gemv_silu: acc_split={acc_split}: 0, 8 or 16")
     i = two_i // 2
     x = x.contiguous()
     y = torch.empty(1, i, dtype=out_dtype, device=x.device)
     ws = weight_scale.reshape(-1)
     soft = os.environ.get("TRITON_INTERPRET") == "1"
+    if pdl and soft:
+        raise ValueError("fp8_gemv_silu: pdl is for the compiled kernel (interpreter)")
     bn, bk, warps = (16, 64, 4) if soft else config
+    even = not soft and k % bk == 0 and i % bn == 0
     _fp8_gemv_silu_kernel[(triton.cdiv(i, bn),)](
         x, x_scale.reshape(-1) if x_scale is not None else ws, weight, ws, y, i, k, weight.stride(0),
-        QUANT_X=x_scale is None, EVEN=not soft and k % bk == 0 and i % bn == 0, SOFT_FP8=soft, BLOCK_N=bn,
-        BLOCK_K=bk, num_warps=warps)
+        QUANT_X=x_scale is None, EVEN=even, SOFT_FP8=soft, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps,
+        USE_PDL=pdl, PDL_W=pdl and pdl_w and even, ACC_SPLIT=acc_split, **({"launch_pdl": True} if pdl else {}))
     return y
+
+
+def _launch(gu, device) -> dict:
+    """The one-row fp8 GEMV's launch settings for the fused kernel (read per call: benchmarks flip them): PDL and
+    its early weight block (fp8_prefetch.gemv_launch; no L2 chain), the split accumulator (fp8_gemv.ACC_SPLIT)."""
+    from octavo.plugins.quant import fp8_gemv
+    from octavo.plugins.quant.fp8_prefetch import gemv_launch
+
+    launch = gemv_launch(gu.quant_method, device)
+    soft = os.environ.get("TRITON_INTERPRET") == "1"
+    return {"pdl": bool(launch.get("pdl")), "pdl_w": bool(launch.get("pdl_w")),
+            "acc_split": 0 if soft else fp8_gemv.ACC_SPLIT}
 
 
 def _fusable(module) -> bool:
@@ -127,9 +181,10 @@ def _install(module) -> None:
         if (_on() and x.dim() == 2 and x.shape[0] == 1 and not gu._forward_hooks and not gu._forward_pre_hooks
                 and not act._forward_hooks and not act._forward_pre_hooks):
             pre = getattr(x, "_octavo_fp8", None)  # quantized by the norm that made x (fp8_fused.py)
+            launch = _launch(gu, x.device)
             if pre is not None and pre[0].shape == x.shape:
-                return self.down_proj(fp8_gemv_silu(pre[0], gu.weight, gu.weight_scale, pre[1], x.dtype))
-            return self.down_proj(fp8_gemv_silu(x, gu.weight, gu.weight_scale, out_dtype=x.dtype))
+                return self.down_proj(fp8_gemv_silu(pre[0], gu.weight, gu.weight_scale, pre[1], x.dtype, **launch))
+            return self.down_proj(fp8_gemv_silu(x, gu.weight, gu.weight_scale, out_dtype=x.dtype, **launch))
         return inner(x)
 
     module.forward = types.MethodType(forward, module)
@@ -155,8 +210,10 @@ def fuse_fp8_silu_gemv(model: torch.nn.Module, device: torch.device) -> int:
                 x = torch.randn(1, key[1], generator=gen, device=device).bfloat16()
                 want = module.act_fn(gu(x)).float()
                 xq, xs = quantize_per_token(x)
+                launch = _launch(gu, device)  # the settings the wrapper calls it with
                 worst = max(float((got.float() - want).abs().max()) for got in (
-                    fp8_gemv_silu(x, gu.weight, gu.weight_scale), fp8_gemv_silu(xq, gu.weight, gu.weight_scale, xs)))
+                    fp8_gemv_silu(x, gu.weight, gu.weight_scale, **launch),
+                    fp8_gemv_silu(xq, gu.weight, gu.weight_scale, xs, **launch)))
                 verified[key] = worst <= 1.6e-2 * float(want.abs().max())  # one bf16 rounding step
                 if not verified[key]:
                     logger.warning("fp8 gate/up + SiLU GEMV not used for %s: %.3g from the unfused path", key, worst)
