@@ -98,6 +98,12 @@ def build_modes(args: Any, so: Any, dflt: dict) -> dict:
                                                                                    "poolaccept": True})
         modes["json_async_devgate_sw200us"] = (so, True, False, False, None, {**dflt, "devgate": True,
                                                                                 "switch": 200e-6})
+        # session 11: xgrammar's own read-back of the batch accept's result (two GIL-releasing FFI calls per row)
+        # instead of the engine's (xgrammar_backend.ACCEPT_READBACK_KEEPS_GIL, the default since session 11)
+        modes["json_async_xgraccept"] = (so, True, False, False, None, {**dflt, "readback": False})
+        # experiment: xgrammar's batch accept call keeps the GIL (~20-50 us of C++ at batch 32) instead of releasing
+        # it, so the core thread does not queue for the GIL behind the runner's thread when the call returns
+        modes["json_async_acceptgil"] = (so, True, False, False, None, {**dflt, "accept_gil": True})
         # the device gate with no-op fill and accept (rows all open, nothing constrained): the floor of its structure
         modes["json_async_devgate_gateonly"] = (so, True, False, False, None, {**dflt, "devgate": True,
                                                                                  "gate_only": True})
@@ -148,6 +154,8 @@ def apply_knobs(core: Any, knobs: dict, on: bool, async_modes: bool, saved: dict
     grammar_step.HOST_READ_APPLY = knobs.get("host_read", True)
     grammar_device_gate.DEVICE_GATE = knobs.get("devgate", saved["devgate"])
     so_mod.ACCEPT_ON_FILL_THREAD = knobs.get("poolaccept", saved["poolaccept"])
+    xgb.ACCEPT_READBACK_KEEPS_GIL = knobs.get("readback", True)
+    _accept_call().release_gil = not knobs.get("accept_gil", False)
     if knobs.get("gate_only"):
         backend = core.structured._get_backend()
         backend.fill_bitmasks = lambda ms, bm: bm.fill_(-1)
@@ -164,6 +172,8 @@ def restore(core: Any, saved: dict) -> None:
     grammar_step.PLATFORM_APPLY, so_mod.EARLY_ACCEPT = saved["kernel"], saved["early"]
     core.structured.fill_threads = saved["threads"]
     xgb.NATIVE_FILL_THREADS = 1
+    xgb.ACCEPT_READBACK_KEEPS_GIL = True
+    _accept_call().release_gil = True
     grammar_step.HOST_READ_APPLY = True
     grammar_device_gate.DEVICE_GATE = saved["devgate"]
     so_mod.ACCEPT_ON_FILL_THREAD = saved["poolaccept"]
@@ -173,6 +183,13 @@ def restore(core: Any, saved: dict) -> None:
     for name in ("fill_bitmasks", "accept_tokens"):  # the gate_only no-ops (instance attributes)
         if backend is not None and name in vars(backend):
             delattr(backend, name)
+
+
+def _accept_call() -> Any:
+    """xgrammar's native batch accept (a tvm_ffi Function: ``release_gil`` is its own flag, process-wide)."""
+    from xgrammar.base import _core
+
+    return _core.BatchGrammarMatcher.batch_accept_token
 
 
 def baseline(mode: str, on: bool, interval: Any, knobs: dict) -> str:

@@ -89,8 +89,12 @@ def apply_gated(logits: Any, grammar: Any, sample_req_ids: list[str], logits_row
 
     t0 = time.perf_counter()
     step = grammar.inner
-    pos = {rid: i for i, rid in enumerate(sample_req_ids)}
-    rows = logits_rows([pos[r] for r in step.request_ids])
+    rids = step.request_ids
+    if logits.shape[0] == len(rids) and rids == sample_req_ids:  # the usual decode step: every row, in order
+        rows = None  # (one row per request, so the logits rows are the requests' positions: no index)
+    else:
+        pos = {rid: i for i, rid in enumerate(sample_req_ids)}
+        rows = logits_rows([pos[r] for r in rids])
     packed = step.bitmask  # [len(rows), words], pinned, filled (later) by the host in place
     events = None
     if TIME_WAIT and logits.device.type != "cpu":
@@ -108,7 +112,7 @@ def apply_gated(logits: Any, grammar: Any, sample_req_ids: list[str], logits_row
     if logits.stride(-1) != 1:
         logits = logits.contiguous()
     index = None  # every logits row in order (the usual decode step): no index
-    if len(rows) != logits.shape[0] or rows != list(range(len(rows))):
+    if rows is not None and (len(rows) != logits.shape[0] or rows != list(range(len(rows)))):
         index = torch.tensor(rows, dtype=torch.int32)
         if logits.device.type != "cpu":  # through pinned memory: no stream sync (core/grammar_step.py _to_device)
             index = index.pin_memory().to(logits.device, non_blocking=True)

@@ -82,6 +82,7 @@ class StructuredOutputManager:
         self._reasoning_name = settings.server.reasoning_parser
         self._num_words = (vocab_size + 31) // 32
         self._bitmask = None  # host int32 [max_num_seqs, words], allocated on first use, reused every step
+        self._pinned = False  # whether _bitmask is pinned
         self._fill_pool: ThreadPoolExecutor | None = None  # the bitmask fills (one thread)
         self.fill_threads = fill_threads()  # a step's rows are split over this many threads (grammar_step.py)
         self._chunk_pool: ThreadPoolExecutor | None = None  # fill_threads - 1 workers for the other chunks
@@ -214,24 +215,28 @@ class StructuredOutputManager:
         # reused every step; pinned once this process's runner applied masks on an accelerator whose platform can
         # pin host memory (the in-process executor), so the runner's host -> device copy of the rows needs no
         # staging copy (core/grammar_step.py _to_device); a CPU, or a core whose workers are other processes: not
+        # (whether the buffer is pinned is kept, not asked: torch's is_pinned() is a CUDA driver query per call,
+        # 8 % of the core thread's samples at batch 32 on an H200 host, session 10)
         pin = self._can_pin and self._cpu_hint.get("device", "cpu") != "cpu"
-        if self._bitmask is None or self._bitmask.shape[0] < len(matchers) or pin > self._bitmask.is_pinned():
+        if self._bitmask is None or self._bitmask.shape[0] < len(matchers) or pin > self._pinned:
             import torch
 
             rows = max(len(matchers), self.settings.scheduler.max_num_seqs)
             self._bitmask = torch.full((rows, self._num_words), -1, dtype=torch.int32, pin_memory=pin)
-        self._inflight = GrammarStep(self._get_backend(), positions, rids, matchers, self._bitmask,
-                                     self._pool_for_fills(), self._chunks())
+            self._pinned = self._bitmask.is_pinned()
+        backend = self._backend if self._backend is not None else self._get_backend()  # (no lock once built)
+        self._inflight = GrammarStep(backend, positions, rids, matchers, self._bitmask, self._pool_for_fills(),
+                                     self._chunks())
         # the runner's apply tells the hint its logits' device (and the CPU numpy apply its dtype: later fills
         # then build that apply's operands)
         self._inflight.cpu_hint = self._cpu_hint
-        if self._bitmask.is_pinned():  # this process drives an accelerator: its forward runs asynchronously
+        if self._pinned:  # this process drives an accelerator: its forward runs asynchronously
             self._inflight.handoff_wait_s = grammar_step.HANDOFF_WAIT_S
         if self._cpu_hint.get("device_wait"):  # the runner's apply can wait on the device (used by async steps)
             if self._device_gate is None:
                 from octavo.core.grammar_device_gate import DeviceGate
 
-                self._device_gate = DeviceGate(pin=self._bitmask.is_pinned())
+                self._device_gate = DeviceGate(pin=self._pinned)
             self._inflight.device_gate = self._device_gate
         self.stats["prepare_s"] += time.perf_counter() - t0
         return self._inflight

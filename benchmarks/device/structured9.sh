@@ -23,6 +23,11 @@
 # Argument "headline" (session 10 batch 2, ~100 s, same 150 s bound): the launch probe (step 2), then the engine as it ships (json_async: the device gate is the
 # default since session 10) vs json_async_park and free_async, 3 repeats, no wait events, on the 135M shape (+ stack
 # samples of free_async and json_async, decode steps only) and the 1.1B shape.
+# Argument "s11" (session 11 batch 1, ~120 s, same 150 s bound): the tree's json_async (GIL-keeping accept read-back,
+# no per-step is_pinned driver queries; the device gate) vs json_async_xgraccept (xgrammar's own read-back),
+# json_async_acceptgil (the native accept keeps the GIL), json_async_park and the no-op fill + accept floor (_devgate_gateonly), 3 repeats, no wait events, stack samples of
+# free_async and json_async (decode steps only) on the 135M shape; then the 1.1B shape: json_async vs park.
+# STRUCTURED11_MODES overrides the 135M modes.
 # STRUCTURED9_DRY=1: a CPU dry run (tiny shapes, few steps; the device modes then run the Python gate).
 set -u
 cd "$(dirname "$0")/../.."
@@ -105,6 +110,21 @@ if [ "$PART" = headline ]; then  # session 10 batch 2: the engine as it ships (j
          --batches 32 --model /tmp/structured9_llama1b --json "$R/llama1b_headline.json"
   fi
   echo "structured9 headline done in ${SECONDS}s"
+  ls -la "$R"
+  exit 0
+fi
+if [ "$PART" = s11 ]; then  # session 11: see the header
+  S11=(--modes ${STRUCTURED11_MODES:-json_async json_async_xgraccept json_async_acceptgil json_async_park json_async_devgate_gateonly}
+       --wait-events off --repeats 3)
+  if [ "$XGR" = 1 ]; then
+    step smol135m_s11 $(( 70 * X )) python3 benchmarks/structured_outputs.py "${COMMON[@]}" "${S11[@]}" \
+         --stack-sample free_async json_async --stack-runs 4 --batches 32 --model /tmp/structured9_smol135m \
+         --json "$R/smol135m_s11.json"
+    step llama1b_s11 $(( $(left) - 1 * X )) python3 benchmarks/structured_outputs.py "${COMMON[@]}" \
+         --modes json_async json_async_park --wait-events off --repeats 3 --batches 32 \
+         --model /tmp/structured9_llama1b --json "$R/llama1b_s11.json"
+  fi
+  echo "structured9 s11 done in ${SECONDS}s"
   ls -la "$R"
   exit 0
 fi

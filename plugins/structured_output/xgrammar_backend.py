@@ -26,6 +26,9 @@ MAX_WHITESPACE = 16
 # threads of the native BatchGrammarMatcher one fill call runs on (its own C++ pool, GIL released); 1: the engine
 # splits rows over its own threads instead (core/grammar_step.py). The benchmark's json_async_nt8 mode sets 8.
 NATIVE_FILL_THREADS = 1
+# read the batch accept's result back without FFI calls that release the GIL (_batch_accept); False: xgrammar's own
+ACCEPT_READBACK_KEEPS_GIL = True
+_READBACK: dict[str, Any] = {}
 WHITESPACE_AS_REGEX = True  # False: xgrammar's own max_whitespace_cnt (same language; benchmarks compare both)
 
 
@@ -105,6 +108,32 @@ class _Matcher(GrammarMatcher):
         self.terminated = self.m.is_terminated()
 
 
+def _batch_accept(xgr: Any, matchers: list[Any], tokens: list[int]) -> list[bool]:
+    """xgrammar's ``BatchGrammarMatcher.batch_accept_token`` without its per-element read-back of the result.
+
+    Why: xgrammar turns the native result array into a list with two FFI calls per row (``len`` and the item),
+    and tvm_ffi releases the GIL on every FFI call, so 32 rows were 64 GIL hand-off points on the engine core's
+    thread while the runner's thread launches the next step (session 10 H200 stack samples: 6 % of the core
+    thread in tvm_ffi's container code; 38 us per step alone on the 2-vCPU VM). Here the items are read by a
+    private handle of the same FFI function that keeps the GIL (``ACCEPT_READBACK_KEEPS_GIL``): ~6 us, no
+    release. Same call, same results; any internal name missing falls back to the public API."""
+    getter = _READBACK.get("getter")
+    if getter is None and ACCEPT_READBACK_KEEPS_GIL and not _READBACK.get("failed"):
+        try:
+            import tvm_ffi
+            from xgrammar.base import _core
+
+            getter = tvm_ffi.get_global_func("ffi.ArrayGetItem")  # a new handle: its flag is not the library's
+            getter.release_gil = False
+            _READBACK["core"], _READBACK["getter"] = _core, getter
+        except Exception:  # noqa: BLE001 - another xgrammar / tvm_ffi layout: the public call below
+            _READBACK["failed"] = True
+    if getter is None or not ACCEPT_READBACK_KEEPS_GIL:
+        return xgr.BatchGrammarMatcher.batch_accept_token(matchers, tokens)
+    res = _READBACK["core"].BatchGrammarMatcher.batch_accept_token([m._handle for m in matchers], tokens, False)
+    return [bool(getter(res, i)) for i in range(len(matchers))]
+
+
 class XGrammarBackend(StructuredOutputBackend):
     name = "xgrammar"
 
@@ -145,7 +174,7 @@ class XGrammarBackend(StructuredOutputBackend):
 
     def accept_tokens(self, matchers: list[GrammarMatcher], tokens: list[int]) -> list[bool]:
         if len(matchers) > 1 and all(isinstance(m, _Matcher) for m in matchers):  # one C call for the step
-            ok = self.xgr.BatchGrammarMatcher.batch_accept_token([m.m for m in matchers], tokens)
+            ok = _batch_accept(self.xgr, [m.m for m in matchers], tokens)
             for m, t in zip(matchers, tokens):
                 if t in m._stop:  # (the only way an xgrammar matcher terminates: _Matcher)
                     m.terminated = m.m.is_terminated()

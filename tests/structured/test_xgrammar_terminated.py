@@ -67,3 +67,39 @@ def test_python_terminated_flag_equals_xgrammars(backend, params):
     assert not m.is_terminated() and not m.m.is_terminated()
     bad = [t for t in range(VOCAB) if t not in set(_allowed(m, mask).tolist())][0]
     assert m.accept_token(bad) is False and m.is_terminated() == m.m.is_terminated() is False
+
+
+def test_batch_accept_readback_equals_xgrammars(backend, monkeypatch):
+    """The batched accept reads the native result without GIL-releasing FFI calls (``_batch_accept``): the same
+    accepted / refused answers and the same matcher states as xgrammar's own ``batch_accept_token``, row by row."""
+    from octavo.plugins.structured_output import xgrammar_backend as xgb
+
+    compiled = backend.compile(StructuredOutputsParams(json={"type": "object", "properties": {
+        "a": {"type": "integer"}}, "required": ["a"]}, disable_any_whitespace=True))
+    mask = torch.full((1, (VOCAB + 31) // 32), -1, dtype=torch.int32)
+    ours = [backend.matcher(compiled) for _ in range(8)]
+    ref = [backend.matcher(compiled) for _ in range(8)]
+    rng = random.Random(1)
+    refused = 0
+    for _ in range(12):
+        live = [j for j, m in enumerate(ref) if not m.m.is_terminated()]
+        if not live:
+            break
+        tokens = []
+        for j in live:
+            m = ref[j]
+            allowed = _allowed(m, mask).tolist()
+            bad = [t for t in range(200) if t not in set(allowed)]
+            walk = [t for t in allowed if t not in m._stop] or allowed
+            tokens.append(bad[j % len(bad)] if j % 3 == 0 and bad else rng.choice(walk))
+        got = xgb._batch_accept(xgr, [ours[j].m for j in live], tokens)
+        want = xgr.BatchGrammarMatcher.batch_accept_token([ref[j].m for j in live], tokens)
+        assert got == [bool(w) for w in want] and all(isinstance(g, bool) for g in got)
+        refused += got.count(False)
+        for a, b in zip(ours, ref):
+            assert a.m.is_terminated() == b.m.is_terminated()
+            if not b.m.is_terminated():
+                assert np.array_equal(_allowed(a, mask), _allowed(b, mask))
+    assert refused > 0 and "getter" in xgb._READBACK  # the read-back path ran, and saw refusals
+    monkeypatch.setattr(xgb, "ACCEPT_READBACK_KEEPS_GIL", False)  # the public call: same contract
+    assert xgb._batch_accept(xgr, [backend.matcher(compiled).m for _ in range(2)], [0, 0]) == [False, False]
