@@ -245,12 +245,16 @@ def link_fp8_inputs(model: torch.nn.Module) -> dict[str, int]:
         return {}
     fuse = env_switch("OCTAVO_FP8_FUSE_INPUTS")
     device = fp8[0].weight.device
-    silu = 0
+    silu = rope = 0
     if device.type == "cuda":
         from octavo.plugins.quant import fp8_silu_gemv
 
         if fp8_silu_gemv.STATE["on"]:  # gate/up GEMV + SiLU-and-mul at one row (checked per shape here)
             silu = fp8_silu_gemv.fuse_fp8_silu_gemv(model, device)
+        from octavo.plugins.quant import fp8_rope_gemv
+
+        if fp8_rope_gemv.STATE["on"]:  # qkv GEMV + rotary at one row (checked per shape here)
+            rope = fp8_rope_gemv.fuse_fp8_rope_gemv(model, device)
     producers = [m for m in model.modules() if type(m) in (RMSNorm, SiluAndMul)
                  and "_octavo_plain_forward" not in vars(m)] if fuse else []  # not twice
     handles, links, order = [], {}, []
@@ -296,5 +300,5 @@ def link_fp8_inputs(model: torch.nn.Module) -> dict[str, int]:
         handles.append(layer.register_forward_pre_hook(seen))
     handles.append(model.register_forward_hook(finish))
     out = {"fp8_producers_armed": len(producers)} if fuse else {}
-    return {**out, "MLP(fp8 gemv+silu)": silu} if silu else out
+    return {**out, **({"MLP(fp8 gemv+silu)": silu} if silu else {}), **({"attn(fp8 qkv gemv+rope)": rope} if rope else {})}
 

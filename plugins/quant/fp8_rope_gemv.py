@@ -1,0 +1,220 @@
+"""The fp8 qkv GEMV with Llama's rotary embedding in its epilogue, for batch-1 decode (opt-in:
+``OCTAVO_FP8_ROPE_GEMV=1``; session 11, measured in benchmarks/fp8_bs1.py's ``rope`` variant).
+
+Why: at one row a Llama attention block is the qkv GEMV, a rotary kernel (~2 us a layer on H100, more under PDL
+where it waits for the GEMV) and the attention; a kernel boundary per layer costs the GEMV's drain and the next
+kernel's ramp (issue 9's strict batch-1 key: ~23 us a layer above the weights' streaming time, docs/performance.md
+"FP8 session 11"). Here the GEMV rotates what it computes, so the rotary launch goes.
+
+How: neox rotary pairs output ``c`` of a head with ``c + D/2``; each program owns ``BLOCK_H`` such pairs (rows
+``n1`` and ``n2 = n1 + D/2`` of the e4m3 weight), streams both rows with fp8_gemv.py's W8A8 arithmetic (two
+accumulators, the loop of fp8_silu_gemv), rounds each output to the activation dtype as the GEMV stores it, and
+for the q and k columns applies the rotary kernel's expression (``a * cos - b * sin``, ``b * cos + a * sin`` in fp32,
+then rounded) at the row's position; v columns are stored as computed. Installed per attention whose forward is
+LlamaAttention's code, full neox rotary, an fp8 qkv without bias on the CUDA-core one-row GEMV, after a check
+against the unfused GEMV + rotary on random rows (own and producer quantization, within one bf16 rounding: the
+tile, and so the fp32 summation order, may differ from the tuned GEMV's).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import types
+
+import torch
+import triton
+import triton.language as tl
+
+from octavo.env_flags import env_switch
+from octavo.plugins.quant.fp8_silu_gemv import _launch, _silu_step
+
+logger = logging.getLogger(__name__)
+STATE = {"on": env_switch("OCTAVO_FP8_ROPE_GEMV", default=False)}  # installed wrappers read it per call
+
+
+@triton.jit
+def _fp8_gemv_rope_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, y_ptr, pos_ptr, cos_ptr, sin_ptr, stride_cos, N, N_ROT, K,
+                          stride_wn, QUANT_X: tl.constexpr, EVEN: tl.constexpr, SOFT_FP8: tl.constexpr,
+                          HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr,
+                          USE_PDL: tl.constexpr = False, PDL_W: tl.constexpr = False, ACC_SPLIT: tl.constexpr = 0):
+    j = tl.program_id(0) * BLOCK_H + tl.arange(0, BLOCK_H)  # rotary pair index over the N / 2 pairs
+    jm = j < N // 2
+    off = j % HALF
+    n1 = (j // HALF) * (2 * HALF) + off
+    n2 = n1 + HALF
+    r1 = w_ptr + n1.to(tl.int64)[:, None] * stride_wn
+    r2 = w_ptr + n2.to(tl.int64)[:, None] * stride_wn
+    ws1 = tl.load(ws_ptr + n1, mask=jm, other=0.0)
+    ws2 = tl.load(ws_ptr + n2, mask=jm, other=0.0)
+    if PDL_W and EVEN:
+        w10 = tl.load(r1 + tl.arange(0, BLOCK_K)[None, :])
+        w20 = tl.load(r2 + tl.arange(0, BLOCK_K)[None, :])
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
+        if PDL_W:
+            tl.extra.cuda.gdc_launch_dependents()
+    s_x = 1.0
+    if QUANT_X:  # the row's per-token scale (fp8_gemv.py)
+        amax = tl.zeros([BLOCK_K], dtype=tl.float32)
+        for k in range(0, K, BLOCK_K):
+            kk = k + tl.arange(0, BLOCK_K)
+            amax = tl.maximum(amax, tl.abs(tl.load(x_ptr + kk, mask=kk < K, other=0.0).to(tl.float32)))
+        s_x = tl.maximum(tl.math.div_rn(tl.max(amax, axis=0), 448.0), 1e-12)
+    else:
+        s_x = tl.load(xs_ptr)
+    if ACC_SPLIT > 0:
+        acc1 = tl.zeros([BLOCK_H, BLOCK_K // ACC_SPLIT], dtype=tl.float32)
+        acc2 = tl.zeros([BLOCK_H, BLOCK_K // ACC_SPLIT], dtype=tl.float32)
+    else:
+        acc1 = tl.zeros([BLOCK_H, BLOCK_K], dtype=tl.float32)
+        acc2 = tl.zeros([BLOCK_H, BLOCK_K], dtype=tl.float32)
+    k0 = 0
+    if PDL_W and EVEN:
+        acc1, acc2 = _silu_step(acc1, acc2, w10, w20, x_ptr, tl.arange(0, BLOCK_K), s_x, K, QUANT_X, EVEN,
+                                SOFT_FP8, ACC_SPLIT, BLOCK_H, BLOCK_K)
+        k0 = BLOCK_K
+    for k in range(k0, K, BLOCK_K):
+        kk = k + tl.arange(0, BLOCK_K)
+        if EVEN:
+            w1 = tl.load(r1 + kk[None, :])
+            w2 = tl.load(r2 + kk[None, :])
+        else:
+            m = jm[:, None] & (kk[None, :] < K)
+            w1 = tl.load(r1 + kk[None, :], mask=m, other=0.0)
+            w2 = tl.load(r2 + kk[None, :], mask=m, other=0.0)
+        acc1, acc2 = _silu_step(acc1, acc2, w1, w2, x_ptr, kk, s_x, K, QUANT_X, EVEN, SOFT_FP8, ACC_SPLIT,
+                                BLOCK_H, BLOCK_K)
+    elt = y_ptr.dtype.element_ty
+    a = (tl.sum(acc1, 1) * s_x * ws1).to(elt).to(tl.float32)  # what the GEMV would store
+    b = (tl.sum(acc2, 1) * s_x * ws2).to(elt).to(tl.float32)
+    rot = jm & (n1 < N_ROT)
+    pos = tl.load(pos_ptr).to(tl.int64)
+    cos = tl.load(cos_ptr + pos * stride_cos + off, mask=rot, other=0.0)
+    sin = tl.load(sin_ptr + pos * stride_cos + off, mask=rot, other=0.0)
+    o1 = tl.where(rot, a * cos - b * sin, a)  # the rotary kernel's expressions (cuda_fusions._rope_kernel)
+    o2 = tl.where(rot, b * cos + a * sin, b)
+    tl.store(y_ptr + n1, o1.to(elt), mask=jm)
+    tl.store(y_ptr + n2, o2.to(elt), mask=jm)
+
+
+def fp8_gemv_rope(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, positions: torch.Tensor,
+                  cos: torch.Tensor, sin: torch.Tensor, head: int, rot_cols: int, x_scale: torch.Tensor | None = None,
+                  out_dtype: torch.dtype = torch.bfloat16, config: tuple[int, int, int] = (8, 512, 4), *,
+                  pdl: bool = False, pdl_w: bool = False, acc_split: int = 0) -> torch.Tensor:
+    """``x [1, K]`` (bf16, or e4m3 with ``x_scale``) times the e4m3 ``weight [N, K]`` (per-row ``weight_scale``),
+    the first ``rot_cols`` outputs rotated (neox, heads of ``head``) at ``positions[0]`` with ``cos`` / ``sin``
+    ``[max_pos, head / 2]``; ``[1, N]``. ``config = (pairs a program, BLOCK_K, num_warps)``."""
+    n, k = weight.shape
+    if x.shape != (1, k) or weight.stride(1) != 1 or n % head or head % 2 or rot_cols % head:
+        raise ValueError(f"fp8_gemv_rope: x {tuple(x.shape)}, weight {tuple(weight.shape)}, head {head}, "
+                         f"rotated {rot_cols}: one row, [N, K] row-major, whole heads")
+    if (x_scale is not None) != (x.dtype == torch.float8_e4m3fn):
+        raise ValueError("fp8_gemv_rope: an e4m3 x comes with its x_scale, a 16-bit x without")
+    if cos.shape[-1] != head // 2 or cos.stride(-1) != 1 or sin.stride() != cos.stride():
+        raise ValueError(f"fp8_gemv_rope: cos/sin {tuple(cos.shape)} must be [positions, {head // 2}], row-major")
+    if acc_split not in (0, 8, 16):
+        raise ValueError(f"fp8_gemv_rope: acc_split={acc_split}: 0, 8 or 16")
+    x = x.contiguous()
+    y = torch.empty(1, n, dtype=out_dtype, device=x.device)
+    ws = weight_scale.reshape(-1)
+    soft = os.environ.get("TRITON_INTERPRET") == "1"
+    if pdl and soft:
+        raise ValueError("fp8_gemv_rope: pdl is for the compiled kernel (interpreter)")
+    bh, bk, warps = (4, 64, 4) if soft else config
+    even = not soft and k % bk == 0 and (n // 2) % bh == 0
+    _fp8_gemv_rope_kernel[(triton.cdiv(n // 2, bh),)](
+        x, x_scale.reshape(-1) if x_scale is not None else ws, weight, ws, y, positions, cos, sin, cos.stride(0),
+        n, rot_cols, k, weight.stride(0), QUANT_X=x_scale is None, EVEN=even, SOFT_FP8=soft, HALF=head // 2,
+        BLOCK_H=bh, BLOCK_K=bk, num_warps=warps, USE_PDL=pdl, PDL_W=pdl and pdl_w and even, ACC_SPLIT=acc_split,
+        **({"launch_pdl": True} if pdl else {}))
+    return y
+
+
+def _fusable(module) -> bool:
+    """LlamaAttention's forward (its class or a copy of its code), full neox rotary, an fp8 qkv without bias on the
+    CUDA-core one-row GEMV."""
+    from octavo.plugins.models.llama import LlamaAttention
+    from octavo.plugins.quant.fp8 import _FP8Method
+
+    qkv, rope = getattr(module, "qkv_proj", None), getattr(module, "rotary_emb", None)
+    qm = getattr(qkv, "quant_method", None)
+    if (not isinstance(qm, _FP8Method) or getattr(qm, "gemv_tc", None) is not None or not getattr(qm, "gemv_max_m", 0)
+            or getattr(qkv, "bias", None) is not None or qkv.weight.stride(1) != 1 or rope is None
+            or not getattr(rope, "is_neox_style", False) or rope.rotary_dim != rope.head_size
+            or getattr(module, "o_proj", None) is None or getattr(module, "attn", None) is None):
+        return False
+    if qkv.weight.shape[0] != module.q_size + 2 * module.kv_size or module.q_size % rope.head_size:
+        return False
+    code, ref = getattr(type(module).forward, "__code__", None), LlamaAttention.forward.__code__
+    return code is not None and (code.co_code, code.co_names, code.co_consts) == (ref.co_code, ref.co_names,
+                                                                               ref.co_consts)
+
+
+def _call(module, x, positions, pre=None):
+    qkv, rope = module.qkv_proj, module.rotary_emb
+    launch = _launch(qkv, x.device)
+    args = (qkv.weight, qkv.weight_scale, positions, rope.cos_cache, rope.sin_cache, rope.head_size,
+            module.q_size + module.kv_size)
+    if pre is not None:
+        return fp8_gemv_rope(pre[0], *args, x_scale=pre[1], out_dtype=x.dtype, **launch)
+    return fp8_gemv_rope(x, *args, out_dtype=x.dtype, **launch)
+
+
+def _install(module) -> None:
+    inner = module.forward
+    qkv, rope = module.qkv_proj, module.rotary_emb
+
+    def forward(self, positions, hidden_states, ctx):
+        x = hidden_states
+        if (_on() and x.dim() == 2 and x.shape[0] == 1 and positions.numel() == 1 and not qkv._forward_hooks
+                and not qkv._forward_pre_hooks and not rope._forward_hooks and not rope._forward_pre_hooks):
+            pre = getattr(x, "_octavo_fp8", None)  # quantized by the norm that made x (fp8_fused.py)
+            ok = pre is not None and pre[0].shape == x.shape and getattr(qkv.quant_method, "gemv_pre_ok", False)
+            y = _call(self, x, positions, pre if ok else None)
+            q, k, v = y.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+            return self.o_proj(self.attn(q, k, v, ctx))
+        return inner(positions, hidden_states, ctx)
+
+    module.forward = types.MethodType(forward, module)
+    module._octavo_fp8_rope = True  # never wrapped twice
+
+
+def _on() -> bool:
+    return STATE["on"]
+
+
+@torch.inference_mode()
+def fuse_fp8_rope_gemv(model: torch.nn.Module, device: torch.device) -> int:
+    """Wrap every fusable attention of ``model`` (the kernel checked once per shape against the unfused GEMV +
+    rotary, own and producer quantization, within one bf16 rounding); returns how many."""
+    from octavo.plugins.quant.fp8_triton import quantize_per_token
+
+    verified: dict[tuple, bool] = {}
+    gen = torch.Generator(device=device).manual_seed(1)
+    n = 0
+    for module in model.modules():
+        if "_octavo_fp8_rope" in vars(module) or not _fusable(module):
+            continue
+        qkv, rope = module.qkv_proj, module.rotary_emb
+        key = (tuple(qkv.weight.shape), module.q_size, module.kv_size, rope.head_size)
+        if key not in verified:
+            try:
+                x = torch.randn(1, key[0][1], generator=gen, device=device).bfloat16()
+                pos = torch.tensor([777 % rope.cos_cache.shape[0]], device=device)
+                q, k, v = qkv(x).split([module.q_size, module.kv_size, module.kv_size], dim=-1)
+                q, k = rope(pos, q, k)
+                want = torch.cat([q.reshape(1, -1), k.reshape(1, -1), v.reshape(1, -1)], -1).float()
+                xq, xs = quantize_per_token(x)
+                worst = max(float((got.float() - want).abs().max()) for got in (
+                    _call(module, x, pos), _call(module, x, pos, (xq, xs))))
+                verified[key] = worst <= 1.6e-2 * float(want.abs().max())  # one bf16 rounding step
+                if not verified[key]:
+                    logger.warning("fp8 qkv + rotary GEMV not used for %s: %.3g from the unfused path", key, worst)
+            except Exception as e:  # noqa: BLE001 - keep the unfused layers
+                logger.warning("fp8 qkv + rotary GEMV not used for %s: %s: %s", key, type(e).__name__, e)
+                verified[key] = False
+        if verified[key]:
+            _install(module)
+            n += 1
+    return n

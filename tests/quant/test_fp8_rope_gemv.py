@@ -1,0 +1,120 @@
+"""The fp8 qkv GEMV with the rotary embedding in its epilogue (plugins/quant/fp8_rope_gemv.py).
+
+CPU: the Triton interpreter (child process) runs the kernel against the unfused path it replaces (the fp8 GEMV,
+then the rotary embedding's torch arithmetic on the rounded outputs), on its own quantization and on a producer's
+e4m3 input, at several positions and head layouts. GPU-marked: the 8B qkv shape, compiled, against the fp8 GEMV +
+the platform's rotary kernel (within one bf16 rounding: another tile), PDL on/off bit for bit, and in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+INTERPRETED = r"""
+import torch
+from octavo.nn.rotary import get_rope
+from octavo.plugins.quant import fp8_rope_gemv as fr
+from octavo.plugins.quant.fp8 import quantize_fp8_rows
+from octavo.plugins.quant.fp8_gemv import fp8_gemv
+from octavo.plugins.quant.fp8_triton import quantize_per_token_torch
+
+
+def unfused(y, rope, pos, hq, hk, d):  # the GEMV's bf16 outputs, rotated by the module's torch path
+    q, k, v = y.split([hq * d, hk * d, hk * d], -1)
+    q, k = rope(pos, q, k)
+    return torch.cat([q, k, v], -1)
+
+
+def close(got, want):  # the interpreter's fp32 -> bf16 cast truncates: two bf16 steps of the output
+    d = (got.float() - want.float()).abs()
+    return bool((d <= 2.0 ** -6 * want.float().abs() + 1e-6).all())
+
+
+gen = torch.Generator().manual_seed(0)
+for hq, hk, d, k in [(4, 2, 16, 64), (2, 1, 32, 96), (8, 2, 8, 128)]:
+    rope = get_rope(d, 4096, 10000.0, None)
+    n = (hq + 2 * hk) * d
+    w, ws = quantize_fp8_rows(torch.randn(n, k, generator=gen))
+    x = torch.randn(1, k, generator=gen).bfloat16()
+    xq, xs = quantize_per_token_torch(x)
+    for p in (0, 5, 4000):
+        pos = torch.tensor([p])
+        args = (w, ws, pos, rope.cos_cache, rope.sin_cache, d, (hq + hk) * d)
+        got = fr.fp8_gemv_rope(x, *args)
+        assert close(got, unfused(fp8_gemv(x, w, ws), rope, pos, hq, hk, d)), (hq, hk, d, k, p)
+        pre = fr.fp8_gemv_rope(xq, *args, x_scale=xs)
+        assert close(pre, unfused(fp8_gemv(xq, w, ws, x_scale=xs), rope, pos, hq, hk, d)), (hq, hk, d, p, "pre")
+        assert torch.equal(got, pre), (hq, hk, d, p, "producer quantization = own")
+        v0 = (hq + hk) * d  # v columns: the GEMV's outputs as they are
+        assert torch.equal(got[:, v0:], fp8_gemv(x, w, ws)[:, v0:]) or close(got[:, v0:], fp8_gemv(x, w, ws)[:, v0:])
+        assert torch.equal(got, fr.fp8_gemv_rope(x, *args, acc_split=16)) or close(
+            got, fr.fp8_gemv_rope(x, *args, acc_split=16)), "split accumulator"
+for bad in (lambda: fr.fp8_gemv_rope(torch.zeros(2, k).bfloat16(), *args),
+            lambda: fr.fp8_gemv_rope(xq, *args),
+            lambda: fr.fp8_gemv_rope(x, *args, pdl=True)):
+    try:
+        bad()
+    except ValueError:
+        pass
+    else:
+        raise AssertionError("accepted")
+print("ok")
+"""
+
+
+def _cuda() -> bool:
+    return torch.cuda.is_available()
+
+
+@pytest.mark.skipif(_cuda(), reason="interpreter check for CPU machines; on a GPU the compiled kernel is tested")
+def test_fp8_gemv_rope_interpreted_matches_the_unfused_path():
+    from tests.utils import run_triton_interpreted
+
+    run_triton_interpreted(INTERPRETED)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _cuda(), reason="needs a CUDA GPU")
+def test_fp8_gemv_rope_on_cuda_pdl_and_graph():
+    from octavo.nn.rotary import get_rope
+    from octavo.plugins.platforms.cuda_fusions import rotary
+    from octavo.plugins.quant import fp8_gemv as fg
+    from octavo.plugins.quant.fp8 import quantize_fp8_rows
+    from octavo.plugins.quant.fp8_gemv import fp8_gemv
+    from octavo.plugins.quant.fp8_rope_gemv import fp8_gemv_rope
+    from octavo.plugins.quant.fp8_triton import quantize_per_token
+
+    torch.manual_seed(0)
+    hq, hk, d, k = 32, 8, 128, 4096
+    with torch.device("cuda"):
+        rope = get_rope(d, 8192, 500000.0, None)
+    w, ws = quantize_fp8_rows(torch.randn((hq + 2 * hk) * d, k, device="cuda") * 0.05)
+    x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+    xq, xs = quantize_per_token(x)
+    pos = torch.tensor([777], device="cuda")
+    args = (w, ws, pos, rope.cos_cache, rope.sin_cache, d, (hq + hk) * d)
+    with torch.inference_mode():
+        for split in (0, fg.ACC_SPLIT):
+            got = fp8_gemv_rope(xq, *args, x_scale=xs, acc_split=split)
+            assert torch.equal(got, fp8_gemv_rope(xq, *args, x_scale=xs, acc_split=split, pdl=True, pdl_w=True))
+            y = fp8_gemv(xq, w, ws, x_scale=xs, out_dtype=torch.bfloat16)
+            q, kk = rotary(rope, pos, y[:, :hq * d], y[:, hq * d:(hq + hk) * d])
+            want = torch.cat([q, kk, y[:, (hq + hk) * d:]], -1).float()
+            diff = (got.float() - want).abs()  # another tile sums in another order: an output a bf16 step apart
+            assert bool((diff <= 2.0**-6 * want.abs() + 1e-6).all()), float(diff.max())
+            assert float((diff > 0).float().mean()) < 0.05
+        src, buf = [torch.randn(1, k, device="cuda", dtype=torch.bfloat16) for _ in range(3)], x.clone()
+        g = torch.cuda.CUDAGraph()
+        fp8_gemv_rope(buf, *args, pdl=True, pdl_w=True, acc_split=fg.ACC_SPLIT)  # compile outside the capture
+        torch.cuda.synchronize()
+        with torch.cuda.graph(g):
+            out = fp8_gemv_rope(buf, *args, pdl=True, pdl_w=True, acc_split=fg.ACC_SPLIT)
+        for i, s in enumerate(src):
+            buf.copy_(s)
+            pos.fill_(100 * i + 3)
+            g.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(out, fp8_gemv_rope(s, *args, acc_split=fg.ACC_SPLIT)), i
