@@ -131,8 +131,9 @@ class Pacer:
         # once per schedule() call: an admission moves a request from the queue to the running set without changing
         # the total (its running t + d equals its queue term num_tokens + placeholders + expected output), so the
         # queue is not walked again for each of a step's admissions (nano-vllm: 255 walks, ~33k terms, a run)
-        key = (adm.num_steps, len(adm._waiting) + len(adm._d))
+        key = (adm.num_steps, len(adm._waiting) + adm.num_running)
         if self.binds[0] != key:
+            adm._merge()
             total = int((adm._t + adm._d).sum())  # running: tokens at their projected ends
             for r in adm._waiting:  # (stops once over: a long queue costs what fills the cache, not its length)
                 if total > self.capacity:
@@ -166,6 +167,7 @@ class Pacer:
                     total += sum(waiting[-1])
                 known = len(waiting) == len(adm._waiting) or total > PLAN_SPAN * self.capacity
                 known = known and sum(e for _, e in waiting) >= MIN_STEPS * len(waiting)
+                adm._merge()
                 running = list(zip(adm._t.tolist(), adm._d.tolist()))
                 self.rate = choose(self.capacity, running, waiting, per_step, adm.bs) if known else 0.0
             self.episodes.append(self.rate)
