@@ -27,6 +27,7 @@ import triton
 import triton.language as tl
 
 from octavo.env_flags import env_switch
+from octavo.plugins.quant.fp8_gemv import _CACHE_TUNING
 from octavo.plugins.quant.fp8_silu_gemv import _launch, _silu_step
 
 logger = logging.getLogger(__name__)
@@ -98,9 +99,17 @@ def _fp8_gemv_rope_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, y_ptr, pos_ptr, cos_ptr,
     tl.store(y_ptr + n2, o2.to(elt), mask=jm)
 
 
+# (pairs a program, BLOCK_K, num_warps, num_stages) the compiled kernel is tuned over (with the call's flags)
+_CONFIGS = ((8, 512, 4, 3), (4, 1024, 4, 3), (8, 1024, 4, 3), (16, 512, 4, 3), (4, 512, 4, 3))
+_tuned = triton.autotune(
+    configs=[triton.Config({"BLOCK_H": bh, "BLOCK_K": bk}, num_warps=w, num_stages=st) for bh, bk, w, st in _CONFIGS],
+    key=["N", "N_ROT", "K", "QUANT_X", "EVEN", "HALF", "USE_PDL", "PDL_W", "ACC_SPLIT"],
+    **_CACHE_TUNING)(_fp8_gemv_rope_kernel)
+
+
 def fp8_gemv_rope(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, positions: torch.Tensor,
                   cos: torch.Tensor, sin: torch.Tensor, head: int, rot_cols: int, x_scale: torch.Tensor | None = None,
-                  out_dtype: torch.dtype = torch.bfloat16, config: tuple[int, int, int] = (8, 512, 4), *,
+                  out_dtype: torch.dtype = torch.bfloat16, config: tuple[int, int, int] | None = None, *,
                   pdl: bool = False, pdl_w: bool = False, acc_split: int = 0) -> torch.Tensor:
     """``x [1, K]`` (bf16, or e4m3 with ``x_scale``) times the e4m3 ``weight [N, K]`` (per-row ``weight_scale``),
     the first ``rot_cols`` outputs rotated (neox, heads of ``head``) at ``positions[0]`` with ``cos`` / ``sin``
@@ -121,13 +130,20 @@ def fp8_gemv_rope(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Ten
     soft = os.environ.get("TRITON_INTERPRET") == "1"
     if pdl and soft:
         raise ValueError("fp8_gemv_rope: pdl is for the compiled kernel (interpreter)")
-    bh, bk, warps = (4, 64, 4) if soft else config
-    even = not soft and k % bk == 0 and (n // 2) % bh == 0
-    _fp8_gemv_rope_kernel[(triton.cdiv(n // 2, bh),)](
-        x, x_scale.reshape(-1) if x_scale is not None else ws, weight, ws, y, positions, cos, sin, cos.stride(0),
-        n, rot_cols, k, weight.stride(0), QUANT_X=x_scale is None, EVEN=even, SOFT_FP8=soft, HALF=head // 2,
-        BLOCK_H=bh, BLOCK_K=bk, num_warps=warps, USE_PDL=pdl, PDL_W=pdl and pdl_w and even, ACC_SPLIT=acc_split,
-        **({"launch_pdl": True} if pdl else {}))
+    args = (x, x_scale.reshape(-1) if x_scale is not None else ws, weight, ws, y, positions, cos, sin, cos.stride(0),
+            n, rot_cols, k, weight.stride(0))
+    launch = {"launch_pdl": True} if pdl else {}
+    if soft or config is not None:
+        bh, bk, warps = (4, 64, 4) if soft else config
+        even = not soft and k % bk == 0 and (n // 2) % bh == 0
+        _fp8_gemv_rope_kernel[(triton.cdiv(n // 2, bh),)](
+            *args, QUANT_X=x_scale is None, EVEN=even, SOFT_FP8=soft, HALF=head // 2, BLOCK_H=bh, BLOCK_K=bk,
+            num_warps=warps, USE_PDL=pdl, PDL_W=pdl and pdl_w and even, ACC_SPLIT=acc_split, **launch)
+        return y
+    even = k % 1024 == 0 and (n // 2) % 16 == 0  # every tile of _CONFIGS divides
+    _tuned[lambda meta: (triton.cdiv(n // 2, meta["BLOCK_H"]),)](
+        *args, QUANT_X=x_scale is None, EVEN=even, SOFT_FP8=False, HALF=head // 2, USE_PDL=pdl,
+        PDL_W=pdl and pdl_w and even, ACC_SPLIT=acc_split, **launch)
     return y
 
 

@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 from octavo.env_flags import env_switch
-from octavo.plugins.quant.fp8_gemv import _quant_e4m3
+from octavo.plugins.quant.fp8_gemv import _CACHE_TUNING, _quant_e4m3
 
 logger = logging.getLogger(__name__)
 STATE = {"on": env_switch("OCTAVO_FP8_SILU_GEMV", default=False)}  # installed wrappers read it per call
@@ -113,9 +113,17 @@ def _fp8_gemv_silu_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, y_ptr, N_OUT, K, stride_
     tl.store(y_ptr + n, (s * u).to(elt), mask=nm)
 
 
+# (BLOCK_N, BLOCK_K, num_warps, num_stages) the compiled kernel is tuned over (session 11; (8, 1024, 4) was the
+# fixed tile before); timed with the call's own flags (PDL, split accumulator), cached as fp8_gemv's
+_CONFIGS = ((8, 1024, 4, 3), (4, 1024, 4, 3), (16, 512, 4, 3), (8, 512, 4, 3), (16, 1024, 8, 3))
+_tuned = triton.autotune(
+    configs=[triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=st) for bn, bk, w, st in _CONFIGS],
+    key=["N_OUT", "K", "QUANT_X", "EVEN", "USE_PDL", "PDL_W", "ACC_SPLIT"], **_CACHE_TUNING)(_fp8_gemv_silu_kernel)
+
+
 def fp8_gemv_silu(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
                   x_scale: torch.Tensor | None = None, out_dtype: torch.dtype = torch.bfloat16,
-                  config: tuple[int, int, int] = (8, 1024, 4), *, pdl: bool = False, pdl_w: bool = False,
+                  config: tuple[int, int, int] | None = None, *, pdl: bool = False, pdl_w: bool = False,
                   acc_split: int = 0) -> torch.Tensor:
     """``silu(g) * u`` of the fp8 GEMV ``[g | u] = x @ W.T`` for one row ``x [1, K]`` (bf16, or e4m3 with
     ``x_scale``) and a merged gate/up e4m3 ``W [2I, K]`` with per-row ``weight_scale``; ``[1, I]``.
@@ -134,12 +142,19 @@ def fp8_gemv_silu(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Ten
     soft = os.environ.get("TRITON_INTERPRET") == "1"
     if pdl and soft:
         raise ValueError("fp8_gemv_silu: pdl is for the compiled kernel (interpreter)")
-    bn, bk, warps = (16, 64, 4) if soft else config
-    even = not soft and k % bk == 0 and i % bn == 0
-    _fp8_gemv_silu_kernel[(triton.cdiv(i, bn),)](
-        x, x_scale.reshape(-1) if x_scale is not None else ws, weight, ws, y, i, k, weight.stride(0),
-        QUANT_X=x_scale is None, EVEN=even, SOFT_FP8=soft, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps,
-        USE_PDL=pdl, PDL_W=pdl and pdl_w and even, ACC_SPLIT=acc_split, **({"launch_pdl": True} if pdl else {}))
+    args = (x, x_scale.reshape(-1) if x_scale is not None else ws, weight, ws, y, i, k, weight.stride(0))
+    launch = {"launch_pdl": True} if pdl else {}
+    if soft or config is not None:
+        bn, bk, warps = (16, 64, 4) if soft else config
+        even = not soft and k % bk == 0 and i % bn == 0
+        _fp8_gemv_silu_kernel[(triton.cdiv(i, bn),)](
+            *args, QUANT_X=x_scale is None, EVEN=even, SOFT_FP8=soft, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps,
+            USE_PDL=pdl, PDL_W=pdl and pdl_w and even, ACC_SPLIT=acc_split, **launch)
+        return y
+    even = k % 1024 == 0 and i % 16 == 0  # every tile of _CONFIGS divides
+    _tuned[lambda meta: (triton.cdiv(i, meta["BLOCK_N"]),)](
+        *args, QUANT_X=x_scale is None, EVEN=even, SOFT_FP8=False, USE_PDL=pdl, PDL_W=pdl and pdl_w and even,
+        ACC_SPLIT=acc_split, **launch)
     return y
 
 

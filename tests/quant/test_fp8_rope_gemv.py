@@ -97,9 +97,11 @@ def test_fp8_gemv_rope_on_cuda_pdl_and_graph():
     pos = torch.tensor([777], device="cuda")
     args = (w, ws, pos, rope.cos_cache, rope.sin_cache, d, (hq + hk) * d)
     with torch.inference_mode():
-        for split in (0, fg.ACC_SPLIT):
-            got = fp8_gemv_rope(xq, *args, x_scale=xs, acc_split=split)
-            assert torch.equal(got, fp8_gemv_rope(xq, *args, x_scale=xs, acc_split=split, pdl=True, pdl_w=True))
+        for split, cfg in ((0, (8, 512, 4)), (fg.ACC_SPLIT, (4, 1024, 4)), (fg.ACC_SPLIT, None)):
+            got = fp8_gemv_rope(xq, *args, x_scale=xs, acc_split=split, config=cfg)
+            if cfg is not None:  # (the tuned tile is keyed on the PDL flags: PDL on/off bits with a fixed tile)
+                assert torch.equal(got, fp8_gemv_rope(xq, *args, x_scale=xs, acc_split=split, pdl=True, pdl_w=True,
+                                                      config=cfg))
             y = fp8_gemv(xq, w, ws, x_scale=xs, out_dtype=torch.bfloat16)
             q, kk = rotary(rope, pos, y[:, :hq * d], y[:, hq * d:(hq + hk) * d])
             want = torch.cat([q, kk, y[:, (hq + hk) * d:]], -1).float()
@@ -108,13 +110,14 @@ def test_fp8_gemv_rope_on_cuda_pdl_and_graph():
             assert float((diff > 0).float().mean()) < 0.05
         src, buf = [torch.randn(1, k, device="cuda", dtype=torch.bfloat16) for _ in range(3)], x.clone()
         g = torch.cuda.CUDAGraph()
-        fp8_gemv_rope(buf, *args, pdl=True, pdl_w=True, acc_split=fg.ACC_SPLIT)  # compile outside the capture
+        kw = dict(acc_split=fg.ACC_SPLIT, config=(8, 512, 4))
+        fp8_gemv_rope(buf, *args, pdl=True, pdl_w=True, **kw)  # compile outside the capture
         torch.cuda.synchronize()
         with torch.cuda.graph(g):
-            out = fp8_gemv_rope(buf, *args, pdl=True, pdl_w=True, acc_split=fg.ACC_SPLIT)
+            out = fp8_gemv_rope(buf, *args, pdl=True, pdl_w=True, **kw)
         for i, s in enumerate(src):
             buf.copy_(s)
             pos.fill_(100 * i + 3)
             g.replay()
             torch.cuda.synchronize()
-            assert torch.equal(out, fp8_gemv_rope(s, *args, acc_split=fg.ACC_SPLIT)), i
+            assert torch.equal(out, fp8_gemv_rope(s, *args, **kw)), i
