@@ -104,6 +104,12 @@ def build_modes(args: Any, so: Any, dflt: dict) -> dict:
         # experiment: xgrammar's batch accept call keeps the GIL (~20-50 us of C++ at batch 32) instead of releasing
         # it, so the core thread does not queue for the GIL behind the runner's thread when the call returns
         modes["json_async_acceptgil"] = (so, True, False, False, None, {**dflt, "accept_gil": True})
+        # diagnostic floor (session 11): the device gate where this process does no grammar work at all after the
+        # prepare: no accept, no bitmask thread, no fill; the core thread opens the device's wait at once (rows all
+        # open). What is left is the structure a grammar worker process would leave behind (prepare, the token
+        # walk of accept_sampled, the runner's wait + apply launches); its text is unconstrained
+        modes["json_async_devgate_postonly"] = (so, True, False, False, None, {**dflt, "devgate": True,
+                                                                                 "gate_only": True, "post_only": True})
         # the device gate with no-op fill and accept (rows all open, nothing constrained): the floor of its structure
         modes["json_async_devgate_gateonly"] = (so, True, False, False, None, {**dflt, "devgate": True,
                                                                                  "gate_only": True})
@@ -160,6 +166,8 @@ def apply_knobs(core: Any, knobs: dict, on: bool, async_modes: bool, saved: dict
         backend = core.structured._get_backend()
         backend.fill_bitmasks = lambda ms, bm: bm.fill_(-1)
         backend.accept_tokens = lambda ms, toks: [True] * len(ms)
+    if knobs.get("post_only"):
+        grammar_step.GrammarStep.start_on_pool = _post_only
 
 
 def restore(core: Any, saved: dict) -> None:
@@ -179,10 +187,32 @@ def restore(core: Any, saved: dict) -> None:
     so_mod.ACCEPT_ON_FILL_THREAD = saved["poolaccept"]
     async_gate.PARK, async_gate.EARLY_FILL = saved["park"], saved["early_fill"]
     async_gate.FILL_START_WAIT_S = saved["start_wait"]
+    grammar_step.GrammarStep.start_on_pool = _START_ON_POOL
     backend = core.structured._backend
     for name in ("fill_bitmasks", "accept_tokens"):  # the gate_only no-ops (instance attributes)
         if backend is not None and name in vars(backend):
             delattr(backend, name)
+
+
+def _post_only(step: Any, started_wait_s: float = 0.0, before: Any = None) -> None:
+    """json_async_devgate_postonly's GrammarStep.start_on_pool: no fill job; the rows are set all open (one torch
+    fill on this thread, ~5 us) and go to the device's wait at once."""
+    if before is not None:
+        before()
+    if step._rows is None:
+        step.bitmask.fill_(-1)
+        step._rows = (step.request_ids, step.positions, step.bitmask)
+        if step.seq:
+            step.device_gate.open(step.seq)
+
+
+def _start_on_pool_default() -> Any:
+    from octavo.core.grammar_step import GrammarStep
+
+    return GrammarStep.start_on_pool
+
+
+_START_ON_POOL = _start_on_pool_default()
 
 
 def _accept_call() -> Any:
