@@ -223,6 +223,7 @@ def main() -> None:
         try:
             res["sweep"] = sweep(gr, budget_s=args.sweep)
             S6_VARIANTS["swept"] = S6_VARIANTS["swept_again"] = {"tiles": res["sweep"]["best"]}
+            S6_VARIANTS["silu_rope_swept"] = {"silu": True, "rope": True, "tiles": res["sweep"]["best"]}
         except Exception as e:  # noqa: BLE001 - record why; the variants still run
             res["sweep"] = {"error": f"{type(e).__name__}: {e}"[:400]}
             print("sweep", res["sweep"], flush=True)
@@ -250,6 +251,7 @@ def main() -> None:
             if time.perf_counter() - T0 > args.budget:
                 res[tag] = {"skipped": "budget"}
                 continue
+            pinned = {}
             try:
                 fp8_fused.SMALL_ROWS_WARPS = v.get("warps", 16)
                 fp8_prefetch.PREFETCH_MB, fp8_prefetch.PDL = v.get("mb", 0), v.get("pdl", base[2])
@@ -282,10 +284,11 @@ def main() -> None:
                 with torch.inference_mode():
                     gr.capture()
                     measure(llm, gr, prompt, res, tag, bw, weight_bytes, not args.no_profile)
-                unpin(pinned)
             except Exception as e:  # noqa: BLE001 - record why
                 res[tag] = {"error": f"{type(e).__name__}: {e}"[:400]}
                 print(tag, res[tag], flush=True)
+            finally:
+                unpin(pinned)
             save()
         (fp8_fused.SMALL_ROWS_WARPS, fp8_prefetch.PREFETCH_MB, fp8_prefetch.PDL, fp8_prefetch.SELF_PREFETCH,
          fp8_silu_gemv.STATE["on"]) = base

@@ -2,9 +2,9 @@
 # Issue 9 (engineer "fp8"), sessions 9-11. One GPU, HARD bound ${FP89_LIMIT:-110} s for the whole call (every part
 # under `timeout`, each gets what is left minus the later parts' reserves; `s11`: 150 s). JSON + logs: $OUT/fp89/
 #   bash benchmarks/device/fp89.sh [PART ...]      (default: bs1 tests, session 10 batch 2; batch 1: bs1 head tests, and tail)
-#   s11         session 11 batch 1 = parts bs1 tests with the in-graph tile sweep (BS1_SWEEP=20 s,
-#               benchmarks/fp8_bs1_tiles.py) and BS1_VARIANTS=silu_rope,swept,rope,silu,default_again,
-#               silu_rope_again,swept_again (silu: gate_up GEMV + SiLU-and-mul in one kernel, now with PDL + split
+#   s11         session 11 batch 1 = parts bs1 tests with the in-graph tile sweep (BS1_SWEEP=24 s,
+#               benchmarks/fp8_bs1_tiles.py) and BS1_VARIANTS=silu_rope,swept,default_again,silu_rope_swept,
+#               silu_rope_again,swept_again,rope,silu (silu: gate_up GEMV + SiLU-and-mul in one kernel, now PDL + split
 #               accumulator; rope: qkv GEMV + rotary in one kernel, fp8_rope_gemv.py); every bs1
 #               measure reports the strict roofline (no embedding table, fp8 KV at 1 byte) and GEMV us by shape
 #   bs1         benchmarks/fp8_bs1.py --ab s6: 8B fp8 + fp8 KV batch 1, one engine: ms/token vs the roofline, the
@@ -32,8 +32,8 @@ R="${OUT:-/tmp/out}/fp89"
 mkdir -p "$R"
 if [ "${1:-}" = s11 ]; then
   shift; set -- bs1 tests "$@"
-  : "${FP89_LIMIT:=150}" "${BS1_SWEEP:=20}" \
-    "${BS1_VARIANTS:=silu_rope,swept,rope,silu,default_again,silu_rope_again,swept_again}"
+  : "${FP89_LIMIT:=150}" "${BS1_SWEEP:=24}" \
+    "${BS1_VARIANTS:=silu_rope,swept,default_again,silu_rope_swept,silu_rope_again,swept_again,rope,silu}"
 fi
 LIMIT=${FP89_LIMIT:-110}
 if ! timeout 20 python -c "import octavo" > /dev/null 2>&1; then  # s9 batch 1's lanes had no install
