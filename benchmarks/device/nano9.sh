@@ -24,7 +24,8 @@
 #       caching allocator's device calls; then --prefill-host.
 #   m11 (session 11, engineer margin; bound 146 s) gap.json: defaults first (the headline's first timed run), core_prof
 #       (cProfile of the engine's stepping thread in the prefill phase: what shares the GIL with the 8k-token
-#       forwards' launches), probe, prefill_prof (the step thread's in-run 8k forwards), defaults x2; --prefill-host.
+#       forwards' launches), probe, prefill_prof (the step thread's in-run 8k forwards), then evblock (the core waits on
+#       a blocking-sync event, not a spinning one) / defaults alternating; --prefill-host.
 set -u
 cd "$(dirname "$0")/../.."
 R="${OUT:-/tmp/out}/nano9"; mkdir -p "$R"
@@ -75,7 +76,7 @@ case "$PART" in
       --runs ${NANO_RUNS:-defaults probe prefill_prof defaults no_freeze defaults} ;;
   m11)
     run 142 gap.log python benchmarks/nano_host_gap.py --out "$R/gap.json" --budget-s 136 --prefill-host \
-      --runs ${NANO_RUNS:-defaults core_prof probe prefill_prof defaults defaults} ;;
+      --runs ${NANO_RUNS:-defaults core_prof probe prefill_prof evblock defaults evblock defaults evblock} ;;
   *) echo "unknown NANO_PART=$PART"; exit 2 ;;
 esac
 echo "total $(( $(date +%s) - START )) s"
