@@ -2,7 +2,9 @@
 
 CPU: the Triton interpreter (child process) runs the kernel against the unfused path it replaces (the fp8 GEMV,
 then the rotary embedding's torch arithmetic on the rounded outputs), on its own quantization and on a producer's
-e4m3 input, at several positions and head layouts. GPU-marked: the 8B qkv shape, compiled, against the fp8 GEMV +
+e4m3 input, at several positions and head layouts; an attention with LlamaAttention's forward gets wrapped (after
+the load-time check) and hands attention the fused kernel's q, k, v at one row, the unfused ones at more rows or when
+switched off; another forward is left alone. GPU-marked: the 8B qkv shape, compiled, against the fp8 GEMV +
 the platform's rotary kernel (within one bf16 rounding: another tile), PDL on/off bit for bit, and in a CUDA graph.
 """
 
@@ -61,6 +63,60 @@ for bad in (lambda: fr.fp8_gemv_rope(torch.zeros(2, k).bfloat16(), *args),
         pass
     else:
         raise AssertionError("accepted")
+
+# the wrapper: an attention with LlamaAttention's forward code gets wrapped after the load-time check; at one row it
+# gives the fused kernel's q, k, v to attn, at more rows (or switched off) the unfused forward; another forward not
+from torch import nn
+from octavo.nn.linear import ReplicatedLinear
+from octavo.plugins.quant.fp8 import _FP8Method
+
+
+class Attn(nn.Module):
+    def __init__(self, hq, hk, d, hidden, gemv=True):
+        super().__init__()
+        self.q_size, self.kv_size = hq * d, hk * d
+        self.qkv_proj = ReplicatedLinear(hidden, (hq + 2 * hk) * d, quant_method=_FP8Method(False))
+        gen = torch.Generator().manual_seed(3)
+        w = torch.randn((hq + 2 * hk) * d, hidden, generator=gen) * 0.05
+        for name, value in self.qkv_proj.quant_method.convert({"weight": w}, "t").items():
+            getattr(self.qkv_proj, name).data.copy_(value)
+        self.qkv_proj.process_weights_after_loading()
+        self.qkv_proj.quant_method.fused = True
+        self.qkv_proj.quant_method.gemv_max_m = 1 if gemv else 0
+        self.rotary_emb = get_rope(d, 512, 10000.0, None)
+        self.o_proj = nn.Identity()
+        self.attn = lambda q, k, v, ctx: torch.cat([q, k, v], -1)  # what attention was handed
+
+    def forward(self, positions, hidden_states, ctx):
+        qkv = self.qkv_proj(hidden_states)  # [n, q_size + 2 * kv_size]
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q, k = self.rotary_emb(positions, q, k)
+        return self.o_proj(self.attn(q, k, v, ctx))  # [n, hidden]
+
+
+class OtherAttn(Attn):
+    def forward(self, positions, hidden_states, ctx):
+        return self.qkv_proj(hidden_states)
+
+
+att, plain, other = Attn(4, 2, 16, 64), Attn(4, 2, 16, 64), OtherAttn(4, 2, 16, 64)
+assert fr.fuse_fp8_rope_gemv(nn.Sequential(att, other, Attn(4, 2, 16, 64, gemv=False)), torch.device("cpu")) == 1
+assert "forward" in vars(att) and "forward" not in vars(other)
+fr.STATE["on"] = True
+x = torch.randn(3, 64, generator=gen).bfloat16()
+pos = torch.tensor([37])
+one = att(pos, x[:1], None)
+qkv = att.qkv_proj
+assert torch.equal(one, fr.fp8_gemv_rope(x[:1], qkv.weight, qkv.weight_scale, pos, att.rotary_emb.cos_cache,
+                                         att.rotary_emb.sin_cache, 16, 6 * 16)), "one row: the fused kernel"
+assert close(one, plain(pos, x[:1], None)), "one row: the unfused forward within a rounding"
+x1 = x[:1].clone()
+x1._octavo_fp8 = quantize_per_token_torch(x1)  # as the quantizing norm hands it over
+assert torch.equal(att(pos, x1, None), one)
+pos3 = torch.tensor([1, 2, 3])
+assert torch.equal(att(pos3, x, None), plain(pos3, x, None)), "three rows: the unfused forward"
+fr.STATE["on"] = False
+assert torch.equal(att(pos, x[:1], None), plain(pos, x[:1], None)), "switched off: the unfused forward"
 print("ok")
 """
 
