@@ -78,8 +78,8 @@ has ab && step 8b_tp2_ab 50 $TP --one 2 --tag ab --async-modes on --graph-replay
   --ar-modes $MODES --graph-replay-no-allreduce
 if has pre; then  # the defaults as started first, then alternating (each PRE compiles its GEMVs at the first capture)
   # shellcheck disable=SC2086
-  step 8b_tp2_pre 100 $TP --one 2 --tag pre --async-modes on --graph-replay --ar-modes $P+pre2 $P+pre4 $P $P+pre2 \
-    $P+pre4 $P
+  step 8b_tp2_pre 100 $TP --one 2 --tag pre --async-modes on --graph-replay --layer-trace --ar-modes $P+pre2 $P+pre4 $P \
+    $P+pre2 $P+pre4 $P
   T1="custom+pdl+silu"
   # shellcheck disable=SC2086
   step 8b_tp1_pre 60 $TP --one 1 --tag pre --async-modes on --graph-replay --ar-modes $T1+pre2 $T1+pre4 $T1 $T1+pre4
