@@ -21,6 +21,14 @@ e.g. importing its grammar backends right after ready) is retried as soon as suc
 
 The thread count never changes a result: the default CPU paths gave bitwise-identical tokens and logprobs with
 1 and 2 threads (tests/unit/test_cpu_threads.py), so a request's output does not depend on when it ran.
+Session 11 (the C=1 TPOT goal held in 2 of 3 quiet runs): a step at more threads than the step before is a
+transition and is not compared either: the added thread wakes from its sleep to cold caches. At C=1 on the Zen 4 VM
+the 2-thread step after a 1-thread one read 6.1-10.6 ms against 5.2-5.9 steady, so a probe whose pairs were (other,
+current) back to back lost a clear win by chance, or, probing down from 2 threads, paid the wake-up on the current
+side and switched to the slower count (21 % of a C=1 run's steps ran at 1 thread). A pair is now a steady step at
+the current count and the next steady step at the other, a transition between them left out; a probe ends as soon
+as a majority of its pairs agree.
+
 ``OCTAVO_CPU_ADAPTIVE_THREADS=0`` keeps the fixed ``cpus - 1``; an explicit ``--num-threads`` is never changed.
 """
 
@@ -74,8 +82,9 @@ class _ClassState:
         self.next_probe_at = now + FIRST_PROBE_S
         self.twin: dict[Any, float] = {}  # key -> seconds of the last step at the larger count
         self.probe: list[float] | None = None  # ratios other/current of this probe's pairs
-        self.pending: tuple[Any, float] | None = None  # the probe's last step at the other count
+        self.ref: tuple[Any, float] | None = None  # the probe's reference step at the current count (key, seconds)
         self.mismatches = 0  # pairs of this probe whose two steps did different work
+        self.extra_s = 0.0  # what this probe's steps at the other count cost over their references, transitions too
         self.ran: set[int] = set()  # thread counts that ran a step of this class (a first one is a warm-up)
 
 
@@ -98,6 +107,7 @@ class ThreadGovernor:
         self._classes: dict[Any, _ClassState] = {}
         self._cls = _ClassState(low, clock())  # the class of the last step (steps without a key: this one)
         self._last: tuple[Any, int, float] | None = None  # (key, threads, seconds) of the previous step
+        self._prev_ran: int | None = None  # the count the previous step ran at (with or without a key)
         self._verdict = low  # the count the last finished probe found faster: where a new class starts
         self.switches: list[tuple[float, int]] = []  # (clock, new count): what the log says too
         self._apply(low)
@@ -126,7 +136,7 @@ class ThreadGovernor:
     def threads_for_next_step(self) -> int:
         """The count the next step runs at: the other count at the first step of each probe pair."""
         c = self._cls
-        if c.probe is not None and c.pending is None:
+        if c.probe is not None and c.ref is not None:  # a reference step at the current count: now the other's
             return self.other_of(c)
         return c.cur
 
@@ -135,6 +145,10 @@ class ThreadGovernor:
 
     def after_step(self, seconds: float, key: Any) -> None:
         ran = self._applied
+        # A step at more threads than the one before is a transition: the added OpenMP threads wake from their sleep
+        # and find cold caches (on the Zen 4 VM at C=1 such a 2-thread step read 6.1-10.6 ms against 5.2-5.9 steady,
+        # while a 1-thread step after 2-thread ones read as its steady 6.9-7.5). Like a warm-up, it is not compared.
+        transition, self._prev_ran = self._prev_ran is not None and ran > self._prev_ran, ran
         if key is None:
             self._last = None
             return
@@ -148,46 +162,64 @@ class ThreadGovernor:
         c.ran.add(ran)
         if c.probe is not None:
             if self._cls is c:  # else this step ran at the count another class chose: not part of the probe
-                self._probe_step(c, ran, seconds, key, warm)
+                self._probe_step(c, ran, seconds, key, warm, transition)
+        elif transition or warm or ran != c.cur:
+            pass
         elif ran == self.high and key in c.twin and seconds > SPIKE_RATIO * c.twin[key]:
-            self._start_probe(c)  # the larger count suddenly got slow: the machine got busy
+            self._start_probe(c, key, seconds)  # the larger count suddenly got slow: the machine got busy
         elif (self._clock() >= c.next_probe_at and self._last is not None and self._last[0] == key
               and self._last[1] == c.cur == ran):
-            self._start_probe(c)
-        if ran == self.high:
+            self._start_probe(c, key, seconds)
+        if ran == self.high and not (transition or warm):
             c.twin[key] = seconds
             if len(c.twin) > 256:
                 c.twin.clear()
         self._cls = c
         self._last = (key, ran, seconds)
 
-    def _start_probe(self, c: _ClassState) -> None:
-        c.probe, c.pending, c.mismatches = [], None, 0
+    def _start_probe(self, c: _ClassState, key: Any, seconds: float) -> None:
+        """A probe of pairs: (a step at the current count, the next steady step at the other), each pair's current
+        step taken right before its other step, so a pair is two neighbouring steps with the transition between them
+        left out: ref, [transition], other, [transition back], ref, [transition], other, ..."""
+        c.probe, c.ref, c.mismatches, c.extra_s = [], (key, seconds), 0, 0.0
 
-    def _probe_step(self, c: _ClassState, ran: int, seconds: float, key: Any, warm: bool) -> None:
-        if ran != c.cur:  # first step of a pair
-            c.pending = None if warm else (key, seconds)  # a warm-up step: the pair starts again
+    def _probe_step(self, c: _ClassState, ran: int, seconds: float, key: Any, warm: bool, transition: bool) -> None:
+        """One step of a probe. A warm-up or transition step is not compared: the probe stays where it is, so the
+        next step runs at the same count, steady."""
+        if ran == c.cur:
+            if not (warm or transition):
+                c.ref = (key, seconds)  # this pair's reference: the next step runs at the other count
             return
-        if c.pending is None:  # the pair's first step was a warm-up (or missing): not compared
+        if c.ref is None:
             return
-        other_key, other_s = c.pending
-        c.pending = None
-        if other_key != key:  # the work changed between the two steps: no comparison
+        ref_key, ref_s = c.ref
+        if key == ref_key:
+            c.extra_s += seconds - ref_s
+        if warm or transition:
+            if transition and not warm and key == ref_key and seconds >= CLEAR_LOSS_RATIO * max(ref_s, 1e-9):
+                # twice as slow is more than threads waking up (~1-2 ms on the VM): a busy machine, cut at once
+                c.probe.append(seconds / max(ref_s, 1e-9))
+                self._end_probe(c, switch=False, lost_s=c.extra_s)
+            return
+        c.ref = None  # the next pair starts with a reference step at the current count
+        if ref_key != key:  # the work changed between the two steps: no comparison
             c.mismatches += 1
             if c.mismatches >= PAIRS:
                 self._end_probe(c, switch=False, retry_soon=True)
             return
-        ratio = other_s / max(seconds, 1e-9)
+        ratio = seconds / max(ref_s, 1e-9)
         c.probe.append(ratio)
         if ratio >= LOSE_RATIO:
-            self._end_probe(c, switch=False, lost_s=other_s - seconds)
+            self._end_probe(c, switch=False, lost_s=c.extra_s)
         elif ratio <= CLEAR_WIN_RATIO:
             self._end_probe(c, switch=True)
-        elif len(c.probe) >= PAIRS:
-            self._end_probe(c, switch=statistics.median(c.probe) <= WIN_RATIO)
+        else:  # the median of PAIRS pairs, decided as soon as a majority of them agree (same verdict, fewer steps)
+            wins = sum(r <= WIN_RATIO for r in c.probe)
+            if wins > PAIRS // 2 or len(c.probe) - wins > PAIRS // 2:
+                self._end_probe(c, switch=wins > PAIRS // 2)
 
     def _end_probe(self, c: _ClassState, switch: bool, retry_soon: bool = False, lost_s: float | None = None) -> None:
-        ratios, c.probe, c.pending = c.probe or [], None, None
+        ratios, c.probe, c.ref = c.probe or [], None, None
         now = self._clock()
         logger.debug("engine core: probe of %d threads (at %d): ratios %s, %s", self.other_of(c), c.cur,
                      [round(r, 2) for r in ratios], "switch" if switch else "keep")
@@ -204,7 +236,7 @@ class ThreadGovernor:
             # A mild loss of the larger count (a front end busy for a moment, e.g. its start-up warm-ups) is
             # retried soon, as long as such probes cost at most PROBE_COST_SHARE of the time; a clear loss (a busy
             # machine) backs off. (At the larger count a machine getting busy shows as a spike: no early retry.)
-            c.interval_s = min(MAX_INTERVAL_S, max(BASE_INTERVAL_S, lost_s / PROBE_COST_SHARE))
+            c.interval_s = min(MAX_INTERVAL_S, max(BASE_INTERVAL_S, round(lost_s / PROBE_COST_SHARE, 3)))
         elif not retry_soon:
             c.interval_s = min(MAX_INTERVAL_S, c.interval_s * 2)
         c.next_probe_at = now + (BASE_INTERVAL_S if retry_soon else c.interval_s)
