@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs device scripts on a multi-GPU machine: one lane per GPU at once (lane i gets CUDA_VISIBLE_DEVICES=i), then
-# the scripts that need all GPUs, one after another. Each lane is a run_queue.sh list; results: $OUT/<lane>.tar.gz.
+# the scripts that need all GPUs, one after another. Each lane is a run_queue.sh list; results: $OUT/<lane>/<name>.tar.gz
+# (written as each script ends, so a call that runs past the device's limit still returns what finished).
 # Usage: bash benchmarks/device/run_lanes.sh "lane0 specs" "lane1 specs" ["all-GPU specs"]      (2 GPUs)
 #        LANES=4 bash benchmarks/device/run_lanes.sh "lane0" "lane1" "lane2" "lane3" ["all-GPU specs"]
 # A spec is name=script[+arg]:secs (see run_queue.sh); an empty string leaves that lane idle. A lane that starts
@@ -8,12 +9,11 @@
 set -uo pipefail
 final=${OUT:?OUT must be set}
 here=$(cd "$(dirname "$0")" && pwd)
-work=$(mktemp -d)
 lanes=${LANES:-2}
 run_lane() {  # lane-name gpus specs
-  mkdir -p "$work/$1"
+  mkdir -p "$final/$1"
   # shellcheck disable=SC2086
-  CUDA_VISIBLE_DEVICES=$2 OUT="$work/$1" bash "$here/run_queue.sh" $3 > "$work/$1.log" 2>&1
+  CUDA_VISIBLE_DEVICES=$2 OUT="$final/$1" bash "$here/run_queue.sh" $3 > "$final/$1/lane.log" 2>&1
 }
 args=("$@")
 all_gpus=$(seq -s, 0 $((lanes - 1)))
@@ -25,9 +25,5 @@ done
 wait
 [ -n "${args[$lanes]:-}" ] && run_lane both "$all_gpus" "${args[$lanes]}"
 for lane in $(for ((i = 0; i < lanes; i++)); do echo "lane$i"; done) both; do
-  [ -d "$work/$lane" ] || continue
-  echo "##### $lane"; grep -E "^(===|rc=)" "$work/$lane.log"
-  (cd "$work/$lane" && for t in *.tar.gz; do [ -f "$t" ] && tar -xzf "$t" && rm "$t"; done)
-  cp "$work/$lane.log" "$work/$lane/"
-  tar -C "$work" -czf "$final/$lane.tar.gz" "$lane"
+  [ -f "$final/$lane/lane.log" ] && { echo "##### $lane"; grep -E "^(===|rc=)" "$final/$lane/lane.log"; }
 done
