@@ -6,14 +6,14 @@ where it waits for the GEMV) and the attention; a kernel boundary per layer cost
 kernel's ramp (issue 9's strict batch-1 key: ~23 us a layer above the weights' streaming time, docs/performance.md
 "FP8 session 11"). Here the GEMV rotates what it computes, so the rotary launch goes.
 
-How: neox rotary pairs output ``c`` of a head with ``c + D/2``; each program owns ``BLOCK_H`` such pairs (rows
-``n1`` and ``n2 = n1 + D/2`` of the e4m3 weight), streams both rows with fp8_gemv.py's W8A8 arithmetic (two
-accumulators, the loop of fp8_silu_gemv), rounds each output to the activation dtype as the GEMV stores it, and
-for the q and k columns applies the rotary kernel's expression (``a * cos - b * sin``, ``b * cos + a * sin`` in fp32,
-then rounded) at the row's position; v columns are stored as computed. Installed per attention whose forward is
-LlamaAttention's code, full neox rotary, an fp8 qkv without bias on the CUDA-core one-row GEMV, after a check
-against the unfused GEMV + rotary on random rows (own and producer quantization, within one bf16 rounding: the
-tile, and so the fp32 summation order, may differ from the tuned GEMV's).
+How: neox rotary pairs output ``c`` of a head with ``c + D/2``; each program's tile holds ``BLOCK_N / 2`` such pairs
+(first half of its rows the ``c`` rows of the e4m3 weight, second half the ``c + D/2`` rows) and runs fp8_gemv.py's
+one-row body on them (fp8_silu_gemv._pair_gemv: the same loads, accumulator and rounding) with the unfused qkv
+GEMV's tuned tile, so every output has that GEMV's bits; then, for the q and k columns, the rotary kernel's
+expressions (``a * cos - b * sin``, ``b * cos + a * sin`` in fp32, rounded) at the row's position; v columns are
+stored as computed. Installed per attention whose forward is LlamaAttention's code, full neox rotary, an fp8 qkv
+without bias on the CUDA-core one-row GEMV, after a check against the unfused GEMV + rotary on random rows (own and
+producer quantization).
 """
 
 from __future__ import annotations
@@ -27,8 +27,7 @@ import triton
 import triton.language as tl
 
 from octavo.env_flags import env_switch
-from octavo.plugins.quant.fp8_gemv import _CACHE_TUNING
-from octavo.plugins.quant.fp8_silu_gemv import _launch, _silu_step
+from octavo.plugins.quant.fp8_silu_gemv import _halves, _launch, _pair_gemv, _tile, _x2d
 
 logger = logging.getLogger(__name__)
 STATE = {"on": env_switch("OCTAVO_FP8_ROPE_GEMV", default=False)}  # installed wrappers read it per call
@@ -36,84 +35,41 @@ STATE = {"on": env_switch("OCTAVO_FP8_ROPE_GEMV", default=False)}  # installed w
 
 @triton.jit
 def _fp8_gemv_rope_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, y_ptr, pos_ptr, cos_ptr, sin_ptr, stride_cos, N, N_ROT, K,
-                          stride_wn, QUANT_X: tl.constexpr, EVEN: tl.constexpr, SOFT_FP8: tl.constexpr,
-                          HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr,
-                          USE_PDL: tl.constexpr = False, PDL_W: tl.constexpr = False, ACC_SPLIT: tl.constexpr = 0):
-    j = tl.program_id(0) * BLOCK_H + tl.arange(0, BLOCK_H)  # rotary pair index over the N / 2 pairs
-    jm = j < N // 2
-    off = j % HALF
-    n1 = (j // HALF) * (2 * HALF) + off
-    n2 = n1 + HALF
-    r1 = w_ptr + n1.to(tl.int64)[:, None] * stride_wn
-    r2 = w_ptr + n2.to(tl.int64)[:, None] * stride_wn
-    ws1 = tl.load(ws_ptr + n1, mask=jm, other=0.0)
-    ws2 = tl.load(ws_ptr + n2, mask=jm, other=0.0)
-    if PDL_W and EVEN:
-        w10 = tl.load(r1 + tl.arange(0, BLOCK_K)[None, :])
-        w20 = tl.load(r2 + tl.arange(0, BLOCK_K)[None, :])
-    if USE_PDL:
-        tl.extra.cuda.gdc_wait()
-        if PDL_W:
-            tl.extra.cuda.gdc_launch_dependents()
-    s_x = 1.0
-    if QUANT_X:  # the row's per-token scale (fp8_gemv.py)
-        amax = tl.zeros([BLOCK_K], dtype=tl.float32)
-        for k in range(0, K, BLOCK_K):
-            kk = k + tl.arange(0, BLOCK_K)
-            amax = tl.maximum(amax, tl.abs(tl.load(x_ptr + kk, mask=kk < K, other=0.0).to(tl.float32)))
-        s_x = tl.maximum(tl.math.div_rn(tl.max(amax, axis=0), 448.0), 1e-12)
-    else:
-        s_x = tl.load(xs_ptr)
-    if ACC_SPLIT > 0:
-        acc1 = tl.zeros([BLOCK_H, BLOCK_K // ACC_SPLIT], dtype=tl.float32)
-        acc2 = tl.zeros([BLOCK_H, BLOCK_K // ACC_SPLIT], dtype=tl.float32)
-    else:
-        acc1 = tl.zeros([BLOCK_H, BLOCK_K], dtype=tl.float32)
-        acc2 = tl.zeros([BLOCK_H, BLOCK_K], dtype=tl.float32)
-    k0 = 0
-    if PDL_W and EVEN:
-        acc1, acc2 = _silu_step(acc1, acc2, w10, w20, x_ptr, tl.arange(0, BLOCK_K), s_x, K, QUANT_X, EVEN,
-                                SOFT_FP8, ACC_SPLIT, BLOCK_H, BLOCK_K)
-        k0 = BLOCK_K
-    for k in range(k0, K, BLOCK_K):
-        kk = k + tl.arange(0, BLOCK_K)
-        if EVEN:
-            w1 = tl.load(r1 + kk[None, :])
-            w2 = tl.load(r2 + kk[None, :])
-        else:
-            m = jm[:, None] & (kk[None, :] < K)
-            w1 = tl.load(r1 + kk[None, :], mask=m, other=0.0)
-            w2 = tl.load(r2 + kk[None, :], mask=m, other=0.0)
-        acc1, acc2 = _silu_step(acc1, acc2, w1, w2, x_ptr, kk, s_x, K, QUANT_X, EVEN, SOFT_FP8, ACC_SPLIT,
-                                BLOCK_H, BLOCK_K)
-    elt = y_ptr.dtype.element_ty
-    a = (tl.sum(acc1, 1) * s_x * ws1).to(elt).to(tl.float32)  # what the GEMV would store
-    b = (tl.sum(acc2, 1) * s_x * ws2).to(elt).to(tl.float32)
+                          stride_wn, QUANT_X: tl.constexpr, PRE_Q: tl.constexpr, EVEN: tl.constexpr,
+                          SOFT_FP8: tl.constexpr, HALF: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                          USE_PDL: tl.constexpr = False, PDL_W: tl.constexpr = False, ACC_SPLIT: tl.constexpr = 0,
+                          X2D: tl.constexpr = False):
+    """Program ``p`` owns the rotary pairs ``[p * BLOCK_N / 2, (p + 1) * BLOCK_N / 2)``: its tile's first half of rows
+    are their columns ``c``, the second half ``c + D/2`` (one accumulator over both: with the qkv GEMV's tile every
+    output has that GEMV's bits), then the rotary kernel's expressions."""
+    r = tl.arange(0, BLOCK_N)
+    j = tl.program_id(0) * (BLOCK_N // 2) + (r % (BLOCK_N // 2))  # pair index over the N / 2 pairs
+    n = (j // HALF) * (2 * HALF) + (j % HALF) + tl.where(r >= BLOCK_N // 2, HALF, 0)
+    a, b = _halves(_pair_gemv(x_ptr, xs_ptr, w_ptr, ws_ptr, y_ptr, n, j < N // 2, K, stride_wn, QUANT_X, PRE_Q,
+                              EVEN, SOFT_FP8, BLOCK_N, BLOCK_K, USE_PDL, PDL_W, ACC_SPLIT, X2D), BLOCK_N)
+    jj = tl.program_id(0) * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
+    jm = jj < N // 2
+    off = jj % HALF
+    n1 = (jj // HALF) * (2 * HALF) + off
     rot = jm & (n1 < N_ROT)
     pos = tl.load(pos_ptr).to(tl.int64)
     cos = tl.load(cos_ptr + pos * stride_cos + off, mask=rot, other=0.0)
     sin = tl.load(sin_ptr + pos * stride_cos + off, mask=rot, other=0.0)
     o1 = tl.where(rot, a * cos - b * sin, a)  # the rotary kernel's expressions (cuda_fusions._rope_kernel)
     o2 = tl.where(rot, b * cos + a * sin, b)
+    elt = y_ptr.dtype.element_ty
     tl.store(y_ptr + n1, o1.to(elt), mask=jm)
-    tl.store(y_ptr + n2, o2.to(elt), mask=jm)
-
-
-# (pairs a program, BLOCK_K, num_warps, num_stages) the compiled kernel is tuned over (with the call's flags)
-_CONFIGS = ((8, 512, 4, 3), (4, 1024, 4, 3), (8, 1024, 4, 3), (16, 512, 4, 3), (4, 512, 4, 3))
-_tuned = triton.autotune(
-    configs=[triton.Config({"BLOCK_H": bh, "BLOCK_K": bk}, num_warps=w, num_stages=st) for bh, bk, w, st in _CONFIGS],
-    key=["N", "N_ROT", "K", "QUANT_X", "EVEN", "HALF", "USE_PDL", "PDL_W", "ACC_SPLIT"],
-    **_CACHE_TUNING)(_fp8_gemv_rope_kernel)
+    tl.store(y_ptr + n1 + HALF, o2.to(elt), mask=jm)
 
 
 def fp8_gemv_rope(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, positions: torch.Tensor,
                   cos: torch.Tensor, sin: torch.Tensor, head: int, rot_cols: int, x_scale: torch.Tensor | None = None,
-                  out_dtype: torch.dtype = torch.bfloat16, config: tuple[int, int, int] | None = None, *,
-                  pdl: bool = False, pdl_w: bool = False, acc_split: int = 0) -> torch.Tensor:
+                  out_dtype: torch.dtype = torch.bfloat16, config: tuple[int, ...] | None = None, *,
+                  pdl: bool = False, pdl_w: bool = False, acc_split: int | None = None) -> torch.Tensor:
     """``x [1, K]`` (bf16, or e4m3 with ``x_scale``) times the e4m3 ``weight [N, K]`` (per-row ``weight_scale``),
     the first ``rot_cols`` outputs rotated (neox, heads of ``head``) at ``positions[0]`` with ``cos`` / ``sin``
-    ``[max_pos, head / 2]``; ``[1, N]``. ``config = (pairs a program, BLOCK_K, num_warps)``."""
+    ``[max_pos, head / 2]``; ``[1, N]``. ``config = (BLOCK_N, BLOCK_K, num_warps[, num_stages])``; None: the
+    unfused GEMV's tuned tile for this weight (so the same bits as the GEMV + the rotary kernel)."""
     n, k = weight.shape
     if x.shape != (1, k) or weight.stride(1) != 1 or n % head or head % 2 or rot_cols % head:
         raise ValueError(f"fp8_gemv_rope: x {tuple(x.shape)}, weight {tuple(weight.shape)}, head {head}, "
@@ -122,6 +78,10 @@ def fp8_gemv_rope(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Ten
         raise ValueError("fp8_gemv_rope: an e4m3 x comes with its x_scale, a 16-bit x without")
     if cos.shape[-1] != head // 2 or cos.stride(-1) != 1 or sin.stride() != cos.stride():
         raise ValueError(f"fp8_gemv_rope: cos/sin {tuple(cos.shape)} must be [positions, {head // 2}], row-major")
+    if acc_split is None:  # the unfused GEMV's (fp8_gemv.ACC_SPLIT)
+        from octavo.plugins.quant import fp8_gemv as _g
+
+        acc_split = _g.ACC_SPLIT
     if acc_split not in (0, 8, 16):
         raise ValueError(f"fp8_gemv_rope: acc_split={acc_split}: 0, 8 or 16")
     x = x.contiguous()
@@ -130,20 +90,24 @@ def fp8_gemv_rope(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Ten
     soft = os.environ.get("TRITON_INTERPRET") == "1"
     if pdl and soft:
         raise ValueError("fp8_gemv_rope: pdl is for the compiled kernel (interpreter)")
-    args = (x, x_scale.reshape(-1) if x_scale is not None else ws, weight, ws, y, positions, cos, sin, cos.stride(0),
-            n, rot_cols, k, weight.stride(0))
-    launch = {"launch_pdl": True} if pdl else {}
-    if soft or config is not None:
-        bh, bk, warps = (4, 64, 4) if soft else config
-        even = not soft and k % bk == 0 and (n // 2) % bh == 0
-        _fp8_gemv_rope_kernel[(triton.cdiv(n // 2, bh),)](
-            *args, QUANT_X=x_scale is None, EVEN=even, SOFT_FP8=soft, HALF=head // 2, BLOCK_H=bh, BLOCK_K=bk,
-            num_warps=warps, USE_PDL=pdl, PDL_W=pdl and pdl_w and even, ACC_SPLIT=acc_split, **launch)
-        return y
-    even = k % 1024 == 0 and (n // 2) % 16 == 0  # every tile of _CONFIGS divides
-    _tuned[lambda meta: (triton.cdiv(n // 2, meta["BLOCK_H"]),)](
-        *args, QUANT_X=x_scale is None, EVEN=even, SOFT_FP8=False, HALF=head // 2, USE_PDL=pdl,
-        PDL_W=pdl and pdl_w and even, ACC_SPLIT=acc_split, **launch)
+    if soft:
+        config = config or (16, 64, 4)
+    elif config is None:
+        from octavo.plugins.quant.fp8_gemv import fp8_gemv
+
+        launch = dict(pdl=pdl, pdl_w=pdl_w, acc_split=acc_split)
+        config = _tile(weight, x, x_scale, n // 2, launch, lambda: fp8_gemv(x, weight, weight_scale, x_scale=x_scale,
+                                                                             out_dtype=out_dtype, **launch))
+    bn, bk, warps, *stages = config
+    if bn % 2:
+        raise ValueError(f"fp8_gemv_rope: BLOCK_N {bn} must be even (pairs)")
+    even = not soft and k % bk == 0 and (n // 2) % (bn // 2) == 0
+    _fp8_gemv_rope_kernel[(triton.cdiv(n // 2, bn // 2),)](
+        x, x_scale.reshape(-1) if x_scale is not None else ws, weight, ws, y, positions, cos, sin, cos.stride(0),
+        n, rot_cols, k, weight.stride(0), QUANT_X=x_scale is None, PRE_Q=x_scale is not None, EVEN=even,
+        SOFT_FP8=soft, HALF=head // 2, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps,
+        **({"num_stages": stages[0]} if stages else {}), USE_PDL=pdl, PDL_W=pdl and pdl_w and even,
+        ACC_SPLIT=acc_split, X2D=x_scale is not None and _x2d(), **({"launch_pdl": True} if pdl else {}))
     return y
 
 

@@ -7,13 +7,12 @@ Why: at one row an fp8 Llama MLP is the gate_up GEMV, a separate SiLU-and-mul ke
 docs/performance.md "FP8 session 5") and the down GEMV; fusing the middle kernel into the first removes one launch
 per layer (H100, session 6 batch 1: 44.1 us a call vs 43.5 for the gate_up GEMV + 2.1 for SiLU-and-mul).
 
-How: each program owns ``BLOCK_N`` outputs ``n`` of ``[1, I]`` and streams both rows ``n`` (gate) and ``I + n``
-(up) of the merged e4m3 weight, against the row's e4m3 activations (quantized here, or by the norm before it:
-``_octavo_fp8``), with fp8_gemv.py's W8A8 arithmetic; then rounds like the unfused path (each GEMV output to
-bf16, SiLU to bf16, the product to bf16) and stores ``silu(gate) * up``. Installed per MLP whose forward is
-LlamaMLP's ``down_proj(act_fn(gate_up_proj(x)))`` (cuda_mlp_fusion's test) with an fp8 gate_up on the
-CUDA-core one-row GEMV, after a check against the unfused path on random rows (own and producer quantization,
-to one bf16 rounding: the tile, and so the fp32 summation order, may differ from the tuned GEMV's).
+How: each program owns ``BLOCK_N / 2`` outputs ``n`` of ``[1, I]``; its tile's rows are their gate rows ``n`` and
+up rows ``I + n`` of the merged e4m3 weight, run through fp8_gemv.py's one-row body (``_pair_gemv``: the same loads,
+accumulator, PDL and rounding) with the unfused gate_up GEMV's tuned tile (session 11), so every gate / up value
+has that GEMV's bits; then SiLU and the product rounded as the SiLU-and-mul kernel rounds. Installed per MLP whose
+forward is LlamaMLP's ``down_proj(act_fn(gate_up_proj(x)))`` (cuda_mlp_fusion's test) with an fp8 gate_up on the
+CUDA-core one-row GEMV, after a check against the unfused path on random rows (own and producer quantization).
 """
 
 from __future__ import annotations
@@ -27,7 +26,7 @@ import triton
 import triton.language as tl
 
 from octavo.env_flags import env_switch
-from octavo.plugins.quant.fp8_gemv import _CACHE_TUNING, _quant_e4m3
+from octavo.plugins.quant.fp8_gemv import _gemv_step
 
 logger = logging.getLogger(__name__)
 STATE = {"on": env_switch("OCTAVO_FP8_SILU_GEMV", default=False)}  # installed wrappers read it per call
@@ -38,101 +37,120 @@ def _on() -> bool:
 
 
 @triton.jit
-def _silu_step(acc_g, acc_u, wg, wu, x_ptr, kk, s_x, K, QUANT_X: tl.constexpr, EVEN: tl.constexpr,
-               SOFT_FP8: tl.constexpr, ACC_SPLIT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """One weight block of both rows into the accumulators (fp8_gemv's ``_gemv_step``, two rows)."""
-    if EVEN:
-        x = tl.load(x_ptr + kk).to(tl.float32)
-    else:
-        x = tl.load(x_ptr + kk, mask=kk < K, other=0.0).to(tl.float32)
-    if QUANT_X:
-        x = _quant_e4m3(x, s_x, SOFT_FP8)
-    if ACC_SPLIT > 0:  # fp8_gemv's split accumulator: each thread's run of ACC_SPLIT products summed at once
-        acc_g += tl.sum(tl.reshape(wg.to(tl.float32) * x[None, :], [BLOCK_N, BLOCK_K // ACC_SPLIT, ACC_SPLIT]), 2)
-        acc_u += tl.sum(tl.reshape(wu.to(tl.float32) * x[None, :], [BLOCK_N, BLOCK_K // ACC_SPLIT, ACC_SPLIT]), 2)
-    else:
-        acc_g += wg.to(tl.float32) * x[None, :]
-        acc_u += wu.to(tl.float32) * x[None, :]
-    return acc_g, acc_u
-
-
-@triton.jit
-def _fp8_gemv_silu_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, y_ptr, N_OUT, K, stride_wn, QUANT_X: tl.constexpr,
-                          EVEN: tl.constexpr, SOFT_FP8: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                          USE_PDL: tl.constexpr = False, PDL_W: tl.constexpr = False, ACC_SPLIT: tl.constexpr = 0):
-    """``USE_PDL`` / ``PDL_W`` / ``ACC_SPLIT`` as fp8_gemv's one-row kernel (session 11): launched as a programmatic
-    dependent launch, the first weight block of both rows read before ``gdc_wait``, the split accumulator."""
-    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    nm = n < N_OUT
-    g_rows = w_ptr + n.to(tl.int64)[:, None] * stride_wn
-    u_rows = w_ptr + (n + N_OUT).to(tl.int64)[:, None] * stride_wn
-    ws_g = tl.load(ws_ptr + n, mask=nm, other=0.0)
-    ws_u = tl.load(ws_ptr + N_OUT + n, mask=nm, other=0.0)
+def _pair_gemv(x_ptr, xs_ptr, w_ptr, ws_ptr, y_ptr, n, nm, K, stride_wn, QUANT_X: tl.constexpr,
+               PRE_Q: tl.constexpr, EVEN: tl.constexpr, SOFT_FP8: tl.constexpr, BLOCK_N: tl.constexpr,
+               BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr, PDL_W: tl.constexpr, ACC_SPLIT: tl.constexpr,
+               X2D: tl.constexpr):
+    """fp8_gemv's one-row kernel body for the ``BLOCK_N`` weight rows ``n`` (any rows, e.g. a gate row and its up
+    row): the same loads, ``_gemv_step``, accumulator and rounding, so each output has the GEMV's bits when the tile
+    is the GEMV's. Returns the outputs rounded to ``y_ptr``'s dtype, as fp32 ``[BLOCK_N]``."""
+    rows = w_ptr + n.to(tl.int64)[:, None] * stride_wn
+    ws = tl.load(ws_ptr + n, mask=nm, other=0.0)
     if PDL_W and EVEN:
-        wg0 = tl.load(g_rows + tl.arange(0, BLOCK_K)[None, :])
-        wu0 = tl.load(u_rows + tl.arange(0, BLOCK_K)[None, :])
+        w_first = tl.load(rows + tl.arange(0, BLOCK_K)[None, :])
     if USE_PDL:
         tl.extra.cuda.gdc_wait()
         if PDL_W:
             tl.extra.cuda.gdc_launch_dependents()
     s_x = 1.0
+    if PRE_Q:
+        s_x = tl.load(xs_ptr)
     if QUANT_X:  # the row's per-token scale (fp8_gemv.py)
         amax = tl.zeros([BLOCK_K], dtype=tl.float32)
         for k in range(0, K, BLOCK_K):
             kk = k + tl.arange(0, BLOCK_K)
-            amax = tl.maximum(amax, tl.abs(tl.load(x_ptr + kk, mask=kk < K, other=0.0).to(tl.float32)))
+            v = tl.load(x_ptr + kk, mask=kk < K, other=0.0).to(tl.float32)
+            amax = tl.maximum(amax, tl.abs(v))
         s_x = tl.maximum(tl.math.div_rn(tl.max(amax, axis=0), 448.0), 1e-12)
-    else:
-        s_x = tl.load(xs_ptr)
     if ACC_SPLIT > 0:
-        acc_g = tl.zeros([BLOCK_N, BLOCK_K // ACC_SPLIT], dtype=tl.float32)
-        acc_u = tl.zeros([BLOCK_N, BLOCK_K // ACC_SPLIT], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_N, BLOCK_K // ACC_SPLIT], dtype=tl.float32)
     else:
-        acc_g = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-        acc_u = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     k0 = 0
     if PDL_W and EVEN:
-        acc_g, acc_u = _silu_step(acc_g, acc_u, wg0, wu0, x_ptr, tl.arange(0, BLOCK_K), s_x, K, QUANT_X, EVEN,
-                                  SOFT_FP8, ACC_SPLIT, BLOCK_N, BLOCK_K)
+        acc = _gemv_step(acc, w_first, x_ptr, tl.arange(0, BLOCK_K), s_x, K, QUANT_X, PRE_Q, EVEN, SOFT_FP8, X2D,
+                         False, ACC_SPLIT, BLOCK_N, BLOCK_K)
         k0 = BLOCK_K
     for k in range(k0, K, BLOCK_K):
         kk = k + tl.arange(0, BLOCK_K)
         if EVEN:
-            wg = tl.load(g_rows + kk[None, :])
-            wu = tl.load(u_rows + kk[None, :])
+            w = tl.load(rows + kk[None, :])
         else:
-            m = nm[:, None] & (kk[None, :] < K)
-            wg = tl.load(g_rows + kk[None, :], mask=m, other=0.0)
-            wu = tl.load(u_rows + kk[None, :], mask=m, other=0.0)
-        acc_g, acc_u = _silu_step(acc_g, acc_u, wg, wu, x_ptr, kk, s_x, K, QUANT_X, EVEN, SOFT_FP8, ACC_SPLIT,
-                                  BLOCK_N, BLOCK_K)
+            w = tl.load(rows + kk[None, :], mask=nm[:, None] & (kk[None, :] < K), other=0.0)
+        acc = _gemv_step(acc, w, x_ptr, kk, s_x, K, QUANT_X, PRE_Q, EVEN, SOFT_FP8, X2D, False, ACC_SPLIT,
+                         BLOCK_N, BLOCK_K)
+    return (tl.sum(acc, 1) * s_x * ws).to(y_ptr.dtype.element_ty).to(tl.float32)
+
+
+@triton.jit
+def _halves(y, BLOCK_N: tl.constexpr):
+    """``y [BLOCK_N]`` -> its first and second halves (``[BLOCK_N // 2]`` each)."""
+    return tl.split(tl.trans(tl.reshape(y, [2, BLOCK_N // 2])))
+
+
+@triton.jit
+def _fp8_gemv_silu_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, y_ptr, N_OUT, K, stride_wn, QUANT_X: tl.constexpr,
+                          EVEN: tl.constexpr, SOFT_FP8: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                          USE_PDL: tl.constexpr = False, PDL_W: tl.constexpr = False, ACC_SPLIT: tl.constexpr = 0,
+                          X2D: tl.constexpr = False, PRE_Q: tl.constexpr = False):
+    """Program ``p`` owns outputs ``[p * BLOCK_N / 2, (p + 1) * BLOCK_N / 2)``: its tile's first half of rows are
+    their gate rows, the second half their up rows (session 11: one accumulator over both, so with the gate_up
+    GEMV's tile every gate / up value has that GEMV's bits); PDL and the split accumulator as fp8_gemv."""
+    r = tl.arange(0, BLOCK_N)
+    i = tl.program_id(0) * (BLOCK_N // 2) + (r % (BLOCK_N // 2))
+    n = i + tl.where(r >= BLOCK_N // 2, N_OUT, 0)
+    g, u = _halves(_pair_gemv(x_ptr, xs_ptr, w_ptr, ws_ptr, y_ptr, n, i < N_OUT, K, stride_wn, QUANT_X,
+                              PRE_Q, EVEN, SOFT_FP8, BLOCK_N, BLOCK_K, USE_PDL, PDL_W, ACC_SPLIT, X2D), BLOCK_N)
     elt = y_ptr.dtype.element_ty
-    g = (tl.sum(acc_g, 1) * s_x * ws_g).to(elt).to(tl.float32)  # what the GEMV would store
-    u = (tl.sum(acc_u, 1) * s_x * ws_u).to(elt).to(tl.float32)
     s = (g / (1.0 + tl.exp(-g))).to(elt).to(tl.float32)  # as the SiLU-and-mul kernel rounds
-    tl.store(y_ptr + n, (s * u).to(elt), mask=nm)
+    o = tl.program_id(0) * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
+    tl.store(y_ptr + o, (s * u).to(elt), mask=o < N_OUT)
 
 
-# (BLOCK_N, BLOCK_K, num_warps, num_stages) the compiled kernel is tuned over (session 11; (8, 1024, 4) was the
-# fixed tile before); timed with the call's own flags (PDL, split accumulator), cached as fp8_gemv's
-_CONFIGS = ((8, 1024, 4, 3), (4, 1024, 4, 3), (16, 512, 4, 3), (8, 512, 4, 3), (16, 1024, 8, 3))
-_tuned = triton.autotune(
-    configs=[triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=st) for bn, bk, w, st in _CONFIGS],
-    key=["N_OUT", "K", "QUANT_X", "EVEN", "USE_PDL", "PDL_W", "ACC_SPLIT"], **_CACHE_TUNING)(_fp8_gemv_silu_kernel)
+def gemv_tile(n: int, k: int, pre: bool, acc_split: int) -> tuple[int, int, int, int] | None:
+    """The one-row GEMV's tuned tile ``(BLOCK_N, BLOCK_K, num_warps, num_stages)`` for an ``[n, k]`` weight and input
+    kind, if its autotuner has one (a fused kernel with that tile gives the GEMV's bits)."""
+    from octavo.plugins.quant import fp8_gemv
+
+    tuner = fp8_gemv._fp8_gemv_tuned_split if acc_split else fp8_gemv._fp8_gemv_tuned
+    for key, cfg in tuner.cache.items():
+        if key[0] == n and key[1] == k and bool(key[3]) == pre and bool(key[2]) != pre:
+            kw = cfg.all_kwargs()
+            return kw["BLOCK_N"], kw["BLOCK_K"], kw["num_warps"], kw["num_stages"]
+    return None
+
+
+def _tile(weight, x, x_scale, fused_rows: int, launch: dict, ref) -> tuple[int, int, int, int]:
+    """The tile for a fused one-row call: the unfused GEMV's tuned tile for this weight (tuned here first by one
+    unfused call if it has none), so the fused kernel sums every output in the GEMV's order."""
+    n, k = weight.shape
+    pre = x_scale is not None
+    tile = gemv_tile(n, k, pre, launch.get("acc_split", 0))
+    if tile is None:
+        ref()
+        tile = gemv_tile(n, k, pre, launch.get("acc_split", 0))
+    if tile is None or tile[0] % 2 or fused_rows % (tile[0] // 2):
+        raise ValueError(f"fp8 fused GEMV: no usable tuned tile for {tuple(weight.shape)} ({tile})")
+    return tile
 
 
 def fp8_gemv_silu(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
                   x_scale: torch.Tensor | None = None, out_dtype: torch.dtype = torch.bfloat16,
-                  config: tuple[int, int, int] | None = None, *, pdl: bool = False, pdl_w: bool = False,
-                  acc_split: int = 0) -> torch.Tensor:
+                  config: tuple[int, ...] | None = None, *, pdl: bool = False, pdl_w: bool = False,
+                  acc_split: int | None = None) -> torch.Tensor:
     """``silu(g) * u`` of the fp8 GEMV ``[g | u] = x @ W.T`` for one row ``x [1, K]`` (bf16, or e4m3 with
     ``x_scale``) and a merged gate/up e4m3 ``W [2I, K]`` with per-row ``weight_scale``; ``[1, I]``.
+    ``config = (BLOCK_N, BLOCK_K, num_warps[, num_stages])``; None: the unfused GEMV's tuned tile (its bits).
     ``pdl`` / ``pdl_w`` / ``acc_split``: as ``fp8_gemv`` (compiled kernel only; the interpreter refuses PDL)."""
     two_i, k = weight.shape
     if x.shape != (1, k) or two_i % 2 or weight.stride(1) != 1:
         raise ValueError(f"fp8_gemv_silu: x {tuple(x.shape)}, weight {tuple(weight.shape)}: one row, [2I, K] row-major")
     if (x_scale is not None) != (x.dtype == torch.float8_e4m3fn):
         raise ValueError("fp8_gemv_silu: an e4m3 x comes with its x_scale, a 16-bit x without")
+    if acc_split is None:  # the unfused GEMV's (fp8_gemv.ACC_SPLIT)
+        from octavo.plugins.quant import fp8_gemv as _g
+
+        acc_split = _g.ACC_SPLIT
     if acc_split not in (0, 8, 16):
         raise ValueError(f"fp8_gemv_silu: acc_split={acc_split}: 0, 8 or 16")
     i = two_i // 2
@@ -142,20 +160,28 @@ def fp8_gemv_silu(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Ten
     soft = os.environ.get("TRITON_INTERPRET") == "1"
     if pdl and soft:
         raise ValueError("fp8_gemv_silu: pdl is for the compiled kernel (interpreter)")
-    args = (x, x_scale.reshape(-1) if x_scale is not None else ws, weight, ws, y, i, k, weight.stride(0))
-    launch = {"launch_pdl": True} if pdl else {}
-    if soft or config is not None:
-        bn, bk, warps = (16, 64, 4) if soft else config
-        even = not soft and k % bk == 0 and i % bn == 0
-        _fp8_gemv_silu_kernel[(triton.cdiv(i, bn),)](
-            *args, QUANT_X=x_scale is None, EVEN=even, SOFT_FP8=soft, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps,
-            USE_PDL=pdl, PDL_W=pdl and pdl_w and even, ACC_SPLIT=acc_split, **launch)
-        return y
-    even = k % 1024 == 0 and i % 16 == 0  # every tile of _CONFIGS divides
-    _tuned[lambda meta: (triton.cdiv(i, meta["BLOCK_N"]),)](
-        *args, QUANT_X=x_scale is None, EVEN=even, SOFT_FP8=False, USE_PDL=pdl, PDL_W=pdl and pdl_w and even,
-        ACC_SPLIT=acc_split, **launch)
+    if soft:
+        config = config or (16, 64, 4)
+    elif config is None:
+        from octavo.plugins.quant.fp8_gemv import fp8_gemv
+
+        launch = dict(pdl=pdl, pdl_w=pdl_w, acc_split=acc_split)
+        config = _tile(weight, x, x_scale, i, launch, lambda: fp8_gemv(x, weight, weight_scale, x_scale=x_scale,
+                                                                        out_dtype=out_dtype, **launch))
+    bn, bk, warps, *stages = config
+    even = not soft and k % bk == 0 and i % (bn // 2) == 0
+    _fp8_gemv_silu_kernel[(triton.cdiv(i, bn // 2),)](
+        x, x_scale.reshape(-1) if x_scale is not None else ws, weight, ws, y, i, k, weight.stride(0),
+        QUANT_X=x_scale is None, PRE_Q=x_scale is not None, EVEN=even, SOFT_FP8=soft, BLOCK_N=bn, BLOCK_K=bk,
+        num_warps=warps, **({"num_stages": stages[0]} if stages else {}), USE_PDL=pdl, PDL_W=pdl and pdl_w and even,
+        ACC_SPLIT=acc_split, X2D=x_scale is not None and _x2d(), **({"launch_pdl": True} if pdl else {}))
     return y
+
+
+def _x2d() -> bool:
+    from octavo.plugins.quant import fp8_gemv
+
+    return fp8_gemv.X2D
 
 
 def _launch(gu, device) -> dict:
@@ -165,9 +191,8 @@ def _launch(gu, device) -> dict:
     from octavo.plugins.quant.fp8_prefetch import gemv_launch
 
     launch = gemv_launch(gu.quant_method, device)
-    soft = os.environ.get("TRITON_INTERPRET") == "1"
     return {"pdl": bool(launch.get("pdl")), "pdl_w": bool(launch.get("pdl_w")),
-            "acc_split": 0 if soft else fp8_gemv.ACC_SPLIT}
+            "acc_split": fp8_gemv.ACC_SPLIT}  # the unfused GEMV's (the interpreter's too): the same sums
 
 
 def _fusable(module) -> bool:

@@ -5,7 +5,7 @@ then the rotary embedding's torch arithmetic on the rounded outputs), on its own
 e4m3 input, at several positions and head layouts; an attention with LlamaAttention's forward gets wrapped (after
 the load-time check) and hands attention the fused kernel's q, k, v at one row, the unfused ones at more rows or when
 switched off; another forward is left alone. GPU-marked: the 8B qkv shape, compiled, against the fp8 GEMV +
-the platform's rotary kernel (within one bf16 rounding: another tile), PDL on/off bit for bit, and in a CUDA graph.
+the platform's rotary kernel (bit for bit with the GEMV's tuned tile), PDL on/off bit for bit, and in a CUDA graph.
 """
 
 from __future__ import annotations
@@ -45,15 +45,14 @@ for hq, hk, d, k in [(4, 2, 16, 64), (2, 1, 32, 96), (8, 2, 8, 128)]:
     for p in (0, 5, 4000):
         pos = torch.tensor([p])
         args = (w, ws, pos, rope.cos_cache, rope.sin_cache, d, (hq + hk) * d)
+        # the GEMV's tile and accumulator: its bits (position 0 rotates by nothing); then the same rotation, whose
+        # rounding to bf16 the interpreter truncates (torch rounds): within that elsewhere
+        same = torch.equal if p == 0 else close
         got = fr.fp8_gemv_rope(x, *args)
-        assert close(got, unfused(fp8_gemv(x, w, ws), rope, pos, hq, hk, d)), (hq, hk, d, k, p)
+        assert same(got, unfused(fp8_gemv(x, w, ws), rope, pos, hq, hk, d)), (hq, hk, d, k, p)
         pre = fr.fp8_gemv_rope(xq, *args, x_scale=xs)
-        assert close(pre, unfused(fp8_gemv(xq, w, ws, x_scale=xs), rope, pos, hq, hk, d)), (hq, hk, d, p, "pre")
+        assert same(pre, unfused(fp8_gemv(xq, w, ws, x_scale=xs), rope, pos, hq, hk, d)), (hq, hk, d, p)
         assert torch.equal(got, pre), (hq, hk, d, p, "producer quantization = own")
-        v0 = (hq + hk) * d  # v columns: the GEMV's outputs as they are
-        assert torch.equal(got[:, v0:], fp8_gemv(x, w, ws)[:, v0:]) or close(got[:, v0:], fp8_gemv(x, w, ws)[:, v0:])
-        assert torch.equal(got, fr.fp8_gemv_rope(x, *args, acc_split=16)) or close(
-            got, fr.fp8_gemv_rope(x, *args, acc_split=16)), "split accumulator"
 for bad in (lambda: fr.fp8_gemv_rope(torch.zeros(2, k).bfloat16(), *args),
             lambda: fr.fp8_gemv_rope(xq, *args),
             lambda: fr.fp8_gemv_rope(x, *args, pdl=True)):
@@ -109,7 +108,8 @@ one = att(pos, x[:1], None)
 qkv = att.qkv_proj
 assert torch.equal(one, fr.fp8_gemv_rope(x[:1], qkv.weight, qkv.weight_scale, pos, att.rotary_emb.cos_cache,
                                          att.rotary_emb.sin_cache, 16, 6 * 16)), "one row: the fused kernel"
-assert close(one, plain(pos, x[:1], None)), "one row: the unfused forward within a rounding"
+assert close(one, plain(pos, x[:1], None)), "one row: the unfused forward (interpreter: truncating casts)"
+assert torch.equal(att(torch.tensor([0]), x[:1], None), plain(torch.tensor([0]), x[:1], None)), "position 0: bits"
 x1 = x[:1].clone()
 x1._octavo_fp8 = quantize_per_token_torch(x1)  # as the quantizing norm hands it over
 assert torch.equal(att(pos, x1, None), one)
@@ -153,20 +153,21 @@ def test_fp8_gemv_rope_on_cuda_pdl_and_graph():
     pos = torch.tensor([777], device="cuda")
     args = (w, ws, pos, rope.cos_cache, rope.sin_cache, d, (hq + hk) * d)
     with torch.inference_mode():
-        for split, cfg in ((0, (8, 512, 4)), (fg.ACC_SPLIT, (4, 1024, 4)), (fg.ACC_SPLIT, None)):
+        for split, cfg in ((0, (16, 512, 4)), (fg.ACC_SPLIT, (8, 1024, 4)), (fg.ACC_SPLIT, None), (0, None)):
             got = fp8_gemv_rope(xq, *args, x_scale=xs, acc_split=split, config=cfg)
-            if cfg is not None:  # (the tuned tile is keyed on the PDL flags: PDL on/off bits with a fixed tile)
-                assert torch.equal(got, fp8_gemv_rope(xq, *args, x_scale=xs, acc_split=split, pdl=True, pdl_w=True,
-                                                      config=cfg))
-            y = fp8_gemv(xq, w, ws, x_scale=xs, out_dtype=torch.bfloat16)
+            assert torch.equal(got, fp8_gemv_rope(xq, *args, x_scale=xs, acc_split=split, pdl=True, pdl_w=True,
+                                                  config=cfg)), "PDL moves only the wait"
+            y = fp8_gemv(xq, w, ws, x_scale=xs, out_dtype=torch.bfloat16, acc_split=split)
             q, kk = rotary(rope, pos, y[:, :hq * d], y[:, hq * d:(hq + hk) * d])
             want = torch.cat([q, kk, y[:, (hq + hk) * d:]], -1).float()
-            diff = (got.float() - want).abs()  # another tile sums in another order: an output a bf16 step apart
-            assert bool((diff <= 2.0**-6 * want.abs() + 1e-6).all()), float(diff.max())
-            assert float((diff > 0).float().mean()) < 0.05
+            diff = (got.float() - want).abs()
+            if cfg is None:  # the GEMV's own tuned tile: its bits, then the rotary kernel's
+                assert torch.equal(got.float(), want), float(diff.max())
+            else:  # another tile sums in another order: an output a bf16 step apart
+                assert bool((diff <= 2.0**-6 * want.abs() + 1e-6).all()), float(diff.max())
         src, buf = [torch.randn(1, k, device="cuda", dtype=torch.bfloat16) for _ in range(3)], x.clone()
         g = torch.cuda.CUDAGraph()
-        kw = dict(acc_split=fg.ACC_SPLIT, config=(8, 512, 4))
+        kw = dict(acc_split=fg.ACC_SPLIT, config=(16, 512, 4))
         fp8_gemv_rope(buf, *args, pdl=True, pdl_w=True, **kw)  # compile outside the capture
         torch.cuda.synchronize()
         with torch.cuda.graph(g):
