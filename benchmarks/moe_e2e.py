@@ -133,6 +133,13 @@ def measure_bs1(args, shape, layers, cfg, llm, load_s) -> dict:
         res["graph_forward_ms"] = (time.perf_counter() - t) / 30 * 1e3
         res["graph_forward_fraction_of_roofline"] = roof * 1e3 / res["graph_forward_ms"]
         res["host_gap_ms_per_token"] = res["decode_ms_per_token"] - res["graph_forward_ms"]
+    if args.host_diag:  # where the step goes outside the graph: CUPTI trace + cProfile (moe_host.py)
+        from moe_host import host_diag
+
+        print(json.dumps(res, default=str), flush=True)  # the measurement first: the first JSON line is the key
+        res["host_diag"] = host_diag(llm, prompt)
+        print(json.dumps(res["host_diag"], default=str)[:6000], flush=True)
+    if gr is not None and 1 in getattr(gr, "graphs", {}):
         if args.profile:  # kernel table + A/B against the general MoE kernel at batch 1 (moe_profile.py)
             from moe_profile import profile_bs1
 
@@ -180,6 +187,8 @@ def main(argv=None) -> dict:
                     help="bs1: kernel table of the captured forward and an A/B without the batch-1 MoE path")
     ap.add_argument("--graph-head-ab", action="store_true",
                     help="bs1: ms per token with the LM head + sampler graphs off / on (needs OCTAVO_GRAPH_HEAD=1)")
+    ap.add_argument("--host-diag", action="store_true",
+                    help="bs1: CUPTI trace + cProfile of a 65-token generation: GPU idle per step, syncs (moe_host.py)")
     ap.add_argument("--profile-pdl", action="store_true", help="--profile also re-captures with OCTAVO_PDL on")
     ap.add_argument("--profile-attn", action="store_true",
                     help="bs1: A/B the batch-1 one-launch attention variants by re-capture (needs OCTAVO_MOE_DECODE_ATTN=1)")

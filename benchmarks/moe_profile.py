@@ -215,6 +215,7 @@ def _fusion_state(model) -> dict:
     nr = [(m, m._moe_block) for m in model.modules() if "_moe_block" in vars(m)]
     nq = [(m, m._moe_attn) for m in model.modules() if "_moe_attn" in vars(m)]
     return {"nr_pairs": nr, "nr_default": bool(nr), "nq_pairs": nq,
+            "ro_default": bool(nr) and bool(getattr(nr[0][1], "_moe_route_once", False)),
             "nq_default": dict(nq[0][1]._norm_qkv) if nq and nq[0][1]._norm_qkv["on"] else None}
 
 
@@ -238,14 +239,16 @@ def _apply_fusions(model, fus: dict, state: dict) -> dict:
                 os.environ.pop("OCTAVO_MOE_NORM_ROUTER")
             else:
                 os.environ["OCTAVO_MOE_NORM_ROUTER"] = old
+    ro = fus.get("ro", state.get("ro_default", False))  # route once (OCTAVO_MOE_ROUTE_ONCE): top-k in the norm launch
     for norm, block in state["nr_pairs"]:
-        set_norm_router(norm, block, nr_on)
+        set_norm_router(norm, block, nr_on, route_once=ro and nr_on)
     nq = fus.get("nq", state["nq_default"])
     if nq is not None and not state["nq_pairs"]:
         state["nq_pairs"] = install_norm_qkv(model, force=True)
     if state["nq_pairs"]:
         set_norm_qkv(state["nq_pairs"], **({"on": True, **nq} if nq is not None else {"on": False}))
-    return {"nr": len(state["nr_pairs"]) if nr_on else 0, "nq": len(state["nq_pairs"]) if nq is not None else 0}
+    return {"nr": len(state["nr_pairs"]) if nr_on else 0, "nq": len(state["nq_pairs"]) if nq is not None else 0,
+            "ro": len(state["nr_pairs"]) if nr_on and ro else 0}
 
 
 def profile_prefetch(runner, model, variants=None, with_table: bool = True, stop_at: float | None = None) -> dict:

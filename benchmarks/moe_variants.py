@@ -1,7 +1,7 @@
 """The same-engine A/B lists of the batch-1 MoE forward (``moe_profile.profile_prefetch``; ``$MOE_PF_SET`` picks one):
 each row ``(name, attention settings, w13 config keys, w2 config keys[, norm fusions])``, re-captured in one engine.
 
-One list per GPU batch that ran it (docs/performance.md has each one's results); the newest is ``b10``.
+One list per GPU batch that ran it (docs/performance.md has each one's results); the newest is ``b11``.
 """
 
 # session 8: L2 prefetch hints (plugins/platforms/moe_prefetch.py), each re-captured in the same engine
@@ -83,5 +83,25 @@ B10_VARIANTS = [  # likeliest first: rows past the part's time cap are skipped (
     ("attn_4w", {"num_warps": 4}, {}, {}),
     ("o_early4_8xE_4w", {"o_early": 4, "o_tile": (8, None, 4)}, {}, {}),
 ]
+# session 11 (H100): route once (the top-k in the norm + router launch's last program, w13 reads 8 ids:
+# OCTAVO_MOE_ROUTE_ONCE), session 10's H200 winners on the H100 (input norm + qkv PRE 2 at 16 rows: one norm launch
+# a layer less; o_proj at 4 warps), and w13 K loops that keep more bytes in flight (Triton's num_stages does not
+# pipeline these plain loads: the sm_90 PTX has no cp.async at 1, 3 or 4 stages; PIPE issues the next K-block's loads
+# before this block's products, at tiles with fewer registers than session 8's 16 x 256 PIPE, which lost at 216).
+B11_VARIANTS = [  # likeliest first: rows past the part's time cap are skipped
+    ("defaults", {}, {}, {}),
+    ("route_once", {}, {}, {}, {"ro": True}),
+    ("norm_qkv_16xE_pre2", {}, {}, {}, {"nq": NQ(16, 2)}),
+    ("route_once+norm_qkv_16xE_pre2", {}, {}, {}, {"ro": True, "nq": NQ(16, 2)}),
+    ("o_early4_8xE_4w", {"o_early": 4, "o_tile": (8, None, 4)}, {}, {}),
+    ("w13_pipe_16x128", {}, {"PIPE": True, "BLOCK_K": 128}, {}),
+    ("w13_pipe_8x256", {}, {"PIPE": True, "BLOCK_N": 8}, {}),
+    ("defaults_again", {}, {}, {}),
+    ("route_once_again", {}, {}, {}, {"ro": True}),
+    ("o_off", {"o_early": 0}, {}, {}),
+    ("w13_16x256_8w", {}, {"num_warps": 8}, {}),
+    ("w13_16x512", {}, {"BLOCK_K": 512}, {}),
+]
 PREFETCH_SETS = {"b1": PREFETCH_VARIANTS, "b2": B2_VARIANTS,  # $MOE_PF_SET picks the list (moe7.sh prefetch / ab,
-                 "b9": B9_VARIANTS, "mix": MIXTRAL, "b10": B10_VARIANTS}  # moe9.sh ab / mixab)
+                 "b9": B9_VARIANTS, "mix": MIXTRAL, "b10": B10_VARIANTS,  # moe9.sh ab / mixab)
+                 "b11": B11_VARIANTS}  # moe9.sh ab11

@@ -1,8 +1,8 @@
 """The batch-1 MoE routing of one token inside a Triton kernel (float32 softmax over the router logits, top-k by
 k rounds of argmax, the lowest expert winning a tie, optional renormalisation: ``topk_softmax``'s arithmetic).
 
-Its own module: the w13 launch (``moe_decode_kernels``) runs it; session 9's early w2 launch, which ran it too,
-was removed in session 10.
+Its own module: the w13 launch (``moe_decode_kernels``) runs it, or (opt-in ``OCTAVO_MOE_ROUTE_ONCE=1``, session 11)
+the last program of the norm + router launch runs it once and w13 reads the ids (``moe_norm_router``).
 """
 
 from __future__ import annotations
@@ -22,8 +22,17 @@ def _route(logits_ptr, num_experts, TOP_K: tl.constexpr, K_P: tl.constexpr, E_P:
     the w13 launch runs this before its first weight load. No default constexpr arguments: Triton 3.6 does not wrap
     a jit helper's default (a default "" reached ``tl.load`` as a plain str; session 9 batch 1)."""
     experts = tl.arange(0, E_P)
+    x = tl.load(logits_ptr + experts, mask=experts < num_experts, other=-float("inf")).to(tl.float32)
+    return _route_values(x, num_experts, TOP_K, K_P, E_P, RENORMALIZE)
+
+
+@triton.jit
+def _route_values(x, num_experts, TOP_K: tl.constexpr, K_P: tl.constexpr, E_P: tl.constexpr,
+                  RENORMALIZE: tl.constexpr):
+    """:func:`_route` on logits already loaded: ``x [E_P]`` float32, ``-inf`` past ``num_experts`` (the norm +
+    router launch's last program loads them with ``.cg``: other programs wrote them in the same launch)."""
+    experts = tl.arange(0, E_P)
     ok = experts < num_experts
-    x = tl.load(logits_ptr + experts, mask=ok, other=-float("inf")).to(tl.float32)
     p = tl.exp(x - tl.max(x, axis=0))
     p = p / tl.sum(tl.where(ok, p, 0.0), axis=0)
     bits = p.to(tl.int32, bitcast=True).to(tl.int64)

@@ -264,8 +264,8 @@ def default_decode_config(num_slots: int, inter: int, hidden: int) -> dict:
 
 
 def decode_one(x: torch.Tensor, router_logits: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, top_k: int,
-               renormalize: bool, config: dict | None = None, next_weight: torch.Tensor | None = None
-               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+               renormalize: bool, config: dict | None = None, next_weight: torch.Tensor | None = None,
+               routed: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One token through routing and its k experts: ``x [1, H]``, ``router_logits [1, E]`` (any float dtype)
     -> (``out [1, H]``, routing weights ``[1, k]`` float32, expert ids ``[1, k]`` int64).
 
@@ -274,7 +274,9 @@ def decode_one(x: torch.Tensor, router_logits: torch.Tensor, w13: torch.Tensor, 
     same results): ``w13["PF_W2"]`` the routed experts' w2 during w13, ``w13["EVICT"]`` its loads' eviction
     policy, ``w13["PF_NEXT"]`` ``next_weight`` (the next layer's qkv weight) before w13's wait, ``w2["PF_NEXT"]``
     1/2 the same during w2 (after / before its wait). ``w2["PRE"]`` / ``w2["ONE"]`` (session 9's early w2 and one
-    launch, 2-14% slower on the H200: removed in session 10) are refused."""
+    launch, 2-14% slower on the H200: removed in session 10) are refused. ``routed``: (weights ``[1, k]`` float32,
+    ids ``[1, k]`` int64) of these logits, already computed (the norm + router launch's route once): w13 reads the
+    ids instead of routing in each program."""
     num_experts, two_i, hidden = w13.shape
     inter = two_i // 2
     cfg = config or default_decode_config(top_k, inter, hidden)
@@ -294,7 +296,11 @@ def decode_one(x: torch.Tensor, router_logits: torch.Tensor, w13: torch.Tensor, 
     route = c13.get("ROUTE", "in")
     if route not in ("in", "launch", "rank") or (route != "in" and c13.get("ALL_SLOTS")):
         raise ValueError(f"decode_one: w13 ROUTE must be 'in', 'rank' or 'launch' (per-slot kernel), not {route!r}")
-    if route == "launch":  # its own routing launch (cuda_moe_kernels.topk_softmax), w13 reads the ids
+    if routed is not None:
+        if route != "in" or c13.get("ALL_SLOTS"):
+            raise ValueError("decode_one: routed ids need the per-slot w13 kernel with ROUTE 'in'")
+        weights, ids = routed
+    elif route == "launch":  # its own routing launch (cuda_moe_kernels.topk_softmax), w13 reads the ids
         from octavo.plugins.platforms.cuda_moe_kernels import topk_softmax
 
         weights, ids = topk_softmax(router_logits, top_k, renormalize)
@@ -318,7 +324,7 @@ def decode_one(x: torch.Tensor, router_logits: torch.Tensor, w13: torch.Tensor, 
             if w2_bytes != w2.stride(0) * w2.element_size():
                 w2_bytes = 0  # interpreter, unaligned or ragged: no prefetch
         pf13_total, pf13_piece = prefetch_split(next_weight if c13.get("PF_NEXT") else None, grid13[0], 2)
-        extra13 = {"PF_W2": w2_bytes > 0, "EVICT": evict, "ROUTE_IN": route != "launch", "RANK": route == "rank",
+        extra13 = {"PF_W2": w2_bytes > 0, "EVICT": evict, "ROUTE_IN": route != "launch" and routed is None, "RANK": route == "rank",
                    "RANK_CH": min(16, _p2(num_experts)),
                    "PF_NEXT": pf13_total > 0,
                    "PIPE": bool(c13.get("PIPE", False))}

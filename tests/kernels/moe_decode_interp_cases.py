@@ -221,3 +221,38 @@ def test_norm_router_installed_on_a_qwen3_moe_layer(monkeypatch):
     assert install_norm_router(layer) == [] and "forward" not in vars(block)
     monkeypatch.delenv("OCTAVO_MOE_NORM_ROUTER")
     assert len(install_norm_router(layer)) == 1 and "forward" in vars(block)  # unset: the default, fused
+
+
+def test_route_once_gives_the_in_kernel_routing_bits(monkeypatch):
+    """``OCTAVO_MOE_ROUTE_ONCE=1``: the norm + router launch's last program (by ticket) routes the token and w13
+    reads its ids. The launch's weights and ids equal the w13 launch's own routing of the same logits, the block's
+    output is bit-equal to the path that routes in w13, the ticket counter is back at 0 after each launch, and a
+    block whose experts cannot take ids is refused by name."""
+    from octavo.plugins.platforms.moe_decode_kernels import decode_one
+    from octavo.plugins.platforms.moe_norm_router import _counter, norm_router, set_norm_router
+
+    dt = torch.float16
+    layer, norm, block = _qwen3_moe_layer(dt)
+    gen = torch.Generator().manual_seed(17)
+    x, res = (torch.randn(1, H, generator=gen).to(dt) for _ in range(2))
+    ex = block.experts
+    _, _, logits, w, ids = norm_router(x, res, norm.weight, norm.eps, block.gate.weight, rows=4,
+                                       topk=(ex.top_k, ex.renormalize))
+    assert int(_counter(x.device)[0]) == 0
+    _, want_w, want_ids = decode_one(x, logits, ex.w13_weight, ex.w2_weight, ex.top_k, ex.renormalize)
+    assert torch.equal(ids, want_ids) and torch.equal(w, want_w)
+    monkeypatch.setenv("OCTAVO_MOE_ROUTE_ONCE", "1")
+    notes = cuda_moe.install_moe_kernels(layer, dt, torch.device("cpu"))
+    assert notes["norm_router"] == 1 and block._moe_route_once
+    out, _ = norm(x, res)
+    assert block._moe_pre[2] is not None
+    got = block(out)
+    assert "_moe_routed" not in vars(ex)  # consumed by the experts' forward
+    set_norm_router(norm, block, True, route_once=False)
+    out2, _ = norm(x, res)
+    assert block._moe_pre[2] is None and torch.equal(out2, out)
+    assert torch.equal(block(out2), got)  # routing in each w13 program: the same bits
+    assert int(_counter(x.device)[0]) == 0
+    ex._moe_decode_cfg = {**ex._moe_decode_cfg, "w13": {**ex._moe_decode_cfg["w13"], "ROUTE": "launch"}}
+    with pytest.raises(ValueError, match="OCTAVO_MOE_ROUTE_ONCE"):
+        set_norm_router(norm, block, True, route_once=True)

@@ -1,0 +1,102 @@
+"""Where the batch-1 decode step's time goes outside the captured forward (``moe_e2e.py --host-diag``, issue 17 MoE
+key, session 11): the H200 run of session 10 had 2.604 ms per token against a 2.300 ms graph replay.
+
+Two views of the same engine, each over one greedy generation of ``tokens`` decode steps:
+
+- ``trace``: a CUPTI trace (torch.profiler, CPU + CUDA). Per decode step (between graph launches): the GPU's busy
+  time (union of kernel intervals), its idle time, the idle gaps of more than 2 us grouped by the kernels on
+  either side (so a gap after the sampler and before the next forward's first kernel means the host was late),
+  the kernels outside the graph, and the CUDA runtime calls per step (synchronisations, copies, launches) with
+  the host time they took.
+- ``cprofile``: the host's Python functions by own time, per step (cProfile's overhead included: read it as
+  shares, not absolute times).
+"""
+
+from __future__ import annotations
+
+import cProfile
+import io
+import pstats
+from collections import Counter, defaultdict
+
+SYNC_CALLS = ("cudaStreamSynchronize", "cudaEventSynchronize", "cudaDeviceSynchronize", "cudaStreamWaitEvent",
+              "cudaMemcpy", "cudaMemcpyAsync", "cudaGraphLaunch", "cudaLaunchKernel", "cudaLaunchKernelExC",
+              "cuLaunchKernel", "cuLaunchKernelEx", "cudaEventRecord", "cudaEventQuery", "cudaStreamIsCapturing")
+
+
+def _trace(run, steps: int) -> dict:
+    import torch
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        run()
+        torch.cuda.synchronize()
+    evs = prof.events()
+    launches = sorted(e.time_range.start for e in evs if e.name == "cudaGraphLaunch")
+    if len(launches) < 4:
+        return {"error": f"{len(launches)} graph launches in the trace"}
+    t0, t1 = launches[1], launches[-1]  # whole decode steps only: from the 2nd graph launch to the last
+    n = len(launches) - 2
+    kern = sorted(((e.time_range.start, e.time_range.end, e.name) for e in evs
+                   if e.device_type == DeviceType.CUDA and t0 <= e.time_range.start < t1), key=lambda k: k[0])
+    if not kern:
+        return {"error": "no kernels between the graph launches"}
+    busy, gaps, end, prev = 0.0, defaultdict(float), kern[0][0], kern[0][2]
+    for s, e, name in kern:
+        if s > end:
+            if s - end > 2.0:
+                gaps[f"{prev[:50]} -> {name[:50]}"] += s - end
+            busy += e - s
+        elif e > end:
+            busy += e - end
+        if e > end:
+            end, prev = e, name
+    span = end - kern[0][0]
+    calls, call_us = Counter(), defaultdict(float)
+    for e in evs:
+        if e.device_type == DeviceType.CPU and e.name in SYNC_CALLS and t0 <= e.time_range.start < t1:
+            calls[e.name] += 1
+            call_us[e.name] += e.time_range.end - e.time_range.start
+    names = Counter(k[2] for k in kern)
+    per_step = {nm: c / n for nm, c in names.items()}
+    outside = {nm[:80]: round(c, 2) for nm, c in per_step.items() if abs(c - round(c)) < 0.05 and round(c) == 1}
+    return {"decode_steps": n, "step_us": round(span / n, 1), "gpu_busy_us_per_step": round(busy / n, 1),
+            "gpu_idle_us_per_step": round((span - busy) / n, 1), "kernels_per_step": round(len(kern) / n, 1),
+            "idle_gaps_us_per_step": {k: round(v / n, 2) for k, v in sorted(gaps.items(), key=lambda kv: -kv[1])[:12]},
+            "once_per_step_kernels": dict(list(outside.items())[:20]),
+            "runtime_calls_per_step": {k: round(v / n, 2) for k, v in calls.items()},
+            "runtime_call_us_per_step": {k: round(v / n, 1) for k, v in call_us.items()}}
+
+
+def _cprofile(run, steps: int, top: int = 25) -> dict:
+    pr = cProfile.Profile()
+    pr.enable()
+    run()
+    pr.disable()
+    st = pstats.Stats(pr, stream=io.StringIO())
+    rows = sorted(((v[2], v[3], v[1], f"{k[0].rsplit('/', 2)[-1]}:{k[1]}:{k[2]}") for k, v in st.stats.items()),
+                  reverse=True)[:top]
+    return {"total_ms_per_step": round(sum(v[2] for v in st.stats.values()) / steps * 1e3, 3),
+            "top_own_time": [{"fn": r[3], "own_us_per_step": round(r[0] / steps * 1e6, 1),
+                              "cum_us_per_step": round(r[1] / steps * 1e6, 1), "calls_per_step": round(r[2] / steps, 2)}
+                             for r in rows]}
+
+
+def host_diag(llm, prompt, tokens: int = 64) -> dict:
+    """Both views over a ``tokens + 1``-token greedy generation of ``prompt`` (the engine as it is)."""
+    from octavo import SamplingParams
+
+    params = SamplingParams(max_tokens=tokens + 1, ignore_eos=True, temperature=0)
+
+    def run():
+        llm.generate([prompt], params, use_tqdm=False)
+
+    run()  # warm
+    out = {}
+    for name, fn in (("trace", _trace), ("cprofile", _cprofile)):
+        try:
+            out[name] = fn(run, tokens)
+        except Exception as e:  # noqa: BLE001 - a diagnostic: the measurement stands without it
+            out[name] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+    return out
