@@ -94,12 +94,13 @@ B11_VARIANTS = [  # likeliest first: rows past the part's time cap are skipped
     ("norm_qkv_16xE_pre2", {}, {}, {}, {"nq": NQ(16, 2)}),
     ("route_once+norm_qkv_16xE_pre2", {}, {}, {}, {"ro": True, "nq": NQ(16, 2)}),
     ("o_early4_8xE_4w", {"o_early": 4, "o_tile": (8, None, 4)}, {}, {}),
-    ("w13_pipe_16x128", {}, {"PIPE": True, "BLOCK_K": 128}, {}),
-    ("w13_pipe_8x256", {}, {"PIPE": True, "BLOCK_N": 8}, {}),
+    ("w13_pipe_16x128", {}, {"PIPE": True, "BLOCK_K": 128}, {}),  # 128 registers (sm_90 build): 4 programs per SM
+    ("w13_pipe_8x256", {}, {"PIPE": True, "BLOCK_N": 8}, {}),  # 121 registers, but 768 programs
+    ("route_once+w13_pipe_16x128", {}, {"PIPE": True, "BLOCK_K": 128}, {}, {"ro": True}),
     ("defaults_again", {}, {}, {}),
     ("route_once_again", {}, {}, {}, {"ro": True}),
     ("o_off", {"o_early": 0}, {}, {}),
-    ("w13_16x256_8w", {}, {"num_warps": 8}, {}),
+    ("w13_16x256_8w", {}, {"num_warps": 8}, {}),  # 80 registers at 256 threads (default 154 at 128)
     ("w13_16x512", {}, {"BLOCK_K": 512}, {}),
 ]
 PREFETCH_SETS = {"b1": PREFETCH_VARIANTS, "b2": B2_VARIANTS,  # $MOE_PF_SET picks the list (moe7.sh prefetch / ab,
