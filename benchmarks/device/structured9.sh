@@ -25,7 +25,8 @@
 # samples of free_async and json_async, decode steps only) and the 1.1B shape.
 # Argument "s11" (session 11 batch 1, ~120 s, same 150 s bound): the tree's json_async (GIL-keeping accept read-back,
 # no per-step is_pinned driver queries; the device gate) vs json_async_xgraccept (xgrammar's own read-back),
-# json_async_acceptgil (the native accept keeps the GIL), json_async_devgate_postonly (no grammar work in this
+# json_async_acceptgil (the native accept keeps the GIL), json_async_devgate_fused (the wait + apply as one launch;
+# its GPU test first: tests/structured/test_apply_device.py -k device_gate, 25 s), json_async_devgate_postonly (no grammar work in this
 # process after the prepare: the floor a grammar worker process would leave), json_async_park and the no-op fill + accept floor (_devgate_gateonly), 3 repeats, no wait events, stack samples of
 # free_async and json_async (decode steps only) on the 135M shape; then the 1.1B shape: json_async vs park.
 # STRUCTURED11_MODES overrides the 135M modes.
@@ -115,10 +116,12 @@ if [ "$PART" = headline ]; then  # session 10 batch 2: the engine as it ships (j
   exit 0
 fi
 if [ "$PART" = s11 ]; then  # session 11: see the header
-  S11=(--modes ${STRUCTURED11_MODES:-json_async json_async_xgraccept json_async_acceptgil json_async_park json_async_devgate_gateonly json_async_devgate_postonly}
-       --wait-events off --repeats 3)
+  S11=(--modes ${STRUCTURED11_MODES:-json_async json_async_xgraccept json_async_acceptgil json_async_devgate_fused
+                json_async_park json_async_devgate_gateonly json_async_devgate_postonly} --wait-events off --repeats 3)
+  [ "$DRY" != 1 ] && step apply_test 25 python3 -m pytest -q -p no:cacheprovider tests/structured/test_apply_device.py \
+       -k device_gate
   if [ "$XGR" = 1 ]; then
-    step smol135m_s11 $(( 70 * X )) python3 benchmarks/structured_outputs.py "${COMMON[@]}" "${S11[@]}" \
+    step smol135m_s11 $(( 75 * X )) python3 benchmarks/structured_outputs.py "${COMMON[@]}" "${S11[@]}" \
          --stack-sample free_async json_async --stack-runs 4 --batches 32 --model /tmp/structured9_smol135m \
          --json "$R/smol135m_s11.json"
     step llama1b_s11 $(( $(left) - 1 * X )) python3 benchmarks/structured_outputs.py "${COMMON[@]}" \
