@@ -1,8 +1,10 @@
 """Where the batch-1 decode step's time goes outside the captured forward (``moe_e2e.py --host-diag``, issue 17 MoE
 key, session 11): the H200 run of session 10 had 2.604 ms per token against a 2.300 ms graph replay.
 
-Two views of the same engine, each over one greedy generation of ``tokens`` decode steps:
+Three views of the same engine, each over one greedy generation of ``tokens`` decode steps:
 
+- ``step_timers_ms_per_step``: the engine core's own account (core/async_engine.StepTimers): host work of the core
+  thread per step, the time it sat blocked on a step's tokens, and the part of its work that overlapped a step;
 - ``trace``: a CUPTI trace (torch.profiler, CPU + CUDA). Per decode step (between graph launches): the GPU's busy
   time (union of kernel intervals), its idle time, the idle gaps of more than 2 us grouped by the kernels on
   either side (so a gap after the sampler and before the next forward's first kernel means the host was late),
@@ -94,6 +96,16 @@ def host_diag(llm, prompt, tokens: int = 64) -> dict:
 
     run()  # warm
     out = {}
+    core = llm.llm_engine.core
+    timers = getattr(core, "step_timers", None)
+    if timers is not None:  # the core thread's own per-step account (async: host work, time blocked on tokens)
+        core.step_timers = type(timers)()
+        run()
+        d = core.step_timers.as_dict()
+        core.step_timers = timers
+        steps = max(1, d.pop("steps"))
+        out["step_timers_ms_per_step"] = {k.replace("_s", ""): round(v / steps * 1e3, 4) for k, v in d.items()}
+        out["step_timers_ms_per_step"]["steps"] = steps
     for name, fn in (("trace", _trace), ("cprofile", _cprofile)):
         try:
             out[name] = fn(run, tokens)
