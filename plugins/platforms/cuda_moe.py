@@ -158,11 +158,10 @@ def _triton_forward(self, hidden_states: torch.Tensor, router_logits: torch.Tens
     routed = self.__dict__.pop("_moe_routed", None)  # (logits, weights, ids) of the norm + router launch's top-k
     if not _decode_one_ok(self, hidden_states):
         return type(self).forward(self, hidden_states, router_logits)
-    routed = routed[1:] if routed is not None and routed[0] is router_logits else None
+    kw = {"routed": routed[1:]} if routed is not None and routed[0] is router_logits else {}
     try:
         out = self._moe_decode(hidden_states, router_logits, self.w13_weight, self.w2_weight, self.top_k,
-                               self.renormalize, self._moe_decode_cfg, self.__dict__.get("_moe_next_weight"),
-                               routed=routed)[0]
+                               self.renormalize, self._moe_decode_cfg, self.__dict__.get("_moe_next_weight"), **kw)[0]
     except self._moe_oor as e:  # tiles too big for this card's shared memory: the general path from now on
         logger.warning("fused MoE batch-1 kernel off for %s (config %s): %s", self.prefix, self._moe_decode_cfg, e)
         self._moe_decode = None
