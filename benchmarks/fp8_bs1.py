@@ -126,7 +126,8 @@ S6_VARIANTS = {"nosilu": {"silu": False}, "norm4": {"warps": None}, "pf16": {"mb
                "nopdl": {"pdl": False, "pdlw": False}, "nopdl_again": {"pdl": False, "pdlw": False},
                "silu": {"silu": True}, "silu_again": {"silu": True}, "rope": {"rope": True},
                "rope_again": {"rope": True}, "silu_rope": {"silu": True, "rope": True},
-               "silu_rope_again": {"silu": True, "rope": True}}
+               "silu_rope_again": {"silu": True, "rope": True}, "unfused": {"silu": False, "rope": False},
+               "unfused_again": {"silu": False, "rope": False}}
 # session 11: "silu" = gate/up GEMV with SiLU-and-mul in its epilogue (fp8_silu_gemv, now with PDL + the split
 # accumulator; wrappers installed when the variant first runs; another tile, so tokens may differ); "rope" = the
 # qkv GEMV with the rotary embedding in its epilogue (fp8_rope_gemv, installed the same way)
@@ -234,7 +235,7 @@ def main() -> None:
 
         base = (fp8_fused.SMALL_ROWS_WARPS, fp8_prefetch.PREFETCH_MB, fp8_prefetch.PDL, fp8_prefetch.SELF_PREFETCH,
                 fp8_silu_gemv.STATE["on"])
-        base_pdl_w = fp8_prefetch.PDL_W
+        base_pdl_w, base_rope = fp8_prefetch.PDL_W, fp8_rope_gemv.STATE["on"]
         base_bits, base_reg_pf, base_acc, base_x2d = fp8_gemv.W_BITS, fp8_gemv.REG_PF, fp8_gemv.ACC_SPLIT, fp8_gemv.X2D
         res["w_bits_default"], res["reg_pf_default"], res["acc_split_default"] = base_bits, base_reg_pf, base_acc
         platform_pdl = cuda_pdl.pdl_on()  # the platform's setting (on by default on sm_90+ since session 6)
@@ -262,7 +263,7 @@ def main() -> None:
                 if fp8_silu_gemv.STATE["on"] and "silu_fused" not in res:
                     with torch.inference_mode():
                         res["silu_fused"] = fp8_silu_gemv.fuse_fp8_silu_gemv(model, torch.device("cuda"))
-                fp8_rope_gemv.STATE["on"] = v.get("rope", False)
+                fp8_rope_gemv.STATE["on"] = v.get("rope", base_rope)
                 if fp8_rope_gemv.STATE["on"] and "rope_fused" not in res:
                     with torch.inference_mode():
                         res["rope_fused"] = fp8_rope_gemv.fuse_fp8_rope_gemv(model, torch.device("cuda"))
@@ -293,7 +294,7 @@ def main() -> None:
         (fp8_fused.SMALL_ROWS_WARPS, fp8_prefetch.PREFETCH_MB, fp8_prefetch.PDL, fp8_prefetch.SELF_PREFETCH,
          fp8_silu_gemv.STATE["on"]) = base
         fp8_prefetch.PDL_W = base_pdl_w
-        fp8_rope_gemv.STATE["on"] = False
+        fp8_rope_gemv.STATE["on"] = base_rope
         fp8_gemv.W_BITS, fp8_gemv.REG_PF, fp8_gemv.ACC_SPLIT, fp8_gemv.X2D = base_bits, base_reg_pf, base_acc, base_x2d
         cuda_pdl.set_pdl(platform_pdl)
         one_mod.DEFAULT_LAUNCH.clear()
