@@ -169,15 +169,20 @@ def linear(x: torch.Tensor, wp: torch.Tensor) -> torch.Tensor | None:
     k = 2 * kp
     if x.dtype != torch.bfloat16 or x.shape[-1] != k or x.stride(-1) != 1:
         return None
-    x2 = x if x.dim() == 2 else x.reshape(-1, k)  # a view where the rows allow it, else a copy
-    if x2.dim() != 2 or x2.stride(0) % 2 or x2.data_ptr() % 4 or (x2.shape[0] > 1 and x2.stride(0) < k):
+    two_d = x.dim() == 2
+    x2 = x if two_d else x.reshape(-1, k)  # a view where the rows allow it, else a copy
+    m, ld = x2.shape[0], x2.stride(0)
+    xp = x2.data_ptr()
+    if x2.dim() != 2 or ld % 2 or xp % 4 or (m > 1 and ld < k):
         return None
-    m, n = x2.shape[0], np_ * PANEL
+    n = np_ * PANEL
     out = torch.empty(m, n, dtype=torch.bfloat16)
-    if m and library().gemm(x2.data_ptr(), x2.stride(0), wp.data_ptr(), m, n, k, k_block_pairs(k, m), out.data_ptr(), n,
-                            torch.get_num_threads()):
+    # the C function looked up once (library() costs ~1 us a call, ~0.1 ms a decode step over 121 linears)
+    gemm = _state.get("gemm") or _state.setdefault("gemm", library().gemm)
+    if m and gemm(xp, ld, wp.data_ptr(), m, n, k, 256 if k <= 1024 or m == 1 else 512, out.data_ptr(), n,
+                  torch.get_num_threads()):  # the K block of k_block_pairs(k, m), inlined (a call per linear)
         return None
-    return out.view(*x.shape[:-1], n)
+    return out if two_d else out.view(*x.shape[:-1], n)
 
 
 @torch.inference_mode()

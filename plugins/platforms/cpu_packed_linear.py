@@ -98,6 +98,18 @@ def _gemm_pack(weight: torch.Tensor, rows_hint: int):
     return wp if _gemm_verified[key] else None
 
 
+_linear_fn: list = []
+
+
+def _gemm_linear():
+    """``cpu_bf16_gemm.linear``, imported once (an import statement in ``packed_linear`` cost ~2 us a call)."""
+    if not _linear_fn:
+        from .cpu_bf16_gemm import linear
+
+        _linear_fn.append(linear)
+    return _linear_fn[0]
+
+
 def _usable(weight: torch.Tensor) -> bool:
     return weight.dtype is torch.bfloat16 and weight.device.type == "cpu" and weight.dim() == 2 and not weight.is_meta
 
@@ -124,9 +136,7 @@ def packed_linear(owner, weight: torch.Tensor, x: torch.Tensor, bias: torch.Tens
             return F.linear(x, weight, bias)
         owner._packed = p = _Packed(weight, p.rows_hint if p is not None else 64, owner)
     if p.gemm is not None:
-        from .cpu_bf16_gemm import linear
-
-        out = linear(x, p.gemm) if bias is None else None
+        out = _gemm_linear()(x, p.gemm) if bias is None else None
         # a bias or a layout the kernel does not read: F.linear, the same bits as the packed call
         return out if out is not None else F.linear(x, weight, bias)
     return torch.ops.mkldnn._linear_pointwise(x, p.packed, bias, "none", [], "")
