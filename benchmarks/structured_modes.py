@@ -104,6 +104,8 @@ def build_modes(args: Any, so: Any, dflt: dict) -> dict:
         # experiment: xgrammar's batch accept call keeps the GIL (~20-50 us of C++ at batch 32) instead of releasing
         # it, so the core thread does not queue for the GIL behind the runner's thread when the call returns
         modes["json_async_acceptgil"] = (so, True, False, False, None, {**dflt, "accept_gil": True})
+        # session 11: the matchers in a grammar worker process (OCTAVO_GRAMMAR_WORKER, xgrammar_worker.py), device gate
+        modes["json_async_worker"] = (so, True, False, False, None, {**dflt, "devgate": True, "worker": True})
         # session 11: the device gate's wait and apply as one launch (grammar_device_gate.FUSED_WAIT, opt-in)
         modes["json_async_devgate_fused"] = (so, True, False, False, None, {**dflt, "devgate": True, "fused": True})
         # diagnostic floor (session 11): the device gate where this process does no grammar work at all after the
@@ -169,6 +171,7 @@ def apply_knobs(core: Any, knobs: dict, on: bool, async_modes: bool, saved: dict
         backend = core.structured._get_backend()
         backend.fill_bitmasks = lambda ms, bm: bm.fill_(-1)
         backend.accept_tokens = lambda ms, toks: [True] * len(ms)
+    _use_worker(core, knobs.get("worker", False), saved)
     if knobs.get("post_only"):
         grammar_step.GrammarStep.start_on_pool = _post_only
 
@@ -192,10 +195,27 @@ def restore(core: Any, saved: dict) -> None:
     async_gate.PARK, async_gate.EARLY_FILL = saved["park"], saved["early_fill"]
     async_gate.FILL_START_WAIT_S = saved["start_wait"]
     grammar_step.GrammarStep.start_on_pool = _START_ON_POOL
+    if "inner_backend" in saved:
+        _use_worker(core, False, saved)
     backend = core.structured._backend
     for name in ("fill_bitmasks", "accept_tokens"):  # the gate_only no-ops (instance attributes)
         if backend is not None and name in vars(backend):
             delattr(backend, name)
+
+
+def _use_worker(core: Any, on: bool, saved: dict) -> None:
+    """The idle engine's structured outputs with (``on``) or without the grammar worker process: each backend keeps
+    its own fill buffer and device gate (a gate's step numbers must keep rising over its words)."""
+    st = core.structured
+    inner = saved.setdefault("inner_backend", st._get_backend())
+    state = saved.setdefault("backend_state", {})
+    current = st._backend
+    state[id(current)] = (st._bitmask, st._pinned, st._device_gate)
+    if on and "worker" not in saved:
+        saved["worker"] = inner.out_of_process(st.settings.scheduler.max_num_seqs)
+    want = saved["worker"] if on else inner
+    st._backend = want
+    st._bitmask, st._pinned, st._device_gate = state.get(id(want), (None, False, None))
 
 
 def _post_only(step: Any, started_wait_s: float = 0.0, before: Any = None) -> None:

@@ -63,10 +63,11 @@ class DeviceGate:
     """Two pinned host int32 words the device reads: ``[0]`` the last step number opened, ``[1]`` the last one a
     device wait gave up on. One per engine core; step numbers rise by one per structured async step."""
 
-    def __init__(self, pin: bool = True) -> None:
+    def __init__(self, pin: bool = True, words: Any = None) -> None:
         import torch
 
-        self.words = torch.zeros(2, dtype=torch.int32, pin_memory=pin)
+        # ``words``: given by a grammar worker process (its shared block, plugins/structured_output/xgrammar_worker.py)
+        self.words = torch.zeros(2, dtype=torch.int32, pin_memory=pin) if words is None else words
         self._np = self.words.numpy()
         self.seq = 0
 
@@ -84,7 +85,7 @@ class DeviceGate:
         if self._np[1] >= seq > 0:
             raise RuntimeError(f"structured outputs: the device waited too long for step {seq}'s grammar masks and "
                                "sampled without them; the step's tokens are not valid (the host side was stalled "
-                               "or failed before the fill)")
+                               "or failed before the fill, or the grammar worker process failed the fill)")
 
 
 def apply_gated(logits: Any, grammar: Any, sample_req_ids: list[str], logits_rows: Any, kernel: Any) -> Any:

@@ -150,6 +150,15 @@ class GrammarStep:
 
     def _fill(self) -> tuple[list[str], list[int], Any]:
         t0 = self.t_fill0 = time.perf_counter()
+        if self.seq and getattr(self.backend, "opens_gate", False):  # a worker process fills and opens the word
+            try:
+                self.backend.post_fill(self.matchers, self.bitmask, self.seq)
+            except BaseException:
+                self.device_gate.open(self.seq)  # (the error fails the step on the host)
+                raise
+            self.t_fill1 = time.perf_counter()
+            self.fill_s = self.t_fill1 - t0
+            return self.request_ids, self.positions, self.bitmask
         if self.seq:  # the device waits for these rows where the runner's launch put them (no compaction)
             try:
                 self._fill_rows()
@@ -204,6 +213,16 @@ class GrammarStep:
             return
         self.chunks = None
         self.t_start = time.perf_counter()
+        if self.seq and getattr(self.backend, "opens_gate", False):  # a worker process: one message, no thread
+            try:
+                if before is not None:
+                    before()
+            finally:
+                try:
+                    self._rows = self._fill()
+                except BaseException as e:  # noqa: BLE001 - raised again in wait()
+                    self._error = e
+            return
         started = threading.Event()
 
         def run():

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -33,6 +34,19 @@ EARLY_ACCEPT = True
 # there, in the job that then fills N+1, instead of on this thread, which goes on to update N and schedule N+2 at
 # once (the device, not this thread, waits for the masks). False: here (benchmark mode json_async_devgate_poolaccept).
 ACCEPT_ON_FILL_THREAD = False
+
+
+def _env_switch(name: str) -> bool:
+    value = os.environ.get(name, "")
+    if value not in ("", "0", "1"):
+        raise ValueError(f"{name}={value!r}: must be 0 or 1")
+    return value == "1"
+
+
+# Session 11, opt-in: the backend's matchers in a worker process (the backend's ``out_of_process``: xgrammar's,
+# plugins/structured_output/xgrammar_worker.py), so accept + fill + their glue leave this process's GIL; a backend
+# without one is refused by name. OCTAVO_GRAMMAR_WORKER=1 turns it on (benchmark mode json_async_worker).
+GRAMMAR_WORKER = _env_switch("OCTAVO_GRAMMAR_WORKER")
 
 
 class RequestGrammar:
@@ -129,7 +143,14 @@ class StructuredOutputManager:
                     parser = pm.resolve("reasoning_parsers", self._reasoning_name)
                     self._reasoning_end = list(tokenizer(parser.end_token, add_special_tokens=False).input_ids)
                     self._reasoning_markers = (parser.start_token, parser.end_token)
-                self._backend = cls(tokenizer, self.vocab_size)
+                backend = cls(tokenizer, self.vocab_size)
+                if GRAMMAR_WORKER:
+                    make = getattr(backend, "out_of_process", None)
+                    if make is None:
+                        raise ValueError(f"OCTAVO_GRAMMAR_WORKER=1: the structured-output backend "
+                                         f"{self.backend_name!r} has no worker process; unset it or use 'xgrammar'")
+                    backend = make(self.settings.scheduler.max_num_seqs)
+                self._backend = backend
             return self._backend
 
     def _compile(self, params: Any) -> Any:
@@ -218,13 +239,18 @@ class StructuredOutputManager:
         # (whether the buffer is pinned is kept, not asked: torch's is_pinned() is a CUDA driver query per call,
         # 8 % of the core thread's samples at batch 32 on an H200 host, session 10)
         pin = self._can_pin and self._cpu_hint.get("device", "cpu") != "cpu"
-        if self._bitmask is None or self._bitmask.shape[0] < len(matchers) or pin > self._pinned:
+        backend = self._backend if self._backend is not None else self._get_backend()  # (no lock once built)
+        if getattr(backend, "opens_gate", False):  # a worker process: its shared rows, registered with the device
+            if self._bitmask is None:
+                self._bitmask = backend.rows
+            if pin > self._pinned:
+                self._pinned = backend.pin()
+        elif self._bitmask is None or self._bitmask.shape[0] < len(matchers) or pin > self._pinned:
             import torch
 
             rows = max(len(matchers), self.settings.scheduler.max_num_seqs)
             self._bitmask = torch.full((rows, self._num_words), -1, dtype=torch.int32, pin_memory=pin)
             self._pinned = self._bitmask.is_pinned()
-        backend = self._backend if self._backend is not None else self._get_backend()  # (no lock once built)
         self._inflight = GrammarStep(backend, positions, rids, matchers, self._bitmask, self._pool_for_fills(),
                                      self._chunks())
         # the runner's apply tells the hint its logits' device (and the CPU numpy apply its dtype: later fills
@@ -236,7 +262,7 @@ class StructuredOutputManager:
             if self._device_gate is None:
                 from octavo.core.grammar_device_gate import DeviceGate
 
-                self._device_gate = DeviceGate(pin=self._pinned)
+                self._device_gate = DeviceGate(pin=self._pinned, words=getattr(backend, "words", None))
             self._inflight.device_gate = self._device_gate
         self.stats["prepare_s"] += time.perf_counter() - t0
         return self._inflight
@@ -356,6 +382,8 @@ class StructuredOutputManager:
         for pool in (self._pool, self._fill_pool, self._chunk_pool):
             if pool is not None:
                 pool.shutdown(wait=False, cancel_futures=True)
+        if self._backend is not None and hasattr(self._backend, "close"):  # a grammar worker process
+            self._backend.close()
 
 
 def apply_bitmask(logits: Any, rows: list[int], masks: list[bytes]) -> Any:

@@ -29,6 +29,7 @@
 # its GPU test first: tests/structured/test_apply_device.py -k device_gate, 25 s), json_async_devgate_postonly (no grammar work in this
 # process after the prepare: the floor a grammar worker process would leave), json_async_park and the no-op fill + accept floor (_devgate_gateonly), 3 repeats, no wait events, stack samples of
 # free_async and json_async (decode steps only) on the 135M shape; then the 1.1B shape: json_async vs park.
+# Then (30 s, its own step) json_async_worker: the matchers in a grammar worker process (OCTAVO_GRAMMAR_WORKER).
 # STRUCTURED11_MODES overrides the 135M modes.
 # STRUCTURED9_DRY=1: a CPU dry run (tiny shapes, few steps; the device modes then run the Python gate).
 set -u
@@ -118,12 +119,16 @@ fi
 if [ "$PART" = s11 ]; then  # session 11: see the header
   S11=(--modes ${STRUCTURED11_MODES:-json_async json_async_xgraccept json_async_acceptgil json_async_devgate_fused
                 json_async_park json_async_devgate_gateonly json_async_devgate_postonly} --wait-events off --repeats 3)
-  [ "$DRY" != 1 ] && step apply_test 25 python3 -m pytest -q -p no:cacheprovider tests/structured/test_apply_device.py \
+  [ "$DRY" != 1 ] && step apply_test 20 python3 -m pytest -q -p no:cacheprovider tests/structured/test_apply_device.py \
        -k device_gate
   if [ "$XGR" = 1 ]; then
-    step smol135m_s11 $(( 75 * X )) python3 benchmarks/structured_outputs.py "${COMMON[@]}" "${S11[@]}" \
+    step smol135m_s11 $(( 60 * X )) python3 benchmarks/structured_outputs.py "${COMMON[@]}" "${S11[@]}" \
          --stack-sample free_async json_async --stack-runs 4 --batches 32 --model /tmp/structured9_smol135m \
          --json "$R/smol135m_s11.json"
+    # the grammar worker process (opt-in, plugins/structured_output/xgrammar_worker.py), in its own bounded step
+    step smol135m_worker $(( 30 * X )) python3 benchmarks/structured_outputs.py "${COMMON[@]}" \
+         --modes json_async json_async_worker --wait-events off --repeats 2 --batches 32 \
+         --model /tmp/structured9_smol135m --json "$R/smol135m_worker.json"
     step llama1b_s11 $(( $(left) - 1 * X )) python3 benchmarks/structured_outputs.py "${COMMON[@]}" \
          --modes json_async json_async_park --wait-events off --repeats 3 --batches 32 \
          --model /tmp/structured9_llama1b --json "$R/llama1b_s11.json"

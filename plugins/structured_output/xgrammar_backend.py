@@ -142,7 +142,7 @@ class XGrammarBackend(StructuredOutputBackend):
         import xgrammar as xgr
 
         self.xgr = xgr
-        info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size)
+        info = self.info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size)
         self.compiler = xgr.GrammarCompiler(info, max_threads=2, cache_enabled=True)
         # one single-threaded BatchGrammarMatcher per filling thread (GIL released while it fills): the engine
         # splits a step's rows over its own threads (core/grammar_step.py); xgrammar's own 8 threads were no
@@ -169,6 +169,12 @@ class XGrammarBackend(StructuredOutputBackend):
     def compile(self, params: StructuredOutputsParams) -> Any:
         return _build(self.xgr, params, self.compiler)
 
+    def out_of_process(self, rows: int) -> StructuredOutputBackend:
+        """This backend with its matchers in a worker process (OCTAVO_GRAMMAR_WORKER=1, xgrammar_worker.py)."""
+        from octavo.plugins.structured_output.xgrammar_worker import XGrammarWorkerBackend
+
+        return XGrammarWorkerBackend(self, rows)
+
     def matcher(self, compiled: Any) -> GrammarMatcher:
         return _Matcher(self.xgr.GrammarMatcher(compiled))
 
@@ -182,19 +188,25 @@ class XGrammarBackend(StructuredOutputBackend):
         return super().accept_tokens(matchers, tokens)
 
     def fill_bitmasks(self, matchers: list[GrammarMatcher], bitmask: Any) -> None:
-        # a matcher that accepted its stop token (EOS under ignore_eos) constrains nothing more, as in vLLM:
-        # its row is all ones (the engine then applies no mask); xgrammar raises if asked for its mask
-        done = [m.is_terminated() for m in matchers]
-        live = [j for j, d in enumerate(done) if not d]
-        if len(live) < len(matchers):
-            bitmask[[j for j, d in enumerate(done) if d]] = -1
-        if len(live) > 1 and all(isinstance(matchers[j], _Matcher) for j in live):
-            batch = getattr(self._local, "batch", None)
-            if batch is None or self._local.threads != NATIVE_FILL_THREADS:
-                batch = self._local.batch = self.xgr.BatchGrammarMatcher(max_threads=NATIVE_FILL_THREADS)
-                self._local.threads = NATIVE_FILL_THREADS
-            batch.batch_fill_next_token_bitmask([matchers[j].m for j in live], bitmask,
-                                                     indices=None if len(live) == len(matchers) else live)
-        else:
-            for j in live:
-                matchers[j].fill_bitmask(bitmask, j)
+        batch = getattr(self._local, "batch", None)
+        if batch is None or self._local.threads != NATIVE_FILL_THREADS:
+            batch = self._local.batch = self.xgr.BatchGrammarMatcher(max_threads=NATIVE_FILL_THREADS)
+            self._local.threads = NATIVE_FILL_THREADS
+        fill_rows(self.xgr, batch, matchers, bitmask)
+
+
+def fill_rows(xgr: Any, batch: Any, matchers: list[GrammarMatcher], bitmask: Any) -> None:
+    """``bitmask[j]`` from ``matchers[j]``, live rows in one call of ``batch`` (a ``BatchGrammarMatcher``; also
+    the grammar worker's fill, plugins/structured_output/xgrammar_worker.py)."""
+    # a matcher that accepted its stop token (EOS under ignore_eos) constrains nothing more, as in vLLM:
+    # its row is all ones (the engine then applies no mask); xgrammar raises if asked for its mask
+    done = [m.is_terminated() for m in matchers]
+    live = [j for j, d in enumerate(done) if not d]
+    if len(live) < len(matchers):
+        bitmask[[j for j, d in enumerate(done) if d]] = -1
+    if len(live) > 1 and all(isinstance(matchers[j], _Matcher) for j in live):
+        batch.batch_fill_next_token_bitmask([matchers[j].m for j in live], bitmask,
+                                            indices=None if len(live) == len(matchers) else live)
+    else:
+        for j in live:
+            matchers[j].fill_bitmask(bitmask, j)
