@@ -97,6 +97,9 @@ B11_VARIANTS = [  # likeliest first: rows past the part's time cap are skipped
     ("w13_pipe_16x128", {}, {"PIPE": True, "BLOCK_K": 128}, {}),  # 128 registers (sm_90 build): 4 programs per SM
     ("w13_pipe_8x256", {}, {"PIPE": True, "BLOCK_N": 8}, {}),  # 121 registers, but 768 programs
     ("route_once+w13_pipe_16x128", {}, {"PIPE": True, "BLOCK_K": 128}, {}, {"ro": True}),
+    # w13 as tl.dot tiles (moe_w13_dot.py; not the same bits: rel_diff ~1e-2 expected): 64 registers at 16 x 256
+    ("w13_dot_16x256", {}, {"DOT": True, "num_stages": 4}, {}),
+    ("route_once+w13_dot_16x512", {}, {"DOT": True, "BLOCK_K": 512, "num_stages": 3}, {}, {"ro": True}),
     ("defaults_again", {}, {}, {}),
     ("route_once_again", {}, {}, {}, {"ro": True}),
     ("o_off", {"o_early": 0}, {}, {}),

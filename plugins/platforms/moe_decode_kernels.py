@@ -330,13 +330,19 @@ def decode_one(x: torch.Tensor, router_logits: torch.Tensor, w13: torch.Tensor, 
                    "PIPE": bool(c13.get("PIPE", False))}
     elif c13.get("PF_W2") or c13.get("EVICT") or c13.get("PF_NEXT") or c13.get("PIPE"):
         raise ValueError("decode_one: PF_W2 / EVICT / PF_NEXT / PIPE are for the per-slot w13 kernel, not ALL_SLOTS")
-    kernel13[grid13](x, router_logits, w13, act, weights, ids, num_experts, inter, hidden,
-                     w13.stride(0), w13.stride(1), as_bytes(w2), w2_bytes, w2_piece,
-                     as_bytes(next_weight) if pf13_total else as_bytes(w2), pf13_total, pf13_piece, TOP_K=top_k,
-                     K_P=_p2(top_k),
-                     E_P=_p2(num_experts), RENORMALIZE=renormalize, BLOCK_N=c13["BLOCK_N"], BLOCK_K=c13["BLOCK_K"],
-                     num_warps=c13.get("num_warps", 4), num_stages=c13.get("num_stages", 3), **extra13,
-                     **launch_opts())
+    if c13.get("DOT"):  # moe_w13_dot.py: the weights streamed through tl.dot's pipelined loads (not the same bits)
+        if all_slots or any(c13.get(k) for k in ("PF_W2", "EVICT", "PF_NEXT", "PIPE")) or route not in ("in", "launch"):
+            raise ValueError("decode_one: w13 DOT takes none of ALL_SLOTS / PF_W2 / EVICT / PF_NEXT / PIPE / ROUTE rank")
+        from octavo.plugins.platforms.moe_w13_dot import w13_dot
+
+        w13_dot(x, router_logits, w13, act, weights, ids, top_k, renormalize, extra13["ROUTE_IN"], c13, launch_opts())
+    else:
+        kernel13[grid13](x, router_logits, w13, act, weights, ids, num_experts, inter, hidden,
+                         w13.stride(0), w13.stride(1), as_bytes(w2), w2_bytes, w2_piece,
+                         as_bytes(next_weight) if pf13_total else as_bytes(w2), pf13_total, pf13_piece, TOP_K=top_k,
+                         K_P=_p2(top_k), E_P=_p2(num_experts), RENORMALIZE=renormalize, BLOCK_N=c13["BLOCK_N"],
+                         BLOCK_K=c13["BLOCK_K"], num_warps=c13.get("num_warps", 4),
+                         num_stages=c13.get("num_stages", 3), **extra13, **launch_opts())
     grid2 = triton.cdiv(hidden, c2["BLOCK_N"])
     pf_total, pf_piece = prefetch_split(next_weight if pf_next else None, grid2, 4)
     _w2_sum_kernel[(grid2,)](
