@@ -138,6 +138,7 @@ def build_modes(args: Any, so: Any, dflt: dict) -> dict:
 def apply_knobs(core: Any, knobs: dict, on: bool, async_modes: bool, saved: dict) -> None:
     """Switch the idle engine to a mode's knobs (``on``: async scheduling; ``saved``: :func:`defaults`)."""
     import octavo.plugins.structured_output.xgrammar_backend as xgb
+    import octavo.plugins.structured_output.xgrammar_match as xgm
     from octavo.core import async_gate, grammar_device_gate, grammar_step
     from octavo.core import structured_output as so_mod
 
@@ -164,7 +165,7 @@ def apply_knobs(core: Any, knobs: dict, on: bool, async_modes: bool, saved: dict
     grammar_step.HOST_READ_APPLY = knobs.get("host_read", True)
     grammar_device_gate.DEVICE_GATE = knobs.get("devgate", saved["devgate"])
     so_mod.ACCEPT_ON_FILL_THREAD = knobs.get("poolaccept", saved["poolaccept"])
-    xgb.ACCEPT_READBACK_KEEPS_GIL = knobs.get("readback", True)
+    xgm.ACCEPT_READBACK_KEEPS_GIL = knobs.get("readback", True)
     grammar_device_gate.FUSED_WAIT = knobs.get("fused", saved["fused"])
     _accept_call().release_gil = not knobs.get("accept_gil", False)
     if knobs.get("gate_only"):
@@ -179,6 +180,7 @@ def apply_knobs(core: Any, knobs: dict, on: bool, async_modes: bool, saved: dict
 def restore(core: Any, saved: dict) -> None:
     """The engine's defaults back after a mode (async scheduling is left as the mode set it)."""
     import octavo.plugins.structured_output.xgrammar_backend as xgb
+    import octavo.plugins.structured_output.xgrammar_match as xgm
     from octavo.core import async_gate, grammar_device_gate, grammar_step
     from octavo.core import structured_output as so_mod
 
@@ -186,7 +188,7 @@ def restore(core: Any, saved: dict) -> None:
     grammar_step.PLATFORM_APPLY, so_mod.EARLY_ACCEPT = saved["kernel"], saved["early"]
     core.structured.fill_threads = saved["threads"]
     xgb.NATIVE_FILL_THREADS = 1
-    xgb.ACCEPT_READBACK_KEEPS_GIL = True
+    xgm.ACCEPT_READBACK_KEEPS_GIL = True
     grammar_device_gate.FUSED_WAIT = saved["fused"]
     _accept_call().release_gil = True
     grammar_step.HOST_READ_APPLY = True

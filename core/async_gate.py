@@ -75,13 +75,14 @@ class GatedGrammarStep:
         the fill starts on the bitmask thread (one library call, GIL released) while this thread updates and
         schedules; :meth:`release` then waits for it. A request that finishes at the previous step is filled
         too (harmless: its token here is never emitted; a terminated matcher gives an open row)."""
-        if before is not None and (not self.inner.seq or self._gate.is_set() or self._fill_started
-                                   or len(self.inner.matchers) < EARLY_FILL_MIN_ROWS):
+        # (a grammar worker process fills: one message from this thread, no job, like a small step)
+        few = len(self.inner.matchers) < EARLY_FILL_MIN_ROWS or hasattr(self.inner.backend, "post_fill")
+        if before is not None and (not self.inner.seq or self._gate.is_set() or self._fill_started or few):
             before()  # ``before`` (the previous step's accept) goes with the fill job only under the device gate
             before = None
         if self._gate.is_set() or self._fill_started:
             return
-        if len(self.inner.matchers) < EARLY_FILL_MIN_ROWS:  # too few rows for a thread hand-off: fill inline
+        if few:  # too few rows for a thread hand-off: fill inline
             if self.inner.seq:
                 self.release()  # (device gate: releasing launches nothing, the device's wait opens now)
             return

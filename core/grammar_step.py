@@ -112,9 +112,8 @@ class GrammarStep:
         self.t_start = self.t_fill0 = self.t_fill1 = self.t_resume = 0.0
         self.handoff_wait_s = 0.0  # set by the manager on an accelerator (HANDOFF_WAIT_S)
         self._resumed: threading.Event | None = None
-        # the manager's shared {"device"[, "dtype", "vocab"]} learned from the runner's applies: the logits' device
-        # type, and for the CPU numpy apply the logits dtype, so the fill also builds that apply's operands
-        # (core/grammar_mask_cpu.py) off the critical path -> cpu_pre
+        # the manager's shared {"device"[, "dtype", "vocab"]} from the runner's applies: the logits' device type, and
+        # for the CPU numpy apply its dtype, so the fill builds its operands (grammar_mask_cpu.py) -> cpu_pre
         self.cpu_hint: dict | None = None
         self.cpu_pre: Any = None
         self.parked = False  # async: the runner's sampling was parked on the gate and ran on the releasing thread
@@ -150,26 +149,22 @@ class GrammarStep:
 
     def _fill(self) -> tuple[list[str], list[int], Any]:
         t0 = self.t_fill0 = time.perf_counter()
-        if self.seq and getattr(self.backend, "opens_gate", False):  # a worker process fills and opens the word
-            try:
-                self.backend.post_fill(self.matchers, self.bitmask, self.seq)
-            except BaseException:
-                self.device_gate.open(self.seq)  # (the error fails the step on the host)
-                raise
-            self.t_fill1 = time.perf_counter()
-            self.fill_s = self.t_fill1 - t0
-            return self.request_ids, self.positions, self.bitmask
         if self.seq:  # the device waits for these rows where the runner's launch put them (no compaction)
+            post, posted = getattr(self.backend, "post_fill", None), False  # (a worker process opens the word)
             try:
-                self._fill_rows()
+                if post is not None:
+                    post(self.matchers, self.bitmask, self.seq)
+                    posted = True
+                else:
+                    self._fill_rows()
             finally:  # open the device's wait even if the fill failed (the error fails the step on the host)
                 self.t_fill1 = time.perf_counter()
-                self.device_gate.open(self.seq)
+                if not posted:
+                    self.device_gate.open(self.seq)
             self.fill_s = self.t_fill1 - t0
             return self.request_ids, self.positions, self.bitmask
         self._fill_rows()
-        # NOTE: numpy, not torch: `(t != -1).any(dim=1)` on this [32, 1536] int32 took 28-48 ms on the CPU
-        # torch 2.13 build (2 loaded cores), numpy 0.01 ms.
+        # NOTE: numpy, not torch: `(t != -1).any(dim=1)` on [32, 1536] int32: 28-48 ms on the CPU torch, numpy 0.01
         words = self.bitmask.numpy()
         keep = np.flatnonzero((words != -1).any(axis=1))  # a row of all ones: every token allowed, no mask
         if len(keep) == len(words):
@@ -213,16 +208,6 @@ class GrammarStep:
             return
         self.chunks = None
         self.t_start = time.perf_counter()
-        if self.seq and getattr(self.backend, "opens_gate", False):  # a worker process: one message, no thread
-            try:
-                if before is not None:
-                    before()
-            finally:
-                try:
-                    self._rows = self._fill()
-                except BaseException as e:  # noqa: BLE001 - raised again in wait()
-                    self._error = e
-            return
         started = threading.Event()
 
         def run():
@@ -286,13 +271,11 @@ def _bias_table(device: Any, dtype: Any) -> Any:
 def apply_packed(logits: Any, rows: list[int], packed: Any, pre: Any = None, kernel: Any = None) -> Any:
     """Set disallowed logits to ``-inf`` on ``rows`` (logits row indices) from packed int32 ``[len(rows), W]``.
 
-    On an accelerator: the packed words are read as bytes (little-endian, so byte j holds tokens 8j..8j+7),
-    each byte looks up its 8 additive biases (0 or -inf) in a 256-row table, and the ``[n, V]`` bias is added
-    to the rows: an ``index_select`` and an ``add_`` (or ``kernel``, the platform's apply: on CUDA one Triton
-    launch, see ``Platform.make_grammar_mask_apply``). On a CPU: numpy
-    integer AND/OR, in place (:func:`_apply_packed_numpy`, ``pre`` its operands built by the fill).
-    NOTE: both replaced unpacking with shifts + ``masked_fill_``, which took ~90 ms at batch 32 x 49152 on
-    this CPU build of torch (the table add: ~2 ms; min of 60 runs, 1 thread).
+    On an accelerator: the packed words are read as bytes (little-endian, byte j holds tokens 8j..8j+7), each byte
+    looks up its 8 additive biases (0 or -inf) in a 256-row table, the ``[n, V]`` bias is added to the rows (or
+    ``kernel``, the platform's apply: on CUDA one Triton launch, ``Platform.make_grammar_mask_apply``). On a CPU:
+    numpy integer AND/OR, in place (:func:`_apply_packed_numpy`, ``pre`` its operands built by the fill).
+    NOTE: both replaced shifts + ``masked_fill_``: ~90 ms at batch 32 x 49152 on this CPU torch (table add ~2 ms).
     """
     import torch
 
@@ -357,13 +340,11 @@ def _apply_packed_numpy(logits: Any, rows: list[int], packed: Any, pre: Any = No
 
 
 def _to_device(t: Any, device: Any) -> Any:
-    """Host -> device without a stream sync: through pinned memory (torch's caching host allocator keeps the
-    staging block alive until the copy is done), so the host goes on queuing the sampler while the forward
-    still runs. A copy from pageable memory would first wait for the whole stream (CUDA's rule).
-    NOTE: on CUDA the engine's reused fill buffer is itself pinned (core/structured_output.py) and copied
-    from directly. Reusing it is safe: the next fill into it starts only after this step's sampled tokens
-    reached the host (the grammars need them), and those are copied back after this copy on the same stream;
-    under async scheduling the fill of N+1 is gated on N's tokens the same way (core/async_engine.py)."""
+    """Host -> device without a stream sync: through pinned memory (torch's caching host allocator keeps the staging
+    block alive until the copy is done), so the host goes on queuing the sampler while the forward still runs (a
+    copy from pageable memory would first wait for the whole stream). NOTE: on CUDA the reused fill buffer is itself
+    pinned and copied from directly; safe, as the next fill into it starts only after this step's tokens (copied
+    back after this copy, same stream) reached the host; under async scheduling N+1's fill waits for N's tokens."""
     if t.device.type != "cpu":
         return t.to(device)
     if not t.is_pinned():

@@ -27,12 +27,7 @@ import sys
 import threading
 from typing import Any
 
-from octavo.plugins.structured_output.xgrammar_backend import (
-    XGrammarBackend,
-    _batch_accept,
-    _Matcher,
-    fill_rows,
-)
+from octavo.plugins.structured_output.xgrammar_match import _batch_accept, _Matcher, fill_rows
 from octavo.structured_outputs import GrammarMatcher, StructuredOutputBackend
 
 logger = logging.getLogger(__name__)
@@ -74,7 +69,7 @@ class XGrammarWorkerBackend(StructuredOutputBackend):
     name = "xgrammar"
     opens_gate = True  # core/grammar_step.py: a device-gated fill is posted (post_fill), the worker opens the word
 
-    def __init__(self, inner: XGrammarBackend, rows: int) -> None:
+    def __init__(self, inner: Any, rows: int) -> None:
         import multiprocessing as mp
         from multiprocessing.shared_memory import SharedMemory
 
@@ -111,15 +106,7 @@ class XGrammarWorkerBackend(StructuredOutputBackend):
         threading.Thread(target=self._send_info, args=(inner.info.serialize_json(),), daemon=True,
                          name="octavo-grammar-worker-start").start()
 
-    # ---- the backend interface --------------------------------------------------------------------------------
-    @classmethod
-    def is_available(cls) -> bool:
-        return XGrammarBackend.is_available()
-
-    @classmethod
-    def validate(cls, params: Any) -> None:
-        XGrammarBackend.validate(params)
-
+    # ---- the backend interface (``inner``: the XGrammarBackend; the front end validates with the registry's class)
     def compile(self, params: Any) -> Any:
         return self.inner.compile(params)
 

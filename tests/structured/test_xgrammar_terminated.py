@@ -72,7 +72,7 @@ def test_python_terminated_flag_equals_xgrammars(backend, params):
 def test_batch_accept_readback_equals_xgrammars(backend, monkeypatch):
     """The batched accept reads the native result without GIL-releasing FFI calls (``_batch_accept``): the same
     accepted / refused answers and the same matcher states as xgrammar's own ``batch_accept_token``, row by row."""
-    from octavo.plugins.structured_output import xgrammar_backend as xgb
+    from octavo.plugins.structured_output import xgrammar_match as xgb
 
     compiled = backend.compile(StructuredOutputsParams(json={"type": "object", "properties": {
         "a": {"type": "integer"}}, "required": ["a"]}, disable_any_whitespace=True))
