@@ -237,22 +237,15 @@ def switch_all_reduce(worker, mode: str) -> str:
     cuda_allreduce_ll.py) and ``+push`` (fused only: the row-parallel GEMV sends its output itself,
     cuda_allreduce_gemv.py) and ``+early`` (with push and pdl: the consumer polls the peer's words before its
     PDL wait, OCTAVO_TP_EARLY_POLL) turn those on, their absence off; ``+w8``: the fused all-reduce + norm kernel with 8
-    warps (its rule: 4 up to 4096 wide); ``+preN``: the batch-1 GEMVs load N K-blocks before their PDL wait
-    (cuda_gemv_pre.py; absent: 1). Returns what runs now."""
+    warps (its rule: 4 up to 4096 wide). Returns what runs now."""
     from octavo.nn import parallel
-    from octavo.plugins.platforms.cuda_gemv_pre import set_pre_blocks
     from octavo.plugins.platforms.cuda_mlp_fusion import set_silu_gemv
     from octavo.plugins.platforms.cuda_pdl import set_pdl
 
     label = mode
     mode, *flags = mode.split("+")
-    pre = [f for f in flags if f[:3] == "pre" and f[3:].isdigit()]  # +preN: N K-blocks before the PDL wait
-    flags = [f for f in flags if f not in pre]
-    if mode not in ("nccl", "custom", "fused") or not set(flags) <= {"pdl", "silu", "ll", "push", "w8", "early"} \
-            or len(pre) > 1:
-        raise ValueError(f"unknown all-reduce mode {label!r}: nccl|custom|fused [+pdl] [+silu] [+ll] [+push] [+w8] "
-                         "[+preN]")
-    set_pre_blocks(int(pre[0][3:]) if pre else 1)  # the batch-1 GEMVs (cuda_gemv_pre.py); absent: 1 (as before)
+    if mode not in ("nccl", "custom", "fused") or not set(flags) <= {"pdl", "silu", "ll", "push", "w8", "early"}:
+        raise ValueError(f"unknown all-reduce mode {label!r}: nccl|custom|fused [+pdl] [+silu] [+ll] [+push] [+w8]")
     if "push" in flags and mode != "fused":
         raise ValueError(f"{label!r}: +push (cuda_allreduce_gemv.py) needs the fused mode")
     if "early" in flags and not {"push", "pdl"} <= set(flags):
@@ -285,7 +278,7 @@ def switch_all_reduce(worker, mode: str) -> str:
     return (f"{label}: {type(parallel._ALL_REDUCE).__name__}, "
             f"defer_rows={getattr(parallel._ALL_REDUCE, 'defer_rows', None)}, ll={getattr(ar, 'll', None)}, "
             f"push={getattr(ar, 'push', None)} ({getattr(ar, 'num_pushed', 0)} GEMVs pushed in the capture), "
-            f"early_poll={getattr(ar, 'early_poll', None)}, pre_blocks={int(pre[0][3:]) if pre else 1}")
+            f"early_poll={getattr(ar, 'early_poll', None)}")
 
 
 def graph_replay_ms_without_allreduce(worker, size: int, iters: int) -> float:

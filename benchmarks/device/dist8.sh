@@ -4,8 +4,8 @@
 # Runs from the repo root; JSON + logs to $OUT/dist/dist8/. Dummy-weight Llama-3 shapes, bf16. NVLink multicast stays
 # off: NCCL_NVLS_ENABLE / TORCH_SYMM_MEM_DISABLE_MULTICAST are recorded, never changed. Every step has a hard cap.
 # Warm-up: every engine times 16 untimed tokens (Triton compile, autotune, graph capture) before its timed runs.
-#   DIST8_PARTS (space separated; default "test early tp1"), run in the order test, gemv, early, table, ab, pre, tp1,
-#   test6, ar, nccl, goal, 70b (each step capped: a protocol that hangs costs only its step):
+#   DIST8_PARTS (space separated; default "test early tp1"), run in the order test, gemv, early, table, ab, tp1, test6,
+#   ar, nccl, goal, 70b (each step capped: a protocol that hangs costs only its step):
 #   gemv  (<= 58 s) one TP=2 engine (mp, async) in the defaults: batch-1 ms/token + graph; then every rank sweeps the
 #         batch-1 GEMV tiles per weight shape in a PDL chain on its real weights (benchmarks/gpu_tp_gemv.py), and the
 #         winners are A/B'd against the autotuner's tiles in the same engine (re-captured; graph + ms/token, twice)
@@ -17,9 +17,6 @@
 #   ab    (<= 50 s) one TP=2 engine in the defaults, its per-layer kernel trace and a trace of real decode steps, then
 #         re-captured per mode of DIST8_TP2_MODES (default: the defaults again, push off, push with PDL off = true
 #         per-kernel times) and last without any all-reduce (their in-step cost)   [session 7's dist7.sh]
-#   pre   (<= 100 + 60 s) session 11: the batch-1 GEMVs load 1 (the default) / 2 / 4 K-blocks of weight before their
-#         PDL wait (cuda_gemv_pre.py, same bits): one TP=2 engine re-captured 2, 4, 1, 2, 4, 1 (graph + ms/token +
-#         tokens), then one TP=1 engine re-captured 2, 4, 1, 4 (the ratio moves only if TP=2 gains more than TP=1)
 #   tp1   (<= 26 s) TP=1 (uni, async) in the defaults, then re-captured in the defaults: the denominators
 #   test  (<= 28 s) 2 GPUs: the pushing GEMV + fused norm / receive-only kernel == NCCL + unfused norm, bitwise, also
 #         with fixed GEMV tiles (cuda_gemv_table.py) and with the early poll; a layer's kernel chain with PDL == without
@@ -76,14 +73,6 @@ has table && step 8b_tp2_table 50 $TP --one 2 --tag table --async-modes on --gra
 # shellcheck disable=SC2086
 has ab && step 8b_tp2_ab 50 $TP --one 2 --tag ab --async-modes on --graph-replay --layer-trace \
   --ar-modes $MODES --graph-replay-no-allreduce
-if has pre; then  # the defaults as started first, then alternating (each PRE compiles its GEMVs at the first capture)
-  # shellcheck disable=SC2086
-  step 8b_tp2_pre 100 $TP --one 2 --tag pre --async-modes on --graph-replay --layer-trace --ar-modes $P+pre2 $P+pre4 $P \
-    $P+pre2 $P+pre4 $P
-  T1="custom+pdl+silu"
-  # shellcheck disable=SC2086
-  step 8b_tp1_pre 60 $TP --one 1 --tag pre --async-modes on --graph-replay --ar-modes $T1+pre2 $T1+pre4 $T1 $T1+pre4
-fi
 has tp1 && step 8b_tp1 26 $TP --one 1 --async-modes on --graph-replay --ar-modes custom+pdl+silu
 has test6 && step gpu_test6 45 python3 -u -m pytest -v -x tests/gpu/test_pdl_gpu.py tests/gpu/test_tp_allreduce_gpu.py \
   -k "equals_nccl or pdl_chain"

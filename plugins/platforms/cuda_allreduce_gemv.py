@@ -36,8 +36,7 @@ import triton.language as tl
 
 from octavo.env_flags import env_switch
 from octavo.plugins.platforms.cuda_allreduce_ll import LL_CAP_WORDS, _ll_store_to_peers, ll_fits
-from octavo.plugins.platforms.cuda_gemv_pre import pre_blocks, pre_wait_blocks
-from octavo.plugins.platforms.cuda_pdl import launch_opts
+from octavo.plugins.platforms.cuda_pdl import gdc_launch_dependents, gdc_wait, launch_opts
 
 # an unset OCTAVO_TP_GEMV_PUSH: on since session 7 batch 1 (2x H100, 8B TP=2 bs1, same engine: graph 3.19 -> 3.06 ms,
 # 3.54 -> 3.35 ms/token, TP2/TP1 0.628 -> 0.595; fused norm 7.2 -> 4.7 us with PDL off; 2-GPU test bitwise), for two
@@ -75,7 +74,7 @@ def push_for_world(world: int) -> bool:
 @triton.jit
 def _gemv_push_kernel(x_ptr, w_ptr, y_ptr, N, K, stride_wn, ll_table, counters, RANK: tl.constexpr,
                       WORLD: tl.constexpr, CAP: tl.constexpr, EVEN: tl.constexpr, BLOCK_N: tl.constexpr,
-                      BLOCK_K: tl.constexpr, PDL: tl.constexpr = False, PRE: tl.constexpr = 1):
+                      BLOCK_K: tl.constexpr, PDL: tl.constexpr = False):
     """cuda_fusions._gemv_kernel without bias (same tiles, same sums), then this program's outputs pushed as LL
     words into every peer's slot [parity][RANK] for the coming call."""
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -83,9 +82,20 @@ def _gemv_push_kernel(x_ptr, w_ptr, y_ptr, N, K, stride_wn, ll_table, counters, 
     rows = w_ptr + n.to(tl.int64)[:, None] * stride_wn
     acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     k0 = 0
-    if PDL:  # cuda_pdl.py: the first PRE weight tiles load while the producer of x finishes (cuda_gemv_pre.py)
-        acc = pre_wait_blocks(acc, rows, nm, x_ptr, K, BLOCK_K, EVEN, PRE)
-        k0 = PRE * BLOCK_K
+    if PDL:  # the first weight tile loads while the producer of x finishes (weights never change)
+        kk = tl.arange(0, BLOCK_K)
+        if EVEN:
+            w = tl.load(rows + kk[None, :])
+        else:
+            w = tl.load(rows + kk[None, :], mask=nm[:, None] & (kk[None, :] < K), other=0.0)
+        gdc_wait()
+        gdc_launch_dependents()
+        if EVEN:
+            x = tl.load(x_ptr + kk)
+        else:
+            x = tl.load(x_ptr + kk, mask=kk < K, other=0.0)
+        acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
+        k0 = BLOCK_K
     for k in range(k0, K, BLOCK_K):
         kk = k + tl.arange(0, BLOCK_K)
         if EVEN:
@@ -142,6 +152,6 @@ def gemv_push(ar, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | None:
     block_n = cfg.pop("BLOCK_N")
     _gemv_push_kernel[(triton.cdiv(N, block_n),)](x, weight, y, N, K, weight.stride(0), ar.ll_table, ar.counters,
                                                   RANK=ar.rank, WORLD=ar.world, CAP=LL_CAP_WORDS, BLOCK_N=block_n,
-                                                  PRE=pre_blocks(K, cfg["BLOCK_K"]), **cfg, **launch_opts())
+                                                  **cfg, **launch_opts())
     ar.num_pushed = getattr(ar, "num_pushed", 0) + 1  # launches (host side; benchmarks report it)
     return y

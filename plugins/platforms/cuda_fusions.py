@@ -27,7 +27,6 @@ import torch
 import triton
 import triton.language as tl
 
-from octavo.plugins.platforms.cuda_gemv_pre import pre_blocks, pre_wait_blocks
 from octavo.plugins.platforms.cuda_pdl import gdc_launch_dependents, gdc_wait, launch_opts
 
 logger = logging.getLogger(__name__)
@@ -165,16 +164,27 @@ def rotary(rope, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor
 
 @triton.jit
 def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, N, K, stride_wn, HAS_BIAS: tl.constexpr, EVEN: tl.constexpr,
-                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False, PRE: tl.constexpr = 1):
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False):
     """y[n] = sum_k x[k] * W[n, k] (+ b[n]) for one row x: each program owns BLOCK_N outputs, full K."""
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     nm = n < N
     rows = w_ptr + n.to(tl.int64)[:, None] * stride_wn
     acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     k0 = 0
-    if PDL:  # cuda_pdl.py: the first PRE weight tiles load while the producer of x finishes (cuda_gemv_pre.py)
-        acc = pre_wait_blocks(acc, rows, nm, x_ptr, K, BLOCK_K, EVEN, PRE)
-        k0 = PRE * BLOCK_K
+    if PDL:  # cuda_pdl.py: the first weight tile loads while the producer of x finishes (weights never change)
+        kk = tl.arange(0, BLOCK_K)
+        if EVEN:
+            w = tl.load(rows + kk[None, :])
+        else:
+            w = tl.load(rows + kk[None, :], mask=nm[:, None] & (kk[None, :] < K), other=0.0)
+        gdc_wait()
+        gdc_launch_dependents()
+        if EVEN:
+            x = tl.load(x_ptr + kk)
+        else:
+            x = tl.load(x_ptr + kk, mask=kk < K, other=0.0)
+        acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
+        k0 = BLOCK_K
     for k in range(k0, K, BLOCK_K):
         kk = k + tl.arange(0, BLOCK_K)
         if EVEN:
@@ -213,16 +223,14 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     tile = lookup(N, K, weight.device) if bias is None else None  # fixed per-shape tiles (cuda_gemv_table.py)
     if tile is not None:
         _gemv_kernel[(triton.cdiv(N, tile["BLOCK_N"]),)](x, weight, bias, y, N, K, weight.stride(0), HAS_BIAS=False,
-                                                          EVEN=even, **tile, PRE=pre_blocks(K, tile["BLOCK_K"]),
-                                                          **launch_opts())
+                                                          EVEN=even, **tile, **launch_opts())
         return y
     if os.environ.get("TRITON_INTERPRET") == "1":  # no timer to autotune with: one fixed tile
         _gemv_kernel[(triton.cdiv(N, 16),)](x, weight, bias, y, N, K, weight.stride(0), HAS_BIAS=bias is not None,
                                             EVEN=False, BLOCK_N=16, BLOCK_K=64, **launch_opts())
         return y
     _gemv_autotuned[lambda meta: (triton.cdiv(N, meta["BLOCK_N"]),)](
-        x, weight, bias, y, N, K, weight.stride(0), HAS_BIAS=bias is not None, EVEN=even,
-        PRE=pre_blocks(K, 1024), **launch_opts())  # 1024: the largest BLOCK_K of the configs (none reads past K)
+        x, weight, bias, y, N, K, weight.stride(0), HAS_BIAS=bias is not None, EVEN=even, **launch_opts())
     return y
 
 

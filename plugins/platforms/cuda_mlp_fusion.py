@@ -26,8 +26,7 @@ import triton
 import triton.language as tl
 
 from octavo.env_flags import env_switch
-from octavo.plugins.platforms.cuda_gemv_pre import pre_blocks, pre_wait_blocks2
-from octavo.plugins.platforms.cuda_pdl import launch_opts
+from octavo.plugins.platforms.cuda_pdl import gdc_launch_dependents, gdc_wait, launch_opts
 
 logger = logging.getLogger(__name__)
 
@@ -42,7 +41,7 @@ def set_silu_gemv(on: bool) -> None:
 
 @triton.jit
 def _gemv_silu_kernel(x_ptr, w_ptr, y_ptr, N_OUT, K, stride_wn, EVEN: tl.constexpr, BLOCK_N: tl.constexpr,
-                      BLOCK_K: tl.constexpr, PDL: tl.constexpr = False, PRE: tl.constexpr = 1):
+                      BLOCK_K: tl.constexpr, PDL: tl.constexpr = False):
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     nm = n < N_OUT
     g_rows = w_ptr + n.to(tl.int64)[:, None] * stride_wn
@@ -50,10 +49,25 @@ def _gemv_silu_kernel(x_ptr, w_ptr, y_ptr, N_OUT, K, stride_wn, EVEN: tl.constex
     acc_g = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     acc_u = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     k0 = 0
-    if PDL:  # cuda_pdl.py: the first PRE gate/up weight tiles load while the producer of x finishes (weights never
-        # change, as in cuda_fusions._gemv_kernel; cuda_gemv_pre.py); x only after the wait
-        acc_g, acc_u = pre_wait_blocks2(acc_g, acc_u, g_rows, u_rows, nm, x_ptr, K, BLOCK_K, EVEN, PRE)
-        k0 = PRE * BLOCK_K
+    if PDL:  # cuda_pdl.py: the first gate/up weight tiles load while the producer of x finishes (weights never
+        kk = tl.arange(0, BLOCK_K)  # change, as in cuda_fusions._gemv_kernel); x only after the wait
+        if EVEN:
+            wg = tl.load(g_rows + kk[None, :])
+            wu = tl.load(u_rows + kk[None, :])
+        else:
+            m = nm[:, None] & (kk[None, :] < K)
+            wg = tl.load(g_rows + kk[None, :], mask=m, other=0.0)
+            wu = tl.load(u_rows + kk[None, :], mask=m, other=0.0)
+        gdc_wait()
+        gdc_launch_dependents()
+        if EVEN:
+            x = tl.load(x_ptr + kk)
+        else:
+            x = tl.load(x_ptr + kk, mask=kk < K, other=0.0)
+        xf = x.to(tl.float32)[None, :]
+        acc_g += wg.to(tl.float32) * xf
+        acc_u += wu.to(tl.float32) * xf
+        k0 = BLOCK_K
     for k in range(k0, K, BLOCK_K):
         kk = k + tl.arange(0, BLOCK_K)
         if EVEN:
@@ -103,8 +117,7 @@ def gemv_silu(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     if _tuned is None:
         _tuned = _configs()
     _tuned[lambda meta: (triton.cdiv(i, meta["BLOCK_N"]),)](x, weight, y, i, K, weight.stride(0),
-                                                            EVEN=K % 1024 == 0 and i % 64 == 0,
-                                                            PRE=pre_blocks(K, 1024), **launch_opts())  # largest BLOCK_K
+                                                            EVEN=K % 1024 == 0 and i % 64 == 0, **launch_opts())
     return y
 
 

@@ -95,19 +95,6 @@ def _rank_main(rank: int, tmp: str, port: str) -> None:
     pushed.clear()
     got = forward()
     assert pushed == [True] * 3 and all(torch.equal(a, b) for a, b in zip(want_tiles, got)), "tiled push differs"
-    # OCTAVO_GEMV_PRE_BLOCKS (cuda_gemv_pre.py): under PDL the pushing GEMV loads both of its K-blocks (48 = 2 x 32)
-    # before the wait (the interpreter's wait is a no-op; the path and its sums run): still the same bits
-    from octavo.plugins.platforms import cuda_gemv_pre
-
-    real_cag_opts = cag.launch_opts
-    cag.launch_opts = lambda: {"PDL": True}
-    cuda_gemv_pre.set_pre_blocks(2)
-    assert cuda_gemv_pre.pre_blocks(inner // WORLD, 32) == 2
-    pushed.clear()
-    got = forward()
-    assert pushed == [True] * 3 and all(torch.equal(a, b) for a, b in zip(want_tiles, got)), "PRE 2 push differs"
-    cuda_gemv_pre.set_pre_blocks(1)
-    cag.launch_opts = real_cag_opts
     set_override(None)
     # OCTAVO_TP_EARLY_POLL: the fused consumer polls the peer's words before its PDL wait (the interpreter's wait
     # is a no-op; the path and its sums run): still bitwise the plain path, and the EARLY kernel really ran

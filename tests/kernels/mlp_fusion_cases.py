@@ -29,14 +29,11 @@ def test_gemv_silu_equals_gemv_then_silu_and_mul(i, k, pdl):
     assert torch.equal(got, want)
 
 
-# K-blocks before the wait (cuda_gemv_pre.py): the same sums; an EVEN launch never asks for more blocks than
-# K has (cuda_gemv_pre.pre_blocks), so those combinations are not cases
-@pytest.mark.parametrize("i,k,even,bn,bk,pre", [(*c, pre) for c in [(64, 2048, True, 16, 512), (40, 333, False, 16, 64),
-                                            (16, 100, False, 16, 512), (16, 1024, True, 16, 1024)]
-                                              for pre in (1, 2, 4) if not (c[2] and pre * c[4] > c[1])])
-def test_gemv_silu_pdl_path_equals_plain(i, k, even, bn, bk, pre):
-    """The PDL path peels the first PRE K tiles (their gate/up weight loads move before ``gdc_wait``): same
-    arithmetic on aligned, ragged and single-tile shapes."""
+@pytest.mark.parametrize("i,k,even,bn,bk", [(64, 2048, True, 16, 512), (40, 333, False, 16, 64),
+                                            (16, 100, False, 16, 512), (16, 1024, True, 16, 1024)])
+def test_gemv_silu_pdl_path_equals_plain(i, k, even, bn, bk):
+    """The PDL path peels the first K tile (its gate/up weight loads move before ``gdc_wait``): same arithmetic
+    on aligned, ragged and single-tile shapes."""
     import triton
 
     g = torch.Generator().manual_seed(i + k)
@@ -46,7 +43,7 @@ def test_gemv_silu_pdl_path_equals_plain(i, k, even, bn, bk, pre):
     for pdl in (False, True):
         y = torch.empty(1, i, dtype=torch.bfloat16)
         cmf._gemv_silu_kernel[(triton.cdiv(i, bn),)](x, w, y, i, k, w.stride(0), EVEN=even, BLOCK_N=bn, BLOCK_K=bk,
-                                                     PDL=pdl, PRE=pre)
+                                                     PDL=pdl)
         outs.append(y)
     assert torch.equal(outs[0], outs[1])
     gate, up = (x.double() @ w.double().T).split(i, dim=1)
