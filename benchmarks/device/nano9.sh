@@ -26,6 +26,11 @@
 #       (cProfile of the engine's stepping thread in the prefill phase: what shares the GIL with the 8k-token
 #       forwards' launches), probe, prefill_prof (the step thread's in-run 8k forwards), then evblock (the core waits on
 #       a blocking-sync event, not a spinning one) / defaults alternating; --prefill-host.
+#   base (session 11, engineer margin; bound 146 s) A/B of two TREES in one lane: the current tree and .base/ (a `git
+#       archive` of session 10's final tree 3a185d4 that the lead carries), alternating fresh processes cur, base, cur,
+#       base (as long as ~32 s are left), each nano_host_gap.py --runs defaults defaults (the first = the headline's
+#       first timed run of a warmed engine); the base runs through benchmarks/tree_run.py (octavo's editable mapping
+#       pointed at .base, no reinstall). gap_<tree><i>.json.
 set -u
 cd "$(dirname "$0")/../.."
 R="${OUT:-/tmp/out}/nano9"; mkdir -p "$R"
@@ -77,6 +82,27 @@ case "$PART" in
   m11)
     run 142 gap.log python benchmarks/nano_host_gap.py --out "$R/gap.json" --budget-s 136 --prefill-host \
       --runs ${NANO_RUNS:-defaults core_prof probe prefill_prof evblock defaults evblock defaults evblock} ;;
+  base)
+    [ -d .base/core ] && [ -d .base/sdk ] && [ -d .base/plugins ] || { echo "no .base/ tree (git archive 3a185d4)"; exit 2; }
+    i=0
+    for tree in ${NANO_TREES:-cur base cur base}; do
+      [ "$(left)" -lt 32 ] && { echo "skip $tree: $(left) s left"; continue; }
+      i=$((i + 1))
+      if [ "$tree" = base ]; then
+        run $(( $(left) - 2 )) "gap_base$i.log" python benchmarks/tree_run.py .base .base/benchmarks/nano_host_gap.py \
+          --out "$R/gap_base$i.json" --budget-s 40 --runs defaults defaults
+      else
+        run $(( $(left) - 2 )) "gap_cur$i.log" python benchmarks/nano_host_gap.py --out "$R/gap_cur$i.json" \
+          --budget-s 40 --runs defaults defaults
+      fi
+    done
+    python - "$R" <<'PY'
+import glob, json, os, sys
+for f in sorted(glob.glob(os.path.join(sys.argv[1], "gap_*.json"))):
+    runs = json.load(open(f)).get("runs", [])
+    print(os.path.basename(f), [round(r["throughput_qwen3_0p6b_nanovllm_tok_s"]) for r in runs if "seconds" in r])
+PY
+    ;;
   *) echo "unknown NANO_PART=$PART"; exit 2 ;;
 esac
 echo "total $(( $(date +%s) - START )) s"
