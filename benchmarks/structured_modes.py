@@ -21,7 +21,7 @@ def defaults(core: Any) -> dict:
     from octavo.core import structured_output as so_mod
 
     return {"park": async_gate.PARK, "early_fill": async_gate.EARLY_FILL, "start_wait": async_gate.FILL_START_WAIT_S,
-            "devgate": grammar_device_gate.DEVICE_GATE, "fused": grammar_device_gate.FUSED_WAIT,
+            "devgate": grammar_device_gate.DEVICE_GATE,
             "poolaccept": so_mod.ACCEPT_ON_FILL_THREAD,
             "inline": grammar_step.INLINE_AFTER_GATE, "handoff": grammar_step.HANDOFF_WAIT_S,
             "threads": core.structured.fill_threads, "kernel": grammar_step.PLATFORM_APPLY,
@@ -106,8 +106,6 @@ def build_modes(args: Any, so: Any, dflt: dict) -> dict:
         modes["json_async_acceptgil"] = (so, True, False, False, None, {**dflt, "accept_gil": True})
         # session 11: the matchers in a grammar worker process (OCTAVO_GRAMMAR_WORKER, xgrammar_worker.py), device gate
         modes["json_async_worker"] = (so, True, False, False, None, {**dflt, "devgate": True, "worker": True})
-        # session 11: the device gate's wait and apply as one launch (grammar_device_gate.FUSED_WAIT, opt-in)
-        modes["json_async_devgate_fused"] = (so, True, False, False, None, {**dflt, "devgate": True, "fused": True})
         # diagnostic floor (session 11): the device gate where this process does no grammar work at all after the
         # prepare: no accept, no bitmask thread, no fill; the core thread opens the device's wait at once (rows all
         # open). What is left is the structure a grammar worker process would leave behind (prepare, the token
@@ -166,7 +164,6 @@ def apply_knobs(core: Any, knobs: dict, on: bool, async_modes: bool, saved: dict
     grammar_device_gate.DEVICE_GATE = knobs.get("devgate", saved["devgate"])
     so_mod.ACCEPT_ON_FILL_THREAD = knobs.get("poolaccept", saved["poolaccept"])
     xgm.ACCEPT_READBACK_KEEPS_GIL = knobs.get("readback", True)
-    grammar_device_gate.FUSED_WAIT = knobs.get("fused", saved["fused"])
     _accept_call().release_gil = not knobs.get("accept_gil", False)
     if knobs.get("gate_only"):
         backend = core.structured._get_backend()
@@ -189,7 +186,6 @@ def restore(core: Any, saved: dict) -> None:
     core.structured.fill_threads = saved["threads"]
     xgb.NATIVE_FILL_THREADS = 1
     xgm.ACCEPT_READBACK_KEEPS_GIL = True
-    grammar_device_gate.FUSED_WAIT = saved["fused"]
     _accept_call().release_gil = True
     grammar_step.HOST_READ_APPLY = True
     grammar_device_gate.DEVICE_GATE = saved["devgate"]

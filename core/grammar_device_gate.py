@@ -48,15 +48,10 @@ def _env_switch(name: str, default: bool) -> bool:
 # weights, ms per step): H200 (s9) 135M shape 1.98 vs 2.28, 1.1B 1.90 vs 2.18; H100 (s10) 135M 1.70 vs 1.94,
 # 1.1B 1.64 vs 2.11 (docs/performance.md). OCTAVO_GRAMMAR_DEVICE_GATE=0 turns it off.
 DEVICE_GATE = _env_switch("OCTAVO_GRAMMAR_DEVICE_GATE", True)
-# Session 11, opt-in: the wait and the apply as ONE launch (the platform apply's ``wait_apply``: every program of the
-# apply spins on the word itself), one launch fewer on the runner's thread per structured step.
-# OCTAVO_GRAMMAR_FUSED_WAIT=1 turns it on; the benchmark's json_async_devgate_fused mode compares it.
-FUSED_WAIT = _env_switch("OCTAVO_GRAMMAR_FUSED_WAIT", False)
 # The benchmark's probe: time each device wait with two device events (read after the step's tokens arrived,
 # core/structured_output.py stats "device_wait_s": how long the device idled for the fill). Off in the engine.
 TIME_WAIT = False
 _FAILED: dict[str, bool] = {}  # "wait": the wait kernel failed to launch in this process (the host waits instead)
-_FUSED_FAILED: list[BaseException] = []  # the fused launch failed here (the two launches then; the gate stays on)
 
 
 class DeviceGate:
@@ -113,15 +108,6 @@ def apply_gated(logits: Any, grammar: Any, sample_req_ids: list[str], logits_row
         index = torch.tensor(rows, dtype=torch.int32)
         if logits.device.type != "cpu":  # through pinned memory: no stream sync (core/grammar_step.py _to_device)
             index = index.pin_memory().to(logits.device, non_blocking=True)
-    if FUSED_WAIT and events is None and hasattr(kernel, "wait_apply") and not _FUSED_FAILED:
-        try:
-            kernel.wait_apply(logits, packed, index, step.device_gate.words, step.seq)
-        except Exception as e:  # noqa: BLE001 - e.g. the fused kernel does not build here: the two launches
-            logger.warning("grammar mask: the fused wait + apply failed (%s); two launches from now on", e)
-            _FUSED_FAILED.append(e)
-        else:
-            grammar.apply_s = time.perf_counter() - t0
-            return logits
     try:
         kernel.wait_host_flag(step.device_gate.words, step.seq)
     except Exception as e:  # noqa: BLE001 - e.g. the wait kernel does not build here: wait on the host instead

@@ -20,13 +20,15 @@
 #   4. session 10, in its own call (a hang there costs only itself): three steps in flight with the device gate
 #      (json_async_devgate_d3) vs free_async_d3 / free_async and the depth-2 device gate, SmolLM2-135M shape, batch 32.
 #   5. what time is left: the ~1.1B Llama shape at batch 32, park vs devgate.
-# Argument "headline" (session 10 batch 2, ~100 s, same 150 s bound): the launch probe (step 2), then the engine as it ships (json_async: the device gate is the
-# default since session 10) vs json_async_park and free_async, 3 repeats, no wait events, on the 135M shape (+ stack
-# samples of free_async and json_async, decode steps only) and the 1.1B shape.
+# Argument "headline" (session 11 batch 2, the final tree, same 150 s bound): the engine as it ships (json_async: the
+# device gate, on by default since session 10) vs json_async_park (the Python gate) and json_async_devgate_postonly (no
+# grammar work in this process: the floor a grammar worker could reach), 3 repeats, no wait events, 135M shape (50 s);
+# then (45 s, its own step) json_async_worker (the opt-in grammar worker process, tokens compared with json_async);
+# then the 1.1B shape: json_async vs park (what is left).
 # Argument "s11" (session 11 batch 1, ~120 s, same 150 s bound): the tree's json_async (GIL-keeping accept read-back,
 # no per-step is_pinned driver queries; the device gate) vs json_async_xgraccept (xgrammar's own read-back),
-# json_async_acceptgil (the native accept keeps the GIL), json_async_devgate_fused (the wait + apply as one launch;
-# its GPU test first: tests/structured/test_apply_device.py -k device_gate, 25 s), json_async_devgate_postonly (no grammar work in this
+# json_async_acceptgil (the native accept keeps the GIL), json_async_devgate_fused (the wait + apply as one launch,
+# since removed: it lost; its GPU test first, 20 s), json_async_devgate_postonly (no grammar work in this
 # process after the prepare: the floor a grammar worker process would leave), json_async_park and the no-op fill + accept floor (_devgate_gateonly), 3 repeats, no wait events, stack samples of
 # free_async and json_async (decode steps only) on the 135M shape; then the 1.1B shape: json_async vs park.
 # Then (30 s, its own step) json_async_worker: the matchers in a grammar worker process (OCTAVO_GRAMMAR_WORKER).
@@ -102,14 +104,16 @@ STACKS=(--stack-sample free_async json_async_park json_async_devgate --stack-run
 D3=(--modes free_async_d3 json_async_devgate json_async_devgate_d3)
 FEW=(--modes json_async_park json_async_devgate)
 PART=${1:-ab}
-if [ "$PART" = headline ]; then  # session 10 batch 2: the engine as it ships (json_async = its defaults) vs the Python gate
-  [ "$DRY" != 1 ] && step launch 15 python3 benchmarks/structured_devgate_probe.py --launch-only --json "$R/launch.json"
-  HL=(--modes json_async json_async_park --wait-events off --repeats 3)
-  STACKS=(--stack-sample free_async json_async --stack-runs 4)
+if [ "$PART" = headline ]; then  # the engine as it ships (json_async = its defaults) vs the Python gate (see the header)
+  HL=(--modes json_async json_async_park json_async_devgate_postonly --wait-events off --repeats 3)
   if [ "$XGR" = 1 ]; then
     step smol135m_headline $(( 50 * X )) python3 benchmarks/structured_outputs.py "${COMMON[@]}" "${HL[@]}" \
-         "${STACKS[@]}" --batches 32 --model /tmp/structured9_smol135m --json "$R/smol135m_headline.json"
-    step llama1b_headline $(( $(left) - 1 * X )) python3 benchmarks/structured_outputs.py "${COMMON[@]}" "${HL[@]}" \
+         --batches 32 --model /tmp/structured9_smol135m --json "$R/smol135m_headline.json"
+    step smol135m_worker $(( 45 * X )) python3 benchmarks/structured_outputs.py "${COMMON[@]}" \
+         --modes json_async json_async_worker --wait-events off --repeats 2 --batches 32 \
+         --model /tmp/structured9_smol135m --json "$R/smol135m_worker.json"
+    step llama1b_headline $(( $(left) - 1 * X )) python3 benchmarks/structured_outputs.py "${COMMON[@]}" \
+         --modes json_async json_async_park --wait-events off --repeats 3 \
          --batches 32 --model /tmp/structured9_llama1b --json "$R/llama1b_headline.json"
   fi
   echo "structured9 headline done in ${SECONDS}s"
@@ -117,7 +121,7 @@ if [ "$PART" = headline ]; then  # session 10 batch 2: the engine as it ships (j
   exit 0
 fi
 if [ "$PART" = s11 ]; then  # session 11: see the header
-  S11=(--modes ${STRUCTURED11_MODES:-json_async json_async_xgraccept json_async_acceptgil json_async_devgate_fused
+  S11=(--modes ${STRUCTURED11_MODES:-json_async json_async_xgraccept json_async_acceptgil
                 json_async_park json_async_devgate_gateonly json_async_devgate_postonly} --wait-events off --repeats 3)
   [ "$DRY" != 1 ] && step apply_test 20 python3 -m pytest -q -p no:cacheprovider tests/structured/test_apply_device.py \
        -k device_gate

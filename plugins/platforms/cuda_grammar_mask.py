@@ -89,54 +89,7 @@ def wait_host_flag(words: torch.Tensor, seq: int, max_spins: int = MAX_SPINS) ->
     _wait_flag_kernel[(1,)](words, seq, max_spins, num_warps=1)  # one warp: one host read per spin
 
 
-@triton.jit(do_not_specialize=["seq", "max_spins"])
-def _wait_apply_kernel(logits_ptr, stride, packed_ptr, words, rows_ptr, vocab, gate_ptr, seq, max_spins,
-                       HAS_ROWS: tl.constexpr, BLOCK: tl.constexpr):
-    # the wait and the apply in one launch (session 11, opt-in): every program spins on the host word itself, then
-    # reads its rows uncached; a program that gave up records it (as _wait_flag_kernel) and applies nothing
-    v = tl.load(gate_ptr, volatile=True)
-    i = 0
-    while (v < seq) & (i < max_spins):
-        v = tl.load(gate_ptr, volatile=True)
-        i += 1
-    lim = tl.where(v >= seq, words, 0)  # gave up: no word read, every row stays open
-    if v < seq:
-        tl.store(gate_ptr + 1, seq)
-    j = tl.program_id(0)
-    b = tl.program_id(1)
-    if HAS_ROWS:
-        row = tl.load(rows_ptr + j).to(tl.int64)
-    else:
-        row = j.to(tl.int64)
-    w_off = b * (BLOCK // 32) + tl.arange(0, BLOCK // 32)
-    w = tl.load(packed_ptr + j.to(tl.int64) * words + w_off, mask=w_off < lim, other=-1, volatile=True)
-    bits = (w[:, None] >> tl.arange(0, 32)[None, :]) & 1
-    banned = tl.reshape(bits == 0, (BLOCK,))
-    cols = b * BLOCK + tl.arange(0, BLOCK)
-    tl.store(logits_ptr + row * stride + cols, float("-inf"), mask=banned & (cols < vocab))
-
-
-def wait_apply_bitmask_(logits: torch.Tensor, packed: torch.Tensor, rows: torch.Tensor | None, gate: torch.Tensor,
-                        seq: int, max_spins: int = MAX_SPINS) -> torch.Tensor:
-    """:func:`wait_host_flag` + the volatile :func:`apply_bitmask_` in ONE launch (one host launch instead of two on
-    the runner's thread, the structured step's critical path). Same contract as the pair: the apply reads the rows
-    only after ``gate[0] >= seq``; after ``max_spins`` reads a program records ``seq`` in ``gate[1]`` and masks
-    nothing (the host then fails the step)."""
-    n, words = packed.shape
-    vocab = logits.shape[-1]
-    if gate.data_ptr() not in _CHECKED:  # (host tensors only under Triton's interpreter: no pinning there)
-        assert gate.dtype == torch.int32 and gate.numel() >= 2 and (gate.is_pinned() or logits.device.type == "cpu")
-        _CHECKED.add(gate.data_ptr())
-    assert logits.stride(-1) == 1 and packed.is_contiguous() and words * 32 >= vocab and n > 0
-    grid = (n, triton.cdiv(vocab, BLOCK))
-    _wait_apply_kernel[grid](logits, logits.stride(0), packed, words, rows if rows is not None else packed, vocab,
-                             gate, seq, max_spins, HAS_ROWS=rows is not None, BLOCK=BLOCK)
-    return logits
-
-
 #: core/grammar_step.py passes the pinned fill buffer itself (no host -> device copy call) to an apply saying so
 apply_bitmask_.reads_pinned_host = True
 #: and the device gate: the wait on a host word queued before the apply (core/grammar_device_gate.py)
 apply_bitmask_.wait_host_flag = wait_host_flag
-#: the two in one launch (core/grammar_device_gate.py FUSED_WAIT)
-apply_bitmask_.wait_apply = wait_apply_bitmask_

@@ -20,6 +20,7 @@ fails it), a host fill raises.
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import logging
 import subprocess
@@ -103,6 +104,7 @@ class XGrammarWorkerBackend(StructuredOutputBackend):
         # imported (seconds); meanwhile ops queue up and only the first fill waits
         self._send_lock = threading.Lock()
         self._send_lock.acquire()
+        atexit.register(self.close)  # (an engine not shut down: the worker stops, the block is unlinked)
         threading.Thread(target=self._send_info, args=(inner.info.serialize_json(),), daemon=True,
                          name="octavo-grammar-worker-start").start()
 
@@ -194,6 +196,8 @@ class XGrammarWorkerBackend(StructuredOutputBackend):
             raise RuntimeError(f"structured outputs: the grammar worker is gone ({e})") from None
 
     def close(self) -> None:
+        if self._buf is None:
+            return
         try:
             if self._send_lock.acquire(timeout=5):
                 self._conn.send([("stop",)])

@@ -73,34 +73,3 @@ def test_cuda_apply_offers_the_device_wait():
 
     assert apply_bitmask_.wait_host_flag is wait_host_flag and apply_bitmask_.reads_pinned_host
 
-
-def test_fused_wait_apply_waits_then_masks_and_gives_up_without_masking():
-    """The wait + apply in one launch (``wait_apply_bitmask_``, grammar_device_gate.FUSED_WAIT): on an open word the
-    same bits as the plain apply (all rows and a row subset); rows written by another thread before it opens the
-    word are the ones applied; a word never opened is recorded in ``gate[1]`` and nothing is masked."""
-    import threading
-
-    from octavo.plugins.platforms.cuda_grammar_mask import apply_bitmask_, wait_apply_bitmask_
-
-    assert apply_bitmask_.wait_apply is wait_apply_bitmask_
-    g = torch.Generator().manual_seed(5)
-    logits = torch.randn(4, 1000, generator=g)
-    packed = torch.randint(-2**31, 2**31 - 1, (4, 32), dtype=torch.int32, generator=g)
-    gate = torch.zeros(2, dtype=torch.int32)
-    gate[0] = 2
-    want = apply_bitmask_(logits.clone(), packed, None)
-    assert torch.equal(wait_apply_bitmask_(logits.clone(), packed, None, gate, 2, 100), want)
-    rows = torch.tensor([3, 0], dtype=torch.int32)
-    assert torch.equal(wait_apply_bitmask_(logits.clone(), packed[:2].contiguous(), rows, gate, 1, 100),
-                       apply_bitmask_(logits.clone(), packed[:2].contiguous(), rows))
-    assert gate.tolist() == [2, 0]
-    late = torch.full_like(packed, -1)  # all open until the "fill" below writes the rows, then opens the word
-
-    def fill():
-        late.copy_(packed)
-        gate[0] = 3
-    opener = threading.Timer(0.05, fill)
-    opener.start()
-    assert torch.equal(wait_apply_bitmask_(logits.clone(), late, None, gate, 3, 1 << 30), want)
-    assert torch.equal(wait_apply_bitmask_(logits.clone(), packed, None, gate, 9, 50), logits)  # gave up: no mask
-    assert gate.tolist() == [3, 9]
