@@ -236,16 +236,23 @@ def switch_all_reduce(worker, mode: str) -> str:
     it was installed at start: the default) and ``+ll`` (the one-shot all-reduce's LL protocol,
     cuda_allreduce_ll.py) and ``+push`` (fused only: the row-parallel GEMV sends its output itself,
     cuda_allreduce_gemv.py) and ``+early`` (with push and pdl: the consumer polls the peer's words before its
-    PDL wait, OCTAVO_TP_EARLY_POLL) turn those on, their absence off; ``+w8``: the fused all-reduce + norm kernel with 8
-    warps (its rule: 4 up to 4096 wide). Returns what runs now."""
+    PDL wait, OCTAVO_TP_EARLY_POLL) turn those on, their absence off; ``+w2``/``+w8``/``+w16``: the fused all-reduce +
+    norm kernel with that many warps (its rule: 4 up to 4096 wide); ``+n8``/``+n16``: every RMSNorm launch of <= 4 rows,
+    plain (cuda_fusions) and fused, with that many warps (OCTAVO_NORM_SMALL_ROWS_WARPS; absent: the rule). Returns what runs now."""
     from octavo.nn import parallel
     from octavo.plugins.platforms.cuda_mlp_fusion import set_silu_gemv
     from octavo.plugins.platforms.cuda_pdl import set_pdl
 
     label = mode
     mode, *flags = mode.split("+")
-    if mode not in ("nccl", "custom", "fused") or not set(flags) <= {"pdl", "silu", "ll", "push", "w8", "early"}:
-        raise ValueError(f"unknown all-reduce mode {label!r}: nccl|custom|fused [+pdl] [+silu] [+ll] [+push] [+w8]")
+    warps, nwarps = {"w2": 2, "w8": 8, "w16": 16}, {"n4": 4, "n8": 8, "n16": 16}
+    if mode not in ("nccl", "custom", "fused") or len(set(flags) & set(warps)) > 1 or len(set(flags) & set(nwarps)) > 1 \
+            or not set(flags) <= {"pdl", "silu", "ll", "push", "early", *warps, *nwarps}:
+        raise ValueError(f"unknown all-reduce mode {label!r}: nccl|custom|fused [+pdl] [+silu] [+ll] [+push] "
+                         "[+w2|+w8|+w16] [+n4|+n8|+n16] [+early]")
+    from octavo.plugins.platforms.cuda_fusions import norm_warps, set_small_rows_norm_warps
+
+    set_small_rows_norm_warps(next((nwarps[f] for f in flags if f in nwarps), 0))
     if "push" in flags and mode != "fused":
         raise ValueError(f"{label!r}: +push (cuda_allreduce_gemv.py) needs the fused mode")
     if "early" in flags and not {"push", "pdl"} <= set(flags):
@@ -271,14 +278,14 @@ def switch_all_reduce(worker, mode: str) -> str:
             ar.push = "push" in flags  # the row-parallel GEMV sends its output (cuda_allreduce_gemv.py)
             ar.early_poll = "early" in flags  # its consumer polls the peer's words before the PDL wait
             ar.num_pushed = 0
-        ar.norm_warps = 8 if "w8" in flags else 0  # the fused all-reduce + norm kernel's warps (0: its rule)
+        ar.norm_warps = next((warps[f] for f in flags if f in warps), 0)  # the fused AR + norm kernel (0: its rule)
     runner = getattr(worker.runner, "graph_runner", None)
     if runner is not None:
         runner.capture()
     return (f"{label}: {type(parallel._ALL_REDUCE).__name__}, "
             f"defer_rows={getattr(parallel._ALL_REDUCE, 'defer_rows', None)}, ll={getattr(ar, 'll', None)}, "
             f"push={getattr(ar, 'push', None)} ({getattr(ar, 'num_pushed', 0)} GEMVs pushed in the capture), "
-            f"early_poll={getattr(ar, 'early_poll', None)}")
+            f"early_poll={getattr(ar, 'early_poll', None)}, small_rows_norm_warps={norm_warps(1, 4096)}")
 
 
 def graph_replay_ms_without_allreduce(worker, size: int, iters: int) -> float:

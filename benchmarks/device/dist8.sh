@@ -4,8 +4,8 @@
 # Runs from the repo root; JSON + logs to $OUT/dist/dist8/. Dummy-weight Llama-3 shapes, bf16. NVLink multicast stays
 # off: NCCL_NVLS_ENABLE / TORCH_SYMM_MEM_DISABLE_MULTICAST are recorded, never changed. Every step has a hard cap.
 # Warm-up: every engine times 16 untimed tokens (Triton compile, autotune, graph capture) before its timed runs.
-#   DIST8_PARTS (space separated; default "test early tp1"), run in the order test, gemv, early, table, ab, tp1, test6,
-#   ar, nccl, goal, 70b (each step capped: a protocol that hangs costs only its step):
+#   DIST8_PARTS (space separated; default "test early tp1"), run in the order test, gemv, early, table, ab, warps, tp1,
+#   test6, ar, nccl, goal, 70b (each step capped: a protocol that hangs costs only its step):
 #   gemv  (<= 58 s) one TP=2 engine (mp, async) in the defaults: batch-1 ms/token + graph; then every rank sweeps the
 #         batch-1 GEMV tiles per weight shape in a PDL chain on its real weights (benchmarks/gpu_tp_gemv.py), and the
 #         winners are A/B'd against the autotuner's tiles in the same engine (re-captured; graph + ms/token, twice)
@@ -17,6 +17,11 @@
 #   ab    (<= 50 s) one TP=2 engine in the defaults, its per-layer kernel trace and a trace of real decode steps, then
 #         re-captured per mode of DIST8_TP2_MODES (default: the defaults again, push off, push with PDL off = true
 #         per-kernel times) and last without any all-reduce (their in-step cost)   [session 7's dist7.sh]
+#   warps (<= 80 + 50 s) session 11: every RMSNorm launch of <= 4 rows (TP=1's plain norms, TP=2's fused all-reduce +
+#         RMSNorm: one CTA per row, ~6.5 us on the critical path twice a layer) on 16 / 8 warps instead of 4
+#         (OCTAVO_NORM_SMALL_ROWS_WARPS; fp8's one-row quantizing norm won with 16). Each engine STARTS with 16, so
+#         the fusion's start check (bitwise vs all-reduce + plain norm) runs with it (log); then re-captured
+#         4 (the rule), 16, 8, 4, 16, 8 (TP=2) / 4, 16, 8, 4, 16 (TP=1): graph + ms/token + tokens
 #   tp1   (<= 26 s) TP=1 (uni, async) in the defaults, then re-captured in the defaults: the denominators
 #   test  (<= 45 s) 2 GPUs: the pushing GEMV + fused norm / receive-only kernel == NCCL + unfused norm, bitwise, also
 #         with fixed GEMV tiles (cuda_gemv_table.py) and with the early poll; a layer's kernel chain with PDL == without
@@ -73,6 +78,15 @@ has table && step 8b_tp2_table 50 $TP --one 2 --tag table --async-modes on --gra
 # shellcheck disable=SC2086
 has ab && step 8b_tp2_ab 50 $TP --one 2 --tag ab --async-modes on --graph-replay --layer-trace \
   --ar-modes $MODES --graph-replay-no-allreduce
+if has warps; then
+  # shellcheck disable=SC2086
+  step 8b_tp2_warps 80 OCTAVO_NORM_SMALL_ROWS_WARPS=16 $TP --one 2 --tag warps --async-modes on --graph-replay \
+    --ar-modes $P $P+n16 $P+n8 $P $P+n16 $P+n8
+  T1="custom+pdl+silu"
+  # shellcheck disable=SC2086
+  step 8b_tp1_warps 50 OCTAVO_NORM_SMALL_ROWS_WARPS=16 $TP --one 1 --tag warps --async-modes on --graph-replay \
+    --ar-modes $T1 $T1+n16 $T1+n8 $T1 $T1+n16
+fi
 has tp1 && step 8b_tp1 26 $TP --one 1 --async-modes on --graph-replay --ar-modes custom+pdl+silu
 has test6 && step gpu_test6 45 python3 -u -m pytest -v -x tests/gpu/test_pdl_gpu.py tests/gpu/test_tp_allreduce_gpu.py \
   -k "equals_nccl or pdl_chain"

@@ -50,6 +50,7 @@ from octavo.plugins.platforms.cuda_allreduce_gemv import (
     push_setting,
 )
 from octavo.plugins.platforms.cuda_allreduce_ll import LL_CAP_WORDS, _ll_receive, _ll_store_to_peers, ll_fits
+from octavo.plugins.platforms.cuda_fusions import norm_warps
 from octavo.plugins.platforms.cuda_pdl import launch_opts, pdl_on
 
 logger = logging.getLogger(__name__)
@@ -125,7 +126,7 @@ def all_reduce_add_rms_norm(ar: OneShotAllReduce, x: torch.Tensor, residual: tor
                                       ar.ll_table if ll else ar.flag_table, RANK=ar.rank, WORLD=ar.world,
                                       MAXG=MAX_CTAS, BLOCK=block, LL=ll, LL_CAP=LL_CAP_WORDS if ll else 0,
                                       PUSHED=pushed, EARLY=early,
-                                      num_warps=getattr(ar, "norm_warps", 0) or (8 if d > 4096 else 4), **opts)
+                                      num_warps=getattr(ar, "norm_warps", 0) or norm_warps(rows, d), **opts)
     ar.num_calls += 1
     return out.view(residual.shape), res_out.view(residual.shape)
 

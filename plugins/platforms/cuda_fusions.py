@@ -110,6 +110,37 @@ def _p2(x: int) -> int:
     return 1 << max(0, int(x) - 1).bit_length()
 
 
+def _small_rows_norm_warps() -> int:
+    import os
+
+    raw = os.environ.get("OCTAVO_NORM_SMALL_ROWS_WARPS", "").strip()
+    if raw in ("", "0"):
+        return 0
+    if raw not in ("2", "4", "8", "16"):
+        raise ValueError(f"OCTAVO_NORM_SMALL_ROWS_WARPS={raw!r}: 2, 4, 8 or 16 warps (0 or unset: 4, 8 above 4096 wide)")
+    return int(raw)
+
+
+# warps of the RMSNorm kernels at <= 4 rows (batch-1 decode), this one's and cuda_allreduce_fusion's (which must
+# reduce over the same layout to stay bitwise equal to it): 0 = the rule below. fp8's quantizing norm measured
+# 4 -> 16 warps at one row faster on H100 (docs/performance.md "FP8 session 6"); for these, opt-in until measured
+_NORM_WARPS = {"small_rows": _small_rows_norm_warps()}
+
+
+def set_small_rows_norm_warps(n: int) -> None:
+    """RMSNorm warps at <= 4 rows for kernels launched (or graphs captured) from now on; 0 = the default rule."""
+    if n not in (0, 2, 4, 8, 16):
+        raise ValueError(f"small-rows norm warps: 0 (the rule), 2, 4, 8 or 16, not {n!r}")
+    _NORM_WARPS["small_rows"] = n
+
+
+def norm_warps(rows: int, d: int) -> int:
+    """``num_warps`` of a ``[rows, d]`` RMSNorm launch (plain or fused with the all-reduce: the same layout)."""
+    if rows <= 4 and _NORM_WARPS["small_rows"]:
+        return _NORM_WARPS["small_rows"]
+    return 8 if d > 4096 else 4
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None):
     """``weight * norm(x [+ residual])`` like ``octavo.nn.RMSNorm``; returns ``(out, new_residual)`` with one."""
     d = x.shape[-1]
@@ -123,7 +154,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.
         r2 = r2.contiguous()
     if x2.shape[0]:
         _rms_norm_kernel[(x2.shape[0],)](x2, r2, weight, out, res_out, x2.stride(0), r2.stride(0), d, eps,
-                                         HAS_RES=residual is not None, BLOCK=_p2(d), num_warps=8 if d > 4096 else 4,
+                                         HAS_RES=residual is not None, BLOCK=_p2(d), num_warps=norm_warps(x2.shape[0], d),
                                          **launch_opts())
     out = out.view(x.shape)
     return out if residual is None else (out, res_out.view(x.shape))
