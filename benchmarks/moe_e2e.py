@@ -99,6 +99,11 @@ def measure_bs1(args, shape, layers, cfg, llm, load_s) -> dict:
     rng = random.Random(0)
     prompt = {"prompt_token_ids": [rng.randrange(10, cfg["vocab_size"] - 10) for _ in range(args.prompt_len)]}
     n = args.bs1_tokens
+    head_graphs = None
+    if args.graph_head_ab:  # engine started with OCTAVO_GRAPH_HEAD=1: the headline runs the default (eager) head
+        from octavo.plugins.platforms.cuda_graph_head import graph_head_state
+
+        head_graphs = graph_head_state(worker, False).get("captured")
     gen_timed(llm, [prompt], SamplingParams(max_tokens=8, ignore_eos=True))  # warm-up
 
     def best(tokens, llm=llm):
@@ -121,8 +126,11 @@ def measure_bs1(args, shape, layers, cfg, llm, load_s) -> dict:
     if args.graph_head_ab:  # the LM head + sampler graphs (OCTAVO_GRAPH_HEAD=1) off / on, alternating, this engine
         from moe_head_ab import graph_head_ab
 
+        print(json.dumps(res, default=str), flush=True)  # the headline (eager head) first
         res["graph_head_ab"] = graph_head_ab(worker, lambda: (best(2 * n + 1) - best(1)) / (2 * n) * 1e3)
         print(json.dumps(res["graph_head_ab"]), flush=True)
+        if head_graphs:  # back to the default for what follows (host diagnostics, A/B by re-capture)
+            graph_head_state(worker, False)
     gr = getattr(worker.runner, "graph_runner", None)
     if gr is not None and 1 in getattr(gr, "graphs", {}):
         _sync()

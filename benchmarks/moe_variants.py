@@ -106,6 +106,26 @@ B11_VARIANTS = [  # likeliest first: rows past the part's time cap are skipped
     ("w13_16x256_8w", {}, {"num_warps": 8}, {}),  # 80 registers at 256 threads (default 154 at 128)
     ("w13_16x512", {}, {"BLOCK_K": 512}, {}),
 ]
+# session 11 batch 2 (H100): the engine starts with batch 1's winners as defaults (input norm + qkv 16 rows PRE 2 at
+# the engine GEMV's BLOCK_K; o_proj PRE 4, 8 rows, 4 warps); session 10's defaults alternating with them; w13 as
+# tl.dot tiles (moe_w13_dot.py, not the same bits); tiles around the new defaults
+S10 = {"o_early": 8, "o_tile": (8, None, 8)}
+B12_VARIANTS = [
+    ("defaults", {}, {}, {}),
+    ("s10_defaults", S10, {}, {}, {"nq": None}),
+    ("w13_dot_16x256", {}, {"DOT": True, "num_stages": 4}, {}),
+    ("w13_dot_16x512", {}, {"DOT": True, "BLOCK_K": 512, "num_stages": 3}, {}),
+    ("defaults_again", {}, {}, {}),
+    ("s10_defaults_again", S10, {}, {}, {"nq": None}),
+    ("norm_qkv_off", {}, {}, {}, {"nq": None}),
+    ("o_s10", S10, {}, {}),
+    ("norm_qkv_16xE_pre4", {}, {}, {}, {"nq": NQ(16, 4)}),
+    ("norm_qkv_8xE_pre2", {}, {}, {}, {"nq": NQ(8, 2)}),
+    ("o_early2_8xE_4w", {"o_early": 2, "o_tile": (8, None, 4)}, {}, {}),
+    ("o_early6_8xE_4w", {"o_early": 6, "o_tile": (8, None, 4)}, {}, {}),
+    ("w13_pipe_16x128", {}, {"PIPE": True, "BLOCK_K": 128}, {}),  # 2.724 vs 2.741 in batch 1, rel_diff 0.007
+    ("route_once", {}, {}, {}, {"ro": True}),  # batch 1: 2.793 / 2.791 vs 2.741 / 2.740
+]
 PREFETCH_SETS = {"b1": PREFETCH_VARIANTS, "b2": B2_VARIANTS,  # $MOE_PF_SET picks the list (moe7.sh prefetch / ab,
                  "b9": B9_VARIANTS, "mix": MIXTRAL, "b10": B10_VARIANTS,  # moe9.sh ab / mixab)
-                 "b11": B11_VARIANTS}  # moe9.sh ab11
+                 "b11": B11_VARIANTS, "b12": B12_VARIANTS}  # moe9.sh ab11 / ab12

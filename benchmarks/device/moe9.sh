@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # MoE on one GPU, sessions 9-11 (issue 17, MoE keys). HARD bound per call over all parts given: 98 s for one part,
-# 135 s for more, 150 s when ab11 is one of them ($MOE_BOUND_S to change it; a package install, when needed, counts
+# 135 s for more, 150 s when ab11 or ab12 is one of them ($MOE_BOUND_S to change it; a package install, when needed, counts
 # inside it).
 # Usage:  moe9.sh PART [PART ...]   (parts run in the order given, each capped by what is left). Results (logs, JSON) under $OUT/moe9/.
 # Parts:
@@ -12,6 +12,10 @@
 #  ab11    session 11: the same headline with --host-diag (CUPTI trace + cProfile of a 65-token generation: GPU idle
 #          per step, where the gaps sit, syncs per step; moe_host.py), then the b11 A/B (route once, input norm + qkv,
 #          o_proj tiles, pipelined w13 tiles) and kernel tables (cap 115 s).
+#  ab12    session 11 batch 2: the headline with OCTAVO_GRAPH_HEAD=1 in the engine but the head graphs switched off
+#          for it (the default eager head), then head graphs off / on alternating (moe_head_ab.py; lever: the host
+#          work per step), --host-diag, the b12 A/B (batch 1's winners now defaults vs session 10's, w13 as tl.dot
+#          tiles, tiles around the defaults) and kernel tables (cap 115 s).
 #  rtest   route once (OCTAVO_MOE_ROUTE_ONCE): test_moe_route_once_gpu.py (bits at the Qwen3-30B-A3B layer, eager and
 #          in a graph over 6 layers; a tiny Qwen3-MoE's greedy tokens with it on and off) (cap 40 s).
 #  mixab   Mixtral-8x7B with 8 of 32 layers (as session 6: 23 GB of weights; 32 layers do not fit 80 GB), the
@@ -28,11 +32,11 @@
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 cd "$(dirname "$0")/../.."
-[ $# -ge 1 ] || { echo "usage: moe9.sh PART [PART ...] (ab ab11 mixab bs1 bs1head tput rtest etest tests)"; exit 2; }
+[ $# -ge 1 ] || { echo "usage: moe9.sh PART [PART ...] (ab ab11 ab12 mixab bs1 bs1head tput rtest etest tests)"; exit 2; }
 D="$OUT/moe9"
 mkdir -p "$D/configs"
 START=$(date +%s)
-case " $* " in *" ab11 "*) DEF=150 ;; *) DEF=$([ $# -gt 1 ] && echo 135 || echo 98) ;; esac
+case " $* " in *" ab11 "* | *" ab12 "*) DEF=150 ;; *) DEF=$([ $# -gt 1 ] && echo 135 || echo 98) ;; esac
 BOUND=${MOE_BOUND_S:-$DEF}
 left() { echo $(( BOUND - ($(date +%s) - START) )); }
 # s9 batch 1: the package was not importable in the lanes; install it here then, as the harness should have
@@ -71,6 +75,8 @@ for PART in "$@"; do
     ab) C=$(( L < 95 ? L : 95 )); MOE_PF_SET=${MOE_PF_SET:-b10} e2e ab "$C" --tasks bs1:qwen3-30b-a3b:48 --profile-prefetch ;;
     ab11) C=$(( L < 115 ? L : 115 )); MOE_PF_SET=b11 e2e ab11 "$C" --tasks bs1:qwen3-30b-a3b:48 --host-diag \
       --profile-prefetch ;;
+    ab12) C=$(( L < 115 ? L : 115 )); OCTAVO_GRAPH_HEAD=1 MOE_PF_SET=b12 e2e ab12 "$C" --tasks bs1:qwen3-30b-a3b:48 \
+      --graph-head-ab --host-diag --profile-prefetch ;;
     mixab) C=$(( L < 60 ? L : 60 )); MOE_PF_SET=mix e2e mixab "$C" --tasks bs1:mixtral-8x7b:8 --profile-prefetch ;;
     bs1) C=$(( L < 50 ? L : 50 )); e2e bs1 "$C" --tasks bs1:qwen3-30b-a3b:48 ;;
     bs1head) C=$(( L < 55 ? L : 55 )); OCTAVO_GRAPH_HEAD=1 e2e bs1head "$C" --tasks bs1:qwen3-30b-a3b:48 --graph-head-ab ;;
@@ -81,7 +87,7 @@ for PART in "$@"; do
     tests) pyt tests $(( L < 60 ? L : 60 )) tests/kernels/test_moe_gemv_early_gpu.py \
       tests/kernels/test_moe_norm_qkv_gpu.py tests/kernels/test_moe_prefetch_gpu.py \
       tests/kernels/test_moe_gpu.py -k "prefetch or pipe or batch_one or two_launch or parity" ;;
-    *) echo "unknown part $PART (ab ab11 mixab bs1 bs1head tput rtest etest tests)"; exit 2 ;;
+    *) echo "unknown part $PART (ab ab11 ab12 mixab bs1 bs1head tput rtest etest tests)"; exit 2 ;;
   esac
 done
 for f in "$D"/*/*.json; do [ -f "$f" ] && { echo "--- $f"; head -c 1500 "$f"; echo; }; done

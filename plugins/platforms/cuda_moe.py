@@ -356,7 +356,7 @@ def install_moe_kernels(model: torch.nn.Module, dtype: torch.dtype, device: torc
     notes["decode_attention"] = install_decode_attention(model, dtype, device)  # batch 1: attention in one launch
     from octavo.plugins.platforms.moe_norm_qkv import install_norm_qkv
 
-    notes["norm_qkv"] = len(install_norm_qkv(model))  # batch 1: input norm + qkv GEMV in one launch (opt-in)
+    notes["norm_qkv"] = len(install_norm_qkv(model))  # batch 1: input norm + qkv GEMV in one launch (default on)
     logger.info("fused MoE kernel: %d layers Triton (%d with the batch-1 two-launch path, %d with norm + router "
                 "fused), %d torch", notes["triton"], notes["decode_one"], notes["norm_router"], notes["torch"])
     return notes

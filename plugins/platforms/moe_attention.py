@@ -27,9 +27,10 @@ DEFAULTS = {"splits": 16, "block_n": 64, "num_warps": 8, "early": True, "dot16":
             "prefetch": 0,  # 1/2: ask L2 for o_proj's weight after/before the PDL wait (moe_prefetch.py)
             "merge": 1,  # 1: the merge of the splits unrolled (session 8 batch 1: forward 2.893 vs 3.029 ms), 0: a loop
             # 1..8: o_proj as cuda_moe_oproj.gemv_early, this many K-blocks loaded before its PDL wait (0: the engine
-            # GEMV). On since session 10: session 9's H200 A/B, forward 2.417 -> 2.332 ms, same bits (docs/moe.md)
-            "o_early": 8,
-            "o_tile": (8, None, 8),  # its (BLOCK_N, BLOCK_K, num_warps); BLOCK_K None: the engine GEMV's (same bits)
+            # GEMV). On since session 10 (session 9's H200 A/B, forward 2.417 -> 2.332 ms, same bits); PRE 4 at 4 warps
+            # since session 11: H100 forward 2.741 -> 2.720 ms (8 warps PRE 8; off: 2.809), H200 (s10) 2.296 -> 2.275
+            "o_early": 4,
+            "o_tile": (8, None, 4),  # its (BLOCK_N, BLOCK_K, num_warps); BLOCK_K None: the engine GEMV's (same bits)
             "q_early": 0,  # 1..8: the same for the qkv GEMV (its wait is on the input norm, 2 us: session 10)
             "q_tile": (8, None, 4)}
 

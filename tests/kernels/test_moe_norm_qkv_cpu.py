@@ -43,13 +43,17 @@ def test_norm_qkv_matches_the_fused_norm_and_a_float64_product():
     run_triton_interpreted(_CASES)
 
 
-def test_bad_settings_and_default_off(monkeypatch):
+def test_bad_settings_and_the_switch(monkeypatch):
     import torch
 
+    from octavo.plugins.platforms import moe_norm_qkv
     from octavo.plugins.platforms.moe_norm_qkv import install_norm_qkv, set_norm_qkv
 
-    monkeypatch.delenv("OCTAVO_MOE_NORM_QKV", raising=False)
-    assert install_norm_qkv(torch.nn.Linear(2, 2)) == []  # opt-in: nothing without the switch
+    assert moe_norm_qkv.DEFAULT_ON  # on by default since session 11 (H100 and H200 A/Bs, same bits)
+    assert moe_norm_qkv.DEFAULTS == {"block_n": 16, "block_k": None, "pre": 2}  # block_k None: the engine GEMV's
+    monkeypatch.setenv("OCTAVO_MOE_NORM_QKV", "0")
+    assert install_norm_qkv(torch.nn.Linear(2, 2)) == []  # off by the switch
+    monkeypatch.delenv("OCTAVO_MOE_NORM_QKV")
     with pytest.raises(ValueError, match="block_m"):
         set_norm_qkv([], block_m=4)
     from octavo.plugins.platforms.moe_norm_qkv import norm_qkv
