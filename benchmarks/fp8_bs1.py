@@ -127,7 +127,10 @@ S6_VARIANTS = {"nosilu": {"silu": False}, "norm4": {"warps": None}, "pf16": {"mb
                "silu": {"silu": True}, "silu_again": {"silu": True}, "rope": {"rope": True},
                "rope_again": {"rope": True}, "silu_rope": {"silu": True, "rope": True},
                "silu_rope_again": {"silu": True, "rope": True}, "unfused": {"silu": False, "rope": False},
-               "unfused_again": {"silu": False, "rope": False}}
+               "unfused_again": {"silu": False, "rope": False}, "notable": {"table": False},
+               "notable_again": {"table": False}, "default_again2": {}}
+# session 11 batch 2: "notable" = the one-row GEMV's autotuned tiles instead of fp8_gemv_tiles.TILES (the default on
+# an H100 since batch 1's sweep); the sweep itself runs with the table off
 # session 11: "silu" = gate/up GEMV with SiLU-and-mul in its epilogue (fp8_silu_gemv, now with PDL + the split
 # accumulator; wrappers installed when the variant first runs; another tile, so tokens may differ); "rope" = the
 # qkv GEMV with the rotary embedding in its epilogue (fp8_rope_gemv, installed the same way)
@@ -219,23 +222,34 @@ def main() -> None:
     with torch.inference_mode():
         measure(llm, gr, prompt, res, "default", bw, weight_bytes, not args.no_profile)
     res["tuned_tiles"] = tuned_tiles()
+    from octavo.plugins.quant import fp8_gemv_tiles as gt
+
+    # the measured tiles the GEMV launches instead of the autotuner's, where on
+    res["table_tiles"] = {f"{n}x{k}": v for (card, n, k), v in gt.TILES.items() if card == res["card"] and gt.TABLE_ON}
     save()
     if args.sweep and gr is not None:  # the tiles in the graph; "swept" (S6_VARIANTS) then pins the best per shape
         try:
             res["sweep"] = sweep(gr, budget_s=args.sweep)
-            S6_VARIANTS["swept"] = S6_VARIANTS["swept_again"] = {"tiles": res["sweep"]["best"]}
-            S6_VARIANTS["silu_rope_swept"] = {"silu": True, "rope": True, "tiles": res["sweep"]["best"]}
+            S6_VARIANTS["swept"] = S6_VARIANTS["swept_again"] = {"tiles": res["sweep"]["best"], "table": False}
+            S6_VARIANTS["silu_rope_swept"] = {"silu": True, "rope": True, "tiles": res["sweep"]["best"], "table": False}
         except Exception as e:  # noqa: BLE001 - record why; the variants still run
             res["sweep"] = {"error": f"{type(e).__name__}: {e}"[:400]}
             print("sweep", res["sweep"], flush=True)
         save()
     if args.ab == "s6" and gr is not None:
         from octavo.plugins.platforms import cuda_pdl
-        from octavo.plugins.quant import fp8_fused, fp8_gemv, fp8_prefetch, fp8_rope_gemv, fp8_silu_gemv
+        from octavo.plugins.quant import (
+            fp8_fused,
+            fp8_gemv,
+            fp8_gemv_tiles,
+            fp8_prefetch,
+            fp8_rope_gemv,
+            fp8_silu_gemv,
+        )
 
         base = (fp8_fused.SMALL_ROWS_WARPS, fp8_prefetch.PREFETCH_MB, fp8_prefetch.PDL, fp8_prefetch.SELF_PREFETCH,
                 fp8_silu_gemv.STATE["on"])
-        base_pdl_w, base_rope = fp8_prefetch.PDL_W, fp8_rope_gemv.STATE["on"]
+        base_pdl_w, base_rope, base_table = fp8_prefetch.PDL_W, fp8_rope_gemv.STATE["on"], fp8_gemv_tiles.TABLE_ON
         base_bits, base_reg_pf, base_acc, base_x2d = fp8_gemv.W_BITS, fp8_gemv.REG_PF, fp8_gemv.ACC_SPLIT, fp8_gemv.X2D
         res["w_bits_default"], res["reg_pf_default"], res["acc_split_default"] = base_bits, base_reg_pf, base_acc
         platform_pdl = cuda_pdl.pdl_on()  # the platform's setting (on by default on sm_90+ since session 6)
@@ -264,6 +278,7 @@ def main() -> None:
                     with torch.inference_mode():
                         res["silu_fused"] = fp8_silu_gemv.fuse_fp8_silu_gemv(model, torch.device("cuda"))
                 fp8_rope_gemv.STATE["on"] = v.get("rope", base_rope)
+                fp8_gemv_tiles.TABLE_ON = v.get("table", base_table)  # off: the autotuner's tiles (or pinned ones)
                 if fp8_rope_gemv.STATE["on"] and "rope_fused" not in res:
                     with torch.inference_mode():
                         res["rope_fused"] = fp8_rope_gemv.fuse_fp8_rope_gemv(model, torch.device("cuda"))
@@ -294,7 +309,7 @@ def main() -> None:
         (fp8_fused.SMALL_ROWS_WARPS, fp8_prefetch.PREFETCH_MB, fp8_prefetch.PDL, fp8_prefetch.SELF_PREFETCH,
          fp8_silu_gemv.STATE["on"]) = base
         fp8_prefetch.PDL_W = base_pdl_w
-        fp8_rope_gemv.STATE["on"] = base_rope
+        fp8_rope_gemv.STATE["on"], fp8_gemv_tiles.TABLE_ON = base_rope, base_table
         fp8_gemv.W_BITS, fp8_gemv.REG_PF, fp8_gemv.ACC_SPLIT, fp8_gemv.X2D = base_bits, base_reg_pf, base_acc, base_x2d
         cuda_pdl.set_pdl(platform_pdl)
         one_mod.DEFAULT_LAUNCH.clear()

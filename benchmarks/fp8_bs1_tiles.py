@@ -70,10 +70,15 @@ def sweep(gr, rounds: int = 2, budget_s: float = 40.0) -> dict:
     """For each shape, each tile of the split-accumulator autotuner pinned in turn (the other shapes keep theirs),
     the graph recaptured and replayed; rounds alternate the tile order. Returns ms per forward by shape and tile,
     the best tile per shape and the autotuner's own choice. The tuned entries are restored at the end."""
-    from octavo.plugins.quant import fp8_gemv
+    from octavo.plugins.quant import fp8_gemv, fp8_gemv_tiles
 
     tuner = fp8_gemv._fp8_gemv_tuned_split
-    saved = dict(tuner.cache)
+    saved, table = dict(tuner.cache), fp8_gemv_tiles.TABLE_ON
+    fp8_gemv_tiles.TABLE_ON = False  # the autotuner's cache decides the tiles while sweeping
+    if not any(key[:2] in SHAPES for key in tuner.cache):  # the table chose every tile so far: tune now
+        with torch.inference_mode():
+            gr.capture()
+        saved = dict(tuner.cache)
     t0 = time.perf_counter()
     res: dict = {"ms": {}, "tuned": {}, "best": {}}
     try:
@@ -82,8 +87,8 @@ def sweep(gr, rounds: int = 2, budget_s: float = 40.0) -> dict:
             if not keys:
                 res["ms"][name] = "no tuned entry"
                 continue
-            tuned = tuner.cache[keys[0]]
-            res["tuned"][name] = _tile(tuned)
+            tuned = {key: tuner.cache[key] for key in keys}
+            res["tuned"][name] = {str(key[2:4]): _tile(c) for key, c in tuned.items()}  # (QUANT_X, PRE_Q): tile
             times: dict = {}
             for r in range(rounds):
                 order = tuner.configs if r % 2 == 0 else tuner.configs[::-1]
@@ -97,8 +102,7 @@ def sweep(gr, rounds: int = 2, budget_s: float = 40.0) -> dict:
                         gr.capture()
                     replay_ms(gr.graphs[1], 10)
                     times.setdefault(_tile(cfg), []).append(replay_ms(gr.graphs[1]))
-            for key in keys:
-                tuner.cache[key] = tuned
+            tuner.cache.update(tuned)
             res["ms"][name] = {t: [round(x, 4) for x in v] for t, v in times.items()}
             if times:
                 res["best"][name] = min(times, key=lambda t: min(times[t]))
@@ -106,6 +110,7 @@ def sweep(gr, rounds: int = 2, budget_s: float = 40.0) -> dict:
     finally:
         tuner.cache.clear()
         tuner.cache.update(saved)
+        fp8_gemv_tiles.TABLE_ON = table
         with torch.inference_mode():
             gr.capture()
     return res

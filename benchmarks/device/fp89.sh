@@ -7,6 +7,9 @@
 #               silu_rope_again,swept_again,rope,silu (silu: gate_up GEMV + SiLU-and-mul in one kernel, now PDL + split
 #               accumulator; rope: qkv GEMV + rotary in one kernel, fp8_rope_gemv.py); every bs1
 #               measure reports the strict roofline (no embedding table, fp8 KV at 1 byte) and GEMV us by shape
+#   s11b2       session 11 batch 2 (freeze tree, 140 s) = bs1 tests, BS1_VARIANTS=notable,default_again,
+#               notable_again,silu_rope,default_again2,self (notable: autotuned tiles instead of fp8_gemv_tiles.TILES,
+#               the H100 default since batch 1; self: each GEMV program's rows asked of L2 before its PDL wait)
 #   bs1         benchmarks/fp8_bs1.py --ab s6: 8B fp8 + fp8 KV batch 1, one engine: ms/token vs the roofline, the
 #               captured forward alone vs the rest (LM head, sampler, host), the graph's kernel table; then the
 #               variants ${BS1_VARIANTS:-nopdl,default_again,nopdl_again}, graph recaptured for each (nopdl: the GEMV
@@ -34,6 +37,9 @@ if [ "${1:-}" = s11 ]; then
   shift; set -- bs1 tests "$@"
   : "${FP89_LIMIT:=150}" "${BS1_SWEEP:=24}" \
     "${BS1_VARIANTS:=silu_rope,swept,default_again,silu_rope_swept,silu_rope_again,swept_again,rope,silu}"
+elif [ "${1:-}" = s11b2 ]; then
+  shift; set -- bs1 tests "$@"
+  : "${FP89_LIMIT:=140}" "${BS1_VARIANTS:=notable,default_again,notable_again,silu_rope,default_again2,self}"
 fi
 LIMIT=${FP89_LIMIT:-110}
 if ! timeout 20 python -c "import octavo" > /dev/null 2>&1; then  # s9 batch 1's lanes had no install
@@ -66,7 +72,8 @@ for P in "${PARTS[@]}"; do
   case $P in
     tests) $T python -m pytest -v -rA -m gpu -p no:cacheprovider tests/quant/test_fp8_smallm.py \
              tests/quant/test_fp8_gemv_tc.py tests/quant/test_fp8_prefetch.py \
-             tests/quant/test_fp8_gemv_bits.py tests/quant/test_fp8_silu_gemv.py tests/quant/test_fp8_rope_gemv.py > "$R/tests.log" 2>&1
+             tests/quant/test_fp8_gemv_bits.py tests/quant/test_fp8_silu_gemv.py tests/quant/test_fp8_rope_gemv.py \
+             tests/quant/test_fp8_gemv_tiles.py > "$R/tests.log" 2>&1
            echo "exit $?"; grep -E "PASSED|FAILED|SKIPPED|passed|failed|Error|assert" "$R/tests.log" | tail -12;;
     smallm) $T python benchmarks/fp8_smallm_bench.py --budget $(( B - 6 )) --out "$R/smallm.json" \
               --rows "${SMALLM_ROWS:-2,8,24,32}" --max-bm "${SMALLM_MAX_BM:-32}" > "$R/smallm.log" 2>&1

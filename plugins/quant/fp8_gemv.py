@@ -31,6 +31,8 @@ import torch
 import triton
 import triton.language as tl
 
+from octavo.plugins.quant import fp8_gemv_tiles
+
 # (BLOCK_N, BLOCK_K, num_warps, num_stages): BLOCK_K fp8 bytes per weight row per step; BLOCK_K <= 1024 (the
 # EVEN flag is computed for 1024). Session 5 (H100, one row, graph of back-to-back calls): (16, 512) best for qkv,
 # (8, 1024) for o_proj and gate_up, (16, 1024, 8) for down; (32, 512) never best -> replaced by (4, 1024), more
@@ -296,7 +298,7 @@ def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, 
     ``quantize_input=True`` is W8A8 (dynamic per-token e4m3 activations, as the ``_scaled_mm`` path);
     ``False`` multiplies the activations as they are (W8A16). Returns ``[m, N]`` in ``out_dtype`` (default
     ``x.dtype``). Autotuned per (N, K) on first use on a GPU; call it once outside CUDA-graph capture.
-    ``config=(BLOCK_N, BLOCK_K, num_warps)`` skips the one-row kernel's tuning (tests). ``x_scale``
+    ``config=(BLOCK_N, BLOCK_K, num_warps[, stages])`` skips its tuning (tests; default: fp8_gemv_tiles.py). ``x_scale``
     (``[m, 1]`` fp32): ``x`` is already e4m3 (the producing norm quantized it); nothing is quantized here.
     Compiled one-row kernel only (more rows or the interpreter: refused): ``prefetch=(t, nbytes)``
     asks L2 for the first ``nbytes`` of tensor ``t`` (the next layer's weight) from the grid's last programs;
@@ -364,11 +366,12 @@ def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, 
                                                 BLOCK_N=16, BLOCK_K=64)
         return y
     even = k % 1024 == 0 and n % 64 == 0
+    config = config or fp8_gemv_tiles.table_tile(x.device, n, k, one_row_flags.get("ACC_SPLIT", 0))  # measured
     if config is not None:
-        bn, bk, warps = config
+        bn, bk, warps, *stages = config
         _fp8_gemv_kernel[(triton.cdiv(n, bn),)](*args, **flags, **one_row_flags,
-                                                EVEN=even and n % bn == 0 and k % bk == 0,
-                                                SOFT_FP8=False, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps)
+                                                EVEN=even and n % bn == 0 and k % bk == 0, SOFT_FP8=False, BLOCK_N=bn,
+                                                BLOCK_K=bk, num_warps=warps, **dict(zip(("num_stages",), stages)))
         return y
     tuned = _fp8_gemv_tuned_split if one_row_flags.get("ACC_SPLIT") else _fp8_gemv_tuned
     tuned[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)](*args, **flags, **one_row_flags, EVEN=even, SOFT_FP8=False)

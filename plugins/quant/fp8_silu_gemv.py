@@ -107,11 +107,13 @@ def _fp8_gemv_silu_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, y_ptr, N_OUT, K, stride_
     tl.store(y_ptr + o, (s * u).to(elt), mask=o < N_OUT)
 
 
-def gemv_tile(n: int, k: int, pre: bool, acc_split: int) -> tuple[int, int, int, int] | None:
-    """The one-row GEMV's tuned tile ``(BLOCK_N, BLOCK_K, num_warps, num_stages)`` for an ``[n, k]`` weight and input
-    kind, if its autotuner has one (a fused kernel with that tile gives the GEMV's bits)."""
-    from octavo.plugins.quant import fp8_gemv
+def gemv_tile(n: int, k: int, pre: bool, acc_split: int, device=None) -> tuple[int, int, int, int] | None:
+    """The one-row GEMV's tile ``(BLOCK_N, BLOCK_K, num_warps, num_stages)`` for an ``[n, k]`` weight and input kind:
+    its measured table's (fp8_gemv_tiles) or its autotuner's, if any (a fused kernel with it gives the GEMV's bits)."""
+    from octavo.plugins.quant import fp8_gemv, fp8_gemv_tiles
 
+    if device is not None and (tile := fp8_gemv_tiles.table_tile(device, n, k, acc_split)) is not None:
+        return tile
     tuner = fp8_gemv._fp8_gemv_tuned_split if acc_split else fp8_gemv._fp8_gemv_tuned
     for key, cfg in tuner.cache.items():
         if key[0] == n and key[1] == k and bool(key[3]) == pre and bool(key[2]) != pre:
@@ -125,10 +127,10 @@ def _tile(weight, x, x_scale, fused_rows: int, launch: dict, ref) -> tuple[int, 
     unfused call if it has none), so the fused kernel sums every output in the GEMV's order."""
     n, k = weight.shape
     pre = x_scale is not None
-    tile = gemv_tile(n, k, pre, launch.get("acc_split", 0))
+    tile = gemv_tile(n, k, pre, launch.get("acc_split", 0), x.device)
     if tile is None:
         ref()
-        tile = gemv_tile(n, k, pre, launch.get("acc_split", 0))
+        tile = gemv_tile(n, k, pre, launch.get("acc_split", 0), x.device)
     if tile is None or tile[0] % 2 or fused_rows % (tile[0] // 2):
         raise ValueError(f"fp8 fused GEMV: no usable tuned tile for {tuple(weight.shape)} ({tile})")
     return tile

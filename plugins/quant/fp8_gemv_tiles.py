@@ -1,0 +1,45 @@
+"""The one-row fp8 GEMV's measured tiles per card and weight shape (fp8_gemv.py launches them instead of autotuning).
+
+Why: the autotuner times each tile on a lone kernel with its first call's flags and no neighbours, while the
+captured batch-1 forward runs every GEMV under programmatic dependent launch right after its producer; the tile
+that wins alone need not win there. benchmarks/fp8_bs1_tiles.py sweeps the tiles in the recaptured graph.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from octavo.env_flags import env_switch
+
+#: the split-accumulator one-row GEMV's tile per card and weight shape, chosen in the captured forward instead of by
+#: the autotuner's lone-kernel timing (which runs with its first call's flags and no neighbours, while the graph runs
+#: every GEMV under PDL right after its producer). Session 11 batch 1, H100, 8B fp8 bs1 in one engine
+#: (benchmarks/fp8_bs1_tiles.py sweep: one shape's tile at a time in the recaptured graph, 2 rounds). That run's
+#: autotuner had, for the inputs the graph gives them, qkv (e4m3 from the norm) 8x1024 w4 s4, o 8x1024 w4 s4, gate_up
+#: (e4m3) 4x1024 w4 s3, down 4x1024 w4 s3; the sweep's best: qkv 4x1024 (-5 us a forward), o 16x1024 w8 (-6), gate_up
+#: as tuned, down 16x1024 w8 (-29). All four pinned: the captured forward 3.060 / 3.064 -> 3.023 / 3.024 ms,
+#: 3.469 -> 3.398 / 3.378 ms/token, greedy tokens equal (docs/performance.md "FP8 session 11"). One tile per shape
+#: serves both input kinds (bf16 or the norm's e4m3). ``OCTAVO_FP8_GEMV_TABLE=0`` (or ``TABLE_ON = False``) keeps the
+#: autotuner's choice.
+TILES: dict[tuple[str, int, int], tuple[int, int, int, int]] = {  # (card, N, K) -> (BLOCK_N, BLOCK_K, warps, stages)
+    ("NVIDIA H100 80GB HBM3", 6144, 4096): (4, 1024, 4, 3),
+    ("NVIDIA H100 80GB HBM3", 4096, 4096): (16, 1024, 8, 3),
+    ("NVIDIA H100 80GB HBM3", 28672, 4096): (4, 1024, 4, 3),
+    ("NVIDIA H100 80GB HBM3", 4096, 14336): (16, 1024, 8, 3),
+}
+TABLE_ON = env_switch("OCTAVO_FP8_GEMV_TABLE", default=True)
+
+
+@functools.lru_cache(maxsize=8)
+def _card(index: int) -> str:
+    return torch.cuda.get_device_name(index)
+
+
+def table_tile(device: torch.device, n: int, k: int, split: int) -> tuple[int, int, int, int] | None:
+    """The measured tile for this card and ``[n, k]`` weight (split accumulator only), or None (autotune)."""
+    if not TABLE_ON or not split or device.type != "cuda":
+        return None
+    return TILES.get((_card(device.index if device.index is not None else torch.cuda.current_device()), n, k))
+

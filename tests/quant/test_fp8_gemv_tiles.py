@@ -1,0 +1,49 @@
+"""The one-row fp8 GEMV's measured tile table (plugins/quant/fp8_gemv_tiles.py): off the table's cards and with
+``OCTAVO_FP8_GEMV_TABLE=0`` the autotuner decides; a bad value is refused by name; on a GPU the table's launch is the
+explicit-config launch bit for bit, and the fused GEMVs take the same tile."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+
+def test_table_off_the_gpu_and_switched_off(monkeypatch):
+    from octavo.plugins.quant import fp8_gemv_tiles as t
+
+    assert t.table_tile(torch.device("cpu"), 6144, 4096, 16) is None
+    assert all(len(v) == 4 and v[0] * 2 <= 64 and 1024 % v[1] == 0 for v in t.TILES.values())
+    monkeypatch.setenv("OCTAVO_FP8_GEMV_TABLE", "0")
+    assert importlib.reload(t).TABLE_ON is False
+    monkeypatch.setenv("OCTAVO_FP8_GEMV_TABLE", "yes")
+    with pytest.raises(ValueError, match="OCTAVO_FP8_GEMV_TABLE"):
+        importlib.reload(t)
+    monkeypatch.delenv("OCTAVO_FP8_GEMV_TABLE")
+    assert importlib.reload(t).TABLE_ON is True
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_table_launch_is_the_config_launch():
+    from octavo.plugins.quant import fp8_gemv_tiles as t
+    from octavo.plugins.quant.fp8 import quantize_fp8_rows
+    from octavo.plugins.quant.fp8_gemv import fp8_gemv
+    from octavo.plugins.quant.fp8_silu_gemv import gemv_tile
+
+    dev = torch.device("cuda")
+    shapes = [(n, k) for (card, n, k) in t.TILES if card == torch.cuda.get_device_name()]
+    if not shapes:
+        pytest.skip(f"no table entry for {torch.cuda.get_device_name()}")
+    torch.manual_seed(0)
+    for n, k in shapes:
+        w, ws = quantize_fp8_rows(torch.randn(n, k, device="cuda") * 0.05)
+        x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+        tile = t.table_tile(dev, n, k, 16)
+        assert gemv_tile(n, k, False, 16, dev) == tile
+        got = fp8_gemv(x, w, ws, acc_split=16)
+        assert torch.equal(got, fp8_gemv(x, w, ws, acc_split=16, config=tile)), (n, k, tile)
+        assert torch.equal(got, fp8_gemv(x, w, ws, acc_split=16, config=tile[:3])), "stages change no bits"
