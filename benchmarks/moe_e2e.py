@@ -131,6 +131,13 @@ def measure_bs1(args, shape, layers, cfg, llm, load_s) -> dict:
         print(json.dumps(res["graph_head_ab"]), flush=True)
         if head_graphs:  # back to the default for what follows (host diagnostics, A/B by re-capture)
             graph_head_state(worker, False)
+    if args.host_ab:  # GIL switch interval / blocking event wait, alternating, this engine (moe_host.py)
+        from moe_host import host_ab
+
+        if not args.graph_head_ab:
+            print(json.dumps(res, default=str), flush=True)  # the headline first
+        res["host_ab"] = host_ab(lambda: (best(2 * n + 1) - best(1)) / (2 * n) * 1e3)
+        print(json.dumps(res["host_ab"]), flush=True)
     gr = getattr(worker.runner, "graph_runner", None)
     if gr is not None and 1 in getattr(gr, "graphs", {}):
         _sync()
@@ -197,6 +204,8 @@ def main(argv=None) -> dict:
                     help="bs1: ms per token with the LM head + sampler graphs off / on (needs OCTAVO_GRAPH_HEAD=1)")
     ap.add_argument("--host-diag", action="store_true",
                     help="bs1: CUPTI trace + cProfile of a 65-token generation: GPU idle per step, syncs (moe_host.py)")
+    ap.add_argument("--host-ab", action="store_true",
+                    help="bs1: ms per token with the GIL switch interval / blocking event wait switched (moe_host.py)")
     ap.add_argument("--profile-pdl", action="store_true", help="--profile also re-captures with OCTAVO_PDL on")
     ap.add_argument("--profile-attn", action="store_true",
                     help="bs1: A/B the batch-1 one-launch attention variants by re-capture (needs OCTAVO_MOE_DECODE_ATTN=1)")

@@ -112,3 +112,28 @@ def host_diag(llm, prompt, tokens: int = 64) -> dict:
         except Exception as e:  # noqa: BLE001 - a diagnostic: the measurement stands without it
             out[name] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
     return out
+
+
+def host_ab(ms_per_token, rounds: int = 2) -> dict:
+    """ms per token with the host knobs of the step loop switched in this process, alternating (``--host-ab``):
+    Python's GIL switch interval (5 ms by default: a thread woken while the other runs Python may wait that long;
+    the engine core's thread and the step thread hand the GIL back and forth every step) and the engine core's
+    wait on a blocking-sync event (core/async_runner.EVENT_BLOCKING, OCTAVO_ASYNC_EVENT_BLOCKING). Restores both."""
+    import sys
+
+    from octavo.core import async_runner
+
+    saved_si, saved_ev = sys.getswitchinterval(), async_runner.EVENT_BLOCKING
+    modes = {"default": (saved_si, saved_ev), "switch_0.2ms": (0.0002, saved_ev), "event_blocking": (saved_si, True),
+             "switch_0.2ms+event_blocking": (0.0002, True)}
+    out = {name: [] for name in modes}
+    try:
+        for _ in range(rounds):
+            for name, (si, ev) in modes.items():
+                sys.setswitchinterval(si)
+                async_runner.EVENT_BLOCKING = ev
+                out[name].append(round(ms_per_token(), 4))
+    finally:
+        sys.setswitchinterval(saved_si)
+        async_runner.EVENT_BLOCKING = saved_ev
+    return out
