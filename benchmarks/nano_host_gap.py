@@ -18,8 +18,6 @@ seconds per generation; the GC holds the GIL, so a pause stops the core thread a
   core_prof  the same run with cProfile on the engine's stepping thread (schedule, KV admission + pacing, inputs'
              hand-off, update, outputs, the front end) only in steps entered while requests still wait (the prefill
              phase: the 18 host-bound 8k-token steps share the GIL with this work; session 11)
-  evblock    the engine core waits for a step's tokens on a blocking-sync CUDA event (core/async_runner.py
-             ``EVENT_BLOCKING``: the thread sleeps instead of spinning a CPU beside the step thread's launches)
   gc_off     the cyclic GC disabled during the run: what the GC costs at most
   si_<us>    ``sys.setswitchinterval(<us> * 1e-6)`` during the run: a thread waiting for the GIL waits at most
              that long (Python's default is 5 ms)
@@ -329,7 +327,7 @@ def main() -> None:
     ap.add_argument("--dry", action="store_true", help="CPU: a tiny Qwen3, 24 requests; checks the hooks")
     args = ap.parse_args()
     for r in args.runs:
-        if r not in ("defaults", "probe", "no_freeze", "gc_off", "prefill_prof", "core_prof", "evblock") and not r.startswith("si_"):
+        if r not in ("defaults", "probe", "no_freeze", "gc_off", "prefill_prof", "core_prof") and not r.startswith("si_"):
             raise SystemExit(f"unknown run {r!r}")
     if args.dry:
         torch.cuda.synchronize = lambda *a: None  # gen_timed's syncs; nothing runs on a GPU here
@@ -375,12 +373,6 @@ def main() -> None:
             if name == "no_freeze":
                 os.environ["OCTAVO_GC_FREEZE"] = "0"
                 undo.append(lambda: os.environ.pop("OCTAVO_GC_FREEZE"))
-            elif name == "evblock":
-                from octavo.core import async_runner
-
-                was = async_runner._event_blocking()
-                async_runner.EVENT_BLOCKING = True
-                undo.append(lambda was=was: setattr(async_runner, "EVENT_BLOCKING", was))
             elif name == "gc_off":
                 gc.disable()
                 undo.append(gc.enable)

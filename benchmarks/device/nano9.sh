@@ -24,8 +24,8 @@
 #       caching allocator's device calls; then --prefill-host.
 #   m11 (session 11, engineer margin; bound 146 s) gap.json: defaults first (the headline's first timed run), core_prof
 #       (cProfile of the engine's stepping thread in the prefill phase: what shares the GIL with the 8k-token
-#       forwards' launches), probe, prefill_prof (the step thread's in-run 8k forwards), then evblock (the core waits on
-#       a blocking-sync event, not a spinning one) / defaults alternating; --prefill-host.
+#       forwards' launches), probe, prefill_prof (the step thread's in-run 8k forwards), defaults x2; --prefill-host.
+#       (Batch 1 also alternated 'evblock', the core waiting on a blocking-sync event: no gain, the knob was removed.)
 #   base (session 11, engineer margin; bound 146 s) A/B of two TREES in one lane: the current tree and .base/ (a `git
 #       archive` of session 10's final tree 3a185d4 that the lead carries), alternating fresh processes cur, base, cur,
 #       base (as long as ~32 s are left), each nano_host_gap.py --runs defaults defaults (the first = the headline's
@@ -81,7 +81,7 @@ case "$PART" in
       --runs ${NANO_RUNS:-defaults probe prefill_prof defaults no_freeze defaults} ;;
   m11)
     run 142 gap.log python benchmarks/nano_host_gap.py --out "$R/gap.json" --budget-s 136 --prefill-host \
-      --runs ${NANO_RUNS:-defaults core_prof probe prefill_prof evblock defaults evblock defaults evblock} ;;
+      --runs ${NANO_RUNS:-defaults core_prof probe prefill_prof defaults defaults} ;;
   base)
     [ -d .base/core ] && [ -d .base/sdk ] && [ -d .base/plugins ] || { echo "no .base/ tree (git archive 3a185d4)"; exit 2; }
     i=0
