@@ -31,7 +31,8 @@ class KVBlock:
 
 def hash_block_tokens(parent_hash: bytes | None, token_ids: tuple[int, ...] | list[int], extra_keys=None) -> bytes:
     """Chain hash of one full block: depends on every token before it through ``parent_hash``."""
-    payload = msgspec.msgpack.encode((parent_hash or b"", list(token_ids), extra_keys))
+    # (msgpack writes a list and a tuple alike, as an array: no copy of the tokens needed)
+    payload = msgspec.msgpack.encode((parent_hash or b"", token_ids, extra_keys))
     return hashlib.blake2b(payload, digest_size=16).digest()
 
 

@@ -56,17 +56,21 @@ class KVCacheManager:
     def _block_hashes(self, req: Request, num_full_blocks: int) -> list[bytes]:
         """Chain hashes of the first ``num_full_blocks`` blocks of ``req``'s tokens (extended incrementally)."""
         hashes = self.req_hashes.setdefault(req.request_id, [])
+        done = len(hashes)
+        if done >= num_full_blocks:
+            return hashes[:num_full_blocks]
         bs = self.block_size
-        while len(hashes) < num_full_blocks:
-            i = len(hashes)
-            parent = hashes[-1] if hashes else None
-            tokens = req.all_token_ids[i * bs:(i + 1) * bs]
-            lora = req.lora_request  # two adapters never share KV blocks (K/V depend on the adapter)
-            extra = req.cache_salt if lora is None else (req.cache_salt, lora.lora_int_id, lora.lora_path)
-            mm_key = block_mm_key(req.mm_inputs, (i + 1) * bs) if req.mm_inputs else None
+        lora = req.lora_request  # two adapters never share KV blocks (K/V depend on the adapter)
+        base = req.cache_salt if lora is None else (req.cache_salt, lora.lora_int_id, lora.lora_path)
+        tokens, mm = req.all_token_ids, req.mm_inputs
+        parent = hashes[-1] if hashes else None
+        for i in range(done, num_full_blocks):  # (a prompt's ~60 blocks at admission: the loop's own cost matters)
+            extra = base
+            mm_key = block_mm_key(mm, (i + 1) * bs) if mm else None
             if mm_key:  # an image's hash keys every block from its placeholders on
-                extra = (extra, mm_key)
-            hashes.append(hash_block_tokens(parent, tokens, extra))
+                extra = (base, mm_key)
+            parent = hash_block_tokens(parent, tokens[i * bs:(i + 1) * bs], extra)
+            hashes.append(parent)
         return hashes[:num_full_blocks]
 
     def get_computed_blocks(self, req: Request) -> tuple[list[KVBlock], int]:
