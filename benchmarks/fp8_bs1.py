@@ -129,7 +129,7 @@ S6_VARIANTS = {"nosilu": {"silu": False}, "norm4": {"warps": None}, "pf16": {"mb
                "silu_rope_again": {"silu": True, "rope": True}, "unfused": {"silu": False, "rope": False},
                "unfused_again": {"silu": False, "rope": False}, "notable": {"table": False},
                "notable_again": {"table": False}, "default_again2": {},
-               "self_again": {"self": True}}
+               "self_again": {"self": True}, "pf32_again": {"mb": 32}}
 # session 11 batch 2: "notable" = the one-row GEMV's autotuned tiles instead of fp8_gemv_tiles.TILES (the default on
 # an H100 since batch 1's sweep); the sweep itself runs with the table off
 # session 11: "silu" = gate/up GEMV with SiLU-and-mul in its epilogue (fp8_silu_gemv, now with PDL + the split
