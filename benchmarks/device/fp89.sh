@@ -8,9 +8,10 @@
 #               accumulator; rope: qkv GEMV + rotary in one kernel, fp8_rope_gemv.py); every bs1
 #               measure reports the strict roofline (no embedding table, fp8 KV at 1 byte) and GEMV us by shape
 #   s11b2       session 11 batch 2 (freeze tree, 140 s) = bs1 tests, BS1_VARIANTS=notable,self,pf32,default_again,
-#               notable_again,self_again,pf32_again,silu_rope (notable: autotuned tiles instead of fp8_gemv_tiles.TILES,
+#               notable_again,self_again,pf32_again,silu_rope,nopdl (notable: autotuned tiles, not fp8_gemv_tiles.TILES,
 #               the H100 default since batch 1; self: each GEMV program's rows asked of L2 before its PDL wait; pf32:
-#               each GEMV's last programs ask L2 for the next linear's first 32 MiB, over the small kernels between)
+#               each GEMV's last programs ask L2 for the next linear's first 32 MiB, over the small kernels between;
+#               nopdl: a kernel table without overlap, each GEMV's own streaming time)
 #   bs1         benchmarks/fp8_bs1.py --ab s6: 8B fp8 + fp8 KV batch 1, one engine: ms/token vs the roofline, the
 #               captured forward alone vs the rest (LM head, sampler, host), the graph's kernel table; then the
 #               variants ${BS1_VARIANTS:-nopdl,default_again,nopdl_again}, graph recaptured for each (nopdl: the GEMV
@@ -40,7 +41,7 @@ if [ "${1:-}" = s11 ]; then
     "${BS1_VARIANTS:=silu_rope,swept,default_again,silu_rope_swept,silu_rope_again,swept_again,rope,silu}"
 elif [ "${1:-}" = s11b2 ]; then
   shift; set -- bs1 tests "$@"
-  : "${FP89_LIMIT:=140}" "${BS1_VARIANTS:=notable,self,pf32,default_again,notable_again,self_again,pf32_again,silu_rope}"
+  : "${FP89_LIMIT:=140}" "${BS1_VARIANTS:=notable,self,pf32,default_again,notable_again,self_again,pf32_again,silu_rope,nopdl}"
 fi
 LIMIT=${FP89_LIMIT:-110}
 if ! timeout 20 python -c "import octavo" > /dev/null 2>&1; then  # s9 batch 1's lanes had no install
