@@ -256,3 +256,26 @@ def test_route_once_gives_the_in_kernel_routing_bits(monkeypatch):
     ex._moe_decode_cfg = {**ex._moe_decode_cfg, "w13": {**ex._moe_decode_cfg["w13"], "ROUTE": "launch"}}
     with pytest.raises(ValueError, match="OCTAVO_MOE_ROUTE_ONCE"):
         set_norm_router(norm, block, True, route_once=True)
+
+
+def test_w13_dot_tiles_route_and_sum_like_the_plain_kernel():
+    """``"DOT": true`` (moe_w13_dot.py): the same routing bits, in-kernel or from given ids, and the layer's output
+    within fp16 rounding of the plain-load w13's (another sum order: the tensor cores' on a GPU); a tile that does not
+    divide the shape is refused by name."""
+    from octavo.plugins.platforms.moe_decode_kernels import decode_one
+
+    dt, (e, k, h, inter) = torch.float16, (16, 4, 64, 32)
+    g = torch.Generator().manual_seed(18)
+    w13 = (torch.randn(e, 2 * inter, h, generator=g) * h ** -0.5).to(dt)
+    w2 = (torch.randn(e, h, inter, generator=g) * inter ** -0.5).to(dt)
+    x = torch.randn(1, h, generator=g).to(dt)
+    logits = torch.randn(1, e, generator=g)
+    cfg = {"w13": {"BLOCK_N": 16, "BLOCK_K": 32}, "w2": {"BLOCK_N": 4, "BLOCK_K": 32}}
+    want, want_w, want_ids = decode_one(x, logits, w13, w2, k, True, cfg)
+    dot = {"w13": {**cfg["w13"], "DOT": True}, "w2": cfg["w2"]}
+    for routed in (None, (want_w, want_ids)):
+        out, w, ids = decode_one(x, logits, w13, w2, k, True, dot, routed=routed)
+        assert torch.equal(ids, want_ids) and torch.equal(w, want_w)
+        assert (out.float() - want.float()).abs().max() <= 2e-3 * want.float().abs().max()
+    with pytest.raises(ValueError, match="DOT"):
+        decode_one(x, logits, w13, w2, k, True, {"w13": {"BLOCK_N": 16, "BLOCK_K": 48, "DOT": True}, "w2": cfg["w2"]})
