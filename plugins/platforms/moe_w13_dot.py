@@ -1,11 +1,10 @@
 """Batch-1 MoE w13 (gate and up GEMVs of the token's k experts) as ``tl.dot`` tiles, so Triton's software pipeliner
 streams the weights (opt-in: the w13 config's ``"DOT": true``, session 11).
 
-Why: the plain-load GEMV of ``moe_decode_kernels._w13_route_kernel`` is not pipelined: Triton pipelines only loads
-that feed a dot, and its sm_90 PTX has no ``cp.async`` at any ``num_stages`` (1, 3 and 4 give the same code). Each
-of its programs issues one K-block of loads, waits, multiplies, then issues the next, so an SM keeps at most its
-3 programs' current blocks in flight (154 registers a program) and the launch streams Qwen3-30B-A3B's 50 MB at
-~73 % of the H100's copy rate (22.8 us a layer, session 8). Here the token row is the ``[BLOCK_K, 16]`` operand of
+Why: the plain-load GEMV of ``moe_decode_kernels._w13_route_kernel`` keeps ``[BLOCK_N, BLOCK_K]`` fp32
+accumulators (154 registers a program at 16 x 256: 3 programs per SM) and streams Qwen3-30B-A3B's 50 MB at ~73 % of
+the H100's copy rate (22.9 us a layer, session 11). Triton's software pipeliner is built around loads that feed a
+dot. Here the token row is the ``[BLOCK_K, 16]`` operand of
 a dot (the same column 16 times: tensor-core work is free at batch 1) and each program's ``[BLOCK_N, BLOCK_K]``
 gate and up tiles are the other: the pipeliner keeps ``num_stages - 1`` K-blocks in flight through shared memory
 while the current one is multiplied, with a ``[BLOCK_N, 16]`` fp32 accumulator instead of ``[BLOCK_N, BLOCK_K]``.
