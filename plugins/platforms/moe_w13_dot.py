@@ -1,13 +1,12 @@
-"""Batch-1 MoE w13 (gate and up GEMVs of the token's k experts) as ``tl.dot`` tiles, so Triton's software pipeliner
-streams the weights (opt-in: the w13 config's ``"DOT": true``, session 11).
+"""Batch-1 MoE w13 (gate and up GEMVs of the token's k experts) as ``tl.dot`` tiles, so that Triton's software
+pipeliner may stream the weights (opt-in: the w13 config's ``"DOT": true``, session 11; GPU A/B: moe9.sh ab12).
 
 Why: the plain-load GEMV of ``moe_decode_kernels._w13_route_kernel`` keeps ``[BLOCK_N, BLOCK_K]`` fp32
 accumulators (154 registers a program at 16 x 256: 3 programs per SM) and streams Qwen3-30B-A3B's 50 MB at ~73 % of
 the H100's copy rate (22.9 us a layer, session 11). Triton's software pipeliner is built around loads that feed a
-dot. Here the token row is the ``[BLOCK_K, 16]`` operand of
-a dot (the same column 16 times: tensor-core work is free at batch 1) and each program's ``[BLOCK_N, BLOCK_K]``
-gate and up tiles are the other: the pipeliner keeps ``num_stages - 1`` K-blocks in flight through shared memory
-while the current one is multiplied, with a ``[BLOCK_N, 16]`` fp32 accumulator instead of ``[BLOCK_N, BLOCK_K]``.
+dot. Here the token row is the ``[BLOCK_K, 16]`` operand of a dot (the same column 16 times: tensor-core work is
+free at batch 1) and each program's ``[BLOCK_N, BLOCK_K]`` gate and up tiles are the other, with ``[BLOCK_N, 16]``
+fp32 accumulators: 64 registers at 16 x 256 (sm_90 build), so 8 programs per SM fit by registers.
 
 Not the same bits as the plain-load kernel: the tensor cores add the K products in another order (the gate and up
 sums agree to fp32 rounding; after the bf16 rounding of gate / up an output may differ in its last bit). The
