@@ -125,6 +125,12 @@ B12_VARIANTS = [
     ("o_early6_8xE_4w", {"o_early": 6, "o_tile": (8, None, 4)}, {}, {}),
     ("w13_pipe_16x128", {}, {"PIPE": True, "BLOCK_K": 128}, {}),  # 2.724 vs 2.741 in batch 1, rel_diff 0.007
     ("route_once", {}, {}, {}, {"ro": True}),  # batch 1: 2.793 / 2.791 vs 2.741 / 2.740
+    # the early w2 (moe_w2_early.py, same bits): ids from w13's program 0 through a flag, PRE K-blocks before its wait
+    # (110-124 registers at 2 x 128 for PRE 1-4, 177 at 6; the plain w2 80). Last: a new cross-launch protocol
+    ("w2_early2", {}, {}, {"EARLY": 2}),
+    ("w2_early1", {}, {}, {"EARLY": 1}),
+    ("w2_early6", {}, {}, {"EARLY": 6}),
+    ("defaults_last", {}, {}, {}),
 ]
 PREFETCH_SETS = {"b1": PREFETCH_VARIANTS, "b2": B2_VARIANTS,  # $MOE_PF_SET picks the list (moe7.sh prefetch / ab,
                  "b9": B9_VARIANTS, "mix": MIXTRAL, "b10": B10_VARIANTS,  # moe9.sh ab / mixab)

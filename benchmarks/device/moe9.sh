@@ -26,7 +26,8 @@
 #  tput    Qwen3-30B-A3B with 8 of 48 layers: octavo 256 x 512/512 (+ /64), then transformers in the same process
 #          (fewer requests x 512/512 if 256 do not fit 12 s) (moe7.sh tput).
 #  etest   the GEMVs that load weights before the PDL wait: test_moe_gemv_early_gpu.py (qkv / o_proj) and
-#          test_moe_norm_qkv_gpu.py (input norm + qkv; bit-equal to the engine GEMV at its BLOCK_K) (cap 35 s).
+#          test_moe_norm_qkv_gpu.py (input norm + qkv; bit-equal to the engine GEMV at its BLOCK_K), then
+#          test_moe_w2_early_gpu.py (the early w2 launch's bits over a 6-layer chain, eager and in a graph) (cap 35 s).
 #  tests   the MoE GPU tests of the batch-1 path: the two of etest, test_moe_prefetch_gpu.py, and
 #          test_moe_gpu.py's batch-one / two-launch / parity cases (cap 60 s).
 set -uo pipefail
@@ -83,7 +84,8 @@ for PART in "$@"; do
     tput) C=$(( L < 80 ? L : 80 )); e2e tput "$C" --tasks tput:qwen3-30b-a3b:8 tf:qwen3-30b-a3b:8 --tf-budget-s 12 \
       --tf-fewer-prompts ;;
     rtest) pyt rtest $(( L < 40 ? L : 40 )) tests/kernels/test_moe_route_once_gpu.py ;;
-    etest) pyt etest $(( L < 35 ? L : 35 )) tests/kernels/test_moe_gemv_early_gpu.py tests/kernels/test_moe_norm_qkv_gpu.py ;;
+    etest) pyt etest $(( L < 35 ? L : 35 )) tests/kernels/test_moe_gemv_early_gpu.py tests/kernels/test_moe_norm_qkv_gpu.py \
+      tests/kernels/test_moe_w2_early_gpu.py ;;
     tests) pyt tests $(( L < 60 ? L : 60 )) tests/kernels/test_moe_gemv_early_gpu.py \
       tests/kernels/test_moe_norm_qkv_gpu.py tests/kernels/test_moe_prefetch_gpu.py \
       tests/kernels/test_moe_gpu.py -k "prefetch or pipe or batch_one or two_launch or parity" ;;

@@ -34,6 +34,8 @@ import triton.language as tl
 from octavo.plugins.platforms.cuda_moe_route import _route
 from octavo.plugins.platforms.cuda_pdl import gdc_launch_dependents, gdc_wait, launch_opts
 from octavo.plugins.platforms.moe_prefetch import as_bytes, l2_prefetch, prefetch_split
+from octavo.plugins.platforms.moe_w2_early import check_early, launch_w2_early
+from octavo.plugins.platforms.moe_w2_early import flags as w2_flags
 
 
 @triton.jit
@@ -79,7 +81,7 @@ def _w13_route_kernel(x_ptr, logits_ptr, w13_ptr, act_ptr, weights_ptr, ids_ptr,
                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False,
                       PF_W2: tl.constexpr = False, EVICT: tl.constexpr = "", ROUTE_IN: tl.constexpr = True,
                       PF_NEXT: tl.constexpr = False, PIPE: tl.constexpr = False, RANK: tl.constexpr = False,
-                      RANK_CH: tl.constexpr = 16):
+                      RANK_CH: tl.constexpr = 16, FLAG: tl.constexpr = False, flag_ptr=None):
     """``act[slot, n] = silu(x . w1[e, n]) * (x . w3[e, n])`` for the token's slot ``pid // cdiv(N, BLOCK_N)``.
 
     ``PF_W2`` (moe_prefetch.py): once its expert is known, each program asks L2 for its share of that expert's
@@ -114,6 +116,10 @@ def _w13_route_kernel(x_ptr, logits_ptr, w13_ptr, act_ptr, weights_ptr, ids_ptr,
         expert = tl.sum(tl.where(lanes == slot, top_i, 0), axis=0).to(tl.int64)
     else:
         expert = tl.load(ids_ptr + slot)
+    if FLAG:  # moe_w2_early.py: the ids and weights are in memory; the early w2 launch may read them
+        if pid == 0:
+            tl.debug_barrier()
+            tl.atomic_xchg(flag_ptr, 1, sem="release", scope="gpu")
     if PF_W2:
         l2_prefetch(w2_ptr + expert * w2_bytes, w2_bytes, w2_piece, pid_n, 4)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -274,7 +280,8 @@ def decode_one(x: torch.Tensor, router_logits: torch.Tensor, w13: torch.Tensor, 
     same results): ``w13["PF_W2"]`` the routed experts' w2 during w13, ``w13["EVICT"]`` its loads' eviction
     policy, ``w13["PF_NEXT"]`` ``next_weight`` (the next layer's qkv weight) before w13's wait, ``w2["PF_NEXT"]``
     1/2 the same during w2 (after / before its wait). ``w2["PRE"]`` / ``w2["ONE"]`` (session 9's early w2 and one
-    launch, 2-14% slower on the H200: removed in session 10) are refused. ``routed``: (weights ``[1, k]`` float32,
+    launch, 2-14% slower on the H200: removed in session 10) are refused; ``w2["EARLY"]`` = PRE (moe_w2_early.py,
+    session 11) loads that many w2 K-blocks before its wait, with the ids from w13's program 0. ``routed``: (weights ``[1, k]`` float32,
     ids ``[1, k]`` int64) of these logits, already computed (the norm + router launch's route once): w13 reads the
     ids instead of routing in each program."""
     num_experts, two_i, hidden = w13.shape
@@ -293,6 +300,9 @@ def decode_one(x: torch.Tensor, router_logits: torch.Tensor, w13: torch.Tensor, 
     if gone:
         raise ValueError(f"decode_one: w2 {gone} (the early w2 / one launch) were removed in session 10: they were "
                          f"slower (docs/moe.md)")
+    early = check_early(c2)
+    if early and (c13.get("ALL_SLOTS") or c13.get("DOT") or c13.get("ROUTE", "in") == "rank"):
+        raise ValueError("decode_one: w2 EARLY needs the per-slot plain w13 kernel (not ALL_SLOTS / DOT / ROUTE rank)")
     route = c13.get("ROUTE", "in")
     if route not in ("in", "launch", "rank") or (route != "in" and c13.get("ALL_SLOTS")):
         raise ValueError(f"decode_one: w13 ROUTE must be 'in', 'rank' or 'launch' (per-slot kernel), not {route!r}")
@@ -327,7 +337,9 @@ def decode_one(x: torch.Tensor, router_logits: torch.Tensor, w13: torch.Tensor, 
         extra13 = {"PF_W2": w2_bytes > 0, "EVICT": evict, "ROUTE_IN": route != "launch" and routed is None, "RANK": route == "rank",
                    "RANK_CH": min(16, _p2(num_experts)),
                    "PF_NEXT": pf13_total > 0,
-                   "PIPE": bool(c13.get("PIPE", False))}
+                   "PIPE": bool(c13.get("PIPE", False)), "FLAG": bool(early)}
+        if early:
+            extra13["flag_ptr"] = w2_flags(x.device)
     elif c13.get("PF_W2") or c13.get("EVICT") or c13.get("PF_NEXT") or c13.get("PIPE"):
         raise ValueError("decode_one: PF_W2 / EVICT / PF_NEXT / PIPE are for the per-slot w13 kernel, not ALL_SLOTS")
     if c13.get("DOT"):  # moe_w13_dot.py: the weights streamed through tl.dot's pipelined loads (not the same bits)
@@ -343,6 +355,9 @@ def decode_one(x: torch.Tensor, router_logits: torch.Tensor, w13: torch.Tensor, 
                          K_P=_p2(top_k), E_P=_p2(num_experts), RENORMALIZE=renormalize, BLOCK_N=c13["BLOCK_N"],
                          BLOCK_K=c13["BLOCK_K"], num_warps=c13.get("num_warps", 4),
                          num_stages=c13.get("num_stages", 3), **extra13, **launch_opts())
+    if early:
+        launch_w2_early(act, w2, weights, ids, out, top_k, c2, launch_opts())
+        return out, weights, ids
     grid2 = triton.cdiv(hidden, c2["BLOCK_N"])
     pf_total, pf_piece = prefetch_split(next_weight if pf_next else None, grid2, 4)
     _w2_sum_kernel[(grid2,)](

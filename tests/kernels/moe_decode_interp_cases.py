@@ -279,3 +279,27 @@ def test_w13_dot_tiles_route_and_sum_like_the_plain_kernel():
         assert (out.float() - want.float()).abs().max() <= 2e-3 * want.float().abs().max()
     with pytest.raises(ValueError, match="DOT"):
         decode_one(x, logits, w13, w2, k, True, {"w13": {"BLOCK_N": 16, "BLOCK_K": 48, "DOT": True}, "w2": cfg["w2"]})
+
+
+def test_early_w2_gives_the_plain_w2_bits():
+    """``w2["EARLY"]`` (moe_w2_early.py): w13's program 0 releases a flag after the ids, each w2 program polls it and
+    loads PRE K-blocks before its wait; the output is bit-equal to the plain w2 launch's for PRE 1 / 2 / 3 / 6 (more
+    than the 3 blocks there are), repeatedly (the last w2 program resets the flag and the ticket); bad PRE refused."""
+    from octavo.plugins.platforms.moe_decode_kernels import decode_one
+    from octavo.plugins.platforms.moe_w2_early import flags
+
+    dt, (e, k, h, inter) = torch.float16, (16, 4, 64, 96)
+    g = torch.Generator().manual_seed(19)
+    w13 = (torch.randn(e, 2 * inter, h, generator=g) * h ** -0.5).to(dt)
+    w2 = (torch.randn(e, h, inter, generator=g) * inter ** -0.5).to(dt)
+    cfg = {"w13": {"BLOCK_N": 16, "BLOCK_K": 32}, "w2": {"BLOCK_N": 4, "BLOCK_K": 32}}
+    for _ in range(2):
+        x, logits = torch.randn(1, h, generator=g).to(dt), torch.randn(1, e, generator=g)
+        want = decode_one(x, logits, w13, w2, k, True, cfg)
+        for pre in (1, 2, 3, 6):
+            got = decode_one(x, logits, w13, w2, k, True, {"w13": cfg["w13"], "w2": {**cfg["w2"], "EARLY": pre}})
+            assert all(torch.equal(a, b) for a, b in zip(got, want)), pre
+            assert flags(x.device).tolist() == [0, 0]
+    for bad in (7, True, 1.5):
+        with pytest.raises(ValueError, match="EARLY"):
+            decode_one(x, logits, w13, w2, k, True, {"w13": cfg["w13"], "w2": {**cfg["w2"], "EARLY": bad}})
