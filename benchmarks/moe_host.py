@@ -124,8 +124,7 @@ def host_ab(ms_per_token, rounds: int = 2) -> dict:
     from octavo.core import async_runner
 
     saved_si, saved_ev = sys.getswitchinterval(), async_runner.EVENT_BLOCKING
-    modes = {"default": (saved_si, saved_ev), "switch_0.2ms": (0.0002, saved_ev), "event_blocking": (saved_si, True),
-             "switch_0.2ms+event_blocking": (0.0002, True)}
+    modes = {"default": (saved_si, saved_ev), "switch_0.2ms": (0.0002, saved_ev), "event_blocking": (saved_si, True)}
     out = {name: [] for name in modes}
     try:
         for _ in range(rounds):

@@ -110,27 +110,26 @@ B11_VARIANTS = [  # likeliest first: rows past the part's time cap are skipped
 # the engine GEMV's BLOCK_K; o_proj PRE 4, 8 rows, 4 warps); session 10's defaults alternating with them; w13 as
 # tl.dot tiles (moe_w13_dot.py, not the same bits); tiles around the new defaults
 S10 = {"o_early": 8, "o_tile": (8, None, 8)}
-B12_VARIANTS = [
+B12_VARIANTS = [  # likeliest first: rows past the part's time cap are skipped
     ("defaults", {}, {}, {}),
     ("s10_defaults", S10, {}, {}, {"nq": None}),
     ("w13_dot_16x256", {}, {"DOT": True, "num_stages": 4}, {}),
-    ("w13_dot_16x512", {}, {"DOT": True, "BLOCK_K": 512, "num_stages": 3}, {}),
     ("defaults_again", {}, {}, {}),
     ("s10_defaults_again", S10, {}, {}, {"nq": None}),
+    # the early w2 (moe_w2_early.py, same bits): ids from w13's program 0 through a flag, PRE K-blocks before its wait
+    # (110-124 registers at 2 x 128 for PRE 1-4, 177 at 6; the plain w2 80)
+    ("w2_early2", {}, {}, {"EARLY": 2}),
+    ("w13_dot_16x512", {}, {"DOT": True, "BLOCK_K": 512, "num_stages": 3}, {}),
+    ("w2_early1", {}, {}, {"EARLY": 1}),
     ("norm_qkv_off", {}, {}, {}, {"nq": None}),
     ("o_s10", S10, {}, {}),
+    ("w2_early6", {}, {}, {"EARLY": 6}),
     ("norm_qkv_16xE_pre4", {}, {}, {}, {"nq": NQ(16, 4)}),
-    ("norm_qkv_8xE_pre2", {}, {}, {}, {"nq": NQ(8, 2)}),
     ("o_early2_8xE_4w", {"o_early": 2, "o_tile": (8, None, 4)}, {}, {}),
+    ("norm_qkv_8xE_pre2", {}, {}, {}, {"nq": NQ(8, 2)}),
     ("o_early6_8xE_4w", {"o_early": 6, "o_tile": (8, None, 4)}, {}, {}),
     ("w13_pipe_16x128", {}, {"PIPE": True, "BLOCK_K": 128}, {}),  # 2.724 vs 2.741 in batch 1, rel_diff 0.007
     ("route_once", {}, {}, {}, {"ro": True}),  # batch 1: 2.793 / 2.791 vs 2.741 / 2.740
-    # the early w2 (moe_w2_early.py, same bits): ids from w13's program 0 through a flag, PRE K-blocks before its wait
-    # (110-124 registers at 2 x 128 for PRE 1-4, 177 at 6; the plain w2 80). Last: a new cross-launch protocol
-    ("w2_early2", {}, {}, {"EARLY": 2}),
-    ("w2_early1", {}, {}, {"EARLY": 1}),
-    ("w2_early6", {}, {}, {"EARLY": 6}),
-    ("defaults_last", {}, {}, {}),
 ]
 PREFETCH_SETS = {"b1": PREFETCH_VARIANTS, "b2": B2_VARIANTS,  # $MOE_PF_SET picks the list (moe7.sh prefetch / ab,
                  "b9": B9_VARIANTS, "mix": MIXTRAL, "b10": B10_VARIANTS,  # moe9.sh ab / mixab)

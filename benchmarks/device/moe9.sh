@@ -15,7 +15,7 @@
 #  ab12    session 11 batch 2: the headline with OCTAVO_GRAPH_HEAD=1 in the engine but the head graphs switched off
 #          for it (the default eager head), then head graphs off / on alternating (moe_head_ab.py; lever: the host
 #          work per step), the GIL switch interval / blocking event wait alternating (--host-ab), --host-diag, the b12 A/B (batch 1's winners now defaults vs session 10's, w13 as tl.dot
-#          tiles, tiles around the defaults) and kernel tables (cap 115 s).
+#          tiles, the early w2, tiles around the defaults) and kernel tables (cap 120 s).
 #  rtest   route once (OCTAVO_MOE_ROUTE_ONCE): test_moe_route_once_gpu.py (bits at the Qwen3-30B-A3B layer, eager and
 #          in a graph over 6 layers; a tiny Qwen3-MoE's greedy tokens with it on and off) (cap 40 s).
 #  mixab   Mixtral-8x7B with 8 of 32 layers (as session 6: 23 GB of weights; 32 layers do not fit 80 GB), the
@@ -76,7 +76,7 @@ for PART in "$@"; do
     ab) C=$(( L < 95 ? L : 95 )); MOE_PF_SET=${MOE_PF_SET:-b10} e2e ab "$C" --tasks bs1:qwen3-30b-a3b:48 --profile-prefetch ;;
     ab11) C=$(( L < 115 ? L : 115 )); MOE_PF_SET=b11 e2e ab11 "$C" --tasks bs1:qwen3-30b-a3b:48 --host-diag \
       --profile-prefetch ;;
-    ab12) C=$(( L < 115 ? L : 115 )); OCTAVO_GRAPH_HEAD=1 MOE_PF_SET=b12 e2e ab12 "$C" --tasks bs1:qwen3-30b-a3b:48 \
+    ab12) C=$(( L < 120 ? L : 120 )); OCTAVO_GRAPH_HEAD=1 MOE_PF_SET=b12 e2e ab12 "$C" --tasks bs1:qwen3-30b-a3b:48 \
       --graph-head-ab --host-ab --host-diag --profile-prefetch ;;
     mixab) C=$(( L < 60 ? L : 60 )); MOE_PF_SET=mix e2e mixab "$C" --tasks bs1:mixtral-8x7b:8 --profile-prefetch ;;
     bs1) C=$(( L < 50 ? L : 50 )); e2e bs1 "$C" --tasks bs1:qwen3-30b-a3b:48 ;;
