@@ -22,6 +22,7 @@ import json
 import os
 import statistics
 import sys
+import tempfile
 import time
 
 import httpx
@@ -65,7 +66,7 @@ def main() -> int:
         for i, text in enumerate(args.variants):
             env, flags = parse_variant(text)
             srv = ServerProcess(["--max-model-len", "1024", "--uvicorn-log-level", "warning", *flags], env=env,
-                                log_path=os.path.join(args.out_dir, f"{args.name}-variant{i}.log"))
+                                log_path=os.path.join(tempfile.gettempdir(), f"{args.name}-variant{i}.log"))
             t0 = time.perf_counter()
             srv.start()
             first_answer(srv.url, t0)
