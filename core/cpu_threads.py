@@ -52,7 +52,7 @@ LOSE_RATIO = 1.15  # cut a probe as soon as one pair says the other count is >= 
 CLEAR_LOSS_RATIO = 2.0  # a probe losing by this much doubles the wait for the next one (a busy machine)
 PROBE_COST_SHARE = 0.01  # a milder loss waits just long enough that such probes cost <= 1% of the time
 CLEAR_WIN_RATIO = 0.5  # switch after one pair when the other count took half the time or less
-PAIRS = 3  # pairs of (other, current) steps per probe
+PAIRS = 3  # pairs of (current, other) steady steps per probe; it ends once a majority agree
 SPIKE_RATIO = 2.0  # at the larger count: a step this much slower than its last twin starts a probe
 
 
