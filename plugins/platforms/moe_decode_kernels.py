@@ -76,12 +76,12 @@ def _route_rank(logits_ptr, num_experts, slot, TOP_K: tl.constexpr, K_P: tl.cons
 
 @triton.jit(do_not_specialize=["num_experts"])
 def _w13_route_kernel(x_ptr, logits_ptr, w13_ptr, act_ptr, weights_ptr, ids_ptr, num_experts, N, K,
-                      stride_be, stride_bn, w2_ptr, w2_bytes, w2_piece, pf_ptr, pf_total, pf_piece,
+                      stride_be, stride_bn, w2_ptr, w2_bytes, w2_piece, pf_ptr, pf_total, pf_piece, flag_ptr,
                       TOP_K: tl.constexpr, K_P: tl.constexpr, E_P: tl.constexpr, RENORMALIZE: tl.constexpr,
                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False,
                       PF_W2: tl.constexpr = False, EVICT: tl.constexpr = "", ROUTE_IN: tl.constexpr = True,
                       PF_NEXT: tl.constexpr = False, PIPE: tl.constexpr = False, RANK: tl.constexpr = False,
-                      RANK_CH: tl.constexpr = 16, FLAG: tl.constexpr = False, flag_ptr=None):
+                      RANK_CH: tl.constexpr = 16, FLAG: tl.constexpr = False):
     """``act[slot, n] = silu(x . w1[e, n]) * (x . w3[e, n])`` for the token's slot ``pid // cdiv(N, BLOCK_N)``.
 
     ``PF_W2`` (moe_prefetch.py): once its expert is known, each program asks L2 for its share of that expert's
@@ -337,9 +337,8 @@ def decode_one(x: torch.Tensor, router_logits: torch.Tensor, w13: torch.Tensor, 
         extra13 = {"PF_W2": w2_bytes > 0, "EVICT": evict, "ROUTE_IN": route != "launch" and routed is None, "RANK": route == "rank",
                    "RANK_CH": min(16, _p2(num_experts)),
                    "PF_NEXT": pf13_total > 0,
-                   "PIPE": bool(c13.get("PIPE", False)), "FLAG": bool(early)}
-        if early:
-            extra13["flag_ptr"] = w2_flags(x.device)
+                   "PIPE": bool(c13.get("PIPE", False)), "FLAG": bool(early),
+                   "flag_ptr": w2_flags(x.device)}  # passed always: one specialisation (read only with FLAG)
     elif c13.get("PF_W2") or c13.get("EVICT") or c13.get("PF_NEXT") or c13.get("PIPE"):
         raise ValueError("decode_one: PF_W2 / EVICT / PF_NEXT / PIPE are for the per-slot w13 kernel, not ALL_SLOTS")
     if c13.get("DOT"):  # moe_w13_dot.py: the weights streamed through tl.dot's pipelined loads (not the same bits)
