@@ -10,8 +10,8 @@ Three views of the same engine, each over one greedy generation of ``tokens`` de
   either side (so a gap after the sampler and before the next forward's first kernel means the host was late),
   the kernels outside the graph, and the CUDA runtime calls per step (synchronisations, copies, launches) with
   the host time they took.
-- ``cprofile``: the host's Python functions by own time, per step (cProfile's overhead included: read it as
-  shares, not absolute times).
+- ``cprofile``: the host's Python functions (both threads) by own time, per step, over the whole generation (its
+  512-token prefill amortised over the steps; cProfile's overhead included: read it as shares, not absolute times).
 """
 
 from __future__ import annotations
