@@ -8,8 +8,9 @@ Three views of the same engine, each over one greedy generation of ``tokens`` de
 - ``trace``: a CUPTI trace (torch.profiler, CPU + CUDA). Per decode step (between graph launches): the GPU's busy
   time (union of kernel intervals), its idle time, the idle gaps of more than 2 us grouped by the kernels on
   either side (so a gap after the sampler and before the next forward's first kernel means the host was late),
-  the kernels outside the graph, and the CUDA runtime calls per step (synchronisations, copies, launches) with
-  the host time they took.
+  the kernels outside the graph, the CUDA runtime calls per step (synchronisations, copies, launches) with
+  the host time they took, and how long after its ``cudaGraphLaunch`` call returned each forward graph's first
+  kernel started (a few us: the GPU waited for the host; about a step: the host was a step ahead).
 - ``cprofile``: the host's Python functions (both threads) by own time, per step, over the whole generation (its
   512-token prefill amortised over the steps; cProfile's overhead included: read it as shares, not absolute times).
 """
@@ -60,6 +61,16 @@ def _trace(run, steps: int) -> dict:
         if e.device_type == DeviceType.CPU and e.name in SYNC_CALLS and t0 <= e.time_range.start < t1:
             calls[e.name] += 1
             call_us[e.name] += e.time_range.end - e.time_range.start
+    # host lead: how long after its cudaGraphLaunch call returned the graph's first kernel started (~ a launch
+    # latency: the GPU waited for the host; ~ a step: the host was a step ahead)
+    firsts = sorted(k[0] for k in kern if "indexSelect" in k[2])  # the embedding: the forward graph's first kernel
+    ends = sorted(e.time_range.end for e in evs if e.name == "cudaGraphLaunch" and e.time_range.end >= t0)
+    lead = []
+    for end_t in ends:
+        nxt = next((f for f in firsts if f >= end_t), None)
+        if nxt is not None:
+            lead.append(nxt - end_t)
+    lead.sort()
     names = Counter(k[2] for k in kern)
     per_step = {nm: c / n for nm, c in names.items()}
     outside = {nm[:80]: round(c, 2) for nm, c in per_step.items() if abs(c - round(c)) < 0.05 and round(c) == 1}
@@ -67,6 +78,8 @@ def _trace(run, steps: int) -> dict:
             "gpu_idle_us_per_step": round((span - busy) / n, 1), "kernels_per_step": round(len(kern) / n, 1),
             "idle_gaps_us_per_step": {k: round(v / n, 2) for k, v in sorted(gaps.items(), key=lambda kv: -kv[1])[:12]},
             "once_per_step_kernels": dict(list(outside.items())[:20]),
+            "graph_start_after_launch_call_us": ({"min": round(lead[0], 1), "median": round(lead[len(lead) // 2], 1),
+                                                  "max": round(lead[-1], 1), "n": len(lead)} if lead else None),
             "runtime_calls_per_step": {k: round(v / n, 2) for k, v in calls.items()},
             "runtime_call_us_per_step": {k: round(v / n, 1) for k, v in call_us.items()}}
 
