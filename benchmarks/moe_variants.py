@@ -116,11 +116,13 @@ B12_VARIANTS = [  # likeliest first: rows past the part's time cap are skipped
     ("w13_dot_16x256", {}, {"DOT": True, "num_stages": 4}, {}),
     ("defaults_again", {}, {}, {}),
     ("s10_defaults_again", S10, {}, {}, {"nq": None}),
+    ("w13_route_partial", {}, {"ROUTE": "partial"}, {}),  # slot s: s + 1 max rounds before its first load; same bits
     # the early w2 (moe_w2_early.py, same bits): ids from w13's program 0 through a flag, PRE K-blocks before its wait
     # (110-124 registers at 2 x 128 for PRE 1-4, 177 at 6; the plain w2 80)
     ("w2_early2", {}, {}, {"EARLY": 2}),
     ("w13_dot_16x512", {}, {"DOT": True, "BLOCK_K": 512, "num_stages": 3}, {}),
     ("w2_early1", {}, {}, {"EARLY": 1}),
+    ("w13_route_partial+w2_early2", {}, {"ROUTE": "partial"}, {"EARLY": 2}),
     ("norm_qkv_off", {}, {}, {}, {"nq": None}),
     ("o_s10", S10, {}, {}),
     ("w2_early6", {}, {}, {"EARLY": 6}),

@@ -49,3 +49,20 @@ def _route_values(x, num_experts, TOP_K: tl.constexpr, K_P: tl.constexpr, E_P: t
     if RENORMALIZE:
         top_w = top_w / tl.sum(top_w, axis=0)
     return top_w, top_i
+
+
+@triton.jit
+def _route_slot(logits_ptr, num_experts, slot, E_P: tl.constexpr):
+    """The expert of rank ``slot`` alone (int64): :func:`_route`'s rounds 0..slot (the same keys, the same choice),
+    so a w13 program of slot s runs s + 1 block-wide max rounds instead of k (w13 ``ROUTE`` "partial", session 11)."""
+    experts = tl.arange(0, E_P)
+    ok = experts < num_experts
+    x = tl.load(logits_ptr + experts, mask=ok, other=-float("inf")).to(tl.float32)
+    p = tl.exp(x - tl.max(x, axis=0))
+    p = p / tl.sum(tl.where(ok, p, 0.0), axis=0)
+    key = tl.where(ok, (p.to(tl.int32, bitcast=True).to(tl.int64) << 32) | (E_P - 1 - experts).to(tl.int64), -1)
+    best = tl.max(key, axis=0)
+    for _ in range(0, slot):
+        key = tl.where(key == best, -1, key)
+        best = tl.max(key, axis=0)
+    return (E_P - 1 - (best & (E_P - 1))).to(tl.int64)

@@ -31,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from octavo.plugins.platforms.cuda_moe_route import _route
+from octavo.plugins.platforms.cuda_moe_route import _route, _route_slot
 from octavo.plugins.platforms.cuda_pdl import gdc_launch_dependents, gdc_wait, launch_opts
 from octavo.plugins.platforms.moe_prefetch import as_bytes, l2_prefetch, prefetch_split
 from octavo.plugins.platforms.moe_w2_early import check_early, launch_w2_early
@@ -81,7 +81,7 @@ def _w13_route_kernel(x_ptr, logits_ptr, w13_ptr, act_ptr, weights_ptr, ids_ptr,
                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False,
                       PF_W2: tl.constexpr = False, EVICT: tl.constexpr = "", ROUTE_IN: tl.constexpr = True,
                       PF_NEXT: tl.constexpr = False, PIPE: tl.constexpr = False, RANK: tl.constexpr = False,
-                      RANK_CH: tl.constexpr = 16, FLAG: tl.constexpr = False):
+                      RANK_CH: tl.constexpr = 16, FLAG: tl.constexpr = False, PARTIAL: tl.constexpr = False):
     """``act[slot, n] = silu(x . w1[e, n]) * (x . w3[e, n])`` for the token's slot ``pid // cdiv(N, BLOCK_N)``.
 
     ``PF_W2`` (moe_prefetch.py): once its expert is known, each program asks L2 for its share of that expert's
@@ -107,6 +107,15 @@ def _w13_route_kernel(x_ptr, logits_ptr, w13_ptr, act_ptr, weights_ptr, ids_ptr,
         if pid == 0:
             tl.store(weights_ptr + lanes, top_w, mask=lanes < TOP_K)
             tl.store(ids_ptr + lanes, top_i.to(tl.int64), mask=lanes < TOP_K)
+    elif ROUTE_IN and PARTIAL:  # ROUTE "partial": slot s runs s + 1 rounds; program 0 all k (it stores them)
+        if pid == 0:
+            top_w, top_i = _route(logits_ptr, num_experts, TOP_K, K_P, E_P, RENORMALIZE)
+            lanes = tl.arange(0, K_P)
+            tl.store(weights_ptr + lanes, top_w, mask=lanes < TOP_K)
+            tl.store(ids_ptr + lanes, top_i.to(tl.int64), mask=lanes < TOP_K)
+            expert = tl.sum(tl.where(lanes == slot, top_i, 0), axis=0).to(tl.int64)
+        else:
+            expert = _route_slot(logits_ptr, num_experts, slot, E_P)
     elif ROUTE_IN:
         top_w, top_i = _route(logits_ptr, num_experts, TOP_K, K_P, E_P, RENORMALIZE)
         lanes = tl.arange(0, K_P)
@@ -304,8 +313,9 @@ def decode_one(x: torch.Tensor, router_logits: torch.Tensor, w13: torch.Tensor, 
     if early and (c13.get("ALL_SLOTS") or c13.get("DOT") or c13.get("ROUTE", "in") == "rank"):
         raise ValueError("decode_one: w2 EARLY needs the per-slot plain w13 kernel (not ALL_SLOTS / DOT / ROUTE rank)")
     route = c13.get("ROUTE", "in")
-    if route not in ("in", "launch", "rank") or (route != "in" and c13.get("ALL_SLOTS")):
-        raise ValueError(f"decode_one: w13 ROUTE must be 'in', 'rank' or 'launch' (per-slot kernel), not {route!r}")
+    if route not in ("in", "launch", "rank", "partial") or (route != "in" and c13.get("ALL_SLOTS")):
+        raise ValueError(f"decode_one: w13 ROUTE must be 'in', 'rank', 'partial' or 'launch' (per-slot kernel), not "
+                         f"{route!r}")
     if routed is not None:
         if route != "in" or c13.get("ALL_SLOTS"):
             raise ValueError("decode_one: routed ids need the per-slot w13 kernel with ROUTE 'in'")
@@ -334,7 +344,8 @@ def decode_one(x: torch.Tensor, router_logits: torch.Tensor, w13: torch.Tensor, 
             if w2_bytes != w2.stride(0) * w2.element_size():
                 w2_bytes = 0  # interpreter, unaligned or ragged: no prefetch
         pf13_total, pf13_piece = prefetch_split(next_weight if c13.get("PF_NEXT") else None, grid13[0], 2)
-        extra13 = {"PF_W2": w2_bytes > 0, "EVICT": evict, "ROUTE_IN": route != "launch" and routed is None, "RANK": route == "rank",
+        extra13 = {"PF_W2": w2_bytes > 0, "EVICT": evict, "ROUTE_IN": route != "launch" and routed is None,
+                   "RANK": route == "rank", "PARTIAL": route == "partial",
                    "RANK_CH": min(16, _p2(num_experts)),
                    "PF_NEXT": pf13_total > 0,
                    "PIPE": bool(c13.get("PIPE", False)), "FLAG": bool(early),

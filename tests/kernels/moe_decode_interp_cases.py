@@ -303,3 +303,20 @@ def test_early_w2_gives_the_plain_w2_bits():
     for bad in (7, True, 1.5):
         with pytest.raises(ValueError, match="EARLY"):
             decode_one(x, logits, w13, w2, k, True, {"w13": cfg["w13"], "w2": {**cfg["w2"], "EARLY": bad}})
+
+
+def test_partial_routing_gives_the_same_ids_and_output():
+    """w13 ``ROUTE`` "partial" (a slot-s program runs s + 1 max rounds, program 0 all k): the same ids, weights and
+    output bits as the full in-kernel routing, ties included (equal logits: the lowest expert wins either way)."""
+    from octavo.plugins.platforms.moe_decode_kernels import decode_one
+
+    dt, (e, k, h, inter) = torch.float16, (16, 4, 64, 32)
+    g = torch.Generator().manual_seed(20)
+    w13 = (torch.randn(e, 2 * inter, h, generator=g) * h ** -0.5).to(dt)
+    w2 = (torch.randn(e, h, inter, generator=g) * inter ** -0.5).to(dt)
+    cfg = {"w13": {"BLOCK_N": 16, "BLOCK_K": 32}, "w2": {"BLOCK_N": 4, "BLOCK_K": 32}}
+    x = torch.randn(1, h, generator=g).to(dt)
+    for logits in (torch.randn(1, e, generator=g), torch.zeros(1, e), torch.tensor([[1.0, 3.0, 3.0, 2.0] * 4])):
+        want = decode_one(x, logits, w13, w2, k, True, cfg)
+        got = decode_one(x, logits, w13, w2, k, True, {"w13": {**cfg["w13"], "ROUTE": "partial"}, "w2": cfg["w2"]})
+        assert all(torch.equal(a, b) for a, b in zip(got, want))
