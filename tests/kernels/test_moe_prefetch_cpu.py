@@ -65,7 +65,7 @@ def test_sm90_kernels_hold_the_prefetch_exactly_where_asked():
              "w2_ptr": "*u8", "w2_bytes": "i64", "w2_piece": "i64", "pf_ptr": "*u8", "pf_total": "i64",
              "pf_piece": "i64", "flag_ptr": "*i32"}  # flag_ptr: the early w2's flag (moe_w2_early.py), unused here
     c13 = dict(TOP_K=8, K_P=8, E_P=128, RENORMALIZE=True, BLOCK_N=16, BLOCK_K=256, PDL=True, ROUTE_IN=True, PIPE=False,
-               RANK=False, RANK_CH=16, FLAG=False)
+               RANK=False, RANK_CH=16, FLAG=False, PARTIAL=False)
     ptx = _ptx(_w13_route_kernel, sig13, {**c13, "PF_W2": True, "EVICT": "evict_first", "PF_NEXT": False})
     assert _where(ptx) == "after" and "evict_first" in ptx  # the expert is known only after the wait
     ptx = _ptx(_w13_route_kernel, sig13, {**c13, "PF_W2": False, "EVICT": "", "PF_NEXT": True})
