@@ -27,6 +27,23 @@ import torch
 
 from octavo.step import PLACEHOLDER, RunnerOutput
 
+# How the engine core's thread waits for a step's tokens (DeferredOutput.result): CUDA's default event spins a CPU
+# for the whole wait, beside the step thread that launches the next step's kernels (in nano-vllm's 8k-token prefill
+# steps that launch paces the GPU: 37 ms in the run vs 17-22 ms alone, session 10). True (cudaEventBlockingSync):
+# the waiting thread sleeps instead. OCTAVO_ASYNC_EVENT_BLOCKING=1/0; None: read it on first use. Opt-in: nano-vllm on
+# an H100 (session 11 batch 1, same engine alternating) 17,661 / 17,643 / 16,054 tok/s off vs 17,704 / 16,767 / 16,695
+# on, no gain; kept for batch-1 host-gap A/Bs (benchmarks/moe_host.py --host-ab)
+EVENT_BLOCKING: bool | None = None
+
+
+def _event_blocking() -> bool:
+    global EVENT_BLOCKING
+    if EVENT_BLOCKING is None:
+        from octavo.env_flags import env_switch
+
+        EVENT_BLOCKING = env_switch("OCTAVO_ASYNC_EVENT_BLOCKING", False)
+    return EVENT_BLOCKING
+
 
 class DeferredOutput:
     """One step's output whose host copies are in flight: :meth:`result` waits for them and builds the
@@ -136,7 +153,7 @@ class AsyncRunnerSteps:
         host = {k: _copy(v) for k, v in pending.items()}
         event = None
         if self.device.type != "cpu":  # CPU work is already done when we get here
-            event = torch.Event(device=self.device.type)
+            event = torch.Event(device=self.device.type, blocking=_event_blocking())
             event.record()
         # the sampled token lands right after the tokens this step ran (the runner's sequence ends there now)
         positions = [reqs[rid].num_tokens for rid in inputs.sample_req_ids]
