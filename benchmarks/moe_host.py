@@ -136,16 +136,21 @@ def host_ab(ms_per_token, rounds: int = 2) -> dict:
 
     from octavo.core import async_runner
 
-    saved_si, saved_ev = sys.getswitchinterval(), async_runner.EVENT_BLOCKING
-    modes = {"default": (saved_si, saved_ev), "switch_0.2ms": (0.0002, saved_ev), "event_blocking": (saved_si, True)}
+    has_ev = hasattr(async_runner, "EVENT_BLOCKING")  # the knob may be gone from the tree: that mode is left out
+    saved_si, saved_ev = sys.getswitchinterval(), getattr(async_runner, "EVENT_BLOCKING", None)
+    modes = {"default": (saved_si, saved_ev), "switch_0.2ms": (0.0002, saved_ev)}
+    if has_ev:
+        modes["event_blocking"] = (saved_si, True)
     out = {name: [] for name in modes}
     try:
         for _ in range(rounds):
             for name, (si, ev) in modes.items():
                 sys.setswitchinterval(si)
-                async_runner.EVENT_BLOCKING = ev
+                if has_ev:
+                    async_runner.EVENT_BLOCKING = ev
                 out[name].append(round(ms_per_token(), 4))
     finally:
         sys.setswitchinterval(saved_si)
-        async_runner.EVENT_BLOCKING = saved_ev
+        if has_ev:
+            async_runner.EVENT_BLOCKING = saved_ev
     return out

@@ -133,6 +133,10 @@ B12_VARIANTS = [  # likeliest first: rows past the part's time cap are skipped
     ("w13_pipe_16x128", {}, {"PIPE": True, "BLOCK_K": 128}, {}),  # 2.724 vs 2.741 in batch 1, rel_diff 0.007
     ("route_once", {}, {}, {}, {"ro": True}),  # batch 1: 2.793 / 2.791 vs 2.741 / 2.740
 ]
+# batch 2b (one GPU alone, <= 80 s with the engine start): the likeliest rows of b12 only
+B12S_VARIANTS = [("defaults", {}, {}, {}), ("w2_early2", {}, {}, {"EARLY": 2}),
+                 ("w13_route_partial", {}, {"ROUTE": "partial"}, {}), ("s10_defaults", S10, {}, {}, {"nq": None}),
+                 ("defaults_again", {}, {}, {}), ("w2_early2_again", {}, {}, {"EARLY": 2})]
 PREFETCH_SETS = {"b1": PREFETCH_VARIANTS, "b2": B2_VARIANTS,  # $MOE_PF_SET picks the list (moe7.sh prefetch / ab,
                  "b9": B9_VARIANTS, "mix": MIXTRAL, "b10": B10_VARIANTS,  # moe9.sh ab / mixab)
-                 "b11": B11_VARIANTS, "b12": B12_VARIANTS}  # moe9.sh ab11 / ab12
+                 "b11": B11_VARIANTS, "b12": B12_VARIANTS, "b12s": B12S_VARIANTS}  # moe9.sh ab11 / ab12 / b2b

@@ -16,6 +16,8 @@
 #          for it (the default eager head), then head graphs off / on alternating (moe_head_ab.py; lever: the host
 #          work per step), the GIL switch interval / blocking event wait alternating (--host-ab), --host-diag, the b12 A/B (batch 1's winners now defaults vs session 10's, w13 as tl.dot
 #          tiles, the early w2, tiles around the defaults) and kernel tables (cap 120 s).
+#  b2b     session 11 batch 2b (one GPU alone, cap 78 s, bound 80 s alone): the headline of ab12 (head graphs captured,
+#          off for it) + head graphs off / on + --host-diag, then the b12s rows while time is left (no tables).
 #  rtest   route once (OCTAVO_MOE_ROUTE_ONCE): test_moe_route_once_gpu.py (bits at the Qwen3-30B-A3B layer, eager and
 #          in a graph over 6 layers; a tiny Qwen3-MoE's greedy tokens with it on and off) (cap 40 s).
 #  mixab   Mixtral-8x7B with 8 of 32 layers (as session 6: 23 GB of weights; 32 layers do not fit 80 GB), the
@@ -33,11 +35,11 @@
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 cd "$(dirname "$0")/../.."
-[ $# -ge 1 ] || { echo "usage: moe9.sh PART [PART ...] (ab ab11 ab12 mixab bs1 bs1head tput rtest etest tests)"; exit 2; }
+[ $# -ge 1 ] || { echo "usage: moe9.sh PART [PART ...] (ab ab11 ab12 b2b mixab bs1 bs1head tput rtest etest tests)"; exit 2; }
 D="$OUT/moe9"
 mkdir -p "$D/configs"
 START=$(date +%s)
-case " $* " in *" ab11 "* | *" ab12 "*) DEF=150 ;; *) DEF=$([ $# -gt 1 ] && echo 135 || echo 98) ;; esac
+case " $* " in " b2b ") DEF=80 ;; *" ab11 "* | *" ab12 "*) DEF=150 ;; *) DEF=$([ $# -gt 1 ] && echo 135 || echo 98) ;; esac
 BOUND=${MOE_BOUND_S:-$DEF}
 left() { echo $(( BOUND - ($(date +%s) - START) )); }
 # s9 batch 1: the package was not importable in the lanes; install it here then, as the harness should have
@@ -78,6 +80,8 @@ for PART in "$@"; do
       --profile-prefetch ;;
     ab12) C=$(( L < 120 ? L : 120 )); OCTAVO_GRAPH_HEAD=1 MOE_PF_SET=b12 e2e ab12 "$C" --tasks bs1:qwen3-30b-a3b:48 \
       --graph-head-ab --host-ab --host-diag --profile-prefetch ;;
+    b2b) C=$(( L < 78 ? L : 78 )); OCTAVO_GRAPH_HEAD=1 MOE_PF_SET=b12s e2e b2b "$C" --tasks bs1:qwen3-30b-a3b:48 \
+      --graph-head-ab --host-diag --profile-prefetch ;;
     mixab) C=$(( L < 60 ? L : 60 )); MOE_PF_SET=mix e2e mixab "$C" --tasks bs1:mixtral-8x7b:8 --profile-prefetch ;;
     bs1) C=$(( L < 50 ? L : 50 )); e2e bs1 "$C" --tasks bs1:qwen3-30b-a3b:48 ;;
     bs1head) C=$(( L < 55 ? L : 55 )); OCTAVO_GRAPH_HEAD=1 e2e bs1head "$C" --tasks bs1:qwen3-30b-a3b:48 --graph-head-ab ;;
@@ -89,7 +93,7 @@ for PART in "$@"; do
     tests) pyt tests $(( L < 60 ? L : 60 )) tests/kernels/test_moe_gemv_early_gpu.py \
       tests/kernels/test_moe_norm_qkv_gpu.py tests/kernels/test_moe_prefetch_gpu.py \
       tests/kernels/test_moe_gpu.py -k "prefetch or pipe or batch_one or two_launch or parity" ;;
-    *) echo "unknown part $PART (ab ab11 ab12 mixab bs1 bs1head tput rtest etest tests)"; exit 2 ;;
+    *) echo "unknown part $PART (ab ab11 ab12 b2b mixab bs1 bs1head tput rtest etest tests)"; exit 2 ;;
   esac
 done
 for f in "$D"/*/*.json; do [ -f "$f" ] && { echo "--- $f"; head -c 1500 "$f"; echo; }; done
