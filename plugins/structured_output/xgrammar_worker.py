@@ -18,8 +18,8 @@ worker. A worker error fails the step: a device-gated fill marks its step given-
 fails it), a host fill raises.
 
 Status (session 11): experimental. CPU tests pass (tests/structured/test_grammar_worker.py); on an H100 the structured
-benchmark ran with it and gave the in-process tokens, but tests/structured/test_grammar_worker_gpu.py hung (200 s cap)
-in the session's GPU suite and was not diagnosed. Not for GPU serving until that test passes.
+benchmark ran with it and gave the in-process tokens, but tests/structured/test_grammar_worker_gpu.py did not finish
+inside the session's GPU suite cap (a hang or a slow start, not told apart). Not for GPU serving until that test passes.
 """
 
 from __future__ import annotations
