@@ -19,7 +19,6 @@ producer quantization).
 from __future__ import annotations
 
 import logging
-import os
 import types
 
 import torch
@@ -27,7 +26,7 @@ import triton
 import triton.language as tl
 
 from octavo.env_flags import env_switch
-from octavo.plugins.quant.fp8_silu_gemv import _halves, _launch, _pair_gemv, _tile, _x2d
+from octavo.plugins.quant.fp8_silu_gemv import _halves, _kernel_args, _launch, _pair_gemv, _settings
 
 logger = logging.getLogger(__name__)
 STATE = {"on": env_switch("OCTAVO_FP8_ROPE_GEMV", default=False)}  # installed wrappers read it per call
@@ -78,36 +77,19 @@ def fp8_gemv_rope(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Ten
         raise ValueError("fp8_gemv_rope: an e4m3 x comes with its x_scale, a 16-bit x without")
     if cos.shape[-1] != head // 2 or cos.stride(-1) != 1 or sin.stride() != cos.stride():
         raise ValueError(f"fp8_gemv_rope: cos/sin {tuple(cos.shape)} must be [positions, {head // 2}], row-major")
-    if acc_split is None:  # the unfused GEMV's (fp8_gemv.ACC_SPLIT)
-        from octavo.plugins.quant import fp8_gemv as _g
-
-        acc_split = _g.ACC_SPLIT
-    if acc_split not in (0, 8, 16):
-        raise ValueError(f"fp8_gemv_rope: acc_split={acc_split}: 0, 8 or 16")
     x = x.contiguous()
+    acc_split, soft, config = _settings("fp8_gemv_rope", x, weight, weight_scale, x_scale, out_dtype, n // 2, config,
+                                        pdl, pdl_w, acc_split)
     y = torch.empty(1, n, dtype=out_dtype, device=x.device)
     ws = weight_scale.reshape(-1)
-    soft = os.environ.get("TRITON_INTERPRET") == "1"
-    if pdl and soft:
-        raise ValueError("fp8_gemv_rope: pdl is for the compiled kernel (interpreter)")
-    if soft:
-        config = config or (16, 64, 4)
-    elif config is None:
-        from octavo.plugins.quant.fp8_gemv import fp8_gemv
-
-        launch = dict(pdl=pdl, pdl_w=pdl_w, acc_split=acc_split)
-        config = _tile(weight, x, x_scale, n // 2, launch, lambda: fp8_gemv(x, weight, weight_scale, x_scale=x_scale,
-                                                                             out_dtype=out_dtype, **launch))
-    bn, bk, warps, *stages = config
+    bn, bk = config[:2]
     if bn % 2:
         raise ValueError(f"fp8_gemv_rope: BLOCK_N {bn} must be even (pairs)")
     even = not soft and k % bk == 0 and (n // 2) % (bn // 2) == 0
     _fp8_gemv_rope_kernel[(triton.cdiv(n // 2, bn // 2),)](
         x, x_scale.reshape(-1) if x_scale is not None else ws, weight, ws, y, positions, cos, sin, cos.stride(0),
-        n, rot_cols, k, weight.stride(0), QUANT_X=x_scale is None, PRE_Q=x_scale is not None, EVEN=even,
-        SOFT_FP8=soft, HALF=head // 2, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps,
-        **({"num_stages": stages[0]} if stages else {}), USE_PDL=pdl, PDL_W=pdl and pdl_w and even,
-        ACC_SPLIT=acc_split, X2D=x_scale is not None and _x2d(), **({"launch_pdl": True} if pdl else {}))
+        n, rot_cols, k, weight.stride(0), HALF=head // 2, **_kernel_args(config, x_scale, soft, even, pdl, pdl_w,
+                                                                         acc_split))
     return y
 
 

@@ -136,6 +136,42 @@ def _tile(weight, x, x_scale, fused_rows: int, launch: dict, ref) -> tuple[int, 
     return tile
 
 
+def _settings(name: str, x, weight, weight_scale, x_scale, out_dtype, fused_rows: int, config, pdl: bool,
+              pdl_w: bool, acc_split: int | None) -> tuple[int, bool, tuple[int, ...]]:
+    """What both fused one-row GEMVs (this one and fp8_rope_gemv) check and choose before their launch:
+    ``acc_split`` (None: the unfused GEMV's, fp8_gemv.ACC_SPLIT) is 0, 8 or 16, PDL only on the compiled kernel,
+    the tile (interpreter: ``config`` or (16, 64, 4); compiled: ``config`` or the unfused GEMV's tuned tile, so
+    its bits). Returns ``(acc_split, soft, config)``; ``soft``: the Triton interpreter runs it."""
+    if acc_split is None:  # the unfused GEMV's (fp8_gemv.ACC_SPLIT)
+        from octavo.plugins.quant import fp8_gemv as _g
+
+        acc_split = _g.ACC_SPLIT
+    if acc_split not in (0, 8, 16):
+        raise ValueError(f"{name}: acc_split={acc_split}: 0, 8 or 16")
+    soft = os.environ.get("TRITON_INTERPRET") == "1"
+    if pdl and soft:
+        raise ValueError(f"{name}: pdl is for the compiled kernel (interpreter)")
+    if soft:
+        config = config or (16, 64, 4)
+    elif config is None:
+        from octavo.plugins.quant.fp8_gemv import fp8_gemv
+
+        launch = dict(pdl=pdl, pdl_w=pdl_w, acc_split=acc_split)
+        config = _tile(weight, x, x_scale, fused_rows, launch, lambda: fp8_gemv(x, weight, weight_scale,
+                                                                                 x_scale=x_scale,
+                                                                                 out_dtype=out_dtype, **launch))
+    return acc_split, soft, config
+
+
+def _kernel_args(config, x_scale, soft: bool, even: bool, pdl: bool, pdl_w: bool, acc_split: int) -> dict:
+    """The constexprs and launch options both fused kernels take under the same names (``_pair_gemv``'s)."""
+    bn, bk, warps, *stages = config
+    return dict(QUANT_X=x_scale is None, PRE_Q=x_scale is not None, EVEN=even, SOFT_FP8=soft, BLOCK_N=bn,
+                BLOCK_K=bk, num_warps=warps, **({"num_stages": stages[0]} if stages else {}), USE_PDL=pdl,
+                PDL_W=pdl and pdl_w and even, ACC_SPLIT=acc_split, X2D=x_scale is not None and _x2d(),
+                **({"launch_pdl": True} if pdl else {}))
+
+
 def fp8_gemv_silu(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
                   x_scale: torch.Tensor | None = None, out_dtype: torch.dtype = torch.bfloat16,
                   config: tuple[int, ...] | None = None, *, pdl: bool = False, pdl_w: bool = False,
@@ -149,34 +185,17 @@ def fp8_gemv_silu(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Ten
         raise ValueError(f"fp8_gemv_silu: x {tuple(x.shape)}, weight {tuple(weight.shape)}: one row, [2I, K] row-major")
     if (x_scale is not None) != (x.dtype == torch.float8_e4m3fn):
         raise ValueError("fp8_gemv_silu: an e4m3 x comes with its x_scale, a 16-bit x without")
-    if acc_split is None:  # the unfused GEMV's (fp8_gemv.ACC_SPLIT)
-        from octavo.plugins.quant import fp8_gemv as _g
-
-        acc_split = _g.ACC_SPLIT
-    if acc_split not in (0, 8, 16):
-        raise ValueError(f"fp8_gemv_silu: acc_split={acc_split}: 0, 8 or 16")
     i = two_i // 2
     x = x.contiguous()
+    acc_split, soft, config = _settings("fp8_gemv_silu", x, weight, weight_scale, x_scale, out_dtype, i, config, pdl,
+                                        pdl_w, acc_split)
     y = torch.empty(1, i, dtype=out_dtype, device=x.device)
     ws = weight_scale.reshape(-1)
-    soft = os.environ.get("TRITON_INTERPRET") == "1"
-    if pdl and soft:
-        raise ValueError("fp8_gemv_silu: pdl is for the compiled kernel (interpreter)")
-    if soft:
-        config = config or (16, 64, 4)
-    elif config is None:
-        from octavo.plugins.quant.fp8_gemv import fp8_gemv
-
-        launch = dict(pdl=pdl, pdl_w=pdl_w, acc_split=acc_split)
-        config = _tile(weight, x, x_scale, i, launch, lambda: fp8_gemv(x, weight, weight_scale, x_scale=x_scale,
-                                                                        out_dtype=out_dtype, **launch))
-    bn, bk, warps, *stages = config
+    bn, bk = config[:2]
     even = not soft and k % bk == 0 and i % (bn // 2) == 0
     _fp8_gemv_silu_kernel[(triton.cdiv(i, bn // 2),)](
         x, x_scale.reshape(-1) if x_scale is not None else ws, weight, ws, y, i, k, weight.stride(0),
-        QUANT_X=x_scale is None, PRE_Q=x_scale is not None, EVEN=even, SOFT_FP8=soft, BLOCK_N=bn, BLOCK_K=bk,
-        num_warps=warps, **({"num_stages": stages[0]} if stages else {}), USE_PDL=pdl, PDL_W=pdl and pdl_w and even,
-        ACC_SPLIT=acc_split, X2D=x_scale is not None and _x2d(), **({"launch_pdl": True} if pdl else {}))
+        **_kernel_args(config, x_scale, soft, even, pdl, pdl_w, acc_split))
     return y
 
 
