@@ -26,7 +26,14 @@ import triton
 import triton.language as tl
 
 from octavo.env_flags import env_switch
-from octavo.plugins.quant.fp8_silu_gemv import _halves, _kernel_args, _launch, _pair_gemv, _settings
+from octavo.plugins.quant.fp8_silu_gemv import (
+    _halves,
+    _kernel_args,
+    _launch,
+    _pair_gemv,
+    _settings,
+    fuse_each,
+)
 
 logger = logging.getLogger(__name__)
 STATE = {"on": env_switch("OCTAVO_FP8_ROPE_GEMV", default=False)}  # installed wrappers read it per call
@@ -152,31 +159,21 @@ def fuse_fp8_rope_gemv(model: torch.nn.Module, device: torch.device) -> int:
     rotary, own and producer quantization, within one bf16 rounding); returns how many."""
     from octavo.plugins.quant.fp8_triton import quantize_per_token
 
-    verified: dict[tuple, bool] = {}
     gen = torch.Generator(device=device).manual_seed(1)
-    n = 0
-    for module in model.modules():
-        if "_octavo_fp8_rope" in vars(module) or not _fusable(module):
-            continue
+
+    def shape_key(module):
+        return (tuple(module.qkv_proj.weight.shape), module.q_size, module.kv_size, module.rotary_emb.head_size)
+
+    def check(module, key):
         qkv, rope = module.qkv_proj, module.rotary_emb
-        key = (tuple(qkv.weight.shape), module.q_size, module.kv_size, rope.head_size)
-        if key not in verified:
-            try:
-                x = torch.randn(1, key[0][1], generator=gen, device=device).bfloat16()
-                pos = torch.tensor([777 % rope.cos_cache.shape[0]], device=device)
-                q, k, v = qkv(x).split([module.q_size, module.kv_size, module.kv_size], dim=-1)
-                q, k = rope(pos, q, k)
-                want = torch.cat([q.reshape(1, -1), k.reshape(1, -1), v.reshape(1, -1)], -1).float()
-                xq, xs = quantize_per_token(x)
-                worst = max(float((got.float() - want).abs().max()) for got in (
-                    _call(module, x, pos), _call(module, x, pos, (xq, xs))))
-                verified[key] = worst <= 1.6e-2 * float(want.abs().max())  # one bf16 rounding step
-                if not verified[key]:
-                    logger.warning("fp8 qkv + rotary GEMV not used for %s: %.3g from the unfused path", key, worst)
-            except Exception as e:  # noqa: BLE001 - keep the unfused layers
-                logger.warning("fp8 qkv + rotary GEMV not used for %s: %s: %s", key, type(e).__name__, e)
-                verified[key] = False
-        if verified[key]:
-            _install(module)
-            n += 1
-    return n
+        x = torch.randn(1, key[0][1], generator=gen, device=device).bfloat16()
+        pos = torch.tensor([777 % rope.cos_cache.shape[0]], device=device)
+        q, k, v = qkv(x).split([module.q_size, module.kv_size, module.kv_size], dim=-1)
+        q, k = rope(pos, q, k)
+        want = torch.cat([q.reshape(1, -1), k.reshape(1, -1), v.reshape(1, -1)], -1).float()
+        xq, xs = quantize_per_token(x)
+        worst = max(float((got.float() - want).abs().max()) for got in (
+            _call(module, x, pos), _call(module, x, pos, (xq, xs))))
+        return worst, float(want.abs().max())
+
+    return fuse_each(model, "_octavo_fp8_rope", _fusable, shape_key, check, _install, "fp8 qkv + rotary GEMV", logger)

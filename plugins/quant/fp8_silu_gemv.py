@@ -252,36 +252,50 @@ def _install(module) -> None:
     module._octavo_fp8_silu = True  # never wrapped twice
 
 
+def fuse_each(model, mark: str, fusable, key, check, install, what: str, log: logging.Logger) -> int:
+    """Wrap every module of ``model`` that ``fusable`` accepts and that is not wrapped yet (``mark`` in its vars)
+    with ``install``; once per ``key(module)``, ``check(module, key)`` returns (the fused path's largest difference
+    from the unfused one, the unfused output's largest magnitude), and the fused path is used within one bf16
+    rounding step; else, or on an error, ``log`` warns (``what`` names the path) and the layer stays unfused."""
+    verified: dict[tuple, bool] = {}
+    n = 0
+    for module in model.modules():
+        if mark in vars(module) or not fusable(module):
+            continue
+        k = key(module)
+        if k not in verified:
+            try:
+                worst, top = check(module, k)
+                verified[k] = worst <= 1.6e-2 * top  # one bf16 rounding step
+                if not verified[k]:
+                    log.warning("%s not used for %s: %.3g from the unfused path", what, k, worst)
+            except Exception as e:  # noqa: BLE001 - keep the unfused layers
+                log.warning("%s not used for %s: %s: %s", what, k, type(e).__name__, e)
+                verified[k] = False
+        if verified[k]:
+            install(module)
+            n += 1
+    return n
+
+
 @torch.inference_mode()
 def fuse_fp8_silu_gemv(model: torch.nn.Module, device: torch.device) -> int:
     """Wrap every fusable fp8 MLP of ``model`` (the kernel checked once per weight shape against the unfused
     GEMV + SiLU-and-mul, own and producer quantization, within one bf16 rounding); returns how many."""
     from octavo.plugins.quant.fp8_triton import quantize_per_token
 
-    verified: dict[tuple, bool] = {}
     gen = torch.Generator(device=device).manual_seed(1)
-    n = 0
-    for module in model.modules():
-        if "_octavo_fp8_silu" in vars(module) or not _fusable(module):
-            continue
+
+    def check(module, key):
         gu = module.gate_up_proj
-        key = tuple(gu.weight.shape)
-        if key not in verified:
-            try:
-                x = torch.randn(1, key[1], generator=gen, device=device).bfloat16()
-                want = module.act_fn(gu(x)).float()
-                xq, xs = quantize_per_token(x)
-                launch = _launch(gu, device)  # the settings the wrapper calls it with
-                worst = max(float((got.float() - want).abs().max()) for got in (
-                    fp8_gemv_silu(x, gu.weight, gu.weight_scale, **launch),
-                    fp8_gemv_silu(xq, gu.weight, gu.weight_scale, xs, **launch)))
-                verified[key] = worst <= 1.6e-2 * float(want.abs().max())  # one bf16 rounding step
-                if not verified[key]:
-                    logger.warning("fp8 gate/up + SiLU GEMV not used for %s: %.3g from the unfused path", key, worst)
-            except Exception as e:  # noqa: BLE001 - keep the unfused layers
-                logger.warning("fp8 gate/up + SiLU GEMV not used for %s: %s: %s", key, type(e).__name__, e)
-                verified[key] = False
-        if verified[key]:
-            _install(module)
-            n += 1
-    return n
+        x = torch.randn(1, key[1], generator=gen, device=device).bfloat16()
+        want = module.act_fn(gu(x)).float()
+        xq, xs = quantize_per_token(x)
+        launch = _launch(gu, device)  # the settings the wrapper calls it with
+        worst = max(float((got.float() - want).abs().max()) for got in (
+            fp8_gemv_silu(x, gu.weight, gu.weight_scale, **launch),
+            fp8_gemv_silu(xq, gu.weight, gu.weight_scale, xs, **launch)))
+        return worst, float(want.abs().max())
+
+    return fuse_each(model, "_octavo_fp8_silu", _fusable, lambda m: tuple(m.gate_up_proj.weight.shape), check,
+                     _install, "fp8 gate/up + SiLU GEMV", logger)
