@@ -66,3 +66,16 @@ def _route_slot(logits_ptr, num_experts, slot, E_P: tl.constexpr):
         key = tl.where(key == best, -1, key)
         best = tl.max(key, axis=0)
     return (E_P - 1 - (best & (E_P - 1))).to(tl.int64)
+
+
+@triton.jit
+def _route_store(logits_ptr, weights_ptr, ids_ptr, num_experts, pid, slot, TOP_K: tl.constexpr, K_P: tl.constexpr,
+                 E_P: tl.constexpr, RENORMALIZE: tl.constexpr):
+    """A w13 program's in-kernel routing (``moe_decode_kernels``, ``moe_w13_dot``): every program routes the token
+    (:func:`_route`), program 0 stores the weights and ids for the w2 launch; returns the expert of ``slot`` (int64)."""
+    top_w, top_i = _route(logits_ptr, num_experts, TOP_K, K_P, E_P, RENORMALIZE)
+    lanes = tl.arange(0, K_P)
+    if pid == 0:
+        tl.store(weights_ptr + lanes, top_w, mask=lanes < TOP_K)
+        tl.store(ids_ptr + lanes, top_i.to(tl.int64), mask=lanes < TOP_K)
+    return tl.sum(tl.where(lanes == slot, top_i, 0), axis=0).to(tl.int64)

@@ -31,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from octavo.plugins.platforms.cuda_moe_route import _route, _route_slot
+from octavo.plugins.platforms.cuda_moe_route import _route, _route_slot, _route_store
 from octavo.plugins.platforms.cuda_pdl import gdc_launch_dependents, gdc_wait, launch_opts
 from octavo.plugins.platforms.moe_prefetch import as_bytes, l2_prefetch, prefetch_split
 from octavo.plugins.platforms.moe_w2_early import check_early, launch_w2_early
@@ -117,12 +117,7 @@ def _w13_route_kernel(x_ptr, logits_ptr, w13_ptr, act_ptr, weights_ptr, ids_ptr,
         else:
             expert = _route_slot(logits_ptr, num_experts, slot, E_P)
     elif ROUTE_IN:
-        top_w, top_i = _route(logits_ptr, num_experts, TOP_K, K_P, E_P, RENORMALIZE)
-        lanes = tl.arange(0, K_P)
-        if pid == 0:
-            tl.store(weights_ptr + lanes, top_w, mask=lanes < TOP_K)
-            tl.store(ids_ptr + lanes, top_i.to(tl.int64), mask=lanes < TOP_K)
-        expert = tl.sum(tl.where(lanes == slot, top_i, 0), axis=0).to(tl.int64)
+        expert = _route_store(logits_ptr, weights_ptr, ids_ptr, num_experts, pid, slot, TOP_K, K_P, E_P, RENORMALIZE)
     else:
         expert = tl.load(ids_ptr + slot)
     if FLAG:  # moe_w2_early.py: the ids and weights are in memory; the early w2 launch may read them

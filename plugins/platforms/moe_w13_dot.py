@@ -20,7 +20,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from octavo.plugins.platforms.cuda_moe_route import _route
+from octavo.plugins.platforms.cuda_moe_route import _route_store
 from octavo.plugins.platforms.cuda_pdl import gdc_launch_dependents, gdc_wait
 
 
@@ -38,12 +38,7 @@ def _w13_dot_kernel(x_ptr, logits_ptr, w13_ptr, act_ptr, weights_ptr, ids_ptr, n
     slot = pid // num_n
     pid_n = pid % num_n
     if ROUTE_IN:
-        top_w, top_i = _route(logits_ptr, num_experts, TOP_K, K_P, E_P, RENORMALIZE)
-        lanes = tl.arange(0, K_P)
-        if pid == 0:
-            tl.store(weights_ptr + lanes, top_w, mask=lanes < TOP_K)
-            tl.store(ids_ptr + lanes, top_i.to(tl.int64), mask=lanes < TOP_K)
-        expert = tl.sum(tl.where(lanes == slot, top_i, 0), axis=0).to(tl.int64)
+        expert = _route_store(logits_ptr, weights_ptr, ids_ptr, num_experts, pid, slot, TOP_K, K_P, E_P, RENORMALIZE)
     else:
         expert = tl.load(ids_ptr + slot)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
