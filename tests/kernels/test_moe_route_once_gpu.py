@@ -24,51 +24,36 @@ pytestmark = [pytest.mark.gpu,
 def test_route_once_bits_eager_and_in_a_graph_over_six_layers():
     from octavo.plugins.platforms.moe_decode_kernels import decode_one
     from octavo.plugins.platforms.moe_norm_router import _counter, norm_router
+    from tests.kernels.moe_gpu_chain import LAYERS, E, H, K, assert_variant_bits, expert_weights
 
-    e, k, h, inter, layers = 128, 8, 2048, 768, 6
-    torch.manual_seed(0)
+    w13, w2 = expert_weights()
     bf = torch.bfloat16
-    w13 = [(torch.randn(e, 2 * inter, h, device="cuda") * h ** -0.5).to(bf) for _ in range(2)]
-    w2 = [(torch.randn(e, h, inter, device="cuda") * inter ** -0.5).to(bf) for _ in range(2)]
-    gate = [(torch.randn(e, h, device="cuda") * h ** -0.5).to(bf) for _ in range(2)]
-    nw = (1 + 0.1 * torch.randn(h, device="cuda")).to(bf)
-    x0 = torch.randn(1, h, device="cuda").to(bf)
-    res0 = torch.randn(1, h, device="cuda").to(bf)
+    gate = [(torch.randn(E, H, device="cuda") * H ** -0.5).to(bf) for _ in range(2)]
+    nw = (1 + 0.1 * torch.randn(H, device="cuda")).to(bf)
+    x0 = torch.randn(1, H, device="cuda").to(bf)
+    res0 = torch.randn(1, H, device="cuda").to(bf)
 
     def chain(route_once):
         x, res, outs = x0, res0, []
-        for i in range(layers):
+        for i in range(LAYERS):
             if route_once:
-                y, res, logits, w, ids = norm_router(x, res, nw, 1e-6, gate[i % 2], topk=(k, True))
-                out, w_o, ids_o = decode_one(y, logits, w13[i % 2], w2[i % 2], k, True, routed=(w, ids))
+                y, res, logits, w, ids = norm_router(x, res, nw, 1e-6, gate[i % 2], topk=(K, True))
+                out, w_o, ids_o = decode_one(y, logits, w13[i % 2], w2[i % 2], K, True, routed=(w, ids))
             else:
                 y, res, logits = norm_router(x, res, nw, 1e-6, gate[i % 2])
-                out, w_o, ids_o = decode_one(y, logits, w13[i % 2], w2[i % 2], k, True)
+                out, w_o, ids_o = decode_one(y, logits, w13[i % 2], w2[i % 2], K, True)
             outs += [out, w_o, ids_o]
             x = out
         return outs
 
-    want = chain(False)
-    got = chain(True)
-    assert all(torch.equal(a, b) for a, b in zip(got, want))
-    assert int(_counter(x0.device)[0]) == 0
-    graphs = {}
-    for ro in (False, True):
-        chain(ro)  # compiled outside the capture
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            graphs[ro] = (g, chain(ro))
-    for seed in range(3):
-        gen = torch.Generator(device="cuda").manual_seed(seed)
-        x0.copy_(torch.randn(1, h, device="cuda", generator=gen).to(bf))
-        res0.copy_(torch.randn(1, h, device="cuda", generator=gen).to(bf))
-        for ro in (False, True):
-            graphs[ro][0].replay()
-        torch.cuda.synchronize()
-        assert all(torch.equal(a, b) for a, b in zip(graphs[True][1], graphs[False][1])), seed
+    def refill(gen):
+        x0.copy_(torch.randn(1, H, device="cuda", generator=gen).to(bf))
+        res0.copy_(torch.randn(1, H, device="cuda", generator=gen).to(bf))
+
+    def check():
         assert int(_counter(x0.device)[0]) == 0
-    del graphs
-    torch.cuda.empty_cache()
+
+    assert_variant_bits(chain, False, True, refill, check)
 
 
 def _tokens(path, prompts, route_once, monkeypatch):

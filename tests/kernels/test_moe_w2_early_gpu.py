@@ -16,42 +16,28 @@ pytestmark = [pytest.mark.gpu,
 def test_early_w2_bits_over_six_layers_eager_and_in_a_graph(pre):
     from octavo.plugins.platforms.moe_decode_kernels import decode_one
     from octavo.plugins.platforms.moe_w2_early import flags
+    from tests.kernels.moe_gpu_chain import LAYERS, E, H, K, assert_variant_bits, expert_weights
 
-    e, k, h, inter, layers = 128, 8, 2048, 768, 6
-    torch.manual_seed(0)
+    w13, w2 = expert_weights()
     bf = torch.bfloat16
-    w13 = [(torch.randn(e, 2 * inter, h, device="cuda") * h ** -0.5).to(bf) for _ in range(2)]
-    w2 = [(torch.randn(e, h, inter, device="cuda") * inter ** -0.5).to(bf) for _ in range(2)]
-    x0 = torch.randn(1, h, device="cuda").to(bf)
-    lg = torch.randn(layers, e, device="cuda")
+    x0 = torch.randn(1, H, device="cuda").to(bf)
+    lg = torch.randn(LAYERS, E, device="cuda")
     base = {"w13": {"BLOCK_N": 16, "BLOCK_K": 256, "num_warps": 4}, "w2": {"BLOCK_N": 2, "BLOCK_K": 128, "num_warps": 4}}
     early = {"w13": base["w13"], "w2": {**base["w2"], "EARLY": pre}}
 
     def chain(cfg):
         x, outs = x0, []
-        for i in range(layers):
-            out, w, ids = decode_one(x, lg[i:i + 1], w13[i % 2], w2[i % 2], k, True, cfg)
+        for i in range(LAYERS):
+            out, w, ids = decode_one(x, lg[i:i + 1], w13[i % 2], w2[i % 2], K, True, cfg)
             outs += [out, w, ids]
             x = out
         return outs
 
-    want, got = chain(base), chain(early)
-    assert all(torch.equal(a, b) for a, b in zip(got, want))
-    assert flags(x0.device).tolist() == [0, 0]
-    graphs = {}
-    for name, cfg in (("base", base), ("early", early)):
-        chain(cfg)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            graphs[name] = (g, chain(cfg))
-    for seed in range(3):
-        gen = torch.Generator(device="cuda").manual_seed(seed)
-        x0.copy_(torch.randn(1, h, device="cuda", generator=gen).to(bf))
-        lg.copy_(torch.randn(layers, e, device="cuda", generator=gen))
-        for g, _ in graphs.values():
-            g.replay()
-        torch.cuda.synchronize()
-        assert all(torch.equal(a, b) for a, b in zip(graphs["early"][1], graphs["base"][1])), seed
+    def refill(gen):
+        x0.copy_(torch.randn(1, H, device="cuda", generator=gen).to(bf))
+        lg.copy_(torch.randn(LAYERS, E, device="cuda", generator=gen))
+
+    def check():
         assert flags(x0.device).tolist() == [0, 0]
-    del graphs
-    torch.cuda.empty_cache()
+
+    assert_variant_bits(chain, base, early, refill, check)
