@@ -8,12 +8,28 @@ repository root as the working directory).
 
 from __future__ import annotations
 
+import pytest
 import torch
+
+# the fp8 kernel tests' two runs: the Triton interpreter on a CPU machine, the compiled kernel on a GPU one
+interpreter_only = pytest.mark.skipif(torch.cuda.is_available(),
+                                      reason="interpreter check for CPU machines; on a GPU the compiled kernel is tested")
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 # (rows, N, K, bias): odd sizes, K over several blocks, a bias; rows up to the kernels' 16
 CPU_CASES = [(1, 40, 200, False), (3, 33, 130, True), (2, 17, 64, False), (9, 20, 100, False), (16, 17, 64, False)]
 LLAMA3_8B_SHAPES = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)]  # qkv, o, gate_up, down
 
+
+
+def assert_each_refused(calls) -> None:
+    """Each of ``calls`` raises ValueError (a bad argument refused before any launch)."""
+    for bad in calls:
+        try:
+            bad()
+        except ValueError:
+            continue
+        raise AssertionError("accepted")
 
 def gemv_case(gen: torch.Generator, m: int, n: int, k: int, bias: bool, device: str = "cpu"):
     """``(w e4m3 [n, k], per-row scales, x bf16 [m, k], bias or None)``; rows scaled 1e-2..1e1, row 1 of 3 zero."""

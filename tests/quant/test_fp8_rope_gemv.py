@@ -13,6 +13,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.quant.fp8_inputs import interpreter_only, needs_cuda
+
 pytest.importorskip("triton")
 
 INTERPRETED = r"""
@@ -22,6 +24,7 @@ from octavo.plugins.quant import fp8_rope_gemv as fr
 from octavo.plugins.quant.fp8 import quantize_fp8_rows
 from octavo.plugins.quant.fp8_gemv import fp8_gemv
 from octavo.plugins.quant.fp8_triton import quantize_per_token_torch
+from tests.quant.fp8_inputs import assert_each_refused
 
 
 def unfused(y, rope, pos, hq, hk, d):  # the GEMV's bf16 outputs, rotated by the module's torch path
@@ -53,15 +56,9 @@ for hq, hk, d, k in [(4, 2, 16, 64), (2, 1, 32, 96), (8, 2, 8, 128)]:
         pre = fr.fp8_gemv_rope(xq, *args, x_scale=xs)
         assert same(pre, unfused(fp8_gemv(xq, w, ws, x_scale=xs), rope, pos, hq, hk, d)), (hq, hk, d, p)
         assert torch.equal(got, pre), (hq, hk, d, p, "producer quantization = own")
-for bad in (lambda: fr.fp8_gemv_rope(torch.zeros(2, k).bfloat16(), *args),
-            lambda: fr.fp8_gemv_rope(xq, *args),
-            lambda: fr.fp8_gemv_rope(x, *args, pdl=True)):
-    try:
-        bad()
-    except ValueError:
-        pass
-    else:
-        raise AssertionError("accepted")
+assert_each_refused((lambda: fr.fp8_gemv_rope(torch.zeros(2, k).bfloat16(), *args),
+                     lambda: fr.fp8_gemv_rope(xq, *args),
+                     lambda: fr.fp8_gemv_rope(x, *args, pdl=True)))
 
 # the wrapper: an attention with LlamaAttention's forward code gets wrapped after the load-time check; at one row it
 # gives the fused kernel's q, k, v to attn, at more rows (or switched off) the unfused forward; another forward not
@@ -121,11 +118,7 @@ print("ok")
 """
 
 
-def _cuda() -> bool:
-    return torch.cuda.is_available()
-
-
-@pytest.mark.skipif(_cuda(), reason="interpreter check for CPU machines; on a GPU the compiled kernel is tested")
+@interpreter_only
 def test_fp8_gemv_rope_interpreted_matches_the_unfused_path():
     from tests.utils import run_triton_interpreted
 
@@ -133,7 +126,7 @@ def test_fp8_gemv_rope_interpreted_matches_the_unfused_path():
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not _cuda(), reason="needs a CUDA GPU")
+@needs_cuda
 def test_fp8_gemv_rope_on_cuda_pdl_and_graph():
     from octavo.nn.rotary import get_rope
     from octavo.plugins.platforms.cuda_fusions import rotary

@@ -12,6 +12,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.quant.fp8_inputs import interpreter_only, needs_cuda
+
 pytest.importorskip("triton")
 
 MLP = r"""
@@ -52,6 +54,7 @@ from octavo.plugins.quant import fp8_silu_gemv as fs
 from octavo.plugins.quant.fp8 import quantize_fp8_rows
 from octavo.plugins.quant.fp8_gemv import fp8_gemv
 from octavo.plugins.quant.fp8_triton import quantize_per_token_torch
+from tests.quant.fp8_inputs import assert_each_refused
 
 
 def unfused(y2):  # cuda_fusions' SiLU-and-mul roundings, in torch
@@ -74,14 +77,8 @@ for i, k in [(40, 200), (17, 64), (64, 96)]:
     got = fs.fp8_gemv_silu(xq, w, ws, xs)
     assert close(got, unfused(fp8_gemv(xq, w, ws, x_scale=xs))), (i, k, "prequantized")
     assert torch.equal(got, fs.fp8_gemv_silu(x, w, ws)), (i, k, "producer quantization = own")
-for bad in (lambda: fs.fp8_gemv_silu(torch.zeros(2, k).bfloat16(), w, ws),
-            lambda: fs.fp8_gemv_silu(xq, w, ws)):
-    try:
-        bad()
-    except ValueError:
-        pass
-    else:
-        raise AssertionError("accepted")
+assert_each_refused((lambda: fs.fp8_gemv_silu(torch.zeros(2, k).bfloat16(), w, ws),
+                     lambda: fs.fp8_gemv_silu(xq, w, ws)))
 
 mlp, plain = MLP(96, 48, "cpu"), MLP(96, 48, "cpu")
 other = OtherMLP(96, 48, "cpu")
@@ -104,11 +101,7 @@ print("ok")
 """
 
 
-def _cuda() -> bool:
-    return torch.cuda.is_available()
-
-
-@pytest.mark.skipif(_cuda(), reason="interpreter check for CPU machines; on a GPU the compiled kernel is tested")
+@interpreter_only
 def test_fp8_gemv_silu_interpreted_matches_the_unfused_path():
     from tests.utils import run_triton_interpreted
 
@@ -116,7 +109,7 @@ def test_fp8_gemv_silu_interpreted_matches_the_unfused_path():
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not _cuda(), reason="needs a CUDA GPU")
+@needs_cuda
 def test_fp8_gemv_silu_on_cuda_in_a_graph():
     from octavo.plugins.quant import fp8_silu_gemv as fs
     from tests.quant.fp8_inputs import assert_graph_replays_match
