@@ -159,28 +159,49 @@ SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength
           "required": ["name", "n"], "additionalProperties": False}
 
 
-@pytest.mark.slow
-def test_device_gate_tokens_identical_to_serial(monkeypatch):
-    pytest.importorskip("xgrammar")
-    jsonschema = pytest.importorskip("jsonschema")
-    import json
-
+def parity_engine():
+    """The engine and requests of the token-parity tests (here and test_grammar_worker.py): the default model in
+    float32, synchronous to start, 12 rows at most, no prefix cache; nine schema-constrained greedy rows of growing
+    length, a sampled constrained row and an unconstrained row in the same steps. Returns (llm, params, prompts)."""
     from octavo import LLM, SamplingParams
-    from octavo.core import structured_output as so_mod
-    from octavo.core.async_engine import AsyncStepLoop, set_async_scheduling
     from octavo.core.loader import default_model_path
-    from octavo.executor import Executor
     from octavo.structured_outputs import StructuredOutputsParams
 
     llm = LLM(default_model_path(), dtype="float32", quantization="none", seed=0, max_model_len=384,
               max_num_seqs=12, enable_prefix_caching=False, async_scheduling=False)
-    core = llm.llm_engine.core
-    runner = core.executor.driver.runner
     so = StructuredOutputsParams(json=SCHEMA, disable_any_whitespace=True)
     params = [SamplingParams(temperature=0.0, max_tokens=6 + 3 * i, structured_outputs=so) for i in range(9)]
     params.append(SamplingParams(temperature=0.8, seed=7, max_tokens=28, structured_outputs=so))
     params.append(SamplingParams(temperature=0.0, max_tokens=8))  # an unconstrained row in the same steps
     prompts = [f"Describe fruit number {i} as JSON with a name and n." for i in range(len(params))]
+    return llm, params, prompts
+
+
+def parity_rows(outs) -> list[tuple]:
+    """(token ids, finish reason, text) of each request's first completion."""
+    return [(o.outputs[0].token_ids, o.outputs[0].finish_reason, o.outputs[0].text) for o in outs]
+
+
+def assert_finished_rows_match_schema(rows, params, jsonschema) -> None:
+    """Every constrained row that stopped on its own is JSON valid under SCHEMA."""
+    import json
+
+    for (_, reason, text), p in zip(rows, params):
+        if p.structured_outputs is not None and reason == "stop":
+            jsonschema.validate(json.loads(text), SCHEMA)
+
+
+@pytest.mark.slow
+def test_device_gate_tokens_identical_to_serial(monkeypatch):
+    pytest.importorskip("xgrammar")
+    jsonschema = pytest.importorskip("jsonschema")
+    from octavo.core import structured_output as so_mod
+    from octavo.core.async_engine import AsyncStepLoop, set_async_scheduling
+    from octavo.executor import Executor
+
+    llm, params, prompts = parity_engine()
+    core = llm.llm_engine.core
+    runner = core.executor.driver.runner
     ex_cls = type(core.executor)
     overlapped = ex_cls.execute_structured
 
@@ -204,8 +225,7 @@ def test_device_gate_tokens_identical_to_serial(monkeypatch):
                     m.setattr(AsyncStepLoop, "_launch", counted)
                 m.setattr(runner, "grammar_apply", kernel)
                 m.setitem(core.structured._cpu_hint, "device_wait", True)  # (set by a GPU runner's first apply)
-            outs = llm.generate(prompts, params, use_tqdm=False)
-        return [(o.outputs[0].token_ids, o.outputs[0].finish_reason, o.outputs[0].text) for o in outs]
+            return parity_rows(llm.generate(prompts, params, use_tqdm=False))
 
     kernel = _HostWait()
     depths = []
@@ -221,9 +241,7 @@ def test_device_gate_tokens_identical_to_serial(monkeypatch):
     assert len(waits) > 10 and core.structured._device_gate.words[1] == 0  # the device path ran, never gave up
     assert max(depths) == 3  # a third step was queued behind device-gated ones
     assert [s[:2] for s in serial] == [g[:2] for g in gated] == [p[:2] for p in pooled] == [d[:2] for d in deep]
-    for (_, reason, text), p in zip(serial, params):
-        if p.structured_outputs is not None and reason == "stop":
-            jsonschema.validate(json.loads(text), SCHEMA)
+    assert_finished_rows_match_schema(serial, params, jsonschema)
 
 
 def test_accept_goes_with_the_fill_job_only_under_the_device_gate(device_gate_on, monkeypatch):

@@ -6,7 +6,6 @@ host stand-in for the device wait, as test_device_gate.py)."""
 
 from __future__ import annotations
 
-import json
 import random
 import time
 
@@ -114,23 +113,20 @@ def test_backend_without_a_worker_is_refused(monkeypatch):
 @pytest.mark.slow
 def test_worker_tokens_identical_to_in_process_serial(monkeypatch):
     jsonschema = pytest.importorskip("jsonschema")
-    from octavo import LLM, SamplingParams
     from octavo.core import grammar_device_gate
     from octavo.core import structured_output as so_mod
     from octavo.core.async_engine import set_async_scheduling
-    from octavo.core.loader import default_model_path
     from octavo.executor import Executor
-    from tests.structured.test_device_gate import SCHEMA, _HostWait
+    from tests.structured.test_device_gate import (
+        _HostWait,
+        assert_finished_rows_match_schema,
+        parity_engine,
+        parity_rows,
+    )
 
-    llm = LLM(default_model_path(), dtype="float32", quantization="none", seed=0, max_model_len=384,
-              max_num_seqs=12, enable_prefix_caching=False, async_scheduling=False)
+    llm, params, prompts = parity_engine()
     core = llm.llm_engine.core
     runner = core.executor.driver.runner
-    so = StructuredOutputsParams(json=SCHEMA, disable_any_whitespace=True)
-    params = [SamplingParams(temperature=0.0, max_tokens=6 + 3 * i, structured_outputs=so) for i in range(9)]
-    params.append(SamplingParams(temperature=0.8, seed=7, max_tokens=28, structured_outputs=so))
-    params.append(SamplingParams(temperature=0.0, max_tokens=8))  # an unconstrained row in the same steps
-    prompts = [f"Describe fruit number {i} as JSON with a name and n." for i in range(len(params))]
     ex_cls = type(core.executor)
     overlapped = ex_cls.execute_structured
     kernel = _HostWait()
@@ -143,8 +139,7 @@ def test_worker_tokens_identical_to_in_process_serial(monkeypatch):
                 m.setattr(grammar_device_gate, "DEVICE_GATE", True)
                 m.setattr(runner, "grammar_apply", kernel)
                 m.setitem(core.structured._cpu_hint, "device_wait", True)  # (set by a GPU runner's first apply)
-            outs = llm.generate(prompts, params, use_tqdm=False)
-        return [(o.outputs[0].token_ids, o.outputs[0].finish_reason, o.outputs[0].text) for o in outs]
+            return parity_rows(llm.generate(prompts, params, use_tqdm=False))
 
     try:
         reference = run("serial")  # in-process backend
@@ -162,6 +157,4 @@ def test_worker_tokens_identical_to_in_process_serial(monkeypatch):
     waits = [c for c in kernel.calls if c[0] == "wait"]
     assert len(waits) > 10 and gave_up == 0 and shared  # the gated path ran on the worker's words, none gave up
     assert [r[:2] for r in reference] == [w[:2] for w in worker_serial] == [g[:2] for g in worker_gated]
-    for (_, reason, text), p in zip(worker_gated, params):
-        if p.structured_outputs is not None and reason == "stop":
-            jsonschema.validate(json.loads(text), SCHEMA)
+    assert_finished_rows_match_schema(worker_gated, params, jsonschema)
