@@ -51,7 +51,7 @@ int wanted_here(void) {
    The K pairs run in blocks of kb (oneDNN's K block, see k_block_pairs): each block's chain starts from zero
    and is then added to the running sum, as oneDNN adds its K blocks */
 static inline __attribute__((always_inline)) void tile(const uint32_t* a, long lda, const uint32_t* b, long kp,
-                                                       long kb, uint16_t* c, long ldc, const int MR) {
+                                                       long kb, void* c, long ldc, const int MR, int f32) {
     __m512 acc[6][4];
     float tot[6][64] __attribute__((aligned(64)));
     for (long p0 = 0; p0 < kp; p0 += kb) {
@@ -74,10 +74,16 @@ static inline __attribute__((always_inline)) void tile(const uint32_t* a, long l
                 _mm512_store_ps(tot[r] + 16 * j, p0 == 0 ? acc[r][j] : _mm512_add_ps(_mm512_load_ps(tot[r] + 16 * j), acc[r][j]));
     }
     for (int r = 0; r < MR; r++)
-        for (int j = 0; j < 4; j++)  /* vcvtneps2bf16: nearest even, as oneDNN's output conversion */
-            _mm256_storeu_si256((__m256i*)(c + r * ldc + j * 16), (__m256i)_mm512_cvtneps_pbh(_mm512_load_ps(tot[r] + 16 * j)));
+        for (int j = 0; j < 4; j++) {  /* vcvtneps2bf16: nearest even, as oneDNN's output conversion */
+            const __m256i h = (__m256i)_mm512_cvtneps_pbh(_mm512_load_ps(tot[r] + 16 * j));
+            if (f32)  /* the rounded bf16 widened to float32 (exact, as Tensor.float()): 16 zero low bits */
+                _mm512_storeu_si512((float*)c + r * ldc + j * 16, _mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+            else
+                _mm256_storeu_si256((__m256i*)((uint16_t*)c + r * ldc + j * 16), h);
+        }
 }
-#define TILE_CASE(R) case R: tile(a32 + m0 * lda, lda, b, kp, kb, c + m0 * ldc + nb * 64, ldc, R); break;
+#define TILE_CASE(R) case R: tile(a32 + m0 * lda, lda, b, kp, kb, f32 ? (void*)((float*)c + m0 * ldc + nb * 64) \
+                                  : (void*)((uint16_t*)c + m0 * ldc + nb * 64), ldc, R, f32); break;
 #endif
 
 /* w [n][k] bf16 -> wp [n / 64][k / 2][64][2]. Returns -1 on a build without AVX512-BF16 */
@@ -99,9 +105,10 @@ int pack_w(const uint16_t* w, long n, long k, uint16_t* wp) {
 #endif
 }
 
-/* c [m][n] (rows ldc apart) = a [m][k] (rows lda elements apart, lda even) x w^T, w packed by pack_w */
-int gemm(const uint16_t* a, long lda, const uint16_t* wp, long m, long n, long k, long kb, uint16_t* c, long ldc,
-         int nthreads) {
+/* c [m][n] (rows ldc apart) = a [m][k] (rows lda elements apart, lda even) x w^T, w packed by pack_w; c is bf16,
+   or with f32 float32 holding the same bf16 values (an LM head's logits: no separate widening pass) */
+int gemm(const uint16_t* a, long lda, const uint16_t* wp, long m, long n, long k, long kb, void* c, long ldc,
+         int nthreads, int f32) {
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
     const long kp = k / 2, np = n / 64, mb = (m + 5) / 6;
     const uint32_t* a32 = (const uint32_t*)a;
@@ -120,7 +127,7 @@ int gemm(const uint16_t* a, long lda, const uint16_t* wp, long m, long n, long k
         }
     return 0;
 #else
-    (void)a; (void)lda; (void)wp; (void)m; (void)n; (void)k; (void)kb; (void)c; (void)ldc; (void)nthreads;
+    (void)a; (void)lda; (void)wp; (void)m; (void)n; (void)k; (void)kb; (void)c; (void)ldc; (void)nthreads; (void)f32;
     return -1;
 #endif
 }
@@ -133,7 +140,7 @@ _state: dict[str, object] = {}
 def library() -> ctypes.CDLL | None:
     p, lg, i = ctypes.c_void_p, ctypes.c_long, ctypes.c_int
     return cached_library(_state, C_SOURCE, "octavo_cpu_bf16_gemm", _FLAGS,
-                          {"wanted_here": ([], i), "pack_w": ([p, lg, lg, p], i), "gemm": ([p, lg, p, lg, lg, lg, lg, p, lg, i], i)}, switch=SWITCH)
+                          {"wanted_here": ([], i), "pack_w": ([p, lg, lg, p], i), "gemm": ([p, lg, p, lg, lg, lg, lg, p, lg, i, i], i)}, switch=SWITCH)
 
 
 def wanted() -> bool:
@@ -162,9 +169,10 @@ def k_block_pairs(k: int, m: int) -> int:
     return 256 if k <= 1024 or m == 1 else 512
 
 
-def linear(x: torch.Tensor, wp: torch.Tensor) -> torch.Tensor | None:
+def linear(x: torch.Tensor, wp: torch.Tensor, out_f32: bool = False) -> torch.Tensor | None:
     """``x [..., K] @ W^T`` in bf16 from the packed ``wp``; None when ``x``'s layout does not allow it (rows must
-    be 4-byte aligned pairs: unit inner stride, even row stride)."""
+    be 4-byte aligned pairs: unit inner stride, even row stride). ``out_f32``: float32 holding the same bf16
+    values (= ``linear(x, wp).float()`` bit for bit; an LM head's logits skip the widening copy)."""
     np_, kp, _ = wp.shape
     k = 2 * kp
     if x.dtype != torch.bfloat16 or x.shape[-1] != k or x.stride(-1) != 1:
@@ -176,11 +184,11 @@ def linear(x: torch.Tensor, wp: torch.Tensor) -> torch.Tensor | None:
     if x2.dim() != 2 or ld % 2 or xp % 4 or (m > 1 and ld < k):
         return None
     n = np_ * PANEL
-    out = torch.empty(m, n, dtype=torch.bfloat16)
+    out = torch.empty(m, n, dtype=torch.float32 if out_f32 else torch.bfloat16)
     # the C function looked up once (library() costs ~1 us a call, ~0.1 ms a decode step over 121 linears)
     gemm = _state.get("gemm") or _state.setdefault("gemm", library().gemm)
     if m and gemm(xp, ld, wp.data_ptr(), m, n, k, 256 if k <= 1024 or m == 1 else 512, out.data_ptr(), n,
-                  torch.get_num_threads()):  # the K block of k_block_pairs(k, m), inlined (a call per linear)
+                  torch.get_num_threads(), out_f32):  # the K block of k_block_pairs(k, m), inlined (a call per linear)
         return None
     return out if two_d else out.view(*x.shape[:-1], n)
 

@@ -3,7 +3,7 @@
 Runs where the kernel is wanted (AVX512-BF16 without AMX; elsewhere oneDNN keeps every call and this skips):
 SmolLM2's linear shapes, the LM head and a K = 4,096 shape at 1 .. 2,048 rows (6-row tiles and every tail),
 strided and 3-D inputs, against ``F.linear`` and oneDNN's packed linear bit for bit; two rows alone == the same
-rows in a batch; 1 thread ==
+rows in a batch; float32 output (an LM head's logits) == the bf16 output widened; 1 thread ==
 2 threads; the packed-linear method routes through it; layouts it cannot read fall back to ``F.linear``.
 """
 
@@ -34,6 +34,8 @@ def test_same_bits_as_onednn_and_f_linear(n, k):
         got = g.linear(x, wp)
         assert torch.equal(_bits(got), _bits(torch.ops.mkldnn._linear_pointwise(x, onednn, None, "none", [], ""))), rows
         assert torch.equal(_bits(got), _bits(F.linear(x, w))), rows
+        wide = g.linear(x, wp, out_f32=True)  # an LM head's float32 logits: the same bf16 values, widened
+        assert wide.dtype == torch.float32 and torch.equal(wide.view(torch.int32), got.float().view(torch.int32)), rows
         if rows > 2:  # two rows of the batch alone: their bits in the batch (one row alone: oneDNN's K block)
             assert torch.equal(_bits(g.linear(x[rows // 2:rows // 2 + 2], wp)), _bits(got[rows // 2:rows // 2 + 2]))
 
@@ -69,3 +71,6 @@ def test_packed_method_uses_it_and_keeps_bits():
     assert torch.equal(_bits(method.apply(layer, x)), _bits(F.linear(x, layer.weight)))
     bias = torch.randn(576).bfloat16()
     assert torch.equal(_bits(method.apply(layer, x, bias)), _bits(F.linear(x, layer.weight, bias)))
+    head = cpl.PackedLogitsMethod(layer.weight, 64)  # float32 out (compute_logits' .float() then copies nothing)
+    logits = head.apply(layer, x)
+    assert logits.dtype == torch.float32 and torch.equal(logits, F.linear(x, layer.weight).float())
