@@ -4,7 +4,7 @@
 # Runs from the repo root; JSON + logs to $OUT/dist/dist8/. Dummy-weight Llama-3 shapes, bf16. NVLink multicast stays
 # off: NCCL_NVLS_ENABLE / TORCH_SYMM_MEM_DISABLE_MULTICAST are recorded, never changed. Every step has a hard cap.
 # Warm-up: every engine times 16 untimed tokens (Triton compile, autotune, graph capture) before its timed runs.
-#   DIST8_PARTS (space separated; default "test early tp1"), run in the order test, gemv, early, table, ab, warps, tp1,
+#   DIST8_PARTS (space separated; default "test early tp1"), run in the order test, gemv, early, table, ab, crossing, tp1,
 #   test6, ar, nccl, goal, 70b (each step capped: a protocol that hangs costs only its step):
 #   gemv  (<= 58 s) one TP=2 engine (mp, async) in the defaults: batch-1 ms/token + graph; then every rank sweeps the
 #         batch-1 GEMV tiles per weight shape in a PDL chain on its real weights (benchmarks/gpu_tp_gemv.py), and the
@@ -17,14 +17,15 @@
 #   ab    (<= 50 s) one TP=2 engine in the defaults, its per-layer kernel trace and a trace of real decode steps, then
 #         re-captured per mode of DIST8_TP2_MODES (default: the defaults again, push off, push with PDL off = true
 #         per-kernel times) and last without any all-reduce (their in-step cost)   [session 7's dist7.sh]
-#   warps (<= 80 + 50 s) session 11: every RMSNorm launch of <= 4 rows (TP=1's plain norms, TP=2's fused all-reduce +
-#         RMSNorm: one CTA per row, ~6.5 us on the critical path twice a layer) on 16 / 8 warps instead of 4
-#         (OCTAVO_NORM_SMALL_ROWS_WARPS; fp8's one-row quantizing norm won with 16). Each engine STARTS with 16, so
-#         the fusion's start check (bitwise vs all-reduce + plain norm) runs with it (log); then re-captured
-#         4 (the rule), 16, 8, 4, 16, 8 (TP=2) / 4, 16, 8, 4, 16 (TP=1): graph + ms/token + tokens
+#   crossing (<= 110 s) session 12: the all-reduce + RMSNorm crossing (~6.5 us on the critical path twice a layer).
+#         One TP=2 engine STARTED with OCTAVO_TP_NORM_PRELOAD=1 (the fused kernel loads the residual row and norm weight
+#         before its PDL wait) and OCTAVO_NORM_SMALL_ROWS_WARPS=16 (every RMSNorm launch of <= 4 rows, plain and fused,
+#         on 16 warps instead of 4; fp8's one-row quantizing norm won with 16), so the fusion's bitwise start check runs
+#         with both (log); then re-captured: defaults, +rw, +n16, +rw+n16, +rw+n8, then the first four again
+#         (graph + ms/token + tokens + per-layer kernel trace each). TP=1 is not run: n16 would be a TP>=2 default.
 #   tp1   (<= 26 s) TP=1 (uni, async) in the defaults, then re-captured in the defaults: the denominators
-#   test  (<= 45 s) 2 GPUs: the pushing GEMV + fused norm / receive-only kernel == NCCL + unfused norm, bitwise, also
-#         with fixed GEMV tiles (cuda_gemv_table.py) and with the early poll; a layer's kernel chain with PDL == without
+#   test  (<= 60 s) 2 GPUs: the pushing GEMV + fused norm / receive-only kernel == NCCL + unfused norm, bitwise, also
+#         with fixed GEMV tiles (cuda_gemv_table.py), the early poll, the preload (+16 warps); a layer's PDL chain == without
 #   test6 (<= 45 s) 2 GPUs: one-shot all-reduce / all-gather / all-reduce + RMSNorm == NCCL (+ unfused norm) bitwise,
 #         eager + graphs, with PDL; LL protocol                                      [session 6's dist6.sh test]
 #   ar    (<= 30 s) all-reduce microbench: NCCL vs symm_mem vs one-shot, 8 KiB..1 MiB, eager and in a graph; since
@@ -65,7 +66,7 @@ has() { [[ $PARTS == *" $1 "* ]]; }
 
 TP="python3 benchmarks/gpu_tp.py --shape 8b --copy-rate 3.01e12 --out-dir $R --prompts 0 --max-num-seqs 8"
 # the 2-GPU test first this time: it covers the new early poll (a hang there costs only its cap)
-has test && step gpu_test 45 python3 -u -m pytest -v -x tests/gpu/test_gemv_push_gpu.py tests/gpu/test_pdl_gpu.py \
+has test && step gpu_test 60 python3 -u -m pytest -v -x tests/gpu/test_gemv_push_gpu.py tests/gpu/test_pdl_gpu.py \
   -k "gemv_push or pdl_chain"
 # shellcheck disable=SC2086
 has gemv && step 8b_tp2_gemv 58 $TP --one 2 --tag gemv --async-modes on --graph-replay --gemv-ab 2
@@ -78,14 +79,11 @@ has table && step 8b_tp2_table 50 $TP --one 2 --tag table --async-modes on --gra
 # shellcheck disable=SC2086
 has ab && step 8b_tp2_ab 50 $TP --one 2 --tag ab --async-modes on --graph-replay --layer-trace \
   --ar-modes $MODES --graph-replay-no-allreduce
-if has warps; then
+if has crossing; then
   # shellcheck disable=SC2086
-  step 8b_tp2_warps 80 OCTAVO_NORM_SMALL_ROWS_WARPS=16 $TP --one 2 --tag warps --async-modes on --graph-replay \
-    --ar-modes $P $P+n16 $P+n8 $P $P+n16 $P+n8
-  T1="custom+pdl+silu"
-  # shellcheck disable=SC2086
-  step 8b_tp1_warps 50 OCTAVO_NORM_SMALL_ROWS_WARPS=16 $TP --one 1 --tag warps --async-modes on --graph-replay \
-    --ar-modes $T1 $T1+n16 $T1+n8 $T1 $T1+n16
+  step 8b_tp2_crossing 110 OCTAVO_TP_NORM_PRELOAD=1 OCTAVO_NORM_SMALL_ROWS_WARPS=16 $TP --one 2 --tag crossing \
+    --async-modes on --graph-replay --layer-trace \
+    --ar-modes $P $P+rw $P+n16 $P+rw+n16 $P+rw+n8 $P $P+rw $P+n16 $P+rw+n16
 fi
 has tp1 && step 8b_tp1 26 $TP --one 1 --async-modes on --graph-replay --ar-modes custom+pdl+silu
 has test6 && step gpu_test6 45 python3 -u -m pytest -v -x tests/gpu/test_pdl_gpu.py tests/gpu/test_tp_allreduce_gpu.py \

@@ -45,6 +45,7 @@ from octavo.plugins.platforms.cuda_allreduce_epochs import _begin_call
 from octavo.plugins.platforms.cuda_allreduce_gemv import (
     early_poll_setting,
     gemv_push,
+    norm_preload_setting,
     plain_gemv_config,
     push_eligible,
     push_setting,
@@ -61,7 +62,7 @@ def _one_shot_add_rms_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, n_cols
                              counters, cap, ll_table, RANK: tl.constexpr, WORLD: tl.constexpr, MAXG: tl.constexpr,
                              BLOCK: tl.constexpr, PDL: tl.constexpr = False, LL: tl.constexpr = False,
                              LL_CAP: tl.constexpr = 0, PUSHED: tl.constexpr = False,
-                             EARLY: tl.constexpr = False):
+                             EARLY: tl.constexpr = False, PRE: tl.constexpr = False):
     """One CTA per row: the one-shot all-reduce of cuda_allreduce.py (same flags, epochs and buffers; or the LL
     words of cuda_allreduce_ll.py), then the residual add and RMSNorm of cuda_fusions._rms_norm_kernel with the
     same roundings. ``PUSHED`` (with LL): the GEMV that produced ``x`` sent its words (cuda_allreduce_gemv.py).
@@ -69,7 +70,14 @@ def _one_shot_add_rms_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, n_cols
     polled BEFORE the wait for the GEMV here (they come from the peer's GEMV, not from this rank's predecessor), so
     the crossing overlaps the local GEMV's tail and the wait's release; the call index is read from the counters
     the previous protocol call left (complete: every kernel before the predecessor has finished under PDL's rule).
-    Same rank-order sum (two ranks: fp32 addition of two values commutes), so the same bits."""
+    Same rank-order sum (two ranks: fp32 addition of two values commutes), so the same bits.
+    ``PRE`` (``OCTAVO_TP_NORM_PRELOAD``): the residual row and the norm weight load before the PDL wait: the weight
+    never changes and the residual comes from a kernel before the predecessor (complete by PDL's rule, as for EARLY's
+    counters; without PDL the predecessor is complete anyway), so their loads no longer follow the poll loop."""
+    if PRE:
+        pre_cols = tl.arange(0, BLOCK)
+        r = tl.load(res_ptr + tl.program_id(0) * n_cols + pre_cols, mask=pre_cols < n_cols, other=0.0)
+        w = tl.load(w_ptr + pre_cols, mask=pre_cols < n_cols, other=0.0).to(tl.float32)
     if EARLY:
         pre = tl.load(counters + tl.program_id(0), volatile=True) + 1  # the index _begin_call takes below
         peer = _ll_receive(ll_table, 1 - RANK, tl.program_id(0) * n_cols + tl.arange(0, BLOCK),
@@ -99,13 +107,15 @@ def _one_shot_add_rms_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, n_cols
             v = tl.load(mine + k * cap + offs, mask=mask, other=0.0, cache_modifier=".cg")
         acc += v.to(tl.float32)
     s = acc.to(elt)  # the all-reduce's output, rounded as the unfused kernel stores it
-    r = tl.load(res_ptr + offs, mask=mask, other=0.0)
+    if not PRE:
+        r = tl.load(res_ptr + offs, mask=mask, other=0.0)
     h = (s.to(tl.float32) + r.to(tl.float32)).to(elt)  # torch rounds the sum to the dtype
     tl.store(res_out_ptr + offs, h, mask=mask)
     hf = h.to(tl.float32)
     rstd = tl.rsqrt(tl.sum(hf * hf, 0) / n_cols + eps)
     y = (hf * rstd).to(elt).to(tl.float32)
-    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    if not PRE:
+        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     tl.store(out_ptr + offs, (y * w).to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -125,7 +135,7 @@ def all_reduce_add_rms_norm(ar: OneShotAllReduce, x: torch.Tensor, residual: tor
                                       ar.counters, ar.max_bytes // x.element_size(),
                                       ar.ll_table if ll else ar.flag_table, RANK=ar.rank, WORLD=ar.world,
                                       MAXG=MAX_CTAS, BLOCK=block, LL=ll, LL_CAP=LL_CAP_WORDS if ll else 0,
-                                      PUSHED=pushed, EARLY=early,
+                                      PUSHED=pushed, EARLY=early, PRE=getattr(ar, "norm_preload", False),
                                       num_warps=getattr(ar, "norm_warps", 0) or norm_warps(rows, d), **opts)
     ar.num_calls += 1
     return out.view(residual.shape), res_out.view(residual.shape)
@@ -185,7 +195,8 @@ def maybe_fuse_all_reduce_norm(handle, runner_cls) -> dict | None:
         raise ValueError(f"OCTAVO_TP_ALLREDUCE_FUSE_NORM={env!r}: use 1 (on) or 0 (off)")
     push_on, push_explicit = push_setting()
     for name, (on, explicit) in (("OCTAVO_TP_GEMV_PUSH", (push_on, push_explicit)),
-                                 ("OCTAVO_TP_EARLY_POLL", early_poll_setting())):
+                                 ("OCTAVO_TP_EARLY_POLL", early_poll_setting()),
+                                 ("OCTAVO_TP_NORM_PRELOAD", norm_preload_setting())):
         if on and explicit and (env == "0" or not isinstance(ar, OneShotAllReduce)):
             raise ValueError(f"{name}=1 needs the all-reduce + RMSNorm fusion (tensor parallelism on CUDA with the "
                              "one-shot all-reduce, OCTAVO_TP_ALLREDUCE_FUSE_NORM not 0); unset one of them")
@@ -206,6 +217,8 @@ def maybe_fuse_all_reduce_norm(handle, runner_cls) -> dict | None:
     if off is not None:
         if ar.push and push_explicit:  # OCTAVO_TP_GEMV_PUSH=1 asked for what this model cannot have: refused
             raise ValueError(f"OCTAVO_TP_GEMV_PUSH=1 needs the all-reduce + RMSNorm fusion, off for this model: {off}")
+        if norm_preload_setting()[1] and norm_preload_setting()[0]:
+            raise ValueError(f"OCTAVO_TP_NORM_PRELOAD=1 needs the all-reduce + RMSNorm fusion, off for this model: {off}")
         logger.info("all-reduce + RMSNorm fusion off: %s", off)
         ar.push = False
         return None
@@ -214,6 +227,7 @@ def maybe_fuse_all_reduce_norm(handle, runner_cls) -> dict | None:
     rows_layers = [m for m in handle.model.modules() if isinstance(m, RowParallelLinear) and m.bias is None
                    and m.reduce_results]  # a bias is added after the sum: that layer keeps its plain all-reduce
     ar.defer_width = next(iter(hidden))  # before wrapping (the GEMV push's eligibility) and the check
+    ar.norm_preload = norm_preload_setting()[0]  # the fused kernel's PRE: in every checking forward below (bitwise)
     for m in norms:
         _wrap_norm(m, ar)
     for m in rows_layers:
@@ -250,7 +264,8 @@ def maybe_fuse_all_reduce_norm(handle, runner_cls) -> dict | None:
         raise ValueError("OCTAVO_TP_EARLY_POLL=1 needs the row-parallel GEMV push at two ranks with PDL on (it polls "
                          "pushed words before the PDL wait); unset it")
     return {"row_parallel": len(rows_layers), "norms": len(norms), "rows": ar.defer_rows, "push": ar.push,
-            "early_poll": bool(ar.push and getattr(ar, "early_poll", False))}
+            "early_poll": bool(ar.push and getattr(ar, "early_poll", False)),
+            "norm_preload": bool(ar.defer_rows and ar.norm_preload)}
 
 
 def _agreed(ar: OneShotAllReduce, ok: bool, device) -> bool:

@@ -64,6 +64,19 @@ def early_poll_setting() -> tuple[bool, bool]:
             bool(os.environ.get("OCTAVO_TP_EARLY_POLL", "").strip()))
 
 
+# an unset OCTAVO_TP_NORM_PRELOAD: off until measured (session 12 batch 1 A/B, dist8.sh part crossing). On: the fused
+# all-reduce + RMSNorm kernel (cuda_allreduce_fusion.py) loads its residual row and norm weight before its PDL wait
+# instead of after polling the peer's words; same loads, same arithmetic, so the same bits (checked at start).
+NORM_PRELOAD_DEFAULT = False
+
+
+def norm_preload_setting() -> tuple[bool, bool]:
+    """``(on, explicit)`` from ``OCTAVO_TP_NORM_PRELOAD`` (unset: :data:`NORM_PRELOAD_DEFAULT`); explicitly 1 where the
+    fusion is off is an error (nothing to apply to)."""
+    return (env_switch("OCTAVO_TP_NORM_PRELOAD", default=NORM_PRELOAD_DEFAULT),
+            bool(os.environ.get("OCTAVO_TP_NORM_PRELOAD", "").strip()))
+
+
 def push_for_world(world: int) -> bool:
     """Whether an all-reduce over ``world`` ranks starts with the push on: the default covers two ranks (the measured
     case), more ranks take it with an explicit ``OCTAVO_TP_GEMV_PUSH=1``."""

@@ -103,7 +103,7 @@ def _rank_main(rank: int, tmp: str, port: str) -> None:
     class Spy:
         def __getitem__(self, grid):
             def run(*a, **kw):
-                early.append(kw["EARLY"])
+                early.append((kw["EARLY"], kw["PRE"]))
                 return real_kernel[grid](*a, **kw)
             return run
 
@@ -112,8 +112,16 @@ def _rank_main(rank: int, tmp: str, port: str) -> None:
     for _ in range(2):  # both parities
         got = forward()
         assert all(torch.equal(a, b) for a, b in zip(want, got)), "early-polled consumer differs"
-    assert early == [True] * 4, early  # two fused consumers per forward (the receive-only one is not fused)
-    caf._one_shot_add_rms_kernel, caf.launch_opts, ar.early_poll = real_kernel, real_opts, False
+    assert early == [(True, False)] * 4, early  # two fused consumers a forward (the receive-only one is not fused)
+    # OCTAVO_TP_NORM_PRELOAD: the residual row and norm weight loaded before the wait (alone, then with EARLY)
+    ar.early_poll, ar.norm_preload = False, True
+    early.clear()
+    for poll in (False, True, False):
+        ar.early_poll = poll
+        got = forward()
+        assert all(torch.equal(a, b) for a, b in zip(want, got)), f"preloading consumer differs (early {poll})"
+    assert early == [(False, True)] * 2 + [(True, True)] * 2 + [(False, True)] * 2, early
+    caf._one_shot_add_rms_kernel, caf.launch_opts, ar.early_poll, ar.norm_preload = real_kernel, real_opts, False, False
     dist.destroy_process_group()
 
 
@@ -176,23 +184,26 @@ if __name__ == "__main__":
     _rank_main(int(sys.argv[1]), sys.argv[2], sys.argv[3])
 
 
+@pytest.mark.parametrize("name", ["OCTAVO_TP_EARLY_POLL", "OCTAVO_TP_NORM_PRELOAD"])
 @pytest.mark.parametrize("value,want", [(None, (False, False)), ("0", (False, True)), ("1", (True, True))])
-def test_early_poll_switch(monkeypatch, value, want):
-    """OCTAVO_TP_EARLY_POLL: unset = off (measured slower), 0 off, 1 on (explicit: an error where the push is off);
-    anything else is refused naming it."""
+def test_early_poll_and_preload_switches(monkeypatch, name, value, want):
+    """OCTAVO_TP_EARLY_POLL (measured slower) and OCTAVO_TP_NORM_PRELOAD: unset = off, 0 off, 1 on (explicit: an
+    error where the fusion is off); anything else is refused naming it."""
     from octavo.plugins.platforms import cuda_allreduce_gemv as cag
 
+    setting = {"OCTAVO_TP_EARLY_POLL": cag.early_poll_setting,
+               "OCTAVO_TP_NORM_PRELOAD": cag.norm_preload_setting}[name]
     if value is None:
-        monkeypatch.delenv("OCTAVO_TP_EARLY_POLL", raising=False)
+        monkeypatch.delenv(name, raising=False)
     else:
-        monkeypatch.setenv("OCTAVO_TP_EARLY_POLL", value)
-    assert cag.early_poll_setting() == want
-    monkeypatch.setenv("OCTAVO_TP_EARLY_POLL", "maybe")
-    with pytest.raises(ValueError, match="OCTAVO_TP_EARLY_POLL"):
-        cag.early_poll_setting()
+        monkeypatch.setenv(name, value)
+    assert setting() == want
+    monkeypatch.setenv(name, "maybe")
+    with pytest.raises(ValueError, match=name):
+        setting()
 
 
-@pytest.mark.parametrize("name", ["OCTAVO_TP_GEMV_PUSH", "OCTAVO_TP_EARLY_POLL"])
+@pytest.mark.parametrize("name", ["OCTAVO_TP_GEMV_PUSH", "OCTAVO_TP_EARLY_POLL", "OCTAVO_TP_NORM_PRELOAD"])
 def test_explicit_push_or_early_poll_without_the_fusion_is_refused(monkeypatch, name):
     """Asked for explicitly where the all-reduce + RMSNorm fusion is off: an error naming it, never ignored."""
     from octavo.plugins.platforms import cuda_allreduce_fusion as caf

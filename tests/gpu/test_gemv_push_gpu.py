@@ -3,7 +3,8 @@ plugins/platforms/cuda_allreduce_gemv.py) on two GPUs: at the Llama-3-8B TP=2 sh
 down_proj [4096, 7168], bf16) its local output equals cuda_fusions' GEMV bit for bit, and its pushed words
 consumed by the all-reduce + add + RMSNorm kernel (or by the receive-only LL kernel) equal NCCL's sum followed
 by the unfused norm bit for bit: eager, and in a CUDA graph with a decode layer's pattern (plain all-reduce,
-push + fused norm, push + plain consumer, push + fused norm) replayed with new inputs, with and without PDL.
+push + fused norm, push + plain consumer, push + fused norm) replayed with new inputs, with and without PDL (and with the early poll, the preloaded
+residual + weight, 16-warp norms).
 The NVLink memory ordering of words written inside a GEMV is what only this test checks. Needs 2 GPUs
 (benchmarks/device/dist8.sh, part test)."""
 
@@ -31,7 +32,7 @@ def _worker(rank: int, port: int, out: str) -> None:
     from octavo.plugins.platforms.cuda_allreduce_fusion import all_reduce_add_rms_norm
     from octavo.plugins.platforms.cuda_allreduce_gemv import gemv_push
     from octavo.plugins.platforms.cuda_allreduce_ll import ll_reduce
-    from octavo.plugins.platforms.cuda_fusions import gemv, rms_norm
+    from octavo.plugins.platforms.cuda_fusions import gemv, rms_norm, set_small_rows_norm_warps
     from octavo.plugins.platforms.cuda_gemv_table import set_override
     from octavo.plugins.platforms.cuda_pdl import set_pdl
 
@@ -69,12 +70,18 @@ def _worker(rank: int, port: int, out: str) -> None:
 
     # fixed tiles (cuda_gemv_table.py) unlike the autotuner's: the plain and the pushing GEMV both take them
     tiles = {(4096, 2048): (4, 2048, 4, 2), (4096, 7168): (4, 1024, 4, 3)}
-    # last: the fused consumer polls the peer's words before its PDL wait (OCTAVO_TP_EARLY_POLL)
-    for fixed, pdl, early in ((None, False, False), (None, True, False), (tiles, True, False), (None, True, True)):
+    # then the fused consumer polls the peer's words before its PDL wait (OCTAVO_TP_EARLY_POLL); last it loads the
+    # residual + norm weight before the wait (OCTAVO_TP_NORM_PRELOAD), also with every <= 4-row norm (the plain
+    # reference's too) on 16 warps (OCTAVO_NORM_SMALL_ROWS_WARPS)
+    for fixed, pdl, early, pre, nw16 in ((None, False, False, False, False), (None, True, False, False, False),
+                                         (tiles, True, False, False, False), (None, True, True, False, False),
+                                         (None, True, False, True, False), (None, True, False, True, True)):
         set_pdl(pdl)
         set_override(fixed)
-        ar.early_poll = early
-        tag = ("tiles " if fixed else "") + ("pdl " if pdl else "") + ("early " if early else "")
+        ar.early_poll, ar.norm_preload = early, pre
+        set_small_rows_norm_warps(16 if nw16 else 0)
+        tag = ("tiles " if fixed else "") + ("pdl " if pdl else "") + ("early " if early else "") + \
+            ("preload " if pre else "") + ("16 warps " if nw16 else "")
         for (n, k), w in ws.items():  # eager: local output, fused consumer, receive-only consumer
             x = torch.randn(1, k, generator=gen, device=dev).to(torch.bfloat16)
             res = torch.randn(1, n, generator=gen, device=dev).to(torch.bfloat16)
@@ -117,6 +124,7 @@ def _worker(rank: int, port: int, out: str) -> None:
             check(f"{tag}graph trial {trial} third residual", o3[1], w3[1])
     set_pdl(False)
     set_override(None)
+    set_small_rows_norm_warps(0)
     torch.cuda.synchronize()
     if rank == 0:
         with open(out, "w") as f:
