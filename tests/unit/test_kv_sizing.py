@@ -108,3 +108,33 @@ def test_profile_run_fills_the_token_budget_past_max_model_len(monkeypatch: pyte
         profiling.profile_run(worker)
         llm.llm_engine.shutdown()
     assert seen == [want]
+
+
+class TempKVDevice(FakeDevice):
+    """The profile run also reserved a temporary KV cache of 1 GiB, freed into the allocator's cache at its end."""
+
+    def profile(self, _worker) -> int:
+        super().profile(_worker)
+        self.cached += GIB
+        return GIB
+
+
+def test_the_profiles_temporary_kv_cache_goes_back_to_the_kv_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    dev = TempKVDevice()
+    monkeypatch.setattr(profiling, "profile_run", dev.profile)
+    budget, info = profiling.kv_budget_from_profile(worker_on(dev))
+    used = dev.outside + 9 * GIB + GIB + GIB // 2  # the activations' reservation stays counted, the temp cache not
+    assert budget == int(80 * GIB * 0.9) - used
+    assert info["profile_added_GiB"] == pytest.approx(2.5)
+    assert info["profile_temp_kv_released_GiB"] == pytest.approx(1.0)
+    assert info["outside_torch_GiB"] == pytest.approx(0.5)  # read before the release
+    assert dev.cached == 0  # handed back to the device
+
+
+def test_a_temporary_kv_cache_the_device_does_not_get_back_stays_counted(monkeypatch: pytest.MonkeyPatch) -> None:
+    dev = TempKVDevice()
+    dev.empty_cache = lambda: None  # e.g. a segment still in use: nothing comes back
+    monkeypatch.setattr(profiling, "profile_run", dev.profile)
+    budget, info = profiling.kv_budget_from_profile(worker_on(dev))
+    assert budget == int(80 * GIB * 0.9) - (dev.outside + 9 * GIB + 3 * GIB + GIB)
+    assert info["profile_temp_kv_released_GiB"] == 0
