@@ -100,7 +100,7 @@ def measure_bs1(args, shape, layers, cfg, llm, load_s) -> dict:
     prompt = {"prompt_token_ids": [rng.randrange(10, cfg["vocab_size"] - 10) for _ in range(args.prompt_len)]}
     n = args.bs1_tokens
     head_graphs = None
-    if args.graph_head_ab:  # engine started with OCTAVO_GRAPH_HEAD=1: the headline runs the default (eager) head
+    if args.graph_head_ab or args.switch_ab:  # OCTAVO_GRAPH_HEAD=1: the headline runs the default (eager) head
         from octavo.plugins.platforms.cuda_graph_head import graph_head_state
 
         head_graphs = graph_head_state(worker, False).get("captured")
@@ -141,6 +141,27 @@ def measure_bs1(args, shape, layers, cfg, llm, load_s) -> dict:
         except Exception as e:  # noqa: BLE001 - an extra: the headline and what follows stand without it
             res["host_ab"] = {"error": f"{type(e).__name__}: {e}"}
         print(json.dumps(res["host_ab"]), flush=True)
+    per_token = lambda: (best(2 * n + 1) - best(1)) / (2 * n) * 1e3  # noqa: E731
+    if args.switch_ab or args.engine_ab:  # session 12: staging x head graphs; MoE decode configs end to end
+        import moe_engine_ab
+        from moe_variants import E2E_ROWS
+
+        if not (args.graph_head_ab or args.host_ab):
+            print(json.dumps(res, default=str), flush=True)  # the headline first
+        for key, run in (("switch_ab", lambda: moe_engine_ab.switch_ab(worker, per_token, args.ab_rounds)),
+                         ("engine_ab", lambda: moe_engine_ab.engine_variant_ab(
+                             worker, per_token, E2E_ROWS, args.engine_ab_rounds, stop_at=args.t0 + args.deadline_s - 30))):
+            if getattr(args, key):
+                try:
+                    res[key] = run()
+                except Exception as e:  # noqa: BLE001 - an extra: the headline and what follows stand without it
+                    res[key] = {"error": f"{type(e).__name__}: {str(e)[:500]}"}
+                print(json.dumps({key: res[key]}), flush=True)
+    if args.staging_diag:  # the host diagnostics below with the step inputs staged (core/step_staging.py)
+        from octavo.core import input_batch
+
+        input_batch.STAGING = True
+        res["staging_on_for_diag"] = True
     gr = getattr(worker.runner, "graph_runner", None)
     if gr is not None and 1 in getattr(gr, "graphs", {}):
         _sync()
@@ -209,6 +230,13 @@ def main(argv=None) -> dict:
                     help="bs1: CUPTI trace + cProfile of a 65-token generation: GPU idle per step, syncs (moe_host.py)")
     ap.add_argument("--host-ab", action="store_true",
                     help="bs1: ms per token with the GIL switch interval / blocking event wait switched (moe_host.py)")
+    ap.add_argument("--switch-ab", action="store_true",
+                    help="staging off/on x head graphs off/on, ms per token, alternating (moe_engine_ab.py)")
+    ap.add_argument("--engine-ab", action="store_true",
+                    help="moe_variants.E2E_ROWS with the engine's graphs re-captured per row, ms per token, alternating")
+    ap.add_argument("--ab-rounds", type=int, default=3, help="rounds of --switch-ab")
+    ap.add_argument("--engine-ab-rounds", type=int, default=2, help="rounds of --engine-ab")
+    ap.add_argument("--staging-diag", action="store_true", help="--host-diag with the step inputs staged")
     ap.add_argument("--profile-pdl", action="store_true", help="--profile also re-captures with OCTAVO_PDL on")
     ap.add_argument("--profile-attn", action="store_true",
                     help="bs1: A/B the batch-1 one-launch attention variants by re-capture (needs OCTAVO_MOE_DECODE_ATTN=1)")

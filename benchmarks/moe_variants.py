@@ -1,7 +1,7 @@
 """The same-engine A/B lists of the batch-1 MoE forward (``moe_profile.profile_prefetch``; ``$MOE_PF_SET`` picks one):
 each row ``(name, attention settings, w13 config keys, w2 config keys[, norm fusions])``, re-captured in one engine.
 
-One list per GPU batch that ran it (docs/performance.md has each one's results); the newest is ``b11``.
+One list per GPU batch that ran it (docs/performance.md has each one's results); the newest is ``b13``.
 """
 
 # session 8: L2 prefetch hints (plugins/platforms/moe_prefetch.py), each re-captured in the same engine
@@ -137,6 +137,30 @@ B12_VARIANTS = [  # likeliest first: rows past the part's time cap are skipped
 B12S_VARIANTS = [("defaults", {}, {}, {}), ("w2_early2", {}, {}, {"EARLY": 2}),
                  ("w13_route_partial", {}, {"ROUTE": "partial"}, {}), ("s10_defaults", S10, {}, {}, {"nq": None}),
                  ("defaults_again", {}, {}, {}), ("w2_early2_again", {}, {}, {"EARLY": 2})]
+# session 12 batch 1 (H100): session 11's b2b / b2c rows (one GPU alone) had w13's partial routing -0.062 / -0.063 ms and
+# the early w2 at PRE 2 -0.055 / -0.025 against the defaults, same bits, never together; session 10's o_proj / no
+# norm + qkv +0.024 / -0.030 (noise). Both together, each alone, PRE around 2, and the two s11 defaults under them
+P = {"ROUTE": "partial"}
+B13_VARIANTS = [  # likeliest first: rows past the part's time cap are skipped
+    ("defaults", {}, {}, {}),
+    ("partial+early2", {}, P, {"EARLY": 2}),
+    ("partial", {}, P, {}),
+    ("early2", {}, {}, {"EARLY": 2}),
+    ("defaults_again", {}, {}, {}),
+    ("partial+early2_again", {}, P, {"EARLY": 2}),
+    ("partial+early1", {}, P, {"EARLY": 1}),
+    ("partial+early3", {}, P, {"EARLY": 3}),
+    ("partial+early2+o_s10", S10, P, {"EARLY": 2}),
+    ("partial+early2+norm_qkv_off", {}, P, {"EARLY": 2}, {"nq": None}),
+    ("partial+early2+s10", S10, P, {"EARLY": 2}, {"nq": None}),
+    ("defaults_again2", {}, {}, {}),
+    ("partial+early2_again2", {}, P, {"EARLY": 2}),
+    ("partial_again", {}, P, {}),
+]
+# the same candidates end to end (moe_engine_ab.engine_variant_ab: (name, w13 keys, w2 keys), the engine's graphs
+# re-captured per row, ms per token)
+E2E_ROWS = [("defaults", {}, {}), ("partial+early2", P, {"EARLY": 2}), ("partial", P, {})]
 PREFETCH_SETS = {"b1": PREFETCH_VARIANTS, "b2": B2_VARIANTS,  # $MOE_PF_SET picks the list (moe7.sh prefetch / ab,
                  "b9": B9_VARIANTS, "mix": MIXTRAL, "b10": B10_VARIANTS,  # moe9.sh ab / mixab)
-                 "b11": B11_VARIANTS, "b12": B12_VARIANTS, "b12s": B12S_VARIANTS}  # moe9.sh ab11 / ab12 / b2b
+                 "b11": B11_VARIANTS, "b12": B12_VARIANTS, "b12s": B12S_VARIANTS,  # moe9.sh ab11 / ab12 / b2b
+                 "b13": B13_VARIANTS}  # moe9.sh ab13

@@ -7,6 +7,7 @@ vLLM's V1 runner keeps ``CachedRequestState``. Its token list is the runner's ow
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -15,6 +16,31 @@ import torch
 from octavo.attention import AttentionLayout
 from octavo.core.sampler import SamplingBatch
 from octavo.step import NewRequestData, ScheduledRequestData, StepBatch
+
+# One pinned host-to-device copy per step for the step inputs, the layout rows the graph runner copies and the
+# sampler's columns (core/step_staging.py) instead of one pageable copy each. CUDA devices only (on the CPU nothing
+# is copied: unchanged). OCTAVO_STEP_STAGING=1/0; None: read it on first use. Opt-in until an H100 A/B decides it.
+STAGING: bool | None = None
+_STAGERS: dict = {}  # device -> PinnedStaging
+
+
+def step_staging(device: torch.device):
+    """The device's :class:`~octavo.core.step_staging.PinnedStaging` when staging is on and ``device`` is CUDA."""
+    global STAGING
+    if device.type != "cuda":
+        return None
+    if STAGING is None:
+        from octavo.env_flags import env_switch
+
+        STAGING = env_switch("OCTAVO_STEP_STAGING", False)
+    if not STAGING:
+        return None
+    st = _STAGERS.get(device)
+    if st is None:
+        from octavo.core.step_staging import PinnedStaging
+
+        st = _STAGERS[device] = PinnedStaging(device)
+    return st
 
 
 class CachedRequestState:
@@ -81,6 +107,9 @@ class StepInputs:
     prompt_lp_rows: dict[str, tuple[torch.Tensor, torch.Tensor, int]] = field(default_factory=dict)
     pooling_req_ids: list[str] = field(default_factory=list)
     spec_token_ids: list[list[int]] = field(default_factory=list)  # drafts per sampled request (k+1 rows each)
+    # the layout's tensors on the device, from the step's one staged copy (core/step_staging.py), else None; the graph
+    # runner copies its static rows from these instead of from the host tensors
+    device_layout: AttentionLayout | None = None
 
 
 def _int64_tensor(values: list[int]) -> torch.Tensor:
@@ -158,18 +187,33 @@ def build_step_inputs(batch: StepBatch, states: dict[str, CachedRequestState], b
         max_seq_len=int(seq_lens.max()),
         num_decode_reqs=batch.num_decode_reqs,
     )
-    return StepInputs(
+    staging = step_staging(device)
+    device_layout = None
+    if staging is not None:  # one pinned copy for all of them: the same values on the device
+        ids_d, pos_d, qsl_d, rows_d, seq_d, nc_d, bt_d, slot_d = staging.stage([
+            np.fromiter(input_ids, np.int64, len(input_ids)), positions, query_start_loc,
+            np.fromiter(logits_rows, np.int64, len(logits_rows)), seq_lens, layout.num_computed_tokens.numpy(),
+            block_tables, slot_mapping])
+        device_layout = dataclasses.replace(layout, query_start_loc=qsl_d, seq_lens=seq_d, num_computed_tokens=nc_d,
+                                            block_tables=bt_d, slot_mapping=slot_d)
+    else:
         # numpy reads a list of Python ints ~4x faster than torch.tensor (an 8k-token prefill step: ~0.4 vs 1.7 ms
         # on the step thread, which paces the GPU in nano-vllm's eager prefill steps); the same int64 values
-        input_ids=_int64_tensor(input_ids).to(device, non_blocking=True),
-        positions=torch.from_numpy(positions).to(device, non_blocking=True),
+        ids_d = _int64_tensor(input_ids).to(device, non_blocking=True)
+        pos_d = torch.from_numpy(positions).to(device, non_blocking=True)
+        qsl_d = layout.query_start_loc.to(device, non_blocking=True)
+        rows_d = _int64_tensor(logits_rows).to(device, non_blocking=True)
+    return StepInputs(
+        input_ids=ids_d,
+        positions=pos_d,
         layout=layout,
-        query_start_loc=layout.query_start_loc.to(device, non_blocking=True),
-        logits_indices=_int64_tensor(logits_rows).to(device, non_blocking=True),
+        query_start_loc=qsl_d,
+        logits_indices=rows_d,
         sample_req_ids=sample_ids,
         prompt_lp_rows=prompt_lp_rows,
         pooling_req_ids=pooling_ids,
         spec_token_ids=spec_ids if any(spec_ids) else [],
+        device_layout=device_layout,
     )
 
 
@@ -182,11 +226,21 @@ def build_sampling_batch(reqs: list, vocab_size: int, device: torch.device,
     def col(values, dtype=torch.float32):
         return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
 
+    staging = step_staging(device)
+    if staging is not None:  # the four columns in one pinned copy (torch.tensor's float32 rounding: the same values)
+        temperature, top_p, top_k, min_p = staging.stage([
+            np.array([p.temperature for p in ps], np.float32), np.array([p.top_p for p in ps], np.float32),
+            np.array([p.top_k if p.top_k > 0 else vocab_size for p in ps], np.int64),
+            np.array([p.min_p for p in ps], np.float32)])
+    else:
+        temperature, top_p = col([p.temperature for p in ps]), col([p.top_p for p in ps])
+        top_k = col([p.top_k if p.top_k > 0 else vocab_size for p in ps], torch.int64)
+        min_p = col([p.min_p for p in ps])
     b = SamplingBatch(
-        temperature=col([p.temperature for p in ps]),
-        top_p=col([p.top_p for p in ps]),
-        top_k=col([p.top_k if p.top_k > 0 else vocab_size for p in ps], torch.int64),
-        min_p=col([p.min_p for p in ps]),
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        min_p=min_p,
         all_greedy=all(p.temperature == 0 for p in ps),
         no_top_p=all(p.top_p >= 1.0 for p in ps),
         no_top_k=all(p.top_k <= 0 for p in ps),

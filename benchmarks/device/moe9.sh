@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# MoE on one GPU, sessions 9-11 (issue 17, MoE keys). HARD bound per call over all parts given: 98 s for one part,
-# 135 s for more, 150 s when ab11 or ab12 is one of them ($MOE_BOUND_S to change it; a package install, when needed, counts
-# inside it).
+# MoE on one GPU, sessions 9-12 (issue 17, MoE keys). HARD bound per call over all parts given: 98 s for one part,
+# 135 s for more, 150 s when ab11, ab12 or ab13 is one of them, 145 s for ab13 alone ($MOE_BOUND_S to change it; a
+# package install, when needed, counts inside it).
 # Usage:  moe9.sh PART [PART ...]   (parts run in the order given, each capped by what is left). Results (logs, JSON) under $OUT/moe9/.
 # Parts:
 #  ab      Qwen3-30B-A3B, all 48 layers, batch-1 decode vs the roofline over the bytes read (routed experts only)
@@ -18,6 +18,12 @@
 #          tiles, the early w2, tiles around the defaults) and kernel tables (cap 120 s).
 #  b2b     session 11 batch 2b (one GPU alone, cap 78 s, bound 80 s alone): the headline of ab12 (head graphs captured,
 #          off for it) + head graphs off / on + --host-diag, then the b12s rows while time is left (no tables).
+#  ab13    session 12 batch 1: the headline (engine defaults; head graphs captured, off), then in the same engine,
+#          ms per token alternating: one pinned staging copy per step x head graphs (--switch-ab, 3 rotated rounds),
+#          w13 partial routing + early w2 with the engine's graphs re-captured (--engine-ab, 2 rounds), --host-diag
+#          with staging on, the b13 graph rows (partial routing x early w2) and kernel tables (cap 140 s).
+#  stest   the pinned staging copy: test_step_staging_gpu.py (views = plain copies over the ring while the GPU lags;
+#          a tiny Llama's greedy and seeded tokens with staging off / on in one engine, graphs replayed) (cap 45 s).
 #  rtest   route once (OCTAVO_MOE_ROUTE_ONCE): test_moe_route_once_gpu.py (bits at the Qwen3-30B-A3B layer, eager and
 #          in a graph over 6 layers; a tiny Qwen3-MoE's greedy tokens with it on and off) (cap 40 s).
 #  mixab   Mixtral-8x7B with 8 of 32 layers (as session 6: 23 GB of weights; 32 layers do not fit 80 GB), the
@@ -29,17 +35,18 @@
 #          (fewer requests x 512/512 if 256 do not fit 12 s) (moe7.sh tput).
 #  etest   the GEMVs that load weights before the PDL wait: test_moe_gemv_early_gpu.py (qkv / o_proj) and
 #          test_moe_norm_qkv_gpu.py (input norm + qkv; bit-equal to the engine GEMV at its BLOCK_K), then
-#          test_moe_w2_early_gpu.py (the early w2 launch's bits over a 6-layer chain, eager and in a graph) (cap 35 s).
+#          test_moe_w2_early_gpu.py (the early w2 launch's bits over a 6-layer chain, eager and in a graph; since
+#          session 12 also w13's partial routing alone and with the early w2) (cap 50 s).
 #  tests   the MoE GPU tests of the batch-1 path: the two of etest, test_moe_prefetch_gpu.py, and
 #          test_moe_gpu.py's batch-one / two-launch / parity cases (cap 60 s).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 cd "$(dirname "$0")/../.."
-[ $# -ge 1 ] || { echo "usage: moe9.sh PART [PART ...] (ab ab11 ab12 b2b mixab bs1 bs1head tput rtest etest tests)"; exit 2; }
+[ $# -ge 1 ] || { echo "usage: moe9.sh PART [PART ...] (ab ab11 ab12 ab13 b2b mixab bs1 bs1head tput rtest etest stest tests)"; exit 2; }
 D="$OUT/moe9"
 mkdir -p "$D/configs"
 START=$(date +%s)
-case " $* " in " b2b ") DEF=80 ;; *" ab11 "* | *" ab12 "*) DEF=150 ;; *) DEF=$([ $# -gt 1 ] && echo 135 || echo 98) ;; esac
+case " $* " in " b2b ") DEF=80 ;; " ab13 ") DEF=145 ;; *" ab11 "* | *" ab12 "* | *" ab13 "*) DEF=150 ;; *) DEF=$([ $# -gt 1 ] && echo 135 || echo 98) ;; esac
 BOUND=${MOE_BOUND_S:-$DEF}
 left() { echo $(( BOUND - ($(date +%s) - START) )); }
 # s9 batch 1: the package was not importable in the lanes; install it here then, as the harness should have
@@ -80,6 +87,8 @@ for PART in "$@"; do
       --profile-prefetch ;;
     ab12) C=$(( L < 120 ? L : 120 )); OCTAVO_GRAPH_HEAD=1 MOE_PF_SET=b12 e2e ab12 "$C" --tasks bs1:qwen3-30b-a3b:48 \
       --graph-head-ab --host-ab --host-diag --profile-prefetch ;;
+    ab13) C=$(( L < 140 ? L : 140 )); OCTAVO_GRAPH_HEAD=1 MOE_PF_SET=b13 e2e ab13 "$C" --tasks bs1:qwen3-30b-a3b:48 \
+      --switch-ab --engine-ab --host-diag --staging-diag --profile-prefetch ;;
     b2b) C=$(( L < 78 ? L : 78 )); OCTAVO_GRAPH_HEAD=1 MOE_PF_SET=b12s e2e b2b "$C" --tasks bs1:qwen3-30b-a3b:48 \
       --graph-head-ab --host-diag --profile-prefetch ;;
     mixab) C=$(( L < 60 ? L : 60 )); MOE_PF_SET=mix e2e mixab "$C" --tasks bs1:mixtral-8x7b:8 --profile-prefetch ;;
@@ -88,12 +97,13 @@ for PART in "$@"; do
     tput) C=$(( L < 80 ? L : 80 )); e2e tput "$C" --tasks tput:qwen3-30b-a3b:8 tf:qwen3-30b-a3b:8 --tf-budget-s 12 \
       --tf-fewer-prompts ;;
     rtest) pyt rtest $(( L < 40 ? L : 40 )) tests/kernels/test_moe_route_once_gpu.py ;;
-    etest) pyt etest $(( L < 35 ? L : 35 )) tests/kernels/test_moe_gemv_early_gpu.py tests/kernels/test_moe_norm_qkv_gpu.py \
+    stest) pyt stest $(( L < 45 ? L : 45 )) tests/gpu/test_step_staging_gpu.py ;;
+    etest) pyt etest $(( L < 50 ? L : 50 )) tests/kernels/test_moe_gemv_early_gpu.py tests/kernels/test_moe_norm_qkv_gpu.py \
       tests/kernels/test_moe_w2_early_gpu.py ;;
     tests) pyt tests $(( L < 60 ? L : 60 )) tests/kernels/test_moe_gemv_early_gpu.py \
       tests/kernels/test_moe_norm_qkv_gpu.py tests/kernels/test_moe_prefetch_gpu.py \
       tests/kernels/test_moe_gpu.py -k "prefetch or pipe or batch_one or two_launch or parity" ;;
-    *) echo "unknown part $PART (ab ab11 ab12 b2b mixab bs1 bs1head tput rtest etest tests)"; exit 2 ;;
+    *) echo "unknown part $PART (ab ab11 ab12 ab13 b2b mixab bs1 bs1head tput rtest etest stest tests)"; exit 2 ;;
   esac
 done
 for f in "$D"/*/*.json; do [ -f "$f" ] && { echo "--- $f"; head -c 1500 "$f"; echo; }; done
