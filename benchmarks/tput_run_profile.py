@@ -212,7 +212,8 @@ def main() -> None:
         kv_per_token = cfg["num_hidden_layers"] * cfg["num_key_value_heads"] * hd * 2 * 2
         lin_flops = 2 * weight_bytes / 2  # 2 FLOPs per bf16 weight element per token (attention excluded)
         res.update(fused=info.get("fused"), graph_sizes=info.get("graph_sizes"), kv_blocks=worker.num_blocks,
-                   kv_blocks_override=args.kv_blocks or None, start_s=time.perf_counter() - T0)
+                   kv_blocks_override=args.kv_blocks or None, kv_sizing=getattr(worker, "kv_sizing", None),
+                   start_s=time.perf_counter() - T0)
         rng = random.Random(0)  # the timed prompts of gpu_e2e.py (its bs1 prompt is drawn first)
         _ = [rng.randrange(*ids) for _ in range(512)]
         prompts = [{"prompt_token_ids": [rng.randrange(*ids) for _ in range(in_len)]} for _ in range(num)]

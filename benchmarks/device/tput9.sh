@@ -32,6 +32,11 @@
 #   512 x 1000/1000 run with its default pacing (auto: rate 1.2, 2,720 steps at the H100's 26,971 blocks) hooked, no
 #   profiler windows: GPU time vs idle between steps by step kind, every idle gap over 2 ms: what is left outside the
 #   graphs per decode step on the paced schedule.
+# TPUT_PART=s12b1 (session 12; hard bound 148 s): gemm_rows.json (cap 20 s): the 8B projections at the paced run's
+#   plateau (248-272 rows, ~1,200 of its 2,720 steps) and the ramp's 224-240, cuBLAS / cuBLASLt / swapped in captured
+#   chains (for a per-size H100 BLAS_TABLE); then profile.json as m11 (the headline's engine, warm-up and whole 512 x
+#   1000/1000 run hooked, no profiler windows) on this tree, whose KV sizing no longer counts the profile run's
+#   temporary KV cache (d533b81): kv_blocks / kv_sizing, steps, preemptions (must be 0), tok/s, GPU vs idle.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 R="${OUT:-/tmp/out}/tput9"; mkdir -p "$R"
@@ -61,7 +66,7 @@ run() {  # cap seconds, log name, command... (KILL_AFTER: seconds from SIGTERM t
 KVB=""
 mem=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -1)
 # (b2: 26,970, the H100's count after fp8's KV sizing 42811d2, ~+550 blocks: waves of 215, 215, 82)
-DEFAULT_KVB=26420; [ "$PART" = b2 ] || [ "$PART" = m11 ] && DEFAULT_KVB=26970
+DEFAULT_KVB=26420; [ "$PART" = b2 ] || [ "$PART" = m11 ] && DEFAULT_KVB=26970; [ "$PART" = s12b1 ] && DEFAULT_KVB=27480
 if [ "${mem:-0}" -gt 100000 ]; then  # (and the model prices bytes at the H200's read rate, b1: 4.18 TB/s)
   KVB="--kv-blocks ${TPUT_KV_BLOCKS:-$DEFAULT_KVB} --read-tbps 4.18"; echo "card ${mem} MiB: $KVB"
 fi
@@ -95,6 +100,12 @@ case "$PART" in
     KILL_AFTER=6 run "$cap" profile.log python benchmarks/tput_run_profile.py --out "$R/profile.json" \
       --budget-s "$cap" $KVB --prompts 430 --windows 300 --window 8 --prefill-window 0 ;;
   m11)  # <= 148 s
+    cap=$(( $(left) - 4 ))
+    KILL_AFTER=6 run "$cap" profile.log python benchmarks/tput_run_profile.py --out "$R/profile.json" \
+      --budget-s "$((cap - 8))" $KVB --windows --prefill-window 0 ;;
+  s12b1)  # <= 148 s (m11's run took 87 s in all)
+    run 20 gemm_rows.log python benchmarks/gemm_rows_bench.py --out "$R/gemm_rows.json" --chain --budget 14 \
+      --shapes 8b_gate_up 8b_down 8b_qkv 8b_o --rows 264 272 248 256 240 232 224
     cap=$(( $(left) - 4 ))
     KILL_AFTER=6 run "$cap" profile.log python benchmarks/tput_run_profile.py --out "$R/profile.json" \
       --budget-s "$((cap - 8))" $KVB --windows --prefill-window 0 ;;
