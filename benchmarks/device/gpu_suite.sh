@@ -1,20 +1,16 @@
 #!/usr/bin/env bash
-# The whole GPU test suite: tests/gpu plus every test marked `gpu` elsewhere, bounded (GPU_SUITE_LIMIT s), verbose
-# (a cut-off run still says which tests passed). Log: $OUT/gpu_suite/pytest_<part>.txt. Argument: a (tests/gpu),
-# b (the gpu-marked tests elsewhere + spec decode's GPU test) or all (default). GPU_SUITE_K: a pytest -k filter,
-# default "not flashinfer" (flashinfer JIT-compiles its kernels on first use: minutes; its contract runs on its own).
+# The whole GPU test suite: tests/gpu plus every test marked `gpu` elsewhere (and the CUDA-only files that are not
+# marked), run as gpu_suite_share.sh's shares one after another in this lane. Argument: a (shares a1 a2 a3: tests/gpu),
+# b (b1 b2 b3: the rest) or all (default). Bound: GPU_SUITE_LIMIT s for the whole call (default 380); each share
+# gets what is left. Logs: $OUT/gpu_suite/pytest_<share>*.txt. GPU_SUITE_K: a pytest -k filter, default
+# "not flashinfer" (flashinfer JIT-compiles its kernels on first use: minutes; its contract runs on its own).
+# For parallel lanes, queue the shares themselves (gpu_suite_share.sh+a1 ... +b3, ~170 s each).
 set -uo pipefail
-cd "$(dirname "$0")/../.."
-R="$OUT/gpu_suite"; mkdir -p "$R"
-part=${1:-all}
-K="${GPU_SUITE_K:-not flashinfer}"
-args=(-v -p no:cacheprovider --durations=15 -rfE -k "$K")
-run_a() { python -m pytest "${args[@]}" tests/gpu; }
-run_b() { python -m pytest "${args[@]}" tests/spec_decode/test_spec_gpu.py;
-          python -m pytest "${args[@]}" --continue-on-collection-errors -m gpu tests --ignore=tests/gpu --ignore=tests/spec_decode/test_spec_gpu.py; }
-case $part in
-  a) export -f run_a; timeout -k 10 "${GPU_SUITE_LIMIT:-380}" bash -c "$(declare -p args K); $(declare -f run_a); run_a" > "$R/pytest_a.txt" 2>&1 ;;
-  b) timeout -k 10 "${GPU_SUITE_LIMIT:-380}" bash -c "$(declare -p args K); $(declare -f run_b); run_b" > "$R/pytest_b.txt" 2>&1 ;;
-  *) timeout -k 10 "${GPU_SUITE_LIMIT:-380}" bash -c "$(declare -p args K); $(declare -f run_a run_b); run_a; run_b" > "$R/pytest_all.txt" 2>&1 ;;
-esac
-echo "pytest rc=$?"; grep -hE " (passed|failed)" "$R"/pytest_*.txt | tail -5; grep -hE "(FAILED|ERROR)" "$R"/pytest_*.txt | head -30
+here=$(cd "$(dirname "$0")" && pwd)
+case ${1:-all} in a) shares="a1 a2 a3" ;; b) shares="b1 b2 b3" ;; *) shares="a1 a2 a3 b1 b2 b3" ;; esac
+end=$(( $(date +%s) + ${GPU_SUITE_LIMIT:-380} ))
+for s in $shares; do
+  left=$(( end - $(date +%s) ))
+  [ "$left" -le 5 ] && { echo "share $s: not run (bound reached)"; continue; }
+  GPU_SUITE_LIMIT=$left bash "$here/gpu_suite_share.sh" "$s"
+done
