@@ -156,6 +156,10 @@ B13_VARIANTS = [  # likeliest first: rows past the part's time cap are skipped
     ("defaults_again2", {}, {}, {}),
     ("partial+early2_again2", {}, P, {"EARLY": 2}),
     ("partial_again", {}, P, {}),
+    # b12 rows never measured on an H100 (batch 2a stopped early), on top of the two
+    ("partial+early2+nq_pre4", {}, P, {"EARLY": 2}, {"nq": NQ(16, 4)}),
+    ("partial+early2+o_early6", {"o_early": 6, "o_tile": (8, None, 4)}, P, {"EARLY": 2}),
+    ("partial+early6", {}, P, {"EARLY": 6}),
 ]
 # the same candidates end to end (moe_engine_ab.engine_variant_ab: (name, w13 keys, w2 keys), the engine's graphs
 # re-captured per row, ms per token)
