@@ -71,18 +71,22 @@ def _one_shot_add_rms_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, n_cols
     the crossing overlaps the local GEMV's tail and the wait's release; the call index is read from the counters
     the previous protocol call left (complete: every kernel before the predecessor has finished under PDL's rule).
     Same rank-order sum (two ranks: fp32 addition of two values commutes), so the same bits.
-    ``PRE`` (``OCTAVO_TP_NORM_PRELOAD``): the residual row and the norm weight load before the PDL wait: the weight
-    never changes and the residual comes from a kernel before the predecessor (complete by PDL's rule, as for EARLY's
-    counters; without PDL the predecessor is complete anyway), so their loads no longer follow the poll loop."""
+    ``PRE`` (``OCTAVO_TP_NORM_PRELOAD``): the residual row, the norm weight and the call index load before the PDL
+    wait: the weight never changes, the residual and the counters come from kernels before the predecessor (complete
+    by PDL's rule, as for EARLY's counters; without PDL the predecessor is complete anyway), so the poll after the
+    wait no longer waits for the counter load, and the residual load no longer follows the poll loop."""
+    if PRE or EARLY:
+        pre = tl.load(counters + tl.program_id(0), volatile=True) + 1  # the index _begin_call takes below
     if PRE:
         pre_cols = tl.arange(0, BLOCK)
         r = tl.load(res_ptr + tl.program_id(0) * n_cols + pre_cols, mask=pre_cols < n_cols, other=0.0)
         w = tl.load(w_ptr + pre_cols, mask=pre_cols < n_cols, other=0.0).to(tl.float32)
     if EARLY:
-        pre = tl.load(counters + tl.program_id(0), volatile=True) + 1  # the index _begin_call takes below
         peer = _ll_receive(ll_table, 1 - RANK, tl.program_id(0) * n_cols + tl.arange(0, BLOCK),
                            tl.arange(0, BLOCK) < n_cols, pre % 2, pre, x_ptr, RANK, WORLD, LL_CAP)
     row, _, epoch, parity = _begin_call(counters, MAXG, PDL)
+    if PRE:  # the same index, known before the wait: the polls below need not wait for _begin_call's load
+        epoch, parity = pre, pre % 2
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
     offs = row * n_cols + cols

@@ -113,14 +113,15 @@ def _rank_main(rank: int, tmp: str, port: str) -> None:
         got = forward()
         assert all(torch.equal(a, b) for a, b in zip(want, got)), "early-polled consumer differs"
     assert early == [(True, False)] * 4, early  # two fused consumers a forward (the receive-only one is not fused)
-    # OCTAVO_TP_NORM_PRELOAD: the residual row and norm weight loaded before the wait (alone, then with EARLY)
+    # OCTAVO_TP_NORM_PRELOAD: residual row, norm weight and call index loaded before the wait (pushed alone, with
+    # EARLY, pushed again (the other parity), then the unpushed deferral: the flag protocol's fused consumer)
     ar.early_poll, ar.norm_preload = False, True
     early.clear()
-    for poll in (False, True, False):
-        ar.early_poll = poll
+    for poll, push in ((False, True), (True, True), (False, True), (False, False)):
+        ar.early_poll, ar.push = poll, push
         got = forward()
-        assert all(torch.equal(a, b) for a, b in zip(want, got)), f"preloading consumer differs (early {poll})"
-    assert early == [(False, True)] * 2 + [(True, True)] * 2 + [(False, True)] * 2, early
+        assert all(torch.equal(a, b) for a, b in zip(want, got)), f"preloading consumer differs ({poll}, {push})"
+    assert early == [(False, True)] * 2 + [(True, True)] * 2 + [(False, True)] * 4, early
     caf._one_shot_add_rms_kernel, caf.launch_opts, ar.early_poll, ar.norm_preload = real_kernel, real_opts, False, False
     dist.destroy_process_group()
 
