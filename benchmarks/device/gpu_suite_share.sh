@@ -2,7 +2,7 @@
 # The GPU suite in bounded shares, one per one-GPU lane, so the whole suite runs in one batch (session 11's part b
 # was cut by its 200 s cap and never reached its last test). Log: $OUT/gpu_suite/pytest_<share>*.txt (verbose: a
 # cut-off run still says which tests passed; every test >= 1 s is listed, to rebalance the shares).
-#   a1 | a2 | a3   tests/gpu by file (session 11 H100 times: a1 ~120 s, a2 ~100 s, a3 ~155 s); a tests/gpu file that
+#   a1 | a2 | a3   tests/gpu by file (session 11 H100 times: a1 ~120 s, a2 ~135 s, a3 ~120 s); a tests/gpu file that
 #                  no share names runs in a2, so a new file is never left out
 #   b1             tests/spec_decode/test_spec_gpu.py (CUDA-only, not gpu-marked) + the gpu-marked tests of tests/kernels
 #   b2             the gpu-marked tests of tests/lora and tests/quant
@@ -34,8 +34,7 @@ run() {  # log-suffix [timeout-method] -- pytest arguments: one pytest under wha
 }
 a1=(tests/gpu/test_triton_contract.py)
 a3=(tests/gpu/test_cuda_gemm_gpu.py tests/gpu/test_cuda_platform.py tests/gpu/test_gemv_push_gpu.py
-    tests/gpu/test_graph_head_gpu.py tests/gpu/test_pdl_gpu.py tests/gpu/test_tp_allreduce_gpu.py
-    tests/gpu/test_triton_kernels.py)
+    tests/gpu/test_graph_head_gpu.py tests/gpu/test_pdl_gpu.py tests/gpu/test_tp_allreduce_gpu.py)
 worker=tests/structured/test_grammar_worker_gpu.py
 case $share in
   a1) run a1 signal -- "${a1[@]}" ;;
