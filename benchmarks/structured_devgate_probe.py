@@ -7,7 +7,8 @@ apply read rows written after its launch (two rounds on one buffer). Bounded: a 
     python benchmarks/structured_devgate_probe.py [--json OUT] [--launch-only]
 
 ``--launch-only`` (session 10): the host cost of each launch of the apply (rows pinned, on the device, or the pinned
-rows passed as a bare pointer; behind an open or a spinning wait) and of the wait.
+rows passed as a bare pointer; behind an open or a spinning wait) and of the wait; session 12: the wait + apply pair
+as the engine launches it vs one replay of its CUDA graph (GatedApplyGraphs), and whether their bits are equal.
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ def launch_costs(n: int = 32, vocab: int = 49152, iters: int = 60) -> dict:
 
     from octavo.plugins.platforms.cuda_grammar_mask import (
         BLOCK,
+        GatedApplyGraphs,
         _apply_bitmask_kernel,
         apply_bitmask_,
         wait_host_flag,
@@ -75,7 +77,12 @@ def launch_costs(n: int = 32, vocab: int = 49152, iters: int = 60) -> dict:
              "apply_pinned": lambda x: apply_bitmask_(x, pinned, None),
              "apply_device_rows": lambda x: apply_bitmask_(x, dev_rows, None),
              "apply_bare_pointer": bare_apply,
-             "wait_open": lambda x: wait_host_flag(words, 0, 10)}
+             "wait_open": lambda x: wait_host_flag(words, 0, 10),
+             # session 12: the device gate's pair as the engine queues it (an open word) vs one graph replay
+             # (GatedApplyGraphs: seq into a device word, the logits into the graph's buffer, the replay)
+             "wait_apply_pair": lambda x: (wait_host_flag(words, 0), apply_bitmask_(x, pinned, None, volatile=True)),
+             "wait_apply_graph": lambda x: graphs.run(x, pinned, words, 0)}
+    graphs = GatedApplyGraphs()
     out: dict = {}
     for name, fn in cases.items():
         try:
@@ -122,6 +129,14 @@ def launch_costs(n: int = 32, vocab: int = 49152, iters: int = 60) -> dict:
         out["bare_pointer_equal"] = bool(torch.equal(a, b))
     except Exception as e:  # noqa: BLE001
         out["bare_pointer_equal_error"] = f"{type(e).__name__}: {e}"[:300]
+    try:  # the graph's masked copy equals the eager pair's logits (and the input is left as it was)
+        a, b = logits.clone(), logits.clone()
+        apply_bitmask_(a, pinned, None, volatile=True)
+        got = graphs.run(b, pinned, words, 0)
+        torch.cuda.synchronize()
+        out["graph_equal"] = bool(torch.equal(a, got)) and bool(torch.equal(b, logits))
+    except Exception as e:  # noqa: BLE001
+        out["graph_equal_error"] = f"{type(e).__name__}: {e}"[:300]
     return out
 
 

@@ -21,7 +21,7 @@ def defaults(core: Any) -> dict:
     from octavo.core import structured_output as so_mod
 
     return {"park": async_gate.PARK, "early_fill": async_gate.EARLY_FILL, "start_wait": async_gate.FILL_START_WAIT_S,
-            "devgate": grammar_device_gate.DEVICE_GATE,
+            "devgate": grammar_device_gate.DEVICE_GATE, "graph": grammar_device_gate.GRAPH,
             "poolaccept": so_mod.ACCEPT_ON_FILL_THREAD,
             "inline": grammar_step.INLINE_AFTER_GATE, "handoff": grammar_step.HANDOFF_WAIT_S,
             "threads": core.structured.fill_threads, "kernel": grammar_step.PLATFORM_APPLY,
@@ -112,6 +112,11 @@ def build_modes(args: Any, so: Any, dflt: dict) -> dict:
         # walk of accept_sampled, the runner's wait + apply launches); its text is unconstrained
         modes["json_async_devgate_postonly"] = (so, True, False, False, None, {**dflt, "devgate": True,
                                                                                  "gate_only": True, "post_only": True})
+        # session 12: the device gate's wait + apply as one CUDA-graph replay (grammar_device_gate.GRAPH, opt-in), alone
+        # and on the no-grammar-work floor
+        modes["json_async_graph"] = (so, True, False, False, None, {**dflt, "devgate": True, "graph": True})
+        modes["json_async_devgate_postonly_graph"] = (so, True, False, False, None, {
+            **dflt, "devgate": True, "gate_only": True, "post_only": True, "graph": True})
         # the device gate with no-op fill and accept (rows all open, nothing constrained): the floor of its structure
         modes["json_async_devgate_gateonly"] = (so, True, False, False, None, {**dflt, "devgate": True,
                                                                                  "gate_only": True})
@@ -162,6 +167,7 @@ def apply_knobs(core: Any, knobs: dict, on: bool, async_modes: bool, saved: dict
     xgb.NATIVE_FILL_THREADS = knobs.get("native", 1)
     grammar_step.HOST_READ_APPLY = knobs.get("host_read", True)
     grammar_device_gate.DEVICE_GATE = knobs.get("devgate", saved["devgate"])
+    grammar_device_gate.GRAPH = knobs.get("graph", saved["graph"])
     so_mod.ACCEPT_ON_FILL_THREAD = knobs.get("poolaccept", saved["poolaccept"])
     xgm.ACCEPT_READBACK_KEEPS_GIL = knobs.get("readback", True)
     _accept_call().release_gil = not knobs.get("accept_gil", False)
@@ -189,6 +195,7 @@ def restore(core: Any, saved: dict) -> None:
     _accept_call().release_gil = True
     grammar_step.HOST_READ_APPLY = True
     grammar_device_gate.DEVICE_GATE = saved["devgate"]
+    grammar_device_gate.GRAPH = saved["graph"]
     so_mod.ACCEPT_ON_FILL_THREAD = saved["poolaccept"]
     async_gate.PARK, async_gate.EARLY_FILL = saved["park"], saved["early_fill"]
     async_gate.FILL_START_WAIT_S = saved["start_wait"]

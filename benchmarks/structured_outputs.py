@@ -187,6 +187,10 @@ def bench_decode(args) -> dict:
             names = {k for r in timed for k in r}
             cpu = {k: round(statistics.median(r.get(k, 0.0) for r in timed) * 1e3, 3) for k in names}
             row[f"{m}_thread_cpu_ms_per_step"] = {k: v for k, v in sorted(cpu.items(), key=lambda kv: -kv[1]) if v >= 0.01}
+        cgm = sys.modules.get("octavo.plugins.platforms.cuda_grammar_mask")  # (loaded by a CUDA engine only)
+        if cgm is not None:  # session 12: the wait + apply graph's replays, all modes together (0: never taken)
+            row["grammar_graph_replays"] = cgm.apply_bitmask_.gated_graphs.replays
+            row["grammar_graph_failed"] = list(grammar_device_gate._GRAPH_FAILED)
         if samples:
             row["sample_outputs"] = samples
         if stacks:

@@ -48,10 +48,15 @@ def _env_switch(name: str, default: bool) -> bool:
 # weights, ms per step): H200 (s9) 135M shape 1.98 vs 2.28, 1.1B 1.90 vs 2.18; H100 (s10) 135M 1.70 vs 1.94,
 # 1.1B 1.64 vs 2.11 (docs/performance.md). OCTAVO_GRAMMAR_DEVICE_GATE=0 turns it off.
 DEVICE_GATE = _env_switch("OCTAVO_GRAMMAR_DEVICE_GATE", True)
+# Session 12, opt-in: the wait + apply as ONE CUDA-graph replay where the platform's apply offers it
+# (``gated_graphs``: plugins/platforms/cuda_grammar_mask.py GatedApplyGraphs), on the usual decode step (every row in
+# order); the sampler then reads the graph's masked copy of the logits. OCTAVO_GRAMMAR_GRAPH=1 turns it on.
+GRAPH = _env_switch("OCTAVO_GRAMMAR_GRAPH", False)
 # The benchmark's probe: time each device wait with two device events (read after the step's tokens arrived,
 # core/structured_output.py stats "device_wait_s": how long the device idled for the fill). Off in the engine.
 TIME_WAIT = False
 _FAILED: dict[str, bool] = {}  # "wait": the wait kernel failed to launch in this process (the host waits instead)
+_GRAPH_FAILED: list[str] = []  # why the wait + apply graph failed in this process (the two launches are used instead)
 
 
 class DeviceGate:
@@ -108,6 +113,17 @@ def apply_gated(logits: Any, grammar: Any, sample_req_ids: list[str], logits_row
         index = torch.tensor(rows, dtype=torch.int32)
         if logits.device.type != "cpu":  # through pinned memory: no stream sync (core/grammar_step.py _to_device)
             index = index.pin_memory().to(logits.device, non_blocking=True)
+    graphs = getattr(kernel, "gated_graphs", None) if GRAPH and index is None and events is None else None
+    if graphs is not None and not _GRAPH_FAILED:
+        try:
+            out = graphs.run(logits, packed, step.device_gate.words, step.seq)
+        except Exception as e:  # noqa: BLE001 - e.g. the capture fails here: the two launches from now on
+            logger.warning("grammar mask: the wait + apply graph failed (%s); launching them eagerly from now on", e)
+            _GRAPH_FAILED.append(repr(e))
+            out = None
+        if out is not None:
+            grammar.apply_s = time.perf_counter() - t0
+            return out
     try:
         kernel.wait_host_flag(step.device_gate.words, step.seq)
     except Exception as e:  # noqa: BLE001 - e.g. the wait kernel does not build here: wait on the host instead

@@ -24,6 +24,9 @@
 #          with staging on, the b13 graph rows (partial routing x early w2) and kernel tables (cap 140 s).
 #  stest   the pinned staging copy: test_step_staging_gpu.py (views = plain copies over the ring while the GPU lags;
 #          a tiny Llama's greedy and seeded tokens with staging off / on in one engine, graphs replayed) (cap 45 s).
+#  nanost  the pinned staging copy on nano.sh's workload (benchmarks/gpu_e2e.py qwen3_nanovllm, async): fresh processes
+#          with OCTAVO_STEP_STAGING 0, 1, 0, 1 while time is left (each capped at 55 s; ~42 s each on one H100 alone),
+#          JSON under $OUT/moe9/nanost/<n>_<0|1>/ (the engine-wide default question of lever 1).
 #  rtest   route once (OCTAVO_MOE_ROUTE_ONCE): test_moe_route_once_gpu.py (bits at the Qwen3-30B-A3B layer, eager and
 #          in a graph over 6 layers; a tiny Qwen3-MoE's greedy tokens with it on and off) (cap 40 s).
 #  mixab   Mixtral-8x7B with 8 of 32 layers (as session 6: 23 GB of weights; 32 layers do not fit 80 GB), the
@@ -42,11 +45,11 @@
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 cd "$(dirname "$0")/../.."
-[ $# -ge 1 ] || { echo "usage: moe9.sh PART [PART ...] (ab ab11 ab12 ab13 b2b mixab bs1 bs1head tput rtest etest stest tests)"; exit 2; }
+[ $# -ge 1 ] || { echo "usage: moe9.sh PART [PART ...] (ab ab11 ab12 ab13 b2b mixab bs1 bs1head tput rtest etest stest nanost tests)"; exit 2; }
 D="$OUT/moe9"
 mkdir -p "$D/configs"
 START=$(date +%s)
-case " $* " in " b2b ") DEF=80 ;; " ab13 ") DEF=145 ;; *" ab11 "* | *" ab12 "* | *" ab13 "*) DEF=150 ;; *) DEF=$([ $# -gt 1 ] && echo 135 || echo 98) ;; esac
+case " $* " in " b2b ") DEF=80 ;; " ab13 ") DEF=145 ;; " nanost ") DEF=150 ;; *" ab11 "* | *" ab12 "* | *" ab13 "*) DEF=150 ;; *) DEF=$([ $# -gt 1 ] && echo 135 || echo 98) ;; esac
 BOUND=${MOE_BOUND_S:-$DEF}
 left() { echo $(( BOUND - ($(date +%s) - START) )); }
 # s9 batch 1: the package was not importable in the lanes; install it here then, as the harness should have
@@ -97,13 +100,20 @@ for PART in "$@"; do
     tput) C=$(( L < 80 ? L : 80 )); e2e tput "$C" --tasks tput:qwen3-30b-a3b:8 tf:qwen3-30b-a3b:8 --tf-budget-s 12 \
       --tf-fewer-prompts ;;
     rtest) pyt rtest $(( L < 40 ? L : 40 )) tests/kernels/test_moe_route_once_gpu.py ;;
+    nanost) for i in 1 2; do for st in 0 1; do
+        L=$(left); [ "$L" -ge 50 ] || { echo "nanost: ${L} s left, stop"; break 2; }
+        echo "== nanost $i staging=$st $(date -u +%T)"
+        OCTAVO_ASYNC_SCHEDULING=true OCTAVO_STEP_STAGING=$st timeout -k 5 55 python benchmarks/gpu_e2e.py qwen3_nanovllm \
+          --out-dir "$D/nanost/${i}_$st" > "$D/nanost/${i}_$st.log" 2>&1
+        echo "exit $? $(grep -ho '"throughput_qwen3_0p6b_nanovllm_tok_s": [0-9.]*' "$D/nanost/${i}_$st"/*.json 2>/dev/null)"
+      done; done ;;
     stest) pyt stest $(( L < 45 ? L : 45 )) tests/gpu/test_step_staging_gpu.py ;;
     etest) pyt etest $(( L < 50 ? L : 50 )) tests/kernels/test_moe_gemv_early_gpu.py tests/kernels/test_moe_norm_qkv_gpu.py \
       tests/kernels/test_moe_w2_early_gpu.py ;;
     tests) pyt tests $(( L < 60 ? L : 60 )) tests/kernels/test_moe_gemv_early_gpu.py \
       tests/kernels/test_moe_norm_qkv_gpu.py tests/kernels/test_moe_prefetch_gpu.py \
       tests/kernels/test_moe_gpu.py -k "prefetch or pipe or batch_one or two_launch or parity" ;;
-    *) echo "unknown part $PART (ab ab11 ab12 ab13 b2b mixab bs1 bs1head tput rtest etest stest tests)"; exit 2 ;;
+    *) echo "unknown part $PART (ab ab11 ab12 ab13 b2b mixab bs1 bs1head tput rtest etest stest nanost tests)"; exit 2 ;;
   esac
 done
 for f in "$D"/*/*.json; do [ -f "$f" ] && { echo "--- $f"; head -c 1500 "$f"; echo; }; done

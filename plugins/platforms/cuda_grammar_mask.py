@@ -93,3 +93,84 @@ def wait_host_flag(words: torch.Tensor, seq: int, max_spins: int = MAX_SPINS) ->
 apply_bitmask_.reads_pinned_host = True
 #: and the device gate: the wait on a host word queued before the apply (core/grammar_device_gate.py)
 apply_bitmask_.wait_host_flag = wait_host_flag
+
+
+@triton.jit
+def _wait_dev_kernel(words_ptr, seq_ptr, max_spins):
+    # _wait_flag_kernel with the step number read from device memory: the form a CUDA graph can replay
+    seq = tl.load(seq_ptr)
+    v = tl.load(words_ptr, volatile=True)
+    i = 0
+    while (v < seq) & (i < max_spins):
+        v = tl.load(words_ptr, volatile=True)
+        i += 1
+    if v < seq:
+        tl.store(words_ptr + 1, seq)
+
+
+class GatedApplyGraphs:
+    """The device gate's wait + the mask apply as ONE CUDA-graph replay (issue 11, session 12, opt-in
+    ``OCTAVO_GRAMMAR_GRAPH=1``: core/grammar_device_gate.py).
+
+    Why: the two Triton launches cost the runner's thread ~50 us a step on a quiet H100 host (s10 probe: apply 33,
+    wait 16) and ~0.2 ms on a loaded one (s11), and that thread sets the step of a small model. Here a step costs
+    three cheap calls instead: the step number into a device word (``fill_``: the value travels as a kernel
+    argument, so no host buffer must outlive the call), the logits into the graph's static buffer (one device
+    copy), one replay. Per key (logits shape/dtype/row stride, the pinned rows' address and shape, the gate
+    words' address) one graph is captured on first use (thread-local capture mode: the core and bitmask threads
+    keep using CUDA meanwhile); the step's seq never enters the graph, so steps in flight cannot race on it (a
+    host word would: step N's wait may read it after step N+1 wrote it). Exactness: the same two kernels on the
+    same rows (the apply on the static copy, which the caller samples from)."""
+
+    MAX_GRAPHS = 8  # keys are few (one per decode batch size seen); beyond this the caller launches eagerly
+
+    def __init__(self, max_spins: int = MAX_SPINS) -> None:
+        self.max_spins = max_spins
+        self.graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
+        self.replays = 0
+
+    def _capture(self, key: tuple, logits: torch.Tensor, packed: torch.Tensor, words: torch.Tensor):
+        dev = logits.device
+        static = torch.empty_like(logits)
+        seq = torch.zeros(1, dtype=torch.int32, device=dev)
+        n, nwords = packed.shape
+        vocab = logits.shape[-1]
+        grid = (n, triton.cdiv(vocab, BLOCK))
+
+        def body() -> None:
+            _wait_dev_kernel[(1,)](words, seq, self.max_spins, num_warps=1)
+            _apply_bitmask_kernel[grid](static, static.stride(0), packed, nwords, packed, vocab, HAS_ROWS=False,
+                                        BLOCK=BLOCK, VOLATILE=True)
+
+        body()  # compile both outside the capture; seq 0 passes at once (words[0] >= 0); static is scratch here
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+            body()
+        self.graphs[key] = (graph, static, seq)
+        return self.graphs[key]
+
+    def run(self, logits: torch.Tensor, packed: torch.Tensor, words: torch.Tensor, seq: int) -> torch.Tensor | None:
+        """Queue wait(``words[0] >= seq``) + apply of every row of ``packed`` (row j -> logits row j) on a copy of
+        ``logits``; return that copy (masked once the replay ran), or None (no graph for this key: launch eagerly)."""
+        if logits.stride(-1) != 1 or packed.shape[0] != logits.shape[0] or not packed.is_contiguous():
+            return None
+        key = (tuple(logits.shape), logits.dtype, logits.stride(0), logits.device.index, packed.data_ptr(),
+               tuple(packed.shape), words.data_ptr())
+        entry = self.graphs.get(key)
+        if entry is None:
+            if len(self.graphs) >= self.MAX_GRAPHS:
+                return None
+            if words.data_ptr() not in _CHECKED:
+                assert words.dtype == torch.int32 and words.numel() >= 2 and words.is_pinned()
+                _CHECKED.add(words.data_ptr())
+            entry = self._capture(key, logits, packed, words)
+        graph, static, seq_dev = entry
+        seq_dev.fill_(seq)
+        static.copy_(logits)
+        graph.replay()
+        self.replays += 1
+        return static
+
+
+#: the device gate's wait + apply as one graph replay (core/grammar_device_gate.py GRAPH, opt-in)
+apply_bitmask_.gated_graphs = GatedApplyGraphs()

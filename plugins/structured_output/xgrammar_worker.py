@@ -36,7 +36,9 @@ from octavo.plugins.structured_output.xgrammar_match import _batch_accept, _Matc
 from octavo.structured_outputs import GrammarMatcher, StructuredOutputBackend
 
 logger = logging.getLogger(__name__)
-_HEAD = 16  # int32 words before the rows: [0] the last step opened, [1] the last step given up on (64-byte aligned)
+# int32 words before the rows (64-byte aligned): [0] the last step opened, [1] the last step given up on, [2] 1 once the
+# worker has imported its libraries and read the tokenizer info (wait_ready: a slow start told from a hang)
+_HEAD = 16
 
 
 class _RemoteMatcher(GrammarMatcher):
@@ -87,8 +89,8 @@ class XGrammarWorkerBackend(StructuredOutputBackend):
         self.shm = SharedMemory(create=True, size=(_HEAD + rows * self.num_words) * 4)
         buf = torch.frombuffer(self.shm.buf, dtype=torch.int32)
         self._buf = buf
+        buf[:_HEAD].zero_()
         self.words = buf[:2]
-        self.words.zero_()
         self.rows = buf[_HEAD:_HEAD + rows * self.num_words].view(rows, self.num_words)
         self.rows.fill_(-1)
         self.pinned = False
@@ -153,6 +155,23 @@ class XGrammarWorkerBackend(StructuredOutputBackend):
             self._send_locked(("fill", [m.mid for m in matchers], row0, seq, 0))
 
     # ---- the rest -----------------------------------------------------------------------------------------------
+    def wait_ready(self, timeout_s: float) -> float:
+        """Block until the worker has started (imports done, tokenizer info read): the seconds waited. Raises,
+        naming which, if the worker exited or is still starting after ``timeout_s`` (the engine never needs this:
+        its first fill waits on the pipe; tests and benchmarks call it so a slow start is not taken for a hang)."""
+        import time
+
+        t0 = time.perf_counter()
+        while self._buf[2].item() != 1:
+            rc = self._proc.poll()
+            if rc is not None:
+                raise RuntimeError(f"grammar worker: the process exited with code {rc} before it was ready")
+            if time.perf_counter() - t0 > timeout_s:
+                raise TimeoutError(f"grammar worker: not ready after {timeout_s:.0f} s (still importing torch and "
+                                   "xgrammar, or blocked before reading the tokenizer info); process alive")
+            time.sleep(0.01)
+        return time.perf_counter() - t0
+
     def pin(self) -> bool:
         """Register the shared block with CUDA (the device then reads the rows and the gate words directly)."""
         if not self.pinned:
@@ -240,6 +259,7 @@ def _main(conn: Any, shm_name: str, rows: int, num_words: int) -> None:
     gate = buf[:2].numpy()
     table = buf[_HEAD:_HEAD + rows * num_words].view(rows, num_words)
     info = xgr.TokenizerInfo.deserialize_json(conn.recv())
+    buf[2] = 1  # ready (XGrammarWorkerBackend.wait_ready)
     grammars: dict[int, Any] = {}
     matchers: dict[int, _Matcher] = {}
     batch = xgr.BatchGrammarMatcher(max_threads=1)

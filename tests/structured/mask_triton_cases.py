@@ -68,8 +68,23 @@ def test_device_wait_goes_on_once_the_host_opened_and_gives_up_after_its_spins()
                        apply_bitmask_(logits.clone(), packed, None))
 
 
+def test_graph_wait_reads_its_step_from_memory():
+    """The graph form of the wait (``_wait_dev_kernel``, GatedApplyGraphs, session 12): the step number is read from
+    a tensor (the graph's device word), with the same open / give-up behaviour as the argument form."""
+    from octavo.plugins.platforms.cuda_grammar_mask import _wait_dev_kernel
+
+    words, seq = torch.zeros(2, dtype=torch.int32), torch.zeros(1, dtype=torch.int32)
+    words[0], seq[0] = 5, 5
+    _wait_dev_kernel[(1,)](words, seq, 100)
+    assert words.tolist() == [5, 0]
+    seq[0] = 7
+    _wait_dev_kernel[(1,)](words, seq, 100)  # never opened: gives up, says so
+    assert words.tolist() == [5, 7]
+
+
 def test_cuda_apply_offers_the_device_wait():
     from octavo.plugins.platforms.cuda_grammar_mask import apply_bitmask_, wait_host_flag
 
     assert apply_bitmask_.wait_host_flag is wait_host_flag and apply_bitmask_.reads_pinned_host
+    assert apply_bitmask_.gated_graphs.replays == 0  # (the graph form: GRAPH, opt-in; captured on first use)
 

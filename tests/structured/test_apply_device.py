@@ -123,12 +123,14 @@ def test_manager_pins_its_fill_buffer_once_its_runner_applied_on_the_device():
         mgr.shutdown()
 
 
+@pytest.mark.parametrize("graph", [False, True])
 @pytest.mark.parametrize("whole", [True, False])
-def test_device_gate_waits_for_rows_written_after_the_launch(whole, monkeypatch):
+def test_device_gate_waits_for_rows_written_after_the_launch(whole, graph, monkeypatch):
     """The device gate (core/grammar_device_gate.py): the wait and the volatile apply are queued before the host
     writes the rows; the stream stays busy until the host opens the word; the masked logits equal the host path;
     the same pinned buffer rewritten for a second step gives that step's bits (no stale rows); a wait nobody
-    opens gives up and the host's check fails the step."""
+    opens gives up and the host's check fails the step. ``graph``: the wait + apply replayed as one CUDA graph
+    (GRAPH, session 12) on the whole-batch step (the subset step still launches them: it needs a row index)."""
     pytest.importorskip("triton")
     import time
     from types import SimpleNamespace
@@ -138,7 +140,9 @@ def test_device_gate_waits_for_rows_written_after_the_launch(whole, monkeypatch)
     from octavo.core.grammar_step import GrammarStep
 
     monkeypatch.setattr(grammar_device_gate, "DEVICE_GATE", True)
+    monkeypatch.setattr(grammar_device_gate, "GRAPH", graph)
     kernel = CudaPlatform().make_grammar_mask_apply()
+    replays = kernel.gated_graphs.replays
     dg = DeviceGate()
     assert dg.words.is_pinned()
     vocab, n = 49152, 8
@@ -162,9 +166,15 @@ def test_device_gate_waits_for_rows_written_after_the_launch(whole, monkeypatch)
         dg.check(inner.seq)
         want = apply_packed(logits.clone(), list(range(len(sample_ids) - n, len(sample_ids))), rows)
         assert torch.equal(dev.cpu(), want), step_no
-    from octavo.plugins.platforms.cuda_grammar_mask import wait_host_flag
+    assert not grammar_device_gate._GRAPH_FAILED
+    assert kernel.gated_graphs.replays - replays == (2 if graph and whole else 0)
+    from octavo.plugins.platforms.cuda_grammar_mask import GatedApplyGraphs, wait_host_flag
 
-    wait_host_flag(dg.words, dg.next_seq(), max_spins=1000)  # never opened
+    if graph:  # the graph's wait gives up too (its own spin bound, captured)
+        logits = torch.randn(n, vocab, device="cuda")
+        GatedApplyGraphs(max_spins=1000).run(logits, buf, dg.words, dg.next_seq())  # never opened
+    else:
+        wait_host_flag(dg.words, dg.next_seq(), max_spins=1000)  # never opened
     torch.cuda.synchronize()
     with pytest.raises(RuntimeError, match="grammar masks"):
         dg.check(dg.seq)

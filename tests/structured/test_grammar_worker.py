@@ -69,6 +69,26 @@ def test_worker_rows_equal_in_process_and_gate_opens_after_them(backends):
     assert int(worker.words[1]) == 0
 
 
+def test_wait_ready_reports_the_start_or_names_a_dead_worker(backends):
+    """wait_ready (bounded): the started worker answers at once; a worker that exited is named with its code
+    instead of a caller waiting out its whole bound (tests/structured/test_grammar_worker_gpu.py relies on it)."""
+    from types import SimpleNamespace
+
+    from octavo.plugins.structured_output.xgrammar_worker import XGrammarWorkerBackend
+
+    inner, worker = backends
+    assert 0 <= worker.wait_ready(60) < 60 and int(worker._buf[2]) == 1
+    dead = XGrammarWorkerBackend(SimpleNamespace(tokenizer=None, vocab_size=64, info=inner.info), 2)
+    try:
+        dead._proc.kill()
+        dead._proc.wait()
+        dead._buf[2] = 0  # (as if it died before its imports ended, however fast it started)
+        with pytest.raises(RuntimeError, match="exited with code"):
+            dead.wait_ready(60)
+    finally:
+        dead.close()
+
+
 def test_worker_errors_fail_the_fill(backends):
     from octavo.plugins.structured_output.xgrammar_worker import _RemoteMatcher
 
