@@ -15,7 +15,7 @@ from octavo.core import grammar_step
 from octavo.core.grammar_step import apply_packed
 from octavo.plugins.platforms.cuda import CudaPlatform
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
 
 @pytest.mark.parametrize("vocab", [49152, 1000 * 32 + 7])
