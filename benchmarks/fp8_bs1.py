@@ -129,7 +129,20 @@ S6_VARIANTS = {"nosilu": {"silu": False}, "norm4": {"warps": None}, "pf16": {"mb
                "silu_rope_again": {"silu": True, "rope": True}, "unfused": {"silu": False, "rope": False},
                "unfused_again": {"silu": False, "rope": False}, "notable": {"table": False},
                "notable_again": {"table": False}, "default_again2": {},
-               "self_again": {"self": True}, "pf32_again": {"mb": 32}}
+               "self_again": {"self": True}, "pf32_again": {"mb": 32},
+               "pw2": {"pwb": 2}, "pw3": {"pwb": 3}, "pw4": {"pwb": 4}, "pw2_again": {"pwb": 2},
+               "pw4_again": {"pwb": 4}, "pw3_again": {"pwb": 3},
+               "pw4_o": {"pw_shape": {(4096, 4096): 4}}, "pw4_o_down": {"pw_shape": {(4096, 4096): 4, (4096, 14336): 4}},
+               "pw4_qkv_o": {"pw_shape": {(6144, 4096): 4, (4096, 4096): 4}},
+               "pw4_noup": {"pwb": 4, "pw_shape": {(28672, 4096): 1}},
+               "pw4_qkv16": {"pwb": 4, "table_tiles": {(6144, 4096): (16, 1024, 8, 3)}},
+               "pw4_down8": {"pwb": 4, "table_tiles": {(4096, 14336): (8, 1024, 4, 4)}},
+               "pw4_o8": {"pwb": 4, "table_tiles": {(4096, 4096): (8, 1024, 4, 4)}}}
+# session 12: "pwN" = the GEMV reads its first N weight blocks (1024 columns each) before its PDL wait instead of 1
+# (fp8_prefetch.PDL_W_BLOCKS; the same sums in the same order, so the tokens must equal the first measure's);
+# "pw4_<shapes>" = 4 blocks only for those weights (fp8_prefetch.PDL_W_BY_SHAPE: qkv 6144x4096, o 4096x4096,
+# gate_up 28672x4096, down 4096x14336), 1 for the rest; "pw4_noup" = 4 for all but gate_up; "pw4_<shape><n>" = pw4
+# with that weight's tile in fp8_gemv_tiles.TILES replaced for this card (another tile: another fp32 order)
 # session 11 batch 2: "notable" = the one-row GEMV's autotuned tiles instead of fp8_gemv_tiles.TILES (the default on
 # an H100 since batch 1's sweep); the sweep itself runs with the table off
 # session 11: "silu" = gate/up GEMV with SiLU-and-mul in its epilogue (fp8_silu_gemv, now with PDL + the split
@@ -251,6 +264,9 @@ def main() -> None:
         base = (fp8_fused.SMALL_ROWS_WARPS, fp8_prefetch.PREFETCH_MB, fp8_prefetch.PDL, fp8_prefetch.SELF_PREFETCH,
                 fp8_silu_gemv.STATE["on"])
         base_pdl_w, base_rope, base_table = fp8_prefetch.PDL_W, fp8_rope_gemv.STATE["on"], fp8_gemv_tiles.TABLE_ON
+        base_pwb, base_pw_shape = fp8_prefetch.PDL_W_BLOCKS, dict(fp8_prefetch.PDL_W_BY_SHAPE)
+        base_tiles = dict(fp8_gemv_tiles.TILES)
+        res["pdl_w_blocks_default"] = base_pwb
         base_bits, base_reg_pf, base_acc, base_x2d = fp8_gemv.W_BITS, fp8_gemv.REG_PF, fp8_gemv.ACC_SPLIT, fp8_gemv.X2D
         res["w_bits_default"], res["reg_pf_default"], res["acc_split_default"] = base_bits, base_reg_pf, base_acc
         platform_pdl = cuda_pdl.pdl_on()  # the platform's setting (on by default on sm_90+ since session 6)
@@ -273,6 +289,8 @@ def main() -> None:
                 fp8_prefetch.PREFETCH_MB, fp8_prefetch.PDL = v.get("mb", 0), v.get("pdl", base[2])
                 fp8_prefetch.SELF_PREFETCH = v.get("self", False)
                 fp8_prefetch.PDL_W = v.get("pdlw", base_pdl_w)
+                fp8_prefetch.PDL_W_BLOCKS = v.get("pwb", base_pwb)
+                fp8_prefetch.PDL_W_BY_SHAPE = dict(v.get("pw_shape", base_pw_shape))
                 cuda_pdl.set_pdl(v.get("pdl_all", platform_pdl))
                 fp8_silu_gemv.STATE["on"] = v.get("silu", base[4])
                 if fp8_silu_gemv.STATE["on"] and "silu_fused" not in res:
@@ -296,6 +314,9 @@ def main() -> None:
                 res.setdefault("seeded_tiles", {})[tag] = seed_tiles(
                     {"W_BITS": fp8_gemv.W_BITS and not fp8_gemv.ACC_SPLIT, "REG_PF": fp8_gemv.REG_PF,
                      "ACC_SPLIT": fp8_gemv.ACC_SPLIT})
+                card = torch.cuda.get_device_name()
+                for (n, k), tile in v.get("table_tiles", {}).items():  # restored from base_tiles below
+                    fp8_gemv_tiles.TILES[(card, n, k)] = tile
                 pinned = pin(v["tiles"]) if "tiles" in v else {}
                 res.setdefault("pinned_tiles", {})[tag] = v.get("tiles")
                 with torch.inference_mode():
@@ -306,10 +327,12 @@ def main() -> None:
                 print(tag, res[tag], flush=True)
             finally:
                 unpin(pinned)
+                fp8_gemv_tiles.TILES.clear()
+                fp8_gemv_tiles.TILES.update(base_tiles)
             save()
         (fp8_fused.SMALL_ROWS_WARPS, fp8_prefetch.PREFETCH_MB, fp8_prefetch.PDL, fp8_prefetch.SELF_PREFETCH,
          fp8_silu_gemv.STATE["on"]) = base
-        fp8_prefetch.PDL_W = base_pdl_w
+        fp8_prefetch.PDL_W, fp8_prefetch.PDL_W_BLOCKS, fp8_prefetch.PDL_W_BY_SHAPE = base_pdl_w, base_pwb, base_pw_shape
         fp8_rope_gemv.STATE["on"], fp8_gemv_tiles.TABLE_ON = base_rope, base_table
         fp8_gemv.W_BITS, fp8_gemv.REG_PF, fp8_gemv.ACC_SPLIT, fp8_gemv.X2D = base_bits, base_reg_pf, base_acc, base_x2d
         cuda_pdl.set_pdl(platform_pdl)

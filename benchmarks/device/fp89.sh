@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Issue 9 (engineer "fp8"), sessions 9-11. One GPU, HARD bound ${FP89_LIMIT:-110} s for the whole call (every part
-# under `timeout`, each gets what is left minus the later parts' reserves; `s11`: 150 s). JSON + logs: $OUT/fp89/
+# Issue 9 (engineer "fp8"), sessions 9-12. One GPU, HARD bound ${FP89_LIMIT:-110} s for the whole call (every part
+# under `timeout`, each gets what is left minus the later parts' reserves; `s11`, `s12`: 150 s). JSON + logs: $OUT/fp89/
 #   bash benchmarks/device/fp89.sh [PART ...]      (default: bs1 tests, session 10 batch 2; batch 1: bs1 head tests, and tail)
 #   s11         session 11 batch 1 = parts bs1 tests with the in-graph tile sweep (BS1_SWEEP=24 s,
 #               benchmarks/fp8_bs1_tiles.py) and BS1_VARIANTS=silu_rope,swept,default_again,silu_rope_swept,
@@ -12,6 +12,11 @@
 #               the H100 default since batch 1; self: each GEMV program's rows asked of L2 before its PDL wait; pf32:
 #               each GEMV's last programs ask L2 for the next linear's first 32 MiB, over the small kernels between;
 #               nopdl: a kernel table without overlap, each GEMV's own streaming time)
+#   s12         session 12 batch 1 (150 s) = bs1 tests, BS1_VARIANTS = pw4,default_again,pw2,pw4_again,pw4_noup,
+#               default_again2,pw4_o,pw3,pw4_qkv16,pw4_down8,pw4_qkv_o,pw4_o8,pw2_again,pw4_o_down (pwN: the GEMV
+#               reads N weight blocks before its PDL wait instead of 1; pw4_<shapes>: 4 only for those weights;
+#               pw4_<shape><n>: pw4 with another tile for that weight; benchmarks/fp8_bs1.py), tests = FP89_TESTS (the
+#               prefetch / PDL / pdl_w bit identity incl. 1-4 blocks on the table tiles, the table launch, the GEMV bits)
 #   bs1         benchmarks/fp8_bs1.py --ab s6: 8B fp8 + fp8 KV batch 1, one engine: ms/token vs the roofline, the
 #               captured forward alone vs the rest (LM head, sampler, host), the graph's kernel table; then the
 #               variants ${BS1_VARIANTS:-nopdl,default_again,nopdl_again}, graph recaptured for each (nopdl: the GEMV
@@ -39,6 +44,10 @@ if [ "${1:-}" = s11 ]; then
   shift; set -- bs1 tests "$@"
   : "${FP89_LIMIT:=150}" "${BS1_SWEEP:=24}" \
     "${BS1_VARIANTS:=silu_rope,swept,default_again,silu_rope_swept,silu_rope_again,swept_again,rope,silu}"
+elif [ "${1:-}" = s12 ]; then
+  shift; set -- bs1 tests "$@"
+  : "${FP89_LIMIT:=150}" "${BS1_VARIANTS:=pw4,default_again,pw2,pw4_again,pw4_noup,default_again2,pw4_o,pw3,pw4_qkv16,pw4_down8,pw4_qkv_o,pw4_o8,pw2_again,pw4_o_down}"
+  : "${FP89_TESTS:=tests/quant/test_fp8_prefetch.py tests/quant/test_fp8_gemv_tiles.py tests/quant/test_fp8_gemv_bits.py}"
 elif [ "${1:-}" = s11b2 ]; then
   shift; set -- bs1 tests "$@"
   : "${FP89_LIMIT:=140}" "${BS1_VARIANTS:=notable,self,pf32,default_again,notable_again,self_again,pf32_again,silu_rope,nopdl}"
@@ -57,7 +66,7 @@ git status --short > "$R/tree_status.txt" 2>/dev/null
 export OCTAVO_DISABLE_PROGRESS=1
 PARTS=("$@")
 [ ${#PARTS[@]} -eq 0 ] && PARTS=(bs1 tests)
-declare -A RESERVE=([tests]=30 [smallm]=30 [mem_fp8]=55 [mem_bf16]=0 [e2e_fp8]=150 [bs1]=45 [head]=50 [tail]=140)
+declare -A RESERVE=([tests]=40 [smallm]=30 [mem_fp8]=55 [mem_bf16]=0 [e2e_fp8]=150 [bs1]=45 [head]=50 [tail]=140)
 reserve() {  # seconds the parts after $1 keep for themselves
   local after=0 r=0 p
   for p in "${PARTS[@]}"; do
@@ -72,10 +81,11 @@ for P in "${PARTS[@]}"; do
   if [ "$B" -lt 15 ]; then echo "skipped: no time"; continue; fi
   T="timeout -k 3 $B"
   case $P in
-    tests) $T python -m pytest -v -rA -m gpu -p no:cacheprovider tests/quant/test_fp8_smallm.py \
+    # shellcheck disable=SC2086  # FP89_TESTS: a list of test files
+    tests) $T python -m pytest -v -rA -m gpu -p no:cacheprovider ${FP89_TESTS:-tests/quant/test_fp8_smallm.py \
              tests/quant/test_fp8_gemv_tc.py tests/quant/test_fp8_prefetch.py \
              tests/quant/test_fp8_gemv_bits.py tests/quant/test_fp8_silu_gemv.py tests/quant/test_fp8_rope_gemv.py \
-             tests/quant/test_fp8_gemv_tiles.py > "$R/tests.log" 2>&1
+             tests/quant/test_fp8_gemv_tiles.py} > "$R/tests.log" 2>&1
            echo "exit $?"; grep -E "PASSED|FAILED|SKIPPED|passed|failed|Error|assert" "$R/tests.log" | tail -12;;
     smallm) $T python benchmarks/fp8_smallm_bench.py --budget $(( B - 6 )) --out "$R/smallm.json" \
               --rows "${SMALLM_ROWS:-2,8,24,32}" --max-bm "${SMALLM_MAX_BM:-32}" > "$R/smallm.log" 2>&1

@@ -255,7 +255,7 @@ class _FP8Method(LinearMethod):
             from octavo.plugins.quant.fp8_gemv import fp8_gemv
             from octavo.plugins.quant.fp8_prefetch import gemv_launch
 
-            launch = gemv_launch(self, x2.device) if x2.shape[0] == 1 else {}  # L2 prefetch chain, PDL
+            launch = gemv_launch(self, x2.device, tuple(layer.weight.shape)) if x2.shape[0] == 1 else {}  # L2 prefetch chain, PDL
             if pre is not None and self.gemv_pre_ok:
                 y = fp8_gemv(pre[0], layer.weight, layer.weight_scale, bias, x_scale=pre[1], out_dtype=x.dtype,
                              **launch)

@@ -120,9 +120,10 @@ def _fp8_gemv_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, pf_ptr, pf_tota
     is loaded into registers before this block's math (the loop's loads are not staged by Triton's pipeliner:
     no dot consumes them), the same sums in the same order. ``ACC_SPLIT`` > 0: the accumulator holds each thread's
     sums of ACC_SPLIT adjacent products (fewer registers, more programs per SM; another fp32 summation order).
-    ``PDL_W`` (with ``USE_PDL``, ``EVEN``, one row): the first weight block is loaded before ``gdc_wait`` (weights do
-    not depend on the producer: the first wave's DRAM latency hides under the producer's tail) and the kernel lets
-    its own dependents launch once it has waited; the same sums in the same order."""
+    ``PDL_W`` (with ``USE_PDL``, ``EVEN``, one row; 1-4): the first ``PDL_W`` weight blocks are loaded before
+    ``gdc_wait`` (weights do not depend on the producer: the resident programs stream them while the producer
+    runs) and the kernel lets its own dependents launch once it has waited; the same sums in the same order. The
+    host caps it so that ``PDL_W * BLOCK_K <= K``."""
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     nm = n < N
     rows = w_ptr + n.to(tl.int64)[:, None] * stride_wn
@@ -131,8 +132,14 @@ def _fp8_gemv_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, pf_ptr, pf_tota
                                   [w_ptr + n.to(tl.int64) * stride_wn, tl.zeros([BLOCK_N], tl.int32) + K],
                                   dtype=tl.int32, is_pure=False, pack=1)
     ws = tl.load(ws_ptr + n, mask=nm, other=0.0)
-    if PDL_W and EVEN:
+    if PDL_W and EVEN:  # static ifs: the names stay in scope after them
         w_first = tl.load(rows + tl.arange(0, BLOCK_K)[None, :])
+    if PDL_W > 1 and EVEN:
+        w_b1 = tl.load(rows + (BLOCK_K + tl.arange(0, BLOCK_K))[None, :])
+    if PDL_W > 2 and EVEN:
+        w_b2 = tl.load(rows + (2 * BLOCK_K + tl.arange(0, BLOCK_K))[None, :])
+    if PDL_W > 3 and EVEN:
+        w_b3 = tl.load(rows + (3 * BLOCK_K + tl.arange(0, BLOCK_K))[None, :])
     if USE_PDL:
         tl.extra.cuda.gdc_wait()
         if PDL_W:
@@ -156,10 +163,22 @@ def _fp8_gemv_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, pf_ptr, pf_tota
         if REG_PF and EVEN:
             w_nx = tl.load(rows + tl.arange(0, BLOCK_K)[None, :])
         k0 = 0
-        if PDL_W and EVEN:  # the block loaded before the wait (the same weight block for every row)
+        if PDL_W and EVEN:  # the blocks loaded before the wait, in order (the same weight blocks for every row)
             acc = _gemv_step(acc, w_first, x_row, tl.arange(0, BLOCK_K), s_x, K, QUANT_X, PRE_Q, EVEN, SOFT_FP8,
                              X2D, W_BITS, ACC_SPLIT, BLOCK_N, BLOCK_K)
             k0 = BLOCK_K
+        if PDL_W > 1 and EVEN:
+            acc = _gemv_step(acc, w_b1, x_row, BLOCK_K + tl.arange(0, BLOCK_K), s_x, K, QUANT_X, PRE_Q, EVEN,
+                             SOFT_FP8, X2D, W_BITS, ACC_SPLIT, BLOCK_N, BLOCK_K)
+            k0 = 2 * BLOCK_K
+        if PDL_W > 2 and EVEN:
+            acc = _gemv_step(acc, w_b2, x_row, 2 * BLOCK_K + tl.arange(0, BLOCK_K), s_x, K, QUANT_X, PRE_Q, EVEN,
+                             SOFT_FP8, X2D, W_BITS, ACC_SPLIT, BLOCK_N, BLOCK_K)
+            k0 = 3 * BLOCK_K
+        if PDL_W > 3 and EVEN:
+            acc = _gemv_step(acc, w_b3, x_row, 3 * BLOCK_K + tl.arange(0, BLOCK_K), s_x, K, QUANT_X, PRE_Q, EVEN,
+                             SOFT_FP8, X2D, W_BITS, ACC_SPLIT, BLOCK_N, BLOCK_K)
+            k0 = 4 * BLOCK_K
         for k in range(k0, K, BLOCK_K):
             kk = k + tl.arange(0, BLOCK_K)
             if EVEN:
@@ -283,6 +302,8 @@ ACC_SPLIT = int(os.environ.get("OCTAVO_FP8_GEMV_ACC_SPLIT", "16").strip() or 0)
 #: prequantized (norm-made e4m3) input read in the weight tile's layout: sm_90 SASS of the key loop loses its two
 #: barriers and the shared-memory round trip per step; bit-identical. ``OCTAVO_FP8_GEMV_X2D`` (default off until measured)
 X2D = os.environ.get("OCTAVO_FP8_GEMV_X2D", "0").strip() == "1"
+#: the most weight blocks the one-row kernel reads before its PDL wait (``pdl_w``; its static ifs)
+MAX_PDL_W = 4
 if ACC_SPLIT not in (0, 8, 16):
     raise ValueError(f"OCTAVO_FP8_GEMV_ACC_SPLIT={ACC_SPLIT}: 0, 8 or 16")
 
@@ -292,7 +313,7 @@ def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, 
              config: tuple[int, int, int] | None = None, x_scale: torch.Tensor | None = None,
              prefetch: tuple[torch.Tensor, int] | None = None, pdl: bool = False,
              self_prefetch: bool = False, w_bits: bool | None = None, reg_pf: bool | None = None,
-             acc_split: int | None = None, x2d: bool | None = None, pdl_w: bool = False) -> torch.Tensor:
+             acc_split: int | None = None, x2d: bool | None = None, pdl_w: bool | int = False) -> torch.Tensor:
     """``x [m, K]`` (bf16/fp16/fp32) times the e4m3 ``weight [N, K]`` with ``weight_scale`` (``N`` values).
 
     ``quantize_input=True`` is W8A8 (dynamic per-token e4m3 activations, as the ``_scaled_mm`` path);
@@ -310,8 +331,9 @@ def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, 
     many products first (fewer registers; fp32 sums in another order, so not bit-identical; overrides ``w_bits``).
     ``x2d`` (prequantized input only; None: the module's ``X2D``): the one-row kernel reads ``x`` in the weight
     tile's layout instead of broadcasting it through shared memory (no barrier per step; same result bit for bit).
-    ``pdl_w`` (with ``pdl``): the first weight block is read before the kernel waits for its producer, and its
-    dependents may launch once it has waited (same result bit for bit).
+    ``pdl_w`` (with ``pdl``; True = 1, or an int 1-4): the first ``pdl_w`` weight blocks (at most ``K // 1024``) are
+    read before the kernel waits for its producer, and its dependents may launch once it has waited (same result
+    bit for bit).
     """
     m, k = x.shape
     n = weight.shape[0]
@@ -330,6 +352,8 @@ def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, 
     ws = weight_scale.reshape(-1)
     soft = os.environ.get("TRITON_INTERPRET") == "1"
     pf_ptr, pf_total, pf_piece = weight, 0, 16
+    if not 0 <= int(pdl_w) <= MAX_PDL_W:
+        raise ValueError(f"fp8_gemv: pdl_w={pdl_w!r}: False/True or 0-{MAX_PDL_W} weight blocks before the wait")
     if prefetch is not None or pdl or self_prefetch:
         if m > 1 or soft:
             raise ValueError(f"fp8_gemv: prefetch / pdl / self_prefetch are for the compiled one-row kernel ({m} rows"
@@ -351,7 +375,8 @@ def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, 
         one_row_flags.pop("W_BITS", None)  # the split accumulator takes the conversion path
         one_row_flags["ACC_SPLIT"] = split
     if pf_total or pdl or self_prefetch:
-        flags.update(PREFETCH=pf_total > 0, USE_PDL=pdl, SELF_PF=self_prefetch, PDL_W=pdl and pdl_w and not one_row_flags.get("REG_PF"),
+        pre_blocks = 0 if not (pdl and pdl_w) or one_row_flags.get("REG_PF") else min(int(pdl_w), max(k // 1024, 1))
+        flags.update(PREFETCH=pf_total > 0, USE_PDL=pdl, SELF_PF=self_prefetch, PDL_W=pre_blocks,
                      **({"launch_pdl": True} if pdl else {}))
     if m > 1:  # several rows: one weight read for all of them
         if m > ROWS_MAX:

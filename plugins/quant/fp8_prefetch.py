@@ -65,6 +65,20 @@ SELF_PREFETCH = env_switch("OCTAVO_FP8_GEMV_SELF_PREFETCH", default=False)  # ea
 PDL_W = env_switch("OCTAVO_FP8_GEMV_PDL_W", default=True)
 
 
+def _pdl_w_blocks() -> int:
+    raw = os.environ.get("OCTAVO_FP8_GEMV_PDL_W_BLOCKS", "").strip() or "1"
+    if raw not in ("1", "2", "3", "4"):
+        raise ValueError(f"OCTAVO_FP8_GEMV_PDL_W_BLOCKS={raw!r}: 1-4 weight blocks read before the PDL wait")
+    return int(raw)
+
+
+# how many weight blocks (1024 columns each) the GEMV reads before its wait with PDL_W: the resident programs
+# stream them while the producer (norm, attention, SiLU) runs. PDL_W_BY_SHAPE {(N, K): blocks} overrides it per
+# weight shape (benchmarks/fp8_bs1.py's A/B)
+PDL_W_BLOCKS = _pdl_w_blocks()
+PDL_W_BY_SHAPE: dict[tuple[int, int], int] = {}
+
+
 @lru_cache(maxsize=8)
 def _hopper(index: int) -> bool:
     return torch.cuda.get_device_capability(index) >= (9, 0)
@@ -75,9 +89,10 @@ def hopper(device: torch.device) -> bool:
     return device.type == "cuda" and _hopper(device.index if device.index is not None else torch.cuda.current_device())
 
 
-def gemv_launch(method, device: torch.device) -> dict:
+def gemv_launch(method, device: torch.device, shape: tuple[int, int] | None = None) -> dict:
     """``fp8_gemv`` keyword arguments for one row of ``method``'s layer: ``prefetch`` (the next fp8 linear's
-    weight, PREFETCH_MB MiB) and ``pdl``, where this device can run them; ``{}`` otherwise."""
+    weight, PREFETCH_MB MiB), ``pdl`` and ``pdl_w`` (blocks before the wait; ``shape`` = the weight's ``(N, K)``
+    for PDL_W_BY_SHAPE), where this device can run them; ``{}`` otherwise."""
     if not hopper(device) or os.environ.get("TRITON_INTERPRET") == "1":
         return {}
     out = {}
@@ -87,7 +102,7 @@ def gemv_launch(method, device: torch.device) -> dict:
     if PDL:
         out["pdl"] = True
         if PDL_W:
-            out["pdl_w"] = True
+            out["pdl_w"] = PDL_W_BY_SHAPE.get(tuple(shape), PDL_W_BLOCKS) if shape is not None else PDL_W_BLOCKS
     if SELF_PREFETCH:
         out["self_prefetch"] = True
     return out

@@ -64,10 +64,21 @@ def test_prefetch_split_covers_the_asked_bytes(numel, nbytes):
 
 
 def test_prefetch_and_pdl_refused_where_they_cannot_run(monkeypatch):
+    from octavo.plugins.quant import fp8_prefetch
     from octavo.plugins.quant.fp8 import quantize_fp8_rows
     from octavo.plugins.quant.fp8_gemv import fp8_gemv
 
     w, ws = quantize_fp8_rows(torch.randn(32, 64))
+    for bad in (5, -1):
+        with pytest.raises(ValueError, match="pdl_w"):
+            fp8_gemv(torch.randn(1, 64).bfloat16(), w, ws, pdl=True, pdl_w=bad)
+    for bad in ("0", "5", "x"):
+        monkeypatch.setenv("OCTAVO_FP8_GEMV_PDL_W_BLOCKS", bad)
+        with pytest.raises(ValueError, match="OCTAVO_FP8_GEMV_PDL_W_BLOCKS"):
+            fp8_prefetch._pdl_w_blocks()
+    monkeypatch.setenv("OCTAVO_FP8_GEMV_PDL_W_BLOCKS", "3")
+    assert fp8_prefetch._pdl_w_blocks() == 3
+    monkeypatch.delenv("OCTAVO_FP8_GEMV_PDL_W_BLOCKS")
     with pytest.raises(ValueError, match="one-row"):
         fp8_gemv(torch.randn(2, 64).bfloat16(), w, ws, pdl=True)
     monkeypatch.setenv("TRITON_INTERPRET", "1")
@@ -85,7 +96,8 @@ def _ptx(fn, signature: dict, constexprs: dict) -> str:
 
 
 @pytest.mark.parametrize("prefetch,pdl,self_pf,pdl_w", [(True, True, False, False), (False, False, False, False),
-                                                        (False, False, True, False), (False, True, False, True)])
+                                                        (False, False, True, False), (False, True, False, True),
+                                                        (False, True, False, 4)])
 def test_sm90_ptx_has_the_instructions_exactly_when_asked(prefetch, pdl, self_pf, pdl_w):
     from octavo.plugins.quant.fp8_fused import _rms_norm_quant_kernel
     from octavo.plugins.quant.fp8_gemv import _fp8_gemv_kernel
@@ -93,16 +105,22 @@ def test_sm90_ptx_has_the_instructions_exactly_when_asked(prefetch, pdl, self_pf
     sig = {"x_ptr": "*bf16", "xs_ptr": "*fp32", "w_ptr": "*fp8e4nv", "ws_ptr": "*fp32", "b_ptr": "*bf16",
            "y_ptr": "*bf16", "pf_ptr": "*fp8e4nv", "pf_total": "i64", "pf_piece": "i64", "M": "i32", "N": "i32",
            "K": "i32", "stride_xm": "i32", "stride_wn": "i32", "stride_ym": "i32"}
-    ptx = _ptx(_fp8_gemv_kernel, sig, dict(QUANT_X=True, PRE_Q=False, HAS_BIAS=False, EVEN=True, SOFT_FP8=False,
-                                           BLOCK_N=16, BLOCK_K=512, PREFETCH=prefetch, USE_PDL=pdl,
-                                           SELF_PF=self_pf, W_BITS=False, REG_PF=False,
-                                           ACC_SPLIT=0, X2D=False, PDL_W=pdl_w))
+    flags = dict(QUANT_X=True, PRE_Q=False, HAS_BIAS=False, EVEN=True, SOFT_FP8=False, BLOCK_N=16, BLOCK_K=512,
+                 PREFETCH=prefetch, USE_PDL=pdl, SELF_PF=self_pf, W_BITS=False, REG_PF=False, ACC_SPLIT=0, X2D=False)
+    ptx = _ptx(_fp8_gemv_kernel, sig, dict(flags, PDL_W=pdl_w))
     assert ptx.count("cp.async.bulk.prefetch.L2.global") >= prefetch + self_pf
     assert ("cp.async.bulk.prefetch.L2.global" in ptx) == (prefetch or self_pf)
     assert ("griddepcontrol.wait" in ptx) == pdl
-    assert ("griddepcontrol.launch_dependents" in ptx) == pdl_w  # pdl_w: the GEMV's dependents launch early
-    if pdl_w:  # the first weight block is asked for before the wait
+    assert ("griddepcontrol.launch_dependents" in ptx) == bool(pdl_w)  # pdl_w: the GEMV's dependents launch early
+    if pdl_w:  # the first pdl_w weight blocks are asked for before the wait: more loads there with more blocks
         assert ptx.index("ld.global") < ptx.index("griddepcontrol.wait")
+    if pdl_w > 1:  # each block before the wait adds the loads of one block there
+        def before(blocks):
+            text = _ptx(_fp8_gemv_kernel, sig, dict(flags, PDL_W=blocks)) if blocks != pdl_w else ptx
+            return text[:text.index("griddepcontrol.wait")].count("ld.global")
+
+        one, none = before(1), before(0)
+        assert one > none and before(pdl_w) - none == pdl_w * (one - none)
     norm_sig = {"x_ptr": "*bf16", "res_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16", "res_out_ptr": "*bf16",
                 "q_ptr": "*fp8e4nv", "s_ptr": "*fp32", "stride_x": "i32", "stride_r": "i32", "n_cols": "i32",
                 "eps": "fp32"}
@@ -133,7 +151,7 @@ def test_prefetch_and_pdl_same_bits_in_a_graph_after_an_early_trigger(n, k):
     src = torch.randn(6, 1, k, device="cuda", generator=gen, dtype=torch.bfloat16) * 3
     cfg = (16, 512, 4)
 
-    def block(**kw):  # a producer (the quantizing norm, which triggers early under PDL) right before each GEMV
+    def block(cfg=cfg, **kw):  # a producer (the quantizing norm, which triggers early under PDL) before each GEMV
         h, _, q, s = rms_norm_quant(x, norm_w, 1e-5)
         return (fp8_gemv(q, w, ws, x_scale=s, out_dtype=torch.bfloat16, config=cfg, **kw),
                 fp8_gemv(h, w, ws, config=cfg, **kw))
@@ -155,6 +173,13 @@ def test_prefetch_and_pdl_same_bits_in_a_graph_after_an_early_trigger(n, k):
                        {"prefetch": (nxt, 16 << 20), "pdl": True, "self_prefetch": True}, {"pdl": True, "pdl_w": True}):
                 for got, ref in zip(block(**kw), want):
                     assert torch.equal(got, ref), kw
+            for tile in ((16, 1024, 8, 3), (4, 1024, 4, 3)):  # the H100 table's tiles; 1-4 blocks before the wait
+                base = block(cfg=tile)
+                for blocks in (True, 2, 3, 4):
+                    for got, ref in zip(block(cfg=tile, pdl=True, pdl_w=blocks), base):
+                        assert torch.equal(got, ref), (tile, blocks)
+            assert_graph_replays_match(lambda: block(cfg=(16, 1024, 8, 3), pdl=True, pdl_w=4),
+                                       lambda: (plain(), block(cfg=(16, 1024, 8, 3)))[1], x, src)
             assert_graph_replays_match(lambda: block(prefetch=(nxt, 16 << 20), pdl=True, self_prefetch=True), plain,
                                        x, src)
             assert_graph_replays_match(lambda: block(pdl=True, pdl_w=True), plain, x, src)
