@@ -4,11 +4,12 @@
 # cut-off run still says which tests passed; every test >= 1 s is listed, to rebalance the shares).
 #   a1 | a2 | a3   tests/gpu by file (session 11 H100 times: a1 ~120 s, a2 ~135 s, a3 ~120 s); a tests/gpu file that
 #                  no share names runs in a2, so a new file is never left out
-#   b1             tests/spec_decode/test_spec_gpu.py (CUDA-only, not gpu-marked) + the gpu-marked tests of tests/kernels
-#   b2             the gpu-marked tests of tests/lora and tests/quant
-#   b3             tests/structured/test_apply_device.py (CUDA-only, not gpu-marked) + the gpu-marked tests everywhere
-#                  else outside tests/gpu, then the grammar worker's GPU test alone (its own per-test limit, thread
-#                  method: a wait the SIGALRM cannot break is still cut, with every thread's stack in the log)
+#   b1             tests/spec_decode/test_spec_gpu.py (CUDA-only, not gpu-marked) + tests/kernels' gpu-marked tests
+#   b2             the gpu-marked tests of tests/lora and tests/quant, then those everywhere else outside tests/gpu
+#                  (tests/structured/test_apply_device.py is gpu-marked since session 12: before, no part ran it)
+#   b3             the grammar worker's GPU test alone: it waits up to 90 s for the worker's start (its START_S), so
+#                  it gets its own per-test limit (GPU_SUITE_WORKER_LIMIT, 125 s), thread method: a wait that SIGALRM
+#                  cannot break is still cut, with every thread's stack in the log (faulthandler dump at 110 s too)
 #   K N            old form (numbers): every N-th file of tests/gpu from the K-th
 # a1..a3 = gpu_suite.sh a; b1..b3 = gpu_suite.sh b. Bound: GPU_SUITE_LIMIT s for the whole share (default 170; queue
 # it at 180). Per test: GPU_SUITE_TEST_LIMIT s (default 120; a1 190: its float64 contract test took 105 s) through
@@ -43,13 +44,12 @@ case $share in
       run a2 signal -- "${files[@]}" ;;
   b1) run b1_spec signal -- tests/spec_decode/test_spec_gpu.py
       run b1 signal -- -m gpu tests/kernels ;;
-  b2) run b2 signal -- -m gpu tests/lora tests/quant ;;
-  b3) run b3_apply signal -- tests/structured/test_apply_device.py
+  b2) run b2 signal -- -m gpu tests/lora tests/quant
       # collection errors are modules the device cannot import (no jsonschema; the embedded SmolLM2 at import):
       # none holds a gpu-marked test (checked on CPU, session 12); -rfE names them at the end of the log
-      run b3 signal -- --continue-on-collection-errors -m gpu tests --ignore=tests/gpu --ignore=tests/kernels \
-        --ignore=tests/lora --ignore=tests/quant --ignore=tests/spec_decode/test_spec_gpu.py --ignore="$worker"
-      per_test=${GPU_SUITE_WORKER_LIMIT:-60} run b3_worker thread -- -o faulthandler_timeout=45 "$worker" ;;
+      run b2_rest signal -- --continue-on-collection-errors -m gpu tests --ignore=tests/gpu --ignore=tests/kernels \
+        --ignore=tests/lora --ignore=tests/quant --ignore=tests/spec_decode/test_spec_gpu.py --ignore="$worker" ;;
+  b3) per_test=${GPU_SUITE_WORKER_LIMIT:-125} run b3_worker thread -- -o faulthandler_timeout=110 "$worker" ;;
   [0-9]*) n=${2:?number of shares}
       mapfile -t files < <(ls tests/gpu/test_*.py | sort | awk -v k="$share" -v n="$n" '(NR - 1) % n == k')
       run "a${share}of$n" signal -- "${files[@]}" ;;
