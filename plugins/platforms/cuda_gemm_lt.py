@@ -1,0 +1,186 @@
+"""cuBLASLt called directly (ctypes), so a projection can run an algorithm other than the heuristic's first (issue 17).
+
+Why: torch runs ``F.linear`` through cuBLAS (or, with ``preferred_blas_library("cublaslt")``, cuBLASLt's first
+heuristic result). At the 8B run's 200-272-row decode steps those picks sit at 0.70-0.80 of the byte/FLOP roofline
+and vary by 10-20 % between neighbouring row counts (docs/performance.md, sessions 9-10); cuBLASLt's heuristic
+returns more candidates (other tiles, K splits, stage counts) that may run faster for one shape and row count.
+This module asks for them, describes each by its configuration attributes (algorithm id, tile, K split, reduction,
+swizzle, custom option, stages, inner and cluster shapes: :func:`describe`), and runs one. Nothing here picks:
+``benchmarks/gemm_lt_bench.py`` measures the candidates; a table of measured picks keys on those attributes,
+so a pick is found again in the heuristic's list of the same library and card, or not used.
+
+``y[M, N] = x[M, K] @ w[N, K]^T`` as torch's cuBLAS call does it (column-major ``y^T = op_T(w) x^T``), bf16/fp16
+in and out, fp32 compute and scale. Reduction schemes are limited to ones without in-place atomics
+(``REDUCTION_MASK``), so every algorithm returned gives the same bits on every run.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import glob
+import os
+
+CUDA_R_32F, CUDA_R_16F, CUDA_R_16BF = 0, 2, 14
+CUBLAS_COMPUTE_32F = 68
+DESC_TRANSA, DESC_TRANSB = 3, 4
+OP_N, OP_T = 0, 1
+PREF_MAX_WORKSPACE_BYTES, PREF_REDUCTION_SCHEME_MASK = 1, 3
+REDUCTION_MASK = 0x6  # COMPUTE_TYPE | OUTPUT_TYPE (NONE always allowed); not INPLACE (output-buffer atomics)
+#: cublasLtMatmulAlgoConfigAttributes_t: name -> (id, ctypes type)
+CONFIG = {"algo": (0, ctypes.c_int32), "tile": (1, ctypes.c_uint32), "splitk": (2, ctypes.c_uint32),
+          "reduction": (3, ctypes.c_uint32), "swizzle": (4, ctypes.c_uint32), "custom": (5, ctypes.c_uint32),
+          "stages": (6, ctypes.c_uint32), "inner": (7, ctypes.c_uint16), "cluster": (8, ctypes.c_uint16)}
+WORKSPACE_BYTES = 32 << 20
+
+_Algo = ctypes.c_uint64 * 8
+
+
+class _Heuristic(ctypes.Structure):
+    _fields_ = [("algo", _Algo), ("workspaceSize", ctypes.c_size_t), ("state", ctypes.c_int),
+                ("wavesCount", ctypes.c_float), ("reserved", ctypes.c_int * 4)]
+
+
+_LIB: dict = {}
+
+
+def library():
+    """libcublasLt (the one torch loaded: same soname), with argument types set; raises OSError if absent."""
+    if "lib" in _LIB:
+        return _LIB["lib"]
+    import torch  # noqa: F401 - loads torch's CUDA libraries first, so the soname resolves to torch's copy
+
+    names = ["libcublasLt.so.13", "libcublasLt.so.12"]
+    for d in [os.path.join(p, "lib") for p in _nvidia_dirs()]:
+        names += sorted(glob.glob(os.path.join(d, "libcublasLt.so*")))
+    err = None
+    for name in names:
+        try:
+            lib = ctypes.CDLL(name)
+            break
+        except OSError as e:
+            err = e
+    else:
+        raise OSError(f"libcublasLt not found ({err})")
+    vp, sz = ctypes.c_void_p, ctypes.c_size_t
+    lib.cublasLtCreate.argtypes = [ctypes.POINTER(vp)]
+    lib.cublasLtMatmulDescCreate.argtypes = [ctypes.POINTER(vp), ctypes.c_int, ctypes.c_int]
+    lib.cublasLtMatmulDescSetAttribute.argtypes = [vp, ctypes.c_int, vp, sz]
+    lib.cublasLtMatrixLayoutCreate.argtypes = [ctypes.POINTER(vp), ctypes.c_int, ctypes.c_uint64,
+                                               ctypes.c_uint64, ctypes.c_int64]
+    lib.cublasLtMatmulPreferenceCreate.argtypes = [ctypes.POINTER(vp)]
+    lib.cublasLtMatmulPreferenceSetAttribute.argtypes = [vp, ctypes.c_int, vp, sz]
+    lib.cublasLtMatmulAlgoGetHeuristic.argtypes = [vp, vp, vp, vp, vp, vp, vp, ctypes.c_int,
+                                                   ctypes.POINTER(_Heuristic), ctypes.POINTER(ctypes.c_int)]
+    lib.cublasLtMatmulAlgoConfigGetAttribute.argtypes = [ctypes.POINTER(_Algo), ctypes.c_int, vp, sz,
+                                                         ctypes.POINTER(sz)]
+    lib.cublasLtMatmul.argtypes = [vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, ctypes.POINTER(_Algo), vp, sz,
+                                   vp]
+    if hasattr(lib, "cublasLtGetVersion"):
+        lib.cublasLtGetVersion.restype = ctypes.c_size_t
+    _LIB["lib"] = lib
+    return lib
+
+
+def _nvidia_dirs() -> list[str]:
+    try:
+        import nvidia  # the wheels' namespace package (nvidia/cublas, nvidia/cu13)
+
+        return [os.path.join(p, sub) for p in nvidia.__path__ for sub in ("cublas", "cu13", "cu12")]
+    except ImportError:
+        return []
+
+
+def _ok(status: int, what: str) -> None:
+    if status != 0:
+        raise RuntimeError(f"cuBLASLt {what}: status {status}")
+
+
+def describe(algo) -> dict:
+    """The configuration attributes of one algorithm (:data:`CONFIG`)."""
+    lib = library()
+    out = {}
+    for name, (attr, ctype) in CONFIG.items():
+        v, n = ctype(0), ctypes.c_size_t(0)
+        st = lib.cublasLtMatmulAlgoConfigGetAttribute(ctypes.byref(algo), attr, ctypes.byref(v), ctypes.sizeof(v),
+                                                      ctypes.byref(n))
+        out[name] = int(v.value) if st == 0 else None  # (an attribute this library does not know)
+    return out
+
+
+class LtGemm:
+    """One cuBLASLt handle, a workspace and cached descriptors on the current CUDA device."""
+
+    def __init__(self) -> None:
+        import torch
+
+        self.lib = library()
+        self.handle = ctypes.c_void_p()
+        _ok(self.lib.cublasLtCreate(ctypes.byref(self.handle)), "create")
+        self.workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device="cuda")
+        self.alpha, self.beta = ctypes.c_float(1.0), ctypes.c_float(0.0)
+        self._descs: dict = {}
+        self._layouts: dict = {}
+        self.pref = ctypes.c_void_p()
+        _ok(self.lib.cublasLtMatmulPreferenceCreate(ctypes.byref(self.pref)), "preference")
+        ws, mask = ctypes.c_uint64(WORKSPACE_BYTES), ctypes.c_uint32(REDUCTION_MASK)
+        _ok(self.lib.cublasLtMatmulPreferenceSetAttribute(self.pref, PREF_MAX_WORKSPACE_BYTES, ctypes.byref(ws),
+                                                          8), "workspace preference")
+        _ok(self.lib.cublasLtMatmulPreferenceSetAttribute(self.pref, PREF_REDUCTION_SCHEME_MASK,
+                                                          ctypes.byref(mask), 4), "reduction preference")
+
+    def _desc(self, dtype):
+        d = self._descs.get(dtype)
+        if d is None:
+            d = ctypes.c_void_p()
+            _ok(self.lib.cublasLtMatmulDescCreate(ctypes.byref(d), CUBLAS_COMPUTE_32F, CUDA_R_32F), "desc")
+            t, n = ctypes.c_int32(OP_T), ctypes.c_int32(OP_N)
+            _ok(self.lib.cublasLtMatmulDescSetAttribute(d, DESC_TRANSA, ctypes.byref(t), 4), "transa")
+            _ok(self.lib.cublasLtMatmulDescSetAttribute(d, DESC_TRANSB, ctypes.byref(n), 4), "transb")
+            self._descs[dtype] = d
+        return d
+
+    def _layout(self, rows: int, cols: int, ld: int, cuda_type: int):
+        key = (rows, cols, ld, cuda_type)
+        lay = self._layouts.get(key)
+        if lay is None:
+            lay = ctypes.c_void_p()
+            _ok(self.lib.cublasLtMatrixLayoutCreate(ctypes.byref(lay), cuda_type, rows, cols, ld), "layout")
+            self._layouts[key] = lay
+        return lay
+
+    def _operands(self, M: int, N: int, K: int, dtype, ld_w: int, ld_x: int, ld_y: int):
+        import torch
+
+        ct = {torch.bfloat16: CUDA_R_16BF, torch.float16: CUDA_R_16F}[dtype]
+        # column-major: w [N, K] row-major = [K, N] (op T); x [M, K] = [K, M]; y [M, N] = [N, M]; lds = row strides
+        return (self._desc(dtype), self._layout(K, N, ld_w, ct), self._layout(K, M, ld_x, ct),
+                self._layout(N, M, ld_y, ct))
+
+    def algos(self, M: int, N: int, K: int, dtype, count: int = 16) -> list[tuple]:
+        """The heuristic's candidates for ``M`` rows of an ``[N, K]`` weight (contiguous operands): ``(algo,
+        workspace bytes, waves)``, in the heuristic's order (index 0 = its pick)."""
+        desc, a, b, c = self._operands(M, N, K, dtype, K, K, N)
+        res = (_Heuristic * count)()
+        got = ctypes.c_int(0)
+        _ok(self.lib.cublasLtMatmulAlgoGetHeuristic(self.handle, desc, a, b, c, c, self.pref, count, res,
+                                                    ctypes.byref(got)), "heuristic")
+        return [(_Algo(*r.algo), int(r.workspaceSize), float(r.wavesCount)) for r in res[:got.value]
+                if r.state == 0 and r.workspaceSize <= WORKSPACE_BYTES]
+
+    def matmul(self, x, weight, algo, out=None):
+        """``F.linear(x, weight)`` with ``algo`` on the current stream (capturable: the workspace is fixed)."""
+        import torch
+
+        M, K = x.shape
+        N = weight.shape[0]
+        if x.stride(1) != 1 or weight.stride(1) != 1 or weight.shape[1] != K:
+            raise ValueError(f"LtGemm: x {tuple(x.shape)} / weight {tuple(weight.shape)} need unit column strides")
+        if out is None:
+            out = torch.empty(M, N, dtype=x.dtype, device=x.device)
+        desc, a, b, c = self._operands(M, N, K, x.dtype, weight.stride(0), x.stride(0), out.stride(0))
+        stream = torch.cuda.current_stream().cuda_stream
+        _ok(self.lib.cublasLtMatmul(self.handle, desc, ctypes.byref(self.alpha), weight.data_ptr(), a,
+                                    x.data_ptr(), b, ctypes.byref(self.beta), out.data_ptr(), c, out.data_ptr(), c,
+                                    ctypes.byref(algo), self.workspace.data_ptr(), WORKSPACE_BYTES, stream),
+            "matmul")
+        return out
