@@ -22,7 +22,7 @@ def defaults(core: Any) -> dict:
 
     return {"park": async_gate.PARK, "early_fill": async_gate.EARLY_FILL, "start_wait": async_gate.FILL_START_WAIT_S,
             "devgate": grammar_device_gate.DEVICE_GATE, "graph": grammar_device_gate.GRAPH,
-            "poolaccept": so_mod.ACCEPT_ON_FILL_THREAD,
+            "poolaccept": so_mod.ACCEPT_ON_FILL_THREAD, "yield": so_mod.YIELD_AFTER_RELEASE,
             "inline": grammar_step.INLINE_AFTER_GATE, "handoff": grammar_step.HANDOFF_WAIT_S,
             "threads": core.structured.fill_threads, "kernel": grammar_step.PLATFORM_APPLY,
             "early": so_mod.EARLY_ACCEPT}
@@ -117,6 +117,13 @@ def build_modes(args: Any, so: Any, dflt: dict) -> dict:
         modes["json_async_graph"] = (so, True, False, False, None, {**dflt, "devgate": True, "graph": True})
         modes["json_async_devgate_postonly_graph"] = (so, True, False, False, None, {
             **dflt, "devgate": True, "gate_only": True, "post_only": True, "graph": True})
+        # session 12: no time.sleep(0) after releasing N+1's fill (structured_output.YIELD_AFTER_RELEASE), alone and
+        # on the floor (where the yield has no fill thread to hand the GIL to)
+        modes["json_async_noyield"] = (so, True, False, False, None, {**dflt, "devgate": True, "yield": False})
+        modes["json_async_graph_noyield"] = (so, True, False, False, None, {**dflt, "devgate": True, "graph": True,
+                                                                             "yield": False})
+        modes["json_async_devgate_postonly_noyield"] = (so, True, False, False, None, {
+            **dflt, "devgate": True, "gate_only": True, "post_only": True, "yield": False})
         # the device gate with no-op fill and accept (rows all open, nothing constrained): the floor of its structure
         modes["json_async_devgate_gateonly"] = (so, True, False, False, None, {**dflt, "devgate": True,
                                                                                  "gate_only": True})
@@ -169,6 +176,7 @@ def apply_knobs(core: Any, knobs: dict, on: bool, async_modes: bool, saved: dict
     grammar_device_gate.DEVICE_GATE = knobs.get("devgate", saved["devgate"])
     grammar_device_gate.GRAPH = knobs.get("graph", saved["graph"])
     so_mod.ACCEPT_ON_FILL_THREAD = knobs.get("poolaccept", saved["poolaccept"])
+    so_mod.YIELD_AFTER_RELEASE = knobs.get("yield", saved["yield"])
     xgm.ACCEPT_READBACK_KEEPS_GIL = knobs.get("readback", True)
     _accept_call().release_gil = not knobs.get("accept_gil", False)
     if knobs.get("gate_only"):
@@ -197,6 +205,7 @@ def restore(core: Any, saved: dict) -> None:
     grammar_device_gate.DEVICE_GATE = saved["devgate"]
     grammar_device_gate.GRAPH = saved["graph"]
     so_mod.ACCEPT_ON_FILL_THREAD = saved["poolaccept"]
+    so_mod.YIELD_AFTER_RELEASE = saved["yield"]
     async_gate.PARK, async_gate.EARLY_FILL = saved["park"], saved["early_fill"]
     async_gate.FILL_START_WAIT_S = saved["start_wait"]
     grammar_step.GrammarStep.start_on_pool = _START_ON_POOL
@@ -263,3 +272,35 @@ def baseline(mode: str, on: bool, interval: Any, knobs: dict) -> str:
     if on and "launch_wait" in knobs:
         base = "free_async_wait"
     return base
+
+
+class _HostGateApply:
+    """--host-gate (CPU): the runner's platform apply with a host stand-in for the device's wait: the step thread
+    spins (GIL released in short sleeps) until the word opens, where a GPU stream would wait; bounded like the
+    device's (30 s, then the step is marked given up and the host's check fails it)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def wait_host_flag(self, words: Any, seq: int) -> None:
+        import time
+
+        deadline = time.monotonic() + 30
+        while int(words[0]) < seq:
+            if time.monotonic() > deadline:
+                words[1] = seq
+                return
+            time.sleep(0.00005)
+
+    def __call__(self, logits: Any, packed: Any, index: Any, volatile: bool = False) -> Any:
+        from octavo.core.grammar_step import apply_packed
+
+        rows = list(range(len(packed))) if index is None else index.tolist()
+        return apply_packed(logits, rows, packed, kernel=self.inner)
+
+
+def install_host_gate(core: Any) -> None:
+    """The device gate's structure on a CPU engine (see :class:`_HostGateApply`)."""
+    runner = core.executor.driver.runner
+    runner.grammar_apply = _HostGateApply(runner.grammar_apply)
+    core.structured._cpu_hint["device_wait"] = True  # (set by a GPU runner's first apply)

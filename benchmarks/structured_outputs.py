@@ -53,9 +53,19 @@ def bench_decode(args) -> dict:
     for name in ("model", "tokenizer", "device", "quantization", "dtype", "load_format"):
         if getattr(args, name):
             kw[name] = getattr(args, name)
+    counter = None
+    if args.count_calls:  # (Python < 3.12: hooked before the engine's threads start; this run's timings are slower)
+        from call_counter import CallCounter
+
+        counter = CallCounter(skip=("wait_host_flag",))
+        counter.arm()
     llm = LLM(**kw)
     engine = llm.llm_engine
     core = engine.core
+    if args.host_gate:
+        from structured_modes import install_host_gate
+
+        install_host_gate(core)
     executor_cls = type(core.executor)
     overlapped = executor_cls.execute_structured
 
@@ -155,6 +165,13 @@ def bench_decode(args) -> dict:
                     for _ in range(args.stack_runs):  # (a 24-step GPU run is ~50 ms: ~100 samples)
                         run(m, sampler=sampler)
                 stacks[m] = sampler.report(top=25)
+        calls = {}
+        for m in args.count_calls or []:  # one more, untimed run of each mode: calls per full-batch step, by thread
+            if m in modes:
+                counter.counts.clear()
+                with counter:
+                    steps = len(run(m, sampler=counter))
+                calls[m] = counter.report(steps, top=80)
         med = {m: statistics.median(t) for m, t in times.items() if t}
         row = {f"{m}_ms_per_step": round(v * 1e3, 3) for m, v in med.items()}
         row.update({f"{m}_steps": len(t) for m, t in times.items()})
@@ -195,6 +212,8 @@ def bench_decode(args) -> dict:
             row["sample_outputs"] = samples
         if stacks:
             row["stack_samples"] = stacks
+        if calls:
+            row["call_counts"] = calls
         result[f"batch_{batch}"] = row
         if args.json:  # partial results survive a time limit that cuts the next batch short
             with open(args.json, "w") as f:
@@ -235,6 +254,14 @@ def main() -> None:
     ap.add_argument("--stack-sample", dest="stack_sample", nargs="+", default=None,
                     help="after the timed runs, one untimed run of each of these modes under a wall-clock stack "
                          "sampler (benchmarks/stack_sampler.py): what each thread does, in the JSON")
+    ap.add_argument("--count-calls", dest="count_calls", nargs="+", default=None,
+                    help="after the timed runs, one untimed run of each of these modes counting every thread's Python "
+                         "and C calls per full-batch step (benchmarks/call_counter.py; on Python < 3.12 every timing "
+                         "of this process is slowed by the hook)")
+    ap.add_argument("--host-gate", dest="host_gate", action="store_true",
+                    help="CPU: the device gate with a host stand-in for the device's wait (the step thread spins "
+                         "until the word opens, as tests/structured/test_device_gate.py), so the device-gate modes "
+                         "run their GPU structure on a CPU")
     ap.add_argument("--skip-decode", action="store_true")
     ap.add_argument("--skip-compile", action="store_true")
     ap.add_argument("--json", default=None, help="also write the result here")

@@ -34,6 +34,11 @@ EARLY_ACCEPT = True
 # there, in the job that then fills N+1, instead of on this thread, which goes on to update N and schedule N+2 at
 # once (the device, not this thread, waits for the masks). False: here (benchmark mode json_async_devgate_poolaccept).
 ACCEPT_ON_FILL_THREAD = False
+# After releasing N+1's fill: ``time.sleep(0)``, so a bitmask thread takes the GIL now. Session 11 measured the GIL
+# wait after it (``release_s``) at ~1.05 ms per step on the H100 when no fill thread exists (the no-grammar-work
+# floor): the yield can hand the GIL to the runner's thread instead, and this thread (update N, schedule N+2: the next
+# step's critical path) waits for it. Session 12 A/B: False = no yield (modes json_async_noyield, _postonly_noyield).
+YIELD_AFTER_RELEASE = True
 
 
 def _env_switch(name: str) -> bool:
@@ -328,7 +333,8 @@ class StructuredOutputManager:
             # queued on the bitmask thread and the yield lets that thread take the GIL now. Without it the other
             # thread waits until this one blocks or Python's 5 ms switch interval.
             hook(before) if before is not None else hook()
-            time.sleep(0)
+            if YIELD_AFTER_RELEASE:
+                time.sleep(0)
             self.stats["release_s"] += time.perf_counter() - t1
 
     def accept_sampled(self, sched_out: Any, result: Any) -> None:

@@ -37,8 +37,10 @@
 # wait + apply replayed as one CUDA graph included, 20 s); the grammar worker's GPU test with bounded waits (its start
 # capped at 25 s: prints when it was ready, or fails naming a slow start / a dead worker / a word never opened, 35 s);
 # the launch probe (the two launches vs the graph replay, host us; equal bits, 15 s); 135M: free_async, json_async,
-# json_async_graph (OCTAVO_GRAMMAR_GRAPH), the no-grammar-work floor with and without the graph, 3 repeats, stack
-# samples of the floor and the graph mode (55 s); then the 1.1B shape: json_async vs json_async_graph.
+# json_async_graph (OCTAVO_GRAMMAR_GRAPH), json_async_noyield (no time.sleep(0) after releasing the fill:
+# structured_output.YIELD_AFTER_RELEASE), both, and the no-grammar-work floor as is / with the graph / without the
+# yield, 3 repeats, stack samples of the floor and the graph mode (60 s); then the 1.1B shape: json_async vs
+# json_async_graph vs json_async_noyield.
 # STRUCTURED9_DRY=1: a CPU dry run (tiny shapes, few steps; the device modes then run the Python gate).
 set -u
 cd "$(dirname "$0")/../.."
@@ -127,23 +129,25 @@ if [ "$PART" = headline ]; then  # the engine as it ships (json_async = its defa
   exit 0
 fi
 if [ "$PART" = s12 ]; then  # session 12: see the header
-  S12=(--modes ${STRUCTURED12_MODES:-json_async json_async_graph json_async_devgate_postonly
-                json_async_devgate_postonly_graph} --wait-events off --repeats 3)
+  S12=(--modes ${STRUCTURED12_MODES:-json_async json_async_graph json_async_noyield json_async_graph_noyield
+                json_async_devgate_postonly json_async_devgate_postonly_graph json_async_devgate_postonly_noyield}
+       --wait-events off --repeats 3)
   if [ "$DRY" != 1 ]; then
     step apply_test 20 python3 -m pytest -q -p no:cacheprovider tests/structured/test_apply_device.py -k device_gate
-    step worker_test 35 env OCTAVO_TEST_WORKER_START_S=25 python3 -m pytest -q -s -p no:cacheprovider \
+    step worker_test 32 env OCTAVO_TEST_WORKER_START_S=25 python3 -m pytest -q -s -p no:cacheprovider \
          tests/structured/test_grammar_worker_gpu.py
     grep -E "grammar worker|step [0-9]" "$R/worker_test.log" | head -5
     step launch 15 python3 benchmarks/structured_devgate_probe.py --launch-only --json "$R/launch.json"
     cat "$R/launch.json" 2>/dev/null
   fi
   if [ "$XGR" = 1 ]; then
-    step smol135m_s12 $(( 55 * X )) python3 benchmarks/structured_outputs.py "${COMMON[@]}" "${S12[@]}" \
+    step smol135m_s12 $(( 60 * X )) python3 benchmarks/structured_outputs.py "${COMMON[@]}" "${S12[@]}" \
          --stack-sample json_async_devgate_postonly json_async_graph --stack-runs 2 --batches 32 \
+         --count-calls free_async json_async json_async_devgate_postonly json_async_graph \
          --model /tmp/structured9_smol135m --json "$R/smol135m_s12.json"
     grep -oE '"grammar_graph_[a-z]+": [^,}]*' "$R/smol135m_s12.json" 2>/dev/null
     step llama1b_s12 $(( $(left) - 1 * X )) python3 benchmarks/structured_outputs.py "${COMMON[@]}" \
-         --modes json_async json_async_graph --wait-events off --repeats 3 --batches 32 \
+         --modes json_async json_async_graph json_async_noyield --wait-events off --repeats 3 --batches 32 \
          --model /tmp/structured9_llama1b --json "$R/llama1b_s12.json"
   fi
   echo "structured9 s12 done in ${SECONDS}s"
