@@ -224,7 +224,7 @@ def ar_state(worker) -> str:
 
     return (f"{type(ar).__name__ if ar else 'nccl'}, defer_rows={getattr(ar, 'defer_rows', None)}, "
             f"ll={getattr(ar, 'll', None)}, push={getattr(ar, 'push', None)}, pdl={pdl_on()}, "
-            f"early_poll={getattr(ar, 'early_poll', None)}, norm_preload={getattr(ar, 'norm_preload', None)}")
+            f"early_poll={getattr(ar, 'early_poll', None)}, crossing_preload={getattr(ar, 'crossing_preload', None)}")
 
 
 def switch_all_reduce(worker, mode: str) -> str:
@@ -237,7 +237,7 @@ def switch_all_reduce(worker, mode: str) -> str:
     cuda_allreduce_ll.py) and ``+push`` (fused only: the row-parallel GEMV sends its output itself,
     cuda_allreduce_gemv.py) and ``+early`` (with push and pdl: the consumer polls the peer's words before its
     PDL wait, OCTAVO_TP_EARLY_POLL) and ``+rw`` (fused only: its kernel loads the residual and norm weight before its PDL
-    wait, OCTAVO_TP_NORM_PRELOAD) turn those on, their absence off; ``+w2``/``+w8``/``+w16``: the fused all-reduce +
+    wait, OCTAVO_TP_CROSSING_PRELOAD) turn those on, their absence off; ``+w2``/``+w8``/``+w16``: the fused all-reduce +
     norm kernel with that many warps (its rule: 4 up to 4096 wide); ``+n8``/``+n16``: every RMSNorm launch of <= 4 rows,
     plain (cuda_fusions) and fused, with that many warps (OCTAVO_NORM_SMALL_ROWS_WARPS; absent: the rule). Returns what runs now."""
     from octavo.nn import parallel
@@ -257,7 +257,7 @@ def switch_all_reduce(worker, mode: str) -> str:
     if "push" in flags and mode != "fused":
         raise ValueError(f"{label!r}: +push (cuda_allreduce_gemv.py) needs the fused mode")
     if "rw" in flags and mode != "fused":
-        raise ValueError(f"{label!r}: +rw (OCTAVO_TP_NORM_PRELOAD) needs the fused mode")
+        raise ValueError(f"{label!r}: +rw (OCTAVO_TP_CROSSING_PRELOAD) needs the fused mode")
     if "early" in flags and not {"push", "pdl"} <= set(flags):
         raise ValueError(f"{label!r}: +early (OCTAVO_TP_EARLY_POLL) needs +push and +pdl")
     set_pdl("pdl" in flags)
@@ -282,14 +282,14 @@ def switch_all_reduce(worker, mode: str) -> str:
             ar.early_poll = "early" in flags  # its consumer polls the peer's words before the PDL wait
             ar.num_pushed = 0
         ar.norm_warps = next((warps[f] for f in flags if f in warps), 0)  # the fused AR + norm kernel (0: its rule)
-        ar.norm_preload = "rw" in flags  # the fused kernel's residual + weight loads before its PDL wait
+        ar.crossing_preload = "rw" in flags  # the fused kernel's residual + weight loads before its PDL wait
     runner = getattr(worker.runner, "graph_runner", None)
     if runner is not None:
         runner.capture()
     return (f"{label}: {type(parallel._ALL_REDUCE).__name__}, "
             f"defer_rows={getattr(parallel._ALL_REDUCE, 'defer_rows', None)}, ll={getattr(ar, 'll', None)}, "
             f"push={getattr(ar, 'push', None)} ({getattr(ar, 'num_pushed', 0)} GEMVs pushed in the capture), "
-            f"early_poll={getattr(ar, 'early_poll', None)}, norm_preload={getattr(ar, 'norm_preload', None)}, "
+            f"early_poll={getattr(ar, 'early_poll', None)}, crossing_preload={getattr(ar, 'crossing_preload', None)}, "
             f"small_rows_norm_warps={norm_warps(1, 4096)}")
 
 

@@ -18,7 +18,7 @@
 #         re-captured per mode of DIST8_TP2_MODES (default: the defaults again, push off, push with PDL off = true
 #         per-kernel times) and last without any all-reduce (their in-step cost)   [session 7's dist7.sh]
 #   crossing (<= 110 s) session 12: the all-reduce + RMSNorm crossing (~6.5 us on the critical path twice a layer).
-#         One TP=2 engine STARTED with OCTAVO_TP_NORM_PRELOAD=1 (the fused kernel loads the residual row and norm weight
+#         One TP=2 engine STARTED with OCTAVO_TP_CROSSING_PRELOAD=1 (the fused kernel loads the residual row and norm weight
 #         before its PDL wait) and OCTAVO_NORM_SMALL_ROWS_WARPS=16 (every RMSNorm launch of <= 4 rows, plain and fused,
 #         on 16 warps instead of 4; fp8's one-row quantizing norm won with 16), so the fusion's bitwise start check runs
 #         with both (log); then re-captured: defaults, +rw, +n16, +rw+n16, +rw+n8, then the first four again
@@ -81,7 +81,7 @@ has ab && step 8b_tp2_ab 50 $TP --one 2 --tag ab --async-modes on --graph-replay
   --ar-modes $MODES --graph-replay-no-allreduce
 if has crossing; then
   # shellcheck disable=SC2086
-  step 8b_tp2_crossing 110 OCTAVO_TP_NORM_PRELOAD=1 OCTAVO_NORM_SMALL_ROWS_WARPS=16 $TP --one 2 --tag crossing \
+  step 8b_tp2_crossing 110 OCTAVO_TP_CROSSING_PRELOAD=1 OCTAVO_NORM_SMALL_ROWS_WARPS=16 $TP --one 2 --tag crossing \
     --async-modes on --graph-replay --layer-trace \
     --ar-modes $P $P+rw $P+n16 $P+rw+n16 $P+rw+n8 $P $P+rw $P+n16 $P+rw+n16
 fi

@@ -43,14 +43,21 @@ from octavo.plugins.platforms.cuda_allreduce import (
 )
 from octavo.plugins.platforms.cuda_allreduce_epochs import _begin_call
 from octavo.plugins.platforms.cuda_allreduce_gemv import (
+    crossing_preload_setting,
     early_poll_setting,
     gemv_push,
-    norm_preload_setting,
     plain_gemv_config,
     push_eligible,
     push_setting,
 )
-from octavo.plugins.platforms.cuda_allreduce_ll import LL_CAP_WORDS, _ll_receive, _ll_store_to_peers, ll_fits
+from octavo.plugins.platforms.cuda_allreduce_ll import (
+    LL_CAP_WORDS,
+    _ll_base,
+    _ll_poll_at,
+    _ll_receive,
+    _ll_store_to_peers,
+    ll_fits,
+)
 from octavo.plugins.platforms.cuda_fusions import norm_warps
 from octavo.plugins.platforms.cuda_pdl import launch_opts, pdl_on
 
@@ -71,16 +78,19 @@ def _one_shot_add_rms_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, n_cols
     the crossing overlaps the local GEMV's tail and the wait's release; the call index is read from the counters
     the previous protocol call left (complete: every kernel before the predecessor has finished under PDL's rule).
     Same rank-order sum (two ranks: fp32 addition of two values commutes), so the same bits.
-    ``PRE`` (``OCTAVO_TP_NORM_PRELOAD``): the residual row, the norm weight and the call index load before the PDL
-    wait: the weight never changes, the residual and the counters come from kernels before the predecessor (complete
-    by PDL's rule, as for EARLY's counters; without PDL the predecessor is complete anyway), so the poll after the
-    wait no longer waits for the counter load, and the residual load no longer follows the poll loop."""
+    ``PRE`` (``OCTAVO_TP_CROSSING_PRELOAD``): the residual row, the norm weight, the call index and (LL) this rank's
+    LL region address load before the PDL wait: the weight and the address never change, the residual and the
+    counters come from kernels before the predecessor (complete by PDL's rule, as for EARLY's counters; without PDL
+    the predecessor is complete anyway), so the poll after the wait waits for no other load, and the residual load
+    no longer follows the poll loop."""
     if PRE or EARLY:
         pre = tl.load(counters + tl.program_id(0), volatile=True) + 1  # the index _begin_call takes below
     if PRE:
         pre_cols = tl.arange(0, BLOCK)
         r = tl.load(res_ptr + tl.program_id(0) * n_cols + pre_cols, mask=pre_cols < n_cols, other=0.0)
         w = tl.load(w_ptr + pre_cols, mask=pre_cols < n_cols, other=0.0).to(tl.float32)
+        if LL:
+            own_ll = _ll_base(ll_table, RANK)
     if EARLY:
         peer = _ll_receive(ll_table, 1 - RANK, tl.program_id(0) * n_cols + tl.arange(0, BLOCK),
                            tl.arange(0, BLOCK) < n_cols, pre % 2, pre, x_ptr, RANK, WORLD, LL_CAP)
@@ -105,6 +115,8 @@ def _one_shot_add_rms_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, n_cols
             v = x
         elif EARLY:
             v = peer
+        elif LL and PRE:
+            v = _ll_poll_at(own_ll, k, offs, mask, parity, epoch, x_ptr, WORLD, LL_CAP)
         elif LL:
             v = _ll_receive(ll_table, k, offs, mask, parity, epoch, x_ptr, RANK, WORLD, LL_CAP)
         else:
@@ -139,7 +151,7 @@ def all_reduce_add_rms_norm(ar: OneShotAllReduce, x: torch.Tensor, residual: tor
                                       ar.counters, ar.max_bytes // x.element_size(),
                                       ar.ll_table if ll else ar.flag_table, RANK=ar.rank, WORLD=ar.world,
                                       MAXG=MAX_CTAS, BLOCK=block, LL=ll, LL_CAP=LL_CAP_WORDS if ll else 0,
-                                      PUSHED=pushed, EARLY=early, PRE=getattr(ar, "norm_preload", False),
+                                      PUSHED=pushed, EARLY=early, PRE=getattr(ar, "crossing_preload", False),
                                       num_warps=getattr(ar, "norm_warps", 0) or norm_warps(rows, d), **opts)
     ar.num_calls += 1
     return out.view(residual.shape), res_out.view(residual.shape)
@@ -200,7 +212,7 @@ def maybe_fuse_all_reduce_norm(handle, runner_cls) -> dict | None:
     push_on, push_explicit = push_setting()
     for name, (on, explicit) in (("OCTAVO_TP_GEMV_PUSH", (push_on, push_explicit)),
                                  ("OCTAVO_TP_EARLY_POLL", early_poll_setting()),
-                                 ("OCTAVO_TP_NORM_PRELOAD", norm_preload_setting())):
+                                 ("OCTAVO_TP_CROSSING_PRELOAD", crossing_preload_setting())):
         if on and explicit and (env == "0" or not isinstance(ar, OneShotAllReduce)):
             raise ValueError(f"{name}=1 needs the all-reduce + RMSNorm fusion (tensor parallelism on CUDA with the "
                              "one-shot all-reduce, OCTAVO_TP_ALLREDUCE_FUSE_NORM not 0); unset one of them")
@@ -221,8 +233,8 @@ def maybe_fuse_all_reduce_norm(handle, runner_cls) -> dict | None:
     if off is not None:
         if ar.push and push_explicit:  # OCTAVO_TP_GEMV_PUSH=1 asked for what this model cannot have: refused
             raise ValueError(f"OCTAVO_TP_GEMV_PUSH=1 needs the all-reduce + RMSNorm fusion, off for this model: {off}")
-        if norm_preload_setting()[1] and norm_preload_setting()[0]:
-            raise ValueError(f"OCTAVO_TP_NORM_PRELOAD=1 needs the all-reduce + RMSNorm fusion, off for this model: {off}")
+        if crossing_preload_setting()[1] and crossing_preload_setting()[0]:
+            raise ValueError(f"OCTAVO_TP_CROSSING_PRELOAD=1 needs the all-reduce + RMSNorm fusion, off for this model: {off}")
         logger.info("all-reduce + RMSNorm fusion off: %s", off)
         ar.push = False
         return None
@@ -231,7 +243,7 @@ def maybe_fuse_all_reduce_norm(handle, runner_cls) -> dict | None:
     rows_layers = [m for m in handle.model.modules() if isinstance(m, RowParallelLinear) and m.bias is None
                    and m.reduce_results]  # a bias is added after the sum: that layer keeps its plain all-reduce
     ar.defer_width = next(iter(hidden))  # before wrapping (the GEMV push's eligibility) and the check
-    ar.norm_preload = norm_preload_setting()[0]  # the fused kernel's PRE: in every checking forward below (bitwise)
+    ar.crossing_preload = crossing_preload_setting()[0]  # the fused kernel's PRE: in every checking forward below (bitwise)
     for m in norms:
         _wrap_norm(m, ar)
     for m in rows_layers:
@@ -269,7 +281,7 @@ def maybe_fuse_all_reduce_norm(handle, runner_cls) -> dict | None:
                          "pushed words before the PDL wait); unset it")
     return {"row_parallel": len(rows_layers), "norms": len(norms), "rows": ar.defer_rows, "push": ar.push,
             "early_poll": bool(ar.push and getattr(ar, "early_poll", False)),
-            "norm_preload": bool(ar.defer_rows and ar.norm_preload)}
+            "crossing_preload": bool(ar.defer_rows and ar.crossing_preload)}
 
 
 def _agreed(ar: OneShotAllReduce, ok: bool, device) -> bool:

@@ -35,7 +35,13 @@ import triton
 import triton.language as tl
 
 from octavo.env_flags import env_switch
-from octavo.plugins.platforms.cuda_allreduce_ll import LL_CAP_WORDS, _ll_store_to_peers, ll_fits
+from octavo.plugins.platforms.cuda_allreduce_ll import (
+    LL_CAP_WORDS,
+    _ll_base,
+    _ll_store_at,
+    _ll_store_to_peers,
+    ll_fits,
+)
 from octavo.plugins.platforms.cuda_pdl import gdc_launch_dependents, gdc_wait, launch_opts
 
 # an unset OCTAVO_TP_GEMV_PUSH: on since session 7 batch 1 (2x H100, 8B TP=2 bs1, same engine: graph 3.19 -> 3.06 ms,
@@ -64,17 +70,19 @@ def early_poll_setting() -> tuple[bool, bool]:
             bool(os.environ.get("OCTAVO_TP_EARLY_POLL", "").strip()))
 
 
-# an unset OCTAVO_TP_NORM_PRELOAD: off until measured (session 12 batch 1 A/B, dist8.sh part crossing). On: the fused
-# all-reduce + RMSNorm kernel (cuda_allreduce_fusion.py) loads its residual row and norm weight before its PDL wait
-# instead of after polling the peer's words; same loads, same arithmetic, so the same bits (checked at start).
-NORM_PRELOAD_DEFAULT = False
+# an unset OCTAVO_TP_CROSSING_PRELOAD: off until measured (session 12 batch 1 A/B, dist8.sh part crossing). On: the
+# crossing's loads that do not depend on its predecessor move off its critical path: the fused all-reduce + RMSNorm
+# kernel (cuda_allreduce_fusion.py) loads its residual row, norm weight and call index before its PDL wait (not
+# after polling the peer's words), the pushing GEMV its call index at its start (not before its push); same loads,
+# same arithmetic, so the same bits (checked at start).
+CROSSING_PRELOAD_DEFAULT = False
 
 
-def norm_preload_setting() -> tuple[bool, bool]:
-    """``(on, explicit)`` from ``OCTAVO_TP_NORM_PRELOAD`` (unset: :data:`NORM_PRELOAD_DEFAULT`); explicitly 1 where the
+def crossing_preload_setting() -> tuple[bool, bool]:
+    """``(on, explicit)`` from ``OCTAVO_TP_CROSSING_PRELOAD`` (unset: :data:`CROSSING_PRELOAD_DEFAULT`); explicitly 1 where the
     fusion is off is an error (nothing to apply to)."""
-    return (env_switch("OCTAVO_TP_NORM_PRELOAD", default=NORM_PRELOAD_DEFAULT),
-            bool(os.environ.get("OCTAVO_TP_NORM_PRELOAD", "").strip()))
+    return (env_switch("OCTAVO_TP_CROSSING_PRELOAD", default=CROSSING_PRELOAD_DEFAULT),
+            bool(os.environ.get("OCTAVO_TP_CROSSING_PRELOAD", "").strip()))
 
 
 def push_for_world(world: int) -> bool:
@@ -87,9 +95,13 @@ def push_for_world(world: int) -> bool:
 @triton.jit
 def _gemv_push_kernel(x_ptr, w_ptr, y_ptr, N, K, stride_wn, ll_table, counters, RANK: tl.constexpr,
                       WORLD: tl.constexpr, CAP: tl.constexpr, EVEN: tl.constexpr, BLOCK_N: tl.constexpr,
-                      BLOCK_K: tl.constexpr, PDL: tl.constexpr = False):
+                      BLOCK_K: tl.constexpr, PDL: tl.constexpr = False, PRE: tl.constexpr = False):
     """cuda_fusions._gemv_kernel without bias (same tiles, same sums), then this program's outputs pushed as LL
-    words into every peer's slot [parity][RANK] for the coming call."""
+    words into every peer's slot [parity][RANK] for the coming call. ``PRE`` (``OCTAVO_TP_CROSSING_PRELOAD``): the
+    call index (after the PDL wait) and, at two ranks, the peer's LL region address (fixed since start) are read at
+    the start, not after the sums: the push at the tail no longer waits for those two loads."""
+    if PRE and WORLD == 2:
+        peer_ll = _ll_base(ll_table, 1 - RANK)
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     nm = n < N
     rows = w_ptr + n.to(tl.int64)[:, None] * stride_wn
@@ -103,12 +115,16 @@ def _gemv_push_kernel(x_ptr, w_ptr, y_ptr, N, K, stride_wn, ll_table, counters, 
             w = tl.load(rows + kk[None, :], mask=nm[:, None] & (kk[None, :] < K), other=0.0)
         gdc_wait()
         gdc_launch_dependents()
+        if PRE:
+            epoch = tl.load(counters) + 1  # as below: every earlier call of this rank has finished
         if EVEN:
             x = tl.load(x_ptr + kk)
         else:
             x = tl.load(x_ptr + kk, mask=kk < K, other=0.0)
         acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
         k0 = BLOCK_K
+    elif PRE:
+        epoch = tl.load(counters) + 1
     for k in range(k0, K, BLOCK_K):
         kk = k + tl.arange(0, BLOCK_K)
         if EVEN:
@@ -120,8 +136,12 @@ def _gemv_push_kernel(x_ptr, w_ptr, y_ptr, N, K, stride_wn, ll_table, counters, 
         acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
     y = tl.sum(acc, 1).to(y_ptr.dtype.element_ty)
     tl.store(y_ptr + n, y, mask=nm)
-    epoch = tl.load(counters) + 1  # the consumer's call index: every earlier call of this rank has finished
-    _ll_store_to_peers(y, n, nm, ll_table, epoch % 2, epoch, RANK, WORLD, CAP)
+    if not PRE:
+        epoch = tl.load(counters) + 1  # the consumer's call index: every earlier call of this rank has finished
+    if PRE and WORLD == 2:
+        _ll_store_at(y, n, nm, peer_ll, epoch % 2, epoch, RANK, WORLD, CAP)
+    else:
+        _ll_store_to_peers(y, n, nm, ll_table, epoch % 2, epoch, RANK, WORLD, CAP)
 
 
 def plain_gemv_config(N: int, K: int, dtype: torch.dtype, device: torch.device | None = None) -> dict | None:
@@ -165,6 +185,6 @@ def gemv_push(ar, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | None:
     block_n = cfg.pop("BLOCK_N")
     _gemv_push_kernel[(triton.cdiv(N, block_n),)](x, weight, y, N, K, weight.stride(0), ar.ll_table, ar.counters,
                                                   RANK=ar.rank, WORLD=ar.world, CAP=LL_CAP_WORDS, BLOCK_N=block_n,
-                                                  **cfg, **launch_opts())
+                                                  PRE=getattr(ar, "crossing_preload", False), **cfg, **launch_opts())
     ar.num_pushed = getattr(ar, "num_pushed", 0) + 1  # launches (host side; benchmarks report it)
     return y

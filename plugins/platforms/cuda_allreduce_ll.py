@@ -31,9 +31,23 @@ LL_CAP_WORDS = LL_REGION_BYTES_PER_SLOT // 8
 
 
 @triton.jit
+def _ll_base(ll_table, r):
+    """Rank ``r``'s LL region (an int64 pointer; ``ll_table`` never changes after start, so callers may load it early)."""
+    return tl.load(ll_table + r).to(tl.pointer_type(tl.int64))
+
+
+@triton.jit
+def _ll_store_at(vals, offs, mask, base, parity, epoch, RANK: tl.constexpr, WORLD: tl.constexpr, CAP: tl.constexpr):
+    """Push 16-bit ``vals`` at ``offs`` as tagged words into slot [parity][RANK] of the region at ``base``."""
+    words = (epoch.to(tl.int64) << 16) | (vals.to(tl.int16, bitcast=True).to(tl.int64) & 0xFFFF)
+    tl.store(base + (parity * WORLD + RANK) * CAP + offs, words, mask=mask)
+
+
+@triton.jit
 def _ll_store_to_peers(vals, offs, mask, ll_table, parity, epoch, RANK: tl.constexpr, WORLD: tl.constexpr,
                        CAP: tl.constexpr):
-    """Push 16-bit ``vals`` at ``offs`` as tagged words into slot [parity][RANK] of every peer's LL region."""
+    """Push 16-bit ``vals`` at ``offs`` as tagged words into slot [parity][RANK] of every peer's LL region (the words
+    are :func:`_ll_store_at`'s; kept in this order, the default kernels' instructions stay those of session 11)."""
     words = (epoch.to(tl.int64) << 16) | (vals.to(tl.int16, bitcast=True).to(tl.int64) & 0xFFFF)
     for k in tl.static_range(WORLD):
         if k != RANK:
@@ -42,16 +56,22 @@ def _ll_store_to_peers(vals, offs, mask, ll_table, parity, epoch, RANK: tl.const
 
 
 @triton.jit
-def _ll_receive(ll_table, k, offs, mask, parity, epoch, like_ptr, RANK: tl.constexpr, WORLD: tl.constexpr,
-                CAP: tl.constexpr):
-    """Peer ``k``'s 16-bit values at ``offs`` of this call: poll the words of slot [parity][k] of this rank's
-    region until every one carries ``epoch``."""
-    src = tl.load(ll_table + RANK).to(tl.pointer_type(tl.int64)) + (parity * WORLD + k) * CAP + offs
+def _ll_poll_at(base, k, offs, mask, parity, epoch, like_ptr, WORLD: tl.constexpr, CAP: tl.constexpr):
+    """Peer ``k``'s 16-bit values at ``offs`` of this call: poll the words of slot [parity][k] of the region at
+    ``base`` (this rank's) until every one carries ``epoch``."""
+    src = base + (parity * WORLD + k) * CAP + offs
     want = epoch.to(tl.int64)
     w = tl.load(src, mask=mask, other=0, volatile=True)
     while tl.min((((w >> 16) == want) | (mask == 0)).to(tl.int32), 0) == 0:  # masked lanes count as arrived
         w = tl.load(src, mask=mask, other=0, volatile=True)
     return (w & 0xFFFF).to(tl.int16).to(like_ptr.dtype.element_ty, bitcast=True)
+
+
+@triton.jit
+def _ll_receive(ll_table, k, offs, mask, parity, epoch, like_ptr, RANK: tl.constexpr, WORLD: tl.constexpr,
+                CAP: tl.constexpr):
+    """Peer ``k``'s 16-bit values at ``offs`` of this call, polled in this rank's LL region."""
+    return _ll_poll_at(_ll_base(ll_table, RANK), k, offs, mask, parity, epoch, like_ptr, WORLD, CAP)
 
 
 @triton.jit

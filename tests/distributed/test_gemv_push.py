@@ -113,16 +113,16 @@ def _rank_main(rank: int, tmp: str, port: str) -> None:
         got = forward()
         assert all(torch.equal(a, b) for a, b in zip(want, got)), "early-polled consumer differs"
     assert early == [(True, False)] * 4, early  # two fused consumers a forward (the receive-only one is not fused)
-    # OCTAVO_TP_NORM_PRELOAD: residual row, norm weight and call index loaded before the wait (pushed alone, with
+    # OCTAVO_TP_CROSSING_PRELOAD: residual row, norm weight and call index loaded before the wait (pushed alone, with
     # EARLY, pushed again (the other parity), then the unpushed deferral: the flag protocol's fused consumer)
-    ar.early_poll, ar.norm_preload = False, True
+    ar.early_poll, ar.crossing_preload = False, True
     early.clear()
     for poll, push in ((False, True), (True, True), (False, True), (False, False)):
         ar.early_poll, ar.push = poll, push
         got = forward()
         assert all(torch.equal(a, b) for a, b in zip(want, got)), f"preloading consumer differs ({poll}, {push})"
     assert early == [(False, True)] * 2 + [(True, True)] * 2 + [(False, True)] * 4, early
-    caf._one_shot_add_rms_kernel, caf.launch_opts, ar.early_poll, ar.norm_preload = real_kernel, real_opts, False, False
+    caf._one_shot_add_rms_kernel, caf.launch_opts, ar.early_poll, ar.crossing_preload = real_kernel, real_opts, False, False
     dist.destroy_process_group()
 
 
@@ -185,15 +185,15 @@ if __name__ == "__main__":
     _rank_main(int(sys.argv[1]), sys.argv[2], sys.argv[3])
 
 
-@pytest.mark.parametrize("name", ["OCTAVO_TP_EARLY_POLL", "OCTAVO_TP_NORM_PRELOAD"])
+@pytest.mark.parametrize("name", ["OCTAVO_TP_EARLY_POLL", "OCTAVO_TP_CROSSING_PRELOAD"])
 @pytest.mark.parametrize("value,want", [(None, (False, False)), ("0", (False, True)), ("1", (True, True))])
 def test_early_poll_and_preload_switches(monkeypatch, name, value, want):
-    """OCTAVO_TP_EARLY_POLL (measured slower) and OCTAVO_TP_NORM_PRELOAD: unset = off, 0 off, 1 on (explicit: an
+    """OCTAVO_TP_EARLY_POLL (measured slower) and OCTAVO_TP_CROSSING_PRELOAD: unset = off, 0 off, 1 on (explicit: an
     error where the fusion is off); anything else is refused naming it."""
     from octavo.plugins.platforms import cuda_allreduce_gemv as cag
 
     setting = {"OCTAVO_TP_EARLY_POLL": cag.early_poll_setting,
-               "OCTAVO_TP_NORM_PRELOAD": cag.norm_preload_setting}[name]
+               "OCTAVO_TP_CROSSING_PRELOAD": cag.crossing_preload_setting}[name]
     if value is None:
         monkeypatch.delenv(name, raising=False)
     else:
@@ -204,7 +204,7 @@ def test_early_poll_and_preload_switches(monkeypatch, name, value, want):
         setting()
 
 
-@pytest.mark.parametrize("name", ["OCTAVO_TP_GEMV_PUSH", "OCTAVO_TP_EARLY_POLL", "OCTAVO_TP_NORM_PRELOAD"])
+@pytest.mark.parametrize("name", ["OCTAVO_TP_GEMV_PUSH", "OCTAVO_TP_EARLY_POLL", "OCTAVO_TP_CROSSING_PRELOAD"])
 def test_explicit_push_or_early_poll_without_the_fusion_is_refused(monkeypatch, name):
     """Asked for explicitly where the all-reduce + RMSNorm fusion is off: an error naming it, never ignored."""
     from octavo.plugins.platforms import cuda_allreduce_fusion as caf

@@ -71,14 +71,14 @@ def _worker(rank: int, port: int, out: str) -> None:
     # fixed tiles (cuda_gemv_table.py) unlike the autotuner's: the plain and the pushing GEMV both take them
     tiles = {(4096, 2048): (4, 2048, 4, 2), (4096, 7168): (4, 1024, 4, 3)}
     # then the fused consumer polls the peer's words before its PDL wait (OCTAVO_TP_EARLY_POLL); last it loads the
-    # residual + norm weight before the wait (OCTAVO_TP_NORM_PRELOAD), also with every <= 4-row norm (the plain
+    # residual + norm weight before the wait (OCTAVO_TP_CROSSING_PRELOAD), also with every <= 4-row norm (the plain
     # reference's too) on 16 warps (OCTAVO_NORM_SMALL_ROWS_WARPS)
     for fixed, pdl, early, pre, nw16 in ((None, False, False, False, False), (None, True, False, False, False),
                                          (tiles, True, False, False, False), (None, True, True, False, False),
                                          (None, True, False, True, False), (None, True, False, True, True)):
         set_pdl(pdl)
         set_override(fixed)
-        ar.early_poll, ar.norm_preload = early, pre
+        ar.early_poll, ar.crossing_preload = early, pre
         set_small_rows_norm_warps(16 if nw16 else 0)
         tag = ("tiles " if fixed else "") + ("pdl " if pdl else "") + ("early " if early else "") + \
             ("preload " if pre else "") + ("16 warps " if nw16 else "")
