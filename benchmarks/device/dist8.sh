@@ -18,8 +18,9 @@
 #         re-captured per mode of DIST8_TP2_MODES (default: the defaults again, push off, push with PDL off = true
 #         per-kernel times) and last without any all-reduce (their in-step cost)   [session 7's dist7.sh]
 #   crossing (<= 110 s) session 12: the all-reduce + RMSNorm crossing (~6.5 us on the critical path twice a layer).
-#         One TP=2 engine STARTED with OCTAVO_TP_CROSSING_PRELOAD=1 (the fused kernel loads the residual row and norm weight
-#         before its PDL wait) and OCTAVO_NORM_SMALL_ROWS_WARPS=16 (every RMSNorm launch of <= 4 rows, plain and fused,
+#         One TP=2 engine STARTED with OCTAVO_TP_CROSSING_PRELOAD=1 (loads off the crossing's critical path: the fused
+#         kernel's residual row, norm weight, call index and LL address before its PDL wait, the pushing GEMV's call
+#         index and peer address at its start) and OCTAVO_NORM_SMALL_ROWS_WARPS=16 (every RMSNorm launch of <= 4 rows, plain and fused,
 #         on 16 warps instead of 4; fp8's one-row quantizing norm won with 16), so the fusion's bitwise start check runs
 #         with both (log); then re-captured: defaults, +rw, +n16, +rw+n16, +rw+n8, then the first four again
 #         (graph + ms/token + tokens + per-layer kernel trace each). TP=1 is not run: n16 would be a TP>=2 default.
