@@ -317,6 +317,17 @@ def linear(x, weight, out_dtype=None):
     N, K = weight.shape
     cfg = lookup(x.shape[0], N, K, LOGITS_TABLE if out_dtype is not None else TABLE)
     if cfg is None:
+        if out_dtype is None and x.device.type == "cuda":
+            import torch.nn.functional as F
+
+            from octavo.plugins.platforms import cuda_gemm_lt as lt
+
+            pick = lt.pick(x.shape[0], N, K)
+            algo = lt.usable(x, weight, pick) if pick is not None else None
+            if algo is not None and first_use_ok(
+                    _STATE["checked"], (N, K, "lt", x.shape[0], x.dtype), lambda: lt.linear(x, weight, algo),
+                    lambda: F.linear(x, weight), f"cuBLASLt candidate {pick} for [{N}, {K}] weights"):
+                return lt.linear(x, weight, algo)
         if out_dtype is None and x.device.type == "cuda" and blas_library(x.shape[0], N, K) == "cublaslt":
             import torch.nn.functional as F
 

@@ -184,3 +184,79 @@ class LtGemm:
                                     ctypes.byref(algo), self.workspace.data_ptr(), WORKSPACE_BYTES, stream),
             "matmul")
         return out
+
+
+#: (device name, N, K) of the weight -> [(most rows, config or None)], ascending as ``cuda_gemm.BLAS_TABLE``: a launch of
+#: M rows takes the first entry whose bound is >= M; a config (``describe``'s attributes of the candidate measured
+#: fastest by ``benchmarks/gemm_lt_bench.py`` on that card) runs that candidate if this library's heuristic offers
+#: it for the shape and row count, else cuBLAS (logged once); None or not listed: ``cuda_gemm``'s other routes.
+#: Bounds are graph batch sizes (multiples of 8), so an entry covers one size. Empty: not measured.
+LT_TABLE: dict[tuple[str, int, int], list[tuple[int, dict | None]]] = {}
+COUNT = 16  # heuristic candidates searched for a tabled config (the bench's --count)
+_RUN: dict = {"gemm": {}, "found": {}, "name": {}}
+
+
+def _device_name() -> str:
+    import torch
+
+    index = torch.cuda.current_device()
+    if index not in _RUN["name"]:
+        _RUN["name"][index] = torch.cuda.get_device_name(index)
+    return _RUN["name"][index]
+
+
+def pick(M: int, N: int, K: int) -> dict | None:
+    """:data:`LT_TABLE`'s config for ``M`` rows of an ``[N, K]`` weight on this card, or None."""
+    if not LT_TABLE:
+        return None
+    for most, cfg in LT_TABLE.get((_device_name(), N, K), ()):
+        if M <= most:
+            return cfg
+    return None
+
+
+def _gemm() -> LtGemm:
+    import torch
+
+    index = torch.cuda.current_device()
+    if index not in _RUN["gemm"]:
+        _RUN["gemm"][index] = LtGemm()
+    return _RUN["gemm"][index]
+
+
+def find(M: int, N: int, K: int, dtype, cfg: dict):
+    """The heuristic's candidate with the attributes ``cfg`` for this shape and row count (cached), or None."""
+    key = (_device_name(), M, N, K, dtype, tuple(sorted(cfg.items())))
+    if key not in _RUN["found"]:
+        algo = None
+        for cand, _ws, _waves in _gemm().algos(M, N, K, dtype, COUNT):
+            if describe(cand) == cfg:
+                algo = cand
+                break
+        if algo is None:
+            import logging
+
+            logging.getLogger(__name__).warning("cuBLASLt offers no candidate %s for [%d, %d] weights at %d rows "
+                                                "here: cuBLAS runs it", cfg, N, K, M)
+        _RUN["found"][key] = algo
+    return _RUN["found"][key]
+
+
+def usable(x, weight, cfg: dict):
+    """The tabled candidate ``cfg`` for this call, or None (the caller's route): not offered here, or operands it
+    was not chosen for (row strides other than K, bases not 256-byte aligned: the heuristic's default assumptions;
+    the output is a fresh, aligned allocation)."""
+    M, K = x.shape
+    N = weight.shape[0]
+    if x.stride(0) != K or weight.stride(0) != K or x.data_ptr() % 256 or weight.data_ptr() % 256:
+        return None
+    import torch
+
+    if torch.cuda.current_device() not in _RUN["gemm"] and torch.cuda.is_current_stream_capturing():
+        return None  # (its workspace is allocated outside a capture: the eager first use comes first)
+    return find(M, N, K, x.dtype, cfg)
+
+
+def linear(x, weight, algo):
+    """``F.linear(x, weight)`` with ``algo`` (from :func:`usable`)."""
+    return _gemm().matmul(x, weight, algo)
