@@ -4,7 +4,7 @@
 # Runs from the repo root; JSON + logs to $OUT/dist/dist8/. Dummy-weight Llama-3 shapes, bf16. NVLink multicast stays
 # off: NCCL_NVLS_ENABLE / TORCH_SYMM_MEM_DISABLE_MULTICAST are recorded, never changed. Every step has a hard cap.
 # Warm-up: every engine times 16 untimed tokens (Triton compile, autotune, graph capture) before its timed runs.
-#   DIST8_PARTS (space separated; default "test early tp1"), run in the order test, gemv, early, table, ab, crossing, tp1,
+#   DIST8_PARTS (space separated; default "test early tp1"), run in the order test, gemv, early, table, ab, crossing, tp1, tp2,
 #   test6, ar, nccl, goal, 70b (each step capped: a protocol that hangs costs only its step):
 #   gemv  (<= 58 s) one TP=2 engine (mp, async) in the defaults: batch-1 ms/token + graph; then every rank sweeps the
 #         batch-1 GEMV tiles per weight shape in a PDL chain on its real weights (benchmarks/gpu_tp_gemv.py), and the
@@ -25,6 +25,8 @@
 #         with both (log); then re-captured: defaults, +rw, +n16, +rw+n16, +rw+n8, then the first four again
 #         (graph + ms/token + tokens + per-layer kernel trace each). TP=1 is not run: n16 would be a TP>=2 default.
 #   tp1   (<= 26 s) TP=1 (uni, async) in the defaults, then re-captured in the defaults: the denominators
+#   tp2   (<= 40 s) TP=2 (mp, async) batch 1 in the defaults as started, max_num_seqs 8 as tp1's (the goal engine's
+#         batch 1 runs at max_num_seqs 512, ~0.04 ms slower in session 11): the like-for-like numerator
 #   test  (<= 60 s) 2 GPUs: the pushing GEMV + fused norm / receive-only kernel == NCCL + unfused norm, bitwise, also
 #         with fixed GEMV tiles (cuda_gemv_table.py), the early poll, the preload (+16 warps); a layer's PDL chain == without
 #   test6 (<= 45 s) 2 GPUs: one-shot all-reduce / all-gather / all-reduce + RMSNorm == NCCL (+ unfused norm) bitwise,
@@ -87,6 +89,8 @@ if has crossing; then
     --ar-modes $P $P+rw $P+n16 $P+rw+n16 $P+rw+n8 $P $P+rw $P+n16 $P+rw+n16
 fi
 has tp1 && step 8b_tp1 26 $TP --one 1 --async-modes on --graph-replay --ar-modes custom+pdl+silu
+# shellcheck disable=SC2086
+has tp2 && step 8b_tp2 40 $TP --one 2 --async-modes on --graph-replay
 has test6 && step gpu_test6 45 python3 -u -m pytest -v -x tests/gpu/test_pdl_gpu.py tests/gpu/test_tp_allreduce_gpu.py \
   -k "equals_nccl or pdl_chain"
 has ar && step allreduce 30 python3 benchmarks/gpu_allreduce.py --world 2 --large --out "$R/allreduce.json"

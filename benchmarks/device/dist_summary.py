@@ -82,6 +82,7 @@ def summarize_all(r: str) -> dict:
     out = summarize(r)
     pairs = {"as started": ("8b_tp2_ab", "8b_tp1"), "as started (goal part's TP=2 engine)": ("8b_tp2_goal", "8b_tp1"),
              "TP=2 early part as started": ("8b_tp2_early", "8b_tp1"),
+             "tp2 part as started (max_num_seqs 8, as tp1's)": ("8b_tp2", "8b_tp1"),
              "pdl off": ("8b_tp2_ab/fused+silu", "8b_tp1/custom+silu")}
     for tp2 in ("fused+pdl+silu", "fused+pdl+silu+push"):  # TP=2 with / without the push, TP=1 re-captured defaults
         pairs[f"{tp2} / TP=1 re-captured"] = (f"8b_tp2_ab/{tp2}", "8b_tp1/custom+pdl+silu")
