@@ -186,12 +186,12 @@ class LtGemm:
         return out
 
 
-#: (device name, N, K) of the weight -> [(most rows, config or None)], ascending as ``cuda_gemm.BLAS_TABLE``: a launch of
-#: M rows takes the first entry whose bound is >= M; a config (``describe``'s attributes of the candidate measured
-#: fastest by ``benchmarks/gemm_lt_bench.py`` on that card) runs that candidate if this library's heuristic offers
-#: it for the shape and row count, else cuBLAS (logged once); None or not listed: ``cuda_gemm``'s other routes.
-#: Bounds are graph batch sizes (multiples of 8), so an entry covers one size. Empty: not measured.
-LT_TABLE: dict[tuple[str, int, int], list[tuple[int, dict | None]]] = {}
+#: (device name, N, K) of the weight -> {rows: config}: a launch of exactly that many rows (the graph batch sizes
+#: measured; other counts, e.g. an eager step's, are not) runs the candidate with ``describe``'s attributes
+#: ``config`` (measured fastest by ``benchmarks/gemm_lt_bench.py`` on that card) if this library's heuristic offers
+#: it for the shape and row count, else cuBLAS (logged once); not listed: ``cuda_gemm``'s other routes. Empty: not
+#: measured.
+LT_TABLE: dict[tuple[str, int, int], dict[int, dict]] = {}
 COUNT = 16  # heuristic candidates searched for a tabled config (the bench's --count)
 _RUN: dict = {"gemm": {}, "found": {}, "name": {}}
 
@@ -209,10 +209,7 @@ def pick(M: int, N: int, K: int) -> dict | None:
     """:data:`LT_TABLE`'s config for ``M`` rows of an ``[N, K]`` weight on this card, or None."""
     if not LT_TABLE:
         return None
-    for most, cfg in LT_TABLE.get((_device_name(), N, K), ()):
-        if M <= most:
-            return cfg
-    return None
+    return LT_TABLE.get((_device_name(), N, K), {}).get(M)
 
 
 def _gemm() -> LtGemm:

@@ -53,11 +53,11 @@ def test_linear_runs_a_tabled_candidate(cuda, monkeypatch):
     w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16, generator=gen) * K ** -0.5
     algo = lt._gemm().algos(M, N, K, torch.bfloat16, lt.COUNT)[-1][0]
     cfg = lt.describe(algo)
-    monkeypatch.setattr(lt, "LT_TABLE", {(torch.cuda.get_device_name(), N, K): [(88, None), (96, cfg)]})
+    monkeypatch.setattr(lt, "LT_TABLE", {(torch.cuda.get_device_name(), N, K): {96: cfg}})
     monkeypatch.setattr(cuda_gemm, "TABLE", {})
     monkeypatch.setattr(cuda_gemm, "BLAS_TABLE", {})
     monkeypatch.setattr(cuda_gemm, "_STATE", {"on": True, "checked": {}})
     y = cuda_gemm.linear(x, w)
     assert y is not None and cuda_gemm._STATE["checked"][(N, K, "lt", M, torch.bfloat16)]
     assert torch.equal(y, lt._gemm().matmul(x, w, algo))
-    assert cuda_gemm.linear(x[:88], w) is None  # None at that bound: cuBLAS
+    assert cuda_gemm.linear(x[:88], w) is None  # a size not listed: cuBLAS

@@ -36,10 +36,9 @@ def card(monkeypatch: pytest.MonkeyPatch) -> FakeGemm:
     return fake
 
 
-def test_pick_follows_the_row_bounds_of_this_card(card: FakeGemm, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(lt, "LT_TABLE", {("card X", 64, 256): [(88, None), (96, B), (264, A)],
-                                         ("card Y", 64, 128): [(512, A)]})
-    assert [lt.pick(m, 64, 256) for m in (24, 88, 89, 96, 97, 264, 272)] == [None, None, B, B, A, A, None]
+def test_pick_takes_only_the_listed_sizes_of_this_card(card: FakeGemm, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(lt, "LT_TABLE", {("card X", 64, 256): {96: B, 264: A}, ("card Y", 64, 128): {512: A}})
+    assert [lt.pick(m, 64, 256) for m in (24, 88, 89, 96, 97, 260, 264, 272)] == [None] * 3 + [B, None, None, A, None]
     assert lt.pick(96, 64, 128) is None  # listed for another card only
     monkeypatch.setattr(lt, "LT_TABLE", {})
     assert lt.pick(96, 64, 256) is None
