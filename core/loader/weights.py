@@ -18,6 +18,7 @@ import torch
 from tqdm.auto import tqdm
 
 from octavo.core.loader.resolve import ResolvedModel
+from octavo.env_flags import env_switch
 
 logger = logging.getLogger(__name__)
 
@@ -73,7 +74,7 @@ def iter_weights(resolved: ResolvedModel, desc: str = "Loading weights",
 
     ``keep_gguf_blocks(name) -> bool`` keeps those GGUF tensors as raw blocks (see ``iter_gguf_weights``).
     """
-    disable = os.environ.get("OCTAVO_DISABLE_PROGRESS", "0") == "1"
+    disable = env_switch("OCTAVO_DISABLE_PROGRESS", False)  # 1/0 only: "true" was silently read as 0
     if resolved.format == "safetensors":
         from octavo.core.loader.safetensors_mmap import iter_safetensors, num_tensors
 

@@ -324,15 +324,15 @@ def fuse_model(model: torch.nn.Module, dtype: torch.dtype, device: torch.device)
 
     Returns how many modules of each kind now run fused. Modules of other types are left alone.
     """
-    import os
-
+    from octavo.env_flags import env_switch
     from octavo.nn.activation import SiluAndMul
     from octavo.nn.layernorm import RMSNorm
     from octavo.nn.linear import LinearBase, UnquantizedLinearMethod
     from octavo.nn.rotary import RotaryEmbedding
 
     counts = {"RMSNorm": 0, "RotaryEmbedding": 0, "SiluAndMul": 0, "Linear(gemv)": 0}
-    use_gemv = os.environ.get("OCTAVO_TRITON_GEMV", "1") != "0" and dtype in (torch.float16, torch.bfloat16)
+    # 1/0 only: any other value was silently read as 1 (on)
+    use_gemv = env_switch("OCTAVO_TRITON_GEMV", True) and dtype in (torch.float16, torch.bfloat16)
     verified: dict[tuple, bool] = {}
     gen = torch.Generator(device=device).manual_seed(0)
 
