@@ -137,7 +137,14 @@ S6_VARIANTS = {"nosilu": {"silu": False}, "norm4": {"warps": None}, "pf16": {"mb
                "pw4_noup": {"pwb": 4, "pw_shape": {(28672, 4096): 1}},
                "pw4_qkv16": {"pwb": 4, "table_tiles": {(6144, 4096): (16, 1024, 8, 3)}},
                "pw4_down8": {"pwb": 4, "table_tiles": {(4096, 14336): (8, 1024, 4, 4)}},
-               "pw4_o8": {"pwb": 4, "table_tiles": {(4096, 4096): (8, 1024, 4, 4)}}}
+               "pw4_o8": {"pwb": 4, "table_tiles": {(4096, 4096): (8, 1024, 4, 4)}},
+               "amax1": {"amax": True}, "amax1_again": {"amax": True}, "pw2_amax1": {"pwb": 2, "amax": True},
+               "normpdl": {"norm_pdl": True}, "normpdl_again": {"norm_pdl": True},
+               "normpdl_amax1": {"norm_pdl": True, "amax": True}, "normpdl_amax1_pw2": {"norm_pdl": True, "amax": True, "pwb": 2}}
+# "normpdl" = the quantizing norms launched under PDL too (fp8_fused.NORM_PDL: resident during the GEMV before them,
+# waiting in the kernel; the same bits)
+# session 12: "amax1" = the GEMVs that quantize their own input (at batch 1: down) take the row's absmax with every
+# load in flight at once (fp8_gemv.AMAX_ONE; the same scale, so the same tokens)
 # session 12: "pwN" = the GEMV reads its first N weight blocks (1024 columns each) before its PDL wait instead of 1
 # (fp8_prefetch.PDL_W_BLOCKS; the same sums in the same order, so the tokens must equal the first measure's);
 # "pw4_<shapes>" = 4 blocks only for those weights (fp8_prefetch.PDL_W_BY_SHAPE: qkv 6144x4096, o 4096x4096,
@@ -265,7 +272,7 @@ def main() -> None:
                 fp8_silu_gemv.STATE["on"])
         base_pdl_w, base_rope, base_table = fp8_prefetch.PDL_W, fp8_rope_gemv.STATE["on"], fp8_gemv_tiles.TABLE_ON
         base_pwb, base_pw_shape = fp8_prefetch.PDL_W_BLOCKS, dict(fp8_prefetch.PDL_W_BY_SHAPE)
-        base_tiles = dict(fp8_gemv_tiles.TILES)
+        base_tiles, base_amax, base_norm_pdl = dict(fp8_gemv_tiles.TILES), fp8_gemv.AMAX_ONE, fp8_fused.NORM_PDL
         res["pdl_w_blocks_default"] = base_pwb
         base_bits, base_reg_pf, base_acc, base_x2d = fp8_gemv.W_BITS, fp8_gemv.REG_PF, fp8_gemv.ACC_SPLIT, fp8_gemv.X2D
         res["w_bits_default"], res["reg_pf_default"], res["acc_split_default"] = base_bits, base_reg_pf, base_acc
@@ -303,6 +310,7 @@ def main() -> None:
                         res["rope_fused"] = fp8_rope_gemv.fuse_fp8_rope_gemv(model, torch.device("cuda"))
                 fp8_gemv.W_BITS, fp8_gemv.REG_PF = v.get("bits", base_bits), v.get("reg_pf", base_reg_pf)
                 fp8_gemv.ACC_SPLIT, fp8_gemv.X2D = v.get("acc", base_acc), v.get("x2d", base_x2d)
+                fp8_gemv.AMAX_ONE, fp8_fused.NORM_PDL = v.get("amax", base_amax), v.get("norm_pdl", base_norm_pdl)
                 one_mod.DEFAULT_LAUNCH.clear()
                 one_mod.DEFAULT_LAUNCH.update(base_one, **v.get("one", {}))
                 if "one" in v:
@@ -335,6 +343,7 @@ def main() -> None:
         fp8_prefetch.PDL_W, fp8_prefetch.PDL_W_BLOCKS, fp8_prefetch.PDL_W_BY_SHAPE = base_pdl_w, base_pwb, base_pw_shape
         fp8_rope_gemv.STATE["on"], fp8_gemv_tiles.TABLE_ON = base_rope, base_table
         fp8_gemv.W_BITS, fp8_gemv.REG_PF, fp8_gemv.ACC_SPLIT, fp8_gemv.X2D = base_bits, base_reg_pf, base_acc, base_x2d
+        fp8_gemv.AMAX_ONE, fp8_fused.NORM_PDL = base_amax, base_norm_pdl
         cuda_pdl.set_pdl(platform_pdl)
         one_mod.DEFAULT_LAUNCH.clear()
         one_mod.DEFAULT_LAUNCH.update(base_one)

@@ -55,10 +55,13 @@ def _quant_row_store(o, cols, mask, q_ptr, s_ptr, row, n_cols, SOFT_FP8: tl.cons
 @triton.jit
 def _rms_norm_quant_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, q_ptr, s_ptr, stride_x, stride_r, n_cols,
                            eps, HAS_RES: tl.constexpr, SOFT_FP8: tl.constexpr, BLOCK: tl.constexpr,
-                           TRIGGER: tl.constexpr = False):
+                           TRIGGER: tl.constexpr = False, WAIT: tl.constexpr = False):
     """plugins/platforms/cuda_fusions.py's RMSNorm (same rounding steps), plus the quantized output.
     ``TRIGGER``: a consumer launched as a programmatic dependent launch may start now (it waits in the kernel for
-    this one to finish before reading anything of it; fp8_prefetch.py)."""
+    this one to finish before reading anything of it; fp8_prefetch.py). ``WAIT``: this kernel is itself launched as
+    a programmatic dependent launch and waits for its producer (the GEMV before it) before it reads anything."""
+    if WAIT:
+        tl.extra.cuda.gdc_wait()
     if TRIGGER:
         tl.extra.cuda.gdc_launch_dependents()
     row = tl.program_id(0).to(tl.int64)
@@ -119,6 +122,10 @@ def _soft() -> bool:
 # each on H100 on 4 warps (one program per row), 3.3 on 8, 2.9 on 16 (session 5 batch 2: 0.800 -> 0.816 of the
 # roofline); the default since session 6 (_install checks a one-row launch too). benchmarks/fp8_bs1.py --ab
 SMALL_ROWS_WARPS: int | None = 16
+# the quantizing norm launched as a programmatic dependent launch (WAIT: it waits in the kernel for the GEMV before
+# it, so it starts the moment that one ends instead of after a launch gap). Same bits. ``OCTAVO_FP8_NORM_PDL``
+# (default off until measured on a GPU; needs the GEMVs' PDL, fp8_prefetch.PDL)
+NORM_PDL = env_switch("OCTAVO_FP8_NORM_PDL", default=False)
 
 
 def rms_norm_quant(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None,
@@ -142,6 +149,8 @@ def rms_norm_quant(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: 
     if rows:
         warps = SMALL_ROWS_WARPS if SMALL_ROWS_WARPS and rows <= 4 else (8 if d > 4096 else 4)
         trigger = {"TRIGGER": True} if fp8_prefetch.PDL and fp8_prefetch.hopper(x.device) and not _soft() else {}
+        if trigger and NORM_PDL:  # launched early too: resident while the GEMV before it runs, waits for it
+            trigger.update(WAIT=True, launch_pdl=True)
         _rms_norm_quant_kernel[(rows,)](x2, r2, weight, out, res_out, q, s, x2.stride(0), r2.stride(0), d, eps,
                                         HAS_RES=residual is not None, SOFT_FP8=_soft(), BLOCK=_p2(d),
                                         num_warps=warps, **trigger)

@@ -31,6 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
+from octavo.env_flags import env_switch
 from octavo.plugins.quant import fp8_gemv_tiles
 
 # (BLOCK_N, BLOCK_K, num_warps, num_stages): BLOCK_K fp8 bytes per weight row per step; BLOCK_K <= 1024 (the
@@ -106,7 +107,7 @@ def _fp8_gemv_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, pf_ptr, pf_tota
                      EVEN: tl.constexpr, SOFT_FP8: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                      PREFETCH: tl.constexpr = False, USE_PDL: tl.constexpr = False, SELF_PF: tl.constexpr = False,
                      W_BITS: tl.constexpr = False, REG_PF: tl.constexpr = False, ACC_SPLIT: tl.constexpr = 0,
-                     X2D: tl.constexpr = False, PDL_W: tl.constexpr = False):
+                     X2D: tl.constexpr = False, PDL_W: tl.constexpr = False, AMAX_KP: tl.constexpr = 0):
     """y[m, n] = (sum_k q(x[m, k]) * W[n, k]) * s_x[m] * s_w[n] (+ b[n]): each program owns BLOCK_N outputs.
     ``PRE_Q``: ``x`` is already e4m3 with its scales at ``xs_ptr`` (made by the norm kernel).
     ``USE_PDL``: launched as a programmatic dependent launch: only the weight scales (constants) are read before
@@ -123,7 +124,10 @@ def _fp8_gemv_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, pf_ptr, pf_tota
     ``PDL_W`` (with ``USE_PDL``, ``EVEN``, one row; 1-4): the first ``PDL_W`` weight blocks are loaded before
     ``gdc_wait`` (weights do not depend on the producer: the resident programs stream them while the producer
     runs) and the kernel lets its own dependents launch once it has waited; the same sums in the same order. The
-    host caps it so that ``PDL_W * BLOCK_K <= K``."""
+    host caps it so that ``PDL_W * BLOCK_K <= K``. ``AMAX_KP`` (with ``QUANT_X``; a power of two >= K): the row's
+    absmax from loads all issued at once (an unrolled loop of ``AMAX_KP // 2048`` blocks) instead of a loop that
+    waits for each block before asking for the next (down's 14 blocks: 14 L2 round trips after the PDL wait); max
+    is exact, so the same scale."""
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     nm = n < N
     rows = w_ptr + n.to(tl.int64)[:, None] * stride_wn
@@ -149,7 +153,14 @@ def _fp8_gemv_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, pf_ptr, pf_tota
         s_x = 1.0
         if PRE_Q:
             s_x = tl.load(xs_ptr + m)
-        if QUANT_X:  # this row's per-token scale (the row is small and hot in L2)
+        if QUANT_X and AMAX_KP > 0:  # this row's per-token scale, every load in flight at once
+            amax1 = tl.zeros([AMAX_BLOCK], dtype=tl.float32)
+            for k in tl.static_range(0, AMAX_KP, AMAX_BLOCK):
+                kk = k + tl.arange(0, AMAX_BLOCK)
+                v = tl.load(x_row + kk, mask=kk < K, other=0.0).to(tl.float32)
+                amax1 = tl.maximum(amax1, tl.abs(v))
+            s_x = tl.maximum(tl.math.div_rn(tl.max(amax1, axis=0), 448.0), 1e-12)  # IEEE, as torch
+        elif QUANT_X:  # this row's per-token scale (the row is small and hot in L2)
             amax = tl.zeros([BLOCK_K], dtype=tl.float32)
             for k in range(0, K, BLOCK_K):
                 kk = k + tl.arange(0, BLOCK_K)
@@ -202,6 +213,8 @@ def _fp8_gemv_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, pf_ptr, pf_tota
         _prefetch_l2_slice(pf_ptr, pf_total, pf_piece, PF_PROGS, PF_PIECES)
 
 
+# the unrolled absmax's block (AMAX_KP): 2048 bf16 a load round, 8 rounds for K = 14336
+AMAX_BLOCK = tl.constexpr(2048)
 # the next weight's prefetch: split over the grid's last PF_PROGS programs, PF_PIECES bulk requests each
 PF_PROGS = tl.constexpr(128)
 PF_PIECES = tl.constexpr(128)
@@ -302,6 +315,11 @@ ACC_SPLIT = int(os.environ.get("OCTAVO_FP8_GEMV_ACC_SPLIT", "16").strip() or 0)
 #: prequantized (norm-made e4m3) input read in the weight tile's layout: sm_90 SASS of the key loop loses its two
 #: barriers and the shared-memory round trip per step; bit-identical. ``OCTAVO_FP8_GEMV_X2D`` (default off until measured)
 X2D = os.environ.get("OCTAVO_FP8_GEMV_X2D", "0").strip() == "1"
+#: the one-row kernel's in-kernel absmax with all its loads in flight at once (``AMAX_KP``; the same scale), for
+#: K <= AMAX_MAX_K. ``OCTAVO_FP8_GEMV_AMAX_ONE`` (default off until measured on a GPU; at batch 1 only down quantizes
+#: in the GEMV: the norms hand the other three e4m3)
+AMAX_ONE = env_switch("OCTAVO_FP8_GEMV_AMAX_ONE", default=False)
+AMAX_MAX_K = 16384
 #: the most weight blocks the one-row kernel reads before its PDL wait (``pdl_w``; its static ifs)
 MAX_PDL_W = 4
 if ACC_SPLIT not in (0, 8, 16):
@@ -313,7 +331,8 @@ def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, 
              config: tuple[int, int, int] | None = None, x_scale: torch.Tensor | None = None,
              prefetch: tuple[torch.Tensor, int] | None = None, pdl: bool = False,
              self_prefetch: bool = False, w_bits: bool | None = None, reg_pf: bool | None = None,
-             acc_split: int | None = None, x2d: bool | None = None, pdl_w: bool | int = False) -> torch.Tensor:
+             acc_split: int | None = None, x2d: bool | None = None, pdl_w: bool | int = False,
+             amax_one: bool | None = None) -> torch.Tensor:
     """``x [m, K]`` (bf16/fp16/fp32) times the e4m3 ``weight [N, K]`` with ``weight_scale`` (``N`` values).
 
     ``quantize_input=True`` is W8A8 (dynamic per-token e4m3 activations, as the ``_scaled_mm`` path);
@@ -333,7 +352,8 @@ def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, 
     tile's layout instead of broadcasting it through shared memory (no barrier per step; same result bit for bit).
     ``pdl_w`` (with ``pdl``; True = 1, or an int 1-4): the first ``pdl_w`` weight blocks (at most ``K // 1024``) are
     read before the kernel waits for its producer, and its dependents may launch once it has waited (same result
-    bit for bit).
+    bit for bit). ``amax_one`` (in-kernel quantization, one row; None: the module's ``AMAX_ONE``): the absmax reads
+    the row with every load in flight at once (K <= AMAX_MAX_K; the same scale, the same result).
     """
     m, k = x.shape
     n = weight.shape[0]
@@ -368,6 +388,8 @@ def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, 
         one_row_flags["REG_PF"] = True
     if pre and (X2D if x2d is None else x2d):
         one_row_flags["X2D"] = True
+    if quantize_input and not pre and (AMAX_ONE if amax_one is None else amax_one) and k <= AMAX_MAX_K:
+        one_row_flags["AMAX_KP"] = max(triton.next_power_of_2(k), AMAX_BLOCK.value)
     split = ACC_SPLIT if acc_split is None else acc_split
     if split:
         if split not in (8, 16):

@@ -3,7 +3,8 @@ fp32 (value * 2**-120) by integer ops and the activations are scaled by 2**64, s
 the conversion path's times an exact power of two: the output must be bit-for-bit the same (``torch.equal``),
 for in-kernel activation quantization and for prequantized (norm-made) e4m3 input, with weights that hold every
 e4m3 magnitude class (subnormals, +-0, the largest finite +-448). Also against the float64 reference. The register
-prefetch of the next weight block (``REG_PF``) keeps the sums and their order: bit-identical too. CPU:
+prefetch of the next weight block (``REG_PF``) keeps the sums and their order: bit-identical too, as is the absmax with
+all its loads in flight at once (``amax_one``). CPU:
 TRITON_INTERPRET=1 in a subprocess (~10 s); GPU (``gpu`` marker): the compiled kernel at the Llama-3-8B shapes
 with one tile of the autotune set (the autotuned launch runs in benchmarks/fp8_bs1.py's "bits" variant, whose
 greedy tokens must equal the conversion path's).
@@ -44,6 +45,9 @@ def check(n, k, dev, configs, seed=0):
             if pre:  # x read in the weight tile's layout: the same bits as the broadcast
                 assert torch.equal(fp8_gemv(xin, wq, ws, config=cfg, x2d=True, **kw),
                                    fp8_gemv(xin, wq, ws, config=cfg, x2d=False, **kw)), (n, k, cfg)
+            else:  # the absmax with every load in flight at once: the same scale, the same bits
+                assert torch.equal(fp8_gemv(xin, wq, ws, config=cfg, amax_one=True),
+                                   fp8_gemv(xin, wq, ws, config=cfg, amax_one=False)), (n, k, cfg)
             c = fp8_gemv(xin, wq, ws, config=cfg, **kw)  # the defaults (the split accumulator): within a bf16 step
             assert bool(((c.float() - a.float()).abs() <= a.float().abs() * 2.0 ** -7 + 1e-6).all()), (n, k, cfg)
             assert torch.equal(a, b), (n, k, cfg, pre, float((a.float() - b.float()).abs().max()))
@@ -55,6 +59,7 @@ def check(n, k, dev, configs, seed=0):
 INTERPRETED = CHECK + r"""
 check(48, 256, "cpu", [None])
 check(33, 200, "cpu", [None], seed=3)
+check(16, 2500, "cpu", [None], seed=4)  # two absmax rounds of 2048 (amax_one), the last one masked
 
 # the EVEN kernel (K a multiple of BLOCK_K, every row real) with each of W_BITS / REG_PF: all four bit-identical
 import triton

@@ -106,7 +106,8 @@ def test_sm90_ptx_has_the_instructions_exactly_when_asked(prefetch, pdl, self_pf
            "y_ptr": "*bf16", "pf_ptr": "*fp8e4nv", "pf_total": "i64", "pf_piece": "i64", "M": "i32", "N": "i32",
            "K": "i32", "stride_xm": "i32", "stride_wn": "i32", "stride_ym": "i32"}
     flags = dict(QUANT_X=True, PRE_Q=False, HAS_BIAS=False, EVEN=True, SOFT_FP8=False, BLOCK_N=16, BLOCK_K=512,
-                 PREFETCH=prefetch, USE_PDL=pdl, SELF_PF=self_pf, W_BITS=False, REG_PF=False, ACC_SPLIT=0, X2D=False)
+                 PREFETCH=prefetch, USE_PDL=pdl, SELF_PF=self_pf, W_BITS=False, REG_PF=False, ACC_SPLIT=0, X2D=False,
+                 AMAX_KP=0)
     ptx = _ptx(_fp8_gemv_kernel, sig, dict(flags, PDL_W=pdl_w))
     assert ptx.count("cp.async.bulk.prefetch.L2.global") >= prefetch + self_pf
     assert ("cp.async.bulk.prefetch.L2.global" in ptx) == (prefetch or self_pf)
@@ -124,8 +125,12 @@ def test_sm90_ptx_has_the_instructions_exactly_when_asked(prefetch, pdl, self_pf
     norm_sig = {"x_ptr": "*bf16", "res_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16", "res_out_ptr": "*bf16",
                 "q_ptr": "*fp8e4nv", "s_ptr": "*fp32", "stride_x": "i32", "stride_r": "i32", "n_cols": "i32",
                 "eps": "fp32"}
-    ptx = _ptx(_rms_norm_quant_kernel, norm_sig, dict(HAS_RES=True, SOFT_FP8=False, BLOCK=4096, TRIGGER=pdl))
+    ptx = _ptx(_rms_norm_quant_kernel, norm_sig, dict(HAS_RES=True, SOFT_FP8=False, BLOCK=4096, TRIGGER=pdl,
+                                                      WAIT=pdl_w))
     assert ("griddepcontrol.launch_dependents" in ptx) == pdl
+    assert ("griddepcontrol.wait" in ptx) == bool(pdl_w)  # the norm under PDL waits before its first load
+    if pdl_w:
+        assert ptx.index("griddepcontrol.wait") < ptx.index("ld.global")
 
 
 # ---------------------------------------------------------------------------------------------- GPU
@@ -185,3 +190,52 @@ def test_prefetch_and_pdl_same_bits_in_a_graph_after_an_early_trigger(n, k):
             assert_graph_replays_match(lambda: block(pdl=True, pdl_w=True), plain, x, src)
     finally:
         fp8_prefetch.PDL = old
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _hopper(), reason="needs a Hopper GPU (sm_90+)")
+def test_norm_under_pdl_reads_the_gemv_before_it():
+    """The quantizing norm launched as a programmatic dependent launch (fp8_fused.NORM_PDL) reads the output of the
+    GEMV right before it: the same bits as the norm launched after it, eager and replayed (a missing wait would
+    read a stale or half-written row)."""
+    from octavo.plugins.quant import fp8_fused
+    from octavo.plugins.quant.fp8 import quantize_fp8_rows
+    from octavo.plugins.quant.fp8_fused import rms_norm_quant
+    from octavo.plugins.quant.fp8_gemv import fp8_gemv
+    from tests.quant.fp8_inputs import assert_graph_replays_match
+
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    k = 4096
+    w_o, ws_o = quantize_fp8_rows(torch.randn(k, k, device="cuda", generator=gen) * 0.02)
+    w_q, ws_q = quantize_fp8_rows(torch.randn(6144, k, device="cuda", generator=gen) * 0.02)
+    norm_w = (1 + 0.1 * torch.randn(k, device="cuda", generator=gen)).bfloat16()
+    x = torch.zeros(1, k, device="cuda", dtype=torch.bfloat16)
+    src = torch.randn(6, 1, k, device="cuda", generator=gen, dtype=torch.bfloat16) * 3
+
+    def chain():  # norm -> o-like GEMV -> residual norm of its output -> qkv-like GEMV, as in a layer
+        _, _, q, s = rms_norm_quant(x, norm_w, 1e-5)
+        y = fp8_gemv(q, w_o, ws_o, x_scale=s, out_dtype=torch.bfloat16, config=(16, 1024, 8, 3), pdl=True,
+                     pdl_w=True)
+        h, r, q2, s2 = rms_norm_quant(y, norm_w, 1e-5, residual=x)
+        z = fp8_gemv(q2, w_q, ws_q, x_scale=s2, out_dtype=torch.bfloat16, config=(4, 1024, 4, 3), pdl=True,
+                     pdl_w=True)
+        return y, h, r, q2, s2, z
+
+    def plain():
+        fp8_fused.NORM_PDL = False
+        try:
+            return chain()
+        finally:
+            fp8_fused.NORM_PDL = True
+
+    old = fp8_fused.NORM_PDL
+    try:
+        with torch.inference_mode():
+            x.copy_(src[0])
+            want = plain()
+            fp8_fused.NORM_PDL = True
+            for got, ref in zip(chain(), want):
+                assert torch.equal(got, ref)
+            assert_graph_replays_match(chain, plain, x, src)
+    finally:
+        fp8_fused.NORM_PDL = old
