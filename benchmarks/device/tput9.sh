@@ -32,12 +32,12 @@
 #   512 x 1000/1000 run with its default pacing (auto: rate 1.2, 2,720 steps at the H100's 26,971 blocks) hooked, no
 #   profiler windows: GPU time vs idle between steps by step kind, every idle gap over 2 ms: what is left outside the
 #   graphs per decode step on the paced schedule.
-# TPUT_PART=s12b1 (session 12; hard bound 148 s): gemm_lt.json (cap 34 s): the 8B projections at the paced run's
-#   plateau (248-272 rows, ~1,200 of its 2,720 steps), then the ramp's 240-192: cuBLAS, cuBLASLt's pick and every
-#   candidate of cuBLASLt's heuristic (benchmarks/gemm_lt_bench.py, captured chains; config attributes, bits); the
-#   GPU tests of cuda_gemm_lt (cap 22 s); then profile.json as m11 (the headline's engine, warm-up and whole 512 x
-#   1000/1000 run hooked, no profiler windows) on this tree, whose KV sizing no longer counts the profile run's
-#   temporary KV cache (d533b81): kv_blocks / kv_sizing, steps, preemptions (must be 0), tok/s, GPU vs idle.
+# TPUT_PART=s12b1 (session 12; hard bound 148 s): profile.json (cap <= 96 s) as m11 (the headline's engine, warm-up
+#   and whole 512 x 1000/1000 run hooked, no profiler windows) on this tree, whose KV sizing no longer counts the
+#   profile run's temporary KV cache (d533b81): kv_blocks / kv_sizing, steps, preemptions (must be 0), tok/s, GPU vs
+#   idle; then gemm_lt.json (the rest but 22 s): the 8B projections at the paced run's plateau (264 / 272 rows), a
+#   prefill chunk's 8,192, then 248-192: cuBLAS, cuBLASLt's pick and every candidate of cuBLASLt's heuristic
+#   (benchmarks/gemm_lt_bench.py, captured chains; config attributes, bits); then cuda_gemm_lt's GPU tests.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 R="${OUT:-/tmp/out}/tput9"; mkdir -p "$R"
@@ -105,12 +105,14 @@ case "$PART" in
     KILL_AFTER=6 run "$cap" profile.log python benchmarks/tput_run_profile.py --out "$R/profile.json" \
       --budget-s "$((cap - 8))" $KVB --windows --prefill-window 0 ;;
   s12b1)  # <= 148 s (m11's run took 87 s in all)
-    run 30 gemm_lt.log python benchmarks/gemm_lt_bench.py --out "$R/gemm_lt.json" --budget 20 \
-      --rows 264 272 248 256 240 224 208 192
-    run 22 lt_test.log python -m pytest -q -p no:cacheprovider tests/gpu/test_cuda_gemm_lt_gpu.py
-    cap=$(( $(left) - 4 ))
+    cap=$(( $(left) - 44 )); [ "$cap" -gt 96 ] && cap=96
     KILL_AFTER=6 run "$cap" profile.log python benchmarks/tput_run_profile.py --out "$R/profile.json" \
-      --budget-s "$((cap - 8))" $KVB --windows --prefill-window 0 ;;
+      --budget-s "$((cap - 8))" $KVB --windows --prefill-window 0
+    cap=$(( $(left) - 22 ))
+    [ "$cap" -gt 8 ] && run "$cap" gemm_lt.log python benchmarks/gemm_lt_bench.py --out "$R/gemm_lt.json" \
+      --budget $((cap - 8)) --rows 264 272 8192 248 256 240 224 208 192
+    cap=$(( $(left) - 1 )); [ "$cap" -gt 4 ] && run "$cap" lt_test.log python -m pytest -q -p no:cacheprovider \
+      tests/gpu/test_cuda_gemm_lt_gpu.py ;;
   *) echo "unknown TPUT_PART=$PART"; exit 2 ;;
 esac
 echo "total $(( $(date +%s) - START )) s"
