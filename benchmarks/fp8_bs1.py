@@ -44,6 +44,34 @@ def kernel_table(prof, per: int, limit: int = 40) -> list[dict]:
     return rows[:limit]
 
 
+GEMV_ORDER = ("qkv", "o", "gate_up", "down")  # the 8B layer's one-row GEMVs in forward order
+
+
+def critical_path(prof, replays: int) -> dict:
+    """us per forward that each kernel adds to the running end of all kernels before it (time order): with PDL a
+    kernel's own duration includes its wait, this does not. GEMVs named by their place in the layer (GEMV_ORDER,
+    counted through all replays); ``idle`` = time no kernel ran (launch gaps; between replays too)."""
+    ev = []
+    for e in prof.events():
+        if getattr(e, "device_type", None) is not None and str(e.device_type).endswith("CUDA") \
+                and e.time_range.end > e.time_range.start:
+            ev.append((e.time_range.start, e.time_range.end, e.name))
+    ev.sort()
+    out, end, g = {}, None, 0
+    for start, stop, name in ev:
+        if "_fp8_gemv_kernel" in name:
+            name, g = GEMV_ORDER[g % 4], g + 1
+        else:
+            name = name[:40]
+        if end is not None and start > end:
+            out["idle"] = out.get("idle", 0.0) + (start - end)
+        add = stop - max(start, end) if end is not None else stop - start
+        if add > 0:
+            out[name] = out.get(name, 0.0) + add
+        end = stop if end is None else max(end, stop)
+    return {k: round(v / replays, 1) for k, v in sorted(out.items(), key=lambda kv: -kv[1])}
+
+
 def gemv_by_shape(prof, replays):
     from benchmarks.fp8_bs1_tiles import gemv_by_shape as by_shape
 
@@ -98,10 +126,16 @@ def measure(llm, gr, prompt, res: dict, tag: str, bw: float, weight_bytes: int, 
             r["graph_kernels"] = table
             r["gemv_us_by_shape"] = gemv_by_shape(prof, 10)  # with PDL a kernel's time includes its wait
             r["graph_kernels_us_total"] = round(sum(x["us"] for x in table), 1)
+            try:
+                r["critical_path_us"] = critical_path(prof, 10)
+            except Exception as e:  # noqa: BLE001 - a diagnostic; the measure stands without it
+                r["critical_path_us"] = {"error": f"{type(e).__name__}: {e}"[:200]}
     res[tag] = r
-    print(tag, json.dumps({k: v for k, v in r.items() if k != "graph_kernels"}), flush=True)
+    print(tag, json.dumps({k: v for k, v in r.items() if k not in ("graph_kernels", "critical_path_us")}), flush=True)
     if "gemv_us_by_shape" in r:
         print("   gemv us by shape", json.dumps(r["gemv_us_by_shape"]), flush=True)
+    if "critical_path_us" in r:
+        print("   critical path us", json.dumps(r["critical_path_us"]), flush=True)
     for row in r.get("graph_kernels", [])[:25]:
         print(f"   {row['us']:8.2f} us  x{row['calls']:5.1f}  {row['name']}", flush=True)
 
