@@ -35,9 +35,10 @@
 # TPUT_PART=s12b1 (session 12; hard bound 148 s): profile.json (cap <= 96 s) as m11 (the headline's engine, warm-up
 #   and whole 512 x 1000/1000 run hooked, no profiler windows) on this tree, whose KV sizing no longer counts the
 #   profile run's temporary KV cache (d533b81): kv_blocks / kv_sizing, steps, preemptions (must be 0), tok/s, GPU vs
-#   idle; then gemm_lt.json (the rest but 22 s): the 8B projections at the paced run's plateau (264 / 272 rows), a
-#   prefill chunk's 8,192, then 248-192: cuBLAS, cuBLASLt's pick and every candidate of cuBLASLt's heuristic
-#   (benchmarks/gemm_lt_bench.py, captured chains; config attributes, bits); then cuda_gemm_lt's GPU tests.
+#   idle; then gemm_lt.json (the rest but 22 s): the 8B projections at the paced run's plateau (graph size 272:
+#   257-272 rows, ~935 of its steps), a prefill chunk's 8,192, then graph sizes 248-200: cuBLAS, cuBLASLt's pick
+#   and every candidate of cuBLASLt's heuristic (benchmarks/gemm_lt_bench.py, captured chains; config attributes,
+#   bits); then cuda_gemm_lt's GPU tests.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 R="${OUT:-/tmp/out}/tput9"; mkdir -p "$R"
@@ -110,7 +111,7 @@ case "$PART" in
       --budget-s "$((cap - 8))" $KVB --windows --prefill-window 0
     cap=$(( $(left) - 22 ))
     [ "$cap" -gt 8 ] && run "$cap" gemm_lt.log python benchmarks/gemm_lt_bench.py --out "$R/gemm_lt.json" \
-      --budget $((cap - 8)) --rows 264 272 8192 248 256 240 224 208 192
+      --budget $((cap - 8)) --rows 272 8192 248 256 240 232 224 216 208 200
     cap=$(( $(left) - 1 )); [ "$cap" -gt 4 ] && run "$cap" lt_test.log python -m pytest -q -p no:cacheprovider \
       tests/gpu/test_cuda_gemm_lt_gpu.py ;;
   *) echo "unknown TPUT_PART=$PART"; exit 2 ;;
