@@ -16,16 +16,18 @@ REPO = Path(__file__).resolve().parents[1]
 CACHE = Path(os.environ.get("OCTAVO_TEST_CACHE", REPO / ".cache"))
 
 
-def run_triton_interpreted(code: str, timeout: int = 300) -> None:
+def run_triton_interpreted(code: str, timeout: int = 300, **env: str):
     """Run ``code`` in a child Python with ``TRITON_INTERPRET=1`` (set before any kernel is defined, so Triton
-    kernels run on the CPU) from the repository root; fail with its stderr unless it exits 0 and prints ``ok`` last."""
+    kernels run on the CPU) and ``env`` added, from the repository root; fail with its output's tails unless it exits
+    0 and prints ``ok`` last. Returns the finished process (its ``stdout`` for a test that reports it)."""
     import subprocess
     import sys
 
-    env = dict(os.environ, TRITON_INTERPRET="1")
+    env = dict(os.environ, TRITON_INTERPRET="1", **env)
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=timeout,
                          cwd=REPO)
-    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stdout[-2000:] + out.stderr[-3000:]
+    return out
 
 
 def smollm2_gguf_path() -> str:

@@ -20,6 +20,9 @@ import sys
 import pytest
 import torch
 
+from tests.quant.fp8_inputs import needs_cuda
+from tests.utils import run_triton_interpreted
+
 SCRIPT = r"""
 import os
 import torch
@@ -125,16 +128,11 @@ print("ok")
                     "measured and checked by benchmarks/fp8_attn_bench.py")
 def test_decode_kernel_interpreted_matches_reference_and_general_kernel():
     pytest.importorskip("triton")
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    out = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=600,
-                         cwd=root)
-    print(out.stdout)
-    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]
+    print(run_triton_interpreted(SCRIPT, timeout=600).stdout)
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@needs_cuda
 def test_decode_kernel_on_cuda_matches_reference_and_general_kernel():
     # compute capability >= 8.9 for the fp8 cases (the backend's own rule); same script, compiled kernels.
     # On the GPU the float32 cases run tf32-free ("ieee") dots, so the bounds hold as on the interpreter.

@@ -18,7 +18,8 @@ import subprocess
 import sys
 
 import pytest
-import torch
+
+from tests.quant.fp8_inputs import needs_cuda
 
 SCRIPT = r"""
 import os
@@ -160,7 +161,7 @@ def test_fp8_decode_one_interpreted():
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@needs_cuda
 def test_fp8_decode_one_on_cuda():
     out = _run({"DECODE_TEST_DEVICE": "cuda"})
     assert out.count("ok ") == 6 + 4

@@ -8,11 +8,9 @@ projection shapes against the reference and the CUDA-core GEMV.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
+
+from tests.utils import run_triton_interpreted
 
 pytest.importorskip("triton")
 
@@ -71,16 +69,12 @@ except ValueError as e:
     assert "at most 16" in str(e)
 else:
     raise AssertionError("17 rows accepted")
-print("OK")
+print("ok")
 """
 
 
 def test_fp8_gemv_tc_interpreted_matches_float64():
-    env = {**os.environ, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # imports tests.quant
-    r = subprocess.run([sys.executable, "-c", INTERPRETED], env=env, capture_output=True, text=True, timeout=300,
-                       cwd=root)
-    assert r.returncode == 0 and "OK" in r.stdout, r.stdout[-3000:] + r.stderr[-3000:]
+    run_triton_interpreted(INTERPRETED, CUDA_VISIBLE_DEVICES="")  # no device: the interpreter's CPU tensors
 
 
 @pytest.mark.gpu

@@ -9,6 +9,8 @@ import importlib
 import pytest
 import torch
 
+from tests.quant.fp8_inputs import needs_cuda
+
 pytest.importorskip("triton")
 
 
@@ -27,7 +29,7 @@ def test_table_off_the_gpu_and_switched_off(monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@needs_cuda
 def test_table_launch_is_the_config_launch():
     from octavo.plugins.quant import fp8_gemv_tiles as t
     from octavo.plugins.quant.fp8 import quantize_fp8_rows

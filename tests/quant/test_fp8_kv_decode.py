@@ -15,7 +15,8 @@ import subprocess
 import sys
 
 import pytest
-import torch
+
+from tests.quant.fp8_inputs import needs_cuda
 
 SCRIPT = r"""
 import os
@@ -133,7 +134,7 @@ def test_fp8_kv_decode_interpreted():
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@needs_cuda
 def test_fp8_kv_decode_on_cuda():
     out = _run({"DECODE_TEST_DEVICE": "cuda"})
     assert out.count("ok ") == 6

@@ -9,11 +9,9 @@ the routed product against ``_scaled_mm`` at 16 / 40 / 64 rows.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
+
+from tests.utils import run_triton_interpreted
 
 pytest.importorskip("triton")
 
@@ -40,16 +38,12 @@ for rows in (2, 16, 40, 64):
     assert torch.allclose(got.float(), mm.float(), rtol=1.6e-2, atol=1.6e-2 * float(mm.abs().max())), rows
 assert fp8_smallm.apply(layer, method.small_m, x[:65], None, None) is None  # no tile takes 65 rows
 assert torch.equal(method.apply(layer, x[:65]), method._scaled_mm(layer, x[:65], None, None))
-print("OK")
+print("ok")
 """
 
 
 def test_fp8_smallm_interpreted_matches_float64():
-    env = {**os.environ, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # imports tests.quant
-    r = subprocess.run([sys.executable, "-c", INTERPRETED], env=env, capture_output=True, text=True, timeout=300,
-                       cwd=root)
-    assert r.returncode == 0 and "OK" in r.stdout, r.stdout[-3000:] + r.stderr[-3000:]
+    run_triton_interpreted(INTERPRETED, CUDA_VISIBLE_DEVICES="")  # no device: the interpreter's CPU tensors
 
 
 def test_tile_table(tmp_path):

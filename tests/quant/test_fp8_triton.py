@@ -7,11 +7,9 @@ checked on the device), rows longer than one block, zero rows, odd widths.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
+
+from tests.utils import run_triton_interpreted
 
 pytest.importorskip("triton")
 
@@ -42,9 +40,7 @@ def _cuda() -> bool:
 @pytest.mark.skipif(_cuda(), reason="the interpreter check is for CPU machines (triton 3.6's interpreter fails on "
                     "this script); on a GPU the compiled kernel is checked by test_fused_fp8_quant_on_cuda")
 def test_fused_fp8_quant_matches_torch_reference_interpreted():
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    out = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]
+    run_triton_interpreted(SCRIPT)
 
 
 @pytest.mark.gpu

@@ -5,11 +5,9 @@ path included, runs in the QuantizerContract CUDA tests (tests/quant/test_contra
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
+
+from tests.utils import run_triton_interpreted
 
 pytest.importorskip("triton")
 
@@ -41,6 +39,4 @@ def _cuda() -> bool:
 @pytest.mark.skipif(_cuda(), reason="the interpreter check is for CPU machines; on a GPU the compiled kernel is "
                     "checked by the QuantizerContract CUDA tests")
 def test_int8_group_kernel_interpreted():
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    out = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]
+    run_triton_interpreted(SCRIPT)

@@ -12,10 +12,6 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
@@ -30,6 +26,7 @@ from octavo.nn.kv_quant import (
 )
 from octavo.plugins.attention.torch_sdpa import TorchSDPABackend
 from octavo.testing.attention import make_layout
+from tests.utils import run_triton_interpreted
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 
@@ -226,10 +223,7 @@ print("ok")
                     "benchmarks/device/kvfp8.sh")
 def test_triton_fp8_kernels_interpreted_match_torch_reference():
     pytest.importorskip("triton")
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    out = subprocess.run([sys.executable, "-c", TRITON_SCRIPT], env=env, capture_output=True, text=True,
-                         timeout=300, cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
-    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]
+    run_triton_interpreted(TRITON_SCRIPT)
 
 
 # ------------------------------------------------- checkpoint scales and block counts (tiny Llama, workers)
