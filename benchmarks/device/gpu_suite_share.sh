@@ -45,8 +45,8 @@ case $share in
   b1) run b1_spec signal -- tests/spec_decode/test_spec_gpu.py
       run b1 signal -- -m gpu tests/kernels ;;
   b2) run b2 signal -- -m gpu tests/lora tests/quant
-      # collection errors are modules the device cannot import (no jsonschema; the embedded SmolLM2 at import):
-      # none holds a gpu-marked test (checked on CPU, session 12); -rfE names them at the end of the log
+      # collection errors are modules the device cannot import (the embedded SmolLM2 at import; jsonschema until
+      # .carry brought it in session 12): none holds a gpu-marked test (checked on CPU); -rfE names them at the end
       run b2_rest signal -- --continue-on-collection-errors -m gpu tests --ignore=tests/gpu --ignore=tests/kernels \
         --ignore=tests/lora --ignore=tests/quant --ignore=tests/spec_decode/test_spec_gpu.py --ignore="$worker" ;;
   b3) per_test=${GPU_SUITE_WORKER_LIMIT:-125} run b3_worker thread -- -o faulthandler_timeout=110 "$worker" ;;
