@@ -4,7 +4,8 @@
   staging copy per step (``core/input_batch.STAGING``, core/step_staging.py) and the LM head + sampler graphs
   (``OCTAVO_GRAPH_HEAD=1`` at start, switched by ``cuda_graph_head.graph_head_state``).
 - ``engine_variant_ab``: the decode config of every MoE layer (w13 / w2 keys, as the rows of moe_variants.py) with the
-  engine's own graphs re-captured per row, so the row's in-graph gain is measured end to end, host included.
+  engine's own graphs re-captured, plus the two switches, per row: an in-graph gain measured end to end, host
+  included, and the candidate defaults all together (what the next headline would read).
 """
 
 from __future__ import annotations
@@ -44,32 +45,49 @@ def switch_ab(worker, ms_per_token, rounds: int = 3) -> dict:
 
 
 def engine_variant_ab(worker, ms_per_token, rows, rounds: int = 2, stop_at: float | None = None) -> dict:
-    """``rows`` = [(name, w13 keys, w2 keys)]: for each round and row, every MoE layer's decode config updated, the
-    graph runner's graphs re-captured, ms per token measured. Restores the configs and re-captures at the end."""
+    """``rows`` = [(name, w13 keys, w2 keys, staging, head graphs)]: for each round and row, every MoE layer's decode
+    config updated (the graph runner's graphs re-captured when it differs from the last row's), the two switches set,
+    ms per token measured. Restores the configs (re-captured) and the switches at the end."""
     import time
 
+    from octavo.core import input_batch
     from octavo.nn.fused_moe import FusedMoE
+    from octavo.plugins.platforms.cuda_graph_head import graph_head_state
 
     gr = worker.runner.graph_runner
     layers = [m for m in worker.model.modules() if isinstance(m, FusedMoE) and m.__dict__.get("_moe_decode") is not None]
-    saved = [(m, m._moe_decode_cfg) for m in layers]
-    out = {name: [] for name, _, _ in rows}
+    saved, saved_st = [(m, m._moe_decode_cfg) for m in layers], input_batch.STAGING
+    head = bool(graph_head_state(worker).get("captured"))
+    out, current = {name: [] for name, *_ in rows}, ({}, {})
     try:
         for _ in range(rounds):
-            for name, w13, w2 in rows:
+            for name, w13, w2, staging, head_on in rows:
                 if stop_at is not None and time.monotonic() > stop_at:
                     out.setdefault("skipped", []).append(name)
                     continue
-                for m, cfg in saved:
-                    new = copy.deepcopy(cfg)
-                    new["w13"].update(w13)
-                    new["w2"].update(w2)
-                    m._moe_decode_cfg = new
-                gr.capture()
+                if head_on and not head:
+                    out[name].append("no head graphs")
+                    continue
+                if (w13, w2) != current:
+                    for m, cfg in saved:
+                        new = copy.deepcopy(cfg)
+                        new["w13"].update(w13)
+                        new["w2"].update(w2)
+                        m._moe_decode_cfg = new
+                    gr.capture()
+                    current = (w13, w2)
+                input_batch.STAGING = staging
+                if head:
+                    graph_head_state(worker, head_on)
                 out[name].append(round(ms_per_token(), 4))
     finally:
+        input_batch.STAGING = saved_st
+        if head:
+            graph_head_state(worker, False)
         for m, cfg in saved:
             m._moe_decode_cfg = cfg
-        gr.capture()
-    out["mean"] = {k: round(sum(v) / len(v), 4) for k, v in out.items() if v and k != "skipped"}
+        if current != ({}, {}):
+            gr.capture()
+    out["mean"] = {k: round(sum(v) / len(v), 4) for k, v in out.items()
+                   if v and k != "skipped" and all(isinstance(x, float) for x in v)}
     return out

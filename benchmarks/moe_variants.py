@@ -161,9 +161,11 @@ B13_VARIANTS = [  # likeliest first: rows past the part's time cap are skipped
     ("partial+early2+o_early6", {"o_early": 6, "o_tile": (8, None, 4)}, P, {"EARLY": 2}),
     ("partial+early6", {}, P, {"EARLY": 6}),
 ]
-# the same candidates end to end (moe_engine_ab.engine_variant_ab: (name, w13 keys, w2 keys), the engine's graphs
-# re-captured per row, ms per token)
-E2E_ROWS = [("defaults", {}, {}), ("partial+early2", P, {"EARLY": 2}), ("partial", P, {})]
+# the same candidates end to end (moe_engine_ab.engine_variant_ab: (name, w13 keys, w2 keys, pinned staging, head
+# graphs), the engine's graphs re-captured when the config changes, ms per token), all of them together last
+E2E_ROWS = [("defaults", {}, {}, False, False), ("partial+early2", P, {"EARLY": 2}, False, False),
+            ("partial+early2+staging", P, {"EARLY": 2}, True, False),
+            ("partial+early2+staging+head", P, {"EARLY": 2}, True, True)]
 PREFETCH_SETS = {"b1": PREFETCH_VARIANTS, "b2": B2_VARIANTS,  # $MOE_PF_SET picks the list (moe7.sh prefetch / ab,
                  "b9": B9_VARIANTS, "mix": MIXTRAL, "b10": B10_VARIANTS,  # moe9.sh ab / mixab)
                  "b11": B11_VARIANTS, "b12": B12_VARIANTS, "b12s": B12S_VARIANTS,  # moe9.sh ab11 / ab12 / b2b

@@ -20,8 +20,9 @@
 #          off for it) + head graphs off / on + --host-diag, then the b12s rows while time is left (no tables).
 #  ab13    session 12 batch 1: the headline (engine defaults; head graphs captured, off), then in the same engine,
 #          ms per token alternating: one pinned staging copy per step x head graphs (--switch-ab, 3 rotated rounds),
-#          w13 partial routing + early w2 with the engine's graphs re-captured (--engine-ab, 2 rounds), --host-diag
-#          with staging on, the b13 graph rows (partial routing x early w2) and kernel tables (cap 140 s).
+#          w13 partial routing + early w2 with the engine's graphs re-captured, then with staging, then + head graphs
+#          (--engine-ab, 2 rounds: the candidate defaults together), --host-diag with staging on, the b13 graph rows
+#          (partial routing x early w2) and kernel tables (cap 140 s).
 #  stest   the pinned staging copy: test_step_staging_gpu.py (views = plain copies over the ring while the GPU lags;
 #          a tiny Llama's greedy and seeded tokens with staging off / on in one engine, graphs replayed) (cap 45 s).
 #  nanost  the pinned staging copy on nano.sh's workload (benchmarks/gpu_e2e.py qwen3_nanovllm, async): fresh processes
