@@ -123,12 +123,14 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
+    decoder_layer: type[nn.Module] = LlamaDecoderLayer  # subclasses with another layer (Mixtral, Qwen3) set theirs
+
     def __init__(self, *, config: Any, prefix: str = "model") -> None:
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size) if is_first_stage() \
             else PPMissingLayer()  # pipeline stages build only their part (octavo.nn.pipeline)
         self.start_layer, self.end_layer, self.layers = make_layers(
-            config.num_hidden_layers, lambda i: LlamaDecoderLayer(config, i, prefix=f"{prefix}.layers.{i}"))
+            config.num_hidden_layers, lambda i: self.decoder_layer(config, i, prefix=f"{prefix}.layers.{i}"))
         self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps) if is_last_stage() else PPMissingLayer()
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext):

@@ -13,9 +13,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from octavo.nn import ParallelLMHead, ReplicatedLinear, RMSNorm, VocabParallelEmbedding
+from octavo.nn import ParallelLMHead, ReplicatedLinear, RMSNorm
 from octavo.nn.fused_moe import FusedMoE
-from octavo.nn.pipeline import PPMissingLayer, build_lm_head, is_first_stage, is_last_stage, make_layers
+from octavo.nn.pipeline import build_lm_head
 from octavo.plugins.models.llama import LlamaAttention, LlamaDecoderLayer, LlamaForCausalLM, LlamaModel
 from octavo.plugins.models.utils import split_expert_weights
 
@@ -49,13 +49,7 @@ class MixtralDecoderLayer(LlamaDecoderLayer):
 
 
 class MixtralModel(LlamaModel):
-    def __init__(self, *, config: Any, prefix: str = "model") -> None:
-        nn.Module.__init__(self)
-        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size) if is_first_stage() \
-            else PPMissingLayer()  # pipeline stages build only their part (octavo.nn.pipeline)
-        self.start_layer, self.end_layer, self.layers = make_layers(
-            config.num_hidden_layers, lambda i: MixtralDecoderLayer(config, i, prefix=f"{prefix}.layers.{i}"))
-        self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps) if is_last_stage() else PPMissingLayer()
+    decoder_layer = MixtralDecoderLayer
 
 
 class MixtralForCausalLM(LlamaForCausalLM):

@@ -16,9 +16,9 @@ import torch
 from torch import nn
 
 from octavo.model import ForwardContext
-from octavo.nn import ReplicatedLinear, RMSNorm, VocabParallelEmbedding
+from octavo.nn import ReplicatedLinear, RMSNorm
 from octavo.nn.fused_moe import FusedMoE
-from octavo.nn.pipeline import PPMissingLayer, build_lm_head, is_first_stage, is_last_stage, make_layers
+from octavo.nn.pipeline import build_lm_head
 from octavo.plugins.models.llama import (
     LlamaAttention,
     LlamaDecoderLayer,
@@ -74,13 +74,7 @@ class Qwen3DecoderLayer(LlamaDecoderLayer):
 
 
 class Qwen3Model(LlamaModel):
-    def __init__(self, *, config: Any, prefix: str = "model") -> None:
-        nn.Module.__init__(self)
-        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size) if is_first_stage() \
-            else PPMissingLayer()  # pipeline stages build only their part (octavo.nn.pipeline)
-        self.start_layer, self.end_layer, self.layers = make_layers(
-            config.num_hidden_layers, lambda i: Qwen3DecoderLayer(config, i, prefix=f"{prefix}.layers.{i}"))
-        self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps) if is_last_stage() else PPMissingLayer()
+    decoder_layer = Qwen3DecoderLayer
 
 
 class Qwen3ForCausalLM(LlamaForCausalLM):
