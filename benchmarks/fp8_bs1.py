@@ -174,7 +174,12 @@ S6_VARIANTS = {"nosilu": {"silu": False}, "norm4": {"warps": None}, "pf16": {"mb
                "pw4_o8": {"pwb": 4, "table_tiles": {(4096, 4096): (8, 1024, 4, 4)}},
                "amax1": {"amax": True}, "amax1_again": {"amax": True}, "pw2_amax1": {"pwb": 2, "amax": True},
                "normpdl": {"norm_pdl": True}, "normpdl_again": {"norm_pdl": True},
-               "normpdl_amax1": {"norm_pdl": True, "amax": True}, "normpdl_amax1_pw2": {"norm_pdl": True, "amax": True, "pwb": 2}}
+               "normpdl_amax1": {"norm_pdl": True, "amax": True}, "normpdl_amax1_pw2": {"norm_pdl": True, "amax": True, "pwb": 2},
+               "loop2": {"loop2": True}, "loop2_again": {"loop2": True}, "loop2_pw4": {"loop2": True, "pwb": 4},
+               "all4": {"loop2": True, "pwb": 4, "amax": True, "norm_pdl": True},
+               "all2": {"loop2": True, "pwb": 2, "amax": True, "norm_pdl": True}}
+# "loop2" = the GEMV's main loop loads two weight blocks a trip (fp8_gemv.LOOP2; the same bits); "all2" / "all4" =
+# loop2 + amax1 + normpdl with 2 / 4 blocks before the wait
 # "normpdl" = the quantizing norms launched under PDL too (fp8_fused.NORM_PDL: resident during the GEMV before them,
 # waiting in the kernel; the same bits)
 # session 12: "amax1" = the GEMVs that quantize their own input (at batch 1: down) take the row's absmax with every
@@ -307,6 +312,7 @@ def main() -> None:
         base_pdl_w, base_rope, base_table = fp8_prefetch.PDL_W, fp8_rope_gemv.STATE["on"], fp8_gemv_tiles.TABLE_ON
         base_pwb, base_pw_shape = fp8_prefetch.PDL_W_BLOCKS, dict(fp8_prefetch.PDL_W_BY_SHAPE)
         base_tiles, base_amax, base_norm_pdl = dict(fp8_gemv_tiles.TILES), fp8_gemv.AMAX_ONE, fp8_fused.NORM_PDL
+        base_loop2 = fp8_gemv.LOOP2
         res["pdl_w_blocks_default"] = base_pwb
         base_bits, base_reg_pf, base_acc, base_x2d = fp8_gemv.W_BITS, fp8_gemv.REG_PF, fp8_gemv.ACC_SPLIT, fp8_gemv.X2D
         res["w_bits_default"], res["reg_pf_default"], res["acc_split_default"] = base_bits, base_reg_pf, base_acc
@@ -345,6 +351,7 @@ def main() -> None:
                 fp8_gemv.W_BITS, fp8_gemv.REG_PF = v.get("bits", base_bits), v.get("reg_pf", base_reg_pf)
                 fp8_gemv.ACC_SPLIT, fp8_gemv.X2D = v.get("acc", base_acc), v.get("x2d", base_x2d)
                 fp8_gemv.AMAX_ONE, fp8_fused.NORM_PDL = v.get("amax", base_amax), v.get("norm_pdl", base_norm_pdl)
+                fp8_gemv.LOOP2 = v.get("loop2", base_loop2)
                 one_mod.DEFAULT_LAUNCH.clear()
                 one_mod.DEFAULT_LAUNCH.update(base_one, **v.get("one", {}))
                 if "one" in v:
@@ -377,7 +384,7 @@ def main() -> None:
         fp8_prefetch.PDL_W, fp8_prefetch.PDL_W_BLOCKS, fp8_prefetch.PDL_W_BY_SHAPE = base_pdl_w, base_pwb, base_pw_shape
         fp8_rope_gemv.STATE["on"], fp8_gemv_tiles.TABLE_ON = base_rope, base_table
         fp8_gemv.W_BITS, fp8_gemv.REG_PF, fp8_gemv.ACC_SPLIT, fp8_gemv.X2D = base_bits, base_reg_pf, base_acc, base_x2d
-        fp8_gemv.AMAX_ONE, fp8_fused.NORM_PDL = base_amax, base_norm_pdl
+        fp8_gemv.AMAX_ONE, fp8_fused.NORM_PDL, fp8_gemv.LOOP2 = base_amax, base_norm_pdl, base_loop2
         cuda_pdl.set_pdl(platform_pdl)
         one_mod.DEFAULT_LAUNCH.clear()
         one_mod.DEFAULT_LAUNCH.update(base_one)

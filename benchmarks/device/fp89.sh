@@ -12,13 +12,14 @@
 #               the H100 default since batch 1; self: each GEMV program's rows asked of L2 before its PDL wait; pf32:
 #               each GEMV's last programs ask L2 for the next linear's first 32 MiB, over the small kernels between;
 #               nopdl: a kernel table without overlap, each GEMV's own streaming time)
-#   s12         session 12 batch 1 (150 s) = bs1 tests, BS1_VARIANTS = pw4, default_again, normpdl, amax1, ...
+#   s12         session 12 batch 1 (150 s) = bs1 tests, BS1_VARIANTS = pw4, default_again, normpdl, loop2, ...
 #               (in the order below; the budget skips the last ones) (pwN: the GEMV reads N weight blocks before its
 #               PDL wait instead of 1; pw4_<shapes>: 4 only for those weights; pw4_<shape><n>: pw4 with another tile
 #               for that weight; amax1: down's in-kernel absmax with all loads in flight; normpdl: the quantizing
-#               norms launched under PDL, waiting in the kernel; benchmarks/fp8_bs1.py),
+#               norms launched under PDL, waiting in the kernel; loop2: two weight blocks a loop trip; all2/all4:
+#               the four together; benchmarks/fp8_bs1.py),
 #               tests = FP89_TESTS (prefetch / PDL / pdl_w bit identity incl. 1-4 blocks on the table tiles, the
-#               table launch, the GEMV bits incl. amax_one, the norm under PDL after a GEMV)
+#               table launch, the GEMV bits incl. amax_one and loop2, the norm under PDL after a GEMV)
 #   bs1         benchmarks/fp8_bs1.py --ab s6: 8B fp8 + fp8 KV batch 1, one engine: ms/token vs the roofline, the
 #               captured forward alone vs the rest (LM head, sampler, host), the graph's kernel table; then the
 #               variants ${BS1_VARIANTS:-nopdl,default_again,nopdl_again}, graph recaptured for each (nopdl: the GEMV
@@ -48,7 +49,7 @@ if [ "${1:-}" = s11 ]; then
     "${BS1_VARIANTS:=silu_rope,swept,default_again,silu_rope_swept,silu_rope_again,swept_again,rope,silu}"
 elif [ "${1:-}" = s12 ]; then
   shift; set -- bs1 tests "$@"
-  : "${FP89_LIMIT:=150}" "${BS1_VARIANTS:=pw4,default_again,normpdl,amax1,pw2,normpdl_amax1,default_again2,pw4_o,normpdl_again,amax1_again,pw4_again,normpdl_amax1_pw2,pw4_noup,pw3,pw4_qkv_o,pw2_again,pw4_qkv16,pw4_down8}"
+  : "${FP89_LIMIT:=150}" "${BS1_VARIANTS:=pw4,default_again,normpdl,loop2,amax1,pw2,all2,default_again2,all4,normpdl_again,loop2_again,amax1_again,pw4_again,loop2_pw4,pw4_o,normpdl_amax1,pw2_again,pw4_noup,pw4_qkv16,pw4_down8}"
   : "${FP89_TESTS:=tests/quant/test_fp8_prefetch.py tests/quant/test_fp8_gemv_tiles.py tests/quant/test_fp8_gemv_bits.py}"
 elif [ "${1:-}" = s11b2 ]; then
   shift; set -- bs1 tests "$@"
@@ -68,7 +69,7 @@ git status --short > "$R/tree_status.txt" 2>/dev/null
 export OCTAVO_DISABLE_PROGRESS=1
 PARTS=("$@")
 [ ${#PARTS[@]} -eq 0 ] && PARTS=(bs1 tests)
-declare -A RESERVE=([tests]=40 [smallm]=30 [mem_fp8]=55 [mem_bf16]=0 [e2e_fp8]=150 [bs1]=45 [head]=50 [tail]=140)
+declare -A RESERVE=([tests]=50 [smallm]=30 [mem_fp8]=55 [mem_bf16]=0 [e2e_fp8]=150 [bs1]=45 [head]=50 [tail]=140)
 reserve() {  # seconds the parts after $1 keep for themselves
   local after=0 r=0 p
   for p in "${PARTS[@]}"; do

@@ -107,7 +107,7 @@ def test_sm90_ptx_has_the_instructions_exactly_when_asked(prefetch, pdl, self_pf
            "K": "i32", "stride_xm": "i32", "stride_wn": "i32", "stride_ym": "i32"}
     flags = dict(QUANT_X=True, PRE_Q=False, HAS_BIAS=False, EVEN=True, SOFT_FP8=False, BLOCK_N=16, BLOCK_K=512,
                  PREFETCH=prefetch, USE_PDL=pdl, SELF_PF=self_pf, W_BITS=False, REG_PF=False, ACC_SPLIT=0, X2D=False,
-                 AMAX_KP=0)
+                 AMAX_KP=0, LOOP2=False)
     ptx = _ptx(_fp8_gemv_kernel, sig, dict(flags, PDL_W=pdl_w))
     assert ptx.count("cp.async.bulk.prefetch.L2.global") >= prefetch + self_pf
     assert ("cp.async.bulk.prefetch.L2.global" in ptx) == (prefetch or self_pf)
@@ -180,9 +180,9 @@ def test_prefetch_and_pdl_same_bits_in_a_graph_after_an_early_trigger(n, k):
                     assert torch.equal(got, ref), kw
             for tile in ((16, 1024, 8, 3), (4, 1024, 4, 3)):  # the H100 table's tiles; 1-4 blocks before the wait
                 base = block(cfg=tile)
-                for blocks in (True, 2, 3, 4):
-                    for got, ref in zip(block(cfg=tile, pdl=True, pdl_w=blocks), base):
-                        assert torch.equal(got, ref), (tile, blocks)
+                for blocks, loop2 in ((True, False), (2, False), (4, False), (True, True), (3, True)):
+                    for got, ref in zip(block(cfg=tile, pdl=True, pdl_w=blocks, loop2=loop2), base):
+                        assert torch.equal(got, ref), (tile, blocks, loop2)
             assert_graph_replays_match(lambda: block(cfg=(16, 1024, 8, 3), pdl=True, pdl_w=4),
                                        lambda: (plain(), block(cfg=(16, 1024, 8, 3)))[1], x, src)
             assert_graph_replays_match(lambda: block(prefetch=(nxt, 16 << 20), pdl=True, self_prefetch=True), plain,
