@@ -287,6 +287,24 @@ class StructuredOutputManager:
         the next step, and the accept sits on the critical path of the next fill. So it stays here.
         Under async scheduling ``after_accept`` then releases the next step's gated fill at once."""
         t0 = time.perf_counter()
+        self._close_inflight()
+        matchers, tokens, rids = [], [], []
+        early, self._early = self._early, ()
+        for req, token in updates:
+            g = req.grammar
+            if g is None or token is None or req in early:  # (already advanced by accept_sampled)
+                continue
+            if g.matcher is None:
+                if g.start is None and self._reasoning_name:
+                    self._active(req)  # the grammar starts right after the token that ended the reasoning
+                continue
+            matchers.append(g.matcher)
+            tokens.append(token)
+            rids.append(req.request_id)
+        self._advance(matchers, tokens, rids, t0)
+
+    def _close_inflight(self) -> None:
+        """The in-flight step's fill is over (waited for), its device wait checked, its stats summed."""
         step, self._inflight = self._inflight, None
         if step is not None:  # the step's fill must be over before any matcher moves
             step.wait()
@@ -306,19 +324,10 @@ class StructuredOutputManager:
                 st["resume_lag_s"] += max(0.0, step.t_resume - step.t_fill1)
             st["parked"] += step.parked  # its sampling ran on the gate's thread (core/async_gate.py)
             st["device_gated"] += bool(step.seq)  # its sampling waited on the device (core/grammar_device_gate.py)
-        matchers, tokens, rids = [], [], []
-        early, self._early = self._early, ()
-        for req, token in updates:
-            g = req.grammar
-            if g is None or token is None or req in early:  # (already advanced by accept_sampled)
-                continue
-            if g.matcher is None:
-                if g.start is None and self._reasoning_name:
-                    self._active(req)  # the grammar starts right after the token that ended the reasoning
-                continue
-            matchers.append(g.matcher)
-            tokens.append(token)
-            rids.append(req.request_id)
+
+    def _advance(self, matchers: list[Any], tokens: list[int], rids: list[str], t0: float) -> None:
+        """Move ``matchers`` by ``tokens`` (here or, ACCEPT_ON_FILL_THREAD, in the next fill's job), then run the
+        async loop's ``after_accept`` hook (N+1's fill). ``t0``: when the accept began (stats)."""
         hook, self.after_accept = self.after_accept, None
         before = None
         if matchers and ACCEPT_ON_FILL_THREAD and hook is not None:  # the gate decides where it runs (async_gate)
@@ -347,19 +356,29 @@ class StructuredOutputManager:
         a no-op (everything happens in :meth:`accept_tokens`)."""
         if not EARLY_ACCEPT:
             return
-        updates = []
+        # (one pass builds the accept's rows: no (request, token) list walked again by accept_tokens; per-row Python
+        # on this thread is host time of a host-bound GPU step)
+        t0 = time.perf_counter()
+        self._close_inflight()
+        sampled, failed = result.sampled, result.failed
+        matchers, tokens, rids, done = [], [], [], set()
+        prev, self._early = self._early, ()  # (accept_tokens consumed it after the last update; else skip those)
         for s in sched_out.scheduled:
             req = s.req
             g = req.grammar
-            if g is None or g.matcher is None or not s.samples or req.is_finished or req.request_id in result.failed:
+            if g is None or g.matcher is None or not s.samples or req.is_finished or req.request_id in failed \
+                    or req in prev:
                 continue
-            tok = result.sampled.get(req.request_id)
+            tok = sampled.get(req.request_id)
             if isinstance(tok, list):
                 tok = tok[-1] if tok else None
             if tok is not None:
-                updates.append((req, tok))
-        self.accept_tokens(updates)
-        self._early = {req for req, _ in updates}
+                matchers.append(g.matcher)
+                tokens.append(tok)
+                rids.append(req.request_id)
+                done.add(req)
+        self._advance(matchers, tokens, rids, t0)
+        self._early = done
 
     def _accept(self, matchers: list[Any], tokens: list[int], rids: list[str]) -> None:
         """Advance the matchers (a terminated grammar takes no more tokens)."""
