@@ -175,11 +175,13 @@ S6_VARIANTS = {"nosilu": {"silu": False}, "norm4": {"warps": None}, "pf16": {"mb
                "amax1": {"amax": True}, "amax1_again": {"amax": True}, "pw2_amax1": {"pwb": 2, "amax": True},
                "normpdl": {"norm_pdl": True}, "normpdl_again": {"norm_pdl": True},
                "normpdl_amax1": {"norm_pdl": True, "amax": True}, "normpdl_amax1_pw2": {"norm_pdl": True, "amax": True, "pwb": 2},
-               "loop2": {"loop2": True}, "loop2_again": {"loop2": True}, "loop2_pw4": {"loop2": True, "pwb": 4},
-               "all4": {"loop2": True, "pwb": 4, "amax": True, "norm_pdl": True},
-               "all2": {"loop2": True, "pwb": 2, "amax": True, "norm_pdl": True}}
-# "loop2" = the GEMV's main loop loads two weight blocks a trip (fp8_gemv.LOOP2; the same bits); "all2" / "all4" =
-# loop2 + amax1 + normpdl with 2 / 4 blocks before the wait
+               "loop2": {"loop2": 2}, "loop2_again": {"loop2": 2}, "loop2_pw4": {"loop2": 2, "pwb": 4},
+               "loop4": {"loop2": 4}, "loop4_again": {"loop2": 4}, "loop4_pw4": {"loop2": 4, "pwb": 4},
+               "all4": {"loop2": 2, "pwb": 4, "amax": True, "norm_pdl": True},
+               "all2": {"loop2": 2, "pwb": 2, "amax": True, "norm_pdl": True},
+               "all4_loop4": {"loop2": 4, "pwb": 4, "amax": True, "norm_pdl": True}}
+# "loop2" / "loop4" = the GEMV's main loop loads two / four weight blocks a trip (fp8_gemv.LOOP2; the same bits);
+# "all2" / "all4" = loop2 + amax1 + normpdl with 2 / 4 blocks before the wait; "all4_loop4" with loop4
 # "normpdl" = the quantizing norms launched under PDL too (fp8_fused.NORM_PDL: resident during the GEMV before them,
 # waiting in the kernel; the same bits)
 # session 12: "amax1" = the GEMVs that quantize their own input (at batch 1: down) take the row's absmax with every

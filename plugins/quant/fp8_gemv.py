@@ -108,7 +108,7 @@ def _fp8_gemv_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, pf_ptr, pf_tota
                      PREFETCH: tl.constexpr = False, USE_PDL: tl.constexpr = False, SELF_PF: tl.constexpr = False,
                      W_BITS: tl.constexpr = False, REG_PF: tl.constexpr = False, ACC_SPLIT: tl.constexpr = 0,
                      X2D: tl.constexpr = False, PDL_W: tl.constexpr = False, AMAX_KP: tl.constexpr = 0,
-                     LOOP2: tl.constexpr = False):
+                     LOOP2: tl.constexpr = 0):
     """y[m, n] = (sum_k q(x[m, k]) * W[n, k]) * s_x[m] * s_w[n] (+ b[n]): each program owns BLOCK_N outputs.
     ``PRE_Q``: ``x`` is already e4m3 with its scales at ``xs_ptr`` (made by the norm kernel).
     ``USE_PDL``: launched as a programmatic dependent launch: only the weight scales (constants) are read before
@@ -128,8 +128,8 @@ def _fp8_gemv_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, pf_ptr, pf_tota
     host caps it so that ``PDL_W * BLOCK_K <= K``. ``AMAX_KP`` (with ``QUANT_X``; a power of two >= K): the row's
     absmax from loads all issued at once (an unrolled loop of ``AMAX_KP // 2048`` blocks) instead of a loop that
     waits for each block before asking for the next (down's 14 blocks: 14 L2 round trips after the PDL wait); max
-    is exact, so the same scale. ``LOOP2`` (with ``EVEN``, not ``REG_PF``): the main loop loads two weight blocks a
-    trip before the math of either (twice the bytes in flight a program; N = 4096's 256 programs otherwise wait
+    is exact, so the same scale. ``LOOP2`` (2 or 4; with ``EVEN``, not ``REG_PF``): the main loop loads two (four)
+    weight blocks a trip before the math of any (twice the bytes in flight a program; N = 4096's 256 programs otherwise wait
     for one block per DRAM round trip); the same sums in the same order."""
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     nm = n < N
@@ -193,6 +193,23 @@ def _fp8_gemv_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, pf_ptr, pf_tota
             acc = _gemv_step(acc, w_b3, x_row, 3 * BLOCK_K + tl.arange(0, BLOCK_K), s_x, K, QUANT_X, PRE_Q, EVEN,
                              SOFT_FP8, X2D, W_BITS, ACC_SPLIT, BLOCK_N, BLOCK_K)
             k0 = 4 * BLOCK_K
+        if LOOP2 == 4 and EVEN and not REG_PF:  # four blocks a trip: all four loads in flight before any math
+            k_quads = k0 + (K - k0) // (4 * BLOCK_K) * (4 * BLOCK_K)
+            for k in range(k0, k_quads, 4 * BLOCK_K):
+                kk = k + tl.arange(0, BLOCK_K)
+                wa = tl.load(rows + kk[None, :])
+                wb = tl.load(rows + (kk + BLOCK_K)[None, :])
+                wc = tl.load(rows + (kk + 2 * BLOCK_K)[None, :])
+                wd = tl.load(rows + (kk + 3 * BLOCK_K)[None, :])
+                acc = _gemv_step(acc, wa, x_row, kk, s_x, K, QUANT_X, PRE_Q, EVEN, SOFT_FP8, X2D, W_BITS, ACC_SPLIT,
+                                 BLOCK_N, BLOCK_K)
+                acc = _gemv_step(acc, wb, x_row, kk + BLOCK_K, s_x, K, QUANT_X, PRE_Q, EVEN, SOFT_FP8, X2D, W_BITS,
+                                 ACC_SPLIT, BLOCK_N, BLOCK_K)
+                acc = _gemv_step(acc, wc, x_row, kk + 2 * BLOCK_K, s_x, K, QUANT_X, PRE_Q, EVEN, SOFT_FP8, X2D,
+                                 W_BITS, ACC_SPLIT, BLOCK_N, BLOCK_K)
+                acc = _gemv_step(acc, wd, x_row, kk + 3 * BLOCK_K, s_x, K, QUANT_X, PRE_Q, EVEN, SOFT_FP8, X2D,
+                                 W_BITS, ACC_SPLIT, BLOCK_N, BLOCK_K)
+            k0 = k_quads  # 1-3 blocks left: the pair loop and the plain loop below
         if LOOP2 and EVEN and not REG_PF:  # two blocks a trip: both loads in flight before either's math
             k_pairs = k0 + (K - k0) // (2 * BLOCK_K) * (2 * BLOCK_K)
             for k in range(k0, k_pairs, 2 * BLOCK_K):
@@ -334,9 +351,11 @@ X2D = os.environ.get("OCTAVO_FP8_GEMV_X2D", "0").strip() == "1"
 #: in the GEMV: the norms hand the other three e4m3)
 AMAX_ONE = env_switch("OCTAVO_FP8_GEMV_AMAX_ONE", default=False)
 AMAX_MAX_K = 16384
-#: the one-row kernel's main loop two weight blocks a trip (``LOOP2``; the same result). ``OCTAVO_FP8_GEMV_LOOP2``
-#: (default off until measured on a GPU)
-LOOP2 = env_switch("OCTAVO_FP8_GEMV_LOOP2", default=False)
+#: the one-row kernel's main loop: 0, or 2 / 4 weight blocks a trip (``LOOP2``; the same result).
+#: ``OCTAVO_FP8_GEMV_LOOP2`` (0, 2 or 4; default 0 until measured on a GPU)
+LOOP2 = int(os.environ.get("OCTAVO_FP8_GEMV_LOOP2", "0").strip() or 0)
+if LOOP2 not in (0, 2, 4):
+    raise ValueError(f"OCTAVO_FP8_GEMV_LOOP2={LOOP2}: 0, 2 or 4 weight blocks a loop trip")
 #: the most weight blocks the one-row kernel reads before its PDL wait (``pdl_w``; its static ifs)
 MAX_PDL_W = 4
 if ACC_SPLIT not in (0, 8, 16):
@@ -349,7 +368,7 @@ def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, 
              prefetch: tuple[torch.Tensor, int] | None = None, pdl: bool = False,
              self_prefetch: bool = False, w_bits: bool | None = None, reg_pf: bool | None = None,
              acc_split: int | None = None, x2d: bool | None = None, pdl_w: bool | int = False,
-             amax_one: bool | None = None, loop2: bool | None = None) -> torch.Tensor:
+             amax_one: bool | None = None, loop2: int | None = None) -> torch.Tensor:
     """``x [m, K]`` (bf16/fp16/fp32) times the e4m3 ``weight [N, K]`` with ``weight_scale`` (``N`` values).
 
     ``quantize_input=True`` is W8A8 (dynamic per-token e4m3 activations, as the ``_scaled_mm`` path);
@@ -370,8 +389,8 @@ def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, 
     ``pdl_w`` (with ``pdl``; True = 1, or an int 1-4): the first ``pdl_w`` weight blocks (at most ``K // 1024``) are
     read before the kernel waits for its producer, and its dependents may launch once it has waited (same result
     bit for bit). ``amax_one`` (in-kernel quantization, one row; None: the module's ``AMAX_ONE``): the absmax reads
-    the row with every load in flight at once (K <= AMAX_MAX_K; the same scale, the same result). ``loop2`` (one
-    row; None: the module's ``LOOP2``): the main loop loads two weight blocks a trip (the same result).
+    the row with every load in flight at once (K <= AMAX_MAX_K; the same scale, the same result). ``loop2`` (0, 2 or 4;
+    one row; None: the module's ``LOOP2``): the main loop loads that many weight blocks a trip (the same result).
     """
     m, k = x.shape
     n = weight.shape[0]
@@ -406,8 +425,11 @@ def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, 
         one_row_flags["REG_PF"] = True
     if pre and (X2D if x2d is None else x2d):
         one_row_flags["X2D"] = True
-    if (LOOP2 if loop2 is None else loop2) and not one_row_flags.get("REG_PF"):
-        one_row_flags["LOOP2"] = True
+    trip = LOOP2 if loop2 is None else int(loop2)
+    if trip not in (0, 2, 4):
+        raise ValueError(f"fp8_gemv: loop2={loop2!r}: 0, 2 or 4 weight blocks a loop trip")
+    if trip and not one_row_flags.get("REG_PF"):
+        one_row_flags["LOOP2"] = trip
     if quantize_input and not pre and (AMAX_ONE if amax_one is None else amax_one) and k <= AMAX_MAX_K:
         one_row_flags["AMAX_KP"] = max(triton.next_power_of_2(k), AMAX_BLOCK.value)
     split = ACC_SPLIT if acc_split is None else acc_split

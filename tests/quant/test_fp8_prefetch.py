@@ -72,6 +72,9 @@ def test_prefetch_and_pdl_refused_where_they_cannot_run(monkeypatch):
     for bad in (5, -1):
         with pytest.raises(ValueError, match="pdl_w"):
             fp8_gemv(torch.randn(1, 64).bfloat16(), w, ws, pdl=True, pdl_w=bad)
+    for bad in (1, 3, 8):
+        with pytest.raises(ValueError, match="loop2"):
+            fp8_gemv(torch.randn(1, 64).bfloat16(), w, ws, loop2=bad)
     for bad in ("0", "5", "x"):
         monkeypatch.setenv("OCTAVO_FP8_GEMV_PDL_W_BLOCKS", bad)
         with pytest.raises(ValueError, match="OCTAVO_FP8_GEMV_PDL_W_BLOCKS"):
@@ -107,7 +110,7 @@ def test_sm90_ptx_has_the_instructions_exactly_when_asked(prefetch, pdl, self_pf
            "K": "i32", "stride_xm": "i32", "stride_wn": "i32", "stride_ym": "i32"}
     flags = dict(QUANT_X=True, PRE_Q=False, HAS_BIAS=False, EVEN=True, SOFT_FP8=False, BLOCK_N=16, BLOCK_K=512,
                  PREFETCH=prefetch, USE_PDL=pdl, SELF_PF=self_pf, W_BITS=False, REG_PF=False, ACC_SPLIT=0, X2D=False,
-                 AMAX_KP=0, LOOP2=False)
+                 AMAX_KP=0, LOOP2=0)
     ptx = _ptx(_fp8_gemv_kernel, sig, dict(flags, PDL_W=pdl_w))
     assert ptx.count("cp.async.bulk.prefetch.L2.global") >= prefetch + self_pf
     assert ("cp.async.bulk.prefetch.L2.global" in ptx) == (prefetch or self_pf)
@@ -180,7 +183,7 @@ def test_prefetch_and_pdl_same_bits_in_a_graph_after_an_early_trigger(n, k):
                     assert torch.equal(got, ref), kw
             for tile in ((16, 1024, 8, 3), (4, 1024, 4, 3)):  # the H100 table's tiles; 1-4 blocks before the wait
                 base = block(cfg=tile)
-                for blocks, loop2 in ((True, False), (2, False), (4, False), (True, True), (3, True)):
+                for blocks, loop2 in ((True, 0), (2, 0), (4, 0), (True, 2), (3, 2), (True, 4)):
                     for got, ref in zip(block(cfg=tile, pdl=True, pdl_w=blocks, loop2=loop2), base):
                         assert torch.equal(got, ref), (tile, blocks, loop2)
             assert_graph_replays_match(lambda: block(cfg=(16, 1024, 8, 3), pdl=True, pdl_w=4),
