@@ -30,6 +30,23 @@ def run_triton_interpreted(code: str, timeout: int = 300, **env: str):
     return out
 
 
+def run_cases_interpreted(*files, timeout: int = 600, unset: tuple[str, ...] = (), quiet: bool = True,
+                          need_passed: bool = True, forbid: tuple[str, ...] = ("failed",), **env: str) -> None:
+    """Run the kernel-case files ``files`` in a child pytest (``-x``) with ``TRITON_INTERPRET=1`` (set before any
+    kernel is defined) and ``env`` added, the switches in ``unset`` removed (the cases set them), from the repository
+    root; ``quiet``: ``-W ignore``. Fails with the output's tails unless it exits 0, and, on its summary, unless it
+    reports ``passed`` (``need_passed``) and none of ``forbid`` (e.g. ``skipped``: a case that could not run here)."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in dict(os.environ, TRITON_INTERPRET="1", **env).items() if k not in unset}
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x", *(["-W", "ignore"] if quiet else []),
+           *map(str, files)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert (" passed" in proc.stdout or not need_passed) and not any(w in proc.stdout for w in forbid)
+
+
 def smollm2_gguf_path() -> str:
     """The embedded SmolLM2-135M-Instruct GGUF."""
     from octavo.core.loader import default_model_path

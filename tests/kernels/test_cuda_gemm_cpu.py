@@ -4,22 +4,15 @@ run of the same file (``benchmarks/device/nano8.sh``) uses bf16 and the served s
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.utils import run_cases_interpreted
 
 HERE = Path(__file__).parent
 
 
 def test_cuda_gemm_cases_under_triton_interpreter():
     pytest.importorskip("triton")
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    env.pop("OCTAVO_TRITON_GEMM", None)
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x", "-W", "ignore",
-                           str(HERE / "cuda_gemm_cases.py")], env=env, capture_output=True, text=True,
-                          timeout=600, cwd=HERE.parent.parent)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
-    assert " passed" in proc.stdout and "failed" not in proc.stdout
+    run_cases_interpreted(HERE / "cuda_gemm_cases.py", unset=("OCTAVO_TRITON_GEMM",))

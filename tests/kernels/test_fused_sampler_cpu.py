@@ -5,23 +5,16 @@ before any kernel is defined). Small vocabulary and few draws; the GPU run of th
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.utils import run_cases_interpreted
 
 HERE = Path(__file__).parent
 
 
 def test_fused_sampler_and_qk_norm_rope_cases_under_triton_interpreter():
     pytest.importorskip("triton")
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    env.pop("OCTAVO_FUSED_SAMPLER", None)
-    env.pop("OCTAVO_FUSE_QK_NORM_ROPE", None)
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x", "-W", "ignore",
-                           str(HERE / "fused_sampler_cases.py"), str(HERE / "qk_norm_rope_cases.py")], env=env, capture_output=True, text=True,
-                          timeout=900, cwd=HERE.parent.parent)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
-    assert " passed" in proc.stdout and "skipped" not in proc.stdout and "failed" not in proc.stdout
+    run_cases_interpreted(HERE / "fused_sampler_cases.py", HERE / "qk_norm_rope_cases.py", timeout=900,
+                          unset=("OCTAVO_FUSED_SAMPLER", "OCTAVO_FUSE_QK_NORM_ROPE"), forbid=("skipped", "failed"))

@@ -4,31 +4,22 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from octavo.plugins.platforms import cuda_moe
+from tests.utils import run_cases_interpreted
 
 HERE = Path(__file__).parent
 
 
 def test_kernel_cases_under_triton_interpreter():
     pytest.importorskip("triton")
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    env.pop("OCTAVO_MOE_TRITON", None)
-    env.pop("OCTAVO_MOE_DECODE_ATTN", None)
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x",
-                           str(HERE / "moe_interp_cases.py"), str(HERE / "moe_decode_interp_cases.py"),
-                           str(HERE / "moe_attn_interp_cases.py")], env=env,
-                          capture_output=True, text=True,
-                          timeout=600, cwd=HERE.parent.parent)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
-    assert " passed" in proc.stdout and "skipped" not in proc.stdout
+    run_cases_interpreted(HERE / "moe_interp_cases.py", HERE / "moe_decode_interp_cases.py",
+                          HERE / "moe_attn_interp_cases.py", unset=("OCTAVO_MOE_TRITON", "OCTAVO_MOE_DECODE_ATTN"),
+                          quiet=False, forbid=("skipped",))
 
 
 def test_default_config_grows_tiles_with_tokens_per_expert():

@@ -12,18 +12,15 @@ from pathlib import Path
 
 import pytest
 
+from tests.utils import run_cases_interpreted
+
 HERE = Path(__file__).parent
 
 
 def test_pdl_paths_and_silu_gemv_under_triton_interpreter():
     pytest.importorskip("triton")
-    env = dict(os.environ, TRITON_INTERPRET="1", OCTAVO_FUSE_SILU_GEMV="1")
-    env.pop("OCTAVO_PDL", None)
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x", "-W", "ignore",
-                           str(HERE / "pdl_cases.py"), str(HERE / "mlp_fusion_cases.py")], env=env, capture_output=True, text=True, timeout=600,
-                          cwd=HERE.parent.parent)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
-    assert " passed" in proc.stdout and "skipped" not in proc.stdout and "failed" not in proc.stdout
+    run_cases_interpreted(HERE / "pdl_cases.py", HERE / "mlp_fusion_cases.py", unset=("OCTAVO_PDL",),
+                          forbid=("skipped", "failed"), OCTAVO_FUSE_SILU_GEMV="1")
 
 
 @pytest.mark.parametrize("value,expect", [(None, "off"), ("0", "off"), ("1", "RuntimeError: OCTAVO_PDL=1 needs"),
