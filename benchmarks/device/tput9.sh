@@ -111,7 +111,7 @@ case "$PART" in
       --budget-s "$((cap - 8))" $KVB --windows --prefill-window 0
     cap=$(( $(left) - 22 ))
     [ "$cap" -gt 8 ] && run "$cap" gemm_lt.log python benchmarks/gemm_lt_bench.py --out "$R/gemm_lt.json" \
-      --budget $((cap - 8)) --rows 272 8192 248 256 240 232 224 216 208 200
+      --budget $((cap - 8)) --rows 272 8192 264 248 256 240 232 224 216 208
     cap=$(( $(left) - 1 )); [ "$cap" -gt 4 ] && run "$cap" lt_test.log python -m pytest -q -p no:cacheprovider \
       tests/gpu/test_cuda_gemm_lt_gpu.py ;;
   *) echo "unknown TPUT_PART=$PART"; exit 2 ;;
