@@ -179,9 +179,16 @@ S6_VARIANTS = {"nosilu": {"silu": False}, "norm4": {"warps": None}, "pf16": {"mb
                "loop4": {"loop2": 4}, "loop4_again": {"loop2": 4}, "loop4_pw4": {"loop2": 4, "pwb": 4},
                "all4": {"loop2": 2, "pwb": 4, "amax": True, "norm_pdl": True},
                "all2": {"loop2": 2, "pwb": 2, "amax": True, "norm_pdl": True},
-               "all4_loop4": {"loop2": 4, "pwb": 4, "amax": True, "norm_pdl": True}}
+               "all4_loop4": {"loop2": 4, "pwb": 4, "amax": True, "norm_pdl": True},
+               "loop4_od8w8": {"loop2": 4, "table_tiles": {(4096, 4096): (8, 1024, 8, 3), (4096, 14336): (8, 1024, 8, 3)}},
+               "loop4_od4w4": {"loop2": 4, "table_tiles": {(4096, 4096): (4, 1024, 4, 3), (4096, 14336): (4, 1024, 4, 3)}},
+               "loop4_all8w8": {"loop2": 4, "table_tiles": {sh: (8, 1024, 8, 3) for sh in
+                                                            ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336))}}}
 # "loop2" / "loop4" = the GEMV's main loop loads two / four weight blocks a trip (fp8_gemv.LOOP2; the same bits);
-# "all2" / "all4" = loop2 + amax1 + normpdl with 2 / 4 blocks before the wait; "all4_loop4" with loop4
+# "all2" / "all4" = loop2 + amax1 + normpdl with 2 / 4 blocks before the wait; "all4_loop4" with loop4;
+# "loop4_od8w8" / "loop4_od4w4" = loop4 with o and down on 8x1024 8 warps / 4x1024 4 warps (sm_90 SASS, Triton 3.9:
+# the table's 16x1024 w8 takes 161 registers, one program an SM, one 16 KB block in flight; 8x1024 w8 with loop4 128,
+# two programs of 32 KB; 4x1024 w4 with loop4 128, four of 16 KB); "loop4_all8w8" = every GEMV on 8x1024 w8
 # "normpdl" = the quantizing norms launched under PDL too (fp8_fused.NORM_PDL: resident during the GEMV before them,
 # waiting in the kernel; the same bits)
 # session 12: "amax1" = the GEMVs that quantize their own input (at batch 1: down) take the row's absmax with every

@@ -12,12 +12,12 @@
 #               the H100 default since batch 1; self: each GEMV program's rows asked of L2 before its PDL wait; pf32:
 #               each GEMV's last programs ask L2 for the next linear's first 32 MiB, over the small kernels between;
 #               nopdl: a kernel table without overlap, each GEMV's own streaming time)
-#   s12         session 12 batch 1 (150 s) = tests bs1, BS1_VARIANTS = pw4, default_again, normpdl, loop2, ...
+#   s12         session 12 batch 1 (150 s) = tests bs1, BS1_VARIANTS = loop4, default_again, loop2, normpdl, ...
 #               (in the order below; the budget skips the last ones) (pwN: the GEMV reads N weight blocks before its
 #               PDL wait instead of 1; pw4_<shapes>: 4 only for those weights; pw4_<shape><n>: pw4 with another tile
 #               for that weight; amax1: down's in-kernel absmax with all loads in flight; normpdl: the quantizing
 #               norms launched under PDL, waiting in the kernel; loop2/loop4: two/four weight blocks a loop trip;
-#               all2/all4(_loop4): the four together; benchmarks/fp8_bs1.py),
+#               all2/all4(_loop4): the four together; loop4_<tiles>: loop4 with other tiles; benchmarks/fp8_bs1.py),
 #               tests = FP89_TESTS (prefetch / PDL / pdl_w bit identity incl. 1-4 blocks on the table tiles, the
 #               table launch, the GEMV bits incl. amax_one and loop2/4, the norm under PDL after a GEMV)
 #   bs1         benchmarks/fp8_bs1.py --ab s6: 8B fp8 + fp8 KV batch 1, one engine: ms/token vs the roofline, the
@@ -49,7 +49,7 @@ if [ "${1:-}" = s11 ]; then
     "${BS1_VARIANTS:=silu_rope,swept,default_again,silu_rope_swept,silu_rope_again,swept_again,rope,silu}"
 elif [ "${1:-}" = s12 ]; then
   shift; set -- tests bs1 "$@"  # the tests first: a default flips only with them
-  : "${FP89_LIMIT:=150}" "${BS1_VARIANTS:=pw4,default_again,normpdl,loop2,loop4,amax1,all2,default_again2,all4,all4_loop4,normpdl_again,loop2_again,loop4_again,amax1_again,pw2,pw4_again,loop4_pw4,pw4_o,pw2_again,pw4_noup,pw4_qkv16,pw4_down8}"
+  : "${FP89_LIMIT:=150}" "${BS1_VARIANTS:=loop4,default_again,loop2,normpdl,loop4_od8w8,amax1,all4_loop4,default_again2,loop4_od4w4,loop4_again,all2,pw4,loop2_again,normpdl_again,loop4_all8w8,amax1_again,all4,pw2,loop4_pw4,pw4_o,pw4_noup}"
   : "${FP89_TESTS:=tests/quant/test_fp8_prefetch.py tests/quant/test_fp8_gemv_tiles.py tests/quant/test_fp8_gemv_bits.py}"
 elif [ "${1:-}" = s11b2 ]; then
   shift; set -- bs1 tests "$@"

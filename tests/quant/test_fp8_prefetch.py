@@ -181,9 +181,10 @@ def test_prefetch_and_pdl_same_bits_in_a_graph_after_an_early_trigger(n, k):
                        {"prefetch": (nxt, 16 << 20), "pdl": True, "self_prefetch": True}, {"pdl": True, "pdl_w": True}):
                 for got, ref in zip(block(**kw), want):
                     assert torch.equal(got, ref), kw
-            for tile in ((16, 1024, 8, 3), (4, 1024, 4, 3)):  # the H100 table's tiles; 1-4 blocks before the wait
-                base = block(cfg=tile)
-                for blocks, loop2 in ((True, 0), (2, 0), (4, 0), (True, 2), (3, 2), (True, 4)):
+            combos = ((True, 0), (2, 0), (4, 0), (True, 2), (3, 2), (True, 4))
+            for tile, pairs in (((16, 1024, 8, 3), combos), ((4, 1024, 4, 3), combos), ((8, 1024, 8, 3), combos[-1:])):
+                base = block(cfg=tile)  # the H100 table's tiles (and the 4-block loop's other): blocks before the wait
+                for blocks, loop2 in pairs:
                     for got, ref in zip(block(cfg=tile, pdl=True, pdl_w=blocks, loop2=loop2), base):
                         assert torch.equal(got, ref), (tile, blocks, loop2)
             assert_graph_replays_match(lambda: block(cfg=(16, 1024, 8, 3), pdl=True, pdl_w=4),
