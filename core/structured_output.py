@@ -17,14 +17,15 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from octavo.core import grammar_step
+from octavo.core.grammar_reasoning import grammar_start
 from octavo.core.grammar_step import GrammarStep, apply_packed, fill_threads
+from octavo.env_flags import env_switch
 
 logger = logging.getLogger(__name__)
 # Under async scheduling, accept N's tokens (and fill N+1) before Scheduler.update (accept_sampled); False: after
@@ -41,17 +42,10 @@ ACCEPT_ON_FILL_THREAD = False
 YIELD_AFTER_RELEASE = True
 
 
-def _env_switch(name: str) -> bool:
-    value = os.environ.get(name, "")
-    if value not in ("", "0", "1"):
-        raise ValueError(f"{name}={value!r}: must be 0 or 1")
-    return value == "1"
-
-
 # Session 11, opt-in: the backend's matchers in a worker process (the backend's ``out_of_process``: xgrammar's,
 # plugins/structured_output/xgrammar_worker.py), so accept + fill + their glue leave this process's GIL; a backend
 # without one is refused by name. OCTAVO_GRAMMAR_WORKER=1 turns it on (benchmark mode json_async_worker).
-GRAMMAR_WORKER = _env_switch("OCTAVO_GRAMMAR_WORKER")
+GRAMMAR_WORKER = env_switch("OCTAVO_GRAMMAR_WORKER", default=False)
 
 
 class RequestGrammar:
@@ -65,15 +59,6 @@ class RequestGrammar:
         self.start: int | None = None  # index in output_token_ids where the grammar begins (None: not yet)
         self.failed: str | None = None
         self.prompt_open: bool | None = None  # with a reasoning parser: the prompt leaves the reasoning open
-
-
-def _find(seq: list[int], sub: list[int], start: int = 0) -> int:
-    """Index just after the first occurrence of ``sub`` in ``seq[start:]``, or -1."""
-    n = len(sub)
-    for i in range(max(start, 0), len(seq) - n + 1):
-        if seq[i:i + n] == sub:
-            return i + n
-    return -1
 
 
 class StructuredOutputManager:
@@ -196,21 +181,12 @@ class StructuredOutputManager:
         if g is None or g.failed is not None or not g.future.done():
             return None
         if g.start is None:
-            if self._reasoning_name:
-                self._get_backend()  # resolves the reasoning end marker
-                end = self._reasoning_end
-                # the prompt closed the reasoning only if its last end marker follows its last start marker
-                # (earlier turns' reasoning in a multi-turn prompt, or a template that opens <think>, do not)
-                if g.prompt_open is None:  # on the text: "<think>" tokenizes differently after a space
-                    text = self._get_backend().tokenizer.decode(req.prompt_token_ids)
-                    g.prompt_open = text.rfind(self._reasoning_markers[1]) <= text.rfind(self._reasoning_markers[0])
-                if g.prompt_open:
-                    pos = _find(req.output_token_ids, end)
-                    if pos < 0:
-                        return None
-                    g.start = pos
-                else:
-                    g.start = 0
+            if self._reasoning_name:  # after the reasoning ends (core/grammar_reasoning.py)
+                backend = self._get_backend()  # (resolves the reasoning end marker)
+                start = grammar_start(req, g, self._reasoning_end, self._reasoning_markers, backend.tokenizer.decode)
+                if start is None:
+                    return None
+                g.start = start
             else:
                 g.start = 0
         if g.matcher is None:
