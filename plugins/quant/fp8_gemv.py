@@ -15,7 +15,7 @@ divides), clamped to +-448 and rounded to e4m3; then ``y[m, n] = (sum_k q[m, k] 
 in fp32 (e4m3 products are exact in fp32), rounded to the output dtype, then ``+ bias``.
 
 One row: autotuned tiles, the row's absmax read first (or the norm's e4m3 copy read instead). 2-16 rows: a
-second kernel loads each weight tile once for all rows; on H100 it measured slower than ``_scaled_mm`` from 2
+second kernel (fp8_gemv_rows.py) loads each weight tile once for all rows; on H100 it measured slower than ``_scaled_mm`` from 2
 rows on and two of its GPU checks failed undiagnosed (batch 1), so the engine only uses one row
 (``OCTAVO_FP8_GEMV_MAX_M`` is 0 or 1); it stays for experiments and its interpreter test. ``TRITON_INTERPRET=1`` runs it
 on CPU tensors (tests/quant/test_fp8_gemv.py, against a float64 reference). This module imports Triton:
@@ -33,24 +33,14 @@ import triton.language as tl
 
 from octavo.env_flags import env_switch
 from octavo.plugins.quant import fp8_gemv_tiles
+from octavo.plugins.quant.fp8_e4m3 import _round_e4m3
+from octavo.plugins.quant.fp8_gemv_l2 import PF_PIECES, PF_PROGS, _prefetch_l2_slice, prefetch_args  # noqa: F401
 
 # (BLOCK_N, BLOCK_K, num_warps, num_stages): BLOCK_K fp8 bytes per weight row per step; BLOCK_K <= 1024 (the
 # EVEN flag is computed for 1024). Session 5 (H100, one row, graph of back-to-back calls): (16, 512) best for qkv,
 # (8, 1024) for o_proj and gate_up, (16, 1024, 8) for down; (32, 512) never best -> replaced by (4, 1024), more
 # programs for the small projections (o_proj and qkv stream at only 0.54-0.64 of the bandwidth)
 _CONFIGS = ((16, 512, 4, 3), (4, 1024, 4, 3), (16, 1024, 8, 3), (8, 1024, 4, 4))
-
-
-@triton.jit
-def _round_e4m3(v):
-    """Round-to-nearest-even onto the e4m3 grid (|v| <= 448) in fp32 arithmetic: 3 mantissa bits, the exponent
-    floored at -6 (subnormal steps of 2**-9). Used under the interpreter, whose own fp8 cast is wrong when
-    rounding carries into the exponent (31.36 -> 16 instead of 32)."""
-    a = tl.abs(v)
-    e = ((a.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
-    step = ((tl.maximum(e, -6) - 3 + 127) << 23).to(tl.float32, bitcast=True)
-    r = (a / step + 8388608.0) - 8388608.0  # a / step < 16: the fp32 add rounds to nearest even
-    return tl.where(v < 0, -r, r) * step
 
 
 @triton.jit
@@ -246,74 +236,7 @@ def _fp8_gemv_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, pf_ptr, pf_tota
 
 # the unrolled absmax's block (AMAX_KP): 2048 bf16 a load round, 8 rounds for K = 14336
 AMAX_BLOCK = tl.constexpr(2048)
-# the next weight's prefetch: split over the grid's last PF_PROGS programs, PF_PIECES bulk requests each
-PF_PROGS = tl.constexpr(128)
-PF_PIECES = tl.constexpr(128)
 
-
-@triton.jit
-def _prefetch_l2_slice(pf_ptr, total, piece, PROGS: tl.constexpr, PIECES: tl.constexpr):
-    """Ask L2 for this program's share of ``total`` bytes at ``pf_ptr`` (``cp.async.bulk.prefetch.L2``, sm_90+;
-    a hint: nothing waits for it and nothing is written). ``piece`` and ``total`` are multiples of 16 bytes."""
-    j = tl.program_id(0) - tl.maximum(tl.num_programs(0) - PROGS, 0)
-    if j >= 0:
-        off = (j.to(tl.int64) * PIECES + tl.arange(0, PIECES)) * piece
-        ok = off < total
-        off = tl.where(ok, off, total - 16)  # past the end: re-ask for the last 16 bytes (no predication in asm)
-        size = tl.where(ok, tl.minimum(total - off, piece), 16).to(tl.int32)
-        tl.inline_asm_elementwise("cp.async.bulk.prefetch.L2.global [$1], $2;\n mov.u32 $0, 0;", "=r,l,r",
-                                  [pf_ptr + off, size], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
-def _fp8_gemv_rows_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
-                          QUANT_X: tl.constexpr, PRE_Q: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN: tl.constexpr,
-                          SOFT_FP8: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                          BLOCK_K: tl.constexpr):
-    """The same product for 2..BLOCK_M rows: each weight tile is loaded once and applied to every row
-    (a [BLOCK_M, BLOCK_N, BLOCK_K] fp32 accumulator) instead of once per row."""
-    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    nm = n < N
-    r = tl.arange(0, BLOCK_M)
-    rm = r < M
-    rows = w_ptr + n.to(tl.int64)[:, None] * stride_wn
-    x_rows = x_ptr + r[:, None] * stride_xm
-    ws = tl.load(ws_ptr + n, mask=nm, other=0.0)
-    s_x = tl.full([BLOCK_M], 1.0, tl.float32)
-    if PRE_Q:
-        s_x = tl.load(xs_ptr + r, mask=rm, other=1.0)
-    if QUANT_X:
-        amax = tl.zeros([BLOCK_M, BLOCK_K], dtype=tl.float32)
-        for k in range(0, K, BLOCK_K):
-            kk = k + tl.arange(0, BLOCK_K)
-            v = tl.load(x_rows + kk[None, :], mask=rm[:, None] & (kk[None, :] < K), other=0.0).to(tl.float32)
-            amax = tl.maximum(amax, tl.abs(v))
-        s_x = tl.maximum(tl.math.div_rn(tl.max(amax, axis=1), 448.0), 1e-12)
-    acc = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], dtype=tl.float32)
-    for k in range(0, K, BLOCK_K):
-        kk = k + tl.arange(0, BLOCK_K)
-        if EVEN:
-            w = tl.load(rows + kk[None, :])
-        else:
-            w = tl.load(rows + kk[None, :], mask=nm[:, None] & (kk[None, :] < K), other=0.0)
-        x = tl.load(x_rows + kk[None, :], mask=rm[:, None] & (kk[None, :] < K), other=0.0).to(tl.float32)
-        if QUANT_X:
-            x = tl.minimum(tl.maximum(tl.math.div_rn(x, s_x[:, None]), -448.0), 448.0)
-            if SOFT_FP8:
-                x = _round_e4m3(x)
-            else:
-                x = x.to(tl.float8e4nv).to(tl.float32)
-        acc += x[:, None, :] * w.to(tl.float32)[None, :, :]
-    y = (tl.sum(acc, 2) * s_x[:, None] * ws[None, :]).to(y_ptr.dtype.element_ty)
-    if HAS_BIAS:
-        y = (y.to(tl.float32) + tl.load(b_ptr + n, mask=nm, other=0.0).to(tl.float32)[None, :]).to(y.dtype)
-    tl.store(y_ptr + r[:, None] * stride_ym + n[None, :], y, mask=rm[:, None] & nm[None, :])
-
-
-# rows (padded to a power of two) -> (BLOCK_N, BLOCK_K, num_warps): BLOCK_M * BLOCK_N * BLOCK_K = 8192 fp32
-# accumulators, 64 registers a thread at 4 warps
-_ROWS_CONFIGS = {2: (16, 256, 4), 4: (16, 128, 4), 8: (8, 128, 4), 16: (8, 64, 4)}
-ROWS_MAX = 16
 
 # the timings go to Triton's cache dir where this Triton can (as cuda_fusions' bf16 GEMV): a warm start skips
 # re-timing 4 tiles x 2 input kinds per weight shape
@@ -442,13 +365,10 @@ def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, 
         pre_blocks = 0 if not (pdl and pdl_w) or one_row_flags.get("REG_PF") else min(int(pdl_w), max(k // 1024, 1))
         flags.update(PREFETCH=pf_total > 0, USE_PDL=pdl, SELF_PF=self_prefetch, PDL_W=pre_blocks,
                      **({"launch_pdl": True} if pdl else {}))
-    if m > 1:  # several rows: one weight read for all of them
-        if m > ROWS_MAX:
-            raise ValueError(f"fp8_gemv: {m} rows; at most {ROWS_MAX} (use torch._scaled_mm above)")
-        bm = 1 << (m - 1).bit_length()
-        bn, bk, warps = _ROWS_CONFIGS[bm]
-        _fp8_gemv_rows_kernel[(triton.cdiv(n, bn),)](
-            *args[:6], *args[9:], **flags, EVEN=k % bk == 0 and n % bn == 0, SOFT_FP8=soft, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps)
+    if m > 1:  # several rows: one weight read for all of them (fp8_gemv_rows.py)
+        from octavo.plugins.quant.fp8_gemv_rows import launch_rows
+
+        launch_rows((*args[:6], *args[9:]), flags, m, n, k, soft)
         return y
     if soft:  # no timer to autotune with: one small tile
         _fp8_gemv_kernel[(triton.cdiv(n, 16),)](*args, **flags, **one_row_flags, EVEN=False, SOFT_FP8=True,
@@ -465,16 +385,6 @@ def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, 
     tuned = _fp8_gemv_tuned_split if one_row_flags.get("ACC_SPLIT") else _fp8_gemv_tuned
     tuned[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)](*args, **flags, **one_row_flags, EVEN=even, SOFT_FP8=False)
     return y
-
-
-def prefetch_args(t: torch.Tensor, nbytes: int) -> tuple[torch.Tensor, int, int]:
-    """``(tensor, total, piece)`` for the kernel's L2 prefetch of ``t``'s first ``nbytes`` (whole 16-byte units;
-    ``t`` contiguous and 16-byte aligned, as the bulk prefetch requires; else ``total`` 0 = no prefetch)."""
-    total = min(int(nbytes), t.numel() * t.element_size()) // 16 * 16
-    if total < 16 or not t.is_contiguous() or t.data_ptr() % 16:
-        return t, 0, 16
-    piece = -(-total // (PF_PROGS.value * PF_PIECES.value * 16)) * 16
-    return t, total, piece
 
 
 def fp8_gemv_reference(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
