@@ -276,9 +276,10 @@ AMAX_ONE = env_switch("OCTAVO_FP8_GEMV_AMAX_ONE", default=False)
 AMAX_MAX_K = 16384
 #: the one-row kernel's main loop: 0, or 2 / 4 weight blocks a trip (``LOOP2``; the same result).
 #: ``OCTAVO_FP8_GEMV_LOOP2`` (0, 2 or 4; default 0 until measured on a GPU)
-LOOP2 = int(os.environ.get("OCTAVO_FP8_GEMV_LOOP2", "0").strip() or 0)
-if LOOP2 not in (0, 2, 4):
-    raise ValueError(f"OCTAVO_FP8_GEMV_LOOP2={LOOP2}: 0, 2 or 4 weight blocks a loop trip")
+_LOOP2_RAW = os.environ.get("OCTAVO_FP8_GEMV_LOOP2", "").strip() or "0"
+if _LOOP2_RAW not in ("0", "2", "4"):
+    raise ValueError(f"OCTAVO_FP8_GEMV_LOOP2={_LOOP2_RAW!r}: 0, 2 or 4 weight blocks a loop trip")
+LOOP2 = int(_LOOP2_RAW)
 #: the most weight blocks the one-row kernel reads before its PDL wait (``pdl_w``; its static ifs)
 MAX_PDL_W = 4
 if ACC_SPLIT not in (0, 8, 16):
