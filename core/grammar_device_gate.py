@@ -80,12 +80,15 @@ class DeviceGate:
         if self._np[0] < seq:
             self._np[0] = seq
 
-    def check(self, seq: int) -> None:
-        """Raise if the device gave up waiting for ``seq`` (its sampling ran on an unfilled mask)."""
+    def check(self, seq: int, why: Any = None) -> None:
+        """Raise if the device gave up waiting for ``seq`` (its sampling ran on an unfilled mask). ``why()``: the
+        filler's own last error, if it keeps one (the grammar worker process: ``last_error``)."""
         if self._np[1] >= seq > 0:
+            detail = why() if why is not None else ""
             raise RuntimeError(f"structured outputs: the device waited too long for step {seq}'s grammar masks and "
                                "sampled without them; the step's tokens are not valid (the host side was stalled "
-                               "or failed before the fill, or the grammar worker process failed the fill)")
+                               "or failed before the fill, or the grammar worker process failed the fill)"
+                               + (f"; the grammar worker's last error: {detail}" if detail else ""))
 
 
 def apply_gated(logits: Any, grammar: Any, sample_req_ids: list[str], logits_rows: Any, kernel: Any) -> Any:

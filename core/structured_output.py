@@ -286,7 +286,7 @@ class StructuredOutputManager:
             step.wait()
             st = self.stats
             if step.seq:  # its sampling waited for the fill on the device: fail it if that wait gave up
-                step.device_gate.check(step.seq)
+                step.device_gate.check(step.seq, getattr(step.backend, "last_error", None))
                 if step.wait_events is not None:  # (the benchmark's probe: the device's idle time in that wait)
                     st["device_wait_s"] += step.wait_events[0].elapsed_time(step.wait_events[1]) / 1e3
             st["steps"] += 1

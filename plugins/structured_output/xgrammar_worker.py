@@ -37,8 +37,11 @@ from octavo.structured_outputs import GrammarMatcher, StructuredOutputBackend
 
 logger = logging.getLogger(__name__)
 # int32 words before the rows (64-byte aligned): [0] the last step opened, [1] the last step given up on, [2] 1 once the
-# worker has imported its libraries and read the tokenizer info (wait_ready: a slow start told from a hang)
-_HEAD = 16
+# worker has imported its libraries and read the tokenizer info (wait_ready: a slow start told from a hang), [3] the
+# byte length of the worker's last error text, kept in words [16, 16 + _ERR_WORDS) (last_error: a device-gated fill
+# that failed is reported on no pipe, only by the given-up word)
+_ERR_WORDS = 256
+_HEAD = 16 + _ERR_WORDS
 
 
 class _RemoteMatcher(GrammarMatcher):
@@ -155,6 +158,11 @@ class XGrammarWorkerBackend(StructuredOutputBackend):
             self._send_locked(("fill", [m.mid for m in matchers], row0, seq, 0))
 
     # ---- the rest -----------------------------------------------------------------------------------------------
+    def last_error(self) -> str:
+        """The worker's last error (a failed op or fill, repr'd, cut at 1 KiB), or "" if none."""
+        n = int(self._buf[3]) if self._buf is not None else 0
+        return self._buf[16:_HEAD].numpy().view("uint8")[:n].tobytes().decode("utf-8", "replace") if n else ""
+
     def wait_ready(self, timeout_s: float) -> float:
         """Block until the worker has started (imports done, tokenizer info read): the seconds waited. Raises,
         naming which, if the worker exited or is still starting after ``timeout_s`` (the engine never needs this:
@@ -242,6 +250,15 @@ class XGrammarWorkerBackend(StructuredOutputBackend):
             pass
 
 
+def _keep_error(buf: Any, text: str) -> None:
+    """The worker's side of :meth:`XGrammarWorkerBackend.last_error` (text first, then its length)."""
+    import numpy as np
+
+    data = text.encode("utf-8", "replace")[:_ERR_WORDS * 4]
+    buf[16:_HEAD].numpy().view(np.uint8)[:len(data)] = np.frombuffer(data, dtype=np.uint8)
+    buf[3] = len(data)
+
+
 def _main(conn: Any, shm_name: str, rows: int, num_words: int) -> None:
     """The worker process: apply each message's ops in order; a fill writes rows, then opens its step."""
     from multiprocessing import resource_tracker
@@ -304,6 +321,7 @@ def _main(conn: Any, shm_name: str, rows: int, num_words: int) -> None:
                 elif kind == "stop":
                     return
             except Exception as e:  # noqa: BLE001 - reported to the engine through the step it fails
+                _keep_error(buf, f"{kind}: {e!r}")
                 if kind != "fill":
                     failed = failed or f"{kind}: {e!r}"
                     continue

@@ -100,6 +100,11 @@ def test_worker_errors_fail_the_fill(backends):
     worker.post_fill([ghost], worker.rows[:1], seq)
     _wait_word(worker.words, seq)  # opened (the device goes on) ...
     assert int(worker.words[1]) == seq  # ... and marked given up: the host's DeviceGate.check fails the step
+    assert "fill" in worker.last_error() and "KeyError" in worker.last_error()  # ... saying why
+    from octavo.core.grammar_device_gate import DeviceGate
+
+    with pytest.raises(RuntimeError, match="grammar worker's last error: fill: KeyError"):
+        DeviceGate(pin=False, words=worker.words).check(seq, worker.last_error)
     with pytest.raises(ValueError, match="shared buffer"):
         worker.fill_bitmasks([ghost], torch.full((1, VOCAB // 32), -1, dtype=torch.int32))
 

@@ -40,7 +40,7 @@ def _finish_or_fail(worker, seq: int, what: str) -> None:
             done.synchronize()
             pytest.fail(f"{what}: the device still waited for step {seq} after {STEP_S:.0f} s: words[0] = {opened} "
                         f"(the worker {'never opened it' if opened < seq else 'opened it'}), words[1] = {gave_up}, "
-                        f"worker process {'alive' if alive else 'exited'}")
+                        f"worker process {'alive' if alive else 'exited'}, its last error: {worker.last_error()!r}")
         time.sleep(0.001)
 
 
@@ -82,7 +82,7 @@ def test_worker_rows_feed_the_device_gate():
             worker.post_fill(matchers, worker.rows[:4], inner_step.seq)  # the worker fills, then opens the word
             _finish_or_fail(worker, inner_step.seq, f"step {step_no}")
             print(f"step {step_no}: post + fill + device wait + apply {1e3 * (time.perf_counter() - t0):.2f} ms")
-            dg.check(inner_step.seq)
+            dg.check(inner_step.seq, worker.last_error)  # (names the worker's error if its fill failed)
             want = apply_packed(logits.clone(), list(range(4)), worker.rows[:4].clone())
             assert torch.equal(dev.cpu(), want)
             allowed = torch.isfinite(want)
