@@ -172,6 +172,15 @@ def measure_bs1(args, shape, layers, cfg, llm, load_s) -> dict:
         res["graph_forward_ms"] = (time.perf_counter() - t) / 30 * 1e3
         res["graph_forward_fraction_of_roofline"] = roof * 1e3 / res["graph_forward_ms"]
         res["host_gap_ms_per_token"] = res["decode_ms_per_token"] - res["graph_forward_ms"]
+        if args.graph_gap_diag:  # the forward graph after a copy / a kernel / itself (moe_host.py, session 12)
+            from moe_host import graph_gap_diag
+
+            print(json.dumps(res, default=str), flush=True)  # the measurement first: the first JSON line is the key
+            try:
+                res["graph_gap_diag"] = graph_gap_diag(gr)
+            except Exception as e:  # noqa: BLE001 - a diagnostic
+                res["graph_gap_diag"] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+            print(json.dumps({"graph_gap_diag": res["graph_gap_diag"]}), flush=True)
     if args.host_diag:  # where the step goes outside the graph: CUPTI trace + cProfile (moe_host.py)
         from moe_host import host_diag
 
@@ -236,6 +245,8 @@ def main(argv=None) -> dict:
                     help="moe_variants.E2E_ROWS with the engine's graphs re-captured per row, ms per token, alternating")
     ap.add_argument("--ab-rounds", type=int, default=3, help="rounds of --switch-ab")
     ap.add_argument("--engine-ab-rounds", type=int, default=2, help="rounds of --engine-ab")
+    ap.add_argument("--graph-gap-diag", action="store_true",
+                    help="the forward graph's replay after a copy / a kernel / itself (moe_host.graph_gap_diag)")
     ap.add_argument("--staging-diag", action="store_true", help="--host-diag with the step inputs staged")
     ap.add_argument("--profile-pdl", action="store_true", help="--profile also re-captures with OCTAVO_PDL on")
     ap.add_argument("--profile-attn", action="store_true",

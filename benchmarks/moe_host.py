@@ -154,3 +154,42 @@ def host_ab(ms_per_token, rounds: int = 2) -> dict:
         if has_ev:
             async_runner.EVENT_BLOCKING = saved_ev
     return out
+
+
+def graph_gap_diag(gr, iters: int = 20, rounds: int = 2) -> dict:
+    """What the batch-1 forward graph costs when its replay follows another kind of stream work (``--graph-gap-diag``,
+    session 12): session 12's batch-1 trace had ~41 us of GPU idle between the step's last copy and the graph's first
+    kernel, while back-to-back replays show no such gap. Per case, ms per iteration of ``iters`` x (the case's op,
+    replay) with the host ahead (nothing waits in the loop), alternating ``rounds`` times; ``extra_us`` = the
+    iteration minus a plain replay's: the op's own time plus the transition into the graph."""
+    import time
+
+    import torch
+
+    g = gr.graphs[1]
+    dev = gr.input_ids.device
+    a, b = torch.zeros(64, dtype=torch.int64, device=dev), torch.zeros(64, dtype=torch.int64, device=dev)
+    h = torch.zeros(64, dtype=torch.int64).pin_memory()
+    cases = {
+        "replay_only": lambda: None,
+        "dtod_copy": lambda: b.copy_(a, non_blocking=True),
+        "htod_pinned_copy": lambda: b.copy_(h, non_blocking=True),
+        "kernel": lambda: b.add_(1),
+        "dtod_copy_then_kernel": lambda: (b.copy_(a, non_blocking=True), b.add_(1)),
+        "six_dtod_copies": lambda: [b.copy_(a, non_blocking=True) for _ in range(6)],
+    }
+    out = {name: [] for name in cases}
+    for _ in range(rounds):
+        for name, pre in cases.items():
+            for timed in (False, True):
+                torch.cuda.synchronize(dev)
+                t = time.perf_counter()
+                for _ in range(iters):
+                    pre()
+                    g.replay()
+                torch.cuda.synchronize(dev)
+                if timed:
+                    out[name].append(round((time.perf_counter() - t) / iters * 1e3, 4))
+    base = min(out["replay_only"])
+    out["extra_us"] = {k: round((min(v) - base) * 1e3, 1) for k, v in out.items() if k != "replay_only"}
+    return out

@@ -23,6 +23,9 @@
 #          w13 partial routing + early w2 with the engine's graphs re-captured, then with staging, then + head graphs
 #          (--engine-ab, 2 rounds: the candidate defaults together), --host-diag with staging on, the b13 graph rows
 #          (partial routing x early w2) and kernel tables (cap 140 s).
+#  b2s12   session 12 batch 2 (one GPU alone, cap 78 s, bound 80 s alone): the headline on the freeze tree (defaults:
+#          partial routing + early w2 since 4ab4add), staging off / on alternating (--switch-ab, 4 rotated rounds),
+#          the forward graph's replay after a copy / a kernel / itself (--graph-gap-diag), --host-diag.
 #  stest   the pinned staging copy: test_step_staging_gpu.py (views = plain copies over the ring while the GPU lags;
 #          a tiny Llama's greedy and seeded tokens with staging off / on in one engine, graphs replayed) (cap 45 s).
 #  nanost  the pinned staging copy on nano.sh's workload (benchmarks/gpu_e2e.py qwen3_nanovllm, async): fresh processes
@@ -46,11 +49,11 @@
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 cd "$(dirname "$0")/../.."
-[ $# -ge 1 ] || { echo "usage: moe9.sh PART [PART ...] (ab ab11 ab12 ab13 b2b mixab bs1 bs1head tput rtest etest stest nanost tests)"; exit 2; }
+[ $# -ge 1 ] || { echo "usage: moe9.sh PART [PART ...] (ab ab11 ab12 ab13 b2b b2s12 mixab bs1 bs1head tput rtest etest stest nanost tests)"; exit 2; }
 D="$OUT/moe9"
 mkdir -p "$D/configs"
 START=$(date +%s)
-case " $* " in " b2b ") DEF=80 ;; " ab13 ") DEF=145 ;; " nanost ") DEF=150 ;; *" ab11 "* | *" ab12 "* | *" ab13 "*) DEF=150 ;; *) DEF=$([ $# -gt 1 ] && echo 135 || echo 98) ;; esac
+case " $* " in " b2b " | " b2s12 ") DEF=80 ;; " ab13 ") DEF=145 ;; " nanost ") DEF=150 ;; *" ab11 "* | *" ab12 "* | *" ab13 "*) DEF=150 ;; *) DEF=$([ $# -gt 1 ] && echo 135 || echo 98) ;; esac
 BOUND=${MOE_BOUND_S:-$DEF}
 left() { echo $(( BOUND - ($(date +%s) - START) )); }
 # s9 batch 1: the package was not importable in the lanes; install it here then, as the harness should have
@@ -93,6 +96,8 @@ for PART in "$@"; do
       --graph-head-ab --host-ab --host-diag --profile-prefetch ;;
     ab13) C=$(( L < 140 ? L : 140 )); OCTAVO_GRAPH_HEAD=1 MOE_PF_SET=b13 e2e ab13 "$C" --tasks bs1:qwen3-30b-a3b:48 \
       --switch-ab --engine-ab --host-diag --staging-diag --profile-prefetch ;;
+    b2s12) C=$(( L < 78 ? L : 78 )); e2e b2s12 "$C" --tasks bs1:qwen3-30b-a3b:48 --switch-ab --ab-rounds 4 \
+      --graph-gap-diag --host-diag ;;
     b2b) C=$(( L < 78 ? L : 78 )); OCTAVO_GRAPH_HEAD=1 MOE_PF_SET=b12s e2e b2b "$C" --tasks bs1:qwen3-30b-a3b:48 \
       --graph-head-ab --host-diag --profile-prefetch ;;
     mixab) C=$(( L < 60 ? L : 60 )); MOE_PF_SET=mix e2e mixab "$C" --tasks bs1:mixtral-8x7b:8 --profile-prefetch ;;
@@ -114,7 +119,7 @@ for PART in "$@"; do
     tests) pyt tests $(( L < 60 ? L : 60 )) tests/kernels/test_moe_gemv_early_gpu.py \
       tests/kernels/test_moe_norm_qkv_gpu.py tests/kernels/test_moe_prefetch_gpu.py \
       tests/kernels/test_moe_gpu.py -k "prefetch or pipe or batch_one or two_launch or parity" ;;
-    *) echo "unknown part $PART (ab ab11 ab12 ab13 b2b mixab bs1 bs1head tput rtest etest stest nanost tests)"; exit 2 ;;
+    *) echo "unknown part $PART (ab ab11 ab12 ab13 b2b b2s12 mixab bs1 bs1head tput rtest etest stest nanost tests)"; exit 2 ;;
   esac
 done
 for f in "$D"/*/*.json; do [ -f "$f" ] && { echo "--- $f"; head -c 1500 "$f"; echo; }; done
