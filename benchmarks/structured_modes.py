@@ -115,6 +115,13 @@ def build_modes(args: Any, so: Any, dflt: dict) -> dict:
         # session 12: the device gate's wait + apply as one CUDA-graph replay (grammar_device_gate.GRAPH, opt-in), alone
         # and on the no-grammar-work floor
         modes["json_async_graph"] = (so, True, False, False, None, {**dflt, "devgate": True, "graph": True})
+        # (the default since session 12's batch 1; _nograph: the two launches, sessions 9-11's path; _worker_graph:
+        # the grammar worker process on top; _graph_nt8: one native fill call on xgrammar's 8-thread pool)
+        modes["json_async_nograph"] = (so, True, False, False, None, {**dflt, "devgate": True, "graph": False})
+        modes["json_async_worker_graph"] = (so, True, False, False, None, {**dflt, "devgate": True, "worker": True,
+                                                                             "graph": True})
+        modes["json_async_graph_nt8"] = (so, True, False, False, None, {**dflt, "devgate": True, "graph": True,
+                                                                          "threads": 1, "native": 8})
         modes["json_async_devgate_postonly_graph"] = (so, True, False, False, None, {
             **dflt, "devgate": True, "gate_only": True, "post_only": True, "graph": True})
         # session 12: no time.sleep(0) after releasing N+1's fill (structured_output.YIELD_AFTER_RELEASE), alone and

@@ -41,6 +41,11 @@
 # structured_output.YIELD_AFTER_RELEASE), both, and the no-grammar-work floor as is / with the graph / without the
 # yield, 3 repeats, stack samples of the floor and the graph mode (60 s); then the 1.1B shape: json_async vs
 # json_async_graph vs json_async_noyield.
+# Argument "s12b2" (session 12 batch 2, the final tree, same 150 s bound): the device-gate GPU test (graph on and off,
+# 40 s); 135M: json_async as it ships (the wait + apply graph on by default since batch 1) vs json_async_nograph (the
+# two launches), the no-grammar-work floor and json_async_graph_nt8 (xgrammar's 8-thread fill), 3 repeats (50 s);
+# json_async vs json_async_worker_graph (the grammar worker process + the graph) in its own step (30 s); then the
+# 1.1B shape: json_async vs json_async_nograph.
 # STRUCTURED9_DRY=1: a CPU dry run (tiny shapes, few steps; the device modes then run the Python gate).
 set -u
 cd "$(dirname "$0")/../.."
@@ -125,6 +130,24 @@ if [ "$PART" = headline ]; then  # the engine as it ships (json_async = its defa
          --batches 32 --model /tmp/structured9_llama1b --json "$R/llama1b_headline.json"
   fi
   echo "structured9 headline done in ${SECONDS}s"
+  ls -la "$R"
+  exit 0
+fi
+if [ "$PART" = s12b2 ]; then  # session 12 batch 2: the final tree (see the header)
+  [ "$DRY" != 1 ] && step apply_test 40 python3 -m pytest -q -x -rA -p no:cacheprovider \
+       tests/structured/test_apply_device.py -k device_gate
+  if [ "$XGR" = 1 ]; then
+    step smol135m_b2 $(( 50 * X )) python3 benchmarks/structured_outputs.py "${COMMON[@]}" \
+         --modes json_async json_async_nograph json_async_devgate_postonly json_async_graph_nt8 --wait-events off \
+         --repeats 3 --batches 32 --model /tmp/structured9_smol135m --json "$R/smol135m_b2.json"
+    step smol135m_worker $(( 30 * X )) python3 benchmarks/structured_outputs.py "${COMMON[@]}" \
+         --modes json_async json_async_worker_graph --wait-events off --repeats 2 --batches 32 \
+         --model /tmp/structured9_smol135m --json "$R/smol135m_worker.json"
+    step llama1b_b2 $(( $(left) - 1 * X )) python3 benchmarks/structured_outputs.py "${COMMON[@]}" \
+         --modes json_async json_async_nograph --wait-events off --repeats 3 --batches 32 \
+         --model /tmp/structured9_llama1b --json "$R/llama1b_b2.json"
+  fi
+  echo "structured9 s12b2 done in ${SECONDS}s"
   ls -la "$R"
   exit 0
 fi

@@ -117,17 +117,22 @@ class GatedApplyGraphs:
     three cheap calls instead: the step number into a device word (``fill_``: the value travels as a kernel
     argument, so no host buffer must outlive the call), the logits into the graph's static buffer (one device
     copy), one replay. Per key (logits shape/dtype/row stride, the pinned rows' address and shape, the gate
-    words' address) one graph is captured on first use (thread-local capture mode: the core and bitmask threads
-    keep using CUDA meanwhile); the step's seq never enters the graph, so steps in flight cannot race on it (a
+    words' address) one graph is captured on the key's CAPTURE_AFTER-th step (thread-local capture mode on a side
+    stream: the core and bitmask threads keep using CUDA meanwhile); the step's seq never enters the graph, so steps in flight cannot race on it (a
     host word would: step N's wait may read it after step N+1 wrote it). Exactness: the same two kernels on the
     same rows (the apply on the static copy, which the caller samples from)."""
 
     MAX_GRAPHS = 8  # keys are few (one per decode batch size seen); beyond this the caller launches eagerly
+    # a key is captured on its CAPTURE_AFTER-th step (a batch size that persists, not each size a ragged tail or a
+    # changing serving batch passes through once); until then the caller launches the two kernels
+    CAPTURE_AFTER = 3
 
     def __init__(self, max_spins: int = MAX_SPINS) -> None:
         self.max_spins = max_spins
         self.graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
+        self.seen: dict[tuple, int] = {}
         self.replays = 0
+        self._stream: torch.cuda.Stream | None = None
 
     def _capture(self, key: tuple, logits: torch.Tensor, packed: torch.Tensor, words: torch.Tensor):
         dev = logits.device
@@ -143,9 +148,17 @@ class GatedApplyGraphs:
                                         BLOCK=BLOCK, VOLATILE=True)
 
         body()  # compile both outside the capture; seq 0 passes at once (words[0] >= 0); static is scratch here
+        # captured on an idle side stream without torch.cuda.graph's device synchronize, gc and empty_cache (the
+        # graph allocates nothing; a synchronize here would wait for the fill of a step in flight)
+        if self._stream is None:
+            self._stream = torch.cuda.Stream(device=dev)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-            body()
+        with torch.cuda.stream(self._stream):
+            graph.capture_begin(capture_error_mode="thread_local")
+            try:
+                body()
+            finally:
+                graph.capture_end()
         self.graphs[key] = (graph, static, seq)
         return self.graphs[key]
 
@@ -158,7 +171,8 @@ class GatedApplyGraphs:
                tuple(packed.shape), words.data_ptr())
         entry = self.graphs.get(key)
         if entry is None:
-            if len(self.graphs) >= self.MAX_GRAPHS:
+            n = self.seen[key] = self.seen.get(key, 0) + 1
+            if n < self.CAPTURE_AFTER or len(self.graphs) >= self.MAX_GRAPHS:
                 return None
             if words.data_ptr() not in _CHECKED:
                 assert words.dtype == torch.int32 and words.numel() >= 2 and words.is_pinned()

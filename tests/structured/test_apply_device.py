@@ -142,6 +142,7 @@ def test_device_gate_waits_for_rows_written_after_the_launch(whole, graph, monke
     monkeypatch.setattr(grammar_device_gate, "DEVICE_GATE", True)
     monkeypatch.setattr(grammar_device_gate, "GRAPH", graph)
     kernel = CudaPlatform().make_grammar_mask_apply()
+    monkeypatch.setattr(kernel.gated_graphs, "CAPTURE_AFTER", 1)  # (the engine captures on a shape's 3rd step)
     replays = kernel.gated_graphs.replays
     dg = DeviceGate()
     assert dg.words.is_pinned()
@@ -172,7 +173,9 @@ def test_device_gate_waits_for_rows_written_after_the_launch(whole, graph, monke
 
     if graph:  # the graph's wait gives up too (its own spin bound, captured)
         logits = torch.randn(n, vocab, device="cuda")
-        GatedApplyGraphs(max_spins=1000).run(logits, buf, dg.words, dg.next_seq())  # never opened
+        short = GatedApplyGraphs(max_spins=1000)
+        short.CAPTURE_AFTER = 1
+        assert short.run(logits, buf, dg.words, dg.next_seq()) is not None  # never opened
     else:
         wait_host_flag(dg.words, dg.next_seq(), max_spins=1000)  # never opened
     torch.cuda.synchronize()
