@@ -170,6 +170,8 @@ def graph_gap_diag(gr, iters: int = 20, rounds: int = 2) -> dict:
     dev = gr.input_ids.device
     a, b = torch.zeros(64, dtype=torch.int64, device=dev), torch.zeros(64, dtype=torch.int64, device=dev)
     h = torch.zeros(64, dtype=torch.int64).pin_memory()
+    as_ = [torch.zeros(64, dtype=torch.int64, device=dev) for _ in range(6)]
+    bs = [torch.zeros(64, dtype=torch.int64, device=dev) for _ in range(6)]
     cases = {
         "replay_only": lambda: None,
         "dtod_copy": lambda: b.copy_(a, non_blocking=True),
@@ -177,6 +179,8 @@ def graph_gap_diag(gr, iters: int = 20, rounds: int = 2) -> dict:
         "kernel": lambda: b.add_(1),
         "dtod_copy_then_kernel": lambda: (b.copy_(a, non_blocking=True), b.add_(1)),
         "six_dtod_copies": lambda: [b.copy_(a, non_blocking=True) for _ in range(6)],
+        # torch's multi-tensor copy: one kernel for the list, if it takes its fast path (else memcpys)
+        "foreach_copy_of_six": lambda: torch._foreach_copy_(bs, as_),
     }
     out = {name: [] for name in cases}
     for _ in range(rounds):
