@@ -324,10 +324,18 @@ def linear(x, weight, out_dtype=None):
 
             pick = lt.pick(x.shape[0], N, K)
             algo = lt.usable(x, weight, pick) if pick is not None else None
+            key = (N, K, "lt", lt.config_key(pick), x.dtype) if algo is not None else None
             if algo is not None and first_use_ok(
-                    _STATE["checked"], (N, K, "lt", x.shape[0], x.dtype), lambda: lt.linear(x, weight, algo),
-                    lambda: F.linear(x, weight), f"cuBLASLt candidate {pick} for [{N}, {K}] weights"):
-                return lt.linear(x, weight, algo)
+                    _STATE["checked"], key, lambda: lt.linear(x, weight, algo), lambda: F.linear(x, weight),
+                    f"cuBLASLt candidate {pick} for [{N}, {K}] weights"):
+                try:  # (checked once per candidate: the same kernel at another row count of its table entry)
+                    return lt.linear(x, weight, algo)
+                except RuntimeError as e:  # a status the check did not meet: cuBLAS from now on, said once
+                    _STATE["checked"][key] = False
+                    import logging
+
+                    logging.getLogger(__name__).warning("cuBLASLt candidate %s for [%d, %d] weights not used: %s",
+                                                        pick, N, K, e)
         if out_dtype is None and x.device.type == "cuda" and blas_library(x.shape[0], N, K) == "cublaslt":
             import torch.nn.functional as F
 

@@ -187,13 +187,46 @@ class LtGemm:
 
 
 #: (device name, N, K) of the weight -> {rows: config}: a launch of exactly that many rows (the graph batch sizes
-#: measured; other counts, e.g. an eager step's, are not) runs the candidate with ``describe``'s attributes
-#: ``config`` (measured fastest by ``benchmarks/gemm_lt_bench.py`` on that card) if this library's heuristic offers
-#: it for the shape and row count, else cuBLAS (logged once); not listed: ``cuda_gemm``'s other routes. Empty: not
-#: measured.
-LT_TABLE: dict[tuple[str, int, int], dict[int, dict]] = {}
+#: measured; other counts, e.g. an eager step's, are not), or of a count inside a ``(lo, hi)`` key, runs the
+#: candidate with ``describe``'s attributes ``config`` (measured fastest by ``benchmarks/gemm_lt_bench.py`` on that
+#: card) if this library's heuristic offers it for the shape and row count, else cuBLAS (logged once); not listed:
+#: ``cuda_gemm``'s other routes.
+#: Session 12 batch 1 (H100 80GB HBM3, one lane of a 4x H100 call beside three busy ones, cuBLASLt 13.1.0, records
+#: /work/team/gpu_results/s12b1/g1/tput/tput9/gemm_lt.json; ``benchmarks/gemm_lt_table.py --margin 0.03``): every
+#: candidate of the 8B projections at the graph sizes the paced 512 x 1000/1000 run uses most (272: 257-272 rows,
+#: ~935 of its 2,639 steps; 256-208) and at a prefill chunk's 8,192 rows, taken where it beat cuBLAS by >= 3 % in the
+#: same chain (us cuBLAS -> candidate in the comments). The 8,192-row picks also serve 7,937-8,191 rows (a chunk of
+#: eight 1,000-token prompts beside up to 192 decode rows: the same 63-64 row tiles of 128), not measured there.
+_C = dict(algo=66, splitk=1, reduction=0, swizzle=0, stages=35, inner=0)  # (attributes all picks share but these)
+_CHUNK = (7937, 8192)
+LT_TABLE: dict[tuple[str, int, int], dict] = {
+    ("NVIDIA H100 80GB HBM3", 6144, 4096): {  # qkv_proj
+        208: dict(_C, tile=165, custom=2, cluster=7),  # 25.01 -> 24.04
+        216: dict(_C, tile=165, custom=2, cluster=7),  # 25.60 -> 24.10
+        224: dict(_C, tile=165, custom=2, cluster=7),  # 27.74 -> 24.27
+        232: dict(_C, tile=165, custom=2, cluster=7),  # 26.33 -> 24.23
+        _CHUNK: dict(_C, tile=201, custom=2, cluster=5),  # 615.4 -> 532.2
+    },
+    ("NVIDIA H100 80GB HBM3", 4096, 4096): {  # o_proj
+        216: dict(_C, tile=398, custom=3, cluster=5),  # 18.57 -> 18.01
+        232: dict(_C, tile=183, custom=2, cluster=9),  # 19.52 -> 17.95
+        248: dict(_C, tile=183, custom=2, cluster=9),  # 18.91 -> 18.05
+        256: dict(_C, tile=183, custom=2, cluster=9),  # 19.67 -> 18.08
+        _CHUNK: dict(_C, tile=24, custom=7, cluster=5),  # 378.2 -> 360.2
+    },
+    ("NVIDIA H100 80GB HBM3", 28672, 4096): {  # gate_up_proj (at 208-272 no candidate beat cuBLAS by 3 %)
+        _CHUNK: dict(_C, tile=201, custom=2, cluster=5),  # 2,761 -> 2,573
+    },
+    ("NVIDIA H100 80GB HBM3", 4096, 14336): {  # down_proj
+        224: dict(_C, tile=20, splitk=2, reduction=2, custom=1, cluster=3),  # 60.62 -> 57.85
+        232: dict(_C, tile=404, splitk=2, reduction=2, custom=3, cluster=5),  # 60.60 -> 58.14
+        256: dict(_C, tile=135, custom=2, cluster=7),  # 58.54 -> 53.67
+        272: dict(_C, tile=406, splitk=2, reduction=2, custom=1, cluster=3),  # 70.86 -> 60.75
+        _CHUNK: dict(_C, tile=24, custom=7, cluster=5),  # 1,358 -> 1,302
+    },
+}
 COUNT = 16  # heuristic candidates searched for a tabled config (the bench's --count)
-_RUN: dict = {"gemm": {}, "found": {}, "name": {}}
+_RUN: dict = {"gemm": {}, "found": {}, "name": {}, "keys": {}}
 
 
 def _device_name() -> str:
@@ -207,9 +240,23 @@ def _device_name() -> str:
 
 def pick(M: int, N: int, K: int) -> dict | None:
     """:data:`LT_TABLE`'s config for ``M`` rows of an ``[N, K]`` weight on this card, or None."""
-    if not LT_TABLE:
+    sizes = LT_TABLE.get((_device_name(), N, K)) if LT_TABLE else None
+    if not sizes:
         return None
-    return LT_TABLE.get((_device_name(), N, K), {}).get(M)
+    cfg = sizes.get(M)
+    if cfg is None:
+        for key, c in sizes.items():
+            if isinstance(key, tuple) and key[0] <= M <= key[1]:
+                return c
+    return cfg
+
+
+def config_key(cfg: dict) -> tuple:
+    """A hashable name of ``cfg`` (cached by identity: table configs are constants)."""
+    key = _RUN["keys"].get(id(cfg))
+    if key is None or key[0] is not cfg:
+        key = _RUN["keys"][id(cfg)] = (cfg, tuple(sorted(cfg.items())))
+    return key[1]
 
 
 def _gemm() -> LtGemm:
@@ -223,7 +270,7 @@ def _gemm() -> LtGemm:
 
 def find(M: int, N: int, K: int, dtype, cfg: dict):
     """The heuristic's candidate with the attributes ``cfg`` for this shape and row count (cached), or None."""
-    key = (_device_name(), M, N, K, dtype, tuple(sorted(cfg.items())))
+    key = (_device_name(), M, N, K, dtype, config_key(cfg))
     if key not in _RUN["found"]:
         algo = None
         for cand, _ws, _waves in _gemm().algos(M, N, K, dtype, COUNT):

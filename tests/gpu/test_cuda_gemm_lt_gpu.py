@@ -58,6 +58,30 @@ def test_linear_runs_a_tabled_candidate(cuda, monkeypatch):
     monkeypatch.setattr(cuda_gemm, "BLAS_TABLE", {})
     monkeypatch.setattr(cuda_gemm, "_STATE", {"on": True, "checked": {}})
     y = cuda_gemm.linear(x, w)
-    assert y is not None and cuda_gemm._STATE["checked"][(N, K, "lt", M, torch.bfloat16)]
+    assert y is not None and cuda_gemm._STATE["checked"][(N, K, "lt", lt.config_key(cfg), torch.bfloat16)]
     assert torch.equal(y, lt._gemm().matmul(x, w, algo))
     assert cuda_gemm.linear(x[:88], w) is None  # a size not listed: cuBLAS
+
+
+def test_the_h100_table_picks_are_offered_and_run(cuda):
+    """Every config of ``LT_TABLE`` for this card is found among the heuristic's candidates at its size (a range: its
+    ends) and agrees with ``F.linear`` within bf16 rounding (skips on a card the table does not list)."""
+    torch = cuda
+    import torch.nn.functional as F
+
+    from octavo.plugins.platforms import cuda_gemm_lt as lt
+
+    name = torch.cuda.get_device_name()
+    mine = {key: sizes for key, sizes in lt.LT_TABLE.items() if key[0] == name}
+    if not mine:
+        pytest.skip(f"LT_TABLE lists nothing for {name}")
+    gen = torch.Generator(device="cuda").manual_seed(2)
+    for (_, N, K), sizes in mine.items():
+        w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16, generator=gen) * K ** -0.5
+        for rows, cfg in sizes.items():
+            for M in (rows if isinstance(rows, tuple) else (rows,)):
+                x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16, generator=gen)
+                algo = lt.usable(x, w, cfg)
+                assert algo is not None, (N, K, M, cfg)
+                y, want = lt.linear(x, w, algo), F.linear(x, w)
+                assert float((y.float() - want.float()).abs().max() / want.float().abs().max()) <= 1.6e-2
