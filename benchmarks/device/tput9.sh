@@ -39,6 +39,11 @@
 #   257-272 rows, ~935 of its steps), a prefill chunk's 8,192, then graph sizes 248-200: cuBLAS, cuBLASLt's pick
 #   and every candidate of cuBLASLt's heuristic (benchmarks/gemm_lt_bench.py, captured chains; config attributes,
 #   bits); then cuda_gemm_lt's GPU tests.
+# TPUT_PART=s12b2 (session 12, batch 2, hard bound 148 s): cuda_gemm_lt's GPU tests (cap 24 s: every LT_TABLE pick of
+#   this card offered and within bf16 rounding), then profile.json: the headline's engine and warm-up, 272 x 1000/100
+#   hooked (34 prefill steps of 8,192 tokens, then ~100 decode steps at graph size 272: the two places LT_TABLE's
+#   biggest picks act) and in the same engine OCTAVO_TRITON_GEMM off (gemm_off: cuBLAS for every projection) vs on,
+#   alternating, GPU seconds per step kind.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 R="${OUT:-/tmp/out}/tput9"; mkdir -p "$R"
@@ -114,6 +119,12 @@ case "$PART" in
       --budget $((cap - 8)) --rows 272 8192 264 248 256 240 232 224 216 208
     cap=$(( $(left) - 1 )); [ "$cap" -gt 4 ] && run "$cap" lt_test.log python -m pytest -q -p no:cacheprovider \
       tests/gpu/test_cuda_gemm_lt_gpu.py ;;
+  s12b2)  # <= 148 s
+    run 24 lt_test.log python -m pytest -q -p no:cacheprovider tests/gpu/test_cuda_gemm_lt_gpu.py
+    cap=$(( $(left) - 4 ))
+    KILL_AFTER=6 run "$cap" profile.log python benchmarks/tput_run_profile.py --out "$R/profile.json" \
+      --budget-s "$((cap - 8))" $KVB --prompts 272 --out-len 100 --windows --prefill-window 0 \
+      --ab gemm_off defaults gemm_off defaults ;;
   *) echo "unknown TPUT_PART=$PART"; exit 2 ;;
 esac
 echo "total $(( $(date +%s) - START )) s"
