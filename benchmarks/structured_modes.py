@@ -122,6 +122,8 @@ def build_modes(args: Any, so: Any, dflt: dict) -> dict:
                                                                              "graph": True})
         modes["json_async_graph_nt8"] = (so, True, False, False, None, {**dflt, "devgate": True, "graph": True,
                                                                           "threads": 1, "native": 8})
+        modes["json_async_graph_poolaccept"] = (so, True, False, False, None, {**dflt, "devgate": True, "graph": True,
+                                                                                 "poolaccept": True})
         modes["json_async_devgate_postonly_graph"] = (so, True, False, False, None, {
             **dflt, "devgate": True, "gate_only": True, "post_only": True, "graph": True})
         # session 12: no time.sleep(0) after releasing N+1's fill (structured_output.YIELD_AFTER_RELEASE), alone and
