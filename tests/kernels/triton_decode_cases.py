@@ -18,10 +18,11 @@ INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 if not INTERPRET and not torch.cuda.is_available():
     pytest.skip("needs CUDA or TRITON_INTERPRET=1 (run through test_triton_decode_cpu.py)", allow_module_level=True)
 
-from octavo.nn.kv_quant import dequantize, quantize  # noqa: E402
+from octavo.nn.kv_quant import quantize  # noqa: E402
 from octavo.plugins.attention._triton_decode import longest_first, paged_decode  # noqa: E402
 from octavo.plugins.attention.triton import TritonAttentionBackend  # noqa: E402
 from octavo.testing.attention import make_layout  # noqa: E402
+from tests.quant.fp8_attn_cases import paged_case, reference  # noqa: E402
 
 DEV = torch.device("cpu" if INTERPRET else "cuda")
 PAGE = 16
@@ -37,37 +38,13 @@ LAUNCHES = ([(64, 4, 2, 0), (32, 4, 2, 64)] if INTERPRET else [(64, 4, 2, 0), (1
 
 
 def _case(heads, kv_heads, d, ctx, cache_dtype, seed=0, ks=0.5, vs=0.25):
-    gen = torch.Generator().manual_seed(seed)
-    nblk = [(c + PAGE - 1) // PAGE for c in ctx]
-    perm = (torch.randperm(sum(nblk), generator=gen) + 1).tolist()
-    tables, at = [], 0
-    for n in nblk:
-        tables.append(perm[at: at + n])
-        at += n
-    k = torch.randn(sum(nblk) + 1, PAGE, kv_heads, d, generator=gen) * 2
-    v = torch.randn(sum(nblk) + 1, PAGE, kv_heads, d, generator=gen)
-    if cache_dtype == E4M3:
-        kc, vc = quantize(k, ks, E4M3), quantize(v, vs, E4M3)
-        kf, vf = dequantize(kc, ks, torch.float64), dequantize(vc, vs, torch.float64)
-    else:
-        kc, vc = k.to(cache_dtype), v.to(cache_dtype)
+    """tests/quant/fp8_attn_cases.paged_case (same draws in the same order), on DEV; a 16-bit cache's float64 twin
+    is the rounded cache, not the unrounded draw."""
+    q, kc, vc, kf, vf, bt, tables = paged_case(torch.Generator().manual_seed(seed), heads, kv_heads, d, ctx,
+                                               cache_dtype, HALF, ks, vs, PAGE)
+    if cache_dtype != E4M3:
         kf, vf = kc.double(), vc.double()
-    q = torch.randn(len(ctx), heads, d, generator=gen).to(HALF)
-    bt = torch.zeros(len(ctx), max(nblk), dtype=torch.int32)
-    for i, t in enumerate(tables):
-        bt[i, : len(t)] = torch.tensor(t, dtype=torch.int32)
     return q.to(DEV), kc.to(DEV), vc.to(DEV), kf, vf, bt.to(DEV), tables
-
-
-def _reference(q, kf, vf, tables, ctx, scale):
-    out = []
-    g = q.shape[1] // kf.shape[2]
-    for i, n in enumerate(ctx):
-        kk = kf[tables[i]].reshape(-1, kf.shape[2], kf.shape[3])[:n].repeat_interleave(g, 1)
-        vv = vf[tables[i]].reshape(-1, vf.shape[2], vf.shape[3])[:n].repeat_interleave(g, 1)
-        p = (torch.einsum("hd,lhd->hl", q[i].double(), kk) * scale).softmax(-1)
-        out.append(torch.einsum("hl,lhd->hd", p, vv))
-    return torch.stack(out)
 
 
 @pytest.mark.parametrize("n", [1, 7, 64, 65, 130, 300])
@@ -146,7 +123,7 @@ def test_decode_launches_match_float64_and_any_order_is_bitwise_equal(shape, cac
                      scale=d ** -0.5 * ks, v_scale=vs, block_size=PAGE, block_n=block_n, num_warps=warps,
                      num_stages=stages, order=order, chunk=chunk, max_seq_len=max(ctx))
         outs.append(out)
-    want = _reference(q.cpu(), kf, vf, tables, ctx, d ** -0.5)
+    want = reference(q.cpu(), kf, vf, tables, ctx, d ** -0.5)
     err = float((outs[0].cpu().double() - want).abs().max() / want.abs().max())
     assert err <= 2e-2, err  # bf16 P and output rounding (fp8: fp16 dots)
     for other in outs[1:]:
@@ -275,7 +252,7 @@ def test_split_kv_decode_matches_float64(monkeypatch, splits):
         md = TritonAttentionBackend.build_metadata(layout, DEV)
         outs[n] = impl.forward(q, k_new, v_new, kv, md).cpu().double()
     kf, vf = kv[0].cpu().double(), kv[1].cpu().double()  # the cache with this step's K/V in it
-    want = _reference(q.cpu(), kf, vf, tables, ctx, d ** -0.5)
+    want = reference(q.cpu(), kf, vf, tables, ctx, d ** -0.5)
     for n, out in outs.items():
         err = float((out - want).abs().max() / want.abs().max())
         assert err <= 2e-2, (n, err)

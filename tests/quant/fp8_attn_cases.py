@@ -1,5 +1,6 @@
 """Inputs and the float64 reference shared by the decode-attention kernel tests on paged (fp8) caches
-(test_fp8_decode_attention.py: ``_triton_decode``; test_fp8_kv_decode.py: ``_fp8_kv_decode``).
+(test_fp8_decode_attention.py: ``_triton_decode``; test_fp8_kv_decode.py: ``_fp8_kv_decode``; also
+tests/kernels/triton_decode_cases.py, the triton backend's decode launches on 16-bit and e4m3 caches).
 
 Why one module: both kernels read the same cache layout ``[blocks, page, kv_heads, head]`` through shuffled block
 tables and are checked the same way, against softmax attention in float64 on the dequantized cache, so the case
