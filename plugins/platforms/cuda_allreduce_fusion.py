@@ -43,6 +43,7 @@ from octavo.plugins.platforms.cuda_allreduce import (
 )
 from octavo.plugins.platforms.cuda_allreduce_epochs import _begin_call
 from octavo.plugins.platforms.cuda_allreduce_gemv import (
+    crossing_preload_for_world,
     crossing_preload_setting,
     early_poll_setting,
     gemv_push,
@@ -58,7 +59,7 @@ from octavo.plugins.platforms.cuda_allreduce_ll import (
     _ll_store_to_peers,
     ll_fits,
 )
-from octavo.plugins.platforms.cuda_fusions import norm_warps
+from octavo.plugins.platforms.cuda_fusions import norm_warps, set_small_rows_norm_warps
 from octavo.plugins.platforms.cuda_pdl import launch_opts, pdl_on
 
 logger = logging.getLogger(__name__)
@@ -243,7 +244,10 @@ def maybe_fuse_all_reduce_norm(handle, runner_cls) -> dict | None:
     rows_layers = [m for m in handle.model.modules() if isinstance(m, RowParallelLinear) and m.bias is None
                    and m.reduce_results]  # a bias is added after the sum: that layer keeps its plain all-reduce
     ar.defer_width = next(iter(hidden))  # before wrapping (the GEMV push's eligibility) and the check
-    ar.crossing_preload = crossing_preload_setting()[0]  # the fused kernel's PRE: in every checking forward below (bitwise)
+    ar.crossing_preload = crossing_preload_for_world(ar.world)  # the kernels' PRE: in every checking forward below
+    warps = tp_small_rows_norm_warps(ar.world)  # before the checks too: they compare the fused and plain norms
+    if warps:
+        set_small_rows_norm_warps(warps)
     for m in norms:
         _wrap_norm(m, ar)
     for m in rows_layers:
@@ -251,6 +255,8 @@ def maybe_fuse_all_reduce_norm(handle, runner_cls) -> dict | None:
     rows = min(MAX_CTAS, ar.max_bytes // (next(iter(hidden)) * handle.dtype.itemsize), handle.max_num_seqs)
     push, ar.push = ar.push, False  # deferral is checked alone first, then with the pushing GEMV (its own verdict)
     ar.defer_rows = rows if _agreed(ar, _check_forward(handle, ar, rows, runner_cls), handle.device) else 0
+    if warps and not ar.defer_rows:  # no fusion: the plain norms keep the rule (16 warps was measured with it)
+        set_small_rows_norm_warps(0)
     (logger.info if ar.defer_rows else logger.warning)("all-reduce + RMSNorm fusion %s (%d row-parallel layers, %d norms wrapped, decode batches up to "
                 "%d rows)", "on" if ar.defer_rows else "OFF: the checking forward disagreed", len(rows_layers),
                 len(norms), rows)
@@ -281,7 +287,22 @@ def maybe_fuse_all_reduce_norm(handle, runner_cls) -> dict | None:
                          "pushed words before the PDL wait); unset it")
     return {"row_parallel": len(rows_layers), "norms": len(norms), "rows": ar.defer_rows, "push": ar.push,
             "early_poll": bool(ar.push and getattr(ar, "early_poll", False)),
-            "crossing_preload": bool(ar.defer_rows and ar.crossing_preload)}
+            "crossing_preload": bool(ar.defer_rows and ar.crossing_preload),
+            "small_rows_norm_warps": norm_warps(1, next(iter(hidden)))}
+
+
+# the <= 4-row RMSNorms (plain and fused: the same layout, so still bitwise) of a two-rank model with the fusion, unless
+# OCTAVO_NORM_SMALL_ROWS_WARPS is set: 16 warps instead of 4 since session 12 batch 1 (2x H100, 8B TP=2 bs1, one engine,
+# alternating, same tokens): graph 3.061 / 3.065 -> 3.029 / 3.031 ms alone, 3.017 / 3.015 -> 2.980 / 2.981 with the
+# preload (8 warps: 2.981); the 2-GPU test and the start check bitwise with it. TP=1 keeps the rule (not measured).
+TP2_SMALL_ROWS_NORM_WARPS = 16
+
+
+def tp_small_rows_norm_warps(world: int) -> int:
+    """The small-rows RMSNorm warps the fusion sets for ``world`` ranks (cuda_fusions.set_small_rows_norm_warps), 0 =
+    leave the rule or what ``OCTAVO_NORM_SMALL_ROWS_WARPS`` chose (any value there, 0 included, wins)."""
+    return TP2_SMALL_ROWS_NORM_WARPS if world == 2 and not os.environ.get("OCTAVO_NORM_SMALL_ROWS_WARPS", "").strip() \
+        else 0
 
 
 def _agreed(ar: OneShotAllReduce, ok: bool, device) -> bool:

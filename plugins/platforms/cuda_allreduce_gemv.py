@@ -70,12 +70,14 @@ def early_poll_setting() -> tuple[bool, bool]:
             bool(os.environ.get("OCTAVO_TP_EARLY_POLL", "").strip()))
 
 
-# an unset OCTAVO_TP_CROSSING_PRELOAD: off until measured (session 12 batch 1 A/B, dist8.sh part crossing). On: the
-# crossing's loads that do not depend on its predecessor move off its critical path: the fused all-reduce + RMSNorm
-# kernel (cuda_allreduce_fusion.py) loads its residual row, norm weight and call index before its PDL wait (not
-# after polling the peer's words), the pushing GEMV its call index at its start (not before its push); same loads,
-# same arithmetic, so the same bits (checked at start).
-CROSSING_PRELOAD_DEFAULT = False
+# an unset OCTAVO_TP_CROSSING_PRELOAD: on at two ranks since session 12 batch 1 (2x H100, 8B TP=2 bs1, one engine,
+# re-captured alternating, same tokens): graph 3.061 / 3.065 -> 3.017 / 3.015 ms, 3.331 / 3.350 -> 3.278 / 3.277
+# ms/token; the 2-GPU test bitwise (== NCCL + unfused norm). The crossing's loads that do not depend on its
+# predecessor move off its critical path: the fused all-reduce + RMSNorm kernel (cuda_allreduce_fusion.py) loads its
+# residual row, norm weight, call index and LL address before its PDL wait (not after polling the peer's words), the
+# pushing GEMV its call index and peer address at its start (not before its push); same loads, same arithmetic, so
+# the same bits (checked at start). More ranks take it with an explicit 1 (as the push).
+CROSSING_PRELOAD_DEFAULT = True
 
 
 def crossing_preload_setting() -> tuple[bool, bool]:
@@ -83,6 +85,13 @@ def crossing_preload_setting() -> tuple[bool, bool]:
     fusion is off is an error (nothing to apply to)."""
     return (env_switch("OCTAVO_TP_CROSSING_PRELOAD", default=CROSSING_PRELOAD_DEFAULT),
             bool(os.environ.get("OCTAVO_TP_CROSSING_PRELOAD", "").strip()))
+
+
+def crossing_preload_for_world(world: int) -> bool:
+    """Whether the fusion over ``world`` ranks preloads (:func:`crossing_preload_setting`): by default at two ranks (the
+    measured case), more ranks with an explicit ``OCTAVO_TP_CROSSING_PRELOAD=1``."""
+    on, explicit = crossing_preload_setting()
+    return on and (explicit or world == 2)
 
 
 def push_for_world(world: int) -> bool:

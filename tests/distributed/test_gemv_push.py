@@ -185,11 +185,13 @@ if __name__ == "__main__":
     _rank_main(int(sys.argv[1]), sys.argv[2], sys.argv[3])
 
 
-@pytest.mark.parametrize("name", ["OCTAVO_TP_EARLY_POLL", "OCTAVO_TP_CROSSING_PRELOAD"])
-@pytest.mark.parametrize("value,want", [(None, (False, False)), ("0", (False, True)), ("1", (True, True))])
+@pytest.mark.parametrize("name,value,want", [
+    ("OCTAVO_TP_EARLY_POLL", None, (False, False)), ("OCTAVO_TP_EARLY_POLL", "0", (False, True)),
+    ("OCTAVO_TP_EARLY_POLL", "1", (True, True)), ("OCTAVO_TP_CROSSING_PRELOAD", None, (True, False)),
+    ("OCTAVO_TP_CROSSING_PRELOAD", "0", (False, True)), ("OCTAVO_TP_CROSSING_PRELOAD", "1", (True, True))])
 def test_early_poll_and_preload_switches(monkeypatch, name, value, want):
-    """OCTAVO_TP_EARLY_POLL (measured slower) and OCTAVO_TP_CROSSING_PRELOAD: unset = off, 0 off, 1 on (explicit: an
-    error where the fusion is off); anything else is refused naming it."""
+    """OCTAVO_TP_EARLY_POLL (unset: off, measured slower) and OCTAVO_TP_CROSSING_PRELOAD (unset: on, measured faster):
+    0 off, 1 on (explicit: an error where the fusion is off); anything else is refused naming it."""
     from octavo.plugins.platforms import cuda_allreduce_gemv as cag
 
     setting = {"OCTAVO_TP_EARLY_POLL": cag.early_poll_setting,
@@ -202,6 +204,32 @@ def test_early_poll_and_preload_switches(monkeypatch, name, value, want):
     monkeypatch.setenv(name, "maybe")
     with pytest.raises(ValueError, match=name):
         setting()
+
+
+@pytest.mark.parametrize("value,world,want", [(None, 2, True), (None, 4, False), ("1", 4, True), ("0", 2, False)])
+def test_crossing_preload_for_world(monkeypatch, value, world, want):
+    """The preload's default covers two ranks (the measured case), as the push's; more ranks with an explicit 1."""
+    from octavo.plugins.platforms import cuda_allreduce_gemv as cag
+
+    if value is None:
+        monkeypatch.delenv("OCTAVO_TP_CROSSING_PRELOAD", raising=False)
+    else:
+        monkeypatch.setenv("OCTAVO_TP_CROSSING_PRELOAD", value)
+    assert cag.crossing_preload_for_world(world) is want
+
+
+@pytest.mark.parametrize("value,world,want", [(None, 2, 16), (None, 4, 0), ("", 2, 16), ("0", 2, 0), ("4", 2, 0),
+                                              ("8", 2, 0)])
+def test_two_rank_small_rows_norm_warps(monkeypatch, value, world, want):
+    """With the fusion at two ranks the <= 4-row norms take 16 warps unless OCTAVO_NORM_SMALL_ROWS_WARPS says
+    otherwise (any value, 0 included, is the user's: 0 returned = leave cuda_fusions' setting alone)."""
+    from octavo.plugins.platforms import cuda_allreduce_fusion as caf
+
+    if value is None:
+        monkeypatch.delenv("OCTAVO_NORM_SMALL_ROWS_WARPS", raising=False)
+    else:
+        monkeypatch.setenv("OCTAVO_NORM_SMALL_ROWS_WARPS", value)
+    assert caf.tp_small_rows_norm_warps(world) == want
 
 
 @pytest.mark.parametrize("name", ["OCTAVO_TP_GEMV_PUSH", "OCTAVO_TP_EARLY_POLL", "OCTAVO_TP_CROSSING_PRELOAD"])
