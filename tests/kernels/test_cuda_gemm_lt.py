@@ -72,3 +72,29 @@ def test_usable_refuses_operands_the_candidate_was_not_chosen_for(card: FakeGemm
     assert lt.usable(torch.empty(96, 512, dtype=torch.bfloat16)[:, :256], w, B) is None  # row stride 512, not K
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
     assert lt.usable(x, w, B) is None  # no workspace yet, inside a capture
+
+
+def test_first_use_check_compares_large_outputs_in_row_blocks() -> None:
+    """``cuda_gemm.first_use_ok`` with ``rows_ref``: a 2,048-row output is compared block by block against the
+    reference of each block's rows (the full reference is never built), and one bad row anywhere fails it."""
+    from octavo.plugins.platforms.cuda_gemm import first_use_ok
+
+    gen = torch.Generator().manual_seed(0)
+    x, w = torch.randn(2048, 64, generator=gen), torch.randn(96, 64, generator=gen)
+    good = x @ w.T
+
+    def whole():
+        raise AssertionError("the full reference was built")
+
+    calls = []
+
+    def rows(a, b):
+        calls.append((a, b))
+        return x[a:b] @ w.T
+
+    assert first_use_ok({}, "k", lambda: good.clone(), whole, "t", rows_ref=rows)
+    assert calls[0] == (0, 256) and calls[-1] == (1792, 2048) and len(calls) == 8
+    bad = good.clone()
+    bad[1500, 7] += 0.05 * float(good.abs().max())
+    checked: dict = {}
+    assert not first_use_ok(checked, "k", lambda: bad, whole, "t", rows_ref=rows) and checked["k"] is False
