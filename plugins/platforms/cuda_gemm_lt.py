@@ -240,7 +240,12 @@ def _device_name() -> str:
 
 def pick(M: int, N: int, K: int) -> dict | None:
     """:data:`LT_TABLE`'s config for ``M`` rows of an ``[N, K]`` weight on this card, or None."""
-    sizes = LT_TABLE.get((_device_name(), N, K)) if LT_TABLE else None
+    shapes = _RUN.get("shapes")
+    if shapes is None or shapes[0] is not LT_TABLE:  # (N, K) listed for any card: most calls stop here
+        shapes = _RUN["shapes"] = (LT_TABLE, {(n, k) for _, n, k in LT_TABLE})
+    if (N, K) not in shapes[1]:
+        return None
+    sizes = LT_TABLE.get((_device_name(), N, K))
     if not sizes:
         return None
     cfg = sizes.get(M)
