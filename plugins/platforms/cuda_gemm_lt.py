@@ -282,11 +282,13 @@ def find(M: int, N: int, K: int, dtype, cfg: dict):
             if describe(cand) == cfg:
                 algo = cand
                 break
-        if algo is None:
+        said = _RUN.setdefault("said", set())
+        if algo is None and (N, K, config_key(cfg)) not in said:  # (once per pick: a range entry meets many M)
             import logging
 
+            said.add((N, K, config_key(cfg)))
             logging.getLogger(__name__).warning("cuBLASLt offers no candidate %s for [%d, %d] weights at %d rows "
-                                                "here: cuBLAS runs it", cfg, N, K, M)
+                                                "here: cuBLAS runs it (and any other row count it lacks)", cfg, N, K, M)
         _RUN["found"][key] = algo
     return _RUN["found"][key]
 

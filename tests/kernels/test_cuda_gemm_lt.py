@@ -54,6 +54,10 @@ def test_find_returns_the_offered_candidate_once_and_warns_when_absent(card: Fak
     with caplog.at_level(logging.WARNING):
         assert lt.find(96, 64, 256, torch.bfloat16, dict(A, stages=3)) is None
     assert "offers no candidate" in caplog.text and card.calls == 2
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        assert lt.find(104, 64, 256, torch.bfloat16, dict(A, stages=3)) is None
+    assert "offers no candidate" not in caplog.text  # said once per pick
 
 
 def test_usable_refuses_operands_the_candidate_was_not_chosen_for(card: FakeGemm,
