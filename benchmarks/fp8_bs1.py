@@ -183,7 +183,14 @@ S6_VARIANTS = {"nosilu": {"silu": False}, "norm4": {"warps": None}, "pf16": {"mb
                "loop4_od8w8": {"loop2": 4, "table_tiles": {(4096, 4096): (8, 1024, 8, 3), (4096, 14336): (8, 1024, 8, 3)}},
                "loop4_od4w4": {"loop2": 4, "table_tiles": {(4096, 4096): (4, 1024, 4, 3), (4096, 14336): (4, 1024, 4, 3)}},
                "loop4_all8w8": {"loop2": 4, "table_tiles": {sh: (8, 1024, 8, 3) for sh in
-                                                            ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336))}}}
+                                                            ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336))}},
+               "s11": {"loop2": 0}, "s11_again": {"loop2": 0}, "s11_again2": {"loop2": 0},
+               "od8w8": {"table_tiles": {(4096, 4096): (8, 1024, 8, 3), (4096, 14336): (8, 1024, 8, 3)}},
+               "loop2_qkv16": {"table_tiles": {(6144, 4096): (16, 1024, 8, 3)}, "table_loops": {(6144, 4096): 2}},
+               "pw4_o_amax1": {"pw_shape": {(4096, 4096): 4}, "amax": True}}
+# session 12 batch 2 (default = o and down with two blocks a trip, fp8_gemv_tiles.LOOPS): "s11" = session 11's
+# defaults (one block a trip everywhere); "od8w8" = o / down on 8x1024 8 warps (with the table's loop); "loop2_qkv16"
+# = qkv on the 16x1024 8-warp tile with two blocks a trip (fp8_gemv_tiles.LOOPS patched as TILES is)
 # "loop2" / "loop4" = the GEMV's main loop loads two / four weight blocks a trip (fp8_gemv.LOOP2; the same bits);
 # "all2" / "all4" = loop2 + amax1 + normpdl with 2 / 4 blocks before the wait; "all4_loop4" with loop4;
 # "loop4_od8w8" / "loop4_od4w4" = loop4 with o and down on 8x1024 8 warps / 4x1024 4 warps (sm_90 SASS, Triton 3.9:
@@ -321,7 +328,8 @@ def main() -> None:
         base_pdl_w, base_rope, base_table = fp8_prefetch.PDL_W, fp8_rope_gemv.STATE["on"], fp8_gemv_tiles.TABLE_ON
         base_pwb, base_pw_shape = fp8_prefetch.PDL_W_BLOCKS, dict(fp8_prefetch.PDL_W_BY_SHAPE)
         base_tiles, base_amax, base_norm_pdl = dict(fp8_gemv_tiles.TILES), fp8_gemv.AMAX_ONE, fp8_fused.NORM_PDL
-        base_loop2 = fp8_gemv.LOOP2
+        base_loop2, base_loops = fp8_gemv.LOOP2, dict(fp8_gemv_tiles.LOOPS)
+        res["loop_table"] = {f"{n}x{k}": v for (_, n, k), v in base_loops.items()}
         res["pdl_w_blocks_default"] = base_pwb
         base_bits, base_reg_pf, base_acc, base_x2d = fp8_gemv.W_BITS, fp8_gemv.REG_PF, fp8_gemv.ACC_SPLIT, fp8_gemv.X2D
         res["w_bits_default"], res["reg_pf_default"], res["acc_split_default"] = base_bits, base_reg_pf, base_acc
@@ -375,6 +383,8 @@ def main() -> None:
                 card = torch.cuda.get_device_name()
                 for (n, k), tile in v.get("table_tiles", {}).items():  # restored from base_tiles below
                     fp8_gemv_tiles.TILES[(card, n, k)] = tile
+                for (n, k), trip in v.get("table_loops", {}).items():  # restored from base_loops below
+                    fp8_gemv_tiles.LOOPS[(card, n, k)] = trip
                 pinned = pin(v["tiles"]) if "tiles" in v else {}
                 res.setdefault("pinned_tiles", {})[tag] = v.get("tiles")
                 with torch.inference_mode():
@@ -387,6 +397,8 @@ def main() -> None:
                 unpin(pinned)
                 fp8_gemv_tiles.TILES.clear()
                 fp8_gemv_tiles.TILES.update(base_tiles)
+                fp8_gemv_tiles.LOOPS.clear()
+                fp8_gemv_tiles.LOOPS.update(base_loops)
             save()
         (fp8_fused.SMALL_ROWS_WARPS, fp8_prefetch.PREFETCH_MB, fp8_prefetch.PDL, fp8_prefetch.SELF_PREFETCH,
          fp8_silu_gemv.STATE["on"]) = base

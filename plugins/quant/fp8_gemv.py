@@ -148,10 +148,10 @@ def _fp8_gemv_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, pf_ptr, pf_tota
             s_x = tl.load(xs_ptr + m)
         if QUANT_X and AMAX_KP > 0:  # this row's per-token scale, every load in flight at once
             amax1 = tl.zeros([AMAX_BLOCK], dtype=tl.float32)
-            for k in tl.static_range(0, AMAX_KP, AMAX_BLOCK):
-                kk = k + tl.arange(0, AMAX_BLOCK)
-                v = tl.load(x_row + kk, mask=kk < K, other=0.0).to(tl.float32)
-                amax1 = tl.maximum(amax1, tl.abs(v))
+            for k in tl.static_range(0, AMAX_KP, AMAX_BLOCK):  # own names: kk / v of another shape would be
+                ka = k + tl.arange(0, AMAX_BLOCK)  # loop-carried into the main loop (a compile error)
+                va = tl.load(x_row + ka, mask=ka < K, other=0.0).to(tl.float32)
+                amax1 = tl.maximum(amax1, tl.abs(va))
             s_x = tl.maximum(tl.math.div_rn(tl.max(amax1, axis=0), 448.0), 1e-12)  # IEEE, as torch
         elif QUANT_X:  # this row's per-token scale (the row is small and hot in L2)
             amax = tl.zeros([BLOCK_K], dtype=tl.float32)
@@ -274,12 +274,12 @@ X2D = os.environ.get("OCTAVO_FP8_GEMV_X2D", "0").strip() == "1"
 #: in the GEMV: the norms hand the other three e4m3)
 AMAX_ONE = env_switch("OCTAVO_FP8_GEMV_AMAX_ONE", default=False)
 AMAX_MAX_K = 16384
-#: the one-row kernel's main loop: 0, or 2 / 4 weight blocks a trip (``LOOP2``; the same result).
-#: ``OCTAVO_FP8_GEMV_LOOP2`` (0, 2 or 4; default 0 until measured on a GPU)
-_LOOP2_RAW = os.environ.get("OCTAVO_FP8_GEMV_LOOP2", "").strip() or "0"
-if _LOOP2_RAW not in ("0", "2", "4"):
+#: the one-row kernel's main loop: 0, or 2 / 4 weight blocks a trip (``LOOP2``; the same result). None (unset):
+#: fp8_gemv_tiles.LOOPS decides for the table's tiles (H100 o_proj and down: 2), else 0. ``OCTAVO_FP8_GEMV_LOOP2``
+_LOOP2_RAW = os.environ.get("OCTAVO_FP8_GEMV_LOOP2", "").strip()
+if _LOOP2_RAW not in ("", "0", "2", "4"):
     raise ValueError(f"OCTAVO_FP8_GEMV_LOOP2={_LOOP2_RAW!r}: 0, 2 or 4 weight blocks a loop trip")
-LOOP2 = int(_LOOP2_RAW)
+LOOP2: int | None = int(_LOOP2_RAW) if _LOOP2_RAW else None
 #: the most weight blocks the one-row kernel reads before its PDL wait (``pdl_w``; its static ifs)
 MAX_PDL_W = 4
 if ACC_SPLIT not in (0, 8, 16):
@@ -314,7 +314,8 @@ def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, 
     read before the kernel waits for its producer, and its dependents may launch once it has waited (same result
     bit for bit). ``amax_one`` (in-kernel quantization, one row; None: the module's ``AMAX_ONE``): the absmax reads
     the row with every load in flight at once (K <= AMAX_MAX_K; the same scale, the same result). ``loop2`` (0, 2 or 4;
-    one row; None: the module's ``LOOP2``): the main loop loads that many weight blocks a trip (the same result).
+    one row; None: the module's ``LOOP2``, whose None is the table's loop with the table's tile, else 0): the main
+    loop loads that many weight blocks a trip (the same result).
     """
     m, k = x.shape
     n = weight.shape[0]
@@ -349,8 +350,8 @@ def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, 
         one_row_flags["REG_PF"] = True
     if pre and (X2D if x2d is None else x2d):
         one_row_flags["X2D"] = True
-    trip = LOOP2 if loop2 is None else int(loop2)
-    if trip not in (0, 2, 4):
+    trip = LOOP2 if loop2 is None else int(loop2)  # None: the table's, with the table's tile (below)
+    if trip not in (None, 0, 2, 4):
         raise ValueError(f"fp8_gemv: loop2={loop2!r}: 0, 2 or 4 weight blocks a loop trip")
     if trip and not one_row_flags.get("REG_PF"):
         one_row_flags["LOOP2"] = trip
@@ -376,7 +377,10 @@ def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, 
                                                 BLOCK_N=16, BLOCK_K=64)
         return y
     even = k % 1024 == 0 and n % 64 == 0
-    config = config or fp8_gemv_tiles.table_tile(x.device, n, k, one_row_flags.get("ACC_SPLIT", 0))  # measured
+    if config is None:  # the measured tile (and main loop) for this card and shape
+        config = fp8_gemv_tiles.table_tile(x.device, n, k, one_row_flags.get("ACC_SPLIT", 0))
+        if config is not None and trip is None and not one_row_flags.get("REG_PF"):
+            one_row_flags["LOOP2"] = fp8_gemv_tiles.table_loop(x.device, n, k)
     if config is not None:
         bn, bk, warps, *stages = config
         _fp8_gemv_kernel[(triton.cdiv(n, bn),)](*args, **flags, **one_row_flags,

@@ -29,6 +29,16 @@ TILES: dict[tuple[str, int, int], tuple[int, int, int, int]] = {  # (card, N, K)
     ("NVIDIA H100 80GB HBM3", 28672, 4096): (4, 1024, 4, 3),
     ("NVIDIA H100 80GB HBM3", 4096, 14336): (16, 1024, 8, 3),
 }
+#: the main loop's weight blocks a trip (fp8_gemv's ``LOOP2``; the same bits) per card and shape, with the table's
+#: tile. Session 12 batch 1, H100, 8B fp8 bs1 in one engine, alternating: two blocks a trip for all four GEMVs took the
+#: captured forward 3.018 / 3.025 / 3.023 -> 3.006 / 3.009 ms; its per-kernel critical path: down 757 -> 712 us and
+#: o 252 -> 230 us a forward (the 16x1024 8-warp tile holds 155 registers: one program an SM, one 16 KB block in flight
+#: without it), qkv 250 -> 288 and gate_up 1215 -> 1227 (their 4x1024 tile already runs six programs an SM), so only
+#: o and down take it. Four blocks a trip lost everywhere (3.26 ms). docs/performance.md "FP8 session 12"
+LOOPS: dict[tuple[str, int, int], int] = {
+    ("NVIDIA H100 80GB HBM3", 4096, 4096): 2,
+    ("NVIDIA H100 80GB HBM3", 4096, 14336): 2,
+}
 TABLE_ON = env_switch("OCTAVO_FP8_GEMV_TABLE", default=True)
 
 
@@ -43,3 +53,10 @@ def table_tile(device: torch.device, n: int, k: int, split: int) -> tuple[int, i
         return None
     return TILES.get((_card(device.index if device.index is not None else torch.cuda.current_device()), n, k))
 
+
+
+def table_loop(device: torch.device, n: int, k: int) -> int:
+    """The main loop's weight blocks a trip for the table's tile on this card and ``[n, k]`` weight (0: one)."""
+    if not TABLE_ON or device.type != "cuda":
+        return 0
+    return LOOPS.get((_card(device.index if device.index is not None else torch.cuda.current_device()), n, k), 0)

@@ -28,6 +28,23 @@ def test_table_off_the_gpu_and_switched_off(monkeypatch):
     assert importlib.reload(t).TABLE_ON is True
 
 
+def test_loop_table_per_card_and_shape(monkeypatch):
+    from octavo.plugins.quant import fp8_gemv_tiles as t
+
+    assert all(v in (2, 4) and key in t.TILES for key, v in t.LOOPS.items())  # only with the table's tiles
+    card, n, k = next(iter(t.LOOPS))
+    monkeypatch.setattr(t, "_card", lambda index: card)
+    cuda = torch.device("cuda", 0)  # a device object only: _card is patched, nothing touches a GPU
+    assert t.table_loop(cuda, n, k) == t.LOOPS[(card, n, k)]
+    assert t.table_loop(cuda, 6144, 4096) == t.LOOPS.get((card, 6144, 4096), 0)
+    assert t.table_loop(torch.device("cpu"), n, k) == 0
+    monkeypatch.setattr(t, "TABLE_ON", False)
+    assert t.table_loop(cuda, n, k) == 0
+    monkeypatch.setattr(t, "_card", lambda index: "another card")
+    monkeypatch.setattr(t, "TABLE_ON", True)
+    assert t.table_loop(cuda, n, k) == 0
+
+
 @pytest.mark.gpu
 @needs_cuda
 def test_table_launch_is_the_config_launch():
@@ -46,6 +63,7 @@ def test_table_launch_is_the_config_launch():
         x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
         tile = t.table_tile(dev, n, k, 16)
         assert gemv_tile(n, k, False, 16, dev) == tile
-        got = fp8_gemv(x, w, ws, acc_split=16)
+        got = fp8_gemv(x, w, ws, acc_split=16)  # the table's tile and main loop (t.table_loop)
         assert torch.equal(got, fp8_gemv(x, w, ws, acc_split=16, config=tile)), (n, k, tile)
+        assert torch.equal(got, fp8_gemv(x, w, ws, acc_split=16, config=tile, loop2=t.table_loop(dev, n, k)))
         assert torch.equal(got, fp8_gemv(x, w, ws, acc_split=16, config=tile[:3])), "stages change no bits"

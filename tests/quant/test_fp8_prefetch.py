@@ -243,3 +243,20 @@ def test_norm_under_pdl_reads_the_gemv_before_it():
             assert_graph_replays_match(chain, plain, x, src)
     finally:
         fp8_fused.NORM_PDL = old
+
+
+@pytest.mark.parametrize("amax_kp,loop2,pdl_w", [(16384, 2, 1), (4096, 4, 2), (0, 4, 4)])
+def test_sm90_one_row_options_compile_together(amax_kp, loop2, pdl_w):
+    """The one-row kernel's options compile for sm_90 in combination (CPU: Triton's own compiler). Session 12's
+    batch 1 lost its absmax measures to a variable of the absmax loop carried into the main loop, which the
+    interpreter does not check."""
+    from octavo.plugins.quant.fp8_gemv import _fp8_gemv_kernel
+
+    sig = {"x_ptr": "*bf16", "xs_ptr": "*fp32", "w_ptr": "*fp8e4nv", "ws_ptr": "*fp32", "b_ptr": "*bf16",
+           "y_ptr": "*bf16", "pf_ptr": "*fp8e4nv", "pf_total": "i64", "pf_piece": "i64", "M": "i32", "N": "i32",
+           "K": "i32", "stride_xm": "i32", "stride_wn": "i32", "stride_ym": "i32"}
+    ptx = _ptx(_fp8_gemv_kernel, sig, dict(QUANT_X=True, PRE_Q=False, HAS_BIAS=False, EVEN=True, SOFT_FP8=False,
+                                           BLOCK_N=16, BLOCK_K=1024, PREFETCH=False, USE_PDL=pdl_w > 0, SELF_PF=False,
+                                           W_BITS=False, REG_PF=False, ACC_SPLIT=16, X2D=False, PDL_W=pdl_w,
+                                           AMAX_KP=amax_kp, LOOP2=loop2))
+    assert "ld.global" in ptx
