@@ -239,7 +239,8 @@ def switch_all_reduce(worker, mode: str) -> str:
     PDL wait, OCTAVO_TP_EARLY_POLL) and ``+rw`` (fused only: its kernel loads the residual and norm weight before its PDL
     wait, OCTAVO_TP_CROSSING_PRELOAD) turn those on, their absence off; ``+w2``/``+w8``/``+w16``: the fused all-reduce +
     norm kernel with that many warps (its rule: 4 up to 4096 wide); ``+n8``/``+n16``: every RMSNorm launch of <= 4 rows,
-    plain (cuda_fusions) and fused, with that many warps (OCTAVO_NORM_SMALL_ROWS_WARPS; absent: the rule). Returns what runs now."""
+    plain (cuda_fusions) and fused, with that many warps (OCTAVO_NORM_SMALL_ROWS_WARPS; absent: the rule). Since session 12
+    TP=2's defaults are ``fused+pdl+silu+push+rw+n16`` (a mode without +rw / +n16 turns those off). Returns what runs now."""
     from octavo.nn import parallel
     from octavo.plugins.platforms.cuda_mlp_fusion import set_silu_gemv
     from octavo.plugins.platforms.cuda_pdl import set_pdl
