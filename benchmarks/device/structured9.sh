@@ -45,7 +45,8 @@
 # 40 s); 135M: json_async as it ships (the wait + apply graph on by default since batch 1) vs json_async_nograph (the
 # two launches), the no-grammar-work floor, json_async_graph_nt8 (xgrammar's 8-thread fill) and
 # json_async_graph_poolaccept (N's accept in the fill job on the bitmask thread) and json_async_sw200us (a 0.2 ms GIL
-# switch interval while structured steps are in flight; graph on, the default), 3 repeats (50 s);
+# switch interval while structured steps are in flight; graph on, the default) and json_async_devgate_nostartwait (no
+# core-thread wait for the fill thread's start), 3 repeats (50 s);
 # json_async vs json_async_worker_graph (the grammar worker process + the graph) in its own step (30 s); then the
 # 1.1B shape: json_async vs json_async_nograph.
 # STRUCTURED9_DRY=1: a CPU dry run (tiny shapes, few steps; the device modes then run the Python gate).
@@ -141,7 +142,7 @@ if [ "$PART" = s12b2 ]; then  # session 12 batch 2: the final tree (see the head
   if [ "$XGR" = 1 ]; then
     step smol135m_b2 $(( 50 * X )) python3 benchmarks/structured_outputs.py "${COMMON[@]}" \
          --modes json_async json_async_nograph json_async_devgate_postonly json_async_graph_nt8 \
-                 json_async_graph_poolaccept json_async_sw200us --wait-events off \
+                 json_async_graph_poolaccept json_async_sw200us json_async_devgate_nostartwait --wait-events off \
          --repeats 3 --batches 32 --model /tmp/structured9_smol135m --json "$R/smol135m_b2.json"
     step smol135m_worker $(( 30 * X )) python3 benchmarks/structured_outputs.py "${COMMON[@]}" \
          --modes json_async json_async_worker_graph --wait-events off --repeats 2 --batches 32 \
