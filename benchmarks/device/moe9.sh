@@ -25,7 +25,8 @@
 #          (partial routing x early w2) and kernel tables (cap 140 s).
 #  b2s12   session 12 batch 2 (one GPU alone, cap 78 s, bound 80 s alone): the headline on the freeze tree (defaults:
 #          partial routing + early w2 since 4ab4add), staging off / on alternating (--switch-ab, 4 rotated rounds),
-#          the forward graph's replay after a copy / a kernel / itself (--graph-gap-diag), --host-diag.
+#          the forward graph's replay after a copy / a kernel / itself (--graph-gap-diag), --host-diag with staging on
+#          (since 980b647 the staged graph inputs end with a multi-tensor copy kernel: does b1's 41 us pre-graph idle go?).
 #  stest   the pinned staging copy: test_step_staging_gpu.py (views = plain copies over the ring while the GPU lags;
 #          a tiny Llama's greedy and seeded tokens with staging off / on in one engine, graphs replayed) (cap 45 s).
 #  nanost  the pinned staging copy on nano.sh's workload (benchmarks/gpu_e2e.py qwen3_nanovllm, async): fresh processes
@@ -97,7 +98,7 @@ for PART in "$@"; do
     ab13) C=$(( L < 140 ? L : 140 )); OCTAVO_GRAPH_HEAD=1 MOE_PF_SET=b13 e2e ab13 "$C" --tasks bs1:qwen3-30b-a3b:48 \
       --switch-ab --engine-ab --host-diag --staging-diag --profile-prefetch ;;
     b2s12) C=$(( L < 78 ? L : 78 )); e2e b2s12 "$C" --tasks bs1:qwen3-30b-a3b:48 --switch-ab --ab-rounds 4 \
-      --graph-gap-diag --host-diag ;;
+      --graph-gap-diag --host-diag --staging-diag ;;
     b2b) C=$(( L < 78 ? L : 78 )); OCTAVO_GRAPH_HEAD=1 MOE_PF_SET=b12s e2e b2b "$C" --tasks bs1:qwen3-30b-a3b:48 \
       --graph-head-ab --host-diag --profile-prefetch ;;
     mixab) C=$(( L < 60 ? L : 60 )); MOE_PF_SET=mix e2e mixab "$C" --tasks bs1:mixtral-8x7b:8 --profile-prefetch ;;
