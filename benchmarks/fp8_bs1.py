@@ -187,7 +187,11 @@ S6_VARIANTS = {"nosilu": {"silu": False}, "norm4": {"warps": None}, "pf16": {"mb
                "s11": {"loop2": 0}, "s11_again": {"loop2": 0}, "s11_again2": {"loop2": 0},
                "od8w8": {"table_tiles": {(4096, 4096): (8, 1024, 8, 3), (4096, 14336): (8, 1024, 8, 3)}},
                "loop2_qkv16": {"table_tiles": {(6144, 4096): (16, 1024, 8, 3)}, "table_loops": {(6144, 4096): 2}},
-               "pw4_o_amax1": {"pw_shape": {(4096, 4096): 4}, "amax": True}}
+               "pw4_o_amax1": {"pw_shape": {(4096, 4096): 4}, "amax": True},
+               "od_r128": {"table_tiles": {(4096, 4096): (16, 1024, 8, 3, 128), (4096, 14336): (16, 1024, 8, 3, 128)},
+                           "table_loops": {(4096, 4096): 0, (4096, 14336): 0}}}
+# "od_r128" = o / down on the table's 16x1024 8-warp tile capped at 128 registers (sm_90, Triton 3.6: 154 -> 128 with
+# an 8-byte spill), one block a trip: two programs an SM, all 256 in one wave
 # session 12 batch 2 (default = o and down with two blocks a trip, fp8_gemv_tiles.LOOPS): "s11" = session 11's
 # defaults (one block a trip everywhere); "od8w8" = o / down on 8x1024 8 warps (with the table's loop); "loop2_qkv16"
 # = qkv on the 16x1024 8-warp tile with two blocks a trip (fp8_gemv_tiles.LOOPS patched as TILES is)

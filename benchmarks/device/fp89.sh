@@ -56,7 +56,7 @@ elif [ "${1:-}" = s12 ]; then
   : "${FP89_TESTS:=tests/quant/test_fp8_prefetch.py tests/quant/test_fp8_gemv_tiles.py tests/quant/test_fp8_gemv_bits.py}"
 elif [ "${1:-}" = s12b2 ]; then
   shift; set -- tests bs1 "$@"
-  : "${FP89_LIMIT:=150}" "${BS1_VARIANTS:=s11,amax1,default_again,s11_again,pw4_o,amax1_again,loop2,od8w8,loop2_qkv16,default_again2,s11_again2,pw4_o_amax1,normpdl}"
+  : "${FP89_LIMIT:=150}" "${BS1_VARIANTS:=s11,amax1,default_again,s11_again,od_r128,pw4_o,amax1_again,od8w8,loop2,default_again2,s11_again2,loop2_qkv16,pw4_o_amax1,normpdl}"
   : "${FP89_TESTS:=tests/quant/test_fp8_gemv_bits.py tests/quant/test_fp8_gemv_tiles.py tests/quant/test_fp8_prefetch.py}"
 elif [ "${1:-}" = s11b2 ]; then
   shift; set -- bs1 tests "$@"

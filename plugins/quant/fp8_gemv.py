@@ -298,7 +298,7 @@ def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, 
     ``quantize_input=True`` is W8A8 (dynamic per-token e4m3 activations, as the ``_scaled_mm`` path);
     ``False`` multiplies the activations as they are (W8A16). Returns ``[m, N]`` in ``out_dtype`` (default
     ``x.dtype``). Autotuned per (N, K) on first use on a GPU; call it once outside CUDA-graph capture.
-    ``config=(BLOCK_N, BLOCK_K, num_warps[, stages])`` skips its tuning (tests; default: fp8_gemv_tiles.py). ``x_scale``
+    ``config=(BLOCK_N, BLOCK_K, num_warps[, stages[, maxnreg]])`` skips its tuning (tests; default: fp8_gemv_tiles.py). ``x_scale``
     (``[m, 1]`` fp32): ``x`` is already e4m3 (the producing norm quantized it); nothing is quantized here.
     Compiled one-row kernel only (more rows or the interpreter: refused): ``prefetch=(t, nbytes)``
     asks L2 for the first ``nbytes`` of tensor ``t`` (the next layer's weight) from the grid's last programs;
@@ -385,7 +385,7 @@ def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, 
         bn, bk, warps, *stages = config
         _fp8_gemv_kernel[(triton.cdiv(n, bn),)](*args, **flags, **one_row_flags,
                                                 EVEN=even and n % bn == 0 and k % bk == 0, SOFT_FP8=False, BLOCK_N=bn,
-                                                BLOCK_K=bk, num_warps=warps, **dict(zip(("num_stages",), stages)))
+                                                BLOCK_K=bk, num_warps=warps, **dict(zip(("num_stages", "maxnreg"), stages)))
         return y
     tuned = _fp8_gemv_tuned_split if one_row_flags.get("ACC_SPLIT") else _fp8_gemv_tuned
     tuned[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)](*args, **flags, **one_row_flags, EVEN=even, SOFT_FP8=False)
