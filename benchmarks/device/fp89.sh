@@ -20,7 +20,7 @@
 #               all2/all4(_loop4): the four together; loop4_<tiles>: loop4 with other tiles; benchmarks/fp8_bs1.py),
 #               tests = FP89_TESTS (prefetch / PDL / pdl_w bit identity incl. 1-4 blocks on the table tiles, the
 #               table launch, the GEMV bits incl. amax_one and loop2/4, the norm under PDL after a GEMV)
-#   s12b2       session 12 batch 2 (final tree, 150 s) = tests bs1: the new default (o / down with two weight blocks a
+#   s12b2       session 12 batch 2 (final tree, 150 s) = bs1 tests: the new default (o / down with two weight blocks a
 #               loop trip, fp8_gemv_tiles.LOOPS) vs s11 (one block a trip) alternating, amax1 (fixed: batch 1's compile
 #               error), pw4_o, loop2 on all four, o/down on 8x1024 w8, qkv 16x1024 w8 + loop2, normpdl
 #   bs1         benchmarks/fp8_bs1.py --ab s6: 8B fp8 + fp8 KV batch 1, one engine: ms/token vs the roofline, the
@@ -55,9 +55,9 @@ elif [ "${1:-}" = s12 ]; then
   : "${FP89_LIMIT:=150}" "${BS1_VARIANTS:=loop4,default_again,loop2,normpdl,loop4_od8w8,amax1,all4_loop4,default_again2,loop4_od4w4,loop4_again,all2,pw4,loop2_again,normpdl_again,loop4_all8w8,amax1_again,all4,pw2,loop4_pw4,pw4_o,pw4_noup}"
   : "${FP89_TESTS:=tests/quant/test_fp8_prefetch.py tests/quant/test_fp8_gemv_tiles.py tests/quant/test_fp8_gemv_bits.py}"
 elif [ "${1:-}" = s12b2 ]; then
-  shift; set -- tests bs1 "$@"
+  shift; set -- bs1 tests "$@"  # nothing flips after the freeze: the A/B first
   : "${FP89_LIMIT:=150}" "${BS1_VARIANTS:=s11,amax1,default_again,s11_again,od_r128,pw4_o,amax1_again,od8w8,loop2,default_again2,s11_again2,loop2_qkv16,pw4_o_amax1,normpdl}"
-  : "${FP89_TESTS:=tests/quant/test_fp8_gemv_bits.py tests/quant/test_fp8_gemv_tiles.py tests/quant/test_fp8_prefetch.py}"
+  : "${FP89_TESTS:=tests/quant/test_fp8_gemv_tiles.py tests/quant/test_fp8_prefetch.py tests/quant/test_fp8_gemv_bits.py}"
 elif [ "${1:-}" = s11b2 ]; then
   shift; set -- bs1 tests "$@"
   : "${FP89_LIMIT:=140}" "${BS1_VARIANTS:=notable,self,pf32,default_again,notable_again,self_again,pf32_again,silu_rope,nopdl}"
