@@ -65,9 +65,10 @@ class DeviceGate:
     """Two pinned host int32 words the device reads: ``[0]`` the last step number opened, ``[1]`` the last one a
     device wait gave up on. One per engine core; step numbers rise by one per structured async step."""
 
-    def __init__(self, pin: bool = True, words: Any = None) -> None:
+    def __init__(self, pin: bool = True, words: Any = None, graphs: bool = True) -> None:
         import torch
 
+        self.graphs = graphs  # False (the engine runs eagerly: enforce_eager): no grammar graph either (GRAPH)
         # ``words``: given by a grammar worker process (its shared block, plugins/structured_output/xgrammar_worker.py)
         self.words = torch.zeros(2, dtype=torch.int32, pin_memory=pin) if words is None else words
         self._np = self.words.numpy()
@@ -118,7 +119,8 @@ def apply_gated(logits: Any, grammar: Any, sample_req_ids: list[str], logits_row
         index = torch.tensor(rows, dtype=torch.int32)
         if logits.device.type != "cpu":  # through pinned memory: no stream sync (core/grammar_step.py _to_device)
             index = index.pin_memory().to(logits.device, non_blocking=True)
-    graphs = getattr(kernel, "gated_graphs", None) if GRAPH and index is None and events is None else None
+    graphs = (getattr(kernel, "gated_graphs", None) if GRAPH and step.device_gate.graphs and index is None
+              and events is None else None)
     if graphs is not None and not _GRAPH_FAILED:
         try:
             out = graphs.run(logits, packed, step.device_gate.words, step.seq)

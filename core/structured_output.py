@@ -243,7 +243,8 @@ class StructuredOutputManager:
             if self._device_gate is None:
                 from octavo.core.grammar_device_gate import DeviceGate
 
-                self._device_gate = DeviceGate(pin=self._pinned, words=getattr(backend, "words", None))
+                self._device_gate = DeviceGate(pin=self._pinned, words=getattr(backend, "words", None),
+                                               graphs=not self.settings.device.enforce_eager)  # (no graphs: none)
             self._inflight.device_gate = self._device_gate
         self.stats["prepare_s"] += time.perf_counter() - t0
         return self._inflight

@@ -290,3 +290,46 @@ def test_env_switch_is_honored_or_refused():
     env = {**__import__("os").environ, "OCTAVO_GRAMMAR_DEVICE_GATE": "yes"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode != 0 and "OCTAVO_GRAMMAR_DEVICE_GATE='yes'" in out.stderr
+
+
+class _Graphs:
+    """A platform's wait + apply graph stood in for: counts its replays, masks a copy like the real one."""
+
+    def __init__(self) -> None:
+        self.replays = 0
+
+    def run(self, logits, packed, words, seq):
+        self.replays += 1
+        return apply_packed(logits.clone(), list(range(len(packed))), packed)
+
+
+def test_graph_taken_on_the_whole_step_only_and_never_without_graphs(device_gate_on, monkeypatch):
+    """GRAPH (session 12): the usual decode step (every row, in order) goes through the platform's graph and gives
+    the two launches' logits; a step needing a row index launches them; an engine that runs eagerly
+    (enforce_eager: the manager's DeviceGate(graphs=False)) never takes the graph."""
+    monkeypatch.setattr(grammar_device_gate, "GRAPH", True)
+    kernel = _Kernel()
+    kernel.gated_graphs = _Graphs()
+    for graphs, rows, replays in ((True, ["r0", "r1", "r2"], 1), (True, ["r1", "free", "r0", "r2"], 0),
+                                  (False, ["r0", "r1", "r2"], 0)):
+        kernel.gated_graphs.replays, kernel.calls = 0, []
+        gate = _gate(_Backend(), 3, dg=DeviceGate(pin=False, graphs=graphs))
+        gate.release()
+        logits = torch.randn(len(rows), 128)
+        out = apply_gated(logits.clone(), gate, rows, lambda r: r, kernel)
+        want = [rows.index(r) for r in ("r0", "r1", "r2")]
+        assert torch.equal(out, apply_packed(logits.clone(), want, gate.inner.bitmask[:3]))
+        assert kernel.gated_graphs.replays == replays and (kernel.calls == []) == (replays == 1), (graphs, rows)
+
+
+def test_manager_gate_has_no_graphs_under_enforce_eager():
+    from octavo.config import OctavoSettings
+    from octavo.core.structured_output import StructuredOutputManager
+
+    for eager in (False, True):
+        mgr = StructuredOutputManager(OctavoSettings.from_kwargs(enforce_eager=eager), 128, [2])
+        mgr._backend = SimpleNamespace(fill_bitmasks=lambda ms, bm: None)
+        mgr._cpu_hint["device_wait"] = True  # (set by a GPU runner's first apply)
+        req = SimpleNamespace(request_id="r0", grammar=SimpleNamespace(matcher=object(), failed=None))
+        mgr.prepare(SimpleNamespace(scheduled=[SimpleNamespace(req=req, samples=True)]))
+        assert mgr._device_gate.graphs is (not eager)
