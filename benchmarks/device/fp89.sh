@@ -22,7 +22,8 @@
 #               table launch, the GEMV bits incl. amax_one and loop2/4, the norm under PDL after a GEMV)
 #   s12b2       session 12 batch 2 (final tree, 150 s) = bs1 tests: the new default (o / down with two weight blocks a
 #               loop trip, fp8_gemv_tiles.LOOPS) vs s11 (one block a trip) alternating, amax1 (fixed: batch 1's compile
-#               error), pw4_o, loop2 on all four, o/down on 8x1024 w8, qkv 16x1024 w8 + loop2, normpdl
+#               error), pw4_o, loop2 on all four, o/down on 8x1024 w8, qkv 16x1024 w8 + loop2, normpdl; then (data for
+#               the next session, the budget may skip them) silu_rope, attention splits (one_s8, one_s32_n32), norm4
 #   bs1         benchmarks/fp8_bs1.py --ab s6: 8B fp8 + fp8 KV batch 1, one engine: ms/token vs the roofline, the
 #               captured forward alone vs the rest (LM head, sampler, host), the graph's kernel table; then the
 #               variants ${BS1_VARIANTS:-nopdl,default_again,nopdl_again}, graph recaptured for each (nopdl: the GEMV
@@ -56,7 +57,7 @@ elif [ "${1:-}" = s12 ]; then
   : "${FP89_TESTS:=tests/quant/test_fp8_prefetch.py tests/quant/test_fp8_gemv_tiles.py tests/quant/test_fp8_gemv_bits.py}"
 elif [ "${1:-}" = s12b2 ]; then
   shift; set -- bs1 tests "$@"  # nothing flips after the freeze: the A/B first
-  : "${FP89_LIMIT:=150}" "${BS1_VARIANTS:=s11,amax1,default_again,s11_again,od_r128,pw4_o,amax1_again,od8w8,loop2,default_again2,s11_again2,loop2_qkv16,pw4_o_amax1,normpdl}"
+  : "${FP89_LIMIT:=150}" "${BS1_VARIANTS:=s11,amax1,default_again,s11_again,od_r128,pw4_o,amax1_again,od8w8,loop2,default_again2,s11_again2,loop2_qkv16,pw4_o_amax1,normpdl,silu_rope,one_s8,norm4,one_s32_n32}"
   : "${FP89_TESTS:=tests/quant/test_fp8_gemv_tiles.py tests/quant/test_fp8_prefetch.py tests/quant/test_fp8_gemv_bits.py}"
 elif [ "${1:-}" = s11b2 ]; then
   shift; set -- bs1 tests "$@"
