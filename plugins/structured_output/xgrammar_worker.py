@@ -17,9 +17,10 @@ terminates only by accepting one, and a masked step samples only allowed tokens)
 worker. A worker error fails the step: a device-gated fill marks its step given-up (``words[1]``, the host's check
 fails it), a host fill raises.
 
-Status (session 11): experimental. CPU tests pass (tests/structured/test_grammar_worker.py); on an H100 the structured
-benchmark ran with it and gave the in-process tokens, but tests/structured/test_grammar_worker_gpu.py did not finish
-inside the session's GPU suite cap (a hang or a slow start, not told apart). Not for GPU serving until that test passes.
+Status (session 12): experimental. CPU tests pass (tests/structured/test_grammar_worker.py); on an H100 the structured
+benchmark ran with it and gave the in-process tokens (session 11), but tests/structured/test_grammar_worker_gpu.py
+fails: with bounded waits (session 12) it is not a hang: the worker was ready after ~8 s and then marked its first
+device-gated fill failed (``last_error`` now keeps why). Not for GPU serving until that test passes.
 """
 
 from __future__ import annotations
