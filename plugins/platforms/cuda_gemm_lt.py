@@ -187,7 +187,7 @@ class LtGemm:
 
 
 #: (device name, N, K) of the weight -> {rows: config}: a launch of exactly that many rows (the graph batch sizes
-#: measured; other counts, e.g. an eager step's, are not), or of a count inside a ``(lo, hi)`` key, runs the
+#: and the prefill chunk measured; other counts are not: the heuristic's list changes with the rows) runs the
 #: candidate with ``describe``'s attributes ``config`` (measured fastest by ``benchmarks/gemm_lt_bench.py`` on that
 #: card) if this library's heuristic offers it for the shape and row count, else cuBLAS (logged once); not listed:
 #: ``cuda_gemm``'s other routes.
@@ -195,11 +195,13 @@ class LtGemm:
 #: /work/team/gpu_results/s12b1/g1/tput/tput9/gemm_lt.json; ``benchmarks/gemm_lt_table.py --margin 0.03``): every
 #: candidate of the 8B projections at the graph sizes the paced 512 x 1000/1000 run uses most (272: 257-272 rows,
 #: ~935 of its 2,639 steps; 256-208) and at a prefill chunk's 8,192 rows, taken where it beat cuBLAS by >= 3 % in the
-#: same chain (us cuBLAS -> candidate in the comments). The 8,192-row picks also serve 7,937-8,191 rows (a chunk of
-#: eight 1,000-token prompts beside up to 192 decode rows: the same 63-64 row tiles of 128), not measured there.
+#: same chain (us cuBLAS -> candidate in the comments). An early check (21:24, one H100, the same engine alternating,
+#: 272 x 1000/100): off -> on, 34 steps of 8,192 tokens 6.741 / 6.713 -> 6.650 / 6.658 s GPU, 79 decode steps at
+#: graph size 272 1.587 / 1.590 -> 1.572 / 1.573 s (-1 %: less than the chains' sums). The qkv chunk pick is not
+#: offered at 7,937 rows, so picks apply only at the row count measured.
 _C = dict(algo=66, splitk=1, reduction=0, swizzle=0, stages=35, inner=0)  # (attributes all picks share but these)
-_CHUNK = (7937, 8192)
-LT_TABLE: dict[tuple[str, int, int], dict] = {
+_CHUNK = 8192  # a full prefill step (max_num_batched_tokens of the 8B benchmark)
+LT_TABLE: dict[tuple[str, int, int], dict[int, dict]] = {
     ("NVIDIA H100 80GB HBM3", 6144, 4096): {  # qkv_proj
         208: dict(_C, tile=165, custom=2, cluster=7),  # 25.01 -> 24.04
         216: dict(_C, tile=165, custom=2, cluster=7),  # 25.60 -> 24.10
@@ -248,12 +250,7 @@ def pick(M: int, N: int, K: int) -> dict | None:
     sizes = LT_TABLE.get((_device_name(), N, K))
     if not sizes:
         return None
-    cfg = sizes.get(M)
-    if cfg is None:
-        for key, c in sizes.items():
-            if isinstance(key, tuple) and key[0] <= M <= key[1]:
-                return c
-    return cfg
+    return sizes.get(M)
 
 
 def config_key(cfg: dict) -> tuple:
@@ -283,7 +280,7 @@ def find(M: int, N: int, K: int, dtype, cfg: dict):
                 algo = cand
                 break
         said = _RUN.setdefault("said", set())
-        if algo is None and (N, K, config_key(cfg)) not in said:  # (once per pick: a range entry meets many M)
+        if algo is None and (N, K, config_key(cfg)) not in said:  # (once per pick)
             import logging
 
             said.add((N, K, config_key(cfg)))

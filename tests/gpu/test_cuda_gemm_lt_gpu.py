@@ -64,8 +64,8 @@ def test_linear_runs_a_tabled_candidate(cuda, monkeypatch):
 
 
 def test_the_h100_table_picks_are_offered_and_run(cuda):
-    """Every config of ``LT_TABLE`` for this card is found among the heuristic's candidates at its size (a range: its
-    ends) and agrees with ``F.linear`` within bf16 rounding (skips on a card the table does not list)."""
+    """Every config of ``LT_TABLE`` for this card is found among the heuristic's candidates at its size and agrees
+    with ``F.linear`` within bf16 rounding (skips on a card the table does not list)."""
     torch = cuda
     import torch.nn.functional as F
 
@@ -78,10 +78,9 @@ def test_the_h100_table_picks_are_offered_and_run(cuda):
     gen = torch.Generator(device="cuda").manual_seed(2)
     for (_, N, K), sizes in mine.items():
         w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16, generator=gen) * K ** -0.5
-        for rows, cfg in sizes.items():
-            for M in (rows if isinstance(rows, tuple) else (rows,)):
-                x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16, generator=gen)
-                algo = lt.usable(x, w, cfg)
-                assert algo is not None, (N, K, M, cfg)
-                y, want = lt.linear(x, w, algo), F.linear(x, w)
-                assert float((y.float() - want.float()).abs().max() / want.float().abs().max()) <= 1.6e-2
+        for M, cfg in sizes.items():
+            x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16, generator=gen)
+            algo = lt.usable(x, w, cfg)
+            assert algo is not None, (N, K, M, cfg)
+            y, want = lt.linear(x, w, algo), F.linear(x, w)
+            assert float((y.float() - want.float()).abs().max() / want.float().abs().max()) <= 1.6e-2
