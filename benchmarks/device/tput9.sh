@@ -44,12 +44,14 @@
 #   hooked (34 prefill steps of 8,192 tokens, then ~100 decode steps at graph size 272: the two places LT_TABLE's
 #   biggest picks act) and in the same engine OCTAVO_TRITON_GEMM off (gemm_off: cuBLAS for every projection) vs on,
 #   alternating, GPU seconds per step kind.
+# TPUT_PART=s12lt (session 12, hard bound 70 s): gemm_lt.json only: cuBLASLt's candidates for the 8B projections at the
+#   paced run's ramp sizes (200 down to 104 rows, ~47 steps each), for LT_TABLE entries there.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 R="${OUT:-/tmp/out}/tput9"; mkdir -p "$R"
 START=$(date +%s)
 PART="${TPUT_PART:-${1:-b1}}"
-BOUND=148; [ "$PART" = b2 ] && BOUND=88; [ "$PART" = pace ] && BOUND=190; [ "$PART" = s10b2 ] && BOUND=118
+BOUND=148; [ "$PART" = b2 ] && BOUND=88; [ "$PART" = s12lt ] && BOUND=70; [ "$PART" = pace ] && BOUND=190; [ "$PART" = s10b2 ] && BOUND=118
 left() { echo $(( BOUND - ($(date +%s) - START) )); }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$R/gpu.csv" 2>&1; cat "$R/gpu.csv"
 git rev-parse HEAD > "$R/commit.txt" 2>/dev/null
@@ -125,6 +127,10 @@ case "$PART" in
     KILL_AFTER=6 run "$cap" profile.log python benchmarks/tput_run_profile.py --out "$R/profile.json" \
       --budget-s "$((cap - 8))" $KVB --prompts 272 --out-len 100 --windows --prefill-window 0 \
       --ab gemm_off defaults gemm_off defaults ;;
+  s12lt)  # <= 70 s
+    cap=$(( $(left) - 2 ))
+    run "$cap" gemm_lt.log python benchmarks/gemm_lt_bench.py --out "$R/gemm_lt.json" --budget $((cap - 10)) \
+      --rows 200 192 184 176 168 160 152 144 136 128 120 112 104 ;;
   *) echo "unknown TPUT_PART=$PART"; exit 2 ;;
 esac
 echo "total $(( $(date +%s) - START )) s"
