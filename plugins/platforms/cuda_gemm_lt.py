@@ -198,11 +198,13 @@ class LtGemm:
 #: same chain (us cuBLAS -> candidate in the comments). An early check (21:24, one H100, the same engine alternating,
 #: 272 x 1000/100): off -> on, 34 steps of 8,192 tokens 6.741 / 6.713 -> 6.650 / 6.658 s GPU, 79 decode steps at
 #: graph size 272 1.587 / 1.590 -> 1.572 / 1.573 s (-1 %: less than the chains' sums). The qkv chunk pick is not
-#: offered at 7,937 rows, so picks apply only at the row count measured.
+#: offered at 7,937 rows, so picks apply only at the row count measured. The ramp's 104-200 rows: the lead's extra
+#: call s12b1y (one H100, 21:38, gemm_lt.json there), same rule; not yet run in an engine.
 _C = dict(algo=66, splitk=1, reduction=0, swizzle=0, stages=35, inner=0)  # (attributes all picks share but these)
 _CHUNK = 8192  # a full prefill step (max_num_batched_tokens of the 8B benchmark)
 LT_TABLE: dict[tuple[str, int, int], dict[int, dict]] = {
     ("NVIDIA H100 80GB HBM3", 6144, 4096): {  # qkv_proj
+        176: dict(_C, tile=328, custom=1, cluster=4),  # 25.50 -> 22.80 (s12b1y)
         208: dict(_C, tile=165, custom=2, cluster=7),  # 25.01 -> 24.04
         216: dict(_C, tile=165, custom=2, cluster=7),  # 25.60 -> 24.10
         224: dict(_C, tile=165, custom=2, cluster=7),  # 27.74 -> 24.27
@@ -217,9 +219,23 @@ LT_TABLE: dict[tuple[str, int, int], dict[int, dict]] = {
         _CHUNK: dict(_C, tile=24, custom=7, cluster=5),  # 378.2 -> 360.2
     },
     ("NVIDIA H100 80GB HBM3", 28672, 4096): {  # gate_up_proj (at 208-272 no candidate beat cuBLAS by 3 %)
+        104: dict(_C, tile=491, custom=3, cluster=5),  # 90.39 -> 86.61 (s12b1y)
+        112: dict(_C, tile=21, custom=3, cluster=5),  # 90.91 -> 87.02
+        120: dict(_C, tile=404, custom=1, cluster=3),  # 92.34 -> 88.16
+        136: dict(_C, tile=493, custom=3, cluster=5),  # 93.36 -> 89.01
+        144: dict(_C, tile=493, custom=3, cluster=5),  # 93.35 -> 89.23
+        152: dict(_C, tile=493, custom=3, cluster=5),  # 94.46 -> 89.70
+        160: dict(_C, tile=29, custom=1, cluster=3),  # 94.56 -> 91.41
         _CHUNK: dict(_C, tile=201, custom=2, cluster=5),  # 2,761 -> 2,573
     },
     ("NVIDIA H100 80GB HBM3", 4096, 14336): {  # down_proj
+        104: dict(_C, tile=316, custom=3, cluster=5),  # 49.96 -> 44.37 (s12b1y)
+        112: dict(_C, tile=15, custom=1, cluster=3),  # 49.80 -> 47.10
+        120: dict(_C, tile=15, custom=1, cluster=3),  # 49.77 -> 44.64
+        128: dict(_C, tile=15, custom=1, cluster=3),  # 53.09 -> 44.61
+        136: dict(_C, tile=317, custom=1, cluster=3),  # 51.72 -> 45.33
+        152: dict(_C, tile=318, custom=1, cluster=3),  # 52.83 -> 46.06
+        168: dict(_C, tile=319, custom=1, cluster=3),  # 53.25 -> 50.47
         224: dict(_C, tile=20, splitk=2, reduction=2, custom=1, cluster=3),  # 60.62 -> 57.85
         232: dict(_C, tile=404, splitk=2, reduction=2, custom=3, cluster=5),  # 60.60 -> 58.14
         256: dict(_C, tile=135, custom=2, cluster=7),  # 58.54 -> 53.67
