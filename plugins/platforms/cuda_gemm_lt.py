@@ -192,14 +192,14 @@ class LtGemm:
 #: card) if this library's heuristic offers it for the shape and row count, else cuBLAS (logged once); not listed:
 #: ``cuda_gemm``'s other routes.
 #: Session 12 batch 1 (H100 80GB HBM3, one lane of a 4x H100 call beside three busy ones, cuBLASLt 13.1.0, records
-#: /work/team/gpu_results/s12b1/g1/tput/tput9/gemm_lt.json; ``benchmarks/gemm_lt_table.py --margin 0.03``): every
+#: benchmarks/results/gemm_lt_s12b1_h100.json; ``benchmarks/gemm_lt_table.py --margin 0.03``): every
 #: candidate of the 8B projections at the graph sizes the paced 512 x 1000/1000 run uses most (272: 257-272 rows,
 #: ~935 of its 2,639 steps; 256-208) and at a prefill chunk's 8,192 rows, taken where it beat cuBLAS by >= 3 % in the
 #: same chain (us cuBLAS -> candidate in the comments). An early check (21:24, one H100, the same engine alternating,
 #: 272 x 1000/100): off -> on, 34 steps of 8,192 tokens 6.741 / 6.713 -> 6.650 / 6.658 s GPU, 79 decode steps at
 #: graph size 272 1.587 / 1.590 -> 1.572 / 1.573 s (-1 %: less than the chains' sums). The qkv chunk pick is not
 #: offered at 7,937 rows, so picks apply only at the row count measured. The ramp's 104-200 rows: the lead's extra
-#: call s12b1y (one H100, 21:38, gemm_lt.json there), same rule; not yet run in an engine.
+#: call s12b1y (one H100, 21:38, benchmarks/results/gemm_lt_s12b1y_h100.json), same rule; not yet run in an engine.
 _C = dict(algo=66, splitk=1, reduction=0, swizzle=0, stages=35, inner=0)  # (attributes all picks share but these)
 _CHUNK = 8192  # a full prefill step (max_num_batched_tokens of the 8B benchmark)
 LT_TABLE: dict[tuple[str, int, int], dict[int, dict]] = {
