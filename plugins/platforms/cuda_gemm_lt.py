@@ -318,7 +318,16 @@ def usable(x, weight, cfg: dict):
 
     if torch.cuda.current_device() not in _RUN["gemm"] and torch.cuda.is_current_stream_capturing():
         return None  # (its workspace is allocated outside a capture: the eager first use comes first)
-    return find(M, N, K, x.dtype, cfg)
+    if _RUN.get("broken"):
+        return None
+    try:
+        return find(M, N, K, x.dtype, cfg)
+    except (OSError, RuntimeError) as e:  # no libcublasLt, or a call it refuses: cuBLAS from now on, said once
+        import logging
+
+        _RUN["broken"] = True
+        logging.getLogger(__name__).warning("cuBLASLt picks not used: %s", e)
+        return None
 
 
 def linear(x, weight, algo):

@@ -100,3 +100,22 @@ def test_first_use_check_compares_large_outputs_in_row_blocks() -> None:
     bad[1500, 7] += 0.05 * float(good.abs().max())
     checked: dict = {}
     assert not first_use_ok(checked, "k", lambda: bad, whole, "t", rows_ref=rows) and checked["k"] is False
+
+
+def test_a_missing_library_turns_the_picks_off(card: FakeGemm, monkeypatch: pytest.MonkeyPatch,
+                                              caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+
+    def gone():
+        raise OSError("libcublasLt not found")
+
+    monkeypatch.setattr(lt, "_gemm", gone)
+    buf = torch.empty(98 * 256, dtype=torch.bfloat16)
+    o = (-buf.data_ptr() % 256) // 2
+    x, w = buf[o:o + 96 * 256].view(96, 256), torch.empty(64 * 256 + 128, dtype=torch.bfloat16)
+    ow = (-w.data_ptr() % 256) // 2
+    w = w[ow:ow + 64 * 256].view(64, 256)
+    with caplog.at_level(logging.WARNING):
+        assert lt.usable(x, w, B) is None and lt.usable(x, w, A) is None
+    assert caplog.text.count("cuBLASLt picks not used") == 1
