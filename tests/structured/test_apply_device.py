@@ -151,6 +151,13 @@ def test_device_gate_waits_for_rows_written_after_the_launch(whole, graph, monke
     rids = [f"r{j}" for j in range(n)]
     sample_ids = rids if whole else ["free", *rids]
     g = torch.Generator().manual_seed(11)
+    from octavo.plugins.platforms.cuda_grammar_mask import wait_host_flag
+
+    # every kernel loaded before a wait is queued: a first launch loads its module lazily, which waits for the device,
+    # i.e. for the queued wait, which this thread opens only after the call (b1 session 12: a ~20 s stall, then the
+    # give-up). The wait (seq 0 passes at once) here; apply_gated builds its own apply on a scratch copy first.
+    wait_host_flag(dg.words, 0)
+    torch.cuda.synchronize()
     for step_no in range(2):
         inner = GrammarStep(None, list(range(n)), rids, [None] * n, buf, None)
         inner.device_gate, inner.seq = dg, dg.next_seq()

@@ -57,9 +57,13 @@ def test_worker_rows_feed_the_device_gate():
     inner = SimpleNamespace(tokenizer=None, vocab_size=vocab, info=info,
                             compile=lambda p: xgr.GrammarCompiler(info).compile_regex(p))
     kernel = CudaPlatform().make_grammar_mask_apply()
-    # the apply and the wait built before anything waits on the worker (a Triton build is not the worker's time)
-    kernel(torch.zeros(1, vocab, device="cuda"), torch.full((1, vocab // 32), -1, dtype=torch.int32, device="cuda"),
-           None)
+    # the wait built and loaded before any wait is queued (a kernel's first launch loads its module lazily, which
+    # waits for the device, i.e. for a queued wait: session 12's b1 failure, a ~20 s stall then the give-up);
+    # apply_gated builds its apply on a scratch copy before it queues the wait
+    from octavo.plugins.platforms.cuda_grammar_mask import wait_host_flag
+
+    wait_host_flag(torch.zeros(2, dtype=torch.int32, pin_memory=True), 0)
+    torch.cuda.synchronize()
     t_start = time.perf_counter()
     worker = XGrammarWorkerBackend(inner, 4)
     print(f"grammar worker process {worker._proc.pid} started; waiting up to {START_S:.0f} s for it", flush=True)
