@@ -59,7 +59,7 @@ GRAPH = _env_switch("OCTAVO_GRAMMAR_GRAPH", True)
 TIME_WAIT = False
 _FAILED: dict[str, bool] = {}  # "wait": the wait kernel failed to launch in this process (the host waits instead)
 _GRAPH_FAILED: list[str] = []  # why the wait + apply graph failed in this process (the two launches are used instead)
-# (row index or not, logits dtype) of the apply launched once before any wait was queued: a kernel's first launch loads
+# (row index or not, logits dtype, row words, vocab, row stride) of the apply launched once before any wait was queued: a kernel's first launch loads
 # its module (CUDA lazy loading), which waits for the device, i.e. for a queued wait, i.e. for the host's fill: a
 # first apply behind a wait stalls the runner until the fill (a test that fills after the call: until the give-up)
 _PREBUILT: set = set()
@@ -123,9 +123,10 @@ def apply_gated(logits: Any, grammar: Any, sample_req_ids: list[str], logits_row
         index = torch.tensor(rows, dtype=torch.int32)
         if logits.device.type != "cpu":  # through pinned memory: no stream sync (core/grammar_step.py _to_device)
             index = index.pin_memory().to(logits.device, non_blocking=True)
-    if (index is None, logits.dtype) not in _PREBUILT and logits.device.type != "cpu":
+    built = (index is None, logits.dtype, packed.shape[-1], logits.shape[-1], logits.stride(0))  # (Triton's variants)
+    if built not in _PREBUILT and logits.device.type != "cpu":
         kernel(logits.clone(), packed, index, volatile=True)  # (built and loaded on a scratch copy, no wait queued)
-        _PREBUILT.add((index is None, logits.dtype))
+        _PREBUILT.add(built)
     graphs = (getattr(kernel, "gated_graphs", None) if GRAPH and step.device_gate.graphs and index is None
               and events is None else None)
     if graphs is not None and not _GRAPH_FAILED:
