@@ -19,8 +19,9 @@ fails it), a host fill raises.
 
 Status (session 12): experimental. CPU tests pass (tests/structured/test_grammar_worker.py); on an H100 the structured
 benchmark ran with it and gave the in-process tokens (session 11), but tests/structured/test_grammar_worker_gpu.py
-fails: with bounded waits (session 12) it is not a hang: the worker was ready after ~8 s and then marked its first
-device-gated fill failed (``last_error`` now keeps why). Not for GPU serving until that test passes.
+failed in sessions 11-12: not the worker but the apply's first launch loading its module behind the queued wait (a
+~20 s stall, then the give-up; fixed in core/grammar_device_gate.py, session 12). Not for GPU serving until that test
+passes on a GPU.
 """
 
 from __future__ import annotations
