@@ -90,8 +90,12 @@ def test_worker_rows_feed_the_device_gate():
             want = apply_packed(logits.clone(), list(range(4)), worker.rows[:4].clone())
             assert torch.equal(dev.cpu(), want)
             allowed = torch.isfinite(want)
-            assert allowed[0, ord("a")] and allowed[0, ord("c")] and not allowed[0, ord("b")]
-            assert allowed[2, ord("b")] and not allowed[2, ord("a")]  # after "a": only "b"
+            if step_no == 0:  # rows 0-1 at the start; row 2 after "a", row 3 after "c"
+                assert allowed[0, ord("a")] and allowed[0, ord("c")] and not allowed[0, ord("b")]
+                assert allowed[2, ord("b")] and not allowed[2, ord("a")]  # after "a": only "b"
+            else:  # after step 0's accepts: row 0 "a" -> only "b"; row 2 "ab" -> "a", "c" or "x"
+                assert allowed[0, ord("b")] and not allowed[0, ord("a")]
+                assert allowed[2, ord("x")] and allowed[2, ord("a")] and not allowed[2, ord("b")]
             worker.accept_tokens(matchers, [ord("a"), ord("c"), ord("b"), ord("d")])
     finally:
         worker.close()
