@@ -18,16 +18,17 @@ from octavo.core.sampler import SamplingBatch
 from octavo.step import NewRequestData, ScheduledRequestData, StepBatch
 
 # One pinned host-to-device copy per step for the step inputs, the layout rows the graph runner copies and the
-# sampler's columns (core/step_staging.py) instead of one pageable copy each. CUDA devices only (on the CPU nothing
-# is copied: unchanged). OCTAVO_STEP_STAGING=1/0; None: read it on first use. Opt-in until an H100 A/B decides it.
+# sampler's columns (core/step_staging.py) instead of one pageable copy each. Accelerator devices only (on the CPU
+# nothing is copied: unchanged; measured on CUDA only). OCTAVO_STEP_STAGING=1/0; None: read it on first use. Opt-in until an H100 A/B decides it.
 STAGING: bool | None = None
 _STAGERS: dict = {}  # device -> PinnedStaging
 
 
 def step_staging(device: torch.device):
-    """The device's :class:`~octavo.core.step_staging.PinnedStaging` when staging is on and ``device`` is CUDA."""
+    """The device's :class:`~octavo.core.step_staging.PinnedStaging` when staging is on and ``device`` is an
+    accelerator (not the CPU)."""
     global STAGING
-    if device.type != "cuda":
+    if device.type == "cpu":
         return None
     if STAGING is None:
         from octavo.env_flags import env_switch

@@ -32,15 +32,16 @@ class _Slot:
         self.host: torch.Tensor | None = None
         self.host_np: np.ndarray | None = None
         self.dev: torch.Tensor | None = None
-        self.event: torch.cuda.Event | None = None
+        self.event: torch.Event | None = None
 
 
 class PinnedStaging:
-    """A ring of ``SLOTS`` pinned host buffers with device twins on one CUDA device (see the module docstring)."""
+    """A ring of ``SLOTS`` pinned host buffers with device twins on one accelerator device (see the module docstring;
+    measured on CUDA only)."""
 
     def __init__(self, device: torch.device, slots: int = SLOTS) -> None:
-        if device.type != "cuda":
-            raise ValueError(f"PinnedStaging needs a CUDA device, not {device}")
+        if device.type == "cpu":  # (pinned host memory and a device twin mean nothing on the host itself)
+            raise ValueError(f"PinnedStaging needs an accelerator device, not {device}")
         self.device = device
         self.slots = [_Slot() for _ in range(slots)]
         self.next = 0
@@ -71,7 +72,7 @@ class PinnedStaging:
         if total:
             slot.dev[:total].copy_(slot.host[:total], non_blocking=True)
             if slot.event is None:
-                slot.event = torch.cuda.Event()
+                slot.event = torch.Event(device=self.device.type)
             slot.event.record()
             self.copies += 1
         return [slot.dev[o:o + a.nbytes].view(_DTYPES[a.dtype]).view(a.shape) for a, o in zip(arrays, offs)]
