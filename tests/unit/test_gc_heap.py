@@ -1,5 +1,9 @@
 """core/gc_heap.py: during a run, full collections are rare (third threshold raised) and the objects alive at its
-start are frozen; both are undone when the run ends."""
+start are frozen; both are undone when the run ends.
+
+The freeze count only ever falls on its own: a frozen object freed by its refcount (here, by a thread an earlier
+test left running) leaves the permanent generation. So "no second freeze" is checked as "the count did not grow"
+and "not thawed" as "still frozen", never as an exact count."""
 
 import gc
 
@@ -29,8 +33,8 @@ def test_frozen_inside_thawed_after_and_nested_scopes_share_one_freeze():
         assert n > 0
         assert gc.get_threshold() == (before[0], before[1], max(before[2], gc_heap.FULL_EVERY))
         with frozen_heap():  # an inner scope (another loop in the same process): no second freeze
-            assert gc.get_freeze_count() == n
-        assert gc.get_freeze_count() == n  # the inner exit does not thaw the outer scope
+            assert 0 < gc.get_freeze_count() <= n
+        assert gc.get_freeze_count() > 0 and gc_heap._state["froze"]  # the inner exit does not thaw the outer scope
         assert gc.get_threshold()[2] == max(before[2], gc_heap.FULL_EVERY)
     assert gc.get_freeze_count() == 0
     assert gc.get_threshold() == before
@@ -60,8 +64,8 @@ def test_off_switch_and_a_foreign_freeze_are_left_alone(monkeypatch):
     gc.freeze()  # the application froze its own heap: not ours to undo
     n = gc.get_freeze_count()
     with frozen_heap():
-        assert gc.get_freeze_count() == n
-    assert gc.get_freeze_count() == n
+        assert 0 < gc.get_freeze_count() <= n and not gc_heap._state["froze"]
+    assert gc.get_freeze_count() > 0  # the application's freeze outlives our scope
     monkeypatch.setenv("OCTAVO_GC_FREEZE", "yes")
     with pytest.raises(ValueError, match="OCTAVO_GC_FREEZE"):
         with frozen_heap():
