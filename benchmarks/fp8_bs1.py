@@ -140,92 +140,6 @@ def measure(llm, gr, prompt, res: dict, tag: str, bw: float, weight_bytes: int, 
         print(f"   {row['us']:8.2f} us  x{row['calls']:5.1f}  {row['name']}", flush=True)
 
 
-# --ab s6, in this order after "default" (the tree's defaults): the settings each variant changes from
-# (fp8_fused.SMALL_ROWS_WARPS=16, fp8_prefetch.PREFETCH_MB=0 / PDL=False / SELF_PREFETCH=False, the platform's PDL for
-# rotary / SiLU / plain norm as the platform has it: cuda_pdl.set_pdl, fp8_silu_gemv on). norm4 = session 5's
-# 4-warp quantizing norm at one row. Session 6 batch 1 (H100): prefetch chain and self-prefetch slower, PDL within noise (docs/performance.md)
-S6_VARIANTS = {"nosilu": {"silu": False}, "norm4": {"warps": None}, "pf16": {"mb": 16}, "self": {"self": True},
-               "pf16_self": {"mb": 16, "self": True}, "pf16_pdl": {"mb": 16, "pdl": True},
-               "pf16_self_pdl": {"mb": 16, "self": True, "pdl": True},
-               "pf16_self_pdl_all": {"mb": 16, "self": True, "pdl": True, "pdl_all": True},
-               "pf32": {"mb": 32}, "pdl": {"pdl": True, "pdlw": False}, "platform_pdl_off": {"pdl_all": False},
-               "default_again": {}, "bits": {"bits": True}, "nobits": {"bits": False, "reg_pf": False},
-               "bits_again": {"bits": True}, "regpf": {"reg_pf": True}, "bits_regpf": {"bits": True, "reg_pf": True},
-               "acc16": {"acc": 16}, "acc8": {"acc": 8}, "acc16_regpf": {"acc": 16, "reg_pf": True},
-               "acc0": {"acc": 0, "bits": False, "reg_pf": False}, "x2d": {"x2d": True},
-               "acc0_x2d": {"acc": 0, "bits": False, "reg_pf": False, "x2d": True},
-               "one": {"one": {}}, "one_s8": {"one": {"splits": 8}}, "one_w8": {"one": {"num_warps": 8}},
-               "one_n32": {"one": {"block_n": 32}}, "one_s32_n32": {"one": {"splits": 32, "block_n": 32}},
-               "pdlw": {"pdl": True, "pdlw": True}, "pdlw_again": {"pdl": True, "pdlw": True},
-               "nopdl": {"pdl": False, "pdlw": False}, "nopdl_again": {"pdl": False, "pdlw": False},
-               "silu": {"silu": True}, "silu_again": {"silu": True}, "rope": {"rope": True},
-               "rope_again": {"rope": True}, "silu_rope": {"silu": True, "rope": True},
-               "silu_rope_again": {"silu": True, "rope": True}, "unfused": {"silu": False, "rope": False},
-               "unfused_again": {"silu": False, "rope": False}, "notable": {"table": False},
-               "notable_again": {"table": False}, "default_again2": {},
-               "self_again": {"self": True}, "pf32_again": {"mb": 32},
-               "pw2": {"pwb": 2}, "pw3": {"pwb": 3}, "pw4": {"pwb": 4}, "pw2_again": {"pwb": 2},
-               "pw4_again": {"pwb": 4}, "pw3_again": {"pwb": 3},
-               "pw4_o": {"pw_shape": {(4096, 4096): 4}}, "pw4_o_down": {"pw_shape": {(4096, 4096): 4, (4096, 14336): 4}},
-               "pw4_qkv_o": {"pw_shape": {(6144, 4096): 4, (4096, 4096): 4}},
-               "pw4_noup": {"pwb": 4, "pw_shape": {(28672, 4096): 1}},
-               "pw4_qkv16": {"pwb": 4, "table_tiles": {(6144, 4096): (16, 1024, 8, 3)}},
-               "pw4_down8": {"pwb": 4, "table_tiles": {(4096, 14336): (8, 1024, 4, 4)}},
-               "pw4_o8": {"pwb": 4, "table_tiles": {(4096, 4096): (8, 1024, 4, 4)}},
-               "amax1": {"amax": True}, "amax1_again": {"amax": True}, "pw2_amax1": {"pwb": 2, "amax": True},
-               "normpdl": {"norm_pdl": True}, "normpdl_again": {"norm_pdl": True},
-               "normpdl_amax1": {"norm_pdl": True, "amax": True}, "normpdl_amax1_pw2": {"norm_pdl": True, "amax": True, "pwb": 2},
-               "loop2": {"loop2": 2}, "loop2_again": {"loop2": 2}, "loop2_pw4": {"loop2": 2, "pwb": 4},
-               "loop4": {"loop2": 4}, "loop4_again": {"loop2": 4}, "loop4_pw4": {"loop2": 4, "pwb": 4},
-               "all4": {"loop2": 2, "pwb": 4, "amax": True, "norm_pdl": True},
-               "all2": {"loop2": 2, "pwb": 2, "amax": True, "norm_pdl": True},
-               "all4_loop4": {"loop2": 4, "pwb": 4, "amax": True, "norm_pdl": True},
-               "loop4_od8w8": {"loop2": 4, "table_tiles": {(4096, 4096): (8, 1024, 8, 3), (4096, 14336): (8, 1024, 8, 3)}},
-               "loop4_od4w4": {"loop2": 4, "table_tiles": {(4096, 4096): (4, 1024, 4, 3), (4096, 14336): (4, 1024, 4, 3)}},
-               "loop4_all8w8": {"loop2": 4, "table_tiles": {sh: (8, 1024, 8, 3) for sh in
-                                                            ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336))}},
-               "s11": {"loop2": 0}, "s11_again": {"loop2": 0}, "s11_again2": {"loop2": 0},
-               "od8w8": {"table_tiles": {(4096, 4096): (8, 1024, 8, 3), (4096, 14336): (8, 1024, 8, 3)}},
-               "loop2_qkv16": {"table_tiles": {(6144, 4096): (16, 1024, 8, 3)}, "table_loops": {(6144, 4096): 2}},
-               "pw4_o_amax1": {"pw_shape": {(4096, 4096): 4}, "amax": True},
-               "od_r128": {"table_tiles": {(4096, 4096): (16, 1024, 8, 3, 128), (4096, 14336): (16, 1024, 8, 3, 128)},
-                           "table_loops": {(4096, 4096): 0, (4096, 14336): 0}}}
-# "od_r128" = o / down on the table's 16x1024 8-warp tile capped at 128 registers (sm_90, Triton 3.6: 154 -> 128 with
-# an 8-byte spill), one block a trip: two programs an SM, all 256 in one wave
-# session 12 batch 2 (default = o and down with two blocks a trip, fp8_gemv_tiles.LOOPS): "s11" = session 11's
-# defaults (one block a trip everywhere); "od8w8" = o / down on 8x1024 8 warps (with the table's loop); "loop2_qkv16"
-# = qkv on the 16x1024 8-warp tile with two blocks a trip (fp8_gemv_tiles.LOOPS patched as TILES is)
-# "loop2" / "loop4" = the GEMV's main loop loads two / four weight blocks a trip (fp8_gemv.LOOP2; the same bits);
-# "all2" / "all4" = loop2 + amax1 + normpdl with 2 / 4 blocks before the wait; "all4_loop4" with loop4;
-# "loop4_od8w8" / "loop4_od4w4" = loop4 with o and down on 8x1024 8 warps / 4x1024 4 warps (sm_90 SASS, Triton 3.9:
-# the table's 16x1024 w8 takes 161 registers, one program an SM, one 16 KB block in flight; 8x1024 w8 with loop4 128,
-# two programs of 32 KB; 4x1024 w4 with loop4 128, four of 16 KB); "loop4_all8w8" = every GEMV on 8x1024 w8
-# "normpdl" = the quantizing norms launched under PDL too (fp8_fused.NORM_PDL: resident during the GEMV before them,
-# waiting in the kernel; the same bits)
-# session 12: "amax1" = the GEMVs that quantize their own input (at batch 1: down) take the row's absmax with every
-# load in flight at once (fp8_gemv.AMAX_ONE; the same scale, so the same tokens)
-# session 12: "pwN" = the GEMV reads its first N weight blocks (1024 columns each) before its PDL wait instead of 1
-# (fp8_prefetch.PDL_W_BLOCKS; the same sums in the same order, so the tokens must equal the first measure's);
-# "pw4_<shapes>" = 4 blocks only for those weights (fp8_prefetch.PDL_W_BY_SHAPE: qkv 6144x4096, o 4096x4096,
-# gate_up 28672x4096, down 4096x14336), 1 for the rest; "pw4_noup" = 4 for all but gate_up; "pw4_<shape><n>" = pw4
-# with that weight's tile in fp8_gemv_tiles.TILES replaced for this card (another tile: another fp32 order)
-# session 11 batch 2: "notable" = the one-row GEMV's autotuned tiles instead of fp8_gemv_tiles.TILES (the default on
-# an H100 since batch 1's sweep); the sweep itself runs with the table off
-# session 11: "silu" = gate/up GEMV with SiLU-and-mul in its epilogue (fp8_silu_gemv, now with PDL + the split
-# accumulator; wrappers installed when the variant first runs; another tile, so tokens may differ); "rope" = the
-# qkv GEMV with the rotary embedding in its epilogue (fp8_rope_gemv, installed the same way)
-# session 10: "pdlw" = the GEMV under PDL reads its first weight block before it waits and lets its dependents
-# launch after the wait (fp8_prefetch.PDL_W; bit-identical, so its tokens must equal the first measure's); the
-# default since session 10, so "nopdl" is the GEMV of before (no PDL, the norm does not trigger early)
-# session 8: "one*" = the batch-1 fp8 attention in one launch (KV write + split-KV + merge,
-# plugins/attention/_fp8_kv_decode_bs1.py) with _fp8_kv_decode_bs1.DEFAULT_LAUNCH changed as given
-# session 7: "bits" = the GEMV's integer weight conversion (fp8_gemv.W_BITS), "regpf" = its register prefetch of
-# the next weight block (fp8_gemv.REG_PF): both bit-identical, so their greedy tokens must equal the first
-# measure's; "nobits" = both off (the variants start from the tree default); "acc16"/"acc8" = the GEMV's split
-# accumulator (fp8_gemv.ACC_SPLIT: half the registers, twice the programs per SM; another fp32 summation order);
-# "x2d" = prequantized input read in the weight tile's layout (fp8_gemv.X2D; bit-identical, same tiles)
-
-
 def seed_tiles(flags: dict) -> int:
     """Give the one-row GEMV's autotuner, for the kernel flags a variant passes (``W_BITS`` / ``REG_PF`` /
     ``ACC_SPLIT``), the tiles it chose for the defaults: the A/B then changes only the kernel, not the tile, and
@@ -268,6 +182,7 @@ def main() -> None:
                          "may name swept / swept_again (the best tiles pinned)")
     args = ap.parse_args()
     from benchmarks.fp8_bs1_tiles import pin, strict_bytes, sweep, tuned_tiles, unpin
+    from benchmarks.fp8_bs1_variants import S6_VARIANTS
     from benchmarks.gpu_e2e import LLAMA3_8B, copy_bandwidth, make_llm, write_config
 
     res = {"card": torch.cuda.get_device_name(), "torch": torch.__version__}
