@@ -27,12 +27,13 @@ import msgspec
 
 from octavo.core.engine_core_wire import ABORT, ADD, FATAL, OUTPUTS, READY, SHUTDOWN, UTILITY
 from octavo.core.messages import EngineCoreOutputs, EngineCoreRequest, ModelInfo, SchedulerStats
+from octavo.env_flags import env_float
 from octavo.executor import ExecutorError
 
 logger = logging.getLogger(__name__)
 
 POLL_MS = 100
-START_TIMEOUT_S = float(os.environ.get("OCTAVO_WORKER_START_TIMEOUT", "900"))
+START_TIMEOUT_S = env_float("OCTAVO_WORKER_START_TIMEOUT", 900.0, minimum=0.0)
 _BOOT = ("import json, sys; from octavo.core.engine_core_proc import run_engine_core; "
          "run_engine_core(*json.loads(sys.argv[1]))")
 

@@ -41,6 +41,7 @@ from octavo.core.plugin_selection import (
     select_attention_backend,
     select_platform,
 )
+from octavo.env_flags import env_choice
 from octavo.errors import PluginConflictError, PluginError, UnknownPluginError  # noqa: F401 - re-exported
 from octavo.hooks import PROJECT_NAME
 
@@ -75,7 +76,8 @@ class PluginManager:
         self.plugins: dict[str, PluginInfo] = {}
         self.disabled: list[str] = []
         self.registry = Registry()
-        if os.environ.get("OCTAVO_TRACE_PLUGINS", "") not in ("", "0", "false"):
+        # 1/0; "true"/"false" too (unset or "false" was off before the value was checked, any other value on)
+        if env_choice("OCTAVO_TRACE_PLUGINS", ("1", "0", "true", "false"), "0") in ("1", "true"):
             self._pm.trace.root.setwriter(lambda s: sys.stderr.write("[octavo-plugins] " + s))
             self._pm.enable_tracing()
         if load:

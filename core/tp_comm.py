@@ -20,6 +20,7 @@ import os
 import torch
 
 from octavo.core.async_runner import AsyncRunnerSteps
+from octavo.env_flags import env_int
 
 logger = logging.getLogger(__name__)
 
@@ -27,7 +28,7 @@ CHOICES = ("nccl", "symm_mem", "custom")
 # What an unset OCTAVO_TP_ALLREDUCE means. "custom" there means: the platform's own all-reduce where it has one
 # (CUDA), torch.distributed elsewhere or if it fails to start (all ranks agree), logged either way.
 DEFAULT_CHOICE = "custom"  # session 5 batch 1 (2x H100): 4.8 vs 16.6 us per 8 KiB in a graph, TP=2 bs1 3.84 vs 4.07 ms
-MAX_BYTES = int(os.environ.get("OCTAVO_TP_ALLREDUCE_MAX_BYTES", str(1 << 20)))  # one-shot wins below ~1 MiB
+MAX_BYTES = env_int("OCTAVO_TP_ALLREDUCE_MAX_BYTES", 1 << 20, minimum=0)  # one-shot wins below ~1 MiB
 
 
 def install_all_reduce(platform, device: torch.device, dtype: torch.dtype) -> str:

@@ -35,6 +35,7 @@ from collections import deque
 
 import msgspec
 
+from octavo.env_flags import env_float
 from octavo.executor import Executor, ExecutorError, merge_worker_infos
 from octavo.step import RunnerOutput, StepBatch, WorkerInfo
 
@@ -43,7 +44,7 @@ logger = logging.getLogger(__name__)
 INFO, OUTPUT, ERROR, SHUTDOWN, STEP = b"I", b"O", b"E", b"S", b"B"
 RPC, RPC_RESULT = b"C", b"R"  # collective_rpc: {"method", "args", "kwargs"} to every rank; {"result"|"error"} back
 POLL_MS = 100
-START_TIMEOUT_S = float(os.environ.get("OCTAVO_WORKER_START_TIMEOUT", "900"))
+START_TIMEOUT_S = env_float("OCTAVO_WORKER_START_TIMEOUT", 900.0, minimum=0.0)
 
 
 def _free_port() -> int:

@@ -19,12 +19,13 @@ import socket
 
 import msgspec
 
+from octavo.env_flags import env_float
 from octavo.executor import Executor, ExecutorError, merge_worker_infos, resolve_target
 from octavo.step import RunnerOutput, StepBatch, WorkerInfo
 
 logger = logging.getLogger(__name__)
 
-START_TIMEOUT_S = float(os.environ.get("OCTAVO_WORKER_START_TIMEOUT", "900"))
+START_TIMEOUT_S = env_float("OCTAVO_WORKER_START_TIMEOUT", 900.0, minimum=0.0)
 
 
 class RayWorkerActor:

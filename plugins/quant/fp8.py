@@ -90,7 +90,7 @@ def _gemv_kernel() -> str:
 
 
 def _fused_quant() -> bool:
-    return os.environ.get("OCTAVO_FP8_FUSED_QUANT", "1") != "0" and importlib.util.find_spec("triton") is not None
+    return env_switch("OCTAVO_FP8_FUSED_QUANT", default=True) and importlib.util.find_spec("triton") is not None
 
 
 def quantize_fp8_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

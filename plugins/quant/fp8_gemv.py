@@ -31,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from octavo.env_flags import env_switch
+from octavo.env_flags import env_choice, env_switch
 from octavo.plugins.quant import fp8_gemv_tiles
 from octavo.plugins.quant.fp8_e4m3 import _round_e4m3
 from octavo.plugins.quant.fp8_gemv_l2 import PF_PIECES, PF_PROGS, _prefetch_l2_slice, prefetch_args  # noqa: F401
@@ -256,19 +256,19 @@ _fp8_gemv_tuned_split = triton.autotune(
 
 #: the one-row kernel's weight conversion by integer ops (``W_BITS``; bit-identical output), for e4m3 activations.
 #: ``OCTAVO_FP8_GEMV_BITS`` (default off until measured on a GPU); benchmarks flip this attribute for A/B runs
-W_BITS = os.environ.get("OCTAVO_FP8_GEMV_BITS", "0").strip() == "1"
+W_BITS = env_switch("OCTAVO_FP8_GEMV_BITS", default=False)
 #: the one-row kernel's register prefetch of the next weight block (``REG_PF``; same sums, same order).
 #: ``OCTAVO_FP8_GEMV_REG_PF`` (default off until measured on a GPU)
-REG_PF = os.environ.get("OCTAVO_FP8_GEMV_REG_PF", "0").strip() == "1"
+REG_PF = env_switch("OCTAVO_FP8_GEMV_REG_PF", default=False)
 #: the one-row kernel's accumulator: 0 = one fp32 per weight element of the tile (64 registers a thread at
 #: (8, 1024, 4 warps): 127 registers, 4 programs an SM on sm_90); 16 = each thread's 16 adjacent products summed
 #: first (64 registers: twice the programs, so twice the weight bytes in flight; another fp32 summation order).
 #: ``OCTAVO_FP8_GEMV_ACC_SPLIT`` (0, 8 or 16). Default 16: session 7 batch 1 (H100, one engine, same tiles), 8B
 #: fp8 batch-1 decode 3.798 -> 3.675 ms/token (GEMVs 2760 -> 2661 us per forward; docs/performance.md)
-ACC_SPLIT = int(os.environ.get("OCTAVO_FP8_GEMV_ACC_SPLIT", "16").strip() or 0)
+ACC_SPLIT = int(env_choice("OCTAVO_FP8_GEMV_ACC_SPLIT", ("0", "8", "16"), "16"))
 #: prequantized (norm-made e4m3) input read in the weight tile's layout: sm_90 SASS of the key loop loses its two
 #: barriers and the shared-memory round trip per step; bit-identical. ``OCTAVO_FP8_GEMV_X2D`` (default off until measured)
-X2D = os.environ.get("OCTAVO_FP8_GEMV_X2D", "0").strip() == "1"
+X2D = env_switch("OCTAVO_FP8_GEMV_X2D", default=False)
 #: the one-row kernel's in-kernel absmax with all its loads in flight at once (``AMAX_KP``; the same scale), for
 #: K <= AMAX_MAX_K. ``OCTAVO_FP8_GEMV_AMAX_ONE`` (default off until measured on a GPU; at batch 1 only down quantizes
 #: in the GEMV: the norms hand the other three e4m3)
@@ -282,8 +282,6 @@ if _LOOP2_RAW not in ("", "0", "2", "4"):
 LOOP2: int | None = int(_LOOP2_RAW) if _LOOP2_RAW else None
 #: the most weight blocks the one-row kernel reads before its PDL wait (``pdl_w``; its static ifs)
 MAX_PDL_W = 4
-if ACC_SPLIT not in (0, 8, 16):
-    raise ValueError(f"OCTAVO_FP8_GEMV_ACC_SPLIT={ACC_SPLIT}: 0, 8 or 16")
 
 
 def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None = None,

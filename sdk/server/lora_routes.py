@@ -44,10 +44,20 @@ class UnloadLoRAAdapterRequest(BaseModel):
     lora_int_id: int | None = None
 
 
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
 def runtime_updating_allowed(env: Any = None) -> bool:
-    """True when either switch is set to a true value (``1``, ``true``, ``yes``, ``on``)."""
+    """True when either switch is set to a true value (``1``, ``true``, ``yes``, ``on``; any case); unset, empty or
+    a false value (``0``, ``false``, ``no``, ``off``) is off, anything else an error naming the switch."""
     env = os.environ if env is None else env
-    return any(str(env.get(k, "")).strip().lower() in ("1", "true", "yes", "on") for k in SWITCHES)
+    allowed = False
+    for k in SWITCHES:
+        raw = str(env.get(k, "")).strip()
+        if raw and raw.lower() not in _TRUE + _FALSE:
+            raise ValueError(f"{k}={raw!r}: use one of {', '.join(_TRUE)} (allow) or {', '.join(_FALSE)}")
+        allowed = allowed or raw.lower() in _TRUE
+    return allowed
 
 
 def check_adapter(path: str, max_rank: int) -> None:

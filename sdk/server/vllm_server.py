@@ -27,6 +27,7 @@ from typing import Any
 
 from fastapi import FastAPI, Query, Request
 
+from octavo.env_flags import env_float, env_switch
 from octavo.errors import APIError
 
 logger = logging.getLogger("octavo.server")
@@ -36,7 +37,13 @@ _LOGGED_ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/responses", "/
 
 
 def dev_mode() -> bool:
-    return "1" in (os.environ.get("OCTAVO_SERVER_DEV_MODE"), os.environ.get("VLLM_SERVER_DEV_MODE"))
+    """``OCTAVO_SERVER_DEV_MODE`` or vLLM's ``VLLM_SERVER_DEV_MODE`` is 1; each 1/0 only (both are checked)."""
+    return any([env_switch("OCTAVO_SERVER_DEV_MODE", default=False), env_switch("VLLM_SERVER_DEV_MODE", default=False)])
+
+
+def log_stats_interval() -> float:
+    """Seconds between throughput lines: ``OCTAVO_LOG_STATS_INTERVAL``, default 10, at least 0.1."""
+    return env_float("OCTAVO_LOG_STATS_INTERVAL", 10.0, minimum=0.1)
 
 
 def check_server_settings(settings: Any) -> None:
@@ -220,5 +227,5 @@ def register_vllm_server(app: FastAPI, engine: Any, settings: Any, serving: Any,
         logger.warning("dev mode (OCTAVO_SERVER_DEV_MODE=1): /sleep, /wake_up, /is_sleeping, /collective_rpc and "
                        "/reset_prefix_cache are served; do not expose this server.")
     if not settings.server.disable_log_stats:
-        ThroughputLog(engine, float(os.environ.get("OCTAVO_LOG_STATS_INTERVAL", "10")))
+        ThroughputLog(engine, log_stats_interval())
     app.add_middleware(RequestLogMiddleware, settings=settings)
