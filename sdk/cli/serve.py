@@ -138,6 +138,9 @@ def serve(settings, *, t_start: float | None = None) -> int:
             while not server.started and not task.done():
                 await asyncio.sleep(0.02)
             if server.started:
+                # read the core's outputs (and watch its process sentinel) from now on, not from the first
+                # request: a core that dies while the server is idle must turn /health 503 and end the server
+                engine._ensure_output_task()
                 from octavo.server.structured import start_deferred_warm
 
                 start_deferred_warm()

@@ -131,3 +131,26 @@ def test_core_death_fails_requests_and_exits_nonzero(server):
     assert time.monotonic() - t_kill < 30
     time.sleep(0.5)
     assert not [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
+
+
+def test_core_death_before_any_request_is_noticed():
+    """A core that dies while the server is idle, before its first request, is noticed too (the process sentinel
+    is watched from the start, not from the first request): /health 503, then the server exits non-zero."""
+    with ServerProcess(["--max-model-len", "128", "--kv-cache-memory-bytes", str(16 << 20),
+                        "--uvicorn-log-level", "warning"]) as srv:
+        core = [c for c in srv.children() if "resource_tracker" not in " ".join(c.cmdline())]
+        assert len(core) == 1, [c.cmdline() for c in srv.children()]
+        core[0].kill()
+
+        def healthy() -> bool:
+            try:
+                return httpx.get(srv.url + "/health", timeout=10).status_code == 200
+            except httpx.TransportError:  # already exited (503 lasts 2 s): not healthy either
+                return False
+
+        deadline = time.monotonic() + 30  # noticed within a second; the bound is for a loaded machine
+        while healthy():
+            assert time.monotonic() < deadline, "/health still 200 30 s after the engine core died"
+            time.sleep(0.1)
+        srv.proc.wait(timeout=30)
+        assert srv.proc.returncode not in (0, None)
