@@ -15,6 +15,9 @@ class RequestStatus(enum.IntEnum):
     FINISHED = 3
 
 
+_FINISHED = RequestStatus.FINISHED  # (an Enum member read from its class costs ~0.1 us: is_finished runs per row)
+
+
 class Request:
     """One sequence: its prompt, the tokens generated so far, and how much of it is in the KV cache.
 
@@ -69,7 +72,7 @@ class Request:
 
     @property
     def is_finished(self) -> bool:
-        return self.status == RequestStatus.FINISHED
+        return self.status == _FINISHED
 
     def sort_key(self, policy: str) -> tuple:
         """Queue order: FCFS by arrival; priority by (priority, arrival) — lower value first, as in vLLM."""

@@ -24,6 +24,7 @@ from typing import Any
 
 from octavo.core import grammar_step
 from octavo.core.grammar_reasoning import grammar_start
+from octavo.core.grammar_rows import StepRows
 from octavo.core.grammar_step import GrammarStep, apply_packed, fill_threads
 from octavo.env_flags import env_switch
 
@@ -97,6 +98,7 @@ class StructuredOutputManager:
         # {"device"[, "dtype", "vocab"]} of the logits, set by this process's runner when it applies (grammar_step.py)
         self._cpu_hint: dict = {}
         self._early: Any = ()  # requests whose token accept_sampled already accepted this step
+        self._rows = StepRows()  # each step's grammar rows, reused by the steady decode step (core/grammar_rows.py)
         self._device_gate = None  # core/grammar_device_gate.DeviceGate, made once the runner said it can wait
         # host seconds summed over steps with grammar rows (benchmarks/structured_outputs.py reads them):
         # wait_s is the fill time the forward did not hide; fill_s the whole fill, wherever it ran
@@ -200,18 +202,7 @@ class StructuredOutputManager:
         :class:`GrammarStep` the executor fills (overlapped with the forward where it can); None if none.
         ``batch.scheduled`` is in ``sched_out.scheduled``'s order."""
         t0 = time.perf_counter()
-        positions, rids, matchers = [], [], []
-        for i, s in enumerate(sched_out.scheduled):
-            g = s.req.grammar
-            if g is None or not s.samples:
-                continue
-            # a built matcher means the grammar compiled and has started (_active), the usual decode row: no
-            # Future.done() lock and no start checks per row and step (host-bound GPU steps pay for each)
-            m = g.matcher if g.matcher is not None else self._active(s.req)
-            if m is not None:
-                positions.append(i)
-                rids.append(s.req.request_id)
-                matchers.append(m)
+        positions, rids, matchers = self._rows.build(sched_out, self._active)
         if not matchers:
             return None
         # reused every step; pinned once this process's runner applied masks on an accelerator whose platform can
@@ -267,6 +258,8 @@ class StructuredOutputManager:
         self._close_inflight()
         matchers, tokens, rids = [], [], []
         early, self._early = self._early, ()
+        if early and early.issuperset([u[0] for u in updates]):  # the usual async step: accept_sampled took all
+            updates = ()
         for req, token in updates:
             g = req.grammar
             if g is None or token is None or req in early:  # (already advanced by accept_sampled)
@@ -338,8 +331,13 @@ class StructuredOutputManager:
         t0 = time.perf_counter()
         self._close_inflight()
         sampled, failed = result.sampled, result.failed
-        matchers, tokens, rids, done = [], [], [], set()
         prev, self._early = self._early, ()  # (accept_tokens consumed it after the last update; else skip those)
+        rows = self._rows.sampled(sched_out, sampled, failed, prev)  # the usual step: the rows prepare made
+        if rows is not None:
+            self._advance(*rows[:3], t0)
+            self._early = set(rows[3])
+            return
+        matchers, tokens, rids, done = [], [], [], set()
         for s in sched_out.scheduled:
             req = s.req
             g = req.grammar
@@ -360,11 +358,12 @@ class StructuredOutputManager:
     def _accept(self, matchers: list[Any], tokens: list[int], rids: list[str]) -> None:
         """Advance the matchers (a terminated grammar takes no more tokens)."""
         t0 = time.perf_counter()
-        live = [j for j, m in enumerate(matchers) if not m.is_terminated()]
-        ok = self._get_backend().accept_tokens([matchers[j] for j in live], [tokens[j] for j in live])
-        for j, accepted in zip(live, ok):
-            if not accepted:
-                logger.warning("request %s: token %d breaks its grammar", rids[j], tokens[j])
+        if any([m.is_terminated() for m in matchers]):
+            live = [j for j, m in enumerate(matchers) if not m.is_terminated()]
+            matchers, tokens, rids = [matchers[j] for j in live], [tokens[j] for j in live], [rids[j] for j in live]
+        ok = self._get_backend().accept_tokens(matchers, tokens)
+        for j in [j for j, accepted in enumerate(ok) if not accepted]:
+            logger.warning("request %s: token %d breaks its grammar", rids[j], tokens[j])
         self.stats["accept_thread_s"] += time.perf_counter() - t0
 
     def _pool_for_fills(self) -> ThreadPoolExecutor:
