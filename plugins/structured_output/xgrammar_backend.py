@@ -89,6 +89,10 @@ class XGrammarBackend(StructuredOutputBackend):
         # splits a step's rows over its own threads (core/grammar_step.py); xgrammar's own 8 threads were no
         # faster than 1 on an H100 host (0.44 vs 0.38 ms for 32 rows, docs/performance.md)
         self._local = threading.local()
+        # the last accept's matchers list, whether all are ours, their xgrammar matchers, native handles and stop
+        # tokens: the engine passes the same list (never mutated) every steady decode step (core/grammar_rows.py),
+        # so the per-row checks and lists are built once per batch, not once per step
+        self._accept_rows: tuple = ((), False, None, None, frozenset())
 
     @classmethod
     def is_available(cls) -> bool:
@@ -120,11 +124,18 @@ class XGrammarBackend(StructuredOutputBackend):
         return _Matcher(self.xgr.GrammarMatcher(compiled))
 
     def accept_tokens(self, matchers: list[GrammarMatcher], tokens: list[int]) -> list[bool]:
-        if len(matchers) > 1 and all(isinstance(m, _Matcher) for m in matchers):  # one C call for the step
-            ok = _batch_accept(self.xgr, [m.m for m in matchers], tokens)
-            for m, t in zip(matchers, tokens):
-                if t in m._stop:  # (the only way an xgrammar matcher terminates: _Matcher)
-                    m.terminated = m.m.is_terminated()
+        rows = self._accept_rows
+        if rows[0] is not matchers:
+            ours = len(matchers) > 1 and all(isinstance(m, _Matcher) for m in matchers)
+            rows = self._accept_rows = (matchers, ours, [m.m for m in matchers] if ours else None,
+                                        [m.h for m in matchers] if ours else None,
+                                        frozenset().union(*[m._stop for m in matchers]) if ours else frozenset())
+        if rows[1]:  # one C call for the step
+            ok = _batch_accept(self.xgr, rows[2], tokens, rows[3])
+            if not rows[4].isdisjoint(tokens):  # (a stop token is the only way an xgrammar matcher terminates)
+                for m, t in zip(matchers, tokens):
+                    if t in m._stop:
+                        m.terminated = m.m.is_terminated()
             return ok
         return super().accept_tokens(matchers, tokens)
 
@@ -133,4 +144,8 @@ class XGrammarBackend(StructuredOutputBackend):
         if batch is None or self._local.threads != NATIVE_FILL_THREADS:
             batch = self._local.batch = self.xgr.BatchGrammarMatcher(max_threads=NATIVE_FILL_THREADS)
             self._local.threads = NATIVE_FILL_THREADS
-        fill_rows(self.xgr, batch, matchers, bitmask)
+        rows = getattr(self._local, "rows", None)  # (as _accept_rows: the same list every steady step)
+        if rows is None or rows[0] is not matchers:
+            ours = len(matchers) > 1 and all(isinstance(m, _Matcher) for m in matchers)
+            rows = self._local.rows = (matchers, [m.m for m in matchers] if ours else None)
+        fill_rows(self.xgr, batch, matchers, bitmask, rows[1])

@@ -3,6 +3,7 @@ wrapper, the batched accept and the batched fill of a step's rows."""
 
 from __future__ import annotations
 
+from itertools import repeat
 from typing import Any
 
 from octavo.structured_outputs import GrammarMatcher
@@ -19,12 +20,13 @@ class _Matcher(GrammarMatcher):
     and in the fill), and 32 calls through two Python layers into C++ were ~14% of the accept's time in a
     host-bound profile (py-spy, session 7), on the critical path of an async structured step."""
 
-    __slots__ = ("m", "_stop", "terminated")
+    __slots__ = ("m", "_stop", "terminated", "h")
 
     def __init__(self, matcher: Any) -> None:
         self.m = matcher
         self._stop = frozenset(matcher.stop_token_ids)
         self.terminated = matcher.is_terminated()
+        self.h = getattr(matcher, "_handle", None)  # the native handle _batch_accept passes (fixed per matcher)
 
     def accept_token(self, token_id: int) -> bool:
         ok = self.m.accept_token(token_id)
@@ -43,7 +45,7 @@ class _Matcher(GrammarMatcher):
         self.terminated = self.m.is_terminated()
 
 
-def _batch_accept(xgr: Any, matchers: list[Any], tokens: list[int]) -> list[bool]:
+def _batch_accept(xgr: Any, matchers: list[Any], tokens: list[int], handles: list[Any] | None = None) -> list[bool]:
     """xgrammar's ``BatchGrammarMatcher.batch_accept_token`` without its per-element read-back of the result.
 
     Why: xgrammar turns the native result array into a list with two FFI calls per row (``len`` and the item),
@@ -51,7 +53,8 @@ def _batch_accept(xgr: Any, matchers: list[Any], tokens: list[int]) -> list[bool
     thread while the runner's thread launches the next step (session 10 H200 stack samples: 6 % of the core
     thread in tvm_ffi's container code; 38 us per step alone on the 2-vCPU VM). Here the items are read by a
     private handle of the same FFI function that keeps the GIL (``ACCEPT_READBACK_KEEPS_GIL``): ~6 us, no
-    release. Same call, same results; any internal name missing falls back to the public API."""
+    release. Same call, same results; any internal name missing falls back to the public API. ``handles``: the
+    matchers' native handles (``_Matcher.h``), when the caller has them."""
     getter = _READBACK.get("getter")
     if getter is None and ACCEPT_READBACK_KEEPS_GIL and not _READBACK.get("failed"):
         try:
@@ -65,16 +68,23 @@ def _batch_accept(xgr: Any, matchers: list[Any], tokens: list[int]) -> list[bool
             _READBACK["failed"] = True
     if getter is None or not ACCEPT_READBACK_KEEPS_GIL:
         return xgr.BatchGrammarMatcher.batch_accept_token(matchers, tokens)
-    res = _READBACK["core"].BatchGrammarMatcher.batch_accept_token([m._handle for m in matchers], tokens, False)
-    return [bool(getter(res, i)) for i in range(len(matchers))]
+    if handles is None or None in handles:
+        handles = [m._handle for m in matchers]
+    res = _READBACK["core"].BatchGrammarMatcher.batch_accept_token(handles, tokens, False)
+    return list(map(bool, map(getter, repeat(res), range(len(matchers)))))  # (the items in one C loop)
 
 
-def fill_rows(xgr: Any, batch: Any, matchers: list[GrammarMatcher], bitmask: Any) -> None:
+def fill_rows(xgr: Any, batch: Any, matchers: list[GrammarMatcher], bitmask: Any, inner: list | None = None) -> None:
     """``bitmask[j]`` from ``matchers[j]``, live rows in one call of ``batch`` (a ``BatchGrammarMatcher``; also
-    the grammar worker's fill, plugins/structured_output/xgrammar_worker.py)."""
+    the grammar worker's fill, plugins/structured_output/xgrammar_worker.py). ``inner``: the xgrammar matchers of
+    ``matchers`` when they are all ``_Matcher`` (the caller's, kept per batch): fewer per-row steps before the
+    native call releases the GIL (this runs on the bitmask thread while the core thread wants the GIL)."""
     # a matcher that accepted its stop token (EOS under ignore_eos) constrains nothing more, as in vLLM:
     # its row is all ones (the engine then applies no mask); xgrammar raises if asked for its mask
     done = [m.is_terminated() for m in matchers]
+    if inner is not None and len(inner) > 1 and not any(done):  # (the usual step: every row live, all ours)
+        batch.batch_fill_next_token_bitmask(inner, bitmask, indices=None)
+        return
     live = [j for j, d in enumerate(done) if not d]
     if len(live) < len(matchers):
         bitmask[[j for j, d in enumerate(done) if d]] = -1

@@ -103,3 +103,43 @@ def test_batch_accept_readback_equals_xgrammars(backend, monkeypatch):
     assert refused > 0 and "getter" in xgb._READBACK  # the read-back path ran, and saw refusals
     monkeypatch.setattr(xgb, "ACCEPT_READBACK_KEEPS_GIL", False)  # the public call: same contract
     assert xgb._batch_accept(xgr, [backend.matcher(compiled).m for _ in range(2)], [0, 0]) == [False, False]
+
+
+def test_steady_batch_accept_and_fill_on_one_list_equal_xgrammars(backend):
+    """The engine passes the same matchers list every steady step (core/grammar_rows.py); the backend keeps its
+    per-batch lists for it (``_accept_rows``, the fill's ``rows``). Walked on one list until every row stops: the
+    answers, the terminated flags and each step's rows equal xgrammar's own on reference matchers, and a row whose
+    matcher terminated is all ones in the next fill; a new list (another batch) is taken as new."""
+    compiled = backend.compile(StructuredOutputsParams(choice=["yes", "no way", "maybe not"]))
+    ours = [backend.matcher(compiled) for _ in range(6)]
+    ref = [xgr.GrammarMatcher(compiled) for _ in range(6)]
+    words = (VOCAB + 31) // 32
+    rows, want = torch.zeros(6, words, dtype=torch.int32), torch.zeros(6, words, dtype=torch.int32)
+    rng = random.Random(3)
+    stopped = full = 0
+    for _ in range(40):
+        backend.fill_bitmasks(ours, rows)
+        for j, m in enumerate(ref):
+            if m.is_terminated():
+                want[j].fill_(-1)
+            else:
+                m.fill_next_token_bitmask(want, j)
+        assert torch.equal(rows, want)
+        if all(m.is_terminated() for m in ref):
+            break
+        tokens = []
+        for j in range(6):
+            bits = np.unpackbits(want[j].numpy().view(np.uint8), bitorder="little")[:VOCAB]
+            allowed = np.flatnonzero(bits).tolist()
+            stops = [t for t in allowed if t in ours[j]._stop]
+            tokens.append(stops[0] if stops and rng.random() < 0.5 else rng.choice(allowed))
+        live = [j for j in range(6) if not ref[j].is_terminated()]
+        if len(live) == 6:  # the full batch: the same list object every step
+            got = backend.accept_tokens(ours, tokens)
+            full += backend._accept_rows[0] is ours and backend._accept_rows[1]
+        else:
+            got = backend.accept_tokens([ours[j] for j in live], [tokens[j] for j in live])
+        assert got == [ref[j].accept_token(tokens[j]) for j in live]
+        assert [m.is_terminated() for m in ours] == [m.is_terminated() for m in ref]
+        stopped = sum(m.is_terminated() for m in ref)
+    assert stopped == 6 and full >= 2  # every row stopped; the kept lists were used on consecutive steps
