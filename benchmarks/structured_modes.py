@@ -21,6 +21,7 @@ def defaults(core: Any) -> dict:
     from octavo.core import structured_output as so_mod
 
     return {"park": async_gate.PARK, "early_fill": async_gate.EARLY_FILL, "start_wait": async_gate.FILL_START_WAIT_S,
+            "devgate_start_wait": async_gate.DEVICE_GATE_FILL_START_WAIT_S,
             "devgate": grammar_device_gate.DEVICE_GATE, "graph": grammar_device_gate.GRAPH,
             "poolaccept": so_mod.ACCEPT_ON_FILL_THREAD, "yield": so_mod.YIELD_AFTER_RELEASE,
             "inline": grammar_step.INLINE_AFTER_GATE, "handoff": grammar_step.HANDOFF_WAIT_S,
@@ -137,8 +138,12 @@ def build_modes(args: Any, so: Any, dflt: dict) -> dict:
         modes["json_async_devgate_gateonly"] = (so, True, False, False, None, {**dflt, "devgate": True,
                                                                                  "gate_only": True})
         # the device gate without the core thread's wait (up to 1 ms) until the bitmask thread is inside the fill
+        # (session 12 batch 2's mode; the default since session 13), and with it (sessions 6-12's default): the
+        # quiet-GPU confirmation of that default compares json_async with json_async_devgate_startwait
         modes["json_async_devgate_nostartwait"] = (so, True, False, False, None, {**dflt, "devgate": True,
-                                                                                    "start_wait": 0.0})
+                                                                                    "devgate_start_wait": 0.0})
+        modes["json_async_devgate_startwait"] = (so, True, False, False, None, {**dflt, "devgate": True,
+                                                                                  "devgate_start_wait": 0.001})
         # session 10: the device gate with three steps in flight: N+2 is scheduled and its forward, wait, apply and
         # sampler are queued before N's tokens reach the host (the runner never parks under the device gate), so
         # the host chain N's tokens -> accept -> fill N+1 -> schedule N+3 has two device steps to hide in, not one.
@@ -177,6 +182,7 @@ def apply_knobs(core: Any, knobs: dict, on: bool, async_modes: bool, saved: dict
             if "switch" in knobs:  # GIL switch interval while a structured step is in flight (0: off)
                 core.async_loop.grammar_switch_s = knobs["switch"]
             async_gate.FILL_START_WAIT_S = knobs.get("start_wait", saved["start_wait"])
+            async_gate.DEVICE_GATE_FILL_START_WAIT_S = knobs.get("devgate_start_wait", saved["devgate_start_wait"])
     grammar_step.INLINE_AFTER_GATE, grammar_step.HANDOFF_WAIT_S = knobs["inline"], knobs["handoff"]
     grammar_step.PLATFORM_APPLY, so_mod.EARLY_ACCEPT = knobs["kernel"], knobs["early"]
     core.structured.fill_threads = knobs["threads"]
@@ -217,6 +223,7 @@ def restore(core: Any, saved: dict) -> None:
     so_mod.YIELD_AFTER_RELEASE = saved["yield"]
     async_gate.PARK, async_gate.EARLY_FILL = saved["park"], saved["early_fill"]
     async_gate.FILL_START_WAIT_S = saved["start_wait"]
+    async_gate.DEVICE_GATE_FILL_START_WAIT_S = saved["devgate_start_wait"]
     grammar_step.GrammarStep.start_on_pool = _START_ON_POOL
     if "inner_backend" in saved:
         _use_worker(core, False, saved)

@@ -20,14 +20,29 @@ from octavo.core.grammar_step import GrammarStep
 # the gate's wait() as before session 6 (benchmarks/structured_outputs.py's *_old modes compare both).
 PARK = True
 # Start step N+1's fill on the bitmask thread right after N's tokens were accepted (GatedGrammarStep.start_fill),
-# so it runs while this thread updates N and schedules N+2; the core thread first waits up to FILL_START_WAIT_S
-# until that thread is inside the fill (else it would wait for the GIL until this thread blocks). False: the fill
-# runs inline when the gate opens (release). GPU batch 1 of session 6 (H100, random 1.1B, launch wait on): batch 32 2.57 ms vs
-# 3.10 inline, batch 1 1.90 vs 1.70 (a thread hand-off for one ~15 us row), so only steps of EARLY_FILL_MIN_ROWS
-# or more rows fill early. benchmarks/structured_outputs.py json_async_earlyfill / _noearlyfill compare.
+# so it runs while this thread updates N and schedules N+2. False: the fill runs inline when the gate opens
+# (release). GPU batch 1 of session 6 (H100, random 1.1B, launch wait on): batch 32 2.57 ms vs 3.10 inline, batch 1
+# 1.90 vs 1.70 (a thread hand-off for one ~15 us row), so only steps of EARLY_FILL_MIN_ROWS or more rows fill early.
+# benchmarks/structured_outputs.py json_async_earlyfill / _noearlyfill compare.
 EARLY_FILL = True
 EARLY_FILL_MIN_ROWS = 8
+# After queuing that fill, the core thread may block up to this long until the bitmask thread is running it, so the
+# fill thread does not wait for the GIL until the core thread next blocks. Under the Python gate (park) the core
+# thread later blocks for the fill itself, so its start matters: 1 ms (sessions 6-12; session 13's CPU A/B without
+# the wait: the fill's start lag 0.47 -> 1.25 ms, wall within noise).
 FILL_START_WAIT_S = 0.001
+# The same wait under the device gate (core/grammar_device_gate.py), where the device, not the core thread, waits for
+# the fill. 0 (default since session 13): no wait; the ``time.sleep(0)`` after the release
+# (structured_output.YIELD_AFTER_RELEASE) already lets the woken fill thread take the GIL, and the core thread skips a
+# wake-up and a GIL hand-back on its way to update N and schedule N+2, the next step's critical path. Only a hint:
+# the fill is queued either way, the device's wait opens when the fill ends and the next accept waits for the fill's
+# future, so nothing depends on the wait (no wake-up to lose). Evidence (docs/performance.md "Host path, session 13"):
+# ONE GPU run on a busy H100 lane (s12 batch 2, 135M shape, batch 32, 3 repeats, same greedy tokens): 1.76 / 1.62 /
+# 1.63 ms per step without the wait vs 2.11 / 2.20 / 2.03 with it (free async 1.90 / 1.91 / 1.73); the core thread's
+# release 0.245 -> 0.136 ms, the fill's start lag 0.071 -> 0.075 ms. CPU (2 loaded vCPUs, a host stand-in for the
+# device's wait, session 13): wall within noise, release 0.81 -> 0.36 ms, start lag not later. A quiet-GPU
+# confirmation is pending (benchmarks/structured_outputs.py json_async vs json_async_devgate_startwait).
+DEVICE_GATE_FILL_START_WAIT_S = 0.0
 
 
 class GatedGrammarStep:
@@ -89,7 +104,8 @@ class GatedGrammarStep:
         self._fill_started = True
         g = self._drop_finished()
         if g.matchers:
-            g.start_on_pool(0.0 if before is not None else FILL_START_WAIT_S, before=before)
+            wait = DEVICE_GATE_FILL_START_WAIT_S if g.seq else FILL_START_WAIT_S
+            g.start_on_pool(0.0 if before is not None else wait, before=before)
 
     def release(self, before: Any = None) -> None:
         if before is not None:  # (the previous step's accept, when this is the accept's hook: here, first)

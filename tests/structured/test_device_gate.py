@@ -77,8 +77,32 @@ def test_not_enabled_keeps_the_python_gate(monkeypatch):
     assert not isinstance(gate.park(lambda: "x"), str)  # parked (a PendingOutput)
 
 
+@pytest.mark.parametrize("device", [True, False])
+def test_the_early_fill_start_wait_is_chosen_by_the_gate_kind(device, monkeypatch):
+    """The core thread's wait for the bitmask thread to start the fill: DEVICE_GATE_FILL_START_WAIT_S under the
+    device gate (the device waits for the fill), FILL_START_WAIT_S under the Python gate (this thread will)."""
+    monkeypatch.setattr(grammar_device_gate, "DEVICE_GATE", device)
+    monkeypatch.setattr(async_gate, "FILL_START_WAIT_S", 0.25)
+    monkeypatch.setattr(async_gate, "DEVICE_GATE_FILL_START_WAIT_S", 0.0)
+    seen = []
+    start = GrammarStep.start_on_pool
+
+    def spy(self, started_wait_s=0.0, before=None):
+        seen.append(started_wait_s)
+        return start(self, started_wait_s, before)
+    monkeypatch.setattr(GrammarStep, "start_on_pool", spy)
+    gate = _gate(_Backend(), async_gate.EARLY_FILL_MIN_ROWS)
+    assert bool(gate.seq) == device
+    gate.start_fill()
+    gate.release()
+    rids, _, rows = gate.wait()
+    n = async_gate.EARLY_FILL_MIN_ROWS
+    assert seen == [0.0 if device else 0.25] and len(rids) == (n if device else n - 1)  # (Python gate: open row dropped)
+    assert not device or gate.inner.device_gate.words[0] == gate.seq  # (the fill opened the device's word)
+
+
 def test_early_fill_opens_the_word_from_the_bitmask_thread_and_release_does_not_wait(device_gate_on, monkeypatch):
-    monkeypatch.setattr(async_gate, "FILL_START_WAIT_S", 0.0)
+    monkeypatch.setattr(async_gate, "DEVICE_GATE_FILL_START_WAIT_S", 0.0)
     go = threading.Event()
     backend = _Backend(go)
     gate = _gate(backend, async_gate.EARLY_FILL_MIN_ROWS)
@@ -248,7 +272,7 @@ def test_accept_goes_with_the_fill_job_only_under_the_device_gate(device_gate_on
     """structured_output.ACCEPT_ON_FILL_THREAD: the previous step's accept (``before``) runs on the bitmask thread
     right before the fill, in the same job; a small step or a Python-gated one runs it here, first; a failed
     accept still fills and opens the word, and its error reaches the host."""
-    monkeypatch.setattr(async_gate, "FILL_START_WAIT_S", 0.0)
+    monkeypatch.setattr(async_gate, "DEVICE_GATE_FILL_START_WAIT_S", 0.0)
     order = []
 
     def before():
