@@ -26,20 +26,12 @@ apply offering ``wait_host_flag`` (CUDA's: plugins/platforms/cuda_grammar_mask.p
 from __future__ import annotations
 
 import logging
-import os
 import time
 from typing import Any
 
+from octavo.env_flags import env_switch
+
 logger = logging.getLogger(__name__)
-
-
-def _env_switch(name: str, default: bool) -> bool:
-    value = os.environ.get(name)
-    if value is None or value == "":
-        return default
-    if value not in ("0", "1"):
-        raise ValueError(f"{name}={value!r}: must be 0 or 1")
-    return value == "1"
 
 
 # On where the runner's platform apply can wait on a host word (CUDA); False: the runner parks its sampling on the
@@ -47,13 +39,13 @@ def _env_switch(name: str, default: bool) -> bool:
 # default since session 10: faster than the Python gate on both GPUs measured, same greedy tokens (batch 32, random
 # weights, ms per step): H200 (s9) 135M shape 1.98 vs 2.28, 1.1B 1.90 vs 2.18; H100 (s10) 135M 1.70 vs 1.94,
 # 1.1B 1.64 vs 2.11 (docs/performance.md). OCTAVO_GRAMMAR_DEVICE_GATE=0 turns it off.
-DEVICE_GATE = _env_switch("OCTAVO_GRAMMAR_DEVICE_GATE", True)
+DEVICE_GATE = env_switch("OCTAVO_GRAMMAR_DEVICE_GATE", True)
 # Session 12: the wait + apply as ONE CUDA-graph replay where the platform's apply offers it (``gated_graphs``:
 # plugins/platforms/cuda_grammar_mask.py GatedApplyGraphs), on the usual decode step (every row in order); the
 # sampler then reads the graph's masked copy of the logits. On by default since session 12's batch 1 (H100, lane with
 # neighbours, batch 32, ms per step, same greedy tokens): 135M json 2.16 -> 1.92 (free 1.60), the no-grammar-work
 # floor 2.01 -> 1.64; 1.1B json 2.28 -> 2.12 (free 1.62). OCTAVO_GRAMMAR_GRAPH=0 launches the two kernels instead.
-GRAPH = _env_switch("OCTAVO_GRAMMAR_GRAPH", True)
+GRAPH = env_switch("OCTAVO_GRAMMAR_GRAPH", True)
 # The benchmark's probe: time each device wait with two device events (read after the step's tokens arrived,
 # core/structured_output.py stats "device_wait_s": how long the device idled for the fill). Off in the engine.
 TIME_WAIT = False
