@@ -49,6 +49,10 @@
 # core-thread wait for the fill thread's start), 3 repeats (50 s);
 # json_async vs json_async_worker_graph (the grammar worker process + the graph) in its own step (30 s); then the
 # 1.1B shape: json_async vs json_async_nograph.
+# Argument "s13" (the quiet-GPU confirmation of session 13's default, same 150 s bound; no GPU in session 13): 135M:
+# json_async (no core-thread wait for the fill's start under the device gate, the default since session 13) vs
+# json_async_devgate_startwait (sessions 6-12's 1 ms wait) and json_async_nograph, 5 repeats (70 s); then the 1.1B
+# shape: the same three modes, 3 repeats (its graph lost to nograph in s12 batch 2).
 # STRUCTURED9_DRY=1: a CPU dry run (tiny shapes, few steps; the device modes then run the Python gate).
 set -u
 cd "$(dirname "$0")/../.."
@@ -133,6 +137,18 @@ if [ "$PART" = headline ]; then  # the engine as it ships (json_async = its defa
          --batches 32 --model /tmp/structured9_llama1b --json "$R/llama1b_headline.json"
   fi
   echo "structured9 headline done in ${SECONDS}s"
+  ls -la "$R"
+  exit 0
+fi
+if [ "$PART" = s13 ]; then  # session 13's default, on a quiet GPU (see the header)
+  if [ "$XGR" = 1 ]; then
+    S13=(--modes json_async json_async_devgate_startwait json_async_nograph --wait-events off --batches 32)
+    step smol135m_s13 $(( 70 * X )) python3 benchmarks/structured_outputs.py "${COMMON[@]}" "${S13[@]}" \
+         --repeats 5 --model /tmp/structured9_smol135m --json "$R/smol135m_s13.json"
+    step llama1b_s13 $(( $(left) - 1 * X )) python3 benchmarks/structured_outputs.py "${COMMON[@]}" "${S13[@]}" \
+         --repeats 3 --model /tmp/structured9_llama1b --json "$R/llama1b_s13.json"
+  fi
+  echo "structured9 s13 done in ${SECONDS}s"
   ls -la "$R"
   exit 0
 fi
