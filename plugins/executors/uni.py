@@ -35,16 +35,12 @@ class UniExecutor(Executor):
         step (torch releases the GIL inside its kernels), and a structured step's sampling waits on the
         grammar fill that the core thread releases (docs/async_scheduling.md)."""
         if self._step_thread is None:
+            # the initializer must not hold this executor: the pool's thread keeps it for its whole life, so a
+            # bound method kept the driver (model, KV cache) and the thread alive after the LLM was dropped
             self._step_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="octavo-step",
-                                                   initializer=self._bind_device)
+                                                   initializer=_bind_device,
+                                                   initargs=(getattr(self.driver, "device", None),))
         return self._step_thread.submit(self.driver.execute, batch, grammar)
-
-    def _bind_device(self) -> None:
-        device = getattr(self.driver, "device", None)
-        if device is not None and device.type == "cuda":  # the current device is per thread
-            import torch
-
-            torch.cuda.set_device(device)
 
     def shutdown(self) -> None:
         if self._step_thread is not None:
@@ -54,3 +50,11 @@ class UniExecutor(Executor):
         if release is not None:
             release()
         super().shutdown()
+
+
+def _bind_device(device) -> None:
+    """The step thread's initializer: the current CUDA device is per thread."""
+    if device is not None and device.type == "cuda":
+        import torch
+
+        torch.cuda.set_device(device)

@@ -57,3 +57,22 @@ def test_shutdown_frees_the_model_and_cache_while_llm_lives(tiny):
     finally:
         again.llm_engine.shutdown()
     del llm
+
+
+def test_dropping_an_async_llm_releases_its_model_and_step_thread(tiny):
+    """Without ``shutdown()``: an ``LLM`` with async scheduling (one step thread of the in-process executor; the
+    default on CUDA), once dropped, leaves neither its model nor its step thread behind."""
+    import threading
+
+    before = set(threading.enumerate())
+    llm = LLM(tiny, dtype="float32", kv_cache_memory_bytes=8 << 20, max_model_len=256, async_scheduling=True)
+    llm.generate(["The capital of France is"], GREEDY, use_tqdm=False)
+    model = weakref.ref(llm.llm_engine.core.executor.driver.model)
+    steps = [t for t in set(threading.enumerate()) - before if t.name.startswith("octavo-step")]
+    assert steps, "the async step thread should be running"
+    del llm
+    gc.collect()
+    assert model() is None, "the model is still reachable after the LLM was dropped"
+    for t in steps:
+        t.join(30)  # the pool's worker exits once the pool is collected
+    assert not any(t.is_alive() for t in steps), "the step thread outlived its LLM"
