@@ -72,9 +72,10 @@ def log_requests_enabled(settings: Any) -> bool:
 
 
 class RequestLogMiddleware:
-    """Pure ASGI: sees each request's body as the app reads it (no second read), then logs an access line
-    and, for generation routes with ``--enable-log-requests``, the request itself; adds X-Request-Id to
-    every response with ``--enable-request-id-headers``."""
+    """Pure ASGI: sees each request's body as the app reads it (no second read); for generation routes with
+    ``--enable-log-requests`` logs the request itself as its response starts (so a stream's request is logged when
+    the stream begins, not when it ends; the app has read the whole body by then), and an access line when the
+    response ends; adds X-Request-Id to every response with ``--enable-request-id-headers``."""
 
     def __init__(self, app: Any, settings: Any) -> None:
         self.app = app
@@ -90,6 +91,7 @@ class RequestLogMiddleware:
         start = time.perf_counter()
         status = [0]
         rid = [None]
+        logged = [False]
         body = bytearray()
         path = scope.get("path", "")
         want_body = self.requests and scope.get("method") == "POST" and path in _LOGGED_ROUTES
@@ -111,12 +113,15 @@ class RequestLogMiddleware:
                     headers.append((b"x-request-id", found))
                     msg = {**msg, "headers": headers}
                 rid[0] = found.decode(errors="replace") if found else None
+                if want_body and not logged[0]:
+                    logged[0] = True
+                    self._log_request(rid[0], path, bytes(body))
             await send(msg)
 
         try:
             await self.app(scope, recv, snd)
         finally:
-            if want_body:
+            if want_body and not logged[0]:  # (the app failed before its response started)
                 self._log_request(rid[0], path, bytes(body))
             if self.access:
                 client = scope.get("client") or ("-", 0)

@@ -137,13 +137,14 @@ def test_dev_mode_sleep_and_collective_rpc(http):
 
 def test_log_lines(server, http):
     http.post("/v1/completions", json={"prompt": "A long prompt that the request log must cut short", "max_tokens": 4})
-    # the server writes a request's lines once its response is sent, so the client can read the log first (CI
-    # saw it; ~1 % of responses under load): wait for this request's line, and for a throughput line
+    # the server writes the access line once the response is sent, so the client can read the log first (CI saw
+    # it; ~1 % of responses under load): wait for this request's lines, and for a throughput line
     deadline = time.monotonic() + 30
     while True:
         log = server.log_file.read_text(errors="replace")
         ours = [ln for ln in log.splitlines() if "Received request" in ln and "A long prompt" in ln]
-        if (ours and "Avg prompt throughput" in log) or time.monotonic() > deadline:
+        done = ours and "Avg prompt throughput" in log and '"POST /v1/completions HTTP/1.1" 200' in log
+        if done or time.monotonic() > deadline:
             break
         time.sleep(0.1)
     assert "Avg prompt throughput" in log and "Avg generation throughput" in log
@@ -151,3 +152,18 @@ def test_log_lines(server, http):
     assert ours, "no 'Received request' line for the request 30 s after its response"
     line = ours[0]
     assert line.endswith("...") and "must cut short" not in line  # --max-log-len 48
+
+
+def test_a_streamed_request_is_logged_when_its_stream_starts(server, http):
+    # vLLM logs a request on arrival; octavo logs it as its response starts (it then has the request id), so a
+    # long stream's request is in the log before the stream's first chunk reaches the client, not after its end
+    body = {"prompt": "Stream marker 7f3a", "max_tokens": 400, "ignore_eos": True, "stream": True}
+    with http.stream("POST", "/v1/completions", json=body) as r:
+        assert r.status_code == 200
+        lines = r.iter_lines()
+        first = next(ln for ln in lines if ln.startswith("data: "))
+        log = server.log_file.read_text(errors="replace")
+        chunks = 1 + sum(ln.startswith("data: {") for ln in lines)
+    assert '"text"' in first and chunks >= 400  # the stream really was long: 400 tokens after the read above
+    assert any("Received request" in ln and "Stream marker 7f3a" in ln for ln in log.splitlines()), \
+        "the streamed request was not in the log when its first chunk arrived"
