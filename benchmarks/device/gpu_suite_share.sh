@@ -10,6 +10,7 @@
 #   b3             the grammar worker's GPU test alone: it waits up to 90 s for the worker's start (its START_S), so
 #                  it gets its own per-test limit (GPU_SUITE_WORKER_LIMIT, 125 s), thread method: a wait that SIGALRM
 #                  cannot break is still cut, with every thread's stack in the log (faulthandler dump at 110 s too)
+#   b2r            b2's second half alone (session 14: b2's lora+quant half used its whole bound on an H100)
 #   m2             the 2-GPU tests of tests/gpu (a one-GPU lane skips them): one-shot all-reduce and TP=2 custom
 #                  all-reduce vs NCCL, the GEMV push vs NCCL, TP=2 shard-argmax head graphs. Needs a lane with 2 GPUs
 #                  (run_lanes.sh "@0,1 m2=...gpu_suite_share.sh+m2:180"); not part of gpu_suite.sh a|b|all
@@ -20,7 +21,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 R="$OUT/gpu_suite"; mkdir -p "$R"
-share=${1:?share: a1 a2 a3 b1 b2 b3 m2, or K N}
+share=${1:?share: a1 a2 a3 b1 b2 b2r b3 m2, or K N}
 limit=${GPU_SUITE_LIMIT:-170}
 end=$(( $(date +%s) + limit ))
 args=(-v -p no:cacheprovider -rfE --durations=0 --durations-min=1.0 -k "${GPU_SUITE_K:-not flashinfer}")
@@ -53,13 +54,15 @@ case $share in
       # .carry brought it in session 12): none holds a gpu-marked test (checked on CPU); -rfE names them at the end
       run b2_rest signal -- --continue-on-collection-errors -m gpu tests --ignore=tests/gpu --ignore=tests/kernels \
         --ignore=tests/lora --ignore=tests/quant --ignore=tests/spec_decode/test_spec_gpu.py --ignore="$worker" ;;
+  b2r) run b2_rest signal -- --continue-on-collection-errors -m gpu tests --ignore=tests/gpu --ignore=tests/kernels \
+        --ignore=tests/lora --ignore=tests/quant --ignore=tests/spec_decode/test_spec_gpu.py --ignore="$worker" ;;
   m2) run m2 signal -- tests/gpu/test_tp_allreduce_gpu.py tests/gpu/test_gemv_push_gpu.py tests/gpu/test_graph_head_gpu.py \
         -k "equals_nccl or tp2" ;;
   b3) per_test=${GPU_SUITE_WORKER_LIMIT:-125} run b3_worker thread -- -o faulthandler_timeout=110 "$worker" ;;
   [0-9]*) n=${2:?number of shares}
       mapfile -t files < <(ls tests/gpu/test_*.py | sort | awk -v k="$share" -v n="$n" '(NR - 1) % n == k')
       run "a${share}of$n" signal -- "${files[@]}" ;;
-  *) echo "unknown share '$share' (a1 a2 a3 b1 b2 b3 m2, or K N)"; exit 2 ;;
+  *) echo "unknown share '$share' (a1 a2 a3 b1 b2 b2r b3 m2, or K N)"; exit 2 ;;
 esac
 tag=$share; [ -n "${2:-}" ] && tag="a${share}of$2"
 grep -hE "^(FAILED|ERROR)|Timeout" "$R"/pytest_"$tag"*.txt | head -30
