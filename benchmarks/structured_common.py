@@ -25,7 +25,7 @@ def schema_50() -> dict:
 # the structured-output manager's per-step host seconds, then the engine core thread's own (StepTimers: its work
 # per step, and under async scheduling the time it blocked waiting for a step's tokens: the slack)
 HOST_KEYS = ("prepare_s", "fill_s", "wait_s", "apply_s", "accept_s", "accept_thread_s", "release_s", "start_lag_s",
-             "resume_lag_s", "device_wait_s", "core_host_s", "core_wait_s")
+             "resume_lag_s", "device_wait_s", "open_lag_s", "core_host_s", "core_wait_s")
 
 
 def thread_cpu_s() -> dict[str, float]:

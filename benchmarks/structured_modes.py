@@ -24,6 +24,7 @@ def defaults(core: Any) -> dict:
             "devgate_start_wait": async_gate.DEVICE_GATE_FILL_START_WAIT_S,
             "devgate": grammar_device_gate.DEVICE_GATE, "graph": grammar_device_gate.GRAPH,
             "poolaccept": so_mod.ACCEPT_ON_FILL_THREAD, "yield": so_mod.YIELD_AFTER_RELEASE,
+            "native_open": grammar_device_gate.NATIVE_OPEN,
             "inline": grammar_step.INLINE_AFTER_GATE, "handoff": grammar_step.HANDOFF_WAIT_S,
             "threads": core.structured.fill_threads, "kernel": grammar_step.PLATFORM_APPLY,
             "early": so_mod.EARLY_ACCEPT}
@@ -144,6 +145,18 @@ def build_modes(args: Any, so: Any, dflt: dict) -> dict:
                                                                                     "devgate_start_wait": 0.0})
         modes["json_async_devgate_startwait"] = (so, True, False, False, None, {**dflt, "devgate": True,
                                                                                   "devgate_start_wait": 0.001})
+        # session 14: the device-gated fill called from C, which opens the gate word itself (grammar_device_gate
+        # NATIVE_OPEN, plugins/structured_output/xgrammar_native.py): no GIL between the fill's end and the device's
+        # go; _nt4: on xgrammar's own 4-thread pool (threads made per call); json_async_nt4: that pool alone
+        modes["json_async_nativeopen"] = (so, True, False, False, None, {**dflt, "devgate": True, "native_open": True})
+        modes["json_async_nativeopen_nt4"] = (so, True, False, False, None, {**dflt, "devgate": True,
+                                                                               "native_open": True, "native": 4})
+        modes["json_async_nt4"] = (so, True, False, False, None, {**dflt, "devgate": True, "native": 4})
+        # ... and with the core thread's native accept keeping the GIL (~5 us of C at batch 32), so it does not queue
+        # for the GIL again behind the runner's thread on its way to N+1's fill (session 11's _acceptgil, busy lane)
+        modes["json_async_nativeopen_acceptgil"] = (so, True, False, False, None, {**dflt, "devgate": True,
+                                                                                     "native_open": True,
+                                                                                     "accept_gil": True})
         # session 10: the device gate with three steps in flight: N+2 is scheduled and its forward, wait, apply and
         # sampler are queued before N's tokens reach the host (the runner never parks under the device gate), so
         # the host chain N's tokens -> accept -> fill N+1 -> schedule N+3 has two device steps to hide in, not one.
@@ -192,6 +205,7 @@ def apply_knobs(core: Any, knobs: dict, on: bool, async_modes: bool, saved: dict
     grammar_device_gate.GRAPH = knobs.get("graph", saved["graph"])
     so_mod.ACCEPT_ON_FILL_THREAD = knobs.get("poolaccept", saved["poolaccept"])
     so_mod.YIELD_AFTER_RELEASE = knobs.get("yield", saved["yield"])
+    grammar_device_gate.NATIVE_OPEN = knobs.get("native_open", saved["native_open"])
     xgm.ACCEPT_READBACK_KEEPS_GIL = knobs.get("readback", True)
     _accept_call().release_gil = not knobs.get("accept_gil", False)
     if knobs.get("gate_only"):
@@ -221,6 +235,7 @@ def restore(core: Any, saved: dict) -> None:
     grammar_device_gate.GRAPH = saved["graph"]
     so_mod.ACCEPT_ON_FILL_THREAD = saved["poolaccept"]
     so_mod.YIELD_AFTER_RELEASE = saved["yield"]
+    grammar_device_gate.NATIVE_OPEN = saved["native_open"]
     async_gate.PARK, async_gate.EARLY_FILL = saved["park"], saved["early_fill"]
     async_gate.FILL_START_WAIT_S = saved["start_wait"]
     async_gate.DEVICE_GATE_FILL_START_WAIT_S = saved["devgate_start_wait"]

@@ -46,6 +46,11 @@ DEVICE_GATE = env_switch("OCTAVO_GRAMMAR_DEVICE_GATE", True)
 # neighbours, batch 32, ms per step, same greedy tokens): 135M json 2.16 -> 1.92 (free 1.60), the no-grammar-work
 # floor 2.01 -> 1.64; 1.1B json 2.28 -> 2.12 (free 1.62). OCTAVO_GRAMMAR_GRAPH=0 launches the two kernels instead.
 GRAPH = env_switch("OCTAVO_GRAMMAR_GRAPH", True)
+# Session 14, opt-in (OCTAVO_GRAMMAR_NATIVE_OPEN=1): a device-gated fill runs through the backend's ``fill_open``
+# (xgrammar's: plugins/structured_output/xgrammar_native.py), which opens the word from C right after the native fill,
+# instead of Python opening it once the bitmask thread has the GIL back (quiet H100, session 14: the fill 0.529 ms wall
+# for 0.413 ms of its thread's CPU). Modes json_async_nativeopen*; a backend without ``fill_open`` is refused by name.
+NATIVE_OPEN = env_switch("OCTAVO_GRAMMAR_NATIVE_OPEN", False)
 # The benchmark's probe: time each device wait with two device events (read after the step's tokens arrived,
 # core/structured_output.py stats "device_wait_s": how long the device idled for the fill). Off in the engine.
 TIME_WAIT = False
@@ -55,6 +60,19 @@ _GRAPH_FAILED: list[str] = []  # why the wait + apply graph failed in this proce
 # its module (CUDA lazy loading), which waits for the device, i.e. for a queued wait, i.e. for the host's fill: a
 # first apply behind a wait stalls the runner until the fill (a test that fills after the call: until the give-up)
 _PREBUILT: set = set()
+
+
+def check_native_open(backend: Any, name: str) -> None:
+    """With :data:`NATIVE_OPEN` on: refuse, naming the switch, a backend without ``fill_open`` or whose native part
+    cannot run here (xgrammar's: the C shim must build and tvm_ffi's library load)."""
+    check = getattr(backend, "check_fill_open", None)
+    if check is None:
+        raise ValueError(f"OCTAVO_GRAMMAR_NATIVE_OPEN=1: the structured-output backend {name!r} has no native fill; "
+                         "unset it or use 'xgrammar'")
+    try:
+        check()
+    except (OSError, RuntimeError) as e:
+        raise ValueError(f"OCTAVO_GRAMMAR_NATIVE_OPEN=1: the native fill cannot run here ({e}); unset it") from None
 
 
 class DeviceGate:

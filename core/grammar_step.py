@@ -28,16 +28,15 @@ from typing import Any
 
 import numpy as np
 
-from octavo.core.grammar_device_gate import apply_gated
+from octavo.core import grammar_device_gate
 
 logger = logging.getLogger(__name__)
 _TABLES: dict[Any, Any] = {}  # (device, dtype) -> the byte -> 8 biases table
 _CPU_DTYPES = ("float32", "float64", "bfloat16", "float16")  # torch dtypes, compared by name (no torch import)
 
-# Under async scheduling the gate of step N+1 opens on the core thread right after N's tokens advanced the
-# matchers; True: the fill then runs right there (its rows split over the chunk threads), so the step thread
-# that waits for it resumes as soon as it is done. False: it is queued on the bitmask thread, one more thread
-# hand-off (GIL) on the critical path. benchmarks/structured_outputs.py compares both (json_async_pool).
+# Under async scheduling the gate of step N+1 opens on the core thread right after N's tokens advanced the matchers;
+# True: the fill then runs right there (rows split over the chunk threads), so the step thread waiting for it resumes
+# at once. False: queued on the bitmask thread, one more hand-off (GIL) on the critical path (json_async_pool).
 INLINE_AFTER_GATE = True
 MIN_ROWS_PER_CHUNK = 8  # a row fills in ~10-40 us; a pool hand-off costs ~20-50 us (wake-up, GIL)
 # On an accelerator, after the gate opened with the rows ready, the core thread blocks up to this long until the
@@ -50,11 +49,10 @@ HANDOFF_WAIT_S = 0.002
 # accelerator, numpy AND/OR on a CPU (the benchmark's json_async_table / overlap_numpy modes compare them).
 PLATFORM_APPLY = True
 # Where the platform's apply says it can (``reads_pinned_host`` on the callable: CUDA's), it reads the packed rows
-# straight from the pinned fill buffer (UVA) instead of a host -> device copy first. Why: session 8 GPU batch 1
-# (H100, random 1.1B) sampled the runner's thread inside that copy call ~10% of a batch-1 JSON step (apply
-# 0.2-0.33 ms of host time per step, on the critical path). Safe for the same reason the buffer's reuse is
-# (:func:`_to_device`): the next fill into it starts only after this step's tokens, sampled after this kernel,
-# reached the host. False: copy first (json_async_copy). A launch that fails falls back to the copy.
+# straight from the pinned fill buffer (UVA), not through a host -> device copy: session 8 (H100, random 1.1B) found
+# the runner's thread in that copy call ~10% of a batch-1 JSON step. Safe as the buffer's reuse is (:func:`_to_device`):
+# the next fill into it starts after this step's tokens, sampled after this kernel, reached the host. False: copy
+# first (json_async_copy). A launch that fails falls back to the copy.
 HOST_READ_APPLY = True
 
 
@@ -90,7 +88,8 @@ class GrammarStep:
 
     __slots__ = ("backend", "positions", "request_ids", "matchers", "bitmask", "pool", "chunks", "_future",
                  "_rows", "_error", "fill_s", "wait_s", "apply_s", "t_start", "t_fill0", "t_fill1", "t_resume",
-                 "handoff_wait_s", "_resumed", "cpu_hint", "cpu_pre", "parked", "device_gate", "seq", "wait_events")
+                 "handoff_wait_s", "_resumed", "cpu_hint", "cpu_pre", "parked", "device_gate", "seq", "wait_events",
+                 "open_lag_s")
 
     def __init__(self, backend: Any, positions: list[int], request_ids: list[str], matchers: list[Any],
                  bitmask: Any, pool: ThreadPoolExecutor, chunks: tuple[int, ThreadPoolExecutor] | None = None) -> None:
@@ -106,7 +105,7 @@ class GrammarStep:
         self._error: BaseException | None = None
         # seconds: filling (on whichever thread), blocked in wait() (the part not hidden by the forward),
         # applying the mask to the logits (host time; read by benchmarks/structured_outputs.py)
-        self.fill_s = self.wait_s = self.apply_s = 0.0
+        self.fill_s = self.wait_s = self.apply_s = self.open_lag_s = 0.0  # open_lag_s: NATIVE_OPEN's word -> GIL back
         # perf_counter stamps (0: not reached): start() called, fill began / ended, the waiter resumed with the
         # rows; the manager sums the hand-offs between them (stats "start_lag_s", "resume_lag_s")
         self.t_start = self.t_fill0 = self.t_fill1 = self.t_resume = 0.0
@@ -151,16 +150,21 @@ class GrammarStep:
         t0 = self.t_fill0 = time.perf_counter()
         if self.seq:  # the device waits for these rows where the runner's launch put them (no compaction)
             post, posted = getattr(self.backend, "post_fill", None), False  # (a worker process opens the word)
+            native = getattr(self.backend, "fill_open", None) if grammar_device_gate.NATIVE_OPEN and post is None else None
             try:
                 if post is not None:
                     post(self.matchers, self.bitmask, self.seq)
                     posted = True
+                elif native is not None:  # filled and opened from C: no GIL between the two (grammar_device_gate)
+                    posted = native(self.matchers, self.bitmask, self.device_gate.words, self.seq)
                 else:
                     self._fill_rows()
             finally:  # open the device's wait even if the fill failed (the error fails the step on the host)
                 self.t_fill1 = time.perf_counter()
                 if not posted:
                     self.device_gate.open(self.seq)
+                elif native is not None:  # (the word opened at ``posted``; this thread's GIL wait came after it)
+                    self.open_lag_s, self.t_fill1 = self.t_fill1 - posted, posted
             self.fill_s = self.t_fill1 - t0
             return self.request_ids, self.positions, self.bitmask
         self._fill_rows()
@@ -184,9 +188,8 @@ class GrammarStep:
         return rows
 
     def start(self, gated: bool = False) -> None:
-        """Begin filling: on the bitmask thread (xgrammar and llguidance release the GIL while they fill), or,
-        when a gate opens (``gated``, async scheduling) and :data:`INLINE_AFTER_GATE`, right here on the
-        calling thread (an error is kept and raised by :meth:`wait`, as the thread's future would)."""
+        """Begin filling: on the bitmask thread (the libraries release the GIL while they fill), or, when a gate opens
+        (``gated``) and :data:`INLINE_AFTER_GATE`, on this thread (an error is kept and raised by :meth:`wait`)."""
         if self._future is not None or self._rows is not None or self._error is not None:
             return
         self.t_start = time.perf_counter()
@@ -201,9 +204,8 @@ class GrammarStep:
             self._future = self.pool.submit(self._fill)
 
     def start_on_pool(self, started_wait_s: float = 0.0, before: Any = None) -> None:
-        """Begin filling on the bitmask thread in one call (no row chunks: their threads would wait for the GIL
-        that the caller keeps while it goes on in Python); block up to ``started_wait_s`` until that thread is
-        running (so it takes the GIL now, not when the caller next blocks). :meth:`wait` collects the rows."""
+        """Fill on the bitmask thread in one call (no row chunks: they would wait for the GIL the caller keeps); block up
+        to ``started_wait_s`` until that thread runs (it takes the GIL now). :meth:`wait` collects the rows."""
         if self._future is not None or self._rows is not None or self._error is not None:
             return
         self.chunks = None
@@ -241,15 +243,13 @@ class GrammarStep:
         return self._rows
 
     def handoff(self) -> None:
-        """Called by the thread that opened the gate after an inline fill: block (GIL released) until the
-        runner's thread has the rows, at most ``handoff_wait_s``, so it applies the mask and launches the
-        sampler now rather than when this thread next blocks."""
+        """After an inline fill, on the gate's thread: block (GIL released) at most ``handoff_wait_s`` until the
+        runner's thread has the rows, so it applies and samples now, not when this thread next blocks."""
         if self.handoff_wait_s > 0 and self._rows is not None and not self.t_resume:
             self._resumed.wait(self.handoff_wait_s)
 
     def attach(self, batch: Any) -> None:
-        """Fill now and put each masked row into its ``ScheduledRequestData.grammar_bitmask`` (bytes): the
-        form that crosses a process boundary."""
+        """Fill now; each masked row into its ``ScheduledRequestData.grammar_bitmask`` (bytes, crosses processes)."""
         self.cpu_hint = None  # the runner applies from the bytes: no operands to build
         _, positions, rows = self.wait()
         data = rows.numpy()
@@ -368,7 +368,7 @@ def mask_logits(logits: Any, batch: Any, sample_req_ids: list[str], logits_rows:
     import torch
 
     if getattr(grammar, "seq", 0):  # async, the device waits for the fill (core/grammar_device_gate.py)
-        return apply_gated(logits, grammar, sample_req_ids, logits_rows, kernel)
+        return grammar_device_gate.apply_gated(logits, grammar, sample_req_ids, logits_rows, kernel)
     pos = {rid: i for i, rid in enumerate(sample_req_ids)}
     if grammar is not None:
         rids, _, packed = grammar.wait()

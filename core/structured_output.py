@@ -22,7 +22,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from octavo.core import grammar_step
+from octavo.core import grammar_device_gate, grammar_step
 from octavo.core.grammar_reasoning import grammar_start
 from octavo.core.grammar_rows import StepRows
 from octavo.core.grammar_step import GrammarStep, apply_packed, fill_threads
@@ -101,14 +101,14 @@ class StructuredOutputManager:
         self._rows = StepRows()  # each step's grammar rows, reused by the steady decode step (core/grammar_rows.py)
         self._device_gate = None  # core/grammar_device_gate.DeviceGate, made once the runner said it can wait
         # host seconds summed over steps with grammar rows (benchmarks/structured_outputs.py reads them):
-        # wait_s is the fill time the forward did not hide; fill_s the whole fill, wherever it ran
-        # accept_s: all of accept_tokens; accept_thread_s: of it, the matchers moving
-        # release_s (async): opening N+1's gate on this thread (with the inline fill and the hand-off wait);
-        # start_lag_s: start() -> the fill began (a queue hand-off; 0 when filled inline); resume_lag_s: the fill
-        # ended -> the runner's thread had the rows (when it was already waiting: a thread wake-up + the GIL)
+        # wait_s: the fill time the forward did not hide; fill_s: the whole fill, wherever it ran; accept_s: all of
+        # accept_tokens (accept_thread_s: the matchers moving); open_lag_s: grammar_device_gate.NATIVE_OPEN's word
+        # opened from C -> the fill thread had the GIL back; release_s (async): opening N+1's gate on this thread
+        # (with the inline fill and the hand-off wait); start_lag_s: start() -> the fill began (a queue hand-off; 0
+        # inline); resume_lag_s: the fill ended -> the runner's thread had the rows (a thread wake-up + the GIL)
         self.stats = dict.fromkeys(("steps", "rows", "prepare_s", "fill_s", "wait_s", "apply_s", "accept_s",
                                     "accept_thread_s", "start_lag_s", "resume_lag_s", "release_s", "parked",
-                                    "device_gated", "device_wait_s"), 0)
+                                    "device_gated", "device_wait_s", "open_lag_s"), 0)
         from octavo.core.plugin_manager import get_plugin_manager
 
         pm = get_plugin_manager()  # unknown names fail at start (the registry lookup imports nothing)
@@ -142,6 +142,8 @@ class StructuredOutputManager:
                         raise ValueError(f"OCTAVO_GRAMMAR_WORKER=1: the structured-output backend "
                                          f"{self.backend_name!r} has no worker process; unset it or use 'xgrammar'")
                     backend = make(self.settings.scheduler.max_num_seqs)
+                elif grammar_device_gate.NATIVE_OPEN:  # (a worker process opens the word itself)
+                    grammar_device_gate.check_native_open(backend, self.backend_name)
                 self._backend = backend
             return self._backend
 
@@ -250,10 +252,8 @@ class StructuredOutputManager:
         """Advance each request's matcher by the token it just got (``Scheduler.update``'s result): one batched
         call (xgrammar ``batch_accept_token``) on this thread.
 
-        NOTE (measured, H100 host, batch 32, async scheduling): run as a job on the bitmask thread instead, the
-        accept took 0.69 ms per step (0.04 ms alone): that thread waited for the GIL while this one scheduled
-        the next step, and the accept sits on the critical path of the next fill. So it stays here.
-        Under async scheduling ``after_accept`` then releases the next step's gated fill at once."""
+        NOTE (H100 host, batch 32, async): as a job on the bitmask thread it took 0.69 ms per step (0.04 alone): that
+        thread waited for the GIL while this one scheduled, on the next fill's critical path. So it stays here."""
         t0 = time.perf_counter()
         self._close_inflight()
         matchers, tokens, rids = [], [], []
@@ -286,6 +286,7 @@ class StructuredOutputManager:
             st["steps"] += 1
             st["rows"] += len(step.matchers)
             st["fill_s"] += step.fill_s
+            st["open_lag_s"] += step.open_lag_s
             st["wait_s"] += step.wait_s
             st["apply_s"] += step.apply_s
             if step.t_start and step.t_fill0:

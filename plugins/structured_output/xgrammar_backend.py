@@ -139,7 +139,8 @@ class XGrammarBackend(StructuredOutputBackend):
             return ok
         return super().accept_tokens(matchers, tokens)
 
-    def fill_bitmasks(self, matchers: list[GrammarMatcher], bitmask: Any) -> None:
+    def _batch_rows(self, matchers: list[GrammarMatcher]) -> tuple[Any, list | None]:
+        """This thread's ``BatchGrammarMatcher`` and the xgrammar matchers of ``matchers`` (None: not all ours)."""
         batch = getattr(self._local, "batch", None)
         if batch is None or self._local.threads != NATIVE_FILL_THREADS:
             batch = self._local.batch = self.xgr.BatchGrammarMatcher(max_threads=NATIVE_FILL_THREADS)
@@ -148,4 +149,35 @@ class XGrammarBackend(StructuredOutputBackend):
         if rows is None or rows[0] is not matchers:
             ours = len(matchers) > 1 and all(isinstance(m, _Matcher) for m in matchers)
             rows = self._local.rows = (matchers, [m.m for m in matchers] if ours else None)
-        fill_rows(self.xgr, batch, matchers, bitmask, rows[1])
+        return batch, rows[1]
+
+    def fill_bitmasks(self, matchers: list[GrammarMatcher], bitmask: Any) -> None:
+        batch, inner = self._batch_rows(matchers)
+        fill_rows(self.xgr, batch, matchers, bitmask, inner)
+
+    def fill_open(self, matchers: list[GrammarMatcher], bitmask: Any, words: Any, seq: int) -> float:
+        """The device-gated fill with the gate word opened from C right after it (core/grammar_step.py NATIVE_OPEN,
+        xgrammar_native.py): perf_counter seconds when the word opened, 0.0 when it did not (rows with a terminated
+        matcher or not all ours go through :meth:`fill_bitmasks`; a failed native call is filled again that way,
+        which raises xgrammar's error or fills): the caller then opens it."""
+        batch, inner = self._batch_rows(matchers)
+        if inner is not None and not any([m.terminated for m in matchers]):
+            native = getattr(self._local, "native", None)
+            if native is None or native.batch is not batch:
+                from octavo.plugins.structured_output.xgrammar_native import NativeFill
+
+                native = self._local.native = NativeFill(batch)
+            t_end = native(inner, bitmask, words, seq)
+            if t_end:
+                return t_end
+        fill_rows(self.xgr, batch, matchers, bitmask, inner)
+        return 0.0
+
+    @staticmethod
+    def check_fill_open() -> None:
+        """Build the native fill + open now: raises ``RuntimeError`` with the reason where it cannot run."""
+        from octavo.plugins.structured_output.xgrammar_native import clock_matches, library
+
+        library()
+        if not clock_matches():
+            raise RuntimeError("time.perf_counter is not CLOCK_MONOTONIC here (the shim's stamps would not compare)")

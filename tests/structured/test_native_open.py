@@ -1,0 +1,173 @@
+"""The native fill + open (``OCTAVO_GRAMMAR_NATIVE_OPEN``, core/grammar_device_gate.py ``NATIVE_OPEN``,
+plugins/structured_output/xgrammar_native.py): xgrammar's batch fill called from C, which then opens the device gate's
+word. Real SmolLM2 tokenizer, real xgrammar: the same bytes as the Python fill (one thread and xgrammar's own pool),
+the word opened to the step's number only after a fill that succeeded and never lowered, the Python path where a row
+is terminated or the native call fails (the library's own error raised, the word then opened by Python so the device
+never spins to its time-out), the switch honored or refused by name, and greedy tokens of a device-gated engine
+(host stand-in for the device's wait) identical to the serial path's."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import octavo.plugins.structured_output.xgrammar_backend as xgb
+from octavo.core import async_gate, grammar_device_gate
+from octavo.core.async_gate import GatedGrammarStep
+from octavo.core.grammar_device_gate import DeviceGate
+from tests.structured.test_grammar_step import mgr, schedule  # noqa: F401 - mgr is a fixture
+from tests.structured.test_pipelined_fill import PREFIXES
+
+pytest.importorskip("xgrammar")
+
+
+def _reference(mgr, out):  # noqa: F811
+    step = mgr.prepare(out)
+    step.chunks = None
+    ref = step.wait()[2].clone()
+    mgr.accept_tokens([])
+    return ref, step.matchers
+
+
+@pytest.mark.parametrize("threads", [1, 4])
+def test_native_fill_fills_the_same_bytes_and_opens_the_word(mgr, monkeypatch, threads):  # noqa: F811
+    out, _ = schedule(mgr, [p for p in PREFIXES * 2 if p is not None])
+    ref, _ = _reference(mgr, out)
+    assert (ref != -1).any(), "the prefixes constrain something"
+    monkeypatch.setattr(xgb, "NATIVE_FILL_THREADS", threads)
+    backend = mgr._get_backend()
+    step = mgr.prepare(out)
+    words = DeviceGate(pin=False).words
+    step.bitmask.fill_(0)  # stale bytes must not survive
+    t_end = backend.fill_open(step.matchers, step.bitmask, words, 5)
+    assert t_end > 0 and torch.equal(step.bitmask, ref) and words.tolist() == [5, 0]
+    step.bitmask.fill_(0)
+    assert backend.fill_open(step.matchers, step.bitmask, words, 3) > 0  # an older step: filled, word kept at 5
+    assert torch.equal(step.bitmask, ref) and words.tolist() == [5, 0]
+    assert backend._local.native.batch is backend._local.batch  # the thread's own BatchGrammarMatcher (threads)
+    mgr.accept_tokens([])
+
+
+def test_a_terminated_row_goes_through_python_and_python_opens(mgr):  # noqa: F811
+    out, _ = schedule(mgr, ['{"name": "a", "n": 1}', '{"na', '{"name": "b'])
+    step = mgr.prepare(out)
+    m = step.matchers[0]
+    assert m.accept_token(mgr.tok.convert_tokens_to_ids("<|im_end|>")) and m.is_terminated()
+    words = DeviceGate(pin=False).words
+    assert mgr._get_backend().fill_open(step.matchers, step.bitmask, words, 1) == 0.0  # not opened from C
+    assert words.tolist() == [0, 0] and step.bitmask[0].eq(-1).all() and not step.bitmask[1].eq(-1).all()
+    mgr.accept_tokens([])
+
+
+def test_failed_native_call_raises_xgrammars_error_and_the_step_still_opens(mgr, monkeypatch):  # noqa: F811
+    monkeypatch.setattr(grammar_device_gate, "DEVICE_GATE", True)
+    monkeypatch.setattr(grammar_device_gate, "NATIVE_OPEN", True)
+    out, _ = schedule(mgr, PREFIXES[:async_gate.EARLY_FILL_MIN_ROWS + 1])
+    step = mgr.prepare(out)
+    backend = mgr._get_backend()
+    bad = torch.zeros(len(step.matchers), step.bitmask.shape[1] - 1, dtype=torch.int32)  # a row too short
+    words = DeviceGate(pin=False).words
+    with pytest.raises(Exception, match="(?i)shape|bitmask"):
+        backend.fill_open(step.matchers, bad, words, 1)
+    assert words.tolist() == [0, 0]  # C did not open it
+    # through the gate: the same error reaches the host, and the word is opened (by Python) all the same
+    step.device_gate = DeviceGate(pin=False)
+    step.bitmask = bad
+    gate = GatedGrammarStep(step, out)
+    gate.start_fill()
+    with pytest.raises(Exception, match="(?i)shape|bitmask"):
+        gate.inner.wait()
+    assert step.device_gate.words[0] == gate.seq == 1
+    mgr._inflight = None
+
+
+def test_the_gate_opens_from_c_and_stats_the_lag(mgr, monkeypatch):  # noqa: F811
+    monkeypatch.setattr(grammar_device_gate, "DEVICE_GATE", True)
+    monkeypatch.setattr(grammar_device_gate, "NATIVE_OPEN", True)
+    out, _ = schedule(mgr, [p for p in PREFIXES if p is not None])
+    ref, _ = _reference(mgr, out)
+    step = mgr.prepare(out)
+    step.device_gate = DeviceGate(pin=False)
+    step.bitmask.fill_(0)
+    calls = []
+    backend = mgr._get_backend()
+    monkeypatch.setattr(backend, "fill_bitmasks", lambda *a: calls.append(a))  # the Python fill must not run
+    gate = GatedGrammarStep(step, out)
+    gate.start_fill()
+    gate.inner.wait()
+    assert not calls and torch.equal(step.bitmask, ref) and step.device_gate.words[0] == gate.seq
+    assert step.open_lag_s >= 0 and 0 < step.fill_s and step.t_fill1 >= step.t_fill0
+    monkeypatch.undo()
+    mgr.accept_tokens([])
+
+
+def test_switch_is_honored_or_refused_by_name():
+    import os
+    import subprocess
+    import sys
+
+    code = "from octavo.core import grammar_device_gate as g; print(g.NATIVE_OPEN)"
+    for value, want in (("1", "True"), ("0", "False"), ("", "False")):  # opt-in
+        env = {**os.environ, "OCTAVO_GRAMMAR_NATIVE_OPEN": value}
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+        assert out.stdout.strip() == want, out.stderr[-500:]
+    env = {**os.environ, "OCTAVO_GRAMMAR_NATIVE_OPEN": "yes"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0 and "OCTAVO_GRAMMAR_NATIVE_OPEN='yes'" in out.stderr
+
+    class NoNative:
+        pass
+
+    with pytest.raises(ValueError, match="OCTAVO_GRAMMAR_NATIVE_OPEN=1.*'guidance'"):
+        grammar_device_gate.check_native_open(NoNative(), "guidance")
+
+    class Broken:
+        def check_fill_open(self):
+            raise RuntimeError("no compiler")
+
+    with pytest.raises(ValueError, match="OCTAVO_GRAMMAR_NATIVE_OPEN=1.*no compiler"):
+        grammar_device_gate.check_native_open(Broken(), "xgrammar")
+    xgb.XGrammarBackend.check_fill_open()  # builds here (the CI machine has a C compiler)
+
+
+def test_native_open_tokens_identical_to_serial(monkeypatch):
+    jsonschema = pytest.importorskip("jsonschema")
+    from octavo.core.async_engine import set_async_scheduling
+    from octavo.executor import Executor
+    from tests.structured.test_device_gate import (
+        _HostWait,
+        assert_finished_rows_match_schema,
+        parity_engine,
+        parity_rows,
+    )
+
+    llm, params, prompts = parity_engine()
+    core = llm.llm_engine.core
+    ex_cls = type(core.executor)
+    overlapped = ex_cls.execute_structured
+    kernel = _HostWait()
+
+    def run(mode: str):
+        set_async_scheduling(core, mode != "serial")
+        with monkeypatch.context() as m:
+            m.setattr(ex_cls, "execute_structured", Executor.execute_structured if mode == "serial" else overlapped)
+            if mode == "native":
+                m.setattr(grammar_device_gate, "DEVICE_GATE", True)
+                m.setattr(grammar_device_gate, "NATIVE_OPEN", True)
+                m.setattr(async_gate, "EARLY_FILL_MIN_ROWS", 2)  # (the bitmask thread's fill from 2 rows)
+                m.setattr(core.executor.driver.runner, "grammar_apply", kernel)
+                m.setitem(core.structured._cpu_hint, "device_wait", True)  # (set by a GPU runner's first apply)
+            return parity_rows(llm.generate(prompts, params, use_tqdm=False))
+
+    try:
+        serial = run("serial")
+        lag0 = core.structured.stats["open_lag_s"]
+        native = run("native")
+    finally:
+        set_async_scheduling(core, False)
+        llm.llm_engine.shutdown()
+    waits = [c for c in kernel.calls if c[0] == "wait"]
+    assert len(waits) > 10 and core.structured._device_gate.words[1] == 0  # the device path ran, never gave up
+    assert core.structured.stats["open_lag_s"] > lag0  # words opened from C
+    assert [s[:2] for s in serial] == [g[:2] for g in native]
+    assert_finished_rows_match_schema(serial, params, jsonschema)
