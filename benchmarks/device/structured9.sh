@@ -53,6 +53,12 @@
 # json_async (no core-thread wait for the fill's start under the device gate, the default since session 13) vs
 # json_async_devgate_startwait (sessions 6-12's 1 ms wait) and json_async_nograph, 5 repeats (70 s); then the 1.1B
 # shape: the same three modes, 3 repeats (its graph lost to nograph in s12 batch 2).
+# Argument "s14" (session 14, one quiet H100, same 150 s bound): the device-gate GPU test (20 s); whether the native
+# fill + open builds here (10 s); 135M: json_async (as it ships) vs json_async_nativeopen (the device-gated fill called
+# from C, which opens the gate word itself: OCTAVO_GRAMMAR_NATIVE_OPEN, plugins/structured_output/xgrammar_native.py),
+# json_async_nativeopen_nt4 (the same on xgrammar's own 4-thread pool), json_async_nt4 (that pool alone) and
+# json_async_nativeopen_acceptgil (+ the core thread's native accept keeping the GIL), 5 repeats (80 s); then the 1.1B
+# shape: json_async vs json_async_nativeopen, 3 repeats (what is left).
 # STRUCTURED9_DRY=1: a CPU dry run (tiny shapes, few steps; the device modes then run the Python gate).
 set -u
 cd "$(dirname "$0")/../.."
@@ -137,6 +143,24 @@ if [ "$PART" = headline ]; then  # the engine as it ships (json_async = its defa
          --batches 32 --model /tmp/structured9_llama1b --json "$R/llama1b_headline.json"
   fi
   echo "structured9 headline done in ${SECONDS}s"
+  ls -la "$R"
+  exit 0
+fi
+if [ "$PART" = s14 ]; then  # session 14: the fill called from C, which opens the device gate itself (see the header)
+  [ "$DRY" != 1 ] && step apply_test 20 python3 -m pytest -q -x -p no:cacheprovider \
+       tests/structured/test_apply_device.py -k device_gate
+  if [ "$XGR" = 1 ]; then
+    step native_check $(( 10 * X )) python3 -c "from octavo.plugins.structured_output.xgrammar_backend import \
+XGrammarBackend as B; B.check_fill_open(); print('native fill_open builds: ok')"
+    S14=(--modes json_async json_async_nativeopen json_async_nativeopen_nt4 json_async_nt4
+                 json_async_nativeopen_acceptgil --wait-events off --batches 32)
+    step smol135m_s14 $(( 80 * X )) python3 benchmarks/structured_outputs.py "${COMMON[@]}" "${S14[@]}" \
+         --repeats 5 --model /tmp/structured9_smol135m --json "$R/smol135m_s14.json"
+    step llama1b_s14 $(( $(left) - 1 * X )) python3 benchmarks/structured_outputs.py "${COMMON[@]}" \
+         --modes json_async json_async_nativeopen --wait-events off --batches 32 \
+         --repeats 3 --model /tmp/structured9_llama1b --json "$R/llama1b_s14.json"
+  fi
+  echo "structured9 s14 done in ${SECONDS}s"
   ls -la "$R"
   exit 0
 fi
