@@ -256,6 +256,12 @@ class _FP8Method(LinearMethod):
             from octavo.plugins.quant.fp8_prefetch import gemv_launch
 
             launch = gemv_launch(self, x2.device, tuple(layer.weight.shape)) if x2.shape[0] == 1 else {}  # L2 prefetch chain, PDL
+            if x2.shape[0] == 1 and getattr(layer, "_octavo_norm_tail", None) is not None:
+                from octavo.plugins.quant import fp8_gemv_norm
+
+                if fp8_gemv_norm.STATE["on"]:  # launched by the norm this output goes to (fp8_gemv_norm.py)
+                    y = fp8_gemv_norm.deferred(layer, x2, pre if self.gemv_pre_ok else None, launch)
+                    return y if x.dim() == 2 else fp8_gemv_norm.carry(y, y.reshape(*shape[:-1], -1))
             if pre is not None and self.gemv_pre_ok:
                 y = fp8_gemv(pre[0], layer.weight, layer.weight_scale, bias, x_scale=pre[1], out_dtype=x.dtype,
                              **launch)

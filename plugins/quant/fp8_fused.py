@@ -36,20 +36,10 @@ import triton.language as tl
 
 from octavo.env_flags import env_switch
 from octavo.plugins.quant import fp8_prefetch
+from octavo.plugins.quant.fp8_e4m3 import _quant_row_store
 from octavo.plugins.quant.fp8_gemv import _round_e4m3
 
 logger = logging.getLogger(__name__)
-
-
-@triton.jit
-def _quant_row_store(o, cols, mask, q_ptr, s_ptr, row, n_cols, SOFT_FP8: tl.constexpr):
-    """Per-token e4m3 quantization of one row held in registers (``o`` fp32 of the rounded output)."""
-    s = tl.maximum(tl.math.div_rn(tl.max(tl.where(mask, tl.abs(o), 0.0), 0), 448.0), 1e-12)
-    tl.store(s_ptr + row, s)
-    q = tl.minimum(tl.maximum(tl.math.div_rn(o, s), -448.0), 448.0)
-    if SOFT_FP8:
-        q = _round_e4m3(q)
-    tl.store(q_ptr + row * n_cols + cols, q.to(q_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -176,6 +166,14 @@ def silu_and_mul_quant(x: torch.Tensor, q_dtype: torch.dtype = torch.float8_e4m3
 
 # ----------------------------------------------------------------------------------- quantizing forwards
 def _rms_quant_forward(self, x, residual=None):
+    run = getattr(x, "_octavo_fp8_defer", None)  # the linear before left its launch to this norm (fp8_gemv_norm.py)
+    if run is not None and residual is not None:
+        out, res, q, s = run(residual, self.weight, self.eps)
+        out = out.view(x.shape)
+        out._octavo_fp8 = (q, s)
+        return out, res.view(x.shape)
+    if run is not None:
+        run(None, None, None)  # the GEMV alone, into x
     if x.numel() // x.shape[-1] <= self._octavo_fp8_min_rows - 1:  # the consumers' GEMV quantizes itself
         return self._octavo_plain_forward(x, residual)
     out, res, q, s = rms_norm_quant(x, self.weight, self.eps, residual)
@@ -266,7 +264,7 @@ def link_fp8_inputs(model: torch.nn.Module) -> dict[str, int]:
             rope = fp8_rope_gemv.fuse_fp8_rope_gemv(model, device)
     producers = [m for m in model.modules() if type(m) in (RMSNorm, SiluAndMul)
                  and "_octavo_plain_forward" not in vars(m)] if fuse else []  # not twice
-    handles, links, order = [], {}, []
+    handles, links, order, pairs = [], {}, [], []
 
     def tag(module, args, out):
         t = out[0] if isinstance(out, tuple) else out
@@ -279,6 +277,15 @@ def link_fp8_inputs(model: torch.nn.Module) -> dict[str, int]:
         if src is not None:
             limit = links.get(id(src), (src, 0))[1]
             links[id(src)] = (src, max(limit, layer.quant_method.gemv_max_m))
+
+    def lin_out(layer, args, out):
+        if isinstance(out, torch.Tensor):
+            out._octavo_lin = layer
+
+    def norm_in(norm, args):  # a linear's output into a norm with a residual: fp8_gemv_norm may pair them
+        lin = getattr(args[0], "_octavo_lin", None) if args else None
+        if lin is not None and isinstance(norm, RMSNorm) and len(args) > 1 and args[1] is not None:
+            pairs.append((lin, norm))
 
     def finish(module, args, out):
         for h in handles:
@@ -302,11 +309,22 @@ def link_fp8_inputs(model: torch.nn.Module) -> dict[str, int]:
             except Exception as e:  # noqa: BLE001 - never fail the forward that discovered the links
                 logger.warning("fp8 input fusion not used for %s: %s: %s", type(src).__name__, type(e).__name__, e)
         logger.info("fp8 inputs quantized by their producers: %s (of %d fp8 linear layers)", done, len(fp8))
+        from octavo.plugins.quant import fp8_gemv_norm
+
+        paired = 0
+        for lin, norm in pairs:  # norms that quantize at one row, after a linear whose output only they read
+            if getattr(norm, "_octavo_fp8_min_rows", 0) == 1 and fp8_gemv_norm.pairable(model, lin, norm):
+                fp8_gemv_norm.pair(lin, norm, device)
+                paired += 1
+        logger.info("fp8 GEMVs that run the norm after them in their tail at one row: %d (%s)", paired,
+                    "on" if fp8_gemv_norm.STATE["on"] else "off: OCTAVO_FP8_GEMV_NORM")
 
     for p in producers:
         handles.append(p.register_forward_hook(tag))
+        handles.append(p.register_forward_pre_hook(norm_in))
     for layer in fp8:
         handles.append(layer.register_forward_pre_hook(seen))
+        handles.append(layer.register_forward_hook(lin_out))
     handles.append(model.register_forward_hook(finish))
     out = {"fp8_producers_armed": len(producers)} if fuse else {}
     return {**out, **({"MLP(fp8 gemv+silu)": silu} if silu else {}), **({"attn(fp8 qkv gemv+rope)": rope} if rope else {})}

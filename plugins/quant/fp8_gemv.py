@@ -33,7 +33,7 @@ import triton.language as tl
 
 from octavo.env_flags import env_choice, env_switch
 from octavo.plugins.quant import fp8_gemv_tiles
-from octavo.plugins.quant.fp8_e4m3 import _round_e4m3
+from octavo.plugins.quant.fp8_e4m3 import _e4m3_bits_f32, _quant_e4m3, _round_e4m3  # noqa: F401 (imported from here)
 from octavo.plugins.quant.fp8_gemv_l2 import PF_PIECES, PF_PROGS, _prefetch_l2_slice, prefetch_args  # noqa: F401
 
 # (BLOCK_N, BLOCK_K, num_warps, num_stages): BLOCK_K fp8 bytes per weight row per step; BLOCK_K <= 1024 (the
@@ -41,29 +41,6 @@ from octavo.plugins.quant.fp8_gemv_l2 import PF_PIECES, PF_PROGS, _prefetch_l2_s
 # (8, 1024) for o_proj and gate_up, (16, 1024, 8) for down; (32, 512) never best -> replaced by (4, 1024), more
 # programs for the small projections (o_proj and qkv stream at only 0.54-0.64 of the bandwidth)
 _CONFIGS = ((16, 512, 4, 3), (4, 1024, 4, 3), (16, 1024, 8, 3), (8, 1024, 4, 4))
-
-
-@triton.jit
-def _quant_e4m3(x, s_x, SOFT_FP8: tl.constexpr):
-    """``x`` (fp32) divided by its scale (IEEE, as torch), clamped to +-448 and rounded onto e4m3, kept in fp32."""
-    q = tl.minimum(tl.maximum(tl.math.div_rn(x, s_x), -448.0), 448.0)
-    if SOFT_FP8:
-        q = _round_e4m3(q)
-    else:
-        q = q.to(tl.float8e4nv).to(tl.float32)
-    return q
-
-
-@triton.jit
-def _e4m3_bits_f32(w):
-    """e4m3 -> fp32 holding the value times 2**-120, by integer ops: the sign-extended byte shifted under fp32's
-    exponent (bias 127 vs e4m3's 7), sign kept, the copies of the sign masked off. e4m3 subnormals land on fp32
-    subnormals of the same scaled value, so the mapping is exact for every finite e4m3 (the GEMV's products with
-    2**64-scaled e4m3 activations are then >= 2**-74, normal). Why: Triton converts fp8 -> fp16 -> fp32, 1.5
-    conversion instructions an element, and conversions issue at a quarter of the ALU rate on sm_90: a GEMV
-    streaming ~13 weight bytes per SM clock is bound by them, not by memory."""
-    b = w.to(tl.int8, bitcast=True).to(tl.int32)
-    return ((b << 20) & -2014314496).to(tl.float32, bitcast=True)  # -2014314496 == 0x87F00000 as int32
 
 
 @triton.jit
@@ -290,7 +267,7 @@ def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, 
              prefetch: tuple[torch.Tensor, int] | None = None, pdl: bool = False,
              self_prefetch: bool = False, w_bits: bool | None = None, reg_pf: bool | None = None,
              acc_split: int | None = None, x2d: bool | None = None, pdl_w: bool | int = False,
-             amax_one: bool | None = None, loop2: int | None = None) -> torch.Tensor:
+             amax_one: bool | None = None, loop2: int | None = None, tail: dict | None = None) -> torch.Tensor:
     """``x [m, K]`` (bf16/fp16/fp32) times the e4m3 ``weight [N, K]`` with ``weight_scale`` (``N`` values).
 
     ``quantize_input=True`` is W8A8 (dynamic per-token e4m3 activations, as the ``_scaled_mm`` path);
@@ -313,7 +290,8 @@ def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, 
     bit for bit). ``amax_one`` (in-kernel quantization, one row; None: the module's ``AMAX_ONE``): the absmax reads
     the row with every load in flight at once (K <= AMAX_MAX_K; the same scale, the same result). ``loop2`` (0, 2 or 4;
     one row; None: the module's ``LOOP2``, whose None is the table's loop with the table's tile, else 0): the main
-    loop loads that many weight blocks a trip (the same result).
+    loop loads that many weight blocks a trip (the same result). ``tail`` (one row, no bias; fp8_gemv_norm.py builds
+    it): the RMSNorm after this linear and its quantization, by the grid's last program.
     """
     m, k = x.shape
     n = weight.shape[0]
@@ -326,7 +304,12 @@ def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, 
     if pre and (x.dtype != torch.float8_e4m3fn or x_scale.numel() != m):
         raise ValueError(f"fp8_gemv: with x_scale, x must be float8_e4m3fn with one scale per row; got {x.dtype}, "
                          f"{x_scale.numel()} scales for {m} rows")
-    y = torch.empty(m, n, dtype=out_dtype or (torch.bfloat16 if pre else x.dtype), device=x.device)
+    y = torch.empty(m, n, dtype=out_dtype or (torch.bfloat16 if pre else x.dtype), device=x.device) \
+        if tail is None or tail.get("y") is None else tail["y"]
+    kernel, extra = _fp8_gemv_kernel, {}
+    if tail is not None:  # the next RMSNorm by the last program (fp8_gemv_norm.py: its kernel, arguments, tile)
+        if m != 1 or bias is not None or y.shape != (1, n):
+            raise ValueError(f"fp8_gemv: tail (the norm after it) needs one row, no bias; {m} rows")
     if m == 0:
         return y
     ws = weight_scale.reshape(-1)
@@ -342,6 +325,9 @@ def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, 
             pf_ptr, pf_total, pf_piece = prefetch_args(*prefetch)
     args = (x, x_scale.reshape(-1) if pre else ws, weight, ws, bias, y, pf_ptr, pf_total, pf_piece, m, n, k,
             x.stride(0), weight.stride(0), y.stride(0))
+    if tail is not None:
+        more, extra = tail["args"](n, soft)
+        args, kernel = (*args, *more), tail["kernel"]
     flags = dict(QUANT_X=quantize_input and not pre, PRE_Q=pre, HAS_BIAS=bias is not None)
     one_row_flags = {"W_BITS": True} if (W_BITS if w_bits is None else w_bits) and (pre or quantize_input) else {}
     if REG_PF if reg_pf is None else reg_pf:
@@ -371,19 +357,21 @@ def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, 
         launch_rows((*args[:6], *args[9:]), flags, m, n, k, soft)
         return y
     if soft:  # no timer to autotune with: one small tile
-        _fp8_gemv_kernel[(triton.cdiv(n, 16),)](*args, **flags, **one_row_flags, EVEN=False, SOFT_FP8=True,
-                                                BLOCK_N=16, BLOCK_K=64)
+        kernel[(triton.cdiv(n, 16),)](*args, **flags, **one_row_flags, **extra, EVEN=False, SOFT_FP8=True,
+                                      BLOCK_N=16, BLOCK_K=64)
         return y
     even = k % 1024 == 0 and n % 64 == 0
     if config is None:  # the measured tile (and main loop) for this card and shape
         config = fp8_gemv_tiles.table_tile(x.device, n, k, one_row_flags.get("ACC_SPLIT", 0))
         if config is not None and trip is None and not one_row_flags.get("REG_PF"):
             one_row_flags["LOOP2"] = fp8_gemv_tiles.table_loop(x.device, n, k)
+        if config is None and tail is not None:  # the autotuner's tile for this shape: the unfused bits
+            config = tail["tile"](n, k, pre, one_row_flags.get("ACC_SPLIT", 0), x.device)
     if config is not None:
         bn, bk, warps, *stages = config
-        _fp8_gemv_kernel[(triton.cdiv(n, bn),)](*args, **flags, **one_row_flags,
-                                                EVEN=even and n % bn == 0 and k % bk == 0, SOFT_FP8=False, BLOCK_N=bn,
-                                                BLOCK_K=bk, num_warps=warps, **dict(zip(("num_stages", "maxnreg"), stages)))
+        kernel[(triton.cdiv(n, bn),)](*args, **flags, **one_row_flags, **extra,
+                                      EVEN=even and n % bn == 0 and k % bk == 0, SOFT_FP8=False, BLOCK_N=bn,
+                                      BLOCK_K=bk, num_warps=warps, **dict(zip(("num_stages", "maxnreg"), stages)))
         return y
     tuned = _fp8_gemv_tuned_split if one_row_flags.get("ACC_SPLIT") else _fp8_gemv_tuned
     tuned[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)](*args, **flags, **one_row_flags, EVEN=even, SOFT_FP8=False)
