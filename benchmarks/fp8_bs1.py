@@ -236,6 +236,7 @@ def main() -> None:
         from octavo.plugins.quant import (
             fp8_fused,
             fp8_gemv,
+            fp8_gemv_norm,
             fp8_gemv_tiles,
             fp8_prefetch,
             fp8_rope_gemv,
@@ -248,6 +249,8 @@ def main() -> None:
         base_pwb, base_pw_shape = fp8_prefetch.PDL_W_BLOCKS, dict(fp8_prefetch.PDL_W_BY_SHAPE)
         base_tiles, base_amax, base_norm_pdl = dict(fp8_gemv_tiles.TILES), fp8_gemv.AMAX_ONE, fp8_fused.NORM_PDL
         base_loop2, base_loops = fp8_gemv.LOOP2, dict(fp8_gemv_tiles.LOOPS)
+        base_gnorm = fp8_gemv_norm.STATE["on"]
+        res["gemv_norm_pairs"] = sum(1 for m in model.modules() if "_octavo_norm_tail" in vars(m))
         res["loop_table"] = {f"{n}x{k}": v for (_, n, k), v in base_loops.items()}
         res["pdl_w_blocks_default"] = base_pwb
         base_bits, base_reg_pf, base_acc, base_x2d = fp8_gemv.W_BITS, fp8_gemv.REG_PF, fp8_gemv.ACC_SPLIT, fp8_gemv.X2D
@@ -288,6 +291,7 @@ def main() -> None:
                 fp8_gemv.ACC_SPLIT, fp8_gemv.X2D = v.get("acc", base_acc), v.get("x2d", base_x2d)
                 fp8_gemv.AMAX_ONE, fp8_fused.NORM_PDL = v.get("amax", base_amax), v.get("norm_pdl", base_norm_pdl)
                 fp8_gemv.LOOP2 = v.get("loop2", base_loop2)
+                fp8_gemv_norm.STATE["on"] = v.get("gnorm", base_gnorm)
                 one_mod.DEFAULT_LAUNCH.clear()
                 one_mod.DEFAULT_LAUNCH.update(base_one, **v.get("one", {}))
                 if "one" in v:
@@ -325,6 +329,7 @@ def main() -> None:
         fp8_rope_gemv.STATE["on"], fp8_gemv_tiles.TABLE_ON = base_rope, base_table
         fp8_gemv.W_BITS, fp8_gemv.REG_PF, fp8_gemv.ACC_SPLIT, fp8_gemv.X2D = base_bits, base_reg_pf, base_acc, base_x2d
         fp8_gemv.AMAX_ONE, fp8_fused.NORM_PDL, fp8_gemv.LOOP2 = base_amax, base_norm_pdl, base_loop2
+        fp8_gemv_norm.STATE["on"] = base_gnorm
         cuda_pdl.set_pdl(platform_pdl)
         one_mod.DEFAULT_LAUNCH.clear()
         one_mod.DEFAULT_LAUNCH.update(base_one)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Issue 9 (engineer "fp8"), sessions 9-12. One GPU, HARD bound ${FP89_LIMIT:-110} s for the whole call (every part
-# under `timeout`, each gets what is left minus the later parts' reserves; `s11`, `s12`, `s12b2`: 150 s). JSON + logs: $OUT/fp89/
+# Issue 9 (engineer "fp8"), sessions 9-14. One GPU, HARD bound ${FP89_LIMIT:-110} s for the whole call (every part
+# under `timeout`, each gets what is left minus the later parts' reserves; `s11`, `s12`, `s12b2`: 150 s; `s14`: 190 s). JSON + logs: $OUT/fp89/
 #   bash benchmarks/device/fp89.sh [PART ...]      (default: bs1 tests, session 10 batch 2; batch 1: bs1 head tests, and tail)
 #   s11         session 11 batch 1 = parts bs1 tests with the in-graph tile sweep (BS1_SWEEP=24 s,
 #               benchmarks/fp8_bs1_tiles.py) and BS1_VARIANTS=silu_rope,swept,default_again,silu_rope_swept,
@@ -24,6 +24,11 @@
 #               loop trip, fp8_gemv_tiles.LOOPS) vs s11 (one block a trip) alternating, amax1 (fixed: batch 1's compile
 #               error), pw4_o, loop2 on all four, o/down on 8x1024 w8, qkv 16x1024 w8 + loop2, normpdl; then (data for
 #               the next session, the budget may skip them) silu_rope, attention splits (one_s8, one_s32_n32), norm4
+#   s14         session 14 (cap 190 s) = tests, then bs1: FP89_TESTS = tests/quant/test_fp8_gemv_norm.py (the GEMV with
+#               the norm in its last program: GEMV bits, norm within one bf16 step of the norm kernel and float64,
+#               e4m3 copy exact, graph replays; prints how many elements differ) + test_fp8_fused.py; BS1_VARIANTS =
+#               gnorm,default_again,gnorm_again,default_again2,gnorm_again2,gnorm_silu after the first default measure
+#               (gnorm: OCTAVO_FP8_GEMV_NORM's lever, fp8_gemv_norm.STATE; one engine, graph recaptured per variant)
 #   bs1         benchmarks/fp8_bs1.py --ab s6: 8B fp8 + fp8 KV batch 1, one engine: ms/token vs the roofline, the
 #               captured forward alone vs the rest (LM head, sampler, host), the graph's kernel table; then the
 #               variants ${BS1_VARIANTS:-nopdl,default_again,nopdl_again}, graph recaptured for each (nopdl: the GEMV
@@ -59,6 +64,10 @@ elif [ "${1:-}" = s12b2 ]; then
   shift; set -- bs1 tests "$@"  # nothing flips after the freeze: the A/B first
   : "${FP89_LIMIT:=150}" "${BS1_VARIANTS:=s11,amax1,default_again,s11_again,od_r128,pw4_o,amax1_again,od8w8,loop2,default_again2,s11_again2,loop2_qkv16,pw4_o_amax1,normpdl,silu_rope,one_s8,norm4,one_s32_n32}"
   : "${FP89_TESTS:=tests/quant/test_fp8_gemv_tiles.py tests/quant/test_fp8_prefetch.py tests/quant/test_fp8_gemv_bits.py}"
+elif [ "${1:-}" = s14 ]; then
+  shift; set -- tests bs1 "$@"  # the tests first: a default flips only with them
+  : "${FP89_LIMIT:=190}" "${BS1_VARIANTS:=gnorm,default_again,gnorm_again,default_again2,gnorm_again2,gnorm_silu}"
+  : "${FP89_TESTS:=tests/quant/test_fp8_gemv_norm.py tests/quant/test_fp8_fused.py}"
 elif [ "${1:-}" = s11b2 ]; then
   shift; set -- bs1 tests "$@"
   : "${FP89_LIMIT:=140}" "${BS1_VARIANTS:=notable,self,pf32,default_again,notable_again,self_again,pf32_again,silu_rope,nopdl}"

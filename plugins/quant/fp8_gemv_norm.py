@@ -150,6 +150,9 @@ def pairable(model: torch.nn.Module, linear, norm) -> bool:
     owner, layer = parents.get(id(linear)), parents.get(id(norm))
     if owner is None or layer is None or not _same_code(type(layer).forward, LlamaDecoderLayer.forward):
         return False
+    for m in (owner, layer):  # an instance's own forward: only the fused GEMVs' (they return the linear's output)
+        if "forward" in vars(m) and not (vars(m).get("_octavo_fp8_silu") or vars(m).get("_octavo_fp8_rope")):
+            return False
     if getattr(owner, "o_proj", None) is linear:
         return _same_code(type(owner).forward, LlamaAttention.forward)
     return getattr(owner, "down_proj", None) is linear and _same_code(type(owner).forward, LlamaMLP.forward)
