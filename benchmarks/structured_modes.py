@@ -152,6 +152,11 @@ def build_modes(args: Any, so: Any, dflt: dict) -> dict:
         modes["json_async_nativeopen_nt4"] = (so, True, False, False, None, {**dflt, "devgate": True,
                                                                                "native_open": True, "native": 4})
         modes["json_async_nt4"] = (so, True, False, False, None, {**dflt, "devgate": True, "native": 4})
+        # _p4 / _p8: the rows in 4 / 8 chunks filled at once by the caller and persistent C threads of the shim
+        # (xgrammar_native.POOL_THREADS: no GIL, no thread made per call)
+        for k in (4, 8):
+            modes[f"json_async_nativeopen_p{k}"] = (so, True, False, False, None, {**dflt, "devgate": True,
+                                                                                   "native_open": True, "pool": k})
         # ... and with the core thread's native accept keeping the GIL (~5 us of C at batch 32), so it does not queue
         # for the GIL again behind the runner's thread on its way to N+1's fill (session 11's _acceptgil, busy lane)
         modes["json_async_nativeopen_acceptgil"] = (so, True, False, False, None, {**dflt, "devgate": True,
@@ -206,6 +211,7 @@ def apply_knobs(core: Any, knobs: dict, on: bool, async_modes: bool, saved: dict
     so_mod.ACCEPT_ON_FILL_THREAD = knobs.get("poolaccept", saved["poolaccept"])
     so_mod.YIELD_AFTER_RELEASE = knobs.get("yield", saved["yield"])
     grammar_device_gate.NATIVE_OPEN = knobs.get("native_open", saved["native_open"])
+    _native_module().POOL_THREADS = knobs.get("pool", 1)
     xgm.ACCEPT_READBACK_KEEPS_GIL = knobs.get("readback", True)
     _accept_call().release_gil = not knobs.get("accept_gil", False)
     if knobs.get("gate_only"):
@@ -236,6 +242,7 @@ def restore(core: Any, saved: dict) -> None:
     so_mod.ACCEPT_ON_FILL_THREAD = saved["poolaccept"]
     so_mod.YIELD_AFTER_RELEASE = saved["yield"]
     grammar_device_gate.NATIVE_OPEN = saved["native_open"]
+    _native_module().POOL_THREADS = 1
     async_gate.PARK, async_gate.EARLY_FILL = saved["park"], saved["early_fill"]
     async_gate.FILL_START_WAIT_S = saved["start_wait"]
     async_gate.DEVICE_GATE_FILL_START_WAIT_S = saved["devgate_start_wait"]
@@ -282,6 +289,12 @@ def _start_on_pool_default() -> Any:
 
 
 _START_ON_POOL = _start_on_pool_default()
+
+
+def _native_module() -> Any:
+    import octavo.plugins.structured_output.xgrammar_native as xn
+
+    return xn
 
 
 def _accept_call() -> Any:

@@ -162,11 +162,11 @@ class XGrammarBackend(StructuredOutputBackend):
         which raises xgrammar's error or fills): the caller then opens it."""
         batch, inner = self._batch_rows(matchers)
         if inner is not None and not any([m.terminated for m in matchers]):
-            native = getattr(self._local, "native", None)
-            if native is None or native.batch is not batch:
-                from octavo.plugins.structured_output.xgrammar_native import NativeFill
+            from octavo.plugins.structured_output import xgrammar_native as xn
 
-                native = self._local.native = NativeFill(batch)
+            native = getattr(self._local, "native", None)
+            if native is None or native.batch is not batch or native.threads != xn.POOL_THREADS:
+                native = self._local.native = xn.NativeFill(batch, xn.POOL_THREADS)
             t_end = native(inner, bitmask, words, seq)
             if t_end:
                 return t_end

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import octavo.plugins.structured_output.xgrammar_backend as xgb
+import octavo.plugins.structured_output.xgrammar_native as xn
 from octavo.core import async_gate, grammar_device_gate
 from octavo.core.async_gate import GatedGrammarStep
 from octavo.core.grammar_device_gate import DeviceGate
@@ -29,12 +30,14 @@ def _reference(mgr, out):  # noqa: F811
     return ref, step.matchers
 
 
-@pytest.mark.parametrize("threads", [1, 4])
-def test_native_fill_fills_the_same_bytes_and_opens_the_word(mgr, monkeypatch, threads):  # noqa: F811
+@pytest.mark.parametrize("threads,pool", [(1, 1), (4, 1), (1, 4), (1, 3), (1, 8)])
+def test_native_fill_fills_the_same_bytes_and_opens_the_word(mgr, monkeypatch, threads, pool):  # noqa: F811
+    """``threads``: xgrammar's own pool; ``pool``: the shim's chunks (3: uneven; 8: fewer rows than 8 x 4, so 4)."""
     out, _ = schedule(mgr, [p for p in PREFIXES * 2 if p is not None])
     ref, _ = _reference(mgr, out)
     assert (ref != -1).any(), "the prefixes constrain something"
     monkeypatch.setattr(xgb, "NATIVE_FILL_THREADS", threads)
+    monkeypatch.setattr(xn, "POOL_THREADS", pool)
     backend = mgr._get_backend()
     step = mgr.prepare(out)
     words = DeviceGate(pin=False).words
@@ -44,7 +47,9 @@ def test_native_fill_fills_the_same_bytes_and_opens_the_word(mgr, monkeypatch, t
     step.bitmask.fill_(0)
     assert backend.fill_open(step.matchers, step.bitmask, words, 3) > 0  # an older step: filled, word kept at 5
     assert torch.equal(step.bitmask, ref) and words.tolist() == [5, 0]
-    assert backend._local.native.batch is backend._local.batch  # the thread's own BatchGrammarMatcher (threads)
+    native = backend._local.native
+    assert native.batch is backend._local.batch  # the thread's own BatchGrammarMatcher (threads)
+    assert native.n == min(pool, len(step.matchers) // xn.MIN_ROWS_PER_CHUNK) and bool(native.pool) == (pool > 1)
     mgr.accept_tokens([])
 
 
@@ -151,10 +156,12 @@ def test_native_open_tokens_identical_to_serial(monkeypatch):
         set_async_scheduling(core, mode != "serial")
         with monkeypatch.context() as m:
             m.setattr(ex_cls, "execute_structured", Executor.execute_structured if mode == "serial" else overlapped)
-            if mode == "native":
+            if mode.startswith("native"):
                 m.setattr(grammar_device_gate, "DEVICE_GATE", True)
                 m.setattr(grammar_device_gate, "NATIVE_OPEN", True)
                 m.setattr(async_gate, "EARLY_FILL_MIN_ROWS", 2)  # (the bitmask thread's fill from 2 rows)
+                m.setattr(xn, "POOL_THREADS", 4 if mode == "native_p4" else 1)
+                m.setattr(xn, "MIN_ROWS_PER_CHUNK", 1)  # (the parity batch is small: every row its own chunk)
                 m.setattr(core.executor.driver.runner, "grammar_apply", kernel)
                 m.setitem(core.structured._cpu_hint, "device_wait", True)  # (set by a GPU runner's first apply)
             return parity_rows(llm.generate(prompts, params, use_tqdm=False))
@@ -163,11 +170,13 @@ def test_native_open_tokens_identical_to_serial(monkeypatch):
         serial = run("serial")
         lag0 = core.structured.stats["open_lag_s"]
         native = run("native")
+        lag1 = core.structured.stats["open_lag_s"]
+        pooled = run("native_p4")
     finally:
         set_async_scheduling(core, False)
         llm.llm_engine.shutdown()
     waits = [c for c in kernel.calls if c[0] == "wait"]
     assert len(waits) > 10 and core.structured._device_gate.words[1] == 0  # the device path ran, never gave up
-    assert core.structured.stats["open_lag_s"] > lag0  # words opened from C
-    assert [s[:2] for s in serial] == [g[:2] for g in native]
+    assert core.structured.stats["open_lag_s"] > lag1 > lag0  # words opened from C, in both runs
+    assert [s[:2] for s in serial] == [g[:2] for g in native] == [p[:2] for p in pooled]
     assert_finished_rows_match_schema(serial, params, jsonschema)
