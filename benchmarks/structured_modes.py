@@ -157,6 +157,10 @@ def build_modes(args: Any, so: Any, dflt: dict) -> dict:
         for k in (4, 8):
             modes[f"json_async_nativeopen_p{k}"] = (so, True, False, False, None, {**dflt, "devgate": True,
                                                                                    "native_open": True, "pool": k})
+        # ... and that fill run on the core thread at the accept (no early fill on the bitmask thread: no thread
+        # hop before the fill, but the core thread waits ~0.1-0.2 ms, GIL released, before update N + schedule N+2)
+        modes["json_async_nativeopen_p4_inline"] = (so, True, False, False, None, {
+            **dflt, "devgate": True, "native_open": True, "pool": 4, "early_fill": False})
         # ... and with the core thread's native accept keeping the GIL (~5 us of C at batch 32), so it does not queue
         # for the GIL again behind the runner's thread on its way to N+1's fill (session 11's _acceptgil, busy lane)
         modes["json_async_nativeopen_acceptgil"] = (so, True, False, False, None, {**dflt, "devgate": True,
