@@ -25,7 +25,7 @@
 #               error), pw4_o, loop2 on all four, o/down on 8x1024 w8, qkv 16x1024 w8 + loop2, normpdl; then (data for
 #               the next session, the budget may skip them) silu_rope, attention splits (one_s8, one_s32_n32), norm4
 #   s14         session 14 (cap 190 s) = tests, then bs1: FP89_TESTS = tests/quant/test_fp8_gemv_norm.py (the GEMV with
-#               the norm in its last program: GEMV bits, norm within one bf16 step of the norm kernel and float64,
+#               the norm in its last program: GEMV bits, norm within two bf16 steps of the norm kernel,
 #               e4m3 copy exact, graph replays; prints how many elements differ) + test_fp8_fused.py; BS1_VARIANTS =
 #               gnorm,default_again,gnorm_again,default_again2,gnorm_again2,gnorm_silu after the first default measure
 #               (gnorm: OCTAVO_FP8_GEMV_NORM's lever, fp8_gemv_norm.STATE; one engine, graph recaptured per variant)

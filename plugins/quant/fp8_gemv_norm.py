@@ -14,9 +14,9 @@ Bits: the GEMV part is fp8_gemv's kernel itself (called inline, the same tile an
 unfused bits. The norm part repeats fp8_fused._rms_norm_quant_kernel's steps (the residual sum rounded, ``rsqrt``,
 the two roundings, the weight, ``_quant_row_store``) on the GEMV's ``num_warps`` instead of the norm's 16: the sum of
 squares is reduced in another fp32 order, so ``rstd`` may differ in its last bits and an element of the normed row
-may land one bf16 step away (rarely: a rounding boundary); the quantized copy is always ``quantize_per_token`` of
+may land a bf16 step or two away (rarely: a rounding boundary); the quantized copy is always ``quantize_per_token`` of
 the normed row this kernel wrote. Tests: tests/quant/test_fp8_gemv_norm.py (interpreter: the GEMV bits, the norm vs
-a float64 reference within one bf16 step, the quantization exact, the counter reset, the engine plumbing on a
+a float64 reference within its two bf16 roundings, the quantization exact, the counter reset, the engine plumbing on a
 2-layer Llama; sm_90 compile; GPU: the same, eager and replayed, and how many elements differ from the norm kernel).
 
 Plumbing (fp8_fused.link_fp8_inputs' discovery forward): an fp8 linear whose output tensor goes, untouched, into a

@@ -8,8 +8,8 @@ norm after them (not the last down: the final norm does not quantize), and greed
 with the lever on and off, with one fused launch per pair a step. sm_90 compile (Triton's own compiler): the table's
 o_proj / down launch flags with the tail hold the fence, the acq_rel ticket, the L2 reads and the PDL wait.
 GPU-marked: on the 8B shapes, with the engine's launch options (PDL, the table's tile and loop): the GEMV bits; the
-norm within one bf16 step of the norm kernel and of float64, how many elements differ (printed); the e4m3 copy exact;
-CUDA-graph replays equal to the eager launch.
+norm within two bf16 steps of the norm kernel and within its two roundings of float64, how many elements differ
+(printed); the e4m3 copy exact; CUDA-graph replays equal to the eager launch.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ for n, k in [(256, 192), (320, 100), (64, 1024)]:  # 320: the norm block (512) m
     o2, r2, q2, s2 = rms_norm_quant(y0, nw, 1e-5, res, q_dtype=torch.float32)
     assert torch.equal(out, o2) and torch.equal(ro, r2) and torch.equal(q, q2) and torch.equal(s, s2), (n, k)
     # float64: the new residual is the sum within one bf16 step (the interpreter's fp32 -> bf16 rounding is not
-    # torch's), the normed row within one bf16 step of the exact norm of that residual
+    # torch's), the normed row within its two roundings of the exact norm of that residual
     rd = y0.double() + res.double()
     assert ((ro.double() - rd).abs() <= rd.abs() * 2 ** -7).all(), (n, k)
     want = ro.double() * torch.rsqrt(ro.double().pow(2).mean() + 1e-5) * nw.double()
@@ -181,13 +181,14 @@ def test_gemv_norm_on_cuda(n, k):
         assert torch.equal(y, y0), i
         o2, r2, q2, s2 = rms_norm_quant(y0, nw, 1e-5, res)
         assert torch.equal(ro, r2), i
-        assert ((out.float() - o2.float()).abs() <= o2.float().abs() * 2 ** -7).all(), i  # one bf16 step
+        # rstd may differ in its last bits: yv one bf16 step away, the product after the weight's rounding two
+        assert ((out.float() - o2.float()).abs() <= o2.float().abs() * 2 ** -6).all(), i
         differ += int((out != o2).sum())
         want = ro.double() * torch.rsqrt(ro.double().pow(2).mean() + 1e-5) * nw.double()
         assert ((out.double() - want).abs() <= want.abs() * 1.01 * 2 ** -7 + 1e-30).all(), i  # two roundings
         rq, rs = fp8_triton.quantize_per_token(out)
         assert torch.equal(s, rs) and torch.equal(q.view(torch.uint8), rq.view(torch.uint8)), i
-    print(f"gemv_norm {n}x{k}: {differ} of {5 * n} normed elements differ from the norm kernel (one bf16 step)")
+    print(f"gemv_norm {n}x{k}: {differ} of {5 * n} normed elements differ from the norm kernel")
 
     def run():  # the fp8 copy compared as bytes
         return tuple(t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t
