@@ -50,7 +50,8 @@ GEMV_ORDER = ("qkv", "o", "gate_up", "down")  # the 8B layer's one-row GEMVs in 
 def critical_path(prof, replays: int) -> dict:
     """us per forward that each kernel adds to the running end of all kernels before it (time order): with PDL a
     kernel's own duration includes its wait, this does not. GEMVs named by their place in the layer (GEMV_ORDER,
-    counted through all replays); ``idle`` = time no kernel ran (launch gaps; between replays too)."""
+    counted through all replays; the GEMV with the norm in its tail, fp8_gemv_norm.py, as ``<name>+norm``); ``idle`` =
+    time no kernel ran (launch gaps; between replays too)."""
     ev = []
     for e in prof.events():
         if getattr(e, "device_type", None) is not None and str(e.device_type).endswith("CUDA") \
@@ -59,8 +60,8 @@ def critical_path(prof, replays: int) -> dict:
     ev.sort()
     out, end, g = {}, None, 0
     for start, stop, name in ev:
-        if "_fp8_gemv_kernel" in name:
-            name, g = GEMV_ORDER[g % 4], g + 1
+        if "_fp8_gemv_kernel" in name or "_fp8_gemv_norm_kernel" in name:
+            name, g = GEMV_ORDER[g % 4] + ("+norm" if "_norm_" in name else ""), g + 1
         else:
             name = name[:40]
         if end is not None and start > end:

@@ -46,8 +46,9 @@ def tuned_tiles() -> dict:
 
 def gemv_by_shape(prof, replays: int) -> dict:
     """Per layer position (qkv, o, gate_up, down) the one-row GEMV's mean kernel time in us per forward, from the
-    profiler's device events in time order (the 4 GEMVs of each layer launch in forward order)."""
-    evs = [e for e in prof.events() if e.name == GEMV_NAME and getattr(e, "device_type", None) is not None
+    profiler's device events in time order (the 4 GEMVs of each layer launch in forward order; o / down with the norm
+    in their tail, fp8_gemv_norm.py, counted as theirs)."""
+    evs = [e for e in prof.events() if e.name in (GEMV_NAME, "_fp8_gemv_norm_kernel") and getattr(e, "device_type", None) is not None
            and "CUDA" in str(e.device_type)]
     evs.sort(key=lambda e: e.time_range.start)
     names = ("qkv", "o", "gate_up", "down")

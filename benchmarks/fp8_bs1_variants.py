@@ -53,12 +53,13 @@ S6_VARIANTS = {"nosilu": {"silu": False}, "norm4": {"warps": None}, "pf16": {"mb
                "loop2_qkv16": {"table_tiles": {(6144, 4096): (16, 1024, 8, 3)}, "table_loops": {(6144, 4096): 2}},
                "pw4_o_amax1": {"pw_shape": {(4096, 4096): 4}, "amax": True},
                "gnorm": {"gnorm": True}, "gnorm_again": {"gnorm": True}, "gnorm_again2": {"gnorm": True},
-               "default_again3": {}, "gnorm_silu": {"gnorm": True, "silu": True},
+               "default_again3": {}, "gnorm_silu": {"gnorm": True, "silu": True}, "gnorm_pw2": {"gnorm": True, "pwb": 2},
                "od_r128": {"table_tiles": {(4096, 4096): (16, 1024, 8, 3, 128), (4096, 14336): (16, 1024, 8, 3, 128)},
                            "table_loops": {(4096, 4096): 0, (4096, 14336): 0}}}
 # session 14: "gnorm" = the residual add + RMSNorm + per-token e4m3 after o_proj / down run by that GEMV's last program
 # (fp8_gemv_norm.STATE, OCTAVO_FP8_GEMV_NORM: 63 of the forward's 64 quantizing norm launches go; the norm's sum of
-# squares in another fp32 order: an element may move a bf16 step, so tokens may differ in principle)
+# squares in another fp32 order: an element may move a bf16 step, so tokens may differ in principle); "gnorm_pw2" with
+# two weight blocks read before the PDL wait (qkv / gate_up now start right behind the tail's one program)
 # "od_r128" = o / down on the table's 16x1024 8-warp tile capped at 128 registers (sm_90, Triton 3.6: 154 -> 128 with
 # an 8-byte spill), one block a trip: two programs an SM, all 256 in one wave
 # session 12 batch 2 (default = o and down with two blocks a trip, fp8_gemv_tiles.LOOPS): "s11" = session 11's

@@ -27,8 +27,9 @@
 #   s14         session 14 (cap 190 s) = tests, then bs1: FP89_TESTS = tests/quant/test_fp8_gemv_norm.py (the GEMV with
 #               the norm in its last program: GEMV bits, norm within two bf16 steps of the norm kernel,
 #               e4m3 copy exact, graph replays; prints how many elements differ) + test_fp8_fused.py; BS1_VARIANTS =
-#               gnorm,default_again,gnorm_again,default_again2,gnorm_again2,gnorm_silu after the first default measure
-#               (gnorm: OCTAVO_FP8_GEMV_NORM's lever, fp8_gemv_norm.STATE; one engine, graph recaptured per variant)
+#               gnorm,default_again,gnorm_again,default_again2,gnorm_again2,gnorm_silu,gnorm_pw2 after the first default
+#               measure (gnorm: OCTAVO_FP8_GEMV_NORM's lever, fp8_gemv_norm.STATE; one engine, graph recaptured per
+#               variant; the last two for the next session, the budget may skip them)
 #   bs1         benchmarks/fp8_bs1.py --ab s6: 8B fp8 + fp8 KV batch 1, one engine: ms/token vs the roofline, the
 #               captured forward alone vs the rest (LM head, sampler, host), the graph's kernel table; then the
 #               variants ${BS1_VARIANTS:-nopdl,default_again,nopdl_again}, graph recaptured for each (nopdl: the GEMV
@@ -66,7 +67,7 @@ elif [ "${1:-}" = s12b2 ]; then
   : "${FP89_TESTS:=tests/quant/test_fp8_gemv_tiles.py tests/quant/test_fp8_prefetch.py tests/quant/test_fp8_gemv_bits.py}"
 elif [ "${1:-}" = s14 ]; then
   shift; set -- tests bs1 "$@"  # the tests first: a default flips only with them
-  : "${FP89_LIMIT:=190}" "${BS1_VARIANTS:=gnorm,default_again,gnorm_again,default_again2,gnorm_again2,gnorm_silu}"
+  : "${FP89_LIMIT:=190}" "${BS1_VARIANTS:=gnorm,default_again,gnorm_again,default_again2,gnorm_again2,gnorm_silu,gnorm_pw2}"
   : "${FP89_TESTS:=tests/quant/test_fp8_gemv_norm.py tests/quant/test_fp8_fused.py}"
 elif [ "${1:-}" = s11b2 ]; then
   shift; set -- bs1 tests "$@"
