@@ -53,8 +53,8 @@
 # json_async (no core-thread wait for the fill's start under the device gate, the default since session 13) vs
 # json_async_devgate_startwait (sessions 6-12's 1 ms wait) and json_async_nograph, 5 repeats (70 s); then the 1.1B
 # shape: the same three modes, 3 repeats (its graph lost to nograph in s12 batch 2).
-# Argument "s14" (session 14, one quiet H100, same 150 s bound): the device-gate GPU test (20 s); whether the native
-# fill + open builds here (10 s); 135M: json_async (as it ships) vs json_async_nativeopen (the device-gated fill called
+# Argument "s14" (session 14, one quiet H100, same 150 s bound): the device-gate GPU test (20 s); the native open's GPU
+# test (the device waits for the word the C shim opens, 1 and 4 chunks; 20 s); whether the shim builds here (10 s); 135M: json_async (as it ships) vs json_async_nativeopen (the device-gated fill called
 # from C, which opens the gate word itself: OCTAVO_GRAMMAR_NATIVE_OPEN, plugins/structured_output/xgrammar_native.py),
 # json_async_nativeopen_p4 (the rows in 4 chunks, filled at once by the caller and 3 persistent C threads of the shim),
 # json_async_nativeopen_p4_inline (that fill on the core thread at the accept: no hop to the bitmask thread) and
@@ -151,6 +151,8 @@ if [ "$PART" = s14 ]; then  # session 14: the fill called from C, which opens th
   [ "$DRY" != 1 ] && step apply_test 20 python3 -m pytest -q -x -p no:cacheprovider \
        tests/structured/test_apply_device.py -k device_gate
   if [ "$XGR" = 1 ]; then
+    [ "$DRY" != 1 ] && step native_test 20 python3 -m pytest -q -x -rs -p no:cacheprovider \
+         tests/structured/test_native_open.py -k device_waits
     step native_check $(( 10 * X )) python3 -c "from octavo.plugins.structured_output.xgrammar_backend import \
 XGrammarBackend as B; B.check_fill_open(); print('native fill_open builds: ok')"
     S14=(--modes json_async json_async_nativeopen json_async_nativeopen_p4 json_async_nativeopen_p4_inline

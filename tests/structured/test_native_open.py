@@ -180,3 +180,57 @@ def test_native_open_tokens_identical_to_serial(monkeypatch):
     assert core.structured.stats["open_lag_s"] > lag1 > lag0  # words opened from C, in both runs
     assert [s[:2] for s in serial] == [g[:2] for g in native] == [p[:2] for p in pooled]
     assert_finished_rows_match_schema(serial, params, jsonschema)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("pool", [1, 4])
+def test_the_device_waits_for_the_word_the_shim_opens(pool, monkeypatch):
+    """On the GPU: the wait + apply (graph) is queued before the fill; the device stays busy until the shim's C store
+    opens the word; the masked logits equal the host path on the rows xgrammar's Python fill gives. A synthetic
+    4,096-token vocabulary (no tokenizer file needed on the device host)."""
+    pytest.importorskip("triton")
+    import time
+    from types import SimpleNamespace
+
+    import xgrammar as xgr
+
+    from octavo.core.grammar_device_gate import apply_gated
+    from octavo.core.grammar_step import GrammarStep, apply_packed
+    from octavo.plugins.platforms.cuda import CudaPlatform
+    from octavo.plugins.platforms.cuda_grammar_mask import wait_host_flag
+
+    monkeypatch.setattr(grammar_device_gate, "DEVICE_GATE", True)
+    vocab, n = 4096, 8
+    info = xgr.TokenizerInfo([chr(97 + i % 26) * (1 + i // 26) for i in range(vocab)], vocab_size=vocab,
+                             stop_token_ids=[25])
+    compiled = xgr.GrammarCompiler(info, max_threads=1).compile_regex("(a|bb)+c?")
+    matchers = [xgr.GrammarMatcher(compiled) for _ in range(n)]
+    for m, toks in zip(matchers, [[], [0], [27], [0, 2], [26], [0, 27, 0], [27, 2], [0]]):
+        for t in toks:
+            assert m.accept_token(t)
+    batch = xgr.BatchGrammarMatcher(max_threads=1)
+    ref = torch.zeros(n, vocab // 32, dtype=torch.int32)
+    batch.batch_fill_next_token_bitmask(matchers, ref)
+    native = xn.NativeFill(batch, pool)
+    kernel = CudaPlatform().make_grammar_mask_apply()
+    monkeypatch.setattr(kernel.gated_graphs, "CAPTURE_AFTER", 1)
+    dg = DeviceGate()
+    buf = torch.zeros(n, vocab // 32, dtype=torch.int32, pin_memory=True)
+    wait_host_flag(dg.words, 0)  # (every kernel loaded before a wait is queued: test_apply_device.py says why)
+    torch.cuda.synchronize()
+    rids = [f"r{j}" for j in range(n)]
+    for step_no in range(3):  # (the graph is captured on the 2nd)
+        inner = GrammarStep(None, list(range(n)), rids, [None] * n, buf, None)
+        inner.device_gate, inner.seq = dg, dg.next_seq()
+        logits = torch.randn(n, vocab)
+        dev = apply_gated(logits.to("cuda"), SimpleNamespace(inner=inner, seq=inner.seq, apply_s=0.0), rids,
+                          lambda rows: rows, kernel)
+        time.sleep(0.05)
+        assert not torch.cuda.current_stream().query()  # the device waits for the word
+        buf.fill_(0)
+        assert native(matchers, buf, dg.words, inner.seq) > 0 and dg.words[0] == inner.seq
+        torch.cuda.synchronize()
+        dg.check(inner.seq)
+        assert torch.equal(dev.cpu(), apply_packed(logits.clone(), list(range(n)), ref)), step_no
+    assert not grammar_device_gate._GRAPH_FAILED
