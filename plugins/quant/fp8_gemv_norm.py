@@ -172,6 +172,7 @@ def deferred(layer, x2: torch.Tensor, pre, launch: dict) -> torch.Tensor:
     def run(residual, norm_weight, eps):
         """Launch the GEMV (into ``y``) with the norm in its tail: ``(out, res_out, q, s)``; without a residual
         (not a Llama layer's norm: never paired so) the GEMV alone, then None."""
+        vars(y).pop("_octavo_fp8_defer", None)  # y -> run -> y: no cycle left for the collector
         xq, xs = (pre[0], pre[1]) if pre is not None else (x2, None)
         if residual is None:
             from octavo.plugins.quant.fp8_gemv import fp8_gemv
