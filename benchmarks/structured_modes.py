@@ -161,6 +161,11 @@ def build_modes(args: Any, so: Any, dflt: dict) -> dict:
         # hop before the fill, but the core thread waits ~0.1-0.2 ms, GIL released, before update N + schedule N+2)
         modes["json_async_nativeopen_p4_inline"] = (so, True, False, False, None, {
             **dflt, "devgate": True, "native_open": True, "pool": 4, "early_fill": False})
+        # diagnostic: no grammar work left on the core thread's path to update N + schedule N+2: N's accept moves into
+        # the fill job (structured_output.ACCEPT_ON_FILL_THREAD) and keeps the GIL for its ~5 us of C (else that thread
+        # queues for the GIL behind the core thread: 0.69 ms, session 7); then the native fill + open in 4 chunks
+        modes["json_async_nativeopen_p4_poolaccept"] = (so, True, False, False, None, {
+            **dflt, "devgate": True, "native_open": True, "pool": 4, "poolaccept": True, "accept_gil": True})
         # ... and with the core thread's native accept keeping the GIL (~5 us of C at batch 32), so it does not queue
         # for the GIL again behind the runner's thread on its way to N+1's fill (session 11's _acceptgil, busy lane)
         modes["json_async_nativeopen_acceptgil"] = (so, True, False, False, None, {**dflt, "devgate": True,
