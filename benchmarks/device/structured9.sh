@@ -54,7 +54,8 @@
 # json_async_devgate_startwait (sessions 6-12's 1 ms wait) and json_async_nograph, 5 repeats (70 s); then the 1.1B
 # shape: the same three modes, 3 repeats (its graph lost to nograph in s12 batch 2).
 # Argument "s14" (session 14, one quiet H100, same 150 s bound): the device-gate GPU test (20 s); the native open's GPU
-# test (the device waits for the word the C shim opens, 1 and 4 chunks; 20 s); whether the shim builds here (10 s); 135M: json_async (as it ships) vs json_async_nativeopen (the device-gated fill called
+# test (the device waits for the word the C shim opens, 1 and 4 chunks; 20 s); whether the shim builds and fills a
+# tiny grammar right here (15 s); 135M: json_async (as it ships) vs json_async_nativeopen (the device-gated fill called
 # from C, which opens the gate word itself: OCTAVO_GRAMMAR_NATIVE_OPEN, plugins/structured_output/xgrammar_native.py),
 # json_async_nativeopen_p4 (the rows in 4 chunks, filled at once by the caller and 3 persistent C threads of the shim),
 # json_async_nativeopen_p4_inline (that fill on the core thread at the accept: no hop to the bitmask thread),
@@ -153,7 +154,7 @@ if [ "$PART" = s14 ]; then  # session 14: the fill called from C, which opens th
   if [ "$XGR" = 1 ]; then
     [ "$DRY" != 1 ] && step native_test 20 python3 -m pytest -q -x -rs -p no:cacheprovider \
          tests/structured/test_native_open.py -k device_waits
-    step native_check $(( 10 * X )) python3 -c "from octavo.plugins.structured_output.xgrammar_backend import \
+    step native_check $(( 15 * X )) python3 -c "from octavo.plugins.structured_output.xgrammar_backend import \
 XGrammarBackend as B; B.check_fill_open(); print('native fill_open builds: ok')"
     S14=(--modes json_async json_async_nativeopen json_async_nativeopen_p4 json_async_nativeopen_p4_inline
                  json_async_nativeopen_p4_poolaccept json_async_nt4 --wait-events off --batches 32)

@@ -175,9 +175,10 @@ class XGrammarBackend(StructuredOutputBackend):
 
     @staticmethod
     def check_fill_open() -> None:
-        """Build the native fill + open now: raises ``RuntimeError`` with the reason where it cannot run."""
-        from octavo.plugins.structured_output.xgrammar_native import clock_matches, library
+        """Build the native fill + open and fill a tiny grammar with it: ``RuntimeError`` with the reason where it
+        cannot run (the engine then refuses OCTAVO_GRAMMAR_NATIVE_OPEN=1 by name)."""
+        from octavo.plugins.structured_output.xgrammar_native import clock_matches, self_test
 
-        library()
+        self_test()  # (builds the shim first)
         if not clock_matches():
             raise RuntimeError("time.perf_counter is not CLOCK_MONOTONIC here (the shim's stamps would not compare)")

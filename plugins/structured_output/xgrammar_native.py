@@ -275,6 +275,29 @@ class NativeFill:
         return self.t_end.value if rc == 0 else 0.0
 
 
+def self_test(threads: int = 2) -> None:
+    """Fill 8 rows of a tiny grammar (a synthetic 256-token vocabulary) natively and through xgrammar's Python API and
+    compare, with the word opened; raises ``RuntimeError`` saying what differs (run once where the switch is on)."""
+    import torch
+    import xgrammar as xgr
+
+    info = xgr.TokenizerInfo([chr(97 + i % 26) * (1 + i // 26) for i in range(256)], vocab_size=256,
+                             stop_token_ids=[25])
+    matchers = [xgr.GrammarMatcher(xgr.GrammarCompiler(info, max_threads=1).compile_regex("(a|bb)+c?"))
+                for _ in range(8)]
+    for m, toks in zip(matchers, [[], [0], [27], [0, 2], [26], [0, 27, 0], [27, 2], [0]]):
+        for t in toks:
+            m.accept_token(t)
+    batch = xgr.BatchGrammarMatcher(max_threads=1)
+    ref, rows = torch.zeros(8, 8, dtype=torch.int32), torch.zeros(8, 8, dtype=torch.int32)
+    batch.batch_fill_next_token_bitmask(matchers, ref)
+    words = torch.zeros(2, dtype=torch.int32)
+    t_end = NativeFill(batch, threads)(matchers, rows, words, 1)  # (8 rows: 2 chunks, the pool runs one)
+    if not t_end or not torch.equal(rows, ref) or int(words[0]) != 1:
+        raise RuntimeError(f"the native fill's self-test failed (returned {t_end}, rows equal "
+                           f"{torch.equal(rows, ref)}, word {int(words[0])})")
+
+
 def clock_matches() -> bool:
     """Whether the shim's CLOCK_MONOTONIC stamps are ``time.perf_counter`` values (Linux CPython: yes)."""
     return time.get_clock_info("perf_counter").implementation == "clock_gettime(CLOCK_MONOTONIC)"

@@ -132,7 +132,23 @@ def test_switch_is_honored_or_refused_by_name():
 
     with pytest.raises(ValueError, match="OCTAVO_GRAMMAR_NATIVE_OPEN=1.*no compiler"):
         grammar_device_gate.check_native_open(Broken(), "xgrammar")
-    xgb.XGrammarBackend.check_fill_open()  # builds here (the CI machine has a C compiler)
+    xgb.XGrammarBackend.check_fill_open()  # builds and fills a tiny grammar here (the CI machine has a C compiler)
+
+
+def test_the_engine_refuses_the_switch_where_the_shim_cannot_run(monkeypatch):
+    from octavo.config import OctavoSettings
+    from octavo.core.structured_output import StructuredOutputManager
+
+    monkeypatch.setattr(grammar_device_gate, "NATIVE_OPEN", True)
+
+    def broken():
+        raise RuntimeError("the fill shim did not build: no C compiler")
+
+    monkeypatch.setattr(xgb.XGrammarBackend, "check_fill_open", staticmethod(broken))
+    m = StructuredOutputManager(OctavoSettings.from_kwargs(), 49152, [2])
+    with pytest.raises(ValueError, match="OCTAVO_GRAMMAR_NATIVE_OPEN=1.*no C compiler"):
+        m._get_backend()
+    m.shutdown()
 
 
 def test_native_open_tokens_identical_to_serial(monkeypatch):
