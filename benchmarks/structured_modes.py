@@ -24,7 +24,7 @@ def defaults(core: Any) -> dict:
             "devgate_start_wait": async_gate.DEVICE_GATE_FILL_START_WAIT_S,
             "devgate": grammar_device_gate.DEVICE_GATE, "graph": grammar_device_gate.GRAPH,
             "poolaccept": so_mod.ACCEPT_ON_FILL_THREAD, "yield": so_mod.YIELD_AFTER_RELEASE,
-            "native_open": grammar_device_gate.NATIVE_OPEN,
+            "native_open": grammar_device_gate.NATIVE_OPEN, "accept_gil": _xgm().ACCEPT_KEEPS_GIL,
             "inline": grammar_step.INLINE_AFTER_GATE, "handoff": grammar_step.HANDOFF_WAIT_S,
             "threads": core.structured.fill_threads, "kernel": grammar_step.PLATFORM_APPLY,
             "early": so_mod.EARLY_ACCEPT}
@@ -222,7 +222,7 @@ def apply_knobs(core: Any, knobs: dict, on: bool, async_modes: bool, saved: dict
     grammar_device_gate.NATIVE_OPEN = knobs.get("native_open", saved["native_open"])
     _native_module().POOL_THREADS = knobs.get("pool", 1)
     xgm.ACCEPT_READBACK_KEEPS_GIL = knobs.get("readback", True)
-    _accept_call().release_gil = not knobs.get("accept_gil", False)
+    xgm.ACCEPT_KEEPS_GIL = knobs.get("accept_gil", saved["accept_gil"])  # (set on the call on the next accept)
     if knobs.get("gate_only"):
         backend = core.structured._get_backend()
         backend.fill_bitmasks = lambda ms, bm: bm.fill_(-1)
@@ -244,7 +244,8 @@ def restore(core: Any, saved: dict) -> None:
     core.structured.fill_threads = saved["threads"]
     xgb.NATIVE_FILL_THREADS = 1
     xgm.ACCEPT_READBACK_KEEPS_GIL = True
-    _accept_call().release_gil = True
+    xgm.ACCEPT_KEEPS_GIL = saved["accept_gil"]
+    _accept_call().release_gil = not saved["accept_gil"]
     grammar_step.HOST_READ_APPLY = True
     grammar_device_gate.DEVICE_GATE = saved["devgate"]
     grammar_device_gate.GRAPH = saved["graph"]
@@ -298,6 +299,12 @@ def _start_on_pool_default() -> Any:
 
 
 _START_ON_POOL = _start_on_pool_default()
+
+
+def _xgm() -> Any:
+    import octavo.plugins.structured_output.xgrammar_match as xgm
+
+    return xgm
 
 
 def _native_module() -> Any:

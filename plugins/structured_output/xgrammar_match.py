@@ -6,10 +6,16 @@ from __future__ import annotations
 from itertools import repeat
 from typing import Any
 
+from octavo.env_flags import env_switch
 from octavo.structured_outputs import GrammarMatcher
 
 # read the batch accept's result back without FFI calls that release the GIL (_batch_accept); False: xgrammar's own
 ACCEPT_READBACK_KEEPS_GIL = True
+# Session 14, opt-in (OCTAVO_GRAMMAR_ACCEPT_KEEPS_GIL=1): the batch accept call itself keeps the GIL (~5 us of C at
+# batch 32) instead of releasing it, so its thread does not queue for the GIL again behind another thread when it
+# returns (the flag is xgrammar's Function's ``release_gil``, process-wide; set on the next accept). Benchmark modes
+# json_async_acceptgil, json_async_nativeopen_p4_poolaccept (with structured_output.ACCEPT_ON_FILL_THREAD).
+ACCEPT_KEEPS_GIL = env_switch("OCTAVO_GRAMMAR_ACCEPT_KEEPS_GIL", False)
 _READBACK: dict[str, Any] = {}
 
 
@@ -70,7 +76,10 @@ def _batch_accept(xgr: Any, matchers: list[Any], tokens: list[int], handles: lis
         return xgr.BatchGrammarMatcher.batch_accept_token(matchers, tokens)
     if handles is None or None in handles:
         handles = [m._handle for m in matchers]
-    res = _READBACK["core"].BatchGrammarMatcher.batch_accept_token(handles, tokens, False)
+    fn = _READBACK["core"].BatchGrammarMatcher.batch_accept_token
+    if fn.release_gil == ACCEPT_KEEPS_GIL:  # (ACCEPT_KEEPS_GIL changed since the last accept)
+        fn.release_gil = not ACCEPT_KEEPS_GIL
+    res = fn(handles, tokens, False)
     return list(map(bool, map(getter, repeat(res), range(len(matchers)))))  # (the items in one C loop)
 
 

@@ -101,6 +101,14 @@ def test_batch_accept_readback_equals_xgrammars(backend, monkeypatch):
             if not b.m.is_terminated():
                 assert np.array_equal(_allowed(a, mask), _allowed(b, mask))
     assert refused > 0 and "getter" in xgb._READBACK  # the read-back path ran, and saw refusals
+    fn = xgb._READBACK["core"].BatchGrammarMatcher.batch_accept_token
+    assert fn.release_gil  # (default: the call releases the GIL)
+    monkeypatch.setattr(xgb, "ACCEPT_KEEPS_GIL", True)  # OCTAVO_GRAMMAR_ACCEPT_KEEPS_GIL=1: same answers, GIL kept
+    assert xgb._batch_accept(xgr, [backend.matcher(compiled).m for _ in range(2)], [0, 0]) == [False, False]
+    assert not fn.release_gil
+    monkeypatch.setattr(xgb, "ACCEPT_KEEPS_GIL", False)
+    assert xgb._batch_accept(xgr, [backend.matcher(compiled).m for _ in range(2)], [0, 0]) == [False, False]
+    assert fn.release_gil
     monkeypatch.setattr(xgb, "ACCEPT_READBACK_KEEPS_GIL", False)  # the public call: same contract
     assert xgb._batch_accept(xgr, [backend.matcher(compiled).m for _ in range(2)], [0, 0]) == [False, False]
 
