@@ -166,6 +166,12 @@ def build_modes(args: Any, so: Any, dflt: dict) -> dict:
         # queues for the GIL behind the core thread: 0.69 ms, session 7); then the native fill + open in 4 chunks
         modes["json_async_nativeopen_p4_poolaccept"] = (so, True, False, False, None, {
             **dflt, "devgate": True, "native_open": True, "pool": 4, "poolaccept": True, "accept_gil": True})
+        # probes (session 14): device events around the wait + apply graph (grammar_device_gate.TIME_WAIT), so
+        # "device_wait" says how long the device idled for the fill per step, as shipped and with the native open
+        modes["json_async_probe"] = (so, True, False, False, None, {**dflt, "probe": True})
+        modes["json_async_nativeopen_p4_probe"] = (so, True, False, False, None, {**dflt, "devgate": True,
+                                                                                    "native_open": True, "pool": 4,
+                                                                                    "probe": True})
         # ... and with the core thread's native accept keeping the GIL (~5 us of C at batch 32), so it does not queue
         # for the GIL again behind the runner's thread on its way to N+1's fill (session 11's _acceptgil, busy lane)
         modes["json_async_nativeopen_acceptgil"] = (so, True, False, False, None, {**dflt, "devgate": True,
@@ -220,6 +226,7 @@ def apply_knobs(core: Any, knobs: dict, on: bool, async_modes: bool, saved: dict
     so_mod.ACCEPT_ON_FILL_THREAD = knobs.get("poolaccept", saved["poolaccept"])
     so_mod.YIELD_AFTER_RELEASE = knobs.get("yield", saved["yield"])
     grammar_device_gate.NATIVE_OPEN = knobs.get("native_open", saved["native_open"])
+    grammar_device_gate.TIME_WAIT = knobs.get("probe", saved.get("time_wait", False))
     _native_module().POOL_THREADS = knobs.get("pool", 1)
     xgm.ACCEPT_READBACK_KEEPS_GIL = knobs.get("readback", True)
     xgm.ACCEPT_KEEPS_GIL = knobs.get("accept_gil", saved["accept_gil"])  # (set on the call on the next accept)
@@ -252,6 +259,7 @@ def restore(core: Any, saved: dict) -> None:
     so_mod.ACCEPT_ON_FILL_THREAD = saved["poolaccept"]
     so_mod.YIELD_AFTER_RELEASE = saved["yield"]
     grammar_device_gate.NATIVE_OPEN = saved["native_open"]
+    grammar_device_gate.TIME_WAIT = saved.get("time_wait", False)
     _native_module().POOL_THREADS = 1
     async_gate.PARK, async_gate.EARLY_FILL = saved["park"], saved["early_fill"]
     async_gate.FILL_START_WAIT_S = saved["start_wait"]

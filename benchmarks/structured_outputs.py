@@ -80,7 +80,7 @@ def bench_decode(args) -> dict:
     dflt = {k: saved[k] for k in MODE_KEYS}
     # device events around each device wait: "device_wait" in the host ms (two events per step on the runner's thread;
     # --wait-events off: the engine as it ships, no events)
-    grammar_device_gate.TIME_WAIT = args.wait_events == "on"
+    grammar_device_gate.TIME_WAIT = saved["time_wait"] = args.wait_events == "on"  # (a mode's "probe" sets it)
     modes = build_modes(args, so, dflt)
     import octavo.plugins.structured_output.xgrammar_backend as xgb
     rewrite = xgb.bounded_strings_as_patterns

@@ -52,7 +52,8 @@ GRAPH = env_switch("OCTAVO_GRAMMAR_GRAPH", True)
 # for 0.413 ms of its thread's CPU). Modes json_async_nativeopen*; a backend without ``fill_open`` is refused by name.
 NATIVE_OPEN = env_switch("OCTAVO_GRAMMAR_NATIVE_OPEN", False)
 # The benchmark's probe: time each device wait with two device events (read after the step's tokens arrived,
-# core/structured_output.py stats "device_wait_s": how long the device idled for the fill). Off in the engine.
+# core/structured_output.py stats "device_wait_s": how long the device idled for the fill; around the graph's replay
+# since session 14, so the wait plus the apply). Off in the engine.
 TIME_WAIT = False
 _FAILED: dict[str, bool] = {}  # "wait": the wait kernel failed to launch in this process (the host waits instead)
 _GRAPH_FAILED: list[str] = []  # why the wait + apply graph failed in this process (the two launches are used instead)
@@ -138,7 +139,7 @@ def apply_gated(logits: Any, grammar: Any, sample_req_ids: list[str], logits_row
         kernel(logits.clone(), packed, index, volatile=True)  # (built and loaded on a scratch copy, no wait queued)
         _PREBUILT.add(built)
     graphs = (getattr(kernel, "gated_graphs", None) if GRAPH and step.device_gate.graphs and index is None
-              and events is None else None)
+              else None)
     if graphs is not None and not _GRAPH_FAILED:
         try:
             out = graphs.run(logits, packed, step.device_gate.words, step.seq)
@@ -147,6 +148,9 @@ def apply_gated(logits: Any, grammar: Any, sample_req_ids: list[str], logits_row
             _GRAPH_FAILED.append(repr(e))
             out = None
         if out is not None:
+            if events is not None:  # (the probe around the replay: the wait plus the apply's few microseconds)
+                events[1].record()
+                step.wait_events = events
             grammar.apply_s = time.perf_counter() - t0
             return out
     try:

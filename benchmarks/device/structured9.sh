@@ -58,9 +58,10 @@
 # tiny grammar right here (15 s); 135M: json_async (as it ships) vs json_async_nativeopen (the device-gated fill called
 # from C, which opens the gate word itself: OCTAVO_GRAMMAR_NATIVE_OPEN, plugins/structured_output/xgrammar_native.py),
 # json_async_nativeopen_p4 (the rows in 4 chunks, filled at once by the caller and 3 persistent C threads of the shim),
-# json_async_nativeopen_p4_inline (that fill on the core thread at the accept: no hop to the bitmask thread),
-# json_async_nativeopen_p4_poolaccept (diagnostic: N's accept in the fill job, keeping the GIL) and json_async_nt4 (xgrammar's own 4-thread pool, threads made per call, Python open), 5 repeats (80 s); then the 1.1B
-# shape: json_async vs json_async_nativeopen and _p4, 3 repeats (what is left).
+# json_async_nativeopen_p4_poolaccept (+ N's accept in the fill job, keeping the GIL: OCTAVO_GRAMMAR_ACCEPT_KEEPS_GIL),
+# and two probes, json_async_probe / json_async_nativeopen_p4_probe (device events around the wait + apply graph:
+# "device_wait" = how long the device idled for the fill), 5 repeats (80 s); then the 1.1B shape: json_async vs
+# json_async_nativeopen_p4 and _p4_poolaccept, 3 repeats (what is left). Without the shim: json_async, its probe, nt4.
 # STRUCTURED9_DRY=1: a CPU dry run (tiny shapes, few steps; the device modes then run the Python gate).
 set -u
 cd "$(dirname "$0")/../.."
@@ -156,12 +157,12 @@ if [ "$PART" = s14 ]; then  # session 14: the fill called from C, which opens th
          tests/structured/test_native_open.py -k device_waits
     step native_check $(( 15 * X )) python3 -c "from octavo.plugins.structured_output.xgrammar_backend import \
 XGrammarBackend as B; B.check_fill_open(); print('native fill_open builds: ok')"
-    S14=(--modes json_async json_async_nativeopen json_async_nativeopen_p4 json_async_nativeopen_p4_inline
-                 json_async_nativeopen_p4_poolaccept json_async_nt4 --wait-events off --batches 32)
-    L14=(--modes json_async json_async_nativeopen json_async_nativeopen_p4)
+    S14=(--modes json_async json_async_probe json_async_nativeopen json_async_nativeopen_p4
+                 json_async_nativeopen_p4_poolaccept json_async_nativeopen_p4_probe --wait-events off --batches 32)
+    L14=(--modes json_async json_async_nativeopen_p4 json_async_nativeopen_p4_poolaccept)
     if ! grep -q "builds: ok" "$R/native_check.log" 2>/dev/null; then  # (no shim here: the rest still measures)
-      echo "native fill + open unavailable here: json_async vs json_async_nt4 only" | tee -a "$R/exits.txt"
-      S14=(--modes json_async json_async_nt4 --wait-events off --batches 32); L14=(--modes json_async)
+      echo "native fill + open unavailable here: json_async, json_async_probe and json_async_nt4 only" | tee -a "$R/exits.txt"
+      S14=(--modes json_async json_async_probe json_async_nt4 --wait-events off --batches 32); L14=(--modes json_async)
     fi
     step smol135m_s14 $(( 80 * X )) python3 benchmarks/structured_outputs.py "${COMMON[@]}" "${S14[@]}" \
          --repeats 5 --model /tmp/structured9_smol135m --json "$R/smol135m_s14.json"
