@@ -149,6 +149,18 @@ if [ "$PART" = headline ]; then  # the engine as it ships (json_async = its defa
   ls -la "$R"
   exit 0
 fi
+if [ "$PART" = s14b ]; then  # session 14's last call (lead): the fill on the core thread at the accept (p4_inline), 135M + 1.1B
+  if [ "$XGR" = 1 ]; then
+    B14=(--modes json_async json_async_nativeopen_p4_inline --wait-events off --batches 32)
+    step smol135m_s14b $(( 45 * X )) python3 benchmarks/structured_outputs.py "${COMMON[@]}" "${B14[@]}" \
+         --repeats 3 --model /tmp/structured9_smol135m --json "$R/smol135m_s14b.json"
+    step llama1b_s14b $(( $(left) - 1 * X )) python3 benchmarks/structured_outputs.py "${COMMON[@]}" "${B14[@]}" \
+         --repeats 3 --model /tmp/structured9_llama1b --json "$R/llama1b_s14b.json"
+  fi
+  echo "structured9 s14b done in ${SECONDS}s"
+  ls -la "$R"
+  exit 0
+fi
 if [ "$PART" = s14 ]; then  # session 14: the fill called from C, which opens the device gate itself (see the header)
   [ "$DRY" != 1 ] && step apply_test 20 python3 -m pytest -q -x -p no:cacheprovider \
        tests/structured/test_apply_device.py -k device_gate
