@@ -25,6 +25,7 @@ def defaults(core: Any) -> dict:
             "devgate": grammar_device_gate.DEVICE_GATE, "graph": grammar_device_gate.GRAPH,
             "poolaccept": so_mod.ACCEPT_ON_FILL_THREAD, "yield": so_mod.YIELD_AFTER_RELEASE,
             "native_open": grammar_device_gate.NATIVE_OPEN, "accept_gil": _xgm().ACCEPT_KEEPS_GIL,
+            "pool": _native_module().POOL_THREADS, "inline_native": async_gate.NATIVE_OPEN_INLINE,
             "inline": grammar_step.INLINE_AFTER_GATE, "handoff": grammar_step.HANDOFF_WAIT_S,
             "threads": core.structured.fill_threads, "kernel": grammar_step.PLATFORM_APPLY,
             "early": so_mod.EARLY_ACCEPT}
@@ -147,36 +148,34 @@ def build_modes(args: Any, so: Any, dflt: dict) -> dict:
                                                                                   "devgate_start_wait": 0.001})
         # session 14: the device-gated fill called from C, which opens the gate word itself (grammar_device_gate
         # NATIVE_OPEN, plugins/structured_output/xgrammar_native.py): no GIL between the fill's end and the device's
-        # go; _nt4: on xgrammar's own 4-thread pool (threads made per call); json_async_nt4: that pool alone
-        modes["json_async_nativeopen"] = (so, True, False, False, None, {**dflt, "devgate": True, "native_open": True})
-        modes["json_async_nativeopen_nt4"] = (so, True, False, False, None, {**dflt, "devgate": True,
-                                                                               "native_open": True, "native": 4})
+        # go. Each mode states where the fill runs ("inline": async_gate.NATIVE_OPEN_INLINE, at the accept on the core
+        # thread, the engine's choice with NATIVE_OPEN since the s14 GPU run; else on the bitmask thread) and in how
+        # many chunks ("pool": xgrammar_native.POOL_THREADS, the caller + persistent C threads of the shim, no GIL, no
+        # thread made per call). _nt4: xgrammar's own 4-thread pool (threads made per call); json_async_nt4: alone
+        nat = {**dflt, "devgate": True, "native_open": True, "inline_native": False, "pool": 1}
+        modes["json_async_nativeopen"] = (so, True, False, False, None, nat)
+        modes["json_async_nativeopen_nt4"] = (so, True, False, False, None, {**nat, "native": 4})
         modes["json_async_nt4"] = (so, True, False, False, None, {**dflt, "devgate": True, "native": 4})
-        # _p4 / _p8: the rows in 4 / 8 chunks filled at once by the caller and persistent C threads of the shim
-        # (xgrammar_native.POOL_THREADS: no GIL, no thread made per call)
         for k in (4, 8):
-            modes[f"json_async_nativeopen_p{k}"] = (so, True, False, False, None, {**dflt, "devgate": True,
-                                                                                   "native_open": True, "pool": k})
-        # ... and that fill run on the core thread at the accept (no early fill on the bitmask thread: no thread
-        # hop before the fill, but the core thread waits ~0.1-0.2 ms, GIL released, before update N + schedule N+2)
-        modes["json_async_nativeopen_p4_inline"] = (so, True, False, False, None, {
-            **dflt, "devgate": True, "native_open": True, "pool": 4, "early_fill": False})
+            modes[f"json_async_nativeopen_p{k}"] = (so, True, False, False, None, {**nat, "pool": k})
+        # ... and that fill run on the core thread at the accept: no thread hop before the fill, the core thread waits
+        # for it (GIL released) before update N + schedule N+2. s14 GPU run: this one (then early_fill off) won
+        modes["json_async_nativeopen_p4_inline"] = (so, True, False, False, None, {**nat, "pool": 4,
+                                                                                    "inline_native": True})
         # diagnostic: no grammar work left on the core thread's path to update N + schedule N+2: N's accept moves into
         # the fill job (structured_output.ACCEPT_ON_FILL_THREAD) and keeps the GIL for its ~5 us of C (else that thread
         # queues for the GIL behind the core thread: 0.69 ms, session 7); then the native fill + open in 4 chunks
         modes["json_async_nativeopen_p4_poolaccept"] = (so, True, False, False, None, {
-            **dflt, "devgate": True, "native_open": True, "pool": 4, "poolaccept": True, "accept_gil": True})
+            **nat, "pool": 4, "poolaccept": True, "accept_gil": True})
         # probes (session 14): device events around the wait + apply graph (grammar_device_gate.TIME_WAIT), so
         # "device_wait" says how long the device idled for the fill per step, as shipped and with the native open
         modes["json_async_probe"] = (so, True, False, False, None, {**dflt, "probe": True})
-        modes["json_async_nativeopen_p4_probe"] = (so, True, False, False, None, {**dflt, "devgate": True,
-                                                                                    "native_open": True, "pool": 4,
-                                                                                    "probe": True})
+        modes["json_async_nativeopen_p4_probe"] = (so, True, False, False, None, {**nat, "pool": 4, "probe": True})
+        modes["json_async_nativeopen_p4_inline_probe"] = (so, True, False, False, None, {
+            **nat, "pool": 4, "inline_native": True, "probe": True})
         # ... and with the core thread's native accept keeping the GIL (~5 us of C at batch 32), so it does not queue
         # for the GIL again behind the runner's thread on its way to N+1's fill (session 11's _acceptgil, busy lane)
-        modes["json_async_nativeopen_acceptgil"] = (so, True, False, False, None, {**dflt, "devgate": True,
-                                                                                     "native_open": True,
-                                                                                     "accept_gil": True})
+        modes["json_async_nativeopen_acceptgil"] = (so, True, False, False, None, {**nat, "accept_gil": True})
         # session 10: the device gate with three steps in flight: N+2 is scheduled and its forward, wait, apply and
         # sampler are queued before N's tokens reach the host (the runner never parks under the device gate), so
         # the host chain N's tokens -> accept -> fill N+1 -> schedule N+3 has two device steps to hide in, not one.
@@ -227,7 +226,8 @@ def apply_knobs(core: Any, knobs: dict, on: bool, async_modes: bool, saved: dict
     so_mod.YIELD_AFTER_RELEASE = knobs.get("yield", saved["yield"])
     grammar_device_gate.NATIVE_OPEN = knobs.get("native_open", saved["native_open"])
     grammar_device_gate.TIME_WAIT = knobs.get("probe", saved.get("time_wait", False))
-    _native_module().POOL_THREADS = knobs.get("pool", 1)
+    _native_module().POOL_THREADS = knobs.get("pool", saved["pool"])
+    async_gate.NATIVE_OPEN_INLINE = knobs.get("inline_native", saved["inline_native"])
     xgm.ACCEPT_READBACK_KEEPS_GIL = knobs.get("readback", True)
     xgm.ACCEPT_KEEPS_GIL = knobs.get("accept_gil", saved["accept_gil"])  # (set on the call on the next accept)
     if knobs.get("gate_only"):
@@ -260,7 +260,8 @@ def restore(core: Any, saved: dict) -> None:
     so_mod.YIELD_AFTER_RELEASE = saved["yield"]
     grammar_device_gate.NATIVE_OPEN = saved["native_open"]
     grammar_device_gate.TIME_WAIT = saved.get("time_wait", False)
-    _native_module().POOL_THREADS = 1
+    _native_module().POOL_THREADS = saved["pool"]
+    async_gate.NATIVE_OPEN_INLINE = saved["inline_native"]
     async_gate.PARK, async_gate.EARLY_FILL = saved["park"], saved["early_fill"]
     async_gate.FILL_START_WAIT_S = saved["start_wait"]
     async_gate.DEVICE_GATE_FILL_START_WAIT_S = saved["devgate_start_wait"]

@@ -43,6 +43,13 @@ FILL_START_WAIT_S = 0.001
 # device's wait, session 13): wall within noise, release 0.81 -> 0.36 ms, start lag not later. A quiet-GPU
 # confirmation is pending (benchmarks/structured_outputs.py json_async vs json_async_devgate_startwait).
 DEVICE_GATE_FILL_START_WAIT_S = 0.0
+# With grammar_device_gate.NATIVE_OPEN (opt-in) under the device gate: the fill runs right here at the accept, as a
+# small step's does, not on the bitmask thread: one ctypes call that releases the GIL, fills the rows over the C
+# shim's threads and opens the device's word (plugins/structured_output/xgrammar_native.py). No thread hop, and no
+# Python thread besides the core and the runner. H100 (s14 final call, 135M shape, batch 32, a loaded host: free async
+# 1.635 ms): 1.609 ms (-1.6 %) vs 1.993 as shipped (+21.9 %), 1.972 with the same fill on the bitmask thread; same
+# tokens. False: on the bitmask thread (modes json_async_nativeopen / _p4).
+NATIVE_OPEN_INLINE = True
 
 
 class GatedGrammarStep:
@@ -90,8 +97,10 @@ class GatedGrammarStep:
         the fill starts on the bitmask thread (one library call, GIL released) while this thread updates and
         schedules; :meth:`release` then waits for it. A request that finishes at the previous step is filled
         too (harmless: its token here is never emitted; a terminated matcher gives an open row)."""
-        # (a grammar worker process fills: one message from this thread, no job, like a small step)
-        few = len(self.inner.matchers) < EARLY_FILL_MIN_ROWS or hasattr(self.inner.backend, "post_fill")
+        # (a grammar worker process fills: one message from this thread, no job, like a small step; so does the native
+        # fill + open, NATIVE_OPEN_INLINE)
+        few = (len(self.inner.matchers) < EARLY_FILL_MIN_ROWS or hasattr(self.inner.backend, "post_fill")
+               or _native_inline(self.inner))
         if before is not None and (not self.inner.seq or self._gate.is_set() or self._fill_started or few):
             before()  # ``before`` (the previous step's accept) goes with the fill job only under the device gate
             before = None
@@ -158,6 +167,12 @@ class GatedGrammarStep:
     @apply_s.setter
     def apply_s(self, v: float) -> None:
         self.inner.apply_s = v
+
+
+def _native_inline(step: GrammarStep) -> bool:
+    """Whether a device-gated step fills at the accept, on this thread, through the backend's native fill + open."""
+    return bool(step.seq and NATIVE_OPEN_INLINE and grammar_device_gate.NATIVE_OPEN
+                and hasattr(step.backend, "fill_open"))
 
 
 def _device_gate_on(step: GrammarStep) -> bool:

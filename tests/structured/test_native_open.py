@@ -4,7 +4,8 @@ word. Real SmolLM2 tokenizer, real xgrammar: the same bytes as the Python fill (
 the word opened to the step's number only after a fill that succeeded and never lowered, the Python path where a row
 is terminated or the native call fails (the library's own error raised, the word then opened by Python so the device
 never spins to its time-out), the switch honored or refused by name, and greedy tokens of a device-gated engine
-(host stand-in for the device's wait) identical to the serial path's."""
+(host stand-in for the device's wait) identical to the serial path's, filled at the accept (async_gate
+NATIVE_OPEN_INLINE, 1 and 4 chunks) or on the bitmask thread."""
 
 from __future__ import annotations
 
@@ -86,21 +87,31 @@ def test_failed_native_call_raises_xgrammars_error_and_the_step_still_opens(mgr,
     mgr._inflight = None
 
 
-def test_the_gate_opens_from_c_and_stats_the_lag(mgr, monkeypatch):  # noqa: F811
+@pytest.mark.parametrize("inline", [True, False])
+def test_the_gate_opens_from_c_and_stats_the_lag(mgr, monkeypatch, inline):  # noqa: F811
+    """``inline`` (async_gate.NATIVE_OPEN_INLINE): the fill runs at the accept on the calling thread, the word open
+    when start_fill returns; else on the bitmask thread."""
+    import threading
+
     monkeypatch.setattr(grammar_device_gate, "DEVICE_GATE", True)
     monkeypatch.setattr(grammar_device_gate, "NATIVE_OPEN", True)
+    monkeypatch.setattr(async_gate, "NATIVE_OPEN_INLINE", inline)
     out, _ = schedule(mgr, [p for p in PREFIXES if p is not None])
     ref, _ = _reference(mgr, out)
     step = mgr.prepare(out)
     step.device_gate = DeviceGate(pin=False)
     step.bitmask.fill_(0)
-    calls = []
+    calls, threads = [], []
     backend = mgr._get_backend()
     monkeypatch.setattr(backend, "fill_bitmasks", lambda *a: calls.append(a))  # the Python fill must not run
+    fill_open = backend.fill_open
+    monkeypatch.setattr(backend, "fill_open", lambda *a: threads.append(threading.current_thread()) or fill_open(*a))
     gate = GatedGrammarStep(step, out)
     gate.start_fill()
+    assert gate.is_released() == inline and (not inline or step.device_gate.words[0] == gate.seq)
     gate.inner.wait()
     assert not calls and torch.equal(step.bitmask, ref) and step.device_gate.words[0] == gate.seq
+    assert (threads == [threading.current_thread()]) == inline and len(threads) == 1
     assert step.open_lag_s >= 0 and 0 < step.fill_s and step.t_fill1 >= step.t_fill0
     monkeypatch.undo()
     mgr.accept_tokens([])
@@ -176,7 +187,8 @@ def test_native_open_tokens_identical_to_serial(monkeypatch):
                 m.setattr(grammar_device_gate, "DEVICE_GATE", True)
                 m.setattr(grammar_device_gate, "NATIVE_OPEN", True)
                 m.setattr(async_gate, "EARLY_FILL_MIN_ROWS", 2)  # (the bitmask thread's fill from 2 rows)
-                m.setattr(xn, "POOL_THREADS", 4 if mode == "native_p4" else 1)
+                m.setattr(xn, "POOL_THREADS", 1 if mode == "native" else 4)
+                m.setattr(async_gate, "NATIVE_OPEN_INLINE", mode != "native_p4_thread")  # (else the bitmask thread)
                 m.setattr(xn, "MIN_ROWS_PER_CHUNK", 1)  # (the parity batch is small: every row its own chunk)
                 m.setattr(core.executor.driver.runner, "grammar_apply", kernel)
                 m.setitem(core.structured._cpu_hint, "device_wait", True)  # (set by a GPU runner's first apply)
@@ -188,13 +200,15 @@ def test_native_open_tokens_identical_to_serial(monkeypatch):
         native = run("native")
         lag1 = core.structured.stats["open_lag_s"]
         pooled = run("native_p4")
+        lag2 = core.structured.stats["open_lag_s"]
+        threaded = run("native_p4_thread")
     finally:
         set_async_scheduling(core, False)
         llm.llm_engine.shutdown()
     waits = [c for c in kernel.calls if c[0] == "wait"]
     assert len(waits) > 10 and core.structured._device_gate.words[1] == 0  # the device path ran, never gave up
-    assert core.structured.stats["open_lag_s"] > lag1 > lag0  # words opened from C, in both runs
-    assert [s[:2] for s in serial] == [g[:2] for g in native] == [p[:2] for p in pooled]
+    assert core.structured.stats["open_lag_s"] > lag2 > lag1 > lag0  # words opened from C, in every run
+    assert [s[:2] for s in serial] == [g[:2] for g in native] == [p[:2] for p in pooled] == [t[:2] for t in threaded]
     assert_finished_rows_match_schema(serial, params, jsonschema)
 
 
