@@ -153,6 +153,8 @@ def build_modes(args: Any, so: Any, dflt: dict) -> dict:
         # many chunks ("pool": xgrammar_native.POOL_THREADS, the caller + persistent C threads of the shim, no GIL, no
         # thread made per call). _nt4: xgrammar's own 4-thread pool (threads made per call); json_async_nt4: alone
         nat = {**dflt, "devgate": True, "native_open": True, "inline_native": False, "pool": 1}
+        # the Python fill on the bitmask thread: sessions 13-14's default before the native fill + open
+        modes["json_async_pyfill"] = (so, True, False, False, None, {**dflt, "native_open": False})
         modes["json_async_nativeopen"] = (so, True, False, False, None, nat)
         modes["json_async_nativeopen_nt4"] = (so, True, False, False, None, {**nat, "native": 4})
         modes["json_async_nt4"] = (so, True, False, False, None, {**dflt, "devgate": True, "native": 4})

@@ -43,7 +43,7 @@ FILL_START_WAIT_S = 0.001
 # device's wait, session 13): wall within noise, release 0.81 -> 0.36 ms, start lag not later. A quiet-GPU
 # confirmation is pending (benchmarks/structured_outputs.py json_async vs json_async_devgate_startwait).
 DEVICE_GATE_FILL_START_WAIT_S = 0.0
-# With grammar_device_gate.NATIVE_OPEN (opt-in) under the device gate: the fill runs right here at the accept, as a
+# With grammar_device_gate.NATIVE_OPEN (the default since session 14) under the device gate: the fill runs right here at the accept, as a
 # small step's does, not on the bitmask thread: one ctypes call that releases the GIL, fills the rows over the C
 # shim's threads and opens the device's word (plugins/structured_output/xgrammar_native.py). No thread hop, and no
 # Python thread besides the core and the runner. H100 (s14 final call, 135M shape, batch 32, a loaded host: free async
@@ -172,7 +172,7 @@ class GatedGrammarStep:
 def _native_inline(step: GrammarStep) -> bool:
     """Whether a device-gated step fills at the accept, on this thread, through the backend's native fill + open."""
     return bool(step.seq and NATIVE_OPEN_INLINE and grammar_device_gate.NATIVE_OPEN
-                and hasattr(step.backend, "fill_open"))
+                and getattr(step.backend, "fill_open", None) is not None)
 
 
 def _device_gate_on(step: GrammarStep) -> bool:

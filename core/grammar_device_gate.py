@@ -46,11 +46,16 @@ DEVICE_GATE = env_switch("OCTAVO_GRAMMAR_DEVICE_GATE", True)
 # neighbours, batch 32, ms per step, same greedy tokens): 135M json 2.16 -> 1.92 (free 1.60), the no-grammar-work
 # floor 2.01 -> 1.64; 1.1B json 2.28 -> 2.12 (free 1.62). OCTAVO_GRAMMAR_GRAPH=0 launches the two kernels instead.
 GRAPH = env_switch("OCTAVO_GRAMMAR_GRAPH", True)
-# Session 14, opt-in (OCTAVO_GRAMMAR_NATIVE_OPEN=1): a device-gated fill runs through the backend's ``fill_open``
-# (xgrammar's: plugins/structured_output/xgrammar_native.py), which opens the word from C right after the native fill,
-# instead of Python opening it once the bitmask thread has the GIL back (quiet H100, session 14: the fill 0.529 ms wall
-# for 0.413 ms of its thread's CPU). Modes json_async_nativeopen*; a backend without ``fill_open`` is refused by name.
-NATIVE_OPEN = env_switch("OCTAVO_GRAMMAR_NATIVE_OPEN", False)
+# Session 14: a device-gated fill runs through the backend's ``fill_open`` (xgrammar's: plugins/structured_output/
+# xgrammar_native.py): at the accept on the core thread (async_gate.NATIVE_OPEN_INLINE), in C over 4 threads, and the
+# word opened from C right after it; no bitmask thread. On by default since the end of session 14: it beat the Python
+# fill in all three GPU A/Bs (batch 32, same tokens; ms per step, as shipped -> native): H100 135M 1.993 -> 1.609
+# (free async 1.635), H200 135M 2.051 -> 1.954 (1.667), H200 1.1B 1.992 -> 1.940 (1.678). Where it cannot run (a
+# backend without ``fill_open``, no C compiler, another tvm_ffi) the default falls back to the Python fill with a
+# warning (:func:`native_open_or_fallback`); OCTAVO_GRAMMAR_NATIVE_OPEN=1 set explicitly refuses there instead, =0 is
+# the Python fill on the bitmask thread (benchmark mode json_async_pyfill).
+NATIVE_OPEN = env_switch("OCTAVO_GRAMMAR_NATIVE_OPEN", True)
+NATIVE_OPEN_EXPLICIT = bool(__import__("os").environ.get("OCTAVO_GRAMMAR_NATIVE_OPEN", "").strip())
 # The benchmark's probe: time each device wait with two device events (read after the step's tokens arrived,
 # core/structured_output.py stats "device_wait_s": how long the device idled for the fill; around the graph's replay
 # since session 14, so the wait plus the apply). Off in the engine.
@@ -74,6 +79,25 @@ def check_native_open(backend: Any, name: str) -> None:
         check()
     except (OSError, RuntimeError) as e:
         raise ValueError(f"OCTAVO_GRAMMAR_NATIVE_OPEN=1: the native fill cannot run here ({e}); unset it") from None
+
+
+def native_open_or_fallback(backend: Any, name: str) -> bool:
+    """The default :data:`NATIVE_OPEN` (not set explicitly), when an engine's device gate is first made: True when
+    ``backend``'s native fill runs here; else a warning saying why, the backend's ``fill_open`` hidden (its steps take
+    the Python fill on the bitmask thread), and False."""
+    check = getattr(backend, "check_fill_open", None)
+    if check is not None:  # (a backend with no native fill, e.g. guidance: the Python fill, nothing to say)
+        try:
+            check()
+            return True
+        except (OSError, RuntimeError) as e:
+            logger.warning("structured outputs: the %s backend's native fill cannot run here (%s); using the Python "
+                           "fill (OCTAVO_GRAMMAR_NATIVE_OPEN=0 chooses it without this check)", name, e)
+    try:
+        backend.fill_open = None
+    except AttributeError:
+        pass
+    return False
 
 
 class DeviceGate:

@@ -100,12 +100,11 @@ class StructuredOutputManager:
         self._early: Any = ()  # requests whose token accept_sampled already accepted this step
         self._rows = StepRows()  # each step's grammar rows, reused by the steady decode step (core/grammar_rows.py)
         self._device_gate = None  # core/grammar_device_gate.DeviceGate, made once the runner said it can wait
-        # host seconds summed over steps with grammar rows (benchmarks/structured_outputs.py reads them):
-        # wait_s: the fill time the forward did not hide; fill_s: the whole fill, wherever it ran; accept_s: all of
-        # accept_tokens (accept_thread_s: the matchers moving); open_lag_s: grammar_device_gate.NATIVE_OPEN's word
-        # opened from C -> the fill thread had the GIL back; release_s (async): opening N+1's gate on this thread
-        # (with the inline fill and the hand-off wait); start_lag_s: start() -> the fill began (a queue hand-off; 0
-        # inline); resume_lag_s: the fill ended -> the runner's thread had the rows (a thread wake-up + the GIL)
+        # host seconds summed over steps with grammar rows (benchmarks/structured_outputs.py): wait_s: fill time the
+        # forward did not hide; fill_s: the whole fill; accept_s: all of accept_tokens (accept_thread_s: the matchers
+        # moving); open_lag_s: NATIVE_OPEN's word opened from C -> the fill's thread had the GIL back; release_s: N+1's
+        # gate opened here (with an inline fill, the hand-off wait); start_lag_s: start() -> the fill began (0 inline);
+        # resume_lag_s: the fill ended -> the runner's thread had the rows (a thread wake-up + the GIL)
         self.stats = dict.fromkeys(("steps", "rows", "prepare_s", "fill_s", "wait_s", "apply_s", "accept_s",
                                     "accept_thread_s", "start_lag_s", "resume_lag_s", "release_s", "parked",
                                     "device_gated", "device_wait_s", "open_lag_s"), 0)
@@ -142,7 +141,7 @@ class StructuredOutputManager:
                         raise ValueError(f"OCTAVO_GRAMMAR_WORKER=1: the structured-output backend "
                                          f"{self.backend_name!r} has no worker process; unset it or use 'xgrammar'")
                     backend = make(self.settings.scheduler.max_num_seqs)
-                elif grammar_device_gate.NATIVE_OPEN:  # (a worker process opens the word itself)
+                elif grammar_device_gate.NATIVE_OPEN and grammar_device_gate.NATIVE_OPEN_EXPLICIT:  # (else: below)
                     grammar_device_gate.check_native_open(backend, self.backend_name)
                 self._backend = backend
             return self._backend
@@ -234,10 +233,11 @@ class StructuredOutputManager:
             self._inflight.handoff_wait_s = grammar_step.HANDOFF_WAIT_S
         if self._cpu_hint.get("device_wait"):  # the runner's apply can wait on the device (used by async steps)
             if self._device_gate is None:
-                from octavo.core.grammar_device_gate import DeviceGate
-
-                self._device_gate = DeviceGate(pin=self._pinned, words=getattr(backend, "words", None),
-                                               graphs=not self.settings.device.enforce_eager)  # (no graphs: none)
+                if grammar_device_gate.NATIVE_OPEN and not grammar_device_gate.NATIVE_OPEN_EXPLICIT:
+                    grammar_device_gate.native_open_or_fallback(backend, self.backend_name)  # (the default)
+                self._device_gate = grammar_device_gate.DeviceGate(
+                    pin=self._pinned, words=getattr(backend, "words", None),
+                    graphs=not self.settings.device.enforce_eager)  # (no graphs: none)
             self._inflight.device_gate = self._device_gate
         self.stats["prepare_s"] += time.perf_counter() - t0
         return self._inflight

@@ -156,8 +156,9 @@ _state: dict[str, Any] = {}
 _P = ctypes.c_void_p
 # Session 14: the rows split into this many contiguous chunks, filled at once by the caller and POOL_THREADS - 1
 # persistent C threads (no GIL, no thread made per call, unlike xgrammar's own pool); 1: one call on the caller.
-# 4: what the s14 H100 run measured (json_async_nativeopen_p4_inline: the fill 0.29 ms vs 0.75 ms as shipped).
-POOL_THREADS = 4
+# 4 (at most half the cores): what the s14 GPU runs measured (16-core hosts; json_async_nativeopen_p4_inline: the
+# fill 0.29-0.33 ms vs 0.75-0.89 ms in Python on the bitmask thread).
+POOL_THREADS = max(1, min(4, len(os.sched_getaffinity(0)) // 2 if hasattr(os, "sched_getaffinity") else 1))
 MIN_ROWS_PER_CHUNK = 4  # (a row fills in ~10-40 us; waking a worker costs ~5-20 us)
 
 

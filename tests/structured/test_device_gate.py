@@ -235,6 +235,7 @@ def test_device_gate_tokens_identical_to_serial(monkeypatch):
             m.setattr(ex_cls, "execute_structured", Executor.execute_structured if mode == "serial" else overlapped)
             if mode.startswith("gate"):
                 m.setattr(grammar_device_gate, "DEVICE_GATE", True)
+                m.setattr(grammar_device_gate, "NATIVE_OPEN", False)  # (the Python fill; test_native_open.py: native)
                 if mode == "gate_poolaccept":  # N's accept in the fill job on the bitmask thread, from 2 rows
                     m.setattr(so_mod, "ACCEPT_ON_FILL_THREAD", True)
                     m.setattr(async_gate, "EARLY_FILL_MIN_ROWS", 2)

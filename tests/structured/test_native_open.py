@@ -123,7 +123,7 @@ def test_switch_is_honored_or_refused_by_name():
     import sys
 
     code = "from octavo.core import grammar_device_gate as g; print(g.NATIVE_OPEN)"
-    for value, want in (("1", "True"), ("0", "False"), ("", "False")):  # opt-in
+    for value, want in (("1", "True"), ("0", "False"), ("", "True")):  # on by default since the end of session 14
         env = {**os.environ, "OCTAVO_GRAMMAR_NATIVE_OPEN": value}
         out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
         assert out.stdout.strip() == want, out.stderr[-500:]
@@ -151,6 +151,7 @@ def test_the_engine_refuses_the_switch_where_the_shim_cannot_run(monkeypatch):
     from octavo.core.structured_output import StructuredOutputManager
 
     monkeypatch.setattr(grammar_device_gate, "NATIVE_OPEN", True)
+    monkeypatch.setattr(grammar_device_gate, "NATIVE_OPEN_EXPLICIT", True)  # (OCTAVO_GRAMMAR_NATIVE_OPEN=1 set)
 
     def broken():
         raise RuntimeError("the fill shim did not build: no C compiler")
@@ -159,6 +160,42 @@ def test_the_engine_refuses_the_switch_where_the_shim_cannot_run(monkeypatch):
     m = StructuredOutputManager(OctavoSettings.from_kwargs(), 49152, [2])
     with pytest.raises(ValueError, match="OCTAVO_GRAMMAR_NATIVE_OPEN=1.*no C compiler"):
         m._get_backend()
+    m.shutdown()
+
+
+def test_the_default_falls_back_to_the_python_fill_where_the_shim_cannot_run(monkeypatch, caplog):
+    """The default (switch not set): the engine starts; when its device gate is first made the native fill is
+    checked, and where it cannot run a warning says why and the steps take the Python fill on the bitmask thread."""
+    import logging
+
+    from octavo.config import OctavoSettings
+    from octavo.core.structured_output import StructuredOutputManager
+
+    monkeypatch.setattr(grammar_device_gate, "NATIVE_OPEN", True)
+    monkeypatch.setattr(grammar_device_gate, "NATIVE_OPEN_EXPLICIT", False)
+    monkeypatch.setattr(grammar_device_gate, "DEVICE_GATE", True)
+
+    def broken():
+        raise RuntimeError("the fill shim did not build: no C compiler")
+
+    monkeypatch.setattr(xgb.XGrammarBackend, "check_fill_open", staticmethod(broken))
+    settings = OctavoSettings.from_kwargs()
+    m = StructuredOutputManager(settings, 49152, [2])
+    from octavo.core.loader import load_tokenizer
+
+    m.tok = load_tokenizer(settings.model)
+    backend = m._get_backend()  # no refusal: the default
+    out, _ = schedule(m, PREFIXES[:async_gate.EARLY_FILL_MIN_ROWS + 1])
+    m._cpu_hint["device_wait"] = True  # (set by a GPU runner's first apply)
+    with caplog.at_level(logging.WARNING):
+        step = m.prepare(out)
+    assert "native fill cannot run here (the fill shim did not build: no C compiler); using the Python fill" in \
+        caplog.text and backend.fill_open is None
+    gate = GatedGrammarStep(step, out)
+    gate.start_fill()  # not inline: the Python fill on the bitmask thread
+    assert not gate.is_released()
+    gate.inner.wait()
+    assert step.device_gate.words[0] == gate.seq and step.open_lag_s == 0
     m.shutdown()
 
 
