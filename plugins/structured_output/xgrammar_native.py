@@ -1,5 +1,6 @@
 """xgrammar's batch fill called from C, which then opens the device gate itself: no GIL between the fill's end and
-the device's go (session 14, opt-in: ``OCTAVO_GRAMMAR_NATIVE_OPEN=1``, core/grammar_step.py ``NATIVE_OPEN``).
+the device's go (session 14; ``OCTAVO_GRAMMAR_NATIVE_OPEN``, core/grammar_device_gate.py ``NATIVE_OPEN``, on by
+default since the session's GPU A/Bs; called at the accept on the core thread, core/async_gate.py NATIVE_OPEN_INLINE).
 
 Why (issue 11, GPU, 135M shape, batch 32): under the device gate the chain N's tokens -> accept -> fill N+1 -> open
 the word is what the device's sampler of N+1 waits for. The fill's native call releases the GIL, but the word was
