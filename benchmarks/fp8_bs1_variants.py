@@ -58,7 +58,8 @@ S6_VARIANTS = {"nosilu": {"silu": False}, "norm4": {"warps": None}, "pf16": {"mb
                            "table_loops": {(4096, 4096): 0, (4096, 14336): 0}}}
 # session 14: "gnorm" = the residual add + RMSNorm + per-token e4m3 after o_proj / down run by that GEMV's last program
 # (fp8_gemv_norm.STATE, OCTAVO_FP8_GEMV_NORM: 63 of the forward's 64 quantizing norm launches go; the norm's sum of
-# squares in another fp32 order: an element may move a bf16 step, so tokens may differ in principle); "gnorm_pw2" with
+# squares in another fp32 order: an element may move a bf16 step, so tokens may differ in principle; session 14, H100:
+# forward +35-41 us, tokens equal, docs/performance.md "FP8 session 14"); "gnorm_pw2" with
 # two weight blocks read before the PDL wait (qkv / gate_up now start right behind the tail's one program)
 # "od_r128" = o / down on the table's 16x1024 8-warp tile capped at 128 registers (sm_90, Triton 3.6: 154 -> 128 with
 # an 8-byte spill), one block a trip: two programs an SM, all 256 in one wave

@@ -1,6 +1,11 @@
 """The residual add + RMSNorm + per-token e4m3 quantization that follows an fp8 one-row GEMV, done by the GEMV's last
 program instead of by a kernel of its own (batch-1 decode; opt-in: ``OCTAVO_FP8_GEMV_NORM=1``).
 
+Measured slower (session 14, H100, 8B fp8 bs1, one engine, three alternating pairs, tokens equal): captured forward
+2.957 / 2.964 / 2.965 -> 2.998 / 2.999 / 3.000 ms. The tail adds 4.7 us a layer after o_proj and 3.8 after down on the
+critical path, the norm kernel it replaces 3.6: the saved launch and kernel end were cheap under PDL, the fence and
+ticket are not (docs/performance.md "FP8 session 14"). Kept opt-in for other cards and kernels.
+
 Why: at batch 1 the 8B forward runs 64 quantizing norms (fp8_fused.py), one after each o_proj and down GEMV. Each is
 one program on the critical path: launch after the GEMV ends, a round trip for its inputs, two block reductions,
 its stores, its end before the next GEMV may read them: 7.3 us a layer in session 12's critical-path table (H100,
