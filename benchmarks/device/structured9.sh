@@ -62,6 +62,9 @@
 # and two probes, json_async_probe / json_async_nativeopen_p4_probe (device events around the wait + apply graph:
 # "device_wait" = how long the device idled for the fill), 5 repeats (80 s); then the 1.1B shape: json_async vs
 # json_async_nativeopen_p4 and _p4_poolaccept, 3 repeats (what is left). Without the shim: json_async, its probe, nt4.
+# Argument "s14b" (the lead's last call of session 14, one H200): json_async (then still the Python fill) vs
+# json_async_nativeopen_p4_inline, 3 repeats each shape. Argument "confirm14" (for the next quiet GPU, 150 s bound): the
+# default since d8e52ee (native fill + open at the accept: json_async) vs json_async_pyfill, 135M x5 and 1.1B x3.
 # STRUCTURED9_DRY=1: a CPU dry run (tiny shapes, few steps; the device modes then run the Python gate).
 set -u
 cd "$(dirname "$0")/../.."
@@ -149,7 +152,19 @@ if [ "$PART" = headline ]; then  # the engine as it ships (json_async = its defa
   ls -la "$R"
   exit 0
 fi
-if [ "$PART" = s14b ]; then  # session 14's last call (lead): the fill on the core thread at the accept (p4_inline), 135M + 1.1B
+if [ "$PART" = confirm14 ]; then  # the next quiet-GPU check of session 14's default (native fill + open at the accept)
+  if [ "$XGR" = 1 ]; then  # json_async = as shipped since d8e52ee; json_async_pyfill = the Python fill on the bitmask thread
+    C14=(--modes json_async json_async_pyfill --wait-events off --batches 32)
+    step smol135m_confirm14 $(( 60 * X )) python3 benchmarks/structured_outputs.py "${COMMON[@]}" "${C14[@]}" \
+         --repeats 5 --model /tmp/structured9_smol135m --json "$R/smol135m_confirm14.json"
+    step llama1b_confirm14 $(( $(left) - 1 * X )) python3 benchmarks/structured_outputs.py "${COMMON[@]}" "${C14[@]}" \
+         --repeats 3 --model /tmp/structured9_llama1b --json "$R/llama1b_confirm14.json"
+  fi
+  echo "structured9 confirm14 done in ${SECONDS}s"
+  ls -la "$R"
+  exit 0
+fi
+if [ "$PART" = s14b ]; then  # session 14's last call (lead, before the flip: json_async was the Python fill then), 135M + 1.1B
   if [ "$XGR" = 1 ]; then
     B14=(--modes json_async json_async_nativeopen_p4_inline --wait-events off --batches 32)
     step smol135m_s14b $(( 45 * X )) python3 benchmarks/structured_outputs.py "${COMMON[@]}" "${B14[@]}" \
