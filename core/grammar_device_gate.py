@@ -26,6 +26,7 @@ apply offering ``wait_host_flag`` (CUDA's: plugins/platforms/cuda_grammar_mask.p
 from __future__ import annotations
 
 import logging
+import os
 import time
 from typing import Any
 
@@ -55,7 +56,7 @@ GRAPH = env_switch("OCTAVO_GRAMMAR_GRAPH", True)
 # warning (:func:`native_open_or_fallback`); OCTAVO_GRAMMAR_NATIVE_OPEN=1 set explicitly refuses there instead, =0 is
 # the Python fill on the bitmask thread (benchmark mode json_async_pyfill).
 NATIVE_OPEN = env_switch("OCTAVO_GRAMMAR_NATIVE_OPEN", True)
-NATIVE_OPEN_EXPLICIT = bool(__import__("os").environ.get("OCTAVO_GRAMMAR_NATIVE_OPEN", "").strip())
+NATIVE_OPEN_EXPLICIT = bool(os.environ.get("OCTAVO_GRAMMAR_NATIVE_OPEN", "").strip())  # set: refuse, never fall back
 # The benchmark's probe: time each device wait with two device events (read after the step's tokens arrived,
 # core/structured_output.py stats "device_wait_s": how long the device idled for the fill; around the graph's replay
 # since session 14, so the wait plus the apply). Off in the engine.
