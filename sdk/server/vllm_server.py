@@ -148,15 +148,20 @@ class ThroughputLog:
         self.interval_s = interval_s
         self.stats = None
         self._last = (0, 0, time.monotonic())
+        self._stopped = threading.Event()
         engine.stats_observers.append(self._observe)
-        threading.Thread(target=self._run, name="octavo-throughput-log", daemon=True).start()
+        self.thread = threading.Thread(target=self._run, name="octavo-throughput-log", daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        """Ends the logging thread (the app's shutdown calls it: a server stopped in-process leaves no thread)."""
+        self._stopped.set()
 
     def _observe(self, stats: Any) -> None:
         self.stats = stats
 
     def _run(self) -> None:
-        while True:
-            time.sleep(self.interval_s)
+        while not self._stopped.wait(self.interval_s):
             s = self.stats
             if s is None:
                 continue
@@ -232,5 +237,5 @@ def register_vllm_server(app: FastAPI, engine: Any, settings: Any, serving: Any,
         logger.warning("dev mode (OCTAVO_SERVER_DEV_MODE=1): /sleep, /wake_up, /is_sleeping, /collective_rpc and "
                        "/reset_prefix_cache are served; do not expose this server.")
     if not settings.server.disable_log_stats:
-        ThroughputLog(engine, log_stats_interval())
+        app.router.on_shutdown.append(ThroughputLog(engine, log_stats_interval()).stop)
     app.add_middleware(RequestLogMiddleware, settings=settings)

@@ -60,10 +60,13 @@ def test_throughput_line(caplog, monkeypatch):
 
     engine = _Engine()
     with caplog.at_level(logging.INFO):
-        ThroughputLog(engine, 0.05)
+        log = ThroughputLog(engine, 0.05)
         engine.stats_observers[0](_Stats())
         time.sleep(0.3)
     assert any("Avg prompt throughput" in r.getMessage() for r in caplog.records)
+    log.stop()  # the app's shutdown hook: the thread ends instead of logging forever
+    log.thread.join(timeout=2)
+    assert not log.thread.is_alive()
     added = []
     monkeypatch.setattr(vllm_server, "ThroughputLog", lambda *a: added.append(a))
     from fastapi import FastAPI
@@ -71,6 +74,21 @@ def test_throughput_line(caplog, monkeypatch):
     vllm_server.register_vllm_server(FastAPI(), _Engine(), OctavoSettings.from_kwargs(disable_log_stats=True),
                                      None, None, None)
     assert added == []  # --disable-log-stats: no throughput logger
+    monkeypatch.undo()
+    app = FastAPI()
+    vllm_server.register_vllm_server(app, _Engine(), OctavoSettings.from_kwargs(), None, None, None)
+    (stop,) = app.router.on_shutdown  # the logger's thread ends with the app
+    stop()
+    assert not any(t.name == "octavo-throughput-log" and t.is_alive() for t in _threads_after(2))
+
+
+def _threads_after(timeout_s):
+    import threading
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and any(t.name == "octavo-throughput-log" for t in threading.enumerate()):
+        time.sleep(0.01)
+    return threading.enumerate()
 
 
 def test_max_model_len_human_sizes():
