@@ -78,8 +78,13 @@ class RayExecutor(Executor):
         par = settings.parallel
         self.world_size = par.tensor_parallel_size * par.pipeline_parallel_size
         self._started_ray = not ray.is_initialized()
+        self._ray_env: dict = {}
         if self._started_ray:  # joins RAY_ADDRESS's cluster, or starts a local one (stopped at shutdown)
+            # ray.init sets variables in this process's environment (RAY_CLIENT_MODE, RAY_AUTH_MODE, and
+            # PYTHONBREAKPOINT, which would send the user's later breakpoint() to Ray's remote pdb): undone at shutdown
+            before = dict(os.environ)
             ray.init(address=os.environ.get("RAY_ADDRESS"), include_dashboard=False, log_to_driver=True)
+            self._ray_env = {k: (before.get(k), v) for k, v in os.environ.items() if before.get(k) != v}
         resource = "CPU" if platform.device_type == "cpu" else "GPU"
         self.pg = placement_group([{resource: 1}] * self.world_size, strategy="PACK")
         try:
@@ -157,3 +162,15 @@ class RayExecutor(Executor):
                 pass
         if self._started_ray:
             ray.shutdown()
+            _undo_environ(self._ray_env)
+
+
+def _undo_environ(changes: dict) -> None:
+    """Puts back each variable ``ray.init`` set ({key: (before or None, Ray's value)}), unless it changed since."""
+    for key, (before, ray_value) in changes.items():
+        if os.environ.get(key) != ray_value:
+            continue  # set again by someone else since: theirs
+        if before is None:
+            del os.environ[key]
+        else:
+            os.environ[key] = before

@@ -87,7 +87,11 @@ def test_llama_tp2_ray_equals_single_process(llama):
     """Issue 12 asks for ray TP=2 in CI: `.[dev]` installs ray, so this runs in `make test` (~8 s: a local Ray)."""
     pytest.importorskip("ray", reason="the ray executor needs `pip install octavo[ray]`")
     path, want = llama
+    env_before = dict(os.environ)
     assert_same(want, run(path, tensor_parallel_size=2, distributed_executor_backend="ray"))
+    # the Ray this engine started is stopped, and what ray.init put in this process's environment is undone
+    # (PYTHONBREAKPOINT would otherwise send a later breakpoint() to Ray's remote pdb)
+    assert dict(os.environ) == env_before
 
 
 @full_only
