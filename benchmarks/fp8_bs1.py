@@ -21,6 +21,7 @@ generations of 1 and ``1 + n`` tokens after a 512-token prompt, best of 2), plus
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import random
@@ -262,6 +263,7 @@ def main() -> None:
 
         base_one, base_one_env = dict(one_mod.DEFAULT_LAUNCH), os.environ.get("OCTAVO_FP8_DECODE_ONE")
         chosen = args.variants.split(",") if args.variants else list(S6_VARIANTS)
+        saved = {}  # a variant's "set" attributes before it changed them
         for tag in chosen:
             v = S6_VARIANTS.get(tag)
             if v is None:  # "swept" without a sweep
@@ -309,6 +311,11 @@ def main() -> None:
                     fp8_gemv_tiles.TILES[(card, n, k)] = tile
                 for (n, k), trip in v.get("table_loops", {}).items():  # restored from base_loops below
                     fp8_gemv_tiles.LOOPS[(card, n, k)] = trip
+                for name, value in v.get("set", {}).items():  # "module:ATTR" -> value, restored below
+                    mod, attr = name.split(":")
+                    mod = importlib.import_module(mod)
+                    saved.setdefault((mod, attr), getattr(mod, attr))
+                    setattr(mod, attr, value)
                 pinned = pin(v["tiles"]) if "tiles" in v else {}
                 res.setdefault("pinned_tiles", {})[tag] = v.get("tiles")
                 with torch.inference_mode():
@@ -318,6 +325,9 @@ def main() -> None:
                 res[tag] = {"error": f"{type(e).__name__}: {e}"[:400]}
                 print(tag, res[tag], flush=True)
             finally:
+                for (mod, attr), value in saved.items():
+                    setattr(mod, attr, value)
+                saved.clear()
                 unpin(pinned)
                 fp8_gemv_tiles.TILES.clear()
                 fp8_gemv_tiles.TILES.update(base_tiles)

@@ -34,7 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
-from octavo.env_flags import env_switch
+from octavo.env_flags import env_int, env_switch
 from octavo.plugins.quant import fp8_prefetch
 from octavo.plugins.quant.fp8_e4m3 import _quant_row_store
 from octavo.plugins.quant.fp8_gemv import _round_e4m3
@@ -45,27 +45,42 @@ logger = logging.getLogger(__name__)
 @triton.jit
 def _rms_norm_quant_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, q_ptr, s_ptr, stride_x, stride_r, n_cols,
                            eps, HAS_RES: tl.constexpr, SOFT_FP8: tl.constexpr, BLOCK: tl.constexpr,
-                           TRIGGER: tl.constexpr = False, WAIT: tl.constexpr = False):
+                           TRIGGER: tl.constexpr = False, WAIT: tl.constexpr = False, W_FIRST: tl.constexpr = 0):
     """plugins/platforms/cuda_fusions.py's RMSNorm (same rounding steps), plus the quantized output.
     ``TRIGGER``: a consumer launched as a programmatic dependent launch may start now (it waits in the kernel for
     this one to finish before reading anything of it; fp8_prefetch.py). ``WAIT``: this kernel is itself launched as
-    a programmatic dependent launch and waits for its producer (the GEMV before it) before it reads anything."""
-    if WAIT:
-        tl.extra.cuda.gdc_wait()
-    if TRIGGER:
-        tl.extra.cuda.gdc_launch_dependents()
+    a programmatic dependent launch and waits for its producer (the GEMV before it) before it reads anything.
+    ``W_FIRST`` (``W_FIRST_AT``; the same arithmetic, the same bits): 0 reads the norm weight after the sum of squares
+    (its load then waits for that block reduction, and goes to DRAM behind the first weight blocks of the GEMV the
+    trigger launched: sm_90 SASS of 0 has the weight's LDG after the first BAR.SYNC); 1 reads it first (before the
+    PDL wait: no kernel writes it), then x / residual, then triggers; 2 as 1 but triggers after the sum of squares
+    (the next GEMV's loads then start after all of this kernel's)."""
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
+    if W_FIRST:
+        w_early = tl.load(w_ptr + cols, mask=mask, other=0.0)
+    if WAIT:
+        tl.extra.cuda.gdc_wait()
+    if TRIGGER and not W_FIRST:
+        tl.extra.cuda.gdc_launch_dependents()
     x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
     if HAS_RES:
         r = tl.load(res_ptr + row * stride_r + cols, mask=mask, other=0.0)
+    if TRIGGER and W_FIRST == 1:  # every load of this kernel is issued: the GEMV's first blocks queue behind them
+        tl.extra.cuda.gdc_launch_dependents()
+    if HAS_RES:
         x = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)  # torch rounds the sum to the dtype
         tl.store(res_out_ptr + row * n_cols + cols, x, mask=mask)
     xf = x.to(tl.float32)
     rstd = tl.rsqrt(tl.sum(xf * xf, 0) / n_cols + eps)
+    if TRIGGER and W_FIRST == 2:
+        tl.extra.cuda.gdc_launch_dependents()
     y = (xf * rstd).to(x.dtype).to(tl.float32)
-    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    if W_FIRST:
+        w = w_early.to(tl.float32)
+    else:
+        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     o = (y * w).to(out_ptr.dtype.element_ty)
     tl.store(out_ptr + row * n_cols + cols, o, mask=mask)
     _quant_row_store(o.to(tl.float32), cols, mask, q_ptr, s_ptr, row, n_cols, SOFT_FP8)
@@ -116,6 +131,10 @@ SMALL_ROWS_WARPS: int | None = 16
 # it, so it starts the moment that one ends instead of after a launch gap). Same bits. ``OCTAVO_FP8_NORM_PDL``
 # (default off until measured on a GPU; needs the GEMVs' PDL, fp8_prefetch.PDL)
 NORM_PDL = env_switch("OCTAVO_FP8_NORM_PDL", default=False)
+# where the quantizing norm reads its weight and lets the next GEMV launch (the kernel's ``W_FIRST``: 0 as sessions 6-14,
+# 1 weight first + trigger after the loads, 2 weight first + trigger after the sum of squares); the same bits.
+# ``OCTAVO_FP8_NORM_WFIRST`` (0 / 1 / 2; default 0 until measured on a GPU, session 15)
+W_FIRST_AT = env_int("OCTAVO_FP8_NORM_WFIRST", 0, 0, 2)
 
 
 def rms_norm_quant(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None,
@@ -143,7 +162,7 @@ def rms_norm_quant(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: 
             trigger.update(WAIT=True, launch_pdl=True)
         _rms_norm_quant_kernel[(rows,)](x2, r2, weight, out, res_out, q, s, x2.stride(0), r2.stride(0), d, eps,
                                         HAS_RES=residual is not None, SOFT_FP8=_soft(), BLOCK=_p2(d),
-                                        num_warps=warps, **trigger)
+                                        num_warps=warps, W_FIRST=W_FIRST_AT if rows == 1 else 0, **trigger)
     return out.view(x.shape), (res_out.view(x.shape) if residual is not None else None), q, s
 
 

@@ -129,7 +129,7 @@ def test_sm90_ptx_has_the_instructions_exactly_when_asked(prefetch, pdl, self_pf
                 "q_ptr": "*fp8e4nv", "s_ptr": "*fp32", "stride_x": "i32", "stride_r": "i32", "n_cols": "i32",
                 "eps": "fp32"}
     ptx = _ptx(_rms_norm_quant_kernel, norm_sig, dict(HAS_RES=True, SOFT_FP8=False, BLOCK=4096, TRIGGER=pdl,
-                                                      WAIT=pdl_w))
+                                                      WAIT=pdl_w, W_FIRST=0))
     assert ("griddepcontrol.launch_dependents" in ptx) == pdl
     assert ("griddepcontrol.wait" in ptx) == bool(pdl_w)  # the norm under PDL waits before its first load
     if pdl_w:
