@@ -56,15 +56,20 @@ S6_VARIANTS = {"nosilu": {"silu": False}, "norm4": {"warps": None}, "pf16": {"mb
                "default_again3": {}, "gnorm_silu": {"gnorm": True, "silu": True}, "gnorm_pw2": {"gnorm": True, "pwb": 2},
                "od_r128": {"table_tiles": {(4096, 4096): (16, 1024, 8, 3, 128), (4096, 14336): (16, 1024, 8, 3, 128)},
                            "table_loops": {(4096, 4096): 0, (4096, 14336): 0}}}
-# session 15 (engineer fp815): "nwfN" = the quantizing norm reads its weight first (fp8_fused.W_FIRST_AT,
-# OCTAVO_FP8_NORM_WFIRST=N: 1 triggers the next GEMV after its loads are issued, 2 after the sum of squares; the same
-# bits); "nwf1_pdl" with the norm under PDL (its weight read before the wait)
-_NWF = "octavo.plugins.quant.fp8_fused:W_FIRST_AT"
-for _tag, _v in {"nwf1": {"set": {_NWF: 1}}, "nwf2": {"set": {_NWF: 2}},
-                 "nwf1_pdl": {"set": {_NWF: 1}, "norm_pdl": True}, "nwf2_pdl": {"set": {_NWF: 2}, "norm_pdl": True},
-                 "default_again4": {}}.items():
+# session 15 (engineer fp815), all the same bits as the default: "nwfN" = the quantizing norm reads its weight first
+# (fp8_fused.W_FIRST_AT, OCTAVO_FP8_NORM_WFIRST=N: 1 triggers the next GEMV after its loads are issued, 2 after the sum
+# of squares); "nwf1_pdl" with the norm under PDL (its weight read before the wait); "eio" = the one-launch attention
+# reads the slot before its PDL wait and q / k / v in one round trip after it (_fp8_kv_decode_bs1.EARLY_IO_ON,
+# OCTAVO_FP8_DECODE_ONE_EARLY_IO); "nwf1_eio" both. (The "one*" variants above change DEFAULT_LAUNCH, which the 8B
+# shape's TABLE entry overrides since session 8: they ran the default launch.)
+_NWF, _EIO = "octavo.plugins.quant.fp8_fused:W_FIRST_AT", "octavo.plugins.attention._fp8_kv_decode_bs1:EARLY_IO_ON"
+for _tag, _v in {"nwf1": {"set": {_NWF: 1}}, "nwf2": {"set": {_NWF: 2}}, "eio": {"set": {_EIO: True}},
+                 "nwf1_eio": {"set": {_NWF: 1, _EIO: True}}, "nwf2_eio": {"set": {_NWF: 2, _EIO: True}},
+                 "nwf1_pdl": {"set": {_NWF: 1}, "norm_pdl": True},
+                 "nwf1_eio_pdl": {"set": {_NWF: 1, _EIO: True}, "norm_pdl": True}}.items():
     for _suffix in ("", "_again", "_again2"):
         S6_VARIANTS.setdefault(_tag + _suffix, _v)
+S6_VARIANTS.setdefault("default_again4", {})
 # session 14: "gnorm" = the residual add + RMSNorm + per-token e4m3 after o_proj / down run by that GEMV's last program
 # (fp8_gemv_norm.STATE, OCTAVO_FP8_GEMV_NORM: 63 of the forward's 64 quantizing norm launches go; the norm's sum of
 # squares in another fp32 order: an element may move a bf16 step, so tokens may differ in principle; session 14, H100:

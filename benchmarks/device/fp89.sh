@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 9 (engineer "fp8"), sessions 9-14. One GPU, HARD bound ${FP89_LIMIT:-110} s for the whole call (every part
+# Issue 9 (engineer "fp8"), sessions 9-14, fp815 session 15. One GPU, HARD bound ${FP89_LIMIT:-110} s for the whole call (every part
 # under `timeout`, each gets what is left minus the later parts' reserves; `s11`, `s12`, `s12b2`: 150 s; `s14`: 190 s). JSON + logs: $OUT/fp89/
 #   bash benchmarks/device/fp89.sh [PART ...]      (default: bs1 tests, session 10 batch 2; batch 1: bs1 head tests, and tail)
 #   s11         session 11 batch 1 = parts bs1 tests with the in-graph tile sweep (BS1_SWEEP=24 s,
@@ -30,6 +30,11 @@
 #               gnorm,default_again,gnorm_again,default_again2,gnorm_again2,gnorm_silu,gnorm_pw2 after the first default
 #               measure (gnorm: OCTAVO_FP8_GEMV_NORM's lever, fp8_gemv_norm.STATE; one engine, graph recaptured per
 #               variant; the last two for the next session, the budget may skip them)
+#   s15a        session 15 call 1 (engineer fp815, cap 200 s) = tests, then bs1: FP89_TESTS = test_fp8_norm_wfirst.py (the
+#               norm weight read first: the 8B chain's bits and graph replays equal to the default's, incl. under PDL)
+#               + test_fp8_decode_one.py (EARLY_IO: same output bits, PDL, graph) + test_fp8_fused.py; BS1_VARIANTS =
+#               nwf1 / nwf2 / eio / nwf1_eio / nwf1_pdl alternating with default_again* (all the same bits: tokens
+#               must equal the first measure's; fp8_bs1_variants.py says what each sets)
 #   bs1         benchmarks/fp8_bs1.py --ab s6: 8B fp8 + fp8 KV batch 1, one engine: ms/token vs the roofline, the
 #               captured forward alone vs the rest (LM head, sampler, host), the graph's kernel table; then the
 #               variants ${BS1_VARIANTS:-nopdl,default_again,nopdl_again}, graph recaptured for each (nopdl: the GEMV
@@ -69,6 +74,10 @@ elif [ "${1:-}" = s14 ]; then
   shift; set -- tests bs1 "$@"  # the tests first: a default flips only with them
   : "${FP89_LIMIT:=190}" "${BS1_VARIANTS:=gnorm,default_again,gnorm_again,default_again2,gnorm_again2,gnorm_silu,gnorm_pw2}"
   : "${FP89_TESTS:=tests/quant/test_fp8_gemv_norm.py tests/quant/test_fp8_fused.py}"
+elif [ "${1:-}" = s15a ]; then
+  shift; set -- tests bs1 "$@"  # the tests first: a default flips only with them
+  : "${FP89_LIMIT:=200}" "${BS1_VARIANTS:=nwf1,eio,default_again,nwf1_eio,nwf2,default_again2,nwf1_again,eio_again,nwf1_eio_again,default_again3,nwf2_again,nwf1_pdl,nwf1_eio_again2,default_again4,eio_again2,nwf1_again2,nwf2_eio,nwf1_eio_pdl}"
+  : "${FP89_TESTS:=tests/quant/test_fp8_norm_wfirst.py tests/quant/test_fp8_decode_one.py tests/quant/test_fp8_fused.py}"
 elif [ "${1:-}" = s11b2 ]; then
   shift; set -- bs1 tests "$@"
   : "${FP89_LIMIT:=140}" "${BS1_VARIANTS:=notable,self,pf32,default_again,notable_again,self_again,pf32_again,silu_rope,nopdl}"

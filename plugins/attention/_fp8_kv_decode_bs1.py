@@ -26,6 +26,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from octavo.env_flags import env_switch
 from octavo.plugins.attention._fp8_kv_decode import _deq
 from octavo.plugins.platforms.cuda_pdl import gdc_launch_dependents, gdc_wait
 
@@ -72,9 +73,13 @@ def _fp8_decode_one_kernel(
     scale_log2, out_scale, k_scale, v_scale,
     GROUP: tl.constexpr, G_P: tl.constexpr, HEAD: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
     SPLITS: tl.constexpr, DEQ: tl.constexpr, EARLY: tl.constexpr, PDL: tl.constexpr = False,
+    EARLY_IO: tl.constexpr = False,
 ):
     """Program ``(h, s)``: kv head ``h``, key split ``s`` (module docstring). With PDL it first loads what no earlier
-    kernel of the step writes (length, block table, with ``EARLY`` its first K/V tile of past tokens), then waits."""
+    kernel of the step writes (length, block table, with ``EARLY`` its first K/V tile of past tokens), then waits.
+    ``EARLY_IO`` (session 15, ``EARLY_IO_ON``; the same bits): the slot (host input, as the length) is read before the
+    wait too, and q and the new k / v are all asked for right after it, before any of them is used (sm_90 SASS without
+    it: q's load, a barrier, then k / v, then the slot: three round trips after the wait)."""
     h = tl.program_id(0)
     s = tl.program_id(1)
     d = tl.arange(0, HEAD)
@@ -88,18 +93,29 @@ def _fp8_decode_one_kernel(
     if EARLY:
         k, v = _tile(k_cache_ptr, v_cache_ptr, table_ptr, start, end, new, h, d, stride_blk, stride_pos,
                      PAGE, HEAD, BLOCK_N)
+    if EARLY_IO:
+        slot_early = tl.load(slot_ptr).to(tl.int64)
     if PDL:  # q / k / v come from the previous launch (rotary)
         gdc_wait()
         gdc_launch_dependents()
+    if EARLY_IO:  # k / v first: Triton stores q to shared memory (its dot layout) right after q's load, and the
+        k_in = tl.load(k_ptr + h * stride_kh + d)  # barrier there keeps later loads behind q's round trip
+        v_in = tl.load(v_ptr + h * stride_vh + d)
     q = tl.load(q_ptr + (h * GROUP + r)[:, None] * stride_qh + d[None, :], mask=r_ok[:, None], other=0.0)
+    if not EARLY_IO:
+        k_in = tl.load(k_ptr + h * stride_kh + d)
+        v_in = tl.load(v_ptr + h * stride_vh + d)
     q = tl.clamp(q.to(tl.float32), -F16_MAX, F16_MAX).to(tl.float16)
     # the new token's K/V as the KV-write kernel stores them (saturating, never inf/NaN)
-    kq = tl.clamp(tl.load(k_ptr + h * stride_kh + d).to(tl.float32) / k_scale, -448.0, 448.0)
-    vq = tl.clamp(tl.load(v_ptr + h * stride_vh + d).to(tl.float32) / v_scale, -448.0, 448.0)
+    kq = tl.clamp(k_in.to(tl.float32) / k_scale, -448.0, 448.0)
+    vq = tl.clamp(v_in.to(tl.float32) / v_scale, -448.0, 448.0)
     kq = kq.to(k_cache_ptr.dtype.element_ty)
     vq = vq.to(v_cache_ptr.dtype.element_ty)
     if (new >= start) & (new < end):  # this program owns the new token's slot
-        slot = tl.load(slot_ptr).to(tl.int64)
+        if EARLY_IO:
+            slot = slot_early
+        else:
+            slot = tl.load(slot_ptr).to(tl.int64)
         if slot >= 0:
             dst = (slot // PAGE) * stride_blk + (slot % PAGE) * stride_pos + h * HEAD + d
             tl.store(k_cache_ptr + dst, kq)
@@ -167,12 +183,12 @@ def _scratch(device, num_kv: int, splits: int, g_p: int, head: int):
 
 def fp8_decode_one(query, key, value, k_cache, v_cache, block_table, seq_lens, slot_mapping, out, *, scale: float,
                    k_scale: float, v_scale: float, splits: int = 16, block_n: int = 64, num_warps: int = 4,
-                   deq: int = 3, early: bool = True, pdl: dict | None = None) -> None:
+                   deq: int = 3, early: bool = True, pdl: dict | None = None, early_io: bool | None = None) -> None:
     """One decode token of one request: ``query [1, H, D]``, ``key``/``value [1, KVH, D]`` (after rotary) ->
     ``out [1, H, D]``; stores the new K/V (e4m3, ``/ k_scale`` / ``/ v_scale``) at ``slot_mapping[0]`` of the caches
     ``[blocks, page, KVH, D]``. ``block_table`` is the request's row, ``seq_lens [1]`` counts the new token.
     ``scale`` is the softmax scale times ``k_scale``. ``deq``: ``_fp8_kv_decode._deq``'s exact conversions, 0 (Triton's)
-    or 3 (the same pinned before shared memory; GPU only)."""
+    or 3 (the same pinned before shared memory; GPU only). ``early_io``: the kernel's ``EARLY_IO`` (None: ``EARLY_IO_ON``)."""
     if splits < 1 or splits & (splits - 1) or splits > 64:
         raise ValueError(f"fp8_decode_one: splits must be a power of two in 1..64, not {splits}")
     if deq not in (0, 3):
@@ -191,7 +207,13 @@ def fp8_decode_one(query, key, value, k_cache, v_cache, block_table, seq_lens, s
         query.stride(1), key.stride(1), value.stride(1), out.stride(1), k_cache.stride(0), k_cache.stride(1),
         scale * LOG2E, v_scale, k_scale, v_scale,
         GROUP=group, G_P=g_p, HEAD=head, PAGE=k_cache.shape[1], BLOCK_N=block_n, SPLITS=splits, DEQ=deq,
-        EARLY=early, num_warps=num_warps, num_stages=1, **(pdl or {}))
+        EARLY=early, EARLY_IO=EARLY_IO_ON if early_io is None else bool(early_io), num_warps=num_warps, num_stages=1,
+        **(pdl or {}))
+
+
+# session 15 (engineer fp815): the slot read before the PDL wait, q and the new k / v in one round trip after it
+# (the kernel's EARLY_IO; the same bits). ``OCTAVO_FP8_DECODE_ONE_EARLY_IO`` (default off until measured on a GPU)
+EARLY_IO_ON = env_switch("OCTAVO_FP8_DECODE_ONE_EARLY_IO", default=False)
 
 
 # (GQA group, head size) -> fp8_decode_one launch, measured on H100; other shapes keep the backend's launches

@@ -4,11 +4,13 @@ attention + in-kernel merge.
 Checked against (1) the KV-write kernel: the cache bytes it stores for the new token are the same bytes, and (2) a
 float64 softmax attention over the dequantized cache as the KV-write kernel leaves it (bf16 output and fp16 dots:
 1e-2 of the largest output). Contexts of one key, within one split, across several tiles and splits; every launch
-twice in a row (the per-head tickets must be back at 0 for the next launch, as in a replayed CUDA graph). Through
+twice in a row (the per-head tickets must be back at 0 for the next launch, as in a replayed CUDA graph), the second
+time with ``early_io`` (slot before the wait, q / k / v in one round trip: the same output bits). Through
 the ``triton`` backend: ``OCTAVO_FP8_DECODE_ONE=1`` vs ``0`` on a decode step of one request give the same cache
 bytes and outputs within 1e-2, steps of more rows never take it, and malformed values are refused.
 TRITON_INTERPRET=1 in a subprocess on CPU (Triton's conversion, deq 0); the same script runs compiled under the
-``gpu`` marker with the Llama-3-8B heads, deq 3 (the engine's conversion) and a CUDA graph replayed at other lengths.
+``gpu`` marker with the Llama-3-8B heads, deq 3 (the engine's conversion), PDL on a Hopper GPU, and a CUDA graph
+(``early_io``) replayed at other lengths.
 """
 
 from __future__ import annotations
@@ -32,6 +34,10 @@ from tests.quant.fp8_attn_cases import paged_case, reference
 PAGE = 16
 E4M3 = torch.float8_e4m3fn
 DEV = torch.device(os.environ.get("DECODE_TEST_DEVICE", "cpu"))
+# the engine's launch on a Hopper GPU: PDL (the kernel reads length, table, first tile, with EARLY_IO the slot, before
+# its wait)
+PDL = ({"PDL": True, "launch_pdl": True} if DEV.type == "cuda" and torch.cuda.get_device_capability() >= (9, 0)
+       else None)
 gen = torch.Generator().manual_seed(0)
 
 
@@ -49,15 +55,19 @@ def check(heads, kv, d, L, splits, block_n, deq, ks=0.5, vs=0.25):
     want = reference(q, dequantize(cache[0].cpu(), ks, torch.float64), dequantize(cache[1].cpu(), vs, torch.float64),
                      tables, [L], d ** -0.5)
     k2, v2 = kc.to(DEV), vc.to(DEV)
-    for rep in range(2):  # the second launch finds the tickets reset by the first
-        out = torch.full((1, heads, d), float("nan"), dtype=torch.bfloat16, device=DEV)
+    outs = []
+    for rep in range(2):  # the second launch finds the tickets reset by the first; it reads the slot and the new
+        out = torch.full((1, heads, d), float("nan"), dtype=torch.bfloat16, device=DEV)  # k / v early (EARLY_IO)
         fp8_decode_one(q.to(DEV), kn.to(DEV), vn.to(DEV), k2, v2, bt[0].to(DEV),
                        torch.tensor([L], dtype=torch.int32, device=DEV), slot.to(DEV), out, scale=d ** -0.5 * ks,
-                       k_scale=ks, v_scale=vs, splits=splits, block_n=block_n, deq=deq)
+                       k_scale=ks, v_scale=vs, splits=splits, block_n=block_n, deq=deq, early_io=rep == 1,
+                       pdl=PDL)
+        outs.append(out)
         assert torch.equal(k2.view(torch.uint8).cpu(), cache[0].view(torch.uint8).cpu()), (L, splits, "K bytes")
         assert torch.equal(v2.view(torch.uint8).cpu(), cache[1].view(torch.uint8).cpu()), (L, splits, "V bytes")
         err = float((out.cpu().double() - want).abs().max() / want.abs().max())
         assert err <= 1e-2, (heads, kv, d, L, splits, block_n, rep, err)
+    assert torch.equal(outs[0], outs[1]), (L, splits, "EARLY_IO: other bits")
     print("ok", heads, kv, d, L, splits, block_n, f"{err:.2e}")
 
 
@@ -74,7 +84,7 @@ if DEV.type == "cuda":  # Llama-3-8B heads, the engine's conversion (deq 3); con
     slot = torch.tensor([-1], device=DEV)  # no store: the graph's replays read the cache as built
     out = torch.empty(1, heads, d, dtype=torch.bfloat16, device=DEV)
     run = lambda: fp8_decode_one(q, kn, vn, kc, vc, bt[0], lens, slot, out, scale=d ** -0.5 * ks, k_scale=ks,
-                                 v_scale=vs, splits=16, block_n=64, deq=3)
+                                 v_scale=vs, splits=16, block_n=64, deq=3, early_io=True, pdl=PDL)
     run()
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
@@ -165,3 +175,34 @@ def test_fp8_decode_one_interpreted():
 def test_fp8_decode_one_on_cuda():
     out = _run({"DECODE_TEST_DEVICE": "cuda"})
     assert out.count("ok ") == 6 + 4
+
+
+@pytest.mark.parametrize("early_io", [False, True])
+def test_sm90_early_io_loads_sit_where_asked(early_io):
+    """sm_90 PTX of the engine's launch (Triton's own compiler, CPU): with ``EARLY_IO`` the slot (a 64-bit load) is
+    asked for before the PDL wait and q / k / v all before the first barrier after it; without it q's shared-memory
+    store and barrier come between q and the new k / v (two round trips; the slot after them: a third)."""
+    import re
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    from octavo.plugins.attention._fp8_kv_decode_bs1 import _fp8_decode_one_kernel
+
+    names = ["q_ptr", "k_ptr", "v_ptr", "k_cache_ptr", "v_cache_ptr", "table_ptr", "seq_len_ptr", "slot_ptr", "out_ptr",
+             "part_ptr", "ml_ptr", "count_ptr", "stride_qh", "stride_kh", "stride_vh", "stride_oh", "stride_blk",
+             "stride_pos", "scale_log2", "out_scale", "k_scale", "v_scale"]
+    types = ["*bf16"] * 3 + ["*fp8e4nv"] * 2 + ["*i32", "*i32", "*i64", "*bf16", "*fp32", "*fp32", "*i32"] \
+        + ["i32"] * 6 + ["fp32"] * 4
+    consts = dict(GROUP=4, G_P=16, HEAD=128, PAGE=16, BLOCK_N=64, SPLITS=16, DEQ=3, EARLY=True, PDL=True,
+                  EARLY_IO=early_io)
+    attrs = {(i,): [["tt.divisibility", 16]] for i in range(18)}  # what the JIT specializes for the engine's tensors
+    src = triton.compiler.ASTSource(fn=_fp8_decode_one_kernel,
+                                    signature={**dict(zip(names, types)), **{k: "constexpr" for k in consts}},
+                                    constexprs=consts, attrs=attrs)
+    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 64), options={"num_warps": 4, "num_stages": 1}).asm["ptx"]
+    wait = ptx.index("griddepcontrol.wait")
+    assert bool(re.search(r"ld\.global[\w.]*b64", ptx[:wait])) == early_io  # the slot
+    after = re.findall(r"ld\.global[\w.]*|bar\.sync", ptx[wait:])
+    first_bar = after.index("bar.sync")
+    assert (first_bar == 4) == early_io, after[:8]  # k, v, q (two vector loads) before the first barrier
