@@ -32,8 +32,9 @@
 #               variant; the last two for the next session, the budget may skip them)
 #   s15a        session 15 call 1 (engineer fp815, cap 200 s) = tests, then bs1: FP89_TESTS = test_fp8_norm_wfirst.py (the
 #               norm weight read first: the 8B chain's bits and graph replays equal to the default's, incl. under PDL)
-#               + test_fp8_decode_one.py (EARLY_IO: same output bits, PDL, graph) + test_fp8_fused.py; BS1_VARIANTS =
-#               nwf1 / nwf2 / eio / nwf1_eio / nwf1_pdl alternating with default_again* (all the same bits: tokens
+#               + test_fp8_decode_one.py (EARLY_IO: same output bits, PDL, graph) + tests/kernels/test_rope_early.py
+#               (rotary after a PDL GEMV: same bits, graph) + test_fp8_fused.py; BS1_VARIANTS = s15_all (nwf1 + eio +
+#               re1) / nwf1 / eio / re1 / re2 / nwf2 / ... alternating with default_again* (all the same bits: tokens
 #               must equal the first measure's; fp8_bs1_variants.py says what each sets)
 #   bs1         benchmarks/fp8_bs1.py --ab s6: 8B fp8 + fp8 KV batch 1, one engine: ms/token vs the roofline, the
 #               captured forward alone vs the rest (LM head, sampler, host), the graph's kernel table; then the
@@ -76,8 +77,8 @@ elif [ "${1:-}" = s14 ]; then
   : "${FP89_TESTS:=tests/quant/test_fp8_gemv_norm.py tests/quant/test_fp8_fused.py}"
 elif [ "${1:-}" = s15a ]; then
   shift; set -- tests bs1 "$@"  # the tests first: a default flips only with them
-  : "${FP89_LIMIT:=200}" "${BS1_VARIANTS:=nwf1,eio,default_again,nwf1_eio,nwf2,default_again2,nwf1_again,eio_again,nwf1_eio_again,default_again3,nwf2_again,nwf1_pdl,nwf1_eio_again2,default_again4,eio_again2,nwf1_again2,nwf2_eio,nwf1_eio_pdl}"
-  : "${FP89_TESTS:=tests/quant/test_fp8_norm_wfirst.py tests/quant/test_fp8_decode_one.py tests/quant/test_fp8_fused.py}"
+  : "${FP89_LIMIT:=200}" "${BS1_VARIANTS:=s15_all,nwf1,eio,re1,default_again,s15_all_again,re2,nwf2,nwf1_eio,default_again2,s15_all_again2,nwf1_again,eio_again,re1_again,default_again3,nwf1_pdl,re2_again,s15_all_re2,default_again4,nwf1_again2,eio_again2,re1_again2,nwf2_again,nwf1_eio_pdl}"
+  : "${FP89_TESTS:=tests/quant/test_fp8_norm_wfirst.py tests/quant/test_fp8_decode_one.py tests/kernels/test_rope_early.py tests/quant/test_fp8_fused.py}"
 elif [ "${1:-}" = s11b2 ]; then
   shift; set -- bs1 tests "$@"
   : "${FP89_LIMIT:=140}" "${BS1_VARIANTS:=notable,self,pf32,default_again,notable_again,self_again,pf32_again,silu_rope,nopdl}"

@@ -27,6 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
+from octavo.env_flags import env_int
 from octavo.plugins.platforms.cuda_pdl import gdc_launch_dependents, gdc_wait, launch_opts
 
 logger = logging.getLogger(__name__)
@@ -72,22 +73,31 @@ def _silu_and_mul_kernel(x_ptr, out_ptr, stride_x, d, BLOCK: tl.constexpr, PDL: 
 def _rope_kernel(pos_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, q_out_ptr, k_out_ptr, stride_qt, stride_kt,
                  num_q_heads, num_k_heads, stride_cos,
                  HEAD: tl.constexpr, ROT: tl.constexpr, HALF_P: tl.constexpr, PASS_P: tl.constexpr,
-                 BLOCK_H: tl.constexpr, NEOX: tl.constexpr, PDL: tl.constexpr = False):
-    """One program per (token, q-or-k): both rotations in one launch (grid axis 1 picks the tensor)."""
-    if PDL:
-        gdc_wait()
-        gdc_launch_dependents()
+                 BLOCK_H: tl.constexpr, NEOX: tl.constexpr, PDL: tl.constexpr = False, EARLY: tl.constexpr = 0):
+    """One program per (token, q-or-k): both rotations in one launch (grid axis 1 picks the tensor). ``EARLY`` (same
+    bits): 1 reads position and cos / sin (host input, constants) before the PDL wait; 2 also triggers before it."""
     t = tl.program_id(0).to(tl.int64)
+    i = tl.arange(0, HALF_P)
+    im = i < ROT // 2
+    if EARLY:
+        pos = tl.load(pos_ptr + t).to(tl.int64)
+        cos = tl.load(cos_ptr + pos * stride_cos + i, mask=im, other=0.0)[None, :]
+        sin = tl.load(sin_ptr + pos * stride_cos + i, mask=im, other=0.0)[None, :]
+    if PDL:
+        if EARLY == 2:
+            gdc_launch_dependents()
+        gdc_wait()
+        if EARLY != 2:
+            gdc_launch_dependents()
     if tl.program_id(1) == 0:
         x_ptr, out_ptr, stride_xt, num_heads = q_ptr, q_out_ptr, stride_qt, num_q_heads
     else:
         x_ptr, out_ptr, stride_xt, num_heads = k_ptr, k_out_ptr, stride_kt, num_k_heads
-    pos = tl.load(pos_ptr + t).to(tl.int64)
-    i = tl.arange(0, HALF_P)
     h = tl.arange(0, BLOCK_H)
-    im = i < ROT // 2
-    cos = tl.load(cos_ptr + pos * stride_cos + i, mask=im, other=0.0)[None, :]
-    sin = tl.load(sin_ptr + pos * stride_cos + i, mask=im, other=0.0)[None, :]
+    if not EARLY:
+        pos = tl.load(pos_ptr + t).to(tl.int64)
+        cos = tl.load(cos_ptr + pos * stride_cos + i, mask=im, other=0.0)[None, :]
+        sin = tl.load(sin_ptr + pos * stride_cos + i, mask=im, other=0.0)[None, :]
     m = (h[:, None] < num_heads) & im[None, :]
     base_in = x_ptr + t * stride_xt + h[:, None] * HEAD
     base_out = out_ptr + t * num_heads * HEAD + h[:, None] * HEAD
@@ -173,6 +183,10 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     return out.view(*x.shape[:-1], d)
 
 
+# rotary's EARLY, ``OCTAVO_ROPE_EARLY`` 0-2 (session 15, fp815: opt-in until measured on a GPU; tests/kernels/test_rope_early.py)
+ROPE_EARLY = env_int("OCTAVO_ROPE_EARLY", 0, 0, 2)
+
+
 def rotary(rope, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor):
     """Rotate every head of ``query [n, hq * d]`` and ``key [n, hk * d]`` at ``positions`` (one launch)."""
     n, head = query.shape[0], rope.head_size
@@ -189,7 +203,8 @@ def rotary(rope, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor
                              hq, hk, cos.stride(0), HEAD=head, ROT=rope.rotary_dim,
                              HALF_P=_p2(rope.rotary_dim // 2),
                              PASS_P=_p2(head - rope.rotary_dim) if head > rope.rotary_dim else 0,
-                             BLOCK_H=_p2(max(hq, hk)), NEOX=bool(rope.is_neox_style), **launch_opts())
+                             BLOCK_H=_p2(max(hq, hk)), NEOX=bool(rope.is_neox_style), EARLY=ROPE_EARLY,
+                             **launch_opts())
     return q_out.view(query.shape), k_out.view(key.shape)
 
 
