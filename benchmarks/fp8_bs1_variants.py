@@ -75,6 +75,16 @@ for _tag, _v in {"nwf1": {"set": {_NWF: 1}}, "nwf2": {"set": {_NWF: 2}}, "eio": 
     for _suffix in ("", "_again", "_again2"):
         S6_VARIANTS.setdefault(_tag + _suffix, _v)
 S6_VARIANTS.setdefault("default_again4", {})
+# session 15: the attention launch really changed (the TABLE entry replaced): "att_s8" = 8 key splits (64 programs:
+# half the SMs stay free for o_proj's first programs), "att_s8_pw4o" with o_proj reading 4 blocks before its wait,
+# "att_s32_n32" = 32 splits of 32-key tiles; other sums in the merge, so tokens may differ (1e-2 tests vs float64)
+_TAB = "octavo.plugins.attention._fp8_kv_decode_bs1:TABLE"
+_att = {"att_s8": {"set": {_TAB: {(4, 128): dict(splits=8, block_n=64, num_warps=4, deq=3)}}},
+        "att_s32_n32": {"set": {_TAB: {(4, 128): dict(splits=32, block_n=32, num_warps=4, deq=3)}}}}
+_att["att_s8_pw4o"] = {**_att["att_s8"], "pw_shape": {(4096, 4096): 4}}
+for _tag, _v in _att.items():
+    for _suffix in ("", "_again"):
+        S6_VARIANTS.setdefault(_tag + _suffix, _v)
 # session 14: "gnorm" = the residual add + RMSNorm + per-token e4m3 after o_proj / down run by that GEMV's last program
 # (fp8_gemv_norm.STATE, OCTAVO_FP8_GEMV_NORM: 63 of the forward's 64 quantizing norm launches go; the norm's sum of
 # squares in another fp32 order: an element may move a bf16 step, so tokens may differ in principle; session 14, H100:

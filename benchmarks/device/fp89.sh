@@ -35,7 +35,8 @@
 #               + test_fp8_decode_one.py (EARLY_IO: same output bits, PDL, graph) + tests/kernels/test_rope_early.py
 #               (rotary after a PDL GEMV: same bits, graph) + test_fp8_fused.py; BS1_VARIANTS = s15_all (nwf1 + eio +
 #               re1) / nwf1 / eio / re1 / re2 / nwf2 / ... alternating with default_again* (all the same bits: tokens
-#               must equal the first measure's; fp8_bs1_variants.py says what each sets)
+#               must equal the first measure's; fp8_bs1_variants.py says what each sets); last, if the budget
+#               allows, att_s8 / att_s8_pw4o / att_s32_n32 (the attention's split count, really changed this time)
 #   bs1         benchmarks/fp8_bs1.py --ab s6: 8B fp8 + fp8 KV batch 1, one engine: ms/token vs the roofline, the
 #               captured forward alone vs the rest (LM head, sampler, host), the graph's kernel table; then the
 #               variants ${BS1_VARIANTS:-nopdl,default_again,nopdl_again}, graph recaptured for each (nopdl: the GEMV
@@ -77,7 +78,7 @@ elif [ "${1:-}" = s14 ]; then
   : "${FP89_TESTS:=tests/quant/test_fp8_gemv_norm.py tests/quant/test_fp8_fused.py}"
 elif [ "${1:-}" = s15a ]; then
   shift; set -- tests bs1 "$@"  # the tests first: a default flips only with them
-  : "${FP89_LIMIT:=200}" "${BS1_VARIANTS:=s15_all,nwf1,eio,re1,default_again,s15_all_again,re2,nwf2,nwf1_eio,default_again2,s15_all_again2,nwf1_again,eio_again,re1_again,default_again3,nwf1_pdl,re2_again,s15_all_re2,default_again4,nwf1_again2,eio_again2,re1_again2,nwf2_again,nwf1_eio_pdl}"
+  : "${FP89_LIMIT:=200}" "${BS1_VARIANTS:=s15_all,nwf1,eio,re1,default_again,s15_all_again,re2,nwf2,nwf1_eio,default_again2,s15_all_again2,nwf1_again,eio_again,re1_again,default_again3,nwf1_pdl,re2_again,s15_all_re2,default_again4,nwf1_again2,eio_again2,re1_again2,att_s8,att_s8_pw4o,nwf2_again,nwf1_eio_pdl,att_s32_n32}"
   : "${FP89_TESTS:=tests/quant/test_fp8_norm_wfirst.py tests/quant/test_fp8_decode_one.py tests/kernels/test_rope_early.py tests/quant/test_fp8_fused.py}"
 elif [ "${1:-}" = s11b2 ]; then
   shift; set -- bs1 tests "$@"
