@@ -62,13 +62,15 @@ S6_VARIANTS = {"nosilu": {"silu": False}, "norm4": {"warps": None}, "pf16": {"mb
 # reads the slot before its PDL wait and q / k / v in one round trip after it (_fp8_kv_decode_bs1.EARLY_IO_ON,
 # OCTAVO_FP8_DECODE_ONE_EARLY_IO); "nwf1_eio" both; "reN" = the rotary kernel reads position + cos / sin before its
 # PDL wait (cuda_fusions.ROPE_EARLY, OCTAVO_ROPE_EARLY=N; 2 also triggers the attention before the wait); "s15_all" =
-# nwf1 + eio + re1, "s15_all_re2" with re2. (The "one*" variants above change DEFAULT_LAUNCH, which the 8B shape's
+# nwf1 + eio + re1, "s15_all_re2" with re2, "s15_all_amax1" with session 12's amax1 (down / o take the absmax
+# with every load in flight: down -15 us in s12b2's critical path, same scale). (The "one*" variants above change DEFAULT_LAUNCH, which the 8B shape's
 # TABLE entry overrides since session 8: they ran the default launch.)
 _NWF, _EIO = "octavo.plugins.quant.fp8_fused:W_FIRST_AT", "octavo.plugins.attention._fp8_kv_decode_bs1:EARLY_IO_ON"
 _RE = "octavo.plugins.platforms.cuda_fusions:ROPE_EARLY"
 for _tag, _v in {"nwf1": {"set": {_NWF: 1}}, "nwf2": {"set": {_NWF: 2}}, "eio": {"set": {_EIO: True}},
                  "re1": {"set": {_RE: 1}}, "re2": {"set": {_RE: 2}},
                  "s15_all": {"set": {_NWF: 1, _EIO: True, _RE: 1}}, "s15_all_re2": {"set": {_NWF: 1, _EIO: True, _RE: 2}},
+                 "s15_all_amax1": {"set": {_NWF: 1, _EIO: True, _RE: 1}, "amax": True},
                  "nwf1_eio": {"set": {_NWF: 1, _EIO: True}}, "nwf2_eio": {"set": {_NWF: 2, _EIO: True}},
                  "nwf1_pdl": {"set": {_NWF: 1}, "norm_pdl": True},
                  "nwf1_eio_pdl": {"set": {_NWF: 1, _EIO: True}, "norm_pdl": True}}.items():

@@ -78,7 +78,7 @@ elif [ "${1:-}" = s14 ]; then
   : "${FP89_TESTS:=tests/quant/test_fp8_gemv_norm.py tests/quant/test_fp8_fused.py}"
 elif [ "${1:-}" = s15a ]; then
   shift; set -- tests bs1 "$@"  # the tests first: a default flips only with them
-  : "${FP89_LIMIT:=200}" "${BS1_VARIANTS:=s15_all,nwf1,eio,re1,default_again,s15_all_again,re2,nwf2,nwf1_eio,default_again2,s15_all_again2,nwf1_again,eio_again,re1_again,default_again3,nwf1_pdl,re2_again,s15_all_re2,default_again4,nwf1_again2,eio_again2,re1_again2,att_s8,att_s8_pw4o,nwf2_again,nwf1_eio_pdl,att_s32_n32}"
+  : "${FP89_LIMIT:=200}" "${BS1_VARIANTS:=s15_all,nwf1,eio,re1,default_again,s15_all_again,re2,nwf2,s15_all_amax1,default_again2,s15_all_again2,nwf1_again,eio_again,re1_again,default_again3,s15_all_amax1_again,re2_again,s15_all_re2,nwf1_pdl,default_again4,nwf1_again2,eio_again2,re1_again2,amax1,att_s8,att_s8_pw4o,nwf2_again,nwf1_eio,att_s32_n32}"
   : "${FP89_TESTS:=tests/quant/test_fp8_norm_wfirst.py tests/quant/test_fp8_decode_one.py tests/kernels/test_rope_early.py tests/quant/test_fp8_fused.py}"
 elif [ "${1:-}" = s11b2 ]; then
   shift; set -- bs1 tests "$@"
