@@ -33,7 +33,8 @@ from structured_common import HOST_KEYS, SCHEMA, timed_steps  # noqa: E402
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--knob", required=True, help="MODULE.ATTR in octavo.core, e.g. async_gate.FILL_START_WAIT_S")
+    ap.add_argument("--knob", required=True, help="MODULE.ATTR in octavo.core, e.g. async_gate.FILL_START_WAIT_S; "
+                    "several, comma-separated, take each value together")
     ap.add_argument("--values", nargs=2, required=True, help="A and B, as JSON (the same twice: the A/A control)")
     ap.add_argument("--batches", type=int, nargs="+", default=[32, 1])
     ap.add_argument("--rounds", type=int, default=8, help="ABBA rounds per batch size (2 runs each)")
@@ -53,11 +54,14 @@ def main() -> None:
     from octavo.core.messages import EngineCoreRequest
     from octavo.structured_outputs import StructuredOutputsParams
 
-    mod_name, attr = args.knob.rsplit(".", 1)
-    mod = importlib.import_module(f"octavo.core.{mod_name}")
-    if not hasattr(mod, attr):
-        raise SystemExit(f"--knob {args.knob}: octavo.core.{mod_name} has no {attr}")
-    default = getattr(mod, attr)
+    knobs = []  # (module, attribute, engine default); several (comma-separated) take the same value together
+    for name in args.knob.split(","):
+        mod_name, attr = name.rsplit(".", 1)
+        mod = importlib.import_module(f"octavo.core.{mod_name}")
+        if not hasattr(mod, attr):
+            raise SystemExit(f"--knob {name}: octavo.core.{mod_name} has no {attr}")
+        knobs.append((mod, attr, getattr(mod, attr)))
+    default = knobs[0][2] if len(knobs) == 1 else [k[2] for k in knobs]
     values = [json.loads(v) for v in args.values]
     kw = {"max_model_len": 512, "max_num_seqs": max(args.batches), "enable_prefix_caching": False,
           "async_scheduling": False}
@@ -84,7 +88,8 @@ def main() -> None:
         prompts = [list(getattr(p, "input_ids", p)) for p in prompts]  # (a BatchEncoding or the ids)
 
         def run(v, prompts=prompts, batch=batch):
-            setattr(mod, attr, v)
+            for mod, attr, _ in knobs:
+                setattr(mod, attr, v)
             stats = core.structured.stats
             for k in stats:
                 stats[k] = 0
@@ -94,7 +99,8 @@ def main() -> None:
             try:
                 times = timed_steps(core, reqs, batch, texts)
             finally:
-                setattr(mod, attr, default)
+                for mod, attr, dflt in knobs:
+                    setattr(mod, attr, dflt)
             host = {k[:-2]: stats[k] / stats["steps"] for k in HOST_KEYS[:-2] if stats["steps"]}
             return times, host, [texts.get(r.request_id) for r in reqs]
 

@@ -26,6 +26,7 @@ def defaults(core: Any) -> dict:
             "poolaccept": so_mod.ACCEPT_ON_FILL_THREAD, "yield": so_mod.YIELD_AFTER_RELEASE,
             "native_open": grammar_device_gate.NATIVE_OPEN, "accept_gil": _xgm().ACCEPT_KEEPS_GIL,
             "pool": _native_module().POOL_THREADS, "inline_native": async_gate.NATIVE_OPEN_INLINE,
+            "nstart": grammar_device_gate.NATIVE_START, "naccept": grammar_device_gate.NATIVE_ACCEPT,
             "inline": grammar_step.INLINE_AFTER_GATE, "handoff": grammar_step.HANDOFF_WAIT_S,
             "threads": core.structured.fill_threads, "kernel": grammar_step.PLATFORM_APPLY,
             "early": so_mod.EARLY_ACCEPT}
@@ -178,6 +179,20 @@ def build_modes(args: Any, so: Any, dflt: dict) -> dict:
         # ... and with the core thread's native accept keeping the GIL (~5 us of C at batch 32), so it does not queue
         # for the GIL again behind the runner's thread on its way to N+1's fill (session 11's _acceptgil, busy lane)
         modes["json_async_nativeopen_acceptgil"] = (so, True, False, False, None, {**nat, "accept_gil": True})
+        # session 15 (json_async is the native fill + open at the accept, 4 chunks): (b) 8 chunks; (a) N's accept in
+        # the same C call as N+1's fill (grammar_device_gate.NATIVE_ACCEPT, core/grammar_accept.py); (c) that call
+        # handed to the shim's threads and not waited for: the core thread goes on to update N and schedule N+2 while
+        # C fills and opens the word (NATIVE_START); both; both with 8 chunks; both without the yield after it
+        modes["json_async_p8"] = (so, True, False, False, None, {**dflt, "pool": 8})
+        modes["json_async_naccept"] = (so, True, False, False, None, {**dflt, "naccept": True})
+        modes["json_async_start"] = (so, True, False, False, None, {**dflt, "nstart": True})
+        modes["json_async_start_naccept"] = (so, True, False, False, None, {**dflt, "nstart": True, "naccept": True})
+        modes["json_async_start_naccept_p8"] = (so, True, False, False, None, {**dflt, "nstart": True,
+                                                                                 "naccept": True, "pool": 8})
+        modes["json_async_start_naccept_p2"] = (so, True, False, False, None, {**dflt, "nstart": True,
+                                                                                 "naccept": True, "pool": 2})
+        modes["json_async_start_naccept_noyield"] = (so, True, False, False, None, {
+            **dflt, "nstart": True, "naccept": True, "yield": False})
         # session 10: the device gate with three steps in flight: N+2 is scheduled and its forward, wait, apply and
         # sampler are queued before N's tokens reach the host (the runner never parks under the device gate), so
         # the host chain N's tokens -> accept -> fill N+1 -> schedule N+3 has two device steps to hide in, not one.
@@ -230,6 +245,8 @@ def apply_knobs(core: Any, knobs: dict, on: bool, async_modes: bool, saved: dict
     grammar_device_gate.TIME_WAIT = knobs.get("probe", saved.get("time_wait", False))
     _native_module().POOL_THREADS = knobs.get("pool", saved["pool"])
     async_gate.NATIVE_OPEN_INLINE = knobs.get("inline_native", saved["inline_native"])
+    grammar_device_gate.NATIVE_START = knobs.get("nstart", saved["nstart"])
+    grammar_device_gate.NATIVE_ACCEPT = knobs.get("naccept", saved["naccept"])
     xgm.ACCEPT_READBACK_KEEPS_GIL = knobs.get("readback", True)
     xgm.ACCEPT_KEEPS_GIL = knobs.get("accept_gil", saved["accept_gil"])  # (set on the call on the next accept)
     if knobs.get("gate_only"):
@@ -264,6 +281,7 @@ def restore(core: Any, saved: dict) -> None:
     grammar_device_gate.TIME_WAIT = saved.get("time_wait", False)
     _native_module().POOL_THREADS = saved["pool"]
     async_gate.NATIVE_OPEN_INLINE = saved["inline_native"]
+    grammar_device_gate.NATIVE_START, grammar_device_gate.NATIVE_ACCEPT = saved["nstart"], saved["naccept"]
     async_gate.PARK, async_gate.EARLY_FILL = saved["park"], saved["early_fill"]
     async_gate.FILL_START_WAIT_S = saved["start_wait"]
     async_gate.DEVICE_GATE_FILL_START_WAIT_S = saved["devgate_start_wait"]

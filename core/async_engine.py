@@ -244,6 +244,8 @@ class AsyncStepLoop:
         core = self.core
         rec = self.inflight.popleft()
         try:
+            if rec.grammar is not None:  # its native fill, if started in C, over first (it may need the host to open)
+                rec.grammar.inner.settle()
             result = resolve(rec.future.result())
         except BaseException:
             self._release_all()

@@ -101,6 +101,12 @@ class GatedGrammarStep:
         # fill + open, NATIVE_OPEN_INLINE)
         few = (len(self.inner.matchers) < EARLY_FILL_MIN_ROWS or hasattr(self.inner.backend, "post_fill")
                or _native_inline(self.inner))
+        if getattr(before, "rows_accept", False):  # N's accept, which the native fill at the accept may take over
+            if few and _native_inline(self.inner) and not self._gate.is_set() and not self._fill_started:
+                self.release(accept=before)  # (core/grammar_accept.py: accepted in C or here, always before the fill)
+                return
+            before()
+            before = None
         if before is not None and (not self.inner.seq or self._gate.is_set() or self._fill_started or few):
             before()  # ``before`` (the previous step's accept) goes with the fill job only under the device gate
             before = None
@@ -116,15 +122,22 @@ class GatedGrammarStep:
             wait = DEVICE_GATE_FILL_START_WAIT_S if g.seq else FILL_START_WAIT_S
             g.start_on_pool(0.0 if before is not None else wait, before=before)
 
-    def release(self, before: Any = None) -> None:
+    def release(self, before: Any = None, accept: Any = None) -> None:
+        """Open the gate (fill now if not started). ``before``: the previous step's accept, run first; ``accept``: the
+        same as a core/grammar_accept.py object, which this step's native fill may take over (else it runs first)."""
         if before is not None:  # (the previous step's accept, when this is the accept's hook: here, first)
             before()
         if self._gate.is_set():
+            if accept is not None:
+                accept()
             return
         if not self._fill_started:
             g = self._drop_finished()
             if g.matchers:
-                g.start(gated=True)  # core/grammar_step.py INLINE_AFTER_GATE: filled right here, on the core thread
+                g.start(gated=True, accept=accept)  # grammar_step.INLINE_AFTER_GATE: filled right here, core thread
+                accept = None
+        if accept is not None:
+            accept()
         g = self.inner
         with self._lock:
             self._gate.set()

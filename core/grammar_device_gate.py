@@ -57,6 +57,18 @@ GRAPH = env_switch("OCTAVO_GRAMMAR_GRAPH", True)
 # the Python fill on the bitmask thread (benchmark mode json_async_pyfill).
 NATIVE_OPEN = env_switch("OCTAVO_GRAMMAR_NATIVE_OPEN", True)
 NATIVE_OPEN_EXPLICIT = bool(os.environ.get("OCTAVO_GRAMMAR_NATIVE_OPEN", "").strip())  # set: refuse, never fall back
+# Session 15, opt-in: with NATIVE_OPEN at the accept, the core thread hands N+1's fill to the shim's C threads and does
+# not wait for it (``fill_open_start``): it goes on to update N and schedule N+2 while C fills and opens the word (the
+# device waits on the word, not the host). The fill is joined before the matchers move again and before the core
+# thread waits for that step's tokens (GrammarStep.settle). Benchmark mode json_async_start.
+NATIVE_START = env_switch("OCTAVO_GRAMMAR_NATIVE_START", False)
+# Session 15, opt-in: N's accept inside that native call (row j accepts its token, then fills), so the core thread's
+# Python accept (0.10 ms a step, session 15 call 1) leaves the step's path too (core/grammar_accept.py). Modes
+# json_async_naccept (the fill waited for), json_async_start_naccept (not waited for).
+NATIVE_ACCEPT = env_switch("OCTAVO_GRAMMAR_NATIVE_ACCEPT", False)
+if (NATIVE_START or NATIVE_ACCEPT) and not NATIVE_OPEN:
+    raise ValueError("OCTAVO_GRAMMAR_NATIVE_START / OCTAVO_GRAMMAR_NATIVE_ACCEPT=1 work on the native fill, which "
+                     "OCTAVO_GRAMMAR_NATIVE_OPEN=0 turns off: unset them or it")
 # The benchmark's probe: time each device wait with two device events (read after the step's tokens arrived,
 # core/structured_output.py stats "device_wait_s": how long the device idled for the fill; around the graph's replay
 # since session 14, so the wait plus the apply). Off in the engine.
@@ -92,6 +104,9 @@ def native_open_or_fallback(backend: Any, name: str) -> bool:
             check()
             return True
         except (OSError, RuntimeError) as e:
+            if NATIVE_START or NATIVE_ACCEPT:  # (set explicitly: they need the native fill, refused by name)
+                raise ValueError(f"OCTAVO_GRAMMAR_NATIVE_START / OCTAVO_GRAMMAR_NATIVE_ACCEPT=1: the {name} backend's "
+                                 f"native fill cannot run here ({e}); unset them") from None
             logger.warning("structured outputs: the %s backend's native fill cannot run here (%s); using the Python "
                            "fill (OCTAVO_GRAMMAR_NATIVE_OPEN=0 chooses it without this check)", name, e)
     try:
@@ -99,6 +114,50 @@ def native_open_or_fallback(backend: Any, name: str) -> bool:
     except AttributeError:
         pass
     return False
+
+
+def fill_gated(step: Any, accept: Any = None) -> None:
+    """A device-gated ``GrammarStep``'s fill (core/grammar_step.py ``_fill``): the rows where the runner's launch put
+    them, then the word opened: by a grammar worker process (``post_fill``), from C (:data:`NATIVE_OPEN`; started and
+    not waited for with :data:`NATIVE_START`, joined in :func:`settle`), or here after the Python fill. ``accept``
+    (core/grammar_accept.py): the previous step's accept, taken by the native call or run first."""
+    post, posted = getattr(step.backend, "post_fill", None), False  # (a worker process opens the word)
+    native = getattr(step.backend, "fill_open", None) if NATIVE_OPEN and post is None else None
+    if accept is not None and native is None:
+        accept()
+    try:
+        if post is not None:
+            post(step.matchers, step.bitmask, step.seq)
+            posted = True
+        elif native is not None:  # filled and opened from C: no GIL between the two
+            words = step.device_gate.words
+            if NATIVE_START:  # handed to C's threads
+                step._job = step.backend.fill_open_start(step.matchers, step.bitmask, words, step.seq, accept)
+            posted = step._job is not None or native(step.matchers, step.bitmask, words, step.seq, accept)
+        else:
+            step._fill_rows()
+    finally:  # open the device's wait even if the fill failed (the error fails the step on the host)
+        step.t_fill1 = time.perf_counter()
+        if not posted:
+            step.device_gate.open(step.seq)
+        elif native is not None and step._job is None:  # (the word opened at ``posted``; this thread's GIL after)
+            step.open_lag_s, step.t_fill1 = step.t_fill1 - posted, posted
+    step.fill_s = step.t_fill1 - step.t_fill0
+
+
+def settle(step: Any) -> None:
+    """``step``'s started native fill joined (GIL released only while it still runs); after a failed native call (C
+    left the word closed) the job filled again in Python and the word is opened here, the error kept for the step."""
+    job = step._job
+    try:
+        t_end = job.join()
+    except BaseException as e:  # noqa: BLE001 - raised again by the step's wait()
+        step._error, t_end = e, 0.0
+    if not t_end:
+        step.device_gate.open(step.seq)
+    step._job = None
+    step.t_fill1 = t_end or time.perf_counter()
+    step.fill_s = step.t_fill1 - step.t_fill0
 
 
 class DeviceGate:

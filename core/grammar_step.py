@@ -89,7 +89,7 @@ class GrammarStep:
     __slots__ = ("backend", "positions", "request_ids", "matchers", "bitmask", "pool", "chunks", "_future",
                  "_rows", "_error", "fill_s", "wait_s", "apply_s", "t_start", "t_fill0", "t_fill1", "t_resume",
                  "handoff_wait_s", "_resumed", "cpu_hint", "cpu_pre", "parked", "device_gate", "seq", "wait_events",
-                 "open_lag_s")
+                 "open_lag_s", "_job")
 
     def __init__(self, backend: Any, positions: list[int], request_ids: list[str], matchers: list[Any],
                  bitmask: Any, pool: ThreadPoolExecutor, chunks: tuple[int, ThreadPoolExecutor] | None = None) -> None:
@@ -120,6 +120,7 @@ class GrammarStep:
         # device, and this step's number there (0: no device wait; set by the async loop's GatedGrammarStep)
         self.device_gate: Any = None
         self.seq, self.wait_events = 0, None  # wait_events: device events around the wait (the benchmark's probe)
+        self._job: Any = None  # a native fill started and not waited for (grammar_device_gate.NATIVE_START): settle()
 
     def subset(self, keep: list[int]) -> GrammarStep:
         """A not yet started step of rows ``keep`` only (same buffer, pools and settings)."""
@@ -146,27 +147,13 @@ class GrammarStep:
             for f in futures:  # every chunk is over before the rows are read (or the step fails)
                 f.result()
 
-    def _fill(self) -> tuple[list[str], list[int], Any]:
+    def _fill(self, accept: Any = None) -> tuple[list[str], list[int], Any]:
+        """``accept`` (core/grammar_accept.py): the previous step's accept, which a native fill may take; else run first."""
         t0 = self.t_fill0 = time.perf_counter()
         if self.seq:  # the device waits for these rows where the runner's launch put them (no compaction)
-            post, posted = getattr(self.backend, "post_fill", None), False  # (a worker process opens the word)
-            native = getattr(self.backend, "fill_open", None) if grammar_device_gate.NATIVE_OPEN and post is None else None
-            try:
-                if post is not None:
-                    post(self.matchers, self.bitmask, self.seq)
-                    posted = True
-                elif native is not None:  # filled and opened from C: no GIL between the two (grammar_device_gate)
-                    posted = native(self.matchers, self.bitmask, self.device_gate.words, self.seq)
-                else:
-                    self._fill_rows()
-            finally:  # open the device's wait even if the fill failed (the error fails the step on the host)
-                self.t_fill1 = time.perf_counter()
-                if not posted:
-                    self.device_gate.open(self.seq)
-                elif native is not None:  # (the word opened at ``posted``; this thread's GIL wait came after it)
-                    self.open_lag_s, self.t_fill1 = self.t_fill1 - posted, posted
-            self.fill_s = self.t_fill1 - t0
+            grammar_device_gate.fill_gated(self, accept)
             return self.request_ids, self.positions, self.bitmask
+        accept() if accept is not None else None
         self._fill_rows()
         # NOTE: numpy, not torch: `(t != -1).any(dim=1)` on [32, 1536] int32: 28-48 ms on the CPU torch, numpy 0.01
         words = self.bitmask.numpy()
@@ -187,21 +174,31 @@ class GrammarStep:
         self.fill_s = self.t_fill1 - t0
         return rows
 
-    def start(self, gated: bool = False) -> None:
+    def start(self, gated: bool = False, accept: Any = None) -> None:
         """Begin filling: on the bitmask thread (the libraries release the GIL while they fill), or, when a gate opens
-        (``gated``) and :data:`INLINE_AFTER_GATE`, on this thread (an error is kept and raised by :meth:`wait`)."""
+        (``gated``) and :data:`INLINE_AFTER_GATE`, on this thread (an error is kept and raised by :meth:`wait`).
+        ``accept``: see :meth:`_fill` (run here first where this step does not fill on this thread)."""
         if self._future is not None or self._rows is not None or self._error is not None:
+            accept() if accept is not None else None
             return
         self.t_start = time.perf_counter()
         if gated and INLINE_AFTER_GATE:
             if self.handoff_wait_s > 0:
                 self._resumed = threading.Event()
             try:
-                self._rows = self._fill()
+                self._rows = self._fill(accept)
             except BaseException as e:  # noqa: BLE001 - raised again in wait(), on the runner's thread
                 self._error = e
         else:
+            accept() if accept is not None else None
             self._future = self.pool.submit(self._fill)
+
+    def settle(self) -> None:
+        """A native fill started and not waited for (grammar_device_gate.NATIVE_START) is over (joined; a failed call
+        filled again in Python, the word opened here, the error kept for :meth:`wait`). Called before the matchers move
+        and before the host waits for this step's tokens."""
+        if self._job is not None:
+            grammar_device_gate.settle(self)
 
     def start_on_pool(self, started_wait_s: float = 0.0, before: Any = None) -> None:
         """Fill on the bitmask thread in one call (no row chunks: they would wait for the GIL the caller keeps); block up
@@ -228,6 +225,8 @@ class GrammarStep:
     def wait(self) -> tuple[list[str], list[int], Any]:
         """``(request ids, their positions in batch.scheduled, packed rows [n, words])`` of the rows to mask;
         fills now if ``start`` was not called. Safe to call more than once."""
+        if self._job is not None:
+            self.settle()
         if self._error is not None:
             raise self._error
         if self._rows is None:

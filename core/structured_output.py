@@ -23,25 +23,23 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from octavo.core import grammar_device_gate, grammar_step
+from octavo.core.grammar_accept import RowsAccept
 from octavo.core.grammar_reasoning import grammar_start
 from octavo.core.grammar_rows import StepRows
 from octavo.core.grammar_step import GrammarStep, apply_packed, fill_threads
 from octavo.env_flags import env_switch
 
 logger = logging.getLogger(__name__)
-# Under async scheduling, accept N's tokens (and fill N+1) before Scheduler.update (accept_sampled); False: after
-# it, in accept_tokens (benchmarks/structured_outputs.py mode json_async_late compares them).
+# Async: accept N's tokens (and fill N+1) before Scheduler.update (accept_sampled); False: after it (json_async_late).
 EARLY_ACCEPT = True
-# With the device gate (core/grammar_device_gate.py) and an early fill on the bitmask thread: N's tokens are accepted
-# there, in the job that then fills N+1, instead of on this thread, which goes on to update N and schedule N+2 at
-# once (the device, not this thread, waits for the masks). False: here (benchmark mode json_async_devgate_poolaccept).
+# With the device gate and an early fill on the bitmask thread: N's tokens accepted in the job that then fills N+1, not
+# on this thread, which goes on to update N and schedule N+2 (json_async_devgate_poolaccept). False: here.
 ACCEPT_ON_FILL_THREAD = False
-# After releasing N+1's fill: ``time.sleep(0)``, so a bitmask thread takes the GIL now. Session 11 measured the GIL
-# wait after it (``release_s``) at ~1.05 ms per step on the H100 when no fill thread exists (the no-grammar-work
-# floor): the yield can hand the GIL to the runner's thread instead, and this thread (update N, schedule N+2: the next
-# step's critical path) waits for it. Session 12 A/B: False = no yield (modes json_async_noyield, _postonly_noyield).
+# After releasing N+1's fill: ``time.sleep(0)``, so a bitmask thread takes the GIL now. Session 11 measured the GIL wait
+# after it (``release_s``) at ~1.05 ms per step on the H100 with no fill thread (the no-grammar-work floor): the yield
+# can hand the GIL to the runner's thread instead, and this thread (update N, schedule N+2: the next step's critical
+# path) waits for it. Session 12 A/B: False = no yield (json_async_noyield, _postonly_noyield).
 YIELD_AFTER_RELEASE = True
-
 
 # Session 11, opt-in: the backend's matchers in a worker process (the backend's ``out_of_process``: xgrammar's,
 # plugins/structured_output/xgrammar_worker.py), so accept + fill + their glue leave this process's GIL; a backend
@@ -252,8 +250,8 @@ class StructuredOutputManager:
         """Advance each request's matcher by the token it just got (``Scheduler.update``'s result): one batched
         call (xgrammar ``batch_accept_token``) on this thread.
 
-        NOTE (H100 host, batch 32, async): as a job on the bitmask thread it took 0.69 ms per step (0.04 alone): that
-        thread waited for the GIL while this one scheduled, on the next fill's critical path. So it stays here."""
+        NOTE (H100 host, batch 32, async): as a job on the bitmask thread it took 0.69 ms per step (0.04 alone): it
+        waited for the GIL while this thread scheduled (session 15: in C, OCTAVO_GRAMMAR_NATIVE_ACCEPT, no GIL)."""
         t0 = time.perf_counter()
         self._close_inflight()
         matchers, tokens, rids = [], [], []
@@ -303,16 +301,18 @@ class StructuredOutputManager:
         before = None
         if matchers and ACCEPT_ON_FILL_THREAD and hook is not None:  # the gate decides where it runs (async_gate)
             before = functools.partial(self._accept, matchers, tokens, rids)
+        elif matchers and grammar_device_gate.NATIVE_ACCEPT and hook is not None:  # (N+1's native fill may take it)
+            before = RowsAccept(self, matchers, tokens, rids)
         elif matchers:
             self._accept(matchers, tokens, rids)
         t1 = time.perf_counter()
         self.stats["accept_s"] += t1 - t0
         if hook is not None:
-            # N+1's gate: its fill runs now, on this thread (grammar_step.INLINE_AFTER_GATE), and on an accelerator
-            # this thread then waits until the runner's thread took the rows (GrammarStep.handoff); else the fill is
-            # queued on the bitmask thread and the yield lets that thread take the GIL now. Without it the other
-            # thread waits until this one blocks or Python's 5 ms switch interval.
+            # N+1's gate: its fill runs now, on this thread (grammar_step.INLINE_AFTER_GATE), or is queued on the
+            # bitmask thread and the yield lets that thread take the GIL now (else: when this one blocks, or 5 ms).
             hook(before) if before is not None else hook()
+            if not getattr(before, "done", True):  # (a RowsAccept no fill took: accepted here)
+                before()
             if YIELD_AFTER_RELEASE:
                 time.sleep(0)
             self.stats["release_s"] += time.perf_counter() - t1
@@ -384,7 +384,7 @@ class StructuredOutputManager:
         for pool in (self._pool, self._fill_pool, self._chunk_pool):
             if pool is not None:
                 pool.shutdown(wait=False, cancel_futures=True)
-        if self._backend is not None and hasattr(self._backend, "close"):  # a grammar worker process
+        if self._backend is not None and hasattr(self._backend, "close"):  # a worker process; a started native fill
             self._backend.close()
 
 

@@ -65,6 +65,13 @@
 # Argument "s14b" (the lead's last call of session 14, one H200): json_async (then still the Python fill) vs
 # json_async_nativeopen_p4_inline, 3 repeats each shape. Argument "confirm14" (for the next quiet GPU, 150 s bound): the
 # default since d8e52ee (native fill + open at the accept: json_async) vs json_async_pyfill, 135M x5 and 1.1B x3.
+# Argument "s15a" (session 15, call 1; the lead's 32-core kind, GPU1 idle; same 150 s bound): the GPU tests of the started
+# native fill (the device waits until the shim's last chunk opens the word; N's accept in C first; 1 and 4 chunks) and
+# of session 14's native open (30 s); whether the shim builds here (15 s); 135M x5: json_async (as it ships: native
+# fill + open at the accept, 4 chunks, the core thread waits for it) vs json_async_p8 (8 chunks), json_async_naccept (N's
+# accept in the same C call: OCTAVO_GRAMMAR_NATIVE_ACCEPT), json_async_start (the call handed to the shim's threads, not
+# waited for: OCTAVO_GRAMMAR_NATIVE_START), json_async_start_naccept (both), _start_naccept_p8, _start_naccept_noyield
+# (+ free_async; 65 s); then the 1.1B shape x3: json_async vs _naccept, _start, _start_naccept (what is left).
 # STRUCTURED9_DRY=1: a CPU dry run (tiny shapes, few steps; the device modes then run the Python gate).
 set -u
 cd "$(dirname "$0")/../.."
@@ -149,6 +156,30 @@ if [ "$PART" = headline ]; then  # the engine as it ships (json_async = its defa
          --batches 32 --model /tmp/structured9_llama1b --json "$R/llama1b_headline.json"
   fi
   echo "structured9 headline done in ${SECONDS}s"
+  ls -la "$R"
+  exit 0
+fi
+if [ "$PART" = s15a ]; then  # session 15 call 1: the core thread's grammar work off the step's path (see the header)
+  if [ "$DRY" != 1 ]; then
+    step native_test 30 python3 -m pytest -q -x -rs -p no:cacheprovider tests/structured/test_native_start.py \
+         tests/structured/test_native_open.py -k device_waits
+  fi
+  if [ "$XGR" = 1 ]; then
+    step native_check $(( 15 * X )) python3 -c "from octavo.plugins.structured_output.xgrammar_backend import \
+XGrammarBackend as B; B.check_fill_open(); print('native fill_open builds: ok')"
+    S15=(--modes json_async json_async_p8 json_async_naccept json_async_start json_async_start_naccept
+                 json_async_start_naccept_p8 json_async_start_naccept_noyield --wait-events off --batches 32)
+    L15=(--modes json_async json_async_naccept json_async_start json_async_start_naccept --wait-events off --batches 32)
+    if ! grep -q "builds: ok" "$R/native_check.log" 2>/dev/null; then  # (no shim here: nothing of this part can run)
+      echo "native fill + open unavailable here: json_async (the Python fill) only" | tee -a "$R/exits.txt"
+      S15=(--modes json_async --wait-events off --batches 32); L15=(--modes json_async --wait-events off --batches 32)
+    fi
+    step smol135m_s15a $(( 65 * X )) python3 benchmarks/structured_outputs.py "${COMMON[@]}" "${S15[@]}" \
+         --repeats 5 --model /tmp/structured9_smol135m --json "$R/smol135m_s15a.json"
+    step llama1b_s15a $(( $(left) - 1 * X )) python3 benchmarks/structured_outputs.py "${COMMON[@]}" "${L15[@]}" \
+         --repeats 3 --model /tmp/structured9_llama1b --json "$R/llama1b_s15a.json"
+  fi
+  echo "structured9 s15a done in ${SECONDS}s"
   ls -la "$R"
   exit 0
 fi

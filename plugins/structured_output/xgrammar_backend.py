@@ -93,6 +93,7 @@ class XGrammarBackend(StructuredOutputBackend):
         # tokens: the engine passes the same list (never mutated) every steady decode step (core/grammar_rows.py),
         # so the per-row checks and lists are built once per batch, not once per step
         self._accept_rows: tuple = ((), False, None, None, frozenset())
+        self._pending: _StartedFill | None = None  # the last started native fill (fill_open_start), until joined
 
     @classmethod
     def is_available(cls) -> bool:
@@ -123,13 +124,19 @@ class XGrammarBackend(StructuredOutputBackend):
     def matcher(self, compiled: Any) -> GrammarMatcher:
         return _Matcher(self.xgr.GrammarMatcher(compiled))
 
-    def accept_tokens(self, matchers: list[GrammarMatcher], tokens: list[int]) -> list[bool]:
+    def _rows_of(self, matchers: list[GrammarMatcher]) -> tuple:
+        """``(matchers, all ours, their xgrammar matchers, native handles, stop tokens)``, kept for the last list."""
         rows = self._accept_rows
         if rows[0] is not matchers:
             ours = len(matchers) > 1 and all(isinstance(m, _Matcher) for m in matchers)
             rows = self._accept_rows = (matchers, ours, [m.m for m in matchers] if ours else None,
                                         [m.h for m in matchers] if ours else None,
                                         frozenset().union(*[m._stop for m in matchers]) if ours else frozenset())
+        return rows
+
+    def accept_tokens(self, matchers: list[GrammarMatcher], tokens: list[int]) -> list[bool]:
+        self.settle()  # (a started native fill is over before any matcher moves)
+        rows = self._rows_of(matchers)
         if rows[1]:  # one C call for the step
             ok = _batch_accept(self.xgr, rows[2], tokens, rows[3])
             if not rows[4].isdisjoint(tokens):  # (a stop token is the only way an xgrammar matcher terminates)
@@ -155,23 +162,79 @@ class XGrammarBackend(StructuredOutputBackend):
         batch, inner = self._batch_rows(matchers)
         fill_rows(self.xgr, batch, matchers, bitmask, inner)
 
-    def fill_open(self, matchers: list[GrammarMatcher], bitmask: Any, words: Any, seq: int) -> float:
+    def _native_tokens(self, matchers: list[GrammarMatcher], inner: list | None, accept: Any) -> list[int] | None:
+        """``accept`` (N's tokens for these rows, core/grammar_accept.py) as the native call's per-row tokens when the
+        C call can take it (the same list, all ours, no row terminated, no stop token: the terminated flag then
+        stays right); else it runs here first, in Python (None)."""
+        if accept is None or accept.done:
+            return None
+        if (inner is not None and accept.matchers is matchers and self._rows_of(matchers)[4].isdisjoint(accept.tokens)
+                and not any([m.terminated for m in matchers])):
+            accept.done = True
+            return accept.tokens
+        accept()
+        return None
+
+    def _native(self, batch: Any, started: bool) -> Any:
+        from octavo.plugins.structured_output import xgrammar_native as xn
+
+        native = getattr(self._local, "native", None)
+        if (native is None or native.batch is not batch or native.threads != xn.POOL_THREADS
+                or native.started != started):
+            self.settle()
+            native = self._local.native = xn.NativeFill(batch, xn.POOL_THREADS, started)
+        return native
+
+    def fill_open(self, matchers: list[GrammarMatcher], bitmask: Any, words: Any, seq: int, accept: Any = None) -> float:
         """The device-gated fill with the gate word opened from C right after it (core/grammar_step.py NATIVE_OPEN,
         xgrammar_native.py): perf_counter seconds when the word opened, 0.0 when it did not (rows with a terminated
         matcher or not all ours go through :meth:`fill_bitmasks`; a failed native call is filled again that way,
-        which raises xgrammar's error or fills): the caller then opens it."""
+        which raises xgrammar's error or fills): the caller then opens it. ``accept`` (session 15, opt-in
+        OCTAVO_GRAMMAR_NATIVE_ACCEPT): the previous step's tokens, accepted row by row in the same C call."""
         batch, inner = self._batch_rows(matchers)
+        tokens = self._native_tokens(matchers, inner, accept)
         if inner is not None and not any([m.terminated for m in matchers]):
-            from octavo.plugins.structured_output import xgrammar_native as xn
-
-            native = getattr(self._local, "native", None)
-            if native is None or native.batch is not batch or native.threads != xn.POOL_THREADS:
-                native = self._local.native = xn.NativeFill(batch, xn.POOL_THREADS)
-            t_end = native(inner, bitmask, words, seq)
+            native = self._native(batch, False)
+            t_end = native(inner, bitmask, words, seq, tokens)
+            if tokens is not None:
+                accept.native(native.accepted(len(inner)))
             if t_end:
                 return t_end
         fill_rows(self.xgr, batch, matchers, bitmask, inner)
         return 0.0
+
+    def fill_open_start(self, matchers: list[GrammarMatcher], bitmask: Any, words: Any, seq: int,
+                        accept: Any = None) -> Any:
+        """Session 15 (opt-in OCTAVO_GRAMMAR_NATIVE_START): :meth:`fill_open` handed to the shim's threads and not
+        waited for: a job whose ``join()`` returns as :meth:`fill_open` does (call it before the matchers or the rows
+        are touched again; :meth:`accept_tokens` and :meth:`settle` do); None where it cannot start (nothing done
+        but maybe ``accept``: then :meth:`fill_open`)."""
+        batch, inner = self._batch_rows(matchers)
+        if inner is None or any([m.terminated for m in matchers]):
+            return None
+        self.settle()
+        tokens = self._native_tokens(matchers, inner, accept)
+        if tokens is None and any([m.terminated for m in matchers]):  # (a stop token accepted just now, in Python)
+            return None
+        native = self._native(batch, True)
+        if not native.start(inner, bitmask, words, seq, tokens):
+            if tokens is not None:
+                accept.done = False  # (not taken: fill_open accepts them)
+            return None
+        job = self._pending = _StartedFill(self, native, matchers, bitmask, accept if tokens is not None else None)
+        return job
+
+    def settle(self) -> None:
+        """A started native fill of this backend over (its error, if any, stays with its job for the step)."""
+        job, self._pending = self._pending, None
+        if job is not None:
+            try:
+                job.join()
+            except Exception:  # noqa: BLE001 - raised again by the step's own join (GrammarStep.settle)
+                pass
+
+    def close(self) -> None:
+        self.settle()
 
     @staticmethod
     def check_fill_open() -> None:
@@ -182,3 +245,33 @@ class XGrammarBackend(StructuredOutputBackend):
         self_test()  # (builds the shim first)
         if not clock_matches():
             raise RuntimeError("time.perf_counter is not CLOCK_MONOTONIC here (the shim's stamps would not compare)")
+
+
+class _StartedFill:
+    """A native fill handed to the shim's threads (:meth:`XGrammarBackend.fill_open_start`): ``join()`` waits for it
+    once (any thread; later calls give the same answer), reports the C accept's results, and on a failed native call
+    fills again through xgrammar's Python API (its error is raised, here and by every later ``join()``)."""
+
+    __slots__ = ("backend", "native", "matchers", "bitmask", "accept", "result", "lock")
+
+    def __init__(self, backend: XGrammarBackend, native: Any, matchers: list, bitmask: Any, accept: Any) -> None:
+        self.backend, self.native, self.matchers, self.bitmask, self.accept = backend, native, matchers, bitmask, accept
+        self.result: Any = None
+        self.lock = threading.Lock()
+
+    def join(self) -> float:
+        with self.lock:
+            if self.result is None:
+                try:
+                    t_end = self.native.join()
+                    if not t_end:  # (the word stays closed: the caller opens it after this)
+                        batch, inner = self.backend._batch_rows(self.matchers)
+                        fill_rows(self.backend.xgr, batch, self.matchers, self.bitmask, inner)
+                    self.result = t_end
+                    if self.accept is not None:  # (refused tokens: warnings; a failed accept call raises)
+                        self.accept.native(self.native.accepted(len(self.matchers)))
+                except Exception as e:  # noqa: BLE001 - kept: every join raises it (the step fails on the host)
+                    self.result = e
+        if isinstance(self.result, BaseException):
+            raise self.result
+        return self.result

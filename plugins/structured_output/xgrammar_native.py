@@ -24,134 +24,7 @@ import os
 import time
 from typing import Any
 
-C_SOURCE = r"""
-#include <pthread.h>
-#include <stdint.h>
-#include <stdlib.h>
-#include <time.h>
-
-typedef struct { int32_t type_index; uint32_t zero_padding; union { int64_t v_int64; void *v_ptr; double v_f; } v; }
-    ffi_any;
-typedef int (*ffi_call_t)(void *func, ffi_any *args, int32_t num_args, ffi_any *result);
-typedef void (*ffi_move_error_t)(void **result);
-typedef int (*ffi_decref_t)(void *obj);
-
-typedef struct {  /* the tvm_ffi entry points and the fill method */
-    ffi_call_t call; ffi_move_error_t move_error; ffi_decref_t decref; void *func;
-} ffi_fns;
-
-/* one fill call: args = the 5 views Python prepared (self, matchers Array, DLTensor* rows, None, false) */
-static int fill_one(const ffi_fns *f, ffi_any *args) {
-    ffi_any result;
-    result.type_index = 0;
-    result.zero_padding = 0;
-    result.v.v_int64 = 0;
-    int rc = f->call(f->func, args, 5, &result);
-    if (rc == 0) {
-        if (result.type_index >= 64 && result.v.v_ptr) f->decref(result.v.v_ptr);  /* (the method returns None) */
-    } else {  /* the error sits in this thread's slot: clear it (the caller refills through Python) */
-        void *err = 0;
-        f->move_error(&err);
-        if (err) f->decref(err);
-    }
-    return rc;
-}
-
-/* persistent workers for chunks 1..n-1 of a call (chunk 0 runs on the caller): no thread made per call, no GIL */
-typedef struct {
-    pthread_mutex_t mu;
-    pthread_cond_t go, done;
-    long gen;
-    int stop, n, pending, rc, nworkers;
-    const ffi_fns *fns;
-    ffi_any *args;  /* n x 5 */
-    pthread_t th[64];
-} fill_pool;
-
-typedef struct { fill_pool *p; int index; } worker_arg;
-
-static void *worker(void *arg) {
-    worker_arg *w = (worker_arg *)arg;
-    fill_pool *p = w->p;
-    int i = w->index;
-    free(w);
-    long seen = 0;
-    for (;;) {
-        pthread_mutex_lock(&p->mu);
-        while (p->gen == seen && !p->stop) pthread_cond_wait(&p->go, &p->mu);
-        if (p->stop) { pthread_mutex_unlock(&p->mu); return 0; }
-        seen = p->gen;
-        int mine = i < p->n;
-        pthread_mutex_unlock(&p->mu);
-        if (!mine) continue;
-        int rc = fill_one(p->fns, p->args + 5 * i);
-        pthread_mutex_lock(&p->mu);
-        if (rc) p->rc = rc;
-        if (--p->pending == 0) pthread_cond_signal(&p->done);
-        pthread_mutex_unlock(&p->mu);
-    }
-}
-
-void *octavo_fill_pool_new(int nworkers) {
-    if (nworkers < 1 || nworkers > 64) return 0;
-    fill_pool *p = (fill_pool *)calloc(1, sizeof(fill_pool));
-    pthread_mutex_init(&p->mu, 0);
-    pthread_cond_init(&p->go, 0);
-    pthread_cond_init(&p->done, 0);
-    for (int i = 0; i < nworkers; ++i) {
-        worker_arg *w = (worker_arg *)malloc(sizeof(worker_arg));
-        w->p = p;
-        w->index = i + 1;
-        if (pthread_create(&p->th[i], 0, worker, w)) { free(w); break; }
-        p->nworkers = i + 1;
-    }
-    return p;
-}
-
-void octavo_fill_pool_free(void *handle) {
-    fill_pool *p = (fill_pool *)handle;
-    if (!p) return;
-    pthread_mutex_lock(&p->mu);
-    p->stop = 1;
-    pthread_cond_broadcast(&p->go);
-    pthread_mutex_unlock(&p->mu);
-    for (int i = 0; i < p->nworkers; ++i) pthread_join(p->th[i], 0);
-    free(p);
-}
-
-/* fns: the 4 entry points; args: n x 5 views (chunk j's rows); pool: 0 or a pool with >= n - 1 workers. Returns 0 when
-   every chunk filled, then word[0] = max(word[0], seq) after the rows are written (seq 0: no word); else a failed
-   chunk's rc and the word untouched. *t_end: CLOCK_MONOTONIC seconds (Python's perf_counter clock on Linux). */
-int octavo_fill_open(const ffi_fns *fns, ffi_any *args, int n, void *pool, int32_t *word, int32_t seq,
-                     double *t_end) {
-    fill_pool *p = (fill_pool *)pool;
-    int rc = 0;
-    if (n > 1 && p && p->nworkers >= n - 1) {
-        pthread_mutex_lock(&p->mu);
-        p->fns = fns;
-        p->args = args;
-        p->n = n;
-        p->pending = n - 1;
-        p->rc = 0;
-        p->gen++;
-        pthread_cond_broadcast(&p->go);
-        pthread_mutex_unlock(&p->mu);
-        rc = fill_one(fns, args);
-        pthread_mutex_lock(&p->mu);
-        while (p->pending > 0) pthread_cond_wait(&p->done, &p->mu);
-        if (!rc) rc = p->rc;
-        pthread_mutex_unlock(&p->mu);
-    } else {
-        for (int j = 0; j < n && !rc; ++j) rc = fill_one(fns, args + 5 * j);
-    }
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    *t_end = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-    if (rc == 0 && seq > 0 && __atomic_load_n(word, __ATOMIC_ACQUIRE) < seq)
-        __atomic_store_n(word, seq, __ATOMIC_RELEASE);  /* after every row (the workers' writes joined above) */
-    return rc;
-}
-"""
+from octavo.plugins.structured_output.xgrammar_native_src import C_SOURCE
 
 _state: dict[str, Any] = {}
 _P = ctypes.c_void_p
@@ -171,6 +44,10 @@ class _Fns(ctypes.Structure):
     _fields_ = [("call", _P), ("move_error", _P), ("decref", _P), ("func", _P)]
 
 
+class _Accept(ctypes.Structure):  # the C accept_job: each row's accept before its chunk's fill (session 15)
+    _fields_ = [("fn", _P), ("mviews", _P), ("tokens", _P), ("ok", _P), ("cuts", _P)]
+
+
 class _DLTensor(ctypes.Structure):
     _fields_ = [("data", _P), ("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32),
                 ("ndim", ctypes.c_int32), ("code", ctypes.c_uint8), ("bits", ctypes.c_uint8),
@@ -179,6 +56,7 @@ class _DLTensor(ctypes.Structure):
 
 
 _NONE, _BOOL, _DLTENSOR_PTR = 0, 2, 7  # tvm_ffi type indices (tvm/ffi/c_api.h TVMFFITypeIndex)
+_DBL = ctypes.POINTER(ctypes.c_double)
 
 
 def library() -> tuple[Any, tuple[int, int, int]]:
@@ -187,13 +65,22 @@ def library() -> tuple[Any, tuple[int, int, int]]:
     if "lib" not in _state:
         from octavo.plugins.quant.cpu_build import cached_library
 
-        sig = {"octavo_fill_open": ([_P, _P, ctypes.c_int, _P, _P, ctypes.c_int32, ctypes.POINTER(ctypes.c_double)],
-                                    ctypes.c_int),
+        sig = {"octavo_fill_open": ([_P, _P, ctypes.c_int, _P, _P, ctypes.c_int32, _DBL, _P], ctypes.c_int),
+               "octavo_fill_join": ([_P, _DBL], ctypes.c_int),
                "octavo_fill_pool_new": ([ctypes.c_int], _P), "octavo_fill_pool_free": ([_P], None)}
-        lib = cached_library(_state, C_SOURCE, "octavo_xgrammar_fill_open", ["-O2", "-shared", "-fPIC", "-pthread"],
+        lib = cached_library(_state, C_SOURCE, "octavo_xgrammar_fill_open15", ["-O2", "-shared", "-fPIC", "-pthread"],
                              sig)
         if lib is None:
             raise RuntimeError(f"the fill shim did not build: {_state.get('why')}")
+        # the calls that never block (queue a started fill, ask whether it is over, join one that is): through a
+        # PyDLL handle, which keeps the GIL: a ctypes call that releases it makes this thread queue for it again
+        # behind the runner's thread (up to the switch interval) for a call of a few microseconds
+        gil = ctypes.PyDLL(lib._name)  # noqa: SLF001 - (the same file: dlopen returns the same handle)
+        for name, argtypes in (("octavo_fill_open_start", [_P, _P, ctypes.c_int, _P, _P, ctypes.c_int32, _P]),
+                               ("octavo_fill_done", [_P]), ("octavo_fill_join", [_P, _DBL])):
+            fn = getattr(gil, name)
+            fn.argtypes, fn.restype = argtypes, ctypes.c_int
+        _state["gil"] = gil
         import tvm_ffi
 
         path = os.path.join(os.path.dirname(tvm_ffi.__file__), "lib", "libtvm_ffi.so")
@@ -210,35 +97,47 @@ def _object_view(handle: int) -> tuple[int, int]:
     return ctypes.c_int32.from_address(handle + 8).value, handle
 
 
+def _method(handle: Any, name: str) -> Any:
+    """The reflected tvm_ffi ``Function`` of method ``name`` on ``handle``'s type (what xgrammar's Python calls)."""
+    from tvm_ffi import core
+
+    info = core._type_cls_to_type_info(type(handle))  # noqa: SLF001
+    return next(m.func for m in info.methods if m.name == name)
+
+
 class NativeFill:
     """One filling thread's native fill + open (the backend keeps one per thread, as its ``BatchGrammarMatcher``).
 
     Args:
         batch: that thread's ``xgrammar.BatchGrammarMatcher`` (chunk 0's; the other chunks get their own).
         threads: :data:`POOL_THREADS` when made.
+        started: session 15: fills are handed to the pool and not waited for (:meth:`start`, :meth:`join`): then
+            ``threads`` workers, every chunk on one, none on the caller; else ``threads - 1`` and :meth:`__call__`.
     """
 
-    def __init__(self, batch: Any, threads: int = 1) -> None:
+    def __init__(self, batch: Any, threads: int = 1, started: bool = False) -> None:
         import xgrammar as xgr
-        from tvm_ffi import core
 
         self.lib, entry = library()
-        info = core._type_cls_to_type_info(type(batch._handle))  # noqa: SLF001 - the reflected method's Function
-        fn = next(m.func for m in info.methods if m.name == "batch_fill_next_token_bitmask")
+        self.gil = _state["gil"]
+        fn = _method(batch._handle, "batch_fill_next_token_bitmask")  # noqa: SLF001
         self.fns = _Fns(*entry, fn.__chandle__())
-        self.batch, self.fn, self.threads = batch, fn, threads
+        self.batch, self.fn, self.threads, self.started = batch, fn, threads, started
         self.batches = [batch] + [xgr.BatchGrammarMatcher(max_threads=1) for _ in range(threads - 1)]
-        self.pool = self.lib.octavo_fill_pool_new(threads - 1) if threads > 1 else None
-        if threads > 1 and not self.pool:
-            raise RuntimeError(f"the fill shim could not start {threads - 1} threads")
+        workers = threads if started else threads - 1
+        self.pool = self.lib.octavo_fill_pool_new(workers) if workers > 0 else None
+        if workers > 0 and not self.pool:
+            raise RuntimeError(f"the fill shim could not start {workers} threads")
         self._key: tuple = ()
-        self._keep: tuple = ()  # the Arrays and the DLTensors' parts, alive while the args point at them
+        self._keep: tuple = ()  # the Arrays, the DLTensors' parts and the rows, alive while the args point at them
         self.args, self.n = None, 0
         self.t_end = ctypes.c_double(0.0)
+        self.acc, self.tokens, self.ok, self.accept_fn = None, None, None, None
+        self.pending = False  # a started fill not joined yet
 
     def __del__(self) -> None:
         if getattr(self, "pool", None):
-            self.lib.octavo_fill_pool_free(self.pool)
+            self.lib.octavo_fill_pool_free(self.pool)  # (waits for a started fill first)
             self.pool = None
 
     def _prepare(self, inner: list, bitmask: Any) -> None:
@@ -248,9 +147,11 @@ class NativeFill:
         key = (inner, bitmask.data_ptr(), n, words, bitmask.stride(0))
         if self._key and self._key[0] is inner and self._key[1:] == key[1:]:
             return
+        if self.pending:
+            self.join()  # (never here in the engine: it joins before the matchers move again)
         k = max(1, min(self.threads, len(inner) // MIN_ROWS_PER_CHUNK))
         cuts = [len(inner) * i // k for i in range(k + 1)]
-        args, keep = (_Any * (5 * k))(), []
+        args, keep = (_Any * (5 * k))(), [bitmask]
         for j, (a, b) in enumerate(zip(cuts, cuts[1:])):
             arr = tvm_ffi.convert([m._handle for m in inner[a:b]])  # noqa: SLF001
             shape = (ctypes.c_int64 * 2)(b - a, words)
@@ -264,17 +165,60 @@ class NativeFill:
             v[3].type_index, v[3].v = _NONE, 0
             v[4].type_index, v[4].v = _BOOL, 0
             keep += [arr, shape, strides, dl]
+        # each row's matcher as a view for its accept (the Arrays above hold the matchers alive)
+        mviews = (_Any * len(inner))()
+        for r, m in enumerate(inner):
+            mviews[r].type_index, mviews[r].v = _object_view(m._handle.__chandle__())  # noqa: SLF001
+        if self.accept_fn is None and inner:
+            self.accept_fn = _method(inner[0]._handle, "accept_token")  # noqa: SLF001
+        self.tokens, self.ok = (ctypes.c_int32 * len(inner))(), (ctypes.c_int8 * len(inner))()
+        c_cuts = (ctypes.c_int32 * (k + 1))(*cuts)
+        self.acc = _Accept(self.accept_fn.__chandle__() if self.accept_fn is not None else None,
+                           ctypes.addressof(mviews), ctypes.addressof(self.tokens), ctypes.addressof(self.ok),
+                           ctypes.addressof(c_cuts))
+        keep += [mviews, c_cuts]
         self._key, self._keep, self.args, self.n = key, (keep, self.batches), args, k
 
-    def __call__(self, inner: list, bitmask: Any, words: Any, seq: int) -> float:
+    def _acc(self, tokens: list[int] | None) -> Any:
+        if tokens is None:
+            return None
+        self.tokens[:] = tokens
+        return ctypes.byref(self.acc)
+
+    def __call__(self, inner: list, bitmask: Any, words: Any, seq: int, tokens: list[int] | None = None) -> float:
         """Fill ``bitmask[j]`` from ``inner[j]`` (xgrammar matchers, none terminated) and open ``words[0]`` to ``seq``
         (0: no word): perf_counter seconds when the fill ended, or 0.0 when the native call failed (nothing opened;
-        the caller fills again through the Python API and opens the word)."""
+        the caller fills again through the Python API and opens the word). ``tokens`` (session 15): row j's matcher
+        accepts ``tokens[j]`` first, in the same call (results: :meth:`accepted`)."""
         self._prepare(inner, bitmask)
         word = words.data_ptr() if words is not None else None
         rc = self.lib.octavo_fill_open(ctypes.byref(self.fns), self.args, self.n, self.pool, word, seq,
-                                       ctypes.byref(self.t_end))
+                                       ctypes.byref(self.t_end), self._acc(tokens))
         return self.t_end.value if rc == 0 else 0.0
+
+    def start(self, inner: list, bitmask: Any, words: Any, seq: int, tokens: list[int] | None = None) -> bool:
+        """:meth:`__call__`'s work handed to the pool, not waited for (the GIL kept for the few microseconds of the
+        call): True once queued, False where it cannot be (then nothing was done). Until :meth:`join` nothing may
+        touch ``inner``'s matchers or ``bitmask``."""
+        if not self.started or self.pool is None:
+            return False
+        self._prepare(inner, bitmask)
+        word = words.data_ptr() if words is not None else None
+        rc = self.gil.octavo_fill_open_start(ctypes.byref(self.fns), self.args, self.n, self.pool, word, seq,
+                                             self._acc(tokens))
+        self.pending = rc == 0
+        return self.pending
+
+    def join(self) -> float:
+        """Wait for the started fill (GIL released only while it still runs): as :meth:`__call__` returns."""
+        self.pending = False
+        lib = self.gil if self.gil.octavo_fill_done(self.pool) else self.lib
+        rc = lib.octavo_fill_join(self.pool, ctypes.byref(self.t_end))
+        return self.t_end.value if rc == 0 else 0.0
+
+    def accepted(self, n: int) -> bytes:
+        """The last call's accept results of its ``n`` rows: 1 accepted, 0 refused, 2 the call failed."""
+        return ctypes.string_at(ctypes.addressof(self.ok), n)
 
 
 def self_test(threads: int = 2) -> None:
