@@ -77,6 +77,12 @@ for _tag, _v in {"nwf1": {"set": {_NWF: 1}}, "nwf2": {"set": {_NWF: 2}}, "eio": 
     for _suffix in ("", "_again", "_again2"):
         S6_VARIANTS.setdefault(_tag + _suffix, _v)
 S6_VARIANTS.setdefault("default_again4", {})
+# s15a (H100): nwf1 -13 us (default since), nwf1_pdl -22, s15_all -18, eio / re1 even (re1: rotary -24 us, the
+# attention +21: its own early loads end later than the rotary), nwf2 / re2 +9; s15b: "nwf0" = sessions 6-14's norm
+for _tag, _v in {"nwf0": {"set": {_NWF: 0}}, "s15_all_pdl": {"set": {_NWF: 1, _EIO: True, _RE: 1}, "norm_pdl": True},
+                 "nwf1_eio_pdl_amax1": {"set": {_NWF: 1, _EIO: True}, "norm_pdl": True, "amax": True}}.items():
+    for _suffix in ("", "_again", "_again2"):
+        S6_VARIANTS.setdefault(_tag + _suffix, _v)
 # session 15: the attention launch really changed (the TABLE entry replaced): "att_s8" = 8 key splits (64 programs:
 # half the SMs stay free for o_proj's first programs), "att_s8_pw4o" with o_proj reading 4 blocks before its wait,
 # "att_s32_n32" = 32 splits of 32-key tiles; other sums in the merge, so tokens may differ (1e-2 tests vs float64)

@@ -133,8 +133,9 @@ SMALL_ROWS_WARPS: int | None = 16
 NORM_PDL = env_switch("OCTAVO_FP8_NORM_PDL", default=False)
 # where the quantizing norm reads its weight and lets the next GEMV launch (the kernel's ``W_FIRST``: 0 as sessions 6-14,
 # 1 weight first + trigger after the loads, 2 weight first + trigger after the sum of squares); the same bits.
-# ``OCTAVO_FP8_NORM_WFIRST`` (0 / 1 / 2; default 0 until measured on a GPU, session 15)
-W_FIRST_AT = env_int("OCTAVO_FP8_NORM_WFIRST", 0, 0, 2)
+# ``OCTAVO_FP8_NORM_WFIRST`` (0 / 1 / 2). Default 1 since session 15's GPU A/B (H100, 8B fp8 bs1, one engine, 3 pairs:
+# captured forward 2.950-2.951 ms vs 2.961-2.967, tokens equal, GPU tests passed); 2 lost (+9 us: the GEMV starts late)
+W_FIRST_AT = env_int("OCTAVO_FP8_NORM_WFIRST", 1, 0, 2)
 
 
 def rms_norm_quant(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None,
