@@ -316,6 +316,10 @@ def main() -> None:
                     mod = importlib.import_module(mod)
                     saved.setdefault((mod, attr), getattr(mod, attr))
                     setattr(mod, attr, value)
+                if v.get("install"):  # "module:function"(model, device): wrappers a variant's switch needs
+                    mod, fn = v["install"].split(":")
+                    res.setdefault("installed", {})[v["install"]] = getattr(importlib.import_module(mod), fn)(
+                        model, torch.device("cuda"))
                 pinned = pin(v["tiles"]) if "tiles" in v else {}
                 res.setdefault("pinned_tiles", {})[tag] = v.get("tiles")
                 with torch.inference_mode():

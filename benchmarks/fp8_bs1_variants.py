@@ -83,6 +83,13 @@ for _tag, _v in {"nwf0": {"set": {_NWF: 0}}, "s15_all_pdl": {"set": {_NWF: 1, _E
                  "nwf1_eio_pdl_amax1": {"set": {_NWF: 1, _EIO: True}, "norm_pdl": True, "amax": True}}.items():
     for _suffix in ("", "_again", "_again2"):
         S6_VARIANTS.setdefault(_tag + _suffix, _v)
+# "arope" = the rotary inside the one-launch attention (fp8_attn_rope.py, OCTAVO_FP8_ATTN_ROPE: no rotary launch, the
+# attention launched as the qkv GEMV's dependent; the same bits), with EARLY_IO ("arope_eio") and the norm under PDL
+_AR = {"set": {"octavo.plugins.quant.fp8_attn_rope:ON": True}, "install": "octavo.plugins.quant.fp8_attn_rope:install"}
+for _tag, _v in {"arope": _AR, "arope_eio": {**_AR, "set": {**_AR["set"], _EIO: True}},
+                 "arope_eio_pdl": {**_AR, "set": {**_AR["set"], _EIO: True}, "norm_pdl": True}}.items():
+    for _suffix in ("", "_again", "_again2"):
+        S6_VARIANTS.setdefault(_tag + _suffix, _v)
 # session 15: the attention launch really changed (the TABLE entry replaced): "att_s8" = 8 key splits (64 programs:
 # half the SMs stay free for o_proj's first programs), "att_s8_pw4o" with o_proj reading 4 blocks before its wait,
 # "att_s32_n32" = 32 splits of 32-key tiles; other sums in the merge, so tokens may differ (1e-2 tests vs float64)

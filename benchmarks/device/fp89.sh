@@ -38,9 +38,10 @@
 #               must equal the first measure's; fp8_bs1_variants.py says what each sets); last, if the budget
 #               allows, att_s8 / att_s8_pw4o / att_s32_n32 (the attention's split count, really changed this time)
 #   s15b        session 15 call 2 (fp815, cap 200 s): the norm's weight-first read is the default now (s15a: -13 us);
-#               GPU tests again (the norm chain, the norm under PDL after a GEMV, the fused producers), then one engine:
-#               nwf0 (sessions 6-14's norm) and the norm under PDL (nwf1_pdl: -22 us in s15a, n=1), with the attention's
-#               EARLY_IO (nwf1_eio_pdl) and the rotary's (s15_all_pdl), amax1 (session 12), x3 alternating with the default
+#               GPU tests (test_fp8_decode_one.py incl. the rotary inside, test_fp8_norm_wfirst.py), then one engine:
+#               arope (the rotary inside the one-launch attention, fp8_attn_rope.py; GPU test first: the kernel with
+#               unrotated q / k = the rotary kernel + the plain launch, output and cache bytes), nwf0 (sessions 6-14's
+#               norm), the norm under PDL (nwf1_pdl: -22 us in s15a, n=1) with the attention's EARLY_IO, x3 alternating
 #   bs1         benchmarks/fp8_bs1.py --ab s6: 8B fp8 + fp8 KV batch 1, one engine: ms/token vs the roofline, the
 #               captured forward alone vs the rest (LM head, sampler, host), the graph's kernel table; then the
 #               variants ${BS1_VARIANTS:-nopdl,default_again,nopdl_again}, graph recaptured for each (nopdl: the GEMV
@@ -86,8 +87,8 @@ elif [ "${1:-}" = s15a ]; then
   : "${FP89_TESTS:=tests/quant/test_fp8_norm_wfirst.py tests/quant/test_fp8_decode_one.py tests/kernels/test_rope_early.py tests/quant/test_fp8_fused.py}"
 elif [ "${1:-}" = s15b ]; then
   shift; set -- tests bs1 "$@"
-  : "${FP89_LIMIT:=200}" "${BS1_VARIANTS:=nwf0,nwf1_pdl,nwf1_eio_pdl,eio,default_again,nwf0_again,nwf1_pdl_again,nwf1_eio_pdl_again,s15_all_pdl,default_again2,nwf0_again2,nwf1_pdl_again2,nwf1_eio_pdl_again2,eio_again,amax1,default_again3,nwf1_eio_pdl_amax1,s15_all_pdl_again,amax1_again,nwf1_eio_pdl_amax1_again,default_again4}"
-  : "${FP89_TESTS:=tests/quant/test_fp8_norm_wfirst.py tests/quant/test_fp8_prefetch.py tests/quant/test_fp8_fused.py}"
+  : "${FP89_LIMIT:=200}" "${BS1_VARIANTS:=arope,nwf0,nwf1_eio_pdl,arope_eio_pdl,default_again,arope_again,nwf0_again,nwf1_eio_pdl_again,arope_eio_pdl_again,default_again2,arope_eio,nwf1_pdl,arope_again2,nwf0_again2,arope_eio_pdl_again2,nwf1_eio_pdl_again2,default_again3,arope_eio_again,s15_all_pdl,amax1,default_again4}"
+  : "${FP89_TESTS:=tests/quant/test_fp8_decode_one.py tests/quant/test_fp8_norm_wfirst.py}"
 elif [ "${1:-}" = s11b2 ]; then
   shift; set -- bs1 tests "$@"
   : "${FP89_LIMIT:=140}" "${BS1_VARIANTS:=notable,self,pf32,default_again,notable_again,self_again,pf32_again,silu_rope,nopdl}"

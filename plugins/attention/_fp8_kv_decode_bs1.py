@@ -66,6 +66,14 @@ def _attend(q, k, v, kn, vn, t0, end, new, m_i, l_i, acc, scale_log2, DEQ: tl.co
 
 
 @triton.jit
+def _rot(x, xp, c, s, lo, dtype):
+    """Neox rotary of a row held with its partner columns (``xp[j] = x[(j + HEAD/2) % HEAD]``), rounded to ``dtype``:
+    the FMAs of cuda_fusions._rope_kernel's sm_90 code, written out (o1 = fma(cos, a, -(sin * b)), o2 = fma(sin, a,
+    cos * b)) so both kernels round alike."""
+    return tl.where(lo, tl.fma(x, c, -(xp * s)), tl.fma(xp, s, x * c)).to(dtype)
+
+
+@triton.jit
 def _fp8_decode_one_kernel(
     q_ptr, k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, table_ptr, seq_len_ptr, slot_ptr, out_ptr,
     part_ptr, ml_ptr, count_ptr,
@@ -73,13 +81,16 @@ def _fp8_decode_one_kernel(
     scale_log2, out_scale, k_scale, v_scale,
     GROUP: tl.constexpr, G_P: tl.constexpr, HEAD: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
     SPLITS: tl.constexpr, DEQ: tl.constexpr, EARLY: tl.constexpr, PDL: tl.constexpr = False,
-    EARLY_IO: tl.constexpr = False,
+    EARLY_IO: tl.constexpr = False, pos_ptr=None, cos_ptr=None, sin_ptr=None, stride_cos=0, ROPE: tl.constexpr = False,
 ):
     """Program ``(h, s)``: kv head ``h``, key split ``s`` (module docstring). With PDL it first loads what no earlier
     kernel of the step writes (length, block table, with ``EARLY`` its first K/V tile of past tokens), then waits.
     ``EARLY_IO`` (session 15, ``EARLY_IO_ON``; the same bits): the slot (host input, as the length) is read before the
     wait too, and q and the new k / v are all asked for right after it, before any of them is used (sm_90 SASS without
-    it: q's load, a barrier, then k / v, then the slot: three round trips after the wait)."""
+    it: q's load, a barrier, then k / v, then the slot: three round trips after the wait). ``ROPE`` (session 15, neox,
+    full rotary): q / k arrive unrotated (the qkv GEMV's output) and are rotated here as the rotary kernel does, its
+    position and cos / sin read before the wait: the rotary launch goes, and this kernel launches as the GEMV's
+    dependent (its early loads overlap the GEMV)."""
     h = tl.program_id(0)
     s = tl.program_id(1)
     d = tl.arange(0, HEAD)
@@ -95,16 +106,31 @@ def _fp8_decode_one_kernel(
                      PAGE, HEAD, BLOCK_N)
     if EARLY_IO:
         slot_early = tl.load(slot_ptr).to(tl.int64)
-    if PDL:  # q / k / v come from the previous launch (rotary)
+    if ROPE:
+        dp = (d + HEAD // 2) % HEAD  # each column's rotary partner
+        pos = tl.load(pos_ptr).to(tl.int64)
+        c_r = tl.load(cos_ptr + pos * stride_cos + d % (HEAD // 2))
+        s_r = tl.load(sin_ptr + pos * stride_cos + d % (HEAD // 2))
+    if PDL:  # q / k / v come from the previous launch (rotary; with ROPE the qkv GEMV)
         gdc_wait()
         gdc_launch_dependents()
     if EARLY_IO:  # k / v first: Triton stores q to shared memory (its dot layout) right after q's load, and the
         k_in = tl.load(k_ptr + h * stride_kh + d)  # barrier there keeps later loads behind q's round trip
         v_in = tl.load(v_ptr + h * stride_vh + d)
-    q = tl.load(q_ptr + (h * GROUP + r)[:, None] * stride_qh + d[None, :], mask=r_ok[:, None], other=0.0)
+        if ROPE:
+            k_in = _rot(k_in.to(tl.float32), tl.load(k_ptr + h * stride_kh + dp).to(tl.float32), c_r, s_r,
+                        d < HEAD // 2, k_in.dtype)
+    q_rows = q_ptr + (h * GROUP + r)[:, None] * stride_qh
+    q = tl.load(q_rows + d[None, :], mask=r_ok[:, None], other=0.0)
+    if ROPE:
+        q = _rot(q.to(tl.float32), tl.load(q_rows + dp[None, :], mask=r_ok[:, None], other=0.0).to(tl.float32),
+                 c_r[None, :], s_r[None, :], (d < HEAD // 2)[None, :], q.dtype)
     if not EARLY_IO:
         k_in = tl.load(k_ptr + h * stride_kh + d)
         v_in = tl.load(v_ptr + h * stride_vh + d)
+        if ROPE:
+            k_in = _rot(k_in.to(tl.float32), tl.load(k_ptr + h * stride_kh + dp).to(tl.float32), c_r, s_r,
+                        d < HEAD // 2, k_in.dtype)
     q = tl.clamp(q.to(tl.float32), -F16_MAX, F16_MAX).to(tl.float16)
     # the new token's K/V as the KV-write kernel stores them (saturating, never inf/NaN)
     kq = tl.clamp(k_in.to(tl.float32) / k_scale, -448.0, 448.0)
@@ -183,12 +209,14 @@ def _scratch(device, num_kv: int, splits: int, g_p: int, head: int):
 
 def fp8_decode_one(query, key, value, k_cache, v_cache, block_table, seq_lens, slot_mapping, out, *, scale: float,
                    k_scale: float, v_scale: float, splits: int = 16, block_n: int = 64, num_warps: int = 4,
-                   deq: int = 3, early: bool = True, pdl: dict | None = None, early_io: bool | None = None) -> None:
+                   deq: int = 3, early: bool = True, pdl: dict | None = None, early_io: bool | None = None,
+                   rope: tuple | None = None) -> None:
     """One decode token of one request: ``query [1, H, D]``, ``key``/``value [1, KVH, D]`` (after rotary) ->
     ``out [1, H, D]``; stores the new K/V (e4m3, ``/ k_scale`` / ``/ v_scale``) at ``slot_mapping[0]`` of the caches
     ``[blocks, page, KVH, D]``. ``block_table`` is the request's row, ``seq_lens [1]`` counts the new token.
     ``scale`` is the softmax scale times ``k_scale``. ``deq``: ``_fp8_kv_decode._deq``'s exact conversions, 0 (Triton's)
-    or 3 (the same pinned before shared memory; GPU only). ``early_io``: the kernel's ``EARLY_IO`` (None: ``EARLY_IO_ON``)."""
+    or 3 (the same pinned before shared memory; GPU only). ``early_io``: the kernel's ``EARLY_IO`` (None: ``EARLY_IO_ON``).
+    ``rope``: ``(positions [1], cos, sin [max_pos, head / 2])``: ``query`` / ``key`` are not rotated yet (neox, full)."""
     if splits < 1 or splits & (splits - 1) or splits > 64:
         raise ValueError(f"fp8_decode_one: splits must be a power of two in 1..64, not {splits}")
     if deq not in (0, 3):
@@ -202,10 +230,17 @@ def fp8_decode_one(query, key, value, k_cache, v_cache, block_table, seq_lens, s
     part, ml, count = _scratch(query.device, num_kv, splits, g_p, head)
     from octavo.plugins.attention._triton_kernels import LOG2E
 
+    if rope is not None:
+        pos, cos, sin = rope
+        if cos.shape[-1] * 2 != head or cos.stride(-1) != 1 or sin.stride() != cos.stride() or pos.numel() != 1:
+            raise ValueError(f"fp8_decode_one: rope needs neox cos / sin tables [positions, {head // 2}] and one "
+                             f"position, got {tuple(cos.shape)} / {tuple(sin.shape)}, {pos.numel()} positions")
+    r_args = dict(pos_ptr=rope[0], cos_ptr=rope[1], sin_ptr=rope[2], stride_cos=rope[1].stride(0), ROPE=True) \
+        if rope is not None else {}
     _fp8_decode_one_kernel[(num_kv, splits)](
         query, key, value, k_cache, v_cache, block_table, seq_lens, slot_mapping, out, part, ml, count,
         query.stride(1), key.stride(1), value.stride(1), out.stride(1), k_cache.stride(0), k_cache.stride(1),
-        scale * LOG2E, v_scale, k_scale, v_scale,
+        scale * LOG2E, v_scale, k_scale, v_scale, **r_args,
         GROUP=group, G_P=g_p, HEAD=head, PAGE=k_cache.shape[1], BLOCK_N=block_n, SPLITS=splits, DEQ=deq,
         EARLY=early, EARLY_IO=EARLY_IO_ON if early_io is None else bool(early_io), num_warps=num_warps, num_stages=1,
         **(pdl or {}))

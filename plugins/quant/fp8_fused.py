@@ -282,6 +282,10 @@ def link_fp8_inputs(model: torch.nn.Module) -> dict[str, int]:
 
         if fp8_rope_gemv.STATE["on"]:  # qkv GEMV + rotary at one row (checked per shape here)
             rope = fp8_rope_gemv.fuse_fp8_rope_gemv(model, device)
+        from octavo.plugins.quant import fp8_attn_rope
+
+        if fp8_attn_rope.ON:  # the rotary inside the one-launch attention at one row (session 15)
+            fp8_attn_rope.install(model)
     producers = [m for m in model.modules() if type(m) in (RMSNorm, SiluAndMul)
                  and "_octavo_plain_forward" not in vars(m)] if fuse else []  # not twice
     handles, links, order, pairs = [], {}, [], []

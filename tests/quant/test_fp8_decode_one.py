@@ -71,7 +71,36 @@ def check(heads, kv, d, L, splits, block_n, deq, ks=0.5, vs=0.25):
     print("ok", heads, kv, d, L, splits, block_n, f"{err:.2e}")
 
 
+def check_rope(heads, kv, d, L, splits, block_n, deq, ks=0.5, vs=0.25):
+    # ROPE: unrotated q / k with the position give the bits of the rotary kernel + the plain launch (cache too)
+    from octavo.nn.rotary import get_rope
+    from octavo.plugins.platforms.cuda_fusions import rotary
+
+    rope = get_rope(d, 4096, 500000.0).to(DEV)
+    q, kc, vc, _, _, bt, tables = paged_case(gen, heads, kv, d, [L], E4M3, torch.bfloat16, ks, vs, PAGE)
+    q = (q * 3).to(torch.bfloat16).to(DEV)
+    kn = (torch.randn(1, kv, d, generator=gen) * 2).to(torch.bfloat16).to(DEV)
+    vn = torch.randn(1, kv, d, generator=gen).to(torch.bfloat16).to(DEV)
+    pos = torch.tensor([L - 1 + 1000], device=DEV)
+    slot = torch.tensor([tables[0][(L - 1) // PAGE] * PAGE + (L - 1) % PAGE], device=DEV)
+    qr, kr = rotary(rope, pos, q.reshape(1, -1), kn.reshape(1, -1))
+    got = []
+    for fused in (False, True):
+        k2, v2 = kc.to(DEV), vc.to(DEV)
+        out = torch.full((1, heads, d), float("nan"), dtype=torch.bfloat16, device=DEV)
+        args = (q, kn, vn, {"rope": (pos, rope.cos_cache, rope.sin_cache)}) if fused else \
+            (qr.view(1, heads, d), kr.view(1, kv, d), vn, {})
+        fp8_decode_one(*args[:3], k2, v2, bt[0].to(DEV), torch.tensor([L], dtype=torch.int32, device=DEV), slot,
+                       out, scale=d ** -0.5 * ks, k_scale=ks, v_scale=vs, splits=splits, block_n=block_n, deq=deq,
+                       pdl=PDL, early_io=fused, **args[3])
+        got.append((out, k2.view(torch.uint8).cpu(), v2.view(torch.uint8).cpu()))
+    assert all(torch.equal(a, b) for a, b in zip(*got)), (heads, kv, d, L, splits, "ROPE: other bits")
+    print("ok rope", heads, kv, d, L, splits)
+
+
 if DEV.type == "cuda":  # Llama-3-8B heads, the engine's conversion (deq 3); contexts to 2,000
+    for L, splits in ((700, 16), (2000, 16), (1, 16)):
+        check_rope(32, 8, 128, L, splits, 64, 3, ks=0.05, vs=0.02)
     for L, splits, bn in ((1, 16, 64), (700, 16, 64), (2000, 16, 64), (2000, 8, 64), (129, 1, 64), (1500, 32, 32)):
         check(32, 8, 128, L, splits, bn, 3, ks=0.05, vs=0.02)
     # a CUDA graph captured once, replayed at other lengths (the tickets reset inside the launch)
@@ -105,6 +134,8 @@ else:
     for L, splits, bn in ((1, 4, 16), (70, 4, 16), (33, 16, 16), (130, 1, 32), (100, 2, 64)):
         check(8, 2, 32, L, splits, bn, 0)
     check(16, 4, 64, 45, 8, 16, 0)
+    check_rope(8, 2, 32, 70, 4, 16, 0)
+    check_rope(8, 2, 32, 33, 16, 16, 0)
 
 # through the triton backend: one decode token of one request takes the one launch with =1, not with =0
 if DEV.type == "cpu":
@@ -167,18 +198,18 @@ def _run(env_extra):
 
 def test_fp8_decode_one_interpreted():
     out = _run({"TRITON_INTERPRET": "1", "DECODE_TEST_DEVICE": "cpu"})
-    assert out.count("ok ") == 7 and "ok backend" in out
+    assert out.count("ok ") == 9 and "ok backend" in out and out.count("ok rope") == 2
 
 
 @pytest.mark.gpu
 @needs_cuda
 def test_fp8_decode_one_on_cuda():
     out = _run({"DECODE_TEST_DEVICE": "cuda"})
-    assert out.count("ok ") == 6 + 4
+    assert out.count("ok ") == 6 + 4 + 3 and out.count("ok rope") == 3
 
 
-@pytest.mark.parametrize("early_io", [False, True])
-def test_sm90_early_io_loads_sit_where_asked(early_io):
+@pytest.mark.parametrize("early_io,rope", [(False, False), (True, False), (True, True)])
+def test_sm90_early_io_loads_sit_where_asked(early_io, rope):
     """sm_90 PTX of the engine's launch (Triton's own compiler, CPU): with ``EARLY_IO`` the slot (a 64-bit load) is
     asked for before the PDL wait and q / k / v all before the first barrier after it; without it q's shared-memory
     store and barrier come between q and the new k / v (two round trips; the slot after them: a third)."""
@@ -195,14 +226,21 @@ def test_sm90_early_io_loads_sit_where_asked(early_io):
     types = ["*bf16"] * 3 + ["*fp8e4nv"] * 2 + ["*i32", "*i32", "*i64", "*bf16", "*fp32", "*fp32", "*i32"] \
         + ["i32"] * 6 + ["fp32"] * 4
     consts = dict(GROUP=4, G_P=16, HEAD=128, PAGE=16, BLOCK_N=64, SPLITS=16, DEQ=3, EARLY=True, PDL=True,
-                  EARLY_IO=early_io)
+                  EARLY_IO=early_io, ROPE=rope)
+    sig = dict(zip(names, types))
+    if rope:
+        sig.update(pos_ptr="*i64", cos_ptr="*fp32", sin_ptr="*fp32", stride_cos="i32")
+    else:
+        consts.update(pos_ptr=None, cos_ptr=None, sin_ptr=None, stride_cos=0)
     attrs = {(i,): [["tt.divisibility", 16]] for i in range(18)}  # what the JIT specializes for the engine's tensors
-    src = triton.compiler.ASTSource(fn=_fp8_decode_one_kernel,
-                                    signature={**dict(zip(names, types)), **{k: "constexpr" for k in consts}},
+    src = triton.compiler.ASTSource(fn=_fp8_decode_one_kernel, signature={**sig, **{k: "constexpr" for k in consts}},
                                     constexprs=consts, attrs=attrs)
     ptx = triton.compile(src, target=GPUTarget("cuda", 90, 64), options={"num_warps": 4, "num_stages": 1}).asm["ptx"]
     wait = ptx.index("griddepcontrol.wait")
-    assert bool(re.search(r"ld\.global[\w.]*b64", ptx[:wait])) == early_io  # the slot
+    assert bool(re.search(r"ld\.global[\w.]*b64", ptx[:wait])) == early_io  # the slot (rope: + the position)
+    if rope:  # position, cos, sin before the wait; after it q, k and their partner columns, v: all before a barrier
+        assert len(re.findall(r"ld\.global[\w.]*b64", ptx[:wait])) == 2
+        assert "fma.rn.f32" in ptx[wait:]
     after = re.findall(r"ld\.global[\w.]*|bar\.sync", ptx[wait:])
     first_bar = after.index("bar.sync")
-    assert (first_bar == 4) == early_io, after[:8]  # k, v, q (two vector loads) before the first barrier
+    assert (first_bar >= 4) == early_io, after[:8]  # k, v, q (two vector loads) before the first barrier
