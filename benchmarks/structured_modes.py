@@ -25,7 +25,7 @@ def defaults(core: Any) -> dict:
             "devgate": grammar_device_gate.DEVICE_GATE, "graph": grammar_device_gate.GRAPH,
             "poolaccept": so_mod.ACCEPT_ON_FILL_THREAD, "yield": so_mod.YIELD_AFTER_RELEASE,
             "native_open": grammar_device_gate.NATIVE_OPEN, "accept_gil": _xgm().ACCEPT_KEEPS_GIL,
-            "pool": _native_module().POOL_THREADS, "inline_native": async_gate.NATIVE_OPEN_INLINE,
+            "pool": _native_module().POOL_THREADS, "spin": _native_module().SPIN_US, "inline_native": async_gate.NATIVE_OPEN_INLINE,
             "nstart": grammar_device_gate.NATIVE_START, "naccept": grammar_device_gate.NATIVE_ACCEPT,
             "inline": grammar_step.INLINE_AFTER_GATE, "handoff": grammar_step.HANDOFF_WAIT_S,
             "threads": core.structured.fill_threads, "kernel": grammar_step.PLATFORM_APPLY,
@@ -179,10 +179,8 @@ def build_modes(args: Any, so: Any, dflt: dict) -> dict:
         # ... and with the core thread's native accept keeping the GIL (~5 us of C at batch 32), so it does not queue
         # for the GIL again behind the runner's thread on its way to N+1's fill (session 11's _acceptgil, busy lane)
         modes["json_async_nativeopen_acceptgil"] = (so, True, False, False, None, {**nat, "accept_gil": True})
-        # session 15 (json_async is the native fill + open at the accept, 4 chunks): (b) 8 chunks; (a) N's accept in
-        # the same C call as N+1's fill (grammar_device_gate.NATIVE_ACCEPT, core/grammar_accept.py); (c) that call
-        # handed to the shim's threads and not waited for: the core thread goes on to update N and schedule N+2 while
-        # C fills and opens the word (NATIVE_START); both; both with 8 chunks; both without the yield after it
+        # session 15 (json_async: the native fill + open at the accept, 4 chunks): (b) 8 chunks; (a) N's accept in N+1's
+        # C fill call (grammar_device_gate.NATIVE_ACCEPT); (c) that call not waited for by the core thread (NATIVE_START)
         modes["json_async_p8"] = (so, True, False, False, None, {**dflt, "pool": 8})
         modes["json_async_naccept"] = (so, True, False, False, None, {**dflt, "naccept": True})
         modes["json_async_start"] = (so, True, False, False, None, {**dflt, "nstart": True})
@@ -193,6 +191,11 @@ def build_modes(args: Any, so: Any, dflt: dict) -> dict:
                                                                                  "naccept": True, "pool": 2})
         modes["json_async_start_naccept_noyield"] = (so, True, False, False, None, {
             **dflt, "nstart": True, "naccept": True, "yield": False})
+        # (d) the shim's idle workers poll 2 ms for the next call before they sleep (xgrammar_native.SPIN_US)
+        modes["json_async_spin"] = (so, True, False, False, None, {**dflt, "spin": 2000.0})
+        modes["json_async_naccept_spin"] = (so, True, False, False, None, {**dflt, "naccept": True, "spin": 2000.0})
+        modes["json_async_start_naccept_spin"] = (so, True, False, False, None, {**dflt, "nstart": True,
+                                                                                   "naccept": True, "spin": 2000.0})
         # session 10: the device gate with three steps in flight: N+2 is scheduled and its forward, wait, apply and
         # sampler are queued before N's tokens reach the host (the runner never parks under the device gate), so
         # the host chain N's tokens -> accept -> fill N+1 -> schedule N+3 has two device steps to hide in, not one.
@@ -244,6 +247,7 @@ def apply_knobs(core: Any, knobs: dict, on: bool, async_modes: bool, saved: dict
     grammar_device_gate.NATIVE_OPEN = knobs.get("native_open", saved["native_open"])
     grammar_device_gate.TIME_WAIT = knobs.get("probe", saved.get("time_wait", False))
     _native_module().POOL_THREADS = knobs.get("pool", saved["pool"])
+    _native_module().SPIN_US = knobs.get("spin", saved["spin"])
     async_gate.NATIVE_OPEN_INLINE = knobs.get("inline_native", saved["inline_native"])
     grammar_device_gate.NATIVE_START = knobs.get("nstart", saved["nstart"])
     grammar_device_gate.NATIVE_ACCEPT = knobs.get("naccept", saved["naccept"])
@@ -280,6 +284,7 @@ def restore(core: Any, saved: dict) -> None:
     grammar_device_gate.NATIVE_OPEN = saved["native_open"]
     grammar_device_gate.TIME_WAIT = saved.get("time_wait", False)
     _native_module().POOL_THREADS = saved["pool"]
+    _native_module().SPIN_US = saved["spin"]
     async_gate.NATIVE_OPEN_INLINE = saved["inline_native"]
     grammar_device_gate.NATIVE_START, grammar_device_gate.NATIVE_ACCEPT = saved["nstart"], saved["naccept"]
     async_gate.PARK, async_gate.EARLY_FILL = saved["park"], saved["early_fill"]

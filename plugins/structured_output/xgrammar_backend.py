@@ -180,7 +180,7 @@ class XGrammarBackend(StructuredOutputBackend):
 
         native = getattr(self._local, "native", None)
         if (native is None or native.batch is not batch or native.threads != xn.POOL_THREADS
-                or native.started != started):
+                or native.started != started or native.spin_us != xn.SPIN_US):
             self.settle()
             native = self._local.native = xn.NativeFill(batch, xn.POOL_THREADS, started)
         return native

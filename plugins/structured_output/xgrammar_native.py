@@ -24,6 +24,7 @@ import os
 import time
 from typing import Any
 
+from octavo.env_flags import env_float
 from octavo.plugins.structured_output.xgrammar_native_src import C_SOURCE
 
 _state: dict[str, Any] = {}
@@ -34,6 +35,11 @@ _P = ctypes.c_void_p
 # fill 0.29-0.33 ms vs 0.75-0.89 ms in Python on the bitmask thread).
 POOL_THREADS = max(1, min(4, len(os.sched_getaffinity(0)) // 2 if hasattr(os, "sched_getaffinity") else 1))
 MIN_ROWS_PER_CHUNK = 4  # (a row fills in ~10-40 us; waking a worker costs ~5-20 us)
+# Session 15, opt-in (OCTAVO_GRAMMAR_NATIVE_SPIN_US, microseconds): a worker that finished a chunk polls for the next
+# call this long before it sleeps on its condition variable. Why: on the s15 call-1 H200 host the 4 C threads used
+# 0.36 ms of CPU for a 0.24 ms fill of 32 rows (~0.06 ms of work a chunk): waking a sleeping thread is much of it. A
+# poll as long as a step (~1 ms) keeps POOL_THREADS - 1 (started: POOL_THREADS) cores busy. 0: sleep at once.
+SPIN_US = env_float("OCTAVO_GRAMMAR_NATIVE_SPIN_US", 0.0, minimum=0.0)
 
 
 class _Any(ctypes.Structure):
@@ -67,7 +73,7 @@ def library() -> tuple[Any, tuple[int, int, int]]:
 
         sig = {"octavo_fill_open": ([_P, _P, ctypes.c_int, _P, _P, ctypes.c_int32, _DBL, _P], ctypes.c_int),
                "octavo_fill_join": ([_P, _DBL], ctypes.c_int),
-               "octavo_fill_pool_new": ([ctypes.c_int], _P), "octavo_fill_pool_free": ([_P], None)}
+               "octavo_fill_pool_new": ([ctypes.c_int, ctypes.c_double], _P), "octavo_fill_pool_free": ([_P], None)}
         lib = cached_library(_state, C_SOURCE, "octavo_xgrammar_fill_open15", ["-O2", "-shared", "-fPIC", "-pthread"],
                              sig)
         if lib is None:
@@ -125,7 +131,8 @@ class NativeFill:
         self.batch, self.fn, self.threads, self.started = batch, fn, threads, started
         self.batches = [batch] + [xgr.BatchGrammarMatcher(max_threads=1) for _ in range(threads - 1)]
         workers = threads if started else threads - 1
-        self.pool = self.lib.octavo_fill_pool_new(workers) if workers > 0 else None
+        self.spin_us = SPIN_US
+        self.pool = self.lib.octavo_fill_pool_new(workers, SPIN_US * 1e-6) if workers > 0 else None
         if workers > 0 and not self.pool:
             raise RuntimeError(f"the fill shim could not start {workers} threads")
         self._key: tuple = ()

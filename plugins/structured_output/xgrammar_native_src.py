@@ -73,6 +73,7 @@ typedef struct {
     pthread_cond_t go, done;
     long gen;
     int stop, n, pending, rc, nworkers, shift;
+    double spin_s;  /* session 15: an idle worker first polls for the next call this long, then sleeps */
     const ffi_fns *fns;
     ffi_any *args;  /* n x 5 */
     const accept_job *acc;
@@ -101,6 +102,15 @@ static void *worker(void *arg) {
     free(w);
     long seen = 0;
     for (;;) {
+        if (p->spin_s > 0) {  /* a sleeping thread takes ~0.05-0.2 ms to wake (futex + the core's idle state) */
+            double t0 = now_s();
+            while (__atomic_load_n(&p->gen, __ATOMIC_ACQUIRE) == seen && !__atomic_load_n(&p->stop, __ATOMIC_ACQUIRE)
+                   && now_s() - t0 < p->spin_s) {
+#if defined(__x86_64__) || defined(__i386__)
+                __builtin_ia32_pause();
+#endif
+            }
+        }
         pthread_mutex_lock(&p->mu);
         while (p->gen == seen && !p->stop) pthread_cond_wait(&p->go, &p->mu);
         if (p->stop) { pthread_mutex_unlock(&p->mu); return 0; }
@@ -123,9 +133,10 @@ static void *worker(void *arg) {
     }
 }
 
-void *octavo_fill_pool_new(int nworkers) {
+void *octavo_fill_pool_new(int nworkers, double spin_s) {
     if (nworkers < 1 || nworkers > 64) return 0;
     fill_pool *p = (fill_pool *)calloc(1, sizeof(fill_pool));
+    p->spin_s = spin_s;
     pthread_mutex_init(&p->mu, 0);
     pthread_cond_init(&p->go, 0);
     pthread_cond_init(&p->done, 0);
@@ -148,7 +159,7 @@ void octavo_fill_pool_free(void *handle) {
     if (!p) return;
     pthread_mutex_lock(&p->mu);
     wait_idle(p);  /* a started call finishes first (its rows and matchers are alive until then) */
-    p->stop = 1;
+    __atomic_store_n(&p->stop, 1, __ATOMIC_RELEASE);
     pthread_cond_broadcast(&p->go);
     pthread_mutex_unlock(&p->mu);
     for (int i = 0; i < p->nworkers; ++i) pthread_join(p->th[i], 0);
@@ -173,7 +184,7 @@ int octavo_fill_open(const ffi_fns *fns, ffi_any *args, int n, void *pool, int32
         p->shift = 0;
         p->pending = n - 1;
         p->rc = 0;
-        p->gen++;
+        __atomic_add_fetch(&p->gen, 1, __ATOMIC_RELEASE);
         pthread_cond_broadcast(&p->go);
         pthread_mutex_unlock(&p->mu);
         rc = run_chunk(fns, args, acc, 0);
@@ -210,7 +221,7 @@ int octavo_fill_open_start(const ffi_fns *fns, ffi_any *args, int n, void *pool,
     p->seq = seq;
     p->pending = n;
     p->rc = 0;
-    p->gen++;
+    __atomic_add_fetch(&p->gen, 1, __ATOMIC_RELEASE);
     pthread_cond_broadcast(&p->go);
     pthread_mutex_unlock(&p->mu);
     return 0;

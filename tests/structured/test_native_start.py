@@ -60,10 +60,12 @@ def _tokens(stop: set[int], refuse: int | None = None):
     return pick
 
 
-@pytest.mark.parametrize("pool", [1, 3, 4])
+@pytest.mark.parametrize("pool,spin", [(1, 0.0), (3, 0.0), (4, 0.0), (4, 2000.0)])
 @pytest.mark.parametrize("started", [False, True])
-def test_accept_in_c_then_fill_equals_python(mgr, monkeypatch, caplog, pool, started):  # noqa: F811
+def test_accept_in_c_then_fill_equals_python(mgr, monkeypatch, caplog, pool, spin, started):  # noqa: F811
+    """``spin``: the idle workers poll for the next call (xgrammar_native.SPIN_US) instead of sleeping at once."""
     monkeypatch.setattr(xn, "POOL_THREADS", pool)
+    monkeypatch.setattr(xn, "SPIN_US", spin)
     backend = mgr._get_backend()
     stop = set(mgr.tok.all_special_ids)
     ref, tokens, ok = _python_reference(mgr, _tokens(stop, refuse=1))
@@ -132,7 +134,7 @@ def test_a_failed_started_call_raises_xgrammars_error_and_the_host_opens(mgr, mo
     mgr._get_backend().settle()
 
 
-@pytest.mark.parametrize("mode", ["start", "accept", "start_accept"])
+@pytest.mark.parametrize("mode", ["start", "accept", "start_accept", "start_accept_spin"])
 def test_tokens_identical_to_serial(monkeypatch, mode):
     jsonschema = pytest.importorskip("jsonschema")
     from octavo.core.async_engine import set_async_scheduling
@@ -161,6 +163,7 @@ def test_tokens_identical_to_serial(monkeypatch, mode):
                 m.setattr(grammar_device_gate, "NATIVE_START", "start" in mode)
                 m.setattr(grammar_device_gate, "NATIVE_ACCEPT", "accept" in mode)
                 m.setattr(xn, "POOL_THREADS", pool)
+                m.setattr(xn, "SPIN_US", 200.0 if "spin" in mode else 0.0)
                 m.setattr(xn, "MIN_ROWS_PER_CHUNK", 1)  # (the parity batch is small: every row its own chunk)
                 m.setattr(core.executor.driver.runner, "grammar_apply", kernel)
                 m.setitem(core.structured._cpu_hint, "device_wait", True)  # (set by a GPU runner's first apply)
