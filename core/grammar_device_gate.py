@@ -66,7 +66,10 @@ NATIVE_START = env_switch("OCTAVO_GRAMMAR_NATIVE_START", False)
 # Python accept (0.10 ms a step, session 15 call 1) leaves the step's path too (core/grammar_accept.py). Modes
 # json_async_naccept (the fill waited for), json_async_start_naccept (not waited for).
 NATIVE_ACCEPT = env_switch("OCTAVO_GRAMMAR_NATIVE_ACCEPT", False)
-if (NATIVE_START or NATIVE_ACCEPT) and not NATIVE_OPEN:
+# (set to 1 explicitly: refused by name where the native fill does not run; their defaults just follow it)
+NATIVE_START_ACCEPT_EXPLICIT = any(os.environ.get(f"OCTAVO_GRAMMAR_NATIVE_{n}", "").strip() == "1"
+                                   for n in ("START", "ACCEPT"))
+if NATIVE_START_ACCEPT_EXPLICIT and not NATIVE_OPEN:
     raise ValueError("OCTAVO_GRAMMAR_NATIVE_START / OCTAVO_GRAMMAR_NATIVE_ACCEPT=1 work on the native fill, which "
                      "OCTAVO_GRAMMAR_NATIVE_OPEN=0 turns off: unset them or it")
 # The benchmark's probe: time each device wait with two device events (read after the step's tokens arrived,
@@ -104,7 +107,7 @@ def native_open_or_fallback(backend: Any, name: str) -> bool:
             check()
             return True
         except (OSError, RuntimeError) as e:
-            if NATIVE_START or NATIVE_ACCEPT:  # (set explicitly: they need the native fill, refused by name)
+            if NATIVE_START_ACCEPT_EXPLICIT:  # (they need the native fill: refused by name)
                 raise ValueError(f"OCTAVO_GRAMMAR_NATIVE_START / OCTAVO_GRAMMAR_NATIVE_ACCEPT=1: the {name} backend's "
                                  f"native fill cannot run here ({e}); unset them") from None
             logger.warning("structured outputs: the %s backend's native fill cannot run here (%s); using the Python "

@@ -243,3 +243,32 @@ def test_the_device_waits_for_the_started_fill(pool, monkeypatch):
         dg.check(inner.seq)
         assert torch.equal(buf, ref) and torch.equal(dev.cpu(), apply_packed(logits.clone(), list(range(n)), ref))
     assert not grammar_device_gate._GRAPH_FAILED
+
+
+def test_the_switches_are_honored_or_refused_by_name(monkeypatch):
+    import os
+    import subprocess
+    import sys
+
+    import octavo.plugins.structured_output.xgrammar_backend as xgb
+
+    code = "from octavo.core import grammar_device_gate as g; print(g.NATIVE_START, g.NATIVE_ACCEPT)"
+    for env, want in (({}, "False False"), ({"OCTAVO_GRAMMAR_NATIVE_START": "1"}, "True False"),
+                      ({"OCTAVO_GRAMMAR_NATIVE_ACCEPT": "1", "OCTAVO_GRAMMAR_NATIVE_START": "0"}, "False True")):
+        out = subprocess.run([sys.executable, "-c", code], env={**os.environ, **env}, capture_output=True, text=True,
+                             timeout=120)
+        assert out.stdout.strip() == want, out.stderr[-500:]
+    for env, msg in (({"OCTAVO_GRAMMAR_NATIVE_ACCEPT": "yes"}, "OCTAVO_GRAMMAR_NATIVE_ACCEPT='yes'"),
+                     ({"OCTAVO_GRAMMAR_NATIVE_START": "1", "OCTAVO_GRAMMAR_NATIVE_OPEN": "0"},
+                      "OCTAVO_GRAMMAR_NATIVE_START / OCTAVO_GRAMMAR_NATIVE_ACCEPT=1 work on the native fill")):
+        out = subprocess.run([sys.executable, "-c", code], env={**os.environ, **env}, capture_output=True, text=True,
+                             timeout=120)
+        assert out.returncode != 0 and msg in out.stderr, out.stderr[-500:]
+
+    def broken():  # where the shim cannot run, set explicitly: refused (the default would fall back with a warning)
+        raise RuntimeError("the fill shim did not build: no C compiler")
+
+    monkeypatch.setattr(grammar_device_gate, "NATIVE_START_ACCEPT_EXPLICIT", True)
+    backend = type("Backend", (), {"check_fill_open": staticmethod(broken), "fill_open": xgb.XGrammarBackend.fill_open})()
+    with pytest.raises(ValueError, match="OCTAVO_GRAMMAR_NATIVE_START / OCTAVO_GRAMMAR_NATIVE_ACCEPT=1.*no C compiler"):
+        grammar_device_gate.native_open_or_fallback(backend, "xgrammar")
