@@ -71,8 +71,9 @@
 # fill + open at the accept, 4 chunks, the core thread waits for it) vs json_async_p8 (8 chunks), json_async_naccept (N's
 # accept in the same C call: OCTAVO_GRAMMAR_NATIVE_ACCEPT), json_async_start (the call handed to the shim's threads, not
 # waited for: OCTAVO_GRAMMAR_NATIVE_START), json_async_start_naccept (both), json_async_spin / _start_naccept_spin (the
-# shim's idle workers poll 2 ms before sleeping: OCTAVO_GRAMMAR_NATIVE_SPIN_US), _start_naccept_noyield (+ free_async;
-# 65 s); then the 1.1B shape x3: json_async vs _naccept, _start_naccept, _start_naccept_spin (what is left).
+# shim's idle workers poll 2 ms before sleeping: OCTAVO_GRAMMAR_NATIVE_SPIN_US), json_async_devgate_postonly (the floor:
+# no grammar work after the prepare, the runner's wait + apply graph kept; unconstrained text) (+ free_async; 70 s);
+# then the 1.1B shape x3: json_async vs _naccept, _start_naccept, _start_naccept_spin (what is left).
 # STRUCTURED9_DRY=1: a CPU dry run (tiny shapes, few steps; the device modes then run the Python gate).
 set -u
 cd "$(dirname "$0")/../.."
@@ -169,14 +170,14 @@ if [ "$PART" = s15a ]; then  # session 15 call 1: the core thread's grammar work
     step native_check $(( 15 * X )) python3 -c "from octavo.plugins.structured_output.xgrammar_backend import \
 XGrammarBackend as B; B.check_fill_open(); print('native fill_open builds: ok')"
     S15=(--modes json_async json_async_p8 json_async_spin json_async_naccept json_async_start json_async_start_naccept
-                 json_async_start_naccept_spin json_async_start_naccept_noyield --wait-events off --batches 32)
+                 json_async_start_naccept_spin json_async_devgate_postonly --wait-events off --batches 32)
     L15=(--modes json_async json_async_naccept json_async_start_naccept json_async_start_naccept_spin --wait-events off
                  --batches 32)
     if ! grep -q "builds: ok" "$R/native_check.log" 2>/dev/null; then  # (no shim here: nothing of this part can run)
       echo "native fill + open unavailable here: json_async (the Python fill) only" | tee -a "$R/exits.txt"
       S15=(--modes json_async --wait-events off --batches 32); L15=(--modes json_async --wait-events off --batches 32)
     fi
-    step smol135m_s15a $(( 65 * X )) python3 benchmarks/structured_outputs.py "${COMMON[@]}" "${S15[@]}" \
+    step smol135m_s15a $(( 70 * X )) python3 benchmarks/structured_outputs.py "${COMMON[@]}" "${S15[@]}" \
          --repeats 5 --model /tmp/structured9_smol135m --json "$R/smol135m_s15a.json"
     step llama1b_s15a $(( $(left) - 1 * X )) python3 benchmarks/structured_outputs.py "${COMMON[@]}" "${L15[@]}" \
          --repeats 3 --model /tmp/structured9_llama1b --json "$R/llama1b_s15a.json"
