@@ -258,8 +258,9 @@ def apply_knobs(core: Any, knobs: dict, on: bool, async_modes: bool, saved: dict
         backend.fill_bitmasks = lambda ms, bm: bm.fill_(-1)
         backend.accept_tokens = lambda ms, toks: [True] * len(ms)
     _use_worker(core, knobs.get("worker", False), saved)
-    if knobs.get("post_only"):
+    if knobs.get("post_only"):  # (the native fill + open at the accept would bypass it: off, s15)
         grammar_step.GrammarStep.start_on_pool = _post_only
+        grammar_device_gate.NATIVE_OPEN = False
 
 
 def restore(core: Any, saved: dict) -> None:
