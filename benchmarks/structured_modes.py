@@ -60,11 +60,9 @@ def build_modes(args: Any, so: Any, dflt: dict) -> dict:
         modes["json_async_copy"] = (so, True, False, False, None, {**dflt, "host_read": False})
         modes["json_async_table"] = (so, True, False, False, None, {**dflt, "kernel": False})  # the core's apply
         modes["json_async_late"] = (so, True, False, False, None, {**dflt, "early": False})  # accept after update
-        # diagnostic: the whole async grammar path (prepare, gate, accept call, hand-off) with the backend's fill
-        # and accept replaced by no-ops (rows all open: nothing applied); the text is then unconstrained
+        # diagnostic: the async grammar path with no-op fill and accept (rows all open; the text is unconstrained)
         modes["json_async_gateonly"] = (so, True, False, False, None, {**dflt, "gate_only": True})
-        # session 6: the step loop before it (no early launch of N+2 between update(N) and N's outputs, and the
-        # runner's thread blocking on the gate instead of parking its sampling); compared with free_async_old
+        # session 6: the step loop before it (no early launch of N+2, the runner blocking on the gate; vs free_async_old)
         modes["free_async_old"] = (None, True, False, False, None, {**dflt, "old_loop": True})
         modes["json_async_old"] = (so, True, False, False, None, {**dflt, "old_loop": True})
         # one of the two session-6 changes at a time: early launch without parking, parking without early launch
@@ -84,9 +82,7 @@ def build_modes(args: Any, so: Any, dflt: dict) -> dict:
         # the core thread waits (up to 5 ms) until the step thread queued N+2 before building N's outputs
         modes["free_async_wait"] = (None, True, False, False, None, {**dflt, "launch_wait": 0.005})
         modes["json_async_wait"] = (so, True, False, False, None, {**dflt, "launch_wait": 0.005})
-        # experiment: three steps in flight (AsyncStepLoop.depth = 3, not the default): N+2 is scheduled and
-        # queued before N's tokens arrive, so the runner's thread launches N+2's forward right after N+1's
-        # sampler instead of waiting for the core thread; compared with free_async_d3
+        # experiment: three steps in flight (AsyncStepLoop.depth = 3): N+2 queued before N's tokens arrive (vs free_async_d3)
         modes["free_async_d3"] = (None, True, False, False, None, {**dflt, "depth": 3})
         modes["json_async_d3"] = (so, True, False, False, None, {**dflt, "depth": 3})
         # session 9: the device gate (core/grammar_device_gate.py): sampling queued behind a device wait on a host
@@ -191,6 +187,11 @@ def build_modes(args: Any, so: Any, dflt: dict) -> dict:
                                                                                  "naccept": True, "pool": 2})
         modes["json_async_start_naccept_noyield"] = (so, True, False, False, None, {
             **dflt, "nstart": True, "naccept": True, "yield": False})
+        # session 14's path whatever the defaults (the fill waited for, the accept in Python, no poll), and a probe
+        modes["json_async_waited"] = (so, True, False, False, None, {**dflt, "nstart": False, "naccept": False,
+                                                                      "spin": 0.0})
+        modes["json_async_start_naccept_probe"] = (so, True, False, False, None, {**dflt, "nstart": True,
+                                                                                    "naccept": True, "probe": True})
         # (d) the shim's idle workers poll 2 ms for the next call before they sleep (xgrammar_native.SPIN_US)
         modes["json_async_spin"] = (so, True, False, False, None, {**dflt, "spin": 2000.0})
         modes["json_async_naccept_spin"] = (so, True, False, False, None, {**dflt, "naccept": True, "spin": 2000.0})
