@@ -177,7 +177,8 @@ def build_modes(args: Any, so: Any, dflt: dict) -> dict:
         modes["json_async_nativeopen_acceptgil"] = (so, True, False, False, None, {**nat, "accept_gil": True})
         # session 15 (json_async: the native fill + open at the accept, 4 chunks): (b) 8 chunks; (a) N's accept in N+1's
         # C fill call (grammar_device_gate.NATIVE_ACCEPT); (c) that call not waited for by the core thread (NATIVE_START)
-        modes["json_async_p8"] = (so, True, False, False, None, {**dflt, "pool": 8})
+        for k in (1, 2, 8):  # (the s15 call-3 A/B: shorter fills lost; does a longer one win?)
+            modes[f"json_async_p{k}"] = (so, True, False, False, None, {**dflt, "pool": k})
         modes["json_async_naccept"] = (so, True, False, False, None, {**dflt, "naccept": True})
         modes["json_async_start"] = (so, True, False, False, None, {**dflt, "nstart": True})
         modes["json_async_start_naccept"] = (so, True, False, False, None, {**dflt, "nstart": True, "naccept": True})
