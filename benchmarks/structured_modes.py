@@ -193,6 +193,11 @@ def build_modes(args: Any, so: Any, dflt: dict) -> dict:
                                                                       "spin": 0.0})
         modes["json_async_start_naccept_probe"] = (so, True, False, False, None, {**dflt, "nstart": True,
                                                                                     "naccept": True, "probe": True})
+        # (e) the wait + apply graph launched by three CUDA driver calls keeping the GIL (cuda_grammar_mask.DIRECT_LAUNCH),
+        # alone and on the no-grammar-work floor
+        modes["json_async_direct"] = (so, True, False, False, None, {**dflt, "direct": True})
+        modes["json_async_devgate_postonly_direct"] = (so, True, False, False, None, {
+            **dflt, "devgate": True, "gate_only": True, "post_only": True, "direct": True})
         # (d) the shim's idle workers poll 2 ms for the next call before they sleep (xgrammar_native.SPIN_US)
         modes["json_async_spin"] = (so, True, False, False, None, {**dflt, "spin": 2000.0})
         modes["json_async_naccept_spin"] = (so, True, False, False, None, {**dflt, "naccept": True, "spin": 2000.0})
@@ -255,6 +260,8 @@ def apply_knobs(core: Any, knobs: dict, on: bool, async_modes: bool, saved: dict
     grammar_device_gate.NATIVE_ACCEPT = knobs.get("naccept", saved["naccept"])
     xgm.ACCEPT_READBACK_KEEPS_GIL = knobs.get("readback", True)
     xgm.ACCEPT_KEEPS_GIL = knobs.get("accept_gil", saved["accept_gil"])  # (set on the call on the next accept)
+    if "direct" in knobs:
+        _set_direct(knobs["direct"])
     if knobs.get("gate_only"):
         backend = core.structured._get_backend()
         backend.fill_bitmasks = lambda ms, bm: bm.fill_(-1)
@@ -263,6 +270,17 @@ def apply_knobs(core: Any, knobs: dict, on: bool, async_modes: bool, saved: dict
     if knobs.get("post_only"):  # (the native fill + open at the accept would bypass it: off, s15)
         grammar_step.GrammarStep.start_on_pool = _post_only
         grammar_device_gate.NATIVE_OPEN = False
+
+
+def _set_direct(on: bool) -> None:
+    """cuda_grammar_mask.DIRECT_LAUNCH (a CUDA platform module: touched only by the modes that name it)."""
+    from octavo.plugins.platforms import cuda_grammar_mask
+
+    _DIRECT.setdefault("saved", cuda_grammar_mask.DIRECT_LAUNCH)
+    cuda_grammar_mask.DIRECT_LAUNCH = on
+
+
+_DIRECT: dict = {}  # "saved": the engine's value, put back by restore()
 
 
 def restore(core: Any, saved: dict) -> None:
@@ -294,6 +312,10 @@ def restore(core: Any, saved: dict) -> None:
     async_gate.FILL_START_WAIT_S = saved["start_wait"]
     async_gate.DEVICE_GATE_FILL_START_WAIT_S = saved["devgate_start_wait"]
     grammar_step.GrammarStep.start_on_pool = _START_ON_POOL
+    if "saved" in _DIRECT:
+        from octavo.plugins.platforms import cuda_grammar_mask
+
+        cuda_grammar_mask.DIRECT_LAUNCH = _DIRECT["saved"]
     if "inner_backend" in saved:
         _use_worker(core, False, saved)
     backend = core.structured._backend

@@ -67,8 +67,8 @@ NATIVE_START = env_switch("OCTAVO_GRAMMAR_NATIVE_START", False)
 # json_async_naccept (the fill waited for), json_async_start_naccept (not waited for).
 NATIVE_ACCEPT = env_switch("OCTAVO_GRAMMAR_NATIVE_ACCEPT", False)
 # (set to 1 explicitly: refused by name where the native fill does not run; their defaults just follow it)
-NATIVE_START_ACCEPT_EXPLICIT = any(os.environ.get(f"OCTAVO_GRAMMAR_NATIVE_{n}", "").strip() == "1"
-                                   for n in ("START", "ACCEPT"))
+NATIVE_START_ACCEPT_EXPLICIT = any(os.environ.get(n, "").strip() == "1"
+                                   for n in ("OCTAVO_GRAMMAR_NATIVE_START", "OCTAVO_GRAMMAR_NATIVE_ACCEPT"))
 if NATIVE_START_ACCEPT_EXPLICIT and not NATIVE_OPEN:
     raise ValueError("OCTAVO_GRAMMAR_NATIVE_START / OCTAVO_GRAMMAR_NATIVE_ACCEPT=1 work on the native fill, which "
                      "OCTAVO_GRAMMAR_NATIVE_OPEN=0 turns off: unset them or it")

@@ -74,10 +74,10 @@
 # shim's idle workers poll 2 ms before sleeping: OCTAVO_GRAMMAR_NATIVE_SPIN_US), json_async_devgate_postonly (the floor:
 # no grammar work after the prepare, the runner's wait + apply graph kept; unconstrained text) (+ free_async; 70 s);
 # then the 1.1B shape x3: json_async vs _naccept, _start_naccept, _start_naccept_spin (what is left).
-# Argument "s15b" (session 15, after s15a lost: every mode that shortened or unblocked the core thread's grammar work was
-# slower; same bound): whether the shim builds (15 s); 135M x5: json_async (4 chunks) vs 1, 2 and 8 chunks, the polling
-# workers (_spin, _naccept_spin), no yield after the fill (_noyield), and the no-grammar-work floor
-# (json_async_devgate_postonly: what the structure alone costs) (75 s); 1.1B x3: json_async vs _p2, _spin, the floor.
+# Argument "s15b" (session 15's last call, one H100; same bound): the device-gate GPU test incl. the wait + apply graph
+# launched by three CUDA driver calls that keep the GIL (OCTAVO_GRAMMAR_GRAPH_DIRECT, 30 s); whether the shim builds
+# (15 s); 135M x5: json_async vs json_async_direct, the no-grammar-work floor with / without it, _naccept, _p2 and
+# _noyield (65 s); then the 1.1B shape x3: json_async vs _direct, _naccept and the floor (what is left).
 # STRUCTURED9_DRY=1: a CPU dry run (tiny shapes, few steps; the device modes then run the Python gate).
 set -u
 cd "$(dirname "$0")/../.."
@@ -165,18 +165,24 @@ if [ "$PART" = headline ]; then  # the engine as it ships (json_async = its defa
   ls -la "$R"
   exit 0
 fi
-if [ "$PART" = s15b ]; then  # session 15 call 2: why shorter / not-waited grammar work lost in s15a (see the header)
+if [ "$PART" = s15b ]; then  # session 15's last call: the runner's apply launched without torch / the GIL hand-off
+  if [ "$DRY" != 1 ]; then  # the device-gate GPU test, now also with the graph launched by the driver calls (30 s)
+    step apply_test 30 python3 -m pytest -q -x -rs -p no:cacheprovider tests/structured/test_apply_device.py \
+         -k device_gate
+  fi
   if [ "$XGR" = 1 ]; then
     step native_check $(( 15 * X )) python3 -c "from octavo.plugins.structured_output.xgrammar_backend import \
 XGrammarBackend as B; B.check_fill_open(); print('native fill_open builds: ok')"
-    SB=(--modes json_async json_async_p1 json_async_p2 json_async_p8 json_async_spin json_async_naccept_spin
-                json_async_noyield json_async_devgate_postonly --wait-events off --batches 32)
-    LB=(--modes json_async json_async_p2 json_async_spin json_async_devgate_postonly --wait-events off --batches 32)
+    SB=(--modes json_async json_async_direct json_async_devgate_postonly json_async_devgate_postonly_direct
+                json_async_naccept json_async_p2 json_async_noyield --wait-events off --batches 32)
+    LB=(--modes json_async json_async_direct json_async_naccept json_async_devgate_postonly --wait-events off
+                --batches 32)
     if ! grep -q "builds: ok" "$R/native_check.log" 2>/dev/null; then
-      echo "native fill + open unavailable here: json_async (the Python fill) and the floor only" | tee -a "$R/exits.txt"
-      SB=(--modes json_async json_async_devgate_postonly --wait-events off --batches 32); LB=("${SB[@]}")
+      echo "native fill + open unavailable here: json_async (the Python fill), _direct and the floors" | tee -a "$R/exits.txt"
+      SB=(--modes json_async json_async_direct json_async_devgate_postonly json_async_devgate_postonly_direct
+                  --wait-events off --batches 32); LB=(--modes json_async json_async_direct --wait-events off --batches 32)
     fi
-    step smol135m_s15b $(( 75 * X )) python3 benchmarks/structured_outputs.py "${COMMON[@]}" "${SB[@]}" \
+    step smol135m_s15b $(( 65 * X )) python3 benchmarks/structured_outputs.py "${COMMON[@]}" "${SB[@]}" \
          --repeats 5 --model /tmp/structured9_smol135m --json "$R/smol135m_s15b.json"
     step llama1b_s15b $(( $(left) - 1 * X )) python3 benchmarks/structured_outputs.py "${COMMON[@]}" "${LB[@]}" \
          --repeats 3 --model /tmp/structured9_llama1b --json "$R/llama1b_s15b.json"

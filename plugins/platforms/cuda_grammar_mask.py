@@ -18,9 +18,14 @@ reads the rows written after its launch with volatile loads (no stale cached lin
 
 from __future__ import annotations
 
+import ctypes
+import logging
+
 import torch
 import triton
 import triton.language as tl
+
+from octavo.env_flags import env_switch
 
 BLOCK = 4096  # columns per program: 128 words
 
@@ -28,6 +33,34 @@ BLOCK = 4096  # columns per program: 128 words
 # reads of the host word before the wait gives up (~1-2 us each over PCIe: ~15-30 s) and records a time-out
 MAX_SPINS = 1 << 24
 _CHECKED: set[int] = set()  # data pointers of gate words already checked to be pinned host int32
+# Session 15, opt-in (OCTAVO_GRAMMAR_GRAPH_DIRECT=1): a step of GatedApplyGraphs.run as three CUDA driver calls made
+# through ctypes with the GIL kept (the step number set by cuMemsetD32Async, the logits copied by cuMemcpyDtoDAsync, the
+# graph launched by cuGraphLaunch on the current stream) instead of torch's fill_ + copy_ + CUDAGraph.replay. Why:
+# the apply cost the runner's thread 0.07-0.17 ms a step on the session's H200 hosts (s15 calls 1, 3, 4) for ~20 us of
+# launches: torch's dispatch of two ops, and replay() releases the GIL, so the runner then queues behind the core
+# thread's Python to get it back. The runner's thread sets a small model's step (the no-grammar-work floor measured as
+# slow as JSON on call 4). The same graph, the same arguments, the same stream: the same bits.
+DIRECT_LAUNCH = env_switch("OCTAVO_GRAMMAR_GRAPH_DIRECT", False)
+logger = logging.getLogger(__name__)
+_DRIVER: dict = {}
+
+
+def _driver() -> ctypes.PyDLL | None:
+    """libcuda's three entry points through a ctypes.PyDLL handle (the calls keep the GIL: each only queues work);
+    None (and the reason in ``_DRIVER["why"]``) where the driver library or a symbol is missing."""
+    if "lib" not in _DRIVER:
+        try:
+            lib = ctypes.PyDLL("libcuda.so.1")
+            u64, ptr = ctypes.c_uint64, ctypes.c_void_p
+            for name, argtypes in (("cuMemsetD32Async", [u64, ctypes.c_uint, ctypes.c_size_t, ptr]),
+                                   ("cuMemcpyDtoDAsync_v2", [u64, u64, ctypes.c_size_t, ptr]),
+                                   ("cuGraphLaunch", [ptr, ptr])):
+                fn = getattr(lib, name)
+                fn.argtypes, fn.restype = argtypes, ctypes.c_int
+            _DRIVER["lib"] = lib
+        except (OSError, AttributeError) as e:
+            _DRIVER["lib"], _DRIVER["why"] = None, str(e)
+    return _DRIVER["lib"]
 
 
 @triton.jit
@@ -132,6 +165,7 @@ class GatedApplyGraphs:
         self.graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
         self.seen: dict[tuple, int] = {}
         self.replays = 0
+        self.direct = 0  # replays launched through the driver calls (DIRECT_LAUNCH)
         self._stream: torch.cuda.Stream | None = None
 
     def _capture(self, key: tuple, logits: torch.Tensor, packed: torch.Tensor, words: torch.Tensor):
@@ -159,7 +193,9 @@ class GatedApplyGraphs:
                 body()
             finally:
                 graph.capture_end()
-        self.graphs[key] = (graph, static, seq)
+        # (for DIRECT_LAUNCH: the graph's exec handle and the device addresses, fixed for the key)
+        self.graphs[key] = (graph, static, seq, graph.raw_cuda_graph_exec(), static.data_ptr(), seq.data_ptr(),
+                            static.numel() * static.element_size(), static.is_contiguous())
         return self.graphs[key]
 
     def run(self, logits: torch.Tensor, packed: torch.Tensor, words: torch.Tensor, seq: int) -> torch.Tensor | None:
@@ -178,10 +214,24 @@ class GatedApplyGraphs:
                 assert words.dtype == torch.int32 and words.numel() >= 2 and words.is_pinned()
                 _CHECKED.add(words.data_ptr())
             entry = self._capture(key, logits, packed, words)
-        graph, static, seq_dev = entry
-        seq_dev.fill_(seq)
-        static.copy_(logits)
-        graph.replay()
+        graph, static, seq_dev, exec_, static_ptr, seq_ptr, nbytes, dense = entry
+        lib = _driver() if DIRECT_LAUNCH and dense and logits.is_contiguous() else None
+        if DIRECT_LAUNCH and lib is None and "warned" not in _DRIVER:
+            _DRIVER["warned"] = True
+            logger.warning("OCTAVO_GRAMMAR_GRAPH_DIRECT=1: launching the grammar graph through torch instead (%s)",
+                           _DRIVER.get("why", "the logits are not one dense block"))
+        if lib is not None:
+            stream = torch.cuda.current_stream(logits.device).cuda_stream
+            rc = (lib.cuMemsetD32Async(seq_ptr, seq, 1, stream)
+                  or lib.cuMemcpyDtoDAsync_v2(static_ptr, logits.data_ptr(), nbytes, stream)
+                  or lib.cuGraphLaunch(exec_, stream))
+            if rc:  # (the caller launches the two kernels from now on: grammar_device_gate._GRAPH_FAILED)
+                raise RuntimeError(f"the grammar graph's direct launch failed: CUDA driver error {rc}")
+            self.direct += 1
+        else:
+            seq_dev.fill_(seq)
+            static.copy_(logits)
+            graph.replay()
         self.replays += 1
         return static
 

@@ -123,14 +123,15 @@ def test_manager_pins_its_fill_buffer_once_its_runner_applied_on_the_device():
         mgr.shutdown()
 
 
-@pytest.mark.parametrize("graph", [False, True])
+@pytest.mark.parametrize("graph", [False, True, "direct"])
 @pytest.mark.parametrize("whole", [True, False])
 def test_device_gate_waits_for_rows_written_after_the_launch(whole, graph, monkeypatch):
     """The device gate (core/grammar_device_gate.py): the wait and the volatile apply are queued before the host
     writes the rows; the stream stays busy until the host opens the word; the masked logits equal the host path;
     the same pinned buffer rewritten for a second step gives that step's bits (no stale rows); a wait nobody
     opens gives up and the host's check fails the step. ``graph``: the wait + apply replayed as one CUDA graph
-    (GRAPH, session 12) on the whole-batch step (the subset step still launches them: it needs a row index)."""
+    (GRAPH, session 12) on the whole-batch step (the subset step still launches them: it needs a row index);
+    "direct": that graph launched through the CUDA driver calls (cuda_grammar_mask.DIRECT_LAUNCH, session 15)."""
     pytest.importorskip("triton")
     import time
     from types import SimpleNamespace
@@ -140,10 +141,13 @@ def test_device_gate_waits_for_rows_written_after_the_launch(whole, graph, monke
     from octavo.core.grammar_step import GrammarStep
 
     monkeypatch.setattr(grammar_device_gate, "DEVICE_GATE", True)
-    monkeypatch.setattr(grammar_device_gate, "GRAPH", graph)
+    from octavo.plugins.platforms import cuda_grammar_mask
+
+    monkeypatch.setattr(grammar_device_gate, "GRAPH", bool(graph))
+    monkeypatch.setattr(cuda_grammar_mask, "DIRECT_LAUNCH", graph == "direct")
     kernel = CudaPlatform().make_grammar_mask_apply()
     monkeypatch.setattr(kernel.gated_graphs, "CAPTURE_AFTER", 1)  # (the engine captures on a shape's 3rd step)
-    replays = kernel.gated_graphs.replays
+    replays, direct = kernel.gated_graphs.replays, kernel.gated_graphs.direct
     dg = DeviceGate()
     assert dg.words.is_pinned()
     vocab, n = 49152, 8
@@ -176,6 +180,7 @@ def test_device_gate_waits_for_rows_written_after_the_launch(whole, graph, monke
         assert torch.equal(dev.cpu(), want), step_no
     assert not grammar_device_gate._GRAPH_FAILED
     assert kernel.gated_graphs.replays - replays == (2 if graph and whole else 0)
+    assert kernel.gated_graphs.direct - direct == (2 if graph == "direct" and whole else 0), cuda_grammar_mask._DRIVER
     from octavo.plugins.platforms.cuda_grammar_mask import GatedApplyGraphs, wait_host_flag
 
     if graph:  # the graph's wait gives up too (its own spin bound, captured)
