@@ -43,6 +43,7 @@ _CHECKED: set[int] = set()  # data pointers of gate words already checked to be 
 DIRECT_LAUNCH = env_switch("OCTAVO_GRAMMAR_GRAPH_DIRECT", False)
 logger = logging.getLogger(__name__)
 _DRIVER: dict = {}
+_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # (CUDA builds of torch)
 
 
 def _driver() -> ctypes.PyDLL | None:
@@ -221,7 +222,8 @@ class GatedApplyGraphs:
             logger.warning("OCTAVO_GRAMMAR_GRAPH_DIRECT=1: launching the grammar graph through torch instead (%s)",
                            _DRIVER.get("why", "the logits are not one dense block"))
         if lib is not None:
-            stream = torch.cuda.current_stream(logits.device).cuda_stream
+            raw = _RAW_STREAM  # (the current stream's handle without building a torch Stream object)
+            stream = raw(logits.device.index) if raw is not None else torch.cuda.current_stream(logits.device).cuda_stream
             rc = (lib.cuMemsetD32Async(seq_ptr, seq, 1, stream)
                   or lib.cuMemcpyDtoDAsync_v2(static_ptr, logits.data_ptr(), nbytes, stream)
                   or lib.cuGraphLaunch(exec_, stream))
