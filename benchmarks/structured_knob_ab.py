@@ -12,7 +12,7 @@ runs). ``--values X X`` (the same value twice) is the A/A control: the spread of
 
 ``--knob`` names ``MODULE.ATTR`` of ``octavo.core`` (e.g. ``async_gate.FILL_START_WAIT_S``,
 ``structured_output.YIELD_AFTER_RELEASE``); values are JSON (``0``, ``0.001``, ``true``). ``--host-gate``: the
-device gate's structure on a CPU engine (benchmarks/structured_modes.py install_host_gate). Per value: the median
+device gate's structure on a CPU engine (benchmarks/structured_hostgate.py). Per value: the median
 wall ms per full-batch decode step, the manager's host ms per step (release, accept, start lag, ...), and whether
 the greedy tokens equal the other value's (a knob that changes a token is wrong).
 """
@@ -72,7 +72,7 @@ def main() -> None:
     engine = llm.llm_engine
     core = engine.core
     if args.host_gate:
-        from structured_modes import install_host_gate
+        from structured_hostgate import install_host_gate
 
         install_host_gate(core)
     set_async_scheduling(core, True)

@@ -63,7 +63,7 @@ def bench_decode(args) -> dict:
     engine = llm.llm_engine
     core = engine.core
     if args.host_gate:
-        from structured_modes import install_host_gate
+        from structured_hostgate import install_host_gate
 
         install_host_gate(core)
     executor_cls = type(core.executor)

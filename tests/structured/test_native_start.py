@@ -272,3 +272,21 @@ def test_the_switches_are_honored_or_refused_by_name(monkeypatch):
     backend = type("Backend", (), {"check_fill_open": staticmethod(broken), "fill_open": xgb.XGrammarBackend.fill_open})()
     with pytest.raises(ValueError, match="OCTAVO_GRAMMAR_NATIVE_START / OCTAVO_GRAMMAR_NATIVE_ACCEPT=1.*no C compiler"):
         grammar_device_gate.native_open_or_fallback(backend, "xgrammar")
+
+
+def test_the_direct_graph_launch_switch_is_honored_or_refused_by_name():
+    """OCTAVO_GRAMMAR_GRAPH_DIRECT (plugins/platforms/cuda_grammar_mask.py DIRECT_LAUNCH): 0/1 only, off by default;
+    where the driver library is missing the graph goes through torch with a warning (the GPU test runs the launch)."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("triton")
+    code = "from octavo.plugins.platforms import cuda_grammar_mask as m; print(m.DIRECT_LAUNCH)"
+    for value, want in (("", "False"), ("1", "True"), ("0", "False")):
+        out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "OCTAVO_GRAMMAR_GRAPH_DIRECT": value},
+                             capture_output=True, text=True, timeout=120)
+        assert out.stdout.strip() == want, out.stderr[-500:]
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "OCTAVO_GRAMMAR_GRAPH_DIRECT": "on"},
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0 and "OCTAVO_GRAMMAR_GRAPH_DIRECT='on'" in out.stderr
