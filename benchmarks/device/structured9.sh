@@ -76,8 +76,10 @@
 # then the 1.1B shape x3: json_async vs _naccept, _start_naccept, _start_naccept_spin (what is left).
 # Argument "s15b" (session 15's last call, one H100; same bound): the device-gate GPU test incl. the wait + apply graph
 # launched by three CUDA driver calls that keep the GIL (OCTAVO_GRAMMAR_GRAPH_DIRECT, 30 s); whether the shim builds
-# (15 s); 135M x5: json_async vs json_async_direct, the no-grammar-work floor with / without it, _naccept, _p2 and
-# _noyield (65 s); then the 1.1B shape x3: json_async vs _direct, _naccept and the floor (what is left).
+# (15 s); 135M x5: json_async vs json_async_direct, the no-grammar-work floor with / without it, _naccept, _p2,
+# _noyield and _sw200us (a 0.2 ms GIL switch interval while structured steps are in flight: session 6's best JSON mode,
+# not measured since the native fill) (65 s); then the 1.1B shape x3: json_async vs _direct, _naccept, the floor and
+# _sw200us (what is left).
 # STRUCTURED9_DRY=1: a CPU dry run (tiny shapes, few steps; the device modes then run the Python gate).
 set -u
 cd "$(dirname "$0")/../.."
@@ -174,9 +176,9 @@ if [ "$PART" = s15b ]; then  # session 15's last call: the runner's apply launch
     step native_check $(( 15 * X )) python3 -c "from octavo.plugins.structured_output.xgrammar_backend import \
 XGrammarBackend as B; B.check_fill_open(); print('native fill_open builds: ok')"
     SB=(--modes json_async json_async_direct json_async_devgate_postonly json_async_devgate_postonly_direct
-                json_async_naccept json_async_p2 json_async_noyield --wait-events off --batches 32)
-    LB=(--modes json_async json_async_direct json_async_naccept json_async_devgate_postonly --wait-events off
-                --batches 32)
+                json_async_naccept json_async_p2 json_async_noyield json_async_sw200us --wait-events off --batches 32)
+    LB=(--modes json_async json_async_direct json_async_naccept json_async_devgate_postonly json_async_sw200us
+                --wait-events off --batches 32)
     if ! grep -q "builds: ok" "$R/native_check.log" 2>/dev/null; then
       echo "native fill + open unavailable here: json_async (the Python fill), _direct and the floors" | tee -a "$R/exits.txt"
       SB=(--modes json_async json_async_direct json_async_devgate_postonly json_async_devgate_postonly_direct
