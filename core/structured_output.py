@@ -251,7 +251,7 @@ class StructuredOutputManager:
         call (xgrammar ``batch_accept_token``) on this thread.
 
         NOTE (H100 host, batch 32, async): as a job on the bitmask thread it took 0.69 ms per step (0.04 alone): it
-        waited for the GIL while this thread scheduled (session 15: in C, OCTAVO_GRAMMAR_NATIVE_ACCEPT, no GIL)."""
+        waited for the GIL while this thread scheduled (session 15: opt-in in C, OCTAVO_GRAMMAR_NATIVE_ACCEPT)."""
         t0 = time.perf_counter()
         self._close_inflight()
         matchers, tokens, rids = [], [], []
