@@ -90,6 +90,15 @@ for _tag, _v in {"arope": _AR, "arope_eio": {**_AR, "set": {**_AR["set"], _EIO: 
                  "arope_eio_pdl": {**_AR, "set": {**_AR["set"], _EIO: True}, "norm_pdl": True}}.items():
     for _suffix in ("", "_again", "_again2"):
         S6_VARIANTS.setdefault(_tag + _suffix, _v)
+# s15b (H100): arope -14 us, arope_eio -20, arope_eio_pdl -26, amax1 -17 (n=1), nwf0 +13: since then the defaults are
+# nwf1 + arope + eio + the norm under PDL + amax1 ("the package"); s15c: "s14" = session 14's defaults, and the
+# package without one of its parts
+_ARON = "octavo.plugins.quant.fp8_attn_rope:ON"
+for _tag, _v in {"s14": {"set": {_NWF: 0, _EIO: False, _ARON: False}, "norm_pdl": False, "amax": False},
+                 "pkg_nopdl": {"norm_pdl": False}, "pkg_noamax": {"amax": False},
+                 "pkg_noarope": {"set": {_ARON: False}}}.items():
+    for _suffix in ("", "_again", "_again2"):
+        S6_VARIANTS.setdefault(_tag + _suffix, _v)
 # session 15: the attention launch really changed (the TABLE entry replaced): "att_s8" = 8 key splits (64 programs:
 # half the SMs stay free for o_proj's first programs), "att_s8_pw4o" with o_proj reading 4 blocks before its wait,
 # "att_s32_n32" = 32 splits of 32-key tiles; other sums in the merge, so tokens may differ (1e-2 tests vs float64)

@@ -42,6 +42,9 @@
 #               arope (the rotary inside the one-launch attention, fp8_attn_rope.py; GPU test first: the kernel with
 #               unrotated q / k = the rotary kernel + the plain launch, output and cache bytes), nwf0 (sessions 6-14's
 #               norm), the norm under PDL (nwf1_pdl: -22 us in s15a, n=1) with the attention's EARLY_IO, x3 alternating
+#   s15c        session 15's last call (fp815, cap 200 s): the new defaults (norm weight first + under PDL, the rotary
+#               inside the attention + its EARLY_IO, amax1) vs session 14's ("s14") and the package without each of
+#               its parts, x3 alternating; GPU tests first (attention incl. rotary, norm chains, PDL, GEMV bits, fused)
 #   bs1         benchmarks/fp8_bs1.py --ab s6: 8B fp8 + fp8 KV batch 1, one engine: ms/token vs the roofline, the
 #               captured forward alone vs the rest (LM head, sampler, host), the graph's kernel table; then the
 #               variants ${BS1_VARIANTS:-nopdl,default_again,nopdl_again}, graph recaptured for each (nopdl: the GEMV
@@ -89,6 +92,10 @@ elif [ "${1:-}" = s15b ]; then
   shift; set -- tests bs1 "$@"
   : "${FP89_LIMIT:=200}" "${BS1_VARIANTS:=arope,nwf0,nwf1_eio_pdl,arope_eio_pdl,default_again,arope_again,nwf0_again,nwf1_eio_pdl_again,arope_eio_pdl_again,default_again2,arope_eio,nwf1_pdl,arope_again2,nwf0_again2,arope_eio_pdl_again2,nwf1_eio_pdl_again2,default_again3,arope_eio_again,s15_all_pdl,amax1,default_again4}"
   : "${FP89_TESTS:=tests/quant/test_fp8_decode_one.py tests/quant/test_fp8_norm_wfirst.py}"
+elif [ "${1:-}" = s15c ]; then
+  shift; set -- tests bs1 "$@"
+  : "${FP89_LIMIT:=200}" "${BS1_VARIANTS:=s14,pkg_nopdl,pkg_noamax,pkg_noarope,default_again,s14_again,pkg_nopdl_again,pkg_noamax_again,pkg_noarope_again,default_again2,s14_again2,pkg_nopdl_again2,pkg_noamax_again2,pkg_noarope_again2,default_again3}"
+  : "${FP89_TESTS:=tests/quant/test_fp8_decode_one.py tests/quant/test_fp8_norm_wfirst.py tests/quant/test_fp8_prefetch.py tests/quant/test_fp8_gemv_bits.py tests/quant/test_fp8_fused.py}"
 elif [ "${1:-}" = s11b2 ]; then
   shift; set -- bs1 tests "$@"
   : "${FP89_LIMIT:=140}" "${BS1_VARIANTS:=notable,self,pf32,default_again,notable_again,self_again,pf32_again,silu_rope,nopdl}"

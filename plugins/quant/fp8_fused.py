@@ -129,8 +129,10 @@ def _soft() -> bool:
 SMALL_ROWS_WARPS: int | None = 16
 # the quantizing norm launched as a programmatic dependent launch (WAIT: it waits in the kernel for the GEMV before
 # it, so it starts the moment that one ends instead of after a launch gap). Same bits. ``OCTAVO_FP8_NORM_PDL``
-# (default off until measured on a GPU; needs the GEMVs' PDL, fp8_prefetch.PDL)
-NORM_PDL = env_switch("OCTAVO_FP8_NORM_PDL", default=False)
+# (needs the GEMVs' PDL, fp8_prefetch.PDL): on since session 15 with the weight read before the wait (W_FIRST): H100,
+# one engine, norms -28 to -31 us a forward, o / qkv +7 / +9; forward -6 us with the rotary inside the attention
+# (2.919-2.922 vs 2.926-2.928 ms), -7 without; tokens equal. (Session 12, without W_FIRST: even.)
+NORM_PDL = env_switch("OCTAVO_FP8_NORM_PDL", default=True)
 # where the quantizing norm reads its weight and lets the next GEMV launch (the kernel's ``W_FIRST``: 0 as sessions 6-14,
 # 1 weight first + trigger after the loads, 2 weight first + trigger after the sum of squares); the same bits.
 # ``OCTAVO_FP8_NORM_WFIRST`` (0 / 1 / 2). Default 1 since session 15's GPU A/B (H100, 8B fp8 bs1, one engine, 3 pairs:

@@ -247,9 +247,10 @@ ACC_SPLIT = int(env_choice("OCTAVO_FP8_GEMV_ACC_SPLIT", ("0", "8", "16"), "16"))
 #: barriers and the shared-memory round trip per step; bit-identical. ``OCTAVO_FP8_GEMV_X2D`` (default off until measured)
 X2D = env_switch("OCTAVO_FP8_GEMV_X2D", default=False)
 #: the one-row kernel's in-kernel absmax with all its loads in flight at once (``AMAX_KP``; the same scale), for
-#: K <= AMAX_MAX_K. ``OCTAVO_FP8_GEMV_AMAX_ONE`` (default off until measured on a GPU; at batch 1 only down quantizes
-#: in the GEMV: the norms hand the other three e4m3)
-AMAX_ONE = env_switch("OCTAVO_FP8_GEMV_AMAX_ONE", default=False)
+#: K <= AMAX_MAX_K. ``OCTAVO_FP8_GEMV_AMAX_ONE``: on since session 15 (H100: down's critical path -15 us in each of
+#: 4 engine measures across sessions 12 and 15, forward -17 us; GEMV bits equal in the GPU test; at batch 1 down and
+#: o_proj quantize in the GEMV, the norms hand the other two e4m3)
+AMAX_ONE = env_switch("OCTAVO_FP8_GEMV_AMAX_ONE", default=True)
 AMAX_MAX_K = 16384
 #: the one-row kernel's main loop: 0, or 2 / 4 weight blocks a trip (``LOOP2``; the same result). None (unset):
 #: fp8_gemv_tiles.LOOPS decides for the table's tiles (H100 o_proj and down: 2), else 0. ``OCTAVO_FP8_GEMV_LOOP2``
