@@ -131,7 +131,7 @@ SMALL_ROWS_WARPS: int | None = 16
 # it, so it starts the moment that one ends instead of after a launch gap). Same bits. ``OCTAVO_FP8_NORM_PDL``
 # (needs the GEMVs' PDL, fp8_prefetch.PDL): on since session 15 with the weight read before the wait (W_FIRST): H100,
 # one engine, norms -28 to -31 us a forward, o / qkv +7 / +9; forward -6 us with the rotary inside the attention
-# (2.919-2.922 vs 2.926-2.928 ms), -7 without; tokens equal. (Session 12, without W_FIRST: even.)
+# (2.919-2.922 vs 2.926-2.928 ms), -7 without; tokens equal. (Session 12, without W_FIRST: even.) One row only.
 NORM_PDL = env_switch("OCTAVO_FP8_NORM_PDL", default=True)
 # where the quantizing norm reads its weight and lets the next GEMV launch (the kernel's ``W_FIRST``: 0 as sessions 6-14,
 # 1 weight first + trigger after the loads, 2 weight first + trigger after the sum of squares); the same bits.
@@ -161,7 +161,8 @@ def rms_norm_quant(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: 
     if rows:
         warps = SMALL_ROWS_WARPS if SMALL_ROWS_WARPS and rows <= 4 else (8 if d > 4096 else 4)
         trigger = {"TRIGGER": True} if fp8_prefetch.PDL and fp8_prefetch.hopper(x.device) and not _soft() else {}
-        if trigger and NORM_PDL:  # launched early too: resident while the GEMV before it runs, waits for it
+        if trigger and NORM_PDL and rows == 1:  # launched early too: resident while the GEMV before it runs, waits
+            # for it (measured at batch 1 only: larger steps keep the plain launch)
             trigger.update(WAIT=True, launch_pdl=True)
         _rms_norm_quant_kernel[(rows,)](x2, r2, weight, out, res_out, q, s, x2.stride(0), r2.stride(0), d, eps,
                                         HAS_RES=residual is not None, SOFT_FP8=_soft(), BLOCK=_p2(d),
