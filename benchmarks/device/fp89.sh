@@ -44,7 +44,8 @@
 #               norm), the norm under PDL (nwf1_pdl: -22 us in s15a, n=1) with the attention's EARLY_IO, x3 alternating
 #   s15c        session 15's last call (fp815, cap 200 s): the new defaults (norm weight first + under PDL, the rotary
 #               inside the attention + its EARLY_IO, amax1) vs session 14's ("s14") and the package without each of
-#               its parts, x3 alternating; GPU tests first (attention incl. rotary, norm chains, PDL, GEMV bits, fused)
+#               its parts, x3 alternating; GPU tests first (attention incl. rotary, norm chains, PDL, GEMV bits, fused);
+#               last, if the budget allows, x2d (session 7's same-bits x layout for qkv / gate_up) on the package
 #   bs1         benchmarks/fp8_bs1.py --ab s6: 8B fp8 + fp8 KV batch 1, one engine: ms/token vs the roofline, the
 #               captured forward alone vs the rest (LM head, sampler, host), the graph's kernel table; then the
 #               variants ${BS1_VARIANTS:-nopdl,default_again,nopdl_again}, graph recaptured for each (nopdl: the GEMV
@@ -94,7 +95,7 @@ elif [ "${1:-}" = s15b ]; then
   : "${FP89_TESTS:=tests/quant/test_fp8_decode_one.py tests/quant/test_fp8_norm_wfirst.py}"
 elif [ "${1:-}" = s15c ]; then
   shift; set -- tests bs1 "$@"
-  : "${FP89_LIMIT:=200}" "${BS1_VARIANTS:=s14,pkg_nopdl,pkg_noamax,pkg_noarope,default_again,s14_again,pkg_nopdl_again,pkg_noamax_again,pkg_noarope_again,default_again2,s14_again2,pkg_nopdl_again2,pkg_noamax_again2,pkg_noarope_again2,default_again3}"
+  : "${FP89_LIMIT:=200}" "${BS1_VARIANTS:=s14,pkg_nopdl,pkg_noamax,pkg_noarope,default_again,s14_again,pkg_nopdl_again,pkg_noamax_again,pkg_noarope_again,default_again2,s14_again2,pkg_nopdl_again2,pkg_noamax_again2,pkg_noarope_again2,default_again3,x2d}"
   : "${FP89_TESTS:=tests/quant/test_fp8_decode_one.py tests/quant/test_fp8_norm_wfirst.py tests/quant/test_fp8_prefetch.py tests/quant/test_fp8_gemv_bits.py tests/quant/test_fp8_fused.py}"
 elif [ "${1:-}" = s11b2 ]; then
   shift; set -- bs1 tests "$@"
