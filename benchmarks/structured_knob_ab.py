@@ -56,10 +56,10 @@ def main() -> None:
 
     knobs = []  # (module, attribute, engine default); several (comma-separated) take the same value together
     for name in args.knob.split(","):
-        mod_name, attr = name.rsplit(".", 1)
-        mod = importlib.import_module(f"octavo.core.{mod_name}")
+        mod_name, attr = name.rsplit(".", 1)  # (a module of octavo.core, or plugins.X.Y: octavo.plugins.X.Y)
+        mod = importlib.import_module(f"octavo.{mod_name}" if mod_name.startswith("plugins.") else f"octavo.core.{mod_name}")
         if not hasattr(mod, attr):
-            raise SystemExit(f"--knob {name}: octavo.core.{mod_name} has no {attr}")
+            raise SystemExit(f"--knob {name}: {mod.__name__} has no {attr}")
         knobs.append((mod, attr, getattr(mod, attr)))
     default = knobs[0][2] if len(knobs) == 1 else [k[2] for k in knobs]
     values = [json.loads(v) for v in args.values]

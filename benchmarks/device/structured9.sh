@@ -80,6 +80,10 @@
 # _noyield and _sw200us (a 0.2 ms GIL switch interval while structured steps are in flight: session 6's best JSON mode,
 # not measured since the native fill) (65 s); then the 1.1B shape x3: json_async vs _direct, _naccept, the floor and
 # _sw200us (what is left).
+# Argument "s15c" (session 15's very last call, one H100; same bound): benchmarks/structured_knob_ab.py's paired ABBA
+# rounds (8 rounds, batch 32, one engine each; a drifting host cancels in each round's ratio) for the two levers with
+# mixed signals in calls 4-5: the accept in C (NATIVE_ACCEPT) and the direct graph launch (DIRECT_LAUNCH), 135M and
+# 1.1B, plus an A/A control at 135M (its spread is the host's noise).
 # STRUCTURED9_DRY=1: a CPU dry run (tiny shapes, few steps; the device modes then run the Python gate).
 set -u
 cd "$(dirname "$0")/../.."
@@ -164,6 +168,27 @@ if [ "$PART" = headline ]; then  # the engine as it ships (json_async = its defa
          --batches 32 --model /tmp/structured9_llama1b --json "$R/llama1b_headline.json"
   fi
   echo "structured9 headline done in ${SECONDS}s"
+  ls -la "$R"
+  exit 0
+fi
+if [ "$PART" = s15c ]; then  # session 15's last call: paired ABBA rounds for the two levers with mixed signals
+  KAB=(--batches 32 --rounds 8 --steps 24 --load-format dummy --device cuda --dtype bfloat16)
+  [ "$DRY" = 1 ] && KAB=(--batches 32 --rounds 2 --steps 4 --load-format dummy --device cpu --dtype float32 --host-gate)
+  ACC=grammar_device_gate.NATIVE_ACCEPT
+  DIR=plugins.platforms.cuda_grammar_mask.DIRECT_LAUNCH
+  [ "$DRY" = 1 ] && DIR=grammar_device_gate.NATIVE_ACCEPT  # (no CUDA here: the dry run only checks the plumbing)
+  step smol135m_naccept $(( 30 * X )) python3 benchmarks/structured_knob_ab.py --knob $ACC --values false true \
+       "${KAB[@]}" --model /tmp/structured9_smol135m --json "$R/smol135m_naccept.json"
+  step smol135m_direct $(( 30 * X )) python3 benchmarks/structured_knob_ab.py --knob $DIR --values false true \
+       "${KAB[@]}" --model /tmp/structured9_smol135m --json "$R/smol135m_direct.json"
+  step smol135m_aa $(( 25 * X )) python3 benchmarks/structured_knob_ab.py --knob $ACC --values false false \
+       "${KAB[@]}" --model /tmp/structured9_smol135m --json "$R/smol135m_aa.json"
+  step llama1b_naccept $(( 30 * X )) python3 benchmarks/structured_knob_ab.py --knob $ACC --values false true \
+       "${KAB[@]}" --model /tmp/structured9_llama1b --json "$R/llama1b_naccept.json"
+  step llama1b_direct $(( $(left) - 1 * X )) python3 benchmarks/structured_knob_ab.py --knob $DIR --values false true \
+       "${KAB[@]}" --model /tmp/structured9_llama1b --json "$R/llama1b_direct.json"
+  grep -h '"B_vs_A_pct_median_of_round_ratios"\|"tokens_equal"' "$R"/*.json 2>/dev/null
+  echo "structured9 s15c done in ${SECONDS}s"
   ls -la "$R"
   exit 0
 fi
