@@ -83,7 +83,8 @@
 # Argument "s15c" (session 15's very last call, one H100; same bound): benchmarks/structured_knob_ab.py's paired ABBA
 # rounds (8 rounds, batch 32, one engine each; a drifting host cancels in each round's ratio) for the two levers with
 # mixed signals in calls 4-5: the accept in C (NATIVE_ACCEPT) and the direct graph launch (DIRECT_LAUNCH), 135M and
-# 1.1B, plus an A/A control at 135M (its spread is the host's noise).
+# 1.1B, plus an A/A control at 135M (its spread is the host's noise); then, in the time left, stack samples of
+# free_async and json_async at 135M (where each thread's wall time goes).
 # STRUCTURED9_DRY=1: a CPU dry run (tiny shapes, few steps; the device modes then run the Python gate).
 set -u
 cd "$(dirname "$0")/../.."
@@ -185,8 +186,12 @@ if [ "$PART" = s15c ]; then  # session 15's last call: paired ABBA rounds for th
        "${KAB[@]}" --model /tmp/structured9_smol135m --json "$R/smol135m_aa.json"
   step llama1b_naccept $(( 30 * X )) python3 benchmarks/structured_knob_ab.py --knob $ACC --values false true \
        "${KAB[@]}" --model /tmp/structured9_llama1b --json "$R/llama1b_naccept.json"
-  step llama1b_direct $(( $(left) - 1 * X )) python3 benchmarks/structured_knob_ab.py --knob $DIR --values false true \
+  step llama1b_direct $(( 28 * X )) python3 benchmarks/structured_knob_ab.py --knob $DIR --values false true \
        "${KAB[@]}" --model /tmp/structured9_llama1b --json "$R/llama1b_direct.json"
+  # what is left: where each thread's wall time goes (free async vs JSON as shipped, 135M; stack_sampler.py)
+  step smol135m_stacks $(( $(left) - 1 * X )) python3 benchmarks/structured_outputs.py "${COMMON[@]}" \
+       --modes json_async --wait-events off --repeats 1 --batches 32 --stack-sample free_async json_async \
+       --stack-runs 2 --model /tmp/structured9_smol135m --json "$R/smol135m_stacks.json"
   grep -h '"B_vs_A_pct_median_of_round_ratios"\|"tokens_equal"' "$R"/*.json 2>/dev/null
   echo "structured9 s15c done in ${SECONDS}s"
   ls -la "$R"
