@@ -178,15 +178,15 @@ if [ "$PART" = s15c ]; then  # session 15's last call: paired ABBA rounds for th
   ACC=grammar_device_gate.NATIVE_ACCEPT
   DIR=plugins.platforms.cuda_grammar_mask.DIRECT_LAUNCH
   [ "$DRY" = 1 ] && DIR=grammar_device_gate.NATIVE_ACCEPT  # (no CUDA here: the dry run only checks the plumbing)
-  step smol135m_naccept $(( 30 * X )) python3 benchmarks/structured_knob_ab.py --knob $ACC --values false true \
+  step smol135m_naccept $(( 45 * X )) python3 benchmarks/structured_knob_ab.py --knob $ACC --values false true \
        "${KAB[@]}" --model /tmp/structured9_smol135m --json "$R/smol135m_naccept.json"
-  step smol135m_direct $(( 30 * X )) python3 benchmarks/structured_knob_ab.py --knob $DIR --values false true \
+  step smol135m_direct $(( 28 * X )) python3 benchmarks/structured_knob_ab.py --knob $DIR --values false true \
        "${KAB[@]}" --model /tmp/structured9_smol135m --json "$R/smol135m_direct.json"
-  step smol135m_aa $(( 25 * X )) python3 benchmarks/structured_knob_ab.py --knob $ACC --values false false \
+  step smol135m_aa $(( 20 * X )) python3 benchmarks/structured_knob_ab.py --knob $ACC --values false false \
        "${KAB[@]}" --model /tmp/structured9_smol135m --json "$R/smol135m_aa.json"
   step llama1b_naccept $(( 30 * X )) python3 benchmarks/structured_knob_ab.py --knob $ACC --values false true \
        "${KAB[@]}" --model /tmp/structured9_llama1b --json "$R/llama1b_naccept.json"
-  step llama1b_direct $(( 28 * X )) python3 benchmarks/structured_knob_ab.py --knob $DIR --values false true \
+  step llama1b_direct $(( 25 * X )) python3 benchmarks/structured_knob_ab.py --knob $DIR --values false true \
        "${KAB[@]}" --model /tmp/structured9_llama1b --json "$R/llama1b_direct.json"
   # what is left: where each thread's wall time goes (free async vs JSON as shipped, 135M; stack_sampler.py)
   step smol135m_stacks $(( $(left) - 1 * X )) python3 benchmarks/structured_outputs.py "${COMMON[@]}" \
