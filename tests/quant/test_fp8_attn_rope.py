@@ -16,18 +16,14 @@ import torch
 pytest.importorskip("triton")
 
 ENGINE = r"""
-import json, os, sys, tempfile
+import os
 import torch
-from octavo.config import OctavoSettings
-from octavo.core.loader import load_model, resolve_model
-from octavo.core.loader.quant import resolve_quantizer
-from octavo.core.plugin_manager import get_plugin_manager
 from octavo.plugins.attention import _fp8_kv_decode_bs1 as one_mod
 from octavo.plugins.attention.triton import TritonAttentionBackend
 from octavo.plugins.platforms import cuda_fusions
 from octavo.plugins.platforms.cuda_fusions import fuse_model
 from octavo.plugins.quant import fp8_attn_rope
-from octavo.plugins.quant.fp8 import _FP8Method
+from tests.quant.fp8_tiny_llama import tiny_fp8_llama
 from octavo.testing.model import PagedRunner
 
 MUTATE = os.environ.get("ATTN_ROPE_MUTATE", "")
@@ -35,22 +31,7 @@ os.environ["OCTAVO_FP8_DECODE_ONE"] = "1"
 one_mod.DEFAULT_LAUNCH.update(deq=0, block_n=16)  # the interpreter runs no inline PTX (deq 3)
 
 
-class CudaLike:  # the resolver's view of a CUDA platform (fp8 is refused on CPU)
-    name, device_type = "cuda", "cuda"
-
-
-cfg = dict(architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=64, intermediate_size=96,
-           num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, vocab_size=256,
-           max_position_embeddings=128, rms_norm_eps=1e-5, hidden_act="silu", tie_word_embeddings=False)
-d = tempfile.mkdtemp()
-json.dump(cfg, open(os.path.join(d, "config.json"), "w"))
-resolved = resolve_model(OctavoSettings.from_kwargs(model=d, load_format="dummy").model)
-pm = get_plugin_manager()
-model = load_model(resolved, model_cls=pm.resolve("models", resolved.architecture), dtype=torch.bfloat16,
-                   device="cpu", quantizer=resolve_quantizer("fp8", resolved, CudaLike(), pm))
-for m in model.modules():
-    if isinstance(getattr(m, "quant_method", None), _FP8Method):
-        m.quant_method.fused, m.quant_method.gemv_max_m, m.quant_method.gemv_pre_ok = True, 1, True
+model = tiny_fp8_llama(2, one_row_gemv=True)
 fuse_model(model, torch.bfloat16, torch.device("cpu"))
 assert fp8_attn_rope.install(model) == 2
 runner = PagedRunner(model, TritonAttentionBackend, num_blocks=16, device="cpu", kv_dtype=torch.float8_e4m3fn)

@@ -81,28 +81,12 @@ for rows, d in [(2, 48), (3, 5000)]:  # 5000: two blocks, the second pass reads 
 #    CPU _scaled_mm, the plain forwards the platform's fused kernels (interpreted too, as on a GPU): after
 #    the discovery forward both norms and SiLU-and-mul quantize, only o_proj quantizes its own input, and the
 #    logits are the same bits as before linking.
-import json, os, tempfile
-from octavo.config import OctavoSettings
-from octavo.core.loader import load_model, resolve_model
-from octavo.core.loader.quant import resolve_quantizer
-from octavo.core.plugin_manager import get_plugin_manager
+from tests.quant.fp8_tiny_llama import tiny_fp8_llama
 from octavo.plugins.platforms.cuda_fusions import fuse_model
 from octavo.testing.model import PagedRunner
 
 
-class CudaLike:  # the resolver's view of a CUDA platform (fp8 is refused on CPU)
-    name, device_type = "cuda", "cuda"
-
-
-cfg = dict(architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=64, intermediate_size=96,
-           num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, vocab_size=256,
-           max_position_embeddings=128, rms_norm_eps=1e-5, hidden_act="silu", tie_word_embeddings=False)
-d = tempfile.mkdtemp()
-json.dump(cfg, open(os.path.join(d, "config.json"), "w"))
-resolved = resolve_model(OctavoSettings.from_kwargs(model=d, load_format="dummy").model)
-pm = get_plugin_manager()
-model = load_model(resolved, model_cls=pm.resolve("models", resolved.architecture), dtype=torch.bfloat16,
-                   device="cpu", quantizer=resolve_quantizer("fp8", resolved, CudaLike(), pm))
+model = tiny_fp8_llama(1)
 methods = [m.quant_method for m in model.modules() if isinstance(getattr(m, "quant_method", None), _FP8Method)]
 assert len(methods) == 4 and all(m.gemv_max_m == 0 for m in methods)  # CPU tensors: no GEMV
 for m in methods:
