@@ -49,11 +49,11 @@ def test_tile_that_the_even_path_cannot_run_is_refused(table):
 
 def _interpreted_launches() -> None:
     """(child, TRITON_INTERPRET=1 set before any kernel exists) gemv with and without a fixed tile."""
-    from octavo.plugins.platforms import cuda_fusions
+    from octavo.plugins.platforms import cuda_fusions, cuda_gemv
     from octavo.plugins.platforms.cuda_gemv_table import set_override
 
     launched = []
-    real = cuda_fusions._gemv_kernel
+    real = cuda_gemv._gemv_kernel  # where gemv looks it up (cuda_fusions re-exports both)
 
     class Spy:
         def __getitem__(self, grid):
@@ -62,7 +62,7 @@ def _interpreted_launches() -> None:
                 return real[grid](*args, **kw)
             return run
 
-    cuda_fusions._gemv_kernel = Spy()
+    cuda_gemv._gemv_kernel = Spy()
     gen = torch.Generator().manual_seed(0)
     w = torch.randn(40, 48, generator=gen).to(torch.bfloat16)
     x = torch.randn(1, 48, generator=gen).to(torch.bfloat16)
