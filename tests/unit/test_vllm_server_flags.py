@@ -75,20 +75,15 @@ def test_throughput_line(caplog, monkeypatch):
                                      None, None, None)
     assert added == []  # --disable-log-stats: no throughput logger
     monkeypatch.undo()
-    app = FastAPI()
-    vllm_server.register_vllm_server(app, _Engine(), OctavoSettings.from_kwargs(), None, None, None)
-    (stop,) = app.router.on_shutdown  # the logger's thread ends with the app
-    stop()
-    assert not any(t.name == "octavo-throughput-log" and t.is_alive() for t in _threads_after(2))
-
-
-def _threads_after(timeout_s):
     import threading
 
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and any(t.name == "octavo-throughput-log" for t in threading.enumerate()):
-        time.sleep(0.01)
-    return threading.enumerate()
+    app, before = FastAPI(), set(threading.enumerate())
+    vllm_server.register_vllm_server(app, _Engine(), OctavoSettings.from_kwargs(), None, None, None)
+    (thread,) = [t for t in threading.enumerate() if t not in before and t.name == "octavo-throughput-log"]
+    (stop,) = app.router.on_shutdown  # the logger's thread ends with the app
+    stop()
+    thread.join(timeout=2)
+    assert not thread.is_alive()
 
 
 def test_max_model_len_human_sizes():
