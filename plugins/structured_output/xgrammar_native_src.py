@@ -166,6 +166,28 @@ void octavo_fill_pool_free(void *handle) {
     free(p);
 }
 
+/* Hands a call's chunks to the pool's workers: with shift 0 workers 1..n-1 take chunks 1..n-1 (the caller runs chunk 0
+   and waits), with shift 1 workers 1..n take chunks 0..n-1 and the last one to finish opens ``word`` (a started call). */
+static void post(fill_pool *p, const ffi_fns *fns, ffi_any *args, const accept_job *acc, int n, int shift,
+                 int32_t *word, int32_t seq) {
+    pthread_mutex_lock(&p->mu);
+    wait_idle(p);
+    p->fns = fns;
+    p->args = args;
+    p->acc = acc;
+    p->n = n;
+    p->shift = shift;
+    if (shift) {
+        p->word = word;
+        p->seq = seq;
+    }
+    p->pending = shift ? n : n - 1;
+    p->rc = 0;
+    __atomic_add_fetch(&p->gen, 1, __ATOMIC_RELEASE);
+    pthread_cond_broadcast(&p->go);
+    pthread_mutex_unlock(&p->mu);
+}
+
 /* fns: the 4 entry points; args: n x 5 views (chunk j's rows); pool: 0 or a pool with >= n - 1 workers; acc: 0 or
    each chunk's rows' accept first. Returns 0 when every chunk filled, then word[0] = max(word[0], seq) after the rows
    are written (seq 0: no word); else a failed chunk's rc and the word untouched. *t_end: CLOCK_MONOTONIC seconds
@@ -175,18 +197,7 @@ int octavo_fill_open(const ffi_fns *fns, ffi_any *args, int n, void *pool, int32
     fill_pool *p = (fill_pool *)pool;
     int rc = 0;
     if (n > 1 && p && p->nworkers >= n - 1) {
-        pthread_mutex_lock(&p->mu);
-        wait_idle(p);
-        p->fns = fns;
-        p->args = args;
-        p->acc = acc;
-        p->n = n;
-        p->shift = 0;
-        p->pending = n - 1;
-        p->rc = 0;
-        __atomic_add_fetch(&p->gen, 1, __ATOMIC_RELEASE);
-        pthread_cond_broadcast(&p->go);
-        pthread_mutex_unlock(&p->mu);
+        post(p, fns, args, acc, n, 0, 0, 0);  /* chunks 1..n-1 to the workers; chunk 0 here */
         rc = run_chunk(fns, args, acc, 0);
         pthread_mutex_lock(&p->mu);
         wait_idle(p);
@@ -210,20 +221,7 @@ int octavo_fill_open_start(const ffi_fns *fns, ffi_any *args, int n, void *pool,
                            const accept_job *acc) {
     fill_pool *p = (fill_pool *)pool;
     if (!p || n < 1 || p->nworkers < n) return -1;
-    pthread_mutex_lock(&p->mu);
-    wait_idle(p);
-    p->fns = fns;
-    p->args = args;
-    p->acc = acc;
-    p->n = n;
-    p->shift = 1;
-    p->word = word;
-    p->seq = seq;
-    p->pending = n;
-    p->rc = 0;
-    __atomic_add_fetch(&p->gen, 1, __ATOMIC_RELEASE);
-    pthread_cond_broadcast(&p->go);
-    pthread_mutex_unlock(&p->mu);
+    post(p, fns, args, acc, n, 1, word, seq);  /* every chunk to the workers */
     return 0;
 }
 
