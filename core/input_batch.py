@@ -22,6 +22,47 @@ from octavo.step import NewRequestData, ScheduledRequestData, StepBatch
 # nothing is copied: unchanged; measured on CUDA only). OCTAVO_STEP_STAGING=1/0; None: read it on first use. Opt-in until an H100 A/B decides it.
 STAGING: bool | None = None
 _STAGERS: dict = {}  # device -> PinnedStaging
+# Session 16 (batch-1 decode outside the graph): a decode-only step's query starts are 0..n, its logits rows 0..n-1
+# when every request samples its one token, and an all-greedy batch without filters has the same four sampler
+# columns every step. These then come from device tensors kept per device (read only) instead of one host-to-device
+# copy each (6 of a batch-1 greedy step's ~12 copies, each a few us on the GPU's timeline between two graphs), and
+# the runner skips the identity gather of the hidden rows. The same values. Accelerators only (the CPU copies
+# nothing). OCTAVO_DECODE_CONST_INPUTS=1/0; None: read it on first use. Opt-in until an H100 A/B decides it.
+CONST_INPUTS: bool | None = None
+_CONST: dict = {}  # (device, what, ...) -> device tensor(s)
+
+
+def const_inputs(device: torch.device) -> bool:
+    """Whether :data:`CONST_INPUTS` applies on ``device`` (an accelerator with the switch on)."""
+    global CONST_INPUTS
+    if device.type == "cpu":
+        return False
+    if CONST_INPUTS is None:
+        from octavo.env_flags import env_switch
+
+        CONST_INPUTS = env_switch("OCTAVO_DECODE_CONST_INPUTS", False)
+    return CONST_INPUTS
+
+
+def _arange(device: torch.device, n: int, dtype: torch.dtype) -> torch.Tensor:
+    """``torch.arange(n, dtype=dtype)`` on ``device``: a view of one kept tensor (grown, never written after)."""
+    t = _CONST.get((device, "arange", dtype))
+    if t is None or t.numel() < n:
+        t = _CONST[(device, "arange", dtype)] = torch.arange(max(n, 1024), dtype=dtype, device=device)
+    return t[:n]
+
+
+def _greedy_columns(device: torch.device, rows: int, vocab_size: int) -> tuple[torch.Tensor, ...]:
+    """temperature 0, top_p 1, top_k = vocab, min_p 0 for ``rows`` rows on ``device`` (kept; read only)."""
+    key = (device, "greedy", rows, vocab_size)
+    cols = _CONST.get(key)
+    if cols is None:
+        if len(_CONST) > 1024:  # batch sizes come and go in serving: bound the cache (views in use stay alive)
+            _CONST.clear()
+        f32 = {"dtype": torch.float32, "device": device}
+        cols = _CONST[key] = (torch.zeros(rows, **f32), torch.ones(rows, **f32),
+                              torch.full((rows,), vocab_size, dtype=torch.int64, device=device), torch.zeros(rows, **f32))
+    return cols
 
 
 def step_staging(device: torch.device):
@@ -111,6 +152,8 @@ class StepInputs:
     # the layout's tensors on the device, from the step's one staged copy (core/step_staging.py), else None; the graph
     # runner copies its static rows from these instead of from the host tensors
     device_layout: AttentionLayout | None = None
+    # the logits rows are every flat row in order (CONST_INPUTS): the runner takes the hidden states as they are
+    logits_all_rows: bool = False
 
 
 def _int64_tensor(values: list[int]) -> torch.Tensor:
@@ -189,7 +232,7 @@ def build_step_inputs(batch: StepBatch, states: dict[str, CachedRequestState], b
         num_decode_reqs=batch.num_decode_reqs,
     )
     staging = step_staging(device)
-    device_layout = None
+    device_layout, all_rows = None, False
     if staging is not None:  # one pinned copy for all of them: the same values on the device
         ids_d, pos_d, qsl_d, rows_d, seq_d, nc_d, bt_d, slot_d = staging.stage([
             np.fromiter(input_ids, np.int64, len(input_ids)), positions, query_start_loc,
@@ -202,8 +245,15 @@ def build_step_inputs(batch: StepBatch, states: dict[str, CachedRequestState], b
         # on the step thread, which paces the GPU in nano-vllm's eager prefill steps); the same int64 values
         ids_d = _int64_tensor(input_ids).to(device, non_blocking=True)
         pos_d = torch.from_numpy(positions).to(device, non_blocking=True)
-        qsl_d = layout.query_start_loc.to(device, non_blocking=True)
-        rows_d = _int64_tensor(logits_rows).to(device, non_blocking=True)
+        const = const_inputs(device)
+        if const and layout.max_query_len == 1 and row0 == num_reqs:  # one token a request: starts 0..n
+            qsl_d = _arange(device, num_reqs + 1, torch.int32)
+        else:
+            qsl_d = layout.query_start_loc.to(device, non_blocking=True)
+        # rows are appended in increasing order, each in [0, row0): row0 of them are exactly 0..row0-1
+        all_rows = const and len(logits_rows) == row0 > 0
+        rows_d = _arange(device, row0, torch.int64) if all_rows else \
+            _int64_tensor(logits_rows).to(device, non_blocking=True)
     return StepInputs(
         input_ids=ids_d,
         positions=pos_d,
@@ -215,6 +265,7 @@ def build_step_inputs(batch: StepBatch, states: dict[str, CachedRequestState], b
         pooling_req_ids=pooling_ids,
         spec_token_ids=spec_ids if any(spec_ids) else [],
         device_layout=device_layout,
+        logits_all_rows=all_rows,
     )
 
 
@@ -228,7 +279,10 @@ def build_sampling_batch(reqs: list, vocab_size: int, device: torch.device,
         return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
 
     staging = step_staging(device)
-    if staging is not None:  # the four columns in one pinned copy (torch.tensor's float32 rounding: the same values)
+    if staging is None and const_inputs(device) and all(
+            p.temperature == 0 and p.top_p == 1.0 and p.top_k <= 0 and p.min_p == 0 for p in ps):
+        temperature, top_p, top_k, min_p = _greedy_columns(device, R, vocab_size)  # what col() would copy
+    elif staging is not None:  # the four columns in one pinned copy (torch.tensor's float32 rounding: the same values)
         temperature, top_p, top_k, min_p = staging.stage([
             np.array([p.temperature for p in ps], np.float32), np.array([p.top_p for p in ps], np.float32),
             np.array([p.top_k if p.top_k > 0 else vocab_size for p in ps], np.int64),

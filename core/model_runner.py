@@ -119,7 +119,9 @@ class ModelRunner:
             if sampled is not None:
                 return self._finish(result, {"sampled": sampled}, inputs, reqs, hidden, spec_step)
         # Device work first: sampling and (prompt) logprobs; then one transfer to the host.
-        logits = self.model.compute_logits(hidden[inputs.logits_indices]) if inputs.sample_req_ids else None
+        rows = hidden if inputs.logits_all_rows and hidden.shape[0] == inputs.logits_indices.shape[0] else \
+            hidden[inputs.logits_indices]  # (every row in order: no gather kernel; input_batch.CONST_INPUTS)
+        logits = self.model.compute_logits(rows) if inputs.sample_req_ids else None
         sampling = None  # the sampler's per-row tensors, built before a parked sampling waits for its mask
         if logits is not None and not inputs.spec_token_ids:
             sample_reqs = [reqs[rid] for rid in inputs.sample_req_ids]

@@ -135,6 +135,15 @@ class TorchGpuPlatform(Platform):
             return None
         return apply_bitmask_
 
+    def make_greedy_argmax(self):
+        """All-greedy batches of up to 16 rows in two Triton launches (``cuda_argmax.greedy_argmax``: torch.argmax's
+        answers) when ``OCTAVO_CUDA_GREEDY_ARGMAX=1``; None (torch.argmax) otherwise or without Triton."""
+        try:
+            from octavo.plugins.platforms.cuda_argmax import make_greedy_argmax
+        except ImportError:
+            return None
+        return make_greedy_argmax()
+
     def make_fused_sampler(self):
         """One Triton pass per step (``plugins/platforms/cuda_sampler.py``), or None without Triton."""
         try:

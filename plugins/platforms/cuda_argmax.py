@@ -84,3 +84,25 @@ def argmax_rows(x: torch.Tensor, target_programs: int = 264) -> torch.Tensor:
                                              num_warps=4)
     _argmax_final_kernel[(rows,)](vals, idx, out, n_chunks, MAX_CHUNKS=MAX_CHUNKS, num_warps=1)
     return out
+
+
+# The eager sampler's all-greedy argmax (``Platform.make_greedy_argmax``, session 16): torch.argmax reduces each row in
+# one block (28 us for one 128,256-column row on an H100, the largest piece of a batch-1 step outside the graph
+# after the LM head); the two launches above take the row over the whole GPU. Rows above SMALL_ROWS keep torch's
+# kernel (its one block a row is then many blocks; not measured against these). OCTAVO_CUDA_GREEDY_ARGMAX=1/0.
+GREEDY_DEFAULT_ON = False  # opt-in until the H100 A/B (benchmarks/head16_ab.py) shows a gain with equal tokens
+SMALL_ROWS = 16
+
+
+def greedy_argmax(logits: torch.Tensor) -> torch.Tensor:
+    """``logits.argmax(dim=-1)`` (int64 ``[rows]``): :func:`argmax_rows` for 1..:data:`SMALL_ROWS` rows."""
+    if logits.dim() == 2 and 0 < logits.shape[0] <= SMALL_ROWS and logits.is_cuda:
+        return argmax_rows(logits)
+    return logits.argmax(dim=-1)
+
+
+def make_greedy_argmax():
+    """:func:`greedy_argmax` when ``OCTAVO_CUDA_GREEDY_ARGMAX`` (default :data:`GREEDY_DEFAULT_ON`) is on, else None."""
+    from octavo.env_flags import env_switch
+
+    return greedy_argmax if env_switch("OCTAVO_CUDA_GREEDY_ARGMAX", GREEDY_DEFAULT_ON) else None

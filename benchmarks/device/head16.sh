@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Session 16 (engineer head16): issue 9's decode_bs1_strict_fraction_of_roofline, the part of a batch-1 fp8 token
+# outside the captured forward. One GPU, HARD bound ${HEAD16_LIMIT:-180} s for the whole call (every part under
+# `timeout`, each gets what is left minus the later parts' reserves). JSON + logs: $OUT/head16/
+#   bash benchmarks/device/head16.sh [PART ...]
+#   s16a   call 1 (cap 180 s) = tests ab: the GPU tests of the new levers (tests/gpu/test_decode_const_inputs_gpu.py:
+#          the eager greedy argmax in two launches = torch.argmax on 128k rows; a tiny engine's greedy / seeded / top-k
+#          tokens equal with the kept decode inputs + that argmax on and off), then ONE engine with the headline's
+#          settings (8B fp8 + fp8 KV, max_num_seqs 512, 51 graph sizes, async; head graphs captured, off unless a
+#          variant turns them on) alternating default / lean (argmax + const) / head (the LM head + sampler graphs) /
+#          argmax / const / head_const x3, greedy tokens compared, ms/token, the graph alone, and a CUDA-only trace
+#          per variant: GPU busy / idle a step and every op outside the body graph (benchmarks/head16_ab.py)
+#   tests  HEAD16_TESTS (default: tests/gpu/test_decode_const_inputs_gpu.py)
+#   ab     benchmarks/head16_ab.py --variants ${HEAD16_VARIANTS} (--windows ${HEAD16_WINDOWS:-default,lean}: those
+#          also timed at contexts 769..1024, the headline's second half)
+# CPU dry run: HEAD16_DRY=1 bash benchmarks/device/head16.sh s16a (tiny model; the GPU tests skip)
+set -u
+cd "$(dirname "$0")/../.."
+R="${OUT:-/tmp/out}/head16"
+mkdir -p "$R"
+if [ "${1:-}" = s16a ]; then
+  shift; set -- tests ab "$@"  # the tests first: a default flips only with them
+  : "${HEAD16_LIMIT:=180}"
+  : "${HEAD16_VARIANTS:=default,lean,head,argmax,const,head_const,default_again,lean_again,head_again,argmax_again,const_again,head_const_again,default_again2,lean_again2,head_again2,argmax_again2,const_again2}"
+fi
+LIMIT=${HEAD16_LIMIT:-180}
+if ! timeout 20 python -c "import octavo" > /dev/null 2>&1; then
+  echo "octavo not importable: pip install --no-deps --no-build-isolation -e ." | tee "$R/install.txt"
+  timeout 60 python -m pip install -q --no-deps --no-build-isolation -e . >> "$R/install.txt" 2>&1
+fi
+T0=$(date +%s)
+left() { echo $(( LIMIT - 2 - ($(date +%s) - T0) )); }
+nvidia-smi --query-gpu=name,memory.total,memory.used,clocks.max.memory --format=csv > "$R/gpu.csv" 2>/dev/null
+git rev-parse HEAD > "$R/commit.txt" 2>/dev/null
+git status --short > "$R/tree_status.txt" 2>/dev/null
+export OCTAVO_DISABLE_PROGRESS=1
+DRY=()
+[ "${HEAD16_DRY:-0}" = 1 ] && DRY=(--dry)
+PARTS=("$@")
+[ ${#PARTS[@]} -eq 0 ] && PARTS=(tests ab)
+declare -A RESERVE=([tests]=40 [ab]=110)
+reserve() {  # seconds the parts after $1 keep for themselves
+  local after=0 r=0 p
+  for p in "${PARTS[@]}"; do
+    [ "$after" = 1 ] && r=$((r + ${RESERVE[$p]:-20}))
+    [ "$p" = "$1" ] && after=1
+  done
+  echo $r
+}
+for P in "${PARTS[@]}"; do
+  B=$(( $(left) - $(reserve "$P") ))
+  echo "== $P $(date -u +%T) (${B} s for it, $(left) s left)"
+  if [ "$B" -lt 15 ]; then echo "skipped: no time"; continue; fi
+  T="timeout -k 3 $B"
+  case $P in
+    # shellcheck disable=SC2086  # HEAD16_TESTS: a list of test files
+    tests) $T python -m pytest -v -rA -m gpu -p no:cacheprovider ${HEAD16_TESTS:-tests/gpu/test_decode_const_inputs_gpu.py} \
+             > "$R/tests.log" 2>&1
+           echo "exit $?"; grep -E "PASSED|FAILED|SKIPPED|passed|failed|Error|assert" "$R/tests.log" | tail -12;;
+    ab) $T python benchmarks/head16_ab.py "${DRY[@]}" --variants "${HEAD16_VARIANTS:-default,lean,head,default_again}" \
+          --windows "${HEAD16_WINDOWS:-default,lean}" --budget $(( B - 14 )) --out "$R/ab.json" > "$R/ab.log" 2>&1
+        echo "exit $?"; grep -v " INFO \| WARNING \|UserWarning\|_warn_once" "$R/ab.log" | cut -c1-700 | tail -60;;
+    *) echo "unknown part $P (tests ab)";;
+  esac
+done
+echo "== done $(date -u +%T), $(( $(date +%s) - T0 )) s"
