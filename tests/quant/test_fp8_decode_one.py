@@ -226,7 +226,7 @@ def test_sm90_early_io_loads_sit_where_asked(early_io, rope):
     types = ["*bf16"] * 3 + ["*fp8e4nv"] * 2 + ["*i32", "*i32", "*i64", "*bf16", "*fp32", "*fp32", "*i32"] \
         + ["i32"] * 6 + ["fp32"] * 4
     consts = dict(GROUP=4, G_P=16, HEAD=128, PAGE=16, BLOCK_N=64, SPLITS=16, DEQ=3, EARLY=True, PDL=True,
-                  EARLY_IO=early_io, ROPE=rope)
+                  EARLY_IO=early_io, ROPE=rope, SPIN=0)
     sig = dict(zip(names, types))
     if rope:
         sig.update(pos_ptr="*i64", cos_ptr="*fp32", sin_ptr="*fp32", stride_cos="i32")
