@@ -252,6 +252,7 @@ class _FP8Method(LinearMethod):
                 else:
                     y = fp8_gemv_tc(x2, layer.weight, layer.weight_scale, bias, config=tc[1], dot_fp8=tc[0])
                 return y.reshape(*shape[:-1], -1)
+            from octavo.plugins.quant import fp8_gemv_tma  # noqa: F401 (o_proj / down's TMA launch, OCTAVO_FP8_GEMV_TMA)
             from octavo.plugins.quant.fp8_gemv import fp8_gemv
             from octavo.plugins.quant.fp8_prefetch import gemv_launch
 

@@ -260,6 +260,8 @@ if _LOOP2_RAW not in ("", "0", "2", "4"):
 LOOP2: int | None = int(_LOOP2_RAW) if _LOOP2_RAW else None
 #: the most weight blocks the one-row kernel reads before its PDL wait (``pdl_w``; its static ifs)
 MAX_PDL_W = 4
+#: other kernels for the table's one-row launch: ``(applies, launch)`` pairs (fp8_gemv_tma.py adds its own on import)
+ALT_ONE_ROW: list = []
 
 
 def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None = None,
@@ -369,6 +371,9 @@ def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, 
         if config is None and tail is not None:  # the autotuner's tile for this shape: the unfused bits
             config = tail["tile"](n, k, pre, one_row_flags.get("ACC_SPLIT", 0), x.device)
     if config is not None:
+        for applies, run in ALT_ONE_ROW:  # o_proj / down through TMA (fp8_gemv_tma.py; opt-in, the same bits)
+            if even and applies(m, n, k, flags, one_row_flags, config, bias, tail, pf_total, self_prefetch):
+                return run(x, x_scale, weight, ws, y, flags, one_row_flags, config, False)
         bn, bk, warps, *stages = config
         kernel[(triton.cdiv(n, bn),)](*args, **flags, **one_row_flags, **extra,
                                       EVEN=even and n % bn == 0 and k % bk == 0, SOFT_FP8=False, BLOCK_N=bn,

@@ -1,0 +1,127 @@
+"""The one-row fp8 GEMV with its weight blocks streamed by TMA through shared memory (session 16, engineer fp816;
+``OCTAVO_FP8_GEMV_TMA``: the pipeline's depth for o_proj / down on an H100, 0 = off (default until measured)).
+
+Why: at one row the 8B forward's o_proj and down run the table's 16x1024 8-warp tile with two weight blocks a loop
+trip (fp8_gemv_tiles.py): 155-255 registers a thread, one program an SM, 32 KB in flight, then the math, then the
+next two blocks. Their critical path is 55 / 71 us a forward above their weight time at the copy rate (session 15);
+gate_up and qkv (six 4x1024 programs an SM) are at it. Here the weight blocks come through Triton's pipelined
+tensor-descriptor loads (``cp.async.bulk.tensor`` into ``STAGES`` shared-memory buffers with mbarriers, sm_90): the
+next ``STAGES - 1`` blocks are in flight during each block's math, without registers (sm_90 SASS, Triton 3.6 / 3.9:
+~50 registers for the loop, so the programs also fit beside the kernel in front of them).
+
+What stays the same (so the same bits): the first weight block read into registers before the PDL wait, the row's
+absmax with every load in flight (``AMAX_KP``), and every block's math through fp8_gemv's own ``_gemv_step`` (the
+split accumulator) in the same order; the block read from shared memory lands in the register layout the plain load
+has (sm_90 TTGIR: ``sizePerThread [1, 16]``, the same reduction layouts). Only the one-row, no-bias, prefetch-free
+launch with the table's tile, ``EVEN`` shapes and the split accumulator takes it (``applies``); everything else runs
+fp8_gemv's kernel as before.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from octavo.env_flags import env_int
+from octavo.plugins.quant import fp8_gemv as _plain
+from octavo.plugins.quant.fp8_gemv import AMAX_BLOCK, _gemv_step
+
+#: the pipeline's depth (shared-memory buffers; 2-4), 0 = off. ``OCTAVO_FP8_GEMV_TMA``
+STAGES = env_int("OCTAVO_FP8_GEMV_TMA", 0, 0, 4)
+#: the shapes ``(N, K)`` it takes (o_proj and down of the 8B shape: the table's 16x1024 8-warp tile)
+SHAPES = {(4096, 4096), (4096, 14336)}
+
+
+@triton.jit
+def _fp8_gemv_tma_kernel(x_ptr, xs_ptr, w_desc, w_ptr, ws_ptr, y_ptr, K, stride_wn, QUANT_X: tl.constexpr,
+                         PRE_Q: tl.constexpr, SOFT_FP8: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                         ACC_SPLIT: tl.constexpr, AMAX_KP: tl.constexpr, USE_PDL: tl.constexpr, PDL_W: tl.constexpr,
+                         STAGES_: tl.constexpr):
+    """``y[n] = (sum_k q(x[k]) * W[n, k]) * s_x * s_w[n]`` for one row: fp8_gemv's one-row kernel (``EVEN``, split
+    accumulator) with blocks ``PDL_W..`` from TMA (module docstring)."""
+    pid = tl.program_id(0)
+    n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows = w_ptr + n.to(tl.int64)[:, None] * stride_wn
+    ws = tl.load(ws_ptr + n)
+    if PDL_W:
+        w_first = tl.load(rows + tl.arange(0, BLOCK_K)[None, :])
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
+        if PDL_W:
+            tl.extra.cuda.gdc_launch_dependents()
+    s_x = 1.0
+    if PRE_Q:
+        s_x = tl.load(xs_ptr)
+    if QUANT_X and AMAX_KP > 0:  # fp8_gemv's unrolled absmax (every load in flight at once)
+        amax1 = tl.zeros([AMAX_BLOCK], dtype=tl.float32)
+        for k in tl.static_range(0, AMAX_KP, AMAX_BLOCK):
+            ka = k + tl.arange(0, AMAX_BLOCK)
+            va = tl.load(x_ptr + ka, mask=ka < K, other=0.0).to(tl.float32)
+            amax1 = tl.maximum(amax1, tl.abs(va))
+        s_x = tl.maximum(tl.math.div_rn(tl.max(amax1, axis=0), 448.0), 1e-12)
+    elif QUANT_X:
+        amax = tl.zeros([BLOCK_K], dtype=tl.float32)
+        for k in range(0, K, BLOCK_K):
+            v = tl.load(x_ptr + k + tl.arange(0, BLOCK_K)).to(tl.float32)
+            amax = tl.maximum(amax, tl.abs(v))
+        s_x = tl.maximum(tl.math.div_rn(tl.max(amax, axis=0), 448.0), 1e-12)
+    acc = tl.zeros([BLOCK_N, BLOCK_K // ACC_SPLIT], dtype=tl.float32)
+    k0 = 0
+    if PDL_W:
+        acc = _gemv_step(acc, w_first, x_ptr, tl.arange(0, BLOCK_K), s_x, K, QUANT_X, PRE_Q, True, SOFT_FP8, False,
+                         False, ACC_SPLIT, BLOCK_N, BLOCK_K)
+        k0 = BLOCK_K
+    for k in tl.range(k0, K, BLOCK_K, num_stages=STAGES_):
+        w = w_desc.load([pid * BLOCK_N, k])
+        acc = _gemv_step(acc, w, x_ptr, k + tl.arange(0, BLOCK_K), s_x, K, QUANT_X, PRE_Q, True, SOFT_FP8, False,
+                         False, ACC_SPLIT, BLOCK_N, BLOCK_K)
+    y = (tl.sum(acc, 1) * s_x * ws).to(y_ptr.dtype.element_ty)
+    tl.store(y_ptr + n, y)
+
+
+_DESC: dict = {}
+
+
+def _descriptor(weight: torch.Tensor, bn: int, bk: int):
+    """The weight's TMA descriptor, built once per weight and tile (it holds the weight: a model's weights live as
+    long as it does; a new tensor at the same address replaces the entry)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    key = (weight.data_ptr(), tuple(weight.shape), bn, bk)
+    hit = _DESC.get(key)
+    if hit is None or hit.base is not weight:
+        hit = _DESC[key] = TensorDescriptor.from_tensor(weight, [bn, bk])
+    return hit
+
+
+def applies(m: int, n: int, k: int, flags: dict, one_row: dict, config, bias, tail, pf_total: int, self_pf: bool,
+            stages: int | None = None) -> bool:
+    """Whether fp8_gemv's launch may go to this kernel (the module docstring's conditions)."""
+    depth = STAGES if stages is None else stages
+    if not depth or m != 1 or (n, k) not in SHAPES or bias is not None or tail is not None or pf_total or self_pf:
+        return False
+    if config is None or k % config[1] or n % config[0] or k % 1024:
+        return False
+    return (one_row.get("ACC_SPLIT", 0) > 0 and not one_row.get("REG_PF") and not one_row.get("X2D")
+            and not one_row.get("W_BITS") and not flags.get("PREFETCH") and not flags.get("SELF_PF")
+            and int(flags.get("PDL_W", 0)) <= 1)
+
+
+def launch(x, x_scale, weight, ws, y, flags: dict, one_row: dict, config, soft: bool, stages: int | None = None):
+    """Run the TMA kernel for fp8_gemv's one-row launch (its ``flags`` / ``one_row_flags`` / tile)."""
+    n, k = weight.shape
+    bn, bk, warps, *_ = config
+    desc = _descriptor(weight, bn, bk)
+    extra = {"launch_pdl": True} if flags.get("USE_PDL") else {}
+    _fp8_gemv_tma_kernel[(triton.cdiv(n, bn),)](
+        x, x_scale if x_scale is not None else ws, desc, weight, ws, y, k, weight.stride(0),
+        QUANT_X=flags["QUANT_X"], PRE_Q=flags["PRE_Q"], SOFT_FP8=soft, BLOCK_N=bn, BLOCK_K=bk,
+        ACC_SPLIT=one_row["ACC_SPLIT"], AMAX_KP=one_row.get("AMAX_KP", 0), USE_PDL=bool(flags.get("USE_PDL")),
+        PDL_W=int(flags.get("PDL_W", 0)), STAGES_=STAGES if stages is None else stages, num_warps=warps,
+        num_stages=1, **extra)
+    return y
+
+
+if launch not in [run for _, run in _plain.ALT_ONE_ROW]:  # fp8_gemv asks it first (``applies``)
+    _plain.ALT_ONE_ROW.append((applies, launch))
