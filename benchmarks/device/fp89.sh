@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 9 (engineer "fp8"), sessions 9-14, fp815 session 15. One GPU, HARD bound ${FP89_LIMIT:-110} s for the whole call (every part
+# Issue 9 (engineer "fp8"), sessions 9-14, fp815 session 15, fp816 session 16. One GPU, HARD bound ${FP89_LIMIT:-110} s for the whole call (every part
 # under `timeout`, each gets what is left minus the later parts' reserves; `s11`, `s12`, `s12b2`: 150 s; `s14`: 190 s). JSON + logs: $OUT/fp89/
 #   bash benchmarks/device/fp89.sh [PART ...]      (default: bs1 tests, session 10 batch 2; batch 1: bs1 head tests, and tail)
 #   s11         session 11 batch 1 = parts bs1 tests with the in-graph tile sweep (BS1_SWEEP=24 s,
@@ -46,6 +46,12 @@
 #               inside the attention + its EARLY_IO, amax1) vs session 14's ("s14") and the package without each of
 #               its parts, x3 alternating; GPU tests first (attention incl. rotary, norm chains, PDL, GEMV bits, fused);
 #               last, if the budget allows, x2d (session 7's same-bits x layout for qkv / gate_up) on the package
+#   s16a        session 16 call 1 (engineer fp816, cap 200 s) = tests, then bs1: FP89_TESTS = test_fp8_decode_spin.py (the
+#               attention's splits merged by polling their partials, modes 1 / 2: output + cache bits equal to the ticket
+#               merge launch after launch, sentinels back, CUDA graphs) + test_fp8_gemv_tma.py (o_proj / down with TMA
+#               weight streams: bits equal to the plain GEMV at the 8B shapes, 2-4 stages, PDL, graph) +
+#               test_fp8_decode_one.py; BS1_VARIANTS = spin1 / spin2 / tma2-4 / spin2_tma3 ... alternating with
+#               default_again* x3 (all the same bits: tokens must equal the first measure's), then norm8, att_w2 (data)
 #   bs1         benchmarks/fp8_bs1.py --ab s6: 8B fp8 + fp8 KV batch 1, one engine: ms/token vs the roofline, the
 #               captured forward alone vs the rest (LM head, sampler, host), the graph's kernel table; then the
 #               variants ${BS1_VARIANTS:-nopdl,default_again,nopdl_again}, graph recaptured for each (nopdl: the GEMV
@@ -97,6 +103,10 @@ elif [ "${1:-}" = s15c ]; then
   shift; set -- tests bs1 "$@"
   : "${FP89_LIMIT:=200}" "${BS1_VARIANTS:=s14,pkg_nopdl,pkg_noamax,pkg_noarope,default_again,s14_again,pkg_nopdl_again,pkg_noamax_again,pkg_noarope_again,default_again2,s14_again2,pkg_nopdl_again2,pkg_noamax_again2,pkg_noarope_again2,default_again3,x2d}"
   : "${FP89_TESTS:=tests/quant/test_fp8_decode_one.py tests/quant/test_fp8_norm_wfirst.py tests/quant/test_fp8_prefetch.py tests/quant/test_fp8_gemv_bits.py tests/quant/test_fp8_fused.py}"
+elif [ "${1:-}" = s16a ]; then
+  shift; set -- tests bs1 "$@"  # the tests first: a default flips only with them
+  : "${FP89_LIMIT:=200}" "${BS1_VARIANTS:=spin2,tma3,spin1,spin2_tma3,default_again,spin2_again,tma3_again,tma2,tma4,spin1_again,default_again2,spin2_tma3_again,spin2_again2,tma3_again2,spin1_tma3,tma2_again,tma4_again,default_again3,spin1_again2,spin2_tma3_again2,norm8,att_w2,default_again4}"
+  : "${FP89_TESTS:=tests/quant/test_fp8_decode_spin.py tests/quant/test_fp8_gemv_tma.py tests/quant/test_fp8_decode_one.py}"
 elif [ "${1:-}" = s11b2 ]; then
   shift; set -- bs1 tests "$@"
   : "${FP89_LIMIT:=140}" "${BS1_VARIANTS:=notable,self,pf32,default_again,notable_again,self_again,pf32_again,silu_rope,nopdl}"
