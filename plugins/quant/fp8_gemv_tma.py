@@ -29,6 +29,9 @@ from octavo.plugins.quant.fp8_gemv import AMAX_BLOCK, _gemv_step
 
 #: the pipeline's depth (shared-memory buffers; 2-4), 0 = off. ``OCTAVO_FP8_GEMV_TMA``
 STAGES = env_int("OCTAVO_FP8_GEMV_TMA", 0, 0, 4)
+#: weight blocks asked of L2 before the PDL wait instead of the first block into registers (0 = the register block,
+#: as fp8_gemv; 1-3). ``OCTAVO_FP8_GEMV_TMA_L2``
+L2_BLOCKS = env_int("OCTAVO_FP8_GEMV_TMA_L2", 0, 0, 3)
 #: the shapes ``(N, K)`` it takes (o_proj and down of the 8B shape: the table's 16x1024 8-warp tile)
 SHAPES = {(4096, 4096), (4096, 14336)}
 
@@ -37,18 +40,25 @@ SHAPES = {(4096, 4096), (4096, 14336)}
 def _fp8_gemv_tma_kernel(x_ptr, xs_ptr, w_desc, w_ptr, ws_ptr, y_ptr, K, stride_wn, QUANT_X: tl.constexpr,
                          PRE_Q: tl.constexpr, SOFT_FP8: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                          ACC_SPLIT: tl.constexpr, AMAX_KP: tl.constexpr, USE_PDL: tl.constexpr, PDL_W: tl.constexpr,
-                         STAGES_: tl.constexpr):
+                         STAGES_: tl.constexpr, L2PF: tl.constexpr = 0):
     """``y[n] = (sum_k q(x[k]) * W[n, k]) * s_x * s_w[n]`` for one row: fp8_gemv's one-row kernel (``EVEN``, split
-    accumulator) with blocks ``PDL_W..`` from TMA (module docstring)."""
+    accumulator) with blocks ``PDL_W..`` from TMA (module docstring). ``L2PF`` (with ``PDL_W`` 0): each row's first
+    ``L2PF`` blocks are asked of L2 (one bulk prefetch a row) before the wait, instead of block 0 into registers: the
+    pipeline's first copies, issued right after the absmax, then hit L2 (with a register block first, its math sits
+    between the absmax and the copies: sm_90 PTX)."""
     pid = tl.program_id(0)
     n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     rows = w_ptr + n.to(tl.int64)[:, None] * stride_wn
     ws = tl.load(ws_ptr + n)
+    if L2PF and not SOFT_FP8:  # no kernel writes the weight: safe before the wait
+        tl.inline_asm_elementwise("cp.async.bulk.prefetch.L2.global [$1], $2;\n mov.u32 $0, 0;", "=r,l,r",
+                                  [w_ptr + n.to(tl.int64) * stride_wn, tl.zeros([BLOCK_N], tl.int32) + L2PF * BLOCK_K],
+                                  dtype=tl.int32, is_pure=False, pack=1)
     if PDL_W:
         w_first = tl.load(rows + tl.arange(0, BLOCK_K)[None, :])
     if USE_PDL:
         tl.extra.cuda.gdc_wait()
-        if PDL_W:
+        if PDL_W or L2PF:  # as fp8_gemv with its first block early: the next kernel may launch now
             tl.extra.cuda.gdc_launch_dependents()
     s_x = 1.0
     if PRE_Q:
@@ -108,18 +118,20 @@ def applies(m: int, n: int, k: int, flags: dict, one_row: dict, config, bias, ta
             and int(flags.get("PDL_W", 0)) <= 1)
 
 
-def launch(x, x_scale, weight, ws, y, flags: dict, one_row: dict, config, soft: bool, stages: int | None = None):
+def launch(x, x_scale, weight, ws, y, flags: dict, one_row: dict, config, soft: bool, stages: int | None = None,
+           l2_blocks: int | None = None):
     """Run the TMA kernel for fp8_gemv's one-row launch (its ``flags`` / ``one_row_flags`` / tile)."""
     n, k = weight.shape
     bn, bk, warps, *_ = config
     desc = _descriptor(weight, bn, bk)
+    l2 = (L2_BLOCKS if l2_blocks is None else l2_blocks) if flags.get("USE_PDL") and not soft else 0
     extra = {"launch_pdl": True} if flags.get("USE_PDL") else {}
     _fp8_gemv_tma_kernel[(triton.cdiv(n, bn),)](
         x, x_scale if x_scale is not None else ws, desc, weight, ws, y, k, weight.stride(0),
         QUANT_X=flags["QUANT_X"], PRE_Q=flags["PRE_Q"], SOFT_FP8=soft, BLOCK_N=bn, BLOCK_K=bk,
         ACC_SPLIT=one_row["ACC_SPLIT"], AMAX_KP=one_row.get("AMAX_KP", 0), USE_PDL=bool(flags.get("USE_PDL")),
-        PDL_W=int(flags.get("PDL_W", 0)), STAGES_=STAGES if stages is None else stages, num_warps=warps,
-        num_stages=1, **extra)
+        PDL_W=0 if l2 else int(flags.get("PDL_W", 0)), STAGES_=STAGES if stages is None else stages,
+        L2PF=l2, num_warps=warps, num_stages=1, **extra)
     return y
 
 

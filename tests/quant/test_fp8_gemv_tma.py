@@ -70,11 +70,11 @@ for (n, k), seed in (((4096, 4096), 0), ((4096, 14336), 1)):
                                                              if kind == "pre" else {})
         fp8_gemv_tma.STAGES = 0
         base = fp8_gemv(*args, **kw)
-        for stages in (2, 3, 4):
-            fp8_gemv_tma.STAGES = stages
+        for stages, l2 in ((2, 0), (3, 0), (4, 0), (3, 2), (4, 1)):
+            fp8_gemv_tma.STAGES, fp8_gemv_tma.L2_BLOCKS = stages, l2
             assert fp8_gemv_tma.applies(1, n, k, {"PDL_W": 1}, {"ACC_SPLIT": 16}, TILE, None, None, 0, False)
             got = fp8_gemv(*args, **kw)
-            assert torch.equal(got, base), (n, k, kind, stages, int((got != base).sum()))
+            assert torch.equal(got, base), (n, k, kind, stages, l2, int((got != base).sum()))
             if kind == "own":  # a CUDA graph replayed on new input: the same bits as eager
                 xin = x.clone()
                 g = torch.cuda.CUDAGraph()
@@ -84,10 +84,11 @@ for (n, k), seed in (((4096, 4096), 0), ((4096, 14336), 1)):
                 g.replay()
                 fp8_gemv_tma.STAGES = 0
                 want = fp8_gemv(x2, wq, ws, **kw)
+                fp8_gemv_tma.STAGES = stages
                 torch.cuda.synchronize()
                 assert torch.equal(out, want), (n, k, "graph", stages)
-            print("ok", n, k, kind, stages, flush=True)
-fp8_gemv_tma.STAGES = 0
+            print("ok", n, k, kind, stages, l2, flush=True)
+fp8_gemv_tma.STAGES, fp8_gemv_tma.L2_BLOCKS = 0, 0
 print("PASS")
 """
 
@@ -128,6 +129,8 @@ def test_applies_only_to_the_plain_one_row_launch():
 
 @pytest.mark.parametrize("stages", [2, 4])
 def test_sm90_ptx_bulk_copies_and_the_first_block_before_the_wait(stages):
+    """With the first block in registers (``PDL_W`` 1): its plain load before ``griddepcontrol.wait``, the bulk
+    tensor copies after it, ``stages - 1`` of them before the first mbarrier wait."""
     import triton
     from triton.backends.compiler import GPUTarget
 
@@ -136,7 +139,7 @@ def test_sm90_ptx_bulk_copies_and_the_first_block_before_the_wait(stages):
     sig = {"x_ptr": "*bf16", "xs_ptr": "*fp32", "w_desc": "tensordesc<fp8e4nv[16, 1024]>", "w_ptr": "*fp8e4nv",
            "ws_ptr": "*fp32", "y_ptr": "*bf16", "K": "i32", "stride_wn": "i32"}
     consts = dict(QUANT_X=True, PRE_Q=False, SOFT_FP8=False, BLOCK_N=16, BLOCK_K=1024, ACC_SPLIT=16, AMAX_KP=16384,
-                  USE_PDL=True, PDL_W=1, STAGES_=stages)
+                  USE_PDL=True, PDL_W=1, STAGES_=stages, L2PF=0)
     attrs = {(i,): [["tt.divisibility", 16]] for i in (0, 1, 3, 4, 5, 6, 7)}
     src = triton.compiler.ASTSource(fn=_fp8_gemv_tma_kernel, signature={**sig, **{k: "constexpr" for k in consts}},
                                     constexprs=consts, attrs=attrs)
@@ -148,3 +151,25 @@ def test_sm90_ptx_bulk_copies_and_the_first_block_before_the_wait(stages):
     # stages - 1 copies issued before the loop's first wait on a buffer (the pipeline's prologue)
     first_wait = ptx.index("mbarrier.try_wait", wait)
     assert ptx[wait:first_wait].count("cp.async.bulk.tensor") == stages - 1, ptx[wait:first_wait].count("cp.async")
+
+
+def test_sm90_ptx_l2_prefetch_then_copies_right_after_the_absmax():
+    """``L2PF`` (no register block): one bulk L2 prefetch a row before the wait; after it, the absmax's reduction and
+    then the pipeline's copies, with no weight math (no ``div.rn`` of an activation block) between them."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    from octavo.plugins.quant.fp8_gemv_tma import _fp8_gemv_tma_kernel
+
+    sig = {"x_ptr": "*bf16", "xs_ptr": "*fp32", "w_desc": "tensordesc<fp8e4nv[16, 1024]>", "w_ptr": "*fp8e4nv",
+           "ws_ptr": "*fp32", "y_ptr": "*bf16", "K": "i32", "stride_wn": "i32"}
+    consts = dict(QUANT_X=True, PRE_Q=False, SOFT_FP8=False, BLOCK_N=16, BLOCK_K=1024, ACC_SPLIT=16, AMAX_KP=16384,
+                  USE_PDL=True, PDL_W=0, STAGES_=3, L2PF=2)
+    attrs = {(i,): [["tt.divisibility", 16]] for i in (0, 1, 3, 4, 5, 6, 7)}
+    src = triton.compiler.ASTSource(fn=_fp8_gemv_tma_kernel, signature={**sig, **{k: "constexpr" for k in consts}},
+                                    constexprs=consts, attrs=attrs)
+    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 64), options={"num_warps": 8}).asm["ptx"]
+    wait = ptx.index("griddepcontrol.wait")
+    assert "cp.async.bulk.prefetch.L2" in ptx[:wait] and "launch_dependents" in ptx[wait:]
+    first_copy = ptx.index("cp.async.bulk.tensor", wait)
+    assert ptx[wait:first_copy].count("div.rn.f32") == 1  # the scale only (absmax / 448), no block's quantization
