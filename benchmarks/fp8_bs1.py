@@ -61,7 +61,7 @@ def critical_path(prof, replays: int) -> dict:
     ev.sort()
     out, end, g = {}, None, 0
     for start, stop, name in ev:
-        if "_fp8_gemv_kernel" in name or "_fp8_gemv_norm_kernel" in name:
+        if any(k in name for k in ("_fp8_gemv_kernel", "_fp8_gemv_norm_kernel", "_fp8_gemv_tma_kernel")):
             name, g = GEMV_ORDER[g % 4] + ("+norm" if "_norm_" in name else ""), g + 1
         else:
             name = name[:40]

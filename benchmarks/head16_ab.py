@@ -3,15 +3,17 @@
 
 The engine is the headline's (benchmarks/gpu_e2e.py decode_bs1 as e2e_fp8.sh runs it: Llama-3-8B shape, dummy
 weights, fp8 weights + fp8 KV, ``max_num_seqs=512`` so 51 graph sizes, ``max_num_batched_tokens=8192``, async
-scheduling), started with the LM head + sampler graphs captured (``OCTAVO_GRAPH_HEAD=1``) so that they can be
-switched on and off in the same process. Variants (switched at run time, nothing recaptured; ``_again``,
+scheduling), started with the LM head + sampler graphs and the one-graph step captured (``OCTAVO_GRAPH_HEAD=1``,
+``OCTAVO_GRAPH_STEP=1``) so that they can be switched on and off in the same process. Variants (switched at run time, nothing recaptured; ``_again``,
 ``_again2``... repeat one), alternating:
 
 - ``default``: as shipped (eager head: gather, head GEMV, float cast, torch.argmax, 4 sampler column copies);
 - ``argmax``: the eager greedy argmax in two launches (``OCTAVO_CUDA_GREEDY_ARGMAX``, cuda_argmax.greedy_argmax);
 - ``const``: kept decode inputs (``OCTAVO_DECODE_CONST_INPUTS``: no copies of the query starts, logits rows and
   greedy sampler columns, no gather of the hidden rows); ``lean`` = argmax + const;
-- ``head``: the head graphs (``GraphHead.active``); ``head_const``: head graphs + const.
+- ``head``: the head graphs (``GraphHead.active``); ``head_const``: head graphs + const;
+- ``step``: a batch-1 greedy step as ONE graph (``OCTAVO_GRAPH_STEP``, cuda_step_graph.py: one pinned copy of the
+  step's row, fill + body + head + argmax in one replay, the input id read on the device).
 
 Per measure: ms/token = (257 - 1 tokens) / 256 after a 512-token prompt, best of two (contexts 513..768); with
 ``--windows`` also 769..1024 (gpu_e2e.py's second half); the strict fraction (issue 9's key: no embedding table, KV
@@ -36,7 +38,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 T0 = time.perf_counter()
 VARIANTS = {"default": {}, "argmax": {"argmax": True}, "const": {"const": True},
-            "lean": {"argmax": True, "const": True}, "head": {"head": True}, "head_const": {"head": True, "const": True}}
+            "lean": {"argmax": True, "const": True}, "head": {"head": True}, "head_const": {"head": True, "const": True},
+            "step": {"step": True}}
 TINY = dict(architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=64, intermediate_size=128,
             num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, vocab_size=512,
             max_position_embeddings=4096, torch_dtype="float32")
@@ -57,6 +60,7 @@ class Switches:
         self.ib = input_batch
         self.runner = worker.runner
         self.head = getattr(self.runner.graph_runner, "head", None)
+        self.step = getattr(self.runner.graph_runner, "step_graph", None)
         self.base_argmax = self.runner.sampler.greedy_argmax
         self.base_const = input_batch.CONST_INPUTS
         try:
@@ -70,17 +74,23 @@ class Switches:
         self.runner.sampler.greedy_argmax = self.argmax if v.get("argmax") else self.base_argmax
         if self.head is not None:
             self.head.active = bool(v.get("head"))
-        elif v.get("head"):
-            return {"skipped": "no head graphs captured"}
+        if self.step is not None:
+            self.step.active = bool(v.get("step"))
+        for what, obj in (("head", self.head), ("step", self.step)):
+            if v.get(what) and obj is None:
+                return {"skipped": f"no {what} graph captured"}
         return {}
 
     def restore(self) -> None:
         self.ib.CONST_INPUTS, self.runner.sampler.greedy_argmax = self.base_const, self.base_argmax
         if self.head is not None:
             self.head.active = False
+        if self.step is not None:
+            self.step.active = False
 
     def replays(self) -> int:
-        return sum(self.head.num_replays.values()) if self.head is not None else 0
+        n = sum(self.head.num_replays.values()) if self.head is not None else 0
+        return n + (self.step.replays if self.step is not None else 0)
 
 
 def replay_ms(graphs: list, iters: int = 50) -> float:
@@ -105,12 +115,13 @@ def main() -> None:
     ap.add_argument("--budget", type=float, default=1e9, help="start no measure after this many seconds")
     ap.add_argument("--windows", default="default", help="variants (base names) also timed at contexts 769..1024")
     ap.add_argument("--trace-steps", type=int, default=16, help="0: no trace")
-    ap.add_argument("--no-head-graphs", action="store_true", help="start without OCTAVO_GRAPH_HEAD=1")
+    ap.add_argument("--no-head-graphs", action="store_true", help="start without OCTAVO_GRAPH_HEAD=1 / _STEP=1")
     ap.add_argument("--dry", action="store_true", help="CPU: a tiny float32 model, 24-token runs")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     if not args.no_head_graphs:
         os.environ.setdefault("OCTAVO_GRAPH_HEAD", "1")
+        os.environ.setdefault("OCTAVO_GRAPH_STEP", "1")
     import torch
 
     from benchmarks.gpu_e2e_common import LLAMA3_8B, copy_bandwidth, make_llm, write_config
@@ -135,6 +146,7 @@ def main() -> None:
     res["fused"], res["graph_sizes"] = info.get("fused"), len(info.get("graph_sizes") or [])
     sw = Switches(worker)
     res["head_graphs"] = sorted({s for s, _ in sw.head.graphs}) if sw.head is not None else []
+    res["step_graph"] = sw.step is not None and sw.step.graph is not None
     model = worker.model
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     kv_elem = torch.empty((), dtype=worker._kv_dtype()).element_size() if hasattr(worker, "_kv_dtype") else 2
@@ -174,6 +186,8 @@ def main() -> None:
         return time.perf_counter() - t, list(out[0].outputs[0].token_ids)
 
     windows = set(args.windows.split(",")) if args.windows else set()
+    sw.apply(VARIANTS["default"])
+    gen(64)  # the first generation after the start runs slower (allocator, first replays): not in any measure
     for tag in args.variants.split(","):
         base = base_name(tag)
         if base not in VARIANTS:
@@ -209,6 +223,9 @@ def main() -> None:
                 r["outside_graph_ms"] = r["ms_per_token"] - r["graph_forward_ms"]
                 if VARIANTS[base].get("head") and (1, "greedy") in sw.head.graphs:
                     r["graph_body_head_ms"] = replay_ms([gr.graphs[1], sw.head.graphs[(1, "greedy")]])
+                if VARIANTS[base].get("step"):  # (re-runs the last step's row: its KV slot, of a finished request)
+                    r["graph_step_ms"] = replay_ms([sw.step.graph])
+                    r["step_from_prev"] = sw.step.from_prev
             if cuda and args.trace_steps:
                 from torch.profiler import ProfilerActivity, profile
 

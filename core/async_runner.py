@@ -87,8 +87,9 @@ class AsyncRunnerSteps:
         self._filled: tuple[list[str], torch.Tensor] | None = None  # this step's placeholder ids (device)
         self.ranks_agree = False  # this step's sampled ids are bitwise equal on every TP rank (core/step_head.py)
 
-    def prepare(self, batch: Any, inputs: Any, reqs: dict) -> None:
-        """Patch known tokens into the runner's sequences, then write this step's placeholders on the device."""
+    def prepare(self, batch: Any, inputs: Any, reqs: dict, fill: bool = True) -> None:
+        """Patch known tokens into the runner's sequences, then write this step's placeholders on the device (not with
+        ``fill=False``: the platform's one-graph step reads its placeholder's id on the device, core/step_head.py)."""
         keep = []
         for h in self.unpatched:
             if h.tokens is None:
@@ -99,6 +100,10 @@ class AsyncRunnerSteps:
                 if st is not None and pos < len(st.all_token_ids) and st.all_token_ids[pos] == PLACEHOLDER:
                     st.all_token_ids[pos] = tok
         self.unpatched = keep
+        if not fill:
+            self._filled = None
+            self.prev_sampled, self.prev_rows = None, {}
+            return
         flat, rows, rids = [], [], []
         off = 0
         for s in batch.scheduled:

@@ -162,9 +162,10 @@ def _int64_tensor(values: list[int]) -> torch.Tensor:
 
 
 def build_step_inputs(batch: StepBatch, states: dict[str, CachedRequestState], block_size: int,
-                      device: torch.device) -> StepInputs:
+                      device: torch.device, copies: bool = True) -> StepInputs:
     """Flatten one step. Host work is numpy over whole rows (no per-token Python for prefills), since at
-    high batch sizes on a GPU this function sits on the critical path of every step."""
+    high batch sizes on a GPU this function sits on the critical path of every step. ``copies=False``: every tensor
+    stays on the host (the platform's one-graph batch-1 step stages what it needs itself, core/step_head.py)."""
     num_reqs = len(batch.scheduled)
     input_ids: list[int] = []
     query_lens = np.empty(num_reqs, dtype=np.int64)
@@ -231,9 +232,12 @@ def build_step_inputs(batch: StepBatch, states: dict[str, CachedRequestState], b
         max_seq_len=int(seq_lens.max()),
         num_decode_reqs=batch.num_decode_reqs,
     )
-    staging = step_staging(device)
+    staging = step_staging(device) if copies else None
     device_layout, all_rows = None, False
-    if staging is not None:  # one pinned copy for all of them: the same values on the device
+    if not copies:
+        ids_d, pos_d = _int64_tensor(input_ids), torch.from_numpy(positions)
+        qsl_d, rows_d = layout.query_start_loc, _int64_tensor(logits_rows)
+    elif staging is not None:  # one pinned copy for all of them: the same values on the device
         ids_d, pos_d, qsl_d, rows_d, seq_d, nc_d, bt_d, slot_d = staging.stage([
             np.fromiter(input_ids, np.int64, len(input_ids)), positions, query_start_loc,
             np.fromiter(logits_rows, np.int64, len(logits_rows)), seq_lens, layout.num_computed_tokens.numpy(),

@@ -16,7 +16,7 @@ from octavo.core.multimodal_rope import step_rope_positions
 from octavo.core.multimodal_runner import EncoderCache, build_mm_embeds
 from octavo.core.sampler import Sampler, compute_logprobs, gather_logprobs
 from octavo.core.spec_verify import fill_runner_output, first_logits_rows, verify_on_device
-from octavo.core.step_head import graph_head_sample
+from octavo.core.step_head import graph_head_sample, step_graph_source
 from octavo.model import ForwardContext
 from octavo.step import PromptLogprobs, RunnerOutput, StepBatch
 
@@ -85,9 +85,13 @@ class ModelRunner:
         if batch.is_empty:
             return result
         reqs = self.requests
-        inputs = build_step_inputs(batch, reqs, self.block_size, self.device)
+        one = step_graph_source(self, batch, grammar)  # batch-1 greedy decode as one graph (core/step_head.py)
+        inputs = build_step_inputs(batch, reqs, self.block_size, self.device, copies=one is None)
         if self.async_steps is not None:  # placeholders <- the previous step's sampled ids, on the device
-            self.async_steps.prepare(batch, inputs, reqs)
+            self.async_steps.prepare(batch, inputs, reqs, fill=one is None)
+        if one is not None:  # the graph stages its inputs, reads a placeholder's id itself, samples greedily
+            hidden, sampled = self.graph_runner.step_graph.run(inputs.layout, *one)
+            return self._finish(result, {"sampled": sampled}, inputs, reqs, hidden, spec_step)
         if self.mrope_merge:  # rope positions from each request's image grids (core/multimodal_rope.py)
             inputs.positions = step_rope_positions(batch, reqs, inputs, self.mrope_merge, self.device)
         if self.lora is not None:  # each token's adapter slot for this step (octavo.lora.manager)

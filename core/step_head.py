@@ -12,6 +12,7 @@ import torch
 
 from octavo.core.input_batch import build_sampling_batch
 from octavo.core.sampler import filter_thresholds
+from octavo.step import PLACEHOLDER
 
 
 def head_mode(states, fused_ok: bool) -> str | None:
@@ -43,6 +44,36 @@ def step_qualifies(runner, batch, inputs, grammar) -> bool:
     if any(s.grammar_bitmask is not None for s in batch.scheduled):
         return False
     return [s.request_id for s in batch.scheduled] == inputs.sample_req_ids
+
+
+def step_graph_source(runner, batch, grammar) -> tuple[int | None, torch.Tensor | None] | None:
+    """Whether this step may run as the platform's one-graph batch-1 step (``runner.graph_runner.step_graph``: inputs +
+    body + greedy head in one replay, CUDA: plugins/platforms/cuda_step_graph.py), and where its input id comes from:
+    ``(host id, None)``; ``(None, None)``: a placeholder whose value is row 0 of the previous step's ids, held where the
+    graph reads them (``step_graph.holds``); ``(None, ids)``: a placeholder whose value is the one-element device
+    tensor ``ids`` (the previous step sampled elsewhere: copied there first); or None. Only one request decoding one
+    token, greedy with nothing else to compute (:func:`head_mode`), no grammar, LoRA, speculator, images or M-RoPE.
+    Called after ``update_states``, before ``AsyncRunnerSteps.prepare``."""
+    sg = getattr(runner.graph_runner, "step_graph", None)
+    if sg is None or not sg.active or grammar is not None or runner.lora is not None or runner.spec_head is not None \
+            or runner.mrope_merge or len(batch.scheduled) != 1:
+        return None
+    s = batch.scheduled[0]
+    if len(s.token_ids) != 1 or s.spec_token_ids or not s.samples or s.grammar_bitmask is not None \
+            or s.num_computed_tokens + 1 > sg.max_model_len:
+        return None
+    state = runner.requests[s.request_id]
+    if state.pooling or state.mm_inputs or head_mode([state], False) != "greedy":
+        return None
+    tok = s.token_ids[0]
+    if tok != PLACEHOLDER:
+        return tok, None
+    steps = runner.async_steps
+    row = None if steps is None or steps.prev_sampled is None else steps.prev_rows.get(s.request_id)
+    if row is None:
+        return None  # AsyncRunnerSteps.prepare raises for it
+    prev = steps.prev_sampled
+    return (None, None) if row == 0 and sg.holds(prev) else (None, prev[row:row + 1])
 
 
 def graph_head_sample(runner, batch, inputs, hidden: torch.Tensor, grammar) -> torch.Tensor | None:

@@ -5,14 +5,16 @@
 #   bash benchmarks/device/head16.sh [PART ...]
 #   s16a   call 1 (cap 180 s) = tests ab: the GPU tests of the new levers (tests/gpu/test_decode_const_inputs_gpu.py:
 #          the eager greedy argmax in two launches = torch.argmax on 128k rows; a tiny engine's greedy / seeded / top-k
-#          tokens equal with the kept decode inputs + that argmax on and off), then ONE engine with the headline's
-#          settings (8B fp8 + fp8 KV, max_num_seqs 512, 51 graph sizes, async; head graphs captured, off unless a
-#          variant turns them on) alternating default / lean (argmax + const) / head (the LM head + sampler graphs) /
-#          argmax / const / head_const x3, greedy tokens compared, ms/token, the graph alone, and a CUDA-only trace
-#          per variant: GPU busy / idle a step and every op outside the body graph (benchmarks/head16_ab.py)
+#          tokens equal with the kept decode inputs + that argmax on and off; the one-graph batch-1 step captured and
+#          giving the plain path's tokens, async and sync), then ONE engine with the headline's settings (8B fp8 +
+#          fp8 KV, max_num_seqs 512, 51 graph sizes, async; head graphs and the one-graph step captured, off unless a
+#          variant turns them on) alternating default / step (OCTAVO_GRAPH_STEP: inputs + body + head + argmax in one
+#          graph) / lean (argmax + const) / head (the LM head + sampler graphs) x3, then argmax / const / head_const,
+#          greedy tokens compared, ms/token, the graph alone, and a CUDA-only trace per variant: GPU busy / idle a step
+#          and every op outside the body graph (benchmarks/head16_ab.py)
 #   tests  HEAD16_TESTS (default: tests/gpu/test_decode_const_inputs_gpu.py)
 #   ab     benchmarks/head16_ab.py --variants ${HEAD16_VARIANTS} (--windows ${HEAD16_WINDOWS:-default,lean}: those
-#          also timed at contexts 769..1024, the headline's second half)
+#          also timed at contexts 769..1024, the headline's second half; default: default,step)
 # CPU dry run: HEAD16_DRY=1 bash benchmarks/device/head16.sh s16a (tiny model; the GPU tests skip)
 set -u
 cd "$(dirname "$0")/../.."
@@ -21,7 +23,7 @@ mkdir -p "$R"
 if [ "${1:-}" = s16a ]; then
   shift; set -- tests ab "$@"  # the tests first: a default flips only with them
   : "${HEAD16_LIMIT:=180}"
-  : "${HEAD16_VARIANTS:=default,lean,head,argmax,const,head_const,default_again,lean_again,head_again,argmax_again,const_again,head_const_again,default_again2,lean_again2,head_again2,argmax_again2,const_again2}"
+  : "${HEAD16_VARIANTS:=default,step,lean,head,default_again,step_again,lean_again,head_again,default_again2,step_again2,lean_again2,head_again2,argmax,const,head_const,step_again3,default_again3}"
 fi
 LIMIT=${HEAD16_LIMIT:-180}
 if ! timeout 20 python -c "import octavo" > /dev/null 2>&1; then
@@ -38,7 +40,7 @@ DRY=()
 [ "${HEAD16_DRY:-0}" = 1 ] && DRY=(--dry)
 PARTS=("$@")
 [ ${#PARTS[@]} -eq 0 ] && PARTS=(tests ab)
-declare -A RESERVE=([tests]=40 [ab]=110)
+declare -A RESERVE=([tests]=50 [ab]=120)
 reserve() {  # seconds the parts after $1 keep for themselves
   local after=0 r=0 p
   for p in "${PARTS[@]}"; do
@@ -58,7 +60,7 @@ for P in "${PARTS[@]}"; do
              > "$R/tests.log" 2>&1
            echo "exit $?"; grep -E "PASSED|FAILED|SKIPPED|passed|failed|Error|assert" "$R/tests.log" | tail -12;;
     ab) $T python benchmarks/head16_ab.py "${DRY[@]}" --variants "${HEAD16_VARIANTS:-default,lean,head,default_again}" \
-          --windows "${HEAD16_WINDOWS:-default,lean}" --budget $(( B - 14 )) --out "$R/ab.json" > "$R/ab.log" 2>&1
+          --windows "${HEAD16_WINDOWS:-default,step}" --budget $(( B - 14 )) --out "$R/ab.json" > "$R/ab.log" 2>&1
         echo "exit $?"; grep -v " INFO \| WARNING \|UserWarning\|_warn_once" "$R/ab.log" | cut -c1-700 | tail -60;;
     *) echo "unknown part $P (tests ab)";;
   esac

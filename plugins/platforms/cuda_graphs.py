@@ -99,6 +99,9 @@ def maybe_capture_cuda_graphs(handle: ModelHandle) -> CUDAGraphRunner | None:
 
     runner.head = make_graph_head(  # LM head + sampler graphs (issue 17), captured with the body's
         handle.model, handle.device, runner.capture_sizes)
+    from octavo.plugins.platforms.cuda_step_graph import make_step_graph
+
+    runner.step_graph = make_step_graph(runner, runner.head)  # batch-1 greedy step as one graph (OCTAVO_GRAPH_STEP)
     try:
         runner.capture()
     except Exception as e:  # an uncapturable model or backend must not stop the engine
@@ -134,6 +137,7 @@ class CUDAGraphRunner:
         self.metadata: dict[int, object] = {}
         self.pool = None
         self.head = None  # cuda_graph_head.GraphHead: LM head + sampler graphs replayed after the body's
+        self.step_graph = None  # cuda_step_graph.StepGraph: inputs + body + greedy head of one row in one graph
         self.num_replays = 0
         self.capture_seconds, self.capture_bytes = 0.0, 0
 
@@ -181,6 +185,15 @@ class CUDAGraphRunner:
                     logger.warning("LM head graph capture failed (%s: %s); eager LM head and sampler",
                                    type(e).__name__, e)
                     self.head = None
+        if self.step_graph is not None:
+            try:  # last: after the one-row body graph and the head's greedy graph (their kernels are built)
+                if self.head is None:
+                    raise RuntimeError("the head graphs were not captured")
+                self.step_graph.capture(self.pool)
+            except Exception as e:  # optional, as the head graphs: the body + head graphs stay
+                logger.warning("one-graph batch-1 step capture failed (%s: %s); body and head graphs as before",
+                               type(e).__name__, e)
+                self.step_graph = None
         torch.cuda.synchronize(self.device)
         self.capture_bytes = free_before - torch.cuda.mem_get_info(self.device)[0]
         self.capture_seconds = time.perf_counter() - t0

@@ -2,7 +2,8 @@
 launches (cuda_argmax.greedy_argmax, ``OCTAVO_CUDA_GREEDY_ARGMAX``) gives torch.argmax's answers on vocabulary-sized
 rows, and a tiny random-weight Llama (bf16, CUDA graphs, async scheduling) gives the same greedy, seeded and top-k
 tokens with the kept decode inputs (``OCTAVO_DECODE_CONST_INPUTS``) and that argmax on as off, in one engine, its decode
-steps replayed from graphs and the argmax really called."""
+steps replayed from graphs and the argmax really called; and the one-graph batch-1 greedy step (``OCTAVO_GRAPH_STEP``)
+gives the plain path's tokens."""
 
 import json
 
@@ -67,4 +68,44 @@ def test_engine_tokens_equal_with_const_inputs_and_argmax(tmp_path):
         assert on == off
     finally:
         input_batch.CONST_INPUTS = saved
+        llm.llm_engine.shutdown()
+
+
+@pytest.mark.parametrize("async_scheduling", [True, False])
+def test_engine_tokens_equal_with_the_step_graph(tmp_path, monkeypatch, async_scheduling):
+    """The one-graph batch-1 greedy step (cuda_step_graph.py, OCTAVO_GRAPH_STEP=1 with the head graphs): captured,
+    replayed for every batch-1 greedy decode step (its id read on the device from the previous step's ids under async
+    scheduling, the host's otherwise), the same tokens as the body graph + eager head; batch 3 and seeded steps do
+    not take it."""
+    from octavo import LLM, SamplingParams
+
+    monkeypatch.setenv("OCTAVO_GRAPH_HEAD", "1")
+    monkeypatch.setenv("OCTAVO_GRAPH_STEP", "1")
+    (tmp_path / "config.json").write_text(json.dumps(TINY_LLAMA))
+    llm = LLM(model=str(tmp_path), load_format="dummy", skip_tokenizer_init=True, max_model_len=256, max_num_seqs=8,
+              seed=0, dtype="bfloat16", gpu_memory_utilization=0.2, async_scheduling=async_scheduling)
+    try:
+        gr = llm.llm_engine.core.executor.driver.runner.graph_runner
+        sg, head = gr.step_graph, gr.head
+        assert sg is not None and sg.graph is not None, "the one-graph step was not captured"
+        prompts = [{"prompt_token_ids": [(7 * i + 3 * j) % 2000 + 1 for j in range(5 + 9 * i)]} for i in range(3)]
+        greedy = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)  # crosses block boundaries
+        cases = {"greedy1": ([prompts[2]], greedy, True), "greedy3": (prompts, greedy, False),
+                 "seeded1": ([prompts[1]], SamplingParams(max_tokens=16, temperature=0.8, seed=3, ignore_eos=True),
+                             False)}
+        for name, (ps, params, uses) in cases.items():
+            got = {}
+            for active in (False, True):
+                sg.active, head.active = active, False
+                before, prev = sg.replays, sg.from_prev
+                outs = llm.generate(ps, params, use_tqdm=False)
+                got[active] = ([list(o.outputs[0].token_ids) for o in outs], sg.replays - before, sg.from_prev - prev)
+            assert got[True][0] == got[False][0], name
+            assert got[False][1] == 0
+            if uses:
+                assert got[True][1] >= params.max_tokens - 2, (name, got[True])
+                assert (got[True][2] >= params.max_tokens - 3) if async_scheduling else got[True][2] == 0, got[True]
+            else:
+                assert got[True][1] == 0, (name, got[True])
+    finally:
         llm.llm_engine.shutdown()

@@ -1,0 +1,172 @@
+"""A batch-1 greedy decode step as ONE CUDA graph: the step's inputs, the body, the LM head and the argmax (session 16,
+issue 9's ``decode_bs1_strict_fraction_of_roofline``; ``OCTAVO_GRAPH_STEP=1``, needs the head graphs,
+``OCTAVO_GRAPH_HEAD=1``).
+
+Why: at batch 1 a token outside the body graph was the LM head's GEMV (0.333 ms of 1.05 GB, at the copy rate) plus
+~20 small device ops, each a few us on the GPU's timeline with a gap before the next (c0 of session 16: 12 pageable
+host-to-device copies, ~16 copy kernels, a gather, the float cast, the argmax, one device-to-host copy; ~0.06-0.13 ms a
+token). Here a step is one pinned host-to-device copy of a packed row, one graph replay, and the copy of the id back:
+
+    stage row (int64): use_prev, host id, position, seq_len, num_computed, slot, n blocks, block ids...
+    graph: _fill_step_kernel (stage row -> the body graph's static inputs; the input id is the previous step's
+           sampled id, read on the device from GraphHead.sampled, or the host's) -> model -> logits -> argmax_rows
+           -> GraphHead.sampled[0]
+
+The same bits as the body graph + the greedy head graph of size 1 (same kernels, same static buffers, same order; the
+fill writes what the body graph's copies write). Which steps take it is the core's decision (core/step_head.py
+``step_graph_source``: one request, one token, greedy without logprobs / penalties / grammar / LoRA, the input id from
+the host or from row 0 of the previous step's ids in ``GraphHead.sampled``); every other step runs as before.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+import triton
+import triton.language as tl
+
+from octavo.env_flags import env_switch
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_ON = False  # opt-in until the H100 A/B (benchmarks/head16_ab.py "step") shows a gain with equal tokens
+FIXED = 7  # the stage row's fixed fields (module docstring), then the block ids
+SLOTS = 4  # pinned host rows, used in turn: a row is rewritten only after its copy ran (its event)
+
+
+@triton.jit
+def _fill_step_kernel(stage_ptr, prev_ptr, ids_ptr, pos_ptr, seq_ptr, nc_ptr, slot_ptr, bt_ptr, W,
+                      BLOCK: tl.constexpr):
+    """One program: the stage row into the body graph's static inputs of row 0 (block ids 0..n-1 of its table row;
+    the rest keep what they held, as the plain path's copy of the step's columns leaves them)."""
+    use_prev = tl.load(stage_ptr)
+    host_id = tl.load(stage_ptr + 1)
+    prev = tl.load(prev_ptr)
+    tl.store(ids_ptr, tl.where(use_prev != 0, prev, host_id))
+    tl.store(pos_ptr, tl.load(stage_ptr + 2))
+    tl.store(seq_ptr, tl.load(stage_ptr + 3).to(tl.int32))
+    tl.store(nc_ptr, tl.load(stage_ptr + 4).to(tl.int32))
+    tl.store(slot_ptr, tl.load(stage_ptr + 5))
+    nb = tl.load(stage_ptr + 6)
+    for start in range(0, W, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        m = offs < nb
+        tl.store(bt_ptr + offs, tl.load(stage_ptr + 7 + offs, mask=m, other=0).to(tl.int32), mask=m)
+
+
+def fill_step_torch(stage, prev, ids, pos, seq, nc, slot, bt) -> None:
+    """What :func:`_fill_step_kernel` writes, in torch (the CPU proxy's fill; the kernel's reference in tests)."""
+    row = stage.tolist()
+    ids[0] = prev[0] if row[0] != 0 else row[1]
+    pos[0], seq[0], nc[0], slot[0] = row[2], row[3], row[4], row[5]
+    nb = row[6]
+    bt[0, :nb] = stage[FIXED:FIXED + nb].to(bt.dtype)
+
+
+class StepGraph:
+    """The one-graph batch-1 step over a ``CUDAGraphRunner``'s static buffers and a ``GraphHead``'s greedy path."""
+
+    def __init__(self, runner, head) -> None:
+        self.runner, self.head = runner, head
+        self.device = runner.device
+        self.width = runner.block_tables.shape[1]
+        self.max_model_len = runner.max_model_len
+        n = FIXED + self.width
+        self.stage = torch.zeros(n, dtype=torch.int64, device=self.device)
+        self.stage[3] = self.stage[6] = 1  # seq_len 1, one block: the null block 0 (the warm-up's row)
+        pin = self.device.type == "cuda"
+        self.rows = [torch.zeros(n, dtype=torch.int64, pin_memory=pin) for _ in range(SLOTS)]
+        self.events: list = [None] * SLOTS
+        self.next = 0
+        self.graph = None
+        self.hidden: torch.Tensor | None = None
+        self.active = True
+        self.replays = 0
+        self.from_prev = 0  # replays whose input id was the previous step's, read on the device
+
+    def holds(self, ids: torch.Tensor) -> bool:
+        """Whether ``ids`` (a step's sampled ids) is row 0 on of ``GraphHead.sampled`` (the graph reads it there)."""
+        return ids.device == self.head.sampled.device and ids.data_ptr() == self.head.sampled.data_ptr()
+
+    def fill(self) -> None:
+        r, s = self.runner, self.stage
+        args = (s, self.head.sampled, r.input_ids, r.positions, r.seq_lens, r.num_computed, r.slot_mapping,
+                r.block_tables)
+        if s.is_cuda:
+            _fill_step_kernel[(1,)](*args, self.width, BLOCK=256, num_warps=1)
+        else:
+            fill_step_torch(*args)
+
+    def step(self) -> torch.Tensor:
+        """The captured function: fill, the body at one row, the greedy head into ``GraphHead.sampled[0]``."""
+        self.fill()
+        return self.body_head()
+
+    def body_head(self) -> torch.Tensor:
+        from octavo.model import ForwardContext
+
+        r = self.runner
+        ctx = ForwardContext(attn_metadata=r.metadata[1], query_start_loc=r.query_start_loc[:2])
+        out = r.model(r.input_ids[:1], r.positions[:1], ctx)
+        self.head.sampled[:1].copy_(self.head._greedy(out))
+        return out
+
+    @torch.inference_mode()
+    def capture(self, pool) -> None:
+        self.step()  # warm-up outside the graph (the fill kernel builds; the null-block row)
+        torch.cuda.synchronize(self.device)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool):
+            out = self.step()
+        self.graph, self.hidden = graph, out
+
+    def run(self, layout, host_id: int | None, prev: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Stage the step's row (``layout``: its host tensors, one request of one token; ``host_id`` None: the id is
+        the previous step's, on the device: in ``GraphHead.sampled[0]``, or in ``prev`` (one element), copied there
+        first), replay; ``(hidden [1, dim], sampled ids [1])`` (views the next replay overwrites)."""
+        if host_id is None and prev is not None:
+            self.head.sampled[:1].copy_(prev)  # the previous step sampled eagerly (a prefill's last chunk, say)
+        k = self.next
+        self.next = (k + 1) % SLOTS
+        if self.events[k] is not None:
+            self.events[k].synchronize()  # the copy from this row SLOTS steps ago (normally long done)
+        row = self.rows[k].numpy()
+        nb = layout.block_tables.shape[1]
+        nc = int(layout.num_computed_tokens[0])
+        row[:FIXED] = (host_id is None, 0 if host_id is None else host_id, nc, int(layout.seq_lens[0]), nc,
+                       int(layout.slot_mapping[0]), nb)
+        row[FIXED:FIXED + nb] = layout.block_tables[0].numpy()
+        self.stage[:FIXED + nb].copy_(self.rows[k][:FIXED + nb], non_blocking=True)
+        if self.device.type == "cuda":
+            self.events[k] = torch.cuda.Event()
+            self.events[k].record()
+        self.graph.replay()
+        self.replays += 1
+        self.from_prev += host_id is None
+        self.runner.num_replays += 1
+        return self.hidden, self.head.sampled[:1]
+
+
+def make_step_graph(runner, head) -> StepGraph | None:
+    """A :class:`StepGraph` for ``runner`` when ``OCTAVO_GRAPH_STEP`` (default :data:`DEFAULT_ON`) is on, the head
+    graphs exist (``head``), one row is a captured size and the model runs on one rank; else None."""
+    from octavo.nn.parallel import get_tp_size
+
+    if not env_switch("OCTAVO_GRAPH_STEP", default=DEFAULT_ON):
+        return None
+    if head is None or 1 not in runner.capture_sizes or get_tp_size() > 1:
+        logger.info("OCTAVO_GRAPH_STEP: no one-graph batch-1 step (%s)", "no head graphs (OCTAVO_GRAPH_HEAD=1)"
+                    if head is None else "no one-row graph" if 1 not in runner.capture_sizes else "TP > 1")
+        return None
+    return StepGraph(runner, head)
+
+
+def step_graph_state(worker, active: bool | None = None) -> dict:
+    """A ``collective_rpc`` target: switch the one-graph step on or off (``active``; None: leave), say what it did."""
+    sg = getattr(getattr(worker.runner, "graph_runner", None), "step_graph", None)
+    if sg is None:
+        return {"captured": False}
+    if active is not None:
+        sg.active = bool(active)
+    return {"captured": sg.graph is not None, "active": sg.active, "replays": sg.replays, "from_prev": sg.from_prev}

@@ -1,0 +1,120 @@
+"""The one-graph batch-1 greedy step (plugins/platforms/cuda_step_graph.py, ``OCTAVO_GRAPH_STEP``) on the CPU: its
+fill kernel writes what the torch reference writes (Triton's interpreter), and a CPU engine with the real
+``StepGraph`` over a ``CUDAGraphRunner``'s static buffers and a real ``GraphHead`` (the "graph" replays its function
+eagerly) gives the plain path's tokens, with its input id from the host (synchronous scheduling) or read from the
+previous step's ids (async), and only for the steps the core lets it take (core/step_head.py ``step_graph_source``).
+The GPU capture and replay: tests/gpu/test_decode_const_inputs_gpu.py."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from octavo.sampling_params import SamplingParams
+from tests.utils import run_triton_interpreted
+
+_FILL = """
+import torch
+from octavo.plugins.platforms.cuda_step_graph import FIXED, _fill_step_kernel, fill_step_torch
+
+W = 300
+for use_prev, nb in ((0, 1), (1, 5), (1, W), (0, 257)):
+    stage = torch.zeros(FIXED + W, dtype=torch.int64)
+    stage[:FIXED] = torch.tensor([use_prev, 123456, 700, 701, 700, 11 * 16 + 12, nb])
+    stage[FIXED:FIXED + nb] = torch.randint(1, 1 << 30, (nb,))
+    prev = torch.tensor([98765, 5], dtype=torch.int64)
+    outs = []
+    for fill in ("kernel", "torch"):
+        bufs = [torch.full((4,), -7, dtype=torch.int64), torch.full((4,), -7, dtype=torch.int64),
+                torch.full((4,), -7, dtype=torch.int32), torch.full((4,), -7, dtype=torch.int32),
+                torch.full((4,), -7, dtype=torch.int64), torch.full((4, W), -7, dtype=torch.int32)]
+        if fill == "kernel":
+            _fill_step_kernel[(1,)](stage, prev, *bufs, W, BLOCK=256)
+        else:
+            fill_step_torch(stage, prev, *bufs)
+        outs.append(bufs)
+    for a, b in zip(*outs):
+        assert torch.equal(a, b), (use_prev, nb, a, b)
+    ids, pos, seq, nc, slot, bt = outs[0]
+    assert ids[0] == (98765 if use_prev else 123456) and pos[0] == 700 and seq[0] == 701 and slot[0] == 188
+    assert torch.equal(bt[0, :nb], stage[FIXED:FIXED + nb].int()) and (bt[0, nb:] == -7).all() and (bt[1:] == -7).all()
+print("ok")
+"""
+
+
+def test_fill_kernel_writes_what_the_reference_writes():
+    run_triton_interpreted(_FILL, timeout=300)
+
+
+def _install(runner):
+    """A CUDAGraphRunner's static buffers (no graphs: other steps run eagerly), a GraphHead without graphs (the eager
+    head), and the real StepGraph whose capture keeps its function (replays run it eagerly; the CPU backend derives
+    its row tables when its metadata is built, so a replay builds it again from the static buffers after the fill:
+    on a GPU the captured metadata reads those buffers themselves)."""
+    from octavo.plugins.platforms.cuda_graph_head import GraphHead
+    from octavo.plugins.platforms.cuda_graphs import CUDAGraphRunner
+    from octavo.plugins.platforms.cuda_step_graph import StepGraph
+
+    class EagerStepGraph(StepGraph):
+        def step(self):
+            self.fill()
+            gr.metadata[1] = runner.attn_backend_cls.build_metadata(gr._layout(1), dev)
+            return self.body_head()
+
+    dev = runner.device
+    gr = CUDAGraphRunner(runner.model, runner.attn_backend_cls, dev, runner.block_size, 128, [1])
+    gr.head = GraphHead(runner.model, dev, 1)
+    sg = gr.step_graph = EagerStepGraph(gr, gr.head)
+    with torch.inference_mode():
+        sg.hidden = sg.step().clone()
+    sg.graph = SimpleNamespace(replay=lambda: sg.hidden.copy_(sg.step()))
+    runner.graph_runner = gr
+    return sg
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory):
+    import json
+
+    from tests.plugins.test_model_contracts import TINY
+
+    path = tmp_path_factory.mktemp("llama")
+    (path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+                                                  **TINY, "torch_dtype": "float32"}))
+    return str(path)
+
+
+@pytest.mark.parametrize("async_scheduling", [True, False])
+def test_engine_tokens_equal_with_the_step_graph(tiny_llama, async_scheduling):
+    from octavo import LLM
+
+    llm = LLM(tiny_llama, load_format="dummy", dtype="float32", kv_cache_memory_bytes=8 << 20, max_model_len=128,
+              seed=0, skip_tokenizer_init=True, async_scheduling=async_scheduling)
+    try:
+        sg = _install(llm.llm_engine.core.executor.driver.runner)
+        prompts = [{"prompt_token_ids": [5 + i, 9, 30, 7 + 2 * i] * (1 + 5 * i)} for i in range(3)]
+        greedy = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)  # crosses block boundaries (16)
+        cases = {"greedy1": ([prompts[2]], greedy, True), "greedy2": (prompts[:2], greedy, False),
+                 "seeded1": ([prompts[0]], SamplingParams(temperature=0.8, seed=4, max_tokens=12, ignore_eos=True),
+                             False),
+                 "logprobs1": ([prompts[1]], SamplingParams(temperature=0, logprobs=2, max_tokens=8, ignore_eos=True),
+                               False)}
+        for name, (ps, params, uses) in cases.items():
+            got = {}
+            for active in (False, True):
+                sg.active, before, prev = active, sg.replays, sg.from_prev
+                outs = llm.generate(ps, params, use_tqdm=False)
+                got[active] = ([list(o.outputs[0].token_ids) for o in outs], [repr(o.outputs[0].logprobs) for o in outs],
+                               sg.replays - before, sg.from_prev - prev)
+            assert got[True][:2] == got[False][:2], name
+            assert got[False][2] == 0
+            if uses:  # every decode step of the request but the first (the prefill's step samples eagerly)
+                assert got[True][2] >= params.max_tokens - 2, (name, got[True][2])
+                # async: each step's placeholder id is read where the previous graph left it; sync: the host's id
+                assert (got[True][3] >= params.max_tokens - 3) if async_scheduling else got[True][3] == 0, got[True]
+            else:
+                assert got[True][2] == 0, (name, got[True][2])
+    finally:
+        llm.llm_engine.shutdown()
