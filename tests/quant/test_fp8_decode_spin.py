@@ -62,6 +62,7 @@ def check(heads, kv, d, lens, splits, bn, deq, modes, ks=0.5, vs=0.25):
         case = tuple(t.to(DEV) for t in (q, kn, vn, kc, vc, bt[0], slot))
         base = launch(case, L, splits, bn, deq, 0, ks, vs)
         for mode in modes:
+            assert one.spin_mode(DEV, kv, splits, d, mode) == mode, (mode, "not taken here")
             got = launch(case, L, splits, bn, deq, mode, ks, vs)
             assert all(torch.equal(a, b) for a, b in zip(base, got)), (L, splits, mode, "other bits")
             sentinels_back(kv, splits, d)
