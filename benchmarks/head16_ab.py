@@ -19,7 +19,8 @@ Per measure: ms/token = (257 - 1 tokens) / 256 after a 512-token prompt, best of
 ``--windows`` also 769..1024 (gpu_e2e.py's second half); the strict fraction (issue 9's key: no embedding table, KV
 in its own element size, LM head counted); the batch-1 graph replayed alone; greedy tokens vs the first measure
 (exact levers: must be equal); head replays; and a CUDA-only trace of ``--trace-steps`` steps
-(benchmarks/step_trace.py): GPU busy / idle a step, the idle gaps, and every op outside the body graph.
+(benchmarks/step_trace.py): GPU busy / idle a step, the idle gaps, and every op outside the body graph (the
+``--windows`` variants also at contexts 897.., after an 896-token prompt).
 
     python benchmarks/head16_ab.py --variants default,lean,head,default_again --out /tmp/h16.json
     python benchmarks/head16_ab.py --dry --out /tmp/h16.json     # CPU: a tiny model, checks the plumbing
@@ -176,11 +177,13 @@ def main() -> None:
     n = 24 if args.dry else 256
     first: dict = {}
 
-    def gen(tokens: int) -> tuple[float, list]:
+    late = {"prompt_token_ids": [rng.randrange(lo, hi) for _ in range(896)]}  # a trace at contexts 897..
+
+    def gen(tokens: int, p=prompt) -> tuple[float, list]:
         if cuda:
             torch.cuda.synchronize()
         t = time.perf_counter()
-        out = llm.generate([prompt], SamplingParams(max_tokens=tokens, ignore_eos=True, temperature=0), use_tqdm=False)
+        out = llm.generate([p], SamplingParams(max_tokens=tokens, ignore_eos=True, temperature=0), use_tqdm=False)
         if cuda:
             torch.cuda.synchronize()
         return time.perf_counter() - t, list(out[0].outputs[0].token_ids)
@@ -231,17 +234,19 @@ def main() -> None:
 
                 from benchmarks.step_trace import step_table
 
-                gen(8)
-                with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                    gen(args.trace_steps + 4)
-                    torch.cuda.synchronize()
-                r["trace"] = step_table(prof, graph)
+                for key, p in (("trace", prompt), ("trace_ctx897", late))[:2 if base in windows else 1]:
+                    gen(8, p)
+                    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                        gen(args.trace_steps + 4, p)
+                        torch.cuda.synchronize()
+                    r[key] = step_table(prof, graph)
         except Exception as e:  # noqa: BLE001 - record why; the other variants still run
             r = {"error": f"{type(e).__name__}: {e}"[:400]}
         res[tag] = r
-        print(tag, json.dumps({k: v for k, v in r.items() if k != "trace"}), flush=True)
-        if "trace" in r:
-            print("   trace", json.dumps(r["trace"])[:1500], flush=True)
+        print(tag, json.dumps({k: v for k, v in r.items() if not k.startswith("trace")}), flush=True)
+        for key in ("trace", "trace_ctx897"):
+            if key in r:
+                print("  ", key, json.dumps(r[key])[:1500], flush=True)
         save()
     sw.restore()
     by: dict = {}
