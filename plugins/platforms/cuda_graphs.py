@@ -186,9 +186,7 @@ class CUDAGraphRunner:
                                    type(e).__name__, e)
                     self.head = None
         if self.step_graph is not None:
-            try:  # last: after the one-row body graph and the head's greedy graph (their kernels are built)
-                if self.head is None:
-                    raise RuntimeError("the head graphs were not captured")
+            try:  # last: after the one-row body graph (and the head's greedy graph: their kernels are built)
                 self.step_graph.capture(self.pool)
             except Exception as e:  # optional, as the head graphs: the body + head graphs stay
                 logger.warning("one-graph batch-1 step capture failed (%s: %s); body and head graphs as before",

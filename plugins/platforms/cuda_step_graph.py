@@ -1,6 +1,6 @@
 """A batch-1 greedy decode step as ONE CUDA graph: the step's inputs, the body, the LM head and the argmax (session 16,
-issue 9's ``decode_bs1_strict_fraction_of_roofline``; ``OCTAVO_GRAPH_STEP=1``, needs the head graphs,
-``OCTAVO_GRAPH_HEAD=1``).
+issue 9's ``decode_bs1_strict_fraction_of_roofline``; ``OCTAVO_GRAPH_STEP=1``; with or without the head graphs,
+``OCTAVO_GRAPH_HEAD``: it uses a ``GraphHead``'s greedy path and id buffer, the runner's or its own).
 
 Why: at batch 1 a token outside the body graph was the LM head's GEMV (0.333 ms of 1.05 GB, at the copy rate) plus
 ~20 small device ops, each a few us on the GPU's timeline with a gap before the next (c0 of session 16: 12 pageable
@@ -149,16 +149,25 @@ class StepGraph:
 
 
 def make_step_graph(runner, head) -> StepGraph | None:
-    """A :class:`StepGraph` for ``runner`` when ``OCTAVO_GRAPH_STEP`` (default :data:`DEFAULT_ON`) is on, the head
-    graphs exist (``head``), one row is a captured size and the model runs on one rank; else None."""
+    """A :class:`StepGraph` for ``runner`` when ``OCTAVO_GRAPH_STEP`` (default :data:`DEFAULT_ON`) is on, one row is
+    a captured size, the model has an LM head and runs on one rank and one pipeline stage; else None. ``head``: the
+    runner's ``GraphHead`` (the head graphs), else the step graph gets its own (its greedy path and id buffer only:
+    no head graphs are captured for it)."""
     from octavo.nn.parallel import get_tp_size
+    from octavo.nn.pipeline import get_pp_size
 
     if not env_switch("OCTAVO_GRAPH_STEP", default=DEFAULT_ON):
         return None
-    if head is None or 1 not in runner.capture_sizes or get_tp_size() > 1:
-        logger.info("OCTAVO_GRAPH_STEP: no one-graph batch-1 step (%s)", "no head graphs (OCTAVO_GRAPH_HEAD=1)"
-                    if head is None else "no one-row graph" if 1 not in runner.capture_sizes else "TP > 1")
+    why = ("no one-row graph" if 1 not in runner.capture_sizes else "TP > 1" if get_tp_size() > 1 else
+           "pipeline stages" if get_pp_size() > 1 else "no LM head" if not hasattr(runner.model, "compute_logits")
+           else None)
+    if why is not None:
+        logger.info("OCTAVO_GRAPH_STEP: no one-graph batch-1 step (%s)", why)
         return None
+    if head is None:
+        from octavo.plugins.platforms.cuda_graph_head import GraphHead
+
+        head = GraphHead(runner.model, runner.device, 1)
     return StepGraph(runner, head)
 
 

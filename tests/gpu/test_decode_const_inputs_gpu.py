@@ -71,15 +71,15 @@ def test_engine_tokens_equal_with_const_inputs_and_argmax(tmp_path):
         llm.llm_engine.shutdown()
 
 
-@pytest.mark.parametrize("async_scheduling", [True, False])
-def test_engine_tokens_equal_with_the_step_graph(tmp_path, monkeypatch, async_scheduling):
-    """The one-graph batch-1 greedy step (cuda_step_graph.py, OCTAVO_GRAPH_STEP=1 with the head graphs): captured,
-    replayed for every batch-1 greedy decode step (its id read on the device from the previous step's ids under async
-    scheduling, the host's otherwise), the same tokens as the body graph + eager head; batch 3 and seeded steps do
-    not take it."""
+@pytest.mark.parametrize("async_scheduling, head_graphs", [(True, "1"), (False, "0")])
+def test_engine_tokens_equal_with_the_step_graph(tmp_path, monkeypatch, async_scheduling, head_graphs):
+    """The one-graph batch-1 greedy step (cuda_step_graph.py, OCTAVO_GRAPH_STEP=1, with the head graphs or its own
+    GraphHead): captured, replayed for every batch-1 greedy decode step (its id read on the device from the previous
+    step's ids under async scheduling, the host's otherwise), the same tokens as the body graph + eager head; batch 3
+    and seeded steps do not take it."""
     from octavo import LLM, SamplingParams
 
-    monkeypatch.setenv("OCTAVO_GRAPH_HEAD", "1")
+    monkeypatch.setenv("OCTAVO_GRAPH_HEAD", head_graphs)
     monkeypatch.setenv("OCTAVO_GRAPH_STEP", "1")
     (tmp_path / "config.json").write_text(json.dumps(TINY_LLAMA))
     llm = LLM(model=str(tmp_path), load_format="dummy", skip_tokenizer_init=True, max_model_len=256, max_num_seqs=8,
@@ -88,6 +88,7 @@ def test_engine_tokens_equal_with_the_step_graph(tmp_path, monkeypatch, async_sc
         gr = llm.llm_engine.core.executor.driver.runner.graph_runner
         sg, head = gr.step_graph, gr.head
         assert sg is not None and sg.graph is not None, "the one-graph step was not captured"
+        assert (head is None) == (head_graphs == "0") and (head is None or sg.head is head)
         prompts = [{"prompt_token_ids": [(7 * i + 3 * j) % 2000 + 1 for j in range(5 + 9 * i)]} for i in range(3)]
         greedy = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)  # crosses block boundaries
         cases = {"greedy1": ([prompts[2]], greedy, True), "greedy3": (prompts, greedy, False),
@@ -96,7 +97,9 @@ def test_engine_tokens_equal_with_the_step_graph(tmp_path, monkeypatch, async_sc
         for name, (ps, params, uses) in cases.items():
             got = {}
             for active in (False, True):
-                sg.active, head.active = active, False
+                sg.active = active
+                if head is not None:
+                    head.active = False
                 before, prev = sg.replays, sg.from_prev
                 outs = llm.generate(ps, params, use_tqdm=False)
                 got[active] = ([list(o.outputs[0].token_ids) for o in outs], sg.replays - before, sg.from_prev - prev)
