@@ -40,7 +40,7 @@ DRY=()
 [ "${HEAD16_DRY:-0}" = 1 ] && DRY=(--dry)
 PARTS=("$@")
 [ ${#PARTS[@]} -eq 0 ] && PARTS=(tests ab)
-declare -A RESERVE=([tests]=50 [ab]=120)
+declare -A RESERVE=([tests]=60 [ab]=115)
 reserve() {  # seconds the parts after $1 keep for themselves
   local after=0 r=0 p
   for p in "${PARTS[@]}"; do

@@ -32,46 +32,7 @@ TINY_LLAMA = dict(architectures=["LlamaForCausalLM"], model_type="llama", hidden
                   max_position_embeddings=512, torch_dtype="bfloat16")
 
 
-def test_engine_tokens_equal_with_const_inputs_and_argmax(tmp_path):
-    from octavo import LLM, SamplingParams
-    from octavo.core import input_batch
-    from octavo.plugins.platforms import cuda_argmax
-
-    (tmp_path / "config.json").write_text(json.dumps(TINY_LLAMA))
-    saved = input_batch.CONST_INPUTS
-    llm = LLM(model=str(tmp_path), load_format="dummy", skip_tokenizer_init=True, max_model_len=256, max_num_seqs=8,
-              seed=0, dtype="bfloat16", gpu_memory_utilization=0.2)
-    try:
-        runner = llm.llm_engine.core.executor.driver.runner
-        prompts = [{"prompt_token_ids": [(7 * i + 3 * j) % 2000 + 1 for j in range(5 + 9 * i)]} for i in range(6)]
-        greedy = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
-        seeded = [SamplingParams(max_tokens=24, temperature=0.8, top_k=50, seed=i, ignore_eos=True) for i in range(6)]
-        calls = {"n": 0}
-
-        def counted(logits):
-            calls["n"] += 1
-            return cuda_argmax.greedy_argmax(logits)
-
-        def run():
-            return [[list(o.outputs[0].token_ids) for o in llm.generate(p, s, use_tqdm=False)]
-                    for p, s in (([prompts[0]], greedy), (prompts, greedy), (prompts, seeded))]
-
-        input_batch.CONST_INPUTS, runner.sampler.greedy_argmax = False, None
-        off = run()
-        input_batch.CONST_INPUTS, runner.sampler.greedy_argmax = True, counted
-        replays = runner.graph_runner.num_replays
-        on = run()
-        assert runner.graph_runner.num_replays > replays
-        assert calls["n"] > 24  # every greedy step of batch 1 and batch 6 took it
-        assert any(k[1] == "greedy" for k in input_batch._CONST)
-        assert all(len(t) == 24 for runs in off for t in runs)
-        assert on == off
-    finally:
-        input_batch.CONST_INPUTS = saved
-        llm.llm_engine.shutdown()
-
-
-@pytest.mark.parametrize("async_scheduling, head_graphs", [(True, "1"), (False, "0")])
+@pytest.mark.parametrize("async_scheduling, head_graphs", [(True, "0"), (False, "1")])
 def test_engine_tokens_equal_with_the_step_graph(tmp_path, monkeypatch, async_scheduling, head_graphs):
     """The one-graph batch-1 greedy step (cuda_step_graph.py, OCTAVO_GRAPH_STEP=1, with the head graphs or its own
     GraphHead): captured, replayed for every batch-1 greedy decode step (its id read on the device from the previous
@@ -111,4 +72,43 @@ def test_engine_tokens_equal_with_the_step_graph(tmp_path, monkeypatch, async_sc
             else:
                 assert got[True][1] == 0, (name, got[True])
     finally:
+        llm.llm_engine.shutdown()
+
+
+def test_engine_tokens_equal_with_const_inputs_and_argmax(tmp_path):
+    from octavo import LLM, SamplingParams
+    from octavo.core import input_batch
+    from octavo.plugins.platforms import cuda_argmax
+
+    (tmp_path / "config.json").write_text(json.dumps(TINY_LLAMA))
+    saved = input_batch.CONST_INPUTS
+    llm = LLM(model=str(tmp_path), load_format="dummy", skip_tokenizer_init=True, max_model_len=256, max_num_seqs=8,
+              seed=0, dtype="bfloat16", gpu_memory_utilization=0.2)
+    try:
+        runner = llm.llm_engine.core.executor.driver.runner
+        prompts = [{"prompt_token_ids": [(7 * i + 3 * j) % 2000 + 1 for j in range(5 + 9 * i)]} for i in range(6)]
+        greedy = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+        seeded = [SamplingParams(max_tokens=24, temperature=0.8, top_k=50, seed=i, ignore_eos=True) for i in range(6)]
+        calls = {"n": 0}
+
+        def counted(logits):
+            calls["n"] += 1
+            return cuda_argmax.greedy_argmax(logits)
+
+        def run():
+            return [[list(o.outputs[0].token_ids) for o in llm.generate(p, s, use_tqdm=False)]
+                    for p, s in (([prompts[0]], greedy), (prompts, greedy), (prompts, seeded))]
+
+        input_batch.CONST_INPUTS, runner.sampler.greedy_argmax = False, None
+        off = run()
+        input_batch.CONST_INPUTS, runner.sampler.greedy_argmax = True, counted
+        replays = runner.graph_runner.num_replays
+        on = run()
+        assert runner.graph_runner.num_replays > replays
+        assert calls["n"] > 24  # every greedy step of batch 1 and batch 6 took it
+        assert any(k[1] == "greedy" for k in input_batch._CONST)
+        assert all(len(t) == 24 for runs in off for t in runs)
+        assert on == off
+    finally:
+        input_batch.CONST_INPUTS = saved
         llm.llm_engine.shutdown()
