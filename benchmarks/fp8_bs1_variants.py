@@ -154,16 +154,19 @@ for _tag, _v in _att.items():
 # split merges its 8 columns); "tmaN" = o_proj and down stream their weight blocks by TMA through N shared-memory
 # buffers (fp8_gemv_tma.STAGES, OCTAVO_FP8_GEMV_TMA=N; ~70 registers instead of 155-255: they fit beside the kernel
 # in front of them); "tmaN_l2" = the same with the first blocks asked of L2 before the wait instead of block 0 into
-# registers (fp8_gemv_tma.L2_BLOCKS, OCTAVO_FP8_GEMV_TMA_L2: the copies then start right after the absmax); "norm8" = the quantizing norms at one row on 8 warps (16 since session 6; not measured with the
+# registers (fp8_gemv_tma.L2_BLOCKS, OCTAVO_FP8_GEMV_TMA_L2: the copies then start right after the absmax's loads are
+# issued); "_pa" = down takes its absmax from the SiLU kernel's pieces (fp8_silu_amax.py, OCTAVO_FP8_GEMV_TMA_AMAX); "norm8" = the quantizing norms at one row on 8 warps (16 since session 6; not measured with the
 # weight read first + PDL); "att_w2" = the attention on 2 warps (other sums: tokens may differ)
 _SPIN, _TMA = "octavo.plugins.attention._fp8_kv_decode_bs1:SPIN_MODE", "octavo.plugins.quant.fp8_gemv_tma:STAGES"
-_L2 = "octavo.plugins.quant.fp8_gemv_tma:L2_BLOCKS"
+_L2, _PA = "octavo.plugins.quant.fp8_gemv_tma:L2_BLOCKS", "octavo.plugins.quant.fp8_gemv_tma:AMAX_FROM_PRODUCER"
 for _tag, _v in {"spin1": {"set": {_SPIN: 1}}, "spin2": {"set": {_SPIN: 2}}, "norm8": {"warps": 8},
                  "tma2": {"set": {_TMA: 2}}, "tma3": {"set": {_TMA: 3}}, "tma4": {"set": {_TMA: 4}},
                  "spin2_tma3": {"set": {_SPIN: 2, _TMA: 3}}, "spin1_tma3": {"set": {_SPIN: 1, _TMA: 3}},
                  "tma2_l2": {"set": {_TMA: 2, _L2: 1}}, "tma3_l2": {"set": {_TMA: 3, _L2: 2}},
                  "tma4_l2": {"set": {_TMA: 4, _L2: 3}}, "spin2_tma3_l2": {"set": {_SPIN: 2, _TMA: 3, _L2: 2}},
                  "spin1_tma3_l2": {"set": {_SPIN: 1, _TMA: 3, _L2: 2}},
+                 "tma3_l2_pa": {"set": {_TMA: 3, _L2: 2, _PA: True}}, "tma4_l2_pa": {"set": {_TMA: 4, _L2: 3, _PA: True}},
+                 "spin2_tma3_l2_pa": {"set": {_SPIN: 2, _TMA: 3, _L2: 2, _PA: True}},
                  "att_w2": {"set": {_TAB: {(4, 128): dict(splits=16, block_n=64, num_warps=2, deq=3)}}}}.items():
     for _suffix in ("", "_again", "_again2"):
         S6_VARIANTS.setdefault(_tag + _suffix, _v)

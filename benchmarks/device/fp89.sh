@@ -51,7 +51,8 @@
 #               merge launch after launch, sentinels back, CUDA graphs) + test_fp8_gemv_tma.py (o_proj / down with TMA
 #               weight streams: bits equal to the plain GEMV at the 8B shapes, 2-4 stages, PDL, graph) +
 #               test_fp8_decode_one.py; BS1_VARIANTS = spin1 / spin2 / tma2-4 / tmaN_l2 (first blocks to L2 before the
-#               wait, not into registers) / spin2_tma3_l2 ... alternating with
+#               wait, not into registers) / _pa (down's absmax from the SiLU kernel's pieces) / spin2_tma3_l2_pa ...
+#               alternating with
 #               default_again* x3 (all the same bits: tokens must equal the first measure's), then norm8, att_w2 (data)
 #   bs1         benchmarks/fp8_bs1.py --ab s6: 8B fp8 + fp8 KV batch 1, one engine: ms/token vs the roofline, the
 #               captured forward alone vs the rest (LM head, sampler, host), the graph's kernel table; then the
@@ -106,7 +107,7 @@ elif [ "${1:-}" = s15c ]; then
   : "${FP89_TESTS:=tests/quant/test_fp8_decode_one.py tests/quant/test_fp8_norm_wfirst.py tests/quant/test_fp8_prefetch.py tests/quant/test_fp8_gemv_bits.py tests/quant/test_fp8_fused.py}"
 elif [ "${1:-}" = s16a ]; then
   shift; set -- tests bs1 "$@"  # the tests first: a default flips only with them
-  : "${FP89_LIMIT:=200}" "${BS1_VARIANTS:=spin2,tma3,tma3_l2,spin1,default_again,spin2_again,tma3_again,tma3_l2_again,tma4_l2,spin2_tma3_l2,default_again2,spin2_again2,tma3_again2,tma3_l2_again2,spin1_again,tma4_l2_again,spin2_tma3_l2_again,default_again3,tma2,tma4,spin1_again2,spin2_tma3_l2_again2,norm8,att_w2,default_again4}"
+  : "${FP89_LIMIT:=200}" "${BS1_VARIANTS:=spin2,tma3_l2,tma3_l2_pa,tma3,spin1,default_again,spin2_again,tma3_l2_again,tma3_l2_pa_again,spin2_tma3_l2_pa,tma4_l2_pa,default_again2,spin2_again2,tma3_l2_again2,tma3_l2_pa_again2,tma3_again,spin1_again,spin2_tma3_l2_pa_again,default_again3,tma4_l2_pa_again,tma2_l2,tma4,spin1_again2,spin2_tma3_l2_pa_again2,norm8,att_w2,default_again4}"
   : "${FP89_TESTS:=tests/quant/test_fp8_decode_spin.py tests/quant/test_fp8_gemv_tma.py tests/quant/test_fp8_decode_one.py}"
 elif [ "${1:-}" = s11b2 ]; then
   shift; set -- bs1 tests "$@"

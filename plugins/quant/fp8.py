@@ -266,8 +266,10 @@ class _FP8Method(LinearMethod):
             if pre is not None and self.gemv_pre_ok:
                 y = fp8_gemv(pre[0], layer.weight, layer.weight_scale, bias, x_scale=pre[1], out_dtype=x.dtype,
                              **launch)
-            else:
-                y = fp8_gemv(x2, layer.weight, layer.weight_scale, bias, **launch)
+            else:  # the producer's absmax pieces, if it left them (fp8_silu_amax.py: the TMA GEMV takes them)
+                amax = getattr(x, "_octavo_amax", None)
+                y = fp8_gemv(x2, layer.weight, layer.weight_scale, bias, alt=None if amax is None else {"x_amax": amax},
+                             **launch)
             return y.reshape(*shape[:-1], -1)
         if getattr(self, "small_m", None) and x2.shape[0] > 1:
             from octavo.plugins.quant import fp8_smallm

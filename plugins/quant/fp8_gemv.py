@@ -270,7 +270,8 @@ def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, 
              prefetch: tuple[torch.Tensor, int] | None = None, pdl: bool = False,
              self_prefetch: bool = False, w_bits: bool | None = None, reg_pf: bool | None = None,
              acc_split: int | None = None, x2d: bool | None = None, pdl_w: bool | int = False,
-             amax_one: bool | None = None, loop2: int | None = None, tail: dict | None = None) -> torch.Tensor:
+             amax_one: bool | None = None, loop2: int | None = None, tail: dict | None = None,
+             alt: dict | None = None) -> torch.Tensor:
     """``x [m, K]`` (bf16/fp16/fp32) times the e4m3 ``weight [N, K]`` with ``weight_scale`` (``N`` values).
 
     ``quantize_input=True`` is W8A8 (dynamic per-token e4m3 activations, as the ``_scaled_mm`` path);
@@ -294,7 +295,8 @@ def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, 
     the row with every load in flight at once (K <= AMAX_MAX_K; the same scale, the same result). ``loop2`` (0, 2 or 4;
     one row; None: the module's ``LOOP2``, whose None is the table's loop with the table's tile, else 0): the main
     loop loads that many weight blocks a trip (the same result). ``tail`` (one row, no bias; fp8_gemv_norm.py builds
-    it): the RMSNorm after this linear and its quantization, by the grid's last program.
+    it): the RMSNorm after this linear and its quantization, by the grid's last program. ``alt``: keywords for an
+    ``ALT_ONE_ROW`` kernel that takes the launch (fp8_gemv_tma's ``x_amax``); the plain kernel has no use for them.
     """
     m, k = x.shape
     n = weight.shape[0]
@@ -373,7 +375,7 @@ def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, 
     if config is not None:
         for applies, run in ALT_ONE_ROW:  # o_proj / down through TMA (fp8_gemv_tma.py; opt-in, the same bits)
             if even and applies(m, n, k, flags, one_row_flags, config, bias, tail, pf_total, self_prefetch):
-                return run(x, x_scale, weight, ws, y, flags, one_row_flags, config, False)
+                return run(x, x_scale, weight, ws, y, flags, one_row_flags, config, False, **(alt or {}))
         bn, bk, warps, *stages = config
         kernel[(triton.cdiv(n, bn),)](*args, **flags, **one_row_flags, **extra,
                                       EVEN=even and n % bn == 0 and k % bk == 0, SOFT_FP8=False, BLOCK_N=bn,
