@@ -90,12 +90,12 @@ for (n, k), seed in (((4096, 4096), 0), ((4096, 14336), 1)):
                                                              if kind == "pre" else {})
         fp8_gemv_tma.STAGES = 0
         base = fp8_gemv(*args, **kw)
-        for stages, l2 in ((2, 0), (3, 0), (4, 0), (3, 2), (4, 1)):
+        for stages, l2 in ((3, 0), (3, 2), (4, 3), (2, 1)):
             fp8_gemv_tma.STAGES, fp8_gemv_tma.L2_BLOCKS = stages, l2
             assert fp8_gemv_tma.applies(1, n, k, {"PDL_W": 1}, {"ACC_SPLIT": 16}, TILE, None, None, 0, False)
             got = fp8_gemv(*args, **kw)
             assert torch.equal(got, base), (n, k, kind, stages, l2, int((got != base).sum()))
-            if kind == "own":  # a CUDA graph replayed on new input: the same bits as eager
+            if kind == "own" and l2 == 2:  # a CUDA graph replayed on new input: the same bits as eager
                 xin = x.clone()
                 g = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(g):
