@@ -44,7 +44,7 @@ def test_engine_tokens_equal_with_the_step_graph(tmp_path, monkeypatch, async_sc
     monkeypatch.setenv("OCTAVO_GRAPH_STEP", "1")
     (tmp_path / "config.json").write_text(json.dumps(TINY_LLAMA))
     llm = LLM(model=str(tmp_path), load_format="dummy", skip_tokenizer_init=True, max_model_len=256, max_num_seqs=8,
-              seed=0, dtype="bfloat16", gpu_memory_utilization=0.2, async_scheduling=async_scheduling)
+              seed=0, dtype="bfloat16", kv_cache_memory_bytes=256 << 20, async_scheduling=async_scheduling)
     try:
         gr = llm.llm_engine.core.executor.driver.runner.graph_runner
         sg, head = gr.step_graph, gr.head
@@ -83,7 +83,7 @@ def test_engine_tokens_equal_with_const_inputs_and_argmax(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(TINY_LLAMA))
     saved = input_batch.CONST_INPUTS
     llm = LLM(model=str(tmp_path), load_format="dummy", skip_tokenizer_init=True, max_model_len=256, max_num_seqs=8,
-              seed=0, dtype="bfloat16", gpu_memory_utilization=0.2)
+              seed=0, dtype="bfloat16", kv_cache_memory_bytes=256 << 20)
     try:
         runner = llm.llm_engine.core.executor.driver.runner
         prompts = [{"prompt_token_ids": [(7 * i + 3 * j) % 2000 + 1 for j in range(5 + 9 * i)]} for i in range(6)]
