@@ -241,7 +241,8 @@ def spin_mode(device, num_kv: int, splits: int, head: int, spin: int | None) -> 
         return 0
     if device.type != "cuda":
         if mode == 2:
-            raise ValueError("fp8_decode_one: spin=2 needs every program resident at once (not the interpreter)")
+            raise ValueError("fp8_decode_one: spin=2 (OCTAVO_FP8_DECODE_ONE_SPIN=2) needs every program resident at "
+                             "once; the Triton interpreter runs them one by one (use 1 there)")
         return mode
     import torch
 
