@@ -13,7 +13,10 @@ scheduling), started with the LM head + sampler graphs and the one-graph step ca
   greedy sampler columns, no gather of the hidden rows); ``lean`` = argmax + const;
 - ``head``: the head graphs (``GraphHead.active``); ``head_const``: head graphs + const;
 - ``step``: a batch-1 greedy step as ONE graph (``OCTAVO_GRAPH_STEP``, cuda_step_graph.py: one pinned copy of the
-  step's row, fill + body + head + argmax in one replay, the input id read on the device).
+  step's row, fill + body + head + argmax in one replay, the input id read on the device);
+- ``step_tile``: ``step`` with the LM head GEMV's best tile of a sweep on the head weight alone
+  (benchmarks/head_tile_sweep.py, run once after the start when a ``step_tile`` is asked for; the step graph
+  recaptured at each switch; skipped when no tile beats the current one by 1 %).
 
 Per measure: ms/token = (257 - 1 tokens) / 256 after a 512-token prompt, best of two (contexts 513..768); with
 ``--windows`` also 769..1024 (gpu_e2e.py's second half); the strict fraction (issue 9's key: no embedding table, KV
@@ -40,7 +43,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 T0 = time.perf_counter()
 VARIANTS = {"default": {}, "argmax": {"argmax": True}, "const": {"const": True},
             "lean": {"argmax": True, "const": True}, "head": {"head": True}, "head_const": {"head": True, "const": True},
-            "step": {"step": True}}
+            "step": {"step": True}, "step_tile": {"step": True, "tile": True}}
 TINY = dict(architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=64, intermediate_size=128,
             num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, vocab_size=512,
             max_position_embeddings=4096, torch_dtype="float32")
@@ -64,6 +67,8 @@ class Switches:
         self.step = getattr(self.runner.graph_runner, "step_graph", None)
         self.base_argmax = self.runner.sampler.greedy_argmax
         self.base_const = input_batch.CONST_INPUTS
+        self.tile = None  # (N, K) -> tile of the head sweep's best (step_tile), and whether it is installed now
+        self.tile_on = False
         try:
             from octavo.plugins.platforms.cuda_argmax import greedy_argmax
         except ImportError:
@@ -80,9 +85,19 @@ class Switches:
         for what, obj in (("head", self.head), ("step", self.step)):
             if v.get(what) and obj is None:
                 return {"skipped": f"no {what} graph captured"}
+        want = bool(v.get("tile"))
+        if want and self.tile is None:
+            return {"skipped": "no head tile beat the current one"}
+        if want != self.tile_on and self.step is not None:
+            from octavo.plugins.platforms import cuda_gemv_table
+
+            cuda_gemv_table.set_override(self.tile if want else None)
+            self.step.capture(self.runner.graph_runner.pool)  # the head GEMV's tile is fixed at capture
+            self.tile_on = want
         return {}
 
     def restore(self) -> None:
+        self.apply({})
         self.ib.CONST_INPUTS, self.runner.sampler.greedy_argmax = self.base_const, self.base_argmax
         if self.head is not None:
             self.head.active = False
@@ -189,6 +204,18 @@ def main() -> None:
         return time.perf_counter() - t, list(out[0].outputs[0].token_ids)
 
     windows = set(args.windows.split(",")) if args.windows else set()
+    if cuda and any(base_name(t) == "step_tile" for t in args.variants.split(",")):
+        from benchmarks.head_tile_sweep import sweep
+
+        try:
+            res["head_tiles"] = sweep(model.lm_head.weight)
+            h = res["head_tiles"]
+            print("head tiles", json.dumps(h), flush=True)
+            if h["best_ms"] < 0.99 * h["ms"]["current"]:
+                sw.tile = {tuple(model.lm_head.weight.shape): h["best_tile"]}
+        except Exception as e:  # noqa: BLE001 - the other variants still run
+            res["head_tiles"] = {"error": f"{type(e).__name__}: {e}"[:300]}
+        save()
     sw.apply(VARIANTS["default"])
     gen(64)  # the first generation after the start runs slower (allocator, first replays): not in any measure
     for tag in args.variants.split(","):
