@@ -73,5 +73,7 @@ def step_table(prof, graph: dict[str, float] | None = None, skip_first: int = 2)
             outside_us += us
     out["outside_graph_ops"] = dict(sorted(outside.items(), key=lambda kv: -kv[1]["us"]))
     out["outside_graph_op_us"] = round(outside_us, 1)
+    # every op by its time a step, the graph's included: what grows with the context (the attention reads more KV)
+    out["top_ops_us"] = {_short(k): round(v / steps, 1) for k, v in sorted(name_us.items(), key=lambda kv: -kv[1])[:8]}
     out["ops_per_step"] = round(sum(names.values()) / steps, 1)
     return out
