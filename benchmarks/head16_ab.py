@@ -13,7 +13,9 @@ scheduling), started with the LM head + sampler graphs and the one-graph step ca
   greedy sampler columns, no gather of the hidden rows); ``lean`` = argmax + const;
 - ``head``: the head graphs (``GraphHead.active``); ``head_const``: head graphs + const;
 - ``step``: a batch-1 greedy step as ONE graph (``OCTAVO_GRAPH_STEP``, cuda_step_graph.py: one pinned copy of the
-  step's row, fill + body + head + argmax in one replay, the input id read on the device);
+  step's row, fill + body + head + argmax in one replay, the input id read on the device); ``step_zc``: the same
+  zero-copy (``OCTAVO_GRAPH_STEP_ZERO_COPY``: the row read from pinned host memory and the id written there by the
+  graph, no copies on the stream);
 - ``step_tile``: ``step`` with the LM head GEMV's best tile of a sweep on the head weight alone
   (benchmarks/head_tile_sweep.py, run once after the start when a ``step_tile`` is asked for; the step graph
   recaptured at each switch; skipped when no tile beats the current one by 1 %).
@@ -43,7 +45,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 T0 = time.perf_counter()
 VARIANTS = {"default": {}, "argmax": {"argmax": True}, "const": {"const": True},
             "lean": {"argmax": True, "const": True}, "head": {"head": True}, "head_const": {"head": True, "const": True},
-            "step": {"step": True}, "step_tile": {"step": True, "tile": True}}
+            "step": {"step": True}, "step_zc": {"step": True, "zc": True}, "step_tile": {"step": True, "tile": True}}
 TINY = dict(architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=64, intermediate_size=128,
             num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, vocab_size=512,
             max_position_embeddings=4096, torch_dtype="float32")
@@ -81,7 +83,7 @@ class Switches:
         if self.head is not None:
             self.head.active = bool(v.get("head"))
         if self.step is not None:
-            self.step.active = bool(v.get("step"))
+            self.step.active, self.step.zero_copy = bool(v.get("step")), bool(v.get("zc"))
         for what, obj in (("head", self.head), ("step", self.step)):
             if v.get(what) and obj is None:
                 return {"skipped": f"no {what} graph captured"}
@@ -138,6 +140,7 @@ def main() -> None:
     if not args.no_head_graphs:
         os.environ.setdefault("OCTAVO_GRAPH_HEAD", "1")
         os.environ.setdefault("OCTAVO_GRAPH_STEP", "1")
+        os.environ.setdefault("OCTAVO_GRAPH_STEP_ZERO_COPY", "1")
     import torch
 
     from benchmarks.gpu_e2e_common import LLAMA3_8B, copy_bandwidth, make_llm, write_config

@@ -149,13 +149,15 @@ class AsyncRunnerSteps:
         if sampling.seen_mask is not None:
             sampling.seen_mask[rows, toks] = True
 
-    def defer(self, result: RunnerOutput, pending: dict, inputs: Any, reqs: dict) -> DeferredOutput:
-        """Keep the sampled ids on the device for the next step, start the host copies, return without waiting."""
+    def defer(self, result: RunnerOutput, pending: dict, inputs: Any, reqs: dict, on_host: dict | None = None) \
+            -> DeferredOutput:
+        """Keep the sampled ids on the device for the next step, start the host copies, return without waiting.
+        ``on_host``: results the device writes into host memory itself (not copied; read after the step's event)."""
         sampled = pending.get("sampled")
         if sampled is not None:
             self.prev_sampled = sampled
             self.prev_rows = {rid: i for i, rid in enumerate(inputs.sample_req_ids)}
-        host = {k: _copy(v) for k, v in pending.items()}
+        host = {k: on_host[k] if on_host and k in on_host else _copy(v) for k, v in pending.items()}
         event = None
         if self.device.type != "cpu":  # CPU work is already done when we get here
             event = torch.Event(device=self.device.type, blocking=_event_blocking())

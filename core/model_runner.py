@@ -90,8 +90,9 @@ class ModelRunner:
         if self.async_steps is not None:  # placeholders <- the previous step's sampled ids, on the device
             self.async_steps.prepare(batch, inputs, reqs, fill=one is None)
         if one is not None:  # the graph stages its inputs, reads a placeholder's id itself, samples greedily
-            hidden, sampled = self.graph_runner.step_graph.run(inputs.layout, *one)
-            return self._finish(result, {"sampled": sampled}, inputs, reqs, hidden, spec_step)
+            hidden, sampled, on_host = self.graph_runner.step_graph.run(inputs.layout, *one)
+            return self._finish(result, {"sampled": sampled}, inputs, reqs, hidden, spec_step,
+                                None if on_host is None else {"sampled": on_host})
         if self.mrope_merge:  # rope positions from each request's image grids (core/multimodal_rope.py)
             inputs.positions = step_rope_positions(batch, reqs, inputs, self.mrope_merge, self.device)
         if self.lora is not None:  # each token's adapter slot for this step (octavo.lora.manager)
@@ -164,11 +165,16 @@ class ModelRunner:
             pending[("plp", rid)] = gather_logprobs(lp, targets.to(self.device), k)
         return self._finish(result, pending, inputs, reqs, hidden, spec_step)
 
-    def _finish(self, result, pending, inputs, reqs, hidden, spec_step) -> RunnerOutput:
-        """The step's device results (``pending``) to the host, now or (async scheduling) a step later."""
+    def _finish(self, result, pending, inputs, reqs, hidden, spec_step, on_host=None) -> RunnerOutput:
+        """The step's device results (``pending``) to the host, now or (async scheduling) a step later. ``on_host``:
+        results the device writes into host memory itself (the zero-copy step graph), valid once its work is done."""
         if self.async_steps is not None:  # async scheduling: the host reads these tokens later (core/async_runner.py)
-            return self.async_steps.defer(result, pending, inputs, reqs)
-        host = _to_host(pending, self.synchronize)
+            return self.async_steps.defer(result, pending, inputs, reqs, on_host)
+        if on_host is not None:
+            self.synchronize()
+            host = {**_to_host({k: v for k, v in pending.items() if k not in on_host}, lambda: None), **on_host}
+        else:
+            host = _to_host(pending, self.synchronize)
         fill_result(result, host, inputs, reqs)
         if spec_step is not None:  # a head speculator drafts from this step's hidden states
             result.spec_token_ids = self.spec_head.after_step(spec_step, hidden, inputs, result.sampled, reqs,

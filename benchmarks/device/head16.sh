@@ -9,7 +9,8 @@
 #          giving the plain path's tokens, async and sync), then ONE engine with the headline's settings (8B fp8 +
 #          fp8 KV, max_num_seqs 512, 51 graph sizes, async; head graphs and the one-graph step captured, off unless a
 #          variant turns them on) alternating default / step (OCTAVO_GRAPH_STEP: inputs + body + head + argmax in one
-#          graph) / lean (argmax + const) / head (the LM head + sampler graphs) x3, step_tile (step with the head GEMV
+#          graph) / step_zc (the same, zero-copy: no copies on the stream) / lean (argmax + const) / head (the LM head
+#          + sampler graphs) x3, step_tile (step with the head GEMV
 #          tile that won a sweep on the head weight alone, benchmarks/head_tile_sweep.py) x2, then argmax / const / head_const,
 #          greedy tokens compared, ms/token, the graph alone, and a CUDA-only trace per variant: GPU busy / idle a step
 #          and every op outside the body graph (benchmarks/head16_ab.py)
@@ -27,7 +28,7 @@ mkdir -p "$R"
 if [ "${1:-}" = s16a ]; then
   shift; set -- tests ab "$@"  # the tests first: a default flips only with them
   : "${HEAD16_LIMIT:=180}"
-  : "${HEAD16_VARIANTS:=default,step,lean,head,default_again,step_again,lean_again,head_again,step_tile,default_again2,step_again2,step_tile_again,lean_again2,head_again2,argmax,const,head_const,step_again3,default_again3}"
+  : "${HEAD16_VARIANTS:=default,step,step_zc,lean,head,default_again,step_again,step_zc_again,lean_again,head_again,step_tile,default_again2,step_again2,step_zc_again2,step_tile_again,lean_again2,head_again2,argmax,const,head_const}"
 fi
 if [ "${1:-}" = s16b ]; then
   shift; set -- tests ab "$@"

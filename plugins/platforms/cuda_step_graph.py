@@ -32,7 +32,7 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_ON = False  # opt-in until the H100 A/B (benchmarks/head16_ab.py "step") shows a gain with equal tokens
 FIXED = 7  # the stage row's fixed fields (module docstring), then the block ids
-SLOTS = 4  # pinned host rows, used in turn: a row is rewritten only after its copy ran (its event)
+SLOTS = 4  # pinned host rows (and zero-copy graphs), used in turn: reused only after their last use ran (its event)
 
 
 @triton.jit
@@ -64,8 +64,20 @@ def fill_step_torch(stage, prev, ids, pos, seq, nc, slot, bt) -> None:
     bt[0, :nb] = stage[FIXED:FIXED + nb].to(bt.dtype)
 
 
+@triton.jit
+def _publish_kernel(src_ptr, dst_ptr):
+    """The step's id into its slot of pinned host memory (zero-copy: no device-to-host copy node)."""
+    tl.store(dst_ptr, tl.load(src_ptr))
+
+
 class StepGraph:
-    """The one-graph batch-1 step over a ``CUDAGraphRunner``'s static buffers and a ``GraphHead``'s greedy path."""
+    """The one-graph batch-1 step over a ``CUDAGraphRunner``'s static buffers and a ``GraphHead``'s greedy path.
+
+    Zero-copy mode (``OCTAVO_GRAPH_STEP_ZERO_COPY=1``, opt-in): :data:`SLOTS` graphs, graph k's fill reading the stage
+    row straight from pinned host row k and its last kernel writing the id into pinned host slot k, so a step is one
+    replay and nothing else on the stream; a row or slot is reused only after its graph's previous replay finished
+    (its event), and a slot's id is read by the host (the step's ``DeferredOutput``) before the step SLOTS later
+    (under async scheduling the core completes step N before N + 2 runs)."""
 
     def __init__(self, runner, head) -> None:
         self.runner, self.head = runner, head
@@ -77,10 +89,17 @@ class StepGraph:
         self.stage[3] = self.stage[6] = 1  # seq_len 1, one block: the null block 0 (the warm-up's row)
         pin = self.device.type == "cuda"
         self.rows = [torch.zeros(n, dtype=torch.int64, pin_memory=pin) for _ in range(SLOTS)]
+        for row in self.rows:
+            row[3] = row[6] = 1
+        self.ids_host = torch.zeros(SLOTS, dtype=torch.int64, pin_memory=pin)
         self.events: list = [None] * SLOTS
         self.next = 0
         self.graph = None
         self.hidden: torch.Tensor | None = None
+        self.zc = env_switch("OCTAVO_GRAPH_STEP_ZERO_COPY", default=False)  # capture the zero-copy graphs too
+        self.zc_graphs: list = []
+        self.zc_hidden: list = []
+        self.zero_copy = True  # use them when captured (benchmarks switch it)
         self.active = True
         self.replays = 0
         self.from_prev = 0  # replays whose input id was the previous step's, read on the device
@@ -89,19 +108,26 @@ class StepGraph:
         """Whether ``ids`` (a step's sampled ids) is row 0 on of ``GraphHead.sampled`` (the graph reads it there)."""
         return ids.device == self.head.sampled.device and ids.data_ptr() == self.head.sampled.data_ptr()
 
-    def fill(self) -> None:
-        r, s = self.runner, self.stage
-        args = (s, self.head.sampled, r.input_ids, r.positions, r.seq_lens, r.num_computed, r.slot_mapping,
+    def fill(self, row: torch.Tensor) -> None:
+        r = self.runner
+        args = (row, self.head.sampled, r.input_ids, r.positions, r.seq_lens, r.num_computed, r.slot_mapping,
                 r.block_tables)
-        if s.is_cuda:
+        if self.device.type == "cuda":  # (a pinned host row is read through its mapped address)
             _fill_step_kernel[(1,)](*args, self.width, BLOCK=256, num_warps=1)
         else:
             fill_step_torch(*args)
 
-    def step(self) -> torch.Tensor:
-        """The captured function: fill, the body at one row, the greedy head into ``GraphHead.sampled[0]``."""
-        self.fill()
-        return self.body_head()
+    def step(self, k: int | None = None) -> torch.Tensor:
+        """The captured function: fill (from the device stage row, or pinned row ``k``), the body at one row, the
+        greedy head into ``GraphHead.sampled[0]`` (and, zero-copy, into pinned slot ``k``)."""
+        self.fill(self.stage if k is None else self.rows[k])
+        out = self.body_head()
+        if k is not None:
+            if self.device.type == "cuda":
+                _publish_kernel[(1,)](self.head.sampled, self.ids_host[k:], num_warps=1)
+            else:
+                self.ids_host[k] = self.head.sampled[0]
+        return out
 
     def body_head(self) -> torch.Tensor:
         from octavo.model import ForwardContext
@@ -112,40 +138,55 @@ class StepGraph:
         self.head.sampled[:1].copy_(self.head._greedy(out))
         return out
 
-    @torch.inference_mode()
-    def capture(self, pool) -> None:
-        self.step()  # warm-up outside the graph (the fill kernel builds; the null-block row)
+    def _capture_one(self, fn, pool):
+        """``(graph, output)`` of ``fn`` captured in ``pool`` after one warm-up run outside the graph."""
+        fn()  # warm-up (the fill kernel builds; the null-block row)
         torch.cuda.synchronize(self.device)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=pool):
-            out = self.step()
-        self.graph, self.hidden = graph, out
+            out = fn()
+        return graph, out
 
-    def run(self, layout, host_id: int | None, prev: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    @torch.inference_mode()
+    def capture(self, pool) -> None:
+        self.graph, self.hidden = self._capture_one(self.step, pool)
+        self.zc_graphs, self.zc_hidden = [], []
+        if self.zc:
+            for k in range(SLOTS):
+                g, out = self._capture_one(lambda k=k: self.step(k), pool)
+                self.zc_graphs.append(g)
+                self.zc_hidden.append(out)
+
+    def run(self, layout, host_id: int | None, prev: torch.Tensor | None = None):
         """Stage the step's row (``layout``: its host tensors, one request of one token; ``host_id`` None: the id is
         the previous step's, on the device: in ``GraphHead.sampled[0]``, or in ``prev`` (one element), copied there
-        first), replay; ``(hidden [1, dim], sampled ids [1])`` (views the next replay overwrites)."""
+        first), replay; ``(hidden [1, dim], sampled ids [1] on the device, the ids on the host or None)`` (views the
+        next replays overwrite; zero-copy: the host ids are valid once the step's work is done)."""
         if host_id is None and prev is not None:
             self.head.sampled[:1].copy_(prev)  # the previous step sampled eagerly (a prefill's last chunk, say)
+        zc = self.zero_copy and bool(self.zc_graphs)
         k = self.next
         self.next = (k + 1) % SLOTS
         if self.events[k] is not None:
-            self.events[k].synchronize()  # the copy from this row SLOTS steps ago (normally long done)
+            self.events[k].synchronize()  # this row's copy / graph SLOTS steps ago (normally long done)
         row = self.rows[k].numpy()
         nb = layout.block_tables.shape[1]
         nc = int(layout.num_computed_tokens[0])
         row[:FIXED] = (host_id is None, 0 if host_id is None else host_id, nc, int(layout.seq_lens[0]), nc,
                        int(layout.slot_mapping[0]), nb)
         row[FIXED:FIXED + nb] = layout.block_tables[0].numpy()
-        self.stage[:FIXED + nb].copy_(self.rows[k][:FIXED + nb], non_blocking=True)
+        if not zc:
+            self.stage[:FIXED + nb].copy_(self.rows[k][:FIXED + nb], non_blocking=True)
+        (self.zc_graphs[k] if zc else self.graph).replay()
         if self.device.type == "cuda":
             self.events[k] = torch.cuda.Event()
             self.events[k].record()
-        self.graph.replay()
         self.replays += 1
         self.from_prev += host_id is None
         self.runner.num_replays += 1
-        return self.hidden, self.head.sampled[:1]
+        if zc:
+            return self.zc_hidden[k], self.head.sampled[:1], self.ids_host[k:k + 1]
+        return self.hidden, self.head.sampled[:1], None
 
 
 def make_step_graph(runner, head) -> StepGraph | None:

@@ -36,12 +36,14 @@ TINY_LLAMA = dict(architectures=["LlamaForCausalLM"], model_type="llama", hidden
 def test_engine_tokens_equal_with_the_step_graph(tmp_path, monkeypatch, async_scheduling, head_graphs):
     """The one-graph batch-1 greedy step (cuda_step_graph.py, OCTAVO_GRAPH_STEP=1, with the head graphs or its own
     GraphHead): captured, replayed for every batch-1 greedy decode step (its id read on the device from the previous
-    step's ids under async scheduling, the host's otherwise), the same tokens as the body graph + eager head; batch 3
-    and seeded steps do not take it."""
+    step's ids under async scheduling, the host's otherwise), the same tokens as the body graph + eager head, with its
+    row copied in and its id copied out, and zero-copy (OCTAVO_GRAPH_STEP_ZERO_COPY=1: the row read from pinned host
+    memory and the id written there by the graphs); batch 3 and seeded steps do not take it."""
     from octavo import LLM, SamplingParams
 
     monkeypatch.setenv("OCTAVO_GRAPH_HEAD", head_graphs)
     monkeypatch.setenv("OCTAVO_GRAPH_STEP", "1")
+    monkeypatch.setenv("OCTAVO_GRAPH_STEP_ZERO_COPY", "1")
     (tmp_path / "config.json").write_text(json.dumps(TINY_LLAMA))
     llm = LLM(model=str(tmp_path), load_format="dummy", skip_tokenizer_init=True, max_model_len=256, max_num_seqs=8,
               seed=0, dtype="bfloat16", kv_cache_memory_bytes=256 << 20, async_scheduling=async_scheduling)
@@ -49,6 +51,7 @@ def test_engine_tokens_equal_with_the_step_graph(tmp_path, monkeypatch, async_sc
         gr = llm.llm_engine.core.executor.driver.runner.graph_runner
         sg, head = gr.step_graph, gr.head
         assert sg is not None and sg.graph is not None, "the one-graph step was not captured"
+        assert len(sg.zc_graphs) == 4, "the zero-copy step graphs were not captured"
         assert (head is None) == (head_graphs == "0") and (head is None or sg.head is head)
         prompts = [{"prompt_token_ids": [(7 * i + 3 * j) % 2000 + 1 for j in range(5 + 9 * i)]} for i in range(3)]
         greedy = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)  # crosses block boundaries
@@ -57,20 +60,21 @@ def test_engine_tokens_equal_with_the_step_graph(tmp_path, monkeypatch, async_sc
                              False)}
         for name, (ps, params, uses) in cases.items():
             got = {}
-            for active in (False, True):
-                sg.active = active
+            for mode in ("off", "copy", "zero_copy"):
+                sg.active, sg.zero_copy = mode != "off", mode == "zero_copy"
                 if head is not None:
                     head.active = False
                 before, prev = sg.replays, sg.from_prev
                 outs = llm.generate(ps, params, use_tqdm=False)
-                got[active] = ([list(o.outputs[0].token_ids) for o in outs], sg.replays - before, sg.from_prev - prev)
-            assert got[True][0] == got[False][0], name
-            assert got[False][1] == 0
-            if uses:
-                assert got[True][1] >= params.max_tokens - 2, (name, got[True])
-                assert (got[True][2] >= params.max_tokens - 3) if async_scheduling else got[True][2] == 0, got[True]
-            else:
-                assert got[True][1] == 0, (name, got[True])
+                got[mode] = ([list(o.outputs[0].token_ids) for o in outs], sg.replays - before, sg.from_prev - prev)
+            assert got["copy"][0] == got["off"][0] and got["zero_copy"][0] == got["off"][0], name
+            assert got["off"][1] == 0
+            for mode in ("copy", "zero_copy"):
+                if uses:
+                    assert got[mode][1] >= params.max_tokens - 2, (name, mode, got[mode])
+                    assert (got[mode][2] >= params.max_tokens - 3) if async_scheduling else got[mode][2] == 0, got[mode]
+                else:
+                    assert got[mode][1] == 0, (name, mode, got[mode])
     finally:
         llm.llm_engine.shutdown()
 

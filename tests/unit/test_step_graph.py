@@ -2,7 +2,8 @@
 fill kernel writes what the torch reference writes (Triton's interpreter), and a CPU engine with the real
 ``StepGraph`` over a ``CUDAGraphRunner``'s static buffers and a real ``GraphHead`` (the "graph" replays its function
 eagerly) gives the plain path's tokens, with its input id from the host (synchronous scheduling) or read from the
-previous step's ids (async), and only for the steps the core lets it take (core/step_head.py ``step_graph_source``).
+previous step's ids (async), its row staged by a copy or read from host memory and its id copied back or written
+there (zero-copy), and only for the steps the core lets it take (core/step_head.py ``step_graph_source``).
 The GPU capture and replay: tests/gpu/test_decode_const_inputs_gpu.py."""
 
 from __future__ import annotations
@@ -48,28 +49,33 @@ def test_fill_kernel_writes_what_the_reference_writes():
     run_triton_interpreted(_FILL, timeout=300)
 
 
-def _install(runner):
+def _install(runner, zero_copy: bool):
     """A CUDAGraphRunner's static buffers (no graphs: other steps run eagerly), a GraphHead without graphs (the eager
-    head), and the real StepGraph whose capture keeps its function (replays run it eagerly; the CPU backend derives
+    head), and the real StepGraph whose "capture" keeps its function (replays run it eagerly; the CPU backend derives
     its row tables when its metadata is built, so a replay builds it again from the static buffers after the fill:
-    on a GPU the captured metadata reads those buffers themselves)."""
+    on a GPU the captured metadata reads those buffers themselves). ``zero_copy``: the SLOTS graphs reading the row
+    from host row k and writing the id into host slot k."""
     from octavo.plugins.platforms.cuda_graph_head import GraphHead
     from octavo.plugins.platforms.cuda_graphs import CUDAGraphRunner
     from octavo.plugins.platforms.cuda_step_graph import StepGraph
 
     class EagerStepGraph(StepGraph):
-        def step(self):
-            self.fill()
+        def body_head(self):
             gr.metadata[1] = runner.attn_backend_cls.build_metadata(gr._layout(1), dev)
-            return self.body_head()
+            return super().body_head()
+
+        def _capture_one(self, fn, pool):
+            out = fn().clone()
+            return SimpleNamespace(replay=lambda: out.copy_(fn())), out
 
     dev = runner.device
     gr = CUDAGraphRunner(runner.model, runner.attn_backend_cls, dev, runner.block_size, 128, [1])
     gr.head = GraphHead(runner.model, dev, 1)
     sg = gr.step_graph = EagerStepGraph(gr, gr.head)
+    sg.zc = zero_copy
     with torch.inference_mode():
-        sg.hidden = sg.step().clone()
-    sg.graph = SimpleNamespace(replay=lambda: sg.hidden.copy_(sg.step()))
+        sg.capture(None)
+    assert len(sg.zc_graphs) == (4 if zero_copy else 0)
     runner.graph_runner = gr
     return sg
 
@@ -86,14 +92,14 @@ def tiny_llama(tmp_path_factory):
     return str(path)
 
 
-@pytest.mark.parametrize("async_scheduling", [True, False])
-def test_engine_tokens_equal_with_the_step_graph(tiny_llama, async_scheduling):
+@pytest.mark.parametrize("async_scheduling, zero_copy", [(True, False), (False, False), (True, True), (False, True)])
+def test_engine_tokens_equal_with_the_step_graph(tiny_llama, async_scheduling, zero_copy):
     from octavo import LLM
 
     llm = LLM(tiny_llama, load_format="dummy", dtype="float32", kv_cache_memory_bytes=8 << 20, max_model_len=128,
               seed=0, skip_tokenizer_init=True, async_scheduling=async_scheduling)
     try:
-        sg = _install(llm.llm_engine.core.executor.driver.runner)
+        sg = _install(llm.llm_engine.core.executor.driver.runner, zero_copy)
         prompts = [{"prompt_token_ids": [5 + i, 9, 30, 7 + 2 * i] * (1 + 5 * i)} for i in range(3)]
         greedy = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)  # crosses block boundaries (16)
         cases = {"greedy1": ([prompts[2]], greedy, True), "greedy2": (prompts[:2], greedy, False),
