@@ -107,7 +107,7 @@ elif [ "${1:-}" = s15c ]; then
   : "${FP89_TESTS:=tests/quant/test_fp8_decode_one.py tests/quant/test_fp8_norm_wfirst.py tests/quant/test_fp8_prefetch.py tests/quant/test_fp8_gemv_bits.py tests/quant/test_fp8_fused.py}"
 elif [ "${1:-}" = s16a ]; then
   shift; set -- tests bs1 "$@"  # the tests first: a default flips only with them
-  : "${FP89_LIMIT:=200}" "${BS1_VARIANTS:=spin2,tma3_l2,tma3_l2_pa,tma3,spin1,default_again,spin2_again,tma3_l2_again,tma3_l2_pa_again,spin2_tma3_l2_pa,tma4_l2_pa,default_again2,spin2_again2,tma3_l2_again2,tma3_l2_pa_again2,tma3_again,spin1_again,spin2_tma3_l2_pa_again,default_again3,tma4_l2_pa_again,tma2_l2,tma4,spin1_again2,spin2_tma3_l2_pa_again2,norm8,att_w2,default_again4}"
+  : "${FP89_LIMIT:=200}" "${BS1_VARIANTS:=spin2,spin1,default_again,spin2_again,spin1_again,tma3_l2,tma3_l2_pa,tma3,default_again2,tma3_l2_again,tma3_l2_pa_again,spin2_tma3_l2_pa,tma4_l2_pa,spin2_again2,default_again3,tma3_l2_again2,tma3_l2_pa_again2,tma3_again,spin2_tma3_l2_pa_again,spin1_again2,tma4_l2_pa_again,default_again4,tma2_l2,tma4,spin2_tma3_l2_pa_again2,norm8,att_w2}"
   : "${FP89_TESTS:=tests/quant/test_fp8_decode_spin.py tests/quant/test_fp8_gemv_tma.py tests/quant/test_fp8_decode_one.py}"
 elif [ "${1:-}" = s11b2 ]; then
   shift; set -- bs1 tests "$@"
