@@ -240,6 +240,8 @@ def spin_mode(device, num_kv: int, splits: int, head: int, spin: int | None) -> 
     if mode == 0 or splits == 1 or splits > head:
         return 0
     if device.type != "cuda":
+        if mode == 2 and spin is None and not SPIN_SET:  # the default's mode: the interpreter keeps the ticket
+            return 0
         if mode == 2:
             raise ValueError("fp8_decode_one: spin=2 (OCTAVO_FP8_DECODE_ONE_SPIN=2) needs every program resident at "
                              "once; the Triton interpreter runs them one by one (use 1 there)")
@@ -301,6 +303,7 @@ EARLY_IO_ON = env_switch("OCTAVO_FP8_DECODE_ONE_EARLY_IO", default=True)
 # ticket atomic (sessions 8-15), 1 the last split polls all, 2 every split polls its slice. ``OCTAVO_FP8_DECODE_ONE_SPIN``
 # (opt-in until measured on a GPU); read per launch (benchmarks set it and recapture)
 SPIN_MODE = env_int("OCTAVO_FP8_DECODE_ONE_SPIN", 0, 0, 2)
+SPIN_SET = bool(__import__("os").environ.get("OCTAVO_FP8_DECODE_ONE_SPIN", "").strip())  # asked for, not defaulted
 
 
 # (GQA group, head size) -> fp8_decode_one launch, measured on H100; other shapes keep the backend's launches
