@@ -169,6 +169,8 @@ class ModelRunner:
         """The step's device results (``pending``) to the host, now or (async scheduling) a step later. ``on_host``:
         results the device writes into host memory itself (the zero-copy step graph), valid once its work is done."""
         if self.async_steps is not None:  # async scheduling: the host reads these tokens later (core/async_runner.py)
+            if on_host is None:  # (the TP subclass, core/tp_comm.py, takes no on_host: the step graph is TP=1 only)
+                return self.async_steps.defer(result, pending, inputs, reqs)
             return self.async_steps.defer(result, pending, inputs, reqs, on_host)
         if on_host is not None:
             self.synchronize()
