@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from octavo.core import grammar_device_gate, grammar_step
+from octavo.core import grammar_chain, grammar_device_gate, grammar_step
 from octavo.core.async_runner import PendingOutput
 from octavo.core.grammar_step import GrammarStep
 
@@ -76,6 +76,8 @@ class GatedGrammarStep:
         # behind a device wait instead of parking, and the fill opens that wait (rows stay where they are)
         if _device_gate_on(inner):
             inner.seq = inner.device_gate.next_seq()
+        if inner.chain is not None and not (inner.seq and inner.chain.claim("runner")):  # (grammar_chain.py)
+            grammar_chain.core_takes(inner)  # not device-gated: the Python path
 
     @property
     def seq(self) -> int:

@@ -86,6 +86,9 @@ class AsyncRunnerSteps:
         self.unpatched: list[DeferredOutput] = []  # steps whose tokens the runner's sequences still lack
         self._filled: tuple[list[str], torch.Tensor] | None = None  # this step's placeholder ids (device)
         self.ranks_agree = False  # this step's sampled ids are bitwise equal on every TP rank (core/step_head.py)
+        # the last step's (host sampled ids, copy event, sample request ids), taken by the next step's chained grammar
+        # fill (core/grammar_chain.py launch); cleared at each step's start (only the step right before counts)
+        self.last_copy: tuple | None = None
 
     def prepare(self, batch: Any, inputs: Any, reqs: dict, fill: bool = True) -> None:
         """Patch known tokens into the runner's sequences, then write this step's placeholders on the device (not with
@@ -166,6 +169,7 @@ class AsyncRunnerSteps:
         positions = [reqs[rid].num_tokens for rid in inputs.sample_req_ids]
         snapshot = {rid: reqs[rid] for rid in (*inputs.sample_req_ids, *inputs.prompt_lp_rows)}
         out = DeferredOutput(result, host, inputs, snapshot, event, self.synchronize, positions)
+        self.last_copy = (host.get("sampled"), event, inputs.sample_req_ids)
         if "sampled" in pending:
             self.unpatched.append(out)
         return out

@@ -64,3 +64,13 @@ def apply_operands(logits: torch.Tensor, rows: list[int], keep: np.ndarray, neg:
             x[r] &= keep[j]
             x[r] |= neg[j]
     return logits
+
+
+def apply_packed_numpy(logits: Any, rows: list[int], packed: Any, pre: Any = None) -> Any:
+    """The CPU apply of packed rows (core/grammar_step.py ``apply_packed``): integer AND/OR on the logits' bits through
+    a numpy view (one thread, no OpenMP barrier, no branch per element). ``pre``: ``((keep, neg), dtype)`` the fill
+    built for these rows while the forward ran; else they are built here."""
+    vocab = logits.shape[-1]
+    if pre is None or pre[1] != logits.dtype or pre[0][0].shape != (len(rows), vocab):
+        pre = (mask_operands(packed.numpy(), vocab, logits.dtype), logits.dtype)
+    return apply_operands(logits, rows, *pre[0])

@@ -62,6 +62,14 @@ class StepRows:
             del rows_of[next(iter(rows_of))]
         return positions, rids, matchers
 
+    def reqs_of(self, sched_out: Any) -> list:
+        """The requests of the rows :meth:`build` made for ``sched_out``."""
+        return self._of[id(sched_out)][3]
+
+    def drop(self, sched_out: Any) -> None:
+        """Forget ``sched_out``'s rows (its accept ran elsewhere: core/grammar_chain.py)."""
+        self._of.pop(id(sched_out), None)
+
     def sampled(self, sched_out: Any, sampled: dict, failed: Any, prev: Any) -> tuple | None:
         """The usual step's ``(matchers, tokens, request ids, requests)`` to accept from the runner's ``sampled``:
         its prepared rows when each sampled a list of tokens, none is finished since, none failed and none was

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from octavo.core import grammar_device_gate
+from octavo.core import grammar_chain, grammar_device_gate
 
 logger = logging.getLogger(__name__)
 _TABLES: dict[Any, Any] = {}  # (device, dtype) -> the byte -> 8 biases table
@@ -89,7 +89,7 @@ class GrammarStep:
     __slots__ = ("backend", "positions", "request_ids", "matchers", "bitmask", "pool", "chunks", "_future",
                  "_rows", "_error", "fill_s", "wait_s", "apply_s", "t_start", "t_fill0", "t_fill1", "t_resume",
                  "handoff_wait_s", "_resumed", "cpu_hint", "cpu_pre", "parked", "device_gate", "seq", "wait_events",
-                 "open_lag_s", "_job")
+                 "open_lag_s", "_job", "chain", "chain_next")
 
     def __init__(self, backend: Any, positions: list[int], request_ids: list[str], matchers: list[Any],
                  bitmask: Any, pool: ThreadPoolExecutor, chunks: tuple[int, ThreadPoolExecutor] | None = None) -> None:
@@ -103,6 +103,7 @@ class GrammarStep:
         self._future: Future | None = None
         self._rows: tuple[list[str], list[int], Any] | None = None
         self._error: BaseException | None = None
+        self.chain = self.chain_next = None  # this step's chained fill, and the next step's (core/grammar_chain.py)
         # seconds: filling (on whichever thread), blocked in wait() (the part not hidden by the forward),
         # applying the mask to the logits (host time; read by benchmarks/structured_outputs.py)
         self.fill_s = self.wait_s = self.apply_s = self.open_lag_s = 0.0  # open_lag_s: NATIVE_OPEN's word -> GIL back
@@ -181,6 +182,9 @@ class GrammarStep:
         if self._future is not None or self._rows is not None or self._error is not None:
             accept() if accept is not None else None
             return
+        if self.chain is not None and not grammar_chain.core_takes(self):  # the driver fills them (grammar_chain.py)
+            self._rows = self.request_ids, self.positions, self.bitmask
+            return
         self.t_start = time.perf_counter()
         if gated and INLINE_AFTER_GATE:
             if self.handoff_wait_s > 0:
@@ -199,6 +203,8 @@ class GrammarStep:
         and before the host waits for this step's tokens."""
         if self._job is not None:
             grammar_device_gate.settle(self)
+        if self.chain is not None:
+            grammar_chain.settle(self)
 
     def start_on_pool(self, started_wait_s: float = 0.0, before: Any = None) -> None:
         """Fill on the bitmask thread in one call (no row chunks: they would wait for the GIL the caller keeps); block up
@@ -225,7 +231,7 @@ class GrammarStep:
     def wait(self) -> tuple[list[str], list[int], Any]:
         """``(request ids, their positions in batch.scheduled, packed rows [n, words])`` of the rows to mask;
         fills now if ``start`` was not called. Safe to call more than once."""
-        if self._job is not None:
+        if self._job is not None or self.chain is not None:
             self.settle()
         if self._error is not None:
             raise self._error
@@ -327,15 +333,9 @@ def platform_apply_on(kernel: Any) -> bool:
 
 
 def _apply_packed_numpy(logits: Any, rows: list[int], packed: Any, pre: Any = None) -> Any:
-    """The CPU apply: integer AND/OR on the logits' bits through a numpy view (core/grammar_mask_cpu.py; one
-    thread, no OpenMP barrier, no branch per element). ``pre``: ``((keep, neg), dtype)`` the fill built for these
-    rows while the forward ran; else they are built here."""
-    from octavo.core.grammar_mask_cpu import apply_operands, mask_operands
+    from octavo.core.grammar_mask_cpu import apply_packed_numpy  # (the CPU apply, there since session 16)
 
-    vocab = logits.shape[-1]
-    if pre is None or pre[1] != logits.dtype or pre[0][0].shape != (len(rows), vocab):
-        pre = (mask_operands(packed.numpy(), vocab, logits.dtype), logits.dtype)
-    return apply_operands(logits, rows, *pre[0])
+    return apply_packed_numpy(logits, rows, packed, pre)
 
 
 def _to_device(t: Any, device: Any) -> Any:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from octavo.core import grammar_chain
 from octavo.core.grammar_step import mask_logits
 from octavo.core.input_batch import CachedRequestState, StepInputs, build_sampling_batch, build_step_inputs
 from octavo.core.messages import TokenLogprobs
@@ -80,6 +81,10 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, batch: StepBatch, grammar=None) -> RunnerOutput:
         self.update_states(batch)
+        if self.async_steps is not None:  # (the last step's host ids: this step's chained grammar fill, queued first)
+            prev_copy, self.async_steps.last_copy = self.async_steps.last_copy, None
+            if grammar is not None:
+                grammar_chain.launch(grammar, prev_copy, self.grammar_apply)
         spec_step = self.spec_head.begin(batch) if self.spec_head is not None else None  # core/spec_decode_heads.py
         result = RunnerOutput(sampled={}, logprobs={}, prompt_logprobs={}, pooled={})
         if batch.is_empty:

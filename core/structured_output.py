@@ -22,7 +22,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from octavo.core import grammar_device_gate, grammar_step
+from octavo.core import grammar_chain, grammar_device_gate, grammar_stats, grammar_step
 from octavo.core.grammar_accept import RowsAccept
 from octavo.core.grammar_reasoning import grammar_start
 from octavo.core.grammar_rows import StepRows
@@ -98,14 +98,8 @@ class StructuredOutputManager:
         self._early: Any = ()  # requests whose token accept_sampled already accepted this step
         self._rows = StepRows()  # each step's grammar rows, reused by the steady decode step (core/grammar_rows.py)
         self._device_gate = None  # core/grammar_device_gate.DeviceGate, made once the runner said it can wait
-        # host seconds summed over steps with grammar rows (benchmarks/structured_outputs.py): wait_s: fill time the
-        # forward did not hide; fill_s: the whole fill; accept_s: all of accept_tokens (accept_thread_s: the matchers
-        # moving); open_lag_s: NATIVE_OPEN's word opened from C -> the fill's thread had the GIL back; release_s: N+1's
-        # gate opened here (with an inline fill, the hand-off wait); start_lag_s: start() -> the fill began (0 inline);
-        # resume_lag_s: the fill ended -> the runner's thread had the rows (a thread wake-up + the GIL)
-        self.stats = dict.fromkeys(("steps", "rows", "prepare_s", "fill_s", "wait_s", "apply_s", "accept_s",
-                                    "accept_thread_s", "start_lag_s", "resume_lag_s", "release_s", "parked",
-                                    "device_gated", "device_wait_s", "open_lag_s"), 0)
+        self._last_step: GrammarStep | None = None  # the last prepared step while in flight (grammar_chain.attach)
+        self.stats = grammar_stats.new()  # host seconds summed over steps with grammar rows (grammar_stats.py)
         from octavo.core.plugin_manager import get_plugin_manager
 
         pm = get_plugin_manager()  # unknown names fail at start (the registry lookup imports nothing)
@@ -141,6 +135,7 @@ class StructuredOutputManager:
                     backend = make(self.settings.scheduler.max_num_seqs)
                 elif grammar_device_gate.NATIVE_OPEN and grammar_device_gate.NATIVE_OPEN_EXPLICIT:  # (else: below)
                     grammar_device_gate.check_native_open(backend, self.backend_name)
+                grammar_chain.check_backend(backend, self.backend_name)
                 self._backend = backend
             return self._backend
 
@@ -203,6 +198,7 @@ class StructuredOutputManager:
         t0 = time.perf_counter()
         positions, rids, matchers = self._rows.build(sched_out, self._active)
         if not matchers:
+            self._last_step = None
             return None
         # reused every step; pinned once this process's runner applied masks on an accelerator whose platform can
         # pin host memory (the in-process executor), so the runner's host -> device copy of the rows needs no
@@ -237,6 +233,9 @@ class StructuredOutputManager:
                     pin=self._pinned, words=getattr(backend, "words", None),
                     graphs=not self.settings.device.enforce_eager)  # (no graphs: none)
             self._inflight.device_gate = self._device_gate
+            if grammar_chain.CHAIN:  # session 16: N+1's accept + fill queued by the runner (core/grammar_chain.py)
+                grammar_chain.attach(self._inflight, self._last_step, self._rows.reqs_of(sched_out))
+        self._last_step = self._inflight
         self.stats["prepare_s"] += time.perf_counter() - t0
         return self._inflight
 
@@ -275,24 +274,12 @@ class StructuredOutputManager:
         """The in-flight step's fill is over (waited for), its device wait checked, its stats summed."""
         step, self._inflight = self._inflight, None
         if step is not None:  # the step's fill must be over before any matcher moves
+            if step is self._last_step:  # (no longer in flight: the next step's rows cannot chain to it)
+                self._last_step = None
             step.wait()
-            st = self.stats
             if step.seq:  # its sampling waited for the fill on the device: fail it if that wait gave up
                 step.device_gate.check(step.seq, getattr(step.backend, "last_error", None))
-                if step.wait_events is not None:  # (the benchmark's probe: the device's idle time in that wait)
-                    st["device_wait_s"] += step.wait_events[0].elapsed_time(step.wait_events[1]) / 1e3
-            st["steps"] += 1
-            st["rows"] += len(step.matchers)
-            st["fill_s"] += step.fill_s
-            st["open_lag_s"] += step.open_lag_s
-            st["wait_s"] += step.wait_s
-            st["apply_s"] += step.apply_s
-            if step.t_start and step.t_fill0:
-                st["start_lag_s"] += step.t_fill0 - step.t_start
-            if step.t_fill1 and step.t_resume:
-                st["resume_lag_s"] += max(0.0, step.t_resume - step.t_fill1)
-            st["parked"] += step.parked  # its sampling ran on the gate's thread (core/async_gate.py)
-            st["device_gated"] += bool(step.seq)  # its sampling waited on the device (core/grammar_device_gate.py)
+            grammar_stats.add(self.stats, step)
 
     def _advance(self, matchers: list[Any], tokens: list[int], rids: list[str], t0: float) -> None:
         """Move ``matchers`` by ``tokens`` (here or, ACCEPT_ON_FILL_THREAD, in the next fill's job), then run the
@@ -330,7 +317,13 @@ class StructuredOutputManager:
         # (one pass builds the accept's rows: no (request, token) list walked again by accept_tokens; per-row Python
         # on this thread is host time of a host-bound GPU step)
         t0 = time.perf_counter()
+        nxt = self._inflight.chain_next if self._inflight is not None else None
         self._close_inflight()
+        if nxt is not None and not grammar_chain.core_takes(nxt):  # the runner queued N's accept + N+1's fill
+            self._rows.drop(sched_out)
+            self._early = nxt.chain.reqs  # (accept_tokens skips them; N+1's gate below has nothing to fill)
+            self.stats["chained"] += 1
+            return self._advance([], [], [], t0)
         sampled, failed = result.sampled, result.failed
         prev, self._early = self._early, ()  # (accept_tokens consumed it after the last update; else skip those)
         rows = self._rows.sampled(sched_out, sampled, failed, prev)  # the usual step: the rows prepare made

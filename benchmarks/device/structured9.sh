@@ -85,6 +85,12 @@
 # mixed signals in calls 4-5: the accept in C (NATIVE_ACCEPT) and the direct graph launch (DIRECT_LAUNCH), 135M and
 # 1.1B, plus an A/A control at 135M (its spread is the host's noise); then, in the time left, stack samples of
 # free_async and json_async at 135M (where each thread's wall time goes).
+# Argument "s16a" (session 16, call 1; HARD bound 200 s): the chained fill (OCTAVO_GRAMMAR_CHAIN, core/grammar_chain.py:
+# N+1's accept + fill + open run by the CUDA driver as a host function after N's copy event): its GPU test and the CPU
+# unit tests (30 s); then paired ABBA rounds (benchmarks/structured_knob_ab.py --pair, several A/Bs in ONE engine,
+# 8 rounds, batch 32, the JSON written after each pair) at 135M (95 s): chain vs json_async, free vs chain, free vs
+# json_async, the accept in C (NATIVE_ACCEPT), the accept keeping the GIL (ACCEPT_KEEPS_GIL) and an A/A control;
+# then 1.1B (what is left, ~60 s): chain vs json_async, free vs chain, free vs json_async, NATIVE_ACCEPT.
 # STRUCTURED9_DRY=1: a CPU dry run (tiny shapes, few steps; the device modes then run the Python gate).
 set -u
 cd "$(dirname "$0")/../.."
@@ -156,6 +162,31 @@ STACKS=(--stack-sample free_async json_async_park json_async_devgate --stack-run
 D3=(--modes free_async_d3 json_async_devgate json_async_devgate_d3)
 FEW=(--modes json_async_park json_async_devgate)
 PART=${1:-ab}
+if [ "$PART" = s16a ]; then  # session 16, call 1: the chained fill (see the header), 200 s bound
+  LIMIT=$(( 200 * X ))
+  # the chained fill's GPU test (the driver ran the job after the event, the device waited for its word, the masked
+  # logits equal the host path) and its CPU unit tests (a dry run: those only)
+  step chain_test $(( 30 * X )) python3 -m pytest -q -x -rs -p no:cacheprovider tests/structured/test_chain.py \
+       -k "not identical"
+  KAB=(--batches 32 --rounds 8 --steps 24 --load-format dummy --device cuda --dtype bfloat16)
+  [ "$DRY" = 1 ] && KAB=(--batches 32 --rounds 2 --steps 4 --load-format dummy --device cpu --dtype float32 --host-gate)
+  CH=grammar_chain.CHAIN
+  ACC=grammar_device_gate.NATIVE_ACCEPT
+  GIL=plugins.structured_output.xgrammar_match.ACCEPT_KEEPS_GIL
+  if [ "$XGR" = 1 ]; then
+    step smol135m_pairs $(( 95 * X )) python3 benchmarks/structured_knob_ab.py "${KAB[@]}" \
+         --pair chain $CH false true --pair free_chain $CH free true --pair free_json $CH free false \
+         --pair naccept $ACC false true --pair keepsgil $GIL false true --pair aa $CH false false \
+         --model /tmp/structured9_smol135m --json "$R/smol135m_pairs.json"
+    step llama1b_pairs $(( $(left) - 1 * X )) python3 benchmarks/structured_knob_ab.py "${KAB[@]}" \
+         --pair chain $CH false true --pair free_chain $CH free true --pair free_json $CH free false \
+         --pair naccept $ACC false true --model /tmp/structured9_llama1b --json "$R/llama1b_pairs.json"
+  fi
+  python3 benchmarks/structured_pairs_summary.py "$R"/smol135m_pairs.json "$R"/llama1b_pairs.json 2>&1 | tee "$R/summary.txt"
+  echo "structured9 s16a done in ${SECONDS}s"
+  ls -la "$R"
+  exit 0
+fi
 if [ "$PART" = headline ]; then  # the engine as it ships (json_async = its defaults) vs the Python gate (see the header)
   HL=(--modes json_async json_async_park json_async_devgate_postonly --wait-events off --repeats 3)
   if [ "$XGR" = 1 ]; then

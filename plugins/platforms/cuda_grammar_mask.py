@@ -240,3 +240,29 @@ class GatedApplyGraphs:
 
 #: the device gate's wait + apply as one graph replay (core/grammar_device_gate.py GRAPH, opt-in)
 apply_bitmask_.gated_graphs = GatedApplyGraphs()
+_SIDE: dict[int, torch.cuda.Stream] = {}
+
+
+def host_fn_after(event: torch.Event, fn: int, arg: int) -> None:
+    """Session 16 (core/grammar_chain.py): run the C host function ``fn(arg)`` on the CUDA driver's thread once
+    ``event`` (the previous step's copy of its sampled ids to pinned host memory) completed: a side stream of the
+    current device waits for the event, then ``cuLaunchHostFunc`` (the current stream goes on meanwhile: the next
+    step's forward). ``fn`` must not call CUDA. Raises ``RuntimeError`` where the driver call fails."""
+    lib = _driver()
+    if lib is None:
+        raise RuntimeError(f"libcuda cannot be loaded: {_DRIVER.get('why')}")
+    launch = _DRIVER.get("host_fn")
+    if launch is None:
+        launch = _DRIVER["host_fn"] = lib.cuLaunchHostFunc
+        launch.argtypes, launch.restype = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p], ctypes.c_int
+    dev = torch.cuda.current_device()
+    side = _SIDE.get(dev)
+    if side is None:
+        side = _SIDE[dev] = torch.cuda.Stream(device=dev)
+    event.wait(side)
+    rc = launch(side.cuda_stream, fn, arg)
+    if rc:
+        raise RuntimeError(f"cuLaunchHostFunc failed: CUDA driver error {rc}")
+
+
+apply_bitmask_.host_fn_after = host_fn_after

@@ -224,6 +224,35 @@ class XGrammarBackend(StructuredOutputBackend):
         job = self._pending = _StartedFill(self, native, matchers, bitmask, accept if tokens is not None else None)
         return job
 
+    def chain_job(self, matchers: list[GrammarMatcher], bitmask: Any) -> Any:
+        """Session 16 (opt-in OCTAVO_GRAMMAR_CHAIN, core/grammar_chain.py): a job that accepts the previous step's
+        tokens into ``matchers``, fills ``bitmask`` and opens the gate word in one C call the CUDA driver runs
+        (xgrammar_chain.py); None where it cannot (not all ours, a row terminated, every slot in flight)."""
+        from octavo.plugins.structured_output.xgrammar_chain import ChainRing
+
+        batch, inner = self._batch_rows(matchers)
+        if inner is None or any([m.terminated for m in matchers]):
+            return None
+        native = self._native(batch, False)
+        native._prepare(inner, bitmask)  # noqa: SLF001 - (a cache hit while the batch is unchanged)
+        if native.accept_fn is None:
+            return None
+        ring = getattr(self._local, "chain", None)
+        if ring is None or ring.native is not native or ring.key is not native._key:  # noqa: SLF001
+            ring = self._local.chain = ChainRing(native, inner)
+        return ring.take(matchers)
+
+    def chain_refill(self, job: Any, matchers: list[GrammarMatcher], bitmask: Any) -> None:
+        """A chained job the C side left to the host (a row terminated, an accept or a fill failed): the matchers'
+        terminated flags from its results, then every row filled through the Python API (a terminated row all ones;
+        xgrammar's own error raised)."""
+        _, term = job.results()
+        for m, t in zip(matchers, term):
+            if t:
+                m.terminated = m.m.is_terminated()
+        batch, inner = self._batch_rows(matchers)
+        fill_rows(self.xgr, batch, matchers, bitmask, inner)
+
     def settle(self) -> None:
         """A started native fill of this backend over (its error, if any, stays with its job for the step)."""
         job, self._pending = self._pending, None

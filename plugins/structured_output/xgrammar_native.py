@@ -51,7 +51,8 @@ class _Fns(ctypes.Structure):
 
 
 class _Accept(ctypes.Structure):  # the C accept_job: each row's accept before its chunk's fill (session 15)
-    _fields_ = [("fn", _P), ("mviews", _P), ("tokens", _P), ("ok", _P), ("cuts", _P)]
+    _fields_ = [("fn", _P), ("mviews", _P), ("tokens", _P), ("ok", _P), ("cuts", _P),
+                ("term_fn", _P), ("term", _P)]  # (session 16's chained fill: xgrammar_chain.py)
 
 
 class _DLTensor(ctypes.Structure):
@@ -73,8 +74,10 @@ def library() -> tuple[Any, tuple[int, int, int]]:
 
         sig = {"octavo_fill_open": ([_P, _P, ctypes.c_int, _P, _P, ctypes.c_int32, _DBL, _P], ctypes.c_int),
                "octavo_fill_join": ([_P, _DBL], ctypes.c_int),
-               "octavo_fill_pool_new": ([ctypes.c_int, ctypes.c_double], _P), "octavo_fill_pool_free": ([_P], None)}
-        lib = cached_library(_state, C_SOURCE, "octavo_xgrammar_fill_open15", ["-O2", "-shared", "-fPIC", "-pthread"],
+               "octavo_fill_pool_new": ([ctypes.c_int, ctypes.c_double], _P), "octavo_fill_pool_free": ([_P], None),
+               "octavo_chain_run": ([_P], None), "octavo_chain_fn": ([], _P),
+               "octavo_chain_wait": ([_P, ctypes.c_double], ctypes.c_int)}
+        lib = cached_library(_state, C_SOURCE, "octavo_xgrammar_fill_open16", ["-O2", "-shared", "-fPIC", "-pthread"],
                              sig)
         if lib is None:
             raise RuntimeError(f"the fill shim did not build: {_state.get('why')}")
@@ -83,7 +86,8 @@ def library() -> tuple[Any, tuple[int, int, int]]:
         # behind the runner's thread (up to the switch interval) for a call of a few microseconds
         gil = ctypes.PyDLL(lib._name)  # noqa: SLF001 - (the same file: dlopen returns the same handle)
         for name, argtypes in (("octavo_fill_open_start", [_P, _P, ctypes.c_int, _P, _P, ctypes.c_int32, _P]),
-                               ("octavo_fill_done", [_P]), ("octavo_fill_join", [_P, _DBL])):
+                               ("octavo_fill_done", [_P]), ("octavo_fill_join", [_P, _DBL]),
+                               ("octavo_chain_wait", [_P, ctypes.c_double])):
             fn = getattr(gil, name)
             fn.argtypes, fn.restype = argtypes, ctypes.c_int
         _state["gil"] = gil

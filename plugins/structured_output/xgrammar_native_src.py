@@ -42,7 +42,36 @@ static int fill_one(const ffi_fns *f, ffi_any *args) {
 
 /* session 15: a chunk's rows may accept their tokens first (the same matcher, then its row filled): xgrammar's
    GrammarMatcher.accept_token method per row, results in ok[] (1 accepted, 0 refused, 2 the call failed) */
-typedef struct { void *fn; ffi_any *mviews; const int32_t *tokens; int8_t *ok; const int32_t *cuts; } accept_job;
+typedef struct {
+    void *fn; ffi_any *mviews; const int32_t *tokens; int8_t *ok; const int32_t *cuts;
+    void *term_fn; int8_t *term;  /* session 16 (the chained fill): GrammarMatcher.is_terminated, and per row 1 when
+                                     the row's matcher terminated (then its chunk is not filled: xgrammar refuses a
+                                     terminated matcher's mask, and the host fills that step in Python) */
+} accept_job;
+
+/* session 16: after a chunk's accepts, each accepted row's terminated flag; -2 where any row terminated or an accept
+   call failed (the chunk is left unfilled, the word stays closed, the host finishes the step) */
+static int chunk_terminated(const ffi_fns *f, const accept_job *acc, int j) {
+    int bad = 0;
+    for (int r = acc->cuts[j]; r < acc->cuts[j + 1]; ++r) {
+        acc->term[r] = 0;
+        if (acc->ok[r] == 2) { bad = 1; continue; }
+        ffi_any a[1], res;
+        a[0] = acc->mviews[r];
+        res.type_index = 0; res.zero_padding = 0; res.v.v_int64 = 0;
+        if (f->call(acc->term_fn, a, 1, &res) == 0) {
+            if (res.v.v_int64) { acc->term[r] = 1; bad = 1; }
+            if (res.type_index >= 64 && res.v.v_ptr) f->decref(res.v.v_ptr);
+        } else {
+            void *err = 0;
+            f->move_error(&err);
+            if (err) f->decref(err);
+            acc->ok[r] = 2;
+            bad = 1;
+        }
+    }
+    return bad ? -2 : 0;
+}
 
 static int run_chunk(const ffi_fns *f, ffi_any *args, const accept_job *acc, int j) {
     if (acc) {
@@ -62,6 +91,7 @@ static int run_chunk(const ffi_fns *f, ffi_any *args, const accept_job *acc, int
                 acc->ok[r] = 2;
             }
         }
+        if (acc->term_fn && chunk_terminated(f, acc, j)) return -2;
     }
     return fill_one(f, args + 5 * j);
 }
@@ -242,5 +272,47 @@ int octavo_fill_join(void *pool, double *t_end) {  /* a started call's rc (0: fi
     p->shift = 0;
     pthread_mutex_unlock(&p->mu);
     return rc;
+}
+
+/* Session 16 (the chained fill, core/grammar_chain.py): step N+1's accept of N's tokens + fill + open, run by the
+   CUDA driver as a host function (cuLaunchHostFunc) on a side stream once N's sampled ids are in pinned host memory,
+   so no Python runs between N's tokens and N+1's mask. Never calls CUDA. state: 0 queued, 1 filled and the word
+   opened, 2 left for the host (a row terminated, an accept or a fill failed: the word stays closed, the host fills
+   in Python and opens it). */
+typedef struct {
+    const ffi_fns *fns; ffi_any *args; int n; void *pool;
+    accept_job acc;           /* its tokens / ok / term arrays are this job's own */
+    const void *sampled;      /* N's sampled ids on the host: int64 (bits 64) or int32 */
+    const int32_t *index;     /* row r's token is sampled[index[r]]; 0: sampled[r] */
+    int32_t rows, bits;
+    int32_t *word; int32_t seq;
+    int32_t rc, state;
+    double t_run, t_end;
+} chain_job;
+
+void octavo_chain_run(void *arg) {
+    chain_job *j = (chain_job *)arg;
+    j->t_run = now_s();
+    int32_t *tokens = (int32_t *)j->acc.tokens;
+    for (int r = 0; r < j->rows; ++r) {
+        int k = j->index ? j->index[r] : r;
+        tokens[r] = j->bits == 64 ? (int32_t)((const int64_t *)j->sampled)[k] : ((const int32_t *)j->sampled)[k];
+    }
+    double t_end = 0;
+    j->rc = octavo_fill_open(j->fns, j->args, j->n, j->pool, j->word, j->seq, &t_end, &j->acc);
+    j->t_end = t_end;
+    __atomic_store_n(&j->state, j->rc == 0 ? 1 : 2, __ATOMIC_RELEASE);
+}
+
+void *octavo_chain_fn(void) { return (void *)octavo_chain_run; }  /* (the CUhostFn's address for the launch) */
+
+/* the job's state once it is not 0, waiting at most timeout_s (0: the state now) */
+int octavo_chain_wait(chain_job *j, double timeout_s) {
+    int s = __atomic_load_n(&j->state, __ATOMIC_ACQUIRE);
+    if (s || timeout_s <= 0) return s;
+    double t0 = now_s();
+    struct timespec ts = {0, 20000};
+    while (!(s = __atomic_load_n(&j->state, __ATOMIC_ACQUIRE)) && now_s() - t0 < timeout_s) nanosleep(&ts, 0);
+    return s;
 }
 """

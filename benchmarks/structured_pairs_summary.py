@@ -1,0 +1,34 @@
+"""One line per A/B of benchmarks/structured_knob_ab.py --pair records (session 16): the paired ratio, its spread,
+the medians, whether tokens matched, and the share of steps the chained fill took (core/grammar_chain.py).
+
+    python benchmarks/structured_pairs_summary.py RECORD.json [...]
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+
+def main() -> None:
+    for path in sys.argv[1:]:
+        try:
+            rec = json.load(open(path))
+        except (OSError, ValueError) as e:
+            print(f"{path}: not read ({e})")
+            continue
+        print(f"{path} ({rec.get('device')}, load {rec.get('loadavg_start')} -> {rec.get('loadavg_end')})")
+        for label, res in rec.items():
+            if not isinstance(res, dict) or "values" not in res:
+                continue
+            for key, b in res.items():
+                if not key.startswith("batch_"):
+                    continue
+                frac = b["B_host_ms_per_step"].get("chained_frac")
+                print(f"  {label:11s} {key}: A {b['A_ms_per_step']:.3f} B {b['B_ms_per_step']:.3f} ms, B vs A "
+                      f"{b['B_vs_A_pct_median_of_round_ratios']:+.2f} % (p25..p75 {b['B_vs_A_pct_round_p25_p75']}), "
+                      f"tokens equal {b['tokens_equal']}, chained {frac if frac is None else round(frac, 3)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,216 @@
+"""The chained fill (session 16, core/grammar_chain.py): step N+1's accept of N's tokens, fill and open queued by the
+runner as one C job (on CUDA a host function after N's copy event; on a CPU engine run at the launch). Greedy tokens
+equal the serial path's; the job really ran on the steady steps; a refused token is warned; a failed call opens the
+word on all-ones rows and fails the step by name; the core thread taking a step first means no job runs; the GPU test
+checks that the driver ran the host function after the event and the device waited for its word."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+import octavo.plugins.structured_output.xgrammar_native as xn
+from octavo.core import grammar_chain, grammar_device_gate
+from octavo.core.async_gate import GatedGrammarStep
+from octavo.core.grammar_chain import Chain
+from octavo.core.grammar_device_gate import DeviceGate
+from tests.structured.test_grammar_step import mgr, schedule  # noqa: F401 - mgr is a fixture
+from tests.structured.test_native_start import COMPLETE, LIVE, OPEN, _allowed, _python_reference, _tokens
+
+pytest.importorskip("xgrammar")
+
+
+def _engine_run(monkeypatch, modes, pool=1):
+    from octavo.core.async_engine import set_async_scheduling
+    from octavo.executor import Executor
+    from tests.structured.test_device_gate import _HostWait, parity_engine, parity_rows
+
+    llm, params, prompts = parity_engine()
+    core = llm.llm_engine.core
+    ex_cls = type(core.executor)
+    overlapped = ex_cls.execute_structured
+    kernel = _HostWait()
+    out, chained = {}, {}
+
+    def run(mode: str):
+        set_async_scheduling(core, mode != "serial")
+        with monkeypatch.context() as m:
+            m.setattr(ex_cls, "execute_structured", Executor.execute_structured if mode == "serial" else overlapped)
+            if mode != "serial":
+                m.setattr(grammar_device_gate, "DEVICE_GATE", True)
+                m.setattr(grammar_device_gate, "NATIVE_OPEN", True)
+                m.setattr(grammar_chain, "CHAIN", mode == "chain")
+                m.setattr(xn, "POOL_THREADS", pool)
+                m.setattr(xn, "MIN_ROWS_PER_CHUNK", 1)
+                m.setattr(core.executor.driver.runner, "grammar_apply", kernel)
+                m.setitem(core.structured._cpu_hint, "device_wait", True)
+            core.structured.stats["chained"] = 0
+            rows = parity_rows(llm.generate(prompts, params, use_tqdm=False))
+            chained[mode] = core.structured.stats["chained"]
+            return rows
+
+    try:
+        for mode in modes:
+            out[mode] = run(mode)
+    finally:
+        set_async_scheduling(core, False)
+        llm.llm_engine.shutdown()
+    assert core.structured._device_gate.words[1] == 0  # never gave up
+    return out, chained, params
+
+
+@pytest.mark.parametrize("pool", [1, 3])
+def test_chained_tokens_identical_to_serial(monkeypatch, pool):
+    jsonschema = pytest.importorskip("jsonschema")
+    from tests.structured.test_device_gate import assert_finished_rows_match_schema
+
+    out, chained, params = _engine_run(monkeypatch, ["serial", "chain", "native"], pool)
+    assert [s[:2] for s in out["serial"]] == [c[:2] for c in out["chain"]] == [n[:2] for n in out["native"]]
+    print("chained steps", chained)
+    assert chained["chain"] > 4 and chained["native"] == 0  # the job took the steady steps
+    assert_finished_rows_match_schema(out["serial"], params, jsonschema)
+
+
+def _chained_step(mgr, prefixes, bitmask=None):  # noqa: F811
+    """A prepared step of ``prefixes`` with a chained job the runner owns (as core/async_gate.py gives it)."""
+    out, _ = schedule(mgr, prefixes)
+    step = mgr.prepare(out)
+    step.device_gate, step.seq = DeviceGate(pin=False), 7
+    job = mgr._get_backend().chain_job(step.matchers, step.bitmask if bitmask is None else bitmask)
+    assert job is not None
+    step.chain = Chain(job, frozenset())
+    assert step.chain.claim("runner")
+    return out, step, job
+
+
+@pytest.mark.parametrize("pool", [1, 4])
+@pytest.mark.parametrize("permuted", [False, True])
+def test_the_job_accepts_fills_and_opens_as_python_does(mgr, monkeypatch, caplog, pool, permuted):  # noqa: F811
+    monkeypatch.setattr(xn, "POOL_THREADS", pool)
+    ref, tokens, ok = _python_reference(mgr, _tokens(set(mgr.tok.all_special_ids), refuse=1))
+    assert ok.count(False) == 1
+    _, step, job = _chained_step(mgr, OPEN)
+    step.bitmask.fill_(0)
+    n = len(tokens)
+    # N's sampled ids as the runner copies them (int64), in N's sample order; index: each row's place in it
+    order = list(reversed(range(n))) if permuted else list(range(n))
+    sampled = torch.tensor([tokens[order.index(k)] for k in range(n)] if permuted else tokens, dtype=torch.int64)
+    job.bind(sampled, [order.index(r) for r in range(n)] if permuted else None, step.device_gate.words, step.seq)
+    job.run_now()
+    assert job.state() == 1 and step.device_gate.words.tolist() == [7, 0]  # filled, opened by C
+    assert torch.equal(step.bitmask, ref)
+    with caplog.at_level(logging.WARNING):
+        step.settle()
+    assert f"request {step.request_ids[1]}: token {tokens[1]} breaks its grammar" in caplog.text
+    assert step._error is None and not job.busy  # (the slot is free again)
+    step.bitmask.fill_(0)
+    mgr._get_backend().fill_bitmasks(step.matchers, step.bitmask)  # the matchers moved as Python's accept moves them
+    assert torch.equal(step.bitmask, ref)
+    mgr._inflight = None
+
+
+def test_a_row_that_terminates_is_left_to_the_host_which_fills_and_opens(mgr, monkeypatch):  # noqa: F811
+    monkeypatch.setattr(xn, "POOL_THREADS", 4)
+    eos = mgr.tok.convert_tokens_to_ids("<|im_end|>")
+    out, step, job = _chained_step(mgr, LIVE)
+    ref_step = mgr.prepare(schedule(mgr, LIVE)[0])
+    ref_step.chunks = None
+    before = ref_step.wait()[2].clone()
+    done = [j for j, p in enumerate(LIVE) if p == COMPLETE]
+    tokens = [eos if j in done else _allowed(before[j], {eos}) for j in range(len(LIVE))]
+    job.bind(torch.tensor(tokens, dtype=torch.int32), None, step.device_gate.words, step.seq)
+    job.run_now()
+    assert job.state() == 2 and step.device_gate.words.tolist() == [0, 0]  # C left it closed
+    step.settle()  # (the loop, before it waits for this step's tokens)
+    assert step._error is None and step.device_gate.words.tolist() == [7, 0]
+    assert all(step.matchers[j].is_terminated() for j in done)
+    assert all(step.bitmask[j].eq(-1).all() for j in done)  # a terminated row: every token allowed
+    backend = mgr._get_backend()  # the live rows: as the Python accept + fill gives them
+    ok = backend.accept_tokens(ref_step.matchers, tokens)
+    assert all(ok)
+    ref = torch.zeros_like(step.bitmask)
+    backend.fill_bitmasks(ref_step.matchers, ref)
+    assert torch.equal(step.bitmask, ref)
+    mgr._inflight = None
+
+
+def test_a_failed_call_fails_the_step_by_name_and_lets_the_device_go(mgr, monkeypatch):  # noqa: F811
+    monkeypatch.setattr(xn, "POOL_THREADS", 2)
+    out, _ = schedule(mgr, LIVE)
+    rows = mgr.prepare(out).bitmask
+    bad = torch.zeros(rows.shape[0], rows.shape[1] - 1, dtype=torch.int32)  # rows too short: xgrammar's fill fails
+    _, step, job = _chained_step(mgr, LIVE, bitmask=bad)
+    step.bitmask = bad
+    job.bind(torch.zeros(len(LIVE), dtype=torch.int64), None, step.device_gate.words, step.seq)
+    job.run_now()
+    assert job.state() == 2 and step.device_gate.words.tolist() == [0, 0]
+    step.settle()
+    assert step.device_gate.words.tolist() == [7, 0] and bool(bad.eq(-1).all())  # opened on safe rows
+    with pytest.raises(Exception, match="(?i)shape|bitmask"):
+        step.wait()
+    mgr._inflight = None
+
+
+def test_a_lost_job_fails_the_step_without_waiting(mgr):  # noqa: F811
+    _, step, job = _chained_step(mgr, OPEN)
+    grammar_chain.launch(type("G", (), {"inner": step})(), None, None)  # no previous copy: nothing to read
+    assert step.chain.lost
+    step.settle()
+    assert step.device_gate.words.tolist() == [7, 0]
+    with pytest.raises(RuntimeError, match="OCTAVO_GRAMMAR_CHAIN=0"):
+        step.wait()
+    mgr._inflight = None
+
+
+def test_who_fills_is_decided_when_the_gate_is_made(mgr, monkeypatch):  # noqa: F811
+    monkeypatch.setattr(grammar_device_gate, "DEVICE_GATE", False)  # not device-gated: the Python path, job freed
+    out, step, job = _chained_step(mgr, OPEN)
+    step.chain.owner, step.seq = None, 0
+    gate = GatedGrammarStep(step, out)
+    assert step.chain is None and not job.busy and gate.seq == 0
+    mgr._inflight = None
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("pool", [1, 4])
+def test_the_driver_runs_the_job_after_the_event_and_the_device_waits_for_its_word(mgr, monkeypatch, pool):  # noqa: F811
+    """On the GPU: the ids reach pinned memory only after a device sleep; the host function must run after the
+    event (else it reads zeros), fill, and open the word the device's wait + apply is queued behind."""
+    pytest.importorskip("triton")
+    from octavo.core.grammar_step import apply_packed
+    from octavo.plugins.platforms.cuda import CudaPlatform
+    from octavo.plugins.platforms.cuda_grammar_mask import wait_host_flag
+
+    monkeypatch.setattr(xn, "POOL_THREADS", pool)
+    ref, tokens, _ = _python_reference(mgr, _tokens(set(mgr.tok.all_special_ids)))
+    _, step, job = _chained_step(mgr, OPEN)
+    step.device_gate = DeviceGate(pin=True)
+    pinned = torch.zeros(step.bitmask.shape, dtype=torch.int32, pin_memory=True)
+    step.bitmask = pinned
+    job.release()
+    job = mgr._get_backend().chain_job(step.matchers, pinned)
+    step.chain = Chain(job, frozenset())
+    step.chain.claim("runner")
+    kernel = CudaPlatform().make_grammar_mask_apply()
+    dev = torch.device("cuda")
+    ids = torch.zeros(len(tokens), dtype=torch.int64, device=dev)
+    torch.cuda._sleep(200_000_000)  # (~0.1 s: the host function is queued long before the ids exist)
+    ids.copy_(torch.tensor(tokens, dtype=torch.int64).pin_memory().to(dev, non_blocking=True))
+    host = ids.to("cpu", non_blocking=True)
+    event = torch.Event(device="cuda")
+    event.record()
+    grammar_chain.launch(type("G", (), {"inner": step})(), (host, event, step.request_ids), kernel)
+    assert job.state() == 0  # queued, not run: the ids are not there yet
+    logits = torch.randn(len(tokens), ref.shape[1] * 32, device=dev)
+    want = apply_packed(logits.clone().cpu(), list(range(len(tokens))), ref)
+    wait_host_flag(step.device_gate.words, step.seq)
+    kernel(logits, pinned, None, volatile=True)
+    torch.cuda.synchronize()
+    assert job.state() == 1 and step.device_gate.words.tolist() == [7, 0]
+    assert torch.equal(pinned, ref) and torch.equal(logits.cpu(), want)
+    step.settle()
+    assert step._error is None
+    mgr._inflight = None
