@@ -148,25 +148,28 @@ for _tag, _v in _att.items():
 # measure's; "nobits" = both off (the variants start from the tree default); "acc16"/"acc8" = the GEMV's split
 # accumulator (fp8_gemv.ACC_SPLIT: half the registers, twice the programs per SM; another fp32 summation order);
 # "x2d" = prequantized input read in the weight tile's layout (fp8_gemv.X2D; bit-identical, same tiles)
-# session 16 (engineer fp816), all the same bits as the default unless said: "spin1" / "spin2" = the one-launch
-# attention's splits merge by polling their partials (_fp8_kv_decode_bs1.SPIN_MODE, OCTAVO_FP8_DECODE_ONE_SPIN;
-# plugins/attention/_fp8_decode_merge.py: no fence + ticket atomic; 1 the last split of a head merges it all, 2 every
-# split merges its 8 columns); "tmaN" = o_proj and down stream their weight blocks by TMA through N shared-memory
-# buffers (fp8_gemv_tma.STAGES, OCTAVO_FP8_GEMV_TMA=N; ~70 registers instead of 155-255: they fit beside the kernel
-# in front of them); "tmaN_l2" = the same with the first blocks asked of L2 before the wait instead of block 0 into
-# registers (fp8_gemv_tma.L2_BLOCKS, OCTAVO_FP8_GEMV_TMA_L2: the copies then start right after the absmax's loads are
-# issued); "_pa" = down takes its absmax from the SiLU kernel's pieces (fp8_silu_amax.py, OCTAVO_FP8_GEMV_TMA_AMAX); "norm8" = the quantizing norms at one row on 8 warps (16 since session 6; not measured with the
-# weight read first + PDL); "att_w2" = the attention on 2 warps (other sums: tokens may differ)
-_SPIN, _TMA = "octavo.plugins.attention._fp8_kv_decode_bs1:SPIN_MODE", "octavo.plugins.quant.fp8_gemv_tma:STAGES"
+# session 16 (engineer fp816), all the same bits as the default unless said: "tmaN" = o_proj and down stream their
+# weight blocks by TMA through N shared-memory buffers (fp8_gemv_tma.STAGES, OCTAVO_FP8_GEMV_TMA=N; ~75-92 registers
+# instead of 155-255); "tmaN_l2" = the same with the first blocks asked of L2 before the wait instead of block 0 into
+# registers (fp8_gemv_tma.L2_BLOCKS, OCTAVO_FP8_GEMV_TMA_L2); "_pa" = down takes its absmax from the SiLU kernel's
+# pieces (fp8_silu_amax.py, OCTAVO_FP8_GEMV_TMA_AMAX); "norm8" / "norm32" = the quantizing norms at one row on 8 / 32
+# warps (16 since session 6); "att_w2" = the attention on 2 warps, "att_s8_n128" = 8 key splits of one 128-key tile
+# (every past key of an 8B context <= 1,024 loaded before the PDL wait, half the partials to merge, 64 programs;
+# other sums: tokens may differ); "o8w4" = o_proj on 8x1024 4 warps with two blocks a trip (~half the registers of
+# the 16x1024 8-warp tile: its programs fit beside the attention's; another sum order). s16a (H100) measured the polling merge of the splits (spin1 / spin2, removed after
+# it: +158 / +73 us, spin2's tokens differed) and the TMA variants: tma3 +96, tma3_l2 +599 (its L2 prefetch was asked
+# by 16 threads a row, fixed since), norm8 +14 us (docs/performance.md "FP8 session 16")
+_TMA = "octavo.plugins.quant.fp8_gemv_tma:STAGES"
 _L2, _PA = "octavo.plugins.quant.fp8_gemv_tma:L2_BLOCKS", "octavo.plugins.quant.fp8_gemv_tma:AMAX_FROM_PRODUCER"
-for _tag, _v in {"spin1": {"set": {_SPIN: 1}}, "spin2": {"set": {_SPIN: 2}}, "norm8": {"warps": 8},
+for _tag, _v in {"norm8": {"warps": 8}, "norm32": {"warps": 32},
                  "tma2": {"set": {_TMA: 2}}, "tma3": {"set": {_TMA: 3}}, "tma4": {"set": {_TMA: 4}},
-                 "spin2_tma3": {"set": {_SPIN: 2, _TMA: 3}}, "spin1_tma3": {"set": {_SPIN: 1, _TMA: 3}},
                  "tma2_l2": {"set": {_TMA: 2, _L2: 1}}, "tma3_l2": {"set": {_TMA: 3, _L2: 2}},
-                 "tma4_l2": {"set": {_TMA: 4, _L2: 3}}, "spin2_tma3_l2": {"set": {_SPIN: 2, _TMA: 3, _L2: 2}},
-                 "spin1_tma3_l2": {"set": {_SPIN: 1, _TMA: 3, _L2: 2}},
+                 "tma4_l2": {"set": {_TMA: 4, _L2: 3}},
                  "tma3_l2_pa": {"set": {_TMA: 3, _L2: 2, _PA: True}}, "tma4_l2_pa": {"set": {_TMA: 4, _L2: 3, _PA: True}},
-                 "spin2_tma3_l2_pa": {"set": {_SPIN: 2, _TMA: 3, _L2: 2, _PA: True}},
-                 "att_w2": {"set": {_TAB: {(4, 128): dict(splits=16, block_n=64, num_warps=2, deq=3)}}}}.items():
+                 "att_w2": {"set": {_TAB: {(4, 128): dict(splits=16, block_n=64, num_warps=2, deq=3)}}},
+                 "att_s8_n128": {"set": {_TAB: {(4, 128): dict(splits=8, block_n=128, num_warps=4, deq=3)}}},
+                 "att_s8_n128_norm32": {"set": {_TAB: {(4, 128): dict(splits=8, block_n=128, num_warps=4, deq=3)}},
+                                        "warps": 32},
+                 "o8w4": {"table_tiles": {(4096, 4096): (8, 1024, 4, 3)}, "table_loops": {(4096, 4096): 2}}}.items():
     for _suffix in ("", "_again", "_again2"):
         S6_VARIANTS.setdefault(_tag + _suffix, _v)

@@ -54,6 +54,11 @@
 #               wait, not into registers) / _pa (down's absmax from the SiLU kernel's pieces) / spin2_tma3_l2_pa ...
 #               alternating with
 #               default_again* x3 (all the same bits: tokens must equal the first measure's), then norm8, att_w2 (data)
+#   s16b        session 16 call 2 (fp816, cap 200 s): s16a lost everywhere (the polling merge is removed); GPU tests
+#               (test_fp8_decode_one.py incl. the 8-split 128-key launch with the rotary inside; test_fp8_gemv_tma.py with
+#               the L2 prefetch asked once a row), then one engine: att_s8_n128 (8 splits of one 128-key tile: every past
+#               key read before the PDL wait, half the merge; other sums), norm32 (the quantizing norms on 32 warps),
+#               tma3_l2 (s16a's prefetch bug fixed), o8w4 (o_proj's programs fit beside the attention), x3 alternating
 #   bs1         benchmarks/fp8_bs1.py --ab s6: 8B fp8 + fp8 KV batch 1, one engine: ms/token vs the roofline, the
 #               captured forward alone vs the rest (LM head, sampler, host), the graph's kernel table; then the
 #               variants ${BS1_VARIANTS:-nopdl,default_again,nopdl_again}, graph recaptured for each (nopdl: the GEMV
@@ -109,6 +114,10 @@ elif [ "${1:-}" = s16a ]; then
   shift; set -- tests bs1 "$@"  # the tests first: a default flips only with them
   : "${FP89_LIMIT:=200}" "${BS1_VARIANTS:=spin2,spin1,default_again,spin2_again,spin1_again,tma3_l2,tma3_l2_pa,tma3,default_again2,tma3_l2_again,tma3_l2_pa_again,spin2_tma3_l2_pa,tma4_l2_pa,spin2_again2,default_again3,tma3_l2_again2,tma3_l2_pa_again2,tma3_again,spin2_tma3_l2_pa_again,spin1_again2,tma4_l2_pa_again,default_again4,tma2_l2,tma4,spin2_tma3_l2_pa_again2,norm8,att_w2}"
   : "${FP89_TESTS:=tests/quant/test_fp8_decode_spin.py tests/quant/test_fp8_gemv_tma.py tests/quant/test_fp8_decode_one.py}"
+elif [ "${1:-}" = s16b ]; then
+  shift; set -- tests bs1 "$@"
+  : "${FP89_LIMIT:=200}" "${BS1_VARIANTS:=att_s8_n128,norm32,tma3_l2,o8w4,default_again,att_s8_n128_again,norm32_again,tma3_l2_again,o8w4_again,default_again2,att_s8_n128_again2,norm32_again2,att_s8_n128_norm32,default_again3,att_s8_n128_norm32_again,att_w2,o8w4_again2,default_again4}"
+  : "${FP89_TESTS:=tests/quant/test_fp8_decode_one.py tests/quant/test_fp8_gemv_tma.py}"
 elif [ "${1:-}" = s11b2 ]; then
   shift; set -- bs1 tests "$@"
   : "${FP89_LIMIT:=140}" "${BS1_VARIANTS:=notable,self,pf32,default_again,notable_again,self_again,pf32_again,silu_rope,nopdl}"

@@ -26,8 +26,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from octavo.env_flags import env_int, env_switch
-from octavo.plugins.attention._fp8_decode_merge import spin_merge, spin_store
+from octavo.env_flags import env_switch
 from octavo.plugins.attention._fp8_kv_decode import _deq
 from octavo.plugins.platforms.cuda_pdl import gdc_launch_dependents, gdc_wait
 
@@ -83,7 +82,6 @@ def _fp8_decode_one_kernel(
     GROUP: tl.constexpr, G_P: tl.constexpr, HEAD: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
     SPLITS: tl.constexpr, DEQ: tl.constexpr, EARLY: tl.constexpr, PDL: tl.constexpr = False,
     EARLY_IO: tl.constexpr = False, pos_ptr=None, cos_ptr=None, sin_ptr=None, stride_cos=0, ROPE: tl.constexpr = False,
-    SPIN: tl.constexpr = 0,
 ):
     """Program ``(h, s)``: kv head ``h``, key split ``s`` (module docstring). With PDL it first loads what no earlier
     kernel of the step writes (length, block table, with ``EARLY`` its first K/V tile of past tokens), then waits.
@@ -92,8 +90,7 @@ def _fp8_decode_one_kernel(
     it: q's load, a barrier, then k / v, then the slot: three round trips after the wait). ``ROPE`` (session 15, neox,
     full rotary): q / k arrive unrotated (the qkv GEMV's output) and are rotated here as the rotary kernel does, its
     position and cos / sin read before the wait: the rotary launch goes, and this kernel launches as the GEMV's
-    dependent (its early loads overlap the GEMV). ``SPIN`` (session 16, 1 / 2; the same bits): the splits merge by
-    polling their partials (``_fp8_decode_merge.py``: no fence, no ticket atomic); ``part_ptr`` is that scratch."""
+    dependent (its early loads overlap the GEMV)."""
     h = tl.program_id(0)
     s = tl.program_id(1)
     d = tl.arange(0, HEAD)
@@ -166,12 +163,6 @@ def _fp8_decode_one_kernel(
     if SPLITS == 1:
         tl.store(out_rows, (acc / tl.where(l_i > 0, l_i, 1.0)[:, None] * out_scale).to(out_ptr.dtype.element_ty),
                  mask=r_ok[:, None])
-    elif SPIN:  # the partials mark themselves written (_fp8_decode_merge.py)
-        spin_store(part_ptr, h, s, r, r_ok, d, acc, m_i, l_i, SPLITS, G_P, HEAD)
-        if SPIN == 2:  # every split merges its own W = HEAD / SPLITS columns
-            spin_merge(part_ptr, out_ptr, h, s, r, r_ok, stride_oh, out_scale, GROUP, SPLITS, G_P, HEAD, 1)
-        elif s == SPLITS - 1:  # the last split (dispatched last) merges the whole head
-            spin_merge(part_ptr, out_ptr, h, 0, r, r_ok, stride_oh, out_scale, GROUP, SPLITS, G_P, HEAD, SPLITS)
     else:
         row = (h * SPLITS + s) * G_P + r
         tl.store(part_ptr + row[:, None] * HEAD + d[None, :], acc, mask=r_ok[:, None])
@@ -216,52 +207,16 @@ def _scratch(device, num_kv: int, splits: int, g_p: int, head: int):
     return _SCRATCH[key]
 
 
-def _spin_scratch(device, num_kv: int, splits: int, g_p: int, head: int):
-    """The polling merge's chunks (``_fp8_decode_merge.py``), every word the sentinel; the readers put it back."""
-    import torch
-
-    from octavo.plugins.attention._fp8_decode_merge import SENTINEL, chunk_words
-
-    key = ("spin", str(device), num_kv, splits, g_p, head)
-    if key not in _SCRATCH:
-        n = num_kv * splits * splits * chunk_words(splits, g_p, head)
-        _SCRATCH[key] = torch.full((n,), SENTINEL, dtype=torch.int32, device=device).view(torch.float32)
-    return _SCRATCH[key]
-
-
-def spin_mode(device, num_kv: int, splits: int, head: int, spin: int | None) -> int:
-    """The merge the launch takes: ``spin`` (None: ``SPIN_MODE``) where every program of the grid can be resident at
-    once (``num_kv * splits`` <= the SM count; a polling reader waits for the other splits) and the slices divide the
-    head, else 0 (the ticket). Mode 2 waits in every program: refused under the interpreter (it runs programs one by
-    one)."""
-    mode = SPIN_MODE if spin is None else int(spin)
-    if mode not in (0, 1, 2):
-        raise ValueError(f"fp8_decode_one: spin={spin!r}: 0 (ticket), 1 (the last split polls), 2 (every split polls)")
-    if mode == 0 or splits == 1 or splits > head:
-        return 0
-    if device.type != "cuda":
-        if mode == 2 and spin is None and not SPIN_SET:  # the default's mode: the interpreter keeps the ticket
-            return 0
-        if mode == 2:
-            raise ValueError("fp8_decode_one: spin=2 (OCTAVO_FP8_DECODE_ONE_SPIN=2) needs every program resident at "
-                             "once; the Triton interpreter runs them one by one (use 1 there)")
-        return mode
-    import torch
-
-    return mode if num_kv * splits <= torch.cuda.get_device_properties(device).multi_processor_count else 0
-
-
 def fp8_decode_one(query, key, value, k_cache, v_cache, block_table, seq_lens, slot_mapping, out, *, scale: float,
                    k_scale: float, v_scale: float, splits: int = 16, block_n: int = 64, num_warps: int = 4,
                    deq: int = 3, early: bool = True, pdl: dict | None = None, early_io: bool | None = None,
-                   rope: tuple | None = None, spin: int | None = None) -> None:
+                   rope: tuple | None = None) -> None:
     """One decode token of one request: ``query [1, H, D]``, ``key``/``value [1, KVH, D]`` (after rotary) ->
     ``out [1, H, D]``; stores the new K/V (e4m3, ``/ k_scale`` / ``/ v_scale``) at ``slot_mapping[0]`` of the caches
     ``[blocks, page, KVH, D]``. ``block_table`` is the request's row, ``seq_lens [1]`` counts the new token.
     ``scale`` is the softmax scale times ``k_scale``. ``deq``: ``_fp8_kv_decode._deq``'s exact conversions, 0 (Triton's)
     or 3 (the same pinned before shared memory; GPU only). ``early_io``: the kernel's ``EARLY_IO`` (None: ``EARLY_IO_ON``).
-    ``rope``: ``(positions [1], cos, sin [max_pos, head / 2])``: ``query`` / ``key`` are not rotated yet (neox, full).
-    ``spin``: the splits' merge, 0 the ticket, 1 / 2 by polling (``spin_mode``; None: ``SPIN_MODE``; the same bits)."""
+    ``rope``: ``(positions [1], cos, sin [max_pos, head / 2])``: ``query`` / ``key`` are not rotated yet (neox, full)."""
     if splits < 1 or splits & (splits - 1) or splits > 64:
         raise ValueError(f"fp8_decode_one: splits must be a power of two in 1..64, not {splits}")
     if deq not in (0, 3):
@@ -273,9 +228,6 @@ def fp8_decode_one(query, key, value, k_cache, v_cache, block_table, seq_lens, s
     group = num_heads // num_kv
     g_p = max(16, triton.next_power_of_2(group))
     part, ml, count = _scratch(query.device, num_kv, splits, g_p, head)
-    mode = spin_mode(query.device, num_kv, splits, head, spin)
-    if mode:
-        part = _spin_scratch(query.device, num_kv, splits, g_p, head)
     from octavo.plugins.attention._triton_kernels import LOG2E
 
     if rope is not None:
@@ -290,8 +242,7 @@ def fp8_decode_one(query, key, value, k_cache, v_cache, block_table, seq_lens, s
         query.stride(1), key.stride(1), value.stride(1), out.stride(1), k_cache.stride(0), k_cache.stride(1),
         scale * LOG2E, v_scale, k_scale, v_scale, **r_args,
         GROUP=group, G_P=g_p, HEAD=head, PAGE=k_cache.shape[1], BLOCK_N=block_n, SPLITS=splits, DEQ=deq,
-        EARLY=early, EARLY_IO=EARLY_IO_ON if early_io is None else bool(early_io), SPIN=mode, num_warps=num_warps,
-        num_stages=1,
+        EARLY=early, EARLY_IO=EARLY_IO_ON if early_io is None else bool(early_io), num_warps=num_warps, num_stages=1,
         **(pdl or {}))
 
 
@@ -299,11 +250,6 @@ def fp8_decode_one(query, key, value, k_cache, v_cache, block_table, seq_lens, s
 # (the kernel's EARLY_IO; the same bits). ``OCTAVO_FP8_DECODE_ONE_EARLY_IO``: on since session 15's H100 A/Bs (the
 # attention's critical path -3 to -5 us in 5 measures, with the rotary inside -6 us of the forward; tokens equal)
 EARLY_IO_ON = env_switch("OCTAVO_FP8_DECODE_ONE_EARLY_IO", default=True)
-# session 16 (engineer fp816): the splits' merge by polling the partials (_fp8_decode_merge.py; the same bits): 0 the
-# ticket atomic (sessions 8-15), 1 the last split polls all, 2 every split polls its slice. ``OCTAVO_FP8_DECODE_ONE_SPIN``
-# (opt-in until measured on a GPU); read per launch (benchmarks set it and recapture)
-SPIN_MODE = env_int("OCTAVO_FP8_DECODE_ONE_SPIN", 0, 0, 2)
-SPIN_SET = bool(__import__("os").environ.get("OCTAVO_FP8_DECODE_ONE_SPIN", "").strip())  # asked for, not defaulted
 
 
 # (GQA group, head size) -> fp8_decode_one launch, measured on H100; other shapes keep the backend's launches

@@ -59,10 +59,13 @@ def _fp8_gemv_tma_kernel(x_ptr, xs_ptr, w_desc, w_ptr, ws_ptr, y_ptr, K, stride_
     n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     rows = w_ptr + n.to(tl.int64)[:, None] * stride_wn
     ws = tl.load(ws_ptr + n)
-    if L2PF and not SOFT_FP8:  # no kernel writes the weight: safe before the wait
-        tl.inline_asm_elementwise("cp.async.bulk.prefetch.L2.global [$1], $2;\n mov.u32 $0, 0;", "=r,l,r",
-                                  [w_ptr + n.to(tl.int64) * stride_wn, tl.zeros([BLOCK_N], tl.int32) + L2PF * BLOCK_K],
-                                  dtype=tl.int32, is_pure=False, pack=1)
+    if L2PF and not SOFT_FP8:  # no kernel writes the weight: safe before the wait. One request a row, from thread 0
+        for i in tl.static_range(BLOCK_N):  # (a [BLOCK_N] tensor's elements sit in several threads each: s16a asked
+            tl.inline_asm_elementwise(  # every row 16 times over and lost 0.6 ms)
+                "{ .reg .pred p; .reg .b32 t; mov.u32 t, %tid.x; setp.eq.u32 p, t, 0;\n"
+                " @p cp.async.bulk.prefetch.L2.global [$1], $2; }\n mov.u32 $0, 0;", "=r,l,r",
+                [w_ptr + (pid * BLOCK_N + i).to(tl.int64) * stride_wn, L2PF * BLOCK_K], dtype=tl.int32, is_pure=False,
+                pack=1)
     if PDL_W:
         w_first = tl.load(rows + tl.arange(0, BLOCK_K)[None, :])
     if USE_PDL:

@@ -192,7 +192,7 @@ def test_sm90_ptx_bulk_copies_and_the_first_block_before_the_wait(stages):
 
 
 def test_sm90_ptx_l2_prefetch_then_copies_right_after_the_absmax():
-    """``L2PF`` (no register block): one bulk L2 prefetch a row before the wait; after it the absmax's loads and the
+    """``L2PF`` (no register block): one bulk L2 prefetch a row, from one thread, before the wait; after it the absmax's loads and the
     pipeline's copies, with no reduction and no math between them (the scale is taken in the loop's first trip)."""
     import triton
     from triton.backends.compiler import GPUTarget
@@ -208,7 +208,10 @@ def test_sm90_ptx_l2_prefetch_then_copies_right_after_the_absmax():
                                     constexprs=consts, attrs=attrs)
     ptx = triton.compile(src, target=GPUTarget("cuda", 90, 64), options={"num_warps": 8}).asm["ptx"]
     wait = ptx.index("griddepcontrol.wait")
-    assert "cp.async.bulk.prefetch.L2" in ptx[:wait] and "launch_dependents" in ptx[wait:]
+    assert "launch_dependents" in ptx[wait:]
+    # one request a row (16 rows), each from thread 0 only (s16a's version asked for every row from 16 threads)
+    assert ptx[:wait].count("cp.async.bulk.prefetch.L2") == 16
+    assert ptx[:wait].count("setp.eq.u32 p, t, 0") == 16
     first_copy = ptx.index("cp.async.bulk.tensor", wait)
     # the absmax's loads are only asked for: no max over them and no division before the copies
     assert ptx[wait:first_copy].count("ld.global") >= 8
