@@ -58,7 +58,9 @@
 #               (test_fp8_decode_one.py incl. the 8-split 128-key launch with the rotary inside; test_fp8_gemv_tma.py with
 #               the L2 prefetch asked once a row), then one engine: att_s8_n128 (8 splits of one 128-key tile: every past
 #               key read before the PDL wait, half the merge; other sums), norm32 (the quantizing norms on 32 warps),
-#               tma3_l2 (s16a's prefetch bug fixed), o8w4 (o_proj's programs fit beside the attention), x3 alternating
+#               tma3_l2 (s16a's prefetch bug fixed), o8w4 (o_proj's programs fit beside the attention), self (each GEMV
+#               program asks L2 for its rows before its wait: SELF_PF, with the same bug fixed: one request a row, not
+#               16-32), x2-3 alternating; test_fp8_prefetch.py (the GEMV bits with self-prefetch / PDL in a graph)
 #   bs1         benchmarks/fp8_bs1.py --ab s6: 8B fp8 + fp8 KV batch 1, one engine: ms/token vs the roofline, the
 #               captured forward alone vs the rest (LM head, sampler, host), the graph's kernel table; then the
 #               variants ${BS1_VARIANTS:-nopdl,default_again,nopdl_again}, graph recaptured for each (nopdl: the GEMV
@@ -116,8 +118,8 @@ elif [ "${1:-}" = s16a ]; then
   : "${FP89_TESTS:=tests/quant/test_fp8_decode_spin.py tests/quant/test_fp8_gemv_tma.py tests/quant/test_fp8_decode_one.py}"
 elif [ "${1:-}" = s16b ]; then
   shift; set -- tests bs1 "$@"
-  : "${FP89_LIMIT:=200}" "${BS1_VARIANTS:=att_s8_n128,norm32,tma3_l2,o8w4,default_again,att_s8_n128_again,norm32_again,tma3_l2_again,o8w4_again,default_again2,att_s8_n128_again2,norm32_again2,att_s8_n128_norm32,default_again3,att_s8_n128_norm32_again,att_w2,o8w4_again2,default_again4}"
-  : "${FP89_TESTS:=tests/quant/test_fp8_decode_one.py tests/quant/test_fp8_gemv_tma.py}"
+  : "${FP89_LIMIT:=200}" "${BS1_VARIANTS:=att_s8_n128,norm32,self,tma3_l2,o8w4,default_again,att_s8_n128_again,norm32_again,self_again,tma3_l2_again,o8w4_again,default_again2,att_s8_n128_again2,norm32_again2,att_s8_n128_norm32,default_again3,att_s8_n128_norm32_again,att_w2,o8w4_again2,default_again4}"
+  : "${FP89_TESTS:=tests/quant/test_fp8_decode_one.py tests/quant/test_fp8_gemv_tma.py tests/quant/test_fp8_prefetch.py}"
 elif [ "${1:-}" = s11b2 ]; then
   shift; set -- bs1 tests "$@"
   : "${FP89_LIMIT:=140}" "${BS1_VARIANTS:=notable,self,pf32,default_again,notable_again,self_again,pf32_again,silu_rope,nopdl}"

@@ -34,7 +34,7 @@ import triton.language as tl
 from octavo.env_flags import env_choice, env_switch
 from octavo.plugins.quant import fp8_gemv_tiles
 from octavo.plugins.quant.fp8_e4m3 import _e4m3_bits_f32, _quant_e4m3, _round_e4m3  # noqa: F401 (imported from here)
-from octavo.plugins.quant.fp8_gemv_l2 import PF_PIECES, PF_PROGS, _prefetch_l2_slice, prefetch_args  # noqa: F401
+from octavo.plugins.quant.fp8_gemv_l2 import _prefetch_next, _prefetch_rows_once, prefetch_args
 
 # (BLOCK_N, BLOCK_K, num_warps, num_stages): BLOCK_K fp8 bytes per weight row per step; BLOCK_K <= 1024 (the
 # EVEN flag is computed for 1024). Session 5 (H100, one row, graph of back-to-back calls): (16, 512) best for qkv,
@@ -101,10 +101,8 @@ def _fp8_gemv_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, pf_ptr, pf_tota
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     nm = n < N
     rows = w_ptr + n.to(tl.int64)[:, None] * stride_wn
-    if SELF_PF and EVEN:  # EVEN: K a multiple of 1024 bytes, every row of the block real
-        tl.inline_asm_elementwise("cp.async.bulk.prefetch.L2.global [$1], $2;\n mov.u32 $0, 0;", "=r,l,r",
-                                  [w_ptr + n.to(tl.int64) * stride_wn, tl.zeros([BLOCK_N], tl.int32) + K],
-                                  dtype=tl.int32, is_pure=False, pack=1)
+    if SELF_PF and EVEN:  # EVEN: K a multiple of 1024 bytes, every row of the block real; one request a row
+        _prefetch_rows_once(w_ptr, tl.program_id(0) * BLOCK_N, stride_wn, K, BLOCK_N)
     ws = tl.load(ws_ptr + n, mask=nm, other=0.0)
     if PDL_W and EVEN:  # static ifs: the names stay in scope after them
         w_first = tl.load(rows + tl.arange(0, BLOCK_K)[None, :])
@@ -208,7 +206,7 @@ def _fp8_gemv_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, pf_ptr, pf_tota
             y = (y.to(tl.float32) + tl.load(b_ptr + n, mask=nm, other=0.0).to(tl.float32)).to(y.dtype)
         tl.store(y_ptr + m * stride_ym + n, y, mask=nm)
     if PREFETCH:
-        _prefetch_l2_slice(pf_ptr, pf_total, pf_piece, PF_PROGS, PF_PIECES)
+        _prefetch_next(pf_ptr, pf_total, pf_piece)
 
 
 # the unrolled absmax's block (AMAX_KP): 2048 bf16 a load round, 8 rounds for K = 14336

@@ -28,6 +28,25 @@ def _prefetch_l2_slice(pf_ptr, total, piece, PROGS: tl.constexpr, PIECES: tl.con
                                   [pf_ptr + off, size], dtype=tl.int32, is_pure=False, pack=1)
 
 
+@triton.jit
+def _prefetch_next(pf_ptr, total, piece):
+    """``_prefetch_l2_slice`` over the grid's last ``PF_PROGS`` programs, ``PF_PIECES`` requests each."""
+    _prefetch_l2_slice(pf_ptr, total, piece, PF_PROGS, PF_PIECES)
+
+
+@triton.jit
+def _prefetch_rows_once(w_ptr, row0, stride_wn, nbytes, ROWS: tl.constexpr):
+    """Ask L2 for the first ``nbytes`` of rows ``row0 .. row0 + ROWS`` of ``w_ptr``: one bulk request a row, from
+    thread 0 only. Why not one [ROWS] tensor of addresses: its elements sit in several threads each (16 rows on 256
+    threads: 16 copies), and every copy issues its request (session 16's H100 run: the rows asked 16 times over, the
+    GEMVs +0.5-0.8 ms a forward)."""
+    for i in tl.static_range(ROWS):
+        tl.inline_asm_elementwise(
+            "{ .reg .pred p; .reg .b32 t; mov.u32 t, %tid.x; setp.eq.u32 p, t, 0;\n"
+            " @p cp.async.bulk.prefetch.L2.global [$1], $2; }\n mov.u32 $0, 0;", "=r,l,r",
+            [w_ptr + (row0 + i).to(tl.int64) * stride_wn, nbytes], dtype=tl.int32, is_pure=False, pack=1)
+
+
 def prefetch_args(t: torch.Tensor, nbytes: int) -> tuple[torch.Tensor, int, int]:
     """``(tensor, total, piece)`` for the kernel's L2 prefetch of ``t``'s first ``nbytes`` (whole 16-byte units;
     ``t`` contiguous and 16-byte aligned, as the bulk prefetch requires; else ``total`` 0 = no prefetch)."""

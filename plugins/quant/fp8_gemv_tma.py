@@ -26,6 +26,7 @@ import triton.language as tl
 from octavo.env_flags import env_int, env_switch
 from octavo.plugins.quant import fp8_gemv as _plain
 from octavo.plugins.quant.fp8_gemv import AMAX_BLOCK, _gemv_step
+from octavo.plugins.quant.fp8_gemv_l2 import _prefetch_rows_once
 
 #: the pipeline's depth (shared-memory buffers; 2-4), 0 = off. ``OCTAVO_FP8_GEMV_TMA``
 STAGES = env_int("OCTAVO_FP8_GEMV_TMA", 0, 0, 4)
@@ -59,13 +60,8 @@ def _fp8_gemv_tma_kernel(x_ptr, xs_ptr, w_desc, w_ptr, ws_ptr, y_ptr, K, stride_
     n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     rows = w_ptr + n.to(tl.int64)[:, None] * stride_wn
     ws = tl.load(ws_ptr + n)
-    if L2PF and not SOFT_FP8:  # no kernel writes the weight: safe before the wait. One request a row, from thread 0
-        for i in tl.static_range(BLOCK_N):  # (a [BLOCK_N] tensor's elements sit in several threads each: s16a asked
-            tl.inline_asm_elementwise(  # every row 16 times over and lost 0.6 ms)
-                "{ .reg .pred p; .reg .b32 t; mov.u32 t, %tid.x; setp.eq.u32 p, t, 0;\n"
-                " @p cp.async.bulk.prefetch.L2.global [$1], $2; }\n mov.u32 $0, 0;", "=r,l,r",
-                [w_ptr + (pid * BLOCK_N + i).to(tl.int64) * stride_wn, L2PF * BLOCK_K], dtype=tl.int32, is_pure=False,
-                pack=1)
+    if L2PF and not SOFT_FP8:  # no kernel writes the weight: safe before the wait (one request a row)
+        _prefetch_rows_once(w_ptr, pid * BLOCK_N, stride_wn, L2PF * BLOCK_K, BLOCK_N)
     if PDL_W:
         w_first = tl.load(rows + tl.arange(0, BLOCK_K)[None, :])
     if USE_PDL:

@@ -49,7 +49,7 @@ def test_chain_follows_forward_order_and_cpu_gets_nothing():
 @pytest.mark.parametrize("numel,nbytes", [(4096 * 4096, 16 << 20), (6144 * 4096, 16 << 20), (1000, 1 << 20),
                                           (100_003, 50_000), (8, 1 << 20)])
 def test_prefetch_split_covers_the_asked_bytes(numel, nbytes):
-    from octavo.plugins.quant.fp8_gemv import PF_PIECES, PF_PROGS, prefetch_args
+    from octavo.plugins.quant.fp8_gemv_l2 import PF_PIECES, PF_PROGS, prefetch_args
 
     t = torch.empty(numel, dtype=torch.uint8)
     _, total, piece = prefetch_args(t, nbytes)
@@ -114,6 +114,8 @@ def test_sm90_ptx_has_the_instructions_exactly_when_asked(prefetch, pdl, self_pf
     ptx = _ptx(_fp8_gemv_kernel, sig, dict(flags, PDL_W=pdl_w))
     assert ptx.count("cp.async.bulk.prefetch.L2.global") >= prefetch + self_pf
     assert ("cp.async.bulk.prefetch.L2.global" in ptx) == (prefetch or self_pf)
+    if self_pf:  # one request a row (16), each from thread 0 only: before session 16 every row was asked by each
+        assert ptx.count("setp.eq.u32 p, t, 0") == 16  # thread that held a copy of its address (16-32 of them)
     assert ("griddepcontrol.wait" in ptx) == pdl
     assert ("griddepcontrol.launch_dependents" in ptx) == bool(pdl_w)  # pdl_w: the GEMV's dependents launch early
     if pdl_w:  # the first pdl_w weight blocks are asked for before the wait: more loads there with more blocks
