@@ -106,6 +106,8 @@ def main() -> None:
     ap.add_argument("--copy-rate", type=float, default=0.0, help="bytes/s read+written; 0: measure (TP=1 only)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
+    # the head graphs alone: the one-graph batch-1 step (on by default since session 16) would take the steps first
+    os.environ.setdefault("OCTAVO_GRAPH_STEP", "0")
     import torch
 
     from benchmarks.gpu_e2e import LLAMA3_8B, copy_bandwidth, write_config

@@ -14,9 +14,11 @@
 #          tile that won a sweep on the head weight alone, benchmarks/head_tile_sweep.py) x2, then argmax / const / head_const,
 #          greedy tokens compared, ms/token, the graph alone, and a CUDA-only trace per variant: GPU busy / idle a step
 #          and every op outside the body graph (benchmarks/head16_ab.py)
-#   s16b   call 2 (cap 180 s) = tests ab: the GPU tests again with the flipped default + the graph / async tests, then
-#          the engine as the headline starts it (no head graphs: --no-head-graphs) alternating default (no step graph:
-#          the old default) / step (the new default) x4, both windows, traces
+#   s16b   call 2 (cap 180 s) = tests ab: the GPU tests again with the step graph on by default (+ the head graphs'
+#          and the graph runner's tests), then the engine as the headline starts it (no head graphs) with the
+#          zero-copy step graphs captured too (OCTAVO_GRAPH_STEP_ZERO_COPY=1 for the engine only) alternating default
+#          (no step graph: the old default) / step (the new default) / step_zc (zero-copy + the argmax on the 16-bit
+#          logits into the id buffer) x4, windows 769..1024 for step and step_zc, traces
 #   tests  HEAD16_TESTS (default: tests/gpu/test_decode_const_inputs_gpu.py)
 #   ab     benchmarks/head16_ab.py --variants ${HEAD16_VARIANTS} (--windows ${HEAD16_WINDOWS:-default,step}: those
 #          also timed at contexts 769..1024, the headline's second half; default: default,step)
@@ -33,9 +35,10 @@ fi
 if [ "${1:-}" = s16b ]; then
   shift; set -- tests ab "$@"
   : "${HEAD16_LIMIT:=180}"
-  : "${HEAD16_TESTS:=tests/gpu/test_decode_const_inputs_gpu.py tests/gpu/test_cuda_graphs.py tests/gpu/test_async_default_gpu.py}"
-  : "${HEAD16_VARIANTS:=default,step,default_again,step_again,default_again2,step_again2,default_again3,step_again3}"
-  : "${HEAD16_AB_ARGS:=--no-head-graphs}"
+  : "${HEAD16_TESTS:=tests/gpu/test_decode_const_inputs_gpu.py tests/gpu/test_graph_head_gpu.py tests/gpu/test_cuda_graphs.py}"
+  : "${HEAD16_VARIANTS:=default,step,step_zc,default_again,step_again,step_zc_again,default_again2,step_again2,step_zc_again2,default_again3,step_again3,step_zc_again3}"
+  : "${HEAD16_AB_ARGS:=--no-head-graphs}" "${HEAD16_WINDOWS:=step,step_zc}"
+  : "${HEAD16_AB_ENV:=OCTAVO_GRAPH_STEP_ZERO_COPY=1}"
 fi
 LIMIT=${HEAD16_LIMIT:-180}
 if ! timeout 20 python -c "import octavo" > /dev/null 2>&1; then
@@ -72,7 +75,8 @@ for P in "${PARTS[@]}"; do
              > "$R/tests.log" 2>&1
            echo "exit $?"; grep -E "PASSED|FAILED|SKIPPED|passed|failed|Error|assert" "$R/tests.log" | tail -12;;
     # shellcheck disable=SC2086  # HEAD16_AB_ARGS: extra flags
-    ab) $T python benchmarks/head16_ab.py "${DRY[@]}" ${HEAD16_AB_ARGS:-} --variants "${HEAD16_VARIANTS:-default,lean,head,default_again}" \
+    # shellcheck disable=SC2086  # HEAD16_AB_ENV: VAR=value words for the engine only
+    ab) $T env ${HEAD16_AB_ENV:-} python benchmarks/head16_ab.py "${DRY[@]}" ${HEAD16_AB_ARGS:-} --variants "${HEAD16_VARIANTS:-default,lean,head,default_again}" \
           --windows "${HEAD16_WINDOWS:-default,step}" --budget $(( B - 14 )) --out "$R/ab.json" > "$R/ab.log" 2>&1
         echo "exit $?"; grep -v " INFO \| WARNING \|UserWarning\|_warn_once" "$R/ab.log" | cut -c1-700 | tail -60;;
     *) echo "unknown part $P (tests ab)";;

@@ -66,12 +66,14 @@ def _argmax_final_kernel(val_ptr, idx_ptr, out_ptr, n_chunks, MAX_CHUNKS: tl.con
     tl.store(out_ptr + row, first.to(tl.int64))
 
 
-def argmax_rows(x: torch.Tensor, target_programs: int = 264) -> torch.Tensor:
-    """``x.argmax(dim=-1)`` for a 2-D ``x`` (unit column stride; fp32 / bf16 / fp16) as int64 ``[rows]``."""
+def argmax_rows(x: torch.Tensor, target_programs: int = 264, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``x.argmax(dim=-1)`` for a 2-D ``x`` (unit column stride; fp32 / bf16 / fp16) as int64 ``[rows]`` (into ``out``,
+    a contiguous int64 ``[rows]``, when given: the one-graph step writes its id buffer directly)."""
     rows, n_cols = x.shape
     if x.stride(1) != 1:
         x = x.contiguous()
-    out = torch.empty(rows, dtype=torch.int64, device=x.device)
+    if out is None:
+        out = torch.empty(rows, dtype=torch.int64, device=x.device)
     if rows == 0:
         return out
     blocks = triton.cdiv(n_cols, BLOCK)

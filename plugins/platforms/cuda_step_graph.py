@@ -30,7 +30,10 @@ from octavo.env_flags import env_switch
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_ON = False  # opt-in until the H100 A/B (benchmarks/head16_ab.py "step") shows a gain with equal tokens
+# On by default since session 16's call 1 (H100, 8B fp8 + fp8 KV, the headline's engine, benchmarks/head16_ab.py, 4
+# alternating pairs): the device step 3.315 -> 3.254 ms (-60 us: outside the body graph 384 -> 348 us of ops, idle
+# 37 -> 15 us), greedy tokens equal in every measure, its GPU tests passed. OCTAVO_GRAPH_STEP=0 turns it off.
+DEFAULT_ON = True
 FIXED = 7  # the stage row's fixed fields (module docstring), then the block ids
 SLOTS = 4  # pinned host rows (and zero-copy graphs), used in turn: reused only after their last use ran (its event)
 
@@ -77,7 +80,10 @@ class StepGraph:
     row straight from pinned host row k and its last kernel writing the id into pinned host slot k, so a step is one
     replay and nothing else on the stream; a row or slot is reused only after its graph's previous replay finished
     (its event), and a slot's id is read by the host (the step's ``DeferredOutput``) before the step SLOTS later
-    (under async scheduling the core completes step N before N + 2 runs)."""
+    (under async scheduling the core completes step N before N + 2 runs). These graphs also take the argmax of the
+    head's 16-bit logits where ``compute_logits`` is exactly their float cast (checked on random rows; the argmax
+    converts each value to fp32 as it loads it: the same answer) and write it into the id buffer directly: no cast
+    kernel, no copy node (session 16 call 1: 3.9 + 1.3 us and their gaps)."""
 
     def __init__(self, runner, head) -> None:
         self.runner, self.head = runner, head
@@ -100,6 +106,7 @@ class StepGraph:
         self.zc_graphs: list = []
         self.zc_hidden: list = []
         self.zero_copy = True  # use them when captured (benchmarks switch it)
+        self.raw_logits = None  # (zero-copy graphs) the head's 16-bit logits method, where compute_logits = its cast
         self.active = True
         self.replays = 0
         self.from_prev = 0  # replays whose input id was the previous step's, read on the device
@@ -121,7 +128,15 @@ class StepGraph:
         """The captured function: fill (from the device stage row, or pinned row ``k``), the body at one row, the
         greedy head into ``GraphHead.sampled[0]`` (and, zero-copy, into pinned slot ``k``)."""
         self.fill(self.stage if k is None else self.rows[k])
-        out = self.body_head()
+        if k is None or self.raw_logits is None:
+            out = self.body_head()
+        else:
+            from octavo.model import ForwardContext
+
+            r = self.runner
+            ctx = ForwardContext(attn_metadata=r.metadata[1], query_start_loc=r.query_start_loc[:2])
+            out = r.model(r.input_ids[:1], r.positions[:1], ctx)
+            self.head._argmax(self.raw_logits(out), out=self.head.sampled[:1])
         if k is not None:
             if self.device.type == "cuda":
                 _publish_kernel[(1,)](self.head.sampled, self.ids_host[k:], num_warps=1)
@@ -147,11 +162,36 @@ class StepGraph:
             out = fn()
         return graph, out
 
+    def _raw_logits(self):
+        """The head's 16-bit logits as a function of the hidden row, where ``compute_logits`` is exactly its fp32 cast
+        (random rows, bitwise) and the argmax takes an ``out``; else None (the zero-copy graphs then run
+        :meth:`body_head`)."""
+        import inspect
+
+        head = getattr(self.runner.model, "lm_head", None)
+        method = getattr(head, "logits_method", None)
+        if head is None or getattr(head, "bias", None) is not None or "out" not in inspect.signature(
+                self.head._argmax).parameters:
+            return None
+        vocab = head.num_embeddings
+
+        def raw(h):
+            y = method.apply(head, h, None) if method is not None else torch.nn.functional.linear(h, head.weight)
+            return y[..., :vocab]
+
+        gen = torch.Generator(device=self.device).manual_seed(0)
+        for _ in range(2):
+            h = torch.randn(1, head.embedding_dim, generator=gen, device=self.device).to(head.weight.dtype)
+            if not torch.equal(self.runner.model.compute_logits(h), raw(h).float()):
+                return None
+        return raw
+
     @torch.inference_mode()
     def capture(self, pool) -> None:
         self.graph, self.hidden = self._capture_one(self.step, pool)
         self.zc_graphs, self.zc_hidden = [], []
         if self.zc:
+            self.raw_logits = self._raw_logits()
             for k in range(SLOTS):
                 g, out = self._capture_one(lambda k=k: self.step(k), pool)
                 self.zc_graphs.append(g)

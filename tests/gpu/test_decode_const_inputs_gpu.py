@@ -79,11 +79,12 @@ def test_engine_tokens_equal_with_the_step_graph(tmp_path, monkeypatch, async_sc
         llm.llm_engine.shutdown()
 
 
-def test_engine_tokens_equal_with_const_inputs_and_argmax(tmp_path):
+def test_engine_tokens_equal_with_const_inputs_and_argmax(tmp_path, monkeypatch):
     from octavo import LLM, SamplingParams
     from octavo.core import input_batch
     from octavo.plugins.platforms import cuda_argmax
 
+    monkeypatch.setenv("OCTAVO_GRAPH_STEP", "0")  # the eager head's levers: batch-1 greedy steps run it too
     (tmp_path / "config.json").write_text(json.dumps(TINY_LLAMA))
     saved = input_batch.CONST_INPUTS
     llm = LLM(model=str(tmp_path), load_format="dummy", skip_tokenizer_init=True, max_model_len=256, max_num_seqs=8,
