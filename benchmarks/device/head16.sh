@@ -14,7 +14,7 @@
 #          tile that won a sweep on the head weight alone, benchmarks/head_tile_sweep.py) x2, then argmax / const / head_const,
 #          greedy tokens compared, ms/token, the graph alone, and a CUDA-only trace per variant: GPU busy / idle a step
 #          and every op outside the body graph (benchmarks/head16_ab.py)
-#   s16b   call 2 (cap 180 s) = tests ab: the GPU tests again with the step graph on by default (+ the head graphs'
+#   s16b   call 2 (cap 210 s: tests ~93 s, the A/B 115 s) = tests ab: the GPU tests again with the step graph on by default (+ the head graphs'
 #          and the graph runner's tests), then the engine as the headline starts it (no head graphs) with the
 #          zero-copy step graphs captured too (OCTAVO_GRAPH_STEP_ZERO_COPY=1 for the engine only) alternating default
 #          (no step graph: the old default) / step (the new default) / step_zc (zero-copy + the argmax on the 16-bit
@@ -34,8 +34,8 @@ if [ "${1:-}" = s16a ]; then
 fi
 if [ "${1:-}" = s16b ]; then
   shift; set -- tests ab "$@"
-  : "${HEAD16_LIMIT:=180}"
-  : "${HEAD16_TESTS:=tests/gpu/test_decode_const_inputs_gpu.py tests/gpu/test_graph_head_gpu.py tests/gpu/test_cuda_graphs.py}"
+  : "${HEAD16_LIMIT:=210}"
+  : "${HEAD16_TESTS:=tests/gpu/test_decode_const_inputs_gpu.py tests/gpu/test_cuda_graphs.py tests/gpu/test_graph_head_gpu.py}"
   : "${HEAD16_VARIANTS:=default,step,step_zc,default_again,step_again,step_zc_again,default_again2,step_again2,step_zc_again2,default_again3,step_again3,step_zc_again3}"
   : "${HEAD16_AB_ARGS:=--no-head-graphs}" "${HEAD16_WINDOWS:=step,step_zc}"
   : "${HEAD16_AB_ENV:=OCTAVO_GRAPH_STEP_ZERO_COPY=1}"
