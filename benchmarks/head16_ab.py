@@ -135,6 +135,8 @@ def main() -> None:
     ap.add_argument("--trace-steps", type=int, default=16, help="0: no trace")
     ap.add_argument("--no-head-graphs", action="store_true", help="start without OCTAVO_GRAPH_HEAD=1 / _STEP=1")
     ap.add_argument("--dry", action="store_true", help="CPU: a tiny float32 model, 24-token runs")
+    ap.add_argument("--stall-diag", default="", help="a variant: after the A/B, 4 generations of 257 tokens with the "
+                    "engine's step intervals and the GC recorded (benchmarks/host_stalls.py)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     if not args.no_head_graphs:
@@ -277,6 +279,15 @@ def main() -> None:
         for key in ("trace", "trace_ctx897"):
             if key in r:
                 print("  ", key, json.dumps(r[key])[:1500], flush=True)
+        save()
+    if args.stall_diag in VARIANTS and not sw.apply(VARIANTS[args.stall_diag]):
+        from benchmarks.host_stalls import stall_diag
+
+        try:
+            res["stalls"] = {"variant": args.stall_diag, "runs": stall_diag(llm, lambda: gen(n + 1))}
+        except Exception as e:  # noqa: BLE001 - a diagnostic
+            res["stalls"] = {"error": f"{type(e).__name__}: {e}"[:300]}
+        print("stalls", json.dumps(res["stalls"]), flush=True)
         save()
     sw.restore()
     by: dict = {}

@@ -18,7 +18,9 @@
 #          and the graph runner's tests), then the engine as the headline starts it (no head graphs) with the
 #          zero-copy step graphs captured too (OCTAVO_GRAPH_STEP_ZERO_COPY=1 for the engine only) alternating default
 #          (no step graph: the old default) / step (the new default) / step_zc (zero-copy + the argmax on the 16-bit
-#          logits into the id buffer) x4, windows 769..1024 for step and step_zc, traces
+#          logits into the id buffer) x4, windows 769..1024 for step and step_zc, traces; then 4 generations with the
+#          engine's step intervals and the GC recorded (--stall-diag step, benchmarks/host_stalls.py: call 1's
+#          wall-clock windows ran tens of ms over their device steps)
 #   tests  HEAD16_TESTS (default: tests/gpu/test_decode_const_inputs_gpu.py)
 #   ab     benchmarks/head16_ab.py --variants ${HEAD16_VARIANTS} (--windows ${HEAD16_WINDOWS:-default,step}: those
 #          also timed at contexts 769..1024, the headline's second half; default: default,step)
@@ -37,7 +39,7 @@ if [ "${1:-}" = s16b ]; then
   : "${HEAD16_LIMIT:=210}"
   : "${HEAD16_TESTS:=tests/gpu/test_decode_const_inputs_gpu.py tests/gpu/test_cuda_graphs.py tests/gpu/test_graph_head_gpu.py}"
   : "${HEAD16_VARIANTS:=default,step,step_zc,default_again,step_again,step_zc_again,default_again2,step_again2,step_zc_again2,default_again3,step_again3,step_zc_again3}"
-  : "${HEAD16_AB_ARGS:=--no-head-graphs}" "${HEAD16_WINDOWS:=step,step_zc}"
+  : "${HEAD16_AB_ARGS:=--no-head-graphs --stall-diag step}" "${HEAD16_WINDOWS:=step,step_zc}"
   : "${HEAD16_AB_ENV:=OCTAVO_GRAPH_STEP_ZERO_COPY=1}"
 fi
 LIMIT=${HEAD16_LIMIT:-180}
