@@ -170,6 +170,9 @@ for _tag, _v in {"norm8": {"warps": 8}, "norm32": {"warps": 32},
                  "att_s8_n128": {"set": {_TAB: {(4, 128): dict(splits=8, block_n=128, num_warps=4, deq=3)}}},
                  "att_s8_n128_norm32": {"set": {_TAB: {(4, 128): dict(splits=8, block_n=128, num_warps=4, deq=3)}},
                                         "warps": 32},
-                 "o8w4": {"table_tiles": {(4096, 4096): (8, 1024, 4, 3)}, "table_loops": {(4096, 4096): 2}}}.items():
+                 "o8w4": {"table_tiles": {(4096, 4096): (8, 1024, 4, 3)}, "table_loops": {(4096, 4096): 2}},
+                 "att_s8_n128_o8w4": {"set": {_TAB: {(4, 128): dict(splits=8, block_n=128, num_warps=4, deq=3)}},
+                                      "table_tiles": {(4096, 4096): (8, 1024, 4, 3)},
+                                      "table_loops": {(4096, 4096): 2}}}.items():
     for _suffix in ("", "_again", "_again2"):
         S6_VARIANTS.setdefault(_tag + _suffix, _v)

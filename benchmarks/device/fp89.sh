@@ -118,7 +118,7 @@ elif [ "${1:-}" = s16a ]; then
   : "${FP89_TESTS:=tests/quant/test_fp8_decode_spin.py tests/quant/test_fp8_gemv_tma.py tests/quant/test_fp8_decode_one.py}"
 elif [ "${1:-}" = s16b ]; then
   shift; set -- tests bs1 "$@"
-  : "${FP89_LIMIT:=200}" "${BS1_VARIANTS:=att_s8_n128,norm32,self,tma3_l2,o8w4,default_again,att_s8_n128_again,norm32_again,self_again,tma3_l2_again,o8w4_again,default_again2,att_s8_n128_again2,norm32_again2,att_s8_n128_norm32,default_again3,att_s8_n128_norm32_again,att_w2,o8w4_again2,default_again4}"
+  : "${FP89_LIMIT:=200}" "${BS1_VARIANTS:=att_s8_n128,norm32,self,o8w4,default_again,att_s8_n128_again,norm32_again,self_again,o8w4_again,att_s8_n128_o8w4,default_again2,att_s8_n128_again2,norm32_again2,att_s8_n128_norm32,att_s8_n128_o8w4_again,default_again3,tma3_l2,att_s8_n128_norm32_again,o8w4_again2,att_w2,default_again4}"
   : "${FP89_TESTS:=tests/quant/test_fp8_decode_one.py tests/quant/test_fp8_gemv_tma.py tests/quant/test_fp8_prefetch.py}"
 elif [ "${1:-}" = s11b2 ]; then
   shift; set -- bs1 tests "$@"
