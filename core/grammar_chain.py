@@ -73,6 +73,9 @@ def on() -> bool:
 
 def check_backend(backend: Any, name: str) -> None:
     """:data:`CHAIN` on: refuse, by name, a structured-output backend without a chained fill."""
+    if CHAIN and getattr(backend, "opens_gate", False):
+        raise ValueError("OCTAVO_GRAMMAR_CHAIN=1 cannot go with OCTAVO_GRAMMAR_WORKER=1 (the matchers live in the "
+                         "grammar worker process); unset one of them")
     if CHAIN and getattr(backend, "chain_job", None) is None:
         raise ValueError(f"OCTAVO_GRAMMAR_CHAIN=1: the structured-output backend {name!r} has no chained fill; unset "
                          "it or use 'xgrammar'")

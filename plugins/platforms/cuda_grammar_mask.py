@@ -259,7 +259,10 @@ def host_fn_after(event: torch.Event, fn: int, arg: int) -> None:
     side = _SIDE.get(dev)
     if side is None:
         side = _SIDE[dev] = torch.cuda.Stream(device=dev)
-    event.wait(side)
+    try:
+        event.wait(side)
+    except TypeError:  # (a torch whose Event.wait does not take this Stream class)
+        side.wait_event(event)
     rc = launch(side.cuda_stream, fn, arg)
     if rc:
         raise RuntimeError(f"cuLaunchHostFunc failed: CUDA driver error {rc}")

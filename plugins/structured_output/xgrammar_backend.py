@@ -230,16 +230,22 @@ class XGrammarBackend(StructuredOutputBackend):
         (xgrammar_chain.py); None where it cannot (not all ours, a row terminated, every slot in flight)."""
         from octavo.plugins.structured_output.xgrammar_chain import ChainRing
 
+        if any([m.terminated for m in matchers]):
+            return None
+        ring = getattr(self._local, "chain", None)  # the steady step: the same list and rows as the last job's
+        if (ring is not None and ring.matchers is matchers and ring.native is getattr(self._local, "native", None)
+                and ring.key is ring.native._key and ring.rows_ptr == bitmask.data_ptr()):  # noqa: SLF001
+            return ring.take(matchers)
         batch, inner = self._batch_rows(matchers)
-        if inner is None or any([m.terminated for m in matchers]):
+        if inner is None:
             return None
         native = self._native(batch, False)
         native._prepare(inner, bitmask)  # noqa: SLF001 - (a cache hit while the batch is unchanged)
         if native.accept_fn is None:
             return None
-        ring = getattr(self._local, "chain", None)
         if ring is None or ring.native is not native or ring.key is not native._key:  # noqa: SLF001
             ring = self._local.chain = ChainRing(native, inner)
+        ring.matchers, ring.rows_ptr = matchers, bitmask.data_ptr()
         return ring.take(matchers)
 
     def chain_refill(self, job: Any, matchers: list[GrammarMatcher], bitmask: Any) -> None:

@@ -90,6 +90,8 @@ class ChainRing:
         self.key = native._key  # noqa: SLF001
         self.term_fn = xn._method(inner[0]._handle, "is_terminated")  # noqa: SLF001
         self.slots = [ChainJob(self, len(inner)) for _ in range(SLOTS)]
+        self.matchers: Any = None  # the step list and the rows' address of the last job (the backend's fast check)
+        self.rows_ptr = 0
 
     def take(self, matchers: list) -> ChainJob | None:
         """A free slot for ``matchers``' step (None: all in flight), pointing at the prepared call (set once per slot:
