@@ -55,6 +55,8 @@ def main() -> None:
     ap.add_argument("--pair", nargs=4, action="append", default=[], metavar=("LABEL", "KNOB", "A", "B"),
                     help="session 16: several A/Bs in one engine (one after the other, each paired); A 'free': the "
                          "same requests unconstrained, the knob at B's value for B")
+    ap.add_argument("--set", dest="sets", action="append", default=[], metavar="MODULE.ATTR=JSON",
+                    help="a knob held at this value in every run of every pair (e.g. grammar_chain.CHAIN=true)")
     ap.add_argument("--batches", type=int, nargs="+", default=[32, 1])
     ap.add_argument("--rounds", type=int, default=8, help="ABBA rounds per batch size (2 runs each)")
     ap.add_argument("--steps", type=int, default=24, help="decode steps per run (max_tokens - 1)")
@@ -93,7 +95,11 @@ def main() -> None:
     from octavo.core.async_engine import set_async_scheduling
 
     set_async_scheduling(core, True)
-    out = {"device": str(core.model_info.device), "loadavg_start": open("/proc/loadavg").read().split()[:3]}
+    for spec in args.sets:  # (held for the whole run: each pair's knob is put back to this afterwards)
+        name, value = spec.split("=", 1)
+        (mod, attr, _), = _knobs(name)
+        setattr(mod, attr, json.loads(value))
+    out = {"device": str(core.model_info.device), "set": args.sets, "loadavg_start": open("/proc/loadavg").read().split()[:3]}
     ids = iter(range(10**9))
     for label, knob, a, b in pairs:
         res = _pair(core, engine.tokenizer, args, _knobs(knob), a, b, ids)

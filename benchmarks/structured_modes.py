@@ -17,7 +17,7 @@ MODE_KEYS = ("inline", "handoff", "threads", "kernel", "early")  # the knobs eve
 def defaults(core: Any) -> dict:
     """The engine's own knob values, what :func:`restore` puts back; ``{k: v[k] for k in MODE_KEYS}`` is the
     ``dflt`` every mode starts from (the others are set only by the modes that name them)."""
-    from octavo.core import async_gate, grammar_device_gate, grammar_step
+    from octavo.core import async_gate, grammar_chain, grammar_device_gate, grammar_step
     from octavo.core import structured_output as so_mod
 
     return {"park": async_gate.PARK, "early_fill": async_gate.EARLY_FILL, "start_wait": async_gate.FILL_START_WAIT_S,
@@ -27,7 +27,7 @@ def defaults(core: Any) -> dict:
             "native_open": grammar_device_gate.NATIVE_OPEN, "accept_gil": _xgm().ACCEPT_KEEPS_GIL,
             "pool": _native_module().POOL_THREADS, "spin": _native_module().SPIN_US, "inline_native": async_gate.NATIVE_OPEN_INLINE,
             "nstart": grammar_device_gate.NATIVE_START, "naccept": grammar_device_gate.NATIVE_ACCEPT,
-            "inline": grammar_step.INLINE_AFTER_GATE, "handoff": grammar_step.HANDOFF_WAIT_S,
+            "chain": grammar_chain.CHAIN, "inline": grammar_step.INLINE_AFTER_GATE, "handoff": grammar_step.HANDOFF_WAIT_S,
             "threads": core.structured.fill_threads, "kernel": grammar_step.PLATFORM_APPLY,
             "early": so_mod.EARLY_ACCEPT}
 
@@ -199,6 +199,9 @@ def build_modes(args: Any, so: Any, dflt: dict) -> dict:
         modes["json_async_nodirect"] = (so, True, False, False, None, {**dflt, "direct": False})
         modes["json_async_devgate_postonly_direct"] = (so, True, False, False, None, {
             **dflt, "devgate": True, "gate_only": True, "post_only": True, "direct": True})
+        # session 16: the chained fill (core/grammar_chain.py: N's accept + N+1's fill run by the driver), + no yield
+        modes["json_async_chain"] = (so, True, False, False, None, {**dflt, "chain": True})
+        modes["json_async_chain_noyield"] = (so, True, False, False, None, {**dflt, "chain": True, "yield": False})
         # (d) the shim's idle workers poll 2 ms for the next call before they sleep (xgrammar_native.SPIN_US)
         modes["json_async_spin"] = (so, True, False, False, None, {**dflt, "spin": 2000.0})
         modes["json_async_naccept_spin"] = (so, True, False, False, None, {**dflt, "naccept": True, "spin": 2000.0})
@@ -223,7 +226,7 @@ def apply_knobs(core: Any, knobs: dict, on: bool, async_modes: bool, saved: dict
     """Switch the idle engine to a mode's knobs (``on``: async scheduling; ``saved``: :func:`defaults`)."""
     import octavo.plugins.structured_output.xgrammar_backend as xgb
     import octavo.plugins.structured_output.xgrammar_match as xgm
-    from octavo.core import async_gate, grammar_device_gate, grammar_step
+    from octavo.core import async_gate, grammar_chain, grammar_device_gate, grammar_step
     from octavo.core import structured_output as so_mod
 
     if async_modes:
@@ -259,6 +262,7 @@ def apply_knobs(core: Any, knobs: dict, on: bool, async_modes: bool, saved: dict
     async_gate.NATIVE_OPEN_INLINE = knobs.get("inline_native", saved["inline_native"])
     grammar_device_gate.NATIVE_START = knobs.get("nstart", saved["nstart"])
     grammar_device_gate.NATIVE_ACCEPT = knobs.get("naccept", saved["naccept"])
+    grammar_chain.CHAIN = knobs.get("chain", saved["chain"])
     xgm.ACCEPT_READBACK_KEEPS_GIL = knobs.get("readback", True)
     xgm.ACCEPT_KEEPS_GIL = knobs.get("accept_gil", saved["accept_gil"])  # (set on the call on the next accept)
     if "direct" in knobs:
@@ -288,7 +292,7 @@ def restore(core: Any, saved: dict) -> None:
     """The engine's defaults back after a mode (async scheduling is left as the mode set it)."""
     import octavo.plugins.structured_output.xgrammar_backend as xgb
     import octavo.plugins.structured_output.xgrammar_match as xgm
-    from octavo.core import async_gate, grammar_device_gate, grammar_step
+    from octavo.core import async_gate, grammar_chain, grammar_device_gate, grammar_step
     from octavo.core import structured_output as so_mod
 
     grammar_step.INLINE_AFTER_GATE, grammar_step.HANDOFF_WAIT_S = saved["inline"], saved["handoff"]
@@ -309,6 +313,7 @@ def restore(core: Any, saved: dict) -> None:
     _native_module().SPIN_US = saved["spin"]
     async_gate.NATIVE_OPEN_INLINE = saved["inline_native"]
     grammar_device_gate.NATIVE_START, grammar_device_gate.NATIVE_ACCEPT = saved["nstart"], saved["naccept"]
+    grammar_chain.CHAIN = saved["chain"]
     async_gate.PARK, async_gate.EARLY_FILL = saved["park"], saved["early_fill"]
     async_gate.FILL_START_WAIT_S = saved["start_wait"]
     async_gate.DEVICE_GATE_FILL_START_WAIT_S = saved["devgate_start_wait"]

@@ -18,7 +18,8 @@ def main() -> None:
             print(f"{path}: not read ({e})")
             continue
         print(f"{path} ({rec.get('device')}, load {rec.get('loadavg_start')} -> {rec.get('loadavg_end')})")
-        for label, res in rec.items():
+        pairs = {rec.get("knob", "ab"): rec} if "values" in rec else rec  # (one A/B: the session-15 layout)
+        for label, res in pairs.items():
             if not isinstance(res, dict) or "values" not in res:
                 continue
             for key, b in res.items():
