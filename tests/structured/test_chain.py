@@ -16,10 +16,46 @@ from octavo.core import grammar_chain, grammar_device_gate
 from octavo.core.async_gate import GatedGrammarStep
 from octavo.core.grammar_chain import Chain
 from octavo.core.grammar_device_gate import DeviceGate
-from tests.structured.test_grammar_step import mgr, schedule  # noqa: F401 - mgr is a fixture
+from tests.structured.test_grammar_step import VOCAB, schedule
 from tests.structured.test_native_start import COMPLETE, LIVE, OPEN, _allowed, _python_reference, _tokens
 
 pytest.importorskip("xgrammar")
+
+
+@pytest.fixture(scope="module")
+def mgr(tmp_path_factory):
+    """The structured-output manager of test_grammar_step.py's ``mgr``, on the embedded model's tokenizer or, where that
+    package is not installed (the GPU hosts), on the same SmolLM2 tokenizer the device scripts ship
+    (benchmarks/device/smollm2_tokenizer.json.xz), so the GPU test runs there."""
+    import json
+    import lzma
+    from pathlib import Path
+
+    from octavo.config import OctavoSettings
+    from octavo.core.loader import load_tokenizer
+    from octavo.core.loader.resolve import default_model_path
+    from octavo.core.structured_output import StructuredOutputManager
+
+    try:
+        default_model_path()
+        settings = OctavoSettings.from_kwargs()
+    except ValueError:
+        d = tmp_path_factory.mktemp("smollm2_tokenizer")
+        xz = Path(__file__).resolve().parents[2] / "benchmarks" / "device" / "smollm2_tokenizer.json.xz"
+        (d / "tokenizer.json").write_bytes(lzma.open(xz).read())
+        (d / "tokenizer_config.json").write_text(json.dumps({
+            "bos_token": "<|im_start|>", "eos_token": "<|im_end|>", "pad_token": "<|im_end|>",
+            "unk_token": "<|endoftext|>", "tokenizer_class": "PreTrainedTokenizerFast"}))
+        (d / "config.json").write_text(json.dumps({  # (a model directory needs one; no weights are read)
+            "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": VOCAB, "hidden_size": 64,
+            "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "max_position_embeddings": 2048, "tie_word_embeddings": True, "bos_token_id": 1, "eos_token_id": 2}))
+        settings = OctavoSettings.from_kwargs(model=str(d))
+    tok = load_tokenizer(settings.model)
+    m = StructuredOutputManager(settings, VOCAB, [tok.eos_token_id])
+    m.tok = tok
+    yield m
+    m.shutdown()
 
 
 def _engine_run(monkeypatch, modes, pool=1):

@@ -1,0 +1,38 @@
+"""The lines that matter of benchmarks/structured_rotate.py records (session 16): each mode's ms per step, each mode
+against ``free`` and ``json`` (median of round ratios, p25..p75), tokens equal, and the host keys that tell the
+modes apart (the core thread's accept / release, the runner's apply, the device's idle time in its wait).
+
+    python benchmarks/structured_rotate_summary.py RECORD.json [...]
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+KEYS = ("prepare", "accept", "release", "fill", "apply", "device_wait", "chained_frac")
+
+
+def main() -> None:
+    for path in sys.argv[1:]:
+        try:
+            rec = json.load(open(path))
+        except (OSError, ValueError) as e:
+            print(f"{path}: not read ({e})")
+            continue
+        print(f"{path} ({rec.get('device')}, load {rec.get('loadavg_start')} -> {rec.get('loadavg_end')})")
+        for key, b in rec.items():
+            if not key.startswith("batch_"):
+                continue
+            print(f"  {key}: {b['rounds']} rounds, tokens equal {b['tokens_equal']}")
+            for mode, ms in b["ms_per_step"].items():
+                vs = [f"vs {base} {b['pairs'][f'{mode}_vs_{base}']['pct_median']:+.2f} % "
+                      f"{b['pairs'][f'{mode}_vs_{base}']['p25_p75']}"
+                      for base in ("free", "json") if f"{mode}_vs_{base}" in b["pairs"]]
+                host = b["host_ms_per_step"].get(mode, {})
+                keys = " ".join(f"{k} {host[k]:.3f}" for k in KEYS if k in host)
+                print(f"    {mode:14s} {ms:.3f} ms  {'; '.join(vs)}  [{keys}]")
+
+
+if __name__ == "__main__":
+    main()
