@@ -45,6 +45,9 @@ if CHAIN and (not grammar_device_gate.NATIVE_OPEN or grammar_device_gate.NATIVE_
                      "OCTAVO_GRAMMAR_NATIVE_OPEN=0 or OCTAVO_GRAMMAR_NATIVE_START=1; unset one of them")
 SETTLE_TIMEOUT_S = 60.0  # a queued job that never ran (a stuck stream): the step fails after this, the word opened
 _FAILED: list[str] = []  # a launch failed in this process: no more chaining (the Python path, as before)
+# jobs handed to the driver and not settled yet: kept alive here (their C memory, matchers and rows) even if the engine
+# that made them is dropped first, e.g. shut down with steps in flight (the driver may still run them)
+_LIVE: set = set()
 
 
 class Chain:
@@ -131,6 +134,7 @@ def launch(grammar: Any, prev_copy: tuple | None, apply: Any) -> None:
         return
     job = chain.job
     job.bind(sampled, index, step.device_gate.words, step.seq)
+    _LIVE.add(job)
     if event is None:
         job.run_now()
         return
@@ -188,6 +192,7 @@ def settle(step: Any) -> None:
     if t_run:
         step.t_fill0, step.t_fill1, step.fill_s = t_run, t_end or time.perf_counter(), (t_end or t_run) - t_run
     if state != 0 or chain.lost:  # (a job queued that never ran keeps its slot: it may still run)
+        _LIVE.discard(job)
         job.release()
     if err is not None:
         step._error = err  # noqa: SLF001
