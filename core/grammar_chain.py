@@ -30,6 +30,7 @@ hang) fills in Python and opens the word, and a failed call fails the step with 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from typing import Any
@@ -40,7 +41,8 @@ from octavo.env_flags import env_switch
 logger = logging.getLogger("octavo.core.structured_output")
 
 CHAIN = env_switch("OCTAVO_GRAMMAR_CHAIN", False)
-if CHAIN and (not grammar_device_gate.NATIVE_OPEN or grammar_device_gate.NATIVE_START):
+CHAIN_EXPLICIT = os.environ.get("OCTAVO_GRAMMAR_CHAIN", "").strip() == "1"  # set: refused where it cannot act
+if CHAIN_EXPLICIT and (not grammar_device_gate.NATIVE_OPEN or grammar_device_gate.NATIVE_START):
     raise ValueError("OCTAVO_GRAMMAR_CHAIN=1 runs the native fill itself: it cannot go with "
                      "OCTAVO_GRAMMAR_NATIVE_OPEN=0 or OCTAVO_GRAMMAR_NATIVE_START=1; unset one of them")
 SETTLE_TIMEOUT_S = 60.0  # a queued job that never ran (a stuck stream): the step fails after this, the word opened
@@ -75,7 +77,10 @@ def on() -> bool:
 
 
 def check_backend(backend: Any, name: str) -> None:
-    """:data:`CHAIN` on: refuse, by name, a structured-output backend without a chained fill."""
+    """:data:`CHAIN` set to 1: refuse, by name, a structured-output backend without a chained fill (by default the
+    chain just stays off there: those steps take the path they took before)."""
+    if not CHAIN_EXPLICIT:
+        return
     if CHAIN and getattr(backend, "opens_gate", False):
         raise ValueError("OCTAVO_GRAMMAR_CHAIN=1 cannot go with OCTAVO_GRAMMAR_WORKER=1 (the matchers live in the "
                          "grammar worker process); unset one of them")

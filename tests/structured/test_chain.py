@@ -209,6 +209,36 @@ def test_who_fills_is_decided_when_the_gate_is_made(mgr, monkeypatch):  # noqa: 
     mgr._inflight = None
 
 
+def test_the_switch_is_honored_or_refused_by_name():
+    import os
+    import subprocess
+    import sys
+
+    code = "from octavo.core import grammar_chain as c; print(c.CHAIN, c.on())"
+    cases = (({"OCTAVO_GRAMMAR_CHAIN": "1"}, "True True"), ({"OCTAVO_GRAMMAR_CHAIN": "0"}, "False False"),
+             ({"OCTAVO_GRAMMAR_CHAIN": ""}, "False False"),
+             ({"OCTAVO_GRAMMAR_CHAIN": "", "OCTAVO_GRAMMAR_NATIVE_OPEN": "0"}, "False False"))
+    for extra, want in cases:
+        out = subprocess.run([sys.executable, "-c", code], env={**os.environ, **extra}, capture_output=True,
+                             text=True, timeout=120)
+        assert out.stdout.strip() == want, out.stderr[-500:]
+    for extra in ({"OCTAVO_GRAMMAR_NATIVE_OPEN": "0"}, {"OCTAVO_GRAMMAR_NATIVE_START": "1"}):
+        out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "OCTAVO_GRAMMAR_CHAIN": "1", **extra},
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode != 0 and "OCTAVO_GRAMMAR_CHAIN=1" in out.stderr
+
+
+def test_a_backend_without_a_chained_fill_is_refused_when_set(monkeypatch):
+    from octavo.plugins.structured_output.guidance_backend import GuidanceBackend
+
+    monkeypatch.setattr(grammar_chain, "CHAIN", True)
+    monkeypatch.setattr(grammar_chain, "CHAIN_EXPLICIT", True)
+    with pytest.raises(ValueError, match="OCTAVO_GRAMMAR_CHAIN=1: the structured-output backend 'guidance'"):
+        grammar_chain.check_backend(object.__new__(GuidanceBackend), "guidance")
+    monkeypatch.setattr(grammar_chain, "CHAIN_EXPLICIT", False)  # (a default: the chain stays off there)
+    grammar_chain.check_backend(object.__new__(GuidanceBackend), "guidance")
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("pool", [1, 4])
