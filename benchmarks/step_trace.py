@@ -2,7 +2,8 @@
 benchmarks/head16_ab.py): from a CUDA-only torch.profiler trace of a greedy generation (no CPU activity, so the
 host is not slowed by the profiler and stays as far ahead of the GPU as it is in the timed runs).
 
-Steps are cut at each step's one device-to-host copy (the sampled ids); the first two and the last are left out.
+Steps are cut at each step's one device-to-host copy (the sampled ids), or where there is none (the zero-copy step
+graph) at each step's fill kernel; the first two and the last are left out.
 Per step: the span, the time some kernel or copy ran (union), the idle rest and its gaps by the pair of ops around
 them, and every op by name (count and us a step). Ops outside the graph = the step's ops minus what one replay of
 the batch-1 body graph runs (``graph_counts``, from a trace of replays alone), so a head graph's kernels count as
@@ -38,8 +39,10 @@ def step_table(prof, graph: dict[str, float] | None = None, skip_first: int = 2)
     """The per-step account (module docstring) of a profiled generation."""
     ops = device_ops(prof)
     cuts = [end for start, end, name in ops if "DtoH" in name]
+    if len(cuts) < skip_first + 3:  # the zero-copy step graph copies nothing back: cut before each step's fill kernel
+        cuts = [start for start, end, name in ops if "_fill_step_kernel" in name]
     if len(cuts) < skip_first + 3:
-        return {"error": f"{len(cuts)} device-to-host copies in the trace: too few steps"}
+        return {"error": f"{len(cuts)} device-to-host copies / step fills in the trace: too few steps"}
     cuts = cuts[skip_first:]
     steps = len(cuts) - 1
     lo, hi = cuts[0], cuts[-1]
