@@ -61,6 +61,10 @@
 #               tma3_l2 (s16a's prefetch bug fixed), o8w4 (o_proj's programs fit beside the attention), self (each GEMV
 #               program asks L2 for its rows before its wait: SELF_PF, with the same bug fixed: one request a row, not
 #               16-32), x2-3 alternating; test_fp8_prefetch.py (the GEMV bits with self-prefetch / PDL in a graph)
+#   s17a        prepared in session 16 (fp816) for the next session, cap 150 s: GPU test of the norm in the consuming
+#               GEMV's prologue (test_fp8_norm_gemv.py: residual exact, output vs float64, the elements that differ from
+#               norm + GEMV counted, graph), then normgemv = benchmarks/fp8_norm_gemv_bench.py (chains of o_proj GEMV ->
+#               norm -> qkv / gate_up GEMV vs o_proj GEMV -> norm_gemv in CUDA graphs, us a link)
 #   bs1         benchmarks/fp8_bs1.py --ab s6: 8B fp8 + fp8 KV batch 1, one engine: ms/token vs the roofline, the
 #               captured forward alone vs the rest (LM head, sampler, host), the graph's kernel table; then the
 #               variants ${BS1_VARIANTS:-nopdl,default_again,nopdl_again}, graph recaptured for each (nopdl: the GEMV
@@ -120,6 +124,9 @@ elif [ "${1:-}" = s16b ]; then
   shift; set -- tests bs1 "$@"
   : "${FP89_LIMIT:=200}" "${BS1_VARIANTS:=att_s8_n128,norm32,self,o8w4,default_again,att_s8_n128_again,norm32_again,self_again,o8w4_again,att_s8_n128_o8w4,default_again2,att_s8_n128_again2,norm32_again2,att_s8_n128_norm32,att_s8_n128_o8w4_again,default_again3,tma3_l2,att_s8_n128_norm32_again,o8w4_again2,att_w2,default_again4}"
   : "${FP89_TESTS:=tests/quant/test_fp8_decode_one.py tests/quant/test_fp8_gemv_tma.py tests/quant/test_fp8_prefetch.py}"
+elif [ "${1:-}" = s17a ]; then
+  shift; set -- tests normgemv "$@"  # prepared in session 16 (fp816) for the next one: not run yet
+  : "${FP89_LIMIT:=150}" "${FP89_TESTS:=tests/quant/test_fp8_norm_gemv.py}"
 elif [ "${1:-}" = s11b2 ]; then
   shift; set -- bs1 tests "$@"
   : "${FP89_LIMIT:=140}" "${BS1_VARIANTS:=notable,self,pf32,default_again,notable_again,self_again,pf32_again,silu_rope,nopdl}"
@@ -138,7 +145,7 @@ git status --short > "$R/tree_status.txt" 2>/dev/null
 export OCTAVO_DISABLE_PROGRESS=1
 PARTS=("$@")
 [ ${#PARTS[@]} -eq 0 ] && PARTS=(bs1 tests)
-declare -A RESERVE=([tests]=50 [smallm]=30 [mem_fp8]=55 [mem_bf16]=0 [e2e_fp8]=150 [bs1]=45 [head]=50 [tail]=140)
+declare -A RESERVE=([tests]=50 [normgemv]=40 [smallm]=30 [mem_fp8]=55 [mem_bf16]=0 [e2e_fp8]=150 [bs1]=45 [head]=50 [tail]=140)
 reserve() {  # seconds the parts after $1 keep for themselves
   local after=0 r=0 p
   for p in "${PARTS[@]}"; do
@@ -175,10 +182,13 @@ for P in "${PARTS[@]}"; do
     head) OCTAVO_GRAPH_HEAD=1 $T python benchmarks/graph_head_ab.py --dtype fp8 --gemv-ab --out "$R/head.json" \
             > "$R/head.log" 2>&1
           echo "exit $?"; grep -v " INFO \| WARNING " "$R/head.log" | cut -c1-600 | tail -14;;
+    normgemv) $T python benchmarks/fp8_norm_gemv_bench.py --layers 16 --rounds 5 --out "$R/norm_gemv.json" \
+                > "$R/norm_gemv.log" 2>&1
+              echo "exit $?"; grep -v " INFO \| WARNING " "$R/norm_gemv.log" | tail -12;;
     tail) OCTAVO_QUANTIZATION=fp8 OCTAVO_KV_CACHE_DTYPE=fp8 $T python benchmarks/fp8_tail_ab.py \
             --order "${TAIL_ORDER:-off,on}" --budget $(( B - 50 )) --out "$R/tail.json" > "$R/tail.log" 2>&1
           echo "exit $?"; grep -E "^(built|run|done)|Error|error" "$R/tail.log" | cut -c1-600 | tail -8;;
-    *) echo "unknown part $P (bs1 head tests smallm mem_fp8 mem_bf16 e2e_fp8 tail)";;
+    *) echo "unknown part $P (bs1 head tests smallm mem_fp8 mem_bf16 e2e_fp8 tail normgemv)";;
   esac
 done
 echo "== done $(date -u +%T), $(( $(date +%s) - T0 )) s"
