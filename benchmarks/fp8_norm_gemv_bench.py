@@ -80,7 +80,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--layers", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--programs", default="2,3", help="programs an SM for the fused kernel (comma list)")
+    ap.add_argument("--programs", default="3,4", help="programs an SM for the fused kernel (comma list)")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     import torch

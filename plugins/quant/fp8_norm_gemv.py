@@ -17,7 +17,8 @@ this kernel's warps (the norm kernel's 16): ``rstd`` may differ in its last bits
 a bf16 step (the interpreter sums both alike: bit-equal there; the GPU test counts the elements that differ).
 
 PDL: the first tile's first weight block and the norm weight are read before ``griddepcontrol.wait`` (no kernel of the
-step writes them), the dependents let in after it, as fp8_gemv's ``PDL_W``.
+step writes them), the dependents let in after it, as fp8_gemv's ``PDL_W``; the first tile's other blocks are asked for
+right after the wait, so they stream while the norm runs.
 """
 
 from __future__ import annotations
@@ -48,10 +49,20 @@ def _norm_gemv_kernel(x_ptr, r_ptr, nw_ptr, ro_ptr, w_ptr, ws_ptr, y_ptr, N, K, 
     nw = tl.load(nw_ptr + cols)  # constants: before the wait
     kb = tl.arange(0, BLOCK_K)
     rows0 = w_ptr + (pid * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)[:, None] * stride_wn
-    w_first = tl.load(rows0 + kb[None, :])  # the host keeps the grid <= the tiles: every program has one
+    w0 = tl.load(rows0 + kb[None, :])  # the host keeps the grid <= the tiles: every program has one
     if USE_PDL:
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
+    # the first tile's other blocks asked for now: in flight while the norm below runs (not after it)
+    w1 = w0
+    w2 = w0
+    w3 = w0
+    if NB > 1:
+        w1 = tl.load(rows0 + (BLOCK_K + kb)[None, :])
+    if NB > 2:
+        w2 = tl.load(rows0 + (2 * BLOCK_K + kb)[None, :])
+    if NB > 3:
+        w3 = tl.load(rows0 + (3 * BLOCK_K + kb)[None, :])
     # the norm kernel's expressions (fp8_fused._rms_norm_quant_kernel, _quant_row_store), once a program
     x = tl.load(x_ptr + cols)
     if HAS_RES:
@@ -64,42 +75,53 @@ def _norm_gemv_kernel(x_ptr, r_ptr, nw_ptr, ro_ptr, w_ptr, ws_ptr, y_ptr, N, K, 
     s_x = tl.maximum(tl.math.div_rn(tl.max(tl.abs(o), 0), 448.0), 1e-12)
     xq = tl.reshape(_quant_e4m3(o, s_x, SOFT_FP8), [NB, BLOCK_K])  # the e4m3 values the norm kernel stores
     xb0 = _block(xq, 0, NB)  # the row's blocks, taken out once (NB <= 4; -0.0 kept)
+    xb1 = xb0
+    xb2 = xb0
+    xb3 = xb0
     if NB > 1:
         xb1 = _block(xq, 1, NB)
     if NB > 2:
         xb2 = _block(xq, 2, NB)
     if NB > 3:
         xb3 = _block(xq, 3, NB)
-    for t in range(pid, n_tiles, progs):
-        n = t * BLOCK_N + tl.arange(0, BLOCK_N)
-        rows = w_ptr + n.to(tl.int64)[:, None] * stride_wn
-        acc = tl.zeros([BLOCK_N, BLOCK_K // ACC_SPLIT], dtype=tl.float32)
-        for b in tl.static_range(NB):
-            if b == 0:
-                w = w_first
-                if t != pid:  # the first tile's block 0 came before the wait
-                    w = tl.load(rows + kb[None, :])
-            else:
-                w = tl.load(rows + (b * BLOCK_K + kb)[None, :])
-            if b == 0:
-                xb = xb0
-            elif b == 1:
-                xb = xb1
-            elif b == 2:
-                xb = xb2
-            else:
-                xb = xb3
-            prod = w.to(tl.float32) * xb[None, :]  # fp8_gemv._gemv_step's split accumulator, the same order
-            acc += tl.sum(tl.reshape(prod, [BLOCK_N, BLOCK_K // ACC_SPLIT, ACC_SPLIT]), 2)
-        y = (tl.sum(acc, 1) * s_x * tl.load(ws_ptr + n)).to(y_ptr.dtype.element_ty)
-        tl.store(y_ptr + n, y)
+    _tile(w0, w1, w2, w3, xb0, xb1, xb2, xb3, pid, s_x, ws_ptr, y_ptr, NB, BLOCK_N, BLOCK_K, ACC_SPLIT)
+    for t in range(pid + progs, n_tiles, progs):
+        rows = w_ptr + (t * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)[:, None] * stride_wn
+        w0 = tl.load(rows + kb[None, :])
+        if NB > 1:
+            w1 = tl.load(rows + (BLOCK_K + kb)[None, :])
+        if NB > 2:
+            w2 = tl.load(rows + (2 * BLOCK_K + kb)[None, :])
+        if NB > 3:
+            w3 = tl.load(rows + (3 * BLOCK_K + kb)[None, :])
+        _tile(w0, w1, w2, w3, xb0, xb1, xb2, xb3, t, s_x, ws_ptr, y_ptr, NB, BLOCK_N, BLOCK_K, ACC_SPLIT)
 
+
+@triton.jit
+def _step(acc, w, xb, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ACC_SPLIT: tl.constexpr):
+    prod = w.to(tl.float32) * xb[None, :]  # fp8_gemv._gemv_step's split accumulator
+    return acc + tl.sum(tl.reshape(prod, [BLOCK_N, BLOCK_K // ACC_SPLIT, ACC_SPLIT]), 2)
+
+
+@triton.jit
+def _tile(w0, w1, w2, w3, xb0, xb1, xb2, xb3, t, s_x, ws_ptr, y_ptr, NB: tl.constexpr, BLOCK_N: tl.constexpr,
+          BLOCK_K: tl.constexpr, ACC_SPLIT: tl.constexpr):
+    """Tile ``t``'s outputs from its NB weight blocks, in fp8_gemv's order (block 0 first), and fp8_gemv's scaling."""
+    n = t * BLOCK_N + tl.arange(0, BLOCK_N)
+    acc = _step(tl.zeros([BLOCK_N, BLOCK_K // ACC_SPLIT], dtype=tl.float32), w0, xb0, BLOCK_N, BLOCK_K, ACC_SPLIT)
+    if NB > 1:
+        acc = _step(acc, w1, xb1, BLOCK_N, BLOCK_K, ACC_SPLIT)
+    if NB > 2:
+        acc = _step(acc, w2, xb2, BLOCK_N, BLOCK_K, ACC_SPLIT)
+    if NB > 3:
+        acc = _step(acc, w3, xb3, BLOCK_N, BLOCK_K, ACC_SPLIT)
+    tl.store(y_ptr + n, (tl.sum(acc, 1) * s_x * tl.load(ws_ptr + n)).to(y_ptr.dtype.element_ty))
 
 def norm_gemv(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
               weight: torch.Tensor, weight_scale: torch.Tensor, *, tile: tuple[int, int, int] = (4, 1024, 4),
               programs: int | None = None, acc_split: int = 16, pdl: bool = False):
     """``(y [1, N], new_residual [1, K] or None)``: the quantizing RMSNorm of ``x (+ residual)`` and the one-row fp8
-    GEMV of its e4m3 copy, in one persistent launch. ``programs``: the grid (default: 3 an SM)."""
+    GEMV of its e4m3 copy, in one persistent launch. ``programs``: the grid (default: 4 an SM)."""
     import os
 
     k = x.shape[-1]
@@ -114,8 +136,8 @@ def norm_gemv(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch
     if soft:
         progs = programs or 3
     else:
-        # 3 an SM: sm_90 SASS of the 4x1024 tile holds ~165 registers a thread (the row's e4m3 copy and norm weight)
-        progs = programs or 3 * torch.cuda.get_device_properties(x.device).multi_processor_count
+        # 4 an SM: sm_90 SASS of the 4x1024 tile, 4 warps, holds 122 registers a thread (Triton 3.6 and 3.9)
+        progs = programs or 4 * torch.cuda.get_device_properties(x.device).multi_processor_count
     progs = min(progs, n // bn)
     y = torch.empty(1, n, dtype=torch.promote_types(norm_weight.dtype, x.dtype), device=x.device)
     ro = torch.empty(1, k, dtype=x.dtype, device=x.device) if residual is not None else None
