@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import octavo.plugins.structured_output.xgrammar_native as xn
-from octavo.core import async_gate, grammar_device_gate
+from octavo.core import async_gate, grammar_chain, grammar_device_gate
 from octavo.core.async_gate import GatedGrammarStep
 from octavo.core.grammar_accept import RowsAccept
 from octavo.core.grammar_device_gate import DeviceGate
@@ -162,6 +162,7 @@ def test_tokens_identical_to_serial(monkeypatch, mode):
                 m.setattr(grammar_device_gate, "NATIVE_OPEN", True)
                 m.setattr(grammar_device_gate, "NATIVE_START", "start" in mode)
                 m.setattr(grammar_device_gate, "NATIVE_ACCEPT", "accept" in mode)
+                m.setattr(grammar_chain, "CHAIN", False)  # (the chained fill would take the accept's steps)
                 m.setattr(xn, "POOL_THREADS", pool)
                 m.setattr(xn, "SPIN_US", 200.0 if "spin" in mode else 0.0)
                 m.setattr(xn, "MIN_ROWS_PER_CHUNK", 1)  # (the parity batch is small: every row its own chunk)
