@@ -41,7 +41,7 @@ from octavo.env_flags import env_switch
 logger = logging.getLogger("octavo.core.structured_output")
 
 CHAIN = env_switch("OCTAVO_GRAMMAR_CHAIN", False)
-CHAIN_EXPLICIT = os.environ.get("OCTAVO_GRAMMAR_CHAIN", "").strip() == "1"  # set: refused where it cannot act
+CHAIN_EXPLICIT = CHAIN and bool(os.environ.get("OCTAVO_GRAMMAR_CHAIN", "").strip())  # set to 1: refused where it can't
 if CHAIN_EXPLICIT and (not grammar_device_gate.NATIVE_OPEN or grammar_device_gate.NATIVE_START):
     raise ValueError("OCTAVO_GRAMMAR_CHAIN=1 runs the native fill itself: it cannot go with "
                      "OCTAVO_GRAMMAR_NATIVE_OPEN=0 or OCTAVO_GRAMMAR_NATIVE_START=1; unset one of them")
