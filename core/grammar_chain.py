@@ -202,5 +202,7 @@ def settle(step: Any) -> None:
     if state != 0 or chain.lost:  # (a job queued that never ran keeps its slot: it may still run)
         _LIVE.discard(job)
         job.release()
+    if step._rows is None:  # noqa: SLF001 - (the rows are filled: a wait() before any start() must not fill again)
+        step._rows = step.request_ids, step.positions, step.bitmask  # noqa: SLF001
     if err is not None:
         step._error = err  # noqa: SLF001

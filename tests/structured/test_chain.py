@@ -137,8 +137,13 @@ def test_the_job_accepts_fills_and_opens_as_python_does(mgr, monkeypatch, caplog
     job.run_now()
     assert job.state() == 1 and step.device_gate.words.tolist() == [7, 0]  # filled, opened by C
     assert torch.equal(step.bitmask, ref)
+    backend = mgr._get_backend()
+    for name in ("fill_open", "fill_bitmasks"):  # (nothing may fill these rows again)
+        monkeypatch.setattr(backend, name, lambda *a, **k: pytest.fail("filled again"))
     with caplog.at_level(logging.WARNING):
-        step.settle()
+        rows = step.wait()  # (settles the job; a wait() before any start() takes the job's rows, fills nothing)
+    monkeypatch.undo()
+    assert rows[2] is step.bitmask and torch.equal(step.bitmask, ref)
     assert f"request {step.request_ids[1]}: token {tokens[1]} breaks its grammar" in caplog.text
     assert step._error is None and not job.busy  # (the slot is free again)
     step.bitmask.fill_(0)
