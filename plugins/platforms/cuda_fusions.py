@@ -60,10 +60,9 @@ def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, stride_x, stri
 
 
 @triton.jit
-def _silu_and_mul_kernel(x_ptr, out_ptr, stride_x, d, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
-    if PDL:
-        gdc_wait()
-        gdc_launch_dependents()
+def silu_mul_tile(x_ptr, stride_x, d, BLOCK: tl.constexpr):
+    """This program's tile of SiLU(gate) * up in the input dtype (the rounding steps of the eager op), with its row,
+    columns and mask; inlined into every kernel that computes it, so they all give these bits (fp8_silu_amax.py)."""
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < d
@@ -71,7 +70,16 @@ def _silu_and_mul_kernel(x_ptr, out_ptr, stride_x, d, BLOCK: tl.constexpr, PDL: 
     u = tl.load(x_ptr + row * stride_x + d + cols, mask=mask, other=0.0)
     gf = g.to(tl.float32)
     s = (gf / (1.0 + tl.exp(-gf))).to(g.dtype).to(tl.float32)
-    tl.store(out_ptr + row * d + cols, (s * u.to(tl.float32)).to(g.dtype), mask=mask)
+    return row, cols, mask, (s * u.to(tl.float32)).to(g.dtype)
+
+
+@triton.jit
+def _silu_and_mul_kernel(x_ptr, out_ptr, stride_x, d, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+    row, cols, mask, o = silu_mul_tile(x_ptr, stride_x, d, BLOCK)
+    tl.store(out_ptr + row * d + cols, o, mask=mask)
 
 
 @triton.jit(do_not_specialize=["stride_qt", "stride_kt", "num_q_heads", "num_k_heads"])  # same types

@@ -18,6 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
+from octavo.plugins.platforms.cuda_fusions import silu_mul_tile
 from octavo.plugins.platforms.cuda_pdl import gdc_launch_dependents, gdc_wait, launch_opts
 
 
@@ -26,14 +27,7 @@ def _silu_mul_amax_kernel(x_ptr, out_ptr, amax_ptr, stride_x, d, BLOCK: tl.const
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
-    row = tl.program_id(0).to(tl.int64)
-    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    mask = cols < d
-    g = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
-    u = tl.load(x_ptr + row * stride_x + d + cols, mask=mask, other=0.0)
-    gf = g.to(tl.float32)
-    s = (gf / (1.0 + tl.exp(-gf))).to(g.dtype).to(tl.float32)
-    o = (s * u.to(tl.float32)).to(g.dtype)
+    row, cols, mask, o = silu_mul_tile(x_ptr, stride_x, d, BLOCK)
     tl.store(out_ptr + row * d + cols, o, mask=mask)
     part = tl.max(tl.where(mask, tl.abs(o.to(tl.float32)), 0.0), 0)
     tl.store(amax_ptr + row * tl.num_programs(1) + tl.program_id(1), part)
