@@ -34,6 +34,7 @@ from octavo.plugins.platforms.cuda_gemv import (  # noqa: F401 - re-exported: ot
     gemv,
 )
 from octavo.plugins.platforms.cuda_pdl import gdc_launch_dependents, gdc_wait, launch_opts
+from octavo.plugins.platforms.cuda_silu_tile import silu_mul_tile
 
 logger = logging.getLogger(__name__)
 
@@ -57,20 +58,6 @@ def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, stride_x, stri
     y = (xf * rstd).to(x.dtype).to(tl.float32)
     w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     tl.store(out_ptr + row * n_cols + cols, (y * w).to(out_ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def silu_mul_tile(x_ptr, stride_x, d, BLOCK: tl.constexpr):
-    """This program's tile of SiLU(gate) * up in the input dtype (the rounding steps of the eager op), with its row,
-    columns and mask; inlined into every kernel that computes it, so they all give these bits (fp8_silu_amax.py)."""
-    row = tl.program_id(0).to(tl.int64)
-    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    mask = cols < d
-    g = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
-    u = tl.load(x_ptr + row * stride_x + d + cols, mask=mask, other=0.0)
-    gf = g.to(tl.float32)
-    s = (gf / (1.0 + tl.exp(-gf))).to(g.dtype).to(tl.float32)
-    return row, cols, mask, (s * u.to(tl.float32)).to(g.dtype)
 
 
 @triton.jit

@@ -18,8 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
-from octavo.plugins.platforms.cuda_fusions import silu_mul_tile
 from octavo.plugins.platforms.cuda_pdl import gdc_launch_dependents, gdc_wait, launch_opts
+from octavo.plugins.platforms.cuda_silu_tile import silu_mul_tile
 
 
 @triton.jit
