@@ -37,12 +37,19 @@ class RowsAccept:
     def native(self, ok: bytes) -> None:
         """The C accept's per-row results: ``1`` accepted, ``0`` refused (a warning, as the Python accept logs; the
         matcher did not move), ``2`` the call failed (raised: the step fails, as a failing Python accept would)."""
-        if ok.count(1) == len(ok):
-            return
-        for j, r in enumerate(ok):
-            if r == 0:
-                logger.warning("request %s: token %d breaks its grammar", self.rids[j], self.tokens[j])
-        bad = [j for j, r in enumerate(ok) if r == 2]
-        if bad:
-            raise RuntimeError(f"structured outputs: the native accept of request {self.rids[bad[0]]}'s token "
-                               f"{self.tokens[bad[0]]} failed (OCTAVO_GRAMMAR_NATIVE_ACCEPT=0 accepts in Python)")
+        check_accepted(ok, self.rids, self.tokens, "native", "OCTAVO_GRAMMAR_NATIVE_ACCEPT")
+
+
+def check_accepted(ok: bytes | list[int], rids: list[str], tokens: list[int], how: str, switch: str) -> None:
+    """Per-row results of an accept done in C (the native fill's, the chained fill's): ``1`` accepted, ``0`` refused
+    (a warning, as the Python accept logs; the matcher did not move), ``2`` the call failed (raised, naming the row's
+    request and the ``switch`` that turns the C accept off: the step fails, as a failing Python accept would)."""
+    if ok.count(1) == len(ok):
+        return
+    for j, r in enumerate(ok):
+        if r == 0:
+            logger.warning("request %s: token %d breaks its grammar", rids[j], tokens[j])
+    bad = [j for j, r in enumerate(ok) if r == 2]
+    if bad:
+        raise RuntimeError(f"structured outputs: the {how} accept of request {rids[bad[0]]}'s token "
+                           f"{tokens[bad[0]]} failed ({switch}=0 accepts in Python)")

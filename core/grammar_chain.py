@@ -36,6 +36,7 @@ import time
 from typing import Any
 
 from octavo.core import grammar_device_gate
+from octavo.core.grammar_accept import check_accepted
 from octavo.env_flags import env_switch
 
 logger = logging.getLogger("octavo.core.structured_output")
@@ -181,16 +182,9 @@ def settle(step: Any) -> None:
             raise RuntimeError(f"structured outputs: step {step.seq}'s chained grammar fill did not run within "
                                f"{SETTLE_TIMEOUT_S:.0f} s (OCTAVO_GRAMMAR_CHAIN=0 fills in Python)")
         ok, _ = job.results()
-        if state != 1 or ok.count(1) != len(ok):
-            for j, r in enumerate(ok):
-                if r == 0:
-                    logger.warning("request %s: token %d breaks its grammar", step.request_ids[j], job.tokens[j])
-            bad = [j for j, r in enumerate(ok) if r == 2]
-            if bad:
-                raise RuntimeError(f"structured outputs: the chained accept of request {step.request_ids[bad[0]]}'s "
-                                   f"token {job.tokens[bad[0]]} failed (OCTAVO_GRAMMAR_CHAIN=0 accepts in Python)")
-            if state == 2:
-                step.backend.chain_refill(job, step.matchers, step.bitmask)
+        check_accepted(ok, step.request_ids, job.tokens, "chained", "OCTAVO_GRAMMAR_CHAIN")
+        if state == 2:
+            step.backend.chain_refill(job, step.matchers, step.bitmask)
     except Exception as e:  # noqa: BLE001 - the step fails (wait() raises it), the device is let go on safe rows
         err = e
         step.bitmask[:len(step.matchers)] = -1
