@@ -101,8 +101,8 @@ def maybe_capture_cuda_graphs(handle: ModelHandle) -> CUDAGraphRunner | None:
         handle.model, handle.device, runner.capture_sizes)
     from octavo.plugins.platforms.cuda_step_graph import make_step_graph
 
-    if not getattr(handle, "spec_verify_shapes", ()):  # (a speculator's steps never take it: core/step_head.py)
-        runner.step_graph = make_step_graph(runner, runner.head)  # batch-1 greedy step in one graph (OCTAVO_GRAPH_STEP)
+    # batch-1 greedy step in one graph (OCTAVO_GRAPH_STEP); a speculator's steps never take it (core/step_head.py)
+    runner.step_graph = make_step_graph(runner, runner.head, speculator=bool(getattr(handle, "spec_verify_shapes", ())))
     try:
         runner.capture()
     except Exception as e:  # an uncapturable model or backend must not stop the engine

@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from octavo.env_flags import env_switch
+from octavo.env_flags import env_choice, env_switch
 
 logger = logging.getLogger(__name__)
 
@@ -229,9 +229,10 @@ class StepGraph:
         return self.hidden, self.head.sampled[:1], None
 
 
-def make_step_graph(runner, head) -> StepGraph | None:
+def make_step_graph(runner, head, speculator: bool = False) -> StepGraph | None:
     """A :class:`StepGraph` for ``runner`` when ``OCTAVO_GRAPH_STEP`` (default :data:`DEFAULT_ON`) is on, one row is
-    a captured size, the model has an LM head and runs on one rank and one pipeline stage; else None. ``head``: the
+    a captured size, the model has an LM head, runs on one rank and one pipeline stage and has no speculator; else
+    None (an explicit ``OCTAVO_GRAPH_STEP=1`` there is refused by name). ``head``: the
     runner's ``GraphHead`` (the head graphs), else the step graph gets its own (its greedy path and id buffer only:
     no head graphs are captured for it)."""
     from octavo.nn.parallel import get_tp_size
@@ -239,10 +240,14 @@ def make_step_graph(runner, head) -> StepGraph | None:
 
     if not env_switch("OCTAVO_GRAPH_STEP", default=DEFAULT_ON):
         return None
-    why = ("no one-row graph" if 1 not in runner.capture_sizes else "TP > 1" if get_tp_size() > 1 else
+    why = ("speculative decoding" if speculator else "no one-row graph" if 1 not in runner.capture_sizes else
+           "TP > 1" if get_tp_size() > 1 else
            "pipeline stages" if get_pp_size() > 1 else "no LM head" if not hasattr(runner.model, "compute_logits")
            else None)
     if why is not None:
+        if env_choice("OCTAVO_GRAPH_STEP", ("0", "1", "unset"), "unset") == "1":  # asked for by name: refused
+            raise ValueError(f"OCTAVO_GRAPH_STEP=1: this engine cannot take the one-graph batch-1 step ({why}); "
+                             "unset it (it is on wherever it can act) or set it to 0")
         logger.info("OCTAVO_GRAPH_STEP: no one-graph batch-1 step (%s)", why)
         return None
     if head is None:

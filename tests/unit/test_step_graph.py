@@ -124,3 +124,20 @@ def test_engine_tokens_equal_with_the_step_graph(tiny_llama, async_scheduling, z
                 assert got[True][2] == 0, (name, got[True][2])
     finally:
         llm.llm_engine.shutdown()
+
+
+@pytest.mark.parametrize("why, runner, speculator", [
+    ("no one-row graph", SimpleNamespace(capture_sizes=[2, 4], model=SimpleNamespace(compute_logits=None)), False),
+    ("speculative decoding", SimpleNamespace(capture_sizes=[1, 2], model=SimpleNamespace(compute_logits=None)), True),
+    ("no LM head", SimpleNamespace(capture_sizes=[1, 2], model=SimpleNamespace()), False)])
+def test_an_explicit_switch_is_refused_where_it_cannot_act(monkeypatch, why, runner, speculator):
+    """Unset, an engine the step cannot serve runs without it; ``OCTAVO_GRAPH_STEP=1`` there fails at start, by name."""
+    from octavo.plugins.platforms.cuda_step_graph import make_step_graph
+
+    monkeypatch.delenv("OCTAVO_GRAPH_STEP", raising=False)
+    assert make_step_graph(runner, None, speculator=speculator) is None
+    monkeypatch.setenv("OCTAVO_GRAPH_STEP", "0")
+    assert make_step_graph(runner, None, speculator=speculator) is None
+    monkeypatch.setenv("OCTAVO_GRAPH_STEP", "1")
+    with pytest.raises(ValueError, match=f"OCTAVO_GRAPH_STEP=1: .*\\({why}\\)"):
+        make_step_graph(runner, None, speculator=speculator)
