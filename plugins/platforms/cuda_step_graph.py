@@ -238,16 +238,20 @@ def make_step_graph(runner, head, speculator: bool = False) -> StepGraph | None:
     from octavo.nn.parallel import get_tp_size
     from octavo.nn.pipeline import get_pp_size
 
+    zero_copy = env_switch("OCTAVO_GRAPH_STEP_ZERO_COPY", default=False)
     if not env_switch("OCTAVO_GRAPH_STEP", default=DEFAULT_ON):
+        if zero_copy:
+            raise ValueError("OCTAVO_GRAPH_STEP_ZERO_COPY=1 is a mode of the one-graph batch-1 step, which "
+                             "OCTAVO_GRAPH_STEP=0 turns off; set one of them differently")
         return None
     why = ("speculative decoding" if speculator else "no one-row graph" if 1 not in runner.capture_sizes else
            "TP > 1" if get_tp_size() > 1 else
            "pipeline stages" if get_pp_size() > 1 else "no LM head" if not hasattr(runner.model, "compute_logits")
            else None)
     if why is not None:
-        if env_choice("OCTAVO_GRAPH_STEP", ("0", "1", "unset"), "unset") == "1":  # asked for by name: refused
-            raise ValueError(f"OCTAVO_GRAPH_STEP=1: this engine cannot take the one-graph batch-1 step ({why}); "
-                             "unset it (it is on wherever it can act) or set it to 0")
+        if zero_copy or env_choice("OCTAVO_GRAPH_STEP", ("0", "1", "unset"), "unset") == "1":  # asked for: refused
+            raise ValueError(f"OCTAVO_GRAPH_STEP=1 / OCTAVO_GRAPH_STEP_ZERO_COPY=1: this engine cannot take the "
+                             f"one-graph batch-1 step ({why}); unset them (the step is on wherever it can act)")
         logger.info("OCTAVO_GRAPH_STEP: no one-graph batch-1 step (%s)", why)
         return None
     if head is None:

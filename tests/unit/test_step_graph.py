@@ -139,5 +139,18 @@ def test_an_explicit_switch_is_refused_where_it_cannot_act(monkeypatch, why, run
     monkeypatch.setenv("OCTAVO_GRAPH_STEP", "0")
     assert make_step_graph(runner, None, speculator=speculator) is None
     monkeypatch.setenv("OCTAVO_GRAPH_STEP", "1")
-    with pytest.raises(ValueError, match=f"OCTAVO_GRAPH_STEP=1: .*\\({why}\\)"):
+    with pytest.raises(ValueError, match=f"OCTAVO_GRAPH_STEP=1 .*\\({why}\\)"):
         make_step_graph(runner, None, speculator=speculator)
+    monkeypatch.delenv("OCTAVO_GRAPH_STEP")
+    monkeypatch.setenv("OCTAVO_GRAPH_STEP_ZERO_COPY", "1")  # its mode asked for: the same refusal
+    with pytest.raises(ValueError, match=f"ZERO_COPY=1: .*\\({why}\\)"):
+        make_step_graph(runner, None, speculator=speculator)
+
+
+def test_zero_copy_without_the_step_is_refused(monkeypatch):
+    from octavo.plugins.platforms.cuda_step_graph import make_step_graph
+
+    monkeypatch.setenv("OCTAVO_GRAPH_STEP", "0")
+    monkeypatch.setenv("OCTAVO_GRAPH_STEP_ZERO_COPY", "1")
+    with pytest.raises(ValueError, match="OCTAVO_GRAPH_STEP_ZERO_COPY=1 .*OCTAVO_GRAPH_STEP=0"):
+        make_step_graph(SimpleNamespace(capture_sizes=[1]), None)
