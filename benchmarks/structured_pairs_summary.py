@@ -10,14 +10,21 @@ import json
 import sys
 
 
-def main() -> None:
-    for path in sys.argv[1:]:
+def records(paths: list[str]):
+    """Each readable JSON record of ``paths`` after its header line (path, device, load before -> after); an
+    unreadable one is said and skipped. Also benchmarks/structured_rotate_summary.py's loader."""
+    for path in paths:
         try:
             rec = json.load(open(path))
         except (OSError, ValueError) as e:
             print(f"{path}: not read ({e})")
             continue
         print(f"{path} ({rec.get('device')}, load {rec.get('loadavg_start')} -> {rec.get('loadavg_end')})")
+        yield rec
+
+
+def main() -> None:
+    for rec in records(sys.argv[1:]):
         pairs = {rec.get("knob", "ab"): rec} if "values" in rec else rec  # (one A/B: the session-15 layout)
         for label, res in pairs.items():
             if not isinstance(res, dict) or "values" not in res:

@@ -7,20 +7,17 @@ modes apart (the core thread's accept / release, the runner's apply, the device'
 
 from __future__ import annotations
 
-import json
+import os
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the sibling module below, run as a script
+from structured_pairs_summary import records  # noqa: E402
 
 KEYS = ("prepare", "accept", "release", "fill", "apply", "device_wait", "chained_frac")
 
 
 def main() -> None:
-    for path in sys.argv[1:]:
-        try:
-            rec = json.load(open(path))
-        except (OSError, ValueError) as e:
-            print(f"{path}: not read ({e})")
-            continue
-        print(f"{path} ({rec.get('device')}, load {rec.get('loadavg_start')} -> {rec.get('loadavg_end')})")
+    for rec in records(sys.argv[1:]):
         for key, b in rec.items():
             if not key.startswith("batch_"):
                 continue
