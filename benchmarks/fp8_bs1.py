@@ -182,6 +182,9 @@ def main() -> None:
     ap.add_argument("--sweep", type=float, default=0.0,
                     help="seconds for the in-graph tile sweep per shape (fp8_bs1_tiles.py); then --variants "
                          "may name swept / swept_again (the best tiles pinned)")
+    ap.add_argument("--table-sweep", type=float, default=0.0,
+                    help="seconds for this card's table sweep (fp8_bs1_tiles.sweep_table: tile + loop per shape in the "
+                         "graph, the table path); then --variants may name tsweep / tsweep_again*")
     args = ap.parse_args()
     from benchmarks.fp8_bs1_tiles import pin, strict_bytes, sweep, tuned_tiles, unpin
     from benchmarks.fp8_bs1_variants import S6_VARIANTS
@@ -232,6 +235,17 @@ def main() -> None:
         except Exception as e:  # noqa: BLE001 - record why; the variants still run
             res["sweep"] = {"error": f"{type(e).__name__}: {e}"[:400]}
             print("sweep", res["sweep"], flush=True)
+        save()
+    if args.table_sweep and gr is not None:  # this card's table rows chosen in the graph: "tsweep*" variants run them
+        from benchmarks.fp8_bs1_tiles import rows_variant, sweep_table, swept_rows
+
+        try:
+            res["table_sweep"] = sweep_table(gr, budget_s=args.table_sweep)
+            for suffix in ("", "_again", "_again2", "_again3"):
+                S6_VARIANTS["tsweep" + suffix] = rows_variant(swept_rows(res["table_sweep"]))
+        except Exception as e:  # noqa: BLE001 - record why; the variants still run
+            res["table_sweep"] = {"error": f"{type(e).__name__}: {e}"[:400]}
+            print("table sweep", res["table_sweep"], flush=True)
         save()
     if args.ab == "s6" and gr is not None:
         from octavo.plugins.platforms import cuda_pdl

@@ -117,6 +117,101 @@ def sweep(gr, rounds: int = 2, budget_s: float = 40.0) -> dict:
     return res
 
 
+#: the table sweep's candidates for one weight shape: (BLOCK_N, BLOCK_K, warps, stages) x weight blocks a main-loop
+#: trip (fp8_gemv's LOOP2, 0 or 2). The split autotuner's tiles that came close on the H100 (session 11: 16x512 and
+#: 32x512 lost 40-280 us there) plus 8x1024 on 8 warps; LOOP2 is part of the choice (session 12: it won for o / down
+#: on the 1-program-an-SM tile and lost for qkv / gate_up on 4x1024), so it is swept with each tile.
+TABLE_CANDIDATES = [(tile, loop) for tile in ((4, 1024, 4, 3), (8, 1024, 4, 4), (16, 1024, 8, 3), (8, 1024, 2, 3),
+                                             (8, 1024, 8, 3)) for loop in (0, 2)]
+#: the order the table sweep takes the shapes in (coordinate descent: each shape keeps its best for the next):
+#: the largest excess over the copy rate first (session 15's H100 critical path: down, then gate_up's bulk)
+SWEEP_ORDER = ((4096, 14336), (28672, 4096), (4096, 4096), (6144, 4096))
+H100 = "NVIDIA H100 80GB HBM3"
+
+
+def table_rows(card: str) -> dict:
+    """``{(N, K): (tile, loop)}`` of fp8_gemv_tiles' rows for ``card`` (loop 0 where LOOPS has none)."""
+    from octavo.plugins.quant import fp8_gemv_tiles as gt
+
+    return {(n, k): (tile, gt.LOOPS.get((c, n, k), 0)) for (c, n, k), tile in gt.TILES.items() if c == card}
+
+
+def _label(tile, loop) -> str:
+    return f"{tile[0]}x{tile[1]}w{tile[2]}s{tile[3]}" + (f"_loop{loop}" if loop else "")
+
+
+def sweep_table(gr, rounds: int = 2, budget_s: float = 100.0, start: dict | None = None) -> dict:
+    """The one-row GEMV's table rows for THIS card chosen in the captured forward: from ``start`` (``{(N, K): (tile,
+    loop)}``, default the H100's rows), each shape in SWEEP_ORDER in turn takes every TABLE_CANDIDATES entry as its
+    fp8_gemv_tiles TILES / LOOPS row (the other shapes keep their current best), the graph is recaptured and its
+    replays timed; rounds alternate the candidate order; the shape keeps its fastest (min over rounds). The launch
+    is the engine's (table path: tile + loop + PDL + the norm's e4m3 input), unlike :func:`sweep` (autotuner cache,
+    no loop). Returns ms per forward by shape and candidate, the best per shape, and the start. TILES / LOOPS and the
+    graph are restored at the end."""
+    from octavo.plugins.quant import fp8_gemv_tiles as gt
+
+    card = torch.cuda.get_device_name()
+    saved_t, saved_l, saved_on = dict(gt.TILES), dict(gt.LOOPS), gt.TABLE_ON
+    cur = dict(start if start is not None else table_rows(H100))
+    res: dict = {"card": card, "start": {SHAPES[s]: _label(*v) for s, v in cur.items()}, "ms": {}, "best": {},
+                 "best_rows": {}}
+    t0 = time.perf_counter()
+
+    def apply(rows: dict) -> None:
+        for (n, k), (tile, loop) in rows.items():
+            gt.TILES[(card, n, k)] = tuple(tile)
+            gt.LOOPS[(card, n, k)] = loop  # 0: one block a trip (table_loop's default)
+    try:
+        gt.TABLE_ON = True
+        for shape in SWEEP_ORDER:
+            name, times = SHAPES[shape], {}
+            for r in range(rounds):
+                for cand in (TABLE_CANDIDATES if r % 2 == 0 else TABLE_CANDIDATES[::-1]):
+                    if time.perf_counter() - t0 > budget_s:
+                        res["stopped"] = f"budget {budget_s} s at {name} round {r}"
+                        break
+                    apply({**cur, shape: cand})
+                    try:
+                        with torch.inference_mode():
+                            gr.capture()
+                        replay_ms(gr.graphs[1], 10)
+                        times.setdefault(cand, []).append(replay_ms(gr.graphs[1]))
+                    except Exception as e:  # noqa: BLE001 - a tile that does not compile here: recorded, skipped
+                        res.setdefault("errors", {})[f"{name}:{_label(*cand)}"] = f"{type(e).__name__}: {e}"[:200]
+            if times:
+                best = min(times, key=lambda c: min(times[c]))
+                cur[shape] = best
+                res["best"][name] = _label(*best)
+                res["best_rows"][name] = [list(best[0]), best[1]]
+            res["ms"][name] = {_label(*c): [round(x, 4) for x in v] for c, v in times.items()}
+            print("table sweep", name, "best", res["best"].get(name), json.dumps(res["ms"][name]), flush=True)
+            if "stopped" in res:
+                break
+    finally:
+        gt.TILES.clear()
+        gt.TILES.update(saved_t)
+        gt.LOOPS.clear()
+        gt.LOOPS.update(saved_l)
+        gt.TABLE_ON = saved_on
+        with torch.inference_mode():
+            gr.capture()
+    res["seconds"] = round(time.perf_counter() - t0, 1)
+    res["rows"] = {f"{n}x{k}": [list(t), loop] for (n, k), (t, loop) in cur.items()}
+    return res
+
+
+def rows_variant(rows: dict) -> dict:
+    """An ``--ab s6`` variant (fp8_bs1_variants.py) that runs the table path with these ``{(N, K): (tile, loop)}``
+    rows for this card (fp8_bs1.py writes them into TILES / LOOPS under this card's name and restores them)."""
+    return {"table": True, "table_tiles": {s: tuple(t) for s, (t, _) in rows.items()},
+            "table_loops": {s: loop for s, (_, loop) in rows.items()}}
+
+
+def swept_rows(res: dict) -> dict:
+    """:func:`sweep_table`'s chosen rows as ``{(N, K): (tile, loop)}``."""
+    return {tuple(int(v) for v in key.split("x")): (tuple(t), loop) for key, (t, loop) in res["rows"].items()}
+
+
 def _tile(cfg) -> str:
     kw = cfg.all_kwargs()
     return f"{kw.get('BLOCK_N')}x{kw.get('BLOCK_K')}w{kw.get('num_warps')}s{kw.get('num_stages')}"

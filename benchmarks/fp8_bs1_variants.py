@@ -176,3 +176,14 @@ for _tag, _v in {"norm8": {"warps": 8}, "norm32": {"warps": 32},
                                       "table_loops": {(4096, 4096): 2}}}.items():
     for _suffix in ("", "_again", "_again2"):
         S6_VARIANTS.setdefault(_tag + _suffix, _v)
+# session 17 (engineer fp817, H200): "h100rows" = the one-row GEMV's H100 table rows (fp8_gemv_tiles TILES / LOOPS)
+# run on this card (a card without rows of its own runs the autotuner's tiles, one block a trip); "tsweep" (added
+# by fp8_bs1.py --table-sweep) = the rows the in-graph table sweep chose for this card
+from benchmarks.fp8_bs1_tiles import H100 as _H100  # noqa: E402 (the table's card name)
+from benchmarks.fp8_bs1_tiles import rows_variant as _rows_variant  # noqa: E402
+from benchmarks.fp8_bs1_tiles import table_rows as _table_rows  # noqa: E402
+
+for _suffix in ("", "_again", "_again2", "_again3"):
+    S6_VARIANTS.setdefault("h100rows" + _suffix, _rows_variant(_table_rows(_H100)))
+    S6_VARIANTS.setdefault("notable" + _suffix, {"table": False})
+    S6_VARIANTS.setdefault("tma3_h100rows" + _suffix, {**_rows_variant(_table_rows(_H100)), "set": {_TMA: 3}})

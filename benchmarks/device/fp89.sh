@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 9 (engineer "fp8"), sessions 9-14, fp815 session 15, fp816 session 16. One GPU, HARD bound ${FP89_LIMIT:-110} s for the whole call (every part
+# Issue 9 (engineer "fp8"), sessions 9-14, fp815 session 15, fp816 session 16, fp817 session 17. One GPU, HARD bound ${FP89_LIMIT:-110} s for the whole call (every part
 # under `timeout`, each gets what is left minus the later parts' reserves; `s11`, `s12`, `s12b2`: 150 s; `s14`: 190 s). JSON + logs: $OUT/fp89/
 #   bash benchmarks/device/fp89.sh [PART ...]      (default: bs1 tests, session 10 batch 2; batch 1: bs1 head tests, and tail)
 #   s11         session 11 batch 1 = parts bs1 tests with the in-graph tile sweep (BS1_SWEEP=24 s,
@@ -65,6 +65,12 @@
 #               GEMV's prologue (test_fp8_norm_gemv.py: residual exact, output vs float64, the elements that differ from
 #               norm + GEMV counted, graph), then normgemv = benchmarks/fp8_norm_gemv_bench.py (chains of o_proj GEMV ->
 #               norm -> qkv / gate_up GEMV vs o_proj GEMV -> norm_gemv in CUDA graphs, us a link)
+#   s17h        session 17 call 1 (engineer fp817, ONE H200, cap 215 s) = bs1 only (no new kernel code: no GPU tests):
+#               the default forward on this card (no fp8_gemv_tiles row for "NVIDIA H200": the autotuner's tiles) with
+#               its critical path, then the TABLE sweep (BS1_TSWEEP=95 s, fp8_bs1_tiles.sweep_table: each shape's tile x
+#               loop depth in turn as this card's table row, graph recaptured, replays timed, x2 rounds), then one
+#               engine alternating tsweep (the swept rows) / h100rows (the H100 rows on this card) / default_again
+#               (autotuner) x3, tma3_h100rows last (session 16's TMA GEMV, whether the H200 gives it a reason to stay)
 #   bs1         benchmarks/fp8_bs1.py --ab s6: 8B fp8 + fp8 KV batch 1, one engine: ms/token vs the roofline, the
 #               captured forward alone vs the rest (LM head, sampler, host), the graph's kernel table; then the
 #               variants ${BS1_VARIANTS:-nopdl,default_again,nopdl_again}, graph recaptured for each (nopdl: the GEMV
@@ -127,6 +133,10 @@ elif [ "${1:-}" = s16b ]; then
 elif [ "${1:-}" = s17a ]; then
   shift; set -- tests normgemv "$@"  # prepared in session 16 (fp816) for the next one: not run yet
   : "${FP89_LIMIT:=120}" "${FP89_TESTS:=tests/quant/test_fp8_norm_gemv.py}"
+elif [ "${1:-}" = s17h ]; then
+  shift; set -- bs1 "$@"  # measurements only (the table rows are pinned after it, tested in s17i)
+  : "${FP89_LIMIT:=215}" "${BS1_TSWEEP:=95}"
+  : "${BS1_VARIANTS:=tsweep,h100rows,default_again,tsweep_again,h100rows_again,default_again2,tsweep_again2,h100rows_again2,default_again3,tma3_h100rows}"
 elif [ "${1:-}" = s11b2 ]; then
   shift; set -- bs1 tests "$@"
   : "${FP89_LIMIT:=140}" "${BS1_VARIANTS:=notable,self,pf32,default_again,notable_again,self_again,pf32_again,silu_rope,nopdl}"
@@ -177,7 +187,7 @@ for P in "${PARTS[@]}"; do
                --throughput --max-num-seqs 512 --out-dir "$R/e2e_fp8" > "$R/e2e_fp8.log" 2>&1
              echo "exit $?"; grep -v " INFO \| WARNING " "$R/e2e_fp8.log" | cut -c1-1500 | tail -8;;
     bs1) $T python benchmarks/fp8_bs1.py --ab s6 --variants "${BS1_VARIANTS:-nopdl,default_again,nopdl_again}" \
-           --budget $(( B - 12 )) --sweep "${BS1_SWEEP:-0}" --out "$R/bs1.json" > "$R/bs1.log" 2>&1
+           --budget $(( B - 12 )) --sweep "${BS1_SWEEP:-0}" --table-sweep "${BS1_TSWEEP:-0}" --out "$R/bs1.json" > "$R/bs1.log" 2>&1
          echo "exit $?"; grep -v " INFO \| WARNING \|UserWarning\|_warn_once" "$R/bs1.log" | cut -c1-400 | tail -90;;
     head) OCTAVO_GRAPH_HEAD=1 $T python benchmarks/graph_head_ab.py --dtype fp8 --gemv-ab --out "$R/head.json" \
             > "$R/head.log" 2>&1
