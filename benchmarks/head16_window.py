@@ -1,0 +1,140 @@
+"""gpu_e2e.py decode_bs1's two windows, step by step (session 17, engineer head17; benchmarks/device/head16.sh s17a).
+
+The key ``decode_bs1_strict_fraction_of_roofline`` = (t(513 tokens) - t(1 token)) / 512, best of two generations
+each, after a 512-token prompt; its second window (t(513) - t(257)) / 256 read 0.09-0.13 ms/token over the first
+(sessions 15-16) while the device step grows only 3-10 us from context 640 to 897. This runs the same engine (8B
+shape, dummy weights, fp8 weights + fp8 KV, ``max_num_seqs`` 512 = 51 graph sizes, ``max_num_batched_tokens`` 8192,
+async scheduling, prefix caching as default) and the same sequence (warm-up of 16 tokens, then 1, 1, 257, 257, 513,
+513 tokens), ``--rounds`` times: round 0 and the last round plain (nothing wrapped: the key as gpu_e2e.py reads
+it), the rounds between with every step recorded (benchmarks/head16_steps.py: host and device intervals, whether
+the device waited for the host, the GC, the time before the first and after the last step). Per generation also
+the one-graph step's replays (``OCTAVO_GRAPH_STEP``: how many decode steps fell back to the plain path).
+
+    python benchmarks/head16_window.py --out /tmp/w.json             # GPU
+    python benchmarks/head16_window.py --dry --out /tmp/w.json       # CPU: a tiny model, the plumbing
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+T0 = time.perf_counter()
+TINY = dict(architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=64, intermediate_size=128,
+            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, vocab_size=512,
+            max_position_embeddings=4096, torch_dtype="float32")
+SEQUENCE = (1, 1, 257, 257, 513, 513)  # gpu_e2e.py task_decode_bs1: best(1), best(n + 1), best(2n + 1)
+
+
+def key_of(times: dict, n: int = 256) -> dict:
+    """gpu_e2e.py's windows and per-token mean from ``{tokens: [seconds, seconds]}`` (best of two)."""
+    t1, t2, t3 = (min(times[k]) for k in (1, n + 1, 2 * n + 1))
+    return {"ms_per_token": (t3 - t1) / (2 * n) * 1e3, "ms_per_token_ctx_513_768": (t2 - t1) / n * 1e3,
+            "ms_per_token_ctx_769_1024": (t3 - t2) / n * 1e3}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=5, help="sequences run; the first and the last plain")
+    ap.add_argument("--max-num-seqs", type=int, default=512)
+    ap.add_argument("--budget", type=float, default=1e9, help="start no round after this many seconds")
+    ap.add_argument("--dry", action="store_true", help="CPU: a tiny float32 model")
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    import torch
+    from gpu_e2e_common import LLAMA3_8B, make_llm, write_config
+    from head16_steps import StepRecorder, summarize
+
+    from octavo import SamplingParams
+
+    cuda = torch.cuda.is_available() and not args.dry
+    res: dict = {"card": torch.cuda.get_device_name() if cuda else "cpu", "torch": torch.__version__,
+                 "command": " ".join(sys.argv), "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+                 "rounds": []}
+
+    def save():
+        with open(args.out, "w") as f:
+            json.dump(res, f, indent=1)
+
+    d = write_config(TINY if args.dry else LLAMA3_8B, tempfile.mkdtemp(), "tiny" if args.dry else "llama3-8b")
+    # (async scheduling is the default on a GPU; the dry run asks for it, so it checks the same plumbing)
+    kw = {"async_scheduling": True} if args.dry else {"quantization": "fp8", "kv_cache_dtype": "fp8", "gpu_memory_utilization": 0.9}
+    t = time.perf_counter()
+    llm, worker, info = make_llm(d, max_model_len=4096, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=8192,
+                                 **kw)
+    res["load_s"] = time.perf_counter() - t
+    res["graph_sizes"] = len(info.get("graph_sizes") or [])
+    res["async_scheduling"] = llm.llm_engine.core.async_loop is not None
+    gr = worker.runner.graph_runner
+    sg = getattr(gr, "step_graph", None)
+    res["step_graph"] = sg is not None and sg.graph is not None
+    rng = random.Random(0)
+    lo, hi = (1, 500) if args.dry else (1000, 120000)
+    prompt = {"prompt_token_ids": [rng.randrange(lo, hi) for _ in range(512)]}
+    rec = StepRecorder(llm, cuda)
+
+    def gen(tokens: int) -> tuple[float, float, float, list]:
+        if cuda:
+            torch.cuda.synchronize()
+        t = time.perf_counter()
+        out = llm.generate([prompt], SamplingParams(max_tokens=tokens, ignore_eos=True, temperature=0),
+                           use_tqdm=False)
+        if cuda:
+            torch.cuda.synchronize()
+        return t, time.perf_counter(), list(out[0].outputs[0].token_ids)
+
+    gen(16)  # gpu_e2e.py's warm-up
+    ref_tokens: dict = {}
+    print("loaded", json.dumps({k: v for k, v in res.items() if k != "rounds"}), flush=True)
+    for r in range(args.rounds):
+        if time.perf_counter() - T0 > args.budget:
+            res["rounds"].append({"skipped": "budget"})
+            break
+        recorded = 0 < r < args.rounds - 1
+        if recorded:
+            rec.install()
+        times: dict = {}
+        gens = []
+        try:
+            for n in SEQUENCE:
+                before = (sg.replays, sg.from_prev) if sg is not None else (0, 0)
+                g_before = gr.num_replays if gr is not None else 0
+                t0 = rec.start() if recorded else None
+                t_s, t_e, toks = gen(n)
+                times.setdefault(n, []).append(t_e - t_s)
+                same = ref_tokens.setdefault(n, toks) == toks
+                row = {"tokens": n, "s": round(t_e - t_s, 6), "tokens_equal": same}
+                if sg is not None:
+                    row["step_graph_replays"] = sg.replays - before[0]
+                    row["from_prev"] = sg.from_prev - before[1]
+                if gr is not None:
+                    row["graph_replays"] = gr.num_replays - g_before
+                if recorded:
+                    row.update(summarize(rec, t0, t_e))
+                gens.append(row)
+        finally:
+            rec.remove()
+        entry = {"round": r, "recorded": recorded, **key_of(times, 256), "generations": gens}
+        res["rounds"].append(entry)
+        print(f"round {r} ({'recorded' if recorded else 'plain'}): " + json.dumps(
+            {k: round(v, 4) for k, v in entry.items() if k.startswith("ms_")}), flush=True)
+        for g in gens:
+            if g["tokens"] == 513 and "slowest" in g:
+                print("  513:", json.dumps({k: v for k, v in g.items() if k not in ("slowest", "gc")}), flush=True)
+                print("     slowest:", json.dumps(g["slowest"][:6]), flush=True)
+        save()
+    res["tokens_equal"] = all(g.get("tokens_equal", True) for rd in res["rounds"] for g in rd.get("generations", []))
+    res["seconds"] = time.perf_counter() - T0
+    save()
+    print("done", json.dumps({"tokens_equal": res["tokens_equal"], "seconds": round(res["seconds"], 1)}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
