@@ -21,13 +21,13 @@
 #          logits into the id buffer) x4, windows 769..1024 for step and step_zc, traces; then 4 generations with the
 #          engine's step intervals and the GC recorded (--stall-diag step, benchmarks/host_stalls.py: call 1's
 #          wall-clock windows ran tens of ms over their device steps)
-#   s17a   session 17 (engineer head17) call 1 (cap 150 s) = win win1: gpu_e2e.py decode_bs1's sequence (16-token
+#   s17a   session 17 (engineer head17) call 1 (cap 140 s) = win: gpu_e2e.py decode_bs1's sequence (16-token
 #          warm-up, then 1, 1, 257, 257, 513, 513 tokens after a 512-token prompt) in the headline's engine (win:
-#          max_num_seqs 512, 51 graph sizes, async) x5 rounds, the middle ones with every step recorded on the host's
+#          max_num_seqs 512, 51 graph sizes, async) rounds until 20 s before the cap, odd ones with every step recorded on the host's
 #          and the device's clocks (benchmarks/head16_window.py + head16_steps.py: host / device intervals, whether
-#          the device waited for the host, GC, start / end of a generation, step-graph fallbacks), then the same in
-#          the bs1 engine (win1: max_num_seqs 1) x3 rounds
-#   win    benchmarks/head16_window.py --rounds ${HEAD16_WIN_ROUNDS:-5} (the headline's engine); win1: --max-num-seqs 1
+#          the device waited for the host, GC, start / end of a generation, step-graph fallbacks)
+#   win    benchmarks/head16_window.py --rounds ${HEAD16_WIN_ROUNDS:-12} (the headline's engine); win1: the bs1 engine
+#          (--max-num-seqs 1) --rounds 3
 #   tests  HEAD16_TESTS (default: tests/gpu/test_decode_const_inputs_gpu.py)
 #   ab     benchmarks/head16_ab.py --variants ${HEAD16_VARIANTS} (--windows ${HEAD16_WINDOWS:-default,step}: those
 #          also timed at contexts 769..1024, the headline's second half; default: default,step)
@@ -42,8 +42,8 @@ if [ "${1:-}" = s16a ]; then
   : "${HEAD16_VARIANTS:=default,step,step_zc,lean,head,default_again,step_again,step_zc_again,lean_again,head_again,step_tile,default_again2,step_again2,step_zc_again2,step_tile_again,lean_again2,head_again2,argmax,const,head_const}"
 fi
 if [ "${1:-}" = s17a ]; then
-  shift; set -- win win1 "$@"  # no new engine code yet: the diagnostic only
-  : "${HEAD16_LIMIT:=150}"
+  shift; set -- win "$@"  # no new engine code yet: the diagnostic only
+  : "${HEAD16_LIMIT:=140}"
 fi
 if [ "${1:-}" = s16b ]; then
   shift; set -- tests ab "$@"
@@ -92,7 +92,7 @@ for P in "${PARTS[@]}"; do
     ab) $T env ${HEAD16_AB_ENV:-} python benchmarks/head16_ab.py "${DRY[@]}" ${HEAD16_AB_ARGS:-} --variants "${HEAD16_VARIANTS:-default,lean,head,default_again}" \
           --windows "${HEAD16_WINDOWS:-default,step}" --budget $(( B - 14 )) --out "$R/ab.json" > "$R/ab.log" 2>&1
         echo "exit $?"; grep -v " INFO \| WARNING \|UserWarning\|_warn_once" "$R/ab.log" | cut -c1-700 | tail -60;;
-    win|win1) A=(--rounds "${HEAD16_WIN_ROUNDS:-5}"); [ "$P" = win1 ] && A=(--rounds 3 --max-num-seqs 1)
+    win|win1) A=(--rounds "${HEAD16_WIN_ROUNDS:-12}"); [ "$P" = win1 ] && A=(--rounds 3 --max-num-seqs 1)
         $T python benchmarks/head16_window.py "${DRY[@]}" "${A[@]}" --budget $(( B - 20 )) --out "$R/$P.json" \
           > "$R/$P.log" 2>&1
         echo "exit $?"; grep -v " INFO \| WARNING \|UserWarning\|_warn_once" "$R/$P.log" | cut -c1-900 | tail -40;;
