@@ -126,8 +126,8 @@ def main() -> None:
         print(f"round {r} ({'recorded' if recorded else 'plain'}): " + json.dumps(
             {k: round(v, 4) for k, v in entry.items() if k.startswith("ms_")}), flush=True)
         for g in gens:
-            if g["tokens"] == 513 and "slowest" in g:
-                print("  513:", json.dumps({k: v for k, v in g.items() if k not in ("slowest", "gc")}), flush=True)
+            if g["tokens"] > 1 and "slowest" in g:
+                print(f"  {g['tokens']}:", json.dumps({k: v for k, v in g.items() if k not in ("slowest", "gc")}), flush=True)
                 print("     slowest:", json.dumps(g["slowest"][:6]), flush=True)
         save()
     res["tokens_equal"] = all(g.get("tokens_equal", True) for rd in res["rounds"] for g in rd.get("generations", []))
