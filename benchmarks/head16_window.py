@@ -110,7 +110,8 @@ def main() -> None:
                 t_s, t_e, toks = gen(n)
                 times.setdefault(n, []).append(t_e - t_s)
                 same = ref_tokens.setdefault(n, toks) == toks
-                row = {"tokens": n, "s": round(t_e - t_s, 6), "tokens_equal": same}
+                row = {"tokens": n, "s": round(t_e - t_s, 6), "tokens_equal": same,
+                       "unix_end": round(time.time(), 3)}  # to place it in head16.sh's nvidia-smi log
                 if sg is not None:
                     row["step_graph_replays"] = sg.replays - before[0]
                     row["from_prev"] = sg.from_prev - before[1]

@@ -93,9 +93,15 @@ for P in "${PARTS[@]}"; do
           --windows "${HEAD16_WINDOWS:-default,step}" --budget $(( B - 14 )) --out "$R/ab.json" > "$R/ab.log" 2>&1
         echo "exit $?"; grep -v " INFO \| WARNING \|UserWarning\|_warn_once" "$R/ab.log" | cut -c1-700 | tail -60;;
     win|win1) A=(--rounds "${HEAD16_WIN_ROUNDS:-12}"); [ "$P" = win1 ] && A=(--rounds 3 --max-num-seqs 1)
+        SMI=""  # the card's clocks, power, temperature and throttle reasons every 100 ms while it runs
+        if command -v nvidia-smi > /dev/null && [ "${HEAD16_DRY:-0}" != 1 ]; then
+          nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_throttle_reasons.active \
+            --format=csv -lms 100 > "$R/smi_$P.csv" 2>&1 &
+          SMI=$!
+        fi
         $T python benchmarks/head16_window.py "${DRY[@]}" "${A[@]}" --budget $(( B - 20 )) --out "$R/$P.json" \
           > "$R/$P.log" 2>&1
-        echo "exit $?"; grep -v " INFO \| WARNING \|UserWarning\|_warn_once" "$R/$P.log" | cut -c1-900 | tail -40;;
+        echo "exit $?"; [ -n "$SMI" ] && kill "$SMI" 2> /dev/null; grep -v " INFO \| WARNING \|UserWarning\|_warn_once" "$R/$P.log" | cut -c1-900 | tail -40;;
     *) echo "unknown part $P (tests ab win win1)";;
   esac
 done
