@@ -187,3 +187,12 @@ for _suffix in ("", "_again", "_again2", "_again3"):
     S6_VARIANTS.setdefault("h100rows" + _suffix, _rows_variant(_table_rows(_H100)))
     S6_VARIANTS.setdefault("notable" + _suffix, {"table": False})
     S6_VARIANTS.setdefault("tma3_h100rows" + _suffix, {**_rows_variant(_table_rows(_H100)), "set": {_TMA: 3}})
+# "ewN" = the GEMVs that quantize their own input (o_proj, down) ask for their next N weight blocks right after the
+# PDL wait, before the absmax (fp8_gemv.EARLY_W, OCTAVO_FP8_GEMV_EARLY_W; the same bits); "ewNpM" also M blocks for the
+# prequantized ones (qkv, gate_up: fp8_gemv.EARLY_W_PRE); "tsweep_ewN" (fp8_bs1.py) on the swept rows
+_EW, _EWP = "octavo.plugins.quant.fp8_gemv:EARLY_W", "octavo.plugins.quant.fp8_gemv:EARLY_W_PRE"
+for _suffix in ("", "_again", "_again2", "_again3"):
+    for _n in (1, 2):
+        S6_VARIANTS.setdefault(f"ew{_n}{_suffix}", {"set": {_EW: _n}})
+        S6_VARIANTS.setdefault(f"ew{_n}p1{_suffix}", {"set": {_EW: _n, _EWP: 1}})
+        S6_VARIANTS.setdefault(f"ew{_n}_h100rows{_suffix}", {**_rows_variant(_table_rows(_H100)), "set": {_EW: _n}})
