@@ -9,6 +9,8 @@ async scheduling, prefix caching as default) and the same sequence (warm-up of 1
 reads it), odd rounds with every step recorded (benchmarks/head16_steps.py: host and device intervals, whether
 the device waited for the host, the GC, the time before the first and after the last step). Per generation also
 the one-graph step's replays (``OCTAVO_GRAPH_STEP``: how many decode steps fell back to the plain path).
+``--extras``: a recorded round with the one-graph step off, and 513-token generations after 2 s idle vs after 2 s
+of device-to-device copies (does the device step depend on how long the card has been busy: clocks, power, heat).
 
     python benchmarks/head16_window.py --out /tmp/w.json             # GPU
     python benchmarks/head16_window.py --dry --out /tmp/w.json       # CPU: a tiny model, the plumbing
@@ -45,6 +47,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5, help="sequences run; even ones plain, odd ones recorded")
     ap.add_argument("--max-num-seqs", type=int, default=512)
     ap.add_argument("--budget", type=float, default=1e9, help="start no round after this many seconds")
+    ap.add_argument("--extras", default="plain_path,hot", help="after the rounds: plain_path (a recorded round with "
+                    "the one-graph step off), hot (513-token generations after 2 s idle vs 2 s of device copies)")
     ap.add_argument("--dry", action="store_true", help="CPU: a tiny float32 model")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
@@ -93,44 +97,88 @@ def main() -> None:
     gen(16)  # gpu_e2e.py's warm-up
     ref_tokens: dict = {}
     print("loaded", json.dumps({k: v for k, v in res.items() if k != "rounds"}), flush=True)
-    for r in range(args.rounds):
-        if time.perf_counter() - T0 > args.budget:
-            res["rounds"].append({"skipped": "budget"})
-            break
-        recorded = r % 2 == 1
+
+    def gen_row(n: int, recorded: bool) -> tuple[dict, float]:
+        before = (sg.replays, sg.from_prev) if sg is not None else (0, 0)
+        g_before = gr.num_replays if gr is not None else 0
+        t0 = rec.start() if recorded else None
+        t_s, t_e, toks = gen(n)
+        row = {"tokens": n, "s": round(t_e - t_s, 6), "tokens_equal": ref_tokens.setdefault(n, toks) == toks,
+               "unix_end": round(time.time(), 3)}  # to place it in head16.sh's nvidia-smi log
+        if sg is not None:
+            row["step_graph_replays"] = sg.replays - before[0]
+            row["from_prev"] = sg.from_prev - before[1]
+        if gr is not None:
+            row["graph_replays"] = gr.num_replays - g_before
         if recorded:
-            rec.install()
+            row.update(summarize(rec, t0, t_e))
+        return row, t_e - t_s
+
+    def show(tag: str, gens: list) -> None:
+        for g in gens:
+            if g["tokens"] > 1 and "slowest" in g:
+                print(f"  {tag} {g['tokens']}:", json.dumps({k: v for k, v in g.items() if k not in ("slowest", "gc")}),
+                      flush=True)
+                print("     slowest:", json.dumps(g["slowest"][:6]), flush=True)
+
+    def one_round(r, recorded: bool, label: str) -> None:
         times: dict = {}
         gens = []
+        if recorded:
+            rec.install()
         try:
             for n in SEQUENCE:
-                before = (sg.replays, sg.from_prev) if sg is not None else (0, 0)
-                g_before = gr.num_replays if gr is not None else 0
-                t0 = rec.start() if recorded else None
-                t_s, t_e, toks = gen(n)
-                times.setdefault(n, []).append(t_e - t_s)
-                same = ref_tokens.setdefault(n, toks) == toks
-                row = {"tokens": n, "s": round(t_e - t_s, 6), "tokens_equal": same,
-                       "unix_end": round(time.time(), 3)}  # to place it in head16.sh's nvidia-smi log
-                if sg is not None:
-                    row["step_graph_replays"] = sg.replays - before[0]
-                    row["from_prev"] = sg.from_prev - before[1]
-                if gr is not None:
-                    row["graph_replays"] = gr.num_replays - g_before
-                if recorded:
-                    row.update(summarize(rec, t0, t_e))
+                row, dt = gen_row(n, recorded)
+                times.setdefault(n, []).append(dt)
                 gens.append(row)
         finally:
             rec.remove()
-        entry = {"round": r, "recorded": recorded, **key_of(times, 256), "generations": gens}
+        entry = {"round": r, "recorded": recorded, "label": label, **key_of(times, 256), "generations": gens}
         res["rounds"].append(entry)
-        print(f"round {r} ({'recorded' if recorded else 'plain'}): " + json.dumps(
-            {k: round(v, 4) for k, v in entry.items() if k.startswith("ms_")}), flush=True)
-        for g in gens:
-            if g["tokens"] > 1 and "slowest" in g:
-                print(f"  {g['tokens']}:", json.dumps({k: v for k, v in g.items() if k not in ("slowest", "gc")}), flush=True)
-                print("     slowest:", json.dumps(g["slowest"][:6]), flush=True)
+        print(f"round {r} ({label}): " + json.dumps({k: round(v, 4) for k, v in entry.items() if k.startswith("ms_")}),
+              flush=True)
+        show(label, gens)
         save()
+
+    extras = [e for e in args.extras.split(",") if e]
+    for r in range(args.rounds):
+        if time.perf_counter() - T0 > args.budget - 16 * len(extras):  # (each extra ~10-15 s on an H100)
+            res["rounds"].append({"skipped": "budget"})
+            break
+        one_round(r, r % 2 == 1, "recorded" if r % 2 else "plain")
+    if "plain_path" in extras and sg is not None and time.perf_counter() - T0 < args.budget - 10:
+        sg.active = False  # every decode step on the body graph + eager head (OCTAVO_GRAPH_STEP=0's path)
+        try:
+            one_round(len(res["rounds"]), True, "recorded, step graph off")
+        finally:
+            sg.active = True
+    if "hot" in extras and time.perf_counter() - T0 < args.budget - 10:
+        # the device's step after 2 s idle vs after 2 s of copies at the memory's rate (clocks, power, heat)
+        res["hot"] = []
+        buf = torch.empty(2 << 28, dtype=torch.uint8, device="cuda" if cuda else "cpu")
+        dst = torch.empty_like(buf)
+        rec.install()
+        try:
+            for mode in ("idle", "hot", "idle", "hot"):
+                if time.perf_counter() - T0 > args.budget:
+                    break
+                t = time.perf_counter()
+                while time.perf_counter() - t < (2.0 if cuda else 0.2):
+                    if mode == "hot":
+                        for _ in range(20):
+                            dst.copy_(buf)
+                        if cuda:
+                            torch.cuda.synchronize()
+                    else:
+                        time.sleep(0.05)
+                row, _ = gen_row(513, True)
+                row["before"] = mode
+                res["hot"].append(row)
+                show(f"after 2 s {mode}", [row])
+                save()
+        finally:
+            rec.remove()
+            del buf, dst
     res["tokens_equal"] = all(g.get("tokens_equal", True) for rd in res["rounds"] for g in rd.get("generations", []))
     res["seconds"] = time.perf_counter() - T0
     save()

@@ -40,6 +40,23 @@ def span(smi: list, t0: float, t1: float) -> str:
     return f" | smi n={len(inside)} sm {min(sm):.0f}-{max(sm):.0f} MHz, {min(pw):.0f}-{max(pw):.0f} W, throttle {thr}"
 
 
+def gen_line(g: dict, smi: list) -> str:
+    line = f"  {g['tokens']:4d} tok {g['s'] * 1e3:8.2f} ms"
+    if "step_graph_replays" in g:
+        line += f" step-graph {g['step_graph_replays']}"
+    if g.get("to_first_return_ms") is not None:
+        line += f" to_first {g['to_first_return_ms']:.2f} after_last {g['after_last_return_ms']:.2f}"
+    if "first_interval_ms" in g:
+        line += f" first {g['first_interval_ms']:.2f} host halves {g['host_mean_ms_halves']}"
+    if "device_mean_ms_halves" in g:
+        line += (f" dev halves {g['device_mean_ms_halves']} dev_first {g['device_first_ms']:.2f} late "
+                 f"{g['late_steps']} steps {g['late_ms_total']:.2f} ms ahead {g['host_ahead_ms_median']:.2f}"
+                 f" slow {g['slow_device_steps']} gc {len(g.get('gc', []))}")
+    if smi and "unix_end" in g:
+        line += span(smi, g["unix_end"] - g["s"], g["unix_end"])
+    return line
+
+
 def main() -> None:
     res = json.load(open(sys.argv[1]))
     smi = smi_rows(sys.argv[2]) if len(sys.argv) > 2 else []
@@ -49,23 +66,12 @@ def main() -> None:
         if "generations" not in rd:
             print(rd)
             continue
-        print(f"round {rd['round']} {'recorded' if rd['recorded'] else 'plain'}: ms/token {rd['ms_per_token']:.4f} "
+        print(f"round {rd['round']} {rd.get('label', 'recorded' if rd['recorded'] else 'plain')}: ms/token {rd['ms_per_token']:.4f} "
               f"windows {rd['ms_per_token_ctx_513_768']:.4f} / {rd['ms_per_token_ctx_769_1024']:.4f}")
         for g in rd["generations"]:
-            line = f"  {g['tokens']:4d} tok {g['s'] * 1e3:8.2f} ms"
-            if "step_graph_replays" in g:
-                line += f" step-graph {g['step_graph_replays']}"
-            if g.get("to_first_return_ms") is not None:
-                line += f" to_first {g['to_first_return_ms']:.2f} after_last {g['after_last_return_ms']:.2f}"
-            if "first_interval_ms" in g:
-                line += f" first {g['first_interval_ms']:.2f} host halves {g['host_mean_ms_halves']}"
-            if "device_mean_ms_halves" in g:
-                line += (f" dev halves {g['device_mean_ms_halves']} dev_first {g['device_first_ms']:.2f} late "
-                         f"{g['late_steps']} steps {g['late_ms_total']:.2f} ms ahead {g['host_ahead_ms_median']:.2f}"
-                         f" slow {g['slow_device_steps']} gc {len(g.get('gc', []))}")
-            if smi and "unix_end" in g:
-                line += span(smi, g["unix_end"] - g["s"], g["unix_end"])
-            print(line)
+            print(gen_line(g, smi))
+    for g in res.get("hot", []):
+        print(f"after 2 s {g.get('before')}:", gen_line(g, smi))
 
 
 if __name__ == "__main__":

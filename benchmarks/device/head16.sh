@@ -25,7 +25,8 @@
 #          warm-up, then 1, 1, 257, 257, 513, 513 tokens after a 512-token prompt) in the headline's engine (win:
 #          max_num_seqs 512, 51 graph sizes, async) rounds until 20 s before the cap, odd ones with every step recorded on the host's
 #          and the device's clocks (benchmarks/head16_window.py + head16_steps.py: host / device intervals, whether
-#          the device waited for the host, GC, start / end of a generation, step-graph fallbacks)
+#          the device waited for the host, GC, start / end of a generation, step-graph fallbacks), then a recorded
+#          round with the one-graph step off and 513-token generations after 2 s idle vs 2 s of device copies
 #   win    benchmarks/head16_window.py --rounds ${HEAD16_WIN_ROUNDS:-12} (the headline's engine); win1: the bs1 engine
 #          (--max-num-seqs 1) --rounds 3
 #   tests  HEAD16_TESTS (default: tests/gpu/test_decode_const_inputs_gpu.py)
