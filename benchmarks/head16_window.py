@@ -32,7 +32,8 @@ T0 = time.perf_counter()
 TINY = dict(architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=64, intermediate_size=128,
             num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, vocab_size=512,
             max_position_embeddings=4096, torch_dtype="float32")
-SEQUENCE = (1, 1, 257, 257, 513, 513)  # gpu_e2e.py task_decode_bs1: best(1), best(n + 1), best(2n + 1)
+SEQUENCE = (1, 1, 257, 257, 513, 513)
+EXTRA_S = {"plain_path": 9, "stacks": 4, "hot": 17}  # seconds each extra takes on an H100 (what the rounds leave it)  # gpu_e2e.py task_decode_bs1: best(1), best(n + 1), best(2n + 1)
 
 
 def key_of(times: dict, n: int = 256) -> dict:
@@ -47,8 +48,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5, help="sequences run; even ones plain, odd ones recorded")
     ap.add_argument("--max-num-seqs", type=int, default=512)
     ap.add_argument("--budget", type=float, default=1e9, help="start no round after this many seconds")
-    ap.add_argument("--extras", default="plain_path,hot", help="after the rounds: plain_path (a recorded round with "
-                    "the one-graph step off), hot (513-token generations after 2 s idle vs 2 s of device copies)")
+    ap.add_argument("--extras", default="plain_path,stacks,hot", help="after the rounds: plain_path (a recorded round with "
+                    "the one-graph step off), stacks (a recorded 513-token generation with the host's threads sampled "
+                    "every 2 ms), hot (513-token generations after 2 s idle vs 2 s of device copies)")
     ap.add_argument("--dry", action="store_true", help="CPU: a tiny float32 model")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
@@ -142,7 +144,7 @@ def main() -> None:
 
     extras = [e for e in args.extras.split(",") if e]
     for r in range(args.rounds):
-        if time.perf_counter() - T0 > args.budget - 16 * len(extras):  # (each extra ~10-15 s on an H100)
+        if time.perf_counter() - T0 > args.budget - sum(EXTRA_S.get(e, 10) for e in extras):
             res["rounds"].append({"skipped": "budget"})
             break
         one_round(r, r % 2 == 1, "recorded" if r % 2 else "plain")
@@ -152,6 +154,26 @@ def main() -> None:
             one_round(len(res["rounds"]), True, "recorded, step graph off")
         finally:
             sg.active = True
+    if "stacks" in extras and time.perf_counter() - T0 < args.budget - 5:
+        # one recorded 513-token generation with the host's threads sampled every 2 ms: what ran around the slow steps
+        from head16_steps import StackSampler
+
+        sampler = StackSampler()
+        rec.install()
+        sampler.start()
+        try:
+            row, _ = gen_row(513, True)
+        finally:
+            sampler.stop()
+            rec.remove()
+        for r in row.get("slowest", []):
+            k = r["step"]
+            if k < len(rec.ex_in):
+                r["host_stacks"] = sampler.between(rec.ex_in[k - 1], rec.ex_out[k])
+        row["host_stacks_all"] = sampler.between(0.0, float("inf"), top=12)
+        res["stacks"] = row
+        show("stacks", [row])
+        save()
     if "hot" in extras and time.perf_counter() - T0 < args.budget - 10:
         # the device's step after 2 s idle vs after 2 s of copies at the memory's rate (clocks, power, heat)
         res["hot"] = []

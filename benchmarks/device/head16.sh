@@ -26,7 +26,8 @@
 #          max_num_seqs 512, 51 graph sizes, async) rounds until 20 s before the cap, odd ones with every step recorded on the host's
 #          and the device's clocks (benchmarks/head16_window.py + head16_steps.py: host / device intervals, whether
 #          the device waited for the host, GC, start / end of a generation, step-graph fallbacks), then a recorded
-#          round with the one-graph step off and 513-token generations after 2 s idle vs 2 s of device copies
+#          round with the one-graph step off, a 513-token generation with the host's threads sampled every 2 ms, and
+#          513-token generations after 2 s idle vs 2 s of device copies
 #   win    benchmarks/head16_window.py --rounds ${HEAD16_WIN_ROUNDS:-12} (the headline's engine); win1: the bs1 engine
 #          (--max-num-seqs 1) --rounds 3
 #   tests  HEAD16_TESTS (default: tests/gpu/test_decode_const_inputs_gpu.py)
