@@ -86,12 +86,18 @@ def main() -> None:
     out = {"modes": args.mode, "device": str(core.model_info.device),
            "loadavg_start": open("/proc/loadavg").read().split()[:3]}
 
+    # the runner's wait + apply graphs (CUDA): replays a step, of them lean / driver-launched (whether a mode's graph
+    # lever acted), lean replays that set the step word
+    graphs = getattr(getattr(core.executor.driver.runner, "grammar_apply", None), "gated_graphs", None)
+    gkeys = ("replays", "lean_replays", "direct", "lean_sets")
+
     def run(sets, prompts, batch):
         for mod, attr, _, value in sets or ():
             setattr(mod, attr, value)
         stats = core.structured.stats
         for k in stats:
             stats[k] = 0
+        g0 = [getattr(graphs, k, 0) for k in gkeys]
         reqs = [EngineCoreRequest(f"r{next(ids)}", p, free_params if sets is None else json_params, time.time(),
                                   eos_token_id=tok.eos_token_id) for p in prompts]
         texts: dict = {}
@@ -104,6 +110,7 @@ def main() -> None:
         host = {k[:-2]: stats[k] / n * 1e3 for k in HOST_KEYS[:-2]} if n else {}
         if n:
             host["chained_frac"] = stats["chained"] / n
+            host.update({f"graph_{k}": (getattr(graphs, k, 0) - v) / n for k, v in zip(gkeys, g0)})
         return times, host, [texts.get(r.request_id) for r in reqs]
 
     for batch in args.batches:

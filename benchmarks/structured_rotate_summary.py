@@ -13,7 +13,8 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the sibling module below, run as a script
 from structured_pairs_summary import records  # noqa: E402
 
-KEYS = ("prepare", "accept", "release", "fill", "apply", "device_wait", "chained_frac")
+KEYS = ("prepare", "accept", "release", "fill", "apply", "device_wait", "chained_frac", "graph_replays",
+        "graph_lean_replays", "graph_direct", "graph_lean_sets")
 
 
 def main() -> None:
@@ -25,7 +26,7 @@ def main() -> None:
             for mode, ms in b["ms_per_step"].items():
                 vs = [f"vs {base} {b['pairs'][f'{mode}_vs_{base}']['pct_median']:+.2f} % "
                       f"{b['pairs'][f'{mode}_vs_{base}']['p25_p75']}"
-                      for base in ("free", "json") if f"{mode}_vs_{base}" in b["pairs"]]
+                      for base in ("free", "json", "chain") if f"{mode}_vs_{base}" in b["pairs"]]
                 host = b["host_ms_per_step"].get(mode, {})
                 keys = " ".join(f"{k} {host[k]:.3f}" for k in KEYS if k in host)
                 print(f"    {mode:14s} {ms:.3f} ms  {'; '.join(vs)}  [{keys}]")

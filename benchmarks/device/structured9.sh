@@ -99,6 +99,16 @@
 # launched by driver calls, no GIL release), json_probe / chain_probe (device events around the wait + apply: how long the GPU
 # idled for the mask); 135M (75 s) then 1.1B (70 s); then stack samples of free_async / json_async /
 # json_async_chain at 135M in the time left.
+# Argument "s17a" (session 17, call 1, one H200; HARD bound 210 s): ALL the structured GPU tests (tests/structured -m gpu:
+# apply_device incl. the lean graph, native_open / native_start, chain, the grammar worker's) with the chained fill on
+# as its default would be (grammar_chain.CHAIN = True, not set explicitly: the grammar worker has no chained fill, so
+# its steps take their old path) (80 s); then benchmarks/structured_rotate.py, 24 rounds of 40 steps, batch 32, one
+# engine per shape: free,
+# free_aa (free again: the A/A control, the host's noise), json (as shipped), chain (OCTAVO_GRAMMAR_CHAIN),
+# chain_lean (+ OCTAVO_GRAMMAR_GRAPH_LEAN: the runner's wait + apply as one replay in place, the step number counted
+# on the device), chain_lean_noyield (+ no time.sleep(0) after the release), chain_lean_direct (+ OCTAVO_GRAMMAR_GRAPH_DIRECT:
+# the lean replay and the chained fill's event wait as driver calls keeping the GIL: no torch call in the runner's
+# grammar work); 135M (70 s) then 1.1B (what is left).
 # STRUCTURED9_DRY=1: a CPU dry run (tiny shapes, few steps; the device modes then run the Python gate).
 set -u
 cd "$(dirname "$0")/../.."
@@ -170,6 +180,35 @@ STACKS=(--stack-sample free_async json_async_park json_async_devgate --stack-run
 D3=(--modes free_async_d3 json_async_devgate json_async_devgate_d3)
 FEW=(--modes json_async_park json_async_devgate)
 PART=${1:-ab}
+if [ "$PART" = s17a ]; then  # session 17, call 1 (see the header), 210 s bound
+  LIMIT=$(( 210 * X ))
+  if [ "$DRY" != 1 ]; then  # (the chain on as its default would be: not explicit, so no refusal by name)
+    step gpu_tests 80 env OCTAVO_TEST_WORKER_START_S=25 python3 -c "import sys, pytest; \
+from octavo.core import grammar_chain; grammar_chain.CHAIN = True; \
+sys.exit(pytest.main(['-q', '-rs', '-p', 'no:cacheprovider', '-m', 'gpu', 'tests/structured']))"
+  fi
+  ROT=(--batches 32 --rounds 24 --steps 40 --load-format dummy --device cuda --dtype bfloat16)
+  [ "$DRY" = 1 ] && ROT=(--batches 32 --rounds 2 --steps 4 --load-format dummy --device cpu --dtype float32 --host-gate)
+  CH=grammar_chain.CHAIN
+  LEAN=plugins.platforms.cuda_grammar_mask.LEAN
+  DIRK=plugins.platforms.cuda_grammar_mask.DIRECT_LAUNCH
+  [ "$DRY" = 1 ] && LEAN=grammar_device_gate.NATIVE_ACCEPT && DIRK=grammar_device_gate.NATIVE_ACCEPT  # (no CUDA: plumbing)
+  MODES17=(--mode free=free --mode free_aa=free --mode json=$CH=false --mode chain=$CH=true
+           --mode chain_lean=$CH=true,$LEAN=true
+           --mode chain_lean_noyield=$CH=true,$LEAN=true,structured_output.YIELD_AFTER_RELEASE=false
+           --mode chain_lean_direct=$CH=true,$LEAN=true,$DIRK=true)
+  if [ "$XGR" = 1 ]; then
+    step smol135m_rotate $(( 70 * X )) python3 benchmarks/structured_rotate.py "${ROT[@]}" "${MODES17[@]}" \
+         --model /tmp/structured9_smol135m --json "$R/smol135m_rotate.json"
+    step llama1b_rotate $(( $(left) - 2 * X )) python3 benchmarks/structured_rotate.py "${ROT[@]}" "${MODES17[@]}" \
+         --model /tmp/structured9_llama1b --json "$R/llama1b_rotate.json"
+  fi
+  python3 benchmarks/structured_rotate_summary.py "$R"/smol135m_rotate.json "$R"/llama1b_rotate.json 2>&1 \
+    | tee "$R/summary.txt"
+  echo "structured9 s17a done in ${SECONDS}s"
+  ls -la "$R"
+  exit 0
+fi
 if [ "$PART" = s16b ]; then  # session 16, the last call: the modes in one rotation (see the header), 200 s bound
   LIMIT=$(( 200 * X ))
   step chain_test $(( 30 * X )) python3 -m pytest -q -x -rs -p no:cacheprovider tests/structured/test_chain.py \

@@ -40,7 +40,16 @@ _CHECKED: set[int] = set()  # data pointers of gate words already checked to be 
 # launches: torch's dispatch of two ops, and replay() releases the GIL, so the runner then queues behind the core
 # thread's Python to get it back. The runner's thread sets a small model's step (the no-grammar-work floor measured as
 # slow as JSON on call 4). The same graph, the same arguments, the same stream: the same bits.
+# Session 17: it also makes the chained fill's side stream wait for the previous step's event by a driver call
+# (cuStreamWaitEvent, GIL kept) instead of torch's Event.wait (host_fn_after), and launches the lean graph (LEAN).
 DIRECT_LAUNCH = env_switch("OCTAVO_GRAMMAR_GRAPH_DIRECT", False)
+# Session 17, opt-in (OCTAVO_GRAMMAR_GRAPH_LEAN=1): a steady step's wait + apply as ONE torch call, the replay. The graph
+# applies in place on the logits it was captured over (one graph per logits address seen CAPTURE_AFTER times; others
+# take the copying graph), and its wait kernel counts the step number itself (device word + 1 each replay), so the host
+# sets that word only when the step numbers of one graph's replays are not consecutive. Why: the runner's apply was
+# 0.08-0.09 ms a chained step (session 16, H100), three torch calls (fill_, copy_, replay) on the runner's thread, which
+# sets a small model's step. Same kernels, same rows: the same bits (tests/structured/test_apply_device.py).
+LEAN = env_switch("OCTAVO_GRAMMAR_GRAPH_LEAN", False)
 logger = logging.getLogger(__name__)
 _DRIVER: dict = {}
 _RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # (CUDA builds of torch)
@@ -142,6 +151,20 @@ def _wait_dev_kernel(words_ptr, seq_ptr, max_spins):
         tl.store(words_ptr + 1, seq)
 
 
+@triton.jit
+def _wait_inc_kernel(words_ptr, seq_ptr, max_spins):
+    # the lean graph's wait (LEAN): this replay's step number is the device word + 1, kept there for the next replay
+    seq = tl.load(seq_ptr) + 1
+    tl.store(seq_ptr, seq)
+    v = tl.load(words_ptr, volatile=True)
+    i = 0
+    while (v < seq) & (i < max_spins):
+        v = tl.load(words_ptr, volatile=True)
+        i += 1
+    if v < seq:
+        tl.store(words_ptr + 1, seq)
+
+
 class GatedApplyGraphs:
     """The device gate's wait + the mask apply as ONE CUDA-graph replay (issue 11, session 12, opt-in
     ``OCTAVO_GRAMMAR_GRAPH=1``: core/grammar_device_gate.py).
@@ -167,6 +190,9 @@ class GatedApplyGraphs:
         self.seen: dict[tuple, int] = {}
         self.replays = 0
         self.direct = 0  # replays launched through the driver calls (DIRECT_LAUNCH)
+        # LEAN: key + logits address -> [graph, seq word, last step number, exec handle, seq word's address]
+        self.lean: dict[tuple, list] = {}
+        self.lean_replays = self.lean_sets = 0  # replays of lean graphs; of them, those that set the step word
         self._stream: torch.cuda.Stream | None = None
 
     def _capture(self, key: tuple, logits: torch.Tensor, packed: torch.Tensor, words: torch.Tensor):
@@ -199,9 +225,74 @@ class GatedApplyGraphs:
                             static.numel() * static.element_size(), static.is_contiguous())
         return self.graphs[key]
 
+    def _capture_lean(self, key: tuple, logits: torch.Tensor, packed: torch.Tensor, words: torch.Tensor) -> list:
+        n, nwords = packed.shape
+        vocab = logits.shape[-1]
+        grid = (n, triton.cdiv(vocab, BLOCK))
+        seq = torch.full((1,), -1, dtype=torch.int32, device=logits.device)  # (-1 + 1 = 0: the warm call passes)
+        scratch = logits.clone()
+
+        def body(out: torch.Tensor) -> None:
+            _wait_inc_kernel[(1,)](words, seq, self.max_spins, num_warps=1)
+            _apply_bitmask_kernel[grid](out, out.stride(0), packed, nwords, packed, vocab, HAS_ROWS=False,
+                                        BLOCK=BLOCK, VOLATILE=True)
+
+        body(scratch)  # compiled outside the capture, on a scratch copy (the rows may not be this step's yet)
+        if self._stream is None:
+            self._stream = torch.cuda.Stream(device=logits.device)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.stream(self._stream):
+            graph.capture_begin(capture_error_mode="thread_local")
+            try:
+                body(logits)  # in place on these logits (the key holds their address)
+            finally:
+                graph.capture_end()
+        entry = self.lean[key] = [graph, seq, None, graph.raw_cuda_graph_exec(), seq.data_ptr()]
+        return entry
+
+    def run_lean(self, logits: torch.Tensor, packed: torch.Tensor, words: torch.Tensor, seq: int) -> bool:
+        """:data:`LEAN`: queue wait(``words[0] >= seq``) + apply in place on ``logits`` as one replay and return True,
+        or False (no lean graph for these logits' address yet: the caller takes :meth:`run`)."""
+        if not logits.is_contiguous() or packed.shape[0] != logits.shape[0] or not packed.is_contiguous():
+            return False
+        key = (tuple(logits.shape), logits.dtype, logits.device.index, logits.data_ptr(), packed.data_ptr(),
+               tuple(packed.shape), words.data_ptr())
+        entry = self.lean.get(key)
+        if entry is None:
+            if len(self.seen) > 4096:  # (logits at ever new addresses: bounded; only delays a capture)
+                self.seen.clear()
+            n = self.seen[key] = self.seen.get(key, 0) + 1
+            if n < self.CAPTURE_AFTER or len(self.lean) >= self.MAX_GRAPHS:
+                return False
+            if words.data_ptr() not in _CHECKED:
+                assert words.dtype == torch.int32 and words.numel() >= 2 and words.is_pinned()
+                _CHECKED.add(words.data_ptr())
+            entry = self._capture_lean(key, logits, packed, words)
+        lib = _driver() if DIRECT_LAUNCH else None  # (with DIRECT_LAUNCH: one driver call keeping the GIL, no torch)
+        if lib is not None:
+            raw = _RAW_STREAM
+            stream = raw(logits.device.index) if raw is not None else torch.cuda.current_stream(logits.device).cuda_stream
+            rc = ((lib.cuMemsetD32Async(entry[4], seq - 1, 1, stream) if entry[2] != seq - 1 else 0)
+                  or lib.cuGraphLaunch(entry[3], stream))
+            if rc:  # (the caller launches the two kernels from now on: grammar_device_gate._GRAPH_FAILED)
+                raise RuntimeError(f"the lean grammar graph's direct launch failed: CUDA driver error {rc}")
+            self.direct += 1
+        else:
+            if entry[2] != seq - 1:  # (not the step right after this graph's last replay: the word set first)
+                entry[1].fill_(seq - 1)
+            entry[0].replay()
+        self.lean_sets += entry[2] != seq - 1
+        entry[2] = seq
+        self.lean_replays += 1
+        self.replays += 1
+        return True
+
     def run(self, logits: torch.Tensor, packed: torch.Tensor, words: torch.Tensor, seq: int) -> torch.Tensor | None:
         """Queue wait(``words[0] >= seq``) + apply of every row of ``packed`` (row j -> logits row j) on a copy of
-        ``logits``; return that copy (masked once the replay ran), or None (no graph for this key: launch eagerly)."""
+        ``logits``; return that copy (masked once the replay ran), or None (no graph for this key: launch eagerly).
+        :data:`LEAN`: in place on ``logits`` where a lean graph exists for their address (:meth:`run_lean`)."""
+        if LEAN and self.run_lean(logits, packed, words, seq):
+            return logits
         if logits.stride(-1) != 1 or packed.shape[0] != logits.shape[0] or not packed.is_contiguous():
             return None
         key = (tuple(logits.shape), logits.dtype, logits.stride(0), logits.device.index, packed.data_ptr(),
@@ -240,7 +331,7 @@ class GatedApplyGraphs:
 
 #: the device gate's wait + apply as one graph replay (core/grammar_device_gate.py GRAPH, opt-in)
 apply_bitmask_.gated_graphs = GatedApplyGraphs()
-_SIDE: dict[int, torch.cuda.Stream] = {}
+_SIDE: dict = {}  # device -> the side stream; ("raw", device) -> its handle
 
 
 def host_fn_after(event: torch.Event, fn: int, arg: int) -> None:
@@ -259,11 +350,22 @@ def host_fn_after(event: torch.Event, fn: int, arg: int) -> None:
     side = _SIDE.get(dev)
     if side is None:
         side = _SIDE[dev] = torch.cuda.Stream(device=dev)
-    try:
-        event.wait(side)
-    except TypeError:  # (a torch whose Event.wait does not take this Stream class)
-        side.wait_event(event)
-    rc = launch(side.cuda_stream, fn, arg)
+        _SIDE[("raw", dev)] = side.cuda_stream
+    raw_event = getattr(event, "event_id", 0) if DIRECT_LAUNCH else 0
+    if raw_event:  # (session 17, with DIRECT_LAUNCH: the wait as one driver call too, GIL kept, no torch call)
+        wait = _DRIVER.get("wait_event")
+        if wait is None:
+            wait = _DRIVER["wait_event"] = lib.cuStreamWaitEvent
+            wait.argtypes, wait.restype = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint], ctypes.c_int
+        rc = wait(_SIDE[("raw", dev)], raw_event, 0)
+        if rc:
+            raise RuntimeError(f"cuStreamWaitEvent failed: CUDA driver error {rc}")
+    else:
+        try:
+            event.wait(side)
+        except TypeError:  # (a torch whose Event.wait does not take this Stream class)
+            side.wait_event(event)
+    rc = launch(_SIDE[("raw", dev)], fn, arg)
     if rc:
         raise RuntimeError(f"cuLaunchHostFunc failed: CUDA driver error {rc}")
 

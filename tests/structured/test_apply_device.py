@@ -123,7 +123,7 @@ def test_manager_pins_its_fill_buffer_once_its_runner_applied_on_the_device():
         mgr.shutdown()
 
 
-@pytest.mark.parametrize("graph", [False, True, "direct"])
+@pytest.mark.parametrize("graph", [False, True, "direct", "lean"])
 @pytest.mark.parametrize("whole", [True, False])
 def test_device_gate_waits_for_rows_written_after_the_launch(whole, graph, monkeypatch):
     """The device gate (core/grammar_device_gate.py): the wait and the volatile apply are queued before the host
@@ -131,7 +131,8 @@ def test_device_gate_waits_for_rows_written_after_the_launch(whole, graph, monke
     the same pinned buffer rewritten for a second step gives that step's bits (no stale rows); a wait nobody
     opens gives up and the host's check fails the step. ``graph``: the wait + apply replayed as one CUDA graph
     (GRAPH, session 12) on the whole-batch step (the subset step still launches them: it needs a row index);
-    "direct": that graph launched through the CUDA driver calls (cuda_grammar_mask.DIRECT_LAUNCH, session 15)."""
+    "direct": that graph launched through the CUDA driver calls (cuda_grammar_mask.DIRECT_LAUNCH, session 15); "lean":
+    in place on the logits, the step number counted on the device (cuda_grammar_mask.LEAN, session 17)."""
     pytest.importorskip("triton")
     import time
     from types import SimpleNamespace
@@ -145,9 +146,11 @@ def test_device_gate_waits_for_rows_written_after_the_launch(whole, graph, monke
 
     monkeypatch.setattr(grammar_device_gate, "GRAPH", bool(graph))
     monkeypatch.setattr(cuda_grammar_mask, "DIRECT_LAUNCH", graph == "direct")
+    monkeypatch.setattr(cuda_grammar_mask, "LEAN", graph == "lean")
     kernel = CudaPlatform().make_grammar_mask_apply()
     monkeypatch.setattr(kernel.gated_graphs, "CAPTURE_AFTER", 1)  # (the engine captures on a shape's 3rd step)
     replays, direct = kernel.gated_graphs.replays, kernel.gated_graphs.direct
+    lean = kernel.gated_graphs.lean_replays
     dg = DeviceGate()
     assert dg.words.is_pinned()
     vocab, n = 49152, 8
@@ -181,6 +184,7 @@ def test_device_gate_waits_for_rows_written_after_the_launch(whole, graph, monke
     assert not grammar_device_gate._GRAPH_FAILED
     assert kernel.gated_graphs.replays - replays == (2 if graph and whole else 0)
     assert kernel.gated_graphs.direct - direct == (2 if graph == "direct" and whole else 0), cuda_grammar_mask._DRIVER
+    assert kernel.gated_graphs.lean_replays - lean == (2 if graph == "lean" and whole else 0)
     from octavo.plugins.platforms.cuda_grammar_mask import GatedApplyGraphs, wait_host_flag
 
     if graph:  # the graph's wait gives up too (its own spin bound, captured)
@@ -190,6 +194,64 @@ def test_device_gate_waits_for_rows_written_after_the_launch(whole, graph, monke
         assert short.run(logits, buf, dg.words, dg.next_seq()) is not None  # never opened
     else:
         wait_host_flag(dg.words, dg.next_seq(), max_spins=1000)  # never opened
+    torch.cuda.synchronize()
+    with pytest.raises(RuntimeError, match="grammar masks"):
+        dg.check(dg.seq)
+
+
+@pytest.mark.parametrize("direct", [False, True])
+def test_lean_graph_counts_the_step_number_on_the_device(direct, monkeypatch):
+    """cuda_grammar_mask.LEAN (session 17): one lean graph over one logits buffer, replayed for consecutive step numbers
+    (the host sets the device's step word only on the first replay) and after a skipped number (set again): every
+    replay waits for its own number (the stream stays busy until the host opens it, a stale or early number would
+    let it pass) and masks in place exactly as the host path; a wait nobody opens gives up. ``direct``: launched by
+    the CUDA driver calls (DIRECT_LAUNCH)."""
+    pytest.importorskip("triton")
+    import time
+
+    from octavo.core.grammar_device_gate import DeviceGate
+    from octavo.plugins.platforms import cuda_grammar_mask
+    from octavo.plugins.platforms.cuda_grammar_mask import GatedApplyGraphs, wait_host_flag
+
+    monkeypatch.setattr(cuda_grammar_mask, "DIRECT_LAUNCH", direct)
+
+    graphs = GatedApplyGraphs()
+    graphs.CAPTURE_AFTER = 2  # (the first step takes the copying path: False)
+    dg = DeviceGate()
+    vocab, n = 49152, 8
+    buf = torch.zeros(n, vocab // 32, dtype=torch.int32, pin_memory=True)
+    logits = torch.empty(n, vocab, device="cuda")
+    g = torch.Generator().manual_seed(5)
+    wait_host_flag(dg.words, 0)  # (the kernel's module loaded before a wait is queued)
+    torch.cuda.synchronize()
+    seqs, results = [], []
+    for step_no in range(5):
+        seq = dg.next_seq()
+        if step_no == 3:
+            dg.open(seq)  # a step that never reaches this graph (e.g. a subset step): the next number is not consecutive
+            seq = dg.next_seq()
+        host = torch.randn(n, vocab, generator=g)
+        logits.copy_(host)
+        results.append(graphs.run_lean(logits, buf, dg.words, seq))
+        if not results[-1]:
+            torch.cuda.synchronize()
+            continue
+        seqs.append(seq)
+        time.sleep(0.05)
+        assert not torch.cuda.current_stream().query(), step_no  # waits for this step's own number
+        rows = torch.randint(-2**31, 2**31 - 1, (n, vocab // 32), dtype=torch.int32, generator=g)
+        rows[step_no % n] = -1
+        buf.copy_(rows)
+        dg.open(seq)
+        torch.cuda.synchronize()
+        dg.check(seq)
+        assert torch.equal(logits.cpu(), apply_packed(host.clone(), list(range(n)), rows)), step_no
+    assert results == [False, True, True, True, True]
+    assert graphs.lean_replays == 4 and graphs.lean_sets == 2  # the first replay and the one after the skipped number
+    assert graphs.direct == (4 if direct else 0), cuda_grammar_mask._DRIVER
+    short = GatedApplyGraphs(max_spins=1000)
+    short.CAPTURE_AFTER = 1
+    assert short.run_lean(logits, buf, dg.words, dg.next_seq())  # never opened
     torch.cuda.synchronize()
     with pytest.raises(RuntimeError, match="grammar masks"):
         dg.check(dg.seq)

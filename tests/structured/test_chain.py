@@ -246,16 +246,20 @@ def test_a_backend_without_a_chained_fill_is_refused_when_set(monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("pool", [1, 4])
-def test_the_driver_runs_the_job_after_the_event_and_the_device_waits_for_its_word(mgr, monkeypatch, pool):  # noqa: F811
+@pytest.mark.parametrize("pool,direct", [(1, False), (4, False), (4, True)])
+def test_the_driver_runs_the_job_after_the_event_and_the_device_waits_for_its_word(mgr, monkeypatch, pool,  # noqa: F811
+                                                                                  direct):
     """On the GPU: the ids reach pinned memory only after a device sleep; the host function must run after the
-    event (else it reads zeros), fill, and open the word the device's wait + apply is queued behind."""
+    event (else it reads zeros), fill, and open the word the device's wait + apply is queued behind. ``direct``: the
+    side stream's wait for the event queued by the driver call too (cuda_grammar_mask.DIRECT_LAUNCH, session 17)."""
     pytest.importorskip("triton")
     from octavo.core.grammar_step import apply_packed
+    from octavo.plugins.platforms import cuda_grammar_mask
     from octavo.plugins.platforms.cuda import CudaPlatform
     from octavo.plugins.platforms.cuda_grammar_mask import wait_host_flag
 
     monkeypatch.setattr(xn, "POOL_THREADS", pool)
+    monkeypatch.setattr(cuda_grammar_mask, "DIRECT_LAUNCH", direct)
     ref, tokens, _ = _python_reference(mgr, _tokens(set(mgr.tok.all_special_ids)))
     _, step, job = _chained_step(mgr, OPEN)
     step.device_gate = DeviceGate(pin=True)
