@@ -118,6 +118,11 @@ def summarize(rec: StepRecorder, t0: float, t_end: float, slow_us: float = 60.0,
                  "main_step_max_ms": _ms(max(rec.main_s)) if rec.main_s else None,
                  "execute_max_ms": _ms(max(b - a for a, b in zip(ex_in, rec.ex_out))) if ex_in else None,
                  "gc": [(round(t - t0, 4), g, round(ms, 3)) for t, g, ms in rec.gcs]}
+    if ex_in:  # the first step (the prompt's uncached tail): its launch on the host, its end on the device
+        out["prefill_launch_ms"] = _ms(rec.ex_out[0] - ex_in[0])
+        out["prefill_launch_start_ms"] = _ms(ex_in[0] - t0)
+        if dev:
+            out["prefill_device_end_ms"] = _ms(dev[0] - t0)
     if len(host_iv) < 4:
         return out
     out["first_interval_ms"] = _ms(host_iv[0])

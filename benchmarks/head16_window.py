@@ -171,6 +171,8 @@ def main() -> None:
             if k < len(rec.ex_in):
                 r["host_stacks"] = sampler.between(rec.ex_in[k - 1], rec.ex_out[k])
         row["host_stacks_all"] = sampler.between(0.0, float("inf"), top=12)
+        if len(rec.returns) > 1:  # from the generation's start to the prefill step's outputs
+            row["prefill_stacks"] = sampler.between(rec.t_ref, rec.returns[1], top=10)
         res["stacks"] = row
         show("stacks", [row])
         save()

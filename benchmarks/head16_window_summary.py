@@ -46,6 +46,10 @@ def gen_line(g: dict, smi: list) -> str:
         line += f" step-graph {g['step_graph_replays']}"
     if g.get("to_first_return_ms") is not None:
         line += f" to_first {g['to_first_return_ms']:.2f} after_last {g['after_last_return_ms']:.2f}"
+    if "prefill_launch_ms" in g:
+        line += f" prefill launch {g['prefill_launch_start_ms']:.2f}+{g['prefill_launch_ms']:.2f}"
+        if "prefill_device_end_ms" in g:
+            line += f" dev end {g['prefill_device_end_ms']:.2f}"
     if "first_interval_ms" in g:
         line += f" first {g['first_interval_ms']:.2f} host halves {g['host_mean_ms_halves']}"
     if "device_mean_ms_halves" in g:
