@@ -40,6 +40,10 @@ ACCEPT_ON_FILL_THREAD = False
 # can hand the GIL to the runner's thread instead, and this thread (update N, schedule N+2: the next step's critical
 # path) waits for it. Session 12 A/B: False = no yield (json_async_noyield, _postonly_noyield).
 YIELD_AFTER_RELEASE = True
+# Session 17: the same yield after a chained step's release (core/grammar_chain.py: the runner's C job accepts and fills,
+# no bitmask thread waits for the GIL; the yield only lets the runner's thread run first). False: no yield there
+# (benchmark mode chain_noyieldc); YIELD_AFTER_RELEASE = False turns every yield off.
+YIELD_WHEN_CHAINED = True
 
 # Session 11, opt-in: the backend's matchers in a worker process (the backend's ``out_of_process``: xgrammar's,
 # plugins/structured_output/xgrammar_worker.py), so accept + fill + their glue leave this process's GIL; a backend
@@ -281,9 +285,11 @@ class StructuredOutputManager:
                 step.device_gate.check(step.seq, getattr(step.backend, "last_error", None))
             grammar_stats.add(self.stats, step)
 
-    def _advance(self, matchers: list[Any], tokens: list[int], rids: list[str], t0: float) -> None:
+    def _advance(self, matchers: list[Any], tokens: list[int], rids: list[str], t0: float,
+                 chained: bool = False) -> None:
         """Move ``matchers`` by ``tokens`` (here or, ACCEPT_ON_FILL_THREAD, in the next fill's job), then run the
-        async loop's ``after_accept`` hook (N+1's fill). ``t0``: when the accept began (stats)."""
+        async loop's ``after_accept`` hook (N+1's fill). ``t0``: when the accept began (stats); ``chained``: the
+        runner's job does the accept and the fill (:data:`YIELD_WHEN_CHAINED`)."""
         hook, self.after_accept = self.after_accept, None
         before = None
         if matchers and ACCEPT_ON_FILL_THREAD and hook is not None:  # the gate decides where it runs (async_gate)
@@ -300,7 +306,7 @@ class StructuredOutputManager:
             hook(before) if before is not None else hook()
             if not getattr(before, "done", True):  # (a RowsAccept no fill took: accepted here)
                 before()
-            if YIELD_AFTER_RELEASE:
+            if YIELD_AFTER_RELEASE and (YIELD_WHEN_CHAINED or not chained):
                 time.sleep(0)
             self.stats["release_s"] += time.perf_counter() - t1
 
@@ -323,7 +329,7 @@ class StructuredOutputManager:
             self._rows.drop(sched_out)
             self._early = nxt.chain.reqs  # (accept_tokens skips them; N+1's gate below has nothing to fill)
             self.stats["chained"] += 1
-            return self._advance([], [], [], t0)
+            return self._advance([], [], [], t0, chained=True)
         sampled, failed = result.sampled, result.failed
         prev, self._early = self._early, ()  # (accept_tokens consumed it after the last update; else skip those)
         rows = self._rows.sampled(sched_out, sampled, failed, prev)  # the usual step: the rows prepare made

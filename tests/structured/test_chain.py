@@ -7,12 +7,13 @@ checks that the driver ran the host function after the event and the device wait
 from __future__ import annotations
 
 import logging
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 import octavo.plugins.structured_output.xgrammar_native as xn
-from octavo.core import grammar_chain, grammar_device_gate
+from octavo.core import grammar_chain, grammar_device_gate, structured_output
 from octavo.core.async_gate import GatedGrammarStep
 from octavo.core.grammar_chain import Chain
 from octavo.core.grammar_device_gate import DeviceGate
@@ -69,6 +70,7 @@ def _engine_run(monkeypatch, modes, pool=1):
     overlapped = ex_cls.execute_structured
     kernel = _HostWait()
     out, chained = {}, {}
+    yields = {}  # time.sleep(0) calls of the manager after a release, per mode (YIELD_WHEN_CHAINED)
 
     def run(mode: str):
         set_async_scheduling(core, mode != "serial")
@@ -77,7 +79,12 @@ def _engine_run(monkeypatch, modes, pool=1):
             if mode != "serial":
                 m.setattr(grammar_device_gate, "DEVICE_GATE", True)
                 m.setattr(grammar_device_gate, "NATIVE_OPEN", True)
-                m.setattr(grammar_chain, "CHAIN", mode == "chain")
+                m.setattr(grammar_chain, "CHAIN", mode.startswith("chain"))
+                m.setattr(structured_output, "YIELD_WHEN_CHAINED", mode != "chain_noyield")
+                sleep = structured_output.time.sleep
+                m.setattr(structured_output, "time", SimpleNamespace(
+                    perf_counter=structured_output.time.perf_counter,
+                    sleep=lambda s: (yields.__setitem__(mode, yields.get(mode, 0) + 1), sleep(s))))
                 m.setattr(xn, "POOL_THREADS", pool)
                 m.setattr(xn, "MIN_ROWS_PER_CHUNK", 1)
                 m.setattr(core.executor.driver.runner, "grammar_apply", kernel)
@@ -94,7 +101,7 @@ def _engine_run(monkeypatch, modes, pool=1):
         set_async_scheduling(core, False)
         llm.llm_engine.shutdown()
     assert core.structured._device_gate.words[1] == 0  # never gave up
-    return out, chained, params
+    return out, chained, params, yields
 
 
 @pytest.mark.parametrize("pool", [1, 3])
@@ -102,10 +109,12 @@ def test_chained_tokens_identical_to_serial(monkeypatch, pool):
     jsonschema = pytest.importorskip("jsonschema")
     from tests.structured.test_device_gate import assert_finished_rows_match_schema
 
-    out, chained, params = _engine_run(monkeypatch, ["serial", "chain", "native"], pool)
-    assert [s[:2] for s in out["serial"]] == [c[:2] for c in out["chain"]] == [n[:2] for n in out["native"]]
-    print("chained steps", chained)
-    assert chained["chain"] > 4 and chained["native"] == 0  # the job took the steady steps
+    out, chained, params, yields = _engine_run(monkeypatch, ["serial", "chain", "native", "chain_noyield"], pool)
+    assert [s[:2] for s in out["serial"]] == [c[:2] for c in out["chain"]] == [n[:2] for n in out["native"]] \
+        == [c[:2] for c in out["chain_noyield"]]
+    print("chained steps", chained, "yields", yields)
+    assert chained["chain"] > 4 and chained["native"] == 0 and chained["chain_noyield"] > 4  # the job took them
+    assert yields.get("chain_noyield", 0) < yields["chain"]  # (session 17: no yield after a chained step's release)
     assert_finished_rows_match_schema(out["serial"], params, jsonschema)
 
 
