@@ -16,6 +16,8 @@ scheduling), started with the LM head + sampler graphs and the one-graph step ca
   step's row, fill + body + head + argmax in one replay, the input id read on the device); ``step_zc``: the same
   zero-copy (``OCTAVO_GRAPH_STEP_ZERO_COPY``: the row read from pinned host memory and the id written there by the
   graph, no copies on the stream);
+- ``step_raw``: ``step`` with the argmax of the head's raw 16-bit logits written into the id buffer
+  (``OCTAVO_GRAPH_STEP_RAW_ARGMAX``, session 17: no cast kernel, no copy node; the step graph recaptured at each switch);
 - ``step_tile``: ``step`` with the LM head GEMV's best tile of a sweep on the head weight alone
   (benchmarks/head_tile_sweep.py, run once after the start when a ``step_tile`` is asked for; the step graph
   recaptured at each switch; skipped when no tile beats the current one by 1 %).
@@ -45,7 +47,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 T0 = time.perf_counter()
 VARIANTS = {"default": {}, "argmax": {"argmax": True}, "const": {"const": True},
             "lean": {"argmax": True, "const": True}, "head": {"head": True}, "head_const": {"head": True, "const": True},
-            "step": {"step": True}, "step_zc": {"step": True, "zc": True}, "step_tile": {"step": True, "tile": True}}
+            "step": {"step": True}, "step_zc": {"step": True, "zc": True}, "step_tile": {"step": True, "tile": True},
+            "step_raw": {"step": True, "raw": True}}
 TINY = dict(architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=64, intermediate_size=128,
             num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, vocab_size=512,
             max_position_embeddings=4096, torch_dtype="float32")
@@ -87,6 +90,10 @@ class Switches:
         for what, obj in (("head", self.head), ("step", self.step)):
             if v.get(what) and obj is None:
                 return {"skipped": f"no {what} graph captured"}
+        raw = bool(v.get("raw"))
+        if self.step is not None and raw != self.step.raw:  # the copy graph recaptured with / without it
+            self.step.raw = raw
+            self.step.capture(self.runner.graph_runner.pool)
         want = bool(v.get("tile"))
         if want and self.tile is None:
             return {"skipped": "no head tile beat the current one"}

@@ -106,7 +106,10 @@ class StepGraph:
         self.zc_graphs: list = []
         self.zc_hidden: list = []
         self.zero_copy = True  # use them when captured (benchmarks switch it)
-        self.raw_logits = None  # (zero-copy graphs) the head's 16-bit logits method, where compute_logits = its cast
+        # the copy graph too takes the argmax of the head's 16-bit logits into the id buffer (no cast kernel, no copy
+        # node), as the zero-copy graphs do; OCTAVO_GRAPH_STEP_RAW_ARGMAX=1, opt-in until its GPU A/B (session 17)
+        self.raw = env_switch("OCTAVO_GRAPH_STEP_RAW_ARGMAX", default=False)
+        self.raw_logits = None  # the head's 16-bit logits method, where compute_logits = its cast (zero-copy / raw)
         self.active = True
         self.replays = 0
         self.from_prev = 0  # replays whose input id was the previous step's, read on the device
@@ -150,7 +153,10 @@ class StepGraph:
         r = self.runner
         ctx = ForwardContext(attn_metadata=r.metadata[1], query_start_loc=r.query_start_loc[:2])
         out = r.model(r.input_ids[:1], r.positions[:1], ctx)
-        self.head.sampled[:1].copy_(self.head._greedy(out))
+        if self.raw and self.raw_logits is not None:  # the same id: the argmax reads each 16-bit value as fp32
+            self.head._argmax(self.raw_logits(out), out=self.head.sampled[:1])
+        else:
+            self.head.sampled[:1].copy_(self.head._greedy(out))
         return out
 
     def _capture_one(self, fn, pool):
@@ -188,10 +194,14 @@ class StepGraph:
 
     @torch.inference_mode()
     def capture(self, pool) -> None:
+        """The copy graph (and the zero-copy graphs); again after ``raw`` is switched (benchmarks)."""
+        self.raw_logits = self._raw_logits() if self.zc or self.raw else None
+        if self.raw and self.raw_logits is None:
+            raise ValueError("OCTAVO_GRAPH_STEP_RAW_ARGMAX=1: this model's compute_logits is not the float cast of its "
+                             "LM head's logits (or the argmax takes no out=); unset it")
         self.graph, self.hidden = self._capture_one(self.step, pool)
         self.zc_graphs, self.zc_hidden = [], []
         if self.zc:
-            self.raw_logits = self._raw_logits()
             for k in range(SLOTS):
                 g, out = self._capture_one(lambda k=k: self.step(k), pool)
                 self.zc_graphs.append(g)
@@ -239,26 +249,33 @@ def make_step_graph(runner, head, speculator: bool = False) -> StepGraph | None:
     from octavo.nn.pipeline import get_pp_size
 
     zero_copy = env_switch("OCTAVO_GRAPH_STEP_ZERO_COPY", default=False)
+    raw = env_switch("OCTAVO_GRAPH_STEP_RAW_ARGMAX", default=False)
     if not env_switch("OCTAVO_GRAPH_STEP", default=DEFAULT_ON):
-        if zero_copy:
-            raise ValueError("OCTAVO_GRAPH_STEP_ZERO_COPY=1 is a mode of the one-graph batch-1 step, which "
-                             "OCTAVO_GRAPH_STEP=0 turns off; set one of them differently")
+        for name, on in (("OCTAVO_GRAPH_STEP_ZERO_COPY", zero_copy), ("OCTAVO_GRAPH_STEP_RAW_ARGMAX", raw)):
+            if on:
+                raise ValueError(f"{name}=1 is a mode of the one-graph batch-1 step, which OCTAVO_GRAPH_STEP=0 turns "
+                                 "off; set one of them differently")
         return None
     why = ("speculative decoding" if speculator else "no one-row graph" if 1 not in runner.capture_sizes else
            "TP > 1" if get_tp_size() > 1 else
            "pipeline stages" if get_pp_size() > 1 else "no LM head" if not hasattr(runner.model, "compute_logits")
            else None)
     if why is not None:
-        if zero_copy or env_choice("OCTAVO_GRAPH_STEP", ("0", "1", "unset"), "unset") == "1":  # asked for: refused
-            raise ValueError(f"OCTAVO_GRAPH_STEP=1 / OCTAVO_GRAPH_STEP_ZERO_COPY=1: this engine cannot take the "
-                             f"one-graph batch-1 step ({why}); unset them (the step is on wherever it can act)")
+        if zero_copy or raw or env_choice("OCTAVO_GRAPH_STEP", ("0", "1", "unset"), "unset") == "1":  # asked for
+            raise ValueError(f"OCTAVO_GRAPH_STEP=1 / OCTAVO_GRAPH_STEP_RAW_ARGMAX=1 / OCTAVO_GRAPH_STEP_ZERO_COPY=1: this "
+                             f"engine cannot take the one-graph batch-1 step ({why}); unset them (the step is on "
+                             "wherever it can act)")
         logger.info("OCTAVO_GRAPH_STEP: no one-graph batch-1 step (%s)", why)
         return None
     if head is None:
         from octavo.plugins.platforms.cuda_graph_head import GraphHead
 
         head = GraphHead(runner.model, runner.device, 1)
-    return StepGraph(runner, head)
+    sg = StepGraph(runner, head)
+    if raw and sg._raw_logits() is None:  # refused at start, not at capture (whose failure only drops the step graph)
+        raise ValueError("OCTAVO_GRAPH_STEP_RAW_ARGMAX=1: this model's compute_logits is not the float cast of its LM "
+                         "head's logits (or the head's argmax takes no out=); unset it")
+    return sg
 
 
 def step_graph_state(worker, active: bool | None = None) -> dict:

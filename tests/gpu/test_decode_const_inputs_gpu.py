@@ -38,7 +38,8 @@ def test_engine_tokens_equal_with_the_step_graph(tmp_path, monkeypatch, async_sc
     GraphHead): captured, replayed for every batch-1 greedy decode step (its id read on the device from the previous
     step's ids under async scheduling, the host's otherwise), the same tokens as the body graph + eager head, with its
     row copied in and its id copied out, and zero-copy (OCTAVO_GRAPH_STEP_ZERO_COPY=1: the row read from pinned host
-    memory and the id written there by the graphs); batch 3 and seeded steps do not take it."""
+    memory and the id written there by the graphs), and with the copy graph's argmax of the raw 16-bit logits
+    (OCTAVO_GRAPH_STEP_RAW_ARGMAX, recaptured at run time); batch 3 and seeded steps do not take it."""
     from octavo import LLM, SamplingParams
 
     monkeypatch.setenv("OCTAVO_GRAPH_HEAD", head_graphs)
@@ -60,16 +61,26 @@ def test_engine_tokens_equal_with_the_step_graph(tmp_path, monkeypatch, async_sc
                              False)}
         for name, (ps, params, uses) in cases.items():
             got = {}
-            for mode in ("off", "copy", "zero_copy"):
+            for mode in ("off", "copy", "zero_copy", "raw"):
                 sg.active, sg.zero_copy = mode != "off", mode == "zero_copy"
                 if head is not None:
                     head.active = False
+                if mode == "raw":  # the copy graph with the argmax of the raw 16-bit logits (RAW_ARGMAX), recaptured
+                    sg.raw = True
+                    sg.capture(gr.pool)
+                    assert sg.raw_logits is not None, "compute_logits is the head's cast here: raw must act"
                 before, prev = sg.replays, sg.from_prev
-                outs = llm.generate(ps, params, use_tqdm=False)
+                try:
+                    outs = llm.generate(ps, params, use_tqdm=False)
+                finally:
+                    if mode == "raw":
+                        sg.raw = False
+                        sg.capture(gr.pool)
                 got[mode] = ([list(o.outputs[0].token_ids) for o in outs], sg.replays - before, sg.from_prev - prev)
-            assert got["copy"][0] == got["off"][0] and got["zero_copy"][0] == got["off"][0], name
+            for mode in ("copy", "zero_copy", "raw"):
+                assert got[mode][0] == got["off"][0], (name, mode)
             assert got["off"][1] == 0
-            for mode in ("copy", "zero_copy"):
+            for mode in ("copy", "zero_copy", "raw"):
                 if uses:
                     assert got[mode][1] >= params.max_tokens - 2, (name, mode, got[mode])
                     assert (got[mode][2] >= params.max_tokens - 3) if async_scheduling else got[mode][2] == 0, got[mode]

@@ -49,7 +49,13 @@ def test_fill_kernel_writes_what_the_reference_writes():
     run_triton_interpreted(_FILL, timeout=300)
 
 
-def _install(runner, zero_copy: bool):
+def _argmax_out(x, out=None):
+    """torch.argmax with argmax_rows's ``out=`` (the CPU stand-in that lets the raw-logits argmax run here)."""
+    r = x.float().argmax(dim=-1)
+    return r if out is None else out.copy_(r)
+
+
+def _install(runner, zero_copy: bool, raw: bool = False):
     """A CUDAGraphRunner's static buffers (no graphs: other steps run eagerly), a GraphHead without graphs (the eager
     head), and the real StepGraph whose "capture" keeps its function (replays run it eagerly; the CPU backend derives
     its row tables when its metadata is built, so a replay builds it again from the static buffers after the fill:
@@ -71,11 +77,14 @@ def _install(runner, zero_copy: bool):
     dev = runner.device
     gr = CUDAGraphRunner(runner.model, runner.attn_backend_cls, dev, runner.block_size, 128, [1])
     gr.head = GraphHead(runner.model, dev, 1)
+    if raw:
+        gr.head._argmax = _argmax_out
     sg = gr.step_graph = EagerStepGraph(gr, gr.head)
-    sg.zc = zero_copy
+    sg.zc, sg.raw = zero_copy, raw
     with torch.inference_mode():
         sg.capture(None)
     assert len(sg.zc_graphs) == (4 if zero_copy else 0)
+    assert (sg.raw_logits is not None) == raw
     runner.graph_runner = gr
     return sg
 
@@ -92,14 +101,17 @@ def tiny_llama(tmp_path_factory):
     return str(path)
 
 
-@pytest.mark.parametrize("async_scheduling, zero_copy", [(True, False), (False, False), (True, True), (False, True)])
-def test_engine_tokens_equal_with_the_step_graph(tiny_llama, async_scheduling, zero_copy):
+@pytest.mark.parametrize("async_scheduling, zero_copy, raw", [(True, False, False), (False, False, False),
+                                                             (True, True, False), (False, True, False),
+                                                             (True, False, True), (False, False, True)])
+def test_engine_tokens_equal_with_the_step_graph(tiny_llama, async_scheduling, zero_copy, raw):
+    """``raw``: the copy graph's argmax of the head's raw logits into the id buffer (OCTAVO_GRAPH_STEP_RAW_ARGMAX)."""
     from octavo import LLM
 
     llm = LLM(tiny_llama, load_format="dummy", dtype="float32", kv_cache_memory_bytes=8 << 20, max_model_len=128,
               seed=0, skip_tokenizer_init=True, async_scheduling=async_scheduling)
     try:
-        sg = _install(llm.llm_engine.core.executor.driver.runner, zero_copy)
+        sg = _install(llm.llm_engine.core.executor.driver.runner, zero_copy, raw)
         prompts = [{"prompt_token_ids": [5 + i, 9, 30, 7 + 2 * i] * (1 + 5 * i)} for i in range(3)]
         greedy = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)  # crosses block boundaries (16)
         cases = {"greedy1": ([prompts[2]], greedy, True), "greedy2": (prompts[:2], greedy, False),
@@ -145,12 +157,44 @@ def test_an_explicit_switch_is_refused_where_it_cannot_act(monkeypatch, why, run
     monkeypatch.setenv("OCTAVO_GRAPH_STEP_ZERO_COPY", "1")  # its mode asked for: the same refusal
     with pytest.raises(ValueError, match=f"ZERO_COPY=1: .*\\({why}\\)"):
         make_step_graph(runner, None, speculator=speculator)
+    monkeypatch.delenv("OCTAVO_GRAPH_STEP_ZERO_COPY")
+    monkeypatch.setenv("OCTAVO_GRAPH_STEP_RAW_ARGMAX", "1")  # the other mode: the same
+    with pytest.raises(ValueError, match=f"RAW_ARGMAX=1 .*\\({why}\\)"):
+        make_step_graph(runner, None, speculator=speculator)
 
 
-def test_zero_copy_without_the_step_is_refused(monkeypatch):
+@pytest.mark.parametrize("mode", ["OCTAVO_GRAPH_STEP_ZERO_COPY", "OCTAVO_GRAPH_STEP_RAW_ARGMAX"])
+def test_a_mode_without_the_step_is_refused(monkeypatch, mode):
     from octavo.plugins.platforms.cuda_step_graph import make_step_graph
 
     monkeypatch.setenv("OCTAVO_GRAPH_STEP", "0")
-    monkeypatch.setenv("OCTAVO_GRAPH_STEP_ZERO_COPY", "1")
-    with pytest.raises(ValueError, match="OCTAVO_GRAPH_STEP_ZERO_COPY=1 .*OCTAVO_GRAPH_STEP=0"):
+    monkeypatch.setenv(mode, "1")
+    with pytest.raises(ValueError, match=f"{mode}=1 .*OCTAVO_GRAPH_STEP=0"):
         make_step_graph(SimpleNamespace(capture_sizes=[1]), None)
+
+
+def test_raw_argmax_is_refused_where_the_logits_are_not_the_heads_cast(tiny_llama, monkeypatch):
+    """OCTAVO_GRAPH_STEP_RAW_ARGMAX=1 where ``compute_logits`` is more than the float cast of the head's logits (a
+    soft-capping model, say) or the argmax takes no ``out=``: refused at start, by name; taken where it can act."""
+    from octavo import LLM
+    from octavo.plugins.platforms.cuda_graph_head import GraphHead
+    from octavo.plugins.platforms.cuda_graphs import CUDAGraphRunner
+    from octavo.plugins.platforms.cuda_step_graph import make_step_graph
+
+    llm = LLM(tiny_llama, load_format="dummy", dtype="float32", kv_cache_memory_bytes=8 << 20, max_model_len=128,
+              seed=0, skip_tokenizer_init=True)
+    try:
+        runner = llm.llm_engine.core.executor.driver.runner
+        gr = CUDAGraphRunner(runner.model, runner.attn_backend_cls, runner.device, runner.block_size, 128, [1])
+        head = GraphHead(runner.model, runner.device, 1)
+        monkeypatch.setenv("OCTAVO_GRAPH_STEP_RAW_ARGMAX", "1")
+        with pytest.raises(ValueError, match="RAW_ARGMAX=1: .*argmax takes no out="):  # torch.argmax: no out=
+            make_step_graph(gr, head)
+        head._argmax = _argmax_out
+        assert make_step_graph(gr, head).raw
+        plain = runner.model.compute_logits
+        monkeypatch.setattr(runner.model, "compute_logits", lambda h: 30.0 * torch.tanh(plain(h) / 30.0))
+        with pytest.raises(ValueError, match="RAW_ARGMAX=1: this model's compute_logits is not the float cast"):
+            make_step_graph(gr, head)
+    finally:
+        llm.llm_engine.shutdown()
