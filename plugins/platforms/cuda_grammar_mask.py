@@ -129,6 +129,12 @@ def wait_host_flag(words: torch.Tensor, seq: int, max_spins: int = MAX_SPINS) ->
     if words.data_ptr() not in _CHECKED:  # (once per buffer: is_pinned() is a driver query, on the runner's thread)
         assert words.dtype == torch.int32 and words.numel() >= 2 and words.is_pinned()
         _CHECKED.add(words.data_ptr())
+        # the graphs' waits loaded now, before this first wait is queued: a kernel's first launch loads its module
+        # (CUDA lazy loading), which waits for the device, i.e. for a queued wait, i.e. for the host's fill (the
+        # graphs are captured on a later step, with waits in flight). -1 + 1 = 0 <= words[0]: both pass at once.
+        scratch = torch.full((1,), -1, dtype=torch.int32, device=torch.cuda.current_device())
+        _wait_inc_kernel[(1,)](words, scratch, MAX_SPINS, num_warps=1)
+        _wait_dev_kernel[(1,)](words, scratch, MAX_SPINS, num_warps=1)
     _wait_flag_kernel[(1,)](words, seq, max_spins, num_warps=1)  # one warp: one host read per spin
 
 
