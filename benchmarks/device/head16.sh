@@ -28,6 +28,9 @@
 #          the device waited for the host, GC, start / end of a generation, step-graph fallbacks), then a recorded
 #          round with the one-graph step off, a 513-token generation with the host's threads sampled every 2 ms, and
 #          513-token generations after 2 s idle vs 2 s of device copies
+#   s17b   call 2 (cap 200 s) = tests ab: the GPU tests of the one-graph step (its modes off / copy / zero-copy / raw:
+#          OCTAVO_GRAPH_STEP_RAW_ARGMAX, the copy graph's argmax of the head's 16-bit logits into the id buffer), then the
+#          headline's engine (no head graphs) alternating step / step_raw x4 (raw recaptured at each switch), traces
 #   win    benchmarks/head16_window.py --rounds ${HEAD16_WIN_ROUNDS:-12} (the headline's engine); win1: the bs1 engine
 #          (--max-num-seqs 1) --rounds 3
 #   tests  HEAD16_TESTS (default: tests/gpu/test_decode_const_inputs_gpu.py)
@@ -46,6 +49,12 @@ fi
 if [ "${1:-}" = s17a ]; then
   shift; set -- win "$@"  # no new engine code yet: the diagnostic only
   : "${HEAD16_LIMIT:=140}"
+fi
+if [ "${1:-}" = s17b ]; then
+  shift; set -- tests ab "$@"
+  : "${HEAD16_LIMIT:=200}"
+  : "${HEAD16_VARIANTS:=step,step_raw,step_again,step_raw_again,step_again2,step_raw_again2,step_again3,step_raw_again3}"
+  : "${HEAD16_AB_ARGS:=--no-head-graphs}" "${HEAD16_WINDOWS:=none}"
 fi
 if [ "${1:-}" = s16b ]; then
   shift; set -- tests ab "$@"
