@@ -93,6 +93,12 @@ def _ptx(fn, signature: dict, constexprs: dict) -> str:
     import triton
     from triton.backends.compiler import GPUTarget
 
+    import inspect
+
+    # the kernel's other constexpr options at their defaults (an option added later is off here)
+    params = inspect.signature(fn.fn).parameters.values()
+    constexprs = {**{p.name: p.default for p in params if p.name not in signature and p.name not in constexprs
+                     and p.default is not inspect.Parameter.empty}, **constexprs}
     src = triton.compiler.ASTSource(fn=fn, signature={**signature, **{k: "constexpr" for k in constexprs}},
                                     constexprs=constexprs)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32)).asm["ptx"]
