@@ -65,14 +65,15 @@
 #               GEMV's prologue (test_fp8_norm_gemv.py: residual exact, output vs float64, the elements that differ from
 #               norm + GEMV counted, graph), then normgemv = benchmarks/fp8_norm_gemv_bench.py (chains of o_proj GEMV ->
 #               norm -> qkv / gate_up GEMV vs o_proj GEMV -> norm_gemv in CUDA graphs, us a link)
-#   s17h        session 17 call 1 (engineer fp817, ONE H200, cap 215 s) = bs1 only (no new kernel code: no GPU tests):
-#               the default forward on this card (no fp8_gemv_tiles row for "NVIDIA H200": the autotuner's tiles) with
-#               its critical path, then the TABLE sweep (BS1_TSWEEP=85 s, fp8_bs1_tiles.sweep_table: each shape's tile x
-#               loop depth in turn as this card's table row, graph recaptured, replays timed, x2 rounds), then one
-#               engine alternating tsweep (the swept rows) / h100rows (the H100 rows on this card) / default_again
-#               (autotuner) x3, tsweep_ew1 / _ew2 (o_proj / down ask for their next 1 / 2 weight blocks right after
-#               the PDL wait, before the absmax: fp8_gemv.EARLY_W, same bits, so tokens must equal; data, its GPU bits
-#               test runs in s17i) x2, tma3_h100rows last (session 16's TMA GEMV: whether the H200 gives it a reason)
+#   s17h        session 17 call 1 (engineer fp817, ONE H200, cap 215 s) = tests (test_fp8_silu_down.py: down's GEMV
+#               with SiLU-and-mul inside = the SiLU kernel + GEMV bits, 8B shape, PDL, graph), then bs1: the default
+#               forward on this card (no fp8_gemv_tiles row for "NVIDIA H200": the autotuner's tiles) with its critical
+#               path, the TABLE sweep (BS1_TSWEEP=70 s, fp8_bs1_tiles.sweep_table: each shape's tile x loop depth in turn
+#               as this card's table row, graph recaptured, replays timed, x2 rounds), then one engine alternating
+#               tsweep (the swept rows) / h100rows (the H100 rows on this card) / default_again (autotuner) x3, with
+#               tsweep_sd (SiLU-and-mul inside down's GEMV: fp8_silu_down.py) x3, tsweep_ew1 / _ew2 (o_proj / down ask
+#               for their next 1 / 2 weight blocks right after the PDL wait: fp8_gemv.EARLY_W) and tsweep_sd_ew1 (all
+#               the same bits: tokens must equal), tma3_h100rows last (session 16's TMA GEMV, deleted after this call)
 #   bs1         benchmarks/fp8_bs1.py --ab s6: 8B fp8 + fp8 KV batch 1, one engine: ms/token vs the roofline, the
 #               captured forward alone vs the rest (LM head, sampler, host), the graph's kernel table; then the
 #               variants ${BS1_VARIANTS:-nopdl,default_again,nopdl_again}, graph recaptured for each (nopdl: the GEMV
@@ -136,9 +137,9 @@ elif [ "${1:-}" = s17a ]; then
   shift; set -- tests normgemv "$@"  # prepared in session 16 (fp816) for the next one: not run yet
   : "${FP89_LIMIT:=120}" "${FP89_TESTS:=tests/quant/test_fp8_norm_gemv.py}"
 elif [ "${1:-}" = s17h ]; then
-  shift; set -- bs1 "$@"  # measurements only (the table rows are pinned after it, tested in s17i)
-  : "${FP89_LIMIT:=215}" "${BS1_TSWEEP:=85}"
-  : "${BS1_VARIANTS:=tsweep,h100rows,default_again,tsweep_ew1,tsweep_again,h100rows_again,tsweep_ew2,default_again2,tsweep_again2,tsweep_ew1_again,h100rows_again2,tsweep_ew2_again,default_again3,tma3_h100rows}"
+  shift; set -- tests bs1 "$@"  # the silu-down GPU test, then the measurements (the table rows are pinned after it)
+  : "${FP89_LIMIT:=215}" "${BS1_TSWEEP:=70}" "${FP89_TESTS:=tests/quant/test_fp8_silu_down.py --durations=5}"
+  : "${BS1_VARIANTS:=tsweep,h100rows,default_again,tsweep_sd,tsweep_ew1,tsweep_again,h100rows_again,tsweep_sd_again,default_again2,tsweep_ew1_again,tsweep_sd_ew1,tsweep_again2,h100rows_again2,tsweep_ew2,default_again3,tsweep_sd_again2,tma3_h100rows}"
 elif [ "${1:-}" = s11b2 ]; then
   shift; set -- bs1 tests "$@"
   : "${FP89_LIMIT:=140}" "${BS1_VARIANTS:=notable,self,pf32,default_again,notable_again,self_again,pf32_again,silu_rope,nopdl}"
