@@ -66,7 +66,8 @@
 #               norm + GEMV counted, graph), then normgemv = benchmarks/fp8_norm_gemv_bench.py (chains of o_proj GEMV ->
 #               norm -> qkv / gate_up GEMV vs o_proj GEMV -> norm_gemv in CUDA graphs, us a link)
 #   s17h        session 17 call 1 (engineer fp817, ONE H200, cap 215 s) = tests (test_fp8_silu_down.py: down's GEMV
-#               with SiLU-and-mul inside = the SiLU kernel + GEMV bits, 8B shape, PDL, graph), then bs1: the default
+#               with SiLU-and-mul inside = the SiLU kernel + GEMV bits, 8B shape, PDL, graph; test_fp8_gemv_early.py:
+#               o / down with 1-2 blocks right after the wait = without, eager + graph), then bs1: the default
 #               forward on this card (no fp8_gemv_tiles row for "NVIDIA H200": the autotuner's tiles) with its critical
 #               path, the TABLE sweep (BS1_TSWEEP=70 s, fp8_bs1_tiles.sweep_table: each shape's tile x loop depth in turn
 #               as this card's table row, graph recaptured, replays timed, x2 rounds), then one engine alternating
@@ -138,7 +139,7 @@ elif [ "${1:-}" = s17a ]; then
   : "${FP89_LIMIT:=120}" "${FP89_TESTS:=tests/quant/test_fp8_norm_gemv.py}"
 elif [ "${1:-}" = s17h ]; then
   shift; set -- tests bs1 "$@"  # the silu-down GPU test, then the measurements (the table rows are pinned after it)
-  : "${FP89_LIMIT:=215}" "${BS1_TSWEEP:=70}" "${FP89_TESTS:=tests/quant/test_fp8_silu_down.py --durations=5}"
+  : "${FP89_LIMIT:=215}" "${BS1_TSWEEP:=70}" "${FP89_TESTS:=tests/quant/test_fp8_silu_down.py tests/quant/test_fp8_gemv_early.py --durations=5}"
   : "${BS1_VARIANTS:=tsweep,h100rows,default_again,tsweep_sd,tsweep_ew1,tsweep_again,h100rows_again,tsweep_sd_again,default_again2,tsweep_ew1_again,tsweep_sd_ew1,tsweep_again2,h100rows_again2,tsweep_ew2,default_again3,tsweep_sd_again2,tma3_h100rows}"
 elif [ "${1:-}" = s11b2 ]; then
   shift; set -- bs1 tests "$@"

@@ -62,3 +62,32 @@ def test_early_w_refused_by_name():
     run = subprocess.run([sys.executable, "-c", "import octavo.plugins.quant.fp8_gemv"], env=env, capture_output=True,
                          text=True, timeout=120)
     assert run.returncode != 0 and "OCTAVO_FP8_GEMV_EARLY_W" in run.stderr, run.stderr[-500:]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_early_w_on_cuda_bit_identical():
+    """o_proj / down of the 8B shape on the engine's launch (this card's table tile, or the H100's; PDL, one block
+    before the wait, two blocks a trip): 1-2 blocks right after the wait give the bits of none, eager and replayed."""
+    from octavo.plugins.quant import fp8_gemv_tiles
+    from octavo.plugins.quant.fp8 import quantize_fp8_rows
+    from octavo.plugins.quant.fp8_gemv import fp8_gemv
+
+    dev = torch.device("cuda")
+    torch.manual_seed(0)
+    for n, k in ((4096, 4096), (4096, 14336)):
+        w, ws = quantize_fp8_rows(torch.randn(n, k, device=dev) * 0.05)
+        x = torch.randn(1, k, device=dev).to(torch.bfloat16)
+        tile = fp8_gemv_tiles.table_tile(dev, n, k, 16) or (16, 1024, 8, 3)
+        base = dict(config=tile, pdl=True, pdl_w=1, loop2=fp8_gemv_tiles.table_loop(dev, n, k) or 2)
+        want = fp8_gemv(x, w, ws, early_w=0, **base)
+        for early in (1, 2):
+            assert torch.equal(fp8_gemv(x, w, ws, early_w=early, **base), want), (n, k, tile, early)
+            y = torch.empty_like(want)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                y.copy_(fp8_gemv(x, w, ws, early_w=early, **base))
+            y.zero_()
+            graph.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(y, want), (n, k, tile, early, "graph")
