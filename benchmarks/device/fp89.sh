@@ -75,6 +75,9 @@
 #               tsweep_sd (SiLU-and-mul inside down's GEMV: fp8_silu_down.py) x3, tsweep_ew1 / _ew2 (o_proj / down ask
 #               for their next 1 / 2 weight blocks right after the PDL wait: fp8_gemv.EARLY_W) and tsweep_sd_ew1 (all
 #               the same bits: tokens must equal), tma3_h100rows last (session 16's TMA GEMV, deleted after this call)
+#   s17i        session 17 call 2 (fp817, ONE H200, cap 215 s): the GPU tests of the table launch on this card's new rows
+#               (test_fp8_gemv_tiles.py), EARLY_W and SiLU-in-down, then one engine: the new default (this card's table
+#               rows) vs notable (the autotuner) / h100rows / sd (SiLU-and-mul inside down's GEMV) x3, then sd_ew1, ew1
 #   bs1         benchmarks/fp8_bs1.py --ab s6: 8B fp8 + fp8 KV batch 1, one engine: ms/token vs the roofline, the
 #               captured forward alone vs the rest (LM head, sampler, host), the graph's kernel table; then the
 #               variants ${BS1_VARIANTS:-nopdl,default_again,nopdl_again}, graph recaptured for each (nopdl: the GEMV
@@ -141,6 +144,10 @@ elif [ "${1:-}" = s17h ]; then
   shift; set -- tests bs1 "$@"  # the silu-down GPU test, then the measurements (the table rows are pinned after it)
   : "${FP89_LIMIT:=215}" "${BS1_TSWEEP:=70}" "${FP89_TESTS:=tests/quant/test_fp8_silu_down.py tests/quant/test_fp8_gemv_early.py --durations=5}"
   : "${BS1_VARIANTS:=tsweep,h100rows,default_again,tsweep_sd,tsweep_ew1,tsweep_again,h100rows_again,tsweep_sd_again,default_again2,tsweep_ew1_again,tsweep_sd_ew1,tsweep_again2,h100rows_again2,tsweep_ew2,default_again3,tsweep_sd_again2,tma3_h100rows}"
+elif [ "${1:-}" = s17i ]; then
+  shift; set -- tests bs1 "$@"  # the table path's GPU tests on this card's rows first, then the A/B
+  : "${FP89_LIMIT:=215}" "${FP89_TESTS:=tests/quant/test_fp8_gemv_tiles.py tests/quant/test_fp8_gemv_early.py tests/quant/test_fp8_silu_down.py --durations=5}"
+  : "${BS1_VARIANTS:=notable,h100rows,sd,default_again,notable_again,h100rows_again,sd_again,default_again2,notable_again2,h100rows_again2,sd_again2,default_again3,sd_ew1,ew1}"
 elif [ "${1:-}" = s11b2 ]; then
   shift; set -- bs1 tests "$@"
   : "${FP89_LIMIT:=140}" "${BS1_VARIANTS:=notable,self,pf32,default_again,notable_again,self_again,pf32_again,silu_rope,nopdl}"
