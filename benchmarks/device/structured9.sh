@@ -109,6 +109,10 @@
 # on the device), chain_lean_noyield (+ no time.sleep(0) after the release), chain_lean_direct (+ OCTAVO_GRAMMAR_GRAPH_DIRECT:
 # the lean replay and the chained fill's event wait as driver calls keeping the GIL: no torch call in the runner's
 # grammar work); 135M (70 s) then 1.1B (what is left).
+# Argument "s17b" (session 17, call 2, one H200; HARD bound 210 s): the structured GPU tests with the tree's defaults
+# (80 s); then the rotation with an A/A control, batch 32, one engine per shape: free, free_aa, json (CHAIN=0: as
+# shipped before the flip), chain (the tree's default), and call 1's best lever;
+# 135M 30 rounds (70 s) then 1.1B 24 rounds (what is left).
 # STRUCTURED9_DRY=1: a CPU dry run (tiny shapes, few steps; the device modes then run the Python gate).
 set -u
 cd "$(dirname "$0")/../.."
@@ -180,6 +184,34 @@ STACKS=(--stack-sample free_async json_async_park json_async_devgate --stack-run
 D3=(--modes free_async_d3 json_async_devgate json_async_devgate_d3)
 FEW=(--modes json_async_park json_async_devgate)
 PART=${1:-ab}
+if [ "$PART" = s17b ]; then  # session 17, call 2 (see the header), 210 s bound
+  LIMIT=$(( 210 * X ))
+  [ "$DRY" != 1 ] && step gpu_tests 80 env OCTAVO_TEST_WORKER_START_S=25 python3 -m pytest -q -rs -p no:cacheprovider \
+       -m gpu tests/structured
+  CH=grammar_chain.CHAIN
+  LEAN=plugins.platforms.cuda_grammar_mask.LEAN
+  DIRK=plugins.platforms.cuda_grammar_mask.DIRECT_LAUNCH
+  [ "$DRY" = 1 ] && LEAN=grammar_device_gate.NATIVE_ACCEPT && DIRK=grammar_device_gate.NATIVE_ACCEPT  # (no CUDA: plumbing)
+  YC=structured_output.YIELD_WHEN_CHAINED
+  MODES17B=(--mode free=free --mode free_aa=free --mode json=$CH=false --mode chain=$CH=true
+            --mode chain_lean_direct=$CH=true,$LEAN=true,$DIRK=true)  # (the last: call 1's best lever)
+  if [ "$XGR" = 1 ]; then
+    for shape in smol135m llama1b; do
+      rounds=30; cap=$(( 70 * X ))
+      [ $shape = llama1b ] && rounds=24 && cap=$(( $(left) - 2 * X ))
+      [ "$DRY" = 1 ] && rounds=2
+      ROT=(--batches 32 --rounds $rounds --steps 40 --load-format dummy --device cuda --dtype bfloat16)
+      [ "$DRY" = 1 ] && ROT=(--batches 32 --rounds 2 --steps 4 --load-format dummy --device cpu --dtype float32 --host-gate)
+      step ${shape}_rotate $cap python3 benchmarks/structured_rotate.py "${ROT[@]}" "${MODES17B[@]}" \
+           --model /tmp/structured9_$shape --json "$R/${shape}_rotate.json"
+    done
+  fi
+  python3 benchmarks/structured_rotate_summary.py "$R"/smol135m_rotate.json "$R"/llama1b_rotate.json 2>&1 \
+    | tee "$R/summary.txt"
+  echo "structured9 s17b done in ${SECONDS}s"
+  ls -la "$R"
+  exit 0
+fi
 if [ "$PART" = s17a ]; then  # session 17, call 1 (see the header), 210 s bound
   LIMIT=$(( 210 * X ))
   if [ "$DRY" != 1 ]; then  # (the chain on as its default would be: not explicit, so no refusal by name)
