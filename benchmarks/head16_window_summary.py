@@ -34,9 +34,12 @@ def span(smi: list, t0: float, t1: float) -> str:
     inside = [r for ts, r in smi if t0 <= ts <= t1]
     if not inside:
         return ""
-    sm = [num(r["clocks.sm [MHz]"]) for r in inside]
-    pw = [num(r["power.draw [W]"]) for r in inside]
-    thr = sorted({r.get("clocks_throttle_reasons.active", "?") for r in inside})
+    def col(r: dict, *names: str) -> str:  # nvidia-smi names some columns differently from version to version
+        return next((r[n] for n in names if n in r), "nan")
+
+    sm = [num(col(r, "clocks.sm [MHz]", "clocks.current.sm [MHz]")) for r in inside]
+    pw = [num(col(r, "power.draw [W]")) for r in inside]
+    thr = sorted({col(r, "clocks_throttle_reasons.active", "clocks_event_reasons.active") for r in inside})
     return f" | smi n={len(inside)} sm {min(sm):.0f}-{max(sm):.0f} MHz, {min(pw):.0f}-{max(pw):.0f} W, throttle {thr}"
 
 
