@@ -144,6 +144,8 @@ def main() -> None:
     ap.add_argument("--dry", action="store_true", help="CPU: a tiny float32 model, 24-token runs")
     ap.add_argument("--stall-diag", default="", help="a variant: after the A/B, 4 generations of 257 tokens with the "
                     "engine's step intervals and the GC recorded (benchmarks/host_stalls.py)")
+    ap.add_argument("--prefill-profile", action="store_true", help="after the A/B: the prefill step of 1-token "
+                    "generations profiled (benchmarks/head16_prefill.py: launch times, cProfile, device busy time)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     if not args.no_head_graphs:
@@ -286,6 +288,16 @@ def main() -> None:
         for key in ("trace", "trace_ctx897"):
             if key in r:
                 print("  ", key, json.dumps(r[key])[:1500], flush=True)
+        save()
+    if args.prefill_profile and time.perf_counter() - T0 < args.budget + 10:
+        from benchmarks.head16_prefill import prefill_profile
+
+        sw.apply({"step": True})  # the default engine's state
+        try:
+            res["prefill"] = prefill_profile(llm, lambda: gen(1)[0], cuda)
+        except Exception as e:  # noqa: BLE001 - a diagnostic
+            res["prefill"] = {"error": f"{type(e).__name__}: {e}"[:300]}
+        print("prefill", json.dumps(res["prefill"])[:4000], flush=True)
         save()
     if args.stall_diag in VARIANTS and not sw.apply(VARIANTS[args.stall_diag]):
         from benchmarks.host_stalls import stall_diag

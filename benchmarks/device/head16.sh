@@ -30,7 +30,9 @@
 #          513-token generations after 2 s idle vs 2 s of device copies
 #   s17b   call 2 (cap 200 s) = tests ab: the GPU tests of the one-graph step (its modes off / copy / zero-copy / raw:
 #          OCTAVO_GRAPH_STEP_RAW_ARGMAX, the copy graph's argmax of the head's 16-bit logits into the id buffer), then the
-#          headline's engine (no head graphs) alternating step / step_raw x4 (raw recaptured at each switch), traces
+#          headline's engine (no head graphs) alternating step / step_raw x4 (raw recaptured at each switch), traces,
+#          then the prefill step of 1-token generations profiled (call 1: 26-47 ms of host launch a generation;
+#          benchmarks/head16_prefill.py: launch times, cProfile of the step thread, the device's busy time)
 #   win    benchmarks/head16_window.py --rounds ${HEAD16_WIN_ROUNDS:-12} (the headline's engine); win1: the bs1 engine
 #          (--max-num-seqs 1) --rounds 3
 #   tests  HEAD16_TESTS (default: tests/gpu/test_decode_const_inputs_gpu.py)
@@ -54,7 +56,7 @@ if [ "${1:-}" = s17b ]; then
   shift; set -- tests ab "$@"
   : "${HEAD16_LIMIT:=200}"
   : "${HEAD16_VARIANTS:=step,step_raw,step_again,step_raw_again,step_again2,step_raw_again2,step_again3,step_raw_again3}"
-  : "${HEAD16_AB_ARGS:=--no-head-graphs}" "${HEAD16_WINDOWS:=none}"
+  : "${HEAD16_AB_ARGS:=--no-head-graphs --prefill-profile}" "${HEAD16_WINDOWS:=none}"
 fi
 if [ "${1:-}" = s16b ]; then
   shift; set -- tests ab "$@"
