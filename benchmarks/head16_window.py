@@ -32,8 +32,8 @@ T0 = time.perf_counter()
 TINY = dict(architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=64, intermediate_size=128,
             num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, vocab_size=512,
             max_position_embeddings=4096, torch_dtype="float32")
-SEQUENCE = (1, 1, 257, 257, 513, 513)
-EXTRA_S = {"plain_path": 9, "stacks": 4, "hot": 17}  # seconds each extra takes on an H100 (what the rounds leave it)  # gpu_e2e.py task_decode_bs1: best(1), best(n + 1), best(2n + 1)
+SEQUENCE = (1, 1, 257, 257, 513, 513)  # gpu_e2e.py task_decode_bs1: best(1), best(n + 1), best(2n + 1)
+EXTRA_S = {"plain_path": 9, "stacks": 4, "hot": 17}  # seconds each extra takes on an H100 (what the rounds leave it)
 
 
 def key_of(times: dict, n: int = 256) -> dict:
