@@ -34,6 +34,9 @@ logger = logging.getLogger(__name__)
 # alternating pairs): the device step 3.315 -> 3.254 ms (-60 us: outside the body graph 384 -> 348 us of ops, idle
 # 37 -> 15 us), greedy tokens equal in every measure, its GPU tests passed. OCTAVO_GRAPH_STEP=0 turns it off.
 DEFAULT_ON = True
+# OCTAVO_GRAPH_STEP_RAW_ARGMAX (session 17): opt-in until its GPU A/B; where on by default it acts only where it can
+# (compute_logits is exactly the float cast of the head's 16-bit logits), an explicit 1 elsewhere is refused
+RAW_ARGMAX_DEFAULT = False
 FIXED = 7  # the stage row's fixed fields (module docstring), then the block ids
 SLOTS = 4  # pinned host rows (and zero-copy graphs), used in turn: reused only after their last use ran (its event)
 
@@ -108,7 +111,7 @@ class StepGraph:
         self.zero_copy = True  # use them when captured (benchmarks switch it)
         # the copy graph too takes the argmax of the head's 16-bit logits into the id buffer (no cast kernel, no copy
         # node), as the zero-copy graphs do; OCTAVO_GRAPH_STEP_RAW_ARGMAX=1, opt-in until its GPU A/B (session 17)
-        self.raw = env_switch("OCTAVO_GRAPH_STEP_RAW_ARGMAX", default=False)
+        self.raw = raw_argmax_setting()[0]
         self.raw_logits = None  # the head's 16-bit logits method, where compute_logits = its cast (zero-copy / raw)
         self.active = True
         self.replays = 0
@@ -249,9 +252,9 @@ def make_step_graph(runner, head, speculator: bool = False) -> StepGraph | None:
     from octavo.nn.pipeline import get_pp_size
 
     zero_copy = env_switch("OCTAVO_GRAPH_STEP_ZERO_COPY", default=False)
-    raw = env_switch("OCTAVO_GRAPH_STEP_RAW_ARGMAX", default=False)
+    raw, raw_asked = raw_argmax_setting()
     if not env_switch("OCTAVO_GRAPH_STEP", default=DEFAULT_ON):
-        for name, on in (("OCTAVO_GRAPH_STEP_ZERO_COPY", zero_copy), ("OCTAVO_GRAPH_STEP_RAW_ARGMAX", raw)):
+        for name, on in (("OCTAVO_GRAPH_STEP_ZERO_COPY", zero_copy), ("OCTAVO_GRAPH_STEP_RAW_ARGMAX", raw_asked)):
             if on:
                 raise ValueError(f"{name}=1 is a mode of the one-graph batch-1 step, which OCTAVO_GRAPH_STEP=0 turns "
                                  "off; set one of them differently")
@@ -261,7 +264,7 @@ def make_step_graph(runner, head, speculator: bool = False) -> StepGraph | None:
            "pipeline stages" if get_pp_size() > 1 else "no LM head" if not hasattr(runner.model, "compute_logits")
            else None)
     if why is not None:
-        if zero_copy or raw or env_choice("OCTAVO_GRAPH_STEP", ("0", "1", "unset"), "unset") == "1":  # asked for
+        if zero_copy or raw_asked or env_choice("OCTAVO_GRAPH_STEP", ("0", "1", "unset"), "unset") == "1":  # asked
             raise ValueError(f"OCTAVO_GRAPH_STEP=1 / OCTAVO_GRAPH_STEP_RAW_ARGMAX=1 / OCTAVO_GRAPH_STEP_ZERO_COPY=1: this "
                              f"engine cannot take the one-graph batch-1 step ({why}); unset them (the step is on "
                              "wherever it can act)")
@@ -273,9 +276,18 @@ def make_step_graph(runner, head, speculator: bool = False) -> StepGraph | None:
         head = GraphHead(runner.model, runner.device, 1)
     sg = StepGraph(runner, head)
     if raw and sg._raw_logits() is None:  # refused at start, not at capture (whose failure only drops the step graph)
-        raise ValueError("OCTAVO_GRAPH_STEP_RAW_ARGMAX=1: this model's compute_logits is not the float cast of its LM "
-                         "head's logits (or the head's argmax takes no out=); unset it")
+        if raw_asked:
+            raise ValueError("OCTAVO_GRAPH_STEP_RAW_ARGMAX=1: this model's compute_logits is not the float cast of its "
+                             "LM head's logits (or the head's argmax takes no out=); unset it")
+        sg.raw = False  # the default acts only where it can: the float cast + copy, as before
     return sg
+
+
+def raw_argmax_setting() -> tuple[bool, bool]:
+    """``(on, asked)``: whether the copy graph takes the argmax of the head's 16-bit logits (OCTAVO_GRAPH_STEP_RAW_ARGMAX,
+    default :data:`RAW_ARGMAX_DEFAULT`), and whether an explicit 1 asked for it (then refused where it cannot act)."""
+    v = env_choice("OCTAVO_GRAPH_STEP_RAW_ARGMAX", ("0", "1", "unset"), "unset")
+    return (RAW_ARGMAX_DEFAULT if v == "unset" else v == "1"), v == "1"
 
 
 def step_graph_state(worker, active: bool | None = None) -> dict:

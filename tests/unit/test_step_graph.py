@@ -175,7 +175,8 @@ def test_a_mode_without_the_step_is_refused(monkeypatch, mode):
 
 def test_raw_argmax_is_refused_where_the_logits_are_not_the_heads_cast(tiny_llama, monkeypatch):
     """OCTAVO_GRAPH_STEP_RAW_ARGMAX=1 where ``compute_logits`` is more than the float cast of the head's logits (a
-    soft-capping model, say) or the argmax takes no ``out=``: refused at start, by name; taken where it can act."""
+    soft-capping model, say) or the argmax takes no ``out=``: refused at start, by name; taken where it can act. On by
+    default (``RAW_ARGMAX_DEFAULT``): taken where it can act, the cast path elsewhere; ``0`` turns it off."""
     from octavo import LLM
     from octavo.plugins.platforms.cuda_graph_head import GraphHead
     from octavo.plugins.platforms.cuda_graphs import CUDAGraphRunner
@@ -196,5 +197,15 @@ def test_raw_argmax_is_refused_where_the_logits_are_not_the_heads_cast(tiny_llam
         monkeypatch.setattr(runner.model, "compute_logits", lambda h: 30.0 * torch.tanh(plain(h) / 30.0))
         with pytest.raises(ValueError, match="RAW_ARGMAX=1: this model's compute_logits is not the float cast"):
             make_step_graph(gr, head)
+        # on by default (unset): it acts where it can and steps aside elsewhere, without an error
+        from octavo.plugins.platforms import cuda_step_graph
+
+        monkeypatch.delenv("OCTAVO_GRAPH_STEP_RAW_ARGMAX")
+        monkeypatch.setattr(cuda_step_graph, "RAW_ARGMAX_DEFAULT", True)
+        assert not make_step_graph(gr, head).raw  # (soft-capped logits)
+        monkeypatch.setattr(runner.model, "compute_logits", plain)
+        assert make_step_graph(gr, head).raw
+        monkeypatch.setenv("OCTAVO_GRAPH_STEP_RAW_ARGMAX", "0")
+        assert not make_step_graph(gr, head).raw
     finally:
         llm.llm_engine.shutdown()
