@@ -28,10 +28,11 @@ HOST_KEYS = ("prepare_s", "fill_s", "wait_s", "apply_s", "accept_s", "accept_thr
              "resume_lag_s", "device_wait_s", "open_lag_s", "core_host_s", "core_wait_s")
 
 
-def thread_cpu_s() -> dict[str, float]:
+def thread_cpu_s(field: int = 0) -> dict[str, float]:
     """CPU seconds each thread of this process has run so far, by name (Linux ``/proc/self/task/*/schedstat``, ns
     resolution; Python threads by their ``threading`` name with pool suffixes dropped, others by their OS name:
-    torch's OpenMP workers, xgrammar's, CUDA's), summed per name. Empty where /proc has no schedstat."""
+    torch's OpenMP workers, xgrammar's, CUDA's), summed per name. Empty where /proc has no schedstat. ``field`` 1:
+    the seconds each was runnable but waiting for a CPU instead (the run queue: CPU contention)."""
     import os
     import re
     import threading
@@ -45,7 +46,7 @@ def thread_cpu_s() -> dict[str, float]:
     for tid in tids:
         try:
             with open(f"/proc/self/task/{tid}/schedstat") as f:
-                ns = int(f.read().split()[0])
+                ns = int(f.read().split()[field])
             name = names.get(int(tid))
             if name is None:
                 with open(f"/proc/self/task/{tid}/comm") as f:

@@ -27,7 +27,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the sibling modules below, run as a script
-from structured_common import HOST_KEYS, SCHEMA, timed_steps  # noqa: E402
+from structured_common import HOST_KEYS, SCHEMA, thread_cpu_s, timed_steps  # noqa: E402
 from structured_knob_ab import _knobs  # noqa: E402
 
 
@@ -84,12 +84,17 @@ def main() -> None:
     free_params = SamplingParams(temperature=0, max_tokens=args.steps + 1, ignore_eos=True)
     ids = iter(range(10**9))
     out = {"modes": args.mode, "device": str(core.model_info.device),
-           "loadavg_start": open("/proc/loadavg").read().split()[:3]}
+           "loadavg_start": open("/proc/loadavg").read().split()[:3], "cpus": len(os.sched_getaffinity(0))}
+    try:  # (a CPU quota: "max 100000" is none)
+        out["cgroup_cpu_max"] = open("/sys/fs/cgroup/cpu.max").read().strip()
+    except OSError:
+        pass
 
     # the runner's wait + apply graphs (CUDA): replays a step, of them lean / driver-launched (whether a mode's graph
     # lever acted), lean replays that set the step word
     graphs = getattr(getattr(core.executor.driver.runner, "grammar_apply", None), "gated_graphs", None)
     gkeys = ("replays", "lean_replays", "direct", "lean_sets")
+    watched = ("MainThread", "octavo-step", "os:python", "os:cuda-EvtHandlr")  # core, runner, the shim's C threads
 
     def run(sets, prompts, batch):
         for mod, attr, _, value in sets or ():
@@ -98,6 +103,7 @@ def main() -> None:
         for k in stats:
             stats[k] = 0
         g0 = [getattr(graphs, k, 0) for k in gkeys]
+        cpu0, rq0 = thread_cpu_s(), thread_cpu_s(1)
         reqs = [EngineCoreRequest(f"r{next(ids)}", p, free_params if sets is None else json_params, time.time(),
                                   eos_token_id=tok.eos_token_id) for p in prompts]
         texts: dict = {}
@@ -108,10 +114,15 @@ def main() -> None:
                 setattr(mod, attr, dflt)
         n = stats["steps"]
         host = {k[:-2]: stats[k] / n * 1e3 for k in HOST_KEYS[:-2]} if n else {}
+        # each thread's CPU ms and run-queue wait ms (runnable, no CPU free) over the whole run, per full-batch step
+        cpu1, rq1 = thread_cpu_s(), thread_cpu_s(1)
+        m = max(1, len(times))
+        threads = {f"cpu:{k}": (v - cpu0.get(k, 0.0)) / m * 1e3 for k, v in cpu1.items() if k in watched}
+        threads.update({f"rq:{k}": (v - rq0.get(k, 0.0)) / m * 1e3 for k, v in rq1.items() if k in watched})
         if n:
             host["chained_frac"] = stats["chained"] / n
             host.update({f"graph_{k}": (getattr(graphs, k, 0) - v) / n for k, v in zip(gkeys, g0)})
-        return times, host, [texts.get(r.request_id) for r in reqs]
+        return times, {**host, **threads}, [texts.get(r.request_id) for r in reqs]
 
     for batch in args.batches:
         prompts = [tok.apply_chat_template([{"role": "user", "content": f"Describe item number {i} as JSON with a "
@@ -134,8 +145,8 @@ def main() -> None:
                   flush=True)
             names = [n for n, _ in modes]
             res = {"ms_per_step": {n: round(statistics.median(meds[n]) * 1e3, 3) for n in names},
-                   "host_ms_per_step": {n: {k: round(statistics.median(h[k] for h in hosts[n]), 3)
-                                            for k in hosts[n][0]} for n in names if hosts[n] and hosts[n][0]},
+                   "host_ms_per_step": {n: {k: round(statistics.median(h.get(k, 0.0) for h in hosts[n]), 3)
+                                            for k in hosts[n][-1]} for n in names if hosts[n] and hosts[n][0]},
                    "pairs": {}, "rounds": r + 1,
                    "tokens_equal": len({json.dumps(t) for t in toks.values()}) <= 1}
             for i, a in enumerate(names):
