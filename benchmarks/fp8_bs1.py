@@ -61,7 +61,7 @@ def critical_path(prof, replays: int) -> dict:
     ev.sort()
     out, end, g = {}, None, 0
     for start, stop, name in ev:
-        if any(k in name for k in ("_fp8_gemv_kernel", "_fp8_gemv_norm_kernel", "_fp8_gemv_tma_kernel")):
+        if any(k in name for k in ("_fp8_gemv_kernel", "_fp8_gemv_norm_kernel")):
             name, g = GEMV_ORDER[g % 4] + ("+norm" if "_norm_" in name else ""), g + 1
         else:
             name = name[:40]
@@ -78,6 +78,9 @@ def gemv_by_shape(prof, replays):
     from benchmarks.fp8_bs1_tiles import gemv_by_shape as by_shape
 
     return by_shape(prof, replays)
+
+
+PROBE = {"tokens": 0}  # --probe-tokens
 
 
 def measure(llm, gr, prompt, res: dict, tag: str, bw: float, weight_bytes: int, profile: bool) -> None:
@@ -108,6 +111,18 @@ def measure(llm, gr, prompt, res: dict, tag: str, bw: float, weight_bytes: int, 
     # differ): their greedy tokens must be its tokens exactly. norm4 and nosilu may differ (another summation order)
     first = res.setdefault("_greedy_tokens", tokens_out[-1])
     r["same_tokens_as_first_measure"] = tokens_out[-1] == first and tokens_out[-2] == first
+    if not r["same_tokens_as_first_measure"]:  # where they part, and how close the first measure's top two were there
+        r["first_differing_token"] = next((i for i, (a, b) in enumerate(zip(tokens_out[-1], first)) if a != b), None)
+    if PROBE["tokens"]:  # greedy with the top-2 log-probabilities: a near tie where tokens part = summation order
+        outs = llm.generate([prompt], SamplingParams(max_tokens=PROBE["tokens"], ignore_eos=True, temperature=0,
+                                                     logprobs=2), use_tqdm=False)[0].outputs[0]
+        gaps = [round(sorted((lp.logprob for lp in d.values()), reverse=True)[0]
+                      - sorted((lp.logprob for lp in d.values()), reverse=True)[-1], 5) for d in outs.logprobs]
+        probe = res.setdefault("_probe", {"tokens": list(outs.token_ids), "gaps": gaps})
+        at = next((i for i, (a, b) in enumerate(zip(outs.token_ids, probe["tokens"])) if a != b), None)
+        r["probe"] = {"first_differing": at, "top2_gap_there_first_measure": None if at is None else probe["gaps"][at],
+                      "top2_gap_there": None if at is None else gaps[at], "min_gap_before": min(gaps[:at or None]),
+                      "tokens": list(outs.token_ids)[:16]}
     if gr is not None and 1 in gr.graphs:
         torch.cuda.synchronize()
         t = time.perf_counter()
@@ -185,7 +200,11 @@ def main() -> None:
     ap.add_argument("--table-sweep", type=float, default=0.0,
                     help="seconds for this card's table sweep (fp8_bs1_tiles.sweep_table: tile + loop per shape in the "
                          "graph, the table path); then --variants may name tsweep / tsweep_again*")
+    ap.add_argument("--probe-tokens", type=int, default=0,
+                    help="after each measure, that many greedy tokens with top-2 log-probabilities (untimed): where "
+                         "a variant's tokens part from the first measure's, and the top-2 gap there")
     args = ap.parse_args()
+    PROBE["tokens"] = args.probe_tokens
     from benchmarks.fp8_bs1_tiles import pin, strict_bytes, sweep, tuned_tiles, unpin
     from benchmarks.fp8_bs1_variants import S6_VARIANTS
     from benchmarks.gpu_e2e import LLAMA3_8B, copy_bandwidth, make_llm, write_config

@@ -48,7 +48,7 @@ def gemv_by_shape(prof, replays: int) -> dict:
     """Per layer position (qkv, o, gate_up, down) the one-row GEMV's mean kernel time in us per forward, from the
     profiler's device events in time order (the 4 GEMVs of each layer launch in forward order; o / down with the norm
     in their tail, fp8_gemv_norm.py, counted as theirs)."""
-    evs = [e for e in prof.events() if e.name in (GEMV_NAME, "_fp8_gemv_norm_kernel", "_fp8_gemv_tma_kernel") and getattr(e, "device_type", None) is not None
+    evs = [e for e in prof.events() if e.name in (GEMV_NAME, "_fp8_gemv_norm_kernel") and getattr(e, "device_type", None) is not None
            and "CUDA" in str(e.device_type)]
     evs.sort(key=lambda e: e.time_range.start)
     names = ("qkv", "o", "gate_up", "down")

@@ -158,14 +158,9 @@ for _tag, _v in _att.items():
 # other sums: tokens may differ); "o8w4" = o_proj on 8x1024 4 warps with two blocks a trip (~half the registers of
 # the 16x1024 8-warp tile: its programs fit beside the attention's; another sum order). s16a (H100) measured the polling merge of the splits (spin1 / spin2, removed after
 # it: +158 / +73 us, spin2's tokens differed) and the TMA variants: tma3 +96, tma3_l2 +599 (its L2 prefetch was asked
-# by 16 threads a row, fixed since), norm8 +14 us (docs/performance.md "FP8 session 16")
-_TMA = "octavo.plugins.quant.fp8_gemv_tma:STAGES"
-_L2, _PA = "octavo.plugins.quant.fp8_gemv_tma:L2_BLOCKS", "octavo.plugins.quant.fp8_gemv_tma:AMAX_FROM_PRODUCER"
+# by 16 threads a row, fixed since), norm8 +14 us (docs/performance.md "FP8 session 16"); the TMA GEMV and the SiLU
+# absmax pieces were deleted in session 17 (they lost on the H100 and, s17h, on the H200), with their variants
 for _tag, _v in {"norm8": {"warps": 8}, "norm32": {"warps": 32},
-                 "tma2": {"set": {_TMA: 2}}, "tma3": {"set": {_TMA: 3}}, "tma4": {"set": {_TMA: 4}},
-                 "tma2_l2": {"set": {_TMA: 2, _L2: 1}}, "tma3_l2": {"set": {_TMA: 3, _L2: 2}},
-                 "tma4_l2": {"set": {_TMA: 4, _L2: 3}},
-                 "tma3_l2_pa": {"set": {_TMA: 3, _L2: 2, _PA: True}}, "tma4_l2_pa": {"set": {_TMA: 4, _L2: 3, _PA: True}},
                  "att_w2": {"set": {_TAB: {(4, 128): dict(splits=16, block_n=64, num_warps=2, deq=3)}}},
                  "att_s8_n128": {"set": {_TAB: {(4, 128): dict(splits=8, block_n=128, num_warps=4, deq=3)}}},
                  "att_s8_n128_norm32": {"set": {_TAB: {(4, 128): dict(splits=8, block_n=128, num_warps=4, deq=3)}},
@@ -186,7 +181,6 @@ from benchmarks.fp8_bs1_tiles import table_rows as _table_rows  # noqa: E402
 for _suffix in ("", "_again", "_again2", "_again3"):
     S6_VARIANTS.setdefault("h100rows" + _suffix, _rows_variant(_table_rows(_H100)))
     S6_VARIANTS.setdefault("notable" + _suffix, {"table": False})
-    S6_VARIANTS.setdefault("tma3_h100rows" + _suffix, {**_rows_variant(_table_rows(_H100)), "set": {_TMA: 3}})
 # "ewN" = the GEMVs that quantize their own input (o_proj, down) ask for their next N weight blocks right after the
 # PDL wait, before the absmax (fp8_gemv.EARLY_W, OCTAVO_FP8_GEMV_EARLY_W; the same bits); "ewNpM" also M blocks for the
 # prequantized ones (qkv, gate_up: fp8_gemv.EARLY_W_PRE); "tsweep_ewN" (fp8_bs1.py) on the swept rows

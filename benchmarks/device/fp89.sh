@@ -75,9 +75,11 @@
 #               tsweep_sd (SiLU-and-mul inside down's GEMV: fp8_silu_down.py) x3, tsweep_ew1 / _ew2 (o_proj / down ask
 #               for their next 1 / 2 weight blocks right after the PDL wait: fp8_gemv.EARLY_W) and tsweep_sd_ew1 (all
 #               the same bits: tokens must equal), tma3_h100rows last (session 16's TMA GEMV, deleted after this call)
-#   s17i        session 17 call 2 (fp817, ONE H200, cap 215 s): the GPU tests of the table launch on this card's new rows
-#               (test_fp8_gemv_tiles.py), EARLY_W and SiLU-in-down, then one engine: the new default (this card's table
-#               rows) vs notable (the autotuner) / h100rows / sd (SiLU-and-mul inside down's GEMV) x3, then sd_ew1, ew1
+#   s17i        session 17 call 2 (fp817, ONE H200, cap 200 s): the GPU tests of the table launch on this card's new rows
+#               (test_fp8_gemv_tiles.py: = the config launch, vs float64, vs the autotuner's tile within a bf16 step),
+#               SiLU-in-down and EARLY_W, then one engine: the new default (the H200 rows s17h swept) vs notable (the
+#               autotuner) / sd (SiLU-and-mul inside down's GEMV) / h100rows x3-4; each measure then 48 untimed greedy
+#               tokens with top-2 log-probabilities (BS1_PROBE): where tokens part from the default's, the top-2 gap
 #   bs1         benchmarks/fp8_bs1.py --ab s6: 8B fp8 + fp8 KV batch 1, one engine: ms/token vs the roofline, the
 #               captured forward alone vs the rest (LM head, sampler, host), the graph's kernel table; then the
 #               variants ${BS1_VARIANTS:-nopdl,default_again,nopdl_again}, graph recaptured for each (nopdl: the GEMV
@@ -132,22 +134,23 @@ elif [ "${1:-}" = s15c ]; then
 elif [ "${1:-}" = s16a ]; then
   shift; set -- tests bs1 "$@"  # the tests first: a default flips only with them
   : "${FP89_LIMIT:=200}" "${BS1_VARIANTS:=spin2,spin1,default_again,spin2_again,spin1_again,tma3_l2,tma3_l2_pa,tma3,default_again2,tma3_l2_again,tma3_l2_pa_again,spin2_tma3_l2_pa,tma4_l2_pa,spin2_again2,default_again3,tma3_l2_again2,tma3_l2_pa_again2,tma3_again,spin2_tma3_l2_pa_again,spin1_again2,tma4_l2_pa_again,default_again4,tma2_l2,tma4,spin2_tma3_l2_pa_again2,norm8,att_w2}"
-  : "${FP89_TESTS:=tests/quant/test_fp8_decode_spin.py tests/quant/test_fp8_gemv_tma.py tests/quant/test_fp8_decode_one.py}"
+  : "${FP89_TESTS:=tests/quant/test_fp8_decode_spin.py tests/quant/test_fp8_decode_one.py}"
 elif [ "${1:-}" = s16b ]; then
   shift; set -- tests bs1 "$@"
   : "${FP89_LIMIT:=200}" "${BS1_VARIANTS:=att_s8_n128,norm32,self,o8w4,default_again,att_s8_n128_again,norm32_again,self_again,o8w4_again,att_s8_n128_o8w4,default_again2,att_s8_n128_again2,norm32_again2,att_s8_n128_norm32,att_s8_n128_o8w4_again,default_again3,tma3_l2,att_s8_n128_norm32_again,o8w4_again2,att_w2,default_again4}"
-  : "${FP89_TESTS:=tests/quant/test_fp8_decode_one.py tests/quant/test_fp8_gemv_tma.py tests/quant/test_fp8_prefetch.py}"
+  : "${FP89_TESTS:=tests/quant/test_fp8_decode_one.py tests/quant/test_fp8_prefetch.py}"
 elif [ "${1:-}" = s17a ]; then
   shift; set -- tests normgemv "$@"  # prepared in session 16 (fp816) for the next one: not run yet
   : "${FP89_LIMIT:=120}" "${FP89_TESTS:=tests/quant/test_fp8_norm_gemv.py}"
 elif [ "${1:-}" = s17h ]; then
   shift; set -- tests bs1 "$@"  # the silu-down GPU test, then the measurements (the table rows are pinned after it)
   : "${FP89_LIMIT:=215}" "${BS1_TSWEEP:=70}" "${FP89_TESTS:=tests/quant/test_fp8_silu_down.py tests/quant/test_fp8_gemv_early.py --durations=5}"
-  : "${BS1_VARIANTS:=tsweep,h100rows,default_again,tsweep_sd,tsweep_ew1,tsweep_again,h100rows_again,tsweep_sd_again,default_again2,tsweep_ew1_again,tsweep_sd_ew1,tsweep_again2,h100rows_again2,tsweep_ew2,default_again3,tsweep_sd_again2,tma3_h100rows}"
+  : "${BS1_VARIANTS:=tsweep,h100rows,default_again,tsweep_sd,tsweep_ew1,tsweep_again,h100rows_again,tsweep_sd_again,default_again2,tsweep_ew1_again,tsweep_sd_ew1,tsweep_again2,h100rows_again2,tsweep_ew2,default_again3,tsweep_sd_again2}"
 elif [ "${1:-}" = s17i ]; then
   shift; set -- tests bs1 "$@"  # the table path's GPU tests on this card's rows first, then the A/B
-  : "${FP89_LIMIT:=215}" "${FP89_TESTS:=tests/quant/test_fp8_gemv_tiles.py tests/quant/test_fp8_gemv_early.py tests/quant/test_fp8_silu_down.py --durations=5}"
-  : "${BS1_VARIANTS:=notable,h100rows,sd,default_again,notable_again,h100rows_again,sd_again,default_again2,notable_again2,h100rows_again2,sd_again2,default_again3,sd_ew1,ew1}"
+  : "${FP89_LIMIT:=200}" "${BS1_PROBE:=48}"
+  : "${FP89_TESTS:=tests/quant/test_fp8_gemv_tiles.py tests/quant/test_fp8_silu_down.py tests/quant/test_fp8_gemv_early.py --durations=5}"
+  : "${BS1_VARIANTS:=notable,sd,h100rows,default_again,notable_again,sd_again,h100rows_again,default_again2,notable_again2,sd_again2,h100rows_again2,default_again3,sd_again3,notable_again3}"
 elif [ "${1:-}" = s11b2 ]; then
   shift; set -- bs1 tests "$@"
   : "${FP89_LIMIT:=140}" "${BS1_VARIANTS:=notable,self,pf32,default_again,notable_again,self_again,pf32_again,silu_rope,nopdl}"
@@ -198,7 +201,7 @@ for P in "${PARTS[@]}"; do
                --throughput --max-num-seqs 512 --out-dir "$R/e2e_fp8" > "$R/e2e_fp8.log" 2>&1
              echo "exit $?"; grep -v " INFO \| WARNING " "$R/e2e_fp8.log" | cut -c1-1500 | tail -8;;
     bs1) $T python benchmarks/fp8_bs1.py --ab s6 --variants "${BS1_VARIANTS:-nopdl,default_again,nopdl_again}" \
-           --budget $(( B - 12 )) --sweep "${BS1_SWEEP:-0}" --table-sweep "${BS1_TSWEEP:-0}" --out "$R/bs1.json" > "$R/bs1.log" 2>&1
+           --budget $(( B - 12 )) --sweep "${BS1_SWEEP:-0}" --table-sweep "${BS1_TSWEEP:-0}" --probe-tokens "${BS1_PROBE:-0}" --out "$R/bs1.json" > "$R/bs1.log" 2>&1
          echo "exit $?"; grep -v " INFO \| WARNING \|UserWarning\|_warn_once" "$R/bs1.log" | cut -c1-400 | tail -90;;
     head) OCTAVO_GRAPH_HEAD=1 $T python benchmarks/graph_head_ab.py --dtype fp8 --gemv-ab --out "$R/head.json" \
             > "$R/head.log" 2>&1

@@ -1,7 +1,6 @@
 """SiLU(gate) * up for one program's tile, as a Triton function inlined into each kernel that computes it (the
-platform's ``_silu_and_mul_kernel`` in cuda_fusions.py, the absmax variant in plugins/quant/fp8_silu_amax.py), so they
-all give the same bits. Its own module: fp8_silu_amax is imported (lazily) from cuda_fusions' fusion pass, so it
-cannot import cuda_fusions back."""
+platform's ``_silu_and_mul_kernel`` in cuda_fusions.py; session 16's absmax variant, deleted in session 17, shared it),
+so they all give the same bits."""
 
 from __future__ import annotations
 
@@ -12,7 +11,7 @@ import triton.language as tl
 @triton.jit
 def silu_mul_tile(x_ptr, stride_x, d, BLOCK: tl.constexpr):
     """This program's tile of SiLU(gate) * up in the input dtype (the rounding steps of the eager op), with its row,
-    columns and mask; inlined into every kernel that computes it, so they all give these bits (fp8_silu_amax.py)."""
+    columns and mask; inlined into every kernel that computes it, so they all give these bits."""
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < d

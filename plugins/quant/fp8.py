@@ -261,7 +261,6 @@ class _FP8Method(LinearMethod):
                 else:
                     y = fp8_gemv_tc(x2, layer.weight, layer.weight_scale, bias, config=tc[1], dot_fp8=tc[0])
                 return y.reshape(*shape[:-1], -1)
-            from octavo.plugins.quant import fp8_gemv_tma  # noqa: F401 (o_proj / down's TMA launch, OCTAVO_FP8_GEMV_TMA)
             from octavo.plugins.quant.fp8_gemv import fp8_gemv
             from octavo.plugins.quant.fp8_prefetch import gemv_launch
 
@@ -275,10 +274,8 @@ class _FP8Method(LinearMethod):
             if pre is not None and self.gemv_pre_ok:
                 y = fp8_gemv(pre[0], layer.weight, layer.weight_scale, bias, x_scale=pre[1], out_dtype=x.dtype,
                              **launch)
-            else:  # the producer's absmax pieces, if it left them (fp8_silu_amax.py: the TMA GEMV takes them)
-                amax = getattr(x, "_octavo_amax", None)
-                y = fp8_gemv(x2, layer.weight, layer.weight_scale, bias, alt=None if amax is None else {"x_amax": amax},
-                             **launch)
+            else:
+                y = fp8_gemv(x2, layer.weight, layer.weight_scale, bias, **launch)
             return y.reshape(*shape[:-1], -1)
         if getattr(self, "small_m", None) and x2.shape[0] > 1:
             from octavo.plugins.quant import fp8_smallm

@@ -206,15 +206,6 @@ def _rms_quant_forward(self, x, residual=None):
 
 def _silu_quant_forward(self, x):
     if x.numel() // x.shape[-1] <= self._octavo_fp8_min_rows - 1:
-        if x.numel() == x.shape[-1] and x.is_cuda:  # one row: down_proj may take its absmax from here (TMA GEMV)
-            from octavo.plugins.quant import fp8_gemv_tma
-
-            if fp8_gemv_tma.STAGES and fp8_gemv_tma.AMAX_FROM_PRODUCER:
-                from octavo.plugins.quant.fp8_silu_amax import silu_and_mul_amax
-
-                out, amax = silu_and_mul_amax(x)
-                out._octavo_amax = amax.view(-1)
-                return out
         return self._octavo_plain_forward(x)
     out, q, s = silu_and_mul_quant(x)
     out._octavo_fp8 = (q, s)

@@ -295,8 +295,6 @@ EARLY_W = env_int("OCTAVO_FP8_GEMV_EARLY_W", 0, 0, 2)
 EARLY_W_PRE = 0
 #: the most weight blocks the one-row kernel reads before its PDL wait (``pdl_w``; its static ifs)
 MAX_PDL_W = 4
-#: other kernels for the table's one-row launch: ``(applies, launch)`` pairs (fp8_gemv_tma.py adds its own on import)
-ALT_ONE_ROW: list = []
 
 
 def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None = None,
@@ -306,7 +304,7 @@ def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, 
              self_prefetch: bool = False, w_bits: bool | None = None, reg_pf: bool | None = None,
              acc_split: int | None = None, x2d: bool | None = None, pdl_w: bool | int = False,
              amax_one: bool | None = None, loop2: int | None = None, tail: dict | None = None,
-             alt: dict | None = None, early_w: int | None = None, silu_in: bool = False) -> torch.Tensor:
+             early_w: int | None = None, silu_in: bool = False) -> torch.Tensor:
     """``x [m, K]`` (bf16/fp16/fp32) times the e4m3 ``weight [N, K]`` with ``weight_scale`` (``N`` values).
 
     ``quantize_input=True`` is W8A8 (dynamic per-token e4m3 activations, as the ``_scaled_mm`` path);
@@ -330,8 +328,7 @@ def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, 
     the row with every load in flight at once (K <= AMAX_MAX_K; the same scale, the same result). ``loop2`` (0, 2 or 4;
     one row; None: the module's ``LOOP2``, whose None is the table's loop with the table's tile, else 0): the main
     loop loads that many weight blocks a trip (the same result). ``tail`` (one row, no bias; fp8_gemv_norm.py builds
-    it): the RMSNorm after this linear and its quantization, by the grid's last program. ``alt``: keywords for an
-    ``ALT_ONE_ROW`` kernel that takes the launch (fp8_gemv_tma's ``x_amax``); the plain kernel has no use for them.
+    it): the RMSNorm after this linear and its quantization, by the grid's last program.
     ``early_w`` (0-2, one row, not with ``reg_pf`` or ``tail``; None: the module's ``EARLY_W``, ``EARLY_W_PRE`` with
     ``x_scale``): that many weight blocks after the ``pdl_w`` ones are asked for right after the wait (at most
     ``K // 1024`` blocks in all; the same result).
@@ -428,9 +425,6 @@ def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, 
         if config is None and tail is not None:  # the autotuner's tile for this shape: the unfused bits
             config = tail["tile"](n, k, pre, one_row_flags.get("ACC_SPLIT", 0), x.device)
     if config is not None:
-        for applies, run in ALT_ONE_ROW:  # o_proj / down through TMA (fp8_gemv_tma.py; opt-in, the same bits)
-            if even and applies(m, n, k, flags, one_row_flags, config, bias, tail, pf_total, self_prefetch):
-                return run(x, x_scale, weight, ws, y, flags, one_row_flags, config, False, **(alt or {}))
         bn, bk, warps, *stages = config
         kernel[(triton.cdiv(n, bn),)](*args, **flags, **one_row_flags, **extra,
                                       EVEN=even and n % bn == 0 and k % bk == 0, SOFT_FP8=False, BLOCK_N=bn,

@@ -67,3 +67,22 @@ def test_table_launch_is_the_config_launch():
         assert torch.equal(got, fp8_gemv(x, w, ws, acc_split=16, config=tile)), (n, k, tile)
         assert torch.equal(got, fp8_gemv(x, w, ws, acc_split=16, config=tile, loop2=t.table_loop(dev, n, k)))
         assert torch.equal(got, fp8_gemv(x, w, ws, acc_split=16, config=tile[:3])), "stages change no bits"
+        # the table's tile against the float64 product and the autotuner's tile (another fp32 summation order: the
+        # two may differ, by a rounding step of the bf16 output at most), for in-kernel and the norm's quantization
+        from octavo.plugins.quant import fp8_triton
+        from octavo.plugins.quant.fp8_gemv import fp8_gemv_reference
+
+        xq, xs = fp8_triton.quantize_per_token(x)
+        want = fp8_gemv_reference(x, w, ws).float()
+        for kw, xin in (({}, x), ({"x_scale": xs, "out_dtype": torch.bfloat16}, xq)):
+            table = fp8_gemv(xin, w, ws, acc_split=16, **kw).float()
+            assert float((table - want).abs().max() / want.abs().max()) < 1e-2, (n, k, tile, kw)
+            try:
+                t.TABLE_ON = False
+                auto = fp8_gemv(xin, w, ws, acc_split=16, **kw).float()
+            finally:
+                t.TABLE_ON = True
+            step = (table - auto).abs() - table.abs().maximum(auto.abs()) * 2.0 ** -7
+            assert float(step.max()) <= 1e-6, (n, k, tile, kw, float(step.max()))
+            print("table vs autotuner", n, k, tile, "pre" if kw else "quant",
+                  int((table != auto).sum()), "of", table.numel(), "elements differ")

@@ -90,10 +90,10 @@ def test_prefetch_and_pdl_refused_where_they_cannot_run(monkeypatch):
 
 
 def _ptx(fn, signature: dict, constexprs: dict) -> str:
+    import inspect
+
     import triton
     from triton.backends.compiler import GPUTarget
-
-    import inspect
 
     # the kernel's other constexpr options at their defaults (an option added later is off here)
     params = inspect.signature(fn.fn).parameters.values()
