@@ -112,9 +112,10 @@
 # Argument "s17b" (session 17, call 2, one H200; HARD bound 200 s): the GPU tests touched since call 1 (apply_device,
 # chain, native_open; 40 s); then where the +17 % of a structured 135M step goes (call 1: every lever within noise):
 # the rotation records each thread's CPU and run-queue wait (schedstat) per mode, and varies the shim's fill threads:
-# free, free_aa (A/A), json (CHAIN=0, as shipped), chain, chain_p1 / chain_p2 (xgrammar_native.POOL_THREADS 1 / 2:
-# is it the fill's CPU beside the runner's thread?), chain_lean_noyc (the lean graph + no yield after a chained
-# release: call 1's best at 1.1B); 135M 24 rounds (80 s) then 1.1B (what is left).
+# free, free_aa (A/A), json (CHAIN=0, as shipped), chain, chain_p1 (xgrammar_native.POOL_THREADS 1, not 4: is it the
+# fill's CPU beside the runner's thread?), chain_lean_noyc (the lean graph + no yield after a chained release: call
+# 1's best at 1.1B), chain_lean_direct_noyc (+ the driver launch: no GIL hand-off left in the steady step's grammar
+# work on either thread); 135M 24 rounds (80 s) then 1.1B (what is left).
 # STRUCTURED9_DRY=1: a CPU dry run (tiny shapes, few steps; the device modes then run the Python gate).
 set -u
 cd "$(dirname "$0")/../.."
@@ -192,11 +193,13 @@ if [ "$PART" = s17b ]; then  # session 17, call 2 (see the header), 200 s bound
        tests/structured/test_apply_device.py tests/structured/test_chain.py tests/structured/test_native_open.py
   CH=grammar_chain.CHAIN
   LEAN=plugins.platforms.cuda_grammar_mask.LEAN
-  [ "$DRY" = 1 ] && LEAN=grammar_device_gate.NATIVE_ACCEPT  # (no CUDA: plumbing)
+  DIRK=plugins.platforms.cuda_grammar_mask.DIRECT_LAUNCH
+  [ "$DRY" = 1 ] && LEAN=grammar_device_gate.NATIVE_ACCEPT && DIRK=grammar_device_gate.NATIVE_ACCEPT  # (no CUDA: plumbing)
   PT=plugins.structured_output.xgrammar_native.POOL_THREADS
   YC=structured_output.YIELD_WHEN_CHAINED
   MODES17B=(--mode free=free --mode free_aa=free --mode json=$CH=false --mode chain=$CH=true
-            --mode chain_p1=$CH=true,$PT=1 --mode chain_p2=$CH=true,$PT=2 --mode chain_lean_noyc=$CH=true,$LEAN=true,$YC=false)
+            --mode chain_p1=$CH=true,$PT=1 --mode chain_lean_noyc=$CH=true,$LEAN=true,$YC=false
+            --mode chain_lean_direct_noyc=$CH=true,$LEAN=true,$DIRK=true,$YC=false)
   if [ "$XGR" = 1 ]; then
     for shape in smol135m llama1b; do
       cap=$(( 80 * X ))
