@@ -1,5 +1,5 @@
-"""The chained fill (session 16, opt-in ``OCTAVO_GRAMMAR_CHAIN``): a steady structured step adds no Python on the way
-from step N's tokens to step N+1's mask; the GPU stream itself starts the grammar work.
+"""The chained fill (session 16, ``OCTAVO_GRAMMAR_CHAIN``, on by default since session 17): a steady structured step
+adds no Python on the way from step N's tokens to step N+1's mask; the GPU stream itself starts the grammar work.
 
 Why (issue 11, GPU, batch 32): the unconstrained step is host-bound (~1.05 ms), so every microsecond a structured
 step adds on the engine core's thread or the runner's shows: session 15 measured +16.0 % (135M shape) / +5.6 % (1.1B)
@@ -41,10 +41,14 @@ from octavo.env_flags import env_switch
 
 logger = logging.getLogger("octavo.core.structured_output")
 
-# Opt-in until a quiet host resolves 135M: session 16's last call (one H100, 12 rotated rounds, batch 32, same tokens)
-# measured 1.1B +2.8 % over free decoding (json_async as shipped +15.4 %), 135M +11.6 % vs +9.6 % inside a -2..+28 %
-# spread (docs/performance.md "GPU host path, session 16"). The flip is ready: only an explicit 1 is refused below.
-CHAIN = env_switch("OCTAVO_GRAMMAR_CHAIN", False)
+# On by default since session 17 (where it can act: a device-gated step on CUDA with the native fill; elsewhere the
+# steps take the path they took before; =0 turns it off, =1 set explicitly is refused by name where it cannot act).
+# Evidence (docs/performance.md "GPU host path, sessions 16-17"): every structured GPU test passed with it as the
+# default (s17 call 1, one H200: 53 passed); rotated rounds, batch 32, same greedy tokens, chain vs the native fill at
+# the accept: H200 24 rounds 135M -0.5 % (p25..p75 -5.3..+5.2), 1.1B +0.3 % (-3.9..+5.4), A/A -1.8 / +0.7 %; H100
+# (s16, 12 rounds) 135M -0.2 %, 1.1B -5.4 %. Not slower, and the core thread's per-step grammar work drops from
+# ~0.6 ms (accept 0.16, fill + release 0.42) to ~0.12 ms.
+CHAIN = env_switch("OCTAVO_GRAMMAR_CHAIN", True)
 CHAIN_EXPLICIT = CHAIN and bool(os.environ.get("OCTAVO_GRAMMAR_CHAIN", "").strip())  # set to 1: refused where it can't
 if CHAIN_EXPLICIT and (not grammar_device_gate.NATIVE_OPEN or grammar_device_gate.NATIVE_START):
     raise ValueError("OCTAVO_GRAMMAR_CHAIN=1 runs the native fill itself: it cannot go with "

@@ -230,8 +230,9 @@ def test_the_switch_is_honored_or_refused_by_name():
 
     code = "from octavo.core import grammar_chain as c; print(c.CHAIN, c.on())"
     cases = (({"OCTAVO_GRAMMAR_CHAIN": "1"}, "True True"), ({"OCTAVO_GRAMMAR_CHAIN": "0"}, "False False"),
-             ({"OCTAVO_GRAMMAR_CHAIN": ""}, "False False"),
-             ({"OCTAVO_GRAMMAR_CHAIN": "", "OCTAVO_GRAMMAR_NATIVE_OPEN": "0"}, "False False"))
+             ({"OCTAVO_GRAMMAR_CHAIN": ""}, "True True"),  # (the default since session 17)
+             ({"OCTAVO_GRAMMAR_CHAIN": "", "OCTAVO_GRAMMAR_NATIVE_OPEN": "0"}, "True False"),  # (not set: no refusal)
+             ({"OCTAVO_GRAMMAR_CHAIN": "", "OCTAVO_GRAMMAR_NATIVE_START": "1"}, "True False"))
     for extra, want in cases:
         out = subprocess.run([sys.executable, "-c", code], env={**os.environ, **extra}, capture_output=True,
                              text=True, timeout=120)
