@@ -10,7 +10,8 @@ rounds and reversed on odd ones (ABC CBA), so each round gives a ratio for every
         --model DIR --load-format dummy --device cuda --dtype bfloat16 [--batches 32] [--rounds 16] [--steps 48]
         [--host-gate] [--json OUT]
 
-A mode ``free`` runs the same prompts unconstrained (``ignore_eos``: the same number of steps). Knobs as in
+A mode ``free`` runs the same prompts unconstrained (``ignore_eos``: the same number of steps); ``free,KNOB=JSON``
+too, with knobs (e.g. benchmarks/structured_burn.py's ``burn.CORE_US``: diagnostic Python on a thread). Knobs as in
 structured_knob_ab.py (``octavo.core.MODULE.ATTR`` or ``plugins.X.Y.ATTR``), put back after each run. Reported per
 batch: each mode's median ms per full-batch step and host ms per step (the manager's keys, ``chained_frac``), every
 pair's median of round ratios with p25..p75, and whether the greedy tokens of the constrained modes are equal. The JSON
@@ -31,16 +32,24 @@ from structured_common import HOST_KEYS, SCHEMA, thread_cpu_s, timed_steps  # no
 from structured_knob_ab import _knobs  # noqa: E402
 
 
-def _parse(spec: str) -> tuple[str, list | None]:
+def _parse(spec: str) -> tuple[str, list | None, bool]:
+    """(name, knob sets, free): ``NAME=free[,KNOB=JSON...]`` runs the requests unconstrained; a knob ``burn.X`` is
+    benchmarks/structured_burn.py's (diagnostic Python spun on a thread each step)."""
     name, _, rest = spec.partition("=")
-    if rest == "free":
-        return name, None
+    items = rest.split(",")
+    free = items[0] == "free"
     sets = []
-    for item in rest.split(","):
+    for item in items[1:] if free else items:
         knob, _, value = item.rpartition("=")
+        if knob.startswith("burn."):
+            import structured_burn
+
+            attr = knob.split(".", 1)[1]
+            sets.append((structured_burn, attr, getattr(structured_burn, attr), json.loads(value)))
+            continue
         (mod, attr, dflt), = _knobs(knob)
         sets.append((mod, attr, dflt, json.loads(value)))
-    return name, sets
+    return name, sets, free
 
 
 def _q(xs: list[float]) -> list[float]:
@@ -96,21 +105,26 @@ def main() -> None:
     gkeys = ("replays", "lean_replays", "direct", "lean_sets")
     watched = ("MainThread", "octavo-step", "os:python", "os:cuda-EvtHandlr")  # core, runner, the shim's C threads
 
-    def run(sets, prompts, batch):
-        for mod, attr, _, value in sets or ():
+    if any(k.startswith("burn.") or ",burn." in k for k in args.mode):
+        import structured_burn
+
+        structured_burn.install(core)
+
+    def run(sets, prompts, batch, free):
+        for mod, attr, _, value in sets:
             setattr(mod, attr, value)
         stats = core.structured.stats
         for k in stats:
             stats[k] = 0
         g0 = [getattr(graphs, k, 0) for k in gkeys]
         cpu0, rq0 = thread_cpu_s(), thread_cpu_s(1)
-        reqs = [EngineCoreRequest(f"r{next(ids)}", p, free_params if sets is None else json_params, time.time(),
+        reqs = [EngineCoreRequest(f"r{next(ids)}", p, free_params if free else json_params, time.time(),
                                   eos_token_id=tok.eos_token_id) for p in prompts]
         texts: dict = {}
         try:
             times = timed_steps(core, reqs, batch, texts)
         finally:
-            for mod, attr, dflt, _ in sets or ():
+            for mod, attr, dflt, _ in sets:
                 setattr(mod, attr, dflt)
         n = stats["steps"]
         host = {k[:-2]: stats[k] / n * 1e3 for k in HOST_KEYS[:-2]} if n else {}
@@ -129,21 +143,21 @@ def main() -> None:
                                              "name, tags and a score."}], add_generation_prompt=True, tokenize=True)
                    for i in range(batch)]
         prompts = [list(getattr(p, "input_ids", p)) for p in prompts]
-        for _, sets in modes:  # warm
-            run(sets, prompts, batch)
-        meds = {name: [] for name, _ in modes}
-        hosts = {name: [] for name, _ in modes}
+        for _, sets, free in modes:  # warm
+            run(sets, prompts, batch, free)
+        meds = {name: [] for name, _, _ in modes}
+        hosts = {name: [] for name, _, _ in modes}
         toks: dict = {}
         for r in range(args.rounds):
-            for name, sets in (modes if r % 2 == 0 else modes[::-1]):
-                times, host, tk = run(sets, prompts, batch)
+            for name, sets, free in (modes if r % 2 == 0 else modes[::-1]):
+                times, host, tk = run(sets, prompts, batch, free)
                 meds[name].append(statistics.median(times) if times else float("nan"))
                 hosts[name].append(host)
-                if sets is not None:
+                if not free:
                     toks[name] = tk
-            print(f"batch {batch} round {r}: " + ", ".join(f"{n} {meds[n][-1] * 1e3:.3f}" for n, _ in modes),
+            print(f"batch {batch} round {r}: " + ", ".join(f"{n} {meds[n][-1] * 1e3:.3f}" for n, _, _ in modes),
                   flush=True)
-            names = [n for n, _ in modes]
+            names = [n for n, _, _ in modes]
             res = {"ms_per_step": {n: round(statistics.median(meds[n]) * 1e3, 3) for n in names},
                    "host_ms_per_step": {n: {k: round(statistics.median(h.get(k, 0.0) for h in hosts[n]), 3)
                                             for k in hosts[n][-1]} for n in names if hosts[n] and hosts[n][0]},

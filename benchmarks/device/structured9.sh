@@ -115,7 +115,9 @@
 # free, free_aa (A/A), json (CHAIN=0, as shipped), chain, chain_p1 (xgrammar_native.POOL_THREADS 1, not 4: is it the
 # fill's CPU beside the runner's thread?), chain_lean_noyc (the lean graph + no yield after a chained release: call
 # 1's best at 1.1B), chain_lean_direct_noyc (+ the driver launch: no GIL hand-off left in the steady step's grammar
-# work on either thread); 135M 24 rounds (80 s) then 1.1B (what is left).
+# work on either thread), free_burn_core / free_burn_runner (free + 100 us of spinning Python a step on the core's /
+# the runner's thread, benchmarks/structured_burn.py: what a microsecond of GIL-held Python on each costs the step);
+# 135M 24 rounds (85 s) then 1.1B (what is left).
 # STRUCTURED9_DRY=1: a CPU dry run (tiny shapes, few steps; the device modes then run the Python gate).
 set -u
 cd "$(dirname "$0")/../.."
@@ -199,10 +201,11 @@ if [ "$PART" = s17b ]; then  # session 17, call 2 (see the header), 200 s bound
   YC=structured_output.YIELD_WHEN_CHAINED
   MODES17B=(--mode free=free --mode free_aa=free --mode json=$CH=false --mode chain=$CH=true
             --mode chain_p1=$CH=true,$PT=1 --mode chain_lean_noyc=$CH=true,$LEAN=true,$YC=false
-            --mode chain_lean_direct_noyc=$CH=true,$LEAN=true,$DIRK=true,$YC=false)
+            --mode chain_lean_direct_noyc=$CH=true,$LEAN=true,$DIRK=true,$YC=false
+            --mode free_burn_core=free,burn.CORE_US=100 --mode free_burn_runner=free,burn.RUNNER_US=100)
   if [ "$XGR" = 1 ]; then
     for shape in smol135m llama1b; do
-      cap=$(( 80 * X ))
+      cap=$(( 85 * X ))
       [ $shape = llama1b ] && cap=$(( $(left) - 2 * X ))
       ROT=(--batches 32 --rounds 24 --steps 40 --load-format dummy --device cuda --dtype bfloat16)
       [ "$DRY" = 1 ] && ROT=(--batches 32 --rounds 2 --steps 4 --load-format dummy --device cpu --dtype float32 --host-gate)
