@@ -34,9 +34,12 @@ logger = logging.getLogger(__name__)
 # alternating pairs): the device step 3.315 -> 3.254 ms (-60 us: outside the body graph 384 -> 348 us of ops, idle
 # 37 -> 15 us), greedy tokens equal in every measure, its GPU tests passed. OCTAVO_GRAPH_STEP=0 turns it off.
 DEFAULT_ON = True
-# OCTAVO_GRAPH_STEP_RAW_ARGMAX (session 17): opt-in until its GPU A/B; where on by default it acts only where it can
-# (compute_logits is exactly the float cast of the head's 16-bit logits), an explicit 1 elsewhere is refused
-RAW_ARGMAX_DEFAULT = False
+# OCTAVO_GRAPH_STEP_RAW_ARGMAX (session 17): on by default since its call 2 (H200, the headline's engine, 4 alternating
+# pairs, benchmarks/head16_ab.py step / step_raw): device step -0.7 / -2.2 / -2.8 / -8.1 us (ops outside the body graph
+# 244.6 -> 241.0 us: the cast 3.9 and the copy node 1.4 gone, the argmax over 16-bit values 1.6 us slower), greedy
+# tokens equal in every measure, its GPU test passed. By default it acts only where it can (compute_logits is exactly
+# the float cast of the head's 16-bit logits, checked at start); an explicit 1 elsewhere is refused; 0 turns it off.
+RAW_ARGMAX_DEFAULT = True
 FIXED = 7  # the stage row's fixed fields (module docstring), then the block ids
 SLOTS = 4  # pinned host rows (and zero-copy graphs), used in turn: reused only after their last use ran (its event)
 
@@ -110,7 +113,8 @@ class StepGraph:
         self.zc_hidden: list = []
         self.zero_copy = True  # use them when captured (benchmarks switch it)
         # the copy graph too takes the argmax of the head's 16-bit logits into the id buffer (no cast kernel, no copy
-        # node), as the zero-copy graphs do; OCTAVO_GRAPH_STEP_RAW_ARGMAX=1, opt-in until its GPU A/B (session 17)
+        # node), as the zero-copy graphs do (OCTAVO_GRAPH_STEP_RAW_ARGMAX, :data:`RAW_ARGMAX_DEFAULT`; make_step_graph
+        # turns it off where it cannot act)
         self.raw = raw_argmax_setting()[0]
         self.raw_logits = None  # the head's 16-bit logits method, where compute_logits = its cast (zero-copy / raw)
         self.active = True

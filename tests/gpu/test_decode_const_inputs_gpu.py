@@ -65,17 +65,13 @@ def test_engine_tokens_equal_with_the_step_graph(tmp_path, monkeypatch, async_sc
                 sg.active, sg.zero_copy = mode != "off", mode == "zero_copy"
                 if head is not None:
                     head.active = False
-                if mode == "raw":  # the copy graph with the argmax of the raw 16-bit logits (RAW_ARGMAX), recaptured
-                    sg.raw = True
+                if sg.raw != (mode == "raw"):  # copy: the float cast + copy node; raw: the argmax of the head's
+                    sg.raw = mode == "raw"       # 16-bit logits into the id buffer (RAW_ARGMAX); recaptured
                     sg.capture(gr.pool)
+                if mode == "raw":
                     assert sg.raw_logits is not None, "compute_logits is the head's cast here: raw must act"
                 before, prev = sg.replays, sg.from_prev
-                try:
-                    outs = llm.generate(ps, params, use_tqdm=False)
-                finally:
-                    if mode == "raw":
-                        sg.raw = False
-                        sg.capture(gr.pool)
+                outs = llm.generate(ps, params, use_tqdm=False)
                 got[mode] = ([list(o.outputs[0].token_ids) for o in outs], sg.replays - before, sg.from_prev - prev)
             for mode in ("copy", "zero_copy", "raw"):
                 assert got[mode][0] == got["off"][0], (name, mode)
