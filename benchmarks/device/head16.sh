@@ -33,6 +33,8 @@
 #          headline's engine (no head graphs) alternating step / step_raw x4 (raw recaptured at each switch), traces,
 #          then the prefill step of 1-token generations profiled (call 1: 26-47 ms of host launch a generation;
 #          benchmarks/head16_prefill.py: launch times, cProfile of the step thread, the device's busy time)
+#   s17c   call 3 (cap 60 s) = tests: the GPU tests of the step graph in their final form (raw on by default since
+#          s17b; the copy mode switched to the cast path, the raw mode back), tests/gpu/test_decode_const_inputs_gpu.py
 #   win    benchmarks/head16_window.py --rounds ${HEAD16_WIN_ROUNDS:-12} (the headline's engine); win1: the bs1 engine
 #          (--max-num-seqs 1) --rounds 3
 #   tests  HEAD16_TESTS (default: tests/gpu/test_decode_const_inputs_gpu.py)
@@ -57,6 +59,10 @@ if [ "${1:-}" = s17b ]; then
   : "${HEAD16_LIMIT:=200}"
   : "${HEAD16_VARIANTS:=step,step_raw,step_again,step_raw_again,step_again2,step_raw_again2,step_again3,step_raw_again3}"
   : "${HEAD16_AB_ARGS:=--no-head-graphs --prefill-profile}" "${HEAD16_WINDOWS:=none}"
+fi
+if [ "${1:-}" = s17c ]; then
+  shift; set -- tests "$@"
+  : "${HEAD16_LIMIT:=60}"
 fi
 if [ "${1:-}" = s16b ]; then
   shift; set -- tests ab "$@"
