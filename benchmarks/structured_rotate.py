@@ -67,6 +67,8 @@ def main() -> None:
         ap.add_argument(f"--{name}", default=None)
     ap.add_argument("--load-format", dest="load_format", default=None)
     ap.add_argument("--host-gate", dest="host_gate", action="store_true")
+    ap.add_argument("--sections", action="store_true", help="each thread's CPU by section of a step "
+                    "(benchmarks/structured_sections.py, session 17)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     modes = [_parse(s) for s in args.mode]
@@ -110,6 +112,12 @@ def main() -> None:
 
         structured_burn.install(core)
 
+    sections = None
+    if args.sections:
+        import structured_sections as sections
+
+        sections.install(core)
+
     def run(sets, prompts, batch, free):
         for mod, attr, _, value in sets:
             setattr(mod, attr, value)
@@ -118,6 +126,8 @@ def main() -> None:
             stats[k] = 0
         g0 = [getattr(graphs, k, 0) for k in gkeys]
         cpu0, rq0 = thread_cpu_s(), thread_cpu_s(1)
+        if sections is not None:
+            sections.reset()
         reqs = [EngineCoreRequest(f"r{next(ids)}", p, free_params if free else json_params, time.time(),
                                   eos_token_id=tok.eos_token_id) for p in prompts]
         texts: dict = {}
@@ -133,6 +143,8 @@ def main() -> None:
         m = max(1, len(times))
         threads = {f"cpu:{k}": (v - cpu0.get(k, 0.0)) / m * 1e3 for k, v in cpu1.items() if k in watched}
         threads.update({f"rq:{k}": (v - rq0.get(k, 0.0)) / m * 1e3 for k, v in rq1.items() if k in watched})
+        if sections is not None:
+            threads.update({f"sec:{k}": v / m * 1e3 for k, v in sorted(sections.take().items())})
         if n:
             host["chained_frac"] = stats["chained"] / n
             host.update({f"graph_{k}": (getattr(graphs, k, 0) - v) / n for k, v in zip(gkeys, g0)})

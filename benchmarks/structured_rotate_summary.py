@@ -30,7 +30,7 @@ def main() -> None:
                 host = b["host_ms_per_step"].get(mode, {})
                 keys = " ".join(f"{k} {host[k]:.3f}" for k in KEYS if k in host)
                 print(f"    {mode:14s} {ms:.3f} ms  {'; '.join(vs)}  [{keys}]")
-                th = " ".join(f"{k} {v:.3f}" for k, v in host.items() if k.startswith(("cpu:", "rq:")))
+                th = " ".join(f"{k} {v:.3f}" for k, v in host.items() if k.startswith(("cpu:", "rq:", "sec:")))
                 if th:
                     print(f"    {'':14s} threads, ms a step: {th}")
 
