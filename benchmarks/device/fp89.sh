@@ -80,6 +80,9 @@
 #               SiLU-in-down and EARLY_W, then one engine: the new default (the H200 rows s17h swept) vs notable (the
 #               autotuner) / sd (SiLU-and-mul inside down's GEMV) / h100rows x3-4; each measure then 48 untimed greedy
 #               tokens with top-2 log-probabilities (BS1_PROBE): where tokens part from the default's, the top-2 gap
+#   s17j        session 17 call 3 (fp817, ONE H200, cap 150 s): s17i's sd took the fused path in 1 of 32 layers (the
+#               other downs were paired with gnorm's tail, which is off: fixed); the SiLU-in-down GPU test, then one
+#               engine: the default (the H200 rows) vs sd x4 alternating, then h100rows_sd / h100rows (data)
 #   bs1         benchmarks/fp8_bs1.py --ab s6: 8B fp8 + fp8 KV batch 1, one engine: ms/token vs the roofline, the
 #               captured forward alone vs the rest (LM head, sampler, host), the graph's kernel table; then the
 #               variants ${BS1_VARIANTS:-nopdl,default_again,nopdl_again}, graph recaptured for each (nopdl: the GEMV
@@ -151,6 +154,10 @@ elif [ "${1:-}" = s17i ]; then
   : "${FP89_LIMIT:=200}" "${BS1_PROBE:=48}"
   : "${FP89_TESTS:=tests/quant/test_fp8_gemv_tiles.py tests/quant/test_fp8_silu_down.py tests/quant/test_fp8_gemv_early.py --durations=5}"
   : "${BS1_VARIANTS:=notable,sd,h100rows,default_again,notable_again,sd_again,h100rows_again,default_again2,notable_again2,sd_again2,h100rows_again2,default_again3,sd_again3,notable_again3}"
+elif [ "${1:-}" = s17j ]; then
+  shift; set -- tests bs1 "$@"  # s17i's sd fused only 1 of 32 layers (fixed): the SiLU-in-down GPU test, then the A/B
+  : "${FP89_LIMIT:=150}" "${BS1_PROBE:=16}" "${FP89_TESTS:=tests/quant/test_fp8_silu_down.py --durations=5}"
+  : "${BS1_VARIANTS:=sd,default_again,sd_again,default_again2,sd_again2,default_again3,sd_again3,h100rows_sd,h100rows}"
 elif [ "${1:-}" = s11b2 ]; then
   shift; set -- bs1 tests "$@"
   : "${FP89_LIMIT:=140}" "${BS1_VARIANTS:=notable,self,pf32,default_again,notable_again,self_again,pf32_again,silu_rope,nopdl}"

@@ -11,7 +11,7 @@ One kernel boundary less a layer, for twice the L2 reads of the row (gate and up
 
 How: :func:`install` wraps, per instance, a LlamaMLP whose forward is that class's code and whose act_fn is
 SiluAndMul. At one row, when down_proj runs the CUDA-core one-row GEMV (no tensor-core tile, no bias, one rank, no
-norm in its tail: fp8_gemv_norm), the wrapper hands gate_up's output to down_proj marked ``_octavo_silu_in``, and
+norm in its tail while ``OCTAVO_FP8_GEMV_NORM`` is on: fp8_gemv_norm), the wrapper hands gate_up's output to down_proj marked ``_octavo_silu_in``, and
 fp8.py's apply launches the GEMV with ``silu_in``; every other call runs the layer's own forward. ``ON`` is read per
 call (graphs captured after a switch use it).
 """
@@ -49,10 +49,15 @@ def fusable(module) -> bool:
 
 def _takes(down, x: torch.Tensor) -> bool:
     """down_proj's apply would run the CUDA-core one-row GEMV quantizing its own input for this call."""
+    from octavo.plugins.quant import fp8_gemv_norm
+
     qm = down.quant_method
-    return (x.dim() == 2 and x.shape[0] == 1 and getattr(qm, "gemv_max_m", 0) >= 1 and getattr(qm, "gemv_tc", None) is None and down.bias is None
-            and getattr(down, "tp_size", 1) == 1 and getattr(down, "_octavo_norm_tail", None) is None
-            and not down._forward_hooks and not down._forward_pre_hooks)
+    # a down_proj paired with the next norm (fp8_fused's discovery pairs them whether or not that tail is on) keeps
+    # its tail launch only while OCTAVO_FP8_GEMV_NORM is on, as fp8.py's apply decides
+    tail = getattr(down, "_octavo_norm_tail", None) is not None and fp8_gemv_norm.STATE["on"]
+    return (x.dim() == 2 and x.shape[0] == 1 and getattr(qm, "gemv_max_m", 0) >= 1
+            and getattr(qm, "gemv_tc", None) is None and down.bias is None and getattr(down, "tp_size", 1) == 1
+            and not tail and not down._forward_hooks and not down._forward_pre_hooks)
 
 
 def _install(module) -> None:

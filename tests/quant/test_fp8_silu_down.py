@@ -86,6 +86,17 @@ with torch.inference_mode():
     assert calls == [False, True], calls  # gate_up, then down with SiLU-and-mul inside
     want = mlp.down_proj(silu_and_mul(mlp.gate_up_proj(x1)))
     assert torch.equal(got, want), float((got.float() - want.float()).abs().max())
+    # paired with the next norm by fp8_fused's discovery (it pairs whether or not that tail is on): the fused GEMV
+    # while the tail is off (s17i's engine paired 31 of 32 downs and fused only the last), the tail's path when on
+    from octavo.plugins.quant import fp8_gemv_norm
+
+    mlp.down_proj._octavo_norm_tail = "RMSNorm"
+    calls.clear()
+    assert torch.equal(mlp(x1), want) and calls[-1] is True, calls
+    fp8_gemv_norm.STATE["on"] = True
+    assert not fp8_silu_down._takes(mlp.down_proj, x1)
+    fp8_gemv_norm.STATE["on"] = False
+    del mlp.down_proj._octavo_norm_tail
     calls.clear()
     mlp(torch.randn(2, 64, generator=g).to(torch.bfloat16))
     assert True not in calls, calls
