@@ -281,7 +281,7 @@ X2D = env_switch("OCTAVO_FP8_GEMV_X2D", default=False)
 AMAX_ONE = env_switch("OCTAVO_FP8_GEMV_AMAX_ONE", default=True)
 AMAX_MAX_K = 16384
 #: the one-row kernel's main loop: 0, or 2 / 4 weight blocks a trip (``LOOP2``; the same result). None (unset):
-#: fp8_gemv_tiles.LOOPS decides for the table's tiles (H100 o_proj and down: 2), else 0. ``OCTAVO_FP8_GEMV_LOOP2``
+#: fp8_gemv_tiles.LOOPS decides for the table's tiles (H100 and H200: o_proj and down 2), else 0. ``OCTAVO_FP8_GEMV_LOOP2``
 _LOOP2_RAW = os.environ.get("OCTAVO_FP8_GEMV_LOOP2", "").strip()
 if _LOOP2_RAW not in ("", "0", "2", "4"):
     raise ValueError(f"OCTAVO_FP8_GEMV_LOOP2={_LOOP2_RAW!r}: 0, 2 or 4 weight blocks a loop trip")
