@@ -40,10 +40,11 @@ ACCEPT_ON_FILL_THREAD = False
 # can hand the GIL to the runner's thread instead, and this thread (update N, schedule N+2: the next step's critical
 # path) waits for it. Session 12 A/B: False = no yield (json_async_noyield, _postonly_noyield).
 YIELD_AFTER_RELEASE = True
-# Session 17: the same yield after a chained step's release (core/grammar_chain.py: the runner's C job accepts and fills,
-# no bitmask thread waits for the GIL; the yield only lets the runner's thread run first). False: no yield there
-# (benchmark mode chain_noyieldc); YIELD_AFTER_RELEASE = False turns every yield off.
-YIELD_WHEN_CHAINED = True
+# Session 17: the same yield after a chained step's release (core/grammar_chain.py: the runner's C job accepts and
+# fills, no bitmask thread waits for the GIL; the yield only lets the runner's thread run first). False (the default
+# since session 17): none there; two H200 calls with the lean graph, vs the chain with the yield: 135M -1.3 / -4.7 %,
+# 1.1B -6.2 / -2.9 % (docs/performance.md); the release 0.084 -> 0.013 ms. YIELD_AFTER_RELEASE = False: no yield at all.
+YIELD_WHEN_CHAINED = False
 
 # Session 11, opt-in: the backend's matchers in a worker process (the backend's ``out_of_process``: xgrammar's,
 # plugins/structured_output/xgrammar_worker.py), so accept + fill + their glue leave this process's GIL; a backend

@@ -43,13 +43,16 @@ _CHECKED: set[int] = set()  # data pointers of gate words already checked to be 
 # Session 17: it also makes the chained fill's side stream wait for the previous step's event by a driver call
 # (cuStreamWaitEvent, GIL kept) instead of torch's Event.wait (host_fn_after), and launches the lean graph (LEAN).
 DIRECT_LAUNCH = env_switch("OCTAVO_GRAMMAR_GRAPH_DIRECT", False)
-# Session 17, opt-in (OCTAVO_GRAMMAR_GRAPH_LEAN=1): a steady step's wait + apply as ONE torch call, the replay. The graph
-# applies in place on the logits it was captured over (one graph per logits address seen CAPTURE_AFTER times; others
+# Session 17, on by default (OCTAVO_GRAMMAR_GRAPH_LEAN=0: off): a steady step's wait + apply as ONE torch call, the
+# replay. The graph applies in place on the logits it was captured over (one graph per logits address seen CAPTURE_AFTER times; others
 # take the copying graph), and its wait kernel counts the step number itself (device word + 1 each replay), so the host
 # sets that word only when the step numbers of one graph's replays are not consecutive. Why: the runner's apply was
 # 0.08-0.09 ms a chained step (session 16, H100), three torch calls (fill_, copy_, replay) on the runner's thread, which
-# sets a small model's step. Same kernels, same rows: the same bits (tests/structured/test_apply_device.py).
-LEAN = env_switch("OCTAVO_GRAMMAR_GRAPH_LEAN", False)
+# sets a small model's step. Same kernels, same rows: the same bits (tests/structured/test_apply_device.py). Flipped
+# after two H200 calls (24 rotated rounds each, batch 32, same tokens, GPU tests passed): the apply 0.077 -> 0.040 ms a
+# step; with no yield after a chained release (structured_output.YIELD_WHEN_CHAINED) -1.3 / -4.7 % at 135M and
+# -6.2 / -2.9 % at 1.1B vs the chain without them (docs/performance.md "GPU host path, session 17").
+LEAN = env_switch("OCTAVO_GRAMMAR_GRAPH_LEAN", True)
 logger = logging.getLogger(__name__)
 _DRIVER: dict = {}
 _RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # (CUDA builds of torch)
@@ -276,8 +279,8 @@ class GatedApplyGraphs:
             entry = self._capture_lean(key, logits, packed, words)
         lib = _driver() if DIRECT_LAUNCH else None  # (with DIRECT_LAUNCH: one driver call keeping the GIL, no torch)
         if lib is not None:
-            raw = _RAW_STREAM
-            stream = raw(logits.device.index) if raw is not None else torch.cuda.current_stream(logits.device).cuda_stream
+            raw, dev = _RAW_STREAM, logits.device
+            stream = raw(dev.index) if raw is not None else torch.cuda.current_stream(dev).cuda_stream
             rc = ((lib.cuMemsetD32Async(entry[4], seq - 1, 1, stream) if entry[2] != seq - 1 else 0)
                   or lib.cuGraphLaunch(entry[3], stream))
             if rc:  # (the caller launches the two kernels from now on: grammar_device_gate._GRAPH_FAILED)
