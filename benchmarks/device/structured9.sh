@@ -118,10 +118,11 @@
 # work on either thread), free_burn_core / free_burn_runner (free + 100 us of spinning Python a step on the core's /
 # the runner's thread, benchmarks/structured_burn.py: what a microsecond of GIL-held Python on each costs the step);
 # 135M 24 rounds (85 s) then 1.1B (what is left).
-# Argument "s17c" (session 17, the last call, one H200; HARD bound 200 s): ALL the structured GPU tests with the final
+# Argument "s17c" (session 17, the last call, one H200; HARD bound 220 s): ALL the structured GPU tests with the final
 # defaults (the chain, the lean graph, no yield after a chained release; 50 s); the rotation, 24 rounds of 40 steps,
 # batch 32: free, free_aa (A/A), s16 (the session's start: CHAIN=0, LEAN=0, the yield), shipped (the tree's
-# defaults), each thread's CPU by section of the step (--sections: benchmarks/structured_sections.py); 135M then 1.1B
+# defaults), free_staged / shipped_staged (OCTAVO_STEP_STAGING: the step's inputs in one pinned copy; a pageable
+# copy may wait in the driver behind the gate's wait kernel), each thread's CPU by section of the step (--sections: benchmarks/structured_sections.py); 135M then 1.1B
 # (45 s each); then stack samples of free_async / json_async (= shipped) at 135M: where the runner's extra CPU a
 # structured step goes (call 2: +0.29 ms a step on its thread).
 # STRUCTURED9_DRY=1: a CPU dry run (tiny shapes, few steps; the device modes then run the Python gate).
@@ -195,20 +196,22 @@ STACKS=(--stack-sample free_async json_async_park json_async_devgate --stack-run
 D3=(--modes free_async_d3 json_async_devgate json_async_devgate_d3)
 FEW=(--modes json_async_park json_async_devgate)
 PART=${1:-ab}
-if [ "$PART" = s17c ]; then  # session 17, the last call (see the header), 200 s bound
-  LIMIT=$(( 200 * X ))
+if [ "$PART" = s17c ]; then  # session 17, the last call (see the header), 220 s bound
+  LIMIT=$(( 220 * X ))
   [ "$DRY" != 1 ] && step gpu_tests 50 env OCTAVO_TEST_WORKER_START_S=25 python3 -m pytest -q -rs -p no:cacheprovider \
        -m gpu tests/structured
   CH=grammar_chain.CHAIN
   LEAN=plugins.platforms.cuda_grammar_mask.LEAN
   [ "$DRY" = 1 ] && LEAN=grammar_device_gate.NATIVE_ACCEPT  # (no CUDA: plumbing)
   YC=structured_output.YIELD_WHEN_CHAINED
-  MODES17C=(--mode free=free --mode free_aa=free --mode s16=$CH=false,$LEAN=false,$YC=true --mode shipped=$CH=true)
+  ST=input_batch.STAGING  # (the step's inputs in one pinned copy: a pageable copy may wait behind the gate's wait)
+  MODES17C=(--mode free=free --mode free_aa=free --mode s16=$CH=false,$LEAN=false,$YC=true --mode shipped=$CH=true
+            --mode free_staged=free,$ST=true --mode shipped_staged=$CH=true,$ST=true)
   if [ "$XGR" = 1 ]; then
     for shape in smol135m llama1b; do
       ROT=(--batches 32 --rounds 24 --steps 40 --load-format dummy --device cuda --dtype bfloat16)
       [ "$DRY" = 1 ] && ROT=(--batches 32 --rounds 2 --steps 4 --load-format dummy --device cpu --dtype float32 --host-gate)
-      step ${shape}_rotate $(( 45 * X )) python3 benchmarks/structured_rotate.py "${ROT[@]}" "${MODES17C[@]}" --sections \
+      step ${shape}_rotate $(( 55 * X )) python3 benchmarks/structured_rotate.py "${ROT[@]}" "${MODES17C[@]}" --sections \
            --model /tmp/structured9_$shape --json "$R/${shape}_rotate.json"
     done
     step smol135m_stacks $(( $(left) - 2 * X )) python3 benchmarks/structured_outputs.py "${COMMON[@]}" \
