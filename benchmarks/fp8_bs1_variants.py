@@ -184,13 +184,11 @@ for _suffix in ("", "_again", "_again2", "_again3"):
 # "ewN" = the GEMVs that quantize their own input (o_proj, down) ask for their next N weight blocks right after the
 # PDL wait, before the absmax (fp8_gemv.EARLY_W, OCTAVO_FP8_GEMV_EARLY_W; the same bits); "ewNpM" also M blocks for the
 # prequantized ones (qkv, gate_up: fp8_gemv.EARLY_W_PRE); "tsweep_ewN" (fp8_bs1.py) on the swept rows
-# "sd" = SiLU-and-mul inside down_proj's GEMV (fp8_silu_down.py, OCTAVO_FP8_SILU_DOWN; the same bits; its MLP
-# wrappers installed when first asked for, idle while off); LEVERS combine with a rows variant: "h100rows_<lever>",
-# and fp8_bs1.py's "tsweep_<lever>"
+# "sd" = SiLU-and-mul inside down_proj's GEMV (session 17's fp8_silu_down.py: +210 us on the H200 rows, +26 us on
+# the H100 rows, s17j; deleted); LEVERS combine with a rows variant: "h100rows_<lever>", and fp8_bs1.py's
+# "tsweep_<lever>"
 _EW, _EWP = "octavo.plugins.quant.fp8_gemv:EARLY_W", "octavo.plugins.quant.fp8_gemv:EARLY_W_PRE"
-_SD = {"set": {"octavo.plugins.quant.fp8_silu_down:ON": True}, "install": "octavo.plugins.quant.fp8_silu_down:install"}
-LEVERS = {"ew1": {"set": {_EW: 1}}, "ew2": {"set": {_EW: 2}}, "ew1p1": {"set": {_EW: 1, _EWP: 1}}, "sd": _SD,
-          "sd_ew1": {**_SD, "set": {**_SD["set"], _EW: 1}}, "sd_ew2": {**_SD, "set": {**_SD["set"], _EW: 2}}}
+LEVERS = {"ew1": {"set": {_EW: 1}}, "ew2": {"set": {_EW: 2}}, "ew1p1": {"set": {_EW: 1, _EWP: 1}}}
 for _suffix in ("", "_again", "_again2", "_again3"):
     for _name, _lever in LEVERS.items():
         S6_VARIANTS.setdefault(_name + _suffix, _lever)

@@ -17,13 +17,6 @@ def silu_mul_tile(x_ptr, stride_x, d, BLOCK: tl.constexpr):
     mask = cols < d
     g = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
     u = tl.load(x_ptr + row * stride_x + d + cols, mask=mask, other=0.0)
-    return row, cols, mask, silu_mul_values(g, u)
-
-
-@triton.jit
-def silu_mul_values(g, u):
-    """SiLU(g) * u in ``g``'s dtype with the eager op's rounding steps, for loaded values (silu_mul_tile's math; the
-    one-row fp8 GEMV's ``SILU_IN`` computes down_proj's input with it, plugins/quant/fp8_gemv.py)."""
     gf = g.to(tl.float32)
     s = (gf / (1.0 + tl.exp(-gf))).to(g.dtype).to(tl.float32)
-    return (s * u.to(tl.float32)).to(g.dtype)
+    return row, cols, mask, (s * u.to(tl.float32)).to(g.dtype)

@@ -238,15 +238,6 @@ class _FP8Method(LinearMethod):
     def apply(self, layer, x, bias=None):
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])  # [m, K]
-        if getattr(x, "_octavo_silu_in", False):  # gate | up of one row: SiLU-and-mul in the GEMV (fp8_silu_down.py)
-            from octavo.plugins.quant.fp8_gemv import fp8_gemv
-            from octavo.plugins.quant.fp8_prefetch import gemv_launch
-
-            if x2.shape[0] != 1 or getattr(self, "gemv_tc", None) is not None or bias is not None:
-                raise ValueError(f"fp8: SiLU-and-mul in the GEMV takes one row on the CUDA-core GEMV without bias; "
-                                 f"got {tuple(x.shape)}")
-            launch = gemv_launch(self, x2.device, tuple(layer.weight.shape))
-            return fp8_gemv(x2, layer.weight, layer.weight_scale, silu_in=True, **launch).reshape(*shape[:-1], -1)
         pre = getattr(x, "_octavo_fp8", None)  # quantized by the norm / SiLU kernel that made x (fp8_fused.py)
         if pre is not None and pre[0].shape != x2.shape:
             pre = None

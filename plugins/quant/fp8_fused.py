@@ -289,10 +289,6 @@ def link_fp8_inputs(model: torch.nn.Module) -> dict[str, int]:
 
         if fp8_attn_rope.ON:  # the rotary inside the one-launch attention at one row (session 15)
             fp8_attn_rope.install(model)
-        from octavo.plugins.quant import fp8_silu_down
-
-        if fp8_silu_down.ON:  # SiLU-and-mul inside down_proj's GEMV at one row (session 17, opt-in)
-            fp8_silu_down.install(model)
     producers = [m for m in model.modules() if type(m) in (RMSNorm, SiluAndMul)
                  and "_octavo_plain_forward" not in vars(m)] if fuse else []  # not twice
     handles, links, order, pairs = [], {}, [], []

@@ -32,7 +32,6 @@ import triton
 import triton.language as tl
 
 from octavo.env_flags import env_choice, env_int, env_switch
-from octavo.plugins.platforms.cuda_silu_tile import silu_mul_values
 from octavo.plugins.quant import fp8_gemv_tiles
 from octavo.plugins.quant.fp8_e4m3 import _e4m3_bits_f32, _quant_e4m3, _round_e4m3  # noqa: F401 (imported from here)
 from octavo.plugins.quant.fp8_gemv_l2 import _prefetch_next, _prefetch_rows_once, prefetch_args
@@ -45,29 +44,14 @@ _CONFIGS = ((16, 512, 4, 3), (4, 1024, 4, 3), (16, 1024, 8, 3), (8, 1024, 4, 4))
 
 
 @triton.jit
-def _x_block(x_row, kk, K, EVEN: tl.constexpr, SILU_IN: tl.constexpr):
-    """The input's columns ``kk`` in fp32; ``SILU_IN``: ``x_row`` holds gate (``[0, K)``) and up (``[K, 2K)``) and the
-    input is SiLU(gate) * up with the platform kernel's expressions and roundings (cuda_silu_tile.silu_mul_values)."""
-    if SILU_IN:
-        if EVEN:
-            g = tl.load(x_row + kk)
-            u = tl.load(x_row + K + kk)
-        else:
-            g = tl.load(x_row + kk, mask=kk < K, other=0.0)
-            u = tl.load(x_row + K + kk, mask=kk < K, other=0.0)
-        return silu_mul_values(g, u).to(tl.float32)
-    elif EVEN:
-        return tl.load(x_row + kk).to(tl.float32)
-    else:
-        return tl.load(x_row + kk, mask=kk < K, other=0.0).to(tl.float32)
-
-
-@triton.jit
 def _gemv_step(acc, w, x_row, kk, s_x, K, QUANT_X: tl.constexpr, PRE_Q: tl.constexpr, EVEN: tl.constexpr,
                SOFT_FP8: tl.constexpr, X2D: tl.constexpr, W_BITS: tl.constexpr, ACC_SPLIT: tl.constexpr,
-               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SILU_IN: tl.constexpr = False):
+               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """One weight block ``w`` (the columns ``kk``) of the one-row kernel into its accumulator (docstring below)."""
-    x = _x_block(x_row, kk, K, EVEN, SILU_IN)
+    if EVEN:
+        x = tl.load(x_row + kk).to(tl.float32)
+    else:
+        x = tl.load(x_row + kk, mask=kk < K, other=0.0).to(tl.float32)
     if QUANT_X:
         x = _quant_e4m3(x, s_x, SOFT_FP8)
     if X2D and EVEN and PRE_Q:  # x read in the weight tile's own layout (each row's copy from L1): no
@@ -91,7 +75,7 @@ def _fp8_gemv_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, pf_ptr, pf_tota
                      PREFETCH: tl.constexpr = False, USE_PDL: tl.constexpr = False, SELF_PF: tl.constexpr = False,
                      W_BITS: tl.constexpr = False, REG_PF: tl.constexpr = False, ACC_SPLIT: tl.constexpr = 0,
                      X2D: tl.constexpr = False, PDL_W: tl.constexpr = False, AMAX_KP: tl.constexpr = 0,
-                     LOOP2: tl.constexpr = 0, EARLY_W: tl.constexpr = 0, SILU_IN: tl.constexpr = False):
+                     LOOP2: tl.constexpr = 0, EARLY_W: tl.constexpr = 0):
     """y[m, n] = (sum_k q(x[m, k]) * W[n, k]) * s_x[m] * s_w[n] (+ b[n]): each program owns BLOCK_N outputs.
     ``PRE_Q``: ``x`` is already e4m3 with its scales at ``xs_ptr`` (made by the norm kernel).
     ``USE_PDL``: launched as a programmatic dependent launch: only the weight scales (constants) are read before
@@ -147,14 +131,14 @@ def _fp8_gemv_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, pf_ptr, pf_tota
             amax1 = tl.zeros([AMAX_BLOCK], dtype=tl.float32)
             for k in tl.static_range(0, AMAX_KP, AMAX_BLOCK):  # own names: kk / v of another shape would be
                 ka = k + tl.arange(0, AMAX_BLOCK)  # loop-carried into the main loop (a compile error)
-                va = _x_block(x_row, ka, K, False, SILU_IN)
+                va = tl.load(x_row + ka, mask=ka < K, other=0.0).to(tl.float32)
                 amax1 = tl.maximum(amax1, tl.abs(va))
             s_x = tl.maximum(tl.math.div_rn(tl.max(amax1, axis=0), 448.0), 1e-12)  # IEEE, as torch
         elif QUANT_X:  # this row's per-token scale (the row is small and hot in L2)
             amax = tl.zeros([BLOCK_K], dtype=tl.float32)
             for k in range(0, K, BLOCK_K):
                 kk = k + tl.arange(0, BLOCK_K)
-                v = _x_block(x_row, kk, K, False, SILU_IN)
+                v = tl.load(x_row + kk, mask=kk < K, other=0.0).to(tl.float32)
                 amax = tl.maximum(amax, tl.abs(v))
             s_x = tl.maximum(tl.math.div_rn(tl.max(amax, axis=0), 448.0), 1e-12)  # IEEE, as torch
         if ACC_SPLIT > 0:
@@ -166,27 +150,27 @@ def _fp8_gemv_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, pf_ptr, pf_tota
         k0 = 0
         if PDL_W and EVEN:  # the blocks loaded before the wait, in order (the same weight blocks for every row)
             acc = _gemv_step(acc, w_first, x_row, tl.arange(0, BLOCK_K), s_x, K, QUANT_X, PRE_Q, EVEN, SOFT_FP8,
-                             X2D, W_BITS, ACC_SPLIT, BLOCK_N, BLOCK_K, SILU_IN)
+                             X2D, W_BITS, ACC_SPLIT, BLOCK_N, BLOCK_K)
             k0 = BLOCK_K
         if PDL_W > 1 and EVEN:
             acc = _gemv_step(acc, w_b1, x_row, BLOCK_K + tl.arange(0, BLOCK_K), s_x, K, QUANT_X, PRE_Q, EVEN,
-                             SOFT_FP8, X2D, W_BITS, ACC_SPLIT, BLOCK_N, BLOCK_K, SILU_IN)
+                             SOFT_FP8, X2D, W_BITS, ACC_SPLIT, BLOCK_N, BLOCK_K)
             k0 = 2 * BLOCK_K
         if PDL_W > 2 and EVEN:
             acc = _gemv_step(acc, w_b2, x_row, 2 * BLOCK_K + tl.arange(0, BLOCK_K), s_x, K, QUANT_X, PRE_Q, EVEN,
-                             SOFT_FP8, X2D, W_BITS, ACC_SPLIT, BLOCK_N, BLOCK_K, SILU_IN)
+                             SOFT_FP8, X2D, W_BITS, ACC_SPLIT, BLOCK_N, BLOCK_K)
             k0 = 3 * BLOCK_K
         if PDL_W > 3 and EVEN:
             acc = _gemv_step(acc, w_b3, x_row, 3 * BLOCK_K + tl.arange(0, BLOCK_K), s_x, K, QUANT_X, PRE_Q, EVEN,
-                             SOFT_FP8, X2D, W_BITS, ACC_SPLIT, BLOCK_N, BLOCK_K, SILU_IN)
+                             SOFT_FP8, X2D, W_BITS, ACC_SPLIT, BLOCK_N, BLOCK_K)
             k0 = 4 * BLOCK_K
         if EARLY_W > 0 and EVEN:  # the blocks asked for right after the wait, in order
             acc = _gemv_step(acc, w_e0, x_row, k0 + tl.arange(0, BLOCK_K), s_x, K, QUANT_X, PRE_Q, EVEN, SOFT_FP8,
-                             X2D, W_BITS, ACC_SPLIT, BLOCK_N, BLOCK_K, SILU_IN)
+                             X2D, W_BITS, ACC_SPLIT, BLOCK_N, BLOCK_K)
             k0 = k0 + BLOCK_K
         if EARLY_W > 1 and EVEN:
             acc = _gemv_step(acc, w_e1, x_row, k0 + tl.arange(0, BLOCK_K), s_x, K, QUANT_X, PRE_Q, EVEN, SOFT_FP8,
-                             X2D, W_BITS, ACC_SPLIT, BLOCK_N, BLOCK_K, SILU_IN)
+                             X2D, W_BITS, ACC_SPLIT, BLOCK_N, BLOCK_K)
             k0 = k0 + BLOCK_K
         if LOOP2 == 4 and EVEN and not REG_PF:  # four blocks a trip: all four loads in flight before any math
             k_quads = k0 + (K - k0) // (4 * BLOCK_K) * (4 * BLOCK_K)
@@ -197,13 +181,13 @@ def _fp8_gemv_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, pf_ptr, pf_tota
                 wc = tl.load(rows + (kk + 2 * BLOCK_K)[None, :])
                 wd = tl.load(rows + (kk + 3 * BLOCK_K)[None, :])
                 acc = _gemv_step(acc, wa, x_row, kk, s_x, K, QUANT_X, PRE_Q, EVEN, SOFT_FP8, X2D, W_BITS, ACC_SPLIT,
-                                 BLOCK_N, BLOCK_K, SILU_IN)
+                                 BLOCK_N, BLOCK_K)
                 acc = _gemv_step(acc, wb, x_row, kk + BLOCK_K, s_x, K, QUANT_X, PRE_Q, EVEN, SOFT_FP8, X2D, W_BITS,
-                                 ACC_SPLIT, BLOCK_N, BLOCK_K, SILU_IN)
+                                 ACC_SPLIT, BLOCK_N, BLOCK_K)
                 acc = _gemv_step(acc, wc, x_row, kk + 2 * BLOCK_K, s_x, K, QUANT_X, PRE_Q, EVEN, SOFT_FP8, X2D,
-                                 W_BITS, ACC_SPLIT, BLOCK_N, BLOCK_K, SILU_IN)
+                                 W_BITS, ACC_SPLIT, BLOCK_N, BLOCK_K)
                 acc = _gemv_step(acc, wd, x_row, kk + 3 * BLOCK_K, s_x, K, QUANT_X, PRE_Q, EVEN, SOFT_FP8, X2D,
-                                 W_BITS, ACC_SPLIT, BLOCK_N, BLOCK_K, SILU_IN)
+                                 W_BITS, ACC_SPLIT, BLOCK_N, BLOCK_K)
             k0 = k_quads  # 1-3 blocks left: the pair loop and the plain loop below
         if LOOP2 and EVEN and not REG_PF:  # two blocks a trip: both loads in flight before either's math
             k_pairs = k0 + (K - k0) // (2 * BLOCK_K) * (2 * BLOCK_K)
@@ -212,9 +196,9 @@ def _fp8_gemv_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, pf_ptr, pf_tota
                 wa = tl.load(rows + kk[None, :])
                 wb = tl.load(rows + (kk + BLOCK_K)[None, :])
                 acc = _gemv_step(acc, wa, x_row, kk, s_x, K, QUANT_X, PRE_Q, EVEN, SOFT_FP8, X2D, W_BITS, ACC_SPLIT,
-                                 BLOCK_N, BLOCK_K, SILU_IN)
+                                 BLOCK_N, BLOCK_K)
                 acc = _gemv_step(acc, wb, x_row, kk + BLOCK_K, s_x, K, QUANT_X, PRE_Q, EVEN, SOFT_FP8, X2D, W_BITS,
-                                 ACC_SPLIT, BLOCK_N, BLOCK_K, SILU_IN)
+                                 ACC_SPLIT, BLOCK_N, BLOCK_K)
             k0 = k_pairs  # an odd last block: the loop below
         for k in range(k0, K, BLOCK_K):
             kk = k + tl.arange(0, BLOCK_K)
@@ -227,7 +211,7 @@ def _fp8_gemv_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, pf_ptr, pf_tota
             else:
                 w = tl.load(rows + kk[None, :], mask=nm[:, None] & (kk[None, :] < K), other=0.0)
             acc = _gemv_step(acc, w, x_row, kk, s_x, K, QUANT_X, PRE_Q, EVEN, SOFT_FP8, X2D, W_BITS, ACC_SPLIT,
-                             BLOCK_N, BLOCK_K, SILU_IN)
+                             BLOCK_N, BLOCK_K)
         if W_BITS and ACC_SPLIT == 0:
             y = (tl.sum(acc, 1) * 72057594037927936.0 * s_x * ws).to(y_ptr.dtype.element_ty)  # * 2**56: exact
         else:
@@ -304,7 +288,7 @@ def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, 
              self_prefetch: bool = False, w_bits: bool | None = None, reg_pf: bool | None = None,
              acc_split: int | None = None, x2d: bool | None = None, pdl_w: bool | int = False,
              amax_one: bool | None = None, loop2: int | None = None, tail: dict | None = None,
-             early_w: int | None = None, silu_in: bool = False) -> torch.Tensor:
+             early_w: int | None = None) -> torch.Tensor:
     """``x [m, K]`` (bf16/fp16/fp32) times the e4m3 ``weight [N, K]`` with ``weight_scale`` (``N`` values).
 
     ``quantize_input=True`` is W8A8 (dynamic per-token e4m3 activations, as the ``_scaled_mm`` path);
@@ -332,17 +316,9 @@ def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, 
     ``early_w`` (0-2, one row, not with ``reg_pf`` or ``tail``; None: the module's ``EARLY_W``, ``EARLY_W_PRE`` with
     ``x_scale``): that many weight blocks after the ``pdl_w`` ones are asked for right after the wait (at most
     ``K // 1024`` blocks in all; the same result).
-    ``silu_in`` (one row, in-kernel quantization): ``x [1, 2K]`` is gate | up and the input is SiLU(gate) * up, computed
-    as the platform's SiLU-and-mul kernel does (fp8_silu_down.py); the same result as that kernel, then this GEMV.
     """
     m, k = x.shape
     n = weight.shape[0]
-    if silu_in:
-        if m != 1 or k % 2 or x_scale is not None or not quantize_input or tail is not None:
-            raise ValueError(f"fp8_gemv: silu_in takes one row of gate | up ([1, 2K]) with in-kernel quantization; got "
-                             f"x {tuple(x.shape)}, x_scale {x_scale is not None}, quantize_input {quantize_input}, "
-                             f"tail {tail is not None}")
-        k //= 2
     if weight.shape[1] != k or weight.stride(1) != 1:
         raise ValueError(f"fp8_gemv: weight {tuple(weight.shape)} (strides {weight.stride()}) does not fit x "
                          f"{tuple(x.shape)}; the weight must be [N, K] row-major")
@@ -380,8 +356,6 @@ def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, 
     one_row_flags = {"W_BITS": True} if (W_BITS if w_bits is None else w_bits) and (pre or quantize_input) else {}
     if REG_PF if reg_pf is None else reg_pf:
         one_row_flags["REG_PF"] = True
-    if silu_in:
-        one_row_flags["SILU_IN"] = True
     if pre and (X2D if x2d is None else x2d):
         one_row_flags["X2D"] = True
     trip = LOOP2 if loop2 is None else int(loop2)  # None: the table's, with the table's tile (below)

@@ -23,7 +23,7 @@ def _ptx(early: int, quant: bool = True) -> str:
     # down_proj's launch on the H100 table's tile: in-kernel quantization, two blocks a trip, one block before the wait
     consts = dict(QUANT_X=quant, PRE_Q=not quant, HAS_BIAS=False, EVEN=True, SOFT_FP8=False, BLOCK_N=16,
                   BLOCK_K=1024, PREFETCH=False, USE_PDL=True, SELF_PF=False, W_BITS=False, REG_PF=False, ACC_SPLIT=16,
-                  X2D=False, PDL_W=1, AMAX_KP=16384 if quant else 0, LOOP2=2, EARLY_W=early, SILU_IN=False)
+                  X2D=False, PDL_W=1, AMAX_KP=16384 if quant else 0, LOOP2=2, EARLY_W=early)
     attrs = {(i,): [["tt.divisibility", 16]] for i in (0, 1, 2, 3, 5, 6, 10, 11, 12, 13, 14)}
     src = triton.compiler.ASTSource(fn=_fp8_gemv_kernel, signature={**sig, **{k: "constexpr" for k in consts}},
                                     constexprs=consts, attrs=attrs)
