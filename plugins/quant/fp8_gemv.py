@@ -273,7 +273,8 @@ LOOP2: int | None = int(_LOOP2_RAW) if _LOOP2_RAW else None
 #: the one-row kernel's next 1-2 weight blocks asked for right after its PDL wait, before the absmax's row loads and
 #: reduction and block 0's math (``EARLY_W``; the same result), for the GEMVs that quantize their own input (at batch 1
 #: o_proj and down: session 16 put their excess over the copy rate in that start). ``OCTAVO_FP8_GEMV_EARLY_W`` (0-2;
-#: default 0 until measured, session 17). ``EARLY_W_PRE``: the same for prequantized input (qkv / gate_up, whose
+#: default 0: it lost on one H200, session 17: +34 us a forward with 1 or 2 blocks, o_proj +19..+33; not measured on
+#: an H100, where the 16x1024 8-warp tile would spill with it). ``EARLY_W_PRE``: the same for prequantized input (qkv / gate_up, whose
 #: scale is one load; benchmark A/Bs set it)
 EARLY_W = env_int("OCTAVO_FP8_GEMV_EARLY_W", 0, 0, 2)
 EARLY_W_PRE = 0
