@@ -260,13 +260,9 @@ def main() -> None:
 
         try:
             res["table_sweep"] = sweep_table(gr, budget_s=args.table_sweep)
-            from benchmarks.fp8_bs1_variants import LEVERS
-
             swept = rows_variant(swept_rows(res["table_sweep"]))
-            for suffix in ("", "_again", "_again2", "_again3"):  # and with each lever on the swept rows
+            for suffix in ("", "_again", "_again2", "_again3"):
                 S6_VARIANTS["tsweep" + suffix] = swept
-                for name, lever in LEVERS.items():
-                    S6_VARIANTS[f"tsweep_{name}{suffix}"] = {**swept, **lever}
         except Exception as e:  # noqa: BLE001 - record why; the variants still run
             res["table_sweep"] = {"error": f"{type(e).__name__}: {e}"[:400]}
             print("table sweep", res["table_sweep"], flush=True)

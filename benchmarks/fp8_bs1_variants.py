@@ -181,15 +181,6 @@ from benchmarks.fp8_bs1_tiles import table_rows as _table_rows  # noqa: E402
 for _suffix in ("", "_again", "_again2", "_again3"):
     S6_VARIANTS.setdefault("h100rows" + _suffix, _rows_variant(_table_rows(_H100)))
     S6_VARIANTS.setdefault("notable" + _suffix, {"table": False})
-# "ewN" = the GEMVs that quantize their own input (o_proj, down) ask for their next N weight blocks right after the
-# PDL wait, before the absmax (fp8_gemv.EARLY_W, OCTAVO_FP8_GEMV_EARLY_W; the same bits); "ewNpM" also M blocks for the
-# prequantized ones (qkv, gate_up: fp8_gemv.EARLY_W_PRE); "tsweep_ewN" (fp8_bs1.py) on the swept rows
-# "sd" = SiLU-and-mul inside down_proj's GEMV (session 17's fp8_silu_down.py: +210 us on the H200 rows, +26 us on
-# the H100 rows, s17j; deleted); LEVERS combine with a rows variant: "h100rows_<lever>", and fp8_bs1.py's
-# "tsweep_<lever>"
-_EW, _EWP = "octavo.plugins.quant.fp8_gemv:EARLY_W", "octavo.plugins.quant.fp8_gemv:EARLY_W_PRE"
-LEVERS = {"ew1": {"set": {_EW: 1}}, "ew2": {"set": {_EW: 2}}, "ew1p1": {"set": {_EW: 1, _EWP: 1}}}
-for _suffix in ("", "_again", "_again2", "_again3"):
-    for _name, _lever in LEVERS.items():
-        S6_VARIANTS.setdefault(_name + _suffix, _lever)
-        S6_VARIANTS.setdefault(f"h100rows_{_name}{_suffix}", {**_rows_variant(_table_rows(_H100)), **_lever})
+# "ewN" = o_proj / down asked for their next N weight blocks right after the PDL wait (session 17's fp8_gemv EARLY_W:
+# +34 us on the H200, s17h; deleted); "sd" = SiLU-and-mul inside down_proj's GEMV (session 17's fp8_silu_down.py:
+# +210 us on the H200 rows, +26 us on the H100 rows, s17j; deleted)

@@ -74,7 +74,8 @@
 #               tsweep (the swept rows) / h100rows (the H100 rows on this card) / default_again (autotuner) x3, with
 #               tsweep_sd (SiLU-and-mul inside down's GEMV: fp8_silu_down.py) x3, tsweep_ew1 / _ew2 (o_proj / down ask
 #               for their next 1 / 2 weight blocks right after the PDL wait: fp8_gemv.EARLY_W) and tsweep_sd_ew1 (all
-#               the same bits: tokens must equal), tma3_h100rows last (session 16's TMA GEMV, deleted after this call)
+#               the same bits: tokens must equal), tma3_h100rows last (session 16's TMA GEMV, deleted after this call);
+#               since then only the sweep and the rows variants (EARLY_W and SiLU-in-down were deleted after s17h / s17j)
 #   s17i        session 17 call 2 (fp817, ONE H200, cap 200 s): the GPU tests of the table launch on this card's new rows
 #               (test_fp8_gemv_tiles.py: = the config launch, vs float64, vs the autotuner's tile within a bf16 step),
 #               SiLU-in-down and EARLY_W, then one engine: the new default (the H200 rows s17h swept) vs notable (the
@@ -147,13 +148,13 @@ elif [ "${1:-}" = s17a ]; then
   : "${FP89_LIMIT:=120}" "${FP89_TESTS:=tests/quant/test_fp8_norm_gemv.py}"
 elif [ "${1:-}" = s17h ]; then
   shift; set -- tests bs1 "$@"  # the silu-down GPU test, then the measurements (the table rows are pinned after it)
-  : "${FP89_LIMIT:=215}" "${BS1_TSWEEP:=70}" "${FP89_TESTS:=tests/quant/test_fp8_gemv_early.py --durations=5}"
-  : "${BS1_VARIANTS:=tsweep,h100rows,default_again,tsweep_sd,tsweep_ew1,tsweep_again,h100rows_again,tsweep_sd_again,default_again2,tsweep_ew1_again,tsweep_sd_ew1,tsweep_again2,h100rows_again2,tsweep_ew2,default_again3,tsweep_sd_again2}"
+  : "${FP89_LIMIT:=215}" "${BS1_TSWEEP:=70}" "${FP89_TESTS:=tests/quant/test_fp8_gemv_tiles.py --durations=5}"
+  : "${BS1_VARIANTS:=tsweep,h100rows,default_again,tsweep_again,h100rows_again,default_again2,tsweep_again2,h100rows_again2,default_again3}"
 elif [ "${1:-}" = s17i ]; then
   shift; set -- tests bs1 "$@"  # the table path's GPU tests on this card's rows first, then the A/B
   : "${FP89_LIMIT:=200}" "${BS1_PROBE:=48}"
-  : "${FP89_TESTS:=tests/quant/test_fp8_gemv_tiles.py tests/quant/test_fp8_gemv_early.py --durations=5}"
-  : "${BS1_VARIANTS:=notable,sd,h100rows,default_again,notable_again,sd_again,h100rows_again,default_again2,notable_again2,sd_again2,h100rows_again2,default_again3,sd_again3,notable_again3}"
+  : "${FP89_TESTS:=tests/quant/test_fp8_gemv_tiles.py --durations=5}"
+  : "${BS1_VARIANTS:=notable,h100rows,default_again,notable_again,h100rows_again,default_again2,notable_again2,h100rows_again2,default_again3,notable_again3}"
 elif [ "${1:-}" = s17j ]; then
   shift; set -- bs1 "$@"  # ran (c5) with the SiLU-in-down GPU test first; sd lost and was deleted: now default / h100rows
   : "${FP89_LIMIT:=150}" "${BS1_PROBE:=16}"

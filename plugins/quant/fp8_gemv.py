@@ -31,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from octavo.env_flags import env_choice, env_int, env_switch
+from octavo.env_flags import env_choice, env_switch
 from octavo.plugins.quant import fp8_gemv_tiles
 from octavo.plugins.quant.fp8_e4m3 import _e4m3_bits_f32, _quant_e4m3, _round_e4m3  # noqa: F401 (imported from here)
 from octavo.plugins.quant.fp8_gemv_l2 import _prefetch_next, _prefetch_rows_once, prefetch_args
@@ -75,7 +75,7 @@ def _fp8_gemv_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, pf_ptr, pf_tota
                      PREFETCH: tl.constexpr = False, USE_PDL: tl.constexpr = False, SELF_PF: tl.constexpr = False,
                      W_BITS: tl.constexpr = False, REG_PF: tl.constexpr = False, ACC_SPLIT: tl.constexpr = 0,
                      X2D: tl.constexpr = False, PDL_W: tl.constexpr = False, AMAX_KP: tl.constexpr = 0,
-                     LOOP2: tl.constexpr = 0, EARLY_W: tl.constexpr = 0):
+                     LOOP2: tl.constexpr = 0):
     """y[m, n] = (sum_k q(x[m, k]) * W[n, k]) * s_x[m] * s_w[n] (+ b[n]): each program owns BLOCK_N outputs.
     ``PRE_Q``: ``x`` is already e4m3 with its scales at ``xs_ptr`` (made by the norm kernel).
     ``USE_PDL``: launched as a programmatic dependent launch: only the weight scales (constants) are read before
@@ -97,9 +97,7 @@ def _fp8_gemv_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, pf_ptr, pf_tota
     waits for each block before asking for the next (down's 14 blocks: 14 L2 round trips after the PDL wait); max
     is exact, so the same scale. ``LOOP2`` (2 or 4; with ``EVEN``, not ``REG_PF``): the main loop loads two (four)
     weight blocks a trip before the math of any (twice the bytes in flight a program; N = 4096's 256 programs otherwise wait
-    for one block per DRAM round trip); the same sums in the same order. ``EARLY_W`` (1 or 2; with ``EVEN``, not
-    ``REG_PF``): the weight blocks after the ``PDL_W`` ones are asked for right after the wait, before the scale's
-    loads (the absmax's row, the norm's scale) and block 0's math, which otherwise come first; the same order."""
+    for one block per DRAM round trip); the same sums in the same order."""
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     nm = n < N
     rows = w_ptr + n.to(tl.int64)[:, None] * stride_wn
@@ -118,10 +116,6 @@ def _fp8_gemv_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, pf_ptr, pf_tota
         tl.extra.cuda.gdc_wait()
         if PDL_W:
             tl.extra.cuda.gdc_launch_dependents()
-    if EARLY_W > 0 and EVEN:  # the host keeps (PDL_W + EARLY_W) * BLOCK_K <= K
-        w_e0 = tl.load(rows + (PDL_W * BLOCK_K + tl.arange(0, BLOCK_K))[None, :])
-    if EARLY_W > 1 and EVEN:
-        w_e1 = tl.load(rows + ((PDL_W + 1) * BLOCK_K + tl.arange(0, BLOCK_K))[None, :])
     for m in range(0, M):
         x_row = x_ptr + m * stride_xm
         s_x = 1.0
@@ -164,14 +158,6 @@ def _fp8_gemv_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, pf_ptr, pf_tota
             acc = _gemv_step(acc, w_b3, x_row, 3 * BLOCK_K + tl.arange(0, BLOCK_K), s_x, K, QUANT_X, PRE_Q, EVEN,
                              SOFT_FP8, X2D, W_BITS, ACC_SPLIT, BLOCK_N, BLOCK_K)
             k0 = 4 * BLOCK_K
-        if EARLY_W > 0 and EVEN:  # the blocks asked for right after the wait, in order
-            acc = _gemv_step(acc, w_e0, x_row, k0 + tl.arange(0, BLOCK_K), s_x, K, QUANT_X, PRE_Q, EVEN, SOFT_FP8,
-                             X2D, W_BITS, ACC_SPLIT, BLOCK_N, BLOCK_K)
-            k0 = k0 + BLOCK_K
-        if EARLY_W > 1 and EVEN:
-            acc = _gemv_step(acc, w_e1, x_row, k0 + tl.arange(0, BLOCK_K), s_x, K, QUANT_X, PRE_Q, EVEN, SOFT_FP8,
-                             X2D, W_BITS, ACC_SPLIT, BLOCK_N, BLOCK_K)
-            k0 = k0 + BLOCK_K
         if LOOP2 == 4 and EVEN and not REG_PF:  # four blocks a trip: all four loads in flight before any math
             k_quads = k0 + (K - k0) // (4 * BLOCK_K) * (4 * BLOCK_K)
             for k in range(k0, k_quads, 4 * BLOCK_K):
@@ -270,14 +256,6 @@ _LOOP2_RAW = os.environ.get("OCTAVO_FP8_GEMV_LOOP2", "").strip()
 if _LOOP2_RAW not in ("", "0", "2", "4"):
     raise ValueError(f"OCTAVO_FP8_GEMV_LOOP2={_LOOP2_RAW!r}: 0, 2 or 4 weight blocks a loop trip")
 LOOP2: int | None = int(_LOOP2_RAW) if _LOOP2_RAW else None
-#: the one-row kernel's next 1-2 weight blocks asked for right after its PDL wait, before the absmax's row loads and
-#: reduction and block 0's math (``EARLY_W``; the same result), for the GEMVs that quantize their own input (at batch 1
-#: o_proj and down: session 16 put their excess over the copy rate in that start). ``OCTAVO_FP8_GEMV_EARLY_W`` (0-2;
-#: default 0: it lost on one H200, session 17: +34 us a forward with 1 or 2 blocks, o_proj +19..+33; not measured on
-#: an H100, where the 16x1024 8-warp tile would spill with it). ``EARLY_W_PRE``: the same for prequantized input (qkv / gate_up, whose
-#: scale is one load; benchmark A/Bs set it)
-EARLY_W = env_int("OCTAVO_FP8_GEMV_EARLY_W", 0, 0, 2)
-EARLY_W_PRE = 0
 #: the most weight blocks the one-row kernel reads before its PDL wait (``pdl_w``; its static ifs)
 MAX_PDL_W = 4
 
@@ -288,8 +266,7 @@ def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, 
              prefetch: tuple[torch.Tensor, int] | None = None, pdl: bool = False,
              self_prefetch: bool = False, w_bits: bool | None = None, reg_pf: bool | None = None,
              acc_split: int | None = None, x2d: bool | None = None, pdl_w: bool | int = False,
-             amax_one: bool | None = None, loop2: int | None = None, tail: dict | None = None,
-             early_w: int | None = None) -> torch.Tensor:
+             amax_one: bool | None = None, loop2: int | None = None, tail: dict | None = None) -> torch.Tensor:
     """``x [m, K]`` (bf16/fp16/fp32) times the e4m3 ``weight [N, K]`` with ``weight_scale`` (``N`` values).
 
     ``quantize_input=True`` is W8A8 (dynamic per-token e4m3 activations, as the ``_scaled_mm`` path);
@@ -314,9 +291,6 @@ def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, 
     one row; None: the module's ``LOOP2``, whose None is the table's loop with the table's tile, else 0): the main
     loop loads that many weight blocks a trip (the same result). ``tail`` (one row, no bias; fp8_gemv_norm.py builds
     it): the RMSNorm after this linear and its quantization, by the grid's last program.
-    ``early_w`` (0-2, one row, not with ``reg_pf`` or ``tail``; None: the module's ``EARLY_W``, ``EARLY_W_PRE`` with
-    ``x_scale``): that many weight blocks after the ``pdl_w`` ones are asked for right after the wait (at most
-    ``K // 1024`` blocks in all; the same result).
     """
     m, k = x.shape
     n = weight.shape[0]
@@ -372,17 +346,10 @@ def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, 
             raise ValueError(f"fp8_gemv: acc_split={split}: 0, 8 or 16")
         one_row_flags.pop("W_BITS", None)  # the split accumulator takes the conversion path
         one_row_flags["ACC_SPLIT"] = split
-    pre_blocks = 0
     if pf_total or pdl or self_prefetch:
         pre_blocks = 0 if not (pdl and pdl_w) or one_row_flags.get("REG_PF") else min(int(pdl_w), max(k // 1024, 1))
         flags.update(PREFETCH=pf_total > 0, USE_PDL=pdl, SELF_PF=self_prefetch, PDL_W=pre_blocks,
                      **({"launch_pdl": True} if pdl else {}))
-    early = (EARLY_W_PRE if pre else EARLY_W if quantize_input else 0) if early_w is None else int(early_w)
-    if not 0 <= early <= 2:
-        raise ValueError(f"fp8_gemv: early_w={early_w!r}: 0-2 weight blocks asked for right after the wait")
-    early = min(early, k // 1024 - pre_blocks)  # blocks of <= 1024 columns: every early block is real
-    if early > 0 and tail is None and not one_row_flags.get("REG_PF"):
-        one_row_flags["EARLY_W"] = early
     if m > 1:  # several rows: one weight read for all of them (fp8_gemv_rows.py)
         from octavo.plugins.quant.fp8_gemv_rows import launch_rows
 
