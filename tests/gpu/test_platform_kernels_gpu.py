@@ -26,7 +26,7 @@ def llm(tmp_path_factory):
     d = tmp_path_factory.mktemp("tiny")
     (d / "config.json").write_text(json.dumps(TINY_LLAMA))
     engine = LLM(model=str(d), load_format="dummy", skip_tokenizer_init=True, max_model_len=256, max_num_seqs=8,
-                 seed=0, dtype="float32", gpu_memory_utilization=0.2)  # fp32: batch shapes barely move logits
+                 seed=0, dtype="float32", kv_cache_memory_bytes=256 << 20)  # fp32: batch shapes barely move logits
     yield engine
     engine.llm_engine.shutdown()
 

@@ -52,7 +52,7 @@ def test_engine_tokens_equal_with_staging_off_and_on(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(TINY_LLAMA))
     saved = input_batch.STAGING
     llm = LLM(model=str(tmp_path), load_format="dummy", skip_tokenizer_init=True, max_model_len=256, max_num_seqs=8,
-              seed=0, dtype="bfloat16", gpu_memory_utilization=0.2)
+              seed=0, dtype="bfloat16", kv_cache_memory_bytes=256 << 20)
     try:
         core = llm.llm_engine.core
         prompts = [{"prompt_token_ids": [(7 * i + 3 * j) % 2000 + 1 for j in range(5 + 9 * i)]} for i in range(6)]
