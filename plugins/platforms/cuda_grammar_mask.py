@@ -112,9 +112,10 @@ def apply_bitmask_(logits: torch.Tensor, packed: torch.Tensor, rows: torch.Tenso
     return logits
 
 
-@triton.jit(do_not_specialize=["seq", "max_spins"])
-def _wait_flag_kernel(words_ptr, seq, max_spins):
-    # words[0]: the last step number the host opened; words[1]: the last one this wait gave up on
+@triton.jit
+def _spin_until_opened(words_ptr, seq, max_spins):
+    # words[0]: the last step number the host opened; words[1]: the last one a wait gave up on. One body for the
+    # three wait kernels below (a host argument, a device word, a device word counted up by the replay)
     v = tl.load(words_ptr, volatile=True)
     i = 0
     while (v < seq) & (i < max_spins):
@@ -122,6 +123,11 @@ def _wait_flag_kernel(words_ptr, seq, max_spins):
         i += 1
     if v < seq:
         tl.store(words_ptr + 1, seq)
+
+
+@triton.jit(do_not_specialize=["seq", "max_spins"])
+def _wait_flag_kernel(words_ptr, seq, max_spins):
+    _spin_until_opened(words_ptr, seq, max_spins)
 
 
 def wait_host_flag(words: torch.Tensor, seq: int, max_spins: int = MAX_SPINS) -> None:
@@ -150,14 +156,7 @@ apply_bitmask_.wait_host_flag = wait_host_flag
 @triton.jit
 def _wait_dev_kernel(words_ptr, seq_ptr, max_spins):
     # _wait_flag_kernel with the step number read from device memory: the form a CUDA graph can replay
-    seq = tl.load(seq_ptr)
-    v = tl.load(words_ptr, volatile=True)
-    i = 0
-    while (v < seq) & (i < max_spins):
-        v = tl.load(words_ptr, volatile=True)
-        i += 1
-    if v < seq:
-        tl.store(words_ptr + 1, seq)
+    _spin_until_opened(words_ptr, tl.load(seq_ptr), max_spins)
 
 
 @triton.jit
@@ -165,13 +164,7 @@ def _wait_inc_kernel(words_ptr, seq_ptr, max_spins):
     # the lean graph's wait (LEAN): this replay's step number is the device word + 1, kept there for the next replay
     seq = tl.load(seq_ptr) + 1
     tl.store(seq_ptr, seq)
-    v = tl.load(words_ptr, volatile=True)
-    i = 0
-    while (v < seq) & (i < max_spins):
-        v = tl.load(words_ptr, volatile=True)
-        i += 1
-    if v < seq:
-        tl.store(words_ptr + 1, seq)
+    _spin_until_opened(words_ptr, seq, max_spins)
 
 
 class GatedApplyGraphs:
