@@ -72,7 +72,7 @@ def prefill_profile(llm, gen_one, cuda: bool, runs: int = 4, top: int = 25) -> d
         import torch
         from torch.profiler import ProfilerActivity, profile
 
-        from benchmarks.step_trace import device_ops
+        from benchmarks.step_trace import busy_us, device_ops
 
         with profile(activities=[ProfilerActivity.CUDA]) as p:
             t = time.perf_counter()
@@ -80,16 +80,7 @@ def prefill_profile(llm, gen_one, cuda: bool, runs: int = 4, top: int = 25) -> d
             torch.cuda.synchronize()
             wall = time.perf_counter() - t
         ops = sorted(device_ops(p))  # (start us, end us, name)
-        busy, cur_s, cur_e = 0.0, None, None
-        for s, e, _name in ops:
-            if cur_e is None or s > cur_e:
-                if cur_e is not None:
-                    busy += cur_e - cur_s
-                cur_s, cur_e = s, e
-            else:
-                cur_e = max(cur_e, e)
-        if cur_e is not None:
-            busy += cur_e - cur_s
+        busy = busy_us(ops)
         by: dict = {}
         for s, e, name in ops:
             n, us = by.get(name[:70], (0, 0.0))

@@ -44,6 +44,7 @@ from gpu_e2e import (  # noqa: E402
     write_config,
 )
 from nano_sampler import kernel_table  # noqa: E402
+from step_trace import busy_us  # noqa: E402
 
 T0 = time.perf_counter()
 
@@ -186,16 +187,7 @@ def window_summary(prof, steps: int, rows: int, dry: bool = False) -> dict:
             tr = e.time_range
             spans.append((tr.start, tr.end))
     spans.sort()
-    busy, cur_s, cur_e = 0.0, None, None
-    for s, e in spans:
-        if cur_e is None or s > cur_e:
-            if cur_e is not None:
-                busy += cur_e - cur_s
-            cur_s, cur_e = s, e
-        else:
-            cur_e = max(cur_e, e)
-    if cur_e is not None:
-        busy += cur_e - cur_s
+    busy = busy_us(spans)
     span = (spans[-1][1] - spans[0][0]) if spans else 0.0
     return {"steps": steps, "rows_at_start": rows, "gpu_span_us_per_step": span / steps,
             "gpu_busy_us_per_step": busy / steps, "busy_share": busy / span if span else None,

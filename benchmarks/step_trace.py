@@ -25,6 +25,21 @@ def device_ops(prof) -> list[tuple[float, float, str]]:
     return out
 
 
+def busy_us(spans) -> float:
+    """The length of the union of ``(start, end, ...)`` intervals sorted by start: the time some op ran."""
+    busy, cur_s, cur_e = 0.0, None, None
+    for s, e, *_ in spans:
+        if cur_e is None or s > cur_e:
+            if cur_e is not None:
+                busy += cur_e - cur_s
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    if cur_e is not None:
+        busy += cur_e - cur_s
+    return busy
+
+
 def graph_counts(prof, replays: int) -> dict[str, float]:
     """Ops by name per replay, from a trace of ``replays`` replays of one graph alone."""
     c = Counter(name for _, _, name in device_ops(prof))
