@@ -34,7 +34,6 @@ from octavo.plugins.platforms.cuda_gemv import (  # noqa: F401 - re-exported: ot
     gemv,
 )
 from octavo.plugins.platforms.cuda_pdl import gdc_launch_dependents, gdc_wait, launch_opts
-from octavo.plugins.platforms.cuda_silu_tile import silu_mul_tile
 
 logger = logging.getLogger(__name__)
 
@@ -65,8 +64,14 @@ def _silu_and_mul_kernel(x_ptr, out_ptr, stride_x, d, BLOCK: tl.constexpr, PDL: 
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
-    row, cols, mask, o = silu_mul_tile(x_ptr, stride_x, d, BLOCK)
-    tl.store(out_ptr + row * d + cols, o, mask=mask)
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < d
+    g = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
+    u = tl.load(x_ptr + row * stride_x + d + cols, mask=mask, other=0.0)
+    gf = g.to(tl.float32)
+    s = (gf / (1.0 + tl.exp(-gf))).to(g.dtype).to(tl.float32)
+    tl.store(out_ptr + row * d + cols, (s * u.to(tl.float32)).to(g.dtype), mask=mask)
 
 
 @triton.jit(do_not_specialize=["stride_qt", "stride_kt", "num_q_heads", "num_k_heads"])  # same types
