@@ -130,14 +130,22 @@ def _wait_flag_kernel(words_ptr, seq, max_spins):
     _spin_until_opened(words_ptr, seq, max_spins)
 
 
+def _first_sight(words: torch.Tensor) -> bool:
+    """Check a gate buffer (pinned host int32 [2]) the first time it is seen; True then. Once per buffer:
+    ``is_pinned()`` is a driver query, on the runner's thread."""
+    if words.data_ptr() in _CHECKED:
+        return False
+    assert words.dtype == torch.int32 and words.numel() >= 2 and words.is_pinned()
+    _CHECKED.add(words.data_ptr())
+    return True
+
+
 def wait_host_flag(words: torch.Tensor, seq: int, max_spins: int = MAX_SPINS) -> None:
     """Queue on the current stream: wait until ``words[0] >= seq`` (``words``: pinned host int32 [2] the host
     writes, read through unified addressing); after ``max_spins`` reads give up and write ``seq`` into
     ``words[1]`` (the host then fails the step: core/grammar_device_gate.py). ``seq`` and ``max_spins`` are not
     specialized on, so no step number triggers a compile."""
-    if words.data_ptr() not in _CHECKED:  # (once per buffer: is_pinned() is a driver query, on the runner's thread)
-        assert words.dtype == torch.int32 and words.numel() >= 2 and words.is_pinned()
-        _CHECKED.add(words.data_ptr())
+    if _first_sight(words):
         # the graphs' waits loaded now, before this first wait is queued: a kernel's first launch loads its module
         # (CUDA lazy loading), which waits for the device, i.e. for a queued wait, i.e. for the host's fill (the
         # graphs are captured on a later step, with waits in flight). -1 + 1 = 0 <= words[0]: both pass at once.
@@ -227,6 +235,18 @@ class GatedApplyGraphs:
                             static.numel() * static.element_size(), static.is_contiguous())
         return self.graphs[key]
 
+    def _capture_due(self, key: tuple, graphs: dict, words: torch.Tensor) -> bool:
+        """Count one more sight of ``key``; True when it has been seen :attr:`CAPTURE_AFTER` times and ``graphs`` has
+        room (the gate buffer then checked once). The counts are bounded (logits at ever new addresses: a clear only
+        delays a capture)."""
+        if len(self.seen) > 4096:
+            self.seen.clear()
+        n = self.seen[key] = self.seen.get(key, 0) + 1
+        if n < self.CAPTURE_AFTER or len(graphs) >= self.MAX_GRAPHS:
+            return False
+        _first_sight(words)
+        return True
+
     def _capture_lean(self, key: tuple, logits: torch.Tensor, packed: torch.Tensor, words: torch.Tensor) -> list:
         n, nwords = packed.shape
         vocab = logits.shape[-1]
@@ -261,14 +281,8 @@ class GatedApplyGraphs:
                tuple(packed.shape), words.data_ptr())
         entry = self.lean.get(key)
         if entry is None:
-            if len(self.seen) > 4096:  # (logits at ever new addresses: bounded; only delays a capture)
-                self.seen.clear()
-            n = self.seen[key] = self.seen.get(key, 0) + 1
-            if n < self.CAPTURE_AFTER or len(self.lean) >= self.MAX_GRAPHS:
+            if not self._capture_due(key, self.lean, words):
                 return False
-            if words.data_ptr() not in _CHECKED:
-                assert words.dtype == torch.int32 and words.numel() >= 2 and words.is_pinned()
-                _CHECKED.add(words.data_ptr())
             entry = self._capture_lean(key, logits, packed, words)
         lib = _driver() if DIRECT_LAUNCH else None  # (with DIRECT_LAUNCH: one driver call keeping the GIL, no torch)
         if lib is not None:
@@ -301,12 +315,8 @@ class GatedApplyGraphs:
                tuple(packed.shape), words.data_ptr())
         entry = self.graphs.get(key)
         if entry is None:
-            n = self.seen[key] = self.seen.get(key, 0) + 1
-            if n < self.CAPTURE_AFTER or len(self.graphs) >= self.MAX_GRAPHS:
+            if not self._capture_due(key, self.graphs, words):
                 return None
-            if words.data_ptr() not in _CHECKED:
-                assert words.dtype == torch.int32 and words.numel() >= 2 and words.is_pinned()
-                _CHECKED.add(words.data_ptr())
             entry = self._capture(key, logits, packed, words)
         graph, static, seq_dev, exec_, static_ptr, seq_ptr, nbytes, dense = entry
         lib = _driver() if DIRECT_LAUNCH and dense and logits.is_contiguous() else None
